@@ -1,0 +1,242 @@
+//! Tensor codecs: how an object's bytes become a record payload and back.
+//!
+//! Every codec has a stable [`CodecTag`] that is persisted in records and never reused. Policies
+//! ("pick the smallest") are not codecs: [`candidates`] lists what a commit tries for a tensor,
+//! and the store keeps whichever payload is smallest. This issue's codecs are [`CodecTag::Raw`]
+//! and [`CodecTag::Zstd`]; the float codecs and deltas of `docs/CODECS.md` take the reserved tags.
+//!
+//! ```
+//! use mdl_codec::{decode_to_vec, encode, CodecTag};
+//! let data = vec![7u8; 4096];
+//! let mut payload = Vec::new();
+//! encode(CodecTag::Zstd, &data, &Default::default(), &mut payload).unwrap();
+//! assert!(payload.len() < data.len());
+//! assert_eq!(decode_to_vec(CodecTag::Zstd, &payload, data.len() as u64).unwrap(), data);
+//! ```
+
+use std::io::{self, Read, Write};
+
+use mdl_format::{Dtype, FormatError};
+
+/// Stable codec tags. Values are persisted; a retired codec's number is never given to another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum CodecTag {
+    /// The bytes as they are.
+    Raw = 0,
+    /// Zstandard, one frame.
+    Zstd = 1,
+    // Reserved for the next issues (documented in docs/FORMAT.md):
+    // 2 float-split, 3 xor-delta, 4 quant-base, 5 quant-delta, 6 mantissa-trim.
+}
+
+impl CodecTag {
+    /// Name shown in `mdl show` and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            CodecTag::Raw => "raw",
+            CodecTag::Zstd => "zstd",
+        }
+    }
+
+    /// Whether records with this codec name a base object.
+    pub fn has_base(self) -> bool {
+        match self {
+            CodecTag::Raw | CodecTag::Zstd => false,
+        }
+    }
+}
+
+impl TryFrom<u8> for CodecTag {
+    type Error = FormatError;
+    fn try_from(v: u8) -> Result<Self, FormatError> {
+        match v {
+            0 => Ok(CodecTag::Raw),
+            1 => Ok(CodecTag::Zstd),
+            tag => Err(FormatError::UnknownTag { what: "codec", tag }),
+        }
+    }
+}
+
+impl std::fmt::Display for CodecTag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Settings that influence encoding (never decoding).
+#[derive(Clone, Debug)]
+pub struct EncodeOptions {
+    /// zstd compression level.
+    pub zstd_level: i32,
+}
+
+impl Default for EncodeOptions {
+    fn default() -> Self {
+        EncodeOptions { zstd_level: 3 }
+    }
+}
+
+/// Tensors below this size are stored raw or zstd only, whatever later codecs exist.
+pub const SMALL_TENSOR: u64 = 4096;
+
+/// The codecs a commit tries for a tensor, most promising first. [`CodecTag::Raw`] is always
+/// the fallback and is not listed.
+pub fn candidates(dtype: Dtype, len: u64) -> &'static [CodecTag] {
+    let _ = dtype;
+    if len < 64 {
+        &[]
+    } else {
+        &[CodecTag::Zstd]
+    }
+}
+
+/// Encodes `data` with `tag`, writing the payload to `out`; returns the payload length.
+///
+/// Writers may refuse to take more bytes (see the store's size-capped writer); that error is
+/// returned as is, so a caller can give up on a codec that is not paying.
+pub fn encode(
+    tag: CodecTag,
+    data: &[u8],
+    opts: &EncodeOptions,
+    out: &mut dyn Write,
+) -> io::Result<u64> {
+    match tag {
+        CodecTag::Raw => {
+            out.write_all(data)?;
+            Ok(data.len() as u64)
+        }
+        CodecTag::Zstd => {
+            let mut counter = Counting { inner: out, n: 0 };
+            let mut enc = zstd::stream::Encoder::new(&mut counter, opts.zstd_level)?;
+            enc.include_checksum(false)?;
+            enc.set_pledged_src_size(Some(data.len() as u64))?;
+            // Feed in 1 MiB steps so a refusing writer stops the work early.
+            for chunk in data.chunks(1 << 20) {
+                enc.write_all(chunk)?;
+            }
+            enc.finish()?;
+            Ok(counter.n)
+        }
+    }
+}
+
+/// A streaming decoder reading a payload and producing exactly `content_len` bytes; a payload
+/// that decodes to more or fewer bytes is an error.
+pub fn decoder<'a>(
+    tag: CodecTag,
+    payload: Box<dyn Read + 'a>,
+    content_len: u64,
+) -> io::Result<Box<dyn Read + 'a>> {
+    let inner: Box<dyn Read + 'a> = match tag {
+        CodecTag::Raw => payload,
+        CodecTag::Zstd => Box::new(zstd::stream::Decoder::new(payload)?),
+    };
+    Ok(Box::new(Exact { inner, left: content_len }))
+}
+
+/// Decodes a whole payload held in memory.
+pub fn decode_to_vec(tag: CodecTag, payload: &[u8], content_len: u64) -> io::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(content_len.min(payload.len() as u64 * 64) as usize);
+    decoder(tag, Box::new(payload), content_len)?.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+struct Counting<'a> {
+    inner: &'a mut dyn Write,
+    n: u64,
+}
+
+impl Write for Counting<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.n += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Enforces the declared decoded length.
+struct Exact<'a> {
+    inner: Box<dyn Read + 'a>,
+    left: u64,
+}
+
+impl Read for Exact<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 {
+            // Anything more in the payload means the record lied about its length.
+            let mut probe = [0u8; 1];
+            return match self.inner.read(&mut probe)? {
+                0 => Ok(0),
+                _ => Err(io::Error::new(io::ErrorKind::InvalidData, "payload decodes to more bytes than recorded")),
+            };
+        }
+        let want = buf.len().min(self.left.min(usize::MAX as u64) as usize);
+        let n = self.inner.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("payload ends {} bytes short of the recorded length", self.left),
+            ));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> [CodecTag; 2] {
+        [CodecTag::Raw, CodecTag::Zstd]
+    }
+
+    #[test]
+    fn tags_are_stable() {
+        assert_eq!(CodecTag::Raw as u8, 0);
+        assert_eq!(CodecTag::Zstd as u8, 1);
+        for t in all() {
+            assert_eq!(CodecTag::try_from(t as u8).unwrap(), t);
+        }
+        assert!(CodecTag::try_from(2).is_err());
+    }
+
+    #[test]
+    fn round_trips_and_length_checks() {
+        let inputs: Vec<Vec<u8>> = vec![
+            vec![],
+            vec![1],
+            (0..100_000u32).flat_map(|i| (i as f32).sin().to_le_bytes()).collect(),
+            vec![0; 3_000_000],
+        ];
+        for data in &inputs {
+            for t in all() {
+                let mut p = Vec::new();
+                let n = encode(t, data, &EncodeOptions::default(), &mut p).unwrap();
+                assert_eq!(n, p.len() as u64);
+                assert_eq!(&decode_to_vec(t, &p, data.len() as u64).unwrap(), data, "{t}");
+                assert!(decode_to_vec(t, &p, data.len() as u64 + 1).is_err());
+                if !data.is_empty() {
+                    assert!(decode_to_vec(t, &p, data.len() as u64 - 1).is_err());
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300), len in 0u64..1 << 40) {
+            for t in all() {
+                let _ = decoder(t, Box::new(&bytes[..]), len).and_then(|mut d| {
+                    let mut sink = [0u8; 4096];
+                    for _ in 0..4 { if d.read(&mut sink)? == 0 { break; } }
+                    Ok(())
+                });
+            }
+        }
+    }
+}

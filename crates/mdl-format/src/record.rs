@@ -1,0 +1,181 @@
+//! The container every stored object lives in.
+//!
+//! ```text
+//! header:  magic "MDLR" | version u16 | kind u8 | codec u8 | flags u8 | [base id 32]
+//!          | prefix_len u16 | prefix
+//! payload: codec-specific bytes
+//! trailer: content_len u64 | payload_len u64 | crc32 u32 (of every byte before it)
+//! ```
+//!
+//! The trailer comes last so a record can be written in one streaming pass. The object's id is
+//! `blake3(prefix ‖ decode(payload))`; the prefix is the tensor's canonical header (empty for
+//! manifests and commits). See `docs/FORMAT.md`.
+
+use crate::wire::{Reader, Writer};
+use crate::{FormatError, ObjectId, ObjectKind, FORMAT_VERSION};
+
+/// The four bytes every record starts with.
+pub const MAGIC: [u8; 4] = *b"MDLR";
+/// Length of the trailer.
+pub const TRAILER_LEN: usize = 20;
+/// Longest header a reader needs to look at.
+pub const MAX_HEADER_LEN: usize = 4 + 2 + 3 + 32 + 2 + u16::MAX as usize;
+
+const FLAG_BASE: u8 = 1;
+
+/// The front of a record: what it is and how its payload is encoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordHeader {
+    /// Format version the record was written with.
+    pub version: u16,
+    /// Which kind of object.
+    pub kind: ObjectKind,
+    /// Codec tag (interpreted by the codec crate).
+    pub codec: u8,
+    /// The object a delta codec is relative to.
+    pub base: Option<ObjectId>,
+    /// Canonical prefix hashed in front of the decoded data.
+    pub prefix: Vec<u8>,
+}
+
+impl RecordHeader {
+    /// A header for the current format version.
+    pub fn new(kind: ObjectKind, codec: u8, base: Option<ObjectId>, prefix: Vec<u8>) -> Self {
+        assert!(prefix.len() <= u16::MAX as usize, "record prefix too long");
+        RecordHeader { version: FORMAT_VERSION, kind, codec, base, prefix }
+    }
+
+    /// The header's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.buf.extend_from_slice(&MAGIC);
+        w.u16(self.version).u8(self.kind as u8).u8(self.codec);
+        match &self.base {
+            Some(b) => w.u8(FLAG_BASE).id(b),
+            None => w.u8(0),
+        };
+        w.u16(self.prefix.len() as u16);
+        w.buf.extend_from_slice(&self.prefix);
+        w.buf
+    }
+
+    /// Parses a header from the start of `bytes`; returns it and its length.
+    pub fn decode(bytes: &[u8]) -> Result<(Self, usize), FormatError> {
+        let mut r = Reader::new(bytes, "record header");
+        if r.take(4)? != MAGIC {
+            return Err(FormatError::invalid("record", "bad magic (not an mdl record)"));
+        }
+        let version = r.u16()?;
+        if version == 0 || version > FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                what: "record",
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let kind = ObjectKind::try_from(r.u8()?)?;
+        let codec = r.u8()?;
+        let flags = r.u8()?;
+        if flags & !FLAG_BASE != 0 {
+            return Err(FormatError::invalid("record", format!("unknown flags {flags:#x}")));
+        }
+        let base = if flags & FLAG_BASE != 0 { Some(r.id()?) } else { None };
+        let n = r.u16()? as usize;
+        let prefix = r.take(n)?.to_vec();
+        let len = 4 + 2 + 3 + if base.is_some() { 32 } else { 0 } + 2 + n;
+        Ok((RecordHeader { version, kind, codec, base, prefix }, len))
+    }
+}
+
+/// The end of a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trailer {
+    /// Length of the decoded data (without the prefix).
+    pub content_len: u64,
+    /// Length of the payload.
+    pub payload_len: u64,
+    /// crc32 (IEEE) of every record byte before the checksum field.
+    pub crc: u32,
+}
+
+impl Trailer {
+    /// The 16 bytes covered by the checksum, followed by nothing: the caller appends the crc.
+    pub fn lengths(content_len: u64, payload_len: u64) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&content_len.to_le_bytes());
+        out[8..].copy_from_slice(&payload_len.to_le_bytes());
+        out
+    }
+
+    /// Parses the last [`TRAILER_LEN`] bytes of a record.
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let mut r = Reader::new(bytes, "record trailer");
+        let t = Trailer { content_len: r.u64()?, payload_len: r.u64()?, crc: r.u32()? };
+        r.finish()?;
+        Ok(t)
+    }
+}
+
+/// A whole record held in memory: header, payload and trailer with its checksum.
+pub fn encode(header: &RecordHeader, payload: &[u8], content_len: u64) -> Vec<u8> {
+    let mut out = header.encode();
+    out.extend_from_slice(payload);
+    out.extend_from_slice(&Trailer::lengths(content_len, payload.len() as u64));
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Splits an in-memory record into header, payload and trailer, verifying lengths and checksum.
+pub fn decode(bytes: &[u8]) -> Result<(RecordHeader, &[u8], Trailer), FormatError> {
+    let (header, hlen) = RecordHeader::decode(bytes)?;
+    if bytes.len() < hlen + TRAILER_LEN {
+        return Err(FormatError::Truncated {
+            what: "record",
+            needed: hlen + TRAILER_LEN - bytes.len(),
+        });
+    }
+    let tstart = bytes.len() - TRAILER_LEN;
+    let trailer = Trailer::decode(&bytes[tstart..])?;
+    if trailer.payload_len != (tstart - hlen) as u64 {
+        return Err(FormatError::invalid(
+            "record",
+            format!("payload is {} bytes, trailer says {}", tstart - hlen, trailer.payload_len),
+        ));
+    }
+    let computed = crc32fast::hash(&bytes[..bytes.len() - 4]);
+    if computed != trailer.crc {
+        return Err(FormatError::Checksum { stored: trailer.crc, computed });
+    }
+    Ok((header, &bytes[hlen..tstart], trailer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_checksum() {
+        let h = RecordHeader::new(ObjectKind::Tensor, 1, Some(ObjectId::hash(b"b")), vec![1, 2, 3]);
+        let rec = encode(&h, b"payload", 99);
+        let (h2, p, t) = decode(&rec).unwrap();
+        assert_eq!(h2, h);
+        assert_eq!(p, b"payload");
+        assert_eq!(t.content_len, 99);
+        for i in 0..rec.len() {
+            let mut bad = rec.clone();
+            bad[i] ^= 0x40;
+            assert!(decode(&bad).is_err(), "flip at {i} not caught");
+        }
+        for cut in 0..rec.len() {
+            assert!(decode(&rec[..cut]).is_err());
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+            let _ = decode(&bytes);
+        }
+    }
+}
