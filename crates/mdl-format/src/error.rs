@@ -56,7 +56,8 @@ pub enum FormatError {
 }
 
 impl FormatError {
-    pub(crate) fn invalid(what: &'static str, detail: impl Into<String>) -> Self {
+    /// An [`FormatError::Invalid`] with the given detail.
+    pub fn invalid(what: &'static str, detail: impl Into<String>) -> Self {
         FormatError::Invalid { what, detail: detail.into() }
     }
 }

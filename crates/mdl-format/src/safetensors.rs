@@ -249,7 +249,7 @@ fn check_metadata_duplicates(text: &str) -> Result<(), SafetensorsError> {
     #[derive(serde::Deserialize)]
     struct Top {
         #[serde(rename = "__metadata__")]
-        metadata: Option<Dupes>,
+        _metadata: Option<Dupes>,
     }
     struct Dupes;
     impl<'de> serde::Deserialize<'de> for Dupes {

@@ -1,0 +1,148 @@
+//! Storage of an mdl repository (`.mdl/`): object records, the metadata database, the lock.
+//!
+//! - [`fs`]: the [`Storage`] trait every write into `.mdl/objects` goes through, with a real and
+//!   a fault-injecting implementation ([`fs::FaultyFs`]) for disk-full and crash tests.
+//! - [`Store`]: records written atomically (temporary file, fsync, rename, fsync directory),
+//!   read back with checksum and hash verification.
+//! - [`meta`]: `meta.redb` — refs with compare-and-swap and a reflog, the physical index
+//!   (id → record, codec, base, depth), the commit index and configuration.
+//! - [`lock`]: one process owns a repository at a time; others wait, then say who holds it.
+//!
+//! Layout and byte formats: `docs/FORMAT.md`; why redb: `docs/DECISIONS.md`.
+
+mod error;
+pub mod fs;
+pub mod lock;
+pub mod meta;
+mod objects;
+
+pub use error::StoreError;
+pub use fs::{RealFs, Storage};
+pub use lock::{LockMode, RepoLock};
+pub use meta::{CommitSummary, IndexEntry, Meta, RefValue, ReflogEntry};
+pub use objects::{ObjectBatch, PutOutcome};
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Name of the repository directory inside a work directory.
+pub const MDL_DIR: &str = ".mdl";
+
+/// How to open a store.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// Read-only commands share the repository; writers own it.
+    pub mode: LockMode,
+    /// How long to wait for another process that holds the repository.
+    pub wait: Duration,
+    /// What this process is doing, recorded for processes that have to wait for it.
+    pub purpose: String,
+    /// The file system implementation (tests inject faults here).
+    pub storage: Arc<dyn Storage>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            mode: LockMode::Write,
+            wait: Duration::from_secs(60),
+            purpose: "mdl".into(),
+            storage: Arc::new(RealFs),
+        }
+    }
+}
+
+/// An open repository store. Holds the repository lock for its lifetime.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+    fs: Arc<dyn Storage>,
+    meta: Meta,
+    mode: LockMode,
+    _lock: RepoLock,
+}
+
+impl Store {
+    /// Creates a new store at `dir` (the `.mdl` directory itself), with `HEAD → refs/heads/main`.
+    ///
+    /// The directory is assembled under a temporary name and renamed into place, so a crash
+    /// never leaves a half-made repository.
+    pub fn init(dir: &Path, storage: Arc<dyn Storage>) -> Result<(), StoreError> {
+        if dir.exists() {
+            return Err(StoreError::AlreadyExists(dir.to_path_buf()));
+        }
+        let parent = dir.parent().unwrap_or(Path::new("."));
+        let staging = parent.join(format!(".mdl-init-{}", std::process::id()));
+        let io = |op: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| StoreError::Io { op, path, source }
+        };
+        storage.create_dir_all(&staging.join("objects")).map_err(io("create", &staging))?;
+        let result = (|| {
+            std::fs::File::create(staging.join(lock::LOCK_FILE)).map_err(io("create", &staging))?;
+            meta::Meta::create(&staging.join(meta::META_FILE))?;
+            storage.sync_dir(&staging.join("objects")).map_err(io("sync", &staging))?;
+            storage.sync_dir(&staging).map_err(io("sync", &staging))?;
+            storage.rename(&staging, dir).map_err(io("rename", &staging))?;
+            storage.sync_dir(parent).map_err(io("sync", parent))
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(&staging);
+        }
+        result
+    }
+
+    /// Opens the store at `dir` (the `.mdl` directory), taking the repository lock.
+    pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Store, StoreError> {
+        if !dir.join(meta::META_FILE).is_file() {
+            return Err(StoreError::NotARepository(dir.to_path_buf()));
+        }
+        let mut mode = opts.mode;
+        let read_only = lock::is_read_only(dir);
+        if read_only {
+            if mode == LockMode::Write {
+                return Err(StoreError::ReadOnly(dir.to_path_buf()));
+            }
+            mode = LockMode::ReadOnlyFs;
+        }
+        let lock = RepoLock::acquire(dir, mode, opts.wait, &opts.purpose)?;
+        let meta = match Meta::open(&dir.join(meta::META_FILE), mode) {
+            Ok(m) => m,
+            Err(StoreError::NeedsRecovery) if mode == LockMode::Read => {
+                // The last writer was killed: redb must repair the file, which a read-only
+                // open cannot do. Take the repository exclusively once, let redb recover, and
+                // go back to a shared lock.
+                drop(lock);
+                let write = RepoLock::acquire(dir, LockMode::Write, opts.wait, &opts.purpose)?;
+                drop(Meta::open(&dir.join(meta::META_FILE), LockMode::Write)?);
+                drop(write);
+                let lock = RepoLock::acquire(dir, mode, opts.wait, &opts.purpose)?;
+                let meta = Meta::open(&dir.join(meta::META_FILE), mode)?;
+                return Ok(Store { dir: dir.to_path_buf(), fs: opts.storage.clone(), meta, mode, _lock: lock });
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Store { dir: dir.to_path_buf(), fs: opts.storage.clone(), meta, mode, _lock: lock })
+    }
+
+    /// The `.mdl` directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The metadata database.
+    pub fn meta(&self) -> &Meta {
+        &self.meta
+    }
+
+    /// Whether this store was opened for writing.
+    pub fn writable(&self) -> bool {
+        self.mode == LockMode::Write
+    }
+
+    /// The file system implementation in use.
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.fs
+    }
+}

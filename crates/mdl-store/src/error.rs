@@ -1,0 +1,97 @@
+use std::path::PathBuf;
+
+use mdl_format::{FormatError, ObjectId};
+
+/// Errors from the repository store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A file system operation failed.
+    #[error("cannot {op} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// To which path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The metadata database reported an error.
+    #[error("metadata database: {0}")]
+    Db(String),
+    /// The metadata database must be recovered by a writer first.
+    #[error("metadata database needs recovery after an interrupted write")]
+    NeedsRecovery,
+    /// An object's record could not be decoded or failed verification.
+    #[error("{kind} object {id} is corrupt: {source}")]
+    Corrupt {
+        /// The object.
+        id: ObjectId,
+        /// The object's kind, as far as known.
+        kind: &'static str,
+        /// What is wrong.
+        source: FormatError,
+    },
+    /// An object the index or a reference names is not present.
+    #[error("object {0} is missing from the store")]
+    Missing(ObjectId),
+    /// Another process holds the repository.
+    #[error("repository is in use by {holder}; gave up after waiting {waited_secs} s (see --wait)")]
+    Busy {
+        /// Who holds it, as the holder recorded.
+        holder: String,
+        /// How long this process waited.
+        waited_secs: u64,
+    },
+    /// The repository is read-only and a write was requested.
+    #[error("repository {} is read-only", .0.display())]
+    ReadOnly(PathBuf),
+    /// Not an mdl repository.
+    #[error("{} is not an mdl repository (no .mdl/meta.redb; run `mdl init`)", .0.display())]
+    NotARepository(PathBuf),
+    /// `init` found an existing repository.
+    #[error("{} already exists", .0.display())]
+    AlreadyExists(PathBuf),
+    /// The repository was written by a newer mdl.
+    #[error("repository format version {found} is newer than this mdl reads ({supported})")]
+    NewerFormat {
+        /// Version in the repository.
+        found: u64,
+        /// Newest version this build reads.
+        supported: u64,
+    },
+    /// Writing decoded bytes to the caller's output failed.
+    #[error("cannot write output: {0}")]
+    Output(std::io::Error),
+    /// A compare-and-swap on a ref found another value.
+    #[error("ref {name} changed concurrently (expected {expected}, found {found})")]
+    RefConflict {
+        /// The ref.
+        name: String,
+        /// What the caller expected.
+        expected: String,
+        /// What was there.
+        found: String,
+    },
+}
+
+impl StoreError {
+    pub(crate) fn io(op: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.to_path_buf();
+        move |source| StoreError::Io { op, path, source }
+    }
+
+    /// Whether the underlying cause is a full disk.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            StoreError::Io { source, .. } | StoreError::Output(source) => {
+                source.raw_os_error() == Some(libc::ENOSPC)
+            }
+            StoreError::Db(msg) => msg.contains("No space left"),
+            _ => false,
+        }
+    }
+}
+
+pub(crate) fn db<E: std::fmt::Display>(e: E) -> StoreError {
+    StoreError::Db(e.to_string())
+}

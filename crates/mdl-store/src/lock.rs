@@ -1,0 +1,153 @@
+//! One owner per repository: an advisory lock on `.mdl/lock` that records who holds it.
+
+use std::fs::{File, TryLockError};
+use std::io::{Read, Seek, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::StoreError;
+
+/// The lock file inside `.mdl`.
+pub const LOCK_FILE: &str = "lock";
+
+/// How a process uses the repository.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockMode {
+    /// Reads only: shares the repository with other readers.
+    Read,
+    /// Changes the repository: owns it exclusively.
+    Write,
+    /// Reads a repository whose files may not be written at all.
+    ReadOnlyFs,
+}
+
+/// A held repository lock; released when dropped (or when the process dies).
+#[derive(Debug)]
+pub struct RepoLock {
+    file: File,
+    mode: LockMode,
+}
+
+impl Drop for RepoLock {
+    fn drop(&mut self) {
+        if self.mode == LockMode::Write {
+            // Clear the holder note; a killed holder leaves it behind, which `holder` detects.
+            let _ = self.file.set_len(0);
+        }
+    }
+}
+
+/// Whether the repository directory is marked read-only (no write permission bits).
+///
+/// Checked on the permission bits rather than by trying a write, so a repository made
+/// read-only with `chmod -R a-w` is treated as such even for root.
+pub fn is_read_only(dir: &Path) -> bool {
+    std::fs::metadata(dir).map(|m| m.permissions().readonly()).unwrap_or(false)
+}
+
+impl RepoLock {
+    /// Takes the lock of the repository at `dir`, waiting up to `wait` for another holder.
+    pub fn acquire(
+        dir: &Path,
+        mode: LockMode,
+        wait: Duration,
+        purpose: &str,
+    ) -> Result<RepoLock, StoreError> {
+        let path = dir.join(LOCK_FILE);
+        let mut file = match mode {
+            LockMode::Write => File::options().read(true).write(true).create(true).truncate(false).open(&path),
+            LockMode::Read | LockMode::ReadOnlyFs => File::open(&path),
+        }
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM) => {
+                StoreError::ReadOnly(dir.to_path_buf())
+            }
+            _ => StoreError::Io { op: "open", path: path.clone(), source: e },
+        })?;
+        let start = Instant::now();
+        let mut told = false;
+        loop {
+            let attempt = match mode {
+                LockMode::Write => file.try_lock(),
+                LockMode::Read | LockMode::ReadOnlyFs => file.try_lock_shared(),
+            };
+            match attempt {
+                Ok(()) => break,
+                Err(TryLockError::WouldBlock) => {
+                    let waited = start.elapsed();
+                    if waited >= wait {
+                        return Err(StoreError::Busy {
+                            holder: holder(&mut file),
+                            waited_secs: waited.as_secs(),
+                        });
+                    }
+                    if !told && waited >= Duration::from_millis(500) {
+                        tracing::warn!("waiting for the repository, held by {}", holder(&mut file));
+                        told = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(25).min(wait.saturating_sub(waited)).max(Duration::from_millis(1)));
+                }
+                Err(TryLockError::Error(e)) => {
+                    return Err(StoreError::Io { op: "lock", path, source: e });
+                }
+            }
+        }
+        if mode == LockMode::Write {
+            // Record who holds the repository for anyone who has to wait. The lock file is not
+            // part of the repository's data, so this write does not go through the store helper.
+            let note = format!(
+                "pid {} ({}) since {}",
+                std::process::id(),
+                purpose,
+                mdl_format::Timestamp::now()
+            );
+            let _ = file.set_len(0);
+            let _ = file.rewind();
+            let _ = file.write_all(note.as_bytes());
+        }
+        Ok(RepoLock { file, mode })
+    }
+}
+
+fn holder(file: &mut File) -> String {
+    let mut s = String::new();
+    let _ = file.rewind();
+    let _ = file.take(4096).read_to_string(&mut s);
+    let s = s.trim();
+    let alive = s
+        .strip_prefix("pid ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .is_some_and(|pid| Path::new("/proc").join(pid).exists() || !Path::new("/proc/self").exists());
+    if s.is_empty() || !alive {
+        "another process (reading)".to_string()
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn second_writer_times_out_naming_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let _held = RepoLock::acquire(dir.path(), LockMode::Write, Duration::ZERO, "mdl commit a").unwrap();
+        let err = RepoLock::acquire(dir.path(), LockMode::Write, Duration::from_millis(100), "x")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
+        assert!(err.contains("mdl commit a"), "{err}");
+        let err = RepoLock::acquire(dir.path(), LockMode::Read, Duration::ZERO, "x").unwrap_err();
+        assert!(matches!(err, StoreError::Busy { .. }));
+    }
+
+    #[test]
+    fn readers_share() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(LOCK_FILE), "").unwrap();
+        let _a = RepoLock::acquire(dir.path(), LockMode::Read, Duration::ZERO, "a").unwrap();
+        let _b = RepoLock::acquire(dir.path(), LockMode::Read, Duration::ZERO, "b").unwrap();
+        assert!(RepoLock::acquire(dir.path(), LockMode::Write, Duration::ZERO, "w").is_err());
+    }
+}

@@ -1,0 +1,620 @@
+//! `meta.redb`: refs, reflog, the physical index, the commit index and configuration.
+//!
+//! Every value is a small versioned binary encoding documented in `docs/FORMAT.md`. Refs change
+//! only through [`MetaWrite::update_ref`], a compare-and-swap that appends to the reflog in the
+//! same transaction.
+
+use std::path::Path;
+
+use mdl_format::{ObjectId, ObjectKind, Timestamp};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::error::db;
+use crate::{LockMode, StoreError};
+
+/// The database file inside `.mdl`.
+pub const META_FILE: &str = "meta.redb";
+
+/// Version of the repository layout and of the encodings in this module.
+pub const REPO_VERSION: u64 = 1;
+
+const REFS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("refs");
+const REFLOG: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("reflog");
+const OBJECTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("objects");
+const COMMITS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("commits");
+const CONFIG: TableDefinition<'_, &str, &str> = TableDefinition::new("config");
+const INFO: TableDefinition<'_, &str, u64> = TableDefinition::new("info");
+
+/// The symbolic ref every repository starts with.
+pub const HEAD: &str = "HEAD";
+
+/// Where an object's record lives and how it is encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// Kind of object.
+    pub kind: ObjectKind,
+    /// Codec tag of the record.
+    pub codec: u8,
+    /// Generation of the loose record file (`objects/ab/<rest>.<generation>`); re-encoding an
+    /// object writes a new generation and switches the index to it.
+    pub generation: u32,
+    /// Delta base, if the codec has one.
+    pub base: Option<ObjectId>,
+    /// Decode steps to reconstruct the object (0 for a self-contained record).
+    pub depth: u32,
+    /// Size of the record file.
+    pub stored_len: u64,
+    /// Size of the decoded data (the bytes checkout writes, without the canonical prefix).
+    pub content_len: u64,
+    /// When the record was written.
+    pub created: Timestamp,
+}
+
+impl IndexEntry {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(72);
+        v.extend_from_slice(&[1, self.kind as u8, self.codec, self.base.is_some() as u8]);
+        v.extend_from_slice(&self.generation.to_le_bytes());
+        if let Some(b) = &self.base {
+            v.extend_from_slice(b.as_bytes());
+        }
+        v.extend_from_slice(&self.depth.to_le_bytes());
+        v.extend_from_slice(&self.stored_len.to_le_bytes());
+        v.extend_from_slice(&self.content_len.to_le_bytes());
+        v.extend_from_slice(&self.created.0.to_le_bytes());
+        v
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, StoreError> {
+        let bad = || StoreError::Db("malformed index entry".into());
+        let mut r = Cursor(b);
+        if r.u8().ok_or_else(bad)? != 1 {
+            return Err(bad());
+        }
+        let kind = ObjectKind::try_from(r.u8().ok_or_else(bad)?).map_err(|_| bad())?;
+        let codec = r.u8().ok_or_else(bad)?;
+        let has_base = r.u8().ok_or_else(bad)? != 0;
+        let generation = r.u32().ok_or_else(bad)?;
+        let base = if has_base { Some(r.id().ok_or_else(bad)?) } else { None };
+        Ok(IndexEntry {
+            kind,
+            codec,
+            generation,
+            base,
+            depth: r.u32().ok_or_else(bad)?,
+            stored_len: r.u64().ok_or_else(bad)?,
+            content_len: r.u64().ok_or_else(bad)?,
+            created: Timestamp(r.u64().ok_or_else(bad)? as i64),
+        })
+    }
+}
+
+/// What the commit index keeps per commit, for history walks without reading records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitSummary {
+    /// Commit time.
+    pub time: Timestamp,
+    /// The commit's manifest.
+    pub manifest: ObjectId,
+    /// Parent commits.
+    pub parents: Vec<ObjectId>,
+    /// Size of the checkpoint file.
+    pub raw_bytes: u64,
+}
+
+impl CommitSummary {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = vec![1u8];
+        v.extend_from_slice(&self.time.0.to_le_bytes());
+        v.extend_from_slice(self.manifest.as_bytes());
+        v.extend_from_slice(&self.raw_bytes.to_le_bytes());
+        v.push(self.parents.len() as u8);
+        for p in &self.parents {
+            v.extend_from_slice(p.as_bytes());
+        }
+        v
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, StoreError> {
+        let bad = || StoreError::Db("malformed commit index entry".into());
+        let mut r = Cursor(b);
+        if r.u8().ok_or_else(bad)? != 1 {
+            return Err(bad());
+        }
+        let time = Timestamp(r.u64().ok_or_else(bad)? as i64);
+        let manifest = r.id().ok_or_else(bad)?;
+        let raw_bytes = r.u64().ok_or_else(bad)?;
+        let n = r.u8().ok_or_else(bad)?;
+        let parents = (0..n).map(|_| r.id().ok_or_else(bad)).collect::<Result<_, _>>()?;
+        Ok(CommitSummary { time, manifest, parents, raw_bytes })
+    }
+}
+
+/// The value of a ref.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RefValue {
+    /// Points at a commit.
+    Direct(ObjectId),
+    /// Points at another ref (`HEAD → refs/heads/main`).
+    Symbolic(String),
+    /// An annotated tag: a commit plus who tagged it, when and why.
+    Annotated {
+        /// The tagged commit.
+        target: ObjectId,
+        /// Who made the tag.
+        tagger: String,
+        /// When.
+        time: Timestamp,
+        /// The tag message.
+        message: String,
+    },
+}
+
+impl RefValue {
+    /// The commit this value points at directly, if any.
+    pub fn target(&self) -> Option<ObjectId> {
+        match self {
+            RefValue::Direct(id) | RefValue::Annotated { target: id, .. } => Some(*id),
+            RefValue::Symbolic(_) => None,
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        match self {
+            RefValue::Direct(id) => [&[0u8][..], id.as_bytes()].concat(),
+            RefValue::Symbolic(name) => [&[1u8][..], name.as_bytes()].concat(),
+            RefValue::Annotated { target, tagger, time, message } => {
+                let mut v = vec![2u8];
+                v.extend_from_slice(target.as_bytes());
+                v.extend_from_slice(&time.0.to_le_bytes());
+                v.extend_from_slice(&(tagger.len() as u32).to_le_bytes());
+                v.extend_from_slice(tagger.as_bytes());
+                v.extend_from_slice(message.as_bytes());
+                v
+            }
+        }
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, StoreError> {
+        let bad = || StoreError::Db("malformed ref value".into());
+        let mut r = Cursor(b);
+        match r.u8().ok_or_else(bad)? {
+            0 => Ok(RefValue::Direct(r.id().ok_or_else(bad)?)),
+            1 => Ok(RefValue::Symbolic(String::from_utf8(r.0.to_vec()).map_err(|_| bad())?)),
+            2 => {
+                let target = r.id().ok_or_else(bad)?;
+                let time = Timestamp(r.u64().ok_or_else(bad)? as i64);
+                let n = r.u32().ok_or_else(bad)? as usize;
+                let tagger = r.take(n).ok_or_else(bad)?;
+                let tagger = String::from_utf8(tagger.to_vec()).map_err(|_| bad())?;
+                let message = String::from_utf8(r.0.to_vec()).map_err(|_| bad())?;
+                Ok(RefValue::Annotated { target, tagger, time, message })
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// One change of a ref.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReflogEntry {
+    /// Value before (None when the ref was created).
+    pub old: Option<ObjectId>,
+    /// Value after (None when the ref was deleted).
+    pub new: Option<ObjectId>,
+    /// When.
+    pub time: Timestamp,
+    /// What did it (`commit: step 1200`, `branch: created from main`).
+    pub message: String,
+}
+
+impl ReflogEntry {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = vec![1u8, self.old.is_some() as u8 | (self.new.is_some() as u8) << 1];
+        for id in self.old.iter().chain(self.new.iter()) {
+            v.extend_from_slice(id.as_bytes());
+        }
+        v.extend_from_slice(&self.time.0.to_le_bytes());
+        v.extend_from_slice(self.message.as_bytes());
+        v
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, StoreError> {
+        let bad = || StoreError::Db("malformed reflog entry".into());
+        let mut r = Cursor(b);
+        if r.u8().ok_or_else(bad)? != 1 {
+            return Err(bad());
+        }
+        let flags = r.u8().ok_or_else(bad)?;
+        let old = if flags & 1 != 0 { Some(r.id().ok_or_else(bad)?) } else { None };
+        let new = if flags & 2 != 0 { Some(r.id().ok_or_else(bad)?) } else { None };
+        let time = Timestamp(r.u64().ok_or_else(bad)? as i64);
+        let message = String::from_utf8(r.0.to_vec()).map_err(|_| bad())?;
+        Ok(ReflogEntry { old, new, time, message })
+    }
+}
+
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (h, t) = self.0.split_at(n);
+        self.0 = t;
+        Some(h)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn id(&mut self) -> Option<ObjectId> {
+        Some(ObjectId::from_bytes(self.take(32)?.try_into().ok()?))
+    }
+}
+
+enum Db {
+    Rw(redb::Database),
+    Ro(redb::ReadOnlyDatabase),
+}
+
+/// The open metadata database.
+pub struct Meta {
+    db: Db,
+}
+
+impl std::fmt::Debug for Meta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Meta")
+    }
+}
+
+impl Meta {
+    /// Creates a database with every table, `HEAD → refs/heads/main` and the layout version.
+    pub(crate) fn create(path: &Path) -> Result<(), StoreError> {
+        let database = redb::Database::create(path).map_err(db)?;
+        let txn = database.begin_write().map_err(db)?;
+        {
+            txn.open_table(REFLOG).map_err(db)?;
+            txn.open_table(OBJECTS).map_err(db)?;
+            txn.open_table(COMMITS).map_err(db)?;
+            txn.open_table(CONFIG).map_err(db)?;
+            txn.open_table(INFO).map_err(db)?.insert("repo_version", REPO_VERSION).map_err(db)?;
+            let head = RefValue::Symbolic("refs/heads/main".into()).encode();
+            txn.open_table(REFS).map_err(db)?.insert(HEAD, head.as_slice()).map_err(db)?;
+        }
+        txn.commit().map_err(db)?;
+        Ok(())
+    }
+
+    pub(crate) fn open(path: &Path, mode: LockMode) -> Result<Meta, StoreError> {
+        let db = match mode {
+            LockMode::Write => Db::Rw(redb::Database::open(path).map_err(open_err)?),
+            LockMode::Read | LockMode::ReadOnlyFs => {
+                Db::Ro(redb::Builder::new().open_read_only(path).map_err(open_err)?)
+            }
+        };
+        let meta = Meta { db };
+        let version = meta.read()?.info("repo_version")?.unwrap_or(0);
+        if version > REPO_VERSION {
+            return Err(StoreError::NewerFormat { found: version, supported: REPO_VERSION });
+        }
+        Ok(meta)
+    }
+
+    /// A consistent read-only view.
+    pub fn read(&self) -> Result<MetaRead, StoreError> {
+        let txn = match &self.db {
+            Db::Rw(d) => d.begin_read(),
+            Db::Ro(d) => d.begin_read(),
+        }
+        .map_err(db)?;
+        Ok(MetaRead { txn })
+    }
+
+    /// A write transaction; nothing is visible until [`MetaWrite::commit`].
+    pub fn write(&self) -> Result<MetaWrite, StoreError> {
+        match &self.db {
+            Db::Rw(d) => Ok(MetaWrite { txn: d.begin_write().map_err(db)? }),
+            Db::Ro(_) => Err(StoreError::Db("database opened read-only".into())),
+        }
+    }
+}
+
+fn open_err(e: redb::DatabaseError) -> StoreError {
+    match e {
+        redb::DatabaseError::RepairAborted => StoreError::NeedsRecovery,
+        other => db(other),
+    }
+}
+
+/// Read access shared by read and write transactions.
+macro_rules! readers {
+    () => {
+        /// A ref's value.
+        pub fn get_ref(&self, name: &str) -> Result<Option<RefValue>, StoreError> {
+            let t = self.txn.open_table(REFS).map_err(db)?;
+            let v = t.get(name).map_err(db)?;
+            v.map(|v| RefValue::decode(v.value())).transpose()
+        }
+
+        /// Refs whose names start with `prefix`, in name order.
+        pub fn refs(&self, prefix: &str) -> Result<Vec<(String, RefValue)>, StoreError> {
+            let t = self.txn.open_table(REFS).map_err(db)?;
+            let mut out = Vec::new();
+            for item in t.range(prefix..).map_err(db)? {
+                let (k, v) = item.map_err(db)?;
+                if !k.value().starts_with(prefix) {
+                    break;
+                }
+                out.push((k.value().to_string(), RefValue::decode(v.value())?));
+            }
+            Ok(out)
+        }
+
+        /// The reflog of a ref, oldest first.
+        pub fn reflog(&self, name: &str) -> Result<Vec<ReflogEntry>, StoreError> {
+            let t = self.txn.open_table(REFLOG).map_err(db)?;
+            let mut out = Vec::new();
+            for item in t.range((name, 0)..=(name, u64::MAX)).map_err(db)? {
+                let (_, v) = item.map_err(db)?;
+                out.push(ReflogEntry::decode(v.value())?);
+            }
+            Ok(out)
+        }
+
+        /// An object's index entry.
+        pub fn object(&self, id: &ObjectId) -> Result<Option<IndexEntry>, StoreError> {
+            let t = self.txn.open_table(OBJECTS).map_err(db)?;
+            let v = t.get(id.as_bytes().as_slice()).map_err(db)?;
+            v.map(|v| IndexEntry::decode(v.value())).transpose()
+        }
+
+        /// Every indexed object, in id order.
+        pub fn objects(&self) -> Result<Vec<(ObjectId, IndexEntry)>, StoreError> {
+            let t = self.txn.open_table(OBJECTS).map_err(db)?;
+            let mut out = Vec::new();
+            for item in t.iter().map_err(db)? {
+                let (k, v) = item.map_err(db)?;
+                out.push((key_id(k.value())?, IndexEntry::decode(v.value())?));
+            }
+            Ok(out)
+        }
+
+        /// A commit's summary.
+        pub fn commit(&self, id: &ObjectId) -> Result<Option<CommitSummary>, StoreError> {
+            let t = self.txn.open_table(COMMITS).map_err(db)?;
+            let v = t.get(id.as_bytes().as_slice()).map_err(db)?;
+            v.map(|v| CommitSummary::decode(v.value())).transpose()
+        }
+
+        /// Every commit, in id order.
+        pub fn commits(&self) -> Result<Vec<(ObjectId, CommitSummary)>, StoreError> {
+            let t = self.txn.open_table(COMMITS).map_err(db)?;
+            let mut out = Vec::new();
+            for item in t.iter().map_err(db)? {
+                let (k, v) = item.map_err(db)?;
+                out.push((key_id(k.value())?, CommitSummary::decode(v.value())?));
+            }
+            Ok(out)
+        }
+
+        /// Commits whose id starts with `prefix`.
+        pub fn commits_with_prefix(
+            &self,
+            prefix: &mdl_format::IdPrefix,
+        ) -> Result<Vec<ObjectId>, StoreError> {
+            let t = self.txn.open_table(COMMITS).map_err(db)?;
+            let lower = prefix.lower_bound();
+            let mut out = Vec::new();
+            for item in t.range(lower.as_bytes().as_slice()..).map_err(db)? {
+                let (k, _) = item.map_err(db)?;
+                let id = key_id(k.value())?;
+                if !prefix.matches(&id) {
+                    break;
+                }
+                out.push(id);
+            }
+            Ok(out)
+        }
+
+        /// A configuration value.
+        pub fn config(&self, key: &str) -> Result<Option<String>, StoreError> {
+            let t = self.txn.open_table(CONFIG).map_err(db)?;
+            let v = t.get(key).map_err(db)?;
+            Ok(v.map(|v| v.value().to_string()))
+        }
+
+        #[allow(dead_code)]
+        fn info(&self, key: &str) -> Result<Option<u64>, StoreError> {
+            let t = self.txn.open_table(INFO).map_err(db)?;
+            let v = t.get(key).map_err(db)?;
+            Ok(v.map(|v| v.value()))
+        }
+    };
+}
+
+fn key_id(k: &[u8]) -> Result<ObjectId, StoreError> {
+    let bytes: [u8; 32] =
+        k.try_into().map_err(|_| StoreError::Db("malformed object key".into()))?;
+    Ok(ObjectId::from_bytes(bytes))
+}
+
+/// A read transaction.
+pub struct MetaRead {
+    txn: redb::ReadTransaction,
+}
+
+impl MetaRead {
+    readers!();
+}
+
+/// A write transaction.
+pub struct MetaWrite {
+    txn: redb::WriteTransaction,
+}
+
+impl MetaWrite {
+    readers!();
+
+    /// Adds or replaces an object's index entry.
+    pub fn put_object(&mut self, id: &ObjectId, entry: &IndexEntry) -> Result<(), StoreError> {
+        let mut t = self.txn.open_table(OBJECTS).map_err(db)?;
+        t.insert(id.as_bytes().as_slice(), entry.encode().as_slice()).map_err(db)?;
+        Ok(())
+    }
+
+    /// Adds a commit to the commit index.
+    pub fn put_commit(&mut self, id: &ObjectId, summary: &CommitSummary) -> Result<(), StoreError> {
+        let mut t = self.txn.open_table(COMMITS).map_err(db)?;
+        t.insert(id.as_bytes().as_slice(), summary.encode().as_slice()).map_err(db)?;
+        Ok(())
+    }
+
+    /// Sets a configuration value.
+    pub fn set_config(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
+        let mut t = self.txn.open_table(CONFIG).map_err(db)?;
+        t.insert(key, value).map_err(db)?;
+        Ok(())
+    }
+
+    /// Compare-and-swap of a ref: succeeds only if its current value equals `expected`
+    /// (`None`: must not exist). `new = None` deletes the ref and its reflog. Direct changes
+    /// append a reflog entry in the same transaction.
+    pub fn update_ref(
+        &mut self,
+        name: &str,
+        expected: Option<&RefValue>,
+        new: Option<&RefValue>,
+        message: &str,
+    ) -> Result<(), StoreError> {
+        let current = self.get_ref(name)?;
+        if current.as_ref() != expected {
+            let show = |v: Option<&RefValue>| match v {
+                None => "nothing".to_string(),
+                Some(RefValue::Symbolic(s)) => s.clone(),
+                Some(v) => v.target().map(|t| t.short(12)).unwrap_or_default(),
+            };
+            return Err(StoreError::RefConflict {
+                name: name.to_string(),
+                expected: show(expected),
+                found: show(current.as_ref()),
+            });
+        }
+        let mut refs = self.txn.open_table(REFS).map_err(db)?;
+        let mut log = self.txn.open_table(REFLOG).map_err(db)?;
+        match new {
+            Some(v) => {
+                refs.insert(name, v.encode().as_slice()).map_err(db)?;
+                let next = log
+                    .range((name, 0)..=(name, u64::MAX))
+                    .map_err(db)?
+                    .next_back()
+                    .transpose()
+                    .map_err(db)?
+                    .map(|(k, _)| k.value().1 + 1)
+                    .unwrap_or(0);
+                let entry = ReflogEntry {
+                    old: current.as_ref().and_then(RefValue::target),
+                    new: v.target(),
+                    time: Timestamp::now(),
+                    message: message.to_string(),
+                };
+                log.insert((name, next), entry.encode().as_slice()).map_err(db)?;
+            }
+            None => {
+                refs.remove(name).map_err(db)?;
+                log.retain_in((name, 0)..=(name, u64::MAX), |_, _| false).map_err(db)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes every change durable and visible, atomically.
+    pub fn commit_txn(self) -> Result<(), StoreError> {
+        self.txn.commit().map_err(db)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings_round_trip() {
+        let e = IndexEntry {
+            kind: ObjectKind::Tensor,
+            codec: 1,
+            generation: 3,
+            base: Some(ObjectId::hash(b"b")),
+            depth: 2,
+            stored_len: 10,
+            content_len: 20,
+            created: Timestamp(1234),
+        };
+        assert_eq!(IndexEntry::decode(&e.encode()).unwrap(), e);
+        let e2 = IndexEntry { base: None, ..e };
+        assert_eq!(IndexEntry::decode(&e2.encode()).unwrap(), e2);
+        let s = CommitSummary {
+            time: Timestamp(5),
+            manifest: ObjectId::hash(b"m"),
+            parents: vec![ObjectId::hash(b"p")],
+            raw_bytes: 9,
+        };
+        assert_eq!(CommitSummary::decode(&s.encode()).unwrap(), s);
+        for v in [
+            RefValue::Direct(ObjectId::hash(b"c")),
+            RefValue::Symbolic("refs/heads/main".into()),
+            RefValue::Annotated {
+                target: ObjectId::hash(b"c"),
+                tagger: "ada".into(),
+                time: Timestamp(7),
+                message: "release\nnotes".into(),
+            },
+        ] {
+            assert_eq!(RefValue::decode(&v.encode()).unwrap(), v);
+        }
+        let r = ReflogEntry { old: None, new: Some(ObjectId::hash(b"n")), time: Timestamp(1), message: "m".into() };
+        assert_eq!(ReflogEntry::decode(&r.encode()).unwrap(), r);
+    }
+
+    #[test]
+    fn compare_and_swap_with_reflog() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(META_FILE);
+        Meta::create(&path).unwrap();
+        let meta = Meta::open(&path, LockMode::Write).unwrap();
+        let a = RefValue::Direct(ObjectId::hash(b"a"));
+        let b = RefValue::Direct(ObjectId::hash(b"b"));
+        let mut w = meta.write().unwrap();
+        w.update_ref("refs/heads/x", None, Some(&a), "create").unwrap();
+        w.commit_txn().unwrap();
+        let mut w = meta.write().unwrap();
+        let err = w.update_ref("refs/heads/x", Some(&b), Some(&a), "bad").unwrap_err();
+        assert!(matches!(err, StoreError::RefConflict { .. }));
+        drop(w);
+        let mut w = meta.write().unwrap();
+        w.update_ref("refs/heads/x", Some(&a), Some(&b), "move").unwrap();
+        w.commit_txn().unwrap();
+        let r = meta.read().unwrap();
+        assert_eq!(r.get_ref("refs/heads/x").unwrap(), Some(b.clone()));
+        let log = r.reflog("refs/heads/x").unwrap();
+        assert_eq!(log.len(), 2);
+        assert_eq!(log[1].old, a.target());
+        assert_eq!(log[1].new, b.target());
+        drop(r);
+        let mut w = meta.write().unwrap();
+        w.update_ref("refs/heads/x", Some(&b), None, "delete").unwrap();
+        w.commit_txn().unwrap();
+        let r = meta.read().unwrap();
+        assert_eq!(r.get_ref("refs/heads/x").unwrap(), None);
+        assert!(r.reflog("refs/heads/x").unwrap().is_empty());
+        assert_eq!(r.get_ref(HEAD).unwrap(), Some(RefValue::Symbolic("refs/heads/main".into())));
+    }
+}

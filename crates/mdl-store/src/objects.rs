@@ -1,0 +1,377 @@
+//! Object records: the one atomic write helper, and verified streaming reads.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use mdl_codec::{CodecTag, EncodeOptions};
+use mdl_format::record::{self, RecordHeader, Trailer, TRAILER_LEN};
+use mdl_format::{FormatError, ObjectId, ObjectKind, TensorHasher, TensorHeader, Timestamp};
+
+use crate::fs::StorageFile;
+use crate::{IndexEntry, Store, StoreError};
+
+/// Prefix of temporary files in object directories; anything named so is an interrupted write.
+pub const TEMP_PREFIX: &str = ".tmp-";
+
+/// The result of storing one object.
+#[derive(Clone, Copy, Debug)]
+pub struct PutOutcome {
+    /// The object.
+    pub id: ObjectId,
+    /// Its new index entry.
+    pub entry: IndexEntry,
+}
+
+/// Records written for one operation. Their directories are made durable by
+/// [`ObjectBatch::finish`], which must precede the index transaction that publishes them.
+pub struct ObjectBatch<'s> {
+    store: &'s Store,
+    dirs: Mutex<BTreeSet<PathBuf>>,
+}
+
+static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Debug)]
+struct NotSmaller;
+
+impl std::fmt::Display for NotSmaller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("encoding is not smaller than raw")
+    }
+}
+
+impl std::error::Error for NotSmaller {}
+
+fn is_not_smaller(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<NotSmaller>())
+}
+
+/// Counts and checksums what is written, refusing to exceed a payload cap.
+struct RecordSink {
+    inner: BufWriter<Box<dyn StorageFile>>,
+    crc: crc32fast::Hasher,
+    written: u64,
+    cap: u64,
+}
+
+impl Write for RecordSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.written + buf.len() as u64 > self.cap {
+            return Err(io::Error::other(NotSmaller));
+        }
+        let n = self.inner.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.written += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl Store {
+    /// Path of an object's record file of the given generation.
+    pub fn record_path(&self, id: &ObjectId, generation: u32) -> PathBuf {
+        let hex = id.to_hex();
+        self.dir.join("objects").join(&hex[..2]).join(format!("{}.{generation}", &hex[2..]))
+    }
+
+    /// Starts a batch of record writes.
+    pub fn batch(&self) -> ObjectBatch<'_> {
+        ObjectBatch { store: self, dirs: Mutex::new(BTreeSet::new()) }
+    }
+
+    /// Decodes an object into `out`, verifying the record checksum and the content hash.
+    ///
+    /// Bytes reach `out` while decoding proceeds; if verification fails at the end an error is
+    /// returned and the caller must discard what was written.
+    pub fn read_object(&self, id: &ObjectId, entry: &IndexEntry, out: &mut dyn Write) -> Result<u64, StoreError> {
+        let path = self.record_path(id, entry.generation);
+        let kind = entry.kind.name();
+        let corrupt = |source: FormatError| StoreError::Corrupt { id: *id, kind, source };
+        let file = File::open(&path).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => StoreError::Missing(*id),
+            _ => StoreError::Io { op: "open", path: path.clone(), source: e },
+        })?;
+        let len = file.metadata().map_err(StoreError::io("stat", &path))?.len();
+        let (header, hlen, head) = read_header(&file, len).map_err(|e| match e {
+            HeaderError::Io(source) => StoreError::Io { op: "read", path: path.clone(), source },
+            HeaderError::Format(f) => corrupt(f),
+        })?;
+        if (len as usize) < hlen + TRAILER_LEN {
+            return Err(corrupt(FormatError::Truncated { what: "record", needed: hlen + TRAILER_LEN - len as usize }));
+        }
+        let mut tbytes = [0u8; TRAILER_LEN];
+        file.read_exact_at(&mut tbytes, len - TRAILER_LEN as u64).map_err(StoreError::io("read", &path))?;
+        let trailer = Trailer::decode(&tbytes).map_err(corrupt)?;
+        let payload_len = len - hlen as u64 - TRAILER_LEN as u64;
+        if trailer.payload_len != payload_len || trailer.content_len != entry.content_len || header.kind != entry.kind {
+            return Err(corrupt(FormatError::invalid("record", "lengths or kind disagree with the index")));
+        }
+        let codec = CodecTag::try_from(header.codec).map_err(corrupt)?;
+        if header.base.is_some() || codec.has_base() {
+            return Err(corrupt(FormatError::invalid("record", "delta records are not supported by this build")));
+        }
+
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&head[..hlen]);
+        let mut reader = BufReader::with_capacity(1 << 18, &file);
+        io::Seek::seek(&mut reader, io::SeekFrom::Start(hlen as u64)).map_err(StoreError::io("seek", &path))?;
+        let mut payload = CrcReader { inner: reader.take(payload_len), crc };
+        let mut hasher = TensorHasher::new(&header.prefix);
+        let mut total = 0u64;
+        {
+            let mut dec = mdl_codec::decoder(codec, Box::new(&mut payload), trailer.content_len)
+                .map_err(|e| corrupt(FormatError::invalid("payload", e.to_string())))?;
+            let mut buf = vec![0u8; 1 << 18];
+            loop {
+                let n = match dec.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(corrupt(FormatError::invalid("payload", e.to_string()))),
+                };
+                hasher.update(&buf[..n]);
+                out.write_all(&buf[..n]).map_err(StoreError::Output)?;
+                total += n as u64;
+            }
+        }
+        // Checksum the rest of the payload the decoder did not need to look at.
+        io::copy(&mut payload, &mut io::sink()).map_err(StoreError::io("read", &path))?;
+        let mut crc = payload.crc;
+        crc.update(&tbytes[..16]);
+        let computed = crc.finalize();
+        if computed != trailer.crc {
+            return Err(corrupt(FormatError::Checksum { stored: trailer.crc, computed }));
+        }
+        let actual = hasher.finalize();
+        if actual != *id {
+            return Err(corrupt(FormatError::HashMismatch { expected: *id, actual }));
+        }
+        Ok(total)
+    }
+
+    /// Decodes a whole object into memory (manifests, commits, tensors for diffs).
+    pub fn read_object_vec(&self, id: &ObjectId) -> Result<Vec<u8>, StoreError> {
+        let entry = self.meta().read()?.object(id)?.ok_or(StoreError::Missing(*id))?;
+        let mut out = Vec::with_capacity(entry.content_len.min(1 << 30) as usize);
+        self.read_object(id, &entry, &mut out)?;
+        Ok(out)
+    }
+
+    /// Lists leftover temporary files in the object directories (interrupted writes).
+    pub fn temp_files(&self) -> Result<Vec<PathBuf>, StoreError> {
+        let mut out = Vec::new();
+        let objects = self.dir.join("objects");
+        for dir in std::fs::read_dir(&objects).map_err(StoreError::io("list", &objects))? {
+            let dir = dir.map_err(StoreError::io("list", &objects))?.path();
+            if !dir.is_dir() {
+                continue;
+            }
+            for f in std::fs::read_dir(&dir).map_err(StoreError::io("list", &dir))? {
+                let f = f.map_err(StoreError::io("list", &dir))?;
+                if f.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+                    out.push(f.path());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Lists every record file, as (id, generation), whether indexed or not.
+    pub fn record_files(&self) -> Result<Vec<(ObjectId, u32)>, StoreError> {
+        let mut out = Vec::new();
+        let objects = self.dir.join("objects");
+        for dir in std::fs::read_dir(&objects).map_err(StoreError::io("list", &objects))? {
+            let dir = dir.map_err(StoreError::io("list", &objects))?;
+            let prefix = dir.file_name().to_string_lossy().to_string();
+            if prefix.len() != 2 || !dir.path().is_dir() {
+                continue;
+            }
+            for f in std::fs::read_dir(dir.path()).map_err(StoreError::io("list", &dir.path()))? {
+                let name = f.map_err(StoreError::io("list", &dir.path()))?.file_name();
+                let name = name.to_string_lossy();
+                let Some((rest, generation)) = name.split_once('.') else { continue };
+                if let (Ok(id), Ok(generation)) = (format!("{prefix}{rest}").parse::<ObjectId>(), generation.parse()) {
+                    out.push((id, generation));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+enum HeaderError {
+    Io(io::Error),
+    Format(FormatError),
+}
+
+fn read_header(file: &File, len: u64) -> Result<(RecordHeader, usize, Vec<u8>), HeaderError> {
+    let mut want = len.min(1024) as usize;
+    loop {
+        let mut head = vec![0u8; want];
+        file.read_exact_at(&mut head, 0).map_err(HeaderError::Io)?;
+        match RecordHeader::decode(&head) {
+            Ok((h, n)) => return Ok((h, n, head)),
+            Err(FormatError::Truncated { .. }) if (want as u64) < len && want < record::MAX_HEADER_LEN => {
+                want = len.min(record::MAX_HEADER_LEN as u64) as usize;
+            }
+            Err(e) => return Err(HeaderError::Format(e)),
+        }
+    }
+}
+
+struct CrcReader<R> {
+    inner: R,
+    crc: crc32fast::Hasher,
+}
+
+impl<R: Read> Read for CrcReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.crc.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+impl ObjectBatch<'_> {
+    /// Stores a tensor under the smallest of the candidate codecs (raw if none pays).
+    pub fn put_tensor(
+        &self,
+        id: &ObjectId,
+        header: &TensorHeader,
+        data: &[u8],
+        opts: &EncodeOptions,
+    ) -> Result<PutOutcome, StoreError> {
+        let prefix = header.canonical();
+        for &codec in mdl_codec::candidates(header.dtype, data.len() as u64) {
+            let cap = (data.len() as u64).saturating_sub(1);
+            match self.write_record(id, ObjectKind::Tensor, codec, &prefix, data.len() as u64, cap, &mut |w| {
+                mdl_codec::encode(codec, data, opts, w).map(drop)
+            }) {
+                Ok(out) => return Ok(out),
+                Err(WriteError::NotSmaller) => continue,
+                Err(WriteError::Store(e)) => return Err(e),
+            }
+        }
+        self.write_record(id, ObjectKind::Tensor, CodecTag::Raw, &prefix, data.len() as u64, u64::MAX, &mut |w| {
+            w.write_all(data)
+        })
+        .map_err(WriteError::into_store)
+    }
+
+    /// Stores a manifest or commit (its canonical bytes), zstd-compressed when that is smaller.
+    pub fn put_blob(&self, kind: ObjectKind, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
+        let id = ObjectId::hash(bytes);
+        let opts = EncodeOptions::default();
+        let cap = (bytes.len() as u64).saturating_sub(1);
+        match self.write_record(&id, kind, CodecTag::Zstd, &[], bytes.len() as u64, cap, &mut |w| {
+            mdl_codec::encode(CodecTag::Zstd, bytes, &opts, w).map(drop)
+        }) {
+            Ok(out) => Ok(out),
+            Err(WriteError::NotSmaller) => self
+                .write_record(&id, kind, CodecTag::Raw, &[], bytes.len() as u64, u64::MAX, &mut |w| w.write_all(bytes))
+                .map_err(WriteError::into_store),
+            Err(WriteError::Store(e)) => Err(e),
+        }
+    }
+
+    /// The one helper that writes into `.mdl/objects`: temporary file in the record's directory,
+    /// checksum while streaming, fsync, rename. The directory is fsynced by [`Self::finish`].
+    #[allow(clippy::too_many_arguments)]
+    fn write_record(
+        &self,
+        id: &ObjectId,
+        kind: ObjectKind,
+        codec: CodecTag,
+        prefix: &[u8],
+        content_len: u64,
+        cap: u64,
+        body: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> Result<PutOutcome, WriteError> {
+        let fs = self.store.storage();
+        let path = self.store.record_path(id, 0);
+        let dir = path.parent().expect("record path has a parent").to_path_buf();
+        fs.create_dir_all(&dir).map_err(StoreError::io("create", &dir))?;
+        let tmp = dir.join(format!(
+            "{TEMP_PREFIX}{}-{}",
+            std::process::id(),
+            TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let result = (|| -> Result<u64, WriteError> {
+            let file = fs.create_new(&tmp).map_err(StoreError::io("create", &tmp))?;
+            let mut sink = RecordSink { inner: BufWriter::with_capacity(1 << 20, file), crc: crc32fast::Hasher::new(), written: 0, cap: u64::MAX };
+            let header = RecordHeader::new(kind, codec as u8, None, prefix.to_vec()).encode();
+            sink.write_all(&header).map_err(StoreError::io("write", &tmp))?;
+            let start = sink.written;
+            sink.cap = start.saturating_add(cap);
+            body(&mut sink).map_err(|e| if is_not_smaller(&e) { WriteError::NotSmaller } else { StoreError::Io { op: "write", path: tmp.clone(), source: e }.into() })?;
+            let payload_len = sink.written - start;
+            sink.cap = u64::MAX;
+            sink.write_all(&Trailer::lengths(content_len, payload_len)).map_err(StoreError::io("write", &tmp))?;
+            let crc = sink.crc.clone().finalize();
+            sink.write_all(&crc.to_le_bytes()).map_err(StoreError::io("write", &tmp))?;
+            let total = sink.written;
+            let mut file = sink.inner.into_inner().map_err(|e| StoreError::Io { op: "write", path: tmp.clone(), source: e.into_error() })?;
+            file.sync_all().map_err(StoreError::io("sync", &tmp))?;
+            drop(file);
+            fs.rename(&tmp, &path).map_err(StoreError::io("rename", &tmp))?;
+            Ok(total)
+        })();
+        match result {
+            Ok(stored_len) => {
+                self.dirs.lock().unwrap().insert(dir);
+                let entry = IndexEntry {
+                    kind,
+                    codec: codec as u8,
+                    generation: 0,
+                    base: None,
+                    depth: 0,
+                    stored_len,
+                    content_len,
+                    created: Timestamp::now(),
+                };
+                Ok(PutOutcome { id: *id, entry })
+            }
+            Err(e) => {
+                let _ = fs.remove_file(&tmp);
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes the records' directory entries durable. Call before publishing them in the index.
+    pub fn finish(self) -> Result<(), StoreError> {
+        let fs = self.store.storage();
+        for dir in self.dirs.into_inner().unwrap() {
+            fs.sync_dir(&dir).map_err(StoreError::io("sync", &dir))?;
+        }
+        let objects = self.store.dir().join("objects");
+        fs.sync_dir(&objects).map_err(StoreError::io("sync", &objects))
+    }
+}
+
+enum WriteError {
+    NotSmaller,
+    Store(StoreError),
+}
+
+impl WriteError {
+    fn into_store(self) -> StoreError {
+        match self {
+            WriteError::Store(e) => e,
+            WriteError::NotSmaller => unreachable!("raw records have no size cap"),
+        }
+    }
+}
+
+impl From<StoreError> for WriteError {
+    fn from(e: StoreError) -> Self {
+        WriteError::Store(e)
+    }
+}
