@@ -121,6 +121,39 @@ pub fn encode(
     }
 }
 
+/// Like [`encode`], but copies the input through a scratch buffer in 1 MiB steps and shows
+/// each step to `observe` before encoding it, so what is observed (hashed) is exactly what is
+/// encoded even if the input memory changes underneath (a checkpoint file rewritten while it is
+/// mapped).
+pub fn encode_observed(
+    tag: CodecTag,
+    data: &[u8],
+    opts: &EncodeOptions,
+    out: &mut dyn Write,
+    observe: &mut dyn FnMut(&[u8]),
+) -> io::Result<u64> {
+    let mut scratch = vec![0u8; data.len().min(1 << 20)];
+    let mut counter = Counting { inner: out, n: 0 };
+    let mut sink: Box<dyn Write + '_> = match tag {
+        CodecTag::Raw => Box::new(&mut counter),
+        CodecTag::Zstd => {
+            let mut enc = zstd::stream::Encoder::new(&mut counter, opts.zstd_level)?;
+            enc.include_checksum(false)?;
+            enc.set_pledged_src_size(Some(data.len() as u64))?;
+            Box::new(enc.auto_finish())
+        }
+    };
+    for chunk in data.chunks(1 << 20) {
+        let buf = &mut scratch[..chunk.len()];
+        buf.copy_from_slice(chunk);
+        observe(buf);
+        sink.write_all(buf)?;
+    }
+    sink.flush()?;
+    drop(sink);
+    Ok(counter.n)
+}
+
 /// A streaming decoder reading a payload and producing exactly `content_len` bytes; a payload
 /// that decodes to more or fewer bytes is an error.
 pub fn decoder<'a>(
@@ -224,6 +257,21 @@ mod tests {
                     assert!(decode_to_vec(t, &p, data.len() as u64 - 1).is_err());
                 }
             }
+        }
+    }
+
+    #[test]
+    fn observed_encoding_matches_plain() {
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        for t in all() {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            encode(t, &data, &EncodeOptions::default(), &mut a).unwrap();
+            let mut seen = Vec::new();
+            let n = encode_observed(t, &data, &EncodeOptions::default(), &mut b, &mut |c| seen.extend_from_slice(c)).unwrap();
+            assert_eq!(n, b.len() as u64);
+            assert_eq!(seen, data);
+            assert_eq!(decode_to_vec(t, &b, data.len() as u64).unwrap(), data);
+            assert_eq!(a.len(), b.len());
         }
     }
 

@@ -62,6 +62,9 @@ pub enum StoreError {
     /// Writing decoded bytes to the caller's output failed.
     #[error("cannot write output: {0}")]
     Output(std::io::Error),
+    /// The input's bytes changed while they were being stored.
+    #[error("input changed while it was being committed (tensor {0} no longer matches its hash); nothing was stored")]
+    InputChanged(ObjectId),
     /// A compare-and-swap on a ref found another value.
     #[error("ref {name} changed concurrently (expected {expected}, found {found})")]
     RefConflict {

@@ -241,6 +241,9 @@ impl<R: Read> Read for CrcReader<R> {
 
 impl ObjectBatch<'_> {
     /// Stores a tensor under the smallest of the candidate codecs (raw if none pays).
+    ///
+    /// The bytes are hashed as they are encoded; if they do not hash to `id` (the input changed
+    /// after `id` was computed) nothing is stored and [`StoreError::InputChanged`] is returned.
     pub fn put_tensor(
         &self,
         id: &ObjectId,
@@ -249,20 +252,20 @@ impl ObjectBatch<'_> {
         opts: &EncodeOptions,
     ) -> Result<PutOutcome, StoreError> {
         let prefix = header.canonical();
-        for &codec in mdl_codec::candidates(header.dtype, data.len() as u64) {
-            let cap = (data.len() as u64).saturating_sub(1);
-            match self.write_record(id, ObjectKind::Tensor, codec, &prefix, data.len() as u64, cap, &mut |w| {
-                mdl_codec::encode(codec, data, opts, w).map(drop)
-            }) {
+        let len = data.len() as u64;
+        let candidates = mdl_codec::candidates(header.dtype, len).iter().map(|&c| (c, len.saturating_sub(1)));
+        for (codec, cap) in candidates.chain([(CodecTag::Raw, u64::MAX)]) {
+            let hasher = std::cell::RefCell::new(TensorHasher::new(&prefix));
+            let written = self.write_record(id, ObjectKind::Tensor, codec, &prefix, len, cap, &mut |w| {
+                mdl_codec::encode_observed(codec, data, opts, w, &mut |chunk| hasher.borrow_mut().update(chunk)).map(drop)
+            }, &mut || if hasher.borrow().finalize() == *id { Ok(()) } else { Err(StoreError::InputChanged(*id)) });
+            match written {
                 Ok(out) => return Ok(out),
                 Err(WriteError::NotSmaller) => continue,
                 Err(WriteError::Store(e)) => return Err(e),
             }
         }
-        self.write_record(id, ObjectKind::Tensor, CodecTag::Raw, &prefix, data.len() as u64, u64::MAX, &mut |w| {
-            w.write_all(data)
-        })
-        .map_err(WriteError::into_store)
+        unreachable!("raw records have no size cap")
     }
 
     /// Stores a manifest or commit (its canonical bytes), zstd-compressed when that is smaller.
@@ -272,10 +275,10 @@ impl ObjectBatch<'_> {
         let cap = (bytes.len() as u64).saturating_sub(1);
         match self.write_record(&id, kind, CodecTag::Zstd, &[], bytes.len() as u64, cap, &mut |w| {
             mdl_codec::encode(CodecTag::Zstd, bytes, &opts, w).map(drop)
-        }) {
+        }, &mut || Ok(())) {
             Ok(out) => Ok(out),
             Err(WriteError::NotSmaller) => self
-                .write_record(&id, kind, CodecTag::Raw, &[], bytes.len() as u64, u64::MAX, &mut |w| w.write_all(bytes))
+                .write_record(&id, kind, CodecTag::Raw, &[], bytes.len() as u64, u64::MAX, &mut |w| w.write_all(bytes), &mut || Ok(()))
                 .map_err(WriteError::into_store),
             Err(WriteError::Store(e)) => Err(e),
         }
@@ -293,6 +296,7 @@ impl ObjectBatch<'_> {
         content_len: u64,
         cap: u64,
         body: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+        verify: &mut dyn FnMut() -> Result<(), StoreError>,
     ) -> Result<PutOutcome, WriteError> {
         let fs = self.store.storage();
         let path = self.store.record_path(id, 0);
@@ -311,6 +315,7 @@ impl ObjectBatch<'_> {
             let start = sink.written;
             sink.cap = start.saturating_add(cap);
             body(&mut sink).map_err(|e| if is_not_smaller(&e) { WriteError::NotSmaller } else { StoreError::Io { op: "write", path: tmp.clone(), source: e }.into() })?;
+            verify()?;
             let payload_len = sink.written - start;
             sink.cap = u64::MAX;
             sink.write_all(&Trailer::lengths(content_len, payload_len)).map_err(StoreError::io("write", &tmp))?;

@@ -1,0 +1,40 @@
+//! mdl: version control for deep-learning checkpoints.
+//!
+//! A [`Repository`] stores safetensors checkpoints as content-addressed tensor objects, with
+//! manifests, commits, branches and tags on top, like git. Each operation is a module with its
+//! options and outcome: [`commit`], [`checkout`], [`log`], [`show`], [`diff`], [`refs`],
+//! [`fsck`], [`stats`]. Revisions (`main~2`, a tag, an id prefix) are resolved by [`revision`].
+//!
+//! ```no_run
+//! use mdl::{Repository, commit::CommitOptions};
+//! let repo = Repository::init("run".as_ref())?;
+//! let out = mdl::commit::commit(&repo, "ckpt.safetensors".as_ref(), &CommitOptions::default(), &mdl::NoProgress)?;
+//! println!("committed {}", out.id);
+//! # Ok::<(), mdl::Error>(())
+//! ```
+//!
+//! Architecture: `docs/ARCHITECTURE.md`; byte formats: `docs/FORMAT.md`.
+
+pub mod checkout;
+pub mod commit;
+pub mod diff;
+mod error;
+pub mod fsck;
+mod history;
+pub mod log;
+mod progress;
+pub mod refs;
+mod repo;
+pub mod revision;
+pub mod show;
+pub mod stats;
+
+pub use error::Error;
+pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, RefName, Timestamp};
+pub use mdl_store::fs::FaultyFs;
+pub use mdl_store::{LockMode, Storage};
+pub use progress::{NoProgress, Progress};
+pub use repo::{OpenOptions, Repository};
+
+/// Result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

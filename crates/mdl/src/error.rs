@@ -1,0 +1,100 @@
+use std::path::PathBuf;
+
+use mdl_format::safetensors::SafetensorsError;
+use mdl_format::{FormatError, RefNameError};
+use mdl_store::StoreError;
+
+/// Everything that can go wrong in an mdl operation. Messages are one line.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The repository store failed (I/O, corruption, lock, read-only).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The input file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Input {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The input file is not a valid safetensors file.
+    #[error("{}: invalid safetensors file: {source}", path.display())]
+    InvalidInput {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        source: SafetensorsError,
+    },
+    /// A revision names nothing.
+    #[error("unknown revision {0:?}")]
+    UnknownRevision(String),
+    /// An id prefix matches several commits.
+    #[error("ambiguous revision {rev:?}: matches {}", candidates.join(", "))]
+    AmbiguousRevision {
+        /// What was typed.
+        rev: String,
+        /// Short ids of the matching commits.
+        candidates: Vec<String>,
+    },
+    /// A revision walks past the root (`main~99`).
+    #[error("revision {0:?} goes past the first commit")]
+    NoSuchAncestor(String),
+    /// A branch that has no commits yet.
+    #[error("branch {0} has no commits yet")]
+    UnbornBranch(String),
+    /// A branch or tag name breaks the naming rules.
+    #[error(transparent)]
+    InvalidName(#[from] RefNameError),
+    /// Creating a branch or tag that exists.
+    #[error("{kind} {name} already exists")]
+    RefExists {
+        /// "branch" or "tag".
+        kind: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// Naming a branch or tag that does not exist.
+    #[error("no {kind} named {name}")]
+    NoSuchRef {
+        /// "branch" or "tag".
+        kind: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// Deleting the branch HEAD points at.
+    #[error("cannot delete branch {0}: it is the current branch (mdl switch to another first)")]
+    DeleteCurrentBranch(String),
+    /// `checkout` would overwrite a file.
+    #[error("{} exists; use --force to overwrite it", .0.display())]
+    OutputExists(PathBuf),
+    /// Writing the output file failed.
+    #[error("cannot write {}: {source}", path.display())]
+    Output {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A metric was malformed.
+    #[error("invalid metric {0:?}: expected KEY=NUMBER with a unique, non-empty KEY")]
+    InvalidMetric(String),
+    /// A stored object could not be parsed.
+    #[error("object {id} is corrupt: {source}")]
+    Corrupt {
+        /// The object.
+        id: mdl_format::ObjectId,
+        /// What is wrong.
+        source: FormatError,
+    },
+    /// An object has the wrong kind for where it is referenced.
+    #[error("object {id} is a {found}, expected a {expected}")]
+    WrongKind {
+        /// The object.
+        id: mdl_format::ObjectId,
+        /// What the reference requires.
+        expected: &'static str,
+        /// What it is.
+        found: &'static str,
+    },
+}

@@ -1,0 +1,146 @@
+//! `mdl log`: history, newest first.
+
+use mdl_format::{ObjectId, Timestamp};
+use serde::Serialize;
+
+use crate::{history, revision, Repository, Result};
+
+/// One commit as `mdl log` shows it (and its stable `--json` form).
+#[derive(Clone, Debug, Serialize)]
+pub struct LogEntry {
+    /// Commit id.
+    pub id: ObjectId,
+    /// Parent ids.
+    pub parents: Vec<ObjectId>,
+    /// Commit time, RFC 3339 UTC.
+    pub time: String,
+    /// Author.
+    pub author: String,
+    /// Message.
+    pub message: String,
+    /// Training step.
+    pub step: Option<u64>,
+    /// Metrics, as a name → value object.
+    pub metrics: Metrics,
+    /// Checkpoint size.
+    pub raw_bytes: u64,
+    /// Bytes this commit added to the store.
+    pub stored_bytes: u64,
+    /// Branches and tags pointing here.
+    pub refs: Vec<String>,
+    #[serde(skip)]
+    /// Commit time.
+    pub timestamp: Timestamp,
+}
+
+/// Metrics as an ordered list, serialised as a JSON object `{name: value}`.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics(pub Vec<(String, f64)>);
+
+impl Serialize for Metrics {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+/// History from `rev` (HEAD when `None`), at most `limit` commits.
+pub fn log(repo: &Repository, rev: Option<&str>, limit: Option<usize>) -> Result<Vec<LogEntry>> {
+    let start = match rev {
+        Some(r) => revision::resolve(repo, r)?,
+        None => match revision::resolve(repo, "HEAD") {
+            Ok(id) => id,
+            Err(crate::Error::UnbornBranch(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        },
+    };
+    let refs = ref_names(repo)?;
+    let mut out = Vec::new();
+    for (id, _) in history::walk(repo, &[start])?.into_iter().take(limit.unwrap_or(usize::MAX)) {
+        let c = repo.load_commit(&id)?;
+        out.push(LogEntry {
+            id,
+            parents: c.parents.clone(),
+            time: c.time.rfc3339(),
+            author: c.author,
+            message: c.message,
+            step: c.step,
+            metrics: Metrics(c.metrics),
+            raw_bytes: c.stats.raw_bytes,
+            stored_bytes: c.stats.stored_bytes,
+            refs: refs.iter().filter(|(_, t)| *t == id).map(|(n, _)| n.clone()).collect(),
+            timestamp: c.time,
+        });
+    }
+    Ok(out)
+}
+
+/// Short names of every branch and tag with the commit each points at.
+pub(crate) fn ref_names(repo: &Repository) -> Result<Vec<(String, ObjectId)>> {
+    let meta = repo.store().meta().read()?;
+    let mut out = Vec::new();
+    for (prefix, shown) in [("refs/heads/", ""), ("refs/tags/", "tag: ")] {
+        for (name, v) in meta.refs(prefix)? {
+            if let Some(t) = v.target() {
+                out.push((format!("{shown}{}", &name[prefix.len()..]), t));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Draws the commit graph column for each entry of `entries` (in log order): returns one
+/// prefix string per entry (`* `, `| * `, …) and the connector lines to print after it.
+pub fn graph(entries: &[LogEntry]) -> Vec<(String, Vec<String>)> {
+    let mut lanes: Vec<Option<ObjectId>> = Vec::new();
+    let mut out = Vec::with_capacity(entries.len());
+    for e in entries {
+        let col = match lanes.iter().position(|l| *l == Some(e.id)) {
+            Some(c) => c,
+            None => match lanes.iter().position(Option::is_none) {
+                Some(c) => c,
+                None => {
+                    lanes.push(None);
+                    lanes.len() - 1
+                }
+            },
+        };
+        // Other lanes waiting for this same commit merge into this one.
+        let merging: Vec<usize> = (0..lanes.len()).filter(|&i| i != col && lanes[i] == Some(e.id)).collect();
+        let mut line = String::new();
+        for (i, l) in lanes.iter().enumerate() {
+            line.push_str(if i == col { "* " } else if l.is_some() { "| " } else { "  " });
+        }
+        let mut after = Vec::new();
+        if !merging.is_empty() {
+            let mut s = String::new();
+            for i in 0..lanes.len() {
+                s.push_str(if merging.contains(&i) { "|/" } else if i == col || lanes[i].is_some() { "| " } else { "  " });
+            }
+            after.push(s.trim_end().to_string());
+            for i in merging {
+                lanes[i] = None;
+            }
+        }
+        lanes[col] = e.parents.first().copied();
+        for p in e.parents.iter().skip(1) {
+            if !lanes.contains(&Some(*p)) {
+                lanes.push(Some(*p));
+                let mut s = String::new();
+                for (i, l) in lanes.iter().enumerate() {
+                    s.push_str(if i == lanes.len() - 1 { "\\" } else if l.is_some() || i == col { "| " } else { "  " });
+                }
+                after.push(s);
+            }
+        }
+        while lanes.last() == Some(&None) {
+            lanes.pop();
+        }
+        out.push((line, after));
+    }
+    out
+}

@@ -1,0 +1,19 @@
+/// Receives progress of long operations (bytes processed), for a progress bar.
+pub trait Progress: Sync {
+    /// Work of `total` bytes begins.
+    fn start(&self, what: &str, total: u64);
+    /// `n` more bytes are done.
+    fn advance(&self, n: u64);
+    /// The work is over.
+    fn finish(&self);
+}
+
+/// Reports nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoProgress;
+
+impl Progress for NoProgress {
+    fn start(&self, _: &str, _: u64) {}
+    fn advance(&self, _: u64) {}
+    fn finish(&self) {}
+}

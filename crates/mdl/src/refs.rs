@@ -1,0 +1,123 @@
+//! Branches, tags and `switch`. Every change is a compare-and-swap with a reflog entry.
+
+use mdl_format::{ObjectId, RefName, Timestamp};
+use mdl_store::meta::HEAD;
+use mdl_store::RefValue;
+use serde::Serialize;
+
+use crate::{revision, Error, Repository, Result};
+
+/// A branch or tag as listed.
+#[derive(Clone, Debug, Serialize)]
+pub struct RefInfo {
+    /// Short name.
+    pub name: String,
+    /// The commit it points at.
+    pub target: ObjectId,
+    /// For branches: whether HEAD points here.
+    pub current: bool,
+    /// For annotated tags: the message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+const HEADS: &str = "refs/heads/";
+const TAGS: &str = "refs/tags/";
+
+/// Lists branches, with the current one marked.
+pub fn branches(repo: &Repository) -> Result<Vec<RefInfo>> {
+    let head = repo.head_branch()?;
+    list(repo, HEADS, &head)
+}
+
+/// Lists tags.
+pub fn tags(repo: &Repository) -> Result<Vec<RefInfo>> {
+    list(repo, TAGS, "")
+}
+
+fn list(repo: &Repository, prefix: &str, head: &str) -> Result<Vec<RefInfo>> {
+    let meta = repo.store().meta().read()?;
+    Ok(meta
+        .refs(prefix)?
+        .into_iter()
+        .filter_map(|(name, v)| {
+            Some(RefInfo {
+                current: name == head,
+                name: name[prefix.len()..].to_string(),
+                target: v.target()?,
+                message: match v {
+                    RefValue::Annotated { message, .. } => Some(message),
+                    _ => None,
+                },
+            })
+        })
+        .collect())
+}
+
+/// Creates branch `name` at `rev` (HEAD when `None`).
+pub fn create_branch(repo: &Repository, name: &str, rev: Option<&str>) -> Result<ObjectId> {
+    let name = RefName::new(name)?;
+    let target = revision::resolve(repo, rev.unwrap_or("HEAD"))?;
+    create(repo, HEADS, "branch", &name, RefValue::Direct(target), &format!("branch: created from {}", rev.unwrap_or("HEAD")))?;
+    Ok(target)
+}
+
+/// Creates tag `name` at `rev` (HEAD when `None`), annotated when a message is given.
+pub fn create_tag(repo: &Repository, name: &str, rev: Option<&str>, message: Option<&str>, tagger: &str) -> Result<ObjectId> {
+    let name = RefName::new(name)?;
+    let target = revision::resolve(repo, rev.unwrap_or("HEAD"))?;
+    let value = match message {
+        Some(m) => RefValue::Annotated { target, tagger: tagger.to_string(), time: Timestamp::now(), message: m.to_string() },
+        None => RefValue::Direct(target),
+    };
+    create(repo, TAGS, "tag", &name, value, "tag: created")?;
+    Ok(target)
+}
+
+fn create(repo: &Repository, prefix: &str, kind: &'static str, name: &RefName, value: RefValue, log: &str) -> Result<()> {
+    let full = format!("{prefix}{name}");
+    let mut w = repo.store().meta().write()?;
+    if w.get_ref(&full)?.is_some() {
+        return Err(Error::RefExists { kind, name: name.to_string() });
+    }
+    w.update_ref(&full, None, Some(&value), log)?;
+    w.commit_txn()?;
+    Ok(())
+}
+
+/// Deletes a branch (not the current one) and its reflog.
+pub fn delete_branch(repo: &Repository, name: &str) -> Result<ObjectId> {
+    let full = format!("{HEADS}{name}");
+    if repo.head_branch()? == full {
+        return Err(Error::DeleteCurrentBranch(name.to_string()));
+    }
+    delete(repo, &full, "branch", name)
+}
+
+/// Deletes a tag.
+pub fn delete_tag(repo: &Repository, name: &str) -> Result<ObjectId> {
+    delete(repo, &format!("{TAGS}{name}"), "tag", name)
+}
+
+fn delete(repo: &Repository, full: &str, kind: &'static str, name: &str) -> Result<ObjectId> {
+    let mut w = repo.store().meta().write()?;
+    let current = w.get_ref(full)?.ok_or_else(|| Error::NoSuchRef { kind, name: name.to_string() })?;
+    w.update_ref(full, Some(&current), None, "deleted")?;
+    w.commit_txn()?;
+    Ok(current.target().expect("branches and tags point at commits"))
+}
+
+/// Points HEAD at branch `name`, which must exist (or be HEAD's own unborn branch).
+pub fn switch(repo: &Repository, name: &str) -> Result<()> {
+    let name = RefName::new(name)?;
+    let full = format!("{HEADS}{name}");
+    let mut w = repo.store().meta().write()?;
+    let head = w.get_ref(HEAD)?;
+    let already = matches!(&head, Some(RefValue::Symbolic(t)) if *t == full);
+    if !already && w.get_ref(&full)?.is_none() {
+        return Err(Error::NoSuchRef { kind: "branch", name: name.to_string() });
+    }
+    w.update_ref(HEAD, head.as_ref(), Some(&RefValue::Symbolic(full)), &format!("switch: to {name}"))?;
+    w.commit_txn()?;
+    Ok(())
+}

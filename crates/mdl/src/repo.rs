@@ -1,0 +1,108 @@
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mdl_format::{Commit, Manifest, ObjectId, ObjectKind};
+use mdl_store::meta::HEAD;
+use mdl_store::{LockMode, RealFs, RefValue, Storage, Store, StoreError, MDL_DIR};
+
+use crate::{Error, Result};
+
+/// How to open a repository.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// Read commands share the repository; write commands own it.
+    pub mode: LockMode,
+    /// How long to wait for another process holding the repository.
+    pub wait: Duration,
+    /// A description of this process for others that wait (`mdl commit ckpt.safetensors`).
+    pub purpose: String,
+    /// File-system implementation (tests inject faults).
+    pub storage: Arc<dyn Storage>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            mode: LockMode::Write,
+            wait: Duration::from_secs(60),
+            purpose: "mdl".into(),
+            storage: Arc::new(RealFs),
+        }
+    }
+}
+
+/// An open mdl repository: a work directory with `.mdl/` in it.
+#[derive(Debug)]
+pub struct Repository {
+    root: PathBuf,
+    store: Store,
+}
+
+impl Repository {
+    /// Creates a repository in `dir` (created if missing) and opens it.
+    pub fn init(dir: &Path) -> Result<Repository> {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Output { path: dir.to_path_buf(), source })?;
+        Store::init(&dir.join(MDL_DIR), Arc::new(RealFs))?;
+        Repository::open(dir, &OpenOptions::default())
+    }
+
+    /// Opens the repository whose work directory is `dir` or its nearest ancestor with `.mdl`.
+    pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Repository> {
+        let root = discover(dir).ok_or_else(|| StoreError::NotARepository(dir.to_path_buf()))?;
+        let store_opts = mdl_store::OpenOptions {
+            mode: opts.mode,
+            wait: opts.wait,
+            purpose: opts.purpose.clone(),
+            storage: opts.storage.clone(),
+        };
+        let store = Store::open(&root.join(MDL_DIR), &store_opts)?;
+        Ok(Repository { root, store })
+    }
+
+    /// The work directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The underlying store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Reads and parses a commit object.
+    pub fn load_commit(&self, id: &ObjectId) -> Result<Commit> {
+        let bytes = self.load_kind(id, ObjectKind::Commit)?;
+        Commit::decode(&bytes).map_err(|source| Error::Corrupt { id: *id, source })
+    }
+
+    /// Reads and parses a manifest object.
+    pub fn load_manifest(&self, id: &ObjectId) -> Result<Manifest> {
+        let bytes = self.load_kind(id, ObjectKind::Manifest)?;
+        Manifest::decode(&bytes).map_err(|source| Error::Corrupt { id: *id, source })
+    }
+
+    fn load_kind(&self, id: &ObjectId, kind: ObjectKind) -> Result<Vec<u8>> {
+        let entry = self.store.meta().read()?.object(id)?.ok_or(StoreError::Missing(*id))?;
+        if entry.kind != kind {
+            return Err(Error::WrongKind { id: *id, expected: kind.name(), found: entry.kind.name() });
+        }
+        let mut out = Vec::with_capacity(entry.content_len as usize);
+        self.store.read_object(id, &entry, &mut out)?;
+        Ok(out)
+    }
+
+    /// The full ref name HEAD points at (`refs/heads/main`).
+    pub fn head_branch(&self) -> Result<String> {
+        match self.store.meta().read()?.get_ref(HEAD)? {
+            Some(RefValue::Symbolic(name)) => Ok(name),
+            _ => Err(StoreError::Db("HEAD is not a symbolic ref".into()).into()),
+        }
+    }
+}
+
+/// Finds the nearest directory at or above `start` that holds `.mdl/`.
+pub fn discover(start: &Path) -> Option<PathBuf> {
+    let start = std::path::absolute(start).ok()?;
+    start.ancestors().find(|d| d.join(MDL_DIR).join(mdl_store::meta::META_FILE).is_file()).map(Path::to_path_buf)
+}

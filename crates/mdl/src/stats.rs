@@ -1,0 +1,36 @@
+//! `mdl stats`: how much the repository holds and how well it compresses.
+
+use serde::Serialize;
+
+use crate::{Repository, Result};
+
+/// Repository totals (the stable `--json` form of `mdl stats`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Stats {
+    /// Commits.
+    pub commits: u64,
+    /// Objects in the index (tensors, manifests, commits).
+    pub objects: u64,
+    /// Bytes of all committed checkpoint files together.
+    pub raw_bytes: u64,
+    /// Bytes of all records.
+    pub stored_bytes: u64,
+    /// `raw_bytes / stored_bytes`.
+    pub ratio: f64,
+}
+
+/// Computes the totals from the index.
+pub fn stats(repo: &Repository) -> Result<Stats> {
+    let meta = repo.store().meta().read()?;
+    let commits = meta.commits()?;
+    let objects = meta.objects()?;
+    let raw_bytes: u64 = commits.iter().map(|(_, s)| s.raw_bytes).sum();
+    let stored_bytes: u64 = objects.iter().map(|(_, e)| e.stored_len).sum();
+    Ok(Stats {
+        commits: commits.len() as u64,
+        objects: objects.len() as u64,
+        raw_bytes,
+        stored_bytes,
+        ratio: if stored_bytes == 0 { 0.0 } else { raw_bytes as f64 / stored_bytes as f64 },
+    })
+}
