@@ -1,1 +1,251 @@
-fn main() {}
+//! The `mdl` binary: parses arguments, runs one library operation, prints human or JSON output.
+
+use std::io::{self, IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use mdl::{LockMode, OpenOptions, Repository};
+
+mod output;
+mod progress;
+
+#[derive(Parser)]
+#[command(name = "mdl", version, about = "Version control for deep-learning checkpoints")]
+struct Cli {
+    /// Run as if started in DIR.
+    #[arg(short = 'C', global = true, env = "MDL_DIR", value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// Seconds to wait for another mdl process that holds the repository.
+    #[arg(long, global = true, default_value_t = 60, value_name = "SECS")]
+    wait: u64,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    json: bool,
+    /// More diagnostics on stderr.
+    #[arg(short, long, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a repository (in DIR or the current directory).
+    Init { dir: Option<PathBuf> },
+    /// Commit a safetensors checkpoint.
+    Commit {
+        file: PathBuf,
+        #[arg(short, long, default_value = "")]
+        message: String,
+        /// Commit onto BRANCH (created at HEAD's commit if missing) instead of HEAD's branch.
+        #[arg(short, long)]
+        branch: Option<String>,
+        #[arg(long)]
+        step: Option<u64>,
+        /// KEY=VALUE, repeatable.
+        #[arg(long = "metric", value_name = "KEY=VALUE")]
+        metrics: Vec<String>,
+        #[arg(long)]
+        author: Option<String>,
+    },
+    /// Write a commit's checkpoint to a file.
+    Checkout {
+        rev: String,
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Overwrite OUTPUT if it exists.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Show history, newest first.
+    Log {
+        rev: Option<String>,
+        #[arg(short = 'n', long = "max-count")]
+        n: Option<usize>,
+        #[arg(long)]
+        graph: bool,
+    },
+    /// Show a commit and its tensors.
+    Show { rev: String },
+    /// Compare two commits tensor by tensor.
+    Diff { a: String, b: String },
+    /// List, create or delete branches.
+    Branch {
+        name: Option<String>,
+        rev: Option<String>,
+        #[arg(short = 'd', long = "delete", value_name = "NAME", conflicts_with_all = ["name", "rev"])]
+        delete: Option<String>,
+    },
+    /// Point HEAD at a branch.
+    Switch { branch: String },
+    /// List, create or delete tags.
+    Tag {
+        name: Option<String>,
+        rev: Option<String>,
+        #[arg(short, long)]
+        message: Option<String>,
+        #[arg(short = 'd', long = "delete", value_name = "NAME", conflicts_with_all = ["name", "rev", "message"])]
+        delete: Option<String>,
+    },
+    /// Verify every object and reference.
+    Fsck,
+    /// Repository totals.
+    Stats,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = if cli.verbose { "mdl=debug,info" } else { "warn" };
+    tracing_subscriber::fmt()
+        .with_writer(io::stderr)
+        .with_target(false)
+        .without_time()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("MDL_LOG").unwrap_or_else(|_| filter.into()))
+        .init();
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    match run(&cli, &mut out) {
+        Ok(code) => code,
+        Err(e) => {
+            // A closed pipe (`mdl log | head`) is not a failure.
+            if e.chain().any(|c| c.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)) {
+                return ExitCode::SUCCESS;
+            }
+            let _ = out.flush();
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}
+
+fn one_line(e: &anyhow::Error) -> String {
+    let mut s = String::new();
+    for (i, cause) in e.chain().enumerate() {
+        let text = cause.to_string();
+        if i > 0 && s.contains(&text) {
+            continue;
+        }
+        if i > 0 {
+            s.push_str(": ");
+        }
+        s.push_str(&text);
+    }
+    s.replace('\n', " ")
+}
+
+/// Exit codes: 1 for an operation that failed, 3 for a repository found damaged by fsck,
+/// 4 for a repository held by another process past `--wait`. (clap uses 2 for usage errors.)
+fn exit_code(e: &anyhow::Error) -> u8 {
+    match e.downcast_ref::<mdl::Error>() {
+        Some(mdl::Error::Store(mdl::StoreError::Busy { .. })) => 4,
+        _ => 1,
+    }
+}
+
+fn open(cli: &Cli, mode: LockMode, purpose: String) -> anyhow::Result<Repository> {
+    let dir = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
+    let opts = OpenOptions { mode, wait: Duration::from_secs(cli.wait), purpose, ..OpenOptions::default() };
+    Ok(Repository::open(&dir, &opts)?)
+}
+
+fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
+    let purpose = format!("mdl {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));
+    let bar = progress::Bar::new(!cli.json && io::stderr().is_terminal());
+    match &cli.command {
+        Command::Init { dir } => {
+            let base = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
+            let dir = dir.as_ref().map(|d| base.join(d)).unwrap_or(base);
+            let repo = Repository::init(&dir)?;
+            output::init(out, cli.json, repo.root())?;
+        }
+        Command::Commit { file, message, branch, step, metrics, author } => {
+            let opts = mdl::commit::CommitOptions {
+                message: message.clone(),
+                branch: branch.as_deref().map(mdl::RefName::new).transpose()?,
+                step: *step,
+                metrics: metrics.iter().map(|m| parse_metric(m)).collect::<anyhow::Result<_>>()?,
+                author: author.clone(),
+                encode: Default::default(),
+            };
+            let repo = open(cli, LockMode::Write, purpose)?;
+            let outcome = mdl::commit::commit(&repo, file, &opts, &bar)?;
+            output::commit(out, cli.json, &outcome)?;
+        }
+        Command::Checkout { rev, output: path, force } => {
+            let repo = open(cli, LockMode::Read, purpose)?;
+            let opts = mdl::checkout::CheckoutOptions { force: *force };
+            let outcome = mdl::checkout::checkout(&repo, rev, path, &opts, &bar)?;
+            output::checkout(out, cli.json, &outcome)?;
+        }
+        Command::Log { rev, n, graph } => {
+            let repo = open(cli, LockMode::Read, purpose)?;
+            let entries = mdl::log::log(&repo, rev.as_deref(), *n)?;
+            output::log(out, cli.json, &entries, *graph)?;
+        }
+        Command::Show { rev } => {
+            let repo = open(cli, LockMode::Read, purpose)?;
+            output::show(out, cli.json, &mdl::show::show(&repo, rev)?)?;
+        }
+        Command::Diff { a, b } => {
+            let repo = open(cli, LockMode::Read, purpose)?;
+            output::diff(out, cli.json, &mdl::diff::diff(&repo, a, b)?)?;
+        }
+        Command::Branch { name, rev, delete } => {
+            if let Some(d) = delete {
+                let repo = open(cli, LockMode::Write, purpose)?;
+                let was = mdl::refs::delete_branch(&repo, d)?;
+                output::message(out, cli.json, &format!("deleted branch {d} (was {})", was.short(12)))?;
+            } else if let Some(name) = name {
+                let repo = open(cli, LockMode::Write, purpose)?;
+                let at = mdl::refs::create_branch(&repo, name, rev.as_deref())?;
+                output::message(out, cli.json, &format!("branch {name} at {}", at.short(12)))?;
+            } else {
+                let repo = open(cli, LockMode::Read, purpose)?;
+                output::refs(out, cli.json, &mdl::refs::branches(&repo)?)?;
+            }
+        }
+        Command::Switch { branch } => {
+            let repo = open(cli, LockMode::Write, purpose)?;
+            mdl::refs::switch(&repo, branch)?;
+            output::message(out, cli.json, &format!("switched to branch {branch}"))?;
+        }
+        Command::Tag { name, rev, message, delete } => {
+            if let Some(d) = delete {
+                let repo = open(cli, LockMode::Write, purpose)?;
+                let was = mdl::refs::delete_tag(&repo, d)?;
+                output::message(out, cli.json, &format!("deleted tag {d} (was {})", was.short(12)))?;
+            } else if let Some(name) = name {
+                let repo = open(cli, LockMode::Write, purpose)?;
+                let tagger = std::env::var("MDL_AUTHOR").or_else(|_| std::env::var("USER")).unwrap_or_else(|_| "unknown".into());
+                let at = mdl::refs::create_tag(&repo, name, rev.as_deref(), message.as_deref(), &tagger)?;
+                output::message(out, cli.json, &format!("tag {name} at {}", at.short(12)))?;
+            } else {
+                let repo = open(cli, LockMode::Read, purpose)?;
+                output::refs(out, cli.json, &mdl::refs::tags(&repo)?)?;
+            }
+        }
+        Command::Fsck => {
+            let repo = open(cli, LockMode::Read, purpose)?;
+            let report = mdl::fsck::fsck(&repo)?;
+            output::fsck(out, cli.json, &report)?;
+            if !report.ok() {
+                eprintln!("error: fsck found {} problem(s)", report.problems.len());
+                return Ok(ExitCode::from(3));
+            }
+        }
+        Command::Stats => {
+            let repo = open(cli, LockMode::Read, purpose)?;
+            output::stats(out, cli.json, &mdl::stats::stats(&repo)?)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn parse_metric(s: &str) -> anyhow::Result<(String, f64)> {
+    let (k, v) = s.split_once('=').with_context(|| format!("invalid metric {s:?}: expected KEY=VALUE"))?;
+    let v: f64 = v.trim().parse().with_context(|| format!("invalid metric {s:?}: {v:?} is not a number"))?;
+    Ok((k.trim().to_string(), v))
+}

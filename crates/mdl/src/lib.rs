@@ -32,7 +32,7 @@ pub mod stats;
 pub use error::Error;
 pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, RefName, Timestamp};
 pub use mdl_store::fs::FaultyFs;
-pub use mdl_store::{LockMode, Storage};
+pub use mdl_store::{LockMode, Storage, StoreError};
 pub use progress::{NoProgress, Progress};
 pub use repo::{OpenOptions, Repository};
 

@@ -1,0 +1,219 @@
+//! Human and JSON renderings of each command's outcome.
+
+use std::io::{self, Write};
+use std::path::Path;
+
+use mdl::checkout::CheckoutOutcome;
+use mdl::commit::CommitOutcome;
+use mdl::diff::{Change, TensorDiff};
+use mdl::fsck::Report;
+use mdl::log::LogEntry;
+use mdl::refs::RefInfo;
+use mdl::show::Shown;
+use mdl::stats::Stats;
+use serde::Serialize;
+use serde_json::json;
+
+fn emit<T: Serialize + ?Sized>(out: &mut dyn Write, value: &T) -> io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, value)?;
+    writeln!(out)
+}
+
+/// Bytes in binary units, one decimal.
+pub fn size(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[u]) }
+}
+
+pub fn init(out: &mut dyn Write, json: bool, root: &Path) -> io::Result<()> {
+    if json {
+        return emit(out, &json!({ "path": root, "branch": "main" }));
+    }
+    writeln!(out, "initialized empty mdl repository in {}", root.join(".mdl").display())
+}
+
+pub fn commit(out: &mut dyn Write, json: bool, c: &CommitOutcome) -> io::Result<()> {
+    if json {
+        return emit(out, c);
+    }
+    writeln!(out, "{}", c.id)?;
+    eprintln!(
+        "[{}] {} tensors ({} new), {} → {} stored, {:.2}s",
+        c.branch,
+        c.tensors,
+        c.new_tensors,
+        size(c.raw_bytes),
+        size(c.stored_bytes),
+        c.seconds
+    );
+    Ok(())
+}
+
+pub fn checkout(out: &mut dyn Write, json: bool, c: &CheckoutOutcome) -> io::Result<()> {
+    if json {
+        return emit(out, c);
+    }
+    writeln!(out, "wrote {} ({}) from commit {}", c.path.display(), size(c.bytes), c.id.short(12))
+}
+
+fn metrics_text(m: &mdl::log::Metrics) -> String {
+    m.0.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+}
+
+pub fn log(out: &mut dyn Write, json: bool, entries: &[LogEntry], graph: bool) -> io::Result<()> {
+    if json {
+        return emit(out, entries);
+    }
+    let lanes = if graph { mdl::log::graph(entries) } else { Vec::new() };
+    for (i, e) in entries.iter().enumerate() {
+        let (prefix, after) = lanes.get(i).cloned().unwrap_or_default();
+        let refs = if e.refs.is_empty() { String::new() } else { format!(" ({})", e.refs.join(", ")) };
+        let step = e.step.map(|s| format!(" step {s}")).unwrap_or_default();
+        let metrics = if e.metrics.0.is_empty() { String::new() } else { format!(" {}", metrics_text(&e.metrics)) };
+        let msg = e.message.lines().next().unwrap_or("");
+        writeln!(
+            out,
+            "{prefix}{}{refs} {}{step}{metrics} {} {msg}",
+            e.id.short(12),
+            e.time,
+            size(e.raw_bytes),
+        )?;
+        for line in after {
+            writeln!(out, "{line}")?;
+        }
+    }
+    Ok(())
+}
+
+pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
+    if json {
+        return emit(out, s);
+    }
+    writeln!(out, "commit   {}", s.id)?;
+    for p in &s.parents {
+        writeln!(out, "parent   {p}")?;
+    }
+    writeln!(out, "manifest {}", s.manifest)?;
+    writeln!(out, "author   {}", s.author)?;
+    writeln!(out, "date     {}", s.time)?;
+    if let Some(step) = s.step {
+        writeln!(out, "step     {step}")?;
+    }
+    if !s.metrics.0.is_empty() {
+        writeln!(out, "metrics  {}", metrics_text(&s.metrics))?;
+    }
+    for (k, v) in &s.metadata {
+        writeln!(out, "metadata {k}={v}")?;
+    }
+    writeln!(out, "size     {} raw, {} stored by this commit", size(s.raw_bytes), size(s.stored_bytes))?;
+    if !s.message.is_empty() {
+        writeln!(out)?;
+        for l in s.message.lines() {
+            writeln!(out, "    {l}")?;
+        }
+    }
+    writeln!(out)?;
+    writeln!(out, "{:<40} {:<8} {:<18} {:<6} {:>10} {:>10}  exact", "tensor", "dtype", "shape", "codec", "raw", "stored")?;
+    for t in &s.tensors {
+        let exact = match t.rel_error {
+            Some(e) => format!("lossy (rel. error {e:.2e})"),
+            None => "lossless".into(),
+        };
+        writeln!(
+            out,
+            "{:<40} {:<8} {:<18} {:<6} {:>10} {:>10}  {exact}",
+            t.name,
+            t.dtype,
+            format!("{:?}", t.shape),
+            t.codec,
+            size(t.raw_bytes),
+            size(t.stored_bytes),
+        )?;
+    }
+    Ok(())
+}
+
+pub fn diff(out: &mut dyn Write, json: bool, d: &[TensorDiff]) -> io::Result<()> {
+    if json {
+        return emit(out, d);
+    }
+    for t in d {
+        let what = match &t.change {
+            Change::Unchanged => "unchanged".to_string(),
+            Change::Added => "added".to_string(),
+            Change::Removed => "removed".to_string(),
+            Change::Changed { reshaped: true, .. } => "changed (dtype or shape)".to_string(),
+            Change::Changed { rel_l2: Some(r), .. } => format!("changed (relative L2 {r:.3e})"),
+            Change::Changed { rel_l2: None, .. } => "changed".to_string(),
+        };
+        writeln!(out, "{:<48} {what}", t.name)?;
+    }
+    Ok(())
+}
+
+pub fn refs(out: &mut dyn Write, json: bool, refs: &[RefInfo]) -> io::Result<()> {
+    if json {
+        return emit(out, refs);
+    }
+    for r in refs {
+        let msg = r.message.as_deref().map(|m| format!("  {}", m.lines().next().unwrap_or(""))).unwrap_or_default();
+        writeln!(out, "{} {:<24} {}{msg}", if r.current { "*" } else { " " }, r.name, r.target.short(12))?;
+    }
+    Ok(())
+}
+
+pub fn message(out: &mut dyn Write, json: bool, text: &str) -> io::Result<()> {
+    if json {
+        return emit(out, &json!({ "message": text }));
+    }
+    writeln!(out, "{text}")
+}
+
+pub fn fsck(out: &mut dyn Write, json: bool, r: &Report) -> io::Result<()> {
+    if json {
+        return emit(out, &json!({
+            "ok": r.ok(),
+            "objects_checked": r.objects_checked,
+            "commits_reachable": r.commits_reachable,
+            "problems": r.problems,
+            "unindexed_records": r.unindexed_records,
+            "temp_files": r.temp_files,
+        }));
+    }
+    for p in &r.problems {
+        writeln!(out, "problem: {p}")?;
+    }
+    writeln!(
+        out,
+        "checked {} objects, {} reachable commits: {}",
+        r.objects_checked,
+        r.commits_reachable,
+        if r.ok() { "ok" } else { "DAMAGED" }
+    )?;
+    if r.unindexed_records > 0 || !r.temp_files.is_empty() {
+        writeln!(
+            out,
+            "note: {} unreferenced records and {} temporary files from interrupted writes (harmless)",
+            r.unindexed_records,
+            r.temp_files.len()
+        )?;
+    }
+    Ok(())
+}
+
+pub fn stats(out: &mut dyn Write, json: bool, s: &Stats) -> io::Result<()> {
+    if json {
+        return emit(out, s);
+    }
+    writeln!(out, "commits      {}", s.commits)?;
+    writeln!(out, "objects      {}", s.objects)?;
+    writeln!(out, "raw bytes    {} ({})", s.raw_bytes, size(s.raw_bytes))?;
+    writeln!(out, "stored bytes {} ({})", s.stored_bytes, size(s.stored_bytes))?;
+    writeln!(out, "ratio        {:.3}", s.ratio)
+}
