@@ -1,1 +1,6 @@
+//! End-to-end journeys through the real `mdl` binary on generated safetensors files.
 
+mod bad_input;
+mod crash;
+mod journeys;
+mod util;

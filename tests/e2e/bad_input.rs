@@ -1,0 +1,120 @@
+//! Every bad input: a one-line error, a non-zero exit, and the repository exactly as it was.
+
+use crate::util::*;
+
+fn header_file(d: &std::path::Path, name: &str, header: &str, data_len: usize) -> String {
+    let p = d.join(name);
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(header.as_bytes());
+    b.extend(std::iter::repeat_n(0u8, data_len));
+    std::fs::write(&p, b).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+#[test]
+fn bad_inputs_leave_repository_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+    let good = d.join("good.safetensors");
+    let bytes = write_safetensors(&good, &mixed(7), &[]);
+    ok(d, &["commit", good.to_str().unwrap(), "-m", "good"]);
+    ok(d, &["tag", "t1"]);
+    let before = state(d);
+
+    let truncated = d.join("trunc.safetensors");
+    std::fs::write(&truncated, &bytes[..bytes.len() - 5]).unwrap();
+    let tiny = d.join("tiny.safetensors");
+    std::fs::write(&tiny, [1u8, 2, 3]).unwrap();
+    let huge = d.join("huge.safetensors");
+    std::fs::write(&huge, u64::MAX.to_le_bytes()).unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["commit".into(), d.join("missing.safetensors").to_str().unwrap().into()], "cannot read"),
+        (vec!["commit".into(), truncated.to_str().unwrap().into()], "truncated"),
+        (vec!["commit".into(), tiny.to_str().unwrap().into()], "too short"),
+        (vec!["commit".into(), huge.to_str().unwrap().into()], "exceeds the limit"),
+        (vec!["commit".into(), header_file(d, "json.st", "{not json", 0)], "not valid JSON"),
+        (vec!["commit".into(), header_file(d, "ovl.st", r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#, 12)], "overlap"),
+        (vec!["commit".into(), header_file(d, "dt.st", r#"{"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,2]}}"#, 2)], "unknown dtype"),
+        (vec!["commit".into(), header_file(d, "dup.st", r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"a":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}}"#, 4)], "duplicate tensor name"),
+        (vec!["commit".into(), good.to_str().unwrap().into(), "--metric".into(), "loss".into()], "invalid metric"),
+        (vec!["commit".into(), good.to_str().unwrap().into(), "-b".into(), "bad..name".into()], "invalid name"),
+        (vec!["checkout".into(), "nope".into(), "-o".into(), d.join("o").to_str().unwrap().into()], "unknown revision"),
+        (vec!["checkout".into(), "main~5".into(), "-o".into(), d.join("o").to_str().unwrap().into()], "past the first commit"),
+        (vec!["show".into(), "0000".into()], "unknown revision"),
+        (vec!["branch".into(), "a b".into()], "invalid name"),
+        (vec!["branch".into(), "x".into(), "nope".into()], "unknown revision"),
+        (vec!["tag".into(), "t1".into()], "already exists"),
+        (vec!["tag".into(), "-d".into(), "nope".into()], "no tag named"),
+        (vec!["switch".into(), "nope".into()], "no branch named"),
+        (vec!["diff".into(), "main".into(), "nope".into()], "unknown revision"),
+    ];
+    for (args, want) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails(d, &args, want);
+        assert_eq!(state(d), before, "mdl {args:?} changed the repository");
+    }
+    assert!(!d.join("o").exists());
+    assert_fsck_clean(d);
+    let fsck = json(d, &["fsck"]);
+    assert_eq!(fsck["temp_files"].as_array().unwrap().len(), 0);
+    assert_eq!(fsck["unindexed_records"], 0);
+}
+
+#[test]
+fn ambiguous_prefix_and_not_a_repository() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fails(d, &["log"], "not an mdl repository");
+    ok(d, &["init"]);
+    fails(d, &["init"], "already exists");
+    // Enough commits that some pair shares a first hex digit pair... use a 4-digit prefix search.
+    let mut ids = Vec::new();
+    for n in 0..40u64 {
+        let p = d.join("c.safetensors");
+        write_safetensors(&p, &[tensor("x", "U8", &[4], n)], &[]);
+        ids.push(json(d, &["commit", p.to_str().unwrap()])["id"].as_str().unwrap().to_string());
+    }
+    // Find two ids sharing their first 1 hex digit; a 4-digit prefix of one is unique, the
+    // shared 1-digit prefix is too short to be accepted, so build the ambiguity from the
+    // longest common prefix padded to 4 digits when available.
+    let mut amb = None;
+    for i in 0..ids.len() {
+        for j in i + 1..ids.len() {
+            let common = ids[i].chars().zip(ids[j].chars()).take_while(|(a, b)| a == b).count();
+            if common >= 4 {
+                amb = Some(ids[i][..4].to_string());
+            }
+        }
+    }
+    for id in &ids {
+        assert_eq!(json(d, &["show", &id[..12]])["id"], id.as_str());
+    }
+    if let Some(p) = amb {
+        fails(d, &["show", &p], "ambiguous");
+    }
+    fails(d, &["show", "abc"], "unknown revision");
+}
+
+#[test]
+fn read_only_repository_refuses_writes_but_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+    let f = d.join("a.safetensors");
+    write_safetensors(&f, &mixed(3), &[]);
+    ok(d, &["commit", f.to_str().unwrap()]);
+    let before = state(d);
+    let mdl_dir = d.join(".mdl");
+    let mut perm = std::fs::metadata(&mdl_dir).unwrap().permissions();
+    perm.set_readonly(true);
+    std::fs::set_permissions(&mdl_dir, perm.clone()).unwrap();
+    fails(d, &["commit", f.to_str().unwrap()], "read-only");
+    fails(d, &["tag", "x"], "read-only");
+    assert_eq!(json(d, &["log"]).as_array().unwrap().len(), 1);
+    assert_eq!(state(d), before);
+    #[allow(clippy::permissions_set_readonly_false)]
+    perm.set_readonly(false);
+    std::fs::set_permissions(&mdl_dir, perm).unwrap();
+    assert_fsck_clean(d);
+}

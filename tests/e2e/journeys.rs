@@ -1,0 +1,145 @@
+//! The user journeys of the store: commit, branch, inspect, check out byte-identical.
+
+use crate::util::*;
+
+#[test]
+fn commit_checkout_round_trip_every_dtype() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+    let f1 = d.join("a.safetensors");
+    let bytes1 = write_safetensors(&f1, &mixed(1), &[("step", "1"), ("lr", "0.001")]);
+    let c = json(d, &["commit", f1.to_str().unwrap(), "-m", "first", "--step", "1", "--metric", "loss=2.5"]);
+    let id1 = c["id"].as_str().unwrap().to_string();
+    assert_eq!(c["branch"], "main");
+    assert_eq!(c["raw_bytes"].as_u64().unwrap(), bytes1.len() as u64);
+    assert!(c["stored_bytes"].as_u64().unwrap() > 0);
+    assert!(c["seconds"].as_f64().is_some());
+
+    // Second checkpoint: everything changes but one frozen tensor, which is stored once.
+    let f2 = d.join("b.safetensors");
+    let bytes2 = write_safetensors(&f2, &mixed(100), &[]);
+    let c2 = json(d, &["commit", f2.to_str().unwrap(), "-m", "second", "--step", "2"]);
+    let s = json(d, &["show", "HEAD"]);
+    assert_eq!(s["id"], c2["id"]);
+    assert_eq!(s["parents"][0], id1.as_str());
+    let tensors = s["tensors"].as_array().unwrap();
+    assert_eq!(tensors.len(), 8);
+    for t in tensors {
+        for key in ["name", "dtype", "shape", "codec", "stored_bytes", "lossy"] {
+            assert!(!t[key].is_null(), "show tensor lacks {key}");
+        }
+        assert_eq!(t["lossy"], false);
+    }
+    let s1 = json(d, &["show", &id1]);
+    let frozen = |s: &serde_json::Value| s["tensors"].as_array().unwrap().iter().find(|t| t["name"] == "frozen").unwrap()["id"].clone();
+    assert_eq!(frozen(&s), frozen(&s1));
+    // 8 + 6 tensors (frozen and the empty tensor are shared), 2 manifests, 2 commits.
+    assert_eq!(json(d, &["stats"])["objects"].as_u64().unwrap(), 8 + 6 + 2 + 2);
+
+    for (rev, want) in [("HEAD~1", &bytes1), (&id1[..8], &bytes1), ("main", &bytes2), ("HEAD^0", &bytes2)] {
+        let out = d.join("out.safetensors");
+        ok(d, &["checkout", rev, "-o", out.to_str().unwrap(), "--force"]);
+        assert_eq!(&std::fs::read(&out).unwrap(), want, "checkout {rev} differs");
+    }
+    assert_fsck_clean(d);
+}
+
+#[test]
+fn branches_tags_log_diff() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+    let f = |n: u64| {
+        let p = d.join(format!("c{n}.safetensors"));
+        write_safetensors(&p, &mixed(n), &[]);
+        p.to_str().unwrap().to_string()
+    };
+    let a = json(d, &["commit", &f(1), "-m", "a", "--step", "10", "--metric", "loss=3"])["id"].as_str().unwrap().to_string();
+    let b = json(d, &["commit", &f(2), "-m", "b", "--step", "20"])["id"].as_str().unwrap().to_string();
+    // A new branch via commit -b starts at HEAD's commit and does not move HEAD.
+    let c = json(d, &["commit", &f(3), "-b", "exp", "-m", "c"]);
+    assert_eq!(c["branch"], "exp");
+    let log = json(d, &["log", "exp"]);
+    let ids: Vec<&str> = log.as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [c["id"].as_str().unwrap(), &b, &a]);
+    let first = &log[2];
+    assert_eq!(first["step"], 10);
+    assert_eq!(first["metrics"]["loss"], 3.0);
+    assert_eq!(first["message"], "a");
+    assert!(first["time"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(json(d, &["log", "-n", "1"]).as_array().unwrap().len(), 1);
+    assert_eq!(json(d, &["log"])[0]["id"], b.as_str(), "HEAD stays on main");
+
+    ok(d, &["branch", "lr-low", "main~1"]);
+    ok(d, &["switch", "lr-low"]);
+    let e = json(d, &["commit", &f(4), "-m", "e"]);
+    let branches = json(d, &["branch"]);
+    let cur: Vec<_> = branches.as_array().unwrap().iter().filter(|b| b["current"] == true).collect();
+    assert_eq!(cur.len(), 1);
+    assert_eq!(cur[0]["name"], "lr-low");
+    assert_eq!(json(d, &["show", "lr-low^"])["id"], a.as_str());
+    let graph = ok(d, &["log", "--graph", "lr-low"]);
+    assert!(graph.starts_with("* "), "{graph}");
+
+    ok(d, &["tag", "v1", &b, "-m", "release"]);
+    ok(d, &["tag", "v0", &a]);
+    let tags = json(d, &["tag"]);
+    assert_eq!(tags[1]["name"], "v1");
+    assert_eq!(tags[1]["message"], "release");
+    assert_eq!(json(d, &["show", "v1"])["id"], b.as_str());
+
+    let diff = json(d, &["diff", "v0", "v1"]);
+    let by = |n: &str| diff.as_array().unwrap().iter().find(|t| t["name"] == n).unwrap().clone();
+    assert_eq!(by("frozen")["unchanged"], serde_json::Value::Null);
+    assert!(by("model.embed.weight")["changed"]["rel_l2"].as_f64().unwrap() > 0.1);
+    assert_eq!(by("frozen"), serde_json::json!({"name": "frozen", "unchanged": null}).get("name").map(|_| by("frozen")).unwrap());
+    assert!(ok(d, &["diff", "v0", "v1"]).contains("unchanged"));
+
+    ok(d, &["branch", "-d", "exp"]);
+    fails(d, &["show", "exp"], "unknown revision");
+    fails(d, &["branch", "-d", "lr-low"], "current branch");
+    ok(d, &["tag", "-d", "v0"]);
+    let _ = e;
+    assert_fsck_clean(d);
+}
+
+#[test]
+fn concurrent_commits_both_land() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+    let mut files = Vec::new();
+    for n in 0..2u64 {
+        let p = d.join(format!("big{n}.safetensors"));
+        let ts: Vec<T> = (0..8).map(|i| tensor(&format!("t{i}"), "F32", &[1 << 18], n * 100 + i)).collect();
+        write_safetensors(&p, &ts, &[]);
+        files.push(p);
+    }
+    let children: Vec<_> = files
+        .iter()
+        .map(|f| {
+            std::process::Command::new(mdl_bin())
+                .arg("-C").arg(d).args(["commit", f.to_str().unwrap(), "--json"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let ids: Vec<String> = children
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().unwrap();
+            assert!(out.status.success());
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            v["id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let log = json(d, &["log"]);
+    let logged: Vec<&str> = log.as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert_eq!(logged.len(), 2);
+    for id in &ids {
+        assert!(logged.contains(&id.as_str()));
+    }
+    assert_fsck_clean(d);
+}

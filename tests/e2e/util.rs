@@ -1,0 +1,142 @@
+//! Helpers: generate safetensors files, run `mdl`, compare repository state.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn mdl_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_mdl"))
+}
+
+/// Runs `mdl -C dir args…` and returns the output.
+pub fn mdl(dir: &Path, args: &[&str]) -> Output {
+    Command::new(mdl_bin()).arg("-C").arg(dir).args(args).env("MDL_AUTHOR", "tester").output().expect("run mdl")
+}
+
+/// Runs mdl and asserts success; returns stdout.
+pub fn ok(dir: &Path, args: &[&str]) -> String {
+    let out = mdl(dir, args);
+    assert!(out.status.success(), "mdl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs mdl, asserts failure with a one-line error containing `want`.
+pub fn fails(dir: &Path, args: &[&str], want: &str) -> String {
+    let out = mdl(dir, args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "mdl {args:?} should fail");
+    assert!(err.contains(want), "mdl {args:?}: error {err:?} lacks {want:?}");
+    assert_eq!(err.trim_end().lines().count(), 1, "error is not one line: {err:?}");
+    err
+}
+
+pub fn json(dir: &Path, args: &[&str]) -> serde_json::Value {
+    let mut a = args.to_vec();
+    a.push("--json");
+    serde_json::from_str(&ok(dir, &a)).unwrap()
+}
+
+/// A tensor to put in a generated file.
+pub struct T {
+    pub name: String,
+    pub dtype: &'static str,
+    pub shape: Vec<u64>,
+    pub data: Vec<u8>,
+}
+
+pub fn elem_size(dtype: &str) -> usize {
+    match dtype {
+        "BOOL" | "U8" | "I8" => 1,
+        "F16" | "BF16" | "I16" | "U16" => 2,
+        "F32" | "I32" | "U32" => 4,
+        _ => 8,
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift).
+pub fn noise(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(n);
+    out
+}
+
+/// Float-like data: small-magnitude f32 values (compressible exponents).
+pub fn floats(seed: u64, count: usize) -> Vec<u8> {
+    noise(seed, count * 4)
+        .chunks(4)
+        .flat_map(|c| ((u32::from_le_bytes(c.try_into().unwrap()) as f32 / u32::MAX as f32 - 0.5) * 0.02).to_le_bytes())
+        .collect()
+}
+
+pub fn tensor(name: &str, dtype: &'static str, shape: &[u64], seed: u64) -> T {
+    let n: u64 = shape.iter().product();
+    let len = n as usize * elem_size(dtype);
+    let data = match dtype {
+        "F32" => floats(seed, n as usize),
+        "BOOL" => noise(seed, len).into_iter().map(|b| b & 1).collect(),
+        _ => noise(seed, len),
+    };
+    T { name: name.into(), dtype, shape: shape.to_vec(), data }
+}
+
+/// Writes a safetensors file; `metadata` becomes `__metadata__`. The header is padded with
+/// spaces to a multiple of 8 bytes, as the reference writer does.
+pub fn write_safetensors(path: &Path, tensors: &[T], metadata: &[(&str, &str)]) -> Vec<u8> {
+    let mut header = String::from("{");
+    if !metadata.is_empty() {
+        let m: Vec<String> = metadata.iter().map(|(k, v)| format!("{k:?}:{v:?}")).collect();
+        header.push_str(&format!("\"__metadata__\":{{{}}},", m.join(",")));
+    }
+    let mut off = 0u64;
+    let mut parts = Vec::new();
+    for t in tensors {
+        let end = off + t.data.len() as u64;
+        parts.push(format!("{:?}:{{\"dtype\":\"{}\",\"shape\":{:?},\"data_offsets\":[{off},{end}]}}", t.name, t.dtype, t.shape));
+        off = end;
+    }
+    header.push_str(&parts.join(","));
+    header.push('}');
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    for t in tensors {
+        bytes.extend_from_slice(&t.data);
+    }
+    std::fs::write(path, &bytes).unwrap();
+    bytes
+}
+
+/// Every dtype class the issue names, a scalar, an empty tensor.
+pub fn mixed(seed: u64) -> Vec<T> {
+    vec![
+        tensor("model.embed.weight", "F32", &[64, 32], seed),
+        tensor("model.h.0.bf16", "BF16", &[16, 8], seed + 1),
+        tensor("model.h.0.f16", "F16", &[4, 4, 2], seed + 2),
+        tensor("model.h.0.f64", "F64", &[10], seed + 3),
+        tensor("optim.step", "I64", &[], seed + 4),
+        tensor("mask", "BOOL", &[7], seed + 5),
+        tensor("empty", "F32", &[0, 3], seed + 6),
+        tensor("frozen", "F32", &[128], 42),
+    ]
+}
+
+/// Repository state a failed command must leave untouched: branches, tags, HEAD, history.
+pub fn state(dir: &Path) -> String {
+    let b = ok(dir, &["branch", "--json"]);
+    let t = ok(dir, &["tag", "--json"]);
+    let l = mdl(dir, &["log", "--json"]);
+    format!("{b}{t}{}", String::from_utf8_lossy(&l.stdout))
+}
+
+pub fn assert_fsck_clean(dir: &Path) {
+    let out = mdl(dir, &["fsck"]);
+    assert!(out.status.success(), "fsck: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
