@@ -13,7 +13,11 @@ mod output;
 mod progress;
 
 #[derive(Parser)]
-#[command(name = "mdl", version, about = "Version control for deep-learning checkpoints")]
+#[command(
+    name = "mdl",
+    version,
+    about = "Version control for deep-learning checkpoints"
+)]
 struct Cli {
     /// Run as if started in DIR.
     #[arg(short = 'C', global = true, env = "MDL_DIR", value_name = "DIR")]
@@ -98,12 +102,19 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = if cli.verbose { "mdl=debug,info" } else { "warn" };
+    let filter = if cli.verbose {
+        "mdl=debug,info"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_writer(io::stderr)
         .with_target(false)
         .without_time()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("MDL_LOG").unwrap_or_else(|_| filter.into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MDL_LOG")
+                .unwrap_or_else(|_| filter.into()),
+        )
         .init();
     let stdout = io::stdout();
     let mut out = stdout.lock();
@@ -111,7 +122,10 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             // A closed pipe (`mdl log | head`) is not a failure.
-            if e.chain().any(|c| c.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)) {
+            if e.chain().any(|c| {
+                c.downcast_ref::<io::Error>()
+                    .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
+            }) {
                 return ExitCode::SUCCESS;
             }
             let _ = out.flush();
@@ -147,12 +161,20 @@ fn exit_code(e: &anyhow::Error) -> u8 {
 
 fn open(cli: &Cli, mode: LockMode, purpose: String) -> anyhow::Result<Repository> {
     let dir = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
-    let opts = OpenOptions { mode, wait: Duration::from_secs(cli.wait), purpose, ..OpenOptions::default() };
+    let opts = OpenOptions {
+        mode,
+        wait: Duration::from_secs(cli.wait),
+        purpose,
+        ..OpenOptions::default()
+    };
     Ok(Repository::open(&dir, &opts)?)
 }
 
 fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
-    let purpose = format!("mdl {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));
+    let purpose = format!(
+        "mdl {}",
+        std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+    );
     let bar = progress::Bar::new(!cli.json && io::stderr().is_terminal());
     match &cli.command {
         Command::Init { dir } => {
@@ -161,12 +183,22 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             let repo = Repository::init(&dir)?;
             output::init(out, cli.json, repo.root())?;
         }
-        Command::Commit { file, message, branch, step, metrics, author } => {
+        Command::Commit {
+            file,
+            message,
+            branch,
+            step,
+            metrics,
+            author,
+        } => {
             let opts = mdl::commit::CommitOptions {
                 message: message.clone(),
                 branch: branch.as_deref().map(mdl::RefName::new).transpose()?,
                 step: *step,
-                metrics: metrics.iter().map(|m| parse_metric(m)).collect::<anyhow::Result<_>>()?,
+                metrics: metrics
+                    .iter()
+                    .map(|m| parse_metric(m))
+                    .collect::<anyhow::Result<_>>()?,
                 author: author.clone(),
                 encode: Default::default(),
             };
@@ -174,7 +206,11 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             let outcome = mdl::commit::commit(&repo, file, &opts, &bar)?;
             output::commit(out, cli.json, &outcome)?;
         }
-        Command::Checkout { rev, output: path, force } => {
+        Command::Checkout {
+            rev,
+            output: path,
+            force,
+        } => {
             let repo = open(cli, LockMode::Read, purpose)?;
             let opts = mdl::checkout::CheckoutOptions { force: *force };
             let outcome = mdl::checkout::checkout(&repo, rev, path, &opts, &bar)?;
@@ -197,7 +233,11 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             if let Some(d) = delete {
                 let repo = open(cli, LockMode::Write, purpose)?;
                 let was = mdl::refs::delete_branch(&repo, d)?;
-                output::message(out, cli.json, &format!("deleted branch {d} (was {})", was.short(12)))?;
+                output::message(
+                    out,
+                    cli.json,
+                    &format!("deleted branch {d} (was {})", was.short(12)),
+                )?;
             } else if let Some(name) = name {
                 let repo = open(cli, LockMode::Write, purpose)?;
                 let at = mdl::refs::create_branch(&repo, name, rev.as_deref())?;
@@ -212,15 +252,32 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             mdl::refs::switch(&repo, branch)?;
             output::message(out, cli.json, &format!("switched to branch {branch}"))?;
         }
-        Command::Tag { name, rev, message, delete } => {
+        Command::Tag {
+            name,
+            rev,
+            message,
+            delete,
+        } => {
             if let Some(d) = delete {
                 let repo = open(cli, LockMode::Write, purpose)?;
                 let was = mdl::refs::delete_tag(&repo, d)?;
-                output::message(out, cli.json, &format!("deleted tag {d} (was {})", was.short(12)))?;
+                output::message(
+                    out,
+                    cli.json,
+                    &format!("deleted tag {d} (was {})", was.short(12)),
+                )?;
             } else if let Some(name) = name {
                 let repo = open(cli, LockMode::Write, purpose)?;
-                let tagger = std::env::var("MDL_AUTHOR").or_else(|_| std::env::var("USER")).unwrap_or_else(|_| "unknown".into());
-                let at = mdl::refs::create_tag(&repo, name, rev.as_deref(), message.as_deref(), &tagger)?;
+                let tagger = std::env::var("MDL_AUTHOR")
+                    .or_else(|_| std::env::var("USER"))
+                    .unwrap_or_else(|_| "unknown".into());
+                let at = mdl::refs::create_tag(
+                    &repo,
+                    name,
+                    rev.as_deref(),
+                    message.as_deref(),
+                    &tagger,
+                )?;
                 output::message(out, cli.json, &format!("tag {name} at {}", at.short(12)))?;
             } else {
                 let repo = open(cli, LockMode::Read, purpose)?;
@@ -245,7 +302,12 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
 }
 
 fn parse_metric(s: &str) -> anyhow::Result<(String, f64)> {
-    let (k, v) = s.split_once('=').with_context(|| format!("invalid metric {s:?}: expected KEY=VALUE"))?;
-    let v: f64 = v.trim().parse().with_context(|| format!("invalid metric {s:?}: {v:?} is not a number"))?;
+    let (k, v) = s
+        .split_once('=')
+        .with_context(|| format!("invalid metric {s:?}: expected KEY=VALUE"))?;
+    let v: f64 = v
+        .trim()
+        .parse()
+        .with_context(|| format!("invalid metric {s:?}: {v:?} is not a number"))?;
     Ok((k.trim().to_string(), v))
 }

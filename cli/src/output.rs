@@ -28,14 +28,22 @@ pub fn size(n: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 pub fn init(out: &mut dyn Write, json: bool, root: &Path) -> io::Result<()> {
     if json {
         return emit(out, &json!({ "path": root, "branch": "main" }));
     }
-    writeln!(out, "initialized empty mdl repository in {}", root.join(".mdl").display())
+    writeln!(
+        out,
+        "initialized empty mdl repository in {}",
+        root.join(".mdl").display()
+    )
 }
 
 pub fn commit(out: &mut dyn Write, json: bool, c: &CommitOutcome) -> io::Result<()> {
@@ -59,23 +67,44 @@ pub fn checkout(out: &mut dyn Write, json: bool, c: &CheckoutOutcome) -> io::Res
     if json {
         return emit(out, c);
     }
-    writeln!(out, "wrote {} ({}) from commit {}", c.path.display(), size(c.bytes), c.id.short(12))
+    writeln!(
+        out,
+        "wrote {} ({}) from commit {}",
+        c.path.display(),
+        size(c.bytes),
+        c.id.short(12)
+    )
 }
 
 fn metrics_text(m: &mdl::log::Metrics) -> String {
-    m.0.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+    m.0.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 pub fn log(out: &mut dyn Write, json: bool, entries: &[LogEntry], graph: bool) -> io::Result<()> {
     if json {
         return emit(out, entries);
     }
-    let lanes = if graph { mdl::log::graph(entries) } else { Vec::new() };
+    let lanes = if graph {
+        mdl::log::graph(entries)
+    } else {
+        Vec::new()
+    };
     for (i, e) in entries.iter().enumerate() {
         let (prefix, after) = lanes.get(i).cloned().unwrap_or_default();
-        let refs = if e.refs.is_empty() { String::new() } else { format!(" ({})", e.refs.join(", ")) };
+        let refs = if e.refs.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", e.refs.join(", "))
+        };
         let step = e.step.map(|s| format!(" step {s}")).unwrap_or_default();
-        let metrics = if e.metrics.0.is_empty() { String::new() } else { format!(" {}", metrics_text(&e.metrics)) };
+        let metrics = if e.metrics.0.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", metrics_text(&e.metrics))
+        };
         let msg = e.message.lines().next().unwrap_or("");
         writeln!(
             out,
@@ -111,7 +140,12 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
     for (k, v) in &s.metadata {
         writeln!(out, "metadata {k}={v}")?;
     }
-    writeln!(out, "size     {} raw, {} stored by this commit", size(s.raw_bytes), size(s.stored_bytes))?;
+    writeln!(
+        out,
+        "size     {} raw, {} stored by this commit",
+        size(s.raw_bytes),
+        size(s.stored_bytes)
+    )?;
     if !s.message.is_empty() {
         writeln!(out)?;
         for l in s.message.lines() {
@@ -119,7 +153,11 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
         }
     }
     writeln!(out)?;
-    writeln!(out, "{:<40} {:<8} {:<18} {:<6} {:>10} {:>10}  exact", "tensor", "dtype", "shape", "codec", "raw", "stored")?;
+    writeln!(
+        out,
+        "{:<40} {:<8} {:<18} {:<6} {:>10} {:>10}  exact",
+        "tensor", "dtype", "shape", "codec", "raw", "stored"
+    )?;
     for t in &s.tensors {
         let exact = match t.rel_error {
             Some(e) => format!("lossy (rel. error {e:.2e})"),
@@ -149,7 +187,9 @@ pub fn diff(out: &mut dyn Write, json: bool, d: &[TensorDiff]) -> io::Result<()>
             Change::Added => "added".to_string(),
             Change::Removed => "removed".to_string(),
             Change::Changed { reshaped: true, .. } => "changed (dtype or shape)".to_string(),
-            Change::Changed { rel_l2: Some(r), .. } => format!("changed (relative L2 {r:.3e})"),
+            Change::Changed {
+                rel_l2: Some(r), ..
+            } => format!("changed (relative L2 {r:.3e})"),
             Change::Changed { rel_l2: None, .. } => "changed".to_string(),
         };
         writeln!(out, "{:<48} {what}", t.name)?;
@@ -162,8 +202,18 @@ pub fn refs(out: &mut dyn Write, json: bool, refs: &[RefInfo]) -> io::Result<()>
         return emit(out, refs);
     }
     for r in refs {
-        let msg = r.message.as_deref().map(|m| format!("  {}", m.lines().next().unwrap_or(""))).unwrap_or_default();
-        writeln!(out, "{} {:<24} {}{msg}", if r.current { "*" } else { " " }, r.name, r.target.short(12))?;
+        let msg = r
+            .message
+            .as_deref()
+            .map(|m| format!("  {}", m.lines().next().unwrap_or("")))
+            .unwrap_or_default();
+        writeln!(
+            out,
+            "{} {:<24} {}{msg}",
+            if r.current { "*" } else { " " },
+            r.name,
+            r.target.short(12)
+        )?;
     }
     Ok(())
 }
@@ -177,14 +227,17 @@ pub fn message(out: &mut dyn Write, json: bool, text: &str) -> io::Result<()> {
 
 pub fn fsck(out: &mut dyn Write, json: bool, r: &Report) -> io::Result<()> {
     if json {
-        return emit(out, &json!({
-            "ok": r.ok(),
-            "objects_checked": r.objects_checked,
-            "commits_reachable": r.commits_reachable,
-            "problems": r.problems,
-            "unindexed_records": r.unindexed_records,
-            "temp_files": r.temp_files,
-        }));
+        return emit(
+            out,
+            &json!({
+                "ok": r.ok(),
+                "objects_checked": r.objects_checked,
+                "commits_reachable": r.commits_reachable,
+                "problems": r.problems,
+                "unindexed_records": r.unindexed_records,
+                "temp_files": r.temp_files,
+            }),
+        );
     }
     for p in &r.problems {
         writeln!(out, "problem: {p}")?;
@@ -214,6 +267,11 @@ pub fn stats(out: &mut dyn Write, json: bool, s: &Stats) -> io::Result<()> {
     writeln!(out, "commits      {}", s.commits)?;
     writeln!(out, "objects      {}", s.objects)?;
     writeln!(out, "raw bytes    {} ({})", s.raw_bytes, size(s.raw_bytes))?;
-    writeln!(out, "stored bytes {} ({})", s.stored_bytes, size(s.stored_bytes))?;
+    writeln!(
+        out,
+        "stored bytes {} ({})",
+        s.stored_bytes,
+        size(s.stored_bytes)
+    )?;
     writeln!(out, "ratio        {:.3}", s.ratio)
 }

@@ -11,7 +11,10 @@ pub struct Bar {
 
 impl Bar {
     pub fn new(enabled: bool) -> Self {
-        Bar { enabled, bar: Mutex::new(None) }
+        Bar {
+            enabled,
+            bar: Mutex::new(None),
+        }
     }
 }
 
@@ -22,9 +25,11 @@ impl mdl::Progress for Bar {
         }
         let bar = ProgressBar::new(total);
         bar.set_style(
-            ProgressStyle::with_template("{msg:>8} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}")
-                .expect("valid template")
-                .progress_chars("=> "),
+            ProgressStyle::with_template(
+                "{msg:>8} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
         );
         bar.set_message(what.to_string());
         *self.bar.lock().unwrap() = Some(bar);

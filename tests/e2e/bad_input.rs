@@ -29,25 +29,117 @@ fn bad_inputs_leave_repository_unchanged() {
     let huge = d.join("huge.safetensors");
     std::fs::write(&huge, u64::MAX.to_le_bytes()).unwrap();
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["commit".into(), d.join("missing.safetensors").to_str().unwrap().into()], "cannot read"),
-        (vec!["commit".into(), truncated.to_str().unwrap().into()], "truncated"),
-        (vec!["commit".into(), tiny.to_str().unwrap().into()], "too short"),
-        (vec!["commit".into(), huge.to_str().unwrap().into()], "exceeds the limit"),
-        (vec!["commit".into(), header_file(d, "json.st", "{not json", 0)], "not valid JSON"),
-        (vec!["commit".into(), header_file(d, "ovl.st", r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#, 12)], "overlap"),
-        (vec!["commit".into(), header_file(d, "dt.st", r#"{"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,2]}}"#, 2)], "unknown dtype"),
-        (vec!["commit".into(), header_file(d, "dup.st", r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"a":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}}"#, 4)], "duplicate tensor name"),
-        (vec!["commit".into(), good.to_str().unwrap().into(), "--metric".into(), "loss".into()], "invalid metric"),
-        (vec!["commit".into(), good.to_str().unwrap().into(), "-b".into(), "bad..name".into()], "invalid name"),
-        (vec!["checkout".into(), "nope".into(), "-o".into(), d.join("o").to_str().unwrap().into()], "unknown revision"),
-        (vec!["checkout".into(), "main~5".into(), "-o".into(), d.join("o").to_str().unwrap().into()], "past the first commit"),
+        (
+            vec![
+                "commit".into(),
+                d.join("missing.safetensors").to_str().unwrap().into(),
+            ],
+            "cannot read",
+        ),
+        (
+            vec!["commit".into(), truncated.to_str().unwrap().into()],
+            "truncated",
+        ),
+        (
+            vec!["commit".into(), tiny.to_str().unwrap().into()],
+            "too short",
+        ),
+        (
+            vec!["commit".into(), huge.to_str().unwrap().into()],
+            "exceeds the limit",
+        ),
+        (
+            vec!["commit".into(), header_file(d, "json.st", "{not json", 0)],
+            "not valid JSON",
+        ),
+        (
+            vec![
+                "commit".into(),
+                header_file(
+                    d,
+                    "ovl.st",
+                    r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#,
+                    12,
+                ),
+            ],
+            "overlap",
+        ),
+        (
+            vec![
+                "commit".into(),
+                header_file(
+                    d,
+                    "dt.st",
+                    r#"{"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,2]}}"#,
+                    2,
+                ),
+            ],
+            "unknown dtype",
+        ),
+        (
+            vec![
+                "commit".into(),
+                header_file(
+                    d,
+                    "dup.st",
+                    r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"a":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}}"#,
+                    4,
+                ),
+            ],
+            "duplicate tensor name",
+        ),
+        (
+            vec![
+                "commit".into(),
+                good.to_str().unwrap().into(),
+                "--metric".into(),
+                "loss".into(),
+            ],
+            "invalid metric",
+        ),
+        (
+            vec![
+                "commit".into(),
+                good.to_str().unwrap().into(),
+                "-b".into(),
+                "bad..name".into(),
+            ],
+            "invalid name",
+        ),
+        (
+            vec![
+                "checkout".into(),
+                "nope".into(),
+                "-o".into(),
+                d.join("o").to_str().unwrap().into(),
+            ],
+            "unknown revision",
+        ),
+        (
+            vec![
+                "checkout".into(),
+                "main~5".into(),
+                "-o".into(),
+                d.join("o").to_str().unwrap().into(),
+            ],
+            "past the first commit",
+        ),
         (vec!["show".into(), "0000".into()], "unknown revision"),
         (vec!["branch".into(), "a b".into()], "invalid name"),
-        (vec!["branch".into(), "x".into(), "nope".into()], "unknown revision"),
+        (
+            vec!["branch".into(), "x".into(), "nope".into()],
+            "unknown revision",
+        ),
         (vec!["tag".into(), "t1".into()], "already exists"),
-        (vec!["tag".into(), "-d".into(), "nope".into()], "no tag named"),
+        (
+            vec!["tag".into(), "-d".into(), "nope".into()],
+            "no tag named",
+        ),
         (vec!["switch".into(), "nope".into()], "no branch named"),
-        (vec!["diff".into(), "main".into(), "nope".into()], "unknown revision"),
+        (
+            vec!["diff".into(), "main".into(), "nope".into()],
+            "unknown revision",
+        ),
     ];
     for (args, want) in &cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -73,7 +165,12 @@ fn ambiguous_prefix_and_not_a_repository() {
     for n in 0..40u64 {
         let p = d.join("c.safetensors");
         write_safetensors(&p, &[tensor("x", "U8", &[4], n)], &[]);
-        ids.push(json(d, &["commit", p.to_str().unwrap()])["id"].as_str().unwrap().to_string());
+        ids.push(
+            json(d, &["commit", p.to_str().unwrap()])["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
     }
     // Find two ids sharing their first 1 hex digit; a 4-digit prefix of one is unique, the
     // shared 1-digit prefix is too short to be accepted, so build the ambiguity from the
@@ -81,7 +178,11 @@ fn ambiguous_prefix_and_not_a_repository() {
     let mut amb = None;
     for i in 0..ids.len() {
         for j in i + 1..ids.len() {
-            let common = ids[i].chars().zip(ids[j].chars()).take_while(|(a, b)| a == b).count();
+            let common = ids[i]
+                .chars()
+                .zip(ids[j].chars())
+                .take_while(|(a, b)| a == b)
+                .count();
             if common >= 4 {
                 amb = Some(ids[i][..4].to_string());
             }

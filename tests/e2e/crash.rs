@@ -15,7 +15,11 @@ const ELEMS: u64 = 1 << 19; // 2 MiB of f32 per tensor, 50 MiB per file
 fn checkpoint(path: &Path, n: u64) -> Vec<u8> {
     let ts: Vec<T> = (0..TENSORS)
         .map(|i| {
-            let seed = if i >= TENSORS - NEW_PER_COMMIT { 1_000 + n * TENSORS + i } else { i };
+            let seed = if i >= TENSORS - NEW_PER_COMMIT {
+                1_000 + n * TENSORS + i
+            } else {
+                i
+            };
             tensor(&format!("layer{i}.weight"), "F32", &[ELEMS], seed)
         })
         .collect();
@@ -32,13 +36,28 @@ fn run_crash_test(iterations: u64) {
     // A reference commit, timed, to spread the kills over a whole commit.
     checkpoint(&file, 0);
     let t0 = Instant::now();
-    committed.push((json(d, &["commit", file.to_str().unwrap()])["id"].as_str().unwrap().to_string(), 0));
+    committed.push((
+        json(d, &["commit", file.to_str().unwrap()])["id"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        0,
+    ));
     checkpoint(&file, 1);
     let t1 = Instant::now();
-    committed.push((json(d, &["commit", file.to_str().unwrap()])["id"].as_str().unwrap().to_string(), 1));
+    committed.push((
+        json(d, &["commit", file.to_str().unwrap()])["id"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        1,
+    ));
     let span = t1.elapsed().max(t0.elapsed() / 4).as_micros() as u64 * 6 / 5;
 
-    let mut rng = noise(std::process::id() as u64 ^ 0x5eed, 8 * iterations as usize * 2);
+    let mut rng = noise(
+        std::process::id() as u64 ^ 0x5eed,
+        8 * iterations as usize * 2,
+    );
     let mut kills_before_done = 0;
     let out = d.join("out.safetensors");
     for it in 0..iterations {
@@ -47,7 +66,15 @@ fn run_crash_test(iterations: u64) {
         let r = u64::from_le_bytes(rng.drain(..8).collect::<Vec<_>>().try_into().unwrap());
         let delay = Duration::from_micros(r % span.max(1));
         let mut child = Command::new(mdl_bin())
-            .arg("-C").arg(d).args(["commit", file.to_str().unwrap(), "--json", "-m", &format!("n{n}")])
+            .arg("-C")
+            .arg(d)
+            .args([
+                "commit",
+                file.to_str().unwrap(),
+                "--json",
+                "-m",
+                &format!("n{n}"),
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -64,7 +91,11 @@ fn run_crash_test(iterations: u64) {
         let log = json(d, &["log"]);
         let tip = log[0]["id"].as_str().unwrap().to_string();
         if tip != committed.last().unwrap().0 {
-            assert_eq!(log[0]["message"], format!("n{n}"), "tip is neither old nor new");
+            assert_eq!(
+                log[0]["message"],
+                format!("n{n}"),
+                "tip is neither old nor new"
+            );
             committed.push((tip, n));
         }
         assert_eq!(log.as_array().unwrap().len(), committed.len());
@@ -76,7 +107,10 @@ fn run_crash_test(iterations: u64) {
             let (id, n) = &committed[i];
             ok(d, &["checkout", id, "-o", out.to_str().unwrap(), "--force"]);
             let expect = checkpoint(&d.join("expect.safetensors"), *n);
-            assert!(std::fs::read(&out).unwrap() == expect, "commit {id} (file {n}) changed after a crash");
+            assert!(
+                std::fs::read(&out).unwrap() == expect,
+                "commit {id} (file {n}) changed after a crash"
+            );
         }
     }
     // At the end, every commit checks out identical.
@@ -88,12 +122,18 @@ fn run_crash_test(iterations: u64) {
         "crash test: {iterations} kills, {kills_before_done} before the commit finished, {} commits landed",
         committed.len() - 2
     );
-    assert!(kills_before_done > 0, "no kill landed inside a commit; the timing is off");
+    assert!(
+        kills_before_done > 0,
+        "no kill landed inside a commit; the timing is off"
+    );
 }
 
 #[test]
 fn sigkill_during_commit_never_corrupts() {
-    let n = std::env::var("MDL_CRASH_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
+    let n = std::env::var("MDL_CRASH_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
     run_crash_test(n);
 }
 

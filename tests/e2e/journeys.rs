@@ -9,7 +9,19 @@ fn commit_checkout_round_trip_every_dtype() {
     ok(d, &["init"]);
     let f1 = d.join("a.safetensors");
     let bytes1 = write_safetensors(&f1, &mixed(1), &[("step", "1"), ("lr", "0.001")]);
-    let c = json(d, &["commit", f1.to_str().unwrap(), "-m", "first", "--step", "1", "--metric", "loss=2.5"]);
+    let c = json(
+        d,
+        &[
+            "commit",
+            f1.to_str().unwrap(),
+            "-m",
+            "first",
+            "--step",
+            "1",
+            "--metric",
+            "loss=2.5",
+        ],
+    );
     let id1 = c["id"].as_str().unwrap().to_string();
     assert_eq!(c["branch"], "main");
     assert_eq!(c["raw_bytes"].as_u64().unwrap(), bytes1.len() as u64);
@@ -19,7 +31,17 @@ fn commit_checkout_round_trip_every_dtype() {
     // Second checkpoint: everything changes but one frozen tensor, which is stored once.
     let f2 = d.join("b.safetensors");
     let bytes2 = write_safetensors(&f2, &mixed(100), &[]);
-    let c2 = json(d, &["commit", f2.to_str().unwrap(), "-m", "second", "--step", "2"]);
+    let c2 = json(
+        d,
+        &[
+            "commit",
+            f2.to_str().unwrap(),
+            "-m",
+            "second",
+            "--step",
+            "2",
+        ],
+    );
     let s = json(d, &["show", "HEAD"]);
     assert_eq!(s["id"], c2["id"]);
     assert_eq!(s["parents"][0], id1.as_str());
@@ -32,15 +54,38 @@ fn commit_checkout_round_trip_every_dtype() {
         assert_eq!(t["lossy"], false);
     }
     let s1 = json(d, &["show", &id1]);
-    let frozen = |s: &serde_json::Value| s["tensors"].as_array().unwrap().iter().find(|t| t["name"] == "frozen").unwrap()["id"].clone();
+    let frozen = |s: &serde_json::Value| {
+        s["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "frozen")
+            .unwrap()["id"]
+            .clone()
+    };
     assert_eq!(frozen(&s), frozen(&s1));
     // 8 + 6 tensors (frozen and the empty tensor are shared), 2 manifests, 2 commits.
-    assert_eq!(json(d, &["stats"])["objects"].as_u64().unwrap(), 8 + 6 + 2 + 2);
+    assert_eq!(
+        json(d, &["stats"])["objects"].as_u64().unwrap(),
+        8 + 6 + 2 + 2
+    );
 
-    for (rev, want) in [("HEAD~1", &bytes1), (&id1[..8], &bytes1), ("main", &bytes2), ("HEAD^0", &bytes2)] {
+    for (rev, want) in [
+        ("HEAD~1", &bytes1),
+        (&id1[..8], &bytes1),
+        ("main", &bytes2),
+        ("HEAD^0", &bytes2),
+    ] {
         let out = d.join("out.safetensors");
-        ok(d, &["checkout", rev, "-o", out.to_str().unwrap(), "--force"]);
-        assert_eq!(&std::fs::read(&out).unwrap(), want, "checkout {rev} differs");
+        ok(
+            d,
+            &["checkout", rev, "-o", out.to_str().unwrap(), "--force"],
+        );
+        assert_eq!(
+            &std::fs::read(&out).unwrap(),
+            want,
+            "checkout {rev} differs"
+        );
     }
     assert_fsck_clean(d);
 }
@@ -55,13 +100,36 @@ fn branches_tags_log_diff() {
         write_safetensors(&p, &mixed(n), &[]);
         p.to_str().unwrap().to_string()
     };
-    let a = json(d, &["commit", &f(1), "-m", "a", "--step", "10", "--metric", "loss=3"])["id"].as_str().unwrap().to_string();
-    let b = json(d, &["commit", &f(2), "-m", "b", "--step", "20"])["id"].as_str().unwrap().to_string();
+    let a = json(
+        d,
+        &[
+            "commit",
+            &f(1),
+            "-m",
+            "a",
+            "--step",
+            "10",
+            "--metric",
+            "loss=3",
+        ],
+    )["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b = json(d, &["commit", &f(2), "-m", "b", "--step", "20"])["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     // A new branch via commit -b starts at HEAD's commit and does not move HEAD.
     let c = json(d, &["commit", &f(3), "-b", "exp", "-m", "c"]);
     assert_eq!(c["branch"], "exp");
     let log = json(d, &["log", "exp"]);
-    let ids: Vec<&str> = log.as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, [c["id"].as_str().unwrap(), &b, &a]);
     let first = &log[2];
     assert_eq!(first["step"], 10);
@@ -75,7 +143,12 @@ fn branches_tags_log_diff() {
     ok(d, &["switch", "lr-low"]);
     let e = json(d, &["commit", &f(4), "-m", "e"]);
     let branches = json(d, &["branch"]);
-    let cur: Vec<_> = branches.as_array().unwrap().iter().filter(|b| b["current"] == true).collect();
+    let cur: Vec<_> = branches
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["current"] == true)
+        .collect();
     assert_eq!(cur.len(), 1);
     assert_eq!(cur[0]["name"], "lr-low");
     assert_eq!(json(d, &["show", "lr-low^"])["id"], a.as_str());
@@ -90,10 +163,28 @@ fn branches_tags_log_diff() {
     assert_eq!(json(d, &["show", "v1"])["id"], b.as_str());
 
     let diff = json(d, &["diff", "v0", "v1"]);
-    let by = |n: &str| diff.as_array().unwrap().iter().find(|t| t["name"] == n).unwrap().clone();
+    let by = |n: &str| {
+        diff.as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == n)
+            .unwrap()
+            .clone()
+    };
     assert_eq!(by("frozen")["unchanged"], serde_json::Value::Null);
-    assert!(by("model.embed.weight")["changed"]["rel_l2"].as_f64().unwrap() > 0.1);
-    assert_eq!(by("frozen"), serde_json::json!({"name": "frozen", "unchanged": null}).get("name").map(|_| by("frozen")).unwrap());
+    assert!(
+        by("model.embed.weight")["changed"]["rel_l2"]
+            .as_f64()
+            .unwrap()
+            > 0.1
+    );
+    assert_eq!(
+        by("frozen"),
+        serde_json::json!({"name": "frozen", "unchanged": null})
+            .get("name")
+            .map(|_| by("frozen"))
+            .unwrap()
+    );
     assert!(ok(d, &["diff", "v0", "v1"]).contains("unchanged"));
 
     ok(d, &["branch", "-d", "exp"]);
@@ -112,7 +203,9 @@ fn concurrent_commits_both_land() {
     let mut files = Vec::new();
     for n in 0..2u64 {
         let p = d.join(format!("big{n}.safetensors"));
-        let ts: Vec<T> = (0..8).map(|i| tensor(&format!("t{i}"), "F32", &[1 << 18], n * 100 + i)).collect();
+        let ts: Vec<T> = (0..8)
+            .map(|i| tensor(&format!("t{i}"), "F32", &[1 << 18], n * 100 + i))
+            .collect();
         write_safetensors(&p, &ts, &[]);
         files.push(p);
     }
@@ -120,7 +213,9 @@ fn concurrent_commits_both_land() {
         .iter()
         .map(|f| {
             std::process::Command::new(mdl_bin())
-                .arg("-C").arg(d).args(["commit", f.to_str().unwrap(), "--json"])
+                .arg("-C")
+                .arg(d)
+                .args(["commit", f.to_str().unwrap(), "--json"])
                 .stdout(std::process::Stdio::piped())
                 .spawn()
                 .unwrap()
@@ -136,7 +231,12 @@ fn concurrent_commits_both_land() {
         })
         .collect();
     let log = json(d, &["log"]);
-    let logged: Vec<&str> = log.as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap()).collect();
+    let logged: Vec<&str> = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
     assert_eq!(logged.len(), 2);
     for id in &ids {
         assert!(logged.contains(&id.as_str()));

@@ -9,13 +9,23 @@ pub fn mdl_bin() -> PathBuf {
 
 /// Runs `mdl -C dir args…` and returns the output.
 pub fn mdl(dir: &Path, args: &[&str]) -> Output {
-    Command::new(mdl_bin()).arg("-C").arg(dir).args(args).env("MDL_AUTHOR", "tester").output().expect("run mdl")
+    Command::new(mdl_bin())
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("MDL_AUTHOR", "tester")
+        .output()
+        .expect("run mdl")
 }
 
 /// Runs mdl and asserts success; returns stdout.
 pub fn ok(dir: &Path, args: &[&str]) -> String {
     let out = mdl(dir, args);
-    assert!(out.status.success(), "mdl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "mdl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -24,8 +34,15 @@ pub fn fails(dir: &Path, args: &[&str], want: &str) -> String {
     let out = mdl(dir, args);
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!out.status.success(), "mdl {args:?} should fail");
-    assert!(err.contains(want), "mdl {args:?}: error {err:?} lacks {want:?}");
-    assert_eq!(err.trim_end().lines().count(), 1, "error is not one line: {err:?}");
+    assert!(
+        err.contains(want),
+        "mdl {args:?}: error {err:?} lacks {want:?}"
+    );
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "error is not one line: {err:?}"
+    );
     err
 }
 
@@ -70,7 +87,10 @@ pub fn noise(seed: u64, n: usize) -> Vec<u8> {
 pub fn floats(seed: u64, count: usize) -> Vec<u8> {
     noise(seed, count * 4)
         .chunks(4)
-        .flat_map(|c| ((u32::from_le_bytes(c.try_into().unwrap()) as f32 / u32::MAX as f32 - 0.5) * 0.02).to_le_bytes())
+        .flat_map(|c| {
+            ((u32::from_le_bytes(c.try_into().unwrap()) as f32 / u32::MAX as f32 - 0.5) * 0.02)
+                .to_le_bytes()
+        })
         .collect()
 }
 
@@ -82,7 +102,12 @@ pub fn tensor(name: &str, dtype: &'static str, shape: &[u64], seed: u64) -> T {
         "BOOL" => noise(seed, len).into_iter().map(|b| b & 1).collect(),
         _ => noise(seed, len),
     };
-    T { name: name.into(), dtype, shape: shape.to_vec(), data }
+    T {
+        name: name.into(),
+        dtype,
+        shape: shape.to_vec(),
+        data,
+    }
 }
 
 /// Writes a safetensors file; `metadata` becomes `__metadata__`. The header is padded with
@@ -90,14 +115,20 @@ pub fn tensor(name: &str, dtype: &'static str, shape: &[u64], seed: u64) -> T {
 pub fn write_safetensors(path: &Path, tensors: &[T], metadata: &[(&str, &str)]) -> Vec<u8> {
     let mut header = String::from("{");
     if !metadata.is_empty() {
-        let m: Vec<String> = metadata.iter().map(|(k, v)| format!("{k:?}:{v:?}")).collect();
+        let m: Vec<String> = metadata
+            .iter()
+            .map(|(k, v)| format!("{k:?}:{v:?}"))
+            .collect();
         header.push_str(&format!("\"__metadata__\":{{{}}},", m.join(",")));
     }
     let mut off = 0u64;
     let mut parts = Vec::new();
     for t in tensors {
         let end = off + t.data.len() as u64;
-        parts.push(format!("{:?}:{{\"dtype\":\"{}\",\"shape\":{:?},\"data_offsets\":[{off},{end}]}}", t.name, t.dtype, t.shape));
+        parts.push(format!(
+            "{:?}:{{\"dtype\":\"{}\",\"shape\":{:?},\"data_offsets\":[{off},{end}]}}",
+            t.name, t.dtype, t.shape
+        ));
         off = end;
     }
     header.push_str(&parts.join(","));
@@ -138,5 +169,10 @@ pub fn state(dir: &Path) -> String {
 
 pub fn assert_fsck_clean(dir: &Path) {
     let out = mdl(dir, &["fsck"]);
-    assert!(out.status.success(), "fsck: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "fsck: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

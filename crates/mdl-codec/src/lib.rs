@@ -165,7 +165,10 @@ pub fn decoder<'a>(
         CodecTag::Raw => payload,
         CodecTag::Zstd => Box::new(zstd::stream::Decoder::new(payload)?),
     };
-    Ok(Box::new(Exact { inner, left: content_len }))
+    Ok(Box::new(Exact {
+        inner,
+        left: content_len,
+    }))
 }
 
 /// Decodes a whole payload held in memory.
@@ -204,7 +207,10 @@ impl Read for Exact<'_> {
             let mut probe = [0u8; 1];
             return match self.inner.read(&mut probe)? {
                 0 => Ok(0),
-                _ => Err(io::Error::new(io::ErrorKind::InvalidData, "payload decodes to more bytes than recorded")),
+                _ => Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "payload decodes to more bytes than recorded",
+                )),
             };
         }
         let want = buf.len().min(self.left.min(usize::MAX as u64) as usize);
@@ -212,7 +218,10 @@ impl Read for Exact<'_> {
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                format!("payload ends {} bytes short of the recorded length", self.left),
+                format!(
+                    "payload ends {} bytes short of the recorded length",
+                    self.left
+                ),
             ));
         }
         self.left -= n as u64;
@@ -243,7 +252,9 @@ mod tests {
         let inputs: Vec<Vec<u8>> = vec![
             vec![],
             vec![1],
-            (0..100_000u32).flat_map(|i| (i as f32).sin().to_le_bytes()).collect(),
+            (0..100_000u32)
+                .flat_map(|i| (i as f32).sin().to_le_bytes())
+                .collect(),
             vec![0; 3_000_000],
         ];
         for data in &inputs {
@@ -251,7 +262,11 @@ mod tests {
                 let mut p = Vec::new();
                 let n = encode(t, data, &EncodeOptions::default(), &mut p).unwrap();
                 assert_eq!(n, p.len() as u64);
-                assert_eq!(&decode_to_vec(t, &p, data.len() as u64).unwrap(), data, "{t}");
+                assert_eq!(
+                    &decode_to_vec(t, &p, data.len() as u64).unwrap(),
+                    data,
+                    "{t}"
+                );
                 assert!(decode_to_vec(t, &p, data.len() as u64 + 1).is_err());
                 if !data.is_empty() {
                     assert!(decode_to_vec(t, &p, data.len() as u64 - 1).is_err());
@@ -267,7 +282,10 @@ mod tests {
             let (mut a, mut b) = (Vec::new(), Vec::new());
             encode(t, &data, &EncodeOptions::default(), &mut a).unwrap();
             let mut seen = Vec::new();
-            let n = encode_observed(t, &data, &EncodeOptions::default(), &mut b, &mut |c| seen.extend_from_slice(c)).unwrap();
+            let n = encode_observed(t, &data, &EncodeOptions::default(), &mut b, &mut |c| {
+                seen.extend_from_slice(c)
+            })
+            .unwrap();
             assert_eq!(n, b.len() as u64);
             assert_eq!(seen, data);
             assert_eq!(decode_to_vec(t, &b, data.len() as u64).unwrap(), data);

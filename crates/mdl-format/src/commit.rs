@@ -41,7 +41,9 @@ impl Commit {
     /// The canonical serialisation (what the id hashes). Layout in `docs/FORMAT.md`.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
-        w.u8(ObjectKind::Commit as u8).u16(COMMIT_VERSION).id(&self.manifest);
+        w.u8(ObjectKind::Commit as u8)
+            .u16(COMMIT_VERSION)
+            .id(&self.manifest);
         w.u32(self.parents.len() as u32);
         for p in &self.parents {
             w.id(p);
@@ -56,7 +58,10 @@ impl Commit {
             w.str(k).f64(*v);
         }
         let s = &self.stats;
-        w.u64(s.raw_bytes).u64(s.stored_bytes).u32(s.tensors).u32(s.new_tensors);
+        w.u64(s.raw_bytes)
+            .u64(s.stored_bytes)
+            .u32(s.tensors)
+            .u32(s.new_tensors);
         w.buf
     }
 
@@ -65,7 +70,10 @@ impl Commit {
         let mut r = Reader::new(bytes, "commit");
         let kind = r.u8()?;
         if kind != ObjectKind::Commit as u8 {
-            return Err(FormatError::invalid("commit", format!("object kind {kind}")));
+            return Err(FormatError::invalid(
+                "commit",
+                format!("object kind {kind}"),
+            ));
         }
         let version = r.u16()?;
         if version != COMMIT_VERSION {
@@ -84,7 +92,12 @@ impl Commit {
         let step = match r.u8()? {
             0 => None,
             1 => Some(r.u64()?),
-            tag => return Err(FormatError::UnknownTag { what: "step flag", tag }),
+            tag => {
+                return Err(FormatError::UnknownTag {
+                    what: "step flag",
+                    tag,
+                })
+            }
         };
         let n = r.count(12)?;
         let mut metrics = Vec::with_capacity(n);
@@ -98,7 +111,16 @@ impl Commit {
             new_tensors: r.u32()?,
         };
         r.finish()?;
-        Ok(Commit { manifest, parents, author, time, message, step, metrics, stats })
+        Ok(Commit {
+            manifest,
+            parents,
+            author,
+            time,
+            message,
+            step,
+            metrics,
+            stats,
+        })
     }
 
     /// The commit's id.
@@ -121,7 +143,12 @@ mod tests {
             message: "step 1200\nsecond line".into(),
             step: Some(1200),
             metrics: vec![("acc".into(), 0.5), ("loss".into(), 2.41)],
-            stats: CommitStats { raw_bytes: 10, stored_bytes: 7, tensors: 3, new_tensors: 1 },
+            stats: CommitStats {
+                raw_bytes: 10,
+                stored_bytes: 7,
+                tensors: 3,
+                new_tensors: 1,
+            },
         };
         let bytes = c.encode();
         assert_eq!(Commit::decode(&bytes).unwrap(), c);

@@ -105,7 +105,10 @@ impl TryFrom<u8> for Dtype {
         ALL.iter()
             .copied()
             .find(|d| *d as u8 == v)
-            .ok_or(FormatError::UnknownTag { what: "dtype", tag: v })
+            .ok_or(FormatError::UnknownTag {
+                what: "dtype",
+                tag: v,
+            })
     }
 }
 

@@ -58,6 +58,9 @@ pub enum FormatError {
 impl FormatError {
     /// An [`FormatError::Invalid`] with the given detail.
     pub fn invalid(what: &'static str, detail: impl Into<String>) -> Self {
-        FormatError::Invalid { what, detail: detail.into() }
+        FormatError::Invalid {
+            what,
+            detail: detail.into(),
+        }
     }
 }

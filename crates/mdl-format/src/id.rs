@@ -75,7 +75,10 @@ impl FromStr for ObjectId {
     fn from_str(s: &str) -> Result<Self, FormatError> {
         let prefix: IdPrefix = s.parse()?;
         if prefix.len != 64 {
-            return Err(FormatError::invalid("object id", format!("{s:?} is not 64 hex digits")));
+            return Err(FormatError::invalid(
+                "object id",
+                format!("{s:?} is not 64 hex digits"),
+            ));
         }
         Ok(ObjectId(prefix.bytes))
     }
@@ -142,7 +145,10 @@ impl FromStr for IdPrefix {
                 bytes[i / 2] |= v;
             }
         }
-        Ok(IdPrefix { bytes, len: raw.len() })
+        Ok(IdPrefix {
+            bytes,
+            len: raw.len(),
+        })
     }
 }
 

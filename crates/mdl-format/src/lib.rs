@@ -76,7 +76,10 @@ impl TryFrom<u8> for ObjectKind {
             1 => Ok(ObjectKind::Tensor),
             2 => Ok(ObjectKind::Manifest),
             3 => Ok(ObjectKind::Commit),
-            other => Err(FormatError::UnknownTag { what: "object kind", tag: other }),
+            other => Err(FormatError::UnknownTag {
+                what: "object kind",
+                tag: other,
+            }),
         }
     }
 }

@@ -51,7 +51,10 @@ const MANIFEST_VERSION: u16 = 1;
 impl Manifest {
     /// Bytes of the tensors' data.
     pub fn data_len(&self) -> u64 {
-        self.entries.iter().map(|e| e.header.data_len().unwrap_or(0)).sum()
+        self.entries
+            .iter()
+            .map(|e| e.header.data_len().unwrap_or(0))
+            .sum()
     }
 
     /// Size of the safetensors file a checkout writes.
@@ -70,7 +73,9 @@ impl Manifest {
         }
         w.u32(self.entries.len() as u32);
         for e in &self.entries {
-            w.str(&e.name).u8(e.header.dtype as u8).u8(e.header.shape.len() as u8);
+            w.str(&e.name)
+                .u8(e.header.dtype as u8)
+                .u8(e.header.shape.len() as u8);
             for &d in &e.header.shape {
                 w.u64(d);
             }
@@ -79,7 +84,10 @@ impl Manifest {
                 Exactness::Lossless => {
                     w.u8(0);
                 }
-                Exactness::Lossy { settings, rel_error } => {
+                Exactness::Lossy {
+                    settings,
+                    rel_error,
+                } => {
                     w.u8(1).str(settings).f64(*rel_error);
                 }
             }
@@ -92,7 +100,10 @@ impl Manifest {
         let mut r = Reader::new(bytes, "manifest");
         let kind = r.u8()?;
         if kind != ObjectKind::Manifest as u8 {
-            return Err(FormatError::invalid("manifest", format!("object kind {kind}")));
+            return Err(FormatError::invalid(
+                "manifest",
+                format!("object kind {kind}"),
+            ));
         }
         let version = r.u16()?;
         if version != MANIFEST_VERSION {
@@ -120,18 +131,38 @@ impl Manifest {
             let shape = (0..rank).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
             let header = TensorHeader::new(dtype, shape);
             if header.data_len().is_none() {
-                return Err(FormatError::invalid("manifest", format!("{name:?} size overflows")));
+                return Err(FormatError::invalid(
+                    "manifest",
+                    format!("{name:?} size overflows"),
+                ));
             }
             let id = r.id()?;
             let exactness = match r.u8()? {
                 0 => Exactness::Lossless,
-                1 => Exactness::Lossy { settings: r.str()?.to_string(), rel_error: r.f64()? },
-                tag => return Err(FormatError::UnknownTag { what: "exactness", tag }),
+                1 => Exactness::Lossy {
+                    settings: r.str()?.to_string(),
+                    rel_error: r.f64()?,
+                },
+                tag => {
+                    return Err(FormatError::UnknownTag {
+                        what: "exactness",
+                        tag,
+                    })
+                }
             };
-            entries.push(Entry { name, header, id, exactness });
+            entries.push(Entry {
+                name,
+                header,
+                id,
+                exactness,
+            });
         }
         r.finish()?;
-        Ok(Manifest { header_json, metadata, entries })
+        Ok(Manifest {
+            header_json,
+            metadata,
+            entries,
+        })
     }
 
     /// The manifest's id.
@@ -159,7 +190,10 @@ mod tests {
                     name: "s".into(),
                     header: TensorHeader::new(Dtype::BF16, vec![]),
                     id: ObjectId::hash(b"s"),
-                    exactness: Exactness::Lossy { settings: "q8".into(), rel_error: 0.01 },
+                    exactness: Exactness::Lossy {
+                        settings: "q8".into(),
+                        rel_error: 0.01,
+                    },
                 },
             ],
         }

@@ -42,7 +42,13 @@ impl RecordHeader {
     /// A header for the current format version.
     pub fn new(kind: ObjectKind, codec: u8, base: Option<ObjectId>, prefix: Vec<u8>) -> Self {
         assert!(prefix.len() <= u16::MAX as usize, "record prefix too long");
-        RecordHeader { version: FORMAT_VERSION, kind, codec, base, prefix }
+        RecordHeader {
+            version: FORMAT_VERSION,
+            kind,
+            codec,
+            base,
+            prefix,
+        }
     }
 
     /// The header's bytes.
@@ -63,7 +69,10 @@ impl RecordHeader {
     pub fn decode(bytes: &[u8]) -> Result<(Self, usize), FormatError> {
         let mut r = Reader::new(bytes, "record header");
         if r.take(4)? != MAGIC {
-            return Err(FormatError::invalid("record", "bad magic (not an mdl record)"));
+            return Err(FormatError::invalid(
+                "record",
+                "bad magic (not an mdl record)",
+            ));
         }
         let version = r.u16()?;
         if version == 0 || version > FORMAT_VERSION {
@@ -77,13 +86,29 @@ impl RecordHeader {
         let codec = r.u8()?;
         let flags = r.u8()?;
         if flags & !FLAG_BASE != 0 {
-            return Err(FormatError::invalid("record", format!("unknown flags {flags:#x}")));
+            return Err(FormatError::invalid(
+                "record",
+                format!("unknown flags {flags:#x}"),
+            ));
         }
-        let base = if flags & FLAG_BASE != 0 { Some(r.id()?) } else { None };
+        let base = if flags & FLAG_BASE != 0 {
+            Some(r.id()?)
+        } else {
+            None
+        };
         let n = r.u16()? as usize;
         let prefix = r.take(n)?.to_vec();
         let len = 4 + 2 + 3 + if base.is_some() { 32 } else { 0 } + 2 + n;
-        Ok((RecordHeader { version, kind, codec, base, prefix }, len))
+        Ok((
+            RecordHeader {
+                version,
+                kind,
+                codec,
+                base,
+                prefix,
+            },
+            len,
+        ))
     }
 }
 
@@ -110,7 +135,11 @@ impl Trailer {
     /// Parses the last [`TRAILER_LEN`] bytes of a record.
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         let mut r = Reader::new(bytes, "record trailer");
-        let t = Trailer { content_len: r.u64()?, payload_len: r.u64()?, crc: r.u32()? };
+        let t = Trailer {
+            content_len: r.u64()?,
+            payload_len: r.u64()?,
+            crc: r.u32()?,
+        };
         r.finish()?;
         Ok(t)
     }
@@ -140,12 +169,19 @@ pub fn decode(bytes: &[u8]) -> Result<(RecordHeader, &[u8], Trailer), FormatErro
     if trailer.payload_len != (tstart - hlen) as u64 {
         return Err(FormatError::invalid(
             "record",
-            format!("payload is {} bytes, trailer says {}", tstart - hlen, trailer.payload_len),
+            format!(
+                "payload is {} bytes, trailer says {}",
+                tstart - hlen,
+                trailer.payload_len
+            ),
         ));
     }
     let computed = crc32fast::hash(&bytes[..bytes.len() - 4]);
     if computed != trailer.crc {
-        return Err(FormatError::Checksum { stored: trailer.crc, computed });
+        return Err(FormatError::Checksum {
+            stored: trailer.crc,
+            computed,
+        });
     }
     Ok((header, &bytes[hlen..tstart], trailer))
 }
@@ -156,7 +192,12 @@ mod tests {
 
     #[test]
     fn round_trip_and_checksum() {
-        let h = RecordHeader::new(ObjectKind::Tensor, 1, Some(ObjectId::hash(b"b")), vec![1, 2, 3]);
+        let h = RecordHeader::new(
+            ObjectKind::Tensor,
+            1,
+            Some(ObjectId::hash(b"b")),
+            vec![1, 2, 3],
+        );
         let rec = encode(&h, b"payload", 99);
         let (h2, p, t) = decode(&rec).unwrap();
         assert_eq!(h2, h);

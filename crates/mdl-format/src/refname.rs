@@ -16,7 +16,12 @@ pub struct RefName(String);
 impl RefName {
     /// Validates a name.
     pub fn new(name: &str) -> Result<Self, RefNameError> {
-        let fail = |reason| Err(RefNameError { name: name.to_string(), reason });
+        let fail = |reason| {
+            Err(RefNameError {
+                name: name.to_string(),
+                reason,
+            })
+        };
         if name.is_empty() {
             return fail("empty");
         }
@@ -35,10 +40,9 @@ impl RefName {
         if name.contains("..") || name.contains("//") || name.contains("@{") {
             return fail("contains '..', '//' or '@{'");
         }
-        if let Some(c) = name
-            .chars()
-            .find(|&c| c.is_control() || matches!(c, ' ' | '~' | '^' | ':' | '?' | '*' | '[' | '\\'))
-        {
+        if let Some(c) = name.chars().find(|&c| {
+            c.is_control() || matches!(c, ' ' | '~' | '^' | ':' | '?' | '*' | '[' | '\\')
+        }) {
             let _ = c;
             return fail("contains a space, a control character or one of ~^:?*[\\");
         }
@@ -72,8 +76,28 @@ mod tests {
             assert!(RefName::new(ok).is_ok(), "{ok}");
         }
         for bad in [
-            "", "HEAD", "@", "-x", "a/", "a.", "a..b", "a//b", "a@{1}", "a b", "a~1", "a^", "a:b",
-            "a?", "a*", "a[", "a\\b", ".hidden", "x/.y", "x.lock", "x/y.lock/z", "tab\there",
+            "",
+            "HEAD",
+            "@",
+            "-x",
+            "a/",
+            "a.",
+            "a..b",
+            "a//b",
+            "a@{1}",
+            "a b",
+            "a~1",
+            "a^",
+            "a:b",
+            "a?",
+            "a*",
+            "a[",
+            "a\\b",
+            ".hidden",
+            "x/.y",
+            "x.lock",
+            "x/y.lock/z",
+            "tab\there",
         ] {
             assert!(RefName::new(bad).is_err(), "{bad:?} accepted");
         }

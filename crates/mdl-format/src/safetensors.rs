@@ -36,12 +36,20 @@ pub enum SafetensorsError {
     #[error("tensor {name:?}: {detail}")]
     BadEntry { name: String, detail: String },
     #[error("tensor {name:?}: data_offsets span {span} bytes but shape {shape:?} of {dtype} needs {needed}")]
-    SizeMismatch { name: String, span: u64, shape: Vec<u64>, dtype: Dtype, needed: u64 },
+    SizeMismatch {
+        name: String,
+        span: u64,
+        shape: Vec<u64>,
+        dtype: Dtype,
+        needed: u64,
+    },
     #[error("tensors {a:?} and {b:?} overlap")]
     Overlap { a: String, b: String },
     #[error("{gap} unused bytes before tensor {name:?} (offsets must be contiguous)")]
     Gap { name: String, gap: u64 },
-    #[error("tensor data ends at byte {end} but the data region has {len} bytes (truncated file?)")]
+    #[error(
+        "tensor data ends at byte {end} but the data region has {len} bytes (truncated file?)"
+    )]
     OutOfBounds { end: u64, len: u64 },
     #[error("{extra} bytes after the last tensor")]
     TrailingBytes { extra: u64 },
@@ -100,9 +108,13 @@ pub fn parse(header: &[u8], file_len: u64) -> Result<Layout, SafetensorsError> {
     let header_len = header.len() as u64;
     let text = std::str::from_utf8(header).map_err(|_| SafetensorsError::NotUtf8)?;
     let entries = parse_top(text)?;
-    let data_len = file_len
-        .checked_sub(8 + header_len)
-        .ok_or(SafetensorsError::HeaderOutOfBounds { len: header_len, file_len })?;
+    let data_len =
+        file_len
+            .checked_sub(8 + header_len)
+            .ok_or(SafetensorsError::HeaderOutOfBounds {
+                len: header_len,
+                file_len,
+            })?;
 
     let mut metadata = Vec::new();
     let mut tensors = Vec::with_capacity(entries.len());
@@ -130,22 +142,37 @@ pub fn parse(header: &[u8], file_len: u64) -> Result<Layout, SafetensorsError> {
             });
         }
         if t.offset > pos {
-            return Err(SafetensorsError::Gap { name: t.name.clone(), gap: t.offset - pos });
+            return Err(SafetensorsError::Gap {
+                name: t.name.clone(),
+                gap: t.offset - pos,
+            });
         }
         pos = t.offset + t.len;
         if pos > data_len {
-            return Err(SafetensorsError::OutOfBounds { end: pos, len: data_len });
+            return Err(SafetensorsError::OutOfBounds {
+                end: pos,
+                len: data_len,
+            });
         }
         prev = Some(t);
     }
     if pos < data_len {
-        return Err(SafetensorsError::TrailingBytes { extra: data_len - pos });
+        return Err(SafetensorsError::TrailingBytes {
+            extra: data_len - pos,
+        });
     }
-    Ok(Layout { header_len, metadata, tensors })
+    Ok(Layout {
+        header_len,
+        metadata,
+        tensors,
+    })
 }
 
 fn parse_entry(name: String, value: Value) -> Result<TensorInfo, SafetensorsError> {
-    let bad = |detail: &str| SafetensorsError::BadEntry { name: name.clone(), detail: detail.into() };
+    let bad = |detail: &str| SafetensorsError::BadEntry {
+        name: name.clone(),
+        detail: detail.into(),
+    };
     if name.is_empty() {
         return Err(bad("empty tensor name"));
     }
@@ -157,7 +184,10 @@ fn parse_entry(name: String, value: Value) -> Result<TensorInfo, SafetensorsErro
             return Err(bad(&format!("unknown field {key:?}")));
         }
     }
-    let dtype_name = map.get("dtype").and_then(Value::as_str).ok_or_else(|| bad("missing dtype"))?;
+    let dtype_name = map
+        .get("dtype")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("missing dtype"))?;
     let dtype = Dtype::from_name(dtype_name).ok_or_else(|| SafetensorsError::UnknownDtype {
         name: name.clone(),
         dtype: dtype_name.to_string(),
@@ -167,10 +197,17 @@ fn parse_entry(name: String, value: Value) -> Result<TensorInfo, SafetensorsErro
         .and_then(Value::as_array)
         .ok_or_else(|| bad("missing shape"))?
         .iter()
-        .map(|d| d.as_u64().ok_or_else(|| bad("shape must hold non-negative integers")))
+        .map(|d| {
+            d.as_u64()
+                .ok_or_else(|| bad("shape must hold non-negative integers"))
+        })
         .collect::<Result<Vec<u64>, _>>()?;
     if shape.len() > TensorHeader::MAX_RANK {
-        return Err(bad(&format!("rank {} exceeds {}", shape.len(), TensorHeader::MAX_RANK)));
+        return Err(bad(&format!(
+            "rank {} exceeds {}",
+            shape.len(),
+            TensorHeader::MAX_RANK
+        )));
     }
     let offsets = map
         .get("data_offsets")
@@ -186,7 +223,9 @@ fn parse_entry(name: String, value: Value) -> Result<TensorInfo, SafetensorsErro
         return Err(bad("data_offsets end before they begin"));
     }
     let header = TensorHeader::new(dtype, shape);
-    let needed = header.data_len().ok_or_else(|| bad("shape size overflows"))?;
+    let needed = header
+        .data_len()
+        .ok_or_else(|| bad("shape size overflows"))?;
     if end - begin != needed {
         return Err(SafetensorsError::SizeMismatch {
             name,
@@ -196,7 +235,12 @@ fn parse_entry(name: String, value: Value) -> Result<TensorInfo, SafetensorsErro
             needed,
         });
     }
-    Ok(TensorInfo { name, header, offset: begin, len: needed })
+    Ok(TensorInfo {
+        name,
+        header,
+        offset: begin,
+        len: needed,
+    })
 }
 
 fn parse_metadata(value: Value) -> Result<Vec<(String, String)>, SafetensorsError> {
@@ -206,7 +250,9 @@ fn parse_metadata(value: Value) -> Result<Vec<(String, String)>, SafetensorsErro
             .into_iter()
             .map(|(k, v)| match v {
                 Value::String(s) => Ok((k, s)),
-                _ => Err(SafetensorsError::Metadata(format!("value of {k:?} is not a string"))),
+                _ => Err(SafetensorsError::Metadata(format!(
+                    "value of {k:?} is not a string"
+                ))),
             })
             .collect(),
         _ => Err(SafetensorsError::Metadata("is not an object".into())),
@@ -302,22 +348,60 @@ mod tests {
     #[test]
     fn rejects_each_violation() {
         let cases: &[(&str, u64, &str)] = &[
-            (r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}"#, 16, "duplicate"),
-            (r#"{"a":{"dtype":"F99","shape":[2],"data_offsets":[0,8]}}"#, 8, "unknown dtype"),
-            (r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#, 8, "needs 12"),
-            (r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#, 12, "overlap"),
-            (r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#, 12, "unused"),
-            (r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 4, "truncated"),
-            (r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 9, "after the last"),
-            (r#"{"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}}"#, 8, "non-negative"),
-            (r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}}"#, 8, "unknown field"),
+            (
+                r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}"#,
+                16,
+                "duplicate",
+            ),
+            (
+                r#"{"a":{"dtype":"F99","shape":[2],"data_offsets":[0,8]}}"#,
+                8,
+                "unknown dtype",
+            ),
+            (
+                r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
+                8,
+                "needs 12",
+            ),
+            (
+                r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#,
+                12,
+                "overlap",
+            ),
+            (
+                r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#,
+                12,
+                "unused",
+            ),
+            (
+                r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+                4,
+                "truncated",
+            ),
+            (
+                r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+                9,
+                "after the last",
+            ),
+            (
+                r#"{"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}}"#,
+                8,
+                "non-negative",
+            ),
+            (
+                r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}}"#,
+                8,
+                "unknown field",
+            ),
             (r#"{"__metadata__":{"k":1}}"#, 0, "not a string"),
             (r#"{"__metadata__":{"k":"1","k":"2"}}"#, 0, "duplicate key"),
             (r#"[1,2]"#, 0, "JSON"),
             (r#"{"a":"#, 0, "JSON"),
         ];
         for (h, data, want) in cases {
-            let err = parse(h.as_bytes(), file_len(h, *data)).unwrap_err().to_string();
+            let err = parse(h.as_bytes(), file_len(h, *data))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(want), "{h}: got {err:?}, wanted {want:?}");
             assert!(!err.contains('\n'));
         }
@@ -326,11 +410,20 @@ mod tests {
 
     #[test]
     fn header_length_checks() {
-        assert!(matches!(header_len(&[0; 4], 4), Err(SafetensorsError::TooShort { .. })));
+        assert!(matches!(
+            header_len(&[0; 4], 4),
+            Err(SafetensorsError::TooShort { .. })
+        ));
         let big = (MAX_HEADER_LEN + 1).to_le_bytes();
-        assert!(matches!(header_len(&big, u64::MAX), Err(SafetensorsError::HeaderTooLarge { .. })));
+        assert!(matches!(
+            header_len(&big, u64::MAX),
+            Err(SafetensorsError::HeaderTooLarge { .. })
+        ));
         let n = 100u64.to_le_bytes();
-        assert!(matches!(header_len(&n, 50), Err(SafetensorsError::HeaderOutOfBounds { .. })));
+        assert!(matches!(
+            header_len(&n, 50),
+            Err(SafetensorsError::HeaderOutOfBounds { .. })
+        ));
         assert_eq!(header_len(&n, 108), Ok(100));
     }
 

@@ -21,7 +21,9 @@ impl TensorHeader {
 
     /// Number of elements, or `None` on overflow.
     pub fn numel(&self) -> Option<u64> {
-        self.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        self.shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
     }
 
     /// Size of the tensor's data in bytes, or `None` on overflow.
@@ -32,7 +34,9 @@ impl TensorHeader {
     /// The canonical bytes: kind `1`, dtype tag, rank, then each dimension as u64 LE.
     pub fn canonical(&self) -> Vec<u8> {
         let mut w = Writer::default();
-        w.u8(ObjectKind::Tensor as u8).u8(self.dtype as u8).u8(self.shape.len() as u8);
+        w.u8(ObjectKind::Tensor as u8)
+            .u8(self.dtype as u8)
+            .u8(self.shape.len() as u8);
         for &d in &self.shape {
             w.u64(d);
         }
@@ -44,12 +48,18 @@ impl TensorHeader {
         let mut r = Reader::new(bytes, "tensor header");
         let kind = r.u8()?;
         if kind != ObjectKind::Tensor as u8 {
-            return Err(FormatError::invalid("tensor header", format!("kind {kind} is not 1")));
+            return Err(FormatError::invalid(
+                "tensor header",
+                format!("kind {kind} is not 1"),
+            ));
         }
         let dtype = Dtype::try_from(r.u8()?)?;
         let rank = r.u8()? as usize;
         if rank > Self::MAX_RANK {
-            return Err(FormatError::invalid("tensor header", format!("rank {rank} too large")));
+            return Err(FormatError::invalid(
+                "tensor header",
+                format!("rank {rank} too large"),
+            ));
         }
         let shape = (0..rank).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
         r.finish()?;

@@ -57,7 +57,10 @@ mod tests {
     fn formats_known_instants() {
         assert_eq!(Timestamp(0).rfc3339(), "1970-01-01T00:00:00Z");
         assert_eq!(Timestamp(951_782_400_000).rfc3339(), "2000-02-29T00:00:00Z");
-        assert_eq!(Timestamp(1_795_000_000_000).rfc3339(), "2026-11-18T11:06:40Z");
+        assert_eq!(
+            Timestamp(1_795_000_000_000).rfc3339(),
+            "2026-11-18T11:06:40Z"
+        );
         assert_eq!(Timestamp(-1000).rfc3339(), "1969-12-31T23:59:59Z");
     }
 }

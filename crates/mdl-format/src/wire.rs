@@ -60,7 +60,10 @@ impl<'a> Reader<'a> {
     }
     pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
         if self.buf.len() < n {
-            return Err(FormatError::Truncated { what: self.what, needed: n - self.buf.len() });
+            return Err(FormatError::Truncated {
+                what: self.what,
+                needed: n - self.buf.len(),
+            });
         }
         let (head, tail) = self.buf.split_at(n);
         self.buf = tail;
@@ -101,7 +104,10 @@ impl<'a> Reader<'a> {
     pub(crate) fn count(&mut self, min_item: usize) -> Result<usize, FormatError> {
         let n = self.u32()? as usize;
         if n.saturating_mul(min_item.max(1)) > self.buf.len() {
-            return Err(FormatError::invalid(self.what, format!("count {n} exceeds the input")));
+            return Err(FormatError::invalid(
+                self.what,
+                format!("count {n} exceeds the input"),
+            ));
         }
         Ok(n)
     }
@@ -109,7 +115,10 @@ impl<'a> Reader<'a> {
         if self.buf.is_empty() {
             Ok(())
         } else {
-            Err(FormatError::invalid(self.what, format!("{} trailing bytes", self.buf.len())))
+            Err(FormatError::invalid(
+                self.what,
+                format!("{} trailing bytes", self.buf.len()),
+            ))
         }
     }
 }

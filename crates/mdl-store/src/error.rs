@@ -35,7 +35,9 @@ pub enum StoreError {
     #[error("object {0} is missing from the store")]
     Missing(ObjectId),
     /// Another process holds the repository.
-    #[error("repository is in use by {holder}; gave up after waiting {waited_secs} s (see --wait)")]
+    #[error(
+        "repository is in use by {holder}; gave up after waiting {waited_secs} s (see --wait)"
+    )]
     Busy {
         /// Who holds it, as the holder recorded.
         holder: String,
@@ -78,7 +80,10 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    pub(crate) fn io(op: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Self {
+    pub(crate) fn io(
+        op: &'static str,
+        path: &std::path::Path,
+    ) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.to_path_buf();
         move |source| StoreError::Io { op, path, source }
     }

@@ -42,7 +42,9 @@ impl Storage for RealFs {
         std::fs::create_dir_all(path)
     }
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
-        Ok(Box::new(File::options().write(true).create_new(true).open(path)?))
+        Ok(Box::new(
+            File::options().write(true).create_new(true).open(path)?,
+        ))
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         std::fs::rename(from, to)
@@ -120,7 +122,10 @@ impl Storage for FaultyFs {
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
         self.take(0)?;
         let inner = File::options().write(true).create_new(true).open(path)?;
-        Ok(Box::new(FaultyFile { inner, fs: self.clone() }))
+        Ok(Box::new(FaultyFile {
+            inner,
+            fs: self.clone(),
+        }))
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         self.fail_renames_after

@@ -78,13 +78,19 @@ impl Store {
             let path = path.to_path_buf();
             move |source| StoreError::Io { op, path, source }
         };
-        storage.create_dir_all(&staging.join("objects")).map_err(io("create", &staging))?;
+        storage
+            .create_dir_all(&staging.join("objects"))
+            .map_err(io("create", &staging))?;
         let result = (|| {
             std::fs::File::create(staging.join(lock::LOCK_FILE)).map_err(io("create", &staging))?;
             meta::Meta::create(&staging.join(meta::META_FILE))?;
-            storage.sync_dir(&staging.join("objects")).map_err(io("sync", &staging))?;
+            storage
+                .sync_dir(&staging.join("objects"))
+                .map_err(io("sync", &staging))?;
             storage.sync_dir(&staging).map_err(io("sync", &staging))?;
-            storage.rename(&staging, dir).map_err(io("rename", &staging))?;
+            storage
+                .rename(&staging, dir)
+                .map_err(io("rename", &staging))?;
             storage.sync_dir(parent).map_err(io("sync", parent))
         })();
         if result.is_err() {
@@ -119,11 +125,23 @@ impl Store {
                 drop(write);
                 let lock = RepoLock::acquire(dir, mode, opts.wait, &opts.purpose)?;
                 let meta = Meta::open(&dir.join(meta::META_FILE), mode)?;
-                return Ok(Store { dir: dir.to_path_buf(), fs: opts.storage.clone(), meta, mode, _lock: lock });
+                return Ok(Store {
+                    dir: dir.to_path_buf(),
+                    fs: opts.storage.clone(),
+                    meta,
+                    mode,
+                    _lock: lock,
+                });
             }
             Err(e) => return Err(e),
         };
-        Ok(Store { dir: dir.to_path_buf(), fs: opts.storage.clone(), meta, mode, _lock: lock })
+        Ok(Store {
+            dir: dir.to_path_buf(),
+            fs: opts.storage.clone(),
+            meta,
+            mode,
+            _lock: lock,
+        })
     }
 
     /// The `.mdl` directory.

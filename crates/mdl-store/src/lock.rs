@@ -42,7 +42,9 @@ impl Drop for RepoLock {
 /// Checked on the permission bits rather than by trying a write, so a repository made
 /// read-only with `chmod -R a-w` is treated as such even for root.
 pub fn is_read_only(dir: &Path) -> bool {
-    std::fs::metadata(dir).map(|m| m.permissions().readonly()).unwrap_or(false)
+    std::fs::metadata(dir)
+        .map(|m| m.permissions().readonly())
+        .unwrap_or(false)
 }
 
 impl RepoLock {
@@ -55,14 +57,23 @@ impl RepoLock {
     ) -> Result<RepoLock, StoreError> {
         let path = dir.join(LOCK_FILE);
         let mut file = match mode {
-            LockMode::Write => File::options().read(true).write(true).create(true).truncate(false).open(&path),
+            LockMode::Write => File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path),
             LockMode::Read | LockMode::ReadOnlyFs => File::open(&path),
         }
         .map_err(|e| match e.raw_os_error() {
             Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM) => {
                 StoreError::ReadOnly(dir.to_path_buf())
             }
-            _ => StoreError::Io { op: "open", path: path.clone(), source: e },
+            _ => StoreError::Io {
+                op: "open",
+                path: path.clone(),
+                source: e,
+            },
         })?;
         let start = Instant::now();
         let mut told = false;
@@ -85,10 +96,18 @@ impl RepoLock {
                         tracing::warn!("waiting for the repository, held by {}", holder(&mut file));
                         told = true;
                     }
-                    std::thread::sleep(Duration::from_millis(25).min(wait.saturating_sub(waited)).max(Duration::from_millis(1)));
+                    std::thread::sleep(
+                        Duration::from_millis(25)
+                            .min(wait.saturating_sub(waited))
+                            .max(Duration::from_millis(1)),
+                    );
                 }
                 Err(TryLockError::Error(e)) => {
-                    return Err(StoreError::Io { op: "lock", path, source: e });
+                    return Err(StoreError::Io {
+                        op: "lock",
+                        path,
+                        source: e,
+                    });
                 }
             }
         }
@@ -117,7 +136,9 @@ fn holder(file: &mut File) -> String {
     let alive = s
         .strip_prefix("pid ")
         .and_then(|rest| rest.split_whitespace().next())
-        .is_some_and(|pid| Path::new("/proc").join(pid).exists() || !Path::new("/proc/self").exists());
+        .is_some_and(|pid| {
+            Path::new("/proc").join(pid).exists() || !Path::new("/proc/self").exists()
+        });
     if s.is_empty() || !alive {
         "another process (reading)".to_string()
     } else {
@@ -132,11 +153,15 @@ mod tests {
     #[test]
     fn second_writer_times_out_naming_the_holder() {
         let dir = tempfile::tempdir().unwrap();
-        let _held = RepoLock::acquire(dir.path(), LockMode::Write, Duration::ZERO, "mdl commit a").unwrap();
+        let _held =
+            RepoLock::acquire(dir.path(), LockMode::Write, Duration::ZERO, "mdl commit a").unwrap();
         let err = RepoLock::acquire(dir.path(), LockMode::Write, Duration::from_millis(100), "x")
             .unwrap_err()
             .to_string();
-        assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
+        assert!(
+            err.contains(&format!("pid {}", std::process::id())),
+            "{err}"
+        );
         assert!(err.contains("mdl commit a"), "{err}");
         let err = RepoLock::acquire(dir.path(), LockMode::Read, Duration::ZERO, "x").unwrap_err();
         assert!(matches!(err, StoreError::Busy { .. }));

@@ -75,7 +75,11 @@ impl IndexEntry {
         let codec = r.u8().ok_or_else(bad)?;
         let has_base = r.u8().ok_or_else(bad)? != 0;
         let generation = r.u32().ok_or_else(bad)?;
-        let base = if has_base { Some(r.id().ok_or_else(bad)?) } else { None };
+        let base = if has_base {
+            Some(r.id().ok_or_else(bad)?)
+        } else {
+            None
+        };
         Ok(IndexEntry {
             kind,
             codec,
@@ -125,8 +129,15 @@ impl CommitSummary {
         let manifest = r.id().ok_or_else(bad)?;
         let raw_bytes = r.u64().ok_or_else(bad)?;
         let n = r.u8().ok_or_else(bad)?;
-        let parents = (0..n).map(|_| r.id().ok_or_else(bad)).collect::<Result<_, _>>()?;
-        Ok(CommitSummary { time, manifest, parents, raw_bytes })
+        let parents = (0..n)
+            .map(|_| r.id().ok_or_else(bad))
+            .collect::<Result<_, _>>()?;
+        Ok(CommitSummary {
+            time,
+            manifest,
+            parents,
+            raw_bytes,
+        })
     }
 }
 
@@ -163,7 +174,12 @@ impl RefValue {
         match self {
             RefValue::Direct(id) => [&[0u8][..], id.as_bytes()].concat(),
             RefValue::Symbolic(name) => [&[1u8][..], name.as_bytes()].concat(),
-            RefValue::Annotated { target, tagger, time, message } => {
+            RefValue::Annotated {
+                target,
+                tagger,
+                time,
+                message,
+            } => {
                 let mut v = vec![2u8];
                 v.extend_from_slice(target.as_bytes());
                 v.extend_from_slice(&time.0.to_le_bytes());
@@ -180,7 +196,9 @@ impl RefValue {
         let mut r = Cursor(b);
         match r.u8().ok_or_else(bad)? {
             0 => Ok(RefValue::Direct(r.id().ok_or_else(bad)?)),
-            1 => Ok(RefValue::Symbolic(String::from_utf8(r.0.to_vec()).map_err(|_| bad())?)),
+            1 => Ok(RefValue::Symbolic(
+                String::from_utf8(r.0.to_vec()).map_err(|_| bad())?,
+            )),
             2 => {
                 let target = r.id().ok_or_else(bad)?;
                 let time = Timestamp(r.u64().ok_or_else(bad)? as i64);
@@ -188,7 +206,12 @@ impl RefValue {
                 let tagger = r.take(n).ok_or_else(bad)?;
                 let tagger = String::from_utf8(tagger.to_vec()).map_err(|_| bad())?;
                 let message = String::from_utf8(r.0.to_vec()).map_err(|_| bad())?;
-                Ok(RefValue::Annotated { target, tagger, time, message })
+                Ok(RefValue::Annotated {
+                    target,
+                    tagger,
+                    time,
+                    message,
+                })
             }
             _ => Err(bad()),
         }
@@ -210,7 +233,10 @@ pub struct ReflogEntry {
 
 impl ReflogEntry {
     fn encode(&self) -> Vec<u8> {
-        let mut v = vec![1u8, self.old.is_some() as u8 | (self.new.is_some() as u8) << 1];
+        let mut v = vec![
+            1u8,
+            self.old.is_some() as u8 | (self.new.is_some() as u8) << 1,
+        ];
         for id in self.old.iter().chain(self.new.iter()) {
             v.extend_from_slice(id.as_bytes());
         }
@@ -226,11 +252,24 @@ impl ReflogEntry {
             return Err(bad());
         }
         let flags = r.u8().ok_or_else(bad)?;
-        let old = if flags & 1 != 0 { Some(r.id().ok_or_else(bad)?) } else { None };
-        let new = if flags & 2 != 0 { Some(r.id().ok_or_else(bad)?) } else { None };
+        let old = if flags & 1 != 0 {
+            Some(r.id().ok_or_else(bad)?)
+        } else {
+            None
+        };
+        let new = if flags & 2 != 0 {
+            Some(r.id().ok_or_else(bad)?)
+        } else {
+            None
+        };
         let time = Timestamp(r.u64().ok_or_else(bad)? as i64);
         let message = String::from_utf8(r.0.to_vec()).map_err(|_| bad())?;
-        Ok(ReflogEntry { old, new, time, message })
+        Ok(ReflogEntry {
+            old,
+            new,
+            time,
+            message,
+        })
     }
 }
 
@@ -285,9 +324,15 @@ impl Meta {
             txn.open_table(OBJECTS).map_err(db)?;
             txn.open_table(COMMITS).map_err(db)?;
             txn.open_table(CONFIG).map_err(db)?;
-            txn.open_table(INFO).map_err(db)?.insert("repo_version", REPO_VERSION).map_err(db)?;
+            txn.open_table(INFO)
+                .map_err(db)?
+                .insert("repo_version", REPO_VERSION)
+                .map_err(db)?;
             let head = RefValue::Symbolic("refs/heads/main".into()).encode();
-            txn.open_table(REFS).map_err(db)?.insert(HEAD, head.as_slice()).map_err(db)?;
+            txn.open_table(REFS)
+                .map_err(db)?
+                .insert(HEAD, head.as_slice())
+                .map_err(db)?;
         }
         txn.commit().map_err(db)?;
         Ok(())
@@ -296,14 +341,19 @@ impl Meta {
     pub(crate) fn open(path: &Path, mode: LockMode) -> Result<Meta, StoreError> {
         let db = match mode {
             LockMode::Write => Db::Rw(redb::Database::open(path).map_err(open_err)?),
-            LockMode::Read | LockMode::ReadOnlyFs => {
-                Db::Ro(redb::Builder::new().open_read_only(path).map_err(open_err)?)
-            }
+            LockMode::Read | LockMode::ReadOnlyFs => Db::Ro(
+                redb::Builder::new()
+                    .open_read_only(path)
+                    .map_err(open_err)?,
+            ),
         };
         let meta = Meta { db };
         let version = meta.read()?.info("repo_version")?.unwrap_or(0);
         if version > REPO_VERSION {
-            return Err(StoreError::NewerFormat { found: version, supported: REPO_VERSION });
+            return Err(StoreError::NewerFormat {
+                found: version,
+                supported: REPO_VERSION,
+            });
         }
         Ok(meta)
     }
@@ -321,7 +371,9 @@ impl Meta {
     /// A write transaction; nothing is visible until [`MetaWrite::commit`].
     pub fn write(&self) -> Result<MetaWrite, StoreError> {
         match &self.db {
-            Db::Rw(d) => Ok(MetaWrite { txn: d.begin_write().map_err(db)? }),
+            Db::Rw(d) => Ok(MetaWrite {
+                txn: d.begin_write().map_err(db)?,
+            }),
             Db::Ro(_) => Err(StoreError::Db("database opened read-only".into())),
         }
     }
@@ -441,8 +493,9 @@ macro_rules! readers {
 }
 
 fn key_id(k: &[u8]) -> Result<ObjectId, StoreError> {
-    let bytes: [u8; 32] =
-        k.try_into().map_err(|_| StoreError::Db("malformed object key".into()))?;
+    let bytes: [u8; 32] = k
+        .try_into()
+        .map_err(|_| StoreError::Db("malformed object key".into()))?;
     Ok(ObjectId::from_bytes(bytes))
 }
 
@@ -466,14 +519,16 @@ impl MetaWrite {
     /// Adds or replaces an object's index entry.
     pub fn put_object(&mut self, id: &ObjectId, entry: &IndexEntry) -> Result<(), StoreError> {
         let mut t = self.txn.open_table(OBJECTS).map_err(db)?;
-        t.insert(id.as_bytes().as_slice(), entry.encode().as_slice()).map_err(db)?;
+        t.insert(id.as_bytes().as_slice(), entry.encode().as_slice())
+            .map_err(db)?;
         Ok(())
     }
 
     /// Adds a commit to the commit index.
     pub fn put_commit(&mut self, id: &ObjectId, summary: &CommitSummary) -> Result<(), StoreError> {
         let mut t = self.txn.open_table(COMMITS).map_err(db)?;
-        t.insert(id.as_bytes().as_slice(), summary.encode().as_slice()).map_err(db)?;
+        t.insert(id.as_bytes().as_slice(), summary.encode().as_slice())
+            .map_err(db)?;
         Ok(())
     }
 
@@ -526,11 +581,13 @@ impl MetaWrite {
                     time: Timestamp::now(),
                     message: message.to_string(),
                 };
-                log.insert((name, next), entry.encode().as_slice()).map_err(db)?;
+                log.insert((name, next), entry.encode().as_slice())
+                    .map_err(db)?;
             }
             None => {
                 refs.remove(name).map_err(db)?;
-                log.retain_in((name, 0)..=(name, u64::MAX), |_, _| false).map_err(db)?;
+                log.retain_in((name, 0)..=(name, u64::MAX), |_, _| false)
+                    .map_err(db)?;
             }
         }
         Ok(())
@@ -580,7 +637,12 @@ mod tests {
         ] {
             assert_eq!(RefValue::decode(&v.encode()).unwrap(), v);
         }
-        let r = ReflogEntry { old: None, new: Some(ObjectId::hash(b"n")), time: Timestamp(1), message: "m".into() };
+        let r = ReflogEntry {
+            old: None,
+            new: Some(ObjectId::hash(b"n")),
+            time: Timestamp(1),
+            message: "m".into(),
+        };
         assert_eq!(ReflogEntry::decode(&r.encode()).unwrap(), r);
     }
 
@@ -593,14 +655,18 @@ mod tests {
         let a = RefValue::Direct(ObjectId::hash(b"a"));
         let b = RefValue::Direct(ObjectId::hash(b"b"));
         let mut w = meta.write().unwrap();
-        w.update_ref("refs/heads/x", None, Some(&a), "create").unwrap();
+        w.update_ref("refs/heads/x", None, Some(&a), "create")
+            .unwrap();
         w.commit_txn().unwrap();
         let mut w = meta.write().unwrap();
-        let err = w.update_ref("refs/heads/x", Some(&b), Some(&a), "bad").unwrap_err();
+        let err = w
+            .update_ref("refs/heads/x", Some(&b), Some(&a), "bad")
+            .unwrap_err();
         assert!(matches!(err, StoreError::RefConflict { .. }));
         drop(w);
         let mut w = meta.write().unwrap();
-        w.update_ref("refs/heads/x", Some(&a), Some(&b), "move").unwrap();
+        w.update_ref("refs/heads/x", Some(&a), Some(&b), "move")
+            .unwrap();
         w.commit_txn().unwrap();
         let r = meta.read().unwrap();
         assert_eq!(r.get_ref("refs/heads/x").unwrap(), Some(b.clone()));
@@ -610,11 +676,15 @@ mod tests {
         assert_eq!(log[1].new, b.target());
         drop(r);
         let mut w = meta.write().unwrap();
-        w.update_ref("refs/heads/x", Some(&b), None, "delete").unwrap();
+        w.update_ref("refs/heads/x", Some(&b), None, "delete")
+            .unwrap();
         w.commit_txn().unwrap();
         let r = meta.read().unwrap();
         assert_eq!(r.get_ref("refs/heads/x").unwrap(), None);
         assert!(r.reflog("refs/heads/x").unwrap().is_empty());
-        assert_eq!(r.get_ref(HEAD).unwrap(), Some(RefValue::Symbolic("refs/heads/main".into())));
+        assert_eq!(
+            r.get_ref(HEAD).unwrap(),
+            Some(RefValue::Symbolic("refs/heads/main".into()))
+        );
     }
 }

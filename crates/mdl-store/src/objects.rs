@@ -78,51 +78,94 @@ impl Store {
     /// Path of an object's record file of the given generation.
     pub fn record_path(&self, id: &ObjectId, generation: u32) -> PathBuf {
         let hex = id.to_hex();
-        self.dir.join("objects").join(&hex[..2]).join(format!("{}.{generation}", &hex[2..]))
+        self.dir
+            .join("objects")
+            .join(&hex[..2])
+            .join(format!("{}.{generation}", &hex[2..]))
     }
 
     /// Starts a batch of record writes.
     pub fn batch(&self) -> ObjectBatch<'_> {
-        ObjectBatch { store: self, dirs: Mutex::new(BTreeSet::new()) }
+        ObjectBatch {
+            store: self,
+            dirs: Mutex::new(BTreeSet::new()),
+        }
     }
 
     /// Decodes an object into `out`, verifying the record checksum and the content hash.
     ///
     /// Bytes reach `out` while decoding proceeds; if verification fails at the end an error is
     /// returned and the caller must discard what was written.
-    pub fn read_object(&self, id: &ObjectId, entry: &IndexEntry, out: &mut dyn Write) -> Result<u64, StoreError> {
+    pub fn read_object(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        out: &mut dyn Write,
+    ) -> Result<u64, StoreError> {
         let path = self.record_path(id, entry.generation);
         let kind = entry.kind.name();
-        let corrupt = |source: FormatError| StoreError::Corrupt { id: *id, kind, source };
+        let corrupt = |source: FormatError| StoreError::Corrupt {
+            id: *id,
+            kind,
+            source,
+        };
         let file = File::open(&path).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => StoreError::Missing(*id),
-            _ => StoreError::Io { op: "open", path: path.clone(), source: e },
+            _ => StoreError::Io {
+                op: "open",
+                path: path.clone(),
+                source: e,
+            },
         })?;
-        let len = file.metadata().map_err(StoreError::io("stat", &path))?.len();
+        let len = file
+            .metadata()
+            .map_err(StoreError::io("stat", &path))?
+            .len();
         let (header, hlen, head) = read_header(&file, len).map_err(|e| match e {
-            HeaderError::Io(source) => StoreError::Io { op: "read", path: path.clone(), source },
+            HeaderError::Io(source) => StoreError::Io {
+                op: "read",
+                path: path.clone(),
+                source,
+            },
             HeaderError::Format(f) => corrupt(f),
         })?;
         if (len as usize) < hlen + TRAILER_LEN {
-            return Err(corrupt(FormatError::Truncated { what: "record", needed: hlen + TRAILER_LEN - len as usize }));
+            return Err(corrupt(FormatError::Truncated {
+                what: "record",
+                needed: hlen + TRAILER_LEN - len as usize,
+            }));
         }
         let mut tbytes = [0u8; TRAILER_LEN];
-        file.read_exact_at(&mut tbytes, len - TRAILER_LEN as u64).map_err(StoreError::io("read", &path))?;
+        file.read_exact_at(&mut tbytes, len - TRAILER_LEN as u64)
+            .map_err(StoreError::io("read", &path))?;
         let trailer = Trailer::decode(&tbytes).map_err(corrupt)?;
         let payload_len = len - hlen as u64 - TRAILER_LEN as u64;
-        if trailer.payload_len != payload_len || trailer.content_len != entry.content_len || header.kind != entry.kind {
-            return Err(corrupt(FormatError::invalid("record", "lengths or kind disagree with the index")));
+        if trailer.payload_len != payload_len
+            || trailer.content_len != entry.content_len
+            || header.kind != entry.kind
+        {
+            return Err(corrupt(FormatError::invalid(
+                "record",
+                "lengths or kind disagree with the index",
+            )));
         }
         let codec = CodecTag::try_from(header.codec).map_err(corrupt)?;
         if header.base.is_some() || codec.has_base() {
-            return Err(corrupt(FormatError::invalid("record", "delta records are not supported by this build")));
+            return Err(corrupt(FormatError::invalid(
+                "record",
+                "delta records are not supported by this build",
+            )));
         }
 
         let mut crc = crc32fast::Hasher::new();
         crc.update(&head[..hlen]);
         let mut reader = BufReader::with_capacity(1 << 18, &file);
-        io::Seek::seek(&mut reader, io::SeekFrom::Start(hlen as u64)).map_err(StoreError::io("seek", &path))?;
-        let mut payload = CrcReader { inner: reader.take(payload_len), crc };
+        io::Seek::seek(&mut reader, io::SeekFrom::Start(hlen as u64))
+            .map_err(StoreError::io("seek", &path))?;
+        let mut payload = CrcReader {
+            inner: reader.take(payload_len),
+            crc,
+        };
         let mut hasher = TensorHasher::new(&header.prefix);
         let mut total = 0u64;
         {
@@ -147,18 +190,28 @@ impl Store {
         crc.update(&tbytes[..16]);
         let computed = crc.finalize();
         if computed != trailer.crc {
-            return Err(corrupt(FormatError::Checksum { stored: trailer.crc, computed }));
+            return Err(corrupt(FormatError::Checksum {
+                stored: trailer.crc,
+                computed,
+            }));
         }
         let actual = hasher.finalize();
         if actual != *id {
-            return Err(corrupt(FormatError::HashMismatch { expected: *id, actual }));
+            return Err(corrupt(FormatError::HashMismatch {
+                expected: *id,
+                actual,
+            }));
         }
         Ok(total)
     }
 
     /// Decodes a whole object into memory (manifests, commits, tensors for diffs).
     pub fn read_object_vec(&self, id: &ObjectId) -> Result<Vec<u8>, StoreError> {
-        let entry = self.meta().read()?.object(id)?.ok_or(StoreError::Missing(*id))?;
+        let entry = self
+            .meta()
+            .read()?
+            .object(id)?
+            .ok_or(StoreError::Missing(*id))?;
         let mut out = Vec::with_capacity(entry.content_len.min(1 << 30) as usize);
         self.read_object(id, &entry, &mut out)?;
         Ok(out)
@@ -196,8 +249,13 @@ impl Store {
             for f in std::fs::read_dir(dir.path()).map_err(StoreError::io("list", &dir.path()))? {
                 let name = f.map_err(StoreError::io("list", &dir.path()))?.file_name();
                 let name = name.to_string_lossy();
-                let Some((rest, generation)) = name.split_once('.') else { continue };
-                if let (Ok(id), Ok(generation)) = (format!("{prefix}{rest}").parse::<ObjectId>(), generation.parse()) {
+                let Some((rest, generation)) = name.split_once('.') else {
+                    continue;
+                };
+                if let (Ok(id), Ok(generation)) = (
+                    format!("{prefix}{rest}").parse::<ObjectId>(),
+                    generation.parse(),
+                ) {
                     out.push((id, generation));
                 }
             }
@@ -218,7 +276,9 @@ fn read_header(file: &File, len: u64) -> Result<(RecordHeader, usize, Vec<u8>), 
         file.read_exact_at(&mut head, 0).map_err(HeaderError::Io)?;
         match RecordHeader::decode(&head) {
             Ok((h, n)) => return Ok((h, n, head)),
-            Err(FormatError::Truncated { .. }) if (want as u64) < len && want < record::MAX_HEADER_LEN => {
+            Err(FormatError::Truncated { .. })
+                if (want as u64) < len && want < record::MAX_HEADER_LEN =>
+            {
                 want = len.min(record::MAX_HEADER_LEN as u64) as usize;
             }
             Err(e) => return Err(HeaderError::Format(e)),
@@ -253,12 +313,32 @@ impl ObjectBatch<'_> {
     ) -> Result<PutOutcome, StoreError> {
         let prefix = header.canonical();
         let len = data.len() as u64;
-        let candidates = mdl_codec::candidates(header.dtype, len).iter().map(|&c| (c, len.saturating_sub(1)));
+        let candidates = mdl_codec::candidates(header.dtype, len)
+            .iter()
+            .map(|&c| (c, len.saturating_sub(1)));
         for (codec, cap) in candidates.chain([(CodecTag::Raw, u64::MAX)]) {
             let hasher = std::cell::RefCell::new(TensorHasher::new(&prefix));
-            let written = self.write_record(id, ObjectKind::Tensor, codec, &prefix, len, cap, &mut |w| {
-                mdl_codec::encode_observed(codec, data, opts, w, &mut |chunk| hasher.borrow_mut().update(chunk)).map(drop)
-            }, &mut || if hasher.borrow().finalize() == *id { Ok(()) } else { Err(StoreError::InputChanged(*id)) });
+            let written = self.write_record(
+                id,
+                ObjectKind::Tensor,
+                codec,
+                &prefix,
+                len,
+                cap,
+                &mut |w| {
+                    mdl_codec::encode_observed(codec, data, opts, w, &mut |chunk| {
+                        hasher.borrow_mut().update(chunk)
+                    })
+                    .map(drop)
+                },
+                &mut || {
+                    if hasher.borrow().finalize() == *id {
+                        Ok(())
+                    } else {
+                        Err(StoreError::InputChanged(*id))
+                    }
+                },
+            );
             match written {
                 Ok(out) => return Ok(out),
                 Err(WriteError::NotSmaller) => continue,
@@ -273,12 +353,28 @@ impl ObjectBatch<'_> {
         let id = ObjectId::hash(bytes);
         let opts = EncodeOptions::default();
         let cap = (bytes.len() as u64).saturating_sub(1);
-        match self.write_record(&id, kind, CodecTag::Zstd, &[], bytes.len() as u64, cap, &mut |w| {
-            mdl_codec::encode(CodecTag::Zstd, bytes, &opts, w).map(drop)
-        }, &mut || Ok(())) {
+        match self.write_record(
+            &id,
+            kind,
+            CodecTag::Zstd,
+            &[],
+            bytes.len() as u64,
+            cap,
+            &mut |w| mdl_codec::encode(CodecTag::Zstd, bytes, &opts, w).map(drop),
+            &mut || Ok(()),
+        ) {
             Ok(out) => Ok(out),
             Err(WriteError::NotSmaller) => self
-                .write_record(&id, kind, CodecTag::Raw, &[], bytes.len() as u64, u64::MAX, &mut |w| w.write_all(bytes), &mut || Ok(()))
+                .write_record(
+                    &id,
+                    kind,
+                    CodecTag::Raw,
+                    &[],
+                    bytes.len() as u64,
+                    u64::MAX,
+                    &mut |w| w.write_all(bytes),
+                    &mut || Ok(()),
+                )
                 .map_err(WriteError::into_store),
             Err(WriteError::Store(e)) => Err(e),
         }
@@ -300,32 +396,62 @@ impl ObjectBatch<'_> {
     ) -> Result<PutOutcome, WriteError> {
         let fs = self.store.storage();
         let path = self.store.record_path(id, 0);
-        let dir = path.parent().expect("record path has a parent").to_path_buf();
-        fs.create_dir_all(&dir).map_err(StoreError::io("create", &dir))?;
+        let dir = path
+            .parent()
+            .expect("record path has a parent")
+            .to_path_buf();
+        fs.create_dir_all(&dir)
+            .map_err(StoreError::io("create", &dir))?;
         let tmp = dir.join(format!(
             "{TEMP_PREFIX}{}-{}",
             std::process::id(),
             TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         let result = (|| -> Result<u64, WriteError> {
-            let file = fs.create_new(&tmp).map_err(StoreError::io("create", &tmp))?;
-            let mut sink = RecordSink { inner: BufWriter::with_capacity(1 << 20, file), crc: crc32fast::Hasher::new(), written: 0, cap: u64::MAX };
+            let file = fs
+                .create_new(&tmp)
+                .map_err(StoreError::io("create", &tmp))?;
+            let mut sink = RecordSink {
+                inner: BufWriter::with_capacity(1 << 20, file),
+                crc: crc32fast::Hasher::new(),
+                written: 0,
+                cap: u64::MAX,
+            };
             let header = RecordHeader::new(kind, codec as u8, None, prefix.to_vec()).encode();
-            sink.write_all(&header).map_err(StoreError::io("write", &tmp))?;
+            sink.write_all(&header)
+                .map_err(StoreError::io("write", &tmp))?;
             let start = sink.written;
             sink.cap = start.saturating_add(cap);
-            body(&mut sink).map_err(|e| if is_not_smaller(&e) { WriteError::NotSmaller } else { StoreError::Io { op: "write", path: tmp.clone(), source: e }.into() })?;
+            body(&mut sink).map_err(|e| {
+                if is_not_smaller(&e) {
+                    WriteError::NotSmaller
+                } else {
+                    StoreError::Io {
+                        op: "write",
+                        path: tmp.clone(),
+                        source: e,
+                    }
+                    .into()
+                }
+            })?;
             verify()?;
             let payload_len = sink.written - start;
             sink.cap = u64::MAX;
-            sink.write_all(&Trailer::lengths(content_len, payload_len)).map_err(StoreError::io("write", &tmp))?;
+            sink.write_all(&Trailer::lengths(content_len, payload_len))
+                .map_err(StoreError::io("write", &tmp))?;
             let crc = sink.crc.clone().finalize();
-            sink.write_all(&crc.to_le_bytes()).map_err(StoreError::io("write", &tmp))?;
+            sink.write_all(&crc.to_le_bytes())
+                .map_err(StoreError::io("write", &tmp))?;
             let total = sink.written;
-            let mut file = sink.inner.into_inner().map_err(|e| StoreError::Io { op: "write", path: tmp.clone(), source: e.into_error() })?;
+            let mut file = sink.inner.into_inner().map_err(|e| StoreError::Io {
+                op: "write",
+                path: tmp.clone(),
+                source: e.into_error(),
+            })?;
             file.sync_all().map_err(StoreError::io("sync", &tmp))?;
             drop(file);
-            fs.rename(&tmp, &path).map_err(StoreError::io("rename", &tmp))?;
+            fs.rename(&tmp, &path)
+                .map_err(StoreError::io("rename", &tmp))?;
             Ok(total)
         })();
         match result {
@@ -357,7 +483,8 @@ impl ObjectBatch<'_> {
             fs.sync_dir(&dir).map_err(StoreError::io("sync", &dir))?;
         }
         let objects = self.store.dir().join("objects");
-        fs.sync_dir(&objects).map_err(StoreError::io("sync", &objects))
+        fs.sync_dir(&objects)
+            .map_err(StoreError::io("sync", &objects))
     }
 }
 

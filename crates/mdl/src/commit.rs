@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use mdl_codec::EncodeOptions;
 use mdl_format::safetensors::{self, Layout};
-use mdl_format::{Commit, CommitStats, Entry, Exactness, Manifest, ObjectId, ObjectKind, RefName, Timestamp};
+use mdl_format::{
+    Commit, CommitStats, Entry, Exactness, Manifest, ObjectId, ObjectKind, RefName, Timestamp,
+};
 use mdl_store::{CommitSummary, IndexEntry, RefValue};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -61,15 +63,23 @@ pub(crate) struct Input {
 impl Input {
     /// Maps and validates `path`; nothing is written anywhere.
     pub(crate) fn open(path: &Path) -> Result<Input> {
-        let io = |source| Error::Input { path: path.to_path_buf(), source };
+        let io = |source| Error::Input {
+            path: path.to_path_buf(),
+            source,
+        };
         let file = File::open(path).map_err(io)?;
         let meta = file.metadata().map_err(io)?;
         if !meta.is_file() {
             return Err(io(std::io::Error::other("not a regular file")));
         }
-        let invalid = |source| Error::InvalidInput { path: path.to_path_buf(), source };
+        let invalid = |source| Error::InvalidInput {
+            path: path.to_path_buf(),
+            source,
+        };
         if meta.len() < 8 {
-            return Err(invalid(safetensors::SafetensorsError::TooShort { len: meta.len() }));
+            return Err(invalid(safetensors::SafetensorsError::TooShort {
+                len: meta.len(),
+            }));
         }
         // SAFETY: the map is read-only and private. Another process truncating the file while
         // it is mapped would fault, as for every mmap-based reader (safetensors included); one
@@ -108,14 +118,23 @@ impl Input {
             // depends on the pages staying resident.
             #[allow(unsafe_code)]
             let _ = unsafe {
-                self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, aligned, end - aligned)
+                self.map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    aligned,
+                    end - aligned,
+                )
             };
         }
     }
 }
 
 /// Commits the safetensors file at `path`.
-pub fn commit(repo: &Repository, path: &Path, opts: &CommitOptions, progress: &dyn Progress) -> Result<CommitOutcome> {
+pub fn commit(
+    repo: &Repository,
+    path: &Path,
+    opts: &CommitOptions,
+    progress: &dyn Progress,
+) -> Result<CommitOutcome> {
     let started = Instant::now();
     let metrics = check_metrics(&opts.metrics)?;
     let input = Input::open(path)?;
@@ -169,7 +188,8 @@ pub fn commit(repo: &Repository, path: &Path, opts: &CommitOptions, progress: &d
     let mut added: Vec<(ObjectId, IndexEntry)> = todo
         .par_iter()
         .map(|&i| {
-            let out = batch.put_tensor(&ids[i], &tensors[i].header, input.tensor(i), &opts.encode)?;
+            let out =
+                batch.put_tensor(&ids[i], &tensors[i].header, input.tensor(i), &opts.encode)?;
             input.release(i);
             progress.advance(tensors[i].len);
             Ok((out.id, out.entry))
@@ -187,7 +207,12 @@ pub fn commit(repo: &Repository, path: &Path, opts: &CommitOptions, progress: &d
         entries: tensors
             .iter()
             .zip(&ids)
-            .map(|(t, id)| Entry { name: t.name.clone(), header: t.header.clone(), id: *id, exactness: Exactness::Lossless })
+            .map(|(t, id)| Entry {
+                name: t.name.clone(),
+                header: t.header.clone(),
+                id: *id,
+                exactness: Exactness::Lossless,
+            })
             .collect(),
     };
     let manifest_bytes = manifest.encode();
@@ -223,14 +248,27 @@ pub fn commit(repo: &Repository, path: &Path, opts: &CommitOptions, progress: &d
     for (oid, entry) in &added {
         w.put_object(oid, entry)?;
     }
-    w.put_commit(&id, &CommitSummary { time: commit.time, manifest: manifest_id, parents: commit.parents.clone(), raw_bytes })?;
+    w.put_commit(
+        &id,
+        &CommitSummary {
+            time: commit.time,
+            manifest: manifest_id,
+            parents: commit.parents.clone(),
+            raw_bytes,
+        },
+    )?;
     let summary = commit.message.lines().next().unwrap_or("");
     let reflog = if expected.is_none() {
         format!("commit (new branch): {summary}")
     } else {
         format!("commit: {summary}")
     };
-    w.update_ref(&target, expected.as_ref(), Some(&RefValue::Direct(id)), &reflog)?;
+    w.update_ref(
+        &target,
+        expected.as_ref(),
+        Some(&RefValue::Direct(id)),
+        &reflog,
+    )?;
     w.commit_txn()?;
 
     Ok(CommitOutcome {
@@ -253,7 +291,10 @@ fn check_metrics(metrics: &[(String, f64)]) -> Result<Vec<(String, f64)>> {
             return Err(Error::InvalidMetric(w[0].0.clone()));
         }
     }
-    if let Some((k, _)) = out.iter().find(|(k, _)| k.is_empty() || k.chars().any(|c| c.is_control() || c == '=')) {
+    if let Some((k, _)) = out
+        .iter()
+        .find(|(k, _)| k.is_empty() || k.chars().any(|c| c.is_control() || c == '='))
+    {
         return Err(Error::InvalidMetric(k.clone()));
     }
     Ok(out)

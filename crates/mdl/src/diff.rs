@@ -48,14 +48,26 @@ pub fn diff(repo: &Repository, a: &str, b: &str) -> Result<Vec<TensorDiff>> {
         let change = match in_b.get(ea.name.as_str()) {
             None => Change::Removed,
             Some(eb) if eb.id == ea.id => Change::Unchanged,
-            Some(eb) if eb.header != ea.header => Change::Changed { rel_l2: None, reshaped: true },
-            Some(eb) => Change::Changed { rel_l2: rel_l2(repo, ea, eb)?, reshaped: false },
+            Some(eb) if eb.header != ea.header => Change::Changed {
+                rel_l2: None,
+                reshaped: true,
+            },
+            Some(eb) => Change::Changed {
+                rel_l2: rel_l2(repo, ea, eb)?,
+                reshaped: false,
+            },
         };
-        out.push(TensorDiff { name: ea.name.clone(), change });
+        out.push(TensorDiff {
+            name: ea.name.clone(),
+            change,
+        });
     }
     for eb in &mb.entries {
         if !in_a.contains_key(eb.name.as_str()) {
-            out.push(TensorDiff { name: eb.name.clone(), change: Change::Added });
+            out.push(TensorDiff {
+                name: eb.name.clone(),
+                change: Change::Added,
+            });
         }
     }
     Ok(out)
@@ -75,7 +87,13 @@ fn rel_l2(repo: &Repository, a: &Entry, b: &Entry) -> Result<Option<f64>> {
         num += (y - x) * (y - x);
         den += x * x;
     }
-    Ok(Some(if den > 0.0 { (num / den).sqrt() } else if num > 0.0 { f64::INFINITY } else { 0.0 }))
+    Ok(Some(if den > 0.0 {
+        (num / den).sqrt()
+    } else if num > 0.0 {
+        f64::INFINITY
+    } else {
+        0.0
+    }))
 }
 
 /// Reads one little-endian float element as f64.
@@ -83,7 +101,9 @@ pub fn to_f64(dtype: Dtype, b: &[u8]) -> f64 {
     match dtype {
         Dtype::F64 => f64::from_le_bytes(b.try_into().unwrap()),
         Dtype::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
-        Dtype::BF16 => f32::from_bits((u16::from_le_bytes(b.try_into().unwrap()) as u32) << 16) as f64,
+        Dtype::BF16 => {
+            f32::from_bits((u16::from_le_bytes(b.try_into().unwrap()) as u32) << 16) as f64
+        }
         Dtype::F16 => f16_to_f64(u16::from_le_bytes(b.try_into().unwrap())),
         _ => f64::NAN,
     }

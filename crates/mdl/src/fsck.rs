@@ -47,7 +47,9 @@ pub fn fsck(repo: &Repository) -> Result<Report> {
         }
         if let Some(base) = entry.base {
             match index.get(&base) {
-                None => report.problems.push(format!("object {id}: delta base {base} is missing")),
+                None => report
+                    .problems
+                    .push(format!("object {id}: delta base {base} is missing")),
                 Some(b) if b.depth + 1 != entry.depth => report.problems.push(format!(
                     "object {id}: chain depth {} but its base has depth {}",
                     entry.depth, b.depth
@@ -76,7 +78,9 @@ pub fn fsck(repo: &Repository) -> Result<Report> {
         match value {
             RefValue::Symbolic(target) => {
                 if !target.starts_with("refs/heads/") {
-                    report.problems.push(format!("{name} points at {target}, not a branch"));
+                    report
+                        .problems
+                        .push(format!("{name} points at {target}, not a branch"));
                 }
             }
             v => stack.push((v.target().expect("direct"), name)),
@@ -100,9 +104,13 @@ pub fn fsck(repo: &Repository) -> Result<Report> {
             }
         };
         match meta.commit(&id)? {
-            None => report.problems.push(format!("commit {id} is not in the commit index")),
+            None => report
+                .problems
+                .push(format!("commit {id} is not in the commit index")),
             Some(s) if s.parents != commit.parents || s.manifest != commit.manifest => {
-                report.problems.push(format!("commit {id}: commit index disagrees with the object"))
+                report.problems.push(format!(
+                    "commit {id}: commit index disagrees with the object"
+                ))
             }
             Some(_) => {}
         }
@@ -110,21 +118,33 @@ pub fn fsck(repo: &Repository) -> Result<Report> {
             stack.push((*p, format!("parent of commit {}", id.short(12))));
         }
         let from = format!("commit {}", id.short(12));
-        if !manifests_seen.insert(commit.manifest) || !want(&commit.manifest, ObjectKind::Manifest, &from, &mut report.problems) {
+        if !manifests_seen.insert(commit.manifest)
+            || !want(
+                &commit.manifest,
+                ObjectKind::Manifest,
+                &from,
+                &mut report.problems,
+            )
+        {
             continue;
         }
         match repo.load_manifest(&commit.manifest) {
             Ok(m) => {
                 for e in &m.entries {
-                    let from = format!("manifest {} tensor {:?}", commit.manifest.short(12), e.name);
+                    let from =
+                        format!("manifest {} tensor {:?}", commit.manifest.short(12), e.name);
                     if want(&e.id, ObjectKind::Tensor, &from, &mut report.problems)
                         && index[&e.id].content_len != e.header.data_len().unwrap_or(u64::MAX)
                     {
-                        report.problems.push(format!("{from}: object size disagrees with dtype and shape"));
+                        report.problems.push(format!(
+                            "{from}: object size disagrees with dtype and shape"
+                        ));
                     }
                 }
             }
-            Err(e) => report.problems.push(format!("manifest {}: {e}", commit.manifest)),
+            Err(e) => report
+                .problems
+                .push(format!("manifest {}: {e}", commit.manifest)),
         }
     }
 

@@ -8,7 +8,10 @@ use mdl_store::CommitSummary;
 use crate::Repository;
 
 /// Commits reachable from `starts`, children before parents, newer first among the ready ones.
-pub(crate) fn walk(repo: &Repository, starts: &[ObjectId]) -> crate::Result<Vec<(ObjectId, CommitSummary)>> {
+pub(crate) fn walk(
+    repo: &Repository,
+    starts: &[ObjectId],
+) -> crate::Result<Vec<(ObjectId, CommitSummary)>> {
     let meta = repo.store().meta().read()?;
     let mut all: HashMap<ObjectId, CommitSummary> = HashMap::new();
     let mut stack: Vec<ObjectId> = starts.to_vec();
@@ -16,7 +19,9 @@ pub(crate) fn walk(repo: &Repository, starts: &[ObjectId]) -> crate::Result<Vec<
         if all.contains_key(&id) {
             continue;
         }
-        let s = meta.commit(&id)?.ok_or(mdl_store::StoreError::Missing(id))?;
+        let s = meta
+            .commit(&id)?
+            .ok_or(mdl_store::StoreError::Missing(id))?;
         stack.extend(s.parents.iter().copied());
         all.insert(id, s);
     }
@@ -26,8 +31,11 @@ pub(crate) fn walk(repo: &Repository, starts: &[ObjectId]) -> crate::Result<Vec<
             *children.entry(*p).or_default() += 1;
         }
     }
-    let mut ready: BinaryHeap<(Timestamp, ObjectId)> =
-        all.iter().filter(|(id, _)| !children.contains_key(id)).map(|(id, s)| (s.time, *id)).collect();
+    let mut ready: BinaryHeap<(Timestamp, ObjectId)> = all
+        .iter()
+        .filter(|(id, _)| !children.contains_key(id))
+        .map(|(id, s)| (s.time, *id))
+        .collect();
     let mut out = Vec::with_capacity(all.len());
     let mut done = HashSet::new();
     while let Some((_, id)) = ready.pop() {

@@ -60,7 +60,10 @@ pub fn log(repo: &Repository, rev: Option<&str>, limit: Option<usize>) -> Result
     };
     let refs = ref_names(repo)?;
     let mut out = Vec::new();
-    for (id, _) in history::walk(repo, &[start])?.into_iter().take(limit.unwrap_or(usize::MAX)) {
+    for (id, _) in history::walk(repo, &[start])?
+        .into_iter()
+        .take(limit.unwrap_or(usize::MAX))
+    {
         let c = repo.load_commit(&id)?;
         out.push(LogEntry {
             id,
@@ -72,7 +75,11 @@ pub fn log(repo: &Repository, rev: Option<&str>, limit: Option<usize>) -> Result
             metrics: Metrics(c.metrics),
             raw_bytes: c.stats.raw_bytes,
             stored_bytes: c.stats.stored_bytes,
-            refs: refs.iter().filter(|(_, t)| *t == id).map(|(n, _)| n.clone()).collect(),
+            refs: refs
+                .iter()
+                .filter(|(_, t)| *t == id)
+                .map(|(n, _)| n.clone())
+                .collect(),
             timestamp: c.time,
         });
     }
@@ -110,16 +117,30 @@ pub fn graph(entries: &[LogEntry]) -> Vec<(String, Vec<String>)> {
             },
         };
         // Other lanes waiting for this same commit merge into this one.
-        let merging: Vec<usize> = (0..lanes.len()).filter(|&i| i != col && lanes[i] == Some(e.id)).collect();
+        let merging: Vec<usize> = (0..lanes.len())
+            .filter(|&i| i != col && lanes[i] == Some(e.id))
+            .collect();
         let mut line = String::new();
         for (i, l) in lanes.iter().enumerate() {
-            line.push_str(if i == col { "* " } else if l.is_some() { "| " } else { "  " });
+            line.push_str(if i == col {
+                "* "
+            } else if l.is_some() {
+                "| "
+            } else {
+                "  "
+            });
         }
         let mut after = Vec::new();
         if !merging.is_empty() {
             let mut s = String::new();
             for i in 0..lanes.len() {
-                s.push_str(if merging.contains(&i) { "|/" } else if i == col || lanes[i].is_some() { "| " } else { "  " });
+                s.push_str(if merging.contains(&i) {
+                    "|/"
+                } else if i == col || lanes[i].is_some() {
+                    "| "
+                } else {
+                    "  "
+                });
             }
             after.push(s.trim_end().to_string());
             for i in merging {
@@ -132,7 +153,13 @@ pub fn graph(entries: &[LogEntry]) -> Vec<(String, Vec<String>)> {
                 lanes.push(Some(*p));
                 let mut s = String::new();
                 for (i, l) in lanes.iter().enumerate() {
-                    s.push_str(if i == lanes.len() - 1 { "\\" } else if l.is_some() || i == col { "| " } else { "  " });
+                    s.push_str(if i == lanes.len() - 1 {
+                        "\\"
+                    } else if l.is_some() || i == col {
+                        "| "
+                    } else {
+                        "  "
+                    });
                 }
                 after.push(s);
             }

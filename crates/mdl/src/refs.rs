@@ -58,27 +58,55 @@ fn list(repo: &Repository, prefix: &str, head: &str) -> Result<Vec<RefInfo>> {
 pub fn create_branch(repo: &Repository, name: &str, rev: Option<&str>) -> Result<ObjectId> {
     let name = RefName::new(name)?;
     let target = revision::resolve(repo, rev.unwrap_or("HEAD"))?;
-    create(repo, HEADS, "branch", &name, RefValue::Direct(target), &format!("branch: created from {}", rev.unwrap_or("HEAD")))?;
+    create(
+        repo,
+        HEADS,
+        "branch",
+        &name,
+        RefValue::Direct(target),
+        &format!("branch: created from {}", rev.unwrap_or("HEAD")),
+    )?;
     Ok(target)
 }
 
 /// Creates tag `name` at `rev` (HEAD when `None`), annotated when a message is given.
-pub fn create_tag(repo: &Repository, name: &str, rev: Option<&str>, message: Option<&str>, tagger: &str) -> Result<ObjectId> {
+pub fn create_tag(
+    repo: &Repository,
+    name: &str,
+    rev: Option<&str>,
+    message: Option<&str>,
+    tagger: &str,
+) -> Result<ObjectId> {
     let name = RefName::new(name)?;
     let target = revision::resolve(repo, rev.unwrap_or("HEAD"))?;
     let value = match message {
-        Some(m) => RefValue::Annotated { target, tagger: tagger.to_string(), time: Timestamp::now(), message: m.to_string() },
+        Some(m) => RefValue::Annotated {
+            target,
+            tagger: tagger.to_string(),
+            time: Timestamp::now(),
+            message: m.to_string(),
+        },
         None => RefValue::Direct(target),
     };
     create(repo, TAGS, "tag", &name, value, "tag: created")?;
     Ok(target)
 }
 
-fn create(repo: &Repository, prefix: &str, kind: &'static str, name: &RefName, value: RefValue, log: &str) -> Result<()> {
+fn create(
+    repo: &Repository,
+    prefix: &str,
+    kind: &'static str,
+    name: &RefName,
+    value: RefValue,
+    log: &str,
+) -> Result<()> {
     let full = format!("{prefix}{name}");
     let mut w = repo.store().meta().write()?;
     if w.get_ref(&full)?.is_some() {
-        return Err(Error::RefExists { kind, name: name.to_string() });
+        return Err(Error::RefExists {
+            kind,
+            name: name.to_string(),
+        });
     }
     w.update_ref(&full, None, Some(&value), log)?;
     w.commit_txn()?;
@@ -101,10 +129,15 @@ pub fn delete_tag(repo: &Repository, name: &str) -> Result<ObjectId> {
 
 fn delete(repo: &Repository, full: &str, kind: &'static str, name: &str) -> Result<ObjectId> {
     let mut w = repo.store().meta().write()?;
-    let current = w.get_ref(full)?.ok_or_else(|| Error::NoSuchRef { kind, name: name.to_string() })?;
+    let current = w.get_ref(full)?.ok_or_else(|| Error::NoSuchRef {
+        kind,
+        name: name.to_string(),
+    })?;
     w.update_ref(full, Some(&current), None, "deleted")?;
     w.commit_txn()?;
-    Ok(current.target().expect("branches and tags point at commits"))
+    Ok(current
+        .target()
+        .expect("branches and tags point at commits"))
 }
 
 /// Points HEAD at branch `name`, which must exist (or be HEAD's own unborn branch).
@@ -115,9 +148,17 @@ pub fn switch(repo: &Repository, name: &str) -> Result<()> {
     let head = w.get_ref(HEAD)?;
     let already = matches!(&head, Some(RefValue::Symbolic(t)) if *t == full);
     if !already && w.get_ref(&full)?.is_none() {
-        return Err(Error::NoSuchRef { kind: "branch", name: name.to_string() });
+        return Err(Error::NoSuchRef {
+            kind: "branch",
+            name: name.to_string(),
+        });
     }
-    w.update_ref(HEAD, head.as_ref(), Some(&RefValue::Symbolic(full)), &format!("switch: to {name}"))?;
+    w.update_ref(
+        HEAD,
+        head.as_ref(),
+        Some(&RefValue::Symbolic(full)),
+        &format!("switch: to {name}"),
+    )?;
     w.commit_txn()?;
     Ok(())
 }

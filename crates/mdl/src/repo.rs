@@ -42,7 +42,10 @@ pub struct Repository {
 impl Repository {
     /// Creates a repository in `dir` (created if missing) and opens it.
     pub fn init(dir: &Path) -> Result<Repository> {
-        std::fs::create_dir_all(dir).map_err(|source| Error::Output { path: dir.to_path_buf(), source })?;
+        std::fs::create_dir_all(dir).map_err(|source| Error::Output {
+            path: dir.to_path_buf(),
+            source,
+        })?;
         Store::init(&dir.join(MDL_DIR), Arc::new(RealFs))?;
         Repository::open(dir, &OpenOptions::default())
     }
@@ -83,9 +86,18 @@ impl Repository {
     }
 
     fn load_kind(&self, id: &ObjectId, kind: ObjectKind) -> Result<Vec<u8>> {
-        let entry = self.store.meta().read()?.object(id)?.ok_or(StoreError::Missing(*id))?;
+        let entry = self
+            .store
+            .meta()
+            .read()?
+            .object(id)?
+            .ok_or(StoreError::Missing(*id))?;
         if entry.kind != kind {
-            return Err(Error::WrongKind { id: *id, expected: kind.name(), found: entry.kind.name() });
+            return Err(Error::WrongKind {
+                id: *id,
+                expected: kind.name(),
+                found: entry.kind.name(),
+            });
         }
         let mut out = Vec::with_capacity(entry.content_len as usize);
         self.store.read_object(id, &entry, &mut out)?;
@@ -104,5 +116,8 @@ impl Repository {
 /// Finds the nearest directory at or above `start` that holds `.mdl/`.
 pub fn discover(start: &Path) -> Option<PathBuf> {
     let start = std::path::absolute(start).ok()?;
-    start.ancestors().find(|d| d.join(MDL_DIR).join(mdl_store::meta::META_FILE).is_file()).map(Path::to_path_buf)
+    start
+        .ancestors()
+        .find(|d| d.join(MDL_DIR).join(mdl_store::meta::META_FILE).is_file())
+        .map(Path::to_path_buf)
 }

@@ -16,23 +16,40 @@ pub fn resolve(repo: &Repository, rev: &str) -> Result<ObjectId> {
     let mut rest = steps;
     while let Some(op) = rest.chars().next() {
         rest = &rest[1..];
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
-        let n: Option<u64> = if digits == 0 { None } else {
-            Some(rest[..digits].parse().map_err(|_| Error::UnknownRevision(rev.to_string()))?)
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let n: Option<u64> = if digits == 0 {
+            None
+        } else {
+            Some(
+                rest[..digits]
+                    .parse()
+                    .map_err(|_| Error::UnknownRevision(rev.to_string()))?,
+            )
         };
         rest = &rest[digits..];
         let parents = |id: &ObjectId| -> Result<Vec<ObjectId>> {
-            Ok(meta.commit(id)?.ok_or_else(|| Error::UnknownRevision(rev.to_string()))?.parents)
+            Ok(meta
+                .commit(id)?
+                .ok_or_else(|| Error::UnknownRevision(rev.to_string()))?
+                .parents)
         };
         match op {
             '~' => {
                 for _ in 0..n.unwrap_or(1) {
-                    id = *parents(&id)?.first().ok_or_else(|| Error::NoSuchAncestor(rev.to_string()))?;
+                    id = *parents(&id)?
+                        .first()
+                        .ok_or_else(|| Error::NoSuchAncestor(rev.to_string()))?;
                 }
             }
             '^' => match n.unwrap_or(1) {
                 0 => {}
-                k => id = *parents(&id)?.get(k as usize - 1).ok_or_else(|| Error::NoSuchAncestor(rev.to_string()))?,
+                k => {
+                    id = *parents(&id)?
+                        .get(k as usize - 1)
+                        .ok_or_else(|| Error::NoSuchAncestor(rev.to_string()))?
+                }
             },
             _ => return Err(Error::UnknownRevision(rev.to_string())),
         }
@@ -49,7 +66,9 @@ fn resolve_base(meta: &MetaRead, base: &str, rev: &str) -> Result<ObjectId> {
             None => Ok(None),
             Some(RefValue::Symbolic(target)) => match meta.get_ref(&target)? {
                 Some(v) => Ok(v.target()),
-                None => Err(Error::UnbornBranch(target.trim_start_matches("refs/heads/").to_string())),
+                None => Err(Error::UnbornBranch(
+                    target.trim_start_matches("refs/heads/").to_string(),
+                )),
             },
             Some(v) => Ok(v.target()),
         }

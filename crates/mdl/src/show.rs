@@ -75,7 +75,9 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
             dtype: e.header.dtype.name().to_string(),
             shape: e.header.shape.clone(),
             id: e.id,
-            codec: CodecTag::try_from(entry.codec).map(|c| c.name().to_string()).unwrap_or_else(|_| format!("#{}", entry.codec)),
+            codec: CodecTag::try_from(entry.codec)
+                .map(|c| c.name().to_string())
+                .unwrap_or_else(|_| format!("#{}", entry.codec)),
             raw_bytes: entry.content_len,
             stored_bytes: entry.stored_len,
             lossy: e.exactness.is_lossy(),

@@ -31,6 +31,10 @@ pub fn stats(repo: &Repository) -> Result<Stats> {
         objects: objects.len() as u64,
         raw_bytes,
         stored_bytes,
-        ratio: if stored_bytes == 0 { 0.0 } else { raw_bytes as f64 / stored_bytes as f64 },
+        ratio: if stored_bytes == 0 {
+            0.0
+        } else {
+            raw_bytes as f64 / stored_bytes as f64
+        },
     })
 }
