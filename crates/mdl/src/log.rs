@@ -133,10 +133,10 @@ pub fn graph(entries: &[LogEntry]) -> Vec<(String, Vec<String>)> {
         let mut after = Vec::new();
         if !merging.is_empty() {
             let mut s = String::new();
-            for i in 0..lanes.len() {
+            for (i, lane) in lanes.iter().enumerate() {
                 s.push_str(if merging.contains(&i) {
                     "|/"
-                } else if i == col || lanes[i].is_some() {
+                } else if i == col || lane.is_some() {
                     "| "
                 } else {
                     "  "

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# A short end-to-end tour of mdl on a generated checkpoint series, in a temporary repository.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -q -p mdl-cli
+mdl="$PWD/target/release/mdl"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+# Three small checkpoints: an f32 weight that drifts, a frozen bf16 embedding, a step counter.
+python3 - <<'PY'
+import json, struct, random
+random.seed(0)
+w = [random.gauss(0, 0.02) for _ in range(65536)]
+emb = bytes(random.getrandbits(8) for _ in range(2 * 4096))
+for i, step in enumerate([100, 200, 300]):
+    w = [x + random.gauss(0, 0.001) for x in w]
+    tensors = [("model.w", "F32", [256, 256], struct.pack(f"<{len(w)}f", *w)),
+               ("model.emb", "BF16", [64, 64], emb),
+               ("optim.step", "I64", [], struct.pack("<q", step))]
+    header, off = {"__metadata__": {"step": str(step)}}, 0
+    for name, dt, shape, data in tensors:
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(data)]}
+        off += len(data)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(f"ckpt{i}.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(t[3] for t in tensors))
+PY
+set -x
+"$mdl" init
+"$mdl" commit ckpt0.safetensors -m "step 100" --step 100 --metric loss=2.9
+"$mdl" commit ckpt1.safetensors -m "step 200" --step 200 --metric loss=2.5
+"$mdl" branch lr-low HEAD~1
+"$mdl" commit ckpt2.safetensors -b lr-low -m "step 300, lower lr" --step 300 --metric loss=2.4
+"$mdl" log --graph lr-low
+"$mdl" log main
+"$mdl" show lr-low
+"$mdl" diff main lr-low
+"$mdl" checkout main -o restored.safetensors
+cmp restored.safetensors ckpt1.safetensors && echo "checkout is byte-identical"
+"$mdl" tag v1 main -m "first release"
+"$mdl" stats
+"$mdl" fsck
