@@ -89,3 +89,21 @@ impl std::fmt::Display for ObjectKind {
         f.write_str(self.name())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// `docs/FORMAT.md` must describe the version this build writes.
+    #[test]
+    fn format_doc_matches_version() {
+        let doc = include_str!("../../../docs/FORMAT.md");
+        assert!(
+            doc.contains(&format!("FORMAT_VERSION: {}", super::FORMAT_VERSION)),
+            "docs/FORMAT.md does not state FORMAT_VERSION {}",
+            super::FORMAT_VERSION
+        );
+        assert!(
+            doc.contains(&format!("- {} (", super::FORMAT_VERSION)),
+            "version history lacks this version"
+        );
+    }
+}

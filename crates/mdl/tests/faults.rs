@@ -7,7 +7,10 @@ use mdl::{FaultyFs, NoProgress, OpenOptions, Repository};
 
 fn checkpoint(path: &std::path::Path, seed: u8) {
     let n = 200_000usize;
-    let header = format!(r#"{{"a":{{"dtype":"U8","shape":[{n}],"data_offsets":[0,{n}]}},"b":{{"dtype":"U8","shape":[{n}],"data_offsets":[{n},{}]}}}}"#, 2 * n);
+    let header = format!(
+        r#"{{"a":{{"dtype":"U8","shape":[{n}],"data_offsets":[0,{n}]}},"b":{{"dtype":"U8","shape":[{n}],"data_offsets":[{n},{}]}}}}"#,
+        2 * n
+    );
     let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
     bytes.extend_from_slice(header.as_bytes());
     let mut x = seed as u64 | 1;
@@ -39,15 +42,26 @@ fn faults_leave_repository_unchanged() {
         FaultyFs::renames_fail_after(2),
     ];
     for fault in faults {
-        let opts = OpenOptions { storage: Arc::new(fault), ..OpenOptions::default() };
+        let opts = OpenOptions {
+            storage: Arc::new(fault),
+            ..OpenOptions::default()
+        };
         let repo = Repository::open(dir.path(), &opts).unwrap();
         let err = commit(&repo, &f, &CommitOptions::default(), &NoProgress).unwrap_err();
         assert!(!err.to_string().contains('\n'));
-        assert_eq!(mdl::revision::resolve(&repo, "main").unwrap(), first.id, "{err}");
+        assert_eq!(
+            mdl::revision::resolve(&repo, "main").unwrap(),
+            first.id,
+            "{err}"
+        );
         assert_eq!(mdl::log::log(&repo, None, None).unwrap().len(), 1);
         let report = mdl::fsck::fsck(&repo).unwrap();
         assert!(report.ok(), "{:?}", report.problems);
-        assert!(report.temp_files.is_empty(), "temporary files left behind: {:?}", report.temp_files);
+        assert!(
+            report.temp_files.is_empty(),
+            "temporary files left behind: {:?}",
+            report.temp_files
+        );
     }
     // The same commit succeeds once the disk has room again.
     let repo = Repository::open(dir.path(), &OpenOptions::default()).unwrap();
