@@ -101,24 +101,7 @@ pub fn encode(
     opts: &EncodeOptions,
     out: &mut dyn Write,
 ) -> io::Result<u64> {
-    match tag {
-        CodecTag::Raw => {
-            out.write_all(data)?;
-            Ok(data.len() as u64)
-        }
-        CodecTag::Zstd => {
-            let mut counter = Counting { inner: out, n: 0 };
-            let mut enc = zstd::stream::Encoder::new(&mut counter, opts.zstd_level)?;
-            enc.include_checksum(false)?;
-            enc.set_pledged_src_size(Some(data.len() as u64))?;
-            // Feed in 1 MiB steps so a refusing writer stops the work early.
-            for chunk in data.chunks(1 << 20) {
-                enc.write_all(chunk)?;
-            }
-            enc.finish()?;
-            Ok(counter.n)
-        }
-    }
+    encode_observed(tag, data, opts, out, &mut |_| {})
 }
 
 /// Like [`encode`], but copies the input through a scratch buffer in 1 MiB steps and shows
@@ -134,23 +117,25 @@ pub fn encode_observed(
 ) -> io::Result<u64> {
     let mut scratch = vec![0u8; data.len().min(1 << 20)];
     let mut counter = Counting { inner: out, n: 0 };
-    let mut sink: Box<dyn Write + '_> = match tag {
-        CodecTag::Raw => Box::new(&mut counter),
+    let mut feed = |sink: &mut dyn Write| -> io::Result<()> {
+        for chunk in data.chunks(1 << 20) {
+            let buf = &mut scratch[..chunk.len()];
+            buf.copy_from_slice(chunk);
+            observe(buf);
+            sink.write_all(buf)?;
+        }
+        Ok(())
+    };
+    match tag {
+        CodecTag::Raw => feed(&mut counter)?,
         CodecTag::Zstd => {
             let mut enc = zstd::stream::Encoder::new(&mut counter, opts.zstd_level)?;
             enc.include_checksum(false)?;
             enc.set_pledged_src_size(Some(data.len() as u64))?;
-            Box::new(enc.auto_finish())
+            feed(&mut enc)?;
+            enc.finish()?;
         }
-    };
-    for chunk in data.chunks(1 << 20) {
-        let buf = &mut scratch[..chunk.len()];
-        buf.copy_from_slice(chunk);
-        observe(buf);
-        sink.write_all(buf)?;
     }
-    sink.flush()?;
-    drop(sink);
     Ok(counter.n)
 }
 

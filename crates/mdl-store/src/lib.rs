@@ -112,28 +112,21 @@ impl Store {
             }
             mode = LockMode::ReadOnlyFs;
         }
-        let lock = RepoLock::acquire(dir, mode, opts.wait, &opts.purpose)?;
-        let meta = match Meta::open(&dir.join(meta::META_FILE), mode) {
-            Ok(m) => m,
+        let meta_path = dir.join(meta::META_FILE);
+        let mut lock = RepoLock::acquire(dir, mode, opts.wait, &opts.purpose)?;
+        let meta = match Meta::open(&meta_path, mode) {
             Err(StoreError::NeedsRecovery) if mode == LockMode::Read => {
                 // The last writer was killed: redb must repair the file, which a read-only
                 // open cannot do. Take the repository exclusively once, let redb recover, and
                 // go back to a shared lock.
                 drop(lock);
                 let write = RepoLock::acquire(dir, LockMode::Write, opts.wait, &opts.purpose)?;
-                drop(Meta::open(&dir.join(meta::META_FILE), LockMode::Write)?);
+                drop(Meta::open(&meta_path, LockMode::Write)?);
                 drop(write);
-                let lock = RepoLock::acquire(dir, mode, opts.wait, &opts.purpose)?;
-                let meta = Meta::open(&dir.join(meta::META_FILE), mode)?;
-                return Ok(Store {
-                    dir: dir.to_path_buf(),
-                    fs: opts.storage.clone(),
-                    meta,
-                    mode,
-                    _lock: lock,
-                });
+                lock = RepoLock::acquire(dir, mode, opts.wait, &opts.purpose)?;
+                Meta::open(&meta_path, mode)?
             }
-            Err(e) => return Err(e),
+            other => other?,
         };
         Ok(Store {
             dir: dir.to_path_buf(),

@@ -1,36 +1,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use mdl_format::{Commit, Manifest, ObjectId, ObjectKind};
 use mdl_store::meta::HEAD;
-use mdl_store::{LockMode, RealFs, RefValue, Storage, Store, StoreError, MDL_DIR};
+use mdl_store::{RealFs, RefValue, Store, StoreError, MDL_DIR};
 
 use crate::{Error, Result};
 
-/// How to open a repository.
-#[derive(Clone, Debug)]
-pub struct OpenOptions {
-    /// Read commands share the repository; write commands own it.
-    pub mode: LockMode,
-    /// How long to wait for another process holding the repository.
-    pub wait: Duration,
-    /// A description of this process for others that wait (`mdl commit ckpt.safetensors`).
-    pub purpose: String,
-    /// File-system implementation (tests inject faults).
-    pub storage: Arc<dyn Storage>,
-}
-
-impl Default for OpenOptions {
-    fn default() -> Self {
-        OpenOptions {
-            mode: LockMode::Write,
-            wait: Duration::from_secs(60),
-            purpose: "mdl".into(),
-            storage: Arc::new(RealFs),
-        }
-    }
-}
+pub use mdl_store::OpenOptions;
 
 /// An open mdl repository: a work directory with `.mdl/` in it.
 #[derive(Debug)]
@@ -53,13 +30,7 @@ impl Repository {
     /// Opens the repository whose work directory is `dir` or its nearest ancestor with `.mdl`.
     pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Repository> {
         let root = discover(dir).ok_or_else(|| StoreError::NotARepository(dir.to_path_buf()))?;
-        let store_opts = mdl_store::OpenOptions {
-            mode: opts.mode,
-            wait: opts.wait,
-            purpose: opts.purpose.clone(),
-            storage: opts.storage.clone(),
-        };
-        let store = Store::open(&root.join(MDL_DIR), &store_opts)?;
+        let store = Store::open(&root.join(MDL_DIR), opts)?;
         Ok(Repository { root, store })
     }
 
