@@ -14,6 +14,9 @@
 //! assert_eq!(decode_to_vec(CodecTag::Zstd, &payload, data.len() as u64).unwrap(), data);
 //! ```
 
+pub mod float;
+pub mod huffman;
+
 use std::io::{self, Read, Write};
 
 use mdl_format::{Dtype, FormatError};
@@ -26,8 +29,12 @@ pub enum CodecTag {
     Raw = 0,
     /// Zstandard, one frame.
     Zstd = 1,
+    /// Float planes (exponent, sign+mantissa), each entropy-coded: [`float`].
+    FloatSplit = 2,
+    /// Float planes of `value ^ base`, each entropy-coded: [`float`].
+    XorDelta = 3,
     // Reserved for the next issues (documented in docs/FORMAT.md):
-    // 2 float-split, 3 xor-delta, 4 quant-base, 5 quant-delta, 6 mantissa-trim.
+    // 4 quant-base, 5 quant-delta, 6 mantissa-trim.
 }
 
 impl CodecTag {
@@ -36,14 +43,23 @@ impl CodecTag {
         match self {
             CodecTag::Raw => "raw",
             CodecTag::Zstd => "zstd",
+            CodecTag::FloatSplit => "float-split",
+            CodecTag::XorDelta => "xor-delta",
         }
     }
 
     /// Whether records with this codec name a base object.
     pub fn has_base(self) -> bool {
         match self {
-            CodecTag::Raw | CodecTag::Zstd => false,
+            CodecTag::Raw | CodecTag::Zstd | CodecTag::FloatSplit => false,
+            CodecTag::XorDelta => true,
         }
+    }
+
+    /// Whether payloads decode as a stream ([`decoder`]); the others decode whole tensors in
+    /// memory, chunks in parallel ([`float::decode`]).
+    pub fn is_streaming(self) -> bool {
+        matches!(self, CodecTag::Raw | CodecTag::Zstd)
     }
 }
 
@@ -53,6 +69,8 @@ impl TryFrom<u8> for CodecTag {
         match v {
             0 => Ok(CodecTag::Raw),
             1 => Ok(CodecTag::Zstd),
+            2 => Ok(CodecTag::FloatSplit),
+            3 => Ok(CodecTag::XorDelta),
             tag => Err(FormatError::UnknownTag { what: "codec", tag }),
         }
     }
@@ -135,6 +153,7 @@ pub fn encode_observed(
             feed(&mut enc)?;
             enc.finish()?;
         }
+        CodecTag::FloatSplit | CodecTag::XorDelta => return Err(not_streaming(tag)),
     }
     Ok(counter.n)
 }
@@ -149,11 +168,19 @@ pub fn decoder<'a>(
     let inner: Box<dyn Read + 'a> = match tag {
         CodecTag::Raw => payload,
         CodecTag::Zstd => Box::new(zstd::stream::Decoder::new(payload)?),
+        CodecTag::FloatSplit | CodecTag::XorDelta => return Err(not_streaming(tag)),
     };
     Ok(Box::new(Exact {
         inner,
         left: content_len,
     }))
+}
+
+fn not_streaming(tag: CodecTag) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{tag} payloads are not streamed"),
+    )
 }
 
 /// Decodes a whole payload held in memory.
@@ -229,7 +256,9 @@ mod tests {
         for t in all() {
             assert_eq!(CodecTag::try_from(t as u8).unwrap(), t);
         }
-        assert!(CodecTag::try_from(2).is_err());
+        assert_eq!(CodecTag::FloatSplit as u8, 2);
+        assert_eq!(CodecTag::XorDelta as u8, 3);
+        assert!(CodecTag::try_from(4).is_err());
     }
 
     #[test]

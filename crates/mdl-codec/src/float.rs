@@ -1,0 +1,630 @@
+//! `float-split` and `xor-delta`: floats taken apart into byte planes, each plane entropy-coded
+//! with the chunked Huffman coder (or stored, or constant — whichever is smallest).
+//!
+//! Planes, per dtype (bit numbers of the little-endian word):
+//!
+//! | dtype | planes |
+//! | --- | --- |
+//! | bf16 | exponent `14..7`; sign `15` with mantissa `6..0` |
+//! | f16 | exponent `14..10`; mantissa `7..0`; sign `15` with mantissa `9..8` |
+//! | f32 | exponent `30..23`; sign `31` with mantissa `22..16`; mantissa `15..8`; mantissa `7..0` |
+//! | f64 | exponent `59..52`; exponent `62..60`, sign, mantissa `51..48`; six mantissa bytes |
+//!
+//! Every bit lands in exactly one plane, so any bit pattern (±0, subnormals, ±Inf, every NaN
+//! payload) survives. `xor-delta` applies the same split to `value ^ base` (the base being an
+//! object of the same dtype and shape): where little changed, every plane is mostly zeros.
+//!
+//! Work is split into chunks of `1 << CHUNK_LOG2` elements; all planes share the chunking, so
+//! chunk `i` of the tensor is decoded from chunk `i` of each plane, in parallel.
+
+use mdl_format::{Dtype, FormatError};
+use rayon::prelude::*;
+
+use crate::huffman::{ChunkKind, Histogram, Plan, Stream, StreamWriter, CHUNK_LOG2};
+
+const MAX_PLANES: usize = 8;
+const CHUNK: usize = 1 << CHUNK_LOG2;
+
+/// Whether `dtype` has a float plane layout.
+pub fn supports(dtype: Dtype) -> bool {
+    layout(dtype).is_some()
+}
+
+/// Splits elements into planes: `(data, planes, base, base bits to XOR in)`.
+type SplitFn = fn(&[u8], &mut [&mut [u8]], Option<&[u8]>, u64);
+/// Merges planes back into elements: `(planes, out, base, base bits to XOR in)`.
+type MergeFn = fn(&[&[u8]], &mut [u8], Option<&[u8]>, u64);
+
+#[derive(Clone, Copy)]
+struct Layout {
+    width: usize,
+    planes: usize,
+    split: SplitFn,
+    merge: MergeFn,
+    /// The bits of the little-endian word each plane holds.
+    plane_bits: &'static [u64],
+}
+
+fn layout(dtype: Dtype) -> Option<Layout> {
+    Some(match dtype {
+        Dtype::BF16 => Layout {
+            width: 2,
+            planes: 2,
+            split: split_bf16,
+            merge: merge_bf16,
+            plane_bits: &[0x7f80, 0x807f],
+        },
+        Dtype::F16 => Layout {
+            width: 2,
+            planes: 3,
+            split: split_f16,
+            merge: merge_f16,
+            plane_bits: &[0x7c00, 0x00ff, 0x8300],
+        },
+        Dtype::F32 => Layout {
+            width: 4,
+            planes: 4,
+            split: split_f32,
+            merge: merge_f32,
+            plane_bits: &[0x7f80_0000, 0x807f_0000, 0xff00, 0xff],
+        },
+        Dtype::F64 => Layout {
+            width: 8,
+            planes: 8,
+            split: split_f64,
+            merge: merge_f64,
+            plane_bits: &[
+                0x0ff0 << 48,
+                0xf00f << 48,
+                0xff << 40,
+                0xff << 32,
+                0xff << 24,
+                0xff << 16,
+                0xff << 8,
+                0xff,
+            ],
+        },
+        _ => return None,
+    })
+}
+
+/// Reads element `i` of `data`, XORed with the `mask` bits of the same element of `base` when
+/// there is one.
+macro_rules! word {
+    ($ty:ty, $data:expr, $base:expr, $mask:expr, $i:expr) => {{
+        const W: usize = std::mem::size_of::<$ty>();
+        let v = <$ty>::from_le_bytes($data[$i * W..$i * W + W].try_into().unwrap());
+        match $base {
+            Some(b) => {
+                v ^ (<$ty>::from_le_bytes(b[$i * W..$i * W + W].try_into().unwrap())
+                    & $mask as $ty)
+            }
+            None => v,
+        }
+    }};
+}
+
+macro_rules! store {
+    ($ty:ty, $out:expr, $base:expr, $mask:expr, $i:expr, $v:expr) => {{
+        const W: usize = std::mem::size_of::<$ty>();
+        let v: $ty = $v;
+        let v = match $base {
+            Some(b) => {
+                v ^ (<$ty>::from_le_bytes(b[$i * W..$i * W + W].try_into().unwrap())
+                    & $mask as $ty)
+            }
+            None => v,
+        };
+        $out[$i * W..$i * W + W].copy_from_slice(&v.to_le_bytes());
+    }};
+}
+
+fn split_bf16(data: &[u8], p: &mut [&mut [u8]], base: Option<&[u8]>, mask: u64) {
+    let [e, m, ..] = p else { unreachable!() };
+    for i in 0..data.len() / 2 {
+        let w = word!(u16, data, base, mask, i);
+        e[i] = (w >> 7) as u8;
+        m[i] = ((w >> 8) & 0x80 | w & 0x7f) as u8;
+    }
+}
+
+fn merge_bf16(p: &[&[u8]], out: &mut [u8], base: Option<&[u8]>, mask: u64) {
+    let [e, m, ..] = p else { unreachable!() };
+    for i in 0..out.len() / 2 {
+        let (e, m) = (e[i] as u16, m[i] as u16);
+        store!(u16, out, base, mask, i, (m & 0x80) << 8 | e << 7 | m & 0x7f);
+    }
+}
+
+fn split_f16(data: &[u8], p: &mut [&mut [u8]], base: Option<&[u8]>, mask: u64) {
+    let [e, lo, hi, ..] = p else { unreachable!() };
+    for i in 0..data.len() / 2 {
+        let w = word!(u16, data, base, mask, i);
+        e[i] = ((w >> 10) & 0x1f) as u8;
+        lo[i] = w as u8;
+        hi[i] = ((w >> 13) & 0x4 | (w >> 8) & 0x3) as u8;
+    }
+}
+
+fn merge_f16(p: &[&[u8]], out: &mut [u8], base: Option<&[u8]>, mask: u64) {
+    let [e, lo, hi, ..] = p else { unreachable!() };
+    for i in 0..out.len() / 2 {
+        let (e, lo, hi) = (e[i] as u16 & 0x1f, lo[i] as u16, hi[i] as u16);
+        store!(u16, out, base, mask, i,
+            (hi & 0x4) << 13 | e << 10 | (hi & 0x3) << 8 | lo
+        );
+    }
+}
+
+fn split_f32(data: &[u8], p: &mut [&mut [u8]], base: Option<&[u8]>, mask: u64) {
+    let [e, hi, mid, lo, ..] = p else {
+        unreachable!()
+    };
+    for i in 0..data.len() / 4 {
+        let w = word!(u32, data, base, mask, i);
+        e[i] = (w >> 23) as u8;
+        hi[i] = ((w >> 24) & 0x80 | (w >> 16) & 0x7f) as u8;
+        mid[i] = (w >> 8) as u8;
+        lo[i] = w as u8;
+    }
+}
+
+fn merge_f32(p: &[&[u8]], out: &mut [u8], base: Option<&[u8]>, mask: u64) {
+    let [e, hi, mid, lo, ..] = p else {
+        unreachable!()
+    };
+    for i in 0..out.len() / 4 {
+        let (e, hi, mid, lo) = (e[i] as u32, hi[i] as u32, mid[i] as u32, lo[i] as u32);
+        store!(u32, out, base, mask, i,
+            (hi & 0x80) << 24 | e << 23 | (hi & 0x7f) << 16 | mid << 8 | lo
+        );
+    }
+}
+
+fn split_f64(data: &[u8], p: &mut [&mut [u8]], base: Option<&[u8]>, mask: u64) {
+    for i in 0..data.len() / 8 {
+        let w = word!(u64, data, base, mask, i);
+        p[0][i] = (w >> 52) as u8;
+        // exponent bits 62..60 → 6..4, sign → 3, mantissa 51..48 → 3..0 (sign shares bit 7).
+        p[1][i] = ((w >> 56) & 0x70 | (w >> 56) & 0x80 | (w >> 48) & 0x0f) as u8;
+        for k in 0..6 {
+            p[2 + k][i] = (w >> (40 - 8 * k)) as u8;
+        }
+    }
+}
+
+fn merge_f64(p: &[&[u8]], out: &mut [u8], base: Option<&[u8]>, mask: u64) {
+    for i in 0..out.len() / 8 {
+        let b1 = p[1][i] as u64;
+        let mut w = (b1 & 0xf0) << 56 | (p[0][i] as u64) << 52 | (b1 & 0x0f) << 48;
+        for k in 0..6 {
+            w |= (p[2 + k][i] as u64) << (40 - 8 * k);
+        }
+        store!(u64, out, base, mask, i, w);
+    }
+}
+
+/// How to hold one tensor: per plane, whether it is XORed with the base and how it is coded.
+#[derive(Clone, Debug)]
+pub struct Choice {
+    plans: Vec<Plan>,
+    hists: Vec<Histogram>,
+    /// Bit `p` set: plane `p` holds `value ^ base` rather than `value`.
+    pub xor_mask: u8,
+    /// Plane sizes in bytes, in plane order.
+    pub plane_bytes: Vec<u64>,
+    /// Order-0 entropy of each plane as chosen, in bits (the bound this payload is near).
+    pub plane_entropy_bits: Vec<f64>,
+    /// Payload size in bytes (exact to within one byte per plane chunk).
+    pub size: u64,
+}
+
+/// What [`analyze`] found.
+#[derive(Clone, Debug)]
+pub struct Analysis {
+    /// `float-split`: every plane from the value itself.
+    pub plain: Choice,
+    /// `xor-delta` against the base given to [`analyze`]: each plane from the value or from
+    /// `value ^ base`, whichever codes smaller (`None` without a base, or when no plane gains).
+    pub delta: Option<Choice>,
+}
+
+fn check_lengths(l: &Layout, data: &[u8], base: Option<&[u8]>) -> Result<(), FormatError> {
+    if !data.len().is_multiple_of(l.width) {
+        return Err(FormatError::invalid(
+            "float tensor",
+            "length is not a whole number of elements",
+        ));
+    }
+    if base.is_some_and(|b| b.len() != data.len()) {
+        return Err(FormatError::invalid(
+            "xor-delta",
+            "base length differs from the tensor's",
+        ));
+    }
+    Ok(())
+}
+
+fn word_mask(l: &Layout, xor_mask: u8) -> u64 {
+    (0..l.planes)
+        .filter(|p| xor_mask & (1 << p) != 0)
+        .map(|p| l.plane_bits[p])
+        .fold(0, |a, b| a | b)
+}
+
+fn histograms(
+    l: &Layout,
+    data: &[u8],
+    base: Option<&[u8]>,
+    mask: u64,
+) -> Vec<Histogram> {
+    let step = CHUNK * l.width;
+    data.par_chunks(step)
+        .enumerate()
+        .map_init(
+            || vec![0u8; CHUNK * l.planes],
+            |scratch, (c, chunk)| {
+                let n = chunk.len() / l.width;
+                let mut planes: Vec<&mut [u8]> =
+                    scratch.chunks_mut(CHUNK).map(|p| &mut p[..n]).collect();
+                let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
+                (l.split)(chunk, &mut planes, b, mask);
+                planes.iter().map(|p| Histogram::of(p)).collect::<Vec<_>>()
+            },
+        )
+        .reduce(
+            || vec![Histogram::default(); l.planes],
+            |mut a, b| {
+                for (x, y) in a.iter_mut().zip(&b) {
+                    x.add(y);
+                }
+                a
+            },
+        )
+}
+
+fn choice(l: &Layout, hists: &[&Histogram], xor_mask: u8) -> Choice {
+    let mut plans = Vec::with_capacity(l.planes);
+    let mut plane_bytes = Vec::with_capacity(l.planes);
+    for h in hists {
+        let (plan, size) = Plan::choose(h);
+        plans.push(plan);
+        plane_bytes.push(size);
+    }
+    Choice {
+        plans,
+        hists: hists.iter().map(|h| (*h).clone()).collect(),
+        xor_mask,
+        size: 2 + 8 * l.planes as u64 + plane_bytes.iter().sum::<u64>(),
+        plane_bytes,
+        plane_entropy_bits: hists.iter().map(|h| h.entropy_bits()).collect(),
+    }
+}
+
+/// Splits `data` into planes (and, with a base, `data ^ base` too) and chooses how to hold
+/// each. Nothing is encoded yet; [`Choice::size`] is what [`encode`] will produce.
+pub fn analyze(
+    dtype: Dtype,
+    data: &[u8],
+    base: Option<&[u8]>,
+) -> Result<Analysis, FormatError> {
+    let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
+    check_lengths(&l, data, base)?;
+    let plain_h = histograms(&l, data, None, 0);
+    let plain = choice(&l, &plain_h.iter().collect::<Vec<_>>(), 0);
+    let delta = base.and_then(|b| {
+        let xor_h = histograms(&l, data, Some(b), u64::MAX);
+        let mut mask = 0u8;
+        let mut picked = Vec::with_capacity(l.planes);
+        for p in 0..l.planes {
+            if Plan::choose(&xor_h[p]).1 < plain.plane_bytes[p] {
+                mask |= 1 << p;
+                picked.push(&xor_h[p]);
+            } else {
+                picked.push(&plain_h[p]);
+            }
+        }
+        (mask != 0).then(|| choice(&l, &picked, mask))
+    });
+    Ok(Analysis { plain, delta })
+}
+
+/// Encodes `data` as `choice` says (XORing the chosen planes with `base`), appending the
+/// payload to `out`.
+pub fn encode(
+    dtype: Dtype,
+    data: &[u8],
+    base: Option<&[u8]>,
+    choice: &Choice,
+    out: &mut Vec<u8>,
+) -> Result<(), FormatError> {
+    let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
+    check_lengths(&l, data, base)?;
+    if choice.xor_mask != 0 && base.is_none() {
+        return Err(FormatError::invalid("xor-delta", "no base given"));
+    }
+    let mask = word_mask(&l, choice.xor_mask);
+    let writers: Vec<StreamWriter> = choice
+        .plans
+        .iter()
+        .zip(&choice.hists)
+        .map(|(p, h)| StreamWriter::new(p.clone(), h))
+        .collect();
+    let step = CHUNK * l.width;
+    // chunks[c][p]: the coded bytes of plane p in element chunk c.
+    let chunks: Vec<Vec<(Vec<u8>, ChunkKind)>> = data
+        .par_chunks(step)
+        .enumerate()
+        .map_init(
+            || vec![0u8; CHUNK * l.planes],
+            |scratch, (c, chunk)| {
+                let n = chunk.len() / l.width;
+                let mut planes: Vec<&mut [u8]> =
+                    scratch.chunks_mut(CHUNK).map(|p| &mut p[..n]).collect();
+                let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
+                (l.split)(chunk, &mut planes, b, mask);
+                planes
+                    .iter()
+                    .zip(&writers)
+                    .map(|(p, w)| {
+                        let mut v = Vec::new();
+                        let kind = w.chunk(p, &mut v);
+                        (v, kind)
+                    })
+                    .collect()
+            },
+        )
+        .collect();
+    out.push(l.planes as u8);
+    out.push(choice.xor_mask);
+    let lengths_at = out.len();
+    out.resize(lengths_at + 8 * l.planes, 0);
+    for (p, w) in writers.iter().enumerate() {
+        let start = out.len();
+        let refs: Vec<(&[u8], ChunkKind)> =
+            chunks.iter().map(|c| (c[p].0.as_slice(), c[p].1)).collect();
+        w.assemble(&refs, out);
+        let len = (out.len() - start) as u64;
+        out[lengths_at + 8 * p..lengths_at + 8 * p + 8].copy_from_slice(&len.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// The XOR mask a payload declares (0 for `float-split`), so readers can check that a record
+/// without a base is not a delta and one with a base is.
+pub fn payload_xor_mask(payload: &[u8]) -> Option<u8> {
+    payload.get(1).copied()
+}
+
+/// Decodes a payload into `out` (whose length is the tensor's byte length), XORing the planes
+/// the payload says with `base`.
+pub fn decode(
+    dtype: Dtype,
+    payload: &[u8],
+    base: Option<&[u8]>,
+    out: &mut [u8],
+) -> Result<(), FormatError> {
+    let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
+    check_lengths(&l, out, base)?;
+    let n = (out.len() / l.width) as u64;
+    if payload.len() < 2 + 8 * l.planes {
+        return Err(FormatError::Truncated {
+            what: "float payload",
+            needed: 2 + 8 * l.planes - payload.len(),
+        });
+    }
+    let (count, xor_mask) = (payload[0], payload[1]);
+    if count as usize != l.planes {
+        return Err(FormatError::invalid(
+            "float payload",
+            "plane count does not match the dtype",
+        ));
+    }
+    if (l.planes < 8 && xor_mask >> l.planes != 0) || (xor_mask != 0) != base.is_some() {
+        return Err(FormatError::invalid(
+            "float payload",
+            "XOR planes disagree with the record's base",
+        ));
+    }
+    let (table, mut body) = payload[2..].split_at(8 * l.planes);
+    let mut streams = Vec::with_capacity(l.planes);
+    for len in table.chunks_exact(8) {
+        let len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
+        if len > body.len() as u64 {
+            return Err(FormatError::invalid(
+                "float payload",
+                "plane overruns the payload",
+            ));
+        }
+        let (s, b) = body.split_at(len as usize);
+        streams.push(Stream::parse(s, n)?);
+        body = b;
+    }
+    if !body.is_empty() {
+        return Err(FormatError::invalid(
+            "float payload",
+            "bytes after the last plane",
+        ));
+    }
+    if streams.iter().any(|s| s.chunk_len() != CHUNK) {
+        return Err(FormatError::invalid(
+            "float payload",
+            "plane chunk size differs from the codec's",
+        ));
+    }
+    let mask = word_mask(&l, xor_mask);
+    let step = CHUNK * l.width;
+    out.par_chunks_mut(step).enumerate().try_for_each_init(
+        || vec![0u8; CHUNK * MAX_PLANES],
+        |scratch, (c, chunk)| {
+            let n = chunk.len() / l.width;
+            let mut planes: Vec<&mut [u8]> = scratch
+                .chunks_mut(CHUNK)
+                .take(l.planes)
+                .map(|p| &mut p[..n])
+                .collect();
+            for (s, p) in streams.iter().zip(planes.iter_mut()) {
+                s.decode_chunk(c, p)?;
+            }
+            let planes: Vec<&[u8]> = planes.into_iter().map(|p| &*p).collect();
+            let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
+            (l.merge)(&planes, chunk, b, mask);
+            Ok(())
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const FLOATS: [Dtype; 4] = [Dtype::BF16, Dtype::F16, Dtype::F32, Dtype::F64];
+
+    /// Round-trips through float-split and, with a base, through every XOR mask; returns the
+    /// smallest payload size.
+    fn round_trip(dtype: Dtype, data: &[u8], base: Option<&[u8]>) -> usize {
+        let a = analyze(dtype, data, base).unwrap();
+        let planes = layout(dtype).unwrap().planes;
+        let mut choices = vec![a.plain.clone()];
+        choices.extend(a.delta.clone());
+        if base.is_some() {
+            // Every mask, not only the chosen one, must round-trip.
+            let mut forced = a.plain.clone();
+            forced.xor_mask = (1u16 << planes).wrapping_sub(1) as u8 & 0b1010_1011;
+            if forced.xor_mask != 0 {
+                // The plans were made for plain planes; force Stored so any bytes fit.
+                forced.plans = vec![Plan::Stored; planes];
+                choices.push(forced);
+            }
+        }
+        let mut best = usize::MAX;
+        for ch in &choices {
+            let mut payload = Vec::new();
+            encode(dtype, data, base, ch, &mut payload).unwrap();
+            if ch.plans.iter().all(|p| *p != Plan::Stored) || ch.xor_mask == 0 {
+                assert!(payload.len() as u64 <= ch.size, "{} > {}", payload.len(), ch.size);
+            }
+            let mut out = vec![0u8; data.len()];
+            let b = (ch.xor_mask != 0).then_some(base).flatten();
+            decode(dtype, &payload, b, &mut out).unwrap();
+            assert_eq!(out, data, "{dtype:?} mask {}", ch.xor_mask);
+            best = best.min(payload.len());
+        }
+        best
+    }
+
+    fn rng(seed: u64) -> impl FnMut() -> u64 {
+        let mut x = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
+    fn special_values(dtype: Dtype) -> Vec<u8> {
+        let width = dtype.size();
+        let mut out = Vec::new();
+        let mut push = |bits: u64| out.extend_from_slice(&bits.to_le_bytes()[..width]);
+        let (exp_bits, man_bits) = match dtype {
+            Dtype::BF16 => (8, 7),
+            Dtype::F16 => (5, 10),
+            Dtype::F32 => (8, 23),
+            _ => (11, 52),
+        };
+        let sign = 1u64 << (exp_bits + man_bits);
+        let exp_all = ((1u64 << exp_bits) - 1) << man_bits;
+        for s in [0, sign] {
+            push(s); // ±0
+            push(s | 1); // smallest subnormal
+            push(s | ((1 << man_bits) - 1)); // largest subnormal
+            push(s | exp_all); // ±Inf
+            push(s | exp_all | 1); // signalling NaN, smallest payload
+            push(s | exp_all | ((1 << man_bits) - 1)); // NaN, all payload bits
+            push(s | exp_all | (1 << (man_bits - 1))); // quiet NaN
+            push(s | (exp_all - (1 << man_bits)) | ((1 << man_bits) - 1)); // largest finite
+        }
+        out
+    }
+
+    #[test]
+    fn every_bit_pattern_of_16_bit_types() {
+        let data: Vec<u8> = (0..=u16::MAX).flat_map(|v| v.to_le_bytes()).collect();
+        for dtype in [Dtype::BF16, Dtype::F16] {
+            round_trip(dtype, &data, None);
+            let base: Vec<u8> = (0..=u16::MAX)
+                .rev()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            round_trip(dtype, &data, Some(&base));
+        }
+    }
+
+    #[test]
+    fn special_values_and_every_plane_bit() {
+        for dtype in FLOATS {
+            round_trip(dtype, &special_values(dtype), None);
+            // One bit set at every position, so each lands in some plane and comes back.
+            let w = dtype.size();
+            let data: Vec<u8> = (0..w * 8)
+                .flat_map(|b| (1u64 << b).to_le_bytes()[..w].to_vec())
+                .collect();
+            round_trip(dtype, &data, None);
+            round_trip(dtype, &[], None);
+        }
+    }
+
+    #[test]
+    fn chunked_and_single_chunk_paths() {
+        let mut r = rng(1);
+        for dtype in FLOATS {
+            for elements in [1, 1000, CHUNK, CHUNK + 1, 3 * CHUNK + 77] {
+                let data: Vec<u8> = (0..elements)
+                    .flat_map(|_| {
+                        let v = (r() % 2000) as f64 / 1000.0 - 1.0;
+                        let bits = match dtype {
+                            Dtype::F64 => v.to_bits(),
+                            Dtype::F32 => (v as f32).to_bits() as u64,
+                            _ => ((v as f32).to_bits() >> 16) as u64,
+                        };
+                        bits.to_le_bytes()[..dtype.size()].to_vec()
+                    })
+                    .collect();
+                let size = round_trip(dtype, &data, None);
+                assert!(elements < 1000 || size < data.len(), "{dtype:?} compresses");
+            }
+        }
+    }
+
+    #[test]
+    fn xor_with_itself_is_tiny_and_length_mismatch_is_an_error() {
+        let data: Vec<u8> = (0..100_000u32)
+            .flat_map(|i| ((i as f32).sin()).to_le_bytes())
+            .collect();
+        assert!(round_trip(Dtype::F32, &data, Some(&data)) < 100);
+        let a = analyze(Dtype::F32, &data, Some(&data)).unwrap();
+        assert_eq!(a.delta.unwrap().xor_mask, 0b1111);
+        assert!(analyze(Dtype::F32, &data, Some(&data[4..])).is_err());
+        assert!(analyze(Dtype::F32, &data[1..], None).is_err());
+        assert!(analyze(Dtype::I32, &data, None).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn random_bits_round_trip(words in proptest::collection::vec(any::<u64>(), 0..3000), d in 0usize..4, with_base in any::<bool>()) {
+            let dtype = FLOATS[d];
+            let data: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()[..dtype.size()].to_vec()).collect();
+            let base: Vec<u8> = data.iter().rev().copied().collect();
+            round_trip(dtype, &data, with_base.then_some(&base[..]));
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400), d in 0usize..4, n in 0usize..3000) {
+            let dtype = FLOATS[d];
+            let mut out = vec![0u8; n * dtype.size()];
+            let _ = decode(dtype, &bytes, None, &mut out);
+        }
+    }
+}
