@@ -63,6 +63,14 @@ enum Command {
         /// Overwrite OUTPUT if it exists.
         #[arg(long)]
         force: bool,
+        /// fsync OUTPUT before renaming it into place.
+        #[arg(long)]
+        sync: bool,
+    },
+    /// Show or set repository configuration (no arguments: every key with its value).
+    Config {
+        key: Option<String>,
+        value: Option<String>,
     },
     /// Show history, newest first.
     Log {
@@ -201,6 +209,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                     .collect::<anyhow::Result<_>>()?,
                 author: author.clone(),
                 encode: Default::default(),
+                delta: None,
             };
             let repo = open(cli, LockMode::Write, purpose)?;
             let outcome = mdl::commit::commit(&repo, file, &opts, &bar)?;
@@ -210,9 +219,13 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             rev,
             output: path,
             force,
+            sync,
         } => {
             let repo = open(cli, LockMode::Read, purpose)?;
-            let opts = mdl::checkout::CheckoutOptions { force: *force };
+            let opts = mdl::checkout::CheckoutOptions {
+                force: *force,
+                sync: *sync,
+            };
             let outcome = mdl::checkout::checkout(&repo, rev, path, &opts, &bar)?;
             output::checkout(out, cli.json, &outcome)?;
         }
@@ -293,6 +306,24 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(3));
             }
         }
+        Command::Config { key, value } => match (key, value) {
+            (Some(k), Some(v)) => {
+                let repo = open(cli, LockMode::Write, purpose)?;
+                mdl::policy::set_config(&repo, k, v)?;
+                output::message(out, cli.json, &format!("{k} = {v}"))?;
+            }
+            (key, _) => {
+                let repo = open(cli, LockMode::Read, purpose)?;
+                let mut all = mdl::policy::config(&repo)?;
+                if let Some(k) = key {
+                    all.retain(|(name, _, _)| name == k);
+                    if all.is_empty() {
+                        return Err(mdl::Error::UnknownConfig(k.clone()).into());
+                    }
+                }
+                output::config(out, cli.json, &all)?;
+            }
+        },
         Command::Stats => {
             let repo = open(cli, LockMode::Read, purpose)?;
             output::stats(out, cli.json, &mdl::stats::stats(&repo)?)?;

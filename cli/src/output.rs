@@ -155,7 +155,7 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "{:<40} {:<8} {:<18} {:<6} {:>10} {:>10}  exact",
+        "{:<40} {:<8} {:<18} {:<11} {:>10} {:>10}  exact",
         "tensor", "dtype", "shape", "codec", "raw", "stored"
     )?;
     for t in &s.tensors {
@@ -163,9 +163,13 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
             Some(e) => format!("lossy (rel. error {e:.2e})"),
             None => "lossless".into(),
         };
+        let chain = match &t.base {
+            Some(b) => format!("  (delta on {}, depth {})", b.short(12), t.depth),
+            None => String::new(),
+        };
         writeln!(
             out,
-            "{:<40} {:<8} {:<18} {:<6} {:>10} {:>10}  {exact}",
+            "{:<40} {:<8} {:<18} {:<11} {:>10} {:>10}  {exact}{chain}",
             t.name,
             t.dtype,
             format!("{:?}", t.shape),
@@ -274,4 +278,19 @@ pub fn stats(out: &mut dyn Write, json: bool, s: &Stats) -> io::Result<()> {
         size(s.stored_bytes)
     )?;
     writeln!(out, "ratio        {:.3}", s.ratio)
+}
+
+pub fn config(out: &mut dyn Write, json: bool, entries: &[(String, String, bool)]) -> io::Result<()> {
+    if json {
+        let v: Vec<_> = entries
+            .iter()
+            .map(|(k, v, set)| serde_json::json!({"key": k, "value": v, "default": !set}))
+            .collect();
+        return emit(out, &v);
+    }
+    for (k, v, set) in entries {
+        let note = if *set { "" } else { "  (default)" };
+        writeln!(out, "{k} = {v}{note}")?;
+    }
+    Ok(())
 }

@@ -20,7 +20,7 @@ pub use error::StoreError;
 pub use fs::{RealFs, Storage};
 pub use lock::{LockMode, RepoLock};
 pub use meta::{CommitSummary, IndexEntry, Meta, RefValue, ReflogEntry};
-pub use objects::{ObjectBatch, PutOutcome};
+pub use objects::{ObjectBatch, Placement, PutOutcome, MAX_CHAIN};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -24,6 +24,9 @@ const OBJECTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("objects
 const COMMITS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("commits");
 const CONFIG: TableDefinition<'_, &str, &str> = TableDefinition::new("config");
 const INFO: TableDefinition<'_, &str, u64> = TableDefinition::new("info");
+/// Reverse delta links: key `base id ‖ dependent id`, so a range scan lists what decodes
+/// through a base (to keep depths true when a base itself becomes a delta).
+const DEPENDENTS: TableDefinition<'_, &[u8], ()> = TableDefinition::new("dependents");
 
 /// The symbolic ref every repository starts with.
 pub const HEAD: &str = "HEAD";
@@ -324,6 +327,7 @@ impl Meta {
             txn.open_table(OBJECTS).map_err(db)?;
             txn.open_table(COMMITS).map_err(db)?;
             txn.open_table(CONFIG).map_err(db)?;
+            txn.open_table(DEPENDENTS).map_err(db)?;
             txn.open_table(INFO)
                 .map_err(db)?
                 .insert("repo_version", REPO_VERSION)
@@ -476,6 +480,24 @@ macro_rules! readers {
             Ok(out)
         }
 
+        /// Objects whose records name `base` as their delta base.
+        pub fn dependents(&self, base: &ObjectId) -> Result<Vec<ObjectId>, StoreError> {
+            let t = match self.txn.open_table(DEPENDENTS) {
+                Ok(t) => t,
+                // Repositories written before delta codecs have no such table yet.
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(db(e)),
+            };
+            let lo = dependent_key(base, &ObjectId::from_bytes([0; 32]));
+            let hi = dependent_key(base, &ObjectId::from_bytes([0xff; 32]));
+            let mut out = Vec::new();
+            for item in t.range(lo.as_slice()..=hi.as_slice()).map_err(db)? {
+                let (k, _) = item.map_err(db)?;
+                out.push(key_id(&k.value()[32..])?);
+            }
+            Ok(out)
+        }
+
         /// A configuration value.
         pub fn config(&self, key: &str) -> Result<Option<String>, StoreError> {
             let t = self.txn.open_table(CONFIG).map_err(db)?;
@@ -490,6 +512,13 @@ macro_rules! readers {
             Ok(v.map(|v| v.value()))
         }
     };
+}
+
+fn dependent_key(base: &ObjectId, dependent: &ObjectId) -> [u8; 64] {
+    let mut k = [0u8; 64];
+    k[..32].copy_from_slice(base.as_bytes());
+    k[32..].copy_from_slice(dependent.as_bytes());
+    k
 }
 
 fn key_id(k: &[u8]) -> Result<ObjectId, StoreError> {
@@ -520,6 +549,30 @@ impl MetaWrite {
     pub fn put_object(&mut self, id: &ObjectId, entry: &IndexEntry) -> Result<(), StoreError> {
         let mut t = self.txn.open_table(OBJECTS).map_err(db)?;
         t.insert(id.as_bytes().as_slice(), entry.encode().as_slice())
+            .map_err(db)?;
+        Ok(())
+    }
+
+    /// Records that `dependent`'s record is a delta against `base`.
+    pub fn add_dependent(
+        &mut self,
+        base: &ObjectId,
+        dependent: &ObjectId,
+    ) -> Result<(), StoreError> {
+        let mut t = self.txn.open_table(DEPENDENTS).map_err(db)?;
+        t.insert(dependent_key(base, dependent).as_slice(), ())
+            .map_err(db)?;
+        Ok(())
+    }
+
+    /// Forgets that `dependent` decodes through `base` (its record changed).
+    pub fn remove_dependent(
+        &mut self,
+        base: &ObjectId,
+        dependent: &ObjectId,
+    ) -> Result<(), StoreError> {
+        let mut t = self.txn.open_table(DEPENDENTS).map_err(db)?;
+        t.remove(dependent_key(base, dependent).as_slice())
             .map_err(db)?;
         Ok(())
     }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use mdl_codec::{CodecTag, EncodeOptions};
+use mdl_codec::{float, CodecTag, EncodeOptions};
 use mdl_format::record::{self, RecordHeader, Trailer, TRAILER_LEN};
 use mdl_format::{FormatError, ObjectId, ObjectKind, TensorHasher, TensorHeader, Timestamp};
 
@@ -150,11 +150,17 @@ impl Store {
             )));
         }
         let codec = CodecTag::try_from(header.codec).map_err(corrupt)?;
-        if header.base.is_some() || codec.has_base() {
+        if header.base != entry.base || header.codec != entry.codec {
             return Err(corrupt(FormatError::invalid(
                 "record",
-                "delta records are not supported by this build",
+                "codec or base disagrees with the index",
             )));
+        }
+        if header.base.is_some() || !codec.is_streaming() {
+            drop(file);
+            let data = self.load_tensor(id, entry)?;
+            out.write_all(&data).map_err(StoreError::Output)?;
+            return Ok(data.len() as u64);
         }
 
         let mut crc = crc32fast::Hasher::new();
@@ -203,6 +209,114 @@ impl Store {
             }));
         }
         Ok(total)
+    }
+
+    /// Decodes a tensor into memory, resolving its delta chain; every record's checksum and the
+    /// final content hash are verified. Tensors of any codec are accepted.
+    pub fn load_tensor(&self, id: &ObjectId, entry: &IndexEntry) -> Result<Vec<u8>, StoreError> {
+        // A chain can never be longer than the index says; the budget also stops cycles in a
+        // damaged index.
+        self.materialize(id, entry, entry.depth.saturating_add(1).min(MAX_CHAIN))
+    }
+
+    fn materialize(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        budget: u32,
+    ) -> Result<Vec<u8>, StoreError> {
+        let kind = entry.kind.name();
+        let corrupt = |source: FormatError| StoreError::Corrupt {
+            id: *id,
+            kind,
+            source,
+        };
+        let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
+        if codec.is_streaming() && entry.base.is_none() {
+            let mut out = Vec::with_capacity(entry.content_len.min(1 << 32) as usize);
+            self.read_object(id, entry, &mut out)?;
+            return Ok(out);
+        }
+        if budget == 0 {
+            return Err(corrupt(FormatError::invalid(
+                "delta chain",
+                "longer than the index records (a cycle?)",
+            )));
+        }
+        let path = self.record_path(id, entry.generation);
+        let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => StoreError::Missing(*id),
+            _ => StoreError::Io {
+                op: "read",
+                path: path.clone(),
+                source: e,
+            },
+        })?;
+        let (header, payload, trailer) = record::decode(&bytes).map_err(corrupt)?;
+        if trailer.content_len != entry.content_len
+            || header.kind != entry.kind
+            || header.codec != entry.codec
+            || header.base != entry.base
+            || header.base.is_some() != codec.has_base()
+        {
+            return Err(corrupt(FormatError::invalid(
+                "record",
+                "codec, base, lengths or kind disagree with the index",
+            )));
+        }
+        let tensor = TensorHeader::from_canonical(&header.prefix).map_err(corrupt)?;
+        if tensor.data_len() != Some(entry.content_len) {
+            return Err(corrupt(FormatError::invalid(
+                "record",
+                "tensor shape disagrees with the content length",
+            )));
+        }
+        let base = match &header.base {
+            Some(base_id) => {
+                let base_entry = self
+                    .meta()
+                    .read()?
+                    .object(base_id)?
+                    .ok_or(StoreError::Missing(*base_id))?;
+                if base_entry.content_len != entry.content_len {
+                    return Err(corrupt(FormatError::invalid(
+                        "xor-delta",
+                        "base size differs from the object's",
+                    )));
+                }
+                Some(self.materialize(base_id, &base_entry, budget - 1)?)
+            }
+            None => None,
+        };
+        let mut out = vec![0u8; entry.content_len as usize];
+        match codec {
+            CodecTag::FloatSplit | CodecTag::XorDelta => {
+                float::decode(tensor.dtype, payload, base.as_deref(), &mut out)
+                    .map_err(corrupt)?
+            }
+            CodecTag::Raw | CodecTag::Zstd => {
+                return Err(corrupt(FormatError::invalid(
+                    "record",
+                    "streaming codecs have no base",
+                )))
+            }
+        }
+        let mut hasher = TensorHasher::new(&header.prefix);
+        hasher.update(&out);
+        let actual = hasher.finalize();
+        if actual != *id {
+            return Err(corrupt(FormatError::HashMismatch {
+                expected: *id,
+                actual,
+            }));
+        }
+        Ok(out)
+    }
+
+    /// Deletes a record file that the index no longer points to (an older generation after a
+    /// re-encode). Best effort: a leftover file is only an unindexed record, reported by fsck.
+    pub fn remove_record(&self, id: &ObjectId, generation: u32) {
+        let _ = self.storage().remove_file(&self.record_path(id, generation));
     }
 
     /// Decodes a whole object into memory (manifests, commits, tensors for diffs).
@@ -322,6 +436,7 @@ impl ObjectBatch<'_> {
                 id,
                 ObjectKind::Tensor,
                 codec,
+                Placement::default(),
                 &prefix,
                 len,
                 cap,
@@ -348,6 +463,31 @@ impl ObjectBatch<'_> {
         unreachable!("raw records have no size cap")
     }
 
+    /// Stores a tensor payload encoded by the caller (the in-memory float codecs). The caller
+    /// has verified that `data`'s hash is `id` and encoded from those same bytes.
+    pub fn put_payload(
+        &self,
+        id: &ObjectId,
+        header: &TensorHeader,
+        codec: CodecTag,
+        placement: Placement,
+        payload: &[u8],
+    ) -> Result<PutOutcome, StoreError> {
+        let content_len = header.data_len().unwrap_or(0);
+        self.write_record(
+            id,
+            ObjectKind::Tensor,
+            codec,
+            placement,
+            &header.canonical(),
+            content_len,
+            u64::MAX,
+            &mut |w| w.write_all(payload),
+            &mut || Ok(()),
+        )
+        .map_err(WriteError::into_store)
+    }
+
     /// Stores a manifest or commit (its canonical bytes), zstd-compressed when that is smaller.
     pub fn put_blob(&self, kind: ObjectKind, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
         let id = ObjectId::hash(bytes);
@@ -357,6 +497,7 @@ impl ObjectBatch<'_> {
             &id,
             kind,
             CodecTag::Zstd,
+            Placement::default(),
             &[],
             bytes.len() as u64,
             cap,
@@ -369,6 +510,7 @@ impl ObjectBatch<'_> {
                     &id,
                     kind,
                     CodecTag::Raw,
+                    Placement::default(),
                     &[],
                     bytes.len() as u64,
                     u64::MAX,
@@ -388,6 +530,7 @@ impl ObjectBatch<'_> {
         id: &ObjectId,
         kind: ObjectKind,
         codec: CodecTag,
+        placement: Placement,
         prefix: &[u8],
         content_len: u64,
         cap: u64,
@@ -395,7 +538,7 @@ impl ObjectBatch<'_> {
         verify: &mut dyn FnMut() -> Result<(), StoreError>,
     ) -> Result<PutOutcome, WriteError> {
         let fs = self.store.storage();
-        let path = self.store.record_path(id, 0);
+        let path = self.store.record_path(id, placement.generation);
         let dir = path
             .parent()
             .expect("record path has a parent")
@@ -417,7 +560,8 @@ impl ObjectBatch<'_> {
                 written: 0,
                 cap: u64::MAX,
             };
-            let header = RecordHeader::new(kind, codec as u8, None, prefix.to_vec()).encode();
+            let header =
+                RecordHeader::new(kind, codec as u8, placement.base, prefix.to_vec()).encode();
             sink.write_all(&header)
                 .map_err(StoreError::io("write", &tmp))?;
             let start = sink.written;
@@ -460,9 +604,9 @@ impl ObjectBatch<'_> {
                 let entry = IndexEntry {
                     kind,
                     codec: codec as u8,
-                    generation: 0,
-                    base: None,
-                    depth: 0,
+                    generation: placement.generation,
+                    base: placement.base,
+                    depth: placement.depth,
                     stored_len,
                     content_len,
                     created: Timestamp::now(),
@@ -487,6 +631,21 @@ impl ObjectBatch<'_> {
             .map_err(StoreError::io("sync", &objects))
     }
 }
+
+/// Where a record goes: its generation (0 for a new object; the next one when an object is
+/// re-encoded), and its delta base with the resulting chain depth.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Placement {
+    /// Record file generation.
+    pub generation: u32,
+    /// Delta base.
+    pub base: Option<ObjectId>,
+    /// Decode steps to reconstruct the object (0 without a base).
+    pub depth: u32,
+}
+
+/// No chain is followed further than this, whatever the index says.
+pub const MAX_CHAIN: u32 = 1024;
 
 enum WriteError {
     NotSmaller,

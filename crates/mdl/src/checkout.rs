@@ -1,11 +1,12 @@
 //! `mdl checkout`: write a commit's checkpoint back as a safetensors file.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use mdl_format::ObjectId;
-use mdl_store::StoreError;
+use mdl_store::{IndexEntry, StoreError};
+use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::{revision, Error, Progress, Repository, Result};
@@ -15,7 +16,12 @@ use crate::{revision, Error, Progress, Repository, Result};
 pub struct CheckoutOptions {
     /// Overwrite an existing output file.
     pub force: bool,
+    /// fsync the file before renaming it into place.
+    pub sync: bool,
 }
+
+/// Tensors at least this large are decoded one at a time (chunk-parallel inside).
+const BIG_TENSOR: u64 = 64 << 20;
 
 /// What a checkout wrote.
 #[derive(Clone, Debug, Serialize)]
@@ -57,25 +63,41 @@ pub fn checkout(
     };
     let result = (|| -> Result<u64> {
         let file = File::create(&tmp).map_err(write_err)?;
-        let mut w = BufWriter::with_capacity(1 << 20, file);
-        w.write_all(&(manifest.header_json.len() as u64).to_le_bytes())
-            .map_err(write_err)?;
-        w.write_all(&manifest.header_json).map_err(write_err)?;
-        let meta = repo.store().meta().read()?;
+        let mut head = (manifest.header_json.len() as u64).to_le_bytes().to_vec();
+        head.extend_from_slice(&manifest.header_json);
+        file.write_all_at(&head, 0).map_err(write_err)?;
+        let store = repo.store();
+        let entries: Vec<(u64, ObjectId, IndexEntry)> = {
+            let meta = store.meta().read()?;
+            let mut at = head.len() as u64;
+            manifest
+                .entries
+                .iter()
+                .map(|e| {
+                    let entry = meta.object(&e.id)?.ok_or(StoreError::Missing(e.id))?;
+                    let offset = at;
+                    at += entry.content_len;
+                    Ok((offset, e.id, entry))
+                })
+                .collect::<Result<_>>()?
+        };
         progress.start("writing", manifest.file_len());
-        for e in &manifest.entries {
-            let entry = meta.object(&e.id)?.ok_or(StoreError::Missing(e.id))?;
-            repo.store()
-                .read_object(&e.id, &entry, &mut w)
-                .map_err(|err| match err {
-                    StoreError::Output(source) => write_err(source),
-                    other => other.into(),
-                })?;
+        // Tensors decode in parallel (and chunk-parallel inside) and land at their offsets;
+        // large ones go one at a time so memory stays near a few tensors.
+        let write_one = |(offset, id, entry): &(u64, ObjectId, IndexEntry)| -> Result<()> {
+            let data = store.load_tensor(id, entry)?;
+            file.write_all_at(&data, *offset).map_err(write_err)?;
             progress.advance(entry.content_len);
-        }
+            Ok(())
+        };
+        let (big, small): (Vec<_>, Vec<_>) =
+            entries.iter().partition(|(_, _, e)| e.content_len >= BIG_TENSOR);
+        big.into_iter().try_for_each(write_one)?;
+        small.into_par_iter().try_for_each(write_one)?;
         progress.finish();
-        let file = w.into_inner().map_err(|e| write_err(e.into_error()))?;
-        file.sync_all().map_err(write_err)?;
+        if opts.sync {
+            file.sync_all().map_err(write_err)?;
+        }
         Ok(manifest.file_len())
     })();
     match result {

@@ -1,19 +1,22 @@
 //! `mdl commit`: store a safetensors checkpoint as a new commit on a branch.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
 use std::fs::File;
 use std::path::Path;
 use std::time::Instant;
 
-use mdl_codec::EncodeOptions;
-use mdl_format::safetensors::{self, Layout};
+use mdl_codec::{float, CodecTag, EncodeOptions, SMALL_TENSOR};
+use mdl_format::safetensors::{self, Layout, TensorInfo};
 use mdl_format::{
     Commit, CommitStats, Entry, Exactness, Manifest, ObjectId, ObjectKind, RefName, Timestamp,
 };
-use mdl_store::{CommitSummary, IndexEntry, RefValue};
+use mdl_store::meta::{MetaRead, MetaWrite};
+use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue};
 use rayon::prelude::*;
 use serde::Serialize;
 
+use crate::policy::{DeltaMode, DeltaPolicy};
 use crate::{Error, Progress, Repository, Result};
 
 /// What to commit and how.
@@ -31,6 +34,8 @@ pub struct CommitOptions {
     pub author: Option<String>,
     /// Codec settings.
     pub encode: EncodeOptions,
+    /// Delta policy; the repository's configuration when `None`.
+    pub delta: Option<DeltaPolicy>,
 }
 
 /// What a commit did.
@@ -157,45 +162,57 @@ pub fn commit(
         (current, parent)
     };
 
-    // Identify every tensor (in parallel), releasing pages as we go.
-    let tensors = &input.layout.tensors;
-    progress.start("hashing", input.map.len() as u64);
-    let ids: Vec<ObjectId> = (0..tensors.len())
-        .into_par_iter()
-        .map(|i| {
-            let id = tensors[i].header.object_id(input.tensor(i));
-            input.release(i);
-            progress.advance(tensors[i].len);
-            id
-        })
-        .collect();
-    progress.finish();
-
-    // Store the tensors the repository does not have yet.
-    let todo: Vec<usize> = {
-        let meta = store.meta().read()?;
-        let mut seen = HashSet::new();
-        let mut todo = Vec::new();
-        for (i, id) in ids.iter().enumerate() {
-            if seen.insert(*id) && meta.object(id)?.is_none() {
-                todo.push(i);
-            }
+    // Parent versions of each tensor, by name: the delta bases.
+    let policy = opts.delta.map_or_else(|| DeltaPolicy::from_store(store), Ok)?;
+    let parent_manifest = match parent {
+        Some(p) if policy.mode != DeltaMode::Off => {
+            Some(repo.load_manifest(&repo.load_commit(&p)?.manifest)?)
         }
-        todo
+        _ => None,
     };
+    let previous: HashMap<&str, &Entry> = parent_manifest
+        .iter()
+        .flat_map(|m| m.entries.iter().map(|e| (e.name.as_str(), e)))
+        .collect();
+
+    // Hash and store every tensor: the large ones one at a time (each is chunk-parallel inside),
+    // the rest tensor-parallel, so memory stays near a few tensors whatever the file size.
+    let tensors = &input.layout.tensors;
     let batch = store.batch();
-    progress.start("storing", todo.iter().map(|&i| tensors[i].len).sum());
-    let mut added: Vec<(ObjectId, IndexEntry)> = todo
-        .par_iter()
-        .map(|&i| {
-            let out =
-                batch.put_tensor(&ids[i], &tensors[i].header, input.tensor(i), &opts.encode)?;
-            input.release(i);
-            progress.advance(tensors[i].len);
-            Ok((out.id, out.entry))
-        })
+    let ctx = StoreCtx {
+        repo,
+        batch: &batch,
+        input: &input,
+        previous: &previous,
+        policy,
+        encode: &opts.encode,
+        claimed: Mutex::new(HashSet::new()),
+        rewritten: Mutex::new(HashSet::new()),
+        progress,
+    };
+    progress.start("storing", input.map.len() as u64);
+    let (big, small): (Vec<usize>, Vec<usize>) =
+        (0..tensors.len()).partition(|&i| tensors[i].len >= BIG_TENSOR);
+    let mut results: Vec<(usize, Stored)> = big
+        .iter()
+        .map(|&i| Ok((i, ctx.store_tensor(i)?)))
         .collect::<Result<_>>()?;
+    results.extend(
+        small
+            .par_iter()
+            .map(|&i| Ok((i, ctx.store_tensor(i)?)))
+            .collect::<Result<Vec<_>>>()?,
+    );
     progress.finish();
+    results.sort_by_key(|(i, _)| *i);
+    let ids: Vec<ObjectId> = results.iter().map(|(_, r)| r.id).collect();
+    let mut added: Vec<(ObjectId, IndexEntry)> = Vec::new();
+    let mut rewrites: Vec<Rewrite> = Vec::new();
+    for (_, r) in results {
+        added.extend(r.added);
+        rewrites.extend(r.rewrite);
+    }
+    let new_tensors = added.len();
 
     let manifest = Manifest {
         header_json: input.header_json().to_vec(),
@@ -221,7 +238,10 @@ pub fn commit(
         let out = batch.put_blob(ObjectKind::Manifest, &manifest_bytes)?;
         added.push((out.id, out.entry));
     }
-    let stored_bytes: u64 = added.iter().map(|(_, e)| e.stored_len).sum();
+    // Bytes this commit adds to the store: new records, less what re-encoding saved.
+    let stored_bytes = (added.iter().map(|(_, e)| e.stored_len).sum::<u64>()
+        + rewrites.iter().map(|r| r.new.stored_len).sum::<u64>())
+    .saturating_sub(rewrites.iter().map(|r| r.old.stored_len).sum::<u64>());
     let raw_bytes = input.map.len() as u64;
     let commit = Commit {
         manifest: manifest_id,
@@ -235,7 +255,7 @@ pub fn commit(
             raw_bytes,
             stored_bytes,
             tensors: tensors.len() as u32,
-            new_tensors: todo.len() as u32,
+            new_tensors: new_tensors as u32,
         },
     };
     let commit_out = batch.put_blob(ObjectKind::Commit, &commit.encode())?;
@@ -247,6 +267,12 @@ pub fn commit(
     let mut w = store.meta().write()?;
     for (oid, entry) in &added {
         w.put_object(oid, entry)?;
+        if let Some(base) = &entry.base {
+            w.add_dependent(base, oid)?;
+        }
+    }
+    for r in &rewrites {
+        publish_rewrite(&mut w, r)?;
     }
     w.put_commit(
         &id,
@@ -270,6 +296,9 @@ pub fn commit(
         &reflog,
     )?;
     w.commit_txn()?;
+    for r in &rewrites {
+        store.remove_record(&r.id, r.old.generation);
+    }
 
     Ok(CommitOutcome {
         id,
@@ -279,8 +308,260 @@ pub fn commit(
         ratio: raw_bytes as f64 / stored_bytes.max(1) as f64,
         seconds: started.elapsed().as_secs_f64(),
         tensors: tensors.len() as u32,
-        new_tensors: todo.len() as u32,
+        new_tensors: new_tensors as u32,
     })
+}
+
+/// Tensors at least this large are stored one at a time (chunk-parallel inside).
+const BIG_TENSOR: u64 = 64 << 20;
+
+/// Float tensors whose best float encoding saves less than this fraction also try zstd.
+const FLOAT_GAIN_FLOOR: f64 = 0.03;
+
+/// Re-encoding a previous version as a delta must save at least this fraction of its record.
+const REWRITE_GAIN_FLOOR: f64 = 0.02;
+
+/// One tensor's outcome.
+struct Stored {
+    id: ObjectId,
+    /// Its new record, unless the repository already had the object.
+    added: Option<(ObjectId, IndexEntry)>,
+    /// The previous version, re-encoded against this one (reverse deltas).
+    rewrite: Option<Rewrite>,
+}
+
+/// An existing object given a new record (a new generation); its id does not change.
+struct Rewrite {
+    id: ObjectId,
+    old: IndexEntry,
+    new: IndexEntry,
+}
+
+/// Everything the per-tensor work shares.
+struct StoreCtx<'a> {
+    repo: &'a Repository,
+    batch: &'a ObjectBatch<'a>,
+    input: &'a Input,
+    previous: &'a HashMap<&'a str, &'a Entry>,
+    policy: DeltaPolicy,
+    encode: &'a EncodeOptions,
+    /// Objects this commit is storing (a checkpoint may hold the same tensor twice).
+    claimed: Mutex<HashSet<ObjectId>>,
+    /// Objects this commit is re-encoding.
+    rewritten: Mutex<HashSet<ObjectId>>,
+    progress: &'a dyn Progress,
+}
+
+impl StoreCtx<'_> {
+    fn store_tensor(&self, i: usize) -> Result<Stored> {
+        let info = &self.input.layout.tensors[i];
+        // Work on a private copy: what is hashed is exactly what is encoded, even if the file
+        // changes underneath the mapping.
+        let data = self.input.tensor(i).to_vec();
+        self.input.release(i);
+        let mut hasher = info.header.hasher();
+        hasher.update(&data);
+        let id = hasher.finalize();
+        let store = self.repo.store();
+        let fresh = self.claimed.lock().unwrap().insert(id);
+        let result = if !fresh || store.meta().read()?.object(&id)?.is_some() {
+            Stored {
+                id,
+                added: None,
+                rewrite: None,
+            }
+        } else {
+            self.encode_new(id, info, &data)?
+        };
+        self.progress.advance(info.len);
+        Ok(result)
+    }
+
+    /// The previous version of a tensor that can serve as a delta base: same name, dtype and
+    /// shape, different content, stored here.
+    fn base_for(&self, info: &TensorInfo, id: &ObjectId) -> Result<Option<(ObjectId, IndexEntry)>> {
+        if self.policy.mode == DeltaMode::Off {
+            return Ok(None);
+        }
+        let Some(prev) = self.previous.get(info.name.as_str()) else {
+            return Ok(None);
+        };
+        if prev.header != info.header || prev.id == *id || prev.exactness != Exactness::Lossless {
+            return Ok(None);
+        }
+        Ok(self
+            .repo
+            .store()
+            .meta()
+            .read()?
+            .object(&prev.id)?
+            .map(|e| (prev.id, e)))
+    }
+
+    fn encode_new(&self, id: ObjectId, info: &TensorInfo, data: &[u8]) -> Result<Stored> {
+        let header = &info.header;
+        let len = data.len() as u64;
+        let plain = |added| Stored {
+            id,
+            added: Some(added),
+            rewrite: None,
+        };
+        if !float::supports(header.dtype) || len < SMALL_TENSOR {
+            let out = self.batch.put_tensor(&id, header, data, self.encode)?;
+            return Ok(plain((id, out.entry)));
+        }
+        let store = self.repo.store();
+        let base = self.base_for(info, &id)?;
+        let base_data = base
+            .as_ref()
+            .map(|(bid, be)| store.load_tensor(bid, be))
+            .transpose()?;
+        let corrupt = |source| Error::Corrupt { id, source };
+        let analysis = float::analyze(header.dtype, data, base_data.as_deref()).map_err(corrupt)?;
+        let best_float = analysis
+            .delta
+            .as_ref()
+            .map_or(analysis.plain.size, |d| d.size.min(analysis.plain.size));
+        if best_float as f64 > len as f64 * (1.0 - FLOAT_GAIN_FLOOR) {
+            // The float codecs barely help (noise-like or repetitive data): let raw and zstd
+            // compete instead.
+            let out = self.batch.put_tensor(&id, header, data, self.encode)?;
+            return Ok(plain((id, out.entry)));
+        }
+        let write = |choice: &float::Choice, base: Option<(&ObjectId, &[u8], u32)>, target: &[u8], target_id: &ObjectId, generation: u32| -> Result<IndexEntry> {
+            let mut payload = Vec::with_capacity(choice.size as usize);
+            float::encode(header.dtype, target, base.map(|b| b.1), choice, &mut payload)
+                .map_err(|source| Error::Corrupt { id: *target_id, source })?;
+            let (codec, placement) = match base {
+                Some((bid, _, depth)) => (
+                    CodecTag::XorDelta,
+                    Placement { generation, base: Some(*bid), depth },
+                ),
+                None => (CodecTag::FloatSplit, Placement { generation, ..Default::default() }),
+            };
+            Ok(self.batch.put_payload(target_id, header, codec, placement, &payload)?.entry)
+        };
+
+        let (Some((bid, bentry)), Some(bdata), Some(delta)) = (base, base_data.as_deref(), analysis.delta.as_ref()) else {
+            return Ok(plain((id, write(&analysis.plain, None, data, &id, 0)?)));
+        };
+        match self.policy.mode {
+            DeltaMode::Off => Ok(plain((id, write(&analysis.plain, None, data, &id, 0)?))),
+            DeltaMode::Forward => {
+                let depth = bentry.depth + 1;
+                if delta.size < analysis.plain.size && depth <= self.policy.max_depth {
+                    Ok(plain((id, write(delta, Some((&bid, bdata, depth)), data, &id, 0)?)))
+                } else {
+                    Ok(plain((id, write(&analysis.plain, None, data, &id, 0)?)))
+                }
+            }
+            DeltaMode::Reverse => {
+                let entry = write(&analysis.plain, None, data, &id, 0)?;
+                let rewrite = self.reverse(&bid, &bentry, bdata, &id, data, info, delta)?;
+                Ok(Stored {
+                    id,
+                    added: Some((id, entry)),
+                    rewrite: rewrite.map(|(old, new)| Rewrite { id: bid, old, new }),
+                })
+            }
+        }
+    }
+
+    /// Re-encodes the previous version `prev` as a delta against the new tensor, when it is a
+    /// self-contained record, its chain stays within the depth cap, and the delta is smaller.
+    #[allow(clippy::too_many_arguments)]
+    fn reverse(
+        &self,
+        prev: &ObjectId,
+        prev_entry: &IndexEntry,
+        prev_data: &[u8],
+        id: &ObjectId,
+        data: &[u8],
+        info: &TensorInfo,
+        estimate: &float::Choice,
+    ) -> Result<Option<(IndexEntry, IndexEntry)>> {
+        if prev_entry.base.is_some()
+            || estimate.size as f64 > prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR)
+        {
+            return Ok(None);
+        }
+        let height = chain_height(&self.repo.store().meta().read()?, prev)?;
+        if height + 1 > self.policy.max_depth || !self.rewritten.lock().unwrap().insert(*prev) {
+            return Ok(None);
+        }
+        // XOR planes are symmetric; planes taken as they are must be coded from the previous
+        // version's own bytes unless they are stored raw.
+        let corrupt = |source| Error::Corrupt { id: *prev, source };
+        let choice = if estimate.reusable_for_swap() {
+            estimate.clone()
+        } else {
+            match float::analyze(info.header.dtype, prev_data, Some(data))
+                .map_err(corrupt)?
+                .delta
+            {
+                Some(c) => c,
+                None => return Ok(None),
+            }
+        };
+        if choice.size as f64 > prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR) {
+            return Ok(None);
+        }
+        let mut payload = Vec::with_capacity(choice.size as usize);
+        float::encode(info.header.dtype, prev_data, Some(data), &choice, &mut payload)
+            .map_err(corrupt)?;
+        let placement = Placement {
+            generation: prev_entry.generation + 1,
+            base: Some(*id),
+            depth: 1,
+        };
+        let new = self
+            .batch
+            .put_payload(prev, &info.header, CodecTag::XorDelta, placement, &payload)?
+            .entry;
+        Ok(Some((*prev_entry, new)))
+    }
+}
+
+/// The longest chain of delta steps that ends at `base` (0 when nothing decodes through it).
+fn chain_height(meta: &MetaRead, base: &ObjectId) -> Result<u32> {
+    let mut longest = 0;
+    let mut frontier = vec![(*base, 0u32)];
+    while let Some((id, steps)) = frontier.pop() {
+        longest = longest.max(steps);
+        if steps >= mdl_store::MAX_CHAIN {
+            break;
+        }
+        for d in meta.dependents(&id)? {
+            frontier.push((d, steps + 1));
+        }
+    }
+    Ok(longest)
+}
+
+/// Publishes a re-encoded object: its new record, its new base link, and one more step for
+/// everything that decodes through it.
+fn publish_rewrite(w: &mut MetaWrite, r: &Rewrite) -> Result<()> {
+    w.put_object(&r.id, &r.new)?;
+    if let Some(old_base) = &r.old.base {
+        w.remove_dependent(old_base, &r.id)?;
+    }
+    if let Some(base) = &r.new.base {
+        w.add_dependent(base, &r.id)?;
+    }
+    let shift = r.new.depth as i64 - r.old.depth as i64;
+    let mut frontier = w.dependents(&r.id)?;
+    let mut seen = HashSet::new();
+    while let Some(d) = frontier.pop() {
+        if !seen.insert(d) {
+            continue;
+        }
+        if let Some(mut e) = w.object(&d)? {
+            e.depth = (e.depth as i64 + shift).max(0) as u32;
+            w.put_object(&d, &e)?;
+        }
+        frontier.extend(w.dependents(&d)?);
+    }
+    Ok(())
 }
 
 fn check_metrics(metrics: &[(String, f64)]) -> Result<Vec<(String, f64)>> {

@@ -79,6 +79,19 @@ pub enum Error {
     /// A metric was malformed.
     #[error("invalid metric {0:?}: expected KEY=NUMBER with a unique, non-empty KEY")]
     InvalidMetric(String),
+    /// A configuration value is not allowed.
+    #[error("invalid value {value:?} for {key}: expected {expected}")]
+    InvalidConfig {
+        /// The key.
+        key: String,
+        /// The value given.
+        value: String,
+        /// What is allowed.
+        expected: &'static str,
+    },
+    /// A configuration key mdl does not know.
+    #[error("unknown configuration key {0:?} (mdl config lists the keys)")]
+    UnknownConfig(String),
     /// A stored object could not be parsed.
     #[error("object {id} is corrupt: {source}")]
     Corrupt {

@@ -25,6 +25,10 @@ pub struct TensorInfo {
     pub raw_bytes: u64,
     /// Size of its record.
     pub stored_bytes: u64,
+    /// Delta base of the record, if it is a delta.
+    pub base: Option<ObjectId>,
+    /// Decode steps to reconstruct the tensor (0 for a self-contained record).
+    pub depth: u32,
     /// Whether checkout reproduces it only approximately.
     pub lossy: bool,
     /// Relative error of a lossy tensor.
@@ -80,6 +84,8 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
                 .unwrap_or_else(|_| format!("#{}", entry.codec)),
             raw_bytes: entry.content_len,
             stored_bytes: entry.stored_len,
+            base: entry.base,
+            depth: entry.depth,
             lossy: e.exactness.is_lossy(),
             rel_error: match e.exactness {
                 Exactness::Lossy { rel_error, .. } => Some(rel_error),
