@@ -1,5 +1,6 @@
 //! `mdl-bench DIR...`: commits each directory's checkpoints in order into a fresh repository,
-//! checks each out again, verifies the bytes, and prints a table with `zstd -3` as a baseline.
+//! checks every commit out again, verifies the bytes, and prints a table per series with the
+//! order-0 entropy estimates computed from the data and `zstd -3` / `zstd -19` as baselines.
 //!
 //! Not a test: timings are for `docs/BENCHMARKS.md`. Runs the `mdl` binary next to this one
 //! (or `--mdl PATH`), so commit and checkout are measured as users run them, with their peak
@@ -112,114 +113,330 @@ fn largest_tensor(path: &Path) -> Result<u64> {
         .unwrap_or(0))
 }
 
+/// Order-0 estimates for a file, in bytes: each float tensor as the entropy of its exponent
+/// field plus its other bits raw (`own`), and the smaller of that and the entropies of the byte
+/// planes of its XOR with the same tensor of `prev` (`with_xor`). Other tensors count raw.
+struct Estimate {
+    own: f64,
+    with_xor: f64,
+}
+
+struct Tensors {
+    bytes: Vec<u8>,
+    /// name → (dtype, data range)
+    tensors: std::collections::BTreeMap<String, (String, std::ops::Range<usize>)>,
+}
+
+fn load(path: &Path) -> Result<Tensors> {
+    let bytes = std::fs::read(path)?;
+    let hl = u64::from_le_bytes(bytes[..8].try_into()?) as usize;
+    let v: serde_json::Value = serde_json::from_slice(&bytes[8..8 + hl])?;
+    let mut tensors = std::collections::BTreeMap::new();
+    for (name, t) in v.as_object().context("header")? {
+        if name == "__metadata__" {
+            continue;
+        }
+        let o = t["data_offsets"].as_array().context("offsets")?;
+        let (a, b) = (o[0].as_u64().unwrap_or(0), o[1].as_u64().unwrap_or(0));
+        tensors.insert(
+            name.clone(),
+            (
+                t["dtype"].as_str().unwrap_or("").to_string(),
+                8 + hl + a as usize..8 + hl + b as usize,
+            ),
+        );
+    }
+    Ok(Tensors { bytes, tensors })
+}
+
+fn entropy_bits<const K: usize>(counts: &[u64; K]) -> f64 {
+    let n: u64 = counts.iter().sum();
+    counts
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| -(c as f64) * (c as f64 / n as f64).log2())
+        .sum()
+}
+
+/// (width in bytes, exponent shift, exponent bits) of a float dtype.
+fn float_layout(dtype: &str) -> Option<(usize, u32, u32)> {
+    match dtype {
+        "BF16" => Some((2, 7, 8)),
+        "F16" => Some((2, 10, 5)),
+        "F32" => Some((4, 23, 8)),
+        "F64" => Some((8, 52, 11)),
+        _ => None,
+    }
+}
+
+fn word(b: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w[..b.len()].copy_from_slice(b);
+    u64::from_le_bytes(w)
+}
+
+fn estimate(cur: &Tensors, prev: Option<&Tensors>) -> Estimate {
+    let mut e = Estimate {
+        own: (cur.bytes.len() - cur.tensors.values().map(|t| t.1.len()).sum::<usize>()) as f64,
+        with_xor: 0.0,
+    };
+    e.with_xor = e.own;
+    for (name, (dtype, range)) in &cur.tensors {
+        let data = &cur.bytes[range.clone()];
+        let Some((w, shift, ebits)) = float_layout(dtype).filter(|_| data.len() >= 4096) else {
+            e.own += data.len() as f64;
+            e.with_xor += data.len() as f64;
+            continue;
+        };
+        let n = (data.len() / w) as f64;
+        let mut hist = vec![0u64; 1 << ebits];
+        for c in data.chunks_exact(w) {
+            hist[((word(c) >> shift) & ((1 << ebits) - 1)) as usize] += 1;
+        }
+        let counts: [u64; 2048] = {
+            let mut a = [0u64; 2048];
+            a[..hist.len()].copy_from_slice(&hist);
+            a
+        };
+        let own = entropy_bits(&counts) / 8.0 + n * (w * 8 - ebits as usize) as f64 / 8.0;
+        e.own += own;
+        let xor = prev
+            .and_then(|p| {
+                let (pd, pr) = p.tensors.get(name)?;
+                (pd == dtype && pr.len() == range.len()).then(|| &p.bytes[pr.clone()])
+            })
+            .map(|pdata| {
+                let mut planes = vec![[0u64; 256]; w];
+                for (c, pc) in data.chunks_exact(w).zip(pdata.chunks_exact(w)) {
+                    for k in 0..w {
+                        planes[k][(c[k] ^ pc[k]) as usize] += 1;
+                    }
+                }
+                planes.iter().map(entropy_bits).sum::<f64>() / 8.0
+            })
+            .unwrap_or(f64::MAX);
+        e.with_xor += own.min(xor);
+    }
+    e
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn mdl_cmd(mdl: &Path, repo: &Path) -> Command {
+    let mut c = Command::new(mdl);
+    c.arg("-C").arg(repo);
+    c
+}
+
+struct Opts {
+    mdl: PathBuf,
+    repeat: usize,
+    config: Vec<(String, String)>,
+    zstd19: bool,
+    dirs: Vec<String>,
+}
+
+fn parse_args() -> Result<Opts> {
+    let mut args = std::env::args().skip(1);
+    let mut o = Opts {
+        mdl: std::env::current_exe()?.with_file_name("mdl"),
+        repeat: 3,
+        config: Vec::new(),
+        zstd19: true,
+        dirs: Vec::new(),
+    };
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--mdl" => o.mdl = PathBuf::from(args.next().context("--mdl needs a path")?),
+            "--repeat" => o.repeat = args.next().context("--repeat needs N")?.parse()?,
+            "--config" => {
+                let kv = args.next().context("--config needs KEY=VALUE")?;
+                let (k, v) = kv.split_once('=').context("--config needs KEY=VALUE")?;
+                o.config.push((k.into(), v.into()));
+            }
+            "--no-zstd19" => o.zstd19 = false,
+            _ if a.starts_with("--") => bail!("unknown option {a}"),
+            _ => o.dirs.push(a),
+        }
+    }
+    if o.dirs.is_empty() || o.repeat == 0 {
+        bail!(
+            "usage: mdl-bench [--mdl PATH] [--repeat N] [--config KEY=VALUE]... [--no-zstd19] DIR..."
+        );
+    }
+    Ok(o)
+}
+
 fn main() -> Result<()> {
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let mut mdl = std::env::current_exe()?.with_file_name("mdl");
-    if let Some(i) = args.iter().position(|a| a == "--mdl") {
-        mdl = PathBuf::from(args.get(i + 1).context("--mdl needs a path")?);
-        args.drain(i..i + 2);
-    }
-    if args.is_empty() {
-        bail!("usage: mdl-bench [--mdl PATH] DIR...");
-    }
+    let o = parse_args()?;
     let have_zstd = Command::new("zstd").arg("--version").output().is_ok();
+    for dir in &o.dirs {
+        bench_series(&o, Path::new(dir), have_zstd)?;
+    }
+    Ok(())
+}
+
+fn bench_series(o: &Opts, dir: &Path, have_zstd: bool) -> Result<()> {
+    let series = dir
+        .file_name()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    let config: Vec<String> = o.config.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!(
-        "| series | file | raw MB | stored MB | ratio | commit MB/s | checkout MB/s | commit RSS MB | checkout RSS MB | zstd -3 ratio | zstd -3 MB/s |"
+        "\n### {series} ({} files, config: {}, median of {} runs)\n",
+        files.len(),
+        if config.is_empty() {
+            "defaults".into()
+        } else {
+            config.join(", ")
+        },
+        o.repeat
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for dir in &args {
-        let dir = Path::new(dir);
-        let series = dir
-            .file_name()
-            .map(|s| s.to_string_lossy().to_string())
-            .unwrap_or_default();
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-            .collect();
-        files.sort();
+
+    // Commit the series `repeat` times into fresh repositories; the last one stays for the
+    // checkouts.
+    let n = files.len();
+    let mut commit_s = vec![Vec::new(); n];
+    let mut stored = vec![0u64; n];
+    let mut rss_c = 0u64;
+    let mut ids = vec![String::new(); n];
+    let mut keep = None;
+    for _ in 0..o.repeat {
         let repo = tempfile::tempdir()?;
         let r = repo.path();
-        let st = Command::new(&mdl).arg("-C").arg(r).arg("init").output()?;
-        if !st.status.success() {
+        if !mdl_cmd(&o.mdl, r).arg("init").output()?.status.success() {
             bail!("mdl init failed");
         }
-        let (mut raw_t, mut stored_t, mut ct, mut cot, mut zt, mut zb) =
-            (0u64, 0u64, 0f64, 0f64, 0f64, 0u64);
-        let (mut rss_c, mut rss_o, mut largest) = (0u64, 0u64, 0u64);
-        for f in &files {
-            let raw = std::fs::metadata(f)?.len();
-            largest = largest.max(largest_tensor(f)?);
-            let c = measure(
-                Command::new(&mdl)
-                    .arg("-C")
-                    .arg(r)
-                    .args(["commit", "--json"])
-                    .arg(f),
-            )?;
+        for (k, v) in &o.config {
+            let st = mdl_cmd(&o.mdl, r).args(["config", k, v]).output()?;
+            if !st.status.success() {
+                bail!(
+                    "mdl config {k} {v}: {}",
+                    String::from_utf8_lossy(&st.stderr)
+                );
+            }
+        }
+        for (i, f) in files.iter().enumerate() {
+            let c = measure(mdl_cmd(&o.mdl, r).args(["commit", "--json"]).arg(f))?;
             let v: serde_json::Value = serde_json::from_slice(&c.stdout)?;
-            let stored = v["stored_bytes"].as_u64().context("stored_bytes")?;
-            let id = v["id"].as_str().context("id")?.to_string();
-            let out = r.join("out.safetensors");
-            let o = measure(
-                Command::new(&mdl)
-                    .arg("-C")
-                    .arg(r)
-                    .args(["checkout", &id, "--force", "-o"])
+            stored[i] = v["stored_bytes"].as_u64().context("stored_bytes")?;
+            ids[i] = v["id"].as_str().context("id")?.to_string();
+            commit_s[i].push(c.seconds);
+            rss_c = rss_c.max(c.max_rss);
+        }
+        keep = Some(repo);
+    }
+    let repo = keep.expect("at least one run");
+    let r = repo.path();
+    let stats = measure(mdl_cmd(&o.mdl, r).args(["stats", "--json"]))?;
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout)?;
+    let store_total = stats["stored_bytes"].as_u64().context("stats")?;
+
+    // Check out every commit (newest first), verifying the bytes each time.
+    let out = r.join("out.safetensors");
+    let mut checkout_s = vec![Vec::new(); n];
+    let mut rss_o = 0u64;
+    for _ in 0..o.repeat {
+        for i in (0..n).rev() {
+            let c = measure(
+                mdl_cmd(&o.mdl, r)
+                    .args(["checkout", &ids[i], "--force", "-o"])
                     .arg(&out),
             )?;
-            if !same_bytes(&out, f)? {
-                bail!("checkout of {} is not byte-identical", f.display());
+            if !same_bytes(&out, &files[i])? {
+                bail!("checkout of {} is not byte-identical", files[i].display());
             }
-            let (zratio, zspeed, zbytes, zsecs) = if have_zstd {
-                let z = measure(Command::new("zstd").args(["-3", "-q", "-c", "-T1"]).arg(f))?;
-                let n = z.stdout_len;
-                (
-                    format!("{:.3}", raw as f64 / n as f64),
-                    format!("{:.0}", mb(raw) / z.seconds),
-                    n,
-                    z.seconds,
-                )
-            } else {
-                ("n/a".into(), "n/a".into(), 0, 0.0)
-            };
-            println!(
-                "| {series} | {} | {:.1} | {:.1} | {:.3} | {:.0} | {:.0} | {:.1} | {:.1} | {zratio} | {zspeed} |",
-                f.file_name().unwrap().to_string_lossy(),
-                mb(raw),
-                mb(stored),
-                raw as f64 / stored.max(1) as f64,
-                mb(raw) / c.seconds,
-                mb(raw) / o.seconds,
-                mb(c.max_rss),
-                mb(o.max_rss),
-            );
-            raw_t += raw;
-            stored_t += stored;
-            ct += c.seconds;
-            cot += o.seconds;
-            zt += zsecs;
-            zb += zbytes;
-            rss_c = rss_c.max(c.max_rss);
-            rss_o = rss_o.max(o.max_rss);
+            checkout_s[i].push(c.seconds);
+            rss_o = rss_o.max(c.max_rss);
         }
-        println!(
-            "| {series} | **total** | {:.1} | {:.1} | **{:.3}** | {:.0} | {:.0} | {:.1} (max) | {:.1} (max) | {} | {} |",
-            mb(raw_t),
-            mb(stored_t),
-            raw_t as f64 / stored_t.max(1) as f64,
-            mb(raw_t) / ct,
-            mb(raw_t) / cot,
-            mb(rss_c),
-            mb(rss_o),
-            if have_zstd { format!("{:.3}", raw_t as f64 / zb as f64) } else { "n/a".into() },
-            if have_zstd { format!("{:.0}", mb(raw_t) / zt) } else { "n/a".into() },
-        );
-        eprintln!(
-            "{series}: largest tensor {:.1} MB; memory target (largest tensor + 64 MB) = {:.1} MB",
-            mb(largest),
-            mb(largest + (64 << 20))
-        );
     }
+    std::fs::remove_file(&out)?;
+
+    println!(
+        "| file | raw MB | stored MB | ratio | order-0 est. | order-0 est. with XOR | commit MB/s | checkout MB/s | zstd -3 | zstd -19 |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let (mut raw_t, mut own_t, mut xor_t, mut z3_t, mut z19_t) = (0u64, 0f64, 0f64, 0u64, 0u64);
+    let (mut commit_t, mut largest) = (0f64, 0u64);
+    let mut prev: Option<Tensors> = None;
+    for (i, f) in files.iter().enumerate() {
+        let raw = std::fs::metadata(f)?.len();
+        largest = largest.max(largest_tensor(f)?);
+        let cur = load(f)?;
+        let est = estimate(&cur, prev.as_ref());
+        prev = Some(cur);
+        let zstd = |level: &str| -> Result<u64> {
+            Ok(measure(Command::new("zstd").args([level, "-q", "-c", "-T0"]).arg(f))?.stdout_len)
+        };
+        let z3 = if have_zstd { zstd("-3")? } else { 0 };
+        let z19 = if have_zstd && o.zstd19 {
+            zstd("-19")?
+        } else {
+            0
+        };
+        let ratio = |b: u64| {
+            if b == 0 {
+                "n/a".to_string()
+            } else {
+                format!("{:.3}", raw as f64 / b as f64)
+            }
+        };
+        let c = median(commit_s[i].clone());
+        let co = median(checkout_s[i].clone());
+        println!(
+            "| {} | {:.1} | {:.1} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {} | {} |",
+            f.file_name().unwrap().to_string_lossy(),
+            mb(raw),
+            mb(stored[i]),
+            raw as f64 / stored[i].max(1) as f64,
+            raw as f64 / est.own,
+            raw as f64 / est.with_xor,
+            mb(raw) / c,
+            mb(raw) / co,
+            ratio(z3),
+            ratio(z19),
+        );
+        raw_t += raw;
+        own_t += est.own;
+        xor_t += est.with_xor;
+        z3_t += z3;
+        z19_t += z19;
+        commit_t += c;
+    }
+    let total_ratio = |b: u64| {
+        if b == 0 {
+            "n/a".to_string()
+        } else {
+            format!("{:.3}", raw_t as f64 / b as f64)
+        }
+    };
+    println!(
+        "| **series** | {:.1} | {:.1} | **{:.3}** | {:.3} | {:.3} | **{:.0}** | newest **{:.0}** | {} | {} |",
+        mb(raw_t),
+        mb(store_total),
+        raw_t as f64 / store_total.max(1) as f64,
+        raw_t as f64 / own_t,
+        raw_t as f64 / xor_t,
+        mb(raw_t) / commit_t,
+        mb(std::fs::metadata(&files[n - 1])?.len()) / median(checkout_s[n - 1].clone()),
+        total_ratio(z3_t),
+        total_ratio(z19_t),
+    );
+    println!(
+        "\nStored MB per file is what its commit added (with reverse deltas: the new tensors, less \
+         what re-encoding the previous ones saved); the series row is the store's final size. \
+         Peak RSS: commit {:.1} MB, checkout {:.1} MB; largest tensor {:.1} MB.",
+        mb(rss_c),
+        mb(rss_o),
+        mb(largest)
+    );
     Ok(())
 }

@@ -280,7 +280,11 @@ pub fn stats(out: &mut dyn Write, json: bool, s: &Stats) -> io::Result<()> {
     writeln!(out, "ratio        {:.3}", s.ratio)
 }
 
-pub fn config(out: &mut dyn Write, json: bool, entries: &[(String, String, bool)]) -> io::Result<()> {
+pub fn config(
+    out: &mut dyn Write,
+    json: bool,
+    entries: &[(String, String, bool)],
+) -> io::Result<()> {
     if json {
         let v: Vec<_> = entries
             .iter()

@@ -60,7 +60,10 @@ fn main() {
                             t.name,
                             d.xor_mask,
                             d.plane_bytes,
-                            d.plane_entropy_bits.iter().map(|e| (e / 8.0) as u64).collect::<Vec<_>>()
+                            d.plane_entropy_bits
+                                .iter()
+                                .map(|e| (e / 8.0) as u64)
+                                .collect::<Vec<_>>()
                         );
                     }
                     let xe: f64 = d.plane_entropy_bits.iter().sum::<f64>() / 8.0;

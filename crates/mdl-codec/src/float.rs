@@ -20,7 +20,7 @@
 use mdl_format::{Dtype, FormatError};
 use rayon::prelude::*;
 
-use crate::huffman::{ChunkKind, Histogram, Plan, Stream, StreamWriter, CHUNK_LOG2};
+use crate::huffman::{flag_histogram, Histogram, Plan, Stream, StreamWriter, CHUNK_LOG2};
 
 const MAX_PLANES: usize = 8;
 const CHUNK: usize = 1 << CHUNK_LOG2;
@@ -88,127 +88,147 @@ fn layout(dtype: Dtype) -> Option<Layout> {
     })
 }
 
-/// Reads element `i` of `data`, XORed with the `mask` bits of the same element of `base` when
-/// there is one.
-macro_rules! word {
-    ($ty:ty, $data:expr, $base:expr, $mask:expr, $i:expr) => {{
+// The split and merge loops below are written as zipped iterators over exact chunks, one loop
+// without a base and one with, so the compiler sees no bounds checks and vectorizes them.
+
+/// Loops over the elements of `$data` (and of `$base`, XORed in under `$mask`) as `$ty` words.
+macro_rules! for_words {
+    ($ty:ty, $data:expr, $base:expr, $mask:expr, |$w:ident, $i:ident| $body:block) => {{
         const W: usize = std::mem::size_of::<$ty>();
-        let v = <$ty>::from_le_bytes($data[$i * W..$i * W + W].try_into().unwrap());
         match $base {
-            Some(b) => {
-                v ^ (<$ty>::from_le_bytes(b[$i * W..$i * W + W].try_into().unwrap())
-                    & $mask as $ty)
+            None => {
+                for ($i, c) in $data.chunks_exact(W).enumerate() {
+                    let $w = <$ty>::from_le_bytes(c.try_into().unwrap());
+                    $body
+                }
             }
-            None => v,
+            Some(b) => {
+                let m = $mask as $ty;
+                for ($i, (c, b)) in $data.chunks_exact(W).zip(b.chunks_exact(W)).enumerate() {
+                    let $w = <$ty>::from_le_bytes(c.try_into().unwrap())
+                        ^ (<$ty>::from_le_bytes(b.try_into().unwrap()) & m);
+                    $body
+                }
+            }
         }
     }};
 }
 
-macro_rules! store {
-    ($ty:ty, $out:expr, $base:expr, $mask:expr, $i:expr, $v:expr) => {{
+/// Writes `$value(i)` as the elements of `$out`, XORed with `$base` under `$mask`.
+macro_rules! store_words {
+    ($ty:ty, $out:expr, $base:expr, $mask:expr, |$i:ident| $value:expr) => {{
         const W: usize = std::mem::size_of::<$ty>();
-        let v: $ty = $v;
-        let v = match $base {
-            Some(b) => {
-                v ^ (<$ty>::from_le_bytes(b[$i * W..$i * W + W].try_into().unwrap())
-                    & $mask as $ty)
+        match $base {
+            None => {
+                for ($i, o) in $out.chunks_exact_mut(W).enumerate() {
+                    let v: $ty = $value;
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
             }
-            None => v,
-        };
-        $out[$i * W..$i * W + W].copy_from_slice(&v.to_le_bytes());
+            Some(b) => {
+                let m = $mask as $ty;
+                for ($i, (o, b)) in $out.chunks_exact_mut(W).zip(b.chunks_exact(W)).enumerate() {
+                    let v: $ty = $value ^ (<$ty>::from_le_bytes(b.try_into().unwrap()) & m);
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
     }};
 }
 
 fn split_bf16(data: &[u8], p: &mut [&mut [u8]], base: Option<&[u8]>, mask: u64) {
+    let n = data.len() / 2;
     let [e, m, ..] = p else { unreachable!() };
-    for i in 0..data.len() / 2 {
-        let w = word!(u16, data, base, mask, i);
+    let (e, m) = (&mut e[..n], &mut m[..n]);
+    for_words!(u16, data, base, mask, |w, i| {
         e[i] = (w >> 7) as u8;
         m[i] = ((w >> 8) & 0x80 | w & 0x7f) as u8;
-    }
+    });
 }
 
 fn merge_bf16(p: &[&[u8]], out: &mut [u8], base: Option<&[u8]>, mask: u64) {
+    let n = out.len() / 2;
     let [e, m, ..] = p else { unreachable!() };
-    for i in 0..out.len() / 2 {
+    let (e, m) = (&e[..n], &m[..n]);
+    store_words!(u16, out, base, mask, |i| {
         let (e, m) = (e[i] as u16, m[i] as u16);
-        store!(u16, out, base, mask, i, (m & 0x80) << 8 | e << 7 | m & 0x7f);
-    }
+        (m & 0x80) << 8 | e << 7 | m & 0x7f
+    });
 }
 
 fn split_f16(data: &[u8], p: &mut [&mut [u8]], base: Option<&[u8]>, mask: u64) {
+    let n = data.len() / 2;
     let [e, lo, hi, ..] = p else { unreachable!() };
-    for i in 0..data.len() / 2 {
-        let w = word!(u16, data, base, mask, i);
+    let (e, lo, hi) = (&mut e[..n], &mut lo[..n], &mut hi[..n]);
+    for_words!(u16, data, base, mask, |w, i| {
         e[i] = ((w >> 10) & 0x1f) as u8;
         lo[i] = w as u8;
         hi[i] = ((w >> 13) & 0x4 | (w >> 8) & 0x3) as u8;
-    }
+    });
 }
 
 fn merge_f16(p: &[&[u8]], out: &mut [u8], base: Option<&[u8]>, mask: u64) {
+    let n = out.len() / 2;
     let [e, lo, hi, ..] = p else { unreachable!() };
-    for i in 0..out.len() / 2 {
+    let (e, lo, hi) = (&e[..n], &lo[..n], &hi[..n]);
+    store_words!(u16, out, base, mask, |i| {
         let (e, lo, hi) = (e[i] as u16 & 0x1f, lo[i] as u16, hi[i] as u16);
-        store!(u16, out, base, mask, i,
-            (hi & 0x4) << 13 | e << 10 | (hi & 0x3) << 8 | lo
-        );
-    }
+        (hi & 0x4) << 13 | e << 10 | (hi & 0x3) << 8 | lo
+    });
 }
 
 fn split_f32(data: &[u8], p: &mut [&mut [u8]], base: Option<&[u8]>, mask: u64) {
+    let n = data.len() / 4;
     let [e, hi, mid, lo, ..] = p else {
         unreachable!()
     };
-    for i in 0..data.len() / 4 {
-        let w = word!(u32, data, base, mask, i);
+    let (e, hi, mid, lo) = (&mut e[..n], &mut hi[..n], &mut mid[..n], &mut lo[..n]);
+    for_words!(u32, data, base, mask, |w, i| {
         e[i] = (w >> 23) as u8;
         hi[i] = ((w >> 24) & 0x80 | (w >> 16) & 0x7f) as u8;
         mid[i] = (w >> 8) as u8;
         lo[i] = w as u8;
-    }
+    });
 }
 
 fn merge_f32(p: &[&[u8]], out: &mut [u8], base: Option<&[u8]>, mask: u64) {
+    let n = out.len() / 4;
     let [e, hi, mid, lo, ..] = p else {
         unreachable!()
     };
-    for i in 0..out.len() / 4 {
+    let (e, hi, mid, lo) = (&e[..n], &hi[..n], &mid[..n], &lo[..n]);
+    store_words!(u32, out, base, mask, |i| {
         let (e, hi, mid, lo) = (e[i] as u32, hi[i] as u32, mid[i] as u32, lo[i] as u32);
-        store!(u32, out, base, mask, i,
-            (hi & 0x80) << 24 | e << 23 | (hi & 0x7f) << 16 | mid << 8 | lo
-        );
-    }
+        (hi & 0x80) << 24 | e << 23 | (hi & 0x7f) << 16 | mid << 8 | lo
+    });
 }
 
 fn split_f64(data: &[u8], p: &mut [&mut [u8]], base: Option<&[u8]>, mask: u64) {
-    for i in 0..data.len() / 8 {
-        let w = word!(u64, data, base, mask, i);
+    for_words!(u64, data, base, mask, |w, i| {
         p[0][i] = (w >> 52) as u8;
-        // exponent bits 62..60 → 6..4, sign → 3, mantissa 51..48 → 3..0 (sign shares bit 7).
-        p[1][i] = ((w >> 56) & 0x70 | (w >> 56) & 0x80 | (w >> 48) & 0x0f) as u8;
+        // exponent bits 62..60 → 6..4, sign → 7, mantissa 51..48 → 3..0.
+        p[1][i] = ((w >> 56) & 0xf0 | (w >> 48) & 0x0f) as u8;
         for k in 0..6 {
             p[2 + k][i] = (w >> (40 - 8 * k)) as u8;
         }
-    }
+    });
 }
 
 fn merge_f64(p: &[&[u8]], out: &mut [u8], base: Option<&[u8]>, mask: u64) {
-    for i in 0..out.len() / 8 {
+    store_words!(u64, out, base, mask, |i| {
         let b1 = p[1][i] as u64;
         let mut w = (b1 & 0xf0) << 56 | (p[0][i] as u64) << 52 | (b1 & 0x0f) << 48;
         for k in 0..6 {
             w |= (p[2 + k][i] as u64) << (40 - 8 * k);
         }
-        store!(u64, out, base, mask, i, w);
-    }
+        w
+    });
 }
 
 /// How to hold one tensor: per plane, whether it is XORed with the base and how it is coded.
 #[derive(Clone, Debug)]
 pub struct Choice {
     plans: Vec<Plan>,
-    hists: Vec<Histogram>,
     /// Bit `p` set: plane `p` holds `value ^ base` rather than `value`.
     pub xor_mask: u8,
     /// Plane sizes in bytes, in plane order.
@@ -264,79 +284,138 @@ fn word_mask(l: &Layout, xor_mask: u8) -> u64 {
         .fold(0, |a, b| a | b)
 }
 
-fn histograms(
-    l: &Layout,
-    data: &[u8],
-    base: Option<&[u8]>,
-    mask: u64,
-) -> Vec<Histogram> {
-    let step = CHUNK * l.width;
-    data.par_chunks(step)
-        .enumerate()
-        .map_init(
-            || vec![0u8; CHUNK * l.planes],
-            |scratch, (c, chunk)| {
-                let n = chunk.len() / l.width;
-                let mut planes: Vec<&mut [u8]> =
-                    scratch.chunks_mut(CHUNK).map(|p| &mut p[..n]).collect();
-                let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
-                (l.split)(chunk, &mut planes, b, mask);
-                planes.iter().map(|p| Histogram::of(p)).collect::<Vec<_>>()
-            },
-        )
-        .reduce(
-            || vec![Histogram::default(); l.planes],
-            |mut a, b| {
-                for (x, y) in a.iter_mut().zip(&b) {
-                    x.add(y);
-                }
-                a
-            },
-        )
+/// Entropy, in bits a symbol, above which a sampled plane is taken to be noise and stored
+/// without counting the rest of it (uniform bytes carry 8 bits; Huffman cannot gain there).
+const NOISE_BITS: f64 = 7.97;
+
+/// What the analysis pass counted for one plane.
+#[derive(Clone)]
+struct PlaneStats {
+    /// Symbol counts (of the first chunk only when `counted` is false).
+    hist: Histogram,
+    /// Counts of sparse-mode flag bytes, where zeros are common enough to matter.
+    flags: Option<Histogram>,
+    /// Whether `hist` covers the whole plane; otherwise the plane looked like noise.
+    counted: bool,
 }
 
-fn choice(l: &Layout, hists: &[&Histogram], xor_mask: u8) -> Choice {
+/// Per-plane statistics of `data` (XORed with `base` under `mask`). Planes whose first chunk
+/// looks like noise are not counted further (they will be stored raw); planes with many zeros
+/// also get their sparse-mode flag counts.
+fn histograms(l: &Layout, data: &[u8], base: Option<&[u8]>, mask: u64) -> Vec<PlaneStats> {
+    let step = CHUNK * l.width;
+    let count = |c: usize, chunk: &[u8], want: &[(bool, bool)], scratch: &mut Vec<u8>| {
+        let n = chunk.len() / l.width;
+        let mut planes: Vec<&mut [u8]> = scratch.chunks_mut(CHUNK).map(|p| &mut p[..n]).collect();
+        let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
+        (l.split)(chunk, &mut planes, b, mask);
+        planes
+            .iter()
+            .zip(want)
+            .map(|(p, &(symbols, flags))| {
+                (
+                    if symbols {
+                        Histogram::of(p)
+                    } else {
+                        Histogram::default()
+                    },
+                    if flags {
+                        flag_histogram(p)
+                    } else {
+                        Histogram::default()
+                    },
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut scratch = vec![0u8; CHUNK * l.planes];
+    let first = data.chunks(step).next().unwrap_or(&[]);
+    let sample = count(0, first, &vec![(true, true); l.planes], &mut scratch);
+    let want: Vec<(bool, bool)> = sample
+        .iter()
+        .map(|(h, _)| {
+            let noise = h.entropy_bits() >= NOISE_BITS * h.total() as f64;
+            (!noise, !noise && Plan::wants_flags(h))
+        })
+        .collect();
+    let totals = if first.len() == data.len() {
+        sample.clone()
+    } else {
+        data.par_chunks(step)
+            .enumerate()
+            .map_init(
+                || vec![0u8; CHUNK * l.planes],
+                |scratch, (c, chunk)| count(c, chunk, &want, scratch),
+            )
+            .reduce(
+                || vec![(Histogram::default(), Histogram::default()); l.planes],
+                |mut a, b| {
+                    for ((x, fx), (y, fy)) in a.iter_mut().zip(&b) {
+                        x.add(y);
+                        fx.add(fy);
+                    }
+                    a
+                },
+            )
+    };
+    totals
+        .into_iter()
+        .zip(sample)
+        .zip(want)
+        .map(|(((h, f), (sh, _)), (symbols, flags))| PlaneStats {
+            hist: if symbols { h } else { sh },
+            flags: flags.then_some(f),
+            counted: symbols,
+        })
+        .collect()
+}
+
+fn choice(l: &Layout, n: u64, stats: &[&PlaneStats], xor_mask: u64) -> Choice {
     let mut plans = Vec::with_capacity(l.planes);
     let mut plane_bytes = Vec::with_capacity(l.planes);
-    for h in hists {
-        let (plan, size) = Plan::choose(h);
+    let mut plane_entropy_bits = Vec::with_capacity(l.planes);
+    for st in stats {
+        let (plan, size) = if st.counted {
+            Plan::choose(&st.hist, st.flags.as_ref())
+        } else {
+            (Plan::Stored, n + 1)
+        };
         plans.push(plan);
         plane_bytes.push(size);
+        // Sampled planes: the sample's entropy a symbol, scaled to the plane.
+        plane_entropy_bits.push(st.hist.entropy_bits() * n as f64 / st.hist.total().max(1) as f64);
     }
     Choice {
         plans,
-        hists: hists.iter().map(|h| (*h).clone()).collect(),
-        xor_mask,
+        xor_mask: xor_mask as u8,
         size: 2 + 8 * l.planes as u64 + plane_bytes.iter().sum::<u64>(),
         plane_bytes,
-        plane_entropy_bits: hists.iter().map(|h| h.entropy_bits()).collect(),
+        plane_entropy_bits,
     }
 }
 
 /// Splits `data` into planes (and, with a base, `data ^ base` too) and chooses how to hold
 /// each. Nothing is encoded yet; [`Choice::size`] is what [`encode`] will produce.
-pub fn analyze(
-    dtype: Dtype,
-    data: &[u8],
-    base: Option<&[u8]>,
-) -> Result<Analysis, FormatError> {
+pub fn analyze(dtype: Dtype, data: &[u8], base: Option<&[u8]>) -> Result<Analysis, FormatError> {
     let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
     check_lengths(&l, data, base)?;
+    let n = (data.len() / l.width) as u64;
     let plain_h = histograms(&l, data, None, 0);
-    let plain = choice(&l, &plain_h.iter().collect::<Vec<_>>(), 0);
+    let plain = choice(&l, n, &plain_h.iter().collect::<Vec<_>>(), 0);
     let delta = base.and_then(|b| {
         let xor_h = histograms(&l, data, Some(b), u64::MAX);
-        let mut mask = 0u8;
+        let xor = choice(&l, n, &xor_h.iter().collect::<Vec<_>>(), 0);
+        let mut mask = 0u64;
         let mut picked = Vec::with_capacity(l.planes);
         for p in 0..l.planes {
-            if Plan::choose(&xor_h[p]).1 < plain.plane_bytes[p] {
+            if xor.plane_bytes[p] < plain.plane_bytes[p] {
                 mask |= 1 << p;
                 picked.push(&xor_h[p]);
             } else {
                 picked.push(&plain_h[p]);
             }
         }
-        (mask != 0).then(|| choice(&l, &picked, mask))
+        (mask != 0).then(|| choice(&l, n, &picked, mask))
     });
     Ok(Analysis { plain, delta })
 }
@@ -359,12 +438,11 @@ pub fn encode(
     let writers: Vec<StreamWriter> = choice
         .plans
         .iter()
-        .zip(&choice.hists)
-        .map(|(p, h)| StreamWriter::new(p.clone(), h))
+        .map(|p| StreamWriter::new(p.clone()))
         .collect();
     let step = CHUNK * l.width;
     // chunks[c][p]: the coded bytes of plane p in element chunk c.
-    let chunks: Vec<Vec<(Vec<u8>, ChunkKind)>> = data
+    let chunks: Vec<Vec<Vec<u8>>> = data
         .par_chunks(step)
         .enumerate()
         .map_init(
@@ -380,8 +458,8 @@ pub fn encode(
                     .zip(&writers)
                     .map(|(p, w)| {
                         let mut v = Vec::new();
-                        let kind = w.chunk(p, &mut v);
-                        (v, kind)
+                        w.chunk(p, &mut v);
+                        v
                     })
                     .collect()
             },
@@ -393,8 +471,7 @@ pub fn encode(
     out.resize(lengths_at + 8 * l.planes, 0);
     for (p, w) in writers.iter().enumerate() {
         let start = out.len();
-        let refs: Vec<(&[u8], ChunkKind)> =
-            chunks.iter().map(|c| (c[p].0.as_slice(), c[p].1)).collect();
+        let refs: Vec<&[u8]> = chunks.iter().map(|c| c[p].as_slice()).collect();
         w.assemble(&refs, out);
         let len = (out.len() - start) as u64;
         out[lengths_at + 8 * p..lengths_at + 8 * p + 8].copy_from_slice(&len.to_le_bytes());
@@ -515,7 +592,12 @@ mod tests {
             let mut payload = Vec::new();
             encode(dtype, data, base, ch, &mut payload).unwrap();
             if ch.plans.iter().all(|p| *p != Plan::Stored) || ch.xor_mask == 0 {
-                assert!(payload.len() as u64 <= ch.size, "{} > {}", payload.len(), ch.size);
+                assert!(
+                    payload.len() as u64 <= ch.size,
+                    "{} > {}",
+                    payload.len(),
+                    ch.size
+                );
             }
             let mut out = vec![0u8; data.len()];
             let b = (ch.xor_mask != 0).then_some(base).flatten();
@@ -566,10 +648,7 @@ mod tests {
         let data: Vec<u8> = (0..=u16::MAX).flat_map(|v| v.to_le_bytes()).collect();
         for dtype in [Dtype::BF16, Dtype::F16] {
             round_trip(dtype, &data, None);
-            let base: Vec<u8> = (0..=u16::MAX)
-                .rev()
-                .flat_map(|v| v.to_le_bytes())
-                .collect();
+            let base: Vec<u8> = (0..=u16::MAX).rev().flat_map(|v| v.to_le_bytes()).collect();
             round_trip(dtype, &data, Some(&base));
         }
     }

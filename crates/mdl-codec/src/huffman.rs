@@ -34,6 +34,7 @@ const MAX_CHUNK_LOG2: u8 = 24;
 const MODE_STORED: u8 = 0;
 const MODE_CONSTANT: u8 = 1;
 const MODE_HUFFMAN: u8 = 2;
+const MODE_SPARSE: u8 = 3;
 
 /// Bytes of the code length table: 256 lengths, 4 bits each.
 const LENGTHS_BYTES: usize = 128;
@@ -136,7 +137,10 @@ impl Code {
         let mut kraft = 0u64;
         for &l in &lengths {
             if l > MAX_LEN {
-                return Err(FormatError::invalid("huffman code", "length over the limit"));
+                return Err(FormatError::invalid(
+                    "huffman code",
+                    "length over the limit",
+                ));
             }
             if l > 0 {
                 kraft += 1 << (MAX_LEN - l);
@@ -287,6 +291,19 @@ fn limit_lengths(lengths: &mut [u8; 256], syms_ascending: &[(u64, u8)]) {
     }
 }
 
+/// Independent bit streams per chunk (see [`Encoder::encode_chunk`]).
+pub const LANES: usize = 4;
+
+/// Bytes a Huffman chunk adds beyond its bits, at most: the lane table and lane padding.
+const CHUNK_OVERHEAD: u64 = 4 * (LANES as u64 - 1) + LANES as u64;
+
+/// The symbol ranges of the lanes of an `n`-symbol chunk: contiguous, the first ones a
+/// quarter each (rounded up), the last what remains (possibly empty).
+fn lanes(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let q = n.div_ceil(LANES);
+    (0..LANES).map(move |k| (k * q).min(n)..((k + 1) * q).min(n))
+}
+
 /// Encodes chunks with one code.
 pub struct Encoder {
     codes: [(u16, u8); 256],
@@ -295,12 +312,29 @@ pub struct Encoder {
 impl Encoder {
     /// An encoder for `code`.
     pub fn new(code: &Code) -> Encoder {
-        Encoder { codes: code.codes() }
+        Encoder {
+            codes: code.codes(),
+        }
     }
 
-    /// Appends the coded `symbols` to `out` (whole bytes; the last one zero-padded). Every
-    /// symbol must have a code.
+    /// Appends a coded chunk to `out`: the symbols split into [`LANES`] contiguous lanes, each
+    /// its own bit stream, after a table of the first three lanes' byte lengths (`u32` each).
+    /// Every symbol must have a code.
     pub fn encode_chunk(&self, symbols: &[u8], out: &mut Vec<u8>) {
+        let table = out.len();
+        out.resize(table + 4 * (LANES - 1), 0);
+        for (k, lane) in lanes(symbols.len()).enumerate() {
+            let start = out.len();
+            self.encode_lane(&symbols[lane], out);
+            if k < LANES - 1 {
+                let len = (out.len() - start) as u32;
+                out[table + 4 * k..table + 4 * k + 4].copy_from_slice(&len.to_le_bytes());
+            }
+        }
+    }
+
+    /// Appends the coded `symbols` as one bit stream (whole bytes; the last one zero-padded).
+    fn encode_lane(&self, symbols: &[u8], out: &mut Vec<u8>) {
         let start = out.len();
         // Worst case 12 bits a symbol, plus 8 bytes of slack for the word-at-a-time writes.
         out.resize(start + symbols.len() * MAX_LEN as usize / 8 + 16, 0);
@@ -362,12 +396,85 @@ impl Decoder {
         Decoder { table }
     }
 
-    /// Decodes exactly `out.len()` symbols from `bytes`, which must be exactly the chunk
-    /// (no bytes left over beyond the final partial byte).
+    /// Decodes exactly `out.len()` symbols from a chunk written by [`Encoder::encode_chunk`];
+    /// `bytes` must be exactly the chunk.
     pub fn decode_chunk(&self, bytes: &[u8], out: &mut [u8]) -> Result<(), FormatError> {
+        let table_len = 4 * (LANES - 1);
+        if bytes.len() < table_len {
+            return Err(FormatError::Truncated {
+                what: "huffman chunk",
+                needed: table_len - bytes.len(),
+            });
+        }
+        let (table, mut rest) = bytes.split_at(table_len);
+        let mut streams: [&[u8]; LANES] = [&[]; LANES];
+        for (k, len) in table.chunks_exact(4).enumerate() {
+            let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+            if len > rest.len() {
+                return Err(FormatError::invalid(
+                    "huffman chunk",
+                    "lane overruns the chunk",
+                ));
+            }
+            (streams[k], rest) = rest.split_at(len);
+        }
+        streams[LANES - 1] = rest;
+        let n = out.len();
+        let mut outs: [&mut [u8]; LANES] = Default::default();
+        let mut tail = out;
+        for (k, lane) in lanes(n).enumerate() {
+            let (head, t) = tail.split_at_mut(lane.len());
+            outs[k] = head;
+            tail = t;
+        }
+        // Interleaved fast path: four independent streams keep four lookups in flight.
+        let mut pos = [0u64; LANES];
+        let mut done = [0usize; LANES];
+        let bad = || FormatError::invalid("huffman chunk", "invalid code");
+        loop {
+            let ready = (0..LANES).all(|k| {
+                done[k] + 4 <= outs[k].len() && (pos[k] / 8) as usize + 8 <= streams[k].len()
+            });
+            if !ready {
+                break;
+            }
+            for k in 0..LANES {
+                let at = (pos[k] / 8) as usize;
+                let word = u64::from_le_bytes(streams[k][at..at + 8].try_into().expect("8 bytes"));
+                let mut window = word >> (pos[k] % 8);
+                let mut used = 0u32;
+                // A zero length marks a pattern no code starts with; checked once per group.
+                let mut invalid = false;
+                for slot in &mut outs[k][done[k]..done[k] + 4] {
+                    let e = self.table[(window & TABLE_MASK) as usize];
+                    let l = (e >> 8) as u32;
+                    invalid |= l == 0;
+                    *slot = e as u8;
+                    window >>= l;
+                    used += l;
+                }
+                if invalid {
+                    return Err(bad());
+                }
+                pos[k] += used as u64;
+                done[k] += 4;
+            }
+        }
+        for k in 0..LANES {
+            self.decode_lane(streams[k], outs[k], pos[k], done[k])?;
+        }
+        Ok(())
+    }
+
+    /// Decodes the rest of one lane, from bit `bitpos` and symbol `i` on.
+    fn decode_lane(
+        &self,
+        bytes: &[u8],
+        out: &mut [u8],
+        mut bitpos: u64,
+        mut i: usize,
+    ) -> Result<(), FormatError> {
         let total_bits = bytes.len() as u64 * 8;
-        let mut bitpos = 0u64;
-        let mut i = 0usize;
         let n = out.len();
         let bad = || FormatError::invalid("huffman chunk", "invalid code");
         // Fast path: a 64-bit window holds at least 57 fresh bits, enough for four symbols.
@@ -415,7 +522,37 @@ impl Decoder {
     }
 }
 
-/// How a stream holds its symbols (decided from the histogram before encoding).
+/// Sparse mode: which symbols of 8 are non-zero, one bit each (bit `k` = symbol `k`).
+#[inline]
+fn nonzero_flags(eight: &[u8]) -> u8 {
+    let mut w = [0u8; 8];
+    w[..eight.len()].copy_from_slice(eight);
+    let x = u64::from_le_bytes(w);
+    // High bit of each byte set where the byte is non-zero, then gathered into one byte.
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    let nz = ((x & LOW7) + LOW7 | x) & !LOW7;
+    ((nz >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8
+}
+
+/// Histogram of the sparse-mode flag bytes of `symbols` (taken 8 at a time from the start).
+pub fn flag_histogram(symbols: &[u8]) -> Histogram {
+    let mut t = [[0u32; 256]; 2];
+    let mut pairs = symbols.chunks_exact(16);
+    for p in &mut pairs {
+        t[0][nonzero_flags(&p[..8]) as usize] += 1;
+        t[1][nonzero_flags(&p[8..]) as usize] += 1;
+    }
+    for e in pairs.remainder().chunks(8) {
+        t[0][nonzero_flags(e) as usize] += 1;
+    }
+    let mut h = Histogram::default();
+    for (i, c) in h.0.iter_mut().enumerate() {
+        *c = t[0][i] as u64 + t[1][i] as u64;
+    }
+    h
+}
+
+/// How a stream holds its symbols (decided from histograms before encoding).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Plan {
     /// The bytes as they are.
@@ -424,12 +561,22 @@ pub enum Plan {
     Constant(u8),
     /// Huffman-coded with this code.
     Huffman(Box<Code>),
+    /// Mostly zeros: a bitmap of the non-zero positions (8 to a byte, Huffman-coded with
+    /// `flags`), then the non-zero symbols alone (Huffman-coded with `values`). Where zeros
+    /// dominate this gets below Huffman's floor of one bit a symbol, close to the entropy.
+    Sparse {
+        /// Code of the flag bytes.
+        flags: Box<Code>,
+        /// Code of the non-zero symbols.
+        values: Box<Code>,
+    },
 }
 
 impl Plan {
-    /// The cheapest way to hold symbols with histogram `hist`, and its stream size in bytes
-    /// (exact, or at most one byte a chunk over for Huffman streams).
-    pub fn choose(hist: &Histogram) -> (Plan, u64) {
+    /// The cheapest way to hold symbols with histogram `hist` (and, when given, the histogram
+    /// of their sparse-mode flag bytes), with its stream size in bytes: exact, or at most
+    /// [`LANES`] bytes a chunk (twice that for sparse streams) over.
+    pub fn choose(hist: &Histogram, flags: Option<&Histogram>) -> (Plan, u64) {
         let n = hist.total();
         let stored = 1 + n;
         let distinct = hist.0.iter().filter(|&&c| c > 0).count();
@@ -437,139 +584,142 @@ impl Plan {
             let s = hist.0.iter().position(|&c| c > 0).unwrap_or(0) as u8;
             return (Plan::Constant(s), 2);
         }
-        let code = Code::build(hist);
         let chunks = n.div_ceil(1 << CHUNK_LOG2);
-        // Each chunk pads its last byte, so the size is exact to within one byte a chunk; the
-        // bound (the larger figure) is what is compared and reported.
+        let code = Code::build(hist);
         let coded = 2
             + LENGTHS_BYTES as u64
-            + 4 * chunks
-            + code.encoded_bits(hist).div_ceil(8)
-            + chunks;
-        if coded < stored {
+            + (4 + CHUNK_OVERHEAD) * chunks
+            + code.encoded_bits(hist).div_ceil(8);
+        let mut best = if coded < stored {
             (Plan::Huffman(Box::new(code)), coded)
         } else {
             (Plan::Stored, stored)
+        };
+        if let Some(fh) = flags.filter(|_| hist.0[0] > 0) {
+            let mut values = hist.clone();
+            values.0[0] = 0;
+            let (fcode, vcode) = (Code::build(fh), Code::build(&values));
+            let sparse = 2
+                + 2 * LENGTHS_BYTES as u64
+                + (8 + 2 * CHUNK_OVERHEAD) * chunks
+                + fcode.encoded_bits(fh).div_ceil(8)
+                + vcode.encoded_bits(&values).div_ceil(8);
+            if sparse < best.1 {
+                best = (
+                    Plan::Sparse {
+                        flags: Box::new(fcode),
+                        values: Box::new(vcode),
+                    },
+                    sparse,
+                );
+            }
         }
+        best
     }
-}
 
-/// Chunk-table flag: this chunk is a zstd frame rather than Huffman bits.
-const ZSTD_CHUNK: u32 = 1 << 31;
-
-/// zstd level for skewed chunks: they are mostly one symbol, which every level finds.
-const ZSTD_CHUNK_LEVEL: i32 = 1;
-
-/// Whether a code loses enough to the entropy that a chunk is worth trying with zstd as well:
-/// Huffman spends at least one bit a symbol, far above the entropy of a plane that is mostly
-/// one value (an XOR plane where little changed). zstd's fractional-bit coding and matches
-/// recover that.
-fn skewed(hist: &Histogram) -> bool {
-    let n = hist.total();
-    n > 0 && hist.0.iter().max().copied().unwrap_or(0) * 4 >= n * 3
+    /// Whether choosing a plan for these symbols benefits from their flag histogram (there
+    /// are zeros to skip): callers count flags only where this holds.
+    pub fn wants_flags(hist: &Histogram) -> bool {
+        let n = hist.total();
+        n > 0 && hist.0[0] * 5 >= n * 2
+    }
 }
 
 /// A stream being written chunk by chunk (so callers can produce chunks in parallel).
 pub struct StreamWriter {
     plan: Plan,
-    encoder: Option<Encoder>,
-    try_zstd: bool,
+    encoders: Option<(Encoder, Option<Encoder>)>,
 }
 
 impl StreamWriter {
-    /// A writer following `plan`; `hist` (the stream's histogram) says whether skewed chunks
-    /// also try zstd.
-    pub fn new(plan: Plan, hist: &Histogram) -> StreamWriter {
-        let encoder = match &plan {
-            Plan::Huffman(code) => Some(Encoder::new(code)),
-            _ => None,
+    /// A writer following `plan`.
+    pub fn new(plan: Plan) -> StreamWriter {
+        let encoders = match &plan {
+            Plan::Huffman(code) => Some((Encoder::new(code), None)),
+            Plan::Sparse { flags, values } => {
+                Some((Encoder::new(flags), Some(Encoder::new(values))))
+            }
+            Plan::Stored | Plan::Constant(_) => None,
         };
-        let try_zstd = encoder.is_some() && skewed(hist);
-        StreamWriter {
-            plan,
-            encoder,
-            try_zstd,
-        }
+        StreamWriter { plan, encoders }
     }
 
     /// Encodes one chunk's symbols (all chunks but the last hold exactly `1 << CHUNK_LOG2`).
-    /// Huffman chunks may come out as zstd frames instead, marked by [`Self::assemble`].
-    pub fn chunk(&self, symbols: &[u8], out: &mut Vec<u8>) -> ChunkKind {
-        match (&self.plan, &self.encoder) {
+    pub fn chunk(&self, symbols: &[u8], out: &mut Vec<u8>) {
+        match (&self.plan, &self.encoders) {
             (Plan::Stored, _) => out.extend_from_slice(symbols),
             (Plan::Constant(_), _) => {}
-            (Plan::Huffman(_), Some(enc)) => {
-                let start = out.len();
-                enc.encode_chunk(symbols, out);
-                if self.try_zstd {
-                    if let Ok(z) = zstd::bulk::compress(symbols, ZSTD_CHUNK_LEVEL) {
-                        if z.len() < out.len() - start {
-                            out.truncate(start);
-                            out.extend_from_slice(&z);
-                            return ChunkKind::Zstd;
-                        }
-                    }
-                }
+            (Plan::Huffman(_), Some((enc, _))) => enc.encode_chunk(symbols, out),
+            (Plan::Sparse { .. }, Some((fenc, Some(venc)))) => {
+                let flags: Vec<u8> = symbols.chunks(8).map(nonzero_flags).collect();
+                let values: Vec<u8> = symbols.iter().copied().filter(|&s| s != 0).collect();
+                let at = out.len();
+                out.extend_from_slice(&[0; 4]);
+                fenc.encode_chunk(&flags, out);
+                let flen = (out.len() - at - 4) as u32;
+                out[at..at + 4].copy_from_slice(&flen.to_le_bytes());
+                venc.encode_chunk(&values, out);
             }
-            (Plan::Huffman(_), None) => unreachable!("huffman plans have an encoder"),
+            _ => unreachable!("coded plans have encoders"),
         }
-        ChunkKind::Plain
     }
 
     /// Appends the stream (header and chunks, produced by [`Self::chunk`] in order) to `out`.
-    pub fn assemble(&self, chunks: &[(&[u8], ChunkKind)], out: &mut Vec<u8>) {
+    pub fn assemble(&self, chunks: &[&[u8]], out: &mut Vec<u8>) {
+        let table = |out: &mut Vec<u8>| {
+            for c in chunks {
+                out.extend_from_slice(&(c.len() as u32).to_le_bytes());
+            }
+            for c in chunks {
+                out.extend_from_slice(c);
+            }
+        };
         match &self.plan {
             Plan::Stored => {
                 out.push(MODE_STORED);
-                for (c, _) in chunks {
+                for c in chunks {
                     out.extend_from_slice(c);
                 }
             }
             Plan::Constant(s) => out.extend_from_slice(&[MODE_CONSTANT, *s]),
             Plan::Huffman(code) => {
-                out.push(MODE_HUFFMAN);
-                out.push(CHUNK_LOG2);
+                out.extend_from_slice(&[MODE_HUFFMAN, CHUNK_LOG2]);
                 code.write_lengths(out);
-                for (c, kind) in chunks {
-                    let flag = if *kind == ChunkKind::Zstd { ZSTD_CHUNK } else { 0 };
-                    out.extend_from_slice(&(c.len() as u32 | flag).to_le_bytes());
-                }
-                for (c, _) in chunks {
-                    out.extend_from_slice(c);
-                }
+                table(out);
+            }
+            Plan::Sparse { flags, values } => {
+                out.extend_from_slice(&[MODE_SPARSE, CHUNK_LOG2]);
+                flags.write_lengths(out);
+                values.write_lengths(out);
+                table(out);
             }
         }
     }
 }
 
-/// How a chunk came out of [`StreamWriter::chunk`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChunkKind {
-    /// As the plan says.
-    Plain,
-    /// A zstd frame (smaller than the Huffman bits for this skewed chunk).
-    Zstd,
-}
-
 /// Encodes `symbols` as one entropy stream, chunks in parallel.
 pub fn encode_stream(symbols: &[u8], out: &mut Vec<u8>) {
-    let hist = symbols
+    let (hist, flags) = symbols
         .par_chunks(1 << CHUNK_LOG2)
-        .map(Histogram::of)
-        .reduce(Histogram::default, |mut a, b| {
-            a.add(&b);
-            a
-        });
-    let writer = StreamWriter::new(Plan::choose(&hist).0, &hist);
-    let chunks: Vec<(Vec<u8>, ChunkKind)> = symbols
+        .map(|c| (Histogram::of(c), flag_histogram(c)))
+        .reduce(
+            || (Histogram::default(), Histogram::default()),
+            |(mut a, mut b), (c, d)| {
+                a.add(&c);
+                b.add(&d);
+                (a, b)
+            },
+        );
+    let writer = StreamWriter::new(Plan::choose(&hist, Some(&flags)).0);
+    let chunks: Vec<Vec<u8>> = symbols
         .par_chunks(1 << CHUNK_LOG2)
         .map(|c| {
             let mut v = Vec::new();
-            let kind = writer.chunk(c, &mut v);
-            (v, kind)
+            writer.chunk(c, &mut v);
+            v
         })
         .collect();
-    let refs: Vec<(&[u8], ChunkKind)> = chunks.iter().map(|(v, k)| (v.as_slice(), *k)).collect();
+    let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
     writer.assemble(&refs, out);
 }
 
@@ -583,12 +733,12 @@ pub struct Stream<'a> {
 enum Body<'a> {
     Stored(&'a [u8]),
     Constant(u8),
-    Huffman {
+    Coded {
         decoder: Box<Decoder>,
+        /// The non-zero symbols' decoder, for sparse streams.
+        values: Option<Box<Decoder>>,
         /// Start offset of each chunk in `data`, plus the end.
         offsets: Vec<usize>,
-        /// Which chunks are zstd frames.
-        zstd: Vec<bool>,
         data: &'a [u8],
     },
 }
@@ -620,30 +770,37 @@ impl<'a> Stream<'a> {
                     ))
                 }
             },
-            MODE_HUFFMAN => {
-                if rest.len() < 1 + LENGTHS_BYTES {
-                    return Err(short(1 + LENGTHS_BYTES - rest.len()));
+            MODE_HUFFMAN | MODE_SPARSE => {
+                let codes = if mode == MODE_SPARSE { 2 } else { 1 };
+                let head = 1 + codes * LENGTHS_BYTES;
+                if rest.len() < head {
+                    return Err(short(head - rest.len()));
                 }
                 let log2 = rest[0];
                 if !(MIN_CHUNK_LOG2..=MAX_CHUNK_LOG2).contains(&log2) {
                     return Err(FormatError::invalid("entropy stream", "bad chunk size"));
                 }
-                let code = Code::read_lengths(&rest[1..])?;
-                let rest = &rest[1 + LENGTHS_BYTES..];
+                let decoder = Box::new(Decoder::new(&Code::read_lengths(&rest[1..])?));
+                let values = if mode == MODE_SPARSE {
+                    let code = Code::read_lengths(&rest[1 + LENGTHS_BYTES..])?;
+                    Some(Box::new(Decoder::new(&code)))
+                } else {
+                    None
+                };
+                let rest = &rest[head..];
                 let chunks = n.div_ceil(1 << log2);
                 // Each chunk needs a 4-byte length: bound the table by the input first.
                 if chunks.saturating_mul(4) > rest.len() as u64 {
-                    return Err(short((chunks * 4).saturating_sub(rest.len() as u64) as usize));
+                    return Err(short(
+                        (chunks * 4).saturating_sub(rest.len() as u64) as usize
+                    ));
                 }
                 let (table, data) = rest.split_at(chunks as usize * 4);
                 let mut offsets = Vec::with_capacity(chunks as usize + 1);
-                let mut zstd = Vec::with_capacity(chunks as usize);
                 let mut at = 0usize;
                 offsets.push(0);
                 for len in table.chunks_exact(4) {
-                    let len = u32::from_le_bytes(len.try_into().expect("4 bytes"));
-                    zstd.push(len & ZSTD_CHUNK != 0);
-                    let len = (len & !ZSTD_CHUNK) as usize;
+                    let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
                     at = at.checked_add(len).filter(|&e| e <= data.len()).ok_or(
                         FormatError::invalid("entropy stream", "chunk table overruns the stream"),
                     )?;
@@ -655,18 +812,22 @@ impl<'a> Stream<'a> {
                         "bytes after the last chunk",
                     ));
                 }
-                let decoder = Box::new(Decoder::new(&code));
                 (
                     log2,
-                    Body::Huffman {
+                    Body::Coded {
                         decoder,
+                        values,
                         offsets,
-                        zstd,
                         data,
                     },
                 )
             }
-            _ => return Err(FormatError::UnknownTag { what: "entropy stream mode", tag: mode }),
+            _ => {
+                return Err(FormatError::UnknownTag {
+                    what: "entropy stream mode",
+                    tag: mode,
+                })
+            }
         };
         Ok(Stream {
             n,
@@ -695,27 +856,63 @@ impl<'a> Stream<'a> {
         match &self.body {
             Body::Stored(b) => out.copy_from_slice(&b[start..start + out.len()]),
             Body::Constant(s) => out.fill(*s),
-            Body::Huffman {
+            Body::Coded {
                 decoder,
+                values: None,
                 offsets,
-                zstd,
                 data,
-            } => {
-                let bytes = &data[offsets[i]..offsets[i + 1]];
-                if zstd[i] {
-                    let bad = |detail: &str| FormatError::invalid("zstd chunk", detail.to_string());
-                    let n = zstd::bulk::decompress_to_buffer(bytes, out)
-                        .map_err(|e| bad(&e.to_string()))?;
-                    if n != out.len() {
-                        return Err(bad("decodes to fewer symbols than the chunk holds"));
-                    }
-                } else {
-                    decoder.decode_chunk(bytes, out)?
-                }
-            }
+            } => decoder.decode_chunk(&data[offsets[i]..offsets[i + 1]], out)?,
+            Body::Coded {
+                decoder,
+                values: Some(values),
+                offsets,
+                data,
+            } => decode_sparse(decoder, values, &data[offsets[i]..offsets[i + 1]], out)?,
         }
         Ok(())
     }
+}
+
+/// Decodes one sparse chunk: flag bytes, then the non-zero symbols they place.
+fn decode_sparse(
+    flags: &Decoder,
+    values: &Decoder,
+    bytes: &[u8],
+    out: &mut [u8],
+) -> Result<(), FormatError> {
+    let bad = |detail: &str| FormatError::invalid("sparse chunk", detail.to_string());
+    if bytes.len() < 4 {
+        return Err(bad("too short"));
+    }
+    let flen = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")) as usize;
+    if flen > bytes.len() - 4 {
+        return Err(bad("flags overrun the chunk"));
+    }
+    let (fbytes, vbytes) = bytes[4..].split_at(flen);
+    let mut f = vec![0u8; out.len().div_ceil(8)];
+    flags.decode_chunk(fbytes, &mut f)?;
+    let count: usize = f.iter().map(|b| b.count_ones() as usize).sum();
+    if count > out.len() {
+        return Err(bad("more flags than symbols"));
+    }
+    let mut v = vec![0u8; count];
+    values.decode_chunk(vbytes, &mut v)?;
+    out.fill(0);
+    let mut k = 0usize;
+    for (j, &fl) in f.iter().enumerate() {
+        let mut bits = fl;
+        while bits != 0 {
+            let at = 8 * j + bits.trailing_zeros() as usize;
+            // A flag past the end, or a zero among the values, is not what an encoder writes.
+            if at >= out.len() || v[k] == 0 {
+                return Err(bad("flags or values disagree with the symbols"));
+            }
+            out[at] = v[k];
+            k += 1;
+            bits &= bits - 1;
+        }
+    }
+    Ok(())
 }
 
 /// Decodes a whole entropy stream of `out.len()` symbols, chunks in parallel.
@@ -791,7 +988,7 @@ mod tests {
     fn near_entropy_and_exact_size() {
         let symbols = skewed(1 << 20, 3);
         let hist = Histogram::of(&symbols);
-        let (plan, _) = Plan::choose(&hist);
+        let (plan, _) = Plan::choose(&hist, None);
         let Plan::Huffman(code) = plan else {
             panic!("skewed data is coded")
         };
@@ -800,9 +997,59 @@ mod tests {
         assert!(bits >= h && bits < h * 1.03 + 64.0, "{bits} vs {h}");
         let enc = round_trip(&symbols);
         let chunks = symbols.len().div_ceil(1 << CHUNK_LOG2);
-        let expected = 2 + LENGTHS_BYTES + 4 * chunks;
+        let expected = 2 + LENGTHS_BYTES + (4 + 12) * chunks;
         assert!(enc.len() >= expected + (bits / 8.0) as usize);
-        assert!(enc.len() <= expected + (bits / 8.0) as usize + chunks);
+        assert!(enc.len() <= expected + (bits / 8.0) as usize + 4 * chunks + 1);
+    }
+
+    #[test]
+    fn sparse_mode_beats_one_bit_a_symbol() {
+        // 95 % zeros: Huffman needs at least 1 bit a symbol, the entropy is about 0.35.
+        let mut x = 7u64;
+        let symbols: Vec<u8> = (0..1_000_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if x % 100 < 95 {
+                    0
+                } else {
+                    1 + (x >> 32) as u8 % 7
+                }
+            })
+            .collect();
+        let hist = Histogram::of(&symbols);
+        let (plan, size) = Plan::choose(&hist, Some(&flag_histogram(&symbols)));
+        assert!(matches!(plan, Plan::Sparse { .. }), "{plan:?}");
+        let entropy_bytes = hist.entropy_bits() / 8.0;
+        assert!(
+            (size as f64) < entropy_bytes * 1.12,
+            "{size} vs {entropy_bytes}"
+        );
+        let enc = round_trip(&symbols);
+        assert!(enc.len() as u64 <= size);
+        // Sparse chunks end anywhere: lengths not a multiple of 8, single chunks, all zeros
+        // but one.
+        for n in [1usize, 7, 9, 1000, (1 << CHUNK_LOG2) + 3] {
+            let mut s = vec![0u8; n];
+            s[n / 2] = 5;
+            s[0] = 0;
+            round_trip(&s);
+            let mut s: Vec<u8> = symbols[..n].to_vec();
+            s[n - 1] = 3;
+            round_trip(&s);
+        }
+    }
+
+    #[test]
+    fn flag_bytes_mark_nonzero_symbols() {
+        assert_eq!(nonzero_flags(&[0, 1, 0, 0, 0, 0, 0, 200]), 0b1000_0010);
+        assert_eq!(nonzero_flags(&[0x80; 8]), 0xff);
+        assert_eq!(nonzero_flags(&[0; 8]), 0);
+        assert_eq!(nonzero_flags(&[1, 0, 1]), 0b101);
+        for b in 0..=255u8 {
+            assert_eq!(nonzero_flags(&[b]), (b != 0) as u8);
+        }
     }
 
     #[test]
@@ -843,6 +1090,7 @@ mod tests {
         fn single_chunk_matches_stream(symbols in proptest::collection::vec(0u8..20, 1..3000)) {
             let hist = Histogram::of(&symbols);
             let code = Code::build(&hist);
+            prop_assert!(code.lengths().iter().all(|&l| l <= MAX_LEN));
             let mut out = Vec::new();
             Encoder::new(&code).encode_chunk(&symbols, &mut out);
             let mut back = vec![0u8; symbols.len()];

@@ -214,9 +214,27 @@ impl Store {
     /// Decodes a tensor into memory, resolving its delta chain; every record's checksum and the
     /// final content hash are verified. Tensors of any codec are accepted.
     pub fn load_tensor(&self, id: &ObjectId, entry: &IndexEntry) -> Result<Vec<u8>, StoreError> {
+        let mut out = vec![0u8; entry.content_len as usize];
+        self.load_tensor_into(id, entry, &mut out)?;
+        Ok(out)
+    }
+
+    /// Like [`Self::load_tensor`], decoding into `out` (exactly the content length), e.g. a
+    /// slice of a memory-mapped output file. On error `out` holds garbage.
+    pub fn load_tensor_into(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        out: &mut [u8],
+    ) -> Result<(), StoreError> {
+        if out.len() as u64 != entry.content_len {
+            return Err(StoreError::Output(io::Error::other(
+                "output size differs from the object's",
+            )));
+        }
         // A chain can never be longer than the index says; the budget also stops cycles in a
         // damaged index.
-        self.materialize(id, entry, entry.depth.saturating_add(1).min(MAX_CHAIN))
+        self.materialize(id, entry, entry.depth.saturating_add(1).min(MAX_CHAIN), out)
     }
 
     fn materialize(
@@ -224,7 +242,8 @@ impl Store {
         id: &ObjectId,
         entry: &IndexEntry,
         budget: u32,
-    ) -> Result<Vec<u8>, StoreError> {
+        out: &mut [u8],
+    ) -> Result<(), StoreError> {
         let kind = entry.kind.name();
         let corrupt = |source: FormatError| StoreError::Corrupt {
             id: *id,
@@ -233,9 +252,9 @@ impl Store {
         };
         let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
         if codec.is_streaming() && entry.base.is_none() {
-            let mut out = Vec::with_capacity(entry.content_len.min(1 << 32) as usize);
-            self.read_object(id, entry, &mut out)?;
-            return Ok(out);
+            let mut w = &mut out[..];
+            self.read_object(id, entry, &mut w)?;
+            return Ok(());
         }
         if budget == 0 {
             return Err(corrupt(FormatError::invalid(
@@ -284,15 +303,15 @@ impl Store {
                         "base size differs from the object's",
                     )));
                 }
-                Some(self.materialize(base_id, &base_entry, budget - 1)?)
+                let mut b = vec![0u8; base_entry.content_len as usize];
+                self.materialize(base_id, &base_entry, budget - 1, &mut b)?;
+                Some(b)
             }
             None => None,
         };
-        let mut out = vec![0u8; entry.content_len as usize];
         match codec {
             CodecTag::FloatSplit | CodecTag::XorDelta => {
-                float::decode(tensor.dtype, payload, base.as_deref(), &mut out)
-                    .map_err(corrupt)?
+                float::decode(tensor.dtype, payload, base.as_deref(), out).map_err(corrupt)?
             }
             CodecTag::Raw | CodecTag::Zstd => {
                 return Err(corrupt(FormatError::invalid(
@@ -302,7 +321,7 @@ impl Store {
             }
         }
         let mut hasher = TensorHasher::new(&header.prefix);
-        hasher.update(&out);
+        hasher.update(out);
         let actual = hasher.finalize();
         if actual != *id {
             return Err(corrupt(FormatError::HashMismatch {
@@ -310,13 +329,15 @@ impl Store {
                 actual,
             }));
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Deletes a record file that the index no longer points to (an older generation after a
     /// re-encode). Best effort: a leftover file is only an unindexed record, reported by fsck.
     pub fn remove_record(&self, id: &ObjectId, generation: u32) {
-        let _ = self.storage().remove_file(&self.record_path(id, generation));
+        let _ = self
+            .storage()
+            .remove_file(&self.record_path(id, generation));
     }
 
     /// Decodes a whole object into memory (manifests, commits, tensors for diffs).

@@ -1,9 +1,9 @@
 //! `mdl commit`: store a safetensors checkpoint as a new commit on a branch.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
 use std::fs::File;
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use mdl_codec::{float, CodecTag, EncodeOptions, SMALL_TENSOR};
@@ -163,7 +163,9 @@ pub fn commit(
     };
 
     // Parent versions of each tensor, by name: the delta bases.
-    let policy = opts.delta.map_or_else(|| DeltaPolicy::from_store(store), Ok)?;
+    let policy = opts
+        .delta
+        .map_or_else(|| DeltaPolicy::from_store(store), Ok)?;
     let parent_manifest = match parent {
         Some(p) if policy.mode != DeltaMode::Off => {
             Some(repo.load_manifest(&repo.load_commit(&p)?.manifest)?)
@@ -428,21 +430,50 @@ impl StoreCtx<'_> {
             let out = self.batch.put_tensor(&id, header, data, self.encode)?;
             return Ok(plain((id, out.entry)));
         }
-        let write = |choice: &float::Choice, base: Option<(&ObjectId, &[u8], u32)>, target: &[u8], target_id: &ObjectId, generation: u32| -> Result<IndexEntry> {
+        let write = |choice: &float::Choice,
+                     base: Option<(&ObjectId, &[u8], u32)>,
+                     target: &[u8],
+                     target_id: &ObjectId,
+                     generation: u32|
+         -> Result<IndexEntry> {
             let mut payload = Vec::with_capacity(choice.size as usize);
-            float::encode(header.dtype, target, base.map(|b| b.1), choice, &mut payload)
-                .map_err(|source| Error::Corrupt { id: *target_id, source })?;
+            float::encode(
+                header.dtype,
+                target,
+                base.map(|b| b.1),
+                choice,
+                &mut payload,
+            )
+            .map_err(|source| Error::Corrupt {
+                id: *target_id,
+                source,
+            })?;
             let (codec, placement) = match base {
                 Some((bid, _, depth)) => (
                     CodecTag::XorDelta,
-                    Placement { generation, base: Some(*bid), depth },
+                    Placement {
+                        generation,
+                        base: Some(*bid),
+                        depth,
+                    },
                 ),
-                None => (CodecTag::FloatSplit, Placement { generation, ..Default::default() }),
+                None => (
+                    CodecTag::FloatSplit,
+                    Placement {
+                        generation,
+                        ..Default::default()
+                    },
+                ),
             };
-            Ok(self.batch.put_payload(target_id, header, codec, placement, &payload)?.entry)
+            Ok(self
+                .batch
+                .put_payload(target_id, header, codec, placement, &payload)?
+                .entry)
         };
 
-        let (Some((bid, bentry)), Some(bdata), Some(delta)) = (base, base_data.as_deref(), analysis.delta.as_ref()) else {
+        let (Some((bid, bentry)), Some(bdata), Some(delta)) =
+            (base, base_data.as_deref(), analysis.delta.as_ref())
+        else {
             return Ok(plain((id, write(&analysis.plain, None, data, &id, 0)?)));
         };
         match self.policy.mode {
@@ -450,7 +481,10 @@ impl StoreCtx<'_> {
             DeltaMode::Forward => {
                 let depth = bentry.depth + 1;
                 if delta.size < analysis.plain.size && depth <= self.policy.max_depth {
-                    Ok(plain((id, write(delta, Some((&bid, bdata, depth)), data, &id, 0)?)))
+                    Ok(plain((
+                        id,
+                        write(delta, Some((&bid, bdata, depth)), data, &id, 0)?,
+                    )))
                 } else {
                     Ok(plain((id, write(&analysis.plain, None, data, &id, 0)?)))
                 }
@@ -507,8 +541,14 @@ impl StoreCtx<'_> {
             return Ok(None);
         }
         let mut payload = Vec::with_capacity(choice.size as usize);
-        float::encode(info.header.dtype, prev_data, Some(data), &choice, &mut payload)
-            .map_err(corrupt)?;
+        float::encode(
+            info.header.dtype,
+            prev_data,
+            Some(data),
+            &choice,
+            &mut payload,
+        )
+        .map_err(corrupt)?;
         let placement = Placement {
             generation: prev_entry.generation + 1,
             base: Some(*id),

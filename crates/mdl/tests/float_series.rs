@@ -1,0 +1,361 @@
+//! Float codecs end to end through the library, on a generated training-like series: every
+//! dtype, every delta mode, every commit checked out byte for byte, chains within the cap, and
+//! corruption reported against the object it hit.
+
+use std::path::{Path, PathBuf};
+
+use mdl::checkout::{checkout, CheckoutOptions};
+use mdl::commit::{commit, CommitOptions};
+use mdl::policy::{DeltaMode, DeltaPolicy};
+use mdl::{NoProgress, Repository};
+
+/// xorshift64* with Box–Muller normals: deterministic, no dependencies.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn uniform(&mut self) -> f64 {
+        ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f64 {
+        let (u, v) = (self.uniform(), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+}
+
+/// A model's state during training: weights of several dtypes, Adam-like moments.
+struct Training {
+    rng: Rng,
+    w32: Vec<f32>,
+    w64: Vec<f64>,
+    m: Vec<f32>,
+    v: Vec<f32>,
+    step: u64,
+}
+
+const N: usize = 300_000;
+
+impl Training {
+    fn new() -> Training {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let w32 = (0..N).map(|_| (rng.normal() * 0.02) as f32).collect();
+        let w64 = (0..N / 8).map(|_| rng.normal() * 0.5).collect();
+        Training {
+            rng,
+            w32,
+            w64,
+            m: vec![0.0; N],
+            v: vec![0.0; N],
+            step: 0,
+        }
+    }
+
+    /// One optimizer step with a small learning rate: weights move a little.
+    fn step(&mut self) {
+        self.step += 1;
+        for i in 0..N {
+            let g = self.rng.normal() as f32 * 0.01;
+            self.m[i] = 0.9 * self.m[i] + 0.1 * g;
+            self.v[i] = 0.999 * self.v[i] + 0.001 * g * g;
+            self.w32[i] -= 1e-4 * self.m[i] / (self.v[i].sqrt() + 1e-8);
+        }
+        for w in &mut self.w64 {
+            *w += self.rng.normal() * 1e-6;
+        }
+    }
+
+    fn write(&self, path: &Path) {
+        let bf16: Vec<u8> = self
+            .w32
+            .iter()
+            .flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes())
+            .collect();
+        let f16: Vec<u8> = self
+            .w32
+            .iter()
+            .take(N / 4)
+            .flat_map(|&x| f32_to_f16_bits(x * 50.0).to_le_bytes())
+            .collect();
+        let mut specials: Vec<u8> = Vec::new();
+        for bits in [
+            0u32,
+            0x8000_0000,
+            1,
+            0x7f80_0000,
+            0xff80_0000,
+            0x7fc0_0001,
+            0x7fbf_ffff,
+        ] {
+            specials.extend(std::iter::repeat_n(bits.to_le_bytes(), 700).flatten());
+        }
+        let tensors: Vec<(&str, &str, Vec<u64>, Vec<u8>)> = vec![
+            ("model.w", "F32", vec![600, 500], le(&self.w32)),
+            ("model.w_bf16", "BF16", vec![600, 500], bf16),
+            ("model.w_f16", "F16", vec![N as u64 / 4], f16),
+            ("model.w_f64", "F64", vec![N as u64 / 8], le(&self.w64)),
+            ("model.specials", "F32", vec![4900], specials),
+            ("model.tiny", "F32", vec![3], le(&self.w32[..3])),
+            ("optim.w.exp_avg", "F32", vec![600, 500], le(&self.m)),
+            ("optim.w.exp_avg_sq", "F32", vec![600, 500], le(&self.v)),
+            (
+                "optim.step",
+                "I64",
+                vec![],
+                self.step.to_le_bytes().to_vec(),
+            ),
+        ];
+        let mut header = String::from("{");
+        let mut data = Vec::new();
+        for (i, (name, dtype, shape, bytes)) in tensors.iter().enumerate() {
+            if i > 0 {
+                header.push(',');
+            }
+            header.push_str(&format!(
+                r#""{name}":{{"dtype":"{dtype}","shape":{shape:?},"data_offsets":[{},{}]}}"#,
+                data.len(),
+                data.len() + bytes.len()
+            ));
+            data.extend_from_slice(bytes);
+        }
+        header.push('}');
+        let mut file = (header.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(header.as_bytes());
+        file.extend_from_slice(&data);
+        std::fs::write(path, file).unwrap();
+    }
+}
+
+trait Le {
+    fn le(&self) -> Vec<u8>;
+}
+impl Le for f32 {
+    fn le(&self) -> Vec<u8> {
+        self.to_le_bytes().to_vec()
+    }
+}
+impl Le for f64 {
+    fn le(&self) -> Vec<u8> {
+        self.to_le_bytes().to_vec()
+    }
+}
+fn le<T: Le>(xs: &[T]) -> Vec<u8> {
+    xs.iter().flat_map(Le::le).collect()
+}
+
+fn f32_to_f16_bits(x: f32) -> u16 {
+    // Truncating conversion; any bit pattern will do for a lossless codec.
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32 - 127 + 15;
+    if exp <= 0 {
+        sign
+    } else if exp >= 31 {
+        sign | 0x7c00
+    } else {
+        sign | (exp as u16) << 10 | ((b >> 13) & 0x3ff) as u16
+    }
+}
+
+/// Commits a series of `len` checkpoints under `policy`; returns the files and commit ids.
+fn series(
+    dir: &Path,
+    len: usize,
+    policy: DeltaPolicy,
+) -> (Repository, Vec<(PathBuf, mdl::ObjectId)>) {
+    let repo = Repository::init(dir).unwrap();
+    let mut t = Training::new();
+    let mut out = Vec::new();
+    for i in 0..len {
+        t.step();
+        let path = dir.join(format!("ckpt{i}.safetensors"));
+        t.write(&path);
+        let opts = CommitOptions {
+            delta: Some(policy),
+            ..Default::default()
+        };
+        let c = commit(&repo, &path, &opts, &NoProgress).unwrap();
+        out.push((path, c.id));
+    }
+    (repo, out)
+}
+
+fn check_all(repo: &Repository, commits: &[(PathBuf, mdl::ObjectId)], dir: &Path) {
+    for (i, (path, id)) in commits.iter().enumerate() {
+        let out = dir.join(format!("out{i}.safetensors"));
+        checkout(
+            repo,
+            &id.to_hex(),
+            &out,
+            &CheckoutOptions::default(),
+            &NoProgress,
+        )
+        .unwrap();
+        assert!(
+            std::fs::read(&out).unwrap() == std::fs::read(path).unwrap(),
+            "commit {i} differs"
+        );
+        std::fs::remove_file(&out).unwrap();
+    }
+    let report = mdl::fsck::fsck(repo).unwrap();
+    assert!(report.ok(), "{:?}", report.problems);
+    assert_eq!(report.unindexed_records, 0, "old generations are removed");
+}
+
+fn codecs(repo: &Repository, id: &mdl::ObjectId) -> Vec<(String, String, u32)> {
+    mdl::show::show(repo, &id.to_hex())
+        .unwrap()
+        .tensors
+        .into_iter()
+        .map(|t| (t.name, t.codec, t.depth))
+        .collect()
+}
+
+#[test]
+fn every_mode_round_trips_and_respects_the_depth_cap() {
+    for mode in [DeltaMode::Reverse, DeltaMode::Forward, DeltaMode::Off] {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = DeltaPolicy { mode, max_depth: 2 };
+        let (repo, commits) = series(dir.path(), 6, policy);
+        check_all(&repo, &commits, dir.path());
+        let mut saw_delta = false;
+        for (i, (_, id)) in commits.iter().enumerate() {
+            for (name, codec, depth) in codecs(&repo, id) {
+                assert!(depth <= 2, "{mode}: {name} at depth {depth}");
+                saw_delta |= codec == "xor-delta";
+                if name == "model.tiny" || name == "optim.step" {
+                    assert!(codec == "raw" || codec == "zstd", "{name}: {codec}");
+                }
+                if name == "model.w" && i == 0 {
+                    assert_ne!(codec, "raw", "normal weights compress");
+                }
+                // Reverse deltas: the newest commit never decodes through a chain.
+                if mode == DeltaMode::Reverse && i == commits.len() - 1 {
+                    assert_eq!(depth, 0, "{name} in the newest commit");
+                }
+            }
+        }
+        assert_eq!(saw_delta, mode != DeltaMode::Off, "{mode}");
+    }
+}
+
+#[test]
+fn deltas_make_the_series_smaller() {
+    let sizes: Vec<u64> = [DeltaMode::Off, DeltaMode::Reverse]
+        .into_iter()
+        .map(|mode| {
+            let dir = tempfile::tempdir().unwrap();
+            let (repo, _) = series(dir.path(), 4, DeltaPolicy { mode, max_depth: 8 });
+            mdl::stats::stats(&repo).unwrap().stored_bytes
+        })
+        .collect();
+    assert!(sizes[1] < sizes[0], "{sizes:?}");
+}
+
+fn largest_record(repo: &Repository, commit_id: &mdl::ObjectId) -> (mdl::ObjectId, PathBuf) {
+    let shown = mdl::show::show(repo, &commit_id.to_hex()).unwrap();
+    let t = shown
+        .tensors
+        .iter()
+        .filter(|t| t.name == "model.w")
+        .max_by_key(|t| t.stored_bytes)
+        .unwrap();
+    let entry = repo
+        .store()
+        .meta()
+        .read()
+        .unwrap()
+        .object(&t.id)
+        .unwrap()
+        .unwrap();
+    (t.id, repo.store().record_path(&t.id, entry.generation))
+}
+
+fn flip_bit(path: &Path, at: usize) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let at = at.min(bytes.len() - 30);
+    bytes[at] ^= 0x10;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_flipped_bit_is_an_error_naming_the_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, commits) = series(
+        dir.path(),
+        3,
+        DeltaPolicy {
+            mode: DeltaMode::Reverse,
+            max_depth: 8,
+        },
+    );
+    let newest = commits.last().unwrap().1;
+    let oldest = commits[0].1;
+    // A chunk of the newest commit's weights (a float-split base of the whole chain).
+    let (id, path) = largest_record(&repo, &newest);
+    let len = std::fs::metadata(&path).unwrap().len() as usize;
+    flip_bit(&path, len / 2);
+    for rev in [newest, oldest] {
+        let out = dir.path().join("out.safetensors");
+        let err = checkout(
+            &repo,
+            &rev.to_hex(),
+            &out,
+            &CheckoutOptions::default(),
+            &NoProgress,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(&id.to_hex()), "{err}");
+        assert!(!out.exists(), "no output after a failed checkout");
+    }
+    let report = mdl::fsck::fsck(&repo).unwrap();
+    assert!(!report.ok());
+    assert!(report.problems.iter().any(|p| p.contains(&id.to_hex())));
+}
+
+#[test]
+fn a_flipped_bit_in_a_delta_names_the_delta() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, commits) = series(
+        dir.path(),
+        3,
+        DeltaPolicy {
+            mode: DeltaMode::Reverse,
+            max_depth: 8,
+        },
+    );
+    let oldest = commits[0].1;
+    let (id, path) = largest_record(&repo, &oldest);
+    let shown = mdl::show::show(&repo, &oldest.to_hex()).unwrap();
+    assert!(shown
+        .tensors
+        .iter()
+        .any(|t| t.id == id && t.codec == "xor-delta"));
+    let len = std::fs::metadata(&path).unwrap().len() as usize;
+    flip_bit(&path, len / 3);
+    let out = dir.path().join("out.safetensors");
+    let err = checkout(
+        &repo,
+        &oldest.to_hex(),
+        &out,
+        &CheckoutOptions::default(),
+        &NoProgress,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains(&id.to_hex()), "{err}");
+    // The newest commit does not depend on the damaged delta.
+    checkout(
+        &repo,
+        &commits[2].1.to_hex(),
+        &out,
+        &CheckoutOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
+}
