@@ -420,6 +420,22 @@ pub fn analyze(dtype: Dtype, data: &[u8], base: Option<&[u8]>) -> Result<Analysi
     Ok(Analysis { plain, delta })
 }
 
+/// Counts `data` with the planes of `xor_mask` XORed with `base` and chooses how to hold each:
+/// one pass where [`analyze`] makes two. Used to re-encode a tensor against a new base when the
+/// planes to XOR are already known (reverse deltas).
+pub fn analyze_masked(
+    dtype: Dtype,
+    data: &[u8],
+    base: &[u8],
+    xor_mask: u8,
+) -> Result<Choice, FormatError> {
+    let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
+    check_lengths(&l, data, Some(base))?;
+    let n = (data.len() / l.width) as u64;
+    let stats = histograms(&l, data, Some(base), word_mask(&l, xor_mask));
+    Ok(choice(&l, n, &stats.iter().collect::<Vec<_>>(), xor_mask as u64))
+}
+
 /// Encodes `data` as `choice` says (XORing the chosen planes with `base`), appending the
 /// payload to `out`.
 pub fn encode(

@@ -23,6 +23,8 @@ pub trait Storage: Debug + Send + Sync {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Makes a directory's entries durable.
     fn sync_dir(&self, path: &Path) -> io::Result<()>;
+    /// Makes a written file's contents durable.
+    fn sync_file(&self, path: &Path) -> io::Result<()>;
     /// Removes a file.
     fn remove_file(&self, path: &Path) -> io::Result<()>;
 }
@@ -50,6 +52,9 @@ impl Storage for RealFs {
         std::fs::rename(from, to)
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        File::open(path)?.sync_all()
+    }
+    fn sync_file(&self, path: &Path) -> io::Result<()> {
         File::open(path)?.sync_all()
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
@@ -135,6 +140,9 @@ impl Storage for FaultyFs {
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         RealFs.sync_dir(path)
+    }
+    fn sync_file(&self, path: &Path) -> io::Result<()> {
+        RealFs.sync_file(path)
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         RealFs.remove_file(path)

@@ -18,6 +18,27 @@ pub struct CheckoutOptions {
     pub sync: bool,
 }
 
+/// Gives the kernel `advice` for the whole pages inside `buf` (a slice of a shared file
+/// mapping). Advice is a hint: failures (old kernels lack `MADV_POPULATE_WRITE`) are ignored.
+fn advise_pages(buf: &[u8], advice: libc::c_int) {
+    // SAFETY: sysconf has no preconditions.
+    #[allow(unsafe_code)]
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+    let start = buf.as_ptr() as usize;
+    let aligned = start.div_ceil(page) * page;
+    let end = (start + buf.len()) / page * page;
+    if end > aligned {
+        // SAFETY: the range lies inside `buf`, part of a MAP_SHARED file mapping. Populating
+        // only faults pages in; dropping them from a shared mapping keeps their contents (dirty
+        // pages stay in the page cache and are faulted back on the next access), so no byte
+        // the slice holds changes.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::madvise(aligned as *mut libc::c_void, end - aligned, advice);
+        }
+    }
+}
+
 /// Tensors at least this large are decoded one at a time (chunk-parallel inside).
 const BIG_TENSOR: u64 = 64 << 20;
 
@@ -109,8 +130,13 @@ pub fn checkout(
         }
         progress.start("writing", total);
         // Tensors decode in parallel (and chunk-parallel inside); large ones go one at a time.
+        // Each tensor's pages are faulted in in one call before decoding and dropped from this
+        // process (not from the page cache) after, so resident memory follows the tensors in
+        // flight rather than the file.
         let write_one = |(id, entry, slot): (&ObjectId, &IndexEntry, &mut [u8])| -> Result<()> {
+            advise_pages(slot, libc::MADV_POPULATE_WRITE);
             store.load_tensor_into(id, entry, slot)?;
+            advise_pages(slot, libc::MADV_DONTNEED);
             progress.advance(entry.content_len);
             Ok(())
         };

@@ -529,13 +529,8 @@ impl StoreCtx<'_> {
         let choice = if estimate.reusable_for_swap() {
             estimate.clone()
         } else {
-            match float::analyze(info.header.dtype, prev_data, Some(data))
+            float::analyze_masked(info.header.dtype, prev_data, data, estimate.xor_mask)
                 .map_err(corrupt)?
-                .delta
-            {
-                Some(c) => c,
-                None => return Ok(None),
-            }
         };
         if choice.size as f64 > prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR) {
             return Ok(None);
