@@ -243,3 +243,119 @@ fn concurrent_commits_both_land() {
     }
     assert_fsck_clean(d);
 }
+
+/// A slightly trained copy of `weights`: every value nudged by a relative 1e-4.
+fn nudged(weights: &[u8], seed: u64) -> Vec<u8> {
+    weights
+        .chunks(4)
+        .zip(noise(seed, weights.len()).chunks(4))
+        .flat_map(|(w, r)| {
+            let w = f32::from_le_bytes(w.try_into().unwrap());
+            let r = u32::from_le_bytes(r.try_into().unwrap()) as f32 / u32::MAX as f32 - 0.5;
+            (w * (1.0 + 2e-4 * r)).to_le_bytes()
+        })
+        .collect()
+}
+
+#[test]
+fn float_codecs_deltas_and_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+
+    // Configuration: defaults listed, bad values refused with nothing changed.
+    let cfg = json(d, &["config"]);
+    let keys: Vec<_> = cfg
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].clone())
+        .collect();
+    assert_eq!(keys, ["delta.mode", "delta.max_depth"]);
+    assert_eq!(cfg[0]["value"], "reverse");
+    assert_eq!(cfg[0]["default"], true);
+    fails(
+        d,
+        &["config", "delta.mode", "sideways"],
+        "expected reverse, forward or off",
+    );
+    fails(d, &["config", "delta.max_depth", "many"], "delta.max_depth");
+    fails(d, &["config", "delta.max_depth", "100000"], "from 0 to 512");
+    fails(
+        d,
+        &["config", "no.such.key", "1"],
+        "unknown configuration key",
+    );
+    fails(d, &["config", "no.such.key"], "unknown configuration key");
+    assert_eq!(json(d, &["config"]), cfg);
+    ok(d, &["config", "delta.max_depth", "3"]);
+    let cfg = json(d, &["config", "delta.max_depth"]);
+    assert_eq!(cfg[0]["value"], "3");
+    assert_eq!(cfg[0]["default"], false);
+
+    // Three checkpoints of slowly changing weights: the newest is self-contained, the older
+    // ones are reverse deltas against their successors.
+    let mut weights = floats(7, 64 * 1024);
+    let mut files = Vec::new();
+    for i in 0..3u64 {
+        let f = d.join(format!("c{i}.safetensors"));
+        let t = vec![
+            T {
+                name: "model.w".into(),
+                dtype: "F32",
+                shape: vec![256, 256],
+                data: weights.clone(),
+            },
+            tensor("optim.step", "I64", &[], i),
+        ];
+        files.push((f.clone(), write_safetensors(&f, &t, &[])));
+        ok(
+            d,
+            &["commit", f.to_str().unwrap(), "-m", &format!("step {i}")],
+        );
+        weights = nudged(&weights, 100 + i);
+    }
+    let w = |rev: &str| {
+        let s = json(d, &["show", rev]);
+        s["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "model.w")
+            .unwrap()
+            .clone()
+    };
+    let (newest, middle, oldest) = (w("HEAD"), w("HEAD~1"), w("HEAD~2"));
+    assert_eq!(newest["codec"], "float-split");
+    assert_eq!(newest["depth"], 0);
+    assert!(newest["stored_bytes"].as_u64().unwrap() < 256 * 256 * 4);
+    assert_eq!(middle["codec"], "xor-delta");
+    assert_eq!(middle["base"], newest["id"]);
+    assert_eq!(middle["depth"], 1);
+    assert_eq!(oldest["base"], middle["id"]);
+    assert_eq!(oldest["depth"], 2);
+    assert!(middle["stored_bytes"].as_u64().unwrap() < newest["stored_bytes"].as_u64().unwrap());
+    let text = ok(d, &["show", "HEAD~2"]);
+    assert!(
+        text.contains("xor-delta") && text.contains("depth 2"),
+        "{text}"
+    );
+
+    for (i, (_, bytes)) in files.iter().enumerate() {
+        let out = d.join("out.safetensors");
+        let rev = format!("HEAD~{}", 2 - i);
+        ok(
+            d,
+            &[
+                "checkout",
+                &rev,
+                "-o",
+                out.to_str().unwrap(),
+                "--force",
+                "--sync",
+            ],
+        );
+        assert_eq!(&std::fs::read(&out).unwrap(), bytes, "checkout {rev}");
+    }
+    assert_fsck_clean(d);
+}

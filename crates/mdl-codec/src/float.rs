@@ -433,7 +433,12 @@ pub fn analyze_masked(
     check_lengths(&l, data, Some(base))?;
     let n = (data.len() / l.width) as u64;
     let stats = histograms(&l, data, Some(base), word_mask(&l, xor_mask));
-    Ok(choice(&l, n, &stats.iter().collect::<Vec<_>>(), xor_mask as u64))
+    Ok(choice(
+        &l,
+        n,
+        &stats.iter().collect::<Vec<_>>(),
+        xor_mask as u64,
+    ))
 }
 
 /// Encodes `data` as `choice` says (XORing the chosen planes with `base`), appending the

@@ -530,7 +530,7 @@ fn nonzero_flags(eight: &[u8]) -> u8 {
     let x = u64::from_le_bytes(w);
     // High bit of each byte set where the byte is non-zero, then gathered into one byte.
     const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
-    let nz = ((x & LOW7) + LOW7 | x) & !LOW7;
+    let nz = (((x & LOW7) + LOW7) | x) & !LOW7;
     ((nz >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8
 }
 

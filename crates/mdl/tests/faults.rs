@@ -70,3 +70,65 @@ fn faults_leave_repository_unchanged() {
     assert_eq!(mdl::revision::resolve(&repo, "main").unwrap(), second.id);
     assert!(mdl::fsck::fsck(&repo).unwrap().ok());
 }
+
+/// A float checkpoint whose single tensor moves a little with `step`, so the second commit
+/// re-encodes the first one's record as a reverse delta.
+fn float_checkpoint(path: &std::path::Path, step: u32) {
+    let n = 100_000usize;
+    let header = format!(
+        r#"{{"w":{{"dtype":"F32","shape":[{n}],"data_offsets":[0,{}]}}}}"#,
+        4 * n
+    );
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    for i in 0..n {
+        let x = ((i as f32) * 0.37).sin() * 0.02 + step as f32 * 1e-7 * ((i % 7) as f32);
+        bytes.extend_from_slice(&x.to_le_bytes());
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn faults_during_a_reverse_delta_leave_the_old_record_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(dir.path()).unwrap();
+    let f = dir.path().join("c.safetensors");
+    float_checkpoint(&f, 0);
+    let original = std::fs::read(&f).unwrap();
+    let first = commit(&repo, &f, &CommitOptions::default(), &NoProgress).unwrap();
+    drop(repo);
+    float_checkpoint(&f, 1);
+    for fault in [
+        FaultyFs::disk_full_after(200_000),
+        FaultyFs::disk_full_after(400_000),
+        FaultyFs::renames_fail_after(1),
+        FaultyFs::renames_fail_after(2),
+    ] {
+        let opts = OpenOptions {
+            storage: Arc::new(fault),
+            ..OpenOptions::default()
+        };
+        let repo = Repository::open(dir.path(), &opts).unwrap();
+        commit(&repo, &f, &CommitOptions::default(), &NoProgress).unwrap_err();
+        assert_eq!(mdl::revision::resolve(&repo, "main").unwrap(), first.id);
+        let out = dir.path().join("out.safetensors");
+        mdl::checkout::checkout(&repo, "main", &out, &Default::default(), &NoProgress).unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), original);
+        std::fs::remove_file(&out).unwrap();
+        let shown = mdl::show::show(&repo, "main").unwrap();
+        assert_eq!(
+            shown.tensors[0].codec, "float-split",
+            "the old record is still in use"
+        );
+        assert!(mdl::fsck::fsck(&repo).unwrap().ok());
+    }
+    let repo = Repository::open(dir.path(), &OpenOptions::default()).unwrap();
+    commit(&repo, &f, &CommitOptions::default(), &NoProgress).unwrap();
+    let shown = mdl::show::show(&repo, "main~1").unwrap();
+    assert_eq!(shown.tensors[0].codec, "xor-delta");
+    let out = dir.path().join("out.safetensors");
+    mdl::checkout::checkout(&repo, "main~1", &out, &Default::default(), &NoProgress).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), original);
+    let report = mdl::fsck::fsck(&repo).unwrap();
+    assert!(report.ok(), "{:?}", report.problems);
+}
