@@ -272,11 +272,25 @@ fn parse_args() -> Result<Opts> {
 
 fn main() -> Result<()> {
     let o = parse_args()?;
-    let have_zstd = Command::new("zstd").arg("--version").output().is_ok();
-    for dir in &o.dirs {
-        bench_series(&o, Path::new(dir), have_zstd)?;
+    if o.dirs.len() > 1 {
+        // One child process per series: this process grows while it computes the estimates,
+        // and a child's peak RSS starts at its parent's (see `measure`).
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let dirs: std::collections::HashSet<&String> = o.dirs.iter().collect();
+        let common: Vec<&String> = args.iter().filter(|a| !dirs.contains(a)).collect();
+        for dir in &o.dirs {
+            let st = Command::new(std::env::current_exe()?)
+                .args(&common)
+                .arg(dir)
+                .status()?;
+            if !st.success() {
+                bail!("benchmark of {dir} failed");
+            }
+        }
+        return Ok(());
     }
-    Ok(())
+    let have_zstd = Command::new("zstd").arg("--version").output().is_ok();
+    bench_series(&o, Path::new(&o.dirs[0]), have_zstd)
 }
 
 fn bench_series(o: &Opts, dir: &Path, have_zstd: bool) -> Result<()> {
@@ -340,15 +354,43 @@ fn bench_series(o: &Opts, dir: &Path, have_zstd: bool) -> Result<()> {
     let stats: serde_json::Value = serde_json::from_slice(&stats.stdout)?;
     let store_total = stats["stored_bytes"].as_u64().context("stats")?;
 
+    // Final stored size per dtype class, over every distinct tensor of the series.
+    let mut by_class: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    let mut seen = std::collections::HashSet::new();
+    for id in &ids {
+        let shown = measure(mdl_cmd(&o.mdl, r).args(["show", "--json", id]))?;
+        let shown: serde_json::Value = serde_json::from_slice(&shown.stdout)?;
+        for t in shown["tensors"].as_array().context("tensors")? {
+            if !seen.insert(t["id"].as_str().unwrap_or("").to_string()) {
+                continue;
+            }
+            let name = t["name"].as_str().unwrap_or("");
+            let class = format!(
+                "{} {}",
+                t["dtype"].as_str().unwrap_or("?"),
+                if name.starts_with("optim.") {
+                    "optimizer state"
+                } else {
+                    "weights"
+                }
+            );
+            let e = by_class.entry(class).or_default();
+            e.0 += t["raw_bytes"].as_u64().unwrap_or(0);
+            e.1 += t["stored_bytes"].as_u64().unwrap_or(0);
+        }
+    }
+
     // Check out every commit (newest first), verifying the bytes each time.
     let out = r.join("out.safetensors");
     let mut checkout_s = vec![Vec::new(); n];
     let mut rss_o = 0u64;
     for _ in 0..o.repeat {
         for i in (0..n).rev() {
+            // Deleting the previous output (freeing its page cache) is not checkout's work.
+            let _ = std::fs::remove_file(&out);
             let c = measure(
                 mdl_cmd(&o.mdl, r)
-                    .args(["checkout", &ids[i], "--force", "-o"])
+                    .args(["checkout", &ids[i], "-o"])
                     .arg(&out),
             )?;
             if !same_bytes(&out, &files[i])? {
@@ -430,6 +472,16 @@ fn bench_series(o: &Opts, dir: &Path, have_zstd: bool) -> Result<()> {
         total_ratio(z3_t),
         total_ratio(z19_t),
     );
+    println!("\n| tensors (distinct, whole series) | raw MB | stored MB | ratio |");
+    println!("|---|---:|---:|---:|");
+    for (class, (raw, stored)) in &by_class {
+        println!(
+            "| {class} | {:.1} | {:.1} | {:.3} |",
+            mb(*raw),
+            mb(*stored),
+            *raw as f64 / (*stored).max(1) as f64
+        );
+    }
     println!(
         "\nStored MB per file is what its commit added (with reverse deltas: the new tensors, less \
          what re-encoding the previous ones saved); the series row is the store's final size. \

@@ -22,8 +22,25 @@ use rayon::prelude::*;
 
 use crate::huffman::{flag_histogram, Histogram, Plan, Stream, StreamWriter, CHUNK_LOG2};
 
-const MAX_PLANES: usize = 8;
 const CHUNK: usize = 1 << CHUNK_LOG2;
+
+thread_local! {
+    /// Plane buffers reused across chunks (fresh ones would be zeroed and faulted in each time).
+    static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Runs `f` with a scratch buffer of `len` bytes (contents unspecified). The buffer is taken out
+/// of the thread's slot for the call, so a nested use (rayon may run another task on this
+/// thread while `f` waits) gets its own.
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    let mut buf = SCRATCH.take();
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    let r = f(&mut buf[..len]);
+    SCRATCH.set(buf);
+    r
+}
 
 /// Whether `dtype` has a float plane layout.
 pub fn supports(dtype: Dtype) -> bool {
@@ -304,7 +321,7 @@ struct PlaneStats {
 /// also get their sparse-mode flag counts.
 fn histograms(l: &Layout, data: &[u8], base: Option<&[u8]>, mask: u64) -> Vec<PlaneStats> {
     let step = CHUNK * l.width;
-    let count = |c: usize, chunk: &[u8], want: &[(bool, bool)], scratch: &mut Vec<u8>| {
+    let count = |c: usize, chunk: &[u8], want: &[(bool, bool)], scratch: &mut [u8]| {
         let n = chunk.len() / l.width;
         let mut planes: Vec<&mut [u8]> = scratch.chunks_mut(CHUNK).map(|p| &mut p[..n]).collect();
         let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
@@ -328,9 +345,10 @@ fn histograms(l: &Layout, data: &[u8], base: Option<&[u8]>, mask: u64) -> Vec<Pl
             })
             .collect::<Vec<_>>()
     };
-    let mut scratch = vec![0u8; CHUNK * l.planes];
     let first = data.chunks(step).next().unwrap_or(&[]);
-    let sample = count(0, first, &vec![(true, true); l.planes], &mut scratch);
+    let sample = with_scratch(CHUNK * l.planes, |scratch| {
+        count(0, first, &vec![(true, true); l.planes], scratch)
+    });
     let want: Vec<(bool, bool)> = sample
         .iter()
         .map(|(h, _)| {
@@ -343,10 +361,7 @@ fn histograms(l: &Layout, data: &[u8], base: Option<&[u8]>, mask: u64) -> Vec<Pl
     } else {
         data.par_chunks(step)
             .enumerate()
-            .map_init(
-                || vec![0u8; CHUNK * l.planes],
-                |scratch, (c, chunk)| count(c, chunk, &want, scratch),
-            )
+            .map(|(c, chunk)| with_scratch(CHUNK * l.planes, |s| count(c, chunk, &want, s)))
             .reduce(
                 || vec![(Histogram::default(), Histogram::default()); l.planes],
                 |mut a, b| {
@@ -466,9 +481,8 @@ pub fn encode(
     let chunks: Vec<Vec<Vec<u8>>> = data
         .par_chunks(step)
         .enumerate()
-        .map_init(
-            || vec![0u8; CHUNK * l.planes],
-            |scratch, (c, chunk)| {
+        .map(|(c, chunk)| {
+            with_scratch(CHUNK * l.planes, |scratch| {
                 let n = chunk.len() / l.width;
                 let mut planes: Vec<&mut [u8]> =
                     scratch.chunks_mut(CHUNK).map(|p| &mut p[..n]).collect();
@@ -483,8 +497,8 @@ pub fn encode(
                         v
                     })
                     .collect()
-            },
-        )
+            })
+        })
         .collect();
     out.push(l.planes as u8);
     out.push(choice.xor_mask);
@@ -564,24 +578,25 @@ pub fn decode(
     }
     let mask = word_mask(&l, xor_mask);
     let step = CHUNK * l.width;
-    out.par_chunks_mut(step).enumerate().try_for_each_init(
-        || vec![0u8; CHUNK * MAX_PLANES],
-        |scratch, (c, chunk)| {
-            let n = chunk.len() / l.width;
-            let mut planes: Vec<&mut [u8]> = scratch
-                .chunks_mut(CHUNK)
-                .take(l.planes)
-                .map(|p| &mut p[..n])
-                .collect();
-            for (s, p) in streams.iter().zip(planes.iter_mut()) {
-                s.decode_chunk(c, p)?;
-            }
-            let planes: Vec<&[u8]> = planes.into_iter().map(|p| &*p).collect();
-            let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
-            (l.merge)(&planes, chunk, b, mask);
-            Ok(())
-        },
-    )
+    out.par_chunks_mut(step)
+        .enumerate()
+        .try_for_each(|(c, chunk)| {
+            with_scratch(CHUNK * l.planes, |scratch| {
+                let n = chunk.len() / l.width;
+                let mut planes: Vec<&mut [u8]> = scratch
+                    .chunks_mut(CHUNK)
+                    .take(l.planes)
+                    .map(|p| &mut p[..n])
+                    .collect();
+                for (s, p) in streams.iter().zip(planes.iter_mut()) {
+                    s.decode_chunk(c, p)?;
+                }
+                let planes: Vec<&[u8]> = planes.into_iter().map(|p| &*p).collect();
+                let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
+                (l.merge)(&planes, chunk, b, mask);
+                Ok(())
+            })
+        })
 }
 
 #[cfg(test)]

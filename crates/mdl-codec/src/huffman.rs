@@ -427,37 +427,57 @@ impl Decoder {
             outs[k] = head;
             tail = t;
         }
-        // Interleaved fast path: four independent streams keep four lookups in flight.
+        // Interleaved fast path: four independent streams keep four lookups in flight. Each
+        // round reads one 64-bit window per lane (at least 57 fresh bits) and takes four codes
+        // of at most 12 bits from it, so it advances a lane by at most 6 bytes; the number of
+        // rounds that stay in bounds is worked out first and the rounds run unchecked.
         let mut pos = [0u64; LANES];
         let mut done = [0usize; LANES];
         let bad = || FormatError::invalid("huffman chunk", "invalid code");
         loop {
-            let ready = (0..LANES).all(|k| {
-                done[k] + 4 <= outs[k].len() && (pos[k] / 8) as usize + 8 <= streams[k].len()
-            });
-            if !ready {
+            let mut rounds = usize::MAX;
+            for k in 0..LANES {
+                // Round r reads bytes from floor(pos/8) + 6r on, 8 of them.
+                let need = (pos[k] / 8) as usize + 8;
+                let fit = match streams[k].len().checked_sub(need) {
+                    Some(spare) => spare / 6 + 1,
+                    None => 0,
+                };
+                rounds = rounds.min(fit).min((outs[k].len() - done[k]) / 4);
+            }
+            if rounds == 0 {
                 break;
             }
-            for k in 0..LANES {
-                let at = (pos[k] / 8) as usize;
-                let word = u64::from_le_bytes(streams[k][at..at + 8].try_into().expect("8 bytes"));
-                let mut window = word >> (pos[k] % 8);
-                let mut used = 0u32;
-                // A zero length marks a pattern no code starts with; checked once per group.
-                let mut invalid = false;
-                for slot in &mut outs[k][done[k]..done[k] + 4] {
-                    let e = self.table[(window & TABLE_MASK) as usize];
-                    let l = (e >> 8) as u32;
-                    invalid |= l == 0;
-                    *slot = e as u8;
-                    window >>= l;
-                    used += l;
+            let mut invalid = false;
+            for _ in 0..rounds {
+                let mut window = [0u64; LANES];
+                for k in 0..LANES {
+                    let at = (pos[k] / 8) as usize;
+                    let word =
+                        u64::from_le_bytes(streams[k][at..at + 8].try_into().expect("8 bytes"));
+                    window[k] = word >> (pos[k] % 8);
                 }
-                if invalid {
-                    return Err(bad());
+                let mut used = [0u32; LANES];
+                // Symbol j of every lane, then symbol j + 1: the four lookups of a step are
+                // independent of each other.
+                for j in 0..4 {
+                    for k in 0..LANES {
+                        let e = self.table[(window[k] & TABLE_MASK) as usize];
+                        let l = (e >> 8) as u32;
+                        // A zero length marks a pattern no code starts with.
+                        invalid |= l == 0;
+                        outs[k][done[k] + j] = e as u8;
+                        window[k] >>= l;
+                        used[k] += l;
+                    }
                 }
-                pos[k] += used as u64;
-                done[k] += 4;
+                for k in 0..LANES {
+                    pos[k] += used[k] as u64;
+                    done[k] += 4;
+                }
+            }
+            if invalid {
+                return Err(bad());
             }
         }
         for k in 0..LANES {
@@ -652,7 +672,14 @@ impl StreamWriter {
             (Plan::Huffman(_), Some((enc, _))) => enc.encode_chunk(symbols, out),
             (Plan::Sparse { .. }, Some((fenc, Some(venc)))) => {
                 let flags: Vec<u8> = symbols.chunks(8).map(nonzero_flags).collect();
-                let values: Vec<u8> = symbols.iter().copied().filter(|&s| s != 0).collect();
+                // Branch-free compaction of the non-zero symbols.
+                let mut values = vec![0u8; symbols.len()];
+                let mut k = 0usize;
+                for &s in symbols {
+                    values[k] = s;
+                    k += (s != 0) as usize;
+                }
+                values.truncate(k);
                 let at = out.len();
                 out.extend_from_slice(&[0; 4]);
                 fenc.encode_chunk(&flags, out);

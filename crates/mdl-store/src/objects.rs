@@ -265,14 +265,42 @@ impl Store {
             )));
         }
         let path = self.record_path(id, entry.generation);
-        let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => StoreError::Missing(*id),
-            _ => StoreError::Io {
+        // Record bytes go through a per-thread buffer (taken out while in use, so nested
+        // reads get their own): fresh large buffers cost a page fault per 4 KiB.
+        let mut bytes = RECORD_BUF.take();
+        bytes.clear();
+        let read = File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes));
+        let result = match read {
+            Ok(_) => self.decode_record(id, entry, budget, &bytes, out),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(StoreError::Missing(*id)),
+            Err(e) => Err(StoreError::Io {
                 op: "read",
                 path: path.clone(),
                 source: e,
-            },
-        })?;
+            }),
+        };
+        if bytes.capacity() <= KEEP_BUFFER {
+            RECORD_BUF.set(bytes);
+        }
+        result
+    }
+
+    /// Decodes a whole in-memory record of a chunked codec into `out`, verifying it.
+    fn decode_record(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        budget: u32,
+        bytes: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), StoreError> {
+        let kind = entry.kind.name();
+        let corrupt = |source: FormatError| StoreError::Corrupt {
+            id: *id,
+            kind,
+            source,
+        };
+        let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
         let (header, payload, trailer) = record::decode(&bytes).map_err(corrupt)?;
         if trailer.content_len != entry.content_len
             || header.kind != entry.kind
@@ -695,6 +723,13 @@ pub struct Placement {
     /// Decode steps to reconstruct the object (0 without a base).
     pub depth: u32,
 }
+
+thread_local! {
+    static RECORD_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Per-thread read buffers up to this size are kept for the next record.
+const KEEP_BUFFER: usize = 64 << 20;
 
 /// fsyncs in flight at once when a batch finishes.
 const SYNC_THREADS: usize = 16;

@@ -1,5 +1,6 @@
 //! `mdl checkout`: write a commit's checkpoint back as a safetensors file.
 
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use mdl_format::ObjectId;
@@ -18,25 +19,8 @@ pub struct CheckoutOptions {
     pub sync: bool,
 }
 
-/// Gives the kernel `advice` for the whole pages inside `buf` (a slice of a shared file
-/// mapping). Advice is a hint: failures (old kernels lack `MADV_POPULATE_WRITE`) are ignored.
-fn advise_pages(buf: &[u8], advice: libc::c_int) {
-    // SAFETY: sysconf has no preconditions.
-    #[allow(unsafe_code)]
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-    let start = buf.as_ptr() as usize;
-    let aligned = start.div_ceil(page) * page;
-    let end = (start + buf.len()) / page * page;
-    if end > aligned {
-        // SAFETY: the range lies inside `buf`, part of a MAP_SHARED file mapping. Populating
-        // only faults pages in; dropping them from a shared mapping keeps their contents (dirty
-        // pages stay in the page cache and are faulted back on the next access), so no byte
-        // the slice holds changes.
-        #[allow(unsafe_code)]
-        unsafe {
-            libc::madvise(aligned as *mut libc::c_void, end - aligned, advice);
-        }
-    }
+thread_local! {
+    static TENSOR_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Tensors at least this large are decoded one at a time (chunk-parallel inside).
@@ -112,42 +96,56 @@ pub fn checkout(
         if total == 0 {
             return Ok(0);
         }
-        // Decode straight into the mapped output file: no copy through write(2), and no lock
-        // contention between threads writing one file.
-        // SAFETY: the file was just created by this process under a private temporary name and
-        // sized above; nothing else maps or truncates it while the map is alive.
-        #[allow(unsafe_code)]
-        let mut map =
-            unsafe { memmap2::MmapOptions::new().populate().map_mut(&file) }.map_err(write_err)?;
-        let (head, mut rest) = map.split_at_mut(head_len as usize);
-        head[..8].copy_from_slice(&(manifest.header_json.len() as u64).to_le_bytes());
-        head[8..].copy_from_slice(&manifest.header_json);
-        let mut slots: Vec<(&ObjectId, &IndexEntry, &mut [u8])> = Vec::with_capacity(entries.len());
-        for (id, entry) in &entries {
-            let (slot, r) = rest.split_at_mut(entry.content_len as usize);
-            slots.push((id, entry, slot));
-            rest = r;
-        }
+        // Tensors decode in parallel (and chunk-parallel inside) into per-thread buffers; the
+        // writes into the file go one at a time (concurrent writers of one file only contend
+        // for its inode lock), each at its tensor's offset. Large tensors go one at a time.
+        let mut head = (manifest.header_json.len() as u64).to_le_bytes().to_vec();
+        head.extend_from_slice(&manifest.header_json);
+        file.write_all_at(&head, 0).map_err(write_err)?;
+        let mut at = head_len;
+        let placed: Vec<(u64, &ObjectId, &IndexEntry)> = entries
+            .iter()
+            .map(|(id, e)| {
+                let offset = at;
+                at += e.content_len;
+                (offset, id, e)
+            })
+            .collect();
+        let writer = std::sync::Mutex::new(&file);
         progress.start("writing", total);
-        // Tensors decode in parallel (and chunk-parallel inside); large ones go one at a time.
-        // Each tensor's pages are faulted in in one call before decoding and dropped from this
-        // process (not from the page cache) after, so resident memory follows the tensors in
-        // flight rather than the file.
-        let write_one = |(id, entry, slot): (&ObjectId, &IndexEntry, &mut [u8])| -> Result<()> {
-            advise_pages(slot, libc::MADV_POPULATE_WRITE);
-            store.load_tensor_into(id, entry, slot)?;
-            advise_pages(slot, libc::MADV_DONTNEED);
+        let write_one = |&(offset, id, entry): &(u64, &ObjectId, &IndexEntry)| -> Result<()> {
+            let len = entry.content_len as usize;
+            // A per-thread buffer, taken out while in use (rayon may start another tensor on
+            // this thread while this one waits for its chunks).
+            let mut buf = TENSOR_BUF.take();
+            if buf.len() < len {
+                buf.resize(len, 0);
+            }
+            let result = store
+                .load_tensor_into(id, entry, &mut buf[..len])
+                .map_err(Error::from)
+                .and_then(|()| {
+                    writer
+                        .lock()
+                        .unwrap()
+                        .write_all_at(&buf[..len], offset)
+                        .map_err(write_err)
+                });
+            // Big tensors' buffers are not kept.
+            if (len as u64) < BIG_TENSOR {
+                TENSOR_BUF.set(buf);
+            }
+            result?;
             progress.advance(entry.content_len);
             Ok(())
         };
-        let (big, small): (Vec<_>, Vec<_>) = slots
-            .into_iter()
-            .partition(|(_, e, _)| e.content_len >= BIG_TENSOR);
+        let (big, small): (Vec<_>, Vec<_>) = placed
+            .iter()
+            .partition(|(_, _, e)| e.content_len >= BIG_TENSOR);
         big.into_iter().try_for_each(write_one)?;
         small.into_par_iter().try_for_each(write_one)?;
         progress.finish();
         if opts.sync {
-            map.flush().map_err(write_err)?;
             file.sync_all().map_err(write_err)?;
         }
         Ok(total)

@@ -490,7 +490,12 @@ impl StoreCtx<'_> {
                 }
             }
             DeltaMode::Reverse => {
-                let entry = write(&analysis.plain, None, data, &id, 0)?;
+                // The new tensor is the self-contained end of the chain.
+                let entry = if analysis.plain.size < len {
+                    write(&analysis.plain, None, data, &id, 0)?
+                } else {
+                    self.batch.put_tensor(&id, header, data, self.encode)?.entry
+                };
                 let rewrite = self.reverse(&bid, &bentry, bdata, &id, data, info, delta)?;
                 Ok(Stored {
                     id,

@@ -56,6 +56,11 @@ pub fn fsck(repo: &Repository) -> Result<Report> {
                 )),
                 Some(_) => {}
             }
+            if !meta.dependents(&base)?.contains(id) {
+                report.problems.push(format!(
+                    "object {id}: not listed as a dependent of its base {base}"
+                ));
+            }
         }
     }
 

@@ -65,7 +65,7 @@ impl Default for DeltaPolicy {
     fn default() -> Self {
         DeltaPolicy {
             mode: DeltaMode::Reverse,
-            max_depth: 8,
+            max_depth: 16,
         }
     }
 }
