@@ -301,7 +301,7 @@ impl Store {
             source,
         };
         let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
-        let (header, payload, trailer) = record::decode(&bytes).map_err(corrupt)?;
+        let (header, payload, trailer) = record::decode(bytes).map_err(corrupt)?;
         if trailer.content_len != entry.content_len
             || header.kind != entry.kind
             || header.codec != entry.codec
