@@ -13,6 +13,8 @@ fn main() {
     let paths: Vec<String> = std::env::args().skip(1).collect();
     let mut prev: Option<(Vec<u8>, usize)> = None;
     let (mut enc_s, mut dec_s, mut bytes) = (0.0, 0.0, 0u64);
+    // Per dtype and plane: (elements, bytes as chosen by float-split).
+    let mut planes: std::collections::BTreeMap<(String, usize), (u64, u64)> = Default::default();
     for p in &paths {
         let file = std::fs::read(p).expect("read");
         let hl = safetensors::header_len(&file[..8], file.len() as u64).unwrap();
@@ -43,6 +45,13 @@ fn main() {
             // Order-0 estimate: exponent entropy, everything else raw.
             let w = t.header.dtype.size() as f64;
             let n = data.len() as f64 / w;
+            for (p, &b) in a.plain.plane_bytes.iter().enumerate() {
+                let e = planes
+                    .entry((t.header.dtype.name().to_string(), p))
+                    .or_default();
+                e.0 += (data.len() / t.header.dtype.size()) as u64;
+                e.1 += b;
+            }
             let own = a.plain.plane_entropy_bits[0] / 8.0 + n * (w - 1.0);
             bound += own;
             let mut b = out.len() as u64;
@@ -83,6 +92,12 @@ fn main() {
             raw / bound_x
         );
         prev = Some((file, start));
+    }
+    for ((dtype, p), (n, b)) in &planes {
+        println!(
+            "{dtype} plane {p}: {:.3} bits/element",
+            *b as f64 * 8.0 / *n as f64
+        );
     }
     println!(
         "float tensors: encode {:.0} MB/s, decode {:.0} MB/s ({} threads)",

@@ -430,72 +430,55 @@ impl StoreCtx<'_> {
             let out = self.batch.put_tensor(&id, header, data, self.encode)?;
             return Ok(plain((id, out.entry)));
         }
-        let write = |choice: &float::Choice,
-                     base: Option<(&ObjectId, &[u8], u32)>,
-                     target: &[u8],
-                     target_id: &ObjectId,
-                     generation: u32|
-         -> Result<IndexEntry> {
+        // Writes the new tensor with a float choice, as a delta when given its base and depth.
+        let write = |choice: &float::Choice, base: Option<(&ObjectId, &[u8], u32)>| {
             let mut payload = Vec::with_capacity(choice.size as usize);
-            float::encode(
-                header.dtype,
-                target,
-                base.map(|b| b.1),
-                choice,
-                &mut payload,
-            )
-            .map_err(|source| Error::Corrupt {
-                id: *target_id,
-                source,
-            })?;
+            float::encode(header.dtype, data, base.map(|b| b.1), choice, &mut payload)
+                .map_err(corrupt)?;
             let (codec, placement) = match base {
                 Some((bid, _, depth)) => (
                     CodecTag::XorDelta,
                     Placement {
-                        generation,
+                        generation: 0,
                         base: Some(*bid),
                         depth,
                     },
                 ),
-                None => (
-                    CodecTag::FloatSplit,
-                    Placement {
-                        generation,
-                        ..Default::default()
-                    },
-                ),
+                None => (CodecTag::FloatSplit, Placement::default()),
             };
-            Ok(self
-                .batch
-                .put_payload(target_id, header, codec, placement, &payload)?
-                .entry)
+            Ok::<_, Error>(
+                self.batch
+                    .put_payload(&id, header, codec, placement, &payload)?
+                    .entry,
+            )
+        };
+        // The best self-contained record: float-split unless it would not beat raw.
+        let whole = || {
+            if analysis.plain.size < len {
+                write(&analysis.plain, None)
+            } else {
+                Ok(self.batch.put_tensor(&id, header, data, self.encode)?.entry)
+            }
         };
 
         let (Some((bid, bentry)), Some(bdata), Some(delta)) =
             (base, base_data.as_deref(), analysis.delta.as_ref())
         else {
-            return Ok(plain((id, write(&analysis.plain, None, data, &id, 0)?)));
+            return Ok(plain((id, whole()?)));
         };
         match self.policy.mode {
-            DeltaMode::Off => Ok(plain((id, write(&analysis.plain, None, data, &id, 0)?))),
+            DeltaMode::Off => Ok(plain((id, whole()?))),
             DeltaMode::Forward => {
                 let depth = bentry.depth + 1;
                 if delta.size < analysis.plain.size && depth <= self.policy.max_depth {
-                    Ok(plain((
-                        id,
-                        write(delta, Some((&bid, bdata, depth)), data, &id, 0)?,
-                    )))
+                    Ok(plain((id, write(delta, Some((&bid, bdata, depth)))?)))
                 } else {
-                    Ok(plain((id, write(&analysis.plain, None, data, &id, 0)?)))
+                    Ok(plain((id, whole()?)))
                 }
             }
             DeltaMode::Reverse => {
                 // The new tensor is the self-contained end of the chain.
-                let entry = if analysis.plain.size < len {
-                    write(&analysis.plain, None, data, &id, 0)?
-                } else {
-                    self.batch.put_tensor(&id, header, data, self.encode)?.entry
-                };
+                let entry = whole()?;
                 let rewrite = self.reverse(&bid, &bentry, bdata, &id, data, info, delta)?;
                 Ok(Stored {
                     id,
