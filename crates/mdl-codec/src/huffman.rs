@@ -6,21 +6,23 @@
 //! - [`Code`]: code lengths capped at [`MAX_LEN`] bits, built from a histogram; the code is
 //!   canonical, so its lengths are all that is stored. [`Code::encoded_bits`] gives the exact
 //!   payload size before anything is encoded, which is how a commit compares codecs cheaply.
-//! - [`Encoder`] / [`Decoder`]: one chunk at a time. Bits are written least-significant first;
-//!   the decoder looks up [`MAX_LEN`] bits at once in a 4096-entry table, one lookup per symbol,
-//!   and refills a 64-bit window once per four symbols.
-//! - [`encode_stream`] / [`decode_stream`]: the self-describing stream format of
-//!   `docs/FORMAT.md` ("entropy stream"): stored, constant or Huffman, with a chunk length table so
-//!   chunks are encoded and decoded in parallel and any one chunk can be decoded alone.
+//! - [`Encoder`] / [`Decoder`]: one chunk at a time, as [`LANES`] independent bit streams.
+//!   Bits are written least-significant first; the decoder looks up [`MAX_LEN`] bits at once in
+//!   a 4096-entry table, one lookup per symbol, four lanes interleaved.
+//! - [`Plan`], [`StreamWriter`], [`Stream`], [`encode_stream`] / [`decode_stream`]: the
+//!   self-describing stream format of `docs/FORMAT.md` ("entropy stream"): stored, constant,
+//!   Huffman, or sparse (a Huffman-coded bitmap of non-zero positions plus the non-zero symbols,
+//!   for zero-heavy data), with a chunk length table so chunks are encoded and decoded in
+//!   parallel and any one chunk can be decoded alone.
 //!
-//! Decoding untrusted bytes never panics and never allocates more than the caller's output plus
-//! a table sized by the input's own length.
+//! Decoding untrusted bytes never panics and never allocates more than the caller's output (and
+//! scratch of the same order) plus a table sized by the input's own length.
 
 use mdl_format::FormatError;
 use rayon::prelude::*;
 
-/// Longest code, in bits. 12 bits keep the decode table at 8 KiB (in L1) while costing well
-/// under 0.01 bit per symbol on exponent distributions (see `docs/DECISIONS.md`).
+/// Longest code, in bits. 12 bits keep the decode table at 8 KiB (in L1) while costing under
+/// 0.5 % on exponent distributions (see `docs/DECISIONS.md`).
 pub const MAX_LEN: u8 = 12;
 const TABLE_SIZE: usize = 1 << MAX_LEN;
 const TABLE_MASK: u64 = TABLE_SIZE as u64 - 1;

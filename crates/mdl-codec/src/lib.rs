@@ -2,8 +2,10 @@
 //!
 //! Every codec has a stable [`CodecTag`] that is persisted in records and never reused. Policies
 //! ("pick the smallest") are not codecs: [`candidates`] lists what a commit tries for a tensor,
-//! and the store keeps whichever payload is smallest. This issue's codecs are [`CodecTag::Raw`]
-//! and [`CodecTag::Zstd`]; the float codecs and deltas of `docs/CODECS.md` take the reserved tags.
+//! and the store keeps whichever payload is smallest. [`CodecTag::Raw`] and [`CodecTag::Zstd`]
+//! stream; the float codecs ([`CodecTag::FloatSplit`], [`CodecTag::XorDelta`], module [`float`])
+//! work on whole tensors in memory, chunk-parallel, over the entropy coder of [`huffman`]. How a
+//! commit chooses among them: `docs/CODECS.md`.
 //!
 //! ```
 //! use mdl_codec::{decode_to_vec, encode, CodecTag};
@@ -95,11 +97,12 @@ impl Default for EncodeOptions {
     }
 }
 
-/// Tensors below this size are stored raw or zstd only, whatever later codecs exist.
+/// Tensors below this size are stored raw or zstd only: the float codecs' tables would outweigh their gain.
 pub const SMALL_TENSOR: u64 = 4096;
 
-/// The codecs a commit tries for a tensor, most promising first. [`CodecTag::Raw`] is always
-/// the fallback and is not listed.
+/// The streaming codecs a commit tries for a tensor that the float codecs do not take (or
+/// cannot shrink), most promising first. [`CodecTag::Raw`] is always the fallback and is not
+/// listed.
 pub fn candidates(dtype: Dtype, len: u64) -> &'static [CodecTag] {
     let _ = dtype;
     if len < 64 {

@@ -105,12 +105,7 @@ impl Store {
         out: &mut dyn Write,
     ) -> Result<u64, StoreError> {
         let path = self.record_path(id, entry.generation);
-        let kind = entry.kind.name();
-        let corrupt = |source: FormatError| StoreError::Corrupt {
-            id: *id,
-            kind,
-            source,
-        };
+        let corrupt = corrupt(id, entry);
         let file = File::open(&path).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => StoreError::Missing(*id),
             _ => StoreError::Io {
@@ -246,12 +241,7 @@ impl Store {
         budget: u32,
         out: &mut [u8],
     ) -> Result<(), StoreError> {
-        let kind = entry.kind.name();
-        let corrupt = |source: FormatError| StoreError::Corrupt {
-            id: *id,
-            kind,
-            source,
-        };
+        let corrupt = corrupt(id, entry);
         let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
         if codec.is_streaming() && entry.base.is_none() {
             let mut w = &mut out[..];
@@ -294,12 +284,7 @@ impl Store {
         bytes: &[u8],
         out: &mut [u8],
     ) -> Result<(), StoreError> {
-        let kind = entry.kind.name();
-        let corrupt = |source: FormatError| StoreError::Corrupt {
-            id: *id,
-            kind,
-            source,
-        };
+        let corrupt = corrupt(id, entry);
         let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
         let (header, payload, trailer) = record::decode(bytes).map_err(corrupt)?;
         if trailer.content_len != entry.content_len
@@ -427,6 +412,12 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// Maps a format error in `id`'s record to [`StoreError::Corrupt`] naming the object.
+fn corrupt(id: &ObjectId, entry: &IndexEntry) -> impl Fn(FormatError) -> StoreError + Copy {
+    let (id, kind) = (*id, entry.kind.name());
+    move |source| StoreError::Corrupt { id, kind, source }
 }
 
 enum HeaderError {
