@@ -97,7 +97,8 @@ impl Default for EncodeOptions {
     }
 }
 
-/// Tensors below this size are stored raw or zstd only: the float codecs' tables would outweigh their gain.
+/// Tensors below this size are stored raw or zstd only: the float codecs' tables would outweigh
+/// their gain.
 pub const SMALL_TENSOR: u64 = 4096;
 
 /// The streaming codecs a commit tries for a tensor that the float codecs do not take (or
