@@ -1,4 +1,4 @@
-//! Untrusted bytes as a float-split or xor-delta payload of every float dtype: decoding must
+//! Untrusted bytes as a float-split, xor-delta or sub-delta payload of every float dtype: decoding must
 //! never panic. Valid inputs built from the fuzz bytes must round-trip bit for bit.
 #![no_main]
 
@@ -20,6 +20,7 @@ fuzz_target!(|input: &[u8]| {
     let base = vec![0x5au8; n * w];
     let mut out = vec![0u8; n * w];
     let _ = float::decode(dtype, rest, with_base.then_some(&base[..]), &mut out);
+    let _ = float::decode_sub(dtype, rest, &base, &mut out);
     // As data: encoding then decoding gives back every bit.
     let data = &rest[..rest.len() / w * w];
     let base: Vec<u8> = data.iter().rev().copied().collect();
@@ -34,5 +35,11 @@ fuzz_target!(|input: &[u8]| {
     float::encode(dtype, data, b, choice, &mut payload).expect("encodes");
     let mut back = vec![0u8; data.len()];
     float::decode(dtype, &payload, b, &mut back).expect("decodes what it encoded");
+    assert_eq!(back, data);
+    // And as a sub-delta against the reversed bytes.
+    let sub = float::analyze_sub(dtype, data, &base).expect("valid lengths");
+    let mut payload = Vec::new();
+    float::encode(dtype, data, Some(&base), &sub, &mut payload).expect("encodes");
+    float::decode_sub(dtype, &payload, &base, &mut back).expect("decodes what it encoded");
     assert_eq!(back, data);
 });

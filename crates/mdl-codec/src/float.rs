@@ -242,10 +242,167 @@ fn merge_f64(p: &[&[u8]], out: &mut [u8], base: Option<&[u8]>, mask: u64) {
     });
 }
 
+// sub-delta: the difference from the base, as integers (the float's bit pattern read as an
+// unsigned integer, wrapping), zigzag-mapped so small negative differences are small too, split
+// into its little-endian bytes. Two floats of the same sign that are close have bit patterns
+// that are close as integers, so where XOR turns a carry across a byte boundary into a run of
+// ones (0x3f7fffff ^ 0x3f800000 = 0x00ffffff), the difference stays small (1).
+
+macro_rules! sub_codec {
+    ($split:ident, $merge:ident, $ty:ty, $sty:ty) => {
+        fn $split(data: &[u8], p: &mut [&mut [u8]], base: Option<&[u8]>, _mask: u64) {
+            const W: usize = std::mem::size_of::<$ty>();
+            const BITS: u32 = <$ty>::BITS;
+            let zero = [0u8; W];
+            let base = base.map(|b| b.chunks_exact(W));
+            let mut base = base.into_iter().flatten();
+            for (i, c) in data.chunks_exact(W).enumerate() {
+                let b = base.next().unwrap_or(&zero);
+                let v = <$ty>::from_le_bytes(c.try_into().unwrap());
+                let d = v.wrapping_sub(<$ty>::from_le_bytes(b.try_into().unwrap())) as $sty;
+                let z = ((d << 1) ^ (d >> (BITS - 1))) as $ty;
+                for (k, plane) in p.iter_mut().enumerate().take(W) {
+                    plane[i] = (z >> (8 * k)) as u8;
+                }
+            }
+        }
+
+        fn $merge(p: &[&[u8]], out: &mut [u8], base: Option<&[u8]>, _mask: u64) {
+            const W: usize = std::mem::size_of::<$ty>();
+            let zero = [0u8; W];
+            let base = base.map(|b| b.chunks_exact(W));
+            let mut base = base.into_iter().flatten();
+            for (i, o) in out.chunks_exact_mut(W).enumerate() {
+                let b = base.next().unwrap_or(&zero);
+                let mut z: $ty = 0;
+                for (k, plane) in p.iter().enumerate().take(W) {
+                    z |= (plane[i] as $ty) << (8 * k);
+                }
+                let d = ((z >> 1) as $sty) ^ -((z & 1) as $sty);
+                let v = <$ty>::from_le_bytes(b.try_into().unwrap()).wrapping_add(d as $ty);
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+    };
+}
+
+sub_codec!(split_sub64, merge_sub64, u64, i64);
+
+// The 16- and 32-bit versions, which carry nearly all tensors, name each plane so the loops
+// have no per-byte plane indexing.
+
+fn zigzag32(d: i32) -> u32 {
+    ((d << 1) ^ (d >> 31)) as u32
+}
+
+fn unzigzag32(z: u32) -> i32 {
+    ((z >> 1) as i32) ^ -((z & 1) as i32)
+}
+
+fn split_sub32(data: &[u8], p: &mut [&mut [u8]], base: Option<&[u8]>, _mask: u64) {
+    let n = data.len() / 4;
+    let [p0, p1, p2, p3, ..] = p else {
+        unreachable!()
+    };
+    let (p0, p1, p2, p3) = (&mut p0[..n], &mut p1[..n], &mut p2[..n], &mut p3[..n]);
+    let zero = vec![0u8; if base.is_some() { 0 } else { data.len() }];
+    let base = base.unwrap_or(&zero);
+    for (i, (c, b)) in data.chunks_exact(4).zip(base.chunks_exact(4)).enumerate() {
+        let v = u32::from_le_bytes(c.try_into().unwrap());
+        let b = u32::from_le_bytes(b.try_into().unwrap());
+        let z = zigzag32(v.wrapping_sub(b) as i32);
+        p0[i] = z as u8;
+        p1[i] = (z >> 8) as u8;
+        p2[i] = (z >> 16) as u8;
+        p3[i] = (z >> 24) as u8;
+    }
+}
+
+fn merge_sub32(p: &[&[u8]], out: &mut [u8], base: Option<&[u8]>, _mask: u64) {
+    let n = out.len() / 4;
+    let [p0, p1, p2, p3, ..] = p else {
+        unreachable!()
+    };
+    let (p0, p1, p2, p3) = (&p0[..n], &p1[..n], &p2[..n], &p3[..n]);
+    let zero = vec![0u8; if base.is_some() { 0 } else { out.len() }];
+    let base = base.unwrap_or(&zero);
+    for (i, (o, b)) in out
+        .chunks_exact_mut(4)
+        .zip(base.chunks_exact(4))
+        .enumerate()
+    {
+        let z = p0[i] as u32 | (p1[i] as u32) << 8 | (p2[i] as u32) << 16 | (p3[i] as u32) << 24;
+        let b = u32::from_le_bytes(b.try_into().unwrap());
+        o.copy_from_slice(&b.wrapping_add(unzigzag32(z) as u32).to_le_bytes());
+    }
+}
+
+fn split_sub16(data: &[u8], p: &mut [&mut [u8]], base: Option<&[u8]>, _mask: u64) {
+    let n = data.len() / 2;
+    let [p0, p1, ..] = p else { unreachable!() };
+    let (p0, p1) = (&mut p0[..n], &mut p1[..n]);
+    let zero = vec![0u8; if base.is_some() { 0 } else { data.len() }];
+    let base = base.unwrap_or(&zero);
+    for (i, (c, b)) in data.chunks_exact(2).zip(base.chunks_exact(2)).enumerate() {
+        let v = u16::from_le_bytes(c.try_into().unwrap());
+        let b = u16::from_le_bytes(b.try_into().unwrap());
+        let d = v.wrapping_sub(b) as i16;
+        let z = ((d << 1) ^ (d >> 15)) as u16;
+        p0[i] = z as u8;
+        p1[i] = (z >> 8) as u8;
+    }
+}
+
+fn merge_sub16(p: &[&[u8]], out: &mut [u8], base: Option<&[u8]>, _mask: u64) {
+    let n = out.len() / 2;
+    let [p0, p1, ..] = p else { unreachable!() };
+    let (p0, p1) = (&p0[..n], &p1[..n]);
+    let zero = vec![0u8; if base.is_some() { 0 } else { out.len() }];
+    let base = base.unwrap_or(&zero);
+    for (i, (o, b)) in out
+        .chunks_exact_mut(2)
+        .zip(base.chunks_exact(2))
+        .enumerate()
+    {
+        let z = p0[i] as u16 | (p1[i] as u16) << 8;
+        let d = ((z >> 1) as i16) ^ -((z & 1) as i16);
+        let b = u16::from_le_bytes(b.try_into().unwrap());
+        o.copy_from_slice(&b.wrapping_add(d as u16).to_le_bytes());
+    }
+}
+
+fn sub_layout(dtype: Dtype) -> Option<Layout> {
+    let (width, split, merge): (usize, SplitFn, MergeFn) = match dtype {
+        Dtype::BF16 | Dtype::F16 => (2, split_sub16, merge_sub16),
+        Dtype::F32 => (4, split_sub32, merge_sub32),
+        Dtype::F64 => (8, split_sub64, merge_sub64),
+        _ => return None,
+    };
+    Some(Layout {
+        width,
+        planes: width,
+        split,
+        merge,
+        plane_bits: &[],
+    })
+}
+
+/// How a payload's planes relate to the tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transform {
+    /// Float planes (exponent, sign and mantissa), each from the value or, where the XOR mask
+    /// says, from `value ^ base`: codecs float-split and xor-delta.
+    Planes,
+    /// Byte planes of the zigzag-mapped integer difference `value − base`: codec sub-delta.
+    Sub,
+}
+
 /// How to hold one tensor: per plane, whether it is XORed with the base and how it is coded.
 #[derive(Clone, Debug)]
 pub struct Choice {
     plans: Vec<Plan>,
+    /// Which planes these are.
+    pub transform: Transform,
     /// Bit `p` set: plane `p` holds `value ^ base` rather than `value`.
     pub xor_mask: u8,
     /// Plane sizes in bytes, in plane order.
@@ -261,10 +418,12 @@ impl Choice {
     /// swapped: true when every plane taken as it is (not XORed) is stored raw, since XORed
     /// planes are the same either way round.
     pub fn reusable_for_swap(&self) -> bool {
-        self.plans
-            .iter()
-            .enumerate()
-            .all(|(p, plan)| self.xor_mask & (1 << p) != 0 || *plan == Plan::Stored)
+        self.transform == Transform::Planes
+            && self
+                .plans
+                .iter()
+                .enumerate()
+                .all(|(p, plan)| self.xor_mask & (1 << p) != 0 || *plan == Plan::Stored)
     }
 }
 
@@ -276,6 +435,19 @@ pub struct Analysis {
     /// `xor-delta` against the base given to [`analyze`]: each plane from the value or from
     /// `value ^ base`, whichever codes smaller (`None` without a base, or when no plane gains).
     pub delta: Option<Choice>,
+    /// `sub-delta` against the base given to [`analyze`] (`None` without a base).
+    pub sub: Option<Choice>,
+}
+
+impl Analysis {
+    /// The smallest delta encoding, if any is smaller than `float-split`.
+    pub fn best_delta(&self) -> Option<&Choice> {
+        [self.delta.as_ref(), self.sub.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter(|c| c.size < self.plain.size)
+            .min_by_key(|c| c.size)
+    }
 }
 
 fn check_lengths(l: &Layout, data: &[u8], base: Option<&[u8]>) -> Result<(), FormatError> {
@@ -402,6 +574,7 @@ fn choice(l: &Layout, n: u64, stats: &[&PlaneStats], xor_mask: u64) -> Choice {
     }
     Choice {
         plans,
+        transform: Transform::Planes,
         xor_mask: xor_mask as u8,
         size: 2 + 8 * l.planes as u64 + plane_bytes.iter().sum::<u64>(),
         plane_bytes,
@@ -417,7 +590,17 @@ pub fn analyze(dtype: Dtype, data: &[u8], base: Option<&[u8]>) -> Result<Analysi
     let n = (data.len() / l.width) as u64;
     let plain_h = histograms(&l, data, None, 0);
     let plain = choice(&l, n, &plain_h.iter().collect::<Vec<_>>(), 0);
-    let delta = base.and_then(|b| {
+    // Which delta to count in full: on tensors of several chunks, the one whose first chunk
+    // codes smaller (counting both would cost a whole extra pass for nothing).
+    let (want_xor, want_sub) = match base {
+        Some(b) if data.len() > CHUNK * l.width => {
+            let (xor, sub) = sample_delta_sizes(dtype, &l, data, b);
+            (xor < sub, sub <= xor)
+        }
+        Some(_) => (true, true),
+        None => (false, false),
+    };
+    let delta = base.filter(|_| want_xor).and_then(|b| {
         let xor_h = histograms(&l, data, Some(b), u64::MAX);
         let xor = choice(&l, n, &xor_h.iter().collect::<Vec<_>>(), 0);
         let mut mask = 0u64;
@@ -432,7 +615,50 @@ pub fn analyze(dtype: Dtype, data: &[u8], base: Option<&[u8]>) -> Result<Analysi
         }
         (mask != 0).then(|| choice(&l, n, &picked, mask))
     });
-    Ok(Analysis { plain, delta })
+    let sub = base
+        .filter(|_| want_sub)
+        .map(|b| analyze_sub(dtype, data, b))
+        .transpose()?;
+    Ok(Analysis { plain, delta, sub })
+}
+
+/// Estimated sizes of the first chunk as xor-delta (each plane XORed or not, whichever is
+/// smaller) and as sub-delta.
+fn sample_delta_sizes(dtype: Dtype, l: &Layout, data: &[u8], base: &[u8]) -> (u64, u64) {
+    let step = CHUNK * l.width;
+    let sizes = |l: &Layout, b: Option<&[u8]>, mask: u64| {
+        with_scratch(CHUNK * l.planes, |scratch| {
+            let mut planes: Vec<&mut [u8]> = scratch.chunks_mut(CHUNK).collect();
+            (l.split)(&data[..step], &mut planes, b, mask);
+            planes
+                .iter()
+                .map(|p| {
+                    let h = Histogram::of(p);
+                    let f = Plan::wants_flags(&h).then(|| flag_histogram(p));
+                    Plan::choose(&h, f.as_ref()).1
+                })
+                .collect::<Vec<u64>>()
+        })
+    };
+    let plain = sizes(l, None, 0);
+    let xor = sizes(l, Some(&base[..step]), u64::MAX);
+    let xor_total = plain.iter().zip(&xor).map(|(p, x)| *p.min(x)).sum();
+    let sub_total = match sub_layout(dtype) {
+        Some(sl) => sizes(&sl, Some(&base[..step]), 0).iter().sum(),
+        None => u64::MAX,
+    };
+    (xor_total, sub_total)
+}
+
+/// Counts the `sub-delta` planes of `data` against `base` and chooses how to hold each.
+pub fn analyze_sub(dtype: Dtype, data: &[u8], base: &[u8]) -> Result<Choice, FormatError> {
+    let l = sub_layout(dtype).ok_or(FormatError::invalid("sub-delta", "not a float dtype"))?;
+    check_lengths(&l, data, Some(base))?;
+    let n = (data.len() / l.width) as u64;
+    let stats = histograms(&l, data, Some(base), 0);
+    let mut c = choice(&l, n, &stats.iter().collect::<Vec<_>>(), 0);
+    c.transform = Transform::Sub;
+    Ok(c)
 }
 
 /// Counts `data` with the planes of `xor_mask` XORed with `base` and chooses how to hold each:
@@ -465,10 +691,14 @@ pub fn encode(
     choice: &Choice,
     out: &mut Vec<u8>,
 ) -> Result<(), FormatError> {
-    let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
+    let l = match choice.transform {
+        Transform::Planes => layout(dtype),
+        Transform::Sub => sub_layout(dtype),
+    }
+    .ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
     check_lengths(&l, data, base)?;
-    if choice.xor_mask != 0 && base.is_none() {
-        return Err(FormatError::invalid("xor-delta", "no base given"));
+    if (choice.xor_mask != 0 || choice.transform == Transform::Sub) && base.is_none() {
+        return Err(FormatError::invalid("delta", "no base given"));
     }
     let mask = word_mask(&l, choice.xor_mask);
     let writers: Vec<StreamWriter> = choice
@@ -529,7 +759,28 @@ pub fn decode(
     out: &mut [u8],
 ) -> Result<(), FormatError> {
     let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
-    check_lengths(&l, out, base)?;
+    decode_with(&l, Transform::Planes, payload, base, out)
+}
+
+/// Decodes a `sub-delta` payload against `base` into `out`.
+pub fn decode_sub(
+    dtype: Dtype,
+    payload: &[u8],
+    base: &[u8],
+    out: &mut [u8],
+) -> Result<(), FormatError> {
+    let l = sub_layout(dtype).ok_or(FormatError::invalid("sub-delta", "not a float dtype"))?;
+    decode_with(&l, Transform::Sub, payload, Some(base), out)
+}
+
+fn decode_with(
+    l: &Layout,
+    transform: Transform,
+    payload: &[u8],
+    base: Option<&[u8]>,
+    out: &mut [u8],
+) -> Result<(), FormatError> {
+    check_lengths(l, out, base)?;
     let n = (out.len() / l.width) as u64;
     if payload.len() < 2 + 8 * l.planes {
         return Err(FormatError::Truncated {
@@ -544,7 +795,13 @@ pub fn decode(
             "plane count does not match the dtype",
         ));
     }
-    if (l.planes < 8 && xor_mask >> l.planes != 0) || (xor_mask != 0) != base.is_some() {
+    let bad_mask = match transform {
+        Transform::Planes => {
+            (l.planes < 8 && xor_mask >> l.planes != 0) || (xor_mask != 0) != base.is_some()
+        }
+        Transform::Sub => xor_mask != 0,
+    };
+    if bad_mask {
         return Err(FormatError::invalid(
             "float payload",
             "XOR planes disagree with the record's base",
@@ -576,7 +833,7 @@ pub fn decode(
             "plane chunk size differs from the codec's",
         ));
     }
-    let mask = word_mask(&l, xor_mask);
+    let mask = word_mask(l, xor_mask);
     let step = CHUNK * l.width;
     out.par_chunks_mut(step)
         .enumerate()
@@ -624,6 +881,20 @@ mod tests {
             }
         }
         let mut best = usize::MAX;
+        if let Some(b) = base {
+            let sub = analyze_sub(dtype, data, b).unwrap();
+            let mut payload = Vec::new();
+            encode(dtype, data, base, &sub, &mut payload).unwrap();
+            assert!(payload.len() as u64 <= sub.size);
+            let mut out = vec![0u8; data.len()];
+            decode_sub(dtype, &payload, b, &mut out).unwrap();
+            assert_eq!(out, data, "{dtype:?} sub-delta");
+            // A sub-delta payload is not a float-split one, and the other way round.
+            assert!(
+                decode(dtype, &payload, None, &mut out).is_err() || data.is_empty() || out != data
+            );
+            best = payload.len();
+        }
         for ch in &choices {
             let mut payload = Vec::new();
             encode(dtype, data, base, ch, &mut payload).unwrap();
@@ -723,6 +994,35 @@ mod tests {
                 assert!(elements < 1000 || size < data.len(), "{dtype:?} compresses");
             }
         }
+    }
+
+    #[test]
+    fn sub_delta_keeps_carries_small() {
+        // Values that cross a binade boundary by one ulp: XOR sees 24 changed bits, the
+        // difference is 1.
+        let mut r = rng(5);
+        let base: Vec<u8> = (0..50_000)
+            .flat_map(|_| (0x3f7f_0000u32 + (r() % 0x1_0000) as u32).to_le_bytes())
+            .collect();
+        let data: Vec<u8> = base
+            .chunks(4)
+            .flat_map(|c| {
+                (u32::from_le_bytes(c.try_into().unwrap()) + (r() % 64) as u32).to_le_bytes()
+            })
+            .collect();
+        let a = analyze(Dtype::F32, &data, Some(&base)).unwrap();
+        let sub = analyze_sub(Dtype::F32, &data, &base).unwrap();
+        let xor = analyze_masked(Dtype::F32, &data, &base, 0b1111).unwrap();
+        assert!(sub.size * 10 < xor.size * 8, "{} vs {}", sub.size, xor.size);
+        assert_eq!(a.best_delta().unwrap().transform, Transform::Sub);
+        round_trip(Dtype::F32, &data, Some(&base));
+        // Wrapping differences (sign changes, extremes) come back exactly too.
+        let extremes: Vec<u8> = [0u32, u32::MAX, 0x8000_0000, 0x7fff_ffff, 1]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let flipped: Vec<u8> = extremes.iter().rev().copied().collect();
+        round_trip(Dtype::F32, &extremes, Some(&flipped));
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub enum CodecTag {
     XorDelta = 3,
     // Reserved for the next issues (documented in docs/FORMAT.md):
     // 4 quant-base, 5 quant-delta, 6 mantissa-trim.
+    /// Byte planes of the zigzag-mapped integer difference `value − base`: [`float`].
+    SubDelta = 7,
 }
 
 impl CodecTag {
@@ -47,6 +49,7 @@ impl CodecTag {
             CodecTag::Zstd => "zstd",
             CodecTag::FloatSplit => "float-split",
             CodecTag::XorDelta => "xor-delta",
+            CodecTag::SubDelta => "sub-delta",
         }
     }
 
@@ -54,7 +57,7 @@ impl CodecTag {
     pub fn has_base(self) -> bool {
         match self {
             CodecTag::Raw | CodecTag::Zstd | CodecTag::FloatSplit => false,
-            CodecTag::XorDelta => true,
+            CodecTag::XorDelta | CodecTag::SubDelta => true,
         }
     }
 
@@ -73,6 +76,7 @@ impl TryFrom<u8> for CodecTag {
             1 => Ok(CodecTag::Zstd),
             2 => Ok(CodecTag::FloatSplit),
             3 => Ok(CodecTag::XorDelta),
+            7 => Ok(CodecTag::SubDelta),
             tag => Err(FormatError::UnknownTag { what: "codec", tag }),
         }
     }
@@ -157,7 +161,9 @@ pub fn encode_observed(
             feed(&mut enc)?;
             enc.finish()?;
         }
-        CodecTag::FloatSplit | CodecTag::XorDelta => return Err(not_streaming(tag)),
+        CodecTag::FloatSplit | CodecTag::XorDelta | CodecTag::SubDelta => {
+            return Err(not_streaming(tag))
+        }
     }
     Ok(counter.n)
 }
@@ -172,7 +178,9 @@ pub fn decoder<'a>(
     let inner: Box<dyn Read + 'a> = match tag {
         CodecTag::Raw => payload,
         CodecTag::Zstd => Box::new(zstd::stream::Decoder::new(payload)?),
-        CodecTag::FloatSplit | CodecTag::XorDelta => return Err(not_streaming(tag)),
+        CodecTag::FloatSplit | CodecTag::XorDelta | CodecTag::SubDelta => {
+            return Err(not_streaming(tag))
+        }
     };
     Ok(Box::new(Exact {
         inner,
@@ -262,6 +270,7 @@ mod tests {
         }
         assert_eq!(CodecTag::FloatSplit as u8, 2);
         assert_eq!(CodecTag::XorDelta as u8, 3);
+        assert_eq!(CodecTag::SubDelta as u8, 7);
         assert!(CodecTag::try_from(4).is_err());
     }
 

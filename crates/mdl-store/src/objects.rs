@@ -328,6 +328,13 @@ impl Store {
             CodecTag::FloatSplit | CodecTag::XorDelta => {
                 float::decode(tensor.dtype, payload, base.as_deref(), out).map_err(corrupt)?
             }
+            CodecTag::SubDelta => {
+                let base = base.as_deref().ok_or(corrupt(FormatError::invalid(
+                    "sub-delta",
+                    "record has no base",
+                )))?;
+                float::decode_sub(tensor.dtype, payload, base, out).map_err(corrupt)?
+            }
             CodecTag::Raw | CodecTag::Zstd => {
                 return Err(corrupt(FormatError::invalid(
                     "record",

@@ -6,7 +6,8 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use mdl_codec::{float, CodecTag, EncodeOptions, SMALL_TENSOR};
+use mdl_codec::float::{self, Transform};
+use mdl_codec::{CodecTag, EncodeOptions, SMALL_TENSOR};
 use mdl_format::safetensors::{self, Layout, TensorInfo};
 use mdl_format::{
     Commit, CommitStats, Entry, Exactness, Manifest, ObjectId, ObjectKind, RefName, Timestamp,
@@ -420,10 +421,8 @@ impl StoreCtx<'_> {
             .transpose()?;
         let corrupt = |source| Error::Corrupt { id, source };
         let analysis = float::analyze(header.dtype, data, base_data.as_deref()).map_err(corrupt)?;
-        let best_float = analysis
-            .delta
-            .as_ref()
-            .map_or(analysis.plain.size, |d| d.size.min(analysis.plain.size));
+        let delta = analysis.best_delta();
+        let best_float = delta.map_or(analysis.plain.size, |d| d.size);
         if best_float as f64 > len as f64 * (1.0 - FLOAT_GAIN_FLOOR) {
             // The float codecs barely help (noise-like or repetitive data): let raw and zstd
             // compete instead.
@@ -437,7 +436,7 @@ impl StoreCtx<'_> {
                 .map_err(corrupt)?;
             let (codec, placement) = match base {
                 Some((bid, _, depth)) => (
-                    CodecTag::XorDelta,
+                    delta_codec(choice),
                     Placement {
                         generation: 0,
                         base: Some(*bid),
@@ -461,8 +460,7 @@ impl StoreCtx<'_> {
             }
         };
 
-        let (Some((bid, bentry)), Some(bdata), Some(delta)) =
-            (base, base_data.as_deref(), analysis.delta.as_ref())
+        let (Some((bid, bentry)), Some(bdata), Some(delta)) = (base, base_data.as_deref(), delta)
         else {
             return Ok(plain((id, whole()?)));
         };
@@ -470,7 +468,7 @@ impl StoreCtx<'_> {
             DeltaMode::Off => Ok(plain((id, whole()?))),
             DeltaMode::Forward => {
                 let depth = bentry.depth + 1;
-                if delta.size < analysis.plain.size && depth <= self.policy.max_depth {
+                if depth <= self.policy.max_depth {
                     Ok(plain((id, write(delta, Some((&bid, bdata, depth)))?)))
                 } else {
                     Ok(plain((id, whole()?)))
@@ -514,11 +512,16 @@ impl StoreCtx<'_> {
         // XOR planes are symmetric; planes taken as they are must be coded from the previous
         // version's own bytes unless they are stored raw.
         let corrupt = |source| Error::Corrupt { id: *prev, source };
-        let choice = if estimate.reusable_for_swap() {
-            estimate.clone()
-        } else {
-            float::analyze_masked(info.header.dtype, prev_data, data, estimate.xor_mask)
-                .map_err(corrupt)?
+        let choice = match estimate.transform {
+            Transform::Planes if estimate.reusable_for_swap() => estimate.clone(),
+            Transform::Planes => {
+                float::analyze_masked(info.header.dtype, prev_data, data, estimate.xor_mask)
+                    .map_err(corrupt)?
+            }
+            // The difference changes sign with the roles, and its zigzag symbols with it.
+            Transform::Sub => {
+                float::analyze_sub(info.header.dtype, prev_data, data).map_err(corrupt)?
+            }
         };
         if choice.size as f64 > prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR) {
             return Ok(None);
@@ -539,9 +542,23 @@ impl StoreCtx<'_> {
         };
         let new = self
             .batch
-            .put_payload(prev, &info.header, CodecTag::XorDelta, placement, &payload)?
+            .put_payload(
+                prev,
+                &info.header,
+                delta_codec(&choice),
+                placement,
+                &payload,
+            )?
             .entry;
         Ok(Some((*prev_entry, new)))
+    }
+}
+
+/// The codec of a delta record made with `choice`.
+fn delta_codec(choice: &float::Choice) -> CodecTag {
+    match choice.transform {
+        Transform::Planes => CodecTag::XorDelta,
+        Transform::Sub => CodecTag::SubDelta,
     }
 }
 

@@ -125,7 +125,11 @@ fn faults_during_a_reverse_delta_leave_the_old_record_in_use() {
     let repo = Repository::open(dir.path(), &OpenOptions::default()).unwrap();
     commit(&repo, &f, &CommitOptions::default(), &NoProgress).unwrap();
     let shown = mdl::show::show(&repo, "main~1").unwrap();
-    assert_eq!(shown.tensors[0].codec, "xor-delta");
+    assert!(
+        shown.tensors[0].codec.ends_with("-delta"),
+        "{}",
+        shown.tensors[0].codec
+    );
     let out = dir.path().join("out.safetensors");
     mdl::checkout::checkout(&repo, "main~1", &out, &Default::default(), &NoProgress).unwrap();
     assert_eq!(std::fs::read(&out).unwrap(), original);
