@@ -11,16 +11,20 @@ const TENSORS: u64 = 25;
 const NEW_PER_COMMIT: u64 = 5;
 const ELEMS: u64 = 1 << 19; // 2 MiB of f32 per tensor, 50 MiB per file
 
-/// File `n`: 25 tensors of 2 MiB; the last 5 are new in every file, the rest shared.
+/// File `n`: 25 tensors of 2 MiB; the last 5 are new in every file (the shared values with new
+/// low mantissa bytes, so each commit re-encodes their previous versions as deltas), the rest
+/// shared.
 fn checkpoint(path: &Path, n: u64) -> Vec<u8> {
     let ts: Vec<T> = (0..TENSORS)
         .map(|i| {
-            let seed = if i >= TENSORS - NEW_PER_COMMIT {
-                1_000 + n * TENSORS + i
-            } else {
-                i
-            };
-            tensor(&format!("layer{i}.weight"), "F32", &[ELEMS], seed)
+            let mut t = tensor(&format!("layer{i}.weight"), "F32", &[ELEMS], i);
+            if i >= TENSORS - NEW_PER_COMMIT {
+                let low = noise(1_000 + n * TENSORS + i, ELEMS as usize);
+                for (w, r) in t.data.chunks_mut(4).zip(low) {
+                    w[0] = r;
+                }
+            }
+            t
         })
         .collect();
     write_safetensors(path, &ts, &[("n", &n.to_string())])
