@@ -16,7 +16,9 @@ fuzz_target!(|input: &[u8]| {
         let stream = huffman::Stream::parse(bytes, n as u64).expect("parsed once already");
         let mut again = vec![0u8; n];
         for (i, c) in again.chunks_mut(stream.chunk_len()).enumerate() {
-            stream.decode_chunk(i, c).expect("chunks decoded once already");
+            stream
+                .decode_chunk(i, c)
+                .expect("chunks decoded once already");
         }
         assert_eq!(out, again);
     }

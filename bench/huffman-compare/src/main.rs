@@ -11,7 +11,9 @@ use mdl_codec::huffman;
 use mdl_format::safetensors;
 
 fn main() {
-    let path = std::env::args().nth(1).expect("usage: huffman-compare FILE.safetensors");
+    let path = std::env::args()
+        .nth(1)
+        .expect("usage: huffman-compare FILE.safetensors");
     let file = std::fs::read(&path).expect("read");
     let hl = safetensors::header_len(&file[..8], file.len() as u64).expect("header");
     let layout = safetensors::parse(&file[8..8 + hl as usize], file.len() as u64).expect("parse");
@@ -20,16 +22,25 @@ fn main() {
     for t in &layout.tensors {
         if t.header.dtype == mdl_format::Dtype::F32 {
             let d = &file[start + t.offset as usize..start + (t.offset + t.len) as usize];
-            exps.extend(d.chunks_exact(4).map(|w| (u32::from_le_bytes(w.try_into().unwrap()) >> 23) as u8));
+            exps.extend(
+                d.chunks_exact(4)
+                    .map(|w| (u32::from_le_bytes(w.try_into().unwrap()) >> 23) as u8),
+            );
         }
     }
     let n = exps.len();
     let hist = huffman::Histogram::of(&exps);
-    println!("{n} exponent symbols, entropy {:.4} bits/symbol", hist.entropy_bits() / n as f64);
+    println!(
+        "{n} exponent symbols, entropy {:.4} bits/symbol",
+        hist.entropy_bits() / n as f64
+    );
     println!("| coder | bits/symbol | encode M sym/s | decode M sym/s |");
     println!("|---|---:|---:|---:|");
 
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
     let (ours, enc_s, dec_s) = pool.install(|| {
         let t = Instant::now();
         let mut enc = Vec::new();
