@@ -29,6 +29,7 @@ for i, step in enumerate([100, 200, 300]):
 PY
 set -x
 "$mdl" init
+"$mdl" config                # delta.mode = reverse, delta.max_depth = 16 (defaults)
 "$mdl" commit ckpt0.safetensors -m "step 100" --step 100 --metric loss=2.9
 "$mdl" commit ckpt1.safetensors -m "step 200" --step 200 --metric loss=2.5
 "$mdl" branch lr-low HEAD~1
@@ -36,6 +37,7 @@ set -x
 "$mdl" log --graph lr-low
 "$mdl" log main
 "$mdl" show lr-low
+"$mdl" show main~1           # the older commit: its tensors are deltas against main's
 "$mdl" diff main lr-low
 "$mdl" checkout main -o restored.safetensors
 cmp restored.safetensors ckpt1.safetensors && echo "checkout is byte-identical"
