@@ -682,8 +682,39 @@ pub fn analyze_masked(
     ))
 }
 
-/// Encodes `data` as `choice` says (XORing the chosen planes with `base`), appending the
-/// payload to `out`.
+/// An encoded payload, kept as the pieces it was produced in (chunks encoded in parallel), so
+/// it can be written out without first being copied into one buffer.
+pub struct Encoded {
+    /// Plane count, mask and stream lengths.
+    head: Vec<u8>,
+    /// Per plane: its stream header and its chunks.
+    planes: Vec<(Vec<u8>, Vec<Vec<u8>>)>,
+}
+
+impl Encoded {
+    /// The payload, in order.
+    pub fn pieces(&self) -> Vec<&[u8]> {
+        let mut out = vec![self.head.as_slice()];
+        for (head, chunks) in &self.planes {
+            out.push(head);
+            out.extend(chunks.iter().map(Vec::as_slice));
+        }
+        out
+    }
+
+    /// Payload length in bytes.
+    pub fn len(&self) -> u64 {
+        self.pieces().iter().map(|p| p.len() as u64).sum()
+    }
+
+    /// Whether the payload is empty (never: it always has a header).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+/// Encodes `data` as `choice` says (XORing the chosen planes with `base`, or taking the
+/// difference from it), appending the payload to `out`.
 pub fn encode(
     dtype: Dtype,
     data: &[u8],
@@ -691,6 +722,19 @@ pub fn encode(
     choice: &Choice,
     out: &mut Vec<u8>,
 ) -> Result<(), FormatError> {
+    for piece in encode_pieces(dtype, data, base, choice)?.pieces() {
+        out.extend_from_slice(piece);
+    }
+    Ok(())
+}
+
+/// Like [`encode`], returning the payload in pieces.
+pub fn encode_pieces(
+    dtype: Dtype,
+    data: &[u8],
+    base: Option<&[u8]>,
+    choice: &Choice,
+) -> Result<Encoded, FormatError> {
     let l = match choice.transform {
         Transform::Planes => layout(dtype),
         Transform::Sub => sub_layout(dtype),
@@ -708,7 +752,7 @@ pub fn encode(
         .collect();
     let step = CHUNK * l.width;
     // chunks[c][p]: the coded bytes of plane p in element chunk c.
-    let chunks: Vec<Vec<Vec<u8>>> = data
+    let mut chunks: Vec<Vec<Vec<u8>>> = data
         .par_chunks(step)
         .enumerate()
         .map(|(c, chunk)| {
@@ -730,18 +774,22 @@ pub fn encode(
             })
         })
         .collect();
-    out.push(l.planes as u8);
-    out.push(choice.xor_mask);
-    let lengths_at = out.len();
-    out.resize(lengths_at + 8 * l.planes, 0);
+    let mut planes = Vec::with_capacity(l.planes);
     for (p, w) in writers.iter().enumerate() {
-        let start = out.len();
-        let refs: Vec<&[u8]> = chunks.iter().map(|c| c[p].as_slice()).collect();
-        w.assemble(&refs, out);
-        let len = (out.len() - start) as u64;
-        out[lengths_at + 8 * p..lengths_at + 8 * p + 8].copy_from_slice(&len.to_le_bytes());
+        let plane_chunks: Vec<Vec<u8>> = chunks
+            .iter_mut()
+            .map(|c| std::mem::take(&mut c[p]))
+            .collect();
+        let refs: Vec<&[u8]> = plane_chunks.iter().map(Vec::as_slice).collect();
+        let head = w.head(&refs);
+        planes.push((head, plane_chunks));
     }
-    Ok(())
+    let mut head = vec![l.planes as u8, choice.xor_mask];
+    for (h, cs) in &planes {
+        let len = h.len() as u64 + cs.iter().map(|c| c.len() as u64).sum::<u64>();
+        head.extend_from_slice(&len.to_le_bytes());
+    }
+    Ok(Encoded { head, planes })
 }
 
 /// The XOR mask a payload declares (0 for `float-split`), so readers can check that a record

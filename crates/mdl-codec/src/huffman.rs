@@ -693,35 +693,38 @@ impl StreamWriter {
         }
     }
 
-    /// Appends the stream (header and chunks, produced by [`Self::chunk`] in order) to `out`.
-    pub fn assemble(&self, chunks: &[&[u8]], out: &mut Vec<u8>) {
+    /// The stream's header for these chunks (produced by [`Self::chunk`], in order): the
+    /// stream is this header followed by the chunks' bytes (none for a constant stream).
+    pub fn head(&self, chunks: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
         let table = |out: &mut Vec<u8>| {
             for c in chunks {
                 out.extend_from_slice(&(c.len() as u32).to_le_bytes());
             }
-            for c in chunks {
-                out.extend_from_slice(c);
-            }
         };
         match &self.plan {
-            Plan::Stored => {
-                out.push(MODE_STORED);
-                for c in chunks {
-                    out.extend_from_slice(c);
-                }
-            }
+            Plan::Stored => out.push(MODE_STORED),
             Plan::Constant(s) => out.extend_from_slice(&[MODE_CONSTANT, *s]),
             Plan::Huffman(code) => {
                 out.extend_from_slice(&[MODE_HUFFMAN, CHUNK_LOG2]);
-                code.write_lengths(out);
-                table(out);
+                code.write_lengths(&mut out);
+                table(&mut out);
             }
             Plan::Sparse { flags, values } => {
                 out.extend_from_slice(&[MODE_SPARSE, CHUNK_LOG2]);
-                flags.write_lengths(out);
-                values.write_lengths(out);
-                table(out);
+                flags.write_lengths(&mut out);
+                values.write_lengths(&mut out);
+                table(&mut out);
             }
+        }
+        out
+    }
+
+    /// Appends the stream (header and chunks, produced by [`Self::chunk`] in order) to `out`.
+    pub fn assemble(&self, chunks: &[&[u8]], out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.head(chunks));
+        for c in chunks {
+            out.extend_from_slice(c);
         }
     }
 }

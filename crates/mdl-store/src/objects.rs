@@ -254,6 +254,26 @@ impl Store {
                 "longer than the index records (a cycle?)",
             )));
         }
+        // The base first, so its record buffer is gone before this one is read.
+        let base = match &entry.base {
+            Some(base_id) => {
+                let base_entry = self
+                    .meta()
+                    .read()?
+                    .object(base_id)?
+                    .ok_or(StoreError::Missing(*base_id))?;
+                if base_entry.content_len != entry.content_len {
+                    return Err(corrupt(FormatError::invalid(
+                        "delta",
+                        "base size differs from the object's",
+                    )));
+                }
+                let mut b = vec![0u8; base_entry.content_len as usize];
+                self.materialize(base_id, &base_entry, budget - 1, &mut b)?;
+                Some(b)
+            }
+            None => None,
+        };
         let path = self.record_path(id, entry.generation);
         // Record bytes go through a per-thread buffer (taken out while in use, so nested
         // reads get their own): fresh large buffers cost a page fault per 4 KiB.
@@ -261,7 +281,7 @@ impl Store {
         bytes.clear();
         let read = File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes));
         let result = match read {
-            Ok(_) => self.decode_record(id, entry, budget, &bytes, out),
+            Ok(_) => self.decode_record(id, entry, &bytes, base.as_deref(), out),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Err(StoreError::Missing(*id)),
             Err(e) => Err(StoreError::Io {
                 op: "read",
@@ -280,8 +300,8 @@ impl Store {
         &self,
         id: &ObjectId,
         entry: &IndexEntry,
-        budget: u32,
         bytes: &[u8],
+        base: Option<&[u8]>,
         out: &mut [u8],
     ) -> Result<(), StoreError> {
         let corrupt = corrupt(id, entry);
@@ -305,31 +325,12 @@ impl Store {
                 "tensor shape disagrees with the content length",
             )));
         }
-        let base = match &header.base {
-            Some(base_id) => {
-                let base_entry = self
-                    .meta()
-                    .read()?
-                    .object(base_id)?
-                    .ok_or(StoreError::Missing(*base_id))?;
-                if base_entry.content_len != entry.content_len {
-                    return Err(corrupt(FormatError::invalid(
-                        "xor-delta",
-                        "base size differs from the object's",
-                    )));
-                }
-                let mut b = vec![0u8; base_entry.content_len as usize];
-                self.materialize(base_id, &base_entry, budget - 1, &mut b)?;
-                Some(b)
-            }
-            None => None,
-        };
         match codec {
             CodecTag::FloatSplit | CodecTag::XorDelta => {
-                float::decode(tensor.dtype, payload, base.as_deref(), out).map_err(corrupt)?
+                float::decode(tensor.dtype, payload, base, out).map_err(corrupt)?
             }
             CodecTag::SubDelta => {
-                let base = base.as_deref().ok_or(corrupt(FormatError::invalid(
+                let base = base.ok_or(corrupt(FormatError::invalid(
                     "sub-delta",
                     "record has no base",
                 )))?;
@@ -512,15 +513,16 @@ impl ObjectBatch<'_> {
         unreachable!("raw records have no size cap")
     }
 
-    /// Stores a tensor payload encoded by the caller (the in-memory float codecs). The caller
-    /// has verified that `data`'s hash is `id` and encoded from those same bytes.
+    /// Stores a tensor payload encoded by the caller (the in-memory float codecs), given as the
+    /// pieces it was produced in. The caller has verified that `data`'s hash is `id` and
+    /// encoded from those same bytes.
     pub fn put_payload(
         &self,
         id: &ObjectId,
         header: &TensorHeader,
         codec: CodecTag,
         placement: Placement,
-        payload: &[u8],
+        payload: &[&[u8]],
     ) -> Result<PutOutcome, StoreError> {
         let content_len = header.data_len().unwrap_or(0);
         self.write_record(
@@ -531,7 +533,7 @@ impl ObjectBatch<'_> {
             &header.canonical(),
             content_len,
             u64::MAX,
-            &mut |w| w.write_all(payload),
+            &mut |w| payload.iter().try_for_each(|piece| w.write_all(piece)),
             &mut || Ok(()),
         )
         .map_err(WriteError::into_store)

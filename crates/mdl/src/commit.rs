@@ -431,8 +431,7 @@ impl StoreCtx<'_> {
         }
         // Writes the new tensor with a float choice, as a delta when given its base and depth.
         let write = |choice: &float::Choice, base: Option<(&ObjectId, &[u8], u32)>| {
-            let mut payload = Vec::with_capacity(choice.size as usize);
-            float::encode(header.dtype, data, base.map(|b| b.1), choice, &mut payload)
+            let payload = float::encode_pieces(header.dtype, data, base.map(|b| b.1), choice)
                 .map_err(corrupt)?;
             let (codec, placement) = match base {
                 Some((bid, _, depth)) => (
@@ -447,7 +446,7 @@ impl StoreCtx<'_> {
             };
             Ok::<_, Error>(
                 self.batch
-                    .put_payload(&id, header, codec, placement, &payload)?
+                    .put_payload(&id, header, codec, placement, &payload.pieces())?
                     .entry,
             )
         };
@@ -526,15 +525,8 @@ impl StoreCtx<'_> {
         if choice.size as f64 > prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR) {
             return Ok(None);
         }
-        let mut payload = Vec::with_capacity(choice.size as usize);
-        float::encode(
-            info.header.dtype,
-            prev_data,
-            Some(data),
-            &choice,
-            &mut payload,
-        )
-        .map_err(corrupt)?;
+        let payload = float::encode_pieces(info.header.dtype, prev_data, Some(data), &choice)
+            .map_err(corrupt)?;
         let placement = Placement {
             generation: prev_entry.generation + 1,
             base: Some(*id),
@@ -547,7 +539,7 @@ impl StoreCtx<'_> {
                 &info.header,
                 delta_codec(&choice),
                 placement,
-                &payload,
+                &payload.pieces(),
             )?
             .entry;
         Ok(Some((*prev_entry, new)))

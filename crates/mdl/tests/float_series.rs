@@ -359,3 +359,34 @@ fn a_flipped_bit_in_a_delta_names_the_delta() {
     )
     .unwrap();
 }
+
+/// Tensors of 64 MiB and more take the one-at-a-time path in commit and checkout.
+#[test]
+#[ignore = "large: two 72 MiB tensors (run with --release --ignored)"]
+fn big_tensors_round_trip_through_reverse_deltas() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(dir.path()).unwrap();
+    let n = 18 << 20; // f32 elements: 72 MiB
+    let mut rng = Rng(7);
+    let mut w: Vec<f32> = (0..n).map(|_| (rng.normal() * 0.02) as f32).collect();
+    let mut files = Vec::new();
+    for i in 0..2 {
+        let path = dir.path().join(format!("big{i}.safetensors"));
+        let header = format!(
+            r#"{{"w":{{"dtype":"F32","shape":[{n}],"data_offsets":[0,{}]}}}}"#,
+            4 * n
+        );
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend(le(&w));
+        std::fs::write(&path, &bytes).unwrap();
+        let c = commit(&repo, &path, &CommitOptions::default(), &NoProgress).unwrap();
+        files.push((path, c.id));
+        for x in &mut w {
+            *x += (rng.normal() * 1e-5) as f32;
+        }
+    }
+    check_all(&repo, &files, dir.path());
+    let older = codecs(&repo, &files[0].1);
+    assert!(older[0].1.ends_with("-delta"), "{older:?}");
+}
