@@ -11,6 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use mdl::Dtype;
+use mdl_format::safetensors;
 
 struct Run {
     seconds: f64,
@@ -94,25 +96,6 @@ fn same_bytes(a: &Path, b: &Path) -> Result<bool> {
     }
 }
 
-fn largest_tensor(path: &Path) -> Result<u64> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    let mut len = [0u8; 8];
-    f.read_exact(&mut len)?;
-    let mut header = vec![0u8; u64::from_le_bytes(len) as usize];
-    f.read_exact(&mut header)?;
-    let v: serde_json::Value = serde_json::from_slice(&header)?;
-    Ok(v.as_object()
-        .into_iter()
-        .flatten()
-        .filter_map(|(_, t)| {
-            let o = t.get("data_offsets")?.as_array()?;
-            Some(o[1].as_u64()? - o[0].as_u64()?)
-        })
-        .max()
-        .unwrap_or(0))
-}
-
 /// Order-0 estimates for a file, in bytes: each float tensor as the entropy of its exponent
 /// field plus its other bits raw (`own`), and the smaller of that and the entropies of the byte
 /// planes of its XOR with the same tensor of `prev` (`with_xor`). Other tensors count raw.
@@ -124,32 +107,37 @@ struct Estimate {
 struct Tensors {
     bytes: Vec<u8>,
     /// name → (dtype, data range)
-    tensors: std::collections::BTreeMap<String, (String, std::ops::Range<usize>)>,
+    tensors: std::collections::BTreeMap<String, (Dtype, std::ops::Range<usize>)>,
 }
 
+impl Tensors {
+    fn largest(&self) -> u64 {
+        self.tensors
+            .values()
+            .map(|t| t.1.len() as u64)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Reads a checkpoint, with the same validation `mdl commit` applies.
 fn load(path: &Path) -> Result<Tensors> {
     let bytes = std::fs::read(path)?;
-    let hl = u64::from_le_bytes(bytes[..8].try_into()?) as usize;
-    let v: serde_json::Value = serde_json::from_slice(&bytes[8..8 + hl])?;
-    let mut tensors = std::collections::BTreeMap::new();
-    for (name, t) in v.as_object().context("header")? {
-        if name == "__metadata__" {
-            continue;
-        }
-        let o = t["data_offsets"].as_array().context("offsets")?;
-        let (a, b) = (o[0].as_u64().unwrap_or(0), o[1].as_u64().unwrap_or(0));
-        tensors.insert(
-            name.clone(),
-            (
-                t["dtype"].as_str().unwrap_or("").to_string(),
-                8 + hl + a as usize..8 + hl + b as usize,
-            ),
-        );
-    }
+    let hl = safetensors::header_len(bytes.get(..8).context("short file")?, bytes.len() as u64)?;
+    let layout = safetensors::parse(&bytes[8..8 + hl as usize], bytes.len() as u64)?;
+    let start = layout.data_start() as usize;
+    let tensors = layout
+        .tensors
+        .iter()
+        .map(|t| {
+            let at = start + t.offset as usize;
+            (t.name.clone(), (t.header.dtype, at..at + t.len as usize))
+        })
+        .collect();
     Ok(Tensors { bytes, tensors })
 }
 
-fn entropy_bits<const K: usize>(counts: &[u64; K]) -> f64 {
+fn entropy_bits(counts: &[u64]) -> f64 {
     let n: u64 = counts.iter().sum();
     counts
         .iter()
@@ -159,12 +147,12 @@ fn entropy_bits<const K: usize>(counts: &[u64; K]) -> f64 {
 }
 
 /// (width in bytes, exponent shift, exponent bits) of a float dtype.
-fn float_layout(dtype: &str) -> Option<(usize, u32, u32)> {
+fn float_layout(dtype: Dtype) -> Option<(usize, u32, u32)> {
     match dtype {
-        "BF16" => Some((2, 7, 8)),
-        "F16" => Some((2, 10, 5)),
-        "F32" => Some((4, 23, 8)),
-        "F64" => Some((8, 52, 11)),
+        Dtype::BF16 => Some((2, 7, 8)),
+        Dtype::F16 => Some((2, 10, 5)),
+        Dtype::F32 => Some((4, 23, 8)),
+        Dtype::F64 => Some((8, 52, 11)),
         _ => None,
     }
 }
@@ -183,7 +171,7 @@ fn estimate(cur: &Tensors, prev: Option<&Tensors>) -> Estimate {
     e.with_xor = e.own;
     for (name, (dtype, range)) in &cur.tensors {
         let data = &cur.bytes[range.clone()];
-        let Some((w, shift, ebits)) = float_layout(dtype).filter(|_| data.len() >= 4096) else {
+        let Some((w, shift, ebits)) = float_layout(*dtype).filter(|_| data.len() >= 4096) else {
             e.own += data.len() as f64;
             e.with_xor += data.len() as f64;
             continue;
@@ -193,12 +181,7 @@ fn estimate(cur: &Tensors, prev: Option<&Tensors>) -> Estimate {
         for c in data.chunks_exact(w) {
             hist[((word(c) >> shift) & ((1 << ebits) - 1)) as usize] += 1;
         }
-        let counts: [u64; 2048] = {
-            let mut a = [0u64; 2048];
-            a[..hist.len()].copy_from_slice(&hist);
-            a
-        };
-        let own = entropy_bits(&counts) / 8.0 + n * (w * 8 - ebits as usize) as f64 / 8.0;
+        let own = entropy_bits(&hist) / 8.0 + n * (w * 8 - ebits as usize) as f64 / 8.0;
         e.own += own;
         let xor = prev
             .and_then(|p| {
@@ -212,7 +195,7 @@ fn estimate(cur: &Tensors, prev: Option<&Tensors>) -> Estimate {
                         planes[k][(c[k] ^ pc[k]) as usize] += 1;
                     }
                 }
-                planes.iter().map(entropy_bits).sum::<f64>() / 8.0
+                planes.iter().map(|p| entropy_bits(p)).sum::<f64>() / 8.0
             })
             .unwrap_or(f64::MAX);
         e.with_xor += own.min(xor);
@@ -411,8 +394,8 @@ fn bench_series(o: &Opts, dir: &Path, have_zstd: bool) -> Result<()> {
     let mut prev: Option<Tensors> = None;
     for (i, f) in files.iter().enumerate() {
         let raw = std::fs::metadata(f)?.len();
-        largest = largest.max(largest_tensor(f)?);
         let cur = load(f)?;
+        largest = largest.max(cur.largest());
         let est = estimate(&cur, prev.as_ref());
         prev = Some(cur);
         let zstd = |level: &str| -> Result<u64> {

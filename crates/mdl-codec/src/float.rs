@@ -459,7 +459,7 @@ fn check_lengths(l: &Layout, data: &[u8], base: Option<&[u8]>) -> Result<(), For
     }
     if base.is_some_and(|b| b.len() != data.len()) {
         return Err(FormatError::invalid(
-            "xor-delta",
+            "delta",
             "base length differs from the tensor's",
         ));
     }
@@ -488,39 +488,50 @@ struct PlaneStats {
     counted: bool,
 }
 
-/// Per-plane statistics of `data` (XORed with `base` under `mask`). Planes whose first chunk
-/// looks like noise are not counted further (they will be stored raw); planes with many zeros
-/// also get their sparse-mode flag counts.
-fn histograms(l: &Layout, data: &[u8], base: Option<&[u8]>, mask: u64) -> Vec<PlaneStats> {
-    let step = CHUNK * l.width;
-    let count = |c: usize, chunk: &[u8], want: &[(bool, bool)], scratch: &mut [u8]| {
+/// Splits one chunk (with its base chunk) and counts each plane's symbols and sparse-mode flag
+/// bytes, as `want` says per plane: `(symbols, flags)`.
+fn count_chunk(
+    l: &Layout,
+    chunk: &[u8],
+    base: Option<&[u8]>,
+    mask: u64,
+    want: &[(bool, bool)],
+) -> Vec<(Histogram, Histogram)> {
+    with_scratch(CHUNK * l.planes, |scratch| {
         let n = chunk.len() / l.width;
         let mut planes: Vec<&mut [u8]> = scratch.chunks_mut(CHUNK).map(|p| &mut p[..n]).collect();
-        let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
-        (l.split)(chunk, &mut planes, b, mask);
+        (l.split)(chunk, &mut planes, base, mask);
+        let count = |yes: bool, f: fn(&[u8]) -> Histogram, p: &[u8]| {
+            if yes {
+                f(p)
+            } else {
+                Histogram::default()
+            }
+        };
         planes
             .iter()
             .zip(want)
             .map(|(p, &(symbols, flags))| {
                 (
-                    if symbols {
-                        Histogram::of(p)
-                    } else {
-                        Histogram::default()
-                    },
-                    if flags {
-                        flag_histogram(p)
-                    } else {
-                        Histogram::default()
-                    },
+                    count(symbols, Histogram::of, p),
+                    count(flags, flag_histogram, p),
                 )
             })
-            .collect::<Vec<_>>()
+            .collect()
+    })
+}
+
+/// Per-plane statistics of `data` (XORed with `base` under `mask`). Planes whose first chunk
+/// looks like noise are not counted further (they will be stored raw); planes with many zeros
+/// also get their sparse-mode flag counts.
+fn histograms(l: &Layout, data: &[u8], base: Option<&[u8]>, mask: u64) -> Vec<PlaneStats> {
+    let step = CHUNK * l.width;
+    let count = |c: usize, chunk: &[u8], want: &[(bool, bool)]| {
+        let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
+        count_chunk(l, chunk, b, mask, want)
     };
     let first = data.chunks(step).next().unwrap_or(&[]);
-    let sample = with_scratch(CHUNK * l.planes, |scratch| {
-        count(0, first, &vec![(true, true); l.planes], scratch)
-    });
+    let sample = count(0, first, &vec![(true, true); l.planes]);
     let want: Vec<(bool, bool)> = sample
         .iter()
         .map(|(h, _)| {
@@ -533,7 +544,7 @@ fn histograms(l: &Layout, data: &[u8], base: Option<&[u8]>, mask: u64) -> Vec<Pl
     } else {
         data.par_chunks(step)
             .enumerate()
-            .map(|(c, chunk)| with_scratch(CHUNK * l.planes, |s| count(c, chunk, &want, s)))
+            .map(|(c, chunk)| count(c, chunk, &want))
             .reduce(
                 || vec![(Histogram::default(), Histogram::default()); l.planes],
                 |mut a, b| {
@@ -557,7 +568,7 @@ fn histograms(l: &Layout, data: &[u8], base: Option<&[u8]>, mask: u64) -> Vec<Pl
         .collect()
 }
 
-fn choice(l: &Layout, n: u64, stats: &[&PlaneStats], xor_mask: u64) -> Choice {
+fn choice(l: &Layout, transform: Transform, n: u64, stats: &[&PlaneStats], xor_mask: u8) -> Choice {
     let mut plans = Vec::with_capacity(l.planes);
     let mut plane_bytes = Vec::with_capacity(l.planes);
     let mut plane_entropy_bits = Vec::with_capacity(l.planes);
@@ -574,8 +585,8 @@ fn choice(l: &Layout, n: u64, stats: &[&PlaneStats], xor_mask: u64) -> Choice {
     }
     Choice {
         plans,
-        transform: Transform::Planes,
-        xor_mask: xor_mask as u8,
+        transform,
+        xor_mask,
         size: 2 + 8 * l.planes as u64 + plane_bytes.iter().sum::<u64>(),
         plane_bytes,
         plane_entropy_bits,
@@ -589,7 +600,13 @@ pub fn analyze(dtype: Dtype, data: &[u8], base: Option<&[u8]>) -> Result<Analysi
     check_lengths(&l, data, base)?;
     let n = (data.len() / l.width) as u64;
     let plain_h = histograms(&l, data, None, 0);
-    let plain = choice(&l, n, &plain_h.iter().collect::<Vec<_>>(), 0);
+    let plain = choice(
+        &l,
+        Transform::Planes,
+        n,
+        &plain_h.iter().collect::<Vec<_>>(),
+        0,
+    );
     // Which delta to count in full: on tensors of several chunks, the one whose first chunk
     // codes smaller (counting both would cost a whole extra pass for nothing).
     let (want_xor, want_sub) = match base {
@@ -602,8 +619,14 @@ pub fn analyze(dtype: Dtype, data: &[u8], base: Option<&[u8]>) -> Result<Analysi
     };
     let delta = base.filter(|_| want_xor).and_then(|b| {
         let xor_h = histograms(&l, data, Some(b), u64::MAX);
-        let xor = choice(&l, n, &xor_h.iter().collect::<Vec<_>>(), 0);
-        let mut mask = 0u64;
+        let xor = choice(
+            &l,
+            Transform::Planes,
+            n,
+            &xor_h.iter().collect::<Vec<_>>(),
+            0,
+        );
+        let mut mask = 0u8;
         let mut picked = Vec::with_capacity(l.planes);
         for p in 0..l.planes {
             if xor.plane_bytes[p] < plain.plane_bytes[p] {
@@ -613,7 +636,7 @@ pub fn analyze(dtype: Dtype, data: &[u8], base: Option<&[u8]>) -> Result<Analysi
                 picked.push(&plain_h[p]);
             }
         }
-        (mask != 0).then(|| choice(&l, n, &picked, mask))
+        (mask != 0).then(|| choice(&l, Transform::Planes, n, &picked, mask))
     });
     let sub = base
         .filter(|_| want_sub)
@@ -626,25 +649,18 @@ pub fn analyze(dtype: Dtype, data: &[u8], base: Option<&[u8]>) -> Result<Analysi
 /// smaller) and as sub-delta.
 fn sample_delta_sizes(dtype: Dtype, l: &Layout, data: &[u8], base: &[u8]) -> (u64, u64) {
     let step = CHUNK * l.width;
-    let sizes = |l: &Layout, b: Option<&[u8]>, mask: u64| {
-        with_scratch(CHUNK * l.planes, |scratch| {
-            let mut planes: Vec<&mut [u8]> = scratch.chunks_mut(CHUNK).collect();
-            (l.split)(&data[..step], &mut planes, b, mask);
-            planes
-                .iter()
-                .map(|p| {
-                    let h = Histogram::of(p);
-                    let f = Plan::wants_flags(&h).then(|| flag_histogram(p));
-                    Plan::choose(&h, f.as_ref()).1
-                })
-                .collect::<Vec<u64>>()
-        })
+    let (first, base) = (&data[..step], &base[..step]);
+    let sizes = |l: &Layout, b: Option<&[u8]>, mask: u64| -> Vec<u64> {
+        count_chunk(l, first, b, mask, &vec![(true, true); l.planes])
+            .iter()
+            .map(|(h, f)| Plan::choose(h, Plan::wants_flags(h).then_some(f)).1)
+            .collect()
     };
     let plain = sizes(l, None, 0);
-    let xor = sizes(l, Some(&base[..step]), u64::MAX);
+    let xor = sizes(l, Some(base), u64::MAX);
     let xor_total = plain.iter().zip(&xor).map(|(p, x)| *p.min(x)).sum();
     let sub_total = match sub_layout(dtype) {
-        Some(sl) => sizes(&sl, Some(&base[..step]), 0).iter().sum(),
+        Some(sl) => sizes(&sl, Some(base), 0).iter().sum(),
         None => u64::MAX,
     };
     (xor_total, sub_total)
@@ -653,12 +669,23 @@ fn sample_delta_sizes(dtype: Dtype, l: &Layout, data: &[u8], base: &[u8]) -> (u6
 /// Counts the `sub-delta` planes of `data` against `base` and chooses how to hold each.
 pub fn analyze_sub(dtype: Dtype, data: &[u8], base: &[u8]) -> Result<Choice, FormatError> {
     let l = sub_layout(dtype).ok_or(FormatError::invalid("sub-delta", "not a float dtype"))?;
-    check_lengths(&l, data, Some(base))?;
+    count_and_choose(&l, Transform::Sub, data, base, 0)
+}
+
+/// One counting pass of `data` against `base` with the given transform and XOR mask, and the
+/// resulting choice.
+fn count_and_choose(
+    l: &Layout,
+    transform: Transform,
+    data: &[u8],
+    base: &[u8],
+    xor_mask: u8,
+) -> Result<Choice, FormatError> {
+    check_lengths(l, data, Some(base))?;
     let n = (data.len() / l.width) as u64;
-    let stats = histograms(&l, data, Some(base), 0);
-    let mut c = choice(&l, n, &stats.iter().collect::<Vec<_>>(), 0);
-    c.transform = Transform::Sub;
-    Ok(c)
+    let stats = histograms(l, data, Some(base), word_mask(l, xor_mask));
+    let refs: Vec<&PlaneStats> = stats.iter().collect();
+    Ok(choice(l, transform, n, &refs, xor_mask))
 }
 
 /// Counts `data` with the planes of `xor_mask` XORed with `base` and chooses how to hold each:
@@ -671,15 +698,7 @@ pub fn analyze_masked(
     xor_mask: u8,
 ) -> Result<Choice, FormatError> {
     let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
-    check_lengths(&l, data, Some(base))?;
-    let n = (data.len() / l.width) as u64;
-    let stats = histograms(&l, data, Some(base), word_mask(&l, xor_mask));
-    Ok(choice(
-        &l,
-        n,
-        &stats.iter().collect::<Vec<_>>(),
-        xor_mask as u64,
-    ))
+    count_and_choose(&l, Transform::Planes, data, base, xor_mask)
 }
 
 /// An encoded payload, kept as the pieces it was produced in (chunks encoded in parallel), so
@@ -700,16 +719,6 @@ impl Encoded {
             out.extend(chunks.iter().map(Vec::as_slice));
         }
         out
-    }
-
-    /// Payload length in bytes.
-    pub fn len(&self) -> u64 {
-        self.pieces().iter().map(|p| p.len() as u64).sum()
-    }
-
-    /// Whether the payload is empty (never: it always has a header).
-    pub fn is_empty(&self) -> bool {
-        false
     }
 }
 
@@ -790,12 +799,6 @@ pub fn encode_pieces(
         head.extend_from_slice(&len.to_le_bytes());
     }
     Ok(Encoded { head, planes })
-}
-
-/// The XOR mask a payload declares (0 for `float-split`), so readers can check that a record
-/// without a base is not a delta and one with a base is.
-pub fn payload_xor_mask(payload: &[u8]) -> Option<u8> {
-    payload.get(1).copied()
 }
 
 /// Decodes a payload into `out` (whose length is the tensor's byte length), XORing the planes

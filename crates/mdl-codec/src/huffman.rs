@@ -499,26 +499,7 @@ impl Decoder {
         let total_bits = bytes.len() as u64 * 8;
         let n = out.len();
         let bad = || FormatError::invalid("huffman chunk", "invalid code");
-        // Fast path: a 64-bit window holds at least 57 fresh bits, enough for four symbols.
-        while i + 4 <= n && (bitpos / 8) as usize + 8 <= bytes.len() {
-            let at = (bitpos / 8) as usize;
-            let word = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-            let mut window = word >> (bitpos % 8);
-            let mut used = 0u32;
-            for slot in &mut out[i..i + 4] {
-                let e = self.table[(window & TABLE_MASK) as usize];
-                let l = (e >> 8) as u32;
-                if l == 0 {
-                    return Err(bad());
-                }
-                *slot = e as u8;
-                window >>= l;
-                used += l;
-            }
-            bitpos += used as u64;
-            i += 4;
-        }
-        // Tail: assemble the window byte by byte, zero past the end.
+        // What the interleaved rounds left: assemble the window byte by byte, zero past the end.
         while i < n {
             let at = (bitpos / 8) as usize;
             let mut word = 0u64;

@@ -7,11 +7,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// A file being written by the store.
-pub trait StorageFile: Write + Send {
-    /// Flushes data and metadata to stable storage.
-    fn sync_all(&mut self) -> io::Result<()>;
-}
+/// A file being written by the store (made durable later by [`Storage::sync_file`]).
+pub trait StorageFile: Write + Send {}
 
 /// The writes the store makes under `.mdl/objects`. Reads use plain files.
 pub trait Storage: Debug + Send + Sync {
@@ -33,11 +30,7 @@ pub trait Storage: Debug + Send + Sync {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RealFs;
 
-impl StorageFile for File {
-    fn sync_all(&mut self) -> io::Result<()> {
-        File::sync_all(self)
-    }
-}
+impl StorageFile for File {}
 
 impl Storage for RealFs {
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
@@ -114,11 +107,7 @@ impl Write for FaultyFile {
     }
 }
 
-impl StorageFile for FaultyFile {
-    fn sync_all(&mut self) -> io::Result<()> {
-        self.inner.sync_all()
-    }
-}
+impl StorageFile for FaultyFile {}
 
 impl Storage for FaultyFs {
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {

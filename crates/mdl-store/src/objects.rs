@@ -31,7 +31,7 @@ pub struct PutOutcome {
 /// [`ObjectBatch::finish`], which must precede the index transaction that publishes them.
 pub struct ObjectBatch<'s> {
     store: &'s Store,
-    dirs: Mutex<BTreeSet<PathBuf>>,
+    /// Record files written, to be made durable by [`ObjectBatch::finish`].
     files: Mutex<Vec<PathBuf>>,
 }
 
@@ -89,7 +89,6 @@ impl Store {
     pub fn batch(&self) -> ObjectBatch<'_> {
         ObjectBatch {
             store: self,
-            dirs: Mutex::new(BTreeSet::new()),
             files: Mutex::new(Vec::new()),
         }
     }
@@ -104,8 +103,19 @@ impl Store {
         entry: &IndexEntry,
         out: &mut dyn Write,
     ) -> Result<u64, StoreError> {
-        let path = self.record_path(id, entry.generation);
         let corrupt = corrupt(id, entry);
+        // Deltas and the chunked codecs decode whole tensors in memory; the index says which
+        // before the record is opened (and the record is checked against it there).
+        if entry.base.is_some()
+            || !CodecTag::try_from(entry.codec)
+                .map_err(corrupt)?
+                .is_streaming()
+        {
+            let data = self.load_tensor(id, entry)?;
+            out.write_all(&data).map_err(StoreError::Output)?;
+            return Ok(data.len() as u64);
+        }
+        let path = self.record_path(id, entry.generation);
         let file = File::open(&path).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => StoreError::Missing(*id),
             _ => StoreError::Io {
@@ -152,12 +162,6 @@ impl Store {
                 "record",
                 "codec or base disagrees with the index",
             )));
-        }
-        if header.base.is_some() || !codec.is_streaming() {
-            drop(file);
-            let data = self.load_tensor(id, entry)?;
-            out.write_all(&data).map_err(StoreError::Output)?;
-            return Ok(data.len() as u64);
         }
 
         let mut crc = crc32fast::Hasher::new();
@@ -652,7 +656,6 @@ impl ObjectBatch<'_> {
         })();
         match result {
             Ok(stored_len) => {
-                self.dirs.lock().unwrap().insert(dir);
                 self.files.lock().unwrap().push(path);
                 let entry = IndexEntry {
                     kind,
@@ -683,10 +686,15 @@ impl ObjectBatch<'_> {
     pub fn finish(self) -> Result<(), StoreError> {
         let fs = self.store.storage();
         let files = self.files.into_inner().unwrap();
-        let mut dirs: Vec<PathBuf> = self.dirs.into_inner().unwrap().into_iter().collect();
         if files.is_empty() {
             return Ok(());
         }
+        let mut dirs: Vec<PathBuf> = files
+            .iter()
+            .filter_map(|f| f.parent().map(Path::to_path_buf))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         dirs.push(self.store.dir().join("objects"));
         let sync_all = |paths: &[PathBuf], op: &(dyn Fn(&Path) -> io::Result<()> + Sync)| {
             let next = AtomicU64::new(0);

@@ -5,10 +5,9 @@ use std::path::{Path, PathBuf};
 
 use mdl_format::ObjectId;
 use mdl_store::{IndexEntry, StoreError};
-use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::{revision, Error, Progress, Repository, Result};
+use crate::{per_tensor, revision, Error, Progress, Repository, Result, BIG_TENSOR};
 
 /// Options of a checkout.
 #[derive(Clone, Debug, Default)]
@@ -22,9 +21,6 @@ pub struct CheckoutOptions {
 thread_local! {
     static TENSOR_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
-
-/// Tensors at least this large are decoded one at a time (chunk-parallel inside).
-const BIG_TENSOR: u64 = 64 << 20;
 
 /// What a checkout wrote.
 #[derive(Clone, Debug, Serialize)]
@@ -65,26 +61,25 @@ pub fn checkout(
         source,
     };
     let result = (|| -> Result<u64> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(write_err)?;
-        let total = manifest.file_len();
-        file.set_len(total).map_err(write_err)?;
+        let file = std::fs::File::create(&tmp).map_err(write_err)?;
         let store = repo.store();
-        let head_len = 8 + manifest.header_json.len() as u64;
-        let entries: Vec<(ObjectId, IndexEntry)> = {
+        // Every tensor's index entry and its offset in the file.
+        let mut at = 8 + manifest.header_json.len() as u64;
+        let placed: Vec<(u64, &ObjectId, IndexEntry)> = {
             let meta = store.meta().read()?;
             manifest
                 .entries
                 .iter()
-                .map(|e| Ok((e.id, meta.object(&e.id)?.ok_or(StoreError::Missing(e.id))?)))
+                .map(|e| {
+                    let entry = meta.object(&e.id)?.ok_or(StoreError::Missing(e.id))?;
+                    let offset = at;
+                    at += entry.content_len;
+                    Ok((offset, &e.id, entry))
+                })
                 .collect::<Result<_>>()?
         };
-        if head_len + entries.iter().map(|(_, e)| e.content_len).sum::<u64>() != total {
+        let total = manifest.file_len();
+        if at != total {
             return Err(Error::Corrupt {
                 id: commit.manifest,
                 source: mdl_format::FormatError::invalid(
@@ -93,27 +88,15 @@ pub fn checkout(
                 ),
             });
         }
-        if total == 0 {
-            return Ok(0);
-        }
         // Tensors decode in parallel (and chunk-parallel inside) into per-thread buffers; the
         // writes into the file go one at a time (concurrent writers of one file only contend
-        // for its inode lock), each at its tensor's offset. Large tensors go one at a time.
+        // for its inode lock), each at its tensor's offset.
         let mut head = (manifest.header_json.len() as u64).to_le_bytes().to_vec();
         head.extend_from_slice(&manifest.header_json);
         file.write_all_at(&head, 0).map_err(write_err)?;
-        let mut at = head_len;
-        let placed: Vec<(u64, &ObjectId, &IndexEntry)> = entries
-            .iter()
-            .map(|(id, e)| {
-                let offset = at;
-                at += e.content_len;
-                (offset, id, e)
-            })
-            .collect();
         let writer = std::sync::Mutex::new(&file);
         progress.start("writing", total);
-        let write_one = |&(offset, id, entry): &(u64, &ObjectId, &IndexEntry)| -> Result<()> {
+        let write_one = |(offset, id, entry): &(u64, &ObjectId, IndexEntry)| -> Result<()> {
             let len = entry.content_len as usize;
             // A per-thread buffer, taken out while in use (rayon may start another tensor on
             // this thread while this one waits for its chunks).
@@ -128,7 +111,7 @@ pub fn checkout(
                     writer
                         .lock()
                         .unwrap()
-                        .write_all_at(&buf[..len], offset)
+                        .write_all_at(&buf[..len], *offset)
                         .map_err(write_err)
                 });
             // Big tensors' buffers are not kept.
@@ -139,11 +122,7 @@ pub fn checkout(
             progress.advance(entry.content_len);
             Ok(())
         };
-        let (big, small): (Vec<_>, Vec<_>) = placed
-            .iter()
-            .partition(|(_, _, e)| e.content_len >= BIG_TENSOR);
-        big.into_iter().try_for_each(write_one)?;
-        small.into_par_iter().try_for_each(write_one)?;
+        per_tensor(&placed, |(_, _, e)| e.content_len, write_one)?;
         progress.finish();
         if opts.sync {
             file.sync_all().map_err(write_err)?;

@@ -14,11 +14,10 @@ use mdl_format::{
 };
 use mdl_store::meta::{MetaRead, MetaWrite};
 use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue};
-use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::policy::{DeltaMode, DeltaPolicy};
-use crate::{Error, Progress, Repository, Result};
+use crate::{per_tensor, Error, Progress, Repository, Result};
 
 /// What to commit and how.
 #[derive(Clone, Debug, Default)]
@@ -178,8 +177,7 @@ pub fn commit(
         .flat_map(|m| m.entries.iter().map(|e| (e.name.as_str(), e)))
         .collect();
 
-    // Hash and store every tensor: the large ones one at a time (each is chunk-parallel inside),
-    // the rest tensor-parallel, so memory stays near a few tensors whatever the file size.
+    // Hash and store every tensor.
     let tensors = &input.layout.tensors;
     let batch = store.batch();
     let ctx = StoreCtx {
@@ -194,24 +192,13 @@ pub fn commit(
         progress,
     };
     progress.start("storing", input.map.len() as u64);
-    let (big, small): (Vec<usize>, Vec<usize>) =
-        (0..tensors.len()).partition(|&i| tensors[i].len >= BIG_TENSOR);
-    let mut results: Vec<(usize, Stored)> = big
-        .iter()
-        .map(|&i| Ok((i, ctx.store_tensor(i)?)))
-        .collect::<Result<_>>()?;
-    results.extend(
-        small
-            .par_iter()
-            .map(|&i| Ok((i, ctx.store_tensor(i)?)))
-            .collect::<Result<Vec<_>>>()?,
-    );
+    let indices: Vec<usize> = (0..tensors.len()).collect();
+    let results = per_tensor(&indices, |&i| tensors[i].len, |&i| ctx.store_tensor(i))?;
     progress.finish();
-    results.sort_by_key(|(i, _)| *i);
-    let ids: Vec<ObjectId> = results.iter().map(|(_, r)| r.id).collect();
+    let ids: Vec<ObjectId> = results.iter().map(|r| r.id).collect();
     let mut added: Vec<(ObjectId, IndexEntry)> = Vec::new();
     let mut rewrites: Vec<Rewrite> = Vec::new();
-    for (_, r) in results {
+    for r in results {
         added.extend(r.added);
         rewrites.extend(r.rewrite);
     }
@@ -315,9 +302,6 @@ pub fn commit(
     })
 }
 
-/// Tensors at least this large are stored one at a time (chunk-parallel inside).
-const BIG_TENSOR: u64 = 64 << 20;
-
 /// Float tensors whose best float encoding saves less than this fraction also try zstd.
 const FLOAT_GAIN_FLOOR: f64 = 0.03;
 
@@ -381,24 +365,30 @@ impl StoreCtx<'_> {
     }
 
     /// The previous version of a tensor that can serve as a delta base: same name, dtype and
-    /// shape, different content, stored here.
+    /// shape, different content, stored here, and in a chain the policy lets grow (depth cap;
+    /// with reverse deltas, a self-contained record). `None` means no delta is tried at all.
     fn base_for(&self, info: &TensorInfo, id: &ObjectId) -> Result<Option<(ObjectId, IndexEntry)>> {
-        if self.policy.mode == DeltaMode::Off {
-            return Ok(None);
-        }
         let Some(prev) = self.previous.get(info.name.as_str()) else {
             return Ok(None);
         };
         if prev.header != info.header || prev.id == *id || prev.exactness != Exactness::Lossless {
             return Ok(None);
         }
-        Ok(self
-            .repo
-            .store()
-            .meta()
-            .read()?
-            .object(&prev.id)?
-            .map(|e| (prev.id, e)))
+        let meta = self.repo.store().meta().read()?;
+        let Some(entry) = meta.object(&prev.id)? else {
+            return Ok(None);
+        };
+        // Whether the policy lets a delta join this chain, decided before the base is decoded.
+        let allowed = match self.policy.mode {
+            DeltaMode::Off => false,
+            DeltaMode::Forward => entry.depth < self.policy.max_depth,
+            // The previous version must be self-contained, and everything decoding through it
+            // must stay within the cap once it is one step deeper.
+            DeltaMode::Reverse => {
+                entry.base.is_none() && chain_height(&meta, &prev.id)? < self.policy.max_depth
+            }
+        };
+        Ok(allowed.then_some((prev.id, entry)))
     }
 
     fn encode_new(&self, id: ObjectId, info: &TensorInfo, data: &[u8]) -> Result<Stored> {
@@ -465,14 +455,10 @@ impl StoreCtx<'_> {
         };
         match self.policy.mode {
             DeltaMode::Off => Ok(plain((id, whole()?))),
-            DeltaMode::Forward => {
-                let depth = bentry.depth + 1;
-                if depth <= self.policy.max_depth {
-                    Ok(plain((id, write(delta, Some((&bid, bdata, depth)))?)))
-                } else {
-                    Ok(plain((id, whole()?)))
-                }
-            }
+            DeltaMode::Forward => Ok(plain((
+                id,
+                write(delta, Some((&bid, bdata, bentry.depth + 1)))?,
+            ))),
             DeltaMode::Reverse => {
                 // The new tensor is the self-contained end of the chain.
                 let entry = whole()?;
@@ -486,8 +472,8 @@ impl StoreCtx<'_> {
         }
     }
 
-    /// Re-encodes the previous version `prev` as a delta against the new tensor, when it is a
-    /// self-contained record, its chain stays within the depth cap, and the delta is smaller.
+    /// Re-encodes the previous version `prev` (already checked by [`Self::base_for`]) as a delta
+    /// against the new tensor, when that saves enough and no other tensor of this commit did.
     #[allow(clippy::too_many_arguments)]
     fn reverse(
         &self,
@@ -499,13 +485,9 @@ impl StoreCtx<'_> {
         info: &TensorInfo,
         estimate: &float::Choice,
     ) -> Result<Option<(IndexEntry, IndexEntry)>> {
-        if prev_entry.base.is_some()
-            || estimate.size as f64 > prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR)
+        if estimate.size as f64 > prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR)
+            || !self.rewritten.lock().unwrap().insert(*prev)
         {
-            return Ok(None);
-        }
-        let height = chain_height(&self.repo.store().meta().read()?, prev)?;
-        if height + 1 > self.policy.max_depth || !self.rewritten.lock().unwrap().insert(*prev) {
             return Ok(None);
         }
         // XOR planes are symmetric; planes taken as they are must be coded from the previous

@@ -39,3 +39,34 @@ pub use repo::{OpenOptions, Repository};
 
 /// Result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Tensors at least this large are processed one at a time (chunk-parallel inside).
+pub(crate) const BIG_TENSOR: u64 = 64 << 20;
+
+/// Runs `f` on every item, returning the results in item order: items of at least
+/// [`BIG_TENSOR`] bytes (by `size`) one at a time, the rest tensor-parallel, so memory stays
+/// near a few tensors whatever the checkpoint's size.
+pub(crate) fn per_tensor<T: Sync, R: Send>(
+    items: &[T],
+    size: impl Fn(&T) -> u64 + Sync,
+    f: impl Fn(&T) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    use rayon::prelude::*;
+    let (big, small): (Vec<usize>, Vec<usize>) =
+        (0..items.len()).partition(|&i| size(&items[i]) >= BIG_TENSOR);
+    let mut out: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
+    for i in big {
+        out[i] = Some(f(&items[i])?);
+    }
+    let done: Vec<(usize, R)> = small
+        .into_par_iter()
+        .map(|i| Ok((i, f(&items[i])?)))
+        .collect::<Result<_>>()?;
+    for (i, r) in done {
+        out[i] = Some(r);
+    }
+    Ok(out
+        .into_iter()
+        .map(|r| r.expect("every item ran"))
+        .collect())
+}

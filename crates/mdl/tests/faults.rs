@@ -5,22 +5,30 @@ use std::sync::Arc;
 use mdl::commit::{commit, CommitOptions};
 use mdl::{FaultyFs, NoProgress, OpenOptions, Repository};
 
+mod common;
+use common::write_safetensors;
+
 fn checkpoint(path: &std::path::Path, seed: u8) {
     let n = 200_000usize;
-    let header = format!(
-        r#"{{"a":{{"dtype":"U8","shape":[{n}],"data_offsets":[0,{n}]}},"b":{{"dtype":"U8","shape":[{n}],"data_offsets":[{n},{}]}}}}"#,
-        2 * n
-    );
-    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(header.as_bytes());
     let mut x = seed as u64 | 1;
-    bytes.extend((0..2 * n).map(|_| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x as u8
-    }));
-    std::fs::write(path, bytes).unwrap();
+    let mut noise = || -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    let (a, b) = (noise(), noise());
+    write_safetensors(
+        path,
+        &[
+            ("a", "U8", vec![n as u64], a),
+            ("b", "U8", vec![n as u64], b),
+        ],
+    );
 }
 
 #[test]
@@ -75,17 +83,12 @@ fn faults_leave_repository_unchanged() {
 /// re-encodes the first one's record as a reverse delta.
 fn float_checkpoint(path: &std::path::Path, step: u32) {
     let n = 100_000usize;
-    let header = format!(
-        r#"{{"w":{{"dtype":"F32","shape":[{n}],"data_offsets":[0,{}]}}}}"#,
-        4 * n
-    );
-    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(header.as_bytes());
-    for i in 0..n {
-        let x = ((i as f32) * 0.37).sin() * 0.02 + step as f32 * 1e-7 * ((i % 7) as f32);
-        bytes.extend_from_slice(&x.to_le_bytes());
-    }
-    std::fs::write(path, bytes).unwrap();
+    let data: Vec<u8> = (0..n)
+        .flat_map(|i| {
+            (((i as f32) * 0.37).sin() * 0.02 + step as f32 * 1e-7 * ((i % 7) as f32)).to_le_bytes()
+        })
+        .collect();
+    write_safetensors(path, &[("w", "F32", vec![n as u64], data)]);
 }
 
 #[test]

@@ -9,6 +9,9 @@ use mdl::commit::{commit, CommitOptions};
 use mdl::policy::{DeltaMode, DeltaPolicy};
 use mdl::{NoProgress, Repository};
 
+mod common;
+use common::write_safetensors;
+
 /// xorshift64* with Box–Muller normals: deterministic, no dependencies.
 struct Rng(u64);
 
@@ -93,7 +96,7 @@ impl Training {
         ] {
             specials.extend(std::iter::repeat_n(bits.to_le_bytes(), 700).flatten());
         }
-        let tensors: Vec<(&str, &str, Vec<u64>, Vec<u8>)> = vec![
+        let tensors = [
             ("model.w", "F32", vec![600, 500], le(&self.w32)),
             ("model.w_bf16", "BF16", vec![600, 500], bf16),
             ("model.w_f16", "F16", vec![N as u64 / 4], f16),
@@ -109,24 +112,7 @@ impl Training {
                 self.step.to_le_bytes().to_vec(),
             ),
         ];
-        let mut header = String::from("{");
-        let mut data = Vec::new();
-        for (i, (name, dtype, shape, bytes)) in tensors.iter().enumerate() {
-            if i > 0 {
-                header.push(',');
-            }
-            header.push_str(&format!(
-                r#""{name}":{{"dtype":"{dtype}","shape":{shape:?},"data_offsets":[{},{}]}}"#,
-                data.len(),
-                data.len() + bytes.len()
-            ));
-            data.extend_from_slice(bytes);
-        }
-        header.push('}');
-        let mut file = (header.len() as u64).to_le_bytes().to_vec();
-        file.extend_from_slice(header.as_bytes());
-        file.extend_from_slice(&data);
-        std::fs::write(path, file).unwrap();
+        write_safetensors(path, &tensors);
     }
 }
 
@@ -282,17 +268,15 @@ fn flip_bit(path: &Path, at: usize) {
     std::fs::write(path, bytes).unwrap();
 }
 
+const REVERSE: DeltaPolicy = DeltaPolicy {
+    mode: DeltaMode::Reverse,
+    max_depth: 8,
+};
+
 #[test]
 fn a_flipped_bit_is_an_error_naming_the_object() {
     let dir = tempfile::tempdir().unwrap();
-    let (repo, commits) = series(
-        dir.path(),
-        3,
-        DeltaPolicy {
-            mode: DeltaMode::Reverse,
-            max_depth: 8,
-        },
-    );
+    let (repo, commits) = series(dir.path(), 3, REVERSE);
     let newest = commits.last().unwrap().1;
     let oldest = commits[0].1;
     // A chunk of the newest commit's weights (a float-split base of the whole chain).
@@ -321,14 +305,7 @@ fn a_flipped_bit_is_an_error_naming_the_object() {
 #[test]
 fn a_flipped_bit_in_a_delta_names_the_delta() {
     let dir = tempfile::tempdir().unwrap();
-    let (repo, commits) = series(
-        dir.path(),
-        3,
-        DeltaPolicy {
-            mode: DeltaMode::Reverse,
-            max_depth: 8,
-        },
-    );
+    let (repo, commits) = series(dir.path(), 3, REVERSE);
     let oldest = commits[0].1;
     let (id, path) = largest_record(&repo, &oldest);
     let shown = mdl::show::show(&repo, &oldest.to_hex()).unwrap();
@@ -372,14 +349,7 @@ fn big_tensors_round_trip_through_reverse_deltas() {
     let mut files = Vec::new();
     for i in 0..2 {
         let path = dir.path().join(format!("big{i}.safetensors"));
-        let header = format!(
-            r#"{{"w":{{"dtype":"F32","shape":[{n}],"data_offsets":[0,{}]}}}}"#,
-            4 * n
-        );
-        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-        bytes.extend_from_slice(header.as_bytes());
-        bytes.extend(le(&w));
-        std::fs::write(&path, &bytes).unwrap();
+        write_safetensors(&path, &[("w", "F32", vec![n as u64], le(&w))]);
         let c = commit(&repo, &path, &CommitOptions::default(), &NoProgress).unwrap();
         files.push((path, c.id));
         for x in &mut w {
