@@ -16,8 +16,13 @@
 //! assert_eq!(decode_to_vec(CodecTag::Zstd, &payload, data.len() as u64).unwrap(), data);
 //! ```
 
+pub mod engine;
 pub mod float;
 pub mod huffman;
+pub mod qrecord;
+pub mod quant;
+pub mod scalar;
+pub mod trim;
 
 use std::io::{self, Read, Write};
 
@@ -35,8 +40,13 @@ pub enum CodecTag {
     FloatSplit = 2,
     /// Float planes of `value ^ base`, each entropy-coded: [`float`].
     XorDelta = 3,
-    // Reserved for the next issues (documented in docs/FORMAT.md):
-    // 4 quant-base, 5 quant-delta, 6 mantissa-trim.
+    /// Quantized tensor: code table, protected elements, entropy-coded codes ([`qrecord`]).
+    QuantBase = 4,
+    /// Quantized tensor as grouped, run-length-coded code differences from a base quant
+    /// object ([`qrecord`]).
+    QuantDelta = 5,
+    /// Mantissa-trimmed floats ([`trim`]) in float-split planes.
+    MantissaTrim = 6,
     /// Byte planes of the zigzag-mapped integer difference `value − base`: [`float`].
     SubDelta = 7,
 }
@@ -50,14 +60,21 @@ impl CodecTag {
             CodecTag::FloatSplit => "float-split",
             CodecTag::XorDelta => "xor-delta",
             CodecTag::SubDelta => "sub-delta",
+            CodecTag::QuantBase => "quant-base",
+            CodecTag::QuantDelta => "quant-delta",
+            CodecTag::MantissaTrim => "mantissa-trim",
         }
     }
 
     /// Whether records with this codec name a base object.
     pub fn has_base(self) -> bool {
         match self {
-            CodecTag::Raw | CodecTag::Zstd | CodecTag::FloatSplit => false,
-            CodecTag::XorDelta | CodecTag::SubDelta => true,
+            CodecTag::Raw
+            | CodecTag::Zstd
+            | CodecTag::FloatSplit
+            | CodecTag::QuantBase
+            | CodecTag::MantissaTrim => false,
+            CodecTag::XorDelta | CodecTag::SubDelta | CodecTag::QuantDelta => true,
         }
     }
 
@@ -65,6 +82,11 @@ impl CodecTag {
     /// memory, chunks in parallel ([`float::decode`]).
     pub fn is_streaming(self) -> bool {
         matches!(self, CodecTag::Raw | CodecTag::Zstd)
+    }
+
+    /// Whether the codec is one of the quantized ones, whose deltas are taken against codes.
+    pub fn is_quant(self) -> bool {
+        matches!(self, CodecTag::QuantBase | CodecTag::QuantDelta)
     }
 }
 
@@ -76,6 +98,9 @@ impl TryFrom<u8> for CodecTag {
             1 => Ok(CodecTag::Zstd),
             2 => Ok(CodecTag::FloatSplit),
             3 => Ok(CodecTag::XorDelta),
+            4 => Ok(CodecTag::QuantBase),
+            5 => Ok(CodecTag::QuantDelta),
+            6 => Ok(CodecTag::MantissaTrim),
             7 => Ok(CodecTag::SubDelta),
             tag => Err(FormatError::UnknownTag { what: "codec", tag }),
         }
@@ -161,9 +186,7 @@ pub fn encode_observed(
             feed(&mut enc)?;
             enc.finish()?;
         }
-        CodecTag::FloatSplit | CodecTag::XorDelta | CodecTag::SubDelta => {
-            return Err(not_streaming(tag))
-        }
+        _ => return Err(not_streaming(tag)),
     }
     Ok(counter.n)
 }
@@ -178,9 +201,7 @@ pub fn decoder<'a>(
     let inner: Box<dyn Read + 'a> = match tag {
         CodecTag::Raw => payload,
         CodecTag::Zstd => Box::new(zstd::stream::Decoder::new(payload)?),
-        CodecTag::FloatSplit | CodecTag::XorDelta | CodecTag::SubDelta => {
-            return Err(not_streaming(tag))
-        }
+        _ => return Err(not_streaming(tag)),
     };
     Ok(Box::new(Exact {
         inner,
@@ -271,7 +292,13 @@ mod tests {
         assert_eq!(CodecTag::FloatSplit as u8, 2);
         assert_eq!(CodecTag::XorDelta as u8, 3);
         assert_eq!(CodecTag::SubDelta as u8, 7);
-        assert!(CodecTag::try_from(4).is_err());
+        assert_eq!(CodecTag::QuantBase as u8, 4);
+        assert_eq!(CodecTag::QuantDelta as u8, 5);
+        assert_eq!(CodecTag::MantissaTrim as u8, 6);
+        for t in 0..=7 {
+            assert_eq!(CodecTag::try_from(t).unwrap() as u8, t);
+        }
+        assert!(CodecTag::try_from(8).is_err());
     }
 
     #[test]
