@@ -54,6 +54,27 @@ enum Command {
         metrics: Vec<String>,
         #[arg(long)]
         author: Option<String>,
+        /// Quantize float tensors under the quality bound (codec.epsilon, or --epsilon).
+        #[arg(long, conflicts_with_all = ["trim_bits", "lossless"])]
+        lossy: bool,
+        /// Store every tensor exactly, whatever codec.default says.
+        #[arg(long, conflicts_with = "trim_bits")]
+        lossless: bool,
+        /// Quality bound: estimated loss change as a fraction of the commit's loss (absolute
+        /// without one); relative L2 error for tensors without optimizer moments.
+        #[arg(long, value_name = "E")]
+        epsilon: Option<f64>,
+        /// Score candidate checkpoints with CMD ({} is the file); the number on its last output
+        /// line is the metric (lower is better), kept within E of the original's.
+        #[arg(long, value_name = "CMD")]
+        eval_cmd: Option<String>,
+        /// Keep K mantissa bits of float tensors (mantissa-trim).
+        #[arg(long, value_name = "K")]
+        trim_bits: Option<u32>,
+        /// Parameter/moment pairings: WEIGHT:EXP_AVG:EXP_AVG_SQ patterns with one {} each,
+        /// comma-separated (default: quant.moments).
+        #[arg(long, value_name = "PATTERNS")]
+        moments: Option<String>,
     },
     /// Write a commit's checkpoint to a file.
     Checkout {
@@ -198,7 +219,23 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             step,
             metrics,
             author,
+            lossy,
+            lossless,
+            epsilon,
+            eval_cmd,
+            trim_bits,
+            moments,
         } => {
+            use mdl::lossy::CodecMode;
+            let mode = if *lossy || (eval_cmd.is_some() && !*lossless) {
+                Some(CodecMode::Lossy)
+            } else if *lossless {
+                Some(CodecMode::Lossless)
+            } else if trim_bits.is_some() {
+                Some(CodecMode::Trim)
+            } else {
+                None
+            };
             let opts = mdl::commit::CommitOptions {
                 message: message.clone(),
                 branch: branch.as_deref().map(mdl::RefName::new).transpose()?,
@@ -210,6 +247,13 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                 author: author.clone(),
                 encode: Default::default(),
                 delta: None,
+                lossy: mdl::lossy::LossyRequest {
+                    mode,
+                    epsilon: *epsilon,
+                    trim_bits: *trim_bits,
+                    moments: moments.clone(),
+                    eval_cmd: eval_cmd.clone(),
+                },
             };
             let repo = open(cli, LockMode::Write, purpose)?;
             let outcome = mdl::commit::commit(&repo, file, &opts, &bar)?;

@@ -60,6 +60,23 @@ pub fn commit(out: &mut dyn Write, json: bool, c: &CommitOutcome) -> io::Result<
         size(c.stored_bytes),
         c.seconds
     );
+    if c.lossy_tensors > 0 {
+        match &c.search {
+            Some(s) => eprintln!(
+                "lossy: {} tensors quantized, estimated loss change {:.3e} (budget {:.3e}{}){}",
+                c.lossy_tensors,
+                s.est_delta_loss,
+                s.budget,
+                s.loss.map(|l| format!(" = ε × loss {l}")).unwrap_or_default(),
+                if s.evaluations > 0 {
+                    format!(", {} evaluations", s.evaluations)
+                } else {
+                    String::new()
+                }
+            ),
+            None => eprintln!("lossy: {} tensors mantissa-trimmed", c.lossy_tensors),
+        }
+    }
     Ok(())
 }
 
@@ -73,7 +90,15 @@ pub fn checkout(out: &mut dyn Write, json: bool, c: &CheckoutOutcome) -> io::Res
         c.path.display(),
         size(c.bytes),
         c.id.short(12)
-    )
+    )?;
+    if c.lossy {
+        writeln!(
+            out,
+            "lossy commit: {} tensors are reconstructions, not the committed bytes",
+            c.lossy_tensors
+        )?;
+    }
+    Ok(())
 }
 
 fn metrics_text(m: &mdl::log::Metrics) -> String {
@@ -106,9 +131,10 @@ pub fn log(out: &mut dyn Write, json: bool, entries: &[LogEntry], graph: bool) -
             format!(" {}", metrics_text(&e.metrics))
         };
         let msg = e.message.lines().next().unwrap_or("");
+        let lossy = if e.lossy_tensors > 0 { " [lossy]" } else { "" };
         writeln!(
             out,
-            "{prefix}{}{refs} {}{step}{metrics} {} {msg}",
+            "{prefix}{}{refs}{lossy} {}{step}{metrics} {} {msg}",
             e.id.short(12),
             e.time,
             size(e.raw_bytes),
@@ -159,8 +185,17 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
         "tensor", "dtype", "shape", "codec", "raw", "stored"
     )?;
     for t in &s.tensors {
-        let exact = match t.rel_error {
-            Some(e) => format!("lossy (rel. error {e:.2e})"),
+        let exact = match &t.lossy_info {
+            Some(l) => {
+                let est = l
+                    .est_delta_loss
+                    .map(|d| format!(", est. ΔL {d:.2e}"))
+                    .unwrap_or_default();
+                format!(
+                    "lossy [{}] max err {:.2e}, rel. L2 {:.2e}{est}",
+                    l.settings, l.max_abs_error, l.rel_error
+                )
+            }
             None => "lossless".into(),
         };
         let chain = match &t.base {

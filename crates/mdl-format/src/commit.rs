@@ -12,6 +12,8 @@ pub struct CommitStats {
     pub tensors: u32,
     /// Tensors that were not already in the store.
     pub new_tensors: u32,
+    /// Tensors stored lossily (checkout reproduces them approximately).
+    pub lossy_tensors: u32,
 }
 
 /// A commit: one checkpoint in history.
@@ -35,7 +37,8 @@ pub struct Commit {
     pub stats: CommitStats,
 }
 
-const COMMIT_VERSION: u16 = 1;
+/// Version 2 added `lossy_tensors`; version 1 commits read as having none.
+const COMMIT_VERSION: u16 = 2;
 
 impl Commit {
     /// The canonical serialisation (what the id hashes). Layout in `docs/FORMAT.md`.
@@ -61,7 +64,8 @@ impl Commit {
         w.u64(s.raw_bytes)
             .u64(s.stored_bytes)
             .u32(s.tensors)
-            .u32(s.new_tensors);
+            .u32(s.new_tensors)
+            .u32(s.lossy_tensors);
         w.buf
     }
 
@@ -76,7 +80,7 @@ impl Commit {
             ));
         }
         let version = r.u16()?;
-        if version != COMMIT_VERSION {
+        if version == 0 || version > COMMIT_VERSION {
             return Err(FormatError::UnsupportedVersion {
                 what: "commit",
                 found: version,
@@ -109,6 +113,7 @@ impl Commit {
             stored_bytes: r.u64()?,
             tensors: r.u32()?,
             new_tensors: r.u32()?,
+            lossy_tensors: if version >= 2 { r.u32()? } else { 0 },
         };
         r.finish()?;
         Ok(Commit {
@@ -148,6 +153,7 @@ mod tests {
                 stored_bytes: 7,
                 tensors: 3,
                 new_tensors: 1,
+                lossy_tensors: 1,
             },
         };
         let bytes = c.encode();

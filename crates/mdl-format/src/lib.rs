@@ -35,7 +35,7 @@ pub use commit::{Commit, CommitStats};
 pub use dtype::Dtype;
 pub use error::FormatError;
 pub use id::{IdPrefix, ObjectId, TensorHasher};
-pub use manifest::{Entry, Exactness, Manifest};
+pub use manifest::{Entry, Exactness, Lossy, Manifest};
 pub use refname::{RefName, RefNameError};
 pub use tensor::TensorHeader;
 pub use time::Timestamp;
@@ -44,7 +44,7 @@ pub use time::Timestamp;
 ///
 /// Bumped whenever any byte layout in this crate changes; readers accept every version up to
 /// and including this one.
-pub const FORMAT_VERSION: u16 = 2;
+pub const FORMAT_VERSION: u16 = 3;
 
 /// Which kind of object a record or an id refers to. Stable tags, never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

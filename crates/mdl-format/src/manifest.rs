@@ -7,18 +7,35 @@ pub enum Exactness {
     /// Checkout writes the committed bytes.
     Lossless,
     /// Checkout writes a reconstruction; the settings and the measured error are recorded.
-    Lossy {
-        /// The lossy codec's settings, human-readable.
-        settings: String,
-        /// Relative L2 error of the reconstruction against the committed tensor.
-        rel_error: f64,
-    },
+    Lossy(Lossy),
+}
+
+/// How a lossy tensor was made and what it cost, measured on the reconstruction at commit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lossy {
+    /// The lossy codec's settings as `key=value` words (e.g. `quant bins=8 prune=0.2 …`).
+    pub settings: String,
+    /// Largest absolute difference between the reconstruction and the committed tensor.
+    pub max_abs_error: f64,
+    /// Relative L2 error of the reconstruction against the committed tensor.
+    pub rel_error: f64,
+    /// Estimated change of the training loss from this tensor's error, when the checkpoint
+    /// carried its optimizer moments.
+    pub est_delta_loss: Option<f64>,
 }
 
 impl Exactness {
     /// Whether this is [`Exactness::Lossy`].
     pub fn is_lossy(&self) -> bool {
-        matches!(self, Exactness::Lossy { .. })
+        matches!(self, Exactness::Lossy(_))
+    }
+
+    /// The lossy details, if any.
+    pub fn lossy(&self) -> Option<&Lossy> {
+        match self {
+            Exactness::Lossy(l) => Some(l),
+            Exactness::Lossless => None,
+        }
     }
 }
 
@@ -84,11 +101,15 @@ impl Manifest {
                 Exactness::Lossless => {
                     w.u8(0);
                 }
-                Exactness::Lossy {
-                    settings,
-                    rel_error,
-                } => {
-                    w.u8(1).str(settings).f64(*rel_error);
+                Exactness::Lossy(l) => {
+                    w.u8(2)
+                        .str(&l.settings)
+                        .f64(l.max_abs_error)
+                        .f64(l.rel_error);
+                    match l.est_delta_loss {
+                        Some(d) => w.u8(1).f64(d),
+                        None => w.u8(0),
+                    };
                 }
             }
         }
@@ -139,10 +160,22 @@ impl Manifest {
             let id = r.id()?;
             let exactness = match r.u8()? {
                 0 => Exactness::Lossless,
-                1 => Exactness::Lossy {
+                // Tag 1 (settings and relative error only) was never written by a release.
+                2 => Exactness::Lossy(Lossy {
                     settings: r.str()?.to_string(),
+                    max_abs_error: r.f64()?,
                     rel_error: r.f64()?,
-                },
+                    est_delta_loss: match r.u8()? {
+                        0 => None,
+                        1 => Some(r.f64()?),
+                        tag => {
+                            return Err(FormatError::UnknownTag {
+                                what: "loss estimate",
+                                tag,
+                            })
+                        }
+                    },
+                }),
                 tag => {
                     return Err(FormatError::UnknownTag {
                         what: "exactness",
@@ -190,10 +223,23 @@ mod tests {
                     name: "s".into(),
                     header: TensorHeader::new(Dtype::BF16, vec![]),
                     id: ObjectId::hash(b"s"),
-                    exactness: Exactness::Lossy {
-                        settings: "q8".into(),
+                    exactness: Exactness::Lossy(Lossy {
+                        settings: "quant bins=8".into(),
+                        max_abs_error: 0.5,
                         rel_error: 0.01,
-                    },
+                        est_delta_loss: Some(1e-4),
+                    }),
+                },
+                Entry {
+                    name: "t".into(),
+                    header: TensorHeader::new(Dtype::F16, vec![1]),
+                    id: ObjectId::hash(b"t"),
+                    exactness: Exactness::Lossy(Lossy {
+                        settings: "trim bits=3".into(),
+                        max_abs_error: 0.0,
+                        rel_error: 0.0,
+                        est_delta_loss: None,
+                    }),
                 },
             ],
         }
@@ -204,8 +250,8 @@ mod tests {
         let m = sample();
         let bytes = m.encode();
         assert_eq!(Manifest::decode(&bytes).unwrap(), m);
-        assert_eq!(m.data_len(), 24 + 2);
-        assert_eq!(m.file_len(), 8 + 10 + 26);
+        assert_eq!(m.data_len(), 24 + 2 + 2);
+        assert_eq!(m.file_len(), 8 + 10 + 28);
         for cut in 0..bytes.len() {
             assert!(Manifest::decode(&bytes[..cut]).is_err());
         }

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use mdl_codec::engine::CpuEngine;
+use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::{float, CodecTag, EncodeOptions};
 use mdl_format::record::{self, RecordHeader, Trailer, TRAILER_LEN};
 use mdl_format::{FormatError, ObjectId, ObjectKind, TensorHasher, TensorHeader, Timestamp};
@@ -258,26 +260,54 @@ impl Store {
                 "longer than the index records (a cycle?)",
             )));
         }
+        if codec.is_quant() {
+            let (q, prefix) = self.load_quant_chain(id, entry, budget)?;
+            q.render(out);
+            return verify_content(id, entry, &prefix, out);
+        }
         // The base first, so its record buffer is gone before this one is read.
         let base = match &entry.base {
             Some(base_id) => {
-                let base_entry = self
-                    .meta()
-                    .read()?
-                    .object(base_id)?
-                    .ok_or(StoreError::Missing(*base_id))?;
-                if base_entry.content_len != entry.content_len {
-                    return Err(corrupt(FormatError::invalid(
-                        "delta",
-                        "base size differs from the object's",
-                    )));
-                }
+                let base_entry = self.base_entry(id, entry, base_id)?;
                 let mut b = vec![0u8; base_entry.content_len as usize];
                 self.materialize(base_id, &base_entry, budget - 1, &mut b)?;
                 Some(b)
             }
             None => None,
         };
+        self.with_record(id, entry, |bytes| {
+            self.decode_record(id, entry, bytes, base.as_deref(), out)
+        })
+    }
+
+    /// The index entry of `id`'s base, checked to be the same size.
+    fn base_entry(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        base_id: &ObjectId,
+    ) -> Result<IndexEntry, StoreError> {
+        let base_entry = self
+            .meta()
+            .read()?
+            .object(base_id)?
+            .ok_or(StoreError::Missing(*base_id))?;
+        if base_entry.content_len != entry.content_len {
+            return Err(corrupt(id, entry)(FormatError::invalid(
+                "delta",
+                "base size differs from the object's",
+            )));
+        }
+        Ok(base_entry)
+    }
+
+    /// Runs `f` on the bytes of `id`'s record file.
+    fn with_record<R>(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        f: impl FnOnce(&[u8]) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
         let path = self.record_path(id, entry.generation);
         // Record bytes go through a per-thread buffer (taken out while in use, so nested
         // reads get their own): fresh large buffers cost a page fault per 4 KiB.
@@ -285,7 +315,7 @@ impl Store {
         bytes.clear();
         let read = File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes));
         let result = match read {
-            Ok(_) => self.decode_record(id, entry, &bytes, base.as_deref(), out),
+            Ok(_) => f(&bytes),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Err(StoreError::Missing(*id)),
             Err(e) => Err(StoreError::Io {
                 op: "read",
@@ -299,15 +329,67 @@ impl Store {
         result
     }
 
-    /// Decodes a whole in-memory record of a chunked codec into `out`, verifying it.
-    fn decode_record(
+    /// Decodes a quantized tensor (codes, table, protected values), resolving its chain of
+    /// quant deltas: each delta applies to its base's codes. Record checksums are verified at
+    /// every level; the content hash is verified by whoever renders the result
+    /// ([`Self::load_tensor`] does).
+    pub fn load_quant(&self, id: &ObjectId, entry: &IndexEntry) -> Result<QuantTensor, StoreError> {
+        Ok(self
+            .load_quant_chain(id, entry, entry.depth.saturating_add(1).min(MAX_CHAIN))?
+            .0)
+    }
+
+    /// [`Self::load_quant`] with a chain budget; also returns the record's canonical tensor
+    /// header (what the content hash starts with).
+    fn load_quant_chain(
         &self,
         id: &ObjectId,
         entry: &IndexEntry,
-        bytes: &[u8],
-        base: Option<&[u8]>,
-        out: &mut [u8],
-    ) -> Result<(), StoreError> {
+        budget: u32,
+    ) -> Result<(QuantTensor, Vec<u8>), StoreError> {
+        let corrupt = corrupt(id, entry);
+        let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
+        if !codec.is_quant() {
+            return Err(corrupt(FormatError::invalid(
+                "quant chain",
+                format!("{codec} record where a quantized one was expected"),
+            )));
+        }
+        if budget == 0 {
+            return Err(corrupt(FormatError::invalid(
+                "delta chain",
+                "longer than the index records (a cycle?)",
+            )));
+        }
+        let base = match &entry.base {
+            Some(base_id) => {
+                let base_entry = self.base_entry(id, entry, base_id)?;
+                Some(self.load_quant_chain(base_id, &base_entry, budget - 1)?.0)
+            }
+            None => None,
+        };
+        self.with_record(id, entry, |bytes| {
+            let (header, payload, tensor) = self.check_record(id, entry, bytes)?;
+            let n = (entry.content_len / tensor.dtype.size() as u64) as usize;
+            let q = QuantTensor::decode(
+                &CpuEngine,
+                tensor.dtype,
+                n,
+                payload,
+                base.as_ref().map(|b| &b.codes[..]),
+            )
+            .map_err(corrupt)?;
+            Ok((q, header.prefix))
+        })
+    }
+
+    /// Parses a whole in-memory record and checks it against the index entry.
+    fn check_record<'b>(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        bytes: &'b [u8],
+    ) -> Result<(RecordHeader, &'b [u8], TensorHeader), StoreError> {
         let corrupt = corrupt(id, entry);
         let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
         let (header, payload, trailer) = record::decode(bytes).map_err(corrupt)?;
@@ -329,8 +411,23 @@ impl Store {
                 "tensor shape disagrees with the content length",
             )));
         }
+        Ok((header, payload, tensor))
+    }
+
+    /// Decodes a whole in-memory record of a chunked codec into `out`, verifying it.
+    fn decode_record(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        bytes: &[u8],
+        base: Option<&[u8]>,
+        out: &mut [u8],
+    ) -> Result<(), StoreError> {
+        let corrupt = corrupt(id, entry);
+        let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
+        let (header, payload, tensor) = self.check_record(id, entry, bytes)?;
         match codec {
-            CodecTag::FloatSplit | CodecTag::XorDelta => {
+            CodecTag::FloatSplit | CodecTag::XorDelta | CodecTag::MantissaTrim => {
                 float::decode(tensor.dtype, payload, base, out).map_err(corrupt)?
             }
             CodecTag::SubDelta => {
@@ -340,23 +437,14 @@ impl Store {
                 )))?;
                 float::decode_sub(tensor.dtype, payload, base, out).map_err(corrupt)?
             }
-            CodecTag::Raw | CodecTag::Zstd => {
+            CodecTag::Raw | CodecTag::Zstd | CodecTag::QuantBase | CodecTag::QuantDelta => {
                 return Err(corrupt(FormatError::invalid(
                     "record",
-                    "streaming codecs have no base",
+                    format!("{codec} records are not decoded here"),
                 )))
             }
         }
-        let mut hasher = TensorHasher::new(&header.prefix);
-        hasher.update(out);
-        let actual = hasher.finalize();
-        if actual != *id {
-            return Err(corrupt(FormatError::HashMismatch {
-                expected: *id,
-                actual,
-            }));
-        }
-        Ok(())
+        verify_content(id, entry, &header.prefix, out)
     }
 
     /// Deletes a record file that the index no longer points to (an older generation after a
@@ -424,6 +512,25 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// Checks that `prefix` (a canonical tensor header) followed by `out` hashes to `id`.
+fn verify_content(
+    id: &ObjectId,
+    entry: &IndexEntry,
+    prefix: &[u8],
+    out: &[u8],
+) -> Result<(), StoreError> {
+    let mut hasher = TensorHasher::new(prefix);
+    hasher.update(out);
+    let actual = hasher.finalize();
+    if actual != *id {
+        return Err(corrupt(id, entry)(FormatError::HashMismatch {
+            expected: *id,
+            actual,
+        }));
+    }
+    Ok(())
 }
 
 /// Maps a format error in `id`'s record to [`StoreError::Corrupt`] naming the object.

@@ -31,6 +31,10 @@ pub struct CheckoutOutcome {
     pub path: PathBuf,
     /// Its size.
     pub bytes: u64,
+    /// Whether some tensors are lossy reconstructions (written in their original dtypes).
+    pub lossy: bool,
+    /// How many.
+    pub lossy_tensors: u32,
 }
 
 /// Writes the checkpoint of `rev` to `out`, through a temporary file renamed into place.
@@ -132,10 +136,17 @@ pub fn checkout(
     match result {
         Ok(bytes) => {
             std::fs::rename(&tmp, out).map_err(write_err)?;
+            let lossy_tensors = manifest
+                .entries
+                .iter()
+                .filter(|e| e.exactness.is_lossy())
+                .count() as u32;
             Ok(CheckoutOutcome {
                 id,
                 path: out.to_path_buf(),
                 bytes,
+                lossy: lossy_tensors > 0,
+                lossy_tensors,
             })
         }
         Err(e) => {

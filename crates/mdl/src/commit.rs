@@ -6,16 +6,22 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use mdl_codec::engine::{CpuEngine, Engine, FloatView, Moments};
 use mdl_codec::float::{self, Transform};
-use mdl_codec::{CodecTag, EncodeOptions, SMALL_TENSOR};
+use mdl_codec::qrecord::QuantTensor;
+use mdl_codec::quant::Correction;
+use mdl_codec::scalar::lossy_supported;
+use mdl_codec::{trim, CodecTag, EncodeOptions, SMALL_TENSOR};
 use mdl_format::safetensors::{self, Layout, TensorInfo};
 use mdl_format::{
-    Commit, CommitStats, Entry, Exactness, Manifest, ObjectId, ObjectKind, RefName, Timestamp,
+    Commit, CommitStats, Entry, Exactness, Lossy, Manifest, ObjectId, ObjectKind, RefName,
+    Timestamp,
 };
 use mdl_store::meta::{MetaRead, MetaWrite};
 use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue};
 use serde::Serialize;
 
+use crate::lossy::{self, CodecMode, LossyRequest, LossySettings, SearchSummary, TensorPlan};
 use crate::policy::{DeltaMode, DeltaPolicy};
 use crate::{per_tensor, Error, Progress, Repository, Result};
 
@@ -36,6 +42,8 @@ pub struct CommitOptions {
     pub encode: EncodeOptions,
     /// Delta policy; the repository's configuration when `None`.
     pub delta: Option<DeltaPolicy>,
+    /// Lossy settings over the repository's configuration.
+    pub lossy: LossyRequest,
 }
 
 /// What a commit did.
@@ -57,6 +65,11 @@ pub struct CommitOutcome {
     pub tensors: u32,
     /// Tensors not already stored.
     pub new_tensors: u32,
+    /// Tensors stored lossily.
+    pub lossy_tensors: u32,
+    /// The configuration search, for a lossy commit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub search: Option<SearchSummary>,
 }
 
 /// A validated safetensors file mapped into memory.
@@ -162,23 +175,55 @@ pub fn commit(
         (current, parent)
     };
 
-    // Parent versions of each tensor, by name: the delta bases.
+    // Parent versions of each tensor, by name: the delta bases, and the previous lossy
+    // configurations.
     let policy = opts
         .delta
         .map_or_else(|| DeltaPolicy::from_store(store), Ok)?;
     let parent_manifest = match parent {
-        Some(p) if policy.mode != DeltaMode::Off => {
-            Some(repo.load_manifest(&repo.load_commit(&p)?.manifest)?)
-        }
-        _ => None,
+        Some(p) => Some(repo.load_manifest(&repo.load_commit(&p)?.manifest)?),
+        None => None,
     };
     let previous: HashMap<&str, &Entry> = parent_manifest
         .iter()
         .flat_map(|m| m.entries.iter().map(|e| (e.name.as_str(), e)))
         .collect();
 
-    // Hash and store every tensor.
+    // Lossy settings, and for a lossy commit the configuration search.
+    let settings = LossySettings::resolve(store, &opts.lossy)?;
+    let engine = CpuEngine;
     let tensors = &input.layout.tensors;
+    let correction = match training_step(opts, &input.layout) {
+        Some(t) => Correction::adam(settings.betas.0, settings.betas.1, t),
+        None => Correction { c1: 1.0, c2: 1.0 },
+    };
+    let (plans, search) = match settings.mode {
+        CodecMode::Lossy => {
+            let roles = lossy::roles(&input.layout, &settings);
+            let tensor_bytes = |i: usize| input.tensor(i);
+            let plan_input = lossy::PlanInput {
+                engine: &engine,
+                layout: &input.layout,
+                tensor: &tensor_bytes,
+                roles: &roles,
+                settings: &settings,
+                previous: &previous,
+                correction,
+                loss: loss_of(&metrics, &input.layout),
+            };
+            let evaluate = |plans: Option<&[Option<TensorPlan>]>| {
+                evaluate_candidate(repo, path, &input, &engine, correction, &settings, plans)
+            };
+            let eval: Option<&dyn Fn(Option<&[Option<TensorPlan>]>) -> Result<f64>> =
+                settings.eval_cmd.as_ref().map(|_| &evaluate as _);
+            let (plans, summary) = lossy::plan(&plan_input, eval)?;
+            (plans, Some(summary))
+        }
+        _ => (vec![None; tensors.len()], None),
+    };
+    let trim_bits = (settings.mode == CodecMode::Trim).then_some(settings.trim_bits);
+
+    // Hash and store every tensor.
     let batch = store.batch();
     let ctx = StoreCtx {
         repo,
@@ -190,12 +235,18 @@ pub fn commit(
         claimed: Mutex::new(HashSet::new()),
         rewritten: Mutex::new(HashSet::new()),
         progress,
+        engine: &engine,
+        plans: &plans,
+        trim_bits,
+        correction,
     };
     progress.start("storing", input.map.len() as u64);
     let indices: Vec<usize> = (0..tensors.len()).collect();
     let results = per_tensor(&indices, |&i| tensors[i].len, |&i| ctx.store_tensor(i))?;
     progress.finish();
     let ids: Vec<ObjectId> = results.iter().map(|r| r.id).collect();
+    let exactness: Vec<Exactness> = results.iter().map(|r| r.exactness.clone()).collect();
+    let lossy_tensors = exactness.iter().filter(|e| e.is_lossy()).count() as u32;
     let mut added: Vec<(ObjectId, IndexEntry)> = Vec::new();
     let mut rewrites: Vec<Rewrite> = Vec::new();
     for r in results {
@@ -213,12 +264,12 @@ pub fn commit(
         },
         entries: tensors
             .iter()
-            .zip(&ids)
-            .map(|(t, id)| Entry {
+            .zip(ids.iter().zip(exactness))
+            .map(|(t, (id, exactness))| Entry {
                 name: t.name.clone(),
                 header: t.header.clone(),
                 id: *id,
-                exactness: Exactness::Lossless,
+                exactness,
             })
             .collect(),
     };
@@ -246,6 +297,7 @@ pub fn commit(
             stored_bytes,
             tensors: tensors.len() as u32,
             new_tensors: new_tensors as u32,
+            lossy_tensors,
         },
     };
     let commit_out = batch.put_blob(ObjectKind::Commit, &commit.encode())?;
@@ -299,7 +351,95 @@ pub fn commit(
         seconds: started.elapsed().as_secs_f64(),
         tensors: tensors.len() as u32,
         new_tensors: new_tensors as u32,
+        lossy_tensors,
+        search,
     })
+}
+
+/// The training step for Adam's bias corrections: `--step`, else the checkpoint's `step`
+/// metadata.
+fn training_step(opts: &CommitOptions, layout: &Layout) -> Option<u64> {
+    opts.step.or_else(|| {
+        layout
+            .metadata
+            .iter()
+            .find(|(k, _)| k == "step")
+            .and_then(|(_, v)| v.trim().parse().ok())
+    })
+}
+
+/// Names of the loss the quality bound is relative to, in order of preference.
+const LOSS_NAMES: [&str; 3] = ["loss", "val_loss", "train_loss"];
+
+/// The checkpoint's loss: a commit metric named `loss`, `val_loss` or `train_loss`, else the
+/// same key in the safetensors metadata.
+fn loss_of(metrics: &[(String, f64)], layout: &Layout) -> Option<f64> {
+    LOSS_NAMES.iter().find_map(|name| {
+        metrics
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| *v)
+            .or_else(|| {
+                layout
+                    .metadata
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .and_then(|(_, v)| v.trim().parse().ok())
+            })
+            .filter(|v: &f64| v.is_finite())
+    })
+}
+
+/// Scores a candidate with the user's `--eval-cmd`: the committed file itself (`plans` =
+/// `None`) or a copy with the planned tensors replaced by their reconstructions.
+fn evaluate_candidate(
+    repo: &Repository,
+    path: &Path,
+    input: &Input,
+    engine: &dyn Engine,
+    correction: Correction,
+    settings: &LossySettings,
+    plans: Option<&[Option<TensorPlan>]>,
+) -> Result<f64> {
+    let cmd = settings.eval_cmd.as_deref().unwrap_or_default();
+    let Some(plans) = plans else {
+        return lossy::run_eval(cmd, path);
+    };
+    let tmp = repo
+        .root()
+        .join(".mdl")
+        .join(format!("eval-{}.safetensors", std::process::id()));
+    let out_err = |source| Error::Output {
+        path: tmp.clone(),
+        source,
+    };
+    let result = (|| {
+        std::fs::write(&tmp, &input.map[..]).map_err(out_err)?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&tmp)
+            .map_err(out_err)?;
+        for (i, plan) in plans.iter().enumerate() {
+            let Some(plan) = plan else { continue };
+            let t = &input.layout.tensors[i];
+            let view = |j: usize| FloatView {
+                dtype: input.layout.tensors[j].header.dtype,
+                bytes: input.tensor(j),
+            };
+            let moments = plan.moments.map(|(m, v)| Moments {
+                m: view(m),
+                v: view(v),
+            });
+            let q = lossy::quantize(engine, view(i), moments, plan, correction);
+            use std::os::unix::fs::FileExt;
+            file.write_all_at(&q.render, input.layout.data_start() + t.offset)
+                .map_err(out_err)?;
+        }
+        drop(file);
+        lossy::run_eval(cmd, &tmp)
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    result
 }
 
 /// Float tensors whose best float encoding saves less than this fraction also try zstd.
@@ -311,6 +451,8 @@ const REWRITE_GAIN_FLOOR: f64 = 0.02;
 /// One tensor's outcome.
 struct Stored {
     id: ObjectId,
+    /// What the manifest says about it.
+    exactness: Exactness,
     /// Its new record, unless the repository already had the object.
     added: Option<(ObjectId, IndexEntry)>,
     /// The previous version, re-encoded against this one (reverse deltas).
@@ -337,6 +479,14 @@ struct StoreCtx<'a> {
     /// Objects this commit is re-encoding.
     rewritten: Mutex<HashSet<ObjectId>>,
     progress: &'a dyn Progress,
+    /// Kernels of the lossy codecs.
+    engine: &'a dyn Engine,
+    /// How each tensor is quantized (`None`: not quantized).
+    plans: &'a [Option<TensorPlan>],
+    /// Mantissa bits kept, in trim mode.
+    trim_bits: Option<u32>,
+    /// Adam's bias corrections at this checkpoint's step.
+    correction: Correction,
 }
 
 impl StoreCtx<'_> {
@@ -344,40 +494,176 @@ impl StoreCtx<'_> {
         let info = &self.input.layout.tensors[i];
         // Work on a private copy: what is hashed is exactly what is encoded, even if the file
         // changes underneath the mapping.
-        let data = self.input.tensor(i).to_vec();
+        let mut data = self.input.tensor(i).to_vec();
         self.input.release(i);
+        let mut exactness = Exactness::Lossless;
+        let mut quantized = None;
+        if let Some(plan) = &self.plans[i] {
+            let view = |j: usize| FloatView {
+                dtype: self.input.layout.tensors[j].header.dtype,
+                bytes: self.input.tensor(j),
+            };
+            let moments = plan.moments.map(|(m, v)| Moments {
+                m: view(m),
+                v: view(v),
+            });
+            let w = FloatView {
+                dtype: info.header.dtype,
+                bytes: &data,
+            };
+            let q = lossy::quantize(self.engine, w, moments, plan, self.correction);
+            exactness = Exactness::Lossy(q.lossy);
+            data = q.render;
+            quantized = Some(q.tensor);
+        } else if let Some(bits) = self.trim_bits.filter(|_| {
+            lossy_supported(info.header.dtype)
+                && info.header.numel().unwrap_or(0) >= lossy::MIN_LOSSY_ELEMENTS
+        }) {
+            let mut out = vec![0u8; data.len()];
+            trim::trim(info.header.dtype, &data, bits, &mut out);
+            let view = |bytes| FloatView {
+                dtype: info.header.dtype,
+                bytes,
+            };
+            let err = self.engine.error_stats(view(&data), view(&out), None);
+            exactness = Exactness::Lossy(Lossy {
+                settings: format!("trim bits={bits} bound=2^-{bits}"),
+                max_abs_error: err.max_abs,
+                rel_error: err.rel_l2(),
+                est_delta_loss: None,
+            });
+            data = out;
+        }
         let mut hasher = info.header.hasher();
         hasher.update(&data);
         let id = hasher.finalize();
         let store = self.repo.store();
         let fresh = self.claimed.lock().unwrap().insert(id);
-        let result = if !fresh || store.meta().read()?.object(&id)?.is_some() {
+        let mut result = if !fresh || store.meta().read()?.object(&id)?.is_some() {
             Stored {
                 id,
+                exactness: Exactness::Lossless,
                 added: None,
                 rewrite: None,
             }
+        } else if let Some(q) = &quantized {
+            self.encode_quant(id, info, q)?
         } else {
-            self.encode_new(id, info, &data)?
+            let whole = if exactness.is_lossy() {
+                CodecTag::MantissaTrim
+            } else {
+                CodecTag::FloatSplit
+            };
+            self.encode_new(id, info, &data, whole)?
         };
+        result.exactness = exactness;
         self.progress.advance(info.len);
         Ok(result)
+    }
+
+    /// Stores a quantized tensor: a quant-base, or a quant-delta against the previous version's
+    /// codes (forward), or a quant-base with the previous version re-encoded against it
+    /// (reverse).
+    fn encode_quant(&self, id: ObjectId, info: &TensorInfo, q: &QuantTensor) -> Result<Stored> {
+        let header = &info.header;
+        let base_payload = q.encode_base();
+        let store = self.repo.store();
+        let put = |payload: &[u8], codec, placement| -> Result<IndexEntry> {
+            Ok(self
+                .batch
+                .put_payload(&id, header, codec, placement, &[payload])?
+                .entry)
+        };
+        let stored = |entry, rewrite| Stored {
+            id,
+            exactness: Exactness::Lossless,
+            added: Some((id, entry)),
+            rewrite,
+        };
+        let base = self.base_for(info, &id, true)?;
+        let Some((bid, bentry)) = base else {
+            return Ok(stored(
+                put(&base_payload, CodecTag::QuantBase, Placement::default())?,
+                None,
+            ));
+        };
+        let prev = store.load_quant(&bid, &bentry)?;
+        match self.policy.mode {
+            DeltaMode::Off => Ok(stored(
+                put(&base_payload, CodecTag::QuantBase, Placement::default())?,
+                None,
+            )),
+            DeltaMode::Forward => {
+                let delta = q.encode_delta(self.engine, &prev.codes, prev.bins());
+                let entry = if delta.len() < base_payload.len() {
+                    put(
+                        &delta,
+                        CodecTag::QuantDelta,
+                        Placement {
+                            generation: 0,
+                            base: Some(bid),
+                            depth: bentry.depth + 1,
+                        },
+                    )?
+                } else {
+                    put(&base_payload, CodecTag::QuantBase, Placement::default())?
+                };
+                Ok(stored(entry, None))
+            }
+            DeltaMode::Reverse => {
+                let entry = put(&base_payload, CodecTag::QuantBase, Placement::default())?;
+                let delta = prev.encode_delta(self.engine, &q.codes, q.bins());
+                let rewrite = if (delta.len() as f64)
+                    <= bentry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR)
+                    && self.rewritten.lock().unwrap().insert(bid)
+                {
+                    let placement = Placement {
+                        generation: bentry.generation + 1,
+                        base: Some(id),
+                        depth: 1,
+                    };
+                    let new = self
+                        .batch
+                        .put_payload(&bid, header, CodecTag::QuantDelta, placement, &[&delta])?
+                        .entry;
+                    Some(Rewrite {
+                        id: bid,
+                        old: bentry,
+                        new,
+                    })
+                } else {
+                    None
+                };
+                Ok(stored(entry, rewrite))
+            }
+        }
     }
 
     /// The previous version of a tensor that can serve as a delta base: same name, dtype and
     /// shape, different content, stored here, and in a chain the policy lets grow (depth cap;
     /// with reverse deltas, a self-contained record). `None` means no delta is tried at all.
-    fn base_for(&self, info: &TensorInfo, id: &ObjectId) -> Result<Option<(ObjectId, IndexEntry)>> {
+    /// `quant` asks for a base whose codes a quant-delta can refer to (a quantized previous
+    /// version); otherwise any previous version that is not quantized serves.
+    fn base_for(
+        &self,
+        info: &TensorInfo,
+        id: &ObjectId,
+        quant: bool,
+    ) -> Result<Option<(ObjectId, IndexEntry)>> {
         let Some(prev) = self.previous.get(info.name.as_str()) else {
             return Ok(None);
         };
-        if prev.header != info.header || prev.id == *id || prev.exactness != Exactness::Lossless {
+        if prev.header != info.header || prev.id == *id {
             return Ok(None);
         }
         let meta = self.repo.store().meta().read()?;
         let Some(entry) = meta.object(&prev.id)? else {
             return Ok(None);
         };
+        let prev_quant = CodecTag::try_from(entry.codec).is_ok_and(|c| c.is_quant());
+        if prev_quant != quant {
+            return Ok(None);
+        }
         // Whether the policy lets a delta join this chain, decided before the base is decoded.
         let allowed = match self.policy.mode {
             DeltaMode::Off => false,
@@ -391,11 +677,20 @@ impl StoreCtx<'_> {
         Ok(allowed.then_some((prev.id, entry)))
     }
 
-    fn encode_new(&self, id: ObjectId, info: &TensorInfo, data: &[u8]) -> Result<Stored> {
+    /// Stores new tensor content with the lossless codecs; `whole` is the codec of a
+    /// self-contained float record (float-split, or mantissa-trim for trimmed content).
+    fn encode_new(
+        &self,
+        id: ObjectId,
+        info: &TensorInfo,
+        data: &[u8],
+        whole: CodecTag,
+    ) -> Result<Stored> {
         let header = &info.header;
         let len = data.len() as u64;
         let plain = |added| Stored {
             id,
+            exactness: Exactness::Lossless,
             added: Some(added),
             rewrite: None,
         };
@@ -404,7 +699,7 @@ impl StoreCtx<'_> {
             return Ok(plain((id, out.entry)));
         }
         let store = self.repo.store();
-        let base = self.base_for(info, &id)?;
+        let base = self.base_for(info, &id, false)?;
         let base_data = base
             .as_ref()
             .map(|(bid, be)| store.load_tensor(bid, be))
@@ -432,7 +727,7 @@ impl StoreCtx<'_> {
                         depth,
                     },
                 ),
-                None => (CodecTag::FloatSplit, Placement::default()),
+                None => (whole, Placement::default()),
             };
             Ok::<_, Error>(
                 self.batch
@@ -465,6 +760,7 @@ impl StoreCtx<'_> {
                 let rewrite = self.reverse(&bid, &bentry, bdata, &id, data, info, delta)?;
                 Ok(Stored {
                     id,
+                    exactness: Exactness::Lossless,
                     added: Some((id, entry)),
                     rewrite: rewrite.map(|(old, new)| Rewrite { id: bid, old, new }),
                 })

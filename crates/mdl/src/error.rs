@@ -89,6 +89,14 @@ pub enum Error {
         /// What is allowed.
         expected: &'static str,
     },
+    /// `--eval-cmd` failed or printed no number.
+    #[error("evaluation command {cmd:?} failed: {why}")]
+    EvalCommand {
+        /// The command as given.
+        cmd: String,
+        /// What went wrong.
+        why: String,
+    },
     /// A configuration key mdl does not know.
     #[error("unknown configuration key {0:?} (mdl config lists the keys)")]
     UnknownConfig(String),

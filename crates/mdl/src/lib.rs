@@ -22,6 +22,7 @@ mod error;
 pub mod fsck;
 mod history;
 pub mod log;
+pub mod lossy;
 pub mod policy;
 mod progress;
 pub mod refs;

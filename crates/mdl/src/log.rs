@@ -26,6 +26,8 @@ pub struct LogEntry {
     pub raw_bytes: u64,
     /// Bytes this commit added to the store.
     pub stored_bytes: u64,
+    /// Tensors stored lossily (0 for a lossless commit).
+    pub lossy_tensors: u32,
     /// Branches and tags pointing here.
     pub refs: Vec<String>,
     #[serde(skip)]
@@ -75,6 +77,7 @@ pub fn log(repo: &Repository, rev: Option<&str>, limit: Option<usize>) -> Result
             metrics: Metrics(c.metrics),
             raw_bytes: c.stats.raw_bytes,
             stored_bytes: c.stats.stored_bytes,
+            lossy_tensors: c.stats.lossy_tensors,
             refs: refs
                 .iter()
                 .filter(|(_, t)| *t == id)

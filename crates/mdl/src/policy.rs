@@ -102,17 +102,20 @@ pub fn validate(key: &str, value: &str) -> Result<()> {
     match key {
         MODE_KEY => value.parse::<DeltaMode>().map(drop),
         MAX_DEPTH_KEY => parse_depth(value).map(drop),
-        _ => Err(Error::UnknownConfig(key.into())),
+        _ => crate::lossy::validate(key, value)
+            .unwrap_or_else(|| Err(Error::UnknownConfig(key.into()))),
     }
 }
 
 /// Every configuration key, with its default.
 pub fn known_keys() -> Vec<(&'static str, String)> {
     let d = DeltaPolicy::default();
-    vec![
+    let mut keys = vec![
         (MODE_KEY, d.mode.to_string()),
         (MAX_DEPTH_KEY, d.max_depth.to_string()),
-    ]
+    ];
+    keys.extend(crate::lossy::known_keys());
+    keys
 }
 
 /// Every configuration key with its value and whether it is set (rather than the default).

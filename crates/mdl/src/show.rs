@@ -1,7 +1,7 @@
 //! `mdl show`: a commit and its manifest, tensor by tensor.
 
 use mdl_codec::CodecTag;
-use mdl_format::{Exactness, ObjectId};
+use mdl_format::ObjectId;
 use mdl_store::StoreError;
 use serde::Serialize;
 
@@ -31,9 +31,57 @@ pub struct TensorInfo {
     pub depth: u32,
     /// Whether checkout reproduces it only approximately.
     pub lossy: bool,
-    /// Relative error of a lossy tensor.
+    /// How a lossy tensor was made and what it cost.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub rel_error: Option<f64>,
+    pub lossy_info: Option<LossyInfo>,
+}
+
+/// A lossy tensor's settings and measured errors.
+#[derive(Clone, Debug, Serialize)]
+pub struct LossyInfo {
+    /// The settings as recorded (`quant bins=… prune=… …` or `trim bits=…`).
+    pub settings: String,
+    /// Code table size requested (quant).
+    pub bins: Option<u32>,
+    /// Fraction pruned to zero (quant).
+    pub prune: Option<f64>,
+    /// Fraction kept exactly (quant).
+    pub protect: Option<f64>,
+    /// Pruning metric (quant).
+    pub metric: Option<String>,
+    /// Sensitivity source: `moments` or `magnitude` (quant).
+    pub sensitivity: Option<String>,
+    /// Mantissa bits kept (trim).
+    pub trim_bits: Option<u32>,
+    /// Largest absolute error.
+    pub max_abs_error: f64,
+    /// Relative L2 error.
+    pub rel_error: f64,
+    /// Estimated loss change, when moments were known.
+    pub est_delta_loss: Option<f64>,
+}
+
+impl LossyInfo {
+    fn new(l: &mdl_format::Lossy) -> LossyInfo {
+        let word = |key: &str| {
+            l.settings
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+                .map(str::to_string)
+        };
+        LossyInfo {
+            settings: l.settings.clone(),
+            bins: word("bins").and_then(|v| v.parse().ok()),
+            prune: word("prune").and_then(|v| v.parse().ok()),
+            protect: word("protect").and_then(|v| v.parse().ok()),
+            metric: word("metric"),
+            sensitivity: word("sensitivity"),
+            trim_bits: word("bits").and_then(|v| v.parse().ok()),
+            max_abs_error: l.max_abs_error,
+            rel_error: l.rel_error,
+            est_delta_loss: l.est_delta_loss,
+        }
+    }
 }
 
 /// A commit with its manifest (the stable `--json` form of `mdl show`).
@@ -87,10 +135,7 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
             base: entry.base,
             depth: entry.depth,
             lossy: e.exactness.is_lossy(),
-            rel_error: match e.exactness {
-                Exactness::Lossy { rel_error, .. } => Some(rel_error),
-                Exactness::Lossless => None,
-            },
+            lossy_info: e.exactness.lossy().map(LossyInfo::new),
         });
     }
     Ok(Shown {
