@@ -197,6 +197,8 @@ pub struct Fit {
     pub values: Vec<f64>,
     /// Key → code, protected keys.
     pub lut: Lut,
+    /// Pruned keys (their elements become zero).
+    pub pruned: Vec<bool>,
     /// Expected cost.
     pub estimate: Estimate,
 }
@@ -391,7 +393,9 @@ impl<'a> Prepared<'a> {
             lut.code[k] = match class[k] {
                 Class::Prune | Class::Zero => zero.unwrap_or(0) as u8,
                 _ if !v.is_finite() => 0,
-                _ => nearest(&values, v, log) as u8,
+                // By the key's own value (for f32, the truncated one), so an element's code
+                // depends on its key alone.
+                _ => nearest(&values, scalar::key_value(self.dtype, k as u16), log) as u8,
             };
         }
 
@@ -432,6 +436,7 @@ impl<'a> Prepared<'a> {
         Fit {
             config: *cfg,
             values,
+            pruned: class.iter().map(|c| *c == Class::Prune).collect(),
             lut,
             estimate: Estimate {
                 bits,
@@ -654,6 +659,15 @@ pub fn candidates(
             for &m in metrics {
                 out.push(QuantConfig { metric: m, ..base });
             }
+            // Finer tables without pruning, so a tensor that has become more sensitive still
+            // finds a configuration within its budget.
+            for &b in bins.iter().filter(|&&b| b > base.bins) {
+                out.push(QuantConfig {
+                    bins: b,
+                    prune: 0.0,
+                    ..base
+                });
+            }
             let mut seen = Vec::new();
             out.retain(|c| {
                 let key = c.to_string();
@@ -834,6 +848,100 @@ mod tests {
             let dl = (c.c1 * measured.sum_m_delta).abs() + 0.5 * c.c2 * measured.sum_v_delta2;
             let est = e.delta_loss.unwrap();
             assert!((dl - est).abs() <= 1e-6 * est.max(1e-30), "{dl} vs {est}");
+        }
+    }
+
+    /// The quantizer's invariants on random tensors of every dtype, both domains, with and
+    /// without moments: protected elements exact, pruned ones +0, every other element on the
+    /// table value nearest its key, tables sorted and no larger than bins + 1.
+    #[test]
+    fn quantizer_invariants() {
+        let mut rng = Rng(42);
+        for dtype in [Dtype::BF16, Dtype::F16, Dtype::F32] {
+            for (case, domain) in [Domain::Linear, Domain::Log, Domain::Linear]
+                .into_iter()
+                .enumerate()
+            {
+                let n = 20_000 + case * 7_777;
+                let mut w: Vec<f32> = normal(n, rng.0 ^ case as u64, 0.05);
+                if domain == Domain::Log {
+                    w.iter_mut().for_each(|x| *x = *x * *x * 1e-3);
+                    w[7] = 0.0;
+                }
+                w[3] = f32::INFINITY;
+                w[5] = -0.0;
+                let enc = |v: &[f32]| -> Vec<u8> {
+                    let mut out = Vec::new();
+                    for &x in v {
+                        scalar::push_rounded(dtype, x as f64, &mut out);
+                    }
+                    out
+                };
+                let wb = enc(&w);
+                let mb = enc(&normal(n, 7, 1e-3));
+                let vb = enc(&normal(n, 8, 1e-3).iter().map(|x| x * x).collect::<Vec<_>>());
+                let view = |b| FloatView { dtype, bytes: b };
+                let moments = (case == 1).then(|| Moments {
+                    m: view(&mb),
+                    v: view(&vb),
+                });
+                let stats = CpuEngine.key_stats(view(&wb), moments);
+                let prep = Prepared::new(&stats, dtype);
+                for _ in 0..6 {
+                    let cfg = QuantConfig {
+                        bins: BINS[(rng.next_f64() * 6.0) as usize],
+                        prune: PRUNE[(rng.next_f64() * 6.0) as usize],
+                        protect: PROTECT[(rng.next_f64() * 3.0) as usize],
+                        metric: if rng.next_f64() < 0.5 {
+                            Metric::Magnitude
+                        } else {
+                            Metric::Sensitivity
+                        },
+                        domain,
+                    };
+                    let fit = prep.fit(&cfg, None);
+                    assert!(fit.values.len() <= cfg.bins as usize + 1);
+                    assert!(fit.values.windows(2).all(|p| p[0] < p[1]), "{cfg}");
+                    let a = CpuEngine.assign(view(&wb), &fit.lut);
+                    let q = QuantTensor::new(dtype, prep.table_bytes(&fit.values), a, &wb);
+                    let mut out = vec![0u8; wb.len()];
+                    q.render(&mut out);
+                    let size = dtype.size();
+                    let protected: std::collections::HashSet<u64> =
+                        q.protected.iter().copied().collect();
+                    let log = domain == Domain::Log;
+                    for i in 0..n {
+                        let (orig, got) = (&wb[i * size..][..size], &out[i * size..][..size]);
+                        let k = scalar::key(dtype, &wb, i) as usize;
+                        if protected.contains(&(i as u64)) {
+                            assert_eq!(orig, got, "protected element {i} changed");
+                            continue;
+                        }
+                        let y = scalar::value(dtype, &out, i);
+                        if fit.pruned[k] {
+                            assert_eq!(y.to_bits(), 0.0f64.to_bits(), "pruned {i} is {y}");
+                            continue;
+                        }
+                        let x = scalar::key_value(dtype, k as u16);
+                        let dist = |t: f64| {
+                            if log {
+                                if t <= 0.0 || x <= 0.0 {
+                                    if t == x { 0.0 } else { f64::INFINITY }
+                                } else {
+                                    (t.ln() - x.ln()).abs()
+                                }
+                            } else {
+                                (t - x).abs()
+                            }
+                        };
+                        let best = fit.values.iter().map(|&t| dist(t)).fold(f64::INFINITY, f64::min);
+                        assert!(
+                            dist(y) <= best * (1.0 + 1e-12),
+                            "{dtype:?} {cfg}: {x} → {y}, nearest is {best} away"
+                        );
+                    }
+                }
+            }
         }
     }
 

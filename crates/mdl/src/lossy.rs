@@ -177,10 +177,10 @@ pub struct LossySettings {
     pub embeddings: Vec<String>,
     /// Adam's betas.
     pub betas: (f64, f64),
-    /// First moments' configuration.
-    pub exp_avg: QuantConfig,
-    /// Second moments' configuration.
-    pub exp_avg_sq: QuantConfig,
+    /// First moments' configuration (`None`: stored exactly).
+    pub exp_avg: Option<QuantConfig>,
+    /// Second moments' configuration (`None`: stored exactly).
+    pub exp_avg_sq: Option<QuantConfig>,
     /// A command scoring candidate checkpoints (`{}` is the file), lower is better.
     pub eval_cmd: Option<String>,
 }
@@ -226,12 +226,15 @@ fn parse_betas(v: &str) -> Result<(f64, f64)> {
     Ok((p(a).ok_or_else(bad)?, p(b).ok_or_else(bad)?))
 }
 
-fn parse_config(key: &str, v: &str) -> Result<QuantConfig> {
-    v.parse::<QuantConfig>().map_err(|_| {
+fn parse_config(key: &str, v: &str) -> Result<Option<QuantConfig>> {
+    if v == "off" {
+        return Ok(None);
+    }
+    v.parse::<QuantConfig>().map(Some).map_err(|_| {
         invalid(
             key,
             v,
-            "bins=N prune=F protect=F metric=magnitude|sensitivity domain=linear|log",
+            "off, or bins=N prune=F protect=F metric=magnitude|sensitivity domain=linear|log",
         )
     })
 }
@@ -590,6 +593,7 @@ impl PlanInput<'_> {
                 Role::SecondMoment => (self.settings.exp_avg_sq, "exp_avg_sq"),
                 _ => continue,
             };
+            let Some(config) = config else { continue };
             plans[i] = Some(TensorPlan {
                 config,
                 moments: None,
@@ -751,6 +755,7 @@ mod tests {
         assert!(validate(EPSILON_KEY, "0").unwrap().is_err());
         assert!(validate(BETAS_KEY, "0.9").unwrap().is_err());
         assert!(validate(EXP_AVG_KEY, "bins=300").unwrap().is_err());
+        assert!(validate(EXP_AVG_KEY, "off").unwrap().is_ok());
         assert!(validate("delta.mode", "x").is_none());
     }
 }

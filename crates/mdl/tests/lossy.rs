@@ -1,0 +1,382 @@
+//! Lossy commits through the library: quant chains over codes (forward and reverse, with table
+//! size changes), checkouts in the original dtypes and shapes, recorded errors equal to the
+//! errors of the checkout, the search within its budget, mantissa-trim, and `--eval-cmd`.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use mdl::checkout::{checkout, CheckoutOptions};
+use mdl::commit::{commit, CommitOptions};
+use mdl::lossy::{CodecMode, LossyRequest};
+use mdl::policy::{DeltaMode, DeltaPolicy};
+use mdl::{NoProgress, Repository};
+use mdl_codec::scalar;
+use mdl_format::safetensors;
+use mdl_format::Dtype;
+
+mod common;
+use common::write_safetensors;
+
+struct Rng(u64);
+
+impl Rng {
+    fn uniform(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        ((self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f64 {
+        let (u, v) = (self.uniform(), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+}
+
+/// A small model in training: an f32 matrix, a bf16 matrix, a norm vector, Adam moments.
+struct Model {
+    rng: Rng,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    ln: Vec<f32>,
+    m: HashMap<&'static str, Vec<f32>>,
+    v: HashMap<&'static str, Vec<f32>>,
+    step: u64,
+}
+
+const NA: usize = 256 * 256;
+const NB: usize = 128 * 256;
+
+impl Model {
+    fn new() -> Model {
+        let mut rng = Rng(0x1234_5678_9abc_def1);
+        let a = (0..NA).map(|_| (rng.normal() * 0.02) as f32).collect();
+        let b = (0..NB).map(|_| (rng.normal() * 0.05) as f32).collect();
+        let mut m = HashMap::new();
+        let mut v = HashMap::new();
+        for (k, n) in [("a", NA), ("b", NB)] {
+            m.insert(k, vec![0.0; n]);
+            v.insert(k, vec![0.0; n]);
+        }
+        Model {
+            rng,
+            a,
+            b,
+            ln: vec![1.0; 256],
+            m,
+            v,
+            step: 0,
+        }
+    }
+
+    fn steps(&mut self, k: usize) {
+        for _ in 0..k {
+            self.step += 1;
+            for (name, w) in [("a", &mut self.a), ("b", &mut self.b)] {
+                let (m, v) = (self.m.get_mut(name).unwrap(), self.v.get_mut(name).unwrap());
+                for i in 0..w.len() {
+                    let g = (self.rng.normal() * 0.01 + w[i] as f64 * 0.1) as f32;
+                    m[i] = 0.9 * m[i] + 0.1 * g;
+                    v[i] = 0.999 * v[i] + 0.001 * g * g;
+                    w[i] -= 1e-3 * m[i] / (v[i].sqrt() + 1e-8);
+                }
+            }
+        }
+    }
+
+    fn write(&self, path: &Path) {
+        let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let bf16 = self
+            .b
+            .iter()
+            .flat_map(|&x| scalar::f32_to_bf16(x).to_le_bytes())
+            .collect();
+        write_safetensors(
+            path,
+            &[
+                ("model.a", "F32", vec![256, 256], f32s(&self.a)),
+                ("model.b", "BF16", vec![128, 256], bf16),
+                ("model.ln", "F32", vec![256], f32s(&self.ln)),
+                ("optim.a.exp_avg", "F32", vec![256, 256], f32s(&self.m["a"])),
+                ("optim.a.exp_avg_sq", "F32", vec![256, 256], f32s(&self.v["a"])),
+                ("optim.b.exp_avg", "F32", vec![128, 256], f32s(&self.m["b"])),
+                ("optim.b.exp_avg_sq", "F32", vec![128, 256], f32s(&self.v["b"])),
+                ("optim.step", "I64", vec![], (self.step as i64).to_le_bytes().to_vec()),
+            ],
+        );
+    }
+}
+
+fn lossy_opts(step: u64, delta: Option<DeltaPolicy>) -> CommitOptions {
+    CommitOptions {
+        step: Some(step),
+        metrics: vec![("loss".into(), 2.5)],
+        delta,
+        lossy: LossyRequest {
+            mode: Some(CodecMode::Lossy),
+            epsilon: Some(0.01),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// Tensors of a safetensors file by name: (dtype, shape, bytes).
+fn tensors(path: &Path) -> HashMap<String, (Dtype, Vec<u64>, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let hl = safetensors::header_len(&bytes[..8], bytes.len() as u64).unwrap() as usize;
+    let layout = safetensors::parse(&bytes[8..8 + hl], bytes.len() as u64).unwrap();
+    layout
+        .tensors
+        .iter()
+        .map(|t| {
+            let start = (layout.data_start() + t.offset) as usize;
+            (
+                t.name.clone(),
+                (
+                    t.header.dtype,
+                    t.header.shape.clone(),
+                    bytes[start..start + t.len as usize].to_vec(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Checks a lossy checkout against its original: same names, dtypes and shapes; lossless
+/// tensors identical; lossy ones with exactly the recorded errors.
+fn check_checkout(repo: &Repository, rev: &str, original: &Path, out: &Path) {
+    checkout(
+        repo,
+        rev,
+        out,
+        &CheckoutOptions {
+            force: true,
+            sync: false,
+        },
+        &NoProgress,
+    )
+    .unwrap();
+    let (orig, got) = (tensors(original), tensors(out));
+    assert_eq!(orig.len(), got.len());
+    let shown = mdl::show::show(repo, rev).unwrap();
+    for t in &shown.tensors {
+        let (od, os, ob) = &orig[&t.name];
+        let (gd, gs, gb) = &got[&t.name];
+        assert_eq!((od, os), (gd, gs), "{}: dtype/shape", t.name);
+        let Some(l) = &t.lossy_info else {
+            assert_eq!(ob, gb, "{} is lossless", t.name);
+            continue;
+        };
+        let n = ob.len() / od.size();
+        let (mut max, mut se, mut ss) = (0.0f64, 0.0f64, 0.0f64);
+        for i in 0..n {
+            let (x, y) = (scalar::value(*od, ob, i), scalar::value(*od, gb, i));
+            max = max.max((y - x).abs());
+            se += (y - x) * (y - x);
+            ss += x * x;
+        }
+        assert_eq!(max, l.max_abs_error, "{}: max abs error", t.name);
+        let rel = (se / ss).sqrt();
+        assert!(
+            (rel - l.rel_error).abs() <= 1e-9 * rel,
+            "{}: rel error {rel} vs recorded {}",
+            t.name,
+            l.rel_error
+        );
+    }
+}
+
+fn chain_with_table_changes(mode: DeltaMode) {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(&dir.path().join("repo")).unwrap();
+    let policy = DeltaPolicy { mode, max_depth: 16 };
+    let mut model = Model::new();
+    let mut outs = Vec::new();
+    // The moments' table size changes from commit to commit, so deltas cross table sizes.
+    for (k, bins) in [8, 4, 16, 6].into_iter().enumerate() {
+        mdl::policy::set_config(
+            &repo,
+            "quant.exp_avg",
+            &format!("bins={bins} prune=0 protect=0.0005 metric=magnitude domain=linear"),
+        )
+        .unwrap();
+        model.steps(3);
+        let file = dir.path().join(format!("c{k}.safetensors"));
+        model.write(&file);
+        let c = commit(&repo, &file, &lossy_opts(model.step, Some(policy)), &NoProgress).unwrap();
+        assert!(c.lossy_tensors >= 6, "{}", c.lossy_tensors);
+        let out = dir.path().join(format!("c{k}.out"));
+        check_checkout(&repo, &c.id.to_string(), &file, &out);
+        outs.push((c.id, std::fs::read(&out).unwrap()));
+    }
+    // Older commits decode to the same bytes after later commits re-encoded them.
+    let mut deltas = 0;
+    for (id, bytes) in &outs {
+        let out = dir.path().join("again");
+        checkout(
+            &repo,
+            &id.to_string(),
+            &out,
+            &CheckoutOptions {
+                force: true,
+                sync: false,
+            },
+            &NoProgress,
+        )
+        .unwrap();
+        assert_eq!(&std::fs::read(&out).unwrap(), bytes);
+        let shown = mdl::show::show(&repo, &id.to_string()).unwrap();
+        deltas += shown
+            .tensors
+            .iter()
+            .filter(|t| t.codec == "quant-delta")
+            .count();
+        for t in &shown.tensors {
+            assert!(t.depth <= 16);
+        }
+    }
+    assert!(deltas >= 6, "only {deltas} quant-delta records");
+    let report = mdl::fsck::fsck(&repo).unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
+
+#[test]
+fn reverse_quant_chains_decode_every_commit() {
+    chain_with_table_changes(DeltaMode::Reverse);
+}
+
+#[test]
+fn forward_quant_chains_decode_every_commit() {
+    chain_with_table_changes(DeltaMode::Forward);
+}
+
+#[test]
+fn the_search_stays_within_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(&dir.path().join("repo")).unwrap();
+    let mut model = Model::new();
+    for k in 0..2 {
+        model.steps(5);
+        let file = dir.path().join(format!("c{k}.safetensors"));
+        model.write(&file);
+        let c = commit(&repo, &file, &lossy_opts(model.step, None), &NoProgress).unwrap();
+        let s = c.search.unwrap();
+        assert_eq!(s.budget, 0.01 * 2.5);
+        assert!(s.est_delta_loss <= s.budget, "{} > {}", s.est_delta_loss, s.budget);
+        if k == 0 {
+            assert_eq!((s.guided, s.neighbourhood), (2, 0));
+        } else {
+            assert_eq!((s.guided, s.neighbourhood), (0, 2));
+        }
+        // What the manifest records (measured on the reconstruction) agrees.
+        let shown = mdl::show::show(&repo, &c.id.to_string()).unwrap();
+        let recorded: f64 = shown
+            .tensors
+            .iter()
+            .filter(|t| t.name.starts_with("model."))
+            .filter_map(|t| t.lossy_info.as_ref()?.est_delta_loss)
+            .sum();
+        assert!(recorded > 0.0);
+        assert!(recorded <= s.budget * (1.0 + 1e-6), "{recorded} > {}", s.budget);
+        assert!((recorded - s.est_delta_loss).abs() <= 1e-6 * s.budget);
+        for t in &shown.tensors {
+            if let Some(l) = &t.lossy_info {
+                assert!(l.settings.contains("sensitivity=moments") || t.name.starts_with("optim"));
+            }
+        }
+    }
+}
+
+#[test]
+fn without_moments_the_bound_is_relative_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(&dir.path().join("repo")).unwrap();
+    let mut model = Model::new();
+    model.steps(2);
+    let file = dir.path().join("c.safetensors");
+    model.write(&file);
+    let mut opts = lossy_opts(model.step, None);
+    opts.lossy.epsilon = Some(0.05);
+    opts.lossy.moments = Some("none.{}:none.{}.m:none.{}.v".into());
+    let c = commit(&repo, &file, &opts, &NoProgress).unwrap();
+    let shown = mdl::show::show(&repo, &c.id.to_string()).unwrap();
+    let mut quantized = 0;
+    for t in &shown.tensors {
+        if let Some(l) = &t.lossy_info {
+            quantized += 1;
+            assert!(l.rel_error <= 0.05, "{}: {}", t.name, l.rel_error);
+            assert!(l.settings.contains("sensitivity=magnitude"), "{}", l.settings);
+            assert_eq!(l.est_delta_loss, None);
+        }
+    }
+    assert!(quantized >= 2);
+    check_checkout(&repo, "HEAD", &file, &dir.path().join("out"));
+}
+
+#[test]
+fn mantissa_trim_keeps_its_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(&dir.path().join("repo")).unwrap();
+    let mut model = Model::new();
+    model.steps(2);
+    let file = dir.path().join("c.safetensors");
+    model.write(&file);
+    let opts = CommitOptions {
+        lossy: LossyRequest {
+            mode: Some(CodecMode::Trim),
+            trim_bits: Some(4),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let c = commit(&repo, &file, &opts, &NoProgress).unwrap();
+    assert!(c.lossy_tensors >= 6);
+    let out = dir.path().join("out");
+    check_checkout(&repo, "HEAD", &file, &out);
+    let (orig, got) = (tensors(&file), tensors(&out));
+    for (name, (d, _, ob)) in &orig {
+        if !name.starts_with("optim.a") {
+            continue;
+        }
+        let gb = &got[name].2;
+        for i in 0..ob.len() / 4 {
+            let (x, y) = (scalar::value(*d, ob, i), scalar::value(*d, gb, i));
+            if x.abs() > 1e-30 {
+                assert!(((y - x) / x).abs() <= 1.0 / 16.0, "{name}[{i}]: {x} → {y}");
+            }
+        }
+    }
+    let shown = mdl::show::show(&repo, "HEAD").unwrap();
+    assert!(shown.tensors.iter().any(|t| t.codec == "mantissa-trim"));
+}
+
+#[test]
+fn eval_command_scores_candidates_and_failures_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(&dir.path().join("repo")).unwrap();
+    let mut model = Model::new();
+    model.steps(2);
+    let file = dir.path().join("c.safetensors");
+    model.write(&file);
+    // A metric that does not depend on the file: the loosest candidate passes.
+    let mut opts = lossy_opts(model.step, None);
+    opts.lossy.eval_cmd = Some("test -s {} && echo loss 1.5".into());
+    let c = commit(&repo, &file, &opts, &NoProgress).unwrap();
+    let s = c.search.unwrap();
+    assert_eq!(s.evaluations, 2);
+    assert!(c.lossy_tensors >= 6);
+    // A failing command is an error and leaves the branch where it was.
+    model.steps(1);
+    model.write(&file);
+    opts.lossy.eval_cmd = Some("echo oops; exit 3".into());
+    let err = commit(&repo, &file, &opts, &NoProgress).unwrap_err();
+    assert!(err.to_string().contains("evaluation command"), "{err}");
+    opts.lossy.eval_cmd = Some("echo no number here".into());
+    assert!(commit(&repo, &file, &opts, &NoProgress).is_err());
+    assert_eq!(mdl::log::log(&repo, None, None).unwrap().len(), 1);
+    assert!(!repo.root().join(".mdl").read_dir().unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with("eval-")));
+}
