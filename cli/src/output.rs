@@ -67,7 +67,9 @@ pub fn commit(out: &mut dyn Write, json: bool, c: &CommitOutcome) -> io::Result<
                 c.lossy_tensors,
                 s.est_delta_loss,
                 s.budget,
-                s.loss.map(|l| format!(" = ε × loss {l}")).unwrap_or_default(),
+                s.loss
+                    .map(|l| format!(" = ε × loss {l}"))
+                    .unwrap_or_default(),
                 if s.evaluations > 0 {
                     format!(", {} evaluations", s.evaluations)
                 } else {

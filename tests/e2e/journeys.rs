@@ -271,7 +271,21 @@ fn float_codecs_deltas_and_config() {
         .iter()
         .map(|e| e["key"].clone())
         .collect();
-    assert_eq!(keys, ["delta.mode", "delta.max_depth"]);
+    assert_eq!(
+        keys,
+        [
+            "delta.mode",
+            "delta.max_depth",
+            "codec.default",
+            "codec.epsilon",
+            "codec.trim_bits",
+            "quant.moments",
+            "quant.embeddings",
+            "quant.adam_betas",
+            "quant.exp_avg",
+            "quant.exp_avg_sq"
+        ]
+    );
     assert_eq!(cfg[0]["value"], "reverse");
     assert_eq!(cfg[0]["default"], true);
     fails(
@@ -358,5 +372,159 @@ fn float_codecs_deltas_and_config() {
         );
         assert_eq!(&std::fs::read(&out).unwrap(), bytes, "checkout {rev}");
     }
+    assert_fsck_clean(d);
+}
+
+#[test]
+fn lossy_commits_are_marked_and_bad_settings_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+    let ckpt = |i: u64| {
+        let f = d.join(format!("c{i}.safetensors"));
+        let mut w = floats(11, 128 * 256);
+        for _ in 0..i {
+            w = nudged(&w, 50 + i);
+        }
+        let t = vec![
+            T {
+                name: "model.w".into(),
+                dtype: "F32",
+                shape: vec![128, 256],
+                data: w,
+            },
+            T {
+                name: "optim.w.exp_avg".into(),
+                dtype: "F32",
+                shape: vec![128, 256],
+                data: floats(12 + i, 128 * 256),
+            },
+            T {
+                name: "optim.w.exp_avg_sq".into(),
+                dtype: "F32",
+                shape: vec![128, 256],
+                data: floats(13 + i, 128 * 256)
+                    .chunks(4)
+                    .flat_map(|c| {
+                        let x = f32::from_le_bytes(c.try_into().unwrap());
+                        (x * x).to_le_bytes()
+                    })
+                    .collect(),
+            },
+            tensor("optim.step", "I64", &[], i),
+        ];
+        write_safetensors(&f, &t, &[("step", &format!("{}", 10 * (i + 1)))]);
+        f
+    };
+    let f0 = ckpt(0);
+    let f0s = f0.to_str().unwrap();
+
+    // Bad lossy settings: refused, nothing committed.
+    let before = state(d);
+    fails(
+        d,
+        &["commit", f0s, "--lossy", "--epsilon", "0"],
+        "codec.epsilon",
+    );
+    fails(
+        d,
+        &["commit", f0s, "--lossy", "--epsilon", "2"],
+        "codec.epsilon",
+    );
+    fails(d, &["commit", f0s, "--trim-bits", "40"], "codec.trim_bits");
+    fails(
+        d,
+        &["commit", f0s, "--lossy", "--moments", "model.x"],
+        "quant.moments",
+    );
+    fails(
+        d,
+        &["commit", f0s, "--eval-cmd", "exit 1"],
+        "evaluation command",
+    );
+    fails(
+        d,
+        &["config", "codec.default", "sloppy"],
+        "lossless, lossy or trim",
+    );
+    fails(
+        d,
+        &["config", "quant.exp_avg", "bins=1000"],
+        "quant.exp_avg",
+    );
+    assert_eq!(state(d), before);
+
+    // A lossy commit, then a lossless one.
+    let c = json(
+        d,
+        &[
+            "commit", f0s, "--lossy", "--metric", "loss=2.0", "-m", "lossy",
+        ],
+    );
+    assert_eq!(c["lossy_tensors"], 3);
+    assert!(c["search"]["est_delta_loss"].as_f64().unwrap() <= 2.0 * 0.002);
+    let f1 = ckpt(1);
+    ok(d, &["commit", f1.to_str().unwrap(), "-m", "exact"]);
+    let log = ok(d, &["log"]);
+    let lines: Vec<&str> = log.lines().collect();
+    assert!(
+        !lines[0].contains("[lossy]") && lines[1].contains("[lossy]"),
+        "{log}"
+    );
+    assert_eq!(json(d, &["log"])[1]["lossy_tensors"], 3);
+
+    // show: settings and errors per tensor.
+    let s = json(d, &["show", "HEAD~1"]);
+    let w = &s["tensors"][0];
+    assert_eq!(w["lossy"], true);
+    assert!(["quant-base", "quant-delta"].contains(&w["codec"].as_str().unwrap()));
+    let info = &w["lossy_info"];
+    assert!(info["bins"].as_u64().unwrap() >= 4);
+    assert!(info["prune"].is_number() && info["protect"].is_number());
+    assert_eq!(info["sensitivity"], "moments");
+    assert!(info["max_abs_error"].as_f64().unwrap() > 0.0);
+    assert!(info["rel_error"].as_f64().unwrap() > 0.0);
+    assert!(info["est_delta_loss"].as_f64().unwrap() >= 0.0);
+    assert_eq!(s["tensors"][3]["lossy"], false);
+    let text = ok(d, &["show", "HEAD~1"]);
+    assert!(text.contains("est. ΔL") && text.contains("bins="), "{text}");
+
+    // checkout says it wrote reconstructions, in the original dtypes and shapes.
+    let out = d.join("out.safetensors");
+    let said = ok(d, &["checkout", "HEAD~1", "-o", out.to_str().unwrap()]);
+    assert!(said.contains("lossy commit"), "{said}");
+    let j = json(
+        d,
+        &["checkout", "HEAD~1", "-o", out.to_str().unwrap(), "--force"],
+    );
+    assert_eq!(j["lossy"], true);
+    let bytes = std::fs::read(&out).unwrap();
+    let orig = std::fs::read(&f0).unwrap();
+    assert_eq!(bytes.len(), orig.len());
+    let hl = 8 + u64::from_le_bytes(orig[..8].try_into().unwrap()) as usize;
+    assert_eq!(
+        bytes[..hl],
+        orig[..hl],
+        "same header: names, dtypes, shapes"
+    );
+    assert_ne!(bytes, orig);
+    let j = json(
+        d,
+        &["checkout", "HEAD", "-o", out.to_str().unwrap(), "--force"],
+    );
+    assert_eq!(j["lossy"], false);
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&f1).unwrap());
+
+    // Trim as the repository default.
+    ok(d, &["config", "codec.default", "trim"]);
+    ok(d, &["config", "codec.trim_bits", "3"]);
+    let c = json(d, &["commit", ckpt(2).to_str().unwrap()]);
+    assert_eq!(c["lossy_tensors"], 3);
+    let s = json(d, &["show", "HEAD"]);
+    assert_eq!(s["tensors"][0]["codec"], "mantissa-trim");
+    assert_eq!(s["tensors"][0]["lossy_info"]["trim_bits"], 3);
+    // --lossless overrides the default.
+    let c = json(d, &["commit", ckpt(3).to_str().unwrap(), "--lossless"]);
+    assert_eq!(c["lossy_tensors"], 0);
     assert_fsck_clean(d);
 }

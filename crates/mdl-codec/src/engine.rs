@@ -214,7 +214,9 @@ impl Engine for CpuEngine {
         let wmax = max_abs(w);
         let (mmax, vmax) = moments.map_or((0.0, 0.0), |mv| (max_abs(mv.m), max_abs(mv.v)));
         let sc = scales(n, wmax, mmax, vmax);
-        let parts = n.div_ceil(STATS_PART).clamp(1, rayon::current_num_threads().max(1));
+        let parts = n
+            .div_ceil(STATS_PART)
+            .clamp(1, rayon::current_num_threads().max(1));
         let per = n.div_ceil(parts).max(1);
         let partials: Vec<(Vec<u64>, Vec<[i64; sum::N]>)> = (0..parts)
             .into_par_iter()
@@ -402,8 +404,12 @@ mod tests {
 
     #[test]
     fn key_stats_sum_exactly_and_ignore_thread_count() {
-        let w: Vec<f32> = (0..700_000).map(|i| ((i as f32) * 0.37).sin() * 0.1).collect();
-        let m: Vec<f32> = (0..700_000).map(|i| ((i as f32) * 0.11).cos() * 1e-3).collect();
+        let w: Vec<f32> = (0..700_000)
+            .map(|i| ((i as f32) * 0.37).sin() * 0.1)
+            .collect();
+        let m: Vec<f32> = (0..700_000)
+            .map(|i| ((i as f32) * 0.11).cos() * 1e-3)
+            .collect();
         let v: Vec<f32> = m.iter().map(|x| x * x + 1e-9).collect();
         let (wb, mb, vb) = (f32s(&w), f32s(&m), f32s(&v));
         fn view(bytes: &[u8]) -> FloatView<'_> {

@@ -93,7 +93,12 @@ impl QuantTensor {
     /// A `quant-delta` payload against `base_codes` (a base with `base_bins` table entries):
     /// `(base − cur) mod B`, `B` the larger table, grouped by base code, run-length coded, then
     /// entropy-coded.
-    pub fn encode_delta(&self, engine: &dyn Engine, base_codes: &[u8], base_bins: usize) -> Vec<u8> {
+    pub fn encode_delta(
+        &self,
+        engine: &dyn Engine,
+        base_codes: &[u8],
+        base_bins: usize,
+    ) -> Vec<u8> {
         let modulus = self.bins().max(base_bins) as u8;
         let grouped = engine.group_delta(base_codes, &self.codes, modulus);
         let symbols = rle_encode(&grouped);
@@ -120,7 +125,10 @@ impl QuantTensor {
             "quant-base"
         };
         let size = dtype.size();
-        let mut r = Cursor { buf: payload, at: 0 };
+        let mut r = Cursor {
+            buf: payload,
+            at: 0,
+        };
         let bins = r.u8(what)? as usize;
         if bins == 0 || bins > MAX_BINS as usize + 1 {
             return Err(invalid(what, format!("{bins} table entries")));

@@ -428,7 +428,8 @@ impl<'a> Prepared<'a> {
             })
             .sum();
         let esize = self.dtype.size() as f64;
-        let bits = entropy + values.len() as f64 * esize * 8.0 + protected as f64 * (esize + 2.0) * 8.0;
+        let bits =
+            entropy + values.len() as f64 * esize * 8.0 + protected as f64 * (esize + 2.0) * 8.0;
         let delta_loss = match (stats.moments, corr) {
             (true, Some(c)) => Some((c.c1 * m_delta).abs() + 0.5 * c.c2 * v_delta2),
             _ => None,
@@ -532,10 +533,7 @@ pub fn kmeans(points: &[f64], weights: &[f64], k: usize) -> Vec<f64> {
         scores.iter().rposition(|&s| s > 0.0)
     };
     let mut centroids = vec![points[pick(weights, &mut rng).unwrap_or(0)]];
-    let mut d2: Vec<f64> = points
-        .iter()
-        .map(|&p| (p - centroids[0]).powi(2))
-        .collect();
+    let mut d2: Vec<f64> = points.iter().map(|&p| (p - centroids[0]).powi(2)).collect();
     while centroids.len() < k {
         let scores: Vec<f64> = d2.iter().zip(weights).map(|(d, w)| d * w).collect();
         let Some(i) = pick(&scores, &mut rng) else {
@@ -827,7 +825,11 @@ mod tests {
             assert!(fit.values.len() <= bins as usize + 1);
             assert!(e.pruned as f64 <= 0.2 * 50_000.0 && e.pruned as f64 > 0.15 * 50_000.0);
             assert!(e.protected as f64 >= 0.005 * 50_000.0);
-            assert!(e.sq_err < prev_err * 1.05, "{bins}: {} vs {prev_err}", e.sq_err);
+            assert!(
+                e.sq_err < prev_err * 1.05,
+                "{bins}: {} vs {prev_err}",
+                e.sq_err
+            );
             prev_err = e.sq_err;
             // The estimate's errors are the errors of the reconstruction the lookup gives.
             let a = CpuEngine.assign(view(&wb), &fit.lut);
@@ -926,7 +928,11 @@ mod tests {
                         let dist = |t: f64| {
                             if log {
                                 if t <= 0.0 || x <= 0.0 {
-                                    if t == x { 0.0 } else { f64::INFINITY }
+                                    if t == x {
+                                        0.0
+                                    } else {
+                                        f64::INFINITY
+                                    }
                                 } else {
                                     (t.ln() - x.ln()).abs()
                                 }
@@ -934,7 +940,11 @@ mod tests {
                                 (t - x).abs()
                             }
                         };
-                        let best = fit.values.iter().map(|&t| dist(t)).fold(f64::INFINITY, f64::min);
+                        let best = fit
+                            .values
+                            .iter()
+                            .map(|&t| dist(t))
+                            .fold(f64::INFINITY, f64::min);
                         assert!(
                             dist(y) <= best * (1.0 + 1e-12),
                             "{dtype:?} {cfg}: {x} → {y}, nearest is {best} away"

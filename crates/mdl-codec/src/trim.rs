@@ -84,7 +84,16 @@ mod tests {
 
     #[test]
     fn specials_pass_and_rounding_is_even() {
-        let xs = [0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, 1.5, 1.25, 1.75];
+        let xs = [
+            0.0f32,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            1.5,
+            1.25,
+            1.75,
+        ];
         let data: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
         let mut out = vec![0u8; data.len()];
         trim(Dtype::F32, &data, 1, &mut out);

@@ -97,10 +97,25 @@ impl Model {
                 ("model.b", "BF16", vec![128, 256], bf16),
                 ("model.ln", "F32", vec![256], f32s(&self.ln)),
                 ("optim.a.exp_avg", "F32", vec![256, 256], f32s(&self.m["a"])),
-                ("optim.a.exp_avg_sq", "F32", vec![256, 256], f32s(&self.v["a"])),
+                (
+                    "optim.a.exp_avg_sq",
+                    "F32",
+                    vec![256, 256],
+                    f32s(&self.v["a"]),
+                ),
                 ("optim.b.exp_avg", "F32", vec![128, 256], f32s(&self.m["b"])),
-                ("optim.b.exp_avg_sq", "F32", vec![128, 256], f32s(&self.v["b"])),
-                ("optim.step", "I64", vec![], (self.step as i64).to_le_bytes().to_vec()),
+                (
+                    "optim.b.exp_avg_sq",
+                    "F32",
+                    vec![128, 256],
+                    f32s(&self.v["b"]),
+                ),
+                (
+                    "optim.step",
+                    "I64",
+                    vec![],
+                    (self.step as i64).to_le_bytes().to_vec(),
+                ),
             ],
         );
     }
@@ -189,7 +204,10 @@ fn check_checkout(repo: &Repository, rev: &str, original: &Path, out: &Path) {
 fn chain_with_table_changes(mode: DeltaMode) {
     let dir = tempfile::tempdir().unwrap();
     let repo = Repository::init(&dir.path().join("repo")).unwrap();
-    let policy = DeltaPolicy { mode, max_depth: 16 };
+    let policy = DeltaPolicy {
+        mode,
+        max_depth: 16,
+    };
     let mut model = Model::new();
     let mut outs = Vec::new();
     // The moments' table size changes from commit to commit, so deltas cross table sizes.
@@ -203,7 +221,13 @@ fn chain_with_table_changes(mode: DeltaMode) {
         model.steps(3);
         let file = dir.path().join(format!("c{k}.safetensors"));
         model.write(&file);
-        let c = commit(&repo, &file, &lossy_opts(model.step, Some(policy)), &NoProgress).unwrap();
+        let c = commit(
+            &repo,
+            &file,
+            &lossy_opts(model.step, Some(policy)),
+            &NoProgress,
+        )
+        .unwrap();
         assert!(c.lossy_tensors >= 6, "{}", c.lossy_tensors);
         let out = dir.path().join(format!("c{k}.out"));
         check_checkout(&repo, &c.id.to_string(), &file, &out);
@@ -262,7 +286,12 @@ fn the_search_stays_within_its_budget() {
         let c = commit(&repo, &file, &lossy_opts(model.step, None), &NoProgress).unwrap();
         let s = c.search.unwrap();
         assert_eq!(s.budget, 0.01 * 2.5);
-        assert!(s.est_delta_loss <= s.budget, "{} > {}", s.est_delta_loss, s.budget);
+        assert!(
+            s.est_delta_loss <= s.budget,
+            "{} > {}",
+            s.est_delta_loss,
+            s.budget
+        );
         if k == 0 {
             assert_eq!((s.guided, s.neighbourhood), (2, 0));
         } else {
@@ -277,7 +306,11 @@ fn the_search_stays_within_its_budget() {
             .filter_map(|t| t.lossy_info.as_ref()?.est_delta_loss)
             .sum();
         assert!(recorded > 0.0);
-        assert!(recorded <= s.budget * (1.0 + 1e-6), "{recorded} > {}", s.budget);
+        assert!(
+            recorded <= s.budget * (1.0 + 1e-6),
+            "{recorded} > {}",
+            s.budget
+        );
         assert!((recorded - s.est_delta_loss).abs() <= 1e-6 * s.budget);
         for t in &shown.tensors {
             if let Some(l) = &t.lossy_info {
@@ -305,7 +338,11 @@ fn without_moments_the_bound_is_relative_error() {
         if let Some(l) = &t.lossy_info {
             quantized += 1;
             assert!(l.rel_error <= 0.05, "{}: {}", t.name, l.rel_error);
-            assert!(l.settings.contains("sensitivity=magnitude"), "{}", l.settings);
+            assert!(
+                l.settings.contains("sensitivity=magnitude"),
+                "{}",
+                l.settings
+            );
             assert_eq!(l.est_delta_loss, None);
         }
     }
