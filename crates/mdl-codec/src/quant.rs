@@ -218,6 +218,8 @@ pub struct Prepared<'a> {
     value: Vec<f64>,
 }
 
+// Keys index several parallel per-key tables at once (counts, sums, values, classes).
+#[allow(clippy::needless_range_loop)]
 impl<'a> Prepared<'a> {
     /// Prepares `stats` of a `dtype` tensor.
     pub fn new(stats: &'a KeyStats, dtype: Dtype) -> Prepared<'a> {
@@ -810,7 +812,8 @@ mod tests {
             }),
         );
         let prep = Prepared::new(&stats, Dtype::BF16);
-        let corr = Some(Correction::adam(0.9, 0.95, 100));
+        let c = Correction::adam(0.9, 0.95, 100);
+        let corr = Some(c);
         let mut prev_err = f64::INFINITY;
         for bins in BINS {
             let cfg = QuantConfig {
@@ -846,7 +849,6 @@ mod tests {
             );
             assert!((measured.sum_sq_err - e.sq_err).abs() <= 1e-6 * e.sq_err.max(1e-30));
             assert_eq!(measured.max_abs, e.max_abs);
-            let c = corr.unwrap();
             let dl = (c.c1 * measured.sum_m_delta).abs() + 0.5 * c.c2 * measured.sum_v_delta2;
             let est = e.delta_loss.unwrap();
             assert!((dl - est).abs() <= 1e-6 * est.max(1e-30), "{dl} vs {est}");

@@ -214,7 +214,7 @@ pub fn commit(
             let evaluate = |plans: Option<&[Option<TensorPlan>]>| {
                 evaluate_candidate(repo, path, &input, &engine, correction, &settings, plans)
             };
-            let eval: Option<&dyn Fn(Option<&[Option<TensorPlan>]>) -> Result<f64>> =
+            let eval: Option<lossy::Evaluate<'_>> =
                 settings.eval_cmd.as_ref().map(|_| &evaluate as _);
             let (plans, summary) = lossy::plan(&plan_input, eval)?;
             (plans, Some(summary))

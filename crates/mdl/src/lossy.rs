@@ -605,13 +605,16 @@ impl PlanInput<'_> {
     }
 }
 
+/// Scores a candidate checkpoint: the committed file (`None`) or one with these plans applied.
+pub(crate) type Evaluate<'a> = &'a dyn Fn(Option<&[Option<TensorPlan>]>) -> Result<f64>;
+
 /// Chooses how every tensor of a checkpoint is quantized (`None`: stored losslessly). With an
 /// evaluation command, candidate checkpoints at several budgets are scored by `evaluate`
 /// (given the plans, it returns the command's number) and the loosest one whose metric stays
 /// within ε of the original's is taken.
 pub(crate) fn plan(
     input: &PlanInput<'_>,
-    evaluate: Option<&dyn Fn(Option<&[Option<TensorPlan>]>) -> Result<f64>>,
+    evaluate: Option<Evaluate<'_>>,
 ) -> Result<(Vec<Option<TensorPlan>>, SearchSummary)> {
     let mut summary = SearchSummary::default();
     let scored = input.score(&mut summary);
