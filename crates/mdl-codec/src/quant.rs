@@ -668,16 +668,13 @@ pub fn candidates(
                     ..base
                 });
             }
-            let mut seen = Vec::new();
-            out.retain(|c| {
-                let key = c.to_string();
-                if seen.contains(&key) {
-                    false
-                } else {
-                    seen.push(key);
-                    true
+            let mut unique: Vec<QuantConfig> = Vec::with_capacity(out.len());
+            for c in out {
+                if !unique.contains(&c) {
+                    unique.push(c);
                 }
-            });
+            }
+            out = unique;
         }
     }
     out

@@ -121,6 +121,22 @@ impl Input {
         &self.map[start..start + t.len as usize]
     }
 
+    /// Tensor `i` as floats (a lossy candidate: bf16, f16 or f32).
+    pub(crate) fn view(&self, i: usize) -> FloatView<'_> {
+        FloatView {
+            dtype: self.layout.tensors[i].header.dtype,
+            bytes: self.tensor(i),
+        }
+    }
+
+    /// The moments at tensor indices `(exp_avg, exp_avg_sq)`.
+    pub(crate) fn moments(&self, pair: Option<(usize, usize)>) -> Option<Moments<'_>> {
+        pair.map(|(m, v)| Moments {
+            m: self.view(m),
+            v: self.view(v),
+        })
+    }
+
     /// Drops the pages of tensor `i` from this process's memory (they stay in the page cache),
     /// so resident memory follows the tensor being worked on, not the file size.
     fn release(&self, i: usize) {
@@ -200,11 +216,9 @@ pub fn commit(
     let (plans, search) = match settings.mode {
         CodecMode::Lossy => {
             let roles = lossy::roles(&input.layout, &settings);
-            let tensor_bytes = |i: usize| input.tensor(i);
             let plan_input = lossy::PlanInput {
                 engine: &engine,
-                layout: &input.layout,
-                tensor: &tensor_bytes,
+                input: &input,
                 roles: &roles,
                 settings: &settings,
                 previous: &previous,
@@ -244,8 +258,8 @@ pub fn commit(
     let indices: Vec<usize> = (0..tensors.len()).collect();
     let results = per_tensor(&indices, |&i| tensors[i].len, |&i| ctx.store_tensor(i))?;
     progress.finish();
+    let (results, exactness): (Vec<Stored>, Vec<Exactness>) = results.into_iter().unzip();
     let ids: Vec<ObjectId> = results.iter().map(|r| r.id).collect();
-    let exactness: Vec<Exactness> = results.iter().map(|r| r.exactness.clone()).collect();
     let lossy_tensors = exactness.iter().filter(|e| e.is_lossy()).count() as u32;
     let mut added: Vec<(ObjectId, IndexEntry)> = Vec::new();
     let mut rewrites: Vec<Rewrite> = Vec::new();
@@ -359,13 +373,16 @@ pub fn commit(
 /// The training step for Adam's bias corrections: `--step`, else the checkpoint's `step`
 /// metadata.
 fn training_step(opts: &CommitOptions, layout: &Layout) -> Option<u64> {
-    opts.step.or_else(|| {
-        layout
-            .metadata
-            .iter()
-            .find(|(k, _)| k == "step")
-            .and_then(|(_, v)| v.trim().parse().ok())
-    })
+    opts.step.or_else(|| metadata_value(layout, "step"))
+}
+
+/// A number from the checkpoint's `__metadata__`.
+fn metadata_value<T: std::str::FromStr>(layout: &Layout, key: &str) -> Option<T> {
+    layout
+        .metadata
+        .iter()
+        .find(|(k, _)| k == key)
+        .and_then(|(_, v)| v.trim().parse().ok())
 }
 
 /// Names of the loss the quality bound is relative to, in order of preference.
@@ -379,13 +396,7 @@ fn loss_of(metrics: &[(String, f64)], layout: &Layout) -> Option<f64> {
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| *v)
-            .or_else(|| {
-                layout
-                    .metadata
-                    .iter()
-                    .find(|(k, _)| k == name)
-                    .and_then(|(_, v)| v.trim().parse().ok())
-            })
+            .or_else(|| metadata_value(layout, name))
             .filter(|v: &f64| v.is_finite())
     })
 }
@@ -422,15 +433,13 @@ fn evaluate_candidate(
         for (i, plan) in plans.iter().enumerate() {
             let Some(plan) = plan else { continue };
             let t = &input.layout.tensors[i];
-            let view = |j: usize| FloatView {
-                dtype: input.layout.tensors[j].header.dtype,
-                bytes: input.tensor(j),
-            };
-            let moments = plan.moments.map(|(m, v)| Moments {
-                m: view(m),
-                v: view(v),
-            });
-            let q = lossy::quantize(engine, view(i), moments, plan, correction);
+            let q = lossy::quantize(
+                engine,
+                input.view(i),
+                input.moments(plan.moments),
+                plan,
+                correction,
+            );
             use std::os::unix::fs::FileExt;
             file.write_all_at(&q.render, input.layout.data_start() + t.offset)
                 .map_err(out_err)?;
@@ -451,8 +460,6 @@ const REWRITE_GAIN_FLOOR: f64 = 0.02;
 /// One tensor's outcome.
 struct Stored {
     id: ObjectId,
-    /// What the manifest says about it.
-    exactness: Exactness,
     /// Its new record, unless the repository already had the object.
     added: Option<(ObjectId, IndexEntry)>,
     /// The previous version, re-encoded against this one (reverse deltas).
@@ -490,7 +497,8 @@ struct StoreCtx<'a> {
 }
 
 impl StoreCtx<'_> {
-    fn store_tensor(&self, i: usize) -> Result<Stored> {
+    /// Stores tensor `i`; also returns what the manifest says about it.
+    fn store_tensor(&self, i: usize) -> Result<(Stored, Exactness)> {
         let info = &self.input.layout.tensors[i];
         // Work on a private copy: what is hashed is exactly what is encoded, even if the file
         // changes underneath the mapping.
@@ -499,18 +507,11 @@ impl StoreCtx<'_> {
         let mut exactness = Exactness::Lossless;
         let mut quantized = None;
         if let Some(plan) = &self.plans[i] {
-            let view = |j: usize| FloatView {
-                dtype: self.input.layout.tensors[j].header.dtype,
-                bytes: self.input.tensor(j),
-            };
-            let moments = plan.moments.map(|(m, v)| Moments {
-                m: view(m),
-                v: view(v),
-            });
             let w = FloatView {
                 dtype: info.header.dtype,
                 bytes: &data,
             };
+            let moments = self.input.moments(plan.moments);
             let q = lossy::quantize(self.engine, w, moments, plan, self.correction);
             exactness = Exactness::Lossy(q.lossy);
             data = q.render;
@@ -539,10 +540,9 @@ impl StoreCtx<'_> {
         let id = hasher.finalize();
         let store = self.repo.store();
         let fresh = self.claimed.lock().unwrap().insert(id);
-        let mut result = if !fresh || store.meta().read()?.object(&id)?.is_some() {
+        let result = if !fresh || store.meta().read()?.object(&id)?.is_some() {
             Stored {
                 id,
-                exactness: Exactness::Lossless,
                 added: None,
                 rewrite: None,
             }
@@ -556,9 +556,8 @@ impl StoreCtx<'_> {
             };
             self.encode_new(id, info, &data, whole)?
         };
-        result.exactness = exactness;
         self.progress.advance(info.len);
-        Ok(result)
+        Ok((result, exactness))
     }
 
     /// Stores a quantized tensor: a quant-base, or a quant-delta against the previous version's
@@ -576,7 +575,6 @@ impl StoreCtx<'_> {
         };
         let stored = |entry, rewrite| Stored {
             id,
-            exactness: Exactness::Lossless,
             added: Some((id, entry)),
             rewrite,
         };
@@ -690,7 +688,6 @@ impl StoreCtx<'_> {
         let len = data.len() as u64;
         let plain = |added| Stored {
             id,
-            exactness: Exactness::Lossless,
             added: Some(added),
             rewrite: None,
         };
@@ -760,7 +757,6 @@ impl StoreCtx<'_> {
                 let rewrite = self.reverse(&bid, &bentry, bdata, &id, data, info, delta)?;
                 Ok(Stored {
                     id,
-                    exactness: Exactness::Lossless,
                     added: Some((id, entry)),
                     rewrite: rewrite.map(|(old, new)| Rewrite { id: bid, old, new }),
                 })

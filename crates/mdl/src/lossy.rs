@@ -17,6 +17,8 @@ use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::quant::{self, Correction, Domain, Estimate, Prepared, QuantConfig};
 use mdl_codec::scalar::lossy_supported;
 use mdl_format::safetensors::Layout;
+
+use crate::commit::Input;
 use mdl_format::{Entry, Lossy};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -429,8 +431,7 @@ pub struct SearchSummary {
 /// The data a plan is made from.
 pub(crate) struct PlanInput<'a> {
     pub engine: &'a dyn Engine,
-    pub layout: &'a Layout,
-    pub tensor: &'a (dyn Fn(usize) -> &'a [u8] + Sync),
+    pub input: &'a Input,
     pub roles: &'a [Role],
     pub settings: &'a LossySettings,
     pub previous: &'a HashMap<&'a str, &'a Entry>,
@@ -448,20 +449,6 @@ struct Scored {
 }
 
 impl PlanInput<'_> {
-    fn view(&self, i: usize) -> FloatView<'_> {
-        FloatView {
-            dtype: self.layout.tensors[i].header.dtype,
-            bytes: (self.tensor)(i),
-        }
-    }
-
-    fn moments(&self, m: Option<(usize, usize)>) -> Option<Moments<'_>> {
-        m.map(|(mi, vi)| Moments {
-            m: self.view(mi),
-            v: self.view(vi),
-        })
-    }
-
     /// Scores every parameter's candidates (the expensive part, done once per commit).
     fn score(&self, summary: &mut SearchSummary) -> Vec<Scored> {
         let params: Vec<usize> = (0..self.roles.len())
@@ -478,14 +465,16 @@ impl PlanInput<'_> {
                 else {
                     unreachable!()
                 };
-                let t = &self.layout.tensors[i];
+                let t = &self.input.layout.tensors[i];
                 let previous = self
                     .previous
                     .get(t.name.as_str())
                     .and_then(|e| e.exactness.lossy())
                     .and_then(|l| l.settings.strip_prefix("quant "))
                     .and_then(|s| s.parse::<QuantConfig>().ok());
-                let stats = self.engine.key_stats(self.view(i), self.moments(moments));
+                let stats = self
+                    .engine
+                    .key_stats(self.input.view(i), self.input.moments(moments));
                 let prep = Prepared::new(&stats, t.header.dtype);
                 let configs = quant::candidates(
                     previous.as_ref(),

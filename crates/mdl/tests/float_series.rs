@@ -10,26 +10,7 @@ use mdl::policy::{DeltaMode, DeltaPolicy};
 use mdl::{NoProgress, Repository};
 
 mod common;
-use common::write_safetensors;
-
-/// xorshift64* with Box–Muller normals: deterministic, no dependencies.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn uniform(&mut self) -> f64 {
-        ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        let (u, v) = (self.uniform(), self.uniform());
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-    }
-}
+use common::{write_safetensors, Rng};
 
 /// A model's state during training: weights of several dtypes, Adam-like moments.
 struct Training {

@@ -3,7 +3,7 @@
 //! errors of the checkout, the search within its budget, mantissa-trim, and `--eval-cmd`.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use mdl::checkout::{checkout, CheckoutOptions};
 use mdl::commit::{commit, CommitOptions};
@@ -15,22 +15,7 @@ use mdl_format::safetensors;
 use mdl_format::Dtype;
 
 mod common;
-use common::write_safetensors;
-
-struct Rng(u64);
-
-impl Rng {
-    fn uniform(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        ((self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        let (u, v) = (self.uniform(), self.uniform());
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-    }
-}
+use common::{write_safetensors, Rng};
 
 /// A small model in training: an f32 matrix, a bf16 matrix, a norm vector, Adam moments.
 struct Model {
@@ -121,6 +106,25 @@ impl Model {
     }
 }
 
+/// A repository and a model two steps into training, written to `c.safetensors`.
+fn one_checkpoint() -> (tempfile::TempDir, Repository, Model, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(&dir.path().join("repo")).unwrap();
+    let mut model = Model::new();
+    model.steps(2);
+    let file = dir.path().join("c.safetensors");
+    model.write(&file);
+    (dir, repo, model, file)
+}
+
+fn checkout_to(repo: &Repository, rev: &str, out: &Path) {
+    let opts = CheckoutOptions {
+        force: true,
+        sync: false,
+    };
+    checkout(repo, rev, out, &opts, &NoProgress).unwrap();
+}
+
 fn lossy_opts(step: u64, delta: Option<DeltaPolicy>) -> CommitOptions {
     CommitOptions {
         step: Some(step),
@@ -160,17 +164,7 @@ fn tensors(path: &Path) -> HashMap<String, (Dtype, Vec<u64>, Vec<u8>)> {
 /// Checks a lossy checkout against its original: same names, dtypes and shapes; lossless
 /// tensors identical; lossy ones with exactly the recorded errors.
 fn check_checkout(repo: &Repository, rev: &str, original: &Path, out: &Path) {
-    checkout(
-        repo,
-        rev,
-        out,
-        &CheckoutOptions {
-            force: true,
-            sync: false,
-        },
-        &NoProgress,
-    )
-    .unwrap();
+    checkout_to(repo, rev, out);
     let (orig, got) = (tensors(original), tensors(out));
     assert_eq!(orig.len(), got.len());
     let shown = mdl::show::show(repo, rev).unwrap();
@@ -237,17 +231,7 @@ fn chain_with_table_changes(mode: DeltaMode) {
     let mut deltas = 0;
     for (id, bytes) in &outs {
         let out = dir.path().join("again");
-        checkout(
-            &repo,
-            &id.to_string(),
-            &out,
-            &CheckoutOptions {
-                force: true,
-                sync: false,
-            },
-            &NoProgress,
-        )
-        .unwrap();
+        checkout_to(&repo, &id.to_string(), &out);
         assert_eq!(&std::fs::read(&out).unwrap(), bytes);
         let shown = mdl::show::show(&repo, &id.to_string()).unwrap();
         deltas += shown
@@ -322,12 +306,7 @@ fn the_search_stays_within_its_budget() {
 
 #[test]
 fn without_moments_the_bound_is_relative_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let repo = Repository::init(&dir.path().join("repo")).unwrap();
-    let mut model = Model::new();
-    model.steps(2);
-    let file = dir.path().join("c.safetensors");
-    model.write(&file);
+    let (dir, repo, model, file) = one_checkpoint();
     let mut opts = lossy_opts(model.step, None);
     opts.lossy.epsilon = Some(0.05);
     opts.lossy.moments = Some("none.{}:none.{}.m:none.{}.v".into());
@@ -352,12 +331,7 @@ fn without_moments_the_bound_is_relative_error() {
 
 #[test]
 fn mantissa_trim_keeps_its_bound() {
-    let dir = tempfile::tempdir().unwrap();
-    let repo = Repository::init(&dir.path().join("repo")).unwrap();
-    let mut model = Model::new();
-    model.steps(2);
-    let file = dir.path().join("c.safetensors");
-    model.write(&file);
+    let (dir, repo, _model, file) = one_checkpoint();
     let opts = CommitOptions {
         lossy: LossyRequest {
             mode: Some(CodecMode::Trim),
@@ -389,12 +363,7 @@ fn mantissa_trim_keeps_its_bound() {
 
 #[test]
 fn eval_command_scores_candidates_and_failures_change_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let repo = Repository::init(&dir.path().join("repo")).unwrap();
-    let mut model = Model::new();
-    model.steps(2);
-    let file = dir.path().join("c.safetensors");
-    model.write(&file);
+    let (_dir, repo, mut model, file) = one_checkpoint();
     // A metric that does not depend on the file: the loosest candidate passes.
     let mut opts = lossy_opts(model.step, None);
     opts.lossy.eval_cmd = Some("test -s {} && echo loss 1.5".into());

@@ -23,3 +23,24 @@ pub fn write_safetensors(path: &Path, tensors: &[(&str, &str, Vec<u64>, Vec<u8>)
     file.extend_from_slice(&data);
     std::fs::write(path, file).unwrap();
 }
+
+/// xorshift64* with Box–Muller normals: deterministic, no dependencies.
+#[allow(dead_code)] // not every test binary draws numbers
+pub struct Rng(pub u64);
+
+#[allow(dead_code)]
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn uniform(&mut self) -> f64 {
+        ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    pub fn normal(&mut self) -> f64 {
+        let (u, v) = (self.uniform(), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+}
