@@ -73,6 +73,8 @@ pub mod sum {
 pub struct KeyStats {
     /// Elements.
     pub n: u64,
+    /// The keys that occur, ascending; the other fields are indexed like this list.
+    pub keys: Vec<u16>,
     /// Elements per key.
     pub count: Vec<u64>,
     /// Sums per key.
@@ -137,6 +139,17 @@ pub trait Engine: Send + Sync {
     /// Each element's code by its key, and the protected elements.
     fn assign(&self, w: FloatView<'_>, lut: &Lut) -> Assigned;
 
+    /// How often each (base code, code by `lut`) pair occurs over the elements of `w`; `base`
+    /// holds one code per element, all below `base_bins`, and `lut`'s codes are below `bins`.
+    fn code_pairs(
+        &self,
+        w: FloatView<'_>,
+        lut: &Lut,
+        bins: usize,
+        base: &[u8],
+        base_bins: usize,
+    ) -> CodePairs;
+
     /// `(base − cur) mod modulus` per element, in the order of a stable counting sort by the
     /// base code (all elements whose base code is 0 in index order, then 1, …).
     fn group_delta(&self, base: &[u8], cur: &[u8], modulus: u8) -> Vec<u8>;
@@ -160,6 +173,34 @@ pub trait Engine: Send + Sync {
     ) -> ErrorStats;
 }
 
+/// Counts of code pairs: `count[b * bins + c]` elements have base code `b` and code `c`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CodePairs {
+    /// Codes of the base (rows).
+    pub base_bins: usize,
+    /// Codes of the new assignment (columns).
+    pub bins: usize,
+    /// Row-major counts.
+    pub count: Vec<u64>,
+}
+
+impl CodePairs {
+    /// Σ over pairs of `n(b, c) · log2(n(b) / n(b, c))`: the order-0 cost of the codes when each
+    /// base code's elements are coded apart (the conditional entropy times the element count).
+    pub fn conditional_bits(&self) -> f64 {
+        self.count
+            .chunks(self.bins.max(1))
+            .map(|row| {
+                let total: u64 = row.iter().sum();
+                row.iter()
+                    .filter(|&&c| c > 0)
+                    .map(|&c| c as f64 * (total as f64 / c as f64).log2())
+                    .sum::<f64>()
+            })
+            .sum()
+    }
+}
+
 /// The reference engine: rayon over fixed-size chunks.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuEngine;
@@ -167,11 +208,17 @@ pub struct CpuEngine;
 /// Elements per chunk of the chunked kernels (fixed: it defines the summation order).
 const CHUNK: usize = 1 << 16;
 
-/// Elements per partial histogram of [`Engine::key_stats`] (a partial costs 4.7 MB).
+thread_local! {
+    /// A dense per-key table for [`Engine::key_stats`], kept zeroed between uses.
+    static STATS_SCRATCH: std::cell::RefCell<(Vec<u64>, Vec<[i64; sum::N]>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Elements per partial histogram of [`Engine::key_stats`].
 const STATS_PART: usize = 1 << 18;
 
 /// Fixed-point scales for the key sums: each term is multiplied by a power of two chosen so that
-/// no sum over `n` terms can overflow an `i64`, then rounded; the integer sums are exact and
+/// no sum over `n` terms can overflow an `i64`, then truncated; the integer sums are exact and
 /// independent of order.
 fn scales(n: usize, wmax: f64, mmax: f64, vmax: f64) -> [f64; sum::N] {
     let limit = 2f64.powi(62) / n.max(1) as f64;
@@ -218,55 +265,77 @@ impl Engine for CpuEngine {
             .div_ceil(STATS_PART)
             .clamp(1, rayon::current_num_threads().max(1));
         let per = n.div_ceil(parts).max(1);
-        let partials: Vec<(Vec<u64>, Vec<[i64; sum::N]>)> = (0..parts)
+        // Each part accumulates into a dense per-thread table (reused across calls, so no
+        // 4.7 MB allocation per tensor) and hands back its touched keys, resetting them.
+        let partials: Vec<Vec<(u16, u64, [i64; sum::N])>> = (0..parts)
             .into_par_iter()
             .map(|p| {
-                let mut count = vec![0u64; KEYS];
-                let mut acc = vec![[0i64; sum::N]; KEYS];
-                let fix = |x: f64, j: usize| (x * sc[j]).round() as i64;
-                for i in p * per..((p + 1) * per).min(n) {
-                    let k = scalar::key(w.dtype, w.bytes, i) as usize;
-                    count[k] += 1;
-                    let x = w.value(i);
-                    if !x.is_finite() {
-                        continue;
+                STATS_SCRATCH.with(|cell| {
+                    let mut scratch = cell.borrow_mut();
+                    let (count, acc) = &mut *scratch;
+                    if count.is_empty() {
+                        *count = vec![0u64; KEYS];
+                        *acc = vec![[0i64; sum::N]; KEYS];
                     }
-                    let a = &mut acc[k];
-                    a[sum::W] += fix(x, sum::W);
-                    a[sum::W2] += fix(x * x, sum::W2);
-                    if let Some(mv) = moments {
-                        let (m, v) = (mv.m.value(i), mv.v.value(i));
-                        if m.is_finite() && v.is_finite() {
-                            a[sum::M] += fix(m, sum::M);
-                            a[sum::MW] += fix(m * x, sum::MW);
-                            a[sum::V] += fix(v, sum::V);
-                            a[sum::VW] += fix(v * x, sum::VW);
-                            a[sum::VW2] += fix(v * x * x, sum::VW2);
-                            a[sum::SENS] += fix((m * x).abs(), sum::SENS);
+                    // Truncation toward zero: one instruction, and as order-independent as
+                    // rounding.
+                    let fix = |x: f64, j: usize| (x * sc[j]) as i64;
+                    for i in p * per..((p + 1) * per).min(n) {
+                        let k = scalar::key(w.dtype, w.bytes, i) as usize;
+                        count[k] += 1;
+                        let x = w.value(i);
+                        if !x.is_finite() {
+                            continue;
+                        }
+                        let a = &mut acc[k];
+                        a[sum::W] += fix(x, sum::W);
+                        a[sum::W2] += fix(x * x, sum::W2);
+                        if let Some(mv) = moments {
+                            let (m, v) = (mv.m.value(i), mv.v.value(i));
+                            if m.is_finite() && v.is_finite() {
+                                a[sum::M] += fix(m, sum::M);
+                                a[sum::MW] += fix(m * x, sum::MW);
+                                a[sum::V] += fix(v, sum::V);
+                                a[sum::VW] += fix(v * x, sum::VW);
+                                a[sum::VW2] += fix(v * x * x, sum::VW2);
+                                a[sum::SENS] += fix((m * x).abs(), sum::SENS);
+                            }
                         }
                     }
-                }
-                (count, acc)
+                    let mut touched = Vec::new();
+                    for k in 0..KEYS {
+                        if count[k] > 0 {
+                            touched.push((k as u16, count[k], acc[k]));
+                            count[k] = 0;
+                            acc[k] = [0; sum::N];
+                        }
+                    }
+                    touched
+                })
             })
             .collect();
-        let mut count = vec![0u64; KEYS];
-        let mut acc = vec![[0i64; sum::N]; KEYS];
-        for (c, a) in &partials {
-            for k in 0..KEYS {
-                count[k] += c[k];
-                for j in 0..sum::N {
-                    acc[k][j] = acc[k][j].wrapping_add(a[k][j]);
+        let mut all: Vec<(u16, u64, [i64; sum::N])> = partials.concat();
+        all.sort_by_key(|e| e.0);
+        let mut merged: Vec<(u16, u64, [i64; sum::N])> = Vec::with_capacity(all.len());
+        for (k, c, a) in all {
+            match merged.last_mut() {
+                Some(last) if last.0 == k => {
+                    last.1 += c;
+                    for (x, y) in last.2.iter_mut().zip(a) {
+                        *x = x.wrapping_add(y);
+                    }
                 }
+                _ => merged.push((k, c, a)),
             }
         }
-        let sums = acc
-            .iter()
-            .map(|a| std::array::from_fn(|j| a[j] as f64 / sc[j]))
-            .collect();
         KeyStats {
             n: n as u64,
-            count,
-            sums,
+            keys: merged.iter().map(|e| e.0).collect(),
+            count: merged.iter().map(|e| e.1).collect(),
+            sums: merged
+                .iter()
+                .map(|e| std::array::from_fn(|j| e.2[j] as f64 / sc[j]))
+                .collect(),
             moments: moments.is_some(),
         }
     }
@@ -293,6 +362,41 @@ impl Engine for CpuEngine {
         Assigned {
             codes,
             protected: protected.concat(),
+        }
+    }
+
+    fn code_pairs(
+        &self,
+        w: FloatView<'_>,
+        lut: &Lut,
+        bins: usize,
+        base: &[u8],
+        base_bins: usize,
+    ) -> CodePairs {
+        debug_assert_eq!(w.len(), base.len());
+        let cells = base_bins * bins;
+        let count = base
+            .par_chunks(STATS_PART)
+            .enumerate()
+            .map(|(c, part)| {
+                let mut count = vec![0u64; cells];
+                for (j, &b) in part.iter().enumerate() {
+                    let k = scalar::key(w.dtype, w.bytes, c * STATS_PART + j) as usize;
+                    count[b as usize * bins + lut.code[k] as usize] += 1;
+                }
+                count
+            })
+            .reduce(
+                || vec![0u64; cells],
+                |mut a, b| {
+                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                    a
+                },
+            );
+        CodePairs {
+            base_bins,
+            bins,
+            count,
         }
     }
 

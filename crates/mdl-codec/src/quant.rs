@@ -14,7 +14,7 @@ use std::str::FromStr;
 
 use mdl_format::Dtype;
 
-use crate::engine::{sum, KeyStats, Lut};
+use crate::engine::{sum, CodePairs, KeyStats, Lut};
 use crate::scalar::{self, KEYS};
 
 /// Bin counts the search tries.
@@ -173,6 +173,8 @@ impl Correction {
 pub struct Estimate {
     /// Estimated encoded size in bits (order-0 entropy of the codes, table, protected list).
     pub bits: f64,
+    /// The codes' share of `bits`.
+    pub code_bits: f64,
     /// Σ δ² over the tensor.
     pub sq_err: f64,
     /// Relative L2 error.
@@ -195,12 +197,34 @@ pub struct Fit {
     pub config: QuantConfig,
     /// Code table values, ascending.
     pub values: Vec<f64>,
-    /// Key → code, protected keys.
-    pub lut: Lut,
-    /// Pruned keys (their elements become zero).
-    pub pruned: Vec<bool>,
+    /// The present keys (ascending) and, per key, its code, whether it is protected and whether
+    /// it is pruned (its elements become zero).
+    keys: Vec<u16>,
+    code: Vec<u8>,
+    protect: Vec<bool>,
+    pruned: Vec<bool>,
     /// Expected cost.
     pub estimate: Estimate,
+}
+
+impl Fit {
+    /// The key → code lookup the engine assigns by.
+    pub fn lut(&self) -> Lut {
+        let mut lut = Lut {
+            code: vec![0u8; KEYS],
+            protect: vec![false; KEYS],
+        };
+        for (p, &k) in self.keys.iter().enumerate() {
+            lut.code[k as usize] = self.code[p];
+            lut.protect[k as usize] = self.protect[p];
+        }
+        lut
+    }
+
+    /// Whether `key`'s elements are pruned to zero.
+    pub fn is_pruned(&self, key: u16) -> bool {
+        self.keys.binary_search(&key).is_ok_and(|p| self.pruned[p])
+    }
 }
 
 /// A tensor's keys prepared for fitting many configurations: present keys, their values and
@@ -208,39 +232,33 @@ pub struct Fit {
 pub struct Prepared<'a> {
     stats: &'a KeyStats,
     dtype: Dtype,
-    /// Present keys by ascending value.
-    by_value: Vec<u16>,
-    /// Present keys by descending magnitude.
-    by_magnitude: Vec<u16>,
-    /// Present keys by descending mean sensitivity (empty without moments).
-    by_sensitivity: Vec<u16>,
-    /// Representative value per key (mean of its elements for f32).
+    /// Positions (in `stats.keys`) of the keys with finite values, by ascending value.
+    by_value: Vec<u32>,
+    /// Such positions by descending magnitude.
+    by_magnitude: Vec<u32>,
+    /// Such positions by descending mean sensitivity (empty without moments).
+    by_sensitivity: Vec<u32>,
+    /// Representative value per present key (mean of its elements for f32).
     value: Vec<f64>,
 }
 
-// Keys index several parallel per-key tables at once (counts, sums, values, classes).
+// Positions index several parallel per-key tables at once (counts, sums, values, classes).
 #[allow(clippy::needless_range_loop)]
 impl<'a> Prepared<'a> {
     /// Prepares `stats` of a `dtype` tensor.
     pub fn new(stats: &'a KeyStats, dtype: Dtype) -> Prepared<'a> {
-        let mut value = vec![f64::NAN; KEYS];
-        let mut present = Vec::new();
-        for k in 0..KEYS {
-            if stats.count[k] == 0 {
-                continue;
-            }
-            let kv = scalar::key_value(dtype, k as u16);
-            value[k] = if dtype == Dtype::F32 && kv.is_finite() {
-                stats.sums[k][sum::W] / stats.count[k] as f64
-            } else {
-                kv
-            };
-            present.push(k as u16);
-        }
-        let mut by_value: Vec<u16> = present
-            .iter()
-            .copied()
-            .filter(|&k| value[k as usize].is_finite())
+        let value: Vec<f64> = (0..stats.keys.len())
+            .map(|p| {
+                let kv = scalar::key_value(dtype, stats.keys[p]);
+                if dtype == Dtype::F32 && kv.is_finite() {
+                    stats.sums[p][sum::W] / stats.count[p] as f64
+                } else {
+                    kv
+                }
+            })
+            .collect();
+        let mut by_value: Vec<u32> = (0..value.len() as u32)
+            .filter(|&p| value[p as usize].is_finite())
             .collect();
         by_value.sort_by(|&a, &b| value[a as usize].total_cmp(&value[b as usize]));
         let mut by_magnitude = by_value.clone();
@@ -252,7 +270,7 @@ impl<'a> Prepared<'a> {
         });
         let mut by_sensitivity = Vec::new();
         if stats.moments {
-            let mean = |k: u16| stats.sums[k as usize][sum::SENS] / stats.count[k as usize] as f64;
+            let mean = |p: u32| stats.sums[p as usize][sum::SENS] / stats.count[p as usize] as f64;
             by_sensitivity = by_value.clone();
             by_sensitivity.sort_by(|&a, &b| mean(b).total_cmp(&mean(a)).then(a.cmp(&b)));
         }
@@ -273,6 +291,20 @@ impl<'a> Prepared<'a> {
 
     /// Fits `cfg`; the estimate's `delta_loss` uses `corr` when the statistics have moments.
     pub fn fit(&self, cfg: &QuantConfig, corr: Option<Correction>) -> Fit {
+        self.fit_table(cfg, None, corr)
+    }
+
+    /// Fits `cfg` with the code table fixed to `table` (values of the tensor's dtype, ascending,
+    /// at most `cfg.bins` of them besides zero — a previous version's table, so that unchanged
+    /// elements keep their codes) instead of one found by k-means. The partition into protected,
+    /// pruned and quantized keys is `cfg`'s as usual; zero joins the table when something is
+    /// pruned.
+    pub fn fit_table(
+        &self,
+        cfg: &QuantConfig,
+        table: Option<&[f64]>,
+        corr: Option<Correction>,
+    ) -> Fit {
         let stats = self.stats;
         let n = stats.n as f64;
         #[derive(Clone, Copy, PartialEq)]
@@ -282,16 +314,14 @@ impl<'a> Prepared<'a> {
             Prune,
             Zero,
         }
-        let mut class = vec![Class::Quant; KEYS];
+        let keys = &stats.keys;
+        let mut class = vec![Class::Quant; keys.len()];
         let log = cfg.domain == Domain::Log;
         let mut always_protected = 0u64;
         // Non-finite elements are always kept exactly; so are negative ones in the log domain,
         // where zeros are exact too.
-        for k in 0..KEYS {
+        for k in 0..keys.len() {
             let v = self.value[k];
-            if stats.count[k] == 0 {
-                continue;
-            }
             if !v.is_finite() || (log && v < 0.0) {
                 class[k] = Class::Protect;
                 always_protected += stats.count[k];
@@ -301,7 +331,7 @@ impl<'a> Prepared<'a> {
         }
         let mut protected = always_protected;
         let limit = cfg.protect * n;
-        let take = |order: &[u16], class: &mut [Class]| {
+        let take = |order: &[u32], class: &mut [Class]| {
             let mut taken = 0u64;
             for &k in order {
                 if taken as f64 >= limit {
@@ -322,7 +352,7 @@ impl<'a> Prepared<'a> {
         let mut pruned = 0u64;
         let prune_limit = cfg.prune * n;
         if prune_limit > 0.0 {
-            let order: Box<dyn Iterator<Item = &u16>> = match cfg.metric {
+            let order: Box<dyn Iterator<Item = &u32>> = match cfg.metric {
                 Metric::Sensitivity if stats.moments => Box::new(self.by_sensitivity.iter().rev()),
                 _ => Box::new(self.by_magnitude.iter().rev()),
             };
@@ -339,13 +369,99 @@ impl<'a> Prepared<'a> {
             }
         }
 
-        // Centroids by weighted k-means over the quantized keys, in the domain's coordinates.
+        let mut values = match table {
+            Some(t) => t.to_vec(),
+            None => {
+                let quant: Vec<bool> = class.iter().map(|c| *c == Class::Quant).collect();
+                self.centroids(cfg, &quant)
+            }
+        };
+        if pruned > 0 || class.contains(&Class::Zero) || values.is_empty() {
+            values.push(0.0);
+        }
+        values.sort_by(f64::total_cmp);
+        values.dedup_by(|a, b| a == b);
+
+        // Key → code.
+        let zero = values.iter().position(|&v| v == 0.0);
+        let protect: Vec<bool> = class.iter().map(|c| *c == Class::Protect).collect();
+        let code: Vec<u8> = (0..keys.len())
+            .map(|k| match class[k] {
+                Class::Prune | Class::Zero => zero.unwrap_or(0) as u8,
+                _ if !self.value[k].is_finite() => 0,
+                // By the key's own value (for f32, the truncated one), so an element's code
+                // depends on its key alone.
+                _ => nearest(&values, scalar::key_value(self.dtype, keys[k]), log) as u8,
+            })
+            .collect();
+
+        // Expected errors and size from the key sums.
+        let mut hist = vec![0u64; values.len()];
+        let (mut sq_err, mut m_delta, mut v_delta2, mut max_abs) = (0.0, 0.0, 0.0, 0.0f64);
+        for k in 0..keys.len() {
+            let c = stats.count[k];
+            hist[code[k] as usize] += c;
+            if protect[k] {
+                continue;
+            }
+            let s = &stats.sums[k];
+            let q = values[code[k] as usize];
+            sq_err += (c as f64 * q * q - 2.0 * q * s[sum::W] + s[sum::W2]).max(0.0);
+            m_delta += q * s[sum::M] - s[sum::MW];
+            v_delta2 += (q * q * s[sum::V] - 2.0 * q * s[sum::VW] + s[sum::VW2]).max(0.0);
+            max_abs = max_abs.max((q - self.value[k]).abs());
+        }
+        let total_sq: f64 = stats.sums.iter().map(|s| s[sum::W2]).sum();
+        let entropy: f64 = hist
+            .iter()
+            .filter(|&&h| h > 0)
+            .map(|&h| {
+                let p = h as f64 / n;
+                -(h as f64) * p.log2()
+            })
+            .sum();
+        let esize = self.dtype.size() as f64;
+        let bits =
+            entropy + values.len() as f64 * esize * 8.0 + protected as f64 * (esize + 2.0) * 8.0;
+        let delta_loss = match (stats.moments, corr) {
+            (true, Some(c)) => Some((c.c1 * m_delta).abs() + 0.5 * c.c2 * v_delta2),
+            _ => None,
+        };
+        Fit {
+            config: *cfg,
+            values,
+            keys: keys.clone(),
+            code,
+            protect,
+            pruned: class.iter().map(|c| *c == Class::Prune).collect(),
+            estimate: Estimate {
+                bits,
+                code_bits: entropy,
+                sq_err,
+                rel_l2: if total_sq > 0.0 {
+                    (sq_err / total_sq).sqrt()
+                } else {
+                    sq_err.sqrt()
+                },
+                max_abs,
+                delta_loss,
+                protected,
+                pruned,
+            },
+        }
+    }
+
+    /// Centroids by weighted k-means over the keys marked in `quant`, in the domain's
+    /// coordinates, rounded to the dtype.
+    fn centroids(&self, cfg: &QuantConfig, quant: &[bool]) -> Vec<f64> {
+        let stats = self.stats;
+        let log = cfg.domain == Domain::Log;
         let to_domain = |x: f64| if log { x.ln() } else { x };
-        let quant: Vec<u16> = self
+        let quant: Vec<u32> = self
             .by_value
             .iter()
             .copied()
-            .filter(|&k| class[k as usize] == Class::Quant)
+            .filter(|&p| quant[p as usize])
             .collect();
         let points: Vec<f64> = quant
             .iter()
@@ -368,93 +484,11 @@ impl<'a> Prepared<'a> {
                 }
             })
             .collect();
-        let centroids = kmeans(&points, &weights, cfg.bins as usize);
-        let mut values: Vec<f64> = centroids
+        kmeans(&points, &weights, cfg.bins as usize)
             .iter()
             .map(|&c| scalar::rounded(self.dtype, if log { c.exp() } else { c }))
             .filter(|v| v.is_finite())
-            .collect();
-        if pruned > 0 || class.contains(&Class::Zero) || values.is_empty() {
-            values.push(0.0);
-        }
-        values.sort_by(f64::total_cmp);
-        values.dedup_by(|a, b| a == b);
-
-        // Key → code.
-        let zero = values.iter().position(|&v| v == 0.0);
-        let mut lut = Lut {
-            code: vec![0u8; KEYS],
-            protect: vec![false; KEYS],
-        };
-        for k in 0..KEYS {
-            if stats.count[k] == 0 {
-                continue;
-            }
-            let v = self.value[k];
-            lut.protect[k] = class[k] == Class::Protect;
-            lut.code[k] = match class[k] {
-                Class::Prune | Class::Zero => zero.unwrap_or(0) as u8,
-                _ if !v.is_finite() => 0,
-                // By the key's own value (for f32, the truncated one), so an element's code
-                // depends on its key alone.
-                _ => nearest(&values, scalar::key_value(self.dtype, k as u16), log) as u8,
-            };
-        }
-
-        // Expected errors and size from the key sums.
-        let mut hist = vec![0u64; values.len()];
-        let (mut sq_err, mut m_delta, mut v_delta2, mut max_abs) = (0.0, 0.0, 0.0, 0.0f64);
-        for k in 0..KEYS {
-            let c = stats.count[k];
-            if c == 0 {
-                continue;
-            }
-            hist[lut.code[k] as usize] += c;
-            if lut.protect[k] {
-                continue;
-            }
-            let s = &stats.sums[k];
-            let q = values[lut.code[k] as usize];
-            sq_err += (c as f64 * q * q - 2.0 * q * s[sum::W] + s[sum::W2]).max(0.0);
-            m_delta += q * s[sum::M] - s[sum::MW];
-            v_delta2 += (q * q * s[sum::V] - 2.0 * q * s[sum::VW] + s[sum::VW2]).max(0.0);
-            max_abs = max_abs.max((q - self.value[k]).abs());
-        }
-        let total_sq: f64 = (0..KEYS).map(|k| stats.sums[k][sum::W2]).sum();
-        let entropy: f64 = hist
-            .iter()
-            .filter(|&&h| h > 0)
-            .map(|&h| {
-                let p = h as f64 / n;
-                -(h as f64) * p.log2()
-            })
-            .sum();
-        let esize = self.dtype.size() as f64;
-        let bits =
-            entropy + values.len() as f64 * esize * 8.0 + protected as f64 * (esize + 2.0) * 8.0;
-        let delta_loss = match (stats.moments, corr) {
-            (true, Some(c)) => Some((c.c1 * m_delta).abs() + 0.5 * c.c2 * v_delta2),
-            _ => None,
-        };
-        Fit {
-            config: *cfg,
-            values,
-            pruned: class.iter().map(|c| *c == Class::Prune).collect(),
-            lut,
-            estimate: Estimate {
-                bits,
-                sq_err,
-                rel_l2: if total_sq > 0.0 {
-                    (sq_err / total_sq).sqrt()
-                } else {
-                    sq_err.sqrt()
-                },
-                max_abs,
-                delta_loss,
-                protected,
-                pruned,
-            },
-        }
+            .collect()
     }
 
     /// The code table as little-endian values of the tensor's dtype.
@@ -464,6 +498,21 @@ impl<'a> Prepared<'a> {
             scalar::push_rounded(self.dtype, v, &mut out);
         }
         out
+    }
+}
+
+impl Estimate {
+    /// The estimate when the codes are stored as a quant-delta whose base codes and these codes
+    /// were counted in `pairs` (from [`Engine::code_pairs`](crate::engine::Engine::code_pairs)):
+    /// the codes cost their conditional entropy given the base's code, which is what the
+    /// grouped delta's per-group symbols cost before run-length coding.
+    pub fn as_delta(&self, pairs: &CodePairs) -> Estimate {
+        let code_bits = pairs.conditional_bits();
+        Estimate {
+            bits: self.bits - self.code_bits + code_bits,
+            code_bits,
+            ..*self
+        }
     }
 }
 
@@ -832,7 +881,7 @@ mod tests {
             );
             prev_err = e.sq_err;
             // The estimate's errors are the errors of the reconstruction the lookup gives.
-            let a = CpuEngine.assign(view(&wb), &fit.lut);
+            let a = CpuEngine.assign(view(&wb), &fit.lut());
             let q = QuantTensor::new(Dtype::BF16, prep.table_bytes(&fit.values), a, &wb);
             let mut recon = vec![0u8; wb.len()];
             q.render(&mut recon);
@@ -850,6 +899,68 @@ mod tests {
             let est = e.delta_loss.unwrap();
             assert!((dl - est).abs() <= 1e-6 * est.max(1e-30), "{dl} vs {est}");
         }
+    }
+
+    /// A fit to a given table uses exactly that table; elements that did not move keep their
+    /// codes, and the delta estimate counts what the code pairs say.
+    #[test]
+    fn a_reused_table_keeps_codes_and_prices_the_delta() {
+        let w = normal(40_000, 7, 0.02);
+        // The next version: 2 % of the elements move.
+        let mut w2 = w.clone();
+        let mut rng = Rng(9);
+        for _ in 0..800 {
+            let i = (rng.next_f64() * w.len() as f64) as usize;
+            w2[i] += 0.01;
+        }
+        let (wb, wb2) = (bf16s(&w), bf16s(&w2));
+        let view = |bytes| FloatView {
+            dtype: Dtype::BF16,
+            bytes,
+        };
+        let cfg = QuantConfig {
+            bins: 12,
+            prune: 0.1,
+            protect: 0.0005,
+            metric: Metric::Magnitude,
+            domain: Domain::Linear,
+        };
+        let s1 = CpuEngine.key_stats(view(&wb), None);
+        let first = Prepared::new(&s1, Dtype::BF16).fit(&cfg, None);
+        let a1 = CpuEngine.assign(view(&wb), &first.lut());
+        let s2 = CpuEngine.key_stats(view(&wb2), None);
+        let prep2 = Prepared::new(&s2, Dtype::BF16);
+        let reused = prep2.fit_table(&cfg, Some(&first.values), None);
+        assert_eq!(reused.values, first.values);
+        let lut = reused.lut();
+        let a2 = CpuEngine.assign(view(&wb2), &lut);
+        let same_input = (0..w.len()).filter(|&i| wb[2 * i..2 * i + 2] == wb2[2 * i..2 * i + 2]);
+        let (mut kept, mut total) = (0, 0);
+        for i in same_input {
+            total += 1;
+            kept += (a1.codes[i] == a2.codes[i]) as usize;
+        }
+        // Only keys at the moved partition boundaries may change code.
+        assert!(kept as f64 > 0.99 * total as f64, "{kept} of {total}");
+        let bins = reused.values.len();
+        let pairs = CpuEngine.code_pairs(view(&wb2), &lut, bins, &a1.codes, first.values.len());
+        let mut naive = vec![0u64; first.values.len() * bins];
+        for i in 0..w.len() {
+            naive[a1.codes[i] as usize * bins + a2.codes[i] as usize] += 1;
+        }
+        assert_eq!(pairs.count, naive);
+        let delta = reused.estimate.as_delta(&pairs);
+        assert!(delta.bits < 0.5 * reused.estimate.bits, "{delta:?}");
+        assert_eq!(delta.sq_err, reused.estimate.sq_err);
+        // Codes that never change cost nothing.
+        let still = CpuEngine.code_pairs(
+            view(&wb),
+            &first.lut(),
+            first.values.len(),
+            &a1.codes,
+            first.values.len(),
+        );
+        assert_eq!(still.conditional_bits(), 0.0);
     }
 
     /// The quantizer's invariants on random tensors of every dtype, both domains, with and
@@ -903,7 +1014,7 @@ mod tests {
                     let fit = prep.fit(&cfg, None);
                     assert!(fit.values.len() <= cfg.bins as usize + 1);
                     assert!(fit.values.windows(2).all(|p| p[0] < p[1]), "{cfg}");
-                    let a = CpuEngine.assign(view(&wb), &fit.lut);
+                    let a = CpuEngine.assign(view(&wb), &fit.lut());
                     let q = QuantTensor::new(dtype, prep.table_bytes(&fit.values), a, &wb);
                     let mut out = vec![0u8; wb.len()];
                     q.render(&mut out);
@@ -919,7 +1030,7 @@ mod tests {
                             continue;
                         }
                         let y = scalar::value(dtype, &out, i);
-                        if fit.pruned[k] {
+                        if fit.is_pruned(k as u16) {
                             assert_eq!(y.to_bits(), 0.0f64.to_bits(), "pruned {i} is {y}");
                             continue;
                         }

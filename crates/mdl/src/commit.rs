@@ -216,12 +216,29 @@ pub fn commit(
     let (plans, search) = match settings.mode {
         CodecMode::Lossy => {
             let roles = lossy::roles(&input.layout, &settings);
+            let previous_quant = |i: usize| -> Result<Option<QuantTensor>> {
+                let t = &tensors[i];
+                let Some(prev) = previous.get(t.name.as_str()) else {
+                    return Ok(None);
+                };
+                if prev.header != t.header {
+                    return Ok(None);
+                }
+                let Some(entry) = store.meta().read()?.object(&prev.id)? else {
+                    return Ok(None);
+                };
+                if !CodecTag::try_from(entry.codec).is_ok_and(|c| c.is_quant()) {
+                    return Ok(None);
+                }
+                Ok(Some(store.load_quant(&prev.id, &entry)?))
+            };
             let plan_input = lossy::PlanInput {
                 engine: &engine,
                 input: &input,
                 roles: &roles,
                 settings: &settings,
                 previous: &previous,
+                previous_quant: &previous_quant,
                 correction,
                 loss: loss_of(&metrics, &input.layout),
             };

@@ -11,11 +11,12 @@
 //! themselves get fixed configurations (`quant.exp_avg`, `quant.exp_avg_sq`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use mdl_codec::engine::{Engine, ErrorStats, FloatView, Moments};
 use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::quant::{self, Correction, Domain, Estimate, Prepared, QuantConfig};
-use mdl_codec::scalar::lossy_supported;
+use mdl_codec::scalar::{self, lossy_supported};
 use mdl_format::safetensors::Layout;
 
 use crate::commit::Input;
@@ -52,7 +53,7 @@ const DEFAULT_EXP_AVG_SQ: &str = "bins=16 prune=0 protect=0.005 metric=magnitude
 
 /// Tensors with fewer elements stay lossless: their tables would outweigh the gain, and they are
 /// mostly norms and biases, which are sensitive.
-pub const MIN_LOSSY_ELEMENTS: u64 = 4096;
+pub const MIN_LOSSY_ELEMENTS: u64 = 256;
 
 /// What commits do with float tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -398,6 +399,9 @@ pub(crate) fn roles(layout: &Layout, s: &LossySettings) -> Vec<Role> {
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct TensorPlan {
     pub config: QuantConfig,
+    /// A code table to use instead of fitting one: the previous version's, so that elements
+    /// that did not move keep their codes and the quant-delta is mostly zeros.
+    pub table: Option<Arc<Vec<f64>>>,
     /// Its moments' tensor indices (sensitivity and the loss estimate).
     pub moments: Option<(usize, usize)>,
     /// What the manifest says the tensor is.
@@ -435,8 +439,26 @@ pub(crate) struct PlanInput<'a> {
     pub roles: &'a [Role],
     pub settings: &'a LossySettings,
     pub previous: &'a HashMap<&'a str, &'a Entry>,
+    /// The previous version of tensor `i` when it is a quantized object a quant-delta can
+    /// refer to.
+    pub previous_quant: &'a PreviousQuant<'a>,
     pub correction: Correction,
     pub loss: Option<f64>,
+}
+
+/// Loads the previous version of tensor `i` when it is quantized (see [`PlanInput`]).
+pub(crate) type PreviousQuant<'a> = dyn Fn(usize) -> Result<Option<QuantTensor>> + Sync + 'a;
+
+/// A moment keeps its previous code table only while the table's squared error stays within
+/// this factor of a fresh fit's (moments have no loss estimate to trade against).
+const MOMENT_REUSE_TOLERANCE: f64 = 1.25;
+
+/// One scored configuration.
+#[derive(Clone, Debug)]
+struct Candidate {
+    config: QuantConfig,
+    estimate: Estimate,
+    table: Option<Arc<Vec<f64>>>,
 }
 
 /// One parameter's scored candidates.
@@ -445,12 +467,40 @@ struct Scored {
     family: Option<usize>,
     moments: Option<(usize, usize)>,
     lossless_bits: f64,
-    cands: Vec<(QuantConfig, Estimate)>,
+    cands: Vec<Candidate>,
 }
 
 impl PlanInput<'_> {
+    /// The configuration recorded for tensor `i` in the parent's manifest, if it was quantized.
+    fn previous_config(&self, i: usize) -> Option<QuantConfig> {
+        self.previous
+            .get(self.input.layout.tensors[i].name.as_str())
+            .and_then(|e| e.exactness.lossy())
+            .and_then(|l| l.settings.strip_prefix("quant "))
+            .and_then(|s| s.parse::<QuantConfig>().ok())
+    }
+
+    /// The previous version's code table and codes, when it is quantized and its table can
+    /// serve `cfg` (no more non-zero values than `cfg.bins`).
+    fn previous_table(
+        &self,
+        i: usize,
+        cfg: &QuantConfig,
+    ) -> Result<Option<(Vec<f64>, QuantTensor)>> {
+        let Some(prev) = (self.previous_quant)(i)? else {
+            return Ok(None);
+        };
+        let values: Vec<f64> = (0..prev.bins())
+            .map(|j| scalar::value(prev.dtype, &prev.table, j))
+            .collect();
+        let sorted = values.windows(2).all(|w| w[0] < w[1]);
+        let nonzero = values.iter().filter(|&&v| v != 0.0).count();
+        let usable = sorted && nonzero <= cfg.bins as usize && values.iter().all(|v| v.is_finite());
+        Ok(usable.then_some((values, prev)))
+    }
+
     /// Scores every parameter's candidates (the expensive part, done once per commit).
-    fn score(&self, summary: &mut SearchSummary) -> Vec<Scored> {
+    fn score(&self, summary: &mut SearchSummary) -> Result<Vec<Scored>> {
         let params: Vec<usize> = (0..self.roles.len())
             .filter(|&i| matches!(self.roles[i], Role::Param { .. }))
             .collect();
@@ -466,15 +516,9 @@ impl PlanInput<'_> {
                     unreachable!()
                 };
                 let t = &self.input.layout.tensors[i];
-                let previous = self
-                    .previous
-                    .get(t.name.as_str())
-                    .and_then(|e| e.exactness.lossy())
-                    .and_then(|l| l.settings.strip_prefix("quant "))
-                    .and_then(|s| s.parse::<QuantConfig>().ok());
-                let stats = self
-                    .engine
-                    .key_stats(self.input.view(i), self.input.moments(moments));
+                let previous = self.previous_config(i);
+                let view = self.input.view(i);
+                let stats = self.engine.key_stats(view, self.input.moments(moments));
                 let prep = Prepared::new(&stats, t.header.dtype);
                 let configs = quant::candidates(
                     previous.as_ref(),
@@ -482,11 +526,42 @@ impl PlanInput<'_> {
                     moments.is_some(),
                     Domain::Linear,
                 );
-                let cands = configs
+                let corr = Some(self.correction);
+                let mut cands: Vec<Candidate> = configs
                     .par_iter()
-                    .map(|c| (*c, prep.fit(c, Some(self.correction)).estimate))
+                    .map(|c| Candidate {
+                        config: *c,
+                        estimate: prep.fit(c, corr).estimate,
+                        table: None,
+                    })
                     .collect();
-                (
+                // In a neighbourhood search the first candidate is the previous configuration:
+                // also score it with the previous table, and both as deltas against the
+                // previous codes (what they will be stored as).
+                if previous.is_some() {
+                    let base = configs[0];
+                    if let Some((table, prev)) = self.previous_table(i, &base)? {
+                        let as_delta = |fit: &quant::Fit| {
+                            let pairs = self.engine.code_pairs(
+                                view,
+                                &fit.lut(),
+                                fit.values.len(),
+                                &prev.codes,
+                                prev.bins(),
+                            );
+                            fit.estimate.as_delta(&pairs)
+                        };
+                        let fresh = prep.fit(&base, corr);
+                        cands[0].estimate = as_delta(&fresh);
+                        let reused = prep.fit_table(&base, Some(&table), corr);
+                        cands.push(Candidate {
+                            config: base,
+                            estimate: as_delta(&reused),
+                            table: Some(Arc::new(table)),
+                        });
+                    }
+                }
+                Ok((
                     Scored {
                         index: i,
                         family,
@@ -495,9 +570,9 @@ impl PlanInput<'_> {
                         cands,
                     },
                     previous.is_some(),
-                )
+                ))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         for (s, neighbourhood) in &scored {
             summary.scored += s.cands.len();
             if *neighbourhood {
@@ -506,13 +581,72 @@ impl PlanInput<'_> {
                 summary.guided += 1;
             }
         }
-        scored.into_iter().map(|(s, _)| s).collect()
+        Ok(scored.into_iter().map(|(s, _)| s).collect())
+    }
+
+    /// The plans of the moments (fixed configurations): each keeps its previous version's
+    /// table when that makes a smaller delta and costs little accuracy
+    /// ([`MOMENT_REUSE_TOLERANCE`]).
+    fn moment_plans(&self) -> Result<Vec<(usize, TensorPlan)>> {
+        let moments: Vec<(usize, QuantConfig, &'static str)> = self
+            .roles
+            .iter()
+            .enumerate()
+            .filter_map(|(i, role)| {
+                let (config, role) = match role {
+                    Role::FirstMoment => (self.settings.exp_avg, "exp_avg"),
+                    Role::SecondMoment => (self.settings.exp_avg_sq, "exp_avg_sq"),
+                    _ => return None,
+                };
+                config.map(|c| (i, c, role))
+            })
+            .collect();
+        moments
+            .par_iter()
+            .map(|&(i, config, role)| {
+                let mut plan = TensorPlan {
+                    config,
+                    table: None,
+                    moments: None,
+                    role,
+                };
+                if self.previous_config(i) != Some(config) {
+                    return Ok((i, plan));
+                }
+                let Some((table, prev)) = self.previous_table(i, &config)? else {
+                    return Ok((i, plan));
+                };
+                let view = self.input.view(i);
+                let stats = self.engine.key_stats(view, None);
+                let prep = Prepared::new(&stats, view.dtype);
+                let pairs = |fit: &quant::Fit| {
+                    self.engine.code_pairs(
+                        view,
+                        &fit.lut(),
+                        fit.values.len(),
+                        &prev.codes,
+                        prev.bins(),
+                    )
+                };
+                let fresh = prep.fit(&config, None);
+                let reused = prep.fit_table(&config, Some(&table), None);
+                let (fe, re) = (
+                    fresh.estimate.as_delta(&pairs(&fresh)),
+                    reused.estimate.as_delta(&pairs(&reused)),
+                );
+                if re.bits < fe.bits && re.sq_err <= fe.sq_err * MOMENT_REUSE_TOLERANCE {
+                    plan.table = Some(Arc::new(table));
+                }
+                Ok((i, plan))
+            })
+            .collect()
     }
 
     /// Chooses configurations from scored candidates under the budget scaled by `scale`.
     fn choose(
         &self,
         scored: &[Scored],
+        moment_plans: &[(usize, TensorPlan)],
         scale: f64,
         summary: &mut SearchSummary,
     ) -> Vec<Option<TensorPlan>> {
@@ -531,13 +665,14 @@ impl PlanInput<'_> {
                     let best = s
                         .cands
                         .iter()
-                        .filter(|(_, e)| e.rel_l2 <= self.settings.epsilon * scale)
-                        .min_by(|a, b| a.1.bits.total_cmp(&b.1.bits))
-                        .filter(|(_, e)| e.bits < s.lossless_bits);
+                        .filter(|c| c.estimate.rel_l2 <= self.settings.epsilon * scale)
+                        .min_by(|a, b| a.estimate.bits.total_cmp(&b.estimate.bits))
+                        .filter(|c| c.estimate.bits < s.lossless_bits);
                     match best {
-                        Some((c, _)) => {
+                        Some(c) => {
                             plans[s.index] = Some(TensorPlan {
-                                config: *c,
+                                config: c.config,
+                                table: c.table.clone(),
                                 moments: None,
                                 role: "param",
                             })
@@ -556,7 +691,10 @@ impl PlanInput<'_> {
                     let mut l: Vec<(f64, f64)> = s
                         .cands
                         .iter()
-                        .map(|(_, e)| (e.bits, e.delta_loss.unwrap_or(f64::INFINITY)))
+                        .map(|c| {
+                            let e = &c.estimate;
+                            (e.bits, e.delta_loss.unwrap_or(f64::INFINITY))
+                        })
                         .collect();
                     l.push((s.lossless_bits, 0.0));
                     l
@@ -567,7 +705,8 @@ impl PlanInput<'_> {
                 summary.est_delta_loss += list[p].1;
                 if p < s.cands.len() {
                     plans[s.index] = Some(TensorPlan {
-                        config: s.cands[p].0,
+                        config: s.cands[p].config,
+                        table: s.cands[p].table.clone(),
                         moments: s.moments,
                         role: "param",
                     });
@@ -576,18 +715,8 @@ impl PlanInput<'_> {
                 }
             }
         }
-        for (i, role) in self.roles.iter().enumerate() {
-            let (config, role) = match role {
-                Role::FirstMoment => (self.settings.exp_avg, "exp_avg"),
-                Role::SecondMoment => (self.settings.exp_avg_sq, "exp_avg_sq"),
-                _ => continue,
-            };
-            let Some(config) = config else { continue };
-            plans[i] = Some(TensorPlan {
-                config,
-                moments: None,
-                role,
-            });
+        for (i, plan) in moment_plans {
+            plans[*i] = Some(plan.clone());
         }
         summary.quantized = plans.iter().flatten().count();
         plans
@@ -606,9 +735,10 @@ pub(crate) fn plan(
     evaluate: Option<Evaluate<'_>>,
 ) -> Result<(Vec<Option<TensorPlan>>, SearchSummary)> {
     let mut summary = SearchSummary::default();
-    let scored = input.score(&mut summary);
+    let scored = input.score(&mut summary)?;
+    let moments = input.moment_plans()?;
     let Some(evaluate) = evaluate else {
-        let plans = input.choose(&scored, 1.0, &mut summary);
+        let plans = input.choose(&scored, &moments, 1.0, &mut summary);
         return Ok((plans, summary));
     };
     let reference = evaluate(None)?;
@@ -616,7 +746,7 @@ pub(crate) fn plan(
     let limit = reference + input.settings.epsilon * reference.abs();
     // From a loose budget down: the first candidate the user's metric accepts.
     for scale in [64.0, 16.0, 4.0, 1.0, 0.25, 1.0 / 16.0] {
-        let plans = input.choose(&scored, scale, &mut summary);
+        let plans = input.choose(&scored, &moments, scale, &mut summary);
         let score = evaluate(Some(&plans))?;
         summary.evaluations += 1;
         if score <= limit {
@@ -624,7 +754,7 @@ pub(crate) fn plan(
         }
     }
     // Nothing passed: only the moments are quantized.
-    let mut plans = input.choose(&scored, 0.0, &mut summary);
+    let mut plans = input.choose(&scored, &moments, 0.0, &mut summary);
     for p in plans.iter_mut() {
         if p.as_ref().is_some_and(|t| t.role == "param") {
             *p = None;
@@ -650,8 +780,12 @@ pub(crate) fn quantize(
 ) -> Quantized {
     let stats = engine.key_stats(w, moments);
     let prep = Prepared::new(&stats, w.dtype);
-    let fit = prep.fit(&plan.config, Some(corr));
-    let assigned = engine.assign(w, &fit.lut);
+    let fit = prep.fit_table(
+        &plan.config,
+        plan.table.as_deref().map(|t| &t[..]),
+        Some(corr),
+    );
+    let assigned = engine.assign(w, &fit.lut());
     let tensor = QuantTensor::new(w.dtype, prep.table_bytes(&fit.values), assigned, w.bytes);
     let mut render = vec![0u8; w.bytes.len()];
     tensor.render(&mut render);
