@@ -48,8 +48,8 @@ pub const DEFAULT_EPSILON: f64 = 0.0005;
 const DEFAULT_MOMENTS: &str = "model.{}:optim.{}.exp_avg:optim.{}.exp_avg_sq,\
                                optim.{}.master:optim.{}.exp_avg:optim.{}.exp_avg_sq";
 const DEFAULT_EMBEDDINGS: &str = "*wte*,*embed*";
-const DEFAULT_EXP_AVG: &str = "bins=8 prune=0.5 protect=0.005 metric=magnitude domain=linear";
-const DEFAULT_EXP_AVG_SQ: &str = "bins=16 prune=0 protect=0.005 metric=magnitude domain=log";
+const DEFAULT_EXP_AVG: &str = "bins=8 prune=0.5 protect=0.0005 metric=magnitude domain=linear";
+const DEFAULT_EXP_AVG_SQ: &str = "bins=16 prune=0 protect=0.0005 metric=magnitude domain=log";
 
 /// Tensors with fewer elements stay lossless: their tables would outweigh the gain, and they are
 /// mostly norms and biases, which are sensitive.
