@@ -34,7 +34,7 @@ for series in ${MDL_EVAL_SERIES:-traj-fp32 traj-bf16}; do
     echo "## $series (repository $(du -sb "$repo/.mdl/objects" | cut -f1) bytes)"
     echo "| checkpoint | original val loss | reconstructed | change |"
     echo "|---|---:|---:|---:|"
-    paste <("$py" "$gen" --dtype "$dtype" --eval "${files[@]}" | awk '{print $1, $NF}') \
-        <("$py" "$gen" --dtype "$dtype" --eval "${outs[@]}" | awk '{print $NF}') |
+    paste <("$py" "$gen" --dtype "$dtype" --out "$work/gen" --eval "${files[@]}" | awk '{print $1, $NF}') \
+        <("$py" "$gen" --dtype "$dtype" --out "$work/gen" --eval "${outs[@]}" | awk '{print $NF}') |
         awk '{n = $1; sub(/.*\//, "", n); printf "| %s | %.4f | %.4f | %+.4f (%+.2f %%) |\n", n, $2, $3, $3-$2, ($3/$2-1)*100}'
 done
