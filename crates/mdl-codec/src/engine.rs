@@ -176,9 +176,7 @@ pub trait Engine: Send + Sync {
 /// Counts of code pairs: `count[b * bins + c]` elements have base code `b` and code `c`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CodePairs {
-    /// Codes of the base (rows).
-    pub base_bins: usize,
-    /// Codes of the new assignment (columns).
+    /// Codes of the new assignment (columns; one row per base code).
     pub bins: usize,
     /// Row-major counts.
     pub count: Vec<u64>,
@@ -393,11 +391,7 @@ impl Engine for CpuEngine {
                     a
                 },
             );
-        CodePairs {
-            base_bins,
-            bins,
-            count,
-        }
+        CodePairs { bins, count }
     }
 
     fn group_delta(&self, base: &[u8], cur: &[u8], modulus: u8) -> Vec<u8> {

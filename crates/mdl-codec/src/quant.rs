@@ -197,34 +197,14 @@ pub struct Fit {
     pub config: QuantConfig,
     /// Code table values, ascending.
     pub values: Vec<f64>,
-    /// The present keys (ascending) and, per key, its code, whether it is protected and whether
-    /// it is pruned (its elements become zero).
-    keys: Vec<u16>,
+    /// Per present key of the statistics it was fitted to (in their order): its code, whether it
+    /// is protected and whether it is pruned (its elements become zero). [`Prepared::lut`] turns
+    /// them into the engine's lookup.
     code: Vec<u8>,
     protect: Vec<bool>,
     pruned: Vec<bool>,
     /// Expected cost.
     pub estimate: Estimate,
-}
-
-impl Fit {
-    /// The key → code lookup the engine assigns by.
-    pub fn lut(&self) -> Lut {
-        let mut lut = Lut {
-            code: vec![0u8; KEYS],
-            protect: vec![false; KEYS],
-        };
-        for (p, &k) in self.keys.iter().enumerate() {
-            lut.code[k as usize] = self.code[p];
-            lut.protect[k as usize] = self.protect[p];
-        }
-        lut
-    }
-
-    /// Whether `key`'s elements are pruned to zero.
-    pub fn is_pruned(&self, key: u16) -> bool {
-        self.keys.binary_search(&key).is_ok_and(|p| self.pruned[p])
-    }
 }
 
 /// A tensor's keys prepared for fitting many configurations: present keys, their values and
@@ -282,6 +262,27 @@ impl<'a> Prepared<'a> {
             by_sensitivity,
             value,
         }
+    }
+
+    /// The key → code lookup the engine assigns by, for a fit of these statistics.
+    pub fn lut(&self, fit: &Fit) -> Lut {
+        let mut lut = Lut {
+            code: vec![0u8; KEYS],
+            protect: vec![false; KEYS],
+        };
+        for (p, &k) in self.stats.keys.iter().enumerate() {
+            lut.code[k as usize] = fit.code[p];
+            lut.protect[k as usize] = fit.protect[p];
+        }
+        lut
+    }
+
+    /// Whether `fit` (of these statistics) prunes `key`'s elements to zero.
+    pub fn is_pruned(&self, fit: &Fit, key: u16) -> bool {
+        self.stats
+            .keys
+            .binary_search(&key)
+            .is_ok_and(|p| fit.pruned[p])
     }
 
     /// Whether the statistics carry moments.
@@ -430,7 +431,6 @@ impl<'a> Prepared<'a> {
         Fit {
             config: *cfg,
             values,
-            keys: keys.clone(),
             code,
             protect,
             pruned: class.iter().map(|c| *c == Class::Prune).collect(),
@@ -881,7 +881,7 @@ mod tests {
             );
             prev_err = e.sq_err;
             // The estimate's errors are the errors of the reconstruction the lookup gives.
-            let a = CpuEngine.assign(view(&wb), &fit.lut());
+            let a = CpuEngine.assign(view(&wb), &prep.lut(&fit));
             let q = QuantTensor::new(Dtype::BF16, prep.table_bytes(&fit.values), a, &wb);
             let mut recon = vec![0u8; wb.len()];
             q.render(&mut recon);
@@ -926,13 +926,14 @@ mod tests {
             domain: Domain::Linear,
         };
         let s1 = CpuEngine.key_stats(view(&wb), None);
-        let first = Prepared::new(&s1, Dtype::BF16).fit(&cfg, None);
-        let a1 = CpuEngine.assign(view(&wb), &first.lut());
+        let prep1 = Prepared::new(&s1, Dtype::BF16);
+        let first = prep1.fit(&cfg, None);
+        let a1 = CpuEngine.assign(view(&wb), &prep1.lut(&first));
         let s2 = CpuEngine.key_stats(view(&wb2), None);
         let prep2 = Prepared::new(&s2, Dtype::BF16);
         let reused = prep2.fit_table(&cfg, Some(&first.values), None);
         assert_eq!(reused.values, first.values);
-        let lut = reused.lut();
+        let lut = prep2.lut(&reused);
         let a2 = CpuEngine.assign(view(&wb2), &lut);
         let same_input = (0..w.len()).filter(|&i| wb[2 * i..2 * i + 2] == wb2[2 * i..2 * i + 2]);
         let (mut kept, mut total) = (0, 0);
@@ -955,7 +956,7 @@ mod tests {
         // Codes that never change cost nothing.
         let still = CpuEngine.code_pairs(
             view(&wb),
-            &first.lut(),
+            &prep1.lut(&first),
             first.values.len(),
             &a1.codes,
             first.values.len(),
@@ -1014,7 +1015,7 @@ mod tests {
                     let fit = prep.fit(&cfg, None);
                     assert!(fit.values.len() <= cfg.bins as usize + 1);
                     assert!(fit.values.windows(2).all(|p| p[0] < p[1]), "{cfg}");
-                    let a = CpuEngine.assign(view(&wb), &fit.lut());
+                    let a = CpuEngine.assign(view(&wb), &prep.lut(&fit));
                     let q = QuantTensor::new(dtype, prep.table_bytes(&fit.values), a, &wb);
                     let mut out = vec![0u8; wb.len()];
                     q.render(&mut out);
@@ -1030,7 +1031,7 @@ mod tests {
                             continue;
                         }
                         let y = scalar::value(dtype, &out, i);
-                        if fit.is_pruned(k as u16) {
+                        if prep.is_pruned(&fit, k as u16) {
                             assert_eq!(y.to_bits(), 0.0f64.to_bits(), "pruned {i} is {y}");
                             continue;
                         }

@@ -217,20 +217,11 @@ pub fn commit(
         CodecMode::Lossy => {
             let roles = lossy::roles(&input.layout, &settings);
             let previous_quant = |i: usize| -> Result<Option<QuantTensor>> {
-                let t = &tensors[i];
-                let Some(prev) = previous.get(t.name.as_str()) else {
-                    return Ok(None);
-                };
-                if prev.header != t.header {
-                    return Ok(None);
+                let meta = store.meta().read()?;
+                match previous_object(&meta, &previous, &tensors[i])? {
+                    Some((id, entry, true)) => Ok(Some(store.load_quant(&id, &entry)?)),
+                    _ => Ok(None),
                 }
-                let Some(entry) = store.meta().read()?.object(&prev.id)? else {
-                    return Ok(None);
-                };
-                if !CodecTag::try_from(entry.codec).is_ok_and(|c| c.is_quant()) {
-                    return Ok(None);
-                }
-                Ok(Some(store.load_quant(&prev.id, &entry)?))
             };
             let plan_input = lossy::PlanInput {
                 engine: &engine,
@@ -665,18 +656,12 @@ impl StoreCtx<'_> {
         id: &ObjectId,
         quant: bool,
     ) -> Result<Option<(ObjectId, IndexEntry)>> {
-        let Some(prev) = self.previous.get(info.name.as_str()) else {
-            return Ok(None);
-        };
-        if prev.header != info.header || prev.id == *id {
-            return Ok(None);
-        }
         let meta = self.repo.store().meta().read()?;
-        let Some(entry) = meta.object(&prev.id)? else {
+        let Some((prev_id, entry, prev_quant)) = previous_object(&meta, self.previous, info)?
+        else {
             return Ok(None);
         };
-        let prev_quant = CodecTag::try_from(entry.codec).is_ok_and(|c| c.is_quant());
-        if prev_quant != quant {
+        if prev_id == *id || prev_quant != quant {
             return Ok(None);
         }
         // Whether the policy lets a delta join this chain, decided before the base is decoded.
@@ -686,10 +671,10 @@ impl StoreCtx<'_> {
             // The previous version must be self-contained, and everything decoding through it
             // must stay within the cap once it is one step deeper.
             DeltaMode::Reverse => {
-                entry.base.is_none() && chain_height(&meta, &prev.id)? < self.policy.max_depth
+                entry.base.is_none() && chain_height(&meta, &prev_id)? < self.policy.max_depth
             }
         };
-        Ok(allowed.then_some((prev.id, entry)))
+        Ok(allowed.then_some((prev_id, entry)))
     }
 
     /// Stores new tensor content with the lossless codecs; `whole` is the codec of a
@@ -846,6 +831,25 @@ fn delta_codec(choice: &float::Choice) -> CodecTag {
 }
 
 /// The longest chain of delta steps that ends at `base` (0 when nothing decodes through it).
+/// The parent's version of tensor `info` when it has the same header and is stored here: its
+/// id, index entry, and whether it is quantized.
+fn previous_object(
+    meta: &MetaRead,
+    previous: &HashMap<&str, &Entry>,
+    info: &TensorInfo,
+) -> Result<Option<(ObjectId, IndexEntry, bool)>> {
+    let Some(prev) = previous.get(info.name.as_str()) else {
+        return Ok(None);
+    };
+    if prev.header != info.header {
+        return Ok(None);
+    }
+    Ok(meta.object(&prev.id)?.map(|entry| {
+        let quant = CodecTag::try_from(entry.codec).is_ok_and(|c| c.is_quant());
+        (prev.id, entry, quant)
+    }))
+}
+
 fn chain_height(meta: &MetaRead, base: &ObjectId) -> Result<u32> {
     let mut longest = 0;
     let mut frontier = vec![(*base, 0u32)];

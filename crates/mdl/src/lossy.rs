@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use mdl_codec::engine::{Engine, ErrorStats, FloatView, Moments};
 use mdl_codec::qrecord::QuantTensor;
-use mdl_codec::quant::{self, Correction, Domain, Estimate, Prepared, QuantConfig};
+use mdl_codec::quant::{self, Correction, Domain, Estimate, Fit, Prepared, QuantConfig};
 use mdl_codec::scalar::{self, lossy_supported};
 use mdl_format::safetensors::Layout;
 
@@ -499,6 +499,25 @@ impl PlanInput<'_> {
         Ok(usable.then_some((values, prev)))
     }
 
+    /// `fit`'s estimate when its codes are stored as a quant-delta against `prev`'s (one pass
+    /// counting code pairs).
+    fn delta_estimate(
+        &self,
+        view: FloatView<'_>,
+        prep: &Prepared<'_>,
+        fit: &Fit,
+        prev: &QuantTensor,
+    ) -> Estimate {
+        let pairs = self.engine.code_pairs(
+            view,
+            &prep.lut(fit),
+            fit.values.len(),
+            &prev.codes,
+            prev.bins(),
+        );
+        fit.estimate.as_delta(&pairs)
+    }
+
     /// Scores every parameter's candidates (the expensive part, done once per commit).
     fn score(&self, summary: &mut SearchSummary) -> Result<Vec<Scored>> {
         let params: Vec<usize> = (0..self.roles.len())
@@ -526,40 +545,39 @@ impl PlanInput<'_> {
                     moments.is_some(),
                     Domain::Linear,
                 );
+                // In a neighbourhood search the first candidate is the previous configuration:
+                // it is priced as a delta against the previous codes (what it will be stored
+                // as), and scored once more with the previous table.
+                let reuse = match previous {
+                    Some(_) => self.previous_table(i, &configs[0])?,
+                    None => None,
+                };
                 let corr = Some(self.correction);
                 let mut cands: Vec<Candidate> = configs
                     .par_iter()
-                    .map(|c| Candidate {
-                        config: *c,
-                        estimate: prep.fit(c, corr).estimate,
-                        table: None,
+                    .enumerate()
+                    .map(|(j, c)| {
+                        let fit = prep.fit(c, corr);
+                        let estimate = match &reuse {
+                            Some((_, prev)) if j == 0 => {
+                                self.delta_estimate(view, &prep, &fit, prev)
+                            }
+                            _ => fit.estimate,
+                        };
+                        Candidate {
+                            config: *c,
+                            estimate,
+                            table: None,
+                        }
                     })
                     .collect();
-                // In a neighbourhood search the first candidate is the previous configuration:
-                // also score it with the previous table, and both as deltas against the
-                // previous codes (what they will be stored as).
-                if previous.is_some() {
-                    let base = configs[0];
-                    if let Some((table, prev)) = self.previous_table(i, &base)? {
-                        let as_delta = |fit: &quant::Fit| {
-                            let pairs = self.engine.code_pairs(
-                                view,
-                                &fit.lut(),
-                                fit.values.len(),
-                                &prev.codes,
-                                prev.bins(),
-                            );
-                            fit.estimate.as_delta(&pairs)
-                        };
-                        let fresh = prep.fit(&base, corr);
-                        cands[0].estimate = as_delta(&fresh);
-                        let reused = prep.fit_table(&base, Some(&table), corr);
-                        cands.push(Candidate {
-                            config: base,
-                            estimate: as_delta(&reused),
-                            table: Some(Arc::new(table)),
-                        });
-                    }
+                if let Some((table, prev)) = reuse {
+                    let reused = prep.fit_table(&configs[0], Some(&table), corr);
+                    cands.push(Candidate {
+                        config: configs[0],
+                        estimate: self.delta_estimate(view, &prep, &reused, &prev),
+                        table: Some(Arc::new(table)),
+                    });
                 }
                 Ok((
                     Scored {
@@ -619,21 +637,10 @@ impl PlanInput<'_> {
                 let view = self.input.view(i);
                 let stats = self.engine.key_stats(view, None);
                 let prep = Prepared::new(&stats, view.dtype);
-                let pairs = |fit: &quant::Fit| {
-                    self.engine.code_pairs(
-                        view,
-                        &fit.lut(),
-                        fit.values.len(),
-                        &prev.codes,
-                        prev.bins(),
-                    )
-                };
                 let fresh = prep.fit(&config, None);
                 let reused = prep.fit_table(&config, Some(&table), None);
-                let (fe, re) = (
-                    fresh.estimate.as_delta(&pairs(&fresh)),
-                    reused.estimate.as_delta(&pairs(&reused)),
-                );
+                let fe = self.delta_estimate(view, &prep, &fresh, &prev);
+                let re = self.delta_estimate(view, &prep, &reused, &prev);
                 if re.bits < fe.bits && re.sq_err <= fe.sq_err * MOMENT_REUSE_TOLERANCE {
                     plan.table = Some(Arc::new(table));
                 }
@@ -785,7 +792,7 @@ pub(crate) fn quantize(
         plan.table.as_deref().map(|t| &t[..]),
         Some(corr),
     );
-    let assigned = engine.assign(w, &fit.lut());
+    let assigned = engine.assign(w, &prep.lut(&fit));
     let tensor = QuantTensor::new(w.dtype, prep.table_bytes(&fit.values), assigned, w.bytes);
     let mut render = vec![0u8; w.bytes.len()];
     tensor.render(&mut render);

@@ -254,6 +254,19 @@ const REVERSE: DeltaPolicy = DeltaPolicy {
     max_depth: 8,
 };
 
+/// The error of a checkout of `rev` that must fail.
+fn checkout_error(repo: &Repository, rev: &mdl::ObjectId, out: &Path) -> String {
+    checkout(
+        repo,
+        &rev.to_hex(),
+        out,
+        &CheckoutOptions::default(),
+        &NoProgress,
+    )
+    .unwrap_err()
+    .to_string()
+}
+
 #[test]
 fn a_flipped_bit_is_an_error_naming_the_object() {
     let dir = tempfile::tempdir().unwrap();
@@ -266,15 +279,7 @@ fn a_flipped_bit_is_an_error_naming_the_object() {
     flip_bit(&path, len / 2);
     for rev in [newest, oldest] {
         let out = dir.path().join("out.safetensors");
-        let err = checkout(
-            &repo,
-            &rev.to_hex(),
-            &out,
-            &CheckoutOptions::default(),
-            &NoProgress,
-        )
-        .unwrap_err()
-        .to_string();
+        let err = checkout_error(&repo, &rev, &out);
         assert!(err.contains(&id.to_hex()), "{err}");
         assert!(!out.exists(), "no output after a failed checkout");
     }
@@ -297,15 +302,7 @@ fn a_flipped_bit_in_a_delta_names_the_delta() {
     let len = std::fs::metadata(&path).unwrap().len() as usize;
     flip_bit(&path, len / 3);
     let out = dir.path().join("out.safetensors");
-    let err = checkout(
-        &repo,
-        &oldest.to_hex(),
-        &out,
-        &CheckoutOptions::default(),
-        &NoProgress,
-    )
-    .unwrap_err()
-    .to_string();
+    let err = checkout_error(&repo, &oldest, &out);
     assert!(err.contains(&id.to_hex()), "{err}");
     // The newest commit does not depend on the damaged delta.
     checkout(
