@@ -11,6 +11,7 @@ use mdl::{LockMode, OpenOptions, Repository};
 
 mod output;
 mod progress;
+mod remote;
 
 #[derive(Parser)]
 #[command(
@@ -19,9 +20,12 @@ mod progress;
     about = "Version control for deep-learning checkpoints"
 )]
 struct Cli {
-    /// Run as if started in DIR.
+    /// Run as if started in DIR; a URL (http://HOST:PORT/REPO) runs the command on a server.
     #[arg(short = 'C', global = true, env = "MDL_DIR", value_name = "DIR")]
     dir: Option<PathBuf>,
+    /// Bearer token for servers.
+    #[arg(long, global = true, env = "MDL_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// Seconds to wait for another mdl process that holds the repository.
     #[arg(long, global = true, default_value_t = 60, value_name = "SECS")]
     wait: u64,
@@ -38,7 +42,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Create a repository (in DIR or the current directory).
-    Init { dir: Option<PathBuf> },
+    Init {
+        #[arg(value_name = "DIR")]
+        path: Option<PathBuf>,
+    },
     /// Commit a safetensors checkpoint.
     Commit {
         file: PathBuf,
@@ -75,6 +82,9 @@ enum Command {
         /// comma-separated (default: quant.moments).
         #[arg(long, value_name = "PATTERNS")]
         moments: Option<String>,
+        /// Commit to the repository at this URL (http://HOST:PORT/REPO) instead.
+        #[arg(long, value_name = "URL")]
+        remote: Option<String>,
     },
     /// Write a commit's checkpoint to a file.
     Checkout {
@@ -127,6 +137,62 @@ enum Command {
     Fsck,
     /// Repository totals.
     Stats,
+    /// Serve this repository (or every repository under --root) over HTTP.
+    Serve {
+        /// Address to listen on (port 0 picks a free one).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        addr: String,
+        /// Serve every repository directly under DIR, by directory name.
+        #[arg(long, value_name = "DIR")]
+        root: Option<PathBuf>,
+        /// Accepted bearer tokens: lines of `name scope token` (scope read or write).
+        #[arg(long, value_name = "FILE")]
+        tokens: Option<PathBuf>,
+        /// Reads need no token.
+        #[arg(long)]
+        read_public: bool,
+        /// Largest upload (commit or push), e.g. 512M or 64G.
+        #[arg(long, default_value = "64G", value_name = "SIZE")]
+        max_body: String,
+    },
+    /// List remotes, or add one: mdl remote add NAME URL.
+    Remote {
+        #[command(subcommand)]
+        action: Option<RemoteAction>,
+    },
+    /// Copy a repository from a server (every branch and tag).
+    Clone {
+        url: String,
+        #[arg(value_name = "DIR")]
+        path: Option<PathBuf>,
+    },
+    /// Bring a remote's branches (or BRANCH) and tags, as refs/remotes/REMOTE/BRANCH.
+    Fetch {
+        #[arg(default_value = "origin")]
+        remote: String,
+        branch: Option<String>,
+    },
+    /// Fetch BRANCH (HEAD's branch) and fast-forward the local branch to it.
+    Pull {
+        #[arg(default_value = "origin")]
+        remote: String,
+        branch: Option<String>,
+    },
+    /// Send BRANCH (HEAD's branch) to a remote; refused unless it fast-forwards there.
+    Push {
+        #[arg(default_value = "origin")]
+        remote: String,
+        branch: Option<String>,
+        /// Move the remote branch even if that drops commits there.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum RemoteAction {
+    /// Add remote NAME at URL (http://HOST:PORT/REPO).
+    Add { name: String, url: String },
 }
 
 fn main() -> ExitCode {
@@ -205,10 +271,25 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         std::env::args().skip(1).collect::<Vec<_>>().join(" ")
     );
     let bar = progress::Bar::new(!cli.json && io::stderr().is_terminal());
+    if let Command::Commit {
+        remote: Some(url), ..
+    } = &cli.command
+    {
+        let remote = mdl_remote::Remote::new(url, cli.token.clone())?;
+        return remote::run(cli, &remote, out);
+    }
+    if !matches!(
+        cli.command,
+        Command::Init { .. } | Command::Serve { .. } | Command::Clone { .. }
+    ) {
+        if let Some(remote) = remote::server_for(cli)? {
+            return remote::run(cli, &remote, out);
+        }
+    }
     match &cli.command {
-        Command::Init { dir } => {
+        Command::Init { path } => {
             let base = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
-            let dir = dir.as_ref().map(|d| base.join(d)).unwrap_or(base);
+            let dir = path.as_ref().map(|d| base.join(d)).unwrap_or(base);
             let repo = Repository::init(&dir)?;
             output::init(out, cli.json, repo.root())?;
         }
@@ -225,6 +306,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             eval_cmd,
             trim_bits,
             moments,
+            remote: _,
         } => {
             use mdl::lossy::CodecMode;
             let mode = if *lossy || (eval_cmd.is_some() && !*lossless) {
@@ -371,6 +453,94 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         Command::Stats => {
             let repo = open(cli, LockMode::Read, purpose)?;
             output::stats(out, cli.json, &mdl::stats::stats(&repo)?)?;
+        }
+        Command::Serve {
+            addr,
+            root,
+            tokens,
+            read_public,
+            max_body,
+        } => {
+            remote::serve(
+                cli,
+                addr,
+                root.as_deref(),
+                tokens.as_deref(),
+                *read_public,
+                max_body,
+                out,
+            )?;
+        }
+        Command::Remote { action } => match action {
+            Some(RemoteAction::Add { name, url }) => {
+                let repo = open(cli, LockMode::Write, purpose)?;
+                mdl_remote::add_remote(&repo, name, url)?;
+                output::message(out, cli.json, &format!("remote {name} = {url}"))?;
+            }
+            None => {
+                let repo = open(cli, LockMode::Read, purpose)?;
+                let all = mdl_remote::remotes(&repo)?;
+                if cli.json {
+                    let v: Vec<_> = all
+                        .iter()
+                        .map(|(n, u)| serde_json::json!({"name": n, "url": u}))
+                        .collect();
+                    writeln!(out, "{}", serde_json::Value::Array(v))?;
+                } else {
+                    for (n, u) in all {
+                        writeln!(out, "{n}\t{u}")?;
+                    }
+                }
+            }
+        },
+        Command::Clone { url, path } => {
+            let remote = mdl_remote::Remote::new(url, cli.token.clone())?;
+            let base = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
+            let dir = base.join(path.clone().unwrap_or_else(|| remote.name().into()));
+            let outcome = mdl_remote::clone(url, &dir, cli.token.clone())?;
+            output::transfer(
+                out,
+                cli.json,
+                &format!("cloned {url} into {}", outcome.dir.display()),
+                &outcome.transfer,
+            )?;
+        }
+        Command::Fetch { remote, branch } => {
+            let repo = open(cli, LockMode::Write, purpose)?;
+            let client = remote::named(cli, &repo, remote)?;
+            let outcome = mdl_remote::fetch(&repo, remote, &client, branch.as_deref())?;
+            output::transfer(
+                out,
+                cli.json,
+                &format!("fetched from {}", client.url()),
+                &outcome,
+            )?;
+        }
+        Command::Pull { remote, branch } => {
+            let repo = open(cli, LockMode::Write, purpose)?;
+            let client = remote::named(cli, &repo, remote)?;
+            let outcome = mdl_remote::pull(&repo, remote, &client, branch.as_deref())?;
+            output::transfer(
+                out,
+                cli.json,
+                &format!("pulled from {}", client.url()),
+                &outcome,
+            )?;
+        }
+        Command::Push {
+            remote,
+            branch,
+            force,
+        } => {
+            let repo = open(cli, LockMode::Write, purpose)?;
+            let client = remote::named(cli, &repo, remote)?;
+            let outcome = mdl_remote::push(&repo, remote, &client, branch.as_deref(), *force)?;
+            output::transfer(
+                out,
+                cli.json,
+                &format!("pushed to {}", client.url()),
+                &outcome,
+            )?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -335,3 +335,25 @@ pub fn config(
     }
     Ok(())
 }
+
+pub fn transfer(
+    out: &mut dyn Write,
+    json: bool,
+    what: &str,
+    t: &mdl_remote::TransferOutcome,
+) -> io::Result<()> {
+    if json {
+        return writeln!(out, "{}", serde_json::to_string(t).expect("serialisable"));
+    }
+    writeln!(out, "{what}: {} objects, {}", t.objects, size(t.bytes))?;
+    for m in &t.moved {
+        match m.old {
+            Some(old) => writeln!(out, "  {} {}..{}", m.name, old.short(12), m.new.short(12))?,
+            None => writeln!(out, "  {} (new) {}", m.name, m.new.short(12))?,
+        }
+    }
+    if t.moved.is_empty() {
+        writeln!(out, "  everything up to date")?;
+    }
+    Ok(())
+}

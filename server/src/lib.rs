@@ -1,4 +1,280 @@
-//! The HTTP server of mdl: `app(state) -> Router` over the `mdl` library.
+//! The HTTP server of mdl: [`app`] builds the `axum` router over a [`State`]; the `mdl serve`
+//! command binds it ([`serve`]).
 //!
-//! A placeholder: the HTTP API (design section 7, `docs/HTTP_API.md`) lands with the server
-//! issue. The crate exists now so the workspace layout is the final one.
+//! The server owns the repositories it serves (it holds their write locks for its lifetime)
+//! and advertises itself in each one's `.mdl/serve.json`, so `mdl` commands run in such a
+//! directory are forwarded here instead of waiting for the lock. Codec and store work runs on
+//! blocking threads; no lock or database transaction is held across an `.await`. Routes,
+//! parameters, statuses and error codes: `docs/HTTP_API.md`.
+
+mod api;
+pub mod auth;
+pub mod error;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mdl::{LockMode, OpenOptions, Repository};
+use serde::{Deserialize, Serialize};
+
+pub use api::app;
+pub use auth::{Scope, Tokens};
+pub use error::ApiError;
+
+/// The file in `.mdl/` where a serving process advertises itself.
+pub use mdl::ADVERTISEMENT;
+
+/// Where the served repositories are.
+#[derive(Clone, Debug)]
+pub enum Repos {
+    /// One repository, served under `name`.
+    One {
+        /// Its name in URLs (the directory's name).
+        name: String,
+        /// Its work directory.
+        path: PathBuf,
+    },
+    /// Every repository directly under a directory, by directory name.
+    Root(PathBuf),
+}
+
+/// How the server runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The repositories.
+    pub repos: Repos,
+    /// Accepted tokens.
+    pub tokens: Tokens,
+    /// Reads need no token.
+    pub read_public: bool,
+    /// Largest request body (uploads), in bytes.
+    pub max_body: u64,
+    /// How long to wait for another process holding a repository when opening it.
+    pub wait: Duration,
+}
+
+/// What `.mdl/serve.json` holds: how a local `mdl` reaches the owning server.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Advertisement {
+    /// The server's process id (a dead one means the advertisement is stale).
+    pub pid: u32,
+    /// The repository's URL (`http://HOST:PORT/NAME`).
+    pub url: String,
+    /// A write token for local forwarding; the file is readable by its owner only.
+    pub token: String,
+}
+
+/// One served repository.
+pub(crate) struct Served {
+    pub(crate) repo: Repository,
+    /// Serialises commits and ref updates (the store allows one writer transaction at a time
+    /// anyway; this keeps a commit's read-plan-write sequence whole). Held on blocking threads
+    /// only, never across an `.await`.
+    pub(crate) writer: Mutex<()>,
+    advertised: Option<PathBuf>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(path) = &self.advertised {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// The server's shared state.
+pub struct State {
+    config: Config,
+    open: Mutex<HashMap<String, Arc<Served>>>,
+    /// Base URL (`http://HOST:PORT`) and owner token written into advertisements.
+    advertise: Option<(String, String)>,
+}
+
+impl State {
+    /// State for `config`. With `advertise = Some(base_url)`, every repository opened is
+    /// advertised under `.mdl/` with a fresh write token accepted by this server.
+    pub fn new(mut config: Config, advertise: Option<String>) -> Result<Arc<State>, String> {
+        let advertise = match advertise {
+            Some(base) => {
+                let token = random_token()?;
+                config
+                    .tokens
+                    .add("local-owner", Scope::Write, token.clone());
+                Some((base, token))
+            }
+            None => None,
+        };
+        Ok(Arc::new(State {
+            config,
+            open: Mutex::new(HashMap::new()),
+            advertise,
+        }))
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Opens every repository now (a root's existing ones), so they are owned and advertised
+    /// from the start. Returns their names.
+    pub fn open_all(&self) -> Result<Vec<String>, mdl::Error> {
+        let names = self.names();
+        for name in &names {
+            self.repo(name)?;
+        }
+        Ok(names)
+    }
+
+    /// Names of the repositories served now.
+    pub fn names(&self) -> Vec<String> {
+        match &self.config.repos {
+            Repos::One { name, .. } => vec![name.clone()],
+            Repos::Root(root) => {
+                let mut names: Vec<String> = std::fs::read_dir(root)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|e| e.path().join(".mdl").join("meta.redb").is_file())
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| valid_repo_name(n))
+                    .collect();
+                names.sort();
+                names
+            }
+        }
+    }
+
+    /// The repository named `name`, opened (and locked) on first use.
+    pub(crate) fn repo(&self, name: &str) -> Result<Arc<Served>, mdl::Error> {
+        // The map stays locked while a repository opens (which may wait for another process):
+        // opening one twice in this process would wait on our own lock. Called on blocking
+        // threads only.
+        let mut open = self.open.lock().unwrap();
+        if let Some(s) = open.get(name) {
+            return Ok(s.clone());
+        }
+        let path = match &self.config.repos {
+            Repos::One { name: n, path } if n == name => path.clone(),
+            Repos::One { .. } => return Err(no_such_repo(name)),
+            Repos::Root(root) if valid_repo_name(name) => root.join(name),
+            Repos::Root(_) => return Err(no_such_repo(name)),
+        };
+        if !path.join(".mdl").join("meta.redb").is_file() {
+            return Err(no_such_repo(name));
+        }
+        let opts = OpenOptions {
+            mode: LockMode::Write,
+            wait: self.config.wait,
+            purpose: format!("mdl serve (repository {name})"),
+            ..OpenOptions::default()
+        };
+        let repo = Repository::open(&path, &opts)?;
+        let advertised = match &self.advertise {
+            Some((base, token)) => Some(advertise(&repo, &format!("{base}/{name}"), token)?),
+            None => None,
+        };
+        let served = Arc::new(Served {
+            repo,
+            writer: Mutex::new(()),
+            advertised,
+        });
+        open.insert(name.to_string(), served.clone());
+        Ok(served)
+    }
+
+    /// Closes every repository: releases the locks and removes the advertisements.
+    pub fn close_all(&self) {
+        self.open.lock().unwrap().clear();
+    }
+}
+
+fn no_such_repo(name: &str) -> mdl::Error {
+    mdl::StoreError::NotARepository(PathBuf::from(name)).into()
+}
+
+/// Whether `name` may name a repository: one path component of letters, digits, `-`, `_`,
+/// `.`, not starting with `.`.
+pub fn valid_repo_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// Writes `.mdl/serve.json` (owner-readable only), atomically.
+fn advertise(repo: &Repository, url: &str, token: &str) -> Result<PathBuf, mdl::Error> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = repo.store().dir();
+    let path = dir.join(ADVERTISEMENT);
+    let tmp = dir.join(format!(".{ADVERTISEMENT}.{}", std::process::id()));
+    let ad = Advertisement {
+        pid: std::process::id(),
+        url: url.to_string(),
+        token: token.to_string(),
+    };
+    let io = |source| mdl::Error::Output {
+        path: path.clone(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io)?;
+    f.write_all(&serde_json::to_vec(&ad).expect("serialisable"))
+        .map_err(io)?;
+    std::fs::rename(&tmp, &path).map_err(io)?;
+    Ok(path)
+}
+
+/// Reads a repository's advertisement, if a live server owns it. A stale one (its process is
+/// gone) is reported as `None`; it is removed by whoever next opens the repository.
+pub fn advertised(mdl_dir: &Path) -> Option<Advertisement> {
+    let text = std::fs::read(mdl_dir.join(ADVERTISEMENT)).ok()?;
+    let ad: Advertisement = serde_json::from_slice(&text).ok()?;
+    let alive = Path::new("/proc").join(ad.pid.to_string()).exists();
+    alive.then_some(ad)
+}
+
+/// 32 random bytes from the OS, as hex.
+fn random_token() -> Result<String, String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Serves `state` on `listener` until SIGINT or SIGTERM, then finishes the requests in flight
+/// and closes the repositories.
+pub async fn serve(state: Arc<State>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+    let router = app(state.clone());
+    let result = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown_signal())
+    .await;
+    state.close_all();
+    result
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down: finishing requests in flight");
+}

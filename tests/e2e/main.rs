@@ -3,4 +3,5 @@
 mod bad_input;
 mod crash;
 mod journeys;
+mod server;
 mod util;

@@ -90,6 +90,13 @@ impl serde::Serialize for ObjectId {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for ObjectId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// A hexadecimal prefix of an [`ObjectId`], as typed on a command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IdPrefix {

@@ -1,7 +1,7 @@
 use std::fmt;
 
 /// A point in time: milliseconds since 1970-01-01T00:00:00Z.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp(pub i64);
 
 impl Timestamp {

@@ -505,6 +505,20 @@ macro_rules! readers {
             Ok(v.map(|v| v.value().to_string()))
         }
 
+        /// Configuration values whose keys start with `prefix`, in key order.
+        pub fn configs(&self, prefix: &str) -> Result<Vec<(String, String)>, StoreError> {
+            let t = self.txn.open_table(CONFIG).map_err(db)?;
+            let mut out = Vec::new();
+            for item in t.range(prefix..).map_err(db)? {
+                let (k, v) = item.map_err(db)?;
+                if !k.value().starts_with(prefix) {
+                    break;
+                }
+                out.push((k.value().to_string(), v.value().to_string()));
+            }
+            Ok(out)
+        }
+
         #[allow(dead_code)]
         fn info(&self, key: &str) -> Result<Option<u64>, StoreError> {
             let t = self.txn.open_table(INFO).map_err(db)?;

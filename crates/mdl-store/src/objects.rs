@@ -455,6 +455,22 @@ impl Store {
             .remove_file(&self.record_path(id, generation));
     }
 
+    /// The bytes of an object's record file, as stored (for sending it to another repository).
+    /// The checksum is verified; the content is verified by the receiver.
+    pub fn read_record(&self, id: &ObjectId, entry: &IndexEntry) -> Result<Vec<u8>, StoreError> {
+        let path = self.record_path(id, entry.generation);
+        let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => StoreError::Missing(*id),
+            _ => StoreError::Io {
+                op: "read",
+                path: path.clone(),
+                source: e,
+            },
+        })?;
+        record::decode(&bytes).map_err(corrupt(id, entry))?;
+        Ok(bytes)
+    }
+
     /// Decodes a whole object into memory (manifests, commits, tensors for diffs).
     pub fn read_object_vec(&self, id: &ObjectId) -> Result<Vec<u8>, StoreError> {
         let entry = self
@@ -682,6 +698,47 @@ impl ObjectBatch<'_> {
                 .map_err(WriteError::into_store),
             Err(WriteError::Store(e)) => Err(e),
         }
+    }
+
+    /// Stores a record received from another repository (push, fetch) as it is: its header and
+    /// checksum are verified here, its content by the caller (decoding it, which needs its base
+    /// indexed first) before the index names it. `depth` is one more than the base's, or 0.
+    pub fn put_record(
+        &self,
+        id: &ObjectId,
+        record: &[u8],
+        depth: u32,
+    ) -> Result<PutOutcome, StoreError> {
+        let bad = |source| StoreError::Corrupt {
+            id: *id,
+            kind: "received",
+            source,
+        };
+        let (header, payload, trailer) = record::decode(record).map_err(bad)?;
+        let codec = CodecTag::try_from(header.codec).map_err(bad)?;
+        if header.base.is_some() != codec.has_base() || header.base == Some(*id) {
+            return Err(bad(FormatError::invalid(
+                "record",
+                "base flag disagrees with the codec",
+            )));
+        }
+        let placement = Placement {
+            generation: 0,
+            base: header.base,
+            depth,
+        };
+        self.write_record(
+            id,
+            header.kind,
+            codec,
+            placement,
+            &header.prefix,
+            trailer.content_len,
+            u64::MAX,
+            &mut |w| w.write_all(payload),
+            &mut || Ok(()),
+        )
+        .map_err(WriteError::into_store)
     }
 
     /// The one helper that writes into `.mdl/objects`: temporary file in the record's directory,

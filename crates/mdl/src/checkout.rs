@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use mdl_format::ObjectId;
 use mdl_store::{IndexEntry, StoreError};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{per_tensor, revision, Error, Progress, Repository, Result, BIG_TENSOR};
 
@@ -23,7 +23,7 @@ thread_local! {
 }
 
 /// What a checkout wrote.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CheckoutOutcome {
     /// The commit written.
     pub id: ObjectId,
@@ -45,9 +45,8 @@ pub fn checkout(
     opts: &CheckoutOptions,
     progress: &dyn Progress,
 ) -> Result<CheckoutOutcome> {
-    let id = revision::resolve(repo, rev)?;
-    let commit = repo.load_commit(&id)?;
-    let manifest = repo.load_manifest(&commit.manifest)?;
+    let layout = layout(repo, rev)?;
+    let id = layout.commit;
     if !opts.force && out.symlink_metadata().is_ok() {
         return Err(Error::OutputExists(out.to_path_buf()));
     }
@@ -67,40 +66,15 @@ pub fn checkout(
     let result = (|| -> Result<u64> {
         let file = std::fs::File::create(&tmp).map_err(write_err)?;
         let store = repo.store();
-        // Every tensor's index entry and its offset in the file.
-        let mut at = 8 + manifest.header_json.len() as u64;
-        let placed: Vec<(u64, &ObjectId, IndexEntry)> = {
-            let meta = store.meta().read()?;
-            manifest
-                .entries
-                .iter()
-                .map(|e| {
-                    let entry = meta.object(&e.id)?.ok_or(StoreError::Missing(e.id))?;
-                    let offset = at;
-                    at += entry.content_len;
-                    Ok((offset, &e.id, entry))
-                })
-                .collect::<Result<_>>()?
-        };
-        let total = manifest.file_len();
-        if at != total {
-            return Err(Error::Corrupt {
-                id: commit.manifest,
-                source: mdl_format::FormatError::invalid(
-                    "manifest",
-                    "tensor sizes disagree with the file length",
-                ),
-            });
-        }
+        let total = layout.len;
         // Tensors decode in parallel (and chunk-parallel inside) into per-thread buffers; the
         // writes into the file go one at a time (concurrent writers of one file only contend
         // for its inode lock), each at its tensor's offset.
-        let mut head = (manifest.header_json.len() as u64).to_le_bytes().to_vec();
-        head.extend_from_slice(&manifest.header_json);
-        file.write_all_at(&head, 0).map_err(write_err)?;
+        file.write_all_at(&layout.head, 0).map_err(write_err)?;
         let writer = std::sync::Mutex::new(&file);
         progress.start("writing", total);
-        let write_one = |(offset, id, entry): &(u64, &ObjectId, IndexEntry)| -> Result<()> {
+        let write_one = |t: &Placed| -> Result<()> {
+            let (offset, entry) = (&t.offset, &t.entry);
             let len = entry.content_len as usize;
             // A per-thread buffer, taken out while in use (rayon may start another tensor on
             // this thread while this one waits for its chunks).
@@ -109,7 +83,7 @@ pub fn checkout(
                 buf.resize(len, 0);
             }
             let result = store
-                .load_tensor_into(id, entry, &mut buf[..len])
+                .load_tensor_into(&t.id, entry, &mut buf[..len])
                 .map_err(Error::from)
                 .and_then(|()| {
                     writer
@@ -126,7 +100,7 @@ pub fn checkout(
             progress.advance(entry.content_len);
             Ok(())
         };
-        per_tensor(&placed, |(_, _, e)| e.content_len, write_one)?;
+        per_tensor(&layout.tensors, |t| t.entry.content_len, write_one)?;
         progress.finish();
         if opts.sync {
             file.sync_all().map_err(write_err)?;
@@ -136,11 +110,7 @@ pub fn checkout(
     match result {
         Ok(bytes) => {
             std::fs::rename(&tmp, out).map_err(write_err)?;
-            let lossy_tensors = manifest
-                .entries
-                .iter()
-                .filter(|e| e.exactness.is_lossy())
-                .count() as u32;
+            let lossy_tensors = layout.lossy_tensors;
             Ok(CheckoutOutcome {
                 id,
                 path: out.to_path_buf(),
@@ -153,5 +123,100 @@ pub fn checkout(
             let _ = std::fs::remove_file(&tmp);
             Err(e)
         }
+    }
+}
+
+/// Where everything lies in the safetensors file that checking out a commit writes, computed
+/// from its manifest and the index alone (nothing is decoded): what a server needs to answer
+/// a byte range by decoding only the tensors it touches.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    /// The commit.
+    pub commit: ObjectId,
+    /// The file's first bytes: the header length (u64, little-endian) and the header JSON.
+    pub head: Vec<u8>,
+    /// The tensors in file order.
+    pub tensors: Vec<Placed>,
+    /// The file's length.
+    pub len: u64,
+    /// How many tensors are lossy reconstructions.
+    pub lossy_tensors: u32,
+}
+
+/// One tensor's place in a [`Layout`].
+#[derive(Clone, Debug)]
+pub struct Placed {
+    /// Its name in the checkpoint.
+    pub name: String,
+    /// Dtype and shape.
+    pub header: mdl_format::TensorHeader,
+    /// Whether it is a lossy reconstruction.
+    pub lossy: bool,
+    /// Its first byte in the file.
+    pub offset: u64,
+    /// The tensor object.
+    pub id: ObjectId,
+    /// Its index entry (`content_len` is its length in the file).
+    pub entry: IndexEntry,
+}
+
+/// The layout of `rev`'s checkpoint.
+pub fn layout(repo: &Repository, rev: &str) -> Result<Layout> {
+    let commit_id = revision::resolve(repo, rev)?;
+    let commit = repo.load_commit(&commit_id)?;
+    let manifest = repo.load_manifest(&commit.manifest)?;
+    let mut head = (manifest.header_json.len() as u64).to_le_bytes().to_vec();
+    head.extend_from_slice(&manifest.header_json);
+    let mut at = head.len() as u64;
+    let meta = repo.store().meta().read()?;
+    let tensors = manifest
+        .entries
+        .iter()
+        .map(|e| {
+            let entry = meta.object(&e.id)?.ok_or(StoreError::Missing(e.id))?;
+            let offset = at;
+            at += entry.content_len;
+            Ok(Placed {
+                name: e.name.clone(),
+                header: e.header.clone(),
+                lossy: e.exactness.is_lossy(),
+                offset,
+                id: e.id,
+                entry,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if at != manifest.file_len() {
+        return Err(Error::Corrupt {
+            id: commit.manifest,
+            source: mdl_format::FormatError::invalid(
+                "manifest",
+                "tensor sizes disagree with the file length",
+            ),
+        });
+    }
+    Ok(Layout {
+        commit: commit_id,
+        head,
+        len: at,
+        lossy_tensors: tensors.iter().filter(|t| t.lossy).count() as u32,
+        tensors,
+    })
+}
+
+impl Layout {
+    /// The tensors overlapping the byte range `start..end` of the file.
+    pub fn touching(&self, start: u64, end: u64) -> impl Iterator<Item = &Placed> {
+        let first = self
+            .tensors
+            .partition_point(|t| t.offset + t.entry.content_len <= start);
+        self.tensors[first..]
+            .iter()
+            .take_while(move |t| t.offset < end)
+    }
+
+    /// The tensor named `name`.
+    pub fn tensor(&self, name: &str) -> Option<&Placed> {
+        self.tensors.iter().find(|t| t.name == name)
     }
 }

@@ -19,7 +19,7 @@ use mdl_format::{
 };
 use mdl_store::meta::{MetaRead, MetaWrite};
 use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::lossy::{self, CodecMode, LossyRequest, LossySettings, SearchSummary, TensorPlan};
 use crate::policy::{DeltaMode, DeltaPolicy};
@@ -47,7 +47,7 @@ pub struct CommitOptions {
 }
 
 /// What a commit did.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CommitOutcome {
     /// The new commit.
     pub id: ObjectId,
@@ -57,7 +57,8 @@ pub struct CommitOutcome {
     pub raw_bytes: u64,
     /// Bytes of records added to the store.
     pub stored_bytes: u64,
-    /// `raw_bytes / stored_bytes` (infinite when nothing new was stored).
+    /// `raw_bytes / stored_bytes` (infinite when nothing new was stored; JSON null then).
+    #[serde(deserialize_with = "null_is_infinite")]
     pub ratio: f64,
     /// Wall time.
     pub seconds: f64,
@@ -338,15 +339,7 @@ pub fn commit(
     for r in &rewrites {
         publish_rewrite(&mut w, r)?;
     }
-    w.put_commit(
-        &id,
-        &CommitSummary {
-            time: commit.time,
-            manifest: manifest_id,
-            parents: commit.parents.clone(),
-            raw_bytes,
-        },
-    )?;
+    w.put_commit(&id, &summary(&commit))?;
     let summary = commit.message.lines().next().unwrap_or("");
     let reflog = if expected.is_none() {
         format!("commit (new branch): {summary}")
@@ -914,4 +907,19 @@ fn default_author() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// The commit index's entry for a commit.
+pub(crate) fn summary(commit: &Commit) -> CommitSummary {
+    CommitSummary {
+        time: commit.time,
+        manifest: commit.manifest,
+        parents: commit.parents.clone(),
+        raw_bytes: commit.stats.raw_bytes,
+    }
+}
+
+/// Reads a ratio that JSON wrote as null (serde_json writes non-finite numbers so).
+fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
 }

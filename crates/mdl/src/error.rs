@@ -118,4 +118,19 @@ pub enum Error {
         /// What it is.
         found: &'static str,
     },
+    /// A pack stream or ref update from another repository was refused.
+    #[error("transfer refused: {0}")]
+    BadTransfer(String),
+    /// A branch update that would drop commits.
+    #[error(
+        "{name}: {new} does not descend from {old} (not a fast-forward; fetch and merge, or force)"
+    )]
+    NotFastForward {
+        /// The ref.
+        name: String,
+        /// Its current value.
+        old: mdl_format::ObjectId,
+        /// The proposed value.
+        new: mdl_format::ObjectId,
+    },
 }

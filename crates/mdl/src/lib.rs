@@ -30,13 +30,14 @@ mod repo;
 pub mod revision;
 pub mod show;
 pub mod stats;
+pub mod transfer;
 
 pub use error::Error;
 pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, RefName, Timestamp};
 pub use mdl_store::fs::FaultyFs;
-pub use mdl_store::{LockMode, Storage, StoreError};
+pub use mdl_store::{LockMode, RefValue, Storage, StoreError};
 pub use progress::{NoProgress, Progress};
-pub use repo::{OpenOptions, Repository};
+pub use repo::{discover, OpenOptions, Repository, ADVERTISEMENT};
 
 /// Result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

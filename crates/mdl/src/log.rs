@@ -1,12 +1,12 @@
 //! `mdl log`: history, newest first.
 
 use mdl_format::{ObjectId, Timestamp};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{history, revision, Repository, Result};
 
 /// One commit as `mdl log` shows it (and its stable `--json` form).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LogEntry {
     /// Commit id.
     pub id: ObjectId,
@@ -31,13 +31,20 @@ pub struct LogEntry {
     /// Branches and tags pointing here.
     pub refs: Vec<String>,
     #[serde(skip)]
-    /// Commit time.
+    /// Commit time (from `time` when read back from JSON).
     pub timestamp: Timestamp,
 }
 
 /// Metrics as an ordered list, serialised as a JSON object `{name: value}`.
 #[derive(Clone, Debug, Default)]
 pub struct Metrics(pub Vec<(String, f64)>);
+
+impl<'de> Deserialize<'de> for Metrics {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let map = <std::collections::BTreeMap<String, f64>>::deserialize(d)?;
+        Ok(Metrics(map.into_iter().collect()))
+    }
+}
 
 impl Serialize for Metrics {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {

@@ -22,7 +22,7 @@ use mdl_format::safetensors::Layout;
 use crate::commit::Input;
 use mdl_format::{Entry, Lossy};
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
 
@@ -409,7 +409,7 @@ pub(crate) struct TensorPlan {
 }
 
 /// The outcome of the configuration search for one checkpoint.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct SearchSummary {
     /// Loss budget per family (`ε × loss` or `ε`).
     pub budget: f64,

@@ -3,12 +3,12 @@
 use mdl_format::{ObjectId, RefName, Timestamp};
 use mdl_store::meta::HEAD;
 use mdl_store::RefValue;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{revision, Error, Repository, Result};
 
 /// A branch or tag as listed.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RefInfo {
     /// Short name.
     pub name: String,

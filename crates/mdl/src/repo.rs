@@ -9,6 +9,10 @@ use crate::{Error, Result};
 
 pub use mdl_store::OpenOptions;
 
+/// The file in `.mdl/` where `mdl serve` advertises that it owns the repository (its address
+/// and a token for forwarding commands), removed when it stops.
+pub const ADVERTISEMENT: &str = "serve.json";
+
 /// An open mdl repository: a work directory with `.mdl/` in it.
 #[derive(Debug)]
 pub struct Repository {
@@ -31,6 +35,12 @@ impl Repository {
     pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Repository> {
         let root = discover(dir).ok_or_else(|| StoreError::NotARepository(dir.to_path_buf()))?;
         let store = Store::open(&root.join(MDL_DIR), opts)?;
+        // Holding the lock means no server owns the repository: an advertisement left by one
+        // that died is stale.
+        let ad = store.dir().join(ADVERTISEMENT);
+        if store.writable() && ad.exists() {
+            let _ = std::fs::remove_file(&ad);
+        }
         Ok(Repository { root, store })
     }
 

@@ -3,13 +3,13 @@
 use mdl_codec::CodecTag;
 use mdl_format::ObjectId;
 use mdl_store::StoreError;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::log::Metrics;
 use crate::{revision, Repository, Result};
 
 /// One tensor of a shown commit.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TensorInfo {
     /// Name.
     pub name: String,
@@ -37,7 +37,7 @@ pub struct TensorInfo {
 }
 
 /// A lossy tensor's settings and measured errors.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LossyInfo {
     /// The settings as recorded (`quant bins=… prune=… …` or `trim bits=…`).
     pub settings: String,
@@ -85,7 +85,7 @@ impl LossyInfo {
 }
 
 /// A commit with its manifest (the stable `--json` form of `mdl show`).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Shown {
     /// Commit id.
     pub id: ObjectId,

@@ -1,0 +1,259 @@
+//! Commands that run on a server: `mdl serve` itself, `-C URL` / `commit --remote URL`, and
+//! commands forwarded to the `mdl serve` that owns the repository.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use mdl_remote::Remote;
+
+use crate::{output, Cli, Command};
+
+/// The server a command should run on: the URL given with `-C`, or the live `mdl serve` that
+/// owns the repository here (from its advertisement in `.mdl/`).
+pub fn server_for(cli: &Cli) -> anyhow::Result<Option<Remote>> {
+    if let Some(url) = cli
+        .dir
+        .as_ref()
+        .and_then(|d| d.to_str())
+        .filter(|d| d.starts_with("http://"))
+    {
+        return Ok(Some(Remote::new(url, cli.token.clone())?));
+    }
+    let dir = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
+    let Some(root) = mdl::discover(&dir) else {
+        return Ok(None);
+    };
+    let Some(ad) = mdl_server::advertised(&root.join(".mdl")) else {
+        return Ok(None);
+    };
+    tracing::info!(
+        "mdl serve (pid {}) owns this repository: forwarding to {}",
+        ad.pid,
+        ad.url
+    );
+    Ok(Some(Remote::new(&ad.url, Some(ad.token))?))
+}
+
+/// The client for a configured remote.
+pub fn named(cli: &Cli, repo: &mdl::Repository, name: &str) -> anyhow::Result<Remote> {
+    let url = mdl_remote::remote_url(repo, name)?;
+    Ok(Remote::new(&url, cli.token.clone())?)
+}
+
+/// Runs a command on a server.
+pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
+    match &cli.command {
+        Command::Commit {
+            file,
+            message,
+            branch,
+            step,
+            metrics,
+            author,
+            lossy,
+            lossless,
+            epsilon,
+            eval_cmd,
+            trim_bits,
+            moments,
+            remote: _,
+        } => {
+            if eval_cmd.is_some() {
+                bail!("--eval-cmd runs a local command and cannot be used with a server");
+            }
+            let mut params: Vec<(&str, String)> = vec![("message", message.clone())];
+            if let Some(b) = branch {
+                params.push(("branch", b.clone()));
+            }
+            if let Some(s) = step {
+                params.push(("step", s.to_string()));
+            }
+            for m in metrics {
+                let (k, v) = crate::parse_metric(m)?;
+                params.push(("metric", format!("{k}={v}")));
+            }
+            let author = author
+                .clone()
+                .or_else(|| std::env::var("MDL_AUTHOR").ok())
+                .or_else(|| std::env::var("USER").ok());
+            if let Some(a) = author {
+                params.push(("author", a));
+            }
+            if *lossy {
+                params.push(("lossy", "true".into()));
+            }
+            if *lossless {
+                params.push(("lossless", "true".into()));
+            }
+            if let Some(e) = epsilon {
+                params.push(("epsilon", e.to_string()));
+            }
+            if let Some(t) = trim_bits {
+                params.push(("trim_bits", t.to_string()));
+            }
+            if let Some(m) = moments {
+                params.push(("moments", m.clone()));
+            }
+            let outcome = remote.commit(file, &params)?;
+            output::commit(out, cli.json, &outcome)?;
+        }
+        Command::Checkout {
+            rev,
+            output: path,
+            force,
+            sync: _,
+        } => {
+            let outcome = remote.download(rev, path, *force)?;
+            output::checkout(out, cli.json, &outcome)?;
+        }
+        Command::Log { rev, n, graph } => {
+            let entries = remote.log(rev.as_deref(), *n)?;
+            output::log(out, cli.json, &entries, *graph)?;
+        }
+        Command::Show { rev } => output::show(out, cli.json, &remote.show(rev)?)?,
+        Command::Branch {
+            name: None,
+            rev: None,
+            delete: None,
+        } => output::refs(out, cli.json, &remote_refs(remote, "refs/heads/")?)?,
+        Command::Tag {
+            name: None,
+            rev: None,
+            message: None,
+            delete: None,
+        } => output::refs(out, cli.json, &remote_refs(remote, "refs/tags/")?)?,
+        _ => bail!(
+            "this command does not run over HTTP; {} serves the repository (stop `mdl serve` to run it locally)",
+            remote.url()
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn remote_refs(remote: &Remote, prefix: &str) -> anyhow::Result<Vec<mdl::refs::RefInfo>> {
+    let refs = remote.refs()?;
+    Ok(refs
+        .refs
+        .iter()
+        .filter_map(|r| {
+            let short = r.name.strip_prefix(prefix)?;
+            Some(mdl::refs::RefInfo {
+                name: short.to_string(),
+                target: r.target,
+                current: prefix == "refs/heads/" && refs.head.as_deref() == Some(short),
+                message: r.message.clone(),
+            })
+        })
+        .collect())
+}
+
+/// Parses a size such as `512M`, `64G` or a plain byte count.
+fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let s = s.trim();
+    let (digits, shift) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 30),
+        Some('T' | 't') => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .with_context(|| format!("invalid size {s:?}: expected a number with K, M, G or T"))?;
+    n.checked_mul(1u64 << shift)
+        .with_context(|| format!("size {s:?} is too large"))
+}
+
+/// `mdl serve`: binds, prints where it listens, and serves until SIGINT or SIGTERM.
+pub fn serve(
+    cli: &Cli,
+    addr: &str,
+    root: Option<&Path>,
+    tokens: Option<&Path>,
+    read_public: bool,
+    max_body: &str,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let repos = match root {
+        Some(r) => {
+            let base = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
+            let r = std::path::absolute(base.join(r))?;
+            if !r.is_dir() {
+                bail!("--root {}: not a directory", r.display());
+            }
+            mdl_server::Repos::Root(r)
+        }
+        None => {
+            let dir = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
+            let path =
+                mdl::discover(&dir).ok_or_else(|| mdl::StoreError::NotARepository(dir.clone()))?;
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .filter(|n| mdl_server::valid_repo_name(n))
+                .with_context(|| {
+                    format!(
+                        "{}: the directory's name is not a valid repository name (letters, digits, '-', '_', '.')",
+                        path.display()
+                    )
+                })?
+                .to_string();
+            mdl_server::Repos::One { name, path }
+        }
+    };
+    let tokens = match tokens {
+        Some(p) => mdl_server::Tokens::load(p).map_err(anyhow::Error::msg)?,
+        None => mdl_server::Tokens::default(),
+    };
+    let config = mdl_server::Config {
+        repos,
+        tokens,
+        read_public,
+        max_body: parse_size(max_body)?,
+        wait: Duration::from_secs(cli.wait),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        let host = if local.ip().is_unspecified() {
+            format!("127.0.0.1:{}", local.port())
+        } else {
+            local.to_string()
+        };
+        let base = format!("http://{host}");
+        let state =
+            mdl_server::State::new(config, Some(base.clone())).map_err(anyhow::Error::msg)?;
+        let names = {
+            let state = state.clone();
+            tokio::task::spawn_blocking(move || state.open_all()).await??
+        };
+        writeln!(out, "listening on {base}")?;
+        for n in &names {
+            writeln!(out, "serving {base}/{n}")?;
+        }
+        out.flush()?;
+        mdl_server::serve(state, listener).await?;
+        anyhow::Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes() {
+        assert_eq!(super::parse_size("512").unwrap(), 512);
+        assert_eq!(super::parse_size("2K").unwrap(), 2048);
+        assert_eq!(super::parse_size("64G").unwrap(), 64 << 30);
+        assert!(super::parse_size("lots").is_err());
+        assert!(super::parse_size("99999999999T").is_err());
+    }
+}

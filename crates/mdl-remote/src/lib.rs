@@ -1,0 +1,823 @@
+//! mdl's HTTP client: a [`Remote`] speaks the server's `/v1` API (`docs/HTTP_API.md`), and
+//! [`clone`], [`fetch`], [`pull`] and [`push`] move history between a local repository and a
+//! server. Only missing objects travel; every object received is re-hashed before it is
+//! indexed ([`mdl::transfer::receive_pack`]); refs change by compare-and-swap.
+//!
+//! A repository's URL is `http://HOST:PORT/REPO`. Remotes are kept in the repository's
+//! configuration as `remote.NAME.url`; fetched branches as `refs/remotes/NAME/BRANCH`.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use mdl::log::LogEntry;
+use mdl::show::Shown;
+use mdl::transfer::{self, PlannedObject, Received, RefUpdate};
+use mdl::{ObjectId, RefName, RefValue, Repository, Timestamp};
+use serde::Deserialize;
+
+/// What can go wrong talking to a server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The server answered with an error.
+    #[error("server: {message} ({code}, HTTP {status})")]
+    Server {
+        /// HTTP status.
+        status: u16,
+        /// The server's stable error code.
+        code: String,
+        /// Its message.
+        message: String,
+    },
+    /// The server could not be reached or the connection failed.
+    #[error("cannot reach {url}: {why}")]
+    Transport {
+        /// The URL.
+        url: String,
+        /// What failed.
+        why: String,
+    },
+    /// A URL that is not `http://HOST:PORT/REPO`.
+    #[error("invalid repository URL {0:?}: expected http://HOST:PORT/REPO")]
+    BadUrl(String),
+    /// A push or pull that would lose commits.
+    #[error("{0}")]
+    Rejected(String),
+    /// A remote name that is not configured, or already is.
+    #[error("{0}")]
+    Remote(String),
+    /// The local repository failed.
+    #[error(transparent)]
+    Local(#[from] mdl::Error),
+}
+
+impl From<mdl::StoreError> for Error {
+    fn from(e: mdl::StoreError) -> Self {
+        Error::Local(e.into())
+    }
+}
+
+/// Result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A repository on a server.
+#[derive(Clone, Debug)]
+pub struct Remote {
+    url: String,
+    api: String,
+    token: Option<String>,
+    agent: ureq::Agent,
+}
+
+/// A ref as the server lists it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct RemoteRef {
+    /// Full name (`refs/heads/main`).
+    pub name: String,
+    /// The commit.
+    pub target: ObjectId,
+    /// Annotated tags: who tagged.
+    pub tagger: Option<String>,
+    /// Annotated tags: when (ms since the epoch, UTC).
+    pub time_ms: Option<i64>,
+    /// Annotated tags: the message.
+    pub message: Option<String>,
+}
+
+/// The server's refs.
+#[derive(Clone, Debug, Deserialize)]
+pub struct RemoteRefs {
+    /// The branch HEAD points at.
+    pub head: Option<String>,
+    /// Branches and tags.
+    pub refs: Vec<RemoteRef>,
+}
+
+impl RemoteRefs {
+    /// The commit of a full ref name.
+    pub fn get(&self, name: &str) -> Option<ObjectId> {
+        self.refs.iter().find(|r| r.name == name).map(|r| r.target)
+    }
+}
+
+#[derive(Deserialize)]
+struct ServerError {
+    code: String,
+    message: String,
+}
+
+impl Remote {
+    /// A client for the repository at `url` (`http://HOST:PORT/REPO`), sending `token` as a
+    /// bearer token when given.
+    pub fn new(url: &str, token: Option<String>) -> Result<Remote> {
+        let url = url.trim_end_matches('/');
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| Error::BadUrl(url.to_string()))?;
+        let (host, repo) = rest
+            .split_once('/')
+            .ok_or_else(|| Error::BadUrl(url.to_string()))?;
+        if host.is_empty() || repo.is_empty() || repo.contains('/') || repo.starts_with('.') {
+            return Err(Error::BadUrl(url.to_string()));
+        }
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        Ok(Remote {
+            url: url.to_string(),
+            api: format!("http://{host}/v1/repos/{repo}"),
+            token: token.filter(|t| !t.is_empty()),
+            agent,
+        })
+    }
+
+    /// The repository's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The repository's name on the server.
+    pub fn name(&self) -> &str {
+        self.url.rsplit('/').next().unwrap_or_default()
+    }
+
+    fn transport(&self, e: ureq::Error) -> Error {
+        Error::Transport {
+            url: self.url.clone(),
+            why: e.to_string(),
+        }
+    }
+
+    fn auth<B>(&self, req: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.token {
+            Some(t) => req.header("Authorization", format!("Bearer {t}")),
+            None => req,
+        }
+    }
+
+    /// Turns an error status into [`Error::Server`].
+    fn check(
+        &self,
+        resp: std::result::Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<ureq::http::Response<ureq::Body>> {
+        let mut resp = resp.map_err(|e| self.transport(e))?;
+        let status = resp.status().as_u16();
+        if status < 400 {
+            return Ok(resp);
+        }
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        let (code, message) = match serde_json::from_str::<ServerError>(&text) {
+            Ok(e) => (e.code, e.message),
+            Err(_) => ("http_error".to_string(), text.trim().to_string()),
+        };
+        Err(Error::Server {
+            status,
+            code,
+            message,
+        })
+    }
+
+    fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<T> {
+        let mut req = self.auth(self.agent.get(format!("{}{path}", self.api)));
+        for (k, v) in query {
+            req = req.query(*k, v);
+        }
+        let mut resp = self.check(req.call())?;
+        resp.body_mut()
+            .with_config()
+            .limit(1 << 30)
+            .read_json()
+            .map_err(|e| self.transport(e))
+    }
+
+    fn post_json<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<T> {
+        let req = self.auth(self.agent.post(format!("{}{path}", self.api)));
+        let mut resp = self.check(req.send_json(body))?;
+        resp.body_mut()
+            .with_config()
+            .limit(1 << 30)
+            .read_json()
+            .map_err(|e| self.transport(e))
+    }
+
+    /// Branches, tags and HEAD.
+    pub fn refs(&self) -> Result<RemoteRefs> {
+        self.get_json("/refs", &[])
+    }
+
+    /// History from `rev` (HEAD when `None`).
+    pub fn log(&self, rev: Option<&str>, limit: Option<usize>) -> Result<Vec<LogEntry>> {
+        let mut q = Vec::new();
+        if let Some(r) = rev {
+            q.push(("rev", r.to_string()));
+        }
+        if let Some(n) = limit {
+            q.push(("limit", n.to_string()));
+        }
+        self.get_json("/log", &q)
+    }
+
+    /// A commit and its tensors.
+    pub fn show(&self, rev: &str) -> Result<Shown> {
+        self.get_json(&format!("/commits/{}", encode_segment(rev)), &[])
+    }
+
+    /// Commits the safetensors file at `file` on the server, with the query parameters of
+    /// `POST /commits` (`branch`, `message`, `step`, `metric`, `lossy`, …).
+    pub fn commit(
+        &self,
+        file: &Path,
+        params: &[(&str, String)],
+    ) -> Result<mdl::commit::CommitOutcome> {
+        let f = std::fs::File::open(file).map_err(|source| mdl::Error::Input {
+            path: file.to_path_buf(),
+            source,
+        })?;
+        let mut req = self.auth(self.agent.post(format!("{}/commits", self.api)));
+        for (k, v) in params {
+            req = req.query(*k, v);
+        }
+        let mut resp = self.check(req.content_type("application/octet-stream").send(&f))?;
+        resp.body_mut().read_json().map_err(|e| self.transport(e))
+    }
+
+    /// Downloads `rev`'s checkpoint to `out` (through a temporary file renamed into place).
+    pub fn download(
+        &self,
+        rev: &str,
+        out: &Path,
+        force: bool,
+    ) -> Result<mdl::checkout::CheckoutOutcome> {
+        if !force && out.symlink_metadata().is_ok() {
+            return Err(mdl::Error::OutputExists(out.to_path_buf()).into());
+        }
+        let url = format!(
+            "{}/checkpoints/{}.safetensors",
+            self.api,
+            encode_segment(rev)
+        );
+        let mut resp = self.check(self.auth(self.agent.get(url)).call())?;
+        let commit: ObjectId = resp
+            .headers()
+            .get("x-mdl-commit")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| Error::Transport {
+                url: self.url.clone(),
+                why: "the answer has no X-Mdl-Commit header".into(),
+            })?;
+        let lossy_tensors: u32 = resp
+            .headers()
+            .get("x-mdl-lossy-tensors")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let expected: Option<u64> = resp
+            .headers()
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        let write_err = |source| mdl::Error::Output {
+            path: out.to_path_buf(),
+            source,
+        };
+        let dir = out
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".mdl-download-")
+            .tempfile_in(dir)
+            .map_err(write_err)?;
+        let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
+        let n = std::io::copy(&mut reader, tmp.as_file_mut()).map_err(|e| Error::Transport {
+            url: self.url.clone(),
+            why: format!("download interrupted: {e}"),
+        })?;
+        if expected.is_some_and(|e| e != n) {
+            return Err(Error::Transport {
+                url: self.url.clone(),
+                why: format!("download ended after {n} bytes"),
+            });
+        }
+        tmp.persist(out).map_err(|e| write_err(e.error))?;
+        Ok(mdl::checkout::CheckoutOutcome {
+            id: commit,
+            path: out.to_path_buf(),
+            bytes: n,
+            lossy: lossy_tensors > 0,
+            lossy_tensors,
+        })
+    }
+
+    /// Which of `ids` the server lacks.
+    pub fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
+        #[derive(Deserialize)]
+        struct Missing {
+            missing: Vec<ObjectId>,
+        }
+        let mut out = Vec::new();
+        for chunk in ids.chunks(100_000) {
+            let m: Missing =
+                self.post_json("/objects/missing", &serde_json::json!({ "ids": chunk }))?;
+            out.extend(m.missing);
+        }
+        Ok(out)
+    }
+
+    /// The objects the server would send for `want` to a repository holding `have`.
+    pub fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>> {
+        #[derive(Deserialize)]
+        struct Plan {
+            objects: Vec<PlannedObject>,
+        }
+        let p: Plan = self.post_json(
+            "/objects/plan",
+            &serde_json::json!({ "want": want, "have": have }),
+        )?;
+        Ok(p.objects)
+    }
+
+    /// Downloads the records of `ids` and stores them in `repo`, verifying each.
+    pub fn fetch_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
+        let req = self.auth(self.agent.post(format!("{}/objects/fetch", self.api)));
+        let mut resp = self.check(req.send_json(serde_json::json!({ "ids": ids })))?;
+        let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
+        Ok(transfer::receive_pack(repo, &mut reader, u64::MAX)?)
+    }
+
+    /// Uploads the records of `ids` from `repo` (a pack built in a temporary file first).
+    pub fn send_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
+        let dir = repo.store().dir().join("incoming");
+        let io = |source| mdl::Error::Output {
+            path: dir.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".push-")
+            .tempfile_in(&dir)
+            .map_err(io)?;
+        {
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file_mut());
+            transfer::write_pack(repo, ids, &mut w)?;
+            std::io::Write::flush(&mut w).map_err(io)?;
+        }
+        let file = tmp.reopen().map_err(io)?;
+        let req = self.auth(self.agent.post(format!("{}/objects", self.api)));
+        let mut resp = self.check(req.content_type("application/x-mdl-pack").send(&file))?;
+        resp.body_mut().read_json().map_err(|e| self.transport(e))
+    }
+
+    /// Moves a ref on the server by compare-and-swap.
+    pub fn update_ref(&self, update: &RefUpdate) -> Result<()> {
+        let _: serde_json::Value = self.post_json(
+            "/refs",
+            &serde_json::to_value(update).expect("serialisable"),
+        )?;
+        Ok(())
+    }
+}
+
+/// Percent-encodes a revision or name for one URL path segment.
+fn encode_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+const REMOTE_PREFIX: &str = "remote.";
+const URL_SUFFIX: &str = ".url";
+
+/// Adds remote `name` with `url` to the repository's configuration.
+pub fn add_remote(repo: &Repository, name: &str, url: &str) -> Result<()> {
+    RefName::new(name).map_err(mdl::Error::from)?;
+    if name.contains('/') {
+        return Err(Error::Remote(format!(
+            "invalid remote name {name:?}: it may not contain '/'"
+        )));
+    }
+    Remote::new(url, None)?;
+    let key = format!("{REMOTE_PREFIX}{name}{URL_SUFFIX}");
+    let mut w = repo.store().meta().write()?;
+    if w.config(&key)?.is_some() {
+        return Err(Error::Remote(format!("remote {name} already exists")));
+    }
+    w.set_config(&key, url)?;
+    w.commit_txn()?;
+    Ok(())
+}
+
+/// The configured remotes, as (name, url).
+pub fn remotes(repo: &Repository) -> Result<Vec<(String, String)>> {
+    let all = repo.store().meta().read()?.configs(REMOTE_PREFIX)?;
+    Ok(all
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let name = k.strip_prefix(REMOTE_PREFIX)?.strip_suffix(URL_SUFFIX)?;
+            Some((name.to_string(), v))
+        })
+        .collect())
+}
+
+/// The URL of remote `name`.
+pub fn remote_url(repo: &Repository, name: &str) -> Result<String> {
+    repo.store()
+        .meta()
+        .read()?
+        .config(&format!("{REMOTE_PREFIX}{name}{URL_SUFFIX}"))?
+        .ok_or_else(|| {
+            Error::Remote(format!(
+                "no remote named {name} (mdl remote add {name} URL)"
+            ))
+        })
+}
+
+/// A ref that a fetch, pull or push moved.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Moved {
+    /// Full ref name.
+    pub name: String,
+    /// Its value before.
+    pub old: Option<ObjectId>,
+    /// Its value now.
+    pub new: ObjectId,
+}
+
+/// What a transfer did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct TransferOutcome {
+    /// Objects that travelled.
+    pub objects: u64,
+    /// Their record bytes.
+    pub bytes: u64,
+    /// Refs changed (locally for fetch and pull, on the server for push).
+    pub moved: Vec<Moved>,
+}
+
+fn local_ref(repo: &Repository, name: &str) -> Result<Option<RefValue>> {
+    Ok(repo.store().meta().read()?.get_ref(name)?)
+}
+
+fn set_local_ref(
+    repo: &Repository,
+    name: &str,
+    expected: Option<&RefValue>,
+    new: &RefValue,
+    message: &str,
+) -> Result<()> {
+    let mut w = repo.store().meta().write()?;
+    w.update_ref(name, expected, Some(new), message)?;
+    w.commit_txn()?;
+    Ok(())
+}
+
+/// Fetches `branch` (every branch when `None`) and every tag from `remote` into `repo`:
+/// branches land as `refs/remotes/REMOTE_NAME/BRANCH`; tags missing locally are created
+/// (existing local tags are never moved).
+pub fn fetch(
+    repo: &Repository,
+    remote_name: &str,
+    remote: &Remote,
+    branch: Option<&str>,
+) -> Result<TransferOutcome> {
+    let refs = remote.refs()?;
+    let branches: Vec<&RemoteRef> = refs
+        .refs
+        .iter()
+        .filter(|r| match (r.name.strip_prefix("refs/heads/"), branch) {
+            (Some(b), Some(want)) => b == want,
+            (Some(_), None) => true,
+            (None, _) => false,
+        })
+        .collect();
+    if let (Some(b), true) = (branch, branches.is_empty()) {
+        return Err(Error::Remote(format!("{} has no branch {b}", remote.url())));
+    }
+    let tags: Vec<&RemoteRef> = refs
+        .refs
+        .iter()
+        .filter(|r| r.name.starts_with("refs/tags/"))
+        .collect();
+    let mut outcome = TransferOutcome::default();
+    let wanted: Vec<ObjectId> = branches.iter().chain(&tags).map(|r| r.target).collect();
+    let received = fetch_commits(repo, remote, &wanted)?;
+    outcome.objects = received.objects;
+    outcome.bytes = received.bytes;
+    for r in &branches {
+        let short = &r.name["refs/heads/".len()..];
+        let tracking = format!("refs/remotes/{remote_name}/{short}");
+        let old = local_ref(repo, &tracking)?;
+        if old.as_ref().and_then(RefValue::target) == Some(r.target) {
+            continue;
+        }
+        set_local_ref(
+            repo,
+            &tracking,
+            old.as_ref(),
+            &RefValue::Direct(r.target),
+            &format!("fetch {}", remote.url()),
+        )?;
+        outcome.moved.push(Moved {
+            name: tracking,
+            old: old.and_then(|v| v.target()),
+            new: r.target,
+        });
+    }
+    for t in &tags {
+        if local_ref(repo, &t.name)?.is_some() {
+            continue;
+        }
+        let value = match (&t.tagger, t.time_ms, &t.message) {
+            (Some(tagger), Some(time), Some(message)) => RefValue::Annotated {
+                target: t.target,
+                tagger: tagger.clone(),
+                time: Timestamp(time),
+                message: message.clone(),
+            },
+            _ => RefValue::Direct(t.target),
+        };
+        set_local_ref(
+            repo,
+            &t.name,
+            None,
+            &value,
+            &format!("fetch {}", remote.url()),
+        )?;
+        outcome.moved.push(Moved {
+            name: t.name.clone(),
+            old: None,
+            new: t.target,
+        });
+    }
+    Ok(outcome)
+}
+
+/// Brings the commits `want` (and their history) from the server, sending only objects this
+/// repository lacks.
+fn fetch_commits(repo: &Repository, remote: &Remote, want: &[ObjectId]) -> Result<Received> {
+    let have: Vec<ObjectId> = {
+        let meta = repo.store().meta().read()?;
+        meta.commits()?.into_iter().map(|(id, _)| id).collect()
+    };
+    let have_set: HashSet<ObjectId> = have.iter().copied().collect();
+    let want: Vec<ObjectId> = want
+        .iter()
+        .filter(|id| !have_set.contains(id))
+        .copied()
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    if want.is_empty() {
+        return Ok(Received::default());
+    }
+    let plan = remote.plan(&want, &have)?;
+    let needed: Vec<ObjectId> = {
+        let meta = repo.store().meta().read()?;
+        let mut needed = Vec::with_capacity(plan.len());
+        for p in &plan {
+            if meta.object(&p.id)?.is_none() {
+                needed.push(p.id);
+            }
+        }
+        needed
+    };
+    tracing::info!(
+        "fetching {} of {} objects from {}",
+        needed.len(),
+        plan.len(),
+        remote.url()
+    );
+    remote.fetch_objects(repo, &needed)
+}
+
+/// Fetches `branch` (HEAD's when `None`) and fast-forwards the local branch to it (creating
+/// it when missing). A local branch with commits the remote lacks is left alone with an
+/// error naming both tips.
+pub fn pull(
+    repo: &Repository,
+    remote_name: &str,
+    remote: &Remote,
+    branch: Option<&str>,
+) -> Result<TransferOutcome> {
+    let branch = match branch {
+        Some(b) => b.to_string(),
+        None => current_branch(repo)?,
+    };
+    let mut outcome = fetch(repo, remote_name, remote, Some(&branch))?;
+    let tracking = format!("refs/remotes/{remote_name}/{branch}");
+    let theirs = local_ref(repo, &tracking)?
+        .and_then(|v| v.target())
+        .ok_or_else(|| Error::Remote(format!("{} has no branch {branch}", remote.url())))?;
+    let name = format!("refs/heads/{branch}");
+    let ours = local_ref(repo, &name)?;
+    let ours_id = ours.as_ref().and_then(RefValue::target);
+    match ours_id {
+        Some(o) if o == theirs => {}
+        Some(o) if transfer::is_ancestor(repo, &theirs, &o)? => {}
+        Some(o) if !transfer::is_ancestor(repo, &o, &theirs)? => {
+            return Err(Error::Rejected(format!(
+                "cannot fast-forward {branch}: the local branch ({}) and {}'s ({}) have diverged",
+                o.short(12),
+                remote.url(),
+                theirs.short(12)
+            )));
+        }
+        _ => {
+            set_local_ref(
+                repo,
+                &name,
+                ours.as_ref(),
+                &RefValue::Direct(theirs),
+                &format!("pull {}", remote.url()),
+            )?;
+            outcome.moved.push(Moved {
+                name,
+                old: ours_id,
+                new: theirs,
+            });
+        }
+    }
+    Ok(outcome)
+}
+
+fn current_branch(repo: &Repository) -> Result<String> {
+    let head = repo.head_branch()?;
+    Ok(head
+        .strip_prefix("refs/heads/")
+        .unwrap_or(&head)
+        .to_string())
+}
+
+/// Pushes `branch` (HEAD's when `None`) to `remote`: sends the objects the server lacks, then
+/// moves the server's branch by compare-and-swap. Refused when the server's branch has
+/// commits this repository does not descend from (unless `force`), or when it changed
+/// during the push.
+pub fn push(
+    repo: &Repository,
+    remote_name: &str,
+    remote: &Remote,
+    branch: Option<&str>,
+    force: bool,
+) -> Result<TransferOutcome> {
+    let branch = match branch {
+        Some(b) => b.to_string(),
+        None => current_branch(repo)?,
+    };
+    let name = format!("refs/heads/{branch}");
+    let tip = local_ref(repo, &name)?
+        .and_then(|v| v.target())
+        .ok_or_else(|| mdl::Error::UnbornBranch(branch.clone()))?;
+    let refs = remote.refs()?;
+    let theirs = refs.get(&name);
+    let mut outcome = TransferOutcome::default();
+    if theirs == Some(tip) {
+        return Ok(outcome);
+    }
+    if let (Some(t), false) = (theirs, force) {
+        let known = repo.store().meta().read()?.commit(&t)?.is_some();
+        if !known || !transfer::is_ancestor(repo, &t, &tip)? {
+            return Err(Error::Rejected(format!(
+                "push of {branch} rejected: not a fast-forward ({} has {} there, which {} does not descend from); pull first",
+                remote.url(),
+                t.short(12),
+                tip.short(12)
+            )));
+        }
+    }
+    let history = transfer::reachable_commits(repo, &[tip])?;
+    let missing: HashSet<ObjectId> = remote.missing(&history)?.into_iter().collect();
+    let plan = transfer::plan(repo, &[tip], &|id| !missing.contains(id))?;
+    let ids: Vec<ObjectId> = plan.iter().map(|p| p.id).collect();
+    let needed: HashSet<ObjectId> = remote.missing(&ids)?.into_iter().collect();
+    let send: Vec<ObjectId> = ids.into_iter().filter(|id| needed.contains(id)).collect();
+    if !send.is_empty() {
+        let received = remote.send_objects(repo, &send)?;
+        outcome.objects = received.objects;
+        outcome.bytes = received.bytes;
+    }
+    let update = RefUpdate {
+        name: name.clone(),
+        old: theirs,
+        new: Some(tip),
+        force,
+    };
+    match remote.update_ref(&update) {
+        Err(Error::Server { code, .. }) if code == "ref_conflict" => {
+            return Err(Error::Rejected(format!(
+                "push of {branch} rejected: {}'s {branch} changed during the push; pull and push again",
+                remote.url()
+            )));
+        }
+        Err(Error::Server { code, message, .. }) if code == "not_fast_forward" => {
+            return Err(Error::Rejected(format!(
+                "push of {branch} rejected: {message}"
+            )));
+        }
+        other => other?,
+    }
+    outcome.moved.push(Moved {
+        name,
+        old: theirs,
+        new: tip,
+    });
+    // Record what the server now has.
+    let tracking = format!("refs/remotes/{remote_name}/{branch}");
+    let old = local_ref(repo, &tracking)?;
+    set_local_ref(
+        repo,
+        &tracking,
+        old.as_ref(),
+        &RefValue::Direct(tip),
+        &format!("push {}", remote.url()),
+    )?;
+    Ok(outcome)
+}
+
+/// What a clone made.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CloneOutcome {
+    /// The new repository's work directory.
+    pub dir: PathBuf,
+    /// The transfer.
+    pub transfer: TransferOutcome,
+    /// The branch HEAD points at.
+    pub head: Option<String>,
+}
+
+/// Clones the repository at `url` into `dir` (which must not exist or be empty): every
+/// branch and tag, `origin` as its remote, HEAD on the server's HEAD branch. A failed clone
+/// removes what it created.
+pub fn clone(url: &str, dir: &Path, token: Option<String>) -> Result<CloneOutcome> {
+    let remote = Remote::new(url, token)?;
+    let existed = dir.exists();
+    if existed
+        && std::fs::read_dir(dir)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(true)
+    {
+        return Err(Error::Remote(format!(
+            "{} exists and is not empty",
+            dir.display()
+        )));
+    }
+    let result = (|| {
+        let repo = Repository::init(dir)?;
+        add_remote(&repo, "origin", url)?;
+        let mut transfer = fetch(&repo, "origin", &remote, None)?;
+        let refs = remote.refs()?;
+        for r in &refs.refs {
+            if let Some(short) = r.name.strip_prefix("refs/heads/") {
+                let name = format!("refs/heads/{short}");
+                set_local_ref(
+                    &repo,
+                    &name,
+                    None,
+                    &RefValue::Direct(r.target),
+                    &format!("clone {url}"),
+                )?;
+                transfer.moved.push(Moved {
+                    name,
+                    old: None,
+                    new: r.target,
+                });
+            }
+        }
+        let head = refs
+            .head
+            .clone()
+            .filter(|h| refs.get(&format!("refs/heads/{h}")).is_some());
+        if let Some(h) = &head {
+            mdl::refs::switch(&repo, h)?;
+        }
+        Ok(CloneOutcome {
+            dir: repo.root().to_path_buf(),
+            transfer,
+            head,
+        })
+    })();
+    if result.is_err() {
+        if existed {
+            let _ = std::fs::remove_dir_all(dir.join(".mdl"));
+        } else {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    result
+}

@@ -1,0 +1,459 @@
+//! Moving history between repositories (push, fetch, clone): which objects to send, a pack
+//! stream of their records, receiving one with every object verified, and ref updates by
+//! compare-and-swap with a fast-forward check.
+//!
+//! Records travel as they are stored (deltas included), so a push costs what the store costs.
+//! The receiver re-hashes every object before its index names it, publishing tensors in layers
+//! so a delta's base is always indexed (and verified) before the delta; manifests and commits
+//! are published last, in one transaction, once everything they name is present. A failed or
+//! interrupted transfer changes no ref and leaves at most verified, unreferenced tensors.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+
+use mdl_format::{Commit, Manifest, ObjectId, ObjectKind, RefName};
+use mdl_store::{CommitSummary, IndexEntry, RefValue, StoreError};
+use serde::{Deserialize, Serialize};
+
+use crate::{per_tensor, Error, Repository, Result};
+
+/// First bytes of a pack stream.
+pub const PACK_MAGIC: &[u8; 8] = b"MDLPACK1";
+
+/// One object a transfer sends.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PlannedObject {
+    /// The object.
+    pub id: ObjectId,
+    /// Bytes of its record.
+    pub size: u64,
+}
+
+/// Objects that a repository holding the commits `has_commit` accepts (and everything those
+/// reach) lacks to hold `want` too, in an order a receiver can import them: tensors with every
+/// delta base before its dependents, then manifests, then commits parents first.
+pub fn plan(
+    repo: &Repository,
+    want: &[ObjectId],
+    has_commit: &dyn Fn(&ObjectId) -> bool,
+) -> Result<Vec<PlannedObject>> {
+    let meta = repo.store().meta().read()?;
+    // New commits, found by walking parents until commits the other side has.
+    let mut commits: Vec<(ObjectId, CommitSummary)> = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack: Vec<ObjectId> = want.to_vec();
+    while let Some(id) = stack.pop() {
+        if !seen.insert(id) || has_commit(&id) {
+            continue;
+        }
+        let summary = meta.commit(&id)?.ok_or(StoreError::Missing(id))?;
+        stack.extend(summary.parents.iter().copied());
+        commits.push((id, summary));
+    }
+    // Parents first: order by depth in the new part of the graph.
+    let depth = commit_depths(&commits);
+    commits.sort_by_key(|(id, s)| (depth[id], s.time, *id));
+
+    let mut tensors: HashMap<ObjectId, IndexEntry> = HashMap::new();
+    let mut manifests = Vec::new();
+    for (_, summary) in &commits {
+        let manifest = repo.load_manifest(&summary.manifest)?;
+        let entry = meta
+            .object(&summary.manifest)?
+            .ok_or(StoreError::Missing(summary.manifest))?;
+        manifests.push(PlannedObject {
+            id: summary.manifest,
+            size: entry.stored_len,
+        });
+        for e in &manifest.entries {
+            // The tensor and its whole delta chain.
+            let mut next = Some(e.id);
+            while let Some(id) = next {
+                if tensors.contains_key(&id) {
+                    break;
+                }
+                let entry = meta.object(&id)?.ok_or(StoreError::Missing(id))?;
+                next = entry.base;
+                tensors.insert(id, entry);
+            }
+        }
+    }
+    let mut tensors: Vec<(ObjectId, IndexEntry)> = tensors.into_iter().collect();
+    tensors.sort_by_key(|(id, e)| (e.depth, *id));
+    let mut out: Vec<PlannedObject> = tensors
+        .into_iter()
+        .map(|(id, e)| PlannedObject {
+            id,
+            size: e.stored_len,
+        })
+        .collect();
+    let mut listed: HashSet<ObjectId> = out.iter().map(|p| p.id).collect();
+    out.extend(manifests.into_iter().filter(|m| listed.insert(m.id)));
+    for (id, _) in &commits {
+        let entry = meta.object(id)?.ok_or(StoreError::Missing(*id))?;
+        out.push(PlannedObject {
+            id: *id,
+            size: entry.stored_len,
+        });
+    }
+    Ok(out)
+}
+
+/// Each commit's distance from the oldest commits of the set (parents outside count as 0).
+fn commit_depths(commits: &[(ObjectId, CommitSummary)]) -> HashMap<ObjectId, usize> {
+    let by_id: HashMap<ObjectId, &CommitSummary> = commits.iter().map(|(i, s)| (*i, s)).collect();
+    let mut depth: HashMap<ObjectId, usize> = HashMap::new();
+    for (id, _) in commits {
+        // Iterative post-order: a commit's depth is one more than its deepest new parent's.
+        let mut stack = vec![(*id, false)];
+        while let Some((c, expanded)) = stack.pop() {
+            if depth.contains_key(&c) {
+                continue;
+            }
+            let parents = &by_id[&c].parents;
+            if expanded {
+                let d = parents
+                    .iter()
+                    .filter_map(|p| depth.get(p).map(|d| d + 1))
+                    .max()
+                    .unwrap_or(0);
+                depth.insert(c, d);
+            } else {
+                stack.push((c, true));
+                stack.extend(
+                    parents
+                        .iter()
+                        .filter(|p| by_id.contains_key(p) && !depth.contains_key(p))
+                        .map(|p| (*p, false)),
+                );
+            }
+        }
+    }
+    depth
+}
+
+/// Writes the records of `ids`, in that order, as a pack stream. Returns the bytes written.
+pub fn write_pack(repo: &Repository, ids: &[ObjectId], w: &mut dyn Write) -> Result<u64> {
+    let out = |e: std::io::Error| Error::from(StoreError::Output(e));
+    w.write_all(PACK_MAGIC).map_err(out)?;
+    let mut total = PACK_MAGIC.len() as u64;
+    for id in ids {
+        let entry = repo
+            .store()
+            .meta()
+            .read()?
+            .object(id)?
+            .ok_or(StoreError::Missing(*id))?;
+        let record = repo.store().read_record(id, &entry)?;
+        w.write_all(id.as_bytes()).map_err(out)?;
+        w.write_all(&(record.len() as u64).to_le_bytes())
+            .map_err(out)?;
+        w.write_all(&record).map_err(out)?;
+        total += 40 + record.len() as u64;
+    }
+    w.write_all(&[0u8; 40]).map_err(out)?;
+    Ok(total + 40)
+}
+
+/// What a received pack added.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Received {
+    /// Objects stored (objects already present are skipped).
+    pub objects: u64,
+    /// Record bytes stored.
+    pub bytes: u64,
+    /// Commits among them.
+    pub commits: Vec<ObjectId>,
+}
+
+/// Why a pack was refused.
+fn bad_pack(why: impl Into<String>) -> Error {
+    Error::BadTransfer(why.into())
+}
+
+/// Reads a pack stream from `r` and stores its objects, verifying every one (checksum, and
+/// the content re-hashed against its id), and that every commit's manifest, tensors and
+/// parents are present. Records longer than `max_record` are refused.
+pub fn receive_pack(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Received> {
+    let store = repo.store();
+    let mut magic = [0u8; 8];
+    read_exact(r, &mut magic)?;
+    if &magic != PACK_MAGIC {
+        return Err(bad_pack("not an mdl pack stream"));
+    }
+    let mut received = Received::default();
+    // Tensors written but not yet indexed (the current layer), and manifests and commits,
+    // which are published together at the end.
+    let mut layer: Vec<(ObjectId, IndexEntry)> = Vec::new();
+    let mut tail: Vec<(ObjectId, IndexEntry)> = Vec::new();
+    let mut batch = store.batch();
+    loop {
+        let mut head = [0u8; 40];
+        read_exact(r, &mut head)?;
+        let id = ObjectId::from_bytes(head[..32].try_into().expect("32 bytes"));
+        let len = u64::from_le_bytes(head[32..].try_into().expect("8 bytes"));
+        if len == 0 && id.as_bytes() == &[0u8; 32] {
+            break;
+        }
+        if len > max_record {
+            return Err(bad_pack(format!(
+                "record of {id} is {len} bytes, over the limit of {max_record}"
+            )));
+        }
+        let mut record = vec![0u8; len as usize];
+        read_exact(r, &mut record)?;
+        if store.meta().read()?.object(&id)?.is_some()
+            || layer.iter().chain(&tail).any(|(i, _)| *i == id)
+        {
+            continue;
+        }
+        let (header, _) = mdl_format::record::RecordHeader::decode(&record).map_err(|source| {
+            StoreError::Corrupt {
+                id,
+                kind: "received",
+                source,
+            }
+        })?;
+        let depth = match header.base {
+            None => 0,
+            Some(base) => {
+                if header.kind != ObjectKind::Tensor {
+                    return Err(bad_pack(format!("{id}: only tensors may be deltas")));
+                }
+                if layer.iter().any(|(i, _)| *i == base) {
+                    let full = std::mem::replace(&mut batch, store.batch());
+                    publish_tensors(repo, full, &mut layer)?;
+                }
+                let base_entry = store.meta().read()?.object(&base)?.ok_or_else(|| {
+                    bad_pack(format!(
+                        "{id} is a delta of {base}, which was not sent first"
+                    ))
+                })?;
+                if base_entry.kind != ObjectKind::Tensor {
+                    return Err(bad_pack(format!("{id}: delta base {base} is not a tensor")));
+                }
+                base_entry.depth + 1
+            }
+        };
+        let put = batch.put_record(&id, &record, depth)?;
+        received.objects += 1;
+        received.bytes += len;
+        match put.entry.kind {
+            ObjectKind::Tensor => layer.push((id, put.entry)),
+            _ => tail.push((id, put.entry)),
+        }
+    }
+    publish_tensors(repo, batch, &mut layer)?;
+    received.commits = publish_tail(repo, &tail)?;
+    Ok(received)
+}
+
+fn read_exact(r: &mut dyn Read, buf: &mut [u8]) -> Result<()> {
+    r.read_exact(buf).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => bad_pack("pack stream ends early"),
+        _ => Error::Input {
+            path: "<transfer>".into(),
+            source: e,
+        },
+    })
+}
+
+/// Verifies a layer of written tensor records by decoding them, then indexes them.
+fn publish_tensors(
+    repo: &Repository,
+    batch: mdl_store::ObjectBatch<'_>,
+    layer: &mut Vec<(ObjectId, IndexEntry)>,
+) -> Result<()> {
+    batch.finish()?;
+    if layer.is_empty() {
+        return Ok(());
+    }
+    let store = repo.store();
+    per_tensor(
+        layer,
+        |(_, e)| e.content_len,
+        |(id, e)| {
+            store.load_tensor(id, e)?;
+            Ok(())
+        },
+    )?;
+    let mut w = store.meta().write()?;
+    for (id, e) in layer.iter() {
+        w.put_object(id, e)?;
+        if let Some(base) = &e.base {
+            w.add_dependent(base, id)?;
+        }
+    }
+    w.commit_txn()?;
+    layer.clear();
+    Ok(())
+}
+
+/// Verifies the received manifests and commits and what they name, then indexes them all in
+/// one transaction. Returns the commits.
+fn publish_tail(repo: &Repository, tail: &[(ObjectId, IndexEntry)]) -> Result<Vec<ObjectId>> {
+    let store = repo.store();
+    let meta = store.meta().read()?;
+    let incoming: HashMap<ObjectId, ObjectKind> = tail.iter().map(|(i, e)| (*i, e.kind)).collect();
+    let present = |id: &ObjectId, kind: ObjectKind| -> Result<bool> {
+        Ok(incoming.get(id) == Some(&kind) || meta.object(id)?.is_some_and(|e| e.kind == kind))
+    };
+    let mut commits = Vec::new();
+    for (id, entry) in tail {
+        let mut bytes = Vec::with_capacity(entry.content_len as usize);
+        store.read_object(id, entry, &mut bytes)?;
+        let corrupt = |source| Error::Corrupt { id: *id, source };
+        match entry.kind {
+            ObjectKind::Manifest => {
+                let manifest = Manifest::decode(&bytes).map_err(corrupt)?;
+                for e in &manifest.entries {
+                    if !present(&e.id, ObjectKind::Tensor)? {
+                        return Err(bad_pack(format!(
+                            "manifest {id} names tensor {} ({}), which was not sent",
+                            e.id, e.name
+                        )));
+                    }
+                }
+            }
+            ObjectKind::Commit => {
+                let commit = Commit::decode(&bytes).map_err(corrupt)?;
+                if !present(&commit.manifest, ObjectKind::Manifest)? {
+                    return Err(bad_pack(format!(
+                        "commit {id} names manifest {}, which was not sent",
+                        commit.manifest
+                    )));
+                }
+                for p in &commit.parents {
+                    if !present(p, ObjectKind::Commit)? {
+                        return Err(bad_pack(format!(
+                            "commit {id} has parent {p}, which was not sent"
+                        )));
+                    }
+                }
+                commits.push((*id, commit));
+            }
+            ObjectKind::Tensor => unreachable!("tensors are published in layers"),
+        }
+    }
+    drop(meta);
+    if tail.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut w = store.meta().write()?;
+    for (id, e) in tail {
+        w.put_object(id, e)?;
+    }
+    for (id, c) in &commits {
+        w.put_commit(id, &crate::commit::summary(c))?;
+    }
+    w.commit_txn()?;
+    Ok(commits.into_iter().map(|(id, _)| id).collect())
+}
+
+/// A ref change requested by another repository: `name` (`refs/heads/…` or `refs/tags/…`)
+/// from `old` (`None`: must not exist) to `new` (`None`: delete).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RefUpdate {
+    /// Full ref name.
+    pub name: String,
+    /// The value the sender last saw.
+    pub old: Option<ObjectId>,
+    /// The new value.
+    pub new: Option<ObjectId>,
+    /// Allow a branch to move to a commit that does not descend from `old`.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// Validates a full ref name that another repository may change: `refs/heads/NAME` or
+/// `refs/tags/NAME` with a valid NAME.
+pub fn check_ref_name(name: &str) -> Result<&'static str> {
+    let (kind, short) = if let Some(s) = name.strip_prefix("refs/heads/") {
+        ("branch", s)
+    } else if let Some(s) = name.strip_prefix("refs/tags/") {
+        ("tag", s)
+    } else {
+        return Err(Error::BadTransfer(format!(
+            "ref {name:?} is neither refs/heads/… nor refs/tags/…"
+        )));
+    };
+    RefName::new(short)?;
+    Ok(kind)
+}
+
+/// Applies a [`RefUpdate`]: the new commit must be present (with its history), a branch may
+/// only move forward unless forced, a tag is only created unless forced, and the change is a
+/// compare-and-swap against `old` (a concurrent change fails with [`StoreError::RefConflict`]).
+pub fn update_ref(repo: &Repository, update: &RefUpdate, message: &str) -> Result<()> {
+    let kind = check_ref_name(&update.name)?;
+    if let Some(new) = &update.new {
+        if repo.store().meta().read()?.commit(new)?.is_none() {
+            return Err(Error::BadTransfer(format!(
+                "commit {new} is not in the repository (send its objects first)"
+            )));
+        }
+    }
+    let current = repo.store().meta().read()?.get_ref(&update.name)?;
+    if let (Some(old), Some(new), false) = (&update.old, &update.new, update.force) {
+        if kind == "tag" && old != new {
+            return Err(Error::RefExists {
+                kind: "tag",
+                name: update.name.clone(),
+            });
+        }
+        if !is_ancestor(repo, old, new)? {
+            return Err(Error::NotFastForward {
+                name: update.name.clone(),
+                old: *old,
+                new: *new,
+            });
+        }
+    }
+    // The expected value as stored: annotated tags keep their annotation.
+    let expected = match (&update.old, &current) {
+        (None, _) => None,
+        (Some(old), Some(v)) if v.target() == Some(*old) => Some(v.clone()),
+        (Some(old), _) => Some(RefValue::Direct(*old)),
+    };
+    let new = update.new.map(RefValue::Direct);
+    let mut w = repo.store().meta().write()?;
+    w.update_ref(&update.name, expected.as_ref(), new.as_ref(), message)?;
+    w.commit_txn()?;
+    Ok(())
+}
+
+/// Whether `ancestor` is `descendant` or one of its ancestors.
+pub fn is_ancestor(repo: &Repository, ancestor: &ObjectId, descendant: &ObjectId) -> Result<bool> {
+    let meta = repo.store().meta().read()?;
+    let mut seen = HashSet::new();
+    let mut stack = vec![*descendant];
+    while let Some(id) = stack.pop() {
+        if id == *ancestor {
+            return Ok(true);
+        }
+        if !seen.insert(id) {
+            continue;
+        }
+        if let Some(s) = meta.commit(&id)? {
+            stack.extend(s.parents);
+        }
+    }
+    Ok(false)
+}
+
+/// Every commit reachable from `tips` (the tips included).
+pub fn reachable_commits(repo: &Repository, tips: &[ObjectId]) -> Result<Vec<ObjectId>> {
+    let meta = repo.store().meta().read()?;
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let mut stack = tips.to_vec();
+    while let Some(id) = stack.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        let s = meta.commit(&id)?.ok_or(StoreError::Missing(id))?;
+        stack.extend(s.parents);
+        out.push(id);
+    }
+    Ok(out)
+}

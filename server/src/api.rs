@@ -1,0 +1,853 @@
+//! Routes and handlers of the `/v1` API (`docs/HTTP_API.md`).
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State as AxState};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use mdl::checkout::{Layout, Placed};
+use mdl::transfer::{self, PlannedObject, RefUpdate};
+use mdl::{ObjectId, RefName};
+use serde::{Deserialize, Serialize};
+use tokio_stream::StreamExt;
+
+use crate::auth::{check, Scope};
+use crate::error::ApiError;
+use crate::{valid_repo_name, Served, State};
+
+type Shared = AxState<Arc<State>>;
+type ApiResult<T> = Result<T, ApiError>;
+
+/// Largest JSON request body (id lists for negotiation).
+const MAX_JSON: usize = 64 << 20;
+/// Decoded bytes a checkpoint stream holds at once (beyond one larger tensor).
+const STREAM_WINDOW: u64 = 64 << 20;
+/// Size of the pieces a response body is sent in.
+const PIECE: usize = 4 << 20;
+
+/// The router of the HTTP API over `state`.
+pub fn app(state: Arc<State>) -> Router {
+    let repo = Router::new()
+        .route("/refs", get(refs).post(update_ref))
+        .route("/log", get(log))
+        .route("/commits", post(commit))
+        .route("/commits/{rev}", get(show))
+        .route("/manifests/{id}", get(manifest))
+        .route("/checkpoints/{file}", get(checkpoint))
+        .route("/tensors/{rev}/{*name}", get(tensor))
+        .route("/objects", post(receive))
+        .route("/objects/missing", post(missing))
+        .route("/objects/plan", post(plan))
+        .route("/objects/fetch", post(fetch));
+    Router::new()
+        .route("/v1/repos", get(list_repos))
+        .nest("/v1/repos/{repo}", repo)
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method",
+            )
+        })
+        .layer(DefaultBodyLimit::max(MAX_JSON))
+        .with_state(state)
+}
+
+/// Runs blocking work (store, codecs) off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("worker failed: {e}")))?
+}
+
+/// Checks the token and opens the named repository.
+async fn open(
+    state: &Arc<State>,
+    headers: &HeaderMap,
+    name: &str,
+    scope: Scope,
+) -> ApiResult<Arc<Served>> {
+    if !valid_repo_name(name) {
+        return Err(ApiError::bad(
+            "invalid_repository_name",
+            format!("invalid repository name {name:?}"),
+        ));
+    }
+    check(
+        &state.config.tokens,
+        state.config.read_public,
+        headers,
+        scope,
+    )?;
+    let (state, name) = (state.clone(), name.to_string());
+    blocking(move || Ok(state.repo(&name)?)).await
+}
+
+fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
+    body.map(|Json(v)| v)
+        .map_err(|e| ApiError::bad("bad_request", e.body_text()))
+}
+
+async fn list_repos(AxState(state): Shared, headers: HeaderMap) -> ApiResult<Response> {
+    check(
+        &state.config.tokens,
+        state.config.read_public,
+        &headers,
+        Scope::Read,
+    )?;
+    let names = state.names();
+    Ok(Json(serde_json::json!({ "repos": names })).into_response())
+}
+
+/// A ref as the API lists it.
+#[derive(Serialize)]
+struct RefOut {
+    name: String,
+    target: ObjectId,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tagger: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    time_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+}
+
+async fn refs(
+    AxState(state): Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let served = open(&state, &headers, &name, Scope::Read).await?;
+    blocking(move || {
+        let repo = &served.repo;
+        let head = repo
+            .head_branch()
+            .ok()
+            .and_then(|h| h.strip_prefix("refs/heads/").map(str::to_string));
+        let meta = repo.store().meta().read().map_err(mdl::Error::from)?;
+        let mut out = Vec::new();
+        for prefix in ["refs/heads/", "refs/tags/"] {
+            for (name, value) in meta.refs(prefix).map_err(mdl::Error::from)? {
+                let Some(target) = value.target() else {
+                    continue;
+                };
+                let (tagger, time_ms, message) = match value {
+                    mdl::RefValue::Annotated {
+                        tagger,
+                        time,
+                        message,
+                        ..
+                    } => (Some(tagger), Some(time.0), Some(message)),
+                    _ => (None, None, None),
+                };
+                out.push(RefOut {
+                    name,
+                    target,
+                    tagger,
+                    time_ms,
+                    message,
+                });
+            }
+        }
+        Ok(Json(serde_json::json!({ "head": head, "refs": out })).into_response())
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct LogQuery {
+    rev: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn log(
+    AxState(state): Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<LogQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let Query(q) = query.map_err(|e| ApiError::bad("bad_request", e.body_text()))?;
+    let served = open(&state, &headers, &name, Scope::Read).await?;
+    blocking(move || {
+        let entries = mdl::log::log(&served.repo, q.rev.as_deref(), q.limit)?;
+        Ok(Json(entries).into_response())
+    })
+    .await
+}
+
+async fn show(
+    AxState(state): Shared,
+    Path((name, rev)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let served = open(&state, &headers, &name, Scope::Read).await?;
+    blocking(move || Ok(Json(mdl::show::show(&served.repo, &rev)?).into_response())).await
+}
+
+fn parse_id(s: &str) -> ApiResult<ObjectId> {
+    s.parse()
+        .map_err(|_| ApiError::bad("invalid_id", format!("{s:?} is not a 64-digit object id")))
+}
+
+async fn manifest(
+    AxState(state): Shared,
+    Path((name, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let id = parse_id(&id)?;
+    let served = open(&state, &headers, &name, Scope::Read).await?;
+    blocking(move || {
+        let repo = &served.repo;
+        let present = repo
+            .store()
+            .meta()
+            .read()
+            .map_err(mdl::Error::from)?
+            .object(&id)
+            .map_err(mdl::Error::from)?;
+        if present.is_none() {
+            return Err(ApiError::not_found(format!("no manifest {id}")));
+        }
+        let m = repo.load_manifest(&id)?;
+        let tensors: Vec<_> = m
+            .entries
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "name": e.name,
+                    "dtype": e.header.dtype.name(),
+                    "shape": e.header.shape,
+                    "id": e.id,
+                    "lossy": e.exactness.is_lossy(),
+                })
+            })
+            .collect();
+        Ok(Json(serde_json::json!({
+            "id": id,
+            "metadata": m.metadata,
+            "tensors": tensors,
+        }))
+        .into_response())
+    })
+    .await
+}
+
+/// A byte range of a file of `len` bytes asked for by a `Range` header: `Ok(None)` for the
+/// whole file (no header, or one this server answers with the whole file, like several
+/// ranges), `Err` when unsatisfiable.
+fn parse_range(value: Option<&HeaderValue>, len: u64) -> Result<Option<(u64, u64)>, ()> {
+    let Some(spec) = value
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().strip_prefix("bytes="))
+    else {
+        return Ok(None);
+    };
+    if spec.contains(',') {
+        return Ok(None);
+    }
+    let (a, b) = spec.split_once('-').ok_or(())?;
+    let (a, b) = (a.trim(), b.trim());
+    let (start, end) = if a.is_empty() {
+        let n: u64 = b.parse().map_err(|_| ())?;
+        if n == 0 {
+            return Err(());
+        }
+        (len.saturating_sub(n), len)
+    } else {
+        let start: u64 = a.parse().map_err(|_| ())?;
+        let end = if b.is_empty() {
+            len
+        } else {
+            let last: u64 = b.parse().map_err(|_| ())?;
+            if last < start {
+                return Err(());
+            }
+            last.saturating_add(1).min(len)
+        };
+        (start, end)
+    };
+    if start >= len {
+        return Err(());
+    }
+    Ok(Some((start, end)))
+}
+
+async fn checkpoint(
+    AxState(state): Shared,
+    Path((name, file)): Path<(String, String)>,
+    method: Method,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let Some(rev) = file.strip_suffix(".safetensors").map(str::to_string) else {
+        return Err(ApiError::not_found("checkpoints are named REV.safetensors"));
+    };
+    let served = open(&state, &headers, &name, Scope::Read).await?;
+    let layout = {
+        let served = served.clone();
+        blocking(move || Ok(mdl::checkout::layout(&served.repo, &rev)?)).await?
+    };
+    let etag = format!("\"{}\"", layout.commit);
+    if headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"))
+    {
+        return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response());
+    }
+    let len = layout.len;
+    // A range is honoured only while the ETag still matches If-Range (when given).
+    let if_range_ok = headers
+        .get(header::IF_RANGE)
+        .and_then(|v| v.to_str().ok())
+        .is_none_or(|v| v.trim() == etag);
+    let range = if if_range_ok {
+        parse_range(headers.get(header::RANGE), len)
+    } else {
+        Ok(None)
+    };
+    let (status, start, end) = match range {
+        Ok(None) => (StatusCode::OK, 0, len),
+        Ok(Some((s, e))) => (StatusCode::PARTIAL_CONTENT, s, e),
+        Err(()) => {
+            return Ok((
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                [(header::CONTENT_RANGE, format!("bytes */{len}"))],
+                ApiError::new(
+                    StatusCode::RANGE_NOT_SATISFIABLE,
+                    "invalid_range",
+                    format!("the range is not within the file's {len} bytes"),
+                ),
+            )
+                .into_response());
+        }
+    };
+    let mut response = Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_LENGTH, end - start)
+        .header(header::ETAG, &etag)
+        .header(header::ACCEPT_RANGES, "bytes")
+        .header("x-mdl-commit", layout.commit.to_hex())
+        .header("x-mdl-lossy-tensors", layout.lossy_tensors);
+    if status == StatusCode::PARTIAL_CONTENT {
+        response = response.header(
+            header::CONTENT_RANGE,
+            format!("bytes {start}-{}/{len}", end - 1),
+        );
+    }
+    let body = if method == Method::HEAD || start == end {
+        Body::empty()
+    } else {
+        stream_range(served, Arc::new(layout), start, end)
+    };
+    response
+        .body(body)
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// Streams bytes `start..end` of a checkpoint: the header's bytes from the layout, then each
+/// touched tensor decoded on a blocking thread, a window of tensors at a time (in parallel),
+/// so memory stays near the window or the largest tensor. A failure mid-stream ends the
+/// response early; the client sees a body shorter than its Content-Length.
+fn stream_range(served: Arc<Served>, layout: Arc<Layout>, start: u64, end: u64) -> Body {
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
+    tokio::task::spawn_blocking(move || {
+        let send = |b: Bytes| tx.blocking_send(Ok(b)).is_ok();
+        let head_len = layout.head.len() as u64;
+        if start < head_len {
+            let piece =
+                Bytes::copy_from_slice(&layout.head[start as usize..end.min(head_len) as usize]);
+            if !send(piece) {
+                return;
+            }
+        }
+        let touching: Vec<&Placed> = layout.touching(start, end).collect();
+        let mut i = 0;
+        while i < touching.len() {
+            let mut j = i + 1;
+            let mut bytes = touching[i].entry.content_len;
+            while j < touching.len() && bytes + touching[j].entry.content_len <= STREAM_WINDOW {
+                bytes += touching[j].entry.content_len;
+                j += 1;
+            }
+            let decoded = decode_all(&served, &touching[i..j]);
+            for (t, data) in touching[i..j].iter().zip(decoded) {
+                let data = match data {
+                    Ok(d) => Bytes::from(d),
+                    Err(e) => {
+                        tracing::error!("checkpoint stream: {e}");
+                        let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+                        return;
+                    }
+                };
+                let from = start.max(t.offset) - t.offset;
+                let to = end.min(t.offset + t.entry.content_len) - t.offset;
+                let mut at = from as usize;
+                while at < to as usize {
+                    let next = (at + PIECE).min(to as usize);
+                    if !send(data.slice(at..next)) {
+                        return;
+                    }
+                    at = next;
+                }
+            }
+            i = j;
+        }
+    });
+    Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// Decodes tensors in parallel (each verified against its id).
+fn decode_all(served: &Served, tensors: &[&Placed]) -> Vec<Result<Vec<u8>, mdl::StoreError>> {
+    use rayon::prelude::*;
+    tensors
+        .par_iter()
+        .map(|t| served.repo.store().load_tensor(&t.id, &t.entry))
+        .collect()
+}
+
+/// Whether a tensor name is acceptable in a URL: no control characters, not absolute, no `..`
+/// component.
+fn valid_tensor_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 4096
+        && !name.starts_with('/')
+        && !name.chars().any(char::is_control)
+        && !name.split('/').any(|c| c == "..")
+}
+
+async fn tensor(
+    AxState(state): Shared,
+    Path((name, rev, tensor)): Path<(String, String, String)>,
+    method: Method,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    if !valid_tensor_name(&tensor) {
+        return Err(ApiError::bad(
+            "invalid_tensor_name",
+            format!("invalid tensor name {tensor:?}"),
+        ));
+    }
+    let served = open(&state, &headers, &name, Scope::Read).await?;
+    let head = method == Method::HEAD;
+    let (placed, commit, data) = blocking(move || {
+        let layout = mdl::checkout::layout(&served.repo, &rev)?;
+        let placed = layout
+            .tensor(&tensor)
+            .ok_or_else(|| ApiError::not_found(format!("no tensor {tensor:?} in {rev}")))?
+            .clone();
+        let data = if head {
+            Vec::new()
+        } else {
+            served
+                .repo
+                .store()
+                .load_tensor(&placed.id, &placed.entry)
+                .map_err(mdl::Error::from)?
+        };
+        Ok((placed, layout.commit, data))
+    })
+    .await?;
+    let shape: Vec<String> = placed.header.shape.iter().map(u64::to_string).collect();
+    let response = Response::builder()
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_LENGTH, placed.entry.content_len)
+        .header(header::ETAG, format!("\"{}\"", placed.id))
+        .header("x-mdl-dtype", placed.header.dtype.name())
+        .header("x-mdl-shape", shape.join(","))
+        .header("x-mdl-lossy", if placed.lossy { "true" } else { "false" })
+        .header("x-mdl-commit", commit.to_hex())
+        .header("x-mdl-object", placed.id.to_hex());
+    response
+        .body(if head {
+            Body::empty()
+        } else {
+            Body::from(data)
+        })
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// Streams a request body into a temporary file in the repository's `incoming/` directory,
+/// refusing more than `max` bytes.
+async fn spool(
+    served: &Served,
+    headers: &HeaderMap,
+    body: Body,
+    max: u64,
+) -> ApiResult<tempfile::NamedTempFile> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the request body is over the server's limit of {max} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max) {
+        return Err(too_large());
+    }
+    let dir = served.repo.store().dir().join("incoming");
+    let tmp = {
+        let dir = dir.clone();
+        blocking(move || {
+            std::fs::create_dir_all(&dir)
+                .and_then(|()| {
+                    tempfile::Builder::new()
+                        .prefix(".upload-")
+                        .tempfile_in(&dir)
+                })
+                .map_err(|e| ApiError::internal(format!("cannot create an upload file: {e}")))
+        })
+        .await?
+    };
+    let file = tmp
+        .reopen()
+        .map_err(|e| ApiError::internal(format!("cannot open the upload file: {e}")))?;
+    let mut file = tokio::io::BufWriter::with_capacity(1 << 20, tokio::fs::File::from_std(file));
+    let mut stream = body.into_data_stream();
+    let mut total = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|e| ApiError::bad("bad_body", format!("reading the body: {e}")))?;
+        total += chunk.len() as u64;
+        if total > max {
+            return Err(too_large());
+        }
+        tokio::io::AsyncWriteExt::write_all(&mut file, &chunk)
+            .await
+            .map_err(|e| ApiError::internal(format!("writing the upload file: {e}")))?;
+    }
+    tokio::io::AsyncWriteExt::flush(&mut file)
+        .await
+        .map_err(|e| ApiError::internal(format!("writing the upload file: {e}")))?;
+    if declared.is_some_and(|n| n != total) {
+        return Err(ApiError::bad(
+            "bad_body",
+            "the body is shorter than its Content-Length",
+        ));
+    }
+    Ok(tmp)
+}
+
+/// The options of a commit upload, from its query string.
+fn commit_options(params: &[(String, String)]) -> ApiResult<mdl::commit::CommitOptions> {
+    use mdl::lossy::CodecMode;
+    let mut opts = mdl::commit::CommitOptions::default();
+    let (mut lossy, mut lossless) = (false, false);
+    let bad = |key: &str, value: &str, why: &str| {
+        ApiError::bad("bad_parameter", format!("parameter {key}={value:?}: {why}"))
+    };
+    let flag = |key: &str, value: &str| match value {
+        "" | "1" | "true" => Ok(true),
+        "0" | "false" => Ok(false),
+        _ => Err(bad(key, value, "expected true or false")),
+    };
+    for (key, value) in params {
+        match key.as_str() {
+            "branch" => opts.branch = Some(RefName::new(value).map_err(mdl::Error::from)?),
+            "message" => opts.message = value.clone(),
+            "author" => opts.author = Some(value.clone()),
+            "step" => {
+                opts.step = Some(
+                    value
+                        .parse()
+                        .map_err(|_| bad(key, value, "not a step number"))?,
+                )
+            }
+            "metric" => {
+                let (k, v) = value
+                    .split_once('=')
+                    .ok_or_else(|| bad(key, value, "expected NAME=NUMBER"))?;
+                let v: f64 = v
+                    .trim()
+                    .parse()
+                    .map_err(|_| bad(key, value, "not a number"))?;
+                opts.metrics.push((k.trim().to_string(), v));
+            }
+            "lossy" => lossy = flag(key, value)?,
+            "lossless" => lossless = flag(key, value)?,
+            "epsilon" => {
+                opts.lossy.epsilon =
+                    Some(value.parse().map_err(|_| bad(key, value, "not a number"))?)
+            }
+            "trim_bits" => {
+                opts.lossy.trim_bits = Some(
+                    value
+                        .parse()
+                        .map_err(|_| bad(key, value, "not a bit count"))?,
+                )
+            }
+            "moments" => opts.lossy.moments = Some(value.clone()),
+            _ => {
+                return Err(ApiError::bad(
+                    "bad_parameter",
+                    format!("unknown parameter {key:?}"),
+                ))
+            }
+        }
+    }
+    opts.lossy.mode = match (lossy, lossless, opts.lossy.trim_bits.is_some()) {
+        (true, true, _) | (true, _, true) | (_, true, true) => {
+            return Err(ApiError::bad(
+                "bad_parameter",
+                "lossy, lossless and trim_bits exclude each other",
+            ))
+        }
+        (true, _, _) => Some(CodecMode::Lossy),
+        (_, true, _) => Some(CodecMode::Lossless),
+        (_, _, true) => Some(CodecMode::Trim),
+        _ => None,
+    };
+    Ok(opts)
+}
+
+async fn commit(
+    AxState(state): Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+    body: Body,
+) -> ApiResult<Response> {
+    let Query(params) = query.map_err(|e| ApiError::bad("bad_request", e.body_text()))?;
+    let opts = commit_options(&params)?;
+    let served = open(&state, &headers, &name, Scope::Write).await?;
+    let upload = spool(&served, &headers, body, state.config.max_body).await?;
+    blocking(move || {
+        let _writer = served.writer.lock().unwrap();
+        let outcome = mdl::commit::commit(&served.repo, upload.path(), &opts, &mdl::NoProgress)?;
+        drop(upload);
+        Ok((StatusCode::CREATED, Json(outcome)).into_response())
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct Ids {
+    ids: Vec<ObjectId>,
+}
+
+async fn missing(
+    AxState(state): Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<Ids>, JsonRejection>,
+) -> ApiResult<Response> {
+    let ids = json_body(body)?.ids;
+    let served = open(&state, &headers, &name, Scope::Read).await?;
+    blocking(move || {
+        let meta = served
+            .repo
+            .store()
+            .meta()
+            .read()
+            .map_err(mdl::Error::from)?;
+        let mut missing = Vec::new();
+        for id in ids {
+            if meta.object(&id).map_err(mdl::Error::from)?.is_none() {
+                missing.push(id);
+            }
+        }
+        Ok(Json(serde_json::json!({ "missing": missing })).into_response())
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct PlanRequest {
+    want: Vec<ObjectId>,
+    #[serde(default)]
+    have: Vec<ObjectId>,
+}
+
+#[derive(Serialize)]
+struct PlanResponse {
+    objects: Vec<PlannedObject>,
+}
+
+async fn plan(
+    AxState(state): Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<PlanRequest>, JsonRejection>,
+) -> ApiResult<Response> {
+    let req = json_body(body)?;
+    let served = open(&state, &headers, &name, Scope::Read).await?;
+    blocking(move || {
+        {
+            let meta = served
+                .repo
+                .store()
+                .meta()
+                .read()
+                .map_err(mdl::Error::from)?;
+            for id in &req.want {
+                if meta.commit(id).map_err(mdl::Error::from)?.is_none() {
+                    return Err(ApiError::not_found(format!("no commit {id}")));
+                }
+            }
+        }
+        let have: HashSet<ObjectId> = req.have.into_iter().collect();
+        let objects = transfer::plan(&served.repo, &req.want, &|id| have.contains(id))?;
+        Ok(Json(PlanResponse { objects }).into_response())
+    })
+    .await
+}
+
+/// Writes into a response body channel in pieces, from a blocking thread.
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+    buf: Vec<u8>,
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= PIECE {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let piece = Bytes::from(std::mem::take(&mut self.buf));
+        self.tx
+            .blocking_send(Ok(piece))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "client went away"))
+    }
+}
+
+async fn fetch(
+    AxState(state): Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<Ids>, JsonRejection>,
+) -> ApiResult<Response> {
+    let ids = json_body(body)?.ids;
+    let served = open(&state, &headers, &name, Scope::Read).await?;
+    {
+        // Refuse unknown ids before the stream starts (a 200 cannot turn into a 404 later).
+        let served = served.clone();
+        let ids = ids.clone();
+        blocking(move || {
+            let meta = served
+                .repo
+                .store()
+                .meta()
+                .read()
+                .map_err(mdl::Error::from)?;
+            for id in &ids {
+                if meta.object(id).map_err(mdl::Error::from)?.is_none() {
+                    return Err(ApiError::not_found(format!("no object {id}")));
+                }
+            }
+            Ok(())
+        })
+        .await?;
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
+    tokio::task::spawn_blocking(move || {
+        let mut w = ChannelWriter {
+            tx: tx.clone(),
+            buf: Vec::with_capacity(PIECE),
+        };
+        let result = transfer::write_pack(&served.repo, &ids, &mut w)
+            .and_then(|_| w.flush().map_err(|e| mdl::StoreError::Output(e).into()));
+        if let Err(e) = result {
+            tracing::warn!("pack stream: {e}");
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-mdl-pack")],
+        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+    )
+        .into_response())
+}
+
+async fn receive(
+    AxState(state): Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let served = open(&state, &headers, &name, Scope::Write).await?;
+    let max = state.config.max_body;
+    let upload = spool(&served, &headers, body, max).await?;
+    blocking(move || {
+        let _writer = served.writer.lock().unwrap();
+        let mut file = std::io::BufReader::with_capacity(
+            1 << 20,
+            std::fs::File::open(upload.path())
+                .map_err(|e| ApiError::internal(format!("cannot read the upload: {e}")))?,
+        );
+        let received = transfer::receive_pack(&served.repo, &mut file, max)?;
+        Ok(Json(received).into_response())
+    })
+    .await
+}
+
+async fn update_ref(
+    AxState(state): Shared,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<RefUpdate>, JsonRejection>,
+) -> ApiResult<Response> {
+    let update = json_body(body)?;
+    let served = open(&state, &headers, &name, Scope::Write).await?;
+    blocking(move || {
+        let _writer = served.writer.lock().unwrap();
+        transfer::update_ref(&served.repo, &update, "push")?;
+        Ok(Json(serde_json::json!({ "name": update.name, "new": update.new })).into_response())
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        let h = |s: &str| HeaderValue::from_str(s).unwrap();
+        assert_eq!(parse_range(None, 10), Ok(None));
+        assert_eq!(parse_range(Some(&h("bytes=0-3")), 10), Ok(Some((0, 4))));
+        assert_eq!(parse_range(Some(&h("bytes=5-")), 10), Ok(Some((5, 10))));
+        assert_eq!(parse_range(Some(&h("bytes=-3")), 10), Ok(Some((7, 10))));
+        assert_eq!(parse_range(Some(&h("bytes=-30")), 10), Ok(Some((0, 10))));
+        assert_eq!(parse_range(Some(&h("bytes=8-100")), 10), Ok(Some((8, 10))));
+        assert_eq!(parse_range(Some(&h("bytes=0-1,4-5")), 10), Ok(None));
+        assert_eq!(parse_range(Some(&h("bytes=10-")), 10), Err(()));
+        assert_eq!(parse_range(Some(&h("bytes=5-4")), 10), Err(()));
+        assert_eq!(parse_range(Some(&h("bytes=-0")), 10), Err(()));
+        assert_eq!(parse_range(Some(&h("bytes=x-1")), 10), Err(()));
+        assert_eq!(parse_range(Some(&h("items=0-1")), 10), Ok(None));
+    }
+
+    #[test]
+    fn names() {
+        assert!(valid_repo_name("run-1.a_b"));
+        for bad in ["", ".hidden", "a/b", "..", "a b", "a\u{1}"] {
+            assert!(!valid_repo_name(bad), "{bad:?}");
+        }
+        assert!(valid_tensor_name("model.layers.0.weight"));
+        assert!(valid_tensor_name("encoder/block.1"));
+        for bad in ["", "/etc/passwd", "a/../b", "..", "a\nb"] {
+            assert!(!valid_tensor_name(bad), "{bad:?}");
+        }
+    }
+}
