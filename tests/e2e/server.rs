@@ -358,7 +358,7 @@ fn commits_over_http_and_forwarding() {
     let d = dir.path();
     let (repo, _, _) = two_commits(d);
     let r = repo.to_str().unwrap();
-    let server = Server::start(&["-C", r], d);
+    let server = Server::start(&["-C", r, "--max-body", "100K"], d);
     let url = format!("{}/repo", server.base);
     let before = {
         let auth = bearer(READ);
@@ -392,6 +392,18 @@ fn commits_over_http_and_forwarding() {
         b"",
     );
     assert_eq!(s, 400);
+    // Over --max-body: 413, nothing stored.
+    let big = vec![0u8; 200 << 10];
+    let (s, _, b) = http(
+        &server.base,
+        "POST",
+        "/v1/repos/repo/commits",
+        &[("Authorization", &w)],
+        &big,
+    );
+    assert_eq!(s, 413, "{}", String::from_utf8_lossy(&b));
+    let err: serde_json::Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(err["code"], "body_too_large");
     let after = http(
         &server.base,
         "GET",
