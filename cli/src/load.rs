@@ -91,6 +91,14 @@ fn checkpoint(path: &Path, mib: usize, seed: u64, version: u64) -> Result<u64> {
     Ok(bytes.len() as u64)
 }
 
+fn message(message: String, step: Option<u64>) -> mdl::commit::CommitOptions {
+    mdl::commit::CommitOptions {
+        message,
+        step,
+        ..Default::default()
+    }
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -147,7 +155,7 @@ fn main() -> Result<()> {
     // One first commit so pulls have something from the start.
     let first = dir.join("first.safetensors");
     let raw = checkpoint(&first, o.mib, 999, 0)?;
-    remote.commit(&first, &[("message", "first".into())])?;
+    remote.commit(&first, &message("first".into(), None))?;
 
     let started = Instant::now();
     let samples: Vec<Sample> = std::thread::scope(|s| {
@@ -163,10 +171,7 @@ fn main() -> Result<()> {
                     let t = Instant::now();
                     remote.commit(
                         &file,
-                        &[
-                            ("message", format!("client {c} commit {v}")),
-                            ("step", v.to_string()),
-                        ],
+                        &message(format!("client {c} commit {v}"), Some(v as u64)),
                     )?;
                     out.push(Sample {
                         kind: "commit",

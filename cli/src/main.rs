@@ -47,45 +47,7 @@ enum Command {
         path: Option<PathBuf>,
     },
     /// Commit a safetensors checkpoint.
-    Commit {
-        file: PathBuf,
-        #[arg(short, long, default_value = "")]
-        message: String,
-        /// Commit onto BRANCH (created at HEAD's commit if missing) instead of HEAD's branch.
-        #[arg(short, long)]
-        branch: Option<String>,
-        #[arg(long)]
-        step: Option<u64>,
-        /// KEY=VALUE, repeatable.
-        #[arg(long = "metric", value_name = "KEY=VALUE")]
-        metrics: Vec<String>,
-        #[arg(long)]
-        author: Option<String>,
-        /// Quantize float tensors under the quality bound (codec.epsilon, or --epsilon).
-        #[arg(long, conflicts_with_all = ["trim_bits", "lossless"])]
-        lossy: bool,
-        /// Store every tensor exactly, whatever codec.default says.
-        #[arg(long, conflicts_with = "trim_bits")]
-        lossless: bool,
-        /// Quality bound: estimated loss change as a fraction of the commit's loss (absolute
-        /// without one); relative L2 error for tensors without optimizer moments.
-        #[arg(long, value_name = "E")]
-        epsilon: Option<f64>,
-        /// Score candidate checkpoints with CMD ({} is the file); the number on its last output
-        /// line is the metric (lower is better), kept within E of the original's.
-        #[arg(long, value_name = "CMD")]
-        eval_cmd: Option<String>,
-        /// Keep K mantissa bits of float tensors (mantissa-trim).
-        #[arg(long, value_name = "K")]
-        trim_bits: Option<u32>,
-        /// Parameter/moment pairings: WEIGHT:EXP_AVG:EXP_AVG_SQ patterns with one {} each,
-        /// comma-separated (default: quant.moments).
-        #[arg(long, value_name = "PATTERNS")]
-        moments: Option<String>,
-        /// Commit to the repository at this URL (http://HOST:PORT/REPO) instead.
-        #[arg(long, value_name = "URL")]
-        remote: Option<String>,
-    },
+    Commit(CommitArgs),
     /// Write a commit's checkpoint to a file.
     Checkout {
         rev: String,
@@ -189,6 +151,84 @@ enum Command {
     },
 }
 
+/// `mdl commit`'s arguments.
+#[derive(clap::Args)]
+struct CommitArgs {
+    file: PathBuf,
+    #[arg(short, long, default_value = "")]
+    message: String,
+    /// Commit onto BRANCH (created at HEAD's commit if missing) instead of HEAD's branch.
+    #[arg(short, long)]
+    branch: Option<String>,
+    #[arg(long)]
+    step: Option<u64>,
+    /// KEY=VALUE, repeatable.
+    #[arg(long = "metric", value_name = "KEY=VALUE")]
+    metrics: Vec<String>,
+    #[arg(long)]
+    author: Option<String>,
+    /// Quantize float tensors under the quality bound (codec.epsilon, or --epsilon).
+    #[arg(long, conflicts_with_all = ["trim_bits", "lossless"])]
+    lossy: bool,
+    /// Store every tensor exactly, whatever codec.default says.
+    #[arg(long, conflicts_with = "trim_bits")]
+    lossless: bool,
+    /// Quality bound: estimated loss change as a fraction of the commit's loss (absolute
+    /// without one); relative L2 error for tensors without optimizer moments.
+    #[arg(long, value_name = "E")]
+    epsilon: Option<f64>,
+    /// Score candidate checkpoints with CMD ({} is the file); the number on its last output
+    /// line is the metric (lower is better), kept within E of the original's.
+    #[arg(long, value_name = "CMD")]
+    eval_cmd: Option<String>,
+    /// Keep K mantissa bits of float tensors (mantissa-trim).
+    #[arg(long, value_name = "K")]
+    trim_bits: Option<u32>,
+    /// Parameter/moment pairings: WEIGHT:EXP_AVG:EXP_AVG_SQ patterns with one {} each,
+    /// comma-separated (default: quant.moments).
+    #[arg(long, value_name = "PATTERNS")]
+    moments: Option<String>,
+    /// Commit to the repository at this URL (http://HOST:PORT/REPO) instead.
+    #[arg(long, value_name = "URL")]
+    remote: Option<String>,
+}
+
+impl CommitArgs {
+    /// The commit's options, the same whether it runs here or on a server.
+    fn options(&self) -> anyhow::Result<mdl::commit::CommitOptions> {
+        use mdl::lossy::CodecMode;
+        let mode = if self.lossy || (self.eval_cmd.is_some() && !self.lossless) {
+            Some(CodecMode::Lossy)
+        } else if self.lossless {
+            Some(CodecMode::Lossless)
+        } else if self.trim_bits.is_some() {
+            Some(CodecMode::Trim)
+        } else {
+            None
+        };
+        Ok(mdl::commit::CommitOptions {
+            message: self.message.clone(),
+            branch: self.branch.as_deref().map(mdl::RefName::new).transpose()?,
+            step: self.step,
+            metrics: self
+                .metrics
+                .iter()
+                .map(|m| parse_metric(m))
+                .collect::<anyhow::Result<_>>()?,
+            author: self.author.clone(),
+            encode: Default::default(),
+            delta: None,
+            lossy: mdl::lossy::LossyRequest {
+                mode,
+                epsilon: self.epsilon,
+                trim_bits: self.trim_bits,
+                moments: self.moments.clone(),
+                eval_cmd: self.eval_cmd.clone(),
+            },
+        })
+    }
+}
+
 #[derive(Subcommand)]
 enum RemoteAction {
     /// Add remote NAME at URL (http://HOST:PORT/REPO).
@@ -271,9 +311,9 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         std::env::args().skip(1).collect::<Vec<_>>().join(" ")
     );
     let bar = progress::Bar::new(!cli.json && io::stderr().is_terminal());
-    if let Command::Commit {
+    if let Command::Commit(CommitArgs {
         remote: Some(url), ..
-    } = &cli.command
+    }) = &cli.command
     {
         let remote = mdl_remote::Remote::new(url, cli.token.clone())?;
         return remote::run(cli, &remote, out);
@@ -293,52 +333,10 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             let repo = Repository::init(&dir)?;
             output::init(out, cli.json, repo.root())?;
         }
-        Command::Commit {
-            file,
-            message,
-            branch,
-            step,
-            metrics,
-            author,
-            lossy,
-            lossless,
-            epsilon,
-            eval_cmd,
-            trim_bits,
-            moments,
-            remote: _,
-        } => {
-            use mdl::lossy::CodecMode;
-            let mode = if *lossy || (eval_cmd.is_some() && !*lossless) {
-                Some(CodecMode::Lossy)
-            } else if *lossless {
-                Some(CodecMode::Lossless)
-            } else if trim_bits.is_some() {
-                Some(CodecMode::Trim)
-            } else {
-                None
-            };
-            let opts = mdl::commit::CommitOptions {
-                message: message.clone(),
-                branch: branch.as_deref().map(mdl::RefName::new).transpose()?,
-                step: *step,
-                metrics: metrics
-                    .iter()
-                    .map(|m| parse_metric(m))
-                    .collect::<anyhow::Result<_>>()?,
-                author: author.clone(),
-                encode: Default::default(),
-                delta: None,
-                lossy: mdl::lossy::LossyRequest {
-                    mode,
-                    epsilon: *epsilon,
-                    trim_bits: *trim_bits,
-                    moments: moments.clone(),
-                    eval_cmd: eval_cmd.clone(),
-                },
-            };
+        Command::Commit(args) => {
+            let opts = args.options()?;
             let repo = open(cli, LockMode::Write, purpose)?;
-            let outcome = mdl::commit::commit(&repo, file, &opts, &bar)?;
+            let outcome = mdl::commit::commit(&repo, &args.file, &opts, &bar)?;
             output::commit(out, cli.json, &outcome)?;
         }
         Command::Checkout {
@@ -407,9 +405,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                 )?;
             } else if let Some(name) = name {
                 let repo = open(cli, LockMode::Write, purpose)?;
-                let tagger = std::env::var("MDL_AUTHOR")
-                    .or_else(|_| std::env::var("USER"))
-                    .unwrap_or_else(|_| "unknown".into());
+                let tagger = mdl::commit::default_author();
                 let at = mdl::refs::create_tag(
                     &repo,
                     name,
@@ -505,27 +501,17 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                 &outcome.transfer,
             )?;
         }
-        Command::Fetch { remote, branch } => {
+        Command::Fetch { remote, branch } | Command::Pull { remote, branch } => {
             let repo = open(cli, LockMode::Write, purpose)?;
             let client = remote::named(cli, &repo, remote)?;
-            let outcome = mdl_remote::fetch(&repo, remote, &client, branch.as_deref())?;
-            output::transfer(
-                out,
-                cli.json,
-                &format!("fetched from {}", client.url()),
-                &outcome,
-            )?;
-        }
-        Command::Pull { remote, branch } => {
-            let repo = open(cli, LockMode::Write, purpose)?;
-            let client = remote::named(cli, &repo, remote)?;
-            let outcome = mdl_remote::pull(&repo, remote, &client, branch.as_deref())?;
-            output::transfer(
-                out,
-                cli.json,
-                &format!("pulled from {}", client.url()),
-                &outcome,
-            )?;
+            let (outcome, done) = if matches!(cli.command, Command::Pull { .. }) {
+                let o = mdl_remote::pull(&repo, remote, &client, branch.as_deref())?;
+                (o, "pulled from")
+            } else {
+                let o = mdl_remote::fetch(&repo, remote, &client, branch.as_deref())?;
+                (o, "fetched from")
+            };
+            output::transfer(out, cli.json, &format!("{done} {}", client.url()), &outcome)?;
         }
         Command::Push {
             remote,

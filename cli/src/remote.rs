@@ -46,58 +46,8 @@ pub fn named(cli: &Cli, repo: &mdl::Repository, name: &str) -> anyhow::Result<Re
 /// Runs a command on a server.
 pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     match &cli.command {
-        Command::Commit {
-            file,
-            message,
-            branch,
-            step,
-            metrics,
-            author,
-            lossy,
-            lossless,
-            epsilon,
-            eval_cmd,
-            trim_bits,
-            moments,
-            remote: _,
-        } => {
-            if eval_cmd.is_some() {
-                bail!("--eval-cmd runs a local command and cannot be used with a server");
-            }
-            let mut params: Vec<(&str, String)> = vec![("message", message.clone())];
-            if let Some(b) = branch {
-                params.push(("branch", b.clone()));
-            }
-            if let Some(s) = step {
-                params.push(("step", s.to_string()));
-            }
-            for m in metrics {
-                let (k, v) = crate::parse_metric(m)?;
-                params.push(("metric", format!("{k}={v}")));
-            }
-            let author = author
-                .clone()
-                .or_else(|| std::env::var("MDL_AUTHOR").ok())
-                .or_else(|| std::env::var("USER").ok());
-            if let Some(a) = author {
-                params.push(("author", a));
-            }
-            if *lossy {
-                params.push(("lossy", "true".into()));
-            }
-            if *lossless {
-                params.push(("lossless", "true".into()));
-            }
-            if let Some(e) = epsilon {
-                params.push(("epsilon", e.to_string()));
-            }
-            if let Some(t) = trim_bits {
-                params.push(("trim_bits", t.to_string()));
-            }
-            if let Some(m) = moments {
-                params.push(("moments", m.clone()));
-            }
-            let outcome = remote.commit(file, &params)?;
+        Command::Commit(args) => {
+            let outcome = remote.commit(&args.file, &args.options()?)?;
             output::commit(out, cli.json, &outcome)?;
         }
         Command::Checkout {

@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Path, Query, State as AxState};
+use axum::extract::{
+    DefaultBodyLimit, FromRequestParts, Path, Query, RawPathParams, State as AxState,
+};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -69,27 +72,40 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::internal(format!("worker failed: {e}")))?
 }
 
-/// Checks the token and opens the named repository.
-async fn open(
-    state: &Arc<State>,
-    headers: &HeaderMap,
-    name: &str,
-    scope: Scope,
-) -> ApiResult<Arc<Served>> {
-    if !valid_repo_name(name) {
-        return Err(ApiError::bad(
-            "invalid_repository_name",
-            format!("invalid repository name {name:?}"),
-        ));
+/// A repository the request may use: the `{repo}` path parameter names a valid repository, the
+/// request's token has read scope (`WRITE`: write scope), and the repository is open.
+struct Access<const WRITE: bool>(Arc<Served>);
+type Reader = Access<false>;
+type Writer = Access<true>;
+
+impl<const WRITE: bool> FromRequestParts<Arc<State>> for Access<WRITE> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> ApiResult<Self> {
+        let params = RawPathParams::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::bad("bad_request", e.body_text()))?;
+        let name = params
+            .iter()
+            .find(|(k, _)| *k == "repo")
+            .map(|(_, v)| v.to_string())
+            .ok_or_else(|| ApiError::internal("route without a {repo} parameter"))?;
+        if !valid_repo_name(&name) {
+            return Err(ApiError::bad(
+                "invalid_repository_name",
+                format!("invalid repository name {name:?}"),
+            ));
+        }
+        let scope = if WRITE { Scope::Write } else { Scope::Read };
+        check(
+            &state.config.tokens,
+            state.config.read_public,
+            &parts.headers,
+            scope,
+        )?;
+        let state = state.clone();
+        blocking(move || Ok(state.repo(&name)?)).await.map(Access)
     }
-    check(
-        &state.config.tokens,
-        state.config.read_public,
-        headers,
-        scope,
-    )?;
-    let (state, name) = (state.clone(), name.to_string());
-    blocking(move || Ok(state.repo(&name)?)).await
 }
 
 fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
@@ -121,22 +137,17 @@ struct RefOut {
     message: Option<String>,
 }
 
-async fn refs(
-    AxState(state): Shared,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-) -> ApiResult<Response> {
-    let served = open(&state, &headers, &name, Scope::Read).await?;
+async fn refs(Access(served): Reader) -> ApiResult<Response> {
     blocking(move || {
         let repo = &served.repo;
         let head = repo
             .head_branch()
             .ok()
             .and_then(|h| h.strip_prefix("refs/heads/").map(str::to_string));
-        let meta = repo.store().meta().read().map_err(mdl::Error::from)?;
+        let meta = repo.store().meta().read()?;
         let mut out = Vec::new();
         for prefix in ["refs/heads/", "refs/tags/"] {
-            for (name, value) in meta.refs(prefix).map_err(mdl::Error::from)? {
+            for (name, value) in meta.refs(prefix)? {
                 let Some(target) = value.target() else {
                     continue;
                 };
@@ -170,13 +181,10 @@ struct LogQuery {
 }
 
 async fn log(
-    AxState(state): Shared,
-    Path(name): Path<String>,
-    headers: HeaderMap,
+    Access(served): Reader,
     query: Result<Query<LogQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let Query(q) = query.map_err(|e| ApiError::bad("bad_request", e.body_text()))?;
-    let served = open(&state, &headers, &name, Scope::Read).await?;
     blocking(move || {
         let entries = mdl::log::log(&served.repo, q.rev.as_deref(), q.limit)?;
         Ok(Json(entries).into_response())
@@ -185,11 +193,9 @@ async fn log(
 }
 
 async fn show(
-    AxState(state): Shared,
-    Path((name, rev)): Path<(String, String)>,
-    headers: HeaderMap,
+    Access(served): Reader,
+    Path((_, rev)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    let served = open(&state, &headers, &name, Scope::Read).await?;
     blocking(move || Ok(Json(mdl::show::show(&served.repo, &rev)?).into_response())).await
 }
 
@@ -199,22 +205,13 @@ fn parse_id(s: &str) -> ApiResult<ObjectId> {
 }
 
 async fn manifest(
-    AxState(state): Shared,
-    Path((name, id)): Path<(String, String)>,
-    headers: HeaderMap,
+    Access(served): Reader,
+    Path((_, id)): Path<(String, String)>,
 ) -> ApiResult<Response> {
     let id = parse_id(&id)?;
-    let served = open(&state, &headers, &name, Scope::Read).await?;
     blocking(move || {
         let repo = &served.repo;
-        let present = repo
-            .store()
-            .meta()
-            .read()
-            .map_err(mdl::Error::from)?
-            .object(&id)
-            .map_err(mdl::Error::from)?;
-        if present.is_none() {
+        if repo.store().meta().read()?.object(&id)?.is_none() {
             return Err(ApiError::not_found(format!("no manifest {id}")));
         }
         let m = repo.load_manifest(&id)?;
@@ -282,15 +279,14 @@ fn parse_range(value: Option<&HeaderValue>, len: u64) -> Result<Option<(u64, u64
 }
 
 async fn checkpoint(
-    AxState(state): Shared,
-    Path((name, file)): Path<(String, String)>,
+    Access(served): Reader,
+    Path((_, file)): Path<(String, String)>,
     method: Method,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let Some(rev) = file.strip_suffix(".safetensors").map(str::to_string) else {
         return Err(ApiError::not_found("checkpoints are named REV.safetensors"));
     };
-    let served = open(&state, &headers, &name, Scope::Read).await?;
     let layout = {
         let served = served.clone();
         blocking(move || Ok(mdl::checkout::layout(&served.repo, &rev)?)).await?
@@ -337,7 +333,7 @@ async fn checkpoint(
         .header(header::ETAG, &etag)
         .header(header::ACCEPT_RANGES, "bytes")
         .header("x-mdl-commit", layout.commit.to_hex())
-        .header("x-mdl-lossy-tensors", layout.lossy_tensors);
+        .header("x-mdl-lossy-tensors", layout.lossy_tensors());
     if status == StatusCode::PARTIAL_CONTENT {
         response = response.header(
             header::CONTENT_RANGE,
@@ -426,10 +422,9 @@ fn valid_tensor_name(name: &str) -> bool {
 }
 
 async fn tensor(
-    AxState(state): Shared,
-    Path((name, rev, tensor)): Path<(String, String, String)>,
+    Access(served): Reader,
+    Path((_, rev, tensor)): Path<(String, String, String)>,
     method: Method,
-    headers: HeaderMap,
 ) -> ApiResult<Response> {
     if !valid_tensor_name(&tensor) {
         return Err(ApiError::bad(
@@ -437,7 +432,6 @@ async fn tensor(
             format!("invalid tensor name {tensor:?}"),
         ));
     }
-    let served = open(&state, &headers, &name, Scope::Read).await?;
     let head = method == Method::HEAD;
     let (placed, commit, data) = blocking(move || {
         let layout = mdl::checkout::layout(&served.repo, &rev)?;
@@ -448,11 +442,7 @@ async fn tensor(
         let data = if head {
             Vec::new()
         } else {
-            served
-                .repo
-                .store()
-                .load_tensor(&placed.id, &placed.entry)
-                .map_err(mdl::Error::from)?
+            served.repo.store().load_tensor(&placed.id, &placed.entry)?
         };
         Ok((placed, layout.commit, data))
     })
@@ -615,14 +605,13 @@ fn commit_options(params: &[(String, String)]) -> ApiResult<mdl::commit::CommitO
 
 async fn commit(
     AxState(state): Shared,
-    Path(name): Path<String>,
+    Access(served): Writer,
     headers: HeaderMap,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
     body: Body,
 ) -> ApiResult<Response> {
     let Query(params) = query.map_err(|e| ApiError::bad("bad_request", e.body_text()))?;
     let opts = commit_options(&params)?;
-    let served = open(&state, &headers, &name, Scope::Write).await?;
     let upload = spool(&served, &headers, body, state.config.max_body).await?;
     blocking(move || {
         let _writer = served.writer.lock().unwrap();
@@ -639,29 +628,27 @@ struct Ids {
 }
 
 async fn missing(
-    AxState(state): Shared,
-    Path(name): Path<String>,
-    headers: HeaderMap,
+    Access(served): Reader,
     body: Result<Json<Ids>, JsonRejection>,
 ) -> ApiResult<Response> {
     let ids = json_body(body)?.ids;
-    let served = open(&state, &headers, &name, Scope::Read).await?;
     blocking(move || {
-        let meta = served
-            .repo
-            .store()
-            .meta()
-            .read()
-            .map_err(mdl::Error::from)?;
-        let mut missing = Vec::new();
-        for id in ids {
-            if meta.object(&id).map_err(mdl::Error::from)?.is_none() {
-                missing.push(id);
-            }
-        }
+        let missing = absent(&served, &ids)?;
         Ok(Json(serde_json::json!({ "missing": missing })).into_response())
     })
     .await
+}
+
+/// Those of `ids` the repository does not have, in order.
+fn absent(served: &Served, ids: &[ObjectId]) -> Result<Vec<ObjectId>, mdl::StoreError> {
+    let meta = served.repo.store().meta().read()?;
+    let mut out = Vec::new();
+    for id in ids {
+        if meta.object(id)?.is_none() {
+            out.push(*id);
+        }
+    }
+    Ok(out)
 }
 
 #[derive(Deserialize)]
@@ -677,23 +664,15 @@ struct PlanResponse {
 }
 
 async fn plan(
-    AxState(state): Shared,
-    Path(name): Path<String>,
-    headers: HeaderMap,
+    Access(served): Reader,
     body: Result<Json<PlanRequest>, JsonRejection>,
 ) -> ApiResult<Response> {
     let req = json_body(body)?;
-    let served = open(&state, &headers, &name, Scope::Read).await?;
     blocking(move || {
         {
-            let meta = served
-                .repo
-                .store()
-                .meta()
-                .read()
-                .map_err(mdl::Error::from)?;
+            let meta = served.repo.store().meta().read()?;
             for id in &req.want {
-                if meta.commit(id).map_err(mdl::Error::from)?.is_none() {
+                if meta.commit(id)?.is_none() {
                     return Err(ApiError::not_found(format!("no commit {id}")));
                 }
             }
@@ -732,30 +711,16 @@ impl Write for ChannelWriter {
 }
 
 async fn fetch(
-    AxState(state): Shared,
-    Path(name): Path<String>,
-    headers: HeaderMap,
+    Access(served): Reader,
     body: Result<Json<Ids>, JsonRejection>,
 ) -> ApiResult<Response> {
-    let ids = json_body(body)?.ids;
-    let served = open(&state, &headers, &name, Scope::Read).await?;
+    let ids = Arc::new(json_body(body)?.ids);
     {
         // Refuse unknown ids before the stream starts (a 200 cannot turn into a 404 later).
-        let served = served.clone();
-        let ids = ids.clone();
-        blocking(move || {
-            let meta = served
-                .repo
-                .store()
-                .meta()
-                .read()
-                .map_err(mdl::Error::from)?;
-            for id in &ids {
-                if meta.object(id).map_err(mdl::Error::from)?.is_none() {
-                    return Err(ApiError::not_found(format!("no object {id}")));
-                }
-            }
-            Ok(())
+        let (served, ids) = (served.clone(), ids.clone());
+        blocking(move || match absent(&served, &ids)?.first() {
+            Some(id) => Err(ApiError::not_found(format!("no object {id}"))),
+            None => Ok(()),
         })
         .await?;
     }
@@ -781,11 +746,10 @@ async fn fetch(
 
 async fn receive(
     AxState(state): Shared,
-    Path(name): Path<String>,
+    Access(served): Writer,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let served = open(&state, &headers, &name, Scope::Write).await?;
     let max = state.config.max_body;
     let upload = spool(&served, &headers, body, max).await?;
     blocking(move || {
@@ -802,13 +766,10 @@ async fn receive(
 }
 
 async fn update_ref(
-    AxState(state): Shared,
-    Path(name): Path<String>,
-    headers: HeaderMap,
+    Access(served): Writer,
     body: Result<Json<RefUpdate>, JsonRejection>,
 ) -> ApiResult<Response> {
     let update = json_body(body)?;
-    let served = open(&state, &headers, &name, Scope::Write).await?;
     blocking(move || {
         let _writer = served.writer.lock().unwrap();
         transfer::update_ref(&served.repo, &update, "push")?;

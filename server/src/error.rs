@@ -97,6 +97,12 @@ impl From<mdl::Error> for ApiError {
     }
 }
 
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        mdl::Error::from(e).into()
+    }
+}
+
 fn store_error(e: &StoreError, message: String) -> ApiError {
     use StatusCode as S;
     use StoreError as E;

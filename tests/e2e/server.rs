@@ -136,6 +136,17 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     }
 }
 
+/// `GET path` with the read token; the body.
+fn read(base: &str, path: &str) -> Vec<u8> {
+    let (status, _, body) = http(base, "GET", path, &[("Authorization", &bearer(READ))], b"");
+    assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
+    body
+}
+
+fn read_json(base: &str, path: &str) -> serde_json::Value {
+    serde_json::from_slice(&read(base, path)).unwrap()
+}
+
 fn header<'a>(h: &'a [(String, String)], name: &str) -> &'a str {
     h.iter()
         .find(|(k, _)| k == name)
@@ -360,17 +371,7 @@ fn commits_over_http_and_forwarding() {
     let r = repo.to_str().unwrap();
     let server = Server::start(&["-C", r, "--max-body", "100K"], d);
     let url = format!("{}/repo", server.base);
-    let before = {
-        let auth = bearer(READ);
-        http(
-            &server.base,
-            "GET",
-            "/v1/repos/repo/log",
-            &[("Authorization", &auth)],
-            b"",
-        )
-        .2
-    };
+    let before = read(&server.base, "/v1/repos/repo/log");
 
     // A malformed upload is refused and changes nothing (no temporary file stays either).
     let w = bearer(WRITE);
@@ -404,14 +405,7 @@ fn commits_over_http_and_forwarding() {
     assert_eq!(s, 413, "{}", String::from_utf8_lossy(&b));
     let err: serde_json::Value = serde_json::from_slice(&b).unwrap();
     assert_eq!(err["code"], "body_too_large");
-    let after = http(
-        &server.base,
-        "GET",
-        "/v1/repos/repo/log",
-        &[("Authorization", &bearer(READ))],
-        b"",
-    )
-    .2;
+    let after = read(&server.base, "/v1/repos/repo/log");
     assert_eq!(before, after);
     let incoming = repo.join(".mdl/incoming");
     assert_eq!(
@@ -526,29 +520,14 @@ fn clone_push_pull_and_push_conflicts() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let served_log = {
-        let (_, _, b) = http(
-            &server.base,
-            "GET",
-            "/v1/repos/repo/log",
-            &[("Authorization", &bearer(READ))],
-            b"",
-        );
-        serde_json::from_slice::<serde_json::Value>(&b).unwrap()
-    };
+    let served_log = read_json(&server.base, "/v1/repos/repo/log");
     assert_eq!(json(&c1, &["log"]), served_log);
     assert_eq!(json(&c1, &["tag"])[0]["name"], "v1");
     assert_fsck_clean(&c1);
     // Checkouts in a clone equal the server's.
     let a = d.join("a.out");
     ok(&c1, &["checkout", "main", "-o", a.to_str().unwrap()]);
-    let (_, _, b) = http(
-        &server.base,
-        "GET",
-        "/v1/repos/repo/checkpoints/main.safetensors",
-        &[("Authorization", &bearer(READ))],
-        b"",
-    );
+    let b = read(&server.base, "/v1/repos/repo/checkpoints/main.safetensors");
     assert_eq!(std::fs::read(&a).unwrap(), b);
 
     // c1 commits and pushes (a read token is refused); c2 pulls it.
@@ -621,14 +600,7 @@ fn clone_push_pull_and_push_conflicts() {
     let lost = 1 - won[0];
     let err = String::from_utf8_lossy(&outs[lost].stderr);
     assert!(err.contains("rejected"), "{err}");
-    let (_, _, b) = http(
-        &server.base,
-        "GET",
-        "/v1/repos/repo/refs",
-        &[("Authorization", &bearer(READ))],
-        b"",
-    );
-    let refs: serde_json::Value = serde_json::from_slice(&b).unwrap();
+    let refs = read_json(&server.base, "/v1/repos/repo/refs");
     let main = refs["refs"]
         .as_array()
         .unwrap()

@@ -232,20 +232,21 @@ impl Remote {
         self.get_json(&format!("/commits/{}", encode_segment(rev)), &[])
     }
 
-    /// Commits the safetensors file at `file` on the server, with the query parameters of
-    /// `POST /commits` (`branch`, `message`, `step`, `metric`, `lossy`, …).
+    /// Commits the safetensors file at `file` on the server, as [`mdl::commit::commit`] would
+    /// with `opts` there (the query parameters of `POST /commits`). The author defaults to this
+    /// machine's ([`mdl::commit::default_author`]), not the server's.
     pub fn commit(
         &self,
         file: &Path,
-        params: &[(&str, String)],
+        opts: &mdl::commit::CommitOptions,
     ) -> Result<mdl::commit::CommitOutcome> {
         let f = std::fs::File::open(file).map_err(|source| mdl::Error::Input {
             path: file.to_path_buf(),
             source,
         })?;
         let mut req = self.auth(self.agent.post(format!("{}/commits", self.api)));
-        for (k, v) in params {
-            req = req.query(*k, v);
+        for (k, v) in commit_params(opts)? {
+            req = req.query(k, v);
         }
         let mut resp = self.check(req.content_type("application/octet-stream").send(&f))?;
         resp.body_mut().read_json().map_err(|e| self.transport(e))
@@ -389,6 +390,51 @@ impl Remote {
     }
 }
 
+/// The query parameters of `POST /commits` for `opts` (the server parses them back).
+fn commit_params(opts: &mdl::commit::CommitOptions) -> Result<Vec<(&'static str, String)>> {
+    use mdl::lossy::CodecMode;
+    let lossy = &opts.lossy;
+    if lossy.eval_cmd.is_some() {
+        return Err(Error::Remote(
+            "--eval-cmd runs a local command and cannot be used with a server".into(),
+        ));
+    }
+    let mut params = vec![
+        ("message", opts.message.clone()),
+        (
+            "author",
+            opts.author
+                .clone()
+                .unwrap_or_else(mdl::commit::default_author),
+        ),
+    ];
+    if let Some(b) = &opts.branch {
+        params.push(("branch", b.as_str().to_string()));
+    }
+    if let Some(s) = opts.step {
+        params.push(("step", s.to_string()));
+    }
+    for (k, v) in &opts.metrics {
+        params.push(("metric", format!("{k}={v}")));
+    }
+    match lossy.mode {
+        Some(CodecMode::Lossy) => params.push(("lossy", "true".into())),
+        Some(CodecMode::Lossless) => params.push(("lossless", "true".into())),
+        // Trim is implied by trim_bits, below.
+        Some(CodecMode::Trim) | None => {}
+    }
+    if let Some(e) = lossy.epsilon {
+        params.push(("epsilon", e.to_string()));
+    }
+    if let Some(t) = lossy.trim_bits {
+        params.push(("trim_bits", t.to_string()));
+    }
+    if let Some(m) = &lossy.moments {
+        params.push(("moments", m.clone()));
+    }
+    Ok(params)
+}
+
 /// Percent-encodes a revision or name for one URL path segment.
 fn encode_segment(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -497,7 +543,17 @@ pub fn fetch(
     remote: &Remote,
     branch: Option<&str>,
 ) -> Result<TransferOutcome> {
-    let refs = remote.refs()?;
+    fetch_refs(repo, remote_name, remote, &remote.refs()?, branch)
+}
+
+/// [`fetch`] given the server's refs.
+fn fetch_refs(
+    repo: &Repository,
+    remote_name: &str,
+    remote: &Remote,
+    refs: &RemoteRefs,
+    branch: Option<&str>,
+) -> Result<TransferOutcome> {
     let branches: Vec<&RemoteRef> = refs
         .refs
         .iter()
@@ -780,8 +836,8 @@ pub fn clone(url: &str, dir: &Path, token: Option<String>) -> Result<CloneOutcom
     let result = (|| {
         let repo = Repository::init(dir)?;
         add_remote(&repo, "origin", url)?;
-        let mut transfer = fetch(&repo, "origin", &remote, None)?;
         let refs = remote.refs()?;
+        let mut transfer = fetch_refs(&repo, "origin", &remote, &refs, None)?;
         for r in &refs.refs {
             if let Some(short) = r.name.strip_prefix("refs/heads/") {
                 let name = format!("refs/heads/{short}");

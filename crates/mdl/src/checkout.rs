@@ -110,7 +110,7 @@ pub fn checkout(
     match result {
         Ok(bytes) => {
             std::fs::rename(&tmp, out).map_err(write_err)?;
-            let lossy_tensors = layout.lossy_tensors;
+            let lossy_tensors = layout.lossy_tensors();
             Ok(CheckoutOutcome {
                 id,
                 path: out.to_path_buf(),
@@ -139,8 +139,6 @@ pub struct Layout {
     pub tensors: Vec<Placed>,
     /// The file's length.
     pub len: u64,
-    /// How many tensors are lossy reconstructions.
-    pub lossy_tensors: u32,
 }
 
 /// One tensor's place in a [`Layout`].
@@ -199,12 +197,16 @@ pub fn layout(repo: &Repository, rev: &str) -> Result<Layout> {
         commit: commit_id,
         head,
         len: at,
-        lossy_tensors: tensors.iter().filter(|t| t.lossy).count() as u32,
         tensors,
     })
 }
 
 impl Layout {
+    /// How many tensors are lossy reconstructions.
+    pub fn lossy_tensors(&self) -> u32 {
+        self.tensors.iter().filter(|t| t.lossy).count() as u32
+    }
+
     /// The tensors overlapping the byte range `start..end` of the file.
     pub fn touching(&self, start: u64, end: u64) -> impl Iterator<Item = &Placed> {
         let first = self

@@ -901,7 +901,8 @@ fn check_metrics(metrics: &[(String, f64)]) -> Result<Vec<(String, f64)>> {
     Ok(out)
 }
 
-fn default_author() -> String {
+/// The author of a commit that names none: `$MDL_AUTHOR`, then `$USER`, then "unknown".
+pub fn default_author() -> String {
     std::env::var("MDL_AUTHOR")
         .or_else(|_| std::env::var("USER"))
         .ok()

@@ -15,7 +15,7 @@ use mdl_format::{Commit, Manifest, ObjectId, ObjectKind, RefName};
 use mdl_store::{CommitSummary, IndexEntry, RefValue, StoreError};
 use serde::{Deserialize, Serialize};
 
-use crate::{per_tensor, Error, Repository, Result};
+use crate::{history, per_tensor, Error, Repository, Result};
 
 /// First bytes of a pack stream.
 pub const PACK_MAGIC: &[u8; 8] = b"MDLPACK1";
@@ -37,23 +37,14 @@ pub fn plan(
     want: &[ObjectId],
     has_commit: &dyn Fn(&ObjectId) -> bool,
 ) -> Result<Vec<PlannedObject>> {
+    // New commits, parents first (the walk lists children first). What the other side has is
+    // closed under ancestry, so filtering the whole history equals stopping at its commits.
+    let commits: Vec<(ObjectId, CommitSummary)> = history::walk(repo, want)?
+        .into_iter()
+        .rev()
+        .filter(|(id, _)| !has_commit(id))
+        .collect();
     let meta = repo.store().meta().read()?;
-    // New commits, found by walking parents until commits the other side has.
-    let mut commits: Vec<(ObjectId, CommitSummary)> = Vec::new();
-    let mut seen = HashSet::new();
-    let mut stack: Vec<ObjectId> = want.to_vec();
-    while let Some(id) = stack.pop() {
-        if !seen.insert(id) || has_commit(&id) {
-            continue;
-        }
-        let summary = meta.commit(&id)?.ok_or(StoreError::Missing(id))?;
-        stack.extend(summary.parents.iter().copied());
-        commits.push((id, summary));
-    }
-    // Parents first: order by depth in the new part of the graph.
-    let depth = commit_depths(&commits);
-    commits.sort_by_key(|(id, s)| (depth[id], s.time, *id));
-
     let mut tensors: HashMap<ObjectId, IndexEntry> = HashMap::new();
     let mut manifests = Vec::new();
     for (_, summary) in &commits {
@@ -99,52 +90,19 @@ pub fn plan(
     Ok(out)
 }
 
-/// Each commit's distance from the oldest commits of the set (parents outside count as 0).
-fn commit_depths(commits: &[(ObjectId, CommitSummary)]) -> HashMap<ObjectId, usize> {
-    let by_id: HashMap<ObjectId, &CommitSummary> = commits.iter().map(|(i, s)| (*i, s)).collect();
-    let mut depth: HashMap<ObjectId, usize> = HashMap::new();
-    for (id, _) in commits {
-        // Iterative post-order: a commit's depth is one more than its deepest new parent's.
-        let mut stack = vec![(*id, false)];
-        while let Some((c, expanded)) = stack.pop() {
-            if depth.contains_key(&c) {
-                continue;
-            }
-            let parents = &by_id[&c].parents;
-            if expanded {
-                let d = parents
-                    .iter()
-                    .filter_map(|p| depth.get(p).map(|d| d + 1))
-                    .max()
-                    .unwrap_or(0);
-                depth.insert(c, d);
-            } else {
-                stack.push((c, true));
-                stack.extend(
-                    parents
-                        .iter()
-                        .filter(|p| by_id.contains_key(p) && !depth.contains_key(p))
-                        .map(|p| (*p, false)),
-                );
-            }
-        }
-    }
-    depth
-}
-
 /// Writes the records of `ids`, in that order, as a pack stream. Returns the bytes written.
 pub fn write_pack(repo: &Repository, ids: &[ObjectId], w: &mut dyn Write) -> Result<u64> {
     let out = |e: std::io::Error| Error::from(StoreError::Output(e));
+    let entries = {
+        let meta = repo.store().meta().read()?;
+        ids.iter()
+            .map(|id| meta.object(id)?.ok_or(StoreError::Missing(*id)))
+            .collect::<Result<Vec<_>, _>>()?
+    };
     w.write_all(PACK_MAGIC).map_err(out)?;
     let mut total = PACK_MAGIC.len() as u64;
-    for id in ids {
-        let entry = repo
-            .store()
-            .meta()
-            .read()?
-            .object(id)?
-            .ok_or(StoreError::Missing(*id))?;
-        let record = repo.store().read_record(id, &entry)?;
+    for (id, entry) in ids.iter().zip(&entries) {
+        let record = repo.store().read_record(id, entry)?;
         w.write_all(id.as_bytes()).map_err(out)?;
         w.write_all(&(record.len() as u64).to_le_bytes())
             .map_err(out)?;
@@ -175,6 +133,16 @@ fn bad_pack(why: impl Into<String>) -> Error {
 /// the content re-hashed against its id), and that every commit's manifest, tensors and
 /// parents are present. Records longer than `max_record` are refused.
 pub fn receive_pack(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Received> {
+    // A record or object that fails verification is the sender's fault, not damage here.
+    receive(repo, r, max_record).map_err(|e| match e {
+        Error::Store(StoreError::Corrupt { .. }) | Error::Corrupt { .. } => {
+            Error::BadTransfer(e.to_string())
+        }
+        e => e,
+    })
+}
+
+fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Received> {
     let store = repo.store();
     let mut magic = [0u8; 8];
     read_exact(r, &mut magic)?;
@@ -186,6 +154,9 @@ pub fn receive_pack(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Res
     // which are published together at the end.
     let mut layer: Vec<(ObjectId, IndexEntry)> = Vec::new();
     let mut tail: Vec<(ObjectId, IndexEntry)> = Vec::new();
+    // Ids written but not yet indexed, and those of them in the current layer.
+    let mut pending: HashSet<ObjectId> = HashSet::new();
+    let mut in_layer: HashSet<ObjectId> = HashSet::new();
     let mut batch = store.batch();
     loop {
         let mut head = [0u8; 40];
@@ -202,9 +173,7 @@ pub fn receive_pack(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Res
         }
         let mut record = vec![0u8; len as usize];
         read_exact(r, &mut record)?;
-        if store.meta().read()?.object(&id)?.is_some()
-            || layer.iter().chain(&tail).any(|(i, _)| *i == id)
-        {
+        if pending.contains(&id) || store.meta().read()?.object(&id)?.is_some() {
             continue;
         }
         let (header, _) = mdl_format::record::RecordHeader::decode(&record).map_err(|source| {
@@ -220,9 +189,10 @@ pub fn receive_pack(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Res
                 if header.kind != ObjectKind::Tensor {
                     return Err(bad_pack(format!("{id}: only tensors may be deltas")));
                 }
-                if layer.iter().any(|(i, _)| *i == base) {
+                if in_layer.contains(&base) {
                     let full = std::mem::replace(&mut batch, store.batch());
                     publish_tensors(repo, full, &mut layer)?;
+                    in_layer.clear();
                 }
                 let base_entry = store.meta().read()?.object(&base)?.ok_or_else(|| {
                     bad_pack(format!(
@@ -238,8 +208,12 @@ pub fn receive_pack(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Res
         let put = batch.put_record(&id, &record, depth)?;
         received.objects += 1;
         received.bytes += len;
+        pending.insert(id);
         match put.entry.kind {
-            ObjectKind::Tensor => layer.push((id, put.entry)),
+            ObjectKind::Tensor => {
+                in_layer.insert(id);
+                layer.push((id, put.entry));
+            }
             _ => tail.push((id, put.entry)),
         }
     }
@@ -441,19 +415,10 @@ pub fn is_ancestor(repo: &Repository, ancestor: &ObjectId, descendant: &ObjectId
     Ok(false)
 }
 
-/// Every commit reachable from `tips` (the tips included).
+/// Every commit reachable from `tips` (the tips included), children before parents.
 pub fn reachable_commits(repo: &Repository, tips: &[ObjectId]) -> Result<Vec<ObjectId>> {
-    let meta = repo.store().meta().read()?;
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    let mut stack = tips.to_vec();
-    while let Some(id) = stack.pop() {
-        if !seen.insert(id) {
-            continue;
-        }
-        let s = meta.commit(&id)?.ok_or(StoreError::Missing(id))?;
-        stack.extend(s.parents);
-        out.push(id);
-    }
-    Ok(out)
+    Ok(history::walk(repo, tips)?
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect())
 }

@@ -48,6 +48,23 @@ fn pack(repo: &Repository, tip: ObjectId) -> Vec<u8> {
     out
 }
 
+/// Moves `name` from `old` to `new` as a push would.
+fn set_ref(
+    repo: &Repository,
+    name: &str,
+    old: Option<ObjectId>,
+    new: ObjectId,
+    force: bool,
+) -> mdl::Result<()> {
+    let update = RefUpdate {
+        name: name.into(),
+        old,
+        new: Some(new),
+        force,
+    };
+    transfer::update_ref(repo, &update, "test")
+}
+
 fn commits(repo: &Repository) -> usize {
     repo.store().meta().read().unwrap().commits().unwrap().len()
 }
@@ -73,17 +90,7 @@ fn a_pack_copies_history_exactly() {
     let dst = Repository::init(&dir.path().join("dst")).unwrap();
     let got = transfer::receive_pack(&dst, &mut &pack(&src, tip)[..], u64::MAX).unwrap();
     assert_eq!(got.commits.len(), 4);
-    transfer::update_ref(
-        &dst,
-        &RefUpdate {
-            name: "refs/heads/main".into(),
-            old: None,
-            new: Some(tip),
-            force: false,
-        },
-        "test",
-    )
-    .unwrap();
+    set_ref(&dst, "refs/heads/main", None, tip, false).unwrap();
     for (i, id) in ids.iter().enumerate() {
         let a = dir.path().join(format!("a{i}"));
         let b = dir.path().join(format!("b{i}"));
@@ -124,7 +131,8 @@ fn bad_packs_change_nothing() {
         let fresh = Repository::init(&dir.path().join(format!("flip{i}"))).unwrap();
         let mut bad = good.clone();
         bad[at] ^= 0x10;
-        assert!(transfer::receive_pack(&fresh, &mut &bad[..], u64::MAX).is_err());
+        let err = transfer::receive_pack(&fresh, &mut &bad[..], u64::MAX).unwrap_err();
+        assert!(matches!(err, Error::BadTransfer(_)), "{err}");
         assert_eq!(commits(&fresh), 0);
         assert!(mdl::fsck::fsck(&fresh).unwrap().ok());
     }
@@ -155,17 +163,7 @@ fn bad_packs_change_nothing() {
     assert!(err.to_string().contains("was not sent"), "{err}");
     assert_eq!(commits(&fresh), 0);
     // A ref cannot point at a commit that is not there.
-    let err = transfer::update_ref(
-        &fresh,
-        &RefUpdate {
-            name: "refs/heads/main".into(),
-            old: None,
-            new: Some(tip),
-            force: false,
-        },
-        "test",
-    )
-    .unwrap_err();
+    let err = set_ref(&fresh, "refs/heads/main", None, tip, false).unwrap_err();
     assert!(matches!(err, Error::BadTransfer(_)), "{err}");
     // After all that, the good pack still goes in.
     transfer::receive_pack(&dst, &mut &good[..], u64::MAX).unwrap();
@@ -177,18 +175,7 @@ fn bad_packs_change_nothing() {
 fn ref_updates_are_compare_and_swap_and_fast_forward() {
     let dir = tempfile::tempdir().unwrap();
     let (repo, ids) = series(dir.path(), 3);
-    let update = |old: Option<ObjectId>, new: ObjectId, force: bool| {
-        transfer::update_ref(
-            &repo,
-            &RefUpdate {
-                name: "refs/heads/main".into(),
-                old,
-                new: Some(new),
-                force,
-            },
-            "test",
-        )
-    };
+    let update = |old, new, force| set_ref(&repo, "refs/heads/main", old, new, force);
     // Backwards is not a fast-forward unless forced.
     let err = update(Some(ids[2]), ids[0], false).unwrap_err();
     assert!(matches!(err, Error::NotFastForward { .. }), "{err}");
@@ -207,16 +194,7 @@ fn ref_updates_are_compare_and_swap_and_fast_forward() {
         "refs/heads/../x",
         "refs/heads/a b",
     ] {
-        let r = transfer::update_ref(
-            &repo,
-            &RefUpdate {
-                name: name.into(),
-                old: None,
-                new: Some(ids[0]),
-                force: true,
-            },
-            "test",
-        );
+        let r = set_ref(&repo, name, None, ids[0], true);
         assert!(r.is_err(), "{name} accepted");
     }
 }
