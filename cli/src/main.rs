@@ -59,6 +59,9 @@ enum Command {
         /// fsync OUTPUT before renaming it into place.
         #[arg(long)]
         sync: bool,
+        /// Write a thinned commit without the tensors retention expired.
+        #[arg(long)]
+        skip_expired: bool,
     },
     /// Show or set repository configuration (no arguments: every key with its value).
     Config {
@@ -96,7 +99,32 @@ enum Command {
         delete: Option<String>,
     },
     /// Verify every object and reference.
-    Fsck,
+    Fsck {
+        /// Also remove leftovers of interrupted writes (never anything the index names).
+        #[arg(long)]
+        repair: bool,
+    },
+    /// Re-encode long delta chains so no tensor needs more than D decode steps (ids unchanged).
+    Compact {
+        /// Longest chain allowed afterwards [default: delta.max_depth].
+        #[arg(long, value_name = "D")]
+        max_depth: Option<u32>,
+        /// Show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Delete unreachable objects and apply the retention rules (retention.*).
+    Gc {
+        /// Keep unreachable objects younger than this (grace period for racing commits).
+        #[arg(long, value_name = "DURATION", default_value = "1h")]
+        prune_older_than: String,
+        /// Reflog entries older than this are deleted and stop protecting what they name.
+        #[arg(long, value_name = "DURATION", default_value = "30d")]
+        expire_reflog: String,
+        /// Show what would be removed; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Repository totals.
     Stats,
     /// Serve this repository (or every repository under --root) over HTTP.
@@ -344,11 +372,13 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             output: path,
             force,
             sync,
+            skip_expired,
         } => {
             let repo = open(cli, LockMode::Read, purpose)?;
             let opts = mdl::checkout::CheckoutOptions {
                 force: *force,
                 sync: *sync,
+                skip_expired: *skip_expired,
             };
             let outcome = mdl::checkout::checkout(&repo, rev, path, &opts, &bar)?;
             output::checkout(out, cli.json, &outcome)?;
@@ -419,9 +449,14 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                 output::refs(out, cli.json, &mdl::refs::tags(&repo)?)?;
             }
         }
-        Command::Fsck => {
-            let repo = open(cli, LockMode::Read, purpose)?;
-            let report = mdl::fsck::fsck(&repo)?;
+        Command::Fsck { repair } => {
+            let mode = if *repair {
+                LockMode::Write
+            } else {
+                LockMode::Read
+            };
+            let repo = open(cli, mode, purpose)?;
+            let report = mdl::fsck::fsck(&repo, *repair)?;
             output::fsck(out, cli.json, &report)?;
             if !report.ok() {
                 eprintln!("error: fsck found {} problem(s)", report.problems.len());
@@ -446,6 +481,37 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                 output::config(out, cli.json, &all)?;
             }
         },
+        Command::Compact { max_depth, dry_run } => {
+            let mode = if *dry_run {
+                LockMode::Read
+            } else {
+                LockMode::Write
+            };
+            let repo = open(cli, mode, purpose)?;
+            let opts = mdl::compact::CompactOptions {
+                max_depth: *max_depth,
+                dry_run: *dry_run,
+            };
+            output::compact(out, cli.json, &mdl::compact::compact(&repo, &opts, &bar)?)?;
+        }
+        Command::Gc {
+            prune_older_than,
+            expire_reflog,
+            dry_run,
+        } => {
+            let opts = mdl::gc::GcOptions {
+                prune_older_than: mdl::gc::parse_duration(prune_older_than)?,
+                expire_reflog: mdl::gc::parse_duration(expire_reflog)?,
+                dry_run: *dry_run,
+            };
+            let mode = if *dry_run {
+                LockMode::Read
+            } else {
+                LockMode::Write
+            };
+            let repo = open(cli, mode, purpose)?;
+            output::gc(out, cli.json, &mdl::gc::gc(&repo, &opts, &bar)?)?;
+        }
         Command::Stats => {
             let repo = open(cli, LockMode::Read, purpose)?;
             output::stats(out, cli.json, &mdl::stats::stats(&repo)?)?;

@@ -5,8 +5,10 @@ use std::path::Path;
 
 use mdl::checkout::CheckoutOutcome;
 use mdl::commit::CommitOutcome;
+use mdl::compact::CompactOutcome;
 use mdl::diff::{Change, TensorDiff};
 use mdl::fsck::Report;
+use mdl::gc::GcOutcome;
 use mdl::log::LogEntry;
 use mdl::refs::RefInfo;
 use mdl::show::Shown;
@@ -134,9 +136,14 @@ pub fn log(out: &mut dyn Write, json: bool, entries: &[LogEntry], graph: bool) -
         };
         let msg = e.message.lines().next().unwrap_or("");
         let lossy = if e.lossy_tensors > 0 { " [lossy]" } else { "" };
+        let thinned = if e.expired_tensors > 0 {
+            format!(" [thinned: {} expired]", e.expired_tensors)
+        } else {
+            String::new()
+        };
         writeln!(
             out,
-            "{prefix}{}{refs}{lossy} {}{step}{metrics} {} {msg}",
+            "{prefix}{}{refs}{lossy}{thinned} {}{step}{metrics} {} {msg}",
             e.id.short(12),
             e.time,
             size(e.raw_bytes),
@@ -174,6 +181,13 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
         size(s.raw_bytes),
         size(s.stored_bytes)
     )?;
+    if s.expired_tensors > 0 {
+        writeln!(
+            out,
+            "thinned  {} tensors expired by retention (checkout needs --skip-expired)",
+            s.expired_tensors
+        )?;
+    }
     if !s.message.is_empty() {
         writeln!(out)?;
         for l in s.message.lines() {
@@ -200,9 +214,10 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
             }
             None => "lossless".into(),
         };
-        let chain = match &t.base {
-            Some(b) => format!("  (delta on {}, depth {})", b.short(12), t.depth),
-            None => String::new(),
+        let chain = match (&t.expired, &t.base) {
+            (Some(why), _) => format!("  (expired: {why})"),
+            (None, Some(b)) => format!("  (delta on {}, depth {})", b.short(12), t.depth),
+            (None, None) => String::new(),
         };
         writeln!(
             out,
@@ -277,6 +292,9 @@ pub fn fsck(out: &mut dyn Write, json: bool, r: &Report) -> io::Result<()> {
                 "problems": r.problems,
                 "unindexed_records": r.unindexed_records,
                 "temp_files": r.temp_files,
+                "expired": r.expired,
+                "longest_chain": r.longest_chain,
+                "repaired": r.repaired,
             }),
         );
     }
@@ -290,12 +308,94 @@ pub fn fsck(out: &mut dyn Write, json: bool, r: &Report) -> io::Result<()> {
         r.commits_reachable,
         if r.ok() { "ok" } else { "DAMAGED" }
     )?;
-    if r.unindexed_records > 0 || !r.temp_files.is_empty() {
+    if r.expired > 0 {
+        writeln!(
+            out,
+            "note: {} tensors of thinned commits were expired by retention (expected)",
+            r.expired
+        )?;
+    }
+    if !r.repaired.is_empty() {
+        writeln!(out, "repaired: removed {} leftover files", r.repaired.len())?;
+    } else if r.unindexed_records > 0 || !r.temp_files.is_empty() {
         writeln!(
             out,
             "note: {} unreferenced records and {} temporary files from interrupted writes (harmless)",
             r.unindexed_records,
             r.temp_files.len()
+        )?;
+    }
+    Ok(())
+}
+
+pub fn compact(out: &mut dyn Write, json: bool, c: &CompactOutcome) -> io::Result<()> {
+    if json {
+        return emit(out, c);
+    }
+    let verb = if c.dry_run {
+        "would re-encode"
+    } else {
+        "re-encoded"
+    };
+    writeln!(
+        out,
+        "{verb} {} tensors as new bases (cap {} steps); longest chain {} -> {}, branch tips' mean depth {:.1} -> {:.1}; stored {} -> {}{}",
+        c.reencoded,
+        c.max_depth,
+        c.longest_before,
+        c.longest_after,
+        c.tip_depth_before,
+        c.tip_depth_after,
+        size(c.bytes_before),
+        size(c.bytes_after),
+        if c.dry_run { " (estimated)" } else { "" }
+    )?;
+    if c.skipped > 0 {
+        writeln!(
+            out,
+            "note: {} tensors changed meanwhile and were left as they are",
+            c.skipped
+        )?;
+    }
+    Ok(())
+}
+
+pub fn gc(out: &mut dyn Write, json: bool, g: &GcOutcome) -> io::Result<()> {
+    if json {
+        return emit(out, g);
+    }
+    let verb = if g.dry_run { "would remove" } else { "removed" };
+    writeln!(
+        out,
+        "{verb} {} commits, {} manifests, {} tensors unreachable; {} tensors expired by retention ({} commits thinned); {} leftover files; {} freed",
+        g.commits,
+        g.manifests,
+        g.tensors,
+        g.expired,
+        g.thinned_commits,
+        g.leftover_files,
+        size(g.bytes_freed)
+    )?;
+    if g.reencoded > 0 {
+        let verb = if g.dry_run {
+            "would re-encode"
+        } else {
+            "re-encoded"
+        };
+        writeln!(
+            out,
+            "{verb} {} kept tensors whose delta base went",
+            g.reencoded
+        )?;
+    }
+    if g.reflog_expired > 0 {
+        writeln!(out, "expired {} reflog entries", g.reflog_expired)?;
+    }
+    if g.kept_young > 0 {
+        writeln!(
+            out,
+            "kept {} unreachable objects younger than the grace period",
+            g.kept_young
         )?;
     }
     Ok(())

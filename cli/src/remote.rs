@@ -55,7 +55,11 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             output: path,
             force,
             sync: _,
+            skip_expired,
         } => {
+            if *skip_expired {
+                bail!("--skip-expired does not run over HTTP; check out the thinned commit where the repository is stored");
+            }
             let outcome = remote.download(rev, path, *force)?;
             output::checkout(out, cli.json, &outcome)?;
         }
@@ -64,6 +68,20 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             output::log(out, cli.json, &entries, *graph)?;
         }
         Command::Show { rev } => output::show(out, cli.json, &remote.show(rev)?)?,
+        Command::Compact { max_depth, dry_run } => {
+            output::compact(out, cli.json, &remote.compact(*max_depth, *dry_run)?)?
+        }
+        Command::Gc {
+            prune_older_than,
+            expire_reflog,
+            dry_run,
+        } => {
+            // Checked here too, so a typo fails before anything is sent.
+            mdl::gc::parse_duration(prune_older_than)?;
+            mdl::gc::parse_duration(expire_reflog)?;
+            let outcome = remote.gc(Some(prune_older_than), Some(expire_reflog), *dry_run)?;
+            output::gc(out, cli.json, &outcome)?
+        }
         Command::Branch {
             name: None,
             rev: None,

@@ -47,7 +47,9 @@ pub fn app(state: Arc<State>) -> Router {
         .route("/objects", post(receive))
         .route("/objects/missing", post(missing))
         .route("/objects/plan", post(plan))
-        .route("/objects/fetch", post(fetch));
+        .route("/objects/fetch", post(fetch))
+        .route("/maintenance/compact", post(compact))
+        .route("/maintenance/gc", post(gc));
     Router::new()
         .route("/v1/repos", get(list_repos))
         .nest("/v1/repos/{repo}", repo)
@@ -614,7 +616,7 @@ async fn commit(
     let opts = commit_options(&params)?;
     let upload = spool(&served, &headers, body, state.config.max_body).await?;
     blocking(move || {
-        let _writer = served.writer.lock().unwrap();
+        // The commit holds the repository's writer itself.
         let outcome = mdl::commit::commit(&served.repo, upload.path(), &opts, &mdl::NoProgress)?;
         drop(upload);
         Ok((StatusCode::CREATED, Json(outcome)).into_response())
@@ -753,7 +755,7 @@ async fn receive(
     let max = state.config.max_body;
     let upload = spool(&served, &headers, body, max).await?;
     blocking(move || {
-        let _writer = served.writer.lock().unwrap();
+        let _writer = served.repo.writer();
         let mut file = std::io::BufReader::with_capacity(
             1 << 20,
             std::fs::File::open(upload.path())
@@ -771,9 +773,55 @@ async fn update_ref(
 ) -> ApiResult<Response> {
     let update = json_body(body)?;
     blocking(move || {
-        let _writer = served.writer.lock().unwrap();
+        let _writer = served.repo.writer();
         transfer::update_ref(&served.repo, &update, "push")?;
         Ok(Json(serde_json::json!({ "name": update.name, "new": update.new })).into_response())
+    })
+    .await
+}
+
+/// `POST /maintenance/compact`: `{max_depth?, dry_run?}`. Each chain is published under the
+/// repository's writer on its own, so commits and ref updates go on between them.
+async fn compact(
+    Access(served): Writer,
+    body: Result<Json<mdl::compact::CompactOptions>, JsonRejection>,
+) -> ApiResult<Response> {
+    let opts = json_body(body)?;
+    blocking(move || {
+        let outcome = mdl::compact::compact(&served.repo, &opts, &mdl::NoProgress)?;
+        Ok(Json(outcome).into_response())
+    })
+    .await
+}
+
+/// The body of `POST /maintenance/gc`; durations as `mdl gc` takes them (`1h`, `30d`).
+#[derive(Deserialize)]
+struct GcRequest {
+    prune_older_than: Option<String>,
+    expire_reflog: Option<String>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// `POST /maintenance/gc`. The scan runs beside commits; the deletion takes the writer once.
+async fn gc(
+    Access(served): Writer,
+    body: Result<Json<GcRequest>, JsonRejection>,
+) -> ApiResult<Response> {
+    let req = json_body(body)?;
+    let mut opts = mdl::gc::GcOptions {
+        dry_run: req.dry_run,
+        ..Default::default()
+    };
+    if let Some(d) = &req.prune_older_than {
+        opts.prune_older_than = mdl::gc::parse_duration(d)?;
+    }
+    if let Some(d) = &req.expire_reflog {
+        opts.expire_reflog = mdl::gc::parse_duration(d)?;
+    }
+    blocking(move || {
+        let outcome = mdl::gc::gc(&served.repo, &opts, &mdl::NoProgress)?;
+        Ok(Json(outcome).into_response())
     })
     .await
 }

@@ -92,6 +92,8 @@ impl From<mdl::Error> for ApiError {
             E::Corrupt { .. } | E::WrongKind { .. } => (S::INTERNAL_SERVER_ERROR, "corrupt_object"),
             E::BadTransfer(_) => (S::BAD_REQUEST, "bad_transfer"),
             E::NotFastForward { .. } => (S::CONFLICT, "not_fast_forward"),
+            E::Expired { .. } => (S::GONE, "expired"),
+            E::InvalidDuration(_) => (S::BAD_REQUEST, "invalid_duration"),
         };
         ApiError::new(status, code, message)
     }

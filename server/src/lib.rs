@@ -69,11 +69,9 @@ pub struct Advertisement {
 
 /// One served repository.
 pub(crate) struct Served {
+    /// The repository; its [`Repository::writer`] serialises commits, pack imports, ref
+    /// updates and maintenance steps, held on blocking threads only, never across an `.await`.
     pub(crate) repo: Repository,
-    /// Serialises commits and ref updates (the store allows one writer transaction at a time
-    /// anyway; this keeps a commit's read-plan-write sequence whole). Held on blocking threads
-    /// only, never across an `.await`.
-    pub(crate) writer: Mutex<()>,
     advertised: Option<PathBuf>,
 }
 
@@ -177,11 +175,7 @@ impl State {
             Some((base, token)) => Some(advertise(&repo, &format!("{base}/{name}"), token)?),
             None => None,
         };
-        let served = Arc::new(Served {
-            repo,
-            writer: Mutex::new(()),
-            advertised,
-        });
+        let served = Arc::new(Served { repo, advertised });
         open.insert(name.to_string(), served.clone());
         Ok(served)
     }

@@ -210,6 +210,31 @@ impl Remote {
             .map_err(|e| self.transport(e))
     }
 
+    /// Runs `mdl compact` on the server (`POST /maintenance/compact`).
+    pub fn compact(
+        &self,
+        max_depth: Option<u32>,
+        dry_run: bool,
+    ) -> Result<mdl::compact::CompactOutcome> {
+        let body = serde_json::json!({ "max_depth": max_depth, "dry_run": dry_run });
+        self.post_json("/maintenance/compact", &body)
+    }
+
+    /// Runs `mdl gc` on the server (`POST /maintenance/gc`); durations as `mdl gc` takes them.
+    pub fn gc(
+        &self,
+        prune_older_than: Option<&str>,
+        expire_reflog: Option<&str>,
+        dry_run: bool,
+    ) -> Result<mdl::gc::GcOutcome> {
+        let body = serde_json::json!({
+            "prune_older_than": prune_older_than,
+            "expire_reflog": expire_reflog,
+            "dry_run": dry_run,
+        });
+        self.post_json("/maintenance/gc", &body)
+    }
+
     /// Branches, tags and HEAD.
     pub fn refs(&self) -> Result<RemoteRefs> {
         self.get_json("/refs", &[])
@@ -318,6 +343,7 @@ impl Remote {
             bytes: n,
             lossy: lossy_tensors > 0,
             lossy_tensors,
+            skipped: Vec::new(),
         })
     }
 

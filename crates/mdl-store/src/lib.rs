@@ -19,7 +19,7 @@ mod objects;
 pub use error::StoreError;
 pub use fs::{RealFs, Storage};
 pub use lock::{LockMode, RepoLock};
-pub use meta::{CommitSummary, IndexEntry, Meta, RefValue, ReflogEntry};
+pub use meta::{CommitSummary, Expired, IndexEntry, Meta, RefValue, ReflogEntry};
 pub use objects::{ObjectBatch, Placement, PutOutcome, MAX_CHAIN};
 
 use std::path::{Path, PathBuf};

@@ -27,6 +27,8 @@ const INFO: TableDefinition<'_, &str, u64> = TableDefinition::new("info");
 /// Reverse delta links: key `base id ‖ dependent id`, so a range scan lists what decodes
 /// through a base (to keep depths true when a base itself becomes a delta).
 const DEPENDENTS: TableDefinition<'_, &[u8], ()> = TableDefinition::new("dependents");
+/// Objects deleted by a retention rule although commits still name them: id → [`Expired`].
+const EXPIRED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("expired");
 
 /// The symbolic ref every repository starts with.
 pub const HEAD: &str = "HEAD";
@@ -92,6 +94,48 @@ impl IndexEntry {
             stored_len: r.u64().ok_or_else(bad)?,
             content_len: r.u64().ok_or_else(bad)?,
             created: Timestamp(r.u64().ok_or_else(bad)? as i64),
+        })
+    }
+}
+
+/// An object a retention rule deleted on purpose: commits still name it, and it is reported
+/// as expired rather than missing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expired {
+    /// Kind of the object.
+    pub kind: ObjectKind,
+    /// Size of its decoded data.
+    pub content_len: u64,
+    /// When it was deleted.
+    pub time: Timestamp,
+    /// The rule that deleted it (`retention.keep_last=5`).
+    pub rule: String,
+}
+
+impl Expired {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = vec![1u8, self.kind as u8];
+        v.extend_from_slice(&self.content_len.to_le_bytes());
+        v.extend_from_slice(&self.time.0.to_le_bytes());
+        v.extend_from_slice(self.rule.as_bytes());
+        v
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, StoreError> {
+        let bad = || StoreError::Db("malformed expired entry".into());
+        let mut r = Cursor(b);
+        if r.u8().ok_or_else(bad)? != 1 {
+            return Err(bad());
+        }
+        let kind = ObjectKind::try_from(r.u8().ok_or_else(bad)?).map_err(|_| bad())?;
+        let content_len = r.u64().ok_or_else(bad)?;
+        let time = Timestamp(r.u64().ok_or_else(bad)? as i64);
+        let rule = String::from_utf8(r.0.to_vec()).map_err(|_| bad())?;
+        Ok(Expired {
+            kind,
+            content_len,
+            time,
+            rule,
         })
     }
 }
@@ -328,6 +372,7 @@ impl Meta {
             txn.open_table(COMMITS).map_err(db)?;
             txn.open_table(CONFIG).map_err(db)?;
             txn.open_table(DEPENDENTS).map_err(db)?;
+            txn.open_table(EXPIRED).map_err(db)?;
             txn.open_table(INFO)
                 .map_err(db)?
                 .insert("repo_version", REPO_VERSION)
@@ -498,6 +543,47 @@ macro_rules! readers {
             Ok(out)
         }
 
+        /// Whether (and how) a retention rule deleted an object.
+        pub fn expired(&self, id: &ObjectId) -> Result<Option<Expired>, StoreError> {
+            let t = match self.txn.open_table(EXPIRED) {
+                Ok(t) => t,
+                // Repositories written before retention rules have no such table yet.
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(db(e)),
+            };
+            let v = t.get(id.as_bytes().as_slice()).map_err(db)?;
+            v.map(|v| Expired::decode(v.value())).transpose()
+        }
+
+        /// Every object deleted by a retention rule, in id order.
+        pub fn expired_all(&self) -> Result<Vec<(ObjectId, Expired)>, StoreError> {
+            let t = match self.txn.open_table(EXPIRED) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(db(e)),
+            };
+            let mut out = Vec::new();
+            for item in t.iter().map_err(db)? {
+                let (k, v) = item.map_err(db)?;
+                out.push((key_id(k.value())?, Expired::decode(v.value())?));
+            }
+            Ok(out)
+        }
+
+        /// Names of the refs that have reflog entries.
+        pub fn reflog_names(&self) -> Result<Vec<String>, StoreError> {
+            let t = self.txn.open_table(REFLOG).map_err(db)?;
+            let mut out: Vec<String> = Vec::new();
+            for item in t.iter().map_err(db)? {
+                let (k, _) = item.map_err(db)?;
+                let name = k.value().0;
+                if out.last().map(String::as_str) != Some(name) {
+                    out.push(name.to_string());
+                }
+            }
+            Ok(out)
+        }
+
         /// A configuration value.
         pub fn config(&self, key: &str) -> Result<Option<String>, StoreError> {
             let t = self.txn.open_table(CONFIG).map_err(db)?;
@@ -589,6 +675,55 @@ impl MetaWrite {
         t.remove(dependent_key(base, dependent).as_slice())
             .map_err(db)?;
         Ok(())
+    }
+
+    /// Removes an object's index entry and its link to its delta base (the record file is the
+    /// caller's to delete once this transaction is durable).
+    pub fn remove_object(&mut self, id: &ObjectId) -> Result<Option<IndexEntry>, StoreError> {
+        let old = {
+            let mut t = self.txn.open_table(OBJECTS).map_err(db)?;
+            let v = t.remove(id.as_bytes().as_slice()).map_err(db)?;
+            v.map(|v| IndexEntry::decode(v.value())).transpose()?
+        };
+        if let Some(base) = old.as_ref().and_then(|e| e.base) {
+            self.remove_dependent(&base, id)?;
+        }
+        Ok(old)
+    }
+
+    /// Removes a commit from the commit index.
+    pub fn remove_commit(&mut self, id: &ObjectId) -> Result<(), StoreError> {
+        let mut t = self.txn.open_table(COMMITS).map_err(db)?;
+        t.remove(id.as_bytes().as_slice()).map_err(db)?;
+        Ok(())
+    }
+
+    /// Records that a retention rule deleted `id`.
+    pub fn put_expired(&mut self, id: &ObjectId, e: &Expired) -> Result<(), StoreError> {
+        let mut t = self.txn.open_table(EXPIRED).map_err(db)?;
+        t.insert(id.as_bytes().as_slice(), e.encode().as_slice())
+            .map_err(db)?;
+        Ok(())
+    }
+
+    /// Forgets that `id` expired (it was stored again, e.g. a later commit has the same tensor).
+    pub fn remove_expired(&mut self, id: &ObjectId) -> Result<(), StoreError> {
+        let mut t = self.txn.open_table(EXPIRED).map_err(db)?;
+        t.remove(id.as_bytes().as_slice()).map_err(db)?;
+        Ok(())
+    }
+
+    /// Deletes the reflog entries of `name` older than `before`; returns how many.
+    pub fn expire_reflog(&mut self, name: &str, before: Timestamp) -> Result<usize, StoreError> {
+        let mut log = self.txn.open_table(REFLOG).map_err(db)?;
+        let mut removed = 0;
+        log.retain_in((name, 0)..=(name, u64::MAX), |_, v| {
+            let keep = ReflogEntry::decode(v).map_or(true, |e| e.time >= before);
+            removed += usize::from(!keep);
+            keep
+        })
+        .map_err(db)?;
+        Ok(removed)
     }
 
     /// Adds a commit to the commit index.

@@ -95,11 +95,46 @@ impl Store {
         }
     }
 
+    /// Runs a read of `id` starting from `entry`; if a record file is gone because compaction
+    /// or gc re-encoded the object (or a base) after `entry` was read, runs it again from the
+    /// index's current entries. A reader never fails because maintenance ran beside it.
+    fn reread<R>(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        mut read: impl FnMut(&IndexEntry) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        let mut current = *entry;
+        let mut attempts = 0;
+        loop {
+            match read(&current) {
+                Err(StoreError::Missing(gone)) if attempts < REREADS => {
+                    attempts += 1;
+                    match self.meta().read()?.object(id)? {
+                        Some(fresh) => current = fresh,
+                        None => return Err(StoreError::Missing(gone)),
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Decodes an object into `out`, verifying the record checksum and the content hash.
     ///
     /// Bytes reach `out` while decoding proceeds; if verification fails at the end an error is
     /// returned and the caller must discard what was written.
     pub fn read_object(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        out: &mut dyn Write,
+    ) -> Result<u64, StoreError> {
+        // A missing record is found when it is opened, before anything reaches `out`.
+        self.reread(id, entry, |e| self.read_object_once(id, e, out))
+    }
+
+    fn read_object_once(
         &self,
         id: &ObjectId,
         entry: &IndexEntry,
@@ -113,7 +148,8 @@ impl Store {
                 .map_err(corrupt)?
                 .is_streaming()
         {
-            let data = self.load_tensor(id, entry)?;
+            let mut data = vec![0u8; entry.content_len as usize];
+            self.materialize(id, entry, chain_budget(entry), &mut data)?;
             out.write_all(&data).map_err(StoreError::Output)?;
             return Ok(data.len() as u64);
         }
@@ -235,9 +271,7 @@ impl Store {
                 "output size differs from the object's",
             )));
         }
-        // A chain can never be longer than the index says; the budget also stops cycles in a
-        // damaged index.
-        self.materialize(id, entry, entry.depth.saturating_add(1).min(MAX_CHAIN), out)
+        self.reread(id, entry, |e| self.materialize(id, e, chain_budget(e), out))
     }
 
     fn materialize(
@@ -334,9 +368,9 @@ impl Store {
     /// every level; the content hash is verified by whoever renders the result
     /// ([`Self::load_tensor`] does).
     pub fn load_quant(&self, id: &ObjectId, entry: &IndexEntry) -> Result<QuantTensor, StoreError> {
-        Ok(self
-            .load_quant_chain(id, entry, entry.depth.saturating_add(1).min(MAX_CHAIN))?
-            .0)
+        self.reread(id, entry, |e| {
+            Ok(self.load_quant_chain(id, e, chain_budget(e))?.0)
+        })
     }
 
     /// [`Self::load_quant`] with a chain budget; also returns the record's canonical tensor
@@ -530,6 +564,15 @@ impl Store {
     }
 }
 
+/// How many delta steps a read of `entry` may follow: a chain can never be longer than the
+/// index says; the budget also stops cycles in a damaged index.
+fn chain_budget(entry: &IndexEntry) -> u32 {
+    entry.depth.saturating_add(1).min(MAX_CHAIN)
+}
+
+/// How often a read starts again after a record moved under it.
+const REREADS: u32 = 3;
+
 /// Checks that `prefix` (a canonical tensor header) followed by `out` hashes to `id`.
 fn verify_content(
     id: &ObjectId,
@@ -602,6 +645,19 @@ impl ObjectBatch<'_> {
         data: &[u8],
         opts: &EncodeOptions,
     ) -> Result<PutOutcome, StoreError> {
+        self.put_tensor_at(id, header, data, opts, Placement::default())
+    }
+
+    /// [`Self::put_tensor`] of a self-contained record at a given generation (re-encoding an
+    /// object that is already stored).
+    pub fn put_tensor_at(
+        &self,
+        id: &ObjectId,
+        header: &TensorHeader,
+        data: &[u8],
+        opts: &EncodeOptions,
+        placement: Placement,
+    ) -> Result<PutOutcome, StoreError> {
         let prefix = header.canonical();
         let len = data.len() as u64;
         let candidates = mdl_codec::candidates(header.dtype, len)
@@ -613,7 +669,7 @@ impl ObjectBatch<'_> {
                 id,
                 ObjectKind::Tensor,
                 codec,
-                Placement::default(),
+                placement,
                 &prefix,
                 len,
                 cap,

@@ -16,6 +16,8 @@ pub struct CheckoutOptions {
     pub force: bool,
     /// fsync the file before renaming it into place.
     pub sync: bool,
+    /// Write a thinned commit without its expired tensors instead of failing.
+    pub skip_expired: bool,
 }
 
 thread_local! {
@@ -35,6 +37,9 @@ pub struct CheckoutOutcome {
     pub lossy: bool,
     /// How many.
     pub lossy_tensors: u32,
+    /// Tensors left out because retention expired them (`skip_expired`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
 }
 
 /// Writes the checkpoint of `rev` to `out`, through a temporary file renamed into place.
@@ -45,7 +50,7 @@ pub fn checkout(
     opts: &CheckoutOptions,
     progress: &dyn Progress,
 ) -> Result<CheckoutOutcome> {
-    let layout = layout(repo, rev)?;
+    let layout = layout_with(repo, rev, opts.skip_expired)?;
     let id = layout.commit;
     if !opts.force && out.symlink_metadata().is_ok() {
         return Err(Error::OutputExists(out.to_path_buf()));
@@ -117,6 +122,7 @@ pub fn checkout(
                 bytes,
                 lossy: lossy_tensors > 0,
                 lossy_tensors,
+                skipped: layout.skipped,
             })
         }
         Err(e) => {
@@ -139,6 +145,8 @@ pub struct Layout {
     pub tensors: Vec<Placed>,
     /// The file's length.
     pub len: u64,
+    /// Expired tensors left out of the file (a thinned commit, written with `skip_expired`).
+    pub skipped: Vec<String>,
 }
 
 /// One tensor's place in a [`Layout`].
@@ -158,20 +166,49 @@ pub struct Placed {
     pub entry: IndexEntry,
 }
 
-/// The layout of `rev`'s checkpoint.
+/// The layout of `rev`'s checkpoint; a thinned commit is [`Error::Expired`].
 pub fn layout(repo: &Repository, rev: &str) -> Result<Layout> {
+    layout_with(repo, rev, false)
+}
+
+/// The layout of `rev`'s checkpoint; with `skip_expired`, a thinned commit's file is laid out
+/// without its expired tensors (a new header, offsets closed up).
+pub fn layout_with(repo: &Repository, rev: &str, skip_expired: bool) -> Result<Layout> {
     let commit_id = revision::resolve(repo, rev)?;
     let commit = repo.load_commit(&commit_id)?;
     let manifest = repo.load_manifest(&commit.manifest)?;
-    let mut head = (manifest.header_json.len() as u64).to_le_bytes().to_vec();
-    head.extend_from_slice(&manifest.header_json);
-    let mut at = head.len() as u64;
     let meta = repo.store().meta().read()?;
-    let tensors = manifest
-        .entries
-        .iter()
-        .map(|e| {
-            let entry = meta.object(&e.id)?.ok_or(StoreError::Missing(e.id))?;
+    let mut skipped = Vec::new();
+    let mut present = Vec::with_capacity(manifest.entries.len());
+    for e in &manifest.entries {
+        match meta.object(&e.id)? {
+            Some(entry) => present.push((e, entry)),
+            None if meta.expired(&e.id)?.is_some() => skipped.push(e.name.clone()),
+            None => return Err(StoreError::Missing(e.id).into()),
+        }
+    }
+    if !skipped.is_empty() && !skip_expired {
+        return Err(Error::Expired {
+            commit: commit_id.short(12),
+            tensors: skipped,
+        });
+    }
+    let header_json = if skipped.is_empty() {
+        manifest.header_json.clone()
+    } else {
+        header_for(&manifest, &present)
+    };
+    let mut head = (header_json.len() as u64).to_le_bytes().to_vec();
+    head.extend_from_slice(&header_json);
+    let mut at = head.len() as u64;
+    let expected_len = if skipped.is_empty() {
+        manifest.file_len()
+    } else {
+        at + present.iter().map(|(_, e)| e.content_len).sum::<u64>()
+    };
+    let tensors = present
+        .into_iter()
+        .map(|(e, entry)| {
             let offset = at;
             at += entry.content_len;
             Ok(Placed {
@@ -184,7 +221,7 @@ pub fn layout(repo: &Repository, rev: &str) -> Result<Layout> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    if at != manifest.file_len() {
+    if at != expected_len {
         return Err(Error::Corrupt {
             id: commit.manifest,
             source: mdl_format::FormatError::invalid(
@@ -198,7 +235,43 @@ pub fn layout(repo: &Repository, rev: &str) -> Result<Layout> {
         head,
         len: at,
         tensors,
+        skipped,
     })
+}
+
+/// A safetensors header naming only `present` (in file order, offsets closed up), with the
+/// manifest's metadata, padded with spaces to a multiple of 8 bytes.
+fn header_for(
+    manifest: &mdl_format::Manifest,
+    present: &[(&mdl_format::Entry, IndexEntry)],
+) -> Vec<u8> {
+    let mut map = serde_json::Map::new();
+    if !manifest.metadata.is_empty() {
+        let meta: serde_json::Map<String, serde_json::Value> = manifest
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        map.insert("__metadata__".into(), meta.into());
+    }
+    let mut at = 0u64;
+    for (e, entry) in present {
+        let end = at + entry.content_len;
+        map.insert(
+            e.name.clone(),
+            serde_json::json!({
+                "dtype": e.header.dtype.name(),
+                "shape": e.header.shape,
+                "data_offsets": [at, end],
+            }),
+        );
+        at = end;
+    }
+    let mut bytes = serde_json::to_vec(&map).expect("JSON values serialise");
+    while bytes.len() % 8 != 0 {
+        bytes.push(b' ');
+    }
+    bytes
 }
 
 impl Layout {

@@ -17,12 +17,13 @@ use mdl_format::{
     Commit, CommitStats, Entry, Exactness, Lossy, Manifest, ObjectId, ObjectKind, RefName,
     Timestamp,
 };
-use mdl_store::meta::{MetaRead, MetaWrite};
+use mdl_store::meta::MetaRead;
 use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue};
 use serde::{Deserialize, Serialize};
 
 use crate::lossy::{self, CodecMode, LossyRequest, LossySettings, SearchSummary, TensorPlan};
 use crate::policy::{DeltaMode, DeltaPolicy};
+use crate::rewrite::{publish_rewrite, Rewrite};
 use crate::{per_tensor, Error, Progress, Repository, Result};
 
 /// What to commit and how.
@@ -174,6 +175,9 @@ pub fn commit(
     let metrics = check_metrics(&opts.metrics)?;
     let input = Input::open(path)?;
     let store = repo.store();
+    // From the first read of the parent to the ref update, no other writer of this process
+    // (gc, compaction, another commit) may change what this commit builds on.
+    let _writer = repo.writer();
 
     // Which ref moves, and from where.
     let head_branch = repo.head_branch()?;
@@ -332,6 +336,8 @@ pub fn commit(
     let mut w = store.meta().write()?;
     for (oid, entry) in &added {
         w.put_object(oid, entry)?;
+        // Stored again after a retention rule deleted it.
+        w.remove_expired(oid)?;
         if let Some(base) = &entry.base {
             w.add_dependent(base, oid)?;
         }
@@ -465,13 +471,6 @@ struct Stored {
     added: Option<(ObjectId, IndexEntry)>,
     /// The previous version, re-encoded against this one (reverse deltas).
     rewrite: Option<Rewrite>,
-}
-
-/// An existing object given a new record (a new generation); its id does not change.
-struct Rewrite {
-    id: ObjectId,
-    old: IndexEntry,
-    new: IndexEntry,
 }
 
 /// Everything the per-tensor work shares.
@@ -658,13 +657,26 @@ impl StoreCtx<'_> {
             return Ok(None);
         }
         // Whether the policy lets a delta join this chain, decided before the base is decoded.
+        // The restore-cost cap counts record bytes read; a record not yet written is estimated
+        // at the size of the one it joins (a delta is rarely larger than its base).
+        let budget = self
+            .policy
+            .max_restore_cost
+            .map_or(u64::MAX, |c| (c * entry.content_len as f64) as u64);
         let allowed = match self.policy.mode {
             DeltaMode::Off => false,
-            DeltaMode::Forward => entry.depth < self.policy.max_depth,
+            DeltaMode::Forward => {
+                entry.depth < self.policy.max_depth
+                    && chain_cost(&meta, &entry)? + entry.stored_len <= budget
+            }
             // The previous version must be self-contained, and everything decoding through it
-            // must stay within the cap once it is one step deeper.
+            // must stay within the caps once it is one step deeper (through its new delta and
+            // the new whole record).
             DeltaMode::Reverse => {
-                entry.base.is_none() && chain_height(&meta, &prev_id)? < self.policy.max_depth
+                let (height, load) = chain_height(&meta, &prev_id)?;
+                entry.base.is_none()
+                    && height < self.policy.max_depth
+                    && load + 2 * entry.stored_len <= budget
             }
         };
         Ok(allowed.then_some((prev_id, entry)))
@@ -843,45 +855,36 @@ fn previous_object(
     }))
 }
 
-fn chain_height(meta: &MetaRead, base: &ObjectId) -> Result<u32> {
-    let mut longest = 0;
-    let mut frontier = vec![(*base, 0u32)];
-    while let Some((id, steps)) = frontier.pop() {
+/// The longest chain of delta steps that ends at `base` (0 when nothing decodes through it),
+/// and the most record bytes such a chain reads above `base`.
+fn chain_height(meta: &MetaRead, base: &ObjectId) -> Result<(u32, u64)> {
+    let (mut longest, mut load) = (0, 0);
+    let mut frontier = vec![(*base, 0u32, 0u64)];
+    while let Some((id, steps, bytes)) = frontier.pop() {
         longest = longest.max(steps);
+        load = load.max(bytes);
         if steps >= mdl_store::MAX_CHAIN {
             break;
         }
         for d in meta.dependents(&id)? {
-            frontier.push((d, steps + 1));
+            let stored = meta.object(&d)?.map_or(0, |e| e.stored_len);
+            frontier.push((d, steps + 1, bytes + stored));
         }
     }
-    Ok(longest)
+    Ok((longest, load))
 }
 
-/// Publishes a re-encoded object: its new record, its new base link, and one more step for
-/// everything that decodes through it.
-fn publish_rewrite(w: &mut MetaWrite, r: &Rewrite) -> Result<()> {
-    w.put_object(&r.id, &r.new)?;
-    if let Some(old_base) = &r.old.base {
-        w.remove_dependent(old_base, &r.id)?;
+/// Record bytes read to reconstruct the object stored as `entry` (its record and its bases').
+fn chain_cost(meta: &MetaRead, entry: &IndexEntry) -> Result<u64> {
+    let mut total = entry.stored_len;
+    let mut at = *entry;
+    for _ in 0..mdl_store::MAX_CHAIN {
+        let Some(base) = at.base else { break };
+        let Some(b) = meta.object(&base)? else { break };
+        total += b.stored_len;
+        at = b;
     }
-    if let Some(base) = &r.new.base {
-        w.add_dependent(base, &r.id)?;
-    }
-    let shift = r.new.depth as i64 - r.old.depth as i64;
-    let mut frontier = w.dependents(&r.id)?;
-    let mut seen = HashSet::new();
-    while let Some(d) = frontier.pop() {
-        if !seen.insert(d) {
-            continue;
-        }
-        if let Some(mut e) = w.object(&d)? {
-            e.depth = (e.depth as i64 + shift).max(0) as u32;
-            w.put_object(&d, &e)?;
-        }
-        frontier.extend(w.dependents(&d)?);
-    }
-    Ok(())
+    Ok(total)
 }
 
 fn check_metrics(metrics: &[(String, f64)]) -> Result<Vec<(String, f64)>> {

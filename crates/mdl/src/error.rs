@@ -133,4 +133,15 @@ pub enum Error {
         /// The proposed value.
         new: mdl_format::ObjectId,
     },
+    /// Checking out a commit whose tensors a retention rule deleted.
+    #[error("commit {commit} is thinned: {} expired by retention ({}{}); --skip-expired writes the checkpoint without them", tensors.len(), tensors.iter().take(3).cloned().collect::<Vec<_>>().join(", "), if tensors.len() > 3 { ", …" } else { "" })]
+    Expired {
+        /// The commit (short id).
+        commit: String,
+        /// Names of the expired tensors.
+        tensors: Vec<String>,
+    },
+    /// A duration argument or setting is malformed.
+    #[error("invalid duration {0:?}: expected a number with a unit, e.g. 0s, 90m, 1h, 30d, 2w")]
+    InvalidDuration(String),
 }

@@ -22,6 +22,13 @@ pub struct Report {
     pub unindexed_records: u64,
     /// Temporary files left by interrupted writes (harmless).
     pub temp_files: Vec<PathBuf>,
+    /// Tensors that reachable commits name and a retention rule deleted on purpose (expected,
+    /// not problems).
+    pub expired: u64,
+    /// Longest delta chain (decode steps).
+    pub longest_chain: u32,
+    /// Leftover files `--repair` removed.
+    pub repaired: Vec<PathBuf>,
 }
 
 impl Report {
@@ -31,17 +38,37 @@ impl Report {
     }
 }
 
-/// Checks the whole repository.
-pub fn fsck(repo: &Repository) -> Result<Report> {
+/// Checks the whole repository; with `repair`, also removes leftovers of interrupted writes
+/// (temporaries, unindexed record files, abandoned uploads) — never anything the index names.
+pub fn fsck(repo: &Repository, repair: bool) -> Result<Report> {
     let store = repo.store();
     let mut report = Report::default();
     let meta = store.meta().read()?;
     let objects = meta.objects()?;
     let index: std::collections::HashMap<ObjectId, IndexEntry> = objects.iter().cloned().collect();
+    let expired: std::collections::HashMap<ObjectId, mdl_store::Expired> =
+        meta.expired_all()?.into_iter().collect();
+    let cap = crate::policy::DeltaPolicy::from_store(store)?.max_depth;
+
+    // 0. Expired objects are gone from the index.
+    for id in expired.keys() {
+        if index.contains_key(id) {
+            report.problems.push(format!(
+                "object {id} is indexed and also recorded as expired"
+            ));
+        }
+    }
 
     // 1. Every indexed object decodes and hashes to its id; delta bases exist with consistent depth.
     for (id, entry) in &objects {
         report.objects_checked += 1;
+        report.longest_chain = report.longest_chain.max(entry.depth);
+        if entry.depth > cap {
+            report.problems.push(format!(
+                "object {id}: chain depth {} exceeds delta.max_depth {cap} (mdl compact fixes this)",
+                entry.depth
+            ));
+        }
         if let Err(e) = store.read_object(id, entry, &mut std::io::sink()) {
             report.problems.push(e.to_string());
         }
@@ -65,19 +92,25 @@ pub fn fsck(repo: &Repository) -> Result<Report> {
     }
 
     // 2. Refs → commits → manifests → tensors, and every parent.
-    let want = |id: &ObjectId, kind: ObjectKind, from: &str, problems: &mut Vec<String>| -> bool {
-        match index.get(id) {
-            None => {
-                problems.push(format!("{from}: {kind} {id} is missing"));
-                false
+    let mut expired_seen = HashSet::new();
+    let mut want =
+        |id: &ObjectId, kind: ObjectKind, from: &str, problems: &mut Vec<String>| -> bool {
+            match index.get(id) {
+                None if kind == ObjectKind::Tensor && expired.contains_key(id) => {
+                    expired_seen.insert(*id);
+                    false
+                }
+                None => {
+                    problems.push(format!("{from}: {kind} {id} is missing"));
+                    false
+                }
+                Some(e) if e.kind != kind => {
+                    problems.push(format!("{from}: {id} is a {}, expected a {kind}", e.kind));
+                    false
+                }
+                Some(_) => true,
             }
-            Some(e) if e.kind != kind => {
-                problems.push(format!("{from}: {id} is a {}, expected a {kind}", e.kind));
-                false
-            }
-            Some(_) => true,
-        }
-    };
+        };
     let mut stack: Vec<(ObjectId, String)> = Vec::new();
     for (name, value) in meta.refs("")? {
         match value {
@@ -153,12 +186,32 @@ pub fn fsck(repo: &Repository) -> Result<Report> {
         }
     }
 
+    report.expired = expired_seen.len() as u64;
+
     // 3. Leftovers of interrupted writes: reported, not problems.
-    report.unindexed_records = store
+    let unindexed: Vec<PathBuf> = store
         .record_files()?
         .into_iter()
         .filter(|(id, g)| index.get(id).is_none_or(|e| e.generation != *g))
-        .count() as u64;
+        .map(|(id, g)| store.record_path(&id, g))
+        .collect();
+    report.unindexed_records = unindexed.len() as u64;
     report.temp_files = store.temp_files()?;
+    if repair {
+        let incoming = std::fs::read_dir(store.dir().join("incoming"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|f| f.path());
+        for path in unindexed
+            .into_iter()
+            .chain(report.temp_files.clone())
+            .chain(incoming)
+        {
+            if std::fs::remove_file(&path).is_ok() {
+                report.repaired.push(path);
+            }
+        }
+    }
     Ok(report)
 }

@@ -17,9 +17,11 @@
 
 pub mod checkout;
 pub mod commit;
+pub mod compact;
 pub mod diff;
 mod error;
 pub mod fsck;
+pub mod gc;
 mod history;
 pub mod log;
 pub mod lossy;
@@ -28,6 +30,7 @@ mod progress;
 pub mod refs;
 mod repo;
 pub mod revision;
+mod rewrite;
 pub mod show;
 pub mod stats;
 pub mod transfer;

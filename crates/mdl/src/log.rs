@@ -30,6 +30,9 @@ pub struct LogEntry {
     pub lossy_tensors: u32,
     /// Branches and tags pointing here.
     pub refs: Vec<String>,
+    /// Tensors a retention rule expired (a thinned commit when non-zero).
+    #[serde(default)]
+    pub expired_tensors: u32,
     #[serde(skip)]
     /// Commit time (from `time` when read back from JSON).
     pub timestamp: Timestamp,
@@ -68,12 +71,23 @@ pub fn log(repo: &Repository, rev: Option<&str>, limit: Option<usize>) -> Result
         },
     };
     let refs = ref_names(repo)?;
+    let meta = repo.store().meta().read()?;
+    // Manifests are read only when something has expired at all.
+    let any_expired = !meta.expired_all()?.is_empty();
     let mut out = Vec::new();
     for (id, _) in history::walk(repo, &[start])?
         .into_iter()
         .take(limit.unwrap_or(usize::MAX))
     {
         let c = repo.load_commit(&id)?;
+        let mut expired_tensors = 0;
+        if any_expired {
+            for e in repo.load_manifest(&c.manifest)?.entries {
+                if meta.object(&e.id)?.is_none() && meta.expired(&e.id)?.is_some() {
+                    expired_tensors += 1;
+                }
+            }
+        }
         out.push(LogEntry {
             id,
             parents: c.parents.clone(),
@@ -90,6 +104,7 @@ pub fn log(repo: &Repository, rev: Option<&str>, limit: Option<usize>) -> Result
                 .filter(|(_, t)| *t == id)
                 .map(|(n, _)| n.clone())
                 .collect(),
+            expired_tensors,
             timestamp: c.time,
         });
     }

@@ -133,7 +133,7 @@ impl Pairing {
     }
 
     /// The `{}` part of `name` if it matches `pattern`.
-    fn capture<'n>(pattern: &str, name: &'n str) -> Option<&'n str> {
+    pub(crate) fn capture<'n>(pattern: &str, name: &'n str) -> Option<&'n str> {
         let (pre, post) = pattern.split_once("{}")?;
         let rest = name.strip_prefix(pre)?.strip_suffix(post)?;
         (!rest.is_empty()).then_some(rest)

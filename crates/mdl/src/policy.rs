@@ -12,6 +12,8 @@ use crate::{Error, Result};
 pub const MODE_KEY: &str = "delta.mode";
 /// Configuration key of [`DeltaPolicy::max_depth`].
 pub const MAX_DEPTH_KEY: &str = "delta.max_depth";
+/// Configuration key of [`DeltaPolicy::max_restore_cost`].
+pub const MAX_RESTORE_COST_KEY: &str = "delta.max_restore_cost";
 
 /// Which way deltas point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,12 +55,15 @@ impl fmt::Display for DeltaMode {
 }
 
 /// How commits use deltas.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DeltaPolicy {
     /// Direction.
     pub mode: DeltaMode,
     /// Longest chain of delta steps any object may need (a new base starts beyond it).
     pub max_depth: u32,
+    /// Most record bytes a tensor's reconstruction may read (its own record and every base),
+    /// as a multiple of the tensor's size; a new base starts beyond it. `None`: no such cap.
+    pub max_restore_cost: Option<f64>,
 }
 
 impl Default for DeltaPolicy {
@@ -66,6 +71,7 @@ impl Default for DeltaPolicy {
         DeltaPolicy {
             mode: DeltaMode::Reverse,
             max_depth: 16,
+            max_restore_cost: None,
         }
     }
 }
@@ -80,6 +86,9 @@ impl DeltaPolicy {
         }
         if let Some(v) = meta.config(MAX_DEPTH_KEY)? {
             p.max_depth = parse_depth(&v)?;
+        }
+        if let Some(v) = meta.config(MAX_RESTORE_COST_KEY)? {
+            p.max_restore_cost = parse_restore_cost(&v)?;
         }
         Ok(p)
     }
@@ -97,11 +106,29 @@ pub fn parse_depth(v: &str) -> Result<u32> {
         })
 }
 
+/// Validates a `delta.max_restore_cost` value: `none`, or a multiple of at least 1.
+pub fn parse_restore_cost(v: &str) -> Result<Option<f64>> {
+    if v == "none" {
+        return Ok(None);
+    }
+    v.parse::<f64>()
+        .ok()
+        .filter(|c| c.is_finite() && *c >= 1.0)
+        .map(Some)
+        .ok_or_else(|| Error::InvalidConfig {
+            key: MAX_RESTORE_COST_KEY.into(),
+            value: v.into(),
+            expected: "none, or a number of at least 1 (bytes read per byte restored)",
+        })
+}
+
 /// Checks a configuration assignment before it is stored.
 pub fn validate(key: &str, value: &str) -> Result<()> {
     match key {
         MODE_KEY => value.parse::<DeltaMode>().map(drop),
         MAX_DEPTH_KEY => parse_depth(value).map(drop),
+        MAX_RESTORE_COST_KEY => parse_restore_cost(value).map(drop),
+        crate::gc::KEEP_LAST_KEY => crate::gc::parse_keep_last(value).map(drop),
         _ => crate::lossy::validate(key, value)
             .unwrap_or_else(|| Err(Error::UnknownConfig(key.into()))),
     }
@@ -113,6 +140,8 @@ pub fn known_keys() -> Vec<(&'static str, String)> {
     let mut keys = vec![
         (MODE_KEY, d.mode.to_string()),
         (MAX_DEPTH_KEY, d.max_depth.to_string()),
+        (MAX_RESTORE_COST_KEY, "none".to_string()),
+        (crate::gc::KEEP_LAST_KEY, "all".to_string()),
     ];
     keys.extend(crate::lossy::known_keys());
     keys

@@ -1,5 +1,5 @@
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use mdl_format::{Commit, Manifest, ObjectId, ObjectKind};
 use mdl_store::meta::HEAD;
@@ -18,6 +18,8 @@ pub const ADVERTISEMENT: &str = "serve.json";
 pub struct Repository {
     root: PathBuf,
     store: Store,
+    /// Serialises writers inside this process (the lock file keeps other processes out).
+    writer: Mutex<()>,
 }
 
 impl Repository {
@@ -41,7 +43,11 @@ impl Repository {
         if store.writable() && ad.exists() {
             let _ = std::fs::remove_file(&ad);
         }
-        Ok(Repository { root, store })
+        Ok(Repository {
+            root,
+            store,
+            writer: Mutex::new(()),
+        })
     }
 
     /// The work directory.
@@ -52,6 +58,13 @@ impl Repository {
     /// The underlying store.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Exclusive right to change the repository within this process: a commit holds it from
+    /// its first index read to its ref update; compaction and gc take it only to publish each
+    /// step, so commits go on between their steps. Readers never need it.
+    pub fn writer(&self) -> MutexGuard<'_, ()> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Reads and parses a commit object.

@@ -34,6 +34,9 @@ pub struct TensorInfo {
     /// How a lossy tensor was made and what it cost.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lossy_info: Option<LossyInfo>,
+    /// Set when a retention rule deleted the tensor: which rule, and when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expired: Option<String>,
 }
 
 /// A lossy tensor's settings and measured errors.
@@ -111,6 +114,9 @@ pub struct Shown {
     pub stored_bytes: u64,
     /// Tensors in file order.
     pub tensors: Vec<TensorInfo>,
+    /// How many tensors retention expired (a thinned commit when non-zero).
+    #[serde(default)]
+    pub expired_tensors: u32,
 }
 
 /// Loads what `mdl show REV` prints.
@@ -121,7 +127,24 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
     let meta = repo.store().meta().read()?;
     let mut tensors = Vec::with_capacity(m.entries.len());
     for e in &m.entries {
-        let entry = meta.object(&e.id)?.ok_or(StoreError::Missing(e.id))?;
+        let Some(entry) = meta.object(&e.id)? else {
+            let x = meta.expired(&e.id)?.ok_or(StoreError::Missing(e.id))?;
+            tensors.push(TensorInfo {
+                name: e.name.clone(),
+                dtype: e.header.dtype.name().to_string(),
+                shape: e.header.shape.clone(),
+                id: e.id,
+                codec: "expired".into(),
+                raw_bytes: x.content_len,
+                stored_bytes: 0,
+                base: None,
+                depth: 0,
+                lossy: e.exactness.is_lossy(),
+                lossy_info: e.exactness.lossy().map(LossyInfo::new),
+                expired: Some(format!("{} at {}", x.rule, x.time.rfc3339())),
+            });
+            continue;
+        };
         tensors.push(TensorInfo {
             name: e.name.clone(),
             dtype: e.header.dtype.name().to_string(),
@@ -136,8 +159,10 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
             depth: entry.depth,
             lossy: e.exactness.is_lossy(),
             lossy_info: e.exactness.lossy().map(LossyInfo::new),
+            expired: None,
         });
     }
+    let expired_tensors = tensors.iter().filter(|t| t.expired.is_some()).count() as u32;
     Ok(Shown {
         id,
         manifest: c.manifest,
@@ -151,5 +176,6 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
         raw_bytes: c.stats.raw_bytes,
         stored_bytes: c.stats.stored_bytes,
         tensors,
+        expired_tensors,
     })
 }

@@ -63,7 +63,7 @@ fn faults_leave_repository_unchanged() {
             "{err}"
         );
         assert_eq!(mdl::log::log(&repo, None, None).unwrap().len(), 1);
-        let report = mdl::fsck::fsck(&repo).unwrap();
+        let report = mdl::fsck::fsck(&repo, false).unwrap();
         assert!(report.ok(), "{:?}", report.problems);
         assert!(
             report.temp_files.is_empty(),
@@ -76,7 +76,7 @@ fn faults_leave_repository_unchanged() {
     let second = commit(&repo, &f, &CommitOptions::default(), &NoProgress).unwrap();
     assert_eq!(mdl::revision::resolve(&repo, "main~1").unwrap(), first.id);
     assert_eq!(mdl::revision::resolve(&repo, "main").unwrap(), second.id);
-    assert!(mdl::fsck::fsck(&repo).unwrap().ok());
+    assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
 }
 
 /// A float checkpoint whose single tensor moves a little with `step`, so the second commit
@@ -123,7 +123,7 @@ fn faults_during_a_reverse_delta_leave_the_old_record_in_use() {
             shown.tensors[0].codec, "float-split",
             "the old record is still in use"
         );
-        assert!(mdl::fsck::fsck(&repo).unwrap().ok());
+        assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
     }
     let repo = Repository::open(dir.path(), &OpenOptions::default()).unwrap();
     commit(&repo, &f, &CommitOptions::default(), &NoProgress).unwrap();
@@ -136,6 +136,6 @@ fn faults_during_a_reverse_delta_leave_the_old_record_in_use() {
     let out = dir.path().join("out.safetensors");
     mdl::checkout::checkout(&repo, "main~1", &out, &Default::default(), &NoProgress).unwrap();
     assert_eq!(std::fs::read(&out).unwrap(), original);
-    let report = mdl::fsck::fsck(&repo).unwrap();
+    let report = mdl::fsck::fsck(&repo, false).unwrap();
     assert!(report.ok(), "{:?}", report.problems);
 }

@@ -168,7 +168,7 @@ fn check_all(repo: &Repository, commits: &[(PathBuf, mdl::ObjectId)], dir: &Path
         );
         std::fs::remove_file(&out).unwrap();
     }
-    let report = mdl::fsck::fsck(repo).unwrap();
+    let report = mdl::fsck::fsck(repo, false).unwrap();
     assert!(report.ok(), "{:?}", report.problems);
     assert_eq!(report.unindexed_records, 0, "old generations are removed");
 }
@@ -283,7 +283,7 @@ fn a_flipped_bit_is_an_error_naming_the_object() {
         assert!(err.contains(&id.to_hex()), "{err}");
         assert!(!out.exists(), "no output after a failed checkout");
     }
-    let report = mdl::fsck::fsck(&repo).unwrap();
+    let report = mdl::fsck::fsck(&repo, false).unwrap();
     assert!(!report.ok());
     assert!(report.problems.iter().any(|p| p.contains(&id.to_hex())));
 }

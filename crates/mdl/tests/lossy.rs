@@ -244,7 +244,7 @@ fn chain_with_table_changes(mode: DeltaMode) {
         }
     }
     assert!(deltas >= 6, "only {deltas} quant-delta records");
-    let report = mdl::fsck::fsck(&repo).unwrap();
+    let report = mdl::fsck::fsck(&repo, false).unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
 

@@ -1,0 +1,548 @@
+//! `mdl gc`: delete what nothing can reach, and apply the retention rules.
+//!
+//! Roots are every ref and every reflog entry younger than `expire_reflog` (older entries are
+//! deleted). What they reach — commits, parents, manifests, tensors — is kept, and so is every
+//! object younger than the grace period `prune_older_than` (a commit racing gc may be about to
+//! name it). Retention (`retention.keep_last = N`) thins commits more than N first-parent steps
+//! behind a branch tip: their optimizer-state tensors (the moments of the `quant.moments`
+//! pairings) are deleted unless a commit kept in full names them too, and are recorded as
+//! *expired* — commit and manifest ids never change. Tagged commits and branch tips are never
+//! thinned.
+//!
+//! A kept tensor may be stored as a delta against one that goes: it is re-encoded as a
+//! self-contained record first. Deletion is one index transaction, taken under the repository's
+//! writer after the roots are read again (a commit or ref change that happened during the scan
+//! keeps what it names); record files are removed after it is durable, so a crash leaves at
+//! worst unindexed files, which the next gc sweeps.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use mdl_format::{ObjectId, ObjectKind, Timestamp};
+use mdl_store::meta::MetaRead;
+use mdl_store::{Expired, IndexEntry};
+use serde::{Deserialize, Serialize};
+
+use crate::compact::reencode_group;
+use crate::lossy::{LossyRequest, LossySettings, Pairing};
+use crate::{Error, Progress, Repository, Result};
+
+/// Configuration key of the retention rule.
+pub const KEEP_LAST_KEY: &str = "retention.keep_last";
+
+/// Files in `.mdl/incoming/` (uploads being received) are swept only when at least this old,
+/// whatever the grace period: a server may be receiving one right now.
+const INCOMING_MIN_AGE: Duration = Duration::from_secs(3600);
+
+/// Options of a gc.
+#[derive(Clone, Debug)]
+pub struct GcOptions {
+    /// Unreachable objects and leftover files younger than this are kept.
+    pub prune_older_than: Duration,
+    /// Reflog entries older than this are deleted (and stop protecting what they name).
+    pub expire_reflog: Duration,
+    /// Report, change nothing.
+    pub dry_run: bool,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        GcOptions {
+            prune_older_than: Duration::from_secs(3600),
+            expire_reflog: Duration::from_secs(30 * 86_400),
+            dry_run: false,
+        }
+    }
+}
+
+/// What a gc removed (or, with `dry_run`, would remove).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct GcOutcome {
+    /// Nothing was changed.
+    pub dry_run: bool,
+    /// Unreachable commits deleted.
+    pub commits: u64,
+    /// Unreachable manifests deleted.
+    pub manifests: u64,
+    /// Unreachable tensors deleted.
+    pub tensors: u64,
+    /// Tensors deleted by retention (recorded as expired).
+    pub expired: u64,
+    /// Commits thinned by retention in this run.
+    pub thinned_commits: u64,
+    /// Kept tensors re-encoded because their delta base was deleted.
+    pub reencoded: u64,
+    /// Unreachable objects kept because they are younger than the grace period.
+    pub kept_young: u64,
+    /// Reflog entries deleted.
+    pub reflog_expired: u64,
+    /// Leftover files removed: unindexed records, temporaries, abandoned uploads.
+    pub leftover_files: u64,
+    /// Bytes freed on disk (records and leftovers).
+    pub bytes_freed: u64,
+}
+
+/// The retention rule of the repository, if one is set.
+pub fn keep_last(repo: &Repository) -> Result<Option<u64>> {
+    match repo.store().meta().read()?.config(KEEP_LAST_KEY)? {
+        None => Ok(None),
+        Some(v) => parse_keep_last(&v),
+    }
+}
+
+/// Validates a `retention.keep_last` value: `all` (no thinning) or a count of at least 1.
+pub fn parse_keep_last(v: &str) -> Result<Option<u64>> {
+    if v == "all" {
+        return Ok(None);
+    }
+    v.parse::<u64>()
+        .ok()
+        .filter(|&n| n >= 1)
+        .map(Some)
+        .ok_or_else(|| Error::InvalidConfig {
+            key: KEEP_LAST_KEY.into(),
+            value: v.into(),
+            expected: "all, or a whole number of commits (at least 1)",
+        })
+}
+
+/// Parses `0s`, `90m`, `1h`, `30d`, `2w` (a whole number and a unit).
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    let bad = || Error::InvalidDuration(s.to_string());
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (n, unit) = t.split_at(split);
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(secs).map(Duration::from_secs).ok_or_else(bad)
+}
+
+/// Whether tensor `name` is optimizer state under the repository's moment pairings.
+fn is_moment(pairings: &[Pairing], name: &str) -> bool {
+    pairings
+        .iter()
+        .any(|p| Pairing::capture(&p.m, name).is_some() || Pairing::capture(&p.v, name).is_some())
+}
+
+/// What the roots reach, and what retention lets go.
+#[derive(Default)]
+struct Marks {
+    commits: HashSet<ObjectId>,
+    manifests: HashSet<ObjectId>,
+    /// Tensors kept.
+    tensors: HashSet<ObjectId>,
+    /// Optimizer tensors of thinned commits that no kept commit names.
+    expire: HashSet<ObjectId>,
+    /// Commits retention thins.
+    thinned: HashSet<ObjectId>,
+    /// The optimizer tensors each thinned commit names.
+    thin_moments: HashMap<ObjectId, Vec<ObjectId>>,
+}
+
+/// The roots: ref targets and the ids of reflog entries not older than `since`.
+fn roots(meta: &MetaRead, since: Timestamp) -> Result<Vec<ObjectId>> {
+    let mut out = Vec::new();
+    for (_, v) in meta.refs("")? {
+        out.extend(v.target());
+    }
+    for name in meta.reflog_names()? {
+        for e in meta.reflog(&name)? {
+            if e.time >= since {
+                out.extend(e.old);
+                out.extend(e.new);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Commits to thin under `keep_last`: more than N first-parent steps behind some branch tip,
+/// not within N of any tip, not tagged, not a tip.
+fn thinned_commits(meta: &MetaRead, keep: Option<u64>) -> Result<HashSet<ObjectId>> {
+    let Some(keep) = keep else {
+        return Ok(HashSet::new());
+    };
+    let mut full = HashSet::new();
+    let mut old = HashSet::new();
+    for (_, v) in meta.refs("refs/tags/")? {
+        full.extend(v.target());
+    }
+    for (_, v) in meta.refs("refs/heads/")? {
+        let Some(mut at) = v.target() else { continue };
+        let mut steps = 0u64;
+        loop {
+            if steps < keep {
+                full.insert(at);
+            } else {
+                old.insert(at);
+            }
+            steps += 1;
+            match meta.commit(&at)?.and_then(|s| s.parents.first().copied()) {
+                Some(p) => at = p,
+                None => break,
+            }
+        }
+    }
+    Ok(old.difference(&full).copied().collect())
+}
+
+/// Marks from `starts`, skipping commits already marked (so a second call only walks what is
+/// new); tensors of thinned commits that are optimizer state go to `expire` for now.
+fn mark(
+    repo: &Repository,
+    meta: &MetaRead,
+    starts: &[ObjectId],
+    pairings: &[Pairing],
+    marks: &mut Marks,
+) -> Result<()> {
+    let mut stack: Vec<ObjectId> = starts.to_vec();
+    while let Some(id) = stack.pop() {
+        if marks.commits.contains(&id) {
+            continue;
+        }
+        let Some(summary) = meta.commit(&id)? else {
+            // Not a commit this repository has (fsck reports such refs); nothing to keep.
+            continue;
+        };
+        marks.commits.insert(id);
+        stack.extend(summary.parents.iter().copied());
+        if !marks.manifests.insert(summary.manifest) {
+            if !marks.thinned.contains(&id) {
+                // The same manifest may belong to a thinned and a full commit.
+                let m = repo.load_manifest(&summary.manifest)?;
+                marks.tensors.extend(m.entries.iter().map(|e| e.id));
+            }
+            continue;
+        }
+        if meta.object(&summary.manifest)?.is_none() {
+            continue;
+        }
+        let manifest = repo.load_manifest(&summary.manifest)?;
+        let thin = marks.thinned.contains(&id);
+        for e in &manifest.entries {
+            if thin && is_moment(pairings, &e.name) {
+                marks.expire.insert(e.id);
+                marks.thin_moments.entry(id).or_default().push(e.id);
+            } else {
+                marks.tensors.insert(e.id);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs gc on the repository.
+pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Result<GcOutcome> {
+    let store = repo.store();
+    let now = Timestamp::now();
+    let before = |d: Duration| Timestamp(now.0 - d.as_millis().min(i64::MAX as u128) as i64);
+    let reflog_cutoff = before(opts.expire_reflog);
+    let prune_cutoff = before(opts.prune_older_than);
+    let keep = keep_last(repo)?;
+    let pairings = LossySettings::resolve(store, &LossyRequest::default())?.pairings;
+    let rule = keep.map(|n| format!("{KEEP_LAST_KEY}={n}"));
+    let mut out = GcOutcome {
+        dry_run: opts.dry_run,
+        ..Default::default()
+    };
+
+    // 1. Mark, without holding the writer.
+    let mut marks = Marks::default();
+    {
+        let meta = store.meta().read()?;
+        marks.thinned = thinned_commits(&meta, keep)?;
+        mark(
+            repo,
+            &meta,
+            &roots(&meta, reflog_cutoff)?,
+            &pairings,
+            &mut marks,
+        )?;
+    }
+    let plan = plan(repo, &marks, prune_cutoff)?;
+
+    if opts.dry_run {
+        let meta = store.meta().read()?;
+        tally(&meta, &plan, &mut out)?;
+        out.reencoded = plan.rebase.len() as u64;
+        out.thinned_commits = newly_thinned(&marks, &plan);
+        for name in meta.reflog_names()? {
+            out.reflog_expired += meta
+                .reflog(&name)?
+                .iter()
+                .filter(|e| e.time < reflog_cutoff)
+                .count() as u64;
+        }
+        let leftovers = leftovers(repo, &HashSet::new(), prune_cutoff)?;
+        out.leftover_files = leftovers.len() as u64;
+        out.bytes_freed += leftovers.iter().map(|(_, len)| len).sum::<u64>();
+        return Ok(out);
+    }
+
+    // 2. Kept tensors whose bases go become self-contained, a chain at a time.
+    progress.start("re-encoding", plan.rebase.len() as u64);
+    for id in &plan.rebase {
+        let (done, _, _) = reencode_group(repo, std::slice::from_ref(id))?;
+        out.reencoded += done;
+        progress.advance(1);
+    }
+    progress.finish();
+
+    // 3. Delete, under the writer, after marking again from the roots as they are now.
+    let writer = repo.writer();
+    let mut w = store.meta().write()?;
+    let mut plan = plan;
+    {
+        let meta = store.meta().read()?;
+        let mut again = Marks {
+            thinned: thinned_commits(&meta, keep)?,
+            ..Default::default()
+        };
+        mark(
+            repo,
+            &meta,
+            &roots(&meta, reflog_cutoff)?,
+            &pairings,
+            &mut again,
+        )?;
+        plan.delete.retain(|id| {
+            !again.commits.contains(id)
+                && !again.manifests.contains(id)
+                && !again.tensors.contains(id)
+        });
+        plan.expire
+            .retain(|id| again.expire.contains(id) && !again.tensors.contains(id));
+    }
+    // Whatever still decodes through a doomed object keeps it (a concurrent commit made it a
+    // base, or re-encoding it above was skipped).
+    loop {
+        let doomed: HashSet<ObjectId> = plan.delete.union(&plan.expire).copied().collect();
+        let mut saved = Vec::new();
+        for id in &doomed {
+            if w.dependents(id)?.iter().any(|d| !doomed.contains(d)) {
+                saved.push(*id);
+            }
+        }
+        if saved.is_empty() {
+            break;
+        }
+        for id in saved {
+            plan.delete.remove(&id);
+            plan.expire.remove(&id);
+        }
+    }
+    {
+        let meta = store.meta().read()?;
+        tally(&meta, &plan, &mut out)?;
+        out.thinned_commits = newly_thinned(&marks, &plan);
+    }
+    let mut removed: Vec<(ObjectId, IndexEntry)> = Vec::new();
+    for id in &plan.delete {
+        if let Some(e) = w.remove_object(id)? {
+            if e.kind == ObjectKind::Commit {
+                w.remove_commit(id)?;
+            }
+            removed.push((*id, e));
+        }
+    }
+    for id in &plan.expire {
+        if let Some(e) = w.remove_object(id)? {
+            let expired = Expired {
+                kind: e.kind,
+                content_len: e.content_len,
+                time: now,
+                rule: rule.clone().unwrap_or_default(),
+            };
+            w.put_expired(id, &expired)?;
+            removed.push((*id, e));
+        }
+    }
+    for name in w.reflog_names()? {
+        out.reflog_expired += w.expire_reflog(&name, reflog_cutoff)? as u64;
+    }
+    w.commit_txn()?;
+
+    // 4. Files: the records of what was deleted, then leftovers of interrupted writes (still
+    // under the writer, so no commit of this process is between writing and indexing them).
+    let gone: HashSet<ObjectId> = removed.iter().map(|(id, _)| *id).collect();
+    for (id, e) in &removed {
+        store.remove_record(id, e.generation);
+    }
+    let leftovers = leftovers(repo, &gone, prune_cutoff)?;
+    for (path, len) in &leftovers {
+        if std::fs::remove_file(path).is_ok() {
+            out.leftover_files += 1;
+            out.bytes_freed += len;
+        }
+    }
+    drop(writer);
+    Ok(out)
+}
+
+/// What gc will delete.
+struct Plan {
+    /// Unreachable objects past the grace period.
+    delete: HashSet<ObjectId>,
+    /// Tensors retention lets go.
+    expire: HashSet<ObjectId>,
+    /// Kept tensors that decode through something deleted: re-encoded first.
+    rebase: Vec<ObjectId>,
+    /// Unreachable objects kept for the grace period.
+    young: u64,
+}
+
+fn plan(repo: &Repository, marks: &Marks, prune_cutoff: Timestamp) -> Result<Plan> {
+    let meta = repo.store().meta().read()?;
+    let index: HashMap<ObjectId, IndexEntry> = meta.objects()?.into_iter().collect();
+    let mut delete = HashSet::new();
+    let mut expire = HashSet::new();
+    let mut young = 0;
+    for (id, e) in &index {
+        let live = match e.kind {
+            ObjectKind::Commit => marks.commits.contains(id),
+            ObjectKind::Manifest => marks.manifests.contains(id),
+            ObjectKind::Tensor => marks.tensors.contains(id),
+        };
+        if live {
+            continue;
+        }
+        if marks.expire.contains(id) {
+            expire.insert(*id);
+        } else if e.created < prune_cutoff {
+            delete.insert(*id);
+        } else {
+            young += 1;
+        }
+    }
+    let rebase = index
+        .iter()
+        .filter(|(id, e)| {
+            !delete.contains(*id)
+                && !expire.contains(*id)
+                && e.base
+                    .is_some_and(|b| delete.contains(&b) || expire.contains(&b))
+        })
+        .map(|(id, _)| *id)
+        .collect();
+    Ok(Plan {
+        delete,
+        expire,
+        rebase,
+        young,
+    })
+}
+
+/// Counts what the plan deletes.
+fn tally(meta: &MetaRead, plan: &Plan, out: &mut GcOutcome) -> Result<()> {
+    out.commits = 0;
+    out.manifests = 0;
+    out.tensors = 0;
+    out.bytes_freed = 0;
+    for id in &plan.delete {
+        if let Some(e) = meta.object(id)? {
+            match e.kind {
+                ObjectKind::Commit => out.commits += 1,
+                ObjectKind::Manifest => out.manifests += 1,
+                ObjectKind::Tensor => out.tensors += 1,
+            }
+            out.bytes_freed += e.stored_len;
+        }
+    }
+    out.expired = 0;
+    for id in &plan.expire {
+        if let Some(e) = meta.object(id)? {
+            out.expired += 1;
+            out.bytes_freed += e.stored_len;
+        }
+    }
+    out.kept_young = plan.young;
+    Ok(())
+}
+
+/// Commits that lose a tensor to retention in this run.
+fn newly_thinned(marks: &Marks, plan: &Plan) -> u64 {
+    marks
+        .thin_moments
+        .values()
+        .filter(|ids| ids.iter().any(|id| plan.expire.contains(id)))
+        .count() as u64
+}
+
+/// Leftover files older than the cutoff: record files the index does not name (interrupted
+/// writes, replaced generations, records of `gone` objects that could not be deleted),
+/// temporaries of interrupted writes, and abandoned uploads.
+fn leftovers(
+    repo: &Repository,
+    gone: &HashSet<ObjectId>,
+    cutoff: Timestamp,
+) -> Result<Vec<(PathBuf, u64)>> {
+    let store = repo.store();
+    let meta = store.meta().read()?;
+    let mut out = Vec::new();
+    let old_enough = |path: &Path, min: Duration| -> Option<u64> {
+        let md = std::fs::symlink_metadata(path).ok()?;
+        let modified = md.modified().ok()?;
+        let age_cutoff = SystemTime::UNIX_EPOCH + Duration::from_millis(cutoff.0.max(0) as u64);
+        let limit = age_cutoff.min(SystemTime::now() - min);
+        (md.is_file() && modified <= limit).then_some(md.len())
+    };
+    for (id, generation) in store.record_files()? {
+        let indexed = meta
+            .object(&id)?
+            .is_some_and(|e| e.generation == generation);
+        if indexed && !gone.contains(&id) {
+            continue;
+        }
+        let path = store.record_path(&id, generation);
+        if let Some(len) = old_enough(&path, Duration::ZERO) {
+            out.push((path, len));
+        }
+    }
+    for path in store.temp_files()? {
+        if let Some(len) = old_enough(&path, Duration::ZERO) {
+            out.push((path, len));
+        }
+    }
+    let incoming = store.dir().join("incoming");
+    if let Ok(dir) = std::fs::read_dir(&incoming) {
+        for f in dir.flatten() {
+            if let Some(len) = old_enough(&f.path(), INCOMING_MIN_AGE) {
+                out.push((f.path(), len));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
+        assert_eq!(parse_duration("90m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(
+            parse_duration("30d").unwrap(),
+            Duration::from_secs(2_592_000)
+        );
+        assert_eq!(
+            parse_duration("2w").unwrap(),
+            Duration::from_secs(1_209_600)
+        );
+        for bad in ["", "h", "1", "1y", "-1h", "1.5h", "99999999999999999999w"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_keep_last("all").unwrap(), None);
+        assert_eq!(parse_keep_last("3").unwrap(), Some(3));
+        assert!(parse_keep_last("0").is_err());
+    }
+}
