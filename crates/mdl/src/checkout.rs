@@ -268,7 +268,7 @@ fn header_for(
         at = end;
     }
     let mut bytes = serde_json::to_vec(&map).expect("JSON values serialise");
-    while bytes.len() % 8 != 0 {
+    while !bytes.len().is_multiple_of(8) {
         bytes.push(b' ');
     }
     bytes

@@ -186,7 +186,11 @@ fn codecs(repo: &Repository, id: &mdl::ObjectId) -> Vec<(String, String, u32)> {
 fn every_mode_round_trips_and_respects_the_depth_cap() {
     for mode in [DeltaMode::Reverse, DeltaMode::Forward, DeltaMode::Off] {
         let dir = tempfile::tempdir().unwrap();
-        let policy = DeltaPolicy { mode, max_depth: 2 };
+        let policy = DeltaPolicy {
+            mode,
+            max_depth: 2,
+            max_restore_cost: None,
+        };
         let (repo, commits) = series(dir.path(), 6, policy);
         check_all(&repo, &commits, dir.path());
         let mut saw_delta = false;
@@ -216,7 +220,15 @@ fn deltas_make_the_series_smaller() {
         .into_iter()
         .map(|mode| {
             let dir = tempfile::tempdir().unwrap();
-            let (repo, _) = series(dir.path(), 4, DeltaPolicy { mode, max_depth: 8 });
+            let (repo, _) = series(
+                dir.path(),
+                4,
+                DeltaPolicy {
+                    mode,
+                    max_depth: 8,
+                    max_restore_cost: None,
+                },
+            );
             mdl::stats::stats(&repo).unwrap().stored_bytes
         })
         .collect();
@@ -252,6 +264,7 @@ fn flip_bit(path: &Path, at: usize) {
 const REVERSE: DeltaPolicy = DeltaPolicy {
     mode: DeltaMode::Reverse,
     max_depth: 8,
+    max_restore_cost: None,
 };
 
 /// The error of a checkout of `rev` that must fail.

@@ -120,7 +120,7 @@ fn one_checkpoint() -> (tempfile::TempDir, Repository, Model, PathBuf) {
 fn checkout_to(repo: &Repository, rev: &str, out: &Path) {
     let opts = CheckoutOptions {
         force: true,
-        sync: false,
+        ..Default::default()
     };
     checkout(repo, rev, out, &opts, &NoProgress).unwrap();
 }
@@ -201,6 +201,7 @@ fn chain_with_table_changes(mode: DeltaMode) {
     let policy = DeltaPolicy {
         mode,
         max_depth: 16,
+        max_restore_cost: None,
     };
     let mut model = Model::new();
     let mut outs = Vec::new();

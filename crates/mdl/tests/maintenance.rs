@@ -352,8 +352,8 @@ fn retention_thins_old_commits_and_says_so() {
         &NoProgress,
     )
     .unwrap();
-    assert!(&checkout_bytes(&repo, &again.id, d).unwrap() == &commits[2].1);
-    assert!(&checkout_bytes(&repo, &commits[2].0, d).unwrap() == &commits[2].1);
+    assert!(checkout_bytes(&repo, &again.id, d).unwrap() == commits[2].1);
+    assert!(checkout_bytes(&repo, &commits[2].0, d).unwrap() == commits[2].1);
     assert_sound(&repo);
 }
 
@@ -423,4 +423,37 @@ fn commits_racing_gc_in_one_process_are_never_damaged() {
         )
         .unwrap();
     }
+}
+
+#[test]
+fn restore_cost_cap_starts_new_bases() {
+    let chain_cost = |repo: &Repository| {
+        let meta = repo.store().meta().read().unwrap();
+        let index: std::collections::HashMap<_, _> = meta.objects().unwrap().into_iter().collect();
+        index
+            .values()
+            .filter(|e| e.base.is_some())
+            .map(|e| {
+                let mut cost = e.stored_len;
+                let mut at = *e;
+                while let Some(b) = at.base {
+                    at = index[&b];
+                    cost += at.stored_len;
+                }
+                cost as f64 / e.content_len as f64
+            })
+            .fold(0.0, f64::max)
+    };
+    let mut worst = Vec::new();
+    for cap in [None, Some(2.0)] {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = Repository::init(dir.path()).unwrap();
+        let mut o = opts(DeltaMode::Forward, 100, false);
+        o.delta.as_mut().unwrap().max_restore_cost = cap;
+        series(&repo, dir.path(), 10, &o);
+        worst.push((chain_cost(&repo), *depths(&repo).iter().max().unwrap()));
+    }
+    assert!(worst[0].0 > 2.0, "uncapped chains read more: {worst:?}");
+    assert!(worst[1].0 <= 2.0, "capped: {worst:?}");
+    assert!(worst[1].1 < worst[0].1);
 }
