@@ -3,5 +3,6 @@
 mod bad_input;
 mod crash;
 mod journeys;
+mod maintenance;
 mod server;
 mod util;

@@ -1,0 +1,371 @@
+//! `mdl compact` and `mdl gc` through the binary: SIGKILL at random instants (the repository
+//! stays sound and every commit checks out as before), commits racing gc in two processes and
+//! through the server, and the maintenance routes.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::server::{http, Server};
+use crate::util::*;
+
+const LAYERS: u64 = 2;
+const ELEMS: u64 = 16 << 10; // 64 KiB of f32 per tensor
+
+/// Checkpoint `n` of a run: each layer's weight and its two Adam moments; every file changes
+/// the low mantissa bytes (so deltas pay and chains form). Without `moments`, the weights only
+/// (what a thinned checkout holds).
+fn checkpoint(path: &Path, n: u64, moments: bool) -> Vec<u8> {
+    let mut ts = Vec::new();
+    for l in 0..LAYERS {
+        let names = [
+            format!("model.l{l}"),
+            format!("optim.l{l}.exp_avg"),
+            format!("optim.l{l}.exp_avg_sq"),
+        ];
+        for (k, name) in names.iter().enumerate() {
+            if k > 0 && !moments {
+                continue;
+            }
+            let mut t = tensor(name, "F32", &[ELEMS], l * 3 + k as u64);
+            let low = noise(7_000 + n * 16 + l * 3 + k as u64, ELEMS as usize);
+            for (w, r) in t.data.chunks_mut(4).zip(low) {
+                w[0] = r;
+            }
+            ts.push(t);
+        }
+    }
+    write_safetensors(path, &ts, &[])
+}
+
+fn id_of(v: &serde_json::Value) -> String {
+    v["id"].as_str().unwrap().to_string()
+}
+
+/// The data section of a safetensors file and its tensor names.
+fn data_and_names(bytes: &[u8]) -> (Vec<u8>, Vec<String>) {
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut names: Vec<(u64, String)> = header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(k, v)| (v["data_offsets"][0].as_u64().unwrap(), k.clone()))
+        .collect();
+    names.sort();
+    (
+        bytes[8 + n..].to_vec(),
+        names.into_iter().map(|(_, k)| k).collect(),
+    )
+}
+
+/// Checks out commit `id` (file `n`): identical to the file, or, for a thinned commit, the
+/// weights exactly and nothing else.
+fn assert_checkout(d: &Path, id: &str, n: u64) {
+    let out = d.join("out.safetensors");
+    let shown = json(d, &["show", id]);
+    let full = checkpoint(&d.join("expect.safetensors"), n, true);
+    if shown["expired_tensors"].as_u64().unwrap() == 0 {
+        ok(d, &["checkout", id, "-o", out.to_str().unwrap(), "--force"]);
+        assert!(
+            std::fs::read(&out).unwrap() == full,
+            "commit {id} (file {n}) changed"
+        );
+    } else {
+        fails(
+            d,
+            &["checkout", id, "-o", out.to_str().unwrap(), "--force"],
+            "expired by retention",
+        );
+        ok(
+            d,
+            &[
+                "checkout",
+                id,
+                "-o",
+                out.to_str().unwrap(),
+                "--force",
+                "--skip-expired",
+            ],
+        );
+        let thin = checkpoint(&d.join("expect.safetensors"), n, false);
+        assert_eq!(
+            data_and_names(&std::fs::read(&out).unwrap()),
+            data_and_names(&thin),
+            "thinned commit {id} (file {n}) lost weights"
+        );
+    }
+}
+
+/// Kills `mdl args…` after a random delay below `span`; returns whether it was killed before
+/// finishing.
+fn kill_during(d: &Path, args: &[&str], delay: Duration) -> bool {
+    let mut child = Command::new(mdl_bin())
+        .arg("-C")
+        .arg(d)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(delay);
+    let _ = child.kill(); // SIGKILL
+    !child.wait().unwrap().success()
+}
+
+struct Rand(Vec<u8>);
+
+impl Rand {
+    fn below(&mut self, n: u64) -> u64 {
+        let r = u64::from_le_bytes(self.0.drain(..8).collect::<Vec<_>>().try_into().unwrap());
+        r % n.max(1)
+    }
+}
+
+fn iterations() -> u64 {
+    std::env::var("MDL_CRASH_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100)
+}
+
+#[test]
+fn sigkill_during_compact_never_corrupts() {
+    let iterations = iterations();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+    // Forward deltas with no practical cap: every commit makes every chain one longer.
+    ok(d, &["config", "delta.mode", "forward"]);
+    ok(d, &["config", "delta.max_depth", "512"]);
+    let file = d.join("ckpt.safetensors");
+    let mut committed: Vec<(String, u64)> = Vec::new();
+    let commit = |n: u64| {
+        checkpoint(&file, n, true);
+        id_of(&json(d, &["commit", file.to_str().unwrap()]))
+    };
+    for n in 0..6 {
+        committed.push((commit(n), n));
+    }
+    // One compaction timed whole, to spread the kills over one.
+    let t = Instant::now();
+    ok(d, &["compact", "--max-depth", "2"]);
+    let span = (t.elapsed().as_micros() as u64).max(2_000);
+
+    let mut rand = Rand(noise(
+        std::process::id() as u64 ^ 0xc0,
+        64 * iterations as usize,
+    ));
+    let mut killed = 0;
+    for it in 0..iterations {
+        let n = 6 + it;
+        committed.push((commit(n), n));
+        let cap = rand.below(3).to_string();
+        let delay = Duration::from_micros(rand.below(span));
+        if kill_during(d, &["compact", "--max-depth", &cap], delay) {
+            killed += 1;
+        }
+        assert_fsck_clean(d);
+        let pick = [
+            committed.len() - 1,
+            rand.below(committed.len() as u64) as usize,
+        ];
+        for &i in &pick {
+            let (id, n) = &committed[i];
+            assert_checkout(d, id, *n);
+        }
+    }
+    ok(d, &["compact", "--max-depth", "1"]);
+    let report = json(d, &["fsck"]);
+    assert!(report["longest_chain"].as_u64().unwrap() <= 1);
+    for (id, n) in &committed {
+        assert_checkout(d, id, *n);
+    }
+    eprintln!("compact crash test: {iterations} kills, {killed} before compaction finished");
+    assert!(killed > 0, "no kill landed inside a compaction");
+}
+
+#[test]
+fn sigkill_during_gc_never_corrupts() {
+    let iterations = iterations();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+    ok(d, &["config", "retention.keep_last", "3"]);
+    let file = d.join("ckpt.safetensors");
+    let mut committed: Vec<(String, u64)> = Vec::new();
+    // Main gets file n; a throwaway branch gets another file and is deleted: garbage.
+    let step = |n: u64| -> String {
+        checkpoint(&file, n, true);
+        let id = id_of(&json(d, &["commit", file.to_str().unwrap()]));
+        checkpoint(&file, 100_000 + n, true);
+        ok(d, &["commit", file.to_str().unwrap(), "-b", "scratch"]);
+        ok(d, &["branch", "-d", "scratch"]);
+        id
+    };
+    for n in 0..4 {
+        committed.push((step(n), n));
+    }
+    ok(d, &["tag", "keep", &committed[0].0]);
+    let gc = ["gc", "--prune-older-than", "0s", "--expire-reflog", "0s"];
+    let t = Instant::now();
+    ok(d, &gc);
+    let span = (t.elapsed().as_micros() as u64).max(2_000);
+
+    let mut rand = Rand(noise(
+        std::process::id() as u64 ^ 0x9c,
+        64 * iterations as usize,
+    ));
+    let mut killed = 0;
+    for it in 0..iterations {
+        let n = 4 + it;
+        committed.push((step(n), n));
+        let delay = Duration::from_micros(rand.below(span));
+        if kill_during(d, &gc, delay) {
+            killed += 1;
+        }
+        assert_fsck_clean(d);
+        let log = json(d, &["log"]);
+        assert_eq!(log.as_array().unwrap().len(), committed.len());
+        let pick = [
+            committed.len() - 1,
+            0,
+            rand.below(committed.len() as u64) as usize,
+        ];
+        for &i in &pick {
+            let (id, n) = &committed[i];
+            assert_checkout(d, id, *n);
+        }
+    }
+    ok(d, &gc);
+    let report = json(d, &["fsck"]);
+    assert_eq!(report["unindexed_records"], 0);
+    assert!(
+        report["expired"].as_u64().unwrap() > 0,
+        "retention thinned nothing"
+    );
+    for (id, n) in &committed {
+        assert_checkout(d, id, *n);
+    }
+    eprintln!("gc crash test: {iterations} kills, {killed} before gc finished");
+    assert!(killed > 0, "no kill landed inside a gc");
+}
+
+#[test]
+fn commit_and_gc_in_two_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+    let mut committed = Vec::new();
+    for round in 0..4u64 {
+        let files: Vec<_> = (0..3)
+            .map(|k| {
+                let n = round * 3 + k;
+                let f = d.join(format!("c{n}.safetensors"));
+                checkpoint(&f, n, true);
+                (f, n)
+            })
+            .collect();
+        // gc and a series of commits at once; the lock makes one wait for the other.
+        let gc = Command::new(mdl_bin())
+            .arg("-C")
+            .arg(d)
+            .args(["gc", "--prune-older-than", "0s", "--expire-reflog", "0s"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        for (f, n) in &files {
+            committed.push((id_of(&json(d, &["commit", f.to_str().unwrap()])), *n));
+        }
+        let gc = gc.wait_with_output().unwrap();
+        assert!(gc.status.success());
+        ok(
+            d,
+            &["gc", "--prune-older-than", "0s", "--expire-reflog", "0s"],
+        );
+        assert_fsck_clean(d);
+    }
+    for (id, n) in &committed {
+        assert_checkout(d, id, *n);
+    }
+}
+
+#[test]
+fn maintenance_through_the_server_beside_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("repo");
+    ok(dir.path(), &["init", "repo"]);
+    ok(&d, &["config", "delta.mode", "forward"]);
+    let server = Server::start(&["-C", d.to_str().unwrap()], dir.path());
+    let url = format!("{}/repo", server.base);
+    let token = "wwwwwwwwwwwwwwwwwwwwwwww";
+    let auth = format!("Bearer {token}");
+    let post = |route: &str, body: &str| {
+        http(
+            &server.base,
+            "POST",
+            &format!("/v1/repos/repo/maintenance/{route}"),
+            &[
+                ("Authorization", &auth),
+                ("Content-Type", "application/json"),
+            ],
+            body.as_bytes(),
+        )
+    };
+
+    // Commits over HTTP while compaction and gc run through the server.
+    let committed = std::thread::scope(|s| {
+        let commits = s.spawn(|| {
+            let mut out = Vec::new();
+            for n in 0..8u64 {
+                let f = dir.path().join(format!("s{n}.safetensors"));
+                checkpoint(&f, n, true);
+                let v = json(
+                    dir.path(),
+                    &[
+                        "commit",
+                        f.to_str().unwrap(),
+                        "--remote",
+                        &url,
+                        "--token",
+                        token,
+                    ],
+                );
+                out.push((id_of(&v), n));
+            }
+            out
+        });
+        for _ in 0..6 {
+            let (status, _, body) = post("compact", r#"{"max_depth": 1}"#);
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+            let (status, _, body) = post("gc", r#"{"prune_older_than": "0s"}"#);
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        }
+        commits.join().unwrap()
+    });
+    let (status, _, body) = post("compact", r#"{"max_depth": 0, "dry_run": true}"#);
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["dry_run"], true);
+    // Bad input: a clear error, nothing changed.
+    let (status, _, body) = post("gc", r#"{"prune_older_than": "soon"}"#);
+    assert_eq!(status, 400);
+    assert!(String::from_utf8_lossy(&body).contains("invalid_duration"));
+    let (status, _, _) = http(
+        &server.base,
+        "POST",
+        "/v1/repos/repo/maintenance/gc",
+        &[("Content-Type", "application/json")],
+        b"{}",
+    );
+    assert_eq!(status, 401, "maintenance needs a write token");
+    // Forwarded from the CLI in the served directory.
+    let out = ok(&d, &["compact", "--max-depth", "0"]);
+    assert!(out.contains("re-encoded"), "{out}");
+    server.stop();
+    assert_fsck_clean(&d);
+    for (id, n) in &committed {
+        assert_checkout(&d, id, *n);
+    }
+}
