@@ -43,4 +43,9 @@ set -x
 cmp restored.safetensors ckpt1.safetensors && echo "checkout is byte-identical"
 "$mdl" tag v1 main -m "first release"
 "$mdl" stats
+"$mdl" compact --max-depth 0 # every tensor self-contained again; ids unchanged
+"$mdl" checkout main -o restored.safetensors --force
+cmp restored.safetensors ckpt1.safetensors && echo "still byte-identical after compaction"
+"$mdl" branch -d lr-low
+"$mdl" gc --prune-older-than 0s --expire-reflog 0s   # the deleted branch's commit goes
 "$mdl" fsck
