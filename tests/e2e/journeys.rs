@@ -276,6 +276,8 @@ fn float_codecs_deltas_and_config() {
         [
             "delta.mode",
             "delta.max_depth",
+            "delta.max_restore_cost",
+            "retention.keep_last",
             "codec.default",
             "codec.epsilon",
             "codec.trim_bits",
@@ -295,6 +297,17 @@ fn float_codecs_deltas_and_config() {
     );
     fails(d, &["config", "delta.max_depth", "many"], "delta.max_depth");
     fails(d, &["config", "delta.max_depth", "100000"], "from 0 to 512");
+    fails(
+        d,
+        &["config", "retention.keep_last", "0"],
+        "retention.keep_last",
+    );
+    fails(
+        d,
+        &["config", "delta.max_restore_cost", "0.5"],
+        "delta.max_restore_cost",
+    );
+    fails(d, &["gc", "--prune-older-than", "soon"], "invalid duration");
     fails(
         d,
         &["config", "no.such.key", "1"],
