@@ -115,12 +115,14 @@ enum Command {
     },
     /// Delete unreachable objects and apply the retention rules (retention.*).
     Gc {
-        /// Keep unreachable objects younger than this (grace period for racing commits).
-        #[arg(long, value_name = "DURATION", default_value = "1h")]
-        prune_older_than: String,
-        /// Reflog entries older than this are deleted and stop protecting what they name.
-        #[arg(long, value_name = "DURATION", default_value = "30d")]
-        expire_reflog: String,
+        /// Keep unreachable objects younger than this (grace period for racing commits)
+        /// [default: 1h].
+        #[arg(long, value_name = "DURATION")]
+        prune_older_than: Option<String>,
+        /// Reflog entries older than this are deleted and stop protecting what they name
+        /// [default: 30d].
+        #[arg(long, value_name = "DURATION")]
+        expire_reflog: Option<String>,
         /// Show what would be removed; change nothing.
         #[arg(long)]
         dry_run: bool,
@@ -322,6 +324,15 @@ fn exit_code(e: &anyhow::Error) -> u8 {
     }
 }
 
+/// The lock a command needs: exclusive when it writes.
+fn lock_mode(writes: bool) -> LockMode {
+    if writes {
+        LockMode::Write
+    } else {
+        LockMode::Read
+    }
+}
+
 fn open(cli: &Cli, mode: LockMode, purpose: String) -> anyhow::Result<Repository> {
     let dir = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
     let opts = OpenOptions {
@@ -450,12 +461,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Fsck { repair } => {
-            let mode = if *repair {
-                LockMode::Write
-            } else {
-                LockMode::Read
-            };
-            let repo = open(cli, mode, purpose)?;
+            let repo = open(cli, lock_mode(*repair), purpose)?;
             let report = mdl::fsck::fsck(&repo, *repair)?;
             output::fsck(out, cli.json, &report)?;
             if !report.ok() {
@@ -482,12 +488,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             }
         },
         Command::Compact { max_depth, dry_run } => {
-            let mode = if *dry_run {
-                LockMode::Read
-            } else {
-                LockMode::Write
-            };
-            let repo = open(cli, mode, purpose)?;
+            let repo = open(cli, lock_mode(!*dry_run), purpose)?;
             let opts = mdl::compact::CompactOptions {
                 max_depth: *max_depth,
                 dry_run: *dry_run,
@@ -499,17 +500,12 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             expire_reflog,
             dry_run,
         } => {
-            let opts = mdl::gc::GcOptions {
-                prune_older_than: mdl::gc::parse_duration(prune_older_than)?,
-                expire_reflog: mdl::gc::parse_duration(expire_reflog)?,
-                dry_run: *dry_run,
-            };
-            let mode = if *dry_run {
-                LockMode::Read
-            } else {
-                LockMode::Write
-            };
-            let repo = open(cli, mode, purpose)?;
+            let opts = mdl::gc::GcOptions::parse(
+                prune_older_than.as_deref(),
+                expire_reflog.as_deref(),
+                *dry_run,
+            )?;
+            let repo = open(cli, lock_mode(!*dry_run), purpose)?;
             output::gc(out, cli.json, &mdl::gc::gc(&repo, &opts, &bar)?)?;
         }
         Command::Stats => {

@@ -76,10 +76,10 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             expire_reflog,
             dry_run,
         } => {
+            let (prune, expire) = (prune_older_than.as_deref(), expire_reflog.as_deref());
             // Checked here too, so a typo fails before anything is sent.
-            mdl::gc::parse_duration(prune_older_than)?;
-            mdl::gc::parse_duration(expire_reflog)?;
-            let outcome = remote.gc(Some(prune_older_than), Some(expire_reflog), *dry_run)?;
+            mdl::gc::GcOptions::parse(prune, expire, *dry_run)?;
+            let outcome = remote.gc(prune, expire, *dry_run)?;
             output::gc(out, cli.json, &outcome)?
         }
         Command::Branch {

@@ -809,16 +809,11 @@ async fn gc(
     body: Result<Json<GcRequest>, JsonRejection>,
 ) -> ApiResult<Response> {
     let req = json_body(body)?;
-    let mut opts = mdl::gc::GcOptions {
-        dry_run: req.dry_run,
-        ..Default::default()
-    };
-    if let Some(d) = &req.prune_older_than {
-        opts.prune_older_than = mdl::gc::parse_duration(d)?;
-    }
-    if let Some(d) = &req.expire_reflog {
-        opts.expire_reflog = mdl::gc::parse_duration(d)?;
-    }
+    let opts = mdl::gc::GcOptions::parse(
+        req.prune_older_than.as_deref(),
+        req.expire_reflog.as_deref(),
+        req.dry_run,
+    )?;
     blocking(move || {
         let outcome = mdl::gc::gc(&served.repo, &opts, &mdl::NoProgress)?;
         Ok(Json(outcome).into_response())

@@ -114,6 +114,7 @@ fn kill_during(d: &Path, args: &[&str], delay: Duration) -> bool {
     !child.wait().unwrap().success()
 }
 
+/// Random numbers for the kill loops, seeded per process.
 struct Rand(Vec<u8>);
 
 impl Rand {
@@ -123,16 +124,64 @@ impl Rand {
     }
 }
 
-fn iterations() -> u64 {
-    std::env::var("MDL_CRASH_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100)
+/// A repository under a kill loop: its commits as (id, file number).
+struct Crashes<'a> {
+    d: &'a Path,
+    committed: Vec<(String, u64)>,
+}
+
+impl Crashes<'_> {
+    /// `MDL_CRASH_ITERATIONS` times (default 100): `step(n)` makes commit `n`, then
+    /// `mdl args(rand)` is started and SIGKILLed at a random instant within one uninterrupted
+    /// run of `mdl timed` (measured first). After every kill fsck is clean, the log is whole,
+    /// and the newest, the first and a random commit check out as before; at the end, after one
+    /// run to completion, every commit does. Returns how many kills landed mid-run.
+    fn run(
+        &mut self,
+        timed: &[&str],
+        step: impl Fn(u64) -> String,
+        args: impl Fn(&mut Rand) -> Vec<String>,
+    ) -> u64 {
+        let d = self.d;
+        let iterations: u64 = std::env::var("MDL_CRASH_ITERATIONS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100);
+        let t = Instant::now();
+        ok(d, timed);
+        let span = (t.elapsed().as_micros() as u64).max(2_000);
+        let seed = std::process::id() as u64 ^ timed.len() as u64;
+        let mut rand = Rand(noise(seed, 64 * iterations as usize));
+        let mut killed = 0;
+        for _ in 0..iterations {
+            let n = self.committed.last().map_or(0, |c| c.1 + 1);
+            self.committed.push((step(n), n));
+            let args = args(&mut rand);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let delay = Duration::from_micros(rand.below(span));
+            if kill_during(d, &args, delay) {
+                killed += 1;
+            }
+            assert_fsck_clean(d);
+            let log = json(d, &["log"]);
+            assert_eq!(log.as_array().unwrap().len(), self.committed.len());
+            let last = self.committed.len() - 1;
+            for i in [last, 0, rand.below(last as u64 + 1) as usize] {
+                let (id, n) = &self.committed[i];
+                assert_checkout(d, id, *n);
+            }
+        }
+        ok(d, timed);
+        for (id, n) in &self.committed {
+            assert_checkout(d, id, *n);
+        }
+        eprintln!("{timed:?}: {iterations} kills, {killed} before the command finished");
+        killed
+    }
 }
 
 #[test]
 fn sigkill_during_compact_never_corrupts() {
-    let iterations = iterations();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     ok(d, &["init"]);
@@ -140,61 +189,30 @@ fn sigkill_during_compact_never_corrupts() {
     ok(d, &["config", "delta.mode", "forward"]);
     ok(d, &["config", "delta.max_depth", "512"]);
     let file = d.join("ckpt.safetensors");
-    let mut committed: Vec<(String, u64)> = Vec::new();
     let commit = |n: u64| {
         checkpoint(&file, n, true);
         id_of(&json(d, &["commit", file.to_str().unwrap()]))
     };
-    for n in 0..6 {
-        committed.push((commit(n), n));
-    }
-    // One compaction timed whole, to spread the kills over one.
-    let t = Instant::now();
-    ok(d, &["compact", "--max-depth", "2"]);
-    let span = (t.elapsed().as_micros() as u64).max(2_000);
-
-    let mut rand = Rand(noise(
-        std::process::id() as u64 ^ 0xc0,
-        64 * iterations as usize,
-    ));
-    let mut killed = 0;
-    for it in 0..iterations {
-        let n = 6 + it;
-        committed.push((commit(n), n));
+    let mut crashes = Crashes {
+        d,
+        committed: (0..6).map(|n| (commit(n), n)).collect(),
+    };
+    let killed = crashes.run(&["compact", "--max-depth", "1"], commit, |rand| {
         let cap = rand.below(3).to_string();
-        let delay = Duration::from_micros(rand.below(span));
-        if kill_during(d, &["compact", "--max-depth", &cap], delay) {
-            killed += 1;
-        }
-        assert_fsck_clean(d);
-        let pick = [
-            committed.len() - 1,
-            rand.below(committed.len() as u64) as usize,
-        ];
-        for &i in &pick {
-            let (id, n) = &committed[i];
-            assert_checkout(d, id, *n);
-        }
-    }
-    ok(d, &["compact", "--max-depth", "1"]);
+        vec!["compact".into(), "--max-depth".into(), cap]
+    });
     let report = json(d, &["fsck"]);
     assert!(report["longest_chain"].as_u64().unwrap() <= 1);
-    for (id, n) in &committed {
-        assert_checkout(d, id, *n);
-    }
-    eprintln!("compact crash test: {iterations} kills, {killed} before compaction finished");
     assert!(killed > 0, "no kill landed inside a compaction");
 }
 
 #[test]
 fn sigkill_during_gc_never_corrupts() {
-    let iterations = iterations();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     ok(d, &["init"]);
     ok(d, &["config", "retention.keep_last", "3"]);
     let file = d.join("ckpt.safetensors");
-    let mut committed: Vec<(String, u64)> = Vec::new();
     // Main gets file n; a throwaway branch gets another file and is deleted: garbage.
     let step = |n: u64| -> String {
         checkpoint(&file, n, true);
@@ -204,51 +222,19 @@ fn sigkill_during_gc_never_corrupts() {
         ok(d, &["branch", "-d", "scratch"]);
         id
     };
-    for n in 0..4 {
-        committed.push((step(n), n));
-    }
-    ok(d, &["tag", "keep", &committed[0].0]);
+    let mut crashes = Crashes {
+        d,
+        committed: (0..4).map(|n| (step(n), n)).collect(),
+    };
+    ok(d, &["tag", "keep", &crashes.committed[0].0]);
     let gc = ["gc", "--prune-older-than", "0s", "--expire-reflog", "0s"];
-    let t = Instant::now();
-    ok(d, &gc);
-    let span = (t.elapsed().as_micros() as u64).max(2_000);
-
-    let mut rand = Rand(noise(
-        std::process::id() as u64 ^ 0x9c,
-        64 * iterations as usize,
-    ));
-    let mut killed = 0;
-    for it in 0..iterations {
-        let n = 4 + it;
-        committed.push((step(n), n));
-        let delay = Duration::from_micros(rand.below(span));
-        if kill_during(d, &gc, delay) {
-            killed += 1;
-        }
-        assert_fsck_clean(d);
-        let log = json(d, &["log"]);
-        assert_eq!(log.as_array().unwrap().len(), committed.len());
-        let pick = [
-            committed.len() - 1,
-            0,
-            rand.below(committed.len() as u64) as usize,
-        ];
-        for &i in &pick {
-            let (id, n) = &committed[i];
-            assert_checkout(d, id, *n);
-        }
-    }
-    ok(d, &gc);
+    let killed = crashes.run(&gc, step, |_| gc.map(String::from).to_vec());
     let report = json(d, &["fsck"]);
     assert_eq!(report["unindexed_records"], 0);
     assert!(
         report["expired"].as_u64().unwrap() > 0,
         "retention thinned nothing"
     );
-    for (id, n) in &committed {
-        assert_checkout(d, id, *n);
-    }
-    eprintln!("gc crash test: {iterations} kills, {killed} before gc finished");
     assert!(killed > 0, "no kill landed inside a gc");
 }
 

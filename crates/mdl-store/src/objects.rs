@@ -153,27 +153,14 @@ impl Store {
             out.write_all(&data).map_err(StoreError::Output)?;
             return Ok(data.len() as u64);
         }
-        let path = self.record_path(id, entry.generation);
-        let file = File::open(&path).map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => StoreError::Missing(*id),
-            _ => StoreError::Io {
-                op: "open",
-                path: path.clone(),
-                source: e,
-            },
-        })?;
-        let len = file
-            .metadata()
-            .map_err(StoreError::io("stat", &path))?
-            .len();
-        let (header, hlen, head) = read_header(&file, len).map_err(|e| match e {
-            HeaderError::Io(source) => StoreError::Io {
-                op: "read",
-                path: path.clone(),
-                source,
-            },
-            HeaderError::Format(f) => corrupt(f),
-        })?;
+        let OpenRecord {
+            file,
+            path,
+            len,
+            header,
+            header_len: hlen,
+            head,
+        } = self.open_record(id, entry)?;
         if (len as usize) < hlen + TRAILER_LEN {
             return Err(corrupt(FormatError::Truncated {
                 what: "record",
@@ -489,6 +476,49 @@ impl Store {
             .remove_file(&self.record_path(id, generation));
     }
 
+    /// The header of an object's record (kind, codec, base, and for tensors the canonical tensor
+    /// header), read without the payload. Nothing is verified beyond the header's own format.
+    pub fn record_header(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+    ) -> Result<RecordHeader, StoreError> {
+        Ok(self.open_record(id, entry)?.header)
+    }
+
+    /// Opens an object's record file and parses its header.
+    fn open_record(&self, id: &ObjectId, entry: &IndexEntry) -> Result<OpenRecord, StoreError> {
+        let path = self.record_path(id, entry.generation);
+        let file = File::open(&path).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => StoreError::Missing(*id),
+            _ => StoreError::Io {
+                op: "open",
+                path: path.clone(),
+                source: e,
+            },
+        })?;
+        let len = file
+            .metadata()
+            .map_err(StoreError::io("stat", &path))?
+            .len();
+        let (header, header_len, head) = read_header(&file, len).map_err(|e| match e {
+            HeaderError::Io(source) => StoreError::Io {
+                op: "read",
+                path: path.clone(),
+                source,
+            },
+            HeaderError::Format(f) => corrupt(id, entry)(f),
+        })?;
+        Ok(OpenRecord {
+            file,
+            path,
+            len,
+            header,
+            header_len,
+            head,
+        })
+    }
+
     /// The bytes of an object's record file, as stored (for sending it to another repository).
     /// The checksum is verified; the content is verified by the receiver.
     pub fn read_record(&self, id: &ObjectId, entry: &IndexEntry) -> Result<Vec<u8>, StoreError> {
@@ -596,6 +626,19 @@ fn verify_content(
 fn corrupt(id: &ObjectId, entry: &IndexEntry) -> impl Fn(FormatError) -> StoreError + Copy {
     let (id, kind) = (*id, entry.kind.name());
     move |source| StoreError::Corrupt { id, kind, source }
+}
+
+/// A record file opened and its header parsed.
+struct OpenRecord {
+    file: File,
+    path: PathBuf,
+    /// The file's length.
+    len: u64,
+    header: RecordHeader,
+    /// Bytes the encoded header takes.
+    header_len: usize,
+    /// The first bytes of the file, read to parse the header.
+    head: Vec<u8>,
 }
 
 enum HeaderError {

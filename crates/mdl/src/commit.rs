@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::lossy::{self, CodecMode, LossyRequest, LossySettings, SearchSummary, TensorPlan};
 use crate::policy::{DeltaMode, DeltaPolicy};
-use crate::rewrite::{publish_rewrite, Rewrite};
+use crate::rewrite::{chain, publish_rewrite, Rewrite};
 use crate::{per_tensor, Error, Progress, Repository, Result};
 
 /// What to commit and how.
@@ -667,7 +667,12 @@ impl StoreCtx<'_> {
             DeltaMode::Off => false,
             DeltaMode::Forward => {
                 entry.depth < self.policy.max_depth
-                    && chain_cost(&meta, &entry)? + entry.stored_len <= budget
+                    && chain(&meta, &entry)?
+                        .iter()
+                        .map(|e| e.stored_len)
+                        .sum::<u64>()
+                        + entry.stored_len
+                        <= budget
             }
             // The previous version must be self-contained, and everything decoding through it
             // must stay within the caps once it is one step deeper (through its new delta and
@@ -872,19 +877,6 @@ fn chain_height(meta: &MetaRead, base: &ObjectId) -> Result<(u32, u64)> {
         }
     }
     Ok((longest, load))
-}
-
-/// Record bytes read to reconstruct the object stored as `entry` (its record and its bases').
-fn chain_cost(meta: &MetaRead, entry: &IndexEntry) -> Result<u64> {
-    let mut total = entry.stored_len;
-    let mut at = *entry;
-    for _ in 0..mdl_store::MAX_CHAIN {
-        let Some(base) = at.base else { break };
-        let Some(b) = meta.object(&base)? else { break };
-        total += b.stored_len;
-        at = b;
-    }
-    Ok(total)
 }
 
 fn check_metrics(metrics: &[(String, f64)]) -> Result<Vec<(String, f64)>> {

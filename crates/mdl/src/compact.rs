@@ -19,7 +19,7 @@ use mdl_store::IndexEntry;
 use serde::{Deserialize, Serialize};
 
 use crate::policy::DeltaPolicy;
-use crate::rewrite::{encode_whole, publish_rewrite, Rewrite};
+use crate::rewrite::reencode_group;
 use crate::{Progress, Repository, Result};
 
 /// Options of a compaction.
@@ -153,38 +153,6 @@ pub fn compact(
     progress.finish();
     out.bytes_after = (out.bytes_before as i64 + delta).max(0) as u64;
     Ok(out)
-}
-
-/// Re-encodes `ids` (tensors of one chain) as self-contained records and publishes them in one
-/// transaction, holding the repository's writer meanwhile. Returns how many were re-encoded,
-/// how many were skipped (gone or already self-contained), and the change in stored bytes.
-pub(crate) fn reencode_group(repo: &Repository, ids: &[ObjectId]) -> Result<(u64, u64, i64)> {
-    let store = repo.store();
-    let _writer = repo.writer();
-    let batch = store.batch();
-    let mut rewrites: Vec<Rewrite> = Vec::new();
-    let mut skipped = 0;
-    for id in ids {
-        // The entry as it is now: another step (or a commit) may have changed it since the plan.
-        match store.meta().read()?.object(id)? {
-            Some(entry) if entry.base.is_some() => {
-                rewrites.push(encode_whole(store, &batch, id, &entry)?)
-            }
-            _ => skipped += 1,
-        }
-    }
-    batch.finish()?;
-    let mut w = store.meta().write()?;
-    for r in &rewrites {
-        publish_rewrite(&mut w, r)?;
-    }
-    w.commit_txn()?;
-    let mut bytes = 0i64;
-    for r in &rewrites {
-        store.remove_record(&r.id, r.old.generation);
-        bytes += r.new.stored_len as i64 - r.old.stored_len as i64;
-    }
-    Ok((rewrites.len() as u64, skipped, bytes))
 }
 
 /// Chooses the tensors to make self-contained so that no depth exceeds `cap`, updating the

@@ -189,24 +189,15 @@ pub fn fsck(repo: &Repository, repair: bool) -> Result<Report> {
     report.expired = expired_seen.len() as u64;
 
     // 3. Leftovers of interrupted writes: reported, not problems.
-    let unindexed: Vec<PathBuf> = store
-        .record_files()?
-        .into_iter()
-        .filter(|(id, g)| index.get(id).is_none_or(|e| e.generation != *g))
-        .map(|(id, g)| store.record_path(&id, g))
-        .collect();
-    report.unindexed_records = unindexed.len() as u64;
-    report.temp_files = store.temp_files()?;
+    let found = crate::gc::leftovers(store)?;
+    report.unindexed_records = found.records.len() as u64;
+    report.temp_files = found.temps.clone();
     if repair {
-        let incoming = std::fs::read_dir(store.dir().join("incoming"))
+        for path in found
+            .records
             .into_iter()
-            .flatten()
-            .flatten()
-            .map(|f| f.path());
-        for path in unindexed
-            .into_iter()
-            .chain(report.temp_files.clone())
-            .chain(incoming)
+            .chain(found.temps)
+            .chain(found.incoming)
         {
             if std::fs::remove_file(&path).is_ok() {
                 report.repaired.push(path);

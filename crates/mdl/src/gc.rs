@@ -21,11 +21,11 @@ use std::time::{Duration, SystemTime};
 
 use mdl_format::{ObjectId, ObjectKind, Timestamp};
 use mdl_store::meta::MetaRead;
-use mdl_store::{Expired, IndexEntry};
+use mdl_store::{Expired, IndexEntry, Store};
 use serde::{Deserialize, Serialize};
 
-use crate::compact::reencode_group;
 use crate::lossy::{LossyRequest, LossySettings, Pairing};
+use crate::rewrite::reencode_group;
 use crate::{Error, Progress, Repository, Result};
 
 /// Configuration key of the retention rule.
@@ -53,6 +53,23 @@ impl Default for GcOptions {
             expire_reflog: Duration::from_secs(30 * 86_400),
             dry_run: false,
         }
+    }
+}
+
+impl GcOptions {
+    /// Options from their text forms (`0s`, `1h`, `30d`; see [`parse_duration`]), the defaults
+    /// for those not given.
+    pub fn parse(
+        prune_older_than: Option<&str>,
+        expire_reflog: Option<&str>,
+        dry_run: bool,
+    ) -> Result<GcOptions> {
+        let d = GcOptions::default();
+        Ok(GcOptions {
+            prune_older_than: prune_older_than.map_or(Ok(d.prune_older_than), parse_duration)?,
+            expire_reflog: expire_reflog.map_or(Ok(d.expire_reflog), parse_duration)?,
+            dry_run,
+        })
     }
 }
 
@@ -145,6 +162,9 @@ struct Marks {
     thinned: HashSet<ObjectId>,
     /// The optimizer tensors each thinned commit names.
     thin_moments: HashMap<ObjectId, Vec<ObjectId>>,
+    /// Manifests whose optimizer tensors went to `expire` (a full commit naming the same
+    /// manifest takes them back).
+    diverted: HashSet<ObjectId>,
 }
 
 /// The roots: ref targets and the ids of reflog entries not older than `since`.
@@ -214,11 +234,11 @@ fn mark(
         };
         marks.commits.insert(id);
         stack.extend(summary.parents.iter().copied());
+        let thin = marks.thinned.contains(&id);
         if !marks.manifests.insert(summary.manifest) {
-            if !marks.thinned.contains(&id) {
-                // The same manifest may belong to a thinned and a full commit.
-                let m = repo.load_manifest(&summary.manifest)?;
-                marks.tensors.extend(m.entries.iter().map(|e| e.id));
+            // The same manifest may belong to a thinned and a full commit.
+            if !thin && marks.diverted.contains(&summary.manifest) {
+                keep_in_full(repo, &summary.manifest, marks)?;
             }
             continue;
         }
@@ -226,16 +246,23 @@ fn mark(
             continue;
         }
         let manifest = repo.load_manifest(&summary.manifest)?;
-        let thin = marks.thinned.contains(&id);
         for e in &manifest.entries {
             if thin && is_moment(pairings, &e.name) {
                 marks.expire.insert(e.id);
                 marks.thin_moments.entry(id).or_default().push(e.id);
+                marks.diverted.insert(summary.manifest);
             } else {
                 marks.tensors.insert(e.id);
             }
         }
     }
+    Ok(())
+}
+
+/// Keeps every tensor of `manifest`, optimizer state included.
+fn keep_in_full(repo: &Repository, manifest: &ObjectId, marks: &mut Marks) -> Result<()> {
+    let m = repo.load_manifest(manifest)?;
+    marks.tensors.extend(m.entries.iter().map(|e| e.id));
     Ok(())
 }
 
@@ -271,7 +298,14 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
 
     if opts.dry_run {
         let meta = store.meta().read()?;
-        tally(&meta, &plan, &mut out)?;
+        let mut doomed = Vec::new();
+        for (ids, expired) in [(&plan.delete, false), (&plan.expire, true)] {
+            for id in ids {
+                doomed.extend(meta.object(id)?.map(|e| (e, expired)));
+            }
+        }
+        count(&mut out, doomed.iter().map(|(e, x)| (e, *x)));
+        out.kept_young = plan.young;
         out.reencoded = plan.rebase.len() as u64;
         out.thinned_commits = newly_thinned(&marks, &plan);
         for name in meta.reflog_names()? {
@@ -281,9 +315,10 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
                 .filter(|e| e.time < reflog_cutoff)
                 .count() as u64;
         }
-        let leftovers = leftovers(repo, &HashSet::new(), prune_cutoff)?;
-        out.leftover_files = leftovers.len() as u64;
-        out.bytes_freed += leftovers.iter().map(|(_, len)| len).sum::<u64>();
+        for (_, len) in old_leftovers(store, prune_cutoff)? {
+            out.leftover_files += 1;
+            out.bytes_freed += len;
+        }
         return Ok(out);
     }
 
@@ -296,30 +331,34 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
     }
     progress.finish();
 
-    // 3. Delete, under the writer, after marking again from the roots as they are now.
+    // 3. Delete, under the writer, after marking what changed since the scan: commits made
+    // meanwhile (only they are walked, everything else is marked already), and commits that
+    // became a ref's target (never thinned).
     let writer = repo.writer();
     let mut w = store.meta().write()?;
     let mut plan = plan;
     {
         let meta = store.meta().read()?;
-        let mut again = Marks {
-            thinned: thinned_commits(&meta, keep)?,
-            ..Default::default()
-        };
         mark(
             repo,
             &meta,
             &roots(&meta, reflog_cutoff)?,
             &pairings,
-            &mut again,
+            &mut marks,
         )?;
+        for (_, v) in meta.refs("")? {
+            if let Some(t) = v.target().filter(|t| marks.thinned.remove(t)) {
+                if let Some(s) = meta.commit(&t)? {
+                    keep_in_full(repo, &s.manifest, &mut marks)?;
+                }
+            }
+        }
         plan.delete.retain(|id| {
-            !again.commits.contains(id)
-                && !again.manifests.contains(id)
-                && !again.tensors.contains(id)
+            !marks.commits.contains(id)
+                && !marks.manifests.contains(id)
+                && !marks.tensors.contains(id)
         });
-        plan.expire
-            .retain(|id| again.expire.contains(id) && !again.tensors.contains(id));
+        plan.expire.retain(|id| !marks.tensors.contains(id));
     }
     // Whatever still decodes through a doomed object keeps it (a concurrent commit made it a
     // base, or re-encoding it above was skipped).
@@ -339,18 +378,14 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
             plan.expire.remove(&id);
         }
     }
-    {
-        let meta = store.meta().read()?;
-        tally(&meta, &plan, &mut out)?;
-        out.thinned_commits = newly_thinned(&marks, &plan);
-    }
-    let mut removed: Vec<(ObjectId, IndexEntry)> = Vec::new();
+    // (id, its entry, whether retention expired it)
+    let mut removed: Vec<(ObjectId, IndexEntry, bool)> = Vec::new();
     for id in &plan.delete {
         if let Some(e) = w.remove_object(id)? {
             if e.kind == ObjectKind::Commit {
                 w.remove_commit(id)?;
             }
-            removed.push((*id, e));
+            removed.push((*id, e, false));
         }
     }
     for id in &plan.expire {
@@ -362,23 +397,25 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
                 rule: rule.clone().unwrap_or_default(),
             };
             w.put_expired(id, &expired)?;
-            removed.push((*id, e));
+            removed.push((*id, e, true));
         }
     }
     for name in w.reflog_names()? {
         out.reflog_expired += w.expire_reflog(&name, reflog_cutoff)? as u64;
     }
     w.commit_txn()?;
+    count(&mut out, removed.iter().map(|(_, e, x)| (e, *x)));
+    out.kept_young = plan.young;
+    out.thinned_commits = newly_thinned(&marks, &plan);
 
-    // 4. Files: the records of what was deleted, then leftovers of interrupted writes (still
-    // under the writer, so no commit of this process is between writing and indexing them).
-    let gone: HashSet<ObjectId> = removed.iter().map(|(id, _)| *id).collect();
-    for (id, e) in &removed {
+    // 4. Files, now that the index no longer names them: the records of what was deleted, then
+    // leftovers of interrupted writes (still under the writer, so no commit of this process is
+    // between writing and indexing them).
+    for (id, e, _) in &removed {
         store.remove_record(id, e.generation);
     }
-    let leftovers = leftovers(repo, &gone, prune_cutoff)?;
-    for (path, len) in &leftovers {
-        if std::fs::remove_file(path).is_ok() {
+    for (path, len) in old_leftovers(store, prune_cutoff)? {
+        if std::fs::remove_file(&path).is_ok() {
             out.leftover_files += 1;
             out.bytes_freed += len;
         }
@@ -440,31 +477,17 @@ fn plan(repo: &Repository, marks: &Marks, prune_cutoff: Timestamp) -> Result<Pla
     })
 }
 
-/// Counts what the plan deletes.
-fn tally(meta: &MetaRead, plan: &Plan, out: &mut GcOutcome) -> Result<()> {
-    out.commits = 0;
-    out.manifests = 0;
-    out.tensors = 0;
-    out.bytes_freed = 0;
-    for id in &plan.delete {
-        if let Some(e) = meta.object(id)? {
-            match e.kind {
-                ObjectKind::Commit => out.commits += 1,
-                ObjectKind::Manifest => out.manifests += 1,
-                ObjectKind::Tensor => out.tensors += 1,
-            }
-            out.bytes_freed += e.stored_len;
+/// Counts deleted objects (`true`: expired by retention) and the bytes their records held.
+fn count<'e>(out: &mut GcOutcome, removed: impl Iterator<Item = (&'e IndexEntry, bool)>) {
+    for (e, expired) in removed {
+        match (expired, e.kind) {
+            (true, _) => out.expired += 1,
+            (false, ObjectKind::Commit) => out.commits += 1,
+            (false, ObjectKind::Manifest) => out.manifests += 1,
+            (false, ObjectKind::Tensor) => out.tensors += 1,
         }
+        out.bytes_freed += e.stored_len;
     }
-    out.expired = 0;
-    for id in &plan.expire {
-        if let Some(e) = meta.object(id)? {
-            out.expired += 1;
-            out.bytes_freed += e.stored_len;
-        }
-    }
-    out.kept_young = plan.young;
-    Ok(())
 }
 
 /// Commits that lose a tensor to retention in this run.
@@ -476,50 +499,56 @@ fn newly_thinned(marks: &Marks, plan: &Plan) -> u64 {
         .count() as u64
 }
 
-/// Leftover files older than the cutoff: record files the index does not name (interrupted
-/// writes, replaced generations, records of `gone` objects that could not be deleted),
-/// temporaries of interrupted writes, and abandoned uploads.
-fn leftovers(
-    repo: &Repository,
-    gone: &HashSet<ObjectId>,
-    cutoff: Timestamp,
-) -> Result<Vec<(PathBuf, u64)>> {
-    let store = repo.store();
+/// Files in `.mdl` that nothing names: record files the index does not point to
+/// (interrupted writes, replaced generations), temporaries of interrupted writes, and uploads
+/// in `incoming/` (being received, or abandoned).
+pub(crate) struct Leftovers {
+    /// Unindexed record files.
+    pub(crate) records: Vec<PathBuf>,
+    /// `.tmp-*` files in the object directories.
+    pub(crate) temps: Vec<PathBuf>,
+    /// Files in `incoming/`.
+    pub(crate) incoming: Vec<PathBuf>,
+}
+
+/// Lists the leftovers of `store`.
+pub(crate) fn leftovers(store: &Store) -> Result<Leftovers> {
     let meta = store.meta().read()?;
-    let mut out = Vec::new();
-    let old_enough = |path: &Path, min: Duration| -> Option<u64> {
-        let md = std::fs::symlink_metadata(path).ok()?;
-        let modified = md.modified().ok()?;
-        let age_cutoff = SystemTime::UNIX_EPOCH + Duration::from_millis(cutoff.0.max(0) as u64);
-        let limit = age_cutoff.min(SystemTime::now() - min);
-        (md.is_file() && modified <= limit).then_some(md.len())
-    };
+    let mut records = Vec::new();
     for (id, generation) in store.record_files()? {
-        let indexed = meta
-            .object(&id)?
-            .is_some_and(|e| e.generation == generation);
-        if indexed && !gone.contains(&id) {
-            continue;
-        }
-        let path = store.record_path(&id, generation);
-        if let Some(len) = old_enough(&path, Duration::ZERO) {
-            out.push((path, len));
+        if meta.object(&id)?.is_none_or(|e| e.generation != generation) {
+            records.push(store.record_path(&id, generation));
         }
     }
-    for path in store.temp_files()? {
-        if let Some(len) = old_enough(&path, Duration::ZERO) {
-            out.push((path, len));
-        }
-    }
-    let incoming = store.dir().join("incoming");
-    if let Ok(dir) = std::fs::read_dir(&incoming) {
-        for f in dir.flatten() {
-            if let Some(len) = old_enough(&f.path(), INCOMING_MIN_AGE) {
-                out.push((f.path(), len));
-            }
-        }
-    }
-    Ok(out)
+    let incoming = std::fs::read_dir(store.dir().join("incoming"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|f| f.path())
+        .collect();
+    Ok(Leftovers {
+        records,
+        temps: store.temp_files()?,
+        incoming,
+    })
+}
+
+/// Leftovers last modified before `cutoff` (uploads: also at least [`INCOMING_MIN_AGE`] ago),
+/// with their sizes.
+fn old_leftovers(store: &Store, cutoff: Timestamp) -> Result<Vec<(PathBuf, u64)>> {
+    let cutoff = SystemTime::UNIX_EPOCH + Duration::from_millis(cutoff.0.max(0) as u64);
+    let old_enough = |path: &Path, limit: SystemTime| -> Option<u64> {
+        let md = std::fs::symlink_metadata(path).ok()?;
+        (md.is_file() && md.modified().ok()? <= limit).then_some(md.len())
+    };
+    let found = leftovers(store)?;
+    let upload_limit = cutoff.min(SystemTime::now() - INCOMING_MIN_AGE);
+    let files = found.records.into_iter().chain(found.temps);
+    Ok(files
+        .map(|p| (p, cutoff))
+        .chain(found.incoming.into_iter().map(|p| (p, upload_limit)))
+        .filter_map(|(p, limit)| old_enough(&p, limit).map(|len| (p, len)))
+        .collect())
 }
 
 #[cfg(test)]

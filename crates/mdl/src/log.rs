@@ -71,23 +71,27 @@ pub fn log(repo: &Repository, rev: Option<&str>, limit: Option<usize>) -> Result
         },
     };
     let refs = ref_names(repo)?;
-    let meta = repo.store().meta().read()?;
-    // Manifests are read only when something has expired at all.
-    let any_expired = !meta.expired_all()?.is_empty();
+    // Expired objects are never also indexed; manifests are read only when some exist.
+    let expired: std::collections::HashSet<ObjectId> = repo
+        .store()
+        .meta()
+        .read()?
+        .expired_all()?
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
     let mut out = Vec::new();
     for (id, _) in history::walk(repo, &[start])?
         .into_iter()
         .take(limit.unwrap_or(usize::MAX))
     {
         let c = repo.load_commit(&id)?;
-        let mut expired_tensors = 0;
-        if any_expired {
-            for e in repo.load_manifest(&c.manifest)?.entries {
-                if meta.object(&e.id)?.is_none() && meta.expired(&e.id)?.is_some() {
-                    expired_tensors += 1;
-                }
-            }
-        }
+        let expired_tensors = if expired.is_empty() {
+            0
+        } else {
+            let m = repo.load_manifest(&c.manifest)?;
+            m.entries.iter().filter(|e| expired.contains(&e.id)).count() as u32
+        };
         out.push(LogEntry {
             id,
             parents: c.parents.clone(),

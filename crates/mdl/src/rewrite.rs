@@ -5,11 +5,11 @@
 use std::collections::HashSet;
 
 use mdl_codec::{float, CodecTag};
-use mdl_format::{record, ObjectId, TensorHeader};
-use mdl_store::meta::MetaWrite;
+use mdl_format::{ObjectId, TensorHeader};
+use mdl_store::meta::{MetaRead, MetaWrite};
 use mdl_store::{IndexEntry, ObjectBatch, Placement, Store};
 
-use crate::{Error, Result};
+use crate::{Error, Repository, Result};
 
 /// An existing object given a new record (a new generation); its id does not change.
 pub(crate) struct Rewrite {
@@ -49,6 +49,38 @@ pub(crate) fn publish_rewrite(w: &mut MetaWrite, r: &Rewrite) -> Result<()> {
     Ok(())
 }
 
+/// Re-encodes `ids` (tensors of one chain) as self-contained records and publishes them in one
+/// transaction, holding the repository's writer meanwhile. Returns how many were re-encoded,
+/// how many were skipped (gone or already self-contained), and the change in stored bytes.
+pub(crate) fn reencode_group(repo: &Repository, ids: &[ObjectId]) -> Result<(u64, u64, i64)> {
+    let store = repo.store();
+    let _writer = repo.writer();
+    let batch = store.batch();
+    let mut rewrites: Vec<Rewrite> = Vec::new();
+    let mut skipped = 0;
+    for id in ids {
+        // The entry as it is now: another step (or a commit) may have changed it since the plan.
+        match store.meta().read()?.object(id)? {
+            Some(entry) if entry.base.is_some() => {
+                rewrites.push(encode_whole(store, &batch, id, &entry)?)
+            }
+            _ => skipped += 1,
+        }
+    }
+    batch.finish()?;
+    let mut w = store.meta().write()?;
+    for r in &rewrites {
+        publish_rewrite(&mut w, r)?;
+    }
+    w.commit_txn()?;
+    let mut bytes = 0i64;
+    for r in &rewrites {
+        store.remove_record(&r.id, r.old.generation);
+        bytes += r.new.stored_len as i64 - r.old.stored_len as i64;
+    }
+    Ok((rewrites.len() as u64, skipped, bytes))
+}
+
 /// Writes a self-contained record for tensor `id` (currently stored as `entry`, typically a
 /// delta) at the next generation, in `batch`; the index is not touched. Lossless tensors are
 /// decoded and stored with the best whole float encoding (or raw/zstd when that is smaller);
@@ -61,7 +93,8 @@ pub(crate) fn encode_whole(
 ) -> Result<Rewrite> {
     let corrupt = |source| Error::Corrupt { id: *id, source };
     let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
-    let header = record_header(store, id, entry)?;
+    let header =
+        TensorHeader::from_canonical(&store.record_header(id, entry)?.prefix).map_err(corrupt)?;
     let placement = Placement {
         generation: entry.generation + 1,
         base: None,
@@ -80,7 +113,9 @@ pub(crate) fn encode_whole(
             .entry
     } else {
         let data = store.load_tensor(id, entry)?;
-        let whole = if chain_root_codec(store, entry)? == Some(CodecTag::MantissaTrim) {
+        // Trimmed content keeps the codec its chain started with.
+        let root = chain(&store.meta().read()?, entry)?.pop().unwrap_or(*entry);
+        let whole = if root.codec == CodecTag::MantissaTrim as u8 {
             CodecTag::MantissaTrim
         } else {
             CodecTag::FloatSplit
@@ -116,26 +151,18 @@ pub(crate) fn encode_whole(
     })
 }
 
-/// The tensor header a record carries (its canonical prefix).
-fn record_header(store: &Store, id: &ObjectId, entry: &IndexEntry) -> Result<TensorHeader> {
-    let corrupt = |source| Error::Corrupt { id: *id, source };
-    let bytes = store.read_record(id, entry)?;
-    let (header, _, _) = record::decode(&bytes).map_err(corrupt)?;
-    TensorHeader::from_canonical(&header.prefix).map_err(corrupt)
-}
-
-/// The codec of the self-contained record at the end of `entry`'s chain.
-fn chain_root_codec(store: &Store, entry: &IndexEntry) -> Result<Option<CodecTag>> {
-    let meta = store.meta().read()?;
-    let mut e = *entry;
-    for _ in 0..mdl_store::MAX_CHAIN {
-        match e.base {
-            None => return Ok(CodecTag::try_from(e.codec).ok()),
-            Some(b) => match meta.object(&b)? {
-                Some(next) => e = next,
-                None => return Ok(None),
-            },
+/// The entries of the records read to reconstruct the object stored as `entry`: itself, its
+/// base, its base's base… up to the self-contained end (or the first base the index lacks).
+pub(crate) fn chain(meta: &MetaRead, entry: &IndexEntry) -> Result<Vec<IndexEntry>> {
+    let mut out = vec![*entry];
+    while let Some(base) = out.last().and_then(|e| e.base) {
+        if out.len() > mdl_store::MAX_CHAIN as usize {
+            break;
+        }
+        match meta.object(&base)? {
+            Some(b) => out.push(b),
+            None => break,
         }
     }
-    Ok(None)
+    Ok(out)
 }

@@ -127,39 +127,37 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
     let meta = repo.store().meta().read()?;
     let mut tensors = Vec::with_capacity(m.entries.len());
     for e in &m.entries {
-        let Some(entry) = meta.object(&e.id)? else {
-            let x = meta.expired(&e.id)?.ok_or(StoreError::Missing(e.id))?;
-            tensors.push(TensorInfo {
-                name: e.name.clone(),
-                dtype: e.header.dtype.name().to_string(),
-                shape: e.header.shape.clone(),
-                id: e.id,
-                codec: "expired".into(),
-                raw_bytes: x.content_len,
-                stored_bytes: 0,
-                base: None,
-                depth: 0,
-                lossy: e.exactness.is_lossy(),
-                lossy_info: e.exactness.lossy().map(LossyInfo::new),
-                expired: Some(format!("{} at {}", x.rule, x.time.rfc3339())),
-            });
-            continue;
+        // A tensor retention deleted is shown with what is known of it.
+        let (codec, raw_bytes, stored_bytes, base, depth, expired) = match meta.object(&e.id)? {
+            Some(entry) => (
+                CodecTag::try_from(entry.codec)
+                    .map(|c| c.name().to_string())
+                    .unwrap_or_else(|_| format!("#{}", entry.codec)),
+                entry.content_len,
+                entry.stored_len,
+                entry.base,
+                entry.depth,
+                None,
+            ),
+            None => {
+                let x = meta.expired(&e.id)?.ok_or(StoreError::Missing(e.id))?;
+                let why = format!("{} at {}", x.rule, x.time.rfc3339());
+                ("expired".into(), x.content_len, 0, None, 0, Some(why))
+            }
         };
         tensors.push(TensorInfo {
             name: e.name.clone(),
             dtype: e.header.dtype.name().to_string(),
             shape: e.header.shape.clone(),
             id: e.id,
-            codec: CodecTag::try_from(entry.codec)
-                .map(|c| c.name().to_string())
-                .unwrap_or_else(|_| format!("#{}", entry.codec)),
-            raw_bytes: entry.content_len,
-            stored_bytes: entry.stored_len,
-            base: entry.base,
-            depth: entry.depth,
+            codec,
+            raw_bytes,
+            stored_bytes,
+            base,
+            depth,
             lossy: e.exactness.is_lossy(),
             lossy_info: e.exactness.lossy().map(LossyInfo::new),
-            expired: None,
+            expired,
         });
     }
     let expired_tensors = tensors.iter().filter(|t| t.expired.is_some()).count() as u32;

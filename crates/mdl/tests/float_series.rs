@@ -10,7 +10,7 @@ use mdl::policy::{DeltaMode, DeltaPolicy};
 use mdl::{NoProgress, Repository};
 
 mod common;
-use common::{write_safetensors, Rng};
+use common::{adam_step, write_safetensors, Rng};
 
 /// A model's state during training: weights of several dtypes, Adam-like moments.
 struct Training {
@@ -42,12 +42,10 @@ impl Training {
     /// One optimizer step with a small learning rate: weights move a little.
     fn step(&mut self) {
         self.step += 1;
-        for i in 0..N {
-            let g = self.rng.normal() as f32 * 0.01;
-            self.m[i] = 0.9 * self.m[i] + 0.1 * g;
-            self.v[i] = 0.999 * self.v[i] + 0.001 * g * g;
-            self.w32[i] -= 1e-4 * self.m[i] / (self.v[i].sqrt() + 1e-8);
-        }
+        let rng = &mut self.rng;
+        adam_step(&mut self.w32, &mut self.m, &mut self.v, 1e-4, |_| {
+            rng.normal() as f32 * 0.01
+        });
         for w in &mut self.w64 {
             *w += self.rng.normal() * 1e-6;
         }

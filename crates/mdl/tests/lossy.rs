@@ -15,7 +15,7 @@ use mdl_format::safetensors;
 use mdl_format::Dtype;
 
 mod common;
-use common::{write_safetensors, Rng};
+use common::{adam_step, write_safetensors, Rng};
 
 /// A small model in training: an f32 matrix, a bf16 matrix, a norm vector, Adam moments.
 struct Model {
@@ -58,12 +58,10 @@ impl Model {
             self.step += 1;
             for (name, w) in [("a", &mut self.a), ("b", &mut self.b)] {
                 let (m, v) = (self.m.get_mut(name).unwrap(), self.v.get_mut(name).unwrap());
-                for i in 0..w.len() {
-                    let g = (self.rng.normal() * 0.01 + w[i] as f64 * 0.1) as f32;
-                    m[i] = 0.9 * m[i] + 0.1 * g;
-                    v[i] = 0.999 * v[i] + 0.001 * g * g;
-                    w[i] -= 1e-3 * m[i] / (v[i].sqrt() + 1e-8);
-                }
+                let rng = &mut self.rng;
+                adam_step(w, m, v, 1e-3, |w| {
+                    (rng.normal() * 0.01 + w as f64 * 0.1) as f32
+                });
             }
         }
     }

@@ -14,7 +14,7 @@ use mdl::policy::{DeltaMode, DeltaPolicy};
 use mdl::{Error, NoProgress, ObjectId, Repository};
 
 mod common;
-use common::{write_safetensors, Rng};
+use common::{adam_step, write_safetensors, Rng};
 
 const N: usize = 40_000;
 
@@ -42,12 +42,10 @@ impl Run {
 
     fn step(&mut self) {
         self.step += 1;
-        for i in 0..N {
-            let g = self.rng.normal() as f32 * 0.01;
-            self.m[i] = 0.9 * self.m[i] + 0.1 * g;
-            self.v[i] = 0.999 * self.v[i] + 0.001 * g * g;
-            self.w[i] -= 1e-4 * self.m[i] / (self.v[i].sqrt() + 1e-8);
-        }
+        let rng = &mut self.rng;
+        adam_step(&mut self.w, &mut self.m, &mut self.v, 1e-4, |_| {
+            rng.normal() as f32 * 0.01
+        });
     }
 
     /// Writes the checkpoint; without `moments`, the file a thinned checkout must equal.
@@ -106,6 +104,27 @@ fn series(repo: &Repository, dir: &Path, n: usize, o: &CommitOptions) -> Vec<(Ob
     out
 }
 
+fn compact_to(repo: &Repository, cap: u32, dry_run: bool) -> mdl::compact::CompactOutcome {
+    let o = CompactOptions {
+        max_depth: Some(cap),
+        dry_run,
+    };
+    compact(repo, &o, &NoProgress).unwrap()
+}
+
+/// gc with no grace period and no reflog protection.
+fn gc_now() -> GcOptions {
+    GcOptions {
+        prune_older_than: Duration::ZERO,
+        expire_reflog: Duration::ZERO,
+        dry_run: false,
+    }
+}
+
+fn reverse() -> CommitOptions {
+    opts(DeltaMode::Reverse, 16, false)
+}
+
 fn depths(repo: &Repository) -> Vec<u32> {
     let meta = repo.store().meta().read().unwrap();
     meta.objects()
@@ -130,15 +149,7 @@ fn compaction_bounds_chains_and_changes_no_checkout() {
         assert!(depths(&repo).iter().max().unwrap() >= &10, "forward chains");
 
         let index_before = repo.store().meta().read().unwrap().objects().unwrap();
-        let dry = compact(
-            &repo,
-            &CompactOptions {
-                max_depth: Some(3),
-                dry_run: true,
-            },
-            &NoProgress,
-        )
-        .unwrap();
+        let dry = compact_to(&repo, 3, true);
         assert!(dry.reencoded > 0 && dry.longest_after <= 3);
         assert_eq!(
             repo.store().meta().read().unwrap().objects().unwrap(),
@@ -147,15 +158,7 @@ fn compaction_bounds_chains_and_changes_no_checkout() {
         );
 
         for cap in [3, 1, 0] {
-            let out = compact(
-                &repo,
-                &CompactOptions {
-                    max_depth: Some(cap),
-                    dry_run: false,
-                },
-                &NoProgress,
-            )
-            .unwrap();
+            let out = compact_to(&repo, cap, false);
             assert!(out.longest_after <= cap, "{out:?}");
             assert!(
                 depths(&repo).iter().all(|&d| d <= cap),
@@ -175,15 +178,7 @@ fn compaction_bounds_chains_and_changes_no_checkout() {
             }
         }
         // Nothing left to do.
-        let again = compact(
-            &repo,
-            &CompactOptions {
-                max_depth: Some(0),
-                dry_run: false,
-            },
-            &NoProgress,
-        )
-        .unwrap();
+        let again = compact_to(&repo, 0, false);
         assert_eq!(again.reencoded, 0);
     }
 }
@@ -193,8 +188,7 @@ fn gc_removes_only_what_nothing_reaches() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let repo = Repository::init(d).unwrap();
-    let reverse = opts(DeltaMode::Reverse, 16, false);
-    let main = series(&repo, d, 3, &reverse);
+    let main = series(&repo, d, 3, &reverse());
 
     // An experiment branch; its first commit makes main's tip tensors deltas against its own.
     let mut run = Run::new(99);
@@ -205,18 +199,14 @@ fn gc_removes_only_what_nothing_reaches() {
         run.write(&file, true);
         let o = CommitOptions {
             branch: Some(mdl::RefName::new("exp").unwrap()),
-            ..reverse.clone()
+            ..reverse()
         };
         exp.push(commit(&repo, &file, &o, &NoProgress).unwrap().id);
     }
     // Same content on main as the experiment's first checkpoint would share nothing; now
     // delete the branch: only the reflogs of main remain as roots.
     mdl::refs::delete_branch(&repo, "exp").unwrap();
-    let now = GcOptions {
-        prune_older_than: Duration::ZERO,
-        expire_reflog: Duration::ZERO,
-        dry_run: false,
-    };
+    let now = gc_now();
 
     // The default grace period keeps everything this young.
     let young = gc(&repo, &GcOptions::default(), &NoProgress).unwrap();
@@ -281,13 +271,7 @@ fn retention_thins_old_commits_and_says_so() {
         run.step();
         let thin = run.write(&d.join("thin.safetensors"), false);
         let full = run.write(&file, true);
-        let c = commit(
-            &repo,
-            &file,
-            &opts(DeltaMode::Reverse, 16, false),
-            &NoProgress,
-        )
-        .unwrap();
+        let c = commit(&repo, &file, &reverse(), &NoProgress).unwrap();
         commits.push((c.id, full, thin));
     }
     mdl::refs::create_tag(&repo, "keep", Some(&commits[1].0.to_hex()), None, "t").unwrap();
@@ -345,13 +329,7 @@ fn retention_thins_old_commits_and_says_so() {
 
     // Committing a thinned checkpoint again stores its moments again: no longer expired.
     std::fs::write(&file, &commits[2].1).unwrap();
-    let again = commit(
-        &repo,
-        &file,
-        &opts(DeltaMode::Reverse, 16, false),
-        &NoProgress,
-    )
-    .unwrap();
+    let again = commit(&repo, &file, &reverse(), &NoProgress).unwrap();
     assert!(checkout_bytes(&repo, &again.id, d).unwrap() == commits[2].1);
     assert!(checkout_bytes(&repo, &commits[2].0, d).unwrap() == commits[2].1);
     assert_sound(&repo);
@@ -363,11 +341,7 @@ fn commits_racing_gc_in_one_process_are_never_damaged() {
     let d: PathBuf = dir.path().to_path_buf();
     let repo = Repository::init(&d).unwrap();
     mdl::policy::set_config(&repo, "retention.keep_last", "2").unwrap();
-    let now = GcOptions {
-        prune_older_than: Duration::ZERO,
-        expire_reflog: Duration::ZERO,
-        dry_run: false,
-    };
+    let now = gc_now();
     let done = std::sync::atomic::AtomicBool::new(false);
     let committed = std::thread::scope(|s| {
         let committer = s.spawn(|| {
@@ -377,7 +351,7 @@ fn commits_racing_gc_in_one_process_are_never_damaged() {
                 run.step();
                 let file = d.join(format!("c{i}.safetensors"));
                 let bytes = run.write(&file, true);
-                let o = opts(DeltaMode::Reverse, 16, false);
+                let o = reverse();
                 let c = commit(&repo, &file, &o, &NoProgress).unwrap();
                 out.push((c.id, bytes));
             }
@@ -387,15 +361,7 @@ fn commits_racing_gc_in_one_process_are_never_damaged() {
         let mut runs = 0;
         while !done.load(std::sync::atomic::Ordering::SeqCst) {
             gc(&repo, &now, &NoProgress).unwrap();
-            compact(
-                &repo,
-                &CompactOptions {
-                    max_depth: Some(1),
-                    dry_run: false,
-                },
-                &NoProgress,
-            )
-            .unwrap();
+            compact_to(&repo, 1, false);
             runs += 1;
         }
         assert!(runs > 0);

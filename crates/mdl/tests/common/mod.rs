@@ -44,3 +44,21 @@ impl Rng {
         (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
     }
 }
+
+/// One Adam-like step (β 0.9 / 0.999, no bias correction) of weights `w` with moments `m`, `v`:
+/// the training-like drift the tests commit. `grad` draws each gradient from its weight.
+#[allow(dead_code)]
+pub fn adam_step(
+    w: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    lr: f32,
+    mut grad: impl FnMut(f32) -> f32,
+) {
+    for i in 0..w.len() {
+        let g = grad(w[i]);
+        m[i] = 0.9 * m[i] + 0.1 * g;
+        v[i] = 0.999 * v[i] + 0.001 * g * g;
+        w[i] -= lr * m[i] / (v[i].sqrt() + 1e-8);
+    }
+}
