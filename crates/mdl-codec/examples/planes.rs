@@ -6,6 +6,7 @@
 
 use std::time::Instant;
 
+use mdl_codec::engine::CpuEngine;
 use mdl_codec::float;
 use mdl_format::safetensors;
 
@@ -31,13 +32,13 @@ fn main() {
                 continue;
             }
             let t0 = Instant::now();
-            let a = float::analyze(t.header.dtype, data, None).unwrap();
+            let a = float::analyze(&CpuEngine, t.header.dtype, data, None).unwrap();
             let mut out = Vec::new();
-            float::encode(t.header.dtype, data, None, &a.plain, &mut out).unwrap();
+            float::encode(&CpuEngine, t.header.dtype, data, None, &a.plain, &mut out).unwrap();
             enc_s += t0.elapsed().as_secs_f64();
             let t0 = Instant::now();
             let mut back = vec![0u8; data.len()];
-            float::decode(t.header.dtype, &out, None, &mut back).unwrap();
+            float::decode(&CpuEngine, t.header.dtype, &out, None, &mut back).unwrap();
             dec_s += t0.elapsed().as_secs_f64();
             assert_eq!(back, data);
             bytes += data.len() as u64;
@@ -58,10 +59,11 @@ fn main() {
             let mut bx = own;
             if let Some((prev, pstart)) = &prev {
                 let pd = &prev[pstart + t.offset as usize..pstart + (t.offset + t.len) as usize];
-                let ax = float::analyze(t.header.dtype, data, Some(pd)).unwrap();
+                let ax = float::analyze(&CpuEngine, t.header.dtype, data, Some(pd)).unwrap();
                 if let Some(d) = &ax.delta {
                     let mut dout = Vec::new();
-                    float::encode(t.header.dtype, data, Some(pd), d, &mut dout).unwrap();
+                    float::encode(&CpuEngine, t.header.dtype, data, Some(pd), d, &mut dout)
+                        .unwrap();
                     b = b.min(dout.len() as u64);
                     if std::env::var("PLANES_DEBUG").is_ok() {
                         eprintln!(

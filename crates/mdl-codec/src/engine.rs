@@ -1,12 +1,73 @@
-//! The hot kernels of the lossy codecs behind one trait, so a GPU implementation can stand in for
-//! the CPU one. Every kernel's result is a function of its input alone — never of thread count
-//! or scheduling — because what it computes ends up in stored bytes: sums are taken in fixed
-//! point (integer addition is associative) or in a fixed chunk order.
+//! The hot kernels of the codecs behind one trait, so a GPU implementation can stand in for the
+//! CPU one: float planes (split, XOR or subtract, histogram, Huffman-code, decode, merge) and
+//! the lossy codecs' key histograms, lookups, grouped deltas and error sums. Every kernel's
+//! result is a function of its input alone — never of thread count, scheduling or device —
+//! because what it computes ends up in stored bytes: sums are taken in fixed point (integer
+//! addition is associative) or in a fixed chunk order, and coded chunks are defined bit for bit
+//! by their symbols and code. What is decided from the kernels' results (codes, plans, record
+//! layout) stays in shared code ([`crate::float`], [`crate::quant`], [`crate::qrecord`]).
 
 use mdl_format::{Dtype, FormatError};
 use rayon::prelude::*;
 
+pub use crate::float::Transform;
+use crate::huffman::{Histogram, Stream, StreamWriter};
 use crate::scalar::{self, KEYS};
+
+/// Which byte planes a float codec takes a tensor apart into ([`crate::float`]'s table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlaneSpec {
+    /// Element type (bf16, f16, f32 or f64).
+    pub dtype: Dtype,
+    /// Float planes, or the zigzagged difference's byte planes.
+    pub transform: Transform,
+    /// Bits of each little-endian word XORed with the base before splitting (float planes
+    /// only; 0 without a base).
+    pub mask: u64,
+}
+
+impl PlaneSpec {
+    /// Float planes of `value ^ (base & mask)`.
+    pub fn planes(dtype: Dtype, mask: u64) -> PlaneSpec {
+        PlaneSpec {
+            dtype,
+            transform: Transform::Planes,
+            mask,
+        }
+    }
+
+    /// Byte planes of `zigzag(value − base)`.
+    pub fn sub(dtype: Dtype) -> PlaneSpec {
+        PlaneSpec {
+            dtype,
+            transform: Transform::Sub,
+            mask: 0,
+        }
+    }
+}
+
+/// What [`Engine::keep`] returns: while it lives, the engine keeps a copy of the bytes where
+/// it computes, so kernels called meanwhile on them (or on a part of them) do not copy them
+/// again. Dropping it lets the copy go.
+#[must_use = "the bytes are kept only while the guard lives"]
+pub struct Kept<'a>(Option<Box<dyn Send + 'a>>);
+
+impl<'a> Kept<'a> {
+    /// A guard that keeps nothing (engines that compute where the bytes already are).
+    pub fn nothing() -> Kept<'a> {
+        Kept(None)
+    }
+
+    /// A guard whose drop releases what `inner`'s drop releases.
+    pub fn new(inner: Box<dyn Send + 'a>) -> Kept<'a> {
+        Kept(Some(inner))
+    }
+
+    /// Whether anything is kept.
+    pub fn is_kept(&self) -> bool {
+        self.0.is_some()
+    }
+}
 
 /// A float tensor (bf16, f16 or f32), little-endian.
 #[derive(Clone, Copy, Debug)]
@@ -83,6 +144,33 @@ pub struct KeyStats {
     pub moments: bool,
 }
 
+impl KeyStats {
+    /// The stats from dense per-key tables of counts and fixed-point sums (taken with
+    /// [`scales`]): the keys that occur, ascending, each sum divided by its scale.
+    pub fn from_fixed_point(
+        n: u64,
+        count: &[u64],
+        acc: &[[i64; sum::N]],
+        sc: &[f64; sum::N],
+        moments: bool,
+    ) -> KeyStats {
+        let keys: Vec<u16> = (0..count.len())
+            .filter(|&k| count[k] > 0)
+            .map(|k| k as u16)
+            .collect();
+        KeyStats {
+            n,
+            count: keys.iter().map(|&k| count[k as usize]).collect(),
+            sums: keys
+                .iter()
+                .map(|&k| std::array::from_fn(|j| acc[k as usize][j] as f64 / sc[j]))
+                .collect(),
+            keys,
+            moments,
+        }
+    }
+}
+
 /// A key → code table with the keys whose elements are kept exactly.
 #[derive(Clone, Debug)]
 pub struct Lut {
@@ -118,6 +206,19 @@ pub struct ErrorStats {
 }
 
 impl ErrorStats {
+    /// Combines per-chunk results (of [`ERROR_CHUNK`] elements each) in chunk order: the
+    /// one order every engine sums in.
+    pub fn fold(chunks: &[ErrorStats]) -> ErrorStats {
+        chunks.iter().fold(ErrorStats::default(), |mut a, e| {
+            a.max_abs = a.max_abs.max(e.max_abs);
+            a.sum_sq_err += e.sum_sq_err;
+            a.sum_sq += e.sum_sq;
+            a.sum_m_delta += e.sum_m_delta;
+            a.sum_v_delta2 += e.sum_v_delta2;
+            a
+        })
+    }
+
     /// Relative L2 error (0 for an all-zero original).
     pub fn rel_l2(&self) -> f64 {
         if self.sum_sq > 0.0 {
@@ -128,10 +229,51 @@ impl ErrorStats {
     }
 }
 
-/// The lossy codecs' kernels. Implementations must return identical results.
-pub trait Engine: Send + Sync {
+/// The codecs' kernels. Implementations must return identical results; [`CpuEngine`] is the
+/// reference.
+pub trait Engine: Send + Sync + std::fmt::Debug {
     /// A short name for messages.
     fn name(&self) -> &'static str;
+
+    /// Keeps `bytes` where the engine computes until the guard drops (see [`Kept`]). The
+    /// borrow guarantees the bytes do not change meanwhile.
+    fn keep<'a>(&'a self, bytes: &'a [u8]) -> Kept<'a> {
+        let _ = bytes;
+        Kept::nothing()
+    }
+
+    /// Per plane of `data` taken apart as `spec` says (against `base`, of the same length,
+    /// where the spec uses one): the symbol histogram and the histogram of sparse-mode flag
+    /// bytes ([`crate::huffman::flag_histogram`], per chunk of
+    /// [`crate::huffman::CHUNK_LOG2`] elements). `want[p]` says which of the two plane `p`
+    /// needs; the other is left empty. `spec.dtype` must be a float type.
+    fn plane_histograms(
+        &self,
+        spec: PlaneSpec,
+        data: &[u8],
+        base: Option<&[u8]>,
+        want: &[(bool, bool)],
+    ) -> Vec<(Histogram, Histogram)>;
+
+    /// Every chunk of every plane of `data` (as in [`Engine::plane_histograms`]) coded by that
+    /// plane's writer ([`StreamWriter::chunk`]): `result[plane][chunk]`.
+    fn encode_planes(
+        &self,
+        spec: PlaneSpec,
+        data: &[u8],
+        base: Option<&[u8]>,
+        writers: &[StreamWriter],
+    ) -> Vec<Vec<Vec<u8>>>;
+
+    /// Decodes one stream per plane and merges the planes into `out` (undoing the XOR with,
+    /// or the difference from, `base`). Fails on a damaged stream.
+    fn decode_planes(
+        &self,
+        spec: PlaneSpec,
+        streams: &[Stream<'_>],
+        base: Option<&[u8]>,
+        out: &mut [u8],
+    ) -> Result<(), FormatError>;
 
     /// The 16-bit-key histogram with per-key sums of `w` and, when given, its moments.
     fn key_stats(&self, w: FloatView<'_>, moments: Option<Moments<'_>>) -> KeyStats;
@@ -206,6 +348,10 @@ pub struct CpuEngine;
 /// Elements per chunk of the chunked kernels (fixed: it defines the summation order).
 const CHUNK: usize = 1 << 16;
 
+/// Elements per chunk of [`Engine::error_stats`]: each chunk is summed in index order, and the
+/// chunks' sums are combined by [`ErrorStats::fold`].
+pub const ERROR_CHUNK: usize = CHUNK;
+
 thread_local! {
     /// A dense per-key table for [`Engine::key_stats`], kept zeroed between uses.
     static STATS_SCRATCH: std::cell::RefCell<(Vec<u64>, Vec<[i64; sum::N]>)> =
@@ -215,10 +361,10 @@ thread_local! {
 /// Elements per partial histogram of [`Engine::key_stats`].
 const STATS_PART: usize = 1 << 18;
 
-/// Fixed-point scales for the key sums: each term is multiplied by a power of two chosen so that
+/// Fixed-point scales for the key sums (every engine uses these, from the exact maxima): each term is multiplied by a power of two chosen so that
 /// no sum over `n` terms can overflow an `i64`, then truncated; the integer sums are exact and
 /// independent of order.
-fn scales(n: usize, wmax: f64, mmax: f64, vmax: f64) -> [f64; sum::N] {
+pub fn scales(n: usize, wmax: f64, mmax: f64, vmax: f64) -> [f64; sum::N] {
     let limit = 2f64.powi(62) / n.max(1) as f64;
     let scale = |bound: f64| {
         if bound > 0.0 && bound.is_finite() {
@@ -252,6 +398,36 @@ fn max_abs(v: FloatView<'_>) -> f64 {
 impl Engine for CpuEngine {
     fn name(&self) -> &'static str {
         "cpu"
+    }
+
+    fn plane_histograms(
+        &self,
+        spec: PlaneSpec,
+        data: &[u8],
+        base: Option<&[u8]>,
+        want: &[(bool, bool)],
+    ) -> Vec<(Histogram, Histogram)> {
+        crate::float::cpu_plane_histograms(spec, data, base, want)
+    }
+
+    fn encode_planes(
+        &self,
+        spec: PlaneSpec,
+        data: &[u8],
+        base: Option<&[u8]>,
+        writers: &[StreamWriter],
+    ) -> Vec<Vec<Vec<u8>>> {
+        crate::float::cpu_encode_planes(spec, data, base, writers)
+    }
+
+    fn decode_planes(
+        &self,
+        spec: PlaneSpec,
+        streams: &[Stream<'_>],
+        base: Option<&[u8]>,
+        out: &mut [u8],
+    ) -> Result<(), FormatError> {
+        crate::float::cpu_decode_planes(spec, streams, base, out)
     }
 
     fn key_stats(&self, w: FloatView<'_>, moments: Option<Moments<'_>>) -> KeyStats {
@@ -466,14 +642,7 @@ impl Engine for CpuEngine {
             })
             .collect();
         // Chunk results are combined in chunk order: the same sums on any thread count.
-        chunks.iter().fold(ErrorStats::default(), |mut a, e| {
-            a.max_abs = a.max_abs.max(e.max_abs);
-            a.sum_sq_err += e.sum_sq_err;
-            a.sum_sq += e.sum_sq;
-            a.sum_m_delta += e.sum_m_delta;
-            a.sum_v_delta2 += e.sum_v_delta2;
-            a
-        })
+        ErrorStats::fold(&chunks)
     }
 }
 

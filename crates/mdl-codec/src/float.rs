@@ -20,6 +20,7 @@
 use mdl_format::{Dtype, FormatError};
 use rayon::prelude::*;
 
+use crate::engine::{Engine, PlaneSpec};
 use crate::huffman::{flag_histogram, Histogram, Plan, Stream, StreamWriter, CHUNK_LOG2};
 
 const CHUNK: usize = 1 << CHUNK_LOG2;
@@ -521,17 +522,134 @@ fn count_chunk(
     })
 }
 
-/// Per-plane statistics of `data` (XORed with `base` under `mask`). Planes whose first chunk
-/// looks like noise are not counted further (they will be stored raw); planes with many zeros
-/// also get their sparse-mode flag counts.
-fn histograms(l: &Layout, data: &[u8], base: Option<&[u8]>, mask: u64) -> Vec<PlaneStats> {
+/// The layout a plane spec names.
+fn spec_layout(spec: PlaneSpec) -> Layout {
+    match spec.transform {
+        Transform::Planes => layout(spec.dtype),
+        Transform::Sub => sub_layout(spec.dtype),
+    }
+    .expect("plane kernels are given float dtypes only")
+}
+
+/// The CPU's [`Engine::plane_histograms`]: chunks in parallel, counts added (exact).
+pub(crate) fn cpu_plane_histograms(
+    spec: PlaneSpec,
+    data: &[u8],
+    base: Option<&[u8]>,
+    want: &[(bool, bool)],
+) -> Vec<(Histogram, Histogram)> {
+    let l = spec_layout(spec);
     let step = CHUNK * l.width;
-    let count = |c: usize, chunk: &[u8], want: &[(bool, bool)]| {
-        let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
-        count_chunk(l, chunk, b, mask, want)
-    };
-    let first = data.chunks(step).next().unwrap_or(&[]);
-    let sample = count(0, first, &vec![(true, true); l.planes]);
+    if data.len() <= step {
+        return count_chunk(&l, data, base, spec.mask, want);
+    }
+    data.par_chunks(step)
+        .enumerate()
+        .map(|(c, chunk)| {
+            let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
+            count_chunk(&l, chunk, b, spec.mask, want)
+        })
+        .reduce(
+            || vec![(Histogram::default(), Histogram::default()); l.planes],
+            |mut a, b| {
+                for ((x, fx), (y, fy)) in a.iter_mut().zip(&b) {
+                    x.add(y);
+                    fx.add(fy);
+                }
+                a
+            },
+        )
+}
+
+/// The CPU's [`Engine::encode_planes`]: element chunks in parallel, each split once.
+pub(crate) fn cpu_encode_planes(
+    spec: PlaneSpec,
+    data: &[u8],
+    base: Option<&[u8]>,
+    writers: &[StreamWriter],
+) -> Vec<Vec<Vec<u8>>> {
+    let l = spec_layout(spec);
+    let step = CHUNK * l.width;
+    // by_chunk[c][p]: the coded bytes of plane p in element chunk c.
+    let mut by_chunk: Vec<Vec<Vec<u8>>> = data
+        .par_chunks(step)
+        .enumerate()
+        .map(|(c, chunk)| {
+            with_scratch(CHUNK * l.planes, |scratch| {
+                let n = chunk.len() / l.width;
+                let mut planes: Vec<&mut [u8]> =
+                    scratch.chunks_mut(CHUNK).map(|p| &mut p[..n]).collect();
+                let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
+                (l.split)(chunk, &mut planes, b, spec.mask);
+                planes
+                    .iter()
+                    .zip(writers)
+                    .map(|(p, w)| {
+                        let mut v = Vec::new();
+                        w.chunk(p, &mut v);
+                        v
+                    })
+                    .collect()
+            })
+        })
+        .collect();
+    (0..l.planes)
+        .map(|p| {
+            by_chunk
+                .iter_mut()
+                .map(|c| std::mem::take(&mut c[p]))
+                .collect()
+        })
+        .collect()
+}
+
+/// The CPU's [`Engine::decode_planes`]: element chunks in parallel.
+pub(crate) fn cpu_decode_planes(
+    spec: PlaneSpec,
+    streams: &[Stream<'_>],
+    base: Option<&[u8]>,
+    out: &mut [u8],
+) -> Result<(), FormatError> {
+    let l = spec_layout(spec);
+    let step = CHUNK * l.width;
+    out.par_chunks_mut(step)
+        .enumerate()
+        .try_for_each(|(c, chunk)| {
+            with_scratch(CHUNK * l.planes, |scratch| {
+                let n = chunk.len() / l.width;
+                let mut planes: Vec<&mut [u8]> = scratch
+                    .chunks_mut(CHUNK)
+                    .take(l.planes)
+                    .map(|p| &mut p[..n])
+                    .collect();
+                for (s, p) in streams.iter().zip(planes.iter_mut()) {
+                    s.decode_chunk(c, p)?;
+                }
+                let planes: Vec<&[u8]> = planes.into_iter().map(|p| &*p).collect();
+                let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
+                (l.merge)(&planes, chunk, b, spec.mask);
+                Ok(())
+            })
+        })
+}
+
+/// Per-plane statistics of `data` (XORed with `base` under `spec.mask`, or subtracted). Planes
+/// whose first chunk looks like noise are not counted further (they will be stored raw); planes
+/// with many zeros also get their sparse-mode flag counts.
+fn histograms(
+    engine: &dyn Engine,
+    l: &Layout,
+    spec: PlaneSpec,
+    data: &[u8],
+    base: Option<&[u8]>,
+) -> Vec<PlaneStats> {
+    let step = (CHUNK * l.width).min(data.len());
+    let sample = engine.plane_histograms(
+        spec,
+        &data[..step],
+        base.map(|b| &b[..step]),
+        &vec![(true, true); l.planes],
+    );
     let want: Vec<(bool, bool)> = sample
         .iter()
         .map(|(h, _)| {
@@ -539,22 +657,10 @@ fn histograms(l: &Layout, data: &[u8], base: Option<&[u8]>, mask: u64) -> Vec<Pl
             (!noise, !noise && Plan::wants_flags(h))
         })
         .collect();
-    let totals = if first.len() == data.len() {
+    let totals = if step == data.len() {
         sample.clone()
     } else {
-        data.par_chunks(step)
-            .enumerate()
-            .map(|(c, chunk)| count(c, chunk, &want))
-            .reduce(
-                || vec![(Histogram::default(), Histogram::default()); l.planes],
-                |mut a, b| {
-                    for ((x, fx), (y, fy)) in a.iter_mut().zip(&b) {
-                        x.add(y);
-                        fx.add(fy);
-                    }
-                    a
-                },
-            )
+        engine.plane_histograms(spec, data, base, &want)
     };
     totals
         .into_iter()
@@ -595,11 +701,16 @@ fn choice(l: &Layout, transform: Transform, n: u64, stats: &[&PlaneStats], xor_m
 
 /// Splits `data` into planes (and, with a base, `data ^ base` too) and chooses how to hold
 /// each. Nothing is encoded yet; [`Choice::size`] is what [`encode`] will produce.
-pub fn analyze(dtype: Dtype, data: &[u8], base: Option<&[u8]>) -> Result<Analysis, FormatError> {
+pub fn analyze(
+    engine: &dyn Engine,
+    dtype: Dtype,
+    data: &[u8],
+    base: Option<&[u8]>,
+) -> Result<Analysis, FormatError> {
     let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
     check_lengths(&l, data, base)?;
     let n = (data.len() / l.width) as u64;
-    let plain_h = histograms(&l, data, None, 0);
+    let plain_h = histograms(engine, &l, PlaneSpec::planes(dtype, 0), data, None);
     let plain = choice(
         &l,
         Transform::Planes,
@@ -611,14 +722,20 @@ pub fn analyze(dtype: Dtype, data: &[u8], base: Option<&[u8]>) -> Result<Analysi
     // codes smaller (counting both would cost a whole extra pass for nothing).
     let (want_xor, want_sub) = match base {
         Some(b) if data.len() > CHUNK * l.width => {
-            let (xor, sub) = sample_delta_sizes(dtype, &l, data, b);
+            let (xor, sub) = sample_delta_sizes(engine, dtype, &l, data, b);
             (xor < sub, sub <= xor)
         }
         Some(_) => (true, true),
         None => (false, false),
     };
     let delta = base.filter(|_| want_xor).and_then(|b| {
-        let xor_h = histograms(&l, data, Some(b), u64::MAX);
+        let xor_h = histograms(
+            engine,
+            &l,
+            PlaneSpec::planes(dtype, u64::MAX),
+            data,
+            Some(b),
+        );
         let xor = choice(
             &l,
             Transform::Planes,
@@ -640,65 +757,85 @@ pub fn analyze(dtype: Dtype, data: &[u8], base: Option<&[u8]>) -> Result<Analysi
     });
     let sub = base
         .filter(|_| want_sub)
-        .map(|b| analyze_sub(dtype, data, b))
+        .map(|b| analyze_sub(engine, dtype, data, b))
         .transpose()?;
     Ok(Analysis { plain, delta, sub })
 }
 
 /// Estimated sizes of the first chunk as xor-delta (each plane XORed or not, whichever is
 /// smaller) and as sub-delta.
-fn sample_delta_sizes(dtype: Dtype, l: &Layout, data: &[u8], base: &[u8]) -> (u64, u64) {
+fn sample_delta_sizes(
+    engine: &dyn Engine,
+    dtype: Dtype,
+    l: &Layout,
+    data: &[u8],
+    base: &[u8],
+) -> (u64, u64) {
     let step = CHUNK * l.width;
     let (first, base) = (&data[..step], &base[..step]);
-    let sizes = |l: &Layout, b: Option<&[u8]>, mask: u64| -> Vec<u64> {
-        count_chunk(l, first, b, mask, &vec![(true, true); l.planes])
+    let sizes = |spec: PlaneSpec, b: Option<&[u8]>| -> Vec<u64> {
+        engine
+            .plane_histograms(
+                spec,
+                first,
+                b,
+                &vec![(true, true); spec_layout(spec).planes],
+            )
             .iter()
             .map(|(h, f)| Plan::choose(h, Plan::wants_flags(h).then_some(f)).1)
             .collect()
     };
-    let plain = sizes(l, None, 0);
-    let xor = sizes(l, Some(base), u64::MAX);
+    let plain = sizes(PlaneSpec::planes(dtype, 0), None);
+    let xor = sizes(PlaneSpec::planes(dtype, u64::MAX), Some(base));
     let xor_total = plain.iter().zip(&xor).map(|(p, x)| *p.min(x)).sum();
     let sub_total = match sub_layout(dtype) {
-        Some(sl) => sizes(&sl, Some(base), 0).iter().sum(),
+        Some(_) => sizes(PlaneSpec::sub(dtype), Some(base)).iter().sum(),
         None => u64::MAX,
     };
     (xor_total, sub_total)
 }
 
 /// Counts the `sub-delta` planes of `data` against `base` and chooses how to hold each.
-pub fn analyze_sub(dtype: Dtype, data: &[u8], base: &[u8]) -> Result<Choice, FormatError> {
+pub fn analyze_sub(
+    engine: &dyn Engine,
+    dtype: Dtype,
+    data: &[u8],
+    base: &[u8],
+) -> Result<Choice, FormatError> {
     let l = sub_layout(dtype).ok_or(FormatError::invalid("sub-delta", "not a float dtype"))?;
-    count_and_choose(&l, Transform::Sub, data, base, 0)
+    count_and_choose(engine, &l, PlaneSpec::sub(dtype), data, base, 0)
 }
 
 /// One counting pass of `data` against `base` with the given transform and XOR mask, and the
 /// resulting choice.
 fn count_and_choose(
+    engine: &dyn Engine,
     l: &Layout,
-    transform: Transform,
+    spec: PlaneSpec,
     data: &[u8],
     base: &[u8],
     xor_mask: u8,
 ) -> Result<Choice, FormatError> {
     check_lengths(l, data, Some(base))?;
     let n = (data.len() / l.width) as u64;
-    let stats = histograms(l, data, Some(base), word_mask(l, xor_mask));
+    let stats = histograms(engine, l, spec, data, Some(base));
     let refs: Vec<&PlaneStats> = stats.iter().collect();
-    Ok(choice(l, transform, n, &refs, xor_mask))
+    Ok(choice(l, spec.transform, n, &refs, xor_mask))
 }
 
 /// Counts `data` with the planes of `xor_mask` XORed with `base` and chooses how to hold each:
 /// one pass where [`analyze`] makes two. Used to re-encode a tensor against a new base when the
 /// planes to XOR are already known (reverse deltas).
 pub fn analyze_masked(
+    engine: &dyn Engine,
     dtype: Dtype,
     data: &[u8],
     base: &[u8],
     xor_mask: u8,
 ) -> Result<Choice, FormatError> {
     let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
-    count_and_choose(&l, Transform::Planes, data, base, xor_mask)
+    let spec = PlaneSpec::planes(dtype, word_mask(&l, xor_mask));
+    count_and_choose(engine, &l, spec, data, base, xor_mask)
 }
 
 /// An encoded payload, kept as the pieces it was produced in (chunks encoded in parallel), so
@@ -725,13 +862,14 @@ impl Encoded {
 /// Encodes `data` as `choice` says (XORing the chosen planes with `base`, or taking the
 /// difference from it), appending the payload to `out`.
 pub fn encode(
+    engine: &dyn Engine,
     dtype: Dtype,
     data: &[u8],
     base: Option<&[u8]>,
     choice: &Choice,
     out: &mut Vec<u8>,
 ) -> Result<(), FormatError> {
-    for piece in encode_pieces(dtype, data, base, choice)?.pieces() {
+    for piece in encode_pieces(engine, dtype, data, base, choice)?.pieces() {
         out.extend_from_slice(piece);
     }
     Ok(())
@@ -739,6 +877,7 @@ pub fn encode(
 
 /// Like [`encode`], returning the payload in pieces.
 pub fn encode_pieces(
+    engine: &dyn Engine,
     dtype: Dtype,
     data: &[u8],
     base: Option<&[u8]>,
@@ -753,46 +892,25 @@ pub fn encode_pieces(
     if (choice.xor_mask != 0 || choice.transform == Transform::Sub) && base.is_none() {
         return Err(FormatError::invalid("delta", "no base given"));
     }
-    let mask = word_mask(&l, choice.xor_mask);
+    let spec = PlaneSpec {
+        dtype,
+        transform: choice.transform,
+        mask: word_mask(&l, choice.xor_mask),
+    };
     let writers: Vec<StreamWriter> = choice
         .plans
         .iter()
         .map(|p| StreamWriter::new(p.clone()))
         .collect();
-    let step = CHUNK * l.width;
-    // chunks[c][p]: the coded bytes of plane p in element chunk c.
-    let mut chunks: Vec<Vec<Vec<u8>>> = data
-        .par_chunks(step)
-        .enumerate()
-        .map(|(c, chunk)| {
-            with_scratch(CHUNK * l.planes, |scratch| {
-                let n = chunk.len() / l.width;
-                let mut planes: Vec<&mut [u8]> =
-                    scratch.chunks_mut(CHUNK).map(|p| &mut p[..n]).collect();
-                let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
-                (l.split)(chunk, &mut planes, b, mask);
-                planes
-                    .iter()
-                    .zip(&writers)
-                    .map(|(p, w)| {
-                        let mut v = Vec::new();
-                        w.chunk(p, &mut v);
-                        v
-                    })
-                    .collect()
-            })
+    let coded = engine.encode_planes(spec, data, base, &writers);
+    let planes: Vec<(Vec<u8>, Vec<Vec<u8>>)> = writers
+        .iter()
+        .zip(coded)
+        .map(|(w, chunks)| {
+            let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+            (w.head(&refs), chunks)
         })
         .collect();
-    let mut planes = Vec::with_capacity(l.planes);
-    for (p, w) in writers.iter().enumerate() {
-        let plane_chunks: Vec<Vec<u8>> = chunks
-            .iter_mut()
-            .map(|c| std::mem::take(&mut c[p]))
-            .collect();
-        let refs: Vec<&[u8]> = plane_chunks.iter().map(Vec::as_slice).collect();
-        let head = w.head(&refs);
-        planes.push((head, plane_chunks));
-    }
     let mut head = vec![l.planes as u8, choice.xor_mask];
     for (h, cs) in &planes {
         let len = h.len() as u64 + cs.iter().map(|c| c.len() as u64).sum::<u64>();
@@ -804,29 +922,33 @@ pub fn encode_pieces(
 /// Decodes a payload into `out` (whose length is the tensor's byte length), XORing the planes
 /// the payload says with `base`.
 pub fn decode(
+    engine: &dyn Engine,
     dtype: Dtype,
     payload: &[u8],
     base: Option<&[u8]>,
     out: &mut [u8],
 ) -> Result<(), FormatError> {
     let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
-    decode_with(&l, Transform::Planes, payload, base, out)
+    decode_with(engine, &l, PlaneSpec::planes(dtype, 0), payload, base, out)
 }
 
 /// Decodes a `sub-delta` payload against `base` into `out`.
 pub fn decode_sub(
+    engine: &dyn Engine,
     dtype: Dtype,
     payload: &[u8],
     base: &[u8],
     out: &mut [u8],
 ) -> Result<(), FormatError> {
     let l = sub_layout(dtype).ok_or(FormatError::invalid("sub-delta", "not a float dtype"))?;
-    decode_with(&l, Transform::Sub, payload, Some(base), out)
+    decode_with(engine, &l, PlaneSpec::sub(dtype), payload, Some(base), out)
 }
 
+/// Decodes `payload` with the planes of `spec` (whose mask the payload sets).
 fn decode_with(
+    engine: &dyn Engine,
     l: &Layout,
-    transform: Transform,
+    mut spec: PlaneSpec,
     payload: &[u8],
     base: Option<&[u8]>,
     out: &mut [u8],
@@ -846,7 +968,7 @@ fn decode_with(
             "plane count does not match the dtype",
         ));
     }
-    let bad_mask = match transform {
+    let bad_mask = match spec.transform {
         Transform::Planes => {
             (l.planes < 8 && xor_mask >> l.planes != 0) || (xor_mask != 0) != base.is_some()
         }
@@ -884,32 +1006,14 @@ fn decode_with(
             "plane chunk size differs from the codec's",
         ));
     }
-    let mask = word_mask(l, xor_mask);
-    let step = CHUNK * l.width;
-    out.par_chunks_mut(step)
-        .enumerate()
-        .try_for_each(|(c, chunk)| {
-            with_scratch(CHUNK * l.planes, |scratch| {
-                let n = chunk.len() / l.width;
-                let mut planes: Vec<&mut [u8]> = scratch
-                    .chunks_mut(CHUNK)
-                    .take(l.planes)
-                    .map(|p| &mut p[..n])
-                    .collect();
-                for (s, p) in streams.iter().zip(planes.iter_mut()) {
-                    s.decode_chunk(c, p)?;
-                }
-                let planes: Vec<&[u8]> = planes.into_iter().map(|p| &*p).collect();
-                let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
-                (l.merge)(&planes, chunk, b, mask);
-                Ok(())
-            })
-        })
+    spec.mask = word_mask(l, xor_mask);
+    engine.decode_planes(spec, &streams, base, out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::CpuEngine;
     use proptest::prelude::*;
 
     const FLOATS: [Dtype; 4] = [Dtype::BF16, Dtype::F16, Dtype::F32, Dtype::F64];
@@ -917,7 +1021,7 @@ mod tests {
     /// Round-trips through float-split and, with a base, through every XOR mask; returns the
     /// smallest payload size.
     fn round_trip(dtype: Dtype, data: &[u8], base: Option<&[u8]>) -> usize {
-        let a = analyze(dtype, data, base).unwrap();
+        let a = analyze(&CpuEngine, dtype, data, base).unwrap();
         let planes = layout(dtype).unwrap().planes;
         let mut choices = vec![a.plain.clone()];
         choices.extend(a.delta.clone());
@@ -933,22 +1037,24 @@ mod tests {
         }
         let mut best = usize::MAX;
         if let Some(b) = base {
-            let sub = analyze_sub(dtype, data, b).unwrap();
+            let sub = analyze_sub(&CpuEngine, dtype, data, b).unwrap();
             let mut payload = Vec::new();
-            encode(dtype, data, base, &sub, &mut payload).unwrap();
+            encode(&CpuEngine, dtype, data, base, &sub, &mut payload).unwrap();
             assert!(payload.len() as u64 <= sub.size);
             let mut out = vec![0u8; data.len()];
-            decode_sub(dtype, &payload, b, &mut out).unwrap();
+            decode_sub(&CpuEngine, dtype, &payload, b, &mut out).unwrap();
             assert_eq!(out, data, "{dtype:?} sub-delta");
             // A sub-delta payload is not a float-split one, and the other way round.
             assert!(
-                decode(dtype, &payload, None, &mut out).is_err() || data.is_empty() || out != data
+                decode(&CpuEngine, dtype, &payload, None, &mut out).is_err()
+                    || data.is_empty()
+                    || out != data
             );
             best = payload.len();
         }
         for ch in &choices {
             let mut payload = Vec::new();
-            encode(dtype, data, base, ch, &mut payload).unwrap();
+            encode(&CpuEngine, dtype, data, base, ch, &mut payload).unwrap();
             if ch.plans.iter().all(|p| *p != Plan::Stored) || ch.xor_mask == 0 {
                 assert!(
                     payload.len() as u64 <= ch.size,
@@ -959,7 +1065,7 @@ mod tests {
             }
             let mut out = vec![0u8; data.len()];
             let b = (ch.xor_mask != 0).then_some(base).flatten();
-            decode(dtype, &payload, b, &mut out).unwrap();
+            decode(&CpuEngine, dtype, &payload, b, &mut out).unwrap();
             assert_eq!(out, data, "{dtype:?} mask {}", ch.xor_mask);
             best = best.min(payload.len());
         }
@@ -1061,9 +1167,9 @@ mod tests {
                 (u32::from_le_bytes(c.try_into().unwrap()) + (r() % 64) as u32).to_le_bytes()
             })
             .collect();
-        let a = analyze(Dtype::F32, &data, Some(&base)).unwrap();
-        let sub = analyze_sub(Dtype::F32, &data, &base).unwrap();
-        let xor = analyze_masked(Dtype::F32, &data, &base, 0b1111).unwrap();
+        let a = analyze(&CpuEngine, Dtype::F32, &data, Some(&base)).unwrap();
+        let sub = analyze_sub(&CpuEngine, Dtype::F32, &data, &base).unwrap();
+        let xor = analyze_masked(&CpuEngine, Dtype::F32, &data, &base, 0b1111).unwrap();
         assert!(sub.size * 10 < xor.size * 8, "{} vs {}", sub.size, xor.size);
         assert_eq!(a.best_delta().unwrap().transform, Transform::Sub);
         round_trip(Dtype::F32, &data, Some(&base));
@@ -1082,11 +1188,11 @@ mod tests {
             .flat_map(|i| ((i as f32).sin()).to_le_bytes())
             .collect();
         assert!(round_trip(Dtype::F32, &data, Some(&data)) < 100);
-        let a = analyze(Dtype::F32, &data, Some(&data)).unwrap();
+        let a = analyze(&CpuEngine, Dtype::F32, &data, Some(&data)).unwrap();
         assert_eq!(a.delta.unwrap().xor_mask, 0b1111);
-        assert!(analyze(Dtype::F32, &data, Some(&data[4..])).is_err());
-        assert!(analyze(Dtype::F32, &data[1..], None).is_err());
-        assert!(analyze(Dtype::I32, &data, None).is_err());
+        assert!(analyze(&CpuEngine, Dtype::F32, &data, Some(&data[4..])).is_err());
+        assert!(analyze(&CpuEngine, Dtype::F32, &data[1..], None).is_err());
+        assert!(analyze(&CpuEngine, Dtype::I32, &data, None).is_err());
     }
 
     proptest! {
@@ -1102,7 +1208,7 @@ mod tests {
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400), d in 0usize..4, n in 0usize..3000) {
             let dtype = FLOATS[d];
             let mut out = vec![0u8; n * dtype.size()];
-            let _ = decode(dtype, &bytes, None, &mut out);
+            let _ = decode(&CpuEngine, dtype, &bytes, None, &mut out);
         }
     }
 }

@@ -24,7 +24,8 @@ use rayon::prelude::*;
 /// Longest code, in bits. 12 bits keep the decode table at 8 KiB (in L1) while costing under
 /// 0.5 % on exponent distributions (see `docs/DECISIONS.md`).
 pub const MAX_LEN: u8 = 12;
-const TABLE_SIZE: usize = 1 << MAX_LEN;
+/// Entries of a [`Decoder`]'s lookup table.
+pub const TABLE_SIZE: usize = 1 << MAX_LEN;
 const TABLE_MASK: u64 = TABLE_SIZE as u64 - 1;
 
 /// Symbols per chunk, as a power of two (128 Ki symbols).
@@ -319,6 +320,12 @@ impl Encoder {
         }
     }
 
+    /// The bit-reversed canonical code of each symbol, `(code, length)` (length 0: no code):
+    /// what a lane holds for a symbol, least significant bit first.
+    pub fn codes(&self) -> &[(u16, u8); 256] {
+        &self.codes
+    }
+
     /// Appends a coded chunk to `out`: the symbols split into [`LANES`] contiguous lanes, each
     /// its own bit stream, after a table of the first three lanes' byte lengths (`u32` each).
     /// Every symbol must have a code.
@@ -396,6 +403,12 @@ impl Decoder {
             }
         }
         Decoder { table }
+    }
+
+    /// The lookup table: entry `i` is `symbol | length << 8` for the code that the low
+    /// [`MAX_LEN`] bits `i` of a lane start with (length 0: none does).
+    pub fn table(&self) -> &[u16; TABLE_SIZE] {
+        &self.table
     }
 
     /// Decodes exactly `out.len()` symbols from a chunk written by [`Encoder::encode_chunk`];
@@ -647,6 +660,17 @@ impl StreamWriter {
         StreamWriter { plan, encoders }
     }
 
+    /// The plan this writer follows.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The encoders of a coded plan: the symbols' (the flag bytes' for a sparse plan) and,
+    /// for a sparse plan, the non-zero values'.
+    pub fn encoders(&self) -> Option<(&Encoder, Option<&Encoder>)> {
+        self.encoders.as_ref().map(|(a, b)| (a, b.as_ref()))
+    }
+
     /// Encodes one chunk's symbols (all chunks but the last hold exactly `1 << CHUNK_LOG2`).
     pub fn chunk(&self, symbols: &[u8], out: &mut Vec<u8>) {
         match (&self.plan, &self.encoders) {
@@ -756,6 +780,27 @@ enum Body<'a> {
     },
 }
 
+/// A parsed stream's contents (see [`Stream::body`]).
+pub enum StreamBody<'s> {
+    /// The symbols themselves.
+    Stored(&'s [u8]),
+    /// Every symbol is this one.
+    Constant(u8),
+    /// Huffman chunks ([`Decoder::decode_chunk`]), or sparse chunks when `values` is given: a
+    /// `u32` length of the flag chunk, the flag bytes' chunk (coded with `decoder`), then the
+    /// non-zero symbols' chunk (coded with `values`).
+    Coded {
+        /// Decoder of the symbols (of the flag bytes, for sparse chunks).
+        decoder: &'s Decoder,
+        /// Decoder of the non-zero symbols of sparse chunks.
+        values: Option<&'s Decoder>,
+        /// Start of each chunk in `data`, plus the end.
+        offsets: &'s [usize],
+        /// The chunks.
+        data: &'s [u8],
+    },
+}
+
 impl<'a> Stream<'a> {
     /// Parses a stream of exactly `n` symbols occupying all of `bytes`.
     pub fn parse(bytes: &'a [u8], n: u64) -> Result<Stream<'a>, FormatError> {
@@ -847,6 +892,25 @@ impl<'a> Stream<'a> {
             chunk_log2,
             body,
         })
+    }
+
+    /// How the stream holds its symbols, for engines that decode chunks elsewhere.
+    pub fn body(&self) -> StreamBody<'_> {
+        match &self.body {
+            Body::Stored(b) => StreamBody::Stored(b),
+            Body::Constant(s) => StreamBody::Constant(*s),
+            Body::Coded {
+                decoder,
+                values,
+                offsets,
+                data,
+            } => StreamBody::Coded {
+                decoder,
+                values: values.as_deref(),
+                offsets,
+                data,
+            },
+        }
     }
 
     /// Symbols per chunk.

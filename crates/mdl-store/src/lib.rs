@@ -26,6 +26,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use mdl_codec::engine::{CpuEngine, Engine};
+
 /// Name of the repository directory inside a work directory.
 pub const MDL_DIR: &str = ".mdl";
 
@@ -60,6 +62,8 @@ pub struct Store {
     fs: Arc<dyn Storage>,
     meta: Meta,
     mode: LockMode,
+    /// Where codec kernels run (the CPU unless [`Store::set_engine`] says otherwise).
+    engine: Arc<dyn Engine>,
     _lock: RepoLock,
 }
 
@@ -133,8 +137,20 @@ impl Store {
             fs: opts.storage.clone(),
             meta,
             mode,
+            engine: Arc::new(CpuEngine),
             _lock: lock,
         })
+    }
+
+    /// Where codec kernels run for this store's reads and for commits into it.
+    pub fn engine(&self) -> &dyn Engine {
+        &*self.engine
+    }
+
+    /// Runs codec kernels on `engine` from now on. Engines produce identical bytes, so this
+    /// changes speed only.
+    pub fn set_engine(&mut self, engine: Arc<dyn Engine>) {
+        self.engine = engine;
     }
 
     /// The `.mdl` directory.

@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use mdl_codec::engine::CpuEngine;
 use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::{float, CodecTag, EncodeOptions};
 use mdl_format::record::{self, RecordHeader, Trailer, TRAILER_LEN};
@@ -393,7 +392,7 @@ impl Store {
             let (header, payload, tensor) = self.check_record(id, entry, bytes)?;
             let n = (entry.content_len / tensor.dtype.size() as u64) as usize;
             let q = QuantTensor::decode(
-                &CpuEngine,
+                self.engine(),
                 tensor.dtype,
                 n,
                 payload,
@@ -449,14 +448,15 @@ impl Store {
         let (header, payload, tensor) = self.check_record(id, entry, bytes)?;
         match codec {
             CodecTag::FloatSplit | CodecTag::XorDelta | CodecTag::MantissaTrim => {
-                float::decode(tensor.dtype, payload, base, out).map_err(corrupt)?
+                float::decode(self.engine(), tensor.dtype, payload, base, out).map_err(corrupt)?
             }
             CodecTag::SubDelta => {
                 let base = base.ok_or(corrupt(FormatError::invalid(
                     "sub-delta",
                     "record has no base",
                 )))?;
-                float::decode_sub(tensor.dtype, payload, base, out).map_err(corrupt)?
+                float::decode_sub(self.engine(), tensor.dtype, payload, base, out)
+                    .map_err(corrupt)?
             }
             CodecTag::Raw | CodecTag::Zstd | CodecTag::QuantBase | CodecTag::QuantDelta => {
                 return Err(corrupt(FormatError::invalid(

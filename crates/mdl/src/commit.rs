@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use mdl_codec::engine::{CpuEngine, Engine, FloatView, Moments};
+use mdl_codec::engine::{Engine, FloatView, Kept, Moments};
 use mdl_codec::float::{self, Transform};
 use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::quant::Correction;
@@ -212,7 +212,7 @@ pub fn commit(
 
     // Lossy settings, and for a lossy commit the configuration search.
     let settings = LossySettings::resolve(store, &opts.lossy)?;
-    let engine = CpuEngine;
+    let engine = store.engine();
     let tensors = &input.layout.tensors;
     let correction = match training_step(opts, &input.layout) {
         Some(t) => Correction::adam(settings.betas.0, settings.betas.1, t),
@@ -229,7 +229,7 @@ pub fn commit(
                 }
             };
             let plan_input = lossy::PlanInput {
-                engine: &engine,
+                engine,
                 input: &input,
                 roles: &roles,
                 settings: &settings,
@@ -239,7 +239,7 @@ pub fn commit(
                 loss: loss_of(&metrics, &input.layout),
             };
             let evaluate = |plans: Option<&[Option<TensorPlan>]>| {
-                evaluate_candidate(repo, path, &input, &engine, correction, &settings, plans)
+                evaluate_candidate(repo, path, &input, engine, correction, &settings, plans)
             };
             let eval: Option<lossy::Evaluate<'_>> =
                 settings.eval_cmd.as_ref().map(|_| &evaluate as _);
@@ -262,7 +262,7 @@ pub fn commit(
         claimed: Mutex::new(HashSet::new()),
         rewritten: Mutex::new(HashSet::new()),
         progress,
-        engine: &engine,
+        engine,
         plans: &plans,
         trim_bits,
         correction,
@@ -512,7 +512,15 @@ impl StoreCtx<'_> {
                 bytes: &data,
             };
             let moments = self.input.moments(plan.moments);
-            let q = lossy::quantize(self.engine, w, moments, plan, self.correction);
+            let q = {
+                // The quantizer reads the weights and moments several times: a GPU engine
+                // copies them over once.
+                let _kept: Vec<Kept<'_>> = std::iter::once(w.bytes)
+                    .chain(moments.iter().flat_map(|mv| [mv.m.bytes, mv.v.bytes]))
+                    .map(|b| self.engine.keep(b))
+                    .collect();
+                lossy::quantize(self.engine, w, moments, plan, self.correction)
+            };
             exactness = Exactness::Lossy(q.lossy);
             data = q.render;
             quantized = Some(q.tensor);
@@ -714,7 +722,14 @@ impl StoreCtx<'_> {
             .map(|(bid, be)| store.load_tensor(bid, be))
             .transpose()?;
         let corrupt = |source| Error::Corrupt { id, source };
-        let analysis = float::analyze(header.dtype, data, base_data.as_deref()).map_err(corrupt)?;
+        // Analysis, encoding and a reverse re-encode all read these: a GPU engine copies each
+        // over once.
+        let _kept = (
+            self.engine.keep(data),
+            base_data.as_deref().map(|b| self.engine.keep(b)),
+        );
+        let analysis = float::analyze(self.engine, header.dtype, data, base_data.as_deref())
+            .map_err(corrupt)?;
         let delta = analysis.best_delta();
         let best_float = delta.map_or(analysis.plain.size, |d| d.size);
         if best_float as f64 > len as f64 * (1.0 - FLOAT_GAIN_FLOOR) {
@@ -725,8 +740,9 @@ impl StoreCtx<'_> {
         }
         // Writes the new tensor with a float choice, as a delta when given its base and depth.
         let write = |choice: &float::Choice, base: Option<(&ObjectId, &[u8], u32)>| {
-            let payload = float::encode_pieces(header.dtype, data, base.map(|b| b.1), choice)
-                .map_err(corrupt)?;
+            let payload =
+                float::encode_pieces(self.engine, header.dtype, data, base.map(|b| b.1), choice)
+                    .map_err(corrupt)?;
             let (codec, placement) = match base {
                 Some((bid, _, depth)) => (
                     delta_codec(choice),
@@ -799,20 +815,29 @@ impl StoreCtx<'_> {
         let corrupt = |source| Error::Corrupt { id: *prev, source };
         let choice = match estimate.transform {
             Transform::Planes if estimate.reusable_for_swap() => estimate.clone(),
-            Transform::Planes => {
-                float::analyze_masked(info.header.dtype, prev_data, data, estimate.xor_mask)
-                    .map_err(corrupt)?
-            }
+            Transform::Planes => float::analyze_masked(
+                self.engine,
+                info.header.dtype,
+                prev_data,
+                data,
+                estimate.xor_mask,
+            )
+            .map_err(corrupt)?,
             // The difference changes sign with the roles, and its zigzag symbols with it.
-            Transform::Sub => {
-                float::analyze_sub(info.header.dtype, prev_data, data).map_err(corrupt)?
-            }
+            Transform::Sub => float::analyze_sub(self.engine, info.header.dtype, prev_data, data)
+                .map_err(corrupt)?,
         };
         if choice.size as f64 > prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR) {
             return Ok(None);
         }
-        let payload = float::encode_pieces(info.header.dtype, prev_data, Some(data), &choice)
-            .map_err(corrupt)?;
+        let payload = float::encode_pieces(
+            self.engine,
+            info.header.dtype,
+            prev_data,
+            Some(data),
+            &choice,
+        )
+        .map_err(corrupt)?;
         let placement = Placement {
             generation: prev_entry.generation + 1,
             base: Some(*id),

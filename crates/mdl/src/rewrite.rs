@@ -122,7 +122,7 @@ pub(crate) fn encode_whole(
         };
         let plain = if float::supports(header.dtype) {
             Some(
-                float::analyze(header.dtype, &data, None)
+                float::analyze(store.engine(), header.dtype, &data, None)
                     .map_err(corrupt)?
                     .plain,
             )
@@ -132,7 +132,8 @@ pub(crate) fn encode_whole(
         match plain.filter(|p| p.size < data.len() as u64) {
             Some(choice) => {
                 let payload =
-                    float::encode_pieces(header.dtype, &data, None, &choice).map_err(corrupt)?;
+                    float::encode_pieces(store.engine(), header.dtype, &data, None, &choice)
+                        .map_err(corrupt)?;
                 batch
                     .put_payload(id, &header, whole, placement, &payload.pieces())?
                     .entry

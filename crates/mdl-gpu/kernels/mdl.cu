@@ -1,0 +1,718 @@
+// mdl's codec kernels. Compiled at run time by NVRTC (with --fmad=false, so every product is
+// rounded before it is added, as on the CPU) or loaded from the committed PTX. Each kernel
+// computes exactly what the CPU reference in mdl-codec computes: integer sums (order does not
+// matter), floating-point sums in the CPU's fixed order, and coded bits defined by the symbols
+// and the code alone. No headers: NVRTC has none by default.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+// ---------------------------------------------------------------------------------------------
+// Scalars
+
+// Element types, as the host numbers them.
+#define DT_BF16 0
+#define DT_F16 1
+#define DT_F32 2
+
+// Plane layouts: float planes of each dtype, then the zigzagged difference's byte planes.
+#define K_BF16 0
+#define K_F16 1
+#define K_F32 2
+#define K_F64 3
+#define K_SUB16 4
+#define K_SUB32 5
+#define K_SUB64 6
+
+__device__ __forceinline__ u16 load16(const u8* p, u64 i) {
+    return (u16)p[2 * i] | ((u16)p[2 * i + 1] << 8);
+}
+
+__device__ __forceinline__ u32 load32(const u8* p, u64 i) {
+    return (u32)p[4 * i] | ((u32)p[4 * i + 1] << 8) | ((u32)p[4 * i + 2] << 16) |
+           ((u32)p[4 * i + 3] << 24);
+}
+
+__device__ __forceinline__ u64 load64(const u8* p, u64 i) {
+    return (u64)load32(p, 2 * i) | ((u64)load32(p, 2 * i + 1) << 32);
+}
+
+__device__ __forceinline__ void store16(u8* p, u64 i, u16 v) {
+    p[2 * i] = (u8)v;
+    p[2 * i + 1] = (u8)(v >> 8);
+}
+
+__device__ __forceinline__ void store32(u8* p, u64 i, u32 v) {
+    p[4 * i] = (u8)v;
+    p[4 * i + 1] = (u8)(v >> 8);
+    p[4 * i + 2] = (u8)(v >> 16);
+    p[4 * i + 3] = (u8)(v >> 24);
+}
+
+__device__ __forceinline__ void store64(u8* p, u64 i, u64 v) {
+    store32(p, 2 * i, (u32)v);
+    store32(p, 2 * i + 1, (u32)(v >> 32));
+}
+
+// f16 bits to float, exactly (mdl-codec's scalar::f16_to_f32).
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    u32 sign = ((u32)(h & 0x8000)) << 16;
+    u32 e = (h >> 10) & 0x1f;
+    u32 man = h & 0x3ff;
+    if (e == 0) {
+        if (man == 0) return __uint_as_float(sign);
+        float v = (float)man * __uint_as_float(0x33800000u);
+        return sign ? -v : v;
+    }
+    if (e == 0x1f) return __uint_as_float(sign | 0x7f800000u | (man << 13));
+    return __uint_as_float(sign | ((e + 112) << 23) | (man << 13));
+}
+
+// Element i as a double (scalar::value).
+__device__ __forceinline__ double value_of(int dtype, const u8* p, u64 i) {
+    if (dtype == DT_F32) return (double)__uint_as_float(load32(p, i));
+    if (dtype == DT_BF16) return (double)__uint_as_float(((u32)load16(p, i)) << 16);
+    return (double)f16_to_f32(load16(p, i));
+}
+
+// Element i's 16-bit key (scalar::key).
+__device__ __forceinline__ u32 key_of(int dtype, const u8* p, u64 i) {
+    if (dtype == DT_F32) return (u32)p[4 * i + 2] | ((u32)p[4 * i + 3] << 8);
+    return load16(p, i);
+}
+
+__device__ __forceinline__ bool finite(double x) {
+    return isfinite(x);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Float planes (mdl-codec float.rs). `planes` holds plane p at p * stride.
+
+extern "C" __global__ void split_planes(const u8* data, const u8* base, u8* planes, u64 n,
+                                        u64 stride, int kind, u64 mask) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        switch (kind) {
+            case K_BF16: {
+                u32 w = load16(data, i);
+                if (base) w ^= load16(base, i) & (u32)mask;
+                planes[i] = (u8)(w >> 7);
+                planes[stride + i] = (u8)(((w >> 8) & 0x80) | (w & 0x7f));
+                break;
+            }
+            case K_F16: {
+                u32 w = load16(data, i);
+                if (base) w ^= load16(base, i) & (u32)mask;
+                planes[i] = (u8)((w >> 10) & 0x1f);
+                planes[stride + i] = (u8)w;
+                planes[2 * stride + i] = (u8)(((w >> 13) & 0x4) | ((w >> 8) & 0x3));
+                break;
+            }
+            case K_F32: {
+                u32 w = load32(data, i);
+                if (base) w ^= load32(base, i) & (u32)mask;
+                planes[i] = (u8)(w >> 23);
+                planes[stride + i] = (u8)(((w >> 24) & 0x80) | ((w >> 16) & 0x7f));
+                planes[2 * stride + i] = (u8)(w >> 8);
+                planes[3 * stride + i] = (u8)w;
+                break;
+            }
+            case K_F64: {
+                u64 w = load64(data, i);
+                if (base) w ^= load64(base, i) & mask;
+                planes[i] = (u8)(w >> 52);
+                planes[stride + i] = (u8)(((w >> 56) & 0xf0) | ((w >> 48) & 0x0f));
+                for (int k = 0; k < 6; k++) planes[(2 + k) * stride + i] = (u8)(w >> (40 - 8 * k));
+                break;
+            }
+            case K_SUB16: {
+                u16 b = base ? load16(base, i) : 0;
+                short d = (short)(u16)(load16(data, i) - b);
+                u16 z = (u16)((d << 1) ^ (d >> 15));
+                planes[i] = (u8)z;
+                planes[stride + i] = (u8)(z >> 8);
+                break;
+            }
+            case K_SUB32: {
+                u32 b = base ? load32(base, i) : 0;
+                int d = (int)(load32(data, i) - b);
+                u32 z = (u32)((d << 1) ^ (d >> 31));
+                for (int k = 0; k < 4; k++) planes[k * stride + i] = (u8)(z >> (8 * k));
+                break;
+            }
+            case K_SUB64: {
+                u64 b = base ? load64(base, i) : 0;
+                i64 d = (i64)(load64(data, i) - b);
+                u64 z = (u64)((d << 1) ^ (d >> 63));
+                for (int k = 0; k < 8; k++) planes[k * stride + i] = (u8)(z >> (8 * k));
+                break;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void merge_planes(const u8* planes, const u8* base, u8* out, u64 n,
+                                        u64 stride, int kind, u64 mask) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        switch (kind) {
+            case K_BF16: {
+                u32 e = planes[i], m = planes[stride + i];
+                u32 w = ((m & 0x80) << 8) | (e << 7) | (m & 0x7f);
+                if (base) w ^= load16(base, i) & (u32)mask;
+                store16(out, i, (u16)w);
+                break;
+            }
+            case K_F16: {
+                u32 e = planes[i] & 0x1f, lo = planes[stride + i], hi = planes[2 * stride + i];
+                u32 w = ((hi & 0x4) << 13) | (e << 10) | ((hi & 0x3) << 8) | lo;
+                if (base) w ^= load16(base, i) & (u32)mask;
+                store16(out, i, (u16)w);
+                break;
+            }
+            case K_F32: {
+                u32 e = planes[i], hi = planes[stride + i], mid = planes[2 * stride + i],
+                    lo = planes[3 * stride + i];
+                u32 w = ((hi & 0x80) << 24) | (e << 23) | ((hi & 0x7f) << 16) | (mid << 8) | lo;
+                if (base) w ^= load32(base, i) & (u32)mask;
+                store32(out, i, w);
+                break;
+            }
+            case K_F64: {
+                u64 b1 = planes[stride + i];
+                u64 w = ((b1 & 0xf0) << 56) | ((u64)planes[i] << 52) | ((b1 & 0x0f) << 48);
+                for (int k = 0; k < 6; k++) w |= (u64)planes[(2 + k) * stride + i] << (40 - 8 * k);
+                if (base) w ^= load64(base, i) & mask;
+                store64(out, i, w);
+                break;
+            }
+            case K_SUB16: {
+                u16 z = (u16)planes[i] | ((u16)planes[stride + i] << 8);
+                short d = (short)(z >> 1) ^ (short)(-(short)(z & 1));
+                u16 b = base ? load16(base, i) : 0;
+                store16(out, i, (u16)(b + (u16)d));
+                break;
+            }
+            case K_SUB32: {
+                u32 z = 0;
+                for (int k = 0; k < 4; k++) z |= (u32)planes[k * stride + i] << (8 * k);
+                int d = (int)(z >> 1) ^ -(int)(z & 1);
+                u32 b = base ? load32(base, i) : 0;
+                store32(out, i, b + (u32)d);
+                break;
+            }
+            case K_SUB64: {
+                u64 z = 0;
+                for (int k = 0; k < 8; k++) z |= (u64)planes[k * stride + i] << (8 * k);
+                i64 d = (i64)(z >> 1) ^ -(i64)(z & 1);
+                u64 b = base ? load64(base, i) : 0;
+                store64(out, i, b + (u64)d);
+                break;
+            }
+        }
+    }
+}
+
+// Byte histograms of `planes` planes of n symbols (grid.y = plane): hist[p * 256 + s].
+extern "C" __global__ void byte_histogram(const u8* planes, u64 n, u64 stride, u64* hist) {
+    __shared__ u32 local[256];
+    for (int s = threadIdx.x; s < 256; s += blockDim.x) local[s] = 0;
+    __syncthreads();
+    const u8* p = planes + blockIdx.y * stride;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x)
+        atomicAdd(&local[p[i]], 1u);
+    __syncthreads();
+    for (int s = threadIdx.x; s < 256; s += blockDim.x)
+        if (local[s]) atomicAdd(&hist[blockIdx.y * 256 + s], (u64)local[s]);
+}
+
+// Sparse mode's flag byte of symbols 8g..8g+7 (bit k: symbol 8g + k is not zero).
+__device__ __forceinline__ u8 flag_byte(const u8* p, u64 g, u64 n) {
+    u8 f = 0;
+    for (int k = 0; k < 8; k++) {
+        u64 i = 8 * g + k;
+        if (i < n && p[i]) f |= (u8)(1 << k);
+    }
+    return f;
+}
+
+// Writes the flag bytes of each plane (grid.y = plane) to flags + p * fstride, and counts them
+// into hist[p * 256 + f] when hist is given. Chunks hold a multiple of 8 symbols, so flags taken
+// from the plane's start are the flags of each chunk.
+extern "C" __global__ void flag_bytes(const u8* planes, u64 n, u64 stride, u8* flags,
+                                      u64 fstride, u64* hist) {
+    __shared__ u32 local[256];
+    for (int s = threadIdx.x; s < 256; s += blockDim.x) local[s] = 0;
+    __syncthreads();
+    const u8* p = planes + blockIdx.y * stride;
+    u64 groups = (n + 7) / 8;
+    for (u64 g = blockIdx.x * (u64)blockDim.x + threadIdx.x; g < groups;
+         g += (u64)gridDim.x * blockDim.x) {
+        u8 f = flag_byte(p, g, n);
+        if (flags) flags[blockIdx.y * fstride + g] = f;
+        if (hist) atomicAdd(&local[f], 1u);
+    }
+    __syncthreads();
+    if (hist)
+        for (int s = threadIdx.x; s < 256; s += blockDim.x)
+            if (local[s]) atomicAdd(&hist[blockIdx.y * 256 + s], (u64)local[s]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block-wide exclusive scan of one u64 per thread (blockDim.x a multiple of 32, at most 1024).
+
+__device__ u64 block_exclusive_scan(u64 v, u64* total) {
+    __shared__ u64 warp_sums[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u64 x = v;
+    for (int d = 1; d < 32; d <<= 1) {
+        u64 y = __shfl_up_sync(0xffffffffu, x, d);
+        if (lane >= d) x += y;
+    }
+    if (lane == 31) warp_sums[warp] = x;
+    __syncthreads();
+    int warps = blockDim.x >> 5;
+    if (warp == 0) {
+        u64 s = lane < warps ? warp_sums[lane] : 0;
+        for (int d = 1; d < 32; d <<= 1) {
+            u64 y = __shfl_up_sync(0xffffffffu, s, d);
+            if (lane >= d) s += y;
+        }
+        warp_sums[lane] = s;  // inclusive
+    }
+    __syncthreads();
+    u64 before = (warp > 0 ? warp_sums[warp - 1] : 0) + x - v;
+    if (total) *total = warp_sums[warps - 1];
+    __syncthreads();
+    return before;
+}
+
+// Sparse mode's non-zero symbols, per chunk (grid.x = chunk, grid.y = plane), in order: chunk c
+// of plane p writes its nnz[p * chunks + c] values from values + p * stride + c * chunk_len.
+extern "C" __global__ void compact_nonzero(const u8* planes, u64 n, u64 stride, u64 chunk_len,
+                                           u8* values, u64* nnz) {
+    u64 c = blockIdx.x, chunks = gridDim.x;
+    const u8* p = planes + blockIdx.y * stride + c * chunk_len;
+    u8* v = values + blockIdx.y * stride + c * chunk_len;
+    u64 len = n - c * chunk_len < chunk_len ? n - c * chunk_len : chunk_len;
+    u64 per = (len + blockDim.x - 1) / blockDim.x;
+    u64 lo = threadIdx.x * per, hi = lo + per < len ? lo + per : len;
+    u64 count = 0;
+    for (u64 i = lo; i < hi; i++) count += p[i] != 0;
+    u64 total;
+    u64 at = block_exclusive_scan(count, &total);
+    for (u64 i = lo; i < hi; i++)
+        if (p[i]) v[at++] = p[i];
+    if (threadIdx.x == 0) nnz[blockIdx.y * chunks + c] = total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Huffman chunks (mdl-codec huffman.rs). A chunk's symbols are split into 4 contiguous lanes of
+// ceil(n / 4) symbols (the last takes what remains), each an independent bit stream, least
+// significant bit first, zero-padded to a whole byte.
+//
+// A segment is one chunk to code: 4 u64 words per segment in `segs`:
+//   [0] offset of its symbols in `symbols`, [1] symbol count, [2] code table index,
+//   [3] byte offset of its first lane in `out` (for huff_write; the host leaves room before it
+//   for the lane table).
+// Tables: `codes[t * 256 + s]` is (bit-reversed code) | length << 16.
+
+__device__ __forceinline__ void lane_range(u64 n, int k, u64* lo, u64* hi) {
+    u64 q = (n + 3) / 4;
+    u64 a = k * q, b = (k + 1) * q;
+    *lo = a < n ? a : n;
+    *hi = b < n ? b : n;
+}
+
+// Bits of each lane: bits[seg * 4 + k] (grid.x = segment, grid.y = lane).
+extern "C" __global__ void huff_lane_bits(const u8* symbols, const u64* segs, const u32* codes,
+                                          u64* bits) {
+    const u64* s = segs + 4 * blockIdx.x;
+    const u8* sym = symbols + s[0];
+    const u32* table = codes + s[2] * 256;
+    u64 lo, hi;
+    lane_range(s[1], blockIdx.y, &lo, &hi);
+    u64 sum = 0;
+    for (u64 i = lo + threadIdx.x; i < hi; i += blockDim.x) sum += table[sym[i]] >> 16;
+    u64 total;
+    block_exclusive_scan(sum, &total);
+    if (threadIdx.x == 0) bits[blockIdx.x * 4 + blockIdx.y] = total;
+}
+
+// Writes each lane's bits at its byte offset: lane_at[seg * 4 + k] (grid as huff_lane_bits).
+// `out` is zeroed beforehand and 4-byte aligned; threads OR whole 32-bit words in.
+extern "C" __global__ void huff_write(const u8* symbols, const u64* segs, const u32* codes,
+                                      const u64* lane_at, u8* out) {
+    const u64* s = segs + 4 * blockIdx.x;
+    const u8* sym = symbols + s[0];
+    const u32* table = codes + s[2] * 256;
+    u64 lo, hi;
+    lane_range(s[1], blockIdx.y, &lo, &hi);
+    u64 len = hi - lo;
+    u64 per = (len + blockDim.x - 1) / blockDim.x;
+    u64 a = lo + threadIdx.x * per;
+    u64 b = a + per < hi ? a + per : hi;
+    if (a > hi) a = hi;
+    u64 mine = 0;
+    for (u64 i = a; i < b; i++) mine += table[sym[i]] >> 16;
+    u64 start = block_exclusive_scan(mine, 0);
+    u64 bit = lane_at[blockIdx.x * 4 + blockIdx.y] * 8 + start;
+    u32* words = (u32*)out;
+    // Accumulate from the word that holds `bit`, flushing whole words.
+    u64 word = bit / 32;
+    u32 used = (u32)(bit % 32);
+    u64 acc = 0;
+    for (u64 i = a; i < b; i++) {
+        u32 e = table[sym[i]];
+        u32 l = e >> 16;
+        acc |= (u64)(e & 0xffff) << used;
+        used += l;
+        if (used >= 32) {
+            atomicOr(&words[word], (u32)acc);
+            word++;
+            acc >>= 32;
+            used -= 32;
+        }
+    }
+    if (used > 0) atomicOr(&words[word], (u32)acc);
+}
+
+// Copies stored chunks: 3 u64 per job (source offset, length, destination offset).
+extern "C" __global__ void copy_jobs(const u8* src, const u64* jobs, u8* dst) {
+    const u64* j = jobs + 3 * blockIdx.x;
+    for (u64 i = threadIdx.x; i < j[1]; i += blockDim.x) dst[j[2] + i] = src[j[0] + i];
+}
+
+// Decodes one lane per thread. A job is 6 u64 words:
+//   [0] offset of the chunk's bytes in `in`, [1] the chunk's length in bytes, [2] symbol count,
+//       or, when [3] has bit 63 set, the index into `counts` of the count
+//   [3] decoder table index (low 32 bits), [4] output offset in `out`, [5] unused.
+// Tables: `tables[t * 4096 + bits]` is symbol | length << 8 (length 0: no code).
+// Any inconsistency sets *err (the host then decodes on the CPU, which says what is wrong).
+extern "C" __global__ void huff_decode(const u8* in, const u64* jobs, u64 njobs,
+                                       const u16* tables, const u64* counts, u8* out, int* err) {
+    u64 t = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    if (t >= njobs * 4) return;
+    const u64* j = jobs + 6 * (t / 4);
+    int k = (int)(t % 4);
+    const u8* chunk = in + j[0];
+    u64 bytes = j[1];
+    u64 n = (j[3] >> 63) ? counts[j[2]] : j[2];
+    const u16* table = tables + (j[3] & 0xffffffffu) * 4096;
+    if (bytes < 12) {
+        atomicOr(err, 1);
+        return;
+    }
+    // Lane byte ranges from the chunk's table of the first three lanes' lengths.
+    u64 at = 12, lane_lo = 0, lane_len = 0;
+    for (int q = 0; q < 4; q++) {
+        u64 len = q < 3 ? (u64)load32(chunk, q) : (at <= bytes ? bytes - at : 0);
+        if (at + len > bytes) {
+            atomicOr(err, 1);
+            return;
+        }
+        if (q == k) {
+            lane_lo = at;
+            lane_len = len;
+        }
+        at += len;
+    }
+    const u8* lane = chunk + lane_lo;
+    u64 lo, hi;
+    lane_range(n, k, &lo, &hi);
+    u8* o = out + j[4];
+    u64 total_bits = lane_len * 8, pos = 0;
+    for (u64 i = lo; i < hi; i++) {
+        u64 byte = pos / 8;
+        u32 window = 0;
+        for (int b = 0; b < 3; b++)
+            if (byte + b < lane_len) window |= (u32)lane[byte + b] << (8 * b);
+        u16 e = table[(window >> (pos % 8)) & 4095];
+        u32 l = e >> 8;
+        if (l == 0 || pos + l > total_bits) {
+            atomicOr(err, 1);
+            return;
+        }
+        o[i] = (u8)e;
+        pos += l;
+    }
+    if ((pos + 7) / 8 != lane_len) atomicOr(err, 1);
+}
+
+// Sparse chunks: places the decoded non-zero values at the positions their flags mark (grid.x =
+// job; 4 u64 per job: flags offset in `flags`, values offset in `values`, output offset, symbol
+// count), zeros elsewhere. A flag past the end or a zero value is an error, as on the CPU.
+extern "C" __global__ void sparse_scatter(const u8* flags, const u8* values, const u64* jobs,
+                                          const u64* counts, u8* out, int* err) {
+    const u64* j = jobs + 4 * blockIdx.x;
+    const u8* f = flags + j[0];
+    const u8* v = values + j[1];
+    u8* o = out + j[2];
+    u64 n = j[3];
+    u64 groups = (n + 7) / 8;
+    u64 per = (groups + blockDim.x - 1) / blockDim.x;
+    u64 lo = threadIdx.x * per, hi = lo + per < groups ? lo + per : groups;
+    if (lo > groups) lo = groups;
+    u64 mine = 0;
+    for (u64 g = lo; g < hi; g++) mine += __popc(f[g]);
+    u64 total;
+    u64 at = block_exclusive_scan(mine, &total);
+    if (threadIdx.x == 0 && total != counts[blockIdx.x]) atomicOr(err, 1);
+    for (u64 g = lo; g < hi; g++) {
+        for (int b = 0; b < 8; b++) {
+            u64 i = 8 * g + b;
+            if (f[g] & (1 << b)) {
+                if (i >= n || at >= counts[blockIdx.x] || v[at] == 0) {
+                    atomicOr(err, 1);
+                    return;
+                }
+                o[i] = v[at++];
+            } else if (i < n) {
+                o[i] = 0;
+            }
+        }
+    }
+}
+
+// Counts the set flags of each sparse chunk: counts[job] (grid.x = job; 2 u64 per job: flags
+// offset and flag-byte count).
+extern "C" __global__ void count_flags(const u8* flags, const u64* jobs, u64* counts) {
+    const u64* j = jobs + 2 * blockIdx.x;
+    u64 mine = 0;
+    for (u64 g = threadIdx.x; g < j[1]; g += blockDim.x) mine += __popc(flags[j[0] + g]);
+    u64 total;
+    block_exclusive_scan(mine, &total);
+    if (threadIdx.x == 0) counts[blockIdx.x] = total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lossy kernels (mdl-codec engine.rs).
+
+// Largest finite |value| as the bits of a non-negative double (their order is the unsigned
+// integers' order, so atomicMax finds it exactly).
+extern "C" __global__ void max_abs(const u8* p, u64 n, int dtype, u64* out) {
+    u64 best = 0;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        double x = fabs(value_of(dtype, p, i));
+        if (finite(x)) {
+            u64 b = (u64)__double_as_longlong(x);
+            best = b > best ? b : best;
+        }
+    }
+    for (int d = 16; d > 0; d >>= 1) {
+        u64 o = __shfl_down_sync(0xffffffffu, best, d);
+        best = o > best ? o : best;
+    }
+    if ((threadIdx.x & 31) == 0) atomicMax(out, best);
+}
+
+// Truncation toward zero of x * scale, as Rust's `as i64` (the scales keep it in range).
+__device__ __forceinline__ u64 fix(double x, double scale) {
+    return (u64)(i64)__dmul_rn(x, scale);
+}
+
+// The 16-bit-key histogram with fixed-point sums: count[k], acc[k * 8 + j] (wrapping i64 adds,
+// so any order gives the same integers). Sums: w, w², m, m·w, v, v·w, v·w², |m·w|.
+extern "C" __global__ void key_stats(const u8* w, const u8* m, const u8* v, u64 n, int dtype,
+                                     int mdtype, int vdtype, const double* sc, u64* count,
+                                     u64* acc) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        u32 k = key_of(dtype, w, i);
+        atomicAdd(&count[k], 1ull);
+        double x = value_of(dtype, w, i);
+        if (!finite(x)) continue;
+        u64* a = acc + 8 * (u64)k;
+        atomicAdd(&a[0], fix(x, sc[0]));
+        atomicAdd(&a[1], fix(__dmul_rn(x, x), sc[1]));
+        if (m) {
+            double mm = value_of(mdtype, m, i), vv = value_of(vdtype, v, i);
+            if (finite(mm) && finite(vv)) {
+                double mw = __dmul_rn(mm, x), vw = __dmul_rn(vv, x);
+                atomicAdd(&a[2], fix(mm, sc[2]));
+                atomicAdd(&a[3], fix(mw, sc[3]));
+                atomicAdd(&a[4], fix(vv, sc[4]));
+                atomicAdd(&a[5], fix(vw, sc[5]));
+                atomicAdd(&a[6], fix(__dmul_rn(vw, x), sc[6]));
+                atomicAdd(&a[7], fix(fabs(mw), sc[7]));
+            }
+        }
+    }
+}
+
+// Codes by key, and a flag per element for protected keys. Tiles of `tile` elements: protected
+// counts per tile in tile_protected[blockIdx.x] (for the ordered compaction below).
+extern "C" __global__ void assign_codes(const u8* w, u64 n, int dtype, const u8* code,
+                                        const u8* protect, u8* codes, u64 tile,
+                                        u64* tile_protected) {
+    u64 lo = blockIdx.x * tile, hi = lo + tile < n ? lo + tile : n;
+    u64 mine = 0;
+    for (u64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        u32 k = key_of(dtype, w, i);
+        codes[i] = code[k];
+        mine += protect[k];
+    }
+    u64 total;
+    block_exclusive_scan(mine, &total);
+    if (threadIdx.x == 0) tile_protected[blockIdx.x] = total;
+}
+
+// Writes the protected indices of each tile, ascending, from tile_start[blockIdx.x] on.
+extern "C" __global__ void protected_indices(const u8* w, u64 n, int dtype, const u8* protect,
+                                             u64 tile, const u64* tile_start, u64* out) {
+    u64 lo = blockIdx.x * tile, hi = lo + tile < n ? lo + tile : n;
+    u64 per = (tile + blockDim.x - 1) / blockDim.x;
+    u64 a = lo + threadIdx.x * per, b = a + per < hi ? a + per : hi;
+    if (a > hi) a = hi;
+    u64 mine = 0;
+    for (u64 i = a; i < b; i++) mine += protect[key_of(dtype, w, i)];
+    u64 at = tile_start[blockIdx.x] + block_exclusive_scan(mine, 0);
+    for (u64 i = a; i < b; i++)
+        if (protect[key_of(dtype, w, i)]) out[at++] = i;
+}
+
+// Counts of (base code, code by key) pairs: count[b * bins + c]. Shared memory per block when
+// the table fits (cells ≤ 8192), global atomics otherwise.
+extern "C" __global__ void code_pairs(const u8* w, u64 n, int dtype, const u8* code,
+                                      const u8* base, u64 bins, u64 cells, u64* count) {
+    __shared__ u32 local[8192];
+    bool shared = cells <= 8192;
+    if (shared) {
+        for (u64 c = threadIdx.x; c < cells; c += blockDim.x) local[c] = 0;
+        __syncthreads();
+    }
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        u64 cell = base[i] * bins + code[key_of(dtype, w, i)];
+        if (shared)
+            atomicAdd(&local[cell], 1u);
+        else
+            atomicAdd(&count[cell], 1ull);
+    }
+    if (shared) {
+        __syncthreads();
+        for (u64 c = threadIdx.x; c < cells; c += blockDim.x)
+            if (local[c]) atomicAdd(&count[c], (u64)local[c]);
+    }
+}
+
+// Stable counting sort by base code, in tiles of GROUP_TILE elements, one warp a tile.
+#define GROUP_TILE 4096
+
+// Per tile, elements per base code: tile_counts[g * tiles + tile].
+extern "C" __global__ void group_counts(const u8* base, u64 n, u64 tiles, u32* tile_counts) {
+    __shared__ u32 local[256];
+    for (int s = threadIdx.x; s < 256; s += blockDim.x) local[s] = 0;
+    __syncthreads();
+    u64 lo = blockIdx.x * (u64)GROUP_TILE, hi = lo + GROUP_TILE < n ? lo + GROUP_TILE : n;
+    for (u64 i = lo + threadIdx.x; i < hi; i += blockDim.x) atomicAdd(&local[base[i]], 1u);
+    __syncthreads();
+    for (int s = threadIdx.x; s < 256; s += blockDim.x) tile_counts[s * tiles + blockIdx.x] = local[s];
+}
+
+// In place: tile_counts becomes each (group, tile)'s start in the grouped order. One block of
+// 256 threads; thread g scans group g's tiles, then the group totals are scanned.
+extern "C" __global__ void group_starts(u64 tiles, u32* tile_counts, u64* starts) {
+    __shared__ u64 totals[256];
+    int g = threadIdx.x;
+    u64 sum = 0;
+    for (u64 t = 0; t < tiles; t++) {
+        u32 c = tile_counts[g * tiles + t];
+        tile_counts[g * tiles + t] = (u32)sum;
+        sum += c;
+    }
+    totals[g] = sum;
+    __syncthreads();
+    if (g == 0) {
+        u64 at = 0;
+        for (int k = 0; k < 256; k++) {
+            u64 c = totals[k];
+            totals[k] = at;
+            at += c;
+        }
+    }
+    __syncthreads();
+    starts[g] = totals[g];
+}
+
+// Writes the grouped order (one warp a tile): element i of group g goes to starts[g] + the
+// tile's offset within group g + its rank among the tile's earlier elements of group g. Forward:
+// out[pos] = (base - cur) mod modulus; inverse: out[i] = (base - deltas[pos]) mod modulus.
+extern "C" __global__ void group_scatter(const u8* base, const u8* cur, u64 n, u64 tiles,
+                                         const u32* tile_offsets, const u64* starts, u32 modulus,
+                                         int inverse, const u8* deltas, u8* out) {
+    __shared__ u32 seen_all[8][256];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    u64 tile = blockIdx.x * 8 + warp;
+    u32* seen = seen_all[warp];
+    for (int s = lane; s < 256; s += 32) seen[s] = 0;
+    __syncwarp();
+    if (tile >= tiles) return;
+    u64 lo = tile * GROUP_TILE, hi = lo + GROUP_TILE < n ? lo + GROUP_TILE : n;
+    for (u64 r = lo; r < hi; r += 32) {
+        u64 i = r + lane;
+        bool live = i < hi;
+        u32 g = live ? base[i] : 256 + lane;  // dead lanes match nobody
+        u32 peers = __match_any_sync(0xffffffffu, g);
+        u32 rank = __popc(peers & ((1u << lane) - 1));
+        u32 before = live ? seen[g] : 0;
+        __syncwarp();
+        if (live && rank == 0) seen[g] = before + __popc(peers);
+        __syncwarp();
+        if (live) {
+            u64 pos = starts[g] + tile_offsets[g * tiles + tile] + before + rank;
+            u32 b = g;
+            if (!inverse) {
+                out[pos] = (u8)((b + modulus - cur[i]) % modulus);
+            } else {
+                u32 d = deltas[pos] % modulus;
+                out[i] = (u8)((b + modulus - d) % modulus);
+            }
+        }
+    }
+}
+
+// Error of a reconstruction, one thread per chunk of `chunk` elements summing in index order
+// (the CPU's order): 5 doubles per chunk (max |d|, Σd², Σx², Σm·d, Σv·d²).
+extern "C" __global__ void error_chunks(const u8* orig, const u8* recon, const u8* m,
+                                        const u8* v, u64 n, int dtype, int mdtype, int vdtype,
+                                        u64 chunk, u64 chunks, double* out) {
+    u64 c = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    if (c >= chunks) return;
+    u64 lo = c * chunk, hi = lo + chunk < n ? lo + chunk : n;
+    double mx = 0, se = 0, sq = 0, md = 0, vd = 0;
+    for (u64 i = lo; i < hi; i++) {
+        double x = value_of(dtype, orig, i), y = value_of(dtype, recon, i);
+        if (!finite(x) || !finite(y)) continue;
+        double d = __dsub_rn(y, x);
+        double ad = fabs(d);
+        mx = ad > mx ? ad : mx;
+        se = __dadd_rn(se, __dmul_rn(d, d));
+        sq = __dadd_rn(sq, __dmul_rn(x, x));
+        if (m) {
+            double mm = value_of(mdtype, m, i), vv = value_of(vdtype, v, i);
+            if (finite(mm) && finite(vv)) {
+                md = __dadd_rn(md, __dmul_rn(mm, d));
+                vd = __dadd_rn(vd, __dmul_rn(__dmul_rn(vv, d), d));
+            }
+        }
+    }
+    double* o = out + 5 * c;
+    o[0] = mx;
+    o[1] = se;
+    o[2] = sq;
+    o[3] = md;
+    o[4] = vd;
+}
+
+// Fills n bytes with v (constant planes).
+extern "C" __global__ void fill_bytes(u8* p, u64 n, u32 v) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x)
+        p[i] = (u8)v;
+}

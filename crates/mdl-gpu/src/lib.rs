@@ -1,0 +1,177 @@
+//! mdl's GPU engine: the codec kernels of [`mdl_codec::engine::Engine`] on CUDA, producing
+//! byte for byte what the CPU engine produces.
+//!
+//! Nothing of CUDA is needed to build or to run without a GPU: the driver (`libcuda`) and NVRTC
+//! are loaded at run time through cudarc. [`probe`] checks, without panicking, that the driver
+//! library is present, that it starts and sees a device, and that the kernels load — compiled
+//! by NVRTC for the device when NVRTC is present, otherwise from the PTX committed beside the
+//! source (`kernels/mdl.ptx`). It says why when one of those fails, and the caller falls back
+//! to the CPU engine.
+//!
+//! The kernels (`kernels/mdl.cu`) compute what the CPU reference computes: integer sums
+//! (order-free), floating-point sums in the CPU's chunk order with `--fmad=false` (no fused
+//! multiply-adds, so each product is rounded as on the CPU), and Huffman lanes whose bits are
+//! fixed by the symbols and the code. What is decided from the kernels' results (codes, plans,
+//! record layout) stays in `mdl-codec`, shared by both engines.
+
+// cudarc's kernel launches, device allocations and raw-pointer views are `unsafe`: this crate
+// is the one place mdl talks to the GPU, so it allows what the workspace denies elsewhere. Each
+// use says what it relies on.
+#![allow(unsafe_code)]
+
+mod engine;
+
+use std::sync::{Arc, OnceLock};
+
+pub use engine::GpuEngine;
+
+use cudarc::driver::CudaContext;
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+/// The kernels' CUDA C source.
+pub const KERNEL_SOURCE: &str = include_str!("../kernels/mdl.cu");
+
+/// PTX of [`KERNEL_SOURCE`] for `compute_70`, committed for machines without NVRTC (a driver
+/// JIT-compiles it for the device). Its first line names the source hash it was made from.
+pub const COMMITTED_PTX: &str = include_str!("../kernels/mdl.ptx");
+
+/// The architecture the committed PTX targets (the oldest with the warp intrinsics used).
+pub const PTX_ARCH: &str = "compute_70";
+
+/// Every kernel the engine launches (a module missing one does not load).
+pub const KERNELS: &[&str] = &[
+    "split_planes",
+    "merge_planes",
+    "byte_histogram",
+    "flag_bytes",
+    "compact_nonzero",
+    "huff_lane_bits",
+    "huff_write",
+    "copy_jobs",
+    "huff_decode",
+    "sparse_scatter",
+    "count_flags",
+    "fill_bytes",
+    "max_abs",
+    "key_stats",
+    "assign_codes",
+    "protected_indices",
+    "code_pairs",
+    "group_counts",
+    "group_starts",
+    "group_scatter",
+    "error_chunks",
+];
+
+/// Why the GPU engine is not available (the CPU engine is used instead).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unavailable(pub String);
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
+/// A 64-bit FNV-1a hash of the kernel source, written into the committed PTX's first line so a
+/// stale PTX is caught (`tests/kernels.rs`).
+pub fn source_hash() -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in KERNEL_SOURCE.as_bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The first line of the committed PTX for the current source.
+pub fn ptx_header() -> String {
+    format!("// mdl kernels {PTX_ARCH}, source {}", source_hash())
+}
+
+/// Whether the NVRTC library can be loaded.
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to open the library by its usual names; nothing is called in it.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Compiles the kernels with NVRTC for `arch` (such as `compute_90`). Fails with NVRTC's log
+/// when the source does not compile; the caller must check [`nvrtc_present`] first.
+pub fn compile(arch: &str) -> Result<Ptx, String> {
+    let opts = CompileOptions {
+        // Products rounded before they are added, as the CPU reference does.
+        fmad: Some(false),
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "--std=c++17".into(),
+            "-default-device".into(),
+        ],
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, opts).map_err(|e| e.to_string())
+}
+
+/// The kernels as PTX for a device of compute capability `cc`: compiled by NVRTC when it is
+/// present, else the committed PTX. Says which in the second value.
+fn kernels_for(cc: (i32, i32)) -> Result<(Ptx, &'static str), Unavailable> {
+    if nvrtc_present() {
+        let arch = format!("compute_{}{}", cc.0, cc.1);
+        return compile(&arch)
+            .map(|p| (p, "kernels compiled by NVRTC"))
+            .map_err(|e| Unavailable(format!("the GPU kernels did not compile: {e}")));
+    }
+    Ok((
+        Ptx::from_src(COMMITTED_PTX),
+        "kernels from the committed PTX (no NVRTC)",
+    ))
+}
+
+/// What [`probe`] found: the engine, or why there is none. Probed once per process.
+static PROBED: OnceLock<Result<(Arc<engine::Gpu>, String), Unavailable>> = OnceLock::new();
+
+/// The GPU engine on device 0, with a line describing it (device, memory, where the kernels
+/// came from), or why there is none. Never panics; the first call probes and compiles the
+/// kernels (NVRTC, about a second), later calls return the same result.
+pub fn probe() -> Result<(GpuEngine, String), Unavailable> {
+    PROBED
+        .get_or_init(|| {
+            std::panic::catch_unwind(start)
+                .unwrap_or_else(|_| Err(Unavailable("the CUDA driver panicked on start".into())))
+        })
+        .clone()
+        .map(|(gpu, line)| (GpuEngine::new(gpu), line))
+}
+
+fn start() -> Result<(Arc<engine::Gpu>, String), Unavailable> {
+    // SAFETY: only tries to open the library by its usual names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(Unavailable(
+            "no CUDA driver library (libcuda) on this machine".into(),
+        ));
+    }
+    let count = CudaContext::device_count()
+        .map_err(|e| Unavailable(format!("the CUDA driver did not start: {e}")))?;
+    if count < 1 {
+        return Err(Unavailable("the CUDA driver sees no device".into()));
+    }
+    let ctx = CudaContext::new(0)
+        .map_err(|e| Unavailable(format!("could not open CUDA device 0: {e}")))?;
+    let cc = ctx
+        .compute_capability()
+        .map_err(|e| Unavailable(format!("could not query CUDA device 0: {e}")))?;
+    if cc.0 < 7 {
+        return Err(Unavailable(format!(
+            "CUDA device 0 has compute capability {}.{}; the kernels need 7.0 or later",
+            cc.0, cc.1
+        )));
+    }
+    let (ptx, source) = kernels_for(cc)?;
+    let gpu = engine::Gpu::load(ctx.clone(), ptx)
+        .map_err(|e| Unavailable(format!("the GPU kernels did not load: {e}")))?;
+    let name = ctx.name().unwrap_or_else(|_| "CUDA device 0".into());
+    let mem = ctx.total_mem().unwrap_or(0) >> 30;
+    let line = format!("{name} (compute {}.{}, {mem} GiB), {source}", cc.0, cc.1);
+    Ok((Arc::new(gpu), line))
+}

@@ -1,0 +1,77 @@
+//! The kernels compile with NVRTC (no GPU needed: CI loads NVRTC from the `nvidia-cuda-nvrtc`
+//! wheel), the committed PTX matches the source, and probing never panics.
+
+use mdl_gpu::{compile, nvrtc_present, ptx_header, COMMITTED_PTX, KERNELS, PTX_ARCH};
+
+/// Whether a missing NVRTC fails the test (CI sets this) rather than skipping it.
+fn nvrtc_required() -> bool {
+    std::env::var_os("MDL_REQUIRE_NVRTC").is_some_and(|v| v != "0")
+}
+
+fn entries(ptx: &str) -> Vec<&str> {
+    ptx.lines()
+        .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
+        .map(|l| l.split('(').next().unwrap_or(l).trim())
+        .collect()
+}
+
+#[test]
+fn every_kernel_compiles_with_nvrtc() {
+    if !nvrtc_present() {
+        assert!(
+            !nvrtc_required(),
+            "MDL_REQUIRE_NVRTC is set but NVRTC does not load"
+        );
+        println!("skipped: no NVRTC library (install the nvidia-cuda-nvrtc wheel, see .ci/run)");
+        return;
+    }
+    // The committed PTX's target, and the devices the engine is measured on (Ampere, Hopper).
+    for arch in [PTX_ARCH, "compute_80", "compute_90"] {
+        let ptx =
+            compile(arch).unwrap_or_else(|e| panic!("kernels do not compile for {arch}: {e}"));
+        let src = ptx.to_src();
+        let found = entries(&src);
+        for k in KERNELS {
+            assert!(found.contains(k), "{arch}: kernel {k} missing from the PTX");
+        }
+    }
+}
+
+#[test]
+fn committed_ptx_matches_the_source() {
+    let write = std::env::var_os("MDL_WRITE_PTX").is_some();
+    if write && nvrtc_present() {
+        let ptx = compile(PTX_ARCH).expect("kernels compile");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/mdl.ptx");
+        std::fs::write(path, format!("{}\n{}", ptx_header(), ptx.to_src())).unwrap();
+        println!("wrote {path}");
+        return;
+    }
+    let first = COMMITTED_PTX.lines().next().unwrap_or("");
+    assert_eq!(
+        first,
+        ptx_header(),
+        "kernels/mdl.ptx is stale: run MDL_WRITE_PTX=1 cargo test -p mdl-gpu --test kernels \
+         with NVRTC on the library path"
+    );
+    let found = entries(COMMITTED_PTX);
+    for k in KERNELS {
+        assert!(
+            found.contains(k),
+            "kernel {k} missing from the committed PTX"
+        );
+    }
+}
+
+#[test]
+fn probing_never_panics_and_says_why() {
+    match mdl_gpu::probe() {
+        Ok((engine, line)) => println!("GPU engine: {line} ({engine:?})"),
+        Err(why) => {
+            assert!(!why.0.is_empty());
+            println!("no GPU engine: {why}");
+        }
+    }
+    // A second probe answers the same without starting again.
+    assert_eq!(mdl_gpu::probe().is_ok(), mdl_gpu::probe().is_ok());
+}
