@@ -62,6 +62,9 @@ enum Command {
         /// Write a thinned commit without the tensors retention expired.
         #[arg(long)]
         skip_expired: bool,
+        /// Where the codec kernels run: auto, cpu or gpu (default: the `engine` setting).
+        #[arg(long, value_name = "auto|cpu|gpu")]
+        engine: Option<String>,
     },
     /// Show or set repository configuration (no arguments: every key with its value).
     Config {
@@ -221,6 +224,10 @@ struct CommitArgs {
     /// Commit to the repository at this URL (http://HOST:PORT/REPO) instead.
     #[arg(long, value_name = "URL")]
     remote: Option<String>,
+    /// Where the codec kernels run: auto (the GPU when one is usable), cpu or gpu (default:
+    /// the `engine` setting). The bytes stored are the same.
+    #[arg(long, value_name = "auto|cpu|gpu")]
+    engine: Option<String>,
 }
 
 impl CommitArgs {
@@ -317,6 +324,20 @@ fn one_line(e: &anyhow::Error) -> String {
 
 /// Exit codes: 1 for an operation that failed, 3 for a repository found damaged by fsck,
 /// 4 for a repository held by another process past `--wait`. (clap uses 2 for usage errors.)
+/// Chooses where `repo`'s codec kernels run (`--engine`, else the `engine` setting) and, with
+/// `-v`, says which and why.
+fn use_engine(cli: &Cli, repo: &mut Repository, choice: Option<&str>) -> anyhow::Result<()> {
+    let choice = choice
+        .map(str::parse::<mdl::engine::EngineChoice>)
+        .transpose()?;
+    let selected = mdl::engine::select(repo, choice)?;
+    if cli.verbose {
+        eprintln!("engine: {}", selected.why);
+    }
+    repo.set_engine(selected.engine);
+    Ok(())
+}
+
 fn exit_code(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<mdl::Error>() {
         Some(mdl::Error::Store(mdl::StoreError::Busy { .. })) => 4,
@@ -374,7 +395,8 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         }
         Command::Commit(args) => {
             let opts = args.options()?;
-            let repo = open(cli, LockMode::Write, purpose)?;
+            let mut repo = open(cli, LockMode::Write, purpose)?;
+            use_engine(cli, &mut repo, args.engine.as_deref())?;
             let outcome = mdl::commit::commit(&repo, &args.file, &opts, &bar)?;
             output::commit(out, cli.json, &outcome)?;
         }
@@ -384,8 +406,10 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             force,
             sync,
             skip_expired,
+            engine,
         } => {
-            let repo = open(cli, LockMode::Read, purpose)?;
+            let mut repo = open(cli, LockMode::Read, purpose)?;
+            use_engine(cli, &mut repo, engine.as_deref())?;
             let opts = mdl::checkout::CheckoutOptions {
                 force: *force,
                 sync: *sync,

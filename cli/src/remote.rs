@@ -47,6 +47,9 @@ pub fn named(cli: &Cli, repo: &mdl::Repository, name: &str) -> anyhow::Result<Re
 pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     match &cli.command {
         Command::Commit(args) => {
+            if args.engine.is_some() {
+                bail!("--engine chooses this machine's engine; a server compresses with its repository's `engine` setting");
+            }
             let outcome = remote.commit(&args.file, &args.options()?)?;
             output::commit(out, cli.json, &outcome)?;
         }
@@ -56,7 +59,11 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             force,
             sync: _,
             skip_expired,
+            engine,
         } => {
+            if engine.is_some() {
+                bail!("--engine chooses this machine's engine; a server decodes with its repository's `engine` setting");
+            }
             if *skip_expired {
                 bail!("--skip-expired does not run over HTTP; check out the thinned commit where the repository is stored");
             }

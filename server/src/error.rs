@@ -94,6 +94,7 @@ impl From<mdl::Error> for ApiError {
             E::NotFastForward { .. } => (S::CONFLICT, "not_fast_forward"),
             E::Expired { .. } => (S::GONE, "expired"),
             E::InvalidDuration(_) => (S::BAD_REQUEST, "invalid_duration"),
+            E::GpuUnavailable(_) => (S::SERVICE_UNAVAILABLE, "gpu_unavailable"),
         };
         ApiError::new(status, code, message)
     }

@@ -170,7 +170,12 @@ impl State {
             purpose: format!("mdl serve (repository {name})"),
             ..OpenOptions::default()
         };
-        let repo = Repository::open(&path, &opts)?;
+        let mut repo = Repository::open(&path, &opts)?;
+        // The repository's `engine` setting (auto by default) picks where commits it receives
+        // are compressed and checkouts decoded.
+        let engine = mdl::engine::select(&repo, None)?;
+        tracing::info!("repository {name}: engine {}", engine.why);
+        repo.set_engine(engine.engine);
         let advertised = match &self.advertise {
             Some((base, token)) => Some(advertise(&repo, &format!("{base}/{name}"), token)?),
             None => None,

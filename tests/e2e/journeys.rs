@@ -245,7 +245,7 @@ fn concurrent_commits_both_land() {
 }
 
 /// A slightly trained copy of `weights`: every value nudged by a relative 1e-4.
-fn nudged(weights: &[u8], seed: u64) -> Vec<u8> {
+pub fn nudged(weights: &[u8], seed: u64) -> Vec<u8> {
     weights
         .chunks(4)
         .zip(noise(seed, weights.len()).chunks(4))
@@ -278,6 +278,7 @@ fn float_codecs_deltas_and_config() {
             "delta.max_depth",
             "delta.max_restore_cost",
             "retention.keep_last",
+            "engine",
             "codec.default",
             "codec.epsilon",
             "codec.trim_bits",

@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod crash;
+mod engine;
 mod journeys;
 mod maintenance;
 mod server;

@@ -141,6 +141,9 @@ pub enum Error {
         /// Names of the expired tensors.
         tensors: Vec<String>,
     },
+    /// `--engine gpu` (or `engine = gpu`) on a machine where the GPU engine cannot start.
+    #[error("no GPU engine: {0} (use --engine cpu or auto)")]
+    GpuUnavailable(String),
     /// A duration argument or setting is malformed.
     #[error("invalid duration {0:?}: expected a number with a unit, e.g. 0s, 90m, 1h, 30d, 2w")]
     InvalidDuration(String),

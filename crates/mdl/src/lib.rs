@@ -19,6 +19,7 @@ pub mod checkout;
 pub mod commit;
 pub mod compact;
 pub mod diff;
+pub mod engine;
 mod error;
 pub mod fsck;
 pub mod gc;

@@ -129,6 +129,7 @@ pub fn validate(key: &str, value: &str) -> Result<()> {
         MAX_DEPTH_KEY => parse_depth(value).map(drop),
         MAX_RESTORE_COST_KEY => parse_restore_cost(value).map(drop),
         crate::gc::KEEP_LAST_KEY => crate::gc::parse_keep_last(value).map(drop),
+        crate::engine::ENGINE_KEY => value.parse::<crate::engine::EngineChoice>().map(drop),
         _ => crate::lossy::validate(key, value)
             .unwrap_or_else(|| Err(Error::UnknownConfig(key.into()))),
     }
@@ -142,6 +143,10 @@ pub fn known_keys() -> Vec<(&'static str, String)> {
         (MAX_DEPTH_KEY, d.max_depth.to_string()),
         (MAX_RESTORE_COST_KEY, "none".to_string()),
         (crate::gc::KEEP_LAST_KEY, "all".to_string()),
+        (
+            crate::engine::ENGINE_KEY,
+            crate::engine::EngineChoice::default().to_string(),
+        ),
     ];
     keys.extend(crate::lossy::known_keys());
     keys

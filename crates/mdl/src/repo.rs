@@ -33,6 +33,11 @@ impl Repository {
         Repository::open(dir, &OpenOptions::default())
     }
 
+    /// Runs codec kernels on `engine` from now on (see [`crate::engine::select`]).
+    pub fn set_engine(&mut self, engine: std::sync::Arc<dyn mdl_codec::engine::Engine>) {
+        self.store.set_engine(engine);
+    }
+
     /// Opens the repository whose work directory is `dir` or its nearest ancestor with `.mdl`.
     pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Repository> {
         let root = discover(dir).ok_or_else(|| StoreError::NotARepository(dir.to_path_buf()))?;

@@ -1,0 +1,268 @@
+//! The GPU engine produces what the CPU engine produces, byte for byte: every float codec on
+//! every dtype and size class (payloads, choices, decodes, damaged payloads), the lossy kernels,
+//! and a generated training series coded as a delta chain. Runs wherever a GPU is present and
+//! prints that it was skipped otherwise (`MDL_REQUIRE_GPU=1` makes a missing GPU a failure, as
+//! `scripts/gpu-check.sh` does).
+
+use mdl_codec::engine::{CpuEngine, Engine, FloatView, Lut, Moments};
+use mdl_codec::float;
+use mdl_format::Dtype;
+use mdl_gpu::GpuEngine;
+
+/// The GPU engine with every input sent to the device, or `None` (and why) without one.
+fn gpu() -> Option<GpuEngine> {
+    match mdl_gpu::probe() {
+        Ok((engine, line)) => {
+            println!("GPU engine: {line}");
+            Some(engine.with_min_bytes(0))
+        }
+        Err(why) => {
+            let required = std::env::var_os("MDL_REQUIRE_GPU").is_some_and(|v| v != "0");
+            assert!(
+                !required,
+                "MDL_REQUIRE_GPU is set but there is no GPU engine: {why}"
+            );
+            println!("skipped: no GPU engine ({why})");
+            None
+        }
+    }
+}
+
+fn rng(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    }
+}
+
+const FLOATS: [Dtype; 4] = [Dtype::BF16, Dtype::F16, Dtype::F32, Dtype::F64];
+const LOSSY: [Dtype; 3] = [Dtype::BF16, Dtype::F16, Dtype::F32];
+
+/// Element counts around the chunk sizes (the float codecs' 2^17, the lossy kernels' 2^16 and
+/// the tiles), including empty and single elements.
+const SIZES: [usize; 9] = [
+    0,
+    1,
+    7,
+    1000,
+    (1 << 16) + 3,
+    (1 << 17) - 1,
+    1 << 17,
+    (1 << 17) + 9,
+    3 * (1 << 17) + 4097,
+];
+
+/// `n` values of `dtype` in one of several shapes: smooth weights, random bits (specials and
+/// NaN payloads included), mostly zeros (sparse planes), or one constant.
+fn tensor(dtype: Dtype, n: usize, shape: u64, seed: u64) -> Vec<u8> {
+    let mut r = rng(seed);
+    let mut out = Vec::with_capacity(n * dtype.size());
+    for i in 0..n {
+        let x = ((r() >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 0.2;
+        let v = match shape {
+            0 => x + (i as f64 * 1e-3).sin() * 0.01,
+            1 => f64::from_bits(r()),
+            2 if r() % 16 == 0 => x,
+            2 => 0.0,
+            _ => 0.5,
+        };
+        match dtype {
+            Dtype::F64 if shape == 1 => out.extend_from_slice(&r().to_le_bytes()),
+            Dtype::F64 => out.extend_from_slice(&v.to_le_bytes()),
+            Dtype::F32 if shape == 1 => out.extend_from_slice(&(r() as u32).to_le_bytes()),
+            Dtype::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+            Dtype::BF16 | Dtype::F16 if shape == 1 => {
+                out.extend_from_slice(&(r() as u16).to_le_bytes())
+            }
+            Dtype::BF16 => {
+                out.extend_from_slice(&mdl_codec::scalar::f32_to_bf16(v as f32).to_le_bytes())
+            }
+            _ => out.extend_from_slice(&mdl_codec::scalar::f32_to_f16(v as f32).to_le_bytes()),
+        }
+    }
+    out
+}
+
+/// `data` nudged a little (a training step): most elements move in their low bits.
+fn step(dtype: Dtype, data: &[u8], seed: u64) -> Vec<u8> {
+    let mut r = rng(seed);
+    let mut out = data.to_vec();
+    for e in out.chunks_mut(dtype.size()) {
+        if r() % 4 != 0 {
+            e[0] ^= (r() & 0x7) as u8;
+        }
+    }
+    out
+}
+
+/// Encodes with both engines and checks the choices and payloads are equal and that both
+/// engines decode the payload back.
+fn same_float_coding(gpu: &dyn Engine, dtype: Dtype, data: &[u8], base: Option<&[u8]>) {
+    let cpu = float::analyze(&CpuEngine, dtype, data, base).unwrap();
+    let dev = float::analyze(gpu, dtype, data, base).unwrap();
+    assert_eq!(
+        format!("{cpu:?}"),
+        format!("{dev:?}"),
+        "{dtype:?}: analyses differ"
+    );
+    let mut choices = vec![(&cpu.plain, None)];
+    if let Some(d) = &cpu.delta {
+        choices.push((d, base));
+    }
+    if let Some(s) = &cpu.sub {
+        choices.push((s, base));
+    }
+    for (choice, b) in choices {
+        let mut a = Vec::new();
+        let mut g = Vec::new();
+        float::encode(&CpuEngine, dtype, data, b, choice, &mut a).unwrap();
+        float::encode(gpu, dtype, data, b, choice, &mut g).unwrap();
+        assert!(a == g, "{dtype:?} n={}: payloads differ", data.len());
+        let mut back = vec![0u8; data.len()];
+        match choice.transform {
+            float::Transform::Planes => float::decode(gpu, dtype, &g, b, &mut back).unwrap(),
+            float::Transform::Sub => {
+                float::decode_sub(gpu, dtype, &g, b.unwrap(), &mut back).unwrap()
+            }
+        }
+        assert!(
+            back == data,
+            "{dtype:?}: GPU decode differs from the original"
+        );
+        // A damaged payload is an error on both engines.
+        if g.len() > 200 {
+            let mut bad = g.clone();
+            let at = bad.len() - 50;
+            bad[at] ^= 0xff;
+            bad.truncate(bad.len() - 1);
+            if choice.transform == float::Transform::Planes {
+                assert!(float::decode(gpu, dtype, &bad, b, &mut back).is_err());
+                assert!(float::decode(&CpuEngine, dtype, &bad, b, &mut back).is_err());
+            }
+        }
+    }
+}
+
+#[test]
+fn float_codecs_are_identical_on_every_dtype_and_size() {
+    if let Some(gpu) = gpu() {
+        float_codecs(&gpu);
+    }
+}
+
+#[test]
+fn lossy_kernels_are_identical() {
+    if let Some(gpu) = gpu() {
+        lossy_kernels(&gpu);
+    }
+}
+
+#[test]
+fn a_generated_training_series_codes_identically() {
+    if let Some(gpu) = gpu() {
+        training_series(&gpu);
+    }
+}
+
+/// The comparisons themselves, run with the CPU against itself wherever the tests run, so
+/// that what the GPU run checks is known to hold for the reference.
+#[test]
+fn the_comparisons_hold_for_the_reference() {
+    float_codecs(&CpuEngine);
+    lossy_kernels(&CpuEngine);
+    training_series(&CpuEngine);
+}
+
+fn float_codecs(gpu: &dyn Engine) {
+    for dtype in FLOATS {
+        for (k, &n) in SIZES.iter().enumerate() {
+            for shape in 0..4 {
+                let seed = (k as u64) << 8 | shape;
+                let data = tensor(dtype, n, shape, seed);
+                same_float_coding(gpu, dtype, &data, None);
+                let next = step(dtype, &data, seed + 1);
+                same_float_coding(gpu, dtype, &next, Some(&data));
+            }
+        }
+    }
+}
+
+fn lossy_kernels(gpu: &dyn Engine) {
+    for dtype in LOSSY {
+        for (k, &n) in SIZES.iter().enumerate() {
+            let w = tensor(dtype, n, 0, k as u64);
+            let m = tensor(dtype, n, 0, k as u64 + 100);
+            let v: Vec<u8> = tensor(dtype, n, 0, k as u64 + 200);
+            let view = |b| FloatView { dtype, bytes: b };
+            let moments = Moments {
+                m: view(&m),
+                v: view(&v),
+            };
+            for mv in [None, Some(moments)] {
+                assert_eq!(
+                    CpuEngine.key_stats(view(&w), mv),
+                    gpu.key_stats(view(&w), mv),
+                    "{dtype:?} n={n}: key stats differ"
+                );
+            }
+            let mut r = rng(k as u64 + 7);
+            let bins = 12usize;
+            let lut = Lut {
+                code: (0..1 << 16).map(|_| (r() % bins as u64) as u8).collect(),
+                protect: (0..1 << 16).map(|_| r() % 50 == 0).collect(),
+            };
+            let a = CpuEngine.assign(view(&w), &lut);
+            assert_eq!(
+                a,
+                gpu.assign(view(&w), &lut),
+                "{dtype:?} n={n}: assign differs"
+            );
+            let base: Vec<u8> = (0..n).map(|_| (r() % 9) as u8).collect();
+            assert_eq!(
+                CpuEngine.code_pairs(view(&w), &lut, bins, &base, 9),
+                gpu.code_pairs(view(&w), &lut, bins, &base, 9),
+            );
+            let d = CpuEngine.group_delta(&base, &a.codes, bins as u8);
+            assert_eq!(d, gpu.group_delta(&base, &a.codes, bins as u8));
+            let mut back = vec![0u8; n];
+            gpu.ungroup_delta(&base, &d, bins as u8, &mut back).unwrap();
+            assert_eq!(back, a.codes);
+            if n > 0 {
+                assert!(gpu.ungroup_delta(&base, &d, 5, &mut back).is_err());
+            }
+            let recon = step(dtype, &w, 3);
+            for mv in [None, Some(moments)] {
+                let c = CpuEngine.error_stats(view(&w), view(&recon), mv);
+                let g = gpu.error_stats(view(&w), view(&recon), mv);
+                // Bit for bit: the same sums in the same order.
+                assert_eq!(format!("{c:?}"), format!("{g:?}"), "{dtype:?} n={n}");
+            }
+        }
+    }
+}
+
+fn training_series(gpu: &dyn Engine) {
+    for dtype in [Dtype::BF16, Dtype::F32] {
+        let n = 5 * (1 << 17) + 123;
+        let mut prev = tensor(dtype, n, 0, 42);
+        for t in 0..6u64 {
+            let next = step(dtype, &prev, 1000 + t);
+            {
+                // Kept on the device the way a commit keeps them (the borrow ends with them).
+                let _k = (gpu.keep(&next), gpu.keep(&prev));
+                same_float_coding(gpu, dtype, &next, Some(&prev));
+                let c = float::analyze(&CpuEngine, dtype, &prev, Some(&next)).unwrap();
+                let g = float::analyze(gpu, dtype, &prev, Some(&next)).unwrap();
+                assert_eq!(
+                    format!("{c:?}"),
+                    format!("{g:?}"),
+                    "reverse analysis, step {t}"
+                );
+            }
+            prev = next;
+        }
+    }
+}
