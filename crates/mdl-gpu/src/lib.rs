@@ -23,7 +23,7 @@ mod engine;
 
 use std::sync::{Arc, OnceLock};
 
-pub use engine::GpuEngine;
+pub use engine::{BenchRow, GpuEngine};
 
 use cudarc::driver::CudaContext;
 use cudarc::nvrtc::{CompileOptions, Ptx};

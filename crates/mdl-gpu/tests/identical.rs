@@ -65,7 +65,7 @@ fn tensor(dtype: Dtype, n: usize, shape: u64, seed: u64) -> Vec<u8> {
         let v = match shape {
             0 => x + (i as f64 * 1e-3).sin() * 0.01,
             1 => f64::from_bits(r()),
-            2 if r() % 16 == 0 => x,
+            2 if r().is_multiple_of(16) => x,
             2 => 0.0,
             _ => 0.5,
         };
@@ -91,7 +91,7 @@ fn step(dtype: Dtype, data: &[u8], seed: u64) -> Vec<u8> {
     let mut r = rng(seed);
     let mut out = data.to_vec();
     for e in out.chunks_mut(dtype.size()) {
-        if r() % 4 != 0 {
+        if !r().is_multiple_of(4) {
             e[0] ^= (r() & 0x7) as u8;
         }
     }
@@ -212,7 +212,7 @@ fn lossy_kernels(gpu: &dyn Engine) {
             let bins = 12usize;
             let lut = Lut {
                 code: (0..1 << 16).map(|_| (r() % bins as u64) as u8).collect(),
-                protect: (0..1 << 16).map(|_| r() % 50 == 0).collect(),
+                protect: (0..1 << 16).map(|_| r().is_multiple_of(50)).collect(),
             };
             let a = CpuEngine.assign(view(&w), &lut);
             assert_eq!(

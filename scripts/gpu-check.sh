@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Everything that needs a GPU, in one script anyone with one can rerun:
+#   1. the identical-bytes tests and kernel tests of mdl-gpu, with MDL_REQUIRE_GPU=1 (a missing
+#      GPU fails instead of skipping);
+#   2. kernel throughput against the device's copy bandwidth (examples/kernel-bench.rs);
+#   3. end-to-end `mdl commit` (lossless and --lossy) and `mdl checkout` of a GPT-2-sized
+#      checkpoint with AdamW state (scripts/gpt2-checkpoint.py, PyTorch), CPU engine against GPU
+#      engine in the same run, and a check that both engines stored the same bytes.
+#
+#   scripts/gpu-check.sh          build and run (a GPU machine with Rust)
+#   scripts/gpu-check.sh build    build release binaries into target/gpu-check (no GPU needed)
+#   scripts/gpu-check.sh run      run them (a GPU machine without Rust: carry target/gpu-check)
+#
+# Results go to $OUT (or target/gpu-check/out): log.txt, kernels.md, e2e.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=target/gpu-check
+what=${1:-all}
+
+build() {
+    cargo build --release -p mdl-cli --bin mdl
+    cargo build --release -p mdl-gpu --example kernel-bench
+    mkdir -p "$BIN"
+    cp target/release/mdl target/release/examples/kernel-bench "$BIN/"
+    for t in identical kernels; do
+        exe=$(cargo test --release -p mdl-gpu --test "$t" --no-run 2>&1 |
+            grep -o "target/release/deps/$t-[0-9a-f]*" | tail -1)
+        cp "$exe" "$BIN/test-$t"
+    done
+    strip "$BIN"/* 2>/dev/null || true
+    ls -la "$BIN"
+}
+
+run() {
+    local out=${OUT:-$BIN/out}
+    mkdir -p "$out"
+    local log=$out/log.txt
+    exec > >(tee -a "$log") 2>&1
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
+    # NVRTC from the Python wheel when there is one (else the committed PTX is used).
+    local nvrtc
+    nvrtc=$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null || true)
+    [ -n "$nvrtc" ] && export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export MDL_REQUIRE_GPU=1
+    echo "== tests"
+    "$BIN/test-kernels" --nocapture
+    "$BIN/test-identical" --nocapture --test-threads=1
+    echo "== kernels"
+    "$BIN/kernel-bench" "${MDL_BENCH_MIB:-1024}" 20 | tee "$out/kernels.md"
+    echo "== end to end"
+    local work=${MDL_BENCH_DIR:-/tmp/mdl-gpu-check}
+    rm -rf "$work" && mkdir -p "$work"
+    python3 scripts/gpt2-checkpoint.py --out "$work/ckpt" ${MDL_GPT2_ARGS:-}
+    local c1 c2
+    c1=$(ls "$work"/ckpt/step*.safetensors | head -1)
+    c2=$(ls "$work"/ckpt/step*.safetensors | tail -1)
+    local bytes
+    bytes=$(stat -c %s "$c1")
+    now() { date +%s.%N; }
+    # rate BYTES START: seconds since START and bytes per second.
+    rate() { python3 -c "import sys,time; b,s=float(sys.argv[1]),time.time()-float(sys.argv[2]); print(f'{s:.2f} s | {b/s/1e9:.2f} GB/s')" "$@"; }
+    {
+        echo "checkpoint: $(basename "$c1") and $(basename "$c2"), $bytes bytes each; $(nproc) cores"
+        echo
+        echo "| step | engine | time | rate |"
+        echo "| --- | --- | ---: | ---: |"
+    } > "$out/e2e.md"
+    for engine in cpu gpu; do
+        local repo=$work/repo-$engine
+        "$BIN/mdl" init "$repo" > /dev/null
+        for f in "$c1" "$c2"; do
+            cat "$f" > /dev/null # the same warm page cache for both engines
+            local t0; t0=$(now)
+            "$BIN/mdl" -C "$repo" -v commit "$f" -m "$(basename "$f")" --engine "$engine"
+            echo "| commit $(basename "$f") lossless | $engine | $(rate "$bytes" "$t0") |" >> "$out/e2e.md"
+        done
+        local lrepo=$work/lossy-$engine
+        "$BIN/mdl" init "$lrepo" > /dev/null
+        for f in "$c1" "$c2"; do
+            local t0; t0=$(now)
+            "$BIN/mdl" -C "$lrepo" commit "$f" --lossy -m "$(basename "$f")" --engine "$engine"
+            echo "| commit $(basename "$f") --lossy | $engine | $(rate "$bytes" "$t0") |" >> "$out/e2e.md"
+        done
+        for rev in HEAD HEAD~1; do
+            local t0; t0=$(now)
+            "$BIN/mdl" -C "$repo" checkout "$rev" -o "$work/out-$engine.safetensors" --force --engine "$engine"
+            echo "| checkout $rev | $engine | $(rate "$bytes" "$t0") |" >> "$out/e2e.md"
+        done
+        cmp "$work/out-$engine.safetensors" "$c1"
+        rm -f "$work/out-$engine.safetensors"
+    done
+    # Identical bytes end to end: every tensor's codec, size and id, lossless and lossy.
+    for kind in repo lossy; do
+        for rev in HEAD HEAD~1; do
+            diff <("$BIN/mdl" -C "$work/$kind-cpu" show "$rev" --json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["tensors"]))') \
+                 <("$BIN/mdl" -C "$work/$kind-gpu" show "$rev" --json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["tensors"]))') \
+                && echo "$kind $rev: cpu and gpu stored the same tensors"
+        done
+    done
+    cat "$out/e2e.md"
+}
+
+case $what in
+    build) build ;;
+    run) run ;;
+    all) build && run ;;
+    *) echo "usage: $0 [build|run]" >&2; exit 2 ;;
+esac
