@@ -322,8 +322,6 @@ fn one_line(e: &anyhow::Error) -> String {
     s.replace('\n', " ")
 }
 
-/// Exit codes: 1 for an operation that failed, 3 for a repository found damaged by fsck,
-/// 4 for a repository held by another process past `--wait`. (clap uses 2 for usage errors.)
 /// Chooses where `repo`'s codec kernels run (`--engine`, else the `engine` setting) and, with
 /// `-v`, says which and why.
 fn use_engine(cli: &Cli, repo: &mut Repository, choice: Option<&str>) -> anyhow::Result<()> {
@@ -338,6 +336,8 @@ fn use_engine(cli: &Cli, repo: &mut Repository, choice: Option<&str>) -> anyhow:
     Ok(())
 }
 
+/// Exit codes: 1 for an operation that failed, 3 for a repository found damaged by fsck,
+/// 4 for a repository held by another process past `--wait`. (clap uses 2 for usage errors.)
 fn exit_code(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<mdl::Error>() {
         Some(mdl::Error::Store(mdl::StoreError::Busy { .. })) => 4,

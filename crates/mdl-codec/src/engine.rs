@@ -36,6 +36,12 @@ impl PlaneSpec {
         }
     }
 
+    /// `(bytes an element, planes)` of this layout, or `None` for a dtype the float codecs do
+    /// not take apart.
+    pub fn shape(&self) -> Option<(usize, usize)> {
+        crate::float::plane_shape(*self)
+    }
+
     /// Byte planes of `zigzag(value − base)`.
     pub fn sub(dtype: Dtype) -> PlaneSpec {
         PlaneSpec {
@@ -50,22 +56,22 @@ impl PlaneSpec {
 /// it computes, so kernels called meanwhile on them (or on a part of them) do not copy them
 /// again. Dropping it lets the copy go.
 #[must_use = "the bytes are kept only while the guard lives"]
-pub struct Kept<'a>(Option<Box<dyn Send + 'a>>);
+pub struct Kept<'a> {
+    /// Dropped with the guard: whatever releases the kept copy.
+    _release: Option<Box<dyn Send + 'a>>,
+}
 
 impl<'a> Kept<'a> {
     /// A guard that keeps nothing (engines that compute where the bytes already are).
     pub fn nothing() -> Kept<'a> {
-        Kept(None)
+        Kept { _release: None }
     }
 
     /// A guard whose drop releases what `inner`'s drop releases.
     pub fn new(inner: Box<dyn Send + 'a>) -> Kept<'a> {
-        Kept(Some(inner))
-    }
-
-    /// Whether anything is kept.
-    pub fn is_kept(&self) -> bool {
-        self.0.is_some()
+        Kept {
+            _release: Some(inner),
+        }
     }
 }
 
@@ -145,29 +151,30 @@ pub struct KeyStats {
 }
 
 impl KeyStats {
-    /// The stats from dense per-key tables of counts and fixed-point sums (taken with
-    /// [`scales`]): the keys that occur, ascending, each sum divided by its scale.
+    /// The stats from per-key counts and fixed-point sums (taken with [`scales`]), given for
+    /// the keys that occur, ascending: each sum is divided by its scale. Both engines end here,
+    /// so the conversion is one.
     pub fn from_fixed_point(
         n: u64,
-        count: &[u64],
-        acc: &[[i64; sum::N]],
+        entries: impl IntoIterator<Item = (u16, u64, [i64; sum::N])>,
         sc: &[f64; sum::N],
         moments: bool,
     ) -> KeyStats {
-        let keys: Vec<u16> = (0..count.len())
-            .filter(|&k| count[k] > 0)
-            .map(|k| k as u16)
-            .collect();
-        KeyStats {
+        let mut stats = KeyStats {
             n,
-            count: keys.iter().map(|&k| count[k as usize]).collect(),
-            sums: keys
-                .iter()
-                .map(|&k| std::array::from_fn(|j| acc[k as usize][j] as f64 / sc[j]))
-                .collect(),
-            keys,
+            keys: Vec::new(),
+            count: Vec::new(),
+            sums: Vec::new(),
             moments,
+        };
+        for (k, c, a) in entries {
+            stats.keys.push(k);
+            stats.count.push(c);
+            stats
+                .sums
+                .push(std::array::from_fn(|j| a[j] as f64 / sc[j]));
         }
+        stats
     }
 }
 
@@ -502,16 +509,7 @@ impl Engine for CpuEngine {
                 _ => merged.push((k, c, a)),
             }
         }
-        KeyStats {
-            n: n as u64,
-            keys: merged.iter().map(|e| e.0).collect(),
-            count: merged.iter().map(|e| e.1).collect(),
-            sums: merged
-                .iter()
-                .map(|e| std::array::from_fn(|j| e.2[j] as f64 / sc[j]))
-                .collect(),
-            moments: moments.is_some(),
-        }
+        KeyStats::from_fixed_point(n as u64, merged, &sc, moments.is_some())
     }
 
     fn assign(&self, w: FloatView<'_>, lut: &Lut) -> Assigned {

@@ -522,13 +522,22 @@ fn count_chunk(
     })
 }
 
-/// The layout a plane spec names.
-fn spec_layout(spec: PlaneSpec) -> Layout {
+/// The layout a plane spec names, if any.
+fn spec_layout_of(spec: PlaneSpec) -> Option<Layout> {
     match spec.transform {
         Transform::Planes => layout(spec.dtype),
         Transform::Sub => sub_layout(spec.dtype),
     }
-    .expect("plane kernels are given float dtypes only")
+}
+
+/// The layout a plane spec names (the kernels are given float dtypes only).
+fn spec_layout(spec: PlaneSpec) -> Layout {
+    spec_layout_of(spec).expect("plane kernels are given float dtypes only")
+}
+
+/// [`PlaneSpec::shape`]: element width and plane count.
+pub(crate) fn plane_shape(spec: PlaneSpec) -> Option<(usize, usize)> {
+    spec_layout_of(spec).map(|l| (l.width, l.planes))
 }
 
 /// The CPU's [`Engine::plane_histograms`]: chunks in parallel, counts added (exact).
@@ -883,20 +892,17 @@ pub fn encode_pieces(
     base: Option<&[u8]>,
     choice: &Choice,
 ) -> Result<Encoded, FormatError> {
-    let l = match choice.transform {
-        Transform::Planes => layout(dtype),
-        Transform::Sub => sub_layout(dtype),
-    }
-    .ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
+    let mut spec = PlaneSpec {
+        dtype,
+        transform: choice.transform,
+        mask: 0,
+    };
+    let l = spec_layout_of(spec).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
     check_lengths(&l, data, base)?;
     if (choice.xor_mask != 0 || choice.transform == Transform::Sub) && base.is_none() {
         return Err(FormatError::invalid("delta", "no base given"));
     }
-    let spec = PlaneSpec {
-        dtype,
-        transform: choice.transform,
-        mask: word_mask(&l, choice.xor_mask),
-    };
+    spec.mask = word_mask(&l, choice.xor_mask);
     let writers: Vec<StreamWriter> = choice
         .plans
         .iter()

@@ -764,26 +764,13 @@ pub fn encode_stream(symbols: &[u8], out: &mut Vec<u8>) {
 pub struct Stream<'a> {
     n: u64,
     chunk_log2: u8,
-    body: Body<'a>,
-}
-
-enum Body<'a> {
-    Stored(&'a [u8]),
-    Constant(u8),
-    Coded {
-        decoder: Box<Decoder>,
-        /// The non-zero symbols' decoder, for sparse streams.
-        values: Option<Box<Decoder>>,
-        /// Start offset of each chunk in `data`, plus the end.
-        offsets: Vec<usize>,
-        data: &'a [u8],
-    },
+    body: StreamBody<'a>,
 }
 
 /// A parsed stream's contents (see [`Stream::body`]).
-pub enum StreamBody<'s> {
+pub enum StreamBody<'a> {
     /// The symbols themselves.
-    Stored(&'s [u8]),
+    Stored(&'a [u8]),
     /// Every symbol is this one.
     Constant(u8),
     /// Huffman chunks ([`Decoder::decode_chunk`]), or sparse chunks when `values` is given: a
@@ -791,13 +778,13 @@ pub enum StreamBody<'s> {
     /// non-zero symbols' chunk (coded with `values`).
     Coded {
         /// Decoder of the symbols (of the flag bytes, for sparse chunks).
-        decoder: &'s Decoder,
+        decoder: Box<Decoder>,
         /// Decoder of the non-zero symbols of sparse chunks.
-        values: Option<&'s Decoder>,
+        values: Option<Box<Decoder>>,
         /// Start of each chunk in `data`, plus the end.
-        offsets: &'s [usize],
+        offsets: Vec<usize>,
         /// The chunks.
-        data: &'s [u8],
+        data: &'a [u8],
     },
 }
 
@@ -817,10 +804,10 @@ impl<'a> Stream<'a> {
                         "stored length disagrees with the symbol count",
                     ));
                 }
-                (CHUNK_LOG2, Body::Stored(rest))
+                (CHUNK_LOG2, StreamBody::Stored(rest))
             }
             MODE_CONSTANT => match rest {
-                [s] => (CHUNK_LOG2, Body::Constant(*s)),
+                [s] => (CHUNK_LOG2, StreamBody::Constant(*s)),
                 _ => {
                     return Err(FormatError::invalid(
                         "entropy stream",
@@ -872,7 +859,7 @@ impl<'a> Stream<'a> {
                 }
                 (
                     log2,
-                    Body::Coded {
+                    StreamBody::Coded {
                         decoder,
                         values,
                         offsets,
@@ -895,22 +882,8 @@ impl<'a> Stream<'a> {
     }
 
     /// How the stream holds its symbols, for engines that decode chunks elsewhere.
-    pub fn body(&self) -> StreamBody<'_> {
-        match &self.body {
-            Body::Stored(b) => StreamBody::Stored(b),
-            Body::Constant(s) => StreamBody::Constant(*s),
-            Body::Coded {
-                decoder,
-                values,
-                offsets,
-                data,
-            } => StreamBody::Coded {
-                decoder,
-                values: values.as_deref(),
-                offsets,
-                data,
-            },
-        }
+    pub fn body(&self) -> &StreamBody<'a> {
+        &self.body
     }
 
     /// Symbols per chunk.
@@ -931,15 +904,15 @@ impl<'a> Stream<'a> {
             (self.n - start as u64).min(self.chunk_len() as u64)
         );
         match &self.body {
-            Body::Stored(b) => out.copy_from_slice(&b[start..start + out.len()]),
-            Body::Constant(s) => out.fill(*s),
-            Body::Coded {
+            StreamBody::Stored(b) => out.copy_from_slice(&b[start..start + out.len()]),
+            StreamBody::Constant(s) => out.fill(*s),
+            StreamBody::Coded {
                 decoder,
                 values: None,
                 offsets,
                 data,
             } => decoder.decode_chunk(&data[offsets[i]..offsets[i + 1]], out)?,
-            Body::Coded {
+            StreamBody::Coded {
                 decoder,
                 values: Some(values),
                 offsets,

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut,
-    DriverError, LaunchConfig, PinnedHostSlice, PushKernelArg,
+    DriverError, LaunchArgs, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use mdl_codec::engine::{
@@ -175,10 +175,7 @@ impl Lane {
             if let Some(e) = self.busy[b].take() {
                 e.synchronize()?;
             }
-            let buf = &mut self.pinned[b].as_mut_slice()?[..piece.len()];
-            buf.par_chunks_mut(1 << 20)
-                .zip(piece.par_chunks(1 << 20))
-                .for_each(|(d, s)| d.copy_from_slice(s));
+            copy_par(&mut self.pinned[b].as_mut_slice()?[..piece.len()], piece);
             let src = &self.pinned[b].as_slice()?[..piece.len()];
             let mut dst = dev.slice_mut(k * STAGE..k * STAGE + piece.len());
             self.stream.memcpy_htod(src, &mut dst)?;
@@ -223,10 +220,7 @@ impl Lane {
             }
             let (lo, hi) = (k * STAGE, ((k + 1) * STAGE).min(host.len()));
             let src = &self.pinned[b].as_slice()?[..hi - lo];
-            host[lo..hi]
-                .par_chunks_mut(1 << 20)
-                .zip(src.par_chunks(1 << 20))
-                .for_each(|(d, s)| d.copy_from_slice(s));
+            copy_par(&mut host[lo..hi], src);
         }
         Ok(())
     }
@@ -256,6 +250,14 @@ impl Lane {
     }
 }
 
+/// Copies between host buffers (pageable and pinned staging) a megabyte a task: one core
+/// cannot keep up with the bus.
+fn copy_par(dst: &mut [u8], src: &[u8]) {
+    dst.par_chunks_mut(1 << 20)
+        .zip(src.par_chunks(1 << 20))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
 /// Blocks for a grid-stride kernel over `n` items.
 fn grid(n: u64) -> u32 {
     (n.div_ceil(256)).clamp(1, 65_535 * 8) as u32
@@ -278,18 +280,117 @@ fn dtype_code(d: Dtype) -> i32 {
     }
 }
 
-/// A plane spec's kernel layout: (kind, element width, planes).
-fn plane_kind(spec: PlaneSpec) -> Option<(i32, usize, usize)> {
-    Some(match (spec.transform, spec.dtype) {
-        (Transform::Planes, Dtype::BF16) => (0, 2, 2),
-        (Transform::Planes, Dtype::F16) => (1, 2, 3),
-        (Transform::Planes, Dtype::F32) => (2, 4, 4),
-        (Transform::Planes, Dtype::F64) => (3, 8, 8),
-        (Transform::Sub, Dtype::BF16 | Dtype::F16) => (4, 2, 2),
-        (Transform::Sub, Dtype::F32) => (5, 4, 4),
-        (Transform::Sub, Dtype::F64) => (6, 8, 8),
-        _ => return None,
-    })
+/// How a tensor's planes lie on the device: plane `p` of `n` bytes at `p * stride`.
+#[derive(Clone, Copy)]
+struct Geometry {
+    /// The kernels' number for the layout (`K_*` in mdl.cu).
+    kind: i32,
+    /// Elements (bytes a plane).
+    n: u64,
+    /// Bytes between planes: `n` rounded up to a multiple of 8, so every plane's flag bytes
+    /// start at `p * stride / 8`.
+    stride: u64,
+    planes: usize,
+    /// Bits XORed with the base (float planes).
+    mask: u64,
+}
+
+impl Geometry {
+    /// The geometry of `bytes` bytes taken apart as `spec` says (float dtypes only; the width
+    /// and plane count are mdl-codec's).
+    fn of(spec: PlaneSpec, bytes: usize) -> Geometry {
+        let (width, planes) = spec.shape().expect("float dtypes only");
+        let kind = match (spec.transform, spec.dtype) {
+            (Transform::Planes, Dtype::BF16) => 0,
+            (Transform::Planes, Dtype::F16) => 1,
+            (Transform::Planes, Dtype::F32) => 2,
+            (Transform::Planes, _) => 3,
+            (Transform::Sub, Dtype::BF16 | Dtype::F16) => 4,
+            (Transform::Sub, Dtype::F32) => 5,
+            (Transform::Sub, _) => 6,
+        };
+        let n = (bytes / width) as u64;
+        Geometry {
+            kind,
+            n,
+            stride: n.next_multiple_of(8).max(8),
+            planes,
+            mask: spec.mask,
+        }
+    }
+
+    /// Bytes of all planes.
+    fn planes_len(&self) -> usize {
+        self.stride as usize * self.planes
+    }
+}
+
+/// The null pointer, for a kernel's optional inputs.
+static NULL: u64 = 0;
+
+/// Pushes an optional device input: its pointer, or null.
+fn arg_opt<'a, 'b: 'a, 'c: 'b>(l: &mut LaunchArgs<'a>, v: Option<&'b CudaView<'c, u8>>) {
+    match v {
+        Some(v) => l.arg(v),
+        None => l.arg(&NULL),
+    };
+}
+
+/// Splits `data` (XORed with or subtracted from `base`) into the planes of `out`.
+fn launch_split(
+    gpu: &Gpu,
+    lane: &Lane,
+    g: Geometry,
+    data: &CudaView<'_, u8>,
+    base: Option<&CudaView<'_, u8>>,
+    out: &mut CudaSlice<u8>,
+) -> Res<()> {
+    let mut l = lane.stream.launch_builder(gpu.f("split_planes"));
+    l.arg(data);
+    arg_opt(&mut l, base);
+    l.arg(out)
+        .arg(&g.n)
+        .arg(&g.stride)
+        .arg(&g.kind)
+        .arg(&g.mask);
+    // SAFETY: reads n elements of data (and base); writes `planes` planes of n bytes at
+    // `stride`, which the callers' buffers hold.
+    unsafe { l.launch(cfg((grid(g.n), 1), 256)) }.map(drop)
+}
+
+/// Merges the planes in `planes` (with `base`) into the elements of `out`.
+fn launch_merge(
+    gpu: &Gpu,
+    lane: &Lane,
+    g: Geometry,
+    planes: &CudaSlice<u8>,
+    base: Option<&CudaView<'_, u8>>,
+    out: &mut CudaSlice<u8>,
+) -> Res<()> {
+    let mut l = lane.stream.launch_builder(gpu.f("merge_planes"));
+    l.arg(planes);
+    arg_opt(&mut l, base);
+    l.arg(out)
+        .arg(&g.n)
+        .arg(&g.stride)
+        .arg(&g.kind)
+        .arg(&g.mask);
+    // SAFETY: reads `planes` planes of n bytes; writes n elements, which `out` holds.
+    unsafe { l.launch(cfg((grid(g.n), 1), 256)) }.map(drop)
+}
+
+/// Byte histograms of every plane into `hist` (256 zeroed counts a plane).
+fn launch_histogram(
+    gpu: &Gpu,
+    lane: &Lane,
+    g: Geometry,
+    planes: &CudaSlice<u8>,
+    hist: &mut CudaSlice<u64>,
+) -> Res<()> {
+    let mut l = lane.stream.launch_builder(gpu.f("byte_histogram"));
+    l.arg(planes).arg(&g.n).arg(&g.stride).arg(hist);
+    // SAFETY: reads n bytes of each plane; writes 256 counts a plane.
+    unsafe { l.launch(cfg((grid(g.n).min(1024), g.planes as u32), 256)) }.map(drop)
 }
 
 /// The codec kernels on a CUDA device (see the crate documentation). Identical results to
@@ -348,38 +449,22 @@ impl GpuEngine {
         }
     }
 
-    /// Splits `data` into its planes on the device: (planes buffer, plane stride, planes).
+    /// Splits `data` into its planes on the device, in a buffer with `extra` bytes after
+    /// them.
     fn split(
         gpu: &Gpu,
         lane: &mut Lane,
-        spec: PlaneSpec,
+        g: Geometry,
         data: &[u8],
         base: Option<&[u8]>,
         extra: usize,
-    ) -> Res<(CudaSlice<u8>, u64, usize)> {
-        let (kind, width, planes) = plane_kind(spec).expect("float dtypes only");
-        let n = (data.len() / width) as u64;
+    ) -> Res<CudaSlice<u8>> {
         let d = lane.bytes(gpu, data)?;
         let b = base.map(|b| lane.bytes(gpu, b)).transpose()?;
-        let stride = n.next_multiple_of(8).max(8);
-        let mut out = lane.alloc::<u8>(stride as usize * planes + extra)?;
-        let (dv, bv) = (d.view(), b.as_ref().map(Dev::view));
-        let null = 0u64;
-        let mut l = lane.stream.launch_builder(gpu.f("split_planes"));
-        l.arg(&dv);
-        match &bv {
-            Some(bv) => l.arg(bv),
-            None => l.arg(&null),
-        };
-        l.arg(&mut out)
-            .arg(&n)
-            .arg(&stride)
-            .arg(&kind)
-            .arg(&spec.mask);
-        // SAFETY: the kernel reads n elements of data (and base) and writes `planes` planes of
-        // n bytes at `stride`, all within the buffers sized above.
-        unsafe { l.launch(cfg((grid(n), 1), 256)) }?;
-        Ok((out, stride, planes))
+        let mut out = lane.alloc::<u8>(g.planes_len() + extra)?;
+        let bv = b.as_ref().map(Dev::view);
+        launch_split(gpu, lane, g, &d.view(), bv.as_ref(), &mut out)?;
+        Ok(out)
     }
 }
 
@@ -432,25 +517,27 @@ impl Engine for GpuEngine {
         self.run(
             "plane histograms",
             |gpu, lane| {
-                let (planes_buf, stride, planes) = Self::split(gpu, lane, spec, data, base, 0)?;
-                let n = stride.min((data.len() / plane_kind(spec).unwrap().1) as u64);
+                let g = Geometry::of(spec, data.len());
+                let planes = g.planes;
+                let planes_buf = Self::split(gpu, lane, g, data, base, 0)?;
+                // Only what some plane wants is counted.
                 let mut hist = lane.zeros::<u64>(256 * planes)?;
+                if want.iter().any(|w| w.0) {
+                    launch_histogram(gpu, lane, g, &planes_buf, &mut hist)?;
+                }
                 let mut flags = lane.zeros::<u64>(256 * planes)?;
-                let blocks = (grid(n).min(1024), planes as u32);
-                let mut l = lane.stream.launch_builder(gpu.f("byte_histogram"));
-                l.arg(&planes_buf).arg(&n).arg(&stride).arg(&mut hist);
-                // SAFETY: reads n bytes of each plane; writes 256 counts a plane.
-                unsafe { l.launch(cfg(blocks, 256)) }?;
-                let null = 0u64;
-                let mut l = lane.stream.launch_builder(gpu.f("flag_bytes"));
-                l.arg(&planes_buf)
-                    .arg(&n)
-                    .arg(&stride)
-                    .arg(&null)
-                    .arg(&null)
-                    .arg(&mut flags);
-                // SAFETY: as above; no flag bytes are written (null).
-                unsafe { l.launch(cfg(blocks, 256)) }?;
+                if want.iter().any(|w| w.1) {
+                    let mut l = lane.stream.launch_builder(gpu.f("flag_bytes"));
+                    l.arg(&planes_buf)
+                        .arg(&g.n)
+                        .arg(&g.stride)
+                        .arg(&NULL)
+                        .arg(&NULL)
+                        .arg(&mut flags);
+                    // SAFETY: reads n bytes of each plane; writes 256 counts a plane and no
+                    // flag bytes (null).
+                    unsafe { l.launch(cfg((grid(g.n).min(1024), planes as u32), 256)) }?;
+                }
                 let h = lane.fetch(&hist, 256 * planes)?;
                 let f = lane.fetch(&flags, 256 * planes)?;
                 Ok((0..planes)
@@ -495,7 +582,7 @@ impl Engine for GpuEngine {
         base: Option<&[u8]>,
         out: &mut [u8],
     ) -> Result<(), FormatError> {
-        if out.len() < self.min_bytes {
+        if !self.wants(out) {
             return CpuEngine.decode_planes(spec, streams, base, out);
         }
         let done = self
@@ -550,13 +637,10 @@ impl Engine for GpuEngine {
                 let keys = mdl_codec::scalar::KEYS;
                 let mut count = lane.zeros::<u64>(keys)?;
                 let mut acc = lane.zeros::<u64>(keys * sum::N)?;
-                let null = 0u64;
                 let mut l = lane.stream.launch_builder(gpu.f("key_stats"));
                 l.arg(views[0].as_ref().unwrap());
-                match (&views[1], &views[2]) {
-                    (Some(a), Some(b)) => l.arg(a).arg(b),
-                    _ => l.arg(&null).arg(&null),
-                };
+                arg_opt(&mut l, views[1].as_ref());
+                arg_opt(&mut l, views[2].as_ref());
                 l.arg(&n)
                     .arg(&dtypes[0])
                     .arg(&dtypes[1])
@@ -568,14 +652,16 @@ impl Engine for GpuEngine {
                 unsafe { l.launch(cfg((grid(n).min(8192), 1), 256)) }?;
                 let count = lane.fetch(&count, keys)?;
                 let acc = lane.fetch(&acc, keys * sum::N)?;
-                let acc: Vec<[i64; sum::N]> = acc
-                    .chunks_exact(sum::N)
-                    .map(|c| std::array::from_fn(|j| c[j] as i64))
-                    .collect();
+                // The keys that occur, ascending, with their wrapping i64 sums.
+                let entries = count
+                    .iter()
+                    .zip(acc.chunks_exact(sum::N))
+                    .enumerate()
+                    .filter(|(_, (&c, _))| c > 0)
+                    .map(|(k, (&c, a))| (k as u16, c, std::array::from_fn(|j| a[j] as i64)));
                 Ok(KeyStats::from_fixed_point(
                     n,
-                    &count,
-                    &acc,
+                    entries,
                     &sc,
                     moments.is_some(),
                 ))
@@ -763,13 +849,10 @@ impl Engine for GpuEngine {
                 let mut sums = lane.zeros::<f64>(5 * chunks as usize)?;
                 let (ov, rv) = (d_o.view(), d_r.view());
                 let (mv, vv) = (d_m.as_ref().map(Dev::view), d_v.as_ref().map(Dev::view));
-                let null = 0u64;
                 let mut l = lane.stream.launch_builder(gpu.f("error_chunks"));
                 l.arg(&ov).arg(&rv);
-                match (&mv, &vv) {
-                    (Some(a), Some(b)) => l.arg(a).arg(b),
-                    _ => l.arg(&null).arg(&null),
-                };
+                arg_opt(&mut l, mv.as_ref());
+                arg_opt(&mut l, vv.as_ref());
                 l.arg(&n)
                     .arg(&dts[0])
                     .arg(&dts[1])
@@ -827,24 +910,17 @@ fn grouped(
     let mut dout = lane.alloc::<u8>(n as usize)?;
     let m = modulus as u32;
     let inverse = deltas.is_some() as i32;
-    let null = 0u64;
     let (cv, dv) = (dc.as_ref().map(Dev::view), dd.as_ref().map(Dev::view));
     let mut l = lane.stream.launch_builder(gpu.f("group_scatter"));
     l.arg(&bv);
-    match &cv {
-        Some(c) => l.arg(c),
-        None => l.arg(&null),
-    };
+    arg_opt(&mut l, cv.as_ref());
     l.arg(&n)
         .arg(&tiles)
         .arg(&tile_counts)
         .arg(&starts)
         .arg(&m)
         .arg(&inverse);
-    match &dv {
-        Some(d) => l.arg(d),
-        None => l.arg(&null),
-    };
+    arg_opt(&mut l, dv.as_ref());
     l.arg(&mut dout);
     // SAFETY: 8 warps a block, one warp a tile; every position is below n.
     unsafe { l.launch(cfg((tiles.div_ceil(8) as u32, 1), 256)) }?;
@@ -879,33 +955,36 @@ fn encode_on(
     base: Option<&[u8]>,
     writers: &[StreamWriter],
 ) -> Res<Vec<Vec<Vec<u8>>>> {
-    let (_, width, planes) = plane_kind(spec).expect("float dtypes only");
-    let n = (data.len() / width) as u64;
-    let stride = n.next_multiple_of(8).max(8);
+    let g = Geometry::of(spec, data.len());
+    let (n, stride, planes) = (g.n, g.stride, g.planes);
     let fstride = stride / 8;
-    // Symbols buffer: the planes, then each plane's flag bytes, then its non-zero values.
-    let flags_at = stride * planes as u64;
-    let values_at = flags_at + fstride * planes as u64;
-    let extra = (fstride + stride) as usize * planes;
-    let (mut sym, _, _) = GpuEngine::split(gpu, lane, spec, data, base, extra)?;
-    let chunks = n.div_ceil(CHUNK as u64) as usize;
-    let chunk_n = |c: usize| (n - (c * CHUNK) as u64).min(CHUNK as u64);
-
+    // Symbols buffer: the planes, then (for sparse plans) each plane's flag bytes and its
+    // non-zero values.
     let sparse = writers
         .iter()
         .any(|w| matches!(w.plan(), Plan::Sparse { .. }));
+    let flags_at = stride * planes as u64;
+    let values_at = flags_at + fstride * planes as u64;
+    let extra = if sparse {
+        (fstride + stride) as usize * planes
+    } else {
+        0
+    };
+    let mut sym = GpuEngine::split(gpu, lane, g, data, base, extra)?;
+    let chunks = n.div_ceil(CHUNK as u64) as usize;
+    let chunk_n = |c: usize| (n - (c * CHUNK) as u64).min(CHUNK as u64);
+
     let mut nnz = vec![0u64; planes * chunks];
     if sparse && n > 0 {
         let (mut head, mut rest) = sym.split_at_mut(flags_at as usize);
         let (mut fl, mut vals) = rest.split_at_mut((fstride * planes as u64) as usize);
-        let null = 0u64;
         let mut l = lane.stream.launch_builder(gpu.f("flag_bytes"));
         l.arg(&mut head)
             .arg(&n)
             .arg(&stride)
             .arg(&mut fl)
             .arg(&fstride)
-            .arg(&null);
+            .arg(&NULL);
         // SAFETY: writes ceil(n / 8) flag bytes a plane within the flags area.
         unsafe { l.launch(cfg((grid(n / 8 + 1).min(1024), planes as u32), 256)) }?;
         let mut dnnz = lane.alloc::<u64>(planes * chunks)?;
@@ -973,20 +1052,19 @@ fn encode_on(
         });
     }
 
-    // Pass 1: bits a lane.
+    // Pass 1: bits a lane. The segments and code tables go over once for both passes.
     let mut lane_bits = vec![0u64; segs.len() * 4];
     let dsegs = if segs.is_empty() {
         None
     } else {
         let flat: Vec<u64> = segs.iter().flat_map(|s| [s.at, s.n, s.table, 0]).collect();
-        Some(flat)
+        Some(lane.put(&flat)?)
     };
     let dcodes = lane.put(&codes)?;
-    if let Some(flat) = &dsegs {
-        let d = lane.put(flat)?;
+    if let Some(d) = &dsegs {
         let mut bits = lane.alloc::<u64>(segs.len() * 4)?;
         let mut l = lane.stream.launch_builder(gpu.f("huff_lane_bits"));
-        l.arg(&sym).arg(&d).arg(&dcodes).arg(&mut bits);
+        l.arg(&sym).arg(d).arg(&dcodes).arg(&mut bits);
         // SAFETY: one block a (segment, lane); reads the segment's symbols.
         unsafe { l.launch(cfg((segs.len() as u32, 4), 256)) }?;
         lane_bits = lane.fetch(&bits, segs.len() * 4)?;
@@ -1031,11 +1109,10 @@ fn encode_on(
     // Pass 2: the bits and stored bytes into the zeroed output.
     let total = at as usize;
     let mut out = lane.zeros::<u8>(total.next_multiple_of(4) + 4)?;
-    if let Some(flat) = &dsegs {
-        let d = lane.put(flat)?;
+    if let Some(d) = &dsegs {
         let dat = lane.put(&lane_at)?;
         let mut l = lane.stream.launch_builder(gpu.f("huff_write"));
-        l.arg(&sym).arg(&d).arg(&dcodes).arg(&dat).arg(&mut out);
+        l.arg(&sym).arg(d).arg(&dcodes).arg(&dat).arg(&mut out);
         // SAFETY: each lane writes its bits inside the bytes its bit count reserved.
         unsafe { l.launch(cfg((segs.len() as u32, 4), 256)) }?;
     }
@@ -1091,16 +1168,29 @@ fn decode_on(
     base: Option<&[u8]>,
     out: &mut [u8],
 ) -> Res<bool> {
-    let (kind, width, planes) = plane_kind(spec).expect("float dtypes only");
-    let n = (out.len() / width) as u64;
-    let stride = n.next_multiple_of(8).max(8);
+    let g = Geometry::of(spec, out.len());
+    let (n, stride, planes) = (g.n, g.stride, g.planes);
     let fstride = stride / 8;
     let chunks = n.div_ceil(CHUNK as u64) as usize;
     let chunk_n = |c: usize| (n - (c * CHUNK) as u64).min(CHUNK as u64);
-    // Planes, then flag bytes, then sparse values.
+    // Planes, then (for sparse streams) flag bytes and non-zero values.
+    let sparse = streams.iter().any(|s| {
+        matches!(
+            s.body(),
+            StreamBody::Coded {
+                values: Some(_),
+                ..
+            }
+        )
+    });
     let flags_at = stride * planes as u64;
     let values_at = flags_at + fstride * planes as u64;
-    let mut sym = lane.alloc::<u8>(((2 * stride + fstride) * planes as u64) as usize)?;
+    let extra = if sparse {
+        (fstride + stride) as usize * planes
+    } else {
+        0
+    };
+    let mut sym = lane.alloc::<u8>(g.planes_len() + extra)?;
 
     // The coded bytes of every plane, one after the other.
     let mut tables: Vec<u16> = Vec::new();
@@ -1120,12 +1210,12 @@ fn decode_on(
         match s.body() {
             StreamBody::Stored(b) => {
                 lane.stream.memcpy_htod(
-                    b,
+                    *b,
                     &mut sym.slice_mut(plane_at as usize..plane_at as usize + b.len()),
                 )?;
             }
             StreamBody::Constant(v) => {
-                let v = v as u32;
+                let v = *v as u32;
                 let mut view = sym.slice_mut(plane_at as usize..(plane_at + n) as usize);
                 let mut l = lane.stream.launch_builder(gpu.f("fill_bytes"));
                 l.arg(&mut view).arg(&n).arg(&v);
@@ -1139,10 +1229,10 @@ fn decode_on(
                 data,
             } => {
                 let base_at = input_len as u64;
-                coded.push((input_len, data));
+                coded.push((input_len, *data));
                 input_len += data.len();
                 let td = table(decoder);
-                let tv = values.map(&mut table);
+                let tv = values.as_deref().map(&mut table);
                 for c in 0..chunks {
                     let (lo, hi) = (offsets[c] as u64, offsets[c + 1] as u64);
                     match tv {
@@ -1247,20 +1337,7 @@ fn decode_on(
     let b = base.map(|b| lane.bytes(gpu, b)).transpose()?;
     let bv = b.as_ref().map(Dev::view);
     let mut dout = lane.alloc::<u8>(out.len())?;
-    let null = 0u64;
-    let mut l = lane.stream.launch_builder(gpu.f("merge_planes"));
-    l.arg(&sym);
-    match &bv {
-        Some(bv) => l.arg(bv),
-        None => l.arg(&null),
-    };
-    l.arg(&mut dout)
-        .arg(&n)
-        .arg(&stride)
-        .arg(&kind)
-        .arg(&spec.mask);
-    // SAFETY: reads `planes` planes of n bytes; writes n elements.
-    unsafe { l.launch(cfg((grid(n), 1), 256)) }?;
+    launch_merge(gpu, lane, g, &sym, bv.as_ref(), &mut dout)?;
     lane.download(&dout.slice(..out.len()), out)?;
     Ok(true)
 }
@@ -1284,14 +1361,13 @@ impl GpuEngine {
         let gpu = &*self.gpu;
         gpu.with_lane(|lane| {
             let spec = PlaneSpec::planes(Dtype::F32, 0);
-            let n = (data.len() / 4) as u64;
-            let stride = n.next_multiple_of(8);
+            let g = Geometry::of(spec, data.len());
+            let n = g.n;
             let dev = lane.upload(data)?;
             let mut copy = lane.alloc::<u8>(data.len())?;
-            let mut planes = lane.alloc::<u8>(data.len())?;
+            let mut planes = lane.alloc::<u8>(g.planes_len())?;
             let mut merged = lane.alloc::<u8>(data.len())?;
-            let mut hist = lane.zeros::<u64>(256 * 4)?;
-            let (kind, mask, null) = (2i32, 0u64, 0u64);
+            let mut hist = lane.zeros::<u64>(256 * g.planes)?;
             let time = |lane: &Lane, f: &mut dyn FnMut(&Lane) -> Res<()>| -> Res<f64> {
                 f(lane)?;
                 let mut t = Vec::with_capacity(runs);
@@ -1318,16 +1394,7 @@ impl GpuEngine {
                 seconds: s,
             });
             let s = time(lane, &mut |lane| {
-                let mut l = lane.stream.launch_builder(gpu.f("split_planes"));
-                l.arg(&dev)
-                    .arg(&null)
-                    .arg(&mut planes)
-                    .arg(&n)
-                    .arg(&stride)
-                    .arg(&kind)
-                    .arg(&mask);
-                // SAFETY: as in GpuEngine::split.
-                unsafe { l.launch(cfg((grid(n), 1), 256)) }.map(drop)
+                launch_split(gpu, lane, g, &dev.slice(..), None, &mut planes)
             })?;
             rows.push(BenchRow {
                 name: "split f32 planes",
@@ -1335,16 +1402,7 @@ impl GpuEngine {
                 seconds: s,
             });
             let s = time(lane, &mut |lane| {
-                let mut l = lane.stream.launch_builder(gpu.f("merge_planes"));
-                l.arg(&planes)
-                    .arg(&null)
-                    .arg(&mut merged)
-                    .arg(&n)
-                    .arg(&stride)
-                    .arg(&kind)
-                    .arg(&mask);
-                // SAFETY: as in decode_on.
-                unsafe { l.launch(cfg((grid(n), 1), 256)) }.map(drop)
+                launch_merge(gpu, lane, g, &planes, None, &mut merged)
             })?;
             rows.push(BenchRow {
                 name: "merge f32 planes",
@@ -1352,10 +1410,7 @@ impl GpuEngine {
                 seconds: s,
             });
             let s = time(lane, &mut |lane| {
-                let mut l = lane.stream.launch_builder(gpu.f("byte_histogram"));
-                l.arg(&planes).arg(&n).arg(&stride).arg(&mut hist);
-                // SAFETY: as in plane_histograms.
-                unsafe { l.launch(cfg((grid(n).min(1024), 4), 256)) }.map(drop)
+                launch_histogram(gpu, lane, g, &planes, &mut hist)
             })?;
             rows.push(BenchRow {
                 name: "plane histograms",
