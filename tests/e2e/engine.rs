@@ -85,6 +85,67 @@ fn engines_write_the_same_bytes_and_a_missing_gpu_changes_nothing() {
             );
         }
     }
+    // A lossy commit (weights with their Adam moments) takes the same decisions, and stores
+    // the same bytes, on every engine.
+    let lossy = dir.path().join("lossy.safetensors");
+    let f32s = |name: &str, data: Vec<u8>| T {
+        name: name.into(),
+        dtype: "F32",
+        shape: vec![512, 1024],
+        data,
+    };
+    let m = floats(12, 512 * 1024);
+    let v = m
+        .chunks(4)
+        .flat_map(|c| {
+            let x = f32::from_le_bytes(c.try_into().unwrap());
+            (x * x).to_le_bytes()
+        })
+        .collect();
+    let t = vec![
+        f32s("model.w", nudged(&w, 99)),
+        f32s("optim.w.exp_avg", m),
+        f32s("optim.w.exp_avg_sq", v),
+    ];
+    write_safetensors(&lossy, &t, &[]);
+    let mut outs = Vec::new();
+    for (d, engine) in [(&cpu, "cpu"), (&auto, "auto")] {
+        let c = json(
+            d,
+            &[
+                "commit",
+                lossy.to_str().unwrap(),
+                "--lossy",
+                "--metric",
+                "loss=2.0",
+                "-m",
+                "lossy",
+                "--engine",
+                engine,
+            ],
+        );
+        assert!(c["lossy_tensors"].as_u64().unwrap() >= 1, "{c}");
+        let out = d.join("lossy-out.safetensors");
+        ok(
+            d,
+            &[
+                "checkout",
+                "HEAD",
+                "-o",
+                out.to_str().unwrap(),
+                "--engine",
+                engine,
+            ],
+        );
+        outs.push(std::fs::read(&out).unwrap());
+    }
+    let (a, b) = (
+        json(&cpu, &["show", "HEAD"]),
+        json(&auto, &["show", "HEAD"]),
+    );
+    assert_eq!(a["tensors"], b["tensors"]);
+    assert!(outs[0] == outs[1], "lossy checkouts differ between engines");
+
     // -v says which engine and why.
     let v = mdl(
         &auto,

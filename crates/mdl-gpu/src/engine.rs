@@ -12,9 +12,16 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+// The CUDA driver, or with the `emulate` feature the emulated device of the same shape.
+#[cfg(feature = "emulate")]
+use crate::emu::{
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr,
+    DriverError, LaunchArgs, LaunchConfig, PinnedHostSlice, PushKernelArg, ValidAsZeroBits,
+};
+#[cfg(not(feature = "emulate"))]
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut,
-    DriverError, LaunchArgs, LaunchConfig, PinnedHostSlice, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr,
+    DriverError, LaunchArgs, LaunchConfig, PinnedHostSlice, PushKernelArg, ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
 use mdl_codec::engine::{
@@ -50,6 +57,8 @@ pub(crate) struct Gpu {
     lanes: Mutex<Vec<Lane>>,
     kept: Mutex<Vec<Resident>>,
     next_id: AtomicU64,
+    /// Calls a driver failure sent to the CPU.
+    fallbacks: AtomicU64,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -88,7 +97,14 @@ impl Gpu {
             lanes: Mutex::new(Vec::new()),
             kept: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
+            fallbacks: AtomicU64::new(0),
         })
+    }
+
+    /// Logs and counts a driver failure that sends `what` to the CPU.
+    fn failed(&self, what: &str, e: DriverError) {
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!("GPU {what} failed ({e}); using the CPU for it");
     }
 
     fn f(&self, name: &str) -> &CudaFunction {
@@ -148,15 +164,12 @@ impl Dev {
 
 impl Lane {
     /// A device buffer of `len` elements (contents unspecified).
-    fn alloc<T: cudarc::driver::DeviceRepr>(&self, len: usize) -> Res<CudaSlice<T>> {
+    fn alloc<T: DeviceRepr>(&self, len: usize) -> Res<CudaSlice<T>> {
         // SAFETY: every buffer allocated here is written by a copy or kernel before any read.
         unsafe { self.stream.alloc::<T>(len.max(1)) }
     }
 
-    fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-        &self,
-        len: usize,
-    ) -> Res<CudaSlice<T>> {
+    fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Res<CudaSlice<T>> {
         self.stream.alloc_zeros::<T>(len.max(1))
     }
 
@@ -226,7 +239,7 @@ impl Lane {
     }
 
     /// A small device buffer's contents.
-    fn fetch<T: cudarc::driver::DeviceRepr + Default + Clone>(
+    fn fetch<T: DeviceRepr + Default + Clone>(
         &self,
         dev: &CudaSlice<T>,
         len: usize,
@@ -240,7 +253,7 @@ impl Lane {
     }
 
     /// A small host array on the device.
-    fn put<T: cudarc::driver::DeviceRepr>(&self, host: &[T]) -> Res<CudaSlice<T>> {
+    fn put<T: DeviceRepr>(&self, host: &[T]) -> Res<CudaSlice<T>> {
         let mut dev = self.alloc::<T>(host.len())?;
         if !host.is_empty() {
             self.stream
@@ -428,6 +441,12 @@ impl GpuEngine {
         self
     }
 
+    /// How many calls a driver failure has sent to the CPU since the engine started (the
+    /// bytes are the same either way; tests check that nothing fell back).
+    pub fn fallbacks(&self) -> u64 {
+        self.gpu.fallbacks.load(Ordering::Relaxed)
+    }
+
     /// Whether `host` goes to the device.
     fn wants(&self, host: &[u8]) -> bool {
         host.len() >= self.min_bytes || self.gpu.resident(host).is_some()
@@ -443,7 +462,7 @@ impl GpuEngine {
         match self.gpu.with_lane(|lane| gpu_work(&self.gpu, lane)) {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!("GPU {what} failed ({e}); using the CPU for it");
+                self.gpu.failed(what, e);
                 cpu_work()
             }
         }
@@ -497,6 +516,7 @@ impl Engine for GpuEngine {
                 }))
             }
             Err(e) => {
+                self.gpu.fallbacks.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!("GPU copy failed ({e}); kernels will copy as they go");
                 Kept::nothing()
             }
@@ -593,7 +613,7 @@ impl Engine for GpuEngine {
             // A damaged stream: the CPU says what is wrong with it.
             Ok(false) => CpuEngine.decode_planes(spec, streams, base, out),
             Err(e) => {
-                tracing::warn!("GPU decode failed ({e}); using the CPU for it");
+                self.gpu.failed("decode", e);
                 CpuEngine.decode_planes(spec, streams, base, out)
             }
         }
@@ -815,7 +835,7 @@ impl Engine for GpuEngine {
         {
             Ok(()) => Ok(()),
             Err(e) => {
-                tracing::warn!("GPU grouped delta failed ({e}); using the CPU for it");
+                self.gpu.failed("grouped delta", e);
                 CpuEngine.ungroup_delta(base, deltas, modulus, out)
             }
         }

@@ -19,12 +19,15 @@
 // use says what it relies on.
 #![allow(unsafe_code)]
 
+#[cfg(feature = "emulate")]
+mod emu;
 mod engine;
 
 use std::sync::{Arc, OnceLock};
 
 pub use engine::{BenchRow, GpuEngine};
 
+#[cfg(not(feature = "emulate"))]
 use cudarc::driver::CudaContext;
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
@@ -115,6 +118,7 @@ pub fn compile(arch: &str) -> Result<Ptx, String> {
 
 /// The kernels as PTX for a device of compute capability `cc`: compiled by NVRTC when it is
 /// present, else the committed PTX. Says which in the second value.
+#[cfg(not(feature = "emulate"))]
 fn kernels_for(cc: (i32, i32)) -> Result<(Ptx, &'static str), Unavailable> {
     if nvrtc_present() {
         let arch = format!("compute_{}{}", cc.0, cc.1);
@@ -144,6 +148,16 @@ pub fn probe() -> Result<(GpuEngine, String), Unavailable> {
         .map(|(gpu, line)| (GpuEngine::new(gpu), line))
 }
 
+/// The emulated device (feature `emulate`, for tests): the kernels compiled for the CPU.
+#[cfg(feature = "emulate")]
+fn start() -> Result<(Arc<engine::Gpu>, String), Unavailable> {
+    let gpu = engine::Gpu::load(emu::CudaContext::new(), Ptx::from_src(""))
+        .map_err(|e| Unavailable(format!("the emulated kernels did not load: {e}")))?;
+    let line = "emulated CUDA device (the kernels compiled for the CPU; feature emulate)";
+    Ok((Arc::new(gpu), line.into()))
+}
+
+#[cfg(not(feature = "emulate"))]
 fn start() -> Result<(Arc<engine::Gpu>, String), Unavailable> {
     // SAFETY: only tries to open the library by its usual names.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {

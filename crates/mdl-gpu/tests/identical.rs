@@ -146,25 +146,32 @@ fn same_float_coding(gpu: &dyn Engine, dtype: Dtype, data: &[u8], base: Option<&
     }
 }
 
+/// Runs `check` with the GPU engine, then makes sure the GPU did the work: a driver failure
+/// sends a call to the CPU, which would make any comparison pass.
+fn on_gpu(check: fn(&dyn Engine)) {
+    if let Some(gpu) = gpu() {
+        check(&gpu);
+        assert_eq!(
+            gpu.fallbacks(),
+            0,
+            "some GPU calls failed and ran on the CPU"
+        );
+    }
+}
+
 #[test]
 fn float_codecs_are_identical_on_every_dtype_and_size() {
-    if let Some(gpu) = gpu() {
-        float_codecs(&gpu);
-    }
+    on_gpu(float_codecs);
 }
 
 #[test]
 fn lossy_kernels_are_identical() {
-    if let Some(gpu) = gpu() {
-        lossy_kernels(&gpu);
-    }
+    on_gpu(lossy_kernels);
 }
 
 #[test]
 fn a_generated_training_series_codes_identically() {
-    if let Some(gpu) = gpu() {
-        training_series(&gpu);
-    }
+    on_gpu(training_series);
 }
 
 /// The comparisons themselves, run with the CPU against itself wherever the tests run, so
