@@ -116,6 +116,70 @@ pub fn compile(arch: &str) -> Result<Ptx, String> {
     cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, opts).map_err(|e| e.to_string())
 }
 
+/// What one kernel needs of a multiprocessor once compiled to machine code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resources {
+    /// The kernel.
+    pub name: String,
+    /// Registers a thread.
+    pub registers: u32,
+    /// Static shared memory a block, in bytes.
+    pub shared_bytes: u32,
+}
+
+/// Compiles the kernels with NVRTC to machine code for `sm` (such as `sm_90`), as the driver
+/// does with PTX when it loads the module, and reads what each kernel needs from the
+/// assembler's report. A kernel that needs more than a block can have fails its launch on a
+/// device, which no PTX check sees. The caller must check [`nvrtc_present`] first.
+pub fn machine_code_resources(sm: &str) -> Result<Vec<Resources>, String> {
+    use cudarc::nvrtc::result;
+    let src = std::ffi::CString::new(KERNEL_SOURCE).map_err(|e| e.to_string())?;
+    let prog = result::create_program(&src, None).map_err(|e| e.to_string())?;
+    let opts = [
+        format!("--gpu-architecture={sm}"),
+        "--std=c++17".into(),
+        "-default-device".into(),
+        "--fmad=false".into(),
+        "-Xptxas=-v".into(),
+    ];
+    // SAFETY: `prog` was created above and is destroyed once, after its last use.
+    let (compiled, log) = unsafe {
+        let compiled = result::compile_program(prog, &opts);
+        let log = result::get_program_log(prog);
+        let _ = result::destroy_program(prog);
+        (compiled, log)
+    };
+    let log: Vec<u8> = log
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .take_while(|&c| c != 0)
+        .map(|c| c as u8)
+        .collect();
+    let log = String::from_utf8_lossy(&log);
+    compiled.map_err(|e| format!("{e}: {log}"))?;
+    // "Compiling entry function 'k' for 'sm_90'", then "Used 32 registers, ..., 256 bytes smem".
+    let mut out = Vec::new();
+    let mut name: Option<String> = None;
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            name = rest.split('\'').next().map(str::to_string);
+        } else if let (Some(k), Some(rest)) = (&name, line.split("Used ").nth(1)) {
+            let number_before = |unit: &str| -> u32 {
+                rest.split(", ")
+                    .find_map(|part| part.trim().strip_suffix(unit)?.trim().parse().ok())
+                    .unwrap_or(0)
+            };
+            out.push(Resources {
+                name: k.clone(),
+                registers: number_before("registers"),
+                shared_bytes: number_before("bytes smem"),
+            });
+            name = None;
+        }
+    }
+    Ok(out)
+}
+
 /// The kernels as PTX for a device of compute capability `cc`: compiled by NVRTC when it is
 /// present, else the committed PTX. Says which in the second value.
 #[cfg(not(feature = "emulate"))]

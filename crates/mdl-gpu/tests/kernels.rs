@@ -1,7 +1,9 @@
 //! The kernels compile with NVRTC (no GPU needed: CI loads NVRTC from the `nvidia-cuda-nvrtc`
 //! wheel), the committed PTX matches the source, and probing never panics.
 
-use mdl_gpu::{compile, nvrtc_present, ptx_header, COMMITTED_PTX, KERNELS, PTX_ARCH};
+use mdl_gpu::{
+    compile, machine_code_resources, nvrtc_present, ptx_header, COMMITTED_PTX, KERNELS, PTX_ARCH,
+};
 
 /// Whether a missing NVRTC fails the test (CI sets this) rather than skipping it.
 fn nvrtc_required() -> bool {
@@ -33,6 +35,44 @@ fn every_kernel_compiles_with_nvrtc() {
         let found = entries(&src);
         for k in KERNELS {
             assert!(found.contains(k), "{arch}: kernel {k} missing from the PTX");
+        }
+    }
+}
+
+/// Every kernel fits the largest block the engine launches (1,024 threads: at most 64
+/// registers a thread in a 65,536-register file) and the static shared memory every device
+/// gives a block (48 KiB), in the machine code of each architecture measured on.
+#[test]
+fn every_kernel_fits_a_block_in_machine_code() {
+    if !nvrtc_present() {
+        assert!(
+            !nvrtc_required(),
+            "MDL_REQUIRE_NVRTC is set but NVRTC does not load"
+        );
+        println!("skipped: no NVRTC library");
+        return;
+    }
+    for sm in ["sm_70", "sm_80", "sm_90"] {
+        let found = machine_code_resources(sm).unwrap_or_else(|e| panic!("{sm}: {e}"));
+        let most = found.iter().max_by_key(|r| r.registers);
+        println!("{sm}: {} kernels, most registers: {most:?}", found.len());
+        for k in KERNELS {
+            let r = found
+                .iter()
+                .find(|r| r.name == *k)
+                .unwrap_or_else(|| panic!("{sm}: no report for kernel {k}"));
+            // Every kernel uses some registers: a zero means the report was not read.
+            assert!(r.registers > 0, "{sm}: no register count read for {k}");
+            assert!(
+                r.registers <= 64,
+                "{sm}: {k} needs {} registers a thread; 1,024 threads would not fit",
+                r.registers
+            );
+            assert!(
+                r.shared_bytes <= 48 << 10,
+                "{sm}: {k} needs {} bytes of shared memory",
+                r.shared_bytes
+            );
         }
     }
 }
