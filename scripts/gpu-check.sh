@@ -12,9 +12,12 @@
 #   scripts/gpu-check.sh run      run them (a GPU machine without Rust: carry target/gpu-check)
 #
 # Results go to $OUT (or target/gpu-check/out): log.txt, kernels.md, e2e.md.
+# MDL_CKPT_DIR=DIR uses the step*.safetensors already in DIR instead of generating them, and
+# MDL_GPU_CHECK_BIN=DIR runs binaries from DIR (a smoke run of this script against binaries
+# built with mdl-gpu's `emulate` feature needs neither a GPU nor PyTorch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=target/gpu-check
+BIN=${MDL_GPU_CHECK_BIN:-target/gpu-check}
 what=${1:-all}
 
 build() {
@@ -50,7 +53,11 @@ run() {
     echo "== end to end"
     local work=${MDL_BENCH_DIR:-/tmp/mdl-gpu-check}
     rm -rf "$work" && mkdir -p "$work"
-    python3 scripts/gpt2-checkpoint.py --out "$work/ckpt" ${MDL_GPT2_ARGS:-}
+    if [ -n "${MDL_CKPT_DIR:-}" ]; then
+        mkdir -p "$work/ckpt" && cp "$MDL_CKPT_DIR"/step*.safetensors "$work/ckpt/"
+    else
+        python3 scripts/gpt2-checkpoint.py --out "$work/ckpt" ${MDL_GPT2_ARGS:-}
+    fi
     local c1 c2
     c1=$(ls "$work"/ckpt/step*.safetensors | head -1)
     c2=$(ls "$work"/ckpt/step*.safetensors | tail -1)
