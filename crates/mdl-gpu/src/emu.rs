@@ -254,42 +254,46 @@ pub(crate) struct CudaViewMut<'a, T> {
     _borrow: PhantomData<&'a mut T>,
 }
 
-impl<T> CudaSlice<T> {
-    pub(crate) fn slice(&self, bounds: impl RangeBounds<usize>) -> CudaView<'_, T> {
-        let (lo, hi) = range(bounds, self.len);
+impl<'a, T> CudaView<'a, T> {
+    /// Elements `bounds` of the `len` from `ptr`.
+    fn part(ptr: *const T, len: usize, bounds: impl RangeBounds<usize>) -> CudaView<'a, T> {
+        let (lo, hi) = range(bounds, len);
         CudaView {
-            // SAFETY: lo is within the buffer.
-            ptr: unsafe { self.ptr.add(lo) },
+            ptr: ptr.wrapping_add(lo),
             len: hi - lo,
             _borrow: PhantomData,
         }
+    }
+}
+
+impl<'a, T> CudaViewMut<'a, T> {
+    /// Elements `bounds` of the `len` from `ptr`.
+    fn part(ptr: *mut T, len: usize, bounds: impl RangeBounds<usize>) -> CudaViewMut<'a, T> {
+        let (lo, hi) = range(bounds, len);
+        CudaViewMut {
+            ptr: ptr.wrapping_add(lo),
+            len: hi - lo,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The `len` elements from `ptr` as two parts, split at `mid`.
+    fn halves(ptr: *mut T, len: usize, mid: usize) -> (CudaViewMut<'a, T>, CudaViewMut<'a, T>) {
+        (Self::part(ptr, len, ..mid), Self::part(ptr, len, mid..))
+    }
+}
+
+impl<T> CudaSlice<T> {
+    pub(crate) fn slice(&self, bounds: impl RangeBounds<usize>) -> CudaView<'_, T> {
+        CudaView::part(self.ptr, self.len, bounds)
     }
 
     pub(crate) fn slice_mut(&mut self, bounds: impl RangeBounds<usize>) -> CudaViewMut<'_, T> {
-        let (lo, hi) = range(bounds, self.len);
-        CudaViewMut {
-            // SAFETY: lo is within the buffer.
-            ptr: unsafe { self.ptr.add(lo) },
-            len: hi - lo,
-            _borrow: PhantomData,
-        }
+        CudaViewMut::part(self.ptr, self.len, bounds)
     }
 
     pub(crate) fn split_at_mut(&mut self, mid: usize) -> (CudaViewMut<'_, T>, CudaViewMut<'_, T>) {
-        assert!(mid <= self.len, "emulated device: split past the end");
-        (
-            CudaViewMut {
-                ptr: self.ptr,
-                len: mid,
-                _borrow: PhantomData,
-            },
-            CudaViewMut {
-                // SAFETY: mid is within the buffer.
-                ptr: unsafe { self.ptr.add(mid) },
-                len: self.len - mid,
-                _borrow: PhantomData,
-            },
-        )
+        CudaViewMut::halves(self.ptr, self.len, mid)
     }
 }
 
@@ -299,42 +303,17 @@ impl<T> CudaView<'_, T> {
     }
 
     pub(crate) fn slice(&self, bounds: impl RangeBounds<usize>) -> CudaView<'_, T> {
-        let (lo, hi) = range(bounds, self.len);
-        CudaView {
-            // SAFETY: lo is within the view.
-            ptr: unsafe { self.ptr.add(lo) },
-            len: hi - lo,
-            _borrow: PhantomData,
-        }
+        CudaView::part(self.ptr, self.len, bounds)
     }
 }
 
 impl<T> CudaViewMut<'_, T> {
     pub(crate) fn split_at_mut(&mut self, mid: usize) -> (CudaViewMut<'_, T>, CudaViewMut<'_, T>) {
-        assert!(mid <= self.len, "emulated device: split past the end");
-        (
-            CudaViewMut {
-                ptr: self.ptr,
-                len: mid,
-                _borrow: PhantomData,
-            },
-            CudaViewMut {
-                // SAFETY: mid is within the view.
-                ptr: unsafe { self.ptr.add(mid) },
-                len: self.len - mid,
-                _borrow: PhantomData,
-            },
-        )
+        CudaViewMut::halves(self.ptr, self.len, mid)
     }
 
     pub(crate) fn slice_mut(&mut self, bounds: impl RangeBounds<usize>) -> CudaViewMut<'_, T> {
-        let (lo, hi) = range(bounds, self.len);
-        CudaViewMut {
-            // SAFETY: lo is within the view.
-            ptr: unsafe { self.ptr.add(lo) },
-            len: hi - lo,
-            _borrow: PhantomData,
-        }
+        CudaViewMut::part(self.ptr, self.len, bounds)
     }
 }
 

@@ -8,6 +8,10 @@
 //! source (`kernels/mdl.ptx`). It says why when one of those fails, and the caller falls back
 //! to the CPU engine.
 //!
+//! With the `emulate` feature (tests only; see `src/emu.rs`), [`probe`] returns the engine on an
+//! emulated device instead: the same host code over host memory, and the kernel source compiled
+//! for the CPU (`emu/emu.cpp`), so the GPU engine's tests run on machines without a GPU.
+//!
 //! The kernels (`kernels/mdl.cu`) compute what the CPU reference computes: integer sums
 //! (order-free), floating-point sums in the CPU's chunk order with `--fmad=false` (no fused
 //! multiply-adds, so each product is rounded as on the CPU), and Huffman lanes whose bits are
