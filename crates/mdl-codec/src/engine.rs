@@ -588,15 +588,7 @@ impl Engine for CpuEngine {
         modulus: u8,
         out: &mut [u8],
     ) -> Result<(), FormatError> {
-        if base.len() != deltas.len() || base.len() != out.len() {
-            return Err(FormatError::invalid("quant-delta", "code counts differ"));
-        }
-        if modulus == 0 || base.iter().any(|&b| b >= modulus) {
-            return Err(FormatError::invalid(
-                "quant-delta",
-                "a base code is not below the modulus",
-            ));
-        }
+        check_ungroup(base, deltas, modulus, out.len())?;
         let mut start = group_starts(base);
         let m = modulus as u16;
         for (&b, o) in base.iter().zip(out.iter_mut()) {
@@ -645,6 +637,26 @@ impl Engine for CpuEngine {
 }
 
 /// Where each base code's group starts in the grouped order.
+/// Checks the inputs of [`Engine::ungroup_delta`] (every engine does, with this one message):
+/// one delta and one output per base code, and every base code below the modulus.
+pub fn check_ungroup(
+    base: &[u8],
+    deltas: &[u8],
+    modulus: u8,
+    out_len: usize,
+) -> Result<(), FormatError> {
+    if base.len() != deltas.len() || base.len() != out_len {
+        return Err(FormatError::invalid("quant-delta", "code counts differ"));
+    }
+    if modulus == 0 || base.par_iter().any(|&b| b >= modulus) {
+        return Err(FormatError::invalid(
+            "quant-delta",
+            "a base code is not below the modulus",
+        ));
+    }
+    Ok(())
+}
+
 fn group_starts(base: &[u8]) -> [usize; 256] {
     let mut count = [0usize; 256];
     for &b in base {

@@ -25,8 +25,8 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use mdl_codec::engine::{
-    scales, sum, Assigned, CodePairs, CpuEngine, Engine, ErrorStats, FloatView, Kept, KeyStats,
-    Lut, Moments, PlaneSpec, Transform, ERROR_CHUNK,
+    check_ungroup, scales, sum, Assigned, CodePairs, CpuEngine, Engine, ErrorStats, FloatView,
+    Kept, KeyStats, Lut, Moments, PlaneSpec, Transform, ERROR_CHUNK,
 };
 use mdl_codec::huffman::{Histogram, Plan, Stream, StreamBody, StreamWriter, CHUNK_LOG2};
 use mdl_format::{Dtype, FormatError};
@@ -49,6 +49,9 @@ const TILE: u64 = 1 << 14;
 const GROUP_TILE: u64 = 4096;
 
 type Res<T> = Result<T, DriverError>;
+
+/// What a failed call does instead (see [`Gpu::failed`]).
+const CPU_INSTEAD: &str = "using the CPU for it";
 
 /// The device, its kernels, the lane pool and the bytes kept on the device.
 pub(crate) struct Gpu {
@@ -101,10 +104,10 @@ impl Gpu {
         })
     }
 
-    /// Logs and counts a driver failure that sends `what` to the CPU.
-    fn failed(&self, what: &str, e: DriverError) {
+    /// Logs and counts a driver failure of `what`; `instead` says what happens instead.
+    fn failed(&self, what: &str, e: DriverError, instead: &str) {
         self.fallbacks.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!("GPU {what} failed ({e}); using the CPU for it");
+        tracing::warn!("GPU {what} failed ({e}); {instead}");
     }
 
     fn f(&self, name: &str) -> &CudaFunction {
@@ -349,46 +352,28 @@ fn arg_opt<'a, 'b: 'a, 'c: 'b>(l: &mut LaunchArgs<'a>, v: Option<&'b CudaView<'c
     };
 }
 
-/// Splits `data` (XORed with or subtracted from `base`) into the planes of `out`.
-fn launch_split(
+/// Runs `split_planes` (the elements of `input`, XORed with or subtracted from `base`, into the
+/// planes of `out`) or `merge_planes` (the planes of `input`, with `base`, into the elements of
+/// `out`): the two kernels take the same arguments.
+fn launch_planes(
     gpu: &Gpu,
     lane: &Lane,
+    kernel: &str,
     g: Geometry,
-    data: &CudaView<'_, u8>,
+    input: &CudaView<'_, u8>,
     base: Option<&CudaView<'_, u8>>,
     out: &mut CudaSlice<u8>,
 ) -> Res<()> {
-    let mut l = lane.stream.launch_builder(gpu.f("split_planes"));
-    l.arg(data);
+    let mut l = lane.stream.launch_builder(gpu.f(kernel));
+    l.arg(input);
     arg_opt(&mut l, base);
     l.arg(out)
         .arg(&g.n)
         .arg(&g.stride)
         .arg(&g.kind)
         .arg(&g.mask);
-    // SAFETY: reads n elements of data (and base); writes `planes` planes of n bytes at
-    // `stride`, which the callers' buffers hold.
-    unsafe { l.launch(cfg((grid(g.n), 1), 256)) }.map(drop)
-}
-
-/// Merges the planes in `planes` (with `base`) into the elements of `out`.
-fn launch_merge(
-    gpu: &Gpu,
-    lane: &Lane,
-    g: Geometry,
-    planes: &CudaSlice<u8>,
-    base: Option<&CudaView<'_, u8>>,
-    out: &mut CudaSlice<u8>,
-) -> Res<()> {
-    let mut l = lane.stream.launch_builder(gpu.f("merge_planes"));
-    l.arg(planes);
-    arg_opt(&mut l, base);
-    l.arg(out)
-        .arg(&g.n)
-        .arg(&g.stride)
-        .arg(&g.kind)
-        .arg(&g.mask);
-    // SAFETY: reads `planes` planes of n bytes; writes n elements, which `out` holds.
+    // SAFETY: reads n elements (split) or `planes` planes of n bytes at `stride` (merge), and
+    // base's n elements; writes the other form, which the callers' buffers hold.
     unsafe { l.launch(cfg((grid(g.n), 1), 256)) }.map(drop)
 }
 
@@ -462,7 +447,7 @@ impl GpuEngine {
         match self.gpu.with_lane(|lane| gpu_work(&self.gpu, lane)) {
             Ok(r) => r,
             Err(e) => {
-                self.gpu.failed(what, e);
+                self.gpu.failed(what, e, CPU_INSTEAD);
                 cpu_work()
             }
         }
@@ -482,7 +467,15 @@ impl GpuEngine {
         let b = base.map(|b| lane.bytes(gpu, b)).transpose()?;
         let mut out = lane.alloc::<u8>(g.planes_len() + extra)?;
         let bv = b.as_ref().map(Dev::view);
-        launch_split(gpu, lane, g, &d.view(), bv.as_ref(), &mut out)?;
+        launch_planes(
+            gpu,
+            lane,
+            "split_planes",
+            g,
+            &d.view(),
+            bv.as_ref(),
+            &mut out,
+        )?;
         Ok(out)
     }
 }
@@ -516,8 +509,7 @@ impl Engine for GpuEngine {
                 }))
             }
             Err(e) => {
-                self.gpu.fallbacks.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("GPU copy failed ({e}); kernels will copy as they go");
+                self.gpu.failed("copy", e, "kernels will copy as they go");
                 Kept::nothing()
             }
         }
@@ -613,7 +605,7 @@ impl Engine for GpuEngine {
             // A damaged stream: the CPU says what is wrong with it.
             Ok(false) => CpuEngine.decode_planes(spec, streams, base, out),
             Err(e) => {
-                self.gpu.failed("decode", e);
+                self.gpu.failed("decode", e, CPU_INSTEAD);
                 CpuEngine.decode_planes(spec, streams, base, out)
             }
         }
@@ -821,12 +813,8 @@ impl Engine for GpuEngine {
         modulus: u8,
         out: &mut [u8],
     ) -> Result<(), FormatError> {
-        let valid = base.len() == deltas.len()
-            && base.len() == out.len()
-            && modulus != 0
-            && !base.par_iter().any(|&b| b >= modulus);
-        if !valid || !self.wants(base) {
-            // The CPU checks and says what is wrong.
+        check_ungroup(base, deltas, modulus, out.len())?;
+        if !self.wants(base) {
             return CpuEngine.ungroup_delta(base, deltas, modulus, out);
         }
         match self
@@ -835,7 +823,7 @@ impl Engine for GpuEngine {
         {
             Ok(()) => Ok(()),
             Err(e) => {
-                self.gpu.failed("grouped delta", e);
+                self.gpu.failed("grouped delta", e, CPU_INSTEAD);
                 CpuEngine.ungroup_delta(base, deltas, modulus, out)
             }
         }
@@ -1357,7 +1345,8 @@ fn decode_on(
     let b = base.map(|b| lane.bytes(gpu, b)).transpose()?;
     let bv = b.as_ref().map(Dev::view);
     let mut dout = lane.alloc::<u8>(out.len())?;
-    launch_merge(gpu, lane, g, &sym, bv.as_ref(), &mut dout)?;
+    let sv = sym.slice(..);
+    launch_planes(gpu, lane, "merge_planes", g, &sv, bv.as_ref(), &mut dout)?;
     lane.download(&dout.slice(..out.len()), out)?;
     Ok(true)
 }
@@ -1414,7 +1403,15 @@ impl GpuEngine {
                 seconds: s,
             });
             let s = time(lane, &mut |lane| {
-                launch_split(gpu, lane, g, &dev.slice(..), None, &mut planes)
+                launch_planes(
+                    gpu,
+                    lane,
+                    "split_planes",
+                    g,
+                    &dev.slice(..),
+                    None,
+                    &mut planes,
+                )
             })?;
             rows.push(BenchRow {
                 name: "split f32 planes",
@@ -1422,7 +1419,15 @@ impl GpuEngine {
                 seconds: s,
             });
             let s = time(lane, &mut |lane| {
-                launch_merge(gpu, lane, g, &planes, None, &mut merged)
+                launch_planes(
+                    gpu,
+                    lane,
+                    "merge_planes",
+                    g,
+                    &planes.slice(..),
+                    None,
+                    &mut merged,
+                )
             })?;
             rows.push(BenchRow {
                 name: "merge f32 planes",

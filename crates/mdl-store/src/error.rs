@@ -88,6 +88,20 @@ impl StoreError {
         move |source| StoreError::Io { op, path, source }
     }
 
+    /// Like [`StoreError::io`] for object `id`'s record file: a file that is not there is the
+    /// object missing.
+    pub(crate) fn record_io(
+        id: &ObjectId,
+        op: &'static str,
+        path: &std::path::Path,
+    ) -> impl FnOnce(std::io::Error) -> Self {
+        let (id, io) = (*id, StoreError::io(op, path));
+        move |source| match source.kind() {
+            std::io::ErrorKind::NotFound => StoreError::Missing(id),
+            _ => io(source),
+        }
+    }
+
     /// Whether the underlying cause is a full disk.
     pub fn is_disk_full(&self) -> bool {
         match self {

@@ -489,24 +489,13 @@ impl Store {
     /// Opens an object's record file and parses its header.
     fn open_record(&self, id: &ObjectId, entry: &IndexEntry) -> Result<OpenRecord, StoreError> {
         let path = self.record_path(id, entry.generation);
-        let file = File::open(&path).map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => StoreError::Missing(*id),
-            _ => StoreError::Io {
-                op: "open",
-                path: path.clone(),
-                source: e,
-            },
-        })?;
+        let file = File::open(&path).map_err(StoreError::record_io(id, "open", &path))?;
         let len = file
             .metadata()
             .map_err(StoreError::io("stat", &path))?
             .len();
         let (header, header_len, head) = read_header(&file, len).map_err(|e| match e {
-            HeaderError::Io(source) => StoreError::Io {
-                op: "read",
-                path: path.clone(),
-                source,
-            },
+            HeaderError::Io(source) => StoreError::io("read", &path)(source),
             HeaderError::Format(f) => corrupt(id, entry)(f),
         })?;
         Ok(OpenRecord {
@@ -523,14 +512,7 @@ impl Store {
     /// The checksum is verified; the content is verified by the receiver.
     pub fn read_record(&self, id: &ObjectId, entry: &IndexEntry) -> Result<Vec<u8>, StoreError> {
         let path = self.record_path(id, entry.generation);
-        let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => StoreError::Missing(*id),
-            _ => StoreError::Io {
-                op: "read",
-                path: path.clone(),
-                source: e,
-            },
-        })?;
+        let bytes = std::fs::read(&path).map_err(StoreError::record_io(id, "read", &path))?;
         record::decode(&bytes).map_err(corrupt(id, entry))?;
         Ok(bytes)
     }
