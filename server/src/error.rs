@@ -91,6 +91,7 @@ impl From<mdl::Error> for ApiError {
             E::EvalCommand { .. } => (S::BAD_REQUEST, "eval_failed"),
             E::Corrupt { .. } | E::WrongKind { .. } => (S::INTERNAL_SERVER_ERROR, "corrupt_object"),
             E::BadTransfer(_) => (S::BAD_REQUEST, "bad_transfer"),
+            E::Incomplete(_) => (S::CONFLICT, "incomplete"),
             E::NotFastForward { .. } => (S::CONFLICT, "not_fast_forward"),
             E::Expired { .. } => (S::GONE, "expired"),
             E::InvalidDuration(_) => (S::BAD_REQUEST, "invalid_duration"),

@@ -5,5 +5,6 @@ mod crash;
 mod engine;
 mod journeys;
 mod maintenance;
+mod transfer;
 mod server;
 mod util;

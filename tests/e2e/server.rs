@@ -6,8 +6,8 @@ use std::process::{Child, Command, Stdio};
 
 use crate::util::*;
 
-const READ: &str = "rrrrrrrrrrrrrrrrrrrrrrrr";
-const WRITE: &str = "wwwwwwwwwwwwwwwwwwwwwwww";
+pub const READ: &str = "rrrrrrrrrrrrrrrrrrrrrrrr";
+pub const WRITE: &str = "wwwwwwwwwwwwwwwwwwwwwwww";
 
 /// A running `mdl serve`, stopped with SIGTERM when dropped.
 pub struct Server {
@@ -137,7 +137,7 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
 }
 
 /// `GET path` with the read token; the body.
-fn read(base: &str, path: &str) -> Vec<u8> {
+pub fn read(base: &str, path: &str) -> Vec<u8> {
     let (status, _, body) = http(base, "GET", path, &[("Authorization", &bearer(READ))], b"");
     assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
     body
@@ -154,7 +154,7 @@ fn header<'a>(h: &'a [(String, String)], name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {name} header in {h:?}"))
 }
 
-fn bearer(token: &str) -> String {
+pub fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
 

@@ -783,24 +783,29 @@ pub fn push(
             )));
         }
     }
-    let history = transfer::reachable_commits(repo, &[tip])?;
-    let missing: HashSet<ObjectId> = remote.missing(&history)?.into_iter().collect();
-    let plan = transfer::plan(repo, &[tip], &|id| !missing.contains(id))?;
-    let ids: Vec<ObjectId> = plan.iter().map(|p| p.id).collect();
-    let needed: HashSet<ObjectId> = remote.missing(&ids)?.into_iter().collect();
-    let send: Vec<ObjectId> = ids.into_iter().filter(|id| needed.contains(id)).collect();
-    if !send.is_empty() {
-        let received = remote.send_objects(repo, &send)?;
-        outcome.objects = received.objects;
-        outcome.bytes = received.bytes;
-    }
     let update = RefUpdate {
         name: name.clone(),
         old: theirs,
         new: Some(tip),
         force,
     };
-    match remote.update_ref(&update) {
+    // The server answers `incomplete` when gc removed, between these requests, an object it
+    // had counted as present; nothing was published, and asking again sends it.
+    let mut attempts = 0;
+    let sent = loop {
+        match send_and_move(repo, remote, &update) {
+            Err(Error::Server { code, .. }) if code == "incomplete" && attempts < PUSH_RETRIES => {
+                attempts += 1;
+                tracing::info!("{} lost objects during the push; sending again", remote.url());
+            }
+            other => break other,
+        }
+    };
+    match sent {
+        Ok(received) => {
+            outcome.objects = received.objects;
+            outcome.bytes = received.bytes;
+        }
         Err(Error::Server { code, .. }) if code == "ref_conflict" => {
             return Err(Error::Rejected(format!(
                 "push of {branch} rejected: {}'s {branch} changed during the push; pull and push again",
@@ -812,7 +817,7 @@ pub fn push(
                 "push of {branch} rejected: {message}"
             )));
         }
-        other => other?,
+        Err(e) => return Err(e),
     }
     outcome.moved.push(Moved {
         name,
@@ -830,6 +835,28 @@ pub fn push(
         &format!("push {}", remote.url()),
     )?;
     Ok(outcome)
+}
+
+/// How often a push starts again when the server lost objects it had counted as present.
+const PUSH_RETRIES: usize = 3;
+
+/// Sends what the server lacks of `update.new`'s history (asking which commits, then which of
+/// their objects), then applies `update`.
+fn send_and_move(repo: &Repository, remote: &Remote, update: &RefUpdate) -> Result<Received> {
+    let tip = update.new.expect("a push moves a ref to a commit");
+    let history = transfer::reachable_commits(repo, &[tip])?;
+    let missing: HashSet<ObjectId> = remote.missing(&history)?.into_iter().collect();
+    let plan = transfer::plan(repo, &[tip], &|id| !missing.contains(id))?;
+    let ids: Vec<ObjectId> = plan.iter().map(|p| p.id).collect();
+    let needed: HashSet<ObjectId> = remote.missing(&ids)?.into_iter().collect();
+    let send: Vec<ObjectId> = ids.into_iter().filter(|id| needed.contains(id)).collect();
+    let received = if send.is_empty() {
+        Received::default()
+    } else {
+        remote.send_objects(repo, &send)?
+    };
+    remote.update_ref(update)?;
+    Ok(received)
 }
 
 /// What a clone made.

@@ -121,6 +121,11 @@ pub enum Error {
     /// A pack stream or ref update from another repository was refused.
     #[error("transfer refused: {0}")]
     BadTransfer(String),
+    /// Publishing a commit (a pack's manifests and commits, or a ref update) found part of what
+    /// it needs gone: another transfer counted an object as present and gc removed it since.
+    /// Nothing was published; sending the objects again succeeds.
+    #[error("cannot publish: {0} is not in the repository (removed by gc during the transfer?); send it again")]
+    Incomplete(String),
     /// A branch update that would drop commits.
     #[error(
         "{name}: {new} does not descend from {old} (not a fast-forward; fetch and merge, or force)"

@@ -1,9 +1,10 @@
 //! `mdl gc`: delete what nothing can reach, and apply the retention rules.
 //!
-//! Roots are every ref and every reflog entry younger than `expire_reflog` (older entries are
-//! deleted). What they reach — commits, parents, manifests, tensors — is kept, and so is every
-//! object younger than the grace period `prune_older_than` (a commit racing gc may be about to
-//! name it). Retention (`retention.keep_last = N`) thins commits more than N first-parent steps
+//! Roots are every ref, every reflog entry younger than `expire_reflog` (older entries are
+//! deleted) and every commit younger than the grace period `prune_older_than` (a push may be
+//! about to point a ref at it). What they reach — commits, parents, manifests, tensors — is
+//! kept, and so is every other object younger than the grace period (a commit racing gc may
+//! be about to name it). So a commit gc keeps is always whole. Retention (`retention.keep_last = N`) thins commits more than N first-parent steps
 //! behind a branch tip: their optimizer-state tensors (the moments of the `quant.moments`
 //! pairings) are deleted unless a commit kept in full names them too, and are recorded as
 //! *expired* — commit and manifest ids never change. Tagged commits and branch tips are never
@@ -90,7 +91,8 @@ pub struct GcOutcome {
     pub thinned_commits: u64,
     /// Kept tensors re-encoded because their delta base was deleted.
     pub reencoded: u64,
-    /// Unreachable objects kept because they are younger than the grace period.
+    /// Unreachable objects kept because they are younger than the grace period, or because a
+    /// commit that young names them.
     pub kept_young: u64,
     /// Reflog entries deleted.
     pub reflog_expired: u64,
@@ -165,6 +167,20 @@ struct Marks {
     /// Manifests whose optimizer tensors went to `expire` (a full commit naming the same
     /// manifest takes them back).
     diverted: HashSet<ObjectId>,
+}
+
+/// Commits written at or after `young`. They are roots too: a young commit may be about to
+/// become a ref's target (a push uploads a commit, then moves the ref), so what it names is
+/// kept with it — an indexed commit is always whole, never one whose manifest or tensors gc
+/// took.
+fn young_commits(meta: &MetaRead, young: Timestamp) -> Result<Vec<ObjectId>> {
+    let mut out = Vec::new();
+    for (id, _) in meta.commits()? {
+        if meta.object(&id)?.is_some_and(|e| e.created >= young) {
+            out.push(id);
+        }
+    }
+    Ok(out)
 }
 
 /// The roots: ref targets and the ids of reflog entries not older than `since`.
@@ -259,6 +275,13 @@ fn mark(
     Ok(())
 }
 
+impl Marks {
+    /// How many objects are marked to be kept.
+    fn live(&self) -> u64 {
+        (self.commits.len() + self.manifests.len() + self.tensors.len()) as u64
+    }
+}
+
 /// Keeps every tensor of `manifest`, optimizer state included.
 fn keep_in_full(repo: &Repository, manifest: &ObjectId, marks: &mut Marks) -> Result<()> {
     let m = repo.load_manifest(manifest)?;
@@ -283,18 +306,18 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
 
     // 1. Mark, without holding the writer.
     let mut marks = Marks::default();
-    {
+    let kept_by_young_commits = {
         let meta = store.meta().read()?;
         marks.thinned = thinned_commits(&meta, keep)?;
-        mark(
-            repo,
-            &meta,
-            &roots(&meta, reflog_cutoff)?,
-            &pairings,
-            &mut marks,
-        )?;
-    }
-    let plan = plan(repo, &marks, prune_cutoff)?;
+        let roots = roots(&meta, reflog_cutoff)?;
+        mark(repo, &meta, &roots, &pairings, &mut marks)?;
+        let reached = marks.live();
+        let young = young_commits(&meta, prune_cutoff)?;
+        mark(repo, &meta, &young, &pairings, &mut marks)?;
+        marks.live() - reached
+    };
+    let mut plan = plan(repo, &marks, prune_cutoff)?;
+    plan.young += kept_by_young_commits;
 
     if opts.dry_run {
         let meta = store.meta().read()?;
@@ -336,16 +359,11 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
     // became a ref's target (never thinned).
     let writer = repo.writer();
     let mut w = store.meta().write()?;
-    let mut plan = plan;
     {
         let meta = store.meta().read()?;
-        mark(
-            repo,
-            &meta,
-            &roots(&meta, reflog_cutoff)?,
-            &pairings,
-            &mut marks,
-        )?;
+        let mut starts = roots(&meta, reflog_cutoff)?;
+        starts.extend(young_commits(&meta, prune_cutoff)?);
+        mark(repo, &meta, &starts, &pairings, &mut marks)?;
         for (_, v) in meta.refs("")? {
             if let Some(t) = v.target().filter(|t| marks.thinned.remove(t)) {
                 if let Some(s) = meta.commit(&t)? {

@@ -12,6 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 
 use mdl_format::{Commit, Manifest, ObjectId, ObjectKind, RefName};
+use mdl_store::meta::MetaRead;
 use mdl_store::{CommitSummary, IndexEntry, RefValue, StoreError};
 use serde::{Deserialize, Serialize};
 
@@ -251,7 +252,15 @@ fn publish_tensors(
             Ok(())
         },
     )?;
+    // Checked inside the write transaction: no deletion can commit between check and publish.
     let mut w = store.meta().write()?;
+    for (id, e) in layer.iter() {
+        if let Some(base) = &e.base {
+            if w.object(base)?.is_none() {
+                return Err(Error::Incomplete(format!("delta base {base} of tensor {id}")));
+            }
+        }
+    }
     for (id, e) in layer.iter() {
         w.put_object(id, e)?;
         if let Some(base) = &e.base {
@@ -266,7 +275,13 @@ fn publish_tensors(
 /// Verifies the received manifests and commits and what they name, then indexes them all in
 /// one transaction. Returns the commits.
 fn publish_tail(repo: &Repository, tail: &[(ObjectId, IndexEntry)]) -> Result<Vec<ObjectId>> {
+    if tail.is_empty() {
+        return Ok(Vec::new());
+    }
     let store = repo.store();
+    // Everything below is checked while this write transaction is open: redb has one writer,
+    // so no deletion (gc) can commit between the checks and the publishing.
+    let mut w = store.meta().write()?;
     let meta = store.meta().read()?;
     let incoming: HashMap<ObjectId, ObjectKind> = tail.iter().map(|(i, e)| (*i, e.kind)).collect();
     let present = |id: &ObjectId, kind: ObjectKind| -> Result<bool> {
@@ -281,9 +296,9 @@ fn publish_tail(repo: &Repository, tail: &[(ObjectId, IndexEntry)]) -> Result<Ve
             ObjectKind::Manifest => {
                 let manifest = Manifest::decode(&bytes).map_err(corrupt)?;
                 for e in &manifest.entries {
-                    if !present(&e.id, ObjectKind::Tensor)? {
-                        return Err(bad_pack(format!(
-                            "manifest {id} names tensor {} ({}), which was not sent",
+                    if !present(&e.id, ObjectKind::Tensor)? && meta.expired(&e.id)?.is_none() {
+                        return Err(Error::Incomplete(format!(
+                            "tensor {} ({}) of manifest {id}",
                             e.id, e.name
                         )));
                     }
@@ -292,16 +307,14 @@ fn publish_tail(repo: &Repository, tail: &[(ObjectId, IndexEntry)]) -> Result<Ve
             ObjectKind::Commit => {
                 let commit = Commit::decode(&bytes).map_err(corrupt)?;
                 if !present(&commit.manifest, ObjectKind::Manifest)? {
-                    return Err(bad_pack(format!(
-                        "commit {id} names manifest {}, which was not sent",
+                    return Err(Error::Incomplete(format!(
+                        "manifest {} of commit {id}",
                         commit.manifest
                     )));
                 }
                 for p in &commit.parents {
                     if !present(p, ObjectKind::Commit)? {
-                        return Err(bad_pack(format!(
-                            "commit {id} has parent {p}, which was not sent"
-                        )));
+                        return Err(Error::Incomplete(format!("parent {p} of commit {id}")));
                     }
                 }
                 commits.push((*id, commit));
@@ -310,10 +323,6 @@ fn publish_tail(repo: &Repository, tail: &[(ObjectId, IndexEntry)]) -> Result<Ve
         }
     }
     drop(meta);
-    if tail.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut w = store.meta().write()?;
     for (id, e) in tail {
         w.put_object(id, e)?;
     }
@@ -322,6 +331,75 @@ fn publish_tail(repo: &Repository, tail: &[(ObjectId, IndexEntry)]) -> Result<Ve
     }
     w.commit_txn()?;
     Ok(commits.into_iter().map(|(id, _)| id).collect())
+}
+
+/// Commits reachable from any ref, as far as the commit index goes: gc keeps them and all they
+/// name, so a check of what a ref update publishes can stop there.
+fn referenced(meta: &MetaRead) -> Result<HashSet<ObjectId>> {
+    let mut seen = HashSet::new();
+    let mut stack: Vec<ObjectId> = meta.refs("")?.iter().filter_map(|(_, v)| v.target()).collect();
+    while let Some(id) = stack.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        if let Some(s) = meta.commit(&id)? {
+            stack.extend(s.parents);
+        }
+    }
+    Ok(seen)
+}
+
+/// Fails with [`Error::Incomplete`] unless `tip` and its ancestors outside `known` are whole:
+/// each commit indexed, its manifest, every tensor the manifest names (or its record of
+/// expiry) and every tensor's delta chain.
+fn check_complete(
+    repo: &Repository,
+    meta: &MetaRead,
+    tip: &ObjectId,
+    known: &HashSet<ObjectId>,
+) -> Result<()> {
+    let has = |id: &ObjectId, kind: ObjectKind| -> Result<Option<IndexEntry>> {
+        Ok(meta.object(id)?.filter(|e| e.kind == kind))
+    };
+    let mut stack = vec![*tip];
+    let mut seen = HashSet::new();
+    let mut manifests = HashSet::new();
+    let mut tensors = HashSet::new();
+    while let Some(id) = stack.pop() {
+        if known.contains(&id) || !seen.insert(id) {
+            continue;
+        }
+        let summary = match (meta.commit(&id)?, has(&id, ObjectKind::Commit)?) {
+            (Some(s), Some(_)) => s,
+            _ => return Err(Error::Incomplete(format!("commit {id}"))),
+        };
+        stack.extend(summary.parents.iter().copied());
+        if !manifests.insert(summary.manifest) {
+            continue;
+        }
+        if has(&summary.manifest, ObjectKind::Manifest)?.is_none() {
+            return Err(Error::Incomplete(format!(
+                "manifest {} of commit {id}",
+                summary.manifest
+            )));
+        }
+        for e in repo.load_manifest(&summary.manifest)?.entries {
+            let mut next = Some(e.id);
+            while let Some(t) = next.filter(|t| tensors.insert(*t)) {
+                next = match has(&t, ObjectKind::Tensor)? {
+                    Some(entry) => entry.base,
+                    None if t == e.id && meta.expired(&t)?.is_some() => None,
+                    None => {
+                        return Err(Error::Incomplete(format!(
+                            "tensor {t} ({}) of commit {id}",
+                            e.name
+                        )))
+                    }
+                };
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A ref change requested by another repository: `name` (`refs/heads/…` or `refs/tags/…`)
@@ -355,19 +433,21 @@ pub fn check_ref_name(name: &str) -> Result<&'static str> {
     Ok(kind)
 }
 
-/// Applies a [`RefUpdate`]: the new commit must be present (with its history), a branch may
+/// Applies a [`RefUpdate`]: the new commit must be present and whole (its history, manifests,
+/// tensors and delta bases; [`Error::Incomplete`] otherwise), a branch may
 /// only move forward unless forced, a tag is only created unless forced, and the change is a
 /// compare-and-swap against `old` (a concurrent change fails with [`StoreError::RefConflict`]).
 pub fn update_ref(repo: &Repository, update: &RefUpdate, message: &str) -> Result<()> {
     let kind = check_ref_name(&update.name)?;
+    // The write transaction is taken first: until it commits no deletion can, so the new
+    // commit stays as whole as it is checked to be here.
+    let mut w = repo.store().meta().write()?;
+    let meta = repo.store().meta().read()?;
     if let Some(new) = &update.new {
-        if repo.store().meta().read()?.commit(new)?.is_none() {
-            return Err(Error::BadTransfer(format!(
-                "commit {new} is not in the repository (send its objects first)"
-            )));
-        }
+        check_complete(repo, &meta, new, &referenced(&meta)?)?;
     }
-    let current = repo.store().meta().read()?.get_ref(&update.name)?;
+    let current = meta.get_ref(&update.name)?;
+    drop(meta);
     if let (Some(old), Some(new), false) = (&update.old, &update.new, update.force) {
         if kind == "tag" && old != new {
             return Err(Error::RefExists {
@@ -390,7 +470,6 @@ pub fn update_ref(repo: &Repository, update: &RefUpdate, message: &str) -> Resul
         (Some(old), _) => Some(RefValue::Direct(*old)),
     };
     let new = update.new.map(RefValue::Direct);
-    let mut w = repo.store().meta().write()?;
     w.update_ref(&update.name, expected.as_ref(), new.as_ref(), message)?;
     w.commit_txn()?;
     Ok(())

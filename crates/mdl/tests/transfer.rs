@@ -160,11 +160,11 @@ fn bad_packs_change_nothing() {
     let mut only_tail = Vec::new();
     transfer::write_pack(&src, &tail, &mut only_tail).unwrap();
     let err = transfer::receive_pack(&fresh, &mut &only_tail[..], u64::MAX).unwrap_err();
-    assert!(err.to_string().contains("was not sent"), "{err}");
+    assert!(matches!(err, Error::Incomplete(_)), "{err}");
     assert_eq!(commits(&fresh), 0);
     // A ref cannot point at a commit that is not there.
     let err = set_ref(&fresh, "refs/heads/main", None, tip, false).unwrap_err();
-    assert!(matches!(err, Error::BadTransfer(_)), "{err}");
+    assert!(matches!(err, Error::Incomplete(_)), "{err}");
     // After all that, the good pack still goes in.
     transfer::receive_pack(&dst, &mut &good[..], u64::MAX).unwrap();
     assert_eq!(commits(&dst), 3);
