@@ -641,12 +641,12 @@ async fn missing(
     .await
 }
 
-/// Those of `ids` the repository does not have, in order.
-fn absent(served: &Served, ids: &[ObjectId]) -> Result<Vec<ObjectId>, mdl::StoreError> {
+/// Those of `ids` the repository has neither as objects nor as expired tensors, in order.
+fn absent(served: &Served, ids: &[ObjectId]) -> Result<Vec<ObjectId>, mdl::Error> {
     let meta = served.repo.store().meta().read()?;
     let mut out = Vec::new();
     for id in ids {
-        if meta.object(id)?.is_none() {
+        if !transfer::has_object(&meta, id)? {
             out.push(*id);
         }
     }

@@ -674,7 +674,7 @@ fn fetch_commits(repo: &Repository, remote: &Remote, want: &[ObjectId]) -> Resul
         let meta = repo.store().meta().read()?;
         let mut needed = Vec::with_capacity(plan.len());
         for p in &plan {
-            if meta.object(&p.id)?.is_none() {
+            if !transfer::has_object(&meta, &p.id)? {
                 needed.push(p.id);
             }
         }

@@ -11,9 +11,9 @@
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 
-use mdl_format::{Commit, Manifest, ObjectId, ObjectKind, RefName};
+use mdl_format::{Commit, Manifest, ObjectId, ObjectKind, RefName, Timestamp};
 use mdl_store::meta::MetaRead;
-use mdl_store::{CommitSummary, IndexEntry, RefValue, StoreError};
+use mdl_store::{CommitSummary, Expired, IndexEntry, RefValue, StoreError};
 use serde::{Deserialize, Serialize};
 
 use crate::{history, per_tensor, Error, Repository, Result};
@@ -21,13 +21,28 @@ use crate::{history, per_tensor, Error, Repository, Result};
 /// First bytes of a pack stream.
 pub const PACK_MAGIC: &[u8; 8] = b"MDLPACK1";
 
+/// Frame length that marks an expired tensor instead of a record (see [`write_pack`]).
+const EXPIRED_FRAME: u64 = u64::MAX;
+
+/// Longest retention rule an expired frame may carry.
+const MAX_RULE_LEN: usize = 1024;
+
 /// One object a transfer sends.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PlannedObject {
     /// The object.
     pub id: ObjectId,
-    /// Bytes of its record.
+    /// Bytes of its record (0 for an expired tensor).
     pub size: u64,
+    /// A tensor a retention rule deleted: only the fact travels, so the receiver knows it
+    /// expired rather than went missing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expired: bool,
+}
+
+/// Whether the repository has `id`, as an object or as a record of its expiry.
+pub fn has_object(meta: &MetaRead, id: &ObjectId) -> Result<bool> {
+    Ok(meta.object(id)?.is_some() || meta.expired(id)?.is_some())
 }
 
 /// Objects that a repository holding the commits `has_commit` accepts (and everything those
@@ -47,6 +62,7 @@ pub fn plan(
         .collect();
     let meta = repo.store().meta().read()?;
     let mut tensors: HashMap<ObjectId, IndexEntry> = HashMap::new();
+    let mut expired: HashSet<ObjectId> = HashSet::new();
     let mut manifests = Vec::new();
     for (_, summary) in &commits {
         let manifest = repo.load_manifest(&summary.manifest)?;
@@ -56,6 +72,7 @@ pub fn plan(
         manifests.push(PlannedObject {
             id: summary.manifest,
             size: entry.stored_len,
+            expired: false,
         });
         for e in &manifest.entries {
             // The tensor and its whole delta chain.
@@ -64,7 +81,14 @@ pub fn plan(
                 if tensors.contains_key(&id) {
                     break;
                 }
-                let entry = meta.object(&id)?.ok_or(StoreError::Missing(id))?;
+                let Some(entry) = meta.object(&id)? else {
+                    // Retention deleted it; the commit travels thinned.
+                    if id == e.id && meta.expired(&id)?.is_some() {
+                        expired.insert(id);
+                        break;
+                    }
+                    return Err(StoreError::Missing(id).into());
+                };
                 next = entry.base;
                 tensors.insert(id, entry);
             }
@@ -72,12 +96,20 @@ pub fn plan(
     }
     let mut tensors: Vec<(ObjectId, IndexEntry)> = tensors.into_iter().collect();
     tensors.sort_by_key(|(id, e)| (e.depth, *id));
-    let mut out: Vec<PlannedObject> = tensors
+    let mut expired: Vec<ObjectId> = expired.into_iter().collect();
+    expired.sort();
+    let mut out: Vec<PlannedObject> = expired
         .into_iter()
-        .map(|(id, e)| PlannedObject {
+        .map(|id| PlannedObject {
+            id,
+            size: 0,
+            expired: true,
+        })
+        .chain(tensors.into_iter().map(|(id, e)| PlannedObject {
             id,
             size: e.stored_len,
-        })
+            expired: false,
+        }))
         .collect();
     let mut listed: HashSet<ObjectId> = out.iter().map(|p| p.id).collect();
     out.extend(manifests.into_iter().filter(|m| listed.insert(m.id)));
@@ -86,32 +118,87 @@ pub fn plan(
         out.push(PlannedObject {
             id: *id,
             size: entry.stored_len,
+            expired: false,
         });
     }
     Ok(out)
 }
 
 /// Writes the records of `ids`, in that order, as a pack stream. Returns the bytes written.
+/// A tensor that retention deleted goes as an expired frame (its length field
+/// [`EXPIRED_FRAME`], then what the receiver records about it), so a thinned commit travels
+/// thinned.
 pub fn write_pack(repo: &Repository, ids: &[ObjectId], w: &mut dyn Write) -> Result<u64> {
     let out = |e: std::io::Error| Error::from(StoreError::Output(e));
-    let entries = {
+    enum Item {
+        Record(IndexEntry),
+        Expired(Expired),
+    }
+    let items = {
         let meta = repo.store().meta().read()?;
         ids.iter()
-            .map(|id| meta.object(id)?.ok_or(StoreError::Missing(*id)))
+            .map(|id| match meta.object(id)? {
+                Some(e) => Ok(Item::Record(e)),
+                None => meta
+                    .expired(id)?
+                    .map(Item::Expired)
+                    .ok_or(StoreError::Missing(*id)),
+            })
             .collect::<Result<Vec<_>, _>>()?
     };
     w.write_all(PACK_MAGIC).map_err(out)?;
     let mut total = PACK_MAGIC.len() as u64;
-    for (id, entry) in ids.iter().zip(&entries) {
-        let record = repo.store().read_record(id, entry)?;
-        w.write_all(id.as_bytes()).map_err(out)?;
-        w.write_all(&(record.len() as u64).to_le_bytes())
-            .map_err(out)?;
-        w.write_all(&record).map_err(out)?;
-        total += 40 + record.len() as u64;
+    for (id, item) in ids.iter().zip(&items) {
+        let body = match item {
+            Item::Record(entry) => {
+                let record = repo.store().read_record(id, entry)?;
+                w.write_all(id.as_bytes()).map_err(out)?;
+                w.write_all(&(record.len() as u64).to_le_bytes())
+                    .map_err(out)?;
+                record
+            }
+            Item::Expired(x) => {
+                w.write_all(id.as_bytes()).map_err(out)?;
+                w.write_all(&EXPIRED_FRAME.to_le_bytes()).map_err(out)?;
+                let rule = &x.rule.as_bytes()[..x.rule.len().min(MAX_RULE_LEN)];
+                let mut b = vec![x.kind as u8];
+                b.extend_from_slice(&x.content_len.to_le_bytes());
+                b.extend_from_slice(&x.time.0.to_le_bytes());
+                b.extend_from_slice(&(rule.len() as u16).to_le_bytes());
+                b.extend_from_slice(rule);
+                b
+            }
+        };
+        w.write_all(&body).map_err(out)?;
+        total += 40 + body.len() as u64;
     }
     w.write_all(&[0u8; 40]).map_err(out)?;
     Ok(total + 40)
+}
+
+/// Reads the rest of an expired frame.
+fn read_expired(r: &mut dyn Read, id: &ObjectId) -> Result<Expired> {
+    let mut fixed = [0u8; 19];
+    read_exact(r, &mut fixed)?;
+    let kind = ObjectKind::try_from(fixed[0])
+        .ok()
+        .filter(|k| *k == ObjectKind::Tensor)
+        .ok_or_else(|| bad_pack(format!("{id}: only tensors expire")))?;
+    let content_len = u64::from_le_bytes(fixed[1..9].try_into().expect("8 bytes"));
+    let time = Timestamp(i64::from_le_bytes(fixed[9..17].try_into().expect("8 bytes")));
+    let n = u16::from_le_bytes(fixed[17..19].try_into().expect("2 bytes")) as usize;
+    if n > MAX_RULE_LEN {
+        return Err(bad_pack(format!("{id}: expiry rule of {n} bytes")));
+    }
+    let mut rule = vec![0u8; n];
+    read_exact(r, &mut rule)?;
+    let rule = String::from_utf8(rule).map_err(|_| bad_pack(format!("{id}: rule not UTF-8")))?;
+    Ok(Expired {
+        kind,
+        content_len,
+        time,
+        rule,
+    })
 }
 
 /// What a received pack added.
@@ -123,6 +210,9 @@ pub struct Received {
     pub bytes: u64,
     /// Commits among them.
     pub commits: Vec<ObjectId>,
+    /// Tensors recorded as expired (thinned commits' deleted optimizer state).
+    #[serde(default)]
+    pub expired: u64,
 }
 
 /// Why a pack was refused.
@@ -158,6 +248,8 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
     // Ids written but not yet indexed, and those of them in the current layer.
     let mut pending: HashSet<ObjectId> = HashSet::new();
     let mut in_layer: HashSet<ObjectId> = HashSet::new();
+    // Tensors the sender's retention deleted, recorded when a received manifest names them.
+    let mut expired: HashMap<ObjectId, Expired> = HashMap::new();
     let mut batch = store.batch();
     loop {
         let mut head = [0u8; 40];
@@ -166,6 +258,10 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
         let len = u64::from_le_bytes(head[32..].try_into().expect("8 bytes"));
         if len == 0 && id.as_bytes() == &[0u8; 32] {
             break;
+        }
+        if len == EXPIRED_FRAME {
+            expired.insert(id, read_expired(r, &id)?);
+            continue;
         }
         if len > max_record {
             return Err(bad_pack(format!(
@@ -219,7 +315,7 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
         }
     }
     publish_tensors(repo, batch, &mut layer)?;
-    received.commits = publish_tail(repo, &tail)?;
+    (received.commits, received.expired) = publish_tail(repo, &tail, &expired)?;
     Ok(received)
 }
 
@@ -266,6 +362,10 @@ fn publish_tensors(
         if let Some(base) = &e.base {
             w.add_dependent(base, id)?;
         }
+        // Stored again: no longer expired here.
+        if w.expired(id)?.is_some() {
+            w.remove_expired(id)?;
+        }
     }
     w.commit_txn()?;
     layer.clear();
@@ -273,10 +373,15 @@ fn publish_tensors(
 }
 
 /// Verifies the received manifests and commits and what they name, then indexes them all in
-/// one transaction. Returns the commits.
-fn publish_tail(repo: &Repository, tail: &[(ObjectId, IndexEntry)]) -> Result<Vec<ObjectId>> {
+/// one transaction, with the expiry of the tensors `expired` lists that a received manifest
+/// names. Returns the commits and how many tensors were recorded as expired.
+fn publish_tail(
+    repo: &Repository,
+    tail: &[(ObjectId, IndexEntry)],
+    expired: &HashMap<ObjectId, Expired>,
+) -> Result<(Vec<ObjectId>, u64)> {
     if tail.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     }
     let store = repo.store();
     // Everything below is checked while this write transaction is open: redb has one writer,
@@ -288,6 +393,7 @@ fn publish_tail(repo: &Repository, tail: &[(ObjectId, IndexEntry)]) -> Result<Ve
         Ok(incoming.get(id) == Some(&kind) || meta.object(id)?.is_some_and(|e| e.kind == kind))
     };
     let mut commits = Vec::new();
+    let mut newly_expired: Vec<(ObjectId, &Expired)> = Vec::new();
     for (id, entry) in tail {
         let mut bytes = Vec::with_capacity(entry.content_len as usize);
         store.read_object(id, entry, &mut bytes)?;
@@ -296,11 +402,25 @@ fn publish_tail(repo: &Repository, tail: &[(ObjectId, IndexEntry)]) -> Result<Ve
             ObjectKind::Manifest => {
                 let manifest = Manifest::decode(&bytes).map_err(corrupt)?;
                 for e in &manifest.entries {
-                    if !present(&e.id, ObjectKind::Tensor)? && meta.expired(&e.id)?.is_none() {
-                        return Err(Error::Incomplete(format!(
-                            "tensor {} ({}) of manifest {id}",
-                            e.id, e.name
-                        )));
+                    if present(&e.id, ObjectKind::Tensor)? || meta.expired(&e.id)?.is_some() {
+                        continue;
+                    }
+                    match expired.get(&e.id) {
+                        Some(x) if Some(x.content_len) == e.header.data_len() => {
+                            newly_expired.push((e.id, x));
+                        }
+                        Some(_) => {
+                            return Err(bad_pack(format!(
+                                "expired tensor {} ({}) has the wrong size",
+                                e.id, e.name
+                            )))
+                        }
+                        None => {
+                            return Err(Error::Incomplete(format!(
+                                "tensor {} ({}) of manifest {id}",
+                                e.id, e.name
+                            )))
+                        }
                     }
                 }
             }
@@ -329,8 +449,14 @@ fn publish_tail(repo: &Repository, tail: &[(ObjectId, IndexEntry)]) -> Result<Ve
     for (id, c) in &commits {
         w.put_commit(id, &crate::commit::summary(c))?;
     }
+    newly_expired.sort_by_key(|(id, _)| *id);
+    newly_expired.dedup_by_key(|(id, _)| *id);
+    for (id, x) in &newly_expired {
+        w.put_expired(id, x)?;
+    }
     w.commit_txn()?;
-    Ok(commits.into_iter().map(|(id, _)| id).collect())
+    let ids = commits.into_iter().map(|(id, _)| id).collect();
+    Ok((ids, newly_expired.len() as u64))
 }
 
 /// Commits reachable from any ref, as far as the commit index goes: gc keeps them and all they
