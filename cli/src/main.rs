@@ -101,9 +101,11 @@ enum Command {
         #[arg(short = 'd', long = "delete", value_name = "NAME", conflicts_with_all = ["name", "rev", "message"])]
         delete: Option<String>,
     },
-    /// Verify every object and reference.
+    /// Verify every object and reference, and the metadata database.
     Fsck {
-        /// Also remove leftovers of interrupted writes (never anything the index names).
+        /// Rebuild a missing or damaged meta.redb from the object records and the journal,
+        /// rewrite a journal that disagrees with it, and remove leftovers of interrupted writes
+        /// (never anything the index names).
         #[arg(long)]
         repair: bool,
     },
@@ -485,9 +487,20 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Fsck { repair } => {
-            let repo = open(cli, lock_mode(*repair), purpose)?;
-            let report = mdl::fsck::fsck(&repo, *repair)?;
-            output::fsck(out, cli.json, &report)?;
+            let (rebuilt, report) = if *repair {
+                let dir = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
+                let opts = OpenOptions {
+                    mode: LockMode::Write,
+                    wait: Duration::from_secs(cli.wait),
+                    purpose,
+                    ..OpenOptions::default()
+                };
+                mdl::fsck::repair(&dir, &opts)?
+            } else {
+                let repo = open(cli, LockMode::Read, purpose)?;
+                (None, mdl::fsck::fsck(&repo, false)?)
+            };
+            output::fsck(out, cli.json, rebuilt.as_ref(), &report)?;
             if !report.ok() {
                 eprintln!("error: fsck found {} problem(s)", report.problems.len());
                 return Ok(ExitCode::from(3));

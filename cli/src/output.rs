@@ -7,7 +7,7 @@ use mdl::checkout::CheckoutOutcome;
 use mdl::commit::CommitOutcome;
 use mdl::compact::CompactOutcome;
 use mdl::diff::{Change, TensorDiff};
-use mdl::fsck::Report;
+use mdl::fsck::{Rebuilt, Report};
 use mdl::gc::GcOutcome;
 use mdl::log::LogEntry;
 use mdl::refs::RefInfo;
@@ -281,8 +281,24 @@ pub fn message(out: &mut dyn Write, json: bool, text: &str) -> io::Result<()> {
     writeln!(out, "{text}")
 }
 
-pub fn fsck(out: &mut dyn Write, json: bool, r: &Report) -> io::Result<()> {
+pub fn fsck(
+    out: &mut dyn Write,
+    json: bool,
+    rebuilt: Option<&Rebuilt>,
+    r: &Report,
+) -> io::Result<()> {
     if json {
+        let rebuilt = rebuilt.map(|b| {
+            json!({
+                "objects": b.objects,
+                "commits": b.commits,
+                "refs": b.refs,
+                "unusable": b.unusable,
+                "journal": b.journal,
+                "journal_skipped_bytes": b.journal_skipped_bytes,
+                "moved_aside": b.moved_aside,
+            })
+        });
         return emit(
             out,
             &json!({
@@ -295,8 +311,36 @@ pub fn fsck(out: &mut dyn Write, json: bool, r: &Report) -> io::Result<()> {
                 "expired": r.expired,
                 "longest_chain": r.longest_chain,
                 "repaired": r.repaired,
+                "rebuilt": rebuilt,
             }),
         );
+    }
+    if let Some(b) = rebuilt {
+        writeln!(
+            out,
+            "rebuilt meta.redb: {} objects, {} commits, {} refs{}",
+            b.objects,
+            b.commits,
+            b.refs,
+            if b.journal {
+                " (refs, reflogs, configuration and expiry from the journal)"
+            } else {
+                " (no journal: main is the newest head, other heads are recovered-* branches)"
+            }
+        )?;
+        if let Some(aside) = &b.moved_aside {
+            writeln!(out, "the old database is kept as {}", aside.display())?;
+        }
+        if b.journal_skipped_bytes > 0 {
+            writeln!(
+                out,
+                "warning: {} bytes of the journal were unreadable and skipped",
+                b.journal_skipped_bytes
+            )?;
+        }
+        for u in &b.unusable {
+            writeln!(out, "warning: unusable record {u}")?;
+        }
     }
     for p in &r.problems {
         writeln!(out, "problem: {p}")?;

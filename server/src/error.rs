@@ -84,7 +84,9 @@ impl From<mdl::Error> for ApiError {
             E::RefExists { .. } => (S::CONFLICT, "ref_exists"),
             E::NoSuchRef { .. } => (S::NOT_FOUND, "no_such_ref"),
             E::DeleteCurrentBranch(_) => (S::CONFLICT, "current_branch"),
-            E::OutputExists(_) | E::Output { .. } => (S::INTERNAL_SERVER_ERROR, "io_error"),
+            E::OutputExists(_) | E::Output { .. } | E::OutputInRepository(_) => {
+                (S::INTERNAL_SERVER_ERROR, "io_error")
+            }
             E::InvalidMetric(_) => (S::BAD_REQUEST, "invalid_metric"),
             E::InvalidConfig { .. } => (S::BAD_REQUEST, "invalid_config"),
             E::UnknownConfig(_) => (S::BAD_REQUEST, "unknown_config"),
@@ -113,6 +115,7 @@ fn store_error(e: &StoreError, message: String) -> ApiError {
     let (status, code) = match e {
         E::Io { .. } | E::Output(_) => (S::INTERNAL_SERVER_ERROR, "io_error"),
         E::Db(_) => (S::INTERNAL_SERVER_ERROR, "database_error"),
+        E::Damaged(_) => (S::INTERNAL_SERVER_ERROR, "database_damaged"),
         E::NeedsRecovery => (S::SERVICE_UNAVAILABLE, "needs_recovery"),
         E::Corrupt { .. } => (S::INTERNAL_SERVER_ERROR, "corrupt_object"),
         E::Missing(_) => (S::INTERNAL_SERVER_ERROR, "missing_object"),

@@ -5,6 +5,7 @@ mod crash;
 mod engine;
 mod journeys;
 mod maintenance;
-mod transfer;
+mod repair;
 mod server;
+mod transfer;
 mod util;

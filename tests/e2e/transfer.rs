@@ -28,7 +28,14 @@ fn with_token(args: &[&str]) -> std::process::Output {
 fn commit_on(dir: &Path, file: &Path, branch: &str, message: &str) -> ObjectId {
     let v = json(
         dir,
-        &["commit", file.to_str().unwrap(), "-b", branch, "-m", message],
+        &[
+            "commit",
+            file.to_str().unwrap(),
+            "-b",
+            branch,
+            "-m",
+            message,
+        ],
     );
     v["id"].as_str().unwrap().parse().unwrap()
 }
@@ -105,7 +112,11 @@ fn gc_between_push_requests_never_publishes_an_incomplete_commit() {
         let bytes = write_safetensors(&file, &mixed(100 + p as u64), &[]);
         let first = commit_on(&local, &file, &format!("old{p}"), "first");
         let out = with_token(&["-C", l, "push", &format!("p{p}"), &format!("old{p}")]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let delete = RefUpdate {
             name: format!("refs/heads/old{p}"),
             old: Some(first),
@@ -141,7 +152,11 @@ fn gc_between_push_requests_never_publishes_an_incomplete_commit() {
         // Whatever happened, what the server publishes is whole: a full push (which sends
         // again what gc took) lands, and the checkpoint reads back byte for byte.
         let out = with_token(&["-C", l, "push", &format!("p{p}"), &branch]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let got = read(
             &server.base,
             &format!("/v1/repos/p{p}/checkpoints/{branch}.safetensors"),
@@ -181,7 +196,13 @@ fn thinned_repositories_clone_push_and_pull() {
     for n in 0..3 {
         let f = d.join(format!("f{n}.safetensors"));
         checkpoint(&f, n, true);
-        ids.push(json(&src, &["commit", f.to_str().unwrap(), "-m", &format!("c{n}")])["id"].clone());
+        ids.push(
+            json(
+                &src,
+                &["commit", f.to_str().unwrap(), "-m", &format!("c{n}")],
+            )["id"]
+                .clone(),
+        );
     }
     let gc = json(&src, &["gc", "--prune-older-than", "0s"]);
     assert!(gc["expired"].as_u64().unwrap() > 0, "{gc}");
@@ -208,7 +229,13 @@ fn thinned_repositories_clone_push_and_pull() {
     );
     ok(
         &c1,
-        &["checkout", &thinned, "-o", thin_out.to_str().unwrap(), "--skip-expired"],
+        &[
+            "checkout",
+            &thinned,
+            "-o",
+            thin_out.to_str().unwrap(),
+            "--skip-expired",
+        ],
     );
     let want = checkpoint(&d.join("thin-want.safetensors"), 0, false);
     assert_eq!(
@@ -233,7 +260,10 @@ fn thinned_repositories_clone_push_and_pull() {
 
     // The whole thinned history pushed into an empty repository on the server.
     let c1s = c1.to_str().unwrap();
-    ok(&c1, &["remote", "add", "e", &format!("{}/empty", server.base)]);
+    ok(
+        &c1,
+        &["remote", "add", "e", &format!("{}/empty", server.base)],
+    );
     ok_with(WRITE, &["-C", c1s, "push", "e", "main"]);
     server.stop();
     for r in [&src, &empty, &c1] {

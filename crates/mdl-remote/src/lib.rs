@@ -284,6 +284,7 @@ impl Remote {
         out: &Path,
         force: bool,
     ) -> Result<mdl::checkout::CheckoutOutcome> {
+        mdl::checkout::refuse_inside_repository(out)?;
         if !force && out.symlink_metadata().is_ok() {
             return Err(mdl::Error::OutputExists(out.to_path_buf()).into());
         }
@@ -796,7 +797,10 @@ pub fn push(
         match send_and_move(repo, remote, &update) {
             Err(Error::Server { code, .. }) if code == "incomplete" && attempts < PUSH_RETRIES => {
                 attempts += 1;
-                tracing::info!("{} lost objects during the push; sending again", remote.url());
+                tracing::info!(
+                    "{} lost objects during the push; sending again",
+                    remote.url()
+                );
             }
             other => break other,
         }

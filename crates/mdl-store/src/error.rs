@@ -18,6 +18,10 @@ pub enum StoreError {
     /// The metadata database reported an error.
     #[error("metadata database: {0}")]
     Db(String),
+    /// `meta.redb` is missing, or damaged in a way redb detects (a checksum, a structure that
+    /// does not hold together) or trips over.
+    #[error("meta.redb is damaged or missing ({0}); `mdl fsck --repair` rebuilds it from the object records and the journal")]
+    Damaged(String),
     /// The metadata database must be recovered by a writer first.
     #[error("metadata database needs recovery after an interrupted write")]
     NeedsRecovery,
@@ -114,6 +118,10 @@ impl StoreError {
     }
 }
 
-pub(crate) fn db<E: std::fmt::Display>(e: E) -> StoreError {
-    StoreError::Db(e.to_string())
+/// A redb error as a store error: corruption is [`StoreError::Damaged`].
+pub(crate) fn db<E: Into<redb::Error>>(e: E) -> StoreError {
+    match e.into() {
+        redb::Error::Corrupted(why) => StoreError::Damaged(why),
+        other => StoreError::Db(other.to_string()),
+    }
 }

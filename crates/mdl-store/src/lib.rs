@@ -12,9 +12,11 @@
 
 mod error;
 pub mod fs;
+pub mod journal;
 pub mod lock;
 pub mod meta;
 mod objects;
+pub mod rebuild;
 
 pub use error::StoreError;
 pub use fs::{RealFs, Storage};
@@ -105,7 +107,7 @@ impl Store {
 
     /// Opens the store at `dir` (the `.mdl` directory), taking the repository lock.
     pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Store, StoreError> {
-        if !dir.join(meta::META_FILE).is_file() {
+        if !dir.join(meta::META_FILE).is_file() && !dir.join("objects").is_dir() {
             return Err(StoreError::NotARepository(dir.to_path_buf()));
         }
         let mut mode = opts.mode;

@@ -4,13 +4,50 @@
 //! only through [`MetaWrite::update_ref`], a compare-and-swap that appends to the reflog in the
 //! same transaction.
 
+use std::cell::Cell;
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
+use std::sync::Once;
 
 use mdl_format::{ObjectId, ObjectKind, Timestamp};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::error::db;
+use crate::journal::{Change, Journal, JournalState};
 use crate::{LockMode, StoreError};
+
+thread_local! {
+    /// Depth of [`guarded`] calls on this thread: their panics are errors, not messages.
+    static GUARDED: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Runs `f`, turning a panic into [`StoreError::Damaged`]. redb trusts its file's structure and
+/// can panic on a damaged one (an index out of range in a page); every call into it goes
+/// through here, so a damaged `meta.redb` is a clear error with the repair path, never a
+/// crash. The panic message is not printed (the process's panic hook is wrapped once to stay
+/// silent inside these calls and to behave as before everywhere else).
+fn guarded<T>(f: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if GUARDED.with(Cell::get) == 0 {
+                previous(info);
+            }
+        }));
+    });
+    GUARDED.with(|g| g.set(g.get() + 1));
+    let result = std::panic::catch_unwind(AssertUnwindSafe(f));
+    GUARDED.with(|g| g.set(g.get() - 1));
+    result.unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("the database engine failed on it");
+        Err(StoreError::Damaged(why.to_string()))
+    })
+}
 
 /// The database file inside `.mdl`.
 pub const META_FILE: &str = "meta.redb";
@@ -56,7 +93,7 @@ pub struct IndexEntry {
 }
 
 impl IndexEntry {
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(72);
         v.extend_from_slice(&[1, self.kind as u8, self.codec, self.base.is_some() as u8]);
         v.extend_from_slice(&self.generation.to_le_bytes());
@@ -70,7 +107,7 @@ impl IndexEntry {
         v
     }
 
-    fn decode(b: &[u8]) -> Result<Self, StoreError> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Self, StoreError> {
         let bad = || StoreError::Db("malformed index entry".into());
         let mut r = Cursor(b);
         if r.u8().ok_or_else(bad)? != 1 {
@@ -113,7 +150,7 @@ pub struct Expired {
 }
 
 impl Expired {
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut v = vec![1u8, self.kind as u8];
         v.extend_from_slice(&self.content_len.to_le_bytes());
         v.extend_from_slice(&self.time.0.to_le_bytes());
@@ -121,7 +158,7 @@ impl Expired {
         v
     }
 
-    fn decode(b: &[u8]) -> Result<Self, StoreError> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Self, StoreError> {
         let bad = || StoreError::Db("malformed expired entry".into());
         let mut r = Cursor(b);
         if r.u8().ok_or_else(bad)? != 1 {
@@ -154,7 +191,17 @@ pub struct CommitSummary {
 }
 
 impl CommitSummary {
-    fn encode(&self) -> Vec<u8> {
+    /// What the commit index keeps of `commit`.
+    pub fn of(commit: &mdl_format::Commit) -> Self {
+        CommitSummary {
+            time: commit.time,
+            manifest: commit.manifest,
+            parents: commit.parents.clone(),
+            raw_bytes: commit.stats.raw_bytes,
+        }
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut v = vec![1u8];
         v.extend_from_slice(&self.time.0.to_le_bytes());
         v.extend_from_slice(self.manifest.as_bytes());
@@ -166,7 +213,7 @@ impl CommitSummary {
         v
     }
 
-    fn decode(b: &[u8]) -> Result<Self, StoreError> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Self, StoreError> {
         let bad = || StoreError::Db("malformed commit index entry".into());
         let mut r = Cursor(b);
         if r.u8().ok_or_else(bad)? != 1 {
@@ -217,7 +264,7 @@ impl RefValue {
         }
     }
 
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         match self {
             RefValue::Direct(id) => [&[0u8][..], id.as_bytes()].concat(),
             RefValue::Symbolic(name) => [&[1u8][..], name.as_bytes()].concat(),
@@ -238,7 +285,7 @@ impl RefValue {
         }
     }
 
-    fn decode(b: &[u8]) -> Result<Self, StoreError> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Self, StoreError> {
         let bad = || StoreError::Db("malformed ref value".into());
         let mut r = Cursor(b);
         match r.u8().ok_or_else(bad)? {
@@ -279,7 +326,7 @@ pub struct ReflogEntry {
 }
 
 impl ReflogEntry {
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut v = vec![
             1u8,
             self.old.is_some() as u8 | (self.new.is_some() as u8) << 1,
@@ -292,7 +339,7 @@ impl ReflogEntry {
         v
     }
 
-    fn decode(b: &[u8]) -> Result<Self, StoreError> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Self, StoreError> {
         let bad = || StoreError::Db("malformed reflog entry".into());
         let mut r = Cursor(b);
         if r.u8().ok_or_else(bad)? != 1 {
@@ -352,7 +399,10 @@ enum Db {
 
 /// The open metadata database.
 pub struct Meta {
-    db: Db,
+    /// Always present; an option only so that `Drop` can close it inside [`guarded`].
+    db: Option<Db>,
+    /// Where changes to refs, reflogs, configuration and expiry go first (writers only).
+    journal: Option<Journal>,
 }
 
 impl std::fmt::Debug for Meta {
@@ -362,8 +412,19 @@ impl std::fmt::Debug for Meta {
 }
 
 impl Meta {
-    /// Creates a database with every table, `HEAD → refs/heads/main` and the layout version.
+    /// Creates a database with every table, `HEAD → refs/heads/main` and the layout version,
+    /// and the journal beside it.
     pub(crate) fn create(path: &Path) -> Result<(), StoreError> {
+        guarded(|| Meta::create_tables(path))?;
+        let head = Change::Ref {
+            name: HEAD.into(),
+            value: Some(RefValue::Symbolic("refs/heads/main".into())),
+        };
+        crate::journal::write_fresh(&journal_path(path), &[head])
+    }
+
+    /// Creates the database file and its tables (an empty index), with HEAD on main.
+    pub(crate) fn create_tables(path: &Path) -> Result<(), StoreError> {
         let database = redb::Database::create(path).map_err(db)?;
         let txn = database.begin_write().map_err(db)?;
         {
@@ -388,15 +449,26 @@ impl Meta {
     }
 
     pub(crate) fn open(path: &Path, mode: LockMode) -> Result<Meta, StoreError> {
-        let db = match mode {
-            LockMode::Write => Db::Rw(redb::Database::open(path).map_err(open_err)?),
-            LockMode::Read | LockMode::ReadOnlyFs => Db::Ro(
-                redb::Builder::new()
-                    .open_read_only(path)
-                    .map_err(open_err)?,
-            ),
+        if !path.is_file() {
+            return Err(StoreError::Damaged(format!(
+                "{} is missing",
+                path.display()
+            )));
+        }
+        let db = guarded(|| {
+            Ok(match mode {
+                LockMode::Write => Db::Rw(redb::Database::open(path).map_err(open_err)?),
+                LockMode::Read | LockMode::ReadOnlyFs => Db::Ro(
+                    redb::Builder::new()
+                        .open_read_only(path)
+                        .map_err(open_err)?,
+                ),
+            })
+        })?;
+        let mut meta = Meta {
+            db: Some(db),
+            journal: None,
         };
-        let meta = Meta { db };
         let version = meta.read()?.info("repo_version")?.unwrap_or(0);
         if version > REPO_VERSION {
             return Err(StoreError::NewerFormat {
@@ -404,33 +476,158 @@ impl Meta {
                 supported: REPO_VERSION,
             });
         }
+        if mode == LockMode::Write {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let current = meta.read()?.journaled()?;
+            meta.journal = Some(Journal::open(dir, &current)?);
+        }
         Ok(meta)
+    }
+
+    /// Replaces the journal by one entry holding the current state (so it stops growing with
+    /// every commit ever made). Runs as a write transaction, so no other change interleaves.
+    pub fn compact_journal(&self) -> Result<(), StoreError> {
+        let Some(journal) = &self.journal else {
+            return Err(StoreError::Db("database opened read-only".into()));
+        };
+        let w = self.write()?;
+        journal.rewrite(&w.journaled()?.snapshot())?;
+        drop(w);
+        Ok(())
     }
 
     /// A consistent read-only view.
     pub fn read(&self) -> Result<MetaRead, StoreError> {
-        let txn = match &self.db {
-            Db::Rw(d) => d.begin_read(),
-            Db::Ro(d) => d.begin_read(),
-        }
-        .map_err(db)?;
+        let txn = guarded(|| {
+            match self.db() {
+                Db::Rw(d) => d.begin_read(),
+                Db::Ro(d) => d.begin_read(),
+            }
+            .map_err(db)
+        })?;
         Ok(MetaRead { txn })
     }
 
-    /// A write transaction; nothing is visible until [`MetaWrite::commit`].
-    pub fn write(&self) -> Result<MetaWrite, StoreError> {
-        match &self.db {
-            Db::Rw(d) => Ok(MetaWrite {
-                txn: d.begin_write().map_err(db)?,
+    /// A write transaction; nothing is visible until [`MetaWrite::commit_txn`].
+    pub fn write(&self) -> Result<MetaWrite<'_>, StoreError> {
+        match (self.db(), &self.journal) {
+            (Db::Rw(d), Some(journal)) => Ok(MetaWrite {
+                txn: guarded(|| d.begin_write().map_err(db))?,
+                journal,
+                changes: Vec::new(),
             }),
-            Db::Ro(_) => Err(StoreError::Db("database opened read-only".into())),
+            _ => Err(StoreError::Db("database opened read-only".into())),
         }
     }
+}
+
+/// Runs redb's integrity check (every page's checksum, the trees' structure) on a copy of the
+/// database file at `path`, so the file itself is never modified. Returns what is wrong, or
+/// `None` when it is sound.
+pub fn check_file(path: &Path) -> Result<Option<String>, StoreError> {
+    let copy = path.with_file_name(format!(".{META_FILE}-check-{}", std::process::id()));
+    std::fs::copy(path, &copy).map_err(StoreError::io("copy", path))?;
+    let result = guarded(|| {
+        let mut database = redb::Database::open(&copy).map_err(open_err)?;
+        database.check_integrity().map_err(db)
+    });
+    let _ = std::fs::remove_file(&copy);
+    match result {
+        Ok(true) => Ok(None),
+        Ok(false) => Ok(Some("its checksums or structure do not hold".into())),
+        Err(StoreError::Damaged(why)) => Ok(Some(why)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes a new database at `path` holding `objects` (with their dependents links), `commits`
+/// and the journaled `state`, made durable before this returns. Used to rebuild a lost or
+/// damaged `meta.redb`; the journal is left alone.
+pub(crate) fn write_rebuilt(
+    path: &Path,
+    objects: &[(ObjectId, IndexEntry)],
+    commits: &[(ObjectId, CommitSummary)],
+    state: &JournalState,
+) -> Result<(), StoreError> {
+    guarded(|| {
+        Meta::create_tables(path)?;
+        let database = redb::Database::open(path).map_err(db)?;
+        let txn = database.begin_write().map_err(db)?;
+        {
+            let mut t = txn.open_table(OBJECTS).map_err(db)?;
+            let mut deps = txn.open_table(DEPENDENTS).map_err(db)?;
+            for (id, e) in objects {
+                t.insert(id.as_bytes().as_slice(), e.encode().as_slice())
+                    .map_err(db)?;
+                if let Some(base) = &e.base {
+                    deps.insert(dependent_key(base, id).as_slice(), ())
+                        .map_err(db)?;
+                }
+            }
+            let mut t = txn.open_table(COMMITS).map_err(db)?;
+            for (id, c) in commits {
+                t.insert(id.as_bytes().as_slice(), c.encode().as_slice())
+                    .map_err(db)?;
+            }
+            let mut t = txn.open_table(REFS).map_err(db)?;
+            for (name, v) in &state.refs {
+                t.insert(name.as_str(), v.encode().as_slice()).map_err(db)?;
+            }
+            let mut t = txn.open_table(REFLOG).map_err(db)?;
+            for (name, log) in &state.reflogs {
+                for (seq, e) in log.iter().enumerate() {
+                    t.insert((name.as_str(), seq as u64), e.encode().as_slice())
+                        .map_err(db)?;
+                }
+            }
+            let mut t = txn.open_table(CONFIG).map_err(db)?;
+            for (k, v) in &state.config {
+                t.insert(k.as_str(), v.as_str()).map_err(db)?;
+            }
+            let mut t = txn.open_table(EXPIRED).map_err(db)?;
+            for (id, x) in &state.expired {
+                t.insert(id.as_bytes().as_slice(), x.encode().as_slice())
+                    .map_err(db)?;
+            }
+        }
+        txn.commit().map_err(db)
+    })
+}
+
+impl Meta {
+    fn db(&self) -> &Db {
+        self.db.as_ref().expect("open until dropped")
+    }
+}
+
+impl Drop for Meta {
+    /// Closing a database writes to it (redb records its allocator state), which can trip over
+    /// damage like any other write: it is guarded too.
+    fn drop(&mut self) {
+        if let Some(db) = self.db.take() {
+            let _ = guarded(|| {
+                drop(db);
+                Ok(())
+            });
+        }
+    }
+}
+
+/// The journal beside the database file at `path`.
+fn journal_path(path: &Path) -> std::path::PathBuf {
+    path.with_file_name(crate::journal::JOURNAL_FILE)
 }
 
 fn open_err(e: redb::DatabaseError) -> StoreError {
     match e {
         redb::DatabaseError::RepairAborted => StoreError::NeedsRecovery,
+        // A file that is not a redb database at all (overwritten, truncated) reads as an I/O
+        // or format error; either way the index must be rebuilt.
+        redb::DatabaseError::Storage(redb::StorageError::Io(e))
+            if e.kind() != std::io::ErrorKind::PermissionDenied =>
+        {
+            StoreError::Damaged(e.to_string())
+        }
         other => db(other),
     }
 }
@@ -440,70 +637,84 @@ macro_rules! readers {
     () => {
         /// A ref's value.
         pub fn get_ref(&self, name: &str) -> Result<Option<RefValue>, StoreError> {
-            let t = self.txn.open_table(REFS).map_err(db)?;
-            let v = t.get(name).map_err(db)?;
-            v.map(|v| RefValue::decode(v.value())).transpose()
+            guarded(|| {
+                let t = self.txn.open_table(REFS).map_err(db)?;
+                let v = t.get(name).map_err(db)?;
+                v.map(|v| RefValue::decode(v.value())).transpose()
+            })
         }
 
         /// Refs whose names start with `prefix`, in name order.
         pub fn refs(&self, prefix: &str) -> Result<Vec<(String, RefValue)>, StoreError> {
-            let t = self.txn.open_table(REFS).map_err(db)?;
-            let mut out = Vec::new();
-            for item in t.range(prefix..).map_err(db)? {
-                let (k, v) = item.map_err(db)?;
-                if !k.value().starts_with(prefix) {
-                    break;
+            guarded(|| {
+                let t = self.txn.open_table(REFS).map_err(db)?;
+                let mut out = Vec::new();
+                for item in t.range(prefix..).map_err(db)? {
+                    let (k, v) = item.map_err(db)?;
+                    if !k.value().starts_with(prefix) {
+                        break;
+                    }
+                    out.push((k.value().to_string(), RefValue::decode(v.value())?));
                 }
-                out.push((k.value().to_string(), RefValue::decode(v.value())?));
-            }
-            Ok(out)
+                Ok(out)
+            })
         }
 
         /// The reflog of a ref, oldest first.
         pub fn reflog(&self, name: &str) -> Result<Vec<ReflogEntry>, StoreError> {
-            let t = self.txn.open_table(REFLOG).map_err(db)?;
-            let mut out = Vec::new();
-            for item in t.range((name, 0)..=(name, u64::MAX)).map_err(db)? {
-                let (_, v) = item.map_err(db)?;
-                out.push(ReflogEntry::decode(v.value())?);
-            }
-            Ok(out)
+            guarded(|| {
+                let t = self.txn.open_table(REFLOG).map_err(db)?;
+                let mut out = Vec::new();
+                for item in t.range((name, 0)..=(name, u64::MAX)).map_err(db)? {
+                    let (_, v) = item.map_err(db)?;
+                    out.push(ReflogEntry::decode(v.value())?);
+                }
+                Ok(out)
+            })
         }
 
         /// An object's index entry.
         pub fn object(&self, id: &ObjectId) -> Result<Option<IndexEntry>, StoreError> {
-            let t = self.txn.open_table(OBJECTS).map_err(db)?;
-            let v = t.get(id.as_bytes().as_slice()).map_err(db)?;
-            v.map(|v| IndexEntry::decode(v.value())).transpose()
+            guarded(|| {
+                let t = self.txn.open_table(OBJECTS).map_err(db)?;
+                let v = t.get(id.as_bytes().as_slice()).map_err(db)?;
+                v.map(|v| IndexEntry::decode(v.value())).transpose()
+            })
         }
 
         /// Every indexed object, in id order.
         pub fn objects(&self) -> Result<Vec<(ObjectId, IndexEntry)>, StoreError> {
-            let t = self.txn.open_table(OBJECTS).map_err(db)?;
-            let mut out = Vec::new();
-            for item in t.iter().map_err(db)? {
-                let (k, v) = item.map_err(db)?;
-                out.push((key_id(k.value())?, IndexEntry::decode(v.value())?));
-            }
-            Ok(out)
+            guarded(|| {
+                let t = self.txn.open_table(OBJECTS).map_err(db)?;
+                let mut out = Vec::new();
+                for item in t.iter().map_err(db)? {
+                    let (k, v) = item.map_err(db)?;
+                    out.push((key_id(k.value())?, IndexEntry::decode(v.value())?));
+                }
+                Ok(out)
+            })
         }
 
         /// A commit's summary.
         pub fn commit(&self, id: &ObjectId) -> Result<Option<CommitSummary>, StoreError> {
-            let t = self.txn.open_table(COMMITS).map_err(db)?;
-            let v = t.get(id.as_bytes().as_slice()).map_err(db)?;
-            v.map(|v| CommitSummary::decode(v.value())).transpose()
+            guarded(|| {
+                let t = self.txn.open_table(COMMITS).map_err(db)?;
+                let v = t.get(id.as_bytes().as_slice()).map_err(db)?;
+                v.map(|v| CommitSummary::decode(v.value())).transpose()
+            })
         }
 
         /// Every commit, in id order.
         pub fn commits(&self) -> Result<Vec<(ObjectId, CommitSummary)>, StoreError> {
-            let t = self.txn.open_table(COMMITS).map_err(db)?;
-            let mut out = Vec::new();
-            for item in t.iter().map_err(db)? {
-                let (k, v) = item.map_err(db)?;
-                out.push((key_id(k.value())?, CommitSummary::decode(v.value())?));
-            }
-            Ok(out)
+            guarded(|| {
+                let t = self.txn.open_table(COMMITS).map_err(db)?;
+                let mut out = Vec::new();
+                for item in t.iter().map_err(db)? {
+                    let (k, v) = item.map_err(db)?;
+                    out.push((key_id(k.value())?, CommitSummary::decode(v.value())?));
+                }
+                Ok(out)
+            })
         }
 
         /// Commits whose id starts with `prefix`.
@@ -511,105 +722,137 @@ macro_rules! readers {
             &self,
             prefix: &mdl_format::IdPrefix,
         ) -> Result<Vec<ObjectId>, StoreError> {
-            let t = self.txn.open_table(COMMITS).map_err(db)?;
-            let lower = prefix.lower_bound();
-            let mut out = Vec::new();
-            for item in t.range(lower.as_bytes().as_slice()..).map_err(db)? {
-                let (k, _) = item.map_err(db)?;
-                let id = key_id(k.value())?;
-                if !prefix.matches(&id) {
-                    break;
+            guarded(|| {
+                let t = self.txn.open_table(COMMITS).map_err(db)?;
+                let lower = prefix.lower_bound();
+                let mut out = Vec::new();
+                for item in t.range(lower.as_bytes().as_slice()..).map_err(db)? {
+                    let (k, _) = item.map_err(db)?;
+                    let id = key_id(k.value())?;
+                    if !prefix.matches(&id) {
+                        break;
+                    }
+                    out.push(id);
                 }
-                out.push(id);
-            }
-            Ok(out)
+                Ok(out)
+            })
         }
 
         /// Objects whose records name `base` as their delta base.
         pub fn dependents(&self, base: &ObjectId) -> Result<Vec<ObjectId>, StoreError> {
-            let t = match self.txn.open_table(DEPENDENTS) {
-                Ok(t) => t,
-                // Repositories written before delta codecs have no such table yet.
-                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-                Err(e) => return Err(db(e)),
-            };
-            let lo = dependent_key(base, &ObjectId::from_bytes([0; 32]));
-            let hi = dependent_key(base, &ObjectId::from_bytes([0xff; 32]));
-            let mut out = Vec::new();
-            for item in t.range(lo.as_slice()..=hi.as_slice()).map_err(db)? {
-                let (k, _) = item.map_err(db)?;
-                out.push(key_id(&k.value()[32..])?);
-            }
-            Ok(out)
+            guarded(|| {
+                let t = match self.txn.open_table(DEPENDENTS) {
+                    Ok(t) => t,
+                    // Repositories written before delta codecs have no such table yet.
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                    Err(e) => return Err(db(e)),
+                };
+                let lo = dependent_key(base, &ObjectId::from_bytes([0; 32]));
+                let hi = dependent_key(base, &ObjectId::from_bytes([0xff; 32]));
+                let mut out = Vec::new();
+                for item in t.range(lo.as_slice()..=hi.as_slice()).map_err(db)? {
+                    let (k, _) = item.map_err(db)?;
+                    out.push(key_id(&k.value()[32..])?);
+                }
+                Ok(out)
+            })
         }
 
         /// Whether (and how) a retention rule deleted an object.
         pub fn expired(&self, id: &ObjectId) -> Result<Option<Expired>, StoreError> {
-            let t = match self.txn.open_table(EXPIRED) {
-                Ok(t) => t,
-                // Repositories written before retention rules have no such table yet.
-                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-                Err(e) => return Err(db(e)),
-            };
-            let v = t.get(id.as_bytes().as_slice()).map_err(db)?;
-            v.map(|v| Expired::decode(v.value())).transpose()
+            guarded(|| {
+                let t = match self.txn.open_table(EXPIRED) {
+                    Ok(t) => t,
+                    // Repositories written before retention rules have no such table yet.
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                    Err(e) => return Err(db(e)),
+                };
+                let v = t.get(id.as_bytes().as_slice()).map_err(db)?;
+                v.map(|v| Expired::decode(v.value())).transpose()
+            })
         }
 
         /// Every object deleted by a retention rule, in id order.
         pub fn expired_all(&self) -> Result<Vec<(ObjectId, Expired)>, StoreError> {
-            let t = match self.txn.open_table(EXPIRED) {
-                Ok(t) => t,
-                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-                Err(e) => return Err(db(e)),
-            };
-            let mut out = Vec::new();
-            for item in t.iter().map_err(db)? {
-                let (k, v) = item.map_err(db)?;
-                out.push((key_id(k.value())?, Expired::decode(v.value())?));
-            }
-            Ok(out)
+            guarded(|| {
+                let t = match self.txn.open_table(EXPIRED) {
+                    Ok(t) => t,
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                    Err(e) => return Err(db(e)),
+                };
+                let mut out = Vec::new();
+                for item in t.iter().map_err(db)? {
+                    let (k, v) = item.map_err(db)?;
+                    out.push((key_id(k.value())?, Expired::decode(v.value())?));
+                }
+                Ok(out)
+            })
         }
 
         /// Names of the refs that have reflog entries.
         pub fn reflog_names(&self) -> Result<Vec<String>, StoreError> {
-            let t = self.txn.open_table(REFLOG).map_err(db)?;
-            let mut out: Vec<String> = Vec::new();
-            for item in t.iter().map_err(db)? {
-                let (k, _) = item.map_err(db)?;
-                let name = k.value().0;
-                if out.last().map(String::as_str) != Some(name) {
-                    out.push(name.to_string());
+            guarded(|| {
+                let t = self.txn.open_table(REFLOG).map_err(db)?;
+                let mut out: Vec<String> = Vec::new();
+                for item in t.iter().map_err(db)? {
+                    let (k, _) = item.map_err(db)?;
+                    let name = k.value().0;
+                    if out.last().map(String::as_str) != Some(name) {
+                        out.push(name.to_string());
+                    }
                 }
-            }
-            Ok(out)
+                Ok(out)
+            })
         }
 
         /// A configuration value.
         pub fn config(&self, key: &str) -> Result<Option<String>, StoreError> {
-            let t = self.txn.open_table(CONFIG).map_err(db)?;
-            let v = t.get(key).map_err(db)?;
-            Ok(v.map(|v| v.value().to_string()))
+            guarded(|| {
+                let t = self.txn.open_table(CONFIG).map_err(db)?;
+                let v = t.get(key).map_err(db)?;
+                Ok(v.map(|v| v.value().to_string()))
+            })
         }
 
         /// Configuration values whose keys start with `prefix`, in key order.
         pub fn configs(&self, prefix: &str) -> Result<Vec<(String, String)>, StoreError> {
-            let t = self.txn.open_table(CONFIG).map_err(db)?;
-            let mut out = Vec::new();
-            for item in t.range(prefix..).map_err(db)? {
-                let (k, v) = item.map_err(db)?;
-                if !k.value().starts_with(prefix) {
-                    break;
+            guarded(|| {
+                let t = self.txn.open_table(CONFIG).map_err(db)?;
+                let mut out = Vec::new();
+                for item in t.range(prefix..).map_err(db)? {
+                    let (k, v) = item.map_err(db)?;
+                    if !k.value().starts_with(prefix) {
+                        break;
+                    }
+                    out.push((k.value().to_string(), v.value().to_string()));
                 }
-                out.push((k.value().to_string(), v.value().to_string()));
+                Ok(out)
+            })
+        }
+
+        /// What the journal must hold for this database: refs, reflogs, configuration and
+        /// records of expiry.
+        pub fn journaled(&self) -> Result<JournalState, StoreError> {
+            let mut state = JournalState::default();
+            for (name, value) in self.refs("")? {
+                state.refs.insert(name, value);
             }
-            Ok(out)
+            for name in self.reflog_names()? {
+                let log = self.reflog(&name)?;
+                state.reflogs.insert(name, log);
+            }
+            state.config = self.configs("")?.into_iter().collect();
+            state.expired = self.expired_all()?.into_iter().collect();
+            Ok(state)
         }
 
         #[allow(dead_code)]
         fn info(&self, key: &str) -> Result<Option<u64>, StoreError> {
-            let t = self.txn.open_table(INFO).map_err(db)?;
-            let v = t.get(key).map_err(db)?;
-            Ok(v.map(|v| v.value()))
+            guarded(|| {
+                let t = self.txn.open_table(INFO).map_err(db)?;
+                let v = t.get(key).map_err(db)?;
+                Ok(v.map(|v| v.value()))
+            })
         }
     };
 }
@@ -637,20 +880,25 @@ impl MetaRead {
     readers!();
 }
 
-/// A write transaction.
-pub struct MetaWrite {
+/// A write transaction. Changes to refs, reflogs, configuration and expiry are also collected
+/// for the journal, which receives them before the transaction commits.
+pub struct MetaWrite<'m> {
     txn: redb::WriteTransaction,
+    journal: &'m Journal,
+    changes: Vec<Change>,
 }
 
-impl MetaWrite {
+impl MetaWrite<'_> {
     readers!();
 
     /// Adds or replaces an object's index entry.
     pub fn put_object(&mut self, id: &ObjectId, entry: &IndexEntry) -> Result<(), StoreError> {
-        let mut t = self.txn.open_table(OBJECTS).map_err(db)?;
-        t.insert(id.as_bytes().as_slice(), entry.encode().as_slice())
-            .map_err(db)?;
-        Ok(())
+        guarded(|| {
+            let mut t = self.txn.open_table(OBJECTS).map_err(db)?;
+            t.insert(id.as_bytes().as_slice(), entry.encode().as_slice())
+                .map_err(db)?;
+            Ok(())
+        })
     }
 
     /// Records that `dependent`'s record is a delta against `base`.
@@ -659,10 +907,12 @@ impl MetaWrite {
         base: &ObjectId,
         dependent: &ObjectId,
     ) -> Result<(), StoreError> {
-        let mut t = self.txn.open_table(DEPENDENTS).map_err(db)?;
-        t.insert(dependent_key(base, dependent).as_slice(), ())
-            .map_err(db)?;
-        Ok(())
+        guarded(|| {
+            let mut t = self.txn.open_table(DEPENDENTS).map_err(db)?;
+            t.insert(dependent_key(base, dependent).as_slice(), ())
+                .map_err(db)?;
+            Ok(())
+        })
     }
 
     /// Forgets that `dependent` decodes through `base` (its record changed).
@@ -671,73 +921,111 @@ impl MetaWrite {
         base: &ObjectId,
         dependent: &ObjectId,
     ) -> Result<(), StoreError> {
-        let mut t = self.txn.open_table(DEPENDENTS).map_err(db)?;
-        t.remove(dependent_key(base, dependent).as_slice())
-            .map_err(db)?;
-        Ok(())
+        guarded(|| {
+            let mut t = self.txn.open_table(DEPENDENTS).map_err(db)?;
+            t.remove(dependent_key(base, dependent).as_slice())
+                .map_err(db)?;
+            Ok(())
+        })
     }
 
     /// Removes an object's index entry and its link to its delta base (the record file is the
     /// caller's to delete once this transaction is durable).
     pub fn remove_object(&mut self, id: &ObjectId) -> Result<Option<IndexEntry>, StoreError> {
-        let old = {
-            let mut t = self.txn.open_table(OBJECTS).map_err(db)?;
-            let v = t.remove(id.as_bytes().as_slice()).map_err(db)?;
-            v.map(|v| IndexEntry::decode(v.value())).transpose()?
-        };
-        if let Some(base) = old.as_ref().and_then(|e| e.base) {
-            self.remove_dependent(&base, id)?;
-        }
-        Ok(old)
+        guarded(|| {
+            let old = {
+                let mut t = self.txn.open_table(OBJECTS).map_err(db)?;
+                let v = t.remove(id.as_bytes().as_slice()).map_err(db)?;
+                v.map(|v| IndexEntry::decode(v.value())).transpose()?
+            };
+            if let Some(base) = old.as_ref().and_then(|e| e.base) {
+                self.remove_dependent(&base, id)?;
+            }
+            Ok(old)
+        })
     }
 
     /// Removes a commit from the commit index.
     pub fn remove_commit(&mut self, id: &ObjectId) -> Result<(), StoreError> {
-        let mut t = self.txn.open_table(COMMITS).map_err(db)?;
-        t.remove(id.as_bytes().as_slice()).map_err(db)?;
-        Ok(())
+        guarded(|| {
+            let mut t = self.txn.open_table(COMMITS).map_err(db)?;
+            t.remove(id.as_bytes().as_slice()).map_err(db)?;
+            Ok(())
+        })
     }
 
     /// Records that a retention rule deleted `id`.
     pub fn put_expired(&mut self, id: &ObjectId, e: &Expired) -> Result<(), StoreError> {
-        let mut t = self.txn.open_table(EXPIRED).map_err(db)?;
-        t.insert(id.as_bytes().as_slice(), e.encode().as_slice())
-            .map_err(db)?;
+        guarded(|| {
+            let mut t = self.txn.open_table(EXPIRED).map_err(db)?;
+            t.insert(id.as_bytes().as_slice(), e.encode().as_slice())
+                .map_err(db)?;
+            Ok(())
+        })?;
+        self.changes.push(Change::Expired {
+            id: *id,
+            value: Some(e.clone()),
+        });
         Ok(())
     }
 
     /// Forgets that `id` expired (it was stored again, e.g. a later commit has the same tensor).
     pub fn remove_expired(&mut self, id: &ObjectId) -> Result<(), StoreError> {
-        let mut t = self.txn.open_table(EXPIRED).map_err(db)?;
-        t.remove(id.as_bytes().as_slice()).map_err(db)?;
+        guarded(|| {
+            let mut t = self.txn.open_table(EXPIRED).map_err(db)?;
+            t.remove(id.as_bytes().as_slice()).map_err(db)?;
+            Ok(())
+        })?;
+        self.changes.push(Change::Expired {
+            id: *id,
+            value: None,
+        });
         Ok(())
     }
 
     /// Deletes the reflog entries of `name` older than `before`; returns how many.
     pub fn expire_reflog(&mut self, name: &str, before: Timestamp) -> Result<usize, StoreError> {
-        let mut log = self.txn.open_table(REFLOG).map_err(db)?;
-        let mut removed = 0;
-        log.retain_in((name, 0)..=(name, u64::MAX), |_, v| {
-            let keep = ReflogEntry::decode(v).map_or(true, |e| e.time >= before);
-            removed += usize::from(!keep);
-            keep
-        })
-        .map_err(db)?;
+        let removed = guarded(|| {
+            let mut log = self.txn.open_table(REFLOG).map_err(db)?;
+            let mut removed = 0;
+            log.retain_in((name, 0)..=(name, u64::MAX), |_, v| {
+                let keep = ReflogEntry::decode(v).map_or(true, |e| e.time >= before);
+                removed += usize::from(!keep);
+                keep
+            })
+            .map_err(db)?;
+            Ok(removed)
+        })?;
+        if removed > 0 {
+            self.changes.push(Change::ExpireReflog {
+                name: name.to_string(),
+                before,
+            });
+        }
         Ok(removed)
     }
 
     /// Adds a commit to the commit index.
     pub fn put_commit(&mut self, id: &ObjectId, summary: &CommitSummary) -> Result<(), StoreError> {
-        let mut t = self.txn.open_table(COMMITS).map_err(db)?;
-        t.insert(id.as_bytes().as_slice(), summary.encode().as_slice())
-            .map_err(db)?;
-        Ok(())
+        guarded(|| {
+            let mut t = self.txn.open_table(COMMITS).map_err(db)?;
+            t.insert(id.as_bytes().as_slice(), summary.encode().as_slice())
+                .map_err(db)?;
+            Ok(())
+        })
     }
 
     /// Sets a configuration value.
     pub fn set_config(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
-        let mut t = self.txn.open_table(CONFIG).map_err(db)?;
-        t.insert(key, value).map_err(db)?;
+        guarded(|| {
+            let mut t = self.txn.open_table(CONFIG).map_err(db)?;
+            t.insert(key, value).map_err(db)?;
+            Ok(())
+        })?;
+        self.changes.push(Change::Config {
+            key: key.to_string(),
+            value: Some(value.to_string()),
+        });
         Ok(())
     }
 
@@ -764,40 +1052,63 @@ impl MetaWrite {
                 found: show(current.as_ref()),
             });
         }
-        let mut refs = self.txn.open_table(REFS).map_err(db)?;
-        let mut log = self.txn.open_table(REFLOG).map_err(db)?;
-        match new {
-            Some(v) => {
-                refs.insert(name, v.encode().as_slice()).map_err(db)?;
-                let next = log
-                    .range((name, 0)..=(name, u64::MAX))
-                    .map_err(db)?
-                    .next_back()
-                    .transpose()
-                    .map_err(db)?
-                    .map(|(k, _)| k.value().1 + 1)
-                    .unwrap_or(0);
-                let entry = ReflogEntry {
-                    old: current.as_ref().and_then(RefValue::target),
-                    new: v.target(),
-                    time: Timestamp::now(),
-                    message: message.to_string(),
-                };
-                log.insert((name, next), entry.encode().as_slice())
-                    .map_err(db)?;
-            }
-            None => {
-                refs.remove(name).map_err(db)?;
-                log.retain_in((name, 0)..=(name, u64::MAX), |_, _| false)
-                    .map_err(db)?;
-            }
+        let logged = guarded(|| {
+            let mut refs = self.txn.open_table(REFS).map_err(db)?;
+            let mut log = self.txn.open_table(REFLOG).map_err(db)?;
+            Ok(match new {
+                Some(v) => {
+                    refs.insert(name, v.encode().as_slice()).map_err(db)?;
+                    let next = log
+                        .range((name, 0)..=(name, u64::MAX))
+                        .map_err(db)?
+                        .next_back()
+                        .transpose()
+                        .map_err(db)?
+                        .map(|(k, _)| k.value().1 + 1)
+                        .unwrap_or(0);
+                    let entry = ReflogEntry {
+                        old: current.as_ref().and_then(RefValue::target),
+                        new: v.target(),
+                        time: Timestamp::now(),
+                        message: message.to_string(),
+                    };
+                    log.insert((name, next), entry.encode().as_slice())
+                        .map_err(db)?;
+                    Some(entry)
+                }
+                None => {
+                    refs.remove(name).map_err(db)?;
+                    log.retain_in((name, 0)..=(name, u64::MAX), |_, _| false)
+                        .map_err(db)?;
+                    None
+                }
+            })
+        })?;
+        self.changes.push(Change::Ref {
+            name: name.to_string(),
+            value: new.cloned(),
+        });
+        if let Some(entry) = logged {
+            self.changes.push(Change::Reflog {
+                name: name.to_string(),
+                entry,
+            });
         }
         Ok(())
     }
 
-    /// Makes every change durable and visible, atomically.
+    /// Makes every change durable and visible, atomically. Changes to refs, reflogs,
+    /// configuration and expiry reach the journal (durably) first; if the database then fails
+    /// to commit, an abort entry follows them.
     pub fn commit_txn(self) -> Result<(), StoreError> {
-        self.txn.commit().map_err(db)
+        if !self.changes.is_empty() {
+            self.journal.append(&self.changes)?;
+        }
+        let result = guarded(|| self.txn.commit().map_err(db));
+        if result.is_err() && !self.changes.is_empty() {
+            let _ = self.journal.append(&[Change::Abort]);
+        }
+        result
     }
 }
 

@@ -550,8 +550,15 @@ impl Store {
 
     /// Lists every record file, as (id, generation), whether indexed or not.
     pub fn record_files(&self) -> Result<Vec<(ObjectId, u32)>, StoreError> {
+        record_files(&self.dir)
+    }
+}
+
+/// Every record file in the `.mdl` directory `dir`, as (id, generation).
+pub(crate) fn record_files(dir: &Path) -> Result<Vec<(ObjectId, u32)>, StoreError> {
+    {
         let mut out = Vec::new();
-        let objects = self.dir.join("objects");
+        let objects = dir.join("objects");
         for dir in std::fs::read_dir(&objects).map_err(StoreError::io("list", &objects))? {
             let dir = dir.map_err(StoreError::io("list", &objects))?;
             let prefix = dir.file_name().to_string_lossy().to_string();

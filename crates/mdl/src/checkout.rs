@@ -42,6 +42,26 @@ pub struct CheckoutOutcome {
     pub skipped: Vec<String>,
 }
 
+/// Refuses an output path inside any repository's `.mdl` directory (its directory resolved
+/// through symlinks): a file written there could replace the database or a record.
+pub fn refuse_inside_repository(out: &Path) -> Result<()> {
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let Ok(dir) = parent.canonicalize() else {
+        return Ok(()); // A directory that does not exist fails when the file is created.
+    };
+    let inside = dir.ancestors().any(|a| {
+        a.file_name() == Some(std::ffi::OsStr::new(mdl_store::MDL_DIR))
+            && (a.join(mdl_store::meta::META_FILE).exists() || a.join("objects").is_dir())
+    });
+    if inside {
+        return Err(Error::OutputInRepository(out.to_path_buf()));
+    }
+    Ok(())
+}
+
 /// Writes the checkpoint of `rev` to `out`, through a temporary file renamed into place.
 pub fn checkout(
     repo: &Repository,
@@ -50,6 +70,7 @@ pub fn checkout(
     opts: &CheckoutOptions,
     progress: &dyn Progress,
 ) -> Result<CheckoutOutcome> {
+    refuse_inside_repository(out)?;
     let layout = layout_with(repo, rev, opts.skip_expired)?;
     let id = layout.commit;
     if !opts.force && out.symlink_metadata().is_ok() {

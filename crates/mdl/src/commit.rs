@@ -345,7 +345,7 @@ pub fn commit(
     for r in &rewrites {
         publish_rewrite(&mut w, r)?;
     }
-    w.put_commit(&id, &summary(&commit))?;
+    w.put_commit(&id, &CommitSummary::of(&commit))?;
     let summary = commit.message.lines().next().unwrap_or("");
     let reflog = if expected.is_none() {
         format!("commit (new branch): {summary}")
@@ -931,15 +931,6 @@ pub fn default_author() -> String {
 }
 
 /// The commit index's entry for a commit.
-pub(crate) fn summary(commit: &Commit) -> CommitSummary {
-    CommitSummary {
-        time: commit.time,
-        manifest: commit.manifest,
-        parents: commit.parents.clone(),
-        raw_bytes: commit.stats.raw_bytes,
-    }
-}
-
 /// Reads a ratio that JSON wrote as null (serde_json writes non-finite numbers so).
 fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))

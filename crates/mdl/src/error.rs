@@ -68,6 +68,9 @@ pub enum Error {
     /// `checkout` would overwrite a file.
     #[error("{} exists; use --force to overwrite it", .0.display())]
     OutputExists(PathBuf),
+    /// An output path inside `.mdl/`, where it could replace the repository's own files.
+    #[error("{} is inside the repository's .mdl directory; write the checkpoint elsewhere", .0.display())]
+    OutputInRepository(PathBuf),
     /// Writing the output file failed.
     #[error("cannot write {}: {source}", path.display())]
     Output {

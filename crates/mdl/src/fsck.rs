@@ -1,13 +1,15 @@
 //! `mdl fsck`: decode and re-hash every object and check every reference.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use mdl_format::{ObjectId, ObjectKind};
-use mdl_store::{IndexEntry, RefValue};
+use mdl_store::{IndexEntry, OpenOptions, RefValue, StoreError, MDL_DIR};
 use serde::Serialize;
 
-use crate::{Repository, Result};
+use crate::{Error, Repository, Result};
+
+pub use mdl_store::rebuild::Rebuilt;
 
 /// What fsck found.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -29,6 +31,10 @@ pub struct Report {
     pub longest_chain: u32,
     /// Leftover files `--repair` removed.
     pub repaired: Vec<PathBuf>,
+    /// `meta.redb` failed redb's integrity check (`--repair` rebuilds it).
+    pub database_damaged: bool,
+    /// The journal disagreed with `meta.redb` (`--repair` rewrites it from the database).
+    pub journal_differs: bool,
 }
 
 impl Report {
@@ -38,11 +44,87 @@ impl Report {
     }
 }
 
+/// Checks `meta.redb` itself: redb's integrity check on a copy of the file, and that the
+/// journal (what a rebuild would restore refs, reflogs, configuration and expiry from) agrees
+/// with it. With `repair`, a disagreeing journal is rewritten from the sound database.
+fn check_database(repo: &Repository, repair: bool, report: &mut Report) -> Result<()> {
+    let dir = repo.store().dir();
+    if let Some(why) = mdl_store::meta::check_file(&dir.join(mdl_store::meta::META_FILE))? {
+        report.database_damaged = true;
+        report.problems.push(format!(
+            "meta.redb is damaged ({why}); `mdl fsck --repair` rebuilds it"
+        ));
+        return Ok(());
+    }
+    let journal = dir.join(mdl_store::journal::JOURNAL_FILE);
+    let state = repo.store().meta().read()?.journaled()?;
+    let replayed = if journal.exists() {
+        Some(mdl_store::journal::replay(&journal)?)
+    } else {
+        None
+    };
+    // What a writer killed between appending to the journal and committing leaves (an entry
+    // cut short, or one entry the database never got) is harmless: the next writer clears it.
+    let agrees = replayed
+        .as_ref()
+        .is_some_and(|r| r.skipped.is_empty() && (r.state == state || r.before_last == state));
+    if agrees {
+        return Ok(());
+    }
+    if repair && repo.store().writable() {
+        repo.store().meta().compact_journal()?;
+        report.repaired.push(journal);
+    } else {
+        report.journal_differs = true;
+        report.problems.push(match replayed {
+            None => "the journal is missing (`mdl fsck --repair` writes it from meta.redb)".into(),
+            Some(r) if !r.skipped.is_empty() => format!(
+                "the journal has {} unreadable part(s) (`mdl fsck --repair` rewrites it from meta.redb)",
+                r.skipped.len()
+            ),
+            Some(_) => "the journal disagrees with meta.redb on refs, reflogs, configuration or expiry (`mdl fsck --repair` rewrites it from meta.redb)".into(),
+        });
+    }
+    Ok(())
+}
+
+/// `mdl fsck --repair` on the repository at or above `dir`: when `meta.redb` is missing or
+/// damaged it is rebuilt from the object records and the journal first; then the repository is
+/// checked and leftovers removed ([`fsck`] with `repair`). Returns what the rebuild did, if one
+/// ran, and the report.
+pub fn repair(dir: &Path, opts: &OpenOptions) -> Result<(Option<Rebuilt>, Report)> {
+    let rebuild = |root: &Path| -> Result<Rebuilt> {
+        Ok(mdl_store::rebuild::rebuild(&root.join(MDL_DIR), opts.wait)?)
+    };
+    let root =
+        crate::repo::discover(dir).ok_or_else(|| StoreError::NotARepository(dir.to_path_buf()))?;
+    let mut rebuilt = None;
+    let repo = match Repository::open(&root, opts) {
+        Err(Error::Store(StoreError::Damaged(_))) => {
+            rebuilt = Some(rebuild(&root)?);
+            Repository::open(&root, opts)?
+        }
+        other => other?,
+    };
+    let report = fsck(&repo, true)?;
+    if !report.database_damaged {
+        return Ok((rebuilt, report));
+    }
+    drop(repo);
+    rebuilt = Some(rebuild(&root)?);
+    let repo = Repository::open(&root, opts)?;
+    Ok((rebuilt, fsck(&repo, true)?))
+}
+
 /// Checks the whole repository; with `repair`, also removes leftovers of interrupted writes
 /// (temporaries, unindexed record files, abandoned uploads) — never anything the index names.
 pub fn fsck(repo: &Repository, repair: bool) -> Result<Report> {
     let store = repo.store();
     let mut report = Report::default();
+    check_database(repo, repair, &mut report)?;
+    if report.database_damaged {
+        return Ok(report);
+    }
     let meta = store.meta().read()?;
     let objects = meta.objects()?;
     let index: std::collections::HashMap<ObjectId, IndexEntry> = objects.iter().cloned().collect();

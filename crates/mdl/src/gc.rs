@@ -438,6 +438,8 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
             out.bytes_freed += len;
         }
     }
+    // The journal (for rebuilding meta.redb) shrinks to one entry of the current state.
+    store.meta().compact_journal()?;
     drop(writer);
     Ok(out)
 }

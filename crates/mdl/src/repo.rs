@@ -112,11 +112,15 @@ impl Repository {
     }
 }
 
-/// Finds the nearest directory at or above `start` that holds `.mdl/`.
+/// Finds the nearest directory at or above `start` that holds `.mdl/` (with its database, or
+/// at least its objects: a repository whose database was lost is still one, to be repaired).
 pub fn discover(start: &Path) -> Option<PathBuf> {
     let start = std::path::absolute(start).ok()?;
     start
         .ancestors()
-        .find(|d| d.join(MDL_DIR).join(mdl_store::meta::META_FILE).is_file())
+        .find(|d| {
+            let mdl = d.join(MDL_DIR);
+            mdl.join(mdl_store::meta::META_FILE).is_file() || mdl.join("objects").is_dir()
+        })
         .map(Path::to_path_buf)
 }

@@ -21,7 +21,7 @@ pub(crate) struct Rewrite {
 /// Publishes a re-encoded object: its new record, its new base link, and the depth change for
 /// everything that decodes through it. The depth change is taken from the entry the index
 /// holds now, so several rewrites of one chain may share a transaction in any order.
-pub(crate) fn publish_rewrite(w: &mut MetaWrite, r: &Rewrite) -> Result<()> {
+pub(crate) fn publish_rewrite(w: &mut MetaWrite<'_>, r: &Rewrite) -> Result<()> {
     let current = w.object(&r.id)?.unwrap_or(r.old);
     w.put_object(&r.id, &r.new)?;
     if let Some(old_base) = &current.base {

@@ -185,7 +185,9 @@ fn read_expired(r: &mut dyn Read, id: &ObjectId) -> Result<Expired> {
         .filter(|k| *k == ObjectKind::Tensor)
         .ok_or_else(|| bad_pack(format!("{id}: only tensors expire")))?;
     let content_len = u64::from_le_bytes(fixed[1..9].try_into().expect("8 bytes"));
-    let time = Timestamp(i64::from_le_bytes(fixed[9..17].try_into().expect("8 bytes")));
+    let time = Timestamp(i64::from_le_bytes(
+        fixed[9..17].try_into().expect("8 bytes"),
+    ));
     let n = u16::from_le_bytes(fixed[17..19].try_into().expect("2 bytes")) as usize;
     if n > MAX_RULE_LEN {
         return Err(bad_pack(format!("{id}: expiry rule of {n} bytes")));
@@ -353,7 +355,9 @@ fn publish_tensors(
     for (id, e) in layer.iter() {
         if let Some(base) = &e.base {
             if w.object(base)?.is_none() {
-                return Err(Error::Incomplete(format!("delta base {base} of tensor {id}")));
+                return Err(Error::Incomplete(format!(
+                    "delta base {base} of tensor {id}"
+                )));
             }
         }
     }
@@ -447,7 +451,7 @@ fn publish_tail(
         w.put_object(id, e)?;
     }
     for (id, c) in &commits {
-        w.put_commit(id, &crate::commit::summary(c))?;
+        w.put_commit(id, &CommitSummary::of(c))?;
     }
     newly_expired.sort_by_key(|(id, _)| *id);
     newly_expired.dedup_by_key(|(id, _)| *id);
@@ -463,7 +467,11 @@ fn publish_tail(
 /// name, so a check of what a ref update publishes can stop there.
 fn referenced(meta: &MetaRead) -> Result<HashSet<ObjectId>> {
     let mut seen = HashSet::new();
-    let mut stack: Vec<ObjectId> = meta.refs("")?.iter().filter_map(|(_, v)| v.target()).collect();
+    let mut stack: Vec<ObjectId> = meta
+        .refs("")?
+        .iter()
+        .filter_map(|(_, v)| v.target())
+        .collect();
     while let Some(id) = stack.pop() {
         if !seen.insert(id) {
             continue;

@@ -1,0 +1,284 @@
+//! Rebuilding `meta.redb` from what is on disk, for when it is lost, overwritten or damaged:
+//! the object index from the record files (every record carries its kind, codec, delta base
+//! and lengths, and is checksummed), the commit index from the commit records, and refs,
+//! reflogs, configuration and records of expiry from the journal ([`crate::journal`]).
+//!
+//! The new database is written beside the old one and renamed into place; the old one is kept
+//! as `meta.redb.damaged-<ms>`. Nothing else in `.mdl/` changes except the journal, which is
+//! rewritten as one entry of the rebuilt state (the old one is kept too when part of it was
+//! unreadable).
+
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, UNIX_EPOCH};
+
+use mdl_codec::CodecTag;
+use mdl_format::{record, Commit, ObjectId, ObjectKind, Timestamp};
+
+use crate::journal::{self, JournalState, JOURNAL_FILE};
+use crate::meta::{self, CommitSummary, IndexEntry, RefValue, HEAD, META_FILE};
+use crate::objects::record_files;
+use crate::{LockMode, RepoLock, StoreError, MAX_CHAIN};
+
+/// What a rebuild found and did.
+#[derive(Clone, Debug, Default)]
+pub struct Rebuilt {
+    /// Objects indexed again.
+    pub objects: u64,
+    /// Commits among them.
+    pub commits: u64,
+    /// Refs restored.
+    pub refs: u64,
+    /// Record files that could not be used (damaged, or a delta whose base is not on disk).
+    pub unusable: Vec<String>,
+    /// Whether a journal was found (without one, refs are guessed: see [`rebuild`]).
+    pub journal: bool,
+    /// Bytes of the journal that were unreadable and skipped.
+    pub journal_skipped_bytes: u64,
+    /// Where the old database was moved, if there was one.
+    pub moved_aside: Option<PathBuf>,
+}
+
+/// One record file, checked.
+struct Scanned {
+    generation: u32,
+    kind: ObjectKind,
+    codec: u8,
+    base: Option<ObjectId>,
+    stored_len: u64,
+    content_len: u64,
+    created: Timestamp,
+}
+
+/// Rebuilds the metadata database of the `.mdl` directory `dir` (waiting up to `wait` for the
+/// repository's lock). Without a journal (a repository from before journals whose database
+/// was lost), HEAD is `main`, `main` points at the newest commit that no other commit has as a
+/// parent, and every other such commit gets a branch `recovered-<id>`.
+pub fn rebuild(dir: &Path, wait: Duration) -> Result<Rebuilt, StoreError> {
+    let _lock = RepoLock::acquire(dir, LockMode::Write, wait, "mdl fsck --repair")?;
+    let mut out = Rebuilt::default();
+
+    // 1. Records: per object, the newest generation that reads back intact.
+    let mut files = record_files(dir)?;
+    files.sort_by_key(|(id, g)| (*id, std::cmp::Reverse(*g)));
+    let mut found: HashMap<ObjectId, Scanned> = HashMap::new();
+    let mut commit_bodies: HashMap<ObjectId, Commit> = HashMap::new();
+    for (id, generation) in files {
+        if found.contains_key(&id) {
+            continue;
+        }
+        let path = record_path(dir, &id, generation);
+        match scan(&path, &id, generation) {
+            Ok((s, commit)) => {
+                if let Some(c) = commit {
+                    commit_bodies.insert(id, c);
+                }
+                found.insert(id, s);
+            }
+            Err(why) => out.unusable.push(format!("{}: {why}", path.display())),
+        }
+    }
+
+    // 2. Chain depths; a delta whose base is not on disk (or a cycle) cannot be read.
+    let mut depth: HashMap<ObjectId, u32> = HashMap::new();
+    let ids: Vec<ObjectId> = found.keys().copied().collect();
+    for id in ids {
+        let mut chain = vec![id];
+        let resolved = loop {
+            let at = *chain.last().expect("non-empty");
+            if let Some(&d) = depth.get(&at) {
+                break Some(d);
+            }
+            match found.get(&at).map(|s| s.base) {
+                None => break None,
+                Some(None) => {
+                    depth.insert(at, 0);
+                    break Some(0);
+                }
+                Some(Some(base)) => {
+                    let base_ok = found
+                        .get(&base)
+                        .is_some_and(|b| b.kind == ObjectKind::Tensor);
+                    if !base_ok || chain.contains(&base) || chain.len() > MAX_CHAIN as usize {
+                        break None;
+                    }
+                    chain.push(base);
+                }
+            }
+        };
+        match resolved {
+            Some(mut d) => {
+                // Everything on the walked chain above the resolved object.
+                for at in chain.iter().rev() {
+                    if let Some(&known) = depth.get(at) {
+                        d = known;
+                        continue;
+                    }
+                    d += 1;
+                    depth.insert(*at, d);
+                }
+            }
+            None => {
+                for at in chain {
+                    if depth.contains_key(&at) {
+                        break;
+                    }
+                    if let Some(s) = found.remove(&at) {
+                        out.unusable.push(format!(
+                            "{at}: delta base {} is not on disk",
+                            s.base.map(|b| b.to_string()).unwrap_or_default()
+                        ));
+                    }
+                    commit_bodies.remove(&at);
+                }
+            }
+        }
+    }
+    let mut objects: Vec<(ObjectId, IndexEntry)> = found
+        .iter()
+        .map(|(id, s)| {
+            (
+                *id,
+                IndexEntry {
+                    kind: s.kind,
+                    codec: s.codec,
+                    generation: s.generation,
+                    base: s.base,
+                    depth: depth[id],
+                    stored_len: s.stored_len,
+                    content_len: s.content_len,
+                    created: s.created,
+                },
+            )
+        })
+        .collect();
+    objects.sort_by_key(|(id, _)| *id);
+    let commits: Vec<(ObjectId, CommitSummary)> = commit_bodies
+        .iter()
+        .map(|(id, c)| (*id, CommitSummary::of(c)))
+        .collect();
+
+    // 3. Refs, reflogs, configuration and expiry from the journal.
+    let journal_path = dir.join(JOURNAL_FILE);
+    let mut state = if journal_path.exists() {
+        let replayed = journal::replay(&journal_path)?;
+        out.journal = true;
+        out.journal_skipped_bytes = replayed.skipped.iter().map(|(_, n)| n).sum();
+        replayed.state
+    } else {
+        guess_refs(&commits)
+    };
+    // An object on disk is not expired (it was stored again, or its deletion did not finish).
+    state.expired.retain(|id, _| !found.contains_key(id));
+    out.objects = objects.len() as u64;
+    out.commits = commits.len() as u64;
+    out.refs = state.refs.len() as u64;
+
+    // 4. Write the new database beside the old, then swap.
+    let meta_path = dir.join(META_FILE);
+    let fresh = dir.join(format!("{META_FILE}.rebuild"));
+    let _ = std::fs::remove_file(&fresh);
+    meta::write_rebuilt(&fresh, &objects, &commits, &state)?;
+    let stamp = Timestamp::now().0;
+    if meta_path.exists() {
+        let aside = dir.join(format!("{META_FILE}.damaged-{stamp}"));
+        std::fs::rename(&meta_path, &aside).map_err(StoreError::io("rename", &meta_path))?;
+        out.moved_aside = Some(aside);
+    }
+    std::fs::rename(&fresh, &meta_path).map_err(StoreError::io("rename", &fresh))?;
+    sync_dir(dir)?;
+    if out.journal_skipped_bytes > 0 {
+        let keep = dir.join(format!("{JOURNAL_FILE}.damaged-{stamp}"));
+        std::fs::copy(&journal_path, &keep).map_err(StoreError::io("copy", &journal_path))?;
+    }
+    journal::write_fresh(&journal_path, &state.snapshot())?;
+    Ok(out)
+}
+
+fn record_path(dir: &Path, id: &ObjectId, generation: u32) -> PathBuf {
+    let hex = id.to_hex();
+    dir.join("objects")
+        .join(&hex[..2])
+        .join(format!("{}.{generation}", &hex[2..]))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(StoreError::io("sync", dir))
+}
+
+/// Reads a record file whole and checks it: checksum and lengths for every record; for
+/// manifests and commits (small) also the content hash, and a commit is parsed.
+fn scan(path: &Path, id: &ObjectId, generation: u32) -> Result<(Scanned, Option<Commit>), String> {
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let md = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    let created = md
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(Timestamp::now(), |d| Timestamp(d.as_millis() as i64));
+    let (header, payload, trailer) = record::decode(&bytes).map_err(|e| e.to_string())?;
+    if header.base.is_some() && header.kind != ObjectKind::Tensor {
+        return Err("only tensors may be deltas".into());
+    }
+    let mut commit = None;
+    if header.kind != ObjectKind::Tensor {
+        let codec = CodecTag::try_from(header.codec).map_err(|e| e.to_string())?;
+        if !codec.is_streaming() || header.base.is_some() {
+            return Err(format!("a {} in codec {codec:?}", header.kind.name()));
+        }
+        let mut data = Vec::new();
+        mdl_codec::decoder(codec, Box::new(payload), trailer.content_len)
+            .and_then(|mut d| d.read_to_end(&mut data))
+            .map_err(|e| e.to_string())?;
+        let mut h = mdl_format::TensorHasher::new(&header.prefix);
+        h.update(&data);
+        if h.finalize() != *id {
+            return Err("content does not hash to its id".into());
+        }
+        if header.kind == ObjectKind::Commit {
+            commit = Some(Commit::decode(&data).map_err(|e| e.to_string())?);
+        }
+    }
+    Ok((
+        Scanned {
+            generation,
+            kind: header.kind,
+            codec: header.codec,
+            base: header.base,
+            stored_len: bytes.len() as u64,
+            content_len: trailer.content_len,
+            created,
+        },
+        commit,
+    ))
+}
+
+/// Refs for a repository whose journal is gone too: `main` on the newest commit no other
+/// commit descends from, `recovered-<id>` on every other such commit.
+fn guess_refs(commits: &[(ObjectId, CommitSummary)]) -> JournalState {
+    let parents: HashSet<ObjectId> = commits
+        .iter()
+        .flat_map(|(_, c)| c.parents.iter().copied())
+        .collect();
+    let mut heads: Vec<&(ObjectId, CommitSummary)> = commits
+        .iter()
+        .filter(|(id, _)| !parents.contains(id))
+        .collect();
+    heads.sort_by_key(|(id, c)| (std::cmp::Reverse(c.time), *id));
+    let mut state = JournalState::default();
+    state
+        .refs
+        .insert(HEAD.into(), RefValue::Symbolic("refs/heads/main".into()));
+    for (i, (id, _)) in heads.iter().enumerate() {
+        let name = if i == 0 {
+            "refs/heads/main".to_string()
+        } else {
+            format!("refs/heads/recovered-{}", id.short(12))
+        };
+        state.refs.insert(name, RefValue::Direct(*id));
+    }
+    state
+}
