@@ -107,7 +107,7 @@ pub fn checkout(out: &mut dyn Write, json: bool, c: &CheckoutOutcome) -> io::Res
 
 fn metrics_text(m: &mdl::log::Metrics) -> String {
     m.0.iter()
-        .map(|(k, v)| format!("{k}={v}"))
+        .map(|(k, v)| format!("{}={v}", printable(k)))
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -134,7 +134,7 @@ pub fn log(out: &mut dyn Write, json: bool, entries: &[LogEntry], graph: bool) -
         } else {
             format!(" {}", metrics_text(&e.metrics))
         };
-        let msg = e.message.lines().next().unwrap_or("");
+        let msg = printable(e.message.lines().next().unwrap_or(""));
         let lossy = if e.lossy_tensors > 0 { " [lossy]" } else { "" };
         let thinned = if e.expired_tensors > 0 {
             format!(" [thinned: {} expired]", e.expired_tensors)
@@ -164,7 +164,7 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
         writeln!(out, "parent   {p}")?;
     }
     writeln!(out, "manifest {}", s.manifest)?;
-    writeln!(out, "author   {}", s.author)?;
+    writeln!(out, "author   {}", printable(&s.author))?;
     writeln!(out, "date     {}", s.time)?;
     if let Some(step) = s.step {
         writeln!(out, "step     {step}")?;
@@ -173,7 +173,7 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
         writeln!(out, "metrics  {}", metrics_text(&s.metrics))?;
     }
     for (k, v) in &s.metadata {
-        writeln!(out, "metadata {k}={v}")?;
+        writeln!(out, "metadata {}={}", printable(k), printable(v))?;
     }
     writeln!(
         out,
@@ -191,7 +191,7 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
     if !s.message.is_empty() {
         writeln!(out)?;
         for l in s.message.lines() {
-            writeln!(out, "    {l}")?;
+            writeln!(out, "    {}", printable(l))?;
         }
     }
     writeln!(out)?;
@@ -215,14 +215,14 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
             None => "lossless".into(),
         };
         let chain = match (&t.expired, &t.base) {
-            (Some(why), _) => format!("  (expired: {why})"),
+            (Some(why), _) => format!("  (expired: {})", printable(why)),
             (None, Some(b)) => format!("  (delta on {}, depth {})", b.short(12), t.depth),
             (None, None) => String::new(),
         };
         writeln!(
             out,
             "{:<40} {:<8} {:<18} {:<11} {:>10} {:>10}  {exact}{chain}",
-            t.name,
+            printable(&t.name),
             t.dtype,
             format!("{:?}", t.shape),
             t.codec,
@@ -248,7 +248,7 @@ pub fn diff(out: &mut dyn Write, json: bool, d: &[TensorDiff]) -> io::Result<()>
             } => format!("changed (relative L2 {r:.3e})"),
             Change::Changed { rel_l2: None, .. } => "changed".to_string(),
         };
-        writeln!(out, "{:<48} {what}", t.name)?;
+        writeln!(out, "{:<48} {what}", printable(&t.name))?;
     }
     Ok(())
 }
@@ -261,7 +261,7 @@ pub fn refs(out: &mut dyn Write, json: bool, refs: &[RefInfo]) -> io::Result<()>
         let msg = r
             .message
             .as_deref()
-            .map(|m| format!("  {}", m.lines().next().unwrap_or("")))
+            .map(|m| format!("  {}", printable(m.lines().next().unwrap_or(""))))
             .unwrap_or_default();
         writeln!(
             out,
@@ -272,6 +272,23 @@ pub fn refs(out: &mut dyn Write, json: bool, refs: &[RefInfo]) -> io::Result<()>
         )?;
     }
     Ok(())
+}
+
+/// `text` with control characters (escape sequences, carriage returns, …) written as `\x1b`
+/// or `\u{9b}`, so that names and messages from a repository cannot drive the terminal.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c as u32 {
+            _ if !c.is_control() => out.push(c),
+            n @ 0..=0x7f => out.push_str(&format!("\\x{n:02x}")),
+            n => out.push_str(&format!("\\u{{{n:x}}}")),
+        }
+    }
+    out.into()
 }
 
 pub fn message(out: &mut dyn Write, json: bool, text: &str) -> io::Result<()> {

@@ -219,3 +219,73 @@ fn read_only_repository_refuses_writes_but_reads() {
     std::fs::set_permissions(&mdl_dir, perm).unwrap();
     assert_fsck_clean(d);
 }
+
+#[test]
+fn revisions_never_panic_and_terminal_output_is_inert() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+    let f = d.join("a.safetensors");
+    // A tensor name and metadata with escape sequences (safetensors allows any string).
+    let mut ts = mixed(3);
+    ts[0].name = "evil\u{1b}[2Jname".into();
+    write_safetensors(&f, &ts, &[("note", "\u{1b}]0;pwned\u{7}")]);
+    let message = "clear\u{1b}[2J\rscreen\u{9b}31m";
+    let out = std::process::Command::new(mdl_bin())
+        .args([
+            "-C",
+            d.to_str().unwrap(),
+            "commit",
+            f.to_str().unwrap(),
+            "-m",
+            message,
+        ])
+        .env("MDL_AUTHOR", "eve\u{1b}[31m")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = state(d);
+    for rev in [
+        "main~é",
+        "main^é",
+        "main~1é",
+        "é~",
+        "main~99999999999999999999999",
+        "~",
+        "^",
+    ] {
+        let out = mdl(d, &["log", rev]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{rev:?}: {err}");
+        assert!(!err.contains("panicked"), "{rev:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{rev:?}: {err}");
+    }
+    for args in [
+        &["log"][..],
+        &["show", "main"],
+        &["diff", "main", "main"],
+        &["tag"],
+    ] {
+        let shown = ok(d, args);
+        assert!(
+            !shown.chars().any(|c| c.is_control() && c != '\n'),
+            "mdl {args:?} printed a control character: {shown:?}"
+        );
+    }
+    let shown = ok(d, &["show", "main"]);
+    assert!(
+        shown.contains("clear\\x1b[2J\\x0dscreen\\u{9b}31m"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("eve\\x1b[31m") && shown.contains("evil\\x1b[2Jname"),
+        "{shown}"
+    );
+    // JSON keeps the exact text.
+    assert_eq!(json(d, &["show", "main"])["message"], message);
+    assert_eq!(state(d), before);
+}

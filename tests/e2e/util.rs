@@ -117,7 +117,7 @@ pub fn write_safetensors(path: &Path, tensors: &[T], metadata: &[(&str, &str)]) 
     if !metadata.is_empty() {
         let m: Vec<String> = metadata
             .iter()
-            .map(|(k, v)| format!("{k:?}:{v:?}"))
+            .map(|(k, v)| format!("{}:{}", json_str(k), json_str(v)))
             .collect();
         header.push_str(&format!("\"__metadata__\":{{{}}},", m.join(",")));
     }
@@ -126,8 +126,10 @@ pub fn write_safetensors(path: &Path, tensors: &[T], metadata: &[(&str, &str)]) 
     for t in tensors {
         let end = off + t.data.len() as u64;
         parts.push(format!(
-            "{:?}:{{\"dtype\":\"{}\",\"shape\":{:?},\"data_offsets\":[{off},{end}]}}",
-            t.name, t.dtype, t.shape
+            "{}:{{\"dtype\":\"{}\",\"shape\":{:?},\"data_offsets\":[{off},{end}]}}",
+            json_str(&t.name),
+            t.dtype,
+            t.shape
         ));
         off = end;
     }
@@ -143,6 +145,10 @@ pub fn write_safetensors(path: &Path, tensors: &[T], metadata: &[(&str, &str)]) 
     }
     std::fs::write(path, &bytes).unwrap();
     bytes
+}
+
+fn json_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap()
 }
 
 /// Every dtype class the issue names, a scalar, an empty tensor.

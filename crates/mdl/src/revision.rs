@@ -7,60 +7,78 @@ use mdl_store::RefValue;
 
 use crate::{Error, Repository, Result};
 
-/// Resolves a revision to a commit id.
-pub fn resolve(repo: &Repository, rev: &str) -> Result<ObjectId> {
+/// One step from a commit: `~N` (the N-th first-parent ancestor) or `^N` (the N-th parent;
+/// `^0` is the commit itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// `~N`.
+    Ancestor(u64),
+    /// `^N`.
+    Parent(u64),
+}
+
+/// Splits a revision into its base (a name or id prefix) and its steps, without looking
+/// anything up. Anything after the base that is not `~`, `^` or a number is an error.
+pub fn parse(rev: &str) -> Result<(&str, Vec<Step>)> {
+    let bad = || Error::UnknownRevision(rev.to_string());
     let split = rev.find(['~', '^']).unwrap_or(rev.len());
-    let (base, steps) = rev.split_at(split);
-    let meta = repo.store().meta().read()?;
-    let mut id = resolve_base(&meta, base, rev)?;
-    let mut rest = steps;
+    let (base, mut rest) = rev.split_at(split);
+    if base.is_empty() {
+        return Err(bad());
+    }
+    let mut steps = Vec::new();
     while let Some(op) = rest.chars().next() {
-        rest = &rest[1..];
+        if op != '~' && op != '^' {
+            return Err(bad());
+        }
+        rest = &rest[op.len_utf8()..];
         let digits = rest
             .find(|c: char| !c.is_ascii_digit())
             .unwrap_or(rest.len());
-        let n: Option<u64> = if digits == 0 {
-            None
-        } else {
-            Some(
-                rest[..digits]
-                    .parse()
-                    .map_err(|_| Error::UnknownRevision(rev.to_string()))?,
-            )
+        let n = match digits {
+            0 => 1,
+            _ => rest[..digits].parse().map_err(|_| bad())?,
         };
         rest = &rest[digits..];
-        let parents = |id: &ObjectId| -> Result<Vec<ObjectId>> {
-            Ok(meta
-                .commit(id)?
-                .ok_or_else(|| Error::UnknownRevision(rev.to_string()))?
-                .parents)
-        };
-        match op {
-            '~' => {
-                for _ in 0..n.unwrap_or(1) {
-                    id = *parents(&id)?
-                        .first()
-                        .ok_or_else(|| Error::NoSuchAncestor(rev.to_string()))?;
+        steps.push(if op == '~' {
+            Step::Ancestor(n)
+        } else {
+            Step::Parent(n)
+        });
+    }
+    Ok((base, steps))
+}
+
+/// Resolves a revision to a commit id.
+pub fn resolve(repo: &Repository, rev: &str) -> Result<ObjectId> {
+    let (base, steps) = parse(rev)?;
+    let meta = repo.store().meta().read()?;
+    let mut id = resolve_base(&meta, base, rev)?;
+    let parents = |id: &ObjectId| -> Result<Vec<ObjectId>> {
+        Ok(meta
+            .commit(id)?
+            .ok_or_else(|| Error::UnknownRevision(rev.to_string()))?
+            .parents)
+    };
+    let past_root = || Error::NoSuchAncestor(rev.to_string());
+    for step in steps {
+        match step {
+            Step::Ancestor(n) => {
+                for _ in 0..n {
+                    id = *parents(&id)?.first().ok_or_else(past_root)?;
                 }
             }
-            '^' => match n.unwrap_or(1) {
-                0 => {}
-                k => {
-                    id = *parents(&id)?
-                        .get(k as usize - 1)
-                        .ok_or_else(|| Error::NoSuchAncestor(rev.to_string()))?
-                }
-            },
-            _ => return Err(Error::UnknownRevision(rev.to_string())),
+            Step::Parent(0) => {}
+            Step::Parent(k) => {
+                let i = usize::try_from(k - 1).map_err(|_| past_root())?;
+                id = *parents(&id)?.get(i).ok_or_else(past_root)?;
+            }
         }
     }
     Ok(id)
 }
 
 fn resolve_base(meta: &MetaRead, base: &str, rev: &str) -> Result<ObjectId> {
-    if base.is_empty() {
-        return Err(Error::UnknownRevision(rev.to_string()));
-    }
     let follow = |name: &str| -> Result<Option<ObjectId>> {
         match meta.get_ref(name)? {
             None => Ok(None),
@@ -100,4 +118,48 @@ fn resolve_base(meta: &MetaRead, base: &str, rev: &str) -> Result<ObjectId> {
         }
     }
     Err(Error::UnknownRevision(rev.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps() {
+        assert_eq!(parse("main").unwrap(), ("main", vec![]));
+        assert_eq!(
+            parse("main~2^^0~").unwrap(),
+            (
+                "main",
+                vec![
+                    Step::Ancestor(2),
+                    Step::Parent(1),
+                    Step::Parent(0),
+                    Step::Ancestor(1)
+                ]
+            )
+        );
+        for bad in [
+            "",
+            "~1",
+            "main~é",
+            "main^x",
+            "main~1é",
+            "a~99999999999999999999999",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Any text parses or is refused, never panics; what parses prints back to itself up
+        /// to the spelling of the steps.
+        #[test]
+        fn never_panics(rev in "[a-zé~^0-9]{0,12}|\\PC{0,16}") {
+            if let Ok((base, steps)) = parse(&rev) {
+                proptest::prop_assert!(!base.is_empty() && rev.starts_with(base));
+                proptest::prop_assert!(steps.len() <= rev.len());
+            }
+        }
+    }
 }
