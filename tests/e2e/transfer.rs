@@ -273,3 +273,42 @@ fn thinned_repositories_clone_push_and_pull() {
     let shown = json(&empty, &["show", &thinned]);
     assert!(shown["expired_tensors"].as_u64().unwrap() > 0, "{shown}");
 }
+
+#[test]
+fn refused_uploads_report_the_servers_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let served = d.join("srv");
+    ok(&served, &["init"]);
+    let local = d.join("local");
+    ok(&local, &["init"]);
+    // Large enough that the upload cannot fit in the sockets' buffers before the server
+    // answers (and closes).
+    let big = d.join("big.safetensors");
+    write_safetensors(&big, &[tensor("w", "U8", &[48 << 20], 5)], &[]);
+    ok(&local, &["commit", big.to_str().unwrap()]);
+    let server = Server::start(&["-C", served.to_str().unwrap()], d);
+    let url = format!("{}/srv", server.base);
+    let l = local.to_str().unwrap();
+    ok(&local, &["remote", "add", "origin", &url]);
+    let run = |token: &str, args: &[&str]| {
+        Command::new(mdl_bin())
+            .args(args)
+            .env("MDL_TOKEN", token)
+            .output()
+            .unwrap()
+    };
+    for args in [
+        vec!["-C", l, "push"],
+        vec!["commit", big.to_str().unwrap(), "--remote", &url],
+    ] {
+        let out = run(READ, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} with a read token");
+        assert!(
+            err.contains("needs write") && err.contains("forbidden"),
+            "{args:?}: {err}"
+        );
+    }
+    server.stop();
+}

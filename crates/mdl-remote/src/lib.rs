@@ -273,7 +273,7 @@ impl Remote {
         for (k, v) in commit_params(opts)? {
             req = req.query(k, v);
         }
-        let mut resp = self.check(req.content_type("application/octet-stream").send(&f))?;
+        let mut resp = self.check(upload(req, "application/octet-stream").send(&f))?;
         resp.body_mut().read_json().map_err(|e| self.transport(e))
     }
 
@@ -403,7 +403,7 @@ impl Remote {
         }
         let file = tmp.reopen().map_err(io)?;
         let req = self.auth(self.agent.post(format!("{}/objects", self.api)));
-        let mut resp = self.check(req.content_type("application/x-mdl-pack").send(&file))?;
+        let mut resp = self.check(upload(req, "application/x-mdl-pack").send(&file))?;
         resp.body_mut().read_json().map_err(|e| self.transport(e))
     }
 
@@ -415,6 +415,17 @@ impl Remote {
         )?;
         Ok(())
     }
+}
+
+/// An upload of `content_type`: with `Expect: 100-continue`, so a server that refuses it
+/// before reading the body (a token without write scope, a body over its limit) answers
+/// before anything is sent, and its error reaches the user instead of a broken pipe.
+fn upload(
+    req: ureq::RequestBuilder<ureq::typestate::WithBody>,
+    content_type: &str,
+) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
+    req.content_type(content_type)
+        .header("Expect", "100-continue")
 }
 
 /// The query parameters of `POST /commits` for `opts` (the server parses them back).
