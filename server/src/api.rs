@@ -69,9 +69,11 @@ pub fn app(state: Arc<State>) -> Router {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::internal(format!("worker failed: {e}")))?
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        // A panic's text stays in the server's log.
+        tracing::error!("request worker failed: {e}");
+        ApiError::internal("the request failed inside the server (see its log)")
+    })?
 }
 
 /// A repository the request may use: the `{repo}` path parameter names a valid repository, the
@@ -500,7 +502,9 @@ async fn spool(
                         .prefix(".upload-")
                         .tempfile_in(&dir)
                 })
-                .map_err(|e| ApiError::internal(format!("cannot create an upload file: {e}")))
+                .map_err(|e| {
+                    ApiError::internal(format!("cannot create an upload file: {}", e.kind()))
+                })
         })
         .await?
     };
@@ -824,6 +828,19 @@ async fn gc(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_worker_answers_without_its_message() {
+        let e = blocking::<()>(|| panic!("secret /srv/path detail"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(
+            !e.message.contains("secret") && !e.message.contains("/srv"),
+            "{}",
+            e.message
+        );
+    }
 
     #[test]
     fn ranges() {

@@ -68,11 +68,42 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The message a client gets for `e`: the library's own, except where it names the server's
+/// files or processes (paths of repositories, uploads and records; who holds a lock), which
+/// stay in the server's log.
+fn public_message(e: &mdl::Error) -> String {
+    use mdl::Error as E;
+    use StoreError as S;
+    let private = match e {
+        E::Input { source, .. } => format!("cannot read the upload: {source}"),
+        E::InvalidInput { source, .. } => format!("invalid safetensors file: {source}"),
+        E::OutputExists(_) | E::Output { .. } | E::OutputInRepository(_) => {
+            "the server could not write its output".into()
+        }
+        E::Store(S::Io { op, source, .. }) => {
+            format!("the server could not {op} a repository file: {source}")
+        }
+        E::Store(S::ReadOnly(_)) => "the repository is read-only".into(),
+        E::Store(S::NotARepository(_)) => "no such repository".into(),
+        E::Store(S::AlreadyExists(_)) => "the repository already exists".into(),
+        E::Store(S::Damaged(_)) => {
+            "the repository's database is damaged; `mdl fsck --repair` on the server rebuilds it"
+                .into()
+        }
+        E::Store(S::Busy { waited_secs, .. }) => format!(
+            "the repository is in use by another process (waited {waited_secs} s); try again"
+        ),
+        _ => return e.to_string(),
+    };
+    tracing::warn!("{e}");
+    private
+}
+
 impl From<mdl::Error> for ApiError {
     fn from(e: mdl::Error) -> Self {
         use mdl::Error as E;
         use StatusCode as S;
-        let message = e.to_string();
+        let message = public_message(&e);
         let (status, code) = match &e {
             E::Store(s) => return store_error(s, message),
             E::Input { .. } => (S::BAD_REQUEST, "bad_input"),

@@ -3,6 +3,7 @@
 mod bad_input;
 mod crash;
 mod engine;
+mod hostile;
 mod journeys;
 mod maintenance;
 mod repair;
