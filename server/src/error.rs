@@ -59,12 +59,20 @@ impl IntoResponse for ApiError {
             message: &self.message,
         })
         .expect("serialisable");
-        (
+        let mut response = (
             self.status,
             [(axum::http::header::CONTENT_TYPE, "application/json")],
             body,
         )
-            .into_response()
+            .into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            // Busy (another process holds the repository) or recovering: worth asking again.
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }
 

@@ -83,10 +83,20 @@ impl Drop for Served {
     }
 }
 
+/// A repository's place in the server: empty until it is opened (and again after it failed
+/// and was let go). Its lock is held only to look, or while opening this one repository.
+type Slot = Arc<Mutex<Option<Arc<Served>>>>;
+
+/// How long a request waits for another process that holds a repository it opens, before
+/// answering 503 with `Retry-After` (at startup, [`Config::wait`] applies).
+const OPEN_WAIT: Duration = Duration::from_secs(1);
+
 /// The server's shared state.
 pub struct State {
     config: Config,
-    open: Mutex<HashMap<String, Arc<Served>>>,
+    /// Slots by repository name. This map's lock is held only to find or add a slot, never
+    /// while a repository opens, so one repository held by another process stalls no other.
+    open: Mutex<HashMap<String, Slot>>,
     /// Base URL (`http://HOST:PORT`) and owner token written into advertisements.
     advertise: Option<(String, String)>,
 }
@@ -122,7 +132,7 @@ impl State {
     pub fn open_all(&self) -> Result<Vec<String>, mdl::Error> {
         let names = self.names();
         for name in &names {
-            self.repo(name)?;
+            self.open_repo(name, self.config.wait)?;
         }
         Ok(names)
     }
@@ -146,27 +156,46 @@ impl State {
         }
     }
 
-    /// The repository named `name`, opened (and locked) on first use.
+    /// The repository named `name`, opened (and locked) on first use; one whose database
+    /// failed (a write error inside redb, e.g. a full disk) is let go and opened again, so the
+    /// server recovers once the cause is gone. Called on blocking threads only.
     pub(crate) fn repo(&self, name: &str) -> Result<Arc<Served>, mdl::Error> {
-        // The map stays locked while a repository opens (which may wait for another process):
-        // opening one twice in this process would wait on our own lock. Called on blocking
-        // threads only.
-        let mut open = self.open.lock().unwrap();
-        if let Some(s) = open.get(name) {
-            return Ok(s.clone());
-        }
+        self.open_repo(name, OPEN_WAIT.min(self.config.wait))
+    }
+
+    fn open_repo(&self, name: &str, wait: Duration) -> Result<Arc<Served>, mdl::Error> {
         let path = match &self.config.repos {
             Repos::One { name: n, path } if n == name => path.clone(),
             Repos::One { .. } => return Err(no_such_repo(name)),
             Repos::Root(root) if valid_repo_name(name) => root.join(name),
             Repos::Root(_) => return Err(no_such_repo(name)),
         };
+        let slot: Slot = self
+            .open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name.to_string())
+            .or_default()
+            .clone();
+        // Held while this repository opens: a second request for it waits here (at most
+        // `wait`), requests for other repositories do not.
+        let mut served = slot.lock().unwrap_or_else(|p| p.into_inner());
+        match served.as_ref() {
+            Some(s) if !s.repo.store().meta().failed() => return Ok(s.clone()),
+            Some(_) => {
+                tracing::warn!("repository {name}: its database failed; opening it again");
+                // Requests still using the failed one keep it (and its lock) until they end;
+                // until then the new open finds the repository busy and answers 503.
+                *served = None;
+            }
+            None => {}
+        }
         if !path.join(".mdl").join("meta.redb").is_file() {
             return Err(no_such_repo(name));
         }
         let opts = OpenOptions {
             mode: LockMode::Write,
-            wait: self.config.wait,
+            wait,
             purpose: format!("mdl serve (repository {name})"),
             ..OpenOptions::default()
         };
@@ -180,14 +209,23 @@ impl State {
             Some((base, token)) => Some(advertise(&repo, &format!("{base}/{name}"), token)?),
             None => None,
         };
-        let served = Arc::new(Served { repo, advertised });
-        open.insert(name.to_string(), served.clone());
-        Ok(served)
+        let new = Arc::new(Served { repo, advertised });
+        *served = Some(new.clone());
+        Ok(new)
     }
 
     /// Closes every repository: releases the locks and removes the advertisements.
     pub fn close_all(&self) {
-        self.open.lock().unwrap().clear();
+        let slots: Vec<Slot> = self
+            .open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        for slot in slots {
+            slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        }
     }
 }
 

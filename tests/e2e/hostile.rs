@@ -36,3 +36,167 @@ fn errors_name_no_server_paths() {
     }
     server.stop();
 }
+
+#[test]
+fn a_repository_held_elsewhere_stalls_nothing_else() {
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let root = d.join("root");
+    ok(&root.join("a"), &["init"]);
+    // `--wait 20`: before the fix, a request for `b` held the server's open lock that long.
+    let server = Server::start(&["--root", root.to_str().unwrap(), "--wait", "20"], d);
+    // `b` appears after the server started (opened on first use), held by another process.
+    ok(&root.join("b"), &["init"]);
+    let lock = root.join("b/.mdl/lock");
+    let mut holder = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import fcntl,sys,time; f=open(sys.argv[1],'r+'); fcntl.flock(f, fcntl.LOCK_EX); \
+             print('held', flush=True); time.sleep(30)",
+            lock.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "held");
+
+    let auth = bearer(WRITE);
+    let base = server.base.clone();
+    let busy = std::thread::spawn(move || {
+        let started = Instant::now();
+        let answer = http(
+            &base,
+            "GET",
+            "/v1/repos/b/refs",
+            &[("Authorization", &auth)],
+            b"",
+        );
+        (answer, started.elapsed())
+    });
+    // While `b` is being opened, `a` answers at once, every time.
+    let auth = bearer(WRITE);
+    let until = Instant::now() + Duration::from_millis(800);
+    while Instant::now() < until {
+        let started = Instant::now();
+        let (status, _, _) = http(
+            &server.base,
+            "GET",
+            "/v1/repos/a/refs",
+            &[("Authorization", &auth)],
+            b"",
+        );
+        assert_eq!(status, 200);
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "a waited for b"
+        );
+    }
+    let ((status, headers, body), took) = busy.join().unwrap();
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("\"busy\""));
+    assert!(
+        headers.iter().any(|(k, v)| k == "retry-after" && v == "1"),
+        "{headers:?}"
+    );
+    assert!(took < Duration::from_secs(5), "b answered after {took:?}");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    // Once the other process is gone, b opens.
+    let (status, _, _) = http(
+        &server.base,
+        "GET",
+        "/v1/repos/b/refs",
+        &[("Authorization", &bearer(WRITE))],
+        b"",
+    );
+    assert_eq!(status, 200);
+    server.stop();
+}
+
+/// Needs root (it mounts a small tmpfs); `.ci/run` runs it.
+#[test]
+#[ignore = "mounts a tmpfs (root only); .ci/run runs it"]
+fn the_server_recovers_from_a_full_disk_without_a_restart() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mnt = d.join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=24m",
+            "tmpfs",
+            mnt.to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "cannot mount a tmpfs (run as root)");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(mnt.clone());
+    let repo = mnt.join("repo");
+    ok(&repo, &["init"]);
+    let server = Server::start(&["-C", repo.to_str().unwrap()], d);
+    let auth = bearer(WRITE);
+    let commit = |n: u64| {
+        let f = d.join("ck.safetensors");
+        let bytes = write_safetensors(&f, &mixed(500 + n), &[]);
+        http(
+            &server.base,
+            "POST",
+            &format!("/v1/repos/repo/commits?message=c{n}"),
+            &[("Authorization", &auth)],
+            &bytes,
+        )
+        .0
+    };
+    assert_eq!(commit(0), 201);
+    let filler = mnt.join("filler");
+    let mut failures = 0;
+    for (i, free_kib) in (0..96).step_by(2).enumerate() {
+        // Fill the disk, then leave `free_kib` free.
+        {
+            let mut f = std::fs::File::create(&filler).unwrap();
+            let block = vec![0xa5u8; 1 << 16];
+            while f.write_all(&block).is_ok() {}
+            let len = f.metadata().unwrap().len();
+            f.set_len(len.saturating_sub(free_kib << 10)).unwrap();
+        }
+        let status = commit(1 + i as u64);
+        assert!(
+            status == 201 || status == 500 || status == 503,
+            "free {free_kib} KiB: {status}"
+        );
+        failures += usize::from(status != 201);
+        std::fs::remove_file(&filler).unwrap();
+        // Space is back: the very next commits land, without a restart.
+        let mut landed = false;
+        for attempt in 0..20 {
+            match commit(100 + i as u64 * 20 + attempt) {
+                201 => {
+                    landed = true;
+                    break;
+                }
+                503 => std::thread::sleep(std::time::Duration::from_millis(200)),
+                other => panic!("free {free_kib} KiB, space back: {other}"),
+            }
+        }
+        assert!(landed, "free {free_kib} KiB: the server did not recover");
+    }
+    assert!(failures > 0, "the disk never filled up");
+    server.stop();
+    assert_fsck_clean(&repo);
+}

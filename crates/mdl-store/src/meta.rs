@@ -7,6 +7,7 @@
 use std::cell::Cell;
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
 
 use mdl_format::{ObjectId, ObjectKind, Timestamp};
@@ -403,6 +404,9 @@ pub struct Meta {
     db: Option<Db>,
     /// Where changes to refs, reflogs, configuration and expiry go first (writers only).
     journal: Option<Journal>,
+    /// A transaction failed to start or to commit (redb then refuses every later one until
+    /// the database is reopened).
+    failed: AtomicBool,
 }
 
 impl std::fmt::Debug for Meta {
@@ -468,6 +472,7 @@ impl Meta {
         let mut meta = Meta {
             db: Some(db),
             journal: None,
+            failed: AtomicBool::new(false),
         };
         let version = meta.read()?.info("repo_version")?.unwrap_or(0);
         if version > REPO_VERSION {
@@ -496,15 +501,29 @@ impl Meta {
         Ok(())
     }
 
+    /// Whether a transaction of this database failed to start or commit: redb refuses every
+    /// later one until the database is reopened (a long-running owner such as the server
+    /// reopens it then).
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    fn note<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if matches!(r, Err(StoreError::Db(_) | StoreError::Damaged(_))) {
+            self.failed.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+
     /// A consistent read-only view.
     pub fn read(&self) -> Result<MetaRead, StoreError> {
-        let txn = guarded(|| {
+        let txn = self.note(guarded(|| {
             match self.db() {
                 Db::Rw(d) => d.begin_read(),
                 Db::Ro(d) => d.begin_read(),
             }
             .map_err(db)
-        })?;
+        }))?;
         Ok(MetaRead { txn })
     }
 
@@ -512,8 +531,9 @@ impl Meta {
     pub fn write(&self) -> Result<MetaWrite<'_>, StoreError> {
         match (self.db(), &self.journal) {
             (Db::Rw(d), Some(journal)) => Ok(MetaWrite {
-                txn: guarded(|| d.begin_write().map_err(db))?,
+                txn: self.note(guarded(|| d.begin_write().map_err(db)))?,
                 journal,
+                failed: &self.failed,
                 changes: Vec::new(),
             }),
             _ => Err(StoreError::Db("database opened read-only".into())),
@@ -885,6 +905,8 @@ impl MetaRead {
 pub struct MetaWrite<'m> {
     txn: redb::WriteTransaction,
     journal: &'m Journal,
+    /// The database's [`Meta::failed`] flag, set if the commit fails.
+    failed: &'m AtomicBool,
     changes: Vec<Change>,
 }
 
@@ -1105,8 +1127,11 @@ impl MetaWrite<'_> {
             self.journal.append(&self.changes)?;
         }
         let result = guarded(|| self.txn.commit().map_err(db));
-        if result.is_err() && !self.changes.is_empty() {
-            let _ = self.journal.append(&[Change::Abort]);
+        if result.is_err() {
+            self.failed.store(true, Ordering::Relaxed);
+            if !self.changes.is_empty() {
+                let _ = self.journal.append(&[Change::Abort]);
+            }
         }
         result
     }
