@@ -274,6 +274,47 @@ enum RemoteAction {
     Add { name: String, url: String },
 }
 
+/// On SIGINT or SIGTERM, removes what the command registered (a checkout's temporary file, a
+/// clone's half-made directory) and exits with 130. `mdl serve` shuts down gracefully instead.
+fn clean_up_on_interrupt() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!("no interrupt handler: {e}");
+            return;
+        }
+    };
+    // The handlers are installed here, before the command starts.
+    let signals = runtime.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok::<_, io::Error>((
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+        ))
+    });
+    let (mut int, mut term) = match signals {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("no interrupt handler: {e}");
+            return;
+        }
+    };
+    std::thread::spawn(move || {
+        runtime.block_on(async {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        });
+        mdl::interrupt::remove_registered();
+        eprintln!("interrupted");
+        std::process::exit(130);
+    });
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = if cli.verbose {
@@ -290,6 +331,9 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| filter.into()),
         )
         .init();
+    if !matches!(cli.command, Command::Serve { .. }) {
+        clean_up_on_interrupt();
+    }
     let stdout = io::stdout();
     let mut out = stdout.lock();
     match run(&cli, &mut out) {

@@ -4,6 +4,7 @@ mod bad_input;
 mod crash;
 mod engine;
 mod hostile;
+mod interrupt;
 mod journeys;
 mod maintenance;
 mod repair;

@@ -326,6 +326,7 @@ impl Remote {
             .prefix(".mdl-download-")
             .tempfile_in(dir)
             .map_err(write_err)?;
+        let _interrupted = mdl::interrupt::register(tmp.path());
         let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
         let n = std::io::copy(&mut reader, tmp.as_file_mut()).map_err(|e| Error::Transport {
             url: self.url.clone(),
@@ -886,12 +887,13 @@ pub struct CloneOutcome {
 }
 
 /// Clones the repository at `url` into `dir` (which must not exist or be empty): every
-/// branch and tag, `origin` as its remote, HEAD on the server's HEAD branch. A failed clone
-/// removes what it created.
+/// branch and tag, `origin` as its remote, HEAD on the server's HEAD branch. The clone is
+/// assembled in a hidden directory beside `dir` and renamed into place when complete, so a
+/// failed or interrupted clone leaves `dir` as it was; what a killed clone left beside it is
+/// removed by the next clone into the same place.
 pub fn clone(url: &str, dir: &Path, token: Option<String>) -> Result<CloneOutcome> {
     let remote = Remote::new(url, token)?;
-    let existed = dir.exists();
-    if existed
+    if dir.exists()
         && std::fs::read_dir(dir)
             .map(|mut d| d.next().is_some())
             .unwrap_or(true)
@@ -901,8 +903,11 @@ pub fn clone(url: &str, dir: &Path, token: Option<String>) -> Result<CloneOutcom
             dir.display()
         )));
     }
+    let staging = staging_dir(dir)?;
+    sweep_stale_staging(dir);
+    let _interrupted = mdl::interrupt::register(&staging);
     let result = (|| {
-        let repo = Repository::init(dir)?;
+        let repo = Repository::init(&staging)?;
         add_remote(&repo, "origin", url)?;
         let refs = remote.refs()?;
         let mut transfer = fetch_refs(&repo, "origin", &remote, &refs, None)?;
@@ -930,18 +935,70 @@ pub fn clone(url: &str, dir: &Path, token: Option<String>) -> Result<CloneOutcom
         if let Some(h) = &head {
             mdl::refs::switch(&repo, h)?;
         }
+        Ok((transfer, head))
+    })();
+    let done = result.and_then(|(transfer, head)| {
+        // An empty `dir` is replaced by the finished clone (rename replaces an empty
+        // directory).
+        std::fs::rename(&staging, dir).map_err(|source| mdl::Error::Output {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
         Ok(CloneOutcome {
-            dir: repo.root().to_path_buf(),
+            dir,
             transfer,
             head,
         })
-    })();
-    if result.is_err() {
-        if existed {
-            let _ = std::fs::remove_dir_all(dir.join(".mdl"));
-        } else {
-            let _ = std::fs::remove_dir_all(dir);
+    });
+    if done.is_err() {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    done
+}
+
+/// Where a clone into `dir` is assembled: `.NAME.mdl-clone-PID` beside it.
+fn staging_dir(dir: &Path) -> Result<PathBuf> {
+    let name = dir
+        .file_name()
+        .ok_or_else(|| Error::Remote(format!("{} is not a directory name", dir.display())))?;
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    Ok(parent.join(format!(
+        ".{}.mdl-clone-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
+}
+
+/// Removes what clones into `dir` by processes that no longer run left beside it.
+fn sweep_stale_staging(dir: &Path) {
+    let (Some(name), Some(parent)) = (dir.file_name(), dir.parent()) else {
+        return;
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let prefix = format!(".{}.mdl-clone-", name.to_string_lossy());
+    for entry in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            tracing::info!(
+                "removing {} left by an interrupted clone",
+                entry.path().display()
+            );
+            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
-    result
 }

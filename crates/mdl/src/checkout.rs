@@ -80,17 +80,24 @@ pub fn checkout(
         path: out.to_path_buf(),
         source: std::io::Error::other("not a file name"),
     })?;
-    let tmp = out.with_file_name(format!(
-        ".{}.mdl-tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
     let write_err = |source| Error::Output {
         path: out.to_path_buf(),
         source,
     };
+    // A fresh file of an unpredictable name, created exclusively (a planted file or symlink
+    // is never written through); removed if anything fails, and on Ctrl-C.
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.", name.to_string_lossy()))
+        .suffix(".mdl-tmp")
+        .tempfile_in(dir)
+        .map_err(write_err)?;
+    let _interrupted = crate::interrupt::register(tmp.path());
     let result = (|| -> Result<u64> {
-        let file = std::fs::File::create(&tmp).map_err(write_err)?;
+        let file = tmp.as_file();
         let store = repo.store();
         let total = layout.len;
         // Tensors decode in parallel (and chunk-parallel inside) into per-thread buffers; the
@@ -135,7 +142,7 @@ pub fn checkout(
     })();
     match result {
         Ok(bytes) => {
-            std::fs::rename(&tmp, out).map_err(write_err)?;
+            tmp.persist(out).map_err(|e| write_err(e.error))?;
             let lossy_tensors = layout.lossy_tensors();
             Ok(CheckoutOutcome {
                 id,
@@ -146,10 +153,7 @@ pub fn checkout(
                 skipped: layout.skipped,
             })
         }
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
+        Err(e) => Err(e), // `tmp` removes itself
     }
 }
 

@@ -24,6 +24,7 @@ mod error;
 pub mod fsck;
 pub mod gc;
 mod history;
+pub mod interrupt;
 pub mod log;
 pub mod lossy;
 pub mod policy;

@@ -1,0 +1,56 @@
+//! What an interrupted command must not leave behind: a checkout's temporary file, a clone's
+//! half-made directory. Commands register such paths while they exist; the `mdl` binary's
+//! SIGINT/SIGTERM handler calls [`remove_registered`] before it exits. (A SIGKILL cannot be
+//! handled: what it leaves has a name the next command recognises and sweeps.)
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+static REGISTERED: Mutex<Vec<(u64, PathBuf)>> = Mutex::new(Vec::new());
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// A registration: the path is removed on interruption until this is dropped.
+#[derive(Debug)]
+pub struct Registered(u64);
+
+/// Removes `path` (a file, or a directory and everything in it) if the process is interrupted
+/// before the returned registration is dropped.
+pub fn register(path: &Path) -> Registered {
+    let key = NEXT.fetch_add(1, Ordering::Relaxed);
+    REGISTERED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((key, path.to_path_buf()));
+    Registered(key)
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        REGISTERED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(k, _)| *k != self.0);
+    }
+}
+
+/// Removes every registered path (for a signal handler, just before the process exits).
+pub fn remove_registered() {
+    let paths: Vec<PathBuf> = REGISTERED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain(..)
+        .map(|(_, p)| p)
+        .collect();
+    for p in paths {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.is_dir() => {
+                let _ = std::fs::remove_dir_all(&p);
+            }
+            Ok(_) => {
+                let _ = std::fs::remove_file(&p);
+            }
+            Err(_) => {}
+        }
+    }
+}
