@@ -760,12 +760,12 @@ async fn receive(
     let upload = spool(&served, &headers, body, max).await?;
     blocking(move || {
         let _writer = served.repo.writer();
-        let mut file = std::io::BufReader::with_capacity(
-            1 << 20,
-            std::fs::File::open(upload.path())
-                .map_err(|e| ApiError::internal(format!("cannot read the upload: {e}")))?,
-        );
-        let received = transfer::receive_pack(&served.repo, &mut file, max)?;
+        let file = std::fs::File::open(upload.path())
+            .map_err(|e| ApiError::internal(format!("cannot read the upload: {e}")))?;
+        // No record in the pack can be longer than the upload itself.
+        let len = file.metadata().map(|m| m.len()).unwrap_or(max).min(max);
+        let mut file = std::io::BufReader::with_capacity(1 << 20, file);
+        let received = transfer::receive_pack(&served.repo, &mut file, len)?;
         Ok(Json(received).into_response())
     })
     .await

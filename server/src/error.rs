@@ -159,6 +159,7 @@ fn store_error(e: &StoreError, message: String) -> ApiError {
         E::Corrupt { .. } => (S::INTERNAL_SERVER_ERROR, "corrupt_object"),
         E::Missing(_) => (S::INTERNAL_SERVER_ERROR, "missing_object"),
         E::Busy { .. } => (S::SERVICE_UNAVAILABLE, "busy"),
+        E::OutOfMemory(_) => (S::SERVICE_UNAVAILABLE, "out_of_memory"),
         E::ReadOnly(_) => (S::FORBIDDEN, "read_only"),
         E::NotARepository(_) => (S::NOT_FOUND, "no_such_repository"),
         E::AlreadyExists(_) => (S::CONFLICT, "exists"),

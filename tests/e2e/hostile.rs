@@ -200,3 +200,97 @@ fn the_server_recovers_from_a_full_disk_without_a_restart() {
     server.stop();
     assert_fsck_clean(&repo);
 }
+
+/// A pack of one frame: `id`, `record`.
+fn pack_of(id: [u8; 32], record: &[u8], claimed_len: Option<u64>) -> Vec<u8> {
+    let mut p = b"MDLPACK1".to_vec();
+    p.extend_from_slice(&id);
+    p.extend_from_slice(&claimed_len.unwrap_or(record.len() as u64).to_le_bytes());
+    p.extend_from_slice(record);
+    p.extend_from_slice(&[0u8; 40]);
+    p
+}
+
+/// A float-split record of an f32 tensor of `elems` elements, every plane a constant stream:
+/// a few dozen bytes that honestly decode to `4 × elems` bytes of zeros.
+fn constant_tensor_record(elems: u64, claimed: u64) -> Vec<u8> {
+    use mdl_format::record::{encode, RecordHeader};
+    use mdl_format::{Dtype, ObjectKind, TensorHeader};
+    let prefix = TensorHeader::new(Dtype::F32, vec![elems]).canonical();
+    let mut payload = vec![4u8, 0];
+    for _ in 0..4 {
+        payload.extend_from_slice(&2u64.to_le_bytes());
+    }
+    for _ in 0..4 {
+        payload.extend_from_slice(&[1, 0]);
+    }
+    encode(
+        &RecordHeader::new(ObjectKind::Tensor, 2, None, prefix),
+        &payload,
+        claimed,
+    )
+}
+
+/// Peak resident memory of a process, in KiB.
+fn peak_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn lengths_that_lie_are_refused_without_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let served = d.join("srv");
+    ok(&served, &["init"]);
+    let server = Server::start(&["-C", served.to_str().unwrap()], d);
+    let auth = bearer(WRITE);
+    let send = |body: &[u8]| {
+        let (status, _, answer) = http(
+            &server.base,
+            "POST",
+            "/v1/repos/srv/objects",
+            &[("Authorization", &auth)],
+            body,
+        );
+        (status, String::from_utf8_lossy(&answer).to_string())
+    };
+    // A 48-byte pack whose frame claims 60 GiB.
+    let mut tiny = b"MDLPACK1".to_vec();
+    tiny.extend_from_slice(&[7u8; 32]);
+    tiny.extend_from_slice(&(60u64 << 30).to_le_bytes());
+    assert_eq!(tiny.len(), 48);
+    let (status, text) = send(&tiny);
+    assert_eq!(status, 400, "{text}");
+    // A record whose trailer claims 2^40 decoded bytes for a 16-element tensor.
+    let (status, text) = send(&pack_of(
+        [8; 32],
+        &constant_tensor_record(16, 1 << 40),
+        None,
+    ));
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("cannot hold"), "{text}");
+    // A few dozen bytes that honestly decode to 1 GiB: refused before decoding.
+    let bomb = pack_of([9; 32], &constant_tensor_record(1 << 28, 1 << 30), None);
+    assert!(bomb.len() < 200, "{}", bomb.len());
+    let (status, text) = send(&bomb);
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("decode to"), "{text}");
+    // The server is still there, and never held anything near those sizes.
+    let (status, _, _) = http(
+        &server.base,
+        "GET",
+        "/v1/repos/srv/refs",
+        &[("Authorization", &auth)],
+        b"",
+    );
+    assert_eq!(status, 200);
+    let peak = peak_kib(server.pid());
+    assert!(peak < 300 << 10, "peak memory {peak} KiB");
+    server.stop();
+    assert_fsck_clean(&served);
+}

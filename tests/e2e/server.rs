@@ -46,6 +46,11 @@ impl Server {
         Server { child, base }
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Stops the server (SIGTERM) and waits for it.
     pub fn stop(mut self) {
         self.terminate();

@@ -145,6 +145,44 @@ impl Trailer {
     }
 }
 
+/// Largest decoded manifest or commit a record may claim.
+pub const MAX_META_CONTENT: u64 = 256 << 20;
+/// How many times its payload a manifest or commit may decode to (text compresses well, but
+/// not this well), plus a little for tiny payloads.
+pub const MAX_META_EXPANSION: u64 = 64;
+
+/// Checks that a record's claimed decoded length is one its bytes can hold, before anything
+/// is allocated for it: a tensor's must equal what its header's dtype and shape say; a
+/// manifest's or commit's must be a bounded expansion of its payload.
+pub fn check_content_len(
+    header: &RecordHeader,
+    payload_len: u64,
+    content_len: u64,
+) -> Result<(), FormatError> {
+    let ok = match header.kind {
+        ObjectKind::Tensor => {
+            let t = crate::TensorHeader::from_canonical(&header.prefix)?;
+            t.data_len() == Some(content_len)
+        }
+        ObjectKind::Manifest | ObjectKind::Commit => {
+            header.prefix.is_empty()
+                && content_len <= MAX_META_CONTENT
+                && content_len <= payload_len.saturating_mul(MAX_META_EXPANSION) + 4096
+        }
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(FormatError::invalid(
+            "record",
+            format!(
+                "claims {content_len} decoded bytes, which its {} header and {payload_len}-byte payload cannot hold",
+                header.kind.name()
+            ),
+        ))
+    }
+}
+
 /// A whole record held in memory: header, payload and trailer with its checksum.
 pub fn encode(header: &RecordHeader, payload: &[u8], content_len: u64) -> Vec<u8> {
     let mut out = header.encode();
@@ -211,6 +249,19 @@ mod tests {
         for cut in 0..rec.len() {
             assert!(decode(&rec[..cut]).is_err());
         }
+    }
+
+    #[test]
+    fn content_lengths_are_bounded_by_what_the_record_can_hold() {
+        let t = crate::TensorHeader::new(crate::Dtype::F32, vec![4, 4]);
+        let h = RecordHeader::new(ObjectKind::Tensor, 2, None, t.canonical());
+        assert!(check_content_len(&h, 10, 64).is_ok());
+        assert!(check_content_len(&h, 10, 1 << 40).is_err());
+        let m = RecordHeader::new(ObjectKind::Manifest, 1, None, Vec::new());
+        assert!(check_content_len(&m, 1000, 20_000).is_ok());
+        assert!(check_content_len(&m, 100, 1 << 30).is_err());
+        let bad = RecordHeader::new(ObjectKind::Tensor, 2, None, vec![9, 9]);
+        assert!(check_content_len(&bad, 10, 0).is_err());
     }
 
     proptest::proptest! {

@@ -71,6 +71,9 @@ pub enum StoreError {
     /// The input's bytes changed while they were being stored.
     #[error("input changed while it was being committed (tensor {0} no longer matches its hash); nothing was stored")]
     InputChanged(ObjectId),
+    /// Memory for decoding an object could not be had.
+    #[error("cannot allocate {0} bytes to decode an object")]
+    OutOfMemory(u64),
     /// A compare-and-swap on a ref found another value.
     #[error("ref {name} changed concurrently (expected {expected}, found {found})")]
     RefConflict {

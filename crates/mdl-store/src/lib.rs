@@ -22,7 +22,7 @@ pub use error::StoreError;
 pub use fs::{RealFs, Storage};
 pub use lock::{LockMode, RepoLock};
 pub use meta::{CommitSummary, Expired, IndexEntry, Meta, RefValue, ReflogEntry};
-pub use objects::{ObjectBatch, Placement, PutOutcome, MAX_CHAIN};
+pub use objects::{zeroed, ObjectBatch, Placement, PutOutcome, MAX_CHAIN};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -147,7 +147,7 @@ impl Store {
                 .map_err(corrupt)?
                 .is_streaming()
         {
-            let mut data = vec![0u8; entry.content_len as usize];
+            let mut data = zeroed(entry.content_len)?;
             self.materialize(id, entry, chain_budget(entry), &mut data)?;
             out.write_all(&data).map_err(StoreError::Output)?;
             return Ok(data.len() as u64);
@@ -239,7 +239,7 @@ impl Store {
     /// Decodes a tensor into memory, resolving its delta chain; every record's checksum and the
     /// final content hash are verified. Tensors of any codec are accepted.
     pub fn load_tensor(&self, id: &ObjectId, entry: &IndexEntry) -> Result<Vec<u8>, StoreError> {
-        let mut out = vec![0u8; entry.content_len as usize];
+        let mut out = zeroed(entry.content_len)?;
         self.load_tensor_into(id, entry, &mut out)?;
         Ok(out)
     }
@@ -289,7 +289,7 @@ impl Store {
         let base = match &entry.base {
             Some(base_id) => {
                 let base_entry = self.base_entry(id, entry, base_id)?;
-                let mut b = vec![0u8; base_entry.content_len as usize];
+                let mut b = zeroed(base_entry.content_len)?;
                 self.materialize(base_id, &base_entry, budget - 1, &mut b)?;
                 Some(b)
             }
@@ -583,6 +583,17 @@ pub(crate) fn record_files(dir: &Path) -> Result<Vec<(ObjectId, u32)>, StoreErro
     }
 }
 
+/// A buffer of `len` zero bytes, or [`StoreError::OutOfMemory`] where a plain allocation would
+/// abort the process (a length from a damaged index, or more than the machine has).
+pub fn zeroed(len: u64) -> Result<Vec<u8>, StoreError> {
+    let n = usize::try_from(len).map_err(|_| StoreError::OutOfMemory(len))?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| StoreError::OutOfMemory(len))?;
+    v.resize(n, 0);
+    Ok(v)
+}
+
 /// How many delta steps a read of `entry` may follow: a chain can never be longer than the
 /// index says; the budget also stops cycles in a damaged index.
 fn chain_budget(entry: &IndexEntry) -> u32 {
@@ -803,6 +814,8 @@ impl ObjectBatch<'_> {
             source,
         };
         let (header, payload, trailer) = record::decode(record).map_err(bad)?;
+        record::check_content_len(&header, payload.len() as u64, trailer.content_len)
+            .map_err(bad)?;
         let codec = CodecTag::try_from(header.codec).map_err(bad)?;
         if header.base.is_some() != codec.has_base() || header.base == Some(*id) {
             return Err(bad(FormatError::invalid(

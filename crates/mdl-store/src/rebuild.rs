@@ -220,6 +220,8 @@ fn scan(path: &Path, id: &ObjectId, generation: u32) -> Result<(Scanned, Option<
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map_or(Timestamp::now(), |d| Timestamp(d.as_millis() as i64));
     let (header, payload, trailer) = record::decode(&bytes).map_err(|e| e.to_string())?;
+    record::check_content_len(&header, payload.len() as u64, trailer.content_len)
+        .map_err(|e| e.to_string())?;
     if header.base.is_some() && header.kind != ObjectKind::Tensor {
         return Err("only tensors may be deltas".into());
     }

@@ -98,7 +98,9 @@ impl Repository {
                 found: entry.kind.name(),
             });
         }
-        let mut out = Vec::with_capacity(entry.content_len as usize);
+        let mut out = Vec::new();
+        out.try_reserve_exact(entry.content_len as usize)
+            .map_err(|_| StoreError::OutOfMemory(entry.content_len))?;
         self.store.read_object(id, &entry, &mut out)?;
         Ok(out)
     }

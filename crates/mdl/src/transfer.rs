@@ -21,6 +21,12 @@ use crate::{history, per_tensor, Error, Repository, Result};
 /// First bytes of a pack stream.
 pub const PACK_MAGIC: &[u8; 8] = b"MDLPACK1";
 
+/// A received pack may decode to at most this many times the bytes received…
+const MAX_EXPANSION: u64 = 4096;
+/// …or this much, whichever is more: enough for any real checkpoint (whose tensors compress a
+/// few times at most) and for tensors of constants, not for a few bytes that claim gigabytes.
+const MIN_DECODE_ALLOWANCE: u64 = 256 << 20;
+
 /// Frame length that marks an expired tensor instead of a record (see [`write_pack`]).
 const EXPIRED_FRAME: u64 = u64::MAX;
 
@@ -243,6 +249,10 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
         return Err(bad_pack("not an mdl pack stream"));
     }
     let mut received = Received::default();
+    // Bytes read so far, and what the tensors among them decode to (their claims, checked
+    // against their headers before anything is decoded).
+    let mut read_bytes = PACK_MAGIC.len() as u64;
+    let mut decoded = 0u64;
     // Tensors written but not yet indexed (the current layer), and manifests and commits,
     // which are published together at the end.
     let mut layer: Vec<(ObjectId, IndexEntry)> = Vec::new();
@@ -256,6 +266,7 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
     loop {
         let mut head = [0u8; 40];
         read_exact(r, &mut head)?;
+        read_bytes += 40;
         let id = ObjectId::from_bytes(head[..32].try_into().expect("32 bytes"));
         let len = u64::from_le_bytes(head[32..].try_into().expect("8 bytes"));
         if len == 0 && id.as_bytes() == &[0u8; 32] {
@@ -270,18 +281,36 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
                 "record of {id} is {len} bytes, over the limit of {max_record}"
             )));
         }
-        let mut record = vec![0u8; len as usize];
-        read_exact(r, &mut record)?;
+        let record = read_frame(r, len)?;
+        read_bytes += len;
         if pending.contains(&id) || store.meta().read()?.object(&id)?.is_some() {
             continue;
         }
-        let (header, _) = mdl_format::record::RecordHeader::decode(&record).map_err(|source| {
-            StoreError::Corrupt {
-                id,
-                kind: "received",
-                source,
-            }
-        })?;
+        let corrupt = |source| StoreError::Corrupt {
+            id,
+            kind: "received",
+            source,
+        };
+        let (header, header_len) =
+            mdl_format::record::RecordHeader::decode(&record).map_err(corrupt)?;
+        let trailer = record
+            .len()
+            .checked_sub(mdl_format::record::TRAILER_LEN)
+            .map(|at| mdl_format::record::Trailer::decode(&record[at..]))
+            .ok_or_else(|| bad_pack(format!("record of {id} is too short")))?
+            .map_err(corrupt)?;
+        let payload_len = record
+            .len()
+            .saturating_sub(header_len + mdl_format::record::TRAILER_LEN) as u64;
+        mdl_format::record::check_content_len(&header, payload_len, trailer.content_len)
+            .map_err(|e| bad_pack(format!("{id}: {e}")))?;
+        decoded = decoded.saturating_add(trailer.content_len);
+        let allowance = MIN_DECODE_ALLOWANCE.max(read_bytes.saturating_mul(MAX_EXPANSION));
+        if decoded > allowance {
+            return Err(bad_pack(format!(
+                "the pack's {read_bytes} bytes claim to decode to {decoded} bytes (at most {MAX_EXPANSION} times what is sent, or {MIN_DECODE_ALLOWANCE} bytes)"
+            )));
+        }
         let depth = match header.base {
             None => 0,
             Some(base) => {
@@ -319,6 +348,24 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
     publish_tensors(repo, batch, &mut layer)?;
     (received.commits, received.expired) = publish_tail(repo, &tail, &expired)?;
     Ok(received)
+}
+
+/// Reads a frame's record of `len` bytes, holding memory only for bytes that arrive (a
+/// length that lies ends in "ends early", not in a huge allocation), and failing cleanly if
+/// memory runs out.
+fn read_frame(r: &mut dyn Read, len: u64) -> Result<Vec<u8>> {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut left = len;
+    while left > 0 {
+        let step = left.min(8 << 20) as usize;
+        buf.try_reserve(step)
+            .map_err(|_| bad_pack(format!("no memory for a record of {len} bytes")))?;
+        let start = buf.len();
+        buf.resize(start + step, 0);
+        read_exact(r, &mut buf[start..])?;
+        left -= step as u64;
+    }
+    Ok(buf)
 }
 
 fn read_exact(r: &mut dyn Read, buf: &mut [u8]) -> Result<()> {
@@ -399,7 +446,10 @@ fn publish_tail(
     let mut commits = Vec::new();
     let mut newly_expired: Vec<(ObjectId, &Expired)> = Vec::new();
     for (id, entry) in tail {
-        let mut bytes = Vec::with_capacity(entry.content_len as usize);
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(entry.content_len as usize)
+            .map_err(|_| StoreError::OutOfMemory(entry.content_len))?;
         store.read_object(id, entry, &mut bytes)?;
         let corrupt = |source| Error::Corrupt { id: *id, source };
         match entry.kind {

@@ -198,3 +198,54 @@ fn ref_updates_are_compare_and_swap_and_fast_forward() {
         assert!(r.is_err(), "{name} accepted");
     }
 }
+
+/// What a malicious server could send a client (`clone`, `fetch`, `pull` receive packs with
+/// the same code): lengths that lie are refused before anything that size is allocated.
+#[test]
+fn packs_that_lie_about_lengths_are_refused_before_allocating() {
+    use mdl_format::record::{encode, RecordHeader};
+    use mdl_format::{Dtype, ObjectKind, TensorHeader};
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(&dir.path().join("r")).unwrap();
+    let frame = |id: u8, record: &[u8], claimed: u64| {
+        let mut p = transfer::PACK_MAGIC.to_vec();
+        p.extend_from_slice(&[id; 32]);
+        p.extend_from_slice(&claimed.to_le_bytes());
+        p.extend_from_slice(record);
+        p.extend_from_slice(&[0u8; 40]);
+        p
+    };
+    // Every plane a constant stream: a few dozen bytes for `elems` f32 zeros.
+    let constant = |elems: u64, claimed: u64| {
+        let mut payload = vec![4u8, 0];
+        for _ in 0..4 {
+            payload.extend_from_slice(&2u64.to_le_bytes());
+        }
+        for _ in 0..4 {
+            payload.extend_from_slice(&[1, 0]);
+        }
+        let prefix = TensorHeader::new(Dtype::F32, vec![elems]).canonical();
+        encode(
+            &RecordHeader::new(ObjectKind::Tensor, 2, None, prefix),
+            &payload,
+            claimed,
+        )
+    };
+    let cases = [
+        ("ends early", frame(1, b"", 60 << 30)),
+        ("cannot hold", {
+            let r = constant(16, 1 << 40);
+            frame(2, &r, r.len() as u64)
+        }),
+        ("decode to", {
+            let r = constant(1 << 28, 1 << 30);
+            frame(3, &r, r.len() as u64)
+        }),
+    ];
+    for (want, pack) in cases {
+        let err = transfer::receive_pack(&repo, &mut &pack[..], u64::MAX).unwrap_err();
+        assert!(matches!(err, Error::BadTransfer(_)), "{err}");
+        assert!(err.to_string().contains(want), "{want}: {err}");
+    }
+    assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
+}
