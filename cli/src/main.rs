@@ -151,6 +151,16 @@ enum Command {
         /// Largest upload (commit or push), e.g. 512M or 64G.
         #[arg(long, default_value = "64G", value_name = "SIZE")]
         max_body: String,
+        /// Connections served at once (more wait to be accepted).
+        #[arg(long, default_value_t = 512, value_name = "N")]
+        max_connections: usize,
+        /// Seconds a client has to send a request's headers (and that an idle connection is
+        /// kept between requests).
+        #[arg(long, default_value_t = 10, value_name = "SECS")]
+        header_timeout: u64,
+        /// Seconds an upload may send nothing before it is cut off (408).
+        #[arg(long, default_value_t = 30, value_name = "SECS")]
+        body_timeout: u64,
     },
     /// List remotes, or add one: mdl remote add NAME URL.
     Remote {
@@ -593,23 +603,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             let repo = open(cli, LockMode::Read, purpose)?;
             output::stats(out, cli.json, &mdl::stats::stats(&repo)?)?;
         }
-        Command::Serve {
-            addr,
-            root,
-            tokens,
-            read_public,
-            max_body,
-        } => {
-            remote::serve(
-                cli,
-                addr,
-                root.as_deref(),
-                tokens.as_deref(),
-                *read_public,
-                max_body,
-                out,
-            )?;
-        }
+        Command::Serve { .. } => remote::serve(cli, out)?,
         Command::Remote { action } => match action {
             Some(RemoteAction::Add { name, url }) => {
                 let repo = open(cli, LockMode::Write, purpose)?;

@@ -2,7 +2,7 @@
 //! commands forwarded to the `mdl serve` that owns the repository.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -143,15 +143,20 @@ fn parse_size(s: &str) -> anyhow::Result<u64> {
 }
 
 /// `mdl serve`: binds, prints where it listens, and serves until SIGINT or SIGTERM.
-pub fn serve(
-    cli: &Cli,
-    addr: &str,
-    root: Option<&Path>,
-    tokens: Option<&Path>,
-    read_public: bool,
-    max_body: &str,
-    out: &mut dyn Write,
-) -> anyhow::Result<()> {
+pub fn serve(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
+    let Command::Serve {
+        addr,
+        root,
+        tokens,
+        read_public,
+        max_body,
+        max_connections,
+        header_timeout,
+        body_timeout,
+    } = &cli.command
+    else {
+        unreachable!("serve runs the serve command");
+    };
     let repos = match root {
         Some(r) => {
             let base = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
@@ -186,9 +191,14 @@ pub fn serve(
     let config = mdl_server::Config {
         repos,
         tokens,
-        read_public,
+        read_public: *read_public,
         max_body: parse_size(max_body)?,
         wait: Duration::from_secs(cli.wait),
+        limits: mdl_server::Limits {
+            max_connections: *max_connections,
+            header_timeout: Duration::from_secs(*header_timeout),
+            body_timeout: Duration::from_secs(*body_timeout),
+        },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -62,7 +62,28 @@ pub fn app(state: Arc<State>) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(MAX_JSON))
+        // A request body that sends nothing for this long is cut off.
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            state.config().limits.body_timeout,
+        ))
         .with_state(state)
+}
+
+/// Why reading a request body failed: a client that stopped sending (408), or one that
+/// broke off (400).
+fn body_error(e: axum::Error) -> ApiError {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    while let Some(c) = cause {
+        if c.is::<tower_http::timeout::TimeoutError>() {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                "the request body stopped arriving",
+            );
+        }
+        cause = c.source();
+    }
+    ApiError::bad("bad_body", format!("reading the body: {e}"))
 }
 
 /// Runs blocking work (store, codecs) off the async workers.
@@ -515,8 +536,7 @@ async fn spool(
     let mut stream = body.into_data_stream();
     let mut total = 0u64;
     while let Some(chunk) = stream.next().await {
-        let chunk =
-            chunk.map_err(|e| ApiError::bad("bad_body", format!("reading the body: {e}")))?;
+        let chunk = chunk.map_err(body_error)?;
         total += chunk.len() as u64;
         if total > max {
             return Err(too_large());

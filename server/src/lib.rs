@@ -12,7 +12,6 @@ pub mod auth;
 pub mod error;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -54,6 +53,30 @@ pub struct Config {
     pub max_body: u64,
     /// How long to wait for another process holding a repository when opening it.
     pub wait: Duration,
+    /// Connection limits and timeouts.
+    pub limits: Limits,
+}
+
+/// What one client may hold of the server.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Connections open at once; more wait in the listen queue.
+    pub max_connections: usize,
+    /// A request's headers must arrive within this (also how long an idle connection waiting
+    /// for its next request is kept).
+    pub header_timeout: Duration,
+    /// A request body that sends nothing for this long is cut off (408).
+    pub body_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 512,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 /// What `.mdl/serve.json` holds: how a local `mdl` reaches the owning server.
@@ -293,17 +316,50 @@ fn random_token() -> Result<String, String> {
 }
 
 /// Serves `state` on `listener` until SIGINT or SIGTERM, then finishes the requests in flight
-/// and closes the repositories.
+/// and closes the repositories. At most [`Limits::max_connections`] connections are open at
+/// once (the next is accepted when one closes); headers must arrive within
+/// [`Limits::header_timeout`], which also closes connections idle between requests.
 pub async fn serve(state: Arc<State>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let limits = state.config.limits;
     let router = app(state.clone());
-    let result = axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown_signal())
-    .await;
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+            _ = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors and the like: wait a little instead of spinning.
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("connection: {e}");
+            }
+            drop(permit);
+        });
+    }
+    tracing::info!("shutting down: finishing requests in flight");
+    graceful.shutdown().await;
     state.close_all();
-    result
+    Ok(())
 }
 
 async fn shutdown_signal() {
@@ -313,5 +369,4 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
-    tracing::info!("shutting down: finishing requests in flight");
 }

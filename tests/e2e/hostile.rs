@@ -294,3 +294,103 @@ fn lengths_that_lie_are_refused_without_allocating() {
     server.stop();
     assert_fsck_clean(&served);
 }
+
+/// A bounded slow-client run on loopback: 100 connections that trickle their headers a byte
+/// at a time, against a server allowed 96 descriptors and 48 connections. The slow ones are
+/// closed once the header timeout passes (without a cap they would take every descriptor),
+/// and a real request behind them gets its answer within a few timeouts.
+#[test]
+fn slow_and_idle_clients_cannot_starve_the_server() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let served = d.join("srv");
+    ok(&served, &["init"]);
+    let server = Server::start(
+        &[
+            "-C",
+            served.to_str().unwrap(),
+            "--max-connections",
+            "48",
+            "--header-timeout",
+            "2",
+            "--body-timeout",
+            "2",
+        ],
+        d,
+    );
+    let limited = std::process::Command::new("prlimit")
+        .args(["--pid", &server.pid().to_string(), "--nofile=96:96"])
+        .status()
+        .unwrap();
+    assert!(limited.success());
+    let addr = server.base.strip_prefix("http://").unwrap().to_string();
+    let started = Instant::now();
+    let slow: Vec<_> = (0..100)
+        .map(|_| {
+            let addr = addr.clone();
+            std::thread::spawn(move || -> Option<Duration> {
+                let t0 = Instant::now();
+                let mut s = TcpStream::connect(&addr).ok()?;
+                s.set_read_timeout(Some(Duration::from_millis(400))).ok()?;
+                let _ = s.write_all(b"GET /v1/repos HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+                // A byte every 400 ms for at most 9 s; stop when the server has closed it.
+                while t0.elapsed() < Duration::from_secs(9) {
+                    let mut buf = [0u8; 256];
+                    match s.read(&mut buf) {
+                        Ok(0) => return Some(t0.elapsed()),
+                        Ok(_) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(_) => return Some(t0.elapsed()),
+                    }
+                    if s.write_all(b"a").is_err() {
+                        return Some(t0.elapsed());
+                    }
+                }
+                None
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // A real request in the middle of it: answered once slow connections time out.
+    let t0 = Instant::now();
+    let (status, _, _) = http(
+        &server.base,
+        "GET",
+        "/v1/repos",
+        &[("Authorization", &bearer(WRITE))],
+        b"",
+    );
+    assert_eq!(status, 200);
+    assert!(
+        t0.elapsed() < Duration::from_secs(7),
+        "took {:?}",
+        t0.elapsed()
+    );
+    let closed: Vec<Option<Duration>> = slow.into_iter().map(|t| t.join().unwrap()).collect();
+    let kept = closed.iter().filter(|c| c.is_none()).count();
+    assert_eq!(kept, 0, "{kept} slow connections were kept open for 9 s");
+    assert!(started.elapsed() < Duration::from_secs(30));
+
+    // An upload that stops sending: cut off with 408.
+    let mut s = TcpStream::connect(&addr).unwrap();
+    let head = format!(
+        "POST /v1/repos/srv/commits HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\nContent-Length: 1000\r\n\r\n0123456789",
+        bearer(WRITE)
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t0 = Instant::now();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(6),
+        "took {:?}",
+        t0.elapsed()
+    );
+    server.stop();
+}

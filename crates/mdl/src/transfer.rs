@@ -301,7 +301,8 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
             .map_err(corrupt)?;
         let payload_len = record
             .len()
-            .saturating_sub(header_len + mdl_format::record::TRAILER_LEN) as u64;
+            .saturating_sub(header_len + mdl_format::record::TRAILER_LEN)
+            as u64;
         mdl_format::record::check_content_len(&header, payload_len, trailer.content_len)
             .map_err(|e| bad_pack(format!("{id}: {e}")))?;
         decoded = decoded.saturating_add(trailer.content_len);
