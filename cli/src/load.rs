@@ -6,7 +6,8 @@
 //! checkpoint pulls. Prints requests/s, MB/s, latency percentiles per kind, the server's peak
 //! RSS (VmHWM), and checks that every commit is in the log afterwards.
 //!
-//! `mdl-load [--clients 8] [--commits 25] [--pulls 32] [--mib 8] [--mdl PATH]`
+//! `mdl-load [--clients 8] [--commits 25] [--pulls 32] [--mib 8] [--decode-memory SIZE]
+//! [--mdl PATH]` (`--decode-memory` is passed to `mdl serve`).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -22,6 +23,7 @@ struct Opts {
     commits: usize,
     pulls: usize,
     mib: usize,
+    decode_memory: Option<String>,
     mdl: PathBuf,
 }
 
@@ -31,6 +33,7 @@ fn parse_args() -> Result<Opts> {
         commits: 25,
         pulls: 32,
         mib: 8,
+        decode_memory: None,
         mdl: std::env::current_exe()?.with_file_name("mdl"),
     };
     let mut args = std::env::args().skip(1);
@@ -41,6 +44,7 @@ fn parse_args() -> Result<Opts> {
             "--commits" => o.commits = value()?.parse()?,
             "--pulls" => o.pulls = value()?.parse()?,
             "--mib" => o.mib = value()?.parse()?,
+            "--decode-memory" => o.decode_memory = Some(value()?),
             "--mdl" => o.mdl = PathBuf::from(value()?),
             _ => bail!("unknown option {a}"),
         }
@@ -139,6 +143,11 @@ fn main() -> Result<()> {
         .arg(&repo)
         .args(["serve", "--addr", "127.0.0.1:0", "--tokens"])
         .arg(&tokens)
+        .args(
+            o.decode_memory
+                .iter()
+                .flat_map(|m| ["--decode-memory", m.as_str()]),
+        )
         .stdout(Stdio::piped())
         .spawn()
         .context("start mdl serve")?;

@@ -161,6 +161,9 @@ enum Command {
         /// Seconds an upload may send nothing before it is cut off (408).
         #[arg(long, default_value_t = 30, value_name = "SECS")]
         body_timeout: u64,
+        /// Decoded tensors all requests together may hold at once, e.g. 4G (more wait).
+        #[arg(long, default_value = "4G", value_name = "SIZE")]
+        decode_memory: String,
     },
     /// List remotes, or add one: mdl remote add NAME URL.
     Remote {

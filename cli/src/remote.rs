@@ -153,6 +153,7 @@ pub fn serve(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         max_connections,
         header_timeout,
         body_timeout,
+        decode_memory,
     } = &cli.command
     else {
         unreachable!("serve runs the serve command");
@@ -188,6 +189,7 @@ pub fn serve(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Some(p) => mdl_server::Tokens::load(p).map_err(anyhow::Error::msg)?,
         None => mdl_server::Tokens::default(),
     };
+    mdl::budget::set_limit(parse_size(decode_memory)?);
     let config = mdl_server::Config {
         repos,
         tokens,

@@ -16,7 +16,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use mdl::checkout::{Layout, Placed};
 use mdl::transfer::{self, PlannedObject, RefUpdate};
-use mdl::{ObjectId, RefName};
+use mdl::{budget, ObjectId, RefName};
 use serde::{Deserialize, Serialize};
 use tokio_stream::StreamExt;
 
@@ -27,8 +27,9 @@ use crate::{valid_repo_name, Served, State};
 type Shared = AxState<Arc<State>>;
 type ApiResult<T> = Result<T, ApiError>;
 
-/// Largest JSON request body (id lists for negotiation).
-const MAX_JSON: usize = 64 << 20;
+/// Largest JSON request body. The largest real one is a list of 100,000 object ids (about
+/// 6.7 MB), which is how many the client sends per request.
+const MAX_JSON: usize = 8 << 20;
 /// Decoded bytes a checkpoint stream holds at once (beyond one larger tensor).
 const STREAM_WINDOW: u64 = 64 << 20;
 /// Size of the pieces a response body is sent in.
@@ -400,10 +401,18 @@ fn stream_range(served: Arc<Served>, layout: Arc<Layout>, start: u64, end: u64) 
                 bytes += touching[j].entry.content_len;
                 j += 1;
             }
-            let decoded = decode_all(&served, &touching[i..j]);
-            for (t, data) in touching[i..j].iter().zip(decoded) {
+            // The window's bytes (and its delta bases while decoding) count against the
+            // server's decode budget until they are sent.
+            let window = &touching[i..j];
+            let mut held =
+                budget::reserve(window.iter().map(|t| budget::decode_cost(&t.entry)).sum());
+            let decoded = decode_all(&served, window);
+            for (t, data) in window.iter().zip(decoded) {
                 let data = match data {
-                    Ok(d) => Bytes::from(d),
+                    Ok(data) => Bytes::from_owner(Held {
+                        data,
+                        _budget: held.split_off(t.entry.content_len),
+                    }),
                     Err(e) => {
                         tracing::error!("checkpoint stream: {e}");
                         let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
@@ -412,16 +421,65 @@ fn stream_range(served: Arc<Served>, layout: Arc<Layout>, start: u64, end: u64) 
                 };
                 let from = start.max(t.offset) - t.offset;
                 let to = end.min(t.offset + t.entry.content_len) - t.offset;
-                let mut at = from as usize;
-                while at < to as usize {
-                    let next = (at + PIECE).min(to as usize);
-                    if !send(data.slice(at..next)) {
-                        return;
-                    }
-                    at = next;
+                if !send_pieces(&tx, &data, from as usize, to as usize) {
+                    return;
                 }
             }
             i = j;
+        }
+    });
+    Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// A decoded tensor and its share of the decode budget: the pieces sent from it are slices
+/// of it, so the share is given back only when the last piece has been written and dropped.
+struct Held {
+    data: Vec<u8>,
+    _budget: budget::Reservation,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// Sends `data[from..to]` in pieces; false when the client went away.
+fn send_pieces(
+    tx: &tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+    data: &Bytes,
+    from: usize,
+    to: usize,
+) -> bool {
+    let mut at = from;
+    while at < to {
+        let next = (at + PIECE).min(to);
+        if tx.blocking_send(Ok(data.slice(at..next))).is_err() {
+            return false;
+        }
+        at = next;
+    }
+    true
+}
+
+/// Streams one tensor: decoded on a blocking thread under the decode budget, sent in pieces.
+fn stream_tensor(served: Arc<Served>, placed: Placed) -> Body {
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
+    tokio::task::spawn_blocking(move || {
+        let mut held = budget::reserve(budget::decode_cost(&placed.entry));
+        match served.repo.store().load_tensor(&placed.id, &placed.entry) {
+            Ok(data) => {
+                let data = Bytes::from_owner(Held {
+                    data,
+                    _budget: held.split_off(placed.entry.content_len),
+                });
+                drop(held);
+                send_pieces(&tx, &data, 0, data.len());
+            }
+            Err(e) => {
+                tracing::error!("tensor stream: {e}");
+                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+            }
         }
     });
     Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -458,20 +516,18 @@ async fn tensor(
         ));
     }
     let head = method == Method::HEAD;
-    let (placed, commit, data) = blocking(move || {
-        let layout = mdl::checkout::layout(&served.repo, &rev)?;
-        let placed = layout
-            .tensor(&tensor)
-            .ok_or_else(|| ApiError::not_found(format!("no tensor {tensor:?} in {rev}")))?
-            .clone();
-        let data = if head {
-            Vec::new()
-        } else {
-            served.repo.store().load_tensor(&placed.id, &placed.entry)?
-        };
-        Ok((placed, layout.commit, data))
-    })
-    .await?;
+    let (placed, commit) = {
+        let served = served.clone();
+        blocking(move || {
+            let layout = mdl::checkout::layout(&served.repo, &rev)?;
+            let placed = layout
+                .tensor(&tensor)
+                .ok_or_else(|| ApiError::not_found(format!("no tensor {tensor:?} in {rev}")))?
+                .clone();
+            Ok((placed, layout.commit))
+        })
+        .await?
+    };
     let shape: Vec<String> = placed.header.shape.iter().map(u64::to_string).collect();
     let response = Response::builder()
         .header(header::CONTENT_TYPE, "application/octet-stream")
@@ -486,7 +542,7 @@ async fn tensor(
         .body(if head {
             Body::empty()
         } else {
-            Body::from(data)
+            stream_tensor(served, placed)
         })
         .map_err(|e| ApiError::internal(e.to_string()))
 }

@@ -60,6 +60,9 @@ impl From<mdl::StoreError> for Error {
 /// Result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Most object ids one request carries (the server takes JSON bodies of up to 8 MiB).
+pub const IDS_PER_REQUEST: usize = 100_000;
+
 /// A repository on a server.
 #[derive(Clone, Debug)]
 pub struct Remote {
@@ -356,7 +359,7 @@ impl Remote {
             missing: Vec<ObjectId>,
         }
         let mut out = Vec::new();
-        for chunk in ids.chunks(100_000) {
+        for chunk in ids.chunks(IDS_PER_REQUEST) {
             let m: Missing =
                 self.post_json("/objects/missing", &serde_json::json!({ "ids": chunk }))?;
             out.extend(m.missing);
@@ -377,12 +380,21 @@ impl Remote {
         Ok(p.objects)
     }
 
-    /// Downloads the records of `ids` and stores them in `repo`, verifying each.
+    /// Downloads the records of `ids` and stores them in `repo`, verifying each (in requests
+    /// of at most [`IDS_PER_REQUEST`] ids, in order, so bases still come first).
     pub fn fetch_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
-        let req = self.auth(self.agent.post(format!("{}/objects/fetch", self.api)));
-        let mut resp = self.check(req.send_json(serde_json::json!({ "ids": ids })))?;
-        let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
-        Ok(transfer::receive_pack(repo, &mut reader, u64::MAX)?)
+        let mut total = Received::default();
+        for chunk in ids.chunks(IDS_PER_REQUEST) {
+            let req = self.auth(self.agent.post(format!("{}/objects/fetch", self.api)));
+            let mut resp = self.check(req.send_json(serde_json::json!({ "ids": chunk })))?;
+            let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
+            let got = transfer::receive_pack(repo, &mut reader, u64::MAX)?;
+            total.objects += got.objects;
+            total.bytes += got.bytes;
+            total.expired += got.expired;
+            total.commits.extend(got.commits);
+        }
+        Ok(total)
     }
 
     /// Uploads the records of `ids` from `repo` (a pack built in a temporary file first).

@@ -10,6 +10,7 @@
 //!
 //! Layout and byte formats: `docs/FORMAT.md`; why redb: `docs/DECISIONS.md`.
 
+pub mod budget;
 mod error;
 pub mod fs;
 pub mod journal;

@@ -39,6 +39,7 @@ pub mod transfer;
 
 pub use error::Error;
 pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, RefName, Timestamp};
+pub use mdl_store::budget;
 pub use mdl_store::fs::FaultyFs;
 pub use mdl_store::{LockMode, RefValue, Storage, StoreError};
 pub use progress::{NoProgress, Progress};

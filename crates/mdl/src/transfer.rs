@@ -390,14 +390,31 @@ fn publish_tensors(
         return Ok(());
     }
     let store = repo.store();
-    per_tensor(
-        layer,
-        |(_, e)| e.content_len,
-        |(id, e)| {
-            store.load_tensor(id, e)?;
-            Ok(())
-        },
-    )?;
+    // Verified in batches that fit the process's decode budget (a server shares it among its
+    // requests; a batch is reserved whole before it decodes).
+    let cap = mdl_store::budget::limit().min(1 << 30);
+    let mut start = 0;
+    while start < layer.len() {
+        let (mut end, mut cost) = (start, 0u64);
+        while end < layer.len() {
+            let c = mdl_store::budget::decode_cost(&layer[end].1);
+            if end > start && cost.saturating_add(c) > cap {
+                break;
+            }
+            cost = cost.saturating_add(c);
+            end += 1;
+        }
+        let _held = mdl_store::budget::reserve(cost);
+        per_tensor(
+            &layer[start..end],
+            |(_, e)| e.content_len,
+            |(id, e)| {
+                store.load_tensor(id, e)?;
+                Ok(())
+            },
+        )?;
+        start = end;
+    }
     // Checked inside the write transaction: no deletion can commit between check and publish.
     let mut w = store.meta().write()?;
     for (id, e) in layer.iter() {

@@ -1,0 +1,132 @@
+//! A process-wide budget of bytes for decoded objects: what concurrent work (a server's
+//! requests) may hold of decoded tensors at once. Unlimited unless a process sets a limit
+//! ([`set_limit`]; `mdl serve --decode-memory`).
+//!
+//! A unit of work reserves everything it will hold *before* it decodes anything — a window of
+//! tensors and their delta bases — and keeps the reservation until it lets go of the bytes, so
+//! reservations never wait while holding part of what they need (no deadlock between units).
+//! A reservation larger than the whole budget waits until it can have all of it. Reserve on a
+//! thread of your own, never inside a rayon worker: decoding itself runs on rayon.
+
+use std::sync::{Condvar, Mutex};
+
+use crate::IndexEntry;
+
+struct State {
+    limit: u64,
+    used: u64,
+}
+
+static STATE: Mutex<State> = Mutex::new(State {
+    limit: u64::MAX,
+    used: 0,
+});
+static FREED: Condvar = Condvar::new();
+
+/// Sets the budget (bytes). Reservations already held are kept.
+pub fn set_limit(bytes: u64) {
+    lock().limit = bytes.max(1);
+    FREED.notify_all();
+}
+
+/// The budget (bytes; `u64::MAX` when unlimited).
+pub fn limit() -> u64 {
+    lock().limit
+}
+
+/// Bytes reserved now.
+pub fn in_use() -> u64 {
+    lock().used
+}
+
+fn lock() -> std::sync::MutexGuard<'static, State> {
+    STATE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Bytes held against the budget, given back when dropped.
+#[derive(Debug)]
+pub struct Reservation(u64);
+
+/// Waits until `bytes` (at most the whole budget) are free, and reserves them.
+pub fn reserve(bytes: u64) -> Reservation {
+    let mut s = lock();
+    let want = bytes.min(s.limit);
+    while s.used > 0 && s.used.saturating_add(want) > s.limit {
+        s = FREED.wait(s).unwrap_or_else(|p| p.into_inner());
+    }
+    s.used += want;
+    Reservation(want)
+}
+
+impl Reservation {
+    /// Moves `bytes` (at most what this holds) into a reservation of their own, without
+    /// waiting: e.g. a window's reservation divided among its tensors.
+    pub fn split_off(&mut self, bytes: u64) -> Reservation {
+        let moved = bytes.min(self.0);
+        self.0 -= moved;
+        Reservation(moved)
+    }
+
+    /// Gives back all but `keep` bytes (what is still held once decoding is done).
+    pub fn shrink_to(&mut self, keep: u64) {
+        if keep < self.0 {
+            let mut s = lock();
+            s.used -= self.0 - keep;
+            self.0 = keep;
+            FREED.notify_all();
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.0 > 0 {
+            lock().used -= self.0;
+            FREED.notify_all();
+        }
+    }
+}
+
+/// What decoding the object of `entry` holds at its peak: its bytes and one buffer per delta
+/// base on its chain.
+pub fn decode_cost(entry: &IndexEntry) -> u64 {
+    entry
+        .content_len
+        .saturating_mul(u64::from(entry.depth).saturating_add(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    #[test]
+    fn reservations_never_exceed_the_limit_together() {
+        set_limit(100);
+        let peak = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let peak = peak.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..50 {
+                        let mut r = reserve(30 + i * 5);
+                        peak.fetch_max(in_use(), Ordering::Relaxed);
+                        r.shrink_to(10);
+                        peak.fetch_max(in_use(), Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        // More than the whole budget waits for all of it.
+        let big = reserve(1000);
+        assert_eq!(in_use(), 100);
+        drop(big);
+        assert_eq!(in_use(), 0);
+        assert!(peak.load(Ordering::Relaxed) <= 100);
+        set_limit(u64::MAX);
+    }
+}
