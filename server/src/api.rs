@@ -10,7 +10,7 @@ use axum::extract::{
     DefaultBodyLimit, FromRequestParts, Path, Query, RawPathParams, State as AxState,
 };
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -264,42 +264,43 @@ async fn manifest(
     .await
 }
 
-/// A byte range of a file of `len` bytes asked for by a `Range` header: `Ok(None)` for the
-/// whole file (no header, or one this server answers with the whole file, like several
+/// A Range header no byte of the file satisfies (416).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unsatisfiable;
+
+/// A byte range of a file of `len` bytes asked for by a `Range` header's value: `Ok(None)` for
+/// the whole file (no header, or one this server answers with the whole file, like several
 /// ranges), `Err` when unsatisfiable.
-fn parse_range(value: Option<&HeaderValue>, len: u64) -> Result<Option<(u64, u64)>, ()> {
-    let Some(spec) = value
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().strip_prefix("bytes="))
-    else {
+pub fn parse_range(value: Option<&str>, len: u64) -> Result<Option<(u64, u64)>, Unsatisfiable> {
+    let Some(spec) = value.and_then(|v| v.trim().strip_prefix("bytes=")) else {
         return Ok(None);
     };
     if spec.contains(',') {
         return Ok(None);
     }
-    let (a, b) = spec.split_once('-').ok_or(())?;
+    let (a, b) = spec.split_once('-').ok_or(Unsatisfiable)?;
     let (a, b) = (a.trim(), b.trim());
     let (start, end) = if a.is_empty() {
-        let n: u64 = b.parse().map_err(|_| ())?;
+        let n: u64 = b.parse().map_err(|_| Unsatisfiable)?;
         if n == 0 {
-            return Err(());
+            return Err(Unsatisfiable);
         }
         (len.saturating_sub(n), len)
     } else {
-        let start: u64 = a.parse().map_err(|_| ())?;
+        let start: u64 = a.parse().map_err(|_| Unsatisfiable)?;
         let end = if b.is_empty() {
             len
         } else {
-            let last: u64 = b.parse().map_err(|_| ())?;
+            let last: u64 = b.parse().map_err(|_| Unsatisfiable)?;
             if last < start {
-                return Err(());
+                return Err(Unsatisfiable);
             }
             last.saturating_add(1).min(len)
         };
         (start, end)
     };
     if start >= len {
-        return Err(());
+        return Err(Unsatisfiable);
     }
     Ok(Some((start, end)))
 }
@@ -332,14 +333,17 @@ async fn checkpoint(
         .and_then(|v| v.to_str().ok())
         .is_none_or(|v| v.trim() == etag);
     let range = if if_range_ok {
-        parse_range(headers.get(header::RANGE), len)
+        parse_range(
+            headers.get(header::RANGE).and_then(|v| v.to_str().ok()),
+            len,
+        )
     } else {
         Ok(None)
     };
     let (status, start, end) = match range {
         Ok(None) => (StatusCode::OK, 0, len),
         Ok(Some((s, e))) => (StatusCode::PARTIAL_CONTENT, s, e),
-        Err(()) => {
+        Err(Unsatisfiable) => {
             return Ok((
                 StatusCode::RANGE_NOT_SATISFIABLE,
                 [(header::CONTENT_RANGE, format!("bytes */{len}"))],
@@ -613,8 +617,8 @@ async fn spool(
     Ok(tmp)
 }
 
-/// The options of a commit upload, from its query string.
-fn commit_options(params: &[(String, String)]) -> ApiResult<mdl::commit::CommitOptions> {
+/// The options of a commit upload, from its query string's parameters.
+pub fn commit_options(params: &[(String, String)]) -> ApiResult<mdl::commit::CommitOptions> {
     use mdl::lossy::CodecMode;
     let mut opts = mdl::commit::CommitOptions::default();
     let (mut lossy, mut lossless) = (false, false);
@@ -920,19 +924,18 @@ mod tests {
 
     #[test]
     fn ranges() {
-        let h = |s: &str| HeaderValue::from_str(s).unwrap();
         assert_eq!(parse_range(None, 10), Ok(None));
-        assert_eq!(parse_range(Some(&h("bytes=0-3")), 10), Ok(Some((0, 4))));
-        assert_eq!(parse_range(Some(&h("bytes=5-")), 10), Ok(Some((5, 10))));
-        assert_eq!(parse_range(Some(&h("bytes=-3")), 10), Ok(Some((7, 10))));
-        assert_eq!(parse_range(Some(&h("bytes=-30")), 10), Ok(Some((0, 10))));
-        assert_eq!(parse_range(Some(&h("bytes=8-100")), 10), Ok(Some((8, 10))));
-        assert_eq!(parse_range(Some(&h("bytes=0-1,4-5")), 10), Ok(None));
-        assert_eq!(parse_range(Some(&h("bytes=10-")), 10), Err(()));
-        assert_eq!(parse_range(Some(&h("bytes=5-4")), 10), Err(()));
-        assert_eq!(parse_range(Some(&h("bytes=-0")), 10), Err(()));
-        assert_eq!(parse_range(Some(&h("bytes=x-1")), 10), Err(()));
-        assert_eq!(parse_range(Some(&h("items=0-1")), 10), Ok(None));
+        assert_eq!(parse_range(Some("bytes=0-3"), 10), Ok(Some((0, 4))));
+        assert_eq!(parse_range(Some("bytes=5-"), 10), Ok(Some((5, 10))));
+        assert_eq!(parse_range(Some("bytes=-3"), 10), Ok(Some((7, 10))));
+        assert_eq!(parse_range(Some("bytes=-30"), 10), Ok(Some((0, 10))));
+        assert_eq!(parse_range(Some("bytes=8-100"), 10), Ok(Some((8, 10))));
+        assert_eq!(parse_range(Some("bytes=0-1,4-5"), 10), Ok(None));
+        assert_eq!(parse_range(Some("bytes=10-"), 10), Err(Unsatisfiable));
+        assert_eq!(parse_range(Some("bytes=5-4"), 10), Err(Unsatisfiable));
+        assert_eq!(parse_range(Some("bytes=-0"), 10), Err(Unsatisfiable));
+        assert_eq!(parse_range(Some("bytes=x-1"), 10), Err(Unsatisfiable));
+        assert_eq!(parse_range(Some("items=0-1"), 10), Ok(None));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::time::Duration;
 use mdl::{LockMode, OpenOptions, Repository};
 use serde::{Deserialize, Serialize};
 
-pub use api::app;
+pub use api::{app, commit_options, parse_range, Unsatisfiable};
 pub use auth::{Scope, Tokens};
 pub use error::ApiError;
 

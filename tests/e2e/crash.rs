@@ -30,6 +30,22 @@ fn checkpoint(path: &Path, n: u64) -> Vec<u8> {
     write_safetensors(path, &ts, &[("n", &n.to_string())])
 }
 
+/// The instant of kill `i` of `n` within `span` µs: in the `i`-th of `n` equal slices, at a
+/// random point of it, so a few kills already cover every phase of the command.
+pub fn stratified(i: u64, n: u64, span: u64, random: u64) -> u64 {
+    let slice = (span / n.max(1)).max(1);
+    (i % n.max(1)) * slice + random % slice
+}
+
+/// Kills per crash test in the default run (`MDL_CRASH_ITERATIONS` overrides); the long runs
+/// are `--ignored`.
+pub fn crash_iterations(default: u64) -> u64 {
+    std::env::var("MDL_CRASH_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 fn run_crash_test(iterations: u64) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -68,7 +84,7 @@ fn run_crash_test(iterations: u64) {
         let n = it + 2;
         checkpoint(&file, n);
         let r = u64::from_le_bytes(rng.drain(..8).collect::<Vec<_>>().try_into().unwrap());
-        let delay = Duration::from_micros(r % span.max(1));
+        let delay = Duration::from_micros(stratified(it, iterations, span, r));
         let mut child = Command::new(mdl_bin())
             .arg("-C")
             .arg(d)
@@ -134,15 +150,96 @@ fn run_crash_test(iterations: u64) {
 
 #[test]
 fn sigkill_during_commit_never_corrupts() {
-    let n = std::env::var("MDL_CRASH_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
-    run_crash_test(n);
+    run_crash_test(crash_iterations(24));
 }
 
 #[test]
 #[ignore = "long: 1000 kills"]
 fn sigkill_during_commit_never_corrupts_long() {
     run_crash_test(1000);
+}
+
+/// SIGKILL `mdl serve` at instants spread over an HTTP commit upload (spooling, encoding,
+/// publishing): the repository stays sound, the branch has the old tip or the new commit,
+/// and every commit checks out as it was.
+fn server_crash_test(iterations: u64) {
+    use crate::server::{bearer, http, Server, WRITE};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let repo = d.join("srv");
+    ok(&repo, &["init"]);
+    let file = d.join("ckpt.safetensors");
+    let upload = move |base: &str, n: u64, bytes: &[u8]| {
+        http(
+            base,
+            "POST",
+            &format!("/v1/repos/srv/commits?message=n{n}"),
+            &[("Authorization", &bearer(WRITE))],
+            bytes,
+        )
+        .0
+    };
+    // One upload timed, to spread the kills over it.
+    let server = Server::start(&["-C", repo.to_str().unwrap()], d);
+    let first = checkpoint(&file, 0);
+    let t = Instant::now();
+    assert_eq!(upload(&server.base, 0, &first), 201);
+    let span = t.elapsed().as_micros() as u64 * 6 / 5;
+    server.stop();
+    let mut committed: Vec<(String, u64)> =
+        vec![(json(&repo, &["log"])[0]["id"].as_str().unwrap().into(), 0)];
+    let mut rng = noise(std::process::id() as u64 ^ 0x5e7e, 8 * iterations as usize);
+    let mut cut_short = 0;
+    let out = d.join("out.safetensors");
+    for it in 0..iterations {
+        let n = it + 1;
+        let bytes = checkpoint(&file, n);
+        let server = Server::start(&["-C", repo.to_str().unwrap()], d);
+        let base = server.base.clone();
+        let client = std::thread::spawn(move || upload(&base, n, &bytes));
+        let r = u64::from_le_bytes(rng.drain(..8).collect::<Vec<_>>().try_into().unwrap());
+        std::thread::sleep(Duration::from_micros(stratified(it, iterations, span, r)));
+        drop(server); // SIGKILL
+        if client.join().ok() != Some(201) {
+            cut_short += 1;
+        }
+        assert_fsck_clean(&repo);
+        let log = json(&repo, &["log"]);
+        let tip = log[0]["id"].as_str().unwrap().to_string();
+        if tip != committed.last().unwrap().0 {
+            assert_eq!(
+                log[0]["message"],
+                format!("n{n}"),
+                "tip is neither old nor new"
+            );
+            committed.push((tip, n));
+        }
+        assert_eq!(log.as_array().unwrap().len(), committed.len());
+        let (id, n) = committed.last().unwrap();
+        ok(
+            &repo,
+            &["checkout", id, "-o", out.to_str().unwrap(), "--force"],
+        );
+        assert!(std::fs::read(&out).unwrap() == checkpoint(&d.join("expect.safetensors"), *n));
+    }
+    for (id, n) in &committed {
+        ok(
+            &repo,
+            &["checkout", id, "-o", out.to_str().unwrap(), "--force"],
+        );
+        assert!(std::fs::read(&out).unwrap() == checkpoint(&d.join("expect.safetensors"), *n));
+    }
+    eprintln!("server crash test: {iterations} kills, {cut_short} cut an upload short");
+    assert!(cut_short > 0, "no kill landed inside an upload");
+}
+
+#[test]
+fn sigkill_of_the_server_during_uploads_never_corrupts() {
+    server_crash_test(crash_iterations(12));
+}
+
+#[test]
+#[ignore = "long: 100 kills"]
+fn sigkill_of_the_server_during_uploads_never_corrupts_long() {
+    server_crash_test(100);
 }

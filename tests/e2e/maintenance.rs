@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::crash::{crash_iterations, stratified};
 use crate::server::{http, Server};
 use crate::util::*;
 
@@ -131,34 +132,32 @@ struct Crashes<'a> {
 }
 
 impl Crashes<'_> {
-    /// `MDL_CRASH_ITERATIONS` times (default 100): `step(n)` makes commit `n`, then
-    /// `mdl args(rand)` is started and SIGKILLed at a random instant within one uninterrupted
-    /// run of `mdl timed` (measured first). After every kill fsck is clean, the log is whole,
+    /// `iterations` times: `step(n)` makes commit `n`, then `mdl args(rand)` is started and
+    /// SIGKILLed within one uninterrupted run of `mdl timed` (measured first), the kills
+    /// spread evenly over it ([`stratified`]). After every kill fsck is clean, the log is whole,
     /// and the newest, the first and a random commit check out as before; at the end, after one
     /// run to completion, every commit does. Returns how many kills landed mid-run.
     fn run(
         &mut self,
+        iterations: u64,
         timed: &[&str],
         step: impl Fn(u64) -> String,
         args: impl Fn(&mut Rand) -> Vec<String>,
     ) -> u64 {
         let d = self.d;
-        let iterations: u64 = std::env::var("MDL_CRASH_ITERATIONS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(100);
         let t = Instant::now();
         ok(d, timed);
         let span = (t.elapsed().as_micros() as u64).max(2_000);
         let seed = std::process::id() as u64 ^ timed.len() as u64;
         let mut rand = Rand(noise(seed, 64 * iterations as usize));
         let mut killed = 0;
-        for _ in 0..iterations {
+        for it in 0..iterations {
             let n = self.committed.last().map_or(0, |c| c.1 + 1);
             self.committed.push((step(n), n));
             let args = args(&mut rand);
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let delay = Duration::from_micros(rand.below(span));
+            let r = rand.below(u64::MAX);
+            let delay = Duration::from_micros(stratified(it, iterations, span, r));
             if kill_during(d, &args, delay) {
                 killed += 1;
             }
@@ -182,6 +181,16 @@ impl Crashes<'_> {
 
 #[test]
 fn sigkill_during_compact_never_corrupts() {
+    compact_crash_test(crash_iterations(24));
+}
+
+#[test]
+#[ignore = "long: 150 kills"]
+fn sigkill_during_compact_never_corrupts_long() {
+    compact_crash_test(150);
+}
+
+fn compact_crash_test(iterations: u64) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     ok(d, &["init"]);
@@ -197,10 +206,15 @@ fn sigkill_during_compact_never_corrupts() {
         d,
         committed: (0..6).map(|n| (commit(n), n)).collect(),
     };
-    let killed = crashes.run(&["compact", "--max-depth", "1"], commit, |rand| {
-        let cap = rand.below(3).to_string();
-        vec!["compact".into(), "--max-depth".into(), cap]
-    });
+    let killed = crashes.run(
+        iterations,
+        &["compact", "--max-depth", "1"],
+        commit,
+        |rand| {
+            let cap = rand.below(3).to_string();
+            vec!["compact".into(), "--max-depth".into(), cap]
+        },
+    );
     let report = json(d, &["fsck"]);
     assert!(report["longest_chain"].as_u64().unwrap() <= 1);
     assert!(killed > 0, "no kill landed inside a compaction");
@@ -208,6 +222,16 @@ fn sigkill_during_compact_never_corrupts() {
 
 #[test]
 fn sigkill_during_gc_never_corrupts() {
+    gc_crash_test(crash_iterations(24));
+}
+
+#[test]
+#[ignore = "long: 150 kills"]
+fn sigkill_during_gc_never_corrupts_long() {
+    gc_crash_test(150);
+}
+
+fn gc_crash_test(iterations: u64) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     ok(d, &["init"]);
@@ -228,7 +252,7 @@ fn sigkill_during_gc_never_corrupts() {
     };
     ok(d, &["tag", "keep", &crashes.committed[0].0]);
     let gc = ["gc", "--prune-older-than", "0s", "--expire-reflog", "0s"];
-    let killed = crashes.run(&gc, step, |_| gc.map(String::from).to_vec());
+    let killed = crashes.run(iterations, &gc, step, |_| gc.map(String::from).to_vec());
     let report = json(d, &["fsck"]);
     assert_eq!(report["unindexed_records"], 0);
     assert!(

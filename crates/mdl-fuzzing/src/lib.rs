@@ -1,0 +1,235 @@
+//! Every decoder of untrusted bytes in mdl, as one function per fuzz target. Each must never
+//! panic on any input; where an input is valid, each also checks a property (a round trip, a
+//! bound). `fuzz/` runs them under libFuzzer (`scripts/fuzz.sh`); this crate's tests run them
+//! over seeds and a few thousand generated inputs on the stock toolchain, so they compile and
+//! run in CI and cannot rot.
+
+use std::sync::{Mutex, OnceLock};
+
+use mdl_codec::engine::CpuEngine;
+use mdl_codec::qrecord::{rle_decode, rle_encode, QuantTensor};
+use mdl_codec::{float, huffman};
+use mdl_format::record::{self, RecordHeader};
+use mdl_format::{Commit, Dtype, Manifest};
+
+mod seeds;
+pub use seeds::seeds;
+
+/// What a fuzz target runs on one input.
+pub type Check = fn(&[u8]);
+
+/// The fuzz targets, by name.
+pub const TARGETS: &[(&str, Check)] = &[
+    ("entropy_stream", entropy_stream),
+    ("float_payload", float_payload),
+    ("quant_payload", quant_payload),
+    ("safetensors_header", safetensors_header),
+    ("manifest", manifest),
+    ("commit", commit),
+    ("record", record),
+    ("pack_stream", pack_stream),
+    ("revision", revision),
+    ("range_header", range_header),
+    ("query_params", query_params),
+];
+
+/// An entropy stream: a stream that decodes decodes the same chunk by chunk as whole.
+pub fn entropy_stream(input: &[u8]) {
+    let Some((&n, bytes)) = input.split_first() else {
+        return;
+    };
+    // Symbol counts up to a few chunks, so chunk tables and lanes are exercised.
+    let n = (n as usize) * 2113;
+    let mut out = vec![0u8; n];
+    if huffman::decode_stream(bytes, &mut out).is_ok() {
+        let stream = huffman::Stream::parse(bytes, n as u64).expect("parsed once already");
+        let mut again = vec![0u8; n];
+        for (i, c) in again.chunks_mut(stream.chunk_len()).enumerate() {
+            stream
+                .decode_chunk(i, c)
+                .expect("chunks decoded once already");
+        }
+        assert_eq!(out, again);
+    }
+}
+
+const FLOATS: [Dtype; 4] = [Dtype::BF16, Dtype::F16, Dtype::F32, Dtype::F64];
+
+/// A float-split, xor-delta or sub-delta payload of every float dtype; data built from the
+/// bytes round-trips bit for bit.
+pub fn float_payload(input: &[u8]) {
+    let Some((&sel, rest)) = input.split_first() else {
+        return;
+    };
+    let e = &CpuEngine;
+    let dtype = FLOATS[(sel & 3) as usize];
+    let with_base = sel & 4 != 0;
+    let w = dtype.size();
+    // As a payload: any bytes, for a tensor of a size derived from the selector.
+    let n = (sel as usize >> 3) * 97;
+    let base = vec![0x5au8; n * w];
+    let mut out = vec![0u8; n * w];
+    let _ = float::decode(e, dtype, rest, with_base.then_some(&base[..]), &mut out);
+    let _ = float::decode_sub(e, dtype, rest, &base, &mut out);
+    // As data: encoding then decoding gives back every bit.
+    let data = &rest[..rest.len() / w * w];
+    let base: Vec<u8> = data.iter().rev().copied().collect();
+    let b = with_base.then_some(&base[..]);
+    let a = float::analyze(e, dtype, data, b).expect("valid lengths");
+    let choice = match (&a.delta, with_base) {
+        (Some(d), true) => d,
+        _ => &a.plain,
+    };
+    let mut payload = Vec::new();
+    let b = (choice.xor_mask != 0).then_some(&base[..]);
+    float::encode(e, dtype, data, b, choice, &mut payload).expect("encodes");
+    let mut back = vec![0u8; data.len()];
+    float::decode(e, dtype, &payload, b, &mut back).expect("decodes what it encoded");
+    assert_eq!(back, data);
+    let sub = float::analyze_sub(e, dtype, data, &base).expect("valid lengths");
+    let mut payload = Vec::new();
+    float::encode(e, dtype, data, Some(&base), &sub, &mut payload).expect("encodes");
+    float::decode_sub(e, dtype, &payload, &base, &mut back).expect("decodes what it encoded");
+    assert_eq!(back, data);
+}
+
+/// A quant-base or quant-delta payload (and the run-length stream inside a delta); quantized
+/// tensors built from the bytes round-trip through both record kinds.
+pub fn quant_payload(input: &[u8]) {
+    const DTYPES: [Dtype; 3] = [Dtype::BF16, Dtype::F16, Dtype::F32];
+    let Some((&sel, rest)) = input.split_first() else {
+        return;
+    };
+    let dtype = DTYPES[(sel % 3) as usize];
+    let n = (sel as usize >> 2) * 61;
+    let base_codes: Vec<u8> = (0..n).map(|i| (i % 7) as u8).collect();
+    let _ = QuantTensor::decode(&CpuEngine, dtype, n, rest, None);
+    let _ = QuantTensor::decode(&CpuEngine, dtype, n, rest, Some(&base_codes));
+    let _ = rle_decode(rest, n, 9);
+    let bins = 1 + (sel as usize % 33);
+    let size = dtype.size();
+    let codes: Vec<u8> = rest.iter().map(|&b| b % bins as u8).collect();
+    let protected: Vec<u64> = (0..codes.len() as u64).filter(|i| i % 13 == 5).collect();
+    let q = QuantTensor {
+        dtype,
+        table: (0..bins * size).map(|i| i as u8).collect(),
+        protected_values: vec![0xab; protected.len() * size],
+        protected,
+        codes,
+    };
+    let len = q.codes.len();
+    let back = QuantTensor::decode(&CpuEngine, dtype, len, &q.encode_base(), None).expect("base");
+    assert_eq!(back, q);
+    let base: Vec<u8> = q.codes.iter().rev().map(|&c| c % 5).collect();
+    let delta = q.encode_delta(&CpuEngine, &base, 5);
+    let back = QuantTensor::decode(&CpuEngine, dtype, len, &delta, Some(&base)).expect("delta");
+    assert_eq!(back, q);
+    let small: Vec<u8> = rest.iter().map(|&b| b % 9).collect();
+    assert_eq!(
+        rle_decode(&rle_encode(&small), small.len(), 9).expect("runs"),
+        small
+    );
+}
+
+/// A safetensors header (the first two bytes choose the file's length): what validates lies
+/// inside the file, in order, without overlaps.
+pub fn safetensors_header(input: &[u8]) {
+    let Some((len, header)) = input.split_first_chunk::<2>() else {
+        return;
+    };
+    let file_len = 8 + header.len() as u64 + u64::from(u16::from_le_bytes(*len));
+    let Ok(layout) = mdl_format::safetensors::parse(header, file_len) else {
+        return;
+    };
+    let data_len = file_len - layout.data_start();
+    let mut end = 0;
+    for t in &layout.tensors {
+        assert!(t.offset >= end, "tensors overlap");
+        end = t.offset + t.len;
+        assert!(end <= data_len, "a tensor lies past the end of the file");
+        assert_eq!(
+            Some(t.len),
+            t.header.data_len(),
+            "length disagrees with dtype and shape"
+        );
+    }
+}
+
+/// A manifest: one that decodes encodes to bytes that decode to the same encoding.
+pub fn manifest(input: &[u8]) {
+    if let Ok(m) = Manifest::decode(input) {
+        let e = m.encode();
+        assert_eq!(Manifest::decode(&e).expect("re-decodes").encode(), e);
+    }
+}
+
+/// A commit: as for manifests.
+pub fn commit(input: &[u8]) {
+    if let Ok(c) = Commit::decode(input) {
+        let e = c.encode();
+        assert_eq!(Commit::decode(&e).expect("re-decodes").encode(), e);
+    }
+}
+
+/// A record: the container, and the content-length check a receiver applies.
+pub fn record(input: &[u8]) {
+    let _ = RecordHeader::decode(input);
+    if let Ok((header, payload, trailer)) = record::decode(input) {
+        let _ = record::check_content_len(&header, payload.len() as u64, trailer.content_len);
+        assert_eq!(
+            record::encode(&header, payload, trailer.content_len),
+            input,
+            "a record that verifies re-encodes to itself"
+        );
+    }
+}
+
+/// A pack stream as the server receives it (into a repository kept across inputs): refused or
+/// stored, never a panic, and what is stored verifies.
+pub fn pack_stream(input: &[u8]) {
+    static REPO: OnceLock<Mutex<(tempfile::TempDir, mdl::Repository)>> = OnceLock::new();
+    let repo = REPO.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let repo = mdl::Repository::init(&dir.path().join("r")).expect("a repository");
+        Mutex::new((dir, repo))
+    });
+    let guard = repo.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = mdl::transfer::receive_pack(&guard.1, &mut &input[..], input.len() as u64);
+}
+
+/// A revision: parsed without panicking; a base is never empty.
+pub fn revision(input: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(input) {
+        if let Ok((base, _)) = mdl::revision::parse(text) {
+            assert!(!base.is_empty() && text.starts_with(base));
+        }
+    }
+}
+
+/// A Range header for a file of a length taken from the first two bytes: a range that is
+/// honoured lies inside the file.
+pub fn range_header(input: &[u8]) {
+    let Some((len, rest)) = input.split_first_chunk::<2>() else {
+        return;
+    };
+    let len = u64::from(u16::from_le_bytes(*len));
+    if let Ok(text) = std::str::from_utf8(rest) {
+        if let Ok(Some((start, end))) = mdl_server::parse_range(Some(text), len) {
+            assert!(start < end && end <= len, "{start}..{end} of {len}");
+        }
+    }
+}
+
+/// A commit upload's query string, parsed as the server parses it.
+pub fn query_params(input: &[u8]) {
+    let Ok(text) = std::str::from_utf8(input) else {
+        return;
+    };
+    let Ok(uri) = format!("/?{text}").parse::<axum::http::Uri>() else {
+        return;
+    };
+    use axum::extract::Query;
+    if let Ok(Query(params)) = Query::<Vec<(String, String)>>::try_from_uri(&uri) {
+        let _ = mdl_server::commit_options(&params);
+    }
+}

@@ -1,0 +1,150 @@
+//! Valid inputs for every target — the starting points of fuzzing (`scripts/fuzz.sh` writes
+//! them into cargo-fuzz's corpus) and of the mutations the tests try.
+
+use std::path::Path;
+
+use mdl_codec::engine::CpuEngine;
+use mdl_codec::float;
+use mdl_format::Dtype;
+
+/// Small f32 values (compressible exponents), deterministically.
+fn floats(count: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..count)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            ((x as f32 / u32::MAX as f32 - 0.5) * 0.02).to_le_bytes()
+        })
+        .collect()
+}
+
+fn float_split(data: &[u8], dtype: Dtype) -> Vec<u8> {
+    let a = float::analyze(&CpuEngine, dtype, data, None).expect("valid lengths");
+    let mut payload = Vec::new();
+    float::encode(&CpuEngine, dtype, data, None, &a.plain, &mut payload).expect("encodes");
+    payload
+}
+
+/// A safetensors file of two tensors.
+fn safetensors_file() -> Vec<u8> {
+    let a = floats(64, 1);
+    let b = floats(32, 2);
+    let mut header = format!(
+        "{{\"__metadata__\":{{\"step\":\"3\"}},\"a\":{{\"dtype\":\"F32\",\"shape\":[8,8],\"data_offsets\":[0,{}]}},\"b\":{{\"dtype\":\"F32\",\"shape\":[32],\"data_offsets\":[{},{}]}}}}",
+        a.len(),
+        a.len(),
+        a.len() + b.len()
+    );
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header.as_bytes());
+    file.extend_from_slice(&a);
+    file.extend_from_slice(&b);
+    file
+}
+
+/// A repository's commit, manifest, a tensor record and a pack of everything, from two
+/// commits (the second with a delta).
+fn repository_objects() -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let repo = mdl::Repository::init(&dir.path().join("r")).expect("a repository");
+    let file = dir.path().join("c.safetensors");
+    let mut tip = None;
+    for step in 0..2u8 {
+        let mut bytes = safetensors_file();
+        let last = bytes.len() - 1;
+        bytes[last] ^= step;
+        std::fs::write(&file, &bytes).expect("written");
+        let opts = mdl::commit::CommitOptions::default();
+        tip = Some(commit(&repo, &file, &opts).id);
+    }
+    let tip = tip.expect("committed");
+    let store = repo.store();
+    let commit_bytes = store.read_object_vec(&tip).expect("the commit");
+    let c = mdl_format::Commit::decode(&commit_bytes).expect("a commit");
+    let manifest_bytes = store.read_object_vec(&c.manifest).expect("the manifest");
+    let m = mdl_format::Manifest::decode(&manifest_bytes).expect("a manifest");
+    let entry = store
+        .meta()
+        .read()
+        .expect("readable")
+        .object(&m.entries[0].id)
+        .expect("readable")
+        .expect("indexed");
+    let record = store
+        .read_record(&m.entries[0].id, &entry)
+        .expect("the record");
+    let plan = mdl::transfer::plan(&repo, &[tip], &|_| false).expect("a plan");
+    let ids: Vec<_> = plan.iter().map(|p| p.id).collect();
+    let mut pack = Vec::new();
+    mdl::transfer::write_pack(&repo, &ids, &mut pack).expect("a pack");
+    (commit_bytes, manifest_bytes, record, pack)
+}
+
+fn commit(
+    repo: &mdl::Repository,
+    file: &Path,
+    opts: &mdl::commit::CommitOptions,
+) -> mdl::commit::CommitOutcome {
+    mdl::commit::commit(repo, file, opts, &mdl::NoProgress).expect("a commit")
+}
+
+/// Valid inputs for the target `name`.
+pub fn seeds(name: &str) -> Vec<Vec<u8>> {
+    let with = |sel: u8, rest: &[u8]| [&[sel][..], rest].concat();
+    match name {
+        "entropy_stream" => {
+            // Plane 0 (exponents, Huffman-coded) of a float-split payload of 2113·k elements.
+            (1..4)
+                .map(|k| {
+                    let payload = float_split(&floats(2113 * k, k as u32), Dtype::F32);
+                    let len0 = u64::from_le_bytes(payload[2..10].try_into().unwrap()) as usize;
+                    let start = 2 + 8 * payload[0] as usize;
+                    with(k as u8, &payload[start..start + len0])
+                })
+                .collect()
+        }
+        "float_payload" => vec![
+            with(2 | (3 << 3), &float_split(&floats(3 * 97, 3), Dtype::F32)),
+            with(6, &floats(200, 4)),
+            with(0, &floats(100, 5)),
+        ],
+        "quant_payload" => vec![with(7, &[1, 2, 3, 4, 5, 0, 0, 0, 9]), with(130, &[0; 64])],
+        "safetensors_header" => {
+            let file = safetensors_file();
+            let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+            let data = (file.len() - 8 - n) as u16;
+            vec![[&data.to_le_bytes()[..], &file[8..8 + n]].concat()]
+        }
+        "manifest" => vec![repository_objects().1],
+        "commit" => vec![repository_objects().0],
+        "record" => vec![repository_objects().2],
+        "pack_stream" => vec![repository_objects().3],
+        "revision" => [
+            "main",
+            "main~2^1",
+            "HEAD~",
+            "v1^0~3",
+            "abcd1234",
+            "refs/heads/x",
+            "main~é",
+            "é^2",
+        ]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect(),
+        "range_header" => ["bytes=0-9", "bytes=5-", "bytes=-3", "bytes=1-2,4-5"]
+            .iter()
+            .map(|s| [&100u16.to_le_bytes()[..], s.as_bytes()].concat())
+            .collect(),
+        "query_params" => vec![
+            b"branch=exp&message=hi%20there&step=3&metric=loss%3D0.5".to_vec(),
+            b"lossy=true&epsilon=0.001&moments=exp_avg".to_vec(),
+        ],
+        other => panic!("no fuzz target {other}"),
+    }
+}
