@@ -13,6 +13,7 @@
 pub mod budget;
 mod error;
 pub mod fs;
+mod guard;
 pub mod journal;
 pub mod lock;
 pub mod meta;

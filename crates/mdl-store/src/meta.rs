@@ -4,51 +4,16 @@
 //! only through [`MetaWrite::update_ref`], a compare-and-swap that appends to the reflog in the
 //! same transaction.
 
-use std::cell::Cell;
-use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Once;
 
 use mdl_format::{ObjectId, ObjectKind, Timestamp};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::error::db;
+use crate::guard::guarded;
 use crate::journal::{Change, Journal, JournalState};
 use crate::{LockMode, StoreError};
-
-thread_local! {
-    /// Depth of [`guarded`] calls on this thread: their panics are errors, not messages.
-    static GUARDED: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Runs `f`, turning a panic into [`StoreError::Damaged`]. redb trusts its file's structure and
-/// can panic on a damaged one (an index out of range in a page); every call into it goes
-/// through here, so a damaged `meta.redb` is a clear error with the repair path, never a
-/// crash. The panic message is not printed (the process's panic hook is wrapped once to stay
-/// silent inside these calls and to behave as before everywhere else).
-fn guarded<T>(f: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
-    static HOOK: Once = Once::new();
-    HOOK.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if GUARDED.with(Cell::get) == 0 {
-                previous(info);
-            }
-        }));
-    });
-    GUARDED.with(|g| g.set(g.get() + 1));
-    let result = std::panic::catch_unwind(AssertUnwindSafe(f));
-    GUARDED.with(|g| g.set(g.get() - 1));
-    result.unwrap_or_else(|panic| {
-        let why = panic
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| panic.downcast_ref::<&str>().copied())
-            .unwrap_or("the database engine failed on it");
-        Err(StoreError::Damaged(why.to_string()))
-    })
-}
 
 /// The database file inside `.mdl`.
 pub const META_FILE: &str = "meta.redb";
@@ -56,17 +21,17 @@ pub const META_FILE: &str = "meta.redb";
 /// Version of the repository layout and of the encodings in this module.
 pub const REPO_VERSION: u64 = 1;
 
-const REFS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("refs");
-const REFLOG: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("reflog");
-const OBJECTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("objects");
-const COMMITS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("commits");
-const CONFIG: TableDefinition<'_, &str, &str> = TableDefinition::new("config");
-const INFO: TableDefinition<'_, &str, u64> = TableDefinition::new("info");
+pub(crate) const REFS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("refs");
+pub(crate) const REFLOG: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("reflog");
+pub(crate) const OBJECTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("objects");
+pub(crate) const COMMITS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("commits");
+pub(crate) const CONFIG: TableDefinition<'_, &str, &str> = TableDefinition::new("config");
+pub(crate) const INFO: TableDefinition<'_, &str, u64> = TableDefinition::new("info");
 /// Reverse delta links: key `base id ‖ dependent id`, so a range scan lists what decodes
 /// through a base (to keep depths true when a base itself becomes a delta).
-const DEPENDENTS: TableDefinition<'_, &[u8], ()> = TableDefinition::new("dependents");
+pub(crate) const DEPENDENTS: TableDefinition<'_, &[u8], ()> = TableDefinition::new("dependents");
 /// Objects deleted by a retention rule although commits still name them: id → [`Expired`].
-const EXPIRED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("expired");
+pub(crate) const EXPIRED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("expired");
 
 /// The symbolic ref every repository starts with.
 pub const HEAD: &str = "HEAD";
@@ -541,79 +506,6 @@ impl Meta {
     }
 }
 
-/// Runs redb's integrity check (every page's checksum, the trees' structure) on a copy of the
-/// database file at `path`, so the file itself is never modified. Returns what is wrong, or
-/// `None` when it is sound.
-pub fn check_file(path: &Path) -> Result<Option<String>, StoreError> {
-    let copy = path.with_file_name(format!(".{META_FILE}-check-{}", std::process::id()));
-    std::fs::copy(path, &copy).map_err(StoreError::io("copy", path))?;
-    let result = guarded(|| {
-        let mut database = redb::Database::open(&copy).map_err(open_err)?;
-        database.check_integrity().map_err(db)
-    });
-    let _ = std::fs::remove_file(&copy);
-    match result {
-        Ok(true) => Ok(None),
-        Ok(false) => Ok(Some("its checksums or structure do not hold".into())),
-        Err(StoreError::Damaged(why)) => Ok(Some(why)),
-        Err(e) => Err(e),
-    }
-}
-
-/// Writes a new database at `path` holding `objects` (with their dependents links), `commits`
-/// and the journaled `state`, made durable before this returns. Used to rebuild a lost or
-/// damaged `meta.redb`; the journal is left alone.
-pub(crate) fn write_rebuilt(
-    path: &Path,
-    objects: &[(ObjectId, IndexEntry)],
-    commits: &[(ObjectId, CommitSummary)],
-    state: &JournalState,
-) -> Result<(), StoreError> {
-    guarded(|| {
-        Meta::create_tables(path)?;
-        let database = redb::Database::open(path).map_err(db)?;
-        let txn = database.begin_write().map_err(db)?;
-        {
-            let mut t = txn.open_table(OBJECTS).map_err(db)?;
-            let mut deps = txn.open_table(DEPENDENTS).map_err(db)?;
-            for (id, e) in objects {
-                t.insert(id.as_bytes().as_slice(), e.encode().as_slice())
-                    .map_err(db)?;
-                if let Some(base) = &e.base {
-                    deps.insert(dependent_key(base, id).as_slice(), ())
-                        .map_err(db)?;
-                }
-            }
-            let mut t = txn.open_table(COMMITS).map_err(db)?;
-            for (id, c) in commits {
-                t.insert(id.as_bytes().as_slice(), c.encode().as_slice())
-                    .map_err(db)?;
-            }
-            let mut t = txn.open_table(REFS).map_err(db)?;
-            for (name, v) in &state.refs {
-                t.insert(name.as_str(), v.encode().as_slice()).map_err(db)?;
-            }
-            let mut t = txn.open_table(REFLOG).map_err(db)?;
-            for (name, log) in &state.reflogs {
-                for (seq, e) in log.iter().enumerate() {
-                    t.insert((name.as_str(), seq as u64), e.encode().as_slice())
-                        .map_err(db)?;
-                }
-            }
-            let mut t = txn.open_table(CONFIG).map_err(db)?;
-            for (k, v) in &state.config {
-                t.insert(k.as_str(), v.as_str()).map_err(db)?;
-            }
-            let mut t = txn.open_table(EXPIRED).map_err(db)?;
-            for (id, x) in &state.expired {
-                t.insert(id.as_bytes().as_slice(), x.encode().as_slice())
-                    .map_err(db)?;
-            }
-        }
-        txn.commit().map_err(db)
-    })
-}
-
 impl Meta {
     fn db(&self) -> &Db {
         self.db.as_ref().expect("open until dropped")
@@ -638,7 +530,7 @@ fn journal_path(path: &Path) -> std::path::PathBuf {
     path.with_file_name(crate::journal::JOURNAL_FILE)
 }
 
-fn open_err(e: redb::DatabaseError) -> StoreError {
+pub(crate) fn open_err(e: redb::DatabaseError) -> StoreError {
     match e {
         redb::DatabaseError::RepairAborted => StoreError::NeedsRecovery,
         // A file that is not a redb database at all (overwritten, truncated) reads as an I/O
@@ -877,7 +769,7 @@ macro_rules! readers {
     };
 }
 
-fn dependent_key(base: &ObjectId, dependent: &ObjectId) -> [u8; 64] {
+pub(crate) fn dependent_key(base: &ObjectId, dependent: &ObjectId) -> [u8; 64] {
     let mut k = [0u8; 64];
     k[..32].copy_from_slice(base.as_bytes());
     k[32..].copy_from_slice(dependent.as_bytes());

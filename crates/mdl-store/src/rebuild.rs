@@ -16,8 +16,13 @@ use std::time::{Duration, UNIX_EPOCH};
 use mdl_codec::CodecTag;
 use mdl_format::{record, Commit, ObjectId, ObjectKind, Timestamp};
 
+use crate::error::db;
+use crate::guard::guarded;
 use crate::journal::{self, JournalState, JOURNAL_FILE};
-use crate::meta::{self, CommitSummary, IndexEntry, RefValue, HEAD, META_FILE};
+use crate::meta::{
+    dependent_key, open_err, CommitSummary, IndexEntry, Meta, RefValue, COMMITS, CONFIG,
+    DEPENDENTS, EXPIRED, HEAD, META_FILE, OBJECTS, REFLOG, REFS,
+};
 use crate::objects::record_files;
 use crate::{LockMode, RepoLock, StoreError, MAX_CHAIN};
 
@@ -179,7 +184,7 @@ pub fn rebuild(dir: &Path, wait: Duration) -> Result<Rebuilt, StoreError> {
     let meta_path = dir.join(META_FILE);
     let fresh = dir.join(format!("{META_FILE}.rebuild"));
     let _ = std::fs::remove_file(&fresh);
-    meta::write_rebuilt(&fresh, &objects, &commits, &state)?;
+    write_rebuilt(&fresh, &objects, &commits, &state)?;
     let stamp = Timestamp::now().0;
     if meta_path.exists() {
         let aside = dir.join(format!("{META_FILE}.damaged-{stamp}"));
@@ -194,6 +199,84 @@ pub fn rebuild(dir: &Path, wait: Duration) -> Result<Rebuilt, StoreError> {
     }
     journal::write_fresh(&journal_path, &state.snapshot())?;
     Ok(out)
+}
+
+/// Runs redb's integrity check (every page's checksum, the trees' structure) on a copy of the
+/// database file at `path`, so the file itself is never modified. Returns what is wrong, or
+/// `None` when it is sound.
+pub fn check_file(path: &Path) -> Result<Option<String>, StoreError> {
+    // In the system's temporary directory: the repository may be read-only.
+    let copy = std::env::temp_dir().join(format!(
+        "mdl-{META_FILE}-check-{}-{}",
+        std::process::id(),
+        Timestamp::now().0
+    ));
+    std::fs::copy(path, &copy).map_err(StoreError::io("copy", path))?;
+    let result = guarded(|| {
+        let mut database = redb::Database::open(&copy).map_err(open_err)?;
+        database.check_integrity().map_err(db)
+    });
+    let _ = std::fs::remove_file(&copy);
+    match result {
+        Ok(true) => Ok(None),
+        Ok(false) => Ok(Some("its checksums or structure do not hold".into())),
+        Err(StoreError::Damaged(why)) => Ok(Some(why)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes a new database at `path` holding `objects` (with their dependents links), `commits`
+/// and the journaled `state`, made durable before this returns. Used to rebuild a lost or
+/// damaged `meta.redb`; the journal is left alone.
+fn write_rebuilt(
+    path: &Path,
+    objects: &[(ObjectId, IndexEntry)],
+    commits: &[(ObjectId, CommitSummary)],
+    state: &JournalState,
+) -> Result<(), StoreError> {
+    guarded(|| {
+        Meta::create_tables(path)?;
+        let database = redb::Database::open(path).map_err(db)?;
+        let txn = database.begin_write().map_err(db)?;
+        {
+            let mut t = txn.open_table(OBJECTS).map_err(db)?;
+            let mut deps = txn.open_table(DEPENDENTS).map_err(db)?;
+            for (id, e) in objects {
+                t.insert(id.as_bytes().as_slice(), e.encode().as_slice())
+                    .map_err(db)?;
+                if let Some(base) = &e.base {
+                    deps.insert(dependent_key(base, id).as_slice(), ())
+                        .map_err(db)?;
+                }
+            }
+            let mut t = txn.open_table(COMMITS).map_err(db)?;
+            for (id, c) in commits {
+                t.insert(id.as_bytes().as_slice(), c.encode().as_slice())
+                    .map_err(db)?;
+            }
+            let mut t = txn.open_table(REFS).map_err(db)?;
+            for (name, v) in &state.refs {
+                t.insert(name.as_str(), v.encode().as_slice()).map_err(db)?;
+            }
+            let mut t = txn.open_table(REFLOG).map_err(db)?;
+            for (name, log) in &state.reflogs {
+                for (seq, e) in log.iter().enumerate() {
+                    t.insert((name.as_str(), seq as u64), e.encode().as_slice())
+                        .map_err(db)?;
+                }
+            }
+            let mut t = txn.open_table(CONFIG).map_err(db)?;
+            for (k, v) in &state.config {
+                t.insert(k.as_str(), v.as_str()).map_err(db)?;
+            }
+            let mut t = txn.open_table(EXPIRED).map_err(db)?;
+            for (id, x) in &state.expired {
+                t.insert(id.as_bytes().as_slice(), x.encode().as_slice())
+                    .map_err(db)?;
+            }
+        }
+        txn.commit().map_err(db)
+    })
 }
 
 fn record_path(dir: &Path, id: &ObjectId, generation: u32) -> PathBuf {

@@ -47,9 +47,19 @@ impl Report {
 /// Checks `meta.redb` itself: redb's integrity check on a copy of the file, and that the
 /// journal (what a rebuild would restore refs, reflogs, configuration and expiry from) agrees
 /// with it. With `repair`, a disagreeing journal is rewritten from the sound database.
+///
+/// The integrity check runs only where this process has the database open for reading: a
+/// database open for writing is not in its closed state on disk (redb records its allocator
+/// state when it closes), so a copy of it would not check clean. [`repair`] checks before it
+/// opens for writing.
 fn check_database(repo: &Repository, repair: bool, report: &mut Report) -> Result<()> {
     let dir = repo.store().dir();
-    if let Some(why) = mdl_store::meta::check_file(&dir.join(mdl_store::meta::META_FILE))? {
+    let damage = if repo.store().writable() {
+        None
+    } else {
+        mdl_store::rebuild::check_file(&dir.join(mdl_store::meta::META_FILE))?
+    };
+    if let Some(why) = damage {
         report.database_damaged = true;
         report.problems.push(format!(
             "meta.redb is damaged ({why}); `mdl fsck --repair` rebuilds it"
@@ -98,20 +108,21 @@ pub fn repair(dir: &Path, opts: &OpenOptions) -> Result<(Option<Rebuilt>, Report
     };
     let root =
         crate::repo::discover(dir).ok_or_else(|| StoreError::NotARepository(dir.to_path_buf()))?;
-    let mut rebuilt = None;
-    let repo = match Repository::open(&root, opts) {
-        Err(Error::Store(StoreError::Damaged(_))) => {
-            rebuilt = Some(rebuild(&root)?);
-            Repository::open(&root, opts)?
-        }
-        other => other?,
+    // First the database as it is on disk, opened for reading (see check_database).
+    let read = OpenOptions {
+        mode: mdl_store::LockMode::Read,
+        ..opts.clone()
     };
-    let report = fsck(&repo, true)?;
-    if !report.database_damaged {
-        return Ok((rebuilt, report));
-    }
-    drop(repo);
-    rebuilt = Some(rebuild(&root)?);
+    let damaged = match Repository::open(&root, &read) {
+        Err(Error::Store(StoreError::Damaged(_))) => true,
+        Err(e) => return Err(e),
+        Ok(repo) => {
+            let mut report = Report::default();
+            check_database(&repo, false, &mut report)?;
+            report.database_damaged
+        }
+    };
+    let rebuilt = if damaged { Some(rebuild(&root)?) } else { None };
     let repo = Repository::open(&root, opts)?;
     Ok((rebuilt, fsck(&repo, true)?))
 }

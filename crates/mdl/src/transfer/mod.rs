@@ -1,0 +1,294 @@
+//! Moving history between repositories (push, fetch, clone): which objects to send, a pack
+//! stream of their records, receiving one with every object verified, and ref updates by
+//! compare-and-swap with a fast-forward check.
+//!
+//! Records travel as they are stored (deltas included), so a push costs what the store costs.
+//! The receiver re-hashes every object before its index names it, publishing tensors in layers
+//! so a delta's base is always indexed (and verified) before the delta; manifests and commits
+//! are published last, in one transaction, once everything they name is present. A failed or
+//! interrupted transfer changes no ref and leaves at most verified, unreferenced tensors.
+
+use std::collections::{HashMap, HashSet};
+
+use mdl_format::{ObjectId, ObjectKind, RefName};
+use mdl_store::meta::MetaRead;
+use mdl_store::{CommitSummary, IndexEntry, RefValue, StoreError};
+use serde::{Deserialize, Serialize};
+
+use crate::{history, Error, Repository, Result};
+
+mod pack;
+pub use pack::{receive_pack, write_pack, Received};
+
+/// First bytes of a pack stream.
+pub const PACK_MAGIC: &[u8; 8] = b"MDLPACK1";
+
+/// One object a transfer sends.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PlannedObject {
+    /// The object.
+    pub id: ObjectId,
+    /// Bytes of its record (0 for an expired tensor).
+    pub size: u64,
+    /// A tensor a retention rule deleted: only the fact travels, so the receiver knows it
+    /// expired rather than went missing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expired: bool,
+}
+
+/// Whether the repository has `id`, as an object or as a record of its expiry.
+pub fn has_object(meta: &MetaRead, id: &ObjectId) -> Result<bool> {
+    Ok(meta.object(id)?.is_some() || meta.expired(id)?.is_some())
+}
+
+/// Objects that a repository holding the commits `has_commit` accepts (and everything those
+/// reach) lacks to hold `want` too, in an order a receiver can import them: tensors with every
+/// delta base before its dependents, then manifests, then commits parents first.
+pub fn plan(
+    repo: &Repository,
+    want: &[ObjectId],
+    has_commit: &dyn Fn(&ObjectId) -> bool,
+) -> Result<Vec<PlannedObject>> {
+    // New commits, parents first (the walk lists children first). What the other side has is
+    // closed under ancestry, so filtering the whole history equals stopping at its commits.
+    let commits: Vec<(ObjectId, CommitSummary)> = history::walk(repo, want)?
+        .into_iter()
+        .rev()
+        .filter(|(id, _)| !has_commit(id))
+        .collect();
+    let meta = repo.store().meta().read()?;
+    let mut tensors: HashMap<ObjectId, IndexEntry> = HashMap::new();
+    let mut expired: HashSet<ObjectId> = HashSet::new();
+    let mut manifests = Vec::new();
+    for (_, summary) in &commits {
+        let manifest = repo.load_manifest(&summary.manifest)?;
+        let entry = meta
+            .object(&summary.manifest)?
+            .ok_or(StoreError::Missing(summary.manifest))?;
+        manifests.push(PlannedObject {
+            id: summary.manifest,
+            size: entry.stored_len,
+            expired: false,
+        });
+        for e in &manifest.entries {
+            // The tensor and its whole delta chain.
+            let mut next = Some(e.id);
+            while let Some(id) = next {
+                if tensors.contains_key(&id) {
+                    break;
+                }
+                let Some(entry) = meta.object(&id)? else {
+                    // Retention deleted it; the commit travels thinned.
+                    if id == e.id && meta.expired(&id)?.is_some() {
+                        expired.insert(id);
+                        break;
+                    }
+                    return Err(StoreError::Missing(id).into());
+                };
+                next = entry.base;
+                tensors.insert(id, entry);
+            }
+        }
+    }
+    let mut tensors: Vec<(ObjectId, IndexEntry)> = tensors.into_iter().collect();
+    tensors.sort_by_key(|(id, e)| (e.depth, *id));
+    let mut expired: Vec<ObjectId> = expired.into_iter().collect();
+    expired.sort();
+    let mut out: Vec<PlannedObject> = expired
+        .into_iter()
+        .map(|id| PlannedObject {
+            id,
+            size: 0,
+            expired: true,
+        })
+        .chain(tensors.into_iter().map(|(id, e)| PlannedObject {
+            id,
+            size: e.stored_len,
+            expired: false,
+        }))
+        .collect();
+    let mut listed: HashSet<ObjectId> = out.iter().map(|p| p.id).collect();
+    out.extend(manifests.into_iter().filter(|m| listed.insert(m.id)));
+    for (id, _) in &commits {
+        let entry = meta.object(id)?.ok_or(StoreError::Missing(*id))?;
+        out.push(PlannedObject {
+            id: *id,
+            size: entry.stored_len,
+            expired: false,
+        });
+    }
+    Ok(out)
+}
+
+/// Commits reachable from any ref, as far as the commit index goes: gc keeps them and all they
+/// name, so a check of what a ref update publishes can stop there.
+fn referenced(meta: &MetaRead) -> Result<HashSet<ObjectId>> {
+    let mut seen = HashSet::new();
+    let mut stack: Vec<ObjectId> = meta
+        .refs("")?
+        .iter()
+        .filter_map(|(_, v)| v.target())
+        .collect();
+    while let Some(id) = stack.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        if let Some(s) = meta.commit(&id)? {
+            stack.extend(s.parents);
+        }
+    }
+    Ok(seen)
+}
+
+/// Fails with [`Error::Incomplete`] unless `tip` and its ancestors outside `known` are whole:
+/// each commit indexed, its manifest, every tensor the manifest names (or its record of
+/// expiry) and every tensor's delta chain.
+fn check_complete(
+    repo: &Repository,
+    meta: &MetaRead,
+    tip: &ObjectId,
+    known: &HashSet<ObjectId>,
+) -> Result<()> {
+    let has = |id: &ObjectId, kind: ObjectKind| -> Result<Option<IndexEntry>> {
+        Ok(meta.object(id)?.filter(|e| e.kind == kind))
+    };
+    let mut stack = vec![*tip];
+    let mut seen = HashSet::new();
+    let mut manifests = HashSet::new();
+    let mut tensors = HashSet::new();
+    while let Some(id) = stack.pop() {
+        if known.contains(&id) || !seen.insert(id) {
+            continue;
+        }
+        let summary = match (meta.commit(&id)?, has(&id, ObjectKind::Commit)?) {
+            (Some(s), Some(_)) => s,
+            _ => return Err(Error::Incomplete(format!("commit {id}"))),
+        };
+        stack.extend(summary.parents.iter().copied());
+        if !manifests.insert(summary.manifest) {
+            continue;
+        }
+        if has(&summary.manifest, ObjectKind::Manifest)?.is_none() {
+            return Err(Error::Incomplete(format!(
+                "manifest {} of commit {id}",
+                summary.manifest
+            )));
+        }
+        for e in repo.load_manifest(&summary.manifest)?.entries {
+            let mut next = Some(e.id);
+            while let Some(t) = next.filter(|t| tensors.insert(*t)) {
+                next = match has(&t, ObjectKind::Tensor)? {
+                    Some(entry) => entry.base,
+                    None if t == e.id && meta.expired(&t)?.is_some() => None,
+                    None => {
+                        return Err(Error::Incomplete(format!(
+                            "tensor {t} ({}) of commit {id}",
+                            e.name
+                        )))
+                    }
+                };
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A ref change requested by another repository: `name` (`refs/heads/…` or `refs/tags/…`)
+/// from `old` (`None`: must not exist) to `new` (`None`: delete).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RefUpdate {
+    /// Full ref name.
+    pub name: String,
+    /// The value the sender last saw.
+    pub old: Option<ObjectId>,
+    /// The new value.
+    pub new: Option<ObjectId>,
+    /// Allow a branch to move to a commit that does not descend from `old`.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// Validates a full ref name that another repository may change: `refs/heads/NAME` or
+/// `refs/tags/NAME` with a valid NAME.
+pub fn check_ref_name(name: &str) -> Result<&'static str> {
+    let (kind, short) = if let Some(s) = name.strip_prefix("refs/heads/") {
+        ("branch", s)
+    } else if let Some(s) = name.strip_prefix("refs/tags/") {
+        ("tag", s)
+    } else {
+        return Err(Error::BadTransfer(format!(
+            "ref {name:?} is neither refs/heads/… nor refs/tags/…"
+        )));
+    };
+    RefName::new(short)?;
+    Ok(kind)
+}
+
+/// Applies a [`RefUpdate`]: the new commit must be present and whole (its history, manifests,
+/// tensors and delta bases; [`Error::Incomplete`] otherwise), a branch may
+/// only move forward unless forced, a tag is only created unless forced, and the change is a
+/// compare-and-swap against `old` (a concurrent change fails with [`StoreError::RefConflict`]).
+pub fn update_ref(repo: &Repository, update: &RefUpdate, message: &str) -> Result<()> {
+    let kind = check_ref_name(&update.name)?;
+    // The write transaction is taken first: until it commits no deletion can, so the new
+    // commit stays as whole as it is checked to be here.
+    let mut w = repo.store().meta().write()?;
+    let meta = repo.store().meta().read()?;
+    if let Some(new) = &update.new {
+        check_complete(repo, &meta, new, &referenced(&meta)?)?;
+    }
+    let current = meta.get_ref(&update.name)?;
+    drop(meta);
+    if let (Some(old), Some(new), false) = (&update.old, &update.new, update.force) {
+        if kind == "tag" && old != new {
+            return Err(Error::RefExists {
+                kind: "tag",
+                name: update.name.clone(),
+            });
+        }
+        if !is_ancestor(repo, old, new)? {
+            return Err(Error::NotFastForward {
+                name: update.name.clone(),
+                old: *old,
+                new: *new,
+            });
+        }
+    }
+    // The expected value as stored: annotated tags keep their annotation.
+    let expected = match (&update.old, &current) {
+        (None, _) => None,
+        (Some(old), Some(v)) if v.target() == Some(*old) => Some(v.clone()),
+        (Some(old), _) => Some(RefValue::Direct(*old)),
+    };
+    let new = update.new.map(RefValue::Direct);
+    w.update_ref(&update.name, expected.as_ref(), new.as_ref(), message)?;
+    w.commit_txn()?;
+    Ok(())
+}
+
+/// Whether `ancestor` is `descendant` or one of its ancestors.
+pub fn is_ancestor(repo: &Repository, ancestor: &ObjectId, descendant: &ObjectId) -> Result<bool> {
+    let meta = repo.store().meta().read()?;
+    let mut seen = HashSet::new();
+    let mut stack = vec![*descendant];
+    while let Some(id) = stack.pop() {
+        if id == *ancestor {
+            return Ok(true);
+        }
+        if !seen.insert(id) {
+            continue;
+        }
+        if let Some(s) = meta.commit(&id)? {
+            stack.extend(s.parents);
+        }
+    }
+    Ok(false)
+}
+
+/// Every commit reachable from `tips` (the tips included), children before parents.
+pub fn reachable_commits(repo: &Repository, tips: &[ObjectId]) -> Result<Vec<ObjectId>> {
+    Ok(history::walk(repo, tips)?
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect())
+}
