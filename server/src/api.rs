@@ -405,24 +405,32 @@ fn stream_range(served: Arc<Served>, layout: Arc<Layout>, start: u64, end: u64) 
                 bytes += touching[j].entry.content_len;
                 j += 1;
             }
-            // The window's bytes (and its delta bases while decoding) count against the
-            // server's decode budget until they are sent.
+            // The window's bytes (and its delta bases and records while decoding) count against
+            // the server's decode budget until they are sent.
             let window = &touching[i..j];
             let mut held =
                 budget::reserve(window.iter().map(|t| budget::decode_cost(&t.entry)).sum());
             let decoded = decode_all(&served, window);
-            for (t, data) in window.iter().zip(decoded) {
-                let data = match data {
-                    Ok(data) => Bytes::from_owner(Held {
-                        data,
-                        _budget: held.split_off(t.entry.content_len),
-                    }),
+            let mut sendable = Vec::with_capacity(window.len());
+            for data in decoded {
+                match data {
+                    Ok(data) => {
+                        let share = held.split_off(data.len() as u64);
+                        sendable.push(Bytes::from_owner(Held {
+                            data,
+                            _budget: share,
+                        }));
+                    }
                     Err(e) => {
                         tracing::error!("checkpoint stream: {e}");
                         let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
                         return;
                     }
-                };
+                }
+            }
+            // The bases and records are gone; only the decoded tensors are still held.
+            drop(held);
+            for (t, data) in window.iter().zip(sendable) {
                 let from = start.max(t.offset) - t.offset;
                 let to = end.min(t.offset + t.entry.content_len) - t.offset;
                 if !send_pieces(&tx, &data, from as usize, to as usize) {

@@ -87,12 +87,13 @@ impl Drop for Reservation {
     }
 }
 
-/// What decoding the object of `entry` holds at its peak: its bytes and one buffer per delta
-/// base on its chain.
+/// What decoding the object of `entry` holds at its peak: its bytes, one buffer per delta base
+/// on its chain, and the record being read (one at a time; a record is at most about its
+/// content's size, since raw is every codec's fallback).
 pub fn decode_cost(entry: &IndexEntry) -> u64 {
     entry
         .content_len
-        .saturating_mul(u64::from(entry.depth).saturating_add(1))
+        .saturating_mul(u64::from(entry.depth).saturating_add(2))
 }
 
 #[cfg(test)]
