@@ -158,7 +158,8 @@ enum Command {
         /// kept between requests).
         #[arg(long, default_value_t = 10, value_name = "SECS")]
         header_timeout: u64,
-        /// Seconds an upload may send nothing before it is cut off (408).
+        /// Seconds an upload may send nothing before it is cut off (408), and a download may
+        /// take nothing before its connection is closed.
         #[arg(long, default_value_t = 30, value_name = "SECS")]
         body_timeout: u64,
         /// Decoded tensors all requests together may hold at once, e.g. 4G (more wait).

@@ -65,7 +65,8 @@ pub struct Limits {
     /// A request's headers must arrive within this (also how long an idle connection waiting
     /// for its next request is kept).
     pub header_timeout: Duration,
-    /// A request body that sends nothing for this long is cut off (408).
+    /// A request body that sends nothing for this long is cut off (408); a response the
+    /// client takes nothing of for this long ends its connection.
     pub body_timeout: Duration,
 }
 
@@ -318,7 +319,8 @@ fn random_token() -> Result<String, String> {
 /// Serves `state` on `listener` until SIGINT or SIGTERM, then finishes the requests in flight
 /// and closes the repositories. At most [`Limits::max_connections`] connections are open at
 /// once (the next is accepted when one closes); headers must arrive within
-/// [`Limits::header_timeout`], which also closes connections idle between requests.
+/// [`Limits::header_timeout`], which also closes connections idle between requests; a
+/// connection whose writes make no progress for [`Limits::body_timeout`] is closed.
 pub async fn serve(state: Arc<State>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
     let limits = state.config.limits;
@@ -347,8 +349,12 @@ pub async fn serve(state: Arc<State>, listener: tokio::net::TcpListener) -> std:
             },
             _ = &mut shutdown => break,
         };
+        // A write that makes no progress for the body timeout fails the connection: a client
+        // that stops reading a download lets go of what it holds (its decode budget).
+        let mut io = tokio_io_timeout::TimeoutStream::new(stream);
+        io.set_write_timeout(Some(limits.body_timeout));
         let service = hyper_util::service::TowerToHyperService::new(router.clone());
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(Box::pin(io)), service));
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!("connection: {e}");

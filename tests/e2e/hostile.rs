@@ -394,3 +394,77 @@ fn slow_and_idle_clients_cannot_starve_the_server() {
     );
     server.stop();
 }
+
+/// A client that asks for a checkpoint and then stops reading holds what the server decoded
+/// for it (its share of the decode budget) only until the body timeout: the connection is cut
+/// and every other pull goes on. Before, it held it for as long as it kept the connection.
+#[test]
+fn a_client_that_stops_reading_holds_the_decode_budget_only_briefly() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let served = d.join("srv");
+    ok(&served, &["init"]);
+    // Four 24 MiB tensors: far more than loopback's socket buffers and the stream's queue hold.
+    let tensors: Vec<T> = (0..4)
+        .map(|i| tensor(&format!("t{i}"), "U8", &[24 << 20], 40 + i))
+        .collect();
+    let file = d.join("big.safetensors");
+    let bytes = write_safetensors(&file, &tensors, &[]);
+    ok(&served, &["commit", file.to_str().unwrap(), "-m", "big"]);
+    // A budget of one tensor at a time: whoever holds it holds every pull.
+    let server = Server::start(
+        &[
+            "-C",
+            served.to_str().unwrap(),
+            "--decode-memory",
+            "48M",
+            "--body-timeout",
+            "2",
+        ],
+        d,
+    );
+    let addr = server.base.strip_prefix("http://").unwrap().to_string();
+    let path = "/v1/repos/srv/checkpoints/main.safetensors";
+    let auth = bearer(WRITE);
+    let mut stalled = TcpStream::connect(&addr).unwrap();
+    write!(
+        stalled,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\n\r\n"
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+
+    // Another pull, whole and byte-identical, within a few body timeouts.
+    let t0 = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let base = server.base.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(http(&base, "GET", path, &[("Authorization", &auth)], b""));
+    });
+    let (status, _, body) = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a pull waited 30 s behind a client that stopped reading");
+    assert_eq!(status, 200);
+    assert!(body == bytes, "the pull differs from the committed file");
+    assert!(
+        t0.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        t0.elapsed()
+    );
+
+    // The stalled client's connection was cut: reading it now ends before the whole body.
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut got = Vec::new();
+    match stalled.read_to_end(&mut got) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("the stalled connection is still open: {e}"),
+    }
+    assert!(got.len() < bytes.len(), "the stalled client got everything");
+    server.stop();
+}
