@@ -1,10 +1,9 @@
 //! Routes and handlers of the `/v1` API (`docs/HTTP_API.md`).
 
 use std::collections::HashSet;
-use std::io::Write;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{
     DefaultBodyLimit, FromRequestParts, Path, Query, RawPathParams, State as AxState,
@@ -14,14 +13,14 @@ use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use mdl::checkout::{Layout, Placed};
 use mdl::transfer::{self, PlannedObject, RefUpdate};
-use mdl::{budget, ObjectId, RefName};
+use mdl::{ObjectId, RefName};
 use serde::{Deserialize, Serialize};
 use tokio_stream::StreamExt;
 
 use crate::auth::{check, Scope};
 use crate::error::ApiError;
+use crate::stream;
 use crate::{valid_repo_name, Served, State};
 
 type Shared = AxState<Arc<State>>;
@@ -30,10 +29,6 @@ type ApiResult<T> = Result<T, ApiError>;
 /// Largest JSON request body. The largest real one is a list of 100,000 object ids (about
 /// 6.7 MB), which is how many the client sends per request.
 const MAX_JSON: usize = 8 << 20;
-/// Decoded bytes a checkpoint stream holds at once (beyond one larger tensor).
-const STREAM_WINDOW: u64 = 64 << 20;
-/// Size of the pieces a response body is sent in.
-const PIECE: usize = 4 << 20;
 
 /// The router of the HTTP API over `state`.
 pub fn app(state: Arc<State>) -> Router {
@@ -373,137 +368,11 @@ async fn checkpoint(
     let body = if method == Method::HEAD || start == end {
         Body::empty()
     } else {
-        stream_range(served, Arc::new(layout), start, end)
+        stream::checkpoint_range(served, Arc::new(layout), start, end)
     };
     response
         .body(body)
         .map_err(|e| ApiError::internal(e.to_string()))
-}
-
-/// Streams bytes `start..end` of a checkpoint: the header's bytes from the layout, then each
-/// touched tensor decoded on a blocking thread, a window of tensors at a time (in parallel),
-/// so memory stays near the window or the largest tensor. A failure mid-stream ends the
-/// response early; the client sees a body shorter than its Content-Length.
-fn stream_range(served: Arc<Served>, layout: Arc<Layout>, start: u64, end: u64) -> Body {
-    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
-    tokio::task::spawn_blocking(move || {
-        let send = |b: Bytes| tx.blocking_send(Ok(b)).is_ok();
-        let head_len = layout.head.len() as u64;
-        if start < head_len {
-            let piece =
-                Bytes::copy_from_slice(&layout.head[start as usize..end.min(head_len) as usize]);
-            if !send(piece) {
-                return;
-            }
-        }
-        let touching: Vec<&Placed> = layout.touching(start, end).collect();
-        let mut i = 0;
-        while i < touching.len() {
-            let mut j = i + 1;
-            let mut bytes = touching[i].entry.content_len;
-            while j < touching.len() && bytes + touching[j].entry.content_len <= STREAM_WINDOW {
-                bytes += touching[j].entry.content_len;
-                j += 1;
-            }
-            // The window's bytes (and its delta bases and records while decoding) count against
-            // the server's decode budget until they are sent.
-            let window = &touching[i..j];
-            let mut held =
-                budget::reserve(window.iter().map(|t| budget::decode_cost(&t.entry)).sum());
-            let decoded = decode_all(&served, window);
-            let mut sendable = Vec::with_capacity(window.len());
-            for data in decoded {
-                match data {
-                    Ok(data) => {
-                        let share = held.split_off(data.len() as u64);
-                        sendable.push(Bytes::from_owner(Held {
-                            data,
-                            _budget: share,
-                        }));
-                    }
-                    Err(e) => {
-                        tracing::error!("checkpoint stream: {e}");
-                        let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
-                        return;
-                    }
-                }
-            }
-            // The bases and records are gone; only the decoded tensors are still held.
-            drop(held);
-            for (t, data) in window.iter().zip(sendable) {
-                let from = start.max(t.offset) - t.offset;
-                let to = end.min(t.offset + t.entry.content_len) - t.offset;
-                if !send_pieces(&tx, &data, from as usize, to as usize) {
-                    return;
-                }
-            }
-            i = j;
-        }
-    });
-    Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-}
-
-/// A decoded tensor and its share of the decode budget: the pieces sent from it are slices
-/// of it, so the share is given back only when the last piece has been written and dropped.
-struct Held {
-    data: Vec<u8>,
-    _budget: budget::Reservation,
-}
-
-impl AsRef<[u8]> for Held {
-    fn as_ref(&self) -> &[u8] {
-        &self.data
-    }
-}
-
-/// Sends `data[from..to]` in pieces; false when the client went away.
-fn send_pieces(
-    tx: &tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
-    data: &Bytes,
-    from: usize,
-    to: usize,
-) -> bool {
-    let mut at = from;
-    while at < to {
-        let next = (at + PIECE).min(to);
-        if tx.blocking_send(Ok(data.slice(at..next))).is_err() {
-            return false;
-        }
-        at = next;
-    }
-    true
-}
-
-/// Streams one tensor: decoded on a blocking thread under the decode budget, sent in pieces.
-fn stream_tensor(served: Arc<Served>, placed: Placed) -> Body {
-    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
-    tokio::task::spawn_blocking(move || {
-        let mut held = budget::reserve(budget::decode_cost(&placed.entry));
-        match served.repo.store().load_tensor(&placed.id, &placed.entry) {
-            Ok(data) => {
-                let data = Bytes::from_owner(Held {
-                    data,
-                    _budget: held.split_off(placed.entry.content_len),
-                });
-                drop(held);
-                send_pieces(&tx, &data, 0, data.len());
-            }
-            Err(e) => {
-                tracing::error!("tensor stream: {e}");
-                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
-            }
-        }
-    });
-    Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-}
-
-/// Decodes tensors in parallel (each verified against its id).
-fn decode_all(served: &Served, tensors: &[&Placed]) -> Vec<Result<Vec<u8>, mdl::StoreError>> {
-    use rayon::prelude::*;
-    tensors
-        .par_iter()
-        .map(|t| served.repo.store().load_tensor(&t.id, &t.entry))
-        .collect()
 }
 
 /// Whether a tensor name is acceptable in a URL: no control characters, not absolute, no `..`
@@ -554,7 +423,7 @@ async fn tensor(
         .body(if head {
             Body::empty()
         } else {
-            stream_tensor(served, placed)
+            stream::tensor(served, placed)
         })
         .map_err(|e| ApiError::internal(e.to_string()))
 }
@@ -778,32 +647,6 @@ async fn plan(
     .await
 }
 
-/// Writes into a response body channel in pieces, from a blocking thread.
-struct ChannelWriter {
-    tx: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
-    buf: Vec<u8>,
-}
-
-impl Write for ChannelWriter {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        self.buf.extend_from_slice(data);
-        if self.buf.len() >= PIECE {
-            self.flush()?;
-        }
-        Ok(data.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let piece = Bytes::from(std::mem::take(&mut self.buf));
-        self.tx
-            .blocking_send(Ok(piece))
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "client went away"))
-    }
-}
-
 async fn fetch(
     Access(served): Reader,
     body: Result<Json<Ids>, JsonRejection>,
@@ -818,22 +661,9 @@ async fn fetch(
         })
         .await?;
     }
-    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
-    tokio::task::spawn_blocking(move || {
-        let mut w = ChannelWriter {
-            tx: tx.clone(),
-            buf: Vec::with_capacity(PIECE),
-        };
-        let result = transfer::write_pack(&served.repo, &ids, &mut w)
-            .and_then(|_| w.flush().map_err(|e| mdl::StoreError::Output(e).into()));
-        if let Err(e) = result {
-            tracing::warn!("pack stream: {e}");
-            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
-        }
-    });
     Ok((
         [(header::CONTENT_TYPE, "application/x-mdl-pack")],
-        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+        stream::pack(served, ids),
     )
         .into_response())
 }

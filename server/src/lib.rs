@@ -10,6 +10,7 @@
 mod api;
 pub mod auth;
 pub mod error;
+mod stream;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

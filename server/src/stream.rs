@@ -1,0 +1,179 @@
+//! Response bodies produced on blocking threads: checkpoint byte ranges, single tensors and
+//! pack streams. Each is written into a short channel in pieces; decoded tensors count against
+//! the process's decode budget (`mdl::budget`) from before they are decoded until their last
+//! piece has been written. A failure mid-stream ends the body early (the client sees a body
+//! shorter than its Content-Length, or a pack without its end).
+
+use std::io::Write;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use mdl::checkout::{Layout, Placed};
+use mdl::{budget, transfer, ObjectId};
+
+use crate::Served;
+
+/// Decoded bytes a checkpoint stream holds at once (beyond one larger tensor).
+const STREAM_WINDOW: u64 = 64 << 20;
+/// Size of the pieces a response body is sent in.
+const PIECE: usize = 4 << 20;
+
+type Sender = tokio::sync::mpsc::Sender<std::io::Result<Bytes>>;
+
+/// A body whose pieces `produce` sends from a blocking thread. `produce` returns an error to
+/// end the body with it (logged under `what`); a client that went away makes sends fail.
+fn produced(
+    what: &'static str,
+    produce: impl FnOnce(&Sender) -> Result<(), String> + Send + 'static,
+) -> Body {
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = produce(&tx) {
+            tracing::error!("{what}: {e}");
+            let _ = tx.blocking_send(Err(std::io::Error::other(e)));
+        }
+    });
+    Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// Bytes `start..end` of a checkpoint: the header's bytes from the layout, then each touched
+/// tensor, decoded a window of tensors at a time (in parallel), so memory stays near the window
+/// or the largest tensor.
+pub(crate) fn checkpoint_range(
+    served: Arc<Served>,
+    layout: Arc<Layout>,
+    start: u64,
+    end: u64,
+) -> Body {
+    produced("checkpoint stream", move |tx| {
+        let head_len = layout.head.len() as u64;
+        if start < head_len {
+            let piece =
+                Bytes::copy_from_slice(&layout.head[start as usize..end.min(head_len) as usize]);
+            if tx.blocking_send(Ok(piece)).is_err() {
+                return Ok(());
+            }
+        }
+        let touching: Vec<&Placed> = layout.touching(start, end).collect();
+        let mut i = 0;
+        while i < touching.len() {
+            let mut j = i + 1;
+            let mut bytes = touching[i].entry.content_len;
+            while j < touching.len() && bytes + touching[j].entry.content_len <= STREAM_WINDOW {
+                bytes += touching[j].entry.content_len;
+                j += 1;
+            }
+            let window = &touching[i..j];
+            for (t, data) in window.iter().zip(decode_window(&served, window)?) {
+                let from = start.max(t.offset) - t.offset;
+                let to = end.min(t.offset + t.entry.content_len) - t.offset;
+                if !send_pieces(tx, &data, from as usize, to as usize) {
+                    return Ok(());
+                }
+            }
+            i = j;
+        }
+        Ok(())
+    })
+}
+
+/// One tensor, whole.
+pub(crate) fn tensor(served: Arc<Served>, placed: Placed) -> Body {
+    produced("tensor stream", move |tx| {
+        let [data] = decode_window(&served, &[&placed])?
+            .try_into()
+            .expect("one tensor decodes to one buffer");
+        send_pieces(tx, &data, 0, data.len());
+        Ok(())
+    })
+}
+
+/// The records of `ids` as a pack stream (`mdl::transfer::write_pack`).
+pub(crate) fn pack(served: Arc<Served>, ids: Arc<Vec<ObjectId>>) -> Body {
+    produced("pack stream", move |tx| {
+        let mut w = PieceWriter {
+            tx,
+            buf: Vec::with_capacity(PIECE),
+        };
+        transfer::write_pack(&served.repo, &ids, &mut w)
+            .and_then(|_| w.flush().map_err(|e| mdl::StoreError::Output(e).into()))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Decodes `window`'s tensors in parallel (each verified against its id) under the decode
+/// budget: the whole window's cost (its delta bases and records too) is reserved before
+/// anything is decoded; once decoded, each tensor keeps only its own bytes' share, until its
+/// last piece is sent.
+fn decode_window(served: &Served, window: &[&Placed]) -> Result<Vec<Bytes>, String> {
+    use rayon::prelude::*;
+    let mut held = budget::reserve(window.iter().map(|t| budget::decode_cost(&t.entry)).sum());
+    let decoded: Vec<_> = window
+        .par_iter()
+        .map(|t| served.repo.store().load_tensor(&t.id, &t.entry))
+        .collect();
+    decoded
+        .into_iter()
+        .map(|data| {
+            let data = data.map_err(|e| e.to_string())?;
+            let share = held.split_off(data.len() as u64);
+            Ok(Bytes::from_owner(Held {
+                data,
+                _budget: share,
+            }))
+        })
+        .collect()
+}
+
+/// A decoded tensor and its share of the decode budget: the pieces sent from it are slices
+/// of it, so the share is given back only when the last piece has been written and dropped.
+struct Held {
+    data: Vec<u8>,
+    _budget: budget::Reservation,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// Sends `data[from..to]` in pieces; false when the client went away.
+fn send_pieces(tx: &Sender, data: &Bytes, from: usize, to: usize) -> bool {
+    let mut at = from;
+    while at < to {
+        let next = (at + PIECE).min(to);
+        if tx.blocking_send(Ok(data.slice(at..next))).is_err() {
+            return false;
+        }
+        at = next;
+    }
+    true
+}
+
+/// Writes into a body's channel in pieces of [`PIECE`] bytes.
+struct PieceWriter<'a> {
+    tx: &'a Sender,
+    buf: Vec<u8>,
+}
+
+impl Write for PieceWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= PIECE {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let piece = Bytes::from(std::mem::take(&mut self.buf));
+        self.tx
+            .blocking_send(Ok(piece))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "client went away"))
+    }
+}
