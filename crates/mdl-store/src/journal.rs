@@ -32,7 +32,7 @@ use std::sync::Mutex;
 
 use mdl_format::{ObjectId, Timestamp};
 
-use crate::meta::{Expired, RefValue, ReflogEntry};
+use crate::meta::{Cursor, Expired, RefValue, ReflogEntry};
 use crate::StoreError;
 
 /// The journal file inside `.mdl`.
@@ -250,13 +250,13 @@ fn parse_entry(b: &[u8]) -> Option<(Vec<Change>, usize)> {
 }
 
 fn decode_body(body: &[u8]) -> Option<Vec<Change>> {
-    let mut r = Bytes(body);
+    let mut r = Cursor(body);
     if r.u8()? != VERSION {
         return None;
     }
     let n = r.u32()?;
     if n == 0 {
-        return (r.u8()? == 6 && r.0.is_empty()).then(|| vec![Change::Abort]);
+        return (r.u8()? == 6 && r.is_empty()).then(|| vec![Change::Abort]);
     }
     let mut out = Vec::with_capacity(n.min(1 << 16) as usize);
     for _ in 0..n {
@@ -284,7 +284,7 @@ fn decode_body(body: &[u8]) -> Option<Vec<Change>> {
                 },
             },
             5 => Change::Expired {
-                id: ObjectId::from_bytes(r.take(32)?.try_into().ok()?),
+                id: r.id()?,
                 value: match r.u8()? {
                     0 => None,
                     _ => Some(Expired::decode(r.bytes()?).ok()?),
@@ -294,7 +294,7 @@ fn decode_body(body: &[u8]) -> Option<Vec<Change>> {
         };
         out.push(change);
     }
-    r.0.is_empty().then_some(out)
+    r.is_empty().then_some(out)
 }
 
 fn encode_entry(changes: &[Change]) -> Vec<u8> {
@@ -363,35 +363,6 @@ fn encode_entry(changes: &[Change]) -> Vec<u8> {
     out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
     out.extend_from_slice(&body);
     out
-}
-
-struct Bytes<'a>(&'a [u8]);
-
-impl<'a> Bytes<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if self.0.len() < n {
-            return None;
-        }
-        let (h, t) = self.0.split_at(n);
-        self.0 = t;
-        Some(h)
-    }
-    fn u8(&mut self) -> Option<u8> {
-        Some(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-    fn bytes(&mut self) -> Option<&'a [u8]> {
-        let n = self.u32()? as usize;
-        self.take(n)
-    }
-    fn string(&mut self) -> Option<String> {
-        String::from_utf8(self.bytes()?.to_vec()).ok()
-    }
 }
 
 /// The journal of a repository opened for writing.

@@ -16,6 +16,7 @@ use crate::journal::{Change, Journal, JournalState};
 use crate::{LockMode, StoreError};
 
 mod values;
+pub(crate) use values::Cursor;
 pub use values::{CommitSummary, Expired, IndexEntry, RefValue, ReflogEntry};
 
 /// The database file inside `.mdl`.

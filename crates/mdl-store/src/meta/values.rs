@@ -302,10 +302,14 @@ impl ReflogEntry {
     }
 }
 
-struct Cursor<'a>(&'a [u8]);
+/// Reads the encodings above (and the journal's entries): each read is `None` past the end.
+pub(crate) struct Cursor<'a>(pub(crate) &'a [u8]);
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         if self.0.len() < n {
             return None;
         }
@@ -313,17 +317,26 @@ impl<'a> Cursor<'a> {
         self.0 = t;
         Some(h)
     }
-    fn u8(&mut self) -> Option<u8> {
+    pub(crate) fn u8(&mut self) -> Option<u8> {
         Some(self.take(1)?[0])
     }
-    fn u32(&mut self) -> Option<u32> {
+    pub(crate) fn u32(&mut self) -> Option<u32> {
         Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
     }
-    fn u64(&mut self) -> Option<u64> {
+    pub(crate) fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
-    fn id(&mut self) -> Option<ObjectId> {
+    pub(crate) fn id(&mut self) -> Option<ObjectId> {
         Some(ObjectId::from_bytes(self.take(32)?.try_into().ok()?))
+    }
+    /// A length (u32) and that many bytes.
+    pub(crate) fn bytes(&mut self) -> Option<&'a [u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    /// [`Self::bytes`] as UTF-8.
+    pub(crate) fn string(&mut self) -> Option<String> {
+        String::from_utf8(self.bytes()?.to_vec()).ok()
     }
 }
 
