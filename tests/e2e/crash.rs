@@ -106,19 +106,7 @@ fn run_crash_test(iterations: u64) {
             kills_before_done += 1;
         }
 
-        // The repository is sound, and the branch tip is either the old one or the new commit.
-        assert_fsck_clean(d);
-        let log = json(d, &["log"]);
-        let tip = log[0]["id"].as_str().unwrap().to_string();
-        if tip != committed.last().unwrap().0 {
-            assert_eq!(
-                log[0]["message"],
-                format!("n{n}"),
-                "tip is neither old nor new"
-            );
-            committed.push((tip, n));
-        }
-        assert_eq!(log.as_array().unwrap().len(), committed.len());
+        sound_with_old_or_new_tip(d, &mut committed, n);
 
         // The newest commit and one earlier one check out byte-identical.
         let r2 = u64::from_le_bytes(rng.drain(..8).collect::<Vec<_>>().try_into().unwrap());
@@ -203,18 +191,7 @@ fn server_crash_test(iterations: u64) {
         if client.join().ok() != Some(201) {
             cut_short += 1;
         }
-        assert_fsck_clean(&repo);
-        let log = json(&repo, &["log"]);
-        let tip = log[0]["id"].as_str().unwrap().to_string();
-        if tip != committed.last().unwrap().0 {
-            assert_eq!(
-                log[0]["message"],
-                format!("n{n}"),
-                "tip is neither old nor new"
-            );
-            committed.push((tip, n));
-        }
-        assert_eq!(log.as_array().unwrap().len(), committed.len());
+        sound_with_old_or_new_tip(&repo, &mut committed, n);
         let (id, n) = committed.last().unwrap();
         ok(
             &repo,
@@ -242,4 +219,22 @@ fn sigkill_of_the_server_during_uploads_never_corrupts() {
 #[ignore = "long: 100 kills"]
 fn sigkill_of_the_server_during_uploads_never_corrupts_long() {
     server_crash_test(100);
+}
+
+/// After a kill during commit `n` (message `n{n}`): the repository fscks clean and its branch
+/// tip is either the last of `committed` or the new commit, which is then added to it; the log
+/// holds exactly the commits made so far.
+fn sound_with_old_or_new_tip(repo: &std::path::Path, committed: &mut Vec<(String, u64)>, n: u64) {
+    assert_fsck_clean(repo);
+    let log = json(repo, &["log"]);
+    let tip = log[0]["id"].as_str().unwrap().to_string();
+    if tip != committed.last().unwrap().0 {
+        assert_eq!(
+            log[0]["message"],
+            format!("n{n}"),
+            "tip is neither old nor new"
+        );
+        committed.push((tip, n));
+    }
+    assert_eq!(log.as_array().unwrap().len(), committed.len());
 }
