@@ -542,3 +542,54 @@ fn lossy_commits_are_marked_and_bad_settings_change_nothing() {
     assert_eq!(c["lossy_tensors"], 0);
     assert_fsck_clean(d);
 }
+
+/// A checked-out or downloaded checkpoint is an ordinary new file: the permissions any file
+/// the user creates there gets (the umask's), not a temporary file's 0600; and `--force` over
+/// a symlink replaces the link, never writes through it.
+#[test]
+fn outputs_are_ordinary_files_and_never_written_through_links() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = &dir.path().join("srv");
+    ok(d, &["init"]);
+    let f = d.join("a.safetensors");
+    let bytes = write_safetensors(&f, &mixed(3), &[]);
+    ok(d, &["commit", f.to_str().unwrap()]);
+    let ordinary = d.join("ordinary");
+    std::fs::File::create(&ordinary).unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+
+    let out = d.join("out.safetensors");
+    ok(d, &["checkout", "main", "-o", out.to_str().unwrap()]);
+    assert_eq!(mode(&out), mode(&ordinary), "checkout's permissions");
+
+    let server = crate::server::Server::start(&["-C", d.to_str().unwrap()], dir.path());
+    let url = format!("{}/srv", server.base);
+    let pulled = d.join("pulled.safetensors");
+    let token = crate::server::READ;
+    let got = std::process::Command::new(mdl_bin())
+        .args(["-C", &url, "--token", token, "checkout", "main", "-o"])
+        .arg(&pulled)
+        .output()
+        .unwrap();
+    assert!(got.status.success(), "{got:?}");
+    assert!(std::fs::read(&pulled).unwrap() == bytes);
+    assert_eq!(mode(&pulled), mode(&ordinary), "download's permissions");
+    server.stop();
+
+    // A link at the output: replaced by the checkpoint, its target untouched.
+    let victim = d.join("victim");
+    std::fs::write(&victim, b"keep me").unwrap();
+    let link = d.join("link.safetensors");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    ok(
+        d,
+        &["checkout", "main", "-o", link.to_str().unwrap(), "--force"],
+    );
+    assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+    assert!(!std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(std::fs::read(&link).unwrap() == bytes);
+}

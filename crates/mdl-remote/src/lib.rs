@@ -321,14 +321,7 @@ impl Remote {
             path: out.to_path_buf(),
             source,
         };
-        let dir = out
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".mdl-download-")
-            .tempfile_in(dir)
-            .map_err(write_err)?;
+        let mut tmp = mdl::checkout::temporary_output(out)?;
         let _interrupted = mdl::interrupt::register(tmp.path());
         let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
         let n = std::io::copy(&mut reader, tmp.as_file_mut()).map_err(|e| Error::Transport {
@@ -969,15 +962,21 @@ pub fn clone(url: &str, dir: &Path, token: Option<String>) -> Result<CloneOutcom
     done
 }
 
+/// The folder `dir` is in (`.` for a bare name) and its name; `None` for `/` or `..`.
+fn place_of(dir: &Path) -> Option<(&Path, &std::ffi::OsStr)> {
+    let parent = dir.parent()?;
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    Some((parent, dir.file_name()?))
+}
+
 /// Where a clone into `dir` is assembled: `.NAME.mdl-clone-PID` beside it.
 fn staging_dir(dir: &Path) -> Result<PathBuf> {
-    let name = dir
-        .file_name()
+    let (parent, name) = place_of(dir)
         .ok_or_else(|| Error::Remote(format!("{} is not a directory name", dir.display())))?;
-    let parent = dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
     Ok(parent.join(format!(
         ".{}.mdl-clone-{}",
         name.to_string_lossy(),
@@ -987,13 +986,8 @@ fn staging_dir(dir: &Path) -> Result<PathBuf> {
 
 /// Removes what clones into `dir` by processes that no longer run left beside it.
 fn sweep_stale_staging(dir: &Path) {
-    let (Some(name), Some(parent)) = (dir.file_name(), dir.parent()) else {
+    let Some((parent, name)) = place_of(dir) else {
         return;
-    };
-    let parent = if parent.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        parent
     };
     let prefix = format!(".{}.mdl-clone-", name.to_string_lossy());
     for entry in std::fs::read_dir(parent).into_iter().flatten().flatten() {

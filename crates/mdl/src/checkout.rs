@@ -62,6 +62,31 @@ pub fn refuse_inside_repository(out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The temporary file an output is written to before it is renamed to `out`: beside it, of an
+/// unpredictable name, created exclusively (a planted file or symlink is never written
+/// through), with the permissions of any new file (0666 less the umask, not a temporary
+/// file's 0600). Removed when dropped unless persisted.
+pub fn temporary_output(out: &Path) -> Result<tempfile::NamedTempFile> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |source| Error::Output {
+        path: out.to_path_buf(),
+        source,
+    };
+    let name = out
+        .file_name()
+        .ok_or_else(|| err(std::io::Error::other("not a file name")))?;
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    tempfile::Builder::new()
+        .prefix(&format!(".{}.", name.to_string_lossy()))
+        .suffix(".mdl-tmp")
+        .permissions(std::fs::Permissions::from_mode(0o666))
+        .tempfile_in(dir)
+        .map_err(err)
+}
+
 /// Writes the checkpoint of `rev` to `out`, through a temporary file renamed into place.
 pub fn checkout(
     repo: &Repository,
@@ -76,25 +101,11 @@ pub fn checkout(
     if !opts.force && out.symlink_metadata().is_ok() {
         return Err(Error::OutputExists(out.to_path_buf()));
     }
-    let name = out.file_name().ok_or_else(|| Error::Output {
-        path: out.to_path_buf(),
-        source: std::io::Error::other("not a file name"),
-    })?;
     let write_err = |source| Error::Output {
         path: out.to_path_buf(),
         source,
     };
-    // A fresh file of an unpredictable name, created exclusively (a planted file or symlink
-    // is never written through); removed if anything fails, and on Ctrl-C.
-    let dir = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!(".{}.", name.to_string_lossy()))
-        .suffix(".mdl-tmp")
-        .tempfile_in(dir)
-        .map_err(write_err)?;
+    let tmp = temporary_output(out)?;
     let _interrupted = crate::interrupt::register(tmp.path());
     let result = (|| -> Result<u64> {
         let file = tmp.as_file();

@@ -4,11 +4,12 @@
 //! deleted) and every commit younger than the grace period `prune_older_than` (a push may be
 //! about to point a ref at it). What they reach — commits, parents, manifests, tensors — is
 //! kept, and so is every other object younger than the grace period (a commit racing gc may
-//! be about to name it). So a commit gc keeps is always whole. Retention (`retention.keep_last = N`) thins commits more than N first-parent steps
-//! behind a branch tip: their optimizer-state tensors (the moments of the `quant.moments`
-//! pairings) are deleted unless a commit kept in full names them too, and are recorded as
-//! *expired* — commit and manifest ids never change. Tagged commits and branch tips are never
-//! thinned.
+//! be about to name it). So a commit gc keeps is always whole.
+//!
+//! Retention (`retention.keep_last = N`) thins commits more than N first-parent steps behind a
+//! branch tip: their optimizer-state tensors (the moments of the `quant.moments` pairings) are
+//! deleted unless a commit kept in full names them too, and are recorded as *expired* — commit
+//! and manifest ids never change. Tagged commits and branch tips are never thinned.
 //!
 //! A kept tensor may be stored as a delta against one that goes: it is re-encoded as a
 //! self-contained record first. Deletion is one index transaction, taken under the repository's
