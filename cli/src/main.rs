@@ -567,12 +567,12 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         Command::Config { key, value } => match (key, value) {
             (Some(k), Some(v)) => {
                 let repo = open(cli, LockMode::Write, purpose)?;
-                mdl::policy::set_config(&repo, k, v)?;
+                mdl::config::set_config(&repo, k, v)?;
                 output::message(out, cli.json, &format!("{k} = {v}"))?;
             }
             (key, _) => {
                 let repo = open(cli, LockMode::Read, purpose)?;
-                let mut all = mdl::policy::config(&repo)?;
+                let mut all = mdl::config::config(&repo)?;
                 if let Some(k) = key {
                     all.retain(|(name, _, _)| name == k);
                     if all.is_empty() {

@@ -10,47 +10,9 @@
 use mdl_format::{Dtype, FormatError};
 use rayon::prelude::*;
 
-pub use crate::float::Transform;
 use crate::huffman::{Histogram, Stream, StreamWriter};
+use crate::planes::PlaneSpec;
 use crate::scalar::{self, KEYS};
-
-/// Which byte planes a float codec takes a tensor apart into ([`crate::float`]'s table).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PlaneSpec {
-    /// Element type (bf16, f16, f32 or f64).
-    pub dtype: Dtype,
-    /// Float planes, or the zigzagged difference's byte planes.
-    pub transform: Transform,
-    /// Bits of each little-endian word XORed with the base before splitting (float planes
-    /// only; 0 without a base).
-    pub mask: u64,
-}
-
-impl PlaneSpec {
-    /// Float planes of `value ^ (base & mask)`.
-    pub fn planes(dtype: Dtype, mask: u64) -> PlaneSpec {
-        PlaneSpec {
-            dtype,
-            transform: Transform::Planes,
-            mask,
-        }
-    }
-
-    /// `(bytes an element, planes)` of this layout, or `None` for a dtype the float codecs do
-    /// not take apart.
-    pub fn shape(&self) -> Option<(usize, usize)> {
-        crate::float::plane_shape(*self)
-    }
-
-    /// Byte planes of `zigzag(value − base)`.
-    pub fn sub(dtype: Dtype) -> PlaneSpec {
-        PlaneSpec {
-            dtype,
-            transform: Transform::Sub,
-            mask: 0,
-        }
-    }
-}
 
 /// What [`Engine::keep`] returns: while it lives, the engine keeps a copy of the bytes where
 /// it computes, so kernels called meanwhile on them (or on a part of them) do not copy them
@@ -414,7 +376,7 @@ impl Engine for CpuEngine {
         base: Option<&[u8]>,
         want: &[(bool, bool)],
     ) -> Vec<(Histogram, Histogram)> {
-        crate::float::cpu_plane_histograms(spec, data, base, want)
+        crate::planes::cpu_plane_histograms(spec, data, base, want)
     }
 
     fn encode_planes(
@@ -424,7 +386,7 @@ impl Engine for CpuEngine {
         base: Option<&[u8]>,
         writers: &[StreamWriter],
     ) -> Vec<Vec<Vec<u8>>> {
-        crate::float::cpu_encode_planes(spec, data, base, writers)
+        crate::planes::cpu_encode_planes(spec, data, base, writers)
     }
 
     fn decode_planes(
@@ -434,7 +396,7 @@ impl Engine for CpuEngine {
         base: Option<&[u8]>,
         out: &mut [u8],
     ) -> Result<(), FormatError> {
-        crate::float::cpu_decode_planes(spec, streams, base, out)
+        crate::planes::cpu_decode_planes(spec, streams, base, out)
     }
 
     fn key_stats(&self, w: FloatView<'_>, moments: Option<Moments<'_>>) -> KeyStats {

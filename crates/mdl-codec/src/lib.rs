@@ -19,6 +19,7 @@
 pub mod engine;
 pub mod float;
 pub mod huffman;
+pub mod planes;
 pub mod qrecord;
 pub mod quant;
 pub mod scalar;

@@ -1,4 +1,4 @@
-use crate::ObjectId;
+use crate::id::{ObjectId, ParseIdError};
 
 /// Errors from decoding or validating persisted bytes.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +61,15 @@ impl FormatError {
         FormatError::Invalid {
             what,
             detail: detail.into(),
+        }
+    }
+}
+
+impl From<ParseIdError> for FormatError {
+    fn from(e: ParseIdError) -> Self {
+        FormatError::Invalid {
+            what: e.what,
+            detail: e.detail,
         }
     }
 }

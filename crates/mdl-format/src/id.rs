@@ -1,8 +1,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::FormatError;
-
 /// The identity of an object: the blake3 hash of its canonical content.
 ///
 /// How the object is stored (which codec, which delta base) never changes its id, which is what
@@ -71,14 +69,14 @@ impl fmt::Debug for ObjectId {
 }
 
 impl FromStr for ObjectId {
-    type Err = FormatError;
-    fn from_str(s: &str) -> Result<Self, FormatError> {
+    type Err = ParseIdError;
+    fn from_str(s: &str) -> Result<Self, ParseIdError> {
         let prefix: IdPrefix = s.parse()?;
         if prefix.len != 64 {
-            return Err(FormatError::invalid(
-                "object id",
-                format!("{s:?} is not 64 hex digits"),
-            ));
+            return Err(ParseIdError {
+                what: "object id",
+                detail: format!("{s:?} is not 64 hex digits"),
+            });
         }
         Ok(ObjectId(prefix.bytes))
     }
@@ -95,6 +93,17 @@ impl<'de> serde::Deserialize<'de> for ObjectId {
         let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
         s.parse().map_err(serde::de::Error::custom)
     }
+}
+
+/// Text that is not an object id (or an id prefix). Converts into
+/// [`FormatError::Invalid`](crate::FormatError::Invalid) with the same message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what}: {detail}")]
+pub struct ParseIdError {
+    /// What was being parsed: "object id" or "object id prefix".
+    pub what: &'static str,
+    /// What is wrong with the text.
+    pub detail: String,
 }
 
 /// A hexadecimal prefix of an [`ObjectId`], as typed on a command line.
@@ -132,19 +141,20 @@ impl IdPrefix {
 }
 
 impl FromStr for IdPrefix {
-    type Err = FormatError;
-    fn from_str(s: &str) -> Result<Self, FormatError> {
+    type Err = ParseIdError;
+    fn from_str(s: &str) -> Result<Self, ParseIdError> {
         let raw = s.as_bytes();
         if raw.len() < Self::MIN_LEN || raw.len() > 64 {
-            return Err(FormatError::invalid(
-                "object id prefix",
-                format!("{s:?} must be 4 to 64 hex digits"),
-            ));
+            return Err(ParseIdError {
+                what: "object id prefix",
+                detail: format!("{s:?} must be 4 to 64 hex digits"),
+            });
         }
         let mut bytes = [0u8; 32];
         for (i, &c) in raw.iter().enumerate() {
-            let v = hex_val(c).ok_or_else(|| {
-                FormatError::invalid("object id prefix", format!("{s:?} is not hexadecimal"))
+            let v = hex_val(c).ok_or_else(|| ParseIdError {
+                what: "object id prefix",
+                detail: format!("{s:?} is not hexadecimal"),
             })?;
             if i % 2 == 0 {
                 bytes[i / 2] = v << 4;

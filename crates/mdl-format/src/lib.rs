@@ -34,7 +34,7 @@ mod wire;
 pub use commit::{Commit, CommitStats};
 pub use dtype::Dtype;
 pub use error::FormatError;
-pub use id::{IdPrefix, ObjectId, TensorHasher};
+pub use id::{IdPrefix, ObjectId, ParseIdError, TensorHasher};
 pub use manifest::{Entry, Exactness, Lossy, Manifest};
 pub use refname::{RefName, RefNameError};
 pub use tensor::TensorHeader;

@@ -26,9 +26,10 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use mdl_codec::engine::{
     check_ungroup, scales, sum, Assigned, CodePairs, CpuEngine, Engine, ErrorStats, FloatView,
-    Kept, KeyStats, Lut, Moments, PlaneSpec, Transform, ERROR_CHUNK,
+    Kept, KeyStats, Lut, Moments, ERROR_CHUNK,
 };
 use mdl_codec::huffman::{Histogram, Plan, Stream, StreamBody, StreamWriter, CHUNK_LOG2};
+use mdl_codec::planes::{PlaneSpec, Transform};
 use mdl_format::{Dtype, FormatError};
 use rayon::prelude::*;
 

@@ -6,6 +6,7 @@
 
 use mdl_codec::engine::{CpuEngine, Engine, FloatView, Lut, Moments};
 use mdl_codec::float;
+use mdl_codec::planes::Transform;
 use mdl_format::Dtype;
 use mdl_gpu::GpuEngine;
 
@@ -123,10 +124,8 @@ fn same_float_coding(gpu: &dyn Engine, dtype: Dtype, data: &[u8], base: Option<&
         assert!(a == g, "{dtype:?} n={}: payloads differ", data.len());
         let mut back = vec![0u8; data.len()];
         match choice.transform {
-            float::Transform::Planes => float::decode(gpu, dtype, &g, b, &mut back).unwrap(),
-            float::Transform::Sub => {
-                float::decode_sub(gpu, dtype, &g, b.unwrap(), &mut back).unwrap()
-            }
+            Transform::Planes => float::decode(gpu, dtype, &g, b, &mut back).unwrap(),
+            Transform::Sub => float::decode_sub(gpu, dtype, &g, b.unwrap(), &mut back).unwrap(),
         }
         assert!(
             back == data,
@@ -138,7 +137,7 @@ fn same_float_coding(gpu: &dyn Engine, dtype: Dtype, data: &[u8], base: Option<&
             let at = bad.len() - 50;
             bad[at] ^= 0xff;
             bad.truncate(bad.len() - 1);
-            if choice.transform == float::Transform::Planes {
+            if choice.transform == Transform::Planes {
                 assert!(float::decode(gpu, dtype, &bad, b, &mut back).is_err());
                 assert!(float::decode(&CpuEngine, dtype, &bad, b, &mut back).is_err());
             }

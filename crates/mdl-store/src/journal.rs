@@ -32,7 +32,7 @@ use std::sync::Mutex;
 
 use mdl_format::{ObjectId, Timestamp};
 
-use crate::meta::{Cursor, Expired, RefValue, ReflogEntry};
+use crate::values::{Cursor, Expired, RefValue, ReflogEntry};
 use crate::StoreError;
 
 /// The journal file inside `.mdl`.

@@ -19,6 +19,7 @@ pub mod lock;
 pub mod meta;
 mod objects;
 pub mod rebuild;
+mod values;
 
 pub use error::StoreError;
 pub use fs::{RealFs, Storage};

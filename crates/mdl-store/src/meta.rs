@@ -15,9 +15,7 @@ use crate::guard::guarded;
 use crate::journal::{Change, Journal, JournalState};
 use crate::{LockMode, StoreError};
 
-mod values;
-pub(crate) use values::Cursor;
-pub use values::{CommitSummary, Expired, IndexEntry, RefValue, ReflogEntry};
+pub use crate::values::{CommitSummary, Expired, IndexEntry, RefValue, ReflogEntry};
 
 /// The database file inside `.mdl`.
 pub const META_FILE: &str = "meta.redb";

@@ -1,18 +1,18 @@
 //! `mdl commit`: store a safetensors checkpoint as a new commit on a branch.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use mdl_codec::engine::{Engine, FloatView, Kept, Moments};
-use mdl_codec::float::{self, Transform};
+use mdl_codec::engine::{Engine, FloatView, Kept};
+use mdl_codec::float;
+use mdl_codec::planes::Transform;
 use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::quant::Correction;
 use mdl_codec::scalar::lossy_supported;
 use mdl_codec::{trim, CodecTag, EncodeOptions, SMALL_TENSOR};
-use mdl_format::safetensors::{self, Layout, TensorInfo};
+use mdl_format::safetensors::{Layout, TensorInfo};
 use mdl_format::{
     Commit, CommitStats, Entry, Exactness, Lossy, Manifest, ObjectId, ObjectKind, RefName,
     Timestamp,
@@ -21,6 +21,7 @@ use mdl_store::meta::MetaRead;
 use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue};
 use serde::{Deserialize, Serialize};
 
+use crate::input::Input;
 use crate::lossy::{self, CodecMode, LossyRequest, LossySettings, SearchSummary, TensorPlan};
 use crate::policy::{DeltaMode, DeltaPolicy};
 use crate::rewrite::{chain, publish_rewrite, Rewrite};
@@ -72,96 +73,6 @@ pub struct CommitOutcome {
     /// The configuration search, for a lossy commit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub search: Option<SearchSummary>,
-}
-
-/// A validated safetensors file mapped into memory.
-pub(crate) struct Input {
-    map: memmap2::Mmap,
-    pub(crate) layout: Layout,
-}
-
-impl Input {
-    /// Maps and validates `path`; nothing is written anywhere.
-    pub(crate) fn open(path: &Path) -> Result<Input> {
-        let io = |source| Error::Input {
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = File::open(path).map_err(io)?;
-        let meta = file.metadata().map_err(io)?;
-        if !meta.is_file() {
-            return Err(io(std::io::Error::other("not a regular file")));
-        }
-        let invalid = |source| Error::InvalidInput {
-            path: path.to_path_buf(),
-            source,
-        };
-        if meta.len() < 8 {
-            return Err(invalid(safetensors::SafetensorsError::TooShort {
-                len: meta.len(),
-            }));
-        }
-        // SAFETY: the map is read-only and private. Another process truncating the file while
-        // it is mapped would fault, as for every mmap-based reader (safetensors included); one
-        // rewriting it in place cannot corrupt the store, because every tensor is re-hashed as
-        // it is encoded and a mismatch aborts the commit.
-        #[allow(unsafe_code)]
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        let header_len = safetensors::header_len(&map[..8], map.len() as u64).map_err(invalid)?;
-        let header = &map[8..8 + header_len as usize];
-        let layout = safetensors::parse(header, map.len() as u64).map_err(invalid)?;
-        Ok(Input { map, layout })
-    }
-
-    pub(crate) fn header_json(&self) -> &[u8] {
-        &self.map[8..self.layout.data_start() as usize]
-    }
-
-    pub(crate) fn tensor(&self, i: usize) -> &[u8] {
-        let t = &self.layout.tensors[i];
-        let start = (self.layout.data_start() + t.offset) as usize;
-        &self.map[start..start + t.len as usize]
-    }
-
-    /// Tensor `i` as floats (a lossy candidate: bf16, f16 or f32).
-    pub(crate) fn view(&self, i: usize) -> FloatView<'_> {
-        FloatView {
-            dtype: self.layout.tensors[i].header.dtype,
-            bytes: self.tensor(i),
-        }
-    }
-
-    /// The moments at tensor indices `(exp_avg, exp_avg_sq)`.
-    pub(crate) fn moments(&self, pair: Option<(usize, usize)>) -> Option<Moments<'_>> {
-        pair.map(|(m, v)| Moments {
-            m: self.view(m),
-            v: self.view(v),
-        })
-    }
-
-    /// Drops the pages of tensor `i` from this process's memory (they stay in the page cache),
-    /// so resident memory follows the tensor being worked on, not the file size.
-    fn release(&self, i: usize) {
-        let t = &self.layout.tensors[i];
-        let start = (self.layout.data_start() + t.offset) as usize;
-        let page = 4096;
-        let aligned = start.div_ceil(page) * page;
-        let end = (start + t.len as usize) / page * page;
-        if end > aligned {
-            // SAFETY: the mapping is a read-only private file mapping that this process never
-            // writes, so discarding its pages only means they are read from the file again on
-            // the next access; no slice into the range is used concurrently in a way that
-            // depends on the pages staying resident.
-            #[allow(unsafe_code)]
-            let _ = unsafe {
-                self.map.unchecked_advise_range(
-                    memmap2::UncheckedAdvice::DontNeed,
-                    aligned,
-                    end - aligned,
-                )
-            };
-        }
-    }
 }
 
 /// Commits the safetensors file at `path`.
@@ -267,7 +178,7 @@ pub fn commit(
         trim_bits,
         correction,
     };
-    progress.start("storing", input.map.len() as u64);
+    progress.start("storing", input.bytes().len() as u64);
     let indices: Vec<usize> = (0..tensors.len()).collect();
     let results = per_tensor(&indices, |&i| tensors[i].len, |&i| ctx.store_tensor(i))?;
     progress.finish();
@@ -310,7 +221,7 @@ pub fn commit(
     let stored_bytes = (added.iter().map(|(_, e)| e.stored_len).sum::<u64>()
         + rewrites.iter().map(|r| r.new.stored_len).sum::<u64>())
     .saturating_sub(rewrites.iter().map(|r| r.old.stored_len).sum::<u64>());
-    let raw_bytes = input.map.len() as u64;
+    let raw_bytes = input.bytes().len() as u64;
     let commit = Commit {
         manifest: manifest_id,
         parents: parent.into_iter().collect(),
@@ -432,7 +343,7 @@ fn evaluate_candidate(
         source,
     };
     let result = (|| {
-        std::fs::write(&tmp, &input.map[..]).map_err(out_err)?;
+        std::fs::write(&tmp, input.bytes()).map_err(out_err)?;
         let file = std::fs::OpenOptions::new()
             .write(true)
             .open(&tmp)

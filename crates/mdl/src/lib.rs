@@ -18,12 +18,14 @@
 pub mod checkout;
 pub mod commit;
 pub mod compact;
+pub mod config;
 pub mod diff;
 pub mod engine;
 mod error;
 pub mod fsck;
 pub mod gc;
 mod history;
+mod input;
 pub mod interrupt;
 pub mod log;
 pub mod lossy;

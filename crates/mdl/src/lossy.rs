@@ -19,7 +19,7 @@ use mdl_codec::quant::{self, Correction, Domain, Estimate, Fit, Prepared, QuantC
 use mdl_codec::scalar::{self, lossy_supported};
 use mdl_format::safetensors::Layout;
 
-use crate::commit::Input;
+use crate::input::Input;
 use mdl_format::{Entry, Lossy};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};

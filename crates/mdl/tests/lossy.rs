@@ -205,7 +205,7 @@ fn chain_with_table_changes(mode: DeltaMode) {
     let mut outs = Vec::new();
     // The moments' table size changes from commit to commit, so deltas cross table sizes.
     for (k, bins) in [8, 4, 16, 6].into_iter().enumerate() {
-        mdl::policy::set_config(
+        mdl::config::set_config(
             &repo,
             "quant.exp_avg",
             &format!("bins={bins} prune=0 protect=0.0005 metric=magnitude domain=linear"),

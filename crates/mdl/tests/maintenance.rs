@@ -263,7 +263,7 @@ fn retention_thins_old_commits_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let repo = Repository::init(d).unwrap();
-    mdl::policy::set_config(&repo, "retention.keep_last", "2").unwrap();
+    mdl::config::set_config(&repo, "retention.keep_last", "2").unwrap();
     let mut run = Run::new(3);
     let file = d.join("ckpt.safetensors");
     let mut commits: Vec<(ObjectId, Vec<u8>, Vec<u8>)> = Vec::new();
@@ -340,7 +340,7 @@ fn commits_racing_gc_in_one_process_are_never_damaged() {
     let dir = tempfile::tempdir().unwrap();
     let d: PathBuf = dir.path().to_path_buf();
     let repo = Repository::init(&d).unwrap();
-    mdl::policy::set_config(&repo, "retention.keep_last", "2").unwrap();
+    mdl::config::set_config(&repo, "retention.keep_last", "2").unwrap();
     let now = gc_now();
     let done = std::sync::atomic::AtomicBool::new(false);
     let committed = std::thread::scope(|s| {

@@ -1,0 +1,56 @@
+//! The repository's configuration: every key mdl knows, its default, and the check a value
+//! passes before it is stored. The keys belong to the modules that read them (delta policy,
+//! retention, engine, lossy codecs); this is the one registry that lists them all.
+
+use crate::engine::{self, EngineChoice};
+use crate::policy::{self, DeltaMode, DeltaPolicy};
+use crate::{gc, lossy, Error, Repository, Result};
+
+/// Checks a configuration assignment before it is stored.
+pub fn validate(key: &str, value: &str) -> Result<()> {
+    match key {
+        policy::MODE_KEY => value.parse::<DeltaMode>().map(drop),
+        policy::MAX_DEPTH_KEY => policy::parse_depth(value).map(drop),
+        policy::MAX_RESTORE_COST_KEY => policy::parse_restore_cost(value).map(drop),
+        gc::KEEP_LAST_KEY => gc::parse_keep_last(value).map(drop),
+        engine::ENGINE_KEY => value.parse::<EngineChoice>().map(drop),
+        _ => lossy::validate(key, value).unwrap_or_else(|| Err(Error::UnknownConfig(key.into()))),
+    }
+}
+
+/// Every configuration key, with its default.
+pub fn known_keys() -> Vec<(&'static str, String)> {
+    let d = DeltaPolicy::default();
+    let mut keys = vec![
+        (policy::MODE_KEY, d.mode.to_string()),
+        (policy::MAX_DEPTH_KEY, d.max_depth.to_string()),
+        (policy::MAX_RESTORE_COST_KEY, "none".to_string()),
+        (gc::KEEP_LAST_KEY, "all".to_string()),
+        (engine::ENGINE_KEY, EngineChoice::default().to_string()),
+    ];
+    keys.extend(lossy::known_keys());
+    keys
+}
+
+/// Every configuration key with its value and whether it is set (rather than the default).
+pub fn config(repo: &Repository) -> Result<Vec<(String, String, bool)>> {
+    let meta = repo.store().meta().read()?;
+    known_keys()
+        .into_iter()
+        .map(|(k, default)| {
+            Ok(match meta.config(k)? {
+                Some(v) => (k.to_string(), v, true),
+                None => (k.to_string(), default, false),
+            })
+        })
+        .collect()
+}
+
+/// Validates and stores a configuration value.
+pub fn set_config(repo: &Repository, key: &str, value: &str) -> Result<()> {
+    validate(key, value)?;
+    let mut w = repo.store().meta().write()?;
+    w.set_config(key, value)?;
+    w.commit_txn()?;
+    Ok(())
+}

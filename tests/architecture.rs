@@ -1,0 +1,319 @@
+//! The shape of the code, checked: no crate's modules may depend on each other in a cycle.
+//!
+//! Each crate's top-level modules (a file `src/x.rs` or a folder `src/x/`) are the nodes; an
+//! edge a → b is any path `crate::b…` written in a's files outside their `#[cfg(test)]`
+//! modules, where a name the crate root re-exports (`pub use b::Name`) counts as b. Data
+//! should flow one way through a crate, so any strongly connected set of two or more modules
+//! fails the test, with the cycle spelled out.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The crates whose modules are checked, relative to the workspace root.
+const CRATES: &[&str] = &[
+    "crates/mdl-format",
+    "crates/mdl-codec",
+    "crates/mdl-gpu",
+    "crates/mdl-store",
+    "crates/mdl",
+    "crates/mdl-remote",
+    "crates/mdl-fuzzing",
+    "server",
+    "cli",
+];
+
+#[test]
+fn no_crate_has_a_module_cycle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut problems = Vec::new();
+    let mut edges = 0;
+    for krate in CRATES {
+        let graph = module_graph(&root.join(krate).join("src"));
+        edges += graph.values().map(BTreeSet::len).sum::<usize>();
+        for cycle in cycles(&graph) {
+            problems.push(format!("{krate}: {}", cycle.join(" -> ")));
+        }
+    }
+    assert!(
+        edges > 50,
+        "only {edges} dependencies between modules found: is the checker blind?"
+    );
+    assert!(
+        problems.is_empty(),
+        "module cycles:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn the_checker_sees_a_cycle_through_a_re_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::write(
+        src.join("lib.rs"),
+        "mod a;\nmod b;\npub use b::{Thing, other};\n",
+    )
+    .unwrap();
+    std::fs::write(src.join("a.rs"), "use crate::Thing;\n").unwrap();
+    std::fs::create_dir(src.join("b")).unwrap();
+    std::fs::write(src.join("b/mod.rs"), "mod c;\n").unwrap();
+    std::fs::write(
+        src.join("b/c.rs"),
+        "pub fn f() { crate::a::g() }\n#[cfg(test)]\nmod tests { use crate::z; }\n",
+    )
+    .unwrap();
+    let graph = module_graph(src);
+    assert_eq!(cycles(&graph), vec![vec!["a", "b", "a"]]);
+    std::fs::write(
+        src.join("b/c.rs"),
+        "// crate::a is only named in a comment\n",
+    )
+    .unwrap();
+    assert!(cycles(&module_graph(src)).is_empty());
+}
+
+/// Top-level module → the top-level modules it names.
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+fn module_graph(src: &Path) -> Graph {
+    let mut modules: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            modules.entry(name).or_default().extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") && !is_root(&name) {
+            modules.entry(name).or_default().push(path);
+        }
+    }
+    let mut re_exports = BTreeMap::new();
+    for root in ["lib.rs", "main.rs"] {
+        if let Ok(text) = std::fs::read_to_string(src.join(root)) {
+            for path in crate_paths(&code_of(&text), "pub use ") {
+                if path.len() > 1 && modules.contains_key(&path[0]) {
+                    re_exports.insert(path[path.len() - 1].clone(), path[0].clone());
+                }
+            }
+        }
+    }
+    let mut graph = Graph::new();
+    for (module, files) in &modules {
+        let edges = graph.entry(module.clone()).or_default();
+        for file in files {
+            let code = code_of(&std::fs::read_to_string(file).unwrap());
+            for path in crate_paths(&code, "crate::") {
+                let first = &path[0];
+                let target = if modules.contains_key(first) {
+                    Some(first.clone())
+                } else {
+                    re_exports.get(first).cloned()
+                };
+                if let Some(target) = target.filter(|t| t != module) {
+                    edges.insert(target);
+                }
+            }
+        }
+    }
+    graph
+}
+
+fn is_root(stem: &str) -> bool {
+    matches!(stem, "lib" | "main")
+}
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// The code of a file without its comments, string literals and `#[cfg(test)]` modules.
+fn code_of(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '/' if chars.peek() == Some(&'/') => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        out.push('\n');
+                        break;
+                    }
+                }
+            }
+            '/' if chars.peek() == Some(&'*') => {
+                let mut last = ' ';
+                for c in chars.by_ref() {
+                    if last == '*' && c == '/' {
+                        break;
+                    }
+                    last = c;
+                }
+            }
+            '"' => {
+                let mut escaped = false;
+                for c in chars.by_ref() {
+                    if !escaped && c == '"' {
+                        break;
+                    }
+                    escaped = !escaped && c == '\\';
+                }
+                out.push_str("\"\"");
+            }
+            _ => out.push(c),
+        }
+    }
+    // Test modules come last in this code base's files; a dependency only tests have is fine.
+    match out.find("#[cfg(test)]\nmod ") {
+        Some(at) => out[..at].to_string(),
+        None => out,
+    }
+}
+
+/// Every path written after `prefix` in `code`, as its segments (a `{…}` group gives one path
+/// per member; `as` renames are dropped).
+fn crate_paths(code: &str, prefix: &str) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find(prefix) {
+        let after_word = rest[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == ':'));
+        rest = &rest[at + prefix.len()..];
+        if after_word {
+            let mut parser = UseTree {
+                text: rest.as_bytes(),
+                at: 0,
+            };
+            parser.tree(Vec::new(), &mut found);
+        }
+    }
+    for path in &mut found {
+        if path.first().is_some_and(|s| s == "crate") {
+            path.remove(0);
+        }
+    }
+    found.retain(|path| !path.is_empty());
+    found
+}
+
+/// A small parser of `a::b::{c, d::e as f}` trees.
+struct UseTree<'a> {
+    text: &'a [u8],
+    at: usize,
+}
+
+impl UseTree<'_> {
+    fn tree(&mut self, mut path: Vec<String>, out: &mut Vec<Vec<String>>) {
+        loop {
+            self.skip_space();
+            if self.eat(b'{') {
+                loop {
+                    self.skip_space();
+                    if self.eat(b'}') || self.at >= self.text.len() {
+                        return;
+                    }
+                    self.tree(path.clone(), out);
+                    self.skip_space();
+                    self.eat(b',');
+                }
+            }
+            let word = self.word();
+            if word.is_empty() {
+                break;
+            }
+            path.push(word);
+            self.skip_space();
+            if !(self.eat(b':') && self.eat(b':')) {
+                break;
+            }
+        }
+        self.skip_space();
+        if self.text[self.at..].starts_with(b"as ") {
+            self.at += 3;
+            self.skip_space();
+            self.word();
+        }
+        out.push(path);
+    }
+
+    fn word(&mut self) -> String {
+        let start = self.at;
+        while self.at < self.text.len()
+            && (self.text[self.at].is_ascii_alphanumeric() || self.text[self.at] == b'_')
+        {
+            self.at += 1;
+        }
+        String::from_utf8_lossy(&self.text[start..self.at]).into_owned()
+    }
+
+    fn eat(&mut self, byte: u8) -> bool {
+        let hit = self.text.get(self.at) == Some(&byte);
+        self.at += usize::from(hit);
+        hit
+    }
+
+    fn skip_space(&mut self) {
+        while self.text.get(self.at).is_some_and(u8::is_ascii_whitespace) {
+            self.at += 1;
+        }
+    }
+}
+
+/// Every cycle in the graph, one per strongly connected set of two or more modules, written
+/// as a path that returns to its start.
+fn cycles(graph: &Graph) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    let mut seen = BTreeSet::new();
+    for start in graph.keys() {
+        if seen.contains(start) {
+            continue;
+        }
+        if let Some(path) = path_back(graph, start) {
+            seen.extend(path.iter().cloned());
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// The shortest path from `start` back to itself, if there is one.
+fn path_back(graph: &Graph, start: &str) -> Option<Vec<String>> {
+    let mut previous: BTreeMap<String, String> = BTreeMap::new();
+    let mut frontier = vec![start.to_string()];
+    while !frontier.is_empty() {
+        let mut next = Vec::new();
+        for node in frontier {
+            for to in graph.get(&node).into_iter().flatten() {
+                if to == start {
+                    let mut back = Vec::new();
+                    let mut at = node.clone();
+                    while at != start {
+                        let before = previous[&at].clone();
+                        back.push(at);
+                        at = before;
+                    }
+                    back.reverse();
+                    let mut path = vec![start.to_string()];
+                    path.extend(back);
+                    path.push(start.to_string());
+                    return Some(path);
+                }
+                if !previous.contains_key(to) {
+                    previous.insert(to.clone(), node.clone());
+                    next.push(to.clone());
+                }
+            }
+        }
+        frontier = next;
+    }
+    None
+}
