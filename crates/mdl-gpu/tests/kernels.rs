@@ -82,20 +82,11 @@ fn every_kernel_fits_a_block_in_machine_code() {
 
 #[test]
 fn committed_ptx_matches_the_source() {
-    let write = std::env::var_os("MDL_WRITE_PTX").is_some();
-    if write && nvrtc_present() {
-        let ptx = compile(PTX_ARCH).expect("kernels compile");
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/mdl.ptx");
-        std::fs::write(path, format!("{}\n{}", ptx_header(), ptx.to_src())).unwrap();
-        println!("wrote {path}");
-        return;
-    }
     let first = COMMITTED_PTX.lines().next().unwrap_or("");
     assert_eq!(
         first,
         ptx_header(),
-        "kernels/mdl.ptx is stale: run MDL_WRITE_PTX=1 cargo test -p mdl-gpu --test kernels \
-         with NVRTC on the library path"
+        "kernels/mdl.ptx is stale: run scripts/regenerate-ptx.sh"
     );
     let found = entries(COMMITTED_PTX);
     for k in KERNELS {
