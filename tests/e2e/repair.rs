@@ -137,7 +137,7 @@ fn a_lost_database_is_rebuilt_from_records_and_journal() {
     ok(d, &["commit", f.to_str().unwrap(), "-m", "after repair"]);
     assert_fsck_clean(d);
 
-    // Overwritten by something else entirely (a checkpoint, as the issue did by hand).
+    // Overwritten by something else entirely (a checkpoint copied over it by mistake).
     std::fs::copy(&f, d.join(".mdl/meta.redb")).unwrap();
     let err = fails(d, &["log"], "mdl fsck --repair");
     assert!(err.contains("damaged"), "{err}");

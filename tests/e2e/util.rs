@@ -151,7 +151,8 @@ fn json_str(s: &str) -> String {
     serde_json::to_string(s).unwrap()
 }
 
-/// Every dtype class the issue names, a scalar, an empty tensor.
+/// Floats of every width, an integer scalar, a bool tensor, an empty tensor and one that never
+/// changes.
 pub fn mixed(seed: u64) -> Vec<T> {
     vec![
         tensor("model.embed.weight", "F32", &[64, 32], seed),
