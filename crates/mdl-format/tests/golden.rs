@@ -1,0 +1,324 @@
+//! Known answers for the bytes that identity rests on. Each expected serialisation is spelled
+//! out here byte by byte from `docs/FORMAT.md`, not produced by the code under test, and each
+//! id is pinned as hex: if an encoder, the hash or the layout changes, every id in every
+//! repository would change with it, and these tests say so first. A deliberate format change
+//! bumps `FORMAT_VERSION`, adds a fixture under `tests/fixtures/` and adds vectors here; the
+//! old vectors keep decoding.
+
+use mdl_format::record::{self, RecordHeader};
+use mdl_format::{
+    Commit, CommitStats, Dtype, Entry, Exactness, Lossy, Manifest, ObjectId, ObjectKind,
+    TensorHeader, Timestamp, FORMAT_VERSION,
+};
+
+/// Bytes in the layout notation of `docs/FORMAT.md`.
+#[derive(Default)]
+struct Spell(Vec<u8>);
+
+impl Spell {
+    fn u8(mut self, v: u8) -> Self {
+        self.0.push(v);
+        self
+    }
+    fn u16(mut self, v: u16) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u32(mut self, v: u32) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(mut self, v: u64) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn i64(self, v: i64) -> Self {
+        self.u64(v as u64)
+    }
+    fn f64(self, v: f64) -> Self {
+        self.u64(v.to_bits())
+    }
+    fn raw(mut self, b: &[u8]) -> Self {
+        self.0.extend_from_slice(b);
+        self
+    }
+    /// `str` / `bytes`: a u32 length, then the bytes.
+    fn str(self, s: impl AsRef<[u8]>) -> Self {
+        let s = s.as_ref();
+        self.u32(s.len() as u32).raw(s)
+    }
+    fn id(self, id: &ObjectId) -> Self {
+        self.raw(id.as_bytes())
+    }
+}
+
+fn id(hex: &str) -> ObjectId {
+    hex.parse().unwrap()
+}
+
+#[test]
+fn the_hash_is_blake3() {
+    // The reference vector of the BLAKE3 specification for the empty input.
+    assert_eq!(
+        ObjectId::hash(b"").to_hex(),
+        "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+    );
+}
+
+#[test]
+fn a_tensor_header_and_its_id() {
+    let header = TensorHeader::new(Dtype::BF16, vec![2, 3]);
+    let canonical = Spell::default().u8(1).u8(9).u8(2).u64(2).u64(3).0;
+    assert_eq!(header.canonical(), canonical);
+    assert_eq!(TensorHeader::from_canonical(&canonical).unwrap(), header);
+
+    let data: Vec<u8> = (0u8..12).collect();
+    let id = header.object_id(&data);
+    assert_eq!(id, ObjectId::hash(&[canonical, data].concat()));
+    assert_eq!(
+        id.to_hex(),
+        "a8e99117bc538979f271c894b550ee75cae6621d4ed33fc787cf57961d0bfd03"
+    );
+
+    // A scalar (rank 0) and every dtype tag, which are never reused.
+    let scalar = TensorHeader::new(Dtype::I64, vec![]);
+    assert_eq!(scalar.canonical(), [1, 14, 0]);
+    let tags = [
+        (Dtype::Bool, 1),
+        (Dtype::U8, 2),
+        (Dtype::I8, 3),
+        (Dtype::F8E5M2, 4),
+        (Dtype::F8E4M3, 5),
+        (Dtype::I16, 6),
+        (Dtype::U16, 7),
+        (Dtype::F16, 8),
+        (Dtype::BF16, 9),
+        (Dtype::I32, 10),
+        (Dtype::U32, 11),
+        (Dtype::F32, 12),
+        (Dtype::F64, 13),
+        (Dtype::I64, 14),
+        (Dtype::U64, 15),
+        (Dtype::F8E8M0, 16),
+        (Dtype::C64, 17),
+    ];
+    for (dtype, tag) in tags {
+        assert_eq!(
+            TensorHeader::new(dtype, vec![1]).canonical()[1],
+            tag,
+            "{dtype:?}"
+        );
+    }
+}
+
+fn manifest() -> Manifest {
+    let header_json = br#"{"__metadata__":{"step":"7"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"BF16","shape":[2,2],"data_offsets":[8,16]}}  "#.to_vec();
+    Manifest {
+        header_json,
+        metadata: vec![("step".into(), "7".into())],
+        entries: vec![
+            Entry {
+                name: "a".into(),
+                header: TensorHeader::new(Dtype::F32, vec![2]),
+                id: id("0101010101010101010101010101010101010101010101010101010101010101"),
+                exactness: Exactness::Lossless,
+            },
+            Entry {
+                name: "b".into(),
+                header: TensorHeader::new(Dtype::BF16, vec![2, 2]),
+                id: id("0202020202020202020202020202020202020202020202020202020202020202"),
+                exactness: Exactness::Lossy(Lossy {
+                    settings: "quant bins=4 prune=0 protect=0.0005 metric=magnitude".into(),
+                    max_abs_error: 0.25,
+                    rel_error: 0.0625,
+                    est_delta_loss: Some(-1.5),
+                }),
+            },
+        ],
+    }
+}
+
+#[test]
+fn a_manifest_and_its_id() {
+    let m = manifest();
+    let spelled = Spell::default()
+        .u8(2)
+        .u16(1)
+        .str(&m.header_json)
+        .u32(1)
+        .str("step")
+        .str("7")
+        .u32(2)
+        // a: lossless f32 [2]
+        .str("a")
+        .u8(12)
+        .u8(1)
+        .u64(2)
+        .id(&m.entries[0].id)
+        .u8(0)
+        // b: lossy bf16 [2, 2]
+        .str("b")
+        .u8(9)
+        .u8(2)
+        .u64(2)
+        .u64(2)
+        .id(&m.entries[1].id)
+        .u8(2)
+        .str("quant bins=4 prune=0 protect=0.0005 metric=magnitude")
+        .f64(0.25)
+        .f64(0.0625)
+        .u8(1)
+        .f64(-1.5)
+        .0;
+    assert_eq!(m.encode(), spelled);
+    assert_eq!(Manifest::decode(&spelled).unwrap(), m);
+    assert_eq!(m.id(), ObjectId::hash(&spelled));
+    assert_eq!(
+        m.id().to_hex(),
+        "77ae901fd81d7957fff851ff130297b2dfa2f1e7b64b8116bf966c3ceb04c700"
+    );
+}
+
+fn commit() -> Commit {
+    Commit {
+        manifest: id("0303030303030303030303030303030303030303030303030303030303030303"),
+        parents: vec![id(
+            "0404040404040404040404040404040404040404040404040404040404040404",
+        )],
+        author: "ada".into(),
+        time: Timestamp(1_763_700_000_123),
+        message: "step 7".into(),
+        step: Some(7),
+        metrics: vec![("acc".into(), 0.5), ("loss".into(), 2.25)],
+        stats: CommitStats {
+            raw_bytes: 1000,
+            stored_bytes: 600,
+            tensors: 2,
+            new_tensors: 1,
+            lossy_tensors: 1,
+        },
+    }
+}
+
+#[test]
+fn a_commit_and_its_id() {
+    let c = commit();
+    let spelled = Spell::default()
+        .u8(3)
+        .u16(2)
+        .id(&c.manifest)
+        .u32(1)
+        .id(&c.parents[0])
+        .str("ada")
+        .i64(1_763_700_000_123)
+        .str("step 7")
+        .u8(1)
+        .u64(7)
+        .u32(2)
+        .str("acc")
+        .f64(0.5)
+        .str("loss")
+        .f64(2.25)
+        .u64(1000)
+        .u64(600)
+        .u32(2)
+        .u32(1)
+        .u32(1)
+        .0;
+    assert_eq!(c.encode(), spelled);
+    assert_eq!(Commit::decode(&spelled).unwrap(), c);
+    assert_eq!(c.id(), ObjectId::hash(&spelled));
+    assert_eq!(
+        c.id().to_hex(),
+        "954bb590f3666bebe616464afec17c7d7123cd742e350d6ff48062e61471e981"
+    );
+
+    // Version 1 commits (before lossy_tensors) still read, as having none.
+    let mut v1 = spelled.clone();
+    v1[1..3].copy_from_slice(&1u16.to_le_bytes());
+    v1.truncate(v1.len() - 4);
+    let old = Commit::decode(&v1).unwrap();
+    assert_eq!(old.stats.lossy_tensors, 0);
+    assert_eq!(old.stats.new_tensors, 1);
+}
+
+#[test]
+fn a_record_byte_for_byte() {
+    let base = id("0505050505050505050505050505050505050505050505050505050505050505");
+    let prefix = TensorHeader::new(Dtype::F32, vec![3]).canonical();
+    let header = RecordHeader::new(ObjectKind::Tensor, 3, Some(base), prefix.clone());
+    let payload = [9u8, 8, 7, 6, 5];
+    let bytes = record::encode(&header, &payload, 12);
+
+    let front = Spell::default()
+        .raw(b"MDLR")
+        .u16(FORMAT_VERSION)
+        .u8(1) // kind: tensor
+        .u8(3) // codec: xor-delta
+        .u8(1) // flags: has base
+        .id(&base)
+        .u16(prefix.len() as u16)
+        .raw(&prefix)
+        .raw(&payload)
+        .u64(12)
+        .u64(payload.len() as u64)
+        .0;
+    let crc = crc32(&front);
+    let spelled = Spell(front).u32(crc).0;
+    assert_eq!(bytes, spelled);
+    assert_eq!(crc, GOLDEN_RECORD_CRC);
+
+    let (read, body, trailer) = record::decode(&spelled).unwrap();
+    assert_eq!(read, header);
+    assert_eq!(body, payload);
+    assert_eq!(trailer.content_len, 12);
+
+    // A record of the first version, without a base, still reads.
+    let old = RecordHeader {
+        version: 1,
+        kind: ObjectKind::Manifest,
+        codec: 1,
+        base: None,
+        prefix: Vec::new(),
+    };
+    let front = Spell::default()
+        .raw(b"MDLR")
+        .u16(1)
+        .u8(2)
+        .u8(1)
+        .u8(0)
+        .u16(0)
+        .raw(&payload)
+        .u64(40)
+        .u64(5)
+        .0;
+    let crc = crc32(&front);
+    let spelled = Spell(front).u32(crc).0;
+    assert_eq!(record::encode(&old, &payload, 40), spelled);
+    assert_eq!(record::decode(&spelled).unwrap().0, old);
+}
+
+/// The checksum of the record spelled in [`a_record_byte_for_byte`].
+const GOLDEN_RECORD_CRC: u32 = 3_542_721_734;
+
+/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320), written out bit by bit.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+#[test]
+fn the_crc_is_crc32_ieee() {
+    // The check value of CRC-32/ISO-HDLC.
+    assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+}

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Makes one fixture repository under tests/fixtures/ with a given `mdl` binary.
+
+    scripts/make-fixture.py --mdl PATH/TO/mdl --version N --out tests/fixtures/vN
+
+Run by scripts/make-fixtures.sh, which builds the `mdl` of the commit that wrote format
+version N. The checkpoints are made here from a fixed seed (no numpy needed). The fixture
+holds the repository (`repo/.mdl`), every commit's checkout as that build wrote it
+(`checkouts/`), and `expected.json`: the refs, HEAD, the commit each checkout belongs to, and
+the codec tags the repository's records use. tests/fixtures.rs (in the mdl crate) reads it back
+with today's code.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+
+MASK = (1 << 64) - 1
+
+
+class Rng:
+    """xorshift64*, so the checkpoints are the same on every machine."""
+
+    def __init__(self, seed):
+        self.s = seed & MASK or 1
+
+    def u64(self):
+        s = self.s
+        s ^= s >> 12
+        s ^= (s << 25) & MASK
+        s ^= s >> 27
+        self.s = s
+        return (s * 0x2545F4914F6CDD1D) & MASK
+
+    def uniform(self):
+        return ((self.u64() >> 11) + 0.5) / float(1 << 53)
+
+    def normal(self):
+        u, v = self.uniform(), self.uniform()
+        return math.sqrt(-2.0 * math.log(u)) * math.cos(2.0 * math.pi * v)
+
+
+def f32(values):
+    return struct.pack("<%df" % len(values), *values)
+
+
+def bf16(values):
+    out = bytearray()
+    for v in values:
+        bits = struct.unpack("<I", struct.pack("<f", v))[0]
+        bits += 0x7FFF + ((bits >> 16) & 1)  # round to nearest even
+        out += struct.pack("<H", (bits >> 16) & 0xFFFF)
+    return bytes(out)
+
+
+def write_safetensors(path, tensors, metadata):
+    """tensors: [(name, dtype, shape, bytes)] in data order."""
+    header = {"__metadata__": metadata}
+    offset = 0
+    for name, dtype, shape, data in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for _, _, _, data in tensors:
+            f.write(data)
+
+
+class Model:
+    """A small model being trained: weights drift a little each step; Adam moments follow."""
+
+    def __init__(self, seed, moments):
+        self.rng = Rng(seed)
+        self.w = [self.rng.normal() * 0.02 for _ in range(32 * 32)]
+        self.b = [self.rng.normal() * 0.05 for _ in range(32 * 64)]
+        self.ln = [1.0] * 64
+        # Signs flip and nothing else: the XOR of two versions is one bit (xor-delta's case).
+        self.sign = [self.rng.normal() * 0.1 for _ in range(32 * 32)]
+        self.ids = [int(self.rng.uniform() * 50) for _ in range(512)]
+        self.moments = moments
+        self.m = [0.0] * len(self.w)
+        self.v = [0.0] * len(self.w)
+        self.step = 0
+
+    def train(self, steps):
+        for _ in range(steps):
+            self.step += 1
+            for i in range(len(self.w)):
+                g = self.rng.normal() * 0.01 + self.w[i] * 0.1
+                self.m[i] = 0.9 * self.m[i] + 0.1 * g
+                self.v[i] = 0.999 * self.v[i] + 0.001 * g * g
+                mh = self.m[i] / (1 - 0.9**self.step)
+                vh = self.v[i] / (1 - 0.999**self.step)
+                self.w[i] -= 1e-3 * mh / (math.sqrt(vh) + 1e-8)
+            for i in range(0, len(self.b), 3):
+                self.b[i] += self.rng.normal() * 1e-3
+            self.ln[self.step % 64] += 0.001
+            for i in range(self.step % 16, len(self.sign), 16):
+                self.sign[i] = -self.sign[i]
+
+    def write(self, path):
+        tensors = [
+            ("model.w", "F32", [32, 32], f32(self.w)),
+            ("model.b", "BF16", [32, 64], bf16(self.b)),
+            ("model.ln", "F32", [64], f32(self.ln)),
+            ("model.sign", "F32", [32, 32], f32(self.sign)),
+            ("ids", "I32", [512], struct.pack("<512i", *self.ids)),
+            ("optim.step", "I64", [], struct.pack("<q", self.step)),
+            ("mask", "BOOL", [7], bytes([1, 0, 1, 1, 0, 0, 1])),
+            ("empty", "F32", [0, 3], b""),
+        ]
+        if self.moments:
+            tensors += [
+                ("optim.w.exp_avg", "F32", [32, 32], f32(self.m)),
+                ("optim.w.exp_avg_sq", "F32", [32, 32], f32(self.v)),
+            ]
+        write_safetensors(path, tensors, {"step": str(self.step)})
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--mdl", required=True)
+    p.add_argument("--version", type=int, required=True)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    mdl = os.path.abspath(a.mdl)
+    out = os.path.abspath(a.out)
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    repo = os.path.join(out, "repo")
+    checkouts = os.path.join(out, "checkouts")
+    os.makedirs(checkouts)
+    env = dict(os.environ, MDL_AUTHOR="fixture")
+
+    def run(*args):
+        r = subprocess.run([mdl, "-C", repo, "--json", *args], env=env, check=True,
+                           stdout=subprocess.PIPE)
+        return json.loads(r.stdout) if r.stdout.strip() else None
+
+    subprocess.run([mdl, "init", repo], env=env, check=True, stdout=subprocess.DEVNULL)
+    if a.version >= 2:
+        run("config", "delta.mode", "reverse")
+    model = Model(seed=0x5EED_0000 + a.version, moments=a.version >= 3)
+    lossy = ["--lossy"] if a.version >= 3 else []
+    commits = []
+    with tempfile.TemporaryDirectory() as tmp:
+        def commit(*flags):
+            model.train(2)
+            f = os.path.join(tmp, "step%d.safetensors" % model.step)
+            model.write(f)
+            done = run("commit", f, "--step", str(model.step), "--metric", "loss=%g" % (3.0 / model.step),
+                       "-m", "step %d" % model.step, *flags)
+            commits.append(done["id"])
+
+        commit()
+        run("tag", "first", commits[0], "-m", "the first checkpoint")
+        commit(*lossy)
+        commit(*lossy)
+        run("branch", "exp", commits[1])
+        trim = ["--trim-bits", "7"] if a.version >= 3 else []
+        commit("--branch", "exp", *trim)
+
+    expected = {"format_version": a.version, "head": "main", "refs": {}, "checkouts": {}}
+    for kind, prefix in (("branch", "refs/heads/"), ("tag", "refs/tags/")):
+        for r in run(kind):
+            expected["refs"][prefix + r["name"]] = r["target"]
+    for i, c in enumerate(commits):
+        name = "%d.safetensors" % i
+        run("checkout", c, "-o", os.path.join(checkouts, name))
+        expected["checkouts"][name] = c
+    tags = set()
+    for root, _, files in os.walk(os.path.join(repo, ".mdl", "objects")):
+        for f in files:
+            with open(os.path.join(root, f), "rb") as fh:
+                head = fh.read(8)
+            if head[:4] == b"MDLR":
+                tags.add(head[7])
+    expected["codecs"] = sorted(tags)
+    for f in ("lock",):
+        path = os.path.join(repo, ".mdl", f)
+        if os.path.exists(path) and os.path.getsize(path) == 0:
+            os.remove(path)
+    with open(os.path.join(out, "expected.json"), "w") as fh:
+        json.dump(expected, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+    print("wrote %s: codecs %s" % (out, expected["codecs"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Makes the fixture repository of one format version, with the build that wrote that version:
+#
+#   scripts/make-fixtures.sh 1    # the last commit writing only version 1 as documented (2bf7328)
+#   scripts/make-fixtures.sh 2    # the last commit writing version 2 that builds (afec482)
+#   scripts/make-fixtures.sh 3    # this working tree (version 3)
+#
+# A fixture, once committed, is never regenerated: it is what that build wrote, and today's
+# code must keep reading it (tests/fixtures.rs in the mdl crate). A format change adds the next
+# version here and runs this once for it. Old builds are checked out into git worktrees under
+# target/fixture-builds and built there (a few minutes each).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+version=${1:?usage: scripts/make-fixtures.sh VERSION}
+case "$version" in
+    1) rev=2bf7328 ;;
+    2) rev=afec482 ;;
+    3) rev= ;;
+    *) echo "error: no build is known to write format version $version" >&2; exit 1 ;;
+esac
+if [ -z "$rev" ]; then
+    cargo build -q -p mdl-cli --bin mdl
+    bin=target/debug/mdl
+else
+    tree=target/fixture-builds/v$version
+    if [ ! -e "$tree/.git" ]; then
+        rm -rf "$tree"
+        git worktree add --detach "$tree" "$rev"
+    fi
+    (cd "$tree" && CARGO_TARGET_DIR="$PWD/target" cargo build -q -p mdl-cli --bin mdl)
+    bin=$tree/target/debug/mdl
+fi
+python3 scripts/make-fixture.py --mdl "$bin" --version "$version" --out "tests/fixtures/v$version"
