@@ -100,7 +100,21 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             message: None,
             delete: None,
         } => output::refs(out, cli.json, &remote_refs(remote, "refs/tags/")?)?,
-        _ => bail!(
+        // Listed one by one, so that a new command is a decision here, not a silent refusal.
+        Command::Init { .. }
+        | Command::Config { .. }
+        | Command::Diff { .. }
+        | Command::Branch { .. }
+        | Command::Switch { .. }
+        | Command::Tag { .. }
+        | Command::Fsck { .. }
+        | Command::Stats
+        | Command::Serve { .. }
+        | Command::Remote { .. }
+        | Command::Clone { .. }
+        | Command::Fetch { .. }
+        | Command::Pull { .. }
+        | Command::Push { .. } => bail!(
             "this command does not run over HTTP; {} serves the repository (stop `mdl serve` to run it locally)",
             remote.url()
         ),

@@ -1,5 +1,6 @@
 //! Routes and handlers of the `/v1` API (`docs/HTTP_API.md`).
 
+use mdl_protocol::{body, params, route, ErrorCode};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -13,9 +14,8 @@ use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use mdl::transfer::{self, PlannedObject, RefUpdate};
-use mdl::{ObjectId, RefName};
-use serde::{Deserialize, Serialize};
+use mdl::transfer::{self, RefUpdate};
+use mdl::ObjectId;
 use tokio_stream::StreamExt;
 
 use crate::auth::{check, Scope};
@@ -33,27 +33,26 @@ const MAX_JSON: usize = 8 << 20;
 /// The router of the HTTP API over `state`.
 pub fn app(state: Arc<State>) -> Router {
     let repo = Router::new()
-        .route("/refs", get(refs).post(update_ref))
-        .route("/log", get(log))
-        .route("/commits", post(commit))
-        .route("/commits/{rev}", get(show))
-        .route("/manifests/{id}", get(manifest))
-        .route("/checkpoints/{file}", get(checkpoint))
-        .route("/tensors/{rev}/{*name}", get(tensor))
-        .route("/objects", post(receive))
-        .route("/objects/missing", post(missing))
-        .route("/objects/plan", post(plan))
-        .route("/objects/fetch", post(fetch))
-        .route("/maintenance/compact", post(compact))
-        .route("/maintenance/gc", post(gc));
+        .route(route::REFS, get(refs).post(update_ref))
+        .route(route::LOG, get(log))
+        .route(route::COMMITS, post(commit))
+        .route(route::COMMIT, get(show))
+        .route(route::MANIFEST, get(manifest))
+        .route(route::CHECKPOINT, get(checkpoint))
+        .route(route::TENSOR, get(tensor))
+        .route(route::OBJECTS, post(receive))
+        .route(route::OBJECTS_MISSING, post(missing))
+        .route(route::OBJECTS_PLAN, post(plan))
+        .route(route::OBJECTS_FETCH, post(fetch))
+        .route(route::COMPACT, post(compact))
+        .route(route::GC, post(gc));
     Router::new()
-        .route("/v1/repos", get(list_repos))
-        .nest("/v1/repos/{repo}", repo)
+        .route(route::REPOS, get(list_repos))
+        .nest(route::REPO, repo)
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                ErrorCode::MethodNotAllowed,
                 "this route does not take that method",
             )
         })
@@ -72,14 +71,13 @@ fn body_error(e: axum::Error) -> ApiError {
     while let Some(c) = cause {
         if c.is::<tower_http::timeout::TimeoutError>() {
             return ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "request_timeout",
+                ErrorCode::RequestTimeout,
                 "the request body stopped arriving",
             );
         }
         cause = c.source();
     }
-    ApiError::bad("bad_body", format!("reading the body: {e}"))
+    ApiError::new(ErrorCode::BadBody, format!("reading the body: {e}"))
 }
 
 /// Runs blocking work (store, codecs) off the async workers.
@@ -105,15 +103,15 @@ impl<const WRITE: bool> FromRequestParts<Arc<State>> for Access<WRITE> {
     async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> ApiResult<Self> {
         let params = RawPathParams::from_request_parts(parts, state)
             .await
-            .map_err(|e| ApiError::bad("bad_request", e.body_text()))?;
+            .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
         let name = params
             .iter()
             .find(|(k, _)| *k == "repo")
             .map(|(_, v)| v.to_string())
             .ok_or_else(|| ApiError::internal("route without a {repo} parameter"))?;
         if !valid_repo_name(&name) {
-            return Err(ApiError::bad(
-                "invalid_repository_name",
+            return Err(ApiError::new(
+                ErrorCode::InvalidRepositoryName,
                 format!("invalid repository name {name:?}"),
             ));
         }
@@ -131,7 +129,7 @@ impl<const WRITE: bool> FromRequestParts<Arc<State>> for Access<WRITE> {
 
 fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
     body.map(|Json(v)| v)
-        .map_err(|e| ApiError::bad("bad_request", e.body_text()))
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))
 }
 
 async fn list_repos(AxState(state): Shared, headers: HeaderMap) -> ApiResult<Response> {
@@ -141,21 +139,8 @@ async fn list_repos(AxState(state): Shared, headers: HeaderMap) -> ApiResult<Res
         &headers,
         Scope::Read,
     )?;
-    let names = state.names();
-    Ok(Json(serde_json::json!({ "repos": names })).into_response())
-}
-
-/// A ref as the API lists it.
-#[derive(Serialize)]
-struct RefOut {
-    name: String,
-    target: ObjectId,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tagger: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    time_ms: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    message: Option<String>,
+    let repos = state.names();
+    Ok(Json(body::Repos { repos }).into_response())
 }
 
 async fn refs(Access(served): Reader) -> ApiResult<Response> {
@@ -181,7 +166,7 @@ async fn refs(Access(served): Reader) -> ApiResult<Response> {
                     } => (Some(tagger), Some(time.0), Some(message)),
                     _ => (None, None, None),
                 };
-                out.push(RefOut {
+                out.push(body::Ref {
                     name,
                     target,
                     tagger,
@@ -190,22 +175,16 @@ async fn refs(Access(served): Reader) -> ApiResult<Response> {
                 });
             }
         }
-        Ok(Json(serde_json::json!({ "head": head, "refs": out })).into_response())
+        Ok(Json(body::Refs { head, refs: out }).into_response())
     })
     .await
 }
 
-#[derive(Deserialize)]
-struct LogQuery {
-    rev: Option<String>,
-    limit: Option<usize>,
-}
-
 async fn log(
     Access(served): Reader,
-    query: Result<Query<LogQuery>, QueryRejection>,
+    query: Result<Query<body::LogQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
-    let Query(q) = query.map_err(|e| ApiError::bad("bad_request", e.body_text()))?;
+    let Query(q) = query.map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
     blocking(move || {
         let entries = mdl::log::log(&served.repo, q.rev.as_deref(), q.limit)?;
         Ok(Json(entries).into_response())
@@ -221,8 +200,12 @@ async fn show(
 }
 
 fn parse_id(s: &str) -> ApiResult<ObjectId> {
-    s.parse()
-        .map_err(|_| ApiError::bad("invalid_id", format!("{s:?} is not a 64-digit object id")))
+    s.parse().map_err(|_| {
+        ApiError::new(
+            ErrorCode::InvalidId,
+            format!("{s:?} is not a 64-digit object id"),
+        )
+    })
 }
 
 async fn manifest(
@@ -343,8 +326,7 @@ async fn checkpoint(
                 StatusCode::RANGE_NOT_SATISFIABLE,
                 [(header::CONTENT_RANGE, format!("bytes */{len}"))],
                 ApiError::new(
-                    StatusCode::RANGE_NOT_SATISFIABLE,
-                    "invalid_range",
+                    ErrorCode::InvalidRange,
                     format!("the range is not within the file's {len} bytes"),
                 ),
             )
@@ -357,8 +339,8 @@ async fn checkpoint(
         .header(header::CONTENT_LENGTH, end - start)
         .header(header::ETAG, &etag)
         .header(header::ACCEPT_RANGES, "bytes")
-        .header("x-mdl-commit", layout.commit.to_hex())
-        .header("x-mdl-lossy-tensors", layout.lossy_tensors());
+        .header(route::HEADER_COMMIT, layout.commit.to_hex())
+        .header(route::HEADER_LOSSY_TENSORS, layout.lossy_tensors());
     if status == StatusCode::PARTIAL_CONTENT {
         response = response.header(
             header::CONTENT_RANGE,
@@ -391,8 +373,8 @@ async fn tensor(
     method: Method,
 ) -> ApiResult<Response> {
     if !valid_tensor_name(&tensor) {
-        return Err(ApiError::bad(
-            "invalid_tensor_name",
+        return Err(ApiError::new(
+            ErrorCode::InvalidTensorName,
             format!("invalid tensor name {tensor:?}"),
         ));
     }
@@ -417,7 +399,7 @@ async fn tensor(
         .header("x-mdl-dtype", placed.header.dtype.name())
         .header("x-mdl-shape", shape.join(","))
         .header("x-mdl-lossy", if placed.lossy { "true" } else { "false" })
-        .header("x-mdl-commit", commit.to_hex())
+        .header(route::HEADER_COMMIT, commit.to_hex())
         .header("x-mdl-object", placed.id.to_hex());
     response
         .body(if head {
@@ -438,8 +420,7 @@ async fn spool(
 ) -> ApiResult<tempfile::NamedTempFile> {
     let too_large = || {
         ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
+            ErrorCode::BodyTooLarge,
             format!("the request body is over the server's limit of {max} bytes"),
         )
     };
@@ -486,84 +467,12 @@ async fn spool(
         .await
         .map_err(|e| ApiError::internal(format!("writing the upload file: {e}")))?;
     if declared.is_some_and(|n| n != total) {
-        return Err(ApiError::bad(
-            "bad_body",
+        return Err(ApiError::new(
+            ErrorCode::BadBody,
             "the body is shorter than its Content-Length",
         ));
     }
     Ok(tmp)
-}
-
-/// The options of a commit upload, from its query string's parameters.
-pub fn commit_options(params: &[(String, String)]) -> ApiResult<mdl::commit::CommitOptions> {
-    use mdl::lossy::CodecMode;
-    let mut opts = mdl::commit::CommitOptions::default();
-    let (mut lossy, mut lossless) = (false, false);
-    let bad = |key: &str, value: &str, why: &str| {
-        ApiError::bad("bad_parameter", format!("parameter {key}={value:?}: {why}"))
-    };
-    let flag = |key: &str, value: &str| match value {
-        "" | "1" | "true" => Ok(true),
-        "0" | "false" => Ok(false),
-        _ => Err(bad(key, value, "expected true or false")),
-    };
-    for (key, value) in params {
-        match key.as_str() {
-            "branch" => opts.branch = Some(RefName::new(value).map_err(mdl::Error::from)?),
-            "message" => opts.message = value.clone(),
-            "author" => opts.author = Some(value.clone()),
-            "step" => {
-                opts.step = Some(
-                    value
-                        .parse()
-                        .map_err(|_| bad(key, value, "not a step number"))?,
-                )
-            }
-            "metric" => {
-                let (k, v) = value
-                    .split_once('=')
-                    .ok_or_else(|| bad(key, value, "expected NAME=NUMBER"))?;
-                let v: f64 = v
-                    .trim()
-                    .parse()
-                    .map_err(|_| bad(key, value, "not a number"))?;
-                opts.metrics.push((k.trim().to_string(), v));
-            }
-            "lossy" => lossy = flag(key, value)?,
-            "lossless" => lossless = flag(key, value)?,
-            "epsilon" => {
-                opts.lossy.epsilon =
-                    Some(value.parse().map_err(|_| bad(key, value, "not a number"))?)
-            }
-            "trim_bits" => {
-                opts.lossy.trim_bits = Some(
-                    value
-                        .parse()
-                        .map_err(|_| bad(key, value, "not a bit count"))?,
-                )
-            }
-            "moments" => opts.lossy.moments = Some(value.clone()),
-            _ => {
-                return Err(ApiError::bad(
-                    "bad_parameter",
-                    format!("unknown parameter {key:?}"),
-                ))
-            }
-        }
-    }
-    opts.lossy.mode = match (lossy, lossless, opts.lossy.trim_bits.is_some()) {
-        (true, true, _) | (true, _, true) | (_, true, true) => {
-            return Err(ApiError::bad(
-                "bad_parameter",
-                "lossy, lossless and trim_bits exclude each other",
-            ))
-        }
-        (true, _, _) => Some(CodecMode::Lossy),
-        (_, true, _) => Some(CodecMode::Lossless),
-        (_, _, true) => Some(CodecMode::Trim),
-        _ => None,
-    };
-    Ok(opts)
 }
 
 async fn commit(
@@ -573,8 +482,8 @@ async fn commit(
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
     body: Body,
 ) -> ApiResult<Response> {
-    let Query(params) = query.map_err(|e| ApiError::bad("bad_request", e.body_text()))?;
-    let opts = commit_options(&params)?;
+    let Query(params) = query.map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
+    let opts = params::decode(&params).map_err(|e| ApiError::new(e.code, e.message))?;
     let upload = spool(&served, &headers, body, state.config.max_body).await?;
     blocking(move || {
         // The commit holds the repository's writer itself.
@@ -585,19 +494,14 @@ async fn commit(
     .await
 }
 
-#[derive(Deserialize)]
-struct Ids {
-    ids: Vec<ObjectId>,
-}
-
 async fn missing(
     Access(served): Reader,
-    body: Result<Json<Ids>, JsonRejection>,
+    body: Result<Json<body::Ids>, JsonRejection>,
 ) -> ApiResult<Response> {
     let ids = json_body(body)?.ids;
     blocking(move || {
         let missing = absent(&served, &ids)?;
-        Ok(Json(serde_json::json!({ "missing": missing })).into_response())
+        Ok(Json(body::Missing { missing }).into_response())
     })
     .await
 }
@@ -614,21 +518,9 @@ fn absent(served: &Served, ids: &[ObjectId]) -> Result<Vec<ObjectId>, mdl::Error
     Ok(out)
 }
 
-#[derive(Deserialize)]
-struct PlanRequest {
-    want: Vec<ObjectId>,
-    #[serde(default)]
-    have: Vec<ObjectId>,
-}
-
-#[derive(Serialize)]
-struct PlanResponse {
-    objects: Vec<PlannedObject>,
-}
-
 async fn plan(
     Access(served): Reader,
-    body: Result<Json<PlanRequest>, JsonRejection>,
+    body: Result<Json<body::PlanRequest>, JsonRejection>,
 ) -> ApiResult<Response> {
     let req = json_body(body)?;
     blocking(move || {
@@ -642,14 +534,14 @@ async fn plan(
         }
         let have: HashSet<ObjectId> = req.have.into_iter().collect();
         let objects = transfer::plan(&served.repo, &req.want, &|id| have.contains(id))?;
-        Ok(Json(PlanResponse { objects }).into_response())
+        Ok(Json(body::Plan { objects }).into_response())
     })
     .await
 }
 
 async fn fetch(
     Access(served): Reader,
-    body: Result<Json<Ids>, JsonRejection>,
+    body: Result<Json<body::Ids>, JsonRejection>,
 ) -> ApiResult<Response> {
     let ids = Arc::new(json_body(body)?.ids);
     {
@@ -662,7 +554,7 @@ async fn fetch(
         .await?;
     }
     Ok((
-        [(header::CONTENT_TYPE, "application/x-mdl-pack")],
+        [(header::CONTENT_TYPE, route::PACK)],
         stream::pack(served, ids),
     )
         .into_response())
@@ -697,7 +589,11 @@ async fn update_ref(
     blocking(move || {
         let _writer = served.repo.writer();
         transfer::update_ref(&served.repo, &update, "push")?;
-        Ok(Json(serde_json::json!({ "name": update.name, "new": update.new })).into_response())
+        let moved = body::RefMoved {
+            name: update.name,
+            new: update.new,
+        };
+        Ok(Json(moved).into_response())
     })
     .await
 }
@@ -716,19 +612,10 @@ async fn compact(
     .await
 }
 
-/// The body of `POST /maintenance/gc`; durations as `mdl gc` takes them (`1h`, `30d`).
-#[derive(Deserialize)]
-struct GcRequest {
-    prune_older_than: Option<String>,
-    expire_reflog: Option<String>,
-    #[serde(default)]
-    dry_run: bool,
-}
-
 /// `POST /maintenance/gc`. The scan runs beside commits; the deletion takes the writer once.
 async fn gc(
     Access(served): Writer,
-    body: Result<Json<GcRequest>, JsonRejection>,
+    body: Result<Json<body::GcRequest>, JsonRejection>,
 ) -> ApiResult<Response> {
     let req = json_body(body)?;
     let opts = mdl::gc::GcOptions::parse(

@@ -1,8 +1,9 @@
 //! Bearer tokens with `read` and `write` scopes, from a file of `name scope token` lines.
 
+use mdl_protocol::ErrorCode;
 use std::path::Path;
 
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 
 use crate::error::ApiError;
 
@@ -110,20 +111,17 @@ pub fn check(
         .map(str::trim);
     let Some(presented) = presented else {
         return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "this request needs a bearer token (--token or MDL_TOKEN)",
         ));
     };
     match tokens.scope_of(presented) {
         None => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "the token is not valid for this server",
         )),
         Some(scope) if scope < needed => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
+            ErrorCode::Forbidden,
             "the token has read scope; this request needs write",
         )),
         Some(_) => Ok(()),

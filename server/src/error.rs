@@ -4,59 +4,48 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use mdl::StoreError;
-use serde::Serialize;
+use mdl_protocol::{body, ErrorCode};
 
 /// An error answer.
 #[derive(Debug)]
 pub struct ApiError {
-    /// The status.
+    /// The status ([`ErrorCode::status`]).
     pub status: StatusCode,
     /// Stable machine-readable code.
-    pub code: &'static str,
+    pub code: ErrorCode,
     /// One line for people.
     pub message: String,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    code: &'a str,
-    message: &'a str,
-}
-
 impl ApiError {
-    /// An error with the given status and code.
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    /// An error with the given code, sent with the code's status.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError {
-            status,
+            status: StatusCode::from_u16(code.status()).expect("error codes have valid statuses"),
             code,
             message: message.into(),
         }
     }
 
-    /// 400 with a code.
-    pub fn bad(code: &'static str, message: impl Into<String>) -> Self {
-        ApiError::new(StatusCode::BAD_REQUEST, code, message)
-    }
-
     /// 404 for something that does not exist.
     pub fn not_found(message: impl Into<String>) -> Self {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+        ApiError::new(ErrorCode::NotFound, message)
     }
 
     /// 500 for a failure inside the server.
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+        ApiError::new(ErrorCode::Internal, message)
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.status.is_server_error() {
-            tracing::error!(code = self.code, "{}", self.message);
+            tracing::error!(code = self.code.as_str(), "{}", self.message);
         }
-        let body = serde_json::to_vec(&Body {
+        let body = serde_json::to_vec(&body::Error {
             code: self.code,
-            message: &self.message,
+            message: self.message,
         })
         .expect("serialisable");
         let mut response = (
@@ -110,35 +99,33 @@ fn public_message(e: &mdl::Error) -> String {
 impl From<mdl::Error> for ApiError {
     fn from(e: mdl::Error) -> Self {
         use mdl::Error as E;
-        use StatusCode as S;
+        use ErrorCode as C;
         let message = public_message(&e);
-        let (status, code) = match &e {
+        let code = match &e {
             E::Store(s) => return store_error(s, message),
-            E::Input { .. } => (S::BAD_REQUEST, "bad_input"),
-            E::InvalidInput { .. } => (S::BAD_REQUEST, "invalid_safetensors"),
-            E::UnknownRevision(_) | E::NoSuchAncestor(_) => (S::NOT_FOUND, "unknown_revision"),
-            E::AmbiguousRevision { .. } => (S::BAD_REQUEST, "ambiguous_revision"),
-            E::UnbornBranch(_) => (S::NOT_FOUND, "unborn_branch"),
-            E::InvalidName(_) => (S::BAD_REQUEST, "invalid_name"),
-            E::RefExists { .. } => (S::CONFLICT, "ref_exists"),
-            E::NoSuchRef { .. } => (S::NOT_FOUND, "no_such_ref"),
-            E::DeleteCurrentBranch(_) => (S::CONFLICT, "current_branch"),
-            E::OutputExists(_) | E::Output { .. } | E::OutputInRepository(_) => {
-                (S::INTERNAL_SERVER_ERROR, "io_error")
-            }
-            E::InvalidMetric(_) => (S::BAD_REQUEST, "invalid_metric"),
-            E::InvalidConfig { .. } => (S::BAD_REQUEST, "invalid_config"),
-            E::UnknownConfig(_) => (S::BAD_REQUEST, "unknown_config"),
-            E::EvalCommand { .. } => (S::BAD_REQUEST, "eval_failed"),
-            E::Corrupt { .. } | E::WrongKind { .. } => (S::INTERNAL_SERVER_ERROR, "corrupt_object"),
-            E::BadTransfer(_) => (S::BAD_REQUEST, "bad_transfer"),
-            E::Incomplete(_) => (S::CONFLICT, "incomplete"),
-            E::NotFastForward { .. } => (S::CONFLICT, "not_fast_forward"),
-            E::Expired { .. } => (S::GONE, "expired"),
-            E::InvalidDuration(_) => (S::BAD_REQUEST, "invalid_duration"),
-            E::GpuUnavailable(_) => (S::SERVICE_UNAVAILABLE, "gpu_unavailable"),
+            E::Input { .. } => C::BadInput,
+            E::InvalidInput { .. } => C::InvalidSafetensors,
+            E::UnknownRevision(_) | E::NoSuchAncestor(_) => C::UnknownRevision,
+            E::AmbiguousRevision { .. } => C::AmbiguousRevision,
+            E::UnbornBranch(_) => C::UnbornBranch,
+            E::InvalidName(_) => C::InvalidName,
+            E::RefExists { .. } => C::RefExists,
+            E::NoSuchRef { .. } => C::NoSuchRef,
+            E::DeleteCurrentBranch(_) => C::CurrentBranch,
+            E::OutputExists(_) | E::Output { .. } | E::OutputInRepository(_) => C::IoError,
+            E::InvalidMetric(_) => C::InvalidMetric,
+            E::InvalidConfig { .. } => C::InvalidConfig,
+            E::UnknownConfig(_) => C::UnknownConfig,
+            E::EvalCommand { .. } => C::EvalFailed,
+            E::Corrupt { .. } | E::WrongKind { .. } => C::CorruptObject,
+            E::BadTransfer(_) => C::BadTransfer,
+            E::Incomplete(_) => C::Incomplete,
+            E::NotFastForward { .. } => C::NotFastForward,
+            E::Expired { .. } => C::Expired,
+            E::InvalidDuration(_) => C::InvalidDuration,
+            E::GpuUnavailable(_) => C::GpuUnavailable,
         };
-        ApiError::new(status, code, message)
+        ApiError::new(code, message)
     }
 }
 
@@ -149,23 +136,23 @@ impl From<StoreError> for ApiError {
 }
 
 fn store_error(e: &StoreError, message: String) -> ApiError {
-    use StatusCode as S;
+    use ErrorCode as C;
     use StoreError as E;
-    let (status, code) = match e {
-        E::Io { .. } | E::Output(_) => (S::INTERNAL_SERVER_ERROR, "io_error"),
-        E::Db(_) => (S::INTERNAL_SERVER_ERROR, "database_error"),
-        E::Damaged(_) => (S::INTERNAL_SERVER_ERROR, "database_damaged"),
-        E::NeedsRecovery => (S::SERVICE_UNAVAILABLE, "needs_recovery"),
-        E::Corrupt { .. } => (S::INTERNAL_SERVER_ERROR, "corrupt_object"),
-        E::Missing(_) => (S::INTERNAL_SERVER_ERROR, "missing_object"),
-        E::Busy { .. } => (S::SERVICE_UNAVAILABLE, "busy"),
-        E::OutOfMemory(_) => (S::SERVICE_UNAVAILABLE, "out_of_memory"),
-        E::ReadOnly(_) => (S::FORBIDDEN, "read_only"),
-        E::NotARepository(_) => (S::NOT_FOUND, "no_such_repository"),
-        E::AlreadyExists(_) => (S::CONFLICT, "exists"),
-        E::NewerFormat { .. } => (S::INTERNAL_SERVER_ERROR, "newer_format"),
-        E::InputChanged(_) => (S::CONFLICT, "input_changed"),
-        E::RefConflict { .. } => (S::CONFLICT, "ref_conflict"),
+    let code = match e {
+        E::Io { .. } | E::Output(_) => C::IoError,
+        E::Db(_) => C::DatabaseError,
+        E::Damaged(_) => C::DatabaseDamaged,
+        E::NeedsRecovery => C::NeedsRecovery,
+        E::Corrupt { .. } => C::CorruptObject,
+        E::Missing(_) => C::MissingObject,
+        E::Busy { .. } => C::Busy,
+        E::OutOfMemory(_) => C::OutOfMemory,
+        E::ReadOnly(_) => C::ReadOnly,
+        E::NotARepository(_) => C::NoSuchRepository,
+        E::AlreadyExists(_) => C::Exists,
+        E::NewerFormat { .. } => C::NewerFormat,
+        E::InputChanged(_) => C::InputChanged,
+        E::RefConflict { .. } => C::RefConflict,
     };
-    ApiError::new(status, code, message)
+    ApiError::new(code, message)
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use mdl::{LockMode, OpenOptions, Repository};
 use serde::{Deserialize, Serialize};
 
-pub use api::{app, commit_options, parse_range, Unsatisfiable};
+pub use api::{app, parse_range, Unsatisfiable};
 pub use auth::{Scope, Tokens};
 pub use error::ApiError;
 

@@ -6,6 +6,7 @@ mod engine;
 mod hostile;
 mod interrupt;
 mod journeys;
+mod json_shapes;
 mod maintenance;
 mod repair;
 mod server;

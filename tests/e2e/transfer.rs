@@ -53,7 +53,9 @@ fn push_in_steps(
 ) -> Option<String> {
     let repo = Repository::open(local, &Default::default()).unwrap();
     let code = |e: mdl_remote::Error| match e {
-        mdl_remote::Error::Server { code, .. } => code,
+        mdl_remote::Error::Server {
+            code: Some(code), ..
+        } => code.as_str().to_string(),
         other => panic!("push step failed without a server error: {other}"),
     };
     let history = transfer::reachable_commits(&repo, &[tip]).unwrap();

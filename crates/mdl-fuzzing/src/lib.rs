@@ -230,6 +230,6 @@ pub fn query_params(input: &[u8]) {
     };
     use axum::extract::Query;
     if let Ok(Query(params)) = Query::<Vec<(String, String)>>::try_from_uri(&uri) {
-        let _ = mdl_server::commit_options(&params);
+        let _ = mdl_protocol::params::decode(&params);
     }
 }

@@ -14,18 +14,20 @@ use mdl::log::LogEntry;
 use mdl::show::Shown;
 use mdl::transfer::{self, PlannedObject, Received, RefUpdate};
 use mdl::{ObjectId, RefName, RefValue, Repository, Timestamp};
-use serde::Deserialize;
+use mdl_protocol::body::{self, Ref, Refs};
+use mdl_protocol::{params, route, ErrorCode};
 
 /// What can go wrong talking to a server.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The server answered with an error.
-    #[error("server: {message} ({code}, HTTP {status})")]
+    #[error("server: {message} ({}, HTTP {status})", code.map_or("no known error code", ErrorCode::as_str))]
     Server {
         /// HTTP status.
         status: u16,
-        /// The server's stable error code.
-        code: String,
+        /// The server's stable error code; `None` for an answer without one this build knows
+        /// (a newer server's, or not mdl's), whose text is then in the message.
+        code: Option<ErrorCode>,
         /// Its message.
         message: String,
     },
@@ -72,43 +74,6 @@ pub struct Remote {
     agent: ureq::Agent,
 }
 
-/// A ref as the server lists it.
-#[derive(Clone, Debug, Deserialize)]
-pub struct RemoteRef {
-    /// Full name (`refs/heads/main`).
-    pub name: String,
-    /// The commit.
-    pub target: ObjectId,
-    /// Annotated tags: who tagged.
-    pub tagger: Option<String>,
-    /// Annotated tags: when (ms since the epoch, UTC).
-    pub time_ms: Option<i64>,
-    /// Annotated tags: the message.
-    pub message: Option<String>,
-}
-
-/// The server's refs.
-#[derive(Clone, Debug, Deserialize)]
-pub struct RemoteRefs {
-    /// The branch HEAD points at.
-    pub head: Option<String>,
-    /// Branches and tags.
-    pub refs: Vec<RemoteRef>,
-}
-
-impl RemoteRefs {
-    /// The commit of a full ref name.
-    pub fn get(&self, name: &str) -> Option<ObjectId> {
-        self.refs.iter().find(|r| r.name == name).map(|r| r.target)
-    }
-}
-
-#[derive(Deserialize)]
-struct ServerError {
-    code: String,
-    message: String,
-}
-
 impl Remote {
     /// A client for the repository at `url` (`http://HOST:PORT/REPO`), sending `token` as a
     /// bearer token when given.
@@ -130,7 +95,10 @@ impl Remote {
             .into();
         Ok(Remote {
             url: url.to_string(),
-            api: format!("http://{host}/v1/repos/{repo}"),
+            api: format!(
+                "http://{host}{}",
+                route::fill(route::REPO, &[("repo", repo)])
+            ),
             token: token.filter(|t| !t.is_empty()),
             agent,
         })
@@ -171,9 +139,9 @@ impl Remote {
             return Ok(resp);
         }
         let text = resp.body_mut().read_to_string().unwrap_or_default();
-        let (code, message) = match serde_json::from_str::<ServerError>(&text) {
-            Ok(e) => (e.code, e.message),
-            Err(_) => ("http_error".to_string(), text.trim().to_string()),
+        let (code, message) = match serde_json::from_str::<body::Error>(&text) {
+            Ok(e) => (Some(e.code), e.message),
+            Err(_) => (None, text.trim().to_string()),
         };
         Err(Error::Server {
             status,
@@ -202,7 +170,7 @@ impl Remote {
     fn post_json<T: serde::de::DeserializeOwned>(
         &self,
         path: &str,
-        body: &serde_json::Value,
+        body: &impl serde::Serialize,
     ) -> Result<T> {
         let req = self.auth(self.agent.post(format!("{}{path}", self.api)));
         let mut resp = self.check(req.send_json(body))?;
@@ -219,8 +187,8 @@ impl Remote {
         max_depth: Option<u32>,
         dry_run: bool,
     ) -> Result<mdl::compact::CompactOutcome> {
-        let body = serde_json::json!({ "max_depth": max_depth, "dry_run": dry_run });
-        self.post_json("/maintenance/compact", &body)
+        let opts = mdl::compact::CompactOptions { max_depth, dry_run };
+        self.post_json(route::COMPACT, &opts)
     }
 
     /// Runs `mdl gc` on the server (`POST /maintenance/gc`); durations as `mdl gc` takes them.
@@ -230,34 +198,31 @@ impl Remote {
         expire_reflog: Option<&str>,
         dry_run: bool,
     ) -> Result<mdl::gc::GcOutcome> {
-        let body = serde_json::json!({
-            "prune_older_than": prune_older_than,
-            "expire_reflog": expire_reflog,
-            "dry_run": dry_run,
-        });
-        self.post_json("/maintenance/gc", &body)
+        let request = body::GcRequest {
+            prune_older_than: prune_older_than.map(str::to_string),
+            expire_reflog: expire_reflog.map(str::to_string),
+            dry_run,
+        };
+        self.post_json(route::GC, &request)
     }
 
     /// Branches, tags and HEAD.
-    pub fn refs(&self) -> Result<RemoteRefs> {
-        self.get_json("/refs", &[])
+    pub fn refs(&self) -> Result<Refs> {
+        self.get_json(route::REFS, &[])
     }
 
     /// History from `rev` (HEAD when `None`).
     pub fn log(&self, rev: Option<&str>, limit: Option<usize>) -> Result<Vec<LogEntry>> {
-        let mut q = Vec::new();
-        if let Some(r) = rev {
-            q.push(("rev", r.to_string()));
-        }
-        if let Some(n) = limit {
-            q.push(("limit", n.to_string()));
-        }
-        self.get_json("/log", &q)
+        let query = body::LogQuery {
+            rev: rev.map(str::to_string),
+            limit,
+        };
+        self.get_json(route::LOG, &query.pairs())
     }
 
     /// A commit and its tensors.
     pub fn show(&self, rev: &str) -> Result<Shown> {
-        self.get_json(&format!("/commits/{}", encode_segment(rev)), &[])
+        self.get_json(&route::fill(route::COMMIT, &[("rev", rev)]), &[])
     }
 
     /// Commits the safetensors file at `file` on the server, as [`mdl::commit::commit`] would
@@ -272,8 +237,8 @@ impl Remote {
             path: file.to_path_buf(),
             source,
         })?;
-        let mut req = self.auth(self.agent.post(format!("{}/commits", self.api)));
-        for (k, v) in commit_params(opts)? {
+        let mut req = self.auth(self.agent.post(format!("{}{}", self.api, route::COMMITS)));
+        for (k, v) in params::encode(opts).map_err(|why| Error::Remote(why.into()))? {
             req = req.query(k, v);
         }
         let mut resp = self.check(upload(req, "application/octet-stream").send(&f))?;
@@ -291,15 +256,16 @@ impl Remote {
         if !force && out.symlink_metadata().is_ok() {
             return Err(mdl::Error::OutputExists(out.to_path_buf()).into());
         }
+        let file = format!("{rev}.safetensors");
         let url = format!(
-            "{}/checkpoints/{}.safetensors",
+            "{}{}",
             self.api,
-            encode_segment(rev)
+            route::fill(route::CHECKPOINT, &[("file", &file)])
         );
         let mut resp = self.check(self.auth(self.agent.get(url)).call())?;
         let commit: ObjectId = resp
             .headers()
-            .get("x-mdl-commit")
+            .get(route::HEADER_COMMIT)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| Error::Transport {
@@ -308,7 +274,7 @@ impl Remote {
             })?;
         let lossy_tensors: u32 = resp
             .headers()
-            .get("x-mdl-lossy-tensors")
+            .get(route::HEADER_LOSSY_TENSORS)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
@@ -347,14 +313,12 @@ impl Remote {
 
     /// Which of `ids` the server lacks.
     pub fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
-        #[derive(Deserialize)]
-        struct Missing {
-            missing: Vec<ObjectId>,
-        }
         let mut out = Vec::new();
         for chunk in ids.chunks(IDS_PER_REQUEST) {
-            let m: Missing =
-                self.post_json("/objects/missing", &serde_json::json!({ "ids": chunk }))?;
+            let ids = body::Ids {
+                ids: chunk.to_vec(),
+            };
+            let m: body::Missing = self.post_json(route::OBJECTS_MISSING, &ids)?;
             out.extend(m.missing);
         }
         Ok(out)
@@ -362,14 +326,11 @@ impl Remote {
 
     /// The objects the server would send for `want` to a repository holding `have`.
     pub fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>> {
-        #[derive(Deserialize)]
-        struct Plan {
-            objects: Vec<PlannedObject>,
-        }
-        let p: Plan = self.post_json(
-            "/objects/plan",
-            &serde_json::json!({ "want": want, "have": have }),
-        )?;
+        let request = body::PlanRequest {
+            want: want.to_vec(),
+            have: have.to_vec(),
+        };
+        let p: body::Plan = self.post_json(route::OBJECTS_PLAN, &request)?;
         Ok(p.objects)
     }
 
@@ -378,8 +339,14 @@ impl Remote {
     pub fn fetch_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
         let mut total = Received::default();
         for chunk in ids.chunks(IDS_PER_REQUEST) {
-            let req = self.auth(self.agent.post(format!("{}/objects/fetch", self.api)));
-            let mut resp = self.check(req.send_json(serde_json::json!({ "ids": chunk })))?;
+            let req = self.auth(
+                self.agent
+                    .post(format!("{}{}", self.api, route::OBJECTS_FETCH)),
+            );
+            let ids = body::Ids {
+                ids: chunk.to_vec(),
+            };
+            let mut resp = self.check(req.send_json(&ids))?;
             let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
             let got = transfer::receive_pack(repo, &mut reader, u64::MAX)?;
             total.objects += got.objects;
@@ -408,17 +375,14 @@ impl Remote {
             std::io::Write::flush(&mut w).map_err(io)?;
         }
         let file = tmp.reopen().map_err(io)?;
-        let req = self.auth(self.agent.post(format!("{}/objects", self.api)));
-        let mut resp = self.check(upload(req, "application/x-mdl-pack").send(&file))?;
+        let req = self.auth(self.agent.post(format!("{}{}", self.api, route::OBJECTS)));
+        let mut resp = self.check(upload(req, route::PACK).send(&file))?;
         resp.body_mut().read_json().map_err(|e| self.transport(e))
     }
 
     /// Moves a ref on the server by compare-and-swap.
     pub fn update_ref(&self, update: &RefUpdate) -> Result<()> {
-        let _: serde_json::Value = self.post_json(
-            "/refs",
-            &serde_json::to_value(update).expect("serialisable"),
-        )?;
+        let _: body::RefMoved = self.post_json(route::REFS, update)?;
         Ok(())
     }
 }
@@ -432,64 +396,6 @@ fn upload(
 ) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
     req.content_type(content_type)
         .header("Expect", "100-continue")
-}
-
-/// The query parameters of `POST /commits` for `opts` (the server parses them back).
-fn commit_params(opts: &mdl::commit::CommitOptions) -> Result<Vec<(&'static str, String)>> {
-    use mdl::lossy::CodecMode;
-    let lossy = &opts.lossy;
-    if lossy.eval_cmd.is_some() {
-        return Err(Error::Remote(
-            "--eval-cmd runs a local command and cannot be used with a server".into(),
-        ));
-    }
-    let mut params = vec![
-        ("message", opts.message.clone()),
-        (
-            "author",
-            opts.author
-                .clone()
-                .unwrap_or_else(mdl::commit::default_author),
-        ),
-    ];
-    if let Some(b) = &opts.branch {
-        params.push(("branch", b.as_str().to_string()));
-    }
-    if let Some(s) = opts.step {
-        params.push(("step", s.to_string()));
-    }
-    for (k, v) in &opts.metrics {
-        params.push(("metric", format!("{k}={v}")));
-    }
-    match lossy.mode {
-        Some(CodecMode::Lossy) => params.push(("lossy", "true".into())),
-        Some(CodecMode::Lossless) => params.push(("lossless", "true".into())),
-        // Trim is implied by trim_bits, below.
-        Some(CodecMode::Trim) | None => {}
-    }
-    if let Some(e) = lossy.epsilon {
-        params.push(("epsilon", e.to_string()));
-    }
-    if let Some(t) = lossy.trim_bits {
-        params.push(("trim_bits", t.to_string()));
-    }
-    if let Some(m) = &lossy.moments {
-        params.push(("moments", m.clone()));
-    }
-    Ok(params)
-}
-
-/// Percent-encodes a revision or name for one URL path segment.
-fn encode_segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 const REMOTE_PREFIX: &str = "remote.";
@@ -595,10 +501,10 @@ fn fetch_refs(
     repo: &Repository,
     remote_name: &str,
     remote: &Remote,
-    refs: &RemoteRefs,
+    refs: &Refs,
     branch: Option<&str>,
 ) -> Result<TransferOutcome> {
-    let branches: Vec<&RemoteRef> = refs
+    let branches: Vec<&Ref> = refs
         .refs
         .iter()
         .filter(|r| match (r.name.strip_prefix("refs/heads/"), branch) {
@@ -610,7 +516,7 @@ fn fetch_refs(
     if let (Some(b), true) = (branch, branches.is_empty()) {
         return Err(Error::Remote(format!("{} has no branch {b}", remote.url())));
     }
-    let tags: Vec<&RemoteRef> = refs
+    let tags: Vec<&Ref> = refs
         .refs
         .iter()
         .filter(|r| r.name.starts_with("refs/tags/"))
@@ -812,7 +718,10 @@ pub fn push(
     let mut attempts = 0;
     let sent = loop {
         match send_and_move(repo, remote, &update) {
-            Err(Error::Server { code, .. }) if code == "incomplete" && attempts < PUSH_RETRIES => {
+            Err(Error::Server {
+                code: Some(ErrorCode::Incomplete),
+                ..
+            }) if attempts < PUSH_RETRIES => {
                 attempts += 1;
                 tracing::info!(
                     "{} lost objects during the push; sending again",
@@ -827,13 +736,20 @@ pub fn push(
             outcome.objects = received.objects;
             outcome.bytes = received.bytes;
         }
-        Err(Error::Server { code, .. }) if code == "ref_conflict" => {
+        Err(Error::Server {
+            code: Some(ErrorCode::RefConflict),
+            ..
+        }) => {
             return Err(Error::Rejected(format!(
                 "push of {branch} rejected: {}'s {branch} changed during the push; pull and push again",
                 remote.url()
             )));
         }
-        Err(Error::Server { code, message, .. }) if code == "not_fast_forward" => {
+        Err(Error::Server {
+            code: Some(ErrorCode::NotFastForward),
+            message,
+            ..
+        }) => {
             return Err(Error::Rejected(format!(
                 "push of {branch} rejected: {message}"
             )));

@@ -23,7 +23,7 @@ use crate::rewrite::reencode_group;
 use crate::{Progress, Repository, Result};
 
 /// Options of a compaction.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CompactOptions {
     /// Longest chain allowed afterwards (default: `delta.max_depth`).
     pub max_depth: Option<u32>,

@@ -1,0 +1,134 @@
+//! The JSON bodies of requests and responses that are not the library's own outcome types
+//! (those — `mdl::log::LogEntry`, `mdl::show::Shown`, `mdl::commit::CommitOutcome`,
+//! `mdl::transfer::Received`, `mdl::compact::CompactOutcome`, `mdl::gc::GcOutcome` — travel as
+//! they serialize).
+
+use mdl::transfer::PlannedObject;
+use mdl::ObjectId;
+use serde::{Deserialize, Serialize};
+
+/// `GET /v1/repos`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Repos {
+    /// Repository names.
+    pub repos: Vec<String>,
+}
+
+/// A ref as `GET /refs` lists it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Ref {
+    /// Full name (`refs/heads/main`).
+    pub name: String,
+    /// The commit.
+    pub target: ObjectId,
+    /// Annotated tags: who tagged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tagger: Option<String>,
+    /// Annotated tags: when (ms since the epoch, UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_ms: Option<i64>,
+    /// Annotated tags: the message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// `GET /refs`: the server's branches and tags.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Refs {
+    /// The branch HEAD points at (short name).
+    pub head: Option<String>,
+    /// Branches and tags.
+    pub refs: Vec<Ref>,
+}
+
+impl Refs {
+    /// The commit of a full ref name.
+    pub fn get(&self, name: &str) -> Option<ObjectId> {
+        self.refs.iter().find(|r| r.name == name).map(|r| r.target)
+    }
+}
+
+/// The answer to a ref update.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RefMoved {
+    /// The ref.
+    pub name: String,
+    /// Its new value (`None`: deleted).
+    pub new: Option<ObjectId>,
+}
+
+/// The query of `GET /log`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LogQuery {
+    /// Where history starts (HEAD when absent).
+    pub rev: Option<String>,
+    /// At most this many commits.
+    pub limit: Option<usize>,
+}
+
+impl LogQuery {
+    /// The query string's parameters.
+    pub fn pairs(&self) -> Vec<(&'static str, String)> {
+        let mut q = Vec::new();
+        if let Some(r) = &self.rev {
+            q.push(("rev", r.clone()));
+        }
+        if let Some(n) = self.limit {
+            q.push(("limit", n.to_string()));
+        }
+        q
+    }
+}
+
+/// A list of object ids: `POST /objects/missing` and `POST /objects/fetch`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Ids {
+    /// The ids.
+    pub ids: Vec<ObjectId>,
+}
+
+/// The answer to `POST /objects/missing`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Missing {
+    /// Those of the ids asked about that the server has neither as objects nor as expired
+    /// tensors, in the order asked.
+    pub missing: Vec<ObjectId>,
+}
+
+/// `POST /objects/plan`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PlanRequest {
+    /// Commits wanted.
+    pub want: Vec<ObjectId>,
+    /// Commits the asker already has.
+    #[serde(default)]
+    pub have: Vec<ObjectId>,
+}
+
+/// The answer to `POST /objects/plan`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Plan {
+    /// What a fetch of the wanted commits would send, bases first.
+    pub objects: Vec<PlannedObject>,
+}
+
+/// `POST /maintenance/gc`; durations as `mdl gc` takes them (`1h`, `30d`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct GcRequest {
+    /// Grace period for unreachable objects.
+    pub prune_older_than: Option<String>,
+    /// Reflog entries older than this expire.
+    pub expire_reflog: Option<String>,
+    /// Plan and report, change nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// Every error answer's body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Error {
+    /// What went wrong, for programs.
+    pub code: crate::ErrorCode,
+    /// One line for people.
+    pub message: String,
+}

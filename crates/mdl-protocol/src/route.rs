@@ -1,0 +1,88 @@
+//! Paths and headers. A path with `{name}` parts is a template: the server routes it as it is
+//! and the client fills it in ([`fill`]). Repository routes are relative to [`REPO`].
+
+/// `GET`: the repositories a server holds ([`crate::body::Repos`]).
+pub const REPOS: &str = "/v1/repos";
+/// The prefix of one repository's routes.
+pub const REPO: &str = "/v1/repos/{repo}";
+
+/// `GET`: branches, tags and HEAD ([`crate::body::Refs`]); `POST`: a compare-and-swap of one
+/// ref (`mdl::transfer::RefUpdate`, answered by [`crate::body::RefMoved`]).
+pub const REFS: &str = "/refs";
+/// `GET ?rev=&limit=`: history ([`crate::body::LogQuery`]).
+pub const LOG: &str = "/log";
+/// `POST`: commit an uploaded checkpoint ([`crate::params`]).
+pub const COMMITS: &str = "/commits";
+/// `GET`: a commit and its tensors (`mdl::show::Shown`).
+pub const COMMIT: &str = "/commits/{rev}";
+/// `GET`: a manifest.
+pub const MANIFEST: &str = "/manifests/{id}";
+/// `GET`: a checkpoint; `file` is `REV.safetensors`.
+pub const CHECKPOINT: &str = "/checkpoints/{file}";
+/// `GET`: one tensor's bytes (`name` may contain `/`).
+pub const TENSOR: &str = "/tensors/{rev}/{*name}";
+/// `POST`: upload a pack.
+pub const OBJECTS: &str = "/objects";
+/// `POST`: which ids the server lacks ([`crate::body::Ids`] → [`crate::body::Missing`]).
+pub const OBJECTS_MISSING: &str = "/objects/missing";
+/// `POST`: what a fetch would send ([`crate::body::PlanRequest`] → [`crate::body::Plan`]).
+pub const OBJECTS_PLAN: &str = "/objects/plan";
+/// `POST`: a pack of the given ids ([`crate::body::Ids`]).
+pub const OBJECTS_FETCH: &str = "/objects/fetch";
+/// `POST`: bound the delta chains (`mdl::compact::CompactOptions`).
+pub const COMPACT: &str = "/maintenance/compact";
+/// `POST`: garbage collection ([`crate::body::GcRequest`]).
+pub const GC: &str = "/maintenance/gc";
+
+/// The commit a checkpoint or tensor download comes from.
+pub const HEADER_COMMIT: &str = "x-mdl-commit";
+/// How many of a checkpoint's tensors were stored lossily.
+pub const HEADER_LOSSY_TENSORS: &str = "x-mdl-lossy-tensors";
+/// A pack stream's content type.
+pub const PACK: &str = "application/x-mdl-pack";
+
+/// `template` with each `{name}` (or `{*name}`) replaced by its value, percent-encoded (a
+/// `{*name}` value keeps its `/`s).
+pub fn fill(template: &str, values: &[(&str, &str)]) -> String {
+    let mut out = template.to_string();
+    for (name, value) in values {
+        let one = format!("{{{name}}}");
+        let rest = format!("{{*{name}}}");
+        if out.contains(&one) {
+            out = out.replace(&one, &segment(value));
+        } else {
+            let parts: Vec<String> = value.split('/').map(segment).collect();
+            out = out.replace(&rest, &parts.join("/"));
+        }
+    }
+    out
+}
+
+/// Percent-encodes a revision or name for one URL path segment.
+pub fn segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_are_filled_with_encoded_values() {
+        assert_eq!(fill(REPO, &[("repo", "run-1")]), "/v1/repos/run-1");
+        assert_eq!(fill(COMMIT, &[("rev", "main~2")]), "/commits/main~2");
+        assert_eq!(fill(COMMIT, &[("rev", "exp/a b")]), "/commits/exp%2Fa%20b");
+        assert_eq!(
+            fill(TENSOR, &[("rev", "v1"), ("name", "model/h.0 w")]),
+            "/tensors/v1/model/h.0%20w"
+        );
+    }
+}

@@ -1,0 +1,201 @@
+//! `--json` output is an interface: fields are only ever added, never renamed, removed or given
+//! another type. Every command's output shape (each field's path and JSON type) is kept in
+//! `json-shapes.txt`; this test runs every command that has `--json` and compares.
+//!
+//! A field that disappears or changes type fails the test: that breaks scripts reading it. A new
+//! field fails it too until it is added to the snapshot (rerun with `MDL_UPDATE_SNAPSHOTS=1`),
+//! so that every addition is seen in review.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::server::{Server, READ, WRITE};
+use crate::util::*;
+
+const SNAPSHOT: &str = "json-shapes.txt";
+
+/// Each field of `v` as `path: type`, arrays' elements under `[]`.
+fn shape(v: &Value, path: &str, out: &mut BTreeSet<String>) {
+    match v {
+        Value::Object(map) => {
+            if map.is_empty() {
+                out.insert(format!("{path}: object"));
+            }
+            for (k, v) in map {
+                shape(v, &format!("{path}.{k}"), out);
+            }
+        }
+        Value::Array(items) => {
+            if items.is_empty() {
+                out.insert(format!("{path}: array"));
+            }
+            for v in items {
+                shape(v, &format!("{path}[]"), out);
+            }
+        }
+        Value::String(_) => {
+            out.insert(format!("{path}: string"));
+        }
+        Value::Number(_) => {
+            out.insert(format!("{path}: number"));
+        }
+        Value::Bool(_) => {
+            out.insert(format!("{path}: bool"));
+        }
+        Value::Null => {
+            out.insert(format!("{path}: null"));
+        }
+    }
+}
+
+/// Runs `mdl --json args…` (with a token for remotes) and returns its output's parsed JSON.
+fn run_json(dir: &Path, args: &[&str], token: Option<&str>) -> Value {
+    let mut cmd = Command::new(mdl_bin());
+    cmd.arg("-C").arg(dir).arg("--json").args(args);
+    cmd.env("MDL_AUTHOR", "tester");
+    if let Some(t) = token {
+        cmd.env("MDL_TOKEN", t);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "mdl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("mdl --json {args:?} printed no JSON ({e})"))
+}
+
+#[test]
+fn json_output_only_ever_gains_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let repo = d.join("repo");
+    let mut shapes = BTreeSet::new();
+    let mut record = |name: &str, v: Value| {
+        let mut fields = BTreeSet::new();
+        shape(&v, "", &mut fields);
+        shapes.extend(fields.into_iter().map(|f| format!("{name}{f}")));
+    };
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+
+    std::fs::create_dir(&repo).unwrap();
+    record("init", run_json(d, &["init", &s(&repo)], None));
+    let files: Vec<_> = (0..3)
+        .map(|n| {
+            let f = d.join(format!("f{n}.safetensors"));
+            write_safetensors(&f, &mixed(n), &[("step", "1")]);
+            f
+        })
+        .collect();
+    record("commit", run_json(&repo, &["commit", &s(&files[0])], None));
+    record(
+        "commit",
+        run_json(
+            &repo,
+            &[
+                "commit",
+                &s(&files[1]),
+                "--step",
+                "2",
+                "--metric",
+                "loss=1.5",
+                "-m",
+                "second",
+            ],
+            None,
+        ),
+    );
+    record(
+        "commit --lossy",
+        run_json(&repo, &["commit", &s(&files[2]), "--lossy"], None),
+    );
+    let out = d.join("out.safetensors");
+    record(
+        "checkout",
+        run_json(&repo, &["checkout", "main", "-o", &s(&out)], None),
+    );
+    record("log", run_json(&repo, &["log"], None));
+    record("show", run_json(&repo, &["show", "main"], None));
+    record("show", run_json(&repo, &["show", "main~1"], None));
+    record("diff", run_json(&repo, &["diff", "main~2", "main"], None));
+    record(
+        "branch NAME",
+        run_json(&repo, &["branch", "exp", "main~1"], None),
+    );
+    record("branch", run_json(&repo, &["branch"], None));
+    record("switch", run_json(&repo, &["switch", "exp"], None));
+    record("switch", run_json(&repo, &["switch", "main"], None));
+    record(
+        "tag NAME",
+        run_json(&repo, &["tag", "v1", "main", "-m", "first"], None),
+    );
+    record("tag", run_json(&repo, &["tag"], None));
+    record(
+        "config KEY VALUE",
+        run_json(&repo, &["config", "delta.max_depth", "8"], None),
+    );
+    record("config", run_json(&repo, &["config"], None));
+    record("fsck", run_json(&repo, &["fsck"], None));
+    record(
+        "compact",
+        run_json(&repo, &["compact", "--max-depth", "1"], None),
+    );
+    record(
+        "gc",
+        run_json(&repo, &["gc", "--prune-older-than", "0s"], None),
+    );
+    record("stats", run_json(&repo, &["stats"], None));
+
+    let server = Server::start(&["--root", &s(d)], d);
+    let url = format!("{}/repo", server.base);
+    let clone = d.join("clone");
+    record(
+        "clone",
+        run_json(d, &["clone", &url, &s(&clone)], Some(READ)),
+    );
+    record("remote", run_json(&clone, &["remote"], None));
+    record(
+        "remote add",
+        run_json(&clone, &["remote", "add", "other", &url], None),
+    );
+    record("fetch", run_json(&clone, &["fetch"], Some(READ)));
+    record("pull", run_json(&clone, &["pull"], Some(READ)));
+    ok(&clone, &["branch", "pushed"]);
+    record(
+        "push",
+        run_json(&clone, &["push", "origin", "pushed"], Some(WRITE)),
+    );
+    server.stop();
+
+    let now: Vec<String> = shapes.into_iter().collect();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/e2e")
+        .join(SNAPSHOT);
+    let header =
+        "# The shape of every command's --json output (see json_shapes.rs). Fields may be\n\
+                  # added (MDL_UPDATE_SNAPSHOTS=1 rewrites this file), never removed or retyped.\n";
+    if std::env::var_os("MDL_UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(&path, format!("{header}{}\n", now.join("\n"))).unwrap();
+        return;
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    let kept: BTreeSet<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .collect();
+    let now: BTreeSet<&str> = now.iter().map(String::as_str).collect();
+    let gone: Vec<&&str> = kept.difference(&now).collect();
+    assert!(
+        gone.is_empty(),
+        "--json fields removed or retyped (scripts read them; keep them):\n{gone:#?}"
+    );
+    let added: Vec<&&str> = now.difference(&kept).collect();
+    assert!(
+        added.is_empty(),
+        "new --json fields: add them to tests/e2e/{SNAPSHOT} (MDL_UPDATE_SNAPSHOTS=1):\n{added:#?}"
+    );
+}
