@@ -8,7 +8,8 @@
 # A fixture, once committed, is never regenerated: it is what that build wrote, and today's
 # code must keep reading it (tests/fixtures.rs in the mdl crate). A format change adds the next
 # version here and runs this once for it. Old builds are checked out into git worktrees under
-# target/fixture-builds and built there (a few minutes each).
+# target/fixture-builds and built there (a few minutes each). MDL_FIXTURE_OUT=DIR writes
+# elsewhere (to compare with a committed fixture).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=${1:?usage: scripts/make-fixtures.sh VERSION}
@@ -30,4 +31,9 @@ else
     (cd "$tree" && CARGO_TARGET_DIR="$PWD/target" cargo build -q -p mdl-cli --bin mdl)
     bin=$tree/target/debug/mdl
 fi
-python3 scripts/make-fixture.py --mdl "$bin" --version "$version" --out "tests/fixtures/v$version"
+out=${MDL_FIXTURE_OUT:-tests/fixtures/v$version}
+if [ -e "$out" ]; then
+    echo "error: $out exists; a committed fixture is never regenerated (remove it by hand to replace it)" >&2
+    exit 1
+fi
+python3 scripts/make-fixture.py --mdl "$bin" --version "$version" --out "$out"
