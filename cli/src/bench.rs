@@ -6,6 +6,10 @@
 //! (or `--mdl PATH`), so commit and checkout are measured as users run them, with their peak
 //! resident memory taken from the kernel's accounting of each child process.
 
+// Tests, examples and benchmarks write their own files (checkpoints, outputs, damage done on
+// purpose); the rule that repository writes go through mdl-store is for the library crates.
+#![allow(clippy::disallowed_methods)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;

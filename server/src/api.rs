@@ -413,7 +413,7 @@ async fn tensor(
 /// Streams a request body into a temporary file in the repository's `incoming/` directory,
 /// refusing more than `max` bytes.
 async fn spool(
-    served: &Served,
+    served: &Arc<Served>,
     headers: &HeaderMap,
     body: Body,
     max: u64,
@@ -431,21 +431,9 @@ async fn spool(
     if declared.is_some_and(|n| n > max) {
         return Err(too_large());
     }
-    let dir = served.repo.store().dir().join("incoming");
     let tmp = {
-        let dir = dir.clone();
-        blocking(move || {
-            std::fs::create_dir_all(&dir)
-                .and_then(|()| {
-                    tempfile::Builder::new()
-                        .prefix(".upload-")
-                        .tempfile_in(&dir)
-                })
-                .map_err(|e| {
-                    ApiError::internal(format!("cannot create an upload file: {}", e.kind()))
-                })
-        })
-        .await?
+        let served = served.clone();
+        blocking(move || Ok(served.repo.store().incoming_file(".upload-")?)).await?
     };
     let file = tmp
         .reopen()

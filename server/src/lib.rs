@@ -97,13 +97,14 @@ pub(crate) struct Served {
     /// The repository; its [`Repository::writer`] serialises commits, pack imports, ref
     /// updates and maintenance steps, held on blocking threads only, never across an `.await`.
     pub(crate) repo: Repository,
-    advertised: Option<PathBuf>,
+    /// Whether `.mdl/serve.json` names this server (removed when the repository is let go).
+    advertised: bool,
 }
 
 impl Drop for Served {
     fn drop(&mut self) {
-        if let Some(path) = &self.advertised {
-            let _ = std::fs::remove_file(path);
+        if self.advertised {
+            self.repo.store().remove_file(ADVERTISEMENT);
         }
     }
 }
@@ -231,8 +232,11 @@ impl State {
         tracing::info!("repository {name}: engine {}", engine.why);
         repo.set_engine(engine.engine);
         let advertised = match &self.advertise {
-            Some((base, token)) => Some(advertise(&repo, &format!("{base}/{name}"), token)?),
-            None => None,
+            Some((base, token)) => {
+                advertise(&repo, &format!("{base}/{name}"), token)?;
+                true
+            }
+            None => false,
         };
         let new = Arc::new(Served { repo, advertised });
         *served = Some(new.clone());
@@ -269,33 +273,16 @@ pub fn valid_repo_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
-/// Writes `.mdl/serve.json` (owner-readable only), atomically.
-fn advertise(repo: &Repository, url: &str, token: &str) -> Result<PathBuf, mdl::Error> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = repo.store().dir();
-    let path = dir.join(ADVERTISEMENT);
-    let tmp = dir.join(format!(".{ADVERTISEMENT}.{}", std::process::id()));
+/// Writes `.mdl/serve.json` (owner-readable only: it holds a write token), atomically.
+fn advertise(repo: &Repository, url: &str, token: &str) -> Result<(), mdl::Error> {
     let ad = Advertisement {
         pid: std::process::id(),
         url: url.to_string(),
         token: token.to_string(),
     };
-    let io = |source| mdl::Error::Output {
-        path: path.clone(),
-        source,
-    };
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io)?;
-    f.write_all(&serde_json::to_vec(&ad).expect("serialisable"))
-        .map_err(io)?;
-    std::fs::rename(&tmp, &path).map_err(io)?;
-    Ok(path)
+    let bytes = serde_json::to_vec(&ad).expect("serialisable");
+    repo.store().replace_file(ADVERTISEMENT, &bytes, 0o600)?;
+    Ok(())
 }
 
 /// Reads a repository's advertisement, if a live server owns it. A stale one (its process is

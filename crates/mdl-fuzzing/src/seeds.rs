@@ -49,6 +49,8 @@ fn safetensors_file() -> Vec<u8> {
 
 /// A repository's commit, manifest, a tensor record and a pack of everything, from two
 /// commits (the second with a delta).
+// The checkpoint file the seeds are committed from, in a temporary folder.
+#[allow(clippy::disallowed_methods)]
 fn repository_objects() -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let repo = mdl::Repository::init(&dir.path().join("r")).expect("a repository");

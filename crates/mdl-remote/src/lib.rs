@@ -359,16 +359,12 @@ impl Remote {
 
     /// Uploads the records of `ids` from `repo` (a pack built in a temporary file first).
     pub fn send_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
-        let dir = repo.store().dir().join("incoming");
+        let mut tmp = repo.store().incoming_file(".push-")?;
+        let path = tmp.path().to_path_buf();
         let io = |source| mdl::Error::Output {
-            path: dir.clone(),
+            path: path.clone(),
             source,
         };
-        std::fs::create_dir_all(&dir).map_err(io)?;
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".push-")
-            .tempfile_in(&dir)
-            .map_err(io)?;
         {
             let mut w = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file_mut());
             transfer::write_pack(repo, ids, &mut w)?;
@@ -812,6 +808,9 @@ pub struct CloneOutcome {
 /// assembled in a hidden directory beside `dir` and renamed into place when complete, so a
 /// failed or interrupted clone leaves `dir` as it was; what a killed clone left beside it is
 /// removed by the next clone into the same place.
+// The clone is a whole new repository assembled in a staging folder beside `dir`: renaming it
+// into place, or removing it after a failure, moves a folder no store owns yet.
+#[allow(clippy::disallowed_methods)]
 pub fn clone(url: &str, dir: &Path, token: Option<String>) -> Result<CloneOutcome> {
     let remote = Remote::new(url, token)?;
     if dir.exists()
@@ -901,6 +900,8 @@ fn staging_dir(dir: &Path) -> Result<PathBuf> {
 }
 
 /// Removes what clones into `dir` by processes that no longer run left beside it.
+// Staging folders of clones whose process is gone: no repository's files yet.
+#[allow(clippy::disallowed_methods)]
 fn sweep_stale_staging(dir: &Path) {
     let Some((parent, name)) = place_of(dir) else {
         return;

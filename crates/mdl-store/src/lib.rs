@@ -10,8 +10,13 @@
 //!
 //! Layout and byte formats: `docs/FORMAT.md`; why redb: `docs/DECISIONS.md`.
 
+// This crate is where a repository's files are written: the workspace bans direct `std::fs`
+// writes elsewhere (clippy.toml), not here.
+#![allow(clippy::disallowed_methods)]
+
 pub mod budget;
 mod error;
+mod files;
 pub mod fs;
 mod guard;
 pub mod journal;
@@ -22,6 +27,7 @@ pub mod rebuild;
 mod values;
 
 pub use error::StoreError;
+pub use files::INCOMING_DIR;
 pub use fs::{RealFs, Storage};
 pub use lock::{LockMode, RepoLock};
 pub use meta::{CommitSummary, Expired, IndexEntry, Meta, RefValue, ReflogEntry};

@@ -334,20 +334,18 @@ fn evaluate_candidate(
     let Some(plans) = plans else {
         return lossy::run_eval(cmd, path);
     };
-    let tmp = repo
-        .root()
-        .join(".mdl")
-        .join(format!("eval-{}.safetensors", std::process::id()));
+    // The candidate: the committed file with the planned tensors replaced by their
+    // reconstructions, in a temporary file removed when this returns.
+    let tmp = repo.store().scratch_file("eval-", ".safetensors")?;
     let out_err = |source| Error::Output {
-        path: tmp.clone(),
+        path: tmp.path().to_path_buf(),
         source,
     };
-    let result = (|| {
-        std::fs::write(&tmp, input.bytes()).map_err(out_err)?;
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&tmp)
-            .map_err(out_err)?;
+    let _interrupted = crate::interrupt::register(tmp.path());
+    {
+        use std::io::Write;
+        let file = tmp.as_file();
+        (&*file).write_all(input.bytes()).map_err(out_err)?;
         for (i, plan) in plans.iter().enumerate() {
             let Some(plan) = plan else { continue };
             let t = &input.layout.tensors[i];
@@ -362,11 +360,8 @@ fn evaluate_candidate(
             file.write_all_at(&q.render, input.layout.data_start() + t.offset)
                 .map_err(out_err)?;
         }
-        drop(file);
-        lossy::run_eval(cmd, &tmp)
-    })();
-    let _ = std::fs::remove_file(&tmp);
-    result
+    }
+    lossy::run_eval(cmd, tmp.path())
 }
 
 /// Float tensors whose best float encoding saves less than this fraction also try zstd.

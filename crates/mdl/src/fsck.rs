@@ -292,7 +292,7 @@ pub fn fsck(repo: &Repository, repair: bool) -> Result<Report> {
             .chain(found.temps)
             .chain(found.incoming)
         {
-            if std::fs::remove_file(&path).is_ok() {
+            if store.remove_leftover(&path) {
                 report.repaired.push(path);
             }
         }

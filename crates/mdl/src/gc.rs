@@ -434,7 +434,7 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
         store.remove_record(id, e.generation);
     }
     for (path, len) in old_leftovers(store, prune_cutoff)? {
-        if std::fs::remove_file(&path).is_ok() {
+        if store.remove_leftover(&path) {
             out.leftover_files += 1;
             out.bytes_freed += len;
         }
@@ -541,7 +541,7 @@ pub(crate) fn leftovers(store: &Store) -> Result<Leftovers> {
             records.push(store.record_path(&id, generation));
         }
     }
-    let incoming = std::fs::read_dir(store.dir().join("incoming"))
+    let incoming = std::fs::read_dir(store.dir().join(mdl_store::INCOMING_DIR))
         .into_iter()
         .flatten()
         .flatten()

@@ -24,6 +24,8 @@ pub struct Repository {
 
 impl Repository {
     /// Creates a repository in `dir` (created if missing) and opens it.
+    // `dir` is the user's work folder; its `.mdl` is made by the store.
+    #[allow(clippy::disallowed_methods)]
     pub fn init(dir: &Path) -> Result<Repository> {
         std::fs::create_dir_all(dir).map_err(|source| Error::Output {
             path: dir.to_path_buf(),
@@ -44,9 +46,8 @@ impl Repository {
         let store = Store::open(&root.join(MDL_DIR), opts)?;
         // Holding the lock means no server owns the repository: an advertisement left by one
         // that died is stale.
-        let ad = store.dir().join(ADVERTISEMENT);
-        if store.writable() && ad.exists() {
-            let _ = std::fs::remove_file(&ad);
+        if store.writable() {
+            store.remove_file(ADVERTISEMENT);
         }
         Ok(Repository {
             root,

@@ -2,6 +2,10 @@
 //! dtype, every delta mode, every commit checked out byte for byte, chains within the cap, and
 //! corruption reported against the object it hit.
 
+// Tests, examples and benchmarks write their own files (checkpoints, outputs, damage done on
+// purpose); the rule that repository writes go through mdl-store is for the library crates.
+#![allow(clippy::disallowed_methods)]
+
 use std::path::{Path, PathBuf};
 
 use mdl::checkout::{checkout, CheckoutOptions};
