@@ -150,30 +150,27 @@ async fn refs(Access(served): Reader) -> ApiResult<Response> {
             .head_branch()
             .ok()
             .and_then(|h| h.strip_prefix("refs/heads/").map(str::to_string));
-        let meta = repo.store().meta().read()?;
         let mut out = Vec::new();
-        for prefix in ["refs/heads/", "refs/tags/"] {
-            for (name, value) in meta.refs(prefix)? {
-                let Some(target) = value.target() else {
-                    continue;
-                };
-                let (tagger, time_ms, message) = match value {
-                    mdl::RefValue::Annotated {
-                        tagger,
-                        time,
-                        message,
-                        ..
-                    } => (Some(tagger), Some(time.0), Some(message)),
-                    _ => (None, None, None),
-                };
-                out.push(body::Ref {
-                    name,
-                    target,
+        for (name, value) in mdl::refs::all(repo)? {
+            let Some(target) = value.target() else {
+                continue;
+            };
+            let (tagger, time_ms, message) = match value {
+                mdl::RefValue::Annotated {
                     tagger,
-                    time_ms,
+                    time,
                     message,
-                });
-            }
+                    ..
+                } => (Some(tagger), Some(time.0), Some(message)),
+                _ => (None, None, None),
+            };
+            out.push(body::Ref {
+                name,
+                target,
+                tagger,
+                time_ms,
+                message,
+            });
         }
         Ok(Json(body::Refs { head, refs: out }).into_response())
     })
@@ -215,7 +212,7 @@ async fn manifest(
     let id = parse_id(&id)?;
     blocking(move || {
         let repo = &served.repo;
-        if repo.store().meta().read()?.object(&id)?.is_none() {
+        if !repo.has_object(&id)? {
             return Err(ApiError::not_found(format!("no manifest {id}")));
         }
         let m = repo.load_manifest(&id)?;
@@ -433,7 +430,7 @@ async fn spool(
     }
     let tmp = {
         let served = served.clone();
-        blocking(move || Ok(served.repo.store().incoming_file(".upload-")?)).await?
+        blocking(move || Ok(served.repo.incoming_file(".upload-")?)).await?
     };
     let file = tmp
         .reopen()
@@ -488,22 +485,10 @@ async fn missing(
 ) -> ApiResult<Response> {
     let ids = json_body(body)?.ids;
     blocking(move || {
-        let missing = absent(&served, &ids)?;
+        let missing = transfer::missing(&served.repo, &ids)?;
         Ok(Json(body::Missing { missing }).into_response())
     })
     .await
-}
-
-/// Those of `ids` the repository has neither as objects nor as expired tensors, in order.
-fn absent(served: &Served, ids: &[ObjectId]) -> Result<Vec<ObjectId>, mdl::Error> {
-    let meta = served.repo.store().meta().read()?;
-    let mut out = Vec::new();
-    for id in ids {
-        if !transfer::has_object(&meta, id)? {
-            out.push(*id);
-        }
-    }
-    Ok(out)
 }
 
 async fn plan(
@@ -512,12 +497,9 @@ async fn plan(
 ) -> ApiResult<Response> {
     let req = json_body(body)?;
     blocking(move || {
-        {
-            let meta = served.repo.store().meta().read()?;
-            for id in &req.want {
-                if meta.commit(id)?.is_none() {
-                    return Err(ApiError::not_found(format!("no commit {id}")));
-                }
+        for id in &req.want {
+            if !transfer::has_commit(&served.repo, id)? {
+                return Err(ApiError::not_found(format!("no commit {id}")));
             }
         }
         let have: HashSet<ObjectId> = req.have.into_iter().collect();
@@ -535,10 +517,12 @@ async fn fetch(
     {
         // Refuse unknown ids before the stream starts (a 200 cannot turn into a 404 later).
         let (served, ids) = (served.clone(), ids.clone());
-        blocking(move || match absent(&served, &ids)?.first() {
-            Some(id) => Err(ApiError::not_found(format!("no object {id}"))),
-            None => Ok(()),
-        })
+        blocking(
+            move || match transfer::missing(&served.repo, &ids)?.first() {
+                Some(id) => Err(ApiError::not_found(format!("no object {id}"))),
+                None => Ok(()),
+            },
+        )
         .await?;
     }
     Ok((

@@ -104,7 +104,7 @@ pub(crate) struct Served {
 impl Drop for Served {
     fn drop(&mut self) {
         if self.advertised {
-            self.repo.store().remove_file(ADVERTISEMENT);
+            self.repo.withdraw_advertisement();
         }
     }
 }
@@ -207,7 +207,7 @@ impl State {
         // `wait`), requests for other repositories do not.
         let mut served = slot.lock().unwrap_or_else(|p| p.into_inner());
         match served.as_ref() {
-            Some(s) if !s.repo.store().meta().failed() => return Ok(s.clone()),
+            Some(s) if !s.repo.failed() => return Ok(s.clone()),
             Some(_) => {
                 tracing::warn!("repository {name}: its database failed; opening it again");
                 // Requests still using the failed one keep it (and its lock) until they end;
@@ -281,8 +281,7 @@ fn advertise(repo: &Repository, url: &str, token: &str) -> Result<(), mdl::Error
         token: token.to_string(),
     };
     let bytes = serde_json::to_vec(&ad).expect("serialisable");
-    repo.store().replace_file(ADVERTISEMENT, &bytes, 0o600)?;
-    Ok(())
+    repo.advertise(&bytes)
 }
 
 /// Reads a repository's advertisement, if a live server owns it. A stale one (its process is

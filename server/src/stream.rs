@@ -109,10 +109,7 @@ pub(crate) fn pack(served: Arc<Served>, ids: Arc<Vec<ObjectId>>) -> Body {
 fn decode_window(served: &Served, window: &[&Placed]) -> Result<Vec<Bytes>, String> {
     use rayon::prelude::*;
     let mut held = budget::reserve(window.iter().map(|t| budget::decode_cost(&t.entry)).sum());
-    let decoded: Vec<_> = window
-        .par_iter()
-        .map(|t| served.repo.store().load_tensor(&t.id, &t.entry))
-        .collect();
+    let decoded: Vec<_> = window.par_iter().map(|t| t.load(&served.repo)).collect();
     decoded
         .into_iter()
         .map(|data| {

@@ -65,21 +65,11 @@ fn repository_objects() -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>) {
         tip = Some(commit(&repo, &file, &opts).id);
     }
     let tip = tip.expect("committed");
-    let store = repo.store();
-    let commit_bytes = store.read_object_vec(&tip).expect("the commit");
+    let commit_bytes = mdl::inspect::content(&repo, &tip).expect("the commit");
     let c = mdl_format::Commit::decode(&commit_bytes).expect("a commit");
-    let manifest_bytes = store.read_object_vec(&c.manifest).expect("the manifest");
+    let manifest_bytes = mdl::inspect::content(&repo, &c.manifest).expect("the manifest");
     let m = mdl_format::Manifest::decode(&manifest_bytes).expect("a manifest");
-    let entry = store
-        .meta()
-        .read()
-        .expect("readable")
-        .object(&m.entries[0].id)
-        .expect("readable")
-        .expect("indexed");
-    let record = store
-        .read_record(&m.entries[0].id, &entry)
-        .expect("the record");
+    let record = mdl::inspect::record(&repo, &m.entries[0].id).expect("the record");
     let plan = mdl::transfer::plan(&repo, &[tip], &|_| false).expect("a plan");
     let ids: Vec<_> = plan.iter().map(|p| p.id).collect();
     let mut pack = Vec::new();

@@ -359,18 +359,11 @@ impl Remote {
 
     /// Uploads the records of `ids` from `repo` (a pack built in a temporary file first).
     pub fn send_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
-        let mut tmp = repo.store().incoming_file(".push-")?;
-        let path = tmp.path().to_path_buf();
-        let io = |source| mdl::Error::Output {
-            path: path.clone(),
+        let tmp = transfer::spool_pack(repo, ids)?;
+        let file = tmp.reopen().map_err(|source| mdl::Error::Output {
+            path: tmp.path().to_path_buf(),
             source,
-        };
-        {
-            let mut w = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file_mut());
-            transfer::write_pack(repo, ids, &mut w)?;
-            std::io::Write::flush(&mut w).map_err(io)?;
-        }
-        let file = tmp.reopen().map_err(io)?;
+        })?;
         let req = self.auth(self.agent.post(format!("{}{}", self.api, route::OBJECTS)));
         let mut resp = self.check(upload(req, route::PACK).send(&file))?;
         resp.body_mut().read_json().map_err(|e| self.transport(e))
@@ -407,18 +400,15 @@ pub fn add_remote(repo: &Repository, name: &str, url: &str) -> Result<()> {
     }
     Remote::new(url, None)?;
     let key = format!("{REMOTE_PREFIX}{name}{URL_SUFFIX}");
-    let mut w = repo.store().meta().write()?;
-    if w.config(&key)?.is_some() {
+    if !mdl::config::add(repo, &key, url)? {
         return Err(Error::Remote(format!("remote {name} already exists")));
     }
-    w.set_config(&key, url)?;
-    w.commit_txn()?;
     Ok(())
 }
 
 /// The configured remotes, as (name, url).
 pub fn remotes(repo: &Repository) -> Result<Vec<(String, String)>> {
-    let all = repo.store().meta().read()?.configs(REMOTE_PREFIX)?;
+    let all = mdl::config::with_prefix(repo, REMOTE_PREFIX)?;
     Ok(all
         .into_iter()
         .filter_map(|(k, v)| {
@@ -430,15 +420,11 @@ pub fn remotes(repo: &Repository) -> Result<Vec<(String, String)>> {
 
 /// The URL of remote `name`.
 pub fn remote_url(repo: &Repository, name: &str) -> Result<String> {
-    repo.store()
-        .meta()
-        .read()?
-        .config(&format!("{REMOTE_PREFIX}{name}{URL_SUFFIX}"))?
-        .ok_or_else(|| {
-            Error::Remote(format!(
-                "no remote named {name} (mdl remote add {name} URL)"
-            ))
-        })
+    mdl::config::get(repo, &format!("{REMOTE_PREFIX}{name}{URL_SUFFIX}"))?.ok_or_else(|| {
+        Error::Remote(format!(
+            "no remote named {name} (mdl remote add {name} URL)"
+        ))
+    })
 }
 
 /// A ref that a fetch, pull or push moved.
@@ -461,23 +447,6 @@ pub struct TransferOutcome {
     pub bytes: u64,
     /// Refs changed (locally for fetch and pull, on the server for push).
     pub moved: Vec<Moved>,
-}
-
-fn local_ref(repo: &Repository, name: &str) -> Result<Option<RefValue>> {
-    Ok(repo.store().meta().read()?.get_ref(name)?)
-}
-
-fn set_local_ref(
-    repo: &Repository,
-    name: &str,
-    expected: Option<&RefValue>,
-    new: &RefValue,
-    message: &str,
-) -> Result<()> {
-    let mut w = repo.store().meta().write()?;
-    w.update_ref(name, expected, Some(new), message)?;
-    w.commit_txn()?;
-    Ok(())
 }
 
 /// Fetches `branch` (every branch when `None`) and every tag from `remote` into `repo`:
@@ -525,11 +494,11 @@ fn fetch_refs(
     for r in &branches {
         let short = &r.name["refs/heads/".len()..];
         let tracking = format!("refs/remotes/{remote_name}/{short}");
-        let old = local_ref(repo, &tracking)?;
+        let old = mdl::refs::get(repo, &tracking)?;
         if old.as_ref().and_then(RefValue::target) == Some(r.target) {
             continue;
         }
-        set_local_ref(
+        mdl::refs::compare_and_swap(
             repo,
             &tracking,
             old.as_ref(),
@@ -543,7 +512,7 @@ fn fetch_refs(
         });
     }
     for t in &tags {
-        if local_ref(repo, &t.name)?.is_some() {
+        if mdl::refs::get(repo, &t.name)?.is_some() {
             continue;
         }
         let value = match (&t.tagger, t.time_ms, &t.message) {
@@ -555,7 +524,7 @@ fn fetch_refs(
             },
             _ => RefValue::Direct(t.target),
         };
-        set_local_ref(
+        mdl::refs::compare_and_swap(
             repo,
             &t.name,
             None,
@@ -574,10 +543,7 @@ fn fetch_refs(
 /// Brings the commits `want` (and their history) from the server, sending only objects this
 /// repository lacks.
 fn fetch_commits(repo: &Repository, remote: &Remote, want: &[ObjectId]) -> Result<Received> {
-    let have: Vec<ObjectId> = {
-        let meta = repo.store().meta().read()?;
-        meta.commits()?.into_iter().map(|(id, _)| id).collect()
-    };
+    let have: Vec<ObjectId> = transfer::commits(repo)?;
     let have_set: HashSet<ObjectId> = have.iter().copied().collect();
     let want: Vec<ObjectId> = want
         .iter()
@@ -590,16 +556,8 @@ fn fetch_commits(repo: &Repository, remote: &Remote, want: &[ObjectId]) -> Resul
         return Ok(Received::default());
     }
     let plan = remote.plan(&want, &have)?;
-    let needed: Vec<ObjectId> = {
-        let meta = repo.store().meta().read()?;
-        let mut needed = Vec::with_capacity(plan.len());
-        for p in &plan {
-            if !transfer::has_object(&meta, &p.id)? {
-                needed.push(p.id);
-            }
-        }
-        needed
-    };
+    let planned: Vec<ObjectId> = plan.iter().map(|p| p.id).collect();
+    let needed = transfer::missing(repo, &planned)?;
     tracing::info!(
         "fetching {} of {} objects from {}",
         needed.len(),
@@ -624,11 +582,11 @@ pub fn pull(
     };
     let mut outcome = fetch(repo, remote_name, remote, Some(&branch))?;
     let tracking = format!("refs/remotes/{remote_name}/{branch}");
-    let theirs = local_ref(repo, &tracking)?
+    let theirs = mdl::refs::get(repo, &tracking)?
         .and_then(|v| v.target())
         .ok_or_else(|| Error::Remote(format!("{} has no branch {branch}", remote.url())))?;
     let name = format!("refs/heads/{branch}");
-    let ours = local_ref(repo, &name)?;
+    let ours = mdl::refs::get(repo, &name)?;
     let ours_id = ours.as_ref().and_then(RefValue::target);
     match ours_id {
         Some(o) if o == theirs => {}
@@ -642,7 +600,7 @@ pub fn pull(
             )));
         }
         _ => {
-            set_local_ref(
+            mdl::refs::compare_and_swap(
                 repo,
                 &name,
                 ours.as_ref(),
@@ -683,7 +641,7 @@ pub fn push(
         None => current_branch(repo)?,
     };
     let name = format!("refs/heads/{branch}");
-    let tip = local_ref(repo, &name)?
+    let tip = mdl::refs::get(repo, &name)?
         .and_then(|v| v.target())
         .ok_or_else(|| mdl::Error::UnbornBranch(branch.clone()))?;
     let refs = remote.refs()?;
@@ -693,7 +651,7 @@ pub fn push(
         return Ok(outcome);
     }
     if let (Some(t), false) = (theirs, force) {
-        let known = repo.store().meta().read()?.commit(&t)?.is_some();
+        let known = transfer::has_commit(repo, &t)?;
         if !known || !transfer::is_ancestor(repo, &t, &tip)? {
             return Err(Error::Rejected(format!(
                 "push of {branch} rejected: not a fast-forward ({} has {} there, which {} does not descend from); pull first",
@@ -759,8 +717,8 @@ pub fn push(
     });
     // Record what the server now has.
     let tracking = format!("refs/remotes/{remote_name}/{branch}");
-    let old = local_ref(repo, &tracking)?;
-    set_local_ref(
+    let old = mdl::refs::get(repo, &tracking)?;
+    mdl::refs::compare_and_swap(
         repo,
         &tracking,
         old.as_ref(),
@@ -834,7 +792,7 @@ pub fn clone(url: &str, dir: &Path, token: Option<String>) -> Result<CloneOutcom
         for r in &refs.refs {
             if let Some(short) = r.name.strip_prefix("refs/heads/") {
                 let name = format!("refs/heads/{short}");
-                set_local_ref(
+                mdl::refs::compare_and_swap(
                     &repo,
                     &name,
                     None,

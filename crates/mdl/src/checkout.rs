@@ -202,6 +202,13 @@ pub struct Placed {
     pub entry: IndexEntry,
 }
 
+impl Placed {
+    /// Decodes this tensor's bytes (verified against its id).
+    pub fn load(&self, repo: &Repository) -> Result<Vec<u8>> {
+        Ok(repo.store().load_tensor(&self.id, &self.entry)?)
+    }
+}
+
 /// The layout of `rev`'s checkpoint; a thinned commit is [`Error::Expired`].
 pub fn layout(repo: &Repository, rev: &str) -> Result<Layout> {
     layout_with(repo, rev, false)

@@ -54,3 +54,26 @@ pub fn set_config(repo: &Repository, key: &str, value: &str) -> Result<()> {
     w.commit_txn()?;
     Ok(())
 }
+
+/// The value of `key` as stored (`None` when it is not set).
+pub fn get(repo: &Repository, key: &str) -> Result<Option<String>> {
+    Ok(repo.store().meta().read()?.config(key)?)
+}
+
+/// Every stored key starting with `prefix`, with its value.
+pub fn with_prefix(repo: &Repository, prefix: &str) -> Result<Vec<(String, String)>> {
+    Ok(repo.store().meta().read()?.configs(prefix)?)
+}
+
+/// Stores `key = value` unless `key` is already set; whether it was stored. For keys whose
+/// names carry a name of the user's (`remote.NAME.url`), which the registry above does not list;
+/// their owner checks the value.
+pub fn add(repo: &Repository, key: &str, value: &str) -> Result<bool> {
+    let mut w = repo.store().meta().write()?;
+    if w.config(key)?.is_some() {
+        return Ok(false);
+    }
+    w.set_config(key, value)?;
+    w.commit_txn()?;
+    Ok(true)
+}

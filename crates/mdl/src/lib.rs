@@ -26,6 +26,7 @@ pub mod fsck;
 pub mod gc;
 mod history;
 mod input;
+pub mod inspect;
 pub mod interrupt;
 pub mod log;
 pub mod lossy;
@@ -43,7 +44,7 @@ pub use error::Error;
 pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, RefName, Timestamp};
 pub use mdl_store::budget;
 pub use mdl_store::fs::FaultyFs;
-pub use mdl_store::{LockMode, RefValue, Storage, StoreError};
+pub use mdl_store::{IndexEntry, LockMode, RefValue, Storage, StoreError};
 pub use progress::{NoProgress, Progress};
 pub use repo::{discover, OpenOptions, Repository, ADVERTISEMENT};
 

@@ -54,6 +54,34 @@ fn list(repo: &Repository, prefix: &str, head: &str) -> Result<Vec<RefInfo>> {
         .collect())
 }
 
+/// Every branch and tag by full name (`refs/heads/…`, `refs/tags/…`), with its value.
+pub fn all(repo: &Repository) -> Result<Vec<(String, RefValue)>> {
+    let meta = repo.store().meta().read()?;
+    let mut out = meta.refs(HEADS)?;
+    out.extend(meta.refs(TAGS)?);
+    Ok(out)
+}
+
+/// The value of ref `name` (a full name), if it exists.
+pub fn get(repo: &Repository, name: &str) -> Result<Option<RefValue>> {
+    Ok(repo.store().meta().read()?.get_ref(name)?)
+}
+
+/// Moves ref `name` (a full name) from `expected` (`None`: must not exist) to `new`, with a
+/// reflog entry saying `message`; another value there is [`mdl_store::StoreError::RefConflict`].
+pub fn compare_and_swap(
+    repo: &Repository,
+    name: &str,
+    expected: Option<&RefValue>,
+    new: &RefValue,
+    message: &str,
+) -> Result<()> {
+    let mut w = repo.store().meta().write()?;
+    w.update_ref(name, expected, Some(new), message)?;
+    w.commit_txn()?;
+    Ok(())
+}
+
 /// Creates branch `name` at `rev` (HEAD when `None`).
 pub fn create_branch(repo: &Repository, name: &str, rev: Option<&str>) -> Result<ObjectId> {
     let name = RefName::new(name)?;

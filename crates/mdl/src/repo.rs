@@ -61,8 +61,8 @@ impl Repository {
         &self.root
     }
 
-    /// The underlying store.
-    pub fn store(&self) -> &Store {
+    /// The underlying store (the library's own: other crates call its operations).
+    pub(crate) fn store(&self) -> &Store {
         &self.store
     }
 
@@ -71,6 +71,35 @@ impl Repository {
     /// step, so commits go on between their steps. Readers never need it.
     pub fn writer(&self) -> MutexGuard<'_, ()> {
         self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the repository holds object `id` (a record, not only the note that it expired).
+    pub fn has_object(&self, id: &ObjectId) -> Result<bool> {
+        Ok(self.store.meta().read()?.object(id)?.is_some())
+    }
+
+    /// Whether the repository's database failed while open (a full disk): it must be opened
+    /// again before it is used.
+    pub fn failed(&self) -> bool {
+        self.store.meta().failed()
+    }
+
+    /// Replaces `.mdl/serve.json` (owner-readable only) with `bytes`: how `mdl serve`
+    /// tells commands run here that it owns the repository.
+    pub fn advertise(&self, bytes: &[u8]) -> Result<()> {
+        self.store.replace_file(ADVERTISEMENT, bytes, 0o600)?;
+        Ok(())
+    }
+
+    /// Removes `.mdl/serve.json`.
+    pub fn withdraw_advertisement(&self) {
+        self.store.remove_file(ADVERTISEMENT);
+    }
+
+    /// An exclusive temporary file under `.mdl/incoming` for an upload being received
+    /// (removed when dropped; gc removes one a killed process left).
+    pub fn incoming_file(&self, prefix: &str) -> Result<tempfile::NamedTempFile> {
+        Ok(self.store.incoming_file(prefix)?)
     }
 
     /// Reads and parses a commit object.

@@ -245,15 +245,7 @@ fn largest_record(repo: &Repository, commit_id: &mdl::ObjectId) -> (mdl::ObjectI
         .filter(|t| t.name == "model.w")
         .max_by_key(|t| t.stored_bytes)
         .unwrap();
-    let entry = repo
-        .store()
-        .meta()
-        .read()
-        .unwrap()
-        .object(&t.id)
-        .unwrap()
-        .unwrap();
-    (t.id, repo.store().record_path(&t.id, entry.generation))
+    (t.id, mdl::inspect::record_path(repo, &t.id).unwrap())
 }
 
 fn flip_bit(path: &Path, at: usize) {

@@ -130,8 +130,7 @@ fn reverse() -> CommitOptions {
 }
 
 fn depths(repo: &Repository) -> Vec<u32> {
-    let meta = repo.store().meta().read().unwrap();
-    meta.objects()
+    mdl::inspect::objects(repo)
         .unwrap()
         .iter()
         .map(|(_, e)| e.depth)
@@ -152,11 +151,11 @@ fn compaction_bounds_chains_and_changes_no_checkout() {
         let commits = series(&repo, dir.path(), 12, &opts(DeltaMode::Forward, 100, lossy));
         assert!(depths(&repo).iter().max().unwrap() >= &10, "forward chains");
 
-        let index_before = repo.store().meta().read().unwrap().objects().unwrap();
+        let index_before = mdl::inspect::objects(&repo).unwrap();
         let dry = compact_to(&repo, 3, true);
         assert!(dry.reencoded > 0 && dry.longest_after <= 3);
         assert_eq!(
-            repo.store().meta().read().unwrap().objects().unwrap(),
+            mdl::inspect::objects(&repo).unwrap(),
             index_before,
             "a dry run changes nothing"
         );
@@ -227,25 +226,16 @@ fn gc_removes_only_what_nothing_reaches() {
     )
     .unwrap();
     assert_eq!(dry.commits, 3);
-    assert!(repo
-        .store()
-        .meta()
-        .read()
-        .unwrap()
-        .object(&exp[0])
-        .unwrap()
-        .is_some());
+    assert!(mdl::inspect::object(&repo, &exp[0]).unwrap().is_some());
 
     let out = gc(&repo, &now, &NoProgress).unwrap();
     assert_eq!(out.commits, 3, "{out:?}");
     assert_eq!(out.manifests, 3);
     assert!(out.tensors >= 3 && out.bytes_freed > 0);
-    let meta = repo.store().meta().read().unwrap();
     for id in &exp {
-        assert!(meta.object(id).unwrap().is_none());
-        assert!(meta.commit(id).unwrap().is_none());
+        assert!(mdl::inspect::object(&repo, id).unwrap().is_none());
+        assert!(!mdl::transfer::has_commit(&repo, id).unwrap());
     }
-    drop(meta);
     let report = assert_sound(&repo);
     assert_eq!(report.unindexed_records, 0);
     for (id, bytes) in &main {
@@ -398,8 +388,8 @@ fn commits_racing_gc_in_one_process_are_never_damaged() {
 #[test]
 fn restore_cost_cap_starts_new_bases() {
     let chain_cost = |repo: &Repository| {
-        let meta = repo.store().meta().read().unwrap();
-        let index: std::collections::HashMap<_, _> = meta.objects().unwrap().into_iter().collect();
+        let index: std::collections::HashMap<_, _> =
+            mdl::inspect::objects(repo).unwrap().into_iter().collect();
         index
             .values()
             .filter(|e| e.base.is_some())

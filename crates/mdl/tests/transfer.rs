@@ -66,7 +66,7 @@ fn set_ref(
 }
 
 fn commits(repo: &Repository) -> usize {
-    repo.store().meta().read().unwrap().commits().unwrap().len()
+    transfer::commits(repo).unwrap().len()
 }
 
 #[test]
@@ -74,12 +74,7 @@ fn a_pack_copies_history_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let (src, ids) = series(dir.path(), 4);
     let tip = *ids.last().unwrap();
-    let depth = src
-        .store()
-        .meta()
-        .read()
-        .unwrap()
-        .objects()
+    let depth = mdl::inspect::objects(&src)
         .unwrap()
         .iter()
         .map(|(_, e)| e.depth)
@@ -145,15 +140,7 @@ fn bad_packs_change_nothing() {
         .iter()
         .map(|p| p.id)
         .filter(|id| {
-            src.store()
-                .meta()
-                .read()
-                .unwrap()
-                .object(id)
-                .unwrap()
-                .unwrap()
-                .kind
-                != mdl_format::ObjectKind::Tensor
+            mdl::inspect::object(&src, id).unwrap().unwrap().kind != mdl_format::ObjectKind::Tensor
         })
         .collect();
     let fresh = Repository::init(&dir.path().join("fresh")).unwrap();

@@ -37,8 +37,45 @@ pub struct PlannedObject {
 }
 
 /// Whether the repository has `id`, as an object or as a record of its expiry.
-pub fn has_object(meta: &MetaRead, id: &ObjectId) -> Result<bool> {
+fn has_object(meta: &MetaRead, id: &ObjectId) -> Result<bool> {
     Ok(meta.object(id)?.is_some() || meta.expired(id)?.is_some())
+}
+
+/// Those of `ids` the repository has neither as objects nor as expired tensors, in order:
+/// what another repository must send.
+pub fn missing(repo: &Repository, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
+    let meta = repo.store().meta().read()?;
+    let mut out = Vec::new();
+    for id in ids {
+        if !has_object(&meta, id)? {
+            out.push(*id);
+        }
+    }
+    Ok(out)
+}
+
+/// Every commit the repository holds.
+pub fn commits(repo: &Repository) -> Result<Vec<ObjectId>> {
+    let meta = repo.store().meta().read()?;
+    Ok(meta.commits()?.into_iter().map(|(id, _)| id).collect())
+}
+
+/// Whether the repository holds commit `id`.
+pub fn has_commit(repo: &Repository, id: &ObjectId) -> Result<bool> {
+    Ok(repo.store().meta().read()?.commit(id)?.is_some())
+}
+
+/// The pack of `ids` ([`write_pack`]) in a temporary file under `.mdl/incoming` (removed when
+/// dropped), ready to upload.
+pub fn spool_pack(repo: &Repository, ids: &[ObjectId]) -> Result<tempfile::NamedTempFile> {
+    let mut tmp = repo.store().incoming_file(".push-")?;
+    let path = tmp.path().to_path_buf();
+    let io = |source| Error::Output { path, source };
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file_mut());
+    write_pack(repo, ids, &mut w)?;
+    std::io::Write::flush(&mut w).map_err(io)?;
+    drop(w);
+    Ok(tmp)
 }
 
 /// Objects that a repository holding the commits `has_commit` accepts (and everything those
