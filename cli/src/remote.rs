@@ -93,13 +93,13 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             name: None,
             rev: None,
             delete: None,
-        } => output::refs(out, cli.json, &remote_refs(remote, "refs/heads/")?)?,
+        } => output::refs(out, cli.json, &remote_refs(remote, mdl::Ref::BRANCHES)?)?,
         Command::Tag {
             name: None,
             rev: None,
             message: None,
             delete: None,
-        } => output::refs(out, cli.json, &remote_refs(remote, "refs/tags/")?)?,
+        } => output::refs(out, cli.json, &remote_refs(remote, mdl::Ref::TAGS)?)?,
         // Listed one by one, so that a new command is a decision here, not a silent refusal.
         Command::Init { .. }
         | Command::Config { .. }
@@ -132,7 +132,7 @@ fn remote_refs(remote: &Remote, prefix: &str) -> anyhow::Result<Vec<mdl::refs::R
             Some(mdl::refs::RefInfo {
                 name: short.to_string(),
                 target: r.target,
-                current: prefix == "refs/heads/" && refs.head.as_deref() == Some(short),
+                current: prefix == mdl::Ref::BRANCHES && refs.head.as_deref() == Some(short),
                 message: r.message.clone(),
             })
         })

@@ -149,7 +149,7 @@ async fn refs(Access(served): Reader) -> ApiResult<Response> {
         let head = repo
             .head_branch()
             .ok()
-            .and_then(|h| h.strip_prefix("refs/heads/").map(str::to_string));
+            .and_then(|h| h.strip_prefix(mdl::Ref::BRANCHES).map(str::to_string));
         let mut out = Vec::new();
         for (name, value) in mdl::refs::all(repo)? {
             let Some(target) = value.target() else {
@@ -164,7 +164,7 @@ async fn refs(Access(served): Reader) -> ApiResult<Response> {
                 } => (Some(tagger), Some(time.0), Some(message)),
                 _ => (None, None, None),
             };
-            out.push(body::Ref {
+            out.push(body::ListedRef {
                 name,
                 target,
                 tagger,

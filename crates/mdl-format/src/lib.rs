@@ -36,7 +36,7 @@ pub use dtype::Dtype;
 pub use error::FormatError;
 pub use id::{IdPrefix, ObjectId, ParseIdError, TensorHasher};
 pub use manifest::{Entry, Exactness, Lossy, Manifest};
-pub use refname::{RefName, RefNameError};
+pub use refname::{Ref, RefName, RefNameError};
 pub use tensor::TensorHeader;
 pub use time::Timestamp;
 

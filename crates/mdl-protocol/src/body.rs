@@ -16,7 +16,7 @@ pub struct Repos {
 
 /// A ref as `GET /refs` lists it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Ref {
+pub struct ListedRef {
     /// Full name (`refs/heads/main`).
     pub name: String,
     /// The commit.
@@ -38,7 +38,7 @@ pub struct Refs {
     /// The branch HEAD points at (short name).
     pub head: Option<String>,
     /// Branches and tags.
-    pub refs: Vec<Ref>,
+    pub refs: Vec<ListedRef>,
 }
 
 impl Refs {

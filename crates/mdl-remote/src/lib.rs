@@ -13,8 +13,8 @@ use std::time::Duration;
 use mdl::log::LogEntry;
 use mdl::show::Shown;
 use mdl::transfer::{self, PlannedObject, Received, RefUpdate};
-use mdl::{ObjectId, RefName, RefValue, Repository, Timestamp};
-use mdl_protocol::body::{self, Ref, Refs};
+use mdl::{ObjectId, Ref, RefName, RefValue, Repository, Timestamp};
+use mdl_protocol::body::{self, ListedRef, Refs};
 use mdl_protocol::{params, route, ErrorCode};
 
 /// What can go wrong talking to a server.
@@ -469,10 +469,10 @@ fn fetch_refs(
     refs: &Refs,
     branch: Option<&str>,
 ) -> Result<TransferOutcome> {
-    let branches: Vec<&Ref> = refs
+    let branches: Vec<&ListedRef> = refs
         .refs
         .iter()
-        .filter(|r| match (r.name.strip_prefix("refs/heads/"), branch) {
+        .filter(|r| match (r.name.strip_prefix(Ref::BRANCHES), branch) {
             (Some(b), Some(want)) => b == want,
             (Some(_), None) => true,
             (None, _) => false,
@@ -481,10 +481,10 @@ fn fetch_refs(
     if let (Some(b), true) = (branch, branches.is_empty()) {
         return Err(Error::Remote(format!("{} has no branch {b}", remote.url())));
     }
-    let tags: Vec<&Ref> = refs
+    let tags: Vec<&ListedRef> = refs
         .refs
         .iter()
-        .filter(|r| r.name.starts_with("refs/tags/"))
+        .filter(|r| r.name.starts_with(Ref::TAGS))
         .collect();
     let mut outcome = TransferOutcome::default();
     let wanted: Vec<ObjectId> = branches.iter().chain(&tags).map(|r| r.target).collect();
@@ -492,8 +492,8 @@ fn fetch_refs(
     outcome.objects = received.objects;
     outcome.bytes = received.bytes;
     for r in &branches {
-        let short = &r.name["refs/heads/".len()..];
-        let tracking = format!("refs/remotes/{remote_name}/{short}");
+        let short = branch_name(&r.name[Ref::BRANCHES.len()..])?;
+        let tracking = Ref::remote(remote_name, &short).full();
         let old = mdl::refs::get(repo, &tracking)?;
         if old.as_ref().and_then(RefValue::target) == Some(r.target) {
             continue;
@@ -581,11 +581,11 @@ pub fn pull(
         None => current_branch(repo)?,
     };
     let mut outcome = fetch(repo, remote_name, remote, Some(&branch))?;
-    let tracking = format!("refs/remotes/{remote_name}/{branch}");
+    let tracking = Ref::remote(remote_name, &branch_name(&branch)?).full();
     let theirs = mdl::refs::get(repo, &tracking)?
         .and_then(|v| v.target())
         .ok_or_else(|| Error::Remote(format!("{} has no branch {branch}", remote.url())))?;
-    let name = format!("refs/heads/{branch}");
+    let name = Ref::branch(&branch_name(&branch)?).full();
     let ours = mdl::refs::get(repo, &name)?;
     let ours_id = ours.as_ref().and_then(RefValue::target);
     match ours_id {
@@ -617,10 +617,15 @@ pub fn pull(
     Ok(outcome)
 }
 
+/// A branch name given by the user or a server, validated.
+fn branch_name(name: &str) -> Result<RefName> {
+    Ok(RefName::new(name).map_err(mdl::Error::from)?)
+}
+
 fn current_branch(repo: &Repository) -> Result<String> {
     let head = repo.head_branch()?;
     Ok(head
-        .strip_prefix("refs/heads/")
+        .strip_prefix(Ref::BRANCHES)
         .unwrap_or(&head)
         .to_string())
 }
@@ -640,7 +645,7 @@ pub fn push(
         Some(b) => b.to_string(),
         None => current_branch(repo)?,
     };
-    let name = format!("refs/heads/{branch}");
+    let name = Ref::branch(&branch_name(&branch)?).full();
     let tip = mdl::refs::get(repo, &name)?
         .and_then(|v| v.target())
         .ok_or_else(|| mdl::Error::UnbornBranch(branch.clone()))?;
@@ -716,7 +721,7 @@ pub fn push(
         new: tip,
     });
     // Record what the server now has.
-    let tracking = format!("refs/remotes/{remote_name}/{branch}");
+    let tracking = Ref::remote(remote_name, &branch_name(&branch)?).full();
     let old = mdl::refs::get(repo, &tracking)?;
     mdl::refs::compare_and_swap(
         repo,
@@ -790,8 +795,8 @@ pub fn clone(url: &str, dir: &Path, token: Option<String>) -> Result<CloneOutcom
         let refs = remote.refs()?;
         let mut transfer = fetch_refs(&repo, "origin", &remote, &refs, None)?;
         for r in &refs.refs {
-            if let Some(short) = r.name.strip_prefix("refs/heads/") {
-                let name = format!("refs/heads/{short}");
+            if let Some(Ref::Branch(_)) = Ref::parse(&r.name) {
+                let name = r.name.clone();
                 mdl::refs::compare_and_swap(
                     &repo,
                     &name,
@@ -809,7 +814,7 @@ pub fn clone(url: &str, dir: &Path, token: Option<String>) -> Result<CloneOutcom
         let head = refs
             .head
             .clone()
-            .filter(|h| refs.get(&format!("refs/heads/{h}")).is_some());
+            .filter(|h| RefName::new(h).is_ok_and(|n| refs.get(&Ref::branch(&n).full()).is_some()));
         if let Some(h) = &head {
             mdl::refs::switch(&repo, h)?;
         }

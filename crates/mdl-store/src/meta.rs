@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use mdl_format::{ObjectId, Timestamp};
+use mdl_format::{ObjectId, Ref, Timestamp};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::error::db;
@@ -67,7 +67,7 @@ impl Meta {
         guarded(|| Meta::create_tables(path))?;
         let head = Change::Ref {
             name: HEAD.into(),
-            value: Some(RefValue::Symbolic("refs/heads/main".into())),
+            value: Some(RefValue::Symbolic(Ref::main().full())),
         };
         crate::journal::write_fresh(&journal_path(path), &[head])
     }
@@ -87,7 +87,7 @@ impl Meta {
                 .map_err(db)?
                 .insert("repo_version", REPO_VERSION)
                 .map_err(db)?;
-            let head = RefValue::Symbolic("refs/heads/main".into()).encode();
+            let head = RefValue::Symbolic(Ref::main().full()).encode();
             txn.open_table(REFS)
                 .map_err(db)?
                 .insert(HEAD, head.as_slice())

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
 use mdl_codec::CodecTag;
-use mdl_format::{record, Commit, ObjectId, ObjectKind, Timestamp};
+use mdl_format::{record, Commit, ObjectId, ObjectKind, Ref, RefName, Timestamp};
 
 use crate::error::db;
 use crate::guard::guarded;
@@ -356,13 +356,15 @@ fn guess_refs(commits: &[(ObjectId, CommitSummary)]) -> JournalState {
     let mut state = JournalState::default();
     state
         .refs
-        .insert(HEAD.into(), RefValue::Symbolic("refs/heads/main".into()));
+        .insert(HEAD.into(), RefValue::Symbolic(Ref::main().full()));
     for (i, (id, _)) in heads.iter().enumerate() {
         let name = if i == 0 {
-            "refs/heads/main".to_string()
+            Ref::main()
         } else {
-            format!("refs/heads/recovered-{}", id.short(12))
-        };
+            let short = RefName::new(&format!("recovered-{}", id.short(12)));
+            Ref::Branch(short.expect("a valid branch name"))
+        }
+        .full();
         state.refs.insert(name, RefValue::Direct(*id));
     }
     state

@@ -14,7 +14,7 @@ use mdl_codec::scalar::lossy_supported;
 use mdl_codec::{trim, CodecTag, EncodeOptions, SMALL_TENSOR};
 use mdl_format::safetensors::{Layout, TensorInfo};
 use mdl_format::{
-    Commit, CommitStats, Entry, Exactness, Lossy, Manifest, ObjectId, ObjectKind, RefName,
+    Commit, CommitStats, Entry, Exactness, Lossy, Manifest, ObjectId, ObjectKind, Ref, RefName,
     Timestamp,
 };
 use mdl_store::meta::MetaRead;
@@ -93,7 +93,7 @@ pub fn commit(
     // Which ref moves, and from where.
     let head_branch = repo.head_branch()?;
     let target = match &opts.branch {
-        Some(b) => format!("refs/heads/{b}"),
+        Some(b) => Ref::branch(b).full(),
         None => head_branch.clone(),
     };
     let (expected, parent) = {
@@ -276,7 +276,7 @@ pub fn commit(
 
     Ok(CommitOutcome {
         id,
-        branch: target.trim_start_matches("refs/heads/").to_string(),
+        branch: target.trim_start_matches(Ref::BRANCHES).to_string(),
         raw_bytes,
         stored_bytes,
         ratio: raw_bytes as f64 / stored_bytes.max(1) as f64,

@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use mdl_format::{ObjectId, ObjectKind};
+use mdl_format::{ObjectId, ObjectKind, Ref};
 use mdl_store::IndexEntry;
 use serde::{Deserialize, Serialize};
 
@@ -252,7 +252,7 @@ fn mean_depth(nodes: &HashMap<ObjectId, Node>, tips: &HashSet<ObjectId>) -> f64 
 /// Tensors of the commits that branches point at.
 fn tip_tensors(repo: &Repository) -> Result<HashSet<ObjectId>> {
     let mut out = HashSet::new();
-    let refs = repo.store().meta().read()?.refs("refs/heads/")?;
+    let refs = repo.store().meta().read()?.refs(Ref::BRANCHES)?;
     for (_, v) in refs {
         if let Some(c) = v.target() {
             let commit = repo.load_commit(&c)?;

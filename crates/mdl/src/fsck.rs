@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use mdl_format::{ObjectId, ObjectKind};
+use mdl_format::{ObjectId, ObjectKind, Ref};
 use mdl_store::{IndexEntry, OpenOptions, RefValue, StoreError, MDL_DIR};
 use serde::Serialize;
 
@@ -208,7 +208,7 @@ pub fn fsck(repo: &Repository, repair: bool) -> Result<Report> {
     for (name, value) in meta.refs("")? {
         match value {
             RefValue::Symbolic(target) => {
-                if !target.starts_with("refs/heads/") {
+                if !matches!(Ref::parse(&target), Some(Ref::Branch(_))) {
                     report
                         .problems
                         .push(format!("{name} points at {target}, not a branch"));

@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use mdl_format::{ObjectId, ObjectKind, Timestamp};
+use mdl_format::{ObjectId, ObjectKind, Ref, Timestamp};
 use mdl_store::meta::MetaRead;
 use mdl_store::{Expired, IndexEntry, Store};
 use serde::{Deserialize, Serialize};
@@ -209,10 +209,10 @@ fn thinned_commits(meta: &MetaRead, keep: Option<u64>) -> Result<HashSet<ObjectI
     };
     let mut full = HashSet::new();
     let mut old = HashSet::new();
-    for (_, v) in meta.refs("refs/tags/")? {
+    for (_, v) in meta.refs(Ref::TAGS)? {
         full.extend(v.target());
     }
-    for (_, v) in meta.refs("refs/heads/")? {
+    for (_, v) in meta.refs(Ref::BRANCHES)? {
         let Some(mut at) = v.target() else { continue };
         let mut steps = 0u64;
         loop {

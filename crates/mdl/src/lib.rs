@@ -41,7 +41,7 @@ pub mod stats;
 pub mod transfer;
 
 pub use error::Error;
-pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, RefName, Timestamp};
+pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp};
 pub use mdl_store::budget;
 pub use mdl_store::fs::FaultyFs;
 pub use mdl_store::{IndexEntry, LockMode, RefValue, Storage, StoreError};

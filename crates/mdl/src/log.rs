@@ -1,6 +1,6 @@
 //! `mdl log`: history, newest first.
 
-use mdl_format::{ObjectId, Timestamp};
+use mdl_format::{ObjectId, Ref, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use crate::{history, revision, Repository, Result};
@@ -119,7 +119,7 @@ pub fn log(repo: &Repository, rev: Option<&str>, limit: Option<usize>) -> Result
 pub(crate) fn ref_names(repo: &Repository) -> Result<Vec<(String, ObjectId)>> {
     let meta = repo.store().meta().read()?;
     let mut out = Vec::new();
-    for (prefix, shown) in [("refs/heads/", ""), ("refs/tags/", "tag: ")] {
+    for (prefix, shown) in [(Ref::BRANCHES, ""), (Ref::TAGS, "tag: ")] {
         for (name, v) in meta.refs(prefix)? {
             if let Some(t) = v.target() {
                 out.push((format!("{shown}{}", &name[prefix.len()..]), t));

@@ -1,6 +1,6 @@
 //! Branches, tags and `switch`. Every change is a compare-and-swap with a reflog entry.
 
-use mdl_format::{ObjectId, RefName, Timestamp};
+use mdl_format::{ObjectId, Ref, RefName, Timestamp};
 use mdl_store::meta::HEAD;
 use mdl_store::RefValue;
 use serde::{Deserialize, Serialize};
@@ -21,8 +21,8 @@ pub struct RefInfo {
     pub message: Option<String>,
 }
 
-const HEADS: &str = "refs/heads/";
-const TAGS: &str = "refs/tags/";
+const HEADS: &str = Ref::BRANCHES;
+const TAGS: &str = Ref::TAGS;
 
 /// Lists branches, with the current one marked.
 pub fn branches(repo: &Repository) -> Result<Vec<RefInfo>> {
@@ -88,9 +88,7 @@ pub fn create_branch(repo: &Repository, name: &str, rev: Option<&str>) -> Result
     let target = revision::resolve(repo, rev.unwrap_or("HEAD"))?;
     create(
         repo,
-        HEADS,
-        "branch",
-        &name,
+        &Ref::Branch(name),
         RefValue::Direct(target),
         &format!("branch: created from {}", rev.unwrap_or("HEAD")),
     )?;
@@ -116,24 +114,26 @@ pub fn create_tag(
         },
         None => RefValue::Direct(target),
     };
-    create(repo, TAGS, "tag", &name, value, "tag: created")?;
+    create(repo, &Ref::Tag(name), value, "tag: created")?;
     Ok(target)
 }
 
-fn create(
-    repo: &Repository,
-    prefix: &str,
-    kind: &'static str,
-    name: &RefName,
-    value: RefValue,
-    log: &str,
-) -> Result<()> {
-    let full = format!("{prefix}{name}");
+/// What a ref is called in messages.
+fn kind(r: &Ref) -> &'static str {
+    match r {
+        Ref::Branch(_) => "branch",
+        Ref::Tag(_) => "tag",
+        Ref::Remote { .. } => "remote branch",
+    }
+}
+
+fn create(repo: &Repository, r: &Ref, value: RefValue, log: &str) -> Result<()> {
+    let full = r.full();
     let mut w = repo.store().meta().write()?;
     if w.get_ref(&full)?.is_some() {
         return Err(Error::RefExists {
-            kind,
-            name: name.to_string(),
+            kind: kind(r),
+            name: r.short().to_string(),
         });
     }
     w.update_ref(&full, None, Some(&value), log)?;
@@ -143,25 +143,26 @@ fn create(
 
 /// Deletes a branch (not the current one) and its reflog.
 pub fn delete_branch(repo: &Repository, name: &str) -> Result<ObjectId> {
-    let full = format!("{HEADS}{name}");
-    if repo.head_branch()? == full {
+    let r = Ref::Branch(RefName::new(name)?);
+    if repo.head_branch()? == r.full() {
         return Err(Error::DeleteCurrentBranch(name.to_string()));
     }
-    delete(repo, &full, "branch", name)
+    delete(repo, &r)
 }
 
 /// Deletes a tag.
 pub fn delete_tag(repo: &Repository, name: &str) -> Result<ObjectId> {
-    delete(repo, &format!("{TAGS}{name}"), "tag", name)
+    delete(repo, &Ref::Tag(RefName::new(name)?))
 }
 
-fn delete(repo: &Repository, full: &str, kind: &'static str, name: &str) -> Result<ObjectId> {
+fn delete(repo: &Repository, r: &Ref) -> Result<ObjectId> {
+    let full = r.full();
     let mut w = repo.store().meta().write()?;
-    let current = w.get_ref(full)?.ok_or_else(|| Error::NoSuchRef {
-        kind,
-        name: name.to_string(),
+    let current = w.get_ref(&full)?.ok_or_else(|| Error::NoSuchRef {
+        kind: kind(r),
+        name: r.short().to_string(),
     })?;
-    w.update_ref(full, Some(&current), None, "deleted")?;
+    w.update_ref(&full, Some(&current), None, "deleted")?;
     w.commit_txn()?;
     Ok(current
         .target()
@@ -171,7 +172,7 @@ fn delete(repo: &Repository, full: &str, kind: &'static str, name: &str) -> Resu
 /// Points HEAD at branch `name`, which must exist (or be HEAD's own unborn branch).
 pub fn switch(repo: &Repository, name: &str) -> Result<()> {
     let name = RefName::new(name)?;
-    let full = format!("{HEADS}{name}");
+    let full = Ref::branch(&name).full();
     let mut w = repo.store().meta().write()?;
     let head = w.get_ref(HEAD)?;
     let already = matches!(&head, Some(RefValue::Symbolic(t)) if *t == full);

@@ -1,7 +1,7 @@
 //! Revision syntax: full id, unique prefix (≥ 4 hex digits), branch, tag, `HEAD`, full ref
 //! names, followed by any number of `~N`, `~`, `^N` and `^` steps.
 
-use mdl_format::{IdPrefix, ObjectId};
+use mdl_format::{IdPrefix, ObjectId, Ref};
 use mdl_store::meta::{MetaRead, HEAD};
 use mdl_store::RefValue;
 
@@ -85,7 +85,7 @@ fn resolve_base(meta: &MetaRead, base: &str, rev: &str) -> Result<ObjectId> {
             Some(RefValue::Symbolic(target)) => match meta.get_ref(&target)? {
                 Some(v) => Ok(v.target()),
                 None => Err(Error::UnbornBranch(
-                    target.trim_start_matches("refs/heads/").to_string(),
+                    target.trim_start_matches(Ref::BRANCHES).to_string(),
                 )),
             },
             Some(v) => Ok(v.target()),
@@ -99,7 +99,7 @@ fn resolve_base(meta: &MetaRead, base: &str, rev: &str) -> Result<ObjectId> {
             return Ok(id);
         }
     }
-    for prefix in ["refs/heads/", "refs/tags/"] {
+    for prefix in [Ref::BRANCHES, Ref::TAGS] {
         if let Some(id) = follow(&format!("{prefix}{base}"))? {
             return Ok(id);
         }

@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use mdl_format::{ObjectId, ObjectKind, RefName};
+use mdl_format::{ObjectId, ObjectKind, Ref, RefName};
 use mdl_store::meta::MetaRead;
 use mdl_store::{CommitSummary, IndexEntry, RefValue, StoreError};
 use serde::{Deserialize, Serialize};
@@ -248,9 +248,9 @@ pub struct RefUpdate {
 /// Validates a full ref name that another repository may change: `refs/heads/NAME` or
 /// `refs/tags/NAME` with a valid NAME.
 pub fn check_ref_name(name: &str) -> Result<&'static str> {
-    let (kind, short) = if let Some(s) = name.strip_prefix("refs/heads/") {
+    let (kind, short) = if let Some(s) = name.strip_prefix(Ref::BRANCHES) {
         ("branch", s)
-    } else if let Some(s) = name.strip_prefix("refs/tags/") {
+    } else if let Some(s) = name.strip_prefix(Ref::TAGS) {
         ("tag", s)
     } else {
         return Err(Error::BadTransfer(format!(
