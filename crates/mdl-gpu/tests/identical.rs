@@ -152,19 +152,28 @@ fn on_gpu(check: fn(&dyn Engine)) {
 }
 
 #[test]
-#[cfg_attr(not(feature = "emulate"), ignore = "needs a GPU (scripts/gpu-check.sh)")]
+#[cfg_attr(
+    not(feature = "emulate"),
+    ignore = "needs a GPU (scripts/gpu-check.sh)"
+)]
 fn float_codecs_are_identical_on_every_dtype_and_size() {
     on_gpu(float_codecs);
 }
 
 #[test]
-#[cfg_attr(not(feature = "emulate"), ignore = "needs a GPU (scripts/gpu-check.sh)")]
+#[cfg_attr(
+    not(feature = "emulate"),
+    ignore = "needs a GPU (scripts/gpu-check.sh)"
+)]
 fn lossy_kernels_are_identical() {
     on_gpu(lossy_kernels);
 }
 
 #[test]
-#[cfg_attr(not(feature = "emulate"), ignore = "needs a GPU (scripts/gpu-check.sh)")]
+#[cfg_attr(
+    not(feature = "emulate"),
+    ignore = "needs a GPU (scripts/gpu-check.sh)"
+)]
 fn a_generated_training_series_codes_identically() {
     on_gpu(training_series);
 }

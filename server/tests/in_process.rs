@@ -1,0 +1,291 @@
+//! The HTTP API in process, through `app(state)` (no socket): every error answer's status is
+//! its code's, auth scopes are enforced, Range requests return exactly the bytes asked for, and
+//! a checkpoint download is byte-identical to a checkout. The same routes are tested over a real
+//! socket in the end-to-end tests; these are the fast, exhaustive ones.
+
+// Tests, examples and benchmarks write their own files (checkpoints, outputs, damage done on
+// purpose); the rule that repository writes go through mdl-store is for the library crates.
+#![allow(clippy::disallowed_methods)]
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use mdl::commit::{commit, CommitOptions};
+use mdl::{NoProgress, Repository};
+use mdl_protocol::{body, ErrorCode};
+use mdl_server::{app, Config, Limits, Repos, State, Tokens};
+use tower::ServiceExt;
+
+const READ: &str = "read-token-0123456789";
+const WRITE: &str = "write-token-0123456789";
+
+/// A safetensors file of one f32 tensor of `n` values.
+fn checkpoint(n: usize, seed: f32) -> Vec<u8> {
+    let data: Vec<u8> = (0..n)
+        .flat_map(|i| (i as f32 * 0.25 + seed).to_le_bytes())
+        .collect();
+    let mut header = format!(
+        r#"{{"w":{{"dtype":"F32","shape":[{n}],"data_offsets":[0,{}]}}}}"#,
+        data.len()
+    );
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header.as_bytes());
+    file.extend_from_slice(&data);
+    file
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    state: Arc<State>,
+    file: Vec<u8>,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r");
+    let file = checkpoint(1000, 1.0);
+    {
+        let repo = Repository::init(&path).unwrap();
+        let input = dir.path().join("c.safetensors");
+        std::fs::write(&input, &file).unwrap();
+        commit(&repo, &input, &CommitOptions::default(), &NoProgress).unwrap();
+    }
+    let tokens = Tokens::parse(&format!("r read {READ}\nw write {WRITE}\n")).unwrap();
+    let config = Config {
+        repos: Repos::One {
+            name: "r".into(),
+            path,
+        },
+        tokens,
+        read_public: false,
+        max_body: 1 << 20,
+        wait: std::time::Duration::from_secs(1),
+        limits: Limits::default(),
+    };
+    let state = State::new(config, None).unwrap();
+    Fixture {
+        _dir: dir,
+        state,
+        file,
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    /// The error code of an error answer, checked against its status.
+    fn code(&self) -> ErrorCode {
+        let e: body::Error = serde_json::from_slice(&self.body).unwrap_or_else(|_| {
+            panic!(
+                "not an error body: {:?}",
+                String::from_utf8_lossy(&self.body)
+            )
+        });
+        assert_eq!(
+            self.status.as_u16(),
+            e.code.status(),
+            "{} sent with {}",
+            e.code,
+            self.status
+        );
+        e.code
+    }
+}
+
+async fn ask(
+    f: &Fixture,
+    method: Method,
+    uri: &str,
+    token: Option<&str>,
+    extra: &[(&str, &str)],
+) -> Answer {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(t) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    for (k, v) in extra {
+        req = req.header(*k, *v);
+    }
+    let resp = app(f.state.clone())
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap()
+        .to_vec();
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn errors_carry_their_codes_status() {
+    let f = fixture();
+    let get = Method::GET;
+    let cases: &[(Method, &str, Option<&str>, ErrorCode)] = &[
+        (
+            get.clone(),
+            "/v1/repos/r/refs",
+            None,
+            ErrorCode::Unauthorized,
+        ),
+        (
+            get.clone(),
+            "/v1/repos/r/refs",
+            Some("not-a-token-at-all"),
+            ErrorCode::Unauthorized,
+        ),
+        (
+            Method::POST,
+            "/v1/repos/r/refs",
+            Some(READ),
+            ErrorCode::Forbidden,
+        ),
+        (
+            get.clone(),
+            "/v1/repos/nope/refs",
+            Some(READ),
+            ErrorCode::NoSuchRepository,
+        ),
+        (
+            get.clone(),
+            "/v1/repos/r/commits/nope",
+            Some(READ),
+            ErrorCode::UnknownRevision,
+        ),
+        (
+            get.clone(),
+            "/v1/repos/r/manifests/xyz",
+            Some(READ),
+            ErrorCode::InvalidId,
+        ),
+        (
+            get.clone(),
+            "/v1/repos/r/nothing-here",
+            Some(READ),
+            ErrorCode::NotFound,
+        ),
+        (
+            Method::DELETE,
+            "/v1/repos/r/refs",
+            Some(WRITE),
+            ErrorCode::MethodNotAllowed,
+        ),
+        (
+            Method::POST,
+            "/v1/repos/r/commits?colour=red",
+            Some(WRITE),
+            ErrorCode::BadParameter,
+        ),
+        (
+            Method::POST,
+            "/v1/repos/r/commits?branch=a..b",
+            Some(WRITE),
+            ErrorCode::InvalidName,
+        ),
+        (
+            get.clone(),
+            "/v1/repos/r/log?limit=many",
+            Some(READ),
+            ErrorCode::BadRequest,
+        ),
+        (
+            Method::POST,
+            "/v1/repos/r/objects/missing",
+            Some(READ),
+            ErrorCode::BadRequest,
+        ),
+    ];
+    for (method, uri, token, want) in cases {
+        let a = ask(&f, method.clone(), uri, *token, &[]).await;
+        assert_eq!(a.code(), *want, "{method} {uri}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scopes_and_listings() {
+    let f = fixture();
+    let a = ask(&f, Method::GET, "/v1/repos/r/refs", Some(READ), &[]).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let refs: body::Refs = serde_json::from_slice(&a.body).unwrap();
+    assert_eq!(refs.head.as_deref(), Some("main"));
+    assert!(refs.get("refs/heads/main").is_some());
+    // A write token reads too.
+    let a = ask(&f, Method::GET, "/v1/repos", Some(WRITE), &[]).await;
+    let repos: body::Repos = serde_json::from_slice(&a.body).unwrap();
+    assert_eq!(repos.repos, vec!["r".to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn checkpoints_and_ranges_are_exact() {
+    let f = fixture();
+    let uri = "/v1/repos/r/checkpoints/main.safetensors";
+    let whole = ask(&f, Method::GET, uri, Some(READ), &[]).await;
+    assert_eq!(whole.status, StatusCode::OK);
+    assert!(
+        whole.body == f.file,
+        "the download differs from the committed file"
+    );
+    assert!(whole
+        .headers
+        .contains_key(mdl_protocol::route::HEADER_COMMIT));
+
+    let len = f.file.len();
+    for (range, start, end) in [
+        ("bytes=0-9", 0, 10),
+        ("bytes=100-", 100, len),
+        ("bytes=-16", len - 16, len),
+        (&*format!("bytes=5-{}", len + 100), 5, len),
+    ] {
+        let a = ask(&f, Method::GET, uri, Some(READ), &[("range", range)]).await;
+        assert_eq!(a.status, StatusCode::PARTIAL_CONTENT, "{range}");
+        assert!(a.body == f.file[start..end], "{range}: wrong bytes");
+        let content_range = format!("bytes {start}-{}/{len}", end - 1);
+        assert_eq!(
+            a.headers[header::CONTENT_RANGE],
+            content_range.as_str(),
+            "{range}"
+        );
+    }
+    let a = ask(
+        &f,
+        Method::GET,
+        uri,
+        Some(READ),
+        &[("range", &format!("bytes={len}-"))],
+    )
+    .await;
+    assert_eq!(a.code(), ErrorCode::InvalidRange);
+    assert_eq!(
+        a.headers[header::CONTENT_RANGE],
+        format!("bytes */{len}").as_str()
+    );
+
+    // The tensor route serves the tensor's own bytes.
+    let a = ask(
+        &f,
+        Method::GET,
+        "/v1/repos/r/tensors/main/w",
+        Some(READ),
+        &[],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(
+        a.body == f.file[f.file.len() - 4000..],
+        "the tensor's bytes differ"
+    );
+}
