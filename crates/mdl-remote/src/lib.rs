@@ -888,3 +888,58 @@ fn sweep_stale_staging(dir: &Path) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repository_urls_are_checked_and_routed() {
+        let r = Remote::new("http://host:8080/run-1/", None).unwrap();
+        assert_eq!(r.url(), "http://host:8080/run-1");
+        assert_eq!(r.name(), "run-1");
+        assert_eq!(r.api, "http://host:8080/v1/repos/run-1");
+        assert!(r.token.is_none());
+        let t = Remote::new("http://h/r", Some(String::new())).unwrap();
+        assert!(t.token.is_none(), "an empty token is no token");
+        for bad in [
+            "https://h/r",
+            "h/r",
+            "http://h",
+            "http:///r",
+            "http://h/a/b",
+            "http://h/.hidden",
+        ] {
+            assert!(
+                matches!(Remote::new(bad, None), Err(Error::BadUrl(_))),
+                "{bad} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn server_errors_read_as_their_code_or_say_they_have_none() {
+        let known = Error::Server {
+            status: 409,
+            code: Some(ErrorCode::NotFastForward),
+            message: "behind".into(),
+        };
+        assert_eq!(
+            known.to_string(),
+            "server: behind (not_fast_forward, HTTP 409)"
+        );
+        let unknown = Error::Server {
+            status: 502,
+            code: None,
+            message: "bad gateway".into(),
+        };
+        assert!(unknown.to_string().contains("no known error code"));
+    }
+
+    #[test]
+    fn branch_names_are_validated() {
+        assert!(branch_name("exp/lr").is_ok());
+        assert!(branch_name("a..b").is_err());
+        assert!(branch_name("").is_err());
+    }
+}
