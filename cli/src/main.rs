@@ -338,6 +338,7 @@ fn main() -> ExitCode {
     };
     tracing_subscriber::fmt()
         .with_writer(io::stderr)
+        .with_ansi(io::stderr().is_terminal())
         .with_target(false)
         .without_time()
         .with_env_filter(
@@ -397,11 +398,79 @@ fn use_engine(cli: &Cli, repo: &mut Repository, choice: Option<&str>) -> anyhow:
 }
 
 /// Exit codes: 1 for an operation that failed, 3 for a repository found damaged by fsck,
-/// 4 for a repository held by another process past `--wait`. (clap uses 2 for usage errors.)
+/// 4 for a repository held by another process past `--wait` (here or, over HTTP, on the
+/// server). (clap uses 2 for usage errors.)
 fn exit_code(e: &anyhow::Error) -> u8 {
-    match e.downcast_ref::<mdl::Error>() {
-        Some(mdl::Error::Store(mdl::StoreError::Busy { .. })) => 4,
-        _ => 1,
+    if let Some(e) = e.downcast_ref::<mdl::Error>() {
+        return library_exit_code(e);
+    }
+    match e.downcast_ref::<mdl_remote::Error>() {
+        Some(mdl_remote::Error::Local(e)) => library_exit_code(e),
+        Some(mdl_remote::Error::Server { code, .. }) => match code {
+            Some(mdl_protocol::ErrorCode::Busy) => 4,
+            _ => 1,
+        },
+        Some(
+            mdl_remote::Error::Transport { .. }
+            | mdl_remote::Error::BadUrl(_)
+            | mdl_remote::Error::Rejected(_)
+            | mdl_remote::Error::Remote(_),
+        )
+        | None => 1,
+    }
+}
+
+/// Every library error named, so that a new one is a decision about its exit code.
+fn library_exit_code(e: &mdl::Error) -> u8 {
+    use mdl::Error as E;
+    use mdl::StoreError as S;
+    match e {
+        E::Store(S::Busy { .. }) => 4,
+        E::Store(
+            S::Io { .. }
+            | S::DbIo(_)
+            | S::Db(_)
+            | S::Malformed(_)
+            | S::ReadOnlyDatabase
+            | S::Damaged(_)
+            | S::NeedsRecovery
+            | S::Corrupt { .. }
+            | S::Missing(_)
+            | S::ReadOnly(_)
+            | S::NotARepository(_)
+            | S::AlreadyExists(_)
+            | S::NewerFormat { .. }
+            | S::Output(_)
+            | S::InputChanged(_)
+            | S::OutOfMemory(_)
+            | S::RefConflict { .. },
+        )
+        | E::Input { .. }
+        | E::InvalidInput { .. }
+        | E::UnknownRevision(_)
+        | E::AmbiguousRevision { .. }
+        | E::NoSuchAncestor(_)
+        | E::UnbornBranch(_)
+        | E::InvalidName(_)
+        | E::RefExists { .. }
+        | E::NoSuchRef { .. }
+        | E::DeleteCurrentBranch(_)
+        | E::OutputExists(_)
+        | E::OutputInRepository(_)
+        | E::Output { .. }
+        | E::InvalidMetric(_)
+        | E::InvalidConfig { .. }
+        | E::EvalCommand { .. }
+        | E::UnknownConfig(_)
+        | E::Corrupt { .. }
+        | E::Encode { .. }
+        | E::WrongKind { .. }
+        | E::BadTransfer(_)
+        | E::Incomplete(_)
+        | E::NotFastForward { .. }
+        | E::Expired { .. }
+        | E::GpuUnavailable(_)
+        | E::InvalidDuration(_) => 1,
     }
 }
 

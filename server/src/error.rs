@@ -118,6 +118,7 @@ impl From<mdl::Error> for ApiError {
             E::UnknownConfig(_) => C::UnknownConfig,
             E::EvalCommand { .. } => C::EvalFailed,
             E::Corrupt { .. } | E::WrongKind { .. } => C::CorruptObject,
+            E::Encode { .. } => C::Internal,
             E::BadTransfer(_) => C::BadTransfer,
             E::Incomplete(_) => C::Incomplete,
             E::NotFastForward { .. } => C::NotFastForward,
@@ -140,7 +141,7 @@ fn store_error(e: &StoreError, message: String) -> ApiError {
     use StoreError as E;
     let code = match e {
         E::Io { .. } | E::Output(_) => C::IoError,
-        E::Db(_) => C::DatabaseError,
+        E::Db(_) | E::DbIo(_) | E::Malformed(_) | E::ReadOnlyDatabase => C::DatabaseError,
         E::Damaged(_) => C::DatabaseDamaged,
         E::NeedsRecovery => C::NeedsRecovery,
         E::Corrupt { .. } => C::CorruptObject,

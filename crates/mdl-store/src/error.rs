@@ -15,9 +15,20 @@ pub enum StoreError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// The metadata database reported an error.
+    /// Reading or writing the metadata database's file failed (a full disk, an I/O error); the
+    /// database must be opened again before it is used.
     #[error("metadata database: {0}")]
-    Db(String),
+    DbIo(std::io::Error),
+    /// The metadata database refused an operation for a reason of its own (neither damage nor
+    /// I/O).
+    #[error("metadata database: {0}")]
+    Db(DbError),
+    /// A value stored in the metadata database does not decode.
+    #[error("metadata database: malformed {0}")]
+    Malformed(&'static str),
+    /// A change was asked of a database opened for reading.
+    #[error("metadata database opened read-only")]
+    ReadOnlyDatabase,
     /// `meta.redb` is missing, or damaged in a way redb detects (a checksum, a structure that
     /// does not hold together) or trips over.
     #[error("meta.redb is damaged or missing ({0}); `mdl fsck --repair` rebuilds it from the object records and the journal")]
@@ -112,19 +123,39 @@ impl StoreError {
     /// Whether the underlying cause is a full disk.
     pub fn is_disk_full(&self) -> bool {
         match self {
-            StoreError::Io { source, .. } | StoreError::Output(source) => {
-                source.raw_os_error() == Some(libc::ENOSPC)
-            }
-            StoreError::Db(msg) => msg.contains("No space left"),
+            StoreError::Io { source, .. }
+            | StoreError::Output(source)
+            | StoreError::DbIo(source) => source.raw_os_error() == Some(libc::ENOSPC),
             _ => false,
         }
     }
 }
 
-/// A redb error as a store error: corruption is [`StoreError::Damaged`].
+/// A redb error as a store error: corruption is [`StoreError::Damaged`], I/O is
+/// [`StoreError::DbIo`].
 pub(crate) fn db<E: Into<redb::Error>>(e: E) -> StoreError {
     match e.into() {
         redb::Error::Corrupted(why) => StoreError::Damaged(why),
-        other => StoreError::Db(other.to_string()),
+        redb::Error::Io(e) => StoreError::DbIo(e),
+        redb::Error::PreviousIo => StoreError::DbIo(std::io::Error::other(
+            "an earlier write to the database failed",
+        )),
+        other => StoreError::Db(DbError(Box::new(other))),
+    }
+}
+
+/// An error of the database library, kept opaque so that no other crate depends on it.
+#[derive(Debug)]
+pub struct DbError(Box<redb::Error>);
+
+impl std::fmt::Display for DbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for DbError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
     }
 }

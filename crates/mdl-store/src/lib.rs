@@ -26,7 +26,7 @@ mod objects;
 pub mod rebuild;
 mod values;
 
-pub use error::StoreError;
+pub use error::{DbError, StoreError};
 pub use files::INCOMING_DIR;
 pub use fs::{RealFs, Storage};
 pub use lock::{LockMode, RepoLock};

@@ -138,7 +138,7 @@ impl Meta {
     /// every commit ever made). Runs as a write transaction, so no other change interleaves.
     pub fn compact_journal(&self) -> Result<(), StoreError> {
         let Some(journal) = &self.journal else {
-            return Err(StoreError::Db("database opened read-only".into()));
+            return Err(StoreError::ReadOnlyDatabase);
         };
         let w = self.write()?;
         journal.rewrite(&w.journaled()?.snapshot())?;
@@ -154,7 +154,10 @@ impl Meta {
     }
 
     fn note<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
-        if matches!(r, Err(StoreError::Db(_) | StoreError::Damaged(_))) {
+        if matches!(
+            r,
+            Err(StoreError::Db(_) | StoreError::DbIo(_) | StoreError::Damaged(_))
+        ) {
             self.failed.store(true, Ordering::Relaxed);
         }
         r
@@ -181,7 +184,7 @@ impl Meta {
                 failed: &self.failed,
                 changes: Vec::new(),
             }),
-            _ => Err(StoreError::Db("database opened read-only".into())),
+            _ => Err(StoreError::ReadOnlyDatabase),
         }
     }
 }
@@ -459,7 +462,7 @@ pub(crate) fn dependent_key(base: &ObjectId, dependent: &ObjectId) -> [u8; 64] {
 fn key_id(k: &[u8]) -> Result<ObjectId, StoreError> {
     let bytes: [u8; 32] = k
         .try_into()
-        .map_err(|_| StoreError::Db("malformed object key".into()))?;
+        .map_err(|_| StoreError::Malformed("object key"))?;
     Ok(ObjectId::from_bytes(bytes))
 }
 

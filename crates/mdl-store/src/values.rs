@@ -43,7 +43,7 @@ impl IndexEntry {
     }
 
     pub(crate) fn decode(b: &[u8]) -> Result<Self, StoreError> {
-        let bad = || StoreError::Db("malformed index entry".into());
+        let bad = || StoreError::Malformed("index entry");
         let mut r = Cursor(b);
         if r.u8().ok_or_else(bad)? != 1 {
             return Err(bad());
@@ -94,7 +94,7 @@ impl Expired {
     }
 
     pub(crate) fn decode(b: &[u8]) -> Result<Self, StoreError> {
-        let bad = || StoreError::Db("malformed expired entry".into());
+        let bad = || StoreError::Malformed("expired entry");
         let mut r = Cursor(b);
         if r.u8().ok_or_else(bad)? != 1 {
             return Err(bad());
@@ -149,7 +149,7 @@ impl CommitSummary {
     }
 
     pub(crate) fn decode(b: &[u8]) -> Result<Self, StoreError> {
-        let bad = || StoreError::Db("malformed commit index entry".into());
+        let bad = || StoreError::Malformed("commit index entry");
         let mut r = Cursor(b);
         if r.u8().ok_or_else(bad)? != 1 {
             return Err(bad());
@@ -221,7 +221,7 @@ impl RefValue {
     }
 
     pub(crate) fn decode(b: &[u8]) -> Result<Self, StoreError> {
-        let bad = || StoreError::Db("malformed ref value".into());
+        let bad = || StoreError::Malformed("ref value");
         let mut r = Cursor(b);
         match r.u8().ok_or_else(bad)? {
             0 => Ok(RefValue::Direct(r.id().ok_or_else(bad)?)),
@@ -275,7 +275,7 @@ impl ReflogEntry {
     }
 
     pub(crate) fn decode(b: &[u8]) -> Result<Self, StoreError> {
-        let bad = || StoreError::Db("malformed reflog entry".into());
+        let bad = || StoreError::Malformed("reflog entry");
         let mut r = Cursor(b);
         if r.u8().ok_or_else(bad)? != 1 {
             return Err(bad());

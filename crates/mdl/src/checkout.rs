@@ -88,6 +88,7 @@ pub fn temporary_output(out: &Path) -> Result<tempfile::NamedTempFile> {
 }
 
 /// Writes the checkpoint of `rev` to `out`, through a temporary file renamed into place.
+#[tracing::instrument(name = "checkout", skip_all, fields(rev, out = %out.display()))]
 pub fn checkout(
     repo: &Repository,
     rev: &str,
@@ -154,6 +155,7 @@ pub fn checkout(
     match result {
         Ok(bytes) => {
             tmp.persist(out).map_err(|e| write_err(e.error))?;
+            tracing::info!(commit = %id, bytes, "checked out");
             let lossy_tensors = layout.lossy_tensors();
             Ok(CheckoutOutcome {
                 id,

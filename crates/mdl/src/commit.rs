@@ -76,6 +76,7 @@ pub struct CommitOutcome {
 }
 
 /// Commits the safetensors file at `path`.
+#[tracing::instrument(name = "commit", skip_all, fields(path = %path.display()))]
 pub fn commit(
     repo: &Repository,
     path: &Path,
@@ -273,6 +274,7 @@ pub fn commit(
     for r in &rewrites {
         store.remove_record(&r.id, r.old.generation);
     }
+    tracing::info!(%id, stored_bytes, new_tensors, "committed");
 
     Ok(CommitOutcome {
         id,
@@ -627,7 +629,7 @@ impl StoreCtx<'_> {
             .as_ref()
             .map(|(bid, be)| store.load_tensor(bid, be))
             .transpose()?;
-        let corrupt = |source| Error::Corrupt { id, source };
+        let encoder = |source| Error::Encode { id, source };
         // Analysis, encoding and a reverse re-encode all read these: a GPU engine copies each
         // over once.
         let _kept = (
@@ -635,7 +637,7 @@ impl StoreCtx<'_> {
             base_data.as_deref().map(|b| self.engine.keep(b)),
         );
         let analysis = float::analyze(self.engine, header.dtype, data, base_data.as_deref())
-            .map_err(corrupt)?;
+            .map_err(encoder)?;
         let delta = analysis.best_delta();
         let best_float = delta.map_or(analysis.plain.size, |d| d.size);
         if best_float as f64 > len as f64 * (1.0 - FLOAT_GAIN_FLOOR) {
@@ -648,7 +650,7 @@ impl StoreCtx<'_> {
         let write = |choice: &float::Choice, base: Option<(&ObjectId, &[u8], u32)>| {
             let payload =
                 float::encode_pieces(self.engine, header.dtype, data, base.map(|b| b.1), choice)
-                    .map_err(corrupt)?;
+                    .map_err(encoder)?;
             let (codec, placement) = match base {
                 Some((bid, _, depth)) => (
                     delta_codec(choice),
@@ -718,7 +720,7 @@ impl StoreCtx<'_> {
         }
         // XOR planes are symmetric; planes taken as they are must be coded from the previous
         // version's own bytes unless they are stored raw.
-        let corrupt = |source| Error::Corrupt { id: *prev, source };
+        let encoder = |source| Error::Encode { id: *prev, source };
         let choice = match estimate.transform {
             Transform::Planes if estimate.reusable_for_swap() => estimate.clone(),
             Transform::Planes => float::analyze_masked(
@@ -728,10 +730,10 @@ impl StoreCtx<'_> {
                 data,
                 estimate.xor_mask,
             )
-            .map_err(corrupt)?,
+            .map_err(encoder)?,
             // The difference changes sign with the roles, and its zigzag symbols with it.
             Transform::Sub => float::analyze_sub(self.engine, info.header.dtype, prev_data, data)
-                .map_err(corrupt)?,
+                .map_err(encoder)?,
         };
         if choice.size as f64 > prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR) {
             return Ok(None);
@@ -743,7 +745,7 @@ impl StoreCtx<'_> {
             Some(data),
             &choice,
         )
-        .map_err(corrupt)?;
+        .map_err(encoder)?;
         let placement = Placement {
             generation: prev_entry.generation + 1,
             base: Some(*id),

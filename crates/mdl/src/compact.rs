@@ -71,6 +71,7 @@ struct Node {
 }
 
 /// Compacts every tensor chain of the repository to at most `max_depth` decode steps.
+#[tracing::instrument(name = "compact", skip_all, fields(max_depth = ?opts.max_depth, dry_run = opts.dry_run))]
 pub fn compact(
     repo: &Repository,
     opts: &CompactOptions,
@@ -152,6 +153,11 @@ pub fn compact(
     }
     progress.finish();
     out.bytes_after = (out.bytes_before as i64 + delta).max(0) as u64;
+    tracing::info!(
+        reencoded = out.reencoded,
+        longest = out.longest_after,
+        "compacted"
+    );
     Ok(out)
 }
 

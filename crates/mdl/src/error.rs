@@ -111,6 +111,15 @@ pub enum Error {
         /// What is wrong.
         source: FormatError,
     },
+    /// A codec failed to encode a tensor being stored: a fault of the encoder (or of the
+    /// engine it ran on), not damage to anything stored; nothing was published.
+    #[error("cannot encode tensor {id}: {source}")]
+    Encode {
+        /// The tensor.
+        id: mdl_format::ObjectId,
+        /// What the codec reported.
+        source: FormatError,
+    },
     /// An object has the wrong kind for where it is referenced.
     #[error("object {id} is a {found}, expected a {expected}")]
     WrongKind {

@@ -291,6 +291,7 @@ fn keep_in_full(repo: &Repository, manifest: &ObjectId, marks: &mut Marks) -> Re
 }
 
 /// Runs gc on the repository.
+#[tracing::instrument(name = "gc", skip_all)]
 pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Result<GcOutcome> {
     let store = repo.store();
     let now = Timestamp::now();
@@ -442,6 +443,11 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
     // The journal (for rebuilding meta.redb) shrinks to one entry of the current state.
     store.meta().compact_journal()?;
     drop(writer);
+    tracing::info!(
+        commits = out.commits,
+        bytes_freed = out.bytes_freed,
+        "collected"
+    );
     Ok(out)
 }
 

@@ -139,7 +139,7 @@ impl Repository {
     pub fn head_branch(&self) -> Result<String> {
         match self.store.meta().read()?.get_ref(HEAD)? {
             Some(RefValue::Symbolic(name)) => Ok(name),
-            _ => Err(StoreError::Db("HEAD is not a symbolic ref".into()).into()),
+            _ => Err(StoreError::Malformed("HEAD (not a symbolic ref)").into()),
         }
     }
 }

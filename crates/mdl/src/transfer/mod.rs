@@ -81,6 +81,7 @@ pub fn spool_pack(repo: &Repository, ids: &[ObjectId]) -> Result<tempfile::Named
 /// Objects that a repository holding the commits `has_commit` accepts (and everything those
 /// reach) lacks to hold `want` too, in an order a receiver can import them: tensors with every
 /// delta base before its dependents, then manifests, then commits parents first.
+#[tracing::instrument(name = "transfer.plan", skip_all, fields(want = want.len()))]
 pub fn plan(
     repo: &Repository,
     want: &[ObjectId],
@@ -265,6 +266,7 @@ pub fn check_ref_name(name: &str) -> Result<&'static str> {
 /// tensors and delta bases; [`Error::Incomplete`] otherwise), a branch may
 /// only move forward unless forced, a tag is only created unless forced, and the change is a
 /// compare-and-swap against `old` (a concurrent change fails with [`StoreError::RefConflict`]).
+#[tracing::instrument(name = "transfer.update_ref", skip_all, fields(name = %update.name))]
 pub fn update_ref(repo: &Repository, update: &RefUpdate, message: &str) -> Result<()> {
     let kind = check_ref_name(&update.name)?;
     // The write transaction is taken first: until it commits no deletion can, so the new

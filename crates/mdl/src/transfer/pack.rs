@@ -29,6 +29,7 @@ const MAX_RULE_LEN: usize = 1024;
 /// A tensor that retention deleted goes as an expired frame (its length field
 /// [`EXPIRED_FRAME`], then what the receiver records about it), so a thinned commit travels
 /// thinned.
+#[tracing::instrument(name = "transfer.write_pack", skip_all, fields(objects = ids.len()))]
 pub fn write_pack(repo: &Repository, ids: &[ObjectId], w: &mut dyn Write) -> Result<u64> {
     let out = |e: std::io::Error| Error::from(StoreError::Output(e));
     enum Item {
@@ -126,6 +127,7 @@ fn bad_pack(why: impl Into<String>) -> Error {
 /// Reads a pack stream from `r` and stores its objects, verifying every one (checksum, and
 /// the content re-hashed against its id), and that every commit's manifest, tensors and
 /// parents are present. Records longer than `max_record` are refused.
+#[tracing::instrument(name = "transfer.receive_pack", skip_all)]
 pub fn receive_pack(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Received> {
     // A record or object that fails verification is the sender's fault, not damage here.
     receive(repo, r, max_record).map_err(|e| match e {
@@ -243,6 +245,11 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
     }
     publish_tensors(repo, batch, &mut layer)?;
     (received.commits, received.expired) = publish_tail(repo, &tail, &expired)?;
+    tracing::info!(
+        objects = received.objects,
+        bytes = received.bytes,
+        "received"
+    );
     Ok(received)
 }
 
