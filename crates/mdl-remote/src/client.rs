@@ -1,0 +1,368 @@
+//! [`Remote`]: one repository on a server, spoken to through the `/v1` API.
+
+use std::path::Path;
+use std::time::Duration;
+
+use mdl::log::LogEntry;
+use mdl::show::Shown;
+use mdl::transfer::{self, PlannedObject, Received, RefUpdate};
+use mdl::{ObjectId, Repository};
+use mdl_protocol::body::{self, Refs};
+use mdl_protocol::{params, route};
+
+use crate::{Error, Result};
+
+/// Most object ids one request carries (the server takes JSON bodies of up to 8 MiB).
+pub const IDS_PER_REQUEST: usize = 100_000;
+
+/// A repository on a server.
+#[derive(Clone, Debug)]
+pub struct Remote {
+    url: String,
+    api: String,
+    token: Option<String>,
+    agent: ureq::Agent,
+}
+
+impl Remote {
+    /// A client for the repository at `url` (`http://HOST:PORT/REPO`), sending `token` as a
+    /// bearer token when given.
+    pub fn new(url: &str, token: Option<String>) -> Result<Remote> {
+        let url = url.trim_end_matches('/');
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| Error::BadUrl(url.to_string()))?;
+        let (host, repo) = rest
+            .split_once('/')
+            .ok_or_else(|| Error::BadUrl(url.to_string()))?;
+        if host.is_empty() || repo.is_empty() || repo.contains('/') || repo.starts_with('.') {
+            return Err(Error::BadUrl(url.to_string()));
+        }
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        Ok(Remote {
+            url: url.to_string(),
+            api: format!(
+                "http://{host}{}",
+                route::fill(route::REPO, &[("repo", repo)])
+            ),
+            token: token.filter(|t| !t.is_empty()),
+            agent,
+        })
+    }
+
+    /// The repository's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The repository's name on the server.
+    pub fn name(&self) -> &str {
+        self.url.rsplit('/').next().unwrap_or_default()
+    }
+
+    fn transport(&self, e: ureq::Error) -> Error {
+        Error::Transport {
+            url: self.url.clone(),
+            why: e.to_string(),
+        }
+    }
+
+    fn auth<B>(&self, req: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.token {
+            Some(t) => req.header("Authorization", format!("Bearer {t}")),
+            None => req,
+        }
+    }
+
+    /// Turns an error status into [`Error::Server`].
+    fn check(
+        &self,
+        resp: std::result::Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<ureq::http::Response<ureq::Body>> {
+        let mut resp = resp.map_err(|e| self.transport(e))?;
+        let status = resp.status().as_u16();
+        if status < 400 {
+            return Ok(resp);
+        }
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        let (code, message) = match serde_json::from_str::<body::Error>(&text) {
+            Ok(e) => (Some(e.code), e.message),
+            Err(_) => (None, text.trim().to_string()),
+        };
+        Err(Error::Server {
+            status,
+            code,
+            message,
+        })
+    }
+
+    fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<T> {
+        let mut req = self.auth(self.agent.get(format!("{}{path}", self.api)));
+        for (k, v) in query {
+            req = req.query(*k, v);
+        }
+        let mut resp = self.check(req.call())?;
+        resp.body_mut()
+            .with_config()
+            .limit(1 << 30)
+            .read_json()
+            .map_err(|e| self.transport(e))
+    }
+
+    fn post_json<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<T> {
+        let req = self.auth(self.agent.post(format!("{}{path}", self.api)));
+        let mut resp = self.check(req.send_json(body))?;
+        resp.body_mut()
+            .with_config()
+            .limit(1 << 30)
+            .read_json()
+            .map_err(|e| self.transport(e))
+    }
+
+    /// Runs `mdl compact` on the server (`POST /maintenance/compact`).
+    pub fn compact(
+        &self,
+        max_depth: Option<u32>,
+        dry_run: bool,
+    ) -> Result<mdl::compact::CompactOutcome> {
+        let opts = mdl::compact::CompactOptions { max_depth, dry_run };
+        self.post_json(route::COMPACT, &opts)
+    }
+
+    /// Runs `mdl gc` on the server (`POST /maintenance/gc`); durations as `mdl gc` takes them.
+    pub fn gc(
+        &self,
+        prune_older_than: Option<&str>,
+        expire_reflog: Option<&str>,
+        dry_run: bool,
+    ) -> Result<mdl::gc::GcOutcome> {
+        let request = body::GcRequest {
+            prune_older_than: prune_older_than.map(str::to_string),
+            expire_reflog: expire_reflog.map(str::to_string),
+            dry_run,
+        };
+        self.post_json(route::GC, &request)
+    }
+
+    /// Branches, tags and HEAD.
+    pub fn refs(&self) -> Result<Refs> {
+        self.get_json(route::REFS, &[])
+    }
+
+    /// History from `rev` (HEAD when `None`).
+    pub fn log(&self, rev: Option<&str>, limit: Option<usize>) -> Result<Vec<LogEntry>> {
+        let query = body::LogQuery {
+            rev: rev.map(str::to_string),
+            limit,
+        };
+        self.get_json(route::LOG, &query.pairs())
+    }
+
+    /// A commit and its tensors.
+    pub fn show(&self, rev: &str) -> Result<Shown> {
+        self.get_json(&route::fill(route::COMMIT, &[("rev", rev)]), &[])
+    }
+
+    /// Commits the safetensors file at `file` on the server, as [`mdl::commit::commit`] would
+    /// with `opts` there (the query parameters of `POST /commits`). The author defaults to this
+    /// machine's ([`mdl::commit::default_author`]), not the server's.
+    pub fn commit(
+        &self,
+        file: &Path,
+        opts: &mdl::commit::CommitOptions,
+    ) -> Result<mdl::commit::CommitOutcome> {
+        let f = std::fs::File::open(file).map_err(|source| mdl::Error::Input {
+            path: file.to_path_buf(),
+            source,
+        })?;
+        let mut req = self.auth(self.agent.post(format!("{}{}", self.api, route::COMMITS)));
+        for (k, v) in params::encode(opts).map_err(|why| Error::Remote(why.into()))? {
+            req = req.query(k, v);
+        }
+        let mut resp = self.check(upload(req, "application/octet-stream").send(&f))?;
+        resp.body_mut().read_json().map_err(|e| self.transport(e))
+    }
+
+    /// Downloads `rev`'s checkpoint to `out` (through a temporary file renamed into place).
+    pub fn download(
+        &self,
+        rev: &str,
+        out: &Path,
+        force: bool,
+    ) -> Result<mdl::checkout::CheckoutOutcome> {
+        mdl::checkout::refuse_inside_repository(out)?;
+        if !force && out.symlink_metadata().is_ok() {
+            return Err(mdl::Error::OutputExists(out.to_path_buf()).into());
+        }
+        let file = format!("{rev}.safetensors");
+        let url = format!(
+            "{}{}",
+            self.api,
+            route::fill(route::CHECKPOINT, &[("file", &file)])
+        );
+        let mut resp = self.check(self.auth(self.agent.get(url)).call())?;
+        let commit: ObjectId = resp
+            .headers()
+            .get(route::HEADER_COMMIT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| Error::Transport {
+                url: self.url.clone(),
+                why: "the answer has no X-Mdl-Commit header".into(),
+            })?;
+        let lossy_tensors: u32 = resp
+            .headers()
+            .get(route::HEADER_LOSSY_TENSORS)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let expected: Option<u64> = resp
+            .headers()
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        let write_err = |source| mdl::Error::Output {
+            path: out.to_path_buf(),
+            source,
+        };
+        let mut tmp = mdl::checkout::temporary_output(out)?;
+        let _interrupted = mdl::interrupt::register(tmp.path());
+        let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
+        let n = std::io::copy(&mut reader, tmp.as_file_mut()).map_err(|e| Error::Transport {
+            url: self.url.clone(),
+            why: format!("download interrupted: {e}"),
+        })?;
+        if expected.is_some_and(|e| e != n) {
+            return Err(Error::Transport {
+                url: self.url.clone(),
+                why: format!("download ended after {n} bytes"),
+            });
+        }
+        tmp.persist(out).map_err(|e| write_err(e.error))?;
+        Ok(mdl::checkout::CheckoutOutcome {
+            id: commit,
+            path: out.to_path_buf(),
+            bytes: n,
+            lossy: lossy_tensors > 0,
+            lossy_tensors,
+            skipped: Vec::new(),
+        })
+    }
+
+    /// Which of `ids` the server lacks.
+    pub fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
+        let mut out = Vec::new();
+        for chunk in ids.chunks(IDS_PER_REQUEST) {
+            let ids = body::Ids {
+                ids: chunk.to_vec(),
+            };
+            let m: body::Missing = self.post_json(route::OBJECTS_MISSING, &ids)?;
+            out.extend(m.missing);
+        }
+        Ok(out)
+    }
+
+    /// The objects the server would send for `want` to a repository holding `have`.
+    pub fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>> {
+        let request = body::PlanRequest {
+            want: want.to_vec(),
+            have: have.to_vec(),
+        };
+        let p: body::Plan = self.post_json(route::OBJECTS_PLAN, &request)?;
+        Ok(p.objects)
+    }
+
+    /// Downloads the records of `ids` and stores them in `repo`, verifying each (in requests
+    /// of at most [`IDS_PER_REQUEST`] ids, in order, so bases still come first).
+    pub fn fetch_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
+        let mut total = Received::default();
+        for chunk in ids.chunks(IDS_PER_REQUEST) {
+            let req = self.auth(
+                self.agent
+                    .post(format!("{}{}", self.api, route::OBJECTS_FETCH)),
+            );
+            let ids = body::Ids {
+                ids: chunk.to_vec(),
+            };
+            let mut resp = self.check(req.send_json(&ids))?;
+            let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
+            let got = transfer::receive_pack(repo, &mut reader, u64::MAX)?;
+            total.objects += got.objects;
+            total.bytes += got.bytes;
+            total.expired += got.expired;
+            total.commits.extend(got.commits);
+        }
+        Ok(total)
+    }
+
+    /// Uploads the records of `ids` from `repo` (a pack built in a temporary file first).
+    pub fn send_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
+        let tmp = transfer::spool_pack(repo, ids)?;
+        let file = tmp.reopen().map_err(|source| mdl::Error::Output {
+            path: tmp.path().to_path_buf(),
+            source,
+        })?;
+        let req = self.auth(self.agent.post(format!("{}{}", self.api, route::OBJECTS)));
+        let mut resp = self.check(upload(req, route::PACK).send(&file))?;
+        resp.body_mut().read_json().map_err(|e| self.transport(e))
+    }
+
+    /// Moves a ref on the server by compare-and-swap.
+    pub fn update_ref(&self, update: &RefUpdate) -> Result<()> {
+        let _: body::RefMoved = self.post_json(route::REFS, update)?;
+        Ok(())
+    }
+}
+
+/// An upload of `content_type`: with `Expect: 100-continue`, so a server that refuses it
+/// before reading the body (a token without write scope, a body over its limit) answers
+/// before anything is sent, and its error reaches the user instead of a broken pipe.
+fn upload(
+    req: ureq::RequestBuilder<ureq::typestate::WithBody>,
+    content_type: &str,
+) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
+    req.content_type(content_type)
+        .header("Expect", "100-continue")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Error;
+
+    #[test]
+    fn repository_urls_are_checked_and_routed() {
+        let r = Remote::new("http://host:8080/run-1/", None).unwrap();
+        assert_eq!(r.url(), "http://host:8080/run-1");
+        assert_eq!(r.name(), "run-1");
+        assert_eq!(r.api, "http://host:8080/v1/repos/run-1");
+        assert!(r.token.is_none());
+        let t = Remote::new("http://h/r", Some(String::new())).unwrap();
+        assert!(t.token.is_none(), "an empty token is no token");
+        for bad in [
+            "https://h/r",
+            "h/r",
+            "http://h",
+            "http:///r",
+            "http://h/a/b",
+            "http://h/.hidden",
+        ] {
+            assert!(
+                matches!(Remote::new(bad, None), Err(Error::BadUrl(_))),
+                "{bad} accepted"
+            );
+        }
+    }
+}

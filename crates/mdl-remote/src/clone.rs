@@ -1,0 +1,143 @@
+//! `clone`: a whole repository from a server, assembled beside its target and renamed.
+
+use std::path::{Path, PathBuf};
+
+use mdl::{Ref, RefName, RefValue, Repository};
+
+use crate::fetch::fetch_refs;
+use crate::remotes::add_remote;
+use crate::{Error, Moved, Remote, Result, TransferOutcome};
+
+/// What a clone made.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CloneOutcome {
+    /// The new repository's work directory.
+    pub dir: PathBuf,
+    /// The transfer.
+    pub transfer: TransferOutcome,
+    /// The branch HEAD points at.
+    pub head: Option<String>,
+}
+
+/// Clones the repository at `url` into `dir` (which must not exist or be empty): every
+/// branch and tag, `origin` as its remote, HEAD on the server's HEAD branch. The clone is
+/// assembled in a hidden directory beside `dir` and renamed into place when complete, so a
+/// failed or interrupted clone leaves `dir` as it was; what a killed clone left beside it is
+/// removed by the next clone into the same place.
+// The clone is a whole new repository assembled in a staging folder beside `dir`: renaming it
+// into place, or removing it after a failure, moves a folder no store owns yet.
+#[allow(clippy::disallowed_methods)]
+pub fn clone(url: &str, dir: &Path, token: Option<String>) -> Result<CloneOutcome> {
+    let remote = Remote::new(url, token)?;
+    if dir.exists()
+        && std::fs::read_dir(dir)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(true)
+    {
+        return Err(Error::Remote(format!(
+            "{} exists and is not empty",
+            dir.display()
+        )));
+    }
+    let staging = staging_dir(dir)?;
+    sweep_stale_staging(dir);
+    let _interrupted = mdl::interrupt::register(&staging);
+    let result = (|| {
+        let repo = Repository::init(&staging)?;
+        add_remote(&repo, "origin", url)?;
+        let refs = remote.refs()?;
+        let mut transfer = fetch_refs(&repo, "origin", &remote, &refs, None)?;
+        for r in &refs.refs {
+            if let Some(Ref::Branch(_)) = Ref::parse(&r.name) {
+                let name = r.name.clone();
+                mdl::refs::compare_and_swap(
+                    &repo,
+                    &name,
+                    None,
+                    &RefValue::Direct(r.target),
+                    &format!("clone {url}"),
+                )?;
+                transfer.moved.push(Moved {
+                    name,
+                    old: None,
+                    new: r.target,
+                });
+            }
+        }
+        let head = refs
+            .head
+            .clone()
+            .filter(|h| RefName::new(h).is_ok_and(|n| refs.get(&Ref::branch(&n).full()).is_some()));
+        if let Some(h) = &head {
+            mdl::refs::switch(&repo, h)?;
+        }
+        Ok((transfer, head))
+    })();
+    let done = result.and_then(|(transfer, head)| {
+        // An empty `dir` is replaced by the finished clone (rename replaces an empty
+        // directory).
+        std::fs::rename(&staging, dir).map_err(|source| mdl::Error::Output {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+        Ok(CloneOutcome {
+            dir,
+            transfer,
+            head,
+        })
+    });
+    if done.is_err() {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    done
+}
+
+/// The folder `dir` is in (`.` for a bare name) and its name; `None` for `/` or `..`.
+fn place_of(dir: &Path) -> Option<(&Path, &std::ffi::OsStr)> {
+    let parent = dir.parent()?;
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    Some((parent, dir.file_name()?))
+}
+
+/// Where a clone into `dir` is assembled: `.NAME.mdl-clone-PID` beside it.
+fn staging_dir(dir: &Path) -> Result<PathBuf> {
+    let (parent, name) = place_of(dir)
+        .ok_or_else(|| Error::Remote(format!("{} is not a directory name", dir.display())))?;
+    Ok(parent.join(format!(
+        ".{}.mdl-clone-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
+}
+
+/// Removes what clones into `dir` by processes that no longer run left beside it.
+// Staging folders of clones whose process is gone: no repository's files yet.
+#[allow(clippy::disallowed_methods)]
+fn sweep_stale_staging(dir: &Path) {
+    let Some((parent, name)) = place_of(dir) else {
+        return;
+    };
+    let prefix = format!(".{}.mdl-clone-", name.to_string_lossy());
+    for entry in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            tracing::info!(
+                "removing {} left by an interrupted clone",
+                entry.path().display()
+            );
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! `fetch` and `pull`: branches and tags from a server into the local repository.
+
+use std::collections::HashSet;
+
+use mdl::transfer::{self, Received};
+use mdl::{ObjectId, Ref, RefName, RefValue, Repository, Timestamp};
+use mdl_protocol::body::{ListedRef, Refs};
+
+use crate::{Error, Remote, Result};
+
+/// A ref that a fetch, pull or push moved.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Moved {
+    /// Full ref name.
+    pub name: String,
+    /// Its value before.
+    pub old: Option<ObjectId>,
+    /// Its value now.
+    pub new: ObjectId,
+}
+
+/// What a transfer did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct TransferOutcome {
+    /// Objects that travelled.
+    pub objects: u64,
+    /// Their record bytes.
+    pub bytes: u64,
+    /// Refs changed (locally for fetch and pull, on the server for push).
+    pub moved: Vec<Moved>,
+}
+
+/// Fetches `branch` (every branch when `None`) and every tag from `remote` into `repo`:
+/// branches land as `refs/remotes/REMOTE_NAME/BRANCH`; tags missing locally are created
+/// (existing local tags are never moved).
+pub fn fetch(
+    repo: &Repository,
+    remote_name: &str,
+    remote: &Remote,
+    branch: Option<&str>,
+) -> Result<TransferOutcome> {
+    fetch_refs(repo, remote_name, remote, &remote.refs()?, branch)
+}
+
+/// [`fetch`] given the server's refs.
+pub(crate) fn fetch_refs(
+    repo: &Repository,
+    remote_name: &str,
+    remote: &Remote,
+    refs: &Refs,
+    branch: Option<&str>,
+) -> Result<TransferOutcome> {
+    let branches: Vec<&ListedRef> = refs
+        .refs
+        .iter()
+        .filter(|r| match (r.name.strip_prefix(Ref::BRANCHES), branch) {
+            (Some(b), Some(want)) => b == want,
+            (Some(_), None) => true,
+            (None, _) => false,
+        })
+        .collect();
+    if let (Some(b), true) = (branch, branches.is_empty()) {
+        return Err(Error::Remote(format!("{} has no branch {b}", remote.url())));
+    }
+    let tags: Vec<&ListedRef> = refs
+        .refs
+        .iter()
+        .filter(|r| r.name.starts_with(Ref::TAGS))
+        .collect();
+    let mut outcome = TransferOutcome::default();
+    let wanted: Vec<ObjectId> = branches.iter().chain(&tags).map(|r| r.target).collect();
+    let received = fetch_commits(repo, remote, &wanted)?;
+    outcome.objects = received.objects;
+    outcome.bytes = received.bytes;
+    for r in &branches {
+        let short = branch_name(&r.name[Ref::BRANCHES.len()..])?;
+        let tracking = Ref::remote(remote_name, &short).full();
+        let old = mdl::refs::get(repo, &tracking)?;
+        if old.as_ref().and_then(RefValue::target) == Some(r.target) {
+            continue;
+        }
+        mdl::refs::compare_and_swap(
+            repo,
+            &tracking,
+            old.as_ref(),
+            &RefValue::Direct(r.target),
+            &format!("fetch {}", remote.url()),
+        )?;
+        outcome.moved.push(Moved {
+            name: tracking,
+            old: old.and_then(|v| v.target()),
+            new: r.target,
+        });
+    }
+    for t in &tags {
+        if mdl::refs::get(repo, &t.name)?.is_some() {
+            continue;
+        }
+        let value = match (&t.tagger, t.time_ms, &t.message) {
+            (Some(tagger), Some(time), Some(message)) => RefValue::Annotated {
+                target: t.target,
+                tagger: tagger.clone(),
+                time: Timestamp(time),
+                message: message.clone(),
+            },
+            _ => RefValue::Direct(t.target),
+        };
+        mdl::refs::compare_and_swap(
+            repo,
+            &t.name,
+            None,
+            &value,
+            &format!("fetch {}", remote.url()),
+        )?;
+        outcome.moved.push(Moved {
+            name: t.name.clone(),
+            old: None,
+            new: t.target,
+        });
+    }
+    Ok(outcome)
+}
+
+/// Brings the commits `want` (and their history) from the server, sending only objects this
+/// repository lacks.
+fn fetch_commits(repo: &Repository, remote: &Remote, want: &[ObjectId]) -> Result<Received> {
+    let have: Vec<ObjectId> = transfer::commits(repo)?;
+    let have_set: HashSet<ObjectId> = have.iter().copied().collect();
+    let want: Vec<ObjectId> = want
+        .iter()
+        .filter(|id| !have_set.contains(id))
+        .copied()
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    if want.is_empty() {
+        return Ok(Received::default());
+    }
+    let plan = remote.plan(&want, &have)?;
+    let planned: Vec<ObjectId> = plan.iter().map(|p| p.id).collect();
+    let needed = transfer::missing(repo, &planned)?;
+    tracing::info!(
+        "fetching {} of {} objects from {}",
+        needed.len(),
+        plan.len(),
+        remote.url()
+    );
+    remote.fetch_objects(repo, &needed)
+}
+
+/// Fetches `branch` (HEAD's when `None`) and fast-forwards the local branch to it (creating
+/// it when missing). A local branch with commits the remote lacks is left alone with an
+/// error naming both tips.
+pub fn pull(
+    repo: &Repository,
+    remote_name: &str,
+    remote: &Remote,
+    branch: Option<&str>,
+) -> Result<TransferOutcome> {
+    let branch = match branch {
+        Some(b) => b.to_string(),
+        None => current_branch(repo)?,
+    };
+    let mut outcome = fetch(repo, remote_name, remote, Some(&branch))?;
+    let tracking = Ref::remote(remote_name, &branch_name(&branch)?).full();
+    let theirs = mdl::refs::get(repo, &tracking)?
+        .and_then(|v| v.target())
+        .ok_or_else(|| Error::Remote(format!("{} has no branch {branch}", remote.url())))?;
+    let name = Ref::branch(&branch_name(&branch)?).full();
+    let ours = mdl::refs::get(repo, &name)?;
+    let ours_id = ours.as_ref().and_then(RefValue::target);
+    match ours_id {
+        Some(o) if o == theirs => {}
+        Some(o) if transfer::is_ancestor(repo, &theirs, &o)? => {}
+        Some(o) if !transfer::is_ancestor(repo, &o, &theirs)? => {
+            return Err(Error::Rejected(format!(
+                "cannot fast-forward {branch}: the local branch ({}) and {}'s ({}) have diverged",
+                o.short(12),
+                remote.url(),
+                theirs.short(12)
+            )));
+        }
+        _ => {
+            mdl::refs::compare_and_swap(
+                repo,
+                &name,
+                ours.as_ref(),
+                &RefValue::Direct(theirs),
+                &format!("pull {}", remote.url()),
+            )?;
+            outcome.moved.push(Moved {
+                name,
+                old: ours_id,
+                new: theirs,
+            });
+        }
+    }
+    Ok(outcome)
+}
+
+/// A branch name given by the user or a server, validated.
+pub(crate) fn branch_name(name: &str) -> Result<RefName> {
+    Ok(RefName::new(name).map_err(mdl::Error::from)?)
+}
+
+pub(crate) fn current_branch(repo: &Repository) -> Result<String> {
+    let head = repo.head_branch()?;
+    Ok(head
+        .strip_prefix(Ref::BRANCHES)
+        .unwrap_or(&head)
+        .to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn branch_names_are_validated() {
+        assert!(branch_name("exp/lr").is_ok());
+        assert!(branch_name("a..b").is_err());
+        assert!(branch_name("").is_err());
+    }
+}

@@ -1,0 +1,135 @@
+//! `push`: a branch to a server, refused unless it fast-forwards there.
+
+use std::collections::HashSet;
+
+use mdl::transfer::{self, Received, RefUpdate};
+use mdl::{ObjectId, Ref, RefValue, Repository};
+use mdl_protocol::ErrorCode;
+
+use crate::fetch::{branch_name, current_branch};
+use crate::{Error, Moved, Remote, Result, TransferOutcome};
+
+/// Pushes `branch` (HEAD's when `None`) to `remote`: sends the objects the server lacks, then
+/// moves the server's branch by compare-and-swap. Refused when the server's branch has
+/// commits this repository does not descend from (unless `force`), or when it changed
+/// during the push.
+pub fn push(
+    repo: &Repository,
+    remote_name: &str,
+    remote: &Remote,
+    branch: Option<&str>,
+    force: bool,
+) -> Result<TransferOutcome> {
+    let branch = match branch {
+        Some(b) => b.to_string(),
+        None => current_branch(repo)?,
+    };
+    let name = Ref::branch(&branch_name(&branch)?).full();
+    let tip = mdl::refs::get(repo, &name)?
+        .and_then(|v| v.target())
+        .ok_or_else(|| mdl::Error::UnbornBranch(branch.clone()))?;
+    let refs = remote.refs()?;
+    let theirs = refs.get(&name);
+    let mut outcome = TransferOutcome::default();
+    if theirs == Some(tip) {
+        return Ok(outcome);
+    }
+    if let (Some(t), false) = (theirs, force) {
+        let known = transfer::has_commit(repo, &t)?;
+        if !known || !transfer::is_ancestor(repo, &t, &tip)? {
+            return Err(Error::Rejected(format!(
+                "push of {branch} rejected: not a fast-forward ({} has {} there, which {} does not descend from); pull first",
+                remote.url(),
+                t.short(12),
+                tip.short(12)
+            )));
+        }
+    }
+    let update = RefUpdate {
+        name: name.clone(),
+        old: theirs,
+        new: Some(tip),
+        force,
+    };
+    // The server answers `incomplete` when gc removed, between these requests, an object it
+    // had counted as present; nothing was published, and asking again sends it.
+    let mut attempts = 0;
+    let sent = loop {
+        match send_and_move(repo, remote, &update) {
+            Err(Error::Server {
+                code: Some(ErrorCode::Incomplete),
+                ..
+            }) if attempts < PUSH_RETRIES => {
+                attempts += 1;
+                tracing::info!(
+                    "{} lost objects during the push; sending again",
+                    remote.url()
+                );
+            }
+            other => break other,
+        }
+    };
+    match sent {
+        Ok(received) => {
+            outcome.objects = received.objects;
+            outcome.bytes = received.bytes;
+        }
+        Err(Error::Server {
+            code: Some(ErrorCode::RefConflict),
+            ..
+        }) => {
+            return Err(Error::Rejected(format!(
+                "push of {branch} rejected: {}'s {branch} changed during the push; pull and push again",
+                remote.url()
+            )));
+        }
+        Err(Error::Server {
+            code: Some(ErrorCode::NotFastForward),
+            message,
+            ..
+        }) => {
+            return Err(Error::Rejected(format!(
+                "push of {branch} rejected: {message}"
+            )));
+        }
+        Err(e) => return Err(e),
+    }
+    outcome.moved.push(Moved {
+        name,
+        old: theirs,
+        new: tip,
+    });
+    // Record what the server now has.
+    let tracking = Ref::remote(remote_name, &branch_name(&branch)?).full();
+    let old = mdl::refs::get(repo, &tracking)?;
+    mdl::refs::compare_and_swap(
+        repo,
+        &tracking,
+        old.as_ref(),
+        &RefValue::Direct(tip),
+        &format!("push {}", remote.url()),
+    )?;
+    Ok(outcome)
+}
+
+/// How often a push starts again when the server lost objects it had counted as present.
+const PUSH_RETRIES: usize = 3;
+
+/// Sends what the server lacks of `update.new`'s history (asking which commits, then which of
+/// their objects), then applies `update`.
+fn send_and_move(repo: &Repository, remote: &Remote, update: &RefUpdate) -> Result<Received> {
+    let tip = update.new.expect("a push moves a ref to a commit");
+    let history = transfer::reachable_commits(repo, &[tip])?;
+    let missing: HashSet<ObjectId> = remote.missing(&history)?.into_iter().collect();
+    let plan = transfer::plan(repo, &[tip], &|id| !missing.contains(id))?;
+    let ids: Vec<ObjectId> = plan.iter().map(|p| p.id).collect();
+    let needed: HashSet<ObjectId> = remote.missing(&ids)?.into_iter().collect();
+    let send: Vec<ObjectId> = ids.into_iter().filter(|id| needed.contains(id)).collect();
+    let received = if send.is_empty() {
+        Received::default()
+    } else {
+        remote.send_objects(repo, &send)?
+    };
+    remote.update_ref(update)?;
+    Ok(received)
+}

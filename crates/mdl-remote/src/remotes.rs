@@ -1,0 +1,45 @@
+//! Remotes kept in the repository's configuration as `remote.NAME.url`.
+
+use mdl::{RefName, Repository};
+
+use crate::{Error, Remote, Result};
+
+const REMOTE_PREFIX: &str = "remote.";
+const URL_SUFFIX: &str = ".url";
+
+/// Adds remote `name` with `url` to the repository's configuration.
+pub fn add_remote(repo: &Repository, name: &str, url: &str) -> Result<()> {
+    RefName::new(name).map_err(mdl::Error::from)?;
+    if name.contains('/') {
+        return Err(Error::Remote(format!(
+            "invalid remote name {name:?}: it may not contain '/'"
+        )));
+    }
+    Remote::new(url, None)?;
+    let key = format!("{REMOTE_PREFIX}{name}{URL_SUFFIX}");
+    if !mdl::config::add(repo, &key, url)? {
+        return Err(Error::Remote(format!("remote {name} already exists")));
+    }
+    Ok(())
+}
+
+/// The configured remotes, as (name, url).
+pub fn remotes(repo: &Repository) -> Result<Vec<(String, String)>> {
+    let all = mdl::config::with_prefix(repo, REMOTE_PREFIX)?;
+    Ok(all
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let name = k.strip_prefix(REMOTE_PREFIX)?.strip_suffix(URL_SUFFIX)?;
+            Some((name.to_string(), v))
+        })
+        .collect())
+}
+
+/// The URL of remote `name`.
+pub fn remote_url(repo: &Repository, name: &str) -> Result<String> {
+    mdl::config::get(repo, &format!("{REMOTE_PREFIX}{name}{URL_SUFFIX}"))?.ok_or_else(|| {
+        Error::Remote(format!(
+            "no remote named {name} (mdl remote add {name} URL)"
+        ))
+    })
+}
