@@ -1,0 +1,524 @@
+//! Verified reads: records opened, checked and decoded, delta chains resolved, every byte
+//! verified against its checksum and its id.
+
+use std::fs::File;
+use std::io::{self, BufReader, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+use mdl_codec::qrecord::QuantTensor;
+use mdl_codec::{float, CodecTag};
+use mdl_format::record::{self, RecordHeader, Trailer, TRAILER_LEN};
+use mdl_format::{FormatError, ObjectId, TensorHasher, TensorHeader};
+
+use crate::{IndexEntry, Store, StoreError};
+
+use super::{buffers, zeroed, MAX_CHAIN};
+
+impl Store {
+    /// Runs a read of `id` starting from `entry`; if a record file is gone because compaction
+    /// or gc re-encoded the object (or a base) after `entry` was read, runs it again from the
+    /// index's current entries. A reader never fails because maintenance ran beside it.
+    fn reread<R>(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        mut read: impl FnMut(&IndexEntry) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        let mut current = *entry;
+        let mut attempts = 0;
+        loop {
+            match read(&current) {
+                Err(StoreError::Missing(gone)) if attempts < REREADS => {
+                    attempts += 1;
+                    match self.meta().read()?.object(id)? {
+                        Some(fresh) => current = fresh,
+                        None => return Err(StoreError::Missing(gone)),
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Decodes an object into `out`, verifying the record checksum and the content hash.
+    ///
+    /// Bytes reach `out` while decoding proceeds; if verification fails at the end an error is
+    /// returned and the caller must discard what was written.
+    pub fn read_object(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        out: &mut dyn Write,
+    ) -> Result<u64, StoreError> {
+        // A missing record is found when it is opened, before anything reaches `out`.
+        self.reread(id, entry, |e| self.read_object_once(id, e, out))
+    }
+
+    fn read_object_once(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        out: &mut dyn Write,
+    ) -> Result<u64, StoreError> {
+        let corrupt = corrupt(id, entry);
+        // Deltas and the chunked codecs decode whole tensors in memory; the index says which
+        // before the record is opened (and the record is checked against it there).
+        if entry.base.is_some()
+            || !CodecTag::try_from(entry.codec)
+                .map_err(corrupt)?
+                .is_streaming()
+        {
+            let mut data = zeroed(entry.content_len)?;
+            self.materialize(id, entry, chain_budget(entry), &mut data)?;
+            out.write_all(&data).map_err(StoreError::Output)?;
+            return Ok(data.len() as u64);
+        }
+        let OpenRecord {
+            file,
+            path,
+            len,
+            header,
+            header_len: hlen,
+            head,
+        } = self.open_record(id, entry)?;
+        if (len as usize) < hlen + TRAILER_LEN {
+            return Err(corrupt(FormatError::Truncated {
+                what: "record",
+                needed: hlen + TRAILER_LEN - len as usize,
+            }));
+        }
+        let mut tbytes = [0u8; TRAILER_LEN];
+        file.read_exact_at(&mut tbytes, len - TRAILER_LEN as u64)
+            .map_err(StoreError::io("read", &path))?;
+        let trailer = Trailer::decode(&tbytes).map_err(corrupt)?;
+        let payload_len = len - hlen as u64 - TRAILER_LEN as u64;
+        if trailer.payload_len != payload_len
+            || trailer.content_len != entry.content_len
+            || header.kind != entry.kind
+        {
+            return Err(corrupt(FormatError::invalid(
+                "record",
+                "lengths or kind disagree with the index",
+            )));
+        }
+        let codec = CodecTag::try_from(header.codec).map_err(corrupt)?;
+        if header.base != entry.base || header.codec != entry.codec {
+            return Err(corrupt(FormatError::invalid(
+                "record",
+                "codec or base disagrees with the index",
+            )));
+        }
+
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&head[..hlen]);
+        let mut reader = BufReader::with_capacity(1 << 18, &file);
+        io::Seek::seek(&mut reader, io::SeekFrom::Start(hlen as u64))
+            .map_err(StoreError::io("seek", &path))?;
+        let mut payload = CrcReader {
+            inner: reader.take(payload_len),
+            crc,
+        };
+        let mut hasher = TensorHasher::new(&header.prefix);
+        let mut total = 0u64;
+        {
+            let mut dec = mdl_codec::decoder(codec, Box::new(&mut payload), trailer.content_len)
+                .map_err(|e| corrupt(FormatError::invalid("payload", e.to_string())))?;
+            let mut buf = vec![0u8; 1 << 18];
+            loop {
+                let n = match dec.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(corrupt(FormatError::invalid("payload", e.to_string()))),
+                };
+                hasher.update(&buf[..n]);
+                out.write_all(&buf[..n]).map_err(StoreError::Output)?;
+                total += n as u64;
+            }
+        }
+        // Checksum the rest of the payload the decoder did not need to look at.
+        io::copy(&mut payload, &mut io::sink()).map_err(StoreError::io("read", &path))?;
+        let mut crc = payload.crc;
+        crc.update(&tbytes[..16]);
+        let computed = crc.finalize();
+        if computed != trailer.crc {
+            return Err(corrupt(FormatError::Checksum {
+                stored: trailer.crc,
+                computed,
+            }));
+        }
+        let actual = hasher.finalize();
+        if actual != *id {
+            return Err(corrupt(FormatError::HashMismatch {
+                expected: *id,
+                actual,
+            }));
+        }
+        Ok(total)
+    }
+
+    /// Decodes a tensor into memory, resolving its delta chain; every record's checksum and the
+    /// final content hash are verified. Tensors of any codec are accepted.
+    pub fn load_tensor(&self, id: &ObjectId, entry: &IndexEntry) -> Result<Vec<u8>, StoreError> {
+        let mut out = zeroed(entry.content_len)?;
+        self.load_tensor_into(id, entry, &mut out)?;
+        Ok(out)
+    }
+
+    /// Like [`Self::load_tensor`], decoding into `out` (exactly the content length), e.g. a
+    /// slice of a memory-mapped output file. On error `out` holds garbage.
+    pub fn load_tensor_into(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        out: &mut [u8],
+    ) -> Result<(), StoreError> {
+        if out.len() as u64 != entry.content_len {
+            return Err(StoreError::Output(io::Error::other(
+                "output size differs from the object's",
+            )));
+        }
+        self.reread(id, entry, |e| self.materialize(id, e, chain_budget(e), out))
+    }
+
+    fn materialize(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        budget: u32,
+        out: &mut [u8],
+    ) -> Result<(), StoreError> {
+        let corrupt = corrupt(id, entry);
+        let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
+        if codec.is_streaming() && entry.base.is_none() {
+            let mut w = &mut out[..];
+            self.read_object(id, entry, &mut w)?;
+            return Ok(());
+        }
+        if budget == 0 {
+            return Err(corrupt(FormatError::invalid(
+                "delta chain",
+                "longer than the index records (a cycle?)",
+            )));
+        }
+        if codec.is_quant() {
+            let (q, prefix) = self.load_quant_chain(id, entry, budget)?;
+            q.render(out);
+            return verify_content(id, entry, &prefix, out);
+        }
+        // The base first, so its record buffer is gone before this one is read.
+        let base = match &entry.base {
+            Some(base_id) => {
+                let base_entry = self.base_entry(id, entry, base_id)?;
+                let mut b = zeroed(base_entry.content_len)?;
+                self.materialize(base_id, &base_entry, budget - 1, &mut b)?;
+                Some(b)
+            }
+            None => None,
+        };
+        self.with_record(id, entry, |bytes| {
+            self.decode_record(id, entry, bytes, base.as_deref(), out)
+        })
+    }
+
+    /// The index entry of `id`'s base, checked to be the same size.
+    fn base_entry(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        base_id: &ObjectId,
+    ) -> Result<IndexEntry, StoreError> {
+        let base_entry = self
+            .meta()
+            .read()?
+            .object(base_id)?
+            .ok_or(StoreError::Missing(*base_id))?;
+        if base_entry.content_len != entry.content_len {
+            return Err(corrupt(id, entry)(FormatError::invalid(
+                "delta",
+                "base size differs from the object's",
+            )));
+        }
+        Ok(base_entry)
+    }
+
+    /// Runs `f` on the bytes of `id`'s record file.
+    fn with_record<R>(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        f: impl FnOnce(&[u8]) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        let path = self.record_path(id, entry.generation);
+        // Record bytes go through a reused buffer (nested reads take their own): fresh large
+        // buffers cost a page fault per 4 KiB.
+        let mut bytes = buffers::take();
+        let read = File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes));
+        let result = match read {
+            Ok(_) => f(&bytes),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(StoreError::Missing(*id)),
+            Err(e) => Err(StoreError::Io {
+                op: "read",
+                path: path.clone(),
+                source: e,
+            }),
+        };
+        buffers::give_back(bytes);
+        result
+    }
+
+    /// Decodes a quantized tensor (codes, table, protected values), resolving its chain of
+    /// quant deltas: each delta applies to its base's codes. Record checksums are verified at
+    /// every level; the content hash is verified by whoever renders the result
+    /// ([`Self::load_tensor`] does).
+    pub fn load_quant(&self, id: &ObjectId, entry: &IndexEntry) -> Result<QuantTensor, StoreError> {
+        self.reread(id, entry, |e| {
+            Ok(self.load_quant_chain(id, e, chain_budget(e))?.0)
+        })
+    }
+
+    /// [`Self::load_quant`] with a chain budget; also returns the record's canonical tensor
+    /// header (what the content hash starts with).
+    fn load_quant_chain(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        budget: u32,
+    ) -> Result<(QuantTensor, Vec<u8>), StoreError> {
+        let corrupt = corrupt(id, entry);
+        let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
+        if !codec.is_quant() {
+            return Err(corrupt(FormatError::invalid(
+                "quant chain",
+                format!("{codec} record where a quantized one was expected"),
+            )));
+        }
+        if budget == 0 {
+            return Err(corrupt(FormatError::invalid(
+                "delta chain",
+                "longer than the index records (a cycle?)",
+            )));
+        }
+        let base = match &entry.base {
+            Some(base_id) => {
+                let base_entry = self.base_entry(id, entry, base_id)?;
+                Some(self.load_quant_chain(base_id, &base_entry, budget - 1)?.0)
+            }
+            None => None,
+        };
+        self.with_record(id, entry, |bytes| {
+            let (header, payload, tensor) = self.check_record(id, entry, bytes)?;
+            let n = (entry.content_len / tensor.dtype.size() as u64) as usize;
+            let q = QuantTensor::decode(
+                self.engine(),
+                tensor.dtype,
+                n,
+                payload,
+                base.as_ref().map(|b| &b.codes[..]),
+            )
+            .map_err(corrupt)?;
+            Ok((q, header.prefix))
+        })
+    }
+
+    /// Parses a whole in-memory record and checks it against the index entry.
+    fn check_record<'b>(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        bytes: &'b [u8],
+    ) -> Result<(RecordHeader, &'b [u8], TensorHeader), StoreError> {
+        let corrupt = corrupt(id, entry);
+        let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
+        let (header, payload, trailer) = record::decode(bytes).map_err(corrupt)?;
+        if trailer.content_len != entry.content_len
+            || header.kind != entry.kind
+            || header.codec != entry.codec
+            || header.base != entry.base
+            || header.base.is_some() != codec.has_base()
+        {
+            return Err(corrupt(FormatError::invalid(
+                "record",
+                "codec, base, lengths or kind disagree with the index",
+            )));
+        }
+        let tensor = TensorHeader::from_canonical(&header.prefix).map_err(corrupt)?;
+        if tensor.data_len() != Some(entry.content_len) {
+            return Err(corrupt(FormatError::invalid(
+                "record",
+                "tensor shape disagrees with the content length",
+            )));
+        }
+        Ok((header, payload, tensor))
+    }
+
+    /// Decodes a whole in-memory record of a chunked codec into `out`, verifying it.
+    fn decode_record(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        bytes: &[u8],
+        base: Option<&[u8]>,
+        out: &mut [u8],
+    ) -> Result<(), StoreError> {
+        let corrupt = corrupt(id, entry);
+        let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
+        let (header, payload, tensor) = self.check_record(id, entry, bytes)?;
+        match codec {
+            CodecTag::FloatSplit | CodecTag::XorDelta | CodecTag::MantissaTrim => {
+                float::decode(self.engine(), tensor.dtype, payload, base, out).map_err(corrupt)?
+            }
+            CodecTag::SubDelta => {
+                let base = base.ok_or(corrupt(FormatError::invalid(
+                    "sub-delta",
+                    "record has no base",
+                )))?;
+                float::decode_sub(self.engine(), tensor.dtype, payload, base, out)
+                    .map_err(corrupt)?
+            }
+            CodecTag::Raw | CodecTag::Zstd | CodecTag::QuantBase | CodecTag::QuantDelta => {
+                return Err(corrupt(FormatError::invalid(
+                    "record",
+                    format!("{codec} records are not decoded here"),
+                )))
+            }
+        }
+        verify_content(id, entry, &header.prefix, out)
+    }
+
+    /// The header of an object's record (kind, codec, base, and for tensors the canonical tensor
+    /// header), read without the payload. Nothing is verified beyond the header's own format.
+    pub fn record_header(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+    ) -> Result<RecordHeader, StoreError> {
+        Ok(self.open_record(id, entry)?.header)
+    }
+
+    /// Opens an object's record file and parses its header.
+    fn open_record(&self, id: &ObjectId, entry: &IndexEntry) -> Result<OpenRecord, StoreError> {
+        let path = self.record_path(id, entry.generation);
+        let file = File::open(&path).map_err(StoreError::record_io(id, "open", &path))?;
+        let len = file
+            .metadata()
+            .map_err(StoreError::io("stat", &path))?
+            .len();
+        let (header, header_len, head) = read_header(&file, len).map_err(|e| match e {
+            HeaderError::Io(source) => StoreError::io("read", &path)(source),
+            HeaderError::Format(f) => corrupt(id, entry)(f),
+        })?;
+        Ok(OpenRecord {
+            file,
+            path,
+            len,
+            header,
+            header_len,
+            head,
+        })
+    }
+
+    /// The bytes of an object's record file, as stored (for sending it to another repository).
+    /// The checksum is verified; the content is verified by the receiver.
+    pub fn read_record(&self, id: &ObjectId, entry: &IndexEntry) -> Result<Vec<u8>, StoreError> {
+        let path = self.record_path(id, entry.generation);
+        let bytes = std::fs::read(&path).map_err(StoreError::record_io(id, "read", &path))?;
+        record::decode(&bytes).map_err(corrupt(id, entry))?;
+        Ok(bytes)
+    }
+
+    /// Decodes a whole object into memory (manifests, commits, tensors for diffs).
+    pub fn read_object_vec(&self, id: &ObjectId) -> Result<Vec<u8>, StoreError> {
+        let entry = self
+            .meta()
+            .read()?
+            .object(id)?
+            .ok_or(StoreError::Missing(*id))?;
+        let mut out = Vec::with_capacity(entry.content_len.min(1 << 30) as usize);
+        self.read_object(id, &entry, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// How many delta steps a read of `entry` may follow: a chain can never be longer than the
+/// index says; the budget also stops cycles in a damaged index.
+fn chain_budget(entry: &IndexEntry) -> u32 {
+    entry.depth.saturating_add(1).min(MAX_CHAIN)
+}
+
+/// How often a read starts again after a record moved under it.
+const REREADS: u32 = 3;
+
+/// Checks that `prefix` (a canonical tensor header) followed by `out` hashes to `id`.
+fn verify_content(
+    id: &ObjectId,
+    entry: &IndexEntry,
+    prefix: &[u8],
+    out: &[u8],
+) -> Result<(), StoreError> {
+    let mut hasher = TensorHasher::new(prefix);
+    hasher.update(out);
+    let actual = hasher.finalize();
+    if actual != *id {
+        return Err(corrupt(id, entry)(FormatError::HashMismatch {
+            expected: *id,
+            actual,
+        }));
+    }
+    Ok(())
+}
+
+/// Maps a format error in `id`'s record to [`StoreError::Corrupt`] naming the object.
+fn corrupt(id: &ObjectId, entry: &IndexEntry) -> impl Fn(FormatError) -> StoreError + Copy {
+    let (id, kind) = (*id, entry.kind.name());
+    move |source| StoreError::Corrupt { id, kind, source }
+}
+
+/// A record file opened and its header parsed.
+struct OpenRecord {
+    file: File,
+    path: PathBuf,
+    /// The file's length.
+    len: u64,
+    header: RecordHeader,
+    /// Bytes the encoded header takes.
+    header_len: usize,
+    /// The first bytes of the file, read to parse the header.
+    head: Vec<u8>,
+}
+
+enum HeaderError {
+    Io(io::Error),
+    Format(FormatError),
+}
+
+fn read_header(file: &File, len: u64) -> Result<(RecordHeader, usize, Vec<u8>), HeaderError> {
+    let mut want = len.min(1024) as usize;
+    loop {
+        let mut head = vec![0u8; want];
+        file.read_exact_at(&mut head, 0).map_err(HeaderError::Io)?;
+        match RecordHeader::decode(&head) {
+            Ok((h, n)) => return Ok((h, n, head)),
+            Err(FormatError::Truncated { .. })
+                if (want as u64) < len && want < record::MAX_HEADER_LEN =>
+            {
+                want = len.min(record::MAX_HEADER_LEN as u64) as usize;
+            }
+            Err(e) => return Err(HeaderError::Format(e)),
+        }
+    }
+}
+
+struct CrcReader<R> {
+    inner: R,
+    crc: crc32fast::Hasher,
+}
+
+impl<R: Read> Read for CrcReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.crc.update(&buf[..n]);
+        Ok(n)
+    }
+}
