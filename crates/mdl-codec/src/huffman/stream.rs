@@ -1,0 +1,439 @@
+//! The self-describing entropy stream of `docs/FORMAT.md`: stored, constant, Huffman or
+//! sparse, with a chunk length table so chunks code and decode in parallel.
+
+use super::*;
+
+/// Sparse mode: which symbols of 8 are non-zero, one bit each (bit `k` = symbol `k`).
+#[inline]
+pub(super) fn nonzero_flags(eight: &[u8]) -> u8 {
+    let mut w = [0u8; 8];
+    w[..eight.len()].copy_from_slice(eight);
+    let x = u64::from_le_bytes(w);
+    // High bit of each byte set where the byte is non-zero, then gathered into one byte.
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    let nz = (((x & LOW7) + LOW7) | x) & !LOW7;
+    ((nz >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8
+}
+
+/// Histogram of the sparse-mode flag bytes of `symbols` (taken 8 at a time from the start).
+pub fn flag_histogram(symbols: &[u8]) -> Histogram {
+    let mut t = [[0u32; 256]; 2];
+    let mut pairs = symbols.chunks_exact(16);
+    for p in &mut pairs {
+        t[0][nonzero_flags(&p[..8]) as usize] += 1;
+        t[1][nonzero_flags(&p[8..]) as usize] += 1;
+    }
+    for e in pairs.remainder().chunks(8) {
+        t[0][nonzero_flags(e) as usize] += 1;
+    }
+    let mut h = Histogram::default();
+    for (i, c) in h.0.iter_mut().enumerate() {
+        *c = t[0][i] as u64 + t[1][i] as u64;
+    }
+    h
+}
+
+/// How a stream holds its symbols (decided from histograms before encoding).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// The bytes as they are.
+    Stored,
+    /// Every symbol is this one.
+    Constant(u8),
+    /// Huffman-coded with this code.
+    Huffman(Box<Code>),
+    /// Mostly zeros: a bitmap of the non-zero positions (8 to a byte, Huffman-coded with
+    /// `flags`), then the non-zero symbols alone (Huffman-coded with `values`). Where zeros
+    /// dominate this gets below Huffman's floor of one bit a symbol, close to the entropy.
+    Sparse {
+        /// Code of the flag bytes.
+        flags: Box<Code>,
+        /// Code of the non-zero symbols.
+        values: Box<Code>,
+    },
+}
+
+impl Plan {
+    /// The cheapest way to hold symbols with histogram `hist` (and, when given, the histogram
+    /// of their sparse-mode flag bytes), with its stream size in bytes: exact, or at most
+    /// [`LANES`] bytes a chunk (twice that for sparse streams) over.
+    pub fn choose(hist: &Histogram, flags: Option<&Histogram>) -> (Plan, u64) {
+        let n = hist.total();
+        let stored = 1 + n;
+        let distinct = hist.0.iter().filter(|&&c| c > 0).count();
+        if distinct <= 1 {
+            let s = hist.0.iter().position(|&c| c > 0).unwrap_or(0) as u8;
+            return (Plan::Constant(s), 2);
+        }
+        let chunks = n.div_ceil(1 << CHUNK_LOG2);
+        let code = Code::build(hist);
+        let coded = 2
+            + LENGTHS_BYTES as u64
+            + (4 + CHUNK_OVERHEAD) * chunks
+            + code.encoded_bits(hist).div_ceil(8);
+        let mut best = if coded < stored {
+            (Plan::Huffman(Box::new(code)), coded)
+        } else {
+            (Plan::Stored, stored)
+        };
+        if let Some(fh) = flags.filter(|_| hist.0[0] > 0) {
+            let mut values = hist.clone();
+            values.0[0] = 0;
+            let (fcode, vcode) = (Code::build(fh), Code::build(&values));
+            let sparse = 2
+                + 2 * LENGTHS_BYTES as u64
+                + (8 + 2 * CHUNK_OVERHEAD) * chunks
+                + fcode.encoded_bits(fh).div_ceil(8)
+                + vcode.encoded_bits(&values).div_ceil(8);
+            if sparse < best.1 {
+                best = (
+                    Plan::Sparse {
+                        flags: Box::new(fcode),
+                        values: Box::new(vcode),
+                    },
+                    sparse,
+                );
+            }
+        }
+        best
+    }
+
+    /// Whether choosing a plan for these symbols benefits from their flag histogram (there
+    /// are zeros to skip): callers count flags only where this holds.
+    pub fn wants_flags(hist: &Histogram) -> bool {
+        let n = hist.total();
+        n > 0 && hist.0[0] * 5 >= n * 2
+    }
+}
+
+/// A stream being written chunk by chunk (so callers can produce chunks in parallel).
+pub struct StreamWriter {
+    plan: Plan,
+    encoders: Option<(Encoder, Option<Encoder>)>,
+}
+
+impl StreamWriter {
+    /// A writer following `plan`.
+    pub fn new(plan: Plan) -> StreamWriter {
+        let encoders = match &plan {
+            Plan::Huffman(code) => Some((Encoder::new(code), None)),
+            Plan::Sparse { flags, values } => {
+                Some((Encoder::new(flags), Some(Encoder::new(values))))
+            }
+            Plan::Stored | Plan::Constant(_) => None,
+        };
+        StreamWriter { plan, encoders }
+    }
+
+    /// The plan this writer follows.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The encoders of a coded plan: the symbols' (the flag bytes' for a sparse plan) and,
+    /// for a sparse plan, the non-zero values'.
+    pub fn encoders(&self) -> Option<(&Encoder, Option<&Encoder>)> {
+        self.encoders.as_ref().map(|(a, b)| (a, b.as_ref()))
+    }
+
+    /// Encodes one chunk's symbols (all chunks but the last hold exactly `1 << CHUNK_LOG2`).
+    pub fn chunk(&self, symbols: &[u8], out: &mut Vec<u8>) {
+        match (&self.plan, &self.encoders) {
+            (Plan::Stored, _) => out.extend_from_slice(symbols),
+            (Plan::Constant(_), _) => {}
+            (Plan::Huffman(_), Some((enc, _))) => enc.encode_chunk(symbols, out),
+            (Plan::Sparse { .. }, Some((fenc, Some(venc)))) => {
+                let flags: Vec<u8> = symbols.chunks(8).map(nonzero_flags).collect();
+                // Branch-free compaction of the non-zero symbols.
+                let mut values = vec![0u8; symbols.len()];
+                let mut k = 0usize;
+                for &s in symbols {
+                    values[k] = s;
+                    k += (s != 0) as usize;
+                }
+                values.truncate(k);
+                let at = out.len();
+                out.extend_from_slice(&[0; 4]);
+                fenc.encode_chunk(&flags, out);
+                let flen = (out.len() - at - 4) as u32;
+                out[at..at + 4].copy_from_slice(&flen.to_le_bytes());
+                venc.encode_chunk(&values, out);
+            }
+            _ => unreachable!("coded plans have encoders"),
+        }
+    }
+
+    /// The stream's header for these chunks (produced by [`Self::chunk`], in order): the
+    /// stream is this header followed by the chunks' bytes (none for a constant stream).
+    pub fn head(&self, chunks: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let table = |out: &mut Vec<u8>| {
+            for c in chunks {
+                out.extend_from_slice(&(c.len() as u32).to_le_bytes());
+            }
+        };
+        match &self.plan {
+            Plan::Stored => out.push(MODE_STORED),
+            Plan::Constant(s) => out.extend_from_slice(&[MODE_CONSTANT, *s]),
+            Plan::Huffman(code) => {
+                out.extend_from_slice(&[MODE_HUFFMAN, CHUNK_LOG2]);
+                code.write_lengths(&mut out);
+                table(&mut out);
+            }
+            Plan::Sparse { flags, values } => {
+                out.extend_from_slice(&[MODE_SPARSE, CHUNK_LOG2]);
+                flags.write_lengths(&mut out);
+                values.write_lengths(&mut out);
+                table(&mut out);
+            }
+        }
+        out
+    }
+
+    /// Appends the stream (header and chunks, produced by [`Self::chunk`] in order) to `out`.
+    pub fn assemble(&self, chunks: &[&[u8]], out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.head(chunks));
+        for c in chunks {
+            out.extend_from_slice(c);
+        }
+    }
+}
+
+/// Encodes `symbols` as one entropy stream, chunks in parallel.
+pub fn encode_stream(symbols: &[u8], out: &mut Vec<u8>) {
+    let (hist, flags) = symbols
+        .par_chunks(1 << CHUNK_LOG2)
+        .map(|c| (Histogram::of(c), flag_histogram(c)))
+        .reduce(
+            || (Histogram::default(), Histogram::default()),
+            |(mut a, mut b), (c, d)| {
+                a.add(&c);
+                b.add(&d);
+                (a, b)
+            },
+        );
+    let writer = StreamWriter::new(Plan::choose(&hist, Some(&flags)).0);
+    let chunks: Vec<Vec<u8>> = symbols
+        .par_chunks(1 << CHUNK_LOG2)
+        .map(|c| {
+            let mut v = Vec::new();
+            writer.chunk(c, &mut v);
+            v
+        })
+        .collect();
+    let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+    writer.assemble(&refs, out);
+}
+
+/// A parsed entropy stream: where each chunk lies, for decoding chunks alone or in parallel.
+pub struct Stream<'a> {
+    n: u64,
+    chunk_log2: u8,
+    body: StreamBody<'a>,
+}
+
+/// A parsed stream's contents (see [`Stream::body`]).
+pub enum StreamBody<'a> {
+    /// The symbols themselves.
+    Stored(&'a [u8]),
+    /// Every symbol is this one.
+    Constant(u8),
+    /// Huffman chunks ([`Decoder::decode_chunk`]), or sparse chunks when `values` is given: a
+    /// `u32` length of the flag chunk, the flag bytes' chunk (coded with `decoder`), then the
+    /// non-zero symbols' chunk (coded with `values`).
+    Coded {
+        /// Decoder of the symbols (of the flag bytes, for sparse chunks).
+        decoder: Box<Decoder>,
+        /// Decoder of the non-zero symbols of sparse chunks.
+        values: Option<Box<Decoder>>,
+        /// Start of each chunk in `data`, plus the end.
+        offsets: Vec<usize>,
+        /// The chunks.
+        data: &'a [u8],
+    },
+}
+
+impl<'a> Stream<'a> {
+    /// Parses a stream of exactly `n` symbols occupying all of `bytes`.
+    pub fn parse(bytes: &'a [u8], n: u64) -> Result<Stream<'a>, FormatError> {
+        let short = |needed: usize| FormatError::Truncated {
+            what: "entropy stream",
+            needed,
+        };
+        let (&mode, rest) = bytes.split_first().ok_or(short(1))?;
+        let (chunk_log2, body) = match mode {
+            MODE_STORED => {
+                if rest.len() as u64 != n {
+                    return Err(FormatError::invalid(
+                        "entropy stream",
+                        "stored length disagrees with the symbol count",
+                    ));
+                }
+                (CHUNK_LOG2, StreamBody::Stored(rest))
+            }
+            MODE_CONSTANT => match rest {
+                [s] => (CHUNK_LOG2, StreamBody::Constant(*s)),
+                _ => {
+                    return Err(FormatError::invalid(
+                        "entropy stream",
+                        "constant stream has the wrong length",
+                    ))
+                }
+            },
+            MODE_HUFFMAN | MODE_SPARSE => {
+                let codes = if mode == MODE_SPARSE { 2 } else { 1 };
+                let head = 1 + codes * LENGTHS_BYTES;
+                if rest.len() < head {
+                    return Err(short(head - rest.len()));
+                }
+                let log2 = rest[0];
+                if !(MIN_CHUNK_LOG2..=MAX_CHUNK_LOG2).contains(&log2) {
+                    return Err(FormatError::invalid("entropy stream", "bad chunk size"));
+                }
+                let decoder = Box::new(Decoder::new(&Code::read_lengths(&rest[1..])?));
+                let values = if mode == MODE_SPARSE {
+                    let code = Code::read_lengths(&rest[1 + LENGTHS_BYTES..])?;
+                    Some(Box::new(Decoder::new(&code)))
+                } else {
+                    None
+                };
+                let rest = &rest[head..];
+                let chunks = n.div_ceil(1 << log2);
+                // Each chunk needs a 4-byte length: bound the table by the input first.
+                if chunks.saturating_mul(4) > rest.len() as u64 {
+                    return Err(short(
+                        (chunks * 4).saturating_sub(rest.len() as u64) as usize
+                    ));
+                }
+                let (table, data) = rest.split_at(chunks as usize * 4);
+                let mut offsets = Vec::with_capacity(chunks as usize + 1);
+                let mut at = 0usize;
+                offsets.push(0);
+                for len in table.chunks_exact(4) {
+                    let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+                    at = at.checked_add(len).filter(|&e| e <= data.len()).ok_or(
+                        FormatError::invalid("entropy stream", "chunk table overruns the stream"),
+                    )?;
+                    offsets.push(at);
+                }
+                if at != data.len() {
+                    return Err(FormatError::invalid(
+                        "entropy stream",
+                        "bytes after the last chunk",
+                    ));
+                }
+                (
+                    log2,
+                    StreamBody::Coded {
+                        decoder,
+                        values,
+                        offsets,
+                        data,
+                    },
+                )
+            }
+            _ => {
+                return Err(FormatError::UnknownTag {
+                    what: "entropy stream mode",
+                    tag: mode,
+                })
+            }
+        };
+        Ok(Stream {
+            n,
+            chunk_log2,
+            body,
+        })
+    }
+
+    /// How the stream holds its symbols, for engines that decode chunks elsewhere.
+    pub fn body(&self) -> &StreamBody<'a> {
+        &self.body
+    }
+
+    /// Symbols per chunk.
+    pub fn chunk_len(&self) -> usize {
+        1 << self.chunk_log2
+    }
+
+    /// Number of chunks.
+    pub fn chunks(&self) -> usize {
+        self.n.div_ceil(self.chunk_len() as u64) as usize
+    }
+
+    /// Decodes chunk `i` into `out`, whose length must be that chunk's symbol count.
+    pub fn decode_chunk(&self, i: usize, out: &mut [u8]) -> Result<(), FormatError> {
+        let start = i * self.chunk_len();
+        debug_assert_eq!(
+            out.len() as u64,
+            (self.n - start as u64).min(self.chunk_len() as u64)
+        );
+        match &self.body {
+            StreamBody::Stored(b) => out.copy_from_slice(&b[start..start + out.len()]),
+            StreamBody::Constant(s) => out.fill(*s),
+            StreamBody::Coded {
+                decoder,
+                values: None,
+                offsets,
+                data,
+            } => decoder.decode_chunk(&data[offsets[i]..offsets[i + 1]], out)?,
+            StreamBody::Coded {
+                decoder,
+                values: Some(values),
+                offsets,
+                data,
+            } => decode_sparse(decoder, values, &data[offsets[i]..offsets[i + 1]], out)?,
+        }
+        Ok(())
+    }
+}
+
+/// Decodes one sparse chunk: flag bytes, then the non-zero symbols they place.
+fn decode_sparse(
+    flags: &Decoder,
+    values: &Decoder,
+    bytes: &[u8],
+    out: &mut [u8],
+) -> Result<(), FormatError> {
+    let bad = |detail: &str| FormatError::invalid("sparse chunk", detail.to_string());
+    if bytes.len() < 4 {
+        return Err(bad("too short"));
+    }
+    let flen = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")) as usize;
+    if flen > bytes.len() - 4 {
+        return Err(bad("flags overrun the chunk"));
+    }
+    let (fbytes, vbytes) = bytes[4..].split_at(flen);
+    let mut f = vec![0u8; out.len().div_ceil(8)];
+    flags.decode_chunk(fbytes, &mut f)?;
+    let count: usize = f.iter().map(|b| b.count_ones() as usize).sum();
+    if count > out.len() {
+        return Err(bad("more flags than symbols"));
+    }
+    let mut v = vec![0u8; count];
+    values.decode_chunk(vbytes, &mut v)?;
+    out.fill(0);
+    let mut k = 0usize;
+    for (j, &fl) in f.iter().enumerate() {
+        let mut bits = fl;
+        while bits != 0 {
+            let at = 8 * j + bits.trailing_zeros() as usize;
+            // A flag past the end, or a zero among the values, is not what an encoder writes.
+            if at >= out.len() || v[k] == 0 {
+                return Err(bad("flags or values disagree with the symbols"));
+            }
+            out[at] = v[k];
+            k += 1;
+            bits &= bits - 1;
+        }
+    }
+    Ok(())
+}
+
+/// Decodes a whole entropy stream of `out.len()` symbols, chunks in parallel.
+pub fn decode_stream(bytes: &[u8], out: &mut [u8]) -> Result<(), FormatError> {
+    let stream = Stream::parse(bytes, out.len() as u64)?;
+    out.par_chunks_mut(stream.chunk_len())
+        .enumerate()
+        .try_for_each(|(i, c)| stream.decode_chunk(i, c))
+}
