@@ -1,0 +1,227 @@
+//! The lossy settings of a commit: configuration keys, their defaults and checks, and the
+//! command line's overrides.
+
+use super::*;
+
+/// `codec.default`: what a commit does without `--lossy`/`--trim-bits`.
+pub const DEFAULT_KEY: &str = "codec.default";
+/// `codec.epsilon`: the quality bound.
+pub const EPSILON_KEY: &str = "codec.epsilon";
+/// `codec.trim_bits`: mantissa bits kept by `trim`.
+pub const TRIM_BITS_KEY: &str = "codec.trim_bits";
+/// `quant.moments`: parameter/moment pairings.
+pub const MOMENTS_KEY: &str = "quant.moments";
+/// `quant.embeddings`: name patterns of embedding tensors.
+pub const EMBEDDINGS_KEY: &str = "quant.embeddings";
+/// `quant.adam_betas`: Adam's β1,β2 for the bias corrections.
+pub const BETAS_KEY: &str = "quant.adam_betas";
+/// `quant.exp_avg`: the first moments' quantizer configuration.
+pub const EXP_AVG_KEY: &str = "quant.exp_avg";
+/// `quant.exp_avg_sq`: the second moments' quantizer configuration.
+pub const EXP_AVG_SQ_KEY: &str = "quant.exp_avg_sq";
+
+/// Default ε (calibrated on the corpus: `docs/BENCHMARKS.md`).
+pub const DEFAULT_EPSILON: f64 = 0.0005;
+pub(super) const DEFAULT_MOMENTS: &str = "model.{}:optim.{}.exp_avg:optim.{}.exp_avg_sq,\
+                               optim.{}.master:optim.{}.exp_avg:optim.{}.exp_avg_sq";
+const DEFAULT_EMBEDDINGS: &str = "*wte*,*embed*";
+const DEFAULT_EXP_AVG: &str = "bins=8 prune=0.5 protect=0.0005 metric=magnitude domain=linear";
+const DEFAULT_EXP_AVG_SQ: &str = "bins=16 prune=0 protect=0.0005 metric=magnitude domain=log";
+
+/// Tensors with fewer elements stay lossless: their tables would outweigh the gain, and they are
+/// mostly norms and biases, which are sensitive.
+pub const MIN_LOSSY_ELEMENTS: u64 = 256;
+
+/// What commits do with float tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CodecMode {
+    /// Store exactly.
+    Lossless,
+    /// Quantize (quant-base / quant-delta) under ε.
+    Lossy,
+    /// Mantissa-trim to `codec.trim_bits`.
+    Trim,
+}
+
+impl std::str::FromStr for CodecMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "lossless" => Ok(CodecMode::Lossless),
+            "lossy" => Ok(CodecMode::Lossy),
+            "trim" => Ok(CodecMode::Trim),
+            _ => Err(invalid(DEFAULT_KEY, s, "lossless, lossy or trim")),
+        }
+    }
+}
+
+impl std::fmt::Display for CodecMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CodecMode::Lossless => "lossless",
+            CodecMode::Lossy => "lossy",
+            CodecMode::Trim => "trim",
+        })
+    }
+}
+
+pub(super) fn invalid(key: &str, value: &str, expected: &'static str) -> Error {
+    Error::InvalidConfig {
+        key: key.into(),
+        value: value.into(),
+        expected,
+    }
+}
+
+/// The lossy settings of one commit: repository configuration with command-line overrides.
+#[derive(Clone, Debug)]
+pub struct LossySettings {
+    /// What happens to float tensors.
+    pub mode: CodecMode,
+    /// Quality bound.
+    pub epsilon: f64,
+    /// Mantissa bits kept in trim mode.
+    pub trim_bits: u32,
+    /// Parameter/moment pairings.
+    pub pairings: Vec<Pairing>,
+    /// Embedding name globs.
+    pub embeddings: Vec<String>,
+    /// Adam's betas.
+    pub betas: (f64, f64),
+    /// First moments' configuration (`None`: stored exactly).
+    pub exp_avg: Option<QuantConfig>,
+    /// Second moments' configuration (`None`: stored exactly).
+    pub exp_avg_sq: Option<QuantConfig>,
+    /// A command scoring candidate checkpoints (`{}` is the file), lower is better.
+    pub eval_cmd: Option<String>,
+}
+
+/// Command-line overrides of the repository's lossy settings.
+#[derive(Clone, Debug, Default)]
+pub struct LossyRequest {
+    /// `--lossy` / `--trim-bits` / `--lossless`.
+    pub mode: Option<CodecMode>,
+    /// `--epsilon`.
+    pub epsilon: Option<f64>,
+    /// `--trim-bits`.
+    pub trim_bits: Option<u32>,
+    /// `--moments`.
+    pub moments: Option<String>,
+    /// `--eval-cmd`.
+    pub eval_cmd: Option<String>,
+}
+
+fn parse_epsilon(v: &str) -> Result<f64> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|e| e.is_finite() && *e > 0.0 && *e < 1.0)
+        .ok_or_else(|| invalid(EPSILON_KEY, v, "a number between 0 and 1 (exclusive)"))
+}
+
+fn parse_trim_bits(v: &str) -> Result<u32> {
+    v.parse::<u32>()
+        .ok()
+        .filter(|b| *b <= 22)
+        .ok_or_else(|| invalid(TRIM_BITS_KEY, v, "a whole number from 0 to 22"))
+}
+
+fn parse_betas(v: &str) -> Result<(f64, f64)> {
+    let bad = || invalid(BETAS_KEY, v, "BETA1,BETA2 with each in [0, 1)");
+    let (a, b) = v.split_once(',').ok_or_else(bad)?;
+    let p = |x: &str| {
+        x.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|y| (0.0..1.0).contains(y))
+    };
+    Ok((p(a).ok_or_else(bad)?, p(b).ok_or_else(bad)?))
+}
+
+fn parse_config(key: &str, v: &str) -> Result<Option<QuantConfig>> {
+    if v == "off" {
+        return Ok(None);
+    }
+    v.parse::<QuantConfig>().map(Some).map_err(|_| {
+        invalid(
+            key,
+            v,
+            "off, or bins=N prune=F protect=F metric=magnitude|sensitivity domain=linear|log",
+        )
+    })
+}
+
+/// Checks a value for one of this module's configuration keys; `None` for other keys.
+pub fn validate(key: &str, value: &str) -> Option<Result<()>> {
+    Some(match key {
+        DEFAULT_KEY => value.parse::<CodecMode>().map(drop),
+        EPSILON_KEY => parse_epsilon(value).map(drop),
+        TRIM_BITS_KEY => parse_trim_bits(value).map(drop),
+        MOMENTS_KEY => Pairing::parse_list(value).map(drop),
+        EMBEDDINGS_KEY => Ok(()),
+        BETAS_KEY => parse_betas(value).map(drop),
+        EXP_AVG_KEY | EXP_AVG_SQ_KEY => parse_config(key, value).map(drop),
+        _ => return None,
+    })
+}
+
+/// This module's configuration keys with their defaults.
+pub fn known_keys() -> Vec<(&'static str, String)> {
+    vec![
+        (DEFAULT_KEY, "lossless".into()),
+        (EPSILON_KEY, DEFAULT_EPSILON.to_string()),
+        (TRIM_BITS_KEY, "7".into()),
+        (MOMENTS_KEY, DEFAULT_MOMENTS.replace(' ', "")),
+        (EMBEDDINGS_KEY, DEFAULT_EMBEDDINGS.into()),
+        (BETAS_KEY, "0.9,0.999".into()),
+        (EXP_AVG_KEY, DEFAULT_EXP_AVG.into()),
+        (EXP_AVG_SQ_KEY, DEFAULT_EXP_AVG_SQ.into()),
+    ]
+}
+
+impl LossySettings {
+    /// The repository's settings under `req`'s overrides.
+    pub fn resolve(store: &mdl_store::Store, req: &LossyRequest) -> Result<LossySettings> {
+        let meta = store.meta().read()?;
+        let get = |key: &str| -> Result<String> {
+            Ok(match meta.config(key)? {
+                Some(v) => v,
+                None => known_keys()
+                    .into_iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, d)| d)
+                    .unwrap_or_default(),
+            })
+        };
+        let mode = match req.mode {
+            Some(m) => m,
+            None => get(DEFAULT_KEY)?.parse()?,
+        };
+        let epsilon = match req.epsilon {
+            Some(e) => parse_epsilon(&e.to_string())?,
+            None => parse_epsilon(&get(EPSILON_KEY)?)?,
+        };
+        let trim_bits = match req.trim_bits {
+            Some(b) => parse_trim_bits(&b.to_string())?,
+            None => parse_trim_bits(&get(TRIM_BITS_KEY)?)?,
+        };
+        let pairings = match &req.moments {
+            Some(p) => Pairing::parse_list(p)?,
+            None => Pairing::parse_list(&get(MOMENTS_KEY)?)?,
+        };
+        Ok(LossySettings {
+            mode,
+            epsilon,
+            trim_bits,
+            pairings,
+            embeddings: get(EMBEDDINGS_KEY)?
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            betas: parse_betas(&get(BETAS_KEY)?)?,
+            exp_avg: parse_config(EXP_AVG_KEY, &get(EXP_AVG_KEY)?)?,
+            exp_avg_sq: parse_config(EXP_AVG_SQ_KEY, &get(EXP_AVG_SQ_KEY)?)?,
+            eval_cmd: req.eval_cmd.clone(),
+        })
+    }
+}
