@@ -22,7 +22,7 @@ what=${1:-all}
 
 build() {
     cargo build --release -p mdl-cli --bin mdl
-    cargo build --release -p mdl-gpu --example kernel-bench
+    cargo build --release -p mdl-gpu --features bench --example kernel-bench
     mkdir -p "$BIN"
     cp target/release/mdl target/release/examples/kernel-bench "$BIN/"
     for t in identical kernels; do

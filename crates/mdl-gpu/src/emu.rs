@@ -156,14 +156,16 @@ impl<T> PinnedHostSlice<T> {
     }
 }
 
-/// A moment in a stream (everything issued is already done).
-pub(crate) struct CudaEvent(Instant);
+/// A moment in a stream (everything issued is already done). Its time is read only by the
+/// kernel benchmark (the `bench` feature).
+pub(crate) struct CudaEvent(#[cfg_attr(not(feature = "bench"), allow(dead_code))] Instant);
 
 impl CudaEvent {
     pub(crate) fn synchronize(&self) -> Result<(), DriverError> {
         Ok(())
     }
 
+    #[cfg_attr(not(feature = "bench"), allow(dead_code))]
     pub(crate) fn elapsed_ms(&self, end: &CudaEvent) -> Result<f32, DriverError> {
         Ok(end.0.duration_since(self.0).as_secs_f32() * 1e3)
     }
@@ -430,6 +432,7 @@ impl CudaStream {
         Ok(())
     }
 
+    #[cfg_attr(not(feature = "bench"), allow(dead_code))]
     pub(crate) fn memcpy_dtod<T, Src: DevicePtr<T>, Dst: DevicePtrMut<T>>(
         self: &Arc<Self>,
         src: &Src,

@@ -29,7 +29,9 @@ mod engine;
 
 use std::sync::{Arc, OnceLock};
 
-pub use engine::{BenchRow, GpuEngine};
+#[cfg(feature = "bench")]
+pub use engine::BenchRow;
+pub use engine::GpuEngine;
 
 #[cfg(not(feature = "emulate"))]
 use cudarc::driver::CudaContext;

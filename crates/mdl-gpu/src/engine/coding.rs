@@ -1,0 +1,466 @@
+//! Float planes on the device: the two-pass Huffman encoder and the lane-parallel decoder.
+
+use super::*;
+
+/// The grouped order on the device: forward (`cur` given) writes `(base − cur) mod m` in the
+/// grouped order; inverse (`deltas` given) writes each element's code back in index order.
+pub(super) fn grouped(
+    gpu: &Gpu,
+    lane: &mut Lane,
+    base: &[u8],
+    cur: Option<&[u8]>,
+    deltas: Option<&[u8]>,
+    modulus: u8,
+    out: &mut [u8],
+) -> Res<()> {
+    let n = base.len() as u64;
+    let tiles = n.div_ceil(GROUP_TILE).max(1);
+    let db = lane.bytes(gpu, base)?;
+    let dc = cur.map(|c| lane.bytes(gpu, c)).transpose()?;
+    let dd = deltas.map(|d| lane.bytes(gpu, d)).transpose()?;
+    let bv = db.view();
+    let mut tile_counts = lane.alloc::<u32>(256 * tiles as usize)?;
+    let mut starts = lane.alloc::<u64>(256)?;
+    let mut l = lane.stream.launch_builder(gpu.f("group_counts"));
+    l.arg(&bv).arg(&n).arg(&tiles).arg(&mut tile_counts);
+    // SAFETY: one block a tile; writes 256 counts a tile.
+    unsafe { l.launch(cfg((tiles as u32, 1), 256)) }?;
+    let mut l = lane.stream.launch_builder(gpu.f("group_starts"));
+    l.arg(&tiles).arg(&mut tile_counts).arg(&mut starts);
+    // SAFETY: one block of 256 threads, one a group.
+    unsafe { l.launch(cfg((1, 1), 256)) }?;
+    let mut dout = lane.alloc::<u8>(n as usize)?;
+    let m = modulus as u32;
+    let inverse = deltas.is_some() as i32;
+    let (cv, dv) = (dc.as_ref().map(Dev::view), dd.as_ref().map(Dev::view));
+    let mut l = lane.stream.launch_builder(gpu.f("group_scatter"));
+    l.arg(&bv);
+    arg_opt(&mut l, cv.as_ref());
+    l.arg(&n)
+        .arg(&tiles)
+        .arg(&tile_counts)
+        .arg(&starts)
+        .arg(&m)
+        .arg(&inverse);
+    arg_opt(&mut l, dv.as_ref());
+    l.arg(&mut dout);
+    // SAFETY: 8 warps a block, one warp a tile; every position is below n.
+    unsafe { l.launch(cfg((tiles.div_ceil(8) as u32, 1), 256)) }?;
+    lane.download(&dout.slice(..n as usize), out)
+}
+
+/// One chunk to code on the device.
+pub(super) struct Segment {
+    /// Offset of its symbols in the symbols buffer.
+    pub(super) at: u64,
+    /// Symbols.
+    pub(super) n: u64,
+    /// Code table.
+    pub(super) table: u64,
+}
+
+/// How one plane's chunks are laid out in the output.
+pub(super) enum PlaneJob {
+    Stored,
+    Constant,
+    /// One segment a chunk, starting at this segment index.
+    Huffman(usize),
+    /// Two segments a chunk (flags, then values), starting at this index.
+    Sparse(usize),
+}
+
+pub(super) fn encode_on(
+    gpu: &Gpu,
+    lane: &mut Lane,
+    spec: PlaneSpec,
+    data: &[u8],
+    base: Option<&[u8]>,
+    writers: &[StreamWriter],
+) -> Res<Vec<Vec<Vec<u8>>>> {
+    let g = Geometry::of(spec, data.len());
+    let (n, stride, planes) = (g.n, g.stride, g.planes);
+    let fstride = stride / 8;
+    // Symbols buffer: the planes, then (for sparse plans) each plane's flag bytes and its
+    // non-zero values.
+    let sparse = writers
+        .iter()
+        .any(|w| matches!(w.plan(), Plan::Sparse { .. }));
+    let flags_at = stride * planes as u64;
+    let values_at = flags_at + fstride * planes as u64;
+    let extra = if sparse {
+        (fstride + stride) as usize * planes
+    } else {
+        0
+    };
+    let mut sym = GpuEngine::split(gpu, lane, g, data, base, extra)?;
+    let chunks = n.div_ceil(CHUNK as u64) as usize;
+    let chunk_n = |c: usize| (n - (c * CHUNK) as u64).min(CHUNK as u64);
+
+    let mut nnz = vec![0u64; planes * chunks];
+    if sparse && n > 0 {
+        let (mut head, mut rest) = sym.split_at_mut(flags_at as usize);
+        let (mut fl, mut vals) = rest.split_at_mut((fstride * planes as u64) as usize);
+        let mut l = lane.stream.launch_builder(gpu.f("flag_bytes"));
+        l.arg(&mut head)
+            .arg(&n)
+            .arg(&stride)
+            .arg(&mut fl)
+            .arg(&fstride)
+            .arg(&NULL);
+        // SAFETY: writes ceil(n / 8) flag bytes a plane within the flags area.
+        unsafe { l.launch(cfg((grid(n / 8 + 1).min(1024), planes as u32), 256)) }?;
+        let mut dnnz = lane.alloc::<u64>(planes * chunks)?;
+        let cl = CHUNK as u64;
+        let mut l = lane.stream.launch_builder(gpu.f("compact_nonzero"));
+        l.arg(&mut head)
+            .arg(&n)
+            .arg(&stride)
+            .arg(&cl)
+            .arg(&mut vals)
+            .arg(&mut dnnz);
+        // SAFETY: one block a (chunk, plane); writes at most the chunk's symbols.
+        unsafe { l.launch(cfg((chunks as u32, planes as u32), 1024)) }?;
+        nnz = lane.fetch(&dnnz, planes * chunks)?;
+    }
+
+    // Code tables and segments.
+    let mut codes: Vec<u32> = Vec::new();
+    let mut table = |enc: &mdl_codec::huffman::Encoder| -> u64 {
+        let t = (codes.len() / 256) as u64;
+        codes.extend(
+            enc.codes()
+                .iter()
+                .map(|&(c, l)| c as u32 | (l as u32) << 16),
+        );
+        t
+    };
+    let mut segs: Vec<Segment> = Vec::new();
+    let mut jobs = Vec::with_capacity(planes);
+    for (p, w) in writers.iter().enumerate() {
+        let p64 = p as u64;
+        jobs.push(match (w.plan(), w.encoders()) {
+            (Plan::Stored, _) => PlaneJob::Stored,
+            (Plan::Constant(_), _) => PlaneJob::Constant,
+            (Plan::Huffman(_), Some((enc, _))) => {
+                let t = table(enc);
+                let first = segs.len();
+                for c in 0..chunks {
+                    segs.push(Segment {
+                        at: p64 * stride + (c * CHUNK) as u64,
+                        n: chunk_n(c),
+                        table: t,
+                    });
+                }
+                PlaneJob::Huffman(first)
+            }
+            (Plan::Sparse { .. }, Some((fenc, Some(venc)))) => {
+                let (tf, tv) = (table(fenc), table(venc));
+                let first = segs.len();
+                for c in 0..chunks {
+                    segs.push(Segment {
+                        at: flags_at + p64 * fstride + (c * CHUNK / 8) as u64,
+                        n: chunk_n(c).div_ceil(8),
+                        table: tf,
+                    });
+                    segs.push(Segment {
+                        at: values_at + p64 * stride + (c * CHUNK) as u64,
+                        n: nnz[p * chunks + c],
+                        table: tv,
+                    });
+                }
+                PlaneJob::Sparse(first)
+            }
+            _ => unreachable!("coded plans have encoders"),
+        });
+    }
+
+    // Pass 1: bits a lane. The segments and code tables go over once for both passes.
+    let mut lane_bits = vec![0u64; segs.len() * 4];
+    let dsegs = if segs.is_empty() {
+        None
+    } else {
+        let flat: Vec<u64> = segs.iter().flat_map(|s| [s.at, s.n, s.table, 0]).collect();
+        Some(lane.put(&flat)?)
+    };
+    let dcodes = lane.put(&codes)?;
+    if let Some(d) = &dsegs {
+        let mut bits = lane.alloc::<u64>(segs.len() * 4)?;
+        let mut l = lane.stream.launch_builder(gpu.f("huff_lane_bits"));
+        l.arg(&sym).arg(d).arg(&dcodes).arg(&mut bits);
+        // SAFETY: one block a (segment, lane); reads the segment's symbols.
+        unsafe { l.launch(cfg((segs.len() as u32, 4), 256)) }?;
+        lane_bits = lane.fetch(&bits, segs.len() * 4)?;
+    }
+    let lane_bytes = |s: usize, k: usize| lane_bits[s * 4 + k].div_ceil(8);
+    let coded_len = |s: usize| 12 + (0..4).map(|k| lane_bytes(s, k)).sum::<u64>();
+
+    // Layout: every chunk's place in one output buffer, plane after plane.
+    let mut at = 0u64;
+    let mut lane_at = vec![0u64; segs.len() * 4];
+    let mut place = |s: usize, at: &mut u64| {
+        let mut x = *at + 12;
+        for k in 0..4 {
+            lane_at[s * 4 + k] = x;
+            x += lane_bytes(s, k);
+        }
+        *at = x;
+    };
+    let mut copies: Vec<u64> = Vec::new();
+    // (plane, chunk) → (start, length) in the output.
+    let mut spans = vec![(0u64, 0u64); planes * chunks];
+    for (p, job) in jobs.iter().enumerate() {
+        for c in 0..chunks {
+            let start = at;
+            match job {
+                PlaneJob::Stored => {
+                    copies.extend([p as u64 * stride + (c * CHUNK) as u64, chunk_n(c), at]);
+                    at += chunk_n(c);
+                }
+                PlaneJob::Constant => {}
+                PlaneJob::Huffman(first) => place(first + c, &mut at),
+                PlaneJob::Sparse(first) => {
+                    at += 4;
+                    place(first + 2 * c, &mut at);
+                    place(first + 2 * c + 1, &mut at);
+                }
+            }
+            spans[p * chunks + c] = (start, at - start);
+        }
+    }
+
+    // Pass 2: the bits and stored bytes into the zeroed output.
+    let total = at as usize;
+    let mut out = lane.zeros::<u8>(total.next_multiple_of(4) + 4)?;
+    if let Some(d) = &dsegs {
+        let dat = lane.put(&lane_at)?;
+        let mut l = lane.stream.launch_builder(gpu.f("huff_write"));
+        l.arg(&sym).arg(d).arg(&dcodes).arg(&dat).arg(&mut out);
+        // SAFETY: each lane writes its bits inside the bytes its bit count reserved.
+        unsafe { l.launch(cfg((segs.len() as u32, 4), 256)) }?;
+    }
+    if !copies.is_empty() {
+        let d = lane.put(&copies)?;
+        let mut l = lane.stream.launch_builder(gpu.f("copy_jobs"));
+        l.arg(&sym).arg(&d).arg(&mut out);
+        // SAFETY: each job copies a stored chunk into its reserved span.
+        unsafe { l.launch(cfg(((copies.len() / 3) as u32, 1), 256)) }?;
+    }
+    let mut host = vec![0u8; total];
+    lane.download(&out.slice(..total), &mut host)?;
+    drop(sym);
+
+    // Lane tables and sparse flag lengths, known from pass 1.
+    let write_table = |host: &mut [u8], s: usize, at: usize| {
+        for k in 0..3 {
+            let len = lane_bytes(s, k) as u32;
+            host[at + 4 * k..at + 4 * k + 4].copy_from_slice(&len.to_le_bytes());
+        }
+    };
+    for (p, job) in jobs.iter().enumerate() {
+        for c in 0..chunks {
+            let start = spans[p * chunks + c].0 as usize;
+            match job {
+                PlaneJob::Huffman(first) => write_table(&mut host, first + c, start),
+                PlaneJob::Sparse(first) => {
+                    let f = first + 2 * c;
+                    host[start..start + 4].copy_from_slice(&(coded_len(f) as u32).to_le_bytes());
+                    write_table(&mut host, f, start + 4);
+                    write_table(&mut host, f + 1, start + 4 + coded_len(f) as usize);
+                }
+                PlaneJob::Stored | PlaneJob::Constant => {}
+            }
+        }
+    }
+    Ok((0..planes)
+        .map(|p| {
+            spans[p * chunks..(p + 1) * chunks]
+                .par_iter()
+                .map(|&(s, l)| host[s as usize..(s + l) as usize].to_vec())
+                .collect()
+        })
+        .collect())
+}
+
+/// Decodes on the device; `Ok(false)` when a stream is damaged (the caller asks the CPU why).
+pub(super) fn decode_on(
+    gpu: &Gpu,
+    lane: &mut Lane,
+    spec: PlaneSpec,
+    streams: &[Stream<'_>],
+    base: Option<&[u8]>,
+    out: &mut [u8],
+) -> Res<bool> {
+    let g = Geometry::of(spec, out.len());
+    let (n, stride, planes) = (g.n, g.stride, g.planes);
+    let fstride = stride / 8;
+    let chunks = n.div_ceil(CHUNK as u64) as usize;
+    let chunk_n = |c: usize| (n - (c * CHUNK) as u64).min(CHUNK as u64);
+    // Planes, then (for sparse streams) flag bytes and non-zero values.
+    let sparse = streams.iter().any(|s| {
+        matches!(
+            s.body(),
+            StreamBody::Coded {
+                values: Some(_),
+                ..
+            }
+        )
+    });
+    let flags_at = stride * planes as u64;
+    let values_at = flags_at + fstride * planes as u64;
+    let extra = if sparse {
+        (fstride + stride) as usize * planes
+    } else {
+        0
+    };
+    let mut sym = lane.alloc::<u8>(g.planes_len() + extra)?;
+
+    // The coded bytes of every plane, one after the other.
+    let mut tables: Vec<u16> = Vec::new();
+    let mut table = |d: &mdl_codec::huffman::Decoder| -> u64 {
+        let t = (tables.len() / 4096) as u64;
+        tables.extend_from_slice(d.table());
+        t
+    };
+    let mut input_len = 0usize;
+    let mut coded: Vec<(usize, &[u8])> = Vec::new();
+    let mut first_jobs: Vec<u64> = Vec::new(); // Huffman chunks and sparse flag chunks
+    let mut value_jobs: Vec<u64> = Vec::new();
+    let mut flag_counts: Vec<u64> = Vec::new(); // (flags offset, flag bytes) per sparse chunk
+    let mut scatter: Vec<u64> = Vec::new();
+    for (p, s) in streams.iter().enumerate().take(planes) {
+        let plane_at = p as u64 * stride;
+        match s.body() {
+            StreamBody::Stored(b) => {
+                lane.stream.memcpy_htod(
+                    *b,
+                    &mut sym.slice_mut(plane_at as usize..plane_at as usize + b.len()),
+                )?;
+            }
+            StreamBody::Constant(v) => {
+                let v = *v as u32;
+                let mut view = sym.slice_mut(plane_at as usize..(plane_at + n) as usize);
+                let mut l = lane.stream.launch_builder(gpu.f("fill_bytes"));
+                l.arg(&mut view).arg(&n).arg(&v);
+                // SAFETY: fills the plane's n bytes.
+                unsafe { l.launch(cfg((grid(n).min(4096), 1), 256)) }?;
+            }
+            StreamBody::Coded {
+                decoder,
+                values,
+                offsets,
+                data,
+            } => {
+                let base_at = input_len as u64;
+                coded.push((input_len, *data));
+                input_len += data.len();
+                let td = table(decoder);
+                let tv = values.as_deref().map(&mut table);
+                for c in 0..chunks {
+                    let (lo, hi) = (offsets[c] as u64, offsets[c + 1] as u64);
+                    match tv {
+                        None => first_jobs.extend([
+                            base_at + lo,
+                            hi - lo,
+                            chunk_n(c),
+                            td,
+                            plane_at + (c * CHUNK) as u64,
+                            0,
+                        ]),
+                        Some(tv) => {
+                            let bytes = &data[lo as usize..hi as usize];
+                            if bytes.len() < 4 {
+                                return Ok(false);
+                            }
+                            let flen = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as u64;
+                            if flen > hi - lo - 4 {
+                                return Ok(false);
+                            }
+                            let f_at = flags_at + p as u64 * fstride + (c * CHUNK / 8) as u64;
+                            let v_at = values_at + plane_at + (c * CHUNK) as u64;
+                            let job = (flag_counts.len() / 2) as u64;
+                            first_jobs.extend([
+                                base_at + lo + 4,
+                                flen,
+                                chunk_n(c).div_ceil(8),
+                                td,
+                                f_at,
+                                0,
+                            ]);
+                            value_jobs.extend([
+                                base_at + lo + 4 + flen,
+                                hi - lo - 4 - flen,
+                                job,
+                                tv | 1 << 63,
+                                v_at,
+                                0,
+                            ]);
+                            flag_counts.extend([f_at, chunk_n(c).div_ceil(8)]);
+                            scatter.extend([f_at, v_at, plane_at + (c * CHUNK) as u64, chunk_n(c)]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut input = lane.alloc::<u8>(input_len)?;
+    for (at, bytes) in &coded {
+        lane.upload_into(bytes, &mut input.slice_mut(*at..*at + bytes.len()))?;
+    }
+    let dtables = lane.put(&tables)?;
+    let mut err = lane.zeros::<i32>(1)?;
+    let sparse_jobs = (flag_counts.len() / 2) as u64;
+    let mut counts = lane.zeros::<u64>(sparse_jobs as usize)?;
+    let decode = |lane: &Lane,
+                  jobs: &[u64],
+                  sym: &mut CudaSlice<u8>,
+                  counts: &CudaSlice<u64>,
+                  err: &mut CudaSlice<i32>|
+     -> Res<()> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let njobs = (jobs.len() / 6) as u64;
+        let d = lane.put(jobs)?;
+        let mut l = lane.stream.launch_builder(gpu.f("huff_decode"));
+        l.arg(&input)
+            .arg(&d)
+            .arg(&njobs)
+            .arg(&dtables)
+            .arg(counts)
+            .arg(sym)
+            .arg(err);
+        // SAFETY: one thread a lane; every read is checked against its chunk's length and
+        // every write stays in the job's output span.
+        unsafe { l.launch(cfg(((njobs * 4).div_ceil(128) as u32, 1), 128)) }.map(drop)
+    };
+    decode(lane, &first_jobs, &mut sym, &counts, &mut err)?;
+    if sparse_jobs > 0 {
+        let d = lane.put(&flag_counts)?;
+        let mut l = lane.stream.launch_builder(gpu.f("count_flags"));
+        l.arg(&sym).arg(&d).arg(&mut counts);
+        // SAFETY: one block a sparse chunk; reads its flag bytes.
+        unsafe { l.launch(cfg((sparse_jobs as u32, 1), 256)) }?;
+        decode(lane, &value_jobs, &mut sym, &counts, &mut err)?;
+        let d = lane.put(&scatter)?;
+        let mut l = lane.stream.launch_builder(gpu.f("sparse_scatter"));
+        l.arg(&sym)
+            .arg(&sym)
+            .arg(&d)
+            .arg(&counts)
+            .arg(&sym)
+            .arg(&mut err);
+        // SAFETY: reads flags and values, writes the chunk's symbols; the three areas of the
+        // buffer are disjoint.
+        unsafe { l.launch(cfg((sparse_jobs as u32, 1), 256)) }?;
+    }
+    if lane.fetch(&err, 1)?[0] != 0 {
+        return Ok(false);
+    }
+    let b = base.map(|b| lane.bytes(gpu, b)).transpose()?;
+    let bv = b.as_ref().map(Dev::view);
+    let mut dout = lane.alloc::<u8>(out.len())?;
+    let sv = sym.slice(..);
+    launch_planes(gpu, lane, "merge_planes", g, &sv, bv.as_ref(), &mut dout)?;
+    lane.download(&dout.slice(..out.len()), out)?;
+    Ok(true)
+}

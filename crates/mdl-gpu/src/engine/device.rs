@@ -1,0 +1,342 @@
+//! The device side: the CUDA context and its kernels, lanes (a stream with pinned staging
+//! buffers), resident copies of kept bytes, and the launch helpers.
+
+use super::*;
+
+/// The device, its kernels, the lane pool and the bytes kept on the device.
+pub(crate) struct Gpu {
+    pub(super) ctx: Arc<CudaContext>,
+    pub(super) funcs: HashMap<&'static str, CudaFunction>,
+    pub(super) lanes: Mutex<Vec<Lane>>,
+    pub(super) kept: Mutex<Vec<Resident>>,
+    pub(super) next_id: AtomicU64,
+    /// Calls a driver failure sent to the CPU.
+    pub(super) fallbacks: AtomicU64,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu").finish_non_exhaustive()
+    }
+}
+
+/// Host bytes with a copy on the device (see [`Engine::keep`]).
+pub(super) struct Resident {
+    pub(super) id: u64,
+    pub(super) ptr: usize,
+    pub(super) len: usize,
+    pub(super) dev: Arc<CudaSlice<u8>>,
+}
+
+/// A stream with its pinned staging buffers.
+pub(super) struct Lane {
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) pinned: [PinnedHostSlice<u8>; 2],
+    /// The last copy that used each staging buffer.
+    pub(super) busy: [Option<CudaEvent>; 2],
+}
+
+impl Gpu {
+    /// Loads the kernels into `ctx`.
+    pub(crate) fn load(ctx: Arc<CudaContext>, ptx: Ptx) -> Res<Gpu> {
+        let module = ctx.load_module(ptx)?;
+        let mut funcs = HashMap::new();
+        for &name in crate::KERNELS {
+            funcs.insert(name, module.load_function(name)?);
+        }
+        Ok(Gpu {
+            ctx,
+            funcs,
+            lanes: Mutex::new(Vec::new()),
+            kept: Mutex::new(Vec::new()),
+            next_id: AtomicU64::new(1),
+            fallbacks: AtomicU64::new(0),
+        })
+    }
+
+    /// Logs and counts a driver failure of `what`; `instead` says what happens instead.
+    pub(super) fn failed(&self, what: &str, e: DriverError, instead: &str) {
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!("GPU {what} failed ({e}); {instead}");
+    }
+
+    pub(super) fn f(&self, name: &str) -> &CudaFunction {
+        &self.funcs[name]
+    }
+
+    /// Runs `work` on a lane from the pool (a new one when all are busy).
+    pub(super) fn with_lane<R>(&self, work: impl FnOnce(&mut Lane) -> Res<R>) -> Res<R> {
+        let taken = self.lanes.lock().unwrap().pop();
+        let mut lane = match taken {
+            Some(l) => l,
+            None => Lane {
+                stream: self.ctx.new_stream()?,
+                // SAFETY: staging memory is always written before it is read.
+                pinned: unsafe {
+                    [
+                        self.ctx.alloc_pinned_with_flags::<u8>(STAGE, 0)?,
+                        self.ctx.alloc_pinned_with_flags::<u8>(STAGE, 0)?,
+                    ]
+                },
+                busy: [None, None],
+            },
+        };
+        let out = work(&mut lane);
+        if out.is_ok() {
+            self.lanes.lock().unwrap().push(lane);
+        }
+        out
+    }
+
+    /// The device copy of `host`, if a kept range holds it: the buffer and the offset.
+    pub(super) fn resident(&self, host: &[u8]) -> Option<(Arc<CudaSlice<u8>>, usize)> {
+        let p = host.as_ptr() as usize;
+        self.kept
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|r| p >= r.ptr && p + host.len() <= r.ptr + r.len)
+            .map(|r| (r.dev.clone(), p - r.ptr))
+    }
+}
+
+/// Device bytes for a host slice: kept ones, or a copy made for this call.
+pub(super) enum Dev {
+    Kept(Arc<CudaSlice<u8>>, usize, usize),
+    Own(CudaSlice<u8>),
+}
+
+impl Dev {
+    pub(super) fn view(&self) -> CudaView<'_, u8> {
+        match self {
+            Dev::Kept(s, off, len) => s.slice(*off..*off + *len),
+            Dev::Own(s) => s.slice(..),
+        }
+    }
+}
+
+impl Lane {
+    /// A device buffer of `len` elements (contents unspecified).
+    pub(super) fn alloc<T: DeviceRepr>(&self, len: usize) -> Res<CudaSlice<T>> {
+        // SAFETY: every buffer allocated here is written by a copy or kernel before any read.
+        unsafe { self.stream.alloc::<T>(len.max(1)) }
+    }
+
+    pub(super) fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Res<CudaSlice<T>> {
+        self.stream.alloc_zeros::<T>(len.max(1))
+    }
+
+    /// Copies `host` to a new device buffer through the pinned staging buffers: piece k + 1
+    /// is copied into one buffer while piece k crosses the bus from the other.
+    pub(super) fn upload(&mut self, host: &[u8]) -> Res<CudaSlice<u8>> {
+        let mut dev = self.alloc::<u8>(host.len())?;
+        self.upload_into(host, &mut dev.slice_mut(..host.len()))?;
+        Ok(dev)
+    }
+
+    /// Like [`Lane::upload`], into `dev` (at least as long as `host`).
+    pub(super) fn upload_into(&mut self, host: &[u8], dev: &mut CudaViewMut<'_, u8>) -> Res<()> {
+        for (k, piece) in host.chunks(STAGE).enumerate() {
+            let b = k % 2;
+            if let Some(e) = self.busy[b].take() {
+                e.synchronize()?;
+            }
+            copy_par(&mut self.pinned[b].as_mut_slice()?[..piece.len()], piece);
+            let src = &self.pinned[b].as_slice()?[..piece.len()];
+            let mut dst = dev.slice_mut(k * STAGE..k * STAGE + piece.len());
+            self.stream.memcpy_htod(src, &mut dst)?;
+            self.busy[b] = Some(self.stream.record_event(None)?);
+        }
+        Ok(())
+    }
+
+    /// The device bytes of `host`: the kept copy, or an upload.
+    pub(super) fn bytes(&mut self, gpu: &Gpu, host: &[u8]) -> Res<Dev> {
+        Ok(match gpu.resident(host) {
+            Some((s, off)) => Dev::Kept(s, off, host.len()),
+            None => Dev::Own(self.upload(host)?),
+        })
+    }
+
+    /// Copies device bytes into `host` through the staging buffers (piece k + 1 crosses the
+    /// bus while piece k is copied out). Waits for everything queued on the lane before.
+    pub(super) fn download(&mut self, dev: &CudaView<'_, u8>, host: &mut [u8]) -> Res<()> {
+        let pieces = host.len().div_ceil(STAGE);
+        let issue = |lane: &mut Lane, k: usize| -> Res<()> {
+            let (lo, hi) = (k * STAGE, ((k + 1) * STAGE).min(dev.len()));
+            let b = k % 2;
+            if let Some(e) = lane.busy[b].take() {
+                e.synchronize()?;
+            }
+            let buf = &mut lane.pinned[b].as_mut_slice()?[..hi - lo];
+            lane.stream.memcpy_dtoh(&dev.slice(lo..hi), buf)?;
+            lane.busy[b] = Some(lane.stream.record_event(None)?);
+            Ok(())
+        };
+        if pieces > 0 {
+            issue(self, 0)?;
+        }
+        for k in 0..pieces {
+            if k + 1 < pieces {
+                issue(self, k + 1)?;
+            }
+            let b = k % 2;
+            if let Some(e) = self.busy[b].take() {
+                e.synchronize()?;
+            }
+            let (lo, hi) = (k * STAGE, ((k + 1) * STAGE).min(host.len()));
+            let src = &self.pinned[b].as_slice()?[..hi - lo];
+            copy_par(&mut host[lo..hi], src);
+        }
+        Ok(())
+    }
+
+    /// A small device buffer's contents.
+    pub(super) fn fetch<T: DeviceRepr + Default + Clone>(
+        &self,
+        dev: &CudaSlice<T>,
+        len: usize,
+    ) -> Res<Vec<T>> {
+        let mut out = vec![T::default(); len];
+        if len > 0 {
+            self.stream.memcpy_dtoh(&dev.slice(..len), &mut out[..])?;
+            self.stream.synchronize()?;
+        }
+        Ok(out)
+    }
+
+    /// A small host array on the device.
+    pub(super) fn put<T: DeviceRepr>(&self, host: &[T]) -> Res<CudaSlice<T>> {
+        let mut dev = self.alloc::<T>(host.len())?;
+        if !host.is_empty() {
+            self.stream
+                .memcpy_htod(host, &mut dev.slice_mut(..host.len()))?;
+        }
+        Ok(dev)
+    }
+}
+
+/// Copies between host buffers (pageable and pinned staging) a megabyte a task: one core
+/// cannot keep up with the bus.
+pub(super) fn copy_par(dst: &mut [u8], src: &[u8]) {
+    dst.par_chunks_mut(1 << 20)
+        .zip(src.par_chunks(1 << 20))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+/// Blocks for a grid-stride kernel over `n` items.
+pub(super) fn grid(n: u64) -> u32 {
+    (n.div_ceil(256)).clamp(1, 65_535 * 8) as u32
+}
+
+pub(super) fn cfg(blocks: (u32, u32), threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks.0.max(1), blocks.1.max(1), 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The kernels' element type codes.
+pub(super) fn dtype_code(d: Dtype) -> i32 {
+    match d {
+        Dtype::BF16 => 0,
+        Dtype::F16 => 1,
+        _ => 2,
+    }
+}
+
+/// How a tensor's planes lie on the device: plane `p` of `n` bytes at `p * stride`.
+#[derive(Clone, Copy)]
+pub(super) struct Geometry {
+    /// The kernels' number for the layout (`K_*` in mdl.cu).
+    pub(super) kind: i32,
+    /// Elements (bytes a plane).
+    pub(super) n: u64,
+    /// Bytes between planes: `n` rounded up to a multiple of 8, so every plane's flag bytes
+    /// start at `p * stride / 8`.
+    pub(super) stride: u64,
+    pub(super) planes: usize,
+    /// Bits XORed with the base (float planes).
+    pub(super) mask: u64,
+}
+
+impl Geometry {
+    /// The geometry of `bytes` bytes taken apart as `spec` says (float dtypes only; the width
+    /// and plane count are mdl-codec's).
+    pub(super) fn of(spec: PlaneSpec, bytes: usize) -> Geometry {
+        let (width, planes) = spec.shape().expect("float dtypes only");
+        let kind = match (spec.transform, spec.dtype) {
+            (Transform::Planes, Dtype::BF16) => 0,
+            (Transform::Planes, Dtype::F16) => 1,
+            (Transform::Planes, Dtype::F32) => 2,
+            (Transform::Planes, _) => 3,
+            (Transform::Sub, Dtype::BF16 | Dtype::F16) => 4,
+            (Transform::Sub, Dtype::F32) => 5,
+            (Transform::Sub, _) => 6,
+        };
+        let n = (bytes / width) as u64;
+        Geometry {
+            kind,
+            n,
+            stride: n.next_multiple_of(8).max(8),
+            planes,
+            mask: spec.mask,
+        }
+    }
+
+    /// Bytes of all planes.
+    pub(super) fn planes_len(&self) -> usize {
+        self.stride as usize * self.planes
+    }
+}
+
+/// The null pointer, for a kernel's optional inputs.
+pub(super) static NULL: u64 = 0;
+
+/// Pushes an optional device input: its pointer, or null.
+pub(super) fn arg_opt<'a, 'b: 'a, 'c: 'b>(l: &mut LaunchArgs<'a>, v: Option<&'b CudaView<'c, u8>>) {
+    match v {
+        Some(v) => l.arg(v),
+        None => l.arg(&NULL),
+    };
+}
+
+/// Runs `split_planes` (the elements of `input`, XORed with or subtracted from `base`, into the
+/// planes of `out`) or `merge_planes` (the planes of `input`, with `base`, into the elements of
+/// `out`): the two kernels take the same arguments.
+pub(super) fn launch_planes(
+    gpu: &Gpu,
+    lane: &Lane,
+    kernel: &str,
+    g: Geometry,
+    input: &CudaView<'_, u8>,
+    base: Option<&CudaView<'_, u8>>,
+    out: &mut CudaSlice<u8>,
+) -> Res<()> {
+    let mut l = lane.stream.launch_builder(gpu.f(kernel));
+    l.arg(input);
+    arg_opt(&mut l, base);
+    l.arg(out)
+        .arg(&g.n)
+        .arg(&g.stride)
+        .arg(&g.kind)
+        .arg(&g.mask);
+    // SAFETY: reads n elements (split) or `planes` planes of n bytes at `stride` (merge), and
+    // base's n elements; writes the other form, which the callers' buffers hold.
+    unsafe { l.launch(cfg((grid(g.n), 1), 256)) }.map(drop)
+}
+
+/// Byte histograms of every plane into `hist` (256 zeroed counts a plane).
+pub(super) fn launch_histogram(
+    gpu: &Gpu,
+    lane: &Lane,
+    g: Geometry,
+    planes: &CudaSlice<u8>,
+    hist: &mut CudaSlice<u64>,
+) -> Res<()> {
+    let mut l = lane.stream.launch_builder(gpu.f("byte_histogram"));
+    l.arg(planes).arg(&g.n).arg(&g.stride).arg(hist);
+    // SAFETY: reads n bytes of each plane; writes 256 counts a plane.
+    unsafe { l.launch(cfg((grid(g.n).min(1024), g.planes as u32), 256)) }.map(drop)
+}
