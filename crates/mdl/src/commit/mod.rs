@@ -1,0 +1,360 @@
+//! `mdl commit`: store a safetensors checkpoint as a new commit on a branch.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use mdl_codec::engine::{Engine, FloatView, Kept};
+use mdl_codec::float;
+use mdl_codec::planes::Transform;
+use mdl_codec::qrecord::QuantTensor;
+use mdl_codec::quant::Correction;
+use mdl_codec::scalar::lossy_supported;
+use mdl_codec::{trim, CodecTag, EncodeOptions, SMALL_TENSOR};
+use mdl_format::safetensors::{Layout, TensorInfo};
+use mdl_format::{
+    Commit, CommitStats, Entry, Exactness, Lossy, Manifest, ObjectId, ObjectKind, Ref, RefName,
+    Timestamp,
+};
+use mdl_store::meta::MetaRead;
+use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue};
+use serde::{Deserialize, Serialize};
+
+use crate::input::Input;
+use crate::lossy::{self, CodecMode, LossyRequest, LossySettings, SearchSummary, TensorPlan};
+use crate::policy::{DeltaMode, DeltaPolicy};
+use crate::rewrite::{chain, publish_rewrite, Rewrite};
+use crate::{per_tensor, Error, Progress, Repository, Result};
+
+mod eval;
+mod store;
+
+use eval::evaluate_candidate;
+use store::{previous_object, StoreCtx, Stored};
+
+/// What to commit and how.
+#[derive(Clone, Debug, Default)]
+pub struct CommitOptions {
+    /// Commit message.
+    pub message: String,
+    /// Branch to commit onto (created at HEAD's commit if missing); HEAD's branch if `None`.
+    pub branch: Option<RefName>,
+    /// Training step.
+    pub step: Option<u64>,
+    /// Metrics, `name → value`; names must be unique.
+    pub metrics: Vec<(String, f64)>,
+    /// Author; `$MDL_AUTHOR`, then `$USER`, then "unknown" when `None`.
+    pub author: Option<String>,
+    /// Codec settings.
+    pub encode: EncodeOptions,
+    /// Delta policy; the repository's configuration when `None`.
+    pub delta: Option<DeltaPolicy>,
+    /// Lossy settings over the repository's configuration.
+    pub lossy: LossyRequest,
+}
+
+/// What a commit did.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CommitOutcome {
+    /// The new commit.
+    pub id: ObjectId,
+    /// The branch it is on (short name).
+    pub branch: String,
+    /// Size of the committed file.
+    pub raw_bytes: u64,
+    /// Bytes of records added to the store.
+    pub stored_bytes: u64,
+    /// `raw_bytes / stored_bytes` (infinite when nothing new was stored; JSON null then).
+    #[serde(deserialize_with = "null_is_infinite")]
+    pub ratio: f64,
+    /// Wall time.
+    pub seconds: f64,
+    /// Tensors in the checkpoint.
+    pub tensors: u32,
+    /// Tensors not already stored.
+    pub new_tensors: u32,
+    /// Tensors stored lossily.
+    pub lossy_tensors: u32,
+    /// The configuration search, for a lossy commit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub search: Option<SearchSummary>,
+}
+
+/// Commits the safetensors file at `path`.
+#[tracing::instrument(name = "commit", skip_all, fields(path = %path.display()))]
+pub fn commit(
+    repo: &Repository,
+    path: &Path,
+    opts: &CommitOptions,
+    progress: &dyn Progress,
+) -> Result<CommitOutcome> {
+    let started = Instant::now();
+    let metrics = check_metrics(&opts.metrics)?;
+    let input = Input::open(path)?;
+    let store = repo.store();
+    // From the first read of the parent to the ref update, no other writer of this process
+    // (gc, compaction, another commit) may change what this commit builds on.
+    let _writer = repo.writer();
+
+    // Which ref moves, and from where.
+    let head_branch = repo.head_branch()?;
+    let target = match &opts.branch {
+        Some(b) => Ref::branch(b).full(),
+        None => head_branch.clone(),
+    };
+    let (expected, parent) = {
+        let meta = store.meta().read()?;
+        let current = meta.get_ref(&target)?;
+        let parent = match &current {
+            Some(v) => v.target(),
+            // A new branch starts at HEAD's commit, if HEAD's branch has one.
+            None => meta.get_ref(&head_branch)?.and_then(|v| v.target()),
+        };
+        (current, parent)
+    };
+
+    // Parent versions of each tensor, by name: the delta bases, and the previous lossy
+    // configurations.
+    let policy = opts
+        .delta
+        .map_or_else(|| DeltaPolicy::from_store(store), Ok)?;
+    let parent_manifest = match parent {
+        Some(p) => Some(repo.load_manifest(&repo.load_commit(&p)?.manifest)?),
+        None => None,
+    };
+    let previous: HashMap<&str, &Entry> = parent_manifest
+        .iter()
+        .flat_map(|m| m.entries.iter().map(|e| (e.name.as_str(), e)))
+        .collect();
+
+    // Lossy settings, and for a lossy commit the configuration search.
+    let settings = LossySettings::resolve(store, &opts.lossy)?;
+    let engine = store.engine();
+    let tensors = &input.layout.tensors;
+    let correction = match training_step(opts, &input.layout) {
+        Some(t) => Correction::adam(settings.betas.0, settings.betas.1, t),
+        None => Correction { c1: 1.0, c2: 1.0 },
+    };
+    let (plans, search) = match settings.mode {
+        CodecMode::Lossy => {
+            let roles = lossy::roles(&input.layout, &settings);
+            let previous_quant = |i: usize| -> Result<Option<QuantTensor>> {
+                let meta = store.meta().read()?;
+                match previous_object(&meta, &previous, &tensors[i])? {
+                    Some((id, entry, true)) => Ok(Some(store.load_quant(&id, &entry)?)),
+                    _ => Ok(None),
+                }
+            };
+            let plan_input = lossy::PlanInput {
+                engine,
+                input: &input,
+                roles: &roles,
+                settings: &settings,
+                previous: &previous,
+                previous_quant: &previous_quant,
+                correction,
+                loss: loss_of(&metrics, &input.layout),
+            };
+            let evaluate = |plans: Option<&[Option<TensorPlan>]>| {
+                evaluate_candidate(repo, path, &input, engine, correction, &settings, plans)
+            };
+            let eval: Option<lossy::Evaluate<'_>> =
+                settings.eval_cmd.as_ref().map(|_| &evaluate as _);
+            let (plans, summary) = lossy::plan(&plan_input, eval)?;
+            (plans, Some(summary))
+        }
+        _ => (vec![None; tensors.len()], None),
+    };
+    let trim_bits = (settings.mode == CodecMode::Trim).then_some(settings.trim_bits);
+
+    // Hash and store every tensor.
+    let batch = store.batch();
+    let ctx = StoreCtx {
+        repo,
+        batch: &batch,
+        input: &input,
+        previous: &previous,
+        policy,
+        encode: &opts.encode,
+        claimed: Mutex::new(HashSet::new()),
+        rewritten: Mutex::new(HashSet::new()),
+        progress,
+        engine,
+        plans: &plans,
+        trim_bits,
+        correction,
+    };
+    progress.start("storing", input.bytes().len() as u64);
+    let indices: Vec<usize> = (0..tensors.len()).collect();
+    let results = per_tensor(&indices, |&i| tensors[i].len, |&i| ctx.store_tensor(i))?;
+    progress.finish();
+    let (results, exactness): (Vec<Stored>, Vec<Exactness>) = results.into_iter().unzip();
+    let ids: Vec<ObjectId> = results.iter().map(|r| r.id).collect();
+    let lossy_tensors = exactness.iter().filter(|e| e.is_lossy()).count() as u32;
+    let mut added: Vec<(ObjectId, IndexEntry)> = Vec::new();
+    let mut rewrites: Vec<Rewrite> = Vec::new();
+    for r in results {
+        added.extend(r.added);
+        rewrites.extend(r.rewrite);
+    }
+    let new_tensors = added.len();
+
+    let manifest = Manifest {
+        header_json: input.header_json().to_vec(),
+        metadata: {
+            let mut m = input.layout.metadata.clone();
+            m.sort();
+            m
+        },
+        entries: tensors
+            .iter()
+            .zip(ids.iter().zip(exactness))
+            .map(|(t, (id, exactness))| Entry {
+                name: t.name.clone(),
+                header: t.header.clone(),
+                id: *id,
+                exactness,
+            })
+            .collect(),
+    };
+    let manifest_bytes = manifest.encode();
+    let manifest_id = ObjectId::hash(&manifest_bytes);
+    if store.meta().read()?.object(&manifest_id)?.is_none() {
+        let out = batch.put_blob(ObjectKind::Manifest, &manifest_bytes)?;
+        added.push((out.id, out.entry));
+    }
+    // Bytes this commit adds to the store: new records, less what re-encoding saved.
+    let stored_bytes = (added.iter().map(|(_, e)| e.stored_len).sum::<u64>()
+        + rewrites.iter().map(|r| r.new.stored_len).sum::<u64>())
+    .saturating_sub(rewrites.iter().map(|r| r.old.stored_len).sum::<u64>());
+    let raw_bytes = input.bytes().len() as u64;
+    let commit = Commit {
+        manifest: manifest_id,
+        parents: parent.into_iter().collect(),
+        author: opts.author.clone().unwrap_or_else(default_author),
+        time: Timestamp::now(),
+        message: opts.message.clone(),
+        step: opts.step,
+        metrics,
+        stats: CommitStats {
+            raw_bytes,
+            stored_bytes,
+            tensors: tensors.len() as u32,
+            new_tensors: new_tensors as u32,
+            lossy_tensors,
+        },
+    };
+    let commit_out = batch.put_blob(ObjectKind::Commit, &commit.encode())?;
+    let id = commit_out.id;
+    added.push((id, commit_out.entry));
+    batch.finish()?;
+
+    // Publish: index entries, commit index and the ref, in one transaction.
+    let mut w = store.meta().write()?;
+    for (oid, entry) in &added {
+        w.put_object(oid, entry)?;
+        // Stored again after a retention rule deleted it.
+        w.remove_expired(oid)?;
+        if let Some(base) = &entry.base {
+            w.add_dependent(base, oid)?;
+        }
+    }
+    for r in &rewrites {
+        publish_rewrite(&mut w, r)?;
+    }
+    w.put_commit(&id, &CommitSummary::of(&commit))?;
+    let summary = commit.message.lines().next().unwrap_or("");
+    let reflog = if expected.is_none() {
+        format!("commit (new branch): {summary}")
+    } else {
+        format!("commit: {summary}")
+    };
+    w.update_ref(
+        &target,
+        expected.as_ref(),
+        Some(&RefValue::Direct(id)),
+        &reflog,
+    )?;
+    w.commit_txn()?;
+    for r in &rewrites {
+        store.remove_record(&r.id, r.old.generation);
+    }
+    tracing::info!(%id, stored_bytes, new_tensors, "committed");
+
+    Ok(CommitOutcome {
+        id,
+        branch: target.trim_start_matches(Ref::BRANCHES).to_string(),
+        raw_bytes,
+        stored_bytes,
+        ratio: raw_bytes as f64 / stored_bytes.max(1) as f64,
+        seconds: started.elapsed().as_secs_f64(),
+        tensors: tensors.len() as u32,
+        new_tensors: new_tensors as u32,
+        lossy_tensors,
+        search,
+    })
+}
+
+/// The training step for Adam's bias corrections: `--step`, else the checkpoint's `step`
+/// metadata.
+fn training_step(opts: &CommitOptions, layout: &Layout) -> Option<u64> {
+    opts.step.or_else(|| metadata_value(layout, "step"))
+}
+
+/// A number from the checkpoint's `__metadata__`.
+fn metadata_value<T: std::str::FromStr>(layout: &Layout, key: &str) -> Option<T> {
+    layout
+        .metadata
+        .iter()
+        .find(|(k, _)| k == key)
+        .and_then(|(_, v)| v.trim().parse().ok())
+}
+
+/// Names of the loss the quality bound is relative to, in order of preference.
+const LOSS_NAMES: [&str; 3] = ["loss", "val_loss", "train_loss"];
+
+/// The checkpoint's loss: a commit metric named `loss`, `val_loss` or `train_loss`, else the
+/// same key in the safetensors metadata.
+fn loss_of(metrics: &[(String, f64)], layout: &Layout) -> Option<f64> {
+    LOSS_NAMES.iter().find_map(|name| {
+        metrics
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| *v)
+            .or_else(|| metadata_value(layout, name))
+            .filter(|v: &f64| v.is_finite())
+    })
+}
+
+fn check_metrics(metrics: &[(String, f64)]) -> Result<Vec<(String, f64)>> {
+    let mut out = metrics.to_vec();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    for w in out.windows(2) {
+        if w[0].0 == w[1].0 {
+            return Err(Error::InvalidMetric(w[0].0.clone()));
+        }
+    }
+    if let Some((k, _)) = out
+        .iter()
+        .find(|(k, _)| k.is_empty() || k.chars().any(|c| c.is_control() || c == '='))
+    {
+        return Err(Error::InvalidMetric(k.clone()));
+    }
+    Ok(out)
+}
+
+/// The author of a commit that names none: `$MDL_AUTHOR`, then `$USER`, then "unknown".
+pub fn default_author() -> String {
+    std::env::var("MDL_AUTHOR")
+        .or_else(|_| std::env::var("USER"))
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The commit index's entry for a commit.
+/// Reads a ratio that JSON wrote as null (serde_json writes non-finite numbers so).
+fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
+}
