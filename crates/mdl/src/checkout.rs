@@ -66,6 +66,8 @@ pub fn refuse_inside_repository(out: &Path) -> Result<()> {
 /// unpredictable name, created exclusively (a planted file or symlink is never written
 /// through), with the permissions of any new file (0666 less the umask, not a temporary
 /// file's 0600). Removed when dropped unless persisted.
+// The output is the user's file, never inside a repository (`refuse_inside_repository`).
+#[allow(clippy::disallowed_methods)]
 pub fn temporary_output(out: &Path) -> Result<tempfile::NamedTempFile> {
     use std::os::unix::fs::PermissionsExt;
     let err = |source| Error::Output {
