@@ -21,18 +21,15 @@ pub struct RefInfo {
     pub message: Option<String>,
 }
 
-const HEADS: &str = Ref::BRANCHES;
-const TAGS: &str = Ref::TAGS;
-
 /// Lists branches, with the current one marked.
 pub fn branches(repo: &Repository) -> Result<Vec<RefInfo>> {
     let head = repo.head_branch()?;
-    list(repo, HEADS, &head)
+    list(repo, Ref::BRANCHES, &head)
 }
 
 /// Lists tags.
 pub fn tags(repo: &Repository) -> Result<Vec<RefInfo>> {
-    list(repo, TAGS, "")
+    list(repo, Ref::TAGS, "")
 }
 
 fn list(repo: &Repository, prefix: &str, head: &str) -> Result<Vec<RefInfo>> {
@@ -57,8 +54,8 @@ fn list(repo: &Repository, prefix: &str, head: &str) -> Result<Vec<RefInfo>> {
 /// Every branch and tag by full name (`refs/heads/…`, `refs/tags/…`), with its value.
 pub fn all(repo: &Repository) -> Result<Vec<(String, RefValue)>> {
     let meta = repo.store().meta().read()?;
-    let mut out = meta.refs(HEADS)?;
-    out.extend(meta.refs(TAGS)?);
+    let mut out = meta.refs(Ref::BRANCHES)?;
+    out.extend(meta.refs(Ref::TAGS)?);
     Ok(out)
 }
 
