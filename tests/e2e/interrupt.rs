@@ -120,8 +120,9 @@ fn an_interrupted_clone_blocks_nothing() {
             target.display()
         );
         if sig == libc::SIGINT {
-            // The interrupted clone removed its own staging folder. (One a SIGKILL left may
-            // still be there if this clone was stopped before it swept: the next one does.)
+            // The interrupted clone removed its own staging folder, though its workers were
+            // still writing into it. (One a SIGKILL left may still be there if this clone was
+            // stopped before it swept: the next clone does.)
             let own = format!(".mdl-clone-{pid}");
             let left: Vec<String> = names(target.parent().unwrap())
                 .into_iter()

@@ -44,15 +44,29 @@ pub fn remove_registered() {
         .drain(..)
         .map(|(_, p)| p)
         .collect();
+    // The command's other threads go on writing until the process exits: a clone's workers
+    // may recreate a folder just removed, or add a file to it while it is being removed (which
+    // then fails as not empty). So each path is removed until it has stayed gone for a moment.
     for p in paths {
-        match std::fs::symlink_metadata(&p) {
-            Ok(m) if m.is_dir() => {
-                let _ = std::fs::remove_dir_all(&p);
+        let mut gone_for = 0;
+        for _ in 0..200 {
+            match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.is_dir() => {
+                    gone_for = 0;
+                    let _ = std::fs::remove_dir_all(&p);
+                }
+                Ok(_) => {
+                    gone_for = 0;
+                    let _ = std::fs::remove_file(&p);
+                }
+                Err(_) => {
+                    gone_for += 1;
+                    if gone_for == 3 {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
             }
-            Ok(_) => {
-                let _ = std::fs::remove_file(&p);
-            }
-            Err(_) => {}
         }
     }
 }
