@@ -4,7 +4,7 @@
     scripts/make-fixture.py --mdl PATH/TO/mdl --version N --out tests/fixtures/vN
 
 Run by scripts/make-fixtures.sh, which builds the `mdl` of the commit that wrote format
-version N. The checkpoints are made here from a fixed seed (no numpy needed). The fixture
+version N. From version 4 on, the last commit is a tree (its checkout a folder). The checkpoints are made here from a fixed seed (no numpy needed). The fixture
 holds the repository (`repo/.mdl`), every commit's checkout as that build wrote it
 (`checkouts/`), and `expected.json`: the refs, HEAD, the commit each checkout belongs to, and
 the codec tags the repository's records use. tests/fixtures.rs (in the mdl crate) reads it back
@@ -151,6 +151,7 @@ def main():
     model = Model(seed=0x5EED_0000 + a.version, moments=a.version >= 3)
     lossy = ["--lossy"] if a.version >= 3 else []
     commits = []
+    trees = set()
     with tempfile.TemporaryDirectory() as tmp:
         def commit(*flags):
             model.train(2)
@@ -167,13 +168,34 @@ def main():
         run("branch", "exp", commits[1])
         trim = ["--trim-bits", "7"] if a.version >= 3 else []
         commit("--branch", "exp", *trim)
+        if a.version >= 4:
+            # A tree: a safetensors file, a real torch.save optimizer, small JSON (inline in
+            # the manifest), a tokenizer file longer than 4 KiB (a bytes object) and an
+            # executable script in a subfolder.
+            model.train(2)
+            d = os.path.join(tmp, "checkpoint-%d" % model.step)
+            os.makedirs(os.path.join(d, "sub"))
+            model.write(os.path.join(d, "model.safetensors"))
+            here = os.path.dirname(os.path.abspath(__file__))
+            shutil.copy(os.path.join(here, "..", "tests", "fixtures", "torch", "optimizer.pt"), d)
+            with open(os.path.join(d, "config.json"), "w") as fh:
+                fh.write('{"hidden_size": 32, "step": %d}\n' % model.step)
+            with open(os.path.join(d, "tokenizer.json"), "w") as fh:
+                fh.write("".join("tok%d " % i for i in range(1200)))
+            script = os.path.join(d, "sub", "run.sh")
+            with open(script, "w") as fh:
+                fh.write("#!/bin/sh\necho resume\n")
+            os.chmod(script, 0o755)
+            done = run("commit", d, "--step", str(model.step), "-m", "a tree")
+            commits.append(done["id"])
+            trees.add(done["id"])
 
     expected = {"format_version": a.version, "head": "main", "refs": {}, "checkouts": {}}
     for kind, prefix in (("branch", "refs/heads/"), ("tag", "refs/tags/")):
         for r in run(kind):
             expected["refs"][prefix + r["name"]] = r["target"]
     for i, c in enumerate(commits):
-        name = "%d.safetensors" % i
+        name = ("%d" if c in trees else "%d.safetensors") % i
         run("checkout", c, "-o", os.path.join(checkouts, name))
         expected["checkouts"][name] = c
     tags = set()

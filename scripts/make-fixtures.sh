@@ -3,7 +3,8 @@
 #
 #   scripts/make-fixtures.sh 1    # the last commit writing only version 1 as documented (2bf7328)
 #   scripts/make-fixtures.sh 2    # the last commit writing version 2 that builds (afec482)
-#   scripts/make-fixtures.sh 3    # this working tree (version 3)
+#   scripts/make-fixtures.sh 3    # the last commit writing version 3 (364b373)
+#   scripts/make-fixtures.sh 4    # this working tree (version 4)
 #
 # A fixture, once committed, is never regenerated: it is what that build wrote, and today's
 # code must keep reading it (tests/fixtures.rs in the mdl crate). A format change adds the next
@@ -16,7 +17,8 @@ version=${1:?usage: scripts/make-fixtures.sh VERSION}
 case "$version" in
     1) rev=2bf7328 ;;
     2) rev=afec482 ;;
-    3) rev= ;;
+    3) rev=364b373 ;;
+    4) rev= ;;
     *) echo "error: no build is known to write format version $version" >&2; exit 1 ;;
 esac
 if [ -z "$rev" ]; then

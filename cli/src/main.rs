@@ -46,22 +46,26 @@ enum Command {
         #[arg(value_name = "DIR")]
         path: Option<PathBuf>,
     },
-    /// Commit a safetensors checkpoint.
+    /// Commit a checkpoint: files (safetensors, torch.save archives, anything else) and
+    /// directories of them.
     Commit(CommitArgs),
-    /// Write a commit's checkpoint to a file.
+    /// Write a commit's files: one file to OUTPUT, a tree into the folder OUTPUT.
     Checkout {
         rev: String,
         #[arg(short, long)]
         output: PathBuf,
-        /// Overwrite OUTPUT if it exists.
+        /// Overwrite OUTPUT if it exists; write a tree into a folder that is not empty.
         #[arg(long)]
         force: bool,
-        /// fsync OUTPUT before renaming it into place.
+        /// fsync each file before renaming it into place.
         #[arg(long)]
         sync: bool,
-        /// Write a thinned commit without the tensors retention expired.
+        /// Write a thinned commit without what retention expired.
         #[arg(long)]
         skip_expired: bool,
+        /// Only this file, or the files under this folder, of the commit's tree.
+        #[arg(long, value_name = "PATH")]
+        path: Option<String>,
         /// Where the codec kernels run: auto, cpu or gpu (default: the `engine` setting).
         #[arg(long, value_name = "auto|cpu|gpu")]
         engine: Option<String>,
@@ -203,7 +207,9 @@ enum Command {
 /// `mdl commit`'s arguments.
 #[derive(clap::Args)]
 struct CommitArgs {
-    file: PathBuf,
+    /// Files and directories; a directory's files are committed under their paths in it.
+    #[arg(required = true, value_name = "PATH")]
+    paths: Vec<PathBuf>,
     #[arg(short, long, default_value = "")]
     message: String,
     /// Commit onto BRANCH (created at HEAD's commit if missing) instead of HEAD's branch.
@@ -448,6 +454,7 @@ fn library_exit_code(e: &mdl::Error) -> u8 {
         | E::Input { .. }
         | E::InvalidInput { .. }
         | E::UnknownRevision(_)
+        | E::NoSuchPath { .. }
         | E::AmbiguousRevision { .. }
         | E::NoSuchAncestor(_)
         | E::UnbornBranch(_)
@@ -526,7 +533,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             let opts = args.options()?;
             let mut repo = open(cli, LockMode::Write, purpose)?;
             use_engine(cli, &mut repo, args.engine.as_deref())?;
-            let outcome = mdl::commit::commit(&repo, &args.file, &opts, &bar)?;
+            let outcome = mdl::commit::commit_paths(&repo, &args.paths, &opts, &bar)?;
             output::commit(out, cli.json, &outcome)?;
         }
         Command::Checkout {
@@ -535,6 +542,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             force,
             sync,
             skip_expired,
+            path: tree_path,
             engine,
         } => {
             let mut repo = open(cli, LockMode::Read, purpose)?;
@@ -543,6 +551,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                 force: *force,
                 sync: *sync,
                 skip_expired: *skip_expired,
+                path: tree_path.clone(),
             };
             let outcome = mdl::checkout::checkout(&repo, rev, path, &opts, &bar)?;
             output::checkout(out, cli.json, &outcome)?;

@@ -6,7 +6,7 @@ use std::path::Path;
 use mdl::checkout::CheckoutOutcome;
 use mdl::commit::CommitOutcome;
 use mdl::compact::CompactOutcome;
-use mdl::diff::{Change, TensorDiff};
+use mdl::diff::{Change, Diff, FileChange, TensorDiff};
 use mdl::fsck::{Rebuilt, Report};
 use mdl::gc::GcOutcome;
 use mdl::log::LogEntry;
@@ -88,13 +88,29 @@ pub fn checkout(out: &mut dyn Write, json: bool, c: &CheckoutOutcome) -> io::Res
     if json {
         return emit(out, c);
     }
+    let files = if c.files == 1 {
+        String::new()
+    } else {
+        format!("{} files, ", c.files)
+    };
     writeln!(
         out,
-        "wrote {} ({}) from commit {}",
+        "wrote {} ({files}{}) from commit {}",
         c.path.display(),
         size(c.bytes),
         c.id.short(12)
     )?;
+    if !c.skipped.is_empty() {
+        writeln!(
+            out,
+            "left out what retention expired: {}",
+            c.skipped
+                .iter()
+                .map(|s| printable(s).into_owned())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )?;
+    }
     if c.lossy {
         writeln!(
             out,
@@ -197,10 +213,36 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "{:<40} {:<8} {:<18} {:<11} {:>10} {:>10}  exact",
-        "tensor", "dtype", "shape", "codec", "raw", "stored"
+        "{:<40} {:<11} {:>10} {:>8}",
+        "file", "format", "size", "tensors"
     )?;
+    for f in &s.files {
+        let note = if f.note.is_empty() {
+            String::new()
+        } else {
+            format!("  ({})", printable(&f.note))
+        };
+        writeln!(
+            out,
+            "{:<40} {:<11} {:>10} {:>8}{note}",
+            printable(&f.path),
+            f.format,
+            size(f.raw_bytes),
+            f.tensors
+        )?;
+    }
+    let mut file: Option<&str> = None;
     for t in &s.tensors {
+        if file != Some(t.file.as_str()) {
+            file = Some(t.file.as_str());
+            writeln!(out)?;
+            writeln!(out, "{}", printable(&t.file))?;
+            writeln!(
+                out,
+                "  {:<38} {:<8} {:<18} {:<11} {:>10} {:>10}  exact",
+                "tensor", "dtype", "shape", "codec", "raw", "stored"
+            )?;
+        }
         let exact = match &t.lossy_info {
             Some(l) => {
                 let est = l
@@ -221,7 +263,7 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
         };
         writeln!(
             out,
-            "{:<40} {:<8} {:<18} {:<11} {:>10} {:>10}  {exact}{chain}",
+            "  {:<38} {:<8} {:<18} {:<11} {:>10} {:>10}  {exact}{chain}",
             printable(&t.name),
             t.dtype,
             format!("{:?}", t.shape),
@@ -233,11 +275,37 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
     Ok(())
 }
 
-pub fn diff(out: &mut dyn Write, json: bool, d: &[TensorDiff]) -> io::Result<()> {
+pub fn diff(out: &mut dyn Write, json: bool, d: &Diff) -> io::Result<()> {
     if json {
         return emit(out, d);
     }
-    for t in d {
+    let count = |c: FileChange| d.files.iter().filter(|f| f.change == c).count();
+    let changed = |t: &&TensorDiff| matches!(t.change, Change::Changed { .. });
+    writeln!(
+        out,
+        "{} files changed, {} added, {} removed, {} unchanged; {} tensors changed, {} added, {} removed",
+        count(FileChange::Changed),
+        count(FileChange::Added),
+        count(FileChange::Removed),
+        count(FileChange::Unchanged),
+        d.tensors.iter().filter(changed).count(),
+        d.tensors.iter().filter(|t| t.change == Change::Added).count(),
+        d.tensors.iter().filter(|t| t.change == Change::Removed).count(),
+    )?;
+    for f in d.files.iter().filter(|f| f.change != FileChange::Unchanged) {
+        let what = match f.change {
+            FileChange::Added => "added",
+            FileChange::Removed => "removed",
+            _ => "changed",
+        };
+        writeln!(out, "file {:<43} {what}", printable(&f.path))?;
+    }
+    let mut file: Option<&str> = None;
+    for t in &d.tensors {
+        if d.files.len() > 1 && file != Some(t.file.as_str()) {
+            file = Some(t.file.as_str());
+            writeln!(out, "{}:", printable(&t.file))?;
+        }
         let what = match &t.change {
             Change::Unchanged => "unchanged".to_string(),
             Change::Added => "added".to_string(),

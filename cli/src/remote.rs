@@ -50,7 +50,13 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             if args.engine.is_some() {
                 bail!("--engine chooses this machine's engine; a server compresses with its repository's `engine` setting");
             }
-            let outcome = remote.commit(&args.file, &args.options()?)?;
+            let [file] = args.paths.as_slice() else {
+                bail!("a commit over HTTP takes one file; commit a tree where the repository is stored");
+            };
+            if file.is_dir() {
+                bail!("a commit over HTTP takes one file, not a directory; commit a tree where the repository is stored");
+            }
+            let outcome = remote.commit(file, &args.options()?)?;
             output::commit(out, cli.json, &outcome)?;
         }
         Command::Checkout {
@@ -59,8 +65,12 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             force,
             sync: _,
             skip_expired,
+            path: tree_path,
             engine,
         } => {
+            if tree_path.is_some() {
+                bail!("--path does not run over HTTP yet; check out where the repository is stored");
+            }
             if engine.is_some() {
                 bail!("--engine chooses this machine's engine; a server decodes with its repository's `engine` setting");
             }

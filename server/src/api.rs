@@ -217,10 +217,10 @@ async fn manifest(
         }
         let m = repo.load_manifest(&id)?;
         let tensors: Vec<_> = m
-            .entries
-            .iter()
-            .map(|e| {
+            .tensors()
+            .map(|(f, e)| {
                 serde_json::json!({
+                    "file": m.files[f].path,
                     "name": e.name,
                     "dtype": e.header.dtype.name(),
                     "shape": e.header.shape,
@@ -229,9 +229,23 @@ async fn manifest(
                 })
             })
             .collect();
+        let files: Vec<_> = m
+            .files
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "path": f.path,
+                    "format": f.format.name(),
+                    "size": f.len(),
+                    "metadata": f.metadata,
+                })
+            })
+            .collect();
+        let metadata: Vec<_> = m.files.iter().flat_map(|f| f.metadata.clone()).collect();
         Ok(Json(serde_json::json!({
             "id": id,
-            "metadata": m.metadata,
+            "metadata": metadata,
+            "files": files,
             "tensors": tensors,
         }))
         .into_response())
@@ -291,9 +305,20 @@ async fn checkpoint(
     };
     let layout = {
         let served = served.clone();
-        blocking(move || Ok(mdl::checkout::layout(&served.repo, &rev)?)).await?
+        blocking(move || {
+            let layout = mdl::checkout::layout(&served.repo, &rev)?;
+            match layout.single() {
+                Some(f) => Ok((layout.commit, layout.lossy_tensors(), f.clone())),
+                None => Err(ApiError::not_found(format!(
+                    "{rev} holds {} files, not one checkpoint file",
+                    layout.files.len()
+                ))),
+            }
+        })
+        .await?
     };
-    let etag = format!("\"{}\"", layout.commit);
+    let (commit, lossy_tensors, file) = layout;
+    let etag = format!("\"{commit}\"");
     if headers
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
@@ -301,7 +326,7 @@ async fn checkpoint(
     {
         return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response());
     }
-    let len = layout.len;
+    let len = file.len;
     // A range is honoured only while the ETag still matches If-Range (when given).
     let if_range_ok = headers
         .get(header::IF_RANGE)
@@ -336,8 +361,8 @@ async fn checkpoint(
         .header(header::CONTENT_LENGTH, end - start)
         .header(header::ETAG, &etag)
         .header(header::ACCEPT_RANGES, "bytes")
-        .header(route::HEADER_COMMIT, layout.commit.to_hex())
-        .header(route::HEADER_LOSSY_TENSORS, layout.lossy_tensors());
+        .header(route::HEADER_COMMIT, commit.to_hex())
+        .header(route::HEADER_LOSSY_TENSORS, lossy_tensors);
     if status == StatusCode::PARTIAL_CONTENT {
         response = response.header(
             header::CONTENT_RANGE,
@@ -347,7 +372,7 @@ async fn checkpoint(
     let body = if method == Method::HEAD || start == end {
         Body::empty()
     } else {
-        stream::checkpoint_range(served, Arc::new(layout), start, end)
+        stream::file_range(served, Arc::new(file), start, end)
     };
     response
         .body(body)
@@ -381,7 +406,9 @@ async fn tensor(
         blocking(move || {
             let layout = mdl::checkout::layout(&served.repo, &rev)?;
             let placed = layout
-                .tensor(&tensor)
+                .files
+                .iter()
+                .find_map(|f| f.tensor(&tensor))
                 .ok_or_else(|| ApiError::not_found(format!("no tensor {tensor:?} in {rev}")))?
                 .clone();
             Ok((placed, layout.commit))
@@ -472,7 +499,13 @@ async fn commit(
     let upload = spool(&served, &headers, body, state.config.max_body).await?;
     blocking(move || {
         // The commit holds the repository's writer itself.
-        let outcome = mdl::commit::commit(&served.repo, upload.path(), &opts, &mdl::NoProgress)?;
+        let outcome = mdl::commit::commit_file_as(
+            &served.repo,
+            upload.path(),
+            mdl::V1_FILE_PATH,
+            &opts,
+            &mdl::NoProgress,
+        )?;
         drop(upload);
         Ok((StatusCode::CREATED, Json(outcome)).into_response())
     })

@@ -106,6 +106,7 @@ impl From<mdl::Error> for ApiError {
             E::Input { .. } => C::BadInput,
             E::InvalidInput { .. } => C::InvalidSafetensors,
             E::UnknownRevision(_) | E::NoSuchAncestor(_) => C::UnknownRevision,
+            E::NoSuchPath { .. } => C::NotFound,
             E::AmbiguousRevision { .. } => C::AmbiguousRevision,
             E::UnbornBranch(_) => C::UnbornBranch,
             E::InvalidName(_) => C::InvalidName,

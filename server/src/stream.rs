@@ -8,7 +8,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use mdl::checkout::{Layout, Placed};
+use mdl::checkout::{FileLayout, Piece, Placed};
 use mdl::{budget, transfer, ObjectId};
 
 use crate::Served;
@@ -36,35 +36,40 @@ fn produced(
     Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-/// Bytes `start..end` of a checkpoint: the header's bytes from the layout, then each touched
-/// tensor, decoded a window of tensors at a time (in parallel), so memory stays near the window
-/// or the largest tensor.
-pub(crate) fn checkpoint_range(
-    served: Arc<Served>,
-    layout: Arc<Layout>,
-    start: u64,
-    end: u64,
-) -> Body {
-    produced("checkpoint stream", move |tx| {
-        let head_len = layout.head.len() as u64;
-        if start < head_len {
-            let piece =
-                Bytes::copy_from_slice(&layout.head[start as usize..end.min(head_len) as usize]);
-            if tx.blocking_send(Ok(piece)).is_err() {
-                return Ok(());
-            }
-        }
-        let touching: Vec<&Placed> = layout.touching(start, end).collect();
+/// Bytes `start..end` of a file: its inline bytes from the layout, and each touched object
+/// decoded a window of objects at a time (in parallel), so memory stays near the window or the
+/// largest object.
+pub(crate) fn file_range(served: Arc<Served>, file: Arc<FileLayout>, start: u64, end: u64) -> Body {
+    produced("file stream", move |tx| {
+        let touching: Vec<&Piece> = file.touching(start, end).collect();
         let mut i = 0;
         while i < touching.len() {
+            let first = match touching[i] {
+                Piece::Inline { offset, bytes } => {
+                    let from = start.max(*offset) - offset;
+                    let to = end.min(offset + bytes.len() as u64) - offset;
+                    let piece = Bytes::copy_from_slice(&bytes[from as usize..to as usize]);
+                    if tx.blocking_send(Ok(piece)).is_err() {
+                        return Ok(());
+                    }
+                    i += 1;
+                    continue;
+                }
+                Piece::Object(o) => o,
+            };
+            // A window of consecutive objects.
+            let mut window: Vec<&Placed> = vec![first];
+            let mut bytes = first.entry.content_len;
             let mut j = i + 1;
-            let mut bytes = touching[i].entry.content_len;
-            while j < touching.len() && bytes + touching[j].entry.content_len <= STREAM_WINDOW {
-                bytes += touching[j].entry.content_len;
+            while let Some(Piece::Object(o)) = touching.get(j) {
+                if bytes + o.entry.content_len > STREAM_WINDOW {
+                    break;
+                }
+                bytes += o.entry.content_len;
+                window.push(o);
                 j += 1;
             }
-            let window = &touching[i..j];
-            for (t, data) in window.iter().zip(decode_window(&served, window)?) {
+            for (t, data) in window.iter().zip(decode_window(&served, &window)?) {
                 let from = start.max(t.offset) - t.offset;
                 let to = end.min(t.offset + t.entry.content_len) - t.offset;
                 if !send_pieces(tx, &data, from as usize, to as usize) {

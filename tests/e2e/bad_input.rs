@@ -49,7 +49,10 @@ fn bad_inputs_leave_repository_unchanged() {
             "exceeds the limit",
         ),
         (
-            vec!["commit".into(), header_file(d, "json.st", "{not json", 0)],
+            vec![
+                "commit".into(),
+                header_file(d, "json.safetensors", "{not json", 0),
+            ],
             "not valid JSON",
         ),
         (
@@ -57,7 +60,7 @@ fn bad_inputs_leave_repository_unchanged() {
                 "commit".into(),
                 header_file(
                     d,
-                    "ovl.st",
+                    "ovl.safetensors",
                     r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#,
                     12,
                 ),
@@ -69,7 +72,7 @@ fn bad_inputs_leave_repository_unchanged() {
                 "commit".into(),
                 header_file(
                     d,
-                    "dt.st",
+                    "dt.safetensors",
                     r#"{"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,2]}}"#,
                     2,
                 ),
@@ -81,7 +84,7 @@ fn bad_inputs_leave_repository_unchanged() {
                 "commit".into(),
                 header_file(
                     d,
-                    "dup.st",
+                    "dup.safetensors",
                     r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"a":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}}"#,
                     4,
                 ),

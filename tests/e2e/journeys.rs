@@ -163,8 +163,15 @@ fn branches_tags_log_diff() {
     assert_eq!(json(d, &["show", "v1"])["id"], b.as_str());
 
     let diff = json(d, &["diff", "v0", "v1"]);
+    // Each commit was of a file of another name: one removed, one added, and the tensors
+    // matched across them by name.
+    let files = diff["files"].as_array().unwrap();
+    assert_eq!(files.len(), 2, "{diff}");
+    assert_eq!(files[0]["change"], "removed");
+    assert_eq!(files[1]["change"], "added");
     let by = |n: &str| {
-        diff.as_array()
+        diff["tensors"]
+            .as_array()
             .unwrap()
             .iter()
             .find(|t| t["name"] == n)

@@ -15,4 +15,5 @@ mod maintenance;
 mod repair;
 mod server;
 mod transfer;
+mod trees;
 mod util;

@@ -5,7 +5,9 @@
 //! - [`ObjectId`], the blake3 hash of an object's canonical content, and [`TensorHasher`];
 //! - [`Dtype`] and [`TensorHeader`], the canonical description of a tensor;
 //! - [`safetensors`], strict validation of a safetensors header into a [`safetensors::Layout`];
-//! - [`Manifest`] and [`Commit`], with their canonical (hashed) serialisations;
+//! - [`Manifest`] (a tree of files cut into regions) and [`Commit`], with their canonical
+//!   (hashed) serialisations;
+//! - [`torch`], a reader of `torch.save` archives that never executes their pickle;
 //! - [`record`], the container every stored object lives in (codec tag, base, checksum);
 //! - [`RefName`], validated branch and tag names.
 //!
@@ -29,13 +31,17 @@ mod refname;
 pub mod safetensors;
 mod tensor;
 mod time;
+pub mod torch;
 mod wire;
 
 pub use commit::{Commit, CommitStats};
 pub use dtype::Dtype;
 pub use error::FormatError;
 pub use id::{IdPrefix, ObjectId, ParseIdError, TensorHasher};
-pub use manifest::{Entry, Exactness, Lossy, Manifest};
+pub use manifest::{
+    bytes_header, check_path, Entry, Exactness, FileFormat, Lossy, Manifest, MomentPair,
+    PairSource, Region, TreeFile, MAX_PATH_LEN, V1_FILE_PATH,
+};
 pub use refname::{Ref, RefName, RefNameError};
 pub use tensor::TensorHeader;
 pub use time::Timestamp;
@@ -44,7 +50,7 @@ pub use time::Timestamp;
 ///
 /// Bumped whenever any byte layout in this crate changes; readers accept every version up to
 /// and including this one.
-pub const FORMAT_VERSION: u16 = 3;
+pub const FORMAT_VERSION: u16 = 4;
 
 /// Which kind of object a record or an id refers to. Stable tags, never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -7,8 +7,9 @@
 
 use mdl_format::record::{self, RecordHeader};
 use mdl_format::{
-    Commit, CommitStats, Dtype, Entry, Exactness, Lossy, Manifest, ObjectId, ObjectKind,
-    TensorHeader, Timestamp, FORMAT_VERSION,
+    Commit, CommitStats, Dtype, Entry, Exactness, FileFormat, Lossy, Manifest, MomentPair,
+    ObjectId, ObjectKind, PairSource, Region, TensorHeader, Timestamp, TreeFile, FORMAT_VERSION,
+    V1_FILE_PATH,
 };
 
 /// Bytes in the layout notation of `docs/FORMAT.md`.
@@ -111,40 +112,14 @@ fn a_tensor_header_and_its_id() {
     }
 }
 
-fn manifest() -> Manifest {
-    let header_json = br#"{"__metadata__":{"step":"7"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"BF16","shape":[2,2],"data_offsets":[8,16]}}  "#.to_vec();
-    Manifest {
-        header_json,
-        metadata: vec![("step".into(), "7".into())],
-        entries: vec![
-            Entry {
-                name: "a".into(),
-                header: TensorHeader::new(Dtype::F32, vec![2]),
-                id: id("0101010101010101010101010101010101010101010101010101010101010101"),
-                exactness: Exactness::Lossless,
-            },
-            Entry {
-                name: "b".into(),
-                header: TensorHeader::new(Dtype::BF16, vec![2, 2]),
-                id: id("0202020202020202020202020202020202020202020202020202020202020202"),
-                exactness: Exactness::Lossy(Lossy {
-                    settings: "quant bins=4 prune=0 protect=0.0005 metric=magnitude".into(),
-                    max_abs_error: 0.25,
-                    rel_error: 0.0625,
-                    est_delta_loss: Some(-1.5),
-                }),
-            },
-        ],
-    }
-}
+const HEADER_JSON: &[u8] = br#"{"__metadata__":{"step":"7"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"BF16","shape":[2,2],"data_offsets":[8,16]}}  "#;
 
-#[test]
-fn a_manifest_and_its_id() {
-    let m = manifest();
-    let spelled = Spell::default()
+/// The version 1 manifest of a safetensors file with tensors `a` (lossless) and `b` (lossy).
+fn manifest_v1_bytes() -> Vec<u8> {
+    Spell::default()
         .u8(2)
         .u16(1)
-        .str(&m.header_json)
+        .str(HEADER_JSON)
         .u32(1)
         .str("step")
         .str("7")
@@ -154,7 +129,9 @@ fn a_manifest_and_its_id() {
         .u8(12)
         .u8(1)
         .u64(2)
-        .id(&m.entries[0].id)
+        .id(&id(
+            "0101010101010101010101010101010101010101010101010101010101010101",
+        ))
         .u8(0)
         // b: lossy bf16 [2, 2]
         .str("b")
@@ -162,20 +139,189 @@ fn a_manifest_and_its_id() {
         .u8(2)
         .u64(2)
         .u64(2)
-        .id(&m.entries[1].id)
+        .id(&id(
+            "0202020202020202020202020202020202020202020202020202020202020202",
+        ))
         .u8(2)
         .str("quant bins=4 prune=0 protect=0.0005 metric=magnitude")
         .f64(0.25)
         .f64(0.0625)
         .u8(1)
         .f64(-1.5)
+        .0
+}
+
+fn entry_a() -> Entry {
+    Entry {
+        name: "a".into(),
+        header: TensorHeader::new(Dtype::F32, vec![2]),
+        id: id("0101010101010101010101010101010101010101010101010101010101010101"),
+        exactness: Exactness::Lossless,
+    }
+}
+
+fn entry_b() -> Entry {
+    Entry {
+        name: "b".into(),
+        header: TensorHeader::new(Dtype::BF16, vec![2, 2]),
+        id: id("0202020202020202020202020202020202020202020202020202020202020202"),
+        exactness: Exactness::Lossy(Lossy {
+            settings: "quant bins=4 prune=0 protect=0.0005 metric=magnitude".into(),
+            max_abs_error: 0.25,
+            rel_error: 0.0625,
+            est_delta_loss: Some(-1.5),
+        }),
+    }
+}
+
+#[test]
+fn a_version_1_manifest_and_its_id() {
+    let spelled = manifest_v1_bytes();
+    let m = Manifest::decode(&spelled).unwrap();
+    assert_eq!(m.version(), 1);
+    // One safetensors file: its header (length and JSON) inline, then the tensors.
+    let [file] = m.files.as_slice() else {
+        panic!("one file")
+    };
+    assert_eq!(file.path, V1_FILE_PATH);
+    assert_eq!(file.format, FileFormat::Safetensors);
+    assert_eq!(file.metadata, [("step".to_string(), "7".to_string())]);
+    let mut head = (HEADER_JSON.len() as u64).to_le_bytes().to_vec();
+    head.extend_from_slice(HEADER_JSON);
+    assert_eq!(
+        file.regions,
+        [
+            Region::Inline(head),
+            Region::Tensor(entry_a()),
+            Region::Tensor(entry_b())
+        ]
+    );
+    // It encodes back to exactly its bytes, so its id never changes.
+    assert_eq!(m.encode(), spelled);
+    assert_eq!(
+        m.id().to_hex(),
+        "77ae901fd81d7957fff851ff130297b2dfa2f1e7b64b8116bf966c3ceb04c700"
+    );
+}
+
+/// A version 2 tree: a safetensors file, an executable script stored as a bytes object, a
+/// torch archive stored as bytes with a note, and one moment pair.
+fn manifest_v2() -> Manifest {
+    let mut st_head = (HEADER_JSON.len() as u64).to_le_bytes().to_vec();
+    st_head.extend_from_slice(HEADER_JSON);
+    let files = vec![
+        TreeFile {
+            path: "ck/model.safetensors".into(),
+            format: FileFormat::Safetensors,
+            executable: false,
+            note: String::new(),
+            metadata: vec![("step".into(), "7".into())],
+            regions: vec![
+                Region::Inline(st_head),
+                Region::Tensor(entry_a()),
+                Region::Tensor(entry_b()),
+            ],
+        },
+        TreeFile {
+            path: "run.sh".into(),
+            format: FileFormat::Bytes,
+            executable: true,
+            note: String::new(),
+            metadata: vec![],
+            regions: vec![Region::Bytes {
+                id: id("0404040404040404040404040404040404040404040404040404040404040404"),
+                len: 5000,
+            }],
+        },
+        TreeFile {
+            path: "ck/old.pt".into(),
+            format: FileFormat::Bytes,
+            executable: false,
+            note: "not split".into(),
+            metadata: vec![],
+            regions: vec![Region::Inline(b"PK".to_vec())],
+        },
+    ];
+    let pairs = vec![MomentPair {
+        param: 0,
+        exp_avg: 1,
+        exp_avg_sq: 1,
+        source: PairSource::OptimizerOrder,
+    }];
+    Manifest::new(files, pairs).unwrap()
+}
+
+#[test]
+fn a_version_2_manifest_and_its_id() {
+    let m = manifest_v2();
+    let mut st_head = (HEADER_JSON.len() as u64).to_le_bytes().to_vec();
+    st_head.extend_from_slice(HEADER_JSON);
+    let spelled = Spell::default()
+        .u8(2)
+        .u16(2)
+        .u32(3)
+        // Files sorted by path.
+        .str("ck/model.safetensors")
+        .u8(1) // safetensors
+        .u8(0) // flags
+        .str("") // note
+        .u32(1)
+        .str("step")
+        .str("7")
+        .u32(3)
+        .u8(0) // inline
+        .str(&st_head)
+        .u8(2) // tensor a
+        .str("a")
+        .u8(12)
+        .u8(1)
+        .u64(2)
+        .id(&entry_a().id)
+        .u8(0)
+        .u8(2) // tensor b
+        .str("b")
+        .u8(9)
+        .u8(2)
+        .u64(2)
+        .u64(2)
+        .id(&entry_b().id)
+        .u8(2)
+        .str("quant bins=4 prune=0 protect=0.0005 metric=magnitude")
+        .f64(0.25)
+        .f64(0.0625)
+        .u8(1)
+        .f64(-1.5)
+        .str("ck/old.pt")
+        .u8(0) // bytes
+        .u8(0)
+        .str("not split")
+        .u32(0)
+        .u32(1)
+        .u8(0)
+        .str("PK")
+        .str("run.sh")
+        .u8(0)
+        .u8(1) // executable
+        .str("")
+        .u32(0)
+        .u32(1)
+        .u8(1) // bytes object
+        .u64(5000)
+        .id(&id(
+            "0404040404040404040404040404040404040404040404040404040404040404",
+        ))
+        .u32(1) // one pair
+        .u32(0)
+        .u32(1)
+        .u32(1)
+        .u8(1)
         .0;
     assert_eq!(m.encode(), spelled);
     assert_eq!(Manifest::decode(&spelled).unwrap(), m);
     assert_eq!(m.id(), ObjectId::hash(&spelled));
     assert_eq!(
         m.id().to_hex(),
-        "77ae901fd81d7957fff851ff130297b2dfa2f1e7b64b8116bf966c3ceb04c700"
+        "30140e31f4fa6e07ea988ac02fa27de9f40c0f2d744d47ea8e5fd847ad7dd01e"
     );
 }
 
@@ -299,7 +445,7 @@ fn a_record_byte_for_byte() {
 }
 
 /// The checksum of the record spelled in [`a_record_byte_for_byte`].
-const GOLDEN_RECORD_CRC: u32 = 3_542_721_734;
+const GOLDEN_RECORD_CRC: u32 = 3_088_561_821;
 
 /// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320), written out bit by bit.
 fn crc32(bytes: &[u8]) -> u32 {

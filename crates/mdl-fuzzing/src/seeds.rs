@@ -69,7 +69,8 @@ fn repository_objects() -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>) {
     let c = mdl_format::Commit::decode(&commit_bytes).expect("a commit");
     let manifest_bytes = mdl::inspect::content(&repo, &c.manifest).expect("the manifest");
     let m = mdl_format::Manifest::decode(&manifest_bytes).expect("a manifest");
-    let record = mdl::inspect::record(&repo, &m.entries[0].id).expect("the record");
+    let record = mdl::inspect::record(&repo, &m.tensors().next().expect("a tensor").1.id)
+        .expect("the record");
     let plan = mdl::transfer::plan(&repo, &[tip], &|_| false).expect("a plan");
     let ids: Vec<_> = plan.iter().map(|p| p.id).collect();
     let mut pack = Vec::new();

@@ -255,6 +255,7 @@ impl Remote {
             id: commit,
             path: out.to_path_buf(),
             bytes: n,
+            files: 1,
             lossy: lossy_tensors > 0,
             lossy_tensors,
             skipped: Vec::new(),

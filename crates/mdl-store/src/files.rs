@@ -37,6 +37,29 @@ impl Store {
             .map_err(StoreError::io("create", &self.dir))
     }
 
+    /// An exclusive temporary folder `.mdl/PREFIX…` for a program to read (an evaluation
+    /// command's candidate tree); removed when dropped.
+    pub fn scratch_dir(&self, prefix: &str) -> Result<tempfile::TempDir, StoreError> {
+        tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in(&self.dir)
+            .map_err(StoreError::io("create", &self.dir))
+    }
+
+    /// Creates the file `rel` (a `/`-separated relative path, its parents created) inside
+    /// `dir`, a folder from [`Self::scratch_dir`].
+    pub fn scratch_dir_file(dir: &Path, rel: &str) -> Result<std::fs::File, StoreError> {
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(StoreError::io("create", parent))?;
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(StoreError::io("create", &path))
+    }
+
     /// Replaces `.mdl/NAME` with `bytes`, atomically and durably (a temporary file with
     /// permissions `mode`, fsynced, renamed over the old one, the directory fsynced): a reader
     /// sees the old file or the new one, never a part.

@@ -264,9 +264,8 @@ fn tip_tensors(repo: &Repository) -> Result<HashSet<ObjectId>> {
             let commit = repo.load_commit(&c)?;
             out.extend(
                 repo.load_manifest(&commit.manifest)?
-                    .entries
-                    .iter()
-                    .map(|e| e.id),
+                    .objects()
+                    .map(|(id, _)| id),
             );
         }
     }

@@ -1,10 +1,11 @@
-//! `mdl diff`: which tensors changed between two commits, and by how much.
+//! `mdl diff`: which files and tensors changed between two commits, and by how much.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 
 use mdl_format::{Dtype, Entry};
 use serde::Serialize;
 
+use crate::previous::Previous;
 use crate::{revision, Repository, Result};
 
 /// How a tensor differs.
@@ -26,9 +27,11 @@ pub enum Change {
     Removed,
 }
 
-/// One line of a diff.
+/// One tensor's line of a diff.
 #[derive(Clone, Debug, Serialize)]
 pub struct TensorDiff {
+    /// The file it is in (in B for an added tensor, else in A).
+    pub file: String,
     /// Tensor name.
     pub name: String,
     /// What happened to it.
@@ -36,16 +39,97 @@ pub struct TensorDiff {
     pub change: Change,
 }
 
-/// Compares the checkpoints of revisions `a` and `b`, in A's tensor order, then B's new ones.
-pub fn diff(repo: &Repository, a: &str, b: &str) -> Result<Vec<TensorDiff>> {
+/// What happened to a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileChange {
+    /// The same bytes in both.
+    Unchanged,
+    /// Different bytes.
+    Changed,
+    /// Only in B.
+    Added,
+    /// Only in A.
+    Removed,
+}
+
+/// One file's line of a diff.
+#[derive(Clone, Debug, Serialize)]
+pub struct FileDiff {
+    /// Its path.
+    pub path: String,
+    /// What happened to it.
+    pub change: FileChange,
+    /// Its size in A (absent when added).
+    pub bytes_a: Option<u64>,
+    /// Its size in B (absent when removed).
+    pub bytes_b: Option<u64>,
+}
+
+/// Two commits compared file by file and tensor by tensor.
+#[derive(Clone, Debug, Serialize)]
+pub struct Diff {
+    /// Every file of either tree, in path order.
+    pub files: Vec<FileDiff>,
+    /// Every tensor of A in tree order, then B's new ones. A tensor is matched by file and
+    /// name, or by name alone where B has it once (a re-sharded checkpoint).
+    pub tensors: Vec<TensorDiff>,
+}
+
+/// Compares the checkpoints of revisions `a` and `b`.
+pub fn diff(repo: &Repository, a: &str, b: &str) -> Result<Diff> {
     let (ia, ib) = (revision::resolve(repo, a)?, revision::resolve(repo, b)?);
     let ma = repo.load_manifest(&repo.load_commit(&ia)?.manifest)?;
     let mb = repo.load_manifest(&repo.load_commit(&ib)?.manifest)?;
-    let in_b: HashMap<&str, &Entry> = mb.entries.iter().map(|e| (e.name.as_str(), e)).collect();
-    let in_a: HashMap<&str, &Entry> = ma.entries.iter().map(|e| (e.name.as_str(), e)).collect();
-    let mut out = Vec::new();
-    for ea in &ma.entries {
-        let change = match in_b.get(ea.name.as_str()) {
+
+    let mut files = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < ma.files.len() || j < mb.files.len() {
+        let (fa, fb) = (ma.files.get(i), mb.files.get(j));
+        let order = match (fa, fb) {
+            (Some(x), Some(y)) => x.path.cmp(&y.path),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            _ => std::cmp::Ordering::Greater,
+        };
+        let (path, change, bytes_a, bytes_b) = match (order, fa, fb) {
+            (std::cmp::Ordering::Less, Some(x), _) => {
+                i += 1;
+                (&x.path, FileChange::Removed, Some(x.len()), None)
+            }
+            (std::cmp::Ordering::Greater, _, Some(y)) => {
+                j += 1;
+                (&y.path, FileChange::Added, None, Some(y.len()))
+            }
+            (_, Some(x), Some(y)) => {
+                i += 1;
+                j += 1;
+                let change = if x.regions == y.regions {
+                    FileChange::Unchanged
+                } else {
+                    FileChange::Changed
+                };
+                (&x.path, change, Some(x.len()), Some(y.len()))
+            }
+            _ => unreachable!("one side has a file"),
+        };
+        files.push(FileDiff {
+            path: path.clone(),
+            change,
+            bytes_a,
+            bytes_b,
+        });
+    }
+
+    let in_b = Previous::of(Some(&mb));
+    let mut matched: HashSet<(&str, &str)> = HashSet::new();
+    let mut tensors = Vec::new();
+    for (f, ea) in ma.tensors() {
+        let path = ma.files[f].path.as_str();
+        let found = in_b.get_keyed(path, &ea.name);
+        if let Some((key, _)) = found {
+            matched.insert(key);
+        }
+        let change = match found.map(|(_, e)| e) {
             None => Change::Removed,
             Some(eb) if eb.id == ea.id => Change::Unchanged,
             Some(eb) if eb.header != ea.header => Change::Changed {
@@ -57,20 +141,23 @@ pub fn diff(repo: &Repository, a: &str, b: &str) -> Result<Vec<TensorDiff>> {
                 reshaped: false,
             },
         };
-        out.push(TensorDiff {
+        tensors.push(TensorDiff {
+            file: path.to_string(),
             name: ea.name.clone(),
             change,
         });
     }
-    for eb in &mb.entries {
-        if !in_a.contains_key(eb.name.as_str()) {
-            out.push(TensorDiff {
+    for (f, eb) in mb.tensors() {
+        let key = (mb.files[f].path.as_str(), eb.name.as_str());
+        if !matched.contains(&key) {
+            tensors.push(TensorDiff {
+                file: key.0.to_string(),
                 name: eb.name.clone(),
                 change: Change::Added,
             });
         }
     }
-    Ok(out)
+    Ok(Diff { files, tensors })
 }
 
 fn rel_l2(repo: &Repository, a: &Entry, b: &Entry) -> Result<Option<f64>> {

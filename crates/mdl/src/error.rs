@@ -68,6 +68,14 @@ pub enum Error {
     /// `checkout` would overwrite a file.
     #[error("{} exists; use --force to overwrite it", .0.display())]
     OutputExists(PathBuf),
+    /// `checkout --path` names nothing in the commit's tree.
+    #[error("no file or folder {path:?} in commit {commit}")]
+    NoSuchPath {
+        /// The path asked for.
+        path: String,
+        /// The commit (short id).
+        commit: String,
+    },
     /// An output path inside `.mdl/`, where it could replace the repository's own files.
     #[error("{} is inside the repository's .mdl directory; write the checkpoint elsewhere", .0.display())]
     OutputInRepository(PathBuf),

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use mdl_format::{ObjectId, ObjectKind, Ref};
+use mdl_format::{ObjectId, ObjectKind, Ref, Region};
 use mdl_store::{IndexEntry, OpenOptions, RefValue, StoreError, MDL_DIR};
 use serde::Serialize;
 
@@ -261,15 +261,31 @@ pub fn fsck(repo: &Repository, repair: bool) -> Result<Report> {
         }
         match repo.load_manifest(&commit.manifest) {
             Ok(m) => {
-                for e in &m.entries {
-                    let from =
-                        format!("manifest {} tensor {:?}", commit.manifest.short(12), e.name);
-                    if want(&e.id, ObjectKind::Tensor, &from, &mut report.problems)
-                        && index[&e.id].content_len != e.header.data_len().unwrap_or(u64::MAX)
-                    {
-                        report.problems.push(format!(
-                            "{from}: object size disagrees with dtype and shape"
-                        ));
+                for f in &m.files {
+                    for r in &f.regions {
+                        let Some((object, header)) = r.object() else {
+                            continue;
+                        };
+                        let from = match r {
+                            Region::Tensor(e) => format!(
+                                "manifest {} file {:?} tensor {:?}",
+                                commit.manifest.short(12),
+                                f.path,
+                                e.name
+                            ),
+                            _ => format!(
+                                "manifest {} file {:?} bytes",
+                                commit.manifest.short(12),
+                                f.path
+                            ),
+                        };
+                        if want(&object, ObjectKind::Tensor, &from, &mut report.problems)
+                            && index[&object].content_len != header.data_len().unwrap_or(u64::MAX)
+                        {
+                            report.problems.push(format!(
+                                "{from}: object size disagrees with dtype and shape"
+                            ));
+                        }
                     }
                 }
             }

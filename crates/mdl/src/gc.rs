@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use mdl_format::{ObjectId, ObjectKind, Ref, Timestamp};
+use mdl_format::{FileFormat, Manifest, ObjectId, ObjectKind, Ref, Timestamp};
 use mdl_store::meta::MetaRead;
 use mdl_store::{Expired, IndexEntry, Store};
 use serde::{Deserialize, Serialize};
@@ -145,11 +145,34 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
     n.checked_mul(secs).map(Duration::from_secs).ok_or_else(bad)
 }
 
-/// Whether tensor `name` is optimizer state under the repository's moment pairings.
-fn is_moment(pairings: &[Pairing], name: &str) -> bool {
-    pairings
+/// The optimizer state among `manifest`'s tensors: what its moment pairs name as moments,
+/// what the repository's moment pairings match by name, and in a torch archive the moments of
+/// an optimizer's state dict (`state.K.exp_avg`, `state.K.exp_avg_sq`, wherever the dict
+/// sits, as in a Lightning checkpoint's `optimizer_states.0.state.K.exp_avg`).
+fn optimizer_state(manifest: &Manifest, pairings: &[Pairing]) -> HashSet<ObjectId> {
+    let tensors: Vec<(usize, &mdl_format::Entry)> = manifest.tensors().collect();
+    let mut out: HashSet<ObjectId> = manifest
+        .pairs
         .iter()
-        .any(|p| Pairing::capture(&p.m, name).is_some() || Pairing::capture(&p.v, name).is_some())
+        .flat_map(|p| [p.exp_avg, p.exp_avg_sq])
+        .filter_map(|i| tensors.get(i as usize).map(|(_, e)| e.id))
+        .collect();
+    for (f, e) in tensors {
+        let by_pattern = pairings.iter().any(|p| {
+            Pairing::capture(&p.m, &e.name).is_some() || Pairing::capture(&p.v, &e.name).is_some()
+        });
+        let in_torch = manifest.files[f].format == FileFormat::Torch && {
+            let parts: Vec<&str> = e.name.split('.').collect();
+            parts.len() >= 3
+                && matches!(parts[parts.len() - 1], "exp_avg" | "exp_avg_sq")
+                && parts[parts.len() - 2].parse::<u64>().is_ok()
+                && parts[parts.len() - 3] == "state"
+        };
+        if by_pattern || in_torch {
+            out.insert(e.id);
+        }
+    }
+    out
 }
 
 /// What the roots reach, and what retention lets go.
@@ -263,13 +286,18 @@ fn mark(
             continue;
         }
         let manifest = repo.load_manifest(&summary.manifest)?;
-        for e in &manifest.entries {
-            if thin && is_moment(pairings, &e.name) {
-                marks.expire.insert(e.id);
-                marks.thin_moments.entry(id).or_default().push(e.id);
+        let moments = if thin {
+            optimizer_state(&manifest, pairings)
+        } else {
+            HashSet::new()
+        };
+        for (object, _) in manifest.objects() {
+            if moments.contains(&object) {
+                marks.expire.insert(object);
+                marks.thin_moments.entry(id).or_default().push(object);
                 marks.diverted.insert(summary.manifest);
             } else {
-                marks.tensors.insert(e.id);
+                marks.tensors.insert(object);
             }
         }
     }
@@ -286,7 +314,7 @@ impl Marks {
 /// Keeps every tensor of `manifest`, optimizer state included.
 fn keep_in_full(repo: &Repository, manifest: &ObjectId, marks: &mut Marks) -> Result<()> {
     let m = repo.load_manifest(manifest)?;
-    marks.tensors.extend(m.entries.iter().map(|e| e.id));
+    marks.tensors.extend(m.objects().map(|(id, _)| id));
     Ok(())
 }
 

@@ -31,6 +31,7 @@ pub mod interrupt;
 pub mod log;
 pub mod lossy;
 pub mod policy;
+mod previous;
 mod progress;
 pub mod refs;
 mod repo;
@@ -41,7 +42,7 @@ pub mod stats;
 pub mod transfer;
 
 pub use error::Error;
-pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp};
+pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp, V1_FILE_PATH};
 pub use mdl_store::budget;
 pub use mdl_store::fs::FaultyFs;
 pub use mdl_store::{IndexEntry, LockMode, RefValue, Storage, StoreError};

@@ -90,7 +90,7 @@ pub fn log(repo: &Repository, rev: Option<&str>, limit: Option<usize>) -> Result
             0
         } else {
             let m = repo.load_manifest(&c.manifest)?;
-            m.entries.iter().filter(|e| expired.contains(&e.id)).count() as u32
+            m.tensors().filter(|(_, e)| expired.contains(&e.id)).count() as u32
         };
         out.push(LogEntry {
             id,

@@ -1,4 +1,4 @@
-//! `mdl show`: a commit and its manifest, tensor by tensor.
+//! `mdl show`: a commit and its tree, file by file and tensor by tensor.
 
 use mdl_codec::CodecTag;
 use mdl_format::ObjectId;
@@ -8,9 +8,36 @@ use serde::{Deserialize, Serialize};
 use crate::log::Metrics;
 use crate::{revision, Repository, Result};
 
+/// One file of a shown commit.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FileInfo {
+    /// Its path in the tree.
+    pub path: String,
+    /// How it was split: `safetensors`, `torch` or `bytes`.
+    pub format: String,
+    /// Its size.
+    pub raw_bytes: u64,
+    /// How many of its bytes are tensors.
+    pub tensor_bytes: u64,
+    /// How many tensors it holds.
+    pub tensors: u32,
+    /// Whether checkout marks it executable.
+    #[serde(default)]
+    pub executable: bool,
+    /// Why a file that looked splittable was stored as bytes.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub note: String,
+    /// A safetensors file's `__metadata__`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metadata: Vec<(String, String)>,
+}
+
 /// One tensor of a shown commit.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TensorInfo {
+    /// The file it is in.
+    #[serde(default)]
+    pub file: String,
     /// Name.
     pub name: String,
     /// safetensors dtype name.
@@ -106,13 +133,16 @@ pub struct Shown {
     pub step: Option<u64>,
     /// Metrics.
     pub metrics: Metrics,
-    /// The safetensors `__metadata__`.
+    /// The safetensors `__metadata__` of its files, in tree order.
     pub metadata: Vec<(String, String)>,
-    /// Size of the checkpoint file.
+    /// Size of the checkpoint's files.
     pub raw_bytes: u64,
     /// Bytes the commit added to the store.
     pub stored_bytes: u64,
-    /// Tensors in file order.
+    /// Files in path order.
+    #[serde(default)]
+    pub files: Vec<FileInfo>,
+    /// Tensors in tree and file order.
     pub tensors: Vec<TensorInfo>,
     /// How many tensors retention expired (a thinned commit when non-zero).
     #[serde(default)]
@@ -125,8 +155,8 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
     let c = repo.load_commit(&id)?;
     let m = repo.load_manifest(&c.manifest)?;
     let meta = repo.store().meta().read()?;
-    let mut tensors = Vec::with_capacity(m.entries.len());
-    for e in &m.entries {
+    let mut tensors = Vec::new();
+    for (f, e) in m.tensors() {
         // A tensor retention deleted is shown with what is known of it.
         let (codec, raw_bytes, stored_bytes, base, depth, expired) = match meta.object(&e.id)? {
             Some(entry) => (
@@ -146,6 +176,7 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
             }
         };
         tensors.push(TensorInfo {
+            file: m.files[f].path.clone(),
             name: e.name.clone(),
             dtype: e.header.dtype.name().to_string(),
             shape: e.header.shape.clone(),
@@ -170,7 +201,21 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
         message: c.message,
         step: c.step,
         metrics: Metrics(c.metrics),
-        metadata: m.metadata,
+        metadata: m.files.iter().flat_map(|f| f.metadata.clone()).collect(),
+        files: m
+            .files
+            .iter()
+            .map(|f| FileInfo {
+                path: f.path.clone(),
+                format: f.format.name().to_string(),
+                raw_bytes: f.len(),
+                tensor_bytes: f.tensors().map(|e| e.header.data_len().unwrap_or(0)).sum(),
+                tensors: f.tensors().count() as u32,
+                executable: f.executable,
+                note: f.note.clone(),
+                metadata: f.metadata.clone(),
+            })
+            .collect(),
         raw_bytes: c.stats.raw_bytes,
         stored_bytes: c.stats.stored_bytes,
         tensors,

@@ -1,7 +1,7 @@
-//! `mdl commit`: store a safetensors checkpoint as a new commit on a branch.
+//! `mdl commit`: store a checkpoint — a file or a tree of files — as a new commit on a branch.
 
-use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -12,18 +12,18 @@ use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::quant::Correction;
 use mdl_codec::scalar::lossy_supported;
 use mdl_codec::{trim, CodecTag, EncodeOptions, SMALL_TENSOR};
-use mdl_format::safetensors::{Layout, TensorInfo};
 use mdl_format::{
     Commit, CommitStats, Entry, Exactness, Lossy, Manifest, ObjectId, ObjectKind, Ref, RefName,
-    Timestamp,
+    Region, Timestamp, TreeFile,
 };
 use mdl_store::meta::MetaRead;
 use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue};
 use serde::{Deserialize, Serialize};
 
-use crate::input::Input;
+use crate::input::{Input, Piece, Run};
 use crate::lossy::{self, CodecMode, LossyRequest, LossySettings, SearchSummary, TensorPlan};
 use crate::policy::{DeltaMode, DeltaPolicy};
+use crate::previous::Previous;
 use crate::rewrite::{chain, publish_rewrite, Rewrite};
 use crate::{per_tensor, Error, Progress, Repository, Result};
 
@@ -61,7 +61,7 @@ pub struct CommitOutcome {
     pub id: ObjectId,
     /// The branch it is on (short name).
     pub branch: String,
-    /// Size of the committed file.
+    /// Size of the committed files.
     pub raw_bytes: u64,
     /// Bytes of records added to the store.
     pub stored_bytes: u64,
@@ -81,17 +81,54 @@ pub struct CommitOutcome {
     pub search: Option<SearchSummary>,
 }
 
-/// Commits the safetensors file at `path`.
-#[tracing::instrument(name = "commit", skip_all, fields(path = %path.display()))]
+/// Commits the file or directory at `path` (see [`commit_paths`]).
 pub fn commit(
     repo: &Repository,
     path: &Path,
     opts: &CommitOptions,
     progress: &dyn Progress,
 ) -> Result<CommitOutcome> {
+    commit_paths(repo, &[path.to_path_buf()], opts, progress)
+}
+
+/// Commits the files at `paths`: each a file (entered under its name) or a directory (its
+/// files entered under their relative paths).
+#[tracing::instrument(name = "commit", skip_all, fields(paths = paths.len()))]
+pub fn commit_paths(
+    repo: &Repository,
+    paths: &[PathBuf],
+    opts: &CommitOptions,
+    progress: &dyn Progress,
+) -> Result<CommitOutcome> {
     let started = Instant::now();
     let metrics = check_metrics(&opts.metrics)?;
-    let input = Input::open(path)?;
+    let input = Input::open(paths)?;
+    commit_input(repo, input, metrics, started, opts, progress)
+}
+
+/// Commits the one file at `source` under the path `tree_path` (an upload, named by its
+/// sender).
+pub fn commit_file_as(
+    repo: &Repository,
+    source: &Path,
+    tree_path: &str,
+    opts: &CommitOptions,
+    progress: &dyn Progress,
+) -> Result<CommitOutcome> {
+    let started = Instant::now();
+    let metrics = check_metrics(&opts.metrics)?;
+    let input = Input::open_as(source, tree_path)?;
+    commit_input(repo, input, metrics, started, opts, progress)
+}
+
+fn commit_input(
+    repo: &Repository,
+    input: Input,
+    metrics: Vec<(String, f64)>,
+    started: Instant,
+    opts: &CommitOptions,
+    progress: &dyn Progress,
+) -> Result<CommitOutcome> {
     let store = repo.store();
     // From the first read of the parent to the ref update, no other writer of this process
     // (gc, compaction, another commit) may change what this commit builds on.
@@ -123,25 +160,22 @@ pub fn commit(
         Some(p) => Some(repo.load_manifest(&repo.load_commit(&p)?.manifest)?),
         None => None,
     };
-    let previous: HashMap<&str, &Entry> = parent_manifest
-        .iter()
-        .flat_map(|m| m.entries.iter().map(|e| (e.name.as_str(), e)))
-        .collect();
+    let previous = Previous::of(parent_manifest.as_ref());
 
     // Lossy settings, and for a lossy commit the configuration search.
     let settings = LossySettings::resolve(store, &opts.lossy)?;
     let engine = store.engine();
-    let tensors = &input.layout.tensors;
-    let correction = match training_step(opts, &input.layout) {
+    let pieces = &input.pieces;
+    let correction = match training_step(opts, &input) {
         Some(t) => Correction::adam(settings.betas.0, settings.betas.1, t),
         None => Correction { c1: 1.0, c2: 1.0 },
     };
     let (plans, search) = match settings.mode {
         CodecMode::Lossy => {
-            let roles = lossy::roles(&input.layout, &settings);
+            let roles = lossy::roles(pieces, &settings);
             let previous_quant = |i: usize| -> Result<Option<QuantTensor>> {
                 let meta = store.meta().read()?;
-                match previous_object(&meta, &previous, &tensors[i])? {
+                match previous_object(&meta, &previous, &input, i)? {
                     Some((id, entry, true)) => Ok(Some(store.load_quant(&id, &entry)?)),
                     _ => Ok(None),
                 }
@@ -154,17 +188,17 @@ pub fn commit(
                 previous: &previous,
                 previous_quant: &previous_quant,
                 correction,
-                loss: loss_of(&metrics, &input.layout),
+                loss: loss_of(&metrics, &input),
             };
             let evaluate = |plans: Option<&[Option<TensorPlan>]>| {
-                evaluate_candidate(repo, path, &input, engine, correction, &settings, plans)
+                evaluate_candidate(repo, &input, engine, correction, &settings, plans)
             };
             let eval: Option<lossy::Evaluate<'_>> =
                 settings.eval_cmd.as_ref().map(|_| &evaluate as _);
             let (plans, summary) = lossy::plan(&plan_input, eval)?;
             (plans, Some(summary))
         }
-        _ => (vec![None; tensors.len()], None),
+        _ => (vec![None; pieces.len()], None),
     };
     let trim_bits = (settings.mode == CodecMode::Trim).then_some(settings.trim_bits);
 
@@ -185,39 +219,27 @@ pub fn commit(
         trim_bits,
         correction,
     };
-    progress.start("storing", input.bytes().len() as u64);
-    let indices: Vec<usize> = (0..tensors.len()).collect();
-    let results = per_tensor(&indices, |&i| tensors[i].len, |&i| ctx.store_tensor(i))?;
+    progress.start("storing", input.len());
+    let indices: Vec<usize> = (0..pieces.len()).collect();
+    let results = per_tensor(&indices, |&i| pieces[i].len, |&i| ctx.store_tensor(i))?;
     progress.finish();
     let (results, exactness): (Vec<Stored>, Vec<Exactness>) = results.into_iter().unzip();
     let ids: Vec<ObjectId> = results.iter().map(|r| r.id).collect();
     let lossy_tensors = exactness.iter().filter(|e| e.is_lossy()).count() as u32;
+    let tensor_count = pieces.iter().filter(|p| p.tensor).count() as u32;
+    let new_tensors = results
+        .iter()
+        .zip(pieces)
+        .filter(|(r, p)| p.tensor && r.added.is_some())
+        .count() as u32;
     let mut added: Vec<(ObjectId, IndexEntry)> = Vec::new();
     let mut rewrites: Vec<Rewrite> = Vec::new();
     for r in results {
         added.extend(r.added);
         rewrites.extend(r.rewrite);
     }
-    let new_tensors = added.len();
 
-    let manifest = Manifest {
-        header_json: input.header_json().to_vec(),
-        metadata: {
-            let mut m = input.layout.metadata.clone();
-            m.sort();
-            m
-        },
-        entries: tensors
-            .iter()
-            .zip(ids.iter().zip(exactness))
-            .map(|(t, (id, exactness))| Entry {
-                name: t.name.clone(),
-                header: t.header.clone(),
-                id: *id,
-                exactness,
-            })
-            .collect(),
-    };
+    let manifest = manifest_of(&input, &ids, exactness)?;
     let manifest_bytes = manifest.encode();
     let manifest_id = ObjectId::hash(&manifest_bytes);
     if store.meta().read()?.object(&manifest_id)?.is_none() {
@@ -228,7 +250,7 @@ pub fn commit(
     let stored_bytes = (added.iter().map(|(_, e)| e.stored_len).sum::<u64>()
         + rewrites.iter().map(|r| r.new.stored_len).sum::<u64>())
     .saturating_sub(rewrites.iter().map(|r| r.old.stored_len).sum::<u64>());
-    let raw_bytes = input.bytes().len() as u64;
+    let raw_bytes = input.len();
     let commit = Commit {
         manifest: manifest_id,
         parents: parent.into_iter().collect(),
@@ -240,8 +262,8 @@ pub fn commit(
         stats: CommitStats {
             raw_bytes,
             stored_bytes,
-            tensors: tensors.len() as u32,
-            new_tensors: new_tensors as u32,
+            tensors: tensor_count,
+            new_tensors,
             lossy_tensors,
         },
     };
@@ -289,8 +311,8 @@ pub fn commit(
         stored_bytes,
         ratio: raw_bytes as f64 / stored_bytes.max(1) as f64,
         seconds: started.elapsed().as_secs_f64(),
-        tensors: tensors.len() as u32,
-        new_tensors: new_tensors as u32,
+        tensors: tensor_count,
+        new_tensors,
         lossy_tensors,
         search,
     })
@@ -298,33 +320,70 @@ pub fn commit(
 
 /// The training step for Adam's bias corrections: `--step`, else the checkpoint's `step`
 /// metadata.
-fn training_step(opts: &CommitOptions, layout: &Layout) -> Option<u64> {
-    opts.step.or_else(|| metadata_value(layout, "step"))
-}
-
-/// A number from the checkpoint's `__metadata__`.
-fn metadata_value<T: std::str::FromStr>(layout: &Layout, key: &str) -> Option<T> {
-    layout
-        .metadata
-        .iter()
-        .find(|(k, _)| k == key)
-        .and_then(|(_, v)| v.trim().parse().ok())
+fn training_step(opts: &CommitOptions, input: &Input) -> Option<u64> {
+    opts.step.or_else(|| input.metadata_value("step"))
 }
 
 /// Names of the loss the quality bound is relative to, in order of preference.
 const LOSS_NAMES: [&str; 3] = ["loss", "val_loss", "train_loss"];
 
 /// The checkpoint's loss: a commit metric named `loss`, `val_loss` or `train_loss`, else the
-/// same key in the safetensors metadata.
-fn loss_of(metrics: &[(String, f64)], layout: &Layout) -> Option<f64> {
+/// same key in the checkpoint's metadata.
+fn loss_of(metrics: &[(String, f64)], input: &Input) -> Option<f64> {
     LOSS_NAMES.iter().find_map(|name| {
         metrics
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| *v)
-            .or_else(|| metadata_value(layout, name))
+            .or_else(|| input.metadata_value(name))
             .filter(|v: &f64| v.is_finite())
     })
+}
+
+/// The manifest of the tree in `input`, its pieces stored as `ids`.
+fn manifest_of(input: &Input, ids: &[ObjectId], exactness: Vec<Exactness>) -> Result<Manifest> {
+    let mut exactness = exactness.into_iter().map(Some).collect::<Vec<_>>();
+    let files = input
+        .files
+        .iter()
+        .map(|f| {
+            let regions = f
+                .runs
+                .iter()
+                .map(|run| match *run {
+                    Run::Inline { start, len } => {
+                        Region::Inline(f.bytes()[start as usize..(start + len) as usize].to_vec())
+                    }
+                    Run::Object(i) => {
+                        let p: &Piece = &input.pieces[i];
+                        if p.tensor {
+                            Region::Tensor(Entry {
+                                name: p.name.clone(),
+                                header: p.header.clone(),
+                                id: ids[i],
+                                exactness: exactness[i].take().expect("one region per piece"),
+                            })
+                        } else {
+                            Region::Bytes {
+                                id: ids[i],
+                                len: p.len,
+                            }
+                        }
+                    }
+                })
+                .collect();
+            TreeFile {
+                path: f.tree_path.clone(),
+                format: f.format,
+                executable: f.executable,
+                note: f.note.clone(),
+                metadata: f.metadata.clone(),
+                regions,
+            }
+        })
+        .collect();
+    // The walk checked every path (and refused repeats) before anything was read.
+    Ok(Manifest::new(files, Vec::new()).expect("paths checked by the walk"))
 }
 
 fn check_metrics(metrics: &[(String, f64)]) -> Result<Vec<(String, f64)>> {

@@ -23,7 +23,7 @@ pub(super) struct StoreCtx<'a> {
     pub(super) repo: &'a Repository,
     pub(super) batch: &'a ObjectBatch<'a>,
     pub(super) input: &'a Input,
-    pub(super) previous: &'a HashMap<&'a str, &'a Entry>,
+    pub(super) previous: &'a Previous<'a>,
     pub(super) policy: DeltaPolicy,
     pub(super) encode: &'a EncodeOptions,
     /// Objects this commit is storing (a checkpoint may hold the same tensor twice).
@@ -44,7 +44,7 @@ pub(super) struct StoreCtx<'a> {
 impl StoreCtx<'_> {
     /// Stores tensor `i`; also returns what the manifest says about it.
     pub(super) fn store_tensor(&self, i: usize) -> Result<(Stored, Exactness)> {
-        let info = &self.input.layout.tensors[i];
+        let info = &self.input.pieces[i];
         // Work on a private copy: what is hashed is exactly what is encoded, even if the file
         // changes underneath the mapping.
         let mut data = self.input.tensor(i).to_vec();
@@ -100,14 +100,14 @@ impl StoreCtx<'_> {
                 rewrite: None,
             }
         } else if let Some(q) = &quantized {
-            self.encode_quant(id, info, q)?
+            self.encode_quant(id, i, q)?
         } else {
             let whole = if exactness.is_lossy() {
                 CodecTag::MantissaTrim
             } else {
                 CodecTag::FloatSplit
             };
-            self.encode_new(id, info, &data, whole)?
+            self.encode_new(id, i, &data, whole)?
         };
         self.progress.advance(info.len);
         Ok((result, exactness))
@@ -116,7 +116,8 @@ impl StoreCtx<'_> {
     /// Stores a quantized tensor: a quant-base, or a quant-delta against the previous version's
     /// codes (forward), or a quant-base with the previous version re-encoded against it
     /// (reverse).
-    fn encode_quant(&self, id: ObjectId, info: &TensorInfo, q: &QuantTensor) -> Result<Stored> {
+    fn encode_quant(&self, id: ObjectId, i: usize, q: &QuantTensor) -> Result<Stored> {
+        let info = &self.input.pieces[i];
         let header = &info.header;
         let base_payload = q.encode_base();
         let store = self.repo.store();
@@ -131,7 +132,7 @@ impl StoreCtx<'_> {
             added: Some((id, entry)),
             rewrite,
         };
-        let base = self.base_for(info, &id, true)?;
+        let base = self.base_for(i, &id, true)?;
         let Some((bid, bentry)) = base else {
             return Ok(stored(
                 put(&base_payload, CodecTag::QuantBase, Placement::default())?,
@@ -197,12 +198,13 @@ impl StoreCtx<'_> {
     /// version); otherwise any previous version that is not quantized serves.
     fn base_for(
         &self,
-        info: &TensorInfo,
+        i: usize,
         id: &ObjectId,
         quant: bool,
     ) -> Result<Option<(ObjectId, IndexEntry)>> {
         let meta = self.repo.store().meta().read()?;
-        let Some((prev_id, entry, prev_quant)) = previous_object(&meta, self.previous, info)?
+        let Some((prev_id, entry, prev_quant)) =
+            previous_object(&meta, self.previous, self.input, i)?
         else {
             return Ok(None);
         };
@@ -242,13 +244,8 @@ impl StoreCtx<'_> {
 
     /// Stores new tensor content with the lossless codecs; `whole` is the codec of a
     /// self-contained float record (float-split, or mantissa-trim for trimmed content).
-    fn encode_new(
-        &self,
-        id: ObjectId,
-        info: &TensorInfo,
-        data: &[u8],
-        whole: CodecTag,
-    ) -> Result<Stored> {
+    fn encode_new(&self, id: ObjectId, i: usize, data: &[u8], whole: CodecTag) -> Result<Stored> {
+        let info = &self.input.pieces[i];
         let header = &info.header;
         let len = data.len() as u64;
         let plain = |added| Stored {
@@ -261,7 +258,7 @@ impl StoreCtx<'_> {
             return Ok(plain((id, out.entry)));
         }
         let store = self.repo.store();
-        let base = self.base_for(info, &id, false)?;
+        let base = self.base_for(i, &id, false)?;
         let base_data = base
             .as_ref()
             .map(|(bid, be)| store.load_tensor(bid, be))
@@ -347,7 +344,7 @@ impl StoreCtx<'_> {
         prev_data: &[u8],
         id: &ObjectId,
         data: &[u8],
-        info: &TensorInfo,
+        info: &Piece,
         estimate: &float::Choice,
     ) -> Result<Option<(IndexEntry, IndexEntry)>> {
         if estimate.size as f64 > prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR)
@@ -410,15 +407,19 @@ fn delta_codec(choice: &float::Choice) -> CodecTag {
     }
 }
 
-/// The longest chain of delta steps that ends at `base` (0 when nothing decodes through it).
-/// The parent's version of tensor `info` when it has the same header and is stored here: its
-/// id, index entry, and whether it is quantized.
+/// The parent's version of piece `i` when it is a tensor whose previous version has the same
+/// header and is stored here: its id, index entry, and whether it is quantized.
 pub(super) fn previous_object(
     meta: &MetaRead,
-    previous: &HashMap<&str, &Entry>,
-    info: &TensorInfo,
+    previous: &Previous<'_>,
+    input: &Input,
+    i: usize,
 ) -> Result<Option<(ObjectId, IndexEntry, bool)>> {
-    let Some(prev) = previous.get(info.name.as_str()) else {
+    let info = &input.pieces[i];
+    if !info.tensor {
+        return Ok(None);
+    }
+    let Some(prev) = previous.get(&input.files[info.file].tree_path, &info.name) else {
         return Ok(None);
     };
     if prev.header != info.header {

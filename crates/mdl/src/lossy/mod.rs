@@ -13,14 +13,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::input::{Input, Piece};
+use crate::previous::Previous;
 use mdl_codec::engine::{Engine, ErrorStats, FloatView, Moments};
 use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::quant::{self, Correction, Domain, Estimate, Fit, Prepared, QuantConfig};
 use mdl_codec::scalar::{self, lossy_supported};
-use mdl_format::safetensors::Layout;
-
-use crate::input::Input;
-use mdl_format::{Entry, Lossy};
+use mdl_format::Lossy;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 

@@ -91,21 +91,23 @@ pub(crate) enum Role {
 }
 
 /// Each tensor's role, from names, dtypes and shapes.
-pub(crate) fn roles(layout: &Layout, s: &LossySettings) -> Vec<Role> {
-    let by_name: HashMap<&str, usize> = layout
-        .tensors
+pub(crate) fn roles(pieces: &[Piece], s: &LossySettings) -> Vec<Role> {
+    let by_name: HashMap<&str, usize> = pieces
         .iter()
         .enumerate()
+        .filter(|(_, t)| t.tensor)
         .map(|(i, t)| (t.name.as_str(), i))
         .collect();
     let eligible = |i: usize| {
-        let t = &layout.tensors[i];
-        lossy_supported(t.header.dtype) && t.header.numel().unwrap_or(0) >= MIN_LOSSY_ELEMENTS
+        let t = &pieces[i];
+        t.tensor
+            && lossy_supported(t.header.dtype)
+            && t.header.numel().unwrap_or(0) >= MIN_LOSSY_ELEMENTS
     };
-    let mut roles = vec![Role::Exact; layout.tensors.len()];
+    let mut roles = vec![Role::Exact; pieces.len()];
     // Moments first: a name matching a moment pattern is a moment even if it also looks like
     // a parameter.
-    for (i, t) in layout.tensors.iter().enumerate() {
+    for (i, t) in pieces.iter().enumerate() {
         if !eligible(i) {
             continue;
         }
@@ -117,7 +119,7 @@ pub(crate) fn roles(layout: &Layout, s: &LossySettings) -> Vec<Role> {
             }
         }
     }
-    for (i, t) in layout.tensors.iter().enumerate() {
+    for (i, t) in pieces.iter().enumerate() {
         if !eligible(i) || roles[i] != Role::Exact {
             continue;
         }
@@ -133,7 +135,7 @@ pub(crate) fn roles(layout: &Layout, s: &LossySettings) -> Vec<Role> {
             };
             let (mn, vn) = (p.m.replace("{}", x), p.v.replace("{}", x));
             if let (Some(&mi), Some(&vi)) = (by_name.get(mn.as_str()), by_name.get(vn.as_str())) {
-                let same = |j: usize| layout.tensors[j].header.shape == t.header.shape;
+                let same = |j: usize| pieces[j].header.shape == t.header.shape;
                 if same(mi) && same(vi) && eligible(mi) && eligible(vi) {
                     role = Role::Param {
                         family: Some(f),

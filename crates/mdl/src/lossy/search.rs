@@ -45,7 +45,7 @@ pub(crate) struct PlanInput<'a> {
     pub input: &'a Input,
     pub roles: &'a [Role],
     pub settings: &'a LossySettings,
-    pub previous: &'a HashMap<&'a str, &'a Entry>,
+    pub previous: &'a Previous<'a>,
     /// The previous version of tensor `i` when it is a quantized object a quant-delta can
     /// refer to.
     pub previous_quant: &'a PreviousQuant<'a>,
@@ -80,8 +80,9 @@ struct Scored {
 impl PlanInput<'_> {
     /// The configuration recorded for tensor `i` in the parent's manifest, if it was quantized.
     fn previous_config(&self, i: usize) -> Option<QuantConfig> {
+        let p = &self.input.pieces[i];
         self.previous
-            .get(self.input.layout.tensors[i].name.as_str())
+            .get(&self.input.files[p.file].tree_path, &p.name)
             .and_then(|e| e.exactness.lossy())
             .and_then(|l| l.settings.strip_prefix("quant "))
             .and_then(|s| s.parse::<QuantConfig>().ok())
@@ -141,7 +142,7 @@ impl PlanInput<'_> {
                 else {
                     unreachable!()
                 };
-                let t = &self.input.layout.tensors[i];
+                let t = &self.input.pieces[i];
                 let previous = self.previous_config(i);
                 let view = self.input.view(i);
                 let stats = self.engine.key_stats(view, self.input.moments(moments));

@@ -108,16 +108,16 @@ pub fn plan(
             size: entry.stored_len,
             expired: false,
         });
-        for e in &manifest.entries {
-            // The tensor and its whole delta chain.
-            let mut next = Some(e.id);
+        for (object, _) in manifest.objects() {
+            // The object and its whole delta chain.
+            let mut next = Some(object);
             while let Some(id) = next {
                 if tensors.contains_key(&id) {
                     break;
                 }
                 let Some(entry) = meta.object(&id)? else {
                     // Retention deleted it; the commit travels thinned.
-                    if id == e.id && meta.expired(&id)?.is_some() {
+                    if id == object && meta.expired(&id)?.is_some() {
                         expired.insert(id);
                         break;
                     }
@@ -212,18 +212,13 @@ fn check_complete(
                 summary.manifest
             )));
         }
-        for e in repo.load_manifest(&summary.manifest)?.entries {
-            let mut next = Some(e.id);
+        for (object, _) in repo.load_manifest(&summary.manifest)?.objects() {
+            let mut next = Some(object);
             while let Some(t) = next.filter(|t| tensors.insert(*t)) {
                 next = match has(&t, ObjectKind::Tensor)? {
                     Some(entry) => entry.base,
-                    None if t == e.id && meta.expired(&t)?.is_some() => None,
-                    None => {
-                        return Err(Error::Incomplete(format!(
-                            "tensor {t} ({}) of commit {id}",
-                            e.name
-                        )))
-                    }
+                    None if t == object && meta.expired(&t)?.is_some() => None,
+                    None => return Err(Error::Incomplete(format!("object {t} of commit {id}"))),
                 };
             }
         }

@@ -375,24 +375,22 @@ fn publish_tail(
         match entry.kind {
             ObjectKind::Manifest => {
                 let manifest = Manifest::decode(&bytes).map_err(corrupt)?;
-                for e in &manifest.entries {
-                    if present(&e.id, ObjectKind::Tensor)? || meta.expired(&e.id)?.is_some() {
+                for (object, header) in manifest.objects() {
+                    if present(&object, ObjectKind::Tensor)? || meta.expired(&object)?.is_some() {
                         continue;
                     }
-                    match expired.get(&e.id) {
-                        Some(x) if Some(x.content_len) == e.header.data_len() => {
-                            newly_expired.push((e.id, x));
+                    match expired.get(&object) {
+                        Some(x) if Some(x.content_len) == header.data_len() => {
+                            newly_expired.push((object, x));
                         }
                         Some(_) => {
                             return Err(bad_pack(format!(
-                                "expired tensor {} ({}) has the wrong size",
-                                e.id, e.name
+                                "expired tensor {object} has the wrong size"
                             )))
                         }
                         None => {
                             return Err(Error::Incomplete(format!(
-                                "tensor {} ({}) of manifest {id}",
-                                e.id, e.name
+                                "object {object} of manifest {id}"
                             )))
                         }
                     }

@@ -1,0 +1,313 @@
+//! Where every byte of a commit's files lies, computed from its manifest and the index alone
+//! (nothing is decoded): what a checkout writes, and what a server needs to answer a byte range
+//! by decoding only the objects it touches.
+
+use mdl_format::{FileFormat, ObjectId, Region, TensorHeader};
+use mdl_store::{IndexEntry, StoreError};
+
+use crate::{revision, Error, Repository, Result};
+
+/// The files of a commit, laid out.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    /// The commit.
+    pub commit: ObjectId,
+    /// Its files, sorted by path.
+    pub files: Vec<FileLayout>,
+    /// What a thinned commit's checkout leaves out (`skip_expired`): expired tensors of a
+    /// safetensors file by name, other files whose objects expired by path.
+    pub skipped: Vec<String>,
+}
+
+/// One file of a [`Layout`].
+#[derive(Clone, Debug)]
+pub struct FileLayout {
+    /// Its path in the tree.
+    pub path: String,
+    /// Whether checkout marks it executable.
+    pub executable: bool,
+    /// Its length.
+    pub len: u64,
+    /// Its bytes, in order.
+    pub pieces: Vec<Piece>,
+}
+
+/// A run of a file's bytes.
+#[derive(Clone, Debug)]
+pub enum Piece {
+    /// Bytes the manifest holds.
+    Inline {
+        /// Its first byte in the file.
+        offset: u64,
+        /// The bytes.
+        bytes: Vec<u8>,
+    },
+    /// An object's bytes.
+    Object(Placed),
+}
+
+impl Piece {
+    /// Its first byte in the file.
+    pub fn offset(&self) -> u64 {
+        match self {
+            Piece::Inline { offset, .. } => *offset,
+            Piece::Object(p) => p.offset,
+        }
+    }
+
+    /// Its length.
+    pub fn len(&self) -> u64 {
+        match self {
+            Piece::Inline { bytes, .. } => bytes.len() as u64,
+            Piece::Object(p) => p.entry.content_len,
+        }
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One object's place in a file.
+#[derive(Clone, Debug)]
+pub struct Placed {
+    /// A tensor's name in its file; empty for bytes.
+    pub name: String,
+    /// Dtype and shape (bytes: `u8`, `[len]`).
+    pub header: TensorHeader,
+    /// Whether it is a tensor (not bytes).
+    pub tensor: bool,
+    /// Whether it is a lossy reconstruction.
+    pub lossy: bool,
+    /// Its first byte in the file.
+    pub offset: u64,
+    /// The object.
+    pub id: ObjectId,
+    /// Its index entry (`content_len` is its length in the file).
+    pub entry: IndexEntry,
+}
+
+impl Placed {
+    /// Decodes this object's bytes (verified against its id).
+    pub fn load(&self, repo: &Repository) -> Result<Vec<u8>> {
+        Ok(repo.store().load_tensor(&self.id, &self.entry)?)
+    }
+}
+
+impl Layout {
+    /// How many tensors are lossy reconstructions.
+    pub fn lossy_tensors(&self) -> u32 {
+        self.files.iter().map(FileLayout::lossy_tensors).sum()
+    }
+
+    /// Total size of the files.
+    pub fn len(&self) -> u64 {
+        self.files.iter().map(|f| f.len).sum()
+    }
+
+    /// Whether the files hold no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The file at `path`.
+    pub fn file(&self, path: &str) -> Option<&FileLayout> {
+        self.files.iter().find(|f| f.path == path)
+    }
+
+    /// The commit's one file, when it has exactly one.
+    pub fn single(&self) -> Option<&FileLayout> {
+        match self.files.as_slice() {
+            [f] => Some(f),
+            _ => None,
+        }
+    }
+}
+
+impl FileLayout {
+    /// How many tensors are lossy reconstructions.
+    pub fn lossy_tensors(&self) -> u32 {
+        self.objects().filter(|t| t.lossy).count() as u32
+    }
+
+    /// The objects of the file, in order.
+    pub fn objects(&self) -> impl Iterator<Item = &Placed> {
+        self.pieces.iter().filter_map(|p| match p {
+            Piece::Object(o) => Some(o),
+            Piece::Inline { .. } => None,
+        })
+    }
+
+    /// The pieces overlapping the byte range `start..end` of the file.
+    pub fn touching(&self, start: u64, end: u64) -> impl Iterator<Item = &Piece> {
+        let first = self
+            .pieces
+            .partition_point(|p| p.offset() + p.len() <= start);
+        self.pieces[first..]
+            .iter()
+            .take_while(move |p| p.offset() < end)
+    }
+
+    /// The tensor named `name`.
+    pub fn tensor(&self, name: &str) -> Option<&Placed> {
+        self.objects().find(|t| t.tensor && t.name == name)
+    }
+}
+
+/// The layout of `rev`'s files; a thinned commit is [`Error::Expired`].
+pub fn layout(repo: &Repository, rev: &str) -> Result<Layout> {
+    layout_with(repo, rev, false)
+}
+
+/// The layout of `rev`'s files; with `skip_expired`, a thinned commit's files are laid out
+/// without what retention expired: a safetensors file without its expired tensors (a new
+/// header, offsets closed up), any other file with an expired object not at all.
+pub fn layout_with(repo: &Repository, rev: &str, skip_expired: bool) -> Result<Layout> {
+    let commit_id = revision::resolve(repo, rev)?;
+    let commit = repo.load_commit(&commit_id)?;
+    let manifest = repo.load_manifest(&commit.manifest)?;
+    let meta = repo.store().meta().read()?;
+    let corrupt = |detail: &str| Error::Corrupt {
+        id: commit.manifest,
+        source: mdl_format::FormatError::invalid("manifest", detail.to_string()),
+    };
+    let mut skipped = Vec::new();
+    let mut files = Vec::with_capacity(manifest.files.len());
+    for f in &manifest.files {
+        let mut pieces = Vec::with_capacity(f.regions.len());
+        let mut expired = Vec::new();
+        let mut at = 0u64;
+        for r in &f.regions {
+            let piece = match r {
+                Region::Inline(bytes) => Piece::Inline {
+                    offset: at,
+                    bytes: bytes.clone(),
+                },
+                _ => {
+                    let (id, header) = r.object().expect("not inline");
+                    let entry = match meta.object(&id)? {
+                        Some(entry) => entry,
+                        None if meta.expired(&id)?.is_some() => {
+                            expired.push(match r {
+                                Region::Tensor(e) => e.name.clone(),
+                                _ => format!("{} (bytes)", f.path),
+                            });
+                            at += r.len();
+                            continue;
+                        }
+                        None => return Err(StoreError::Missing(id).into()),
+                    };
+                    if Some(entry.content_len) != header.data_len() {
+                        return Err(corrupt("an object's size disagrees with its region"));
+                    }
+                    let (name, tensor, lossy) = match r {
+                        Region::Tensor(e) => (e.name.clone(), true, e.exactness.is_lossy()),
+                        _ => (String::new(), false, false),
+                    };
+                    Piece::Object(Placed {
+                        name,
+                        header,
+                        tensor,
+                        lossy,
+                        offset: at,
+                        id,
+                        entry,
+                    })
+                }
+            };
+            at += piece.len();
+            pieces.push(piece);
+        }
+        if expired.is_empty() {
+            files.push(FileLayout {
+                path: f.path.clone(),
+                executable: f.executable,
+                len: at,
+                pieces,
+            });
+            continue;
+        }
+        if !skip_expired {
+            // Reported once every file has been looked at.
+            skipped.extend(expired);
+            continue;
+        }
+        match f.format {
+            // The header of a safetensors file names its tensors: it is rewritten without
+            // the expired ones.
+            FileFormat::Safetensors => {
+                let kept: Vec<Placed> = pieces
+                    .into_iter()
+                    .filter_map(|p| match p {
+                        Piece::Object(o) if o.tensor => Some(o),
+                        _ => None,
+                    })
+                    .collect();
+                files.push(safetensors_without(f, kept));
+                skipped.extend(expired);
+            }
+            _ => skipped.push(f.path.clone()),
+        }
+    }
+    if !skip_expired && !skipped.is_empty() {
+        return Err(Error::Expired {
+            commit: commit_id.short(12),
+            tensors: skipped,
+        });
+    }
+    Ok(Layout {
+        commit: commit_id,
+        files,
+        skipped,
+    })
+}
+
+/// A safetensors file of only the `kept` tensors (in file order, offsets closed up), with the
+/// file's metadata, its header padded with spaces to a multiple of 8 bytes.
+fn safetensors_without(file: &mdl_format::TreeFile, kept: Vec<Placed>) -> FileLayout {
+    let mut map = serde_json::Map::new();
+    if !file.metadata.is_empty() {
+        let meta: serde_json::Map<String, serde_json::Value> = file
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        map.insert("__metadata__".into(), meta.into());
+    }
+    let mut at = 0u64;
+    for t in &kept {
+        let end = at + t.entry.content_len;
+        map.insert(
+            t.name.clone(),
+            serde_json::json!({
+                "dtype": t.header.dtype.name(),
+                "shape": t.header.shape,
+                "data_offsets": [at, end],
+            }),
+        );
+        at = end;
+    }
+    let mut json = serde_json::to_vec(&map).expect("JSON values serialise");
+    while !json.len().is_multiple_of(8) {
+        json.push(b' ');
+    }
+    let mut head = (json.len() as u64).to_le_bytes().to_vec();
+    head.extend_from_slice(&json);
+    let mut at = head.len() as u64;
+    let mut pieces = vec![Piece::Inline {
+        offset: 0,
+        bytes: head,
+    }];
+    for mut t in kept {
+        t.offset = at;
+        at += t.entry.content_len;
+        pieces.push(Piece::Object(t));
+    }
+    FileLayout {
+        path: file.path.clone(),
+        executable: file.executable,
+        len: at,
+        pieces,
+    }
+}

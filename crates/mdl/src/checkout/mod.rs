@@ -1,0 +1,234 @@
+//! `mdl checkout`: write a commit's files back — one file to a path, or a tree into a folder.
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use mdl_format::ObjectId;
+use serde::{Deserialize, Serialize};
+
+use crate::{per_tensor, Error, Progress, Repository, Result, BIG_TENSOR};
+
+mod layout;
+mod output;
+
+pub use layout::{layout, layout_with, FileLayout, Layout, Piece, Placed};
+pub use output::{refuse_inside_repository, temporary_output};
+
+/// Options of a checkout.
+#[derive(Clone, Debug, Default)]
+pub struct CheckoutOptions {
+    /// Overwrite an existing output file; write into a folder that is not empty, replacing
+    /// the files of the tree.
+    pub force: bool,
+    /// fsync each file before renaming it into place.
+    pub sync: bool,
+    /// Write a thinned commit without what retention expired instead of failing.
+    pub skip_expired: bool,
+    /// Only this file, or the files under this folder, of the tree.
+    pub path: Option<String>,
+}
+
+thread_local! {
+    static TENSOR_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// What a checkout wrote.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CheckoutOutcome {
+    /// The commit written.
+    pub id: ObjectId,
+    /// The output file or folder.
+    pub path: PathBuf,
+    /// Bytes written.
+    pub bytes: u64,
+    /// Files written.
+    #[serde(default = "one")]
+    pub files: u32,
+    /// Whether some tensors are lossy reconstructions (written in their original dtypes).
+    pub lossy: bool,
+    /// How many.
+    pub lossy_tensors: u32,
+    /// What retention expired and was left out (`skip_expired`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Writes the files of `rev` to `out`. A commit of one file (or `path` naming one file) is
+/// written to `out` itself, or into `out` when that is a folder; a tree is written into the
+/// folder `out`, created if missing, which must otherwise be empty unless `force`. Every file
+/// goes through a temporary file renamed into place; a checkout that fails or is interrupted
+/// leaves no file half-written, and removes the folder it created.
+#[tracing::instrument(name = "checkout", skip_all, fields(rev, out = %out.display()))]
+pub fn checkout(
+    repo: &Repository,
+    rev: &str,
+    out: &Path,
+    opts: &CheckoutOptions,
+    progress: &dyn Progress,
+) -> Result<CheckoutOutcome> {
+    let mut layout = layout_with(repo, rev, opts.skip_expired)?;
+    let single = select(&mut layout, opts.path.as_deref())?;
+    let id = layout.commit;
+    // Where each file goes.
+    let (targets, created) = match &single {
+        Some(name) => {
+            let target = if out.is_dir() {
+                out.join(name)
+            } else {
+                out.to_path_buf()
+            };
+            refuse_inside_repository(&target)?;
+            if !opts.force && target.symlink_metadata().is_ok() {
+                return Err(Error::OutputExists(target));
+            }
+            (vec![target], None)
+        }
+        None => {
+            refuse_inside_repository(&out.join("x"))?;
+            let created = output::prepare_folder(out, opts.force)?;
+            let targets = layout
+                .files
+                .iter()
+                .map(|f| output::inside(out, &f.path))
+                .collect::<Result<Vec<_>>>()?;
+            (targets, created)
+        }
+    };
+    let _interrupted = created.as_ref().map(|c| crate::interrupt::register(c));
+    let result = write_files(repo, &layout, &targets, opts, progress);
+    if result.is_err() {
+        if let Some(c) = &created {
+            output::remove_created(c);
+        }
+    }
+    let bytes = result?;
+    tracing::info!(commit = %id, bytes, "checked out");
+    let lossy_tensors = layout.lossy_tensors();
+    Ok(CheckoutOutcome {
+        id,
+        path: match (single, targets.as_slice()) {
+            (Some(_), [t]) => t.clone(),
+            _ => out.to_path_buf(),
+        },
+        bytes,
+        files: layout.files.len() as u32,
+        lossy: lossy_tensors > 0,
+        lossy_tensors,
+        skipped: layout.skipped,
+    })
+}
+
+/// Keeps the files `path` selects (one file, or a folder's, their paths made relative to
+/// it); the name to write a single file under, when the selection is one file written as a
+/// file.
+fn select(layout: &mut Layout, path: Option<&str>) -> Result<Option<String>> {
+    let Some(path) = path.map(|p| p.trim_matches('/')) else {
+        return Ok(layout
+            .single()
+            .filter(|f| !f.path.contains('/'))
+            .map(|f| f.path.clone()));
+    };
+    if let Some(i) = layout.files.iter().position(|f| f.path == path) {
+        let f = layout.files.swap_remove(i);
+        let name = f.path.rsplit('/').next().unwrap_or(&f.path).to_string();
+        layout.files = vec![f];
+        return Ok(Some(name));
+    }
+    let prefix = format!("{path}/");
+    layout.files.retain(|f| f.path.starts_with(&prefix));
+    if layout.files.is_empty() {
+        return Err(Error::NoSuchPath {
+            path: path.to_string(),
+            commit: layout.commit.short(12),
+        });
+    }
+    for f in &mut layout.files {
+        f.path = f.path[prefix.len()..].to_string();
+    }
+    Ok(None)
+}
+
+/// Writes each file of `layout` to its target through a temporary file beside it; the
+/// objects decode in parallel (and chunk-parallel inside) into per-thread buffers, each
+/// written at its offset. Returns the bytes written.
+fn write_files(
+    repo: &Repository,
+    layout: &Layout,
+    targets: &[PathBuf],
+    opts: &CheckoutOptions,
+    progress: &dyn Progress,
+) -> Result<u64> {
+    let write_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Output { path, source }
+    };
+    let mut temps = Vec::with_capacity(targets.len());
+    for (f, target) in layout.files.iter().zip(targets) {
+        let tmp = temporary_output(target)?;
+        for p in &f.pieces {
+            if let Piece::Inline { offset, bytes } = p {
+                tmp.as_file()
+                    .write_all_at(bytes, *offset)
+                    .map_err(write_err(target))?;
+            }
+        }
+        let registered = crate::interrupt::register(tmp.path());
+        temps.push((tmp, registered));
+    }
+    let objects: Vec<(usize, &Placed)> = layout
+        .files
+        .iter()
+        .enumerate()
+        .flat_map(|(i, f)| f.objects().map(move |o| (i, o)))
+        .collect();
+    let store = repo.store();
+    progress.start("writing", layout.len());
+    let write_one = |&(file, t): &(usize, &Placed)| -> Result<()> {
+        let len = t.entry.content_len as usize;
+        // A per-thread buffer, taken out while in use (rayon may start another object on
+        // this thread while this one waits for its chunks).
+        let mut buf = TENSOR_BUF.take();
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        let result = store
+            .load_tensor_into(&t.id, &t.entry, &mut buf[..len])
+            .map_err(Error::from)
+            .and_then(|()| {
+                temps[file]
+                    .0
+                    .as_file()
+                    .write_all_at(&buf[..len], t.offset)
+                    .map_err(write_err(&targets[file]))
+            });
+        // Big objects' buffers are not kept.
+        if (len as u64) < BIG_TENSOR {
+            TENSOR_BUF.set(buf);
+        }
+        result?;
+        progress.advance(t.entry.content_len);
+        Ok(())
+    };
+    per_tensor(&objects, |(_, t)| t.entry.content_len, write_one)?;
+    progress.finish();
+    for ((tmp, _registered), (f, target)) in temps.into_iter().zip(layout.files.iter().zip(targets))
+    {
+        let file = tmp.as_file();
+        // A file of only inline bytes, or an empty one, has its length already; one that
+        // ends in an empty object is extended here.
+        file.set_len(f.len).map_err(write_err(target))?;
+        if f.executable {
+            output::make_executable(file).map_err(write_err(target))?;
+        }
+        if opts.sync {
+            file.sync_all().map_err(write_err(target))?;
+        }
+        tmp.persist(target)
+            .map_err(|e| write_err(target)(e.error))?;
+    }
+    Ok(layout.len())
+}

@@ -1,0 +1,257 @@
+//! What a commit reads: a tree of files, each mapped into memory and cut into runs of bytes —
+//! a safetensors file into its header and tensors, a `torch.save` archive into its storages
+//! and the rest, any other file into plain bytes — and the pieces stored as objects, as bytes
+//! or as float views.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use mdl_codec::engine::{FloatView, Moments};
+use mdl_format::safetensors::{self, SafetensorsError};
+use mdl_format::{FileFormat, TensorHeader};
+
+use crate::{Error, Result};
+
+mod split;
+mod walk;
+
+/// Runs of bytes up to this length are kept in the manifest itself.
+pub(crate) const INLINE_MAX: u64 = 4096;
+
+/// Longer runs of bytes are stored as objects of at most this length.
+pub(crate) const BYTES_OBJECT_MAX: u64 = 64 << 20;
+
+/// One file of the tree.
+pub(crate) struct InputFile {
+    /// Its path in the tree.
+    pub(crate) tree_path: String,
+    /// Where it was read from.
+    pub(crate) source: PathBuf,
+    pub(crate) executable: bool,
+    pub(crate) format: FileFormat,
+    /// Why a file that looked splittable is stored as bytes.
+    pub(crate) note: String,
+    /// A safetensors file's `__metadata__`, sorted by key.
+    pub(crate) metadata: Vec<(String, String)>,
+    /// Its runs, in file order.
+    pub(crate) runs: Vec<Run>,
+    map: Option<memmap2::Mmap>,
+}
+
+/// A run of a file's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Run {
+    /// Kept in the manifest: `start..start + len` of the file.
+    Inline { start: u64, len: u64 },
+    /// Stored as an object: index into [`Input::pieces`].
+    Object(usize),
+}
+
+/// A run stored as an object: a tensor, or bytes (a `u8` tensor of shape `[len]`).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Piece {
+    /// Index of its file in [`Input::files`].
+    pub(crate) file: usize,
+    /// A tensor's name in its file; for bytes, `path@offset` (messages only).
+    pub(crate) name: String,
+    pub(crate) header: TensorHeader,
+    /// Its first byte in the file.
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+    /// A tensor (not bytes).
+    pub(crate) tensor: bool,
+}
+
+/// The tree a commit reads; nothing is written anywhere.
+pub(crate) struct Input {
+    pub(crate) files: Vec<InputFile>,
+    /// Every run stored as an object, file by file in tree order.
+    pub(crate) pieces: Vec<Piece>,
+}
+
+impl Input {
+    /// Reads the files under `paths` (see [`walk::files`]) and splits each.
+    pub(crate) fn open(paths: &[PathBuf]) -> Result<Input> {
+        Self::open_found(walk::files(paths)?)
+    }
+
+    /// Reads the one file at `source`, entered under `tree_path`.
+    pub(crate) fn open_as(source: &Path, tree_path: &str) -> Result<Input> {
+        mdl_format::check_path(tree_path).map_err(|e| Error::Input {
+            path: source.to_path_buf(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        Self::open_found(vec![walk::Found {
+            tree_path: tree_path.to_string(),
+            source: source.to_path_buf(),
+            executable: false,
+        }])
+    }
+
+    fn open_found(found: Vec<walk::Found>) -> Result<Input> {
+        let mut input = Input {
+            files: Vec::with_capacity(found.len()),
+            pieces: Vec::new(),
+        };
+        for f in found {
+            let map = map_file(&f.source)?;
+            let bytes = map.as_deref().unwrap_or_default();
+            let cut = split::cut(&f.source, &f.tree_path, bytes)?;
+            let index = input.files.len();
+            let mut runs = Vec::with_capacity(cut.runs.len());
+            for run in cut.runs {
+                runs.push(match run {
+                    split::Cut::Inline { start, len } => Run::Inline { start, len },
+                    split::Cut::Object {
+                        name,
+                        header,
+                        offset,
+                        tensor,
+                    } => {
+                        let len = header.data_len().expect("checked when cut");
+                        input.pieces.push(Piece {
+                            file: index,
+                            name,
+                            header,
+                            offset,
+                            len,
+                            tensor,
+                        });
+                        Run::Object(input.pieces.len() - 1)
+                    }
+                });
+            }
+            input.files.push(InputFile {
+                tree_path: f.tree_path,
+                source: f.source,
+                executable: f.executable,
+                format: cut.format,
+                note: cut.note,
+                metadata: cut.metadata,
+                runs,
+                map,
+            });
+        }
+        Ok(input)
+    }
+
+    /// Total size of the tree's files.
+    pub(crate) fn len(&self) -> u64 {
+        self.files.iter().map(|f| f.len()).sum()
+    }
+
+    /// The one path the tree was read from, when it is a single file (what `--eval-cmd` reads
+    /// for the committed checkpoint itself).
+    pub(crate) fn single_file(&self) -> Option<&Path> {
+        match self.files.as_slice() {
+            [f] => Some(&f.source),
+            _ => None,
+        }
+    }
+
+    /// Piece `i`'s bytes.
+    pub(crate) fn tensor(&self, i: usize) -> &[u8] {
+        let p = &self.pieces[i];
+        &self.files[p.file].bytes()[p.offset as usize..(p.offset + p.len) as usize]
+    }
+
+    /// Piece `i` as floats (a lossy candidate: bf16, f16 or f32).
+    pub(crate) fn view(&self, i: usize) -> FloatView<'_> {
+        FloatView {
+            dtype: self.pieces[i].header.dtype,
+            bytes: self.tensor(i),
+        }
+    }
+
+    /// The moments at piece indices `(exp_avg, exp_avg_sq)`.
+    pub(crate) fn moments(&self, pair: Option<(usize, usize)>) -> Option<Moments<'_>> {
+        pair.map(|(m, v)| Moments {
+            m: self.view(m),
+            v: self.view(v),
+        })
+    }
+
+    /// A number from the checkpoint's metadata: the first safetensors file's `__metadata__`
+    /// that has `key`.
+    pub(crate) fn metadata_value<T: std::str::FromStr>(&self, key: &str) -> Option<T> {
+        self.files
+            .iter()
+            .flat_map(|f| f.metadata.iter())
+            .find(|(k, _)| k == key)
+            .and_then(|(_, v)| v.trim().parse().ok())
+    }
+
+    /// Drops the pages of piece `i` from this process's memory (they stay in the page cache),
+    /// so resident memory follows the piece being worked on, not the tree's size.
+    pub(crate) fn release(&self, i: usize) {
+        let p = &self.pieces[i];
+        let Some(map) = &self.files[p.file].map else {
+            return;
+        };
+        let start = p.offset as usize;
+        let page = 4096;
+        let aligned = start.div_ceil(page) * page;
+        let end = (start + p.len as usize) / page * page;
+        if end > aligned {
+            // SAFETY: the mapping is a read-only private file mapping that this process never
+            // writes, so discarding its pages only means they are read from the file again on
+            // the next access; no slice into the range is used concurrently in a way that
+            // depends on the pages staying resident.
+            #[allow(unsafe_code)]
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    aligned,
+                    end - aligned,
+                )
+            };
+        }
+    }
+}
+
+impl InputFile {
+    /// The whole file.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or_default()
+    }
+
+    /// Its size.
+    pub(crate) fn len(&self) -> u64 {
+        self.bytes().len() as u64
+    }
+}
+
+/// Maps `path` read-only (`None` for an empty file, which cannot be mapped).
+fn map_file(path: &Path) -> Result<Option<memmap2::Mmap>> {
+    let io = |source| Error::Input {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(io(std::io::Error::other("not a regular file")));
+    }
+    if meta.len() == 0 {
+        return Ok(None);
+    }
+    // SAFETY: the map is read-only and private. Another process truncating the file while
+    // it is mapped would fault, as for every mmap-based reader (safetensors included); one
+    // rewriting it in place cannot corrupt the store, because every piece is re-hashed as
+    // it is encoded and a mismatch aborts the commit.
+    #[allow(unsafe_code)]
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    Ok(Some(map))
+}
+
+/// The layout of `bytes` as a safetensors file, checked.
+fn safetensors_layout(bytes: &[u8]) -> std::result::Result<safetensors::Layout, SafetensorsError> {
+    if bytes.len() < 8 {
+        return Err(SafetensorsError::TooShort {
+            len: bytes.len() as u64,
+        });
+    }
+    let header_len = safetensors::header_len(&bytes[..8], bytes.len() as u64)?;
+    let header = &bytes[8..8 + header_len as usize];
+    safetensors::parse(header, bytes.len() as u64)
+}

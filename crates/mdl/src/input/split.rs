@@ -1,0 +1,169 @@
+//! How one file is cut into runs: by its content, not its name — except that a file named
+//! `*.safetensors` must be one.
+
+use std::path::Path;
+
+use mdl_format::{bytes_header, torch, FileFormat, TensorHeader};
+
+use super::{safetensors_layout, BYTES_OBJECT_MAX, INLINE_MAX};
+use crate::{Error, Result};
+
+/// A run of a file as cut.
+pub(super) enum Cut {
+    Inline {
+        start: u64,
+        len: u64,
+    },
+    Object {
+        name: String,
+        header: TensorHeader,
+        offset: u64,
+        tensor: bool,
+    },
+}
+
+/// A range of a file that is a unit of its own: `(offset, len, Some((name, header)))` for a
+/// tensor, `None` for bytes.
+type Marked = (u64, u64, Option<(String, TensorHeader)>);
+
+/// A file as cut.
+pub(super) struct Split {
+    pub(super) format: FileFormat,
+    pub(super) note: String,
+    pub(super) metadata: Vec<(String, String)>,
+    pub(super) runs: Vec<Cut>,
+}
+
+/// The magic number a `torch.save` file of the format before 1.6 (a pickle, not a zip)
+/// starts with: protocol 2, then the long 0x1950a86a20f9469cfc6c.
+const LEGACY_TORCH_MAGIC: &[u8] = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19";
+
+/// Cuts `bytes`, the file at `path` (in the tree at `tree_path`).
+pub(super) fn cut(path: &Path, tree_path: &str, bytes: &[u8]) -> Result<Split> {
+    let named_safetensors = tree_path.to_ascii_lowercase().ends_with(".safetensors");
+    if named_safetensors || looks_like_safetensors(bytes) {
+        match safetensors_layout(bytes) {
+            Ok(layout) => {
+                let data_start = layout.data_start();
+                let mut marked: Vec<Marked> = layout
+                    .tensors
+                    .into_iter()
+                    .map(|t| (data_start + t.offset, t.len, Some((t.name, t.header))))
+                    .collect();
+                // The header is bytes of its own, so an unchanged header is one object.
+                marked.push((0, data_start, None));
+                let mut metadata = layout.metadata;
+                metadata.sort();
+                return Ok(Split {
+                    format: FileFormat::Safetensors,
+                    note: String::new(),
+                    metadata,
+                    runs: runs(tree_path, bytes.len() as u64, marked),
+                });
+            }
+            Err(source) if named_safetensors => {
+                return Err(Error::InvalidInput {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+            Err(e) => {
+                return Ok(Split {
+                    format: FileFormat::Bytes,
+                    note: format!("stored as bytes: it starts like a safetensors file, but {e}"),
+                    metadata: Vec::new(),
+                    runs: runs(tree_path, bytes.len() as u64, Vec::new()),
+                })
+            }
+        }
+    }
+    let (format, note, marked) = if torch::looks_like_zip(bytes) {
+        match torch::split(bytes) {
+            Ok(archive) => {
+                let mut marked: Vec<_> = archive
+                    .storages
+                    .into_iter()
+                    .map(|s| {
+                        let len = s.header.data_len().expect("checked by the reader");
+                        (s.offset, len, Some((s.name, s.header)))
+                    })
+                    .collect();
+                marked.extend(archive.others.into_iter().map(|(at, len)| (at, len, None)));
+                (FileFormat::Torch, String::new(), marked)
+            }
+            Err(e) => (
+                FileFormat::Bytes,
+                format!("stored as bytes: {e}"),
+                Vec::new(),
+            ),
+        }
+    } else if bytes.starts_with(LEGACY_TORCH_MAGIC) {
+        (
+            FileFormat::Bytes,
+            "stored as bytes: a torch file of the format before PyTorch 1.6 (not a zip)".into(),
+            Vec::new(),
+        )
+    } else {
+        (FileFormat::Bytes, String::new(), Vec::new())
+    };
+    Ok(Split {
+        format,
+        note,
+        metadata: Vec::new(),
+        runs: runs(tree_path, bytes.len() as u64, marked),
+    })
+}
+
+/// Whether `bytes` starts as a safetensors file does: a header length that fits, then `{`.
+fn looks_like_safetensors(bytes: &[u8]) -> bool {
+    bytes.len() > 8
+        && u64::from_le_bytes(bytes[..8].try_into().unwrap()) < bytes.len() as u64 - 8
+        && bytes[8] == b'{'
+}
+
+/// The runs of a file of `len` bytes: the `marked` ranges (tensors, or bytes that are a unit
+/// of their own), and the bytes around them; bytes runs of at most [`INLINE_MAX`] are kept
+/// inline, longer ones are objects of at most [`BYTES_OBJECT_MAX`].
+fn runs(tree_path: &str, len: u64, mut marked: Vec<Marked>) -> Vec<Cut> {
+    marked.sort_by_key(|m| m.0);
+    let mut out = Vec::new();
+    let mut at = 0;
+    let bytes = |out: &mut Vec<Cut>, start: u64, end: u64| {
+        if end - start <= INLINE_MAX {
+            if end > start {
+                out.push(Cut::Inline {
+                    start,
+                    len: end - start,
+                });
+            }
+            return;
+        }
+        let mut s = start;
+        while s < end {
+            let n = (end - s).min(BYTES_OBJECT_MAX);
+            out.push(Cut::Object {
+                name: format!("{tree_path}@{s}"),
+                header: bytes_header(n),
+                offset: s,
+                tensor: false,
+            });
+            s += n;
+        }
+    };
+    for (start, n, tensor) in marked {
+        debug_assert!(start >= at, "runs overlap");
+        bytes(&mut out, at, start);
+        match tensor {
+            Some((name, header)) => out.push(Cut::Object {
+                name,
+                header,
+                offset: start,
+                tensor: true,
+            }),
+            None => bytes(&mut out, start, start + n),
+        }
+        at = start + n;
+    }
+    bytes(&mut out, at, len);
+    out
+}

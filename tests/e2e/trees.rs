@@ -1,0 +1,255 @@
+//! Checkpoints as training stacks write them: directories of sharded safetensors, `torch.save`
+//! archives (real ones, from `tests/fixtures/torch`) and other files, committed per tensor and
+//! checked out byte for byte.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::util::*;
+
+/// Every file under `dir` by relative path, with its bytes and whether it is executable.
+fn snapshot(dir: &Path) -> BTreeMap<String, (Vec<u8>, bool)> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, (Vec<u8>, bool)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else {
+                let rel = p.strip_prefix(root).unwrap().to_str().unwrap().to_string();
+                let exec = std::fs::metadata(&p).unwrap().permissions().mode() & 0o100 != 0;
+                out.insert(rel, (std::fs::read(&p).unwrap(), exec));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+fn torch_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/torch")
+        .join(name)
+}
+
+/// A Trainer-like checkpoint directory at step `step`: two safetensors shards and their index,
+/// a real `torch.save` optimizer, JSON state, a tokenizer file that never changes, an
+/// executable script and a file in a subfolder.
+fn trainer_dir(dir: &Path, step: u64) {
+    std::fs::create_dir_all(dir.join("extra")).unwrap();
+    let all = mixed(step);
+    write_safetensors(
+        &dir.join("model-00001-of-00002.safetensors"),
+        &all[..4],
+        &[],
+    );
+    write_safetensors(
+        &dir.join("model-00002-of-00002.safetensors"),
+        &all[4..],
+        &[("format", "pt")],
+    );
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        r#"{"metadata": {}, "weight_map": {}}"#,
+    )
+    .unwrap();
+    std::fs::copy(torch_fixture("optimizer.pt"), dir.join("optimizer.pt")).unwrap();
+    std::fs::write(
+        dir.join("trainer_state.json"),
+        format!(r#"{{"global_step": {step}, "log_history": []}}"#),
+    )
+    .unwrap();
+    std::fs::write(dir.join("tokenizer.json"), "x".repeat(10_000)).unwrap();
+    std::fs::write(dir.join("run.sh"), "#!/bin/sh\necho resume\n").unwrap();
+    std::fs::set_permissions(dir.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(dir.join("extra/notes.txt"), format!("step {step}\n")).unwrap();
+    std::fs::write(dir.join("empty"), "").unwrap();
+}
+
+#[test]
+fn a_checkpoint_directory_round_trips_byte_for_byte() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    ok(d, &["init"]);
+    let ck = d.join("checkpoint-10");
+    trainer_dir(&ck, 10);
+    let first = json(d, &["commit", ck.to_str().unwrap(), "-m", "step 10"]);
+    let ck2 = d.join("checkpoint-20");
+    trainer_dir(&ck2, 20);
+    let second = json(d, &["commit", ck2.to_str().unwrap(), "-m", "step 20"]);
+    // The optimizer and tokenizer did not change: only the shards, the state and the notes
+    // took new objects.
+    assert!(second["stored_bytes"].as_u64() < first["stored_bytes"].as_u64());
+
+    // The tree, file by file: formats, tensors named from the pickle, notes.
+    let shown = json(d, &["show", "main~1"]);
+    let files: BTreeMap<&str, &serde_json::Value> = shown["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["path"].as_str().unwrap(), f))
+        .collect();
+    assert_eq!(files["optimizer.pt"]["format"], "torch");
+    assert_eq!(
+        files["model-00001-of-00002.safetensors"]["format"],
+        "safetensors"
+    );
+    assert_eq!(files["tokenizer.json"]["format"], "bytes");
+    assert_eq!(files["run.sh"]["executable"], true);
+    assert!(files.contains_key("extra/notes.txt") && files.contains_key("empty"));
+    let names: Vec<&str> = shown["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["file"] == "optimizer.pt")
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"state.0.exp_avg"), "{names:?}");
+    assert!(names.contains(&"state.1.exp_avg_sq"), "{names:?}");
+
+    // Checkout writes the tree exactly, permissions included.
+    for (rev, src) in [("main~1", &ck), ("main", &ck2)] {
+        let out = d.join(format!("out-{}", rev.replace('~', "-")));
+        ok(d, &["checkout", rev, "-o", out.to_str().unwrap()]);
+        assert_eq!(snapshot(&out), snapshot(src), "{rev}");
+    }
+
+    // One file, and a subtree.
+    let one = d.join("one.pt");
+    ok(
+        d,
+        &[
+            "checkout",
+            "main",
+            "-o",
+            one.to_str().unwrap(),
+            "--path",
+            "optimizer.pt",
+        ],
+    );
+    assert_eq!(
+        std::fs::read(&one).unwrap(),
+        std::fs::read(ck2.join("optimizer.pt")).unwrap()
+    );
+    let sub = d.join("sub");
+    ok(
+        d,
+        &[
+            "checkout",
+            "main",
+            "-o",
+            sub.to_str().unwrap(),
+            "--path",
+            "extra",
+        ],
+    );
+    assert_eq!(std::fs::read(sub.join("notes.txt")).unwrap(), b"step 20\n");
+    fails(
+        d,
+        &[
+            "checkout",
+            "main",
+            "-o",
+            d.join("x").to_str().unwrap(),
+            "--path",
+            "nope",
+        ],
+        "no file or folder",
+    );
+
+    // A folder that is not empty is refused without --force; with it, the tree's files are
+    // replaced and others left.
+    let before = state(d);
+    fails(
+        d,
+        &["checkout", "main", "-o", sub.to_str().unwrap()],
+        "exists",
+    );
+    ok(
+        d,
+        &["checkout", "main", "-o", sub.to_str().unwrap(), "--force"],
+    );
+    assert_eq!(std::fs::read(sub.join("notes.txt")).unwrap(), b"step 20\n");
+    assert_eq!(
+        std::fs::read(sub.join("extra/notes.txt")).unwrap(),
+        b"step 20\n"
+    );
+    assert_eq!(state(d), before);
+
+    // Diff: file by file.
+    let diff = json(d, &["diff", "main~1", "main"]);
+    let change: BTreeMap<&str, &str> = diff["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["path"].as_str().unwrap(), f["change"].as_str().unwrap()))
+        .collect();
+    assert_eq!(change["optimizer.pt"], "unchanged");
+    assert_eq!(change["tokenizer.json"], "unchanged");
+    assert_eq!(change["trainer_state.json"], "changed");
+    assert_eq!(change["model-00001-of-00002.safetensors"], "changed");
+    assert_fsck_clean(d);
+}
+
+#[test]
+fn files_mdl_cannot_take_are_refused_naming_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    ok(d, &["init"]);
+    let good = d.join("good");
+    trainer_dir(&good, 1);
+    ok(d, &["commit", good.to_str().unwrap()]);
+    let before = state(d);
+
+    let ck = d.join("ck");
+    trainer_dir(&ck, 2);
+    std::os::unix::fs::symlink(&good, ck.join("linked-dir")).unwrap();
+    fails(
+        d,
+        &["commit", ck.to_str().unwrap()],
+        "symlink to a directory",
+    );
+    std::fs::remove_file(ck.join("linked-dir")).unwrap();
+    std::os::unix::fs::symlink(d.join("gone"), ck.join("dangling")).unwrap();
+    fails(d, &["commit", ck.to_str().unwrap()], "dangling");
+    std::fs::remove_file(ck.join("dangling")).unwrap();
+    // A broken shard named .safetensors is refused, not stored as bytes.
+    std::fs::write(ck.join("model-00001-of-00002.safetensors"), b"garbage").unwrap();
+    fails(
+        d,
+        &["commit", ck.to_str().unwrap()],
+        "model-00001-of-00002.safetensors",
+    );
+    // Two paths entered under one name.
+    fails(
+        d,
+        &[
+            "commit",
+            good.join("run.sh").to_str().unwrap(),
+            ck.join("run.sh").to_str().unwrap(),
+        ],
+        "also that of",
+    );
+    assert_eq!(state(d), before, "a refused commit changed the repository");
+
+    // A pickle with an opcode torch never writes is stored whole, with a note, and comes back
+    // byte for byte.
+    let odd = d.join("odd");
+    std::fs::create_dir(&odd).unwrap();
+    std::fs::copy(torch_fixture("unsupported-opcode.pt"), odd.join("model.pt")).unwrap();
+    ok(d, &["commit", odd.to_str().unwrap()]);
+    let shown = json(d, &["show", "main"]);
+    let f = &shown["files"][0];
+    assert_eq!(f["format"], "bytes");
+    assert!(f["note"].as_str().unwrap().contains("opcode"), "{f}");
+    // A commit of one file is written into a folder that exists (else to the path itself).
+    let out = d.join("odd-out");
+    std::fs::create_dir(&out).unwrap();
+    ok(d, &["checkout", "main", "-o", out.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read(out.join("model.pt")).unwrap(),
+        std::fs::read(odd.join("model.pt")).unwrap()
+    );
+    assert_fsck_clean(d);
+}
