@@ -231,6 +231,20 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
             f.tensors
         )?;
     }
+    if !s.pairs.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "moments (parameter ← exp_avg, exp_avg_sq; how paired)")?;
+        for p in &s.pairs {
+            writeln!(
+                out,
+                "  {} ← {}, {}  ({})",
+                printable(&p.param),
+                printable(&p.exp_avg),
+                printable(&p.exp_avg_sq),
+                p.source
+            )?;
+        }
+    }
     let mut file: Option<&str> = None;
     for t in &s.tensors {
         if file != Some(t.file.as_str()) {

@@ -20,11 +20,11 @@ use tokio_stream::StreamExt;
 
 use crate::auth::{check, Scope};
 use crate::error::ApiError;
-use crate::stream;
+use crate::{files, stream};
 use crate::{valid_repo_name, Served, State};
 
 type Shared = AxState<Arc<State>>;
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// Largest JSON request body. The largest real one is a list of 100,000 object ids (about
 /// 6.7 MB), which is how many the client sends per request.
@@ -38,7 +38,9 @@ pub fn app(state: Arc<State>) -> Router {
         .route(route::COMMITS, post(commit))
         .route(route::COMMIT, get(show))
         .route(route::MANIFEST, get(manifest))
-        .route(route::CHECKPOINT, get(checkpoint))
+        .route(route::CHECKPOINT, get(files::checkpoint))
+        .route(route::FILES, get(files::list))
+        .route(route::FILE, get(files::file))
         .route(route::TENSOR, get(tensor))
         .route(route::OBJECTS, post(receive))
         .route(route::OBJECTS_MISSING, post(missing))
@@ -49,6 +51,7 @@ pub fn app(state: Arc<State>) -> Router {
     Router::new()
         .route(route::REPOS, get(list_repos))
         .nest(route::REPO, repo)
+        .nest(crate::hf::PREFIX, crate::hf::routes())
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -81,7 +84,7 @@ fn body_error(e: axum::Error) -> ApiError {
 }
 
 /// Runs blocking work (store, codecs) off the async workers.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
     tokio::task::spawn_blocking(f).await.map_err(|e| {
@@ -93,8 +96,8 @@ async fn blocking<T: Send + 'static>(
 
 /// A repository the request may use: the `{repo}` path parameter names a valid repository, the
 /// request's token has read scope (`WRITE`: write scope), and the repository is open.
-struct Access<const WRITE: bool>(Arc<Served>);
-type Reader = Access<false>;
+pub(crate) struct Access<const WRITE: bool>(pub(crate) Arc<Served>);
+pub(crate) type Reader = Access<false>;
 type Writer = Access<true>;
 
 impl<const WRITE: bool> FromRequestParts<Arc<State>> for Access<WRITE> {
@@ -251,132 +254,6 @@ async fn manifest(
         .into_response())
     })
     .await
-}
-
-/// A Range header no byte of the file satisfies (416).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Unsatisfiable;
-
-/// A byte range of a file of `len` bytes asked for by a `Range` header's value: `Ok(None)` for
-/// the whole file (no header, or one this server answers with the whole file, like several
-/// ranges), `Err` when unsatisfiable.
-pub fn parse_range(value: Option<&str>, len: u64) -> Result<Option<(u64, u64)>, Unsatisfiable> {
-    let Some(spec) = value.and_then(|v| v.trim().strip_prefix("bytes=")) else {
-        return Ok(None);
-    };
-    if spec.contains(',') {
-        return Ok(None);
-    }
-    let (a, b) = spec.split_once('-').ok_or(Unsatisfiable)?;
-    let (a, b) = (a.trim(), b.trim());
-    let (start, end) = if a.is_empty() {
-        let n: u64 = b.parse().map_err(|_| Unsatisfiable)?;
-        if n == 0 {
-            return Err(Unsatisfiable);
-        }
-        (len.saturating_sub(n), len)
-    } else {
-        let start: u64 = a.parse().map_err(|_| Unsatisfiable)?;
-        let end = if b.is_empty() {
-            len
-        } else {
-            let last: u64 = b.parse().map_err(|_| Unsatisfiable)?;
-            if last < start {
-                return Err(Unsatisfiable);
-            }
-            last.saturating_add(1).min(len)
-        };
-        (start, end)
-    };
-    if start >= len {
-        return Err(Unsatisfiable);
-    }
-    Ok(Some((start, end)))
-}
-
-async fn checkpoint(
-    Access(served): Reader,
-    Path((_, file)): Path<(String, String)>,
-    method: Method,
-    headers: HeaderMap,
-) -> ApiResult<Response> {
-    let Some(rev) = file.strip_suffix(".safetensors").map(str::to_string) else {
-        return Err(ApiError::not_found("checkpoints are named REV.safetensors"));
-    };
-    let layout = {
-        let served = served.clone();
-        blocking(move || {
-            let layout = mdl::checkout::layout(&served.repo, &rev)?;
-            match layout.single() {
-                Some(f) => Ok((layout.commit, layout.lossy_tensors(), f.clone())),
-                None => Err(ApiError::not_found(format!(
-                    "{rev} holds {} files, not one checkpoint file",
-                    layout.files.len()
-                ))),
-            }
-        })
-        .await?
-    };
-    let (commit, lossy_tensors, file) = layout;
-    let etag = format!("\"{commit}\"");
-    if headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"))
-    {
-        return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response());
-    }
-    let len = file.len;
-    // A range is honoured only while the ETag still matches If-Range (when given).
-    let if_range_ok = headers
-        .get(header::IF_RANGE)
-        .and_then(|v| v.to_str().ok())
-        .is_none_or(|v| v.trim() == etag);
-    let range = if if_range_ok {
-        parse_range(
-            headers.get(header::RANGE).and_then(|v| v.to_str().ok()),
-            len,
-        )
-    } else {
-        Ok(None)
-    };
-    let (status, start, end) = match range {
-        Ok(None) => (StatusCode::OK, 0, len),
-        Ok(Some((s, e))) => (StatusCode::PARTIAL_CONTENT, s, e),
-        Err(Unsatisfiable) => {
-            return Ok((
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                [(header::CONTENT_RANGE, format!("bytes */{len}"))],
-                ApiError::new(
-                    ErrorCode::InvalidRange,
-                    format!("the range is not within the file's {len} bytes"),
-                ),
-            )
-                .into_response());
-        }
-    };
-    let mut response = Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, "application/octet-stream")
-        .header(header::CONTENT_LENGTH, end - start)
-        .header(header::ETAG, &etag)
-        .header(header::ACCEPT_RANGES, "bytes")
-        .header(route::HEADER_COMMIT, commit.to_hex())
-        .header(route::HEADER_LOSSY_TENSORS, lossy_tensors);
-    if status == StatusCode::PARTIAL_CONTENT {
-        response = response.header(
-            header::CONTENT_RANGE,
-            format!("bytes {start}-{}/{len}", end - 1),
-        );
-    }
-    let body = if method == Method::HEAD || start == end {
-        Body::empty()
-    } else {
-        stream::file_range(served, Arc::new(file), start, end)
-    };
-    response
-        .body(body)
-        .map_err(|e| ApiError::internal(e.to_string()))
 }
 
 /// Whether a tensor name is acceptable in a URL: no control characters, not absolute, no `..`
@@ -652,21 +529,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn ranges() {
-        assert_eq!(parse_range(None, 10), Ok(None));
-        assert_eq!(parse_range(Some("bytes=0-3"), 10), Ok(Some((0, 4))));
-        assert_eq!(parse_range(Some("bytes=5-"), 10), Ok(Some((5, 10))));
-        assert_eq!(parse_range(Some("bytes=-3"), 10), Ok(Some((7, 10))));
-        assert_eq!(parse_range(Some("bytes=-30"), 10), Ok(Some((0, 10))));
-        assert_eq!(parse_range(Some("bytes=8-100"), 10), Ok(Some((8, 10))));
-        assert_eq!(parse_range(Some("bytes=0-1,4-5"), 10), Ok(None));
-        assert_eq!(parse_range(Some("bytes=10-"), 10), Err(Unsatisfiable));
-        assert_eq!(parse_range(Some("bytes=5-4"), 10), Err(Unsatisfiable));
-        assert_eq!(parse_range(Some("bytes=-0"), 10), Err(Unsatisfiable));
-        assert_eq!(parse_range(Some("bytes=x-1"), 10), Err(Unsatisfiable));
-        assert_eq!(parse_range(Some("items=0-1"), 10), Ok(None));
-    }
 
     #[test]
     fn names() {

@@ -10,6 +10,8 @@
 mod api;
 pub mod auth;
 pub mod error;
+mod files;
+mod hf;
 mod stream;
 
 use std::collections::HashMap;
@@ -20,7 +22,8 @@ use std::time::Duration;
 use mdl::{LockMode, OpenOptions, Repository};
 use serde::{Deserialize, Serialize};
 
-pub use api::{app, parse_range, Unsatisfiable};
+pub use api::app;
+pub use files::{parse_range, Unsatisfiable};
 pub use auth::{Scope, Tokens};
 pub use error::ApiError;
 

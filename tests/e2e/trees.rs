@@ -57,7 +57,15 @@ fn trainer_dir(dir: &Path, step: u64) {
     std::fs::copy(torch_fixture("optimizer.pt"), dir.join("optimizer.pt")).unwrap();
     std::fs::write(
         dir.join("trainer_state.json"),
-        format!(r#"{{"global_step": {step}, "log_history": []}}"#),
+        format!(
+            r#"{{"global_step": {step}, "log_history": [
+                {{"step": {prev}, "loss": 9.0}},
+                {{"epoch": 0.5, "step": {step}, "loss": {loss}, "learning_rate": 0.001}},
+                {{"step": {step}, "eval_loss": {eval}, "eval_runtime": 1.5}}]}}"#,
+            prev = step - 1,
+            loss = 3.0 / step as f64,
+            eval = 4.0 / step as f64
+        ),
     )
     .unwrap();
     std::fs::write(dir.join("tokenizer.json"), "x".repeat(10_000)).unwrap();
@@ -81,6 +89,33 @@ fn a_checkpoint_directory_round_trips_byte_for_byte() {
     // The optimizer and tokenizer did not change: only the shards, the state and the notes
     // took new objects.
     assert!(second["stored_bytes"].as_u64() < first["stored_bytes"].as_u64());
+
+    // The step and its metrics come from trainer_state.json.
+    let log = json(d, &["log"]);
+    assert_eq!(log[0]["step"], 20);
+    assert_eq!(log[0]["metrics"]["loss"], 0.15);
+    assert_eq!(log[0]["metrics"]["eval_loss"], 0.2);
+    assert_eq!(log[0]["metrics"]["learning_rate"], 0.001);
+    assert_eq!(log[1]["step"], 10);
+    // --step and --metric win over what the checkpoint records.
+    let ck3 = d.join("checkpoint-30");
+    trainer_dir(&ck3, 30);
+    ok(
+        d,
+        &[
+            "commit",
+            ck3.to_str().unwrap(),
+            "-b",
+            "side",
+            "--step",
+            "7",
+            "--metric",
+            "acc=0.5",
+        ],
+    );
+    let side = json(d, &["show", "side"]);
+    assert_eq!(side["step"], 7);
+    assert_eq!(side["metrics"], serde_json::json!({"acc": 0.5}));
 
     // The tree, file by file: formats, tensors named from the pickle, notes.
     let shown = json(d, &["show", "main~1"]);

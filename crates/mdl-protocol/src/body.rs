@@ -32,6 +32,32 @@ pub struct ListedRef {
     pub message: Option<String>,
 }
 
+/// `GET /files/REV`: a commit's files, in path order.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Files {
+    /// The commit `REV` resolved to.
+    pub commit: ObjectId,
+    /// Its files.
+    pub files: Vec<ListedFile>,
+}
+
+/// One file of [`Files`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ListedFile {
+    /// Its path in the tree.
+    pub path: String,
+    /// Its size.
+    pub size: u64,
+    /// The id of its content (the file route's ETag): equal ids, equal bytes.
+    pub etag: ObjectId,
+    /// How many tensors it holds.
+    pub tensors: u32,
+    /// How many of them are lossy reconstructions.
+    pub lossy_tensors: u32,
+    /// Whether a checkout marks it executable.
+    pub executable: bool,
+}
+
 /// `GET /refs`: the server's branches and tags.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Refs {

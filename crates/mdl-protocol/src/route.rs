@@ -19,6 +19,10 @@ pub const COMMIT: &str = "/commits/{rev}";
 pub const MANIFEST: &str = "/manifests/{id}";
 /// `GET`: a checkpoint; `file` is `REV.safetensors`.
 pub const CHECKPOINT: &str = "/checkpoints/{file}";
+/// `GET`: the files of a commit ([`crate::body::Files`]).
+pub const FILES: &str = "/files/{rev}";
+/// `GET`, `HEAD`: one file of a commit (`path` may contain `/`), with `Range`.
+pub const FILE: &str = "/files/{rev}/{*path}";
 /// `GET`: one tensor's bytes (`name` may contain `/`).
 pub const TENSOR: &str = "/tensors/{rev}/{*name}";
 /// `POST`: upload a pack.

@@ -1,7 +1,7 @@
 //! `mdl show`: a commit and its tree, file by file and tensor by tensor.
 
 use mdl_codec::CodecTag;
-use mdl_format::ObjectId;
+use mdl_format::{ObjectId, PairSource};
 use mdl_store::StoreError;
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +30,20 @@ pub struct FileInfo {
     /// A safetensors file's `__metadata__`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub metadata: Vec<(String, String)>,
+}
+
+/// A parameter and its Adam moments, as the manifest records them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ShownPair {
+    /// The parameter, `FILE: NAME`.
+    pub param: String,
+    /// Its `exp_avg`.
+    pub exp_avg: String,
+    /// Its `exp_avg_sq`.
+    pub exp_avg_sq: String,
+    /// How they were paired: `names` (the `lossy.moments` patterns), `optimizer_order` or
+    /// `client`.
+    pub source: String,
 }
 
 /// One tensor of a shown commit.
@@ -144,6 +158,10 @@ pub struct Shown {
     pub files: Vec<FileInfo>,
     /// Tensors in tree and file order.
     pub tensors: Vec<TensorInfo>,
+    /// Parameters paired with their moments (the others' lossy settings say
+    /// `sensitivity=magnitude`).
+    #[serde(default)]
+    pub pairs: Vec<ShownPair>,
     /// How many tensors retention expired (a thinned commit when non-zero).
     #[serde(default)]
     pub expired_tensors: u32,
@@ -192,6 +210,26 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
         });
     }
     let expired_tensors = tensors.iter().filter(|t| t.expired.is_some()).count() as u32;
+    let label = |i: u32| {
+        tensors
+            .get(i as usize)
+            .map_or_else(String::new, |t| format!("{}: {}", t.file, t.name))
+    };
+    let pairs = m
+        .pairs
+        .iter()
+        .map(|p| ShownPair {
+            param: label(p.param),
+            exp_avg: label(p.exp_avg),
+            exp_avg_sq: label(p.exp_avg_sq),
+            source: match p.source {
+                PairSource::Names => "names",
+                PairSource::OptimizerOrder => "optimizer_order",
+                PairSource::Client => "client",
+            }
+            .to_string(),
+        })
+        .collect();
     Ok(Shown {
         id,
         manifest: c.manifest,
@@ -219,6 +257,7 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
         raw_bytes: c.stats.raw_bytes,
         stored_bytes: c.stats.stored_bytes,
         tensors,
+        pairs,
         expired_tensors,
     })
 }

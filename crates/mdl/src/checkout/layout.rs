@@ -153,6 +153,27 @@ impl FileLayout {
     pub fn tensor(&self, name: &str) -> Option<&Placed> {
         self.objects().find(|t| t.tensor && t.name == name)
     }
+
+    /// An id of the file's content: the hash of its pieces (inline bytes, and objects by id).
+    /// Two files with the same id have the same bytes; computed from the manifest alone, it is
+    /// what the file routes give as ETag.
+    pub fn content_id(&self) -> ObjectId {
+        let mut buf = b"mdl file\0".to_vec();
+        for p in &self.pieces {
+            match p {
+                Piece::Inline { bytes, .. } => {
+                    buf.push(0);
+                    buf.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+                    buf.extend_from_slice(bytes);
+                }
+                Piece::Object(o) => {
+                    buf.push(1);
+                    buf.extend_from_slice(o.id.as_bytes());
+                }
+            }
+        }
+        ObjectId::hash(&buf)
+    }
 }
 
 /// The layout of `rev`'s files; a thinned commit is [`Error::Expired`].

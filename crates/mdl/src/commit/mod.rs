@@ -13,8 +13,8 @@ use mdl_codec::quant::Correction;
 use mdl_codec::scalar::lossy_supported;
 use mdl_codec::{trim, CodecTag, EncodeOptions, SMALL_TENSOR};
 use mdl_format::{
-    Commit, CommitStats, Entry, Exactness, Lossy, Manifest, ObjectId, ObjectKind, Ref, RefName,
-    Region, Timestamp, TreeFile,
+    Commit, CommitStats, Entry, Exactness, Lossy, Manifest, MomentPair, ObjectId, ObjectKind,
+    PairSource, Ref, RefName, Region, Timestamp, TreeFile,
 };
 use mdl_store::meta::MetaRead;
 use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue};
@@ -40,9 +40,11 @@ pub struct CommitOptions {
     pub message: String,
     /// Branch to commit onto (created at HEAD's commit if missing); HEAD's branch if `None`.
     pub branch: Option<RefName>,
-    /// Training step.
+    /// Training step; what the checkpoint records (`trainer_state.json`, safetensors
+    /// metadata) when `None`.
     pub step: Option<u64>,
-    /// Metrics, `name → value`; names must be unique.
+    /// Metrics, `name → value`; names must be unique. What the checkpoint records for its
+    /// step when empty.
     pub metrics: Vec<(String, f64)>,
     /// Author; `$MDL_AUTHOR`, then `$USER`, then "unknown" when `None`.
     pub author: Option<String>,
@@ -129,6 +131,13 @@ fn commit_input(
     opts: &CommitOptions,
     progress: &dyn Progress,
 ) -> Result<CommitOutcome> {
+    // What the checkpoint records of itself, where the user gave nothing.
+    let step = opts.step.or_else(|| input.recorded_step());
+    let metrics = if opts.metrics.is_empty() {
+        check_metrics(&input.recorded_metrics())?
+    } else {
+        metrics
+    };
     let store = repo.store();
     // From the first read of the parent to the ref update, no other writer of this process
     // (gc, compaction, another commit) may change what this commit builds on.
@@ -166,13 +175,15 @@ fn commit_input(
     let settings = LossySettings::resolve(store, &opts.lossy)?;
     let engine = store.engine();
     let pieces = &input.pieces;
-    let correction = match training_step(opts, &input) {
+    let correction = match step {
         Some(t) => Correction::adam(settings.betas.0, settings.betas.1, t),
         None => Correction { c1: 1.0, c2: 1.0 },
     };
+    // Which tensors are parameters and which their moments: recorded in the manifest, and
+    // what a lossy commit's search prices its candidates with.
+    let roles = lossy::roles(pieces, &settings);
     let (plans, search) = match settings.mode {
         CodecMode::Lossy => {
-            let roles = lossy::roles(pieces, &settings);
             let previous_quant = |i: usize| -> Result<Option<QuantTensor>> {
                 let meta = store.meta().read()?;
                 match previous_object(&meta, &previous, &input, i)? {
@@ -239,7 +250,8 @@ fn commit_input(
         rewrites.extend(r.rewrite);
     }
 
-    let manifest = manifest_of(&input, &ids, exactness)?;
+    let pairs = moment_pairs(&input, &roles, settings.pairings.len());
+    let manifest = manifest_of(&input, &ids, exactness, pairs)?;
     let manifest_bytes = manifest.encode();
     let manifest_id = ObjectId::hash(&manifest_bytes);
     if store.meta().read()?.object(&manifest_id)?.is_none() {
@@ -257,7 +269,7 @@ fn commit_input(
         author: opts.author.clone().unwrap_or_else(default_author),
         time: Timestamp::now(),
         message: opts.message.clone(),
-        step: opts.step,
+        step,
         metrics,
         stats: CommitStats {
             raw_bytes,
@@ -318,12 +330,6 @@ fn commit_input(
     })
 }
 
-/// The training step for Adam's bias corrections: `--step`, else the checkpoint's `step`
-/// metadata.
-fn training_step(opts: &CommitOptions, input: &Input) -> Option<u64> {
-    opts.step.or_else(|| input.metadata_value("step"))
-}
-
 /// Names of the loss the quality bound is relative to, in order of preference.
 const LOSS_NAMES: [&str; 3] = ["loss", "val_loss", "train_loss"];
 
@@ -340,8 +346,45 @@ fn loss_of(metrics: &[(String, f64)], input: &Input) -> Option<f64> {
     })
 }
 
+/// The moment pairs of `roles`, as indices into the manifest's tensors; a family past the
+/// `patterns` name patterns' is the optimizer order's.
+fn moment_pairs(input: &Input, roles: &[lossy::Role], patterns: usize) -> Vec<MomentPair> {
+    let mut tensor_index = Vec::with_capacity(input.pieces.len());
+    let mut n = 0u32;
+    for p in &input.pieces {
+        tensor_index.push(n);
+        n += u32::from(p.tensor);
+    }
+    roles
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| match *r {
+            lossy::Role::Param {
+                family: Some(f),
+                moments: Some((m, v)),
+                ..
+            } => Some(MomentPair {
+                param: tensor_index[i],
+                exp_avg: tensor_index[m],
+                exp_avg_sq: tensor_index[v],
+                source: if f < patterns {
+                    PairSource::Names
+                } else {
+                    PairSource::OptimizerOrder
+                },
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The manifest of the tree in `input`, its pieces stored as `ids`.
-fn manifest_of(input: &Input, ids: &[ObjectId], exactness: Vec<Exactness>) -> Result<Manifest> {
+fn manifest_of(
+    input: &Input,
+    ids: &[ObjectId],
+    exactness: Vec<Exactness>,
+    pairs: Vec<MomentPair>,
+) -> Result<Manifest> {
     let mut exactness = exactness.into_iter().map(Some).collect::<Vec<_>>();
     let files = input
         .files
@@ -383,7 +426,7 @@ fn manifest_of(input: &Input, ids: &[ObjectId], exactness: Vec<Exactness>) -> Re
         })
         .collect();
     // The walk checked every path (and refused repeats) before anything was read.
-    Ok(Manifest::new(files, Vec::new()).expect("paths checked by the walk"))
+    Ok(Manifest::new(files, pairs).expect("paths checked by the walk"))
 }
 
 fn check_metrics(metrics: &[(String, f64)]) -> Result<Vec<(String, f64)>> {

@@ -13,6 +13,7 @@ use mdl_format::{FileFormat, TensorHeader};
 use crate::{Error, Result};
 
 mod split;
+mod trainer;
 mod walk;
 
 /// Runs of bytes up to this length are kept in the manifest itself.

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
 
+mod order;
 mod pairing;
 mod search;
 mod settings;

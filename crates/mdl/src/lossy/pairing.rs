@@ -90,8 +90,10 @@ pub(crate) enum Role {
     Exact,
 }
 
-/// Each tensor's role, from names, dtypes and shapes.
+/// Each tensor's role, from names, dtypes and shapes: moments found by the name patterns of
+/// `s.pairings` first, else by the optimizer's order (their own family, after the patterns').
 pub(crate) fn roles(pieces: &[Piece], s: &LossySettings) -> Vec<Role> {
+    let by_order = super::order::pair_by_order(pieces);
     let by_name: HashMap<&str, usize> = pieces
         .iter()
         .enumerate()
@@ -118,6 +120,12 @@ pub(crate) fn roles(pieces: &[Piece], s: &LossySettings) -> Vec<Role> {
                 roles[i] = Role::SecondMoment;
             }
         }
+        // An optimizer state dict's moments, paired or not.
+        match super::order::slot(&t.name) {
+            Some((_, _, "exp_avg")) => roles[i] = Role::FirstMoment,
+            Some(_) => roles[i] = Role::SecondMoment,
+            None => {}
+        }
     }
     for (i, t) in pieces.iter().enumerate() {
         if !eligible(i) || roles[i] != Role::Exact {
@@ -143,6 +151,24 @@ pub(crate) fn roles(pieces: &[Piece], s: &LossySettings) -> Vec<Role> {
                         embedding,
                     };
                     break;
+                }
+            }
+        }
+        if role
+            == (Role::Param {
+                family: None,
+                moments: None,
+                embedding,
+            })
+        {
+            // No name pattern found its moments: the optimizer's order may have.
+            if let Some(&(_, mi, vi)) = by_order.iter().find(|(p, _, _)| *p == i) {
+                if eligible(mi) && eligible(vi) {
+                    role = Role::Param {
+                        family: Some(s.pairings.len()),
+                        moments: Some((mi, vi)),
+                        embedding,
+                    };
                 }
             }
         }

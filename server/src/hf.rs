@@ -1,0 +1,175 @@
+//! A Hugging Face–compatible read layout of every repository, under `/hf`: with `HF_ENDPOINT`
+//! (or `endpoint=`) set to `http://HOST:PORT/hf`, `huggingface_hub`'s `hf_hub_download` and
+//! `snapshot_download` fetch files of a branch, tag or commit of an mdl repository, its name
+//! as the `repo_id` (one segment; a repository named `api` is not reachable here).
+//!
+//! The routes are the ones the client calls: the model-info and revision routes (the commit a
+//! revision resolves to, and its files), the tree listing, and `resolve` with the headers the
+//! client requires (`X-Repo-Commit`, `ETag`, `Content-Length`), `Range` included. Tokens work as
+//! on every route (`Authorization: Bearer`, read scope).
+
+use axum::extract::{Path, Query};
+use axum::http::{HeaderMap, HeaderName, Method};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use mdl::checkout::Layout;
+use serde_json::{json, Value};
+
+use crate::api::{blocking, Access, ApiResult, Reader};
+use crate::error::ApiError;
+use crate::files::{layout_of, serve_file};
+use crate::State;
+
+/// The prefix the layout is served under.
+pub const PREFIX: &str = "/hf";
+
+/// The header giving the commit a file came from.
+const REPO_COMMIT: &str = "x-repo-commit";
+
+/// The routes, to be nested under [`PREFIX`].
+pub(crate) fn routes() -> Router<std::sync::Arc<State>> {
+    Router::new()
+        .route("/{repo}/resolve/{rev}/{*path}", get(resolve))
+        .route("/api/models/{repo}", get(info_head))
+        .route("/api/models/{repo}/revision/{rev}", get(info))
+        .route("/api/models/{repo}/tree/{rev}", get(tree_root))
+        .route("/api/models/{repo}/tree/{rev}/{*path}", get(tree))
+}
+
+/// `GET|HEAD /{repo}/resolve/{rev}/{path}`: one file.
+async fn resolve(
+    Access(served): Reader,
+    Path((_, rev, path)): Path<(String, String, String)>,
+    method: Method,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let layout = layout_of(&served, rev.clone()).await?;
+    let commit = layout.commit;
+    let Some(file) = layout.file(&path).cloned() else {
+        return Err(ApiError::not_found(format!("no file {path:?} in {rev}")));
+    };
+    let etag = format!("\"{}\"", file.content_id());
+    let extra = [
+        (HeaderName::from_static(REPO_COMMIT), commit.to_hex()),
+        (
+            HeaderName::from_static(mdl_protocol::route::HEADER_COMMIT),
+            commit.to_hex(),
+        ),
+    ];
+    serve_file(served, &method, &headers, file, etag, &extra)
+}
+
+/// `GET /api/models/{repo}`: the model info of HEAD's branch.
+async fn info_head(access: Reader, Path(repo): Path<String>) -> ApiResult<Response> {
+    let Access(served) = &access;
+    let head = {
+        let served = served.clone();
+        blocking(move || Ok(served.repo.head_branch()?)).await?
+    };
+    let branch = head
+        .strip_prefix(mdl::Ref::BRANCHES)
+        .unwrap_or(&head)
+        .to_string();
+    info(access, Path((repo, branch))).await
+}
+
+/// `GET /api/models/{repo}/revision/{rev}`: the commit `rev` resolves to, and its files.
+async fn info(
+    Access(served): Reader,
+    Path((repo, rev)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let layout = layout_of(&served, rev).await?;
+    let time = {
+        let served = served.clone();
+        let id = layout.commit;
+        blocking(move || Ok(served.repo.load_commit(&id)?.time.rfc3339())).await?
+    };
+    let siblings: Vec<Value> = layout
+        .files
+        .iter()
+        .map(|f| json!({ "rfilename": f.path, "size": f.len }))
+        .collect();
+    Ok(Json(json!({
+        "id": repo,
+        "modelId": repo,
+        "sha": layout.commit.to_hex(),
+        "lastModified": time,
+        "private": false,
+        "disabled": false,
+        "gated": false,
+        "tags": [],
+        "siblings": siblings,
+    }))
+    .into_response())
+}
+
+#[derive(serde::Deserialize)]
+struct TreeQuery {
+    #[serde(default)]
+    recursive: Option<String>,
+}
+
+/// `GET /api/models/{repo}/tree/{rev}`: the top of the tree.
+async fn tree_root(
+    access: Reader,
+    Path((repo, rev)): Path<(String, String)>,
+    query: Query<TreeQuery>,
+) -> ApiResult<Response> {
+    tree(access, Path((repo, rev, String::new())), query).await
+}
+
+/// `GET /api/models/{repo}/tree/{rev}/{path}?recursive=`: the files and folders under `path`
+/// (all of them when recursive, else its children), in one page.
+async fn tree(
+    Access(served): Reader,
+    Path((_, rev, path)): Path<(String, String, String)>,
+    Query(q): Query<TreeQuery>,
+) -> ApiResult<Response> {
+    let recursive = q
+        .recursive
+        .as_deref()
+        .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    let layout = layout_of(&served, rev.clone()).await?;
+    let entries = tree_entries(&layout, path.trim_matches('/'), recursive);
+    if entries.is_empty() && !path.trim_matches('/').is_empty() {
+        return Err(ApiError::not_found(format!("no folder {path:?} in {rev}")));
+    }
+    Ok(Json(entries).into_response())
+}
+
+/// The entries under `dir` ("" for the root): files with size and content id, and folders.
+fn tree_entries(layout: &Layout, dir: &str, recursive: bool) -> Vec<Value> {
+    let prefix = if dir.is_empty() {
+        String::new()
+    } else {
+        format!("{dir}/")
+    };
+    let mut folders = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for f in &layout.files {
+        let Some(rest) = f.path.strip_prefix(&prefix) else {
+            continue;
+        };
+        // Every folder between `dir` and the file (only the first when not recursive).
+        let parts: Vec<&str> = rest.split('/').collect();
+        let depth = if recursive { parts.len() - 1 } else { 1.min(parts.len() - 1) };
+        for n in 1..=depth {
+            folders.insert(format!("{prefix}{}", parts[..n].join("/")));
+        }
+        if recursive || parts.len() == 1 {
+            let oid = f.content_id().to_hex();
+            out.push(json!({
+                "type": "file",
+                "path": f.path,
+                "size": f.len,
+                "oid": oid,
+            }));
+        }
+    }
+    for d in folders {
+        let oid = mdl::ObjectId::hash(d.as_bytes()).to_hex();
+        out.push(json!({ "type": "directory", "path": d, "oid": oid }));
+    }
+    out
+}
