@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p mdl-cli
 mdl="$PWD/target/release/mdl"
+fixtures="$PWD/tests/fixtures/torch"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -49,3 +50,18 @@ cmp restored.safetensors ckpt1.safetensors && echo "still byte-identical after c
 "$mdl" branch -d lr-low
 "$mdl" gc --prune-older-than 0s --expire-reflog 0s   # the deleted branch's commit goes
 "$mdl" fsck
+# A checkpoint as training stacks write it: a folder with safetensors weights, a torch.save
+# optimizer (written by the real torch: tests/fixtures/torch), Trainer's JSON state, a config.
+mkdir -p checkpoint-400
+cp ckpt2.safetensors checkpoint-400/model.safetensors
+cp "$fixtures/optimizer.pt" checkpoint-400/optimizer.pt
+echo '{"n_embd": 256}' > checkpoint-400/config.json
+echo '{"global_step": 400, "log_history": [{"step": 400, "loss": 2.31, "eval_loss": 2.45}]}' \
+    > checkpoint-400/trainer_state.json
+"$mdl" commit checkpoint-400 -m "a Trainer folder"   # step and metrics from trainer_state.json
+"$mdl" show main             # files by format; optimizer.pt split per storage (state.K.exp_avg)
+"$mdl" log -n 1
+"$mdl" checkout main -o restored-400
+diff -r restored-400 checkpoint-400 && echo "the folder is byte-identical"
+"$mdl" checkout main -o one.pt --path optimizer.pt
+cmp one.pt checkpoint-400/optimizer.pt && echo "one file of it, too"

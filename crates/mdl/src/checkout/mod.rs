@@ -58,7 +58,8 @@ fn one() -> u32 {
 }
 
 /// Writes the files of `rev` to `out`. A commit of one file (or `path` naming one file) is
-/// written to `out` itself, or into `out` when that is a folder; a tree is written into the
+/// written to `out` itself, or into `out` when that is a folder or ends in `/`; a tree is
+/// written into the
 /// folder `out`, created if missing, which must otherwise be empty unless `force`. Every file
 /// goes through a temporary file renamed into place; a checkout that fails or is interrupted
 /// leaves no file half-written, and removes the folder it created.
@@ -76,16 +77,20 @@ pub fn checkout(
     // Where each file goes.
     let (targets, created) = match &single {
         Some(name) => {
-            let target = if out.is_dir() {
-                out.join(name)
+            // `-o DIR/` (a trailing slash) or an existing folder: the file goes into it.
+            let folder = out.as_os_str().as_encoded_bytes().ends_with(b"/");
+            let (target, created) = if folder || out.is_dir() {
+                refuse_inside_repository(&out.join(name))?;
+                refuse_inside_repository(out)?;
+                (out.join(name), output::prepare_folder(out, true)?)
             } else {
-                out.to_path_buf()
+                refuse_inside_repository(out)?;
+                (out.to_path_buf(), None)
             };
-            refuse_inside_repository(&target)?;
             if !opts.force && target.symlink_metadata().is_ok() {
                 return Err(Error::OutputExists(target));
             }
-            (vec![target], None)
+            (vec![target], created)
         }
         None => {
             refuse_inside_repository(&out.join("x"))?;

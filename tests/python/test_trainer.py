@@ -1,0 +1,81 @@
+"""A real transformers Trainer checkpoint (a tiny GPT-2 built from a config, random weights, no
+download): committed as a folder, checked out byte for byte, and resumed from."""
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+from conftest import mdl, tree_bytes
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randint(0, 96, (n, 24), generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+
+def trainer(out, max_steps=6):
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+    # Small shards, as large models are saved: model-0000i-of-0000n.safetensors and the index.
+    save = model.save_pretrained
+    model.save_pretrained = lambda *a, **k: save(*a, **{**k, "max_shard_size": "60KB"})
+    args = TrainingArguments(
+        output_dir=str(out),
+        max_steps=max_steps,
+        save_steps=3,
+        eval_strategy="steps",
+        eval_steps=3,
+        logging_steps=1,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        weight_decay=0.01,
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        data_seed=0,
+    )
+    return Trainer(model=model, args=args, train_dataset=Tokens(64, 1), eval_dataset=Tokens(8, 2))
+
+
+def test_trainer_checkpoint_commits_checks_out_and_resumes(tmp_path, repo):
+    first = trainer(tmp_path / "run")
+    first.train()
+    ck = tmp_path / "run" / "checkpoint-3"
+    names = {p.name for p in ck.iterdir()}
+    assert "model.safetensors.index.json" in names, names
+    assert any(n.startswith("model-00002-of-") for n in names), names
+    assert {"optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth", "training_args.bin"} <= names
+
+    mdl("-C", repo, "commit", ck, "-m", "checkpoint-3")
+    mdl("-C", repo, "commit", tmp_path / "run" / "checkpoint-6", "-m", "checkpoint-6")
+    # Step, loss and eval loss come from trainer_state.json.
+    log = mdl("-C", repo, "--json", "log")
+    assert [e["step"] for e in log] == [6, 3]
+    assert "loss" in log[1]["metrics"] and "eval_loss" in log[1]["metrics"]
+    shown = mdl("-C", repo, "--json", "show", "main~1")
+    formats = {f["path"]: f["format"] for f in shown["files"]}
+    assert formats["optimizer.pt"] == "torch" and formats["scheduler.pt"] == "torch"
+    assert formats["rng_state.pth"] == "torch" and formats["training_args.bin"] == "torch"
+    assert formats["trainer_state.json"] == "bytes"
+
+    out = tmp_path / "checked-out"
+    mdl("-C", repo, "checkout", "main~1", "-o", out)
+    assert tree_bytes(out) == tree_bytes(ck)
+
+    # Resuming from the checkout continues exactly as resuming from the original.
+    runs = {}
+    for name, source in [("original", ck), ("mdl", out)]:
+        t = trainer(tmp_path / f"resume-{name}")
+        t.train(resume_from_checkpoint=str(source))
+        losses = [e["loss"] for e in t.state.log_history if "loss" in e]
+        runs[name] = (losses, {k: v.clone() for k, v in t.model.state_dict().items()})
+    # The history holds the checkpoint's 3 logged steps and the 3 trained after resuming.
+    assert runs["original"][0] == runs["mdl"][0] and len(runs["mdl"][0]) == 6
+    for k, v in runs["original"][1].items():
+        assert torch.equal(v, runs["mdl"][1][k]), k
