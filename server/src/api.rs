@@ -428,7 +428,7 @@ async fn fetch(
         // Refuse unknown ids before the stream starts (a 200 cannot turn into a 404 later).
         let (served, ids) = (served.clone(), ids.clone());
         blocking(
-            move || match transfer::missing(&served.repo, &ids)?.first() {
+            move || match transfer::unknown(&served.repo, &ids)?.first() {
                 Some(id) => Err(ApiError::not_found(format!("no object {id}"))),
                 None => Ok(()),
             },
@@ -528,7 +528,6 @@ mod tests {
             e.message
         );
     }
-
 
     #[test]
     fn names() {

@@ -154,8 +154,18 @@ pub(crate) async fn checkpoint(
             route::FILES
         )));
     };
-    let extra = [(HeaderName::from_static(route::HEADER_COMMIT), commit.to_hex())];
-    serve_file(served, &method, &headers, file, format!("\"{commit}\""), &extra)
+    let extra = [(
+        HeaderName::from_static(route::HEADER_COMMIT),
+        commit.to_hex(),
+    )];
+    serve_file(
+        served,
+        &method,
+        &headers,
+        file,
+        format!("\"{commit}\""),
+        &extra,
+    )
 }
 
 /// `GET /files/REV`: the commit's files.
@@ -199,7 +209,10 @@ pub(crate) async fn file(
         return Err(ApiError::not_found(format!("no file {path:?} in {rev}")));
     };
     let etag = format!("\"{}\"", file.content_id());
-    let extra = [(HeaderName::from_static(route::HEADER_COMMIT), commit.to_hex())];
+    let extra = [(
+        HeaderName::from_static(route::HEADER_COMMIT),
+        commit.to_hex(),
+    )];
     serve_file(served, &method, &headers, file, etag, &extra)
 }
 

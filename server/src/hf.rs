@@ -153,7 +153,11 @@ fn tree_entries(layout: &Layout, dir: &str, recursive: bool) -> Vec<Value> {
         };
         // Every folder between `dir` and the file (only the first when not recursive).
         let parts: Vec<&str> = rest.split('/').collect();
-        let depth = if recursive { parts.len() - 1 } else { 1.min(parts.len() - 1) };
+        let depth = if recursive {
+            parts.len() - 1
+        } else {
+            1.min(parts.len() - 1)
+        };
         for n in 1..=depth {
             folders.insert(format!("{prefix}{}", parts[..n].join("/")));
         }

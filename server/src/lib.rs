@@ -23,9 +23,9 @@ use mdl::{LockMode, OpenOptions, Repository};
 use serde::{Deserialize, Serialize};
 
 pub use api::app;
-pub use files::{parse_range, Unsatisfiable};
 pub use auth::{Scope, Tokens};
 pub use error::ApiError;
+pub use files::{parse_range, Unsatisfiable};
 
 /// The file in `.mdl/` where a serving process advertises itself.
 pub use mdl::ADVERTISEMENT;

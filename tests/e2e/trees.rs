@@ -288,3 +288,105 @@ fn files_mdl_cannot_take_are_refused_naming_them() {
     );
     assert_fsck_clean(d);
 }
+
+/// Retention's "keep only the weights of old commits" finds optimizer state inside
+/// `optimizer.pt`; a thinned tree clones, checks out without that file, and fscks clean on both
+/// sides; trees push and pull.
+#[test]
+fn trees_thin_clone_push_and_pull() {
+    use crate::server::{Server, READ, WRITE};
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let src = d.join("src");
+    ok(&src, &["init"]);
+    ok(&src, &["config", "retention.keep_last", "1"]);
+    let mut dirs = Vec::new();
+    for (n, optimizer) in ["optimizer.pt", "optimizer-later.pt"].iter().enumerate() {
+        let ck = d.join(format!("ck{n}"));
+        std::fs::create_dir(&ck).unwrap();
+        write_safetensors(&ck.join("model.safetensors"), &mixed(n as u64), &[]);
+        std::fs::copy(torch_fixture(optimizer), ck.join("optimizer.pt")).unwrap();
+        std::fs::write(ck.join("config.json"), "{}").unwrap();
+        ok(
+            &src,
+            &["commit", ck.to_str().unwrap(), "-m", &format!("c{n}")],
+        );
+        dirs.push(ck);
+    }
+    let gc = json(&src, &["gc", "--prune-older-than", "0s"]);
+    assert!(gc["expired"].as_u64().unwrap() > 0, "{gc}");
+    let shown = json(&src, &["show", "main~1"]);
+    let expired: Vec<&str> = shown["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["expired"].is_string())
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        !expired.is_empty()
+            && expired
+                .iter()
+                .all(|n| n.ends_with("exp_avg") || n.ends_with("exp_avg_sq")),
+        "{expired:?}"
+    );
+    assert_fsck_clean(&src);
+
+    let server = Server::start(&["--root", d.to_str().unwrap()], d);
+    let url = format!("{}/src", server.base);
+    let clone = d.join("clone");
+    let run = |token: &str, args: &[&str]| {
+        let out = std::process::Command::new(mdl_bin())
+            .env("MDL_TOKEN", token)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(READ, &["clone", &url, clone.to_str().unwrap()]);
+    assert_fsck_clean(&clone);
+    // The thinned commit: refused whole, then written without optimizer.pt.
+    let thin = d.join("thin");
+    fails(
+        &clone,
+        &["checkout", "main~1", "-o", thin.to_str().unwrap()],
+        "expired",
+    );
+    ok(
+        &clone,
+        &[
+            "checkout",
+            "main~1",
+            "-o",
+            thin.to_str().unwrap(),
+            "--skip-expired",
+        ],
+    );
+    let mut want = snapshot(&dirs[0]);
+    want.remove("optimizer.pt");
+    assert_eq!(snapshot(&thin), want);
+    let tip = d.join("tip");
+    ok(&clone, &["checkout", "main", "-o", tip.to_str().unwrap()]);
+    assert_eq!(snapshot(&tip), snapshot(&dirs[1]));
+
+    // A tree committed in the clone is pushed, and fetched back by the origin's server. Its
+    // optimizer.pt is the thinned commit's again: the origin has those tensors only as
+    // expired, so they must travel as records (they once did not, and the origin's tip could
+    // not be checked out).
+    let ck = d.join("ck2");
+    trainer_dir(&ck, 2);
+    ok(&clone, &["commit", ck.to_str().unwrap(), "-m", "c2"]);
+    run(WRITE, &["-C", clone.to_str().unwrap(), "push"]);
+    let again = d.join("again");
+    run(READ, &["clone", &url, again.to_str().unwrap()]);
+    let out = d.join("out");
+    ok(&again, &["checkout", "main", "-o", out.to_str().unwrap()]);
+    assert_eq!(snapshot(&out), snapshot(&ck));
+    assert_fsck_clean(&again);
+    drop(server);
+    assert_fsck_clean(&src);
+}

@@ -61,8 +61,10 @@ pub(crate) fn pair_by_order(pieces: &[Piece]) -> Vec<OrderPair> {
             .or_default()
             .push((m, v));
     }
-    // Parameters: the float tensors that are not optimizer state, by shape, then class.
-    let mut params: HashMap<&[u64], BTreeMap<String, Vec<(Vec<u64>, usize)>>> = HashMap::new();
+    // Parameters: the float tensors that are not optimizer state, by shape, then class, each
+    // with its layer numbers.
+    type Members = Vec<(Vec<u64>, usize)>;
+    let mut params: HashMap<&[u64], BTreeMap<String, Members>> = HashMap::new();
     for (i, p) in pieces.iter().enumerate() {
         if !p.tensor || is_state[i] || !p.header.dtype.is_float() {
             continue;

@@ -41,9 +41,24 @@ fn has_object(meta: &MetaRead, id: &ObjectId) -> Result<bool> {
     Ok(meta.object(id)?.is_some() || meta.expired(id)?.is_some())
 }
 
-/// Those of `ids` the repository has neither as objects nor as expired tensors, in order:
-/// what another repository must send.
+/// Those of `ids` the repository does not hold, in order: what another repository must send.
+/// A tensor retention expired here counts as not held: the sender sends its record when it has
+/// it (a commit that stores the same content again), else an expired frame, which changes
+/// nothing here.
 pub fn missing(repo: &Repository, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
+    let meta = repo.store().meta().read()?;
+    let mut out = Vec::new();
+    for id in ids {
+        if meta.object(id)?.is_none() {
+            out.push(*id);
+        }
+    }
+    Ok(out)
+}
+
+/// Those of `ids` the repository knows neither as objects nor as expired tensors: what it
+/// cannot send, even as an expired frame.
+pub fn unknown(repo: &Repository, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
     let meta = repo.store().meta().read()?;
     let mut out = Vec::new();
     for id in ids {
