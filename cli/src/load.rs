@@ -200,7 +200,7 @@ fn main() -> Result<()> {
             handles.push(s.spawn(move || -> Result<Vec<Sample>> {
                 let file = dir.join(format!("pull{p}.safetensors"));
                 let t = Instant::now();
-                let got = remote.download("main", &file, true)?;
+                let got = remote.download("main", &file, None, true)?;
                 let seconds = t.elapsed().as_secs_f64();
                 std::fs::remove_file(&file)?;
                 Ok(vec![Sample {

@@ -68,16 +68,13 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             path: tree_path,
             engine,
         } => {
-            if tree_path.is_some() {
-                bail!("--path does not run over HTTP yet; check out where the repository is stored");
-            }
             if engine.is_some() {
                 bail!("--engine chooses this machine's engine; a server decodes with its repository's `engine` setting");
             }
             if *skip_expired {
                 bail!("--skip-expired does not run over HTTP; check out the thinned commit where the repository is stored");
             }
-            let outcome = remote.download(rev, path, *force)?;
+            let outcome = remote.download(rev, path, tree_path.as_deref(), *force)?;
             output::checkout(out, cli.json, &outcome)?;
         }
         Command::Log { rev, n, graph } => {

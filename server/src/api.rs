@@ -6,10 +6,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{
-    DefaultBodyLimit, FromRequestParts, Path, Query, RawPathParams, State as AxState,
-};
-use axum::http::request::Parts;
+use axum::extract::{DefaultBodyLimit, Path, Query, State as AxState};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -18,13 +15,13 @@ use mdl::transfer::{self, RefUpdate};
 use mdl::ObjectId;
 use tokio_stream::StreamExt;
 
+use crate::access::{blocking, Access, ApiResult, Reader, Writer};
 use crate::auth::{check, Scope};
 use crate::error::ApiError;
 use crate::{files, stream};
-use crate::{valid_repo_name, Served, State};
+use crate::{Served, State};
 
 type Shared = AxState<Arc<State>>;
-pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// Largest JSON request body. The largest real one is a list of 100,000 object ids (about
 /// 6.7 MB), which is how many the client sends per request.
@@ -81,53 +78,6 @@ fn body_error(e: axum::Error) -> ApiError {
         cause = c.source();
     }
     ApiError::new(ErrorCode::BadBody, format!("reading the body: {e}"))
-}
-
-/// Runs blocking work (store, codecs) off the async workers.
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> ApiResult<T> + Send + 'static,
-) -> ApiResult<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| {
-        // A panic's text stays in the server's log.
-        tracing::error!("request worker failed: {e}");
-        ApiError::internal("the request failed inside the server (see its log)")
-    })?
-}
-
-/// A repository the request may use: the `{repo}` path parameter names a valid repository, the
-/// request's token has read scope (`WRITE`: write scope), and the repository is open.
-pub(crate) struct Access<const WRITE: bool>(pub(crate) Arc<Served>);
-pub(crate) type Reader = Access<false>;
-type Writer = Access<true>;
-
-impl<const WRITE: bool> FromRequestParts<Arc<State>> for Access<WRITE> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> ApiResult<Self> {
-        let params = RawPathParams::from_request_parts(parts, state)
-            .await
-            .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
-        let name = params
-            .iter()
-            .find(|(k, _)| *k == "repo")
-            .map(|(_, v)| v.to_string())
-            .ok_or_else(|| ApiError::internal("route without a {repo} parameter"))?;
-        if !valid_repo_name(&name) {
-            return Err(ApiError::new(
-                ErrorCode::InvalidRepositoryName,
-                format!("invalid repository name {name:?}"),
-            ));
-        }
-        let scope = if WRITE { Scope::Write } else { Scope::Read };
-        check(
-            &state.config.tokens,
-            state.config.read_public,
-            &parts.headers,
-            scope,
-        )?;
-        let state = state.clone();
-        blocking(move || Ok(state.repo(&name)?)).await.map(Access)
-    }
 }
 
 fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
@@ -515,6 +465,7 @@ async fn gc(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::valid_repo_name;
 
     #[tokio::test]
     async fn a_panicking_worker_answers_without_its_message() {

@@ -13,7 +13,7 @@ use axum::Json;
 use mdl::checkout::{FileLayout, Layout};
 use mdl_protocol::{body, route, ErrorCode};
 
-use crate::api::{blocking, ApiResult, Reader};
+use crate::access::{blocking, ApiResult, Reader};
 use crate::error::ApiError;
 use crate::{stream, Served};
 
@@ -137,7 +137,7 @@ pub(crate) fn serve_file(
 
 /// `GET /checkpoints/REV.safetensors`: a commit of one file, that file (its ETag the commit).
 pub(crate) async fn checkpoint(
-    crate::api::Access(served): Reader,
+    crate::access::Access(served): Reader,
     Path((_, file)): Path<(String, String)>,
     method: Method,
     headers: HeaderMap,
@@ -170,7 +170,7 @@ pub(crate) async fn checkpoint(
 
 /// `GET /files/REV`: the commit's files.
 pub(crate) async fn list(
-    crate::api::Access(served): Reader,
+    crate::access::Access(served): Reader,
     Path((_, rev)): Path<(String, String)>,
 ) -> ApiResult<Response> {
     let layout = layout_of(&served, rev).await?;
@@ -198,7 +198,7 @@ pub(crate) fn listing(layout: &Layout) -> body::Files {
 
 /// `GET|HEAD /files/REV/PATH`: one file (its ETag its content's id).
 pub(crate) async fn file(
-    crate::api::Access(served): Reader,
+    crate::access::Access(served): Reader,
     Path((_, rev, path)): Path<(String, String, String)>,
     method: Method,
     headers: HeaderMap,

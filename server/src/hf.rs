@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use mdl::checkout::Layout;
 use serde_json::{json, Value};
 
-use crate::api::{blocking, Access, ApiResult, Reader};
+use crate::access::{blocking, Access, ApiResult, Reader};
 use crate::error::ApiError;
 use crate::files::{layout_of, serve_file};
 use crate::State;

@@ -7,6 +7,7 @@
 //! blocking threads; no lock or database transaction is held across an `.await`. Routes,
 //! parameters, statuses and error codes: `docs/HTTP_API.md`.
 
+mod access;
 mod api;
 pub mod auth;
 pub mod error;

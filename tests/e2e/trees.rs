@@ -390,3 +390,125 @@ fn trees_thin_clone_push_and_pull() {
     drop(server);
     assert_fsck_clean(&src);
 }
+
+/// The file routes: a commit's listing, any file whole or by byte range (a range over a split
+/// file decodes only what it touches and equals the file's bytes there), ETags that follow the
+/// content across commits.
+#[test]
+fn files_over_http_whole_and_by_range() {
+    use crate::server::{bearer, http, read, Server, READ};
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let repo = d.join("repo");
+    ok(&repo, &["init"]);
+    let (a, b) = (d.join("a"), d.join("b"));
+    trainer_dir(&a, 1);
+    trainer_dir(&b, 2);
+    ok(&repo, &["commit", a.to_str().unwrap()]);
+    ok(&repo, &["commit", b.to_str().unwrap()]);
+    let server = Server::start(&["-C", repo.to_str().unwrap()], d);
+    let base = &server.base;
+
+    let listing: serde_json::Value =
+        serde_json::from_slice(&read(base, "/v1/repos/repo/files/main")).unwrap();
+    let etag = |l: &serde_json::Value, path: &str| {
+        l["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == path)
+            .unwrap_or_else(|| panic!("{path} not listed: {l}"))["etag"]
+            .clone()
+    };
+    let older: serde_json::Value =
+        serde_json::from_slice(&read(base, "/v1/repos/repo/files/main~1")).unwrap();
+    assert_eq!(etag(&listing, "optimizer.pt"), etag(&older, "optimizer.pt"));
+    assert_ne!(
+        etag(&listing, "extra/notes.txt"),
+        etag(&older, "extra/notes.txt")
+    );
+
+    for path in [
+        "optimizer.pt",
+        "model-00001-of-00002.safetensors",
+        "extra/notes.txt",
+        "empty",
+    ] {
+        let want = std::fs::read(b.join(path)).unwrap();
+        assert_eq!(
+            read(base, &format!("/v1/repos/repo/files/main/{path}")),
+            want,
+            "{path}"
+        );
+        if want.len() < 10 {
+            continue;
+        }
+        // Ranges that start and end inside tensors, headers and the pickle.
+        let len = want.len();
+        for (s, e) in [(0, 9), (5, len / 2), (len / 3, len - 1), (len - 7, len - 1)] {
+            let range = format!("bytes={s}-{e}");
+            let (status, _, body) = http(
+                base,
+                "GET",
+                &format!("/v1/repos/repo/files/main/{path}"),
+                &[("Authorization", &bearer(READ)), ("Range", &range)],
+                b"",
+            );
+            assert_eq!(status, 206, "{path} {range}");
+            assert_eq!(body, want[s..=e], "{path} {range}");
+        }
+    }
+    let (status, _, _) = http(
+        base,
+        "GET",
+        "/v1/repos/repo/files/main/nope",
+        &[("Authorization", &bearer(READ))],
+        b"",
+    );
+    assert_eq!(status, 404);
+    // `mdl checkout` against the server writes the tree, or one file of it, as a local one.
+    let url = format!("{base}/repo");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(mdl_bin())
+            .env("MDL_TOKEN", READ)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let got = d.join("over-http");
+    run(&[
+        "-C",
+        &url,
+        "checkout",
+        "main~1",
+        "-o",
+        got.to_str().unwrap(),
+    ]);
+    assert_eq!(snapshot(&got), snapshot(&a));
+    let one = d.join("one.txt");
+    run(&[
+        "-C",
+        &url,
+        "checkout",
+        "main",
+        "-o",
+        one.to_str().unwrap(),
+        "--path",
+        "extra/notes.txt",
+    ]);
+    assert_eq!(std::fs::read(&one).unwrap(), b"step 2\n");
+    // A tree is not one checkpoint file.
+    let (status, _, _) = http(
+        base,
+        "GET",
+        "/v1/repos/repo/checkpoints/main.safetensors",
+        &[("Authorization", &bearer(READ))],
+        b"",
+    );
+    assert_eq!(status, 404);
+}

@@ -24,6 +24,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("float_payload", float_payload),
     ("quant_payload", quant_payload),
     ("safetensors_header", safetensors_header),
+    ("torch_archive", torch_archive),
     ("manifest", manifest),
     ("commit", commit),
     ("record", record),
@@ -32,6 +33,24 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("range_header", range_header),
     ("query_params", query_params),
 ];
+
+/// A `torch.save` archive: the zip directory and the pickle read without executing anything;
+/// every storage found lies inside the input, in order, none overlapping another, its length
+/// its header's.
+pub fn torch_archive(input: &[u8]) {
+    if let Ok(a) = mdl_format::torch::split(input) {
+        let mut end = 0u64;
+        for s in &a.storages {
+            let len = s.header.data_len().expect("a storage's size fits");
+            assert!(s.offset >= end, "storages overlap or are out of order");
+            end = s.offset + len;
+            assert!(end <= input.len() as u64, "a storage past the end");
+        }
+        for &(at, len) in &a.others {
+            assert!(at + len <= input.len() as u64, "an entry past the end");
+        }
+    }
+}
 
 /// An entropy stream: a stream that decodes decodes the same chunk by chunk as whole.
 pub fn entropy_stream(input: &[u8]) {

@@ -114,6 +114,13 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
             vec![[&data.to_le_bytes()[..], &file[8..8 + n]].concat()]
         }
         "manifest" => vec![repository_objects().1],
+        // Archives written by the real torch.save (tests/fixtures/torch/make.py).
+        "torch_archive" => vec![
+            include_bytes!("../../../tests/fixtures/torch/optimizer.pt").to_vec(),
+            include_bytes!("../../../tests/fixtures/torch/dtypes.pt").to_vec(),
+            include_bytes!("../../../tests/fixtures/torch/lightning.ckpt").to_vec(),
+            include_bytes!("../../../tests/fixtures/torch/unsupported-opcode.pt").to_vec(),
+        ],
         "commit" => vec![repository_objects().0],
         "record" => vec![repository_objects().2],
         "pack_stream" => vec![repository_objects().3],

@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use mdl::checkout::target;
 use mdl::log::LogEntry;
 use mdl::show::Shown;
 use mdl::transfer::{self, PlannedObject, Received, RefUpdate};
@@ -195,39 +196,60 @@ impl Remote {
         resp.body_mut().read_json().map_err(|e| self.transport(e))
     }
 
-    /// Downloads `rev`'s checkpoint to `out` (through a temporary file renamed into place).
+    /// Downloads `rev`'s files to `out` as `mdl checkout` writes them (`path`: one file or
+    /// folder of the tree): each through a temporary file renamed into place, all of the same
+    /// commit (the listing's; a file's `X-Mdl-Commit` must match it).
     pub fn download(
         &self,
         rev: &str,
         out: &Path,
+        path: Option<&str>,
         force: bool,
     ) -> Result<mdl::checkout::CheckoutOutcome> {
-        mdl::checkout::refuse_inside_repository(out)?;
-        if !force && out.symlink_metadata().is_ok() {
-            return Err(mdl::Error::OutputExists(out.to_path_buf()).into());
+        let listing: body::Files =
+            self.get_json(&route::fill(route::FILES, &[("rev", rev)]), &[])?;
+        let commit = listing.commit;
+        let paths: Vec<&str> = listing.files.iter().map(|f| f.path.as_str()).collect();
+        let selection = target::select(&paths, path, &commit.short(12))?;
+        let targets = target::targets(out, &selection, force)?;
+        let _interrupted = targets
+            .created
+            .as_ref()
+            .map(|c| mdl::interrupt::register(c));
+        let result = (|| -> Result<(u64, u32)> {
+            let (mut bytes, mut lossy) = (0, 0);
+            for (&i, to) in selection.files.iter().zip(&targets.paths) {
+                let f = &listing.files[i];
+                // By commit id: every file comes from the commit listed, whatever the branch
+                // does meanwhile.
+                bytes += self.download_file(&commit, &f.path, to, f.executable)?;
+                lossy += f.lossy_tensors;
+            }
+            Ok((bytes, lossy))
+        })();
+        if result.is_err() {
+            target::undo(&targets);
         }
-        let file = format!("{rev}.safetensors");
+        let (bytes, lossy_tensors) = result?;
+        Ok(mdl::checkout::CheckoutOutcome {
+            id: commit,
+            path: targets.reported,
+            bytes,
+            files: selection.files.len() as u32,
+            lossy: lossy_tensors > 0,
+            lossy_tensors,
+            skipped: Vec::new(),
+        })
+    }
+
+    /// Downloads one file of commit `commit` to `out`; returns its length.
+    fn download_file(&self, commit: &ObjectId, path: &str, out: &Path, exec: bool) -> Result<u64> {
         let url = format!(
             "{}{}",
             self.api,
-            route::fill(route::CHECKPOINT, &[("file", &file)])
+            route::fill(route::FILE, &[("rev", &commit.to_hex()), ("path", path)])
         );
         let mut resp = self.check(self.auth(self.agent.get(url)).call())?;
-        let commit: ObjectId = resp
-            .headers()
-            .get(route::HEADER_COMMIT)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| Error::Transport {
-                url: self.url.clone(),
-                why: "the answer has no X-Mdl-Commit header".into(),
-            })?;
-        let lossy_tensors: u32 = resp
-            .headers()
-            .get(route::HEADER_LOSSY_TENSORS)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
         let expected: Option<u64> = resp
             .headers()
             .get("content-length")
@@ -247,19 +269,20 @@ impl Remote {
         if expected.is_some_and(|e| e != n) {
             return Err(Error::Transport {
                 url: self.url.clone(),
-                why: format!("download ended after {n} bytes"),
+                why: format!("download of {path} ended after {n} bytes"),
             });
         }
+        if exec {
+            use std::os::unix::fs::PermissionsExt;
+            let file = tmp.as_file();
+            let mode = file.metadata().map_err(write_err)?.permissions().mode();
+            file.set_permissions(std::fs::Permissions::from_mode(
+                mode | ((mode & 0o444) >> 2),
+            ))
+            .map_err(write_err)?;
+        }
         tmp.persist(out).map_err(|e| write_err(e.error))?;
-        Ok(mdl::checkout::CheckoutOutcome {
-            id: commit,
-            path: out.to_path_buf(),
-            bytes: n,
-            files: 1,
-            lossy: lossy_tensors > 0,
-            lossy_tensors,
-            skipped: Vec::new(),
-        })
+        Ok(n)
     }
 
     /// Which of `ids` the server lacks.

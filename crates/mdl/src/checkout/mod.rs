@@ -10,6 +10,7 @@ use crate::{per_tensor, Error, Progress, Repository, Result, BIG_TENSOR};
 
 mod layout;
 mod output;
+pub mod target;
 
 pub use layout::{layout, layout_with, FileLayout, Layout, Piece, Placed};
 pub use output::{refuse_inside_repository, temporary_output};
@@ -72,89 +73,35 @@ pub fn checkout(
     progress: &dyn Progress,
 ) -> Result<CheckoutOutcome> {
     let mut layout = layout_with(repo, rev, opts.skip_expired)?;
-    let single = select(&mut layout, opts.path.as_deref())?;
     let id = layout.commit;
-    // Where each file goes.
-    let (targets, created) = match &single {
-        Some(name) => {
-            // `-o DIR/` (a trailing slash) or an existing folder: the file goes into it.
-            let folder = out.as_os_str().as_encoded_bytes().ends_with(b"/");
-            let (target, created) = if folder || out.is_dir() {
-                refuse_inside_repository(&out.join(name))?;
-                refuse_inside_repository(out)?;
-                (out.join(name), output::prepare_folder(out, true)?)
-            } else {
-                refuse_inside_repository(out)?;
-                (out.to_path_buf(), None)
-            };
-            if !opts.force && target.symlink_metadata().is_ok() {
-                return Err(Error::OutputExists(target));
-            }
-            (vec![target], created)
-        }
-        None => {
-            refuse_inside_repository(&out.join("x"))?;
-            let created = output::prepare_folder(out, opts.force)?;
-            let targets = layout
-                .files
-                .iter()
-                .map(|f| output::inside(out, &f.path))
-                .collect::<Result<Vec<_>>>()?;
-            (targets, created)
-        }
-    };
-    let _interrupted = created.as_ref().map(|c| crate::interrupt::register(c));
-    let result = write_files(repo, &layout, &targets, opts, progress);
+    let paths: Vec<&str> = layout.files.iter().map(|f| f.path.as_str()).collect();
+    let selection = target::select(&paths, opts.path.as_deref(), &id.short(12))?;
+    let mut index = 0;
+    layout.files.retain(|_| {
+        index += 1;
+        selection.files.binary_search(&(index - 1)).is_ok()
+    });
+    let targets = target::targets(out, &selection, opts.force)?;
+    let _interrupted = targets
+        .created
+        .as_ref()
+        .map(|c| crate::interrupt::register(c));
+    let result = write_files(repo, &layout, &targets.paths, opts, progress);
     if result.is_err() {
-        if let Some(c) = &created {
-            output::remove_created(c);
-        }
+        target::undo(&targets);
     }
     let bytes = result?;
     tracing::info!(commit = %id, bytes, "checked out");
     let lossy_tensors = layout.lossy_tensors();
     Ok(CheckoutOutcome {
         id,
-        path: match (single, targets.as_slice()) {
-            (Some(_), [t]) => t.clone(),
-            _ => out.to_path_buf(),
-        },
+        path: targets.reported,
         bytes,
         files: layout.files.len() as u32,
         lossy: lossy_tensors > 0,
         lossy_tensors,
         skipped: layout.skipped,
     })
-}
-
-/// Keeps the files `path` selects (one file, or a folder's, their paths made relative to
-/// it); the name to write a single file under, when the selection is one file written as a
-/// file.
-fn select(layout: &mut Layout, path: Option<&str>) -> Result<Option<String>> {
-    let Some(path) = path.map(|p| p.trim_matches('/')) else {
-        return Ok(layout
-            .single()
-            .filter(|f| !f.path.contains('/'))
-            .map(|f| f.path.clone()));
-    };
-    if let Some(i) = layout.files.iter().position(|f| f.path == path) {
-        let f = layout.files.swap_remove(i);
-        let name = f.path.rsplit('/').next().unwrap_or(&f.path).to_string();
-        layout.files = vec![f];
-        return Ok(Some(name));
-    }
-    let prefix = format!("{path}/");
-    layout.files.retain(|f| f.path.starts_with(&prefix));
-    if layout.files.is_empty() {
-        return Err(Error::NoSuchPath {
-            path: path.to_string(),
-            commit: layout.commit.short(12),
-        });
-    }
-    for f in &mut layout.files {
-        f.path = f.path[prefix.len()..].to_string();
-    }
-    Ok(None)
 }
 
 /// Writes each file of `layout` to its target through a temporary file beside it; the
