@@ -512,3 +512,21 @@ fn files_over_http_whole_and_by_range() {
     );
     assert_eq!(status, 404);
 }
+
+/// A tree of more files than a checkout keeps open at once, in nested folders.
+#[test]
+fn a_tree_of_many_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    ok(d, &["init"]);
+    let src = d.join("many");
+    for i in 0..600 {
+        let dir = src.join(format!("shard-{}", i % 7));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("f{i}.bin")), vec![i as u8; i * 13]).unwrap();
+    }
+    ok(d, &["commit", src.to_str().unwrap()]);
+    let out = d.join("out");
+    ok(d, &["checkout", "main", "-o", out.to_str().unwrap()]);
+    assert_eq!(snapshot(&out), snapshot(&src));
+}

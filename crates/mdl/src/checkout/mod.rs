@@ -29,6 +29,9 @@ pub struct CheckoutOptions {
     pub path: Option<String>,
 }
 
+/// Files a checkout holds open at once.
+const OPEN_FILES: usize = 256;
+
 thread_local! {
     static TENSOR_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
@@ -118,69 +121,75 @@ fn write_files(
         let path = path.to_path_buf();
         move |source| Error::Output { path, source }
     };
-    let mut temps = Vec::with_capacity(targets.len());
-    for (f, target) in layout.files.iter().zip(targets) {
-        let tmp = temporary_output(target)?;
-        for p in &f.pieces {
-            if let Piece::Inline { offset, bytes } = p {
-                tmp.as_file()
-                    .write_all_at(bytes, *offset)
-                    .map_err(write_err(target))?;
-            }
-        }
-        let registered = crate::interrupt::register(tmp.path());
-        temps.push((tmp, registered));
-    }
-    let objects: Vec<(usize, &Placed)> = layout
-        .files
-        .iter()
-        .enumerate()
-        .flat_map(|(i, f)| f.objects().map(move |o| (i, o)))
-        .collect();
     let store = repo.store();
     progress.start("writing", layout.len());
-    let write_one = |&(file, t): &(usize, &Placed)| -> Result<()> {
-        let len = t.entry.content_len as usize;
-        // A per-thread buffer, taken out while in use (rayon may start another object on
-        // this thread while this one waits for its chunks).
-        let mut buf = TENSOR_BUF.take();
-        if buf.len() < len {
-            buf.resize(len, 0);
+    // Files a batch at a time, so that a tree of many files never holds more open files than
+    // the batch.
+    let files: Vec<(usize, &FileLayout)> = layout.files.iter().enumerate().collect();
+    for batch in files.chunks(OPEN_FILES) {
+        let mut temps = Vec::with_capacity(batch.len());
+        for &(i, f) in batch {
+            let target = &targets[i];
+            let tmp = temporary_output(target)?;
+            for p in &f.pieces {
+                if let Piece::Inline { offset, bytes } = p {
+                    tmp.as_file()
+                        .write_all_at(bytes, *offset)
+                        .map_err(write_err(target))?;
+                }
+            }
+            let registered = crate::interrupt::register(tmp.path());
+            temps.push((tmp, registered));
         }
-        let result = store
-            .load_tensor_into(&t.id, &t.entry, &mut buf[..len])
-            .map_err(Error::from)
-            .and_then(|()| {
-                temps[file]
-                    .0
-                    .as_file()
-                    .write_all_at(&buf[..len], t.offset)
-                    .map_err(write_err(&targets[file]))
-            });
-        // Big objects' buffers are not kept.
-        if (len as u64) < BIG_TENSOR {
-            TENSOR_BUF.set(buf);
+        let objects: Vec<(usize, &Placed)> = batch
+            .iter()
+            .enumerate()
+            .flat_map(|(k, (_, f))| f.objects().map(move |o| (k, o)))
+            .collect();
+        let write_one = |&(k, t): &(usize, &Placed)| -> Result<()> {
+            let len = t.entry.content_len as usize;
+            // A per-thread buffer, taken out while in use (rayon may start another object on
+            // this thread while this one waits for its chunks).
+            let mut buf = TENSOR_BUF.take();
+            if buf.len() < len {
+                buf.resize(len, 0);
+            }
+            let target = &targets[batch[k].0];
+            let result = store
+                .load_tensor_into(&t.id, &t.entry, &mut buf[..len])
+                .map_err(Error::from)
+                .and_then(|()| {
+                    temps[k]
+                        .0
+                        .as_file()
+                        .write_all_at(&buf[..len], t.offset)
+                        .map_err(write_err(target))
+                });
+            // Big objects' buffers are not kept.
+            if (len as u64) < BIG_TENSOR {
+                TENSOR_BUF.set(buf);
+            }
+            result?;
+            progress.advance(t.entry.content_len);
+            Ok(())
+        };
+        per_tensor(&objects, |(_, t)| t.entry.content_len, write_one)?;
+        for ((tmp, _registered), &(i, f)) in temps.into_iter().zip(batch) {
+            let target = &targets[i];
+            let file = tmp.as_file();
+            // A file of only inline bytes, or an empty one, has its length already; one that
+            // ends in an empty object is extended here.
+            file.set_len(f.len).map_err(write_err(target))?;
+            if f.executable {
+                output::make_executable(file).map_err(write_err(target))?;
+            }
+            if opts.sync {
+                file.sync_all().map_err(write_err(target))?;
+            }
+            tmp.persist(target)
+                .map_err(|e| write_err(target)(e.error))?;
         }
-        result?;
-        progress.advance(t.entry.content_len);
-        Ok(())
-    };
-    per_tensor(&objects, |(_, t)| t.entry.content_len, write_one)?;
-    progress.finish();
-    for ((tmp, _registered), (f, target)) in temps.into_iter().zip(layout.files.iter().zip(targets))
-    {
-        let file = tmp.as_file();
-        // A file of only inline bytes, or an empty one, has its length already; one that
-        // ends in an empty object is extended here.
-        file.set_len(f.len).map_err(write_err(target))?;
-        if f.executable {
-            output::make_executable(file).map_err(write_err(target))?;
-        }
-        if opts.sync {
-            file.sync_all().map_err(write_err(target))?;
-        }
-        tmp.persist(target)
-            .map_err(|e| write_err(target)(e.error))?;
     }
+    progress.finish();
     Ok(layout.len())
 }
