@@ -1,6 +1,6 @@
 //! `mdl commit`: store a checkpoint — a file or a tree of files — as a new commit on a branch.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -20,6 +20,7 @@ use mdl_store::meta::MetaRead;
 use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue};
 use serde::{Deserialize, Serialize};
 
+pub use crate::input::MemoryFile;
 use crate::input::{Input, Piece, Run};
 use crate::lossy::{self, CodecMode, LossyRequest, LossySettings, SearchSummary, TensorPlan};
 use crate::policy::{DeltaMode, DeltaPolicy};
@@ -105,7 +106,56 @@ pub fn commit_paths(
     let started = Instant::now();
     let metrics = check_metrics(&opts.metrics)?;
     let input = Input::open(paths)?;
-    commit_input(repo, input, metrics, started, opts, progress)
+    commit_input(repo, input, metrics, &[], started, opts, progress)
+}
+
+/// A parameter and its Adam moments as the committer knows them, each `(file, tensor name)`:
+/// the pairing the lossy codecs use for them, recorded as the client's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KnownPair {
+    /// The parameter.
+    pub param: (String, String),
+    /// Its `exp_avg`.
+    pub exp_avg: (String, String),
+    /// Its `exp_avg_sq`.
+    pub exp_avg_sq: (String, String),
+}
+
+/// Commits files given as bytes (a training process's live state, serialized in memory;
+/// safetensors files are split into tensors as from disk), with the moment pairs the caller
+/// knows. A pair naming a tensor the files do not hold is an error; a pair whose shapes
+/// disagree, or whose tensors the lossy codecs do not take, is not used.
+pub fn commit_memory(
+    repo: &Repository,
+    files: Vec<MemoryFile>,
+    pairs: &[KnownPair],
+    opts: &CommitOptions,
+    progress: &dyn Progress,
+) -> Result<CommitOutcome> {
+    let started = Instant::now();
+    let metrics = check_metrics(&opts.metrics)?;
+    let input = Input::from_memory(files)?;
+    let index: HashMap<(&str, &str), usize> = input
+        .pieces
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.tensor)
+        .map(|(i, p)| ((input.files[p.file].tree_path.as_str(), p.name.as_str()), i))
+        .collect();
+    let find = |(file, name): &(String, String)| {
+        index
+            .get(&(file.as_str(), name.as_str()))
+            .copied()
+            .ok_or_else(|| Error::Input {
+                path: PathBuf::from(file),
+                source: std::io::Error::other(format!("a moment pair names {name:?}, not in it")),
+            })
+    };
+    let client = pairs
+        .iter()
+        .map(|p| Ok((find(&p.param)?, find(&p.exp_avg)?, find(&p.exp_avg_sq)?)))
+        .collect::<Result<Vec<_>>>()?;
+    commit_input(repo, input, metrics, &client, started, opts, progress)
 }
 
 /// Commits the one file at `source` under the path `tree_path` (an upload, named by its
@@ -120,13 +170,14 @@ pub fn commit_file_as(
     let started = Instant::now();
     let metrics = check_metrics(&opts.metrics)?;
     let input = Input::open_as(source, tree_path)?;
-    commit_input(repo, input, metrics, started, opts, progress)
+    commit_input(repo, input, metrics, &[], started, opts, progress)
 }
 
 fn commit_input(
     repo: &Repository,
     input: Input,
     metrics: Vec<(String, f64)>,
+    client: &[(usize, usize, usize)],
     started: Instant,
     opts: &CommitOptions,
     progress: &dyn Progress,
@@ -181,7 +232,7 @@ fn commit_input(
     };
     // Which tensors are parameters and which their moments: recorded in the manifest, and
     // what a lossy commit's search prices its candidates with.
-    let roles = lossy::roles(pieces, &settings);
+    let roles = lossy::roles(pieces, &settings, client);
     let (plans, search) = match settings.mode {
         CodecMode::Lossy => {
             let previous_quant = |i: usize| -> Result<Option<QuantTensor>> {
@@ -346,8 +397,8 @@ fn loss_of(metrics: &[(String, f64)], input: &Input) -> Option<f64> {
     })
 }
 
-/// The moment pairs of `roles`, as indices into the manifest's tensors; a family past the
-/// `patterns` name patterns' is the optimizer order's.
+/// The moment pairs of `roles`, as indices into the manifest's tensors; family `patterns` (just
+/// past the name patterns') is the optimizer order's, the next the client's.
 fn moment_pairs(input: &Input, roles: &[lossy::Role], patterns: usize) -> Vec<MomentPair> {
     let mut tensor_index = Vec::with_capacity(input.pieces.len());
     let mut n = 0u32;
@@ -367,10 +418,10 @@ fn moment_pairs(input: &Input, roles: &[lossy::Role], patterns: usize) -> Vec<Mo
                 param: tensor_index[i],
                 exp_avg: tensor_index[m],
                 exp_avg_sq: tensor_index[v],
-                source: if f < patterns {
-                    PairSource::Names
-                } else {
-                    PairSource::OptimizerOrder
+                source: match f.cmp(&patterns) {
+                    std::cmp::Ordering::Less => PairSource::Names,
+                    std::cmp::Ordering::Equal => PairSource::OptimizerOrder,
+                    std::cmp::Ordering::Greater => PairSource::Client,
                 },
             }),
             _ => None,

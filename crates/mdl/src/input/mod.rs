@@ -36,7 +36,35 @@ pub(crate) struct InputFile {
     pub(crate) metadata: Vec<(String, String)>,
     /// Its runs, in file order.
     pub(crate) runs: Vec<Run>,
-    map: Option<memmap2::Mmap>,
+    data: Data,
+}
+
+/// Where a file's bytes are.
+enum Data {
+    /// An empty file (which cannot be mapped).
+    Empty,
+    /// A file on disk, mapped.
+    Mapped(memmap2::Mmap),
+    /// Bytes a caller handed over (a live state serialized in memory).
+    Owned(Vec<u8>),
+}
+
+impl Data {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Data::Empty => &[],
+            Data::Mapped(m) => m,
+            Data::Owned(v) => v,
+        }
+    }
+}
+
+/// A file given as bytes: its path in the tree and its content.
+pub struct MemoryFile {
+    /// Its path in the tree (`/`-separated, relative).
+    pub path: String,
+    /// Its bytes (a safetensors file is split into tensors as from disk).
+    pub bytes: Vec<u8>,
 }
 
 /// A run of a file's bytes.
@@ -89,14 +117,57 @@ impl Input {
         }])
     }
 
+    /// The tree of `files`, given as bytes (checked like paths from disk: valid and unique).
+    pub(crate) fn from_memory(files: Vec<MemoryFile>) -> Result<Input> {
+        let mut files = files;
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        let refuse = |path: &str, why: String| Error::Input {
+            path: PathBuf::from(path),
+            source: std::io::Error::other(why),
+        };
+        for (i, f) in files.iter().enumerate() {
+            mdl_format::check_path(&f.path).map_err(|e| refuse(&f.path, e.to_string()))?;
+            if i > 0 && files[i - 1].path == f.path {
+                return Err(refuse(&f.path, "given twice".into()));
+            }
+        }
+        let found = files
+            .into_iter()
+            .map(|f| {
+                let data = if f.bytes.is_empty() {
+                    Data::Empty
+                } else {
+                    Data::Owned(f.bytes)
+                };
+                let found = walk::Found {
+                    source: PathBuf::from(&f.path),
+                    tree_path: f.path,
+                    executable: false,
+                };
+                (found, data)
+            })
+            .collect();
+        Self::open_data(found)
+    }
+
     fn open_found(found: Vec<walk::Found>) -> Result<Input> {
+        let found = found
+            .into_iter()
+            .map(|f| {
+                let data = map_file(&f.source)?;
+                Ok((f, data))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Self::open_data(found)
+    }
+
+    fn open_data(found: Vec<(walk::Found, Data)>) -> Result<Input> {
         let mut input = Input {
             files: Vec::with_capacity(found.len()),
             pieces: Vec::new(),
         };
-        for f in found {
-            let map = map_file(&f.source)?;
-            let bytes = map.as_deref().unwrap_or_default();
+        for (f, data) in found {
+            let bytes = data.bytes();
             let cut = split::cut(&f.source, &f.tree_path, bytes)?;
             let index = input.files.len();
             let mut runs = Vec::with_capacity(cut.runs.len());
@@ -130,7 +201,7 @@ impl Input {
                 note: cut.note,
                 metadata: cut.metadata,
                 runs,
-                map,
+                data,
             });
         }
         Ok(input)
@@ -186,7 +257,7 @@ impl Input {
     /// so resident memory follows the piece being worked on, not the tree's size.
     pub(crate) fn release(&self, i: usize) {
         let p = &self.pieces[i];
-        let Some(map) = &self.files[p.file].map else {
+        let Data::Mapped(map) = &self.files[p.file].data else {
             return;
         };
         let start = p.offset as usize;
@@ -213,7 +284,7 @@ impl Input {
 impl InputFile {
     /// The whole file.
     pub(crate) fn bytes(&self) -> &[u8] {
-        self.map.as_deref().unwrap_or_default()
+        self.data.bytes()
     }
 
     /// Its size.
@@ -222,8 +293,8 @@ impl InputFile {
     }
 }
 
-/// Maps `path` read-only (`None` for an empty file, which cannot be mapped).
-fn map_file(path: &Path) -> Result<Option<memmap2::Mmap>> {
+/// Maps `path` read-only.
+fn map_file(path: &Path) -> Result<Data> {
     let io = |source| Error::Input {
         path: path.to_path_buf(),
         source,
@@ -234,7 +305,7 @@ fn map_file(path: &Path) -> Result<Option<memmap2::Mmap>> {
         return Err(io(std::io::Error::other("not a regular file")));
     }
     if meta.len() == 0 {
-        return Ok(None);
+        return Ok(Data::Empty);
     }
     // SAFETY: the map is read-only and private. Another process truncating the file while
     // it is mapped would fault, as for every mmap-based reader (safetensors included); one
@@ -242,7 +313,7 @@ fn map_file(path: &Path) -> Result<Option<memmap2::Mmap>> {
     // it is encoded and a mismatch aborts the commit.
     #[allow(unsafe_code)]
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-    Ok(Some(map))
+    Ok(Data::Mapped(map))
 }
 
 /// The layout of `bytes` as a safetensors file, checked.

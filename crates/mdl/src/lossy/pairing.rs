@@ -90,9 +90,14 @@ pub(crate) enum Role {
     Exact,
 }
 
-/// Each tensor's role, from names, dtypes and shapes: moments found by the name patterns of
-/// `s.pairings` first, else by the optimizer's order (their own family, after the patterns').
-pub(crate) fn roles(pieces: &[Piece], s: &LossySettings) -> Vec<Role> {
+/// Each tensor's role, from names, dtypes and shapes: the `client`'s pairs `(param, exp_avg,
+/// exp_avg_sq)` first (family `s.pairings.len() + 1`), then moments found by the name patterns
+/// of `s.pairings`, else by the optimizer's order (family `s.pairings.len()`).
+pub(crate) fn roles(
+    pieces: &[Piece],
+    s: &LossySettings,
+    client: &[(usize, usize, usize)],
+) -> Vec<Role> {
     let by_order = super::order::pair_by_order(pieces);
     let by_name: HashMap<&str, usize> = pieces
         .iter()
@@ -125,6 +130,21 @@ pub(crate) fn roles(pieces: &[Piece], s: &LossySettings) -> Vec<Role> {
             Some((_, _, "exp_avg")) => roles[i] = Role::FirstMoment,
             Some(_) => roles[i] = Role::SecondMoment,
             None => {}
+        }
+    }
+    // What the client says is certain: its moments are moments, its parameters have them.
+    for &(p, m, v) in client {
+        if [p, m, v].iter().all(|&i| eligible(i))
+            && pieces[m].header.shape == pieces[p].header.shape
+            && pieces[v].header.shape == pieces[p].header.shape
+        {
+            roles[m] = Role::FirstMoment;
+            roles[v] = Role::SecondMoment;
+            roles[p] = Role::Param {
+                family: Some(s.pairings.len() + 1),
+                moments: Some((m, v)),
+                embedding: s.embeddings.iter().any(|g| glob(g, &pieces[p].name)),
+            };
         }
     }
     for (i, t) in pieces.iter().enumerate() {

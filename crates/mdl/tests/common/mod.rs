@@ -7,7 +7,13 @@
 use std::path::Path;
 
 /// Writes a safetensors file holding `(name, dtype, shape, bytes)` tensors in order.
+#[allow(dead_code)] // not every test binary writes files
 pub fn write_safetensors(path: &Path, tensors: &[(&str, &str, Vec<u64>, Vec<u8>)]) {
+    std::fs::write(path, safetensors_bytes(tensors)).unwrap();
+}
+
+/// The bytes of a safetensors file holding `(name, dtype, shape, bytes)` tensors in order.
+pub fn safetensors_bytes(tensors: &[(&str, &str, Vec<u64>, Vec<u8>)]) -> Vec<u8> {
     let mut header = String::from("{");
     let mut data = Vec::new();
     for (i, (name, dtype, shape, bytes)) in tensors.iter().enumerate() {
@@ -25,7 +31,7 @@ pub fn write_safetensors(path: &Path, tensors: &[(&str, &str, Vec<u64>, Vec<u8>)
     let mut file = (header.len() as u64).to_le_bytes().to_vec();
     file.extend_from_slice(header.as_bytes());
     file.extend_from_slice(&data);
-    std::fs::write(path, file).unwrap();
+    file
 }
 
 /// xorshift64* with Box–Muller normals: deterministic, no dependencies.
