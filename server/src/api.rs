@@ -322,14 +322,16 @@ async fn commit(
     body: Body,
 ) -> ApiResult<Response> {
     let Query(params) = query.map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
+    let (path, params) = params::split_path(&params);
     let opts = params::decode(&params).map_err(|e| ApiError::new(e.code, e.message))?;
+    let path = path.unwrap_or_else(|| mdl::V1_FILE_PATH.to_string());
     let upload = spool(&served, &headers, body, state.config.max_body).await?;
     blocking(move || {
         // The commit holds the repository's writer itself.
         let outcome = mdl::commit::commit_file_as(
             &served.repo,
             upload.path(),
-            mdl::V1_FILE_PATH,
+            &path,
             &opts,
             &mdl::NoProgress,
         )?;

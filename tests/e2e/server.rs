@@ -461,6 +461,10 @@ fn commits_over_http_and_forwarding() {
     let log = json(&repo, &["log"]);
     assert_eq!(log[0]["id"], c["id"]);
     assert_eq!(log[0]["message"], "over http");
+    // The uploaded file keeps its name in the commit's tree.
+    let shown = json(&repo, &["show", c["id"].as_str().unwrap()]);
+    let name = Path::new(fs).file_name().unwrap().to_str().unwrap();
+    assert_eq!(shown["files"][0]["path"], name);
     let f2 = d.join("d.safetensors");
     write_safetensors(&f2, &mixed(8), &[]);
     let c2 = json(&repo, &["commit", f2.to_str().unwrap(), "-m", "forwarded"]);

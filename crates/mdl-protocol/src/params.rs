@@ -67,6 +67,16 @@ pub fn encode(opts: &CommitOptions) -> Result<Vec<(&'static str, String)>, &'sta
     Ok(params)
 }
 
+/// The parameter naming the uploaded file in the commit's tree (its file name on the
+/// committing machine); `model.safetensors` without it.
+pub const PATH: &str = "path";
+
+/// The `path` parameter (the last one given), and the other parameters for [`decode`].
+pub fn split_path(params: &[(String, String)]) -> (Option<String>, Vec<(String, String)>) {
+    let (path, rest): (Vec<_>, Vec<_>) = params.iter().cloned().partition(|(k, _)| k == PATH);
+    (path.into_iter().last().map(|(_, v)| v), rest)
+}
+
 /// The commit options a query string's parameters ask for.
 pub fn decode(params: &[(String, String)]) -> Result<CommitOptions, BadParameter> {
     let mut opts = CommitOptions::default();

@@ -192,13 +192,17 @@ impl Remote {
         for (k, v) in params::encode(opts).map_err(|why| Error::Remote(why.into()))? {
             req = req.query(k, v);
         }
+        // The file keeps its name in the commit's tree, as in a local commit.
+        if let Some(name) = file.file_name().and_then(|n| n.to_str()) {
+            req = req.query(params::PATH, name);
+        }
         let mut resp = self.check(upload(req, "application/octet-stream").send(&f))?;
         resp.body_mut().read_json().map_err(|e| self.transport(e))
     }
 
     /// Downloads `rev`'s files to `out` as `mdl checkout` writes them (`path`: one file or
-    /// folder of the tree): each through a temporary file renamed into place, all of the same
-    /// commit (the listing's; a file's `X-Mdl-Commit` must match it).
+    /// folder of the tree): each through a temporary file renamed into place, all of the
+    /// commit the listing resolved `rev` to (files are fetched by its id).
     pub fn download(
         &self,
         rev: &str,
