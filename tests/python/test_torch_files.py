@@ -51,6 +51,13 @@ def write_all(d):
     )
     torch.save({"w": torch.ones(4)}, d / "protocol0.pt", pickle_protocol=0)
     torch.save(torch.randn(4, 4), d / "bare_tensor.pth")
+    # A zip that is not a torch archive, and one whose entries are compressed.
+    import zipfile
+
+    with zipfile.ZipFile(d / "notes.zip", "w") as z:
+        z.writestr("a.txt", "hello")
+    with zipfile.ZipFile(d / "deflated.pt", "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00." * 100)
 
 
 def test_every_kind_round_trips_and_is_split(tmp_path, repo):
@@ -74,6 +81,9 @@ def test_every_kind_round_trips_and_is_split(tmp_path, repo):
     # The pickle of protocol 0 uses opcodes outside the reader's set: stored whole, with why.
     assert files["protocol0.pt"]["format"] == "bytes"
     assert "opcode" in files["protocol0.pt"]["note"]
+    assert files["notes.zip"]["format"] == "bytes"
+    assert "not a torch archive" in files["notes.zip"]["note"]
+    assert "compressed" in files["deflated.pt"]["note"]
     tensors = {(t["file"], t["name"]): t for t in shown["tensors"]}
     assert tensors[("optimizer.pt", "state.0.exp_avg")]["shape"] == [16, 32]
     assert tensors[("last.ckpt", "optimizer_states.0.state.2.exp_avg_sq")]["shape"] == [4, 16]
