@@ -196,6 +196,21 @@ pub(crate) fn listing(layout: &Layout) -> body::Files {
     }
 }
 
+/// The file `path` of the commit `rev` resolves to, with that commit, and its ETag (the
+/// content's id).
+pub(crate) async fn file_of(
+    served: &Arc<Served>,
+    rev: &str,
+    path: &str,
+) -> ApiResult<(mdl::ObjectId, FileLayout, String)> {
+    let layout = layout_of(served, rev.to_string()).await?;
+    let Some(file) = layout.file(path).cloned() else {
+        return Err(ApiError::not_found(format!("no file {path:?} in {rev}")));
+    };
+    let etag = format!("\"{}\"", file.content_id());
+    Ok((layout.commit, file, etag))
+}
+
 /// `GET|HEAD /files/REV/PATH`: one file (its ETag its content's id).
 pub(crate) async fn file(
     crate::access::Access(served): Reader,
@@ -203,12 +218,7 @@ pub(crate) async fn file(
     method: Method,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let layout = layout_of(&served, rev.clone()).await?;
-    let commit = layout.commit;
-    let Some(file) = layout.file(&path).cloned() else {
-        return Err(ApiError::not_found(format!("no file {path:?} in {rev}")));
-    };
-    let etag = format!("\"{}\"", file.content_id());
+    let (commit, file, etag) = file_of(&served, &rev, &path).await?;
     let extra = [(
         HeaderName::from_static(route::HEADER_COMMIT),
         commit.to_hex(),

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use crate::access::{blocking, Access, ApiResult, Reader};
 use crate::error::ApiError;
-use crate::files::{layout_of, serve_file};
+use crate::files::{file_of, layout_of, serve_file};
 use crate::State;
 
 /// The prefix the layout is served under.
@@ -44,12 +44,7 @@ async fn resolve(
     method: Method,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let layout = layout_of(&served, rev.clone()).await?;
-    let commit = layout.commit;
-    let Some(file) = layout.file(&path).cloned() else {
-        return Err(ApiError::not_found(format!("no file {path:?} in {rev}")));
-    };
-    let etag = format!("\"{}\"", file.content_id());
+    let (commit, file, etag) = file_of(&served, &rev, &path).await?;
     let extra = [
         (HeaderName::from_static(REPO_COMMIT), commit.to_hex()),
         (

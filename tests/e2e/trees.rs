@@ -295,6 +295,7 @@ fn files_mdl_cannot_take_are_refused_naming_them() {
 #[test]
 fn trees_thin_clone_push_and_pull() {
     use crate::server::{Server, READ, WRITE};
+    use crate::transfer::ok_with;
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     let src = d.join("src");
@@ -335,19 +336,7 @@ fn trees_thin_clone_push_and_pull() {
     let server = Server::start(&["--root", d.to_str().unwrap()], d);
     let url = format!("{}/src", server.base);
     let clone = d.join("clone");
-    let run = |token: &str, args: &[&str]| {
-        let out = std::process::Command::new(mdl_bin())
-            .env("MDL_TOKEN", token)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    run(READ, &["clone", &url, clone.to_str().unwrap()]);
+    ok_with(READ, &["clone", &url, clone.to_str().unwrap()]);
     assert_fsck_clean(&clone);
     // The thinned commit: refused whole, then written without optimizer.pt.
     let thin = d.join("thin");
@@ -380,9 +369,9 @@ fn trees_thin_clone_push_and_pull() {
     let ck = d.join("ck2");
     trainer_dir(&ck, 2);
     ok(&clone, &["commit", ck.to_str().unwrap(), "-m", "c2"]);
-    run(WRITE, &["-C", clone.to_str().unwrap(), "push"]);
+    ok_with(WRITE, &["-C", clone.to_str().unwrap(), "push"]);
     let again = d.join("again");
-    run(READ, &["clone", &url, again.to_str().unwrap()]);
+    ok_with(READ, &["clone", &url, again.to_str().unwrap()]);
     let out = d.join("out");
     ok(&again, &["checkout", "main", "-o", out.to_str().unwrap()]);
     assert_eq!(snapshot(&out), snapshot(&ck));
@@ -397,6 +386,7 @@ fn trees_thin_clone_push_and_pull() {
 #[test]
 fn files_over_http_whole_and_by_range() {
     use crate::server::{bearer, http, read, Server, READ};
+    use crate::transfer::ok_with;
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     let repo = d.join("repo");
@@ -468,39 +458,33 @@ fn files_over_http_whole_and_by_range() {
     assert_eq!(status, 404);
     // `mdl checkout` against the server writes the tree, or one file of it, as a local one.
     let url = format!("{base}/repo");
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(mdl_bin())
-            .env("MDL_TOKEN", READ)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     let got = d.join("over-http");
-    run(&[
-        "-C",
-        &url,
-        "checkout",
-        "main~1",
-        "-o",
-        got.to_str().unwrap(),
-    ]);
+    ok_with(
+        READ,
+        &[
+            "-C",
+            &url,
+            "checkout",
+            "main~1",
+            "-o",
+            got.to_str().unwrap(),
+        ],
+    );
     assert_eq!(snapshot(&got), snapshot(&a));
     let one = d.join("one.txt");
-    run(&[
-        "-C",
-        &url,
-        "checkout",
-        "main",
-        "-o",
-        one.to_str().unwrap(),
-        "--path",
-        "extra/notes.txt",
-    ]);
+    ok_with(
+        READ,
+        &[
+            "-C",
+            &url,
+            "checkout",
+            "main",
+            "-o",
+            one.to_str().unwrap(),
+            "--path",
+            "extra/notes.txt",
+        ],
+    );
     assert_eq!(std::fs::read(&one).unwrap(), b"step 2\n");
     // A tree is not one checkpoint file.
     let (status, _, _) = http(

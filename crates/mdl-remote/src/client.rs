@@ -277,13 +277,7 @@ impl Remote {
             });
         }
         if exec {
-            use std::os::unix::fs::PermissionsExt;
-            let file = tmp.as_file();
-            let mode = file.metadata().map_err(write_err)?.permissions().mode();
-            file.set_permissions(std::fs::Permissions::from_mode(
-                mode | ((mode & 0o444) >> 2),
-            ))
-            .map_err(write_err)?;
+            mdl::checkout::make_executable(tmp.as_file()).map_err(write_err)?;
         }
         tmp.persist(out).map_err(|e| write_err(e.error))?;
         Ok(n)

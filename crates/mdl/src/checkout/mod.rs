@@ -13,7 +13,7 @@ mod output;
 pub mod target;
 
 pub use layout::{layout, layout_with, FileLayout, Layout, Piece, Placed};
-pub use output::{refuse_inside_repository, temporary_output};
+pub use output::{make_executable, refuse_inside_repository, temporary_output};
 
 /// Options of a checkout.
 #[derive(Clone, Debug, Default)]

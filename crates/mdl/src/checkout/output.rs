@@ -121,7 +121,7 @@ pub(super) fn remove_created(dir: &Path) {
 }
 
 /// Adds execute permission wherever the file has read permission.
-pub(super) fn make_executable(file: &std::fs::File) -> std::io::Result<()> {
+pub fn make_executable(file: &std::fs::File) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let mode = file.metadata()?.permissions().mode();
     file.set_permissions(std::fs::Permissions::from_mode(
