@@ -477,7 +477,8 @@ fn library_exit_code(e: &mdl::Error) -> u8 {
         | E::NotFastForward { .. }
         | E::Expired { .. }
         | E::GpuUnavailable(_)
-        | E::InvalidDuration(_) => 1,
+        | E::InvalidDuration(_)
+        | E::Background(_) => 1,
     }
 }
 

@@ -119,7 +119,7 @@ impl From<mdl::Error> for ApiError {
             E::UnknownConfig(_) => C::UnknownConfig,
             E::EvalCommand { .. } => C::EvalFailed,
             E::Corrupt { .. } | E::WrongKind { .. } => C::CorruptObject,
-            E::Encode { .. } => C::Internal,
+            E::Encode { .. } | E::Background(_) => C::Internal,
             E::BadTransfer(_) => C::BadTransfer,
             E::Incomplete(_) => C::Incomplete,
             E::NotFastForward { .. } => C::NotFastForward,

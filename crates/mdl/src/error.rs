@@ -26,6 +26,9 @@ pub enum Error {
         /// What is wrong.
         source: SafetensorsError,
     },
+    /// A commit run in the background ([`crate::background`]) failed: its error's message.
+    #[error("background commit failed: {0}")]
+    Background(String),
     /// A revision names nothing.
     #[error("unknown revision {0:?}")]
     UnknownRevision(String),

@@ -1,0 +1,134 @@
+//! Commits in the background: a training loop hands over its state, already copied to host
+//! memory, and goes on while the compression and the durable write run on a thread of their
+//! own ([`Committer`]).
+//!
+//! At most one commit is in flight: submitting another first waits for the one before, so
+//! commits land in the order they were submitted, each on top of the last. A commit that fails
+//! in the background reports its error on its [`Handle`] and again on the next
+//! [`Committer::submit`] (which then commits nothing; the one after goes ahead), so a failure is
+//! never silent. Dropping the committer waits for the commit in flight: a submitted commit is
+//! never abandoned.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use crate::commit::{commit_memory, CommitOptions, CommitOutcome, KnownPair, MemoryFile};
+use crate::{Error, NoProgress, Repository, Result};
+
+/// One background commit: its outcome once it is known.
+#[derive(Clone)]
+pub struct Handle(Arc<Shared>);
+
+struct Shared {
+    outcome: Mutex<Option<std::result::Result<CommitOutcome, String>>>,
+    ready: Condvar,
+}
+
+impl Handle {
+    /// Waits for the commit; its outcome, or its error.
+    pub fn wait(&self) -> Result<CommitOutcome> {
+        let mut outcome = self.0.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        while outcome.is_none() {
+            outcome = self
+                .0
+                .ready
+                .wait(outcome)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        match outcome.as_ref().expect("set before notified") {
+            Ok(o) => Ok(o.clone()),
+            Err(e) => Err(Error::Background(e.clone())),
+        }
+    }
+
+    /// Whether the commit has finished (landed or failed).
+    pub fn done(&self) -> bool {
+        self.0
+            .outcome
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    fn set(&self, outcome: std::result::Result<CommitOutcome, String>) {
+        *self.0.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        self.0.ready.notify_all();
+    }
+}
+
+/// Runs commits of in-memory trees on a background thread, one at a time.
+pub struct Committer {
+    repo: Arc<Repository>,
+    slot: Mutex<Slot>,
+}
+
+#[derive(Default)]
+struct Slot {
+    /// The commit in flight (or finished but not yet looked at by a submit).
+    pending: Option<(Handle, JoinHandle<()>)>,
+}
+
+impl Committer {
+    /// A committer into `repo`.
+    pub fn new(repo: Arc<Repository>) -> Committer {
+        Committer {
+            repo,
+            slot: Mutex::new(Slot::default()),
+        }
+    }
+
+    /// Starts committing `files` (see [`commit_memory`]) once the commit before has finished,
+    /// and returns at once. The error of the commit before, if it failed, is returned instead
+    /// (and nothing is started).
+    pub fn submit(
+        &self,
+        files: Vec<MemoryFile>,
+        pairs: Vec<KnownPair>,
+        opts: CommitOptions,
+    ) -> Result<Handle> {
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((before, thread)) = slot.pending.take() {
+            let _ = thread.join();
+            before.wait()?;
+        }
+        let handle = Handle(Arc::new(Shared {
+            outcome: Mutex::new(None),
+            ready: Condvar::new(),
+        }));
+        let (repo, done) = (self.repo.clone(), handle.clone());
+        let thread = std::thread::Builder::new()
+            .name("mdl-commit".into())
+            .spawn(move || {
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    commit_memory(&repo, files, &pairs, &opts, &NoProgress)
+                }));
+                done.set(match run {
+                    Ok(Ok(outcome)) => Ok(outcome),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("the background commit panicked".into()),
+                });
+            })
+            .map_err(|e| Error::Background(format!("cannot start a commit thread: {e}")))?;
+        slot.pending = Some((handle.clone(), thread));
+        Ok(handle)
+    }
+
+    /// Waits for the commit in flight, if any; its outcome (`None` when there was none).
+    pub fn wait(&self) -> Result<Option<CommitOutcome>> {
+        let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        match &slot.pending {
+            Some((handle, _)) => handle.wait().map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+impl Drop for Committer {
+    /// Waits for the commit in flight: a submitted commit finishes.
+    fn drop(&mut self) {
+        let slot = self.slot.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, thread)) = slot.pending.take() {
+            let _ = thread.join();
+        }
+    }
+}
