@@ -1,6 +1,6 @@
-//! Commits in the background: a training loop hands over its state, already copied to host
-//! memory, and goes on while the compression and the durable write run on a thread of their
-//! own ([`Committer`]).
+//! Commits in the background: a training loop stages its state ([`Staged`]: copied to host
+//! memory, or files mapped) and goes on while the compression and the durable write run on a
+//! thread of their own ([`Committer`]).
 //!
 //! At most one commit is in flight: submitting another first waits for the one before, so
 //! commits land in the order they were submitted, each on top of the last. A commit that fails
@@ -12,7 +12,7 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use crate::commit::{commit_memory, CommitOptions, CommitOutcome, KnownPair, MemoryFile};
+use crate::commit::{check_metrics, commit_staged, CommitOptions, CommitOutcome, Staged};
 use crate::{Error, NoProgress, Repository, Result};
 
 /// One background commit: its outcome once it is known.
@@ -77,15 +77,11 @@ impl Committer {
         }
     }
 
-    /// Starts committing `files` (see [`commit_memory`]) once the commit before has finished,
-    /// and returns at once. The error of the commit before, if it failed, is returned instead
-    /// (and nothing is started).
-    pub fn submit(
-        &self,
-        files: Vec<MemoryFile>,
-        pairs: Vec<KnownPair>,
-        opts: CommitOptions,
-    ) -> Result<Handle> {
+    /// Starts committing `staged` once the commit before has finished, and returns then. The
+    /// error of the commit before, if it failed, is returned instead (and nothing is started),
+    /// as are malformed options.
+    pub fn submit(&self, staged: Staged, opts: CommitOptions) -> Result<Handle> {
+        check_metrics(&opts.metrics)?;
         let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((before, thread)) = slot.pending.take() {
             let _ = thread.join();
@@ -100,7 +96,7 @@ impl Committer {
             .name("mdl-commit".into())
             .spawn(move || {
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    commit_memory(&repo, files, &pairs, &opts, &NoProgress)
+                    commit_staged(&repo, staged, &opts, &NoProgress)
                 }));
                 done.set(match run {
                     Ok(Ok(outcome)) => Ok(outcome),

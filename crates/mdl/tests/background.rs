@@ -1,5 +1,5 @@
-//! Background commits: they land in order, each on the one before; a failure surfaces on its
-//! handle and on the next submit, and changes nothing; dropping the committer finishes the
+//! Background commits: they land in order, each on the one before; a failure (a full disk)
+//! surfaces on its handle and on the next submit, and changes nothing; dropping the committer finishes the
 //! commit in flight.
 
 #![allow(clippy::disallowed_methods)]
@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use mdl::background::Committer;
-use mdl::commit::{CommitOptions, KnownPair, MemoryFile};
-use mdl::Repository;
+use mdl::commit::{CommitOptions, MemoryFile, Staged};
+use mdl::{FaultyFs, OpenOptions, Repository};
 
 mod common;
 use common::safetensors_bytes;
@@ -17,10 +17,10 @@ fn state(step: u64) -> Vec<MemoryFile> {
     let w: Vec<u8> = (0..4096u32)
         .flat_map(|i| ((i as f32 + step as f32) * 1e-3).to_le_bytes())
         .collect();
-    vec![MemoryFile {
-        path: "model.safetensors".into(),
-        bytes: safetensors_bytes(&[("w", "F32", vec![64, 64], w)]),
-    }]
+    vec![MemoryFile::new(
+        "model.safetensors",
+        safetensors_bytes(&[("w", "F32", vec![64, 64], w)]),
+    )]
 }
 
 fn opts(step: u64) -> CommitOptions {
@@ -36,12 +36,18 @@ fn commits_land_in_order_and_drop_finishes_the_last() {
     let dir = tempfile::tempdir().unwrap();
     let repo = Arc::new(Repository::init(&dir.path().join("repo")).unwrap());
     let committer = Committer::new(repo.clone());
-    let first = committer.submit(state(1), vec![], opts(1)).unwrap();
+    let first = committer
+        .submit(Staged::memory(state(1), &[]).unwrap(), opts(1))
+        .unwrap();
     // The second waits for the first, so it lands on top of it.
-    let second = committer.submit(state(2), vec![], opts(2)).unwrap();
+    let second = committer
+        .submit(Staged::memory(state(2), &[]).unwrap(), opts(2))
+        .unwrap();
     assert!(first.done());
     let a = first.wait().unwrap();
-    let _third = committer.submit(state(3), vec![], opts(3)).unwrap();
+    let _third = committer
+        .submit(Staged::memory(state(3), &[]).unwrap(), opts(3))
+        .unwrap();
     let b = second.wait().unwrap();
     drop(committer);
     let log = mdl::log::log(&repo, None, None).unwrap();
@@ -54,32 +60,50 @@ fn commits_land_in_order_and_drop_finishes_the_last() {
 #[test]
 fn a_failure_surfaces_twice_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let repo = Arc::new(Repository::init(&dir.path().join("repo")).unwrap());
-    let committer = Committer::new(repo.clone());
-    let ok = committer.submit(state(1), vec![], opts(1)).unwrap();
-    ok.wait().unwrap();
-    let bad_pair = KnownPair {
-        param: ("model.safetensors".into(), "nope".into()),
-        exp_avg: ("model.safetensors".into(), "w".into()),
-        exp_avg_sq: ("model.safetensors".into(), "w".into()),
+    let root = dir.path().join("repo");
+    let repo = Arc::new(Repository::init(&root).unwrap());
+    Committer::new(repo.clone())
+        .submit(Staged::memory(state(1), &[]).unwrap(), opts(1))
+        .unwrap()
+        .wait()
+        .unwrap();
+    drop(repo);
+    // The disk is full: the background commit fails.
+    let full = OpenOptions {
+        storage: Arc::new(FaultyFs::disk_full_after(0)),
+        ..OpenOptions::default()
     };
-    let failing = committer.submit(state(2), vec![bad_pair], opts(2)).unwrap();
+    let repo = Arc::new(Repository::open(&root, &full).unwrap());
+    let committer = Committer::new(repo.clone());
+    let failing = committer
+        .submit(Staged::memory(state(2), &[]).unwrap(), opts(2))
+        .unwrap();
     let e = failing.wait().unwrap_err().to_string();
-    assert!(e.contains("nope"), "{e}");
-    // The next submit reports it and commits nothing; the one after goes ahead.
+    assert!(e.starts_with("background commit failed: "), "{e}");
+    // The next submit reports it and commits nothing.
     let again = committer
-        .submit(state(3), vec![], opts(3))
+        .submit(Staged::memory(state(3), &[]).unwrap(), opts(3))
         .err()
         .expect("the failure is reported again")
         .to_string();
     assert_eq!(again, e);
-    assert_eq!(mdl::log::log(&repo, None, None).unwrap().len(), 1);
-    committer.submit(state(4), vec![], opts(4)).unwrap();
+    drop(committer);
+    let log = mdl::log::log(&repo, None, None).unwrap();
+    assert_eq!(log.iter().map(|e| e.step).collect::<Vec<_>>(), [Some(1)]);
+    let report = mdl::fsck::fsck(&repo, false).unwrap();
+    assert!(report.ok(), "{:?}", report.problems);
+    assert!(report.temp_files.is_empty(), "{:?}", report.temp_files);
+    drop(repo);
+    // On a disk with room, the one after goes ahead.
+    let repo = Arc::new(Repository::open(&root, &OpenOptions::default()).unwrap());
+    let committer = Committer::new(repo.clone());
+    committer
+        .submit(Staged::memory(state(4), &[]).unwrap(), opts(4))
+        .unwrap();
     assert!(committer.wait().unwrap().is_some());
     let log = mdl::log::log(&repo, None, None).unwrap();
     assert_eq!(
         log.iter().map(|e| e.step).collect::<Vec<_>>(),
         [Some(4), Some(1)]
     );
-    assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
 }

@@ -60,18 +60,9 @@ fn state(seed: u64) -> Vec<MemoryFile> {
         ),
     ]);
     vec![
-        MemoryFile {
-            path: "model.safetensors".into(),
-            bytes: model,
-        },
-        MemoryFile {
-            path: "optim/moments.safetensors".into(),
-            bytes: optim,
-        },
-        MemoryFile {
-            path: "extra.json".into(),
-            bytes: br#"{"step": 3}"#.to_vec(),
-        },
+        MemoryFile::new("model.safetensors", model),
+        MemoryFile::new("optim/moments.safetensors", optim),
+        MemoryFile::new("extra.json", br#"{"step": 3}"#.to_vec()),
     ]
 }
 
@@ -91,7 +82,7 @@ fn bytes_commit_and_check_out_exactly() {
     let files = state(1);
     let want: Vec<(String, Vec<u8>)> = files
         .iter()
-        .map(|f| (f.path.clone(), f.bytes.clone()))
+        .map(|f| (f.path.clone(), f.bytes().to_vec()))
         .collect();
     let opts = CommitOptions {
         step: Some(3),

@@ -103,10 +103,96 @@ pub fn commit_paths(
     opts: &CommitOptions,
     progress: &dyn Progress,
 ) -> Result<CommitOutcome> {
-    let started = Instant::now();
+    commit_staged(repo, Staged::paths(paths)?, opts, progress)
+}
+
+/// What a commit will store, read in and checked but not yet stored: files on disk mapped
+/// into memory (a file deleted afterwards is still read whole), or files given as bytes. A
+/// background commit ([`crate::background`]) is staged by the caller and stored on a thread
+/// of its own.
+pub struct Staged {
+    input: Input,
+    /// The caller's moment pairs, as indices into the input's pieces.
+    client: Vec<(usize, usize, usize)>,
+    started: Instant,
+}
+
+impl Staged {
+    /// The files at `paths`: each a file (entered under its name) or a directory (its files
+    /// entered under their relative paths).
+    pub fn paths(paths: &[PathBuf]) -> Result<Staged> {
+        let started = Instant::now();
+        Ok(Staged {
+            input: Input::open(paths)?,
+            client: Vec::new(),
+            started,
+        })
+    }
+
+    /// Files given as bytes (a training process's live state, serialized in memory;
+    /// safetensors files are split into tensors as from disk), with the moment pairs the
+    /// caller knows. A pair naming a tensor the files do not hold is an error; a pair whose
+    /// shapes disagree, or whose tensors the lossy codecs do not take, is not used.
+    pub fn memory(files: Vec<MemoryFile>, pairs: &[KnownPair]) -> Result<Staged> {
+        let started = Instant::now();
+        let input = Input::from_memory(files)?;
+        let index: HashMap<(&str, &str), usize> = input
+            .pieces
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.tensor)
+            .map(|(i, p)| ((input.files[p.file].tree_path.as_str(), p.name.as_str()), i))
+            .collect();
+        let find = |(file, name): &(String, String)| {
+            index
+                .get(&(file.as_str(), name.as_str()))
+                .copied()
+                .ok_or_else(|| Error::Input {
+                    path: PathBuf::from(file),
+                    source: std::io::Error::other(format!(
+                        "a moment pair names {name:?}, not in it"
+                    )),
+                })
+        };
+        let client = pairs
+            .iter()
+            .map(|p| Ok((find(&p.param)?, find(&p.exp_avg)?, find(&p.exp_avg_sq)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Staged {
+            input,
+            client,
+            started,
+        })
+    }
+
+    /// Total size of the staged files.
+    pub fn len(&self) -> u64 {
+        self.input.files.iter().map(|f| f.len()).sum()
+    }
+
+    /// Whether the staged files hold no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Commits what was staged.
+pub fn commit_staged(
+    repo: &Repository,
+    staged: Staged,
+    opts: &CommitOptions,
+    progress: &dyn Progress,
+) -> Result<CommitOutcome> {
     let metrics = check_metrics(&opts.metrics)?;
-    let input = Input::open(paths)?;
-    commit_input(repo, input, metrics, &[], started, opts, progress)
+    commit_input(
+        repo,
+        staged.input,
+        metrics,
+        &staged.client,
+        staged.started,
+        opts,
+        progress,
+    )
 }
 
 /// A parameter and its Adam moments as the committer knows them, each `(file, tensor name)`:
@@ -121,10 +207,8 @@ pub struct KnownPair {
     pub exp_avg_sq: (String, String),
 }
 
-/// Commits files given as bytes (a training process's live state, serialized in memory;
-/// safetensors files are split into tensors as from disk), with the moment pairs the caller
-/// knows. A pair naming a tensor the files do not hold is an error; a pair whose shapes
-/// disagree, or whose tensors the lossy codecs do not take, is not used.
+/// Commits files given as bytes with the moment pairs the caller knows (see
+/// [`Staged::memory`]).
 pub fn commit_memory(
     repo: &Repository,
     files: Vec<MemoryFile>,
@@ -132,30 +216,7 @@ pub fn commit_memory(
     opts: &CommitOptions,
     progress: &dyn Progress,
 ) -> Result<CommitOutcome> {
-    let started = Instant::now();
-    let metrics = check_metrics(&opts.metrics)?;
-    let input = Input::from_memory(files)?;
-    let index: HashMap<(&str, &str), usize> = input
-        .pieces
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.tensor)
-        .map(|(i, p)| ((input.files[p.file].tree_path.as_str(), p.name.as_str()), i))
-        .collect();
-    let find = |(file, name): &(String, String)| {
-        index
-            .get(&(file.as_str(), name.as_str()))
-            .copied()
-            .ok_or_else(|| Error::Input {
-                path: PathBuf::from(file),
-                source: std::io::Error::other(format!("a moment pair names {name:?}, not in it")),
-            })
-    };
-    let client = pairs
-        .iter()
-        .map(|p| Ok((find(&p.param)?, find(&p.exp_avg)?, find(&p.exp_avg_sq)?)))
-        .collect::<Result<Vec<_>>>()?;
-    commit_input(repo, input, metrics, &client, started, opts, progress)
+    commit_staged(repo, Staged::memory(files, pairs)?, opts, progress)
 }
 
 /// Commits the one file at `source` under the path `tree_path` (an upload, named by its
@@ -480,7 +541,7 @@ fn manifest_of(
     Ok(Manifest::new(files, pairs).expect("paths checked by the walk"))
 }
 
-fn check_metrics(metrics: &[(String, f64)]) -> Result<Vec<(String, f64)>> {
+pub(crate) fn check_metrics(metrics: &[(String, f64)]) -> Result<Vec<(String, f64)>> {
     let mut out = metrics.to_vec();
     out.sort_by(|a, b| a.0.cmp(&b.0));
     for w in out.windows(2) {

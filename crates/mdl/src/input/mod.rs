@@ -46,7 +46,7 @@ enum Data {
     /// A file on disk, mapped.
     Mapped(memmap2::Mmap),
     /// Bytes a caller handed over (a live state serialized in memory).
-    Owned(Vec<u8>),
+    Owned(Box<dyn AsRef<[u8]> + Send + Sync>),
 }
 
 impl Data {
@@ -54,7 +54,7 @@ impl Data {
         match self {
             Data::Empty => &[],
             Data::Mapped(m) => m,
-            Data::Owned(v) => v,
+            Data::Owned(v) => (**v).as_ref(),
         }
     }
 }
@@ -63,8 +63,24 @@ impl Data {
 pub struct MemoryFile {
     /// Its path in the tree (`/`-separated, relative).
     pub path: String,
-    /// Its bytes (a safetensors file is split into tensors as from disk).
-    pub bytes: Vec<u8>,
+    /// Its bytes (a safetensors file is split into tensors as from disk): any owned buffer,
+    /// so a caller's own memory (a Python package's staging buffer) is read where it lies.
+    pub bytes: Box<dyn AsRef<[u8]> + Send + Sync>,
+}
+
+impl MemoryFile {
+    /// The file at `path` holding `bytes`.
+    pub fn new(path: impl Into<String>, bytes: impl AsRef<[u8]> + Send + Sync + 'static) -> Self {
+        MemoryFile {
+            path: path.into(),
+            bytes: Box::new(bytes),
+        }
+    }
+
+    /// Its bytes.
+    pub fn bytes(&self) -> &[u8] {
+        (*self.bytes).as_ref()
+    }
 }
 
 /// A run of a file's bytes.
@@ -134,7 +150,7 @@ impl Input {
         let found = files
             .into_iter()
             .map(|f| {
-                let data = if f.bytes.is_empty() {
+                let data = if f.bytes().is_empty() {
                     Data::Empty
                 } else {
                     Data::Owned(f.bytes)
