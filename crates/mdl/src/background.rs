@@ -8,6 +8,9 @@
 //! [`Committer::submit`] (which then commits nothing; the one after goes ahead), so a failure is
 //! never silent. Dropping the committer waits for the commit in flight: a submitted commit is
 //! never abandoned.
+//!
+//! Each commit opens the repository for itself and closes it when done, so a long-lived
+//! process (a training run) holds the repository's lock only while a commit is stored.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -56,9 +59,12 @@ impl Handle {
     }
 }
 
-/// Runs commits of in-memory trees on a background thread, one at a time.
+/// Opens the repository for one commit.
+pub type Opener = dyn Fn() -> Result<Repository> + Send + Sync;
+
+/// Runs staged commits on a background thread, one at a time.
 pub struct Committer {
-    repo: Arc<Repository>,
+    open: Arc<Opener>,
     slot: Mutex<Slot>,
 }
 
@@ -69,10 +75,10 @@ struct Slot {
 }
 
 impl Committer {
-    /// A committer into `repo`.
-    pub fn new(repo: Arc<Repository>) -> Committer {
+    /// A committer into the repository `open` opens (for writing) for each commit.
+    pub fn new(open: impl Fn() -> Result<Repository> + Send + Sync + 'static) -> Committer {
         Committer {
-            repo,
+            open: Arc::new(open),
             slot: Mutex::new(Slot::default()),
         }
     }
@@ -91,12 +97,12 @@ impl Committer {
             outcome: Mutex::new(None),
             ready: Condvar::new(),
         }));
-        let (repo, done) = (self.repo.clone(), handle.clone());
+        let (open, done) = (self.open.clone(), handle.clone());
         let thread = std::thread::Builder::new()
             .name("mdl-commit".into())
             .spawn(move || {
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    commit_staged(&repo, staged, &opts, &NoProgress)
+                    commit_staged(&open()?, staged, &opts, &NoProgress)
                 }));
                 done.set(match run {
                     Ok(Ok(outcome)) => Ok(outcome),

@@ -4,6 +4,7 @@
 
 #![allow(clippy::disallowed_methods)]
 
+use std::path::Path;
 use std::sync::Arc;
 
 use mdl::background::Committer;
@@ -23,6 +24,11 @@ fn state(step: u64) -> Vec<MemoryFile> {
     )]
 }
 
+fn committer_for(root: &Path, opts: OpenOptions) -> Committer {
+    let root = root.to_path_buf();
+    Committer::new(move || Repository::open(&root, &opts))
+}
+
 fn opts(step: u64) -> CommitOptions {
     CommitOptions {
         step: Some(step),
@@ -34,8 +40,9 @@ fn opts(step: u64) -> CommitOptions {
 #[test]
 fn commits_land_in_order_and_drop_finishes_the_last() {
     let dir = tempfile::tempdir().unwrap();
-    let repo = Arc::new(Repository::init(&dir.path().join("repo")).unwrap());
-    let committer = Committer::new(repo.clone());
+    let root = dir.path().join("repo");
+    Repository::init(&root).unwrap();
+    let committer = committer_for(&root, OpenOptions::default());
     let first = committer
         .submit(Staged::memory(state(1), &[]).unwrap(), opts(1))
         .unwrap();
@@ -50,6 +57,7 @@ fn commits_land_in_order_and_drop_finishes_the_last() {
         .unwrap();
     let b = second.wait().unwrap();
     drop(committer);
+    let repo = Repository::open(&root, &OpenOptions::default()).unwrap();
     let log = mdl::log::log(&repo, None, None).unwrap();
     let steps: Vec<Option<u64>> = log.iter().map(|e| e.step).collect();
     assert_eq!(steps, [Some(3), Some(2), Some(1)]);
@@ -61,20 +69,18 @@ fn commits_land_in_order_and_drop_finishes_the_last() {
 fn a_failure_surfaces_twice_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("repo");
-    let repo = Arc::new(Repository::init(&root).unwrap());
-    Committer::new(repo.clone())
+    Repository::init(&root).unwrap();
+    committer_for(&root, OpenOptions::default())
         .submit(Staged::memory(state(1), &[]).unwrap(), opts(1))
         .unwrap()
         .wait()
         .unwrap();
-    drop(repo);
     // The disk is full: the background commit fails.
     let full = OpenOptions {
         storage: Arc::new(FaultyFs::disk_full_after(0)),
         ..OpenOptions::default()
     };
-    let repo = Arc::new(Repository::open(&root, &full).unwrap());
-    let committer = Committer::new(repo.clone());
+    let committer = committer_for(&root, full);
     let failing = committer
         .submit(Staged::memory(state(2), &[]).unwrap(), opts(2))
         .unwrap();
@@ -87,7 +93,14 @@ fn a_failure_surfaces_twice_and_changes_nothing() {
         .expect("the failure is reported again")
         .to_string();
     assert_eq!(again, e);
+    // Between commits the committer holds no lock: another writer opens at once.
+    let now = OpenOptions {
+        wait: std::time::Duration::ZERO,
+        ..OpenOptions::default()
+    };
+    drop(Repository::open(&root, &now).unwrap());
     drop(committer);
+    let repo = Repository::open(&root, &OpenOptions::default()).unwrap();
     let log = mdl::log::log(&repo, None, None).unwrap();
     assert_eq!(log.iter().map(|e| e.step).collect::<Vec<_>>(), [Some(1)]);
     let report = mdl::fsck::fsck(&repo, false).unwrap();
@@ -95,12 +108,12 @@ fn a_failure_surfaces_twice_and_changes_nothing() {
     assert!(report.temp_files.is_empty(), "{:?}", report.temp_files);
     drop(repo);
     // On a disk with room, the one after goes ahead.
-    let repo = Arc::new(Repository::open(&root, &OpenOptions::default()).unwrap());
-    let committer = Committer::new(repo.clone());
+    let committer = committer_for(&root, OpenOptions::default());
     committer
         .submit(Staged::memory(state(4), &[]).unwrap(), opts(4))
         .unwrap();
     assert!(committer.wait().unwrap().is_some());
+    let repo = Repository::open(&root, &OpenOptions::default()).unwrap();
     let log = mdl::log::log(&repo, None, None).unwrap();
     assert_eq!(
         log.iter().map(|e| e.step).collect::<Vec<_>>(),
