@@ -5,8 +5,8 @@
 //! At most one commit is in flight: submitting another first waits for the one before, so
 //! commits land in the order they were submitted, each on top of the last. A commit that fails
 //! in the background reports its error on its [`Handle`] and again on the next
-//! [`Committer::submit`] (which then commits nothing; the one after goes ahead), so a failure is
-//! never silent. Dropping the committer waits for the commit in flight: a submitted commit is
+//! [`Committer::submit`] (which then commits nothing; the one after goes ahead) or
+//! [`Committer::finish`], so a failure is never silent. Dropping the committer waits for the commit in flight: a submitted commit is
 //! never abandoned.
 //!
 //! Each commit opens the repository for itself and closes it when done, so a long-lived
@@ -115,11 +115,15 @@ impl Committer {
         Ok(handle)
     }
 
-    /// Waits for the commit in flight, if any; its outcome (`None` when there was none).
-    pub fn wait(&self) -> Result<Option<CommitOutcome>> {
-        let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
-        match &slot.pending {
-            Some((handle, _)) => handle.wait().map(Some),
+    /// Waits for the commit in flight, if any, and takes its outcome (`None` when there was
+    /// none): a failure is reported here instead of on the next submit.
+    pub fn finish(&self) -> Result<Option<CommitOutcome>> {
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        match slot.pending.take() {
+            Some((handle, thread)) => {
+                let _ = thread.join();
+                handle.wait().map(Some)
+            }
             None => Ok(None),
         }
     }

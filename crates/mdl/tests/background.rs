@@ -112,7 +112,8 @@ fn a_failure_surfaces_twice_and_changes_nothing() {
     committer
         .submit(Staged::memory(state(4), &[]).unwrap(), opts(4))
         .unwrap();
-    assert!(committer.wait().unwrap().is_some());
+    assert!(committer.finish().unwrap().is_some());
+    assert!(committer.finish().unwrap().is_none());
     let repo = Repository::open(&root, &OpenOptions::default()).unwrap();
     let log = mdl::log::log(&repo, None, None).unwrap();
     assert_eq!(

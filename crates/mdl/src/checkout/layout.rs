@@ -93,6 +93,12 @@ impl Placed {
     pub fn load(&self, repo: &Repository) -> Result<Vec<u8>> {
         Ok(repo.store().load_tensor(&self.id, &self.entry)?)
     }
+
+    /// Decodes this object's bytes into `out` (exactly its length; verified against its id;
+    /// on error `out` holds garbage).
+    pub fn load_into(&self, repo: &Repository, out: &mut [u8]) -> Result<()> {
+        Ok(repo.store().load_tensor_into(&self.id, &self.entry, out)?)
+    }
 }
 
 impl Layout {

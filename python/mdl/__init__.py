@@ -1,0 +1,37 @@
+"""mdl: version control for deep-learning checkpoints, in-process.
+
+Three lines in a training loop::
+
+    repo = mdl.open("runs/gpt", create=True)
+    ...
+    repo.commit_state(model, optimizer, step=step, metrics={"loss": loss})  # returns at once
+
+The commit is compressed and written in the background; ``repo.load_state(rev, model,
+optimizer)`` restores it. Integrations: :mod:`mdl.transformers` (a ``TrainerCallback``) and
+:mod:`mdl.lightning` (a ``CheckpointIO`` plugin). docs/PYTHON.md has the whole API.
+"""
+
+from ._mdl import MdlError, __version__
+from ._repo import CommitHandle, RemoteRepository, Repository, State, open
+from ._types import CommitResult, LogEntry, Ref, TensorInfo
+
+
+def init(path, *, wait: float = 60.0) -> Repository:
+    """Creates a repository in ``path`` (created if missing)."""
+    return Repository.init(path, wait=wait)
+
+
+__all__ = [
+    "CommitHandle",
+    "CommitResult",
+    "LogEntry",
+    "MdlError",
+    "Ref",
+    "RemoteRepository",
+    "Repository",
+    "State",
+    "TensorInfo",
+    "__version__",
+    "init",
+    "open",
+]

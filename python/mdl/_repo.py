@@ -1,0 +1,441 @@
+"""Repositories: on this machine (:class:`Repository`) or on an ``mdl serve`` server
+(:class:`RemoteRepository`)."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence, Union
+
+from . import _mdl, _state, _types
+from ._mdl import MdlError
+from ._types import CommitResult, LogEntry, Ref, TensorInfo
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class CommitHandle:
+    """A commit being stored in the background.
+
+    ``wait()`` blocks until it is durable and returns its :class:`CommitResult`, or raises
+    :class:`MdlError` if it failed (as many times as it is called). A failure is also raised
+    by the repository's next commit call, so it cannot pass unnoticed.
+    """
+
+    def __init__(self, pending: Any):
+        self._pending = pending
+        self._result: CommitResult | None = None
+
+    def wait(self) -> CommitResult:
+        """Waits until the commit is stored; its result (raises MdlError if it failed)."""
+        if self._result is None:
+            self._result = CommitResult.from_json(self._pending.wait())
+        return self._result
+
+    def done(self) -> bool:
+        """Whether the commit has finished (stored or failed); never blocks."""
+        return self._pending.done()
+
+    @property
+    def id(self) -> str:
+        """The commit's id (waits for it)."""
+        return self.wait().id
+
+    def __repr__(self) -> str:
+        return f"<mdl.CommitHandle {'done' if self.done() else 'running'}>"
+
+
+@dataclass
+class State:
+    """Training state read back from a commit: state dicts that ``load_state_dict`` takes."""
+
+    commit: str
+    step: int | None
+    model: "OrderedDict[str, Any]"
+    optimizer: dict | None
+    extra: Any
+
+
+# Repositories with commits possibly in flight, finished at interpreter exit.
+_live: "weakref.WeakSet[Repository]" = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_at_exit() -> None:
+    for repo in list(_live):
+        try:
+            repo.wait()
+        except MdlError as e:  # reported, never silently dropped
+            print(f"mdl: a background commit to {repo.root} failed: {e}", file=sys.stderr)
+
+
+def _metrics(metrics: Mapping[str, float] | None) -> list[tuple[str, float]]:
+    return [(str(k), float(v)) for k, v in (metrics or {}).items()]
+
+
+class Repository:
+    """A repository on this machine (a work directory holding ``.mdl``).
+
+    Each call opens the repository for itself: a training process holds no lock between
+    commits, and other ``mdl`` commands run meanwhile.
+    """
+
+    def __init__(self, native: Any):
+        self._native = native
+        self._staging = _state.Staging()
+        self._lock = threading.Lock()
+        _live.add(self)
+
+    @classmethod
+    def init(cls, path: PathLike, *, wait: float = 60.0) -> "Repository":
+        """Creates a repository in ``path`` (created if missing)."""
+        return cls(_mdl.Repo.init(os.fspath(path), wait))
+
+    @classmethod
+    def open(cls, path: PathLike = ".", *, wait: float = 60.0) -> "Repository":
+        """Opens the repository at ``path`` or its nearest ancestor holding ``.mdl``.
+
+        ``wait``: how many seconds an operation waits for another process that holds the
+        repository (a commit owns it while it stores) before raising MdlError.
+        """
+        return cls(_mdl.Repo.open(os.fspath(path), wait))
+
+    @property
+    def root(self) -> str:
+        """The work directory."""
+        return os.fspath(self._native.root)
+
+    def __repr__(self) -> str:
+        return f"<mdl.Repository {self.root}>"
+
+    # Commits
+
+    def commit(
+        self,
+        paths: PathLike | Sequence[PathLike],
+        *,
+        message: str = "",
+        step: int | None = None,
+        metrics: Mapping[str, float] | None = None,
+        branch: str | None = None,
+        lossy: bool | None = None,
+        epsilon: float | None = None,
+        author: str | None = None,
+        wait: bool = True,
+    ) -> CommitResult | CommitHandle:
+        """Commits a file or a directory (or several), as ``mdl commit`` does.
+
+        The files are read in (mapped) before this returns, so they may be deleted at once.
+        With ``wait=False`` it returns a :class:`CommitHandle` while the commit is stored in
+        the background. ``lossy``: True for ``--lossy``, False for ``--lossless``, None for the
+        repository's setting; ``epsilon``: the lossy quality budget.
+        """
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
+        with self._lock:
+            self.wait()
+            pending = self._native.submit_paths(
+                [os.fspath(p) for p in paths],
+                message, branch, step, _metrics(metrics), lossy, epsilon, author,
+            )
+        handle = CommitHandle(pending)
+        return handle.wait() if wait else handle
+
+    def commit_state(
+        self,
+        model: Any = None,
+        optimizer: Any = None,
+        extra: Any = None,
+        *,
+        step: int | None = None,
+        metrics: Mapping[str, float] | None = None,
+        message: str = "",
+        branch: str | None = None,
+        lossy: bool | None = None,
+        epsilon: float | None = None,
+        author: str | None = None,
+        wait: bool = False,
+    ) -> CommitHandle | CommitResult:
+        """Commits live training state; returns once it is copied to host memory.
+
+        ``model``: a ``torch.nn.Module`` or a state dict (tensors or numpy arrays, CPU or
+        GPU). ``optimizer``: a ``torch.optim.Optimizer`` (its moments are paired with the
+        model's parameters by name, exactly) or its state dict. ``extra``: anything made of
+        tensors, arrays, numbers, strings, lists, tuples and dicts (scheduler state, RNG
+        states, the data loader's position); no pickles.
+
+        Compression and the durable write run in the background; the returned
+        :class:`CommitHandle` tells when they are done. At most one commit is in flight: a
+        second call first waits for the one before (and raises its error, if it failed).
+        ``wait=True`` blocks until stored and returns the :class:`CommitResult`.
+        """
+        with self._lock:
+            self.wait()  # the staging buffers are reused: the commit before must be done
+            files, pairs = self._stage(model, optimizer, extra, step)
+            pending = self._native.submit_buffers(
+                files, pairs, message, branch, step, _metrics(metrics), lossy, epsilon, author
+            )
+        handle = CommitHandle(pending)
+        return handle.wait() if wait else handle
+
+    def _stage(self, model: Any, optimizer: Any, extra: Any, step: int | None):
+        model_t = _state.Tensors(_state.MODEL_FILE)
+        optim_t = _state.Tensors(_state.OPTIMIZER_FILE)
+        extra_t = _state.Tensors(_state.EXTRA_FILE)
+        doc: dict[str, Any] = {"version": _state.STATE_VERSION, "step": step}
+        if model is not None:
+            sd = model.state_dict() if hasattr(model, "state_dict") else model
+            doc["model"] = _state.encode(dict(sd), model_t, "")
+        pairs = []
+        if optimizer is not None:
+            module = model if hasattr(model, "named_parameters") else None
+            doc["optimizer"], names = _state.optimizer_state(optimizer, module, optim_t)
+            for label in names.values():
+                m, v = f"{label}.exp_avg", f"{label}.exp_avg_sq"
+                if label in model_t.items and m in optim_t.items and v in optim_t.items:
+                    pairs.append(
+                        ((_state.MODEL_FILE, label), (_state.OPTIMIZER_FILE, m), (_state.OPTIMIZER_FILE, v))
+                    )
+        if extra is not None:
+            doc["extra"] = _state.encode(extra, extra_t, "")
+        files = [(_state.STATE_FILE, bytearray(json.dumps(doc).encode()))]
+        for tensors in (model_t, optim_t, extra_t):
+            if tensors.items:
+                files.append((tensors.path, self._staging.stage(tensors)))
+        return files, pairs
+
+    def wait(self) -> CommitResult | None:
+        """Waits for the commit in flight, if any; its result (None when there was none).
+
+        Raises the commit's MdlError if it failed (once: the next commit goes ahead).
+        """
+        text = self._native.finish()
+        return None if text is None else CommitResult.from_json(text)
+
+    # Reads
+
+    def resolve(self, rev: str = "HEAD") -> str:
+        """The full id of the commit ``rev`` names (a branch, tag, id prefix, ``main~2``)."""
+        return self._native.resolve(rev)
+
+    def checkout(
+        self, rev: str, dir: PathLike, *, path: str | None = None, force: bool = False
+    ) -> dict:
+        """Writes ``rev``'s files into ``dir`` as ``mdl checkout`` does (``path``: one file or
+        folder of the tree); what was written, as a dict."""
+        return json.loads(self._native.checkout(rev, os.fspath(dir), path, force))
+
+    def tensors(self, rev: str = "HEAD") -> list[TensorInfo]:
+        """The tensors of ``rev`` (file, name, dtype, shape, lossy), without decoding any."""
+        return _types.tensor_infos(self._native.tensors(rev))
+
+    def load(
+        self,
+        rev: str = "HEAD",
+        names: Iterable[str] | None = None,
+        *,
+        file: str | None = None,
+        framework: str = "torch",
+    ) -> dict[str, Any]:
+        """Tensors of ``rev`` by name; only those asked for are decoded.
+
+        ``file`` limits them to one file of the tree (for a state commit, the model's tensors
+        are in ``model.safetensors``). Tensors come as torch tensors (``framework="torch"``)
+        or numpy arrays (``"numpy"``), in their stored dtypes and shapes, sharing memory
+        with the decoded bytes (no copy). A name found in two files needs ``file``.
+        """
+        commit = self.resolve(rev)
+        listed = [t for t in self.tensors(commit) if file is None or t.file == file]
+        by_name: dict[str, TensorInfo] = {}
+        for t in listed:
+            if t.name in by_name:
+                raise ValueError(
+                    f"tensor {t.name!r} is in {by_name[t.name].file} and {t.file}: pass file="
+                )
+            by_name[t.name] = t
+        wanted = list(by_name) if names is None else list(names)
+        missing = [n for n in wanted if n not in by_name]
+        if missing:
+            raise KeyError(f"no tensor {missing[0]!r} in commit {commit[:12]}")
+        infos = [by_name[n] for n in wanted]
+        data = self._native.read_tensors(commit, [(t.file, t.name) for t in infos])
+        return {
+            t.name: _state.to_tensor(d, t.dtype, t.shape, framework) for t, d in zip(infos, data)
+        }
+
+    def load_state(
+        self,
+        rev: str = "HEAD",
+        model: Any = None,
+        optimizer: Any = None,
+        *,
+        framework: str = "torch",
+    ) -> State:
+        """Training state committed by :meth:`commit_state`, as state dicts.
+
+        Given a ``model`` and/or ``optimizer``, their ``load_state_dict`` is called with it.
+        """
+        commit = self.resolve(rev)
+        doc = json.loads(self._native.read_file(commit, _state.STATE_FILE))
+        refs = _state.references(doc)
+        data = self._native.read_tensors(commit, refs) if refs else []
+        infos = {(t.file, t.name): t for t in self.tensors(commit)}
+        tensors = {
+            ref: _state.to_tensor(d, infos[ref].dtype, infos[ref].shape, framework)
+            for ref, d in zip(refs, data)
+        }
+        model_sd = OrderedDict(_state.decode(doc.get("model", {}), tensors))
+        optim_sd = None
+        if "optimizer" in doc:
+            o = doc["optimizer"]
+            optim_sd = {
+                "state": {int(k): _state.decode(v, tensors) for k, v in o["state"].items()},
+                "param_groups": _state.decode(o["param_groups"], tensors),
+            }
+            optim_sd.update(_state.decode(o.get("rest", {}), tensors))
+        state = State(
+            commit=commit,
+            step=doc.get("step"),
+            model=model_sd,
+            optimizer=optim_sd,
+            extra=_state.decode(doc.get("extra"), tensors),
+        )
+        if model is not None:
+            model.load_state_dict(state.model)
+        if optimizer is not None:
+            if optim_sd is None:
+                raise ValueError(f"commit {commit[:12]} holds no optimizer state")
+            optimizer.load_state_dict(optim_sd)
+        return state
+
+    def log(self, rev: str | None = None, limit: int | None = None) -> list[LogEntry]:
+        """History from ``rev`` (HEAD when None), newest first."""
+        return _types.log_entries(self._native.log(rev, limit))
+
+    def show(self, rev: str = "HEAD") -> dict:
+        """A commit with its files and tensors (codec, sizes, recorded lossy error)."""
+        return json.loads(self._native.show(rev))
+
+    def diff(self, a: str, b: str) -> dict:
+        """What changed from ``a`` to ``b``: files and tensors, with relative changes."""
+        return json.loads(self._native.diff(a, b))
+
+    # Refs
+
+    @property
+    def head(self) -> str:
+        """The branch HEAD names."""
+        return self._native.head()
+
+    def branches(self) -> list[Ref]:
+        """Branches (``current`` marks HEAD's)."""
+        return _types.refs(self._native.branches())
+
+    def tags(self) -> list[Ref]:
+        """Tags."""
+        return _types.refs(self._native.tags())
+
+    def branch(self, name: str, rev: str | None = None) -> str:
+        """Creates branch ``name`` at ``rev`` (HEAD's commit when None); the commit's id."""
+        return self._native.create_branch(name, rev)
+
+    def tag(self, name: str, rev: str | None = None, message: str | None = None) -> str:
+        """Creates tag ``name`` at ``rev`` (annotated with ``message`` when given)."""
+        return self._native.create_tag(name, rev, message)
+
+    def delete_branch(self, name: str) -> None:
+        self._native.delete_branch(name)
+
+    def delete_tag(self, name: str) -> None:
+        self._native.delete_tag(name)
+
+    def switch(self, name: str) -> None:
+        """Points HEAD at branch ``name`` (where commits without ``branch=`` go)."""
+        self._native.switch(name)
+
+
+class RemoteRepository:
+    """A repository on an ``mdl serve`` server (``http://HOST:PORT/REPO``).
+
+    History, refs and checkouts, and commits of files. Live state is committed into a local
+    repository and pushed (``mdl push``), so a training loop never waits on the network.
+    """
+
+    def __init__(self, url: str, token: str | None = None):
+        self._native = _mdl.Remote(url, token)
+
+    @property
+    def url(self) -> str:
+        return self._native.url
+
+    def __repr__(self) -> str:
+        return f"<mdl.RemoteRepository {self.url}>"
+
+    def commit(
+        self,
+        path: PathLike,
+        *,
+        message: str = "",
+        step: int | None = None,
+        metrics: Mapping[str, float] | None = None,
+        branch: str | None = None,
+        lossy: bool | None = None,
+        epsilon: float | None = None,
+        author: str | None = None,
+    ) -> CommitResult:
+        """Uploads one file as a commit (the server stores it; blocks until it has)."""
+        text = self._native.commit_file(
+            os.fspath(path), message, branch, step, _metrics(metrics), lossy, epsilon, author
+        )
+        return CommitResult.from_json(text)
+
+    def checkout(
+        self, rev: str, dir: PathLike, *, path: str | None = None, force: bool = False
+    ) -> dict:
+        """Downloads ``rev``'s files into ``dir`` as ``mdl checkout`` writes them."""
+        return json.loads(self._native.checkout(rev, os.fspath(dir), path, force))
+
+    def log(self, rev: str | None = None, limit: int | None = None) -> list[LogEntry]:
+        return _types.log_entries(self._native.log(rev, limit))
+
+    def show(self, rev: str = "HEAD") -> dict:
+        return json.loads(self._native.show(rev))
+
+    def _refs(self, prefix: str) -> list[Ref]:
+        listed = json.loads(self._native.refs())
+        head = listed.get("head")
+        return [
+            Ref(
+                name=r["name"][len(prefix):],
+                target=r["target"],
+                current=prefix == "refs/heads/" and r["name"][len(prefix):] == head,
+                message=r.get("message"),
+            )
+            for r in listed["refs"]
+            if r["name"].startswith(prefix)
+        ]
+
+    def branches(self) -> list[Ref]:
+        return self._refs("refs/heads/")
+
+    def tags(self) -> list[Ref]:
+        return self._refs("refs/tags/")
+
+
+def open(
+    location: PathLike, token: str | None = None, *, create: bool = False, wait: float = 60.0
+) -> Repository | RemoteRepository:
+    """A repository: a local path (created when ``create`` and missing), or a server URL
+    ``http://HOST:PORT/REPO`` with an optional token (``$MDL_TOKEN`` when None)."""
+    text = os.fspath(location)
+    if text.startswith(("http://", "https://")):
+        return RemoteRepository(text, token if token is not None else os.environ.get("MDL_TOKEN"))
+    if create and not os.path.isdir(os.path.join(text, ".mdl")):
+        return Repository.init(text, wait=wait)
+    return Repository.open(text, wait=wait)

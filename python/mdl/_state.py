@@ -1,0 +1,269 @@
+"""Live training state as a tree of files, and back.
+
+A commit of live state is a small tree (docs/PYTHON.md, "What a state commit stores"):
+
+- ``model.safetensors``: the model's state dict, tensors under their own names;
+- ``optimizer.safetensors``: the optimizer's per-parameter tensors, named
+  ``<parameter>.<key>`` (``fc.weight.exp_avg``) when the model is known, else
+  ``<index>.<key>``;
+- ``extra.safetensors``: tensors anywhere in ``extra`` (RNG states, ...);
+- ``mdl-state.json``: everything else (param groups, scalars, the structure), with each
+  tensor replaced by a reference ``{"$tensor": [file, name]}``.
+
+No pickle is written or read: values must be tensors, numpy arrays, numbers, strings,
+booleans, None, lists, tuples or dicts.
+
+Tensors are copied once into staging buffers (pinned when CUDA is used, reused from one
+commit to the next) laid out as safetensors files; the background commit reads the buffers
+in place.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+STATE_FILE = "mdl-state.json"
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+EXTRA_FILE = "extra.safetensors"
+STATE_VERSION = 1
+
+# safetensors dtype name -> (torch dtype attribute, numpy dtype or None).
+DTYPES: dict[str, tuple[str, str | None]] = {
+    "F64": ("float64", "<f8"),
+    "F32": ("float32", "<f4"),
+    "F16": ("float16", "<f2"),
+    "BF16": ("bfloat16", None),
+    "F8_E4M3": ("float8_e4m3fn", None),
+    "F8_E5M2": ("float8_e5m2", None),
+    "I64": ("int64", "<i8"),
+    "I32": ("int32", "<i4"),
+    "I16": ("int16", "<i2"),
+    "I8": ("int8", "i1"),
+    "U64": ("uint64", "<u8"),
+    "U32": ("uint32", "<u4"),
+    "U16": ("uint16", "<u2"),
+    "U8": ("uint8", "u1"),
+    "BOOL": ("bool", "?"),
+}
+_NUMPY_NAMES = {np.dtype(v).str: k for k, (_, v) in DTYPES.items() if v is not None}
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:  # numpy-only use
+        return None
+    return torch
+
+
+def is_tensor(v: Any) -> bool:
+    torch = _torch()
+    return isinstance(v, np.ndarray) or (torch is not None and isinstance(v, torch.Tensor))
+
+
+def dtype_name(v: Any) -> str:
+    """The safetensors dtype name of a torch tensor or numpy array."""
+    if isinstance(v, np.ndarray):
+        name = _NUMPY_NAMES.get(v.dtype.str)
+        if name is None:
+            raise TypeError(f"mdl cannot store numpy dtype {v.dtype} (little-endian numbers and bool only)")
+        return name
+    torch = _torch()
+    for name, (attr, _) in DTYPES.items():
+        if getattr(torch, attr, None) == v.dtype:
+            return name
+    raise TypeError(f"mdl cannot store torch dtype {v.dtype}")
+
+
+class Tensors:
+    """The tensors of one safetensors file being built: name -> tensor or array."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.items: dict[str, Any] = {}
+
+    def add(self, name: str, value: Any) -> dict:
+        if name in self.items:
+            raise ValueError(f"tensor {name!r} given twice in {self.path}")
+        self.items[name] = value
+        return {"$tensor": [self.path, name]}
+
+
+def encode(value: Any, tensors: Tensors, name: str) -> Any:
+    """``value`` as JSON, its tensors added to ``tensors`` under names from ``name``."""
+    if is_tensor(value):
+        return tensors.add(name, value)
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        return v if math.isfinite(v) else {"$float": repr(v)}
+    if isinstance(value, tuple):
+        return {"$tuple": [encode(v, tensors, f"{name}.{i}") for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [encode(v, tensors, f"{name}.{i}") for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        plain = all(isinstance(k, str) and not k.startswith("$") for k in value)
+        if plain:
+            return {k: encode(v, tensors, f"{name}.{k}" if name else k) for k, v in value.items()}
+        for k in value:
+            if not isinstance(k, (str, int, bool)) and k is not None:
+                raise TypeError(f"mdl cannot store a dict key of type {type(k).__name__} (at {name or 'top level'})")
+        return {"$dict": [[k, encode(v, tensors, f"{name}.{k}" if name else str(k))] for k, v in value.items()]}
+    raise TypeError(
+        f"mdl cannot store a value of type {type(value).__name__} (at {name or 'top level'}): "
+        "state holds tensors, numpy arrays, numbers, strings, lists, tuples and dicts (no pickles)"
+    )
+
+
+def decode(value: Any, tensors: Mapping[tuple[str, str], Any]) -> Any:
+    """The inverse of :func:`encode`, with tensors looked up by ``(file, name)``."""
+    if isinstance(value, list):
+        return [decode(v, tensors) for v in value]
+    if isinstance(value, dict):
+        if len(value) == 1:
+            (k, v), = value.items()
+            if k == "$tensor":
+                return tensors[tuple(v)]
+            if k == "$tuple":
+                return tuple(decode(x, tensors) for x in v)
+            if k == "$dict":
+                return {key: decode(x, tensors) for key, x in v}
+            if k == "$float":
+                return float(v)
+        return {k: decode(v, tensors) for k, v in value.items()}
+    return value
+
+
+def references(value: Any) -> list[tuple[str, str]]:
+    """Every tensor ``(file, name)`` an encoded value refers to."""
+    out: list[tuple[str, str]] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, list):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            if len(v) == 1 and "$tensor" in v:
+                out.append(tuple(v["$tensor"]))
+            else:
+                for x in v.values():
+                    walk(x)
+
+    walk(value)
+    return out
+
+
+def optimizer_state(optimizer: Any, model: Any, tensors: Tensors) -> tuple[dict, dict[int, str]]:
+    """An optimizer's state dict encoded, and the model's parameter name of each index."""
+    state_dict = optimizer.state_dict() if hasattr(optimizer, "state_dict") else optimizer
+    names: dict[int, str] = {}
+    if model is not None and hasattr(optimizer, "param_groups") and hasattr(model, "named_parameters"):
+        by_id = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+        index = 0
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) in by_id:
+                    names[index] = by_id[id(p)]
+                index += 1
+    state = state_dict.get("state", {})
+    encoded_state = {}
+    for index, per_param in state.items():
+        label = names.get(index, str(index))
+        encoded_state[str(index)] = encode(per_param, tensors, label)
+    groups = encode(list(state_dict.get("param_groups", [])), Tensors("param_groups"), "param_groups")
+    rest = {k: v for k, v in state_dict.items() if k not in ("state", "param_groups")}
+    encoded = {"state": encoded_state, "param_groups": groups}
+    if rest:
+        encoded["rest"] = encode(rest, tensors, "rest")
+    return encoded, names
+
+
+def layout(tensors: Tensors) -> tuple[bytes, list[tuple[Any, int, int]]]:
+    """A safetensors header for ``tensors`` and where each one's bytes go."""
+    header: dict[str, Any] = {}
+    places = []
+    at = 0
+    for name, t in tensors.items.items():
+        shape = list(t.shape)
+        nbytes = int(t.nbytes) if isinstance(t, np.ndarray) else t.element_size() * t.numel()
+        header[name] = {"dtype": dtype_name(t), "shape": shape, "data_offsets": [at, at + nbytes]}
+        places.append((t, at, nbytes))
+        at += nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text, places
+
+
+class Staging:
+    """Reused staging buffers, one per file of the tree, grown when a state grows."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, Any] = {}
+
+    def _buffer(self, path: str, size: int, pinned: bool):
+        torch = _torch()
+        held = self._buffers.get(path)
+        fits = held is not None and held.shape[0] >= size
+        if torch is None:
+            if not fits:
+                held = np.empty(size, dtype=np.uint8)
+                self._buffers[path] = held
+            return held[:size], held[:size]
+        if fits and pinned and not held.is_pinned():
+            fits = False
+        if not fits:
+            held = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+            self._buffers[path] = held
+        view = held[:size]
+        return view, view.numpy()
+
+    def stage(self, tensors: Tensors) -> Any:
+        """Copies ``tensors`` into this file's buffer as a safetensors file; the buffer as a
+        numpy array (what the commit reads)."""
+        torch = _torch()
+        head, places = layout(tensors)
+        size = len(head) + sum(n for _, _, n in places)
+        cuda = torch is not None and any(
+            isinstance(t, torch.Tensor) and t.device.type == "cuda" for t, _, _ in places
+        )
+        buf, array = self._buffer(tensors.path, size, pinned=cuda)
+        array[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+        base = len(head)
+        for t, at, n in places:
+            if n == 0:
+                continue
+            lo, hi = base + at, base + at + n
+            if isinstance(t, np.ndarray):
+                array[lo:hi] = np.ascontiguousarray(t).reshape(-1).view(np.uint8)
+            else:
+                src = t.detach()
+                if not src.is_contiguous():
+                    src = src.contiguous()
+                buf[lo:hi].copy_(src.reshape(-1).view(torch.uint8), non_blocking=cuda)
+        if cuda:
+            torch.cuda.synchronize()
+        return array
+
+
+def to_tensor(data: bytearray, dtype: str, shape: list[int], framework: str) -> Any:
+    """Decoded bytes as a tensor (torch) or array (numpy), without copying where possible."""
+    attr, np_dtype = DTYPES[dtype]
+    if framework == "numpy":
+        if np_dtype is None:
+            raise TypeError(f"numpy has no dtype for {dtype}; load with framework='torch'")
+        return np.frombuffer(data, dtype=np_dtype).reshape(shape)
+    torch = _torch()
+    if torch is None:
+        raise ImportError("framework='torch' needs torch installed; use framework='numpy'")
+    tdtype = getattr(torch, attr)
+    if len(data) == 0:
+        return torch.empty(shape, dtype=tdtype)
+    return torch.frombuffer(data, dtype=tdtype).reshape(shape)

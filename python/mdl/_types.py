@@ -1,0 +1,83 @@
+"""What the API returns: plain dataclasses built from the library's reports."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _build(cls, data: dict) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """A stored commit: its id and what storing it cost."""
+
+    id: str
+    branch: str
+    raw_bytes: int
+    stored_bytes: int
+    ratio: float | None
+    seconds: float
+    tensors: int
+    new_tensors: int
+    lossy_tensors: int
+
+    @staticmethod
+    def from_json(text: str) -> "CommitResult":
+        return _build(CommitResult, json.loads(text))
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One commit of the history."""
+
+    id: str
+    parents: list[str]
+    time: str
+    author: str
+    message: str
+    step: int | None
+    metrics: dict[str, float]
+    raw_bytes: int
+    stored_bytes: int
+    lossy_tensors: int
+    refs: list[str] = field(default_factory=list)
+    expired_tensors: int = 0
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A branch or tag."""
+
+    name: str
+    target: str
+    current: bool = False
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A tensor of a commit, as listed without decoding it."""
+
+    file: str
+    name: str
+    dtype: str
+    shape: list[int]
+    lossy: bool
+
+
+def log_entries(text: str) -> list[LogEntry]:
+    return [_build(LogEntry, e) for e in json.loads(text)]
+
+
+def refs(text: str) -> list[Ref]:
+    return [_build(Ref, r) for r in json.loads(text)]
+
+
+def tensor_infos(text: str) -> list[TensorInfo]:
+    return [_build(TensorInfo, t) for t in json.loads(text)]

@@ -1,0 +1,455 @@
+//! A repository on this machine: commits (staged here, stored in the background), reads and
+//! refs. Each call opens the repository for itself (reads share it, commits own it while they
+//! store), so a training process holds no lock between commits.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use mdl::background::{Committer, Handle};
+use mdl::commit::{CommitOptions, KnownPair, MemoryFile, Staged};
+use mdl::{LockMode, OpenOptions, Repository};
+use pyo3::prelude::*;
+use pyo3::types::PyByteArray;
+
+use crate::staging::Exported;
+use crate::{error, json};
+
+/// A repository, by its work directory.
+#[pyclass(frozen, module = "mdl._mdl")]
+pub struct Repo {
+    root: PathBuf,
+    wait: Duration,
+    committer: Committer,
+}
+
+/// A commit stored in the background.
+#[pyclass(frozen, module = "mdl._mdl")]
+pub struct Pending(Handle);
+
+/// What one opening of the repository needs.
+#[derive(Clone)]
+struct Opener {
+    root: PathBuf,
+    wait: Duration,
+    /// The codec engine, chosen once (`engine` setting; the GPU when usable).
+    engine: Arc<OnceLock<mdl::engine::Selected>>,
+}
+
+impl Opener {
+    fn open(&self, mode: LockMode) -> mdl::Result<Repository> {
+        let opts = OpenOptions {
+            mode,
+            wait: self.wait,
+            purpose: format!("python (pid {})", std::process::id()),
+            ..OpenOptions::default()
+        };
+        Repository::open(&self.root, &opts)
+    }
+
+    fn writer(&self) -> mdl::Result<Repository> {
+        let mut repo = self.open(LockMode::Write)?;
+        let selected = match self.engine.get() {
+            Some(s) => s,
+            None => {
+                let s = mdl::engine::select(&repo, None)?;
+                self.engine.get_or_init(|| s)
+            }
+        };
+        repo.set_engine(selected.engine.clone());
+        Ok(repo)
+    }
+}
+
+impl Repo {
+    fn new(root: PathBuf, wait: Duration) -> Repo {
+        let opener = Opener {
+            root: root.clone(),
+            wait,
+            engine: Arc::new(OnceLock::new()),
+        };
+        Repo {
+            root,
+            wait,
+            committer: Committer::new(move || opener.writer()),
+        }
+    }
+
+    fn reader(&self) -> PyResult<Repository> {
+        let opts = OpenOptions {
+            mode: LockMode::Read,
+            wait: self.wait,
+            purpose: format!("python (pid {})", std::process::id()),
+            ..OpenOptions::default()
+        };
+        Repository::open(&self.root, &opts).map_err(error)
+    }
+
+    fn writer(&self) -> PyResult<Repository> {
+        let opts = OpenOptions {
+            wait: self.wait,
+            purpose: format!("python (pid {})", std::process::id()),
+            ..OpenOptions::default()
+        };
+        Repository::open(&self.root, &opts).map_err(error)
+    }
+
+    /// Reads with the interpreter released.
+    fn read<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Repository) -> mdl::Result<T> + Send,
+    ) -> PyResult<T> {
+        py.detach(|| {
+            let repo = self.reader()?;
+            f(&repo).map_err(error)
+        })
+    }
+
+    /// Changes refs with the interpreter released.
+    fn change<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Repository) -> mdl::Result<T> + Send,
+    ) -> PyResult<T> {
+        py.detach(|| {
+            let repo = self.writer()?;
+            f(&repo).map_err(error)
+        })
+    }
+
+    fn submit(&self, py: Python<'_>, staged: Staged, opts: CommitOptions) -> PyResult<Pending> {
+        py.detach(|| self.committer.submit(staged, opts))
+            .map(Pending)
+            .map_err(error)
+    }
+}
+
+/// Commit options from the Python call's arguments.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn options(
+    message: String,
+    branch: Option<String>,
+    step: Option<u64>,
+    metrics: Vec<(String, f64)>,
+    lossy: Option<bool>,
+    epsilon: Option<f64>,
+    author: Option<String>,
+) -> PyResult<CommitOptions> {
+    use mdl::lossy::CodecMode;
+    Ok(CommitOptions {
+        message,
+        branch: branch
+            .as_deref()
+            .map(mdl::RefName::new)
+            .transpose()
+            .map_err(error)?,
+        step,
+        metrics,
+        author,
+        lossy: mdl::lossy::LossyRequest {
+            mode: lossy.map(|l| {
+                if l {
+                    CodecMode::Lossy
+                } else {
+                    CodecMode::Lossless
+                }
+            }),
+            epsilon,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+}
+
+#[pymethods]
+impl Repo {
+    /// Creates a repository in `path` (created if missing).
+    #[staticmethod]
+    #[pyo3(signature = (path, wait = 60.0))]
+    fn init(py: Python<'_>, path: PathBuf, wait: f64) -> PyResult<Repo> {
+        let repo = py.detach(|| Repository::init(&path)).map_err(error)?;
+        Ok(Repo::new(repo.root().to_path_buf(), secs(wait)?))
+    }
+
+    /// Opens the repository at `path` or its nearest ancestor with `.mdl`.
+    #[staticmethod]
+    #[pyo3(signature = (path, wait = 60.0))]
+    fn open(path: PathBuf, wait: f64) -> PyResult<Repo> {
+        let root = mdl::discover(&path)
+            .ok_or_else(|| error(mdl::StoreError::NotARepository(path.clone())))?;
+        Ok(Repo::new(root, secs(wait)?))
+    }
+
+    /// The work directory.
+    #[getter]
+    fn root(&self) -> PathBuf {
+        self.root.clone()
+    }
+
+    /// Stages the files or directories at `paths` (mapped now: deleting them afterwards is
+    /// safe) and commits them in the background.
+    #[pyo3(signature = (paths, message, branch, step, metrics, lossy, epsilon, author))]
+    #[allow(clippy::too_many_arguments)]
+    fn submit_paths(
+        &self,
+        py: Python<'_>,
+        paths: Vec<PathBuf>,
+        message: String,
+        branch: Option<String>,
+        step: Option<u64>,
+        metrics: Vec<(String, f64)>,
+        lossy: Option<bool>,
+        epsilon: Option<f64>,
+        author: Option<String>,
+    ) -> PyResult<Pending> {
+        let opts = options(message, branch, step, metrics, lossy, epsilon, author)?;
+        let staged = py.detach(|| Staged::paths(&paths)).map_err(error)?;
+        self.submit(py, staged, opts)
+    }
+
+    /// Commits files given as `(path, buffer)` in the background, reading each buffer in
+    /// place (it must not change until the commit is done), with the moment pairs `pairs`:
+    /// `((file, param), (file, exp_avg), (file, exp_avg_sq))`.
+    #[pyo3(signature = (files, pairs, message, branch, step, metrics, lossy, epsilon, author))]
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn submit_buffers(
+        &self,
+        py: Python<'_>,
+        files: Vec<(String, Bound<'_, PyAny>)>,
+        pairs: Vec<((String, String), (String, String), (String, String))>,
+        message: String,
+        branch: Option<String>,
+        step: Option<u64>,
+        metrics: Vec<(String, f64)>,
+        lossy: Option<bool>,
+        epsilon: Option<f64>,
+        author: Option<String>,
+    ) -> PyResult<Pending> {
+        let opts = options(message, branch, step, metrics, lossy, epsilon, author)?;
+        let files = files
+            .iter()
+            .map(|(path, obj)| Ok(MemoryFile::new(path.clone(), Exported::new(obj)?)))
+            .collect::<PyResult<Vec<_>>>()?;
+        let pairs: Vec<KnownPair> = pairs
+            .into_iter()
+            .map(|(param, exp_avg, exp_avg_sq)| KnownPair {
+                param,
+                exp_avg,
+                exp_avg_sq,
+            })
+            .collect();
+        let staged = py.detach(|| Staged::memory(files, &pairs)).map_err(error)?;
+        self.submit(py, staged, opts)
+    }
+
+    /// Waits for the commit in flight and takes its outcome: JSON, or None when there was
+    /// none; its failure is raised here (and not again by the next submit).
+    fn finish(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        match py.detach(|| self.committer.finish()).map_err(error)? {
+            Some(outcome) => Ok(Some(json(&outcome)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The commit `rev` names, as a full hex id.
+    fn resolve(&self, py: Python<'_>, rev: String) -> PyResult<String> {
+        self.read(py, |r| Ok(mdl::revision::resolve(r, &rev)?.to_hex()))
+    }
+
+    /// History from `rev` (HEAD when None), newest first, as JSON.
+    #[pyo3(signature = (rev = None, limit = None))]
+    fn log(&self, py: Python<'_>, rev: Option<String>, limit: Option<usize>) -> PyResult<String> {
+        json(&self.read(py, |r| mdl::log::log(r, rev.as_deref(), limit))?)
+    }
+
+    /// A commit, its files and tensors, as JSON.
+    fn show(&self, py: Python<'_>, rev: String) -> PyResult<String> {
+        json(&self.read(py, |r| mdl::show::show(r, &rev))?)
+    }
+
+    /// What changed from `a` to `b`, as JSON.
+    fn diff(&self, py: Python<'_>, a: String, b: String) -> PyResult<String> {
+        json(&self.read(py, |r| mdl::diff::diff(r, &a, &b))?)
+    }
+
+    /// Branches, as JSON.
+    fn branches(&self, py: Python<'_>) -> PyResult<String> {
+        json(&self.read(py, mdl::refs::branches)?)
+    }
+
+    /// Tags, as JSON.
+    fn tags(&self, py: Python<'_>) -> PyResult<String> {
+        json(&self.read(py, mdl::refs::tags)?)
+    }
+
+    /// The branch HEAD names (short).
+    fn head(&self, py: Python<'_>) -> PyResult<String> {
+        self.read(py, |r| {
+            let full = r.head_branch()?;
+            Ok(full.trim_start_matches("refs/heads/").to_string())
+        })
+    }
+
+    /// Creates branch `name` at `rev` (HEAD when None); its commit's hex id.
+    #[pyo3(signature = (name, rev = None))]
+    fn create_branch(&self, py: Python<'_>, name: String, rev: Option<String>) -> PyResult<String> {
+        self.change(py, |r| {
+            Ok(mdl::refs::create_branch(r, &name, rev.as_deref())?.to_hex())
+        })
+    }
+
+    /// Creates tag `name` at `rev` (HEAD when None), annotated with `message` when given.
+    #[pyo3(signature = (name, rev = None, message = None))]
+    fn create_tag(
+        &self,
+        py: Python<'_>,
+        name: String,
+        rev: Option<String>,
+        message: Option<String>,
+    ) -> PyResult<String> {
+        self.change(py, |r| {
+            let tagger = mdl::commit::default_author();
+            let at = mdl::refs::create_tag(r, &name, rev.as_deref(), message.as_deref(), &tagger)?;
+            Ok(at.to_hex())
+        })
+    }
+
+    /// Deletes branch `name`.
+    fn delete_branch(&self, py: Python<'_>, name: String) -> PyResult<()> {
+        self.change(py, |r| mdl::refs::delete_branch(r, &name).map(drop))
+    }
+
+    /// Deletes tag `name`.
+    fn delete_tag(&self, py: Python<'_>, name: String) -> PyResult<()> {
+        self.change(py, |r| mdl::refs::delete_tag(r, &name).map(drop))
+    }
+
+    /// Points HEAD at branch `name`.
+    fn switch(&self, py: Python<'_>, name: String) -> PyResult<()> {
+        self.change(py, |r| mdl::refs::switch(r, &name))
+    }
+
+    /// Writes `rev`'s files to `out` as `mdl checkout` does; the outcome as JSON.
+    #[pyo3(signature = (rev, out, path = None, force = false))]
+    fn checkout(
+        &self,
+        py: Python<'_>,
+        rev: String,
+        out: PathBuf,
+        path: Option<String>,
+        force: bool,
+    ) -> PyResult<String> {
+        let opts = mdl::checkout::CheckoutOptions {
+            force,
+            path,
+            ..Default::default()
+        };
+        json(&self.read(py, |r| {
+            mdl::checkout::checkout(r, &rev, &out, &opts, &mdl::NoProgress)
+        })?)
+    }
+
+    /// The tensors of commit `rev` as JSON: `[{file, name, dtype, shape, lossy}]`, in file
+    /// order.
+    fn tensors(&self, py: Python<'_>, rev: String) -> PyResult<String> {
+        let layout = self.read(py, |r| mdl::checkout::layout(r, &rev))?;
+        let list: Vec<serde_json::Value> = layout
+            .files
+            .iter()
+            .flat_map(|f| {
+                f.objects().filter(|o| o.tensor).map(|o| {
+                    serde_json::json!({
+                        "file": f.path,
+                        "name": o.name,
+                        "dtype": o.header.dtype.name(),
+                        "shape": o.header.shape,
+                        "lossy": o.lossy,
+                    })
+                })
+            })
+            .collect();
+        json(&list)
+    }
+
+    /// Decodes the tensors `wanted` (`(file, name)`) of commit `rev`, each into a new
+    /// bytearray, in the order asked.
+    fn read_tensors<'py>(
+        &self,
+        py: Python<'py>,
+        rev: String,
+        wanted: Vec<(String, String)>,
+    ) -> PyResult<Vec<Bound<'py, PyByteArray>>> {
+        let (repo, layout) = py.detach(|| {
+            let repo = self.reader()?;
+            let layout = mdl::checkout::layout(&repo, &rev).map_err(error)?;
+            Ok::<_, PyErr>((repo, layout))
+        })?;
+        let mut out = Vec::with_capacity(wanted.len());
+        for (file, name) in &wanted {
+            let placed = layout
+                .file(file)
+                .and_then(|f| f.tensor(name))
+                .ok_or_else(|| error(format!("no tensor {name:?} in {file} of commit {rev}")))?;
+            let len = usize::try_from(placed.entry.content_len).map_err(error)?;
+            let bytes = PyByteArray::new_with(py, len, |buf| {
+                py.detach(|| placed.load_into(&repo, buf)).map_err(error)
+            })?;
+            out.push(bytes);
+        }
+        Ok(out)
+    }
+
+    /// The whole file `path` of commit `rev`, as a bytearray.
+    fn read_file<'py>(
+        &self,
+        py: Python<'py>,
+        rev: String,
+        path: String,
+    ) -> PyResult<Bound<'py, PyByteArray>> {
+        let (repo, layout) = py.detach(|| {
+            let repo = self.reader()?;
+            let layout = mdl::checkout::layout(&repo, &rev).map_err(error)?;
+            Ok::<_, PyErr>((repo, layout))
+        })?;
+        let file = layout
+            .file(&path)
+            .ok_or_else(|| error(format!("no file {path:?} in commit {rev}")))?;
+        let len = usize::try_from(file.len).map_err(error)?;
+        PyByteArray::new_with(py, len, |buf| {
+            py.detach(|| {
+                for piece in &file.pieces {
+                    let at = piece.offset() as usize;
+                    let to = &mut buf[at..at + piece.len() as usize];
+                    match piece {
+                        mdl::checkout::Piece::Inline { bytes, .. } => to.copy_from_slice(bytes),
+                        mdl::checkout::Piece::Object(o) => o.load_into(&repo, to)?,
+                    }
+                }
+                Ok::<_, mdl::Error>(())
+            })
+            .map_err(error)
+        })
+    }
+}
+
+#[pymethods]
+impl Pending {
+    /// Waits for the commit; its outcome as JSON (an MdlError when it failed).
+    fn wait(&self, py: Python<'_>) -> PyResult<String> {
+        json(&py.detach(|| self.0.wait()).map_err(error)?)
+    }
+
+    /// Whether the commit has finished (stored or failed).
+    fn done(&self) -> bool {
+        self.0.done()
+    }
+}
+
+fn secs(wait: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(wait).map_err(|_| {
+        pyo3::exceptions::PyValueError::new_err(format!(
+            "wait must be a number of seconds >= 0, not {wait}"
+        ))
+    })
+}
