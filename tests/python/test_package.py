@@ -1,0 +1,284 @@
+"""The `mdl` package in-process: live-state commits round-trip byte for byte in every dtype,
+lossy commits carry their recorded error, background failures surface and change nothing,
+a killed training process leaves every earlier commit intact."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import mdl
+
+from conftest import mdl as run_mdl
+
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
+
+
+def as_bytes(t):
+    """A tensor's bytes (NaN-safe equality)."""
+    t = t.detach().contiguous().reshape(-1)
+    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def model_and_optimizer(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 32)
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return model, opt
+
+
+def train(model, opt, steps, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(8, 32, generator=g)
+        loss = (model(x) - x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return loss.item()
+
+
+def test_live_state_round_trips_byte_for_byte(tmp_path):
+    repo = mdl.init(tmp_path / "repo")
+    model, opt = model_and_optimizer()
+    loss = train(model, opt, 3)
+    g = torch.Generator().manual_seed(7)
+    # Every dtype, odd shapes, a 0-d tensor, an empty one, a non-contiguous view, NaNs.
+    weird = {
+        f"t_{str(d).removeprefix('torch.')}": (torch.randn(5, 3, 7, generator=g) * 50).to(d)
+        for d in DTYPES
+    }
+    weird["scalar"] = torch.tensor(3.5)
+    weird["empty"] = torch.empty(0, 4)
+    weird["transposed"] = torch.randn(6, 4, generator=g).t()
+    weird["nan"] = torch.tensor([float("nan"), float("inf"), -0.0])
+    extra = {
+        "rng": torch.get_rng_state(),
+        "np_rng": np.random.default_rng(3).bit_generator.state,
+        "numpy": np.arange(12, dtype=np.int32).reshape(3, 4),
+        "schedule": {"last_epoch": 3, "lrs": (1e-2, 5e-3), "nested": [1, None, True, "x"]},
+        "by_index": {0: "a", 1: "b"},
+        "inf": float("inf"),
+        "weird": weird,
+    }
+    handle = repo.commit_state(model, opt, extra, step=3, metrics={"loss": loss}, message="m")
+    result = handle.wait()
+    assert handle.done() and result.id == repo.resolve("main")
+    assert result.lossy_tensors == 0
+
+    state = repo.load_state(result.id)
+    assert state.step == 3 and state.commit == result.id
+    for original, back in ((model.state_dict(), state.model), (weird, state.extra["weird"])):
+        assert list(back) == list(original)
+        for name, t in original.items():
+            assert back[name].dtype == t.dtype and back[name].shape == t.shape, name
+            assert as_bytes(back[name]) == as_bytes(t), name
+    osd, back = opt.state_dict(), state.optimizer
+    assert back["param_groups"] == osd["param_groups"]
+    assert set(back["state"]) == set(osd["state"])
+    for i, per in osd["state"].items():
+        for k, v in per.items():
+            assert as_bytes(back["state"][i][k]) == as_bytes(v), (i, k)
+    assert torch.equal(state.extra["rng"], extra["rng"])
+    assert np.array_equal(state.extra["numpy"], extra["numpy"])
+    assert state.extra["schedule"] == extra["schedule"]
+    assert state.extra["by_index"] == extra["by_index"]
+    assert state.extra["inf"] == float("inf")
+    assert state.extra["np_rng"] == extra["np_rng"]
+
+    # load_state_dict accepts them, and training continues exactly as it would have.
+    model2, opt2 = model_and_optimizer(seed=99)
+    repo.load_state(result.id, model2, opt2)
+    assert train(model, opt, 2, seed=5) == train(model2, opt2, 2, seed=5)
+    for a, b in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(a, b)
+
+    # The moments were paired with their parameters by name, as the client knows them.
+    pairs = repo.show(result.id)["pairs"]
+    assert {"param": "model.safetensors: 0.weight",
+            "exp_avg": "optimizer.safetensors: 0.weight.exp_avg",
+            "exp_avg_sq": "optimizer.safetensors: 0.weight.exp_avg_sq",
+            "source": "client"} in pairs
+
+    # load: only what is asked for, sharing memory with the decoded bytes; numpy too.
+    got = repo.load(result.id, ["0.weight"], file="model.safetensors")
+    assert list(got) == ["0.weight"]
+    assert as_bytes(got["0.weight"]) == as_bytes(state.model["0.weight"])
+    arr = repo.load(result.id, ["weird.t_int16"], framework="numpy")["weird.t_int16"]
+    assert arr.dtype == np.int16 and arr.tobytes() == as_bytes(weird["t_int16"])
+    with pytest.raises(KeyError):
+        repo.load(result.id, ["nope"])
+
+
+def test_lossy_commits_carry_their_recorded_error(tmp_path):
+    repo = mdl.init(tmp_path / "repo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    train_big = lambda: [  # noqa: E731
+        (model(torch.randn(32, 256)).pow(2).mean().backward(), opt.step(), opt.zero_grad())
+        for _ in range(3)
+    ]
+    train_big()
+    first = repo.commit_state(model, opt, step=3, metrics={"loss": 1.0}).wait()
+    train_big()
+    second = repo.commit_state(model, opt, step=6, metrics={"loss": 1.0}, lossy=True).wait()
+    assert first.lossy_tensors == 0 and second.lossy_tensors > 0
+    shown = repo.show(second.id)
+    lossy = [t for t in shown["tensors"] if t["lossy"]]
+    assert len(lossy) == second.lossy_tensors
+    # Each lossy tensor records its error; the decoded tensor differs from the committed one
+    # by exactly what was recorded.
+    state = repo.load_state(second.id)
+    originals = {"model.safetensors": model.state_dict()}
+    checked = 0
+    for t in lossy:
+        info = t["lossy_info"]
+        assert info["rel_error"] > 0 and info["max_abs_error"] > 0
+        orig = originals.get(t["file"], {}).get(t["name"])
+        if orig is None:
+            continue
+        back = state.model[t["name"]].double()
+        diff = back - orig.double()
+        assert diff.abs().max().item() == pytest.approx(info["max_abs_error"], rel=1e-4)
+        assert (diff.norm() / orig.double().norm()).item() == pytest.approx(info["rel_error"], rel=1e-3)
+        checked += 1
+    assert checked > 0
+
+
+def test_a_background_failure_surfaces_and_changes_nothing(tmp_path):
+    repo = mdl.init(tmp_path / "repo")
+    model, opt = model_and_optimizer()
+    first = repo.commit_state(model, opt, step=1).wait()
+    before = run_mdl("fsck", "-C", repo.root)
+    # The repository's records cannot be written (root ignores permissions, so the folder
+    # is replaced by a file).
+    objects = os.path.join(repo.root, ".mdl", "objects")
+    moved = objects + ".away"
+    os.rename(objects, moved)
+    with open(objects, "w") as f:
+        f.write("not a folder")
+    try:
+        train(model, opt, 1)
+        handle = repo.commit_state(model, opt, step=2)
+        with pytest.raises(mdl.MdlError, match="background commit failed"):
+            handle.wait()
+        with pytest.raises(mdl.MdlError, match="background commit failed"):
+            handle.wait()  # as often as asked
+        # ... and on the next call, which commits nothing.
+        with pytest.raises(mdl.MdlError, match="background commit failed"):
+            repo.commit_state(model, opt, step=3)
+    finally:
+        os.remove(objects)
+        os.rename(moved, objects)
+    assert [e.id for e in repo.log()] == [first.id]
+    assert run_mdl("fsck", "-C", repo.root).returncode == before.returncode == 0
+    # The one after goes ahead.
+    assert repo.commit_state(model, opt, step=4).wait().id == repo.resolve("HEAD")
+
+
+def test_bad_state_is_refused_before_anything_starts(tmp_path):
+    repo = mdl.init(tmp_path / "repo")
+    with pytest.raises(TypeError, match="no pickles"):
+        repo.commit_state({"w": torch.zeros(2)}, extra={"f": object()})
+    with pytest.raises(mdl.MdlError, match="branch|name"):
+        repo.commit_state({"w": torch.zeros(2)}, branch="bad..name")
+    assert repo.log() == []
+    assert repo.wait() is None
+
+
+KILLED = textwrap.dedent(
+    """
+    import sys, torch, mdl
+    repo = mdl.open(sys.argv[1])
+    torch.manual_seed(0)
+    state = {f"w{i}": torch.randn(1024, 1024) for i in range(24)}
+    for step in range(1000):
+        for t in state.values():
+            t.add_(1e-3)
+        h = repo.commit_state(state, step=step)
+        if step == 1:
+            h.wait()
+            print("committed", flush=True)
+    """
+)
+
+
+def test_killing_the_process_mid_commit_loses_nothing_committed(tmp_path):
+    repo = mdl.init(tmp_path / "repo")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED, repo.root], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "committed"
+    os.kill(proc.pid, signal.SIGKILL)  # mid-way through a later background commit
+    proc.wait()
+    log = repo.log()
+    assert len(log) >= 2 and [e.step for e in log][-2:] == [1, 0]
+    fsck = run_mdl("fsck", "-C", repo.root)
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+    for e in log:
+        assert len(repo.load(e.id, ["w0"])["w0"]) == 1024
+
+
+def test_pending_commits_finish_at_interpreter_exit(tmp_path):
+    repo = mdl.init(tmp_path / "repo")
+    script = textwrap.dedent(
+        """
+        import sys, torch, mdl
+        repo = mdl.open(sys.argv[1])
+        repo.commit_state({"w": torch.randn(512, 512)}, step=1)
+        # exits with the commit in flight
+        """
+    )
+    subprocess.run([sys.executable, "-c", script, repo.root], check=True)
+    assert [e.step for e in repo.log()] == [1]
+
+
+def test_history_refs_and_files(tmp_path):
+    repo = mdl.init(tmp_path / "repo")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"layers": 2}))
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.randn(64, 64)}, str(ckpt / "model.safetensors"))
+    a = repo.commit(ckpt, message="dir", step=10, metrics={"loss": 2.0})
+    assert isinstance(a, mdl.CommitResult) and a.tensors >= 1
+    repo.tag("v1", message="first")
+    repo.branch("exp")
+    save_file({"w": torch.randn(64, 64)}, str(ckpt / "model.safetensors"))
+    handle = repo.commit(ckpt, branch="exp", step=20, wait=False)
+    b = handle.wait()
+    assert [e.step for e in repo.log("exp")] == [20, 10]
+    assert repo.log("exp")[1].metrics == {"loss": 2.0}
+    assert {r.name for r in repo.branches()} == {"main", "exp"}
+    assert [(t.name, t.message) for t in repo.tags()] == [("v1", "first")]
+    d = repo.diff("v1", b.id)
+    assert d and isinstance(d, dict)
+    out = tmp_path / "out"
+    repo.checkout("exp", out)
+    assert json.loads((out / "config.json").read_text()) == {"layers": 2}
+    assert [t.name for t in repo.tensors("exp")] == ["w"]
+    repo.switch("exp")
+    assert repo.head == "exp"
+    with pytest.raises(mdl.MdlError, match="unknown revision"):
+        repo.log("nope")
