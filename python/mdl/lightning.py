@@ -23,6 +23,7 @@ from typing import Any
 
 from lightning.pytorch.plugins.io import CheckpointIO
 
+from ._mdl import MdlError
 from ._repo import CommitHandle, Repository
 from ._repo import open as _open
 
@@ -78,7 +79,10 @@ class MdlCheckpointIO(CheckpointIO):
         self._unsettled.append((handle, path))
         self._settle(block=False)
 
-    def load_checkpoint(self, path: Any, map_location: Any = None, **kwargs: Any) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path: Any, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        # Nothing is unpickled, whatever ``weights_only`` says.
         self._settle(block=True)
         with open(os.fspath(path)) as f:
             pointer = json.load(f)
@@ -132,8 +136,11 @@ class MdlCheckpointIO(CheckpointIO):
         repo.wait()
         for ref in repo.branches():
             for entry in repo.log(ref.name):
-                state_json = json.loads(repo._native.read_file(entry.id, "mdl-state.json"))
-                if (state_json.get("extra") or {}).get("token") == token:
+                try:
+                    extra = repo.load_state(entry.id).extra
+                except (MdlError, KeyError):
+                    continue  # not a state commit
+                if isinstance(extra, dict) and extra.get("token") == token:
                     return entry.id
         raise ValueError(f"no commit holds the checkpoint {token} (was it committed?)")
 

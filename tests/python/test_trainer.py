@@ -1,5 +1,9 @@
 """A real transformers Trainer checkpoint (a tiny GPT-2 built from a config, random weights, no
-download): committed as a folder, checked out byte for byte, and resumed from."""
+download): committed as a folder, checked out byte for byte, and resumed from; and the same
+through the package's TrainerCallback."""
+
+import mdl as mdl_package
+from mdl.transformers import MdlCallback, checkout_checkpoint
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -19,7 +23,7 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
-def trainer(out, max_steps=6):
+def trainer(out, max_steps=6, callbacks=None):
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2))
     # Small shards, as large models are saved: model-0000i-of-0000n.safetensors and the index.
@@ -40,7 +44,13 @@ def trainer(out, max_steps=6):
         seed=0,
         data_seed=0,
     )
-    return Trainer(model=model, args=args, train_dataset=Tokens(64, 1), eval_dataset=Tokens(8, 2))
+    return Trainer(
+        model=model,
+        args=args,
+        train_dataset=Tokens(64, 1),
+        eval_dataset=Tokens(8, 2),
+        callbacks=callbacks,
+    )
 
 
 def test_trainer_checkpoint_commits_checks_out_and_resumes(tmp_path, repo):
@@ -79,3 +89,55 @@ def test_trainer_checkpoint_commits_checks_out_and_resumes(tmp_path, repo):
     assert runs["original"][0] == runs["mdl"][0] and len(runs["mdl"][0]) == 6
     for k, v in runs["original"][1].items():
         assert torch.equal(v, runs["mdl"][1][k]), k
+
+
+def resumed(tmp_path, name, source):
+    t = trainer(tmp_path / f"resume-{name}")
+    t.train(resume_from_checkpoint=str(source))
+    losses = [e["loss"] for e in t.state.log_history if "loss" in e]
+    return losses, {k: v.clone() for k, v in t.model.state_dict().items()}
+
+
+def test_the_callback_commits_every_save_and_a_trainer_resumes_from_any_revision(tmp_path):
+    repo = mdl_package.init(tmp_path / "repo")
+    callback = MdlCallback(repo)
+    run = tmp_path / "run"
+    trainer(run, max_steps=9, callbacks=[callback]).train()
+    # One commit per save, on the run's branch, with the Trainer's step and metrics.
+    assert len(callback.handles) == 3 and all(h.done() for h in callback.handles)
+    log = repo.log("run")
+    assert [e.step for e in log] == [9, 6, 3]
+    assert [e.message for e in log] == ["checkpoint-9", "checkpoint-6", "checkpoint-3"]
+    for e in log:
+        assert {"loss", "eval_loss", "learning_rate"} <= set(e.metrics), e.metrics
+    assert log[1].metrics["eval_loss"] == next(
+        x["eval_loss"] for x in reversed(trainer_state(run / "checkpoint-6")) if "eval_loss" in x
+    )
+
+    # Resuming from a checkout of the middle commit continues exactly as from the folder.
+    folder = checkout_checkpoint(repo, "run~1", tmp_path / "from-mdl")
+    original, from_mdl = resumed(tmp_path, "original", run / "checkpoint-6"), resumed(
+        tmp_path, "mdl", folder
+    )
+    assert original[0] == from_mdl[0]
+    for k, v in original[1].items():
+        assert torch.equal(v, from_mdl[1][k]), k
+
+
+def test_the_callback_deletes_checkpoints_once_durable(tmp_path):
+    repo = mdl_package.init(tmp_path / "repo")
+    run = tmp_path / "run"
+    callback = MdlCallback(repo, branch="small", lossy=True, delete_checkpoints=True)
+    trainer(run, max_steps=6, callbacks=[callback]).train()
+    assert not any(p.name.startswith("checkpoint-") for p in run.iterdir())
+    log = repo.log("small")
+    assert [e.step for e in log] == [6, 3]
+    out = tmp_path / "out"
+    repo.checkout("small", out)
+    assert (out / "trainer_state.json").exists()
+
+
+def trainer_state(folder):
+    import json
+
+    return json.loads((folder / "trainer_state.json").read_text())["log_history"]
