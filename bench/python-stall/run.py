@@ -1,0 +1,152 @@
+"""How long a training loop is blocked by a checkpoint (issue 20's benchmark).
+
+For a training state of weights plus AdamW moments (fp32 weights, or bf16 weights with fp32
+moments; about 1 GB and 4 GB), it measures in one run, on the same disk:
+
+- copy:      a plain host copy of the same tensors (``clone``), the floor;
+- async:     ``repo.commit_state(...)`` returning (the loop goes on while mdl stores);
+- blocking:  ``repo.commit_state(..., wait=True)``;
+- torch.save of the model and optimizer state dicts to a file, fsynced;
+- background: how long the asynchronous commit took to become durable, and its
+  throughput (raw bytes / seconds).
+
+Each cell is the median of --reps commits; between commits the weights and moments move a
+little, as in training, so later commits are deltas like a real series. Run with the
+package's environment (scripts/test-python.sh builds it)::
+
+    python bench/python-stall/run.py --dir /path/on/the/disk --sizes 1,4
+
+It prints a Markdown table (docs/BENCHMARKS.md, "Python: the training loop's stall").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import torch
+
+import mdl
+
+
+def make_state(gib: float, weights: torch.dtype, seed: int = 0):
+    """A module of square layers and an AdamW with moments, about ``gib`` GiB in all."""
+    torch.manual_seed(seed)
+    per_param = torch.finfo(weights).bits // 8 + 8  # weight + two fp32 moments
+    n = int(gib * 2**30 / per_param)
+    width = 2048
+    layers = max(1, n // (width * width))
+    model = torch.nn.ModuleList(
+        torch.nn.Linear(width, width, bias=False, dtype=weights) for _ in range(layers)
+    )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for p in model.parameters():
+        st = opt.state[p]
+        st["step"] = torch.tensor(100.0)
+        st["exp_avg"] = torch.randn(p.shape) * 1e-4
+        st["exp_avg_sq"] = torch.rand(p.shape) * 1e-8
+    return model, opt
+
+
+def nbytes(model, opt) -> int:
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    for st in opt.state.values():
+        total += sum(t.numel() * t.element_size() for t in st.values())
+    return total
+
+
+def train_a_little(model, opt):
+    """Moves weights and moments as a training step would (in place, like the optimizer)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            st = opt.state[p]
+            st["exp_avg"].mul_(0.9).add_(torch.randn_like(st["exp_avg"]), alpha=1e-5)
+            st["exp_avg_sq"].mul_(0.999).add_(1e-11)
+            p.add_(st["exp_avg"].to(p.dtype), alpha=-1e-2)
+            st["step"] += 1
+
+
+def plain_copy(model, opt) -> float:
+    t0 = time.perf_counter()
+    copies = [p.detach().clone() for p in model.parameters()]
+    copies += [t.clone() for st in opt.state.values() for t in st.values()]
+    dt = time.perf_counter() - t0
+    del copies
+    return dt
+
+
+def torch_save(model, opt, path: str) -> float:
+    t0 = time.perf_counter()
+    with open(path, "wb") as f:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    dt = time.perf_counter() - t0
+    os.remove(path)
+    return dt
+
+
+def measure(gib: float, weights: torch.dtype, root: str, reps: int) -> dict:
+    model, opt = make_state(gib, weights)
+    size = nbytes(model, opt)
+    work = tempfile.mkdtemp(dir=root, prefix="stall-")
+    try:
+        repo = mdl.init(os.path.join(work, "repo"))
+        cells: dict[str, list[float]] = {k: [] for k in ("copy", "async", "background", "blocking", "save")}
+        # A first commit that later ones delta against (a running series), not timed.
+        repo.commit_state(model, opt, step=0, wait=True)
+        for rep in range(reps):
+            train_a_little(model, opt)
+            cells["copy"].append(plain_copy(model, opt))
+            t0 = time.perf_counter()
+            handle = repo.commit_state(model, opt, step=2 * rep + 1)
+            cells["async"].append(time.perf_counter() - t0)
+            handle.wait()
+            cells["background"].append(time.perf_counter() - t0)
+            train_a_little(model, opt)
+            t0 = time.perf_counter()
+            repo.commit_state(model, opt, step=2 * rep + 2, wait=True)
+            cells["blocking"].append(time.perf_counter() - t0)
+            cells["save"].append(torch_save(model, opt, os.path.join(work, "ckpt.pt")))
+        stored = sum(e.stored_bytes for e in repo.log())
+        raw = sum(e.raw_bytes for e in repo.log())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in cells.items()}
+    med["bytes"] = size
+    med["ratio"] = raw / stored
+    return med
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default=tempfile.gettempdir(), help="where repositories and files go")
+    ap.add_argument("--sizes", default="1,4", help="state sizes in GiB, comma-separated")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    print(f"mdl {mdl.__version__}, torch {torch.__version__}, {os.cpu_count()} cores, dir {args.dir}")
+    print()
+    print("| state | weights | copy s | async s | async/copy | blocking s | torch.save s | background s | background MB/s | series ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for gib in [float(s) for s in args.sizes.split(",")]:
+        for weights in (torch.float32, torch.bfloat16):
+            m = measure(gib, weights, args.dir, args.reps)
+            name = str(weights).removeprefix("torch.")
+            print(
+                f"| {m['bytes'] / 2**30:.2f} GiB | {name} | {m['copy']:.2f} | {m['async']:.2f} | "
+                f"{m['async'] / m['copy']:.2f} | {m['blocking']:.2f} | {m['save']:.2f} | "
+                f"{m['background']:.2f} | {m['bytes'] / m['background'] / 1e6:.0f} | {m['ratio']:.2f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
