@@ -282,3 +282,37 @@ def test_history_refs_and_files(tmp_path):
     assert repo.head == "exp"
     with pytest.raises(mdl.MdlError, match="unknown revision"):
         repo.log("nope")
+
+
+def test_a_remote_repository(tmp_path, serve):
+    from conftest import READ_TOKEN, WRITE_TOKEN
+    from safetensors.torch import save_file
+
+    local = mdl.init(tmp_path / "served")
+    model, opt = model_and_optimizer()
+    train(model, opt, 1)
+    first = local.commit_state(model, opt, step=1, wait=True)
+    local.tag("v1")
+    server = serve(local.root)
+    name = os.path.basename(local.root)
+    url = f"{server.base}/{name}"
+
+    reader = mdl.open(url, READ_TOKEN)
+    assert isinstance(reader, mdl.RemoteRepository)
+    assert [(e.id, e.step) for e in reader.log()] == [(first.id, 1)]
+    assert [b.name for b in reader.branches()] == ["main"] and reader.branches()[0].current
+    assert [t.name for t in reader.tags()] == ["v1"]
+    out = tmp_path / "download"
+    reader.checkout("v1", out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["model.safetensors", "optimizer.safetensors", "mdl-state.json"]
+    )
+    # A file commit needs a write token; refused with the server's message otherwise.
+    ckpt = tmp_path / "c.safetensors"
+    save_file({"w": torch.randn(8, 8)}, str(ckpt))
+    with pytest.raises(mdl.MdlError):
+        reader.commit(ckpt, step=2)
+    writer = mdl.open(url, WRITE_TOKEN)
+    result = writer.commit(ckpt, step=2, metrics={"loss": 0.5}, branch="uploads")
+    assert [e.id for e in writer.log("uploads")][0] == result.id
+    assert writer.show(result.id)["step"] == 2
