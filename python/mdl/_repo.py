@@ -144,8 +144,20 @@ class Repository:
                 [os.fspath(p) for p in paths],
                 message, branch, step, _metrics(metrics), lossy, epsilon, author,
             )
-        handle = CommitHandle(pending)
-        return handle.wait() if wait else handle
+        return self._settle(CommitHandle(pending), wait)
+
+    def _settle(self, handle: CommitHandle, wait: bool) -> CommitResult | CommitHandle:
+        """The handle, or with ``wait`` its result: a failure is then raised here only, not
+        again by the next call."""
+        if not wait:
+            return handle
+        try:
+            return handle.wait()
+        finally:
+            try:
+                self._native.finish()
+            except MdlError:
+                pass  # the failure raised by handle.wait() above
 
     def commit_state(
         self,
@@ -181,8 +193,7 @@ class Repository:
             pending = self._native.submit_buffers(
                 files, pairs, message, branch, step, _metrics(metrics), lossy, epsilon, author
             )
-        handle = CommitHandle(pending)
-        return handle.wait() if wait else handle
+        return self._settle(CommitHandle(pending), wait)
 
     def _stage(self, model: Any, optimizer: Any, extra: Any, step: int | None):
         model_t = _state.Tensors(_state.MODEL_FILE)

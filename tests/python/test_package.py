@@ -316,3 +316,20 @@ def test_a_remote_repository(tmp_path, serve):
     result = writer.commit(ckpt, step=2, metrics={"loss": 0.5}, branch="uploads")
     assert [e.id for e in writer.log("uploads")][0] == result.id
     assert writer.show(result.id)["step"] == 2
+
+
+def test_a_blocking_commit_raises_its_failure_once(tmp_path):
+    repo = mdl.init(tmp_path / "repo")
+    objects = os.path.join(repo.root, ".mdl", "objects")
+    os.rename(objects, objects + ".away")
+    with open(objects, "w") as f:
+        f.write("not a folder")
+    try:
+        with pytest.raises(mdl.MdlError, match="background commit failed"):
+            repo.commit_state({"w": torch.randn(16, 16)}, step=1, wait=True)
+    finally:
+        os.remove(objects)
+        os.rename(objects + ".away", objects)
+    # Raised where the caller waited: the next call goes ahead.
+    assert repo.commit_state({"w": torch.randn(16, 16)}, step=2, wait=True).id == repo.resolve("HEAD")
+    assert [e.step for e in repo.log()] == [2]
