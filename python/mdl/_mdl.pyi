@@ -1,6 +1,17 @@
 # Types of the native module (python/src); the public API is in mdl/_repo.py.
 import os
-from typing import Any
+from typing import Any, TypedDict
+
+class Options(TypedDict):
+    """A commit's options (python/src/local.rs `Options`)."""
+
+    message: str
+    branch: str | None
+    step: int | None
+    metrics: list[tuple[str, float]]
+    lossy: bool | None
+    epsilon: float | None
+    author: str | None
 
 __version__: str
 
@@ -20,25 +31,13 @@ class Repo:
     def submit_paths(
         self,
         paths: list[str],
-        message: str,
-        branch: str | None,
-        step: int | None,
-        metrics: list[tuple[str, float]],
-        lossy: bool | None,
-        epsilon: float | None,
-        author: str | None,
+        options: Options,
     ) -> Pending: ...
     def submit_buffers(
         self,
         files: list[tuple[str, Any]],
         pairs: list[tuple[tuple[str, str], tuple[str, str], tuple[str, str]]],
-        message: str,
-        branch: str | None,
-        step: int | None,
-        metrics: list[tuple[str, float]],
-        lossy: bool | None,
-        epsilon: float | None,
-        author: str | None,
+        options: Options,
     ) -> Pending: ...
     def finish(self) -> str | None: ...
     def resolve(self, rev: str) -> str: ...
@@ -55,7 +54,9 @@ class Repo:
     def switch(self, name: str) -> None: ...
     def checkout(self, rev: str, out: str, path: str | None = None, force: bool = False) -> str: ...
     def tensors(self, rev: str) -> str: ...
-    def read_tensors(self, rev: str, wanted: list[tuple[str, str]]) -> list[bytearray]: ...
+    def read_tensors(
+        self, rev: str, wanted: list[tuple[str, str]]
+    ) -> list[tuple[str, list[int], bytearray]]: ...
     def read_file(self, rev: str, path: str) -> bytearray: ...
 
 class Remote:
@@ -68,12 +69,6 @@ class Remote:
     def commit_file(
         self,
         path: str,
-        message: str,
-        branch: str | None,
-        step: int | None,
-        metrics: list[tuple[str, float]],
-        lossy: bool | None,
-        epsilon: float | None,
-        author: str | None,
+        options: Options,
     ) -> str: ...
     def checkout(self, rev: str, out: str, path: str | None = None, force: bool = False) -> str: ...

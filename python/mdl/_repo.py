@@ -75,8 +75,30 @@ def _finish_at_exit() -> None:
             print(f"mdl: a background commit to {repo.root} failed: {e}", file=sys.stderr)
 
 
-def _metrics(metrics: Mapping[str, float] | None) -> list[tuple[str, float]]:
-    return [(str(k), float(v)) for k, v in (metrics or {}).items()]
+def _options(
+    message: str,
+    step: int | None,
+    metrics: Mapping[str, float] | None,
+    branch: str | None,
+    lossy: bool | None,
+    epsilon: float | None,
+    author: str | None,
+) -> dict:
+    """A commit's options as the native module takes them."""
+    return {
+        "message": message,
+        "step": step,
+        "metrics": [(str(k), float(v)) for k, v in (metrics or {}).items()],
+        "branch": branch,
+        "lossy": lossy,
+        "epsilon": epsilon,
+        "author": author,
+    }
+
+
+def as_repository(repo: "Repository | PathLike") -> "Repository":
+    """``repo`` itself, or the repository at that path (created if missing)."""
+    return repo if isinstance(repo, Repository) else open(repo, create=True)
 
 
 class Repository:
@@ -142,7 +164,7 @@ class Repository:
             self.wait()
             pending = self._native.submit_paths(
                 [os.fspath(p) for p in paths],
-                message, branch, step, _metrics(metrics), lossy, epsilon, author,
+                _options(message, step, metrics, branch, lossy, epsilon, author),
             )
         return self._settle(CommitHandle(pending), wait)
 
@@ -191,7 +213,7 @@ class Repository:
             self.wait()  # the staging buffers are reused: the commit before must be done
             files, pairs = self._stage(model, optimizer, extra, step)
             pending = self._native.submit_buffers(
-                files, pairs, message, branch, step, _metrics(metrics), lossy, epsilon, author
+                files, pairs, _options(message, step, metrics, branch, lossy, epsilon, author)
             )
         return self._settle(CommitHandle(pending), wait)
 
@@ -274,10 +296,10 @@ class Repository:
         missing = [n for n in wanted if n not in by_name]
         if missing:
             raise KeyError(f"no tensor {missing[0]!r} in commit {commit[:12]}")
-        infos = [by_name[n] for n in wanted]
-        data = self._native.read_tensors(commit, [(t.file, t.name) for t in infos])
+        data = self._native.read_tensors(commit, [(by_name[n].file, n) for n in wanted])
         return {
-            t.name: _state.to_tensor(d, t.dtype, t.shape, framework) for t, d in zip(infos, data)
+            n: _state.to_tensor(d, dtype, shape, framework)
+            for n, (dtype, shape, d) in zip(wanted, data)
         }
 
     def load_state(
@@ -293,13 +315,12 @@ class Repository:
         Given a ``model`` and/or ``optimizer``, their ``load_state_dict`` is called with it.
         """
         commit = self.resolve(rev)
-        doc = json.loads(self._native.read_file(commit, _state.STATE_FILE))
+        doc = self._state_document(commit)
         refs = _state.references(doc)
         data = self._native.read_tensors(commit, refs) if refs else []
-        infos = {(t.file, t.name): t for t in self.tensors(commit)}
         tensors = {
-            ref: _state.to_tensor(d, infos[ref].dtype, infos[ref].shape, framework)
-            for ref, d in zip(refs, data)
+            ref: _state.to_tensor(d, dtype, shape, framework)
+            for ref, (dtype, shape, d) in zip(refs, data)
         }
         model_sd = OrderedDict(_state.decode(doc.get("model", {}), tensors))
         optim_sd = None
@@ -324,6 +345,10 @@ class Repository:
                 raise ValueError(f"commit {commit[:12]} holds no optimizer state")
             optimizer.load_state_dict(optim_sd)
         return state
+
+    def _state_document(self, commit: str) -> dict:
+        """The ``mdl-state.json`` of a live-state commit (MdlError for other commits)."""
+        return json.loads(self._native.read_file(commit, _state.STATE_FILE))
 
     def log(self, rev: str | None = None, limit: int | None = None) -> list[LogEntry]:
         """History from ``rev`` (HEAD when None), newest first."""
@@ -402,7 +427,7 @@ class RemoteRepository:
     ) -> CommitResult:
         """Uploads one file as a commit (the server stores it; blocks until it has)."""
         text = self._native.commit_file(
-            os.fspath(path), message, branch, step, _metrics(metrics), lossy, epsilon, author
+            os.fspath(path), _options(message, step, metrics, branch, lossy, epsilon, author)
         )
         return CommitResult.from_json(text)
 

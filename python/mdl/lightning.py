@@ -24,8 +24,7 @@ from typing import Any
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from ._mdl import MdlError
-from ._repo import CommitHandle, Repository
-from ._repo import open as _open
+from ._repo import CommitHandle, Repository, as_repository
 
 __all__ = ["MdlCheckpointIO"]
 
@@ -49,7 +48,7 @@ class MdlCheckpointIO(CheckpointIO):
         lossy: bool | None = None,
         epsilon: float | None = None,
     ):
-        self.repo = repo if isinstance(repo, Repository) else _open(repo, create=True)
+        self.repo = as_repository(repo)
         self.branch = branch
         self.lossy = lossy
         self.epsilon = epsilon
@@ -137,9 +136,9 @@ class MdlCheckpointIO(CheckpointIO):
         for ref in repo.branches():
             for entry in repo.log(ref.name):
                 try:
-                    extra = repo.load_state(entry.id).extra
-                except (MdlError, KeyError):
-                    continue  # not a state commit
+                    extra = repo._state_document(entry.id).get("extra")
+                except MdlError:
+                    continue  # not a live-state commit
                 if isinstance(extra, dict) and extra.get("token") == token:
                     return entry.id
         raise ValueError(f"no commit holds the checkpoint {token} (was it committed?)")

@@ -22,8 +22,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ._repo import CommitHandle, Repository
-from ._repo import open as _open
+from ._repo import CommitHandle, Repository, as_repository
 
 __all__ = ["MdlCallback", "checkout_checkpoint", "branch_name"]
 
@@ -69,7 +68,7 @@ class MdlCallback(TrainerCallback):
         epsilon: float | None = None,
         delete_checkpoints: bool = False,
     ):
-        self.repo = repo if isinstance(repo, Repository) else _open(repo, create=True)
+        self.repo = as_repository(repo)
         self.branch = branch
         self.lossy = lossy
         self.epsilon = epsilon

@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use mdl::background::{Committer, Handle};
+use mdl::checkout::Layout;
 use mdl::commit::{CommitOptions, KnownPair, MemoryFile, Staged};
 use mdl::{LockMode, OpenOptions, Repository};
 use pyo3::prelude::*;
@@ -18,8 +19,7 @@ use crate::{error, json};
 /// A repository, by its work directory.
 #[pyclass(frozen, module = "mdl._mdl")]
 pub struct Repo {
-    root: PathBuf,
-    wait: Duration,
+    opener: Opener,
     committer: Committer,
 }
 
@@ -64,34 +64,15 @@ impl Opener {
 impl Repo {
     fn new(root: PathBuf, wait: Duration) -> Repo {
         let opener = Opener {
-            root: root.clone(),
+            root,
             wait,
             engine: Arc::new(OnceLock::new()),
         };
+        let for_commits = opener.clone();
         Repo {
-            root,
-            wait,
-            committer: Committer::new(move || opener.writer()),
+            opener,
+            committer: Committer::new(move || for_commits.writer()),
         }
-    }
-
-    fn reader(&self) -> PyResult<Repository> {
-        let opts = OpenOptions {
-            mode: LockMode::Read,
-            wait: self.wait,
-            purpose: format!("python (pid {})", std::process::id()),
-            ..OpenOptions::default()
-        };
-        Repository::open(&self.root, &opts).map_err(error)
-    }
-
-    fn writer(&self) -> PyResult<Repository> {
-        let opts = OpenOptions {
-            wait: self.wait,
-            purpose: format!("python (pid {})", std::process::id()),
-            ..OpenOptions::default()
-        };
-        Repository::open(&self.root, &opts).map_err(error)
     }
 
     /// Reads with the interpreter released.
@@ -100,10 +81,8 @@ impl Repo {
         py: Python<'_>,
         f: impl FnOnce(&Repository) -> mdl::Result<T> + Send,
     ) -> PyResult<T> {
-        py.detach(|| {
-            let repo = self.reader()?;
-            f(&repo).map_err(error)
-        })
+        py.detach(|| f(&self.opener.open(LockMode::Read)?))
+            .map_err(error)
     }
 
     /// Changes refs with the interpreter released.
@@ -112,10 +91,18 @@ impl Repo {
         py: Python<'_>,
         f: impl FnOnce(&Repository) -> mdl::Result<T> + Send,
     ) -> PyResult<T> {
+        py.detach(|| f(&self.opener.open(LockMode::Write)?))
+            .map_err(error)
+    }
+
+    /// The repository opened for reading and `rev`'s layout (what reads of bytes decode from).
+    fn laid_out(&self, py: Python<'_>, rev: &str) -> PyResult<(Repository, Layout)> {
         py.detach(|| {
-            let repo = self.writer()?;
-            f(&repo).map_err(error)
+            let repo = self.opener.open(LockMode::Read)?;
+            let layout = mdl::checkout::layout(&repo, rev)?;
+            Ok::<_, mdl::Error>((repo, layout))
         })
+        .map_err(error)
     }
 
     fn submit(&self, py: Python<'_>, staged: Staged, opts: CommitOptions) -> PyResult<Pending> {
@@ -125,41 +112,49 @@ impl Repo {
     }
 }
 
-/// Commit options from the Python call's arguments.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn options(
+/// A commit's options as the Python side passes them: a dict with these keys.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub(crate) struct Options {
     message: String,
     branch: Option<String>,
     step: Option<u64>,
     metrics: Vec<(String, f64)>,
+    /// True: lossy; False: lossless; None: the repository's setting.
     lossy: Option<bool>,
     epsilon: Option<f64>,
     author: Option<String>,
-) -> PyResult<CommitOptions> {
-    use mdl::lossy::CodecMode;
-    Ok(CommitOptions {
-        message,
-        branch: branch
-            .as_deref()
-            .map(mdl::RefName::new)
-            .transpose()
-            .map_err(error)?,
-        step,
-        metrics,
-        author,
-        lossy: mdl::lossy::LossyRequest {
-            mode: lossy.map(|l| {
-                if l {
-                    CodecMode::Lossy
-                } else {
-                    CodecMode::Lossless
-                }
-            }),
-            epsilon,
+}
+
+impl Options {
+    /// The library's commit options.
+    pub(crate) fn commit(self) -> PyResult<CommitOptions> {
+        use mdl::lossy::CodecMode;
+        Ok(CommitOptions {
+            message: self.message,
+            branch: self
+                .branch
+                .as_deref()
+                .map(mdl::RefName::new)
+                .transpose()
+                .map_err(error)?,
+            step: self.step,
+            metrics: self.metrics,
+            author: self.author,
+            lossy: mdl::lossy::LossyRequest {
+                mode: self.lossy.map(|l| {
+                    if l {
+                        CodecMode::Lossy
+                    } else {
+                        CodecMode::Lossless
+                    }
+                }),
+                epsilon: self.epsilon,
+                ..Default::default()
+            },
             ..Default::default()
-        },
-        ..Default::default()
-    })
+        })
+    }
 }
 
 #[pymethods]
@@ -184,26 +179,18 @@ impl Repo {
     /// The work directory.
     #[getter]
     fn root(&self) -> PathBuf {
-        self.root.clone()
+        self.opener.root.clone()
     }
 
     /// Stages the files or directories at `paths` (mapped now: deleting them afterwards is
     /// safe) and commits them in the background.
-    #[pyo3(signature = (paths, message, branch, step, metrics, lossy, epsilon, author))]
-    #[allow(clippy::too_many_arguments)]
     fn submit_paths(
         &self,
         py: Python<'_>,
         paths: Vec<PathBuf>,
-        message: String,
-        branch: Option<String>,
-        step: Option<u64>,
-        metrics: Vec<(String, f64)>,
-        lossy: Option<bool>,
-        epsilon: Option<f64>,
-        author: Option<String>,
+        options: Options,
     ) -> PyResult<Pending> {
-        let opts = options(message, branch, step, metrics, lossy, epsilon, author)?;
+        let opts = options.commit()?;
         let staged = py.detach(|| Staged::paths(&paths)).map_err(error)?;
         self.submit(py, staged, opts)
     }
@@ -211,22 +198,15 @@ impl Repo {
     /// Commits files given as `(path, buffer)` in the background, reading each buffer in
     /// place (it must not change until the commit is done), with the moment pairs `pairs`:
     /// `((file, param), (file, exp_avg), (file, exp_avg_sq))`.
-    #[pyo3(signature = (files, pairs, message, branch, step, metrics, lossy, epsilon, author))]
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    #[allow(clippy::type_complexity)]
     fn submit_buffers(
         &self,
         py: Python<'_>,
         files: Vec<(String, Bound<'_, PyAny>)>,
         pairs: Vec<((String, String), (String, String), (String, String))>,
-        message: String,
-        branch: Option<String>,
-        step: Option<u64>,
-        metrics: Vec<(String, f64)>,
-        lossy: Option<bool>,
-        epsilon: Option<f64>,
-        author: Option<String>,
+        options: Options,
     ) -> PyResult<Pending> {
-        let opts = options(message, branch, step, metrics, lossy, epsilon, author)?;
+        let opts = options.commit()?;
         let files = files
             .iter()
             .map(|(path, obj)| Ok(MemoryFile::new(path.clone(), Exported::new(obj)?)))
@@ -372,19 +352,16 @@ impl Repo {
         json(&list)
     }
 
-    /// Decodes the tensors `wanted` (`(file, name)`) of commit `rev`, each into a new
-    /// bytearray, in the order asked.
+    /// Decodes the tensors `wanted` (`(file, name)`) of commit `rev`, in the order asked:
+    /// each as its dtype, shape and a new bytearray of its bytes.
+    #[allow(clippy::type_complexity)]
     fn read_tensors<'py>(
         &self,
         py: Python<'py>,
         rev: String,
         wanted: Vec<(String, String)>,
-    ) -> PyResult<Vec<Bound<'py, PyByteArray>>> {
-        let (repo, layout) = py.detach(|| {
-            let repo = self.reader()?;
-            let layout = mdl::checkout::layout(&repo, &rev).map_err(error)?;
-            Ok::<_, PyErr>((repo, layout))
-        })?;
+    ) -> PyResult<Vec<(&'static str, Vec<u64>, Bound<'py, PyByteArray>)>> {
+        let (repo, layout) = self.laid_out(py, &rev)?;
         let mut out = Vec::with_capacity(wanted.len());
         for (file, name) in &wanted {
             let placed = layout
@@ -395,7 +372,11 @@ impl Repo {
             let bytes = PyByteArray::new_with(py, len, |buf| {
                 py.detach(|| placed.load_into(&repo, buf)).map_err(error)
             })?;
-            out.push(bytes);
+            out.push((
+                placed.header.dtype.name(),
+                placed.header.shape.clone(),
+                bytes,
+            ));
         }
         Ok(out)
     }
@@ -407,11 +388,7 @@ impl Repo {
         rev: String,
         path: String,
     ) -> PyResult<Bound<'py, PyByteArray>> {
-        let (repo, layout) = py.detach(|| {
-            let repo = self.reader()?;
-            let layout = mdl::checkout::layout(&repo, &rev).map_err(error)?;
-            Ok::<_, PyErr>((repo, layout))
-        })?;
+        let (repo, layout) = self.laid_out(py, &rev)?;
         let file = layout
             .file(&path)
             .ok_or_else(|| error(format!("no file {path:?} in commit {rev}")))?;

@@ -46,21 +46,13 @@ impl Remote {
     }
 
     /// Uploads the file at `path` as a commit (blocking); the outcome as JSON.
-    #[pyo3(signature = (path, message, branch, step, metrics, lossy, epsilon, author))]
-    #[allow(clippy::too_many_arguments)]
     fn commit_file(
         &self,
         py: Python<'_>,
         path: PathBuf,
-        message: String,
-        branch: Option<String>,
-        step: Option<u64>,
-        metrics: Vec<(String, f64)>,
-        lossy: Option<bool>,
-        epsilon: Option<f64>,
-        author: Option<String>,
+        options: crate::local::Options,
     ) -> PyResult<String> {
-        let opts = crate::local::options(message, branch, step, metrics, lossy, epsilon, author)?;
+        let opts = options.commit()?;
         json(&py.detach(|| self.0.commit(&path, &opts)).map_err(error)?)
     }
 

@@ -164,16 +164,6 @@ impl Staged {
             started,
         })
     }
-
-    /// Total size of the staged files.
-    pub fn len(&self) -> u64 {
-        self.input.files.iter().map(|f| f.len()).sum()
-    }
-
-    /// Whether the staged files hold no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Commits what was staged.
