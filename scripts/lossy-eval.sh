@@ -2,8 +2,14 @@
 # Validation loss of every lossily reconstructed corpus checkpoint against its original
 # (docs/BENCHMARKS.md): each series is committed with --lossy into one repository, every commit
 # is checked out, and gen_trajectory.py --eval scores originals and reconstructions.
+# The table sets each reconstruction's measured change beside the change mdl recorded for it
+# (the commit's estimated loss change) and their ratio: the bound holds where the ratio is at
+# most 1 (measured changes below zero are improvements).
 # Usage: scripts/lossy-eval.sh [EXTRA mdl commit ARGS...]   (needs ../shared/corpus/make.sh run;
-# MDL_EVAL_SERIES picks the series, default "traj-fp32 traj-bf16")
+# MDL_EVAL_SERIES picks the series, default "traj-fp32 traj-bf16 ft-fp32"; MDL_EVAL_CONFIG
+# "key=value;..." sets repository configuration; a series is a folder of the corpus cache or
+# any folder of checkpoints named ckpt_*.safetensors, with MDL_EVAL_DOMAIN_<name> overriding
+# its validation domain)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cache="${MDL_CORPUS:-$HOME/.cache/mdl-corpus}"
@@ -13,16 +19,31 @@ cargo build --release -p mdl-cli
 mdl="$PWD/target/release/mdl"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-for series in ${MDL_EVAL_SERIES:-traj-fp32 traj-bf16}; do
-    dtype=${series#traj-}
-    repo="$work/$series"
+for series in ${MDL_EVAL_SERIES:-traj-fp32 traj-bf16 ft-fp32}; do
+    dir=$series
+    [ -d "$dir" ] || dir="$cache/$series"
+    name=$(basename "$dir")
+    dtype=fp32
+    case $name in *bf16*) dtype=bf16 ;; esac
+    domain=stdlib
+    case $name in ft-*) domain=tests ;; esac
+    var="MDL_EVAL_DOMAIN_${name//[^A-Za-z0-9]/_}"
+    domain=${!var:-$domain}
+    repo="$work/$name"
     mkdir -p "$repo/out"
     "$mdl" -C "$repo" init >/dev/null
     # The corpus trains with AdamW betas 0.9/0.95.
     "$mdl" -C "$repo" config quant.adam_betas 0.9,0.95 >/dev/null
-    files=("$cache/$series"/ckpt_*.safetensors)
+    IFS=';' read -ra kvs <<< "${MDL_EVAL_CONFIG:-}"
+    for kv in "${kvs[@]}"; do
+        [ -n "$kv" ] && "$mdl" -C "$repo" config "${kv%%=*}" "${kv#*=}" >/dev/null
+    done
+    files=("$dir"/ckpt_*.safetensors)
+    : > "$work/est"
     for f in "${files[@]}"; do
-        "$mdl" -C "$repo" commit "$f" --lossy "$@" -m "$(basename "$f")" >/dev/null 2>&1
+        "$mdl" -C "$repo" commit "$f" --lossy "$@" -m "$(basename "$f")" 2>&1 |
+            sed -n 's/.*estimated loss change \([^ ]*\).*/\1/p' > "$work/one"
+        if [ -s "$work/one" ]; then cat "$work/one" >> "$work/est"; else echo 0 >> "$work/est"; fi
     done
     n=${#files[@]}
     outs=()
@@ -31,10 +52,14 @@ for series in ${MDL_EVAL_SERIES:-traj-fp32 traj-bf16}; do
         "$mdl" -C "$repo" checkout "HEAD~$((n - 1 - i))" -o "$out" >/dev/null
         outs+=("$out")
     done
-    echo "## $series (repository $(du -sb "$repo/.mdl/objects" | cut -f1) bytes)"
-    echo "| checkpoint | original val loss | reconstructed | change |"
-    echo "|---|---:|---:|---:|"
-    paste <("$py" "$gen" --dtype "$dtype" --out "$work/gen" --eval "${files[@]}" | awk '{print $1, $NF}') \
-        <("$py" "$gen" --dtype "$dtype" --out "$work/gen" --eval "${outs[@]}" | awk '{print $NF}') |
-        awk '{n = $1; sub(/.*\//, "", n); printf "| %s | %.4f | %.4f | %+.4f (%+.2f %%) |\n", n, $2, $3, $3-$2, ($3/$2-1)*100}'
+    raw=$(du -cb "${files[@]}" | tail -1 | cut -f1)
+    stored=$(du -sb "$repo/.mdl/objects" | cut -f1)
+    echo "## $name ($domain): repository $stored bytes, $(awk "BEGIN{printf \"%.2f\", $raw/$stored}")× the checkpoints' $raw"
+    echo "| checkpoint | original val loss | reconstructed | change | recorded estimate | measured / recorded |"
+    echo "|---|---:|---:|---:|---:|---:|"
+    paste <("$py" "$gen" --dtype "$dtype" --domain "$domain" --out "$work/gen" --eval "${files[@]}" | awk '{print $1, $NF}') \
+        <("$py" "$gen" --dtype "$dtype" --domain "$domain" --out "$work/gen" --eval "${outs[@]}" | awk '{print $NF}') \
+        "$work/est" |
+        awk '{n = $1; sub(/.*\//, "", n); d = $3 - $2; r = ($4 > 0) ? sprintf("%.2f", d / $4) : "—";
+              printf "| %s | %.4f | %.4f | %+.4f (%+.2f %%) | %.2e | %s |\n", n, $2, $3, d, ($3/$2-1)*100, $4, r}'
 done

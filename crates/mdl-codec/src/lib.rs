@@ -22,6 +22,7 @@ pub mod huffman;
 pub mod planes;
 pub mod qrecord;
 pub mod quant;
+pub mod residual;
 pub mod scalar;
 pub mod trim;
 
@@ -50,6 +51,9 @@ pub enum CodecTag {
     MantissaTrim = 6,
     /// Byte planes of the zigzag-mapped integer difference `value − base`: [`float`].
     SubDelta = 7,
+    /// A lossy tensor as its base object's content plus a uniformly quantized residual:
+    /// [`residual`].
+    QuantResidual = 8,
 }
 
 impl CodecTag {
@@ -64,6 +68,7 @@ impl CodecTag {
             CodecTag::QuantBase => "quant-base",
             CodecTag::QuantDelta => "quant-delta",
             CodecTag::MantissaTrim => "mantissa-trim",
+            CodecTag::QuantResidual => "quant-residual",
         }
     }
 
@@ -75,7 +80,10 @@ impl CodecTag {
             | CodecTag::FloatSplit
             | CodecTag::QuantBase
             | CodecTag::MantissaTrim => false,
-            CodecTag::XorDelta | CodecTag::SubDelta | CodecTag::QuantDelta => true,
+            CodecTag::XorDelta
+            | CodecTag::SubDelta
+            | CodecTag::QuantDelta
+            | CodecTag::QuantResidual => true,
         }
     }
 
@@ -103,6 +111,7 @@ impl TryFrom<u8> for CodecTag {
             5 => Ok(CodecTag::QuantDelta),
             6 => Ok(CodecTag::MantissaTrim),
             7 => Ok(CodecTag::SubDelta),
+            8 => Ok(CodecTag::QuantResidual),
             tag => Err(FormatError::UnknownTag { what: "codec", tag }),
         }
     }
@@ -295,6 +304,7 @@ mod tests {
         assert_eq!(CodecTag::SubDelta as u8, 7);
         assert_eq!(CodecTag::QuantBase as u8, 4);
         assert_eq!(CodecTag::QuantDelta as u8, 5);
+        assert_eq!(CodecTag::QuantResidual as u8, 8);
         assert_eq!(CodecTag::MantissaTrim as u8, 6);
         for t in 0..=7 {
             assert_eq!(CodecTag::try_from(t).unwrap() as u8, t);

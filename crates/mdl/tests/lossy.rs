@@ -104,10 +104,18 @@ impl Model {
     }
 }
 
+/// A repository whose loss estimate knows this model's curvature: its gradients are
+/// `0.1·w` plus noise of 0.01 per step, so the Hessian (0.1) is about 1000 times Adam's `v`.
+fn init_repo(path: &Path) -> Repository {
+    let repo = Repository::init(path).unwrap();
+    mdl::config::set_config(&repo, "quant.curvature", "1000").unwrap();
+    repo
+}
+
 /// A repository and a model two steps into training, written to `c.safetensors`.
 fn one_checkpoint() -> (tempfile::TempDir, Repository, Model, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
-    let repo = Repository::init(&dir.path().join("repo")).unwrap();
+    let repo = init_repo(&dir.path().join("repo"));
     let mut model = Model::new();
     model.steps(2);
     let file = dir.path().join("c.safetensors");
@@ -195,7 +203,7 @@ fn check_checkout(repo: &Repository, rev: &str, original: &Path, out: &Path) {
 
 fn chain_with_table_changes(mode: DeltaMode) {
     let dir = tempfile::tempdir().unwrap();
-    let repo = Repository::init(&dir.path().join("repo")).unwrap();
+    let repo = init_repo(&dir.path().join("repo"));
     let policy = DeltaPolicy {
         mode,
         max_depth: 16,
@@ -221,13 +229,13 @@ fn chain_with_table_changes(mode: DeltaMode) {
             &NoProgress,
         )
         .unwrap();
-        assert!(c.lossy_tensors >= 6, "{}", c.lossy_tensors);
+        assert!(c.lossy_tensors >= 5, "{}", c.lossy_tensors);
         let out = dir.path().join(format!("c{k}.out"));
         check_checkout(&repo, &c.id.to_string(), &file, &out);
         outs.push((c.id, std::fs::read(&out).unwrap()));
     }
     // Older commits decode to the same bytes after later commits re-encoded them.
-    let mut deltas = 0;
+    let (mut deltas, mut residuals) = (0, 0);
     for (id, bytes) in &outs {
         let out = dir.path().join("again");
         checkout_to(&repo, &id.to_string(), &out);
@@ -238,11 +246,19 @@ fn chain_with_table_changes(mode: DeltaMode) {
             .iter()
             .filter(|t| t.codec == "quant-delta")
             .count();
+        residuals += shown
+            .tensors
+            .iter()
+            .filter(|t| t.codec == "quant-residual")
+            .count();
         for t in &shown.tensors {
             assert!(t.depth <= 16);
         }
     }
     assert!(deltas >= 6, "only {deltas} quant-delta records");
+    // Weights that moved a little are residuals from their previous version: chains mix
+    // residual, quant-delta and lossless records.
+    assert!(residuals >= 2, "only {residuals} quant-residual records");
     let report = mdl::fsck::fsck(&repo, false).unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
@@ -260,7 +276,7 @@ fn forward_quant_chains_decode_every_commit() {
 #[test]
 fn the_search_stays_within_its_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let repo = Repository::init(&dir.path().join("repo")).unwrap();
+    let repo = init_repo(&dir.path().join("repo"));
     let mut model = Model::new();
     for k in 0..2 {
         model.steps(5);
@@ -280,7 +296,9 @@ fn the_search_stays_within_its_budget() {
         if k == 0 {
             assert_eq!((s.guided, s.neighbourhood), (3, 0));
         } else {
-            assert_eq!((s.guided, s.neighbourhood), (1, 2));
+            // A tensor kept exact at the first commit is searched from the whole grid again.
+            assert_eq!(s.guided + s.neighbourhood, 3);
+            assert!(s.guided >= 1 && s.neighbourhood >= 1, "{s:?}");
         }
         // What the manifest records (measured on the reconstruction) agrees.
         let shown = mdl::show::show(&repo, &c.id.to_string()).unwrap();

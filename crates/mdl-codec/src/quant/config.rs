@@ -134,22 +134,71 @@ impl QuantConfig {
     }
 }
 
-/// Adam's bias corrections at the checkpoint's step: `m̂ = m·c1`, `v̂ = v·c2`.
+/// Default [`Correction::curvature`]: the ratio assumed between the loss's curvature and Adam's
+/// second moment (`docs/CODECS.md`, "The bound").
+pub const DEFAULT_CURVATURE: f64 = 16384.0;
+/// Share of a tensor's mean `v̂` every element's curvature is at least (elements the data
+/// rarely touches still cost).
+pub const CURVATURE_FLOOR: f64 = 0.1;
+/// Standard deviations of the first-order term of an error uncorrelated with the gradient.
+pub const FIRST_ORDER_SPREAD: f64 = 2.0;
+
+/// How error sums become an estimated loss change: Adam's bias corrections at the
+/// checkpoint's step (`m̂ = m·c1`, `v̂ = v·c2`) and the curvature scale.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Correction {
     /// `1 / (1 − β1^t)`
     pub c1: f64,
     /// `1 / (1 − β2^t)`
     pub c2: f64,
+    /// The loss's curvature per unit of `v̂`. Adam's `v` is the mean square of *minibatch*
+    /// gradients, which for a likelihood loss is about the per-example Fisher (≈ the Hessian)
+    /// divided by the examples (tokens) per step: so this is about that count, or more.
+    pub curvature: f64,
 }
 
 impl Correction {
-    /// The corrections for betas `b1`, `b2` at step `t` (t = 0 is taken as 1).
+    /// The corrections for betas `b1`, `b2` at step `t` (t = 0 is taken as 1), with the
+    /// default curvature.
     pub fn adam(b1: f64, b2: f64, t: u64) -> Correction {
         let t = t.max(1).min(i32::MAX as u64) as i32;
         Correction {
             c1: 1.0 / (1.0 - b1.powi(t)),
             c2: 1.0 / (1.0 - b2.powi(t)),
+            curvature: DEFAULT_CURVATURE,
         }
+    }
+
+    /// No bias correction (the step is unknown), default curvature.
+    pub fn none() -> Correction {
+        Correction {
+            c1: 1.0,
+            c2: 1.0,
+            curvature: DEFAULT_CURVATURE,
+        }
+    }
+
+    /// The estimated loss change of an error `δ` from its sums over a tensor:
+    ///
+    /// `|Σ m̂·δ| + z·√(Σ v̂·δ²) + ½·κ·(Σ v̂·δ² + φ·mean(v̂)·Σ δ²)`
+    ///
+    /// — the first-order term along the training gradient (an error that undoes progress),
+    /// the first-order term's spread for an error the gradient does not see (z =
+    /// [`FIRST_ORDER_SPREAD`] standard deviations of a gradient whose mean square is `v̂`), and
+    /// the second-order term with curvature `κ·v̂` (κ = [`Self::curvature`]), floored at
+    /// `φ` = [`CURVATURE_FLOOR`] of the tensor's mean so that elements without gradient are
+    /// not free. `mean_v` is the tensor's mean (uncorrected) `v`.
+    pub fn loss_change(
+        &self,
+        sum_m_delta: f64,
+        sum_v_delta2: f64,
+        sum_sq_err: f64,
+        mean_v: f64,
+    ) -> f64 {
+        let v_delta2 = self.c2 * sum_v_delta2.max(0.0);
+        let floor = CURVATURE_FLOOR * self.c2 * mean_v.max(0.0) * sum_sq_err.max(0.0);
+        (self.c1 * sum_m_delta).abs()
+            + FIRST_ORDER_SPREAD * v_delta2.sqrt()
+            + 0.5 * self.curvature * (v_delta2 + floor)
     }
 }

@@ -16,7 +16,7 @@ pub struct Estimate {
     /// Largest |δ| over quantized and pruned keys (exact for 16-bit floats; for f32 within a
     /// key's width).
     pub max_abs: f64,
-    /// `|Σ m̂·δ| + ½ Σ v̂·δ²` when moments are known.
+    /// The estimated loss change ([`Correction::loss_change`]) when moments are known.
     pub delta_loss: Option<f64>,
     /// Elements kept exactly.
     pub protected: u64,
@@ -259,7 +259,7 @@ impl<'a> Prepared<'a> {
         let bits =
             entropy + values.len() as f64 * esize * 8.0 + protected as f64 * (esize + 2.0) * 8.0;
         let delta_loss = match (stats.moments, corr) {
-            (true, Some(c)) => Some((c.c1 * m_delta).abs() + 0.5 * c.c2 * v_delta2),
+            (true, Some(c)) => Some(c.loss_change(m_delta, v_delta2, sq_err, self.mean_v())),
             _ => None,
         };
         Fit {
@@ -283,6 +283,15 @@ impl<'a> Prepared<'a> {
                 pruned,
             },
         }
+    }
+
+    /// The tensor's mean second moment (0 without moments).
+    pub fn mean_v(&self) -> f64 {
+        let stats = self.stats;
+        if !stats.moments || stats.n == 0 {
+            return 0.0;
+        }
+        stats.sums.iter().map(|s| s[sum::V]).sum::<f64>() / stats.n as f64
     }
 
     /// Centroids by weighted k-means over the keys marked in `quant`, in the domain's

@@ -128,7 +128,12 @@ mod tests {
             );
             assert!((measured.sum_sq_err - e.sq_err).abs() <= 1e-6 * e.sq_err.max(1e-30));
             assert_eq!(measured.max_abs, e.max_abs);
-            let dl = (c.c1 * measured.sum_m_delta).abs() + 0.5 * c.c2 * measured.sum_v_delta2;
+            let dl = c.loss_change(
+                measured.sum_m_delta,
+                measured.sum_v_delta2,
+                measured.sum_sq_err,
+                prep.mean_v(),
+            );
             let est = e.delta_loss.unwrap();
             assert!((dl - est).abs() <= 1e-6 * est.max(1e-30), "{dl} vs {est}");
         }
@@ -297,6 +302,117 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The loss estimate is an upper bound on a quadratic model whose loss change is known in
+    /// closed form. Per-example gradients `h·(w − w*) + noise` with noise variance `h` (the
+    /// Fisher equals the Hessian), Adam's moments taken over minibatches of `N` examples:
+    /// `m = h·(w − w*)`, `v = m² + h/N`. A third of the elements sit at their optimum (zero
+    /// gradient, curvature still there); a tenth have no curvature and no gradient at all.
+    /// Errors from the quantizer at every size and from the residual codec are all covered.
+    #[test]
+    fn the_estimate_bounds_a_quadratic_models_loss_change() {
+        let n = 60_000;
+        let batch = 4096.0;
+        let mut rng = Rng(11);
+        let mut w = Vec::with_capacity(n);
+        let (mut m, mut v, mut h, mut opt) = (vec![], vec![], vec![], vec![]);
+        for i in 0..n {
+            let wi = normal(1, rng.0 ^ i as u64, 0.05)[0] as f64;
+            rng.next_f64();
+            let hi = if i % 10 == 0 {
+                0.0
+            } else {
+                0.5 + 4.0 * rng.next_f64()
+            };
+            let away = if i % 3 == 0 {
+                0.0
+            } else {
+                0.002 * (rng.next_f64() - 0.5)
+            };
+            let mi = hi * away;
+            w.push(wi as f32);
+            opt.push(wi - away);
+            h.push(hi);
+            m.push(mi as f32);
+            v.push((mi * mi + hi / batch) as f32);
+        }
+        let f32s = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|a| a.to_le_bytes()).collect() };
+        let (wb, mb, vb) = (f32s(&w), f32s(&m), f32s(&v));
+        let view = |b| FloatView {
+            dtype: Dtype::F32,
+            bytes: b,
+        };
+        let moments = Some(Moments {
+            m: view(&mb),
+            v: view(&vb),
+        });
+        // L(w) = ½ Σ h (w − w*)²: the change from δ, exactly.
+        let true_change = |recon: &[u8]| -> f64 {
+            (0..n)
+                .map(|i| {
+                    let y = scalar::value(Dtype::F32, recon, i);
+                    let x = w[i] as f64;
+                    0.5 * h[i] * ((y - opt[i]).powi(2) - (x - opt[i]).powi(2))
+                })
+                .sum()
+        };
+        let corr = Correction {
+            c1: 1.0,
+            c2: 1.0,
+            curvature: DEFAULT_CURVATURE.max(batch),
+        };
+        let stats = CpuEngine.key_stats(view(&wb), moments);
+        let prep = Prepared::new(&stats, Dtype::F32);
+        let mut checked = 0;
+        for cfg in candidates(None, false, true, Domain::Linear) {
+            let fit = prep.fit(&cfg, Some(corr));
+            let a = CpuEngine.assign(view(&wb), &prep.lut(&fit));
+            let q = QuantTensor::new(Dtype::F32, prep.table_bytes(&fit.values), a, &wb);
+            let mut recon = vec![0u8; wb.len()];
+            q.render(&mut recon);
+            let (est, real) = (fit.estimate.delta_loss.unwrap(), true_change(&recon));
+            assert!(real <= est, "{cfg}: true {real} > estimate {est}");
+            checked += 1;
+        }
+        // Residuals from a reference the tensor moved away from.
+        let reference: Vec<f32> = w.iter().map(|x| x - 1e-3).collect();
+        let rb = f32s(&reference);
+        for step in [1e-4, 5e-4, 2e-3, 8e-3] {
+            let st = crate::residual::measure(Dtype::F32, &wb, &rb, moments, step);
+            let (_, recon) = crate::residual::encode(Dtype::F32, &wb, &rb, step);
+            let est = corr.loss_change(
+                st.sum_m_delta,
+                st.sum_v_delta2,
+                st.sum_sq_err,
+                prep.mean_v(),
+            );
+            let real = true_change(&recon);
+            assert!(
+                real <= est,
+                "residual step {step}: true {real} > estimate {est}"
+            );
+            checked += 1;
+        }
+        assert!(checked > 20);
+        // The old estimate (no curvature scale, no spread) misses it: the bound is not vacuous.
+        let fit = prep.fit(
+            &QuantConfig {
+                bins: 4,
+                prune: 0.5,
+                protect: 0.0005,
+                metric: Metric::Magnitude,
+                domain: Domain::Linear,
+            },
+            Some(corr),
+        );
+        let a = CpuEngine.assign(view(&wb), &prep.lut(&fit));
+        let q = QuantTensor::new(Dtype::F32, prep.table_bytes(&fit.values), a, &wb);
+        let mut recon = vec![0u8; wb.len()];
+        q.render(&mut recon);
+        let err = CpuEngine.error_stats(view(&wb), view(&recon), moments);
+        let old = err.sum_m_delta.abs() + 0.5 * err.sum_v_delta2;
+        assert!(true_change(&recon) > 10.0 * old);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use mdl_codec::qrecord::QuantTensor;
-use mdl_codec::{float, CodecTag};
+use mdl_codec::{float, residual, CodecTag};
 use mdl_format::record::{self, RecordHeader, Trailer, TRAILER_LEN};
 use mdl_format::{FormatError, ObjectId, TensorHasher, TensorHeader};
 
@@ -376,6 +376,13 @@ impl Store {
                 )))?;
                 float::decode_sub(self.engine(), tensor.dtype, payload, base, out)
                     .map_err(corrupt)?
+            }
+            CodecTag::QuantResidual => {
+                let base = base.ok_or(corrupt(FormatError::invalid(
+                    "quant-residual",
+                    "record has no base",
+                )))?;
+                residual::decode(tensor.dtype, payload, base, out).map_err(corrupt)?
             }
             CodecTag::Raw | CodecTag::Zstd | CodecTag::QuantBase | CodecTag::QuantDelta => {
                 return Err(corrupt(FormatError::invalid(

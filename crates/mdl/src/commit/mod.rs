@@ -22,7 +22,9 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::input::MemoryFile;
 use crate::input::{Input, Piece, Run};
-use crate::lossy::{self, CodecMode, LossyRequest, LossySettings, SearchSummary, TensorPlan};
+use crate::lossy::{
+    self, CodecMode, Encoded, LossyRequest, LossySettings, SearchSummary, TensorPlan,
+};
 use crate::policy::{DeltaMode, DeltaPolicy};
 use crate::previous::Previous;
 use crate::rewrite::{chain, publish_rewrite, Rewrite};
@@ -277,9 +279,12 @@ fn commit_input(
     let settings = LossySettings::resolve(store, &opts.lossy)?;
     let engine = store.engine();
     let pieces = &input.pieces;
-    let correction = match step {
-        Some(t) => Correction::adam(settings.betas.0, settings.betas.1, t),
-        None => Correction { c1: 1.0, c2: 1.0 },
+    let correction = Correction {
+        curvature: settings.curvature,
+        ..match step {
+            Some(t) => Correction::adam(settings.betas.0, settings.betas.1, t),
+            None => Correction::none(),
+        }
     };
     // Which tensors are parameters and which their moments: recorded in the manifest, and
     // what a lossy commit's search prices its candidates with.
@@ -293,6 +298,28 @@ fn commit_input(
                     _ => Ok(None),
                 }
             };
+            // Residual coding takes the previous version's decoded content as its reference,
+            // while the chain through it stays within the policy's depth.
+            let reference = |i: usize| -> Result<Option<lossy::Reference>> {
+                if policy.mode == DeltaMode::Off {
+                    return Ok(None);
+                }
+                let found = {
+                    let meta = store.meta().read()?;
+                    previous_object(&meta, &previous, &input, i)?
+                };
+                let Some((id, entry, _)) = found else {
+                    return Ok(None);
+                };
+                if entry.depth + 1 > policy.max_depth {
+                    return Ok(None);
+                }
+                Ok(Some(lossy::Reference {
+                    id,
+                    depth: entry.depth,
+                    content: store.load_tensor(&id, &entry)?,
+                }))
+            };
             let plan_input = lossy::PlanInput {
                 engine,
                 input: &input,
@@ -300,6 +327,7 @@ fn commit_input(
                 settings: &settings,
                 previous: &previous,
                 previous_quant: &previous_quant,
+                reference: &reference,
                 correction,
                 loss: loss_of(&metrics, &input),
             };

@@ -68,7 +68,7 @@ impl StoreCtx<'_> {
             };
             exactness = Exactness::Lossy(q.lossy);
             data = q.render;
-            quantized = Some(q.tensor);
+            quantized = Some(q.encoded);
         } else if let Some(bits) = self.trim_bits.filter(|_| {
             lossy_supported(info.header.dtype)
                 && info.header.numel().unwrap_or(0) >= lossy::MIN_LOSSY_ELEMENTS
@@ -99,8 +99,26 @@ impl StoreCtx<'_> {
                 added: None,
                 rewrite: None,
             }
-        } else if let Some(q) = &quantized {
+        } else if let Some(Encoded::Quant(q)) = &quantized {
             self.encode_quant(id, i, q)?
+        } else if let Some(Encoded::Residual { payload, reference }) = &quantized {
+            let placement = Placement {
+                generation: 0,
+                base: Some(reference.id),
+                depth: reference.depth + 1,
+            };
+            let out = self.batch.put_payload(
+                &id,
+                &info.header,
+                CodecTag::QuantResidual,
+                placement,
+                &[payload],
+            )?;
+            Stored {
+                id,
+                added: Some((id, out.entry)),
+                rewrite: None,
+            }
         } else {
             let whole = if exactness.is_lossy() {
                 CodecTag::MantissaTrim

@@ -18,8 +18,10 @@ use crate::previous::Previous;
 use mdl_codec::engine::{Engine, ErrorStats, FloatView, Moments};
 use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::quant::{self, Correction, Domain, Estimate, Fit, Prepared, QuantConfig};
+use mdl_codec::residual;
 use mdl_codec::scalar::{self, lossy_supported};
 use mdl_format::Lossy;
+use mdl_format::ObjectId;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -33,7 +35,9 @@ mod settings;
 pub use pairing::Pairing;
 pub(crate) use pairing::{roles, Role};
 pub use search::SearchSummary;
-pub(crate) use search::{plan, quantize, run_eval, Evaluate, PlanInput, TensorPlan};
+pub(crate) use search::{
+    plan, quantize, run_eval, Encoded, Evaluate, PlanInput, Reference, TensorPlan,
+};
 pub use settings::*;
 
 #[cfg(test)]

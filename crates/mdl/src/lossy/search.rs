@@ -13,7 +13,32 @@ pub(crate) struct TensorPlan {
     pub moments: Option<(usize, usize)>,
     /// What the manifest says the tensor is.
     pub role: &'static str,
+    /// Instead of `config` and `table`: the tensor as a quantized residual from a reference.
+    pub residual: Option<Residual>,
 }
+
+/// A tensor's reference for residual coding: the previous version's decoded content.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Reference {
+    pub id: ObjectId,
+    /// Its chain depth (the residual record is one deeper).
+    pub depth: u32,
+    pub content: Vec<u8>,
+}
+
+/// A residual plan: the reference and the quantization step.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Residual {
+    pub reference: Arc<Reference>,
+    pub step: f64,
+}
+
+/// Loads the reference of tensor `i` for residual coding, when it has one.
+pub(crate) type LoadReference<'a> = dyn Fn(usize) -> Result<Option<Reference>> + Sync + 'a;
+
+/// Residual steps tried, as powers of √2 times the RMS of the tensor's movement: from 4× (most
+/// codes 0: the movement mostly dropped) down to 1/32 (about 7 bits a moved element).
+const RESIDUAL_STEPS: std::ops::RangeInclusive<i32> = -10..=4;
 
 /// The outcome of the configuration search for one checkpoint.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -49,6 +74,8 @@ pub(crate) struct PlanInput<'a> {
     /// The previous version of tensor `i` when it is a quantized object a quant-delta can
     /// refer to.
     pub previous_quant: &'a PreviousQuant<'a>,
+    /// The reference of tensor `i` for residual coding.
+    pub reference: &'a LoadReference<'a>,
     pub correction: Correction,
     pub loss: Option<f64>,
 }
@@ -66,6 +93,19 @@ struct Candidate {
     config: QuantConfig,
     estimate: Estimate,
     table: Option<Arc<Vec<f64>>>,
+    residual: Option<Residual>,
+}
+
+impl Candidate {
+    fn plan(&self, moments: Option<(usize, usize)>) -> TensorPlan {
+        TensorPlan {
+            config: self.config,
+            table: self.table.clone(),
+            moments,
+            role: "param",
+            residual: self.residual.clone(),
+        }
+    }
 }
 
 /// One parameter's scored candidates.
@@ -147,6 +187,14 @@ impl PlanInput<'_> {
                 let view = self.input.view(i);
                 let stats = self.engine.key_stats(view, self.input.moments(moments));
                 let prep = Prepared::new(&stats, t.header.dtype);
+                // All-zero moments (a checkpoint saved before its first step, a fresh
+                // optimizer) say nothing about the loss: such a parameter is treated as one
+                // without moments.
+                let (family, moments) = if moments.is_some() && prep.mean_v() == 0.0 {
+                    (None, None)
+                } else {
+                    (family, moments)
+                };
                 let configs = quant::candidates(
                     previous.as_ref(),
                     embedding,
@@ -176,15 +224,25 @@ impl PlanInput<'_> {
                             config: *c,
                             estimate,
                             table: None,
+                            residual: None,
                         }
                     })
                     .collect();
+                if let Some(reference) = (self.reference)(i)? {
+                    cands.extend(self.residual_candidates(
+                        i,
+                        configs[0],
+                        Arc::new(reference),
+                        moments,
+                    ));
+                }
                 if let Some((table, prev)) = reuse {
                     let reused = prep.fit_table(&configs[0], Some(&table), corr);
                     cands.push(Candidate {
                         config: configs[0],
                         estimate: self.delta_estimate(view, &prep, &reused, &prev),
                         table: Some(Arc::new(table)),
+                        residual: None,
                     });
                 }
                 Ok((
@@ -208,6 +266,66 @@ impl PlanInput<'_> {
             }
         }
         Ok(scored.into_iter().map(|(s, _)| s).collect())
+    }
+
+    /// Tensor `i` as residuals from `reference` at steps around the RMS of its movement.
+    fn residual_candidates(
+        &self,
+        i: usize,
+        config: QuantConfig,
+        reference: Arc<Reference>,
+        moments: Option<(usize, usize)>,
+    ) -> Vec<Candidate> {
+        let view = self.input.view(i);
+        let moments = self.input.moments(moments);
+        let moved = residual::measure(view.dtype, view.bytes, &reference.content, None, 1.0);
+        let n = (view.bytes.len() / view.dtype.size()).max(1) as f64;
+        let rms = (moved.sum_sq_moved / n).sqrt();
+        if !(rms > 0.0 && rms.is_finite()) {
+            return Vec::new();
+        }
+        let mean_v = moments.map_or(0.0, |mv| {
+            (0..n as usize)
+                .map(|k| scalar::value(mv.v.dtype, mv.v.bytes, k))
+                .sum::<f64>()
+                / n
+        });
+        RESIDUAL_STEPS
+            .into_par_iter()
+            .map(|k| rms * 2f64.powf(k as f64 / 2.0))
+            .filter(|&step| residual::valid_step(step))
+            .map(|step| {
+                let st =
+                    residual::measure(view.dtype, view.bytes, &reference.content, moments, step);
+                let delta_loss = moments.map(|_| {
+                    self.correction.loss_change(
+                        st.sum_m_delta,
+                        st.sum_v_delta2,
+                        st.sum_sq_err,
+                        mean_v,
+                    )
+                });
+                let bits = st.bits(view.dtype);
+                Candidate {
+                    config,
+                    estimate: Estimate {
+                        bits,
+                        code_bits: bits,
+                        sq_err: st.sum_sq_err,
+                        rel_l2: st.rel_l2(),
+                        max_abs: st.max_abs,
+                        delta_loss,
+                        protected: st.exact,
+                        pruned: 0,
+                    },
+                    table: None,
+                    residual: Some(Residual {
+                        reference: reference.clone(),
+                        step,
+                    }),
+                }
+            })
+            .collect()
     }
 
     /// The plans of the moments (fixed configurations): each keeps its previous version's
@@ -235,6 +353,7 @@ impl PlanInput<'_> {
                     table: None,
                     moments: None,
                     role,
+                    residual: None,
                 };
                 if self.previous_config(i) != Some(config) {
                     return Ok((i, plan));
@@ -284,14 +403,7 @@ impl PlanInput<'_> {
                         .min_by(|a, b| a.estimate.bits.total_cmp(&b.estimate.bits))
                         .filter(|c| c.estimate.bits < s.lossless_bits);
                     match best {
-                        Some(c) => {
-                            plans[s.index] = Some(TensorPlan {
-                                config: c.config,
-                                table: c.table.clone(),
-                                moments: None,
-                                role: "param",
-                            })
-                        }
+                        Some(c) => plans[s.index] = Some(c.plan(None)),
                         None => summary.kept_exact += 1,
                     }
                 }
@@ -319,12 +431,7 @@ impl PlanInput<'_> {
             for ((s, &p), list) in members.iter().zip(&picks).zip(&lists) {
                 summary.est_delta_loss += list[p].1;
                 if p < s.cands.len() {
-                    plans[s.index] = Some(TensorPlan {
-                        config: s.cands[p].config,
-                        table: s.cands[p].table.clone(),
-                        moments: s.moments,
-                        role: "param",
-                    });
+                    plans[s.index] = Some(s.cands[p].plan(s.moments));
                 } else {
                     summary.kept_exact += 1;
                 }
@@ -378,14 +485,25 @@ pub(crate) fn plan(
     Ok((plans, summary))
 }
 
-/// A quantized tensor, its reconstruction and what the manifest records about it.
+/// A lossily encoded tensor, its reconstruction and what the manifest records about it.
 pub(crate) struct Quantized {
-    pub tensor: QuantTensor,
+    pub encoded: Encoded,
     pub render: Vec<u8>,
     pub lossy: Lossy,
 }
 
-/// Quantizes `w` as `plan` says.
+/// How a lossy tensor is stored.
+pub(crate) enum Encoded {
+    /// A quant-base, or a quant-delta against the previous version's codes.
+    Quant(QuantTensor),
+    /// A quant-residual payload against `reference`.
+    Residual {
+        payload: Vec<u8>,
+        reference: Arc<Reference>,
+    },
+}
+
+/// Encodes `w` as `plan` says.
 pub(crate) fn quantize(
     engine: &dyn Engine,
     w: FloatView<'_>,
@@ -395,15 +513,34 @@ pub(crate) fn quantize(
 ) -> Quantized {
     let stats = engine.key_stats(w, moments);
     let prep = Prepared::new(&stats, w.dtype);
-    let fit = prep.fit_table(
-        &plan.config,
-        plan.table.as_deref().map(|t| &t[..]),
-        Some(corr),
-    );
-    let assigned = engine.assign(w, &prep.lut(&fit));
-    let tensor = QuantTensor::new(w.dtype, prep.table_bytes(&fit.values), assigned, w.bytes);
-    let mut render = vec![0u8; w.bytes.len()];
-    tensor.render(&mut render);
+    let (encoded, render, settings) = match &plan.residual {
+        Some(r) => {
+            let (payload, render) =
+                residual::encode(w.dtype, w.bytes, &r.reference.content, r.step);
+            let encoded = Encoded::Residual {
+                payload,
+                reference: r.reference.clone(),
+            };
+            (encoded, render, format!("residual step={:e}", r.step))
+        }
+        None => {
+            let fit = prep.fit_table(
+                &plan.config,
+                plan.table.as_deref().map(|t| &t[..]),
+                Some(corr),
+            );
+            let assigned = engine.assign(w, &prep.lut(&fit));
+            let tensor =
+                QuantTensor::new(w.dtype, prep.table_bytes(&fit.values), assigned, w.bytes);
+            let mut render = vec![0u8; w.bytes.len()];
+            tensor.render(&mut render);
+            (
+                Encoded::Quant(tensor),
+                render,
+                format!("quant {}", plan.config),
+            )
+        }
+    };
     let err = engine.error_stats(
         w,
         FloatView {
@@ -414,8 +551,7 @@ pub(crate) fn quantize(
     );
     let lossy = Lossy {
         settings: format!(
-            "quant {} sensitivity={} role={}",
-            plan.config,
+            "{settings} sensitivity={} role={}",
             if moments.is_some() {
                 "moments"
             } else {
@@ -425,10 +561,10 @@ pub(crate) fn quantize(
         ),
         max_abs_error: err.max_abs,
         rel_error: err.rel_l2(),
-        est_delta_loss: moments.map(|_| delta_loss(&err, corr)),
+        est_delta_loss: moments.map(|_| delta_loss(&err, corr, prep.mean_v())),
     };
     Quantized {
-        tensor,
+        encoded,
         render,
         lossy,
     }
@@ -468,7 +604,7 @@ pub(crate) fn run_eval(cmd: &str, file: &std::path::Path) -> Result<f64> {
         .ok_or_else(|| fail(format!("no number on its last line {last:?}")))
 }
 
-/// The loss estimate from measured error sums.
-pub(crate) fn delta_loss(err: &ErrorStats, corr: Correction) -> f64 {
-    (corr.c1 * err.sum_m_delta).abs() + 0.5 * corr.c2 * err.sum_v_delta2
+/// The loss estimate from measured error sums (`mean_v`: the tensor's mean second moment).
+pub(crate) fn delta_loss(err: &ErrorStats, corr: Correction, mean_v: f64) -> f64 {
+    corr.loss_change(err.sum_m_delta, err.sum_v_delta2, err.sum_sq_err, mean_v)
 }

@@ -19,6 +19,8 @@ pub const BETAS_KEY: &str = "quant.adam_betas";
 pub const EXP_AVG_KEY: &str = "quant.exp_avg";
 /// `quant.exp_avg_sq`: the second moments' quantizer configuration.
 pub const EXP_AVG_SQ_KEY: &str = "quant.exp_avg_sq";
+/// The loss's curvature per unit of Adam's `v̂` (`docs/CODECS.md`, "The bound").
+pub const CURVATURE_KEY: &str = "quant.curvature";
 
 /// Default ε (calibrated on the corpus: `docs/BENCHMARKS.md`).
 pub const DEFAULT_EPSILON: f64 = 0.0005;
@@ -88,6 +90,8 @@ pub struct LossySettings {
     pub embeddings: Vec<String>,
     /// Adam's betas.
     pub betas: (f64, f64),
+    /// Curvature per unit of `v̂` (`quant.curvature`).
+    pub curvature: f64,
     /// First moments' configuration (`None`: stored exactly).
     pub exp_avg: Option<QuantConfig>,
     /// Second moments' configuration (`None`: stored exactly).
@@ -137,6 +141,13 @@ fn parse_betas(v: &str) -> Result<(f64, f64)> {
     Ok((p(a).ok_or_else(bad)?, p(b).ok_or_else(bad)?))
 }
 
+fn parse_curvature(v: &str) -> Result<f64> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|c| c.is_finite() && *c >= 1.0)
+        .ok_or_else(|| invalid(CURVATURE_KEY, v, "a number of at least 1"))
+}
+
 fn parse_config(key: &str, v: &str) -> Result<Option<QuantConfig>> {
     if v == "off" {
         return Ok(None);
@@ -159,6 +170,7 @@ pub fn validate(key: &str, value: &str) -> Option<Result<()>> {
         MOMENTS_KEY => Pairing::parse_list(value).map(drop),
         EMBEDDINGS_KEY => Ok(()),
         BETAS_KEY => parse_betas(value).map(drop),
+        CURVATURE_KEY => parse_curvature(value).map(drop),
         EXP_AVG_KEY | EXP_AVG_SQ_KEY => parse_config(key, value).map(drop),
         _ => return None,
     })
@@ -173,6 +185,7 @@ pub fn known_keys() -> Vec<(&'static str, String)> {
         (MOMENTS_KEY, DEFAULT_MOMENTS.replace(' ', "")),
         (EMBEDDINGS_KEY, DEFAULT_EMBEDDINGS.into()),
         (BETAS_KEY, "0.9,0.999".into()),
+        (CURVATURE_KEY, quant::DEFAULT_CURVATURE.to_string()),
         (EXP_AVG_KEY, DEFAULT_EXP_AVG.into()),
         (EXP_AVG_SQ_KEY, DEFAULT_EXP_AVG_SQ.into()),
     ]
@@ -219,6 +232,7 @@ impl LossySettings {
                 .filter(|s| !s.is_empty())
                 .collect(),
             betas: parse_betas(&get(BETAS_KEY)?)?,
+            curvature: parse_curvature(&get(CURVATURE_KEY)?)?,
             exp_avg: parse_config(EXP_AVG_KEY, &get(EXP_AVG_KEY)?)?,
             exp_avg_sq: parse_config(EXP_AVG_SQ_KEY, &get(EXP_AVG_SQ_KEY)?)?,
             eval_cmd: req.eval_cmd.clone(),

@@ -1,0 +1,429 @@
+//! `quant-residual`: a tensor as a reference tensor plus its uniformly quantized difference.
+//!
+//! For element `i` with value `x` and reference value `r` (the decoded content of the record's
+//! base object, whatever its codec), the code is `q = round((x − r) / step)`; the decoder
+//! rebuilds `round_dtype(r + q·step)` in `f64` arithmetic, which is exactly reproducible. The
+//! error of every element is therefore at most `step / 2` plus half a unit in the last place
+//! of the result — it scales with how far the tensor moved from its reference, not with the
+//! weights' magnitude, which is what a fine-tune (small residual from a pretrained base) or a
+//! checkpoint after a lossy restore (small residual from the restored weights) needs.
+//!
+//! Codes are bytes: `zigzag(q)` for `|q| ≤ 127`, and [`EXACT`] for an element kept exactly
+//! (a non-finite value or reference, a residual beyond ±127 steps, or a result that does not
+//! round back to a finite number); the exact values follow the step in element order. The code
+//! bytes are one entropy stream ([`crate::huffman`]), whose sparse form takes the zero-heavy
+//! code streams of tensors that barely moved. Layout: `docs/FORMAT.md`.
+//!
+//! Because the reference is decoded first and the residual is taken against that decoded
+//! content, errors never accumulate along a chain: every object decodes to exactly what its
+//! commit measured.
+
+use mdl_format::{Dtype, FormatError};
+use rayon::prelude::*;
+
+use crate::engine::Moments;
+use crate::huffman::{decode_stream, encode_stream, Histogram};
+use crate::scalar;
+
+/// The code of an element stored exactly.
+pub const EXACT: u8 = 255;
+/// Largest residual, in steps, that gets a code.
+pub const MAX_STEPS: i64 = 127;
+
+/// Elements per parallel work item.
+const CHUNK: usize = 1 << 16;
+
+/// What quantizing a tensor against a reference at one step gives, without storing anything.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ResidualStats {
+    /// Counts of each code byte.
+    pub codes: Histogram,
+    /// Elements kept exactly.
+    pub exact: u64,
+    /// Σ δ² (δ = reconstruction − original).
+    pub sum_sq_err: f64,
+    /// Σ original².
+    pub sum_sq: f64,
+    /// max |δ|.
+    pub max_abs: f64,
+    /// Σ (original − reference)²: how far the tensor moved.
+    pub sum_sq_moved: f64,
+    /// Σ m·δ, with moments.
+    pub sum_m_delta: f64,
+    /// Σ v·δ², with moments.
+    pub sum_v_delta2: f64,
+}
+
+impl ResidualStats {
+    /// Estimated payload bits: the codes' order-0 entropy (the entropy coder gets within a few
+    /// per cent of it) plus the exact values and the step.
+    pub fn bits(&self, dtype: Dtype) -> f64 {
+        self.codes.entropy_bits() + (self.exact as f64) * (dtype.size() * 8) as f64 + 128.0
+    }
+
+    /// Relative L2 error `‖δ‖ / ‖original‖`.
+    pub fn rel_l2(&self) -> f64 {
+        if self.sum_sq > 0.0 {
+            (self.sum_sq_err / self.sum_sq).sqrt()
+        } else if self.sum_sq_err > 0.0 {
+            f64::INFINITY
+        } else {
+            0.0
+        }
+    }
+
+    /// The error relative to the movement, `‖δ‖ / ‖original − reference‖`.
+    pub fn rel_to_movement(&self) -> f64 {
+        if self.sum_sq_moved > 0.0 {
+            (self.sum_sq_err / self.sum_sq_moved).sqrt()
+        } else if self.sum_sq_err > 0.0 {
+            f64::INFINITY
+        } else {
+            0.0
+        }
+    }
+
+    fn merge(mut self, o: ResidualStats) -> ResidualStats {
+        self.codes.add(&o.codes);
+        self.exact += o.exact;
+        self.sum_sq_err += o.sum_sq_err;
+        self.sum_sq += o.sum_sq;
+        self.max_abs = self.max_abs.max(o.max_abs);
+        self.sum_sq_moved += o.sum_sq_moved;
+        self.sum_m_delta += o.sum_m_delta;
+        self.sum_v_delta2 += o.sum_v_delta2;
+        self
+    }
+}
+
+/// One element: its code and reconstruction (`None`: kept exactly).
+#[inline]
+fn code_of(dtype: Dtype, x: f64, r: f64, step: f64) -> Option<(u8, f64)> {
+    if !x.is_finite() || !r.is_finite() {
+        return None;
+    }
+    let q = ((x - r) / step).round();
+    if q.is_nan() || q.abs() > MAX_STEPS as f64 {
+        return None;
+    }
+    let y = rebuild(dtype, r, q as i64, step);
+    y.is_finite().then_some((zigzag(q as i64), y))
+}
+
+/// The decoder's value for reference `r` and code `q`.
+#[inline]
+fn rebuild(dtype: Dtype, r: f64, q: i64, step: f64) -> f64 {
+    scalar::rounded(dtype, r + q as f64 * step)
+}
+
+#[inline]
+fn zigzag(q: i64) -> u8 {
+    ((q << 1) ^ (q >> 63)) as u8
+}
+
+#[inline]
+fn unzigzag(c: u8) -> i64 {
+    let c = c as i64;
+    (c >> 1) ^ -(c & 1)
+}
+
+/// Whether `step` can serve as a quantization step.
+pub fn valid_step(step: f64) -> bool {
+    step.is_finite() && step > 0.0
+}
+
+/// The statistics of quantizing `values` (little-endian `dtype`) against `reference` at `step`,
+/// in one parallel pass; with the values' Adam moments, also the sums the loss estimate needs.
+pub fn measure(
+    dtype: Dtype,
+    values: &[u8],
+    reference: &[u8],
+    moments: Option<Moments<'_>>,
+    step: f64,
+) -> ResidualStats {
+    let n = values.len() / dtype.size();
+    debug_assert_eq!(values.len(), reference.len());
+    (0..n.div_ceil(CHUNK))
+        .into_par_iter()
+        .map(|c| {
+            let mut s = ResidualStats::default();
+            let mut codes = Vec::with_capacity(CHUNK);
+            for i in c * CHUNK..((c + 1) * CHUNK).min(n) {
+                let x = scalar::value(dtype, values, i);
+                let r = scalar::value(dtype, reference, i);
+                if x.is_finite() && r.is_finite() {
+                    s.sum_sq_moved += (x - r) * (x - r);
+                }
+                if x.is_finite() {
+                    s.sum_sq += x * x;
+                }
+                match code_of(dtype, x, r, step) {
+                    Some((code, y)) => {
+                        codes.push(code);
+                        let d = y - x;
+                        s.sum_sq_err += d * d;
+                        s.max_abs = s.max_abs.max(d.abs());
+                        if let Some(mv) = &moments {
+                            s.sum_m_delta += scalar::value(mv.m.dtype, mv.m.bytes, i) * d;
+                            s.sum_v_delta2 += scalar::value(mv.v.dtype, mv.v.bytes, i) * d * d;
+                        }
+                    }
+                    None => {
+                        codes.push(EXACT);
+                        s.exact += 1;
+                    }
+                }
+            }
+            s.codes = Histogram::of(&codes);
+            s
+        })
+        .reduce(ResidualStats::default, ResidualStats::merge)
+}
+
+/// Quantizes `values` against `reference` at `step`: the payload and the reconstruction.
+pub fn encode(dtype: Dtype, values: &[u8], reference: &[u8], step: f64) -> (Vec<u8>, Vec<u8>) {
+    assert!(
+        valid_step(step),
+        "residual step must be positive and finite"
+    );
+    let size = dtype.size();
+    let n = values.len() / size;
+    let mut codes = vec![0u8; n];
+    let mut render = vec![0u8; values.len()];
+    codes
+        .par_chunks_mut(CHUNK)
+        .zip(render.par_chunks_mut(CHUNK * size))
+        .enumerate()
+        .for_each(|(c, (codes, out))| {
+            let mut y_bytes = Vec::with_capacity(size);
+            for (k, code) in codes.iter_mut().enumerate() {
+                let i = c * CHUNK + k;
+                let x = scalar::value(dtype, values, i);
+                let r = scalar::value(dtype, reference, i);
+                let o = &mut out[k * size..(k + 1) * size];
+                match code_of(dtype, x, r, step) {
+                    Some((q, y)) => {
+                        *code = q;
+                        y_bytes.clear();
+                        scalar::push_rounded(dtype, y, &mut y_bytes);
+                        o.copy_from_slice(&y_bytes);
+                    }
+                    None => {
+                        *code = EXACT;
+                        o.copy_from_slice(&values[i * size..(i + 1) * size]);
+                    }
+                }
+            }
+        });
+    let mut payload = step.to_le_bytes().to_vec();
+    let exact: Vec<usize> = (0..n).filter(|&i| codes[i] == EXACT).collect();
+    varint(&mut payload, exact.len() as u64);
+    for i in exact {
+        payload.extend_from_slice(&values[i * size..(i + 1) * size]);
+    }
+    encode_stream(&codes, &mut payload);
+    (payload, render)
+}
+
+/// Decodes a payload against `reference` (the base's decoded content) into `out`.
+pub fn decode(
+    dtype: Dtype,
+    payload: &[u8],
+    reference: &[u8],
+    out: &mut [u8],
+) -> Result<(), FormatError> {
+    let bad = |why: &str| FormatError::invalid("quant-residual", why.to_string());
+    let size = dtype.size();
+    if !scalar::lossy_supported(dtype) {
+        return Err(bad("not a bf16, f16 or f32 tensor"));
+    }
+    if reference.len() != out.len() || !out.len().is_multiple_of(size) {
+        return Err(bad("reference and output sizes differ"));
+    }
+    let n = out.len() / size;
+    let step = f64::from_le_bytes(
+        payload
+            .get(..8)
+            .ok_or_else(|| bad("truncated step"))?
+            .try_into()
+            .unwrap(),
+    );
+    if !valid_step(step) {
+        return Err(bad("step is not a positive finite number"));
+    }
+    let mut at = 8;
+    let count = read_varint(payload, &mut at).ok_or_else(|| bad("truncated exact count"))?;
+    if count > n as u64 {
+        return Err(bad("more exact elements than elements"));
+    }
+    let exact_len = count as usize * size;
+    let exact = payload
+        .get(at..at + exact_len)
+        .ok_or_else(|| bad("truncated exact values"))?;
+    at += exact_len;
+    let mut codes = vec![0u8; n];
+    decode_stream(&payload[at..], &mut codes)?;
+    if codes.iter().filter(|&&c| c == EXACT).count() as u64 != count {
+        return Err(bad("exact codes and exact values disagree"));
+    }
+    let mut k = 0;
+    let mut y_bytes = Vec::with_capacity(size);
+    for (i, &c) in codes.iter().enumerate() {
+        let o = &mut out[i * size..(i + 1) * size];
+        if c == EXACT {
+            o.copy_from_slice(&exact[k * size..(k + 1) * size]);
+            k += 1;
+            continue;
+        }
+        let r = scalar::value(dtype, reference, i);
+        y_bytes.clear();
+        scalar::push_rounded(dtype, rebuild(dtype, r, unzigzag(c), step), &mut y_bytes);
+        o.copy_from_slice(&y_bytes);
+    }
+    Ok(())
+}
+
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn read_varint(buf: &[u8], at: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let b = *buf.get(*at)?;
+        *at += 1;
+        v |= ((b & 0x7f) as u64) << shift;
+        if b < 0x80 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// splitmix64, for test data.
+    struct Rng(u64);
+    impl Rng {
+        fn next_f64(&mut self) -> f64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
+    fn enc(dtype: Dtype, v: &[f64]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &x in v {
+            scalar::push_rounded(dtype, x, &mut out);
+        }
+        out
+    }
+
+    fn normal(r: &mut Rng) -> f64 {
+        let (a, b) = (r.next_f64().max(1e-12), r.next_f64());
+        (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
+    }
+
+    /// Round trips of every dtype: the decoder rebuilds exactly the encoder's reconstruction,
+    /// every element is within step/2 plus half an ulp of the original, non-finite values and
+    /// far outliers are exact, and the measured statistics are those of the reconstruction.
+    #[test]
+    fn round_trips_within_the_step() {
+        let mut rng = Rng(3);
+        for dtype in [Dtype::BF16, Dtype::F16, Dtype::F32] {
+            let n = 150_000;
+            let base: Vec<f64> = (0..n).map(|_| normal(&mut rng) * 0.02).collect();
+            let mut cur: Vec<f64> = base.iter().map(|b| b + normal(&mut rng) * 1e-3).collect();
+            cur[10] = f64::NAN;
+            cur[11] = f64::INFINITY;
+            cur[12] += 1.0; // far beyond 127 steps
+            let (vb, rb) = (enc(dtype, &cur), enc(dtype, &base));
+            for step in [1e-4, 5e-4, 2e-3] {
+                let (payload, render) = encode(dtype, &vb, &rb, step);
+                let mut out = vec![0u8; vb.len()];
+                decode(dtype, &payload, &rb, &mut out).unwrap();
+                assert_eq!(out, render, "{dtype:?} step {step}");
+                let size = dtype.size();
+                for i in [10usize, 11, 12] {
+                    assert_eq!(out[i * size..][..size], vb[i * size..][..size]);
+                }
+                let mut sq = 0.0;
+                for i in 0..n {
+                    let (x, y) = (scalar::value(dtype, &vb, i), scalar::value(dtype, &out, i));
+                    if !x.is_finite() {
+                        continue;
+                    }
+                    // Half a unit in the last place of the result (and of f16's subnormals).
+                    let (bits, tiny) = match dtype {
+                        Dtype::BF16 => (8, 0.0),
+                        Dtype::F16 => (11, 2f64.powi(-25)),
+                        _ => (24, 0.0),
+                    };
+                    let half_ulp = y.abs() * 2f64.powi(-bits) + tiny;
+                    assert!(
+                        (y - x).abs() <= step / 2.0 + half_ulp,
+                        "{dtype:?} {i}: {x} → {y}"
+                    );
+                    sq += (y - x) * (y - x);
+                }
+                let m = measure(dtype, &vb, &rb, None, step);
+                assert_eq!(m.exact, 3);
+                assert!(
+                    (m.sum_sq_err - sq).abs() <= 1e-9 * sq,
+                    "{} vs {sq}",
+                    m.sum_sq_err
+                );
+                assert_eq!(m.codes.total(), n as u64);
+                assert!(m.bits(dtype) > 0.0);
+            }
+        }
+    }
+
+    /// The error shrinks with the step and stays below the movement; a finer step costs more.
+    #[test]
+    fn finer_steps_cost_more_and_err_less() {
+        let mut rng = Rng(5);
+        let n = 100_000;
+        let base: Vec<f64> = (0..n).map(|_| normal(&mut rng) * 0.05).collect();
+        let cur: Vec<f64> = base.iter().map(|b| b + normal(&mut rng) * 1e-3).collect();
+        let (vb, rb) = (enc(Dtype::F32, &cur), enc(Dtype::F32, &base));
+        let mut last: Option<ResidualStats> = None;
+        for step in [4e-3, 2e-3, 1e-3, 5e-4, 2.5e-4] {
+            let m = measure(Dtype::F32, &vb, &rb, None, step);
+            // Uniform quantization: mean squared error near step²/12.
+            let mse = m.sum_sq_err / n as f64;
+            assert!(mse <= step * step / 12.0 * 1.2 + 1e-14, "{step}: {mse}");
+            assert!(m.rel_to_movement() < 1.0);
+            if let Some(l) = &last {
+                assert!(m.sum_sq_err < l.sum_sq_err);
+                assert!(m.bits(Dtype::F32) > l.bits(Dtype::F32));
+            }
+            last = Some(m);
+        }
+    }
+
+    #[test]
+    fn corrupt_payloads_are_errors() {
+        let rb = enc(Dtype::F32, &[0.5; 1000]);
+        let vb = enc(Dtype::F32, &[0.6; 1000]);
+        let (payload, _) = encode(Dtype::F32, &vb, &rb, 0.01);
+        let mut out = vec![0u8; vb.len()];
+        for cut in [0, 4, 8, 9, payload.len() - 1] {
+            assert!(decode(Dtype::F32, &payload[..cut], &rb, &mut out).is_err());
+        }
+        let mut bad = payload.clone();
+        bad[..8].copy_from_slice(&(-1.0f64).to_le_bytes());
+        assert!(decode(Dtype::F32, &bad, &rb, &mut out).is_err());
+        assert!(decode(Dtype::F32, &payload, &rb[4..], &mut out).is_err());
+        assert!(decode(Dtype::I32, &payload, &rb, &mut out).is_err());
+    }
+}
