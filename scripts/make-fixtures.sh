@@ -4,7 +4,8 @@
 #   scripts/make-fixtures.sh 1    # the last commit writing only version 1 as documented (2bf7328)
 #   scripts/make-fixtures.sh 2    # the last commit writing version 2 that builds (afec482)
 #   scripts/make-fixtures.sh 3    # the last commit writing version 3 (364b373)
-#   scripts/make-fixtures.sh 4    # this working tree (version 4)
+#   scripts/make-fixtures.sh 4    # the last commit writing version 4 (0ff8a9b)
+#   scripts/make-fixtures.sh 5    # this working tree (version 5)
 #
 # A fixture, once committed, is never regenerated: it is what that build wrote, and today's
 # code must keep reading it (tests/fixtures.rs in the mdl crate). A format change adds the next
@@ -18,7 +19,8 @@ case "$version" in
     1) rev=2bf7328 ;;
     2) rev=afec482 ;;
     3) rev=364b373 ;;
-    4) rev= ;;
+    4) rev=0ff8a9b ;;
+    5) rev= ;;
     *) echo "error: no build is known to write format version $version" >&2; exit 1 ;;
 esac
 if [ -z "$rev" ]; then

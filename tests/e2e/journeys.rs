@@ -292,6 +292,8 @@ fn float_codecs_deltas_and_config() {
             "quant.moments",
             "quant.embeddings",
             "quant.adam_betas",
+            "quant.curvature",
+            "quant.moment_residuals",
             "quant.exp_avg",
             "quant.exp_avg_sq"
         ]
@@ -396,6 +398,17 @@ fn float_codecs_deltas_and_config() {
     assert_fsck_clean(d);
 }
 
+/// f32 bytes times `k` (squared after scaling when `square`).
+fn scaled(bytes: &[u8], k: f32, square: bool) -> Vec<u8> {
+    bytes
+        .chunks(4)
+        .flat_map(|c| {
+            let x = f32::from_le_bytes(c.try_into().unwrap()) * k;
+            (if square { x * x } else { x }).to_le_bytes()
+        })
+        .collect()
+}
+
 #[test]
 fn lossy_commits_are_marked_and_bad_settings_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -414,23 +427,18 @@ fn lossy_commits_are_marked_and_bad_settings_change_nothing() {
                 shape: vec![128, 256],
                 data: w,
             },
+            // Moments of a gradient about 1e-5 in size.
             T {
                 name: "optim.w.exp_avg".into(),
                 dtype: "F32",
                 shape: vec![128, 256],
-                data: floats(12 + i, 128 * 256),
+                data: scaled(&floats(12 + i, 128 * 256), 1e-5, false),
             },
             T {
                 name: "optim.w.exp_avg_sq".into(),
                 dtype: "F32",
                 shape: vec![128, 256],
-                data: floats(13 + i, 128 * 256)
-                    .chunks(4)
-                    .flat_map(|c| {
-                        let x = f32::from_le_bytes(c.try_into().unwrap());
-                        (x * x).to_le_bytes()
-                    })
-                    .collect(),
+                data: scaled(&floats(13 + i, 128 * 256), 1e-5, true),
             },
             tensor("optim.step", "I64", &[], i),
         ];

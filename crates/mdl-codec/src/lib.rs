@@ -306,10 +306,10 @@ mod tests {
         assert_eq!(CodecTag::QuantDelta as u8, 5);
         assert_eq!(CodecTag::QuantResidual as u8, 8);
         assert_eq!(CodecTag::MantissaTrim as u8, 6);
-        for t in 0..=7 {
+        for t in 0..=8 {
             assert_eq!(CodecTag::try_from(t).unwrap() as u8, t);
         }
-        assert!(CodecTag::try_from(8).is_err());
+        assert!(CodecTag::try_from(9).is_err());
     }
 
     #[test]

@@ -2,13 +2,15 @@
 //!
 //! For element `i` with value `x` and reference value `r` (the decoded content of the record's
 //! base object, whatever its codec), the code is `q = round((x − r) / step)`; the decoder
-//! rebuilds `round_dtype(r + q·step)` in `f64` arithmetic, which is exactly reproducible. The
+//! rebuilds `round_dtype(r + q·step)` in `f64` arithmetic, which is exactly reproducible
+//! ([`Mode::Linear`]; [`Mode::Log`] and [`Mode::Scaled`] code Adam's moments the same way). The
 //! error of every element is therefore at most `step / 2` plus half a unit in the last place
 //! of the result — it scales with how far the tensor moved from its reference, not with the
 //! weights' magnitude, which is what a fine-tune (small residual from a pretrained base) or a
 //! checkpoint after a lossy restore (small residual from the restored weights) needs.
 //!
-//! Codes are bytes: `zigzag(q)` for `|q| ≤ 127`, and [`EXACT`] for an element kept exactly
+//! Codes are bytes: `zigzag(q)` for `|q| ≤ 126`, [`ZERO`] for +0, and [`EXACT`] for an element
+//! kept exactly
 //! (a non-finite value or reference, a residual beyond ±127 steps, or a result that does not
 //! round back to a finite number); the exact values follow the step in element order. The code
 //! bytes are one entropy stream ([`crate::huffman`]), whose sparse form takes the zero-heavy
@@ -27,8 +29,10 @@ use crate::scalar;
 
 /// The code of an element stored exactly.
 pub const EXACT: u8 = 255;
-/// Largest residual, in steps, that gets a code.
-pub const MAX_STEPS: i64 = 127;
+/// The code of an element that is +0.
+pub const ZERO: u8 = 254;
+/// Largest residual, in steps, that gets a code (its zigzag code stays below [`ZERO`]).
+pub const MAX_STEPS: i64 = 126;
 
 /// Elements per parallel work item.
 const CHUNK: usize = 1 << 16;
@@ -96,24 +100,132 @@ impl ResidualStats {
     }
 }
 
-/// One element: its code and reconstruction (`None`: kept exactly).
-#[inline]
-fn code_of(dtype: Dtype, x: f64, r: f64, step: f64) -> Option<(u8, f64)> {
-    if !x.is_finite() || !r.is_finite() {
-        return None;
-    }
-    let q = ((x - r) / step).round();
-    if q.is_nan() || q.abs() > MAX_STEPS as f64 {
-        return None;
-    }
-    let y = rebuild(dtype, r, q as i64, step);
-    y.is_finite().then_some((zigzag(q as i64), y))
+/// How codes become values, given the reference value `r` of the element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Mode {
+    /// `r + q·step`: a weight and its previous version.
+    Linear = 0,
+    /// `r · 2^(q·step)`: a positive tensor spanning decades (Adam's `exp_avg_sq`) and its
+    /// previous version; the factors come from the stored `2^step` by repeated multiplication,
+    /// so every machine computes the same values.
+    Log = 1,
+    /// `q · step · √r`: Adam's `exp_avg` in the optimizer's own units, against a second moment
+    /// (its previous version), whose square root scales each element's step.
+    Scaled = 2,
 }
 
-/// The decoder's value for reference `r` and code `q`.
-#[inline]
-fn rebuild(dtype: Dtype, r: f64, q: i64, step: f64) -> f64 {
-    scalar::rounded(dtype, r + q as f64 * step)
+impl Mode {
+    fn from_u8(b: u8) -> Option<Mode> {
+        match b {
+            0 => Some(Mode::Linear),
+            1 => Some(Mode::Log),
+            2 => Some(Mode::Scaled),
+            _ => None,
+        }
+    }
+
+    /// The name `mdl show` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Linear => "linear",
+            Mode::Log => "log",
+            Mode::Scaled => "scaled",
+        }
+    }
+}
+
+/// A mode and step, ready to code elements.
+struct Quantizer {
+    mode: Mode,
+    /// `step` (Linear, Scaled) or `2^step` (Log): the value the payload stores.
+    param: f64,
+    /// Log: `2^(q·step)` for `q` = −[`MAX_STEPS`] … [`MAX_STEPS`].
+    factors: Vec<f64>,
+}
+
+impl Quantizer {
+    /// From the value a payload stores (`None` when it cannot serve).
+    fn new(mode: Mode, param: f64) -> Option<Quantizer> {
+        if !(param.is_finite() && param > 0.0) || (mode == Mode::Log && param <= 1.0) {
+            return None;
+        }
+        let mut factors = Vec::new();
+        if mode == Mode::Log {
+            let m = MAX_STEPS as usize;
+            factors = vec![1.0; 2 * m + 1];
+            for q in 1..=m {
+                factors[m + q] = factors[m + q - 1] * param;
+                factors[m - q] = factors[m - q + 1] / param;
+            }
+        }
+        Some(Quantizer {
+            mode,
+            param,
+            factors,
+        })
+    }
+
+    /// For a step (in log2 units for [`Mode::Log`]).
+    fn with_step(mode: Mode, step: f64) -> Option<Quantizer> {
+        match mode {
+            Mode::Log => Quantizer::new(mode, step.exp2()),
+            _ => Quantizer::new(mode, step),
+        }
+    }
+
+    /// One element's code and reconstruction (`None`: kept exactly).
+    #[inline]
+    fn code(&self, dtype: Dtype, x: f64, r: f64) -> Option<(u8, f64)> {
+        if !x.is_finite() || !r.is_finite() {
+            return None;
+        }
+        let q = match self.mode {
+            Mode::Linear => ((x - r) / self.param).round(),
+            Mode::Log => {
+                if x == 0.0 {
+                    return Some((ZERO, 0.0));
+                }
+                if x < 0.0 || r <= 0.0 {
+                    return None;
+                }
+                ((x / r).log2() / self.param.log2()).round()
+            }
+            Mode::Scaled => {
+                if r < 0.0 {
+                    return None;
+                }
+                if x == 0.0 {
+                    return Some((ZERO, 0.0));
+                }
+                if r == 0.0 {
+                    return None;
+                }
+                (x / (self.param * r.sqrt())).round()
+            }
+        };
+        if q.is_nan() || q.abs() > MAX_STEPS as f64 {
+            return None;
+        }
+        let c = zigzag(q as i64);
+        let y = self.rebuild(dtype, r, c);
+        y.is_finite().then_some((c, y))
+    }
+
+    /// The decoder's value for reference `r` and a code other than [`EXACT`].
+    #[inline]
+    fn rebuild(&self, dtype: Dtype, r: f64, c: u8) -> f64 {
+        if c == ZERO {
+            return 0.0;
+        }
+        let q = unzigzag(c);
+        let y = match self.mode {
+            Mode::Linear => r + q as f64 * self.param,
+            Mode::Log => r * self.factors[(q + MAX_STEPS) as usize],
+            Mode::Scaled => q as f64 * self.param * r.sqrt(),
+        };
+        scalar::rounded(dtype, y)
+    }
 }
 
 #[inline]
@@ -127,9 +239,9 @@ fn unzigzag(c: u8) -> i64 {
     (c >> 1) ^ -(c & 1)
 }
 
-/// Whether `step` can serve as a quantization step.
-pub fn valid_step(step: f64) -> bool {
-    step.is_finite() && step > 0.0
+/// Whether `step` can serve as a quantization step of `mode`.
+pub fn valid_step(mode: Mode, step: f64) -> bool {
+    Quantizer::with_step(mode, step).is_some()
 }
 
 /// The statistics of quantizing `values` (little-endian `dtype`) against `reference` at `step`,
@@ -139,8 +251,12 @@ pub fn measure(
     values: &[u8],
     reference: &[u8],
     moments: Option<Moments<'_>>,
+    mode: Mode,
     step: f64,
 ) -> ResidualStats {
+    let Some(quant) = Quantizer::with_step(mode, step) else {
+        return ResidualStats::default();
+    };
     let n = values.len() / dtype.size();
     debug_assert_eq!(values.len(), reference.len());
     (0..n.div_ceil(CHUNK))
@@ -157,7 +273,7 @@ pub fn measure(
                 if x.is_finite() {
                     s.sum_sq += x * x;
                 }
-                match code_of(dtype, x, r, step) {
+                match quant.code(dtype, x, r) {
                     Some((code, y)) => {
                         codes.push(code);
                         let d = y - x;
@@ -180,12 +296,16 @@ pub fn measure(
         .reduce(ResidualStats::default, ResidualStats::merge)
 }
 
-/// Quantizes `values` against `reference` at `step`: the payload and the reconstruction.
-pub fn encode(dtype: Dtype, values: &[u8], reference: &[u8], step: f64) -> (Vec<u8>, Vec<u8>) {
-    assert!(
-        valid_step(step),
-        "residual step must be positive and finite"
-    );
+/// Quantizes `values` against `reference` at `step` (see [`Mode`]): the payload and the
+/// reconstruction.
+pub fn encode(
+    dtype: Dtype,
+    values: &[u8],
+    reference: &[u8],
+    mode: Mode,
+    step: f64,
+) -> (Vec<u8>, Vec<u8>) {
+    let quant = Quantizer::with_step(mode, step).expect("a valid residual step");
     let size = dtype.size();
     let n = values.len() / size;
     let mut codes = vec![0u8; n];
@@ -201,7 +321,7 @@ pub fn encode(dtype: Dtype, values: &[u8], reference: &[u8], step: f64) -> (Vec<
                 let x = scalar::value(dtype, values, i);
                 let r = scalar::value(dtype, reference, i);
                 let o = &mut out[k * size..(k + 1) * size];
-                match code_of(dtype, x, r, step) {
+                match quant.code(dtype, x, r) {
                     Some((q, y)) => {
                         *code = q;
                         y_bytes.clear();
@@ -215,7 +335,8 @@ pub fn encode(dtype: Dtype, values: &[u8], reference: &[u8], step: f64) -> (Vec<
                 }
             }
         });
-    let mut payload = step.to_le_bytes().to_vec();
+    let mut payload = vec![mode as u8];
+    payload.extend_from_slice(&quant.param.to_le_bytes());
     let exact: Vec<usize> = (0..n).filter(|&i| codes[i] == EXACT).collect();
     varint(&mut payload, exact.len() as u64);
     for i in exact {
@@ -241,17 +362,19 @@ pub fn decode(
         return Err(bad("reference and output sizes differ"));
     }
     let n = out.len() / size;
-    let step = f64::from_le_bytes(
+    let mode = payload
+        .first()
+        .and_then(|&b| Mode::from_u8(b))
+        .ok_or_else(|| bad("unknown or missing mode"))?;
+    let param = f64::from_le_bytes(
         payload
-            .get(..8)
+            .get(1..9)
             .ok_or_else(|| bad("truncated step"))?
             .try_into()
             .unwrap(),
     );
-    if !valid_step(step) {
-        return Err(bad("step is not a positive finite number"));
-    }
-    let mut at = 8;
+    let quant = Quantizer::new(mode, param).ok_or_else(|| bad("step out of range"))?;
+    let mut at = 9;
     let count = read_varint(payload, &mut at).ok_or_else(|| bad("truncated exact count"))?;
     if count > n as u64 {
         return Err(bad("more exact elements than elements"));
@@ -277,7 +400,7 @@ pub fn decode(
         }
         let r = scalar::value(dtype, reference, i);
         y_bytes.clear();
-        scalar::push_rounded(dtype, rebuild(dtype, r, unzigzag(c), step), &mut y_bytes);
+        scalar::push_rounded(dtype, quant.rebuild(dtype, r, c), &mut y_bytes);
         o.copy_from_slice(&y_bytes);
     }
     Ok(())
@@ -348,7 +471,7 @@ mod tests {
             cur[12] += 1.0; // far beyond 127 steps
             let (vb, rb) = (enc(dtype, &cur), enc(dtype, &base));
             for step in [1e-4, 5e-4, 2e-3] {
-                let (payload, render) = encode(dtype, &vb, &rb, step);
+                let (payload, render) = encode(dtype, &vb, &rb, Mode::Linear, step);
                 let mut out = vec![0u8; vb.len()];
                 decode(dtype, &payload, &rb, &mut out).unwrap();
                 assert_eq!(out, render, "{dtype:?} step {step}");
@@ -375,7 +498,7 @@ mod tests {
                     );
                     sq += (y - x) * (y - x);
                 }
-                let m = measure(dtype, &vb, &rb, None, step);
+                let m = measure(dtype, &vb, &rb, None, Mode::Linear, step);
                 assert_eq!(m.exact, 3);
                 assert!(
                     (m.sum_sq_err - sq).abs() <= 1e-9 * sq,
@@ -398,7 +521,7 @@ mod tests {
         let (vb, rb) = (enc(Dtype::F32, &cur), enc(Dtype::F32, &base));
         let mut last: Option<ResidualStats> = None;
         for step in [4e-3, 2e-3, 1e-3, 5e-4, 2.5e-4] {
-            let m = measure(Dtype::F32, &vb, &rb, None, step);
+            let m = measure(Dtype::F32, &vb, &rb, None, Mode::Linear, step);
             // Uniform quantization: mean squared error near step²/12.
             let mse = m.sum_sq_err / n as f64;
             assert!(mse <= step * step / 12.0 * 1.2 + 1e-14, "{step}: {mse}");
@@ -411,19 +534,119 @@ mod tests {
         }
     }
 
+    /// The moment modes: a second moment against its previous version in the log domain
+    /// (relative error within half a step of octaves), a first moment in units of the square
+    /// root of a second moment; zeros stay zeros, what cannot be coded is exact, and the
+    /// decoder rebuilds exactly the encoder's reconstruction.
+    #[test]
+    fn moment_modes_round_trip_within_their_steps() {
+        let mut rng = Rng(9);
+        let n = 120_000;
+        let v0: Vec<f64> = (0..n)
+            .map(|_| 1e-8 * (normal(&mut rng) * 3.0).exp2())
+            .collect();
+        let mut v1: Vec<f64> = v0
+            .iter()
+            .map(|v| v * (normal(&mut rng) * 0.5).exp2())
+            .collect();
+        v1[3] = 0.0;
+        let mut m1: Vec<f64> = v1
+            .iter()
+            .map(|v| v.sqrt() * normal(&mut rng) * 0.3)
+            .collect();
+        m1[5] = 0.0;
+        let mut v0b = v0.clone();
+        v0b[7] = 0.0; // no scale for element 7: its first moment is exact
+        for dtype in [Dtype::F32, Dtype::BF16] {
+            let (r, x) = (enc(dtype, &v0), enc(dtype, &v1));
+            let (payload, render) = encode(dtype, &x, &r, Mode::Log, 0.5);
+            let mut out = vec![0u8; x.len()];
+            decode(dtype, &payload, &r, &mut out).unwrap();
+            assert_eq!(out, render);
+            // Rounding to the dtype, in octaves (bf16 keeps 8 significant bits).
+            let slack = if dtype == Dtype::BF16 {
+                2f64.powi(-7)
+            } else {
+                1e-6
+            };
+            for i in 0..n {
+                let (a, b) = (scalar::value(dtype, &x, i), scalar::value(dtype, &out, i));
+                if a == 0.0 {
+                    assert_eq!(b, 0.0);
+                    continue;
+                }
+                let ratio = (b / a).log2().abs();
+                let r = scalar::value(dtype, &r, i);
+                assert!(
+                    ratio <= 0.25 + slack,
+                    "{dtype:?} {i}: {a} → {b} (reference {r})"
+                );
+            }
+            let (s, x) = (enc(dtype, &v0b), enc(dtype, &m1));
+            let (payload, render) = encode(dtype, &x, &s, Mode::Scaled, 0.25);
+            decode(dtype, &payload, &s, &mut out).unwrap();
+            assert_eq!(out, render);
+            let size = dtype.size();
+            assert_eq!(out[7 * size..8 * size], x[7 * size..8 * size]);
+            for i in 0..n {
+                let (a, b) = (scalar::value(dtype, &x, i), scalar::value(dtype, &out, i));
+                let unit = scalar::value(dtype, &s, i).sqrt();
+                if i == 7 || unit == 0.0 {
+                    continue;
+                }
+                assert!(
+                    (a - b).abs() <= 0.125 * unit + b.abs() * slack,
+                    "{i}: {a} → {b}"
+                );
+            }
+            assert_eq!(scalar::value(dtype, &out, 5), 0.0);
+        }
+    }
+
     #[test]
     fn corrupt_payloads_are_errors() {
         let rb = enc(Dtype::F32, &[0.5; 1000]);
         let vb = enc(Dtype::F32, &[0.6; 1000]);
-        let (payload, _) = encode(Dtype::F32, &vb, &rb, 0.01);
+        let (payload, _) = encode(Dtype::F32, &vb, &rb, Mode::Linear, 0.01);
         let mut out = vec![0u8; vb.len()];
-        for cut in [0, 4, 8, 9, payload.len() - 1] {
+        for cut in [0, 1, 4, 9, 10, payload.len() - 1] {
             assert!(decode(Dtype::F32, &payload[..cut], &rb, &mut out).is_err());
         }
         let mut bad = payload.clone();
-        bad[..8].copy_from_slice(&(-1.0f64).to_le_bytes());
+        bad[1..9].copy_from_slice(&(-1.0f64).to_le_bytes());
+        assert!(decode(Dtype::F32, &bad, &rb, &mut out).is_err());
+        let mut bad = payload.clone();
+        bad[0] = 7;
         assert!(decode(Dtype::F32, &bad, &rb, &mut out).is_err());
         assert!(decode(Dtype::F32, &payload, &rb[4..], &mut out).is_err());
         assert!(decode(Dtype::I32, &payload, &rb, &mut out).is_err());
+    }
+}
+
+#[cfg(test)]
+mod golden {
+    use super::*;
+
+    fn f32s(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// Known-answer vectors of the payload layout (`docs/FORMAT.md`): a change here is a format
+    /// change.
+    #[test]
+    fn payload_bytes() {
+        let reference = f32s(&[1.0, 2.0, 0.5, 4.0]);
+        let values = f32s(&[1.25, 1.5, f32::NAN, 0.0]);
+        let (payload, render) = encode(Dtype::F32, &values, &reference, Mode::Linear, 0.25);
+        // mode 0 | step 0.25 | one exact value (the NaN) | a stored entropy stream of the
+        // codes: +1 step, −2 steps, exact, −16 steps.
+        let expected = [
+            0, 0, 0, 0, 0, 0, 0, 208, 63, 1, 0, 0, 192, 127, 0, 2, 3, 255, 31,
+        ];
+        assert_eq!(payload, expected);
+        assert_eq!(render[..8], f32s(&[1.25, 1.5])[..]);
+        let mut out = vec![0u8; 16];
+        decode(Dtype::F32, &payload, &reference, &mut out).unwrap();
+        assert_eq!(out, render);
     }
 }

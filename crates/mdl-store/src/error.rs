@@ -132,10 +132,15 @@ impl StoreError {
 }
 
 /// A redb error as a store error: corruption is [`StoreError::Damaged`], I/O is
-/// [`StoreError::DbIo`].
+/// [`StoreError::DbIo`]. mdl opens every table with one fixed definition, so a table whose
+/// stored definition differs (a flipped bit in its type name) is damage too.
 pub(crate) fn db<E: Into<redb::Error>>(e: E) -> StoreError {
     match e.into() {
         redb::Error::Corrupted(why) => StoreError::Damaged(why),
+        e @ (redb::Error::TableTypeMismatch { .. }
+        | redb::Error::TableIsMultimap(_)
+        | redb::Error::TableIsNotMultimap(_)
+        | redb::Error::TypeDefinitionChanged { .. }) => StoreError::Damaged(e.to_string()),
         redb::Error::Io(e) => StoreError::DbIo(e),
         redb::Error::PreviousIo => StoreError::DbIo(std::io::Error::other(
             "an earlier write to the database failed",

@@ -201,9 +201,11 @@ fn check_checkout(repo: &Repository, rev: &str, original: &Path, out: &Path) {
     }
 }
 
-fn chain_with_table_changes(mode: DeltaMode) {
+fn chain_with_table_changes(mode: DeltaMode, moment_residuals: bool) {
     let dir = tempfile::tempdir().unwrap();
     let repo = init_repo(&dir.path().join("repo"));
+    let on_off = if moment_residuals { "on" } else { "off" };
+    mdl::config::set_config(&repo, "quant.moment_residuals", on_off).unwrap();
     let policy = DeltaPolicy {
         mode,
         max_depth: 16,
@@ -255,22 +257,28 @@ fn chain_with_table_changes(mode: DeltaMode) {
             assert!(t.depth <= 16);
         }
     }
-    assert!(deltas >= 6, "only {deltas} quant-delta records");
-    // Weights that moved a little are residuals from their previous version: chains mix
-    // residual, quant-delta and lossless records.
-    assert!(residuals >= 2, "only {residuals} quant-residual records");
+    // Weights that moved a little are residuals from their previous version, and so are the
+    // moments unless told otherwise: chains mix residual, quant-delta and lossless records.
+    if moment_residuals {
+        assert!(residuals >= 12, "only {residuals} quant-residual records");
+    } else {
+        assert!(deltas >= 6, "only {deltas} quant-delta records");
+        assert!(residuals >= 2, "only {residuals} quant-residual records");
+    }
     let report = mdl::fsck::fsck(&repo, false).unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
 
 #[test]
 fn reverse_quant_chains_decode_every_commit() {
-    chain_with_table_changes(DeltaMode::Reverse);
+    chain_with_table_changes(DeltaMode::Reverse, false);
+    chain_with_table_changes(DeltaMode::Reverse, true);
 }
 
 #[test]
 fn forward_quant_chains_decode_every_commit() {
-    chain_with_table_changes(DeltaMode::Forward);
+    chain_with_table_changes(DeltaMode::Forward, false);
+    chain_with_table_changes(DeltaMode::Forward, true);
 }
 
 #[test]

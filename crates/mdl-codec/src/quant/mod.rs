@@ -379,8 +379,9 @@ mod tests {
         let reference: Vec<f32> = w.iter().map(|x| x - 1e-3).collect();
         let rb = f32s(&reference);
         for step in [1e-4, 5e-4, 2e-3, 8e-3] {
-            let st = crate::residual::measure(Dtype::F32, &wb, &rb, moments, step);
-            let (_, recon) = crate::residual::encode(Dtype::F32, &wb, &rb, step);
+            let linear = crate::residual::Mode::Linear;
+            let st = crate::residual::measure(Dtype::F32, &wb, &rb, moments, linear, step);
+            let (_, recon) = crate::residual::encode(Dtype::F32, &wb, &rb, linear, step);
             let est = corr.loss_change(
                 st.sum_m_delta,
                 st.sum_v_delta2,

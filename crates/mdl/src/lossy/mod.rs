@@ -5,7 +5,9 @@
 //! placeholder each: the default pairings are this project's corpus convention
 //! (`model.{}` ↔ `optim.{}.exp_avg` / `optim.{}.exp_avg_sq`, and `optim.{}.master` — fp32 master
 //! weights of mixed-precision training — with the same moments). Parameters with moments are
-//! searched under the loss estimate `|Σ m̂·δ| + ½ Σ v̂·δ²`, the checkpoint's budget being
+//! searched under the loss estimate of `Correction::loss_change` (`docs/CODECS.md`, "The
+//! bound"), among quantizer configurations and residuals from the previous version
+//! (`quant-residual`), the checkpoint's budget being
 //! `ε × loss` (or `ε` without a loss) for each pairing's family of tensors; parameters without
 //! moments get the cheapest configuration whose relative L2 error is at most ε; the moments
 //! themselves get fixed configurations (`quant.exp_avg`, `quant.exp_avg_sq`).

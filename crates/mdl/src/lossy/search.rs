@@ -26,12 +26,22 @@ pub(crate) struct Reference {
     pub content: Vec<u8>,
 }
 
-/// A residual plan: the reference and the quantization step.
+/// A residual plan: the reference, how codes become values, and the quantization step.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Residual {
     pub reference: Arc<Reference>,
+    pub mode: residual::Mode,
     pub step: f64,
 }
+
+/// `exp_avg_sq` against its previous version: the step in octaves (every element within
+/// ±2^(1/4), about ±19 %).
+const SECOND_MOMENT_LOG_STEP: f64 = 0.5;
+/// `exp_avg` in units of the square root of the previous `exp_avg_sq` (Adam's own units: an
+/// update is `m/√v`); values within a quarter unit round to zero.
+const FIRST_MOMENT_SCALED_STEP: f64 = 0.5;
+/// A moment is a residual only when at most this share of its elements would be kept exactly.
+const MOMENT_EXACT_LIMIT: f64 = 0.01;
 
 /// Loads the reference of tensor `i` for residual coding, when it has one.
 pub(crate) type LoadReference<'a> = dyn Fn(usize) -> Result<Option<Reference>> + Sync + 'a;
@@ -278,7 +288,15 @@ impl PlanInput<'_> {
     ) -> Vec<Candidate> {
         let view = self.input.view(i);
         let moments = self.input.moments(moments);
-        let moved = residual::measure(view.dtype, view.bytes, &reference.content, None, 1.0);
+        let linear = residual::Mode::Linear;
+        let moved = residual::measure(
+            view.dtype,
+            view.bytes,
+            &reference.content,
+            None,
+            linear,
+            1.0,
+        );
         let n = (view.bytes.len() / view.dtype.size()).max(1) as f64;
         let rms = (moved.sum_sq_moved / n).sqrt();
         if !(rms > 0.0 && rms.is_finite()) {
@@ -293,10 +311,16 @@ impl PlanInput<'_> {
         RESIDUAL_STEPS
             .into_par_iter()
             .map(|k| rms * 2f64.powf(k as f64 / 2.0))
-            .filter(|&step| residual::valid_step(step))
+            .filter(|&step| residual::valid_step(linear, step))
             .map(|step| {
-                let st =
-                    residual::measure(view.dtype, view.bytes, &reference.content, moments, step);
+                let st = residual::measure(
+                    view.dtype,
+                    view.bytes,
+                    &reference.content,
+                    moments,
+                    linear,
+                    step,
+                );
                 let delta_loss = moments.map(|_| {
                     self.correction.loss_change(
                         st.sum_m_delta,
@@ -321,6 +345,7 @@ impl PlanInput<'_> {
                     table: None,
                     residual: Some(Residual {
                         reference: reference.clone(),
+                        mode: linear,
                         step,
                     }),
                 }
@@ -345,6 +370,18 @@ impl PlanInput<'_> {
                 config.map(|c| (i, c, role))
             })
             .collect();
+        // Each first moment's second moment, from the parameters' pairings.
+        let second_of: HashMap<usize, usize> = self
+            .roles
+            .iter()
+            .filter_map(|r| match r {
+                Role::Param {
+                    moments: Some((m, v)),
+                    ..
+                } => Some((*m, *v)),
+                _ => None,
+            })
+            .collect();
         moments
             .par_iter()
             .map(|&(i, config, role)| {
@@ -355,6 +392,42 @@ impl PlanInput<'_> {
                     role,
                     residual: None,
                 };
+                // With a previous version: `exp_avg_sq` as a log residual from it, `exp_avg`
+                // in units of its second moment's previous version.
+                let (source, mode, step) = match self.roles[i] {
+                    Role::SecondMoment => (Some(i), residual::Mode::Log, SECOND_MOMENT_LOG_STEP),
+                    _ => (
+                        second_of.get(&i).copied(),
+                        residual::Mode::Scaled,
+                        FIRST_MOMENT_SCALED_STEP,
+                    ),
+                };
+                let pieces = &self.input.pieces;
+                let source = source.filter(|&s| {
+                    self.settings.moment_residuals && pieces[s].header == pieces[i].header
+                });
+                if let Some(reference) = source.map(|s| (self.reference)(s)).transpose()?.flatten()
+                {
+                    // A reference that cannot scale most elements (an optimizer's first
+                    // step after zero moments) leaves the tensor to the quantizer.
+                    let view = self.input.view(i);
+                    let st = residual::measure(
+                        view.dtype,
+                        view.bytes,
+                        &reference.content,
+                        None,
+                        mode,
+                        step,
+                    );
+                    if (st.exact as f64) <= MOMENT_EXACT_LIMIT * st.codes.total() as f64 {
+                        plan.residual = Some(Residual {
+                            reference: Arc::new(reference),
+                            mode,
+                            step,
+                        });
+                        return Ok((i, plan));
+                    }
+                }
                 if self.previous_config(i) != Some(config) {
                     return Ok((i, plan));
                 }
@@ -516,12 +589,16 @@ pub(crate) fn quantize(
     let (encoded, render, settings) = match &plan.residual {
         Some(r) => {
             let (payload, render) =
-                residual::encode(w.dtype, w.bytes, &r.reference.content, r.step);
+                residual::encode(w.dtype, w.bytes, &r.reference.content, r.mode, r.step);
             let encoded = Encoded::Residual {
                 payload,
                 reference: r.reference.clone(),
             };
-            (encoded, render, format!("residual step={:e}", r.step))
+            (
+                encoded,
+                render,
+                format!("residual mode={} step={:e}", r.mode.name(), r.step),
+            )
         }
         None => {
             let fit = prep.fit_table(

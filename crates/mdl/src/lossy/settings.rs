@@ -19,6 +19,8 @@ pub const BETAS_KEY: &str = "quant.adam_betas";
 pub const EXP_AVG_KEY: &str = "quant.exp_avg";
 /// `quant.exp_avg_sq`: the second moments' quantizer configuration.
 pub const EXP_AVG_SQ_KEY: &str = "quant.exp_avg_sq";
+/// Whether moments with a previous version are coded as residuals from it (`on`, `off`).
+pub const MOMENT_RESIDUALS_KEY: &str = "quant.moment_residuals";
 /// The loss's curvature per unit of Adam's `v̂` (`docs/CODECS.md`, "The bound").
 pub const CURVATURE_KEY: &str = "quant.curvature";
 
@@ -92,6 +94,8 @@ pub struct LossySettings {
     pub betas: (f64, f64),
     /// Curvature per unit of `v̂` (`quant.curvature`).
     pub curvature: f64,
+    /// Moments with a previous version are residuals from it (`quant.moment_residuals`).
+    pub moment_residuals: bool,
     /// First moments' configuration (`None`: stored exactly).
     pub exp_avg: Option<QuantConfig>,
     /// Second moments' configuration (`None`: stored exactly).
@@ -148,6 +152,14 @@ fn parse_curvature(v: &str) -> Result<f64> {
         .ok_or_else(|| invalid(CURVATURE_KEY, v, "a number of at least 1"))
 }
 
+fn parse_switch(key: &str, v: &str) -> Result<bool> {
+    match v {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(invalid(key, v, "on or off")),
+    }
+}
+
 fn parse_config(key: &str, v: &str) -> Result<Option<QuantConfig>> {
     if v == "off" {
         return Ok(None);
@@ -171,6 +183,7 @@ pub fn validate(key: &str, value: &str) -> Option<Result<()>> {
         EMBEDDINGS_KEY => Ok(()),
         BETAS_KEY => parse_betas(value).map(drop),
         CURVATURE_KEY => parse_curvature(value).map(drop),
+        MOMENT_RESIDUALS_KEY => parse_switch(key, value).map(drop),
         EXP_AVG_KEY | EXP_AVG_SQ_KEY => parse_config(key, value).map(drop),
         _ => return None,
     })
@@ -186,6 +199,7 @@ pub fn known_keys() -> Vec<(&'static str, String)> {
         (EMBEDDINGS_KEY, DEFAULT_EMBEDDINGS.into()),
         (BETAS_KEY, "0.9,0.999".into()),
         (CURVATURE_KEY, quant::DEFAULT_CURVATURE.to_string()),
+        (MOMENT_RESIDUALS_KEY, "on".into()),
         (EXP_AVG_KEY, DEFAULT_EXP_AVG.into()),
         (EXP_AVG_SQ_KEY, DEFAULT_EXP_AVG_SQ.into()),
     ]
@@ -233,6 +247,7 @@ impl LossySettings {
                 .collect(),
             betas: parse_betas(&get(BETAS_KEY)?)?,
             curvature: parse_curvature(&get(CURVATURE_KEY)?)?,
+            moment_residuals: parse_switch(MOMENT_RESIDUALS_KEY, &get(MOMENT_RESIDUALS_KEY)?)?,
             exp_avg: parse_config(EXP_AVG_KEY, &get(EXP_AVG_KEY)?)?,
             exp_avg_sq: parse_config(EXP_AVG_SQ_KEY, &get(EXP_AVG_SQ_KEY)?)?,
             eval_cmd: req.eval_cmd.clone(),
