@@ -54,6 +54,8 @@ pub enum CodecTag {
     /// A lossy tensor as its base object's content plus a uniformly quantized residual:
     /// [`residual`].
     QuantResidual = 8,
+    /// A lossy tensor uniformly quantized on its own: [`residual`] against zeros.
+    QuantUniform = 9,
 }
 
 impl CodecTag {
@@ -69,6 +71,7 @@ impl CodecTag {
             CodecTag::QuantDelta => "quant-delta",
             CodecTag::MantissaTrim => "mantissa-trim",
             CodecTag::QuantResidual => "quant-residual",
+            CodecTag::QuantUniform => "quant-uniform",
         }
     }
 
@@ -79,7 +82,8 @@ impl CodecTag {
             | CodecTag::Zstd
             | CodecTag::FloatSplit
             | CodecTag::QuantBase
-            | CodecTag::MantissaTrim => false,
+            | CodecTag::MantissaTrim
+            | CodecTag::QuantUniform => false,
             CodecTag::XorDelta
             | CodecTag::SubDelta
             | CodecTag::QuantDelta
@@ -112,6 +116,7 @@ impl TryFrom<u8> for CodecTag {
             6 => Ok(CodecTag::MantissaTrim),
             7 => Ok(CodecTag::SubDelta),
             8 => Ok(CodecTag::QuantResidual),
+            9 => Ok(CodecTag::QuantUniform),
             tag => Err(FormatError::UnknownTag { what: "codec", tag }),
         }
     }
@@ -305,11 +310,12 @@ mod tests {
         assert_eq!(CodecTag::QuantBase as u8, 4);
         assert_eq!(CodecTag::QuantDelta as u8, 5);
         assert_eq!(CodecTag::QuantResidual as u8, 8);
+        assert_eq!(CodecTag::QuantUniform as u8, 9);
         assert_eq!(CodecTag::MantissaTrim as u8, 6);
-        for t in 0..=8 {
+        for t in 0..=9 {
             assert_eq!(CodecTag::try_from(t).unwrap() as u8, t);
         }
-        assert!(CodecTag::try_from(9).is_err());
+        assert!(CodecTag::try_from(10).is_err());
     }
 
     #[test]

@@ -27,12 +27,17 @@ use crate::engine::Moments;
 use crate::huffman::{decode_stream, encode_stream, Histogram};
 use crate::scalar;
 
-/// The code of an element stored exactly.
-pub const EXACT: u8 = 255;
-/// The code of an element that is +0.
-pub const ZERO: u8 = 254;
-/// Largest residual, in steps, that gets a code (its zigzag code stays below [`ZERO`]).
-pub const MAX_STEPS: i64 = 126;
+/// The code of an element stored exactly (its low byte, 255, in a one-byte payload).
+pub const EXACT: u16 = 0xffff;
+/// The code of an element that is +0 (254 in a one-byte payload).
+pub const ZERO: u16 = 0xfffe;
+/// Largest residual, in steps, that gets a code in linear mode (zigzag codes stay below
+/// [`ZERO`]).
+pub const MAX_STEPS: i64 = 32766;
+/// The same in log and scaled modes (their codes fit one byte).
+pub const MAX_MOMENT_STEPS: i64 = 126;
+/// Codes below this fit a one-byte payload.
+const NARROW: u16 = 254;
 
 /// Elements per parallel work item.
 const CHUNK: usize = 1 << 16;
@@ -40,8 +45,10 @@ const CHUNK: usize = 1 << 16;
 /// What quantizing a tensor against a reference at one step gives, without storing anything.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ResidualStats {
-    /// Counts of each code byte.
+    /// Counts of each code's low byte.
     pub codes: Histogram,
+    /// Counts of each code's high byte (specials count as 0: they need no second byte).
+    pub high: Histogram,
     /// Elements kept exactly.
     pub exact: u64,
     /// Σ δ² (δ = reconstruction − original).
@@ -62,7 +69,10 @@ impl ResidualStats {
     /// Estimated payload bits: the codes' order-0 entropy (the entropy coder gets within a few
     /// per cent of it) plus the exact values and the step.
     pub fn bits(&self, dtype: Dtype) -> f64 {
-        self.codes.entropy_bits() + (self.exact as f64) * (dtype.size() * 8) as f64 + 128.0
+        self.codes.entropy_bits()
+            + self.high.entropy_bits()
+            + (self.exact as f64) * (dtype.size() * 8) as f64
+            + 136.0
     }
 
     /// Relative L2 error `‖δ‖ / ‖original‖`.
@@ -89,6 +99,7 @@ impl ResidualStats {
 
     fn merge(mut self, o: ResidualStats) -> ResidualStats {
         self.codes.add(&o.codes);
+        self.high.add(&o.high);
         self.exact += o.exact;
         self.sum_sq_err += o.sum_sq_err;
         self.sum_sq += o.sum_sq;
@@ -140,7 +151,7 @@ struct Quantizer {
     mode: Mode,
     /// `step` (Linear, Scaled) or `2^step` (Log): the value the payload stores.
     param: f64,
-    /// Log: `2^(q·step)` for `q` = −[`MAX_STEPS`] … [`MAX_STEPS`].
+    /// Log: `2^(q·step)` for `q` = −[`MAX_MOMENT_STEPS`] … [`MAX_MOMENT_STEPS`].
     factors: Vec<f64>,
 }
 
@@ -152,7 +163,7 @@ impl Quantizer {
         }
         let mut factors = Vec::new();
         if mode == Mode::Log {
-            let m = MAX_STEPS as usize;
+            let m = MAX_MOMENT_STEPS as usize;
             factors = vec![1.0; 2 * m + 1];
             for q in 1..=m {
                 factors[m + q] = factors[m + q - 1] * param;
@@ -176,7 +187,7 @@ impl Quantizer {
 
     /// One element's code and reconstruction (`None`: kept exactly).
     #[inline]
-    fn code(&self, dtype: Dtype, x: f64, r: f64) -> Option<(u8, f64)> {
+    fn code(&self, dtype: Dtype, x: f64, r: f64) -> Option<(u16, f64)> {
         if !x.is_finite() || !r.is_finite() {
             return None;
         }
@@ -204,7 +215,11 @@ impl Quantizer {
                 (x / (self.param * r.sqrt())).round()
             }
         };
-        if q.is_nan() || q.abs() > MAX_STEPS as f64 {
+        let max = match self.mode {
+            Mode::Linear => MAX_STEPS,
+            _ => MAX_MOMENT_STEPS,
+        };
+        if q.is_nan() || q.abs() > max as f64 {
             return None;
         }
         let c = zigzag(q as i64);
@@ -214,14 +229,14 @@ impl Quantizer {
 
     /// The decoder's value for reference `r` and a code other than [`EXACT`].
     #[inline]
-    fn rebuild(&self, dtype: Dtype, r: f64, c: u8) -> f64 {
+    fn rebuild(&self, dtype: Dtype, r: f64, c: u16) -> f64 {
         if c == ZERO {
             return 0.0;
         }
         let q = unzigzag(c);
         let y = match self.mode {
             Mode::Linear => r + q as f64 * self.param,
-            Mode::Log => r * self.factors[(q + MAX_STEPS) as usize],
+            Mode::Log => r * self.factors[(q + MAX_MOMENT_STEPS) as usize],
             Mode::Scaled => q as f64 * self.param * r.sqrt(),
         };
         scalar::rounded(dtype, y)
@@ -229,12 +244,12 @@ impl Quantizer {
 }
 
 #[inline]
-fn zigzag(q: i64) -> u8 {
-    ((q << 1) ^ (q >> 63)) as u8
+fn zigzag(q: i64) -> u16 {
+    ((q << 1) ^ (q >> 63)) as u16
 }
 
 #[inline]
-fn unzigzag(c: u8) -> i64 {
+fn unzigzag(c: u16) -> i64 {
     let c = c as i64;
     (c >> 1) ^ -(c & 1)
 }
@@ -263,7 +278,7 @@ pub fn measure(
         .into_par_iter()
         .map(|c| {
             let mut s = ResidualStats::default();
-            let mut codes = Vec::with_capacity(CHUNK);
+            let mut codes: Vec<u16> = Vec::with_capacity(CHUNK);
             for i in c * CHUNK..((c + 1) * CHUNK).min(n) {
                 let x = scalar::value(dtype, values, i);
                 let r = scalar::value(dtype, reference, i);
@@ -290,7 +305,13 @@ pub fn measure(
                     }
                 }
             }
-            s.codes = Histogram::of(&codes);
+            let low: Vec<u8> = codes.iter().map(|&c| c as u8).collect();
+            let high: Vec<u8> = codes
+                .iter()
+                .map(|&c| if c >= ZERO { 0 } else { (c >> 8) as u8 })
+                .collect();
+            s.codes = Histogram::of(&low);
+            s.high = Histogram::of(&high);
             s
         })
         .reduce(ResidualStats::default, ResidualStats::merge)
@@ -308,7 +329,7 @@ pub fn encode(
     let quant = Quantizer::with_step(mode, step).expect("a valid residual step");
     let size = dtype.size();
     let n = values.len() / size;
-    let mut codes = vec![0u8; n];
+    let mut codes = vec![0u16; n];
     let mut render = vec![0u8; values.len()];
     codes
         .par_chunks_mut(CHUNK)
@@ -342,7 +363,18 @@ pub fn encode(
     for i in exact {
         payload.extend_from_slice(&values[i * size..(i + 1) * size]);
     }
-    encode_stream(&codes, &mut payload);
+    let (low, high) = planes(&codes);
+    if high.iter().all(|&h| h == 0) {
+        payload.push(1);
+        encode_stream(&low, &mut payload);
+    } else {
+        payload.push(2);
+        let mut first = Vec::new();
+        encode_stream(&low, &mut first);
+        varint(&mut payload, first.len() as u64);
+        payload.extend_from_slice(&first);
+        encode_stream(&high, &mut payload);
+    }
     (payload, render)
 }
 
@@ -384,8 +416,43 @@ pub fn decode(
         .get(at..at + exact_len)
         .ok_or_else(|| bad("truncated exact values"))?;
     at += exact_len;
-    let mut codes = vec![0u8; n];
-    decode_stream(&payload[at..], &mut codes)?;
+    let width = *payload.get(at).ok_or_else(|| bad("truncated code width"))?;
+    at += 1;
+    let mut low = vec![0u8; n];
+    let codes: Vec<u16> = match width {
+        1 => {
+            decode_stream(&payload[at..], &mut low)?;
+            low.iter()
+                .map(|&c| match c as u16 {
+                    c if c < NARROW => c,
+                    254 => ZERO,
+                    _ => EXACT,
+                })
+                .collect()
+        }
+        2 => {
+            let len = read_varint(payload, &mut at).ok_or_else(|| bad("truncated code stream"))?;
+            let end = at
+                .checked_add(usize::try_from(len).map_err(|_| bad("code stream too long"))?)
+                .filter(|&e| e <= payload.len())
+                .ok_or_else(|| bad("truncated code stream"))?;
+            decode_stream(&payload[at..end], &mut low)?;
+            let mut high = vec![0u8; n];
+            decode_stream(&payload[end..], &mut high)?;
+            low.iter()
+                .zip(&high)
+                .map(|(&l, &h)| l as u16 | (h as u16) << 8)
+                .collect()
+        }
+        _ => return Err(bad("unknown code width")),
+    };
+    if mode != Mode::Linear
+        && codes
+            .iter()
+            .any(|&c| c < ZERO && unzigzag(c).abs() > MAX_MOMENT_STEPS)
+    {
+        return Err(bad("a code is beyond the mode's range"));
+    }
     if codes.iter().filter(|&&c| c == EXACT).count() as u64 != count {
         return Err(bad("exact codes and exact values disagree"));
     }
@@ -404,6 +471,36 @@ pub fn decode(
         o.copy_from_slice(&y_bytes);
     }
     Ok(())
+}
+
+/// `quant-uniform`: a tensor quantized on its own, as a linear residual from zeros.
+pub fn encode_uniform(dtype: Dtype, values: &[u8], step: f64) -> (Vec<u8>, Vec<u8>) {
+    encode(dtype, values, &vec![0u8; values.len()], Mode::Linear, step)
+}
+
+/// Decodes a `quant-uniform` payload (linear mode only) into `out`.
+pub fn decode_uniform(dtype: Dtype, payload: &[u8], out: &mut [u8]) -> Result<(), FormatError> {
+    if payload.first() != Some(&(Mode::Linear as u8)) {
+        return Err(FormatError::invalid(
+            "quant-uniform",
+            "not a linear payload".to_string(),
+        ));
+    }
+    decode(dtype, payload, &vec![0u8; out.len()], out)
+}
+
+/// The low and high bytes of codes; a special code ([`ZERO`], [`EXACT`]) keeps its one-byte
+/// form (254, 255) in the low plane and 0 in the high plane when every other code is narrow, and
+/// its full value otherwise.
+fn planes(codes: &[u16]) -> (Vec<u8>, Vec<u8>) {
+    let narrow = codes.iter().all(|&c| !(NARROW..ZERO).contains(&c));
+    codes
+        .iter()
+        .map(|&c| match c {
+            _ if narrow && c >= ZERO => ((c & 0xff) as u8, 0),
+            _ => ((c & 0xff) as u8, (c >> 8) as u8),
+        })
+        .unzip()
 }
 
 fn varint(out: &mut Vec<u8>, mut v: u64) {
@@ -468,7 +565,7 @@ mod tests {
             let mut cur: Vec<f64> = base.iter().map(|b| b + normal(&mut rng) * 1e-3).collect();
             cur[10] = f64::NAN;
             cur[11] = f64::INFINITY;
-            cur[12] += 1.0; // far beyond 127 steps
+            cur[12] += 1e3; // beyond 32766 steps
             let (vb, rb) = (enc(dtype, &cur), enc(dtype, &base));
             for step in [1e-4, 5e-4, 2e-3] {
                 let (payload, render) = encode(dtype, &vb, &rb, Mode::Linear, step);
@@ -532,6 +629,41 @@ mod tests {
             }
             last = Some(m);
         }
+    }
+
+    /// Without a reference (`quant-uniform`), fine steps need two-byte codes: they round trip,
+    /// and every element is within half a step (plus rounding).
+    #[test]
+    fn uniform_codes_are_wide_when_the_steps_are_fine() {
+        let mut rng = Rng(4);
+        let w: Vec<f64> = (0..70_000).map(|_| normal(&mut rng) * 0.02).collect();
+        let vb = enc(Dtype::F32, &w);
+        for (step, width) in [(1e-2, 1u8), (2e-5, 2)] {
+            let (payload, render) = encode_uniform(Dtype::F32, &vb, step);
+            assert_eq!(payload[1 + 8 + 1], width, "step {step}");
+            let mut out = vec![0u8; vb.len()];
+            decode_uniform(Dtype::F32, &payload, &mut out).unwrap();
+            assert_eq!(out, render);
+            for (i, &x) in w.iter().enumerate() {
+                let (x, y) = (x as f32 as f64, scalar::value(Dtype::F32, &out, i));
+                assert!((y - x).abs() <= step / 2.0 + y.abs() * 1e-7, "{i}");
+            }
+            let m = measure(
+                Dtype::F32,
+                &vb,
+                &vec![0u8; vb.len()],
+                None,
+                Mode::Linear,
+                step,
+            );
+            assert_eq!(m.exact, 0);
+            assert_eq!(m.high.entropy_bits() > 0.0, width == 2);
+        }
+        let (payload, _) = encode(Dtype::F32, &vb, &vb, Mode::Log, 0.5);
+        let mut bad = payload.clone();
+        bad[0] = 1;
+        let mut out = vec![0u8; vb.len()];
+        assert!(decode_uniform(Dtype::F32, &bad, &mut out).is_err());
     }
 
     /// The moment modes: a second moment against its previous version in the log domain
@@ -638,10 +770,10 @@ mod golden {
         let reference = f32s(&[1.0, 2.0, 0.5, 4.0]);
         let values = f32s(&[1.25, 1.5, f32::NAN, 0.0]);
         let (payload, render) = encode(Dtype::F32, &values, &reference, Mode::Linear, 0.25);
-        // mode 0 | step 0.25 | one exact value (the NaN) | a stored entropy stream of the
-        // codes: +1 step, −2 steps, exact, −16 steps.
+        // mode 0 | step 0.25 | one exact value (the NaN) | one-byte codes | a stored entropy
+        // stream of them: +1 step, −2 steps, exact, −16 steps.
         let expected = [
-            0, 0, 0, 0, 0, 0, 0, 208, 63, 1, 0, 0, 192, 127, 0, 2, 3, 255, 31,
+            0, 0, 0, 0, 0, 0, 0, 208, 63, 1, 0, 0, 192, 127, 1, 0, 2, 3, 255, 31,
         ];
         assert_eq!(payload, expected);
         assert_eq!(render[..8], f32s(&[1.25, 1.5])[..]);

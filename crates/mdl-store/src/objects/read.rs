@@ -384,6 +384,9 @@ impl Store {
                 )))?;
                 residual::decode(tensor.dtype, payload, base, out).map_err(corrupt)?
             }
+            CodecTag::QuantUniform => {
+                residual::decode_uniform(tensor.dtype, payload, out).map_err(corrupt)?
+            }
             CodecTag::Raw | CodecTag::Zstd | CodecTag::QuantBase | CodecTag::QuantDelta => {
                 return Err(corrupt(FormatError::invalid(
                     "record",

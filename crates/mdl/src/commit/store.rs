@@ -66,9 +66,13 @@ impl StoreCtx<'_> {
                     .collect();
                 lossy::quantize(self.engine, w, moments, plan, self.correction)
             };
-            exactness = Exactness::Lossy(q.lossy);
-            data = q.render;
-            quantized = Some(q.encoded);
+            // A reconstruction equal to the original (an all-zero moment) is stored as the
+            // exact tensor it is: the lossless codecs take such content for next to nothing.
+            if q.render != data {
+                exactness = Exactness::Lossy(q.lossy);
+                data = q.render;
+                quantized = Some(q.encoded);
+            }
         } else if let Some(bits) = self.trim_bits.filter(|_| {
             lossy_supported(info.header.dtype)
                 && info.header.numel().unwrap_or(0) >= lossy::MIN_LOSSY_ELEMENTS
@@ -102,18 +106,20 @@ impl StoreCtx<'_> {
         } else if let Some(Encoded::Quant(q)) = &quantized {
             self.encode_quant(id, i, q)?
         } else if let Some(Encoded::Residual { payload, reference }) = &quantized {
-            let placement = Placement {
-                generation: 0,
-                base: Some(reference.id),
-                depth: reference.depth + 1,
+            let (codec, placement) = match reference {
+                Some(r) => (
+                    CodecTag::QuantResidual,
+                    Placement {
+                        generation: 0,
+                        base: Some(r.id),
+                        depth: r.depth + 1,
+                    },
+                ),
+                None => (CodecTag::QuantUniform, Placement::default()),
             };
-            let out = self.batch.put_payload(
-                &id,
-                &info.header,
-                CodecTag::QuantResidual,
-                placement,
-                &[payload],
-            )?;
+            let out = self
+                .batch
+                .put_payload(&id, &info.header, codec, placement, &[payload])?;
             Stored {
                 id,
                 added: Some((id, out.entry)),
