@@ -9,7 +9,7 @@ cargo build --release -p mdl-cli
 bench=target/release/mdl-bench
 # The corpus trains with AdamW betas 0.9/0.95.
 cfg=(--config quant.adam_betas=0.9,0.95)
-for s in traj-fp32 traj-bf16; do
+for s in traj-fp32 traj-bf16 ft-fp32; do
     echo "## $s lossless"
     "$bench" --repeat 1 --no-zstd19 "${cfg[@]}" "$corpus/$s"
     echo "## $s lossy"

@@ -363,17 +363,20 @@ pub fn encode(
     for i in exact {
         payload.extend_from_slice(&values[i * size..(i + 1) * size]);
     }
-    let (low, high) = planes(&codes);
-    if high.iter().all(|&h| h == 0) {
-        payload.push(1);
-        encode_stream(&low, &mut payload);
-    } else {
-        payload.push(2);
-        let mut first = Vec::new();
-        encode_stream(&low, &mut first);
-        varint(&mut payload, first.len() as u64);
-        payload.extend_from_slice(&first);
-        encode_stream(&high, &mut payload);
+    match &planes(&codes)[..] {
+        [low] => {
+            payload.push(1);
+            encode_stream(low, &mut payload);
+        }
+        [low, high] => {
+            payload.push(2);
+            let mut first = Vec::new();
+            encode_stream(low, &mut first);
+            varint(&mut payload, first.len() as u64);
+            payload.extend_from_slice(&first);
+            encode_stream(high, &mut payload);
+        }
+        _ => unreachable!("one or two planes"),
     }
     (payload, render)
 }
@@ -489,18 +492,15 @@ pub fn decode_uniform(dtype: Dtype, payload: &[u8], out: &mut [u8]) -> Result<()
     decode(dtype, payload, &vec![0u8; out.len()], out)
 }
 
-/// The low and high bytes of codes; a special code ([`ZERO`], [`EXACT`]) keeps its one-byte
-/// form (254, 255) in the low plane and 0 in the high plane when every other code is narrow, and
-/// its full value otherwise.
-fn planes(codes: &[u16]) -> (Vec<u8>, Vec<u8>) {
+/// The codes as byte planes: one plane (the low bytes, with [`ZERO`] and [`EXACT`] as 254 and
+/// 255) when every other code is below 254, else the low and the high bytes of every code.
+fn planes(codes: &[u16]) -> Vec<Vec<u8>> {
     let narrow = codes.iter().all(|&c| !(NARROW..ZERO).contains(&c));
-    codes
-        .iter()
-        .map(|&c| match c {
-            _ if narrow && c >= ZERO => ((c & 0xff) as u8, 0),
-            _ => ((c & 0xff) as u8, (c >> 8) as u8),
-        })
-        .unzip()
+    let low = codes.iter().map(|&c| c as u8).collect();
+    if narrow {
+        return vec![low];
+    }
+    vec![low, codes.iter().map(|&c| (c >> 8) as u8).collect()]
 }
 
 fn varint(out: &mut Vec<u8>, mut v: u64) {
@@ -664,6 +664,29 @@ mod tests {
         bad[0] = 1;
         let mut out = vec![0u8; vb.len()];
         assert!(decode_uniform(Dtype::F32, &bad, &mut out).is_err());
+    }
+
+    /// Codes of exactly 127 and −128 steps are the one-byte forms of the special codes: a
+    /// tensor that has them (and nothing wider) takes two-byte codes, and decodes to itself.
+    #[test]
+    fn codes_next_to_the_special_ones_round_trip() {
+        let n = 1000;
+        let reference = vec![0.0f64; n];
+        let values: Vec<f64> = (0..n)
+            .map(|i| match i % 4 {
+                0 => 127.0,
+                1 => -128.0,
+                2 => 3.0,
+                _ => -1.0,
+            })
+            .collect();
+        let (vb, rb) = (enc(Dtype::F32, &values), enc(Dtype::F32, &reference));
+        let (payload, render) = encode(Dtype::F32, &vb, &rb, Mode::Linear, 1.0);
+        assert_eq!(payload[1 + 8 + 1], 2);
+        assert_eq!(render, vb);
+        let mut out = vec![0u8; vb.len()];
+        decode(Dtype::F32, &payload, &rb, &mut out).unwrap();
+        assert_eq!(out, vb);
     }
 
     /// The moment modes: a second moment against its previous version in the log domain

@@ -11,7 +11,7 @@ use mdl_codec::planes::Transform;
 use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::quant::Correction;
 use mdl_codec::scalar::lossy_supported;
-use mdl_codec::{trim, CodecTag, EncodeOptions, SMALL_TENSOR};
+use mdl_codec::{residual, trim, CodecTag, EncodeOptions, SMALL_TENSOR};
 use mdl_format::{
     Commit, CommitStats, Entry, Exactness, Lossy, Manifest, MomentPair, ObjectId, ObjectKind,
     PairSource, Ref, RefName, Region, Timestamp, TreeFile,

@@ -68,7 +68,28 @@ impl StoreCtx<'_> {
             };
             // A reconstruction equal to the original (an all-zero moment) is stored as the
             // exact tensor it is: the lossless codecs take such content for next to nothing.
-            if q.render != data {
+            // A residual payload is decoded once more before it is kept: a reconstruction
+            // the decoder would not reproduce must never be stored (the tensor stays exact).
+            let reproducible = match &q.encoded {
+                Encoded::Residual { payload, reference } => {
+                    let mut again = vec![0u8; q.render.len()];
+                    let dtype = info.header.dtype;
+                    match reference {
+                        Some(r) => residual::decode(dtype, payload, &r.content, &mut again),
+                        None => residual::decode_uniform(dtype, payload, &mut again),
+                    }
+                    .is_ok()
+                        && again == q.render
+                }
+                Encoded::Quant(_) => true,
+            };
+            if !reproducible {
+                eprintln!(
+                    "warning: {}: a lossy encoding did not decode to itself; stored exactly",
+                    info.name
+                );
+            }
+            if q.render != data && reproducible {
                 exactness = Exactness::Lossy(q.lossy);
                 data = q.render;
                 quantized = Some(q.encoded);
