@@ -295,7 +295,8 @@ pub fn rle_decode(symbols: &[u8], n: usize, modulus: u8) -> Result<Vec<u8>, Form
     Ok(out)
 }
 
-fn varint(out: &mut Vec<u8>, mut v: u64) {
+/// Appends `v` as a LEB128 varint.
+pub(crate) fn varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push(v as u8 | 0x80);
         v >>= 7;

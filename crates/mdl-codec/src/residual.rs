@@ -25,6 +25,7 @@ use rayon::prelude::*;
 
 use crate::engine::Moments;
 use crate::huffman::{decode_stream, encode_stream, Histogram};
+use crate::qrecord::varint;
 use crate::scalar;
 
 /// The code of an element stored exactly (its low byte, 255, in a one-byte payload).
@@ -501,14 +502,6 @@ fn planes(codes: &[u16]) -> Vec<Vec<u8>> {
         return vec![low];
     }
     vec![low, codes.iter().map(|&c| (c >> 8) as u8).collect()]
-}
-
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
 }
 
 fn read_varint(buf: &[u8], at: &mut usize) -> Option<u64> {
