@@ -329,6 +329,7 @@ fn clean_up_on_interrupt() {
                 _ = term.recv() => {}
             }
         });
+        mdl::interrupt::mark_interrupted();
         mdl::interrupt::remove_registered();
         eprintln!("interrupted");
         std::process::exit(130);
@@ -360,6 +361,12 @@ fn main() -> ExitCode {
     match run(&cli, &mut out) {
         Ok(code) => code,
         Err(e) => {
+            // Interrupted: the handler is removing this command's files (which may be why it
+            // failed) and exits with 130 once they are gone; the error is not the command's.
+            if mdl::interrupt::interrupted() {
+                std::thread::sleep(std::time::Duration::from_secs(30));
+                std::process::exit(130);
+            }
             // A closed pipe (`mdl log | head`) is not a failure.
             if e.chain().any(|c| {
                 c.downcast_ref::<io::Error>()

@@ -4,11 +4,24 @@
 //! handled: what it leaves has a name the next command recognises and sweeps.)
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 static REGISTERED: Mutex<Vec<(u64, PathBuf)>> = Mutex::new(Vec::new());
 static NEXT: AtomicU64 = AtomicU64::new(0);
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Records that the process was interrupted (the signal handler's first step), so that the
+/// command's own threads, whose files the handler is removing, do not report those files'
+/// disappearance as the command's error.
+pub fn mark_interrupted() {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Whether [`mark_interrupted`] was called.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
 
 /// A registration: the path is removed on interruption until this is dropped.
 #[derive(Debug)]
