@@ -75,14 +75,23 @@ impl Repo {
         }
     }
 
+    /// Runs `f` on the repository opened with `mode`, the interpreter released.
+    fn with<T: Send>(
+        &self,
+        py: Python<'_>,
+        mode: LockMode,
+        f: impl FnOnce(&Repository) -> mdl::Result<T> + Send,
+    ) -> PyResult<T> {
+        py.detach(|| f(&self.opener.open(mode)?)).map_err(error)
+    }
+
     /// Reads with the interpreter released.
     fn read<T: Send>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&Repository) -> mdl::Result<T> + Send,
     ) -> PyResult<T> {
-        py.detach(|| f(&self.opener.open(LockMode::Read)?))
-            .map_err(error)
+        self.with(py, LockMode::Read, f)
     }
 
     /// Changes refs with the interpreter released.
@@ -91,8 +100,7 @@ impl Repo {
         py: Python<'_>,
         f: impl FnOnce(&Repository) -> mdl::Result<T> + Send,
     ) -> PyResult<T> {
-        py.detach(|| f(&self.opener.open(LockMode::Write)?))
-            .map_err(error)
+        self.with(py, LockMode::Write, f)
     }
 
     /// The repository opened for reading and `rev`'s layout (what reads of bytes decode from).

@@ -23,7 +23,7 @@
 use mdl_format::{Dtype, FormatError};
 use rayon::prelude::*;
 
-use crate::engine::Moments;
+use crate::engine::{ErrorStats, Moments};
 use crate::huffman::{decode_stream, encode_stream, Histogram};
 use crate::qrecord::varint;
 use crate::scalar;
@@ -52,18 +52,8 @@ pub struct ResidualStats {
     pub high: Histogram,
     /// Elements kept exactly.
     pub exact: u64,
-    /// Σ δ² (δ = reconstruction − original).
-    pub sum_sq_err: f64,
-    /// Σ original².
-    pub sum_sq: f64,
-    /// max |δ|.
-    pub max_abs: f64,
-    /// Σ (original − reference)²: how far the tensor moved.
-    pub sum_sq_moved: f64,
-    /// Σ m·δ, with moments.
-    pub sum_m_delta: f64,
-    /// Σ v·δ², with moments.
-    pub sum_v_delta2: f64,
+    /// The reconstruction's error (and, with moments, the loss estimate's sums).
+    pub err: ErrorStats,
 }
 
 impl ResidualStats {
@@ -76,40 +66,35 @@ impl ResidualStats {
             + 136.0
     }
 
-    /// Relative L2 error `‖δ‖ / ‖original‖`.
-    pub fn rel_l2(&self) -> f64 {
-        if self.sum_sq > 0.0 {
-            (self.sum_sq_err / self.sum_sq).sqrt()
-        } else if self.sum_sq_err > 0.0 {
-            f64::INFINITY
-        } else {
-            0.0
-        }
-    }
-
-    /// The error relative to the movement, `‖δ‖ / ‖original − reference‖`.
-    pub fn rel_to_movement(&self) -> f64 {
-        if self.sum_sq_moved > 0.0 {
-            (self.sum_sq_err / self.sum_sq_moved).sqrt()
-        } else if self.sum_sq_err > 0.0 {
-            f64::INFINITY
-        } else {
-            0.0
-        }
-    }
-
     fn merge(mut self, o: ResidualStats) -> ResidualStats {
         self.codes.add(&o.codes);
         self.high.add(&o.high);
         self.exact += o.exact;
-        self.sum_sq_err += o.sum_sq_err;
-        self.sum_sq += o.sum_sq;
-        self.max_abs = self.max_abs.max(o.max_abs);
-        self.sum_sq_moved += o.sum_sq_moved;
-        self.sum_m_delta += o.sum_m_delta;
-        self.sum_v_delta2 += o.sum_v_delta2;
+        self.err = ErrorStats::fold(&[self.err, o.err]);
         self
     }
+}
+
+/// Element `i` of the reference, `0` without one (`quant-uniform`).
+#[inline]
+fn reference_value(dtype: Dtype, reference: Option<&[u8]>, i: usize) -> f64 {
+    reference.map_or(0.0, |r| scalar::value(dtype, r, i))
+}
+
+/// `Σ (a − b)²` over the elements where both are finite (`b` absent: zeros) — how far a tensor
+/// moved from its reference.
+pub fn distance_sq(dtype: Dtype, a: &[u8], b: Option<&[u8]>) -> f64 {
+    let n = a.len() / dtype.size();
+    (0..n.div_ceil(CHUNK))
+        .into_par_iter()
+        .map(|c| {
+            (c * CHUNK..((c + 1) * CHUNK).min(n))
+                .map(|i| scalar::value(dtype, a, i) - reference_value(dtype, b, i))
+                .filter(|d| d.is_finite())
+                .map(|d| d * d)
+                .sum::<f64>()
+        })
+        .sum()
 }
 
 /// How codes become values, given the reference value `r` of the element.
@@ -260,12 +245,13 @@ pub fn valid_step(mode: Mode, step: f64) -> bool {
     Quantizer::with_step(mode, step).is_some()
 }
 
-/// The statistics of quantizing `values` (little-endian `dtype`) against `reference` at `step`,
-/// in one parallel pass; with the values' Adam moments, also the sums the loss estimate needs.
+/// The statistics of quantizing `values` (little-endian `dtype`) against `reference` (`None`:
+/// zeros) at `step`, in one parallel pass; with the values' Adam moments, also the sums the
+/// loss estimate needs.
 pub fn measure(
     dtype: Dtype,
     values: &[u8],
-    reference: &[u8],
+    reference: Option<&[u8]>,
     moments: Option<Moments<'_>>,
     mode: Mode,
     step: f64,
@@ -274,7 +260,6 @@ pub fn measure(
         return ResidualStats::default();
     };
     let n = values.len() / dtype.size();
-    debug_assert_eq!(values.len(), reference.len());
     (0..n.div_ceil(CHUNK))
         .into_par_iter()
         .map(|c| {
@@ -282,22 +267,20 @@ pub fn measure(
             let mut codes: Vec<u16> = Vec::with_capacity(CHUNK);
             for i in c * CHUNK..((c + 1) * CHUNK).min(n) {
                 let x = scalar::value(dtype, values, i);
-                let r = scalar::value(dtype, reference, i);
-                if x.is_finite() && r.is_finite() {
-                    s.sum_sq_moved += (x - r) * (x - r);
-                }
+                let r = reference_value(dtype, reference, i);
+                let e = &mut s.err;
                 if x.is_finite() {
-                    s.sum_sq += x * x;
+                    e.sum_sq += x * x;
                 }
                 match quant.code(dtype, x, r) {
                     Some((code, y)) => {
                         codes.push(code);
                         let d = y - x;
-                        s.sum_sq_err += d * d;
-                        s.max_abs = s.max_abs.max(d.abs());
+                        e.sum_sq_err += d * d;
+                        e.max_abs = e.max_abs.max(d.abs());
                         if let Some(mv) = &moments {
-                            s.sum_m_delta += scalar::value(mv.m.dtype, mv.m.bytes, i) * d;
-                            s.sum_v_delta2 += scalar::value(mv.v.dtype, mv.v.bytes, i) * d * d;
+                            e.sum_m_delta += scalar::value(mv.m.dtype, mv.m.bytes, i) * d;
+                            e.sum_v_delta2 += scalar::value(mv.v.dtype, mv.v.bytes, i) * d * d;
                         }
                     }
                     None => {
@@ -318,15 +301,19 @@ pub fn measure(
         .reduce(ResidualStats::default, ResidualStats::merge)
 }
 
-/// Quantizes `values` against `reference` at `step` (see [`Mode`]): the payload and the
-/// reconstruction.
+/// Quantizes `values` against `reference` (`None`: zeros, a `quant-uniform` payload, linear
+/// mode only) at `step` (see [`Mode`]): the payload and the reconstruction.
 pub fn encode(
     dtype: Dtype,
     values: &[u8],
-    reference: &[u8],
+    reference: Option<&[u8]>,
     mode: Mode,
     step: f64,
 ) -> (Vec<u8>, Vec<u8>) {
+    assert!(
+        reference.is_some() || mode == Mode::Linear,
+        "uniform payloads are linear"
+    );
     let quant = Quantizer::with_step(mode, step).expect("a valid residual step");
     let size = dtype.size();
     let n = values.len() / size;
@@ -341,7 +328,7 @@ pub fn encode(
             for (k, code) in codes.iter_mut().enumerate() {
                 let i = c * CHUNK + k;
                 let x = scalar::value(dtype, values, i);
-                let r = scalar::value(dtype, reference, i);
+                let r = reference_value(dtype, reference, i);
                 let o = &mut out[k * size..(k + 1) * size];
                 match quant.code(dtype, x, r) {
                     Some((q, y)) => {
@@ -382,11 +369,12 @@ pub fn encode(
     (payload, render)
 }
 
-/// Decodes a payload against `reference` (the base's decoded content) into `out`.
+/// Decodes a payload into `out`: a `quant-residual` one against `reference` (the base's decoded
+/// content), a `quant-uniform` one (linear mode) without.
 pub fn decode(
     dtype: Dtype,
     payload: &[u8],
-    reference: &[u8],
+    reference: Option<&[u8]>,
     out: &mut [u8],
 ) -> Result<(), FormatError> {
     let bad = |why: &str| FormatError::invalid("quant-residual", why.to_string());
@@ -394,7 +382,7 @@ pub fn decode(
     if !scalar::lossy_supported(dtype) {
         return Err(bad("not a bf16, f16 or f32 tensor"));
     }
-    if reference.len() != out.len() || !out.len().is_multiple_of(size) {
+    if reference.is_some_and(|r| r.len() != out.len()) || !out.len().is_multiple_of(size) {
         return Err(bad("reference and output sizes differ"));
     }
     let n = out.len() / size;
@@ -409,6 +397,9 @@ pub fn decode(
             .try_into()
             .unwrap(),
     );
+    if reference.is_none() && mode != Mode::Linear {
+        return Err(bad("a payload without a reference must be linear"));
+    }
     let quant = Quantizer::new(mode, param).ok_or_else(|| bad("step out of range"))?;
     let mut at = 9;
     let count = read_varint(payload, &mut at).ok_or_else(|| bad("truncated exact count"))?;
@@ -469,28 +460,12 @@ pub fn decode(
             k += 1;
             continue;
         }
-        let r = scalar::value(dtype, reference, i);
+        let r = reference_value(dtype, reference, i);
         y_bytes.clear();
         scalar::push_rounded(dtype, quant.rebuild(dtype, r, c), &mut y_bytes);
         o.copy_from_slice(&y_bytes);
     }
     Ok(())
-}
-
-/// `quant-uniform`: a tensor quantized on its own, as a linear residual from zeros.
-pub fn encode_uniform(dtype: Dtype, values: &[u8], step: f64) -> (Vec<u8>, Vec<u8>) {
-    encode(dtype, values, &vec![0u8; values.len()], Mode::Linear, step)
-}
-
-/// Decodes a `quant-uniform` payload (linear mode only) into `out`.
-pub fn decode_uniform(dtype: Dtype, payload: &[u8], out: &mut [u8]) -> Result<(), FormatError> {
-    if payload.first() != Some(&(Mode::Linear as u8)) {
-        return Err(FormatError::invalid(
-            "quant-uniform",
-            "not a linear payload".to_string(),
-        ));
-    }
-    decode(dtype, payload, &vec![0u8; out.len()], out)
 }
 
 /// The codes as byte planes: one plane (the low bytes, with [`ZERO`] and [`EXACT`] as 254 and
@@ -561,9 +536,9 @@ mod tests {
             cur[12] += 1e3; // beyond 32766 steps
             let (vb, rb) = (enc(dtype, &cur), enc(dtype, &base));
             for step in [1e-4, 5e-4, 2e-3] {
-                let (payload, render) = encode(dtype, &vb, &rb, Mode::Linear, step);
+                let (payload, render) = encode(dtype, &vb, Some(&rb), Mode::Linear, step);
                 let mut out = vec![0u8; vb.len()];
-                decode(dtype, &payload, &rb, &mut out).unwrap();
+                decode(dtype, &payload, Some(&rb), &mut out).unwrap();
                 assert_eq!(out, render, "{dtype:?} step {step}");
                 let size = dtype.size();
                 for i in [10usize, 11, 12] {
@@ -588,12 +563,12 @@ mod tests {
                     );
                     sq += (y - x) * (y - x);
                 }
-                let m = measure(dtype, &vb, &rb, None, Mode::Linear, step);
+                let m = measure(dtype, &vb, Some(&rb), None, Mode::Linear, step);
                 assert_eq!(m.exact, 3);
                 assert!(
-                    (m.sum_sq_err - sq).abs() <= 1e-9 * sq,
+                    (m.err.sum_sq_err - sq).abs() <= 1e-9 * sq,
                     "{} vs {sq}",
-                    m.sum_sq_err
+                    m.err.sum_sq_err
                 );
                 assert_eq!(m.codes.total(), n as u64);
                 assert!(m.bits(dtype) > 0.0);
@@ -611,13 +586,14 @@ mod tests {
         let (vb, rb) = (enc(Dtype::F32, &cur), enc(Dtype::F32, &base));
         let mut last: Option<ResidualStats> = None;
         for step in [4e-3, 2e-3, 1e-3, 5e-4, 2.5e-4] {
-            let m = measure(Dtype::F32, &vb, &rb, None, Mode::Linear, step);
+            let m = measure(Dtype::F32, &vb, Some(&rb), None, Mode::Linear, step);
             // Uniform quantization: mean squared error near step²/12.
-            let mse = m.sum_sq_err / n as f64;
+            let mse = m.err.sum_sq_err / n as f64;
             assert!(mse <= step * step / 12.0 * 1.2 + 1e-14, "{step}: {mse}");
-            assert!(m.rel_to_movement() < 1.0);
+            let moved = distance_sq(Dtype::F32, &vb, Some(&rb));
+            assert!((m.err.sum_sq_err / moved).sqrt() < 1.0);
             if let Some(l) = &last {
-                assert!(m.sum_sq_err < l.sum_sq_err);
+                assert!(m.err.sum_sq_err < l.err.sum_sq_err);
                 assert!(m.bits(Dtype::F32) > l.bits(Dtype::F32));
             }
             last = Some(m);
@@ -632,31 +608,24 @@ mod tests {
         let w: Vec<f64> = (0..70_000).map(|_| normal(&mut rng) * 0.02).collect();
         let vb = enc(Dtype::F32, &w);
         for (step, width) in [(1e-2, 1u8), (2e-5, 2)] {
-            let (payload, render) = encode_uniform(Dtype::F32, &vb, step);
+            let (payload, render) = encode(Dtype::F32, &vb, None, Mode::Linear, step);
             assert_eq!(payload[1 + 8 + 1], width, "step {step}");
             let mut out = vec![0u8; vb.len()];
-            decode_uniform(Dtype::F32, &payload, &mut out).unwrap();
+            decode(Dtype::F32, &payload, None, &mut out).unwrap();
             assert_eq!(out, render);
             for (i, &x) in w.iter().enumerate() {
                 let (x, y) = (x as f32 as f64, scalar::value(Dtype::F32, &out, i));
                 assert!((y - x).abs() <= step / 2.0 + y.abs() * 1e-7, "{i}");
             }
-            let m = measure(
-                Dtype::F32,
-                &vb,
-                &vec![0u8; vb.len()],
-                None,
-                Mode::Linear,
-                step,
-            );
+            let m = measure(Dtype::F32, &vb, None, None, Mode::Linear, step);
             assert_eq!(m.exact, 0);
             assert_eq!(m.high.entropy_bits() > 0.0, width == 2);
         }
-        let (payload, _) = encode(Dtype::F32, &vb, &vb, Mode::Log, 0.5);
+        let (payload, _) = encode(Dtype::F32, &vb, Some(&vb), Mode::Log, 0.5);
         let mut bad = payload.clone();
         bad[0] = 1;
         let mut out = vec![0u8; vb.len()];
-        assert!(decode_uniform(Dtype::F32, &bad, &mut out).is_err());
+        assert!(decode(Dtype::F32, &bad, None, &mut out).is_err());
     }
 
     /// Codes of exactly 127 and −128 steps are the one-byte forms of the special codes: a
@@ -674,11 +643,11 @@ mod tests {
             })
             .collect();
         let (vb, rb) = (enc(Dtype::F32, &values), enc(Dtype::F32, &reference));
-        let (payload, render) = encode(Dtype::F32, &vb, &rb, Mode::Linear, 1.0);
+        let (payload, render) = encode(Dtype::F32, &vb, Some(&rb), Mode::Linear, 1.0);
         assert_eq!(payload[1 + 8 + 1], 2);
         assert_eq!(render, vb);
         let mut out = vec![0u8; vb.len()];
-        decode(Dtype::F32, &payload, &rb, &mut out).unwrap();
+        decode(Dtype::F32, &payload, Some(&rb), &mut out).unwrap();
         assert_eq!(out, vb);
     }
 
@@ -707,9 +676,9 @@ mod tests {
         v0b[7] = 0.0; // no scale for element 7: its first moment is exact
         for dtype in [Dtype::F32, Dtype::BF16] {
             let (r, x) = (enc(dtype, &v0), enc(dtype, &v1));
-            let (payload, render) = encode(dtype, &x, &r, Mode::Log, 0.5);
+            let (payload, render) = encode(dtype, &x, Some(&r), Mode::Log, 0.5);
             let mut out = vec![0u8; x.len()];
-            decode(dtype, &payload, &r, &mut out).unwrap();
+            decode(dtype, &payload, Some(&r), &mut out).unwrap();
             assert_eq!(out, render);
             // Rounding to the dtype, in octaves (bf16 keeps 8 significant bits).
             let slack = if dtype == Dtype::BF16 {
@@ -731,8 +700,8 @@ mod tests {
                 );
             }
             let (s, x) = (enc(dtype, &v0b), enc(dtype, &m1));
-            let (payload, render) = encode(dtype, &x, &s, Mode::Scaled, 0.25);
-            decode(dtype, &payload, &s, &mut out).unwrap();
+            let (payload, render) = encode(dtype, &x, Some(&s), Mode::Scaled, 0.25);
+            decode(dtype, &payload, Some(&s), &mut out).unwrap();
             assert_eq!(out, render);
             let size = dtype.size();
             assert_eq!(out[7 * size..8 * size], x[7 * size..8 * size]);
@@ -755,19 +724,19 @@ mod tests {
     fn corrupt_payloads_are_errors() {
         let rb = enc(Dtype::F32, &[0.5; 1000]);
         let vb = enc(Dtype::F32, &[0.6; 1000]);
-        let (payload, _) = encode(Dtype::F32, &vb, &rb, Mode::Linear, 0.01);
+        let (payload, _) = encode(Dtype::F32, &vb, Some(&rb), Mode::Linear, 0.01);
         let mut out = vec![0u8; vb.len()];
         for cut in [0, 1, 4, 9, 10, payload.len() - 1] {
-            assert!(decode(Dtype::F32, &payload[..cut], &rb, &mut out).is_err());
+            assert!(decode(Dtype::F32, &payload[..cut], Some(&rb), &mut out).is_err());
         }
         let mut bad = payload.clone();
         bad[1..9].copy_from_slice(&(-1.0f64).to_le_bytes());
-        assert!(decode(Dtype::F32, &bad, &rb, &mut out).is_err());
+        assert!(decode(Dtype::F32, &bad, Some(&rb), &mut out).is_err());
         let mut bad = payload.clone();
         bad[0] = 7;
-        assert!(decode(Dtype::F32, &bad, &rb, &mut out).is_err());
-        assert!(decode(Dtype::F32, &payload, &rb[4..], &mut out).is_err());
-        assert!(decode(Dtype::I32, &payload, &rb, &mut out).is_err());
+        assert!(decode(Dtype::F32, &bad, Some(&rb), &mut out).is_err());
+        assert!(decode(Dtype::F32, &payload, Some(&rb[4..]), &mut out).is_err());
+        assert!(decode(Dtype::I32, &payload, Some(&rb), &mut out).is_err());
     }
 }
 
@@ -785,7 +754,7 @@ mod golden {
     fn payload_bytes() {
         let reference = f32s(&[1.0, 2.0, 0.5, 4.0]);
         let values = f32s(&[1.25, 1.5, f32::NAN, 0.0]);
-        let (payload, render) = encode(Dtype::F32, &values, &reference, Mode::Linear, 0.25);
+        let (payload, render) = encode(Dtype::F32, &values, Some(&reference), Mode::Linear, 0.25);
         // mode 0 | step 0.25 | one exact value (the NaN) | one-byte codes | a stored entropy
         // stream of them: +1 step, −2 steps, exact, −16 steps.
         let expected = [
@@ -794,7 +763,7 @@ mod golden {
         assert_eq!(payload, expected);
         assert_eq!(render[..8], f32s(&[1.25, 1.5])[..]);
         let mut out = vec![0u8; 16];
-        decode(Dtype::F32, &payload, &reference, &mut out).unwrap();
+        decode(Dtype::F32, &payload, Some(&reference), &mut out).unwrap();
         assert_eq!(out, render);
     }
 }

@@ -380,12 +380,12 @@ mod tests {
         let rb = f32s(&reference);
         for step in [1e-4, 5e-4, 2e-3, 8e-3] {
             let linear = crate::residual::Mode::Linear;
-            let st = crate::residual::measure(Dtype::F32, &wb, &rb, moments, linear, step);
-            let (_, recon) = crate::residual::encode(Dtype::F32, &wb, &rb, linear, step);
+            let st = crate::residual::measure(Dtype::F32, &wb, Some(&rb), moments, linear, step);
+            let (_, recon) = crate::residual::encode(Dtype::F32, &wb, Some(&rb), linear, step);
             let est = corr.loss_change(
-                st.sum_m_delta,
-                st.sum_v_delta2,
-                st.sum_sq_err,
+                st.err.sum_m_delta,
+                st.err.sum_v_delta2,
+                st.err.sum_sq_err,
                 prep.mean_v(),
             );
             let real = true_change(&recon);

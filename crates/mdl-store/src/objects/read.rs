@@ -382,10 +382,10 @@ impl Store {
                     "quant-residual",
                     "record has no base",
                 )))?;
-                residual::decode(tensor.dtype, payload, base, out).map_err(corrupt)?
+                residual::decode(tensor.dtype, payload, Some(base), out).map_err(corrupt)?
             }
             CodecTag::QuantUniform => {
-                residual::decode_uniform(tensor.dtype, payload, out).map_err(corrupt)?
+                residual::decode(tensor.dtype, payload, None, out).map_err(corrupt)?
             }
             CodecTag::Raw | CodecTag::Zstd | CodecTag::QuantBase | CodecTag::QuantDelta => {
                 return Err(corrupt(FormatError::invalid(

@@ -73,12 +73,8 @@ impl StoreCtx<'_> {
             let reproducible = match &q.encoded {
                 Encoded::Residual { payload, reference } => {
                     let mut again = vec![0u8; q.render.len()];
-                    let dtype = info.header.dtype;
-                    match reference {
-                        Some(r) => residual::decode(dtype, payload, &r.content, &mut again),
-                        None => residual::decode_uniform(dtype, payload, &mut again),
-                    }
-                    .is_ok()
+                    let reference = reference.as_ref().map(|r| &r.content[..]);
+                    residual::decode(info.header.dtype, payload, reference, &mut again).is_ok()
                         && again == q.render
                 }
                 Encoded::Quant(_) => true,

@@ -242,14 +242,13 @@ impl PlanInput<'_> {
                         }
                     })
                     .collect();
-                cands.extend(self.residual_candidates(i, configs[0], None, moments));
+                let mean_v = prep.mean_v();
+                cands.extend(self.residual_candidates(i, configs[0], None, moments, mean_v));
                 if let Some(reference) = (self.reference)(i)? {
-                    cands.extend(self.residual_candidates(
-                        i,
-                        configs[0],
-                        Some(Arc::new(reference)),
-                        moments,
-                    ));
+                    let reference = Some(Arc::new(reference));
+                    cands.extend(
+                        self.residual_candidates(i, configs[0], reference, moments, mean_v),
+                    );
                 }
                 if let Some((table, prev)) = reuse {
                     let reused = prep.fit_table(&configs[0], Some(&table), corr);
@@ -284,50 +283,40 @@ impl PlanInput<'_> {
     }
 
     /// Tensor `i` as residuals from `reference` at steps around the RMS of its movement, or
-    /// without one (`quant-uniform`) at steps around its own RMS.
+    /// without one (`quant-uniform`) at steps around its own RMS. `mean_v`: the tensor's mean
+    /// second moment, for the estimate.
     fn residual_candidates(
         &self,
         i: usize,
         config: QuantConfig,
         reference: Option<Arc<Reference>>,
         moments: Option<(usize, usize)>,
+        mean_v: f64,
     ) -> Vec<Candidate> {
         let view = self.input.view(i);
         let moments = self.input.moments(moments);
         let linear = residual::Mode::Linear;
-        let zeros;
-        let (content, steps) = match &reference {
-            Some(r) => (&r.content[..], RESIDUAL_STEPS),
-            None => {
-                zeros = vec![0u8; view.bytes.len()];
-                (&zeros[..], UNIFORM_STEPS)
-            }
+        let content = reference.as_ref().map(|r| &r.content[..]);
+        let steps = if content.is_some() {
+            RESIDUAL_STEPS
+        } else {
+            UNIFORM_STEPS
         };
-        let moved = residual::measure(view.dtype, view.bytes, content, None, linear, 1.0);
         let n = (view.bytes.len() / view.dtype.size()).max(1) as f64;
-        let rms = (moved.sum_sq_moved / n).sqrt();
+        let rms = (residual::distance_sq(view.dtype, view.bytes, content) / n).sqrt();
         if !(rms > 0.0 && rms.is_finite()) {
             return Vec::new();
         }
-        let mean_v = moments.map_or(0.0, |mv| {
-            (0..n as usize)
-                .map(|k| scalar::value(mv.v.dtype, mv.v.bytes, k))
-                .sum::<f64>()
-                / n
-        });
         steps
             .par_iter()
             .map(|&k| rms * 2f64.powf(k as f64 / 2.0))
             .filter(|&step| residual::valid_step(linear, step))
             .map(|step| {
                 let st = residual::measure(view.dtype, view.bytes, content, moments, linear, step);
+                let e = &st.err;
                 let delta_loss = moments.map(|_| {
-                    self.correction.loss_change(
-                        st.sum_m_delta,
-                        st.sum_v_delta2,
-                        st.sum_sq_err,
-                        mean_v,
-                    )
+                    self.correction
+                        .loss_change(e.sum_m_delta, e.sum_v_delta2, e.sum_sq_err, mean_v)
                 });
                 let bits = st.bits(view.dtype);
                 Candidate {
@@ -335,9 +324,9 @@ impl PlanInput<'_> {
                     estimate: Estimate {
                         bits,
                         code_bits: bits,
-                        sq_err: st.sum_sq_err,
-                        rel_l2: st.rel_l2(),
-                        max_abs: st.max_abs,
+                        sq_err: e.sum_sq_err,
+                        rel_l2: e.rel_l2(),
+                        max_abs: e.max_abs,
                         delta_loss,
                         protected: st.exact,
                         pruned: 0,
@@ -382,6 +371,34 @@ impl PlanInput<'_> {
                 _ => None,
             })
             .collect();
+        // With a previous version: `exp_avg_sq` as a log residual from it, `exp_avg` in units of
+        // its second moment's previous version. Each reference is decoded once, though a
+        // second moment's serves its first moment too.
+        let pieces = &self.input.pieces;
+        let residual_of = |i: usize| {
+            let (source, mode, step) = match self.roles[i] {
+                Role::SecondMoment => (Some(i), residual::Mode::Log, SECOND_MOMENT_LOG_STEP),
+                _ => (
+                    second_of.get(&i).copied(),
+                    residual::Mode::Scaled,
+                    FIRST_MOMENT_SCALED_STEP,
+                ),
+            };
+            let source = source.filter(|&s| {
+                self.settings.moment_residuals && pieces[s].header == pieces[i].header
+            });
+            (source, mode, step)
+        };
+        let mut sources: Vec<usize> = moments.iter().filter_map(|m| residual_of(m.0).0).collect();
+        sources.sort_unstable();
+        sources.dedup();
+        let references: HashMap<usize, Arc<Reference>> = sources
+            .par_iter()
+            .map(|&s| Ok((self.reference)(s)?.map(|r| (s, Arc::new(r)))))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .collect();
         moments
             .par_iter()
             .map(|&(i, config, role)| {
@@ -392,36 +409,16 @@ impl PlanInput<'_> {
                     role,
                     residual: None,
                 };
-                // With a previous version: `exp_avg_sq` as a log residual from it, `exp_avg`
-                // in units of its second moment's previous version.
-                let (source, mode, step) = match self.roles[i] {
-                    Role::SecondMoment => (Some(i), residual::Mode::Log, SECOND_MOMENT_LOG_STEP),
-                    _ => (
-                        second_of.get(&i).copied(),
-                        residual::Mode::Scaled,
-                        FIRST_MOMENT_SCALED_STEP,
-                    ),
-                };
-                let pieces = &self.input.pieces;
-                let source = source.filter(|&s| {
-                    self.settings.moment_residuals && pieces[s].header == pieces[i].header
-                });
-                if let Some(reference) = source.map(|s| (self.reference)(s)).transpose()?.flatten()
-                {
+                let (source, mode, step) = residual_of(i);
+                if let Some(reference) = source.and_then(|s| references.get(&s)) {
                     // A reference that cannot scale most elements (an optimizer's first
                     // step after zero moments) leaves the tensor to the quantizer.
                     let view = self.input.view(i);
-                    let st = residual::measure(
-                        view.dtype,
-                        view.bytes,
-                        &reference.content,
-                        None,
-                        mode,
-                        step,
-                    );
+                    let content = Some(&reference.content[..]);
+                    let st = residual::measure(view.dtype, view.bytes, content, None, mode, step);
                     if (st.exact as f64) <= MOMENT_EXACT_LIMIT * st.codes.total() as f64 {
                         plan.residual = Some(Residual {
-                            reference: Some(Arc::new(reference)),
+                            reference: Some(reference.clone()),
                             mode,
                             step,
                         });
@@ -588,12 +585,8 @@ pub(crate) fn quantize(
     let prep = Prepared::new(&stats, w.dtype);
     let (encoded, render, settings) = match &plan.residual {
         Some(r) => {
-            let (payload, render) = match &r.reference {
-                Some(reference) => {
-                    residual::encode(w.dtype, w.bytes, &reference.content, r.mode, r.step)
-                }
-                None => residual::encode_uniform(w.dtype, w.bytes, r.step),
-            };
+            let reference = r.reference.as_ref().map(|r| &r.content[..]);
+            let (payload, render) = residual::encode(w.dtype, w.bytes, reference, r.mode, r.step);
             let encoded = Encoded::Residual {
                 payload,
                 reference: r.reference.clone(),
