@@ -263,8 +263,13 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
                     .est_delta_loss
                     .map(|d| format!(", est. ΔL {d:.2e}"))
                     .unwrap_or_default();
+                let coarse = if l.coarsened {
+                    ", coarsened by retention"
+                } else {
+                    ""
+                };
                 format!(
-                    "lossy [{}] max err {:.2e}, rel. L2 {:.2e}{est}",
+                    "lossy [{}] max err {:.2e}, rel. L2 {:.2e}{est}{coarse}",
                     l.settings, l.max_abs_error, l.rel_error
                 )
             }
@@ -530,6 +535,25 @@ pub fn gc(out: &mut dyn Write, json: bool, g: &GcOutcome) -> io::Result<()> {
             "{verb} {} kept tensors whose delta base went",
             g.reencoded
         )?;
+    }
+    let c = &g.coarsened;
+    if c.tensors > 0 {
+        if g.dry_run {
+            writeln!(
+                out,
+                "would coarsen {} moment tensors of commits behind the tips ({} now)",
+                c.tensors,
+                size(c.bytes_before)
+            )?;
+        } else {
+            writeln!(
+                out,
+                "coarsened {} moment tensors of commits behind the tips: {} -> {}",
+                c.tensors,
+                size(c.bytes_before),
+                size(c.bytes_after)
+            )?;
+        }
     }
     if g.reflog_expired > 0 {
         writeln!(out, "expired {} reflog entries", g.reflog_expired)?;

@@ -193,7 +193,8 @@ impl Quantizer {
                     return None;
                 }
                 if x == 0.0 {
-                    return Some((ZERO, 0.0));
+                    // Code 0 rebuilds +0 here: the entropy coder's sparse form takes runs of it.
+                    return Some((0, 0.0));
                 }
                 if r == 0.0 {
                     return None;
@@ -243,6 +244,27 @@ fn unzigzag(c: u16) -> i64 {
 /// Whether `step` can serve as a quantization step of `mode`.
 pub fn valid_step(mode: Mode, step: f64) -> bool {
     Quantizer::with_step(mode, step).is_some()
+}
+
+/// A payload's mode and step (in log2 units for [`Mode::Log`]), as [`encode`] took them.
+pub fn mode_and_step(payload: &[u8]) -> Result<(Mode, f64), FormatError> {
+    let bad = |why: &str| FormatError::invalid("quant-residual", why.to_string());
+    let mode = payload
+        .first()
+        .and_then(|&b| Mode::from_u8(b))
+        .ok_or_else(|| bad("unknown or missing mode"))?;
+    let param = f64::from_le_bytes(
+        payload
+            .get(1..9)
+            .ok_or_else(|| bad("truncated step"))?
+            .try_into()
+            .unwrap(),
+    );
+    let quant = Quantizer::new(mode, param).ok_or_else(|| bad("step out of range"))?;
+    Ok(match mode {
+        Mode::Log => (mode, quant.param.log2()),
+        _ => (mode, quant.param),
+    })
 }
 
 /// The statistics of quantizing `values` (little-endian `dtype`) against `reference` (`None`:
@@ -386,20 +408,11 @@ pub fn decode(
         return Err(bad("reference and output sizes differ"));
     }
     let n = out.len() / size;
-    let mode = payload
-        .first()
-        .and_then(|&b| Mode::from_u8(b))
-        .ok_or_else(|| bad("unknown or missing mode"))?;
-    let param = f64::from_le_bytes(
-        payload
-            .get(1..9)
-            .ok_or_else(|| bad("truncated step"))?
-            .try_into()
-            .unwrap(),
-    );
+    let (mode, _) = mode_and_step(payload)?;
     if reference.is_none() && mode != Mode::Linear {
         return Err(bad("a payload without a reference must be linear"));
     }
+    let param = f64::from_le_bytes(payload[1..9].try_into().unwrap());
     let quant = Quantizer::new(mode, param).ok_or_else(|| bad("step out of range"))?;
     let mut at = 9;
     let count = read_varint(payload, &mut at).ok_or_else(|| bad("truncated exact count"))?;

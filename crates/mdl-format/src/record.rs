@@ -2,14 +2,16 @@
 //!
 //! ```text
 //! header:  magic "MDLR" | version u16 | kind u8 | codec u8 | flags u8 | [base id 32]
-//!          | prefix_len u16 | prefix
+//!          | [content id 32 | max_abs_error f64 | rel_error f64] | prefix_len u16 | prefix
 //! payload: codec-specific bytes
 //! trailer: content_len u64 | payload_len u64 | crc32 u32 (of every byte before it)
 //! ```
 //!
 //! The trailer comes last so a record can be written in one streaming pass. The object's id is
 //! `blake3(prefix ‖ decode(payload))`; the prefix is the tensor's canonical header (empty for
-//! manifests and commits). See `docs/FORMAT.md`.
+//! manifests and commits), except for a *coarsened* record (retention re-encoded a lossy
+//! tensor more coarsely, keeping its id so no commit id changes): it names the hash of what it
+//! decodes to, and the error it adds to what the id names. See `docs/FORMAT.md`.
 
 use crate::wire::{Reader, Writer};
 use crate::{FormatError, ObjectId, ObjectKind, FORMAT_VERSION};
@@ -19,9 +21,25 @@ pub const MAGIC: [u8; 4] = *b"MDLR";
 /// Length of the trailer.
 pub const TRAILER_LEN: usize = 20;
 /// Longest header a reader needs to look at.
-pub const MAX_HEADER_LEN: usize = 4 + 2 + 3 + 32 + 2 + u16::MAX as usize;
+pub const MAX_HEADER_LEN: usize = 4 + 2 + 3 + 32 + COARSENED_LEN + 2 + u16::MAX as usize;
 
 const FLAG_BASE: u8 = 1;
+const FLAG_COARSENED: u8 = 2;
+const COARSENED_LEN: usize = 32 + 8 + 8;
+
+/// What a coarsened record decodes to, against the content its object id names.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Coarsened {
+    /// `blake3(prefix ‖ decoded content)` of this record.
+    pub content: ObjectId,
+    /// Largest absolute difference from the content the id names.
+    pub max_abs_error: f64,
+    /// L2 norm of that difference over the L2 norm of the content the id names.
+    pub rel_error: f64,
+}
+
+// The errors are finite numbers (the writer checks), so equality is total.
+impl Eq for Coarsened {}
 
 /// The front of a record: what it is and how its payload is encoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,6 +54,8 @@ pub struct RecordHeader {
     pub base: Option<ObjectId>,
     /// Canonical prefix hashed in front of the decoded data.
     pub prefix: Vec<u8>,
+    /// Set on a record that decodes to other content than its id names (tensors only).
+    pub coarsened: Option<Coarsened>,
 }
 
 impl RecordHeader {
@@ -48,7 +68,13 @@ impl RecordHeader {
             codec,
             base,
             prefix,
+            coarsened: None,
         }
+    }
+
+    /// The hash the decoded content must have: the object id, or a coarsened record's own.
+    pub fn content_id(&self, id: &ObjectId) -> ObjectId {
+        self.coarsened.map_or(*id, |c| c.content)
     }
 
     /// The header's bytes.
@@ -56,10 +82,21 @@ impl RecordHeader {
         let mut w = Writer::default();
         w.buf.extend_from_slice(&MAGIC);
         w.u16(self.version).u8(self.kind as u8).u8(self.codec);
-        match &self.base {
-            Some(b) => w.u8(FLAG_BASE).id(b),
-            None => w.u8(0),
-        };
+        let flags = if self.base.is_some() { FLAG_BASE } else { 0 }
+            | if self.coarsened.is_some() {
+                FLAG_COARSENED
+            } else {
+                0
+            };
+        w.u8(flags);
+        if let Some(b) = &self.base {
+            w.id(b);
+        }
+        if let Some(c) = &self.coarsened {
+            w.id(&c.content)
+                .u64(c.max_abs_error.to_bits())
+                .u64(c.rel_error.to_bits());
+        }
         w.u16(self.prefix.len() as u16);
         w.buf.extend_from_slice(&self.prefix);
         w.buf
@@ -85,7 +122,7 @@ impl RecordHeader {
         let kind = ObjectKind::try_from(r.u8()?)?;
         let codec = r.u8()?;
         let flags = r.u8()?;
-        if flags & !FLAG_BASE != 0 {
+        if flags & !(FLAG_BASE | FLAG_COARSENED) != 0 {
             return Err(FormatError::invalid(
                 "record",
                 format!("unknown flags {flags:#x}"),
@@ -96,9 +133,42 @@ impl RecordHeader {
         } else {
             None
         };
+        let coarsened = if flags & FLAG_COARSENED != 0 {
+            let content = r.id()?;
+            let max_abs_error = f64::from_bits(r.u64()?);
+            let rel_error = f64::from_bits(r.u64()?);
+            let valid = |e: f64| e.is_finite() && e >= 0.0;
+            if version < 6
+                || kind != ObjectKind::Tensor
+                || !valid(max_abs_error)
+                || !valid(rel_error)
+            {
+                return Err(FormatError::invalid(
+                    "record",
+                    "a coarsened record must be a tensor of format 6 or later with finite errors",
+                ));
+            }
+            Some(Coarsened {
+                content,
+                max_abs_error,
+                rel_error,
+            })
+        } else {
+            None
+        };
         let n = r.u16()? as usize;
         let prefix = r.take(n)?.to_vec();
-        let len = 4 + 2 + 3 + if base.is_some() { 32 } else { 0 } + 2 + n;
+        let len = 4
+            + 2
+            + 3
+            + if base.is_some() { 32 } else { 0 }
+            + if coarsened.is_some() {
+                COARSENED_LEN
+            } else {
+                0
+            }
+            + 2
+            + n;
         Ok((
             RecordHeader {
                 version,
@@ -106,6 +176,7 @@ impl RecordHeader {
                 codec,
                 base,
                 prefix,
+                coarsened,
             },
             len,
         ))
@@ -249,6 +320,26 @@ mod tests {
         for cut in 0..rec.len() {
             assert!(decode(&rec[..cut]).is_err());
         }
+    }
+
+    #[test]
+    fn coarsened_records_round_trip_and_are_only_tensors() {
+        let mut h = RecordHeader::new(ObjectKind::Tensor, 8, Some(ObjectId::hash(b"b")), vec![7]);
+        h.coarsened = Some(Coarsened {
+            content: ObjectId::hash(b"c"),
+            max_abs_error: 0.25,
+            rel_error: 0.01,
+        });
+        let rec = encode(&h, b"payload", 4);
+        let (h2, p, _) = decode(&rec).unwrap();
+        assert_eq!(h2, h);
+        assert_eq!(p, b"payload");
+        assert_eq!(h2.content_id(&ObjectId::hash(b"id")), ObjectId::hash(b"c"));
+        let mut m = RecordHeader::new(ObjectKind::Manifest, 1, None, Vec::new());
+        m.coarsened = h.coarsened;
+        assert!(decode(&encode(&m, b"x", 1)).is_err());
+        h.coarsened.as_mut().unwrap().rel_error = f64::NAN;
+        assert!(decode(&encode(&h, b"x", 1)).is_err());
     }
 
     #[test]

@@ -426,6 +426,7 @@ fn a_record_byte_for_byte() {
         codec: 1,
         base: None,
         prefix: Vec::new(),
+        coarsened: None,
     };
     let front = Spell::default()
         .raw(b"MDLR")
@@ -442,6 +443,35 @@ fn a_record_byte_for_byte() {
     let spelled = Spell(front).u32(crc).0;
     assert_eq!(record::encode(&old, &payload, 40), spelled);
     assert_eq!(record::decode(&spelled).unwrap().0, old);
+
+    // A coarsened record: flag bit 1, after the base its content's id and the added errors.
+    let content = id("0606060606060606060606060606060606060606060606060606060606060606");
+    let mut coarse = RecordHeader::new(ObjectKind::Tensor, 8, Some(base), prefix.clone());
+    coarse.coarsened = Some(record::Coarsened {
+        content,
+        max_abs_error: 0.5,
+        rel_error: 0.125,
+    });
+    let front = Spell::default()
+        .raw(b"MDLR")
+        .u16(FORMAT_VERSION)
+        .u8(1)
+        .u8(8) // codec: quant-residual
+        .u8(3) // flags: has base, coarsened
+        .id(&base)
+        .id(&content)
+        .u64(0.5f64.to_bits())
+        .u64(0.125f64.to_bits())
+        .u16(prefix.len() as u16)
+        .raw(&prefix)
+        .raw(&payload)
+        .u64(12)
+        .u64(payload.len() as u64)
+        .0;
+    let crc = crc32(&front);
+    let spelled = Spell(front).u32(crc).0;
+    assert_eq!(record::encode(&coarse, &payload, 12), spelled);
+    assert_eq!(record::decode(&spelled).unwrap().0, coarse);
 }
 
 /// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320), written out bit by bit.

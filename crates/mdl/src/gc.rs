@@ -21,11 +21,12 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use mdl_format::{FileFormat, Manifest, ObjectId, ObjectKind, Ref, Timestamp};
+use mdl_format::{FileFormat, Manifest, ObjectId, ObjectKind, Timestamp};
 use mdl_store::meta::MetaRead;
 use mdl_store::{Expired, IndexEntry, Store};
 use serde::{Deserialize, Serialize};
 
+use crate::coarsen::{coarsen, coarsen_after, Coarsening};
 use crate::lossy::{LossyRequest, LossySettings, Pairing};
 use crate::rewrite::reencode_group;
 use crate::{Error, Progress, Repository, Result};
@@ -101,6 +102,9 @@ pub struct GcOutcome {
     pub leftover_files: u64,
     /// Bytes freed on disk (records and leftovers).
     pub bytes_freed: u64,
+    /// Moments of commits behind the tips re-encoded more coarsely (`retention.coarsen_after`).
+    #[serde(default)]
+    pub coarsened: Coarsening,
 }
 
 /// The retention rule of the repository, if one is set.
@@ -224,36 +228,6 @@ fn roots(meta: &MetaRead, since: Timestamp) -> Result<Vec<ObjectId>> {
     Ok(out)
 }
 
-/// Commits to thin under `keep_last`: more than N first-parent steps behind some branch tip,
-/// not within N of any tip, not tagged, not a tip.
-fn thinned_commits(meta: &MetaRead, keep: Option<u64>) -> Result<HashSet<ObjectId>> {
-    let Some(keep) = keep else {
-        return Ok(HashSet::new());
-    };
-    let mut full = HashSet::new();
-    let mut old = HashSet::new();
-    for (_, v) in meta.refs(Ref::TAGS)? {
-        full.extend(v.target());
-    }
-    for (_, v) in meta.refs(Ref::BRANCHES)? {
-        let Some(mut at) = v.target() else { continue };
-        let mut steps = 0u64;
-        loop {
-            if steps < keep {
-                full.insert(at);
-            } else {
-                old.insert(at);
-            }
-            steps += 1;
-            match meta.commit(&at)?.and_then(|s| s.parents.first().copied()) {
-                Some(p) => at = p,
-                None => break,
-            }
-        }
-    }
-    Ok(old.difference(&full).copied().collect())
-}
-
 /// Marks from `starts`, skipping commits already marked (so a second call only walks what is
 /// new); tensors of thinned commits that are optimizer state go to `expire` for now.
 fn mark(
@@ -334,11 +308,23 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
         ..Default::default()
     };
 
+    // 0. Coarsen what retention.coarsen_after says (its own transaction; ids do not change).
+    if let Some(n) = coarsen_after(repo)? {
+        out.coarsened = coarsen(repo, n, keep, opts.dry_run, progress)?;
+        if !opts.dry_run {
+            let c = &out.coarsened;
+            out.bytes_freed += c.bytes_before.saturating_sub(c.bytes_after);
+        }
+    }
+
     // 1. Mark, without holding the writer.
     let mut marks = Marks::default();
     let kept_by_young_commits = {
         let meta = store.meta().read()?;
-        marks.thinned = thinned_commits(&meta, keep)?;
+        marks.thinned = match keep {
+            Some(n) => crate::history::behind_tips(&meta, n)?,
+            None => HashSet::new(),
+        };
         let roots = roots(&meta, reflog_cutoff)?;
         mark(repo, &meta, &roots, &pairings, &mut marks)?;
         let reached = marks.live();

@@ -54,3 +54,34 @@ pub(crate) fn walk(
     }
     Ok(out)
 }
+
+/// Commits more than `keep` first-parent steps behind some branch tip and within `keep` steps
+/// of none, neither tagged nor a tip: what the retention rules (`retention.keep_last`,
+/// `retention.coarsen_after`) act on.
+pub(crate) fn behind_tips(
+    meta: &mdl_store::meta::MetaRead,
+    keep: u64,
+) -> crate::Result<HashSet<ObjectId>> {
+    let mut full = HashSet::new();
+    let mut old = HashSet::new();
+    for (_, v) in meta.refs(mdl_format::Ref::TAGS)? {
+        full.extend(v.target());
+    }
+    for (_, v) in meta.refs(mdl_format::Ref::BRANCHES)? {
+        let Some(mut at) = v.target() else { continue };
+        let mut steps = 0u64;
+        loop {
+            if steps < keep.max(1) {
+                full.insert(at);
+            } else {
+                old.insert(at);
+            }
+            steps += 1;
+            match meta.commit(&at)?.and_then(|s| s.parents.first().copied()) {
+                Some(p) => at = p,
+                None => break,
+            }
+        }
+    }
+    Ok(old.difference(&full).copied().collect())
+}

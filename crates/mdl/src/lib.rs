@@ -17,6 +17,7 @@
 
 pub mod background;
 pub mod checkout;
+pub mod coarsen;
 pub mod commit;
 pub mod compact;
 pub mod config;

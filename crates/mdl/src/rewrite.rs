@@ -93,8 +93,8 @@ pub(crate) fn encode_whole(
 ) -> Result<Rewrite> {
     let corrupt = |source| Error::Corrupt { id: *id, source };
     let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
-    let header =
-        TensorHeader::from_canonical(&store.record_header(id, entry)?.prefix).map_err(corrupt)?;
+    let record = store.record_header(id, entry)?;
+    let header = TensorHeader::from_canonical(&record.prefix).map_err(corrupt)?;
     let placement = Placement {
         generation: entry.generation + 1,
         base: None,
@@ -129,13 +129,23 @@ pub(crate) fn encode_whole(
         } else {
             None
         };
-        match plain.filter(|p| p.size < data.len() as u64) {
+        // A coarsened record's content is not what its id names: it keeps its coarsening
+        // (the raw path below would check the content against the id).
+        let keep = record.coarsened.is_some();
+        match plain.filter(|p| keep || p.size < data.len() as u64) {
             Some(choice) => {
                 let payload =
                     float::encode_pieces(store.engine(), header.dtype, &data, None, &choice)
                         .map_err(corrupt)?;
                 batch
-                    .put_payload(id, &header, whole, placement, &payload.pieces())?
+                    .put_coarsened(
+                        id,
+                        &header,
+                        whole,
+                        placement,
+                        record.coarsened,
+                        &payload.pieces(),
+                    )?
                     .entry
             }
             None => {

@@ -103,6 +103,10 @@ pub struct LossyInfo {
     pub rel_error: f64,
     /// Estimated loss change, when moments were known.
     pub est_delta_loss: Option<f64>,
+    /// Retention re-encoded it more coarsely after the commit (`retention.coarsen_after`);
+    /// the errors above include what that added.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub coarsened: bool,
 }
 
 impl LossyInfo {
@@ -124,7 +128,16 @@ impl LossyInfo {
             max_abs_error: l.max_abs_error,
             rel_error: l.rel_error,
             est_delta_loss: l.est_delta_loss,
+            coarsened: false,
         }
+    }
+
+    /// The errors once a coarsened record's own are added.
+    fn coarsened(mut self, c: &mdl_format::record::Coarsened) -> LossyInfo {
+        (self.max_abs_error, self.rel_error) =
+            crate::coarsen::combined_errors(self.max_abs_error, self.rel_error, c);
+        self.coarsened = true;
+        self
     }
 }
 
@@ -176,11 +189,18 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
     let mut tensors = Vec::new();
     for (f, e) in m.tensors() {
         // A tensor retention deleted is shown with what is known of it.
+        let mut coarsened = None;
         let (codec, raw_bytes, stored_bytes, base, depth, expired) = match meta.object(&e.id)? {
             Some(entry) => (
-                CodecTag::try_from(entry.codec)
-                    .map(|c| c.name().to_string())
-                    .unwrap_or_else(|_| format!("#{}", entry.codec)),
+                {
+                    if entry.codec == CodecTag::QuantResidual as u8 {
+                        coarsened = repo.store().record_header(&e.id, &entry)?.coarsened;
+                    }
+
+                    CodecTag::try_from(entry.codec)
+                        .map(|c| c.name().to_string())
+                        .unwrap_or_else(|_| format!("#{}", entry.codec))
+                },
                 entry.content_len,
                 entry.stored_len,
                 entry.base,
@@ -205,7 +225,10 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
             base,
             depth,
             lossy: e.exactness.is_lossy(),
-            lossy_info: e.exactness.lossy().map(LossyInfo::new),
+            lossy_info: e.exactness.lossy().map(|l| match &coarsened {
+                Some(c) => LossyInfo::new(l).coarsened(c),
+                None => LossyInfo::new(l),
+            }),
             expired,
         });
     }

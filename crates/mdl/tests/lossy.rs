@@ -412,3 +412,162 @@ fn eval_command_scores_candidates_and_failures_change_nothing() {
         .to_string_lossy()
         .starts_with("eval-")));
 }
+
+/// Largest absolute and relative L2 error of `got` against `orig` (little-endian `dtype`).
+fn errors(dtype: Dtype, orig: &[u8], got: &[u8]) -> (f64, f64) {
+    let (mut max, mut se, mut ss) = (0.0f64, 0.0f64, 0.0f64);
+    for i in 0..orig.len() / dtype.size() {
+        let (x, y) = (scalar::value(dtype, orig, i), scalar::value(dtype, got, i));
+        max = max.max((y - x).abs());
+        se += (y - x) * (y - x);
+        ss += x * x;
+    }
+    (max, if ss > 0.0 { (se / ss).sqrt() } else { 0.0 })
+}
+
+#[test]
+fn coarsening_older_moments_keeps_every_id_and_the_tip() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init_repo(&dir.path().join("repo"));
+    let mut model = Model::new();
+    let mut commits = Vec::new();
+    for k in 0..5 {
+        model.steps(3);
+        let file = dir.path().join(format!("c{k}.safetensors"));
+        model.write(&file);
+        let c = commit(&repo, &file, &lossy_opts(model.step, None), &NoProgress).unwrap();
+        let out = dir.path().join(format!("c{k}.out"));
+        checkout_to(&repo, &c.id.to_string(), &out);
+        commits.push((c.id, file, std::fs::read(&out).unwrap()));
+    }
+    let tip = commits.last().unwrap().0;
+    let log_before = mdl::log::log(&repo, Some("main"), None).unwrap();
+    let shown_before: Vec<_> = commits
+        .iter()
+        .map(|(id, ..)| mdl::show::show(&repo, &id.to_string()).unwrap())
+        .collect();
+
+    // A bad value is refused and changes nothing.
+    assert!(mdl::config::set_config(&repo, mdl::coarsen::COARSEN_AFTER_KEY, "0").is_err());
+    assert!(mdl::gc::gc(&repo, &Default::default(), &NoProgress)
+        .unwrap()
+        .coarsened
+        .tensors
+        .eq(&0));
+    mdl::config::set_config(&repo, mdl::coarsen::COARSEN_AFTER_KEY, "2").unwrap();
+    let dry = mdl::gc::gc(
+        &repo,
+        &mdl::gc::GcOptions {
+            dry_run: true,
+            ..Default::default()
+        },
+        &NoProgress,
+    )
+    .unwrap();
+    let done = mdl::gc::gc(&repo, &Default::default(), &NoProgress).unwrap();
+    let c = &done.coarsened;
+    assert_eq!(c.tensors, dry.coarsened.tensors);
+    assert!(c.tensors >= 3, "coarsened {}", c.tensors);
+    assert!(c.bytes_after < c.bytes_before, "{c:?}");
+
+    // Ids, history and refs as they were.
+    assert_eq!(mdl::revision::resolve(&repo, "main").unwrap(), tip);
+    let log_after = mdl::log::log(&repo, Some("main"), None).unwrap();
+    let ids = |l: &[mdl::log::LogEntry]| l.iter().map(|e| e.id).collect::<Vec<_>>();
+    assert_eq!(ids(&log_before), ids(&log_after));
+    let report = mdl::fsck::fsck(&repo, false).unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+
+    let mut coarsened = 0;
+    for (k, ((id, file, fine), before)) in commits.iter().zip(&shown_before).enumerate() {
+        let out = dir.path().join("again");
+        checkout_to(&repo, &id.to_string(), &out);
+        let shown = mdl::show::show(&repo, &id.to_string()).unwrap();
+        assert_eq!(shown.manifest, before.manifest);
+        if k >= commits.len() - 2 {
+            // The tip and the commit within reach of it: untouched, record for record.
+            assert!(&std::fs::read(&out).unwrap() == fine, "commit {k} changed");
+            for (a, b) in shown.tensors.iter().zip(&before.tensors) {
+                assert_eq!((a.stored_bytes, a.base), (b.stored_bytes, b.base));
+            }
+            continue;
+        }
+        let was_path = dir.path().join("was");
+        std::fs::write(&was_path, fine).unwrap();
+        let (orig, got, was) = (tensors(file), tensors(&out), tensors(&was_path));
+        for t in &shown.tensors {
+            let (dtype, _, ob) = &orig[&t.name];
+            let gb = &got[&t.name].2;
+            let coarse = t.lossy_info.as_ref().is_some_and(|l| l.coarsened);
+            if !coarse {
+                assert!(
+                    gb == &was[&t.name].2,
+                    "{}: only coarsened tensors change",
+                    t.name
+                );
+                continue;
+            }
+            assert!(t.name.ends_with(".exp_avg"), "{} coarsened", t.name);
+            coarsened += 1;
+            // The recorded errors bound the measured ones against the committed tensor.
+            let l = t.lossy_info.as_ref().unwrap();
+            let (max, rel) = errors(*dtype, ob, gb);
+            assert!(
+                max <= l.max_abs_error,
+                "{}: {max} > {}",
+                t.name,
+                l.max_abs_error
+            );
+            assert!(
+                rel <= l.rel_error * (1.0 + 1e-9),
+                "{}: {rel} > {}",
+                t.name,
+                l.rel_error
+            );
+        }
+    }
+    assert_eq!(coarsened, c.tensors);
+
+    // A second run finds nothing more to do.
+    let again = mdl::gc::gc(&repo, &Default::default(), &NoProgress).unwrap();
+    assert_eq!(again.coarsened.tensors, 0);
+
+    // A new commit of a coarsened checkpoint's committed reconstruction names the coarsened
+    // objects' ids: they get their committed content back, and everything still decodes.
+    let is_coarse = |id: &mdl_format::ObjectId| {
+        let shown = mdl::show::show(&repo, &id.to_string()).unwrap();
+        shown
+            .tensors
+            .iter()
+            .any(|t| t.lossy_info.as_ref().is_some_and(|l| l.coarsened))
+    };
+    let (first, _, fine) = commits.iter().find(|(id, ..)| is_coarse(id)).unwrap();
+    let back = dir.path().join("fine.safetensors");
+    std::fs::write(&back, fine).unwrap();
+    let opts = CommitOptions {
+        step: Some(1),
+        ..Default::default()
+    };
+    let c = commit(&repo, &back, &opts, &NoProgress).unwrap();
+    for rev in [c.id, *first] {
+        let out = dir.path().join("restored");
+        checkout_to(&repo, &rev.to_string(), &out);
+        assert!(
+            &std::fs::read(&out).unwrap() == fine,
+            "{rev} decodes as committed"
+        );
+    }
+    assert!(!is_coarse(first));
+    for (id, _, fine) in &commits {
+        let out = dir.path().join("others");
+        checkout_to(&repo, &id.to_string(), &out);
+        if !is_coarse(id) {
+            assert!(
+                &std::fs::read(&out).unwrap() == fine,
+                "{id} decodes as committed"
+            );
+        }
+    }
+    let report = mdl::fsck::fsck(&repo, false).unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}

@@ -149,11 +149,9 @@ impl Store {
             }));
         }
         let actual = hasher.finalize();
-        if actual != *id {
-            return Err(corrupt(FormatError::HashMismatch {
-                expected: *id,
-                actual,
-            }));
+        let expected = header.content_id(id);
+        if actual != expected {
+            return Err(corrupt(FormatError::HashMismatch { expected, actual }));
         }
         Ok(total)
     }
@@ -205,7 +203,7 @@ impl Store {
         if codec.is_quant() {
             let (q, prefix) = self.load_quant_chain(id, entry, budget)?;
             q.render(out);
-            return verify_content(id, entry, &prefix, out);
+            return verify_content(id, entry, &prefix, id, out);
         }
         // The base first, so its record buffer is gone before this one is read.
         let base = match &entry.base {
@@ -309,6 +307,13 @@ impl Store {
         };
         self.with_record(id, entry, |bytes| {
             let (header, payload, tensor) = self.check_record(id, entry, bytes)?;
+            if header.coarsened.is_some() {
+                // Its codes are what quant-delta records build on: they must render to the id.
+                return Err(corrupt(FormatError::invalid(
+                    "record",
+                    "a quant record cannot be coarsened",
+                )));
+            }
             let n = (entry.content_len / tensor.dtype.size() as u64) as usize;
             let q = QuantTensor::decode(
                 self.engine(),
@@ -394,7 +399,7 @@ impl Store {
                 )))
             }
         }
-        verify_content(id, entry, &header.prefix, out)
+        verify_content(id, entry, &header.prefix, &header.content_id(id), out)
     }
 
     /// The header of an object's record (kind, codec, base, and for tensors the canonical tensor
@@ -460,19 +465,21 @@ fn chain_budget(entry: &IndexEntry) -> u32 {
 /// How often a read starts again after a record moved under it.
 const REREADS: u32 = 3;
 
-/// Checks that `prefix` (a canonical tensor header) followed by `out` hashes to `id`.
+/// Checks that `prefix` (a canonical tensor header) followed by `out` hashes to `expected`
+/// (object `id`'s own id, or the content a coarsened record of it names).
 fn verify_content(
     id: &ObjectId,
     entry: &IndexEntry,
     prefix: &[u8],
+    expected: &ObjectId,
     out: &[u8],
 ) -> Result<(), StoreError> {
     let mut hasher = TensorHasher::new(prefix);
     hasher.update(out);
     let actual = hasher.finalize();
-    if actual != *id {
+    if actual != *expected {
         return Err(corrupt(id, entry)(FormatError::HashMismatch {
-            expected: *id,
+            expected: *expected,
             actual,
         }));
     }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use mdl_codec::{CodecTag, EncodeOptions};
-use mdl_format::record::{self, RecordHeader, Trailer};
+use mdl_format::record::{self, Coarsened, RecordHeader, Trailer};
 use mdl_format::{FormatError, ObjectId, ObjectKind, TensorHasher, TensorHeader, Timestamp};
 
 use crate::fs::StorageFile;
@@ -121,6 +121,7 @@ impl ObjectBatch<'_> {
                 codec,
                 placement,
                 &prefix,
+                None,
                 len,
                 cap,
                 &mut |w| {
@@ -157,6 +158,21 @@ impl ObjectBatch<'_> {
         placement: Placement,
         payload: &[&[u8]],
     ) -> Result<PutOutcome, StoreError> {
+        self.put_coarsened(id, header, codec, placement, None, payload)
+    }
+
+    /// [`Self::put_payload`] for a record that may decode to other content than `id` names
+    /// (retention's coarsening): `coarsened` names that content's hash and the added error.
+    /// The caller has decoded `payload` and hashed the result.
+    pub fn put_coarsened(
+        &self,
+        id: &ObjectId,
+        header: &TensorHeader,
+        codec: CodecTag,
+        placement: Placement,
+        coarsened: Option<Coarsened>,
+        payload: &[&[u8]],
+    ) -> Result<PutOutcome, StoreError> {
         let content_len = header.data_len().unwrap_or(0);
         self.write_record(
             id,
@@ -164,6 +180,7 @@ impl ObjectBatch<'_> {
             codec,
             placement,
             &header.canonical(),
+            coarsened,
             content_len,
             u64::MAX,
             &mut |w| payload.iter().try_for_each(|piece| w.write_all(piece)),
@@ -183,6 +200,7 @@ impl ObjectBatch<'_> {
             CodecTag::Zstd,
             Placement::default(),
             &[],
+            None,
             bytes.len() as u64,
             cap,
             &mut |w| mdl_codec::encode(CodecTag::Zstd, bytes, &opts, w).map(drop),
@@ -196,6 +214,7 @@ impl ObjectBatch<'_> {
                     CodecTag::Raw,
                     Placement::default(),
                     &[],
+                    None,
                     bytes.len() as u64,
                     u64::MAX,
                     &mut |w| w.write_all(bytes),
@@ -241,6 +260,7 @@ impl ObjectBatch<'_> {
             codec,
             placement,
             &header.prefix,
+            header.coarsened,
             trailer.content_len,
             u64::MAX,
             &mut |w| w.write_all(payload),
@@ -259,6 +279,7 @@ impl ObjectBatch<'_> {
         codec: CodecTag,
         placement: Placement,
         prefix: &[u8],
+        coarsened: Option<Coarsened>,
         content_len: u64,
         cap: u64,
         body: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
@@ -287,8 +308,9 @@ impl ObjectBatch<'_> {
                 written: 0,
                 cap: u64::MAX,
             };
-            let header =
-                RecordHeader::new(kind, codec as u8, placement.base, prefix.to_vec()).encode();
+            let mut header = RecordHeader::new(kind, codec as u8, placement.base, prefix.to_vec());
+            header.coarsened = coarsened;
+            let header = header.encode();
             sink.write_all(&header)
                 .map_err(StoreError::io("write", &tmp))?;
             let start = sink.written;
