@@ -30,7 +30,7 @@ use mdl_store::meta::MetaRead;
 use mdl_store::{IndexEntry, Placement};
 use serde::{Deserialize, Serialize};
 
-use crate::rewrite::{publish_rewrite, Rewrite};
+use crate::rewrite::{publish_all, Rewrite};
 use crate::{history, Error, Progress, Repository, Result};
 
 /// Configuration key of the coarsening rule.
@@ -55,26 +55,12 @@ pub struct Coarsening {
 
 /// The coarsening rule of the repository, if one is set.
 pub fn coarsen_after(repo: &Repository) -> Result<Option<u64>> {
-    match repo.store().meta().read()?.config(COARSEN_AFTER_KEY)? {
-        None => Ok(None),
-        Some(v) => parse_coarsen_after(&v),
-    }
+    history::configured_count(repo, COARSEN_AFTER_KEY, "never")
 }
 
 /// Validates a `retention.coarsen_after` value: `never`, or a count of at least 1.
 pub fn parse_coarsen_after(v: &str) -> Result<Option<u64>> {
-    if v == "never" {
-        return Ok(None);
-    }
-    v.parse::<u64>()
-        .ok()
-        .filter(|&n| n >= 1)
-        .map(Some)
-        .ok_or_else(|| Error::InvalidConfig {
-            key: COARSEN_AFTER_KEY.into(),
-            value: v.into(),
-            expected: "never, or a whole number of commits (at least 1)",
-        })
+    history::parse_count(COARSEN_AFTER_KEY, "never", v)
 }
 
 /// Applies the rule (`keep`: commits within this many steps of a tip stay as committed;
@@ -119,14 +105,7 @@ pub(crate) fn coarsen(
         progress.advance(1);
     }
     batch.finish()?;
-    let mut w = store.meta().write()?;
-    for r in &rewrites {
-        publish_rewrite(&mut w, r)?;
-    }
-    w.commit_txn()?;
-    for r in &rewrites {
-        store.remove_record(&r.id, r.old.generation);
-    }
+    publish_all(store, &rewrites)?;
     progress.finish();
     Ok(out)
 }
@@ -378,13 +357,6 @@ pub(crate) fn restore(repo: &Repository, id: &ObjectId, data: &[u8]) -> Result<(
         new: put.entry,
     });
     batch.finish()?;
-    let mut w = store.meta().write()?;
-    for r in &rewrites {
-        publish_rewrite(&mut w, r)?;
-    }
-    w.commit_txn()?;
-    for r in &rewrites {
-        store.remove_record(&r.id, r.old.generation);
-    }
+    publish_all(store, &rewrites)?;
     Ok(())
 }

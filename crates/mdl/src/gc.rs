@@ -109,26 +109,12 @@ pub struct GcOutcome {
 
 /// The retention rule of the repository, if one is set.
 pub fn keep_last(repo: &Repository) -> Result<Option<u64>> {
-    match repo.store().meta().read()?.config(KEEP_LAST_KEY)? {
-        None => Ok(None),
-        Some(v) => parse_keep_last(&v),
-    }
+    crate::history::configured_count(repo, KEEP_LAST_KEY, "all")
 }
 
 /// Validates a `retention.keep_last` value: `all` (no thinning) or a count of at least 1.
 pub fn parse_keep_last(v: &str) -> Result<Option<u64>> {
-    if v == "all" {
-        return Ok(None);
-    }
-    v.parse::<u64>()
-        .ok()
-        .filter(|&n| n >= 1)
-        .map(Some)
-        .ok_or_else(|| Error::InvalidConfig {
-            key: KEEP_LAST_KEY.into(),
-            value: v.into(),
-            expected: "all, or a whole number of commits (at least 1)",
-        })
+    crate::history::parse_count(KEEP_LAST_KEY, "all", v)
 }
 
 /// Parses `0s`, `90m`, `1h`, `30d`, `2w` (a whole number and a unit).

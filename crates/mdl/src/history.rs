@@ -85,3 +85,35 @@ pub(crate) fn behind_tips(
     }
     Ok(old.difference(&full).copied().collect())
 }
+
+/// A retention rule's value: `off` (the rule does nothing) or a count of at least 1.
+pub(crate) fn parse_count(key: &str, off: &'static str, v: &str) -> crate::Result<Option<u64>> {
+    if v == off {
+        return Ok(None);
+    }
+    v.parse::<u64>()
+        .ok()
+        .filter(|&n| n >= 1)
+        .map(Some)
+        .ok_or_else(|| crate::Error::InvalidConfig {
+            key: key.into(),
+            value: v.into(),
+            expected: if off == "all" {
+                "all, or a whole number of commits (at least 1)"
+            } else {
+                "never, or a whole number of commits (at least 1)"
+            },
+        })
+}
+
+/// A retention rule as the repository's configuration sets it (`None`: off or unset).
+pub(crate) fn configured_count(
+    repo: &Repository,
+    key: &str,
+    off: &'static str,
+) -> crate::Result<Option<u64>> {
+    match repo.store().meta().read()?.config(key)? {
+        None => Ok(None),
+        Some(v) => parse_count(key, off, &v),
+    }
+}

@@ -49,6 +49,20 @@ pub(crate) fn publish_rewrite(w: &mut MetaWrite<'_>, r: &Rewrite) -> Result<()> 
     Ok(())
 }
 
+/// Publishes `rewrites` in one index transaction, then removes their old records (a crash
+/// in between leaves unindexed records, which gc sweeps).
+pub(crate) fn publish_all(store: &Store, rewrites: &[Rewrite]) -> Result<()> {
+    let mut w = store.meta().write()?;
+    for r in rewrites {
+        publish_rewrite(&mut w, r)?;
+    }
+    w.commit_txn()?;
+    for r in rewrites {
+        store.remove_record(&r.id, r.old.generation);
+    }
+    Ok(())
+}
+
 /// Re-encodes `ids` (tensors of one chain) as self-contained records and publishes them in one
 /// transaction, holding the repository's writer meanwhile. Returns how many were re-encoded,
 /// how many were skipped (gone or already self-contained), and the change in stored bytes.
@@ -68,16 +82,11 @@ pub(crate) fn reencode_group(repo: &Repository, ids: &[ObjectId]) -> Result<(u64
         }
     }
     batch.finish()?;
-    let mut w = store.meta().write()?;
-    for r in &rewrites {
-        publish_rewrite(&mut w, r)?;
-    }
-    w.commit_txn()?;
-    let mut bytes = 0i64;
-    for r in &rewrites {
-        store.remove_record(&r.id, r.old.generation);
-        bytes += r.new.stored_len as i64 - r.old.stored_len as i64;
-    }
+    publish_all(store, &rewrites)?;
+    let bytes = rewrites
+        .iter()
+        .map(|r| r.new.stored_len as i64 - r.old.stored_len as i64)
+        .sum();
     Ok((rewrites.len() as u64, skipped, bytes))
 }
 
