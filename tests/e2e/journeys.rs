@@ -285,6 +285,7 @@ fn float_codecs_deltas_and_config() {
             "delta.max_depth",
             "delta.max_restore_cost",
             "retention.keep_last",
+            "retention.coarsen_after",
             "engine",
             "codec.default",
             "codec.epsilon",
