@@ -55,12 +55,14 @@ pub struct Coarsening {
 
 /// The coarsening rule of the repository, if one is set.
 pub fn coarsen_after(repo: &Repository) -> Result<Option<u64>> {
-    history::configured_count(repo, COARSEN_AFTER_KEY, "never")
+    let value = repo.store().meta().read()?.config(COARSEN_AFTER_KEY)?;
+    value.map_or(Ok(None), |v| parse_coarsen_after(&v))
 }
 
 /// Validates a `retention.coarsen_after` value: `never`, or a count of at least 1.
 pub fn parse_coarsen_after(v: &str) -> Result<Option<u64>> {
-    history::parse_count(COARSEN_AFTER_KEY, "never", v)
+    let expected = "never, or a whole number of commits (at least 1)";
+    history::parse_count(COARSEN_AFTER_KEY, "never", expected, v)
 }
 
 /// Applies the rule (`keep`: commits within this many steps of a tip stay as committed;
@@ -137,8 +139,14 @@ fn plan(
         let mut paired = HashSet::new();
         if old.contains(&id) {
             for p in &m.pairs {
+                // Adam's units: the settings the commit recorded say so (`reencode` checks the
+                // record itself).
                 if let Some(e) = tensors.get(p.exp_avg as usize) {
-                    if e.exactness.is_lossy() {
+                    let scaled = e
+                        .exactness
+                        .lossy()
+                        .is_some_and(|l| l.settings.split_whitespace().any(|w| w == "mode=scaled"));
+                    if scaled {
                         paired.insert(e.id);
                     }
                 }
@@ -156,15 +164,9 @@ fn plan(
         let Some(entry) = meta.object(id)? else {
             continue;
         };
-        if entry.codec != CodecTag::QuantResidual as u8 {
-            continue;
-        }
-        let bytes = repo.store().read_record(id, &entry)?;
-        let (header, payload, _) =
-            record::decode(&bytes).map_err(|source| Error::Corrupt { id: *id, source })?;
-        let scaled =
-            residual::mode_and_step(payload).is_ok_and(|(mode, _)| mode == residual::Mode::Scaled);
-        if scaled && header.coarsened.is_none() {
+        if entry.codec == CodecTag::QuantResidual as u8
+            && coarsening(repo.store(), id, &entry)?.is_none()
+        {
             set.insert(*id, entry);
         }
     }
@@ -318,39 +320,47 @@ pub fn combined_errors(max_abs: f64, rel: f64, c: &Coarsened) -> (f64, f64) {
     (max_abs + c.max_abs_error, rel + c.rel_error * (1.0 + rel))
 }
 
-/// Whether `id` is stored as a coarsened record (its record decodes to other content).
-pub(crate) fn is_coarsened(repo: &Repository, id: &ObjectId) -> Result<bool> {
-    let Some(entry) = repo.store().meta().read()?.object(id)? else {
-        return Ok(false);
-    };
-    Ok(entry.codec == CodecTag::QuantResidual as u8
-        && repo.store().record_header(id, &entry)?.coarsened.is_some())
+/// What a coarsened record of `id` (stored as `entry`) says of itself; `None` for any other
+/// record. Only quant-residual records are coarsened, so others are not opened.
+pub(crate) fn coarsening(
+    store: &mdl_store::Store,
+    id: &ObjectId,
+    entry: &IndexEntry,
+) -> Result<Option<Coarsened>> {
+    if entry.codec != CodecTag::QuantResidual as u8 {
+        return Ok(None);
+    }
+    Ok(store.record_header(id, entry)?.coarsened)
 }
 
 /// Gives a coarsened object its committed content back, because a new commit names it with
 /// exactly that content (`data`, which hashes to `id`): what decodes through the coarse
 /// record is made self-contained first (keeping its own content), then `id` gets a lossless
-/// record, in one index transaction. The caller holds the repository's writer.
-pub(crate) fn restore(repo: &Repository, id: &ObjectId, data: &[u8]) -> Result<()> {
+/// record, in one index transaction. `entry` is its index entry now, `header` its tensor
+/// header; the caller holds the repository's writer.
+pub(crate) fn restore(
+    repo: &Repository,
+    id: &ObjectId,
+    entry: IndexEntry,
+    header: &TensorHeader,
+    data: &[u8],
+) -> Result<()> {
     let store = repo.store();
-    let Some(entry) = store.meta().read()?.object(id)? else {
-        return Ok(());
-    };
-    let header = TensorHeader::from_canonical(&store.record_header(id, &entry)?.prefix)
-        .map_err(|source| Error::Corrupt { id: *id, source })?;
     let batch = store.batch();
     let mut rewrites = Vec::new();
-    for d in store.meta().read()?.dependents(id)? {
-        if let Some(e) = store.meta().read()?.object(&d)? {
+    let meta = store.meta().read()?;
+    for d in meta.dependents(id)? {
+        if let Some(e) = meta.object(&d)? {
             rewrites.push(crate::rewrite::encode_whole(store, &batch, &d, &e)?);
         }
     }
+    drop(meta);
     let placement = Placement {
         generation: entry.generation + 1,
         base: None,
         depth: 0,
     };
-    let put = batch.put_tensor_at(id, &header, data, &Default::default(), placement)?;
+    let put = batch.put_tensor_at(id, header, data, &Default::default(), placement)?;
     rewrites.push(Rewrite {
         id: *id,
         old: entry,

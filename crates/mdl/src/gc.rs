@@ -109,12 +109,14 @@ pub struct GcOutcome {
 
 /// The retention rule of the repository, if one is set.
 pub fn keep_last(repo: &Repository) -> Result<Option<u64>> {
-    crate::history::configured_count(repo, KEEP_LAST_KEY, "all")
+    let value = repo.store().meta().read()?.config(KEEP_LAST_KEY)?;
+    value.map_or(Ok(None), |v| parse_keep_last(&v))
 }
 
 /// Validates a `retention.keep_last` value: `all` (no thinning) or a count of at least 1.
 pub fn parse_keep_last(v: &str) -> Result<Option<u64>> {
-    crate::history::parse_count(KEEP_LAST_KEY, "all", v)
+    let expected = "all, or a whole number of commits (at least 1)";
+    crate::history::parse_count(KEEP_LAST_KEY, "all", expected, v)
 }
 
 /// Parses `0s`, `90m`, `1h`, `30d`, `2w` (a whole number and a unit).

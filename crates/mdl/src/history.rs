@@ -86,8 +86,14 @@ pub(crate) fn behind_tips(
     Ok(old.difference(&full).copied().collect())
 }
 
-/// A retention rule's value: `off` (the rule does nothing) or a count of at least 1.
-pub(crate) fn parse_count(key: &str, off: &'static str, v: &str) -> crate::Result<Option<u64>> {
+/// A retention rule's value: `off` (the rule does nothing) or a count of at least 1;
+/// `expected` says so in the error.
+pub(crate) fn parse_count(
+    key: &str,
+    off: &str,
+    expected: &'static str,
+    v: &str,
+) -> crate::Result<Option<u64>> {
     if v == off {
         return Ok(None);
     }
@@ -98,22 +104,6 @@ pub(crate) fn parse_count(key: &str, off: &'static str, v: &str) -> crate::Resul
         .ok_or_else(|| crate::Error::InvalidConfig {
             key: key.into(),
             value: v.into(),
-            expected: if off == "all" {
-                "all, or a whole number of commits (at least 1)"
-            } else {
-                "never, or a whole number of commits (at least 1)"
-            },
+            expected,
         })
-}
-
-/// A retention rule as the repository's configuration sets it (`None`: off or unset).
-pub(crate) fn configured_count(
-    repo: &Repository,
-    key: &str,
-    off: &'static str,
-) -> crate::Result<Option<u64>> {
-    match repo.store().meta().read()?.config(key)? {
-        None => Ok(None),
-        Some(v) => parse_count(key, off, &v),
-    }
 }

@@ -193,9 +193,7 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
         let (codec, raw_bytes, stored_bytes, base, depth, expired) = match meta.object(&e.id)? {
             Some(entry) => (
                 {
-                    if entry.codec == CodecTag::QuantResidual as u8 {
-                        coarsened = repo.store().record_header(&e.id, &entry)?.coarsened;
-                    }
+                    coarsened = crate::coarsen::coarsening(repo.store(), &e.id, &entry)?;
 
                     CodecTag::try_from(entry.codec)
                         .map(|c| c.name().to_string())

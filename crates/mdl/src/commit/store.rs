@@ -114,11 +114,17 @@ impl StoreCtx<'_> {
         let id = hasher.finalize();
         let store = self.repo.store();
         let fresh = self.claimed.lock().unwrap().insert(id);
-        if fresh && crate::coarsen::is_coarsened(self.repo, &id)? {
-            // Retention coarsened this object; this commit names its committed content.
-            crate::coarsen::restore(self.repo, &id, &data)?;
+        let existing = match fresh {
+            true => store.meta().read()?.object(&id)?,
+            false => None,
+        };
+        if let Some(entry) = existing {
+            if crate::coarsen::coarsening(store, &id, &entry)?.is_some() {
+                // Retention coarsened this object; this commit names its committed content.
+                crate::coarsen::restore(self.repo, &id, entry, &info.header, &data)?;
+            }
         }
-        let result = if !fresh || store.meta().read()?.object(&id)?.is_some() {
+        let result = if !fresh || existing.is_some() {
             Stored {
                 id,
                 added: None,
