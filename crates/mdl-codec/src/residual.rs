@@ -66,6 +66,25 @@ impl ResidualStats {
             + 136.0
     }
 
+    /// Statistics measured on a sample, scaled by `factor` to stand for the whole tensor (the
+    /// largest error stays the sample's).
+    pub fn scaled(mut self, factor: f64) -> ResidualStats {
+        let scale = |c: &mut u64| *c = (*c as f64 * factor).round() as u64;
+        self.codes.0.iter_mut().for_each(scale);
+        self.high.0.iter_mut().for_each(scale);
+        scale(&mut self.exact);
+        let e = &mut self.err;
+        for x in [
+            &mut e.sum_sq,
+            &mut e.sum_sq_err,
+            &mut e.sum_m_delta,
+            &mut e.sum_v_delta2,
+        ] {
+            *x *= factor;
+        }
+        self
+    }
+
     fn merge(mut self, o: ResidualStats) -> ResidualStats {
         self.codes.add(&o.codes);
         self.high.add(&o.high);
@@ -137,6 +156,8 @@ struct Quantizer {
     mode: Mode,
     /// `step` (Linear, Scaled) or `2^step` (Log): the value the payload stores.
     param: f64,
+    /// `1 / param`: a code is chosen by multiplying with it (the decoder never divides).
+    inverse: f64,
     /// Log: `2^(q·step)` for `q` = −[`MAX_MOMENT_STEPS`] … [`MAX_MOMENT_STEPS`].
     factors: Vec<f64>,
 }
@@ -159,6 +180,7 @@ impl Quantizer {
         Some(Quantizer {
             mode,
             param,
+            inverse: 1.0 / param,
             factors,
         })
     }
@@ -172,13 +194,13 @@ impl Quantizer {
     }
 
     /// One element's code and reconstruction (`None`: kept exactly).
-    #[inline]
+    #[inline(always)]
     fn code(&self, dtype: Dtype, x: f64, r: f64) -> Option<(u16, f64)> {
         if !x.is_finite() || !r.is_finite() {
             return None;
         }
         let q = match self.mode {
-            Mode::Linear => ((x - r) / self.param).round(),
+            Mode::Linear => round((x - r) * self.inverse),
             Mode::Log => {
                 if x == 0.0 {
                     return Some((ZERO, 0.0));
@@ -186,7 +208,7 @@ impl Quantizer {
                 if x < 0.0 || r <= 0.0 {
                     return None;
                 }
-                ((x / r).log2() / self.param.log2()).round()
+                round((x / r).log2() / self.param.log2())
             }
             Mode::Scaled => {
                 if r < 0.0 {
@@ -199,7 +221,7 @@ impl Quantizer {
                 if r == 0.0 {
                     return None;
                 }
-                (x / (self.param * r.sqrt())).round()
+                round(x / (self.param * r.sqrt()))
             }
         };
         let max = match self.mode {
@@ -215,19 +237,40 @@ impl Quantizer {
     }
 
     /// The decoder's value for reference `r` and a code other than [`EXACT`].
-    #[inline]
+    #[inline(always)]
     fn rebuild(&self, dtype: Dtype, r: f64, c: u16) -> f64 {
+        scalar::rounded(dtype, self.value(r, c))
+    }
+
+    /// [`Quantizer::rebuild`] before it is rounded to the dtype.
+    #[inline(always)]
+    fn value(&self, r: f64, c: u16) -> f64 {
         if c == ZERO {
             return 0.0;
         }
         let q = unzigzag(c);
-        let y = match self.mode {
+        match self.mode {
             Mode::Linear => r + q as f64 * self.param,
             Mode::Log => r * self.factors[(q + MAX_MOMENT_STEPS) as usize],
             Mode::Scaled => q as f64 * self.param * r.sqrt(),
-        };
-        scalar::rounded(dtype, y)
+        }
     }
+}
+
+/// `t` rounded half away from zero, as `f64::round` does, without its library call on the
+/// baseline x86-64 target (this is the search's innermost operation).
+#[inline(always)]
+fn round(t: f64) -> f64 {
+    let a = t.abs();
+    // Beyond 2^52 (and for NaN) every value is already whole.
+    if a.is_nan() || a >= 4_503_599_627_370_496.0 {
+        return t.round();
+    }
+    let whole = a as u64 as f64;
+    // Exact: `a − whole` is the fraction, representable below 2^52. Without a branch: which
+    // way a residual rounds is a coin toss the predictor cannot learn.
+    let up = f64::from(u8::from(a - whole >= 0.5));
+    (whole + up).copysign(t)
 }
 
 #[inline]
@@ -278,49 +321,89 @@ pub fn measure(
     mode: Mode,
     step: f64,
 ) -> ResidualStats {
-    let Some(quant) = Quantizer::with_step(mode, step) else {
-        return ResidualStats::default();
-    };
+    let mut all = measure_steps(dtype, values, reference, moments, mode, &[step], 1);
+    all.pop().unwrap_or_default()
+}
+
+/// Elements [`measure_steps`] reads at a time, before trying every step on them.
+pub const BLOCK: usize = 1024;
+
+/// [`measure`] at each of `steps` (an invalid step gets empty statistics), in one pass over the
+/// tensor: each block of [`BLOCK`] elements is read once and then coded at every step. With
+/// `every` above 1, only every `every`-th block is measured (a sample: scale it with
+/// [`ResidualStats::scaled`]).
+pub fn measure_steps(
+    dtype: Dtype,
+    values: &[u8],
+    reference: Option<&[u8]>,
+    moments: Option<Moments<'_>>,
+    mode: Mode,
+    steps: &[f64],
+    every: usize,
+) -> Vec<ResidualStats> {
+    let every = every.max(1);
+    let quants: Vec<Option<Quantizer>> = steps
+        .iter()
+        .map(|&s| Quantizer::with_step(mode, s))
+        .collect();
     let n = values.len() / dtype.size();
+    let empty = || vec![ResidualStats::default(); steps.len()];
     (0..n.div_ceil(CHUNK))
         .into_par_iter()
         .map(|c| {
-            let mut s = ResidualStats::default();
-            let mut codes: Vec<u16> = Vec::with_capacity(CHUNK);
-            for i in c * CHUNK..((c + 1) * CHUNK).min(n) {
-                let x = scalar::value(dtype, values, i);
-                let r = reference_value(dtype, reference, i);
-                let e = &mut s.err;
-                if x.is_finite() {
-                    e.sum_sq += x * x;
-                }
-                match quant.code(dtype, x, r) {
-                    Some((code, y)) => {
-                        codes.push(code);
-                        let d = y - x;
-                        e.sum_sq_err += d * d;
-                        e.max_abs = e.max_abs.max(d.abs());
-                        if let Some(mv) = &moments {
-                            e.sum_m_delta += scalar::value(mv.m.dtype, mv.m.bytes, i) * d;
-                            e.sum_v_delta2 += scalar::value(mv.v.dtype, mv.v.bytes, i) * d * d;
-                        }
+            let mut stats = empty();
+            let mut x = [0f64; BLOCK];
+            let mut r = [0f64; BLOCK];
+            let mut m = [0f64; BLOCK];
+            let mut v = [0f64; BLOCK];
+            let end = ((c + 1) * CHUNK).min(n);
+            for start in (c * CHUNK..end).step_by(BLOCK * every) {
+                let len = BLOCK.min(end - start);
+                for k in 0..len {
+                    x[k] = scalar::value(dtype, values, start + k);
+                    r[k] = reference_value(dtype, reference, start + k);
+                    if let Some(mv) = &moments {
+                        m[k] = scalar::value(mv.m.dtype, mv.m.bytes, start + k);
+                        v[k] = scalar::value(mv.v.dtype, mv.v.bytes, start + k);
                     }
-                    None => {
-                        codes.push(EXACT);
-                        s.exact += 1;
+                }
+                let sum_sq: f64 = x[..len]
+                    .iter()
+                    .filter(|x| x.is_finite())
+                    .map(|x| x * x)
+                    .sum();
+                for (s, quant) in stats.iter_mut().zip(&quants) {
+                    let Some(quant) = quant else { continue };
+                    let e = &mut s.err;
+                    e.sum_sq += sum_sq;
+                    for k in 0..len {
+                        match quant.code(dtype, x[k], r[k]) {
+                            Some((code, y)) => {
+                                s.codes.0[code as u8 as usize] += 1;
+                                let high = if code >= ZERO { 0 } else { code >> 8 };
+                                s.high.0[high as usize] += 1;
+                                let d = y - x[k];
+                                e.sum_sq_err += d * d;
+                                e.max_abs = e.max_abs.max(d.abs());
+                                if moments.is_some() {
+                                    e.sum_m_delta += m[k] * d;
+                                    e.sum_v_delta2 += v[k] * d * d;
+                                }
+                            }
+                            None => {
+                                s.codes.0[EXACT as u8 as usize] += 1;
+                                s.high.0[0] += 1;
+                                s.exact += 1;
+                            }
+                        }
                     }
                 }
             }
-            let low: Vec<u8> = codes.iter().map(|&c| c as u8).collect();
-            let high: Vec<u8> = codes
-                .iter()
-                .map(|&c| if c >= ZERO { 0 } else { (c >> 8) as u8 })
-                .collect();
-            s.codes = Histogram::of(&low);
-            s.high = Histogram::of(&high);
-            s
+            stats
         })
-        .reduce(ResidualStats::default, ResidualStats::merge)
+        .reduce(empty, |a, b| {
+            a.into_iter().zip(b).map(|(a, b)| a.merge(b)).collect()
+        })
 }
 
 /// Quantizes `values` against `reference` (`None`: zeros, a `quant-uniform` payload, linear
@@ -346,7 +429,6 @@ pub fn encode(
         .zip(render.par_chunks_mut(CHUNK * size))
         .enumerate()
         .for_each(|(c, (codes, out))| {
-            let mut y_bytes = Vec::with_capacity(size);
             for (k, code) in codes.iter_mut().enumerate() {
                 let i = c * CHUNK + k;
                 let x = scalar::value(dtype, values, i);
@@ -355,9 +437,7 @@ pub fn encode(
                 match quant.code(dtype, x, r) {
                     Some((q, y)) => {
                         *code = q;
-                        y_bytes.clear();
-                        scalar::push_rounded(dtype, y, &mut y_bytes);
-                        o.copy_from_slice(&y_bytes);
+                        scalar::put_rounded(dtype, y, o);
                     }
                     None => {
                         *code = EXACT;
@@ -464,20 +544,31 @@ pub fn decode(
     if codes.iter().filter(|&&c| c == EXACT).count() as u64 != count {
         return Err(bad("exact codes and exact values disagree"));
     }
-    let mut k = 0;
-    let mut y_bytes = Vec::with_capacity(size);
-    for (i, &c) in codes.iter().enumerate() {
-        let o = &mut out[i * size..(i + 1) * size];
-        if c == EXACT {
-            o.copy_from_slice(&exact[k * size..(k + 1) * size]);
-            k += 1;
-            continue;
-        }
-        let r = reference_value(dtype, reference, i);
-        y_bytes.clear();
-        scalar::push_rounded(dtype, quant.rebuild(dtype, r, c), &mut y_bytes);
-        o.copy_from_slice(&y_bytes);
-    }
+    // Each chunk's first exact value: the exact values are stored in element order.
+    let firsts: Vec<usize> = codes
+        .chunks(CHUNK)
+        .scan(0, |k, chunk| {
+            let first = *k;
+            *k += chunk.iter().filter(|&&c| c == EXACT).count();
+            Some(first)
+        })
+        .collect();
+    out.par_chunks_mut(CHUNK * size)
+        .zip(codes.par_chunks(CHUNK))
+        .zip(firsts)
+        .enumerate()
+        .for_each(|(chunk, ((out, codes), mut k))| {
+            for (j, &c) in codes.iter().enumerate() {
+                let o = &mut out[j * size..(j + 1) * size];
+                if c == EXACT {
+                    o.copy_from_slice(&exact[k * size..(k + 1) * size]);
+                    k += 1;
+                    continue;
+                }
+                let r = reference_value(dtype, reference, chunk * CHUNK + j);
+                scalar::put_rounded(dtype, quant.value(r, c), o);
+            }
+        });
     Ok(())
 }
 
@@ -587,6 +678,118 @@ mod tests {
                 assert!(m.bits(dtype) > 0.0);
             }
         }
+    }
+
+    /// One pass over several steps gives, at each, the statistics of what `encode` produces at
+    /// that step: the error sums with the moments' weights, and the exactly kept elements.
+    #[test]
+    fn one_pass_over_many_steps_measures_each_encoding() {
+        let mut rng = Rng(9);
+        let n = 150_000;
+        let mut base: Vec<f64> = (0..n).map(|_| normal(&mut rng) * 0.05).collect();
+        let mut cur: Vec<f64> = base.iter().map(|b| b + normal(&mut rng) * 1e-3).collect();
+        let m: Vec<f64> = (0..n).map(|_| normal(&mut rng) * 1e-3).collect();
+        let v: Vec<f64> = (0..n).map(|_| normal(&mut rng).powi(2) * 1e-6).collect();
+        cur[7] = f64::NAN;
+        base[70_000] = f64::INFINITY;
+        let (vb, rb) = (enc(Dtype::F32, &cur), enc(Dtype::F32, &base));
+        let (mb, wb) = (enc(Dtype::F32, &m), enc(Dtype::F32, &v));
+        let view = |bytes| crate::engine::FloatView {
+            dtype: Dtype::F32,
+            bytes,
+        };
+        let moments = Moments {
+            m: view(&mb),
+            v: view(&wb),
+        };
+        let steps = [0.0, 1e-2, 1e-3, 1e-4, 1e-5];
+        let all = measure_steps(
+            Dtype::F32,
+            &vb,
+            Some(&rb),
+            Some(moments),
+            Mode::Linear,
+            &steps,
+            1,
+        );
+        assert_eq!(
+            all[0],
+            ResidualStats::default(),
+            "an invalid step measures nothing"
+        );
+        for (st, &step) in all.iter().zip(&steps).skip(1) {
+            let (_, render) = encode(Dtype::F32, &vb, Some(&rb), Mode::Linear, step);
+            let (mut sq, mut md, mut vd) = (0.0, 0.0, 0.0);
+            for i in 0..n {
+                let (x, y) = (
+                    scalar::value(Dtype::F32, &vb, i),
+                    scalar::value(Dtype::F32, &render, i),
+                );
+                if x.is_finite() && i != 70_000 {
+                    let d = y - x;
+                    sq += d * d;
+                    md += scalar::value(Dtype::F32, &mb, i) * d;
+                    vd += scalar::value(Dtype::F32, &wb, i) * d * d;
+                }
+            }
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1e-300);
+            assert_eq!(st.exact, 2, "step {step}");
+            assert_eq!(st.codes.total(), n as u64);
+            assert!(
+                close(st.err.sum_sq_err, sq),
+                "{step}: {} vs {sq}",
+                st.err.sum_sq_err
+            );
+            assert!(
+                close(st.err.sum_m_delta, md),
+                "{step}: {} vs {md}",
+                st.err.sum_m_delta
+            );
+            assert!(close(st.err.sum_v_delta2, vd), "{step}");
+        }
+        // A sample of every eighth block, scaled, stands for the whole within a few per cent.
+        let sampled = measure_steps(
+            Dtype::F32,
+            &vb,
+            Some(&rb),
+            Some(moments),
+            Mode::Linear,
+            &steps,
+            8,
+        );
+        for ((st, full), step) in sampled.into_iter().zip(&all).zip(steps).skip(1) {
+            let total = st.codes.total() as f64;
+            assert!(total < n as f64 / 7.0, "a sample, not the whole");
+            let st = st.scaled(n as f64 / total);
+            let near = |a: f64, b: f64| (a / b - 1.0).abs() < 0.05;
+            // The sample holds the NaN, which scaled up stands for 16 exact elements, not one.
+            let (a, b) = (st.bits(Dtype::F32), full.bits(Dtype::F32));
+            assert!((a - b).abs() < 0.05 * b + 16.0 * 32.0, "{step}: {a} vs {b}");
+            assert!(near(st.err.sum_sq_err, full.err.sum_sq_err));
+            assert!(near(st.err.sum_v_delta2, full.err.sum_v_delta2));
+        }
+    }
+
+    #[test]
+    fn rounding_is_half_away_from_zero() {
+        for t in [
+            0.0,
+            -0.0,
+            0.5,
+            1.5,
+            2.5,
+            -0.5,
+            -2.5,
+            0.49999999999999994,
+            -0.49999999999999994,
+            2.5000000000000004,
+            4503599627370495.5,
+            1e300,
+            f64::INFINITY,
+        ] {
+            assert_eq!(round(t).to_bits(), t.round().to_bits(), "{t}");
+        }
+        assert!(round(f64::NAN).is_nan());
     }
 
     /// The error shrinks with the step and stays below the movement; a finer step costs more.

@@ -118,6 +118,17 @@ pub fn push_rounded(dtype: Dtype, x: f64, out: &mut Vec<u8>) {
     }
 }
 
+/// `x` rounded to `dtype`, written into `out` (exactly one element's bytes).
+#[inline]
+pub fn put_rounded(dtype: Dtype, x: f64, out: &mut [u8]) {
+    match dtype {
+        Dtype::F32 => out.copy_from_slice(&(x as f32).to_le_bytes()),
+        Dtype::BF16 => out.copy_from_slice(&f32_to_bf16(x as f32).to_le_bytes()),
+        Dtype::F16 => out.copy_from_slice(&f32_to_f16(x as f32).to_le_bytes()),
+        _ => unreachable!("lossy dtypes only"),
+    }
+}
+
 /// `x` rounded to `dtype`, as a value.
 pub fn rounded(dtype: Dtype, x: f64) -> f64 {
     match dtype {

@@ -23,13 +23,14 @@
 use std::collections::{HashMap, HashSet};
 
 use mdl_codec::engine::FloatView;
-use mdl_codec::{residual, scalar, CodecTag};
+use mdl_codec::{residual, CodecTag};
 use mdl_format::record::{self, Coarsened};
 use mdl_format::{ObjectId, TensorHasher, TensorHeader};
 use mdl_store::meta::MetaRead;
 use mdl_store::{IndexEntry, Placement};
 use serde::{Deserialize, Serialize};
 
+use crate::lossy::sparse::{self, Sparsify};
 use crate::rewrite::{publish_all, Rewrite};
 use crate::{history, Error, Progress, Repository, Result};
 
@@ -234,7 +235,14 @@ fn reencode(
         )));
     }
     // Same step, so every kept element keeps its code exactly; the pruned ones code as zero.
-    let pruned = prune_small(tensor.dtype, &current);
+    let threshold = sparse::small_threshold(tensor.dtype, &current, KEEP_ABOVE_MEAN);
+    let pruned = sparse::apply(
+        tensor.dtype,
+        &current,
+        None,
+        None,
+        Sparsify::Small { threshold },
+    );
     let (new_payload, content) =
         residual::encode(tensor.dtype, &pruned, Some(&reference), mode, step);
     // What a reader will get: decoded again, not taken from the encoder's word.
@@ -281,25 +289,6 @@ fn reencode(
         &[&new_payload],
     )?;
     Ok((put.entry, decoded))
-}
-
-/// `values` with every element whose magnitude is at most [`KEEP_ABOVE_MEAN`] times the mean
-/// magnitude set to +0 (non-finite elements are kept, and left out of the mean).
-fn prune_small(dtype: mdl_format::Dtype, values: &[u8]) -> Vec<u8> {
-    let size = dtype.size();
-    let n = values.len() / size;
-    let (sum, count) = (0..n)
-        .map(|i| scalar::value(dtype, values, i).abs())
-        .filter(|a| a.is_finite())
-        .fold((0.0f64, 0u64), |(s, c), a| (s + a, c + 1));
-    let threshold = KEEP_ABOVE_MEAN * sum / count.max(1) as f64;
-    let mut out = values.to_vec();
-    for i in 0..n {
-        if scalar::value(dtype, values, i).abs() <= threshold {
-            out[i * size..(i + 1) * size].fill(0);
-        }
-    }
-    out
 }
 
 /// An error measure as a record may hold it (the elements kept exactly are the non-finite

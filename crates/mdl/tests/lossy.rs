@@ -576,3 +576,62 @@ fn coarsening_older_moments_keeps_every_id_and_the_tip() {
     let report = mdl::fsck::fsck(&repo, false).unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
+
+/// `quant.exp_avg_drop` / `quant.exp_avg_sq_hold`: small first moments come back as zero, the
+/// second moments beside them within the hold of their committed values, the rest within
+/// their steps, and every recorded error is the measured one.
+#[test]
+fn dropped_moments_record_their_error_and_hold_v_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init_repo(&dir.path().join("repo"));
+    mdl::config::set_config(&repo, "quant.exp_avg_drop", "2").unwrap();
+    mdl::config::set_config(&repo, "quant.exp_avg_sq_hold", "1").unwrap();
+    assert!(mdl::config::set_config(&repo, "quant.exp_avg_drop", "-1").is_err());
+    assert!(mdl::config::set_config(&repo, "quant.exp_avg_sq_hold", "x").is_err());
+    let mut model = Model::new();
+    let (mut dropped, mut held) = (0usize, 0usize);
+    for k in 0..2 {
+        model.steps(3);
+        let file = dir.path().join(format!("c{k}.safetensors"));
+        model.write(&file);
+        let c = commit(&repo, &file, &lossy_opts(model.step, None), &NoProgress).unwrap();
+        let out = dir.path().join(format!("c{k}.out"));
+        check_checkout(&repo, &c.id.to_string(), &file, &out);
+        if k == 0 {
+            continue; // No previous version: the moments' quantizer, nothing dropped.
+        }
+        let (orig, got) = (tensors(&file), tensors(&out));
+        for (name, (dtype, _, m)) in &orig {
+            let Some(base) = name.strip_suffix(".exp_avg") else {
+                continue;
+            };
+            let v = &orig[&format!("{base}.exp_avg_sq")].2;
+            let (m_got, v_got) = (&got[name].2, &got[&format!("{base}.exp_avg_sq")].2);
+            if m_got == m {
+                continue; // Too small to be lossy.
+            }
+            let value = |b: &[u8], i: usize| scalar::value(*dtype, b, i);
+            let n = m.len() / dtype.size();
+            let mean = (0..n).map(|i| value(m, i).abs()).sum::<f64>() / n as f64;
+            for i in 0..n {
+                let octaves = (value(v_got, i) / value(v, i)).log2().abs();
+                if value(m, i).abs() <= 2.0 * mean {
+                    assert_eq!(value(m_got, i), 0.0, "{name}[{i}] kept");
+                    dropped += 1;
+                    assert!(
+                        octaves <= 1.0 + 1e-6,
+                        "{name}[{i}]: v off by {octaves} octaves"
+                    );
+                    held += usize::from(octaves > 0.25 + 1e-6);
+                } else {
+                    assert!(
+                        octaves <= 0.25 + 1e-6,
+                        "{name}[{i}]: v off by {octaves} octaves"
+                    );
+                }
+            }
+        }
+    }
+    assert!(dropped > 1000, "only {dropped} first moments dropped");
+    assert!(held > 0, "no second moment was held beyond its step");
+}

@@ -29,6 +29,7 @@ pub(super) fn evaluate_candidate(
             engine,
             input.view(i),
             input.moments(plan.moments),
+            plan.first_moment().map(|m| input.view(m)),
             plan,
             correction,
         );

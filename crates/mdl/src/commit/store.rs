@@ -64,7 +64,8 @@ impl StoreCtx<'_> {
                     .chain(moments.iter().flat_map(|mv| [mv.m.bytes, mv.v.bytes]))
                     .map(|b| self.engine.keep(b))
                     .collect();
-                lossy::quantize(self.engine, w, moments, plan, self.correction)
+                let first = plan.first_moment().map(|m| self.input.view(m));
+                lossy::quantize(self.engine, w, moments, first, plan, self.correction)
             };
             // A reconstruction equal to the original (an all-zero moment) is stored as the
             // exact tensor it is: the lossless codecs take such content for next to nothing.

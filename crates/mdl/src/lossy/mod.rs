@@ -33,6 +33,7 @@ mod order;
 mod pairing;
 mod search;
 mod settings;
+pub(crate) mod sparse;
 
 pub use pairing::Pairing;
 pub(crate) use pairing::{roles, Role};
@@ -41,6 +42,7 @@ pub(crate) use search::{
     plan, quantize, run_eval, Encoded, Evaluate, PlanInput, Reference, TensorPlan,
 };
 pub use settings::*;
+pub(crate) use sparse::Sparsify;
 
 #[cfg(test)]
 mod tests {

@@ -11,6 +11,8 @@ pub(crate) struct TensorPlan {
     pub table: Option<Arc<Vec<f64>>>,
     /// Its moments' tensor indices (sensitivity and the loss estimate).
     pub moments: Option<(usize, usize)>,
+    /// The tensor's mean second moment, as the search measured it (the loss estimate).
+    pub mean_v: f64,
     /// What the manifest says the tensor is.
     pub role: &'static str,
     /// Instead of `config` and `table`: the tensor as a quantized residual from a reference.
@@ -33,6 +35,18 @@ pub(crate) struct Residual {
     pub reference: Option<Arc<Reference>>,
     pub mode: residual::Mode,
     pub step: f64,
+    /// What the encoder drops first (moments only).
+    pub sparsify: Option<Sparsify>,
+}
+
+impl TensorPlan {
+    /// The first moment a held second moment is gated by (see [`Sparsify::Hold`]).
+    pub fn first_moment(&self) -> Option<usize> {
+        match self.residual.as_ref()?.sparsify? {
+            Sparsify::Hold { first, .. } => Some(first),
+            Sparsify::Small { .. } => None,
+        }
+    }
 }
 
 /// `exp_avg_sq` against its previous version: the step in octaves (every element within
@@ -43,6 +57,12 @@ const SECOND_MOMENT_LOG_STEP: f64 = 0.5;
 const FIRST_MOMENT_SCALED_STEP: f64 = 0.5;
 /// A moment is a residual only when at most this share of its elements would be kept exactly.
 const MOMENT_EXACT_LIMIT: f64 = 0.01;
+
+/// Residual steps are first measured on every this-many-th block of elements
+/// ([`PlanInput::refine`] measures the chosen ones again on all of them).
+const SAMPLE_EVERY: usize = 8;
+/// Tensors smaller than this many sampled blocks are measured whole.
+const SAMPLED_BLOCKS: usize = 4;
 
 /// Loads the reference of tensor `i` for residual coding, when it has one.
 pub(crate) type LoadReference<'a> = dyn Fn(usize) -> Result<Option<Reference>> + Sync + 'a;
@@ -108,14 +128,17 @@ struct Candidate {
     estimate: Estimate,
     table: Option<Arc<Vec<f64>>>,
     residual: Option<Residual>,
+    /// Estimated from a sample of the elements (see [`PlanInput::refine`]).
+    sampled: bool,
 }
 
 impl Candidate {
-    fn plan(&self, moments: Option<(usize, usize)>) -> TensorPlan {
+    fn plan(&self, moments: Option<(usize, usize)>, mean_v: f64) -> TensorPlan {
         TensorPlan {
             config: self.config,
             table: self.table.clone(),
             moments,
+            mean_v,
             role: "param",
             residual: self.residual.clone(),
         }
@@ -127,6 +150,8 @@ struct Scored {
     index: usize,
     family: Option<usize>,
     moments: Option<(usize, usize)>,
+    /// The tensor's mean second moment (the loss estimate's curvature).
+    mean_v: f64,
     lossless_bits: f64,
     cands: Vec<Candidate>,
 }
@@ -180,8 +205,9 @@ impl PlanInput<'_> {
         fit.estimate.as_delta(&pairs)
     }
 
-    /// Scores every parameter's candidates (the expensive part, done once per commit).
-    fn score(&self, summary: &mut SearchSummary) -> Result<Vec<Scored>> {
+    /// Scores every parameter's candidates (the expensive part, done once per commit); residual
+    /// steps are measured on every `every`-th block of large tensors (`1`: on every element).
+    fn score(&self, every: usize, summary: &mut SearchSummary) -> Result<Vec<Scored>> {
         let params: Vec<usize> = (0..self.roles.len())
             .filter(|&i| matches!(self.roles[i], Role::Param { .. }))
             .collect();
@@ -215,15 +241,23 @@ impl PlanInput<'_> {
                     moments.is_some(),
                     Domain::Linear,
                 );
+                // With a previous version to take residuals from, the code-table quantizer is
+                // not tried: on every series measured a residual was smaller at the same
+                // estimate (docs/BENCHMARKS.md), and its fits were a fifth of a commit's time.
+                let reference = (self.reference)(i)?.map(Arc::new);
+                let tables = match reference {
+                    Some(_) => &[][..],
+                    None => &configs[..],
+                };
                 // In a neighbourhood search the first candidate is the previous configuration:
                 // it is priced as a delta against the previous codes (what it will be stored
                 // as), and scored once more with the previous table.
-                let reuse = match previous {
-                    Some(_) => self.previous_table(i, &configs[0])?,
-                    None => None,
+                let reuse = match (previous, tables.is_empty()) {
+                    (Some(_), false) => self.previous_table(i, &configs[0])?,
+                    _ => None,
                 };
                 let corr = Some(self.correction);
-                let mut cands: Vec<Candidate> = configs
+                let mut cands: Vec<Candidate> = tables
                     .par_iter()
                     .enumerate()
                     .map(|(j, c)| {
@@ -239,16 +273,26 @@ impl PlanInput<'_> {
                             estimate,
                             table: None,
                             residual: None,
+                            sampled: false,
                         }
                     })
                     .collect();
                 let mean_v = prep.mean_v();
-                cands.extend(self.residual_candidates(i, configs[0], None, moments, mean_v));
-                if let Some(reference) = (self.reference)(i)? {
-                    let reference = Some(Arc::new(reference));
-                    cands.extend(
-                        self.residual_candidates(i, configs[0], reference, moments, mean_v),
-                    );
+                let steps = |reference: &Option<Arc<Reference>>| {
+                    let candidates = self.residual_steps(i, reference);
+                    self.residual_candidates(
+                        i,
+                        configs[0],
+                        reference.clone(),
+                        moments,
+                        mean_v,
+                        &candidates,
+                        every,
+                    )
+                };
+                cands.extend(steps(&None));
+                if reference.is_some() {
+                    cands.extend(steps(&reference));
                 }
                 if let Some((table, prev)) = reuse {
                     let reused = prep.fit_table(&configs[0], Some(&table), corr);
@@ -257,6 +301,7 @@ impl PlanInput<'_> {
                         estimate: self.delta_estimate(view, &prep, &reused, &prev),
                         table: Some(Arc::new(table)),
                         residual: None,
+                        sampled: false,
                     });
                 }
                 Ok((
@@ -264,6 +309,7 @@ impl PlanInput<'_> {
                         index: i,
                         family,
                         moments,
+                        mean_v,
                         lossless_bits: t.len as f64 * 8.0 * 0.85,
                         cands,
                     },
@@ -282,25 +328,14 @@ impl PlanInput<'_> {
         Ok(scored.into_iter().map(|(s, _)| s).collect())
     }
 
-    /// Tensor `i` as residuals from `reference` at steps around the RMS of its movement, or
-    /// without one (`quant-uniform`) at steps around its own RMS. `mean_v`: the tensor's mean
-    /// second moment, for the estimate.
-    fn residual_candidates(
-        &self,
-        i: usize,
-        config: QuantConfig,
-        reference: Option<Arc<Reference>>,
-        moments: Option<(usize, usize)>,
-        mean_v: f64,
-    ) -> Vec<Candidate> {
+    /// The steps tensor `i` is tried at: around the RMS of its movement from `reference`, or
+    /// without one (`quant-uniform`) around its own RMS.
+    fn residual_steps(&self, i: usize, reference: &Option<Arc<Reference>>) -> Vec<f64> {
         let view = self.input.view(i);
-        let moments = self.input.moments(moments);
-        let linear = residual::Mode::Linear;
         let content = reference.as_ref().map(|r| &r.content[..]);
-        let steps = if content.is_some() {
-            RESIDUAL_STEPS
-        } else {
-            UNIFORM_STEPS
+        let steps = match content {
+            Some(_) => RESIDUAL_STEPS,
+            None => UNIFORM_STEPS,
         };
         let n = (view.bytes.len() / view.dtype.size()).max(1) as f64;
         let rms = (residual::distance_sq(view.dtype, view.bytes, content) / n).sqrt();
@@ -308,11 +343,50 @@ impl PlanInput<'_> {
             return Vec::new();
         }
         steps
-            .par_iter()
+            .iter()
             .map(|&k| rms * 2f64.powf(k as f64 / 2.0))
-            .filter(|&step| residual::valid_step(linear, step))
-            .map(|step| {
-                let st = residual::measure(view.dtype, view.bytes, content, moments, linear, step);
+            .filter(|&step| residual::valid_step(residual::Mode::Linear, step))
+            .collect()
+    }
+
+    /// Tensor `i` as residuals from `reference` (`None`: `quant-uniform`) at `steps`, measured
+    /// on every `every`-th block when the tensor is large enough for a sample to speak for it.
+    /// `mean_v`: the tensor's mean second moment, for the estimate.
+    #[allow(clippy::too_many_arguments)]
+    fn residual_candidates(
+        &self,
+        i: usize,
+        config: QuantConfig,
+        reference: Option<Arc<Reference>>,
+        moments: Option<(usize, usize)>,
+        mean_v: f64,
+        steps: &[f64],
+        every: usize,
+    ) -> Vec<Candidate> {
+        let view = self.input.view(i);
+        let moments = self.input.moments(moments);
+        let linear = residual::Mode::Linear;
+        let content = reference.as_ref().map(|r| &r.content[..]);
+        let n = view.bytes.len() / view.dtype.size();
+        let every = if n >= SAMPLED_BLOCKS * residual::BLOCK * every {
+            every
+        } else {
+            1
+        };
+        let stats = residual::measure_steps(
+            view.dtype, view.bytes, content, moments, linear, steps, every,
+        );
+        steps
+            .iter()
+            .zip(stats)
+            .map(|(&step, st)| {
+                let st = match every {
+                    1 => st,
+                    _ => {
+                        let measured = st.codes.total().max(1) as f64;
+                        st.scaled(n as f64 / measured)
+                    }
+                };
                 let e = &st.err;
                 let delta_loss = moments.map(|_| {
                     self.correction
@@ -336,10 +410,58 @@ impl PlanInput<'_> {
                         reference: reference.clone(),
                         mode: linear,
                         step,
+                        sparsify: None,
                     }),
+                    sampled: every > 1,
                 }
             })
             .collect()
+    }
+
+    /// Replaces sampled estimates by exact ones where it matters: the budget is allocated on
+    /// the sampled estimates, then each tensor keeps, of each step list, only the candidates
+    /// around the size it was given (the pick and its neighbours), measured again on every
+    /// element. The final allocation then sees exact estimates only, so the recorded loss
+    /// change is what the budget was checked against.
+    fn refine(&self, scored: &mut [Scored]) {
+        let picks = self.picks(scored, 1.0, &mut SearchSummary::default());
+        scored.par_iter_mut().zip(picks).for_each(|(s, pick)| {
+            let size = pick.map_or(s.lossless_bits, |p| s.cands[p].estimate.bits);
+            let sampled = std::mem::take(&mut s.cands);
+            let (sampled, exact): (Vec<Candidate>, Vec<Candidate>) =
+                sampled.into_iter().partition(|c| c.sampled);
+            s.cands = exact;
+            // One list per reference (uniform, residual), each in step order.
+            for with_reference in [false, true] {
+                let list: Vec<&Candidate> = sampled
+                    .iter()
+                    .filter(|c| {
+                        c.residual.as_ref().is_some_and(|r| r.reference.is_some()) == with_reference
+                    })
+                    .collect();
+                let Some(nearest) = (0..list.len()).min_by(|&a, &b| {
+                    let gap = |j: usize| (list[j].estimate.bits - size).abs();
+                    gap(a).total_cmp(&gap(b))
+                }) else {
+                    continue;
+                };
+                let around = &list[nearest.saturating_sub(1)..(nearest + 2).min(list.len())];
+                let residual = around[0].residual.as_ref().expect("a residual candidate");
+                let steps: Vec<f64> = around
+                    .iter()
+                    .filter_map(|c| c.residual.as_ref().map(|r| r.step))
+                    .collect();
+                s.cands.extend(self.residual_candidates(
+                    s.index,
+                    around[0].config,
+                    residual.reference.clone(),
+                    s.moments,
+                    s.mean_v,
+                    &steps,
+                    1,
+                ));
+            }
+        });
     }
 
     /// The plans of the moments (fixed configurations): each keeps its previous version's
@@ -359,8 +481,8 @@ impl PlanInput<'_> {
                 config.map(|c| (i, c, role))
             })
             .collect();
-        // Each first moment's second moment, from the parameters' pairings.
-        let second_of: HashMap<usize, usize> = self
+        // Each first moment's second moment and back, from the parameters' pairings.
+        let pairs: Vec<(usize, usize)> = self
             .roles
             .iter()
             .filter_map(|r| match r {
@@ -371,6 +493,35 @@ impl PlanInput<'_> {
                 _ => None,
             })
             .collect();
+        let second_of: HashMap<usize, usize> = pairs.iter().copied().collect();
+        let first_of: HashMap<usize, usize> = pairs.iter().map(|&(m, v)| (v, m)).collect();
+        // Below these magnitudes a first moment is dropped (`quant.exp_avg_drop`).
+        let drop = self.settings.exp_avg_drop;
+        let thresholds: HashMap<usize, f64> = match drop > 0.0 {
+            true => pairs
+                .par_iter()
+                .map(|&(m, _)| {
+                    let view = self.input.view(m);
+                    (m, sparse::small_threshold(view.dtype, view.bytes, drop))
+                })
+                .collect(),
+            false => HashMap::new(),
+        };
+        let sparsify_of = |i: usize| match self.roles[i] {
+            Role::SecondMoment => {
+                let first = *first_of.get(&i)?;
+                let octaves = self.settings.exp_avg_sq_hold;
+                (octaves > 0.0).then_some(())?;
+                Some(Sparsify::Hold {
+                    first,
+                    threshold: *thresholds.get(&first)?,
+                    octaves,
+                })
+            }
+            _ => Some(Sparsify::Small {
+                threshold: *thresholds.get(&i)?,
+            }),
+        };
         // With a previous version: `exp_avg_sq` as a log residual from it, `exp_avg` in units of
         // its second moment's previous version. Each reference is decoded once, though a
         // second moment's serves its first moment too.
@@ -406,6 +557,7 @@ impl PlanInput<'_> {
                     config,
                     table: None,
                     moments: None,
+                    mean_v: 0.0,
                     role,
                     residual: None,
                 };
@@ -415,12 +567,24 @@ impl PlanInput<'_> {
                     // step after zero moments) leaves the tensor to the quantizer.
                     let view = self.input.view(i);
                     let content = Some(&reference.content[..]);
-                    let st = residual::measure(view.dtype, view.bytes, content, None, mode, step);
+                    // Counted on a sample: a tensor near the limit is a residual either way,
+                    // the limit only keeps out those a reference cannot serve at all.
+                    let st = residual::measure_steps(
+                        view.dtype,
+                        view.bytes,
+                        content,
+                        None,
+                        mode,
+                        &[step],
+                        SAMPLE_EVERY,
+                    );
+                    let st = st.into_iter().next().unwrap_or_default();
                     if (st.exact as f64) <= MOMENT_EXACT_LIMIT * st.codes.total() as f64 {
                         plan.residual = Some(Residual {
                             reference: Some(reference.clone()),
                             mode,
                             step,
+                            sparsify: sparsify_of(i),
                         });
                         return Ok((i, plan));
                     }
@@ -446,35 +610,36 @@ impl PlanInput<'_> {
             .collect()
     }
 
-    /// Chooses configurations from scored candidates under the budget scaled by `scale`.
-    fn choose(
+    /// Each scored tensor's pick (an index into its candidates; `None`: lossless) under the
+    /// budget scaled by `scale`, with the summary's budget and totals.
+    fn picks(
         &self,
         scored: &[Scored],
-        moment_plans: &[(usize, TensorPlan)],
         scale: f64,
         summary: &mut SearchSummary,
-    ) -> Vec<Option<TensorPlan>> {
+    ) -> Vec<Option<usize>> {
         let budget = self.settings.epsilon * scale * self.loss.map_or(1.0, f64::abs);
         summary.budget = budget;
         summary.loss = self.loss;
         summary.est_delta_loss = 0.0;
         summary.kept_exact = 0;
-        let mut plans: Vec<Option<TensorPlan>> = vec![None; self.roles.len()];
-        let mut families: HashMap<usize, Vec<&Scored>> = HashMap::new();
-        for s in scored {
+        let mut picks: Vec<Option<usize>> = vec![None; scored.len()];
+        let mut families: HashMap<usize, Vec<usize>> = HashMap::new();
+        for (k, s) in scored.iter().enumerate() {
             match s.family {
-                Some(f) if s.moments.is_some() => families.entry(f).or_default().push(s),
+                Some(f) if s.moments.is_some() => families.entry(f).or_default().push(k),
                 _ => {
                     // No moments: the cheapest configuration within ε relative L2 error.
-                    let best = s
+                    picks[k] = s
                         .cands
                         .iter()
-                        .filter(|c| c.estimate.rel_l2 <= self.settings.epsilon * scale)
-                        .min_by(|a, b| a.estimate.bits.total_cmp(&b.estimate.bits))
-                        .filter(|c| c.estimate.bits < s.lossless_bits);
-                    match best {
-                        Some(c) => plans[s.index] = Some(c.plan(None)),
-                        None => summary.kept_exact += 1,
+                        .enumerate()
+                        .filter(|(_, c)| c.estimate.rel_l2 <= self.settings.epsilon * scale)
+                        .min_by(|(_, a), (_, b)| a.estimate.bits.total_cmp(&b.estimate.bits))
+                        .filter(|(_, c)| c.estimate.bits < s.lossless_bits)
+                        .map(|(j, _)| j);
+                    if picks[k].is_none() {
+                        summary.kept_exact += 1;
                     }
                 }
             }
@@ -484,7 +649,8 @@ impl PlanInput<'_> {
         for (_, members) in fams {
             let lists: Vec<Vec<(f64, f64)>> = members
                 .iter()
-                .map(|s| {
+                .map(|&k| {
+                    let s = &scored[k];
                     let mut l: Vec<(f64, f64)> = s
                         .cands
                         .iter()
@@ -497,14 +663,33 @@ impl PlanInput<'_> {
                     l
                 })
                 .collect();
-            let picks = quant::allocate(&lists, budget);
-            for ((s, &p), list) in members.iter().zip(&picks).zip(&lists) {
+            let chosen = quant::allocate(&lists, budget);
+            for ((&k, &p), list) in members.iter().zip(&chosen).zip(&lists) {
                 summary.est_delta_loss += list[p].1;
-                if p < s.cands.len() {
-                    plans[s.index] = Some(s.cands[p].plan(s.moments));
+                if p < scored[k].cands.len() {
+                    picks[k] = Some(p);
                 } else {
                     summary.kept_exact += 1;
                 }
+            }
+        }
+        picks
+    }
+
+    /// Chooses configurations from scored candidates under the budget scaled by `scale`.
+    fn choose(
+        &self,
+        scored: &[Scored],
+        moment_plans: &[(usize, TensorPlan)],
+        scale: f64,
+        summary: &mut SearchSummary,
+    ) -> Vec<Option<TensorPlan>> {
+        let picks = self.picks(scored, scale, summary);
+        let mut plans: Vec<Option<TensorPlan>> = vec![None; self.roles.len()];
+        for (s, pick) in scored.iter().zip(picks) {
+            if let Some(p) = pick {
+                let moments = s.moments.filter(|_| s.family.is_some());
+                plans[s.index] = Some(s.cands[p].plan(moments, s.mean_v));
             }
         }
         for (i, plan) in moment_plans {
@@ -527,9 +712,15 @@ pub(crate) fn plan(
     evaluate: Option<Evaluate<'_>>,
 ) -> Result<(Vec<Option<TensorPlan>>, SearchSummary)> {
     let mut summary = SearchSummary::default();
-    let scored = input.score(&mut summary)?;
+    // With an evaluation command the budget is scaled, and every scale needs exact estimates.
+    let every = match evaluate {
+        Some(_) => 1,
+        None => SAMPLE_EVERY,
+    };
+    let mut scored = input.score(every, &mut summary)?;
     let moments = input.moment_plans()?;
     let Some(evaluate) = evaluate else {
+        input.refine(&mut scored);
         let plans = input.choose(&scored, &moments, 1.0, &mut summary);
         return Ok((plans, summary));
     };
@@ -573,20 +764,23 @@ pub(crate) enum Encoded {
     },
 }
 
-/// Encodes `w` as `plan` says.
+/// Encodes `w` as `plan` says (`first`: the first moment of [`TensorPlan::first_moment`]).
 pub(crate) fn quantize(
     engine: &dyn Engine,
     w: FloatView<'_>,
     moments: Option<Moments<'_>>,
+    first: Option<FloatView<'_>>,
     plan: &TensorPlan,
     corr: Correction,
 ) -> Quantized {
-    let stats = engine.key_stats(w, moments);
-    let prep = Prepared::new(&stats, w.dtype);
     let (encoded, render, settings) = match &plan.residual {
         Some(r) => {
             let reference = r.reference.as_ref().map(|r| &r.content[..]);
-            let (payload, render) = residual::encode(w.dtype, w.bytes, reference, r.mode, r.step);
+            let sparse = r
+                .sparsify
+                .map(|s| sparse::apply(w.dtype, w.bytes, reference, first, s));
+            let values = sparse.as_deref().unwrap_or(w.bytes);
+            let (payload, render) = residual::encode(w.dtype, values, reference, r.mode, r.step);
             let encoded = Encoded::Residual {
                 payload,
                 reference: r.reference.clone(),
@@ -601,6 +795,8 @@ pub(crate) fn quantize(
             )
         }
         None => {
+            let stats = engine.key_stats(w, moments);
+            let prep = Prepared::new(&stats, w.dtype);
             let fit = prep.fit_table(
                 &plan.config,
                 plan.table.as_deref().map(|t| &t[..]),
@@ -638,7 +834,7 @@ pub(crate) fn quantize(
         ),
         max_abs_error: err.max_abs,
         rel_error: err.rel_l2(),
-        est_delta_loss: moments.map(|_| delta_loss(&err, corr, prep.mean_v())),
+        est_delta_loss: moments.map(|_| delta_loss(&err, corr, plan.mean_v)),
     };
     Quantized {
         encoded,

@@ -21,6 +21,12 @@ pub const EXP_AVG_KEY: &str = "quant.exp_avg";
 pub const EXP_AVG_SQ_KEY: &str = "quant.exp_avg_sq";
 /// Whether moments with a previous version are coded as residuals from it (`on`, `off`).
 pub const MOMENT_RESIDUALS_KEY: &str = "quant.moment_residuals";
+/// First moments at most this many times their tensor's mean magnitude are stored as zero
+/// (`0`: none dropped).
+pub const EXP_AVG_DROP_KEY: &str = "quant.exp_avg_drop";
+/// Where a first moment is dropped, its second moment keeps its previous value while within
+/// this many octaves of it (`0`: never held).
+pub const EXP_AVG_SQ_HOLD_KEY: &str = "quant.exp_avg_sq_hold";
 /// The loss's curvature per unit of Adam's `v̂` (`docs/CODECS.md`, "The bound").
 pub const CURVATURE_KEY: &str = "quant.curvature";
 
@@ -28,6 +34,9 @@ pub const CURVATURE_KEY: &str = "quant.curvature";
 pub const DEFAULT_EPSILON: f64 = 0.0005;
 pub(super) const DEFAULT_MOMENTS: &str = "model.{}:optim.{}.exp_avg:optim.{}.exp_avg_sq,\
                                optim.{}.master:optim.{}.exp_avg:optim.{}.exp_avg_sq";
+/// ExCP's rule (`docs/BENCHMARKS.md`, "Moments dropped at commit time").
+const DEFAULT_EXP_AVG_DROP: f64 = 0.0;
+const DEFAULT_EXP_AVG_SQ_HOLD: f64 = 2.0;
 const DEFAULT_EMBEDDINGS: &str = "*wte*,*embed*";
 const DEFAULT_EXP_AVG: &str = "bins=8 prune=0.5 protect=0.0005 metric=magnitude domain=linear";
 const DEFAULT_EXP_AVG_SQ: &str = "bins=16 prune=0 protect=0.0005 metric=magnitude domain=log";
@@ -96,6 +105,10 @@ pub struct LossySettings {
     pub curvature: f64,
     /// Moments with a previous version are residuals from it (`quant.moment_residuals`).
     pub moment_residuals: bool,
+    /// First moments dropped below this many times their mean magnitude (`quant.exp_avg_drop`).
+    pub exp_avg_drop: f64,
+    /// Octaves a held second moment may be off by (`quant.exp_avg_sq_hold`).
+    pub exp_avg_sq_hold: f64,
     /// First moments' configuration (`None`: stored exactly).
     pub exp_avg: Option<QuantConfig>,
     /// Second moments' configuration (`None`: stored exactly).
@@ -152,6 +165,20 @@ fn parse_curvature(v: &str) -> Result<f64> {
         .ok_or_else(|| invalid(CURVATURE_KEY, v, "a number of at least 1"))
 }
 
+fn parse_drop(v: &str) -> Result<f64> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|f| f.is_finite() && (0.0..=16.0).contains(f))
+        .ok_or_else(|| invalid(EXP_AVG_DROP_KEY, v, "a number from 0 (keep all) to 16"))
+}
+
+fn parse_hold(v: &str) -> Result<f64> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|o| o.is_finite() && (0.0..=4.0).contains(o))
+        .ok_or_else(|| invalid(EXP_AVG_SQ_HOLD_KEY, v, "octaves from 0 (never hold) to 4"))
+}
+
 fn parse_switch(key: &str, v: &str) -> Result<bool> {
     match v {
         "on" => Ok(true),
@@ -184,6 +211,8 @@ pub fn validate(key: &str, value: &str) -> Option<Result<()>> {
         BETAS_KEY => parse_betas(value).map(drop),
         CURVATURE_KEY => parse_curvature(value).map(drop),
         MOMENT_RESIDUALS_KEY => parse_switch(key, value).map(drop),
+        EXP_AVG_DROP_KEY => parse_drop(value).map(drop),
+        EXP_AVG_SQ_HOLD_KEY => parse_hold(value).map(drop),
         EXP_AVG_KEY | EXP_AVG_SQ_KEY => parse_config(key, value).map(drop),
         _ => return None,
     })
@@ -200,6 +229,8 @@ pub fn known_keys() -> Vec<(&'static str, String)> {
         (BETAS_KEY, "0.9,0.999".into()),
         (CURVATURE_KEY, quant::DEFAULT_CURVATURE.to_string()),
         (MOMENT_RESIDUALS_KEY, "on".into()),
+        (EXP_AVG_DROP_KEY, DEFAULT_EXP_AVG_DROP.to_string()),
+        (EXP_AVG_SQ_HOLD_KEY, DEFAULT_EXP_AVG_SQ_HOLD.to_string()),
         (EXP_AVG_KEY, DEFAULT_EXP_AVG.into()),
         (EXP_AVG_SQ_KEY, DEFAULT_EXP_AVG_SQ.into()),
     ]
@@ -248,6 +279,8 @@ impl LossySettings {
             betas: parse_betas(&get(BETAS_KEY)?)?,
             curvature: parse_curvature(&get(CURVATURE_KEY)?)?,
             moment_residuals: parse_switch(MOMENT_RESIDUALS_KEY, &get(MOMENT_RESIDUALS_KEY)?)?,
+            exp_avg_drop: parse_drop(&get(EXP_AVG_DROP_KEY)?)?,
+            exp_avg_sq_hold: parse_hold(&get(EXP_AVG_SQ_HOLD_KEY)?)?,
             exp_avg: parse_config(EXP_AVG_KEY, &get(EXP_AVG_KEY)?)?,
             exp_avg_sq: parse_config(EXP_AVG_SQ_KEY, &get(EXP_AVG_SQ_KEY)?)?,
             eval_cmd: req.eval_cmd.clone(),
