@@ -534,22 +534,32 @@ pub fn decode(
         }
         _ => return Err(bad("unknown code width")),
     };
-    if mode != Mode::Linear
-        && codes
-            .iter()
-            .any(|&c| c < ZERO && unzigzag(c).abs() > MAX_MOMENT_STEPS)
-    {
+    // One look at every code: each chunk's exact elements, and whether a moment code is beyond
+    // its mode's range.
+    let moment = mode != Mode::Linear;
+    let scans: Vec<(usize, bool)> = codes
+        .par_chunks(CHUNK)
+        .map(|chunk| {
+            let exact = chunk.iter().filter(|&&c| c == EXACT).count();
+            let wide = moment
+                && chunk
+                    .iter()
+                    .any(|&c| c < ZERO && unzigzag(c).abs() > MAX_MOMENT_STEPS);
+            (exact, wide)
+        })
+        .collect();
+    if scans.iter().any(|&(_, wide)| wide) {
         return Err(bad("a code is beyond the mode's range"));
     }
-    if codes.iter().filter(|&&c| c == EXACT).count() as u64 != count {
+    if scans.iter().map(|&(e, _)| e as u64).sum::<u64>() != count {
         return Err(bad("exact codes and exact values disagree"));
     }
     // Each chunk's first exact value: the exact values are stored in element order.
-    let firsts: Vec<usize> = codes
-        .chunks(CHUNK)
-        .scan(0, |k, chunk| {
+    let firsts: Vec<usize> = scans
+        .iter()
+        .scan(0, |k, &(exact, _)| {
             let first = *k;
-            *k += chunk.iter().filter(|&&c| c == EXACT).count();
+            *k += exact;
             Some(first)
         })
         .collect();

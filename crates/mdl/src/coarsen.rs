@@ -30,9 +30,10 @@ use mdl_store::meta::MetaRead;
 use mdl_store::{IndexEntry, Placement};
 use serde::{Deserialize, Serialize};
 
+use crate::history::{self, CountSetting};
 use crate::lossy::sparse::{self, Sparsify};
 use crate::rewrite::{publish_all, Rewrite};
-use crate::{history, Error, Progress, Repository, Result};
+use crate::{Error, Progress, Repository, Result};
 
 /// Configuration key of the coarsening rule.
 pub const COARSEN_AFTER_KEY: &str = "retention.coarsen_after";
@@ -54,17 +55,12 @@ pub struct Coarsening {
     pub bytes_after: u64,
 }
 
-/// The coarsening rule of the repository, if one is set.
-pub fn coarsen_after(repo: &Repository) -> Result<Option<u64>> {
-    let value = repo.store().meta().read()?.config(COARSEN_AFTER_KEY)?;
-    value.map_or(Ok(None), |v| parse_coarsen_after(&v))
-}
-
-/// Validates a `retention.coarsen_after` value: `never`, or a count of at least 1.
-pub fn parse_coarsen_after(v: &str) -> Result<Option<u64>> {
-    let expected = "never, or a whole number of commits (at least 1)";
-    history::parse_count(COARSEN_AFTER_KEY, "never", expected, v)
-}
+/// `retention.coarsen_after`: commits this many steps behind every tip are coarsened.
+pub(crate) const COARSEN_AFTER: CountSetting = CountSetting {
+    key: COARSEN_AFTER_KEY,
+    off: "never",
+    expected: "never, or a whole number of commits (at least 1)",
+};
 
 /// Applies the rule (`keep`: commits within this many steps of a tip stay as committed;
 /// `thin`: `retention.keep_last`, whose commits lose their moments anyway). Holds the

@@ -12,8 +12,8 @@ pub fn validate(key: &str, value: &str) -> Result<()> {
         policy::MODE_KEY => value.parse::<DeltaMode>().map(drop),
         policy::MAX_DEPTH_KEY => policy::parse_depth(value).map(drop),
         policy::MAX_RESTORE_COST_KEY => policy::parse_restore_cost(value).map(drop),
-        gc::KEEP_LAST_KEY => gc::parse_keep_last(value).map(drop),
-        coarsen::COARSEN_AFTER_KEY => coarsen::parse_coarsen_after(value).map(drop),
+        gc::KEEP_LAST_KEY => gc::KEEP_LAST.parse(value).map(drop),
+        coarsen::COARSEN_AFTER_KEY => coarsen::COARSEN_AFTER.parse(value).map(drop),
         engine::ENGINE_KEY => value.parse::<EngineChoice>().map(drop),
         _ => lossy::validate(key, value).unwrap_or_else(|| Err(Error::UnknownConfig(key.into()))),
     }
@@ -26,8 +26,11 @@ pub fn known_keys() -> Vec<(&'static str, String)> {
         (policy::MODE_KEY, d.mode.to_string()),
         (policy::MAX_DEPTH_KEY, d.max_depth.to_string()),
         (policy::MAX_RESTORE_COST_KEY, "none".to_string()),
-        (gc::KEEP_LAST_KEY, "all".to_string()),
-        (coarsen::COARSEN_AFTER_KEY, "never".to_string()),
+        (gc::KEEP_LAST_KEY, gc::KEEP_LAST.off.to_string()),
+        (
+            coarsen::COARSEN_AFTER_KEY,
+            coarsen::COARSEN_AFTER.off.to_string(),
+        ),
         (engine::ENGINE_KEY, EngineChoice::default().to_string()),
     ];
     keys.extend(lossy::known_keys());

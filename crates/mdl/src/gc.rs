@@ -26,7 +26,8 @@ use mdl_store::meta::MetaRead;
 use mdl_store::{Expired, IndexEntry, Store};
 use serde::{Deserialize, Serialize};
 
-use crate::coarsen::{coarsen, coarsen_after, Coarsening};
+use crate::coarsen::{coarsen, Coarsening, COARSEN_AFTER};
+use crate::history::CountSetting;
 use crate::lossy::{LossyRequest, LossySettings, Pairing};
 use crate::rewrite::reencode_group;
 use crate::{Error, Progress, Repository, Result};
@@ -107,17 +108,12 @@ pub struct GcOutcome {
     pub coarsened: Coarsening,
 }
 
-/// The retention rule of the repository, if one is set.
-pub fn keep_last(repo: &Repository) -> Result<Option<u64>> {
-    let value = repo.store().meta().read()?.config(KEEP_LAST_KEY)?;
-    value.map_or(Ok(None), |v| parse_keep_last(&v))
-}
-
-/// Validates a `retention.keep_last` value: `all` (no thinning) or a count of at least 1.
-pub fn parse_keep_last(v: &str) -> Result<Option<u64>> {
-    let expected = "all, or a whole number of commits (at least 1)";
-    crate::history::parse_count(KEEP_LAST_KEY, "all", expected, v)
-}
+/// `retention.keep_last`: how many commits of each branch keep their moments.
+pub(crate) const KEEP_LAST: CountSetting = CountSetting {
+    key: KEEP_LAST_KEY,
+    off: "all",
+    expected: "all, or a whole number of commits (at least 1)",
+};
 
 /// Parses `0s`, `90m`, `1h`, `30d`, `2w` (a whole number and a unit).
 pub fn parse_duration(s: &str) -> Result<Duration> {
@@ -288,7 +284,7 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
     let before = |d: Duration| Timestamp(now.0 - d.as_millis().min(i64::MAX as u128) as i64);
     let reflog_cutoff = before(opts.expire_reflog);
     let prune_cutoff = before(opts.prune_older_than);
-    let keep = keep_last(repo)?;
+    let keep = KEEP_LAST.configured(repo)?;
     let pairings = LossySettings::resolve(store, &LossyRequest::default())?.pairings;
     let rule = keep.map(|n| format!("{KEEP_LAST_KEY}={n}"));
     let mut out = GcOutcome {
@@ -297,7 +293,7 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
     };
 
     // 0. Coarsen what retention.coarsen_after says (its own transaction; ids do not change).
-    if let Some(n) = coarsen_after(repo)? {
+    if let Some(n) = COARSEN_AFTER.configured(repo)? {
         out.coarsened = coarsen(repo, n, keep, opts.dry_run, progress)?;
         if !opts.dry_run {
             let c = &out.coarsened;
@@ -599,8 +595,8 @@ mod tests {
         for bad in ["", "h", "1", "1y", "-1h", "1.5h", "99999999999999999999w"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
-        assert_eq!(parse_keep_last("all").unwrap(), None);
-        assert_eq!(parse_keep_last("3").unwrap(), Some(3));
-        assert!(parse_keep_last("0").is_err());
+        assert_eq!(KEEP_LAST.parse("all").unwrap(), None);
+        assert_eq!(KEEP_LAST.parse("3").unwrap(), Some(3));
+        assert!(KEEP_LAST.parse("0").is_err());
     }
 }

@@ -86,24 +86,34 @@ pub(crate) fn behind_tips(
     Ok(old.difference(&full).copied().collect())
 }
 
-/// A retention rule's value: `off` (the rule does nothing) or a count of at least 1;
-/// `expected` says so in the error.
-pub(crate) fn parse_count(
-    key: &str,
-    off: &str,
-    expected: &'static str,
-    v: &str,
-) -> crate::Result<Option<u64>> {
-    if v == off {
-        return Ok(None);
+/// A retention rule's setting: a count of commits of at least 1, or the word `off` for a rule
+/// that does nothing; `expected` says so in the error.
+pub(crate) struct CountSetting {
+    pub key: &'static str,
+    pub off: &'static str,
+    pub expected: &'static str,
+}
+
+impl CountSetting {
+    /// Parses a value of the setting.
+    pub(crate) fn parse(&self, v: &str) -> crate::Result<Option<u64>> {
+        if v == self.off {
+            return Ok(None);
+        }
+        v.parse::<u64>()
+            .ok()
+            .filter(|&n| n >= 1)
+            .map(Some)
+            .ok_or_else(|| crate::Error::InvalidConfig {
+                key: self.key.into(),
+                value: v.into(),
+                expected: self.expected,
+            })
     }
-    v.parse::<u64>()
-        .ok()
-        .filter(|&n| n >= 1)
-        .map(Some)
-        .ok_or_else(|| crate::Error::InvalidConfig {
-            key: key.into(),
-            value: v.into(),
-            expected,
-        })
+
+    /// The repository's value (`None` when unset or off).
+    pub(crate) fn configured(&self, repo: &crate::Repository) -> crate::Result<Option<u64>> {
+        let value = repo.store().meta().read()?.config(self.key)?;
+        value.map_or(Ok(None), |v| self.parse(&v))
+    }
 }
