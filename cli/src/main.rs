@@ -641,7 +641,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                 };
                 mdl::fsck::repair(&dir, &opts)?
             } else {
-                let repo = open(cli, LockMode::Read, purpose)?;
+                let repo = open(cli, LockMode::Check, purpose)?;
                 (None, mdl::fsck::fsck(&repo, false)?)
             };
             output::fsck(out, cli.json, rebuilt.as_ref(), &report)?;

@@ -223,8 +223,10 @@ impl State {
         if !path.join(".mdl").join("meta.redb").is_file() {
             return Err(no_such_repo(name));
         }
+        // The server owns the repository: one database handle for its readers and writers.
         let opts = OpenOptions {
             mode: LockMode::Write,
+            hold: true,
             wait,
             purpose: format!("mdl serve (repository {name})"),
             ..OpenOptions::default()

@@ -6,7 +6,8 @@
 //!   read back with checksum and hash verification.
 //! - [`meta`]: `meta.redb` — refs with compare-and-swap and a reflog, the physical index
 //!   (id → record, codec, base, depth), the commit index and configuration.
-//! - [`lock`]: one process owns a repository at a time; others wait, then say who holds it.
+//! - [`lock`]: writers take turns on the repository lock; others wait, then say who holds it.
+//!   Readers take none (see [`meta`] for how they share the database with a writer).
 //!
 //! Layout and byte formats: `docs/FORMAT.md`; why redb: `docs/DECISIONS.md`.
 
@@ -45,8 +46,13 @@ pub const MDL_DIR: &str = ".mdl";
 /// How to open a store.
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
-    /// Read-only commands share the repository; writers own it.
+    /// Readers take no lock; writers own the repository, one at a time.
     pub mode: LockMode,
+    /// Keep the metadata database open for the store's lifetime: for a process that owns the
+    /// repository (the server, whose own readers and writers share one handle). Other
+    /// processes cannot read the repository meanwhile; without it, each transaction opens the
+    /// database and readers never wait for a writer's work.
+    pub hold: bool,
     /// How long to wait for another process that holds the repository.
     pub wait: Duration,
     /// What this process is doing, recorded for processes that have to wait for it.
@@ -59,6 +65,7 @@ impl Default for OpenOptions {
     fn default() -> Self {
         OpenOptions {
             mode: LockMode::Write,
+            hold: false,
             wait: Duration::from_secs(60),
             purpose: "mdl".into(),
             storage: Arc::new(RealFs),
@@ -66,7 +73,7 @@ impl Default for OpenOptions {
     }
 }
 
-/// An open repository store. Holds the repository lock for its lifetime.
+/// An open repository store. A writer holds the repository lock for its lifetime.
 #[derive(Debug)]
 pub struct Store {
     dir: PathBuf,
@@ -75,7 +82,7 @@ pub struct Store {
     mode: LockMode,
     /// Where codec kernels run (the CPU unless [`Store::set_engine`] says otherwise).
     engine: Arc<dyn Engine>,
-    _lock: RepoLock,
+    _lock: Option<RepoLock>,
 }
 
 impl Store {
@@ -114,7 +121,8 @@ impl Store {
         result
     }
 
-    /// Opens the store at `dir` (the `.mdl` directory), taking the repository lock.
+    /// Opens the store at `dir` (the `.mdl` directory); a writer or a check takes the
+    /// repository lock.
     pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Store, StoreError> {
         if !dir.join(meta::META_FILE).is_file() && !dir.join("objects").is_dir() {
             return Err(StoreError::NotARepository(dir.to_path_buf()));
@@ -128,18 +136,20 @@ impl Store {
             mode = LockMode::ReadOnlyFs;
         }
         let meta_path = dir.join(meta::META_FILE);
-        let mut lock = RepoLock::acquire(dir, mode, opts.wait, &opts.purpose)?;
-        let meta = match Meta::open(&meta_path, mode) {
-            Err(StoreError::NeedsRecovery) if mode == LockMode::Read => {
+        let acquire = |mode| RepoLock::acquire(dir, mode, opts.wait, &opts.purpose);
+        let locks = matches!(mode, LockMode::Write | LockMode::Check);
+        let mut lock = locks.then(|| acquire(mode)).transpose()?;
+        let open = || Meta::open(&meta_path, mode, opts.hold, opts.wait);
+        let meta = match open() {
+            Err(StoreError::NeedsRecovery) if matches!(mode, LockMode::Read | LockMode::Check) => {
                 // The last writer was killed: redb must repair the file, which a read-only
-                // open cannot do. Take the repository exclusively once, let redb recover, and
-                // go back to a shared lock.
+                // open cannot do. Take the repository exclusively once and let redb recover.
                 drop(lock);
-                let write = RepoLock::acquire(dir, LockMode::Write, opts.wait, &opts.purpose)?;
-                drop(Meta::open(&meta_path, LockMode::Write)?);
+                let write = acquire(LockMode::Write)?;
+                drop(Meta::open(&meta_path, LockMode::Write, false, opts.wait)?);
                 drop(write);
-                lock = RepoLock::acquire(dir, mode, opts.wait, &opts.purpose)?;
-                Meta::open(&meta_path, mode)?
+                lock = locks.then(|| acquire(mode)).transpose()?;
+                open()?
             }
             other => other?,
         };

@@ -1,4 +1,5 @@
-//! One owner per repository: an advisory lock on `.mdl/lock` that records who holds it.
+//! The writers' lock: an advisory lock on `.mdl/lock` that records who holds it. Writers take it
+//! exclusively, one at a time; `mdl fsck` takes it shared; readers do not take it.
 
 use std::fs::{File, TryLockError};
 use std::io::{Read, Seek, Write};
@@ -13,9 +14,13 @@ pub const LOCK_FILE: &str = "lock";
 /// How a process uses the repository.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockMode {
-    /// Reads only: shares the repository with other readers.
+    /// Reads only, beside anything else: takes no repository lock, so it never waits for a
+    /// writer's work (only, for a moment, for its publish; see `meta`).
     Read,
-    /// Changes the repository: owns it exclusively.
+    /// Reads a repository no writer is changing (fsck): shares the lock with other checks and
+    /// waits for a writer to finish.
+    Check,
+    /// Changes the repository: owns the lock exclusively, so writers take turns.
     Write,
     /// Reads a repository whose files may not be written at all.
     ReadOnlyFs,
@@ -63,7 +68,7 @@ impl RepoLock {
                 .create(true)
                 .truncate(false)
                 .open(&path),
-            LockMode::Read | LockMode::ReadOnlyFs => File::open(&path),
+            LockMode::Read | LockMode::Check | LockMode::ReadOnlyFs => File::open(&path),
         }
         .map_err(|e| match e.raw_os_error() {
             Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM) => {
@@ -80,7 +85,7 @@ impl RepoLock {
         loop {
             let attempt = match mode {
                 LockMode::Write => file.try_lock(),
-                LockMode::Read | LockMode::ReadOnlyFs => file.try_lock_shared(),
+                LockMode::Read | LockMode::Check | LockMode::ReadOnlyFs => file.try_lock_shared(),
             };
             match attempt {
                 Ok(()) => break,
@@ -125,6 +130,15 @@ impl RepoLock {
             let _ = file.write_all(note.as_bytes());
         }
         Ok(RepoLock { file, mode })
+    }
+}
+
+/// Who holds the repository at `dir`, as its writer recorded (for a process that waited on the
+/// database rather than on the lock).
+pub(crate) fn holder_of(dir: &Path) -> String {
+    match File::open(dir.join(LOCK_FILE)) {
+        Ok(mut file) => holder(&mut file),
+        Err(_) => "another process".to_string(),
     }
 }
 

@@ -4,8 +4,10 @@
 //! only through [`MetaWrite::update_ref`], a compare-and-swap that appends to the reflog in the
 //! same transaction.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use mdl_format::{ObjectId, Ref, Timestamp};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
@@ -43,10 +45,30 @@ enum Db {
     Ro(redb::ReadOnlyDatabase),
 }
 
+/// How this process holds the database file. redb lets one process have it open for writing
+/// or any number for reading, never both at once; so a process that does not own the
+/// repository for its lifetime opens the file read-only for each read transaction (the
+/// transaction lets go of it when it ends), and for writing only when it first writes. A commit
+/// then keeps readers out only from its publish on, and a reader keeps a writer waiting only
+/// for one read transaction.
+enum Handle {
+    /// Opened once, for the lifetime of the [`Meta`] (the server, which owns its repositories).
+    Held(Db),
+    /// Opened read-only for each read; for writing at the first write, and kept then.
+    Brief {
+        path: PathBuf,
+        /// How long to wait for another process's transaction to let go of the file.
+        wait: Duration,
+        /// The database opened for writing, once this process has written: every later
+        /// transaction goes through it (a read-only open would wait for it).
+        written: Mutex<Option<Arc<redb::Database>>>,
+    },
+}
+
 /// The open metadata database.
 pub struct Meta {
     /// Always present; an option only so that `Drop` can close it inside [`guarded`].
-    db: Option<Db>,
+    handle: Option<Handle>,
     /// Where changes to refs, reflogs, configuration and expiry go first (writers only).
     journal: Option<Journal>,
     /// A transaction failed to start or to commit (redb then refuses every later one until
@@ -97,25 +119,39 @@ impl Meta {
         Ok(())
     }
 
-    pub(crate) fn open(path: &Path, mode: LockMode) -> Result<Meta, StoreError> {
+    /// Opens the database for `mode`; `hold` keeps it open for the [`Meta`]'s lifetime (see
+    /// [`Handle`]), else each transaction opens it, waiting up to `wait` for other processes'
+    /// transactions.
+    pub(crate) fn open(
+        path: &Path,
+        mode: LockMode,
+        hold: bool,
+        wait: Duration,
+    ) -> Result<Meta, StoreError> {
         if !path.is_file() {
             return Err(StoreError::Damaged(format!(
                 "{} is missing",
                 path.display()
             )));
         }
-        let db = guarded(|| {
-            Ok(match mode {
-                LockMode::Write => Db::Rw(redb::Database::open(path).map_err(open_err)?),
-                LockMode::Read | LockMode::ReadOnlyFs => Db::Ro(
-                    redb::Builder::new()
-                        .open_read_only(path)
-                        .map_err(open_err)?,
-                ),
-            })
-        })?;
+        // A writer opens the file for writing first, whatever it holds later: that is what
+        // lets redb recover from a writer that was killed.
+        let db = match mode {
+            LockMode::Write => Db::Rw(retrying(path, wait, || match redb::Database::open(path) {
+                Ok(d) => Ok(Some(d)),
+                Err(redb::DatabaseError::DatabaseAlreadyOpen) => Ok(None),
+                Err(e) => Err(open_err(e)),
+            })?),
+            _ => Db::Ro(retrying(path, wait, || {
+                match redb::Builder::new().open_read_only(path) {
+                    Ok(d) => Ok(Some(d)),
+                    Err(redb::DatabaseError::DatabaseAlreadyOpen) => Ok(None),
+                    Err(e) => Err(open_err(e)),
+                }
+            })?),
+        };
         let mut meta = Meta {
-            db: Some(db),
+            handle: Some(Handle::Held(db)),
             journal: None,
             failed: AtomicBool::new(false),
         };
@@ -130,6 +166,14 @@ impl Meta {
             let dir = path.parent().unwrap_or(Path::new("."));
             let current = meta.read()?.journaled()?;
             meta.journal = Some(Journal::open(dir, &current)?);
+        }
+        if !hold {
+            meta.close()?;
+            meta.handle = Some(Handle::Brief {
+                path: path.to_path_buf(),
+                wait,
+                written: Mutex::new(None),
+            });
         }
         Ok(meta)
     }
@@ -165,46 +209,133 @@ impl Meta {
 
     /// A consistent read-only view.
     pub fn read(&self) -> Result<MetaRead, StoreError> {
-        let txn = self.note(guarded(|| {
-            match self.db() {
-                Db::Rw(d) => d.begin_read(),
-                Db::Ro(d) => d.begin_read(),
-            }
-            .map_err(db)
+        let txn = self.note(guarded(|| match self.handle() {
+            Handle::Held(Db::Rw(d)) => d.begin_read().map_err(db),
+            Handle::Held(Db::Ro(d)) => d.begin_read().map_err(db),
+            Handle::Brief {
+                path,
+                wait,
+                written,
+            } => retrying(path, *wait, || {
+                if let Some(d) = lock(written).as_ref() {
+                    return d.begin_read().map(Some).map_err(db);
+                }
+                // The transaction keeps the file open (and its shared lock) until it ends.
+                match redb::Builder::new().open_read_only(path) {
+                    Ok(d) => d.begin_read().map(Some).map_err(db),
+                    Err(redb::DatabaseError::DatabaseAlreadyOpen) => Ok(None),
+                    Err(e) => Err(open_err(e)),
+                }
+            }),
         }))?;
         Ok(MetaRead { txn })
     }
 
     /// A write transaction; nothing is visible until [`MetaWrite::commit_txn`].
     pub fn write(&self) -> Result<MetaWrite<'_>, StoreError> {
-        match (self.db(), &self.journal) {
-            (Db::Rw(d), Some(journal)) => Ok(MetaWrite {
-                txn: self.note(guarded(|| d.begin_write().map_err(db)))?,
-                journal,
-                failed: &self.failed,
-                changes: Vec::new(),
-            }),
-            _ => Err(StoreError::ReadOnlyDatabase),
-        }
+        let Some(journal) = &self.journal else {
+            return Err(StoreError::ReadOnlyDatabase);
+        };
+        let txn = self.note(guarded(|| match self.handle() {
+            Handle::Held(Db::Rw(d)) => d.begin_write().map_err(db),
+            Handle::Held(Db::Ro(_)) => Err(StoreError::ReadOnlyDatabase),
+            Handle::Brief {
+                path,
+                wait,
+                written,
+            } => {
+                // Not holding `written` while waiting: a thread of this process may need a
+                // read to finish the transaction this open waits for.
+                let d = retrying(path, *wait, || {
+                    if let Some(d) = lock(written).as_ref() {
+                        return Ok(Some(d.clone()));
+                    }
+                    match redb::Database::open(path) {
+                        Ok(d) => Ok(Some(lock(written).insert(Arc::new(d)).clone())),
+                        Err(redb::DatabaseError::DatabaseAlreadyOpen) => Ok(None),
+                        Err(e) => Err(open_err(e)),
+                    }
+                })?;
+                d.begin_write().map_err(db)
+            }
+        }))?;
+        Ok(MetaWrite {
+            txn,
+            journal,
+            failed: &self.failed,
+            changes: Vec::new(),
+        })
     }
 }
 
 impl Meta {
-    fn db(&self) -> &Db {
-        self.db.as_ref().expect("open until dropped")
+    fn handle(&self) -> &Handle {
+        self.handle.as_ref().expect("open until dropped")
+    }
+
+    /// Closes a held database. Closing writes to it (redb records its allocator state), which
+    /// can trip over damage like any other write: it is guarded too.
+    fn close(&mut self) -> Result<(), StoreError> {
+        match self.handle.take() {
+            Some(Handle::Brief {
+                path,
+                wait,
+                written,
+            }) => {
+                let open = lock(&written).take();
+                self.handle = Some(Handle::Brief {
+                    path,
+                    wait,
+                    written,
+                });
+                guarded(|| {
+                    drop(open);
+                    Ok(())
+                })
+            }
+            h => guarded(|| {
+                drop(h);
+                Ok(())
+            }),
+        }
     }
 }
 
 impl Drop for Meta {
-    /// Closing a database writes to it (redb records its allocator state), which can trip over
-    /// damage like any other write: it is guarded too.
     fn drop(&mut self) {
-        if let Some(db) = self.db.take() {
-            let _ = guarded(|| {
-                drop(db);
-                Ok(())
+        let _ = self.close();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `attempt` (inside [`guarded`]) until it opens the database (`Some`), trying again while another process's
+/// transaction has the file (a writer's publish keeps readers out; readers keep a writer out)
+/// for up to `wait`, then failing as busy, naming the repository's writer when there is one.
+fn retrying<T>(
+    path: &Path,
+    wait: Duration,
+    mut attempt: impl FnMut() -> Result<Option<T>, StoreError>,
+) -> Result<T, StoreError> {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(200);
+    loop {
+        // Opening reads the file's header, which redb trusts: guarded like every call into it.
+        if let Some(t) = guarded(&mut attempt)? {
+            return Ok(t);
+        }
+        let waited = start.elapsed();
+        if waited >= wait {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            return Err(StoreError::Busy {
+                holder: crate::lock::holder_of(dir),
+                waited_secs: waited.as_secs(),
             });
         }
+        std::thread::sleep(pause.min(wait - waited));
+        pause = (pause * 2).min(Duration::from_millis(20));
     }
 }
 
@@ -701,7 +832,8 @@ impl MetaWrite<'_> {
         if !self.changes.is_empty() {
             self.journal.append(&self.changes)?;
         }
-        let result = guarded(|| self.txn.commit().map_err(db));
+        let txn = self.txn;
+        let result = guarded(|| txn.commit().map_err(db));
         if result.is_err() {
             self.failed.store(true, Ordering::Relaxed);
             if !self.changes.is_empty() {
@@ -721,7 +853,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(META_FILE);
         Meta::create(&path).unwrap();
-        let meta = Meta::open(&path, LockMode::Write).unwrap();
+        let meta = Meta::open(&path, LockMode::Write, true, std::time::Duration::ZERO).unwrap();
         let a = RefValue::Direct(ObjectId::hash(b"a"));
         let b = RefValue::Direct(ObjectId::hash(b"b"));
         let mut w = meta.write().unwrap();

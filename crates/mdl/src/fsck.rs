@@ -110,7 +110,7 @@ pub fn repair(dir: &Path, opts: &OpenOptions) -> Result<(Option<Rebuilt>, Report
         crate::repo::discover(dir).ok_or_else(|| StoreError::NotARepository(dir.to_path_buf()))?;
     // First the database as it is on disk, opened for reading (see check_database).
     let read = OpenOptions {
-        mode: mdl_store::LockMode::Read,
+        mode: mdl_store::LockMode::Check,
         ..opts.clone()
     };
     let damaged = match Repository::open(&root, &read) {

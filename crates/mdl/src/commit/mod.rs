@@ -291,9 +291,11 @@ fn commit_input(
     let roles = lossy::roles(pieces, &settings, client);
     let (plans, search) = match settings.mode {
         CodecMode::Lossy => {
+            // Each lookup's read transaction ends before the decode: a transaction held
+            // across parallel work would keep this process's own publish waiting.
             let previous_quant = |i: usize| -> Result<Option<QuantTensor>> {
-                let meta = store.meta().read()?;
-                match previous_object(&meta, &previous, &input, i)? {
+                let found = previous_object(&store.meta().read()?, &previous, &input, i)?;
+                match found {
                     Some((id, entry, true)) => Ok(Some(store.load_quant(&id, &entry)?)),
                     _ => Ok(None),
                 }
