@@ -26,7 +26,7 @@ struct Cli {
     /// Bearer token for servers.
     #[arg(long, global = true, env = "MDL_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// Seconds to wait for another mdl process that holds the repository.
+    /// Seconds a writer waits for another writer, and any command for a publish in progress.
     #[arg(long, global = true, default_value_t = 60, value_name = "SECS")]
     wait: u64,
     /// Print machine-readable JSON.
