@@ -137,18 +137,8 @@ impl Meta {
         // A writer opens the file for writing first, whatever it holds later: that is what
         // lets redb recover from a writer that was killed.
         let db = match mode {
-            LockMode::Write => Db::Rw(retrying(path, wait, || match redb::Database::open(path) {
-                Ok(d) => Ok(Some(d)),
-                Err(redb::DatabaseError::DatabaseAlreadyOpen) => Ok(None),
-                Err(e) => Err(open_err(e)),
-            })?),
-            _ => Db::Ro(retrying(path, wait, || {
-                match redb::Builder::new().open_read_only(path) {
-                    Ok(d) => Ok(Some(d)),
-                    Err(redb::DatabaseError::DatabaseAlreadyOpen) => Ok(None),
-                    Err(e) => Err(open_err(e)),
-                }
-            })?),
+            LockMode::Write => Db::Rw(retrying(path, wait, || try_open(path))?),
+            _ => Db::Ro(retrying(path, wait, || try_open(path))?),
         };
         let mut meta = Meta {
             handle: Some(Handle::Held(db)),
@@ -221,11 +211,10 @@ impl Meta {
                     return d.begin_read().map(Some).map_err(db);
                 }
                 // The transaction keeps the file open (and its shared lock) until it ends.
-                match redb::Builder::new().open_read_only(path) {
-                    Ok(d) => d.begin_read().map(Some).map_err(db),
-                    Err(redb::DatabaseError::DatabaseAlreadyOpen) => Ok(None),
-                    Err(e) => Err(open_err(e)),
-                }
+                try_open::<redb::ReadOnlyDatabase>(path)?
+                    .map(|d| d.begin_read())
+                    .transpose()
+                    .map_err(db)
             }),
         }))?;
         Ok(MetaRead { txn })
@@ -250,11 +239,8 @@ impl Meta {
                     if let Some(d) = lock(written).as_ref() {
                         return Ok(Some(d.clone()));
                     }
-                    match redb::Database::open(path) {
-                        Ok(d) => Ok(Some(lock(written).insert(Arc::new(d)).clone())),
-                        Err(redb::DatabaseError::DatabaseAlreadyOpen) => Ok(None),
-                        Err(e) => Err(open_err(e)),
-                    }
+                    let opened = try_open::<redb::Database>(path)?;
+                    Ok(opened.map(|d| lock(written).insert(Arc::new(d)).clone()))
                 })?;
                 d.begin_write().map_err(db)
             }
@@ -311,9 +297,35 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Runs `attempt` (inside [`guarded`]) until it opens the database (`Some`), trying again while another process's
-/// transaction has the file (a writer's publish keeps readers out; readers keep a writer out)
-/// for up to `wait`, then failing as busy, naming the repository's writer when there is one.
+/// How the database file can be opened: for writing, or read-only.
+trait Open: Sized {
+    fn open(path: &Path) -> Result<Self, redb::DatabaseError>;
+}
+
+impl Open for redb::Database {
+    fn open(path: &Path) -> Result<Self, redb::DatabaseError> {
+        redb::Database::open(path)
+    }
+}
+
+impl Open for redb::ReadOnlyDatabase {
+    fn open(path: &Path) -> Result<Self, redb::DatabaseError> {
+        redb::Builder::new().open_read_only(path)
+    }
+}
+
+/// Opens the file once: `None` while another handle's lock keeps this one out.
+fn try_open<D: Open>(path: &Path) -> Result<Option<D>, StoreError> {
+    match D::open(path) {
+        Ok(d) => Ok(Some(d)),
+        Err(redb::DatabaseError::DatabaseAlreadyOpen) => Ok(None),
+        Err(e) => Err(open_err(e)),
+    }
+}
+
+/// Runs `attempt` (inside [`guarded`]) until it opens the database (`Some`), trying again
+/// while another handle has the file (a writer's publish keeps readers out; readers keep a
+/// writer out) for up to `wait`, then failing as busy, naming the repository's writer.
 fn retrying<T>(
     path: &Path,
     wait: Duration,
@@ -832,8 +844,7 @@ impl MetaWrite<'_> {
         if !self.changes.is_empty() {
             self.journal.append(&self.changes)?;
         }
-        let txn = self.txn;
-        let result = guarded(|| txn.commit().map_err(db));
+        let result = guarded(|| self.txn.commit().map_err(db));
         if result.is_err() {
             self.failed.store(true, Ordering::Relaxed);
             if !self.changes.is_empty() {
