@@ -284,6 +284,8 @@ impl CommitArgs {
                 moments: self.moments.clone(),
                 eval_cmd: self.eval_cmd.clone(),
             },
+            // One commit a process: nothing to keep for a next one.
+            warm: None,
         })
     }
 }

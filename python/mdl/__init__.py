@@ -12,13 +12,13 @@ optimizer)`` restores it. Integrations: :mod:`mdl.transformers` (a ``TrainerCall
 """
 
 from ._mdl import MdlError, __version__
-from ._repo import CommitHandle, RemoteRepository, Repository, State, open
+from ._repo import WARM_BYTES, CommitHandle, RemoteRepository, Repository, State, open
 from ._types import CommitResult, LogEntry, Ref, TensorInfo
 
 
-def init(path, *, wait: float = 60.0) -> Repository:
-    """Creates a repository in ``path`` (created if missing)."""
-    return Repository.init(path, wait=wait)
+def init(path, *, wait: float = 60.0, warm_bytes: int = WARM_BYTES) -> Repository:
+    """Creates a repository in ``path`` (created if missing); see :meth:`Repository.open`."""
+    return Repository.init(path, wait=wait, warm_bytes=warm_bytes)
 
 
 __all__ = [

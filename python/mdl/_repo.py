@@ -101,6 +101,10 @@ def as_repository(repo: "Repository | PathLike") -> "Repository":
     return repo if isinstance(repo, Repository) else open(repo, create=True)
 
 
+# What a Repository keeps of its last commit by default (bytes; the library's default too).
+WARM_BYTES = 2 << 30
+
+
 class Repository:
     """A repository on this machine (a work directory holding ``.mdl``).
 
@@ -115,18 +119,27 @@ class Repository:
         _live.add(self)
 
     @classmethod
-    def init(cls, path: PathLike, *, wait: float = 60.0) -> "Repository":
-        """Creates a repository in ``path`` (created if missing)."""
-        return cls(_mdl.Repo.init(os.fspath(path), wait))
+    def init(
+        cls, path: PathLike, *, wait: float = 60.0, warm_bytes: int = WARM_BYTES
+    ) -> "Repository":
+        """Creates a repository in ``path`` (created if missing); ``wait`` and ``warm_bytes``
+        as for :meth:`open`."""
+        return cls(_mdl.Repo.init(os.fspath(path), wait, warm_bytes))
 
     @classmethod
-    def open(cls, path: PathLike = ".", *, wait: float = 60.0) -> "Repository":
+    def open(
+        cls, path: PathLike = ".", *, wait: float = 60.0, warm_bytes: int = WARM_BYTES
+    ) -> "Repository":
         """Opens the repository at ``path`` or its nearest ancestor holding ``.mdl``.
 
         ``wait``: how many seconds an operation waits for another process that holds the
         repository (a commit owns it while it stores) before raising MdlError.
+
+        ``warm_bytes``: how much of the last commit's tensors this object keeps in memory, so
+        that the next commit takes its deltas against them instead of decoding them from the
+        repository again (0: keep nothing).
         """
-        return cls(_mdl.Repo.open(os.fspath(path), wait))
+        return cls(_mdl.Repo.open(os.fspath(path), wait, warm_bytes))
 
     @property
     def root(self) -> str:
@@ -465,13 +478,19 @@ class RemoteRepository:
 
 
 def open(
-    location: PathLike, token: str | None = None, *, create: bool = False, wait: float = 60.0
+    location: PathLike,
+    token: str | None = None,
+    *,
+    create: bool = False,
+    wait: float = 60.0,
+    warm_bytes: int = WARM_BYTES,
 ) -> Repository | RemoteRepository:
-    """A repository: a local path (created when ``create`` and missing), or a server URL
-    ``http://HOST:PORT/REPO`` with an optional token (``$MDL_TOKEN`` when None)."""
+    """A repository: a local path (created when ``create`` and missing; ``wait`` and
+    ``warm_bytes`` as for :meth:`Repository.open`), or a server URL ``http://HOST:PORT/REPO``
+    with an optional token (``$MDL_TOKEN`` when None)."""
     text = os.fspath(location)
     if text.startswith(("http://", "https://")):
         return RemoteRepository(text, token if token is not None else os.environ.get("MDL_TOKEN"))
     if create and not os.path.isdir(os.path.join(text, ".mdl")):
-        return Repository.init(text, wait=wait)
-    return Repository.open(text, wait=wait)
+        return Repository.init(text, wait=wait, warm_bytes=warm_bytes)
+    return Repository.open(text, wait=wait, warm_bytes=warm_bytes)

@@ -9,6 +9,7 @@ use std::time::Duration;
 use mdl::background::{Committer, Handle};
 use mdl::checkout::Layout;
 use mdl::commit::{CommitOptions, KnownPair, MemoryFile, Staged};
+use mdl::warm::DEFAULT_WARM_BYTES;
 use mdl::{LockMode, OpenOptions, Repository};
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
@@ -62,7 +63,7 @@ impl Opener {
 }
 
 impl Repo {
-    fn new(root: PathBuf, wait: Duration) -> Repo {
+    fn new(root: PathBuf, wait: Duration, warm_bytes: u64) -> Repo {
         let opener = Opener {
             root,
             wait,
@@ -71,7 +72,7 @@ impl Repo {
         let for_commits = opener.clone();
         Repo {
             opener,
-            committer: Committer::new(move || for_commits.writer()),
+            committer: Committer::keeping(move || for_commits.writer(), warm_bytes),
         }
     }
 
@@ -169,19 +170,19 @@ impl Options {
 impl Repo {
     /// Creates a repository in `path` (created if missing).
     #[staticmethod]
-    #[pyo3(signature = (path, wait = 60.0))]
-    fn init(py: Python<'_>, path: PathBuf, wait: f64) -> PyResult<Repo> {
+    #[pyo3(signature = (path, wait = 60.0, warm_bytes = DEFAULT_WARM_BYTES))]
+    fn init(py: Python<'_>, path: PathBuf, wait: f64, warm_bytes: u64) -> PyResult<Repo> {
         let repo = py.detach(|| Repository::init(&path)).map_err(error)?;
-        Ok(Repo::new(repo.root().to_path_buf(), secs(wait)?))
+        Ok(Repo::new(repo.root().to_path_buf(), secs(wait)?, warm_bytes))
     }
 
     /// Opens the repository at `path` or its nearest ancestor with `.mdl`.
     #[staticmethod]
-    #[pyo3(signature = (path, wait = 60.0))]
-    fn open(path: PathBuf, wait: f64) -> PyResult<Repo> {
+    #[pyo3(signature = (path, wait = 60.0, warm_bytes = DEFAULT_WARM_BYTES))]
+    fn open(path: PathBuf, wait: f64, warm_bytes: u64) -> PyResult<Repo> {
         let root = mdl::discover(&path)
             .ok_or_else(|| error(mdl::StoreError::NotARepository(path.clone())))?;
-        Ok(Repo::new(root, secs(wait)?))
+        Ok(Repo::new(root, secs(wait)?, warm_bytes))
     }
 
     /// The work directory.

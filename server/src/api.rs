@@ -323,7 +323,8 @@ async fn commit(
 ) -> ApiResult<Response> {
     let Query(params) = query.map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
     let (path, params) = params::split_path(&params);
-    let opts = params::decode(&params).map_err(|e| ApiError::new(e.code, e.message))?;
+    let mut opts = params::decode(&params).map_err(|e| ApiError::new(e.code, e.message))?;
+    opts.warm = Some(state.warm.clone());
     let path = path.unwrap_or_else(|| mdl::V1_FILE_PATH.to_string());
     let upload = spool(&served, &headers, body, state.config.max_body).await?;
     blocking(move || {

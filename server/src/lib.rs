@@ -129,6 +129,10 @@ pub struct State {
     open: Mutex<HashMap<String, Slot>>,
     /// Base URL (`http://HOST:PORT`) and owner token written into advertisements.
     advertise: Option<(String, String)>,
+    /// The last upload commit's tensors, whichever repository it went to (content-addressed,
+    /// so one budget serves them all): a push of the next checkpoint of a series takes its
+    /// deltas against them without decoding them again.
+    pub(crate) warm: Arc<mdl::warm::WarmTensors>,
 }
 
 impl State {
@@ -149,6 +153,9 @@ impl State {
             config,
             open: Mutex::new(HashMap::new()),
             advertise,
+            warm: Arc::new(mdl::warm::WarmTensors::new(
+                mdl::warm::DEFAULT_WARM_BYTES,
+            )),
         }))
     }
 

@@ -61,6 +61,7 @@ impl Storage for RealFs {
 pub struct FaultyFs {
     budget: Arc<AtomicU64>,
     fail_renames_after: Arc<AtomicU64>,
+    fail_syncs_after: Arc<AtomicU64>,
 }
 
 impl FaultyFs {
@@ -68,16 +69,41 @@ impl FaultyFs {
     pub fn disk_full_after(bytes: u64) -> Self {
         FaultyFs {
             budget: Arc::new(AtomicU64::new(bytes)),
-            fail_renames_after: Arc::new(AtomicU64::new(u64::MAX)),
+            ..FaultyFs::none()
         }
+    }
+
+    /// Fails nothing.
+    fn none() -> Self {
+        FaultyFs {
+            budget: Arc::new(AtomicU64::new(u64::MAX)),
+            fail_renames_after: Arc::new(AtomicU64::new(u64::MAX)),
+            fail_syncs_after: Arc::new(AtomicU64::new(u64::MAX)),
+        }
+    }
+
+    /// Allows `n` file or directory fsyncs, then fails the next ones with `EIO` (a disk that
+    /// reports a write error).
+    pub fn syncs_fail_after(n: u64) -> Self {
+        FaultyFs {
+            fail_syncs_after: Arc::new(AtomicU64::new(n)),
+            ..FaultyFs::none()
+        }
+    }
+
+    fn count_sync(&self) -> io::Result<()> {
+        self.fail_syncs_after
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .map(|_| ())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EIO))
     }
 
     /// Allows `n` renames, then fails the next ones with `EIO` (a crash-like failure between
     /// writing a record and publishing it).
     pub fn renames_fail_after(n: u64) -> Self {
         FaultyFs {
-            budget: Arc::new(AtomicU64::new(u64::MAX)),
             fail_renames_after: Arc::new(AtomicU64::new(n)),
+            ..FaultyFs::none()
         }
     }
 
@@ -128,9 +154,11 @@ impl Storage for FaultyFs {
         RealFs.rename(from, to)
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.count_sync()?;
         RealFs.sync_dir(path)
     }
     fn sync_file(&self, path: &Path) -> io::Result<()> {
+        self.count_sync()?;
         RealFs.sync_file(path)
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {

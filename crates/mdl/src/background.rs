@@ -10,12 +10,15 @@
 //! never abandoned.
 //!
 //! Each commit opens the repository for itself and closes it when done, so a long-lived
-//! process (a training run) holds the repository's lock only while a commit is stored.
+//! process (a training run) holds the repository's lock only while a commit is stored. What it
+//! keeps between commits is the last commit's tensors ([`WarmTensors`], within a budget), so
+//! the next commit's deltas need not decode their bases from the store again.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::commit::{check_metrics, commit_staged, CommitOptions, CommitOutcome, Staged};
+use crate::warm::{WarmTensors, DEFAULT_WARM_BYTES};
 use crate::{Error, NoProgress, Repository, Result};
 
 /// One background commit: its outcome once it is known.
@@ -66,6 +69,8 @@ pub type Opener = dyn Fn() -> Result<Repository> + Send + Sync;
 pub struct Committer {
     open: Arc<Opener>,
     slot: Mutex<Slot>,
+    /// The last commit's tensors, for the next commit's deltas.
+    warm: Arc<WarmTensors>,
 }
 
 #[derive(Default)]
@@ -75,19 +80,30 @@ struct Slot {
 }
 
 impl Committer {
-    /// A committer into the repository `open` opens (for writing) for each commit.
+    /// A committer into the repository `open` opens (for writing) for each commit, keeping
+    /// up to [`DEFAULT_WARM_BYTES`] of the last commit's tensors.
     pub fn new(open: impl Fn() -> Result<Repository> + Send + Sync + 'static) -> Committer {
+        Committer::keeping(open, DEFAULT_WARM_BYTES)
+    }
+
+    /// A committer keeping up to `warm_bytes` of the last commit's tensors (0: none).
+    pub fn keeping(
+        open: impl Fn() -> Result<Repository> + Send + Sync + 'static,
+        warm_bytes: u64,
+    ) -> Committer {
         Committer {
             open: Arc::new(open),
             slot: Mutex::new(Slot::default()),
+            warm: Arc::new(WarmTensors::new(warm_bytes)),
         }
     }
 
     /// Starts committing `staged` once the commit before has finished, and returns then. The
     /// error of the commit before, if it failed, is returned instead (and nothing is started),
     /// as are malformed options.
-    pub fn submit(&self, staged: Staged, opts: CommitOptions) -> Result<Handle> {
+    pub fn submit(&self, staged: Staged, mut opts: CommitOptions) -> Result<Handle> {
         check_metrics(&opts.metrics)?;
+        opts.warm.get_or_insert_with(|| self.warm.clone());
         let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((before, thread)) = slot.pending.take() {
             let _ = thread.join();

@@ -42,6 +42,7 @@ mod rewrite;
 pub mod show;
 pub mod stats;
 pub mod transfer;
+pub mod warm;
 
 pub use error::Error;
 pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp, V1_FILE_PATH};

@@ -52,6 +52,8 @@ fn faults_leave_repository_unchanged() {
         FaultyFs::renames_fail_after(0),
         FaultyFs::renames_fail_after(1),
         FaultyFs::renames_fail_after(2),
+        FaultyFs::syncs_fail_after(0),
+        FaultyFs::syncs_fail_after(1),
     ];
     for fault in faults {
         let opts = OpenOptions {
@@ -110,6 +112,8 @@ fn faults_during_a_reverse_delta_leave_the_old_record_in_use() {
         FaultyFs::disk_full_after(400_000),
         FaultyFs::renames_fail_after(1),
         FaultyFs::renames_fail_after(2),
+        FaultyFs::syncs_fail_after(0),
+        FaultyFs::syncs_fail_after(2),
     ] {
         let opts = OpenOptions {
             storage: Arc::new(fault),

@@ -1,5 +1,6 @@
 //! Object records: where they live (`record_path`), listing them and what interrupted writes
-//! left (`temp_files`, `record_files`), removing one; writing in `write.rs`, reading in `read.rs`,
+//! left (`temp_files`, `record_files`), removing one; writing in `write.rs` (made durable by
+//! `sync.rs`), reading in `read.rs`,
 //! the read buffers kept between reads in `buffers.rs`.
 
 use std::path::{Path, PathBuf};
@@ -111,6 +112,7 @@ pub const MAX_CHAIN: u32 = 1024;
 
 mod buffers;
 mod read;
+mod sync;
 mod write;
 
 pub use write::{ObjectBatch, PutOutcome};

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use mdl_codec::{CodecTag, EncodeOptions};
 use mdl_format::record::{self, Coarsened, RecordHeader, Trailer};
@@ -14,6 +14,7 @@ use mdl_format::{FormatError, ObjectId, ObjectKind, TensorHasher, TensorHeader, 
 use crate::fs::StorageFile;
 use crate::{IndexEntry, Store, StoreError};
 
+use super::sync::{sync_all, Syncer};
 use super::{Placement, TEMP_PREFIX};
 
 /// The result of storing one object.
@@ -25,12 +26,14 @@ pub struct PutOutcome {
     pub entry: IndexEntry,
 }
 
-/// Records written for one operation. Their directories are made durable by
-/// [`ObjectBatch::finish`], which must precede the index transaction that publishes them.
+/// Records written for one operation. They are made durable by [`ObjectBatch::finish`], which
+/// must precede the index transaction that publishes them.
 pub struct ObjectBatch<'s> {
     store: &'s Store,
-    /// Record files written, to be made durable by [`ObjectBatch::finish`].
+    /// Record files written (their directories are synced by [`ObjectBatch::finish`]).
     files: Mutex<Vec<PathBuf>>,
+    /// Syncs each record file once it is in place (started by the first record).
+    syncer: OnceLock<Syncer>,
 }
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -79,6 +82,7 @@ impl Store {
         ObjectBatch {
             store: self,
             files: Mutex::new(Vec::new()),
+            syncer: OnceLock::new(),
         }
     }
 }
@@ -341,8 +345,8 @@ impl ObjectBatch<'_> {
                 path: tmp.clone(),
                 source: e.into_error(),
             })?;
-            // Durability comes from `finish` (one syncfs for the whole batch, before the index
-            // names any of these records); until then a crash can only leave unindexed files.
+            // The file is synced in the background from here on and its directory by `finish`,
+            // before the index names it; until then a crash can only leave unindexed files.
             drop(file);
             fs.rename(&tmp, &path)
                 .map_err(StoreError::io("rename", &tmp))?;
@@ -350,6 +354,9 @@ impl ObjectBatch<'_> {
         })();
         match result {
             Ok(stored_len) => {
+                self.syncer
+                    .get_or_init(|| Syncer::start(fs))
+                    .push(path.clone());
                 self.files.lock().unwrap().push(path);
                 let entry = IndexEntry {
                     kind,
@@ -373,13 +380,17 @@ impl ObjectBatch<'_> {
     /// Makes the records, and their directory entries, durable. Call before publishing them
     /// in the index.
     ///
-    /// Records are renamed into place unsynced as they are written; here every record file and
-    /// then every touched directory is fsynced, many at a time so the file system can merge
-    /// them into few journal commits (the calls wait on the disk, not the CPU). Only this
-    /// batch's files are flushed, not whatever else is dirty on the disk.
+    /// Records are renamed into place unsynced as they are written and fsynced by a few
+    /// background threads meanwhile; here the last of those fsyncs are waited for, then every
+    /// touched directory is fsynced, many at a time so the file system can merge them into few
+    /// journal commits. Only this batch's files are flushed, not whatever else is dirty on the
+    /// disk.
     pub fn finish(self) -> Result<(), StoreError> {
         let fs = self.store.storage();
         let files = self.files.into_inner().unwrap();
+        if let Some(syncer) = self.syncer.into_inner() {
+            syncer.finish()?;
+        }
         if files.is_empty() {
             return Ok(());
         }
@@ -390,32 +401,9 @@ impl ObjectBatch<'_> {
             .into_iter()
             .collect();
         dirs.push(self.store.dir().join("objects"));
-        let sync_all = |paths: &[PathBuf], op: &(dyn Fn(&Path) -> io::Result<()> + Sync)| {
-            let next = AtomicU64::new(0);
-            std::thread::scope(|scope| {
-                let workers: Vec<_> = (0..SYNC_THREADS.min(paths.len()))
-                    .map(|_| {
-                        scope.spawn(|| loop {
-                            let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                            let Some(p) = paths.get(i) else {
-                                return Ok(());
-                            };
-                            op(p).map_err(StoreError::io("sync", p))?;
-                        })
-                    })
-                    .collect();
-                workers
-                    .into_iter()
-                    .try_for_each(|w| w.join().expect("sync thread panicked"))
-            })
-        };
-        sync_all(&files, &|p| fs.sync_file(p))?;
         sync_all(&dirs, &|p| fs.sync_dir(p))
     }
 }
-
-/// fsyncs in flight at once when a batch finishes.
-const SYNC_THREADS: usize = 16;
 
 enum WriteError {
     NotSmaller,

@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use mdl_codec::engine::{Engine, FloatView, Kept};
@@ -17,7 +17,7 @@ use mdl_format::{
     PairSource, Ref, RefName, Region, Timestamp, TreeFile,
 };
 use mdl_store::meta::MetaRead;
-use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue};
+use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue, Store};
 use serde::{Deserialize, Serialize};
 
 pub use crate::input::MemoryFile;
@@ -28,13 +28,14 @@ use crate::lossy::{
 use crate::policy::{DeltaMode, DeltaPolicy};
 use crate::previous::Previous;
 use crate::rewrite::{chain, publish_rewrite, Rewrite};
+use crate::warm::WarmTensors;
 use crate::{per_tensor, Error, Progress, Repository, Result};
 
 mod eval;
 mod store;
 
 use eval::evaluate_candidate;
-use store::{previous_object, StoreCtx, Stored};
+use store::{previous_content, previous_object, StoreCtx, Stored};
 
 /// What to commit and how.
 #[derive(Clone, Debug, Default)]
@@ -57,6 +58,9 @@ pub struct CommitOptions {
     pub delta: Option<DeltaPolicy>,
     /// Lossy settings over the repository's configuration.
     pub lossy: LossyRequest,
+    /// What a process committing repeatedly keeps of its last commit: the parent's tensors are
+    /// taken from here instead of being decoded again, and this commit's are kept for the next.
+    pub warm: Option<Arc<WarmTensors>>,
 }
 
 /// What a commit did.
@@ -243,6 +247,10 @@ fn commit_input(
         metrics
     };
     let store = repo.store();
+    let warm = opts.warm.as_deref();
+    if let Some(w) = warm {
+        w.begin();
+    }
     // From the first read of the parent to the ref update, no other writer of this process
     // (gc, compaction, another commit) may change what this commit builds on.
     let _writer = repo.writer();
@@ -319,7 +327,7 @@ fn commit_input(
                 Ok(Some(lossy::Reference {
                     id,
                     depth: entry.depth,
-                    content: store.load_tensor(&id, &entry)?,
+                    content: previous_content(store, warm, &id, &entry)?,
                 }))
             };
             let plan_input = lossy::PlanInput {
@@ -361,6 +369,7 @@ fn commit_input(
         plans: &plans,
         trim_bits,
         correction,
+        warm,
     };
     progress.start("storing", input.len());
     let indices: Vec<usize> = (0..pieces.len()).collect();
@@ -443,6 +452,9 @@ fn commit_input(
         &reflog,
     )?;
     w.commit_txn()?;
+    if let Some(kept) = warm {
+        kept.publish();
+    }
     for r in &rewrites {
         store.remove_record(&r.id, r.old.generation);
     }

@@ -39,6 +39,8 @@ pub(super) struct StoreCtx<'a> {
     pub(super) trim_bits: Option<u32>,
     /// Adam's bias corrections at this checkpoint's step.
     pub(super) correction: Correction,
+    /// The last commit's tensors, kept by a process that commits repeatedly.
+    pub(super) warm: Option<&'a WarmTensors>,
 }
 
 impl StoreCtx<'_> {
@@ -162,6 +164,10 @@ impl StoreCtx<'_> {
             self.encode_new(id, i, &data, whole)?
         };
         self.progress.advance(info.len);
+        // What the next commit's delta or residual of this tensor will be taken against.
+        if let Some(warm) = self.warm.filter(|_| is_delta_candidate(info)) {
+            warm.offer(id, Arc::new(data));
+        }
         Ok((result, exactness))
     }
 
@@ -305,16 +311,17 @@ impl StoreCtx<'_> {
             added: Some(added),
             rewrite: None,
         };
-        if !float::supports(header.dtype) || len < SMALL_TENSOR {
+        if !is_delta_candidate(info) {
             let out = self.batch.put_tensor(&id, header, data, self.encode)?;
             return Ok(plain((id, out.entry)));
         }
         let store = self.repo.store();
         let base = self.base_for(i, &id, false)?;
-        let base_data = base
+        let base_kept = base
             .as_ref()
-            .map(|(bid, be)| store.load_tensor(bid, be))
+            .map(|(bid, be)| previous_content(store, self.warm, bid, be))
             .transpose()?;
+        let base_data = base_kept.as_ref().map(|b| b.as_slice());
         let encoder = |source| Error::Encode { id, source };
         // Analysis, encoding and a reverse re-encode all read these: a GPU engine copies each
         // over once.
@@ -449,6 +456,26 @@ impl StoreCtx<'_> {
             .entry;
         Ok(Some((*prev_entry, new)))
     }
+}
+
+/// Whether a piece can be stored as a delta, or have one stored against it: a float tensor
+/// large enough for the float codecs.
+fn is_delta_candidate(info: &Piece) -> bool {
+    info.tensor && float::supports(info.header.dtype) && info.len >= SMALL_TENSOR
+}
+
+/// The decoded content of a previous version: kept by the last commit of this process, or read
+/// from the store.
+pub(super) fn previous_content(
+    store: &Store,
+    warm: Option<&WarmTensors>,
+    id: &ObjectId,
+    entry: &IndexEntry,
+) -> Result<Arc<Vec<u8>>> {
+    if let Some(kept) = warm.and_then(|w| w.get(id)) {
+        return Ok(kept);
+    }
+    Ok(Arc::new(store.load_tensor(id, entry)?))
 }
 
 /// The codec of a delta record made with `choice`.

@@ -25,7 +25,7 @@ pub(crate) struct Reference {
     pub id: ObjectId,
     /// Its chain depth (the residual record is one deeper).
     pub depth: u32,
-    pub content: Vec<u8>,
+    pub content: Arc<Vec<u8>>,
 }
 
 /// A residual plan: the reference (`None`: zeros, a `quant-uniform` record), how codes become

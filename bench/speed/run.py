@@ -1,0 +1,199 @@
+"""Commit and checkout speed of mdl beside its peers, in one run (docs/BENCHMARKS.md, issue 22).
+
+For each corpus series (a directory of safetensors checkpoints, committed in name order):
+
+- CPU-bound: inputs, repository and outputs on tmpfs (/dev/shm). mdl commits the series
+  losslessly (each commit timed as the whole process), checks out the newest and the oldest
+  commit (verified byte for byte), then commits the series again with --lossy. `zstd -3 -T2` and
+  `lmz compress -j 2` compress the same files, one at a time, from the same tmpfs.
+- Durable: the disk's fsync bandwidth (`dd conv=fsync` of random data, same run), then the
+  lossless series committed into a repository on that disk; the target is 80 % of
+  bandwidth × stored ratio.
+
+Prints markdown tables: per series the ratio, total MB/s of input (all commits) and the median
+per-commit MB/s, and speed ratios against the peers.
+
+    python3 bench/speed/run.py [--corpus DIR] [--series traj-fp32,...] [--mdl PATH]
+                               [--lmz PATH] [--disk DIR] [--repeat N]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import time
+
+SHM = "/dev/shm/mdl-speed-bench"
+
+
+def run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(map(str, cmd))} failed ({r.returncode}): {r.stderr.strip()}")
+    return r.stdout
+
+
+def timed(cmd):
+    t = time.perf_counter()
+    out = run(cmd)
+    return time.perf_counter() - t, out
+
+
+def size_of(path):
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+    return os.path.getsize(path)
+
+
+def mdl_series(mdl, repo, files, flags, config):
+    """Commits `files` into a fresh repository: (ratio, total MB/s, median MB/s, seconds each)."""
+    shutil.rmtree(repo, ignore_errors=True)
+    run([mdl, "init", repo])
+    for kv in config:
+        k, v = kv.split("=", 1)
+        run([mdl, "-C", repo, "config", k, v])
+    raw = stored = 0
+    times = []
+    for f in files:
+        dt, out = timed([mdl, "-C", repo, "--json", "commit", f, *flags])
+        o = json.loads(out)
+        raw += o["raw_bytes"]
+        stored += o["stored_bytes"]
+        times.append(dt)
+    speeds = [size_of(f) / t / 1e6 for f, t in zip(files, times)]
+    return raw / stored, raw / sum(times) / 1e6, statistics.median(speeds), times
+
+
+def mdl_checkouts(mdl, repo, files, verify):
+    """Checkout MB/s of the newest and the oldest commit."""
+    speeds = []
+    for rev, src in [("main", files[-1]), (f"main~{len(files) - 1}", files[0])]:
+        out = os.path.join(SHM, "out.safetensors")
+        if os.path.exists(out):
+            os.remove(out)
+        dt, _ = timed([mdl, "-C", repo, "checkout", rev, "-o", out])
+        if verify:
+            run(["cmp", out, src])  # fails the run on any difference
+        speeds.append(size_of(out) / dt / 1e6)
+        os.remove(out)
+    return speeds
+
+
+def peer_series(files, command, suffix):
+    """Compresses each file on its own with `command(src, dst)`: (ratio, total MB/s)."""
+    raw = packed = 0
+    total = 0.0
+    for f in files:
+        dst = os.path.join(SHM, "peer" + suffix)
+        if os.path.exists(dst):
+            os.remove(dst)
+        dt, _ = timed(command(f, dst))
+        total += dt
+        raw += size_of(f)
+        packed += size_of(dst)
+        os.remove(dst)
+    return raw / packed, raw / total / 1e6
+
+
+def fsync_bandwidth(disk, mib=512):
+    """MB/s of `dd conv=fsync` writing random data onto `disk` (the data made first, on tmpfs)."""
+    src = os.path.join(SHM, "random.bin")
+    run(["dd", "if=/dev/urandom", f"of={src}", "bs=1M", f"count={mib}"])
+    dst = os.path.join(disk, "dd.bin")
+    t = time.perf_counter()
+    run(["dd", f"if={src}", f"of={dst}", "bs=1M", "conv=fsync"])
+    dt = time.perf_counter() - t
+    os.remove(dst)
+    os.remove(src)
+    return mib * 1048576 / dt / 1e6
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--corpus", default=os.path.expanduser("~/.cache/mdl-corpus"))
+    p.add_argument("--series", default="traj-fp32,traj-bf16,ft-fp32")
+    p.add_argument("--mdl", default="target/release/mdl")
+    p.add_argument("--lmz", default=None, help="the lmz CLI (PyPI lmzip 1.3.0); left out if absent")
+    p.add_argument("--disk", default=os.path.expanduser("~/.cache/mdl/bench/disk"),
+                   help="a directory on the real disk, for the durable commit")
+    p.add_argument("--repeat", type=int, default=1, help="runs of everything; medians reported")
+    p.add_argument("--config", action="append", default=["quant.adam_betas=0.9,0.95"],
+                   help="repository configuration KEY=VALUE (the corpus trains with betas 0.9/0.95)")
+    a = p.parse_args()
+    mdl = os.path.abspath(a.mdl)
+    shutil.rmtree(SHM, ignore_errors=True)
+    os.makedirs(SHM)
+    os.makedirs(a.disk, exist_ok=True)
+    print(f"{run([mdl, '--version']).strip()}; {run(['zstd', '--version']).strip()}"
+          + (f"; {run([a.lmz, '--version']).strip()}" if a.lmz else ""))
+    rows = {}
+    for name in a.series.split(","):
+        src = os.path.join(a.corpus, name)
+        inp = os.path.join(SHM, "in", name)
+        shutil.copytree(src, inp)
+        files = sorted(os.path.join(inp, f) for f in os.listdir(inp) if f.endswith(".safetensors"))
+        repo = os.path.join(SHM, "repo")
+        runs = []
+        for _ in range(a.repeat):
+            r = {}
+            r["ratio"], r["commit"], r["commit_med"], _t = mdl_series(mdl, repo, files, [], a.config)
+            r["newest"], r["oldest"] = mdl_checkouts(mdl, repo, files, verify=True)
+            r["lossy_ratio"], r["lossy"], r["lossy_med"], _t = mdl_series(
+                mdl, repo, files, ["--lossy"], a.config)
+            r["zstd_ratio"], r["zstd"] = peer_series(
+                files, lambda f, d: ["zstd", "-q", "-3", "-T2", f, "-o", d], ".zst")
+            if a.lmz:
+                r["lmz_ratio"], r["lmz"] = peer_series(
+                    files, lambda f, d: [a.lmz, "compress", "-q", "-j", "2", f, d], ".lmz")
+            disk_repo = os.path.join(a.disk, "repo")
+            r["fsync"] = fsync_bandwidth(a.disk)
+            _r, r["durable"], _m, _t = mdl_series(mdl, disk_repo, files, [], a.config)
+            shutil.rmtree(disk_repo, ignore_errors=True)
+            runs.append(r)
+        rows[name] = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
+        print(f"{name}: {len(files)} checkpoints of {size_of(files[0]) / 1e6:.1f} MB", flush=True)
+        shutil.rmtree(inp)
+        shutil.rmtree(repo, ignore_errors=True)
+
+    print()
+    print("CPU-bound (tmpfs). MB/s of input; commit = all commits' bytes / all commits' time "
+          "(median per commit in brackets).")
+    print()
+    lmz = bool(a.lmz)
+    head = "| series | mdl ratio | mdl commit | zstd -3 -T2 ratio | zstd MB/s | mdl / zstd |"
+    sep = "|---|---:|---:|---:|---:|---:|"
+    if lmz:
+        head += " lmz ratio | lmz -j 2 MB/s | mdl / lmz |"
+        sep += "---:|---:|---:|"
+    print(head)
+    print(sep)
+    for name, r in rows.items():
+        line = (f"| {name} | {r['ratio']:.3f} | {r['commit']:.0f} ({r['commit_med']:.0f}) "
+                f"| {r['zstd_ratio']:.3f} | {r['zstd']:.0f} | **{r['commit'] / r['zstd']:.2f}×** |")
+        if lmz:
+            line += f" {r['lmz_ratio']:.3f} | {r['lmz']:.0f} | {r['commit'] / r['lmz']:.2f}× |"
+        print(line)
+    print()
+    print("| series | checkout newest MB/s | oldest MB/s | newest / oldest | lossy ratio "
+          "| lossy commit MB/s | lossy time / lossless time |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['newest']:.0f} | {r['oldest']:.0f} | {r['newest'] / r['oldest']:.2f} "
+              f"| {r['lossy_ratio']:.2f} | {r['lossy']:.0f} | {r['commit'] / r['lossy']:.2f} |")
+    print()
+    print(f"Durable (repository in {a.disk}): fsync bandwidth of random data measured before "
+          "each series.")
+    print()
+    print("| series | fsync MB/s | × ratio | durable commit MB/s | fraction |")
+    print("|---|---:|---:|---:|---:|")
+    for name, r in rows.items():
+        bound = r["fsync"] * r["ratio"]
+        print(f"| {name} | {r['fsync']:.0f} | {bound:.0f} | {r['durable']:.0f} "
+              f"| **{r['durable'] / bound:.2f}** |")
+    shutil.rmtree(SHM, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

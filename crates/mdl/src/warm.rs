@@ -1,0 +1,93 @@
+//! What a process that commits again and again keeps of its last commit: the content of its
+//! tensors, by object id, within a byte budget. The next commit's deltas and residuals are taken
+//! against exactly these versions, which otherwise it would read and decode from the store again.
+//!
+//! Content is keyed by its object id (the hash of that content and its header), so a kept
+//! tensor is the object's content whichever repository or commit asks for it: the cache can be
+//! out of date only in what it holds, never wrong in what it returns.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use mdl_format::ObjectId;
+
+/// The default budget of a long-lived committer (the Python package, `mdl serve`).
+pub const DEFAULT_WARM_BYTES: u64 = 2 << 30;
+
+/// The tensors of the last commit made through this cache (see the module docs).
+pub struct WarmTensors {
+    budget: u64,
+    inner: Mutex<Generations>,
+}
+
+#[derive(Default)]
+struct Generations {
+    /// The last published commit's tensors: what the next commit reads.
+    last: HashMap<ObjectId, Arc<Vec<u8>>>,
+    /// The commit at work's tensors, published when it lands.
+    next: HashMap<ObjectId, Arc<Vec<u8>>>,
+    next_bytes: u64,
+}
+
+impl WarmTensors {
+    /// A cache holding at most `budget` bytes of one commit's tensors (0: nothing is kept).
+    pub fn new(budget: u64) -> WarmTensors {
+        WarmTensors {
+            budget,
+            inner: Mutex::new(Generations::default()),
+        }
+    }
+
+    /// The budget in bytes.
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// The content of object `id`, if the last commit kept it.
+    pub fn get(&self, id: &ObjectId) -> Option<Arc<Vec<u8>>> {
+        self.lock().last.get(id).cloned()
+    }
+
+    /// Offers the content of object `id`, just committed; kept while the budget allows.
+    pub fn offer(&self, id: ObjectId, content: Arc<Vec<u8>>) {
+        let len = content.len() as u64;
+        let mut g = self.lock();
+        if g.next_bytes + len > self.budget || g.next.contains_key(&id) {
+            return;
+        }
+        g.next_bytes += len;
+        g.next.insert(id, content);
+    }
+
+    /// Starts a commit: what an earlier unfinished one offered is dropped.
+    pub(crate) fn begin(&self) {
+        let mut g = self.lock();
+        g.next.clear();
+        g.next_bytes = 0;
+    }
+
+    /// The commit landed: its tensors replace the last commit's.
+    pub(crate) fn publish(&self) {
+        let mut g = self.lock();
+        g.last = std::mem::take(&mut g.next);
+        g.next_bytes = 0;
+    }
+
+    /// Bytes held by the last published commit's tensors.
+    pub fn held_bytes(&self) -> u64 {
+        self.lock().last.values().map(|v| v.len() as u64).sum()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Generations> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl std::fmt::Debug for WarmTensors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WarmTensors")
+            .field("budget", &self.budget)
+            .field("held_bytes", &self.held_bytes())
+            .finish()
+    }
+}

@@ -1,0 +1,171 @@
+//! Warm repeated commits: a committer keeps its last commit's tensors, and the next commit
+//! takes its deltas against them without reading the parent's records, storing exactly what a
+//! cold commit stores.
+
+#![allow(clippy::disallowed_methods)]
+
+use std::path::Path;
+
+use mdl::background::Committer;
+use mdl::commit::{CommitOptions, CommitOutcome, MemoryFile, Staged};
+use mdl::{NoProgress, OpenOptions, Repository};
+
+mod common;
+use common::safetensors_bytes;
+
+/// A weight matrix that drifts a little each step (reverse deltas pay), and an unchanged one.
+fn state(step: u64) -> Vec<MemoryFile> {
+    let w: Vec<u8> = (0..200_000u32)
+        .flat_map(|i| {
+            let x = ((i as f32) * 0.37).sin() * 0.02 + step as f32 * 1e-7 * ((i % 7) as f32);
+            x.to_le_bytes()
+        })
+        .collect();
+    let b: Vec<u8> = (0..50_000u32)
+        .flat_map(|i| ((i as f32) * 0.11).cos().to_le_bytes())
+        .collect();
+    vec![MemoryFile::new(
+        "model.safetensors",
+        safetensors_bytes(&[
+            ("w", "F32", vec![400, 500], w),
+            ("b", "F32", vec![50_000], b),
+        ]),
+    )]
+}
+
+fn opts(step: u64, lossy: bool) -> CommitOptions {
+    let mut o = CommitOptions {
+        step: Some(step),
+        message: format!("step {step}"),
+        metrics: vec![("loss".into(), 2.0)],
+        ..Default::default()
+    };
+    if lossy {
+        o.lossy.mode = Some(mdl::lossy::CodecMode::Lossy);
+    }
+    o
+}
+
+fn series(root: &Path, warm_bytes: u64, lossy: bool, steps: u64) -> Vec<CommitOutcome> {
+    Repository::init(root).unwrap();
+    let at = root.to_path_buf();
+    let committer = Committer::keeping(
+        move || Repository::open(&at, &OpenOptions::default()),
+        warm_bytes,
+    );
+    (1..=steps)
+        .map(|s| {
+            committer
+                .submit(Staged::memory(state(s), &[]).unwrap(), opts(s, lossy))
+                .unwrap()
+                .wait()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Every tensor's object id and codec, and the stored size of each commit.
+fn layout(root: &Path, outcomes: &[CommitOutcome]) -> Vec<(u64, Vec<(String, String)>)> {
+    let repo = Repository::open(root, &OpenOptions::default()).unwrap();
+    outcomes
+        .iter()
+        .map(|o| {
+            let shown = mdl::show::show(&repo, &o.id.to_hex()).unwrap();
+            let tensors = shown
+                .tensors
+                .iter()
+                .map(|t| (t.id.to_hex(), t.codec.clone()))
+                .collect();
+            (o.stored_bytes, tensors)
+        })
+        .collect()
+}
+
+#[test]
+fn warm_commits_store_what_cold_ones_do() {
+    for lossy in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (cold, warm) = (dir.path().join("cold"), dir.path().join("warm"));
+        let a = series(&cold, 0, lossy, 4);
+        let b = series(&warm, 1 << 30, lossy, 4);
+        assert_eq!(layout(&cold, &a), layout(&warm, &b), "lossy: {lossy}");
+        // Deltas (lossless) and residuals (lossy) are taken against the previous version.
+        let against_previous = layout(&warm, &b)
+            .iter()
+            .flat_map(|(_, t)| t.clone())
+            .any(|(_, c)| c.ends_with("-delta") || c == "quant-residual");
+        assert!(against_previous, "lossy: {lossy}");
+    }
+}
+
+/// The first-generation record file of object `id` (docs/FORMAT.md).
+fn record_path(root: &Path, id: &mdl::ObjectId) -> std::path::PathBuf {
+    let hex = id.to_hex();
+    root.join(".mdl/objects")
+        .join(&hex[..2])
+        .join(format!("{}.0", &hex[2..]))
+}
+
+#[test]
+fn a_warm_commit_does_not_read_its_parents_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("repo");
+    Repository::init(&root).unwrap();
+    let at = root.clone();
+    let committer = Committer::keeping(
+        move || Repository::open(&at, &OpenOptions::default()),
+        1 << 30,
+    );
+    let submit = |s| {
+        committer
+            .submit(Staged::memory(state(s), &[]).unwrap(), opts(s, false))
+            .unwrap()
+            .wait()
+            .unwrap()
+    };
+    submit(1);
+    // The first commit's tensor records disappear (as if unreadable): a commit that read them
+    // would fail.
+    let repo = Repository::open(&root, &OpenOptions::default()).unwrap();
+    let shown = mdl::show::show(&repo, "main").unwrap();
+    let w = shown.tensors.iter().find(|t| t.name == "w").unwrap();
+    let id = w.id;
+    let record = record_path(&root, &id);
+    let original = std::fs::read(&record).unwrap();
+    std::fs::remove_file(&record).unwrap();
+    drop(repo);
+    submit(2);
+    // The first commit's weight is now a delta against the second's, written from memory: it
+    // checks out byte for byte.
+    let repo = Repository::open(&root, &OpenOptions::default()).unwrap();
+    let shown = mdl::show::show(&repo, "main~1").unwrap();
+    let w = shown.tensors.iter().find(|t| t.name == "w").unwrap();
+    assert!(w.codec.ends_with("-delta"), "{}", w.codec);
+    let out = dir.path().join("out");
+    mdl::checkout::checkout(&repo, "main~1", &out, &Default::default(), &NoProgress).unwrap();
+    let files = state(1);
+    let expected = files[0].bytes();
+    let out = if out.is_dir() {
+        out.join("model.safetensors")
+    } else {
+        out
+    };
+    assert_eq!(std::fs::read(out).unwrap(), expected);
+    assert!(!original.is_empty());
+    // A cold committer cannot do the same: it reads the parent's records.
+    let at = root.clone();
+    let cold = Committer::keeping(
+        move || Repository::open(&at, &OpenOptions::default()),
+        0,
+    );
+    let shown = mdl::show::show(&repo, "main").unwrap();
+    let w = shown.tensors.iter().find(|t| t.name == "w").unwrap();
+    let id = w.id;
+    std::fs::remove_file(record_path(&root, &id)).unwrap();
+    drop(repo);
+    let failed = cold
+        .submit(Staged::memory(state(3), &[]).unwrap(), opts(3, false))
+        .unwrap()
+        .wait();
+    assert!(failed.is_err());
+}
