@@ -173,7 +173,11 @@ impl Repo {
     #[pyo3(signature = (path, wait = 60.0, warm_bytes = DEFAULT_WARM_BYTES))]
     fn init(py: Python<'_>, path: PathBuf, wait: f64, warm_bytes: u64) -> PyResult<Repo> {
         let repo = py.detach(|| Repository::init(&path)).map_err(error)?;
-        Ok(Repo::new(repo.root().to_path_buf(), secs(wait)?, warm_bytes))
+        Ok(Repo::new(
+            repo.root().to_path_buf(),
+            secs(wait)?,
+            warm_bytes,
+        ))
     }
 
     /// Opens the repository at `path` or its nearest ancestor with `.mdl`.

@@ -153,9 +153,7 @@ impl State {
             config,
             open: Mutex::new(HashMap::new()),
             advertise,
-            warm: Arc::new(mdl::warm::WarmTensors::new(
-                mdl::warm::DEFAULT_WARM_BYTES,
-            )),
+            warm: Arc::new(mdl::warm::WarmTensors::new(mdl::warm::DEFAULT_WARM_BYTES)),
         }))
     }
 

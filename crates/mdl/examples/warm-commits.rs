@@ -9,6 +9,8 @@
 //! repository under `--work` (default `/dev/shm`), once keeping nothing and once keeping the
 //! default budget; prints each mode's median time of the second and later commits.
 
+#![allow(clippy::disallowed_methods)] // a benchmark removes its own scratch repositories
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -33,17 +35,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect::<Result<_, _>>()?;
     files.retain(|p| p.extension().is_some_and(|e| e == "safetensors"));
     files.sort();
-    let bytes: u64 = files.iter().map(|f| f.metadata().map_or(0, |m| m.len())).sum();
+    let bytes: u64 = files
+        .iter()
+        .map(|f| f.metadata().map_or(0, |m| m.len()))
+        .sum();
     let per_file = bytes as f64 / files.len().max(1) as f64;
     println!("| mode | median s, 2nd+ commit | MB/s | stored bytes |");
     println!("|---|---:|---:|---:|");
-    for (mode, budget) in [("cold (keeps nothing)", 0), ("warm (keeps the last commit)", DEFAULT_WARM_BYTES)] {
+    for (mode, budget) in [
+        ("cold (keeps nothing)", 0),
+        ("warm (keeps the last commit)", DEFAULT_WARM_BYTES),
+    ] {
         let root = work.join(format!("mdl-warm-bench-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         Repository::init(&root)?;
         let at = root.clone();
-        let committer =
-            Committer::keeping(move || Repository::open(&at, &OpenOptions::default()), budget);
+        let committer = Committer::keeping(
+            move || Repository::open(&at, &OpenOptions::default()),
+            budget,
+        );
         let mut times = Vec::new();
         let mut stored = 0;
         for (k, f) in files.iter().enumerate() {
@@ -55,7 +65,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 opts.lossy.mode = Some(mdl::lossy::CodecMode::Lossy);
             }
             let t = Instant::now();
-            let out = committer.submit(Staged::paths(std::slice::from_ref(f))?, opts)?.wait()?;
+            let out = committer
+                .submit(Staged::paths(std::slice::from_ref(f))?, opts)?
+                .wait()?;
             times.push(t.elapsed().as_secs_f64());
             stored += out.stored_bytes;
         }

@@ -154,10 +154,7 @@ fn a_warm_commit_does_not_read_its_parents_records() {
     assert!(!original.is_empty());
     // A cold committer cannot do the same: it reads the parent's records.
     let at = root.clone();
-    let cold = Committer::keeping(
-        move || Repository::open(&at, &OpenOptions::default()),
-        0,
-    );
+    let cold = Committer::keeping(move || Repository::open(&at, &OpenOptions::default()), 0);
     let shown = mdl::show::show(&repo, "main").unwrap();
     let w = shown.tensors.iter().find(|t| t.name == "w").unwrap();
     let id = w.id;

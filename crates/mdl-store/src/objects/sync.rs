@@ -111,8 +111,7 @@ fn work(shared: &Shared, fs: &dyn Storage) {
         drop(q);
         if let Err(e) = fs.sync_file(&path) {
             let mut q = shared.queue.lock().unwrap_or_else(|p| p.into_inner());
-            q.failed
-                .get_or_insert(StoreError::io("sync", &path)(e));
+            q.failed.get_or_insert(StoreError::io("sync", &path)(e));
         }
     }
 }

@@ -327,9 +327,9 @@ impl StoreCtx<'_> {
         // over once.
         let _kept = (
             self.engine.keep(data),
-            base_data.as_deref().map(|b| self.engine.keep(b)),
+            base_data.map(|b| self.engine.keep(b)),
         );
-        let analysis = float::analyze(self.engine, header.dtype, data, base_data.as_deref())
+        let analysis = float::analyze(self.engine, header.dtype, data, base_data)
             .map_err(encoder)?;
         let delta = analysis.best_delta();
         let best_float = delta.map_or(analysis.plain.size, |d| d.size);
@@ -370,7 +370,7 @@ impl StoreCtx<'_> {
             }
         };
 
-        let (Some((bid, bentry)), Some(bdata), Some(delta)) = (base, base_data.as_deref(), delta)
+        let (Some((bid, bentry)), Some(bdata), Some(delta)) = (base, base_data, delta)
         else {
             return Ok(plain((id, whole()?)));
         };
