@@ -30,7 +30,9 @@ struct Generations {
 }
 
 impl WarmTensors {
-    /// A cache holding at most `budget` bytes of one commit's tensors (0: nothing is kept).
+    /// A cache holding at most `budget` bytes of one commit's tensors (0: nothing is kept);
+    /// while a commit is stored, its tensors are gathered beside the last one's (up to twice
+    /// the budget in all until it lands).
     pub fn new(budget: u64) -> WarmTensors {
         WarmTensors {
             budget,
