@@ -329,8 +329,8 @@ impl StoreCtx<'_> {
             self.engine.keep(data),
             base_data.map(|b| self.engine.keep(b)),
         );
-        let analysis = float::analyze(self.engine, header.dtype, data, base_data)
-            .map_err(encoder)?;
+        let analysis =
+            float::analyze(self.engine, header.dtype, data, base_data).map_err(encoder)?;
         let delta = analysis.best_delta();
         let best_float = delta.map_or(analysis.plain.size, |d| d.size);
         if best_float as f64 > len as f64 * (1.0 - FLOAT_GAIN_FLOOR) {
@@ -370,8 +370,7 @@ impl StoreCtx<'_> {
             }
         };
 
-        let (Some((bid, bentry)), Some(bdata), Some(delta)) = (base, base_data, delta)
-        else {
+        let (Some((bid, bentry)), Some(bdata), Some(delta)) = (base, base_data, delta) else {
             return Ok(plain((id, whole()?)));
         };
         match self.policy.mode {
