@@ -259,31 +259,14 @@ impl Meta {
         self.handle.as_ref().expect("open until dropped")
     }
 
-    /// Closes a held database. Closing writes to it (redb records its allocator state), which
-    /// can trip over damage like any other write: it is guarded too.
+    /// Closes the database, whichever way it is held. Closing writes to it (redb records its
+    /// allocator state), which can trip over damage like any other write: it is guarded too.
     fn close(&mut self) -> Result<(), StoreError> {
-        match self.handle.take() {
-            Some(Handle::Brief {
-                path,
-                wait,
-                written,
-            }) => {
-                let open = lock(&written).take();
-                self.handle = Some(Handle::Brief {
-                    path,
-                    wait,
-                    written,
-                });
-                guarded(|| {
-                    drop(open);
-                    Ok(())
-                })
-            }
-            h => guarded(|| {
-                drop(h);
-                Ok(())
-            }),
-        }
+        let handle = self.handle.take();
+        guarded(|| {
+            drop(handle);
+            Ok(())
+        })
     }
 }
 

@@ -40,11 +40,6 @@ impl WarmTensors {
         }
     }
 
-    /// The budget in bytes.
-    pub fn budget(&self) -> u64 {
-        self.budget
-    }
-
     /// The content of object `id`, if the last commit kept it.
     pub fn get(&self, id: &ObjectId) -> Option<Arc<Vec<u8>>> {
         self.lock().last.get(id).cloned()
@@ -75,11 +70,6 @@ impl WarmTensors {
         g.next_bytes = 0;
     }
 
-    /// Bytes held by the last published commit's tensors.
-    pub fn held_bytes(&self) -> u64 {
-        self.lock().last.values().map(|v| v.len() as u64).sum()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Generations> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -89,7 +79,7 @@ impl std::fmt::Debug for WarmTensors {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WarmTensors")
             .field("budget", &self.budget)
-            .field("held_bytes", &self.held_bytes())
+            .field("kept", &self.lock().last.len())
             .finish()
     }
 }

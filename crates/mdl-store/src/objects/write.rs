@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use mdl_codec::{CodecTag, EncodeOptions};
 use mdl_format::record::{self, Coarsened, RecordHeader, Trailer};
@@ -14,7 +14,7 @@ use mdl_format::{FormatError, ObjectId, ObjectKind, TensorHasher, TensorHeader, 
 use crate::fs::StorageFile;
 use crate::{IndexEntry, Store, StoreError};
 
-use super::sync::{sync_all, Syncer};
+use super::sync::{Syncer, Target};
 use super::{Placement, TEMP_PREFIX};
 
 /// The result of storing one object.
@@ -32,8 +32,8 @@ pub struct ObjectBatch<'s> {
     store: &'s Store,
     /// Record files written (their directories are synced by [`ObjectBatch::finish`]).
     files: Mutex<Vec<PathBuf>>,
-    /// Syncs each record file once it is in place (started by the first record).
-    syncer: OnceLock<Syncer>,
+    /// Syncs each record file once it is in place, and the directories at the end.
+    syncer: Syncer,
 }
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -82,7 +82,7 @@ impl Store {
         ObjectBatch {
             store: self,
             files: Mutex::new(Vec::new()),
-            syncer: OnceLock::new(),
+            syncer: Syncer::new(self.storage()),
         }
     }
 }
@@ -354,9 +354,7 @@ impl ObjectBatch<'_> {
         })();
         match result {
             Ok(stored_len) => {
-                self.syncer
-                    .get_or_init(|| Syncer::start(fs))
-                    .push(path.clone());
+                self.syncer.push(path.clone(), Target::File);
                 self.files.lock().unwrap().push(path);
                 let entry = IndexEntry {
                     kind,
@@ -380,28 +378,21 @@ impl ObjectBatch<'_> {
     /// Makes the records, and their directory entries, durable. Call before publishing them
     /// in the index.
     ///
-    /// Records are renamed into place unsynced as they are written and fsynced by a few
-    /// background threads meanwhile; here the last of those fsyncs are waited for, then every
-    /// touched directory is fsynced, many at a time so the file system can merge them into few
-    /// journal commits. Only this batch's files are flushed, not whatever else is dirty on the
-    /// disk.
+    /// Records are renamed into place unsynced as they are written and fsynced by a pool of
+    /// threads meanwhile (`sync.rs`); here every touched directory joins the pool, and all of
+    /// it is waited for. Many fsyncs in flight let the file system merge them into few journal
+    /// commits. Only this batch's files are flushed, not whatever else is dirty on the disk.
     pub fn finish(self) -> Result<(), StoreError> {
-        let fs = self.store.storage();
         let files = self.files.into_inner().unwrap();
-        if let Some(syncer) = self.syncer.into_inner() {
-            syncer.finish()?;
+        if !files.is_empty() {
+            let dirs: BTreeSet<&Path> = files.iter().filter_map(|f| f.parent()).collect();
+            for dir in dirs {
+                self.syncer.push(dir.to_path_buf(), Target::Dir);
+            }
+            self.syncer
+                .push(self.store.dir().join("objects"), Target::Dir);
         }
-        if files.is_empty() {
-            return Ok(());
-        }
-        let mut dirs: Vec<PathBuf> = files
-            .iter()
-            .filter_map(|f| f.parent().map(Path::to_path_buf))
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        dirs.push(self.store.dir().join("objects"));
-        sync_all(&dirs, &|p| fs.sync_dir(p))
+        self.syncer.finish()
     }
 }
 
