@@ -50,7 +50,8 @@ use chunk::CHUNK_OVERHEAD;
 pub use chunk::{Decoder, Encoder, LANES};
 pub use code::{Code, Histogram};
 pub use stream::{
-    decode_stream, encode_stream, flag_histogram, Plan, Stream, StreamBody, StreamWriter,
+    decode_stream, encode_stream, flag_histogram, Plan, Stream, StreamBody, StreamHead,
+    StreamWriter,
 };
 
 #[cfg(test)]

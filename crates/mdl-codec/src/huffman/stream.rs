@@ -1,6 +1,8 @@
 //! The self-describing entropy stream of `docs/FORMAT.md`: stored, constant, Huffman or
 //! sparse, with a chunk length table so chunks code and decode in parallel.
 
+use std::sync::Arc;
+
 use super::*;
 
 /// Sparse mode: which symbols of 8 are non-zero, one bit each (bit `k` = symbol `k`).
@@ -166,10 +168,16 @@ impl StreamWriter {
     /// The stream's header for these chunks (produced by [`Self::chunk`], in order): the
     /// stream is this header followed by the chunks' bytes (none for a constant stream).
     pub fn head(&self, chunks: &[&[u8]]) -> Vec<u8> {
+        let lens: Vec<u32> = chunks.iter().map(|c| c.len() as u32).collect();
+        self.head_of_lengths(&lens)
+    }
+
+    /// [`Self::head`] from the chunks' lengths alone.
+    pub fn head_of_lengths(&self, lens: &[u32]) -> Vec<u8> {
         let mut out = Vec::new();
         let table = |out: &mut Vec<u8>| {
-            for c in chunks {
-                out.extend_from_slice(&(c.len() as u32).to_le_bytes());
+            for len in lens {
+                out.extend_from_slice(&len.to_le_bytes());
             }
         };
         match &self.plan {
@@ -226,6 +234,8 @@ pub fn encode_stream(symbols: &[u8], out: &mut Vec<u8>) {
 }
 
 /// A parsed entropy stream: where each chunk lies, for decoding chunks alone or in parallel.
+/// It may be a window of a longer stream ([`StreamHead::window`]): chunk 0 is then the
+/// window's first.
 pub struct Stream<'a> {
     n: u64,
     chunk_log2: u8,
@@ -243,9 +253,9 @@ pub enum StreamBody<'a> {
     /// non-zero symbols' chunk (coded with `values`).
     Coded {
         /// Decoder of the symbols (of the flag bytes, for sparse chunks).
-        decoder: Box<Decoder>,
+        decoder: Arc<Decoder>,
         /// Decoder of the non-zero symbols of sparse chunks.
-        values: Option<Box<Decoder>>,
+        values: Option<Arc<Decoder>>,
         /// Start of each chunk in `data`, plus the end.
         offsets: Vec<usize>,
         /// The chunks.
@@ -253,51 +263,85 @@ pub enum StreamBody<'a> {
     },
 }
 
-impl<'a> Stream<'a> {
-    /// Parses a stream of exactly `n` symbols occupying all of `bytes`.
-    pub fn parse(bytes: &'a [u8], n: u64) -> Result<Stream<'a>, FormatError> {
+/// The header of an entropy stream, parsed without its chunks: how the symbols are held and
+/// where each chunk lies. A reader that cannot hold the whole stream reads the bytes of a
+/// window of chunks ([`Self::byte_range`]) and decodes them as a [`Stream`]
+/// ([`Self::window`]).
+pub struct StreamHead {
+    n: u64,
+    chunk_log2: u8,
+    kind: HeadKind,
+    /// Bytes the header takes.
+    len: usize,
+}
+
+enum HeadKind {
+    Stored,
+    Constant(u8),
+    Coded {
+        decoder: Arc<Decoder>,
+        values: Option<Arc<Decoder>>,
+        /// Start of each chunk after the header, plus the end.
+        offsets: Vec<u64>,
+    },
+}
+
+impl StreamHead {
+    /// The most bytes the header of a stream of `n` symbols can take: what a reader reads
+    /// (up to the stream's length) before [`Self::parse`].
+    pub fn max_len(n: u64) -> u64 {
+        2 + 2 * LENGTHS_BYTES as u64 + n.div_ceil(1 << MIN_CHUNK_LOG2) * 4
+    }
+
+    /// Parses the header of a stream of exactly `n` symbols and `stream_len` bytes, from
+    /// `bytes`: its first bytes (at least the header's, or all of the stream).
+    pub fn parse(bytes: &[u8], n: u64, stream_len: u64) -> Result<StreamHead, FormatError> {
         let short = |needed: usize| FormatError::Truncated {
             what: "entropy stream",
             needed,
         };
         let (&mode, rest) = bytes.split_first().ok_or(short(1))?;
-        let (chunk_log2, body) = match mode {
+        let head = |chunk_log2, kind, len| StreamHead {
+            n,
+            chunk_log2,
+            kind,
+            len,
+        };
+        match mode {
             MODE_STORED => {
-                if rest.len() as u64 != n {
+                if stream_len.checked_sub(1) != Some(n) {
                     return Err(FormatError::invalid(
                         "entropy stream",
                         "stored length disagrees with the symbol count",
                     ));
                 }
-                (CHUNK_LOG2, StreamBody::Stored(rest))
+                Ok(head(CHUNK_LOG2, HeadKind::Stored, 1))
             }
-            MODE_CONSTANT => match rest {
-                [s] => (CHUNK_LOG2, StreamBody::Constant(*s)),
-                _ => {
-                    return Err(FormatError::invalid(
-                        "entropy stream",
-                        "constant stream has the wrong length",
-                    ))
-                }
+            MODE_CONSTANT => match (rest.first(), stream_len) {
+                (Some(&s), 2) => Ok(head(CHUNK_LOG2, HeadKind::Constant(s), 2)),
+                _ => Err(FormatError::invalid(
+                    "entropy stream",
+                    "constant stream has the wrong length",
+                )),
             },
             MODE_HUFFMAN | MODE_SPARSE => {
                 let codes = if mode == MODE_SPARSE { 2 } else { 1 };
-                let head = 1 + codes * LENGTHS_BYTES;
-                if rest.len() < head {
-                    return Err(short(head - rest.len()));
+                let fixed = 1 + codes * LENGTHS_BYTES;
+                if rest.len() < fixed {
+                    return Err(short(fixed - rest.len()));
                 }
                 let log2 = rest[0];
                 if !(MIN_CHUNK_LOG2..=MAX_CHUNK_LOG2).contains(&log2) {
                     return Err(FormatError::invalid("entropy stream", "bad chunk size"));
                 }
-                let decoder = Box::new(Decoder::new(&Code::read_lengths(&rest[1..])?));
+                let decoder = Arc::new(Decoder::new(&Code::read_lengths(&rest[1..])?));
                 let values = if mode == MODE_SPARSE {
                     let code = Code::read_lengths(&rest[1 + LENGTHS_BYTES..])?;
-                    Some(Box::new(Decoder::new(&code)))
+                    Some(Arc::new(Decoder::new(&code)))
                 } else {
                     None
                 };
-                let rest = &rest[head..];
+                let rest = &rest[fixed..];
                 let chunks = n.div_ceil(1 << log2);
                 // Each chunk needs a 4-byte length: bound the table by the input first.
                 if chunks.saturating_mul(4) > rest.len() as u64 {
@@ -305,45 +349,109 @@ impl<'a> Stream<'a> {
                         (chunks * 4).saturating_sub(rest.len() as u64) as usize
                     ));
                 }
-                let (table, data) = rest.split_at(chunks as usize * 4);
+                let len = 1 + fixed + chunks as usize * 4;
+                let data_len = stream_len.checked_sub(len as u64).ok_or(short(0))?;
                 let mut offsets = Vec::with_capacity(chunks as usize + 1);
-                let mut at = 0usize;
+                let mut at = 0u64;
                 offsets.push(0);
-                for len in table.chunks_exact(4) {
-                    let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
-                    at = at.checked_add(len).filter(|&e| e <= data.len()).ok_or(
-                        FormatError::invalid("entropy stream", "chunk table overruns the stream"),
-                    )?;
+                for c in rest[..chunks as usize * 4].chunks_exact(4) {
+                    at += u32::from_le_bytes(c.try_into().expect("4 bytes")) as u64;
+                    if at > data_len {
+                        return Err(FormatError::invalid(
+                            "entropy stream",
+                            "chunk table overruns the stream",
+                        ));
+                    }
                     offsets.push(at);
                 }
-                if at != data.len() {
+                if at != data_len {
                     return Err(FormatError::invalid(
                         "entropy stream",
                         "bytes after the last chunk",
                     ));
                 }
-                (
-                    log2,
-                    StreamBody::Coded {
-                        decoder,
-                        values,
-                        offsets,
-                        data,
-                    },
-                )
+                let kind = HeadKind::Coded {
+                    decoder,
+                    values,
+                    offsets,
+                };
+                Ok(head(log2, kind, len))
             }
-            _ => {
-                return Err(FormatError::UnknownTag {
-                    what: "entropy stream mode",
-                    tag: mode,
-                })
+            _ => Err(FormatError::UnknownTag {
+                what: "entropy stream mode",
+                tag: mode,
+            }),
+        }
+    }
+
+    /// Symbols per chunk.
+    pub fn chunk_len(&self) -> usize {
+        1 << self.chunk_log2
+    }
+
+    /// Number of chunks.
+    pub fn chunks(&self) -> usize {
+        self.n.div_ceil(self.chunk_len() as u64) as usize
+    }
+
+    /// Symbols in chunks `first..first + count` (clamped to the stream).
+    fn symbols(&self, first: usize, count: usize) -> u64 {
+        let cl = self.chunk_len() as u64;
+        let start = (first as u64 * cl).min(self.n);
+        ((first + count) as u64 * cl).min(self.n) - start
+    }
+
+    /// Where the bytes of chunks `first..first + count` lie, from the stream's start.
+    pub fn byte_range(&self, first: usize, count: usize) -> std::ops::Range<u64> {
+        let at = self.len as u64;
+        let last = (first + count).min(self.chunks());
+        let first = first.min(last);
+        match &self.kind {
+            HeadKind::Stored => {
+                let cl = self.chunk_len() as u64;
+                at + (first as u64 * cl).min(self.n)..at + (last as u64 * cl).min(self.n)
             }
+            HeadKind::Constant(_) => at..at,
+            HeadKind::Coded { offsets, .. } => at + offsets[first]..at + offsets[last],
+        }
+    }
+
+    /// Chunks `first..first + count` as a stream of their own, from `data`: the bytes of
+    /// [`Self::byte_range`] for the same chunks.
+    pub fn window<'a>(&self, first: usize, count: usize, data: &'a [u8]) -> Stream<'a> {
+        let n = self.symbols(first, count);
+        let last = (first + count).min(self.chunks());
+        let first = first.min(last);
+        let body = match &self.kind {
+            HeadKind::Stored => StreamBody::Stored(data),
+            HeadKind::Constant(s) => StreamBody::Constant(*s),
+            HeadKind::Coded {
+                decoder,
+                values,
+                offsets,
+            } => StreamBody::Coded {
+                decoder: decoder.clone(),
+                values: values.clone(),
+                offsets: offsets[first..=last]
+                    .iter()
+                    .map(|o| (o - offsets[first]) as usize)
+                    .collect(),
+                data,
+            },
         };
-        Ok(Stream {
+        Stream {
             n,
-            chunk_log2,
+            chunk_log2: self.chunk_log2,
             body,
-        })
+        }
+    }
+}
+
+impl<'a> Stream<'a> {
+    /// Parses a stream of exactly `n` symbols occupying all of `bytes`.
+    pub fn parse(bytes: &'a [u8], n: u64) -> Result<Stream<'a>, FormatError> {
+        let head = StreamHead::parse(bytes, n, bytes.len() as u64)?;
+        Ok(head.window(0, head.chunks(), &bytes[head.len..]))
     }
 
     /// How the stream holds its symbols, for engines that decode chunks elsewhere.

@@ -10,9 +10,15 @@
 use mdl_format::{Dtype, FormatError};
 
 use crate::engine::Engine;
-use crate::huffman::{Histogram, Plan, Stream, StreamWriter};
+use crate::huffman::{Histogram, Plan};
 use crate::planes::{
-    layout, spec_layout, spec_layout_of, sub_layout, word_mask, Layout, PlaneSpec, Transform, CHUNK,
+    layout, spec_layout, sub_layout, word_mask, Layout, PlaneSpec, Transform, CHUNK,
+};
+
+mod payload;
+
+pub use payload::{
+    decode, decode_sub, encode, encode_pieces, Encoded, PayloadIndex, PayloadWriter,
 };
 
 /// Whether `dtype` has a float plane layout.
@@ -104,45 +110,146 @@ struct PlaneStats {
     counted: bool,
 }
 
-/// Per-plane statistics of `data` (XORed with `base` under `spec.mask`, or subtracted). Planes
-/// whose first chunk looks like noise are not counted further (they will be stored raw); planes
-/// with many zeros also get their sparse-mode flag counts.
-fn histograms(
-    engine: &dyn Engine,
-    l: &Layout,
+/// Per-plane statistics of a tensor (XORed with a base under `spec.mask`, or subtracted),
+/// counted a window of whole chunks at a time; counts add exactly, so any windowing gives the
+/// same result. Planes whose first chunk looks like noise are not counted further (they will be
+/// stored raw); planes with many zeros also get their sparse-mode flag counts.
+#[derive(Clone)]
+pub struct PlaneCount {
+    l: Layout,
     spec: PlaneSpec,
-    data: &[u8],
-    base: Option<&[u8]>,
-) -> Vec<PlaneStats> {
-    let step = (CHUNK * l.width).min(data.len());
-    let sample = engine.plane_histograms(
-        spec,
-        &data[..step],
-        base.map(|b| &b[..step]),
-        &vec![(true, true); l.planes],
-    );
-    let want: Vec<(bool, bool)> = sample
-        .iter()
-        .map(|(h, _)| {
-            let noise = h.entropy_bits() >= NOISE_BITS * h.total() as f64;
-            (!noise, !noise && Plan::wants_flags(h))
-        })
-        .collect();
-    let totals = if step == data.len() {
-        sample.clone()
-    } else {
-        engine.plane_histograms(spec, data, base, &want)
-    };
-    totals
-        .into_iter()
-        .zip(sample)
-        .zip(want)
-        .map(|(((h, f), (sh, _)), (symbols, flags))| PlaneStats {
-            hist: if symbols { h } else { sh },
-            flags: flags.then_some(f),
-            counted: symbols,
-        })
-        .collect()
+    /// The planes XORed with the base ([`Count::Masked`]).
+    xor_mask: u8,
+    /// Whether the count is against a base.
+    with_base: bool,
+    /// Elements counted.
+    n: u64,
+    /// The first chunk's counts (symbols and flags of every plane).
+    sample: Vec<(Histogram, Histogram)>,
+    /// Per plane, `(symbols, flags)`: what is counted after the first chunk decided.
+    want: Vec<(bool, bool)>,
+    totals: Vec<(Histogram, Histogram)>,
+}
+
+/// Which planes a [`PlaneCount`] counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Count {
+    /// `float-split`: the value's own planes.
+    Plain,
+    /// Every float plane XORed with the base (what `xor-delta` chooses from, plane by plane).
+    Xor,
+    /// `sub-delta`: the planes of the difference from the base.
+    Sub,
+    /// `xor-delta` with these planes (bit `p`: plane `p`) XORed with the base.
+    Masked(u8),
+}
+
+impl PlaneCount {
+    /// A count of a `dtype` tensor's planes of kind `count`.
+    pub fn new(dtype: Dtype, count: Count) -> Result<PlaneCount, FormatError> {
+        let not_float = || FormatError::invalid("float-split", "not a float dtype");
+        let spec = match count {
+            Count::Plain => PlaneSpec::planes(dtype, 0),
+            Count::Xor => PlaneSpec::planes(dtype, u64::MAX),
+            Count::Sub => PlaneSpec::sub(dtype),
+            Count::Masked(m) => {
+                PlaneSpec::planes(dtype, word_mask(&layout(dtype).ok_or_else(not_float)?, m))
+            }
+        };
+        let l = crate::planes::spec_layout_of(spec).ok_or_else(not_float)?;
+        let xor_mask = match count {
+            Count::Masked(m) => m,
+            _ => 0,
+        };
+        Ok(Self::of(&l, spec, xor_mask, count != Count::Plain))
+    }
+
+    fn of(l: &Layout, spec: PlaneSpec, xor_mask: u8, with_base: bool) -> PlaneCount {
+        PlaneCount {
+            l: *l,
+            spec,
+            xor_mask,
+            with_base,
+            n: 0,
+            sample: Vec::new(),
+            want: Vec::new(),
+            totals: vec![(Histogram::default(), Histogram::default()); l.planes],
+        }
+    }
+
+    /// Counts the next window of the tensor (whole chunks, but for the tensor's last) and of
+    /// its base (given exactly when the count is against a base).
+    pub fn add(
+        &mut self,
+        engine: &dyn Engine,
+        data: &[u8],
+        base: Option<&[u8]>,
+    ) -> Result<(), FormatError> {
+        check_lengths(&self.l, data, base)?;
+        if base.is_some() != self.with_base {
+            return Err(FormatError::invalid(
+                "delta",
+                "base given where none is counted",
+            ));
+        }
+        let mut whole = false;
+        if self.sample.is_empty() {
+            let step = (CHUNK * self.l.width).min(data.len());
+            self.sample = engine.plane_histograms(
+                self.spec,
+                &data[..step],
+                base.map(|b| &b[..step]),
+                &vec![(true, true); self.l.planes],
+            );
+            self.want = self
+                .sample
+                .iter()
+                .map(|(h, _)| {
+                    let noise = h.entropy_bits() >= NOISE_BITS * h.total() as f64;
+                    (!noise, !noise && Plan::wants_flags(h))
+                })
+                .collect();
+            whole = step == data.len();
+        }
+        let counts = if whole {
+            self.sample.clone()
+        } else {
+            engine.plane_histograms(self.spec, data, base, &self.want)
+        };
+        for ((t, tf), (c, cf)) in self.totals.iter_mut().zip(&counts) {
+            t.add(c);
+            tf.add(cf);
+        }
+        self.n += (data.len() / self.l.width) as u64;
+        Ok(())
+    }
+
+    /// How to hold the planes counted: for [`Count::Plain`], [`Count::Sub`] and
+    /// [`Count::Masked`], once the whole tensor is counted.
+    pub fn choice(&self) -> Choice {
+        let stats = self.stats();
+        let refs: Vec<&PlaneStats> = stats.iter().collect();
+        choice(&self.l, self.spec.transform, self.n, &refs, self.xor_mask)
+    }
+
+    fn stats(&self) -> Vec<PlaneStats> {
+        let none = (Histogram::default(), Histogram::default());
+        (0..self.l.planes)
+            .map(|p| {
+                let (symbols, flags) = self.want.get(p).copied().unwrap_or((true, false));
+                let (h, f) = &self.totals[p];
+                PlaneStats {
+                    hist: if symbols {
+                        h.clone()
+                    } else {
+                        self.sample.get(p).unwrap_or(&none).0.clone()
+                    },
+                    flags: flags.then(|| f.clone()),
+                    counted: symbols,
+                }
+            })
+            .collect()
+    }
 }
 
 fn choice(l: &Layout, transform: Transform, n: u64, stats: &[&PlaneStats], xor_mask: u8) -> Choice {
@@ -180,35 +287,59 @@ pub fn analyze(
 ) -> Result<Analysis, FormatError> {
     let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
     check_lengths(&l, data, base)?;
-    let n = (data.len() / l.width) as u64;
-    let plain_h = histograms(engine, &l, PlaneSpec::planes(dtype, 0), data, None);
-    let plain = choice(
-        &l,
+    let mut plain = PlaneCount::new(dtype, Count::Plain)?;
+    plain.add(engine, data, None)?;
+    let mut deltas = Vec::new();
+    if let Some(b) = base {
+        for count in deltas_to_count(engine, dtype, data, b)? {
+            let mut c = PlaneCount::new(dtype, count)?;
+            c.add(engine, data, Some(b))?;
+            deltas.push(c);
+        }
+    }
+    Ok(analysis_of(&plain, &deltas))
+}
+
+/// Which deltas against a base are worth counting in full, judged from the tensor's first
+/// window `data` (at least its first chunk, or all of it) and the base's: on tensors of several
+/// chunks, the one whose first chunk codes smaller (counting both would cost a whole extra pass
+/// for nothing).
+pub fn deltas_to_count(
+    engine: &dyn Engine,
+    dtype: Dtype,
+    data: &[u8],
+    base: &[u8],
+) -> Result<Vec<Count>, FormatError> {
+    let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
+    check_lengths(&l, data, Some(base))?;
+    if data.len() <= CHUNK * l.width {
+        return Ok(vec![Count::Xor, Count::Sub]);
+    }
+    let (xor, sub) = sample_delta_sizes(engine, dtype, &l, data, base);
+    Ok(vec![if xor < sub { Count::Xor } else { Count::Sub }])
+}
+
+/// The choices that counts of the whole tensor give: `plain` of kind [`Count::Plain`], and
+/// `deltas` of the other kinds against a base.
+pub fn analysis_of(plain: &PlaneCount, deltas: &[PlaneCount]) -> Analysis {
+    let (l, n) = (&plain.l, plain.n);
+    let plain_h = plain.stats();
+    let plain_choice = choice(
+        l,
         Transform::Planes,
         n,
         &plain_h.iter().collect::<Vec<_>>(),
         0,
     );
-    // Which delta to count in full: on tensors of several chunks, the one whose first chunk
-    // codes smaller (counting both would cost a whole extra pass for nothing).
-    let (want_xor, want_sub) = match base {
-        Some(b) if data.len() > CHUNK * l.width => {
-            let (xor, sub) = sample_delta_sizes(engine, dtype, &l, data, b);
-            (xor < sub, sub <= xor)
-        }
-        Some(_) => (true, true),
-        None => (false, false),
+    let of = |t: Transform, mask: bool| {
+        deltas
+            .iter()
+            .find(|d| d.spec.transform == t && (d.spec.mask != 0) == mask)
+            .map(PlaneCount::stats)
     };
-    let delta = base.filter(|_| want_xor).and_then(|b| {
-        let xor_h = histograms(
-            engine,
-            &l,
-            PlaneSpec::planes(dtype, u64::MAX),
-            data,
-            Some(b),
-        );
+    let delta = of(Transform::Planes, true).and_then(|xor_h| {
         let xor = choice(
-            &l,
+            l,
             Transform::Planes,
             n,
             &xor_h.iter().collect::<Vec<_>>(),
@@ -217,20 +348,33 @@ pub fn analyze(
         let mut mask = 0u8;
         let mut picked = Vec::with_capacity(l.planes);
         for p in 0..l.planes {
-            if xor.plane_bytes[p] < plain.plane_bytes[p] {
+            if xor.plane_bytes[p] < plain_choice.plane_bytes[p] {
                 mask |= 1 << p;
                 picked.push(&xor_h[p]);
             } else {
                 picked.push(&plain_h[p]);
             }
         }
-        (mask != 0).then(|| choice(&l, Transform::Planes, n, &picked, mask))
+        (mask != 0).then(|| choice(l, Transform::Planes, n, &picked, mask))
     });
-    let sub = base
-        .filter(|_| want_sub)
-        .map(|b| analyze_sub(engine, dtype, data, b))
-        .transpose()?;
-    Ok(Analysis { plain, delta, sub })
+    let sub = deltas
+        .iter()
+        .find(|d| d.spec.transform == Transform::Sub)
+        .map(|d| {
+            let stats = d.stats();
+            choice(
+                &d.l,
+                Transform::Sub,
+                n,
+                &stats.iter().collect::<Vec<_>>(),
+                0,
+            )
+        });
+    Analysis {
+        plain: plain_choice,
+        delta,
+        sub,
+    }
 }
 
 /// Estimated sizes of the first chunk as xor-delta (each plane XORed or not, whichever is
@@ -273,25 +417,7 @@ pub fn analyze_sub(
     data: &[u8],
     base: &[u8],
 ) -> Result<Choice, FormatError> {
-    let l = sub_layout(dtype).ok_or(FormatError::invalid("sub-delta", "not a float dtype"))?;
-    count_and_choose(engine, &l, PlaneSpec::sub(dtype), data, base, 0)
-}
-
-/// One counting pass of `data` against `base` with the given transform and XOR mask, and the
-/// resulting choice.
-fn count_and_choose(
-    engine: &dyn Engine,
-    l: &Layout,
-    spec: PlaneSpec,
-    data: &[u8],
-    base: &[u8],
-    xor_mask: u8,
-) -> Result<Choice, FormatError> {
-    check_lengths(l, data, Some(base))?;
-    let n = (data.len() / l.width) as u64;
-    let stats = histograms(engine, l, spec, data, Some(base));
-    let refs: Vec<&PlaneStats> = stats.iter().collect();
-    Ok(choice(l, spec.transform, n, &refs, xor_mask))
+    count_and_choose(engine, dtype, Count::Sub, data, base)
 }
 
 /// Counts `data` with the planes of `xor_mask` XORed with `base` and chooses how to hold each:
@@ -304,178 +430,20 @@ pub fn analyze_masked(
     base: &[u8],
     xor_mask: u8,
 ) -> Result<Choice, FormatError> {
-    let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
-    let spec = PlaneSpec::planes(dtype, word_mask(&l, xor_mask));
-    count_and_choose(engine, &l, spec, data, base, xor_mask)
+    count_and_choose(engine, dtype, Count::Masked(xor_mask), data, base)
 }
 
-/// An encoded payload, kept as the pieces it was produced in (chunks encoded in parallel), so
-/// it can be written out without first being copied into one buffer.
-pub struct Encoded {
-    /// Plane count, mask and stream lengths.
-    head: Vec<u8>,
-    /// Per plane: its stream header and its chunks.
-    planes: Vec<(Vec<u8>, Vec<Vec<u8>>)>,
-}
-
-impl Encoded {
-    /// The payload, in order.
-    pub fn pieces(&self) -> Vec<&[u8]> {
-        let mut out = vec![self.head.as_slice()];
-        for (head, chunks) in &self.planes {
-            out.push(head);
-            out.extend(chunks.iter().map(Vec::as_slice));
-        }
-        out
-    }
-}
-
-/// Encodes `data` as `choice` says (XORing the chosen planes with `base`, or taking the
-/// difference from it), appending the payload to `out`.
-pub fn encode(
+/// One counting pass of `data` against `base`, and the resulting choice.
+fn count_and_choose(
     engine: &dyn Engine,
     dtype: Dtype,
+    count: Count,
     data: &[u8],
-    base: Option<&[u8]>,
-    choice: &Choice,
-    out: &mut Vec<u8>,
-) -> Result<(), FormatError> {
-    for piece in encode_pieces(engine, dtype, data, base, choice)?.pieces() {
-        out.extend_from_slice(piece);
-    }
-    Ok(())
-}
-
-/// Like [`encode`], returning the payload in pieces.
-pub fn encode_pieces(
-    engine: &dyn Engine,
-    dtype: Dtype,
-    data: &[u8],
-    base: Option<&[u8]>,
-    choice: &Choice,
-) -> Result<Encoded, FormatError> {
-    let mut spec = PlaneSpec {
-        dtype,
-        transform: choice.transform,
-        mask: 0,
-    };
-    let l = spec_layout_of(spec).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
-    check_lengths(&l, data, base)?;
-    if (choice.xor_mask != 0 || choice.transform == Transform::Sub) && base.is_none() {
-        return Err(FormatError::invalid("delta", "no base given"));
-    }
-    spec.mask = word_mask(&l, choice.xor_mask);
-    let writers: Vec<StreamWriter> = choice
-        .plans
-        .iter()
-        .map(|p| StreamWriter::new(p.clone()))
-        .collect();
-    let coded = engine.encode_planes(spec, data, base, &writers);
-    let planes: Vec<(Vec<u8>, Vec<Vec<u8>>)> = writers
-        .iter()
-        .zip(coded)
-        .map(|(w, chunks)| {
-            let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
-            (w.head(&refs), chunks)
-        })
-        .collect();
-    let mut head = vec![l.planes as u8, choice.xor_mask];
-    for (h, cs) in &planes {
-        let len = h.len() as u64 + cs.iter().map(|c| c.len() as u64).sum::<u64>();
-        head.extend_from_slice(&len.to_le_bytes());
-    }
-    Ok(Encoded { head, planes })
-}
-
-/// Decodes a payload into `out` (whose length is the tensor's byte length), XORing the planes
-/// the payload says with `base`.
-pub fn decode(
-    engine: &dyn Engine,
-    dtype: Dtype,
-    payload: &[u8],
-    base: Option<&[u8]>,
-    out: &mut [u8],
-) -> Result<(), FormatError> {
-    let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
-    decode_with(engine, &l, PlaneSpec::planes(dtype, 0), payload, base, out)
-}
-
-/// Decodes a `sub-delta` payload against `base` into `out`.
-pub fn decode_sub(
-    engine: &dyn Engine,
-    dtype: Dtype,
-    payload: &[u8],
     base: &[u8],
-    out: &mut [u8],
-) -> Result<(), FormatError> {
-    let l = sub_layout(dtype).ok_or(FormatError::invalid("sub-delta", "not a float dtype"))?;
-    decode_with(engine, &l, PlaneSpec::sub(dtype), payload, Some(base), out)
-}
-
-/// Decodes `payload` with the planes of `spec` (whose mask the payload sets).
-fn decode_with(
-    engine: &dyn Engine,
-    l: &Layout,
-    mut spec: PlaneSpec,
-    payload: &[u8],
-    base: Option<&[u8]>,
-    out: &mut [u8],
-) -> Result<(), FormatError> {
-    check_lengths(l, out, base)?;
-    let n = (out.len() / l.width) as u64;
-    if payload.len() < 2 + 8 * l.planes {
-        return Err(FormatError::Truncated {
-            what: "float payload",
-            needed: 2 + 8 * l.planes - payload.len(),
-        });
-    }
-    let (count, xor_mask) = (payload[0], payload[1]);
-    if count as usize != l.planes {
-        return Err(FormatError::invalid(
-            "float payload",
-            "plane count does not match the dtype",
-        ));
-    }
-    let bad_mask = match spec.transform {
-        Transform::Planes => {
-            (l.planes < 8 && xor_mask >> l.planes != 0) || (xor_mask != 0) != base.is_some()
-        }
-        Transform::Sub => xor_mask != 0,
-    };
-    if bad_mask {
-        return Err(FormatError::invalid(
-            "float payload",
-            "XOR planes disagree with the record's base",
-        ));
-    }
-    let (table, mut body) = payload[2..].split_at(8 * l.planes);
-    let mut streams = Vec::with_capacity(l.planes);
-    for len in table.chunks_exact(8) {
-        let len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
-        if len > body.len() as u64 {
-            return Err(FormatError::invalid(
-                "float payload",
-                "plane overruns the payload",
-            ));
-        }
-        let (s, b) = body.split_at(len as usize);
-        streams.push(Stream::parse(s, n)?);
-        body = b;
-    }
-    if !body.is_empty() {
-        return Err(FormatError::invalid(
-            "float payload",
-            "bytes after the last plane",
-        ));
-    }
-    if streams.iter().any(|s| s.chunk_len() != CHUNK) {
-        return Err(FormatError::invalid(
-            "float payload",
-            "plane chunk size differs from the codec's",
-        ));
-    }
-    spec.mask = word_mask(l, xor_mask);
-    engine.decode_planes(spec, &streams, base, out)
+) -> Result<Choice, FormatError> {
+    let mut c = PlaneCount::new(dtype, count)?;
+    c.add(engine, data, Some(base))?;
+    Ok(c.choice())
 }
 
 #[cfg(test)]
