@@ -1,7 +1,8 @@
 //! Object records: where they live (`record_path`), listing them and what interrupted writes
 //! left (`temp_files`, `record_files`), removing one; writing in `write.rs` (made durable by
 //! `sync.rs`), reading in `read.rs`,
-//! the read buffers kept between reads in `buffers.rs`.
+//! tensors read a window at a time in `windows.rs`, the read buffers kept between reads in
+//! `buffers.rs`.
 
 use std::path::{Path, PathBuf};
 
@@ -113,8 +114,10 @@ pub const MAX_CHAIN: u32 = 1024;
 mod buffers;
 mod read;
 mod sync;
+mod windows;
 mod write;
 
+pub use windows::TensorWindows;
 pub use write::{ObjectBatch, PutOutcome};
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ impl Store {
     /// Runs a read of `id` starting from `entry`; if a record file is gone because compaction
     /// or gc re-encoded the object (or a base) after `entry` was read, runs it again from the
     /// index's current entries. A reader never fails because maintenance ran beside it.
-    fn reread<R>(
+    pub(super) fn reread<R>(
         &self,
         id: &ObjectId,
         entry: &IndexEntry,
@@ -221,7 +221,7 @@ impl Store {
     }
 
     /// The index entry of `id`'s base, checked to be the same size.
-    fn base_entry(
+    pub(super) fn base_entry(
         &self,
         id: &ObjectId,
         entry: &IndexEntry,
@@ -413,7 +413,11 @@ impl Store {
     }
 
     /// Opens an object's record file and parses its header.
-    fn open_record(&self, id: &ObjectId, entry: &IndexEntry) -> Result<OpenRecord, StoreError> {
+    pub(super) fn open_record(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+    ) -> Result<OpenRecord, StoreError> {
         let path = self.record_path(id, entry.generation);
         let file = File::open(&path).map_err(StoreError::record_io(id, "open", &path))?;
         let len = file
@@ -458,7 +462,7 @@ impl Store {
 
 /// How many delta steps a read of `entry` may follow: a chain can never be longer than the
 /// index says; the budget also stops cycles in a damaged index.
-fn chain_budget(entry: &IndexEntry) -> u32 {
+pub(super) fn chain_budget(entry: &IndexEntry) -> u32 {
     entry.depth.saturating_add(1).min(MAX_CHAIN)
 }
 
@@ -487,22 +491,25 @@ fn verify_content(
 }
 
 /// Maps a format error in `id`'s record to [`StoreError::Corrupt`] naming the object.
-fn corrupt(id: &ObjectId, entry: &IndexEntry) -> impl Fn(FormatError) -> StoreError + Copy {
+pub(super) fn corrupt(
+    id: &ObjectId,
+    entry: &IndexEntry,
+) -> impl Fn(FormatError) -> StoreError + Copy {
     let (id, kind) = (*id, entry.kind.name());
     move |source| StoreError::Corrupt { id, kind, source }
 }
 
 /// A record file opened and its header parsed.
-struct OpenRecord {
-    file: File,
-    path: PathBuf,
+pub(super) struct OpenRecord {
+    pub(super) file: File,
+    pub(super) path: PathBuf,
     /// The file's length.
-    len: u64,
-    header: RecordHeader,
+    pub(super) len: u64,
+    pub(super) header: RecordHeader,
     /// Bytes the encoded header takes.
-    header_len: usize,
+    pub(super) header_len: usize,
     /// The first bytes of the file, read to parse the header.
-    head: Vec<u8>,
+    pub(super) head: Vec<u8>,
 }
 
 enum HeaderError {

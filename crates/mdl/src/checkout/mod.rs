@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use mdl_format::ObjectId;
 use serde::{Deserialize, Serialize};
 
-use crate::{per_tensor, Error, Progress, Repository, Result, BIG_TENSOR};
+use crate::{per_tensor, Error, Progress, Repository, Result};
 
 mod layout;
 mod output;
@@ -147,29 +147,23 @@ fn write_files(
             .flat_map(|(k, (_, f))| f.objects().map(move |o| (k, o)))
             .collect();
         let write_one = |&(k, t): &(usize, &Placed)| -> Result<()> {
-            let len = t.entry.content_len as usize;
-            // A per-thread buffer, taken out while in use (rayon may start another object on
+            // Decoded a window at a time (memory bounded by the window, not the tensor) into a
+            // per-thread buffer, taken out while in use (rayon may start another object on
             // this thread while this one waits for its chunks).
             let mut buf = TENSOR_BUF.take();
-            if buf.len() < len {
-                buf.resize(len, 0);
-            }
             let target = &targets[batch[k].0];
-            let result = store
-                .load_tensor_into(&t.id, &t.entry, &mut buf[..len])
-                .map_err(Error::from)
-                .and_then(|()| {
-                    temps[k]
-                        .0
-                        .as_file()
-                        .write_all_at(&buf[..len], t.offset)
-                        .map_err(write_err(target))
-                });
-            // Big objects' buffers are not kept.
-            if (len as u64) < BIG_TENSOR {
-                TENSOR_BUF.set(buf);
-            }
-            result?;
+            let file = temps[k].0.as_file();
+            let result = store.tensor_windows(&t.id, &t.entry).and_then(|w| {
+                w.for_each(&mut buf, |at, bytes| {
+                    file.write_all_at(bytes, t.offset + at)
+                        .map_err(mdl_store::StoreError::Output)
+                })
+            });
+            TENSOR_BUF.set(buf);
+            result.map_err(|e| match e {
+                mdl_store::StoreError::Output(source) => write_err(target)(source),
+                e => Error::from(e),
+            })?;
             progress.advance(t.entry.content_len);
             Ok(())
         };

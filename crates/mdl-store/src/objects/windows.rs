@@ -1,0 +1,513 @@
+//! Tensors read a window at a time: memory bounded by the window, not by the tensor.
+//!
+//! A float record (float-split, xor-delta, sub-delta, mantissa-trim) is decoded a window of
+//! element chunks at a time, each plane's bytes for the window read from the file at their
+//! offsets; a delta pulls the same window of its base from the level below, so a chain is
+//! resolved window by window too. Raw and zstd records stream. Quantized records (the lossy
+//! codecs) are decoded whole and handed out a window at a time: their memory is the tensor's.
+//!
+//! Every record's checksum (the per-plane pieces combined in file order) and every level's
+//! content hash are checked by [`TensorWindows::finish`], after the last window: like
+//! [`Store::read_object`], bytes reach the caller before they are verified.
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::{self, BufReader, Read};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use mdl_codec::float::PayloadIndex;
+use mdl_codec::planes::PlaneSpec;
+use mdl_codec::CodecTag;
+use mdl_format::record::{Trailer, TRAILER_LEN};
+use mdl_format::{FormatError, ObjectId, TensorHasher, TensorHeader};
+
+use crate::{IndexEntry, Store, StoreError};
+
+use super::read::{chain_budget, corrupt};
+
+/// Element chunks in one window (each of `1 << CHUNK_LOG2` elements): 2 Mi elements, 8 MiB of
+/// f32. A chain of depth `d` holds `d + 1` windows and their coded bytes.
+const WINDOW_CHUNKS: u64 = 16;
+
+/// A tensor being decoded a window at a time ([`Store::tensor_windows`]).
+pub struct TensorWindows<'s> {
+    level: Level<'s>,
+    len: u64,
+    window: u64,
+    done: u64,
+}
+
+impl Store {
+    /// Opens `id` (and the records of its delta chain) to be decoded a window at a time.
+    pub fn tensor_windows(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+    ) -> Result<TensorWindows<'_>, StoreError> {
+        let level = self.reread(id, entry, |e| self.open_level(id, e, chain_budget(e)))?;
+        let width = match &level {
+            Level::Float(f) => f.width,
+            _ => 1,
+        };
+        Ok(TensorWindows {
+            window: WINDOW_CHUNKS * (1 << mdl_codec::huffman::CHUNK_LOG2) * width,
+            len: entry.content_len,
+            done: 0,
+            level,
+        })
+    }
+
+    fn open_level(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        budget: u32,
+    ) -> Result<Level<'_>, StoreError> {
+        let bad = corrupt(id, entry);
+        let codec = CodecTag::try_from(entry.codec).map_err(bad)?;
+        if budget == 0 {
+            return Err(bad(FormatError::invalid(
+                "delta chain",
+                "longer than the index records (a cycle?)",
+            )));
+        }
+        let spec = |dtype| match codec {
+            CodecTag::FloatSplit | CodecTag::XorDelta | CodecTag::MantissaTrim => {
+                Some(PlaneSpec::planes(dtype, 0))
+            }
+            CodecTag::SubDelta => Some(PlaneSpec::sub(dtype)),
+            _ => None,
+        };
+        let streaming = codec.is_streaming() && entry.base.is_none();
+        let float = matches!(
+            codec,
+            CodecTag::FloatSplit | CodecTag::XorDelta | CodecTag::MantissaTrim | CodecTag::SubDelta
+        );
+        if !streaming && !float {
+            // The lossy codecs: decoded whole.
+            return Ok(Level::Memory {
+                data: self.load_tensor(id, entry)?,
+                at: 0,
+            });
+        }
+        let open = self.open_record(id, entry)?;
+        let len = open.len;
+        let hlen = open.header_len;
+        if len < (hlen + TRAILER_LEN) as u64 {
+            return Err(bad(FormatError::Truncated {
+                what: "record",
+                needed: hlen + TRAILER_LEN - len as usize,
+            }));
+        }
+        let mut tbytes = [0u8; TRAILER_LEN];
+        open.file
+            .read_exact_at(&mut tbytes, len - TRAILER_LEN as u64)
+            .map_err(StoreError::io("read", &open.path))?;
+        let trailer = Trailer::decode(&tbytes).map_err(bad)?;
+        let header = &open.header;
+        let payload_len = len - (hlen + TRAILER_LEN) as u64;
+        if trailer.payload_len != payload_len
+            || trailer.content_len != entry.content_len
+            || header.kind != entry.kind
+            || header.codec != entry.codec
+            || header.base != entry.base
+            || header.base.is_some() != codec.has_base()
+        {
+            return Err(bad(FormatError::invalid(
+                "record",
+                "codec, base, lengths or kind disagree with the index",
+            )));
+        }
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&open.head[..hlen]);
+        let common = Common {
+            id: *id,
+            entry: *entry,
+            hasher: TensorHasher::new(&header.prefix),
+            expected: header.content_id(id),
+            trailer: tbytes,
+            crc,
+        };
+        if streaming {
+            let payload = Rc::new(RefCell::new((crc32fast::Hasher::new(), 0)));
+            let end = len - TRAILER_LEN as u64;
+            let reader = ReadAt {
+                file: open
+                    .file
+                    .try_clone()
+                    .map_err(StoreError::io("open", &open.path))?,
+                at: hlen as u64,
+                end,
+                path: open.path.clone(),
+            };
+            let checked = CrcReader {
+                inner: BufReader::with_capacity(1 << 18, reader),
+                seen: payload.clone(),
+            };
+            let decoder = mdl_codec::decoder(codec, Box::new(checked), entry.content_len)
+                .map_err(|e| bad(FormatError::invalid("payload", e.to_string())))?;
+            return Ok(Level::Stream(StreamLevel {
+                common,
+                decoder,
+                payload,
+                rest: ReadAt {
+                    file: open.file,
+                    at: hlen as u64,
+                    end,
+                    path: open.path,
+                },
+            }));
+        }
+        let tensor = TensorHeader::from_canonical(&header.prefix).map_err(bad)?;
+        if tensor.data_len() != Some(entry.content_len) {
+            return Err(bad(FormatError::invalid(
+                "record",
+                "tensor shape disagrees with the content length",
+            )));
+        }
+        let spec = spec(tensor.dtype).ok_or(bad(FormatError::invalid(
+            "record",
+            "float codec on a tensor that is not float",
+        )))?;
+        let (width, _) = spec
+            .shape()
+            .ok_or(bad(FormatError::invalid("record", "not a float dtype")))?;
+        let mut read = |at: u64, buf: &mut [u8]| {
+            open.file
+                .read_exact_at(buf, hlen as u64 + at)
+                .map_err(|e| FormatError::invalid("record", e.to_string()))
+        };
+        let index = PayloadIndex::open(
+            spec,
+            entry.content_len,
+            payload_len,
+            entry.base.is_some(),
+            &mut read,
+        )
+        .map_err(bad)?;
+        let heads = index
+            .head_ranges()
+            .into_iter()
+            .map(|r| {
+                let mut buf = vec![0u8; (r.end - r.start) as usize];
+                read(r.start, &mut buf).map_err(bad)?;
+                let mut c = crc32fast::Hasher::new();
+                c.update(&buf);
+                Ok(c)
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let base = match &entry.base {
+            Some(base_id) => {
+                let base_entry = self.base_entry(id, entry, base_id)?;
+                Some(Box::new(self.open_level(
+                    base_id,
+                    &base_entry,
+                    budget - 1,
+                )?))
+            }
+            None => None,
+        };
+        let planes = index.planes();
+        Ok(Level::Float(FloatLevel {
+            store: self,
+            common,
+            file: open.file,
+            path: open.path,
+            payload_at: hlen as u64,
+            heads,
+            data: vec![crc32fast::Hasher::new(); planes],
+            bytes: vec![Vec::new(); planes],
+            index,
+            width: width as u64,
+            next_chunk: 0,
+            base,
+            base_buf: Vec::new(),
+        }))
+    }
+}
+
+impl TensorWindows<'_> {
+    /// The tensor's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the tensor is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The length of a full window, in bytes; every window is this long but the last.
+    pub fn window_len(&self) -> u64 {
+        self.window
+    }
+
+    /// Decodes the next window into `out`, which must be exactly its length: the window's, or
+    /// the rest of the tensor's for the last.
+    pub fn next_into(&mut self, out: &mut [u8]) -> Result<(), StoreError> {
+        let want = self.window.min(self.len - self.done);
+        if out.len() as u64 != want || want == 0 {
+            return Err(StoreError::Output(io::Error::other(
+                "window length differs from the tensor's next window",
+            )));
+        }
+        self.level.next_into(out)?;
+        self.done += want;
+        Ok(())
+    }
+
+    /// Checks every record's checksum and every content hash once all windows are read.
+    pub fn finish(self) -> Result<(), StoreError> {
+        if self.done != self.len {
+            return Err(StoreError::Output(io::Error::other(
+                "tensor not read to its end",
+            )));
+        }
+        self.level.finish()
+    }
+
+    /// Decodes the whole tensor through `buf` (grown to a window as needed), handing each
+    /// window and its offset to `f`, then verifies it.
+    pub fn for_each(
+        mut self,
+        buf: &mut Vec<u8>,
+        mut f: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let want = self.window.min(self.len) as usize;
+        if buf.len() < want {
+            buf.resize(want, 0);
+        }
+        while self.done < self.len {
+            let at = self.done;
+            let n = self.window.min(self.len - at) as usize;
+            self.next_into(&mut buf[..n])?;
+            f(at, &buf[..n])?;
+        }
+        self.finish()
+    }
+}
+
+/// One record of a chain.
+enum Level<'s> {
+    Float(FloatLevel<'s>),
+    Stream(StreamLevel),
+    Memory { data: Vec<u8>, at: usize },
+}
+
+impl Level<'_> {
+    fn next_into(&mut self, out: &mut [u8]) -> Result<(), StoreError> {
+        match self {
+            Level::Float(f) => f.next_into(out),
+            Level::Stream(s) => s.next_into(out),
+            Level::Memory { data, at } => {
+                out.copy_from_slice(&data[*at..*at + out.len()]);
+                *at += out.len();
+                Ok(())
+            }
+        }
+    }
+
+    fn finish(self) -> Result<(), StoreError> {
+        match self {
+            Level::Float(f) => f.finish(),
+            Level::Stream(s) => s.finish(),
+            Level::Memory { .. } => Ok(()),
+        }
+    }
+}
+
+/// What every streamed level checks at the end.
+struct Common {
+    id: ObjectId,
+    entry: IndexEntry,
+    hasher: TensorHasher,
+    expected: ObjectId,
+    /// The record's trailer.
+    trailer: [u8; TRAILER_LEN],
+    /// Checksum of the record's header.
+    crc: crc32fast::Hasher,
+}
+
+impl Common {
+    /// Checks the record checksum (`payload`: of the payload's bytes) and the content hash.
+    fn finish(self, payload: &crc32fast::Hasher) -> Result<(), StoreError> {
+        let bad = corrupt(&self.id, &self.entry);
+        let mut crc = self.crc;
+        crc.combine(payload);
+        crc.update(&self.trailer[..TRAILER_LEN - 4]);
+        let computed = crc.finalize();
+        let stored =
+            u32::from_le_bytes(self.trailer[TRAILER_LEN - 4..].try_into().expect("4 bytes"));
+        if computed != stored {
+            return Err(bad(FormatError::Checksum { stored, computed }));
+        }
+        let actual = self.hasher.finalize();
+        if actual != self.expected {
+            return Err(bad(FormatError::HashMismatch {
+                expected: self.expected,
+                actual,
+            }));
+        }
+        Ok(())
+    }
+}
+
+/// A float record, its planes read a window of chunks at a time.
+struct FloatLevel<'s> {
+    store: &'s Store,
+    common: Common,
+    file: File,
+    path: PathBuf,
+    /// Where the payload starts in the file.
+    payload_at: u64,
+    index: PayloadIndex,
+    /// Checksums of the payload's head and each plane stream's head.
+    heads: Vec<crc32fast::Hasher>,
+    /// Checksums of each plane's chunks read so far.
+    data: Vec<crc32fast::Hasher>,
+    /// Each plane's bytes of the current window.
+    bytes: Vec<Vec<u8>>,
+    /// Bytes an element.
+    width: u64,
+    next_chunk: usize,
+    base: Option<Box<Level<'s>>>,
+    base_buf: Vec<u8>,
+}
+
+impl FloatLevel<'_> {
+    fn next_into(&mut self, out: &mut [u8]) -> Result<(), StoreError> {
+        let bad = corrupt(&self.common.id, &self.common.entry);
+        let chunk = (1u64 << mdl_codec::huffman::CHUNK_LOG2) * self.width;
+        let count = (out.len() as u64).div_ceil(chunk) as usize;
+        for p in 0..self.index.planes() {
+            let r = self.index.plane_range(p, self.next_chunk, count);
+            let buf = &mut self.bytes[p];
+            buf.resize((r.end - r.start) as usize, 0);
+            self.file
+                .read_exact_at(buf, self.payload_at + r.start)
+                .map_err(StoreError::io("read", &self.path))?;
+            self.data[p].update(buf);
+        }
+        let base = match &mut self.base {
+            Some(b) => {
+                self.base_buf.resize(out.len(), 0);
+                b.next_into(&mut self.base_buf)?;
+                Some(&self.base_buf[..])
+            }
+            None => None,
+        };
+        let planes: Vec<&[u8]> = self.bytes.iter().map(Vec::as_slice).collect();
+        self.index
+            .decode(self.store.engine(), self.next_chunk, &planes, base, out)
+            .map_err(bad)?;
+        self.common.hasher.update(out);
+        self.next_chunk += count;
+        Ok(())
+    }
+
+    fn finish(self) -> Result<(), StoreError> {
+        if let Some(base) = self.base {
+            base.finish()?;
+        }
+        // The payload's pieces in file order: its head, then each stream's head and chunks.
+        let mut heads = self.heads.into_iter();
+        let mut payload = heads.next().expect("the payload head");
+        for (head, data) in heads.zip(&self.data) {
+            payload.combine(&head);
+            payload.combine(data);
+        }
+        self.common.finish(&payload)
+    }
+}
+
+/// A raw or zstd record, decoded as it streams.
+struct StreamLevel {
+    common: Common,
+    decoder: Box<dyn Read>,
+    /// Checksum and count of the payload bytes the decoder has taken so far.
+    payload: Rc<RefCell<(crc32fast::Hasher, u64)>>,
+    /// The payload, for checksumming what the decoder did not need.
+    rest: ReadAt,
+}
+
+impl StreamLevel {
+    fn next_into(&mut self, out: &mut [u8]) -> Result<(), StoreError> {
+        let bad = corrupt(&self.common.id, &self.common.entry);
+        self.decoder
+            .read_exact(out)
+            .map_err(|e| bad(FormatError::invalid("payload", e.to_string())))?;
+        self.common.hasher.update(out);
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<(), StoreError> {
+        let bad = corrupt(&self.common.id, &self.common.entry);
+        // The decoder must be at its end, and the payload checksummed to its end.
+        let mut rest = [0u8; 1];
+        if self
+            .decoder
+            .read(&mut rest)
+            .map_err(|e| bad(FormatError::invalid("payload", e.to_string())))?
+            != 0
+        {
+            return Err(bad(FormatError::invalid(
+                "payload",
+                "longer than the tensor",
+            )));
+        }
+        drop(self.decoder);
+        let (mut payload, taken) = self.payload.borrow().clone();
+        self.rest.at += taken;
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = self.rest.read(&mut buf).map_err(|e| StoreError::Io {
+                op: "read",
+                path: self.rest.path.clone(),
+                source: e,
+            })?;
+            if n == 0 {
+                break;
+            }
+            payload.update(&buf[..n]);
+        }
+        self.common.finish(&payload)
+    }
+}
+
+/// Reads a file's range `at..end` sequentially with positioned reads.
+struct ReadAt {
+    file: File,
+    at: u64,
+    end: u64,
+    path: PathBuf,
+}
+
+impl Read for ReadAt {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = (buf.len() as u64).min(self.end - self.at) as usize;
+        let got = self
+            .file
+            .read_at(&mut buf[..n], self.at)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", self.path.display())))?;
+        self.at += got as u64;
+        Ok(got)
+    }
+}
+
+/// Checksums and counts what passes through, into a state shared with the level.
+struct CrcReader<R> {
+    inner: R,
+    seen: Rc<RefCell<(crc32fast::Hasher, u64)>>,
+}
+
+impl<R: Read> Read for CrcReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let mut seen = self.seen.borrow_mut();
+        seen.0.update(&buf[..n]);
+        seen.1 += n as u64;
+        Ok(n)
+    }
+}
