@@ -212,6 +212,9 @@ fn decode_whole(
     index.decode(engine, 0, &planes, base, out)
 }
 
+/// Reads payload bytes at an offset into a buffer of the length wanted.
+pub type ReadAt<'a> = dyn FnMut(u64, &mut [u8]) -> Result<(), FormatError> + 'a;
+
 /// A payload's head and its planes' stream heads: what it takes to read and decode any window
 /// of element chunks alone.
 pub struct PayloadIndex {
@@ -232,7 +235,7 @@ impl PayloadIndex {
         content_len: u64,
         payload_len: u64,
         with_base: bool,
-        read: &mut dyn FnMut(u64, &mut [u8]) -> Result<(), FormatError>,
+        read: &mut ReadAt<'_>,
     ) -> Result<PayloadIndex, FormatError> {
         let what = match spec.transform {
             Transform::Planes => "float-split",
@@ -331,7 +334,8 @@ impl PayloadIndex {
 
     /// The payload's bytes that no window covers (its head, and each stream's head), in order.
     pub fn head_ranges(&self) -> Vec<Range<u64>> {
-        let mut out = vec![0..2 + 8 * self.streams.len() as u64];
+        let mut out = Vec::with_capacity(1 + self.streams.len());
+        out.push(0..2 + 8 * self.streams.len() as u64);
         for p in 0..self.streams.len() {
             out.push(self.streams[p].0..self.plane_range(p, 0, 0).start);
         }

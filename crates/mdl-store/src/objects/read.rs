@@ -2,13 +2,13 @@
 //! verified against its checksum and its id.
 
 use std::fs::File;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::{float, residual, CodecTag};
-use mdl_format::record::{self, RecordHeader, Trailer, TRAILER_LEN};
+use mdl_format::record::{self, RecordHeader};
 use mdl_format::{FormatError, ObjectId, TensorHasher, TensorHeader};
 
 use crate::{IndexEntry, Store, StoreError};
@@ -61,99 +61,13 @@ impl Store {
         entry: &IndexEntry,
         out: &mut dyn Write,
     ) -> Result<u64, StoreError> {
-        let corrupt = corrupt(id, entry);
-        // Deltas and the chunked codecs decode whole tensors in memory; the index says which
-        // before the record is opened (and the record is checked against it there).
-        if entry.base.is_some()
-            || !CodecTag::try_from(entry.codec)
-                .map_err(corrupt)?
-                .is_streaming()
-        {
-            let mut data = zeroed(entry.content_len)?;
-            self.materialize(id, entry, chain_budget(entry), &mut data)?;
-            out.write_all(&data).map_err(StoreError::Output)?;
-            return Ok(data.len() as u64);
-        }
-        let OpenRecord {
-            file,
-            path,
-            len,
-            header,
-            header_len: hlen,
-            head,
-        } = self.open_record(id, entry)?;
-        if (len as usize) < hlen + TRAILER_LEN {
-            return Err(corrupt(FormatError::Truncated {
-                what: "record",
-                needed: hlen + TRAILER_LEN - len as usize,
-            }));
-        }
-        let mut tbytes = [0u8; TRAILER_LEN];
-        file.read_exact_at(&mut tbytes, len - TRAILER_LEN as u64)
-            .map_err(StoreError::io("read", &path))?;
-        let trailer = Trailer::decode(&tbytes).map_err(corrupt)?;
-        let payload_len = len - hlen as u64 - TRAILER_LEN as u64;
-        if trailer.payload_len != payload_len
-            || trailer.content_len != entry.content_len
-            || header.kind != entry.kind
-        {
-            return Err(corrupt(FormatError::invalid(
-                "record",
-                "lengths or kind disagree with the index",
-            )));
-        }
-        let codec = CodecTag::try_from(header.codec).map_err(corrupt)?;
-        if header.base != entry.base || header.codec != entry.codec {
-            return Err(corrupt(FormatError::invalid(
-                "record",
-                "codec or base disagrees with the index",
-            )));
-        }
-
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&head[..hlen]);
-        let mut reader = BufReader::with_capacity(1 << 18, &file);
-        io::Seek::seek(&mut reader, io::SeekFrom::Start(hlen as u64))
-            .map_err(StoreError::io("seek", &path))?;
-        let mut payload = CrcReader {
-            inner: reader.take(payload_len),
-            crc,
-        };
-        let mut hasher = TensorHasher::new(&header.prefix);
-        let mut total = 0u64;
-        {
-            let mut dec = mdl_codec::decoder(codec, Box::new(&mut payload), trailer.content_len)
-                .map_err(|e| corrupt(FormatError::invalid("payload", e.to_string())))?;
-            let mut buf = vec![0u8; 1 << 18];
-            loop {
-                let n = match dec.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(corrupt(FormatError::invalid("payload", e.to_string()))),
-                };
-                hasher.update(&buf[..n]);
-                out.write_all(&buf[..n]).map_err(StoreError::Output)?;
-                total += n as u64;
-            }
-        }
-        // Checksum the rest of the payload the decoder did not need to look at.
-        io::copy(&mut payload, &mut io::sink()).map_err(StoreError::io("read", &path))?;
-        let mut crc = payload.crc;
-        crc.update(&tbytes[..16]);
-        let computed = crc.finalize();
-        if computed != trailer.crc {
-            return Err(corrupt(FormatError::Checksum {
-                stored: trailer.crc,
-                computed,
-            }));
-        }
-        let actual = hasher.finalize();
-        let expected = header.content_id(id);
-        if actual != expected {
-            return Err(corrupt(FormatError::HashMismatch { expected, actual }));
-        }
-        Ok(total)
+        // A window at a time: memory stays bounded whatever the object's size.
+        let mut buf = Vec::new();
+        self.tensor_windows(id, entry)?
+            .for_each(&mut buf, |_, bytes| {
+                out.write_all(bytes).map_err(StoreError::Output)
+            })?;
+        Ok(entry.content_len)
     }
 
     /// Decodes a tensor into memory, resolving its delta chain; every record's checksum and the
@@ -531,18 +445,5 @@ fn read_header(file: &File, len: u64) -> Result<(RecordHeader, usize, Vec<u8>), 
             }
             Err(e) => return Err(HeaderError::Format(e)),
         }
-    }
-}
-
-struct CrcReader<R> {
-    inner: R,
-    crc: crc32fast::Hasher,
-}
-
-impl<R: Read> Read for CrcReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.crc.update(&buf[..n]);
-        Ok(n)
     }
 }

@@ -239,16 +239,16 @@ impl TensorWindows<'_> {
         self.len == 0
     }
 
-    /// The length of a full window, in bytes; every window is this long but the last.
+    /// The length of a window [`Self::for_each`] reads, in bytes.
     pub fn window_len(&self) -> u64 {
         self.window
     }
 
-    /// Decodes the next window into `out`, which must be exactly its length: the window's, or
-    /// the rest of the tensor's for the last.
+    /// Decodes the next `out.len()` bytes into `out`: for a float record, whole chunks of
+    /// elements (a multiple of [`Self::window_len`] is), or the rest of the tensor.
     pub fn next_into(&mut self, out: &mut [u8]) -> Result<(), StoreError> {
-        let want = self.window.min(self.len - self.done);
-        if out.len() as u64 != want || want == 0 {
+        let want = out.len() as u64;
+        if want > self.len - self.done || want == 0 {
             return Err(StoreError::Output(io::Error::other(
                 "window length differs from the tensor's next window",
             )));

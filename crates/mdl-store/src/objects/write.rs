@@ -165,6 +165,33 @@ impl ObjectBatch<'_> {
         self.put_coarsened(id, header, codec, placement, None, payload)
     }
 
+    /// Stores a tensor payload that `body` writes (encoded by the caller, possibly from
+    /// several places, such as the planes of a tensor too large to hold). The caller has
+    /// verified that what it encoded hashes to `id`.
+    pub fn put_written(
+        &self,
+        id: &ObjectId,
+        header: &TensorHeader,
+        codec: CodecTag,
+        placement: Placement,
+        body: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> Result<PutOutcome, StoreError> {
+        let content_len = header.data_len().unwrap_or(0);
+        self.write_record(
+            id,
+            ObjectKind::Tensor,
+            codec,
+            placement,
+            &header.canonical(),
+            None,
+            content_len,
+            u64::MAX,
+            body,
+            &mut || Ok(()),
+        )
+        .map_err(WriteError::into_store)
+    }
+
     /// [`Self::put_payload`] for a record that may decode to other content than `id` names
     /// (retention's coarsening): `coarsened` names that content's hash and the added error.
     /// The caller has decoded `payload` and hashed the result.

@@ -31,6 +31,7 @@ use crate::rewrite::{chain, publish_rewrite, Rewrite};
 use crate::warm::WarmTensors;
 use crate::{per_tensor, Error, Progress, Repository, Result};
 
+mod content;
 mod eval;
 mod store;
 

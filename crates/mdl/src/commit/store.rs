@@ -1,10 +1,19 @@
 //! Storing one tensor: raw or zstd, a float codec, a delta against its previous version, or
 //! (reverse deltas) the previous version re-encoded against the new one.
 
+use std::io::{Seek, Write};
+
+use mdl_codec::float::Count;
+
+use super::content::{pass, Content};
 use super::*;
 
 /// Float tensors whose best float encoding saves less than this fraction also try zstd.
 const FLOAT_GAIN_FLOOR: f64 = 0.03;
+
+/// Tensors of at least this size, stored exactly, are read a window at a time (with their
+/// previous versions) instead of being held: a commit's memory stays bounded by the window.
+const STREAMED_TENSOR: u64 = crate::BIG_TENSOR;
 
 /// Re-encoding a previous version as a delta must save at least this fraction of its record.
 const REWRITE_GAIN_FLOOR: f64 = 0.02;
@@ -47,6 +56,13 @@ impl StoreCtx<'_> {
     /// Stores tensor `i`; also returns what the manifest says about it.
     pub(super) fn store_tensor(&self, i: usize) -> Result<(Stored, Exactness)> {
         let info = &self.input.pieces[i];
+        if info.len >= STREAMED_TENSOR
+            && is_delta_candidate(info)
+            && self.plans[i].is_none()
+            && self.trim_bits.is_none()
+        {
+            return self.store_streamed(i);
+        }
         // Work on a private copy: what is hashed is exactly what is encoded, even if the file
         // changes underneath the mapping.
         let mut data = self.input.tensor(i).to_vec();
@@ -161,7 +177,7 @@ impl StoreCtx<'_> {
             } else {
                 CodecTag::FloatSplit
             };
-            self.encode_new(id, i, &data, whole)?
+            self.encode_new(id, i, Content::Memory(&data), whole, None)?
         };
         self.progress.advance(info.len);
         // What the next commit's delta or residual of this tensor will be taken against.
@@ -169,6 +185,71 @@ impl StoreCtx<'_> {
             warm.offer(id, Arc::new(data));
         }
         Ok((result, exactness))
+    }
+
+    /// Stores a large tensor, stored exactly, without ever holding it: one pass hashes it and
+    /// counts its float planes, and if the store does not have it, [`Self::encode_new`] reads
+    /// it (and its previous version) a window at a time again.
+    fn store_streamed(&self, i: usize) -> Result<(Stored, Exactness)> {
+        let info = &self.input.pieces[i];
+        let dtype = info.header.dtype;
+        let mut plain =
+            float::PlaneCount::new(dtype, Count::Plain).map_err(|source| Error::Input {
+                path: self.input.files[info.file].source.clone(),
+                source: std::io::Error::other(source.to_string()),
+            })?;
+        let mut failed = None;
+        let unhashed = Content::Input {
+            input: self.input,
+            i,
+            id: ObjectId::from_bytes([0; 32]),
+        };
+        let id = pass(
+            &unhashed,
+            None,
+            dtype.size(),
+            Some(info.header.hasher()),
+            &mut |d, _| {
+                if let Err(e) = plain.add(self.engine, d, None) {
+                    failed = Some(e);
+                }
+                Ok(())
+            },
+        )?
+        .expect("the input is hashed");
+        if let Some(source) = failed {
+            return Err(Error::Encode { id, source });
+        }
+        let store = self.repo.store();
+        let fresh = self.claimed.lock().unwrap().insert(id);
+        let existing = match fresh {
+            true => store.meta().read()?.object(&id)?,
+            false => None,
+        };
+        if let Some(entry) = existing {
+            if crate::coarsen::coarsening(store, &id, &entry)?.is_some() {
+                // Retention coarsened this object; this commit names its committed content
+                // (read whole: only lossy moments are ever coarsened).
+                let data = self.input.tensor(i).to_vec();
+                crate::coarsen::restore(self.repo, &id, entry, &info.header, &data)?;
+            }
+        }
+        let result = if !fresh || existing.is_some() {
+            Stored {
+                id,
+                added: None,
+                rewrite: None,
+            }
+        } else {
+            let data = Content::Input {
+                input: self.input,
+                i,
+                id,
+            };
+            self.encode_new(id, i, data, CodecTag::FloatSplit, Some(plain))?
+        };
+        self.progress.advance(info.len);
+        Ok((result, Exactness::Lossless))
     }
 
     /// Stores a quantized tensor: a quant-base, or a quant-delta against the previous version's
@@ -302,87 +383,119 @@ impl StoreCtx<'_> {
 
     /// Stores new tensor content with the lossless codecs; `whole` is the codec of a
     /// self-contained float record (float-split, or mantissa-trim for trimmed content).
-    fn encode_new(&self, id: ObjectId, i: usize, data: &[u8], whole: CodecTag) -> Result<Stored> {
+    /// `data` is in memory, or the input read a window at a time (a large tensor: its
+    /// previous version is then decoded a window at a time too); `plain` is its float-split
+    /// count when the caller already made it.
+    fn encode_new(
+        &self,
+        id: ObjectId,
+        i: usize,
+        data: Content<'_>,
+        whole: CodecTag,
+        plain: Option<float::PlaneCount>,
+    ) -> Result<Stored> {
         let info = &self.input.pieces[i];
         let header = &info.header;
         let len = data.len() as u64;
-        let plain = |added| Stored {
+        let plain_record = |added| Stored {
             id,
             added: Some(added),
             rewrite: None,
         };
+        // Raw or zstd, streamed from wherever the bytes are (and hashed as they are encoded).
+        let streamed = |data: &Content<'_>| -> Result<IndexEntry> {
+            let bytes = match data {
+                Content::Memory(b) => b,
+                Content::Input { input, i, .. } => input.tensor(*i),
+                Content::Stored { .. } => unreachable!("new content is never a stored object"),
+            };
+            Ok(self
+                .batch
+                .put_tensor(&id, header, bytes, self.encode)?
+                .entry)
+        };
         if !is_delta_candidate(info) {
-            let out = self.batch.put_tensor(&id, header, data, self.encode)?;
-            return Ok(plain((id, out.entry)));
+            return Ok(plain_record((id, streamed(&data)?)));
         }
         let store = self.repo.store();
         let base = self.base_for(i, &id, false)?;
-        let base_kept = base
-            .as_ref()
-            .map(|(bid, be)| previous_content(store, self.warm, bid, be))
-            .transpose()?;
-        let base_data = base_kept.as_ref().map(|b| b.as_slice());
-        let encoder = |source| Error::Encode { id, source };
+        // A tensor in memory takes its base into memory (from the warm cache when it is
+        // there); one read a window at a time reads its base so too.
+        let base_kept = match (&base, data.windowed()) {
+            (Some((bid, be)), false) => Some(previous_content(store, self.warm, bid, be)?),
+            _ => None,
+        };
+        let base_content = match (&base, &base_kept) {
+            (_, Some(kept)) => Some(Content::Memory(kept)),
+            (Some((bid, be)), None) => Some(Content::Stored {
+                store,
+                id: *bid,
+                entry: *be,
+            }),
+            (None, _) => None,
+        };
         // Analysis, encoding and a reverse re-encode all read these: a GPU engine copies each
         // over once.
-        let _kept = (
-            self.engine.keep(data),
-            base_data.map(|b| self.engine.keep(b)),
-        );
-        let analysis =
-            float::analyze(self.engine, header.dtype, data, base_data).map_err(encoder)?;
+        let _kept = match (&data, &base_content) {
+            (Content::Memory(d), b) => (
+                self.engine.keep(d),
+                match b {
+                    Some(Content::Memory(b)) => Some(self.engine.keep(b)),
+                    _ => None,
+                },
+            ),
+            _ => (Kept::nothing(), None),
+        };
+        let analysis = self.analyze(id, header.dtype, &data, base_content.as_ref(), plain)?;
         let delta = analysis.best_delta();
         let best_float = delta.map_or(analysis.plain.size, |d| d.size);
         if best_float as f64 > len as f64 * (1.0 - FLOAT_GAIN_FLOOR) {
             // The float codecs barely help (noise-like or repetitive data): let raw and zstd
             // compete instead.
-            let out = self.batch.put_tensor(&id, header, data, self.encode)?;
-            return Ok(plain((id, out.entry)));
+            return Ok(plain_record((id, streamed(&data)?)));
         }
-        // Writes the new tensor with a float choice, as a delta when given its base and depth.
-        let write = |choice: &float::Choice, base: Option<(&ObjectId, &[u8], u32)>| {
-            let payload =
-                float::encode_pieces(self.engine, header.dtype, data, base.map(|b| b.1), choice)
-                    .map_err(encoder)?;
-            let (codec, placement) = match base {
-                Some((bid, _, depth)) => (
-                    delta_codec(choice),
-                    Placement {
-                        generation: 0,
-                        base: Some(*bid),
-                        depth,
-                    },
-                ),
-                None => (whole, Placement::default()),
-            };
-            Ok::<_, Error>(
-                self.batch
-                    .put_payload(&id, header, codec, placement, &payload.pieces())?
-                    .entry,
-            )
-        };
         // The best self-contained record: float-split unless it would not beat raw.
         let whole = || {
             if analysis.plain.size < len {
-                write(&analysis.plain, None)
+                self.write_float(
+                    id,
+                    header,
+                    &data,
+                    None,
+                    &analysis.plain,
+                    whole,
+                    Placement::default(),
+                )
             } else {
-                Ok(self.batch.put_tensor(&id, header, data, self.encode)?.entry)
+                streamed(&data)
             }
         };
-
-        let (Some((bid, bentry)), Some(bdata), Some(delta)) = (base, base_data, delta) else {
-            return Ok(plain((id, whole()?)));
+        let (Some((bid, bentry)), Some(bcontent), Some(delta)) = (base, base_content, delta) else {
+            return Ok(plain_record((id, whole()?)));
         };
         match self.policy.mode {
-            DeltaMode::Off => Ok(plain((id, whole()?))),
-            DeltaMode::Forward => Ok(plain((
-                id,
-                write(delta, Some((&bid, bdata, bentry.depth + 1)))?,
-            ))),
+            DeltaMode::Off => Ok(plain_record((id, whole()?))),
+            DeltaMode::Forward => {
+                let placement = Placement {
+                    generation: 0,
+                    base: Some(bid),
+                    depth: bentry.depth + 1,
+                };
+                let entry = self.write_float(
+                    id,
+                    header,
+                    &data,
+                    Some(&bcontent),
+                    delta,
+                    delta_codec(delta),
+                    placement,
+                )?;
+                Ok(plain_record((id, entry)))
+            }
             DeltaMode::Reverse => {
                 // The new tensor is the self-contained end of the chain.
                 let entry = whole()?;
-                let rewrite = self.reverse(&bid, &bentry, bdata, &id, data, info, delta)?;
+                let rewrite = self.reverse(&bid, &bentry, &bcontent, &id, &data, info, delta)?;
                 Ok(Stored {
                     id,
                     added: Some((id, entry)),
@@ -392,6 +505,130 @@ impl StoreCtx<'_> {
         }
     }
 
+    /// The float codecs' analysis of `data` (and against `base`): a pass counting its planes
+    /// unless `plain` has them, and a pass counting the delta worth counting.
+    fn analyze(
+        &self,
+        id: ObjectId,
+        dtype: mdl_format::Dtype,
+        data: &Content<'_>,
+        base: Option<&Content<'_>>,
+        plain: Option<float::PlaneCount>,
+    ) -> Result<float::Analysis> {
+        let encoder = |source| Error::Encode { id, source };
+        let width = dtype.size();
+        let plain = match plain {
+            Some(p) => p,
+            None => {
+                let mut c = float::PlaneCount::new(dtype, Count::Plain).map_err(encoder)?;
+                pass(data, None, width, None, &mut |d, _| {
+                    c.add(self.engine, d, None).map_err(encoder)
+                })?;
+                c
+            }
+        };
+        let mut deltas: Option<Vec<float::PlaneCount>> = None;
+        if let Some(base) = base {
+            pass(data, Some(base), width, None, &mut |d, b| {
+                let b = b.expect("a base window");
+                let counts = match &mut deltas {
+                    Some(c) => c,
+                    None => deltas.insert(
+                        float::deltas_to_count(self.engine, dtype, d, b)
+                            .and_then(|kinds| {
+                                kinds
+                                    .into_iter()
+                                    .map(|k| float::PlaneCount::new(dtype, k))
+                                    .collect()
+                            })
+                            .map_err(encoder)?,
+                    ),
+                };
+                counts
+                    .iter_mut()
+                    .try_for_each(|c| c.add(self.engine, d, Some(b)))
+                    .map_err(encoder)
+            })?;
+        }
+        Ok(float::analysis_of(&plain, &deltas.unwrap_or_default()))
+    }
+
+    /// Counts `data` against `base` in one pass, for the planes of `count`, and chooses.
+    fn count(
+        &self,
+        id: ObjectId,
+        dtype: mdl_format::Dtype,
+        count: Count,
+        data: &Content<'_>,
+        base: &Content<'_>,
+    ) -> Result<float::Choice> {
+        let encoder = |source| Error::Encode { id, source };
+        let mut c = float::PlaneCount::new(dtype, count).map_err(encoder)?;
+        pass(data, Some(base), dtype.size(), None, &mut |d, b| {
+            c.add(self.engine, d, b).map_err(encoder)
+        })?;
+        Ok(c.choice())
+    }
+
+    /// Encodes `data` (against `base`) as `choice` says and writes the record. A tensor read a
+    /// window at a time has each plane's chunks kept in a temporary file until the plane
+    /// heads are known; the input, read again, must hash to the content id of what it encodes.
+    #[allow(clippy::too_many_arguments)]
+    fn write_float(
+        &self,
+        id: ObjectId,
+        header: &mdl_format::TensorHeader,
+        data: &Content<'_>,
+        base: Option<&Content<'_>>,
+        choice: &float::Choice,
+        codec: CodecTag,
+        placement: Placement,
+    ) -> Result<IndexEntry> {
+        let encoder = |source| Error::Encode { id, source };
+        let mut writer =
+            float::PayloadWriter::new(header.dtype, choice, base.is_some()).map_err(encoder)?;
+        let windowed = data.windowed() || base.is_some_and(Content::windowed);
+        let mut planes: Vec<PlaneChunks> = Vec::new();
+        // The input, on whichever side it is, is hashed again as it is encoded.
+        let input = [Some(data), base]
+            .into_iter()
+            .flatten()
+            .find_map(|c| match c {
+                Content::Input { input, i, id } => Some((input.pieces[*i].header.hasher(), *id)),
+                _ => None,
+            });
+        let (hasher, expected) = input.unzip();
+        let read = pass(data, base, header.dtype.size(), hasher, &mut |d, b| {
+            let coded = writer.add(self.engine, d, b).map_err(encoder)?;
+            if planes.is_empty() {
+                planes = (0..coded.len())
+                    .map(|_| PlaneChunks::new(self.repo.store(), windowed))
+                    .collect::<Result<_>>()?;
+            }
+            planes
+                .iter_mut()
+                .zip(coded)
+                .try_for_each(|(p, chunks)| p.push(chunks))
+        })?;
+        if let (Some(read), Some(expected)) = (read, expected) {
+            if read != expected {
+                return Err(mdl_store::StoreError::InputChanged(expected).into());
+            }
+        }
+        let (head, heads) = writer.finish();
+        let out = self
+            .batch
+            .put_written(&id, header, codec, placement, &mut |w| {
+                w.write_all(&head)?;
+                for (h, p) in heads.iter().zip(&mut planes) {
+                    w.write_all(h)?;
+                    p.copy_to(w)?;
+                }
+                Ok(())
+            })?;
+        Ok(out.entry)
+    }
+
     /// Re-encodes the previous version `prev` (already checked by [`Self::base_for`]) as a delta
     /// against the new tensor, when that saves enough and no other tensor of this commit did.
     #[allow(clippy::too_many_arguments)]
@@ -399,9 +636,9 @@ impl StoreCtx<'_> {
         &self,
         prev: &ObjectId,
         prev_entry: &IndexEntry,
-        prev_data: &[u8],
+        prev_data: &Content<'_>,
         id: &ObjectId,
-        data: &[u8],
+        data: &Content<'_>,
         info: &Piece,
         estimate: &float::Choice,
     ) -> Result<Option<(IndexEntry, IndexEntry)>> {
@@ -412,48 +649,90 @@ impl StoreCtx<'_> {
         }
         // XOR planes are symmetric; planes taken as they are must be coded from the previous
         // version's own bytes unless they are stored raw.
-        let encoder = |source| Error::Encode { id: *prev, source };
+        let dtype = info.header.dtype;
         let choice = match estimate.transform {
             Transform::Planes if estimate.reusable_for_swap() => estimate.clone(),
-            Transform::Planes => float::analyze_masked(
-                self.engine,
-                info.header.dtype,
+            Transform::Planes => self.count(
+                *prev,
+                dtype,
+                Count::Masked(estimate.xor_mask),
                 prev_data,
                 data,
-                estimate.xor_mask,
-            )
-            .map_err(encoder)?,
+            )?,
             // The difference changes sign with the roles, and its zigzag symbols with it.
-            Transform::Sub => float::analyze_sub(self.engine, info.header.dtype, prev_data, data)
-                .map_err(encoder)?,
+            Transform::Sub => self.count(*prev, dtype, Count::Sub, prev_data, data)?,
         };
         if choice.size as f64 > prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR) {
             return Ok(None);
         }
-        let payload = float::encode_pieces(
-            self.engine,
-            info.header.dtype,
-            prev_data,
-            Some(data),
-            &choice,
-        )
-        .map_err(encoder)?;
         let placement = Placement {
             generation: prev_entry.generation + 1,
             base: Some(*id),
             depth: 1,
         };
-        let new = self
-            .batch
-            .put_payload(
-                prev,
-                &info.header,
-                delta_codec(&choice),
-                placement,
-                &payload.pieces(),
-            )?
-            .entry;
+        let new = self.write_float(
+            *prev,
+            &info.header,
+            prev_data,
+            Some(data),
+            &choice,
+            delta_codec(&choice),
+            placement,
+        )?;
         Ok(Some((*prev_entry, new)))
+    }
+}
+
+/// One plane's coded chunks while a payload is encoded: in memory, or (for a tensor read a
+/// window at a time) in an unnamed temporary file beside the store, gone when dropped.
+enum PlaneChunks {
+    Memory(Vec<Vec<u8>>),
+    File(std::io::BufWriter<std::fs::File>),
+}
+
+impl PlaneChunks {
+    fn new(store: &Store, spill: bool) -> Result<PlaneChunks> {
+        if !spill {
+            return Ok(PlaneChunks::Memory(Vec::new()));
+        }
+        let dir = store.dir();
+        let file = tempfile::tempfile_in(dir).map_err(|source| {
+            Error::Store(mdl_store::StoreError::Io {
+                op: "create a temporary file in",
+                path: dir.to_path_buf(),
+                source,
+            })
+        })?;
+        Ok(PlaneChunks::File(std::io::BufWriter::with_capacity(
+            1 << 20,
+            file,
+        )))
+    }
+
+    fn push(&mut self, chunks: Vec<Vec<u8>>) -> Result<()> {
+        match self {
+            PlaneChunks::Memory(v) => v.extend(chunks),
+            PlaneChunks::File(f) => {
+                for c in chunks {
+                    f.write_all(&c)
+                        .map_err(|e| Error::Store(mdl_store::StoreError::Output(e)))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the chunks, in order, to `w`.
+    fn copy_to(&mut self, w: &mut dyn Write) -> std::io::Result<()> {
+        match self {
+            PlaneChunks::Memory(v) => v.iter().try_for_each(|c| w.write_all(c)),
+            PlaneChunks::File(f) => {
+                f.flush()?;
+                let file = f.get_mut();
+                file.seek(std::io::SeekFrom::Start(0))?;
+                std::io::copy(file, w).map(drop)
+            }
+        }
     }
 }
 

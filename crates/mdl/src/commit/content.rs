@@ -1,0 +1,169 @@
+//! A tensor's content, and its delta base's, read for one pass of the float codecs: held in
+//! memory (one window, the whole tensor), or a window of whole chunks at a time so a tensor
+//! of any size costs a constant amount of memory — read from the input file (copied into a
+//! private buffer and hashed as it is read), or decoded from the store along its chain.
+
+use mdl_codec::huffman::CHUNK_LOG2;
+use mdl_format::{ObjectId, TensorHasher};
+use mdl_store::{IndexEntry, Store};
+
+use crate::input::Input;
+use crate::{Error, Result};
+
+/// Element chunks a window of input holds: the same as a stored tensor's window, so a delta
+/// pass reads both in lockstep.
+const WINDOW_CHUNKS: usize = 16;
+
+/// Where one side of a pass reads from.
+pub(super) enum Content<'a> {
+    /// Bytes in memory (already hashed, or decoded and verified).
+    Memory(&'a [u8]),
+    /// Piece `i` of the input, a window at a time; `id` is what its bytes hash to.
+    Input {
+        input: &'a Input,
+        i: usize,
+        id: ObjectId,
+    },
+    /// An object of the store, decoded a window at a time.
+    Stored {
+        store: &'a Store,
+        id: ObjectId,
+        entry: IndexEntry,
+    },
+}
+
+impl Content<'_> {
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Content::Memory(b) => b.len(),
+            Content::Input { input, i, .. } => input.pieces[*i].len as usize,
+            Content::Stored { entry, .. } => entry.content_len as usize,
+        }
+    }
+
+    pub(super) fn windowed(&self) -> bool {
+        !matches!(self, Content::Memory(_))
+    }
+}
+
+/// What a pass does with each window of a tensor and of its base.
+pub(super) type Visit<'a> = dyn FnMut(&[u8], Option<&[u8]>) -> Result<()> + 'a;
+
+/// One pass over `data` (and `base`, window by window in lockstep): `f` gets each window of
+/// both. Content in memory on both sides is one window. With a `hasher`, returns the hash of
+/// the input's bytes as they were read, on whichever side the input is (a pass encoding from
+/// it compares this with the id: a file rewritten during the commit must not be stored under
+/// the old content's id).
+pub(super) fn pass(
+    data: &Content<'_>,
+    base: Option<&Content<'_>>,
+    width: usize,
+    hasher: Option<TensorHasher>,
+    f: &mut Visit<'_>,
+) -> Result<Option<ObjectId>> {
+    let len = data.len();
+    if base.is_some_and(|b| b.len() != len) {
+        return Err(Error::Store(mdl_store::StoreError::Output(
+            std::io::Error::other("base length differs from the tensor's"),
+        )));
+    }
+    let windowed = data.windowed() || base.is_some_and(Content::windowed);
+    let step = if windowed {
+        (WINDOW_CHUNKS << CHUNK_LOG2) * width
+    } else {
+        len.max(1)
+    };
+    let mut hasher = hasher;
+    let mut reader = Reader::new(data)?;
+    let mut base_reader = base.map(Reader::new).transpose()?;
+    let mut at = 0;
+    while at < len || (at == 0 && len == 0) {
+        let n = step.min(len - at);
+        let d = reader.window(at, n)?;
+        let b = match base_reader.as_mut() {
+            Some(r) => Some(r.window(at, n)?),
+            None => None,
+        };
+        if let Some(h) = hasher.as_mut() {
+            match (data, b) {
+                (Content::Input { .. }, _) => h.update(d),
+                (_, Some(b)) if base.is_some_and(|c| matches!(c, Content::Input { .. })) => {
+                    h.update(b)
+                }
+                _ => {}
+            }
+        }
+        f(d, b)?;
+        for side in std::iter::once(data).chain(base) {
+            if let Content::Input { input, i, .. } = side {
+                input.release_range(*i, at as u64, n as u64);
+            }
+        }
+        at += n;
+        if len == 0 {
+            break;
+        }
+    }
+    reader.finish()?;
+    if let Some(r) = base_reader {
+        r.finish()?;
+    }
+    Ok(hasher.map(|h| h.finalize()))
+}
+
+/// Reads one side of a pass.
+enum Reader<'a> {
+    Memory(&'a [u8]),
+    Input {
+        input: &'a Input,
+        i: usize,
+        buf: Vec<u8>,
+    },
+    Stored {
+        windows: Box<mdl_store::TensorWindows<'a>>,
+        buf: Vec<u8>,
+    },
+}
+
+impl<'a> Reader<'a> {
+    fn new(c: &Content<'a>) -> Result<Reader<'a>> {
+        Ok(match c {
+            Content::Memory(b) => Reader::Memory(b),
+            Content::Input { input, i, .. } => Reader::Input {
+                input,
+                i: *i,
+                buf: Vec::new(),
+            },
+            Content::Stored { store, id, entry } => Reader::Stored {
+                windows: Box::new(store.tensor_windows(id, entry)?),
+                buf: Vec::new(),
+            },
+        })
+    }
+
+    /// Bytes `at..at + n` (windows are asked for in order).
+    fn window(&mut self, at: usize, n: usize) -> Result<&[u8]> {
+        Ok(match self {
+            Reader::Memory(b) => &b[at..at + n],
+            Reader::Input { input, i, buf } => {
+                // A private copy: what is hashed is exactly what is encoded, even if the file
+                // changes underneath the mapping.
+                buf.clear();
+                buf.extend_from_slice(&input.tensor(*i)[at..at + n]);
+                buf
+            }
+            Reader::Stored { windows, buf } => {
+                buf.resize(n, 0);
+                windows.next_into(buf)?;
+                buf
+            }
+        })
+    }
+
+    fn finish(self) -> Result<()> {
+        if let Reader::Stored { windows, .. } = self {
+            windows.finish()?;
+        }
+        Ok(())
+    }
+}
