@@ -194,11 +194,9 @@ impl StoreCtx<'_> {
         let info = &self.input.pieces[i];
         let dtype = info.header.dtype;
         let mut plain =
-            float::PlaneCount::new(dtype, Count::Plain).map_err(|source| Error::Input {
-                path: self.input.files[info.file].source.clone(),
-                source: std::io::Error::other(source.to_string()),
-            })?;
+            float::PlaneCount::new(dtype, Count::Plain).expect("delta candidates are float");
         let mut failed = None;
+        // Its id is what this pass finds; nothing is encoded from it here.
         let unhashed = Content::Input {
             input: self.input,
             i,
