@@ -176,20 +176,7 @@ impl ObjectBatch<'_> {
         placement: Placement,
         body: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
     ) -> Result<PutOutcome, StoreError> {
-        let content_len = header.data_len().unwrap_or(0);
-        self.write_record(
-            id,
-            ObjectKind::Tensor,
-            codec,
-            placement,
-            &header.canonical(),
-            None,
-            content_len,
-            u64::MAX,
-            body,
-            &mut || Ok(()),
-        )
-        .map_err(WriteError::into_store)
+        self.put_body(id, header, codec, placement, None, body)
     }
 
     /// [`Self::put_payload`] for a record that may decode to other content than `id` names
@@ -204,6 +191,20 @@ impl ObjectBatch<'_> {
         coarsened: Option<Coarsened>,
         payload: &[&[u8]],
     ) -> Result<PutOutcome, StoreError> {
+        self.put_body(id, header, codec, placement, coarsened, &mut |w| {
+            payload.iter().try_for_each(|piece| w.write_all(piece))
+        })
+    }
+
+    fn put_body(
+        &self,
+        id: &ObjectId,
+        header: &TensorHeader,
+        codec: CodecTag,
+        placement: Placement,
+        coarsened: Option<Coarsened>,
+        body: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> Result<PutOutcome, StoreError> {
         let content_len = header.data_len().unwrap_or(0);
         self.write_record(
             id,
@@ -214,7 +215,7 @@ impl ObjectBatch<'_> {
             coarsened,
             content_len,
             u64::MAX,
-            &mut |w| payload.iter().try_for_each(|piece| w.write_all(piece)),
+            body,
             &mut || Ok(()),
         )
         .map_err(WriteError::into_store)

@@ -131,19 +131,7 @@ impl StoreCtx<'_> {
         let mut hasher = info.header.hasher();
         hasher.update(&data);
         let id = hasher.finalize();
-        let store = self.repo.store();
-        let fresh = self.claimed.lock().unwrap().insert(id);
-        let existing = match fresh {
-            true => store.meta().read()?.object(&id)?,
-            false => None,
-        };
-        if let Some(entry) = existing {
-            if crate::coarsen::coarsening(store, &id, &entry)?.is_some() {
-                // Retention coarsened this object; this commit names its committed content.
-                crate::coarsen::restore(self.repo, &id, entry, &info.header, &data)?;
-            }
-        }
-        let result = if !fresh || existing.is_some() {
+        let result = if !self.is_new(&id, i, &data)? {
             Stored {
                 id,
                 added: None,
@@ -187,6 +175,23 @@ impl StoreCtx<'_> {
         Ok((result, exactness))
     }
 
+    /// Whether tensor `i`, of content `data` hashing to `id`, is to be stored: neither this
+    /// commit (a checkpoint may hold a tensor twice) nor the repository has it yet. An object
+    /// retention coarsened gets its committed content back (`data`, read here only then).
+    fn is_new(&self, id: &ObjectId, i: usize, data: &[u8]) -> Result<bool> {
+        if !self.claimed.lock().unwrap().insert(*id) {
+            return Ok(false);
+        }
+        let store = self.repo.store();
+        let Some(entry) = store.meta().read()?.object(id)? else {
+            return Ok(true);
+        };
+        if crate::coarsen::coarsening(store, id, &entry)?.is_some() {
+            crate::coarsen::restore(self.repo, id, entry, &self.input.pieces[i].header, data)?;
+        }
+        Ok(false)
+    }
+
     /// Stores a large tensor, stored exactly, without ever holding it: one pass hashes it and
     /// counts its float planes, and if the store does not have it, [`Self::encode_new`] reads
     /// it (and its previous version) a window at a time again.
@@ -218,21 +223,7 @@ impl StoreCtx<'_> {
         if let Some(source) = failed {
             return Err(Error::Encode { id, source });
         }
-        let store = self.repo.store();
-        let fresh = self.claimed.lock().unwrap().insert(id);
-        let existing = match fresh {
-            true => store.meta().read()?.object(&id)?,
-            false => None,
-        };
-        if let Some(entry) = existing {
-            if crate::coarsen::coarsening(store, &id, &entry)?.is_some() {
-                // Retention coarsened this object; this commit names its committed content
-                // (read whole: only lossy moments are ever coarsened).
-                let data = self.input.tensor(i).to_vec();
-                crate::coarsen::restore(self.repo, &id, entry, &info.header, &data)?;
-            }
-        }
-        let result = if !fresh || existing.is_some() {
+        let result = if !self.is_new(&id, i, self.input.tensor(i))? {
             Stored {
                 id,
                 added: None,
