@@ -1,6 +1,6 @@
 //! The repository's files other than records and the database, written only here: exclusive
 //! temporary files (an upload being received, a pack being sent, an evaluation's candidate
-//! checkpoint), small files replaced atomically (`serve.json`), and the removal of files that
+//! checkpoint, a large tensor's coded planes), small files replaced atomically (`serve.json`), and the removal of files that
 //! interrupted writes left behind. Every other crate asks the store; a clippy rule
 //! (`disallowed-methods` in `clippy.toml`) keeps direct `std::fs` writes out of them.
 
@@ -35,6 +35,14 @@ impl Store {
             .suffix(suffix)
             .tempfile_in(&self.dir)
             .map_err(StoreError::io("create", &self.dir))
+    }
+
+    /// An unnamed temporary file in `.mdl/` for bytes this process writes and reads back
+    /// (the coded planes of a tensor too large to hold): it has no name, so it is gone when
+    /// closed, even if the process is killed.
+    pub fn spill_file(&self) -> Result<std::fs::File, StoreError> {
+        tempfile::tempfile_in(&self.dir)
+            .map_err(StoreError::io("create a temporary file in", &self.dir))
     }
 
     /// An exclusive temporary folder `.mdl/PREFIX…` for a program to read (an evaluation

@@ -370,8 +370,8 @@ impl StoreCtx<'_> {
         Ok(allowed.then_some((prev_id, entry)))
     }
 
-    /// Stores new tensor content with the lossless codecs; `whole` is the codec of a
-    /// self-contained float record (float-split, or mantissa-trim for trimmed content).
+    /// Stores new tensor content with the lossless codecs; `whole_codec` is the codec of
+    /// a self-contained float record (float-split, or mantissa-trim for trimmed content).
     /// `data` is in memory, or the input read a window at a time (a large tensor: its
     /// previous version is then decoded a window at a time too); `plain` is its float-split
     /// count when the caller already made it.
@@ -380,7 +380,7 @@ impl StoreCtx<'_> {
         id: ObjectId,
         i: usize,
         data: Content<'_>,
-        whole: CodecTag,
+        whole_codec: CodecTag,
         plain: Option<float::PlaneCount>,
     ) -> Result<Stored> {
         let info = &self.input.pieces[i];
@@ -452,7 +452,7 @@ impl StoreCtx<'_> {
                     &data,
                     None,
                     &analysis.plain,
-                    whole,
+                    whole_codec,
                     Placement::default(),
                 )
             } else {
@@ -482,13 +482,46 @@ impl StoreCtx<'_> {
                 Ok(plain_record((id, entry)))
             }
             DeltaMode::Reverse => {
-                // The new tensor is the self-contained end of the chain.
-                let entry = whole()?;
-                let rewrite = self.reverse(&bid, &bentry, &bcontent, &id, &data, info, delta)?;
+                // The new tensor is the self-contained end of the chain; the previous version,
+                // if that pays, a delta against it. Both are encoded in one pass.
+                let rewrite = self.reverse_choice(&bid, &bentry, &bcontent, &data, info, delta)?;
+                let Some(choice) = rewrite else {
+                    return Ok(plain_record((id, whole()?)));
+                };
+                let again = FloatRecord {
+                    id: bid,
+                    choice: &choice,
+                    codec: delta_codec(&choice),
+                    placement: Placement {
+                        generation: bentry.generation + 1,
+                        base: Some(id),
+                        depth: 1,
+                    },
+                    side: Side::BaseOnData,
+                };
+                let (entry, new) = if analysis.plain.size < len {
+                    let new = FloatRecord {
+                        id,
+                        choice: &analysis.plain,
+                        codec: whole_codec,
+                        placement: Placement::default(),
+                        side: Side::Data,
+                    };
+                    let e = self.write_floats(header, &data, Some(&bcontent), &[new, again])?;
+                    (e[0], e[1])
+                } else {
+                    let entry = streamed(&data)?;
+                    let e = self.write_floats(header, &data, Some(&bcontent), &[again])?;
+                    (entry, e[0])
+                };
                 Ok(Stored {
                     id,
                     added: Some((id, entry)),
-                    rewrite: rewrite.map(|(old, new)| Rewrite { id: bid, old, new }),
+                    rewrite: Some(Rewrite {
+                        id: bid,
+                        old: bentry,
+                        new,
+                    }),
                 })
             }
         }
@@ -559,9 +592,7 @@ impl StoreCtx<'_> {
         Ok(c.choice())
     }
 
-    /// Encodes `data` (against `base`) as `choice` says and writes the record. A tensor read a
-    /// window at a time has each plane's chunks kept in a temporary file until the plane
-    /// heads are known; the input, read again, must hash to the content id of what it encodes.
+    /// Encodes `data` (against `base`) as `choice` says and writes the record.
     #[allow(clippy::too_many_arguments)]
     fn write_float(
         &self,
@@ -573,11 +604,38 @@ impl StoreCtx<'_> {
         codec: CodecTag,
         placement: Placement,
     ) -> Result<IndexEntry> {
-        let encoder = |source| Error::Encode { id, source };
-        let mut writer =
-            float::PayloadWriter::new(header.dtype, choice, base.is_some()).map_err(encoder)?;
+        let side = match base {
+            Some(_) => Side::DataOnBase,
+            None => Side::Data,
+        };
+        let record = FloatRecord {
+            id,
+            choice,
+            codec,
+            placement,
+            side,
+        };
+        Ok(self.write_floats(header, data, base, &[record])?[0])
+    }
+
+    /// Encodes `records` in one pass over `data` and `base` and writes them. A tensor read a
+    /// window at a time has each plane's chunks kept in a temporary file until the plane
+    /// heads are known; the input, read again, must hash to the content id of what it encodes.
+    fn write_floats(
+        &self,
+        header: &mdl_format::TensorHeader,
+        data: &Content<'_>,
+        base: Option<&Content<'_>>,
+        records: &[FloatRecord<'_>],
+    ) -> Result<Vec<IndexEntry>> {
         let windowed = data.windowed() || base.is_some_and(Content::windowed);
-        let mut planes: Vec<PlaneChunks> = Vec::new();
+        let mut writers = Vec::with_capacity(records.len());
+        for r in records {
+            let with_base = !matches!(r.side, Side::Data);
+            let w = float::PayloadWriter::new(header.dtype, r.choice, with_base)
+                .map_err(|source| Error::Encode { id: r.id, source })?;
+            writers.push((w, Vec::<PlaneChunks>::new()));
+        }
         // The input, on whichever side it is, is hashed again as it is encoded.
         let input = [Some(data), base]
             .into_iter()
@@ -588,49 +646,62 @@ impl StoreCtx<'_> {
             });
         let (hasher, expected) = input.unzip();
         let read = pass(data, base, header.dtype.size(), hasher, &mut |d, b| {
-            let coded = writer.add(self.engine, d, b).map_err(encoder)?;
-            if planes.is_empty() {
-                planes = (0..coded.len())
-                    .map(|_| PlaneChunks::new(self.repo.store(), windowed))
-                    .collect::<Result<_>>()?;
+            for (r, (writer, planes)) in records.iter().zip(&mut writers) {
+                let (x, against) = match r.side {
+                    Side::Data => (d, None),
+                    Side::DataOnBase => (d, b),
+                    Side::BaseOnData => (b.expect("a base"), Some(d)),
+                };
+                let coded = writer
+                    .add(self.engine, x, against)
+                    .map_err(|source| Error::Encode { id: r.id, source })?;
+                if planes.is_empty() {
+                    *planes = (0..coded.len())
+                        .map(|_| PlaneChunks::new(self.repo.store(), windowed))
+                        .collect::<Result<_>>()?;
+                }
+                planes
+                    .iter_mut()
+                    .zip(coded)
+                    .try_for_each(|(p, chunks)| p.push(chunks))?;
             }
-            planes
-                .iter_mut()
-                .zip(coded)
-                .try_for_each(|(p, chunks)| p.push(chunks))
+            Ok(())
         })?;
         if let (Some(read), Some(expected)) = (read, expected) {
             if read != expected {
                 return Err(mdl_store::StoreError::InputChanged(expected).into());
             }
         }
-        let (head, heads) = writer.finish();
-        let out = self
-            .batch
-            .put_written(&id, header, codec, placement, &mut |w| {
-                w.write_all(&head)?;
-                for (h, p) in heads.iter().zip(&mut planes) {
-                    w.write_all(h)?;
-                    p.copy_to(w)?;
-                }
-                Ok(())
-            })?;
-        Ok(out.entry)
+        let mut entries = Vec::with_capacity(records.len());
+        for (r, (writer, mut planes)) in records.iter().zip(writers) {
+            let (head, heads) = writer.finish();
+            let out = self
+                .batch
+                .put_written(&r.id, header, r.codec, r.placement, &mut |w| {
+                    w.write_all(&head)?;
+                    for (h, p) in heads.iter().zip(&mut planes) {
+                        w.write_all(h)?;
+                        p.copy_to(w)?;
+                    }
+                    Ok(())
+                })?;
+            entries.push(out.entry);
+        }
+        Ok(entries)
     }
 
-    /// Re-encodes the previous version `prev` (already checked by [`Self::base_for`]) as a delta
-    /// against the new tensor, when that saves enough and no other tensor of this commit did.
-    #[allow(clippy::too_many_arguments)]
-    fn reverse(
+    /// How to re-encode the previous version `prev` (already checked by [`Self::base_for`]) as a
+    /// delta against the new tensor `data`, when that saves enough and no other tensor of this
+    /// commit did (`None`: it stays as it is).
+    fn reverse_choice(
         &self,
         prev: &ObjectId,
         prev_entry: &IndexEntry,
         prev_data: &Content<'_>,
-        id: &ObjectId,
         data: &Content<'_>,
         info: &Piece,
         estimate: &float::Choice,
-    ) -> Result<Option<(IndexEntry, IndexEntry)>> {
+    ) -> Result<Option<float::Choice>> {
         if estimate.size as f64 > prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR)
             || !self.rewritten.lock().unwrap().insert(*prev)
         {
@@ -651,25 +722,30 @@ impl StoreCtx<'_> {
             // The difference changes sign with the roles, and its zigzag symbols with it.
             Transform::Sub => self.count(*prev, dtype, Count::Sub, prev_data, data)?,
         };
-        if choice.size as f64 > prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR) {
-            return Ok(None);
-        }
-        let placement = Placement {
-            generation: prev_entry.generation + 1,
-            base: Some(*id),
-            depth: 1,
-        };
-        let new = self.write_float(
-            *prev,
-            &info.header,
-            prev_data,
-            Some(data),
-            &choice,
-            delta_codec(&choice),
-            placement,
-        )?;
-        Ok(Some((*prev_entry, new)))
+        let pays = choice.size as f64 <= prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR);
+        Ok(pays.then_some(choice))
     }
+}
+
+/// A float record written by [`StoreCtx::write_floats`].
+struct FloatRecord<'c> {
+    id: ObjectId,
+    choice: &'c float::Choice,
+    codec: CodecTag,
+    placement: Placement,
+    side: Side,
+}
+
+/// What a [`FloatRecord`] encodes, of a pass over a tensor (`data`) and another version of it
+/// (`base`).
+#[derive(Clone, Copy)]
+enum Side {
+    /// `data` alone.
+    Data,
+    /// `data` as a delta against `base`.
+    DataOnBase,
+    /// `base` as a delta against `data` (a reverse re-encode).
+    BaseOnData,
 }
 
 /// One plane's coded chunks while a payload is encoded: in memory, or (for a tensor read a
@@ -684,14 +760,7 @@ impl PlaneChunks {
         if !spill {
             return Ok(PlaneChunks::Memory(Vec::new()));
         }
-        let dir = store.dir();
-        let file = tempfile::tempfile_in(dir).map_err(|source| {
-            Error::Store(mdl_store::StoreError::Io {
-                op: "create a temporary file in",
-                path: dir.to_path_buf(),
-                source,
-            })
-        })?;
+        let file = store.spill_file()?;
         Ok(PlaneChunks::File(std::io::BufWriter::with_capacity(
             1 << 20,
             file,
