@@ -32,7 +32,9 @@ pub use files::INCOMING_DIR;
 pub use fs::{RealFs, Storage};
 pub use lock::{LockMode, RepoLock};
 pub use meta::{CommitSummary, Expired, IndexEntry, Meta, RefValue, ReflogEntry};
-pub use objects::{zeroed, ObjectBatch, Placement, PutOutcome, TensorWindows, MAX_CHAIN};
+pub use objects::{
+    zeroed, ObjectBatch, Placement, PutOutcome, TensorWindows, MAX_CHAIN, WINDOW_CHUNKS,
+};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

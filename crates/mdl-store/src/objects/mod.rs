@@ -117,7 +117,7 @@ mod sync;
 mod windows;
 mod write;
 
-pub use windows::TensorWindows;
+pub use windows::{TensorWindows, WINDOW_CHUNKS};
 pub use write::{ObjectBatch, PutOutcome};
 
 #[cfg(test)]

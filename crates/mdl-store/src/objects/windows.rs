@@ -28,8 +28,9 @@ use crate::{IndexEntry, Store, StoreError};
 use super::read::{chain_budget, corrupt};
 
 /// Element chunks in one window (each of `1 << CHUNK_LOG2` elements): 2 Mi elements, 8 MiB of
-/// f32. A chain of depth `d` holds `d + 1` windows and their coded bytes.
-const WINDOW_CHUNKS: u64 = 16;
+/// f32. A chain of depth `d` holds `d + 1` windows and their coded bytes. A commit reads its
+/// input in windows of the same size, so it reads a stored version beside it in lockstep.
+pub const WINDOW_CHUNKS: u64 = 16;
 
 /// A tensor being decoded a window at a time ([`Store::tensor_windows`]).
 pub struct TensorWindows<'s> {

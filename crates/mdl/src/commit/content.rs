@@ -10,10 +10,6 @@ use mdl_store::{IndexEntry, Store};
 use crate::input::Input;
 use crate::{Error, Result};
 
-/// Element chunks a window of input holds: the same as a stored tensor's window, so a delta
-/// pass reads both in lockstep.
-const WINDOW_CHUNKS: usize = 16;
-
 /// Where one side of a pass reads from.
 pub(super) enum Content<'a> {
     /// Bytes in memory (already hashed, or decoded and verified).
@@ -69,7 +65,7 @@ pub(super) fn pass(
     }
     let windowed = data.windowed() || base.is_some_and(Content::windowed);
     let step = if windowed {
-        (WINDOW_CHUNKS << CHUNK_LOG2) * width
+        ((mdl_store::WINDOW_CHUNKS as usize) << CHUNK_LOG2) * width
     } else {
         len.max(1)
     };
@@ -77,7 +73,8 @@ pub(super) fn pass(
     let mut reader = Reader::new(data)?;
     let mut base_reader = base.map(Reader::new).transpose()?;
     let mut at = 0;
-    while at < len || (at == 0 && len == 0) {
+    // At least one window, so an empty tensor is seen too.
+    loop {
         let n = step.min(len - at);
         let d = reader.window(at, n)?;
         let b = match base_reader.as_mut() {
@@ -100,7 +97,7 @@ pub(super) fn pass(
             }
         }
         at += n;
-        if len == 0 {
+        if at >= len {
             break;
         }
     }
