@@ -420,19 +420,6 @@ pub fn analyze_sub(
     count_and_choose(engine, dtype, Count::Sub, data, base)
 }
 
-/// Counts `data` with the planes of `xor_mask` XORed with `base` and chooses how to hold each:
-/// one pass where [`analyze`] makes two. Used to re-encode a tensor against a new base when the
-/// planes to XOR are already known (reverse deltas).
-pub fn analyze_masked(
-    engine: &dyn Engine,
-    dtype: Dtype,
-    data: &[u8],
-    base: &[u8],
-    xor_mask: u8,
-) -> Result<Choice, FormatError> {
-    count_and_choose(engine, dtype, Count::Masked(xor_mask), data, base)
-}
-
 /// One counting pass of `data` against `base`, and the resulting choice.
 fn count_and_choose(
     engine: &dyn Engine,
@@ -605,7 +592,8 @@ mod tests {
             .collect();
         let a = analyze(&CpuEngine, Dtype::F32, &data, Some(&base)).unwrap();
         let sub = analyze_sub(&CpuEngine, Dtype::F32, &data, &base).unwrap();
-        let xor = analyze_masked(&CpuEngine, Dtype::F32, &data, &base, 0b1111).unwrap();
+        let xor =
+            count_and_choose(&CpuEngine, Dtype::F32, Count::Masked(0b1111), &data, &base).unwrap();
         assert!(sub.size * 10 < xor.size * 8, "{} vs {}", sub.size, xor.size);
         assert_eq!(a.best_delta().unwrap().transform, Transform::Sub);
         round_trip(Dtype::F32, &data, Some(&base));

@@ -224,6 +224,8 @@ pub struct PayloadIndex {
     n: u64,
     /// Per plane: where its stream starts in the payload, and its head.
     streams: Vec<(u64, StreamHead)>,
+    /// The bytes no window covers, in payload order: the payload's head, then each stream's.
+    heads: Vec<Vec<u8>>,
 }
 
 impl PayloadIndex {
@@ -278,6 +280,7 @@ impl PayloadIndex {
             ));
         }
         let mut streams = Vec::with_capacity(l.planes);
+        let mut heads = Vec::with_capacity(1 + l.planes);
         let mut at = fixed;
         for len in head[2..].chunks_exact(8) {
             let len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
@@ -296,6 +299,8 @@ impl PayloadIndex {
                     "plane chunk size differs from the codec's",
                 ));
             }
+            bytes.truncate(stream.byte_range(0, 0).start as usize);
+            heads.push(bytes);
             streams.push((at, stream));
             at += len;
         }
@@ -306,11 +311,13 @@ impl PayloadIndex {
             ));
         }
         spec.mask = word_mask(&l, xor_mask);
+        heads.insert(0, head);
         Ok(PayloadIndex {
             spec,
             width: l.width,
             n,
             streams,
+            heads,
         })
     }
 
@@ -332,14 +339,10 @@ impl PayloadIndex {
         at + r.start..at + r.end
     }
 
-    /// The payload's bytes that no window covers (its head, and each stream's head), in order.
-    pub fn head_ranges(&self) -> Vec<Range<u64>> {
-        let mut out = Vec::with_capacity(1 + self.streams.len());
-        out.push(0..2 + 8 * self.streams.len() as u64);
-        for p in 0..self.streams.len() {
-            out.push(self.streams[p].0..self.plane_range(p, 0, 0).start);
-        }
-        out
+    /// The payload's bytes that no window covers, in payload order: its head, then each
+    /// stream's head (a reader checksums them with the windows' bytes).
+    pub fn heads(&self) -> &[Vec<u8>] {
+        &self.heads
     }
 
     /// Decodes the window starting at chunk `first` into `out` (its whole chunks, the last

@@ -51,17 +51,8 @@ impl Store {
         entry: &IndexEntry,
         out: &mut dyn Write,
     ) -> Result<u64, StoreError> {
-        // A missing record is found when it is opened, before anything reaches `out`.
-        self.reread(id, entry, |e| self.read_object_once(id, e, out))
-    }
-
-    fn read_object_once(
-        &self,
-        id: &ObjectId,
-        entry: &IndexEntry,
-        out: &mut dyn Write,
-    ) -> Result<u64, StoreError> {
-        // A window at a time: memory stays bounded whatever the object's size.
+        // A window at a time: memory stays bounded whatever the object's size. Every record
+        // is opened (and a moved one found again) before anything reaches `out`.
         let mut buf = Vec::new();
         self.tensor_windows(id, entry)?
             .for_each(&mut buf, |_, bytes| {

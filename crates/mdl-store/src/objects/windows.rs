@@ -189,16 +189,14 @@ impl Store {
         )
         .map_err(bad)?;
         let heads = index
-            .head_ranges()
-            .into_iter()
-            .map(|r| {
-                let mut buf = vec![0u8; (r.end - r.start) as usize];
-                read(r.start, &mut buf).map_err(bad)?;
+            .heads()
+            .iter()
+            .map(|bytes| {
                 let mut c = crc32fast::Hasher::new();
-                c.update(&buf);
-                Ok(c)
+                c.update(bytes);
+                c
             })
-            .collect::<Result<Vec<_>, StoreError>>()?;
+            .collect();
         let base = match &entry.base {
             Some(base_id) => {
                 let base_entry = self.base_entry(id, entry, base_id)?;
@@ -230,23 +228,8 @@ impl Store {
 }
 
 impl TensorWindows<'_> {
-    /// The tensor's length in bytes.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// Whether the tensor is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The length of a window [`Self::for_each`] reads, in bytes.
-    pub fn window_len(&self) -> u64 {
-        self.window
-    }
-
     /// Decodes the next `out.len()` bytes into `out`: for a float record, whole chunks of
-    /// elements (a multiple of [`Self::window_len`] is), or the rest of the tensor.
+    /// elements (any multiple of [`WINDOW_CHUNKS`] chunks is), or the rest of the tensor.
     pub fn next_into(&mut self, out: &mut [u8]) -> Result<(), StoreError> {
         let want = out.len() as u64;
         if want > self.len - self.done || want == 0 {

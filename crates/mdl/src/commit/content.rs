@@ -37,6 +37,10 @@ impl Content<'_> {
         }
     }
 
+    fn is_input(&self) -> bool {
+        matches!(self, Content::Input { .. })
+    }
+
     pub(super) fn windowed(&self) -> bool {
         !matches!(self, Content::Memory(_))
     }
@@ -82,11 +86,9 @@ pub(super) fn pass(
             None => None,
         };
         if let Some(h) = hasher.as_mut() {
-            match (data, b) {
-                (Content::Input { .. }, _) => h.update(d),
-                (_, Some(b)) if base.is_some_and(|c| matches!(c, Content::Input { .. })) => {
-                    h.update(b)
-                }
+            match (data.is_input(), b) {
+                (true, _) => h.update(d),
+                (false, Some(b)) if base.is_some_and(Content::is_input) => h.update(b),
                 _ => {}
             }
         }
