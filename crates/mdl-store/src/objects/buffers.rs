@@ -1,11 +1,14 @@
-//! Record read buffers kept for the next read: at most one per core, each at most
-//! [`KEEP`]. Bounded by the machine, not by the number of threads reading (a
-//! server's blocking threads are many): what a process keeps here is at most cores × 64 MiB,
-//! whatever number of requests it serves.
+//! Read buffers kept for the next read: record buffers and the window buffers of
+//! [`super::windows`]. Bounded by the machine, not by the number of threads reading (a server's
+//! blocking threads are many): a process keeps at most [`PER_CORE`] buffers a core and at most
+//! cores × [`KEEP`] bytes of them, whatever number of requests it serves.
 use std::sync::{Mutex, OnceLock};
 
-/// Buffers up to this capacity are kept.
+/// Buffers up to this capacity are kept, and this much a core in all.
 pub const KEEP: usize = 64 << 20;
+
+/// Buffers kept a core, at most (a window of a delta chain reads into two a level).
+pub const PER_CORE: usize = 4;
 
 static SPARE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
@@ -14,32 +17,47 @@ fn most() -> usize {
     *MOST.get_or_init(|| std::thread::available_parallelism().map_or(4, |n| n.get()))
 }
 
-/// An empty buffer, with the capacity of an earlier read when one is spare.
+/// A buffer with the capacity of an earlier read when one is spare, holding whatever that
+/// read left (its bytes are initialized, so growing it back zeroes nothing).
 pub fn take() -> Vec<u8> {
     let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
     spare.pop().unwrap_or_default()
 }
 
-/// Keeps `buf` for a later read if it is small enough and fewer than one per core are kept.
-pub fn give_back(mut buf: Vec<u8>) {
+/// Keeps `buf` for a later read if it is small enough and the bounds leave room.
+pub fn give_back(buf: Vec<u8>) {
     if buf.capacity() == 0 || buf.capacity() > KEEP {
         return;
     }
-    buf.clear();
     let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
-    if spare.len() < most() {
+    let kept: usize = spare.iter().map(Vec::capacity).sum();
+    if spare.len() < PER_CORE * most() && kept + buf.capacity() <= KEEP * most() {
         spare.push(buf);
     }
 }
 
-/// Buffers kept now (for tests).
+/// A buffer from [`take`], given back when dropped.
+#[derive(Default)]
+pub struct Pooled(pub Vec<u8>);
+
+impl Pooled {
+    /// A buffer as [`take`] gives it.
+    pub fn take() -> Pooled {
+        Pooled(take())
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        give_back(std::mem::take(&mut self.0));
+    }
+}
+
+/// Buffers kept now and their capacity in all (for tests).
 #[cfg(test)]
 pub fn kept() -> (usize, usize) {
     let spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
-    (
-        spare.len(),
-        spare.iter().map(Vec::capacity).max().unwrap_or(0),
-    )
+    (spare.len(), spare.iter().map(Vec::capacity).sum())
 }
 
 #[cfg(test)]
@@ -47,12 +65,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn no_more_than_one_buffer_per_core_is_kept_whatever_the_threads() {
-        let threads: Vec<_> = (0..4 * most() + 8)
+    fn what_is_kept_is_bounded_by_the_cores_whatever_the_threads() {
+        // Buffers of 1 MiB bounded by their number, then of 40 MiB by their bytes.
+        for size in [1 << 20, 40 << 20] {
+            kept_after_threads(size);
+        }
+    }
+
+    fn kept_after_threads(size: usize) {
+        let threads: Vec<_> = (0..4 * PER_CORE * most() + 8)
             .map(|_| {
-                std::thread::spawn(|| {
+                std::thread::spawn(move || {
                     let mut b = take();
-                    b.resize(1 << 20, 1);
+                    b.resize(size, 1);
                     std::thread::sleep(std::time::Duration::from_millis(20));
                     give_back(b);
                 })
@@ -62,8 +87,17 @@ mod tests {
             t.join().unwrap();
         }
         give_back(Vec::with_capacity(KEEP + 1));
-        let (count, largest) = kept();
-        assert!(count <= most(), "{count} buffers kept on {} cores", most());
-        assert!(largest <= KEEP);
+        let (count, bytes) = kept();
+        assert!(count > 0, "nothing kept");
+        assert!(
+            count <= PER_CORE * most(),
+            "{count} buffers kept on {} cores",
+            most()
+        );
+        assert!(
+            bytes <= KEEP * most(),
+            "{bytes} bytes kept on {} cores",
+            most()
+        );
     }
 }

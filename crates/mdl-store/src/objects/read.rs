@@ -157,6 +157,7 @@ impl Store {
         // Record bytes go through a reused buffer (nested reads take their own): fresh large
         // buffers cost a page fault per 4 KiB.
         let mut bytes = buffers::take();
+        bytes.clear();
         let read = File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes));
         let result = match read {
             Ok(_) => f(&bytes),

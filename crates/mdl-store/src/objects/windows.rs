@@ -25,6 +25,7 @@ use mdl_format::{FormatError, ObjectId, TensorHasher, TensorHeader};
 
 use crate::{IndexEntry, Store, StoreError};
 
+use super::buffers::Pooled;
 use super::read::{chain_budget, corrupt};
 
 /// Element chunks in one window (each of `1 << CHUNK_LOG2` elements): 2 Mi elements, 8 MiB of
@@ -217,12 +218,12 @@ impl Store {
             payload_at: hlen as u64,
             heads,
             data: vec![crc32fast::Hasher::new(); planes],
-            bytes: vec![Vec::new(); planes],
+            bytes: Pooled::take(),
             index,
             width: width as u64,
             next_chunk: 0,
             base,
-            base_buf: Vec::new(),
+            base_buf: Pooled::take(),
         }))
     }
 }
@@ -351,13 +352,14 @@ struct FloatLevel<'s> {
     heads: Vec<crc32fast::Hasher>,
     /// Checksums of each plane's chunks read so far.
     data: Vec<crc32fast::Hasher>,
-    /// Each plane's bytes of the current window.
-    bytes: Vec<Vec<u8>>,
+    /// The current window's bytes of every plane, one after another (a pooled buffer:
+    /// fresh ones cost a page fault and a zeroing a page, tensor after tensor).
+    bytes: Pooled,
     /// Bytes an element.
     width: u64,
     next_chunk: usize,
     base: Option<Box<Level<'s>>>,
-    base_buf: Vec<u8>,
+    base_buf: Pooled,
 }
 
 impl FloatLevel<'_> {
@@ -365,24 +367,35 @@ impl FloatLevel<'_> {
         let bad = corrupt(&self.common.id, &self.common.entry);
         let chunk = (1u64 << mdl_codec::huffman::CHUNK_LOG2) * self.width;
         let count = (out.len() as u64).div_ceil(chunk) as usize;
-        for p in 0..self.index.planes() {
-            let r = self.index.plane_range(p, self.next_chunk, count);
-            let buf = &mut self.bytes[p];
-            buf.resize((r.end - r.start) as usize, 0);
+        let ranges: Vec<_> = (0..self.index.planes())
+            .map(|p| self.index.plane_range(p, self.next_chunk, count))
+            .collect();
+        let total = ranges.iter().map(|r| (r.end - r.start) as usize).sum();
+        if self.bytes.0.len() < total {
+            self.bytes.0.resize(total, 0);
+        }
+        let mut planes: Vec<&[u8]> = Vec::with_capacity(ranges.len());
+        let mut rest = &mut self.bytes.0[..total];
+        for (r, crc) in ranges.iter().zip(&mut self.data) {
+            let (buf, tail) = rest.split_at_mut((r.end - r.start) as usize);
             self.file
                 .read_exact_at(buf, self.payload_at + r.start)
                 .map_err(StoreError::io("read", &self.path))?;
-            self.data[p].update(buf);
+            crc.update(buf);
+            planes.push(buf);
+            rest = tail;
         }
         let base = match &mut self.base {
             Some(b) => {
-                self.base_buf.resize(out.len(), 0);
-                b.next_into(&mut self.base_buf)?;
-                Some(&self.base_buf[..])
+                if self.base_buf.0.len() < out.len() {
+                    self.base_buf.0.resize(out.len(), 0);
+                }
+                let window = &mut self.base_buf.0[..out.len()];
+                b.next_into(window)?;
+                Some(&*window)
             }
             None => None,
         };
-        let planes: Vec<&[u8]> = self.bytes.iter().map(Vec::as_slice).collect();
         self.index
             .decode(self.store.engine(), self.next_chunk, &planes, base, out)
             .map_err(bad)?;

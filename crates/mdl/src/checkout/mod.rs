@@ -2,6 +2,7 @@
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use mdl_format::ObjectId;
 use serde::{Deserialize, Serialize};
@@ -146,6 +147,9 @@ fn write_files(
             .enumerate()
             .flat_map(|(k, (_, f))| f.objects().map(move |o| (k, o)))
             .collect();
+        // One writer of a file at a time: parallel writers of one file spin on its inode lock
+        // in the kernel, burning the time another thread would decode in.
+        let writing: Vec<Mutex<()>> = temps.iter().map(|_| Mutex::new(())).collect();
         let write_one = |&(k, t): &(usize, &Placed)| -> Result<()> {
             // Decoded a window at a time (memory bounded by the window, not the tensor) into a
             // per-thread buffer, taken out while in use (rayon may start another object on
@@ -155,6 +159,7 @@ fn write_files(
             let file = temps[k].0.as_file();
             let result = store.tensor_windows(&t.id, &t.entry).and_then(|w| {
                 w.for_each(&mut buf, |at, bytes| {
+                    let _one = writing[k].lock().unwrap_or_else(|p| p.into_inner());
                     file.write_all_at(bytes, t.offset + at)
                         .map_err(mdl_store::StoreError::Output)
                 })
