@@ -7,8 +7,9 @@ use std::sync::{Mutex, OnceLock};
 /// Buffers up to this capacity are kept, and this much a core in all.
 pub const KEEP: usize = 64 << 20;
 
-/// Buffers kept a core, at most (a window of a delta chain reads into two a level).
-pub const PER_CORE: usize = 4;
+/// Buffers kept a core, at most: a window read along a delta chain takes two a level (a chain
+/// of the default depth cap, 16, takes 32); the bytes bound is what bounds memory.
+pub const PER_CORE: usize = 16;
 
 static SPARE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
