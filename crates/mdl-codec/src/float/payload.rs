@@ -190,18 +190,7 @@ fn decode_whole(
     base: Option<&[u8]>,
     out: &mut [u8],
 ) -> Result<(), FormatError> {
-    let mut read = |at: u64, buf: &mut [u8]| {
-        let at = at as usize;
-        buf.copy_from_slice(&payload[at..at + buf.len()]);
-        Ok(())
-    };
-    let index = PayloadIndex::open(
-        spec,
-        out.len() as u64,
-        payload.len() as u64,
-        base.is_some(),
-        &mut read,
-    )?;
+    let index = PayloadIndex::in_memory(spec, out.len() as u64, payload, base.is_some())?;
     let chunks = index.chunks();
     let planes: Vec<&[u8]> = (0..index.planes())
         .map(|p| {
@@ -229,6 +218,22 @@ pub struct PayloadIndex {
 }
 
 impl PayloadIndex {
+    /// [`Self::open`] of a payload held in memory.
+    pub fn in_memory(
+        spec: PlaneSpec,
+        content_len: u64,
+        payload: &[u8],
+        with_base: bool,
+    ) -> Result<PayloadIndex, FormatError> {
+        let mut read = |at: u64, buf: &mut [u8]| {
+            let at = at as usize;
+            buf.copy_from_slice(&payload[at..at + buf.len()]);
+            Ok(())
+        };
+        let len = payload.len() as u64;
+        Self::open(spec, content_len, len, with_base, &mut read)
+    }
+
     /// Parses the heads of a payload of `payload_len` bytes for a tensor of `content_len`
     /// bytes, laid out as `spec` says (its mask is the payload's), reading payload bytes with
     /// `read(offset, buf)`. `with_base` says whether the record names a base.
@@ -463,18 +468,8 @@ mod tests {
                 Transform::Planes => PlaneSpec::planes(dtype, 0),
                 Transform::Sub => PlaneSpec::sub(dtype),
             };
-            let mut read = |at: u64, buf: &mut [u8]| {
-                buf.copy_from_slice(&payload[at as usize..at as usize + buf.len()]);
-                Ok(())
-            };
-            let index = PayloadIndex::open(
-                spec,
-                data.len() as u64,
-                payload.len() as u64,
-                b.is_some(),
-                &mut read,
-            )
-            .unwrap();
+            let index =
+                PayloadIndex::in_memory(spec, data.len() as u64, &payload, b.is_some()).unwrap();
             let mut out = vec![0u8; data.len()];
             for (k, w) in out.chunks_mut(step).enumerate() {
                 let first = k * 2;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::{float, residual, CodecTag};
-use mdl_format::record::{self, RecordHeader};
+use mdl_format::record::{self, RecordHeader, Trailer};
 use mdl_format::{FormatError, ObjectId, TensorHasher, TensorHeader};
 
 use crate::{IndexEntry, Store, StoreError};
@@ -243,24 +243,8 @@ impl Store {
         let corrupt = corrupt(id, entry);
         let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
         let (header, payload, trailer) = record::decode(bytes).map_err(corrupt)?;
-        if trailer.content_len != entry.content_len
-            || header.kind != entry.kind
-            || header.codec != entry.codec
-            || header.base != entry.base
-            || header.base.is_some() != codec.has_base()
-        {
-            return Err(corrupt(FormatError::invalid(
-                "record",
-                "codec, base, lengths or kind disagree with the index",
-            )));
-        }
-        let tensor = TensorHeader::from_canonical(&header.prefix).map_err(corrupt)?;
-        if tensor.data_len() != Some(entry.content_len) {
-            return Err(corrupt(FormatError::invalid(
-                "record",
-                "tensor shape disagrees with the content length",
-            )));
-        }
+        agrees_with_index(&header, &trailer, None, entry, codec).map_err(corrupt)?;
+        let tensor = tensor_header(&header, entry).map_err(corrupt)?;
         Ok((header, payload, tensor))
     }
 
@@ -403,6 +387,45 @@ pub(super) fn corrupt(
 ) -> impl Fn(FormatError) -> StoreError + Copy {
     let (id, kind) = (*id, entry.kind.name());
     move |source| StoreError::Corrupt { id, kind, source }
+}
+
+/// Checks a record's header and trailer against its index entry (and, where the caller
+/// measured it, its payload length against the trailer's).
+pub(super) fn agrees_with_index(
+    header: &RecordHeader,
+    trailer: &Trailer,
+    payload_len: Option<u64>,
+    entry: &IndexEntry,
+    codec: CodecTag,
+) -> Result<(), FormatError> {
+    if payload_len.is_some_and(|n| n != trailer.payload_len)
+        || trailer.content_len != entry.content_len
+        || header.kind != entry.kind
+        || header.codec != entry.codec
+        || header.base != entry.base
+        || header.base.is_some() != codec.has_base()
+    {
+        return Err(FormatError::invalid(
+            "record",
+            "codec, base, lengths or kind disagree with the index",
+        ));
+    }
+    Ok(())
+}
+
+/// The tensor header a record's prefix holds, checked against the entry's content length.
+pub(super) fn tensor_header(
+    header: &RecordHeader,
+    entry: &IndexEntry,
+) -> Result<TensorHeader, FormatError> {
+    let tensor = TensorHeader::from_canonical(&header.prefix)?;
+    if tensor.data_len() != Some(entry.content_len) {
+        return Err(FormatError::invalid(
+            "record",
+            "tensor shape disagrees with the content length",
+        ));
+    }
+    Ok(tensor)
 }
 
 /// A record file opened and its header parsed.

@@ -18,15 +18,15 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use mdl_codec::float::PayloadIndex;
-use mdl_codec::planes::PlaneSpec;
+use mdl_codec::planes::{PlaneSpec, Transform};
 use mdl_codec::CodecTag;
 use mdl_format::record::{Trailer, TRAILER_LEN};
-use mdl_format::{FormatError, ObjectId, TensorHasher, TensorHeader};
+use mdl_format::{FormatError, ObjectId, TensorHasher};
 
 use crate::{IndexEntry, Store, StoreError};
 
 use super::buffers::Pooled;
-use super::read::{chain_budget, corrupt};
+use super::read::{agrees_with_index, chain_budget, corrupt, tensor_header};
 
 /// Element chunks in one window (each of `1 << CHUNK_LOG2` elements): 2 Mi elements, 8 MiB of
 /// f32. A chain of depth `d` holds `d + 1` windows and their coded bytes. A commit reads its
@@ -75,19 +75,17 @@ impl Store {
                 "longer than the index records (a cycle?)",
             )));
         }
-        let spec = |dtype| match codec {
+        // The float codecs' planes: the value's own (a delta XORs them per its head), or the
+        // difference's.
+        let transform = match codec {
             CodecTag::FloatSplit | CodecTag::XorDelta | CodecTag::MantissaTrim => {
-                Some(PlaneSpec::planes(dtype, 0))
+                Some(Transform::Planes)
             }
-            CodecTag::SubDelta => Some(PlaneSpec::sub(dtype)),
+            CodecTag::SubDelta => Some(Transform::Sub),
             _ => None,
         };
         let streaming = codec.is_streaming() && entry.base.is_none();
-        let float = matches!(
-            codec,
-            CodecTag::FloatSplit | CodecTag::XorDelta | CodecTag::MantissaTrim | CodecTag::SubDelta
-        );
-        if !streaming && !float {
+        if !streaming && transform.is_none() {
             // The lossy codecs: decoded whole.
             return Ok(Level::Memory {
                 data: self.load_tensor(id, entry)?,
@@ -110,18 +108,7 @@ impl Store {
         let trailer = Trailer::decode(&tbytes).map_err(bad)?;
         let header = &open.header;
         let payload_len = len - (hlen + TRAILER_LEN) as u64;
-        if trailer.payload_len != payload_len
-            || trailer.content_len != entry.content_len
-            || header.kind != entry.kind
-            || header.codec != entry.codec
-            || header.base != entry.base
-            || header.base.is_some() != codec.has_base()
-        {
-            return Err(bad(FormatError::invalid(
-                "record",
-                "codec, base, lengths or kind disagree with the index",
-            )));
-        }
+        agrees_with_index(header, &trailer, Some(payload_len), entry, codec).map_err(bad)?;
         let mut crc = crc32fast::Hasher::new();
         crc.update(&open.head[..hlen]);
         let common = Common {
@@ -162,17 +149,12 @@ impl Store {
                 },
             }));
         }
-        let tensor = TensorHeader::from_canonical(&header.prefix).map_err(bad)?;
-        if tensor.data_len() != Some(entry.content_len) {
-            return Err(bad(FormatError::invalid(
-                "record",
-                "tensor shape disagrees with the content length",
-            )));
-        }
-        let spec = spec(tensor.dtype).ok_or(bad(FormatError::invalid(
-            "record",
-            "float codec on a tensor that is not float",
-        )))?;
+        let tensor = tensor_header(header, entry).map_err(bad)?;
+        let spec = match transform {
+            Some(Transform::Planes) => PlaneSpec::planes(tensor.dtype, 0),
+            Some(Transform::Sub) => PlaneSpec::sub(tensor.dtype),
+            None => unreachable!("streaming records returned above"),
+        };
         let (width, _) = spec
             .shape()
             .ok_or(bad(FormatError::invalid("record", "not a float dtype")))?;
