@@ -21,6 +21,7 @@ const CRATES: &[&str] = &[
     "crates/mdl-store",
     "crates/mdl",
     "crates/mdl-remote",
+    "crates/mdl-bucket",
     "crates/mdl-fuzzing",
     "server",
     "cli",

@@ -9,18 +9,20 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use mdl::{LockMode, OpenOptions, Repository};
 
+mod bucket;
 mod output;
 mod progress;
 mod remote;
 
-#[derive(Parser)]
+#[derive(Clone, Parser)]
 #[command(
     name = "mdl",
     version,
     about = "Version control for deep-learning checkpoints"
 )]
 struct Cli {
-    /// Run as if started in DIR; a URL (http://HOST:PORT/REPO) runs the command on a server.
+    /// Run as if started in DIR; a URL runs the command on a server (http://HOST:PORT/REPO) or
+    /// on a repository in object storage (s3://BUCKET/PREFIX).
     #[arg(short = 'C', global = true, env = "MDL_DIR", value_name = "DIR")]
     dir: Option<PathBuf>,
     /// Bearer token for servers.
@@ -39,7 +41,7 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Subcommand)]
+#[derive(Clone, Subcommand)]
 enum Command {
     /// Create a repository (in DIR or the current directory).
     Init {
@@ -205,7 +207,7 @@ enum Command {
 }
 
 /// `mdl commit`'s arguments.
-#[derive(clap::Args)]
+#[derive(Clone, clap::Args)]
 struct CommitArgs {
     /// Files and directories; a directory's files are committed under their paths in it.
     #[arg(required = true, value_name = "PATH")]
@@ -290,7 +292,7 @@ impl CommitArgs {
     }
 }
 
-#[derive(Subcommand)]
+#[derive(Clone, Subcommand)]
 enum RemoteAction {
     /// Add remote NAME at URL (http://HOST:PORT/REPO).
     Add { name: String, url: String },
@@ -419,6 +421,18 @@ fn exit_code(e: &anyhow::Error) -> u8 {
     if let Some(e) = e.downcast_ref::<mdl::Error>() {
         return library_exit_code(e);
     }
+    if let Some(e) = e.downcast_ref::<mdl_bucket::Error>() {
+        return match e {
+            mdl_bucket::Error::Local(e) => library_exit_code(e),
+            mdl_bucket::Error::Location(_)
+            | mdl_bucket::Error::Storage { .. }
+            | mdl_bucket::Error::NotARepository(_)
+            | mdl_bucket::Error::AlreadyExists(_)
+            | mdl_bucket::Error::Conflict(_)
+            | mdl_bucket::Error::Unsupported(_)
+            | mdl_bucket::Error::Cache { .. } => 1,
+        };
+    }
     match e.downcast_ref::<mdl_remote::Error>() {
         Some(mdl_remote::Error::Local(e)) => library_exit_code(e),
         Some(mdl_remote::Error::Server { code, .. }) => match code {
@@ -516,6 +530,9 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         "mdl {}",
         std::env::args().skip(1).collect::<Vec<_>>().join(" ")
     );
+    if let Some(url) = bucket::location(cli.dir.as_ref()) {
+        return bucket::run(cli, url, out);
+    }
     let bar = progress::Bar::new(!cli.json && io::stderr().is_terminal());
     if let Command::Commit(CommitArgs {
         remote: Some(url), ..

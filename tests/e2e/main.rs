@@ -13,6 +13,7 @@ mod journeys;
 mod json_shapes;
 mod maintenance;
 mod repair;
+mod s3;
 mod server;
 mod transfer;
 mod trees;

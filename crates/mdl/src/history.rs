@@ -117,3 +117,38 @@ impl CountSetting {
         value.map_or(Ok(None), |v| self.parse(&v))
     }
 }
+
+/// Moves branch `branch` (a full ref name) from `onto`'s position to a copy of commit `id` whose
+/// only parent is `onto`: the same checkpoint, message and metrics, recorded after `onto` —
+/// what a commit that lost a race for the branch becomes, as if it had started after the
+/// winner (a repository in object storage, `mdl-bucket`). The branch must be at `onto`.
+/// Returns the new commit's id.
+pub fn replay(
+    repo: &Repository,
+    id: &ObjectId,
+    onto: &ObjectId,
+    branch: &str,
+) -> crate::Result<ObjectId> {
+    use mdl_format::ObjectKind;
+    use mdl_store::RefValue;
+
+    let _writer = repo.writer();
+    let mut commit = repo.load_commit(id)?;
+    commit.parents = vec![*onto];
+    let store = repo.store();
+    let batch = store.batch();
+    let out = batch.put_blob(ObjectKind::Commit, &commit.encode())?;
+    batch.finish()?;
+    let mut w = store.meta().write()?;
+    w.put_object(&out.id, &out.entry)?;
+    w.put_commit(&out.id, &CommitSummary::of(&commit))?;
+    let summary = commit.message.lines().next().unwrap_or("");
+    w.update_ref(
+        branch,
+        Some(&RefValue::Direct(*onto)),
+        Some(&RefValue::Direct(out.id)),
+        &format!("commit (replayed onto {}): {summary}", onto.short(12)),
+    )?;
+    w.commit_txn()?;
+    Ok(out.id)
+}

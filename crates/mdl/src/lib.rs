@@ -48,7 +48,7 @@ pub use error::Error;
 pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp, V1_FILE_PATH};
 pub use mdl_store::budget;
 pub use mdl_store::fs::FaultyFs;
-pub use mdl_store::{IndexEntry, LockMode, RefValue, Storage, StoreError};
+pub use mdl_store::{IndexEntry, LockMode, RefValue, Storage, StoreError, MDL_DIR};
 pub use progress::{NoProgress, Progress};
 pub use repo::{discover, OpenOptions, Repository, ADVERTISEMENT};
 

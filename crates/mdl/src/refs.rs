@@ -73,8 +73,20 @@ pub fn compare_and_swap(
     new: &RefValue,
     message: &str,
 ) -> Result<()> {
+    replace(repo, name, expected, Some(new), message)
+}
+
+/// [`compare_and_swap`] that may also delete the ref (`new` = `None`): for a copy of refs kept
+/// elsewhere (a repository in object storage), which nothing here checks.
+pub fn replace(
+    repo: &Repository,
+    name: &str,
+    expected: Option<&RefValue>,
+    new: Option<&RefValue>,
+    message: &str,
+) -> Result<()> {
     let mut w = repo.store().meta().write()?;
-    w.update_ref(name, expected, Some(new), message)?;
+    w.update_ref(name, expected, new, message)?;
     w.commit_txn()?;
     Ok(())
 }

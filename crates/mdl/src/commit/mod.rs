@@ -20,6 +20,7 @@ use mdl_store::meta::MetaRead;
 use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue, Store};
 use serde::{Deserialize, Serialize};
 
+pub use crate::history::replay;
 pub use crate::input::MemoryFile;
 use crate::input::{Input, Piece, Run};
 use crate::lossy::{

@@ -1,0 +1,117 @@
+//! Commands on a repository in object storage (`-C s3://BUCKET/PREFIX`): each runs on this
+//! machine's replica (`mdl_bucket::Replica`), brought up to date from the bucket first, and
+//! what it changed is published before its output is printed — so an output names only what
+//! the bucket holds.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use mdl_bucket::{Location, Replica};
+
+use crate::{output, Cli, Command};
+
+/// Runs `cli`'s command on the repository at `url`.
+pub fn run(cli: &Cli, url: &str, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
+    let loc = Location::parse(url)?;
+    let unsupported = |what: &str| -> anyhow::Result<ExitCode> {
+        Err(mdl_bucket::Error::Unsupported(format!(
+            "{what} does not run on a repository in object storage yet ({url})"
+        ))
+        .into())
+    };
+    match &cli.command {
+        Command::Init { path: Some(_) } => {
+            return Err(mdl_bucket::Error::Location(format!(
+                "mdl -C {url} init takes no folder: the repository is {url} itself"
+            ))
+            .into())
+        }
+        Command::Init { path: None } => {
+            mdl_bucket::init(&loc)?;
+            if cli.json {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::json!({ "path": loc.url(), "branch": "main" })
+                )?;
+            } else {
+                writeln!(out, "initialized empty mdl repository in {}", loc.url())?;
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Gc { .. } => return unsupported("gc"),
+        Command::Compact { .. } => return unsupported("compact"),
+        Command::Fsck { repair: true } => return unsupported("fsck --repair"),
+        Command::Serve { .. } => return unsupported("serve"),
+        Command::Remote { .. }
+        | Command::Fetch { .. }
+        | Command::Pull { .. }
+        | Command::Push { .. }
+        | Command::Clone { .. } => return unsupported("moving history between repositories"),
+        _ => {}
+    }
+    let wait = Duration::from_secs(cli.wait);
+    let mut replica = Replica::open(&loc, &mdl_bucket::cache_root(), wait)?;
+    let local = Cli {
+        dir: Some(replica.root()),
+        ..cli.clone()
+    };
+    if let Command::Commit(args) = &cli.command {
+        let opts = args.options()?;
+        let mut outcome = {
+            let mut repo = crate::open(&local, mdl::LockMode::Write, purpose(url))?;
+            crate::use_engine(cli, &mut repo, args.engine.as_deref())?;
+            let bar = crate::progress::Bar::new(!cli.json && std::io::stderr().is_terminal());
+            mdl::commit::commit_paths(&repo, &args.paths, &opts, &bar)?
+        };
+        let repo = replica.repository(wait)?;
+        let published = replica.publish(&repo)?;
+        if let Some((_, new)) = published.replayed.last() {
+            outcome.id = *new;
+        }
+        output::commit(out, cli.json, &outcome)?;
+        report(cli, &replica);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut buffered = Vec::new();
+    let code = crate::run(&local, &mut buffered)?;
+    let repo = replica.repository(wait)?;
+    replica.publish(&repo)?;
+    out.write_all(&buffered)?;
+    report(cli, &replica);
+    Ok(code)
+}
+
+/// With `-v`, the requests the command made.
+fn report(cli: &Cli, replica: &Replica) {
+    if cli.verbose {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = &replica.bucket().counts;
+        eprintln!(
+            "{}: {} PUTs, {} GETs, {} LISTs, {} bytes up, {} bytes down",
+            replica.bucket().url(),
+            c.puts.load(Relaxed),
+            c.gets.load(Relaxed),
+            c.lists.load(Relaxed),
+            c.bytes_up.load(Relaxed),
+            c.bytes_down.load(Relaxed)
+        );
+    }
+}
+
+fn purpose(url: &str) -> String {
+    format!(
+        "mdl -C {url} {}",
+        std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+    )
+}
+
+use std::io::IsTerminal;
+
+/// Whether `dir` (the `-C` argument) names a repository in object storage.
+pub fn location(dir: Option<&PathBuf>) -> Option<&str> {
+    dir.and_then(|d| d.to_str())
+        .filter(|d| mdl_bucket::is_bucket_url(d))
+}

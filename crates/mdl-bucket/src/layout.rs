@@ -1,0 +1,152 @@
+//! The keys of a repository in a bucket and what they hold (`docs/FORMAT.md`, "In object
+//! storage"):
+//!
+//! - `mdl-repository`: JSON `{"format": 1, "head": "refs/heads/main"}`, created once by
+//!   `init` (`If-None-Match: *`); what makes the prefix a repository.
+//! - `refs/heads/NAME`, `refs/tags/NAME`: one object per ref, JSON `{"target": HEX}` (plus
+//!   `tagger`, `time_ms`, `message` for an annotated tag) or `{"deleted": true}`; changed only
+//!   by conditional writes against the version last read.
+//! - `config`: JSON object of the repository's settings, changed the same way.
+//! - `packs/TIME-HASH.pack`: the records one publish added, as a pack stream (the format the
+//!   HTTP transfer uses), never changed once written; TIME (milliseconds, 13 digits) orders
+//!   them, HASH (of the content) makes the name unique.
+
+use mdl::{ObjectId, RefValue, Timestamp};
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// The object that makes a prefix a repository.
+pub const MARKER: &str = "mdl-repository";
+/// Where refs are.
+pub const REFS: &str = "refs/";
+/// Where packs are.
+pub const PACKS: &str = "packs/";
+/// The repository's settings.
+pub const CONFIG: &str = "config";
+/// Layout version written by `init`; a newer one is refused.
+pub const FORMAT: u32 = 1;
+/// What a pack's key ends with.
+pub const PACK_SUFFIX: &str = ".pack";
+
+/// The marker's content.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Marker {
+    /// Layout version.
+    pub format: u32,
+    /// The branch a new replica's HEAD names.
+    pub head: String,
+}
+
+/// A ref as stored.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct StoredRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    target: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tagger: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    time_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    deleted: bool,
+}
+
+/// The bytes of a ref's object: its value, or a deletion (`None`), which is kept so that the
+/// next creation is a conditional write too.
+pub fn encode_ref(value: Option<&RefValue>) -> Vec<u8> {
+    let stored = match value {
+        None => StoredRef {
+            deleted: true,
+            ..StoredRef::default()
+        },
+        Some(RefValue::Direct(id)) => StoredRef {
+            target: Some(id.to_hex()),
+            ..StoredRef::default()
+        },
+        Some(RefValue::Annotated {
+            target,
+            tagger,
+            time,
+            message,
+        }) => StoredRef {
+            target: Some(target.to_hex()),
+            tagger: Some(tagger.clone()),
+            time_ms: Some(time.0),
+            message: Some(message.clone()),
+            deleted: false,
+        },
+        Some(RefValue::Symbolic(_)) => unreachable!("symbolic refs stay in the replica"),
+    };
+    let mut v = serde_json::to_vec(&stored).expect("a ref serializes");
+    v.push(b'\n');
+    v
+}
+
+/// Parses [`encode_ref`]'s bytes.
+pub fn decode_ref(name: &str, bytes: &[u8]) -> Result<Option<RefValue>> {
+    let bad = |why: String| Error::Storage {
+        url: String::new(),
+        why: format!("ref {name} is not one mdl wrote: {why}"),
+    };
+    let stored: StoredRef = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
+    if stored.deleted {
+        return Ok(None);
+    }
+    let target: ObjectId = stored
+        .target
+        .as_deref()
+        .ok_or_else(|| bad("no target".into()))?
+        .parse::<ObjectId>()
+        .map_err(|e| bad(e.to_string()))?;
+    Ok(Some(
+        match (stored.tagger, stored.time_ms, stored.message) {
+            (Some(tagger), Some(time), Some(message)) => RefValue::Annotated {
+                target,
+                tagger,
+                time: Timestamp(time),
+                message,
+            },
+            _ => RefValue::Direct(target),
+        },
+    ))
+}
+
+/// A new pack's key: the time now and a hash of its content.
+pub fn pack_key(now: Timestamp, hash: &blake3::Hash) -> String {
+    format!(
+        "{PACKS}{:013}-{}{PACK_SUFFIX}",
+        now.0.max(0),
+        &hash.to_hex()[..32]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refs_round_trip_and_deletions_are_kept_as_such() {
+        let id = ObjectId::hash(b"x");
+        let values = [
+            Some(RefValue::Direct(id)),
+            Some(RefValue::Annotated {
+                target: id,
+                tagger: "a <a@b>".into(),
+                time: Timestamp(1_700_000_000_000),
+                message: "best".into(),
+            }),
+            None,
+        ];
+        for v in values {
+            assert_eq!(decode_ref("r", &encode_ref(v.as_ref())).unwrap(), v);
+        }
+        let err = decode_ref("refs/heads/x", b"{\"target\":\"zz\"}").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("ref refs/heads/x is not one mdl wrote"),
+            "{err}"
+        );
+    }
+}

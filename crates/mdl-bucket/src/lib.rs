@@ -1,0 +1,24 @@
+//! mdl repositories in S3-compatible object storage (`s3://BUCKET/PREFIX`), through the
+//! `object_store` crate: no server and no lock service, only what every such store offers —
+//! objects written whole, conditional writes (`If-None-Match: *` to create, `If-Match` on the
+//! ETag read to replace), listings and multipart uploads.
+//!
+//! - [`location`]: `s3://` locations and the client built from the `AWS_*` environment.
+//! - [`client`]: [`Bucket`], the calls a repository makes, blocking, retried, counted.
+//! - [`layout`]: the keys (marker, refs, settings, packs) and what each holds.
+//! - [`replica`]: [`Replica`], a machine's copy in its cache that commands run on, brought up
+//!   to date from the bucket before and published to it after.
+//!
+//! How writers on different machines stay consistent: `docs/ARCHITECTURE.md`, "Repositories
+//! in object storage".
+
+pub mod client;
+mod error;
+pub mod layout;
+pub mod location;
+pub mod replica;
+
+pub use client::Bucket;
+pub use error::{Error, Result};
+pub use location::{is_bucket_url, Location};
+pub use replica::{cache_root, init, Published, Replica};

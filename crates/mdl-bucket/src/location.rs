@@ -1,0 +1,122 @@
+//! Where a repository in object storage is: `s3://BUCKET[/PREFIX]`, with the endpoint, region
+//! and credentials from the usual `AWS_*` environment variables.
+
+use std::sync::Arc;
+
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::ObjectStore;
+
+use crate::{Error, Result};
+
+/// The scheme of repository locations in S3-compatible storage.
+pub const SCHEME: &str = "s3://";
+
+/// Whether `s` names a repository in object storage rather than a folder or a server.
+pub fn is_bucket_url(s: &str) -> bool {
+    s.starts_with(SCHEME)
+}
+
+/// A repository's place in object storage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// The bucket.
+    pub bucket: String,
+    /// The folder inside it (no leading or trailing `/`; empty for the bucket's root).
+    pub prefix: String,
+}
+
+impl Location {
+    /// Parses `s3://BUCKET[/PREFIX]`.
+    pub fn parse(s: &str) -> Result<Location> {
+        let bad = |why: &str| {
+            Error::Location(format!(
+                "invalid repository location {s:?}: {why} (expected s3://BUCKET[/PREFIX])"
+            ))
+        };
+        let rest = s.strip_prefix(SCHEME).ok_or_else(|| bad("not s3://"))?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        let valid_bucket = (3..=63).contains(&bucket.len())
+            && bucket
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+        if !valid_bucket {
+            return Err(bad(
+                "a bucket name is 3 to 63 lowercase letters, digits, '-' or '.'",
+            ));
+        }
+        let prefix = prefix.trim_matches('/');
+        if prefix
+            .split('/')
+            .any(|part| part == "." || part == ".." || (part.is_empty() && !prefix.is_empty()))
+            || prefix.chars().any(|c| c.is_control() || c == '\\')
+        {
+            return Err(bad("the prefix has an empty, '.' or '..' part"));
+        }
+        Ok(Location {
+            bucket: bucket.to_string(),
+            prefix: prefix.to_string(),
+        })
+    }
+
+    /// `s3://BUCKET/PREFIX`, as users write it.
+    pub fn url(&self) -> String {
+        if self.prefix.is_empty() {
+            format!("{SCHEME}{}", self.bucket)
+        } else {
+            format!("{SCHEME}{}/{}", self.bucket, self.prefix)
+        }
+    }
+
+    /// The endpoint the environment names (`AWS_ENDPOINT_URL` or `AWS_ENDPOINT`), if any: part
+    /// of what tells two repositories of the same name apart in the local cache.
+    pub fn endpoint() -> Option<String> {
+        ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+    }
+
+    /// The S3 client: `AWS_*` variables as the AWS tools read them, the bucket from the
+    /// location, and conditional writes by ETag (`If-Match`, `If-None-Match`), which refs need.
+    pub(crate) fn store(&self) -> Result<Arc<dyn ObjectStore>> {
+        let mut b = AmazonS3Builder::from_env()
+            .with_bucket_name(&self.bucket)
+            .with_conditional_put(S3ConditionalPut::ETagMatch);
+        if std::env::var_os("AWS_REGION").is_none()
+            && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+        {
+            b = b.with_region("us-east-1");
+        }
+        let store = b
+            .build()
+            .map_err(|e| Error::Location(format!("{}: {e}", self.url())))?;
+        Ok(Arc::new(store))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_parse_and_print_back() {
+        let l = Location::parse("s3://ml-runs/team/gpt/").unwrap();
+        assert_eq!(l.bucket, "ml-runs");
+        assert_eq!(l.prefix, "team/gpt");
+        assert_eq!(l.url(), "s3://ml-runs/team/gpt");
+        assert_eq!(
+            Location::parse("s3://ml-runs").unwrap().url(),
+            "s3://ml-runs"
+        );
+        for bad in [
+            "s3://",
+            "s3://A",
+            "s3://ab",
+            "s3://bucket/a//b",
+            "s3://bucket/../x",
+            "http://x/y",
+        ] {
+            let e = Location::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("expected s3://BUCKET[/PREFIX]"), "{bad}: {e}");
+        }
+    }
+}

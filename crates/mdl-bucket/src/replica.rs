@@ -1,0 +1,525 @@
+//! [`Replica`]: a machine's copy of a repository in object storage, in its cache. Commands run
+//! on the copy: [`Replica::open`] brings it up to date with the bucket (packs it has not
+//! applied, then every ref and the settings), and [`Replica::publish`] sends what a command
+//! changed (one pack of the new records, then each changed ref by a conditional write against
+//! the version read). The bucket is the truth: a replica can be deleted at any time, and the
+//! next command makes it again.
+
+// The cache folder around the replica (its lock, the list of applied packs) is this crate's,
+// not a repository's `.mdl`, which only the store writes.
+#![allow(clippy::disallowed_methods)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{BufReader, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use mdl::transfer;
+use mdl::{ObjectId, OpenOptions, Ref, RefValue, Repository, Timestamp};
+
+use crate::client::{Bucket, Version};
+use crate::layout::{self, Marker};
+use crate::location::Location;
+use crate::{Error, Result};
+
+/// The replica's work folder inside its cache folder.
+const REPO_DIR: &str = "repo";
+/// The packs applied to the replica, one key a line.
+const APPLIED: &str = "packs";
+/// Held by the process using the replica.
+const LOCK: &str = "lock";
+/// How often a commit that lost the race for its branch is replayed on the winner's.
+const REPLAYS: usize = 8;
+/// How often a sync lists packs again for a ref that names a commit no applied pack holds
+/// (its pack was published after the listing).
+const SYNC_ROUNDS: usize = 4;
+
+/// The folder that holds the replicas of repositories in object storage: `MDL_CACHE_DIR`,
+/// else `$XDG_CACHE_HOME/mdl`, else `~/.cache/mdl`, each with `s3/` inside.
+pub fn cache_root() -> PathBuf {
+    let base = std::env::var_os("MDL_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("mdl")))
+        .or_else(|| std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/mdl")))
+        .unwrap_or_else(|| std::env::temp_dir().join("mdl-cache"));
+    base.join("s3")
+}
+
+/// What the replica last read from the bucket.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Every ref object (a deleted ref as `None`), with the version read.
+    refs: BTreeMap<String, (Option<RefValue>, Version)>,
+    /// The settings object, if there is one.
+    config: Option<(BTreeMap<String, String>, Version)>,
+    /// Commits and objects the replica held after the sync: what the bucket has.
+    commits: HashSet<ObjectId>,
+    objects: HashSet<ObjectId>,
+}
+
+/// What [`Replica::publish`] sent.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Published {
+    /// The pack uploaded, if the command added records.
+    pub pack: Option<String>,
+    /// Objects in it.
+    pub objects: u64,
+    /// Its bytes.
+    pub bytes: u64,
+    /// Refs changed in the bucket, by full name.
+    pub refs: Vec<String>,
+    /// Commits replayed onto another writer's (old id, new id).
+    pub replayed: Vec<(ObjectId, ObjectId)>,
+}
+
+/// A machine's copy of a repository in object storage.
+#[derive(Debug)]
+pub struct Replica {
+    bucket: Bucket,
+    dir: PathBuf,
+    seen: Seen,
+    _lock: std::fs::File,
+}
+
+/// Creates the repository at `loc`: its marker, written only if absent.
+pub fn init(loc: &Location) -> Result<()> {
+    let bucket = Bucket::open(loc)?;
+    let marker = Marker {
+        format: layout::FORMAT,
+        head: Ref::main().full(),
+    };
+    let bytes = serde_json::to_vec_pretty(&marker).expect("the marker serializes");
+    match bucket.create(layout::MARKER, bytes)? {
+        Some(_) => Ok(()),
+        None => Err(Error::AlreadyExists(loc.url())),
+    }
+}
+
+impl Replica {
+    /// Opens this machine's replica of `loc` under `cache` (made on first use), waiting up to
+    /// `wait` for another process of this machine that uses it, and brings it up to date.
+    pub fn open(loc: &Location, cache: &Path, wait: Duration) -> Result<Replica> {
+        let bucket = Bucket::open(loc)?;
+        let marker = match bucket.get(layout::MARKER)? {
+            Some((bytes, _)) => {
+                serde_json::from_slice::<Marker>(&bytes).map_err(|e| Error::Storage {
+                    url: loc.url(),
+                    why: format!("{} is not one mdl wrote: {e}", layout::MARKER),
+                })?
+            }
+            None => return Err(Error::NotARepository(loc.url())),
+        };
+        if marker.format > layout::FORMAT {
+            return Err(Error::Unsupported(format!(
+                "{} has layout version {}; this mdl reads up to {}: upgrade mdl",
+                loc.url(),
+                marker.format,
+                layout::FORMAT
+            )));
+        }
+        let key = blake3::hash(
+            format!(
+                "{}\n{}\n{}",
+                Location::endpoint().unwrap_or_default(),
+                loc.bucket,
+                loc.prefix
+            )
+            .as_bytes(),
+        );
+        let dir = cache.join(&key.to_hex()[..24]);
+        let cache_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| Error::Cache { path, source }
+        };
+        std::fs::create_dir_all(&dir).map_err(cache_err(&dir))?;
+        let lock_path = dir.join(LOCK);
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(cache_err(&lock_path))?;
+        let started = Instant::now();
+        loop {
+            match lock.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < wait => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(Error::Conflict(format!(
+                    "another mdl process on this machine is using its copy of {} ({}); waited {} s",
+                    loc.url(),
+                    dir.display(),
+                    wait.as_secs()
+                )))
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(cache_err(&lock_path)(e)),
+            }
+        }
+        let _ = std::fs::write(dir.join("location"), format!("{}\n", loc.url()));
+        let root = dir.join(REPO_DIR);
+        if !root.join(mdl::MDL_DIR).exists() {
+            let repo = Repository::init(&root)?;
+            if marker.head != Ref::main().full() {
+                let name = marker.head.trim_start_matches(Ref::BRANCHES);
+                mdl::refs::switch(&repo, name)?;
+            }
+        }
+        let mut replica = Replica {
+            bucket,
+            dir,
+            seen: Seen::default(),
+            _lock: lock,
+        };
+        let repo = replica.repository(wait)?;
+        replica.sync(&repo)?;
+        Ok(replica)
+    }
+
+    /// The client, with its request counts.
+    pub fn bucket(&self) -> &Bucket {
+        &self.bucket
+    }
+
+    /// The replica's work folder: commands open it as a local repository.
+    pub fn root(&self) -> PathBuf {
+        self.dir.join(REPO_DIR)
+    }
+
+    /// Opens the replica for writing.
+    pub fn repository(&self, wait: Duration) -> Result<Repository> {
+        let opts = OpenOptions {
+            wait,
+            purpose: format!("mdl replica of {}", self.bucket.url()),
+            ..OpenOptions::default()
+        };
+        Ok(Repository::open(&self.root(), &opts)?)
+    }
+
+    /// Brings the replica up to date: every pack not applied yet, then the refs (moved,
+    /// created and deleted as in the bucket) and the settings.
+    pub fn sync(&mut self, repo: &Repository) -> Result<()> {
+        let mut round = 0;
+        let refs = loop {
+            round += 1;
+            self.apply_packs(repo)?;
+            let refs = self.read_refs()?;
+            let unknown = refs
+                .iter()
+                .filter_map(|(name, (v, _))| Some((name, v.as_ref()?.target()?)))
+                .find(|(_, id)| !transfer::has_commit(repo, id).unwrap_or(false));
+            match unknown {
+                None => break refs,
+                Some((name, id)) if round >= SYNC_ROUNDS => {
+                    return Err(Error::Storage {
+                        url: self.bucket.url().to_string(),
+                        why: format!("{name} names commit {id}, which no pack holds"),
+                    })
+                }
+                Some(_) => continue,
+            }
+        };
+        let ours: BTreeMap<String, RefValue> = mdl::refs::all(repo)?.into_iter().collect();
+        let message = format!("sync {}", self.bucket.url());
+        for (name, (value, _)) in &refs {
+            let mine = ours.get(name);
+            if mine != value.as_ref() {
+                mdl::refs::replace(repo, name, mine, value.as_ref(), &message)?;
+            }
+        }
+        for (name, mine) in &ours {
+            if !refs.contains_key(name) {
+                mdl::refs::replace(repo, name, Some(mine), None, &message)?;
+            }
+        }
+        let config = self.read_config()?;
+        if let Some((settings, _)) = &config {
+            for (k, v) in settings {
+                if mdl::config::get(repo, k)?.as_ref() != Some(v) {
+                    mdl::config::set_config(repo, k, v)?;
+                }
+            }
+        }
+        self.seen = Seen {
+            refs,
+            config,
+            commits: transfer::commits(repo)?.into_iter().collect(),
+            objects: mdl::inspect::objects(repo)?
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect(),
+        };
+        Ok(())
+    }
+
+    fn applied(&self) -> Result<HashSet<String>> {
+        let path = self.dir.join(APPLIED);
+        match std::fs::read_to_string(&path) {
+            Ok(s) => Ok(s.lines().map(str::to_string).collect()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HashSet::new()),
+            Err(source) => Err(Error::Cache { path, source }),
+        }
+    }
+
+    fn mark_applied(&self, key: &str) -> Result<()> {
+        let path = self.dir.join(APPLIED);
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| writeln!(f, "{key}").map(|_| f))
+            .map_err(|source| Error::Cache {
+                path: path.clone(),
+                source,
+            })?;
+        f.flush().map_err(|source| Error::Cache { path, source })
+    }
+
+    /// Downloads and receives every pack not applied yet, oldest first; one whose delta bases
+    /// or tensors are in a pack not applied yet (a writer whose clock is behind) waits for the
+    /// others.
+    fn apply_packs(&self, repo: &Repository) -> Result<()> {
+        let applied = self.applied()?;
+        let mut pending: Vec<String> = self
+            .bucket
+            .list(layout::PACKS)?
+            .into_iter()
+            .filter(|k| k.ends_with(layout::PACK_SUFFIX) && !applied.contains(k))
+            .collect();
+        while !pending.is_empty() {
+            let before = pending.len();
+            let mut waiting = Vec::new();
+            let mut last = None;
+            for key in pending {
+                let path = self.dir.clone();
+                let mut file = tempfile::tempfile_in(&self.dir)
+                    .map_err(|source| Error::Cache { path, source })?;
+                self.bucket.download(&key, &mut file)?;
+                file.seek(SeekFrom::Start(0))
+                    .map_err(|source| Error::Cache {
+                        path: self.dir.clone(),
+                        source,
+                    })?;
+                let mut reader = BufReader::with_capacity(1 << 20, file);
+                match transfer::receive_pack(repo, &mut reader, u64::MAX) {
+                    Ok(got) => {
+                        tracing::info!(key, objects = got.objects, "applied pack");
+                        self.mark_applied(&key)?;
+                    }
+                    Err(e @ (mdl::Error::BadTransfer(_) | mdl::Error::Incomplete(_))) => {
+                        last = Some((key.clone(), e));
+                        waiting.push(key);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if let Some((key, e)) = last.filter(|_| waiting.len() == before) {
+                return Err(Error::Storage {
+                    url: self.bucket.url().to_string(),
+                    why: format!("pack {key} cannot be applied: {e}"),
+                });
+            }
+            pending = waiting;
+        }
+        Ok(())
+    }
+
+    /// Every ref object in the bucket, by full name.
+    fn read_refs(&self) -> Result<BTreeMap<String, (Option<RefValue>, Version)>> {
+        let mut out = BTreeMap::new();
+        for key in self.bucket.list(layout::REFS)? {
+            if transfer::check_ref_name(&key).is_err() {
+                tracing::warn!("ignoring {key} in {}: not a ref name", self.bucket.url());
+                continue;
+            }
+            // Deleted between the listing and now: as if not listed.
+            if let Some((bytes, version)) = self.bucket.get(&key)? {
+                let value = layout::decode_ref(&key, &bytes).map_err(|e| match e {
+                    Error::Storage { why, .. } => Error::Storage {
+                        url: self.bucket.url().to_string(),
+                        why,
+                    },
+                    e => e,
+                })?;
+                out.insert(key, (value, version));
+            }
+        }
+        Ok(out)
+    }
+
+    fn read_config(&self) -> Result<Option<(BTreeMap<String, String>, Version)>> {
+        let Some((bytes, version)) = self.bucket.get(layout::CONFIG)? else {
+            return Ok(None);
+        };
+        let settings = serde_json::from_slice(&bytes).map_err(|e| Error::Storage {
+            url: self.bucket.url().to_string(),
+            why: format!("{} is not one mdl wrote: {e}", layout::CONFIG),
+        })?;
+        Ok(Some((settings, version)))
+    }
+
+    /// Sends what changed in the replica since the sync: the records the bucket lacks, as one
+    /// pack, then every changed branch and tag by a conditional write, then the settings. A
+    /// branch another writer moved meanwhile fails with [`Error::Conflict`] — unless the
+    /// replica moved it by one new commit on the tip it read (or made it with a first commit),
+    /// which is then replayed onto the other writer's tip ([`mdl::commit::replay`]) and sent
+    /// again.
+    pub fn publish(&mut self, repo: &Repository) -> Result<Published> {
+        let mut published = Published::default();
+        for _ in 0..REPLAYS {
+            match self.publish_once(repo, &mut published)? {
+                None => return Ok(published),
+                Some((name, ours, theirs)) => {
+                    let url = self.bucket.url().to_string();
+                    let parent_was_seen = repo
+                        .load_commit(&ours)
+                        .map(|c| c.parents == theirs.into_iter().collect::<Vec<_>>())
+                        .unwrap_or(false);
+                    if !parent_was_seen || !name.starts_with(Ref::BRANCHES) {
+                        return Err(Error::Conflict(format!(
+                            "{name} in {url} was changed by another writer while this command ran; nothing of it was published (its result, {}, stays in this machine's copy until then): run it again",
+                            ours.short(12)
+                        )));
+                    }
+                    self.sync(repo)?;
+                    let Some(tip) = self
+                        .seen
+                        .refs
+                        .get(&name)
+                        .and_then(|(v, _)| v.as_ref()?.target())
+                    else {
+                        return Err(Error::Conflict(format!(
+                            "{name} in {url} was deleted by another writer while this command ran; commit {} was not published",
+                            ours.short(12)
+                        )));
+                    };
+                    let replayed = mdl::commit::replay(repo, &ours, &tip, &name)?;
+                    tracing::info!(%ours, %replayed, %tip, "replayed a commit onto another writer's");
+                    published.replayed.push((ours, replayed));
+                }
+            }
+        }
+        Err(Error::Conflict(format!(
+            "{} kept changing under this command ({REPLAYS} tries); nothing more was published: run it again",
+            self.bucket.url()
+        )))
+    }
+
+    /// One attempt of [`Self::publish`]: `Some((ref, ours, theirs as read))` when a
+    /// conditional write lost.
+    fn publish_once(
+        &mut self,
+        repo: &Repository,
+        published: &mut Published,
+    ) -> Result<Option<(String, ObjectId, Option<ObjectId>)>> {
+        let now: BTreeMap<String, RefValue> = mdl::refs::all(repo)?.into_iter().collect();
+        let mut changes: Vec<(String, Option<RefValue>)> = Vec::new();
+        for (name, value) in &now {
+            match self.seen.refs.get(name) {
+                Some((Some(v), _)) if v == value => {}
+                _ => changes.push((name.clone(), Some(value.clone()))),
+            }
+        }
+        for (name, (value, _)) in &self.seen.refs {
+            if value.is_some() && !now.contains_key(name) {
+                changes.push((name.clone(), None));
+            }
+        }
+        let tips: Vec<ObjectId> = changes
+            .iter()
+            .filter_map(|(_, v)| v.as_ref()?.target())
+            .collect();
+        if !tips.is_empty() {
+            self.send_pack(repo, &tips, published)?;
+        }
+        for (name, value) in changes {
+            let bytes = layout::encode_ref(value.as_ref());
+            let read = self.seen.refs.get(&name);
+            let written = match read {
+                None => self.bucket.create(&name, bytes)?,
+                Some((_, version)) => self.bucket.replace(&name, bytes, version)?,
+            };
+            let Some(version) = written else {
+                let ours = value.as_ref().and_then(RefValue::target);
+                let theirs = read.and_then(|(v, _)| v.as_ref()?.target());
+                return match ours {
+                    Some(ours) => Ok(Some((name, ours, theirs))),
+                    None => Err(Error::Conflict(format!(
+                        "{name} in {} was changed by another writer while this command ran; it was not deleted there",
+                        self.bucket.url()
+                    ))),
+                };
+            };
+            published.refs.push(name.clone());
+            self.seen.refs.insert(name, (value, version));
+        }
+        self.publish_config(repo)?;
+        Ok(None)
+    }
+
+    /// Uploads, as one pack, the records of `tips`' history that the bucket lacks.
+    fn send_pack(
+        &mut self,
+        repo: &Repository,
+        tips: &[ObjectId],
+        published: &mut Published,
+    ) -> Result<()> {
+        let seen = &self.seen;
+        let plan = transfer::plan(repo, tips, &|id| seen.commits.contains(id))?;
+        let send: Vec<ObjectId> = plan
+            .iter()
+            .map(|p| p.id)
+            .filter(|id| !seen.objects.contains(id))
+            .collect();
+        if send.is_empty() {
+            return Ok(());
+        }
+        let mut pack = transfer::spool_pack(repo, &send)?;
+        let path = pack.path().to_path_buf();
+        let cache = |source| Error::Cache {
+            path: path.clone(),
+            source,
+        };
+        let file = pack.as_file_mut();
+        file.seek(SeekFrom::Start(0)).map_err(cache)?;
+        let mut hasher = blake3::Hasher::new();
+        let len = std::io::copy(&mut BufReader::new(&mut *file), &mut hasher).map_err(cache)?;
+        let key = layout::pack_key(Timestamp::now(), &hasher.finalize());
+        self.bucket.upload(&key, file, len)?;
+        self.mark_applied(&key)?;
+        published.pack = Some(key);
+        published.objects += send.len() as u64;
+        published.bytes += len;
+        self.seen.objects.extend(send);
+        self.seen
+            .commits
+            .extend(transfer::reachable_commits(repo, tips)?);
+        Ok(())
+    }
+
+    /// Writes the settings when the replica's differ from those read.
+    fn publish_config(&mut self, repo: &Repository) -> Result<()> {
+        let ours: BTreeMap<String, String> =
+            mdl::config::with_prefix(repo, "")?.into_iter().collect();
+        let theirs = self.seen.config.as_ref().map(|(c, _)| c);
+        if theirs == Some(&ours) || (theirs.is_none() && ours.is_empty()) {
+            return Ok(());
+        }
+        let bytes = serde_json::to_vec_pretty(&ours).expect("settings serialize");
+        let written = match &self.seen.config {
+            None => self.bucket.create(layout::CONFIG, bytes)?,
+            Some((_, v)) => self.bucket.replace(layout::CONFIG, bytes, v)?,
+        };
+        match written {
+            Some(v) => {
+                self.seen.config = Some((ours, v));
+                Ok(())
+            }
+            None => Err(Error::Conflict(format!(
+                "the settings of {} were changed by another writer while this command ran; run it again",
+                self.bucket.url()
+            ))),
+        }
+    }
+}

@@ -1,0 +1,498 @@
+//! Repositories in object storage, against a real S3-compatible server: SeaweedFS (`weed mini`,
+//! installed by `scripts/seaweedfs-env.sh`, found through `MDL_WEED`), started by each test
+//! on free loopback ports with a bucket of its own. Every "machine" is a separate cache
+//! (`MDL_CACHE_DIR`), so writers share nothing but the bucket.
+//!
+//! Ignored in a plain `cargo test` (they need the server); `scripts/test.sh` installs it and
+//! runs them, so CI never skips them.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::journeys::nudged;
+use crate::util::{mdl_bin, mixed, tensor, write_safetensors, T};
+
+const KEY: &str = "mdl-test-key";
+const SECRET: &str = "mdl-test-secret";
+const BUCKET: &str = "mdl";
+
+/// A running `weed mini` with its data folder; killed when dropped.
+pub struct Weed {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    ports: Vec<u16>,
+    pub endpoint: String,
+}
+
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+impl Weed {
+    /// Starts SeaweedFS with a bucket named [`BUCKET`] and waits until its S3 port answers.
+    pub fn start() -> Weed {
+        let dir = tempfile::tempdir().unwrap();
+        let ports = free_ports(12);
+        let mut weed = Weed {
+            child: None,
+            endpoint: format!("http://127.0.0.1:{}", ports[6]),
+            dir,
+            ports,
+        };
+        // A port taken between choosing and binding it (tests start servers in parallel)
+        // makes weed fail: try again on other ports.
+        for _ in 0..2 {
+            if weed.spawn().is_ok() {
+                return weed;
+            }
+            weed.kill();
+            weed.ports = free_ports(12);
+            weed.endpoint = format!("http://127.0.0.1:{}", weed.ports[6]);
+        }
+        if let Err(log) = weed.spawn() {
+            panic!("SeaweedFS did not start: {log}");
+        }
+        weed
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let bin = std::env::var("MDL_WEED").expect("MDL_WEED names SeaweedFS's weed binary");
+        let p = &self.ports;
+        let data = self.dir.path().join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        let log = std::fs::File::create(self.dir.path().join("weed.log")).unwrap();
+        let flags = [
+            ("master.port", p[0]),
+            ("master.port.grpc", p[1]),
+            ("volume.port", p[2]),
+            ("volume.port.grpc", p[3]),
+            ("filer.port", p[4]),
+            ("filer.port.grpc", p[5]),
+            ("s3.port", p[6]),
+            ("s3.port.grpc", p[7]),
+            ("s3.port.iceberg", p[8]),
+            ("s3.port.lance", p[9]),
+            ("admin.port", p[10]),
+            ("admin.port.grpc", p[11]),
+        ];
+        let mut cmd = Command::new(bin);
+        cmd.arg("mini")
+            .arg(format!("-dir={}", data.display()))
+            .args([
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                "-webdav=false",
+                "-admin.ui=false",
+            ])
+            .arg(format!("-bucket={BUCKET}"))
+            .args(flags.iter().map(|(k, v)| format!("-{k}={v}")))
+            // weed mini makes these its admin identity: requests signed with them are allowed.
+            .env("AWS_ACCESS_KEY_ID", KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null());
+        self.child = Some(cmd.spawn().expect("start weed"));
+        let started = Instant::now();
+        // Up when a signed request lists the bucket.
+        while started.elapsed() < Duration::from_secs(60) {
+            if self.probe() {
+                return Ok(());
+            }
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        Err(std::fs::read_to_string(self.dir.path().join("weed.log")).unwrap_or_default())
+    }
+
+    fn probe(&self) -> bool {
+        // The client retries a refused connection for minutes: ask only once the port is open.
+        let addr = format!("127.0.0.1:{}", self.ports[6]);
+        if std::net::TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(1))
+            .is_err()
+        {
+            return false;
+        }
+        let probe = tempfile::tempdir().unwrap();
+        let out = self
+            .mdl(
+                probe.path(),
+                &["-C", &format!("s3://{BUCKET}/probe"), "log"],
+            )
+            .stderr;
+        let err = String::from_utf8_lossy(&out);
+        err.contains("is not an mdl repository")
+    }
+
+    /// Kills the server (SIGKILL), leaving its data.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same ports and data.
+    pub fn restart(&mut self) {
+        self.kill();
+        if let Err(log) = self.spawn() {
+            panic!("SeaweedFS did not start again: {log}");
+        }
+    }
+
+    /// `mdl ARGS` as a machine whose cache is `cache`, talking to this server.
+    pub fn command(&self, cache: &Path, args: &[&str]) -> Command {
+        let mut c = Command::new(mdl_bin());
+        c.args(args)
+            .env("MDL_AUTHOR", "tester")
+            .env("MDL_CACHE_DIR", cache)
+            .env("AWS_ENDPOINT_URL", &self.endpoint)
+            .env("AWS_ACCESS_KEY_ID", KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .env("AWS_ALLOW_HTTP", "true")
+            .env_remove("AWS_REGION")
+            .env_remove("AWS_PROFILE");
+        c
+    }
+
+    pub fn mdl(&self, cache: &Path, args: &[&str]) -> Output {
+        self.command(cache, args).output().expect("run mdl")
+    }
+}
+
+impl Drop for Weed {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A repository in the test's bucket, and the machines that use it.
+struct Repo {
+    weed: Weed,
+    url: String,
+    root: tempfile::TempDir,
+}
+
+impl Repo {
+    fn new(name: &str) -> Repo {
+        let weed = Weed::start();
+        let repo = Repo {
+            url: format!("s3://{BUCKET}/{name}"),
+            weed,
+            root: tempfile::tempdir().unwrap(),
+        };
+        repo.ok("init-machine", &["init"]);
+        repo
+    }
+
+    /// The cache of machine `m`.
+    fn cache(&self, m: &str) -> PathBuf {
+        self.root.path().join("cache").join(m)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.root.path().join(name)
+    }
+
+    fn run(&self, m: &str, args: &[&str]) -> Output {
+        let mut all = vec!["-C", &self.url];
+        all.extend_from_slice(args);
+        self.weed.mdl(&self.cache(m), &all)
+    }
+
+    fn ok(&self, m: &str, args: &[&str]) -> String {
+        let out = self.run(m, args);
+        assert!(
+            out.status.success(),
+            "mdl -C {} {args:?} on {m} failed: {}",
+            self.url,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn fails(&self, m: &str, args: &[&str], want: &str) -> String {
+        let out = self.run(m, args);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(err.contains(want), "{args:?}: {err:?} lacks {want:?}");
+        assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err:?}");
+        err
+    }
+
+    /// Commit ids of `rev`'s history, newest first, as machine `m` sees it.
+    fn history(&self, m: &str, rev: &str) -> Vec<String> {
+        let log: serde_json::Value =
+            serde_json::from_str(&self.ok(m, &["log", rev, "--json"])).unwrap();
+        log.as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["id"].as_str().unwrap().to_string())
+            .collect()
+    }
+}
+
+#[test]
+#[ignore = "needs SeaweedFS (MDL_WEED); scripts/test.sh installs it and runs these"]
+fn commands_run_on_a_repository_in_object_storage() {
+    let r = Repo::new("team/run");
+    r.fails("a", &["init"], "is already an mdl repository");
+    r.weed.mdl(
+        &r.cache("a"),
+        &["-C", &format!("s3://{BUCKET}/nothing"), "log"],
+    );
+    let out = r.weed.mdl(
+        &r.cache("a"),
+        &["-C", &format!("s3://{BUCKET}/nothing"), "log"],
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not an mdl repository"));
+
+    // Machine a commits two checkpoints; machine b, with a cache of its own, sees them and
+    // checks out each byte for byte.
+    let f1 = r.path("one.safetensors");
+    let one = write_safetensors(&f1, &mixed(1), &[]);
+    let f2 = r.path("two.safetensors");
+    let two = write_safetensors(&f2, &mixed(2), &[]);
+    let c1 = r.ok(
+        "a",
+        &["commit", f1.to_str().unwrap(), "-m", "one", "--step", "1"],
+    );
+    let c2 = r.ok(
+        "a",
+        &["commit", f2.to_str().unwrap(), "-m", "two", "--step", "2"],
+    );
+    assert_eq!(
+        r.history("b", "main"),
+        vec![c2.trim().to_string(), c1.trim().to_string()]
+    );
+    for (rev, want) in [("HEAD", &two), ("HEAD~1", &one)] {
+        let out = r.path(&format!("out-{rev}"));
+        r.ok("b", &["checkout", rev, "-o", out.to_str().unwrap()]);
+        assert_eq!(&std::fs::read(&out).unwrap(), want, "{rev}");
+    }
+    let show = r.ok("b", &["show", "HEAD"]);
+    assert!(show.contains("two"), "{show}");
+    r.ok("b", &["diff", "HEAD~1", "HEAD"]);
+    r.ok("b", &["stats"]);
+    r.ok("b", &["fsck"]);
+
+    // Branches, tags and settings made on one machine are seen on another; deletions too.
+    r.ok("b", &["branch", "exp", "HEAD~1"]);
+    r.ok("b", &["tag", "v1", "HEAD", "-m", "first release"]);
+    r.ok("b", &["config", "delta.max_depth", "8"]);
+    assert!(r.ok("c", &["branch"]).contains("exp"));
+    assert!(r.ok("c", &["tag"]).contains("v1"));
+    assert!(r.ok("c", &["config", "delta.max_depth"]).contains('8'));
+    r.ok("c", &["branch", "-d", "exp"]);
+    assert!(!r.ok("a", &["branch"]).contains("exp"));
+    r.ok("a", &["branch", "exp", "HEAD"]);
+    assert!(r.ok("c", &["branch"]).contains("exp"));
+
+    // commit -b onto a branch of its own, then checked out elsewhere.
+    let f3 = r.path("three.safetensors");
+    let three = write_safetensors(&f3, &mixed(3), &[]);
+    r.ok(
+        "a",
+        &["commit", f3.to_str().unwrap(), "-b", "job-2", "-m", "three"],
+    );
+    let out = r.path("out-job");
+    r.ok("c", &["checkout", "job-2", "-o", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&out).unwrap(), three);
+
+    // What does not run on object storage yet says so, and changes nothing.
+    r.fails(
+        "a",
+        &["gc"],
+        "does not run on a repository in object storage yet",
+    );
+    r.fails(
+        "a",
+        &["push"],
+        "does not run on a repository in object storage yet",
+    );
+    // A bad input fails with its usual error and publishes nothing.
+    let before = r.history("a", "main");
+    r.fails(
+        "a",
+        &["commit", r.path("missing").to_str().unwrap(), "-m", "x"],
+        "missing",
+    );
+    assert_eq!(r.history("c", "main"), before);
+    // A machine's copy can be thrown away: the next command makes it again.
+    std::fs::remove_dir_all(r.cache("b")).unwrap();
+    assert_eq!(r.history("b", "main"), before);
+}
+
+#[test]
+#[ignore = "needs SeaweedFS (MDL_WEED); scripts/test.sh installs it and runs these"]
+fn writers_racing_on_one_branch_lose_no_commit() {
+    let r = Repo::new("race");
+    let rounds = 6;
+    let writers = 3;
+    let mut files = Vec::new();
+    for i in 0..rounds * writers {
+        let f = r.path(&format!("c{i}.safetensors"));
+        write_safetensors(&f, &[tensor("w", "F32", &[256, 64], 100 + i as u64)], &[]);
+        files.push(f);
+    }
+    let mut landed = Vec::new();
+    for round in 0..rounds {
+        let children: Vec<_> = (0..writers)
+            .map(|w| {
+                let f = &files[round * writers + w];
+                let url = r.url.clone();
+                let mut c = r.weed.command(
+                    &r.cache(&format!("w{w}")),
+                    &[
+                        "-C",
+                        &url,
+                        "commit",
+                        f.to_str().unwrap(),
+                        "-m",
+                        &format!("r{round} w{w}"),
+                    ],
+                );
+                c.stdout(Stdio::piped()).stderr(Stdio::piped());
+                c.spawn().unwrap()
+            })
+            .collect();
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "a racing commit failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            landed.push(String::from_utf8(out.stdout).unwrap().trim().to_string());
+        }
+    }
+    // Every commit printed is on main, once, in one line of history.
+    let history = r.history("reader", "main");
+    assert_eq!(history.len(), rounds * writers, "{history:?}");
+    let mut sorted_history = history.clone();
+    sorted_history.sort();
+    landed.sort();
+    assert_eq!(sorted_history, landed);
+    let log: serde_json::Value = serde_json::from_str(&r.ok("reader", &["log", "--json"])).unwrap();
+    for pair in log.as_array().unwrap().windows(2) {
+        assert_eq!(pair[0]["parents"][0], pair[1]["id"], "history is a line");
+    }
+    // Each checks out as the file its writer committed.
+    for (i, f) in files.iter().enumerate().step_by(5) {
+        let msg = format!("r{} w{}", i / writers, i % writers);
+        let entry = log
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["message"] == msg.as_str())
+            .unwrap();
+        let out = r.path(&format!("out{i}"));
+        r.ok(
+            "reader",
+            &[
+                "checkout",
+                entry["id"].as_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(
+            std::fs::read(&out).unwrap(),
+            std::fs::read(f).unwrap(),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs SeaweedFS (MDL_WEED); scripts/test.sh installs it and runs these"]
+fn a_writer_killed_mid_commit_leaves_the_repository_as_it_was() {
+    let r = Repo::new("killed");
+    let f = r.path("base.safetensors");
+    let w = tensor("w", "F32", &[512, 512], 1);
+    let moved = T {
+        data: nudged(&w.data, 3),
+        ..tensor("w", "F32", &[512, 512], 1)
+    };
+    write_safetensors(&f, &[w], &[]);
+    r.ok("a", &["commit", f.to_str().unwrap(), "-m", "base"]);
+    let before = r.history("observer", "main");
+    let big = r.path("big.safetensors");
+    write_safetensors(&big, &[moved], &[]);
+    for delay_ms in [5u64, 40, 120, 300, 700] {
+        let mut c = r.weed.command(
+            &r.cache("victim"),
+            &[
+                "-C",
+                &r.url,
+                "commit",
+                big.to_str().unwrap(),
+                "-m",
+                "killed",
+            ],
+        );
+        c.stdout(Stdio::null()).stderr(Stdio::null());
+        let mut child = c.spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = child.kill();
+        let status = child.wait().unwrap();
+        let now = r.history("observer", "main");
+        if status.success() {
+            // It finished before the kill: then it is all there.
+            assert_eq!(now.len(), before.len() + 1);
+            return;
+        }
+        assert!(now == before || now.len() == before.len() + 1, "{now:?}");
+        if now.len() > before.len() {
+            // Killed after the ref moved: the commit is whole.
+            let out = r.path("after-kill");
+            r.ok(
+                "observer",
+                &["checkout", "HEAD", "-o", out.to_str().unwrap(), "--force"],
+            );
+            assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&big).unwrap());
+            return;
+        }
+        // The victim's machine goes on from its interrupted copy.
+        r.ok("victim", &["log"]);
+    }
+    let c = r.ok("victim", &["commit", big.to_str().unwrap(), "-m", "again"]);
+    assert_eq!(r.history("observer", "main")[0], c.trim());
+}
+
+#[test]
+#[ignore = "needs SeaweedFS (MDL_WEED); scripts/test.sh installs it and runs these"]
+fn a_commit_rides_out_a_server_restart() {
+    let mut r = Repo::new("restart");
+    let f = r.path("a.safetensors");
+    let data = write_safetensors(&f, &[tensor("w", "F32", &[2048, 1024], 5)], &[]);
+    // The server goes away while the commit runs and comes back on the same ports: the
+    // client's retries carry the commit through.
+    let mut c = r.weed.command(
+        &r.cache("a"),
+        &["-C", &r.url, "commit", f.to_str().unwrap(), "-m", "x"],
+    );
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = c.spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    r.weed.restart();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out_path = r.path("out");
+    r.ok("b", &["checkout", "HEAD", "-o", out_path.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&out_path).unwrap(), data);
+}
