@@ -55,6 +55,8 @@ struct Seen {
     /// Commits and objects the replica held after the sync: what the bucket has.
     commits: HashSet<ObjectId>,
     objects: HashSet<ObjectId>,
+    /// Commits this replica made and sent since: the only ones a lost race replays.
+    sent: HashSet<ObjectId>,
 }
 
 /// What [`Replica::publish`] sent.
@@ -249,6 +251,7 @@ impl Replica {
                 .into_iter()
                 .map(|(id, _)| id)
                 .collect(),
+            sent: std::mem::take(&mut self.seen.sent),
         };
         Ok(())
     }
@@ -372,10 +375,11 @@ impl Replica {
                 None => return Ok(published),
                 Some((name, ours, theirs)) => {
                     let url = self.bucket.url().to_string();
-                    let parent_was_seen = repo
-                        .load_commit(&ours)
-                        .map(|c| c.parents == theirs.into_iter().collect::<Vec<_>>())
-                        .unwrap_or(false);
+                    let parent_was_seen = self.seen.sent.contains(&ours)
+                        && repo
+                            .load_commit(&ours)
+                            .map(|c| c.parents == theirs.into_iter().collect::<Vec<_>>())
+                            .unwrap_or(false);
                     if !parent_was_seen || !name.starts_with(Ref::BRANCHES) {
                         return Err(Error::Conflict(format!(
                             "{name} in {url} was changed by another writer while this command ran; nothing of it was published (its result, {}, stays in this machine's copy until then): run it again",
@@ -492,9 +496,11 @@ impl Replica {
         published.objects += send.len() as u64;
         published.bytes += len;
         self.seen.objects.extend(send);
-        self.seen
-            .commits
-            .extend(transfer::reachable_commits(repo, tips)?);
+        for c in transfer::reachable_commits(repo, tips)? {
+            if self.seen.commits.insert(c) {
+                self.seen.sent.insert(c);
+            }
+        }
         Ok(())
     }
 
