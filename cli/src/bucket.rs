@@ -3,7 +3,7 @@
 //! what it changed is published before its output is printed — so an output names only what
 //! the bucket holds.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -107,8 +107,6 @@ fn purpose(url: &str) -> String {
         std::env::args().skip(1).collect::<Vec<_>>().join(" ")
     )
 }
-
-use std::io::IsTerminal;
 
 /// Whether `dir` (the `-C` argument) names a repository in object storage.
 pub fn location(dir: Option<&PathBuf>) -> Option<&str> {
