@@ -12,8 +12,9 @@ use mdl_bucket::{Location, Replica};
 
 use crate::{output, Cli, Command};
 
-/// Runs `cli`'s command on the repository at `url`.
-pub fn run(cli: &Cli, url: &str, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
+/// Runs `cli`'s command on the repository at `url`; `purpose` is what the replica's lock says
+/// this process is doing.
+pub fn run(cli: &Cli, url: &str, purpose: String, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     let loc = Location::parse(url)?;
     let unsupported = |what: &str| -> anyhow::Result<ExitCode> {
         Err(mdl_bucket::Error::Unsupported(format!(
@@ -61,7 +62,7 @@ pub fn run(cli: &Cli, url: &str, out: &mut dyn Write) -> anyhow::Result<ExitCode
     if let Command::Commit(args) = &cli.command {
         let opts = args.options()?;
         let mut outcome = {
-            let mut repo = crate::open(&local, mdl::LockMode::Write, purpose(url))?;
+            let mut repo = crate::open(&local, mdl::LockMode::Write, purpose)?;
             crate::use_engine(cli, &mut repo, args.engine.as_deref())?;
             let bar = crate::progress::Bar::new(!cli.json && std::io::stderr().is_terminal());
             mdl::commit::commit_paths(&repo, &args.paths, &opts, &bar)?
@@ -99,13 +100,6 @@ fn report(cli: &Cli, replica: &Replica) {
             c.bytes_down.load(Relaxed)
         );
     }
-}
-
-fn purpose(url: &str) -> String {
-    format!(
-        "mdl -C {url} {}",
-        std::env::args().skip(1).collect::<Vec<_>>().join(" ")
-    )
 }
 
 /// Whether `dir` (the `-C` argument) names a repository in object storage.

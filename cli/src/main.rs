@@ -531,7 +531,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         std::env::args().skip(1).collect::<Vec<_>>().join(" ")
     );
     if let Some(url) = bucket::location(cli.dir.as_ref()) {
-        return bucket::run(cli, url, out);
+        return bucket::run(cli, url, purpose, out);
     }
     let bar = progress::Bar::new(!cli.json && io::stderr().is_terminal());
     if let Command::Commit(CommitArgs {

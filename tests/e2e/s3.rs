@@ -18,6 +18,23 @@ const KEY: &str = "mdl-test-key";
 const SECRET: &str = "mdl-test-secret";
 const BUCKET: &str = "mdl";
 
+/// Every port `weed mini` opens, set so that servers started in parallel do not collide; the
+/// S3 port is the 7th.
+const PORT_FLAGS: [&str; 12] = [
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
+    "s3.port.iceberg",
+    "s3.port.lance",
+    "admin.port",
+    "admin.port.grpc",
+];
+
 /// A running `weed mini` with its data folder; killed when dropped.
 pub struct Weed {
     child: Option<Child>,
@@ -40,7 +57,7 @@ impl Weed {
     /// Starts SeaweedFS with a bucket named [`BUCKET`] and waits until its S3 port answers.
     pub fn start() -> Weed {
         let dir = tempfile::tempdir().unwrap();
-        let ports = free_ports(12);
+        let ports = free_ports(PORT_FLAGS.len());
         let mut weed = Weed {
             child: None,
             endpoint: format!("http://127.0.0.1:{}", ports[6]),
@@ -54,7 +71,7 @@ impl Weed {
                 return weed;
             }
             weed.kill();
-            weed.ports = free_ports(12);
+            weed.ports = free_ports(PORT_FLAGS.len());
             weed.endpoint = format!("http://127.0.0.1:{}", weed.ports[6]);
         }
         if let Err(log) = weed.spawn() {
@@ -69,20 +86,6 @@ impl Weed {
         let data = self.dir.path().join("data");
         std::fs::create_dir_all(&data).unwrap();
         let log = std::fs::File::create(self.dir.path().join("weed.log")).unwrap();
-        let flags = [
-            ("master.port", p[0]),
-            ("master.port.grpc", p[1]),
-            ("volume.port", p[2]),
-            ("volume.port.grpc", p[3]),
-            ("filer.port", p[4]),
-            ("filer.port.grpc", p[5]),
-            ("s3.port", p[6]),
-            ("s3.port.grpc", p[7]),
-            ("s3.port.iceberg", p[8]),
-            ("s3.port.lance", p[9]),
-            ("admin.port", p[10]),
-            ("admin.port.grpc", p[11]),
-        ];
         let mut cmd = Command::new(bin);
         cmd.arg("mini")
             .arg(format!("-dir={}", data.display()))
@@ -93,7 +96,7 @@ impl Weed {
                 "-admin.ui=false",
             ])
             .arg(format!("-bucket={BUCKET}"))
-            .args(flags.iter().map(|(k, v)| format!("-{k}={v}")))
+            .args(PORT_FLAGS.iter().zip(p).map(|(k, v)| format!("-{k}={v}")))
             // weed mini makes these its admin identity: requests signed with them are allowed.
             .env("AWS_ACCESS_KEY_ID", KEY)
             .env("AWS_SECRET_ACCESS_KEY", SECRET)
@@ -247,10 +250,6 @@ impl Repo {
 fn commands_run_on_a_repository_in_object_storage() {
     let r = Repo::new("team/run");
     r.fails("a", &["init"], "is already an mdl repository");
-    r.weed.mdl(
-        &r.cache("a"),
-        &["-C", &format!("s3://{BUCKET}/nothing"), "log"],
-    );
     let out = r.weed.mdl(
         &r.cache("a"),
         &["-C", &format!("s3://{BUCKET}/nothing"), "log"],

@@ -57,6 +57,15 @@ pub struct Counts {
     pub bytes_down: AtomicU64,
 }
 
+/// A failure of the local file a download writes or an upload reads, in the client's error
+/// type (so that it is reported like the request it interrupted).
+fn local_file(e: std::io::Error) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "local file",
+        source: Box::new(e),
+    }
+}
+
 /// A repository's objects in a bucket, reached through `object_store`.
 pub struct Bucket {
     rt: tokio::runtime::Runtime,
@@ -207,25 +216,12 @@ impl Bucket {
             self.count(&self.counts.gets, 1);
             out.set_len(0)
                 .and_then(|_| out.seek(SeekFrom::Start(0)).map(drop))
-                .map_err(|e| {
-                    self.fail(
-                        "downloading",
-                        key,
-                        object_store::Error::Generic {
-                            store: "local file",
-                            source: Box::new(e),
-                        },
-                    )
-                })?;
+                .map_err(|e| self.fail("downloading", key, local_file(e)))?;
             let got = self.rt.block_on(async {
                 let mut stream = self.store.get(&path).await?.into_stream();
                 let mut n = 0u64;
                 while let Some(chunk) = stream.try_next().await? {
-                    out.write_all(&chunk)
-                        .map_err(|e| object_store::Error::Generic {
-                            store: "local file",
-                            source: Box::new(e),
-                        })?;
+                    out.write_all(&chunk).map_err(local_file)?;
                     n += chunk.len() as u64;
                 }
                 Ok::<_, object_store::Error>(n)
@@ -250,16 +246,7 @@ impl Bucket {
     /// else a multipart upload with [`PARTS_IN_FLIGHT`] parts in flight. Only for keys no other
     /// writer can choose (their names hold a hash of the content): it overwrites.
     pub fn upload(&self, key: &str, file: &mut std::fs::File, len: u64) -> Result<()> {
-        let io = |e: std::io::Error| {
-            self.fail(
-                "uploading",
-                key,
-                object_store::Error::Generic {
-                    store: "local file",
-                    source: Box::new(e),
-                },
-            )
-        };
+        let io = |e: std::io::Error| self.fail("uploading", key, local_file(e));
         file.seek(SeekFrom::Start(0)).map_err(io)?;
         if len <= PART_SIZE as u64 {
             let mut buf = Vec::with_capacity(len as usize);
@@ -280,10 +267,7 @@ impl Bucket {
                 let n = left.min(PART_SIZE as u64) as usize;
                 if let Err(e) = file.read_exact(&mut buf[..n]) {
                     let _ = w.abort().await;
-                    return Err(object_store::Error::Generic {
-                        store: "local file",
-                        source: Box::new(e),
-                    });
+                    return Err(local_file(e));
                 }
                 w.wait_for_capacity(PARTS_IN_FLIGHT).await?;
                 w.put(Bytes::copy_from_slice(&buf[..n]));

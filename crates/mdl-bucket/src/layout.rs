@@ -14,8 +14,6 @@
 use mdl::{ObjectId, RefValue, Timestamp};
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, Result};
-
 /// The object that makes a prefix a repository.
 pub const MARKER: &str = "mdl-repository";
 /// Where refs are.
@@ -84,12 +82,9 @@ pub fn encode_ref(value: Option<&RefValue>) -> Vec<u8> {
     v
 }
 
-/// Parses [`encode_ref`]'s bytes.
-pub fn decode_ref(name: &str, bytes: &[u8]) -> Result<Option<RefValue>> {
-    let bad = |why: String| Error::Storage {
-        url: String::new(),
-        why: format!("ref {name} is not one mdl wrote: {why}"),
-    };
+/// Parses [`encode_ref`]'s bytes; what else is there, said in a sentence.
+pub fn decode_ref(name: &str, bytes: &[u8]) -> Result<Option<RefValue>, String> {
+    let bad = |why: String| format!("ref {name} is not one mdl wrote: {why}");
     let stored: StoredRef = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
     if stored.deleted {
         return Ok(None);

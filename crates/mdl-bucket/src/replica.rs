@@ -45,6 +45,17 @@ pub fn cache_root() -> PathBuf {
     base.join("s3")
 }
 
+/// A failure of the cache folder around the replica (not of the bucket or the replica).
+fn cache_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Cache { path, source }
+}
+
+/// An object in the bucket that no mdl writer wrote (`why` names it).
+fn not_ours(url: String, why: String) -> Error {
+    Error::Storage { url, why }
+}
+
 /// What the replica last read from the bucket.
 #[derive(Debug, Default)]
 struct Seen {
@@ -103,12 +114,12 @@ impl Replica {
     pub fn open(loc: &Location, cache: &Path, wait: Duration) -> Result<Replica> {
         let bucket = Bucket::open(loc)?;
         let marker = match bucket.get(layout::MARKER)? {
-            Some((bytes, _)) => {
-                serde_json::from_slice::<Marker>(&bytes).map_err(|e| Error::Storage {
-                    url: loc.url(),
-                    why: format!("{} is not one mdl wrote: {e}", layout::MARKER),
-                })?
-            }
+            Some((bytes, _)) => serde_json::from_slice::<Marker>(&bytes).map_err(|e| {
+                not_ours(
+                    loc.url(),
+                    format!("{} is not one mdl wrote: {e}", layout::MARKER),
+                )
+            })?,
             None => return Err(Error::NotARepository(loc.url())),
         };
         if marker.format > layout::FORMAT {
@@ -129,10 +140,6 @@ impl Replica {
             .as_bytes(),
         );
         let dir = cache.join(&key.to_hex()[..24]);
-        let cache_err = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| Error::Cache { path, source }
-        };
         std::fs::create_dir_all(&dir).map_err(cache_err(&dir))?;
         let lock_path = dir.join(LOCK);
         let lock = std::fs::OpenOptions::new()
@@ -261,22 +268,18 @@ impl Replica {
         match std::fs::read_to_string(&path) {
             Ok(s) => Ok(s.lines().map(str::to_string).collect()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HashSet::new()),
-            Err(source) => Err(Error::Cache { path, source }),
+            Err(e) => Err(cache_err(&path)(e)),
         }
     }
 
     fn mark_applied(&self, key: &str) -> Result<()> {
         let path = self.dir.join(APPLIED);
-        let mut f = std::fs::OpenOptions::new()
+        std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
-            .and_then(|mut f| writeln!(f, "{key}").map(|_| f))
-            .map_err(|source| Error::Cache {
-                path: path.clone(),
-                source,
-            })?;
-        f.flush().map_err(|source| Error::Cache { path, source })
+            .and_then(|mut f| writeln!(f, "{key}"))
+            .map_err(cache_err(&path))
     }
 
     /// Downloads and receives every pack not applied yet, oldest first; one whose delta bases
@@ -295,15 +298,10 @@ impl Replica {
             let mut waiting = Vec::new();
             let mut last = None;
             for key in pending {
-                let path = self.dir.clone();
-                let mut file = tempfile::tempfile_in(&self.dir)
-                    .map_err(|source| Error::Cache { path, source })?;
+                let mut file = tempfile::tempfile_in(&self.dir).map_err(cache_err(&self.dir))?;
                 self.bucket.download(&key, &mut file)?;
                 file.seek(SeekFrom::Start(0))
-                    .map_err(|source| Error::Cache {
-                        path: self.dir.clone(),
-                        source,
-                    })?;
+                    .map_err(cache_err(&self.dir))?;
                 let mut reader = BufReader::with_capacity(1 << 20, file);
                 match transfer::receive_pack(repo, &mut reader, u64::MAX) {
                     Ok(got) => {
@@ -338,13 +336,8 @@ impl Replica {
             }
             // Deleted between the listing and now: as if not listed.
             if let Some((bytes, version)) = self.bucket.get(&key)? {
-                let value = layout::decode_ref(&key, &bytes).map_err(|e| match e {
-                    Error::Storage { why, .. } => Error::Storage {
-                        url: self.bucket.url().to_string(),
-                        why,
-                    },
-                    e => e,
-                })?;
+                let value = layout::decode_ref(&key, &bytes)
+                    .map_err(|why| not_ours(self.bucket.url().to_string(), why))?;
                 out.insert(key, (value, version));
             }
         }
@@ -355,9 +348,11 @@ impl Replica {
         let Some((bytes, version)) = self.bucket.get(layout::CONFIG)? else {
             return Ok(None);
         };
-        let settings = serde_json::from_slice(&bytes).map_err(|e| Error::Storage {
-            url: self.bucket.url().to_string(),
-            why: format!("{} is not one mdl wrote: {e}", layout::CONFIG),
+        let settings = serde_json::from_slice(&bytes).map_err(|e| {
+            not_ours(
+                self.bucket.url().to_string(),
+                format!("{} is not one mdl wrote: {e}", layout::CONFIG),
+            )
         })?;
         Ok(Some((settings, version)))
     }
@@ -481,14 +476,11 @@ impl Replica {
         }
         let mut pack = transfer::spool_pack(repo, &send)?;
         let path = pack.path().to_path_buf();
-        let cache = |source| Error::Cache {
-            path: path.clone(),
-            source,
-        };
         let file = pack.as_file_mut();
-        file.seek(SeekFrom::Start(0)).map_err(cache)?;
+        file.seek(SeekFrom::Start(0)).map_err(cache_err(&path))?;
         let mut hasher = blake3::Hasher::new();
-        let len = std::io::copy(&mut BufReader::new(&mut *file), &mut hasher).map_err(cache)?;
+        let len = std::io::copy(&mut BufReader::new(&mut *file), &mut hasher)
+            .map_err(cache_err(&path))?;
         let key = layout::pack_key(Timestamp::now(), &hasher.finalize());
         self.bucket.upload(&key, file, len)?;
         self.mark_applied(&key)?;
