@@ -2,9 +2,10 @@
 //! and credentials from the usual `AWS_*` environment variables.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
-use object_store::ObjectStore;
+use object_store::{BackoffConfig, ObjectStore, RetryConfig};
 
 use crate::{Error, Result};
 
@@ -80,7 +81,8 @@ impl Location {
     pub(crate) fn store(&self) -> Result<Arc<dyn ObjectStore>> {
         let mut b = AmazonS3Builder::from_env()
             .with_bucket_name(&self.bucket)
-            .with_conditional_put(S3ConditionalPut::ETagMatch);
+            .with_conditional_put(S3ConditionalPut::ETagMatch)
+            .with_retry(retries());
         if std::env::var_os("AWS_REGION").is_none()
             && std::env::var_os("AWS_DEFAULT_REGION").is_none()
         {
@@ -90,6 +92,23 @@ impl Location {
             .build()
             .map_err(|e| Error::Location(format!("{}: {e}", self.url())))?;
         Ok(Arc::new(store))
+    }
+}
+
+/// How requests that failed (connection refused or reset, 5xx, throttling) are tried again.
+/// The client's default (10 tries, each wait drawn between 100 ms and twice the last) rides out
+/// about 2 s of an unreachable server; a store restarting or failing over takes longer. Waits
+/// drawn between 250 ms and three times the last (so growing about 1.5× a try, at most 10 s),
+/// 15 tries: about a minute, within the same 3-minute bound on one request.
+fn retries() -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(250),
+            max_backoff: Duration::from_secs(10),
+            base: 3.0,
+        },
+        max_retries: 15,
+        retry_timeout: Duration::from_secs(180),
     }
 }
 
