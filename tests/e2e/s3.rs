@@ -495,3 +495,29 @@ fn a_commit_rides_out_a_server_restart() {
     r.ok("b", &["checkout", "HEAD", "-o", out_path.to_str().unwrap()]);
     assert_eq!(std::fs::read(&out_path).unwrap(), data);
 }
+
+#[test]
+#[ignore = "needs SeaweedFS (MDL_WEED); scripts/test.sh installs it and runs these"]
+fn what_a_machine_made_but_never_published_is_sent_with_the_next_commit() {
+    let r = Repo::new("unpublished");
+    let f = r.path("a.safetensors");
+    let data = write_safetensors(&f, &mixed(4), &[]);
+    r.ok("a", &["log"]);
+    // Machine a's copy holds the commit's records, as after a commit killed before it
+    // published: made in the copy itself, which the next sync resets to the bucket's refs.
+    let copies: Vec<_> = std::fs::read_dir(r.cache("a").join("s3"))
+        .unwrap()
+        .collect();
+    assert_eq!(copies.len(), 1);
+    let copy = copies[0].as_ref().unwrap().path().join("repo");
+    crate::util::ok(
+        &copy,
+        &["commit", f.to_str().unwrap(), "-m", "never published"],
+    );
+    // The same checkpoint committed to the bucket: its records go, though the copy had them.
+    let id = r.ok("a", &["commit", f.to_str().unwrap(), "-m", "published"]);
+    assert_eq!(r.history("b", "main"), vec![id.trim().to_string()]);
+    let out = r.path("out");
+    r.ok("b", &["checkout", "HEAD", "-o", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&out).unwrap(), data);
+}

@@ -26,6 +26,10 @@ use crate::{Error, Result};
 const REPO_DIR: &str = "repo";
 /// The packs applied to the replica, one key a line.
 const APPLIED: &str = "packs";
+/// The ids of every object in those packs and in the packs this replica sent, 32 bytes each:
+/// what the bucket holds. (The replica may hold more: what a killed command made and never
+/// published.)
+const IN_BUCKET: &str = "objects";
 /// Held by the process using the replica.
 const LOCK: &str = "lock";
 /// How often a commit that lost the race for its branch is replayed on the winner's.
@@ -63,8 +67,7 @@ struct Seen {
     refs: BTreeMap<String, (Option<RefValue>, Version)>,
     /// The settings object, if there is one.
     config: Option<(BTreeMap<String, String>, Version)>,
-    /// Commits and objects the replica held after the sync: what the bucket has.
-    commits: HashSet<ObjectId>,
+    /// Objects (commits included) the bucket holds, as far as the packs applied and sent tell.
     objects: HashSet<ObjectId>,
     /// Commits this replica made and sent since: the only ones a lost race replays.
     sent: HashSet<ObjectId>,
@@ -210,16 +213,17 @@ impl Replica {
     /// created and deleted as in the bucket) and the settings.
     pub fn sync(&mut self, repo: &Repository) -> Result<()> {
         let mut round = 0;
-        let refs = loop {
+        let (refs, objects) = loop {
             round += 1;
             self.apply_packs(repo)?;
             let refs = self.read_refs()?;
+            let objects = self.in_bucket()?;
             let unknown = refs
                 .iter()
                 .filter_map(|(name, (v, _))| Some((name, v.as_ref()?.target()?)))
-                .find(|(_, id)| !transfer::has_commit(repo, id).unwrap_or(false));
+                .find(|(_, id)| !objects.contains(id));
             match unknown {
-                None => break refs,
+                None => break (refs, objects),
                 Some((name, id)) if round >= SYNC_ROUNDS => {
                     return Err(Error::Storage {
                         url: self.bucket.url().to_string(),
@@ -253,17 +257,17 @@ impl Replica {
         self.seen = Seen {
             refs,
             config,
-            commits: transfer::commits(repo)?.into_iter().collect(),
-            objects: mdl::inspect::objects(repo)?
-                .into_iter()
-                .map(|(id, _)| id)
-                .collect(),
+            objects,
             sent: std::mem::take(&mut self.seen.sent),
         };
         Ok(())
     }
 
     fn applied(&self) -> Result<HashSet<String>> {
+        // Without the objects they brought, applied packs must be applied again to know them.
+        if !self.dir.join(IN_BUCKET).exists() {
+            return Ok(HashSet::new());
+        }
         let path = self.dir.join(APPLIED);
         match std::fs::read_to_string(&path) {
             Ok(s) => Ok(s.lines().map(str::to_string).collect()),
@@ -272,7 +276,17 @@ impl Replica {
         }
     }
 
-    fn mark_applied(&self, key: &str) -> Result<()> {
+    /// Records that the bucket holds `ids` (a pack applied or sent, named `key`): the objects
+    /// first, so a pack never counts as applied without them.
+    fn mark_applied(&self, key: &str, ids: &[ObjectId]) -> Result<()> {
+        let path = self.dir.join(IN_BUCKET);
+        let bytes: Vec<u8> = ids.iter().flat_map(|id| *id.as_bytes()).collect();
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(&bytes))
+            .map_err(cache_err(&path))?;
         let path = self.dir.join(APPLIED);
         std::fs::OpenOptions::new()
             .create(true)
@@ -280,6 +294,20 @@ impl Replica {
             .open(&path)
             .and_then(|mut f| writeln!(f, "{key}"))
             .map_err(cache_err(&path))
+    }
+
+    fn in_bucket(&self) -> Result<HashSet<ObjectId>> {
+        let path = self.dir.join(IN_BUCKET);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(cache_err(&path)(e)),
+        };
+        // A write cut short leaves a partial id at the end: it is not one.
+        Ok(bytes
+            .chunks_exact(32)
+            .map(|c| ObjectId::from_bytes(c.try_into().expect("32 bytes")))
+            .collect())
     }
 
     /// Downloads and receives every pack not applied yet, oldest first; one whose delta bases
@@ -306,7 +334,7 @@ impl Replica {
                 match transfer::receive_pack(repo, &mut reader, u64::MAX) {
                     Ok(got) => {
                         tracing::info!(key, objects = got.objects, "applied pack");
-                        self.mark_applied(&key)?;
+                        self.mark_applied(&key, &got.ids)?;
                     }
                     Err(e @ (mdl::Error::BadTransfer(_) | mdl::Error::Incomplete(_))) => {
                         last = Some((key.clone(), e));
@@ -465,7 +493,7 @@ impl Replica {
         published: &mut Published,
     ) -> Result<()> {
         let seen = &self.seen;
-        let plan = transfer::plan(repo, tips, &|id| seen.commits.contains(id))?;
+        let plan = transfer::plan(repo, tips, &|id| seen.objects.contains(id))?;
         let send: Vec<ObjectId> = plan
             .iter()
             .map(|p| p.id)
@@ -483,14 +511,13 @@ impl Replica {
             .map_err(cache_err(&path))?;
         let key = layout::pack_key(Timestamp::now(), &hasher.finalize());
         self.bucket.upload(&key, file, len)?;
-        self.mark_applied(&key)?;
+        self.mark_applied(&key, &send)?;
         published.pack = Some(key);
         published.objects += send.len() as u64;
         published.bytes += len;
-        self.seen.objects.extend(send);
-        for c in transfer::reachable_commits(repo, tips)? {
-            if self.seen.commits.insert(c) {
-                self.seen.sent.insert(c);
+        for id in send {
+            if self.seen.objects.insert(id) && transfer::has_commit(repo, &id)? {
+                self.seen.sent.insert(id);
             }
         }
         Ok(())

@@ -117,6 +117,10 @@ pub struct Received {
     /// Tensors recorded as expired (thinned commits' deleted optimizer state).
     #[serde(default)]
     pub expired: u64,
+    /// Every object the pack carried, stored now or already present (not sent over HTTP):
+    /// what a repository in object storage knows its bucket holds once the pack is applied.
+    #[serde(skip)]
+    pub ids: Vec<ObjectId>,
 }
 
 /// Why a pack was refused.
@@ -169,6 +173,7 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
         if len == 0 && id.as_bytes() == &[0u8; 32] {
             break;
         }
+        received.ids.push(id);
         if len == EXPIRED_FRAME {
             expired.insert(id, read_expired(r, &id)?);
             continue;
