@@ -4,7 +4,6 @@
 //! the bucket holds.
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -45,12 +44,20 @@ pub fn run(cli: &Cli, url: &str, purpose: String, out: &mut dyn Write) -> anyhow
         Command::Gc { .. } => return unsupported("gc"),
         Command::Compact { .. } => return unsupported("compact"),
         Command::Fsck { repair: true } => return unsupported("fsck --repair"),
-        Command::Serve { .. } => return unsupported("serve"),
+        Command::Serve { .. } => {
+            crate::remote::serve(cli, out)?;
+            return Ok(ExitCode::SUCCESS);
+        }
         Command::Remote { .. }
         | Command::Fetch { .. }
         | Command::Pull { .. }
         | Command::Push { .. }
-        | Command::Clone { .. } => return unsupported("moving history between repositories"),
+        | Command::Clone { .. } => {
+            return Err(mdl_bucket::Error::Unsupported(format!(
+                "moving history does not run on a repository in object storage yet: run it in a local repository, with {url} as the remote (mdl clone {url}, or mdl remote add NAME {url})"
+            ))
+            .into())
+        }
         _ => {}
     }
     let wait = Duration::from_secs(cli.wait);
@@ -100,10 +107,4 @@ fn report(cli: &Cli, replica: &Replica) {
             c.bytes_down.load(Relaxed)
         );
     }
-}
-
-/// Whether `dir` (the `-C` argument) names a repository in object storage.
-pub fn location(dir: Option<&PathBuf>) -> Option<&str> {
-    dir.and_then(|d| d.to_str())
-        .filter(|d| mdl_bucket::is_bucket_url(d))
 }

@@ -41,6 +41,16 @@ struct Cli {
     command: Command,
 }
 
+impl Cli {
+    /// The repository in object storage `-C` names, if it names one.
+    fn bucket_url(&self) -> Option<&str> {
+        self.dir
+            .as_ref()
+            .and_then(|d| d.to_str())
+            .filter(|d| mdl_bucket::is_bucket_url(d))
+    }
+}
+
 #[derive(Clone, Subcommand)]
 enum Command {
     /// Create a repository (in DIR or the current directory).
@@ -140,7 +150,8 @@ enum Command {
     },
     /// Repository totals.
     Stats,
-    /// Serve this repository (or every repository under --root) over HTTP.
+    /// Serve this repository (every repository under --root; with -C s3://…, that one) over
+    /// HTTP.
     Serve {
         /// Address to listen on (port 0 picks a free one).
         #[arg(long, default_value = "127.0.0.1:8080")]
@@ -177,7 +188,8 @@ enum Command {
         #[command(subcommand)]
         action: Option<RemoteAction>,
     },
-    /// Copy a repository from a server (every branch and tag).
+    /// Copy a repository from a server (http://…) or object storage (s3://…): every branch
+    /// and tag.
     Clone {
         url: String,
         #[arg(value_name = "DIR")]
@@ -294,7 +306,7 @@ impl CommitArgs {
 
 #[derive(Clone, Subcommand)]
 enum RemoteAction {
-    /// Add remote NAME at URL (http://HOST:PORT/REPO).
+    /// Add remote NAME at URL (http://HOST:PORT/REPO, or s3://BUCKET/PREFIX).
     Add { name: String, url: String },
 }
 
@@ -435,10 +447,12 @@ fn exit_code(e: &anyhow::Error) -> u8 {
     }
     match e.downcast_ref::<mdl_remote::Error>() {
         Some(mdl_remote::Error::Local(e)) => library_exit_code(e),
-        Some(mdl_remote::Error::Server { code, .. }) => match code {
-            Some(mdl_protocol::ErrorCode::Busy) => 4,
-            _ => 1,
-        },
+        Some(mdl_remote::Error::Server { code, .. } | mdl_remote::Error::Peer { code, .. }) => {
+            match code {
+                Some(mdl_protocol::ErrorCode::Busy) => 4,
+                _ => 1,
+            }
+        }
         Some(
             mdl_remote::Error::Transport { .. }
             | mdl_remote::Error::BadUrl(_)
@@ -530,7 +544,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         "mdl {}",
         std::env::args().skip(1).collect::<Vec<_>>().join(" ")
     );
-    if let Some(url) = bucket::location(cli.dir.as_ref()) {
+    if let Some(url) = cli.bucket_url() {
         return bucket::run(cli, url, purpose, out);
     }
     let bar = progress::Bar::new(!cli.json && io::stderr().is_terminal());
@@ -715,6 +729,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         Command::Serve { .. } => remote::serve(cli, out)?,
         Command::Remote { action } => match action {
             Some(RemoteAction::Add { name, url }) => {
+                remote::check_url(url)?;
                 let repo = open(cli, LockMode::Write, purpose)?;
                 mdl_remote::add_remote(&repo, name, url)?;
                 output::message(out, cli.json, &format!("remote {name} = {url}"))?;
@@ -736,10 +751,11 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             }
         },
         Command::Clone { url, path } => {
-            let remote = mdl_remote::Remote::new(url, cli.token.clone())?;
+            let name = remote::default_name(url)?;
             let base = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
-            let dir = base.join(path.clone().unwrap_or_else(|| remote.name().into()));
-            let outcome = mdl_remote::clone(url, &dir, cli.token.clone())?;
+            let dir = base.join(path.clone().unwrap_or_else(|| name.into()));
+            let peer = remote::peer(cli, url)?;
+            let outcome = mdl_remote::clone(peer.as_ref(), &dir)?;
             output::transfer(
                 out,
                 cli.json,
@@ -751,10 +767,10 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             let repo = open(cli, LockMode::Write, purpose)?;
             let client = remote::named(cli, &repo, remote)?;
             let (outcome, done) = if matches!(cli.command, Command::Pull { .. }) {
-                let o = mdl_remote::pull(&repo, remote, &client, branch.as_deref())?;
+                let o = mdl_remote::pull(&repo, remote, client.as_ref(), branch.as_deref())?;
                 (o, "pulled from")
             } else {
-                let o = mdl_remote::fetch(&repo, remote, &client, branch.as_deref())?;
+                let o = mdl_remote::fetch(&repo, remote, client.as_ref(), branch.as_deref())?;
                 (o, "fetched from")
             };
             output::transfer(out, cli.json, &format!("{done} {}", client.url()), &outcome)?;
@@ -766,7 +782,8 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         } => {
             let repo = open(cli, LockMode::Write, purpose)?;
             let client = remote::named(cli, &repo, remote)?;
-            let outcome = mdl_remote::push(&repo, remote, &client, branch.as_deref(), *force)?;
+            let outcome =
+                mdl_remote::push(&repo, remote, client.as_ref(), branch.as_deref(), *force)?;
             output::transfer(
                 out,
                 cli.json,

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use mdl_remote::Remote;
+use mdl_remote::{Peer, Remote};
 
 use crate::{output, Cli, Command};
 
@@ -37,10 +37,44 @@ pub fn server_for(cli: &Cli) -> anyhow::Result<Option<Remote>> {
     Ok(Some(Remote::new(&ad.url, Some(ad.token))?))
 }
 
-/// The client for a configured remote.
-pub fn named(cli: &Cli, repo: &mdl::Repository, name: &str) -> anyhow::Result<Remote> {
-    let url = mdl_remote::remote_url(repo, name)?;
-    Ok(Remote::new(&url, cli.token.clone())?)
+/// The other repository of a clone, fetch, pull or push at `url`: a server, or a repository
+/// in object storage (through this machine's replica, brought up to date).
+pub fn peer(cli: &Cli, url: &str) -> anyhow::Result<Box<dyn Peer>> {
+    if mdl_bucket::is_bucket_url(url) {
+        let loc = mdl_bucket::Location::parse(url)?;
+        let wait = Duration::from_secs(cli.wait);
+        Ok(Box::new(mdl_bucket::BucketPeer::open(
+            &loc,
+            &mdl_bucket::cache_root(),
+            wait,
+        )?))
+    } else {
+        Ok(Box::new(Remote::new(url, cli.token.clone())?))
+    }
+}
+
+/// Checks a remote's URL before it is kept: a server's or one in object storage.
+pub fn check_url(url: &str) -> anyhow::Result<()> {
+    if mdl_bucket::is_bucket_url(url) {
+        mdl_bucket::Location::parse(url)?;
+    } else {
+        Remote::new(url, None)?;
+    }
+    Ok(())
+}
+
+/// The name a clone of `url` takes by default.
+pub fn default_name(url: &str) -> anyhow::Result<String> {
+    Ok(if mdl_bucket::is_bucket_url(url) {
+        mdl_bucket::Location::parse(url)?.name().to_string()
+    } else {
+        Remote::new(url, None)?.name().to_string()
+    })
+}
+
+/// The other repository of a configured remote ([`peer`]).
+pub fn named(cli: &Cli, repo: &mdl::Repository, name: &str) -> anyhow::Result<Box<dyn Peer>> {
+    peer(cli, &mdl_remote::remote_url(repo, name)?)
 }
 
 /// Runs a command on a server.
@@ -179,8 +213,19 @@ pub fn serve(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     else {
         unreachable!("serve runs the serve command");
     };
-    let repos = match root {
-        Some(r) => {
+    let repos = match (root, cli.bucket_url()) {
+        (Some(_), Some(_)) => {
+            bail!("--root serves the repositories in a folder; -C s3://… serves one repository in object storage")
+        }
+        (None, Some(url)) => {
+            let location = mdl_bucket::Location::parse(url)?;
+            mdl_server::Repos::Bucket {
+                name: location.name().to_string(),
+                location,
+                cache: mdl_bucket::cache_root(),
+            }
+        }
+        (Some(r), None) => {
             let base = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
             let r = std::path::absolute(base.join(r))?;
             if !r.is_dir() {
@@ -188,7 +233,7 @@ pub fn serve(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             }
             mdl_server::Repos::Root(r)
         }
-        None => {
+        (None, None) => {
             let dir = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
             let path =
                 mdl::discover(&dir).ok_or_else(|| mdl::StoreError::NotARepository(dir.clone()))?;

@@ -27,7 +27,8 @@ pub(crate) async fn blocking<T: Send + 'static>(
 }
 
 /// A repository the request may use: the `{repo}` path parameter names a valid repository, the
-/// request's token has read scope (`WRITE`: write scope), and the repository is open.
+/// request's token has read scope (`WRITE`: write scope), and the repository is open (for a
+/// read of one in object storage, up to date with the bucket).
 pub(crate) struct Access<const WRITE: bool>(pub(crate) Arc<Served>);
 pub(crate) type Reader = Access<false>;
 pub(crate) type Writer = Access<true>;
@@ -58,6 +59,15 @@ impl<const WRITE: bool> FromRequestParts<Arc<State>> for Access<WRITE> {
             scope,
         )?;
         let state = state.clone();
-        blocking(move || Ok(state.repo(&name)?)).await.map(Access)
+        blocking(move || {
+            let served = state.repo(&name)?;
+            // A change brings a replica up to date itself, under its turn.
+            if !WRITE {
+                served.refresh()?;
+            }
+            Ok(served)
+        })
+        .await
+        .map(Access)
     }
 }

@@ -97,37 +97,7 @@ async fn list_repos(AxState(state): Shared, headers: HeaderMap) -> ApiResult<Res
 }
 
 async fn refs(Access(served): Reader) -> ApiResult<Response> {
-    blocking(move || {
-        let repo = &served.repo;
-        let head = repo
-            .head_branch()
-            .ok()
-            .and_then(|h| h.strip_prefix(mdl::Ref::BRANCHES).map(str::to_string));
-        let mut out = Vec::new();
-        for (name, value) in mdl::refs::all(repo)? {
-            let Some(target) = value.target() else {
-                continue;
-            };
-            let (tagger, time_ms, message) = match value {
-                mdl::RefValue::Annotated {
-                    tagger,
-                    time,
-                    message,
-                    ..
-                } => (Some(tagger), Some(time.0), Some(message)),
-                _ => (None, None, None),
-            };
-            out.push(body::ListedRef {
-                name,
-                target,
-                tagger,
-                time_ms,
-                message,
-            });
-        }
-        Ok(Json(body::Refs { head, refs: out }).into_response())
-    })
-    .await
+    blocking(move || Ok(Json(body::Refs::of(&served.repo)?).into_response())).await
 }
 
 async fn log(
@@ -329,14 +299,19 @@ async fn commit(
     let upload = spool(&served, &headers, body, state.config.max_body).await?;
     blocking(move || {
         // The commit holds the repository's writer itself.
-        let outcome = mdl::commit::commit_file_as(
-            &served.repo,
-            upload.path(),
-            &path,
-            &opts,
-            &mdl::NoProgress,
-        )?;
+        let (mut outcome, published) = served.change(true, || {
+            Ok(mdl::commit::commit_file_as(
+                &served.repo,
+                upload.path(),
+                &path,
+                &opts,
+                &mdl::NoProgress,
+            )?)
+        })?;
         drop(upload);
+        if let Some((_, replayed)) = published.replayed.last() {
+            outcome.id = *replayed;
+        }
         Ok((StatusCode::CREATED, Json(outcome)).into_response())
     })
     .await
@@ -404,13 +379,16 @@ async fn receive(
     let max = state.config.max_body;
     let upload = spool(&served, &headers, body, max).await?;
     blocking(move || {
-        let _writer = served.repo.writer();
         let file = std::fs::File::open(upload.path())
             .map_err(|e| ApiError::internal(format!("cannot read the upload: {e}")))?;
         // No record in the pack can be longer than the upload itself.
         let len = file.metadata().map(|m| m.len()).unwrap_or(max).min(max);
         let mut file = std::io::BufReader::with_capacity(1 << 20, file);
-        let received = transfer::receive_pack(&served.repo, &mut file, len)?;
+        let (received, _) = served.change(false, || {
+            let _writer = served.repo.writer();
+            Ok(transfer::receive_pack(&served.repo, &mut file, len)?)
+        })?;
+        served.publish_records(&received.ids)?;
         Ok(Json(received).into_response())
     })
     .await
@@ -422,8 +400,10 @@ async fn update_ref(
 ) -> ApiResult<Response> {
     let update = json_body(body)?;
     blocking(move || {
-        let _writer = served.repo.writer();
-        transfer::update_ref(&served.repo, &update, "push")?;
+        served.change(false, || {
+            let _writer = served.repo.writer();
+            Ok(transfer::update_ref(&served.repo, &update, "push")?)
+        })?;
         let moved = body::RefMoved {
             name: update.name,
             new: update.new,
@@ -441,6 +421,7 @@ async fn compact(
 ) -> ApiResult<Response> {
     let opts = json_body(body)?;
     blocking(move || {
+        served.on_disk_only("compact")?;
         let outcome = mdl::compact::compact(&served.repo, &opts, &mdl::NoProgress)?;
         Ok(Json(outcome).into_response())
     })
@@ -459,6 +440,7 @@ async fn gc(
         req.dry_run,
     )?;
     blocking(move || {
+        served.on_disk_only("gc")?;
         let outcome = mdl::gc::gc(&served.repo, &opts, &mdl::NoProgress)?;
         Ok(Json(outcome).into_response())
     })

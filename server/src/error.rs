@@ -131,6 +131,28 @@ impl From<mdl::Error> for ApiError {
     }
 }
 
+impl From<mdl_bucket::Error> for ApiError {
+    fn from(e: mdl_bucket::Error) -> Self {
+        use mdl_bucket::Error as E;
+        use ErrorCode as C;
+        let message = e.to_string();
+        let code = match e {
+            E::Local(e) => return e.into(),
+            E::Cache { .. } => {
+                // Names the server's files: the log has them.
+                tracing::error!("{message}");
+                return ApiError::new(C::IoError, "the server's copy of the repository failed");
+            }
+            E::Location(_) | E::Storage { .. } => C::StorageError,
+            E::NotARepository(_) => C::NoSuchRepository,
+            E::AlreadyExists(_) => C::Exists,
+            E::Conflict(_) => C::RefConflict,
+            E::Unsupported(_) => C::Unsupported,
+        };
+        ApiError::new(code, message)
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         mdl::Error::from(e).into()

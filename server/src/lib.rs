@@ -10,6 +10,7 @@
 mod access;
 mod api;
 pub mod auth;
+mod bucket;
 pub mod error;
 mod files;
 mod hf;
@@ -43,6 +44,17 @@ pub enum Repos {
     },
     /// Every repository directly under a directory, by directory name.
     Root(PathBuf),
+    /// One repository in object storage, served under `name` from this machine's replica
+    /// of it in `cache` (brought up to date before each request, what a request changed
+    /// published before it is answered).
+    Bucket {
+        /// Its name in URLs.
+        name: String,
+        /// Where it is.
+        location: mdl_bucket::Location,
+        /// The folder of this machine's replicas ([`mdl_bucket::cache_root`]).
+        cache: PathBuf,
+    },
 }
 
 /// How the server runs.
@@ -103,6 +115,8 @@ pub(crate) struct Served {
     pub(crate) repo: Repository,
     /// Whether `.mdl/serve.json` names this server (removed when the repository is let go).
     advertised: bool,
+    /// For a repository in object storage, the replica `repo` is (see [`bucket`]).
+    replica: Option<Mutex<mdl_bucket::Replica>>,
 }
 
 impl Drop for Served {
@@ -164,7 +178,7 @@ impl State {
 
     /// Opens every repository now (a root's existing ones), so they are owned and advertised
     /// from the start. Returns their names.
-    pub fn open_all(&self) -> Result<Vec<String>, mdl::Error> {
+    pub fn open_all(&self) -> Result<Vec<String>, mdl_bucket::Error> {
         let names = self.names();
         for name in &names {
             self.open_repo(name, self.config.wait)?;
@@ -175,7 +189,7 @@ impl State {
     /// Names of the repositories served now.
     pub fn names(&self) -> Vec<String> {
         match &self.config.repos {
-            Repos::One { name, .. } => vec![name.clone()],
+            Repos::One { name, .. } | Repos::Bucket { name, .. } => vec![name.clone()],
             Repos::Root(root) => {
                 let mut names: Vec<String> = std::fs::read_dir(root)
                     .into_iter()
@@ -194,16 +208,17 @@ impl State {
     /// The repository named `name`, opened (and locked) on first use; one whose database
     /// failed (a write error inside redb, e.g. a full disk) is let go and opened again, so the
     /// server recovers once the cause is gone. Called on blocking threads only.
-    pub(crate) fn repo(&self, name: &str) -> Result<Arc<Served>, mdl::Error> {
+    pub(crate) fn repo(&self, name: &str) -> Result<Arc<Served>, mdl_bucket::Error> {
         self.open_repo(name, OPEN_WAIT.min(self.config.wait))
     }
 
-    fn open_repo(&self, name: &str, wait: Duration) -> Result<Arc<Served>, mdl::Error> {
+    fn open_repo(&self, name: &str, wait: Duration) -> Result<Arc<Served>, mdl_bucket::Error> {
         let path = match &self.config.repos {
             Repos::One { name: n, path } if n == name => path.clone(),
-            Repos::One { .. } => return Err(no_such_repo(name)),
+            Repos::Bucket { name: n, .. } if n == name => PathBuf::new(),
+            Repos::One { .. } | Repos::Bucket { .. } => return Err(no_such_repo(name).into()),
             Repos::Root(root) if valid_repo_name(name) => root.join(name),
-            Repos::Root(_) => return Err(no_such_repo(name)),
+            Repos::Root(_) => return Err(no_such_repo(name).into()),
         };
         let slot: Slot = self
             .open
@@ -225,8 +240,15 @@ impl State {
             }
             None => {}
         }
+        let replica = match &self.config.repos {
+            Repos::Bucket {
+                location, cache, ..
+            } => Some(mdl_bucket::Replica::open(location, cache, wait)?),
+            _ => None,
+        };
+        let path = replica.as_ref().map_or(path, mdl_bucket::Replica::root);
         if !path.join(".mdl").join("meta.redb").is_file() {
-            return Err(no_such_repo(name));
+            return Err(no_such_repo(name).into());
         }
         // The server owns the repository: one database handle for its readers and writers.
         let opts = OpenOptions {
@@ -243,13 +265,19 @@ impl State {
         tracing::info!("repository {name}: engine {}", engine.why);
         repo.set_engine(engine.engine);
         let advertised = match &self.advertise {
+            // A replica is no folder a user runs mdl in.
+            Some(_) if replica.is_some() => false,
             Some((base, token)) => {
                 advertise(&repo, &format!("{base}/{name}"), token)?;
                 true
             }
             None => false,
         };
-        let new = Arc::new(Served { repo, advertised });
+        let new = Arc::new(Served {
+            repo,
+            advertised,
+            replica: replica.map(Mutex::new),
+        });
         *served = Some(new.clone());
         Ok(new)
     }
@@ -362,7 +390,9 @@ pub async fn serve(state: Arc<State>, listener: tokio::net::TcpListener) -> std:
     }
     tracing::info!("shutting down: finishing requests in flight");
     graceful.shutdown().await;
-    state.close_all();
+    // On a blocking thread: a replica's storage client has a runtime of its own, which may
+    // not be dropped inside this one.
+    let _ = tokio::task::spawn_blocking(move || state.close_all()).await;
     Ok(())
 }
 

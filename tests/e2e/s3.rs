@@ -207,25 +207,33 @@ impl Repo {
         self.root.path().join(name)
     }
 
-    fn run(&self, m: &str, args: &[&str]) -> Output {
-        let mut all = vec!["-C", &self.url];
+    /// `mdl -C AT ARGS` on machine `m`: the bucket, a folder or a server.
+    fn run_at(&self, m: &str, at: &str, args: &[&str]) -> Output {
+        let mut all = vec!["-C", at];
         all.extend_from_slice(args);
         self.weed.mdl(&self.cache(m), &all)
     }
 
     fn ok(&self, m: &str, args: &[&str]) -> String {
-        let out = self.run(m, args);
+        self.ok_at(m, &self.url, args)
+    }
+
+    fn ok_at(&self, m: &str, at: &str, args: &[&str]) -> String {
+        let out = self.run_at(m, at, args);
         assert!(
             out.status.success(),
-            "mdl -C {} {args:?} on {m} failed: {}",
-            self.url,
+            "mdl -C {at} {args:?} on {m} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8(out.stdout).unwrap()
     }
 
     fn fails(&self, m: &str, args: &[&str], want: &str) -> String {
-        let out = self.run(m, args);
+        self.fails_at(m, &self.url, args, want)
+    }
+
+    fn fails_at(&self, m: &str, at: &str, args: &[&str], want: &str) -> String {
+        let out = self.run_at(m, at, args);
         let err = String::from_utf8_lossy(&out.stderr).to_string();
         assert!(!out.status.success(), "{args:?} should fail");
         assert!(err.contains(want), "{args:?}: {err:?} lacks {want:?}");
@@ -235,13 +243,26 @@ impl Repo {
 
     /// Commit ids of `rev`'s history, newest first, as machine `m` sees it.
     fn history(&self, m: &str, rev: &str) -> Vec<String> {
-        let log: serde_json::Value =
-            serde_json::from_str(&self.ok(m, &["log", rev, "--json"])).unwrap();
+        self.history_at(m, &self.url, &[rev])
+    }
+
+    /// Commit ids `log ARGS` lists at `at`, newest first.
+    fn history_at(&self, m: &str, at: &str, args: &[&str]) -> Vec<String> {
+        let mut all = vec!["log", "--json"];
+        all.extend_from_slice(args);
+        let log: serde_json::Value = serde_json::from_str(&self.ok_at(m, at, &all)).unwrap();
         log.as_array()
             .unwrap()
             .iter()
             .map(|c| c["id"].as_str().unwrap().to_string())
             .collect()
+    }
+
+    /// Checkpoint `n` written to a file: its path and bytes.
+    fn checkpoint(&self, n: u64) -> (PathBuf, Vec<u8>) {
+        let f = self.path(&format!("ckpt-{n}.safetensors"));
+        let bytes = write_safetensors(&f, &mixed(n), &[]);
+        (f, bytes)
     }
 }
 
@@ -520,4 +541,185 @@ fn what_a_machine_made_but_never_published_is_sent_with_the_next_commit() {
     let out = r.path("out");
     r.ok("b", &["checkout", "HEAD", "-o", out.to_str().unwrap()]);
     assert_eq!(std::fs::read(&out).unwrap(), data);
+}
+
+#[test]
+#[ignore = "needs SeaweedFS (MDL_WEED); scripts/test.sh installs it and runs these"]
+fn history_moves_between_local_repositories_and_object_storage() {
+    let r = Repo::new("shared");
+    let ok = |m: &str, dir: &Path, args: &[&str]| r.ok_at(m, dir.to_str().unwrap(), args);
+    let fails = |m: &str, dir: &Path, args: &[&str], want: &str| {
+        r.fails_at(m, dir.to_str().unwrap(), args, want);
+    };
+    let history = |m: &str, dir: &Path, rev: &str| r.history_at(m, dir.to_str().unwrap(), &[rev]);
+    let checkpoint = |n: u64| r.checkpoint(n);
+
+    // A local repository's history, pushed: the bucket holds the same commits, ids and all.
+    let a = r.path("a");
+    ok("a", &r.path("."), &["init", a.to_str().unwrap()]);
+    let (f1, one) = checkpoint(1);
+    let (f2, _) = checkpoint(2);
+    ok("a", &a, &["commit", f1.to_str().unwrap(), "-m", "one"]);
+    ok("a", &a, &["commit", f2.to_str().unwrap(), "-m", "two"]);
+    fails(
+        "a",
+        &a,
+        &["remote", "add", "bad", "s3://A/x"],
+        "expected s3://BUCKET[/PREFIX]",
+    );
+    ok("a", &a, &["remote", "add", "s3", &r.url]);
+    ok("a", &a, &["push", "s3"]);
+    assert_eq!(r.history("x", "main"), history("a", &a, "main"));
+
+    // Cloned on another machine, checked out byte for byte; its commit pushed back and pulled.
+    let b = r.path("b");
+    ok("b", &r.path("."), &["clone", &r.url, b.to_str().unwrap()]);
+    assert_eq!(history("b", &b, "main"), history("a", &a, "main"));
+    let out = r.path("out-one");
+    ok(
+        "b",
+        &b,
+        &["checkout", "HEAD~1", "-o", out.to_str().unwrap()],
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), one);
+    let (f3, three) = checkpoint(3);
+    ok("b", &b, &["commit", f3.to_str().unwrap(), "-m", "three"]);
+    ok("b", &b, &["push", "origin"]);
+    ok("a", &a, &["pull", "s3"]);
+    assert_eq!(history("a", &a, "main"), history("b", &b, "main"));
+    assert_eq!(r.history("x", "main"), history("b", &b, "main"));
+    let out = r.path("out-three");
+    ok("a", &a, &["checkout", "HEAD", "-o", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&out).unwrap(), three);
+
+    // Tags made in the bucket arrive with a fetch.
+    r.ok("x", &["tag", "v1", "HEAD~1"]);
+    ok("a", &a, &["fetch", "s3"]);
+    assert!(ok("a", &a, &["tag"]).contains("v1"));
+
+    // Diverged: the push is refused and the bucket's branch is as it was; --force replaces it.
+    let (f4, _) = checkpoint(4);
+    let (f5, _) = checkpoint(5);
+    ok("a", &a, &["commit", f4.to_str().unwrap(), "-m", "four"]);
+    r.ok("x", &["commit", f5.to_str().unwrap(), "-m", "five"]);
+    let before = r.history("y", "main");
+    fails("a", &a, &["push", "s3"], "not a fast-forward");
+    assert_eq!(r.history("y", "main"), before);
+    fails("a", &a, &["pull", "s3"], "have diverged");
+    ok("a", &a, &["push", "s3", "--force"]);
+    assert_eq!(r.history("y", "main"), history("a", &a, "main"));
+
+    // A clone of nothing fails and makes no folder.
+    let c = r.path("c");
+    fails(
+        "c",
+        &r.path("."),
+        &[
+            "clone",
+            &format!("s3://{BUCKET}/nothing"),
+            c.to_str().unwrap(),
+        ],
+        "is not an mdl repository",
+    );
+    assert!(!c.exists());
+}
+
+#[test]
+#[ignore = "needs SeaweedFS (MDL_WEED); scripts/test.sh installs it and runs these"]
+fn two_servers_over_one_bucket_serve_the_same_repository() {
+    use crate::server::{Server, WRITE};
+    let r = Repo::new("served");
+    let servers: Vec<Server> = ["s1", "s2"]
+        .iter()
+        .map(|m| {
+            let tokens = r.path(m);
+            std::fs::create_dir_all(&tokens).unwrap();
+            Server::spawn(r.weed.command(&r.cache(m), &[]), &["-C", &r.url], &tokens)
+        })
+        .collect();
+    let urls: Vec<String> = servers
+        .iter()
+        .map(|s| format!("{}/served", s.base))
+        .collect();
+    // `mdl -C URL ARGS` against server `i`, as a client machine.
+    let via = |i: usize, args: &[&str]| {
+        r.ok_at("client", &urls[i], &[&["--token", WRITE], args].concat())
+    };
+    let history = |i: usize| r.history_at("client", &urls[i], &["--token", WRITE]);
+    let checkpoint = |n: u64| r.checkpoint(n);
+
+    // Commits through either server, and straight into the bucket, are one history on both.
+    let (f1, one) = checkpoint(1);
+    let (f2, _) = checkpoint(2);
+    let (f3, _) = checkpoint(3);
+    let c1 = via(0, &["commit", f1.to_str().unwrap(), "-m", "one", "--json"]);
+    let c2 = via(1, &["commit", f2.to_str().unwrap(), "-m", "two", "--json"]);
+    let c3 = r.ok("machine", &["commit", f3.to_str().unwrap(), "-m", "three"]);
+    let id = |json: &str| -> String {
+        serde_json::from_str::<serde_json::Value>(json).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let want = vec![c3.trim().to_string(), id(&c2), id(&c1)];
+    assert_eq!(history(0), want);
+    assert_eq!(history(1), want);
+    let out = r.path("out-one");
+    via(1, &["checkout", "HEAD~2", "-o", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&out).unwrap(), one);
+
+    // Commits racing through both servers at once: every one lands, once, in one line, under
+    // the id its answer named.
+    let ids: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4u64)
+            .map(|k| {
+                let (f, _) = checkpoint(10 + k);
+                let via = &via;
+                s.spawn(move || {
+                    let msg = format!("race {k}");
+                    id(&via(
+                        (k % 2) as usize,
+                        &["commit", f.to_str().unwrap(), "-m", &msg, "--json"],
+                    ))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let after = history(1);
+    assert_eq!(after.len(), want.len() + ids.len(), "{after:?}");
+    for id in &ids {
+        assert!(after.contains(id), "{id} not in {after:?}");
+    }
+    assert_eq!(history(0), after);
+
+    // A push through one server is cloned through the other, byte for byte.
+    let a = r.path("a");
+    let local = |dir: &Path, args: &[&str]| {
+        r.ok_at(
+            "client",
+            dir.to_str().unwrap(),
+            &[&["--token", WRITE], args].concat(),
+        );
+    };
+    local(&r.path("."), &["clone", &urls[0], a.to_str().unwrap()]);
+    let (f4, four) = checkpoint(4);
+    local(&a, &["commit", f4.to_str().unwrap(), "-m", "four"]);
+    local(&a, &["push"]);
+    let b = r.path("b");
+    local(&r.path("."), &["clone", &urls[1], b.to_str().unwrap()]);
+    let out = r.path("out-four");
+    local(&b, &["checkout", "HEAD", "-o", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&out).unwrap(), four);
+
+    // What does not run on object storage yet answers so.
+    r.fails_at(
+        "client",
+        &urls[0],
+        &["--token", WRITE, "gc"],
+        "does not run on a repository in object storage",
+    );
+    for s in servers {
+        s.stop();
+    }
 }

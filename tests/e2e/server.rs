@@ -20,13 +20,18 @@ impl Server {
     /// Starts `mdl serve --addr 127.0.0.1:0` with `args` (e.g. `-C repo`), a tokens file with
     /// a read and a write token, and waits until it listens.
     pub fn start(args: &[&str], tokens_dir: &Path) -> Server {
+        Server::spawn(Command::new(mdl_bin()), args, tokens_dir)
+    }
+
+    /// [`Server::start`] from `mdl`, a command with its environment set.
+    pub fn spawn(mut mdl: Command, args: &[&str], tokens_dir: &Path) -> Server {
         let tokens = tokens_dir.join("tokens");
         std::fs::write(
             &tokens,
             format!("# test tokens\nreader read {READ}\nwriter write {WRITE}\n"),
         )
         .unwrap();
-        let mut child = Command::new(mdl_bin())
+        let mut child = mdl
             .args(["serve", "--addr", "127.0.0.1:0", "--tokens"])
             .arg(&tokens)
             .args(args)

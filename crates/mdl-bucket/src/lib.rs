@@ -8,6 +8,7 @@
 //! - [`layout`]: the keys (marker, refs, settings, packs) and what each holds.
 //! - [`replica`]: [`Replica`], a machine's copy in its cache that commands run on, brought up
 //!   to date from the bucket before and published to it after.
+//! - [`BucketPeer`]: the bucket as the other side of a clone, fetch, pull or push.
 //!
 //! How writers on different machines stay consistent: `docs/ARCHITECTURE.md`, "Repositories
 //! in object storage".
@@ -16,9 +17,11 @@ pub mod client;
 mod error;
 pub mod layout;
 pub mod location;
+mod peer;
 pub mod replica;
 
 pub use client::Bucket;
 pub use error::{Error, Result};
 pub use location::{is_bucket_url, Location};
+pub use peer::BucketPeer;
 pub use replica::{cache_root, init, Published, Replica};

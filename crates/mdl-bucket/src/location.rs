@@ -68,6 +68,15 @@ impl Location {
         }
     }
 
+    /// The name a clone takes by default: the prefix's last part, else the bucket.
+    pub fn name(&self) -> &str {
+        self.prefix
+            .rsplit('/')
+            .next()
+            .filter(|n| !n.is_empty())
+            .unwrap_or(&self.bucket)
+    }
+
     /// The endpoint the environment names (`AWS_ENDPOINT_URL` or `AWS_ENDPOINT`), if any: part
     /// of what tells two repositories of the same name apart in the local cache.
     pub fn endpoint() -> Option<String> {
@@ -122,10 +131,12 @@ mod tests {
         assert_eq!(l.bucket, "ml-runs");
         assert_eq!(l.prefix, "team/gpt");
         assert_eq!(l.url(), "s3://ml-runs/team/gpt");
+        assert_eq!(l.name(), "gpt");
         assert_eq!(
             Location::parse("s3://ml-runs").unwrap().url(),
             "s3://ml-runs"
         );
+        assert_eq!(Location::parse("s3://ml-runs").unwrap().name(), "ml-runs");
         for bad in [
             "s3://",
             "s3://A",

@@ -392,13 +392,24 @@ impl Replica {
     /// which is then replayed onto the other writer's tip ([`mdl::commit::replay`]) and sent
     /// again.
     pub fn publish(&mut self, repo: &Repository) -> Result<Published> {
+        self.publish_with(repo, true)
+    }
+
+    /// [`Self::publish`] that never replays: a lost race fails with [`Error::Conflict`]. For
+    /// commits whose ids someone already holds (a push).
+    pub fn publish_exact(&mut self, repo: &Repository) -> Result<Published> {
+        self.publish_with(repo, false)
+    }
+
+    fn publish_with(&mut self, repo: &Repository, replay: bool) -> Result<Published> {
         let mut published = Published::default();
         for _ in 0..REPLAYS {
             match self.publish_once(repo, &mut published)? {
                 None => return Ok(published),
                 Some((name, ours, theirs)) => {
                     let url = self.bucket.url().to_string();
-                    let parent_was_seen = self.seen.sent.contains(&ours)
+                    let parent_was_seen = replay
+                        && self.seen.sent.contains(&ours)
                         && repo
                             .load_commit(&ours)
                             .map(|c| c.parents == theirs.into_iter().collect::<Vec<_>>())
@@ -485,6 +496,20 @@ impl Replica {
         Ok(None)
     }
 
+    /// Uploads, as one pack, those of `ids` (in an order a receiver can import them) the
+    /// bucket lacks: records received for a ref update that may reach another machine, so
+    /// that they are in the bucket when it does.
+    pub fn publish_records(&mut self, repo: &Repository, ids: &[ObjectId]) -> Result<Published> {
+        let mut published = Published::default();
+        let send: Vec<ObjectId> = ids
+            .iter()
+            .filter(|id| !self.seen.objects.contains(id))
+            .copied()
+            .collect();
+        self.upload_pack(repo, send, &mut published)?;
+        Ok(published)
+    }
+
     /// Uploads, as one pack, the records of `tips`' history that the bucket lacks.
     fn send_pack(
         &mut self,
@@ -499,6 +524,16 @@ impl Replica {
             .map(|p| p.id)
             .filter(|id| !seen.objects.contains(id))
             .collect();
+        self.upload_pack(repo, send, published)
+    }
+
+    /// Uploads the records of `send` as one pack (nothing when empty).
+    fn upload_pack(
+        &mut self,
+        repo: &Repository,
+        send: Vec<ObjectId>,
+        published: &mut Published,
+    ) -> Result<()> {
         if send.is_empty() {
             return Ok(());
         }

@@ -68,6 +68,37 @@ pub struct Refs {
 }
 
 impl Refs {
+    /// The branches and tags of `repo`, and the branch its HEAD points at.
+    pub fn of(repo: &mdl::Repository) -> mdl::Result<Refs> {
+        let head = repo
+            .head_branch()
+            .ok()
+            .and_then(|h| h.strip_prefix(mdl::Ref::BRANCHES).map(str::to_string));
+        let mut refs = Vec::new();
+        for (name, value) in mdl::refs::all(repo)? {
+            let Some(target) = value.target() else {
+                continue;
+            };
+            let (tagger, time_ms, message) = match value {
+                mdl::RefValue::Annotated {
+                    tagger,
+                    time,
+                    message,
+                    ..
+                } => (Some(tagger), Some(time.0), Some(message)),
+                _ => (None, None, None),
+            };
+            refs.push(ListedRef {
+                name,
+                target,
+                tagger,
+                time_ms,
+                message,
+            });
+        }
+        Ok(Refs { head, refs })
+    }
+
     /// The commit of a full ref name.
     pub fn get(&self, name: &str) -> Option<ObjectId> {
         self.refs.iter().find(|r| r.name == name).map(|r| r.target)

@@ -128,6 +128,10 @@ codes! {
     NewerFormat = "newer_format", 500;
     /// A failure inside the server.
     Internal = "internal", 500;
+    /// What the route asks is not done for this kind of repository (one in object storage).
+    Unsupported = "unsupported", 501;
+    /// The object storage holding the repository failed, or holds what no mdl wrote.
+    StorageError = "storage_error", 502;
     /// The repository is held by another process; try again.
     Busy = "busy", 503;
     /// The repository needs recovery first; try again.

@@ -1,4 +1,5 @@
-//! `clone`: a whole repository from a server, assembled beside its target and renamed.
+//! `clone`: a whole repository from another (a [`Peer`]), assembled beside its target and
+//! renamed.
 
 use std::path::{Path, PathBuf};
 
@@ -6,7 +7,7 @@ use mdl::{Ref, RefName, RefValue, Repository};
 
 use crate::fetch::fetch_refs;
 use crate::remotes::add_remote;
-use crate::{Error, Moved, Remote, Result, TransferOutcome};
+use crate::{Error, Moved, Peer, Result, TransferOutcome};
 
 /// What a clone made.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -19,16 +20,16 @@ pub struct CloneOutcome {
     pub head: Option<String>,
 }
 
-/// Clones the repository at `url` into `dir` (which must not exist or be empty): every
-/// branch and tag, `origin` as its remote, HEAD on the server's HEAD branch. The clone is
-/// assembled in a hidden directory beside `dir` and renamed into place when complete, so a
-/// failed or interrupted clone leaves `dir` as it was; what a killed clone left beside it is
-/// removed by the next clone into the same place.
+/// Clones `remote` into `dir` (which must not exist or be empty): every branch and tag,
+/// `origin` (its URL) as its remote, HEAD on its HEAD branch. The clone is assembled in a
+/// hidden directory beside `dir` and renamed into place when complete, so a failed or
+/// interrupted clone leaves `dir` as it was; what a killed clone left beside it is removed by
+/// the next clone into the same place.
 // The clone is a whole new repository assembled in a staging folder beside `dir`: renaming it
 // into place, or removing it after a failure, moves a folder no store owns yet.
 #[allow(clippy::disallowed_methods)]
-pub fn clone(url: &str, dir: &Path, token: Option<String>) -> Result<CloneOutcome> {
-    let remote = Remote::new(url, token)?;
+pub fn clone(remote: &dyn Peer, dir: &Path) -> Result<CloneOutcome> {
+    let url = remote.url();
     if dir.exists()
         && std::fs::read_dir(dir)
             .map(|mut d| d.next().is_some())
@@ -46,7 +47,7 @@ pub fn clone(url: &str, dir: &Path, token: Option<String>) -> Result<CloneOutcom
         let repo = Repository::init(&staging)?;
         add_remote(&repo, "origin", url)?;
         let refs = remote.refs()?;
-        let mut transfer = fetch_refs(&repo, "origin", &remote, &refs, None)?;
+        let mut transfer = fetch_refs(&repo, "origin", remote, &refs, None)?;
         for r in &refs.refs {
             if let Some(Ref::Branch(_)) = Ref::parse(&r.name) {
                 let name = r.name.clone();

@@ -33,6 +33,15 @@ pub enum Error {
     /// A remote name that is not configured, or already is.
     #[error("{0}")]
     Remote(String),
+    /// The other repository, which this process opened itself (one in object storage),
+    /// failed; `code` is the one a server would answer the same failure with.
+    #[error("{message}")]
+    Peer {
+        /// The code, when the failure has one.
+        code: Option<ErrorCode>,
+        /// What failed.
+        message: String,
+    },
     /// The local repository failed.
     #[error(transparent)]
     Local(#[from] mdl::Error),

@@ -1,4 +1,4 @@
-//! `fetch` and `pull`: branches and tags from a server into the local repository.
+//! `fetch` and `pull`: branches and tags from another repository (a [`Peer`]) into this one.
 
 use std::collections::HashSet;
 
@@ -6,7 +6,7 @@ use mdl::transfer::{self, Received};
 use mdl::{ObjectId, Ref, RefName, RefValue, Repository, Timestamp};
 use mdl_protocol::body::{ListedRef, Refs};
 
-use crate::{Error, Remote, Result};
+use crate::{Error, Peer, Result};
 
 /// A ref that a fetch, pull or push moved.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -36,7 +36,7 @@ pub struct TransferOutcome {
 pub fn fetch(
     repo: &Repository,
     remote_name: &str,
-    remote: &Remote,
+    remote: &dyn Peer,
     branch: Option<&str>,
 ) -> Result<TransferOutcome> {
     fetch_refs(repo, remote_name, remote, &remote.refs()?, branch)
@@ -46,7 +46,7 @@ pub fn fetch(
 pub(crate) fn fetch_refs(
     repo: &Repository,
     remote_name: &str,
-    remote: &Remote,
+    remote: &dyn Peer,
     refs: &Refs,
     branch: Option<&str>,
 ) -> Result<TransferOutcome> {
@@ -123,7 +123,7 @@ pub(crate) fn fetch_refs(
 
 /// Brings the commits `want` (and their history) from the server, sending only objects this
 /// repository lacks.
-fn fetch_commits(repo: &Repository, remote: &Remote, want: &[ObjectId]) -> Result<Received> {
+fn fetch_commits(repo: &Repository, remote: &dyn Peer, want: &[ObjectId]) -> Result<Received> {
     let have: Vec<ObjectId> = transfer::commits(repo)?;
     let have_set: HashSet<ObjectId> = have.iter().copied().collect();
     let want: Vec<ObjectId> = want
@@ -154,7 +154,7 @@ fn fetch_commits(repo: &Repository, remote: &Remote, want: &[ObjectId]) -> Resul
 pub fn pull(
     repo: &Repository,
     remote_name: &str,
-    remote: &Remote,
+    remote: &dyn Peer,
     branch: Option<&str>,
 ) -> Result<TransferOutcome> {
     let branch = match branch {

@@ -10,6 +10,7 @@ mod client;
 mod clone;
 mod error;
 mod fetch;
+mod peer;
 mod push;
 mod remotes;
 
@@ -17,5 +18,6 @@ pub use client::{Remote, IDS_PER_REQUEST};
 pub use clone::{clone, CloneOutcome};
 pub use error::{Error, Result};
 pub use fetch::{fetch, pull, Moved, TransferOutcome};
+pub use peer::{Local, Peer};
 pub use push::push;
 pub use remotes::{add_remote, remote_url, remotes};

@@ -7,7 +7,7 @@ use mdl::{ObjectId, Ref, RefValue, Repository};
 use mdl_protocol::ErrorCode;
 
 use crate::fetch::{branch_name, current_branch};
-use crate::{Error, Moved, Remote, Result, TransferOutcome};
+use crate::{Error, Moved, Peer, Result, TransferOutcome};
 
 /// Pushes `branch` (HEAD's when `None`) to `remote`: sends the objects the server lacks, then
 /// moves the server's branch by compare-and-swap. Refused when the server's branch has
@@ -16,7 +16,7 @@ use crate::{Error, Moved, Remote, Result, TransferOutcome};
 pub fn push(
     repo: &Repository,
     remote_name: &str,
-    remote: &Remote,
+    remote: &dyn Peer,
     branch: Option<&str>,
     force: bool,
 ) -> Result<TransferOutcome> {
@@ -56,10 +56,7 @@ pub fn push(
     let mut attempts = 0;
     let sent = loop {
         match send_and_move(repo, remote, &update) {
-            Err(Error::Server {
-                code: Some(ErrorCode::Incomplete),
-                ..
-            }) if attempts < PUSH_RETRIES => {
+            Err(e) if code(&e) == Some(ErrorCode::Incomplete) && attempts < PUSH_RETRIES => {
                 attempts += 1;
                 tracing::info!(
                     "{} lost objects during the push; sending again",
@@ -74,23 +71,18 @@ pub fn push(
             outcome.objects = received.objects;
             outcome.bytes = received.bytes;
         }
-        Err(Error::Server {
-            code: Some(ErrorCode::RefConflict),
-            ..
-        }) => {
+        Err(e) if code(&e) == Some(ErrorCode::RefConflict) => {
             return Err(Error::Rejected(format!(
                 "push of {branch} rejected: {}'s {branch} changed during the push; pull and push again",
                 remote.url()
             )));
         }
-        Err(Error::Server {
-            code: Some(ErrorCode::NotFastForward),
-            message,
-            ..
-        }) => {
-            return Err(Error::Rejected(format!(
-                "push of {branch} rejected: {message}"
-            )));
+        Err(e) if code(&e) == Some(ErrorCode::NotFastForward) => {
+            let why = match e {
+                Error::Server { message, .. } => message,
+                other => other.to_string(),
+            };
+            return Err(Error::Rejected(format!("push of {branch} rejected: {why}")));
         }
         Err(e) => return Err(e),
     }
@@ -112,12 +104,26 @@ pub fn push(
     Ok(outcome)
 }
 
+/// The error code of a failure a push answers: a server's, or the one a server would send for
+/// the same failure of a repository opened here.
+fn code(e: &Error) -> Option<ErrorCode> {
+    match e {
+        Error::Server { code, .. } | Error::Peer { code, .. } => *code,
+        Error::Local(mdl::Error::Incomplete(_)) => Some(ErrorCode::Incomplete),
+        Error::Local(mdl::Error::NotFastForward { .. }) => Some(ErrorCode::NotFastForward),
+        Error::Local(mdl::Error::Store(mdl::StoreError::RefConflict { .. })) => {
+            Some(ErrorCode::RefConflict)
+        }
+        _ => None,
+    }
+}
+
 /// How often a push starts again when the server lost objects it had counted as present.
 const PUSH_RETRIES: usize = 3;
 
 /// Sends what the server lacks of `update.new`'s history (asking which commits, then which of
 /// their objects), then applies `update`.
-fn send_and_move(repo: &Repository, remote: &Remote, update: &RefUpdate) -> Result<Received> {
+fn send_and_move(repo: &Repository, remote: &dyn Peer, update: &RefUpdate) -> Result<Received> {
     let tip = update.new.expect("a push moves a ref to a commit");
     let history = transfer::reachable_commits(repo, &[tip])?;
     let missing: HashSet<ObjectId> = remote.missing(&history)?.into_iter().collect();

@@ -2,12 +2,13 @@
 
 use mdl::{RefName, Repository};
 
-use crate::{Error, Remote, Result};
+use crate::{Error, Result};
 
 const REMOTE_PREFIX: &str = "remote.";
 const URL_SUFFIX: &str = ".url";
 
-/// Adds remote `name` with `url` to the repository's configuration.
+/// Adds remote `name` with `url` to the repository's configuration. The URL is the caller's
+/// to check: a server's ([`crate::Remote::new`]) or a repository in object storage.
 pub fn add_remote(repo: &Repository, name: &str, url: &str) -> Result<()> {
     RefName::new(name).map_err(mdl::Error::from)?;
     if name.contains('/') {
@@ -15,7 +16,6 @@ pub fn add_remote(repo: &Repository, name: &str, url: &str) -> Result<()> {
             "invalid remote name {name:?}: it may not contain '/'"
         )));
     }
-    Remote::new(url, None)?;
     let key = format!("{REMOTE_PREFIX}{name}{URL_SUFFIX}");
     if !mdl::config::add(repo, &key, url)? {
         return Err(Error::Remote(format!("remote {name} already exists")));

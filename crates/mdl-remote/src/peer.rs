@@ -1,0 +1,118 @@
+//! [`Peer`]: the other repository of a clone, fetch, pull or push — a server ([`Remote`]), or a
+//! repository this process opens itself ([`Local`]; a replica of a repository in object
+//! storage is one, wrapped so that a moved ref is published).
+
+use std::collections::HashSet;
+
+use mdl::transfer::{self, PlannedObject, Received, RefUpdate};
+use mdl::{ObjectId, Repository};
+use mdl_protocol::body::Refs;
+
+use crate::{Error, Remote, Result};
+
+/// What a transfer asks of the other repository. Each call stands alone, as each request to
+/// a server does: what one answered may have changed by the next.
+pub trait Peer {
+    /// Where it is, for messages.
+    fn url(&self) -> &str;
+    /// Its branches and tags.
+    fn refs(&self) -> Result<Refs>;
+    /// The objects it would send for `want` to a repository holding the commits `have`
+    /// ([`transfer::plan`]).
+    fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>>;
+    /// Copies the records of `ids` into `repo`, verifying each.
+    fn fetch_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received>;
+    /// Which of `ids` it lacks.
+    fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>>;
+    /// Copies the records of `ids` from `repo` into it, verifying each.
+    fn send_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received>;
+    /// Moves one of its refs by compare-and-swap ([`transfer::update_ref`]).
+    fn update_ref(&self, update: &RefUpdate) -> Result<()>;
+}
+
+impl Peer for Remote {
+    fn url(&self) -> &str {
+        Remote::url(self)
+    }
+    fn refs(&self) -> Result<Refs> {
+        Remote::refs(self)
+    }
+    fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>> {
+        Remote::plan(self, want, have)
+    }
+    fn fetch_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
+        Remote::fetch_objects(self, repo, ids)
+    }
+    fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
+        Remote::missing(self, ids)
+    }
+    fn send_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
+        Remote::send_objects(self, repo, ids)
+    }
+    fn update_ref(&self, update: &RefUpdate) -> Result<()> {
+        Remote::update_ref(self, update)
+    }
+}
+
+/// A repository opened by this process, as the other side of a transfer: records travel
+/// through a pack in a temporary file and are verified on arrival, as from a server.
+pub struct Local<'a> {
+    repo: &'a Repository,
+    url: String,
+}
+
+impl<'a> Local<'a> {
+    /// `repo`, called `url` in messages.
+    pub fn new(repo: &'a Repository, url: impl Into<String>) -> Local<'a> {
+        Local {
+            repo,
+            url: url.into(),
+        }
+    }
+}
+
+/// Copies the records of `ids` from `from` into `to` as one pack.
+fn copy(from: &Repository, to: &Repository, ids: &[ObjectId]) -> Result<Received> {
+    let pack = transfer::spool_pack(from, ids)?;
+    let file = pack.reopen().map_err(|source| mdl::Error::Output {
+        path: pack.path().to_path_buf(),
+        source,
+    })?;
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
+    Ok(transfer::receive_pack(to, &mut reader, u64::MAX)?)
+}
+
+impl Peer for Local<'_> {
+    fn url(&self) -> &str {
+        &self.url
+    }
+    fn refs(&self) -> Result<Refs> {
+        Ok(Refs::of(self.repo)?)
+    }
+    fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>> {
+        for id in want {
+            if !transfer::has_commit(self.repo, id)? {
+                return Err(Error::Remote(format!("{} has no commit {id}", self.url)));
+            }
+        }
+        let have: HashSet<ObjectId> = have.iter().copied().collect();
+        Ok(transfer::plan(self.repo, want, &|id| have.contains(id))?)
+    }
+    fn fetch_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
+        if let Some(id) = transfer::unknown(self.repo, ids)?.first() {
+            return Err(Error::Remote(format!("{} has no object {id}", self.url)));
+        }
+        copy(self.repo, repo, ids)
+    }
+    fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
+        Ok(transfer::missing(self.repo, ids)?)
+    }
+    fn send_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
+        let _writer = self.repo.writer();
+        copy(repo, self.repo, ids)
+    }
+    fn update_ref(&self, update: &RefUpdate) -> Result<()> {
+        let _writer = self.repo.writer();
+        Ok(transfer::update_ref(self.repo, update, "push")?)
+    }
+}

@@ -1,0 +1,78 @@
+//! Serving a repository in object storage without keeping state another server needs: the
+//! served repository is this machine's replica, brought up to date from the bucket before each
+//! request, and what a request changed is published to the bucket before it is answered. Two
+//! servers over one bucket are then two machines of `mdl_bucket`: a commit that lost the race
+//! for its branch is replayed onto the winner's tip, any other lost race answers
+//! `ref_conflict`.
+//!
+//! One server's requests take turns on its replica (its mutex orders every sync and publish; a
+//! read waits for a change in progress);
+//! records a push sends are uploaded as they arrive, since its ref update may reach another
+//! server.
+
+use mdl::ObjectId;
+use mdl_bucket::Published;
+use mdl_protocol::ErrorCode;
+
+use crate::access::ApiResult;
+use crate::error::ApiError;
+use crate::Served;
+
+impl Served {
+    /// Brings a replica up to date (nothing for a repository on disk).
+    pub(crate) fn refresh(&self) -> ApiResult<()> {
+        let Some(replica) = &self.replica else {
+            return Ok(());
+        };
+        let mut replica = replica.lock().unwrap_or_else(|p| p.into_inner());
+        let _writer = self.repo.writer();
+        replica.sync(&self.repo)?;
+        Ok(())
+    }
+
+    /// Runs `change` on the repository — for a replica, brought up to date first and with
+    /// what `change` did published after (`replay`: a new commit that lost the race for its
+    /// branch is replayed onto the winner's tip, see [`mdl_bucket::Replica::publish`]).
+    pub(crate) fn change<T>(
+        &self,
+        replay: bool,
+        change: impl FnOnce() -> ApiResult<T>,
+    ) -> ApiResult<(T, Published)> {
+        let Some(replica) = &self.replica else {
+            return Ok((change()?, Published::default()));
+        };
+        let mut replica = replica.lock().unwrap_or_else(|p| p.into_inner());
+        {
+            let _writer = self.repo.writer();
+            replica.sync(&self.repo)?;
+        }
+        let done = change()?;
+        // Without the writer: a replay takes it.
+        let published = if replay {
+            replica.publish(&self.repo)?
+        } else {
+            replica.publish_exact(&self.repo)?
+        };
+        Ok((done, published))
+    }
+
+    /// Uploads those of `ids` (records just received) that the bucket lacks.
+    pub(crate) fn publish_records(&self, ids: &[ObjectId]) -> ApiResult<()> {
+        if let Some(replica) = &self.replica {
+            let mut replica = replica.lock().unwrap_or_else(|p| p.into_inner());
+            replica.publish_records(&self.repo, ids)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses what is not done for a repository in object storage yet.
+    pub(crate) fn on_disk_only(&self, what: &str) -> ApiResult<()> {
+        match self.replica {
+            Some(_) => Err(ApiError::new(
+                ErrorCode::Unsupported,
+                format!("{what} does not run on a repository in object storage yet"),
+            )),
+            None => Ok(()),
+        }
+    }
+}
