@@ -41,7 +41,26 @@ pub fn run(cli: &Cli, url: &str, purpose: String, out: &mut dyn Write) -> anyhow
             }
             return Ok(ExitCode::SUCCESS);
         }
-        Command::Gc { .. } => return unsupported("gc"),
+        Command::Gc {
+            prune_older_than,
+            expire_reflog,
+            dry_run,
+        } => {
+            if expire_reflog.is_some() {
+                return Err(mdl_bucket::Error::Unsupported(format!(
+                    "--expire-reflog does not apply to {url}: a repository in object storage keeps no reflog"
+                ))
+                .into());
+            }
+            let opts = mdl::gc::GcOptions::parse(prune_older_than.as_deref(), None, *dry_run)?;
+            let wait = Duration::from_secs(cli.wait);
+            let mut replica = Replica::open(&loc, &mdl_bucket::cache_root(), wait)?;
+            let repo = replica.repository(wait)?;
+            let outcome = replica.gc(&repo, opts.prune_older_than, opts.dry_run)?;
+            output::bucket_gc(out, cli.json, &outcome)?;
+            report(cli, &replica);
+            return Ok(ExitCode::SUCCESS);
+        }
         Command::Compact { .. } => return unsupported("compact"),
         Command::Fsck { repair: true } => return unsupported("fsck --repair"),
         Command::Serve { .. } => {

@@ -508,6 +508,29 @@ pub fn compact(out: &mut dyn Write, json: bool, c: &CompactOutcome) -> io::Resul
     Ok(())
 }
 
+/// `mdl -C s3://… gc`: the packs deleted, and those marked for a later gc.
+pub fn bucket_gc(out: &mut dyn Write, json: bool, g: &mdl_bucket::BucketGc) -> io::Result<()> {
+    if json {
+        return emit(out, g);
+    }
+    let packs = |n: usize| format!("{n} pack{}", if n == 1 { "" } else { "s" });
+    let (deleted, marked) = if g.dry_run {
+        ("would delete", "would mark")
+    } else {
+        ("deleted", "marked")
+    };
+    writeln!(out, "{deleted} {} no ref needs", packs(g.deleted.len()))?;
+    if let Some(due) = g.due_ms {
+        let wait = ((due - mdl::Timestamp::now().0).max(0) as u64).div_ceil(1000);
+        writeln!(
+            out,
+            "{marked} {} no ref needs: a gc from {wait} s on deletes those still unneeded",
+            packs(g.marked.len())
+        )?;
+    }
+    Ok(())
+}
+
 pub fn gc(out: &mut dyn Write, json: bool, g: &GcOutcome) -> io::Result<()> {
     if json {
         return emit(out, g);

@@ -332,7 +332,7 @@ fn commands_run_on_a_repository_in_object_storage() {
     // What does not run on object storage yet says so, and changes nothing.
     r.fails(
         "a",
-        &["gc"],
+        &["compact"],
         "does not run on a repository in object storage yet",
     );
     r.fails(
@@ -722,4 +722,83 @@ fn two_servers_over_one_bucket_serve_the_same_repository() {
     for s in servers {
         s.stop();
     }
+}
+
+#[test]
+#[ignore = "needs SeaweedFS (MDL_WEED); scripts/test.sh installs it and runs these"]
+fn gc_deletes_only_what_no_ref_needs_beside_writers_on_other_machines() {
+    let r = Repo::new("gc");
+    let gc = |m: &str| -> (Vec<String>, Vec<String>) {
+        let out: serde_json::Value =
+            serde_json::from_str(&r.ok(m, &["gc", "--prune-older-than", "0s", "--json"])).unwrap();
+        let keys = |k: &str| -> Vec<String> {
+            out[k]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect()
+        };
+        (keys("deleted"), keys("marked"))
+    };
+    let (f1, one) = r.checkpoint(1);
+    r.ok("a", &["commit", f1.to_str().unwrap(), "-m", "one"]);
+    // A branch of its own, then deleted: its pack is the one no ref needs.
+    let (f2, two) = r.checkpoint(2);
+    r.ok(
+        "a",
+        &["commit", f2.to_str().unwrap(), "-b", "tmp", "-m", "two"],
+    );
+    r.ok("a", &["branch", "-d", "tmp"]);
+    r.fails("g", &["gc", "--expire-reflog", "1d"], "keeps no reflog");
+    let (deleted, marked) = gc("g");
+    assert!(deleted.is_empty(), "{deleted:?}");
+    assert_eq!(marked.len(), 1, "{marked:?}");
+
+    // After the mark, another machine commits the same checkpoint again: the records it
+    // needs are marked, so it sends them again rather than naming them in the marked pack.
+    let again = r.ok("b", &["commit", f2.to_str().unwrap(), "-m", "two again"]);
+    let (deleted, _) = gc("g");
+    assert_eq!(deleted, marked, "the marked pack, no longer needed, goes");
+    let fresh = |m: &str| {
+        r.ok(m, &["fsck"]);
+        for (rev, want) in [("HEAD", &two), ("HEAD~1", &one)] {
+            let out = r.path(&format!("{m}-{rev}"));
+            r.ok(m, &["checkout", rev, "-o", out.to_str().unwrap()]);
+            assert_eq!(&std::fs::read(&out).unwrap(), want, "{m} {rev}");
+        }
+    };
+    fresh("c");
+    assert_eq!(r.history("c", "main")[0], again.trim());
+
+    // gc racing commits from another machine: every commit stays whole.
+    let writer = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let mut made = Vec::new();
+            for n in 3..7u64 {
+                let (f, bytes) = r.checkpoint(n);
+                r.ok("w", &["commit", f.to_str().unwrap(), "-b", "w", "-m", "w"]);
+                made.push(bytes);
+                // And garbage for the gc beside it.
+                let (g, _) = r.checkpoint(100 + n);
+                let tmp = format!("tmp-{n}");
+                r.ok("w", &["commit", g.to_str().unwrap(), "-b", &tmp, "-m", "x"]);
+                r.ok("w", &["branch", "-d", &tmp]);
+            }
+            made
+        });
+        for _ in 0..4 {
+            gc("g");
+        }
+        writer.join().unwrap()
+    });
+    gc("g");
+    gc("g");
+    for (k, want) in writer.iter().rev().enumerate() {
+        let out = r.path(&format!("w-{k}"));
+        let rev = format!("w~{k}");
+        r.ok("d", &["checkout", &rev, "-o", out.to_str().unwrap()]);
+        assert_eq!(&std::fs::read(&out).unwrap(), want, "{rev}");
+    }
+    fresh("d");
 }

@@ -207,8 +207,9 @@ impl Bucket {
     }
 
     /// Downloads `key` into `out` (from its start, which is truncated first), returning its
-    /// length. A download cut off after the client's retries starts again, a few times.
-    pub fn download(&self, key: &str, out: &mut std::fs::File) -> Result<u64> {
+    /// length, or `None` when there is no such object. A download cut off after the client's
+    /// retries starts again, a few times.
+    pub fn download(&self, key: &str, out: &mut std::fs::File) -> Result<Option<u64>> {
         let path = self.path(key);
         let mut attempt = 0;
         loop {
@@ -229,11 +230,9 @@ impl Bucket {
             match got {
                 Ok(n) => {
                     self.count(&self.counts.bytes_down, n);
-                    return Ok(n);
+                    return Ok(Some(n));
                 }
-                Err(e @ object_store::Error::NotFound { .. }) => {
-                    return Err(self.fail("downloading", key, e))
-                }
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
                 Err(e) if attempt >= DOWNLOAD_ATTEMPTS => {
                     return Err(self.fail("downloading", key, e))
                 }

@@ -10,6 +10,9 @@
 //! - `packs/TIME-HASH.pack`: the records one publish added, as a pack stream (the format the
 //!   HTTP transfer uses), never changed once written; TIME (milliseconds, 13 digits) orders
 //!   them, HASH (of the content) makes the name unique.
+//! - `gc/pending`: JSON `{"marked_ms": TIME, "packs": [KEY, …]}`, the packs the last gc found
+//!   no ref needing; a later gc deletes those still unneeded once the grace period has passed
+//!   since `marked_ms`. Writers treat their records as absent from the bucket.
 
 use mdl::{ObjectId, RefValue, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -22,6 +25,8 @@ pub const REFS: &str = "refs/";
 pub const PACKS: &str = "packs/";
 /// The repository's settings.
 pub const CONFIG: &str = "config";
+/// The packs a gc marked for deletion ([`Pending`]).
+pub const GC_PENDING: &str = "gc/pending";
 /// Layout version written by `init`; a newer one is refused.
 pub const FORMAT: u32 = 1;
 /// What a pack's key ends with.
@@ -34,6 +39,15 @@ pub struct Marker {
     pub format: u32,
     /// The branch a new replica's HEAD names.
     pub head: String,
+}
+
+/// What `gc/pending` holds.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pending {
+    /// When they were marked (ms since the epoch, the marking gc's clock).
+    pub marked_ms: i64,
+    /// Their keys.
+    pub packs: Vec<String>,
 }
 
 /// A ref as stored.
@@ -117,9 +131,22 @@ pub fn pack_key(now: Timestamp, hash: &blake3::Hash) -> String {
     )
 }
 
+/// When the pack `key` was written, by its writer's clock (ms since the epoch).
+pub fn pack_time(key: &str) -> Option<i64> {
+    key.strip_prefix(PACKS)?.get(..13)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pack_keys_carry_their_time() {
+        let key = pack_key(Timestamp(1_700_000_000_123), &blake3::hash(b"p"));
+        assert_eq!(pack_time(&key), Some(1_700_000_000_123));
+        assert_eq!(pack_time("packs/x.pack"), None);
+        assert_eq!(pack_time("refs/heads/main"), None);
+    }
 
     #[test]
     fn refs_round_trip_and_deletions_are_kept_as_such() {

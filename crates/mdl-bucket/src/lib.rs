@@ -9,12 +9,14 @@
 //! - [`replica`]: [`Replica`], a machine's copy in its cache that commands run on, brought up
 //!   to date from the bucket before and published to it after.
 //! - [`BucketPeer`]: the bucket as the other side of a clone, fetch, pull or push.
+//! - `gc`: [`Replica::gc`], deleting packs no ref needs in two steps a grace period apart.
 //!
 //! How writers on different machines stay consistent: `docs/ARCHITECTURE.md`, "Repositories
 //! in object storage".
 
 pub mod client;
 mod error;
+mod gc;
 pub mod layout;
 pub mod location;
 mod peer;
@@ -22,6 +24,7 @@ pub mod replica;
 
 pub use client::Bucket;
 pub use error::{Error, Result};
+pub use gc::BucketGc;
 pub use location::{is_bucket_url, Location};
 pub use peer::BucketPeer;
 pub use replica::{cache_root, init, Published, Replica};

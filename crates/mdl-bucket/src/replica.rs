@@ -24,12 +24,13 @@ use crate::{Error, Result};
 
 /// The replica's work folder inside its cache folder.
 const REPO_DIR: &str = "repo";
-/// The packs applied to the replica, one key a line.
+/// The packs applied to the replica (or sent by it), one key a line.
 const APPLIED: &str = "packs";
-/// The ids of every object in those packs and in the packs this replica sent, 32 bytes each:
-/// what the bucket holds. (The replica may hold more: what a killed command made and never
-/// published.)
-const IN_BUCKET: &str = "objects";
+/// A file per pack applied or sent, named as the pack, with the ids of every object it
+/// carried, 32 bytes each. The packs still in the bucket, less those a gc marked, tell what
+/// the bucket holds; the replica may hold more (what a killed command made and never
+/// published, what gc deleted).
+const CONTENTS: &str = "contents";
 /// Held by the process using the replica.
 const LOCK: &str = "lock";
 /// How often a commit that lost the race for its branch is replayed on the winner's.
@@ -62,15 +63,19 @@ fn not_ours(url: String, why: String) -> Error {
 
 /// What the replica last read from the bucket.
 #[derive(Debug, Default)]
-struct Seen {
+pub(crate) struct Seen {
     /// Every ref object (a deleted ref as `None`), with the version read.
-    refs: BTreeMap<String, (Option<RefValue>, Version)>,
+    pub(crate) refs: BTreeMap<String, (Option<RefValue>, Version)>,
     /// The settings object, if there is one.
     config: Option<(BTreeMap<String, String>, Version)>,
     /// Objects (commits included) the bucket holds, as far as the packs applied and sent tell.
     objects: HashSet<ObjectId>,
     /// Commits this replica made and sent since: the only ones a lost race replays.
     sent: HashSet<ObjectId>,
+    /// The packs in the bucket when the sync listed them.
+    pub(crate) packs: Vec<String>,
+    /// The packs a gc marked for deletion, with the version read.
+    pub(crate) pending: Option<(layout::Pending, Version)>,
 }
 
 /// What [`Replica::publish`] sent.
@@ -91,9 +96,9 @@ pub struct Published {
 /// A machine's copy of a repository in object storage.
 #[derive(Debug)]
 pub struct Replica {
-    bucket: Bucket,
+    pub(crate) bucket: Bucket,
     dir: PathBuf,
-    seen: Seen,
+    pub(crate) seen: Seen,
     _lock: std::fs::File,
 }
 
@@ -213,17 +218,25 @@ impl Replica {
     /// created and deleted as in the bucket) and the settings.
     pub fn sync(&mut self, repo: &Repository) -> Result<()> {
         let mut round = 0;
-        let (refs, objects) = loop {
+        let (refs, objects, packs, pending) = loop {
             round += 1;
-            self.apply_packs(repo)?;
+            let packs = self.apply_packs(repo)?;
             let refs = self.read_refs()?;
-            let objects = self.in_bucket()?;
+            let pending: Option<(layout::Pending, Version)> = self.read_json(layout::GC_PENDING)?;
+            let held = self.in_bucket(&packs, &[])?;
             let unknown = refs
                 .iter()
                 .filter_map(|(name, (v, _))| Some((name, v.as_ref()?.target()?)))
-                .find(|(_, id)| !objects.contains(id));
+                .find(|(_, id)| !held.contains(id));
             match unknown {
-                None => break (refs, objects),
+                None => {
+                    let marked = pending.as_ref().map(|(p, _)| p.packs.as_slice());
+                    let objects = match marked {
+                        Some(marked) if !marked.is_empty() => self.in_bucket(&packs, marked)?,
+                        _ => held,
+                    };
+                    break (refs, objects, packs, pending);
+                }
                 Some((name, id)) if round >= SYNC_ROUNDS => {
                     return Err(Error::Storage {
                         url: self.bucket.url().to_string(),
@@ -246,7 +259,7 @@ impl Replica {
                 mdl::refs::replace(repo, name, Some(mine), None, &message)?;
             }
         }
-        let config = self.read_config()?;
+        let config: Option<(BTreeMap<String, String>, Version)> = self.read_json(layout::CONFIG)?;
         if let Some((settings, _)) = &config {
             for (k, v) in settings {
                 if mdl::config::get(repo, k)?.as_ref() != Some(v) {
@@ -259,13 +272,16 @@ impl Replica {
             config,
             objects,
             sent: std::mem::take(&mut self.seen.sent),
+            packs,
+            pending,
         };
         Ok(())
     }
 
     fn applied(&self) -> Result<HashSet<String>> {
-        // Without the objects they brought, applied packs must be applied again to know them.
-        if !self.dir.join(IN_BUCKET).exists() {
+        // Without the contents of the packs applied, they must be applied again to know them
+        // (a cache an older mdl made).
+        if !self.dir.join(CONTENTS).is_dir() {
             return Ok(HashSet::new());
         }
         let path = self.dir.join(APPLIED);
@@ -276,17 +292,36 @@ impl Replica {
         }
     }
 
-    /// Records that the bucket holds `ids` (a pack applied or sent, named `key`): the objects
+    /// Where the ids pack `key` carried are kept.
+    fn contents_path(&self, key: &str) -> PathBuf {
+        let name = key.strip_prefix(layout::PACKS).unwrap_or(key);
+        self.dir.join(CONTENTS).join(name)
+    }
+
+    /// The ids pack `key` carried, if this replica applied or sent it.
+    pub(crate) fn contents(&self, key: &str) -> Result<Option<Vec<ObjectId>>> {
+        let path = self.contents_path(key);
+        match std::fs::read(&path) {
+            // A write cut short leaves a partial id at the end: it is not one.
+            Ok(bytes) => Ok(Some(
+                bytes
+                    .chunks_exact(32)
+                    .map(|c| ObjectId::from_bytes(c.try_into().expect("32 bytes")))
+                    .collect(),
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(cache_err(&path)(e)),
+        }
+    }
+
+    /// Records that the bucket holds `ids` (a pack applied or sent, named `key`): its contents
     /// first, so a pack never counts as applied without them.
     fn mark_applied(&self, key: &str, ids: &[ObjectId]) -> Result<()> {
-        let path = self.dir.join(IN_BUCKET);
+        let dir = self.dir.join(CONTENTS);
+        std::fs::create_dir_all(&dir).map_err(cache_err(&dir))?;
+        let path = self.contents_path(key);
         let bytes: Vec<u8> = ids.iter().flat_map(|id| *id.as_bytes()).collect();
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .and_then(|mut f| f.write_all(&bytes))
-            .map_err(cache_err(&path))?;
+        std::fs::write(&path, bytes).map_err(cache_err(&path))?;
         let path = self.dir.join(APPLIED);
         std::fs::OpenOptions::new()
             .create(true)
@@ -296,45 +331,62 @@ impl Replica {
             .map_err(cache_err(&path))
     }
 
-    fn in_bucket(&self) -> Result<HashSet<ObjectId>> {
-        let path = self.dir.join(IN_BUCKET);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(cache_err(&path)(e)),
-        };
-        // A write cut short leaves a partial id at the end: it is not one.
-        Ok(bytes
-            .chunks_exact(32)
-            .map(|c| ObjectId::from_bytes(c.try_into().expect("32 bytes")))
-            .collect())
+    /// What the bucket holds: the objects of `packs` (those listed) that this replica applied
+    /// or sent, less those of packs a gc `marked` (they may be gone by the time a ref names
+    /// them, so a publish sends them again).
+    fn in_bucket(&self, packs: &[String], marked: &[String]) -> Result<HashSet<ObjectId>> {
+        let marked: HashSet<&String> = marked.iter().collect();
+        let mut out = HashSet::new();
+        for key in packs.iter().filter(|k| !marked.contains(k)) {
+            out.extend(self.contents(key)?.unwrap_or_default());
+        }
+        Ok(out)
     }
 
-    /// Downloads and receives every pack not applied yet, oldest first; one whose delta bases
-    /// or tensors are in a pack not applied yet (a writer whose clock is behind) waits for the
-    /// others.
-    fn apply_packs(&self, repo: &Repository) -> Result<()> {
+    /// The JSON object at `key` (the settings, the packs a gc marked), if there is one.
+    fn read_json<T: serde::de::DeserializeOwned>(&self, key: &str) -> Result<Option<(T, Version)>> {
+        let Some((bytes, version)) = self.bucket.get(key)? else {
+            return Ok(None);
+        };
+        let value = serde_json::from_slice(&bytes).map_err(|e| {
+            not_ours(
+                self.bucket.url().to_string(),
+                format!("{key} is not one mdl wrote: {e}"),
+            )
+        })?;
+        Ok(Some((value, version)))
+    }
+
+    /// Downloads and receives every pack not applied yet, oldest first, and returns every pack
+    /// listed. One whose delta bases or tensors are in a pack not applied yet (a writer whose
+    /// clock is behind) waits for the others; one that still cannot be applied is left for the
+    /// next sync (its bases went with a pack gc deleted, and no ref needs it, or the sync's
+    /// check of the refs fails); one gone since the listing was deleted by gc.
+    fn apply_packs(&self, repo: &Repository) -> Result<Vec<String>> {
         let applied = self.applied()?;
-        let mut pending: Vec<String> = self
+        let listed: Vec<String> = self
             .bucket
             .list(layout::PACKS)?
             .into_iter()
-            .filter(|k| k.ends_with(layout::PACK_SUFFIX) && !applied.contains(k))
+            .filter(|k| k.ends_with(layout::PACK_SUFFIX))
             .collect();
+        let mut pending: Vec<&String> = listed.iter().filter(|k| !applied.contains(*k)).collect();
         while !pending.is_empty() {
             let before = pending.len();
             let mut waiting = Vec::new();
             let mut last = None;
             for key in pending {
                 let mut file = tempfile::tempfile_in(&self.dir).map_err(cache_err(&self.dir))?;
-                self.bucket.download(&key, &mut file)?;
+                if self.bucket.download(key, &mut file)?.is_none() {
+                    continue;
+                }
                 file.seek(SeekFrom::Start(0))
                     .map_err(cache_err(&self.dir))?;
                 let mut reader = BufReader::with_capacity(1 << 20, file);
                 match transfer::receive_pack(repo, &mut reader, u64::MAX) {
                     Ok(got) => {
                         tracing::info!(key, objects = got.objects, "applied pack");
-                        self.mark_applied(&key, &got.ids)?;
+                        self.mark_applied(key, &got.ids)?;
                     }
                     Err(e @ (mdl::Error::BadTransfer(_) | mdl::Error::Incomplete(_))) => {
                         last = Some((key.clone(), e));
@@ -343,15 +395,18 @@ impl Replica {
                     Err(e) => return Err(e.into()),
                 }
             }
-            if let Some((key, e)) = last.filter(|_| waiting.len() == before) {
-                return Err(Error::Storage {
-                    url: self.bucket.url().to_string(),
-                    why: format!("pack {key} cannot be applied: {e}"),
-                });
+            if waiting.len() == before {
+                if let Some((key, e)) = last {
+                    tracing::warn!(
+                        "{}: pack {key} cannot be applied yet: {e}",
+                        self.bucket.url()
+                    );
+                }
+                break;
             }
             pending = waiting;
         }
-        Ok(())
+        Ok(listed)
     }
 
     /// Every ref object in the bucket, by full name.
@@ -370,19 +425,6 @@ impl Replica {
             }
         }
         Ok(out)
-    }
-
-    fn read_config(&self) -> Result<Option<(BTreeMap<String, String>, Version)>> {
-        let Some((bytes, version)) = self.bucket.get(layout::CONFIG)? else {
-            return Ok(None);
-        };
-        let settings = serde_json::from_slice(&bytes).map_err(|e| {
-            not_ours(
-                self.bucket.url().to_string(),
-                format!("{} is not one mdl wrote: {e}", layout::CONFIG),
-            )
-        })?;
-        Ok(Some((settings, version)))
     }
 
     /// Sends what changed in the replica since the sync: the records the bucket lacks, as one
