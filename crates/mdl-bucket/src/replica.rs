@@ -68,7 +68,8 @@ pub(crate) struct Seen {
     pub(crate) refs: BTreeMap<String, (Option<RefValue>, Version)>,
     /// The settings object, if there is one.
     config: Option<(BTreeMap<String, String>, Version)>,
-    /// Objects (commits included) the bucket holds, as far as the packs applied and sent tell.
+    /// Objects (commits included) the bucket holds, as far as the packs applied and sent tell,
+    /// less those only packs a gc marked hold: what a publish need not send.
     objects: HashSet<ObjectId>,
     /// Commits this replica made and sent since: the only ones a lost race replays.
     sent: HashSet<ObjectId>,
