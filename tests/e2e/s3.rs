@@ -728,9 +728,9 @@ fn two_servers_over_one_bucket_serve_the_same_repository() {
 #[ignore = "needs SeaweedFS (MDL_WEED); scripts/test.sh installs it and runs these"]
 fn gc_deletes_only_what_no_ref_needs_beside_writers_on_other_machines() {
     let r = Repo::new("gc");
-    let gc = |m: &str| -> (Vec<String>, Vec<String>) {
-        let out: serde_json::Value =
-            serde_json::from_str(&r.ok(m, &["gc", "--prune-older-than", "0s", "--json"])).unwrap();
+    let gc_with = |m: &str, flags: &[&str]| -> (Vec<String>, Vec<String>) {
+        let args = [&["gc", "--prune-older-than", "0s", "--json"], flags].concat();
+        let out: serde_json::Value = serde_json::from_str(&r.ok(m, &args)).unwrap();
         let keys = |k: &str| -> Vec<String> {
             out[k]
                 .as_array()
@@ -741,6 +741,7 @@ fn gc_deletes_only_what_no_ref_needs_beside_writers_on_other_machines() {
         };
         (keys("deleted"), keys("marked"))
     };
+    let gc = |m: &str| gc_with(m, &[]);
     let (f1, one) = r.checkpoint(1);
     r.ok("a", &["commit", f1.to_str().unwrap(), "-m", "one"]);
     // A branch of its own, then deleted: its pack is the one no ref needs.
@@ -758,6 +759,10 @@ fn gc_deletes_only_what_no_ref_needs_beside_writers_on_other_machines() {
     // After the mark, another machine commits the same checkpoint again: the records it
     // needs are marked, so it sends them again rather than naming them in the marked pack.
     let again = r.ok("b", &["commit", f2.to_str().unwrap(), "-m", "two again"]);
+    // A dry run says what the sweep would delete, and deletes nothing: the sweep after it
+    // still finds the pack to delete.
+    let (would, _) = gc_with("g", &["--dry-run"]);
+    assert_eq!(would, marked);
     let (deleted, _) = gc("g");
     assert_eq!(deleted, marked, "the marked pack, no longer needed, goes");
     let fresh = |m: &str| {
