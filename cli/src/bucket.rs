@@ -87,13 +87,10 @@ pub fn run(cli: &Cli, url: &str, purpose: String, out: &mut dyn Write) -> anyhow
     };
     if let Command::Commit(args) = &cli.command {
         let opts = args.options()?;
-        let mut outcome = {
-            let mut repo = crate::open(&local, mdl::LockMode::Write, purpose)?;
-            crate::use_engine(cli, &mut repo, args.engine.as_deref())?;
-            let bar = crate::progress::Bar::new(!cli.json && std::io::stderr().is_terminal());
-            mdl::commit::commit_paths(&repo, &args.paths, &opts, &bar)?
-        };
-        let repo = replica.repository(wait)?;
+        let mut repo = crate::open(&local, mdl::LockMode::Write, purpose)?;
+        crate::use_engine(cli, &mut repo, args.engine.as_deref())?;
+        let bar = crate::progress::Bar::new(!cli.json && std::io::stderr().is_terminal());
+        let mut outcome = mdl::commit::commit_paths(&repo, &args.paths, &opts, &bar)?;
         let published = replica.publish(&repo)?;
         if let Some((_, new)) = published.replayed.last() {
             outcome.id = *new;

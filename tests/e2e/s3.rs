@@ -184,6 +184,8 @@ struct Repo {
     weed: Weed,
     url: String,
     root: tempfile::TempDir,
+    /// Checkouts made so far (each into a file of its own).
+    checkouts: std::sync::atomic::AtomicU32,
 }
 
 impl Repo {
@@ -193,6 +195,7 @@ impl Repo {
             url: format!("s3://{BUCKET}/{name}"),
             weed,
             root: tempfile::tempdir().unwrap(),
+            checkouts: Default::default(),
         };
         repo.ok("init-machine", &["init"]);
         repo
@@ -258,6 +261,16 @@ impl Repo {
             .collect()
     }
 
+    /// Checks out on machine `m`, at `at`, with `args` (the revision and any flags), into a
+    /// file of its own, and asserts it holds `want`.
+    fn checks_out(&self, m: &str, at: &str, args: &[&str], want: &[u8]) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let out = self.path(&format!("out-{}", self.checkouts.fetch_add(1, Relaxed)));
+        let args = [&["checkout", "-o", out.to_str().unwrap()], args].concat();
+        self.ok_at(m, at, &args);
+        assert_eq!(std::fs::read(&out).unwrap(), want, "{m}: {args:?}");
+    }
+
     /// Checkpoint `n` written to a file: its path and bytes.
     fn checkpoint(&self, n: u64) -> (PathBuf, Vec<u8>) {
         let f = self.path(&format!("ckpt-{n}.safetensors"));
@@ -296,9 +309,7 @@ fn commands_run_on_a_repository_in_object_storage() {
         vec![c2.trim().to_string(), c1.trim().to_string()]
     );
     for (rev, want) in [("HEAD", &two), ("HEAD~1", &one)] {
-        let out = r.path(&format!("out-{rev}"));
-        r.ok("b", &["checkout", rev, "-o", out.to_str().unwrap()]);
-        assert_eq!(&std::fs::read(&out).unwrap(), want, "{rev}");
+        r.checks_out("b", &r.url, &[rev], want);
     }
     let show = r.ok("b", &["show", "HEAD"]);
     assert!(show.contains("two"), "{show}");
@@ -325,9 +336,7 @@ fn commands_run_on_a_repository_in_object_storage() {
         "a",
         &["commit", f3.to_str().unwrap(), "-b", "job-2", "-m", "three"],
     );
-    let out = r.path("out-job");
-    r.ok("c", &["checkout", "job-2", "-o", out.to_str().unwrap()]);
-    assert_eq!(std::fs::read(&out).unwrap(), three);
+    r.checks_out("c", &r.url, &["job-2"], &three);
 
     // What does not run on object storage yet says so, and changes nothing.
     r.fails(
@@ -512,9 +521,7 @@ fn a_commit_rides_out_a_server_restart() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out_path = r.path("out");
-    r.ok("b", &["checkout", "HEAD", "-o", out_path.to_str().unwrap()]);
-    assert_eq!(std::fs::read(&out_path).unwrap(), data);
+    r.checks_out("b", &r.url, &["HEAD"], &data);
 }
 
 #[test]
@@ -538,9 +545,7 @@ fn what_a_machine_made_but_never_published_is_sent_with_the_next_commit() {
     // The same checkpoint committed to the bucket: its records go, though the copy had them.
     let id = r.ok("a", &["commit", f.to_str().unwrap(), "-m", "published"]);
     assert_eq!(r.history("b", "main"), vec![id.trim().to_string()]);
-    let out = r.path("out");
-    r.ok("b", &["checkout", "HEAD", "-o", out.to_str().unwrap()]);
-    assert_eq!(std::fs::read(&out).unwrap(), data);
+    r.checks_out("b", &r.url, &["HEAD"], &data);
 }
 
 #[test]
@@ -575,22 +580,14 @@ fn history_moves_between_local_repositories_and_object_storage() {
     let b = r.path("b");
     ok("b", &r.path("."), &["clone", &r.url, b.to_str().unwrap()]);
     assert_eq!(history("b", &b, "main"), history("a", &a, "main"));
-    let out = r.path("out-one");
-    ok(
-        "b",
-        &b,
-        &["checkout", "HEAD~1", "-o", out.to_str().unwrap()],
-    );
-    assert_eq!(std::fs::read(&out).unwrap(), one);
+    r.checks_out("b", b.to_str().unwrap(), &["HEAD~1"], &one);
     let (f3, three) = checkpoint(3);
     ok("b", &b, &["commit", f3.to_str().unwrap(), "-m", "three"]);
     ok("b", &b, &["push", "origin"]);
     ok("a", &a, &["pull", "s3"]);
     assert_eq!(history("a", &a, "main"), history("b", &b, "main"));
     assert_eq!(r.history("x", "main"), history("b", &b, "main"));
-    let out = r.path("out-three");
-    ok("a", &a, &["checkout", "HEAD", "-o", out.to_str().unwrap()]);
-    assert_eq!(std::fs::read(&out).unwrap(), three);
+    r.checks_out("a", a.to_str().unwrap(), &["HEAD"], &three);
 
     // Tags made in the bucket arrive with a fetch.
     r.ok("x", &["tag", "v1", "HEAD~1"]);
@@ -664,9 +661,7 @@ fn two_servers_over_one_bucket_serve_the_same_repository() {
     let want = vec![c3.trim().to_string(), id(&c2), id(&c1)];
     assert_eq!(history(0), want);
     assert_eq!(history(1), want);
-    let out = r.path("out-one");
-    via(1, &["checkout", "HEAD~2", "-o", out.to_str().unwrap()]);
-    assert_eq!(std::fs::read(&out).unwrap(), one);
+    r.checks_out("client", &urls[1], &["--token", WRITE, "HEAD~2"], &one);
 
     // Commits racing through both servers at once: every one lands, once, in one line, under
     // the id its answer named.
@@ -708,9 +703,7 @@ fn two_servers_over_one_bucket_serve_the_same_repository() {
     local(&a, &["push"]);
     let b = r.path("b");
     local(&r.path("."), &["clone", &urls[1], b.to_str().unwrap()]);
-    let out = r.path("out-four");
-    local(&b, &["checkout", "HEAD", "-o", out.to_str().unwrap()]);
-    assert_eq!(std::fs::read(&out).unwrap(), four);
+    r.checks_out("client", b.to_str().unwrap(), &["HEAD"], &four);
 
     // What does not run on object storage yet answers so.
     r.fails_at(
@@ -768,9 +761,7 @@ fn gc_deletes_only_what_no_ref_needs_beside_writers_on_other_machines() {
     let fresh = |m: &str| {
         r.ok(m, &["fsck"]);
         for (rev, want) in [("HEAD", &two), ("HEAD~1", &one)] {
-            let out = r.path(&format!("{m}-{rev}"));
-            r.ok(m, &["checkout", rev, "-o", out.to_str().unwrap()]);
-            assert_eq!(&std::fs::read(&out).unwrap(), want, "{m} {rev}");
+            r.checks_out(m, &r.url, &[rev], want);
         }
     };
     fresh("c");
@@ -800,10 +791,7 @@ fn gc_deletes_only_what_no_ref_needs_beside_writers_on_other_machines() {
     gc("g");
     gc("g");
     for (k, want) in writer.iter().rev().enumerate() {
-        let out = r.path(&format!("w-{k}"));
-        let rev = format!("w~{k}");
-        r.ok("d", &["checkout", &rev, "-o", out.to_str().unwrap()]);
-        assert_eq!(&std::fs::read(&out).unwrap(), want, "{rev}");
+        r.checks_out("d", &r.url, &[&format!("w~{k}")], want);
     }
     fresh("d");
 }

@@ -15,7 +15,7 @@
 //! before the mark and writes its ref after the sweep — one running longer than the grace
 //! period, the same bound as a local gc's.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use mdl::transfer;
@@ -59,6 +59,14 @@ impl Replica {
             }
         }
         let needed = self.needed(repo)?;
+        // What each listed pack carried, read once; a pack whose contents this replica does
+        // not know is never deleted.
+        let mut contents = BTreeMap::new();
+        for key in &self.seen.packs {
+            if let Some(ids) = self.contents(key)? {
+                contents.insert(key.clone(), ids);
+            }
+        }
         // Sweep what the last mark named.
         let listed: HashSet<&String> = self.seen.packs.iter().collect();
         let marked: Vec<String> = self
@@ -69,7 +77,7 @@ impl Replica {
             .filter(|k| listed.contains(k))
             .cloned()
             .collect();
-        outcome.deleted = self.deletable(&marked, &HashSet::new(), &needed)?;
+        outcome.deleted = deletable(&contents, &marked, &HashSet::new(), &needed);
         if !dry_run {
             for key in &outcome.deleted {
                 self.bucket.delete(key)?;
@@ -85,7 +93,7 @@ impl Replica {
             .filter(|k| layout::pack_time(k).is_some_and(|t| now.saturating_sub(t) >= grace_ms))
             .cloned()
             .collect();
-        outcome.marked = self.deletable(&old, &deleted, &needed)?;
+        outcome.marked = deletable(&contents, &old, &deleted, &needed);
         if !outcome.marked.is_empty() {
             outcome.due_ms = Some(now.saturating_add(grace_ms));
         }
@@ -122,35 +130,31 @@ impl Replica {
             .map(|p| p.id)
             .collect())
     }
+}
 
-    /// Those of `candidates` that can go together: every record of each is one no ref needs,
-    /// or one a listed pack that stays (neither a candidate nor `gone`) holds too. A pack whose
-    /// contents this replica does not know stays.
-    fn deletable(
-        &self,
-        candidates: &[String],
-        gone: &HashSet<&String>,
-        needed: &HashSet<ObjectId>,
-    ) -> Result<Vec<String>> {
-        let leaving: HashSet<&String> = candidates.iter().collect();
-        let mut kept = HashSet::new();
-        for key in &self.seen.packs {
-            if !leaving.contains(key) && !gone.contains(key) {
-                kept.extend(self.contents(key)?.unwrap_or_default());
-            }
-        }
-        let mut out = Vec::new();
-        for key in candidates {
-            let Some(ids) = self.contents(key)? else {
-                continue;
-            };
-            if ids
-                .iter()
-                .all(|id| !needed.contains(id) || kept.contains(id))
-            {
-                out.push(key.clone());
-            }
-        }
-        Ok(out)
-    }
+/// Those of `candidates` that can go together: every record of each is one no ref needs, or
+/// one a listed pack that stays (neither a candidate nor `gone`) holds too. A pack missing
+/// from `contents` (what each listed pack carried, as far as this replica knows) stays.
+fn deletable(
+    contents: &BTreeMap<String, Vec<ObjectId>>,
+    candidates: &[String],
+    gone: &HashSet<&String>,
+    needed: &HashSet<ObjectId>,
+) -> Vec<String> {
+    let leaving: HashSet<&String> = candidates.iter().collect();
+    let kept: HashSet<&ObjectId> = contents
+        .iter()
+        .filter(|(key, _)| !leaving.contains(key) && !gone.contains(key))
+        .flat_map(|(_, ids)| ids)
+        .collect();
+    candidates
+        .iter()
+        .filter(|key| {
+            contents.get(*key).is_some_and(|ids| {
+                ids.iter()
+                    .all(|id| !needed.contains(id) || kept.contains(id))
+            })
+        })
+        .cloned()
+        .collect()
 }

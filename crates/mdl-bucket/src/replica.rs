@@ -224,20 +224,14 @@ impl Replica {
             let packs = self.apply_packs(repo)?;
             let refs = self.read_refs()?;
             let pending: Option<(layout::Pending, Version)> = self.read_json(layout::GC_PENDING)?;
-            let held = self.in_bucket(&packs, &[])?;
+            let marked = pending.as_ref().map(|(p, _)| p.packs.as_slice());
+            let (objects, in_marked) = self.in_bucket(&packs, marked.unwrap_or_default())?;
             let unknown = refs
                 .iter()
                 .filter_map(|(name, (v, _))| Some((name, v.as_ref()?.target()?)))
-                .find(|(_, id)| !held.contains(id));
+                .find(|(_, id)| !objects.contains(id) && !in_marked.contains(id));
             match unknown {
-                None => {
-                    let marked = pending.as_ref().map(|(p, _)| p.packs.as_slice());
-                    let objects = match marked {
-                        Some(marked) if !marked.is_empty() => self.in_bucket(&packs, marked)?,
-                        _ => held,
-                    };
-                    break (refs, objects, packs, pending);
-                }
+                None => break (refs, objects, packs, pending),
                 Some((name, id)) if round >= SYNC_ROUNDS => {
                     return Err(Error::Storage {
                         url: self.bucket.url().to_string(),
@@ -332,16 +326,27 @@ impl Replica {
             .map_err(cache_err(&path))
     }
 
-    /// What the bucket holds: the objects of `packs` (those listed) that this replica applied
-    /// or sent, less those of packs a gc `marked` (they may be gone by the time a ref names
-    /// them, so a publish sends them again).
-    fn in_bucket(&self, packs: &[String], marked: &[String]) -> Result<HashSet<ObjectId>> {
+    /// What the bucket holds, from the contents of `packs` (those listed) that this replica
+    /// applied or sent, read once: the objects of packs a gc did not mark, and apart from them
+    /// those only `marked` packs hold (they may be gone by the time a ref names them, so a
+    /// publish sends them again).
+    fn in_bucket(
+        &self,
+        packs: &[String],
+        marked: &[String],
+    ) -> Result<(HashSet<ObjectId>, HashSet<ObjectId>)> {
         let marked: HashSet<&String> = marked.iter().collect();
-        let mut out = HashSet::new();
-        for key in packs.iter().filter(|k| !marked.contains(k)) {
-            out.extend(self.contents(key)?.unwrap_or_default());
+        let (mut held, mut in_marked) = (HashSet::new(), HashSet::new());
+        for key in packs {
+            let ids = self.contents(key)?.unwrap_or_default();
+            if marked.contains(key) {
+                in_marked.extend(ids);
+            } else {
+                held.extend(ids);
+            }
         }
-        Ok(out)
+        in_marked.retain(|id| !held.contains(id));
+        Ok((held, in_marked))
     }
 
     /// The JSON object at `key` (the settings, the packs a gc marked), if there is one.
