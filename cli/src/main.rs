@@ -490,6 +490,7 @@ fn library_exit_code(e: &mdl::Error) -> u8 {
         )
         | E::Input { .. }
         | E::InvalidInput { .. }
+        | E::Assemble(_)
         | E::UnknownRevision(_)
         | E::NoSuchPath { .. }
         | E::AmbiguousRevision { .. }

@@ -256,6 +256,21 @@ class Repository:
                 files.append((tensors.path, self._staging.stage(tensors)))
         return files, pairs
 
+    def _commit_files(self, files: list, options: dict) -> CommitResult:
+        """Commits files given as ``(path, buffer)``, blocking (what :mod:`mdl.dcp`'s ranks
+        store)."""
+        with self._lock:
+            self.wait()
+            pending = self._native.submit_buffers(files, [], options)
+        return self._settle(CommitHandle(pending), True)
+
+    def _assemble(self, parts: list[str], options: dict) -> CommitResult:
+        """One commit of the union of the trees of ``parts``, nothing re-encoded (what
+        :mod:`mdl.dcp`'s coordinator publishes)."""
+        with self._lock:
+            self.wait()
+            return CommitResult.from_json(self._native.assemble(parts, options))
+
     def wait(self) -> CommitResult | None:
         """Waits for the commit in flight, if any; its result (None when there was none).
 

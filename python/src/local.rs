@@ -236,6 +236,19 @@ impl Repo {
         self.submit(py, staged, opts)
     }
 
+    /// Commits the union of the trees of commits `parts` (revisions) as one commit, nothing
+    /// re-encoded (`mdl.dcp`'s coordinator); its outcome as JSON.
+    fn assemble(&self, py: Python<'_>, parts: Vec<String>, options: Options) -> PyResult<String> {
+        let opts = options.commit()?;
+        json(&self.change(py, |r| {
+            let ids = parts
+                .iter()
+                .map(|p| mdl::revision::resolve(r, p))
+                .collect::<mdl::Result<Vec<_>>>()?;
+            mdl::assemble::assemble(r, &ids, &opts)
+        })?)
+    }
+
     /// Waits for the commit in flight and takes its outcome: JSON, or None when there was
     /// none; its failure is raised here (and not again by the next submit).
     fn finish(&self, py: Python<'_>) -> PyResult<Option<String>> {

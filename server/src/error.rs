@@ -103,7 +103,7 @@ impl From<mdl::Error> for ApiError {
         let message = public_message(&e);
         let code = match &e {
             E::Store(s) => return store_error(s, message),
-            E::Input { .. } => C::BadInput,
+            E::Input { .. } | E::Assemble(_) => C::BadInput,
             E::InvalidInput { .. } => C::InvalidSafetensors,
             E::UnknownRevision(_) | E::NoSuchAncestor(_) => C::UnknownRevision,
             E::NoSuchPath { .. } => C::NotFound,

@@ -26,6 +26,9 @@ pub enum Error {
         /// What is wrong.
         source: SafetensorsError,
     },
+    /// Commits cannot be assembled into one ([`crate::assemble`]).
+    #[error("cannot assemble a commit: {0}")]
+    Assemble(String),
     /// A commit run in the background ([`crate::background`]) failed: its error's message.
     #[error("background commit failed: {0}")]
     Background(String),

@@ -16,7 +16,7 @@ use mdl_format::{
     Commit, CommitStats, Entry, Exactness, Lossy, Manifest, MomentPair, ObjectId, ObjectKind,
     PairSource, Ref, RefName, Region, Timestamp, TreeFile,
 };
-use mdl_store::meta::MetaRead;
+use mdl_store::meta::{MetaRead, MetaWrite};
 use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue, Store};
 use serde::{Deserialize, Serialize};
 
@@ -257,22 +257,8 @@ fn commit_input(
     // (gc, compaction, another commit) may change what this commit builds on.
     let _writer = repo.writer();
 
-    // Which ref moves, and from where.
-    let head_branch = repo.head_branch()?;
-    let target = match &opts.branch {
-        Some(b) => Ref::branch(b).full(),
-        None => head_branch.clone(),
-    };
-    let (expected, parent) = {
-        let meta = store.meta().read()?;
-        let current = meta.get_ref(&target)?;
-        let parent = match &current {
-            Some(v) => v.target(),
-            // A new branch starts at HEAD's commit, if HEAD's branch has one.
-            None => meta.get_ref(&head_branch)?.and_then(|v| v.target()),
-        };
-        (current, parent)
-    };
+    let target = Target::of(repo, opts.branch.as_ref())?;
+    let parent = target.parent;
 
     // Parent versions of each tensor, by name: the delta bases, and the previous lossy
     // configurations.
@@ -440,19 +426,8 @@ fn commit_input(
     for r in &rewrites {
         publish_rewrite(&mut w, r)?;
     }
-    w.put_commit(&id, &CommitSummary::of(&commit))?;
-    let summary = commit.message.lines().next().unwrap_or("");
-    let reflog = if expected.is_none() {
-        format!("commit (new branch): {summary}")
-    } else {
-        format!("commit: {summary}")
-    };
-    w.update_ref(
-        &target,
-        expected.as_ref(),
-        Some(&RefValue::Direct(id)),
-        &reflog,
-    )?;
+    let branch = target.branch().to_string();
+    target.publish(&mut w, &id, &commit)?;
     w.commit_txn()?;
     if let Some(kept) = warm {
         kept.publish();
@@ -464,7 +439,7 @@ fn commit_input(
 
     Ok(CommitOutcome {
         id,
-        branch: target.trim_start_matches(Ref::BRANCHES).to_string(),
+        branch,
         raw_bytes,
         stored_bytes,
         ratio: raw_bytes as f64 / stored_bytes.max(1) as f64,
@@ -474,6 +449,68 @@ fn commit_input(
         lossy_tensors,
         search,
     })
+}
+
+/// The branch a commit moves, and from where.
+pub(crate) struct Target {
+    /// The ref's full name.
+    pub(crate) name: String,
+    /// Its value now (`None`: the branch is new).
+    pub(crate) expected: Option<RefValue>,
+    /// The new commit's parent: the branch's commit, or for a new branch HEAD's commit (if
+    /// HEAD's branch has one).
+    pub(crate) parent: Option<ObjectId>,
+}
+
+impl Target {
+    /// The target of a commit onto `branch` (HEAD's branch when `None`).
+    pub(crate) fn of(repo: &Repository, branch: Option<&RefName>) -> Result<Target> {
+        let head_branch = repo.head_branch()?;
+        let name = match branch {
+            Some(b) => Ref::branch(b).full(),
+            None => head_branch.clone(),
+        };
+        let meta = repo.store().meta().read()?;
+        let expected = meta.get_ref(&name)?;
+        let parent = match &expected {
+            Some(v) => v.target(),
+            None => meta.get_ref(&head_branch)?.and_then(|v| v.target()),
+        };
+        Ok(Target {
+            name,
+            expected,
+            parent,
+        })
+    }
+
+    /// The branch's short name.
+    pub(crate) fn branch(&self) -> &str {
+        self.name.trim_start_matches(Ref::BRANCHES)
+    }
+
+    /// Records `commit` (stored as `id`) in the commit index and moves the branch to it, in
+    /// the caller's transaction; refused if the branch moved since [`Target::of`].
+    pub(crate) fn publish(
+        self,
+        w: &mut MetaWrite<'_>,
+        id: &ObjectId,
+        commit: &Commit,
+    ) -> Result<()> {
+        w.put_commit(id, &CommitSummary::of(commit))?;
+        let summary = commit.message.lines().next().unwrap_or("");
+        let reflog = if self.expected.is_none() {
+            format!("commit (new branch): {summary}")
+        } else {
+            format!("commit: {summary}")
+        };
+        w.update_ref(
+            &self.name,
+            self.expected.as_ref(),
+            Some(&RefValue::Direct(*id)),
+            &reflog,
+        )?;
+        Ok(())
+    }
 }
 
 /// Names of the loss the quality bound is relative to, in order of preference.

@@ -1,0 +1,139 @@
+//! A commit assembled from the trees of commits already stored, without reading or encoding
+//! their data again: how the ranks of a sharded save (the Python package's `mdl.dcp`) each
+//! commit their own files, in parallel, and one of them publishes the single commit that
+//! holds them all.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use mdl_format::{Commit, CommitStats, Manifest, MomentPair, ObjectId, ObjectKind, Timestamp};
+
+use crate::commit::{check_metrics, default_author, CommitOptions, CommitOutcome, Target};
+use crate::{Error, Repository, Result};
+
+/// Commits the union of the trees of `parts` onto `opts.branch` (HEAD's branch when `None`),
+/// its parent the branch's commit, as [`crate::commit::commit`] would. The parts' files keep
+/// their stored records; two parts holding the same path are refused. Of `opts`, the
+/// message, branch, step, metrics and author are used (nothing is encoded).
+///
+/// The statistics are the parts' summed (what they stored is what this checkpoint added),
+/// plus the new manifest.
+pub fn assemble(
+    repo: &Repository,
+    parts: &[ObjectId],
+    opts: &CommitOptions,
+) -> Result<CommitOutcome> {
+    let started = Instant::now();
+    let metrics = check_metrics(&opts.metrics)?;
+    if parts.is_empty() {
+        return Err(Error::Assemble("no commits to assemble".into()));
+    }
+    let store = repo.store();
+    let _writer = repo.writer();
+    let target = Target::of(repo, opts.branch.as_ref())?;
+
+    let mut files = Vec::new();
+    let mut pairs = Vec::new();
+    let mut from: HashMap<String, ObjectId> = HashMap::new();
+    let mut stats = CommitStats::default();
+    let mut moved = Vec::new();
+    for part in parts {
+        let commit = repo.load_commit(part)?;
+        let manifest = repo.load_manifest(&commit.manifest)?;
+        for f in &manifest.files {
+            if let Some(other) = from.insert(f.path.clone(), *part) {
+                return Err(Error::Assemble(format!(
+                    "{} is in both commit {} and commit {}",
+                    f.path,
+                    other.short(12),
+                    part.short(12)
+                )));
+            }
+        }
+        stats.raw_bytes += commit.stats.raw_bytes;
+        stats.stored_bytes += commit.stats.stored_bytes;
+        stats.tensors += commit.stats.tensors;
+        stats.new_tensors += commit.stats.new_tensors;
+        stats.lossy_tensors += commit.stats.lossy_tensors;
+        moved.push((manifest.pairs.clone(), tensor_names(&manifest)));
+        files.extend(manifest.files);
+    }
+    let manifest = Manifest::new(files, Vec::new())
+        .map_err(|e| Error::Assemble(format!("the parts' trees do not combine: {e}")))?;
+    // The parts' moment pairs, renumbered into the combined tree's tensors.
+    let index: HashMap<(&str, &str), u32> = manifest
+        .tensors()
+        .enumerate()
+        .map(|(i, (f, e))| ((manifest.files[f].path.as_str(), e.name.as_str()), i as u32))
+        .collect();
+    for (part_pairs, names) in &moved {
+        let at = |i: u32| index[&(names[i as usize].0.as_str(), names[i as usize].1.as_str())];
+        pairs.extend(part_pairs.iter().map(|p| MomentPair {
+            param: at(p.param),
+            exp_avg: at(p.exp_avg),
+            exp_avg_sq: at(p.exp_avg_sq),
+            source: p.source,
+        }));
+    }
+    let manifest = Manifest::new(manifest.files, pairs).expect("the files were just checked");
+
+    let batch = store.batch();
+    let mut added = Vec::new();
+    let manifest_bytes = manifest.encode();
+    let manifest_id = ObjectId::hash(&manifest_bytes);
+    if store.meta().read()?.object(&manifest_id)?.is_none() {
+        let out = batch.put_blob(ObjectKind::Manifest, &manifest_bytes)?;
+        stats.stored_bytes += out.entry.stored_len;
+        added.push((out.id, out.entry));
+    }
+    let branch = target.branch().to_string();
+    let commit = Commit {
+        manifest: manifest_id,
+        parents: target.parent.into_iter().collect(),
+        author: opts.author.clone().unwrap_or_else(default_author),
+        time: Timestamp::now(),
+        message: opts.message.clone(),
+        step: opts.step,
+        metrics,
+        stats,
+    };
+    let out = batch.put_blob(ObjectKind::Commit, &commit.encode())?;
+    let id = out.id;
+    added.push((id, out.entry));
+    batch.finish()?;
+
+    let mut w = store.meta().write()?;
+    for (oid, entry) in &added {
+        w.put_object(oid, entry)?;
+        w.remove_expired(oid)?;
+    }
+    target.publish(&mut w, &id, &commit)?;
+    w.commit_txn()?;
+    tracing::info!(%id, parts = parts.len(), "assembled");
+
+    let CommitStats {
+        raw_bytes,
+        stored_bytes,
+        ..
+    } = commit.stats;
+    Ok(CommitOutcome {
+        id,
+        branch,
+        raw_bytes,
+        stored_bytes,
+        ratio: raw_bytes as f64 / stored_bytes.max(1) as f64,
+        seconds: started.elapsed().as_secs_f64(),
+        tensors: commit.stats.tensors,
+        new_tensors: commit.stats.new_tensors,
+        lossy_tensors: commit.stats.lossy_tensors,
+        search: None,
+    })
+}
+
+/// Each tensor of `manifest`, in order, as `(file path, name)`.
+fn tensor_names(manifest: &Manifest) -> Vec<(String, String)> {
+    manifest
+        .tensors()
+        .map(|(f, e)| (manifest.files[f].path.clone(), e.name.clone()))
+        .collect()
+}
