@@ -14,4 +14,5 @@ PATH="$venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev" "$venv/bin/pip" insta
 export MDL="$PWD/target/debug/mdl"
 # No telemetry or hub lookups: everything the tests download comes from `mdl serve`.
 export HF_HUB_DISABLE_TELEMETRY=1 TRANSFORMERS_NO_ADVISORY_WARNINGS=1 TOKENIZERS_PARALLELISM=false
+export MDL_WEED=${MDL_WEED:-$(scripts/seaweedfs-env.sh)}
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python "$@"

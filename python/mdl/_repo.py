@@ -143,11 +143,16 @@ class Repository:
 
     @property
     def root(self) -> str:
-        """The work directory."""
+        """The work directory (for a repository in object storage, this machine's replica)."""
         return os.fspath(self._native.root)
 
+    @property
+    def location(self) -> str | None:
+        """The ``s3://`` URL of a repository in object storage; None for one on this machine."""
+        return self._native.location
+
     def __repr__(self) -> str:
-        return f"<mdl.Repository {self.root}>"
+        return f"<mdl.Repository {self.location or self.root}>"
 
     # Commits
 
@@ -501,11 +506,18 @@ def open(
     warm_bytes: int = WARM_BYTES,
 ) -> Repository | RemoteRepository:
     """A repository: a local path (created when ``create`` and missing; ``wait`` and
-    ``warm_bytes`` as for :meth:`Repository.open`), or a server URL ``http://HOST:PORT/REPO``
-    with an optional token (``$MDL_TOKEN`` when None)."""
+    ``warm_bytes`` as for :meth:`Repository.open`), a repository in object storage
+    ``s3://BUCKET/PREFIX`` (endpoint and credentials from the ``AWS_*`` environment; each call
+    works on this machine's replica and publishes what it changed before returning), or a
+    server URL ``http://HOST:PORT/REPO`` with an optional token (``$MDL_TOKEN`` when None)."""
     text = os.fspath(location)
     if text.startswith(("http://", "https://")):
         return RemoteRepository(text, token if token is not None else os.environ.get("MDL_TOKEN"))
-    if create and not os.path.isdir(os.path.join(text, ".mdl")):
+    if text.startswith("s3://") and create:
+        try:
+            return Repository.init(text, wait=wait, warm_bytes=warm_bytes)
+        except MdlError:
+            pass  # it exists (or cannot be reached: opening says why)
+    elif create and not os.path.isdir(os.path.join(text, ".mdl")):
         return Repository.init(text, wait=wait, warm_bytes=warm_bytes)
     return Repository.open(text, wait=wait, warm_bytes=warm_bytes)

@@ -79,11 +79,11 @@ def _repository(repo: Repository | PathLike, create: bool) -> Repository:
     if isinstance(repo, Repository):
         return repo
     path = os.fspath(repo)
-    if create and not os.path.isdir(os.path.join(path, ".mdl")):
+    if create and (path.startswith("s3://") or not os.path.isdir(os.path.join(path, ".mdl"))):
         try:
             return Repository.init(path, wait=WAIT)
         except MdlError:
-            pass  # created meanwhile by another process: open it
+            pass  # it exists (made meanwhile by another process): open it
     return Repository.open(path, wait=WAIT)
 
 

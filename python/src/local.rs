@@ -2,15 +2,16 @@
 //! refs. Each call opens the repository for itself (reads share it, commits own it while they
 //! store), so a training process holds no lock between commits.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use mdl::background::{Committer, Handle};
 use mdl::checkout::Layout;
-use mdl::commit::{CommitOptions, KnownPair, MemoryFile, Staged};
+use mdl::commit::{commit_staged, CommitOptions, CommitOutcome, KnownPair, MemoryFile, Staged};
 use mdl::warm::DEFAULT_WARM_BYTES;
-use mdl::{LockMode, OpenOptions, Repository};
+use mdl::{LockMode, NoProgress, OpenOptions, Repository};
+use mdl_bucket::{Location, Replica};
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
 
@@ -31,25 +32,63 @@ pub struct Pending(Handle);
 /// What one opening of the repository needs.
 #[derive(Clone)]
 struct Opener {
-    root: PathBuf,
+    at: At,
     wait: Duration,
     /// The codec engine, chosen once (`engine` setting; the GPU when usable).
     engine: Arc<OnceLock<mdl::engine::Selected>>,
 }
 
+/// Where the repository is.
+#[derive(Clone)]
+enum At {
+    /// A work directory on this machine.
+    Disk(PathBuf),
+    /// A repository in object storage: each call works on this machine's replica, brought up
+    /// to date first, and what a change did is published before it returns (as the CLI's
+    /// `-C s3://…` does).
+    Bucket(Location),
+}
+
 impl Opener {
-    fn open(&self, mode: LockMode) -> mdl::Result<Repository> {
+    fn open(&self, root: &Path, mode: LockMode) -> mdl::Result<Repository> {
         let opts = OpenOptions {
             mode,
             wait: self.wait,
             purpose: format!("python (pid {})", std::process::id()),
             ..OpenOptions::default()
         };
-        Repository::open(&self.root, &opts)
+        Repository::open(root, &opts)
     }
 
-    fn writer(&self) -> mdl::Result<Repository> {
-        let mut repo = self.open(LockMode::Write)?;
+    /// This machine's replica of `loc`, brought up to date.
+    fn replica(&self, loc: &Location) -> mdl_bucket::Result<Replica> {
+        Replica::open(loc, &mdl_bucket::cache_root(), self.wait)
+    }
+
+    /// Runs `f` on the repository opened with `mode`; for a bucket, what a change did is
+    /// published after.
+    fn run<T>(
+        &self,
+        mode: LockMode,
+        f: impl FnOnce(&Repository) -> mdl::Result<T>,
+    ) -> mdl_bucket::Result<T> {
+        match &self.at {
+            At::Disk(root) => Ok(f(&self.open(root, mode)?)?),
+            At::Bucket(loc) => {
+                let mut replica = self.replica(loc)?;
+                let repo = replica.repository(self.wait)?;
+                let out = f(&repo)?;
+                if mode == LockMode::Write {
+                    replica.publish(&repo)?;
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Opens the repository for a commit, with the engine chosen once.
+    fn writer(&self, root: &Path) -> mdl::Result<Repository> {
+        let mut repo = self.open(root, LockMode::Write)?;
         let selected = match self.engine.get() {
             Some(s) => s,
             None => {
@@ -60,19 +99,44 @@ impl Opener {
         repo.set_engine(selected.engine.clone());
         Ok(repo)
     }
+
+    /// Stores one staged commit; for a bucket, publishes it (a commit replayed onto another
+    /// writer's tip reports its new id).
+    fn store(&self, staged: Staged, opts: &CommitOptions) -> mdl_bucket::Result<CommitOutcome> {
+        match &self.at {
+            At::Disk(root) => Ok(commit_staged(
+                &self.writer(root)?,
+                staged,
+                opts,
+                &NoProgress,
+            )?),
+            At::Bucket(loc) => {
+                let mut replica = self.replica(loc)?;
+                let repo = self.writer(&replica.root())?;
+                let mut outcome = commit_staged(&repo, staged, opts, &NoProgress)?;
+                if let Some((_, new)) = replica.publish(&repo)?.replayed.last() {
+                    outcome.id = *new;
+                }
+                Ok(outcome)
+            }
+        }
+    }
 }
 
 impl Repo {
-    fn new(root: PathBuf, wait: Duration, warm_bytes: u64) -> Repo {
+    fn new(at: At, wait: Duration, warm_bytes: u64) -> Repo {
         let opener = Opener {
-            root,
+            at,
             wait,
             engine: Arc::new(OnceLock::new()),
         };
         let for_commits = opener.clone();
         Repo {
             opener,
-            committer: Committer::keeping(move || for_commits.writer(), warm_bytes),
+            committer: Committer::storing(
+                move |staged, opts| for_commits.store(staged, opts).map_err(|e| e.to_string()),
+                warm_bytes,
+            ),
         }
     }
 
@@ -83,7 +147,7 @@ impl Repo {
         mode: LockMode,
         f: impl FnOnce(&Repository) -> mdl::Result<T> + Send,
     ) -> PyResult<T> {
-        py.detach(|| f(&self.opener.open(mode)?)).map_err(error)
+        py.detach(|| self.opener.run(mode, f)).map_err(error)
     }
 
     /// Reads with the interpreter released.
@@ -107,9 +171,15 @@ impl Repo {
     /// The repository opened for reading and `rev`'s layout (what reads of bytes decode from).
     fn laid_out(&self, py: Python<'_>, rev: &str) -> PyResult<(Repository, Layout)> {
         py.detach(|| {
-            let repo = self.opener.open(LockMode::Read)?;
+            let repo = match &self.opener.at {
+                At::Disk(root) => self.opener.open(root, LockMode::Read)?,
+                At::Bucket(loc) => {
+                    let replica = self.opener.replica(loc)?;
+                    replica.repository(self.opener.wait)?
+                }
+            };
             let layout = mdl::checkout::layout(&repo, rev)?;
-            Ok::<_, mdl::Error>((repo, layout))
+            Ok::<_, mdl_bucket::Error>((repo, layout))
         })
         .map_err(error)
     }
@@ -168,31 +238,59 @@ impl Options {
 
 #[pymethods]
 impl Repo {
-    /// Creates a repository in `path` (created if missing).
+    /// Creates a repository in `path` (created if missing), or in object storage
+    /// (`s3://BUCKET/PREFIX`).
     #[staticmethod]
     #[pyo3(signature = (path, wait = 60.0, warm_bytes = DEFAULT_WARM_BYTES))]
-    fn init(py: Python<'_>, path: PathBuf, wait: f64, warm_bytes: u64) -> PyResult<Repo> {
-        let repo = py.detach(|| Repository::init(&path)).map_err(error)?;
-        Ok(Repo::new(
-            repo.root().to_path_buf(),
-            secs(wait)?,
-            warm_bytes,
-        ))
+    fn init(py: Python<'_>, path: String, wait: f64, warm_bytes: u64) -> PyResult<Repo> {
+        let wait = secs(wait)?;
+        let at = py
+            .detach(|| match bucket_location(&path)? {
+                Some(loc) => mdl_bucket::init(&loc).map(|()| At::Bucket(loc)),
+                None => Ok(At::Disk(
+                    Repository::init(Path::new(&path))?.root().to_path_buf(),
+                )),
+            })
+            .map_err(error)?;
+        Ok(Repo::new(at, wait, warm_bytes))
     }
 
-    /// Opens the repository at `path` or its nearest ancestor with `.mdl`.
+    /// Opens the repository at `path` or its nearest ancestor with `.mdl`, or in object
+    /// storage (`s3://BUCKET/PREFIX`: this machine's replica is brought up to date).
     #[staticmethod]
     #[pyo3(signature = (path, wait = 60.0, warm_bytes = DEFAULT_WARM_BYTES))]
-    fn open(path: PathBuf, wait: f64, warm_bytes: u64) -> PyResult<Repo> {
-        let root = mdl::discover(&path)
-            .ok_or_else(|| error(mdl::StoreError::NotARepository(path.clone())))?;
-        Ok(Repo::new(root, secs(wait)?, warm_bytes))
+    fn open(py: Python<'_>, path: String, wait: f64, warm_bytes: u64) -> PyResult<Repo> {
+        let wait = secs(wait)?;
+        let at = match bucket_location(&path).map_err(error)? {
+            Some(loc) => {
+                py.detach(|| Replica::open(&loc, &mdl_bucket::cache_root(), wait))
+                    .map_err(error)?;
+                At::Bucket(loc)
+            }
+            None => At::Disk(
+                mdl::discover(Path::new(&path))
+                    .ok_or_else(|| error(mdl::StoreError::NotARepository(PathBuf::from(&path))))?,
+            ),
+        };
+        Ok(Repo::new(at, wait, warm_bytes))
     }
 
-    /// The work directory.
+    /// The work directory (for a repository in object storage, this machine's replica).
     #[getter]
     fn root(&self) -> PathBuf {
-        self.opener.root.clone()
+        match &self.opener.at {
+            At::Disk(root) => root.clone(),
+            At::Bucket(loc) => Replica::root_of(loc, &mdl_bucket::cache_root()),
+        }
+    }
+
+    /// The repository's `s3://` URL, or None for one on this machine.
+    #[getter]
+    fn location(&self) -> Option<String> {
+        match &self.opener.at {
+            At::Disk(_) => None,
+            At::Bucket(loc) => Some(loc.url()),
+        }
     }
 
     /// Stages the files or directories at `paths` (mapped now: deleting them afterwards is
@@ -446,6 +544,15 @@ impl Pending {
     /// Whether the commit has finished (stored or failed).
     fn done(&self) -> bool {
         self.0.done()
+    }
+}
+
+/// The location `path` names when it is an `s3://` URL.
+fn bucket_location(path: &str) -> mdl_bucket::Result<Option<Location>> {
+    if mdl_bucket::is_bucket_url(path) {
+        Location::parse(path).map(Some)
+    } else {
+        Ok(None)
     }
 }
 

@@ -69,3 +69,77 @@ def serve(tmp_path):
     yield start
     for s in servers:
         s.stop()
+
+
+# SeaweedFS's `weed mini` (scripts/seaweedfs-env.sh installs it; scripts/test-python.sh sets
+# MDL_WEED): every port it opens, the S3 port 7th; the keys it takes as its admin identity.
+WEED_PORTS = [
+    "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
+    "filer.port.grpc", "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance",
+    "admin.port", "admin.port.grpc",
+]
+WEED_KEY, WEED_SECRET = "mdl-test-key", "mdl-test-secret"
+
+
+def free_ports(n):
+    import socket
+
+    held = [socket.socket() for _ in range(n)]
+    for s in held:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in held]
+    for s in held:
+        s.close()
+    return ports
+
+
+@pytest.fixture
+def bucket(tmp_path, monkeypatch):
+    """A SeaweedFS server of this test's own with a bucket `mdl`; the AWS_* environment set
+    for it. Yields the bucket's base URL (`s3://mdl`)."""
+    import socket
+    import time
+
+    weed = os.environ.get("MDL_WEED")
+    if not weed:
+        pytest.skip("MDL_WEED is not set: run scripts/test-python.sh, which installs SeaweedFS")
+    data = tmp_path / "weed"
+    data.mkdir()
+    ports = free_ports(len(WEED_PORTS))
+    log = open(tmp_path / "weed.log", "w")
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=WEED_KEY, AWS_SECRET_ACCESS_KEY=WEED_SECRET)
+    proc = subprocess.Popen(
+        [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-webdav=false",
+         "-admin.ui=false", "-bucket=mdl", *(f"-{k}={v}" for k, v in zip(WEED_PORTS, ports))],
+        stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
+    )
+    for k, v in {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{ports[6]}",
+        "AWS_ACCESS_KEY_ID": WEED_KEY,
+        "AWS_SECRET_ACCESS_KEY": WEED_SECRET,
+        "AWS_ALLOW_HTTP": "true",
+        "MDL_CACHE_DIR": str(tmp_path / "cache"),
+    }.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp_path / "weed.log").read_text()
+            assert time.monotonic() < deadline, "SeaweedFS did not start"
+            try:
+                socket.create_connection(("127.0.0.1", ports[6]), timeout=1).close()
+            except OSError:
+                time.sleep(0.25)
+                continue
+            # Up when a signed request answers: the probe is not a repository.
+            r = mdl("-C", "s3://mdl/probe", "log", check=False)
+            if "is not an mdl repository" in r.stderr:
+                break
+            time.sleep(0.25)
+        yield "s3://mdl"
+    finally:
+        proc.kill()
+        proc.wait()
+        log.close()

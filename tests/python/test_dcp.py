@@ -3,6 +3,7 @@ this machine) become one commit each, load back byte for byte with the same and 
 different number of ranks, and a rank's shards delta against the previous save's."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -20,8 +21,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ranks(task, repo, world, version, rev, out="-"):
-    """Runs `world` ranks of dcp_worker.py; fails with their output if any fails."""
+def ranks(task, repo, world, version, rev, out="-", machines=None):
+    """Runs `world` ranks of dcp_worker.py; fails with their output if any fails. With
+    `machines` (a folder), each rank has a cache of its own there, as on its own machine."""
     port = free_port()
     procs = [
         subprocess.Popen(
@@ -30,6 +32,7 @@ def ranks(task, repo, world, version, rev, out="-"):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            env=os.environ if machines is None else dict(os.environ, MDL_CACHE_DIR=str(machines / f"rank-{r}")),
         )
         for r in range(world)
     ]
@@ -120,3 +123,20 @@ def test_a_failed_save_publishes_nothing(tmp_path):
     loaded = {"w": torch.zeros(6), "n": 0}
     dcp.load(loaded, storage_reader=mdl.dcp.Reader(r, saved))
     assert torch.equal(loaded["w"], torch.arange(6.0)) and loaded["n"] == 3
+
+
+def test_ranks_on_separate_machines_save_into_object_storage(tmp_path, bucket):
+    # Each rank has a replica of its own: their parts are committed and published in
+    # parallel, and the coordinator's replica assembles them.
+    repo = f"{bucket}/dcp"
+    machines = tmp_path / "machines"
+    out = tmp_path / "v1.json"
+    ranks("save", repo, 4, 1, "main", out, machines=machines)
+    saved = json.loads(out.read_text())
+    ranks("load", repo, 2, 1, saved["id"], machines=machines)
+    # A machine that took no part reads it too, and sees no part branches left.
+    r = mdl.open(repo)
+    assert r.location == repo
+    assert [b.name for b in r.branches()] == ["main"]
+    assert r.resolve("main") == saved["id"]
+    ranks("load", repo, 1, 1, "main")

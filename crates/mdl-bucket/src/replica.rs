@@ -139,16 +139,7 @@ impl Replica {
                 layout::FORMAT
             )));
         }
-        let key = blake3::hash(
-            format!(
-                "{}\n{}\n{}",
-                Location::endpoint().unwrap_or_default(),
-                loc.bucket,
-                loc.prefix
-            )
-            .as_bytes(),
-        );
-        let dir = cache.join(&key.to_hex()[..24]);
+        let dir = Self::dir_of(loc, cache);
         std::fs::create_dir_all(&dir).map_err(cache_err(&dir))?;
         let lock_path = dir.join(LOCK);
         let lock = std::fs::OpenOptions::new()
@@ -193,6 +184,25 @@ impl Replica {
         let repo = replica.repository(wait)?;
         replica.sync(&repo)?;
         Ok(replica)
+    }
+
+    /// The folder under `cache` of the replica of `loc` (one per endpoint, bucket and prefix).
+    fn dir_of(loc: &Location, cache: &Path) -> PathBuf {
+        let key = blake3::hash(
+            format!(
+                "{}\n{}\n{}",
+                Location::endpoint().unwrap_or_default(),
+                loc.bucket,
+                loc.prefix
+            )
+            .as_bytes(),
+        );
+        cache.join(&key.to_hex()[..24])
+    }
+
+    /// The work folder of the replica of `loc` under `cache` ([`Self::root`]), made or not.
+    pub fn root_of(loc: &Location, cache: &Path) -> PathBuf {
+        Self::dir_of(loc, cache).join(REPO_DIR)
     }
 
     /// The client, with its request counts.

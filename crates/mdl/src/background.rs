@@ -62,12 +62,14 @@ impl Handle {
     }
 }
 
-/// Opens the repository for one commit.
-pub type Opener = dyn Fn() -> Result<Repository> + Send + Sync;
+/// Stores one staged commit: in a repository it opens for the purpose (and, for a repository
+/// elsewhere, sends it there); its error as a message.
+pub type Store =
+    dyn Fn(Staged, &CommitOptions) -> std::result::Result<CommitOutcome, String> + Send + Sync;
 
 /// Runs staged commits on a background thread, one at a time.
 pub struct Committer {
-    open: Arc<Opener>,
+    store: Arc<Store>,
     slot: Mutex<Slot>,
     /// The last commit's tensors, for the next commit's deltas.
     warm: Arc<WarmTensors>,
@@ -91,8 +93,27 @@ impl Committer {
         open: impl Fn() -> Result<Repository> + Send + Sync + 'static,
         warm_bytes: u64,
     ) -> Committer {
+        Committer::storing(
+            move |staged, opts| {
+                open()
+                    .and_then(|repo| commit_staged(&repo, staged, opts, &NoProgress))
+                    .map_err(|e| e.to_string())
+            },
+            warm_bytes,
+        )
+    }
+
+    /// A committer whose commits `store` stores, keeping up to `warm_bytes` of the last
+    /// commit's tensors.
+    pub fn storing(
+        store: impl Fn(Staged, &CommitOptions) -> std::result::Result<CommitOutcome, String>
+            + Send
+            + Sync
+            + 'static,
+        warm_bytes: u64,
+    ) -> Committer {
         Committer {
-            open: Arc::new(open),
+            store: Arc::new(store),
             slot: Mutex::new(Slot::default()),
             warm: Arc::new(WarmTensors::new(warm_bytes)),
         }
@@ -113,16 +134,14 @@ impl Committer {
             outcome: Mutex::new(None),
             ready: Condvar::new(),
         }));
-        let (open, done) = (self.open.clone(), handle.clone());
+        let (store, done) = (self.store.clone(), handle.clone());
         let thread = std::thread::Builder::new()
             .name("mdl-commit".into())
             .spawn(move || {
-                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    commit_staged(&open()?, staged, &opts, &NoProgress)
-                }));
+                let run =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store(staged, &opts)));
                 done.set(match run {
-                    Ok(Ok(outcome)) => Ok(outcome),
-                    Ok(Err(e)) => Err(e.to_string()),
+                    Ok(outcome) => outcome,
                     Err(_) => Err("the background commit panicked".into()),
                 });
             })
