@@ -15,12 +15,6 @@ use crate::{output, Cli, Command};
 /// this process is doing.
 pub fn run(cli: &Cli, url: &str, purpose: String, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     let loc = Location::parse(url)?;
-    let unsupported = |what: &str| -> anyhow::Result<ExitCode> {
-        Err(mdl_bucket::Error::Unsupported(format!(
-            "{what} does not run on a repository in object storage yet ({url})"
-        ))
-        .into())
-    };
     match &cli.command {
         Command::Init { path: Some(_) } => {
             return Err(mdl_bucket::Error::Location(format!(
@@ -61,8 +55,24 @@ pub fn run(cli: &Cli, url: &str, purpose: String, out: &mut dyn Write) -> anyhow
             report(cli, &replica);
             return Ok(ExitCode::SUCCESS);
         }
-        Command::Compact { .. } => return unsupported("compact"),
-        Command::Fsck { repair: true } => return unsupported("fsck --repair"),
+        Command::Fsck { repair: true } => {
+            // This machine's copy, repaired before anything else opens it (its database may be
+            // what is damaged), then brought up to date. A copy not made yet is made first.
+            let wait = Duration::from_secs(cli.wait);
+            let root = Replica::root_of(&loc, &mdl_bucket::cache_root());
+            if !root.join(".mdl").exists() {
+                Replica::open(&loc, &mdl_bucket::cache_root(), wait)?;
+            }
+            let local = Cli {
+                dir: Some(root),
+                ..cli.clone()
+            };
+            let mut buffered = Vec::new();
+            let code = crate::run(&local, &mut buffered)?;
+            Replica::open(&loc, &mdl_bucket::cache_root(), wait)?;
+            out.write_all(&buffered)?;
+            return Ok(code);
+        }
         Command::Serve { .. } => {
             crate::remote::serve(cli, out)?;
             return Ok(ExitCode::SUCCESS);

@@ -117,7 +117,8 @@ enum Command {
         #[arg(short = 'd', long = "delete", value_name = "NAME", conflicts_with_all = ["name", "rev", "message"])]
         delete: Option<String>,
     },
-    /// Verify every object and reference, and the metadata database.
+    /// Verify every object and reference, and the metadata database (with -C s3://…, this
+    /// machine's copy, whose records were verified as they arrived from the bucket).
     Fsck {
         /// Rebuild a missing or damaged meta.redb from the object records and the journal,
         /// rewrite a journal that disagrees with it, and remove leftovers of interrupted writes
@@ -125,7 +126,8 @@ enum Command {
         #[arg(long)]
         repair: bool,
     },
-    /// Re-encode long delta chains so no tensor needs more than D decode steps (ids unchanged).
+    /// Re-encode long delta chains so no tensor needs more than D decode steps (ids unchanged;
+    /// with -C s3://…, in this machine's copy, which is where checkouts decode).
     Compact {
         /// Longest chain allowed afterwards [default: delta.max_depth].
         #[arg(long, value_name = "D")]
