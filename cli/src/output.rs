@@ -13,6 +13,7 @@ use mdl::log::LogEntry;
 use mdl::refs::RefInfo;
 use mdl::show::Shown;
 use mdl::stats::Stats;
+use mdl_bucket::BucketGc;
 use serde::Serialize;
 use serde_json::json;
 
@@ -509,7 +510,7 @@ pub fn compact(out: &mut dyn Write, json: bool, c: &CompactOutcome) -> io::Resul
 }
 
 /// `mdl -C s3://… gc`: the packs deleted, and those marked for a later gc.
-pub fn bucket_gc(out: &mut dyn Write, json: bool, g: &mdl_bucket::BucketGc) -> io::Result<()> {
+pub fn bucket_gc(out: &mut dyn Write, json: bool, g: &BucketGc) -> io::Result<()> {
     if json {
         return emit(out, g);
     }

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use mdl_protocol::body::GcAnswer;
 use mdl_remote::{Peer, Remote};
 
 use crate::{output, Cli, Command};
@@ -127,8 +128,10 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             let (prune, expire) = (prune_older_than.as_deref(), expire_reflog.as_deref());
             // Checked here too, so a typo fails before anything is sent.
             mdl::gc::GcOptions::parse(prune, expire, *dry_run)?;
-            let outcome = remote.gc(prune, expire, *dry_run)?;
-            output::gc(out, cli.json, &outcome)?
+            match remote.gc(prune, expire, *dry_run)? {
+                GcAnswer::Disk(outcome) => output::gc(out, cli.json, &outcome)?,
+                GcAnswer::Bucket(outcome) => output::bucket_gc(out, cli.json, &outcome)?,
+            }
         }
         Command::Branch {
             name: None,

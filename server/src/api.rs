@@ -429,6 +429,7 @@ async fn compact(
 }
 
 /// `POST /maintenance/gc`. The scan runs beside commits; the deletion takes the writer once.
+/// Over a bucket, one step of the bucket's gc (mark, or sweep what an earlier gc marked).
 async fn gc(
     Access(served): Writer,
     body: Result<Json<body::GcRequest>, JsonRejection>,
@@ -440,9 +441,18 @@ async fn gc(
         req.dry_run,
     )?;
     blocking(move || {
-        served.on_disk_only("gc")?;
+        if served.replica.is_some() {
+            if req.expire_reflog.is_some() {
+                return Err(ApiError::new(
+                    ErrorCode::Unsupported,
+                    "expire_reflog does not apply to a repository in object storage: it keeps no reflog",
+                ));
+            }
+            let outcome = served.bucket_gc(opts.prune_older_than, opts.dry_run)?;
+            return Ok(Json(body::GcAnswer::Bucket(outcome)).into_response());
+        }
         let outcome = mdl::gc::gc(&served.repo, &opts, &mdl::NoProgress)?;
-        Ok(Json(outcome).into_response())
+        Ok(Json(body::GcAnswer::Disk(outcome)).into_response())
     })
     .await
 }

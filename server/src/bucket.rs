@@ -11,7 +11,9 @@
 //! server.
 
 use mdl::ObjectId;
-use mdl_bucket::Published;
+use std::time::Duration;
+
+use mdl_bucket::{BucketGc, Published};
 use mdl_protocol::ErrorCode;
 
 use crate::access::ApiResult;
@@ -65,14 +67,17 @@ impl Served {
         Ok(())
     }
 
-    /// Refuses what is not done for a repository in object storage yet.
-    pub(crate) fn on_disk_only(&self, what: &str) -> ApiResult<()> {
-        match self.replica {
-            Some(_) => Err(ApiError::new(
-                ErrorCode::Unsupported,
-                format!("{what} does not run on a repository in object storage yet"),
-            )),
-            None => Ok(()),
-        }
+    /// One step of the gc of the bucket behind the replica ([`mdl_bucket::Replica::gc`]).
+    pub(crate) fn bucket_gc(&self, grace: Duration, dry_run: bool) -> ApiResult<BucketGc> {
+        let Some(replica) = &self.replica else {
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                "not a repository in object storage",
+            ));
+        };
+        let mut replica = replica.lock().unwrap_or_else(|p| p.into_inner());
+        // Its sync changes the replica: no compaction step in between.
+        let _writer = self.repo.writer();
+        Ok(replica.gc(&self.repo, grace, dry_run)?)
     }
 }

@@ -716,12 +716,30 @@ fn two_servers_over_one_bucket_serve_the_same_repository() {
     local(&r.path("."), &["clone", &urls[1], b.to_str().unwrap()]);
     r.checks_out("client", b.to_str().unwrap(), &["HEAD"], &four);
 
-    // What does not run on object storage yet answers so.
+    // gc through the servers: one marks what no ref needs (a deleted branch's checkpoint),
+    // the other deletes it; every commit still checks out through both.
+    let (f5, _) = checkpoint(5);
+    r.ok(
+        "machine",
+        &["commit", f5.to_str().unwrap(), "-b", "tmp", "-m", "dropped"],
+    );
+    r.ok("machine", &["branch", "-d", "tmp"]);
+    let gc = |i: usize| -> serde_json::Value {
+        let out = via(i, &["gc", "--prune-older-than", "0s", "--json"]);
+        serde_json::from_str(&out).unwrap()
+    };
+    let marked = gc(0)["marked"].clone();
+    assert!(!marked.as_array().unwrap().is_empty(), "{marked}");
+    assert_eq!(gc(1)["deleted"], marked);
+    for server in &urls {
+        r.checks_out("client", server, &["--token", WRITE, &id(&c1)], &one);
+        r.checks_out("client", server, &["--token", WRITE, "HEAD"], &four);
+    }
     r.fails_at(
         "client",
         &urls[0],
-        &["--token", WRITE, "gc"],
-        "does not run on a repository in object storage",
+        &["--token", WRITE, "gc", "--expire-reflog", "1d"],
+        "keeps no reflog",
     );
     for s in servers {
         s.stop();

@@ -20,23 +20,10 @@ use std::time::Duration;
 
 use mdl::transfer;
 use mdl::{ObjectId, Repository, Timestamp};
-use serde::Serialize;
+use mdl_protocol::body::BucketGc;
 
 use crate::layout::{self, Pending};
 use crate::{Error, Replica, Result};
-
-/// What a gc of a bucket did (or, with `dry_run`, would do).
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct BucketGc {
-    /// Nothing was changed.
-    pub dry_run: bool,
-    /// Packs deleted: marked by an earlier gc at least the grace period ago, still unneeded.
-    pub deleted: Vec<String>,
-    /// Packs marked now, to be deleted by a gc after `due_ms` if still unneeded.
-    pub marked: Vec<String>,
-    /// When the marked packs may be deleted (ms since the epoch), if any are marked.
-    pub due_ms: Option<i64>,
-}
 
 impl Replica {
     /// Runs one gc step on the bucket (see the module's documentation) with `grace` as the

@@ -24,7 +24,7 @@ pub mod replica;
 
 pub use client::Bucket;
 pub use error::{Error, Result};
-pub use gc::BucketGc;
 pub use location::{is_bucket_url, Location};
+pub use mdl_protocol::body::BucketGc;
 pub use peer::BucketPeer;
 pub use replica::{cache_root, init, Published, Replica};

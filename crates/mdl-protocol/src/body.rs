@@ -181,6 +181,31 @@ pub struct GcRequest {
     pub dry_run: bool,
 }
 
+/// What a gc of a repository in object storage did (or, with `dry_run`, would do): it marks
+/// unneeded packs, and a later gc deletes those still unneeded once the grace period has passed.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct BucketGc {
+    /// Nothing was changed.
+    pub dry_run: bool,
+    /// Packs deleted: marked by an earlier gc at least the grace period ago, still unneeded.
+    pub deleted: Vec<String>,
+    /// Packs marked now, to be deleted by a gc after `due_ms` if still unneeded.
+    pub marked: Vec<String>,
+    /// When the marked packs may be deleted (ms since the epoch), if any are marked.
+    pub due_ms: Option<i64>,
+}
+
+/// `POST /maintenance/gc`'s answer: a repository on the server's disk answers
+/// [`mdl::gc::GcOutcome`], one in object storage [`BucketGc`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum GcAnswer {
+    /// A repository in object storage (tried first: its fields are required).
+    Bucket(BucketGc),
+    /// A repository on the server's disk.
+    Disk(mdl::gc::GcOutcome),
+}
+
 /// Every error answer's body.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Error {

@@ -148,7 +148,7 @@ impl Remote {
         prune_older_than: Option<&str>,
         expire_reflog: Option<&str>,
         dry_run: bool,
-    ) -> Result<mdl::gc::GcOutcome> {
+    ) -> Result<body::GcAnswer> {
         let request = body::GcRequest {
             prune_older_than: prune_older_than.map(str::to_string),
             expire_reflog: expire_reflog.map(str::to_string),
