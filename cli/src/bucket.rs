@@ -77,13 +77,9 @@ pub fn run(cli: &Cli, url: &str, purpose: String, out: &mut dyn Write) -> anyhow
             crate::remote::serve(cli, out)?;
             return Ok(ExitCode::SUCCESS);
         }
-        Command::Remote { .. }
-        | Command::Fetch { .. }
-        | Command::Pull { .. }
-        | Command::Push { .. }
-        | Command::Clone { .. } => {
+        Command::Clone { .. } => {
             return Err(mdl_bucket::Error::Unsupported(format!(
-                "moving history does not run on a repository in object storage yet: run it in a local repository, with {url} as the remote (mdl clone {url}, or mdl remote add NAME {url})"
+                "mdl -C {url} clone: a clone makes a new repository; clone {url} itself (mdl clone {url} DIR), or push into it from a clone of the other"
             ))
             .into())
         }
@@ -112,7 +108,21 @@ pub fn run(cli: &Cli, url: &str, purpose: String, out: &mut dyn Write) -> anyhow
     let mut buffered = Vec::new();
     let code = crate::run(&local, &mut buffered)?;
     let repo = replica.repository(wait)?;
-    replica.publish(&repo)?;
+    // History fetched or pulled from elsewhere keeps its ids: a lost race is refused, never
+    // replayed. Tracking refs (refs/remotes/) stay this machine's; remotes are settings, so
+    // every machine shares them.
+    let moves_history = matches!(
+        cli.command,
+        Command::Fetch { .. }
+            | Command::Pull { .. }
+            | Command::Push { .. }
+            | Command::Remote { .. }
+    );
+    if moves_history {
+        replica.publish_exact(&repo)?;
+    } else {
+        replica.publish(&repo)?;
+    }
     out.write_all(&buffered)?;
     report(cli, &replica);
     Ok(code)

@@ -354,12 +354,10 @@ fn commands_run_on_a_repository_in_object_storage() {
     r.ok("b", &["fsck"]);
     r.checks_out("b", &r.url, &["HEAD~1"], &one);
 
-    // What does not run on object storage yet says so, and changes nothing.
-    r.fails(
-        "a",
-        &["push"],
-        "does not run on a repository in object storage yet",
-    );
+    // A push with no remote fails as in a local repository, and changes nothing.
+    let before = r.history("a", "main");
+    r.fails("a", &["push"], "no remote named origin");
+    assert_eq!(r.history("c", "main"), before);
     // A bad input fails with its usual error and publishes nothing.
     let before = r.history("a", "main");
     r.fails(
@@ -630,6 +628,26 @@ fn history_moves_between_local_repositories_and_object_storage() {
         "is not an mdl repository",
     );
     assert!(!c.exists());
+
+    // The bucket's repository as the local side: pushed into a second one, and a commit made
+    // there pulled back by another machine (the remote is a shared setting), ids unchanged.
+    let mirror = format!("s3://{BUCKET}/mirror");
+    r.ok_at("x", &mirror, &["init"]);
+    r.ok("x", &["remote", "add", "mirror", &mirror]);
+    r.ok("x", &["push", "mirror"]);
+    assert_eq!(
+        r.history_at("z", &mirror, &["main"]),
+        r.history("z", "main")
+    );
+    let (f6, six) = checkpoint(6);
+    r.ok_at("z", &mirror, &["commit", f6.to_str().unwrap(), "-m", "six"]);
+    r.ok("y", &["pull", "mirror"]);
+    assert_eq!(
+        r.history("w", "main"),
+        r.history_at("w", &mirror, &["main"])
+    );
+    r.checks_out("w", &r.url, &["HEAD"], &six);
+    r.fails("y", &["clone", &mirror], "a clone makes a new repository");
 }
 
 #[test]

@@ -268,7 +268,7 @@ impl Replica {
         if let Some((settings, _)) = &config {
             for (k, v) in settings {
                 if mdl::config::get(repo, k)?.as_ref() != Some(v) {
-                    mdl::config::set_config(repo, k, v)?;
+                    mdl::config::set_copied(repo, k, v)?;
                 }
             }
         }

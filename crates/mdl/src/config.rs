@@ -70,6 +70,21 @@ pub fn with_prefix(repo: &Repository, prefix: &str) -> Result<Vec<(String, Strin
     Ok(repo.store().meta().read()?.configs(prefix)?)
 }
 
+/// Stores `key = value` copied from another copy of this repository (the settings of a
+/// repository in object storage): a key of the registry is checked as by [`set_config`]; a
+/// key that carries a name of the user's (`remote.NAME.url`, see [`add`]) is stored as it is,
+/// its value checked by its owner where it was added.
+pub fn set_copied(repo: &Repository, key: &str, value: &str) -> Result<()> {
+    let named = key.starts_with("remote.") && key.ends_with(".url");
+    if !named {
+        validate(key, value)?;
+    }
+    let mut w = repo.store().meta().write()?;
+    w.set_config(key, value)?;
+    w.commit_txn()?;
+    Ok(())
+}
+
 /// Stores `key = value` unless `key` is already set; whether it was stored. For keys whose
 /// names carry a name of the user's (`remote.NAME.url`), which the registry above does not list;
 /// their owner checks the value.
