@@ -1,6 +1,8 @@
-//! A repository on this machine: commits (staged here, stored in the background), reads and
-//! refs. Each call opens the repository for itself (reads share it, commits own it while they
-//! store), so a training process holds no lock between commits.
+//! A repository on this machine or in object storage: commits (staged here, stored in the
+//! background), reads and refs. Each call opens the repository for itself (reads share it,
+//! commits own it while they store), so a training process holds no lock between commits; for
+//! object storage each call works on this machine's replica, synced first and published after
+//! a change.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -242,14 +244,12 @@ impl Repo {
     /// (`s3://BUCKET/PREFIX`).
     #[staticmethod]
     #[pyo3(signature = (path, wait = 60.0, warm_bytes = DEFAULT_WARM_BYTES))]
-    fn init(py: Python<'_>, path: String, wait: f64, warm_bytes: u64) -> PyResult<Repo> {
+    fn init(py: Python<'_>, path: PathBuf, wait: f64, warm_bytes: u64) -> PyResult<Repo> {
         let wait = secs(wait)?;
         let at = py
             .detach(|| match bucket_location(&path)? {
                 Some(loc) => mdl_bucket::init(&loc).map(|()| At::Bucket(loc)),
-                None => Ok(At::Disk(
-                    Repository::init(Path::new(&path))?.root().to_path_buf(),
-                )),
+                None => Ok(At::Disk(Repository::init(&path)?.root().to_path_buf())),
             })
             .map_err(error)?;
         Ok(Repo::new(at, wait, warm_bytes))
@@ -259,7 +259,7 @@ impl Repo {
     /// storage (`s3://BUCKET/PREFIX`: this machine's replica is brought up to date).
     #[staticmethod]
     #[pyo3(signature = (path, wait = 60.0, warm_bytes = DEFAULT_WARM_BYTES))]
-    fn open(py: Python<'_>, path: String, wait: f64, warm_bytes: u64) -> PyResult<Repo> {
+    fn open(py: Python<'_>, path: PathBuf, wait: f64, warm_bytes: u64) -> PyResult<Repo> {
         let wait = secs(wait)?;
         let at = match bucket_location(&path).map_err(error)? {
             Some(loc) => {
@@ -268,8 +268,8 @@ impl Repo {
                 At::Bucket(loc)
             }
             None => At::Disk(
-                mdl::discover(Path::new(&path))
-                    .ok_or_else(|| error(mdl::StoreError::NotARepository(PathBuf::from(&path))))?,
+                mdl::discover(&path)
+                    .ok_or_else(|| error(mdl::StoreError::NotARepository(path.clone())))?,
             ),
         };
         Ok(Repo::new(at, wait, warm_bytes))
@@ -548,11 +548,10 @@ impl Pending {
 }
 
 /// The location `path` names when it is an `s3://` URL.
-fn bucket_location(path: &str) -> mdl_bucket::Result<Option<Location>> {
-    if mdl_bucket::is_bucket_url(path) {
-        Location::parse(path).map(Some)
-    } else {
-        Ok(None)
+fn bucket_location(path: &Path) -> mdl_bucket::Result<Option<Location>> {
+    match path.to_str() {
+        Some(url) if mdl_bucket::is_bucket_url(url) => Location::parse(url).map(Some),
+        _ => Ok(None),
     }
 }
 

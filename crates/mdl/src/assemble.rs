@@ -6,9 +6,11 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use mdl_format::{Commit, CommitStats, Manifest, MomentPair, ObjectId, ObjectKind, Timestamp};
+use mdl_format::{CommitStats, Manifest, MomentPair, ObjectId, ObjectKind};
 
-use crate::commit::{check_metrics, default_author, CommitOptions, CommitOutcome, Target};
+use crate::commit::{
+    check_metrics, index_records, store_commit, CommitOptions, CommitOutcome, Target,
+};
 use crate::{Error, Repository, Result};
 
 /// Commits the union of the trees of `parts` onto `opts.branch` (HEAD's branch when `None`),
@@ -87,47 +89,16 @@ pub fn assemble(
         added.push((out.id, out.entry));
     }
     let branch = target.branch().to_string();
-    let commit = Commit {
-        manifest: manifest_id,
-        parents: target.parent.into_iter().collect(),
-        author: opts.author.clone().unwrap_or_else(default_author),
-        time: Timestamp::now(),
-        message: opts.message.clone(),
-        step: opts.step,
-        metrics,
-        stats,
-    };
-    let out = batch.put_blob(ObjectKind::Commit, &commit.encode())?;
-    let id = out.id;
-    added.push((id, out.entry));
-    batch.finish()?;
+    let commit = target.commit(manifest_id, opts, opts.step, metrics, stats);
+    let id = store_commit(batch, &commit, &mut added)?;
 
     let mut w = store.meta().write()?;
-    for (oid, entry) in &added {
-        w.put_object(oid, entry)?;
-        w.remove_expired(oid)?;
-    }
+    index_records(&mut w, &added)?;
     target.publish(&mut w, &id, &commit)?;
     w.commit_txn()?;
     tracing::info!(%id, parts = parts.len(), "assembled");
 
-    let CommitStats {
-        raw_bytes,
-        stored_bytes,
-        ..
-    } = commit.stats;
-    Ok(CommitOutcome {
-        id,
-        branch,
-        raw_bytes,
-        stored_bytes,
-        ratio: raw_bytes as f64 / stored_bytes.max(1) as f64,
-        seconds: started.elapsed().as_secs_f64(),
-        tensors: commit.stats.tensors,
-        new_tensors: commit.stats.new_tensors,
-        lossy_tensors: commit.stats.lossy_tensors,
-        search: None,
-    })
+    Ok(CommitOutcome::new(id, branch, &commit.stats, started, None))
 }
 
 /// Each tensor of `manifest`, in order, as `(file path, name)`.

@@ -392,37 +392,19 @@ fn commit_input(
         + rewrites.iter().map(|r| r.new.stored_len).sum::<u64>())
     .saturating_sub(rewrites.iter().map(|r| r.old.stored_len).sum::<u64>());
     let raw_bytes = input.len();
-    let commit = Commit {
-        manifest: manifest_id,
-        parents: parent.into_iter().collect(),
-        author: opts.author.clone().unwrap_or_else(default_author),
-        time: Timestamp::now(),
-        message: opts.message.clone(),
-        step,
-        metrics,
-        stats: CommitStats {
-            raw_bytes,
-            stored_bytes,
-            tensors: tensor_count,
-            new_tensors,
-            lossy_tensors,
-        },
+    let stats = CommitStats {
+        raw_bytes,
+        stored_bytes,
+        tensors: tensor_count,
+        new_tensors,
+        lossy_tensors,
     };
-    let commit_out = batch.put_blob(ObjectKind::Commit, &commit.encode())?;
-    let id = commit_out.id;
-    added.push((id, commit_out.entry));
-    batch.finish()?;
+    let commit = target.commit(manifest_id, opts, step, metrics, stats);
+    let id = store_commit(batch, &commit, &mut added)?;
 
     // Publish: index entries, commit index and the ref, in one transaction.
     let mut w = store.meta().write()?;
-    for (oid, entry) in &added {
-        w.put_object(oid, entry)?;
-        // Stored again after a retention rule deleted it.
-        w.remove_expired(oid)?;
-        if let Some(base) = &entry.base {
-            w.add_dependent(base, oid)?;
-        }
-    }
+    index_records(&mut w, &added)?;
     for r in &rewrites {
         publish_rewrite(&mut w, r)?;
     }
@@ -437,18 +419,63 @@ fn commit_input(
     }
     tracing::info!(%id, stored_bytes, new_tensors, "committed");
 
-    Ok(CommitOutcome {
+    Ok(CommitOutcome::new(
         id,
         branch,
-        raw_bytes,
-        stored_bytes,
-        ratio: raw_bytes as f64 / stored_bytes.max(1) as f64,
-        seconds: started.elapsed().as_secs_f64(),
-        tensors: tensor_count,
-        new_tensors,
-        lossy_tensors,
+        &commit.stats,
+        started,
         search,
-    })
+    ))
+}
+
+impl CommitOutcome {
+    /// The outcome of commit `id` on `branch` with `stats`, started at `started`.
+    pub(crate) fn new(
+        id: ObjectId,
+        branch: String,
+        stats: &CommitStats,
+        started: Instant,
+        search: Option<SearchSummary>,
+    ) -> CommitOutcome {
+        CommitOutcome {
+            id,
+            branch,
+            raw_bytes: stats.raw_bytes,
+            stored_bytes: stats.stored_bytes,
+            ratio: stats.raw_bytes as f64 / stats.stored_bytes.max(1) as f64,
+            seconds: started.elapsed().as_secs_f64(),
+            tensors: stats.tensors,
+            new_tensors: stats.new_tensors,
+            lossy_tensors: stats.lossy_tensors,
+            search,
+        }
+    }
+}
+
+/// Writes `commit`'s record into `batch` (noting it in `added`) and finishes the batch; the
+/// commit's id.
+pub(crate) fn store_commit(
+    batch: ObjectBatch<'_>,
+    commit: &Commit,
+    added: &mut Vec<(ObjectId, IndexEntry)>,
+) -> Result<ObjectId> {
+    let out = batch.put_blob(ObjectKind::Commit, &commit.encode())?;
+    added.push((out.id, out.entry));
+    batch.finish()?;
+    Ok(out.id)
+}
+
+/// Indexes the records a commit added (in the caller's transaction).
+pub(crate) fn index_records(w: &mut MetaWrite<'_>, added: &[(ObjectId, IndexEntry)]) -> Result<()> {
+    for (oid, entry) in added {
+        w.put_object(oid, entry)?;
+        // Stored again after a retention rule deleted it.
+        w.remove_expired(oid)?;
+        if let Some(base) = &entry.base {
+            w.add_dependent(base, oid)?;
+        }
+    }
+    Ok(())
 }
 
 /// The branch a commit moves, and from where.
@@ -481,6 +508,27 @@ impl Target {
             expected,
             parent,
         })
+    }
+
+    /// A new commit onto this target (its parent, the author `opts` names or the default).
+    pub(crate) fn commit(
+        &self,
+        manifest: ObjectId,
+        opts: &CommitOptions,
+        step: Option<u64>,
+        metrics: Vec<(String, f64)>,
+        stats: CommitStats,
+    ) -> Commit {
+        Commit {
+            manifest,
+            parents: self.parent.into_iter().collect(),
+            author: opts.author.clone().unwrap_or_else(default_author),
+            time: Timestamp::now(),
+            message: opts.message.clone(),
+            step,
+            metrics,
+            stats,
+        }
     }
 
     /// The branch's short name.
