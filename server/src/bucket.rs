@@ -10,9 +10,9 @@
 //! records a push sends are uploaded as they arrive, since its ref update may reach another
 //! server.
 
-use mdl::ObjectId;
 use std::time::Duration;
 
+use mdl::ObjectId;
 use mdl_bucket::{BucketGc, Published};
 use mdl_protocol::ErrorCode;
 
