@@ -51,6 +51,7 @@ pub fn run(cli: &Cli, url: &str, purpose: String, out: &mut dyn Write) -> anyhow
             let mut replica = Replica::open(&loc, &mdl_bucket::cache_root(), wait)?;
             let repo = replica.repository(wait)?;
             let outcome = replica.gc(&repo, opts.prune_older_than, opts.dry_run)?;
+            replica.trim(&repo)?;
             output::bucket_gc(out, cli.json, &outcome)?;
             report(cli, &replica);
             return Ok(ExitCode::SUCCESS);
@@ -101,6 +102,7 @@ pub fn run(cli: &Cli, url: &str, purpose: String, out: &mut dyn Write) -> anyhow
         if let Some((_, new)) = published.replayed.last() {
             outcome.id = *new;
         }
+        replica.trim(&repo)?;
         output::commit(out, cli.json, &outcome)?;
         report(cli, &replica);
         return Ok(ExitCode::SUCCESS);
@@ -123,6 +125,7 @@ pub fn run(cli: &Cli, url: &str, purpose: String, out: &mut dyn Write) -> anyhow
     } else {
         replica.publish(&repo)?;
     }
+    replica.trim(&repo)?;
     out.write_all(&buffered)?;
     report(cli, &replica);
     Ok(code)

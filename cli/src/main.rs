@@ -481,6 +481,7 @@ fn library_exit_code(e: &mdl::Error) -> u8 {
             | S::NeedsRecovery
             | S::Corrupt { .. }
             | S::Missing(_)
+            | S::Fetch { .. }
             | S::ReadOnly(_)
             | S::NotARepository(_)
             | S::AlreadyExists(_)

@@ -83,6 +83,7 @@ impl Opener {
                 if mode == LockMode::Write {
                     replica.publish(&repo)?;
                 }
+                replica.trim(&repo)?;
                 Ok(out)
             }
         }
@@ -119,6 +120,7 @@ impl Opener {
                 if let Some((_, new)) = replica.publish(&repo)?.replayed.last() {
                     outcome.id = *new;
                 }
+                replica.trim(&repo)?;
                 Ok(outcome)
             }
         }

@@ -388,7 +388,8 @@ async fn receive(
             let _writer = served.repo.writer();
             Ok(transfer::receive_pack(&served.repo, &mut file, len)?)
         })?;
-        served.publish_records(&received.ids)?;
+        let ids: Vec<ObjectId> = received.frames.iter().map(|f| f.id).collect();
+        served.publish_records(&ids)?;
         Ok(Json(received).into_response())
     })
     .await

@@ -29,6 +29,8 @@ impl Served {
         let mut replica = replica.lock().unwrap_or_else(|p| p.into_inner());
         let _writer = self.repo.writer();
         replica.sync(&self.repo)?;
+        // What earlier requests fetched.
+        replica.trim(&self.repo)?;
         Ok(())
     }
 
@@ -55,6 +57,7 @@ impl Served {
         } else {
             replica.publish_exact(&self.repo)?
         };
+        replica.trim(&self.repo)?;
         Ok((done, published))
     }
 

@@ -169,6 +169,7 @@ fn store_error(e: &StoreError, message: String) -> ApiError {
         E::NeedsRecovery => C::NeedsRecovery,
         E::Corrupt { .. } => C::CorruptObject,
         E::Missing(_) => C::MissingObject,
+        E::Fetch { .. } => C::StorageError,
         E::Busy { .. } => C::Busy,
         E::OutOfMemory(_) => C::OutOfMemory,
         E::ReadOnly(_) => C::ReadOnly,

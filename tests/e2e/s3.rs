@@ -842,3 +842,111 @@ fn gc_deletes_only_what_no_ref_needs_beside_writers_on_other_machines() {
     }
     fresh("d");
 }
+
+/// Bytes of the record files in machine `m`'s copies.
+fn record_bytes(r: &Repo, m: &str) -> u64 {
+    let mut total = 0;
+    for copy in std::fs::read_dir(r.cache(m).join("s3")).unwrap() {
+        let objects = copy.unwrap().path().join("repo/.mdl/objects");
+        for dir in std::fs::read_dir(objects).unwrap() {
+            for f in std::fs::read_dir(dir.unwrap().path()).unwrap() {
+                total += f.unwrap().metadata().unwrap().len();
+            }
+        }
+    }
+    total
+}
+
+/// The bytes a command's `-v` report says it downloaded.
+fn bytes_down(stderr: &[u8]) -> u64 {
+    let err = String::from_utf8_lossy(stderr);
+    let line = err.lines().find(|l| l.contains("bytes down")).unwrap();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "down").unwrap();
+    words[at - 2].parse().unwrap()
+}
+
+#[test]
+#[ignore = "needs SeaweedFS (MDL_WEED); scripts/test.sh installs it and runs these"]
+fn a_machine_fetches_only_the_records_it_reads_and_keeps_its_cache_bounded() {
+    let r = Repo::new("lazy");
+    // Four float tensors of 1 MiB, nudged at each step: every commit's pack is larger than
+    // what a copy reads whole.
+    let mut tensors: Vec<crate::util::T> = (0..4)
+        .map(|i| tensor(&format!("layer.{i}.weight"), "F32", &[512, 512], 100 + i))
+        .collect();
+    let mut ckpts = Vec::new();
+    for step in 1..=3u64 {
+        if step > 1 {
+            for (i, t) in tensors.iter_mut().enumerate() {
+                t.data = nudged(&t.data, step * 10 + i as u64);
+            }
+        }
+        let f = r.path(&format!("big-{step}.safetensors"));
+        ckpts.push(write_safetensors(&f, &tensors, &[]));
+        r.ok(
+            "a",
+            &["commit", f.to_str().unwrap(), "-m", &format!("step {step}")],
+        );
+    }
+
+    // A fresh machine lists the history from the packs' tables of contents, manifests and
+    // commits alone.
+    let out = r.run_at("b", &r.url, &["-v", "log"]);
+    assert!(out.status.success());
+    let down = bytes_down(&out.stderr);
+    assert!(down < 300_000, "log downloaded {down} bytes");
+    assert!(record_bytes(&r, "b") < 100_000, "{}", record_bytes(&r, "b"));
+    // It checks out the oldest and the newest byte for byte, fetching their records.
+    r.checks_out("b", &r.url, &["HEAD~2"], &ckpts[0]);
+    r.checks_out("b", &r.url, &["HEAD"], &ckpts[2]);
+    assert!(record_bytes(&r, "b") > 4 << 20);
+
+    // A machine whose cache holds 1 MiB: every read still byte for byte, with evicted records
+    // fetched again, and its record files back within the size after each command.
+    let small = |args: &[&str]| {
+        let mut all = vec!["-C", r.url.as_str()];
+        all.extend_from_slice(args);
+        let out = r
+            .weed
+            .command(&r.cache("c"), &all)
+            .env("MDL_CACHE_SIZE", "1M")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            record_bytes(&r, "c") <= 1 << 20,
+            "{args:?}: {} {}",
+            record_bytes(&r, "c"),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for (n, (rev, want)) in [
+        ("HEAD", &ckpts[2]),
+        ("HEAD~1", &ckpts[1]),
+        ("HEAD", &ckpts[2]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = r.path(&format!("small-{n}"));
+        small(&["checkout", rev, "-o", out.to_str().unwrap()]);
+        assert_eq!(&std::fs::read(&out).unwrap(), want, "{rev}");
+    }
+    // It commits the next step with its delta bases evicted; another machine reads it back.
+    for (i, t) in tensors.iter_mut().enumerate() {
+        t.data = nudged(&t.data, 40 + i as u64);
+    }
+    let f = r.path("big-4.safetensors");
+    let four = write_safetensors(&f, &tensors, &[]);
+    let id = small(&["commit", f.to_str().unwrap(), "-m", "step 4"]);
+    assert_eq!(r.history("b", "main")[0], id.trim());
+    r.checks_out("b", &r.url, &["HEAD"], &four);
+    // A full check reads every record, from the bucket where the cache lacks it.
+    small(&["fsck"]);
+}

@@ -1,17 +1,20 @@
 //! [`Bucket`]: the object-store calls a repository makes, blocking, under its prefix, each
 //! counted. Reads of an absent key, creates of an existing one and replaces of a changed one
-//! are answers, not errors; everything else the client retried (with backoff, on connection
-//! failures, 5xx and throttling) and still failed is [`Error::Storage`].
+//! are answers, not errors; a small write whose outcome is unknown is read back; everything
+//! else the client retried (with backoff, on connection failures, 5xx and throttling) and
+//! still failed is [`Error::Storage`].
 
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{
-    ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion, WriteMultipart,
+    GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+    UpdateVersion, WriteMultipart,
 };
 
 use crate::location::Location;
@@ -21,6 +24,8 @@ use crate::{Error, Result};
 pub const PART_SIZE: usize = 16 << 20;
 /// Parts of one multipart upload in flight at once.
 const PARTS_IN_FLIGHT: usize = 4;
+/// Objects read from at once by [`Bucket::get_ranges`] (each with its own ranges in flight).
+const OBJECTS_IN_FLIGHT: usize = 8;
 /// Whole downloads tried again after the client's own retries gave up mid-body.
 const DOWNLOAD_ATTEMPTS: usize = 3;
 
@@ -55,6 +60,27 @@ pub struct Counts {
     pub bytes_up: AtomicU64,
     /// Bytes downloaded.
     pub bytes_down: AtomicU64,
+}
+
+/// How many requests `object_store` makes for `ranges`: it reads ranges less than
+/// [`object_store::OBJECT_STORE_COALESCE_DEFAULT`] apart in one.
+fn requests(ranges: &[Range<u64>]) -> u64 {
+    let mut sorted: Vec<&Range<u64>> = ranges.iter().collect();
+    sorted.sort_by_key(|r| r.start);
+    let mut n = 0;
+    let mut end: Option<u64> = None;
+    for r in sorted {
+        match end {
+            Some(e) if r.start <= e + object_store::OBJECT_STORE_COALESCE_DEFAULT => {
+                end = Some(e.max(r.end))
+            }
+            _ => {
+                n += 1;
+                end = Some(r.end);
+            }
+        }
+    }
+    n
 }
 
 /// A failure of the local file a download writes or an upload reads, in the client's error
@@ -150,9 +176,10 @@ impl Bucket {
         self.count(&self.counts.puts, 1);
         self.count(&self.counts.bytes_up, bytes.len() as u64);
         let path = self.path(key);
+        let bytes = Bytes::from(bytes);
         let put = self.rt.block_on(self.store.put_opts(
             &path,
-            PutPayload::from(bytes),
+            PutPayload::from(bytes.clone()),
             PutOptions::from(mode),
         ));
         match put {
@@ -164,7 +191,21 @@ impl Bucket {
                 object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. },
             ) => Ok(None),
-            Err(e) => Err(self.fail("writing", key, e)),
+            Err(e) => match self.landed(key, &bytes) {
+                Some(version) => Ok(Some(version)),
+                None => Err(self.fail("writing", key, e)),
+            },
+        }
+    }
+
+    /// The version of `key` when it holds `bytes`: a write whose outcome is unknown (its
+    /// response was lost after the client's retries, or came without the ETag a conditional
+    /// write needs, as SeaweedFS's sometimes does) landed if the object now holds what it
+    /// wrote.
+    fn landed(&self, key: &str, bytes: &[u8]) -> Option<Version> {
+        match self.get(key) {
+            Ok(Some((now, version))) if now == bytes && version.e_tag.is_some() => Some(version),
+            _ => None,
         }
     }
 
@@ -275,6 +316,62 @@ impl Bucket {
             w.finish().await.map(drop)
         });
         done.map_err(|e| self.fail("uploading", key, e))
+    }
+
+    /// The last `n` bytes of `key` (all of it when it is no longer) and its length; `None`
+    /// when there is no such object.
+    pub fn get_tail(&self, key: &str, n: u64) -> Result<Option<(Bytes, u64)>> {
+        self.count(&self.counts.gets, 1);
+        let path = self.path(key);
+        let opts = GetOptions {
+            range: Some(GetRange::Suffix(n)),
+            ..GetOptions::default()
+        };
+        let got = self.rt.block_on(async {
+            let r = self.store.get_opts(&path, opts).await?;
+            let len = r.meta.size;
+            Ok::<_, object_store::Error>((r.bytes().await?, len))
+        });
+        match got {
+            Ok((bytes, len)) => {
+                self.count(&self.counts.bytes_down, bytes.len() as u64);
+                Ok(Some((bytes, len)))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.fail("reading", key, e)),
+        }
+    }
+
+    /// The byte ranges `ranges` of each object of `wanted`, several objects at once (ranges
+    /// close together are read in one request): `None` for an object that is gone.
+    pub fn get_ranges(
+        &self,
+        wanted: &[(String, Vec<Range<u64>>)],
+    ) -> Result<Vec<Option<Vec<Bytes>>>> {
+        let store = &self.store;
+        let got: Vec<object_store::Result<Vec<Bytes>>> = self.rt.block_on(
+            futures_util::stream::iter(wanted.iter().map(|(key, ranges)| {
+                let path = self.path(key);
+                async move { store.get_ranges(&path, ranges).await }
+            }))
+            .buffered(OBJECTS_IN_FLIGHT)
+            .collect(),
+        );
+        let mut out = Vec::with_capacity(got.len());
+        for ((key, ranges), got) in wanted.iter().zip(got) {
+            // Requests made: ranges less than a megabyte apart go as one.
+            self.count(&self.counts.gets, requests(ranges));
+            match got {
+                Ok(parts) => {
+                    let n: usize = parts.iter().map(Bytes::len).sum();
+                    self.count(&self.counts.bytes_down, n as u64);
+                    out.push(Some(parts));
+                }
+                Err(object_store::Error::NotFound { .. }) => out.push(None),
+                Err(e) => return Err(self.fail("reading", key, e)),
+            }
+        }
+        Ok(out)
     }
 
     /// Deletes `key` (nothing when it is gone already).

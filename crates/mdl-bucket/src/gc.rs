@@ -50,8 +50,8 @@ impl Replica {
         // not know is never deleted.
         let mut contents = BTreeMap::new();
         for key in &self.seen.packs {
-            if let Some(ids) = self.contents(key)? {
-                contents.insert(key.clone(), ids);
+            if let Some(frames) = self.records.toc(key)? {
+                contents.insert(key.clone(), frames.into_iter().map(|f| f.id).collect());
             }
         }
         // Sweep what the last mark named.

@@ -10,27 +10,25 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{BufReader, Seek, SeekFrom, Write};
+use std::io::{BufReader, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mdl::transfer;
+use mdl::transfer::{self, Frame, Toc};
 use mdl::{ObjectId, OpenOptions, Ref, RefValue, Repository, Timestamp};
 
 use crate::client::{Bucket, Version};
 use crate::layout::{self, Marker};
 use crate::location::Location;
+use crate::records::Records;
 use crate::{Error, Result};
 
 /// The replica's work folder inside its cache folder.
 const REPO_DIR: &str = "repo";
-/// The packs applied to the replica (or sent by it), one key a line.
-const APPLIED: &str = "packs";
-/// A file per pack applied or sent, named as the pack, with the ids of every object it
-/// carried, 32 bytes each. The packs still in the bucket, less those a gc marked, tell what
-/// the bucket holds; the replica may hold more (what a killed command made and never
-/// published, what gc deleted).
-const CONTENTS: &str = "contents";
+/// A pack up to this size is read whole; of a larger one, its last bytes this long are read
+/// first: its table of contents, and usually its manifests and commits.
+const TAIL_READ: u64 = 64 << 10;
 /// Held by the process using the replica.
 const LOCK: &str = "lock";
 /// How often a commit that lost the race for its branch is replayed on the winner's.
@@ -79,6 +77,13 @@ pub(crate) struct Seen {
     pub(crate) pending: Option<(layout::Pending, Version)>,
 }
 
+impl Seen {
+    /// Whether the bucket holds `id` in a pack no gc marked, as far as the last sync tells.
+    pub(crate) fn holds(&self, id: &ObjectId) -> bool {
+        self.objects.contains(id)
+    }
+}
+
 /// What [`Replica::publish`] sent.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Published {
@@ -97,7 +102,9 @@ pub struct Published {
 /// A machine's copy of a repository in object storage.
 #[derive(Debug)]
 pub struct Replica {
-    pub(crate) bucket: Bucket,
+    pub(crate) bucket: Arc<Bucket>,
+    /// Where the records of the packs applied and sent are in the bucket.
+    pub(crate) records: Arc<Records>,
     dir: PathBuf,
     pub(crate) seen: Seen,
     _lock: std::fs::File,
@@ -121,7 +128,7 @@ impl Replica {
     /// Opens this machine's replica of `loc` under `cache` (made on first use), waiting up to
     /// `wait` for another process of this machine that uses it, and brings it up to date.
     pub fn open(loc: &Location, cache: &Path, wait: Duration) -> Result<Replica> {
-        let bucket = Bucket::open(loc)?;
+        let bucket = Arc::new(Bucket::open(loc)?);
         let marker = match bucket.get(layout::MARKER)? {
             Some((bytes, _)) => serde_json::from_slice::<Marker>(&bytes).map_err(|e| {
                 not_ours(
@@ -175,8 +182,12 @@ impl Replica {
                 mdl::refs::switch(&repo, name)?;
             }
         }
+        // Every store opened on the replica in this process fetches the records it lacks.
+        let records = Arc::new(Records::new(bucket.clone(), &dir));
+        mdl::source::register(&root.join(mdl::MDL_DIR), records.clone());
         let mut replica = Replica {
             bucket,
+            records,
             dir,
             seen: Seen::default(),
             _lock: lock,
@@ -283,61 +294,8 @@ impl Replica {
         Ok(())
     }
 
-    fn applied(&self) -> Result<HashSet<String>> {
-        // Without the contents of the packs applied, they must be applied again to know them
-        // (a cache an older mdl made).
-        if !self.dir.join(CONTENTS).is_dir() {
-            return Ok(HashSet::new());
-        }
-        let path = self.dir.join(APPLIED);
-        match std::fs::read_to_string(&path) {
-            Ok(s) => Ok(s.lines().map(str::to_string).collect()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HashSet::new()),
-            Err(e) => Err(cache_err(&path)(e)),
-        }
-    }
-
-    /// Where the ids pack `key` carried are kept.
-    fn contents_path(&self, key: &str) -> PathBuf {
-        let name = key.strip_prefix(layout::PACKS).unwrap_or(key);
-        self.dir.join(CONTENTS).join(name)
-    }
-
-    /// The ids pack `key` carried, if this replica applied or sent it.
-    pub(crate) fn contents(&self, key: &str) -> Result<Option<Vec<ObjectId>>> {
-        let path = self.contents_path(key);
-        match std::fs::read(&path) {
-            // A write cut short leaves a partial id at the end: it is not one.
-            Ok(bytes) => Ok(Some(
-                bytes
-                    .chunks_exact(32)
-                    .map(|c| ObjectId::from_bytes(c.try_into().expect("32 bytes")))
-                    .collect(),
-            )),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(cache_err(&path)(e)),
-        }
-    }
-
-    /// Records that the bucket holds `ids` (a pack applied or sent, named `key`): its contents
-    /// first, so a pack never counts as applied without them.
-    fn mark_applied(&self, key: &str, ids: &[ObjectId]) -> Result<()> {
-        let dir = self.dir.join(CONTENTS);
-        std::fs::create_dir_all(&dir).map_err(cache_err(&dir))?;
-        let path = self.contents_path(key);
-        let bytes: Vec<u8> = ids.iter().flat_map(|id| *id.as_bytes()).collect();
-        std::fs::write(&path, bytes).map_err(cache_err(&path))?;
-        let path = self.dir.join(APPLIED);
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .and_then(|mut f| writeln!(f, "{key}"))
-            .map_err(cache_err(&path))
-    }
-
-    /// What the bucket holds, from the contents of `packs` (those listed) that this replica
-    /// applied or sent, read once: the objects of packs a gc did not mark, and apart from them
+    /// What the bucket holds, from the tables of contents of `packs` (those listed) that this
+    /// replica applied or sent, read once: the objects of packs a gc did not mark, and apart from them
     /// those only `marked` packs hold (they may be gone by the time a ref names them, so a
     /// publish sends them again).
     fn in_bucket(
@@ -348,7 +306,8 @@ impl Replica {
         let marked: HashSet<&String> = marked.iter().collect();
         let (mut held, mut in_marked) = (HashSet::new(), HashSet::new());
         for key in packs {
-            let ids = self.contents(key)?.unwrap_or_default();
+            let ids = self.records.toc(key)?.unwrap_or_default();
+            let ids = ids.into_iter().map(|f| f.id);
             if marked.contains(key) {
                 in_marked.extend(ids);
             } else {
@@ -373,13 +332,13 @@ impl Replica {
         Ok(Some((value, version)))
     }
 
-    /// Downloads and receives every pack not applied yet, oldest first, and returns every pack
-    /// listed. One whose delta bases or tensors are in a pack not applied yet (a writer whose
-    /// clock is behind) waits for the others; one that still cannot be applied is left for the
-    /// next sync (its bases went with a pack gc deleted, and no ref needs it, or the sync's
-    /// check of the refs fails); one gone since the listing was deleted by gc.
+    /// Receives every pack not applied yet, oldest first ([`Self::apply_pack`]), and returns
+    /// every pack listed. One whose delta bases or tensors are in a pack not applied yet (a
+    /// writer whose clock is behind) waits for the others; one that still cannot be applied is
+    /// left for the next sync (its bases went with a pack gc deleted, and no ref needs it, or
+    /// the sync's check of the refs fails); one gone since the listing was deleted by gc.
     fn apply_packs(&self, repo: &Repository) -> Result<Vec<String>> {
-        let applied = self.applied()?;
+        let applied: HashSet<String> = self.records.applied()?.into_iter().collect();
         let listed: Vec<String> = self
             .bucket
             .list(layout::PACKS)?
@@ -392,23 +351,19 @@ impl Replica {
             let mut waiting = Vec::new();
             let mut last = None;
             for key in pending {
-                let mut file = tempfile::tempfile_in(&self.dir).map_err(cache_err(&self.dir))?;
-                if self.bucket.download(key, &mut file)?.is_none() {
-                    continue;
-                }
-                file.seek(SeekFrom::Start(0))
-                    .map_err(cache_err(&self.dir))?;
-                let mut reader = BufReader::with_capacity(1 << 20, file);
-                match transfer::receive_pack(repo, &mut reader, u64::MAX) {
-                    Ok(got) => {
-                        tracing::info!(key, objects = got.objects, "applied pack");
-                        self.mark_applied(key, &got.ids)?;
+                match self.apply_pack(repo, key) {
+                    Ok(Some(frames)) => {
+                        tracing::info!(key, frames = frames.len(), "applied pack");
+                        self.records.add(key, &frames)?;
                     }
-                    Err(e @ (mdl::Error::BadTransfer(_) | mdl::Error::Incomplete(_))) => {
+                    Ok(None) => {}
+                    Err(Error::Local(
+                        e @ (mdl::Error::BadTransfer(_) | mdl::Error::Incomplete(_)),
+                    )) => {
                         last = Some((key.clone(), e));
                         waiting.push(key);
                     }
-                    Err(e) => return Err(e.into()),
+                    Err(e) => return Err(e),
                 }
             }
             if waiting.len() == before {
@@ -423,6 +378,99 @@ impl Replica {
             pending = waiting;
         }
         Ok(listed)
+    }
+
+    /// Receives pack `key` (`None` when a gc deleted it since the listing), returning its
+    /// frames. A small pack is read whole, verified and stored; of a larger one only its table
+    /// of contents and what is not a tensor are read, and its tensors are indexed for the
+    /// replica's [`Records`] to fetch when first read ([`transfer::receive_indexed`]). A pack
+    /// without a table (written by an older mdl) is downloaded whole.
+    fn apply_pack(&self, repo: &Repository, key: &str) -> Result<Option<Vec<Frame>>> {
+        let Some((tail, len)) = self.bucket.get_tail(key, TAIL_READ)? else {
+            return Ok(None);
+        };
+        if tail.len() as u64 == len {
+            return Ok(Some(
+                transfer::receive_pack(repo, &mut tail.as_ref(), u64::MAX)?.frames,
+            ));
+        }
+        let mut tail_start = len - tail.len() as u64;
+        let mut tail = tail;
+        let frames = match transfer::read_toc(&tail, len)? {
+            Toc::Absent => return self.apply_whole(repo, key),
+            Toc::Frames(frames) => frames,
+            Toc::From(start) => {
+                let table = std::iter::once(start..len).collect();
+                let Some(mut got) = self
+                    .bucket
+                    .get_ranges(&[(key.to_string(), table)])?
+                    .pop()
+                    .flatten()
+                else {
+                    return Ok(None);
+                };
+                (tail, tail_start) = (got.pop().unwrap_or_default(), start);
+                match transfer::read_toc(&tail, len)? {
+                    Toc::Frames(frames) => frames,
+                    _ => {
+                        return Err(mdl::Error::BadTransfer(format!(
+                            "{key}: its table of contents is not where it says"
+                        ))
+                        .into())
+                    }
+                }
+            }
+        };
+        // Manifests, commits and expired frames: from the bytes read when they are among them.
+        let rest: Vec<&Frame> = frames.iter().filter(|f| !f.is_tensor()).collect();
+        let ranges: Vec<std::ops::Range<u64>> = rest
+            .iter()
+            .filter(|f| f.offset < tail_start)
+            .map(|f| f.offset..f.offset + f.len)
+            .collect();
+        let mut fetched = if ranges.is_empty() {
+            Vec::new()
+        } else {
+            match self
+                .bucket
+                .get_ranges(&[(key.to_string(), ranges)])?
+                .pop()
+                .flatten()
+            {
+                Some(parts) => parts,
+                None => return Ok(None),
+            }
+        }
+        .into_iter();
+        let mut bodies = Vec::with_capacity(rest.len());
+        for f in &rest {
+            let body = if f.offset < tail_start {
+                fetched.next().unwrap_or_default().to_vec()
+            } else {
+                let at = (f.offset - tail_start) as usize;
+                tail.get(at..at + f.len as usize)
+                    .ok_or_else(|| mdl::Error::BadTransfer(format!("{key}: a frame past its end")))?
+                    .to_vec()
+            };
+            bodies.push(body);
+        }
+        Ok(Some(
+            transfer::receive_indexed(repo, &frames, &bodies)?.frames,
+        ))
+    }
+
+    /// Downloads pack `key` whole and receives it (`None` when a gc deleted it).
+    fn apply_whole(&self, repo: &Repository, key: &str) -> Result<Option<Vec<Frame>>> {
+        let mut file = tempfile::tempfile_in(&self.dir).map_err(cache_err(&self.dir))?;
+        if self.bucket.download(key, &mut file)?.is_none() {
+            return Ok(None);
+        }
+        file.seek(SeekFrom::Start(0))
+            .map_err(cache_err(&self.dir))?;
+        let mut reader = BufReader::with_capacity(1 << 20, file);
+        Ok(Some(
+            transfer::receive_pack(repo, &mut reader, u64::MAX)?.frames,
+        ))
     }
 
     /// Every ref object in the bucket, by full name.
@@ -595,7 +643,7 @@ impl Replica {
         if send.is_empty() {
             return Ok(());
         }
-        let mut pack = transfer::spool_pack(repo, &send)?;
+        let (mut pack, frames) = transfer::spool_pack_with_toc(repo, &send)?;
         let path = pack.path().to_path_buf();
         let file = pack.as_file_mut();
         file.seek(SeekFrom::Start(0)).map_err(cache_err(&path))?;
@@ -604,7 +652,7 @@ impl Replica {
             .map_err(cache_err(&path))?;
         let key = layout::pack_key(Timestamp::now(), &hasher.finalize());
         self.bucket.upload(&key, file, len)?;
-        self.mark_applied(&key, &send)?;
+        self.records.add(&key, &frames)?;
         published.pack = Some(key);
         published.objects += send.len() as u64;
         published.bytes += len;

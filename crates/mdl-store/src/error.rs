@@ -49,6 +49,15 @@ pub enum StoreError {
     /// An object the index or a reference names is not present.
     #[error("object {0} is missing from the store")]
     Missing(ObjectId),
+    /// A record this store lacks could not be fetched from where its records are kept
+    /// ([`crate::source`]).
+    #[error("cannot fetch the record of {id}: {why}")]
+    Fetch {
+        /// The (first) record asked for.
+        id: ObjectId,
+        /// Why, in a sentence.
+        why: String,
+    },
     /// Another process holds the repository.
     #[error(
         "repository is in use by {holder}; gave up after waiting {waited_secs} s (see --wait)"

@@ -6,6 +6,8 @@
 //!   read back with checksum and hash verification.
 //! - [`meta`]: `meta.redb` — refs with compare-and-swap and a reflog, the physical index
 //!   (id → record, codec, base, depth), the commit index and configuration.
+//! - [`source`]: records kept elsewhere (a copy of a repository in object storage), fetched
+//!   the first time they are read.
 //! - [`lock`]: writers take turns on the repository lock; others wait, then say who holds it.
 //!   Readers take none (see [`meta`] for how they share the database with a writer).
 //!
@@ -25,6 +27,7 @@ pub mod lock;
 pub mod meta;
 mod objects;
 pub mod rebuild;
+pub mod source;
 mod values;
 
 pub use error::{DbError, StoreError};
@@ -84,6 +87,8 @@ pub struct Store {
     mode: LockMode,
     /// Where codec kernels run (the CPU unless [`Store::set_engine`] says otherwise).
     engine: Arc<dyn Engine>,
+    /// Where records this store lacks are fetched from ([`source`]).
+    source: Option<Arc<dyn source::RecordSource>>,
     _lock: Option<RepoLock>,
 }
 
@@ -161,6 +166,7 @@ impl Store {
             meta,
             mode,
             engine: Arc::new(CpuEngine),
+            source: source::registered(dir),
             _lock: lock,
         })
     }

@@ -25,6 +25,7 @@ pub mod config;
 pub mod diff;
 pub mod engine;
 mod error;
+pub mod evict;
 pub mod fsck;
 pub mod gc;
 mod history;
@@ -47,8 +48,8 @@ pub mod warm;
 
 pub use error::Error;
 pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp, V1_FILE_PATH};
-pub use mdl_store::budget;
 pub use mdl_store::fs::FaultyFs;
+pub use mdl_store::{budget, source};
 pub use mdl_store::{IndexEntry, LockMode, RefValue, Storage, StoreError, MDL_DIR};
 pub use progress::{NoProgress, Progress};
 pub use repo::{discover, OpenOptions, Repository, ADVERTISEMENT};

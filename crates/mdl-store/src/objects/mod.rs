@@ -23,8 +23,9 @@ impl Store {
             .join(format!("{}.{generation}", &hex[2..]))
     }
 
-    /// Deletes a record file that the index no longer points to (an older generation after a
-    /// re-encode). Best effort: a leftover file is only an unindexed record, reported by fsck.
+    /// Deletes a record file: one the index no longer points to (an older generation after a
+    /// re-encode), or one a [`crate::source::RecordSource`] holds too (a cache's eviction).
+    /// Best effort: a leftover file is only an unindexed record, reported by fsck.
     pub fn remove_record(&self, id: &ObjectId, generation: u32) {
         let _ = self
             .storage()
@@ -117,7 +118,9 @@ mod sync;
 mod windows;
 mod write;
 
+pub(crate) use read::agrees_with_index;
 pub use windows::{TensorWindows, WINDOW_CHUNKS};
+pub(crate) use write::next_temp;
 pub use write::{ObjectBatch, PutOutcome};
 
 #[cfg(test)]

@@ -153,18 +153,16 @@ impl Store {
         entry: &IndexEntry,
         f: impl FnOnce(&[u8]) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
-        let path = self.record_path(id, entry.generation);
+        let (mut file, path) = self.open_record_file(id, entry)?;
         // Record bytes go through a reused buffer (nested reads take their own): fresh large
         // buffers cost a page fault per 4 KiB.
         let mut bytes = buffers::take();
         bytes.clear();
-        let read = File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes));
-        let result = match read {
+        let result = match file.read_to_end(&mut bytes) {
             Ok(_) => f(&bytes),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(StoreError::Missing(*id)),
             Err(e) => Err(StoreError::Io {
                 op: "read",
-                path: path.clone(),
+                path,
                 source: e,
             }),
         };
@@ -308,8 +306,7 @@ impl Store {
         id: &ObjectId,
         entry: &IndexEntry,
     ) -> Result<OpenRecord, StoreError> {
-        let path = self.record_path(id, entry.generation);
-        let file = File::open(&path).map_err(StoreError::record_io(id, "open", &path))?;
+        let (file, path) = self.open_record_file(id, entry)?;
         let len = file
             .metadata()
             .map_err(StoreError::io("stat", &path))?
@@ -331,8 +328,10 @@ impl Store {
     /// The bytes of an object's record file, as stored (for sending it to another repository).
     /// The checksum is verified; the content is verified by the receiver.
     pub fn read_record(&self, id: &ObjectId, entry: &IndexEntry) -> Result<Vec<u8>, StoreError> {
-        let path = self.record_path(id, entry.generation);
-        let bytes = std::fs::read(&path).map_err(StoreError::record_io(id, "read", &path))?;
+        let (mut file, path) = self.open_record_file(id, entry)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)
+            .map_err(StoreError::io("read", &path))?;
         record::decode(&bytes).map_err(corrupt(id, entry))?;
         Ok(bytes)
     }
@@ -391,7 +390,7 @@ pub(super) fn corrupt(
 
 /// Checks a record's header and trailer against its index entry (and, where the caller
 /// measured it, its payload length against the trailer's).
-pub(super) fn agrees_with_index(
+pub(crate) fn agrees_with_index(
     header: &RecordHeader,
     trailer: &Trailer,
     payload_len: Option<u64>,

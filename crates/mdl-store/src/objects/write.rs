@@ -38,6 +38,11 @@ pub struct ObjectBatch<'s> {
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// A number no other temporary file of this process has.
+pub(crate) fn next_temp() -> u64 {
+    TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
+}
+
 #[derive(Debug)]
 struct NotSmaller;
 
@@ -328,7 +333,7 @@ impl ObjectBatch<'_> {
         let tmp = dir.join(format!(
             "{TEMP_PREFIX}{}-{}",
             std::process::id(),
-            TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
+            next_temp()
         ));
         let result = (|| -> Result<u64, WriteError> {
             let file = fs

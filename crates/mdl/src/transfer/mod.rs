@@ -18,7 +18,9 @@ use serde::{Deserialize, Serialize};
 use crate::{history, Error, Repository, Result};
 
 mod pack;
-pub use pack::{receive_pack, write_pack, Received};
+mod toc;
+pub use pack::{receive_indexed, receive_pack, write_pack, Received};
+pub use toc::{encode_toc, read_toc, Frame, FrameRecord, Toc, TOC_FOOTER};
 
 /// First bytes of a pack stream.
 pub const PACK_MAGIC: &[u8; 8] = b"MDLPACK1";
@@ -83,14 +85,37 @@ pub fn has_commit(repo: &Repository, id: &ObjectId) -> Result<bool> {
 /// The pack of `ids` ([`write_pack`]) in a temporary file under `.mdl/incoming` (removed when
 /// dropped), ready to upload.
 pub fn spool_pack(repo: &Repository, ids: &[ObjectId]) -> Result<tempfile::NamedTempFile> {
+    Ok(spool(repo, ids, false)?.0)
+}
+
+/// [`spool_pack`] with the pack's table of contents after its end frame ([`Frame`]), for a
+/// reader that reads only some of its records; with the frames.
+pub fn spool_pack_with_toc(
+    repo: &Repository,
+    ids: &[ObjectId],
+) -> Result<(tempfile::NamedTempFile, Vec<Frame>)> {
+    spool(repo, ids, true)
+}
+
+fn spool(
+    repo: &Repository,
+    ids: &[ObjectId],
+    toc: bool,
+) -> Result<(tempfile::NamedTempFile, Vec<Frame>)> {
     let mut tmp = repo.store().incoming_file(".push-")?;
     let path = tmp.path().to_path_buf();
-    let io = |source| Error::Output { path, source };
+    let io = |source| Error::Output {
+        path: path.clone(),
+        source,
+    };
     let mut w = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file_mut());
-    write_pack(repo, ids, &mut w)?;
+    let (len, frames) = pack::write_frames(repo, ids, &mut w)?;
+    if toc {
+        std::io::Write::write_all(&mut w, &encode_toc(&frames, len)).map_err(&io)?;
+    }
     std::io::Write::flush(&mut w).map_err(io)?;
     drop(w);
-    Ok(tmp)
+    Ok((tmp, frames))
 }
 
 /// Objects that a repository holding the commits `has_commit` accepts (and everything those

@@ -6,10 +6,13 @@
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 
+use mdl_codec::CodecTag;
 use mdl_format::{Commit, Manifest, ObjectId, ObjectKind, Timestamp};
+use mdl_store::meta::MetaWrite;
 use mdl_store::{CommitSummary, Expired, IndexEntry, StoreError};
 use serde::{Deserialize, Serialize};
 
+use super::toc::{Frame, FrameRecord};
 use super::PACK_MAGIC;
 use crate::{per_tensor, Error, Repository, Result};
 
@@ -31,6 +34,15 @@ const MAX_RULE_LEN: usize = 1024;
 /// thinned.
 #[tracing::instrument(name = "transfer.write_pack", skip_all, fields(objects = ids.len()))]
 pub fn write_pack(repo: &Repository, ids: &[ObjectId], w: &mut dyn Write) -> Result<u64> {
+    Ok(write_frames(repo, ids, w)?.0)
+}
+
+/// [`write_pack`], returning the bytes written and where each frame is ([`Frame`]).
+pub(super) fn write_frames(
+    repo: &Repository,
+    ids: &[ObjectId],
+    w: &mut dyn Write,
+) -> Result<(u64, Vec<Frame>)> {
     let out = |e: std::io::Error| Error::from(StoreError::Output(e));
     enum Item {
         Record(IndexEntry),
@@ -50,14 +62,21 @@ pub fn write_pack(repo: &Repository, ids: &[ObjectId], w: &mut dyn Write) -> Res
     };
     w.write_all(PACK_MAGIC).map_err(out)?;
     let mut total = PACK_MAGIC.len() as u64;
+    let mut frames = Vec::with_capacity(ids.len());
     for (id, item) in ids.iter().zip(&items) {
-        let body = match item {
+        let (body, record) = match item {
             Item::Record(entry) => {
                 let record = repo.store().read_record(id, entry)?;
                 w.write_all(id.as_bytes()).map_err(out)?;
                 w.write_all(&(record.len() as u64).to_le_bytes())
                     .map_err(out)?;
-                record
+                let info = FrameRecord {
+                    kind: entry.kind,
+                    codec: entry.codec,
+                    base: entry.base,
+                    content_len: entry.content_len,
+                };
+                (record, Some(info))
             }
             Item::Expired(x) => {
                 w.write_all(id.as_bytes()).map_err(out)?;
@@ -68,18 +87,24 @@ pub fn write_pack(repo: &Repository, ids: &[ObjectId], w: &mut dyn Write) -> Res
                 b.extend_from_slice(&x.time.0.to_le_bytes());
                 b.extend_from_slice(&(rule.len() as u16).to_le_bytes());
                 b.extend_from_slice(rule);
-                b
+                (b, None)
             }
         };
         w.write_all(&body).map_err(out)?;
+        frames.push(Frame {
+            id: *id,
+            offset: total + 40,
+            len: body.len() as u64,
+            record,
+        });
         total += 40 + body.len() as u64;
     }
     w.write_all(&[0u8; 40]).map_err(out)?;
-    Ok(total + 40)
+    Ok((total + 40, frames))
 }
 
-/// Reads the rest of an expired frame.
-fn read_expired(r: &mut dyn Read, id: &ObjectId) -> Result<Expired> {
+/// Reads the rest of an expired frame; with its length.
+fn read_expired(r: &mut dyn Read, id: &ObjectId) -> Result<(Expired, u64)> {
     let mut fixed = [0u8; 19];
     read_exact(r, &mut fixed)?;
     let kind = ObjectKind::try_from(fixed[0])
@@ -97,12 +122,13 @@ fn read_expired(r: &mut dyn Read, id: &ObjectId) -> Result<Expired> {
     let mut rule = vec![0u8; n];
     read_exact(r, &mut rule)?;
     let rule = String::from_utf8(rule).map_err(|_| bad_pack(format!("{id}: rule not UTF-8")))?;
-    Ok(Expired {
+    let expired = Expired {
         kind,
         content_len,
         time,
         rule,
-    })
+    };
+    Ok((expired, fixed.len() as u64 + n as u64))
 }
 
 /// What a received pack added.
@@ -117,10 +143,11 @@ pub struct Received {
     /// Tensors recorded as expired (thinned commits' deleted optimizer state).
     #[serde(default)]
     pub expired: u64,
-    /// Every object the pack carried, stored now or already present (not sent over HTTP):
-    /// what a repository in object storage knows its bucket holds once the pack is applied.
+    /// Every frame of the pack, its objects stored now or already present (not sent over
+    /// HTTP): what a repository in object storage knows its bucket holds once the pack is
+    /// applied, and where.
     #[serde(skip)]
-    pub ids: Vec<ObjectId>,
+    pub frames: Vec<Frame>,
 }
 
 /// Why a pack was refused.
@@ -140,6 +167,95 @@ pub fn receive_pack(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Res
         }
         e => e,
     })
+}
+
+/// Receives a pack from its table of contents (`frames`, [`super::toc`]) without the bytes of
+/// its tensors: each tensor's record is named in the index as the table describes it, for the
+/// repository's [`mdl_store::source::RecordSource`] to fetch, check against that entry and
+/// verify when it is first read. Everything else — manifests, commits, expired frames, whose
+/// bodies `tail` holds in the table's order — is received as [`receive_pack`] receives it,
+/// every check included. Only for a store with a source ([`mdl_store::Store::fetches_records`]).
+#[tracing::instrument(name = "transfer.receive_indexed", skip_all, fields(frames = frames.len()))]
+pub fn receive_indexed(repo: &Repository, frames: &[Frame], tail: &[Vec<u8>]) -> Result<Received> {
+    let store = repo.store();
+    if !store.fetches_records() {
+        return Err(bad_pack(
+            "a pack's table of contents alone is only enough where records are fetched",
+        ));
+    }
+    let (tensors, rest): (Vec<&Frame>, Vec<&Frame>) = frames.iter().partition(|f| f.is_tensor());
+    if rest.len() != tail.len() {
+        return Err(bad_pack("the bodies given are not the table's"));
+    }
+    let mut received = Received::default();
+    let mut w = store.meta().write()?;
+    let now = Timestamp::now();
+    for f in tensors {
+        let r = f.record.expect("a tensor frame has a record");
+        if w.object(&f.id)?.is_some() {
+            continue;
+        }
+        let codec = CodecTag::try_from(r.codec).map_err(|e| bad_pack(format!("{}: {e}", f.id)))?;
+        if r.base.is_some() != codec.has_base() || r.base == Some(f.id) {
+            return Err(bad_pack(format!(
+                "{}: base flag disagrees with the codec",
+                f.id
+            )));
+        }
+        let depth = match &r.base {
+            None => 0,
+            Some(base) => match w.object(base)? {
+                Some(b) if b.kind == ObjectKind::Tensor && b.content_len == r.content_len => {
+                    b.depth + 1
+                }
+                Some(_) => {
+                    return Err(bad_pack(format!(
+                        "{}: delta base {base} is not a tensor of its size",
+                        f.id
+                    )))
+                }
+                None => {
+                    return Err(Error::Incomplete(format!(
+                        "delta base {base} of tensor {}",
+                        f.id
+                    )))
+                }
+            },
+        };
+        let entry = IndexEntry {
+            kind: ObjectKind::Tensor,
+            codec: r.codec,
+            generation: 0,
+            base: r.base,
+            depth,
+            stored_len: f.len,
+            content_len: r.content_len,
+            created: now,
+        };
+        index_tensor(&mut w, &f.id, &entry)?;
+        received.objects += 1;
+        received.bytes += f.len;
+    }
+    w.commit_txn()?;
+    let mut stream = PACK_MAGIC.to_vec();
+    for (f, body) in rest.iter().zip(tail) {
+        stream.extend_from_slice(f.id.as_bytes());
+        let len = if f.record.is_some() {
+            body.len() as u64
+        } else {
+            EXPIRED_FRAME
+        };
+        stream.extend_from_slice(&len.to_le_bytes());
+        stream.extend_from_slice(body);
+    }
+    stream.extend_from_slice(&[0u8; 40]);
+    let got = receive_pack(repo, &mut stream.as_slice(), u64::MAX)?;
+    received.objects += got.objects;
+    received.bytes += got.bytes;
+    received.commits = got.commits;
+    received.expired = got.expired;
+    received.frames = frames.to_vec();
+    Ok(received)
 }
 
 fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Received> {
@@ -173,9 +289,16 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
         if len == 0 && id.as_bytes() == &[0u8; 32] {
             break;
         }
-        received.ids.push(id);
         if len == EXPIRED_FRAME {
-            expired.insert(id, read_expired(r, &id)?);
+            let (x, n) = read_expired(r, &id)?;
+            received.frames.push(Frame {
+                id,
+                offset: read_bytes,
+                len: n,
+                record: None,
+            });
+            read_bytes += n;
+            expired.insert(id, x);
             continue;
         }
         if len > max_record {
@@ -184,10 +307,6 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
             )));
         }
         let record = read_frame(r, len)?;
-        read_bytes += len;
-        if pending.contains(&id) || store.meta().read()?.object(&id)?.is_some() {
-            continue;
-        }
         let corrupt = |source| StoreError::Corrupt {
             id,
             kind: "received",
@@ -201,6 +320,21 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
             .map(|at| mdl_format::record::Trailer::decode(&record[at..]))
             .ok_or_else(|| bad_pack(format!("record of {id} is too short")))?
             .map_err(corrupt)?;
+        received.frames.push(Frame {
+            id,
+            offset: read_bytes,
+            len,
+            record: Some(FrameRecord {
+                kind: header.kind,
+                codec: header.codec,
+                base: header.base,
+                content_len: trailer.content_len,
+            }),
+        });
+        read_bytes += len;
+        if pending.contains(&id) || store.meta().read()?.object(&id)?.is_some() {
+            continue;
+        }
         let payload_len = record
             .len()
             .saturating_sub(header_len + mdl_format::record::TRAILER_LEN)
@@ -334,17 +468,23 @@ fn publish_tensors(
         }
     }
     for (id, e) in layer.iter() {
-        w.put_object(id, e)?;
-        if let Some(base) = &e.base {
-            w.add_dependent(base, id)?;
-        }
-        // Stored again: no longer expired here.
-        if w.expired(id)?.is_some() {
-            w.remove_expired(id)?;
-        }
+        index_tensor(&mut w, id, e)?;
     }
     w.commit_txn()?;
     layer.clear();
+    Ok(())
+}
+
+/// Names a tensor's record in the index, as a dependent of its base.
+fn index_tensor(w: &mut MetaWrite<'_>, id: &ObjectId, e: &IndexEntry) -> Result<()> {
+    w.put_object(id, e)?;
+    if let Some(base) = &e.base {
+        w.add_dependent(base, id)?;
+    }
+    // Stored again: no longer expired here.
+    if w.expired(id)?.is_some() {
+        w.remove_expired(id)?;
+    }
     Ok(())
 }
 
