@@ -22,7 +22,8 @@ mod remote;
 )]
 struct Cli {
     /// Run as if started in DIR; a URL runs the command on a server (http://HOST:PORT/REPO) or
-    /// on a repository in object storage (s3://BUCKET/PREFIX).
+    /// on a repository in object storage (s3://BUCKET/PREFIX; this machine's cache of it in
+    /// $MDL_CACHE_DIR, at most $MDL_CACHE_SIZE of records, default 50G).
     #[arg(short = 'C', global = true, env = "MDL_DIR", value_name = "DIR")]
     dir: Option<PathBuf>,
     /// Bearer token for servers.
@@ -118,7 +119,7 @@ enum Command {
         delete: Option<String>,
     },
     /// Verify every object and reference, and the metadata database (with -C s3://…, this
-    /// machine's copy, whose records were verified as they arrived from the bucket).
+    /// machine's copy: records it has not read yet are fetched from the bucket to be verified).
     Fsck {
         /// Rebuild a missing or damaged meta.redb from the object records and the journal,
         /// rewrite a journal that disagrees with it, and remove leftovers of interrupted writes

@@ -89,8 +89,8 @@ impl Records {
         }
     }
 
-    /// Records that pack `key` holds `frames`: its table first, so a pack never counts as
-    /// applied without it.
+    /// Records that pack `key` holds `frames`: its table first, synced, so a pack never counts
+    /// as applied without it.
     pub(crate) fn add(&self, key: &str, frames: &[Frame]) -> Result<()> {
         use std::io::Write;
         let cache = |path: &Path| {
@@ -100,7 +100,14 @@ impl Records {
         let dir = self.dir.join(TOCS);
         std::fs::create_dir_all(&dir).map_err(cache(&dir))?;
         let path = self.toc_path(key);
-        std::fs::write(&path, transfer::encode_toc(frames, 0)).map_err(cache(&path))?;
+        // Synced before the pack is listed: a power loss must not leave a pack counted as
+        // applied whose records this replica cannot locate.
+        std::fs::File::create(&path)
+            .and_then(|mut f| {
+                f.write_all(&transfer::encode_toc(frames, 0))?;
+                f.sync_data()
+            })
+            .map_err(cache(&path))?;
         let path = self.dir.join(APPLIED);
         std::fs::OpenOptions::new()
             .create(true)
