@@ -3,7 +3,8 @@
 # commits a checkpoint series (default: the corpus's traj-fp32, ../shared/corpus) into a
 # local repository and into a repository in a local SeaweedFS (scripts/seaweedfs-env.sh),
 # checks out the newest and the oldest commit from each (the S3 checkout from a fresh
-# machine's cache, so it downloads), and uploads the same files with boto3 (pinned below,
+# machine's cache, so it fetches; also a fresh machine's log and a machine whose cache is a
+# quarter of a checkpoint), and uploads the same files with boto3 (pinned below,
 # installed beside SeaweedFS) as the plain-upload baseline. Prints one table: seconds, MB/s of
 # checkpoint bytes, and PUTs per commit.
 #   MDL=path/to/mdl SERIES=dir scripts/bench-s3.sh
@@ -55,14 +56,31 @@ t=$(now); for f in $files; do
     puts=$((puts + c))
 done
 row "commit, SeaweedFS" "$(echo "$(now) - $t" | bc)" "$bytes" "$(echo "$puts / $n" | bc -l | xargs printf '%.1f') PUTs a commit"
+down() { sed -n 's/.* \([0-9]*\) bytes down.*/\1/p' | awk '{s += $1} END {printf "%.1f MB down", s / 1e6}'; }
+export MDL_CACHE_DIR=$work/cache-log
+t=$(now); got=$("$mdl" -v -C s3://bench/run log 2>&1 >/dev/null | down)
+row "log, SeaweedFS, fresh machine" "$(echo "$(now) - $t" | bc)" 0 "$got"
 export MDL_CACHE_DIR=$work/cache-reader
-t=$(now); "$mdl" -C s3://bench/run checkout HEAD -o "$work/o3" >/dev/null
-row "checkout newest, SeaweedFS, cold" "$(echo "$(now) - $t" | bc)" "$(size "$newest")" "(fresh cache: downloads the repository)"
+t=$(now); got=$("$mdl" -v -C s3://bench/run checkout HEAD -o "$work/o3" 2>&1 >/dev/null | down)
+row "checkout newest, SeaweedFS, cold" "$(echo "$(now) - $t" | bc)" "$(size "$newest")" "(fresh cache; $got)"
 t=$(now); "$mdl" -C s3://bench/run checkout HEAD -o "$work/o3" --force >/dev/null
 row "checkout newest, SeaweedFS, warm" "$(echo "$(now) - $t" | bc)" "$(size "$newest")"
-t=$(now); "$mdl" -C s3://bench/run checkout "HEAD~$((n - 1))" -o "$work/o4" >/dev/null
-row "checkout oldest, SeaweedFS, warm" "$(echo "$(now) - $t" | bc)" "$(size "$oldest")"
+t=$(now); got=$("$mdl" -v -C s3://bench/run checkout "HEAD~$((n - 1))" -o "$work/o4" 2>&1 >/dev/null | down)
+row "checkout oldest, SeaweedFS, after newest" "$(echo "$(now) - $t" | bc)" "$(size "$oldest")" "($got)"
 cmp "$work/o3" "$newest" && cmp "$work/o4" "$oldest"
+# A machine whose cache holds a quarter of one checkpoint: every checkout fetches again.
+export MDL_CACHE_DIR=$work/cache-small MDL_CACHE_SIZE=$(( $(size "$newest") / 4 ))
+"$mdl" -C s3://bench/run log >/dev/null
+t=$(now); got=$("$mdl" -v -C s3://bench/run checkout HEAD -o "$work/o5" 2>&1 >/dev/null | down)
+row "checkout newest, cache 1/4 checkpoint" "$(echo "$(now) - $t" | bc)" "$(size "$newest")" "($got; $(du -sb "$work/cache-small" | cut -f1 | awk '{printf "%.1f", $1 / 1e6}') MB cached after)"
+cmp "$work/o5" "$newest"
+unset MDL_CACHE_SIZE
+bucket=$("$venv/bin/python" -c '
+import os, boto3
+s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+pages = s3.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix="run/")
+print(sum(o["Size"] for p in pages for o in p.get("Contents", [])))')
+echo "repository in the bucket: $(echo "$bucket / 1000000" | bc -l | xargs printf '%.1f') MB; writer's replica: $(du -sb "$work/cache-writer" | cut -f1 | awk '{printf "%.1f", $1 / 1e6}') MB"
 # Plain uploads of the same files (what `aws s3 cp` does), boto3's default transfer settings.
 t=$(now)
 "$venv/bin/python" - "$series" <<'PY'

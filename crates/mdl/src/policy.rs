@@ -77,19 +77,12 @@ impl Default for DeltaPolicy {
 }
 
 impl DeltaPolicy {
-    /// The repository's policy: its configuration over the defaults. A repository whose
-    /// records are a cache of others ([`Store::fetches_records`], a machine's copy of a
-    /// repository in object storage) deltas forward where reverse is asked: a reverse delta
-    /// re-encodes a record the other side already holds, so the other side would never get it
-    /// and the cache could never drop it.
+    /// The repository's policy: its configuration over the defaults.
     pub fn from_store(store: &Store) -> Result<DeltaPolicy> {
         let meta = store.meta().read()?;
         let mut p = DeltaPolicy::default();
         if let Some(v) = meta.config(MODE_KEY)? {
             p.mode = v.parse()?;
-        }
-        if p.mode == DeltaMode::Reverse && store.fetches_records() {
-            p.mode = DeltaMode::Forward;
         }
         if let Some(v) = meta.config(MAX_DEPTH_KEY)? {
             p.max_depth = parse_depth(&v)?;

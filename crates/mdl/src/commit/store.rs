@@ -359,10 +359,14 @@ impl StoreCtx<'_> {
             }
             // The previous version must be self-contained, and everything decoding through it
             // must stay within the caps once it is one step deeper (through its new delta and
-            // the new whole record).
+            // the new whole record). A store whose records are a cache of a bucket's
+            // (`Store::fetches_records`) never re-encodes one: the bucket would never get the
+            // re-encoded record and the cache could never drop it, so there the new version is
+            // stored whole and the previous one stays as the bucket has it.
             DeltaMode::Reverse => {
                 let (height, load) = chain_height(&meta, &prev_id)?;
-                entry.base.is_none()
+                !self.repo.store().fetches_records()
+                    && entry.base.is_none()
                     && height < self.policy.max_depth
                     && load + 2 * entry.stored_len <= budget
             }
