@@ -153,21 +153,26 @@ impl Store {
     }
 
     /// Opens `id`'s record file; where a source is registered, one that is missing is
-    /// fetched first, and one opened is stamped as just used.
+    /// fetched first (again, should another thread's eviction take it before it is open),
+    /// and one opened is stamped as just used.
     pub(crate) fn open_record_file(
         &self,
         id: &ObjectId,
         entry: &IndexEntry,
     ) -> Result<(std::fs::File, PathBuf), StoreError> {
         let path = self.record_path(id, entry.generation);
-        let file = match std::fs::File::open(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.source.is_some() => {
-                self.fetch(&[*id])?;
-                std::fs::File::open(&path)
+        let fetches = if self.source.is_some() { 2 } else { 0 };
+        let mut opened = std::fs::File::open(&path);
+        for _ in 0..fetches {
+            match &opened {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    self.fetch(&[*id])?;
+                    opened = std::fs::File::open(&path);
+                }
+                _ => break,
             }
-            other => other,
         }
-        .map_err(StoreError::record_io(id, "open", &path))?;
+        let file = opened.map_err(StoreError::record_io(id, "open", &path))?;
         if self.source.is_some() {
             // Best effort: a stamp that fails only makes the record an earlier candidate.
             let _ = file.set_modified(SystemTime::now());
