@@ -845,16 +845,24 @@ fn gc_deletes_only_what_no_ref_needs_beside_writers_on_other_machines() {
 
 /// Bytes of the record files in machine `m`'s copies.
 fn record_bytes(r: &Repo, m: &str) -> u64 {
-    let mut total = 0;
+    record_files(r, m)
+        .iter()
+        .map(|f| std::fs::metadata(f).unwrap().len())
+        .sum()
+}
+
+/// The record files of machine `m`'s copies.
+fn record_files(r: &Repo, m: &str) -> Vec<PathBuf> {
+    let mut files = Vec::new();
     for copy in std::fs::read_dir(r.cache(m).join("s3")).unwrap() {
         let objects = copy.unwrap().path().join("repo/.mdl/objects");
         for dir in std::fs::read_dir(objects).unwrap() {
             for f in std::fs::read_dir(dir.unwrap().path()).unwrap() {
-                total += f.unwrap().metadata().unwrap().len();
+                files.push(f.unwrap().path());
             }
         }
     }
-    total
+    files
 }
 
 /// The bytes a command's `-v` report says it downloaded.
@@ -889,6 +897,15 @@ fn a_machine_fetches_only_the_records_it_reads_and_keeps_its_cache_bounded() {
             &["commit", f.to_str().unwrap(), "-m", &format!("step {step}")],
         );
     }
+    // The writer re-encoded nothing the bucket holds (reverse deltas would rewrite each
+    // previous version as a second generation only this machine has): every record of its
+    // copy is as the bucket has it, so all of them can be evicted.
+    let files = record_files(&r, "a");
+    assert!(files.len() >= 12, "{files:?}");
+    assert!(
+        files.iter().all(|f| f.extension().unwrap() == "0"),
+        "{files:?}"
+    );
 
     // A fresh machine lists the history from the packs' tables of contents, manifests and
     // commits alone.
