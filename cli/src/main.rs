@@ -496,9 +496,10 @@ fn library_exit_code(e: &mdl::Error) -> u8 {
         | E::InvalidInput { .. }
         | E::Assemble(_)
         | E::UnknownRevision(_)
+        | E::ShortIdPrefix(_)
         | E::NoSuchPath { .. }
         | E::AmbiguousRevision { .. }
-        | E::NoSuchAncestor(_)
+        | E::NoSuchAncestor { .. }
         | E::UnbornBranch(_)
         | E::InvalidName(_)
         | E::RefExists { .. }

@@ -105,7 +105,9 @@ impl From<mdl::Error> for ApiError {
             E::Store(s) => return store_error(s, message),
             E::Input { .. } | E::Assemble(_) => C::BadInput,
             E::InvalidInput { .. } => C::InvalidSafetensors,
-            E::UnknownRevision(_) | E::NoSuchAncestor(_) => C::UnknownRevision,
+            E::UnknownRevision(_) | E::ShortIdPrefix(_) | E::NoSuchAncestor { .. } => {
+                C::UnknownRevision
+            }
             E::NoSuchPath { .. } => C::NotFound,
             E::AmbiguousRevision { .. } => C::AmbiguousRevision,
             E::UnbornBranch(_) => C::UnbornBranch,

@@ -125,8 +125,9 @@ fn bad_inputs_leave_repository_unchanged() {
                 "-o".into(),
                 d.join("o").to_str().unwrap().into(),
             ],
-            "past the first commit",
+            "is the first commit (it has no parent)",
         ),
+        (vec!["show".into(), "HEAD^2".into()], "it has no parent"),
         (vec!["show".into(), "0000".into()], "unknown revision"),
         (vec!["branch".into(), "a b".into()], "invalid name"),
         (
@@ -197,7 +198,9 @@ fn ambiguous_prefix_and_not_a_repository() {
     if let Some(p) = amb {
         fails(d, &["show", &p], "ambiguous");
     }
-    fails(d, &["show", "abc"], "unknown revision");
+    fails(d, &["show", "abc"], "an id prefix needs at least 4 hex digits");
+    fails(d, &["show", "HEAD^3"], "has no 3rd parent (it has 1 parent)");
+    fails(d, &["show", "HEAD~40"], "is the first commit (it has no parent)");
 }
 
 #[test]

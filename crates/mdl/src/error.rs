@@ -35,6 +35,9 @@ pub enum Error {
     /// A revision names nothing.
     #[error("unknown revision {0:?}")]
     UnknownRevision(String),
+    /// A revision that is no branch or tag and too short to be an id prefix.
+    #[error("unknown revision {0:?}: not a branch or tag, and an id prefix needs at least {min} hex digits", min = mdl_format::IdPrefix::MIN_LEN)]
+    ShortIdPrefix(String),
     /// An id prefix matches several commits.
     #[error("ambiguous revision {rev:?}: matches {}", candidates.join(", "))]
     AmbiguousRevision {
@@ -43,9 +46,15 @@ pub enum Error {
         /// Short ids of the matching commits.
         candidates: Vec<String>,
     },
-    /// A revision walks past the root (`main~99`).
-    #[error("revision {0:?} goes past the first commit")]
-    NoSuchAncestor(String),
+    /// A revision walks past the root (`main~99`) or asks for a parent a commit does not
+    /// have (`HEAD^3`).
+    #[error("revision {rev:?}: {why}")]
+    NoSuchAncestor {
+        /// What was typed.
+        rev: String,
+        /// Which commit lacks which parent.
+        why: String,
+    },
     /// A branch that has no commits yet.
     #[error("branch {0} has no commits yet")]
     UnbornBranch(String),

@@ -60,22 +60,56 @@ pub fn resolve(repo: &Repository, rev: &str) -> Result<ObjectId> {
             .ok_or_else(|| Error::UnknownRevision(rev.to_string()))?
             .parents)
     };
-    let past_root = || Error::NoSuchAncestor(rev.to_string());
+    let missing = |id: &ObjectId, k: u64, has: usize| Error::NoSuchAncestor {
+        rev: rev.to_string(),
+        why: match has {
+            0 => format!("commit {} is the first commit (it has no parent)", id.short(12)),
+            _ => format!(
+                "commit {} has no {} parent (it has {})",
+                id.short(12),
+                ordinal(k),
+                plural(has as u64, "parent")
+            ),
+        },
+    };
     for step in steps {
         match step {
             Step::Ancestor(n) => {
                 for _ in 0..n {
-                    id = *parents(&id)?.first().ok_or_else(past_root)?;
+                    let p = parents(&id)?;
+                    id = *p.first().ok_or_else(|| missing(&id, 1, p.len()))?;
                 }
             }
             Step::Parent(0) => {}
             Step::Parent(k) => {
-                let i = usize::try_from(k - 1).map_err(|_| past_root())?;
-                id = *parents(&id)?.get(i).ok_or_else(past_root)?;
+                let p = parents(&id)?;
+                let found = usize::try_from(k - 1).ok().and_then(|i| p.get(i));
+                id = *found.ok_or_else(|| missing(&id, k, p.len()))?;
             }
         }
     }
     Ok(id)
+}
+
+/// `1st`, `2nd`, `3rd`, `4th`, … `11th`, `12th`, `13th`, `21st`.
+fn ordinal(n: u64) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+/// `1 parent`, `2 parents`.
+fn plural(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("{n} {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }
 
 fn resolve_base(meta: &MetaRead, base: &str, rev: &str) -> Result<ObjectId> {
@@ -117,6 +151,9 @@ fn resolve_base(meta: &MetaRead, base: &str, rev: &str) -> Result<ObjectId> {
             }
         }
     }
+    if base.len() < IdPrefix::MIN_LEN && base.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Error::ShortIdPrefix(rev.to_string()));
+    }
     Err(Error::UnknownRevision(rev.to_string()))
 }
 
@@ -149,6 +186,18 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn ordinals() {
+        let got: Vec<String> = [1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111]
+            .into_iter()
+            .map(ordinal)
+            .collect();
+        assert_eq!(
+            got,
+            ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]
+        );
     }
 
     proptest::proptest! {
