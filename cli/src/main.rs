@@ -106,9 +106,15 @@ enum Command {
         rev: Option<String>,
         #[arg(short = 'd', long = "delete", value_name = "NAME", conflicts_with_all = ["name", "rev"])]
         delete: Option<String>,
+        /// Move NAME to REV (HEAD) if it exists; its reflog records where it was.
+        #[arg(short = 'f', long, requires = "name")]
+        force: bool,
     },
     /// Point HEAD at a branch.
     Switch { branch: String },
+    /// Move the current branch to REV, wherever it is (an ancestor, another branch's commit):
+    /// the way out of a diverged branch. Its reflog records where it was.
+    Reset { rev: String },
     /// List, create or delete tags.
     Tag {
         name: Option<String>,
@@ -616,8 +622,17 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             let repo = open(cli, LockMode::Read, purpose)?;
             output::diff(out, cli.json, &mdl::diff::diff(&repo, a, b)?)?;
         }
-        Command::Branch { name, rev, delete } => {
-            if let Some(d) = delete {
+        Command::Branch {
+            name,
+            rev,
+            delete,
+            force,
+        } => {
+            if let (Some(name), true) = (name, force) {
+                let repo = open(cli, LockMode::Write, purpose)?;
+                let moved = mdl::refs::force_branch(&repo, name, rev.as_deref())?;
+                output::branch_move(out, cli.json, &moved)?;
+            } else if let Some(d) = delete {
                 let repo = open(cli, LockMode::Write, purpose)?;
                 let was = mdl::refs::delete_branch(&repo, d)?;
                 output::message(
@@ -633,6 +648,10 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                 let repo = open(cli, LockMode::Read, purpose)?;
                 output::refs(out, cli.json, &mdl::refs::branches(&repo)?)?;
             }
+        }
+        Command::Reset { rev } => {
+            let repo = open(cli, LockMode::Write, purpose)?;
+            output::branch_move(out, cli.json, &mdl::refs::reset(&repo, rev)?)?;
         }
         Command::Switch { branch } => {
             let repo = open(cli, LockMode::Write, purpose)?;

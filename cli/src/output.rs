@@ -10,7 +10,7 @@ use mdl::diff::{Change, Diff, FileChange, TensorDiff};
 use mdl::fsck::{Rebuilt, Report};
 use mdl::gc::GcOutcome;
 use mdl::log::LogEntry;
-use mdl::refs::RefInfo;
+use mdl::refs::{BranchMove, RefInfo};
 use mdl::show::Shown;
 use mdl::stats::Stats;
 use mdl_bucket::BucketGc;
@@ -384,6 +384,19 @@ pub fn message(out: &mut dyn Write, json: bool, text: &str) -> io::Result<()> {
         return emit(out, &json!({ "message": text }));
     }
     writeln!(out, "{text}")
+}
+
+/// A branch set by `reset` or `branch -f`.
+pub fn branch_move(out: &mut dyn Write, json: bool, m: &BranchMove) -> io::Result<()> {
+    if json {
+        return emit(out, m);
+    }
+    let to = m.to.short(12);
+    match m.from {
+        Some(from) if from == m.to => writeln!(out, "{} stays at {to}", m.branch),
+        Some(from) => writeln!(out, "{} now at {to} (was {})", m.branch, from.short(12)),
+        None => writeln!(out, "branch {} at {to}", m.branch),
+    }
 }
 
 pub fn fsck(

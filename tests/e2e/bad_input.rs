@@ -140,6 +140,11 @@ fn bad_inputs_leave_repository_unchanged() {
             "no tag named",
         ),
         (vec!["switch".into(), "nope".into()], "no branch named"),
+        (vec!["reset".into(), "nope".into()], "unknown revision"),
+        (
+            vec!["branch".into(), "-f".into(), "main".into(), "main~3".into()],
+            "is the first commit",
+        ),
         (
             vec!["diff".into(), "main".into(), "nope".into()],
             "unknown revision",
@@ -198,9 +203,21 @@ fn ambiguous_prefix_and_not_a_repository() {
     if let Some(p) = amb {
         fails(d, &["show", &p], "ambiguous");
     }
-    fails(d, &["show", "abc"], "an id prefix needs at least 4 hex digits");
-    fails(d, &["show", "HEAD^3"], "has no 3rd parent (it has 1 parent)");
-    fails(d, &["show", "HEAD~40"], "is the first commit (it has no parent)");
+    fails(
+        d,
+        &["show", "abc"],
+        "an id prefix needs at least 4 hex digits",
+    );
+    fails(
+        d,
+        &["show", "HEAD^3"],
+        "has no 3rd parent (it has 1 parent)",
+    );
+    fails(
+        d,
+        &["show", "HEAD~40"],
+        "is the first commit (it has no parent)",
+    );
 }
 
 #[test]

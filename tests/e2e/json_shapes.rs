@@ -130,7 +130,12 @@ fn json_output_only_ever_gains_fields() {
     );
     record("branch", run_json(&repo, &["branch"], None));
     record("switch", run_json(&repo, &["switch", "exp"], None));
+    record("reset REV", run_json(&repo, &["reset", "main"], None));
     record("switch", run_json(&repo, &["switch", "main"], None));
+    record(
+        "branch -f NAME REV",
+        run_json(&repo, &["branch", "-f", "exp", "main~1"], None),
+    );
     record(
         "tag NAME",
         run_json(&repo, &["tag", "v1", "main", "-m", "first"], None),

@@ -328,6 +328,13 @@ fn commands_run_on_a_repository_in_object_storage() {
     assert!(!r.ok("a", &["branch"]).contains("exp"));
     r.ok("a", &["branch", "exp", "HEAD"]);
     assert!(r.ok("c", &["branch"]).contains("exp"));
+    // Moving a branch back (branch -f, reset) is published like any ref change.
+    r.ok("c", &["branch", "-f", "exp", "HEAD~1"]);
+    assert_eq!(r.history("a", "exp"), vec![c1.trim().to_string()]);
+    r.ok("c", &["switch", "exp"]);
+    r.ok("c", &["reset", c2.trim()]);
+    r.ok("c", &["switch", "main"]);
+    assert_eq!(r.history("b", "exp")[0], c2.trim());
 
     // commit -b onto a branch of its own, then checked out elsewhere.
     let f3 = r.path("three.safetensors");

@@ -629,10 +629,52 @@ fn clone_push_pull_and_push_conflicts() {
     );
     let out = with(&["-C", loser.to_str().unwrap(), "pull"], READ);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("diverged"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("diverged"), "{err}");
+    assert!(
+        err.contains(&format!("`mdl reset {}`", &tips[won[0]][..12])),
+        "{err}"
+    );
     assert_eq!(
         json(loser, &["log", "-n", "1"])[0]["id"],
         tips[lost].as_str()
+    );
+    // The way out the refusal names: the loser keeps its commit on a branch of its own, takes
+    // the winner's, and pulls cleanly from then on.
+    let moved = json(loser, &["branch", "-f", "mine", "main"]);
+    assert_eq!(moved["to"], tips[lost].as_str());
+    assert!(moved["from"].is_null());
+    let moved = json(loser, &["reset", &tips[won[0]][..12]]);
+    assert_eq!(
+        (&moved["branch"], &moved["from"], &moved["to"]),
+        (
+            &serde_json::json!("main"),
+            &serde_json::json!(tips[lost]),
+            &serde_json::json!(tips[won[0]])
+        )
+    );
+    let out = with(&["-C", loser.to_str().unwrap(), "pull"], READ);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        json(loser, &["log", "-n", "1"])[0]["id"],
+        tips[won[0]].as_str()
+    );
+    assert_eq!(
+        json(loser, &["log", "mine", "-n", "1"])[0]["id"],
+        tips[lost].as_str()
+    );
+    // branch -f moves an existing branch, saying where it was.
+    let moved = json(loser, &["branch", "-f", "mine", "main"]);
+    assert_eq!(
+        (&moved["from"], &moved["to"]),
+        (
+            &serde_json::json!(tips[lost]),
+            &serde_json::json!(tips[won[0]])
+        )
     );
 
     // A stale compare-and-swap over the API is a 409.

@@ -104,6 +104,50 @@ pub fn create_branch(repo: &Repository, name: &str, rev: Option<&str>) -> Result
     Ok(target)
 }
 
+/// Where a branch was moved ([`reset`], [`force_branch`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BranchMove {
+    /// The branch's short name.
+    pub branch: String,
+    /// Where it was (`None`: it did not exist, or had no commits yet).
+    pub from: Option<ObjectId>,
+    /// Where it is now.
+    pub to: ObjectId,
+}
+
+/// Moves HEAD's branch to `rev`, wherever that is (an ancestor, another branch's commit): the
+/// way out of a diverged or unwanted history. The reflog records where it was, so `reset`
+/// itself can be undone until gc expires that entry.
+pub fn reset(repo: &Repository, rev: &str) -> Result<BranchMove> {
+    let head = repo.head_branch()?;
+    let name = head.trim_start_matches(Ref::BRANCHES);
+    let r = Ref::Branch(RefName::new(name)?);
+    set_branch(repo, &r, rev, &format!("reset: moving to {rev}"))
+}
+
+/// Creates branch `name` at `rev` (HEAD when `None`), or moves it there if it exists
+/// (`branch -f`), recording where it was in its reflog.
+pub fn force_branch(repo: &Repository, name: &str, rev: Option<&str>) -> Result<BranchMove> {
+    let r = Ref::Branch(RefName::new(name)?);
+    let rev = rev.unwrap_or("HEAD");
+    set_branch(repo, &r, rev, &format!("branch: reset to {rev}"))
+}
+
+/// Points branch `r` at `rev`, created or moved, in one transaction with the value it replaces.
+fn set_branch(repo: &Repository, r: &Ref, rev: &str, log: &str) -> Result<BranchMove> {
+    let to = revision::resolve(repo, rev)?;
+    let full = r.full();
+    let mut w = repo.store().meta().write()?;
+    let current = w.get_ref(&full)?;
+    w.update_ref(&full, current.as_ref(), Some(&RefValue::Direct(to)), log)?;
+    w.commit_txn()?;
+    Ok(BranchMove {
+        branch: r.short().to_string(),
+        from: current.and_then(|v| v.target()),
+        to,
+    })
+}
+
 /// Creates tag `name` at `rev` (HEAD when `None`), annotated when a message is given.
 pub fn create_tag(
     repo: &Repository,

@@ -63,7 +63,10 @@ pub fn resolve(repo: &Repository, rev: &str) -> Result<ObjectId> {
     let missing = |id: &ObjectId, k: u64, has: usize| Error::NoSuchAncestor {
         rev: rev.to_string(),
         why: match has {
-            0 => format!("commit {} is the first commit (it has no parent)", id.short(12)),
+            0 => format!(
+                "commit {} is the first commit (it has no parent)",
+                id.short(12)
+            ),
             _ => format!(
                 "commit {} has no {} parent (it has {})",
                 id.short(12),
@@ -196,7 +199,10 @@ mod tests {
             .collect();
         assert_eq!(
             got,
-            ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]
+            [
+                "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st",
+                "111th"
+            ]
         );
     }
 
