@@ -104,8 +104,12 @@ enum Command {
     Branch {
         name: Option<String>,
         rev: Option<String>,
-        #[arg(short = 'd', long = "delete", value_name = "NAME", conflicts_with_all = ["name", "rev"])]
+        /// Delete NAME; refused when no other branch or tag reaches its commits.
+        #[arg(short = 'd', long = "delete", value_name = "NAME", conflicts_with_all = ["name", "rev", "force_delete"])]
         delete: Option<String>,
+        /// Delete NAME even so (its reflog keeps its commits until gc expires it).
+        #[arg(short = 'D', value_name = "NAME", conflicts_with_all = ["name", "rev"])]
+        force_delete: Option<String>,
         /// Move NAME to REV (HEAD) if it exists; its reflog records where it was.
         #[arg(short = 'f', long, requires = "name")]
         force: bool,
@@ -115,6 +119,9 @@ enum Command {
     /// Move the current branch to REV, wherever it is (an ancestor, another branch's commit):
     /// the way out of a diverged branch. Its reflog records where it was.
     Reset { rev: String },
+    /// Where a ref pointed, newest first (HEAD's branch by default; a deleted branch's too,
+    /// until gc expires its entries).
+    Reflog { name: Option<String> },
     /// List, create or delete tags.
     Tag {
         name: Option<String>,
@@ -511,6 +518,7 @@ fn library_exit_code(e: &mdl::Error) -> u8 {
         | E::RefExists { .. }
         | E::NoSuchRef { .. }
         | E::DeleteCurrentBranch(_)
+        | E::UnmergedBranch { .. }
         | E::OutputExists(_)
         | E::OutputInRepository(_)
         | E::Output { .. }
@@ -626,15 +634,16 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             name,
             rev,
             delete,
+            force_delete,
             force,
         } => {
             if let (Some(name), true) = (name, force) {
                 let repo = open(cli, LockMode::Write, purpose)?;
                 let moved = mdl::refs::force_branch(&repo, name, rev.as_deref())?;
                 output::branch_move(out, cli.json, &moved)?;
-            } else if let Some(d) = delete {
+            } else if let Some(d) = delete.as_ref().or(force_delete.as_ref()) {
                 let repo = open(cli, LockMode::Write, purpose)?;
-                let was = mdl::refs::delete_branch(&repo, d)?;
+                let was = mdl::refs::delete_branch(&repo, d, force_delete.is_some())?;
                 output::message(
                     out,
                     cli.json,
@@ -648,6 +657,11 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                 let repo = open(cli, LockMode::Read, purpose)?;
                 output::refs(out, cli.json, &mdl::refs::branches(&repo)?)?;
             }
+        }
+        Command::Reflog { name } => {
+            let repo = open(cli, LockMode::Read, purpose)?;
+            let (full, lines) = mdl::refs::reflog(&repo, name.as_deref())?;
+            output::reflog(out, cli.json, &full, &lines)?;
         }
         Command::Reset { rev } => {
             let repo = open(cli, LockMode::Write, purpose)?;

@@ -10,7 +10,7 @@ use mdl::diff::{Change, Diff, FileChange, TensorDiff};
 use mdl::fsck::{Rebuilt, Report};
 use mdl::gc::GcOutcome;
 use mdl::log::LogEntry;
-use mdl::refs::{BranchMove, RefInfo};
+use mdl::refs::{BranchMove, RefInfo, ReflogLine};
 use mdl::show::Shown;
 use mdl::stats::Stats;
 use mdl_bucket::BucketGc;
@@ -384,6 +384,28 @@ pub fn message(out: &mut dyn Write, json: bool, text: &str) -> io::Result<()> {
         return emit(out, &json!({ "message": text }));
     }
     writeln!(out, "{text}")
+}
+
+/// A ref's reflog, newest first: `old -> new  time  message`.
+pub fn reflog(out: &mut dyn Write, json: bool, name: &str, lines: &[ReflogLine]) -> io::Result<()> {
+    if json {
+        return emit(out, &json!({ "ref": name, "entries": lines }));
+    }
+    if lines.is_empty() {
+        return writeln!(out, "{name}: no reflog entries");
+    }
+    let id = |v: Option<mdl::ObjectId>| v.map_or_else(|| "-".repeat(12), |id| id.short(12));
+    for l in lines {
+        let when = mdl::Timestamp(l.time_ms).to_string();
+        writeln!(
+            out,
+            "{} -> {}  {when}  {}",
+            id(l.old),
+            id(l.new),
+            printable(&l.message)
+        )?;
+    }
+    Ok(())
 }
 
 /// A branch set by `reset` or `branch -f`.

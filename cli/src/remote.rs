@@ -137,6 +137,7 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             name: None,
             rev: None,
             delete: None,
+            force_delete: None,
             force: false,
         } => output::refs(out, cli.json, &remote_refs(remote, mdl::Ref::BRANCHES)?)?,
         Command::Tag {
@@ -152,6 +153,7 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
         | Command::Branch { .. }
         | Command::Switch { .. }
         | Command::Reset { .. }
+        | Command::Reflog { .. }
         | Command::Tag { .. }
         | Command::Fsck { .. }
         | Command::Stats

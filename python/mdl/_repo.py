@@ -418,8 +418,10 @@ class Repository:
         """Creates tag ``name`` at ``rev`` (annotated with ``message`` when given)."""
         return self._native.create_tag(name, rev, message)
 
-    def delete_branch(self, name: str) -> None:
-        self._native.delete_branch(name)
+    def delete_branch(self, name: str, force: bool = False) -> None:
+        """Deletes branch ``name``. Unless ``force``, a branch with commits no other branch or
+        tag reaches is refused (``mdl branch -d`` against ``-D``); its reflog keeps them."""
+        self._native.delete_branch(name, force)
 
     def delete_tag(self, name: str) -> None:
         self._native.delete_tag(name)

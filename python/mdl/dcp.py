@@ -214,7 +214,8 @@ class Writer(StorageWriter):
         finally:
             for branch in parts:
                 try:
-                    repo.delete_branch(branch)
+                    # Its commits are the published commit's tree now, not its history.
+                    repo.delete_branch(branch, force=True)
                 except MdlError:
                     pass  # a part that was never committed
 

@@ -421,9 +421,9 @@ impl Repo {
         })
     }
 
-    /// Deletes branch `name`.
-    fn delete_branch(&self, py: Python<'_>, name: String) -> PyResult<()> {
-        self.change(py, |r| mdl::refs::delete_branch(r, &name).map(drop))
+    /// Deletes branch `name` (with `force`, even if nothing else reaches its commits).
+    fn delete_branch(&self, py: Python<'_>, name: String, force: bool) -> PyResult<()> {
+        self.change(py, |r| mdl::refs::delete_branch(r, &name, force).map(drop))
     }
 
     /// Deletes tag `name`.

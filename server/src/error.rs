@@ -115,6 +115,7 @@ impl From<mdl::Error> for ApiError {
             E::RefExists { .. } => C::RefExists,
             E::NoSuchRef { .. } => C::NoSuchRef,
             E::DeleteCurrentBranch(_) => C::CurrentBranch,
+            E::UnmergedBranch { .. } => C::UnmergedBranch,
             E::OutputExists(_) | E::Output { .. } | E::OutputInRepository(_) => C::IoError,
             E::InvalidMetric(_) => C::InvalidMetric,
             E::InvalidConfig { .. } => C::InvalidConfig,

@@ -194,8 +194,51 @@ fn branches_tags_log_diff() {
     );
     assert!(ok(d, &["diff", "v0", "v1"]).contains("unchanged"));
 
-    ok(d, &["branch", "-d", "exp"]);
+    // exp's commit is on no other branch: -d refuses, -D deletes, and its reflog still says
+    // where it was, so the branch can be made again.
+    let tip = json(d, &["show", "exp"])["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fails(
+        d,
+        &["branch", "-d", "exp"],
+        "branch exp has 1 commit that no other branch or tag reaches; delete it anyway with -D",
+    );
+    ok(d, &["branch", "-D", "exp"]);
     fails(d, &["show", "exp"], "unknown revision");
+    let log = json(d, &["reflog", "exp"]);
+    assert_eq!(log["ref"], "refs/heads/exp");
+    let entries = log["entries"].as_array().unwrap();
+    assert_eq!(
+        (
+            &entries[0]["old"],
+            &entries[0]["new"],
+            &entries[0]["message"]
+        ),
+        (
+            &serde_json::json!(tip),
+            &serde_json::Value::Null,
+            &serde_json::json!("deleted")
+        )
+    );
+    assert!(ok(d, &["reflog", "exp"]).contains(&format!("{} -> ------------", &tip[..12])));
+    ok(d, &["branch", "exp", &tip[..12]]);
+    assert_eq!(
+        json(d, &["show", "exp"])["id"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        tip
+    );
+    // A branch whose commits another branch holds goes with -d.
+    ok(d, &["branch", "also-exp", "exp"]);
+    ok(d, &["branch", "-d", "exp"]);
+    fails(
+        d,
+        &["reflog", "nope"],
+        "no branch, tag or remote branch named nope",
+    );
     fails(d, &["branch", "-d", "lr-low"], "current branch");
     ok(d, &["tag", "-d", "v0"]);
     let _ = e;

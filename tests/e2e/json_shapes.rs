@@ -136,6 +136,7 @@ fn json_output_only_ever_gains_fields() {
         "branch -f NAME REV",
         run_json(&repo, &["branch", "-f", "exp", "main~1"], None),
     );
+    record("reflog [REF]", run_json(&repo, &["reflog", "exp"], None));
     record(
         "tag NAME",
         run_json(&repo, &["tag", "v1", "main", "-m", "first"], None),

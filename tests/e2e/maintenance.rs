@@ -243,7 +243,7 @@ fn gc_crash_test(iterations: u64) {
         let id = id_of(&json(d, &["commit", file.to_str().unwrap()]));
         checkpoint(&file, 100_000 + n, true);
         ok(d, &["commit", file.to_str().unwrap(), "-b", "scratch"]);
-        ok(d, &["branch", "-d", "scratch"]);
+        ok(d, &["branch", "-D", "scratch"]);
         id
     };
     let mut crashes = Crashes {

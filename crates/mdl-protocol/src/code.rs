@@ -104,6 +104,8 @@ codes! {
     InputChanged = "input_changed", 409;
     /// Deleting the branch HEAD points at.
     CurrentBranch = "current_branch", 409;
+    /// Deleting, without force, a branch whose commits nothing else reaches.
+    UnmergedBranch = "unmerged_branch", 409;
     /// Creating what already exists.
     Exists = "exists", 409;
     /// A pack or ref update naming objects the server does not have; send them and retry.

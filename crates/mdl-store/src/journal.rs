@@ -14,7 +14,9 @@
 //! entry:  "MDLJ" | u32 len | u32 crc32(body) | body (len bytes)
 //! body:   u8 version=1 | u32 n | change × n       (n = 0 and one change of tag 6: abort)
 //! change: u8 tag | …
-//!   1 ref          str name | u8 has | [bytes ref value]        (deleting a ref drops its reflog)
+//!   1 ref          str name | u8 has | [bytes ref value]        (deleting a ref drops its reflog;
+//!                                                               a deletion is followed by the
+//!                                                               reflog it keeps, entry by entry)
 //!   2 reflog       str name | bytes reflog entry                (appended to the ref's reflog)
 //!   3 expire       str name | i64 before_ms                     (reflog entries before it go)
 //!   4 config       str key | u8 has | [str value]

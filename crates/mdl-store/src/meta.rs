@@ -775,43 +775,46 @@ impl MetaWrite<'_> {
                 found: show(current.as_ref()),
             });
         }
-        let logged = guarded(|| {
+        let entry = ReflogEntry {
+            old: current.as_ref().and_then(RefValue::target),
+            new: new.and_then(RefValue::target),
+            time: Timestamp::now(),
+            message: message.to_string(),
+        };
+        // A deleted ref's reflog stays (what it pointed at can be found again until gc
+        // expires the entries), with the deletion as its last entry.
+        let kept = guarded(|| {
             let mut refs = self.txn.open_table(REFS).map_err(db)?;
             let mut log = self.txn.open_table(REFLOG).map_err(db)?;
-            Ok(match new {
-                Some(v) => {
-                    refs.insert(name, v.encode().as_slice()).map_err(db)?;
-                    let next = log
-                        .range((name, 0)..=(name, u64::MAX))
-                        .map_err(db)?
-                        .next_back()
-                        .transpose()
-                        .map_err(db)?
-                        .map(|(k, _)| k.value().1 + 1)
-                        .unwrap_or(0);
-                    let entry = ReflogEntry {
-                        old: current.as_ref().and_then(RefValue::target),
-                        new: v.target(),
-                        time: Timestamp::now(),
-                        message: message.to_string(),
-                    };
-                    log.insert((name, next), entry.encode().as_slice())
-                        .map_err(db)?;
-                    Some(entry)
+            match new {
+                Some(v) => refs.insert(name, v.encode().as_slice()).map_err(db)?,
+                None => refs.remove(name).map_err(db)?,
+            };
+            let mut kept = Vec::new();
+            if new.is_none() {
+                for item in log.range((name, 0)..=(name, u64::MAX)).map_err(db)? {
+                    kept.push(ReflogEntry::decode(item.map_err(db)?.1.value())?);
                 }
-                None => {
-                    refs.remove(name).map_err(db)?;
-                    log.retain_in((name, 0)..=(name, u64::MAX), |_, _| false)
-                        .map_err(db)?;
-                    None
-                }
-            })
+            }
+            let next = log
+                .range((name, 0)..=(name, u64::MAX))
+                .map_err(db)?
+                .next_back()
+                .transpose()
+                .map_err(db)?
+                .map(|(k, _)| k.value().1 + 1)
+                .unwrap_or(0);
+            log.insert((name, next), entry.encode().as_slice())
+                .map_err(db)?;
+            Ok(kept)
         })?;
         self.changes.push(Change::Ref {
             name: name.to_string(),
             value: new.cloned(),
         });
-        if let Some(entry) = logged {
+        // The journal's deletion drops the reflog (as builds before this one did), so the
+        // entries kept follow it again.
+        for entry in kept.into_iter().chain([entry]) {
             self.changes.push(Change::Reflog {
                 name: name.to_string(),
                 entry,
@@ -877,7 +880,16 @@ mod tests {
         w.commit_txn().unwrap();
         let r = meta.read().unwrap();
         assert_eq!(r.get_ref("refs/heads/x").unwrap(), None);
-        assert!(r.reflog("refs/heads/x").unwrap().is_empty());
+        // The deleted ref's reflog stays, the deletion last, and the journal says the same.
+        let log = r.reflog("refs/heads/x").unwrap();
+        assert_eq!(log.len(), 3);
+        assert_eq!((log[2].old, log[2].new), (b.target(), None));
+        assert_eq!(log[2].message, "delete");
+        let journal = crate::journal::replay(&dir.path().join(crate::journal::JOURNAL_FILE))
+            .unwrap()
+            .state;
+        assert_eq!(journal, r.journaled().unwrap());
+        assert_eq!(journal.reflogs["refs/heads/x"], log);
         assert_eq!(
             r.get_ref(HEAD).unwrap(),
             Some(RefValue::Symbolic("refs/heads/main".into()))

@@ -77,6 +77,14 @@ pub enum Error {
         /// The name.
         name: String,
     },
+    /// Deleting a branch whose commits nothing else reaches, without `force`.
+    #[error("branch {name} has {} that no other branch or tag reaches; delete it anyway with -D (its reflog keeps them until gc expires it)", if *commits == 1 { "1 commit".to_string() } else { format!("{commits} commits") })]
+    UnmergedBranch {
+        /// The branch.
+        name: String,
+        /// How many commits would become unreachable.
+        commits: usize,
+    },
     /// Deleting the branch HEAD points at.
     #[error("cannot delete branch {0}: it is the current branch (mdl switch to another first)")]
     DeleteCurrentBranch(String),

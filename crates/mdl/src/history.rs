@@ -55,6 +55,36 @@ pub(crate) fn walk(
     Ok(out)
 }
 
+/// The commits reachable from `tip` and from none of `others`: what would become unreachable
+/// if `tip`'s ref went.
+pub(crate) fn only_from(
+    repo: &Repository,
+    tip: &ObjectId,
+    others: &[ObjectId],
+) -> crate::Result<Vec<ObjectId>> {
+    let meta = repo.store().meta().read()?;
+    let mut reached: HashSet<ObjectId> = HashSet::new();
+    let mut stack: Vec<ObjectId> = others.to_vec();
+    while let Some(id) = stack.pop() {
+        if reached.insert(id) {
+            if let Some(s) = meta.commit(&id)? {
+                stack.extend(s.parents);
+            }
+        }
+    }
+    let mut only = Vec::new();
+    let mut stack = vec![*tip];
+    while let Some(id) = stack.pop() {
+        if reached.insert(id) {
+            only.push(id);
+            if let Some(s) = meta.commit(&id)? {
+                stack.extend(s.parents);
+            }
+        }
+    }
+    Ok(only)
+}
+
 /// Commits more than `keep` first-parent steps behind some branch tip and within `keep` steps
 /// of none, neither tagged nor a tip: what the retention rules (`retention.keep_last`,
 /// `retention.coarsen_after`) act on.

@@ -194,13 +194,88 @@ fn create(repo: &Repository, r: &Ref, value: RefValue, log: &str) -> Result<()> 
     Ok(())
 }
 
-/// Deletes a branch (not the current one) and its reflog.
-pub fn delete_branch(repo: &Repository, name: &str) -> Result<ObjectId> {
+/// Deletes a branch (not the current one); its reflog stays, ending with the deletion, so
+/// its commits can be found again until gc expires the entries ([`reflog`]). Unless `force`,
+/// a branch whose commits no other branch, tag or remote-tracking ref reaches is refused.
+pub fn delete_branch(repo: &Repository, name: &str, force: bool) -> Result<ObjectId> {
     let r = Ref::Branch(RefName::new(name)?);
-    if repo.head_branch()? == r.full() {
+    let full = r.full();
+    if repo.head_branch()? == full {
         return Err(Error::DeleteCurrentBranch(name.to_string()));
     }
+    if !force {
+        let meta = repo.store().meta().read()?;
+        let mut tip = None;
+        let mut others = Vec::new();
+        for (n, v) in meta.refs("refs/")? {
+            match (n == full, v.target()) {
+                (true, t) => tip = t,
+                (false, Some(t)) => others.push(t),
+                (false, None) => {}
+            }
+        }
+        drop(meta);
+        if let Some(tip) = tip {
+            let only = crate::history::only_from(repo, &tip, &others)?;
+            if !only.is_empty() {
+                return Err(Error::UnmergedBranch {
+                    name: name.to_string(),
+                    commits: only.len(),
+                });
+            }
+        }
+    }
     delete(repo, &r)
+}
+
+/// One entry of a ref's reflog, as [`reflog`] lists it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ReflogLine {
+    /// Where the ref pointed before (`None`: it was created).
+    pub old: Option<ObjectId>,
+    /// Where it pointed after (`None`: it was deleted).
+    pub new: Option<ObjectId>,
+    /// When, in milliseconds since the Unix epoch.
+    pub time_ms: i64,
+    /// What moved it (`commit: step 1200`, `reset: moving to main~2`, `deleted`).
+    pub message: String,
+}
+
+/// Where ref `name` pointed, newest first: HEAD's branch when `None`; a short name is looked
+/// for among branches, tags and remote-tracking refs (`origin/main`), deleted ones included
+/// while their reflog lasts. Returns the full name and the entries.
+pub fn reflog(repo: &Repository, name: Option<&str>) -> Result<(String, Vec<ReflogLine>)> {
+    let full = match name {
+        None | Some("HEAD") => repo.head_branch()?,
+        Some(n) if n.starts_with("refs/") => n.to_string(),
+        Some(n) => {
+            let meta = repo.store().meta().read()?;
+            let mut found = None;
+            for prefix in [Ref::BRANCHES, Ref::TAGS, Ref::REMOTES] {
+                let full = format!("{prefix}{n}");
+                if meta.get_ref(&full)?.is_some() || !meta.reflog(&full)?.is_empty() {
+                    found = Some(full);
+                    break;
+                }
+            }
+            found.ok_or_else(|| Error::NoSuchRef {
+                kind: "branch, tag or remote branch",
+                name: n.to_string(),
+            })?
+        }
+    };
+    let entries = repo.store().meta().read()?.reflog(&full)?;
+    let lines = entries
+        .into_iter()
+        .rev()
+        .map(|e| ReflogLine {
+            old: e.old,
+            new: e.new,
+            time_ms: e.time.0,
+            message: e.message,
+        })
+        .collect();
+    Ok((full, lines))
 }
 
 /// Deletes a tag.

@@ -207,12 +207,36 @@ fn gc_removes_only_what_nothing_reaches() {
         exp.push(commit(&repo, &file, &o, &NoProgress).unwrap().id);
     }
     // Same content on main as the experiment's first checkpoint would share nothing; now
-    // delete the branch: only the reflogs of main remain as roots.
-    mdl::refs::delete_branch(&repo, "exp").unwrap();
+    // delete the branch (refused unless forced: nothing else reaches its commits). Its
+    // reflog stays, ending with the deletion, and names its commits until it expires.
+    assert!(matches!(
+        mdl::refs::delete_branch(&repo, "exp", false),
+        Err(mdl::Error::UnmergedBranch { commits: 3, .. })
+    ));
+    mdl::refs::delete_branch(&repo, "exp", true).unwrap();
+    let (_, log) = mdl::refs::reflog(&repo, Some("exp")).unwrap();
+    assert_eq!(
+        log.len(),
+        4,
+        "three commits (the first made it), deleted: {log:?}"
+    );
+    assert_eq!((log[0].old, log[0].new), (Some(exp[2]), None));
     let now = gc_now();
 
-    // The default grace period keeps everything this young.
-    let young = gc(&repo, &GcOptions::default(), &NoProgress).unwrap();
+    // The default reflog expiry keeps the deleted branch's commits.
+    let kept = gc(&repo, &GcOptions::default(), &NoProgress).unwrap();
+    assert_eq!(kept.commits + kept.tensors + kept.manifests, 0);
+    // Once its entries expire, the default grace period still keeps everything this young.
+    let young = gc(
+        &repo,
+        &GcOptions {
+            expire_reflog: std::time::Duration::ZERO,
+            dry_run: true,
+            ..GcOptions::default()
+        },
+        &NoProgress,
+    )
+    .unwrap();
     assert_eq!(young.commits + young.tensors + young.manifests, 0);
     assert!(young.kept_young > 0);
 
