@@ -113,6 +113,12 @@ enum Command {
         /// Move NAME to REV (HEAD) if it exists; its reflog records where it was.
         #[arg(short = 'f', long, requires = "name")]
         force: bool,
+        /// List remote-tracking branches too (REMOTE/BRANCH, as fetch and pull last saw them).
+        #[arg(short = 'a', long, conflicts_with_all = ["name", "delete", "force_delete", "remotes"])]
+        all: bool,
+        /// List only remote-tracking branches.
+        #[arg(short = 'r', long, conflicts_with_all = ["name", "delete", "force_delete"])]
+        remotes: bool,
     },
     /// Point HEAD at a branch.
     Switch { branch: String },
@@ -636,6 +642,8 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             delete,
             force_delete,
             force,
+            all,
+            remotes,
         } => {
             if let (Some(name), true) = (name, force) {
                 let repo = open(cli, LockMode::Write, purpose)?;
@@ -655,7 +663,15 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                 output::message(out, cli.json, &format!("branch {name} at {}", at.short(12)))?;
             } else {
                 let repo = open(cli, LockMode::Read, purpose)?;
-                output::refs(out, cli.json, &mdl::refs::branches(&repo)?)?;
+                let mut listed = if *remotes {
+                    Vec::new()
+                } else {
+                    mdl::refs::branches(&repo)?
+                };
+                if *all || *remotes {
+                    listed.extend(mdl::refs::remote_branches(&repo)?);
+                }
+                output::refs(out, cli.json, &listed)?;
             }
         }
         Command::Reflog { name } => {

@@ -139,6 +139,8 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             delete: None,
             force_delete: None,
             force: false,
+            all: false,
+            remotes: false,
         } => output::refs(out, cli.json, &remote_refs(remote, mdl::Ref::BRANCHES)?)?,
         Command::Tag {
             name: None,

@@ -667,6 +667,24 @@ fn clone_push_pull_and_push_conflicts() {
         json(loser, &["log", "mine", "-n", "1"])[0]["id"],
         tips[lost].as_str()
     );
+    // Remote-tracking branches: listed with -r and -a, and a revision like any branch.
+    assert_eq!(
+        json(loser, &["log", "origin/main", "-n", "1"])[0]["id"],
+        tips[won[0]].as_str()
+    );
+    let names = |args: &[&str]| -> Vec<String> {
+        json(loser, args)
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names(&["branch", "-r"]), vec!["origin/main"]);
+    assert_eq!(
+        names(&["branch", "-a"]),
+        vec!["main", "mine", "origin/main"]
+    );
     // branch -f moves an existing branch, saying where it was.
     let moved = json(loser, &["branch", "-f", "mine", "main"]);
     assert_eq!(

@@ -27,6 +27,11 @@ pub fn branches(repo: &Repository) -> Result<Vec<RefInfo>> {
     list(repo, Ref::BRANCHES, &head)
 }
 
+/// Lists remote-tracking branches (what fetch and pull last saw), named `REMOTE/BRANCH`.
+pub fn remote_branches(repo: &Repository) -> Result<Vec<RefInfo>> {
+    list(repo, Ref::REMOTES, "")
+}
+
 /// Lists tags.
 pub fn tags(repo: &Repository) -> Result<Vec<RefInfo>> {
     list(repo, Ref::TAGS, "")

@@ -1,5 +1,6 @@
-//! Revision syntax: full id, unique prefix (≥ 4 hex digits), branch, tag, `HEAD`, full ref
-//! names, followed by any number of `~N`, `~`, `^N` and `^` steps.
+//! Revision syntax: full id, unique prefix (≥ 4 hex digits), branch, tag, remote-tracking
+//! branch (`origin/main`), `HEAD`, full ref names, followed by any number of `~N`, `~`, `^N`
+//! and `^` steps.
 
 use mdl_format::{IdPrefix, ObjectId, Ref};
 use mdl_store::meta::{MetaRead, HEAD};
@@ -136,7 +137,7 @@ fn resolve_base(meta: &MetaRead, base: &str, rev: &str) -> Result<ObjectId> {
             return Ok(id);
         }
     }
-    for prefix in [Ref::BRANCHES, Ref::TAGS] {
+    for prefix in [Ref::BRANCHES, Ref::TAGS, Ref::REMOTES] {
         if let Some(id) = follow(&format!("{prefix}{base}"))? {
             return Ok(id);
         }
