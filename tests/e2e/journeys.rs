@@ -654,3 +654,52 @@ fn outputs_are_ordinary_files_and_never_written_through_links() {
         .is_symlink());
     assert!(std::fs::read(&link).unwrap() == bytes);
 }
+
+#[test]
+fn the_author_defaults_to_gits_then_the_login_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+    let f = d.join("a.safetensors");
+    write_safetensors(&f, &mixed(2), &[]);
+    let gitconfig = d.join("gitconfig");
+    std::fs::write(
+        &gitconfig,
+        "[user]\n\tname = Ada Lovelace\n\temail = ada@example.org\n",
+    )
+    .unwrap();
+    let author = |git: Option<&std::path::Path>, user: Option<&str>| -> String {
+        let mut c = std::process::Command::new(mdl_bin());
+        c.current_dir(d)
+            .args(["--json", "commit", f.to_str().unwrap(), "-m", "x"])
+            .env_remove("MDL_AUTHOR")
+            .env_remove("LOGNAME")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("HOME", d.join("no-home"))
+            .env("GIT_CONFIG_GLOBAL", git.unwrap_or(&d.join("none")));
+        match user {
+            Some(u) => c.env("USER", u),
+            None => c.env_remove("USER"),
+        };
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        json(d, &["show", &id])["author"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        author(Some(&gitconfig), Some("ada")),
+        "Ada Lovelace <ada@example.org>"
+    );
+    assert_eq!(author(None, Some("ada")), "ada");
+    assert_eq!(author(None, None), "unknown");
+}

@@ -52,7 +52,7 @@ pub struct CommitOptions {
     /// Metrics, `name → value`; names must be unique. What the checkpoint records for its
     /// step when empty.
     pub metrics: Vec<(String, f64)>,
-    /// Author; `$MDL_AUTHOR`, then `$USER`, then "unknown" when `None`.
+    /// Author; [`default_author`] when `None`.
     pub author: Option<String>,
     /// Codec settings.
     pub encode: EncodeOptions,
@@ -677,13 +677,34 @@ pub(crate) fn check_metrics(metrics: &[(String, f64)]) -> Result<Vec<(String, f6
     Ok(out)
 }
 
-/// The author of a commit that names none: `$MDL_AUTHOR`, then `$USER`, then "unknown".
+/// The author of a commit that names none: `$MDL_AUTHOR`; else git's `user.name` and
+/// `user.email` (`Name <email>`, as `git config` reads them here); else the login name
+/// (`$USER`, `$LOGNAME`); else "unknown", with a warning saying how to set it.
 pub fn default_author() -> String {
-    std::env::var("MDL_AUTHOR")
-        .or_else(|_| std::env::var("USER"))
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "unknown".into())
+    let env = |k: &str| std::env::var(k).ok().filter(|s| !s.trim().is_empty());
+    if let Some(a) = env("MDL_AUTHOR") {
+        return a;
+    }
+    let git = |key: &str| -> Option<String> {
+        let out = std::process::Command::new("git")
+            .args(["config", "--get", key])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()?;
+        let v = String::from_utf8(out.stdout).ok()?.trim().to_string();
+        (out.status.success() && !v.is_empty()).then_some(v)
+    };
+    match (git("user.name"), git("user.email")) {
+        (Some(name), Some(email)) => return format!("{name} <{email}>"),
+        (Some(name), None) => return name,
+        _ => {}
+    }
+    if let Some(login) = env("USER").or_else(|| env("LOGNAME")) {
+        return login;
+    }
+    tracing::warn!("no author known: set MDL_AUTHOR, git's user.name, or pass --author");
+    "unknown".into()
 }
 
 /// The commit index's entry for a commit.
