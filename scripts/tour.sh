@@ -2,8 +2,12 @@
 # A short end-to-end tour of mdl on a generated checkpoint series, in a temporary repository.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -q -p mdl-cli
-mdl="$PWD/target/release/mdl"
+# Where cargo puts the binary ($CARGO_TARGET_DIR, a workspace setting, or ./target).
+target=$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+echo "building mdl (release; a first build takes a few minutes)" >&2
+cargo build --release -p mdl-cli
+mdl="$target/release/mdl"
 fixtures="$PWD/tests/fixtures/torch"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -47,7 +51,9 @@ cmp restored.safetensors ckpt1.safetensors && echo "checkout is byte-identical"
 "$mdl" compact --max-depth 0 # every tensor self-contained again; ids unchanged
 "$mdl" checkout main -o restored.safetensors --force
 cmp restored.safetensors ckpt1.safetensors && echo "still byte-identical after compaction"
-"$mdl" branch -d lr-low
+"$mdl" branch -d lr-low || true   # refused: its commit is on no other branch
+"$mdl" branch -D lr-low
+"$mdl" reflog lr-low                # where it was: `mdl branch lr-low ID` would bring it back
 "$mdl" gc --prune-older-than 0s --expire-reflog 0s   # the deleted branch's commit goes
 "$mdl" fsck
 # A checkpoint as training stacks write it: a folder with safetensors weights, a torch.save
