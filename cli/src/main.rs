@@ -13,6 +13,7 @@ mod bucket;
 mod output;
 mod progress;
 mod remote;
+mod status;
 
 #[derive(Clone, Parser)]
 #[command(
@@ -125,6 +126,8 @@ enum Command {
     /// Move the current branch to REV, wherever it is (an ancestor, another branch's commit):
     /// the way out of a diverged branch. Its reflog records where it was.
     Reset { rev: String },
+    /// What HEAD is, its newest commit, and whether `mdl serve` owns the repository.
+    Status,
     /// Where a ref pointed, newest first (HEAD's branch by default; a deleted branch's too,
     /// until gc expires its entries).
     Reflog { name: Option<String> },
@@ -581,6 +584,9 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         let remote = mdl_remote::Remote::new(url, cli.token.clone())?;
         return remote::run(cli, &remote, out);
     }
+    if let (Command::Status, Some(dir)) = (&cli.command, status::local_dir(cli)) {
+        return status::run(cli, &dir, purpose, out);
+    }
     if !matches!(
         cli.command,
         Command::Init { .. } | Command::Serve { .. } | Command::Clone { .. }
@@ -674,6 +680,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                 output::refs(out, cli.json, &listed)?;
             }
         }
+        Command::Status => anyhow::bail!("status runs on a repository folder, not a URL"),
         Command::Reflog { name } => {
             let repo = open(cli, LockMode::Read, purpose)?;
             let (full, lines) = mdl::refs::reflog(&repo, name.as_deref())?;

@@ -386,6 +386,73 @@ pub fn message(out: &mut dyn Write, json: bool, text: &str) -> io::Result<()> {
     writeln!(out, "{text}")
 }
 
+/// What `mdl status` says.
+#[derive(Serialize)]
+pub struct Status {
+    /// The repository's folder.
+    pub root: std::path::PathBuf,
+    /// HEAD's branch.
+    pub branch: String,
+    /// Its newest commit (`None`: no commits yet).
+    pub commit: Option<LogEntry>,
+    /// How many branches and tags.
+    pub branches: usize,
+    pub tags: usize,
+    /// The `mdl serve` that owns the repository, if one does.
+    pub served_by: Option<ServedBy>,
+}
+
+/// A server that owns a repository.
+#[derive(Serialize)]
+pub struct ServedBy {
+    pub url: String,
+    pub pid: u32,
+}
+
+pub fn status(out: &mut dyn Write, json: bool, s: &Status) -> io::Result<()> {
+    if json {
+        return emit(out, s);
+    }
+    writeln!(out, "repository {}", s.root.display())?;
+    match &s.commit {
+        None => writeln!(out, "on branch {} (no commits yet)", s.branch)?,
+        Some(c) => {
+            let step = c.step.map(|n| format!(", step {n}")).unwrap_or_default();
+            writeln!(
+                out,
+                "on branch {} at {} ({}{step}): {}",
+                s.branch,
+                c.id.short(12),
+                c.time,
+                printable(c.message.lines().next().unwrap_or(""))
+            )?;
+        }
+    }
+    writeln!(
+        out,
+        "{}, {}",
+        plural(s.branches, "branch", "branches"),
+        plural(s.tags, "tag", "tags")
+    )?;
+    match &s.served_by {
+        Some(sv) => writeln!(
+            out,
+            "served by mdl serve (pid {}) at {}: commands that write are forwarded there",
+            sv.pid, sv.url
+        ),
+        None => writeln!(out, "not served"),
+    }
+}
+
+/// `1 branch`, `2 branches`.
+pub fn plural(n: usize, one: &str, many: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {many}")
+    }
+}
+
 /// A ref's reflog, newest first: `old -> new  time  message`.
 pub fn reflog(out: &mut dyn Write, json: bool, name: &str, lines: &[ReflogLine]) -> io::Result<()> {
     if json {

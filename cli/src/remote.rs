@@ -156,6 +156,7 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
         | Command::Switch { .. }
         | Command::Reset { .. }
         | Command::Reflog { .. }
+        | Command::Status
         | Command::Tag { .. }
         | Command::Fsck { .. }
         | Command::Stats

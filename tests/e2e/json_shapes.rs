@@ -137,6 +137,7 @@ fn json_output_only_ever_gains_fields() {
         run_json(&repo, &["branch", "-f", "exp", "main~1"], None),
     );
     record("reflog [REF]", run_json(&repo, &["reflog", "exp"], None));
+    record("status", run_json(&repo, &["status"], None));
     record(
         "tag NAME",
         run_json(&repo, &["tag", "v1", "main", "-m", "first"], None),

@@ -481,8 +481,20 @@ fn commits_over_http_and_forwarding() {
     );
     assert_eq!(std::fs::read(&pulled).unwrap(), bytes);
     fails(&repo, &["fsck"], "does not run over HTTP");
+    // status runs here beside the server and says who owns the repository.
+    let st = json(&repo, &["status"]);
+    assert_eq!(st["branch"], "main");
+    assert_eq!(st["commit"]["id"], c2["id"]);
+    assert_eq!(st["served_by"]["url"], url.as_str());
+    assert!(ok(&repo, &["status"]).contains(&format!(
+        "served by mdl serve (pid {})",
+        st["served_by"]["pid"]
+    )));
     assert!(repo.join(".mdl/serve.json").exists());
     server.stop();
+    let st = json(&repo, &["status"]);
+    assert!(st["served_by"].is_null());
+    assert!(ok(&repo, &["status"]).contains("not served"));
     assert!(
         !repo.join(".mdl/serve.json").exists(),
         "advertisement left behind"
