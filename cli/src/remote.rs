@@ -261,6 +261,7 @@ pub fn serve(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             mdl_server::Repos::One { name, path }
         }
     };
+    let tokens_file = tokens.as_deref();
     let tokens = match tokens {
         Some(p) => mdl_server::Tokens::load(p).map_err(anyhow::Error::msg)?,
         None => mdl_server::Tokens::default(),
@@ -303,10 +304,32 @@ pub fn serve(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         for n in &names {
             writeln!(out, "serving {base}/{n}")?;
         }
+        writeln!(out, "{}", access(tokens_file, *read_public))?;
         out.flush()?;
         mdl_server::serve(state, listener).await?;
         anyhow::Ok(())
     })
+}
+
+/// Who may connect to `mdl serve`, and how to let others in: printed when it starts.
+fn access(tokens: Option<&std::path::Path>, read_public: bool) -> String {
+    let owner = "mdl commands run in a served repository's folder (the owner token in its .mdl/serve.json, readable by you alone)";
+    match (tokens, read_public) {
+        (Some(f), true) => format!(
+            "access: anyone may read; writes need a write token from {} (clients pass --token or set MDL_TOKEN), or come from {owner}",
+            f.display()
+        ),
+        (Some(f), false) => format!(
+            "access: tokens from {} (clients pass --token or set MDL_TOKEN), and {owner}",
+            f.display()
+        ),
+        (None, true) => format!(
+            "access: anyone may read; only {owner} may write (--tokens FILE grants others tokens)"
+        ),
+        (None, false) => format!(
+            "access: only {owner}; --read-public lets anyone read, --tokens FILE grants tokens (docs/HTTP_API.md)"
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -724,3 +724,45 @@ fn clone_push_pull_and_push_conflicts() {
     server.stop();
     assert_fsck_clean(&repo);
 }
+
+#[test]
+fn serve_says_who_may_connect_and_how_to_let_others_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, _, _) = two_commits(dir.path());
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("writer write {WRITE}\n")).unwrap();
+    let first_lines = |extra: &[&std::ffi::OsStr]| -> String {
+        let mut child = Command::new(mdl_bin())
+            .current_dir(&repo)
+            .args(["serve", "--addr", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut text = String::new();
+        let mut r = BufReader::new(child.stdout.as_mut().unwrap());
+        while !text.contains("access:") {
+            assert!(r.read_line(&mut text).unwrap() > 0, "{text}");
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        text
+    };
+    let owner_only = first_lines(&[]);
+    assert!(
+        owner_only.contains("serving http://127.0.0.1:"),
+        "{owner_only}"
+    );
+    assert!(
+        owner_only.contains("access: only mdl commands run in a served repository's folder")
+            && owner_only.contains("--read-public lets anyone read, --tokens FILE grants tokens"),
+        "{owner_only}"
+    );
+    let public = first_lines(&["--read-public".as_ref()]);
+    assert!(public.contains("access: anyone may read"), "{public}");
+    let with_tokens = first_lines(&["--tokens".as_ref(), tokens.as_os_str()]);
+    assert!(
+        with_tokens.contains(&format!("access: tokens from {}", tokens.display())),
+        "{with_tokens}"
+    );
+}
