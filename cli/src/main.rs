@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use mdl::{LockMode, OpenOptions, Repository};
 
 mod bucket;
+mod failure;
 mod output;
 mod progress;
 mod remote;
@@ -378,7 +379,10 @@ fn clean_up_on_interrupt() {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return failure::usage(e),
+    };
     let filter = if cli.verbose {
         "mdl=debug,info"
     } else {
@@ -416,25 +420,10 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             let _ = out.flush();
-            eprintln!("error: {}", one_line(&e));
-            ExitCode::from(exit_code(&e))
+            failure::report(&e, cli.json, &mut out);
+            ExitCode::from(failure::exit_code(&e))
         }
     }
-}
-
-fn one_line(e: &anyhow::Error) -> String {
-    let mut s = String::new();
-    for (i, cause) in e.chain().enumerate() {
-        let text = cause.to_string();
-        if i > 0 && s.contains(&text) {
-            continue;
-        }
-        if i > 0 {
-            s.push_str(": ");
-        }
-        s.push_str(&text);
-    }
-    s.replace('\n', " ")
 }
 
 /// Chooses where `repo`'s codec kernels run (`--engine`, else the `engine` setting) and, with
@@ -449,103 +438,6 @@ fn use_engine(cli: &Cli, repo: &mut Repository, choice: Option<&str>) -> anyhow:
     }
     repo.set_engine(selected.engine);
     Ok(())
-}
-
-/// Exit codes: 1 for an operation that failed, 3 for a repository found damaged by fsck,
-/// 4 for a repository held by another process past `--wait` (here or, over HTTP, on the
-/// server). (clap uses 2 for usage errors.)
-fn exit_code(e: &anyhow::Error) -> u8 {
-    if let Some(e) = e.downcast_ref::<mdl::Error>() {
-        return library_exit_code(e);
-    }
-    if let Some(e) = e.downcast_ref::<mdl_bucket::Error>() {
-        return match e {
-            mdl_bucket::Error::Local(e) => library_exit_code(e),
-            mdl_bucket::Error::Location(_)
-            | mdl_bucket::Error::Storage { .. }
-            | mdl_bucket::Error::NotARepository(_)
-            | mdl_bucket::Error::AlreadyExists(_)
-            | mdl_bucket::Error::Conflict(_)
-            | mdl_bucket::Error::Unsupported(_)
-            | mdl_bucket::Error::Cache { .. } => 1,
-        };
-    }
-    match e.downcast_ref::<mdl_remote::Error>() {
-        Some(mdl_remote::Error::Local(e)) => library_exit_code(e),
-        Some(mdl_remote::Error::Server { code, .. } | mdl_remote::Error::Peer { code, .. }) => {
-            match code {
-                Some(mdl_protocol::ErrorCode::Busy) => 4,
-                _ => 1,
-            }
-        }
-        Some(
-            mdl_remote::Error::Transport { .. }
-            | mdl_remote::Error::BadUrl(_)
-            | mdl_remote::Error::Rejected(_)
-            | mdl_remote::Error::Remote(_),
-        )
-        | None => 1,
-    }
-}
-
-/// Every library error named, so that a new one is a decision about its exit code.
-fn library_exit_code(e: &mdl::Error) -> u8 {
-    use mdl::Error as E;
-    use mdl::StoreError as S;
-    match e {
-        E::Store(S::Busy { .. }) => 4,
-        E::Store(
-            S::Io { .. }
-            | S::DbIo(_)
-            | S::Db(_)
-            | S::Malformed(_)
-            | S::ReadOnlyDatabase
-            | S::Damaged(_)
-            | S::NeedsRecovery
-            | S::Corrupt { .. }
-            | S::Missing(_)
-            | S::Fetch { .. }
-            | S::ReadOnly(_)
-            | S::NotARepository(_)
-            | S::AlreadyExists(_)
-            | S::NewerFormat { .. }
-            | S::Output(_)
-            | S::InputChanged(_)
-            | S::OutOfMemory(_)
-            | S::RefConflict { .. },
-        )
-        | E::Input { .. }
-        | E::InvalidInput { .. }
-        | E::Assemble(_)
-        | E::UnknownRevision(_)
-        | E::ShortIdPrefix(_)
-        | E::NoSuchPath { .. }
-        | E::AmbiguousRevision { .. }
-        | E::NoSuchAncestor { .. }
-        | E::UnbornBranch(_)
-        | E::InvalidName(_)
-        | E::RefExists { .. }
-        | E::NoSuchRef { .. }
-        | E::DeleteCurrentBranch(_)
-        | E::UnmergedBranch { .. }
-        | E::OutputExists(_)
-        | E::OutputInRepository(_)
-        | E::Output { .. }
-        | E::InvalidMetric(_)
-        | E::InvalidConfig { .. }
-        | E::EvalCommand { .. }
-        | E::UnknownConfig(_)
-        | E::Corrupt { .. }
-        | E::Encode { .. }
-        | E::WrongKind { .. }
-        | E::BadTransfer(_)
-        | E::Incomplete(_)
-        | E::NotFastForward { .. }
-        | E::Expired { .. }
-        | E::GpuUnavailable(_)
-        | E::InvalidDuration(_)
-        | E::Background(_) => 1,
-    }
 }
 
 /// The lock a command needs: exclusive when it writes.

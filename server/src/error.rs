@@ -98,39 +98,7 @@ fn public_message(e: &mdl::Error) -> String {
 
 impl From<mdl::Error> for ApiError {
     fn from(e: mdl::Error) -> Self {
-        use mdl::Error as E;
-        use ErrorCode as C;
-        let message = public_message(&e);
-        let code = match &e {
-            E::Store(s) => return store_error(s, message),
-            E::Input { .. } | E::Assemble(_) => C::BadInput,
-            E::InvalidInput { .. } => C::InvalidSafetensors,
-            E::UnknownRevision(_) | E::ShortIdPrefix(_) | E::NoSuchAncestor { .. } => {
-                C::UnknownRevision
-            }
-            E::NoSuchPath { .. } => C::NotFound,
-            E::AmbiguousRevision { .. } => C::AmbiguousRevision,
-            E::UnbornBranch(_) => C::UnbornBranch,
-            E::InvalidName(_) => C::InvalidName,
-            E::RefExists { .. } => C::RefExists,
-            E::NoSuchRef { .. } => C::NoSuchRef,
-            E::DeleteCurrentBranch(_) => C::CurrentBranch,
-            E::UnmergedBranch { .. } => C::UnmergedBranch,
-            E::OutputExists(_) | E::Output { .. } | E::OutputInRepository(_) => C::IoError,
-            E::InvalidMetric(_) => C::InvalidMetric,
-            E::InvalidConfig { .. } => C::InvalidConfig,
-            E::UnknownConfig(_) => C::UnknownConfig,
-            E::EvalCommand { .. } => C::EvalFailed,
-            E::Corrupt { .. } | E::WrongKind { .. } => C::CorruptObject,
-            E::Encode { .. } | E::Background(_) => C::Internal,
-            E::BadTransfer(_) => C::BadTransfer,
-            E::Incomplete(_) => C::Incomplete,
-            E::NotFastForward { .. } => C::NotFastForward,
-            E::Expired { .. } => C::Expired,
-            E::InvalidDuration(_) => C::InvalidDuration,
-            E::GpuUnavailable(_) => C::GpuUnavailable,
-        };
-        ApiError::new(code, message)
+        ApiError::new(ErrorCode::of(&e), public_message(&e))
     }
 }
 
@@ -139,20 +107,15 @@ impl From<mdl_bucket::Error> for ApiError {
         use mdl_bucket::Error as E;
         use ErrorCode as C;
         let message = e.to_string();
-        let code = match e {
-            E::Local(e) => return e.into(),
+        match e {
+            E::Local(e) => e.into(),
             E::Cache { .. } => {
                 // Names the server's files: the log has them.
                 tracing::error!("{message}");
-                return ApiError::new(C::IoError, "the server's copy of the repository failed");
+                ApiError::new(C::IoError, "the server's copy of the repository failed")
             }
-            E::Location(_) | E::Storage { .. } => C::StorageError,
-            E::NotARepository(_) => C::NoSuchRepository,
-            E::AlreadyExists(_) => C::Exists,
-            E::Conflict(_) => C::RefConflict,
-            E::Unsupported(_) => C::Unsupported,
-        };
-        ApiError::new(code, message)
+            e => ApiError::new(e.code(), message),
+        }
     }
 }
 
@@ -160,27 +123,4 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         mdl::Error::from(e).into()
     }
-}
-
-fn store_error(e: &StoreError, message: String) -> ApiError {
-    use ErrorCode as C;
-    use StoreError as E;
-    let code = match e {
-        E::Io { .. } | E::Output(_) => C::IoError,
-        E::Db(_) | E::DbIo(_) | E::Malformed(_) | E::ReadOnlyDatabase => C::DatabaseError,
-        E::Damaged(_) => C::DatabaseDamaged,
-        E::NeedsRecovery => C::NeedsRecovery,
-        E::Corrupt { .. } => C::CorruptObject,
-        E::Missing(_) => C::MissingObject,
-        E::Fetch { .. } => C::StorageError,
-        E::Busy { .. } => C::Busy,
-        E::OutOfMemory(_) => C::OutOfMemory,
-        E::ReadOnly(_) => C::ReadOnly,
-        E::NotARepository(_) => C::NoSuchRepository,
-        E::AlreadyExists(_) => C::Exists,
-        E::NewerFormat { .. } => C::NewerFormat,
-        E::InputChanged(_) => C::InputChanged,
-        E::RefConflict { .. } => C::RefConflict,
-    };
-    ApiError::new(code, message)
 }

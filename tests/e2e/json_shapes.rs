@@ -69,6 +69,43 @@ fn run_json(dir: &Path, args: &[&str], token: Option<&str>) -> Value {
         .unwrap_or_else(|e| panic!("mdl --json {args:?} printed no JSON ({e})"))
 }
 
+/// `mdl --json ARGS` that fails: its one JSON document, after checking the exit code.
+fn failed_json(dir: &Path, args: &[&str], exit: i32) -> Value {
+    let out = Command::new(mdl_bin())
+        .current_dir(dir)
+        .arg("--json")
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(exit), "mdl {args:?}");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("mdl --json {args:?} failed without JSON ({e})"))
+}
+
+#[test]
+fn failures_print_one_json_document_with_a_stable_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    crate::util::ok(d, &["init"]);
+    for (args, exit, code) in [
+        (&["show", "nope"][..], 1, "unknown_revision"),
+        (&["show", "HEAD"], 1, "unborn_branch"),
+        (&["branch", "-d", "nope"], 1, "no_such_ref"),
+        (&["config", "no.such.key", "1"], 1, "unknown_config"),
+        (&["branch", "--bogus"], 2, "usage"),
+        (&["gc", "--prune-older-than", "soon"], 1, "invalid_duration"),
+    ] {
+        let v = failed_json(d, args, exit);
+        assert_eq!(v["error"]["code"], code, "mdl {args:?}: {v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(!message.is_empty() && !message.contains('\n'), "{message}");
+        // Every code is one the HTTP API documents.
+        assert!(code.parse::<mdl_protocol::ErrorCode>().is_ok());
+    }
+    let v = failed_json(d, &["-C", "http://127.0.0.1:9/repo", "log"], 1);
+    assert_eq!(v["error"]["code"], "unreachable", "{v}");
+}
+
 #[test]
 fn json_output_only_ever_gains_fields() {
     let dir = tempfile::tempdir().unwrap();

@@ -39,6 +39,22 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Its stable code (`docs/HTTP_API.md`), as a server over the bucket answers it.
+    pub fn code(&self) -> mdl_protocol::ErrorCode {
+        use mdl_protocol::ErrorCode as C;
+        match self {
+            Error::Local(e) => C::of(e),
+            Error::Cache { .. } => C::IoError,
+            Error::Location(_) | Error::Storage { .. } => C::StorageError,
+            Error::NotARepository(_) => C::NoSuchRepository,
+            Error::AlreadyExists(_) => C::Exists,
+            Error::Conflict(_) => C::RefConflict,
+            Error::Unsupported(_) => C::Unsupported,
+        }
+    }
+}
+
 impl From<mdl::StoreError> for Error {
     fn from(e: mdl::StoreError) -> Self {
         Error::Local(e.into())

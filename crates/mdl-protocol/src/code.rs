@@ -58,6 +58,9 @@ codes! {
     InvalidName = "invalid_name", 400;
     /// An uploaded checkpoint that is not valid safetensors.
     InvalidSafetensors = "invalid_safetensors", 400;
+    /// A command line `mdl` cannot parse, or a remote URL it cannot use (never sent by a
+    /// server).
+    Usage = "usage", 400;
     /// The upload could not be read.
     BadInput = "bad_input", 400;
     /// An id prefix matching several commits.
@@ -134,6 +137,8 @@ codes! {
     Unsupported = "unsupported", 501;
     /// The object storage holding the repository failed, or holds what no mdl wrote.
     StorageError = "storage_error", 502;
+    /// `mdl` could not reach the server it was sent to (never sent by a server).
+    Unreachable = "unreachable", 502;
     /// The repository is held by another process; try again.
     Busy = "busy", 503;
     /// The repository needs recovery first; try again.
@@ -142,6 +147,66 @@ codes! {
     OutOfMemory = "out_of_memory", 503;
     /// A commit asked for the GPU engine and the server has none.
     GpuUnavailable = "gpu_unavailable", 503;
+}
+
+impl ErrorCode {
+    /// The code of a library error: what the server answers and `mdl --json` prints for it.
+    pub fn of(e: &mdl::Error) -> ErrorCode {
+        use mdl::Error as E;
+        use ErrorCode as C;
+        match e {
+            E::Store(s) => ErrorCode::of_store(s),
+            E::Input { .. } | E::Assemble(_) => C::BadInput,
+            E::InvalidInput { .. } => C::InvalidSafetensors,
+            E::UnknownRevision(_) | E::ShortIdPrefix(_) | E::NoSuchAncestor { .. } => {
+                C::UnknownRevision
+            }
+            E::NoSuchPath { .. } => C::NotFound,
+            E::AmbiguousRevision { .. } => C::AmbiguousRevision,
+            E::UnbornBranch(_) => C::UnbornBranch,
+            E::InvalidName(_) => C::InvalidName,
+            E::RefExists { .. } => C::RefExists,
+            E::NoSuchRef { .. } => C::NoSuchRef,
+            E::DeleteCurrentBranch(_) => C::CurrentBranch,
+            E::UnmergedBranch { .. } => C::UnmergedBranch,
+            E::OutputExists(_) | E::Output { .. } | E::OutputInRepository(_) => C::IoError,
+            E::InvalidMetric(_) => C::InvalidMetric,
+            E::InvalidConfig { .. } => C::InvalidConfig,
+            E::UnknownConfig(_) => C::UnknownConfig,
+            E::EvalCommand { .. } => C::EvalFailed,
+            E::Corrupt { .. } | E::WrongKind { .. } => C::CorruptObject,
+            E::Encode { .. } | E::Background(_) => C::Internal,
+            E::BadTransfer(_) => C::BadTransfer,
+            E::Incomplete(_) => C::Incomplete,
+            E::NotFastForward { .. } => C::NotFastForward,
+            E::Expired { .. } => C::Expired,
+            E::InvalidDuration(_) => C::InvalidDuration,
+            E::GpuUnavailable(_) => C::GpuUnavailable,
+        }
+    }
+
+    /// The code of a store error.
+    pub fn of_store(e: &mdl::StoreError) -> ErrorCode {
+        use mdl::StoreError as E;
+        use ErrorCode as C;
+        match e {
+            E::Io { .. } | E::Output(_) => C::IoError,
+            E::Db(_) | E::DbIo(_) | E::Malformed(_) | E::ReadOnlyDatabase => C::DatabaseError,
+            E::Damaged(_) => C::DatabaseDamaged,
+            E::NeedsRecovery => C::NeedsRecovery,
+            E::Corrupt { .. } => C::CorruptObject,
+            E::Missing(_) => C::MissingObject,
+            E::Fetch { .. } => C::StorageError,
+            E::Busy { .. } => C::Busy,
+            E::OutOfMemory(_) => C::OutOfMemory,
+            E::ReadOnly(_) => C::ReadOnly,
+            E::NotARepository(_) => C::NoSuchRepository,
+            E::AlreadyExists(_) => C::Exists,
+            E::NewerFormat { .. } => C::NewerFormat,
+            E::InputChanged(_) => C::InputChanged,
+            E::RefConflict { .. } => C::RefConflict,
+        }
+    }
 }
 
 /// A code this build does not know (sent by a newer server).

@@ -47,6 +47,22 @@ pub enum Error {
     Local(#[from] mdl::Error),
 }
 
+impl Error {
+    /// Its stable code: the server's, or the one this failure has on this side.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::Server { code, .. } | Error::Peer { code, .. } => {
+                code.unwrap_or(ErrorCode::Internal)
+            }
+            Error::Transport { .. } => ErrorCode::Unreachable,
+            Error::BadUrl(_) => ErrorCode::Usage,
+            Error::Rejected(_) => ErrorCode::NotFastForward,
+            Error::Remote(_) => ErrorCode::BadInput,
+            Error::Local(e) => ErrorCode::of(e),
+        }
+    }
+}
+
 impl From<mdl::StoreError> for Error {
     fn from(e: mdl::StoreError) -> Self {
         Error::Local(e.into())
