@@ -334,6 +334,18 @@ impl CommitArgs {
 enum RemoteAction {
     /// Add remote NAME at URL (http://HOST:PORT/REPO, or s3://BUCKET/PREFIX).
     Add { name: String, url: String },
+    /// Remove remote NAME: its URL, its token and its remote-tracking branches.
+    Remove { name: String },
+    /// Point remote NAME at URL.
+    SetUrl { name: String, url: String },
+    /// Keep the token given with --token (or $MDL_TOKEN) for remote NAME, in
+    /// .mdl/remote-tokens (mode 0600); fetch, pull and push send it when no --token is
+    /// given. --clear forgets it.
+    SetToken {
+        name: String,
+        #[arg(long)]
+        clear: bool,
+    },
 }
 
 /// On SIGINT or SIGTERM, removes what the command registered (a checkout's temporary file, a
@@ -687,6 +699,34 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                 let repo = open(cli, LockMode::Write, purpose)?;
                 mdl_remote::add_remote(&repo, name, url)?;
                 output::message(out, cli.json, &format!("remote {name} = {url}"))?;
+            }
+            Some(RemoteAction::Remove { name }) => {
+                let repo = open(cli, LockMode::Write, purpose)?;
+                mdl_remote::remove_remote(&repo, name)?;
+                output::message(out, cli.json, &format!("removed remote {name}"))?;
+            }
+            Some(RemoteAction::SetUrl { name, url }) => {
+                remote::check_url(url)?;
+                let repo = open(cli, LockMode::Write, purpose)?;
+                mdl_remote::set_url(&repo, name, url)?;
+                output::message(out, cli.json, &format!("remote {name} = {url}"))?;
+            }
+            Some(RemoteAction::SetToken { name, clear }) => {
+                let token = match (clear, &cli.token) {
+                    (true, _) => None,
+                    (false, Some(t)) => Some(t.as_str()),
+                    (false, None) => anyhow::bail!(
+                        "no token to keep: give --token TOKEN or set MDL_TOKEN (--clear forgets the one kept)"
+                    ),
+                };
+                let repo = open(cli, LockMode::Write, purpose)?;
+                mdl_remote::set_token(&repo, name, token)?;
+                let said = if token.is_some() {
+                    "kept a token"
+                } else {
+                    "forgot the token"
+                };
+                output::message(out, cli.json, &format!("{said} for remote {name}"))?;
             }
             None => {
                 let repo = open(cli, LockMode::Read, purpose)?;

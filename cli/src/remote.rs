@@ -73,9 +73,20 @@ pub fn default_name(url: &str) -> anyhow::Result<String> {
     })
 }
 
-/// The other repository of a configured remote ([`peer`]).
+/// The other repository of a configured remote ([`peer`]), with the token kept for it
+/// (`mdl remote set-token`) unless --token or $MDL_TOKEN gives one.
 pub fn named(cli: &Cli, repo: &mdl::Repository, name: &str) -> anyhow::Result<Box<dyn Peer>> {
-    peer(cli, &mdl_remote::remote_url(repo, name)?)
+    let url = mdl_remote::remote_url(repo, name)?;
+    if cli.token.is_none() {
+        if let Some(token) = mdl::credentials::get(repo, name)? {
+            let with = Cli {
+                token: Some(token),
+                ..cli.clone()
+            };
+            return peer(&with, &url);
+        }
+    }
+    peer(cli, &url)
 }
 
 /// Runs a command on a server.

@@ -655,6 +655,13 @@ fn history_moves_between_local_repositories_and_object_storage() {
     );
     r.checks_out("w", &r.url, &["HEAD"], &six);
     r.fails("y", &["clone", &mirror], "a clone makes a new repository");
+    // A remote removed on one machine is gone on the others; its tracking branches too.
+    assert!(r.ok("y", &["branch", "-r"]).contains("mirror/main"));
+    assert!(r.ok("w", &["remote"]).contains("mirror"));
+    r.ok("y", &["remote", "remove", "mirror"]);
+    assert!(!r.ok("y", &["branch", "-r"]).contains("mirror/main"));
+    assert!(!r.ok("w", &["remote"]).contains("mirror"));
+    r.fails("w", &["pull", "mirror"], "no remote named mirror");
 }
 
 #[test]
@@ -748,7 +755,7 @@ fn two_servers_over_one_bucket_serve_the_same_repository() {
         "machine",
         &["commit", f5.to_str().unwrap(), "-b", "tmp", "-m", "dropped"],
     );
-    r.ok("machine", &["branch", "-d", "tmp"]);
+    r.ok("machine", &["branch", "-D", "tmp"]);
     let gc = |i: usize| -> serde_json::Value {
         let out = via(i, &["gc", "--prune-older-than", "0s", "--json"]);
         serde_json::from_str(&out).unwrap()
@@ -797,7 +804,7 @@ fn gc_deletes_only_what_no_ref_needs_beside_writers_on_other_machines() {
         "a",
         &["commit", f2.to_str().unwrap(), "-b", "tmp", "-m", "two"],
     );
-    r.ok("a", &["branch", "-d", "tmp"]);
+    r.ok("a", &["branch", "-D", "tmp"]);
     r.fails("g", &["gc", "--expire-reflog", "1d"], "keeps no reflog");
     let (deleted, marked) = gc("g");
     assert!(deleted.is_empty(), "{deleted:?}");
@@ -833,7 +840,7 @@ fn gc_deletes_only_what_no_ref_needs_beside_writers_on_other_machines() {
                 let (g, _) = r.checkpoint(100 + n);
                 let tmp = format!("tmp-{n}");
                 r.ok("w", &["commit", g.to_str().unwrap(), "-b", &tmp, "-m", "x"]);
-                r.ok("w", &["branch", "-d", &tmp]);
+                r.ok("w", &["branch", "-D", &tmp]);
             }
             made
         });

@@ -766,3 +766,80 @@ fn serve_says_who_may_connect_and_how_to_let_others_in() {
         "{with_tokens}"
     );
 }
+
+#[test]
+fn a_remote_keeps_its_token_and_can_be_repointed_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (served, _, _) = two_commits(d);
+    let server = Server::start(&["-C", served.to_str().unwrap()], d);
+    let url = format!("{}/repo", server.base);
+    let local = d.join("local");
+    ok(d, &["init", local.to_str().unwrap()]);
+    let run = |args: &[&str], token: Option<&str>| {
+        let mut c = Command::new(mdl_bin());
+        c.current_dir(&local).args(args).env_remove("MDL_TOKEN");
+        if let Some(t) = token {
+            c.env("MDL_TOKEN", t);
+        }
+        c.output().unwrap()
+    };
+    let fails_with = |args: &[&str], token: Option<&str>, want: &str| {
+        let out = run(args, token);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(want),
+            "{args:?}: {err}"
+        );
+    };
+    let succeeds = |args: &[&str], token: Option<&str>| {
+        let out = run(args, token);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    succeeds(&["remote", "add", "origin", &url], None);
+    fails_with(&["fetch"], None, "unauthorized");
+    fails_with(&["remote", "set-token", "origin"], None, "no token to keep");
+    // Kept with a credential file's permissions, never among the shared settings.
+    succeeds(&["remote", "set-token", "origin"], Some(READ));
+    let kept = local.join(".mdl/remote-tokens");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&kept).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert!(!succeeds(&["config"], None).contains(READ));
+    succeeds(&["fetch"], None);
+    assert!(succeeds(&["branch", "-r"], None).contains("origin/main"));
+    // Repointed at a server that is not there, then back.
+    succeeds(
+        &["remote", "set-url", "origin", "http://127.0.0.1:9/repo"],
+        None,
+    );
+    fails_with(&["fetch"], None, "cannot reach");
+    fails_with(
+        &["remote", "set-url", "nope", &url],
+        None,
+        "no remote named nope",
+    );
+    succeeds(&["remote", "set-url", "origin", &url], None);
+    succeeds(&["fetch"], None);
+    succeeds(&["remote", "set-token", "origin", "--clear"], None);
+    fails_with(&["fetch"], None, "unauthorized");
+    // Removed: its URL, token and tracking branches go.
+    succeeds(&["remote", "set-token", "origin"], Some(READ));
+    succeeds(&["remote", "remove", "origin"], None);
+    assert!(succeeds(&["remote"], None).trim().is_empty());
+    assert!(succeeds(&["branch", "-r"], None).trim().is_empty());
+    assert!(!std::fs::read_to_string(&kept).unwrap().contains(READ));
+    fails_with(&["fetch"], None, "no remote named origin");
+    fails_with(
+        &["remote", "remove", "origin"],
+        None,
+        "no remote named origin",
+    );
+}

@@ -282,6 +282,13 @@ impl Replica {
                     mdl::config::set_copied(repo, k, v)?;
                 }
             }
+            // A setting another machine removed (a remote): every setting is published, so
+            // one the bucket lacks is gone.
+            for (k, _) in mdl::config::with_prefix(repo, "")? {
+                if !settings.contains_key(&k) {
+                    mdl::config::remove(repo, &k)?;
+                }
+            }
         }
         self.seen = Seen {
             refs,

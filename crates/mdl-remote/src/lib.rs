@@ -20,4 +20,4 @@ pub use error::{Error, Result};
 pub use fetch::{fetch, pull, Moved, TransferOutcome};
 pub use peer::{Local, Peer};
 pub use push::push;
-pub use remotes::{add_remote, remote_url, remotes};
+pub use remotes::{add_remote, remote_url, remotes, remove_remote, set_token, set_url};

@@ -752,9 +752,25 @@ impl MetaWrite<'_> {
         Ok(())
     }
 
+    /// Removes a configuration value; whether there was one.
+    pub fn remove_config(&mut self, key: &str) -> Result<bool, StoreError> {
+        let had = guarded(|| {
+            let mut t = self.txn.open_table(CONFIG).map_err(db)?;
+            let had = t.remove(key).map_err(db)?.is_some();
+            Ok(had)
+        })?;
+        if had {
+            self.changes.push(Change::Config {
+                key: key.to_string(),
+                value: None,
+            });
+        }
+        Ok(had)
+    }
+
     /// Compare-and-swap of a ref: succeeds only if its current value equals `expected`
-    /// (`None`: must not exist). `new = None` deletes the ref and its reflog. Direct changes
-    /// append a reflog entry in the same transaction.
+    /// (`None`: must not exist). `new = None` deletes the ref; its reflog stays, the deletion
+    /// its last entry. Every change appends a reflog entry in the same transaction.
     pub fn update_ref(
         &mut self,
         name: &str,

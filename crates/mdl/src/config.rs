@@ -85,6 +85,14 @@ pub fn set_copied(repo: &Repository, key: &str, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// Removes `key` (a remote's setting, see [`add`]); whether it was set.
+pub fn remove(repo: &Repository, key: &str) -> Result<bool> {
+    let mut w = repo.store().meta().write()?;
+    let had = w.remove_config(key)?;
+    w.commit_txn()?;
+    Ok(had)
+}
+
 /// Stores `key = value` unless `key` is already set; whether it was stored. For keys whose
 /// names carry a name of the user's (`remote.NAME.url`), which the registry above does not list;
 /// their owner checks the value.

@@ -22,6 +22,7 @@ pub mod coarsen;
 pub mod commit;
 pub mod compact;
 pub mod config;
+pub mod credentials;
 pub mod diff;
 pub mod engine;
 mod error;

@@ -64,6 +64,11 @@ pub fn all(repo: &Repository) -> Result<Vec<(String, RefValue)>> {
     Ok(out)
 }
 
+/// Every ref whose full name starts with `prefix`, with its value.
+pub fn all_with_prefix(repo: &Repository, prefix: &str) -> Result<Vec<(String, RefValue)>> {
+    Ok(repo.store().meta().read()?.refs(prefix)?)
+}
+
 /// The value of ref `name` (a full name), if it exists.
 pub fn get(repo: &Repository, name: &str) -> Result<Option<RefValue>> {
     Ok(repo.store().meta().read()?.get_ref(name)?)
