@@ -95,8 +95,12 @@ enum Command {
         rev: Option<String>,
         #[arg(short = 'n', long = "max-count")]
         n: Option<usize>,
+        /// Draw the history's lanes beside it.
         #[arg(long)]
         graph: bool,
+        /// Every branch's, tag's and remote-tracking branch's history, not only REV's.
+        #[arg(long, conflicts_with = "rev")]
+        all: bool,
     },
     /// Show a commit and its tensors.
     Show { rev: String },
@@ -533,9 +537,13 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             let outcome = mdl::checkout::checkout(&repo, rev, path, &opts, &bar)?;
             output::checkout(out, cli.json, &outcome)?;
         }
-        Command::Log { rev, n, graph } => {
+        Command::Log { rev, n, graph, all } => {
             let repo = open(cli, LockMode::Read, purpose)?;
-            let entries = mdl::log::log(&repo, rev.as_deref(), *n)?;
+            let entries = if *all {
+                mdl::log::log_all(&repo, *n)?
+            } else {
+                mdl::log::log(&repo, rev.as_deref(), *n)?
+            };
             output::log(out, cli.json, &entries, *graph)?;
         }
         Command::Show { rev } => {

@@ -55,9 +55,9 @@ pub fn commit(out: &mut dyn Write, json: bool, c: &CommitOutcome) -> io::Result<
     }
     writeln!(out, "{}", c.id)?;
     eprintln!(
-        "[{}] {} tensors ({} new), {} → {} stored, {:.2}s",
+        "[{}] {} ({} new), {} → {} stored, {:.2}s",
         c.branch,
-        c.tensors,
+        plural(c.tensors as usize, "tensor", "tensors"),
         c.new_tensors,
         size(c.raw_bytes),
         size(c.stored_bytes),
@@ -66,8 +66,8 @@ pub fn commit(out: &mut dyn Write, json: bool, c: &CommitOutcome) -> io::Result<
     if c.lossy_tensors > 0 {
         match &c.search {
             Some(s) => eprintln!(
-                "lossy: {} tensors quantized, estimated loss change {:.3e} (budget {:.3e}{}){}",
-                c.lossy_tensors,
+                "lossy: {} quantized, estimated loss change {:.3e} (budget {:.3e}{}){}",
+                plural(c.lossy_tensors as usize, "tensor", "tensors"),
                 s.est_delta_loss,
                 s.budget,
                 s.loss
@@ -79,7 +79,10 @@ pub fn commit(out: &mut dyn Write, json: bool, c: &CommitOutcome) -> io::Result<
                     String::new()
                 }
             ),
-            None => eprintln!("lossy: {} tensors mantissa-trimmed", c.lossy_tensors),
+            None => eprintln!(
+                "lossy: {} mantissa-trimmed",
+                plural(c.lossy_tensors as usize, "tensor", "tensors")
+            ),
         }
     }
     Ok(())
@@ -115,8 +118,12 @@ pub fn checkout(out: &mut dyn Write, json: bool, c: &CheckoutOutcome) -> io::Res
     if c.lossy {
         writeln!(
             out,
-            "lossy commit: {} tensors are reconstructions, not the committed bytes",
-            c.lossy_tensors
+            "lossy commit: {} reconstructions, not the committed bytes",
+            if c.lossy_tensors == 1 {
+                "1 tensor is a".to_string()
+            } else {
+                format!("{} tensors are", c.lossy_tensors)
+            }
         )?;
     }
     Ok(())
@@ -129,43 +136,88 @@ fn metrics_text(m: &mdl::log::Metrics) -> String {
         .join(" ")
 }
 
+/// History as a table: a header, then a commit a line (with `--graph`, the lanes before it):
+/// id, date, step, stored and raw size, metrics, then refs, markers and the message's first
+/// line.
 pub fn log(out: &mut dyn Write, json: bool, entries: &[LogEntry], graph: bool) -> io::Result<()> {
     if json {
         return emit(out, entries);
+    }
+    if entries.is_empty() {
+        return writeln!(out, "no commits yet");
     }
     let lanes = if graph {
         mdl::log::graph(entries)
     } else {
         Vec::new()
     };
-    for (i, e) in entries.iter().enumerate() {
-        let (prefix, after) = lanes.get(i).cloned().unwrap_or_default();
-        let refs = if e.refs.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", e.refs.join(", "))
-        };
-        let step = e.step.map(|s| format!(" step {s}")).unwrap_or_default();
-        let metrics = if e.metrics.0.is_empty() {
-            String::new()
-        } else {
-            format!(" {}", metrics_text(&e.metrics))
-        };
-        let msg = printable(e.message.lines().next().unwrap_or(""));
-        let lossy = if e.lossy_tensors > 0 { " [lossy]" } else { "" };
-        let thinned = if e.expired_tensors > 0 {
-            format!(" [thinned: {} expired]", e.expired_tensors)
-        } else {
-            String::new()
-        };
+    struct Row {
+        lane: String,
+        after: Vec<String>,
+        id: String,
+        date: String,
+        step: String,
+        stored: String,
+        raw: String,
+        metrics: String,
+        rest: String,
+    }
+    let rows: Vec<Row> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let (lane, after) = lanes.get(i).cloned().unwrap_or_default();
+            let mut rest = String::new();
+            if !e.refs.is_empty() {
+                rest.push_str(&format!("({}) ", e.refs.join(", ")));
+            }
+            if e.lossy_tensors > 0 {
+                rest.push_str("[lossy] ");
+            }
+            if e.expired_tensors > 0 {
+                rest.push_str(&format!("[thinned: {} expired] ", e.expired_tensors));
+            }
+            rest.push_str(&printable(e.message.lines().next().unwrap_or("")));
+            Row {
+                lane,
+                after,
+                id: e.id.short(12),
+                // RFC 3339 to the minute: `2026-11-24 05:32`.
+                date: e.time.get(..16).unwrap_or(&e.time).replacen('T', " ", 1),
+                step: e.step.map_or_else(|| "-".into(), |s| s.to_string()),
+                stored: size(e.stored_bytes),
+                raw: size(e.raw_bytes),
+                metrics: metrics_text(&e.metrics),
+                rest,
+            }
+        })
+        .collect();
+    let width = |f: &dyn Fn(&Row) -> usize, header: &str| {
+        rows.iter().map(f).max().unwrap_or(0).max(header.len())
+    };
+    let lane_w = rows
+        .iter()
+        .map(|r| r.lane.chars().count())
+        .max()
+        .unwrap_or(0);
+    let step_w = width(&|r| r.step.len(), "STEP");
+    let stored_w = width(&|r| r.stored.len(), "STORED");
+    let raw_w = width(&|r| r.raw.len(), "RAW");
+    let metrics_w = width(&|r| r.metrics.chars().count(), "METRICS");
+    writeln!(
+        out,
+        "{:lane_w$}{:<12}  {:<16}  {:>step_w$}  {:>stored_w$} / {:<raw_w$}  {:<metrics_w$}  MESSAGE",
+        "", "COMMIT", "DATE", "STEP", "STORED", "RAW", "METRICS"
+    )?;
+    for r in &rows {
+        let pad = lane_w - r.lane.chars().count();
+        let metrics_pad = metrics_w - r.metrics.chars().count();
         writeln!(
             out,
-            "{prefix}{}{refs}{lossy}{thinned} {}{step}{metrics} {} {msg}",
-            e.id.short(12),
-            e.time,
-            size(e.raw_bytes),
+            "{}{:pad$}{}  {:<16}  {:>step_w$}  {:>stored_w$} / {:<raw_w$}  {}{:metrics_pad$}  {}",
+            r.lane, "", r.id, r.date, r.step, r.stored, r.raw, r.metrics, "", r.rest
         )?;
-        for line in after {
+        for line in &r.after {
             writeln!(out, "{line}")?;
         }
     }
@@ -201,8 +253,8 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
     if s.expired_tensors > 0 {
         writeln!(
             out,
-            "thinned  {} tensors expired by retention (checkout needs --skip-expired)",
-            s.expired_tensors
+            "thinned  {} expired by retention (checkout needs --skip-expired)",
+            plural(s.expired_tensors as usize, "tensor", "tensors")
         )?;
     }
     if !s.message.is_empty() {
@@ -303,14 +355,24 @@ pub fn diff(out: &mut dyn Write, json: bool, d: &Diff) -> io::Result<()> {
     let changed = |t: &&TensorDiff| matches!(t.change, Change::Changed { .. });
     writeln!(
         out,
-        "{} files changed, {} added, {} removed, {} unchanged; {} tensors changed, {} added, {} removed",
-        count(FileChange::Changed),
+        "{} changed, {} added, {} removed, {} unchanged; {} changed, {} added, {} removed",
+        plural(count(FileChange::Changed), "file", "files"),
         count(FileChange::Added),
         count(FileChange::Removed),
         count(FileChange::Unchanged),
-        d.tensors.iter().filter(changed).count(),
-        d.tensors.iter().filter(|t| t.change == Change::Added).count(),
-        d.tensors.iter().filter(|t| t.change == Change::Removed).count(),
+        plural(
+            d.tensors.iter().filter(changed).count(),
+            "tensor",
+            "tensors"
+        ),
+        d.tensors
+            .iter()
+            .filter(|t| t.change == Change::Added)
+            .count(),
+        d.tensors
+            .iter()
+            .filter(|t| t.change == Change::Removed)
+            .count(),
     )?;
     for f in d.files.iter().filter(|f| f.change != FileChange::Unchanged) {
         let what = match f.change {

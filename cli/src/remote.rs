@@ -123,7 +123,12 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             let outcome = remote.download(rev, path, tree_path.as_deref(), *force)?;
             output::checkout(out, cli.json, &outcome)?;
         }
-        Command::Log { rev, n, graph } => {
+        Command::Log {
+            rev,
+            n,
+            graph,
+            all: false,
+        } => {
             let entries = remote.log(rev.as_deref(), *n)?;
             output::log(out, cli.json, &entries, *graph)?;
         }
@@ -160,6 +165,9 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             delete: None,
         } => output::refs(out, cli.json, &remote_refs(remote, mdl::Ref::TAGS)?)?,
         // Listed one by one, so that a new command is a decision here, not a silent refusal.
+        Command::Log { all: true, .. } => {
+            bail!("log --all runs where the repository is; over HTTP, name a branch or tag")
+        }
         Command::Init { .. }
         | Command::Config { .. }
         | Command::Diff { .. }

@@ -153,7 +153,25 @@ fn branches_tags_log_diff() {
     assert_eq!(cur[0]["name"], "lr-low");
     assert_eq!(json(d, &["show", "lr-low^"])["id"], a.as_str());
     let graph = ok(d, &["log", "--graph", "lr-low"]);
-    assert!(graph.starts_with("* "), "{graph}");
+    let lines: Vec<&str> = graph.lines().collect();
+    assert!(
+        lines[0].contains("COMMIT") && lines[0].contains("STORED / RAW"),
+        "{graph}"
+    );
+    assert!(lines[1].starts_with("* "), "{graph}");
+    // --all draws both branches, joining where lr-low forked from main.
+    let all = ok(d, &["log", "--all", "--graph"]);
+    assert!(all.contains("(lr-low)") && all.contains("(main"), "{all}");
+    assert!(all.lines().any(|l| l == "|/"), "{all}");
+    let ids: Vec<serde_json::Value> = json(d, &["log", "--all"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].clone())
+        .collect();
+    for b in json(d, &["branch"]).as_array().unwrap() {
+        assert!(ids.contains(&b["target"]), "{b} not in log --all");
+    }
 
     ok(d, &["tag", "v1", &b, "-m", "release"]);
     ok(d, &["tag", "v0", &a]);
@@ -541,7 +559,7 @@ fn lossy_commits_are_marked_and_bad_settings_change_nothing() {
     let f1 = ckpt(1);
     ok(d, &["commit", f1.to_str().unwrap(), "-m", "exact"]);
     let log = ok(d, &["log"]);
-    let lines: Vec<&str> = log.lines().collect();
+    let lines: Vec<&str> = log.lines().skip(1).collect();
     assert!(
         !lines[0].contains("[lossy]") && lines[1].contains("[lossy]"),
         "{log}"

@@ -70,6 +70,24 @@ pub fn log(repo: &Repository, rev: Option<&str>, limit: Option<usize>) -> Result
             Err(e) => return Err(e),
         },
     };
+    log_from(repo, &[start], limit)
+}
+
+/// The history of every branch, tag and remote-tracking branch (`log --all`), newest first.
+pub fn log_all(repo: &Repository, limit: Option<usize>) -> Result<Vec<LogEntry>> {
+    let meta = repo.store().meta().read()?;
+    let mut tips: Vec<ObjectId> = meta
+        .refs("refs/")?
+        .into_iter()
+        .filter_map(|(_, v)| v.target())
+        .collect();
+    drop(meta);
+    tips.sort();
+    tips.dedup();
+    log_from(repo, &tips, limit)
+}
+
+fn log_from(repo: &Repository, starts: &[ObjectId], limit: Option<usize>) -> Result<Vec<LogEntry>> {
     let refs = ref_names(repo)?;
     // Expired objects are never also indexed; manifests are read only when some exist.
     let expired: std::collections::HashSet<ObjectId> = repo
@@ -81,7 +99,7 @@ pub fn log(repo: &Repository, rev: Option<&str>, limit: Option<usize>) -> Result
         .map(|(id, _)| id)
         .collect();
     let mut out = Vec::new();
-    for (id, _) in history::walk(repo, &[start])?
+    for (id, _) in history::walk(repo, starts)?
         .into_iter()
         .take(limit.unwrap_or(usize::MAX))
     {
@@ -133,7 +151,7 @@ pub(crate) fn ref_names(repo: &Repository) -> Result<Vec<(String, ObjectId)>> {
 /// prefix string per entry (`* `, `| * `, …) and the connector lines to print after it.
 pub fn graph(entries: &[LogEntry]) -> Vec<(String, Vec<String>)> {
     let mut lanes: Vec<Option<ObjectId>> = Vec::new();
-    let mut out = Vec::with_capacity(entries.len());
+    let mut out: Vec<(String, Vec<String>)> = Vec::with_capacity(entries.len());
     for e in entries {
         let col = match lanes.iter().position(|l| *l == Some(e.id)) {
             Some(c) => c,
@@ -145,10 +163,35 @@ pub fn graph(entries: &[LogEntry]) -> Vec<(String, Vec<String>)> {
                 }
             },
         };
-        // Other lanes waiting for this same commit merge into this one.
+        // Other lanes waiting for this same commit (branches that forked from it) join this
+        // one before its line: the connector goes after the previous commit's.
         let merging: Vec<usize> = (0..lanes.len())
             .filter(|&i| i != col && lanes[i] == Some(e.id))
             .collect();
+        if !merging.is_empty() {
+            let mut s = String::new();
+            for (i, lane) in lanes.iter().enumerate() {
+                if i > 0 && !(merging.contains(&i) && i == col + 1) {
+                    s.push(' ');
+                }
+                s.push(if i == col || (lane.is_some() && !merging.contains(&i)) {
+                    '|'
+                } else if merging.contains(&i) {
+                    '/'
+                } else {
+                    ' '
+                });
+            }
+            if let Some((_, after)) = out.last_mut() {
+                after.push(s.trim_end().to_string());
+            }
+            for &i in &merging {
+                lanes[i] = None;
+            }
+            while lanes.last() == Some(&None) {
+                lanes.pop();
+            }
+        }
         let mut line = String::new();
         for (i, l) in lanes.iter().enumerate() {
             line.push_str(if i == col {
@@ -160,22 +203,6 @@ pub fn graph(entries: &[LogEntry]) -> Vec<(String, Vec<String>)> {
             });
         }
         let mut after = Vec::new();
-        if !merging.is_empty() {
-            let mut s = String::new();
-            for (i, lane) in lanes.iter().enumerate() {
-                s.push_str(if merging.contains(&i) {
-                    "|/"
-                } else if i == col || lane.is_some() {
-                    "| "
-                } else {
-                    "  "
-                });
-            }
-            after.push(s.trim_end().to_string());
-            for i in merging {
-                lanes[i] = None;
-            }
-        }
         lanes[col] = e.parents.first().copied();
         for p in e.parents.iter().skip(1) {
             if !lanes.contains(&Some(*p)) {
