@@ -104,8 +104,14 @@ enum Command {
     },
     /// Show a commit and its tensors.
     Show { rev: String },
-    /// Compare two commits tensor by tensor.
-    Diff { a: String, b: String },
+    /// Compare two commits tensor by tensor: a summary, then each file and tensor.
+    Diff {
+        a: String,
+        b: String,
+        /// List only what changed, was added or was removed (the summary still counts all).
+        #[arg(long)]
+        changed: bool,
+    },
     /// List, create or delete branches.
     Branch {
         name: Option<String>,
@@ -550,9 +556,9 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             let repo = open(cli, LockMode::Read, purpose)?;
             output::show(out, cli.json, &mdl::show::show(&repo, rev)?)?;
         }
-        Command::Diff { a, b } => {
+        Command::Diff { a, b, changed } => {
             let repo = open(cli, LockMode::Read, purpose)?;
-            output::diff(out, cli.json, &mdl::diff::diff(&repo, a, b)?)?;
+            output::diff(out, cli.json, &mdl::diff::diff(&repo, a, b)?, *changed)?;
         }
         Command::Branch {
             name,

@@ -347,9 +347,19 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
     Ok(())
 }
 
-pub fn diff(out: &mut dyn Write, json: bool, d: &Diff) -> io::Result<()> {
+pub fn diff(out: &mut dyn Write, json: bool, d: &Diff, changed_only: bool) -> io::Result<()> {
+    let shown = |t: &&TensorDiff| !changed_only || t.change != Change::Unchanged;
     if json {
-        return emit(out, d);
+        if !changed_only {
+            return emit(out, d);
+        }
+        let files: Vec<_> = d
+            .files
+            .iter()
+            .filter(|f| f.change != FileChange::Unchanged)
+            .collect();
+        let tensors: Vec<_> = d.tensors.iter().filter(shown).collect();
+        return emit(out, &json!({ "files": files, "tensors": tensors }));
     }
     let count = |c: FileChange| d.files.iter().filter(|f| f.change == c).count();
     let changed = |t: &&TensorDiff| matches!(t.change, Change::Changed { .. });
@@ -383,7 +393,7 @@ pub fn diff(out: &mut dyn Write, json: bool, d: &Diff) -> io::Result<()> {
         writeln!(out, "file {:<43} {what}", printable(&f.path))?;
     }
     let mut file: Option<&str> = None;
-    for t in &d.tensors {
+    for t in d.tensors.iter().filter(shown) {
         if d.files.len() > 1 && file != Some(t.file.as_str()) {
             file = Some(t.file.as_str());
             writeln!(out, "{}:", printable(&t.file))?;

@@ -211,6 +211,22 @@ fn branches_tags_log_diff() {
             .unwrap()
     );
     assert!(ok(d, &["diff", "v0", "v1"]).contains("unchanged"));
+    // --changed lists only what changed; the summary line still counts everything.
+    let only = ok(d, &["diff", "--changed", "v0", "v1"]);
+    let mut lines = only.lines();
+    assert!(lines.next().unwrap().contains("unchanged"), "{only}");
+    assert!(lines.all(|l| !l.contains("unchanged")), "{only}");
+    let names = |args: &[&str]| -> Vec<String> {
+        json(d, args)["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(names(&["diff", "v0", "v1"]).contains(&"frozen".to_string()));
+    let changed = names(&["diff", "--changed", "v0", "v1"]);
+    assert!(!changed.is_empty() && !changed.contains(&"frozen".to_string()));
 
     // exp's commit is on no other branch: -d refuses, -D deletes, and its reflog still says
     // where it was, so the branch can be made again.

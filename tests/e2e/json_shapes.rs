@@ -162,6 +162,10 @@ fn json_output_only_ever_gains_fields() {
     record("show", run_json(&repo, &["show", "main~1"], None));
     record("diff", run_json(&repo, &["diff", "main~2", "main"], None));
     record(
+        "diff --changed",
+        run_json(&repo, &["diff", "--changed", "main~2", "main"], None),
+    );
+    record(
         "branch NAME",
         run_json(&repo, &["branch", "exp", "main~1"], None),
     );
