@@ -24,18 +24,7 @@ fn emit<T: Serialize + ?Sized>(out: &mut dyn Write, value: &T) -> io::Result<()>
 
 /// Bytes in binary units, one decimal.
 pub fn size(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+    mdl::storage::human_size(n)
 }
 
 pub fn init(out: &mut dyn Write, json: bool, root: &Path) -> io::Result<()> {

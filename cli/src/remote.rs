@@ -324,6 +324,12 @@ pub fn serve(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             writeln!(out, "serving {base}/{n}")?;
         }
         writeln!(out, "{}", access(tokens_file, *read_public))?;
+        let sign_in = if *read_public {
+            ""
+        } else {
+            " (sign in with a token: read scope is enough)"
+        };
+        writeln!(out, "web view: {base}/ui/{sign_in}")?;
         out.flush()?;
         mdl_server::serve(state, listener).await?;
         anyhow::Ok(())

@@ -49,6 +49,7 @@ pub fn app(state: Arc<State>) -> Router {
         .route(route::REPOS, get(list_repos))
         .nest(route::REPO, repo)
         .nest(crate::hf::PREFIX, crate::hf::routes())
+        .merge(crate::web::routes())
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

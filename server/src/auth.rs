@@ -74,7 +74,7 @@ impl Tokens {
     }
 
     /// The scope of a presented token, if it is one of ours.
-    fn scope_of(&self, presented: &str) -> Option<Scope> {
+    pub(crate) fn scope_of(&self, presented: &str) -> Option<Scope> {
         // Every entry is compared in full, so timing says nothing about which one matched.
         let mut found = None;
         for (_, scope, token) in &self.entries {

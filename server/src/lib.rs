@@ -15,6 +15,7 @@ pub mod error;
 mod files;
 mod hf;
 mod stream;
+mod web;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -147,6 +148,8 @@ pub struct State {
     /// so one budget serves them all): a push of the next checkpoint of a series takes its
     /// deltas against them without decoding them again.
     pub(crate) warm: Arc<mdl::warm::WarmTensors>,
+    /// The web view's signed-in browsers.
+    pub(crate) sessions: web::Sessions,
 }
 
 impl State {
@@ -168,6 +171,7 @@ impl State {
             open: Mutex::new(HashMap::new()),
             advertise,
             warm: Arc::new(mdl::warm::WarmTensors::new(mdl::warm::DEFAULT_WARM_BYTES)),
+            sessions: web::Sessions::default(),
         }))
     }
 
@@ -333,7 +337,7 @@ pub fn advertised(mdl_dir: &Path) -> Option<Advertisement> {
 }
 
 /// 32 random bytes from the OS, as hex.
-fn random_token() -> Result<String, String> {
+pub(crate) fn random_token() -> Result<String, String> {
     use std::io::Read;
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")

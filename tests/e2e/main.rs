@@ -18,3 +18,4 @@ mod server;
 mod transfer;
 mod trees;
 mod util;
+mod web;

@@ -44,6 +44,7 @@ pub mod revision;
 mod rewrite;
 pub mod show;
 pub mod stats;
+pub mod storage;
 pub mod transfer;
 pub mod warm;
 

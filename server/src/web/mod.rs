@@ -1,0 +1,277 @@
+//! The web view, served by `mdl serve` under `/ui`: a repository's history, commits,
+//! comparisons and storage as HTML pages with server-drawn SVG charts. No script, no build
+//! step, nothing loaded from elsewhere: templates (`server/templates/`, rendered by askama)
+//! and one stylesheet (`server/static/style.css`) compiled into the binary.
+//!
+//! Reading needs what the API's reads need: a public server, or a token of read scope, which a
+//! browser presents once at `/ui/.login` for a session cookie ([`session`]). Paths under
+//! `/ui/.` can never be a repository's (no repository name starts with a dot).
+
+mod chart;
+mod pages;
+mod session;
+
+use std::sync::Arc;
+
+use askama::Template;
+use axum::extract::{Form, Path, Query, State as AxState};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::get;
+use axum::Router;
+use serde::Deserialize;
+
+use crate::access::blocking;
+use crate::error::ApiError;
+use crate::State;
+
+pub(crate) use session::Sessions;
+
+type Shared = AxState<Arc<State>>;
+
+const STYLE: &str = include_str!("../../static/style.css");
+
+/// The web view's routes (absolute paths; merged into the server's router).
+pub(crate) fn routes() -> Router<Arc<State>> {
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/ui/") }))
+        .route("/ui", get(index))
+        .route("/ui/", get(index))
+        .route("/ui/.style.css", get(style))
+        .route("/ui/.login", get(login_form).post(login))
+        .route("/ui/{repo}", get(repo))
+        .route("/ui/{repo}/commit/{rev}", get(commit))
+        .route("/ui/{repo}/compare", get(compare))
+        .route("/ui/{repo}/storage", get(storage))
+}
+
+fn render(page: &impl Template, status: StatusCode) -> Response {
+    match page.render() {
+        Ok(html) => (status, Html(html)).into_response(),
+        Err(e) => {
+            tracing::error!("rendering a page: {e}");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the page failed to render",
+            )
+                .into_response()
+        }
+    }
+}
+
+fn error_page(e: ApiError) -> Response {
+    let page = pages::ErrorPage {
+        status: e.status.as_u16(),
+        message: e.message,
+    };
+    render(&page, e.status)
+}
+
+/// The sign-in page for a request that may not read; `None` lets it through.
+fn gate(state: &State, headers: &HeaderMap, uri: &Uri) -> Option<Response> {
+    if session::may_read(state, headers) {
+        return None;
+    }
+    let next = uri
+        .path_and_query()
+        .map_or("/ui/", |p| p.as_str())
+        .to_string();
+    let page = pages::LoginPage {
+        next,
+        problem: None,
+    };
+    Some(render(&page, StatusCode::UNAUTHORIZED))
+}
+
+/// Runs `build` on the open repository `name` on a blocking thread and renders its page.
+async fn page<P: Template + Send + 'static>(
+    state: Arc<State>,
+    name: String,
+    build: impl FnOnce(&mdl::Repository, &str) -> mdl::Result<P> + Send + 'static,
+) -> Response {
+    if !crate::valid_repo_name(&name) {
+        return error_page(ApiError::not_found(format!("no repository {name:?}")));
+    }
+    let built = blocking(move || {
+        let served = state.repo(&name)?;
+        served.refresh()?;
+        Ok(build(&served.repo, &name)?)
+    })
+    .await;
+    match built {
+        Ok(p) => render(&p, StatusCode::OK),
+        Err(e) => error_page(e),
+    }
+}
+
+#[derive(Deserialize)]
+struct Paged {
+    page: Option<usize>,
+}
+
+async fn index(AxState(state): Shared, headers: HeaderMap, uri: Uri) -> Response {
+    if let Some(login) = gate(&state, &headers, &uri) {
+        return login;
+    }
+    let names = state.names();
+    if let [only] = &names[..] {
+        return Redirect::to(&format!("/ui/{only}")).into_response();
+    }
+    render(&pages::IndexPage { repos: names }, StatusCode::OK)
+}
+
+async fn style() -> Response {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE).into_response()
+}
+
+#[derive(Deserialize)]
+struct LoginQuery {
+    next: Option<String>,
+    token: Option<String>,
+}
+
+/// Where to go after signing in: a path of the web view, never another site.
+fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n) if n.starts_with("/ui") && !n.starts_with("//") && !n.contains('\\') => {
+            n.to_string()
+        }
+        _ => "/ui/".to_string(),
+    }
+}
+
+/// The sign-in form; with `?token=`, signs in at once (a link a server's owner can open, as
+/// notebook servers print one).
+async fn login_form(AxState(state): Shared, Query(q): Query<LoginQuery>) -> Response {
+    match q.token {
+        Some(token) => sign_in(&state, &token, q.next.as_deref()),
+        None => {
+            let page = pages::LoginPage {
+                next: safe_next(q.next.as_deref()),
+                problem: None,
+            };
+            render(&page, StatusCode::OK)
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    token: String,
+    next: Option<String>,
+}
+
+async fn login(AxState(state): Shared, Form(form): Form<LoginForm>) -> Response {
+    sign_in(&state, &form.token, form.next.as_deref())
+}
+
+/// Starts a session for a valid token and sends the browser on; asks again for any other.
+fn sign_in(state: &State, token: &str, next: Option<&str>) -> Response {
+    let next = safe_next(next);
+    if !session::token_is_valid(state, token) {
+        let page = pages::LoginPage {
+            next,
+            problem: Some("That token is not valid for this server.".into()),
+        };
+        return render(&page, StatusCode::UNAUTHORIZED);
+    }
+    match state.sessions.start() {
+        Ok(id) => (
+            StatusCode::SEE_OTHER,
+            [
+                (header::SET_COOKIE, session::set_cookie(&id)),
+                (header::LOCATION, next),
+            ],
+        )
+            .into_response(),
+        Err(e) => error_page(ApiError::internal(e)),
+    }
+}
+
+async fn repo(
+    AxState(state): Shared,
+    headers: HeaderMap,
+    uri: Uri,
+    Path(name): Path<String>,
+    Query(q): Query<Paged>,
+) -> Response {
+    if let Some(login) = gate(&state, &headers, &uri) {
+        return login;
+    }
+    let n = q.page.unwrap_or(1);
+    page(state, name, move |r, name| pages::repo_page(r, name, n)).await
+}
+
+async fn commit(
+    AxState(state): Shared,
+    headers: HeaderMap,
+    uri: Uri,
+    Path((name, rev)): Path<(String, String)>,
+    Query(q): Query<Paged>,
+) -> Response {
+    if let Some(login) = gate(&state, &headers, &uri) {
+        return login;
+    }
+    let n = q.page.unwrap_or(1);
+    page(state, name, move |r, name| {
+        pages::commit_page(r, name, &rev, n)
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct CompareQuery {
+    a: Option<String>,
+    b: Option<String>,
+    page: Option<usize>,
+}
+
+async fn compare(
+    AxState(state): Shared,
+    headers: HeaderMap,
+    uri: Uri,
+    Path(name): Path<String>,
+    Query(q): Query<CompareQuery>,
+) -> Response {
+    if let Some(login) = gate(&state, &headers, &uri) {
+        return login;
+    }
+    let a =
+        q.a.filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "HEAD~1".into());
+    let b =
+        q.b.filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "HEAD".into());
+    let n = q.page.unwrap_or(1);
+    page(state, name, move |r, name| {
+        pages::compare_page(r, name, &a, &b, n)
+    })
+    .await
+}
+
+async fn storage(
+    AxState(state): Shared,
+    headers: HeaderMap,
+    uri: Uri,
+    Path(name): Path<String>,
+    Query(q): Query<Paged>,
+) -> Response {
+    if let Some(login) = gate(&state, &headers, &uri) {
+        return login;
+    }
+    let n = q.page.unwrap_or(1);
+    page(state, name, move |r, name| pages::storage_page(r, name, n)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sign_in_only_sends_browsers_within_the_web_view() {
+        assert_eq!(safe_next(Some("/ui/run?page=2")), "/ui/run?page=2");
+        assert_eq!(safe_next(Some("https://evil.example/")), "/ui/");
+        assert_eq!(safe_next(Some("//evil.example/ui")), "/ui/");
+        assert_eq!(safe_next(None), "/ui/");
+    }
+}

@@ -1,0 +1,117 @@
+//! Browser sessions of the web view: a token (read scope suffices) signed in once, then a
+//! random session id in an `HttpOnly`, `SameSite=Strict` cookie. The token itself never goes
+//! into the cookie, and sessions live only in this process (a restarted server asks again).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::http::{header, HeaderMap};
+
+use crate::auth::{check, Scope};
+use crate::State;
+
+/// The session cookie's name.
+pub(crate) const COOKIE: &str = "mdl_session";
+
+/// How long a session lasts after sign-in.
+const LIFETIME: Duration = Duration::from_secs(12 * 3600);
+
+/// Sessions kept at most; the oldest go first (each is 64 bytes of id and an instant).
+const MAX_SESSIONS: usize = 10_000;
+
+/// The signed-in sessions by id.
+#[derive(Default)]
+pub(crate) struct Sessions {
+    by_id: Mutex<HashMap<String, Instant>>,
+}
+
+impl Sessions {
+    /// Starts a session; returns its id.
+    pub(crate) fn start(&self) -> Result<String, String> {
+        let id = crate::random_token()?;
+        let mut map = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        map.retain(|_, started| now.duration_since(*started) < LIFETIME);
+        if map.len() >= MAX_SESSIONS {
+            if let Some(oldest) = map.iter().min_by_key(|(_, t)| **t).map(|(k, _)| k.clone()) {
+                map.remove(&oldest);
+            }
+        }
+        map.insert(id.clone(), now);
+        Ok(id)
+    }
+
+    fn valid(&self, id: &str) -> bool {
+        let map = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(id)
+            .is_some_and(|started| started.elapsed() < LIFETIME)
+    }
+}
+
+/// The value of cookie `name` in a request's headers.
+fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// Whether a request may read: the server is read-public, or it carries a bearer token of
+/// read scope, or a live session cookie.
+pub(crate) fn may_read(state: &State, headers: &HeaderMap) -> bool {
+    if check(
+        &state.config.tokens,
+        state.config.read_public,
+        headers,
+        Scope::Read,
+    )
+    .is_ok()
+    {
+        return true;
+    }
+    cookie(headers, COOKIE).is_some_and(|id| state.sessions.valid(id))
+}
+
+/// Whether `token` is one of the server's (any scope: read suffices to look).
+pub(crate) fn token_is_valid(state: &State, token: &str) -> bool {
+    state.config.tokens.scope_of(token.trim()).is_some()
+}
+
+/// The `Set-Cookie` value for session `id`.
+pub(crate) fn set_cookie(id: &str) -> String {
+    format!(
+        "{COOKIE}={id}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={}",
+        LIFETIME.as_secs()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn cookies_are_found_among_others() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; mdl_session=abc; b=2"),
+        );
+        assert_eq!(cookie(&h, COOKIE), Some("abc"));
+        assert_eq!(cookie(&h, "c"), None);
+    }
+
+    #[test]
+    fn sessions_are_recognised_until_forgotten() {
+        let s = Sessions::default();
+        let id = s.start().unwrap();
+        assert!(s.valid(&id));
+        assert!(!s.valid("not-a-session"));
+        assert_ne!(s.start().unwrap(), id);
+    }
+}
