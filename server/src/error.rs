@@ -73,7 +73,7 @@ fn public_message(e: &mdl::Error) -> String {
     use StoreError as S;
     let private = match e {
         E::Input { source, .. } => format!("cannot read the upload: {source}"),
-        E::InvalidInput { source, .. } => format!("invalid safetensors file: {source}"),
+        E::InvalidInput { source, found, .. } => mdl::not_safetensors(source, found),
         E::OutputExists(_) | E::Output { .. } | E::OutputInRepository(_) => {
             "the server could not write its output".into()
         }

@@ -28,7 +28,25 @@ fn bad_inputs_leave_repository_unchanged() {
     std::fs::write(&tiny, [1u8, 2, 3]).unwrap();
     let huge = d.join("huge.safetensors");
     std::fs::write(&huge, u64::MAX.to_le_bytes()).unwrap();
+    // Files often mistaken for safetensors are named for what they are.
+    let mistaken = |name: &str, bytes: &[u8]| {
+        let p = d.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        vec!["commit".to_string(), p.to_str().unwrap().to_string()]
+    };
     let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            mistaken("zip.safetensors", b"PK\x03\x04\x14\0\0\0archive"),
+            "not a safetensors file: it is a zip archive",
+        ),
+        (
+            mistaken("pickle.safetensors", b"\x80\x02}q\0."),
+            "it is a Python pickle",
+        ),
+        (
+            mistaken("config.safetensors", b"{\"hidden_size\": 768}"),
+            "it is JSON text",
+        ),
         (
             vec![
                 "commit".into(),

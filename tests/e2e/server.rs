@@ -395,6 +395,22 @@ fn commits_over_http_and_forwarding() {
     assert_eq!(s, 400, "{}", String::from_utf8_lossy(&b));
     let err: serde_json::Value = serde_json::from_slice(&b).unwrap();
     assert_eq!(err["code"], "invalid_safetensors");
+    // A zip (a torch.save file) uploaded as safetensors is named for what it is.
+    let (s, _, b) = http(
+        &server.base,
+        "POST",
+        "/v1/repos/repo/commits?message=zip",
+        &[("Authorization", &w)],
+        b"PK\x03\x04\x14\0\0\0 a zip archive",
+    );
+    assert_eq!(s, 400);
+    let err: serde_json::Value = serde_json::from_slice(&b).unwrap();
+    let message = err["message"].as_str().unwrap();
+    assert!(message.contains("it is a zip archive"), "{message}");
+    assert!(
+        !message.contains(".mdl"),
+        "the upload's path leaked: {message}"
+    );
     let (s, _, _) = http(
         &server.base,
         "POST",

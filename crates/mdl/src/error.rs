@@ -19,12 +19,14 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The input file is not a valid safetensors file.
-    #[error("{}: invalid safetensors file: {source}", path.display())]
+    #[error("{}: {}", path.display(), not_safetensors(source, found))]
     InvalidInput {
         /// The file.
         path: PathBuf,
         /// What is wrong.
         source: SafetensorsError,
+        /// What the file is instead, when its first bytes say (`a zip archive`, `JSON text`).
+        found: Option<&'static str>,
     },
     /// Commits cannot be assembled into one ([`crate::assemble`]).
     #[error("cannot assemble a commit: {0}")]
@@ -195,4 +197,12 @@ pub enum Error {
     /// A duration argument or setting is malformed.
     #[error("invalid duration {0:?}: expected a number with a unit, e.g. 0s, 90m, 1h, 30d, 2w")]
     InvalidDuration(String),
+}
+
+/// Why a file is not safetensors, for [`Error::InvalidInput`]: what it is, when known.
+pub fn not_safetensors(source: &SafetensorsError, found: &Option<&'static str>) -> String {
+    match found {
+        Some(what) => format!("not a safetensors file: it is {what}"),
+        None => format!("invalid safetensors file: {source}"),
+    }
 }

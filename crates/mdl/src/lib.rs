@@ -48,7 +48,7 @@ pub mod storage;
 pub mod transfer;
 pub mod warm;
 
-pub use error::Error;
+pub use error::{not_safetensors, Error};
 pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp, V1_FILE_PATH};
 pub use mdl_store::fs::FaultyFs;
 pub use mdl_store::{budget, source};

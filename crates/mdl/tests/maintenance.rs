@@ -122,6 +122,7 @@ fn gc_now() -> GcOptions {
         prune_older_than: Duration::ZERO,
         expire_reflog: Duration::ZERO,
         dry_run: false,
+        count_leftovers: true,
     }
 }
 

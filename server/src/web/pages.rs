@@ -625,15 +625,20 @@ pub(crate) struct StoragePage {
 
 /// Builds the storage page (`page` of its per-commit table, newest first).
 pub(crate) fn storage_page(repo: &Repository, name: &str, page: usize) -> mdl::Result<StoragePage> {
-    let r = mdl::storage::report(repo)?;
-    let gc = mdl::gc::gc(
-        repo,
-        &mdl::gc::GcOptions {
-            dry_run: true,
-            ..Default::default()
+    // The report and gc's marking each read every manifest: side by side. Leftover files of
+    // interrupted writes are not counted (listing every record file is most of a dry run).
+    let (r, gc) = rayon::join(
+        || mdl::storage::report(repo),
+        || {
+            let opts = mdl::gc::GcOptions {
+                dry_run: true,
+                count_leftovers: false,
+                ..Default::default()
+            };
+            mdl::gc::gc(repo, &opts, &mdl::NoProgress)
         },
-        &mdl::NoProgress,
-    )?;
+    );
+    let (r, gc) = (r?, gc?);
     let x: Vec<f64> = (1..=r.commits.len()).map(|i| i as f64).collect();
     let layers: Vec<(&str, Vec<f64>)> = Role::ALL
         .iter()

@@ -38,6 +38,27 @@ pub(super) struct Split {
 /// starts with: protocol 2, then the long 0x1950a86a20f9469cfc6c.
 const LEGACY_TORCH_MAGIC: &[u8] = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19";
 
+/// What a file that is not safetensors is, from its first bytes: the formats a checkpoint is
+/// most often confused with.
+pub(crate) fn what_it_is(bytes: &[u8]) -> Option<&'static str> {
+    let text = bytes.trim_ascii_start();
+    Some(match bytes {
+        [] => "empty",
+        [b'P', b'K', 3, 4, ..] | [b'P', b'K', 5, 6, ..] => {
+            "a zip archive (torch.save writes these: name it .pt to commit it as one)"
+        }
+        [0x80, 2..=5, ..] => "a Python pickle (a legacy torch.save file: name it .pt or .bin)",
+        [0x1f, 0x8b, ..] => "gzip-compressed",
+        [0x93, b'N', b'U', b'M', b'P', b'Y', ..] => "a NumPy .npy array",
+        [0x89, b'H', b'D', b'F', ..] => "an HDF5 file (Keras .h5?)",
+        [b'G', b'G', b'U', b'F', ..] => "a GGUF model",
+        _ if text.starts_with(b"{") || text.starts_with(b"[") => {
+            "JSON text (a config or an index, not the weights)"
+        }
+        _ => return None,
+    })
+}
+
 /// Cuts `bytes`, the file at `path` (in the tree at `tree_path`).
 pub(super) fn cut(path: &Path, tree_path: &str, bytes: &[u8]) -> Result<Split> {
     let named_safetensors = tree_path.to_ascii_lowercase().ends_with(".safetensors");
@@ -65,6 +86,7 @@ pub(super) fn cut(path: &Path, tree_path: &str, bytes: &[u8]) -> Result<Split> {
                 return Err(Error::InvalidInput {
                     path: path.to_path_buf(),
                     source,
+                    found: what_it_is(bytes),
                 })
             }
             Err(e) => {
@@ -166,4 +188,25 @@ fn runs(tree_path: &str, len: u64, mut marked: Vec<Marked>) -> Vec<Cut> {
     }
     bytes(&mut out, at, len);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::what_it_is;
+
+    #[test]
+    fn files_mistaken_for_safetensors_are_named() {
+        assert!(what_it_is(b"PK\x03\x04rest")
+            .unwrap()
+            .starts_with("a zip archive"));
+        assert!(what_it_is(b"\x80\x04\x95")
+            .unwrap()
+            .starts_with("a Python pickle"));
+        assert!(what_it_is(b"  {\"a\": 1}")
+            .unwrap()
+            .starts_with("JSON text"));
+        assert_eq!(what_it_is(b""), Some("empty"));
+        // An 8-byte length and a JSON header is safetensors' own start: not named.
+        assert_eq!(what_it_is(b"\x10\0\0\0\0\0\0\0{\"a\":{}}"), None);
+    }
 }
