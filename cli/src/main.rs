@@ -655,7 +655,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                 mdl::fsck::repair(&dir, &opts)?
             } else {
                 let repo = open(cli, LockMode::Check, purpose)?;
-                (None, mdl::fsck::fsck(&repo, false)?)
+                (None, mdl::fsck::fsck_with(&repo, false, &bar)?)
             };
             output::fsck(out, cli.json, rebuilt.as_ref(), &report)?;
             if !report.ok() {

@@ -1,47 +1,82 @@
-//! Progress bars on stderr for long commits and checkouts.
+//! Progress bars on stderr: commits, checkouts and maintenance show one once they have run
+//! for a second, on a terminal only (never under `--json` or when stderr is piped).
 
-use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-/// Shows a bar when enabled and the work is large enough to wait for.
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// How long work runs before its bar appears.
+const QUIET_FOR: Duration = Duration::from_secs(1);
+
+/// The bar of the work under way: hidden until it has taken [`QUIET_FOR`].
+struct Current {
+    bar: ProgressBar,
+    started: Instant,
+    shown: bool,
+}
+
+/// Shows a bar when enabled and the work takes long enough to wait for.
 pub struct Bar {
     enabled: bool,
-    bar: Mutex<Option<ProgressBar>>,
+    current: Mutex<Option<Current>>,
 }
 
 impl Bar {
     pub fn new(enabled: bool) -> Self {
         Bar {
             enabled,
-            bar: Mutex::new(None),
+            current: Mutex::new(None),
         }
+    }
+
+    fn begin(&self, what: &str, total: u64, template: &str) {
+        if !self.enabled {
+            return;
+        }
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
+        bar.set_style(
+            ProgressStyle::with_template(template)
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_message(what.to_string());
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Current {
+            bar,
+            started: Instant::now(),
+            shown: false,
+        });
     }
 }
 
 impl mdl::Progress for Bar {
     fn start(&self, what: &str, total: u64) {
-        if !self.enabled || total < 256 << 20 {
-            return;
-        }
-        let bar = ProgressBar::new(total);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{msg:>8} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
+        self.begin(
+            what,
+            total,
+            "{msg:>11} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
         );
-        bar.set_message(what.to_string());
-        *self.bar.lock().unwrap() = Some(bar);
+    }
+    fn start_count(&self, what: &str, total: u64) {
+        self.begin(what, total, "{msg:>11} [{bar:30}] {pos}/{len} {eta}");
     }
     fn advance(&self, n: u64) {
-        if let Some(b) = &*self.bar.lock().unwrap() {
-            b.inc(n);
+        if let Some(c) = &mut *self.current.lock().unwrap_or_else(|p| p.into_inner()) {
+            c.bar.inc(n);
+            if !c.shown && c.started.elapsed() >= QUIET_FOR {
+                c.shown = true;
+                c.bar.set_draw_target(ProgressDrawTarget::stderr());
+            }
         }
     }
     fn finish(&self) {
-        if let Some(b) = self.bar.lock().unwrap().take() {
-            b.finish_and_clear();
+        if let Some(c) = self
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            c.bar.finish_and_clear();
         }
     }
 }

@@ -319,17 +319,31 @@ pub fn serve(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             let state = state.clone();
             tokio::task::spawn_blocking(move || state.open_all()).await??
         };
-        writeln!(out, "listening on {base}")?;
-        for n in &names {
-            writeln!(out, "serving {base}/{n}")?;
-        }
-        writeln!(out, "{}", access(tokens_file, *read_public))?;
-        let sign_in = if *read_public {
-            ""
+        if cli.json {
+            // One line, written once the server listens: a script reads it and goes on.
+            let doc = serde_json::json!({
+                "url": base,
+                "repositories": names
+                    .iter()
+                    .map(|n| serde_json::json!({"name": n, "url": format!("{base}/{n}")}))
+                    .collect::<Vec<_>>(),
+                "web": format!("{base}/ui/"),
+                "read_public": *read_public,
+            });
+            writeln!(out, "{doc}")?;
         } else {
-            " (sign in with a token: read scope is enough)"
-        };
-        writeln!(out, "web view: {base}/ui/{sign_in}")?;
+            writeln!(out, "listening on {base}")?;
+            for n in &names {
+                writeln!(out, "serving {base}/{n}")?;
+            }
+            writeln!(out, "{}", access(tokens_file, *read_public))?;
+            let sign_in = if *read_public {
+                ""
+            } else {
+                " (sign in with a token: read scope is enough)"
+            };
+            writeln!(out, "web view: {base}/ui/{sign_in}")?;
+        }
         out.flush()?;
         mdl_server::serve(state, listener).await?;
         anyhow::Ok(())

@@ -184,6 +184,17 @@ fn json_output_only_ever_gains_fields() {
         run_json(&repo, &["tag", "v1", "main", "-m", "first"], None),
     );
     record("tag", run_json(&repo, &["tag"], None));
+    ok(&repo, &["tag", "doomed", "main"]);
+    record(
+        "tag -d NAME",
+        run_json(&repo, &["tag", "-d", "doomed"], None),
+    );
+    ok(&repo, &["branch", "merged", "main"]);
+    record(
+        "branch -d NAME",
+        run_json(&repo, &["branch", "-d", "merged"], None),
+    );
+    record("error", failed_json(&repo, &["show", "no-such-rev"], 1));
     record(
         "config KEY VALUE",
         run_json(&repo, &["config", "delta.max_depth", "8"], None),
@@ -200,6 +211,23 @@ fn json_output_only_ever_gains_fields() {
     );
     record("stats", run_json(&repo, &["stats"], None));
 
+    // serve prints its one document as a line once it listens, then keeps serving.
+    let mut serve = Command::new(mdl_bin())
+        .args(["--json", "serve", "--addr", "127.0.0.1:0", "-C"])
+        .arg(&repo)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(serve.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let _ = serve.kill();
+    let _ = serve.wait();
+    record("serve", serde_json::from_str(&line).unwrap());
+
     let server = Server::start(&["--root", &s(d)], d);
     let url = format!("{}/repo", server.base);
     let clone = d.join("clone");
@@ -211,6 +239,18 @@ fn json_output_only_ever_gains_fields() {
     record(
         "remote add",
         run_json(&clone, &["remote", "add", "other", &url], None),
+    );
+    record(
+        "remote set-url",
+        run_json(&clone, &["remote", "set-url", "other", &url], None),
+    );
+    record(
+        "remote set-token",
+        run_json(&clone, &["remote", "set-token", "other"], Some(READ)),
+    );
+    record(
+        "remote remove",
+        run_json(&clone, &["remote", "remove", "other"], None),
     );
     record("fetch", run_json(&clone, &["fetch"], Some(READ)));
     record("pull", run_json(&clone, &["pull"], Some(READ)));
@@ -247,5 +287,46 @@ fn json_output_only_ever_gains_fields() {
     assert!(
         added.is_empty(),
         "new --json fields: add them to tests/e2e/{SNAPSHOT} (MDL_UPDATE_SNAPSHOTS=1):\n{added:#?}"
+    );
+}
+
+/// `docs/CLI_JSON.md` documents exactly the recorded shapes: a section a command, a row a
+/// field and type.
+#[test]
+fn the_json_schema_page_documents_every_recorded_field() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("docs/CLI_JSON.md")).unwrap();
+    let mut documented = BTreeSet::new();
+    let mut command = None;
+    for line in doc.lines() {
+        if let Some(c) = line.strip_prefix("## `").and_then(|l| l.strip_suffix('`')) {
+            command = Some(c.to_string());
+        } else if let (Some(c), Some(row)) = (&command, line.strip_prefix("| `")) {
+            let (path, types) = row.split_once("` | ").expect("a field row");
+            let path = match path {
+                "(the document)" => "",
+                p => p,
+            };
+            let sep = if path.starts_with('[') || path.is_empty() {
+                ""
+            } else {
+                "."
+            };
+            for t in types.trim_end_matches(" |").split(" or ") {
+                documented.insert(format!("{c}{sep}{path}: {t}"));
+            }
+        }
+    }
+    let snapshot = std::fs::read_to_string(root.join("tests/e2e").join(SNAPSHOT)).unwrap();
+    let recorded: BTreeSet<String> = snapshot
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    let undocumented: Vec<_> = recorded.difference(&documented).collect();
+    let stale: Vec<_> = documented.difference(&recorded).collect();
+    assert!(
+        undocumented.is_empty() && stale.is_empty(),
+        "docs/CLI_JSON.md is out of step with {SNAPSHOT}:\nundocumented {undocumented:#?}\nnot recorded {stale:#?}"
     );
 }

@@ -84,7 +84,7 @@ pub(crate) fn coarsen(
     if dry_run || plan.is_empty() {
         return Ok(out);
     }
-    progress.start("coarsening", plan.len() as u64);
+    progress.start_count("coarsening", plan.len() as u64);
     let batch = store.batch();
     // New content of re-encoded objects that others in the plan decode through.
     let bases: HashSet<ObjectId> = plan.iter().filter_map(|(_, e)| e.base).collect();

@@ -141,7 +141,7 @@ pub fn compact(
     }
 
     let mut delta: i64 = 0;
-    progress.start("compacting", cuts.len() as u64);
+    progress.start_count("compacting", cuts.len() as u64);
     let mut groups: Vec<Vec<ObjectId>> = by_root.into_values().collect();
     groups.sort();
     for group in groups {

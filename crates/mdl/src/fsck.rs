@@ -130,6 +130,15 @@ pub fn repair(dir: &Path, opts: &OpenOptions) -> Result<(Option<Rebuilt>, Report
 /// Checks the whole repository; with `repair`, also removes leftovers of interrupted writes
 /// (temporaries, unindexed record files, abandoned uploads) — never anything the index names.
 pub fn fsck(repo: &Repository, repair: bool) -> Result<Report> {
+    fsck_with(repo, repair, &crate::NoProgress)
+}
+
+/// [`fsck`], reporting the records read (bytes) to `progress`.
+pub fn fsck_with(
+    repo: &Repository,
+    repair: bool,
+    progress: &dyn crate::Progress,
+) -> Result<Report> {
     let store = repo.store();
     let mut report = Report::default();
     check_database(repo, repair, &mut report)?;
@@ -153,7 +162,9 @@ pub fn fsck(repo: &Repository, repair: bool) -> Result<Report> {
     }
 
     // 1. Every indexed object decodes and hashes to its id; delta bases exist with consistent depth.
+    progress.start("checking", objects.iter().map(|(_, e)| e.stored_len).sum());
     for (id, entry) in &objects {
+        progress.advance(entry.stored_len);
         report.objects_checked += 1;
         report.longest_chain = report.longest_chain.max(entry.depth);
         if entry.depth > cap {
@@ -183,6 +194,8 @@ pub fn fsck(repo: &Repository, repair: bool) -> Result<Report> {
             }
         }
     }
+
+    progress.finish();
 
     // 2. Refs → commits → manifests → tensors, and every parent.
     let mut expired_seen = HashSet::new();

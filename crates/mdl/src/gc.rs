@@ -353,7 +353,7 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
     }
 
     // 2. Kept tensors whose bases go become self-contained, a chain at a time.
-    progress.start("re-encoding", plan.rebase.len() as u64);
+    progress.start_count("re-encoding", plan.rebase.len() as u64);
     for id in &plan.rebase {
         let (done, _, _) = reencode_group(repo, std::slice::from_ref(id))?;
         out.reencoded += done;

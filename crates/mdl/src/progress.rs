@@ -1,7 +1,11 @@
-/// Receives progress of long operations (bytes processed), for a progress bar.
+/// Receives progress of long operations (bytes or items processed), for a progress bar.
 pub trait Progress: Sync {
     /// Work of `total` bytes begins.
     fn start(&self, what: &str, total: u64);
+    /// Work of `total` items (objects, chains) begins; [`Self::advance`] then counts items.
+    fn start_count(&self, what: &str, total: u64) {
+        self.start(what, total);
+    }
     /// `n` more bytes are done.
     fn advance(&self, n: u64);
     /// The work is over.
