@@ -164,21 +164,86 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             message: None,
             delete: None,
         } => output::refs(out, cli.json, &remote_refs(remote, mdl::Ref::TAGS)?)?,
+        Command::Branch {
+            all: true | false,
+            remotes: true,
+            ..
+        }
+        | Command::Branch { all: true, .. } => bail!(
+            "branch -a and -r list remote-tracking branches, which stay where the repository is; over HTTP, `mdl branch` lists its branches"
+        ),
+        Command::Branch {
+            name: Some(name),
+            rev,
+            delete: None,
+            force_delete: None,
+            force,
+            ..
+        } => {
+            let moved = remote.branch(name, rev.as_deref(), *force)?;
+            if *force {
+                output::branch_move(out, cli.json, &moved)?;
+            } else {
+                let at = moved.to.short(12);
+                output::message(out, cli.json, &format!("branch {name} at {at}"))?;
+            }
+        }
+        Command::Branch {
+            delete, force_delete, ..
+        } => {
+            let Some(d) = delete.as_ref().or(force_delete.as_ref()) else {
+                bail!("branch: give a name to create, or -d/-D NAME to delete");
+            };
+            let was = remote.delete_branch(d, force_delete.is_some())?;
+            let text = format!("deleted branch {d} (was {})", was.short(12));
+            output::message(out, cli.json, &text)?;
+        }
+        Command::Switch { branch } => {
+            remote.switch(branch)?;
+            output::message(out, cli.json, &format!("switched to branch {branch}"))?;
+        }
+        Command::Stats => output::stats(out, cli.json, &remote.stats()?)?,
+        Command::Diff { a, b, changed } => {
+            output::diff(out, cli.json, &remote.diff(a, b)?, *changed)?
+        }
+        Command::Config {
+            key: Some(k),
+            value: Some(v),
+        } => {
+            let set = remote.set_config(k, v)?;
+            output::message(out, cli.json, &format!("{} = {}", set.key, set.value))?;
+        }
+        Command::Config { key, value: _ } => {
+            let mut all = remote.config()?;
+            if let Some(k) = key {
+                all.retain(|(name, _, _)| name == k);
+                if all.is_empty() {
+                    return Err(mdl::Error::UnknownConfig(k.clone()).into());
+                }
+            }
+            output::config(out, cli.json, &all)?;
+        }
+        Command::Fsck { repair: false } => {
+            let report = remote.fsck()?;
+            output::fsck(out, cli.json, None, &report)?;
+            if !report.ok() {
+                eprintln!("error: fsck found {} problem(s)", report.problems.len());
+                return Ok(ExitCode::from(3));
+            }
+        }
+        Command::Fsck { repair: true } => bail!(
+            "fsck --repair may rebuild the database, which needs the repository closed: stop the `mdl serve` at {} first",
+            remote.url()
+        ),
         // Listed one by one, so that a new command is a decision here, not a silent refusal.
         Command::Log { all: true, .. } => {
             bail!("log --all runs where the repository is; over HTTP, name a branch or tag")
         }
         Command::Init { .. }
-        | Command::Config { .. }
-        | Command::Diff { .. }
-        | Command::Branch { .. }
-        | Command::Switch { .. }
         | Command::Reset { .. }
         | Command::Reflog { .. }
         | Command::Status
         | Command::Tag { .. }
-        | Command::Fsck { .. }
-        | Command::Stats
         | Command::Serve { .. }
         | Command::Remote { .. }
         | Command::Clone { .. }

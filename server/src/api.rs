@@ -9,7 +9,7 @@ use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State as AxState};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use mdl::transfer::{self, RefUpdate};
 use mdl::ObjectId;
@@ -18,7 +18,7 @@ use tokio_stream::StreamExt;
 use crate::access::{blocking, Access, ApiResult, Reader, Writer};
 use crate::auth::{check, Scope};
 use crate::error::ApiError;
-use crate::{files, stream};
+use crate::{admin, files, stream};
 use crate::{Served, State};
 
 type Shared = AxState<Arc<State>>;
@@ -44,7 +44,14 @@ pub fn app(state: Arc<State>) -> Router {
         .route(route::OBJECTS_PLAN, post(plan))
         .route(route::OBJECTS_FETCH, post(fetch))
         .route(route::COMPACT, post(compact))
-        .route(route::GC, post(gc));
+        .route(route::GC, post(gc))
+        .route(route::STATS, get(admin::stats))
+        .route(route::DIFF, get(admin::diff))
+        .route(route::CONFIG, get(admin::config).post(admin::set_config))
+        .route(route::BRANCHES, post(admin::branch))
+        .route(route::BRANCH, delete(admin::delete_branch))
+        .route(route::HEAD, post(admin::head))
+        .route(route::FSCK, post(admin::fsck));
     Router::new()
         .route(route::REPOS, get(list_repos))
         .nest(route::REPO, repo)

@@ -8,6 +8,7 @@
 //! parameters, statuses and error codes: `docs/HTTP_API.md`.
 
 mod access;
+mod admin;
 mod api;
 pub mod auth;
 mod bucket;

@@ -859,3 +859,70 @@ fn a_remote_keeps_its_token_and_can_be_repointed_and_removed() {
         "no remote named origin",
     );
 }
+
+#[test]
+fn a_served_repository_is_inspected_and_administered_from_its_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, _, _) = two_commits(dir.path());
+    let local_diff = json(&repo, &["diff", "HEAD~1", "HEAD"]);
+    let local_stats = json(&repo, &["stats"]);
+    let server = Server::start(&["-C", repo.to_str().unwrap()], dir.path());
+
+    // Read: the same answers as from the repository itself.
+    assert_eq!(json(&repo, &["diff", "HEAD~1", "HEAD"]), local_diff);
+    assert_eq!(json(&repo, &["stats"]), local_stats);
+    assert!(ok(&repo, &["diff", "--changed", "HEAD~1", "HEAD"]).contains("model.w"));
+    let report = json(&repo, &["fsck"]);
+    assert_eq!(report["problems"], serde_json::json!([]));
+    assert!(report["objects_checked"].as_u64().unwrap() > 0);
+    fails(&repo, &["fsck", "--repair"], "stop the `mdl serve`");
+
+    // Settings.
+    ok(&repo, &["config", "delta.max_depth", "5"]);
+    let listed = json(&repo, &["config", "delta.max_depth"]);
+    assert!(listed.to_string().contains("\"5\""), "{listed}");
+    fails(&repo, &["config", "no.such.key"], "no.such.key");
+    fails(
+        &repo,
+        &["config", "delta.max_depth", "many"],
+        "delta.max_depth",
+    );
+
+    // Branches and HEAD, with the same refusals as locally.
+    assert!(ok(&repo, &["branch", "exp", "HEAD~1"]).contains("branch exp at"));
+    fails(&repo, &["branch", "exp"], "exists");
+    let moved = json(&repo, &["branch", "-f", "exp", "HEAD"]);
+    assert_eq!(moved["branch"], "exp");
+    ok(&repo, &["switch", "exp"]);
+    fails(&repo, &["switch", "nope"], "nope");
+    let f = dir.path().join("c.safetensors");
+    write_safetensors(&f, &[tensor("model.w", "F32", &[8, 8], 99)], &[]);
+    ok(&repo, &["commit", f.to_str().unwrap(), "-m", "only on exp"]);
+    ok(&repo, &["switch", "main"]);
+    fails(&repo, &["branch", "-d", "exp"], "1 commit");
+    assert!(ok(&repo, &["branch", "-D", "exp"]).contains("deleted branch exp"));
+    fails(&repo, &["branch", "-a"], "remote-tracking");
+    server.stop();
+
+    // What the server did is the repository's own once it stops.
+    let config = json(&repo, &["config", "delta.max_depth"]);
+    assert!(config.to_string().contains("\"5\""), "{config}");
+    let branches = json(&repo, &["branch"]);
+    let names: Vec<&str> = branches
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["main"]);
+    // The deletion, the move and the creation are in the branch's reflog, as if run locally.
+    let reflog = json(&repo, &["reflog", "exp"]);
+    let messages: Vec<&str> = reflog["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(messages.first(), Some(&"deleted"));
+    assert!(messages.len() >= 3, "{messages:?}");
+}

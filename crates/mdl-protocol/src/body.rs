@@ -206,6 +206,61 @@ pub enum GcAnswer {
     Disk(mdl::gc::GcOutcome),
 }
 
+/// The query of `GET /diff`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DiffQuery {
+    /// The revision compared from.
+    pub a: String,
+    /// The revision compared to.
+    pub b: String,
+}
+
+/// `POST /config`: one setting changed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ConfigSet {
+    /// The setting's key.
+    pub key: String,
+    /// Its new value, as `mdl config KEY VALUE` takes it.
+    pub value: String,
+}
+
+/// `POST /branches`: a branch created at `rev` (HEAD's commit when absent), or with `force`
+/// created or moved there; answered by `mdl::refs::BranchMove`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BranchRequest {
+    /// The branch's short name.
+    pub name: String,
+    /// Where it points.
+    pub rev: Option<String>,
+    /// Move it if it exists (`branch -f`).
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// The query of `DELETE /branches/{name}`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct DeleteBranch {
+    /// Delete even if its commits would become unreachable (`branch -D`).
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// The answer to `DELETE /branches/{name}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Deleted {
+    /// The branch's short name.
+    pub name: String,
+    /// The commit it pointed at (recorded in its reflog, so it can be made again).
+    pub was: ObjectId,
+}
+
+/// `POST /head`: HEAD made to name another branch (`switch`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Head {
+    /// The branch's short name.
+    pub branch: String,
+}
+
 /// Every error answer's body.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Error {

@@ -38,6 +38,22 @@ pub const COMPACT: &str = "/maintenance/compact";
 /// `POST`: garbage collection ([`crate::body::GcRequest`]).
 pub const GC: &str = "/maintenance/gc";
 
+/// `GET`: repository totals (`mdl::stats::Stats`).
+pub const STATS: &str = "/stats";
+/// `GET ?a=&b=`: two revisions compared (`mdl::diff::Diff`, [`crate::body::DiffQuery`]).
+pub const DIFF: &str = "/diff";
+/// `GET`: every setting as `[key, value, is_default]`; `POST`: one changed
+/// ([`crate::body::ConfigSet`]).
+pub const CONFIG: &str = "/config";
+/// `POST`: create or move a branch ([`crate::body::BranchRequest`] → `mdl::refs::BranchMove`).
+pub const BRANCHES: &str = "/branches";
+/// `DELETE ?force=`: delete a branch ([`crate::body::DeleteBranch`] → [`crate::body::Deleted`]).
+pub const BRANCH: &str = "/branches/{name}";
+/// `POST`: point HEAD at another branch ([`crate::body::Head`]).
+pub const HEAD: &str = "/head";
+/// `POST`: check the whole repository (`mdl::fsck::Report`).
+pub const FSCK: &str = "/maintenance/fsck";
+
 /// The commit a checkpoint or tensor download comes from.
 pub const HEADER_COMMIT: &str = "x-mdl-commit";
 /// How many of a checkpoint's tensors were stored lossily.

@@ -157,6 +157,72 @@ impl Remote {
         self.post_json(route::GC, &request)
     }
 
+    /// The repository's totals (`GET /stats`).
+    pub fn stats(&self) -> Result<mdl::stats::Stats> {
+        self.get_json(route::STATS, &[])
+    }
+
+    /// Revisions `a` and `b` compared (`GET /diff`).
+    pub fn diff(&self, a: &str, b: &str) -> Result<mdl::diff::Diff> {
+        self.get_json(route::DIFF, &[("a", a.to_string()), ("b", b.to_string())])
+    }
+
+    /// Every setting: key, value, whether it is the default (`GET /config`).
+    pub fn config(&self) -> Result<Vec<(String, String, bool)>> {
+        self.get_json(route::CONFIG, &[])
+    }
+
+    /// Changes one setting (`POST /config`).
+    pub fn set_config(&self, key: &str, value: &str) -> Result<body::ConfigSet> {
+        let req = body::ConfigSet {
+            key: key.to_string(),
+            value: value.to_string(),
+        };
+        self.post_json(route::CONFIG, &req)
+    }
+
+    /// Creates branch `name` at `rev` (HEAD's commit when `None`); with `force`, creates or
+    /// moves it (`POST /branches`).
+    pub fn branch(
+        &self,
+        name: &str,
+        rev: Option<&str>,
+        force: bool,
+    ) -> Result<mdl::refs::BranchMove> {
+        let req = body::BranchRequest {
+            name: name.to_string(),
+            rev: rev.map(str::to_string),
+            force,
+        };
+        self.post_json(route::BRANCHES, &req)
+    }
+
+    /// Deletes branch `name`; without `force`, only if its commits stay reachable
+    /// (`DELETE /branches/{name}`). Returns the commit it pointed at.
+    pub fn delete_branch(&self, name: &str, force: bool) -> Result<ObjectId> {
+        let path = route::fill(route::BRANCH, &[("name", name)]);
+        let req = self
+            .auth(self.agent.delete(format!("{}{path}", self.api)))
+            .query("force", force.to_string());
+        let mut resp = self.check(req.call())?;
+        let deleted: body::Deleted = resp.body_mut().read_json().map_err(|e| self.transport(e))?;
+        Ok(deleted.was)
+    }
+
+    /// Points HEAD at branch `name` (`POST /head`).
+    pub fn switch(&self, name: &str) -> Result<()> {
+        let req = body::Head {
+            branch: name.to_string(),
+        };
+        self.post_json::<body::Head>(route::HEAD, &req).map(|_| ())
+    }
+
+    /// Checks the whole repository on the server, without repairing
+    /// (`POST /maintenance/fsck`).
+    pub fn fsck(&self) -> Result<mdl::fsck::Report> {
+        self.post_json(route::FSCK, &serde_json::json!({}))
+    }
+
     /// Branches, tags and HEAD.
     pub fn refs(&self) -> Result<Refs> {
         self.get_json(route::REFS, &[])

@@ -3,13 +3,13 @@
 use std::collections::HashSet;
 
 use mdl_format::{Dtype, Entry};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::previous::Previous;
 use crate::{revision, Repository, Result};
 
 /// How a tensor differs.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Change {
     /// Same object in both.
@@ -28,7 +28,7 @@ pub enum Change {
 }
 
 /// One tensor's line of a diff.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TensorDiff {
     /// The file it is in (in B for an added tensor, else in A).
     pub file: String,
@@ -40,7 +40,7 @@ pub struct TensorDiff {
 }
 
 /// What happened to a file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FileChange {
     /// The same bytes in both.
@@ -54,7 +54,7 @@ pub enum FileChange {
 }
 
 /// One file's line of a diff.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FileDiff {
     /// Its path.
     pub path: String,
@@ -67,7 +67,7 @@ pub struct FileDiff {
 }
 
 /// Two commits compared file by file and tensor by tensor.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Diff {
     /// Every file of either tree, in path order.
     pub files: Vec<FileDiff>,

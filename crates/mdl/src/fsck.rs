@@ -5,14 +5,14 @@ use std::path::{Path, PathBuf};
 
 use mdl_format::{ObjectId, ObjectKind, Ref, Region};
 use mdl_store::{IndexEntry, OpenOptions, RefValue, StoreError, MDL_DIR};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{Error, Repository, Result};
 
 pub use mdl_store::rebuild::Rebuilt;
 
 /// What fsck found.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Report {
     /// Objects decoded and verified.
     pub objects_checked: u64,

@@ -1,11 +1,11 @@
 //! `mdl stats`: how much the repository holds and how well it compresses.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{Repository, Result};
 
 /// Repository totals (the stable `--json` form of `mdl stats`).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Stats {
     /// Commits.
     pub commits: u64,

@@ -1,0 +1,117 @@
+//! Inspecting and administering a served repository: totals, comparisons, settings, branches,
+//! HEAD and fsck — what `mdl stats`, `diff`, `config`, `branch`, `switch` and `fsck` do, so
+//! those commands run in a served repository's folder are forwarded here like `log` and
+//! `commit` (the server holds the repository's lock for as long as it runs).
+
+use mdl_protocol::{body, ErrorCode};
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::access::{blocking, Access, ApiResult, Reader, Writer};
+use crate::error::ApiError;
+
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
+    q.map(|Query(v)| v)
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))
+}
+
+fn json<T>(b: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
+    b.map(|Json(v)| v)
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))
+}
+
+pub(crate) async fn stats(Access(served): Reader) -> ApiResult<Response> {
+    blocking(move || Ok(Json(mdl::stats::stats(&served.repo)?).into_response())).await
+}
+
+pub(crate) async fn diff(
+    Access(served): Reader,
+    q: Result<Query<body::DiffQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let q = query(q)?;
+    blocking(move || Ok(Json(mdl::diff::diff(&served.repo, &q.a, &q.b)?).into_response())).await
+}
+
+pub(crate) async fn config(Access(served): Reader) -> ApiResult<Response> {
+    blocking(move || Ok(Json(mdl::config::config(&served.repo)?).into_response())).await
+}
+
+pub(crate) async fn set_config(
+    Access(served): Writer,
+    b: Result<Json<body::ConfigSet>, JsonRejection>,
+) -> ApiResult<Response> {
+    let req = json(b)?;
+    blocking(move || {
+        served.change(false, || {
+            let _writer = served.repo.writer();
+            Ok(mdl::config::set_config(&served.repo, &req.key, &req.value)?)
+        })?;
+        Ok(Json(req).into_response())
+    })
+    .await
+}
+
+pub(crate) async fn branch(
+    Access(served): Writer,
+    b: Result<Json<body::BranchRequest>, JsonRejection>,
+) -> ApiResult<Response> {
+    let req = json(b)?;
+    blocking(move || {
+        let (moved, _) = served.change(false, || {
+            let repo = &served.repo;
+            let _writer = repo.writer();
+            Ok(if req.force {
+                mdl::refs::force_branch(repo, &req.name, req.rev.as_deref())?
+            } else {
+                let to = mdl::refs::create_branch(repo, &req.name, req.rev.as_deref())?;
+                mdl::refs::BranchMove {
+                    branch: req.name.clone(),
+                    from: None,
+                    to,
+                }
+            })
+        })?;
+        Ok(Json(moved).into_response())
+    })
+    .await
+}
+
+pub(crate) async fn delete_branch(
+    Access(served): Writer,
+    Path((_, name)): Path<(String, String)>,
+    q: Result<Query<body::DeleteBranch>, QueryRejection>,
+) -> ApiResult<Response> {
+    let force = query(q)?.force;
+    blocking(move || {
+        let (was, _) = served.change(false, || {
+            let _writer = served.repo.writer();
+            Ok(mdl::refs::delete_branch(&served.repo, &name, force)?)
+        })?;
+        Ok(Json(body::Deleted { name, was }).into_response())
+    })
+    .await
+}
+
+pub(crate) async fn head(
+    Access(served): Writer,
+    b: Result<Json<body::Head>, JsonRejection>,
+) -> ApiResult<Response> {
+    let req = json(b)?;
+    blocking(move || {
+        served.change(false, || {
+            let _writer = served.repo.writer();
+            Ok(mdl::refs::switch(&served.repo, &req.branch)?)
+        })?;
+        Ok(Json(req).into_response())
+    })
+    .await
+}
+
+/// Checks without repairing: a repair may rebuild the database, which needs the repository
+/// closed (`mdl fsck --repair` with the server stopped). Write scope: it reads every record.
+pub(crate) async fn fsck(Access(served): Writer) -> ApiResult<Response> {
+    blocking(move || Ok(Json(mdl::fsck::fsck(&served.repo, false)?).into_response())).await
+}
