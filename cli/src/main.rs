@@ -490,7 +490,9 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     if let Some(url) = cli.bucket_url() {
         return bucket::run(cli, url, purpose, out);
     }
-    let bar = progress::Bar::new(!cli.json && io::stderr().is_terminal());
+    let on_terminal = !cli.json && io::stderr().is_terminal();
+    let bar = progress::Bar::new(on_terminal);
+    let transfer_bar = progress::Bar::at_once(on_terminal);
     if let Command::Commit(CommitArgs {
         remote: Some(url), ..
     }) = &cli.command
@@ -655,7 +657,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
                 mdl::fsck::repair(&dir, &opts)?
             } else {
                 let repo = open(cli, LockMode::Check, purpose)?;
-                (None, mdl::fsck::fsck_with(&repo, false, &bar)?)
+                (None, mdl::fsck::fsck_with(&repo, false, &transfer_bar)?)
             };
             output::fsck(out, cli.json, rebuilt.as_ref(), &report)?;
             if !report.ok() {
@@ -763,7 +765,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             let base = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
             let dir = base.join(path.clone().unwrap_or_else(|| name.into()));
             let peer = remote::peer(cli, url)?;
-            let outcome = mdl_remote::clone(peer.as_ref(), &dir)?;
+            let outcome = mdl_remote::clone(peer.as_ref(), &dir, &transfer_bar)?;
             output::transfer(
                 out,
                 cli.json,
@@ -775,10 +777,22 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             let repo = open(cli, LockMode::Write, purpose)?;
             let client = remote::named(cli, &repo, remote)?;
             let (outcome, done) = if matches!(cli.command, Command::Pull { .. }) {
-                let o = mdl_remote::pull(&repo, remote, client.as_ref(), branch.as_deref())?;
+                let o = mdl_remote::pull(
+                    &repo,
+                    remote,
+                    client.as_ref(),
+                    branch.as_deref(),
+                    &transfer_bar,
+                )?;
                 (o, "pulled from")
             } else {
-                let o = mdl_remote::fetch(&repo, remote, client.as_ref(), branch.as_deref())?;
+                let o = mdl_remote::fetch(
+                    &repo,
+                    remote,
+                    client.as_ref(),
+                    branch.as_deref(),
+                    &transfer_bar,
+                )?;
                 (o, "fetched from")
             };
             output::transfer(out, cli.json, &format!("{done} {}", client.url()), &outcome)?;
@@ -790,8 +804,14 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         } => {
             let repo = open(cli, LockMode::Write, purpose)?;
             let client = remote::named(cli, &repo, remote)?;
-            let outcome =
-                mdl_remote::push(&repo, remote, client.as_ref(), branch.as_deref(), *force)?;
+            let outcome = mdl_remote::push(
+                &repo,
+                remote,
+                client.as_ref(),
+                branch.as_deref(),
+                *force,
+                &transfer_bar,
+            )?;
             output::transfer(
                 out,
                 cli.json,

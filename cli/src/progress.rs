@@ -1,15 +1,16 @@
-//! Progress bars on stderr: commits, checkouts and maintenance show one once they have run
-//! for a second, on a terminal only (never under `--json` or when stderr is piped).
+//! Progress bars on stderr, on a terminal only (never under `--json` or when stderr is piped):
+//! transfers and fsck show one from the start, commits, checkouts and maintenance once they
+//! have run for a second.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-/// How long work runs before its bar appears.
+/// How long a commit or checkout runs before its bar appears.
 const QUIET_FOR: Duration = Duration::from_secs(1);
 
-/// The bar of the work under way: hidden until it has taken [`QUIET_FOR`].
+/// The bar of the work under way: hidden until it has run for the bar's `quiet_for`.
 struct Current {
     bar: ProgressBar,
     started: Instant,
@@ -19,14 +20,25 @@ struct Current {
 /// Shows a bar when enabled and the work takes long enough to wait for.
 pub struct Bar {
     enabled: bool,
+    quiet_for: Duration,
     current: Mutex<Option<Current>>,
 }
 
 impl Bar {
+    /// A bar that appears once the work has run for a second.
     pub fn new(enabled: bool) -> Self {
         Bar {
             enabled,
+            quiet_for: QUIET_FOR,
             current: Mutex::new(None),
+        }
+    }
+
+    /// A bar that appears at once (transfers, fsck: work a person waits for by choice).
+    pub fn at_once(enabled: bool) -> Self {
+        Bar {
+            quiet_for: Duration::ZERO,
+            ..Bar::new(enabled)
         }
     }
 
@@ -34,7 +46,13 @@ impl Bar {
         if !self.enabled {
             return;
         }
-        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
+        let shown = self.quiet_for.is_zero();
+        let target = if shown {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        };
+        let bar = ProgressBar::with_draw_target(Some(total), target);
         bar.set_style(
             ProgressStyle::with_template(template)
                 .expect("valid template")
@@ -44,7 +62,7 @@ impl Bar {
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Current {
             bar,
             started: Instant::now(),
-            shown: false,
+            shown,
         });
     }
 }
@@ -63,7 +81,7 @@ impl mdl::Progress for Bar {
     fn advance(&self, n: u64) {
         if let Some(c) = &mut *self.current.lock().unwrap_or_else(|p| p.into_inner()) {
             c.bar.inc(n);
-            if !c.shown && c.started.elapsed() >= QUIET_FOR {
+            if !c.shown && c.started.elapsed() >= self.quiet_for {
                 c.shown = true;
                 c.bar.set_draw_target(ProgressDrawTarget::stderr());
             }

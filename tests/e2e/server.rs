@@ -496,7 +496,7 @@ fn commits_over_http_and_forwarding() {
         &["checkout", "main~1", "-o", pulled.to_str().unwrap()],
     );
     assert_eq!(std::fs::read(&pulled).unwrap(), bytes);
-    fails(&repo, &["fsck"], "does not run over HTTP");
+    fails(&repo, &["reflog"], "does not run over HTTP");
     // status runs here beside the server and says who owns the repository.
     let st = json(&repo, &["status"]);
     assert_eq!(st["branch"], "main");
@@ -925,4 +925,47 @@ fn a_served_repository_is_inspected_and_administered_from_its_folder() {
         .collect();
     assert_eq!(messages.first(), Some(&"deleted"));
     assert!(messages.len() >= 3, "{messages:?}");
+}
+
+#[test]
+fn transfers_and_fsck_show_progress_on_a_terminal_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, _, _) = two_commits(dir.path());
+    let server = Server::start(&["-C", repo.to_str().unwrap()], dir.path());
+    let url = format!("{}/repo", server.base);
+    // `script` runs the command on a pseudo-terminal and copies what it shows to stdout.
+    let on_terminal = |args: &str| -> String {
+        let cmd = format!("{} {args}", mdl_bin().display());
+        let out = Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .env("MDL_TOKEN", READ)
+            .output()
+            .expect("script(1), from util-linux, runs the command on a terminal");
+        assert!(
+            out.status.success(),
+            "{args}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let tty = dir.path().join("tty");
+    let shown = on_terminal(&format!("clone {url} {}", tty.display()));
+    assert!(shown.contains("receiving"), "{shown}");
+    let shown = on_terminal(&format!("-C {} fsck", tty.display()));
+    assert!(shown.contains("checking"), "{shown}");
+    // Not under --json, and not when stderr is not a terminal.
+    let quiet = on_terminal(&format!(
+        "--json clone {url} {}",
+        dir.path().join("j").display()
+    ));
+    assert!(!quiet.contains("receiving"), "{quiet}");
+    let piped = Command::new(mdl_bin())
+        .args(["clone", &url])
+        .arg(dir.path().join("piped"))
+        .env("MDL_TOKEN", READ)
+        .output()
+        .unwrap();
+    assert!(piped.status.success());
+    assert!(!String::from_utf8_lossy(&piped.stderr).contains("receiving"));
+    server.stop();
 }

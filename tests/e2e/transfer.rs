@@ -67,7 +67,7 @@ fn push_in_steps(
         gc();
     }
     let send: Vec<ObjectId> = ids.into_iter().filter(|i| needed.contains(i)).collect();
-    if let Err(e) = remote.send_objects(&repo, &send) {
+    if let Err(e) = remote.send_objects(&repo, &send, &mdl::NoProgress) {
         return Some(code(e));
     }
     if gc_after == 2 {

@@ -70,14 +70,24 @@ impl Peer for BucketPeer {
     fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> mdl_remote::Result<Vec<PlannedObject>> {
         self.local().plan(want, have)
     }
-    fn fetch_objects(&self, repo: &Repository, ids: &[ObjectId]) -> mdl_remote::Result<Received> {
-        self.local().fetch_objects(repo, ids)
+    fn fetch_objects(
+        &self,
+        repo: &Repository,
+        ids: &[ObjectId],
+        progress: &dyn mdl::Progress,
+    ) -> mdl_remote::Result<Received> {
+        self.local().fetch_objects(repo, ids, progress)
     }
     fn missing(&self, ids: &[ObjectId]) -> mdl_remote::Result<Vec<ObjectId>> {
         self.local().missing(ids)
     }
-    fn send_objects(&self, repo: &Repository, ids: &[ObjectId]) -> mdl_remote::Result<Received> {
-        self.local().send_objects(repo, ids)
+    fn send_objects(
+        &self,
+        repo: &Repository,
+        ids: &[ObjectId],
+        progress: &dyn mdl::Progress,
+    ) -> mdl_remote::Result<Received> {
+        self.local().send_objects(repo, ids, progress)
     }
     fn update_ref(&self, update: &RefUpdate) -> mdl_remote::Result<()> {
         self.local().update_ref(update)?;

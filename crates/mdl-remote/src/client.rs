@@ -374,7 +374,12 @@ impl Remote {
 
     /// Downloads the records of `ids` and stores them in `repo`, verifying each (in requests
     /// of at most [`IDS_PER_REQUEST`] ids, in order, so bases still come first).
-    pub fn fetch_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
+    pub fn fetch_objects(
+        &self,
+        repo: &Repository,
+        ids: &[ObjectId],
+        progress: &dyn mdl::Progress,
+    ) -> Result<Received> {
         let mut total = Received::default();
         for chunk in ids.chunks(IDS_PER_REQUEST) {
             let req = self.auth(
@@ -385,7 +390,8 @@ impl Remote {
                 ids: chunk.to_vec(),
             };
             let mut resp = self.check(req.send_json(&ids))?;
-            let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
+            let reader = resp.body_mut().with_config().limit(u64::MAX).reader();
+            let mut reader = mdl::Counting::new(reader, progress);
             let got = transfer::receive_pack(repo, &mut reader, u64::MAX)?;
             total.objects += got.objects;
             total.bytes += got.bytes;
@@ -396,14 +402,31 @@ impl Remote {
     }
 
     /// Uploads the records of `ids` from `repo` (a pack built in a temporary file first).
-    pub fn send_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
+    pub fn send_objects(
+        &self,
+        repo: &Repository,
+        ids: &[ObjectId],
+        progress: &dyn mdl::Progress,
+    ) -> Result<Received> {
         let tmp = transfer::spool_pack(repo, ids)?;
         let file = tmp.reopen().map_err(|source| mdl::Error::Output {
             path: tmp.path().to_path_buf(),
             source,
         })?;
-        let req = self.auth(self.agent.post(format!("{}{}", self.api, route::OBJECTS)));
-        let mut resp = self.check(upload(req, route::PACK).send(&file))?;
+        let len = file
+            .metadata()
+            .map_err(|source| mdl::Error::Output {
+                path: tmp.path().to_path_buf(),
+                source,
+            })?
+            .len();
+        let mut counted = mdl::Counting::new(file, progress);
+        // The declared length keeps the upload one sized body (the server checks it first).
+        let req = self
+            .auth(self.agent.post(format!("{}{}", self.api, route::OBJECTS)))
+            .header("Content-Length", len.to_string());
+        let body = ureq::SendBody::from_reader(&mut counted);
+        let mut resp = self.check(upload(req, route::PACK).send(body))?;
         resp.body_mut().read_json().map_err(|e| self.transport(e))
     }
 

@@ -28,7 +28,7 @@ pub struct CloneOutcome {
 // The clone is a whole new repository assembled in a staging folder beside `dir`: renaming it
 // into place, or removing it after a failure, moves a folder no store owns yet.
 #[allow(clippy::disallowed_methods)]
-pub fn clone(remote: &dyn Peer, dir: &Path) -> Result<CloneOutcome> {
+pub fn clone(remote: &dyn Peer, dir: &Path, progress: &dyn mdl::Progress) -> Result<CloneOutcome> {
     let url = remote.url();
     if dir.exists()
         && std::fs::read_dir(dir)
@@ -47,7 +47,7 @@ pub fn clone(remote: &dyn Peer, dir: &Path) -> Result<CloneOutcome> {
         let repo = Repository::init(&staging)?;
         add_remote(&repo, "origin", url)?;
         let refs = remote.refs()?;
-        let mut transfer = fetch_refs(&repo, "origin", remote, &refs, None)?;
+        let mut transfer = fetch_refs(&repo, "origin", remote, &refs, None, progress)?;
         for r in &refs.refs {
             if let Some(Ref::Branch(_)) = Ref::parse(&r.name) {
                 let name = r.name.clone();

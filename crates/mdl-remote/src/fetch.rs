@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use mdl::transfer::{self, Received};
-use mdl::{ObjectId, Ref, RefName, RefValue, Repository, Timestamp};
+use mdl::{ObjectId, Progress, Ref, RefName, RefValue, Repository, Timestamp};
 use mdl_protocol::body::{ListedRef, Refs};
 
 use crate::{Error, Peer, Result};
@@ -38,8 +38,9 @@ pub fn fetch(
     remote_name: &str,
     remote: &dyn Peer,
     branch: Option<&str>,
+    progress: &dyn Progress,
 ) -> Result<TransferOutcome> {
-    fetch_refs(repo, remote_name, remote, &remote.refs()?, branch)
+    fetch_refs(repo, remote_name, remote, &remote.refs()?, branch, progress)
 }
 
 /// [`fetch`] given the server's refs.
@@ -49,6 +50,7 @@ pub(crate) fn fetch_refs(
     remote: &dyn Peer,
     refs: &Refs,
     branch: Option<&str>,
+    progress: &dyn Progress,
 ) -> Result<TransferOutcome> {
     let branches: Vec<&ListedRef> = refs
         .refs
@@ -69,7 +71,7 @@ pub(crate) fn fetch_refs(
         .collect();
     let mut outcome = TransferOutcome::default();
     let wanted: Vec<ObjectId> = branches.iter().chain(&tags).map(|r| r.target).collect();
-    let received = fetch_commits(repo, remote, &wanted)?;
+    let received = fetch_commits(repo, remote, &wanted, progress)?;
     outcome.objects = received.objects;
     outcome.bytes = received.bytes;
     for r in &branches {
@@ -123,7 +125,12 @@ pub(crate) fn fetch_refs(
 
 /// Brings the commits `want` (and their history) from the server, sending only objects this
 /// repository lacks.
-fn fetch_commits(repo: &Repository, remote: &dyn Peer, want: &[ObjectId]) -> Result<Received> {
+fn fetch_commits(
+    repo: &Repository,
+    remote: &dyn Peer,
+    want: &[ObjectId],
+    progress: &dyn Progress,
+) -> Result<Received> {
     let have: Vec<ObjectId> = transfer::commits(repo)?;
     let have_set: HashSet<ObjectId> = have.iter().copied().collect();
     let want: Vec<ObjectId> = want
@@ -145,7 +152,16 @@ fn fetch_commits(repo: &Repository, remote: &dyn Peer, want: &[ObjectId]) -> Res
         plan.len(),
         remote.url()
     );
-    remote.fetch_objects(repo, &needed)
+    let wanted: HashSet<ObjectId> = needed.iter().copied().collect();
+    let bytes = plan
+        .iter()
+        .filter(|p| wanted.contains(&p.id))
+        .map(|p| p.size)
+        .sum();
+    progress.start("receiving", bytes);
+    let received = remote.fetch_objects(repo, &needed, progress);
+    progress.finish();
+    received
 }
 
 /// Fetches `branch` (HEAD's when `None`) and fast-forwards the local branch to it (creating
@@ -156,12 +172,13 @@ pub fn pull(
     remote_name: &str,
     remote: &dyn Peer,
     branch: Option<&str>,
+    progress: &dyn Progress,
 ) -> Result<TransferOutcome> {
     let branch = match branch {
         Some(b) => b.to_string(),
         None => current_branch(repo)?,
     };
-    let mut outcome = fetch(repo, remote_name, remote, Some(&branch))?;
+    let mut outcome = fetch(repo, remote_name, remote, Some(&branch), progress)?;
     let tracking = Ref::remote(remote_name, &branch_name(&branch)?).full();
     let theirs = mdl::refs::get(repo, &tracking)?
         .and_then(|v| v.target())

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use mdl::transfer::{self, PlannedObject, Received, RefUpdate};
-use mdl::{ObjectId, Repository};
+use mdl::{Counting, ObjectId, Progress, Repository};
 use mdl_protocol::body::Refs;
 
 use crate::{Error, Remote, Result};
@@ -20,12 +20,24 @@ pub trait Peer {
     /// The objects it would send for `want` to a repository holding the commits `have`
     /// ([`transfer::plan`]).
     fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>>;
-    /// Copies the records of `ids` into `repo`, verifying each.
-    fn fetch_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received>;
+    /// Copies the records of `ids` into `repo`, verifying each; the pack's bytes are reported
+    /// to `progress` as they arrive.
+    fn fetch_objects(
+        &self,
+        repo: &Repository,
+        ids: &[ObjectId],
+        progress: &dyn Progress,
+    ) -> Result<Received>;
     /// Which of `ids` it lacks.
     fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>>;
-    /// Copies the records of `ids` from `repo` into it, verifying each.
-    fn send_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received>;
+    /// Copies the records of `ids` from `repo` into it, verifying each; the pack's bytes are
+    /// reported to `progress` as they leave.
+    fn send_objects(
+        &self,
+        repo: &Repository,
+        ids: &[ObjectId],
+        progress: &dyn Progress,
+    ) -> Result<Received>;
     /// Moves one of its refs by compare-and-swap ([`transfer::update_ref`]).
     fn update_ref(&self, update: &RefUpdate) -> Result<()>;
 }
@@ -40,14 +52,24 @@ impl Peer for Remote {
     fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>> {
         Remote::plan(self, want, have)
     }
-    fn fetch_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
-        Remote::fetch_objects(self, repo, ids)
+    fn fetch_objects(
+        &self,
+        repo: &Repository,
+        ids: &[ObjectId],
+        progress: &dyn Progress,
+    ) -> Result<Received> {
+        Remote::fetch_objects(self, repo, ids, progress)
     }
     fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
         Remote::missing(self, ids)
     }
-    fn send_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
-        Remote::send_objects(self, repo, ids)
+    fn send_objects(
+        &self,
+        repo: &Repository,
+        ids: &[ObjectId],
+        progress: &dyn Progress,
+    ) -> Result<Received> {
+        Remote::send_objects(self, repo, ids, progress)
     }
     fn update_ref(&self, update: &RefUpdate) -> Result<()> {
         Remote::update_ref(self, update)
@@ -72,13 +94,18 @@ impl<'a> Local<'a> {
 }
 
 /// Copies the records of `ids` from `from` into `to` as one pack.
-fn copy(from: &Repository, to: &Repository, ids: &[ObjectId]) -> Result<Received> {
+fn copy(
+    from: &Repository,
+    to: &Repository,
+    ids: &[ObjectId],
+    progress: &dyn Progress,
+) -> Result<Received> {
     let pack = transfer::spool_pack(from, ids)?;
     let file = pack.reopen().map_err(|source| mdl::Error::Output {
         path: pack.path().to_path_buf(),
         source,
     })?;
-    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, Counting::new(file, progress));
     Ok(transfer::receive_pack(to, &mut reader, u64::MAX)?)
 }
 
@@ -98,18 +125,28 @@ impl Peer for Local<'_> {
         let have: HashSet<ObjectId> = have.iter().copied().collect();
         Ok(transfer::plan(self.repo, want, &|id| have.contains(id))?)
     }
-    fn fetch_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
+    fn fetch_objects(
+        &self,
+        repo: &Repository,
+        ids: &[ObjectId],
+        progress: &dyn Progress,
+    ) -> Result<Received> {
         if let Some(id) = transfer::unknown(self.repo, ids)?.first() {
             return Err(Error::Remote(format!("{} has no object {id}", self.url)));
         }
-        copy(self.repo, repo, ids)
+        copy(self.repo, repo, ids, progress)
     }
     fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
         Ok(transfer::missing(self.repo, ids)?)
     }
-    fn send_objects(&self, repo: &Repository, ids: &[ObjectId]) -> Result<Received> {
+    fn send_objects(
+        &self,
+        repo: &Repository,
+        ids: &[ObjectId],
+        progress: &dyn Progress,
+    ) -> Result<Received> {
         let _writer = self.repo.writer();
-        copy(repo, self.repo, ids)
+        copy(repo, self.repo, ids, progress)
     }
     fn update_ref(&self, update: &RefUpdate) -> Result<()> {
         let _writer = self.repo.writer();

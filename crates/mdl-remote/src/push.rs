@@ -19,6 +19,7 @@ pub fn push(
     remote: &dyn Peer,
     branch: Option<&str>,
     force: bool,
+    progress: &dyn mdl::Progress,
 ) -> Result<TransferOutcome> {
     let branch = match branch {
         Some(b) => b.to_string(),
@@ -55,7 +56,7 @@ pub fn push(
     // had counted as present; nothing was published, and asking again sends it.
     let mut attempts = 0;
     let sent = loop {
-        match send_and_move(repo, remote, &update) {
+        match send_and_move(repo, remote, &update, progress) {
             Err(e) if code(&e) == Some(ErrorCode::Incomplete) && attempts < PUSH_RETRIES => {
                 attempts += 1;
                 tracing::info!(
@@ -123,7 +124,12 @@ const PUSH_RETRIES: usize = 3;
 
 /// Sends what the server lacks of `update.new`'s history (asking which commits, then which of
 /// their objects), then applies `update`.
-fn send_and_move(repo: &Repository, remote: &dyn Peer, update: &RefUpdate) -> Result<Received> {
+fn send_and_move(
+    repo: &Repository,
+    remote: &dyn Peer,
+    update: &RefUpdate,
+    progress: &dyn mdl::Progress,
+) -> Result<Received> {
     let tip = update.new.expect("a push moves a ref to a commit");
     let history = transfer::reachable_commits(repo, &[tip])?;
     let missing: HashSet<ObjectId> = remote.missing(&history)?.into_iter().collect();
@@ -134,7 +140,15 @@ fn send_and_move(repo: &Repository, remote: &dyn Peer, update: &RefUpdate) -> Re
     let received = if send.is_empty() {
         Received::default()
     } else {
-        remote.send_objects(repo, &send)?
+        let bytes = plan
+            .iter()
+            .filter(|p| needed.contains(&p.id))
+            .map(|p| p.size)
+            .sum();
+        progress.start("sending", bytes);
+        let sent = remote.send_objects(repo, &send, progress);
+        progress.finish();
+        sent?
     };
     remote.update_ref(update)?;
     Ok(received)

@@ -53,7 +53,7 @@ pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp,
 pub use mdl_store::fs::FaultyFs;
 pub use mdl_store::{budget, source};
 pub use mdl_store::{IndexEntry, LockMode, RefValue, Storage, StoreError, MDL_DIR};
-pub use progress::{NoProgress, Progress};
+pub use progress::{Counting, NoProgress, Progress};
 pub use repo::{discover, OpenOptions, Repository, ADVERTISEMENT};
 
 /// Result type of this crate.

@@ -21,3 +21,25 @@ impl Progress for NoProgress {
     fn advance(&self, _: u64) {}
     fn finish(&self) {}
 }
+
+/// A reader that reports the bytes read through it to a [`Progress`] (a pack arriving or
+/// leaving).
+pub struct Counting<'p, R> {
+    inner: R,
+    progress: &'p dyn Progress,
+}
+
+impl<'p, R> Counting<'p, R> {
+    /// Counts what is read from `inner`.
+    pub fn new(inner: R, progress: &'p dyn Progress) -> Self {
+        Counting { inner, progress }
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for Counting<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.progress.advance(n as u64);
+        Ok(n)
+    }
+}
