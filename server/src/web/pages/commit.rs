@@ -1,0 +1,137 @@
+//! The commit page: what a commit records and holds.
+
+use askama::Template;
+use mdl::storage::human_size;
+use mdl::Repository;
+
+use super::{commit_href, compare_href, minute, short, Pager, TENSOR_PAGE};
+
+/// A file of a commit.
+pub(crate) struct FileRow {
+    pub path: String,
+    pub format: String,
+    pub size: String,
+    pub tensors: u32,
+    pub note: String,
+}
+
+/// A tensor of a commit.
+pub(crate) struct TensorRow {
+    pub file: String,
+    pub name: String,
+    pub dtype: String,
+    pub shape: String,
+    pub codec: String,
+    pub stored: String,
+    pub raw: String,
+    pub depth: u32,
+    pub exactness: String,
+    pub lossy: bool,
+}
+
+/// A commit: what it records and what it holds.
+#[derive(Template)]
+#[template(path = "commit.html")]
+pub(crate) struct CommitPage {
+    pub repo: String,
+    pub id: String,
+    pub message: String,
+    pub author: String,
+    pub time: String,
+    pub step: String,
+    pub metrics: Vec<(String, String)>,
+    pub parents: Vec<(String, String, String)>,
+    pub raw: String,
+    pub stored: String,
+    pub files: Vec<FileRow>,
+    pub tensor_count: usize,
+    pub lossy_count: usize,
+    pub tensors: Vec<TensorRow>,
+    pub pager: Pager,
+}
+
+/// Builds page `page` of commit `rev`'s tensors.
+pub(crate) fn commit_page(
+    repo: &Repository,
+    name: &str,
+    rev: &str,
+    page: usize,
+) -> mdl::Result<CommitPage> {
+    let s = mdl::show::show(repo, rev)?;
+    let id = s.id.to_string();
+    let pager = Pager::new(page, s.tensors.len(), TENSOR_PAGE, |n| {
+        format!("{}?page={n}", commit_href(name, &id))
+    });
+    let tensors = s.tensors[pager.range(s.tensors.len(), TENSOR_PAGE)]
+        .iter()
+        .map(|t| TensorRow {
+            file: t.file.clone(),
+            name: t.name.clone(),
+            dtype: t.dtype.clone(),
+            shape: format!(
+                "[{}]",
+                t.shape
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            codec: t.codec.clone(),
+            stored: human_size(t.stored_bytes),
+            raw: human_size(t.raw_bytes),
+            depth: t.depth,
+            exactness: match (&t.expired, &t.lossy_info) {
+                (Some(why), _) => format!("expired ({why})"),
+                (None, Some(l)) => format!(
+                    "lossy: relative error {:.2e}, max |error| {:.2e}",
+                    l.rel_error, l.max_abs_error
+                ),
+                (None, None) if t.lossy => "lossy".to_string(),
+                (None, None) => "exact".to_string(),
+            },
+            lossy: t.lossy,
+        })
+        .collect();
+    Ok(CommitPage {
+        repo: name.to_string(),
+        message: s.message.clone(),
+        author: s.author.clone(),
+        time: minute(&s.time),
+        step: s.step.map(|n| n.to_string()).unwrap_or_default(),
+        metrics: s
+            .metrics
+            .0
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect(),
+        parents: s
+            .parents
+            .iter()
+            .map(|p| {
+                (
+                    short(p),
+                    commit_href(name, &p.to_string()),
+                    compare_href(name, &p.to_string(), &id),
+                )
+            })
+            .collect(),
+        raw: human_size(s.raw_bytes),
+        stored: human_size(s.stored_bytes),
+        files: s
+            .files
+            .iter()
+            .map(|f| FileRow {
+                path: f.path.clone(),
+                format: f.format.clone(),
+                size: human_size(f.raw_bytes),
+                tensors: f.tensors,
+                note: f.note.clone(),
+            })
+            .collect(),
+        tensor_count: s.tensors.len(),
+        lossy_count: s.tensors.iter().filter(|t| t.lossy).count(),
+        tensors,
+        pager,
+        id,
+    })
+}
