@@ -7,6 +7,19 @@ use mdl_store::CommitSummary;
 
 use crate::Repository;
 
+/// The commits every branch, tag and remote-tracking branch points at, each once.
+pub(crate) fn ref_tips(repo: &Repository) -> crate::Result<Vec<ObjectId>> {
+    let meta = repo.store().meta().read()?;
+    let mut tips: Vec<ObjectId> = meta
+        .refs("refs/")?
+        .into_iter()
+        .filter_map(|(_, v)| v.target())
+        .collect();
+    tips.sort();
+    tips.dedup();
+    Ok(tips)
+}
+
 /// Commits reachable from `starts`, children before parents, newer first among the ready ones.
 pub(crate) fn walk(
     repo: &Repository,

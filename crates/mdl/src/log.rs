@@ -75,16 +75,7 @@ pub fn log(repo: &Repository, rev: Option<&str>, limit: Option<usize>) -> Result
 
 /// The history of every branch, tag and remote-tracking branch (`log --all`), newest first.
 pub fn log_all(repo: &Repository, limit: Option<usize>) -> Result<Vec<LogEntry>> {
-    let meta = repo.store().meta().read()?;
-    let mut tips: Vec<ObjectId> = meta
-        .refs("refs/")?
-        .into_iter()
-        .filter_map(|(_, v)| v.target())
-        .collect();
-    drop(meta);
-    tips.sort();
-    tips.dedup();
-    log_from(repo, &tips, limit)
+    log_from(repo, &history::ref_tips(repo)?, limit)
 }
 
 fn log_from(repo: &Repository, starts: &[ObjectId], limit: Option<usize>) -> Result<Vec<LogEntry>> {

@@ -111,17 +111,9 @@ pub struct StorageReport {
 
 /// Builds the report: one pass over the index and one read of each reachable manifest.
 pub fn report(repo: &Repository) -> Result<StorageReport> {
-    let meta = repo.store().meta().read()?;
-    let objects: HashMap<ObjectId, mdl_store::IndexEntry> = meta.objects()?.into_iter().collect();
-    let mut tips: Vec<ObjectId> = meta
-        .refs("refs/")?
-        .into_iter()
-        .filter_map(|(_, v)| v.target())
-        .collect();
-    drop(meta);
-    tips.sort();
-    tips.dedup();
-    let mut order = history::walk(repo, &tips)?;
+    let objects: HashMap<ObjectId, mdl_store::IndexEntry> =
+        repo.store().meta().read()?.objects()?.into_iter().collect();
+    let mut order = history::walk(repo, &history::ref_tips(repo)?)?;
     order.reverse();
 
     let mut seen: HashSet<ObjectId> = HashSet::new();

@@ -14,8 +14,9 @@ mod session;
 use std::sync::Arc;
 
 use askama::Template;
-use axum::extract::{Form, Path, Query, State as AxState};
-use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::extract::{Form, FromRequestParts, Path, Query, State as AxState};
+use axum::http::request::Parts;
+use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
@@ -67,20 +68,28 @@ fn error_page(e: ApiError) -> Response {
     render(&page, e.status)
 }
 
-/// The sign-in page for a request that may not read; `None` lets it through.
-fn gate(state: &State, headers: &HeaderMap, uri: &Uri) -> Option<Response> {
-    if session::may_read(state, headers) {
-        return None;
+/// A request that may read; any other is answered with the sign-in page, which sends the
+/// browser back to where it was going.
+struct Viewer;
+
+impl FromRequestParts<Arc<State>> for Viewer {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> Result<Self, Response> {
+        if session::may_read(state, &parts.headers) {
+            return Ok(Viewer);
+        }
+        let next = parts
+            .uri
+            .path_and_query()
+            .map_or("/ui/", |p| p.as_str())
+            .to_string();
+        let page = pages::LoginPage {
+            next,
+            problem: None,
+        };
+        Err(render(&page, StatusCode::UNAUTHORIZED))
     }
-    let next = uri
-        .path_and_query()
-        .map_or("/ui/", |p| p.as_str())
-        .to_string();
-    let page = pages::LoginPage {
-        next,
-        problem: None,
-    };
-    Some(render(&page, StatusCode::UNAUTHORIZED))
 }
 
 /// Runs `build` on the open repository `name` on a blocking thread and renders its page.
@@ -109,10 +118,7 @@ struct Paged {
     page: Option<usize>,
 }
 
-async fn index(AxState(state): Shared, headers: HeaderMap, uri: Uri) -> Response {
-    if let Some(login) = gate(&state, &headers, &uri) {
-        return login;
-    }
+async fn index(AxState(state): Shared, _: Viewer) -> Response {
     let names = state.names();
     if let [only] = &names[..] {
         return Redirect::to(&format!("/ui/{only}")).into_response();
@@ -190,28 +196,20 @@ fn sign_in(state: &State, token: &str, next: Option<&str>) -> Response {
 
 async fn repo(
     AxState(state): Shared,
-    headers: HeaderMap,
-    uri: Uri,
+    _: Viewer,
     Path(name): Path<String>,
     Query(q): Query<Paged>,
 ) -> Response {
-    if let Some(login) = gate(&state, &headers, &uri) {
-        return login;
-    }
     let n = q.page.unwrap_or(1);
     page(state, name, move |r, name| pages::repo_page(r, name, n)).await
 }
 
 async fn commit(
     AxState(state): Shared,
-    headers: HeaderMap,
-    uri: Uri,
+    _: Viewer,
     Path((name, rev)): Path<(String, String)>,
     Query(q): Query<Paged>,
 ) -> Response {
-    if let Some(login) = gate(&state, &headers, &uri) {
-        return login;
-    }
     let n = q.page.unwrap_or(1);
     page(state, name, move |r, name| {
         pages::commit_page(r, name, &rev, n)
@@ -228,14 +226,10 @@ struct CompareQuery {
 
 async fn compare(
     AxState(state): Shared,
-    headers: HeaderMap,
-    uri: Uri,
+    _: Viewer,
     Path(name): Path<String>,
     Query(q): Query<CompareQuery>,
 ) -> Response {
-    if let Some(login) = gate(&state, &headers, &uri) {
-        return login;
-    }
     let a =
         q.a.filter(|s| !s.is_empty())
             .unwrap_or_else(|| "HEAD~1".into());
@@ -251,14 +245,10 @@ async fn compare(
 
 async fn storage(
     AxState(state): Shared,
-    headers: HeaderMap,
-    uri: Uri,
+    _: Viewer,
     Path(name): Path<String>,
     Query(q): Query<Paged>,
 ) -> Response {
-    if let Some(login) = gate(&state, &headers, &uri) {
-        return login;
-    }
     let n = q.page.unwrap_or(1);
     page(state, name, move |r, name| pages::storage_page(r, name, n)).await
 }
