@@ -11,15 +11,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::access::{blocking, Access, ApiResult, Reader, Writer};
+use crate::api::json_body;
 use crate::error::ApiError;
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
     q.map(|Query(v)| v)
-        .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))
-}
-
-fn json<T>(b: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
-    b.map(|Json(v)| v)
         .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))
 }
 
@@ -43,7 +39,7 @@ pub(crate) async fn set_config(
     Access(served): Writer,
     b: Result<Json<body::ConfigSet>, JsonRejection>,
 ) -> ApiResult<Response> {
-    let req = json(b)?;
+    let req = json_body(b)?;
     blocking(move || {
         served.change(false, || {
             let _writer = served.repo.writer();
@@ -58,7 +54,7 @@ pub(crate) async fn branch(
     Access(served): Writer,
     b: Result<Json<body::BranchRequest>, JsonRejection>,
 ) -> ApiResult<Response> {
-    let req = json(b)?;
+    let req = json_body(b)?;
     blocking(move || {
         let (moved, _) = served.change(false, || {
             let repo = &served.repo;
@@ -99,7 +95,7 @@ pub(crate) async fn head(
     Access(served): Writer,
     b: Result<Json<body::Head>, JsonRejection>,
 ) -> ApiResult<Response> {
-    let req = json(b)?;
+    let req = json_body(b)?;
     blocking(move || {
         served.change(false, || {
             let _writer = served.repo.writer();

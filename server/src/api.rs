@@ -88,7 +88,7 @@ fn body_error(e: axum::Error) -> ApiError {
     ApiError::new(ErrorCode::BadBody, format!("reading the body: {e}"))
 }
 
-fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
+pub(crate) fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
     body.map(|Json(v)| v)
         .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))
 }
