@@ -1,11 +1,13 @@
 //! What every repository route needs before it runs: the repository named by `{repo}`, open,
-//! and a token of the scope the route requires ([`Access`]); and a way to run blocking work
-//! ([`blocking`]).
+//! and a token of the scope the route requires ([`Access`]); its JSON body read into the API's
+//! errors ([`json_body`]); and a way to run blocking work ([`blocking`]).
 
 use std::sync::Arc;
 
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::request::Parts;
+use axum::Json;
 use mdl_protocol::ErrorCode;
 
 use crate::auth::{check, Scope};
@@ -14,6 +16,12 @@ use crate::{valid_repo_name, Served, State};
 
 /// A handler's result: an answer, or an error answered as JSON with its status.
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
+
+/// A JSON body, or the API's `bad_request` error saying why it could not be read.
+pub(crate) fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
+    body.map(|Json(v)| v)
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))
+}
 
 /// Runs blocking work (store, codecs) off the async workers.
 pub(crate) async fn blocking<T: Send + 'static>(

@@ -10,8 +10,7 @@ use axum::extract::{Path, Query};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use crate::access::{blocking, Access, ApiResult, Reader, Writer};
-use crate::api::json_body;
+use crate::access::{blocking, json_body, Access, ApiResult, Reader, Writer};
 use crate::error::ApiError;
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {

@@ -15,7 +15,7 @@ use mdl::transfer::{self, RefUpdate};
 use mdl::ObjectId;
 use tokio_stream::StreamExt;
 
-use crate::access::{blocking, Access, ApiResult, Reader, Writer};
+use crate::access::{blocking, json_body, Access, ApiResult, Reader, Writer};
 use crate::auth::{check, Scope};
 use crate::error::ApiError;
 use crate::{admin, files, stream};
@@ -86,11 +86,6 @@ fn body_error(e: axum::Error) -> ApiError {
         cause = c.source();
     }
     ApiError::new(ErrorCode::BadBody, format!("reading the body: {e}"))
-}
-
-pub(crate) fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
-    body.map(|Json(v)| v)
-        .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))
 }
 
 async fn list_repos(AxState(state): Shared, headers: HeaderMap) -> ApiResult<Response> {
