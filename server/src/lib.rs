@@ -119,6 +119,8 @@ pub(crate) struct Served {
     advertised: bool,
     /// For a repository in object storage, the replica `repo` is (see [`bucket`]).
     replica: Option<Mutex<mdl_bucket::Replica>>,
+    /// The web view's storage report, kept while the repository does not change.
+    pub(crate) storage: web::StorageCache,
 }
 
 impl Drop for Served {
@@ -282,6 +284,7 @@ impl State {
             repo,
             advertised,
             replica: replica.map(Mutex::new),
+            storage: web::StorageCache::default(),
         });
         *served = Some(new.clone());
         Ok(new)

@@ -257,6 +257,22 @@ fn a_public_server_shows_its_pages_without_signing_in() {
     let (status, page) = get(&server.base, "/ui/run/storage", "");
     assert_eq!(status, 200);
     assert!(page.contains("What each commit added"));
+
+    // The server keeps the storage report between requests, but never past a change: a commit
+    // (forwarded to the server from the repository's folder) is on the next page served.
+    let file = checkpoint(dir.path(), "e.safetensors", 9, 0);
+    let out = json(&repo, &["commit", file.to_str().unwrap(), "-m", "fifth"]);
+    let id = out["id"].as_str().unwrap();
+    let (status, after) = get(&server.base, "/ui/run/storage", "");
+    assert_eq!(status, 200);
+    assert!(!page.contains(&id[..12]));
+    let table = &after[after.find(r#"id="added-by-commit""#).unwrap()..];
+    assert!(
+        table.contains(&format!("/ui/run/commit/{id}")),
+        "the new commit is missing from the storage page"
+    );
+    let total = |p: &str| p[p.find(r#"id="total""#).unwrap()..][..80].to_string();
+    assert_ne!(total(&page), total(&after), "the store's size did not move");
     server.stop();
 }
 

@@ -5,7 +5,7 @@
 //! same transaction.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -74,6 +74,8 @@ pub struct Meta {
     /// A transaction failed to start or to commit (redb then refuses every later one until
     /// the database is reopened).
     failed: AtomicBool,
+    /// Write transactions committed through this [`Meta`] (see [`Meta::generation`]).
+    commits: AtomicU64,
 }
 
 impl std::fmt::Debug for Meta {
@@ -144,6 +146,7 @@ impl Meta {
             handle: Some(Handle::Held(db)),
             journal: None,
             failed: AtomicBool::new(false),
+            commits: AtomicU64::new(0),
         };
         let version = meta.read()?.info("repo_version")?.unwrap_or(0);
         if version > REPO_VERSION {
@@ -185,6 +188,18 @@ impl Meta {
     /// reopens it then).
     pub fn failed(&self) -> bool {
         self.failed.load(Ordering::Relaxed)
+    }
+
+    /// A number that changes whenever the database does, for a process that holds it for
+    /// writing (the server): only then can no other process change it, so what was read from
+    /// it stays true until this number moves. `None` for any other way of holding it.
+    ///
+    /// Read it before reading what it is to vouch for: a write counts once it is visible.
+    pub fn generation(&self) -> Option<u64> {
+        match self.handle() {
+            Handle::Held(Db::Rw(_)) => Some(self.commits.load(Ordering::Acquire)),
+            _ => None,
+        }
     }
 
     fn note<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
@@ -249,6 +264,7 @@ impl Meta {
             txn,
             journal,
             failed: &self.failed,
+            commits: &self.commits,
             changes: Vec::new(),
         })
     }
@@ -608,6 +624,8 @@ pub struct MetaWrite<'m> {
     journal: &'m Journal,
     /// The database's [`Meta::failed`] flag, set if the commit fails.
     failed: &'m AtomicBool,
+    /// The database's count of committed writes ([`Meta::generation`]).
+    commits: &'m AtomicU64,
     changes: Vec<Change>,
 }
 
@@ -847,6 +865,8 @@ impl MetaWrite<'_> {
             self.journal.append(&self.changes)?;
         }
         let result = guarded(|| self.txn.commit().map_err(db));
+        // Counted whether or not it took: a failed commit may still have changed the file.
+        self.commits.fetch_add(1, Ordering::Release);
         if result.is_err() {
             self.failed.store(true, Ordering::Relaxed);
             if !self.changes.is_empty() {
@@ -860,6 +880,34 @@ impl MetaWrite<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn generation_moves_with_every_committed_write_of_a_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(META_FILE);
+        Meta::create(&path).unwrap();
+        let meta = Meta::open(&path, LockMode::Write, true, Duration::ZERO).unwrap();
+        let g0 = meta.generation().expect("held for writing");
+        let mut w = meta.write().unwrap();
+        w.set_config("user.name", "a").unwrap();
+        drop(w);
+        assert_eq!(
+            meta.generation(),
+            Some(g0),
+            "an abandoned write changes nothing"
+        );
+        let mut w = meta.write().unwrap();
+        w.set_config("user.name", "a").unwrap();
+        w.commit_txn().unwrap();
+        assert_ne!(meta.generation(), Some(g0));
+        drop(meta);
+        // Not held: another process may write at any time, so nothing can vouch.
+        let brief = Meta::open(&path, LockMode::Write, false, Duration::ZERO).unwrap();
+        assert_eq!(brief.generation(), None);
+        drop(brief);
+        let reader = Meta::open(&path, LockMode::Read, true, Duration::ZERO).unwrap();
+        assert_eq!(reader.generation(), None);
+    }
 
     #[test]
     fn compare_and_swap_with_reflog() {

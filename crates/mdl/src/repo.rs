@@ -66,6 +66,14 @@ impl Repository {
         &self.store
     }
 
+    /// A number that moves with every change to the repository's database, where this process
+    /// is the only one that can change it (it holds the repository for writing, as the server
+    /// does); `None` otherwise. What was read from the repository after it was taken stays true
+    /// while it stays the same.
+    pub fn generation(&self) -> Option<u64> {
+        self.store.meta().generation()
+    }
+
     /// Exclusive right to change the repository within this process: a commit holds it from
     /// its first index read to its ref update; compaction and gc take it only to publish each
     /// step, so commits go on between their steps. Readers never need it.

@@ -24,8 +24,9 @@ use serde::Deserialize;
 
 use crate::access::blocking;
 use crate::error::ApiError;
-use crate::State;
+use crate::{Served, State};
 
+pub(crate) use pages::StorageCache;
 pub(crate) use session::Sessions;
 
 type Shared = AxState<Arc<State>>;
@@ -92,11 +93,11 @@ impl FromRequestParts<Arc<State>> for Viewer {
     }
 }
 
-/// Runs `build` on the open repository `name` on a blocking thread and renders its page.
+/// Runs `build` on the served repository `name` on a blocking thread and renders its page.
 async fn page<P: Template + Send + 'static>(
     state: Arc<State>,
     name: String,
-    build: impl FnOnce(&mdl::Repository, &str) -> mdl::Result<P> + Send + 'static,
+    build: impl FnOnce(&Served, &str) -> mdl::Result<P> + Send + 'static,
 ) -> Response {
     if !crate::valid_repo_name(&name) {
         return error_page(ApiError::not_found(format!("no repository {name:?}")));
@@ -104,7 +105,7 @@ async fn page<P: Template + Send + 'static>(
     let built = blocking(move || {
         let served = state.repo(&name)?;
         served.refresh()?;
-        Ok(build(&served.repo, &name)?)
+        Ok(build(&served, &name)?)
     })
     .await;
     match built {
@@ -201,7 +202,10 @@ async fn repo(
     Query(q): Query<Paged>,
 ) -> Response {
     let n = q.page.unwrap_or(1);
-    page(state, name, move |r, name| pages::repo_page(r, name, n)).await
+    page(state, name, move |s, name| {
+        pages::repo_page(&s.repo, name, n)
+    })
+    .await
 }
 
 async fn commit(
@@ -211,8 +215,8 @@ async fn commit(
     Query(q): Query<Paged>,
 ) -> Response {
     let n = q.page.unwrap_or(1);
-    page(state, name, move |r, name| {
-        pages::commit_page(r, name, &rev, n)
+    page(state, name, move |s, name| {
+        pages::commit_page(&s.repo, name, &rev, n)
     })
     .await
 }
@@ -237,8 +241,8 @@ async fn compare(
         q.b.filter(|s| !s.is_empty())
             .unwrap_or_else(|| "HEAD".into());
     let n = q.page.unwrap_or(1);
-    page(state, name, move |r, name| {
-        pages::compare_page(r, name, &a, &b, n)
+    page(state, name, move |s, name| {
+        pages::compare_page(&s.repo, name, &a, &b, n)
     })
     .await
 }
@@ -250,7 +254,10 @@ async fn storage(
     Query(q): Query<Paged>,
 ) -> Response {
     let n = q.page.unwrap_or(1);
-    page(state, name, move |r, name| pages::storage_page(r, name, n)).await
+    page(state, name, move |s, name| {
+        pages::storage_page(&s.repo, &s.storage, name, n)
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use mdl::ObjectId;
 pub(crate) use commit::commit_page;
 pub(crate) use compare::compare_page;
 pub(crate) use history::repo_page;
-pub(crate) use storage::storage_page;
+pub(crate) use storage::{storage_page, StorageCache};
 
 /// Commits on a page of history.
 pub(crate) const HISTORY_PAGE: usize = 50;

@@ -1,8 +1,16 @@
 //! The storage page: where the repository's storage went.
+//!
+//! Its report reads every reachable manifest, and so does gc's marking: seconds for a long
+//! history. The server keeps both per repository ([`StorageCache`]) while the repository does
+//! not change, so paging through the table, or coming back, costs no second read.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use askama::Template;
-use mdl::storage::{human_size, Role};
-use mdl::Repository;
+use mdl::gc::GcOutcome;
+use mdl::storage::{human_size, Role, StorageReport};
+use mdl::{Repository, Timestamp};
 
 use super::{commit_href, minute, short, Pager, HISTORY_PAGE};
 use crate::web::chart;
@@ -35,27 +43,95 @@ pub(crate) struct StoragePage {
     pub unreachable: String,
     pub unreachable_objects: u64,
     pub gc_frees: String,
+    pub gc_at: String,
     pub gc_objects: u64,
     pub rows: Vec<AddedRow>,
     pub pager: Pager,
 }
 
+/// How long what gc would free is shown again without being worked out anew: unlike the
+/// report, it changes with time alone (commits and reflog entries age past gc's limits).
+const GC_FRESH: Duration = Duration::from_secs(60);
+
+/// A served repository's last storage report and gc dry run, and the generation of its
+/// database they were read at ([`Repository::generation`]).
+#[derive(Default)]
+pub(crate) struct StorageCache(Mutex<Option<Cached>>);
+
+struct Cached {
+    generation: u64,
+    report: Arc<StorageReport>,
+    /// The dry run, when it ran, and when by the clock that ages it.
+    gc: Option<(GcOutcome, Timestamp, Instant)>,
+}
+
+impl StorageCache {
+    /// What is still true of the repository at `generation`.
+    fn get(&self, generation: u64) -> (Option<Arc<StorageReport>>, Option<(GcOutcome, Timestamp)>) {
+        let held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match held.as_ref() {
+            Some(c) if c.generation == generation => (
+                Some(c.report.clone()),
+                c.gc.as_ref()
+                    .filter(|(_, _, at)| at.elapsed() < GC_FRESH)
+                    .map(|(gc, when, _)| (gc.clone(), *when)),
+            ),
+            _ => (None, None),
+        }
+    }
+
+    fn put(&self, c: Cached) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
+    }
+}
+
+/// The report and gc's dry run for `repo`, from `cache` where it still holds them.
+fn read(
+    repo: &Repository,
+    cache: &StorageCache,
+) -> mdl::Result<(Arc<StorageReport>, GcOutcome, Timestamp)> {
+    // Read before the repository is: a write after this moves it, and the next page reads anew.
+    let generation = repo.generation();
+    let (report, gc) = generation.map_or((None, None), |g| cache.get(g));
+    let dry_run = || {
+        // Leftover files of interrupted writes are not counted (listing every record file is
+        // most of a dry run).
+        let opts = mdl::gc::GcOptions {
+            dry_run: true,
+            count_leftovers: false,
+            ..Default::default()
+        };
+        let when = (Timestamp::now(), Instant::now());
+        mdl::gc::gc(repo, &opts, &mdl::NoProgress).map(|gc| (gc, when))
+    };
+    let (report, gc) = match (report, gc) {
+        (Some(r), Some((gc, when))) => return Ok((r, gc, when)),
+        (Some(r), None) => (r, dry_run()?),
+        // Each reads every manifest: side by side.
+        (None, _) => {
+            let (r, gc) = rayon::join(|| mdl::storage::report(repo), dry_run);
+            (Arc::new(r?), gc?)
+        }
+    };
+    let (gc, (when, at)) = gc;
+    if let Some(generation) = generation {
+        cache.put(Cached {
+            generation,
+            report: report.clone(),
+            gc: Some((gc.clone(), when, at)),
+        });
+    }
+    Ok((report, gc, when))
+}
+
 /// Builds the storage page (`page` of its per-commit table, newest first).
-pub(crate) fn storage_page(repo: &Repository, name: &str, page: usize) -> mdl::Result<StoragePage> {
-    // The report and gc's marking each read every manifest: side by side. Leftover files of
-    // interrupted writes are not counted (listing every record file is most of a dry run).
-    let (r, gc) = rayon::join(
-        || mdl::storage::report(repo),
-        || {
-            let opts = mdl::gc::GcOptions {
-                dry_run: true,
-                count_leftovers: false,
-                ..Default::default()
-            };
-            mdl::gc::gc(repo, &opts, &mdl::NoProgress)
-        },
-    );
-    let (r, gc) = (r?, gc?);
+pub(crate) fn storage_page(
+    repo: &Repository,
+    cache: &StorageCache,
+    name: &str,
+    page: usize,
+) -> mdl::Result<StoragePage> {
+    let (r, gc, gc_when) = read(repo, cache)?;
     let x: Vec<f64> = (1..=r.commits.len()).map(|i| i as f64).collect();
     let layers: Vec<(&str, Vec<f64>)> = Role::ALL
         .iter()
@@ -115,6 +191,7 @@ pub(crate) fn storage_page(repo: &Repository, name: &str, page: usize) -> mdl::R
         unreachable: human_size(r.unreachable_bytes),
         unreachable_objects: r.unreachable_objects,
         gc_frees: human_size(gc.bytes_freed),
+        gc_at: gc_when.rfc3339().replace('T', " ").replace('Z', " UTC"),
         gc_objects: gc.commits + gc.manifests + gc.tensors,
         rows,
         pager,
