@@ -1,0 +1,160 @@
+//! A served repository's folder: what `mdl serve` says about connecting, the commands that
+//! forward to it from the folder, and progress on a terminal.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use crate::server::*;
+use crate::util::*;
+
+#[test]
+fn serve_says_who_may_connect_and_how_to_let_others_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, _, _) = two_commits(dir.path());
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("writer write {WRITE}\n")).unwrap();
+    let first_lines = |extra: &[&std::ffi::OsStr]| -> String {
+        let mut child = Command::new(mdl_bin())
+            .current_dir(&repo)
+            .args(["serve", "--addr", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut text = String::new();
+        let mut r = BufReader::new(child.stdout.as_mut().unwrap());
+        while !text.contains("access:") {
+            assert!(r.read_line(&mut text).unwrap() > 0, "{text}");
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        text
+    };
+    let owner_only = first_lines(&[]);
+    assert!(
+        owner_only.contains("serving http://127.0.0.1:"),
+        "{owner_only}"
+    );
+    assert!(
+        owner_only.contains("access: only mdl commands run in a served repository's folder")
+            && owner_only.contains("--read-public lets anyone read, --tokens FILE grants tokens"),
+        "{owner_only}"
+    );
+    let public = first_lines(&["--read-public".as_ref()]);
+    assert!(public.contains("access: anyone may read"), "{public}");
+    let with_tokens = first_lines(&["--tokens".as_ref(), tokens.as_os_str()]);
+    assert!(
+        with_tokens.contains(&format!("access: tokens from {}", tokens.display())),
+        "{with_tokens}"
+    );
+}
+
+#[test]
+fn a_served_repository_is_inspected_and_administered_from_its_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, _, _) = two_commits(dir.path());
+    let local_diff = json(&repo, &["diff", "HEAD~1", "HEAD"]);
+    let local_stats = json(&repo, &["stats"]);
+    let server = Server::start(&["-C", repo.to_str().unwrap()], dir.path());
+
+    // Read: the same answers as from the repository itself.
+    assert_eq!(json(&repo, &["diff", "HEAD~1", "HEAD"]), local_diff);
+    assert_eq!(json(&repo, &["stats"]), local_stats);
+    assert!(ok(&repo, &["diff", "--changed", "HEAD~1", "HEAD"]).contains("model.w"));
+    let report = json(&repo, &["fsck"]);
+    assert_eq!(report["problems"], serde_json::json!([]));
+    assert!(report["objects_checked"].as_u64().unwrap() > 0);
+    fails(&repo, &["fsck", "--repair"], "stop the `mdl serve`");
+
+    // Settings.
+    ok(&repo, &["config", "delta.max_depth", "5"]);
+    let listed = json(&repo, &["config", "delta.max_depth"]);
+    assert!(listed.to_string().contains("\"5\""), "{listed}");
+    fails(&repo, &["config", "no.such.key"], "no.such.key");
+    fails(
+        &repo,
+        &["config", "delta.max_depth", "many"],
+        "delta.max_depth",
+    );
+
+    // Branches and HEAD, with the same refusals as locally.
+    assert!(ok(&repo, &["branch", "exp", "HEAD~1"]).contains("branch exp at"));
+    fails(&repo, &["branch", "exp"], "exists");
+    let moved = json(&repo, &["branch", "-f", "exp", "HEAD"]);
+    assert_eq!(moved["branch"], "exp");
+    ok(&repo, &["switch", "exp"]);
+    fails(&repo, &["switch", "nope"], "nope");
+    let f = dir.path().join("c.safetensors");
+    write_safetensors(&f, &[tensor("model.w", "F32", &[8, 8], 99)], &[]);
+    ok(&repo, &["commit", f.to_str().unwrap(), "-m", "only on exp"]);
+    ok(&repo, &["switch", "main"]);
+    fails(&repo, &["branch", "-d", "exp"], "1 commit");
+    assert!(ok(&repo, &["branch", "-D", "exp"]).contains("deleted branch exp"));
+    fails(&repo, &["branch", "-a"], "remote-tracking");
+    server.stop();
+
+    // What the server did is the repository's own once it stops.
+    let config = json(&repo, &["config", "delta.max_depth"]);
+    assert!(config.to_string().contains("\"5\""), "{config}");
+    let branches = json(&repo, &["branch"]);
+    let names: Vec<&str> = branches
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["main"]);
+    // The deletion, the move and the creation are in the branch's reflog, as if run locally.
+    let reflog = json(&repo, &["reflog", "exp"]);
+    let messages: Vec<&str> = reflog["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(messages.first(), Some(&"deleted"));
+    assert!(messages.len() >= 3, "{messages:?}");
+}
+
+#[test]
+fn transfers_and_fsck_show_progress_on_a_terminal_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, _, _) = two_commits(dir.path());
+    let server = Server::start(&["-C", repo.to_str().unwrap()], dir.path());
+    let url = format!("{}/repo", server.base);
+    // `script` runs the command on a pseudo-terminal and copies what it shows to stdout.
+    let on_terminal = |args: &str| -> String {
+        let cmd = format!("{} {args}", mdl_bin().display());
+        let out = Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .env("MDL_TOKEN", READ)
+            .output()
+            .expect("script(1), from util-linux, runs the command on a terminal");
+        assert!(
+            out.status.success(),
+            "{args}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let tty = dir.path().join("tty");
+    let shown = on_terminal(&format!("clone {url} {}", tty.display()));
+    assert!(shown.contains("receiving"), "{shown}");
+    let shown = on_terminal(&format!("-C {} fsck", tty.display()));
+    assert!(shown.contains("checking"), "{shown}");
+    // Not under --json, and not when stderr is not a terminal.
+    let quiet = on_terminal(&format!(
+        "--json clone {url} {}",
+        dir.path().join("j").display()
+    ));
+    assert!(!quiet.contains("receiving"), "{quiet}");
+    let piped = Command::new(mdl_bin())
+        .args(["clone", &url])
+        .arg(dir.path().join("piped"))
+        .env("MDL_TOKEN", READ)
+        .output()
+        .unwrap();
+    assert!(piped.status.success());
+    assert!(!String::from_utf8_lossy(&piped.stderr).contains("receiving"));
+    server.stop();
+}
