@@ -776,25 +776,21 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         Command::Fetch { remote, branch } | Command::Pull { remote, branch } => {
             let repo = open(cli, LockMode::Write, purpose)?;
             let client = remote::named(cli, &repo, remote)?;
-            let (outcome, done) = if matches!(cli.command, Command::Pull { .. }) {
-                let o = mdl_remote::pull(
-                    &repo,
-                    remote,
-                    client.as_ref(),
-                    branch.as_deref(),
-                    &transfer_bar,
-                )?;
-                (o, "pulled from")
+            // The two differ only in whether the current branch moves after.
+            let pull = matches!(cli.command, Command::Pull { .. });
+            let transfer = if pull {
+                mdl_remote::pull
             } else {
-                let o = mdl_remote::fetch(
-                    &repo,
-                    remote,
-                    client.as_ref(),
-                    branch.as_deref(),
-                    &transfer_bar,
-                )?;
-                (o, "fetched from")
+                mdl_remote::fetch
             };
+            let done = if pull { "pulled from" } else { "fetched from" };
+            let outcome = transfer(
+                &repo,
+                remote,
+                client.as_ref(),
+                branch.as_deref(),
+                &transfer_bar,
+            )?;
             output::transfer(out, cli.json, &format!("{done} {}", client.url()), &outcome)?;
         }
         Command::Push {

@@ -1,11 +1,11 @@
 //! What every repository route needs before it runs: the repository named by `{repo}`, open,
-//! and a token of the scope the route requires ([`Access`]); its JSON body read into the API's
-//! errors ([`json_body`]); and a way to run blocking work ([`blocking`]).
+//! and a token of the scope the route requires ([`Access`]); its JSON body and query read into
+//! the API's errors ([`json_body`], [`query`]); and a way to run blocking work ([`blocking`]).
 
 use std::sync::Arc;
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequestParts, RawPathParams};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequestParts, Query, RawPathParams};
 use axum::http::request::Parts;
 use axum::Json;
 use mdl_protocol::ErrorCode;
@@ -20,6 +20,12 @@ pub(crate) type ApiResult<T> = Result<T, ApiError>;
 /// A JSON body, or the API's `bad_request` error saying why it could not be read.
 pub(crate) fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
     body.map(|Json(v)| v)
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))
+}
+
+/// Query parameters, or the API's `bad_request` error saying why they could not be read.
+pub(crate) fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
+    q.map(|Query(v)| v)
         .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))
 }
 

@@ -3,20 +3,14 @@
 //! those commands run in a served repository's folder are forwarded here like `log` and
 //! `commit` (the server holds the repository's lock for as long as it runs).
 
-use mdl_protocol::{body, ErrorCode};
+use mdl_protocol::body;
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use crate::access::{blocking, json_body, Access, ApiResult, Reader, Writer};
-use crate::error::ApiError;
-
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
-    q.map(|Query(v)| v)
-        .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))
-}
+use crate::access::{blocking, json_body, query, Access, ApiResult, Reader, Writer};
 
 pub(crate) async fn stats(Access(served): Reader) -> ApiResult<Response> {
     blocking(move || Ok(Json(mdl::stats::stats(&served.repo)?).into_response())).await

@@ -15,7 +15,7 @@ use mdl::transfer::{self, RefUpdate};
 use mdl::ObjectId;
 use tokio_stream::StreamExt;
 
-use crate::access::{blocking, json_body, Access, ApiResult, Reader, Writer};
+use crate::access::{self, blocking, json_body, Access, ApiResult, Reader, Writer};
 use crate::auth::{check, Scope};
 use crate::error::ApiError;
 use crate::{admin, files, stream};
@@ -107,7 +107,7 @@ async fn log(
     Access(served): Reader,
     query: Result<Query<body::LogQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
-    let Query(q) = query.map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
+    let q = access::query(query)?;
     blocking(move || {
         let entries = mdl::log::log(&served.repo, q.rev.as_deref(), q.limit)?;
         Ok(Json(entries).into_response())
@@ -294,7 +294,7 @@ async fn commit(
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
     body: Body,
 ) -> ApiResult<Response> {
-    let Query(params) = query.map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
+    let params = access::query(query)?;
     let (path, params) = params::split_path(&params);
     let mut opts = params::decode(&params).map_err(|e| ApiError::new(e.code, e.message))?;
     opts.warm = Some(state.warm.clone());
