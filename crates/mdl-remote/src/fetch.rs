@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use mdl::transfer::{self, Received};
+use mdl::transfer::{self, PlannedObject, Received};
 use mdl::{ObjectId, Progress, Ref, RefName, RefValue, Repository, Timestamp};
 use mdl_protocol::body::{ListedRef, Refs};
 
@@ -153,15 +153,29 @@ fn fetch_commits(
         remote.url()
     );
     let wanted: HashSet<ObjectId> = needed.iter().copied().collect();
+    with_progress(progress, "receiving", &plan, &wanted, || {
+        remote.fetch_objects(repo, &needed, progress)
+    })
+}
+
+/// Runs `transfer` (of the objects of `plan` that `ids` names) with `progress` started for
+/// their planned bytes, and finished after it, whatever its outcome.
+pub(crate) fn with_progress(
+    progress: &dyn Progress,
+    what: &str,
+    plan: &[PlannedObject],
+    ids: &HashSet<ObjectId>,
+    transfer: impl FnOnce() -> Result<Received>,
+) -> Result<Received> {
     let bytes = plan
         .iter()
-        .filter(|p| wanted.contains(&p.id))
+        .filter(|p| ids.contains(&p.id))
         .map(|p| p.size)
         .sum();
-    progress.start("receiving", bytes);
-    let received = remote.fetch_objects(repo, &needed, progress);
+    progress.start(what, bytes);
+    let done = transfer();
     progress.finish();
-    received
+    done
 }
 
 /// Fetches `branch` (HEAD's when `None`) and fast-forwards the local branch to it (creating

@@ -6,7 +6,7 @@ use mdl::transfer::{self, Received, RefUpdate};
 use mdl::{ObjectId, Ref, RefValue, Repository};
 use mdl_protocol::ErrorCode;
 
-use crate::fetch::{branch_name, current_branch};
+use crate::fetch::{branch_name, current_branch, with_progress};
 use crate::{Error, Moved, Peer, Result, TransferOutcome};
 
 /// Pushes `branch` (HEAD's when `None`) to `remote`: sends the objects the server lacks, then
@@ -140,15 +140,9 @@ fn send_and_move(
     let received = if send.is_empty() {
         Received::default()
     } else {
-        let bytes = plan
-            .iter()
-            .filter(|p| needed.contains(&p.id))
-            .map(|p| p.size)
-            .sum();
-        progress.start("sending", bytes);
-        let sent = remote.send_objects(repo, &send, progress);
-        progress.finish();
-        sent?
+        with_progress(progress, "sending", &plan, &needed, || {
+            remote.send_objects(repo, &send, progress)
+        })?
     };
     remote.update_ref(update)?;
     Ok(received)
