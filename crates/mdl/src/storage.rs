@@ -71,12 +71,8 @@ impl Role {
     }
 }
 
-/// Bytes by role, indexed like [`Role::ALL`].
+/// Bytes by role, indexed like [`Role::ALL`] (by `role as usize`).
 pub type ByRole = [u64; 3];
-
-fn slot(role: Role) -> usize {
-    Role::ALL.iter().position(|r| *r == role).expect("listed")
-}
 
 /// One commit's line of the report.
 #[derive(Clone, Debug)]
@@ -124,13 +120,13 @@ pub fn report(repo: &Repository) -> Result<StorageReport> {
         let mut added: ByRole = [0; 3];
         for own in [id, &summary.manifest] {
             if seen.insert(*own) {
-                added[slot(Role::Other)] += stored(own);
+                added[Role::Other as usize] += stored(own);
             }
         }
         let manifest = repo.load_manifest(&summary.manifest)?;
         for (object, role) in roles(&manifest) {
             if seen.insert(object) {
-                added[slot(role)] += stored(&object);
+                added[role as usize] += stored(&object);
             }
         }
         for (t, a) in total.iter_mut().zip(added) {
@@ -217,5 +213,12 @@ mod tests {
             w("m.safetensors", "encoder.statenorm.weight"),
             Role::Weights
         );
+    }
+
+    #[test]
+    fn a_role_indexes_its_bytes_in_report_order() {
+        for (i, role) in Role::ALL.into_iter().enumerate() {
+            assert_eq!(role as usize, i, "{role:?}");
+        }
     }
 }
