@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use mdl_format::{Dtype, Entry};
+use mdl_format::{Dtype, Entry, ObjectId};
 use serde::{Deserialize, Serialize};
 
 use crate::previous::Previous;
@@ -78,9 +78,17 @@ pub struct Diff {
 
 /// Compares the checkpoints of revisions `a` and `b`.
 pub fn diff(repo: &Repository, a: &str, b: &str) -> Result<Diff> {
-    let (ia, ib) = (revision::resolve(repo, a)?, revision::resolve(repo, b)?);
-    let ma = repo.load_manifest(&repo.load_commit(&ia)?.manifest)?;
-    let mb = repo.load_manifest(&repo.load_commit(&ib)?.manifest)?;
+    diff_commits(
+        repo,
+        &revision::resolve(repo, a)?,
+        &revision::resolve(repo, b)?,
+    )
+}
+
+/// Compares the checkpoints of commits `a` and `b`.
+pub fn diff_commits(repo: &Repository, a: &ObjectId, b: &ObjectId) -> Result<Diff> {
+    let ma = repo.load_manifest(&repo.load_commit(a)?.manifest)?;
+    let mb = repo.load_manifest(&repo.load_commit(b)?.manifest)?;
 
     let mut files = Vec::new();
     let (mut i, mut j) = (0, 0);

@@ -68,9 +68,9 @@ pub(crate) fn compare_page(
     b: &str,
     page: usize,
 ) -> mdl::Result<ComparePage> {
-    let d = mdl::diff::diff(repo, a, b)?;
     let a_id = mdl::revision::resolve(repo, a)?;
     let b_id = mdl::revision::resolve(repo, b)?;
+    let d = mdl::diff::diff_commits(repo, &a_id, &b_id)?;
     // Largest relative change first; changes without a measure (reshaped, not floats) after.
     let mut changed: Vec<(&mdl::diff::TensorDiff, Option<f64>)> = d
         .tensors
