@@ -1,84 +1,316 @@
-//! `cargo run --release -- FILE.safetensors`: codes the exponent bytes of every f32 tensor of a
-//! checkpoint with mdl's chunked Huffman coder and with the `huffman-compress` crate, and
-//! prints sizes and single-thread speeds.
+//! `cargo run --release -- FILE.safetensors...`: the entropy coder alone, on the exponent plane
+//! of every f32 and bf16 tensor of some checkpoints (each plane coded on its own, as a commit
+//! codes them; planes under 4 Ki symbols left out), one thread: mdl's chunked Huffman coder against
+//! zstd's `HUF_` (huff0, through `zstd-sys`, the same library build the workspace links) and the
+//! `huffman-compress` crate. Prints sizes and single-thread speeds, medians of `--repeat` runs
+//! (default 5). For each coder "encode" counts the symbols, builds the code and codes them (what
+//! a commit does with a plane); "code only" is the coding step alone with the code built.
 
 use std::collections::HashMap;
 use std::time::Instant;
 
 use bit_vec::BitVec;
 use huffman_compress::CodeBuilder;
-use mdl_codec::huffman;
-use mdl_format::safetensors;
+use mdl_codec::huffman::{Code, Decoder, Encoder, Histogram, CHUNK_LOG2};
+use mdl_format::{safetensors, Dtype};
 
-fn main() {
-    let path = std::env::args()
-        .nth(1)
-        .expect("usage: huffman-compare FILE.safetensors");
-    let file = std::fs::read(&path).expect("read");
+mod huf {
+    //! zstd's Huffman coder (lib/common/huf.h; not in zstd-sys's bindings, but in its library).
+    use std::os::raw::{c_int, c_uint, c_void};
+
+    extern "C" {
+        pub fn HUF_compress4X_repeat(
+            dst: *mut c_void,
+            dst_size: usize,
+            src: *const c_void,
+            src_size: usize,
+            max_symbol_value: c_uint,
+            table_log: c_uint,
+            workspace: *mut c_void,
+            wksp_size: usize,
+            huf_table: *mut usize,
+            repeat: *mut c_int,
+            flags: c_int,
+        ) -> usize;
+        pub fn HUF_decompress4X_hufOnly_wksp(
+            dctx: *mut u32,
+            dst: *mut c_void,
+            dst_size: usize,
+            src: *const c_void,
+            src_size: usize,
+            workspace: *mut c_void,
+            wksp_size: usize,
+            flags: c_int,
+        ) -> usize;
+        pub fn HUF_isError(code: usize) -> c_uint;
+    }
+
+    /// `HUF_flags_bmi2` where the CPU has it (as zstd itself decides).
+    pub fn flags() -> c_int {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("bmi2") {
+            return 1;
+        }
+        0
+    }
+
+    /// One block (at most 128 KiB) compressed; `None` when HUF declines (stored or RLE).
+    pub fn compress(src: &[u8], out: &mut Vec<u8>) -> Option<usize> {
+        out.resize(src.len() + src.len() / 256 + 1024, 0);
+        let mut wksp = vec![0u64; (8 << 10) / 8 + 64 + 512 / 8];
+        let mut table = vec![0usize; 258];
+        let mut repeat: c_int = 0;
+        // SAFETY: the buffers are as large as huf.h asks.
+        let n = unsafe {
+            HUF_compress4X_repeat(
+                out.as_mut_ptr().cast(),
+                out.len(),
+                src.as_ptr().cast(),
+                src.len(),
+                255,
+                11,
+                wksp.as_mut_ptr().cast(),
+                wksp.len() * 8,
+                table.as_mut_ptr(),
+                &mut repeat,
+                flags(),
+            )
+        };
+        // SAFETY: a plain function of the returned code.
+        if unsafe { HUF_isError(n) } != 0 || n == 0 {
+            return None;
+        }
+        out.truncate(n);
+        Some(n)
+    }
+
+    /// Decompresses a block made by [`compress`] into `dst` (its exact length).
+    pub fn decompress(src: &[u8], dst: &mut [u8]) {
+        let mut dtable = vec![0u32; 1 + (1 << 12)];
+        dtable[0] = 12 * 0x0100_0001;
+        let mut wksp = vec![0u32; ((2 << 10) + (1 << 9)) / 4];
+        // SAFETY: the table and workspace are as large as huf.h asks.
+        let r = unsafe {
+            HUF_decompress4X_hufOnly_wksp(
+                dtable.as_mut_ptr(),
+                dst.as_mut_ptr().cast(),
+                dst.len(),
+                src.as_ptr().cast(),
+                src.len(),
+                wksp.as_mut_ptr().cast(),
+                wksp.len() * 4,
+                flags(),
+            )
+        };
+        // SAFETY: as above.
+        assert!(unsafe { HUF_isError(r) } == 0 && r == dst.len(), "HUF decode");
+    }
+}
+
+/// The exponent plane of each f32 and bf16 tensor of a safetensors file.
+fn exponents(path: &str, out: &mut Vec<Vec<u8>>) {
+    let file = std::fs::read(path).expect("read");
     let hl = safetensors::header_len(&file[..8], file.len() as u64).expect("header");
     let layout = safetensors::parse(&file[8..8 + hl as usize], file.len() as u64).expect("parse");
     let start = layout.data_start() as usize;
-    let mut exps = Vec::new();
     for t in &layout.tensors {
-        if t.header.dtype == mdl_format::Dtype::F32 {
-            let d = &file[start + t.offset as usize..start + (t.offset + t.len) as usize];
-            exps.extend(
+        let d = &file[start + t.offset as usize..start + (t.offset + t.len) as usize];
+        match t.header.dtype {
+            Dtype::F32 => out.push(
                 d.chunks_exact(4)
-                    .map(|w| (u32::from_le_bytes(w.try_into().unwrap()) >> 23) as u8),
-            );
+                    .map(|w| (u32::from_le_bytes(w.try_into().unwrap()) >> 23) as u8)
+                    .collect(),
+            ),
+            Dtype::BF16 => out.push(
+                d.chunks_exact(2)
+                    .map(|w| (u16::from_le_bytes(w.try_into().unwrap()) >> 7) as u8)
+                    .collect(),
+            ),
+            _ => {}
         }
     }
-    let n = exps.len();
-    let hist = huffman::Histogram::of(&exps);
-    println!(
-        "{n} exponent symbols, entropy {:.4} bits/symbol",
-        hist.entropy_bits() / n as f64
-    );
-    println!("| coder | bits/symbol | encode M sym/s | decode M sym/s |");
-    println!("|---|---:|---:|---:|");
+}
 
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
-    let (ours, enc_s, dec_s) = pool.install(|| {
-        let t = Instant::now();
-        let mut enc = Vec::new();
-        huffman::encode_stream(&exps, &mut enc);
-        let enc_s = t.elapsed().as_secs_f64();
-        let mut back = vec![0u8; n];
-        let t = Instant::now();
-        huffman::decode_stream(&enc, &mut back).unwrap();
-        let dec_s = t.elapsed().as_secs_f64();
-        assert_eq!(back, exps);
-        (enc.len(), enc_s, dec_s)
-    });
-    println!(
-        "| mdl (chunked, 12-bit table, 1 thread) | {:.4} | {:.0} | {:.0} |",
-        ours as f64 * 8.0 / n as f64,
-        n as f64 / enc_s / 1e6,
-        n as f64 / dec_s / 1e6
-    );
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
 
-    let t = Instant::now();
-    let weights: HashMap<u8, u64> = (0..=255u8)
-        .filter(|&s| hist.0[s as usize] > 0)
-        .map(|s| (s, hist.0[s as usize]))
+/// Median seconds of `repeat` runs of `f`.
+fn time(repeat: usize, mut f: impl FnMut()) -> f64 {
+    median(
+        (0..repeat)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+fn main() {
+    let mut paths = Vec::new();
+    let mut repeat = 5;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--repeat" {
+            repeat = args.next().and_then(|r| r.parse().ok()).expect("--repeat N");
+        } else {
+            paths.push(a);
+        }
+    }
+    assert!(
+        !paths.is_empty(),
+        "usage: huffman-compare [--repeat N] FILE.safetensors..."
+    );
+    // One plane a tensor, as a commit codes them.
+    let mut planes: Vec<Vec<u8>> = Vec::new();
+    for p in &paths {
+        exponents(p, &mut planes);
+    }
+    planes.retain(|p| p.len() >= 4096);
+    let n: usize = planes.iter().map(Vec::len).sum();
+    let entropy: f64 = planes
+        .iter()
+        .map(|p| Histogram::of(p).entropy_bits())
+        .sum();
+    println!(
+        "{n} exponent symbols in {} planes of {} file(s), order-0 entropy {:.4} bits/symbol (each plane its own); one thread, median of {repeat}",
+        planes.len(),
+        paths.len(),
+        entropy / n as f64
+    );
+    println!("| coder | bits/symbol | encode MB/s | code only MB/s | decode MB/s |");
+    println!("|---|---:|---:|---:|---:|");
+    let mbs = |s: f64| n as f64 / s / 1e6;
+    let chunk = 1usize << CHUNK_LOG2;
+
+    // mdl: a code a plane, chunks of 128 Ki symbols.
+    let coders: Vec<(Encoder, Decoder, usize)> = planes
+        .iter()
+        .map(|p| {
+            let code = Code::build(&Histogram::of(p));
+            (Encoder::new(&code), Decoder::new(&code), 128)
+        })
         .collect();
-    let (book, tree) = CodeBuilder::from_iter(weights).finish();
-    let mut bits = BitVec::new();
-    for s in &exps {
-        book.encode(&mut bits, s).unwrap();
+    let full = time(repeat, || {
+        let mut out = Vec::new();
+        for p in &planes {
+            let code = Code::build(&Histogram::of(p));
+            let encoder = Encoder::new(&code);
+            for c in p.chunks(chunk) {
+                out.clear();
+                encoder.encode_chunk(c, &mut out);
+                std::hint::black_box(&out);
+            }
+        }
+    });
+    let mut coded: Vec<Vec<Vec<u8>>> = Vec::new();
+    let code_only = time(repeat, || {
+        coded = planes
+            .iter()
+            .zip(&coders)
+            .map(|(p, (e, _, _))| {
+                p.chunks(chunk)
+                    .map(|c| {
+                        let mut v = Vec::new();
+                        e.encode_chunk(c, &mut v);
+                        v
+                    })
+                    .collect()
+            })
+            .collect();
+    });
+    let mut back: Vec<Vec<u8>> = planes.iter().map(|p| vec![0u8; p.len()]).collect();
+    let dec = time(repeat, || {
+        for ((chunks, (_, d, _)), out) in coded.iter().zip(&coders).zip(&mut back) {
+            for (c, o) in chunks.iter().zip(out.chunks_mut(chunk)) {
+                d.decode_chunk(c, o).unwrap();
+            }
+        }
+    });
+    assert!(back == planes);
+    let size: usize = coded
+        .iter()
+        .zip(&coders)
+        .map(|(chunks, (_, _, head))| {
+            head + chunks.iter().map(|c| c.len() + 4).sum::<usize>()
+        })
+        .sum();
+    println!(
+        "| mdl (a code a plane, chunks of 128 Ki, 12-bit codes, 4 lanes) | {:.4} | {:.0} | {:.0} | {:.0} |",
+        size as f64 * 8.0 / n as f64,
+        mbs(full),
+        mbs(code_only),
+        mbs(dec)
+    );
+
+    // zstd's HUF: blocks of 128 KiB (its limit), each counted, given its own code and coded.
+    let block = 128 << 10;
+    let mut blocks: Vec<Vec<Vec<u8>>> = Vec::new();
+    let enc = time(repeat, || {
+        blocks = planes
+            .iter()
+            .map(|p| {
+                p.chunks(block)
+                    .map(|b| {
+                        let mut v = Vec::new();
+                        huf::compress(b, &mut v).expect("HUF codes every block of exponents");
+                        v
+                    })
+                    .collect()
+            })
+            .collect();
+    });
+    for b in &mut back {
+        b.fill(0);
+    }
+    let dec = time(repeat, || {
+        for (bs, out) in blocks.iter().zip(&mut back) {
+            for (b, o) in bs.iter().zip(out.chunks_mut(block)) {
+                huf::decompress(b, o);
+            }
+        }
+    });
+    assert!(back == planes);
+    let size: usize = blocks.iter().flatten().map(|b| b.len() + 3).sum();
+    println!(
+        "| zstd 1.5.7 HUF_compress4X (a code a block of 128 KiB, 11-bit codes) | {:.4} | {:.0} | — | {:.0} |",
+        size as f64 * 8.0 / n as f64,
+        mbs(enc),
+        mbs(dec)
+    );
+
+    // huffman-compress: a code a plane, one bit vector, decoded by walking the tree (one run).
+    let t = Instant::now();
+    let mut trees = Vec::new();
+    let mut bits_total = 0usize;
+    for p in &planes {
+        let hist = Histogram::of(p);
+        let weights: HashMap<u8, u64> = (0..=255u8)
+            .filter(|&s| hist.0[s as usize] > 0)
+            .map(|s| (s, hist.0[s as usize]))
+            .collect();
+        let (book, tree) = CodeBuilder::from_iter(weights).finish();
+        let mut bits = BitVec::new();
+        for s in p {
+            book.encode(&mut bits, s).unwrap();
+        }
+        bits_total += bits.len();
+        trees.push((tree, bits));
     }
     let enc_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let back: Vec<u8> = tree.decoder(&bits, n).collect();
+    for ((tree, bits), p) in trees.iter().zip(&planes) {
+        let back: Vec<u8> = tree.decoder(bits, p.len()).collect();
+        assert!(back == *p);
+    }
     let dec_s = t.elapsed().as_secs_f64();
-    assert_eq!(back, exps);
     println!(
-        "| huffman-compress 0.7.0 (bit-by-bit tree walk) | {:.4} | {:.0} | {:.0} |",
-        bits.len() as f64 / n as f64,
-        n as f64 / enc_s / 1e6,
-        n as f64 / dec_s / 1e6
+        "| huffman-compress 0.7.0 (bit-by-bit tree walk, one run) | {:.4} | {:.0} | — | {:.0} |",
+        bits_total as f64 / n as f64,
+        mbs(enc_s),
+        mbs(dec_s)
     );
 }

@@ -40,60 +40,103 @@ impl Encoder {
     /// Every symbol must have a code.
     pub fn encode_chunk(&self, symbols: &[u8], out: &mut Vec<u8>) {
         let table = out.len();
-        out.resize(table + 4 * (LANES - 1), 0);
-        for (k, lane) in lanes(symbols.len()).enumerate() {
-            let start = out.len();
-            self.encode_lane(&symbols[lane], out);
-            if k < LANES - 1 {
-                let len = (out.len() - start) as u32;
-                out[table + 4 * k..table + 4 * k + 4].copy_from_slice(&len.to_le_bytes());
+        let body = table + 4 * (LANES - 1);
+        // Each lane is coded into a region of its own, sized for the worst case (12 bits a
+        // symbol, plus slack for the word-at-a-time writes), all four in lock step so their
+        // dependency chains overlap; the regions are then closed up.
+        let cap = symbols.len().div_ceil(LANES) * MAX_LEN as usize / 8 + 16;
+        out.resize(body + LANES * cap, 0);
+        let mut regions = out[body..].chunks_exact_mut(cap);
+        let bufs: [&mut [u8]; LANES] =
+            std::array::from_fn(|_| regions.next().expect("a region a lane"));
+        let mut ranges = lanes(symbols.len());
+        let lane: [&[u8]; LANES] =
+            std::array::from_fn(|_| &symbols[ranges.next().expect("a range a lane")]);
+        let mut w = [LaneWriter::default(); LANES];
+        // The last lane is the shortest: every lane has its quads up to there.
+        let common = lane[LANES - 1].len() / 4 * 4;
+        for j in (0..common).step_by(4) {
+            for k in 0..LANES {
+                let q: &[u8; 4] = lane[k][j..j + 4].try_into().expect("4 symbols");
+                w[k].quad(&self.codes, q, bufs[k]);
             }
         }
-    }
-
-    /// Appends the coded `symbols` as one bit stream (whole bytes; the last one zero-padded).
-    fn encode_lane(&self, symbols: &[u8], out: &mut Vec<u8>) {
-        let start = out.len();
-        // Worst case 12 bits a symbol, plus 8 bytes of slack for the word-at-a-time writes.
-        out.resize(start + symbols.len() * MAX_LEN as usize / 8 + 16, 0);
-        let buf = &mut out[start..];
-        let mut pos = 0usize;
-        let mut acc = 0u64;
-        let mut nbits = 0u32;
-        let mut quads = symbols.chunks_exact(4);
-        for q in &mut quads {
-            // Four codes of at most 12 bits fit beside the at most 7 bits left over.
-            for &s in q {
-                let (c, l) = self.codes[s as usize];
-                debug_assert!(l > 0, "symbol without a code");
-                acc |= (c as u64) << nbits;
-                nbits += l as u32;
-            }
-            buf[pos..pos + 8].copy_from_slice(&acc.to_le_bytes());
-            let bytes = (nbits / 8) as usize;
-            pos += bytes;
-            acc = if bytes == 8 { 0 } else { acc >> (bytes * 8) };
-            nbits -= bytes as u32 * 8;
+        let mut lens = [0usize; LANES];
+        for k in 0..LANES {
+            lens[k] = w[k].rest(&self.codes, &lane[k][common..], bufs[k]);
         }
-        for &s in quads.remainder() {
-            let (c, l) = self.codes[s as usize];
-            acc |= (c as u64) << nbits;
-            nbits += l as u32;
+        drop(bufs);
+        let mut end = body + lens[0];
+        for k in 1..LANES {
+            let from = body + k * cap;
+            out.copy_within(from..from + lens[k], end);
+            end += lens[k];
         }
-        while nbits > 0 {
-            buf[pos] = acc as u8;
-            pos += 1;
-            acc >>= 8;
-            nbits = nbits.saturating_sub(8);
+        out.truncate(end);
+        for k in 0..LANES - 1 {
+            let len = lens[k] as u32;
+            out[table + 4 * k..table + 4 * k + 4].copy_from_slice(&len.to_le_bytes());
         }
-        out.truncate(start + pos);
     }
 }
 
-/// Decodes chunks of one code: a table from the next [`MAX_LEN`] bits to `(symbol, length)`.
+/// One lane's bit stream being written: bits not yet written out, and where the next byte goes.
+#[derive(Clone, Copy, Default)]
+struct LaneWriter {
+    acc: u64,
+    nbits: u32,
+    pos: usize,
+}
+
+impl LaneWriter {
+    /// Codes four symbols: four codes of at most 12 bits fit beside the at most 7 bits left
+    /// over, and the whole bytes among them are written out.
+    #[inline(always)]
+    fn quad(&mut self, codes: &[(u16, u8); 256], q: &[u8; 4], buf: &mut [u8]) {
+        for &s in q {
+            let (c, l) = codes[s as usize];
+            debug_assert!(l > 0, "symbol without a code");
+            self.acc |= (c as u64) << self.nbits;
+            self.nbits += l as u32;
+        }
+        buf[self.pos..self.pos + 8].copy_from_slice(&self.acc.to_le_bytes());
+        let bytes = self.nbits / 8;
+        self.pos += bytes as usize;
+        // At most 55 bits were held, so at most 6 bytes went out.
+        self.acc >>= bytes * 8;
+        self.nbits -= bytes * 8;
+    }
+
+    /// Codes the lane's last symbols and pads its last byte with zeros: the lane's length.
+    fn rest(&mut self, codes: &[(u16, u8); 256], symbols: &[u8], buf: &mut [u8]) -> usize {
+        let mut quads = symbols.chunks_exact(4);
+        for q in &mut quads {
+            self.quad(codes, q.try_into().expect("4 symbols"), buf);
+        }
+        for &s in quads.remainder() {
+            let (c, l) = codes[s as usize];
+            self.acc |= (c as u64) << self.nbits;
+            self.nbits += l as u32;
+        }
+        while self.nbits > 0 {
+            buf[self.pos] = self.acc as u8;
+            self.pos += 1;
+            self.acc >>= 8;
+            self.nbits = self.nbits.saturating_sub(8);
+        }
+        self.pos
+    }
+}
+
+/// Decodes chunks of one code: a table from the next [`MAX_LEN`] bits to `(symbol, length)`,
+/// and one from the same bits to every whole code they hold, up to three.
 pub struct Decoder {
     /// `symbol | length << 8`; length 0 marks bit patterns no code starts with.
     table: Box<[u16; TABLE_SIZE]>,
+    /// `symbols (3 bytes) | bits << 24 | count << 28`: the codes (at most three) that the
+    /// next [`MAX_LEN`] bits hold whole, their bits together and how many; count 0 marks
+    /// bit patterns no code starts with.
+    multi: Box<[u32; TABLE_SIZE]>,
 }
 
 impl Decoder {
@@ -111,7 +154,24 @@ impl Decoder {
                 i += step;
             }
         }
-        Decoder { table }
+        // A code of `l` bits is known from its low `l` bits: the bits left after the first
+        // codes of an index find the next code in the same table if it is no longer.
+        let mut multi = Box::new([0u32; TABLE_SIZE]);
+        for (i, m) in multi.iter_mut().enumerate() {
+            let (mut bits, mut count, mut symbols) = (0u32, 0u32, 0u32);
+            while count < 3 {
+                let e = table[i >> bits];
+                let l = (e >> 8) as u32;
+                if l == 0 || bits + l > MAX_LEN as u32 {
+                    break;
+                }
+                symbols |= (e as u8 as u32) << (8 * count);
+                bits += l;
+                count += 1;
+            }
+            *m = symbols | bits << 24 | count << 28;
+        }
+        Decoder { table, multi }
     }
 
     /// The lookup table: entry `i` is `symbol | length << 8` for the code that the low
@@ -151,10 +211,12 @@ impl Decoder {
             outs[k] = head;
             tail = t;
         }
-        // Interleaved fast path: four independent streams keep four lookups in flight. Each
-        // round reads one 64-bit window per lane (at least 57 fresh bits) and takes four codes
-        // of at most 12 bits from it, so it advances a lane by at most 6 bytes; the number of
-        // rounds that stay in bounds is worked out first and the rounds run unchecked.
+        // Interleaved fast path: four independent streams keep four lookups in flight, each
+        // lookup taking up to three codes. Each round reads one 64-bit window per lane (at
+        // least 57 fresh bits) and makes four lookups of at most 12 bits from it, so it
+        // advances a lane by at most 6 bytes of input and 12 symbols (each lookup stores four
+        // bytes: the fourth, and any beyond its count, are overwritten by the next); the number
+        // of rounds that stay in bounds is worked out first and the rounds run unchecked.
         let mut pos = [0u64; LANES];
         let mut done = [0usize; LANES];
         let bad = || FormatError::invalid("huffman chunk", "invalid code");
@@ -167,7 +229,10 @@ impl Decoder {
                     Some(spare) => spare / 6 + 1,
                     None => 0,
                 };
-                rounds = rounds.min(fit).min((outs[k].len() - done[k]) / 4);
+                // Round r stores up to symbol done + 12r + 12 (the fourth byte of its last
+                // lookup's store), which must be inside the lane.
+                let room = (outs[k].len() - done[k]).saturating_sub(1) / 12;
+                rounds = rounds.min(fit).min(room);
             }
             if rounds == 0 {
                 break;
@@ -182,22 +247,23 @@ impl Decoder {
                     window[k] = word >> (pos[k] % 8);
                 }
                 let mut used = [0u32; LANES];
-                // Symbol j of every lane, then symbol j + 1: the four lookups of a step are
+                // Lookup j of every lane, then lookup j + 1: the four lookups of a step are
                 // independent of each other.
-                for j in 0..4 {
+                for _ in 0..4 {
                     for k in 0..LANES {
-                        let e = self.table[(window[k] & TABLE_MASK) as usize];
-                        let l = (e >> 8) as u32;
-                        // A zero length marks a pattern no code starts with.
-                        invalid |= l == 0;
-                        outs[k][done[k] + j] = e as u8;
+                        let e = self.multi[(window[k] & TABLE_MASK) as usize];
+                        let (l, count) = ((e >> 24) & 0xf, (e >> 28) as usize);
+                        // A zero count marks a pattern no code starts with.
+                        invalid |= count == 0;
+                        let d = done[k];
+                        outs[k][d..d + 4].copy_from_slice(&e.to_le_bytes());
+                        done[k] = d + count;
                         window[k] >>= l;
                         used[k] += l;
                     }
                 }
                 for k in 0..LANES {
                     pos[k] += used[k] as u64;
-                    done[k] += 4;
                 }
             }
             if invalid {
