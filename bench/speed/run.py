@@ -4,7 +4,8 @@ For each corpus series (a directory of safetensors checkpoints, committed in nam
 
 - CPU-bound: inputs, repository and outputs on tmpfs (/dev/shm). mdl commits the series
   losslessly (each commit timed as the whole process), checks out the newest and the oldest
-  commit (verified byte for byte), then commits the series again with --lossy. `zstd -3 -T2` and
+  commit (verified byte for byte; the newest against `zstd -d` and `cp` of the same file), then
+  commits the series again with --lossy. `zstd -3 -T2` and
   `lmz compress -j 2` compress the same files, one at a time, from the same tmpfs.
 - Durable: the disk's fsync bandwidth (`dd conv=fsync` of random data, same run), then the
   lossless series committed into a repository on that disk; the target is 80 % of
@@ -97,6 +98,24 @@ def peer_series(files, command, suffix):
     return raw / packed, raw / total / 1e6
 
 
+def read_baselines(path):
+    """MB/s of `zstd -d` of the file (compressed with `zstd -3` first) and of `cp` of it, both
+    writing to tmpfs: what a newest checkout is measured against."""
+    size = size_of(path)
+    packed = os.path.join(SHM, "base.zst")
+    out = os.path.join(SHM, "base.out")
+    run(["zstd", "-q", "-3", "-T2", path, "-o", packed])
+    speeds = []
+    for cmd in (["zstd", "-q", "-d", packed, "-o", out], ["cp", path, out]):
+        if os.path.exists(out):
+            os.remove(out)
+        dt, _ = timed(cmd)
+        speeds.append(size / dt / 1e6)
+    os.remove(out)
+    os.remove(packed)
+    return speeds
+
+
 def fsync_bandwidth(disk, mib=512):
     """MB/s of `dd conv=fsync` writing random data onto `disk` (the data made first, on tmpfs)."""
     src = os.path.join(SHM, "random.bin")
@@ -121,7 +140,9 @@ def main():
     p.add_argument("--repeat", type=int, default=1, help="runs of everything; medians reported")
     p.add_argument("--config", action="append", default=["quant.adam_betas=0.9,0.95"],
                    help="repository configuration KEY=VALUE (the corpus trains with betas 0.9/0.95)")
+    p.add_argument("--skip", default="", help="parts left out while iterating: lossy,durable")
     a = p.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
     mdl = os.path.abspath(a.mdl)
     shutil.rmtree(SHM, ignore_errors=True)
     os.makedirs(SHM)
@@ -140,17 +161,22 @@ def main():
             r = {}
             r["ratio"], r["commit"], r["commit_med"], _t = mdl_series(mdl, repo, files, [], a.config)
             r["newest"], r["oldest"] = mdl_checkouts(mdl, repo, files, verify=True)
-            r["lossy_ratio"], r["lossy"], r["lossy_med"], _t = mdl_series(
-                mdl, repo, files, ["--lossy"], a.config)
+            r["zstd_d"], r["cp"] = read_baselines(files[-1])
+            r["lossy_ratio"] = r["lossy"] = r["lossy_med"] = float("nan")
+            if "lossy" not in skip:
+                r["lossy_ratio"], r["lossy"], r["lossy_med"], _t = mdl_series(
+                    mdl, repo, files, ["--lossy"], a.config)
             r["zstd_ratio"], r["zstd"] = peer_series(
                 files, lambda f, d: ["zstd", "-q", "-3", "-T2", f, "-o", d], ".zst")
             if a.lmz:
                 r["lmz_ratio"], r["lmz"] = peer_series(
                     files, lambda f, d: [a.lmz, "compress", "-q", "-j", "2", f, d], ".lmz")
-            disk_repo = os.path.join(a.disk, "repo")
-            r["fsync"] = fsync_bandwidth(a.disk)
-            _r, r["durable"], _m, _t = mdl_series(mdl, disk_repo, files, [], a.config)
-            shutil.rmtree(disk_repo, ignore_errors=True)
+            r["fsync"] = r["durable"] = float("nan")
+            if "durable" not in skip:
+                disk_repo = os.path.join(a.disk, "repo")
+                r["fsync"] = fsync_bandwidth(a.disk)
+                _r, r["durable"], _m, _t = mdl_series(mdl, disk_repo, files, [], a.config)
+                shutil.rmtree(disk_repo, ignore_errors=True)
             runs.append(r)
         rows[name] = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
         print(f"{name}: {len(files)} checkpoints of {size_of(files[0]) / 1e6:.1f} MB", flush=True)
@@ -176,12 +202,18 @@ def main():
             line += f" {r['lmz_ratio']:.3f} | {r['lmz']:.0f} | {r['commit'] / r['lmz']:.2f}× |"
         print(line)
     print()
-    print("| series | checkout newest MB/s | oldest MB/s | newest / oldest | lossy ratio "
-          "| lossy commit MB/s | lossy time / lossless time |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| series | checkout newest MB/s | zstd -d MB/s | newest / zstd -d | cp MB/s "
+          "| newest / cp | oldest MB/s | newest / oldest |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in rows.items():
-        print(f"| {name} | {r['newest']:.0f} | {r['oldest']:.0f} | {r['newest'] / r['oldest']:.2f} "
-              f"| {r['lossy_ratio']:.2f} | {r['lossy']:.0f} | {r['commit'] / r['lossy']:.2f} |")
+        print(f"| {name} | {r['newest']:.0f} | {r['zstd_d']:.0f} | **{r['newest'] / r['zstd_d']:.2f}×** "
+              f"| {r['cp']:.0f} | {r['newest'] / r['cp']:.2f}× | {r['oldest']:.0f} "
+              f"| {r['newest'] / r['oldest']:.2f} |")
+    print()
+    print("| series | lossy ratio | lossy commit MB/s | lossy time / lossless time |")
+    print("|---|---:|---:|---:|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['lossy_ratio']:.2f} | {r['lossy']:.0f} | {r['commit'] / r['lossy']:.2f} |")
     print()
     print(f"Durable (repository in {a.disk}): fsync bandwidth of random data measured before "
           "each series.")

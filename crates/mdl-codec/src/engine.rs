@@ -224,6 +224,22 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         want: &[(bool, bool)],
     ) -> Vec<(Histogram, Histogram)>;
 
+    /// A first look at a tensor: [`Engine::plane_histograms`] of every plane's symbols, and of
+    /// the flag bytes only of the planes whose symbols want them
+    /// ([`crate::huffman::Plan::wants_flags`]; the others' flag counts are left empty), the
+    /// only flags a plan is ever chosen with.
+    fn sample_histograms(
+        &self,
+        spec: PlaneSpec,
+        data: &[u8],
+        base: Option<&[u8]>,
+    ) -> Vec<(Histogram, Histogram)> {
+        let planes = spec.shape().map_or(0, |(_, planes)| planes);
+        let mut counts = self.plane_histograms(spec, data, base, &vec![(true, true); planes]);
+        crate::planes::forget_unwanted_flags(&mut counts);
+        counts
+    }
+
     /// Every chunk of every plane of `data` (as in [`Engine::plane_histograms`]) coded by that
     /// plane's writer ([`StreamWriter::chunk`]): `result[plane][chunk]`.
     fn encode_planes(
@@ -377,6 +393,15 @@ impl Engine for CpuEngine {
         want: &[(bool, bool)],
     ) -> Vec<(Histogram, Histogram)> {
         crate::planes::cpu_plane_histograms(spec, data, base, want)
+    }
+
+    fn sample_histograms(
+        &self,
+        spec: PlaneSpec,
+        data: &[u8],
+        base: Option<&[u8]>,
+    ) -> Vec<(Histogram, Histogram)> {
+        crate::planes::cpu_sample_histograms(spec, data, base)
     }
 
     fn encode_planes(

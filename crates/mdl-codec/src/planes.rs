@@ -22,7 +22,7 @@
 use mdl_format::{Dtype, FormatError};
 use rayon::prelude::*;
 
-use crate::huffman::{flag_histogram, Histogram, Stream, StreamWriter, CHUNK_LOG2};
+use crate::huffman::{flag_histogram, Histogram, Plan, Stream, StreamWriter, CHUNK_LOG2};
 
 /// Elements in one chunk of every plane.
 pub(crate) const CHUNK: usize = 1 << CHUNK_LOG2;
@@ -405,13 +405,15 @@ pub(crate) fn word_mask(l: &Layout, xor_mask: u8) -> u64 {
 }
 
 /// Splits one chunk (with its base chunk) and counts each plane's symbols and sparse-mode flag
-/// bytes, as `want` says per plane: `(symbols, flags)`.
+/// bytes, as `want` says per plane: `(symbols, flags)`. With `flags_if_zeros`, a plane's flags
+/// are counted only where its symbols [`Plan::wants_flags`] (left empty otherwise).
 fn count_chunk(
     l: &Layout,
     chunk: &[u8],
     base: Option<&[u8]>,
     mask: u64,
     want: &[(bool, bool)],
+    flags_if_zeros: bool,
 ) -> Vec<(Histogram, Histogram)> {
     with_scratch(CHUNK * l.planes, |scratch| {
         let n = chunk.len() / l.width;
@@ -428,10 +430,9 @@ fn count_chunk(
             .iter()
             .zip(want)
             .map(|(p, &(symbols, flags))| {
-                (
-                    count(symbols, Histogram::of, p),
-                    count(flags, flag_histogram, p),
-                )
+                let h = count(symbols, Histogram::of, p);
+                let flags = flags && (!flags_if_zeros || Plan::wants_flags(&h));
+                (h, count(flags, flag_histogram, p))
             })
             .collect()
     })
@@ -466,13 +467,13 @@ pub(crate) fn cpu_plane_histograms(
     let l = spec_layout(spec);
     let step = CHUNK * l.width;
     if data.len() <= step {
-        return count_chunk(&l, data, base, spec.mask, want);
+        return count_chunk(&l, data, base, spec.mask, want, false);
     }
     data.par_chunks(step)
         .enumerate()
         .map(|(c, chunk)| {
             let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
-            count_chunk(&l, chunk, b, spec.mask, want)
+            count_chunk(&l, chunk, b, spec.mask, want, false)
         })
         .reduce(
             || vec![(Histogram::default(), Histogram::default()); l.planes],
@@ -484,6 +485,38 @@ pub(crate) fn cpu_plane_histograms(
                 a
             },
         )
+}
+
+/// The CPU's [`Engine::sample_histograms`](crate::engine::Engine::sample_histograms).
+pub(crate) fn cpu_sample_histograms(
+    spec: PlaneSpec,
+    data: &[u8],
+    base: Option<&[u8]>,
+) -> Vec<(Histogram, Histogram)> {
+    let l = spec_layout(spec);
+    if data.len() > CHUNK * l.width {
+        let want = vec![(true, true); l.planes];
+        let mut counts = cpu_plane_histograms(spec, data, base, &want);
+        forget_unwanted_flags(&mut counts);
+        return counts;
+    }
+    count_chunk(
+        &l,
+        data,
+        base,
+        spec.mask,
+        &vec![(true, true); l.planes],
+        true,
+    )
+}
+
+/// Empties the flag counts of planes whose symbols do not [`Plan::wants_flags`].
+pub(crate) fn forget_unwanted_flags(counts: &mut [(Histogram, Histogram)]) {
+    for (symbols, flags) in counts {
+        if !Plan::wants_flags(symbols) {
+            *flags = Histogram::default();
+        }
+    }
 }
 
 /// The CPU's [`Engine::encode_planes`](crate::engine::Engine::encode_planes):

@@ -11,9 +11,7 @@ use mdl_format::{Dtype, FormatError};
 
 use crate::engine::Engine;
 use crate::huffman::{Histogram, Plan};
-use crate::planes::{
-    layout, spec_layout, sub_layout, word_mask, Layout, PlaneSpec, Transform, CHUNK,
-};
+use crate::planes::{layout, sub_layout, word_mask, Layout, PlaneSpec, Transform, CHUNK};
 
 mod payload;
 
@@ -195,12 +193,8 @@ impl PlaneCount {
         let mut whole = false;
         if self.sample.is_empty() {
             let step = (CHUNK * self.l.width).min(data.len());
-            self.sample = engine.plane_histograms(
-                self.spec,
-                &data[..step],
-                base.map(|b| &b[..step]),
-                &vec![(true, true); self.l.planes],
-            );
+            self.sample =
+                engine.sample_histograms(self.spec, &data[..step], base.map(|b| &b[..step]));
             self.want = self
                 .sample
                 .iter()
@@ -390,12 +384,7 @@ fn sample_delta_sizes(
     let (first, base) = (&data[..step], &base[..step]);
     let sizes = |spec: PlaneSpec, b: Option<&[u8]>| -> Vec<u64> {
         engine
-            .plane_histograms(
-                spec,
-                first,
-                b,
-                &vec![(true, true); spec_layout(spec).planes],
-            )
+            .sample_histograms(spec, first, b)
             .iter()
             .map(|(h, f)| Plan::choose(h, Plan::wants_flags(h).then_some(f)).1)
             .collect()
