@@ -8,7 +8,7 @@
 //!   payload size before anything is encoded, which is how a commit compares codecs cheaply.
 //! - [`Encoder`] / [`Decoder`]: one chunk at a time, as [`LANES`] independent bit streams.
 //!   Bits are written least-significant first; the decoder looks up [`MAX_LEN`] bits at once in
-//!   a 4096-entry table, one lookup per symbol, four lanes interleaved.
+//!   a 4096-entry table that gives up to three whole codes a lookup, four lanes interleaved.
 //! - [`Plan`], [`StreamWriter`], [`Stream`], [`encode_stream`] / [`decode_stream`]: the
 //!   self-describing stream format of `docs/FORMAT.md` ("entropy stream"): stored, constant,
 //!   Huffman, or sparse (a Huffman-coded bitmap of non-zero positions plus the non-zero symbols,
