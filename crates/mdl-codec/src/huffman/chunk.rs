@@ -65,17 +65,15 @@ impl Encoder {
         for k in 0..LANES {
             lens[k] = w[k].rest(&self.codes, &lane[k][common..], bufs[k]);
         }
-        drop(bufs);
-        let mut end = body + lens[0];
-        for k in 1..LANES {
+        let mut end = body;
+        for (k, &len) in lens.iter().enumerate() {
             let from = body + k * cap;
-            out.copy_within(from..from + lens[k], end);
-            end += lens[k];
+            out.copy_within(from..from + len, end);
+            end += len;
         }
         out.truncate(end);
-        for k in 0..LANES - 1 {
-            let len = lens[k] as u32;
-            out[table + 4 * k..table + 4 * k + 4].copy_from_slice(&len.to_le_bytes());
+        for (k, &len) in lens[..LANES - 1].iter().enumerate() {
+            out[table + 4 * k..table + 4 * k + 4].copy_from_slice(&(len as u32).to_le_bytes());
         }
     }
 }
