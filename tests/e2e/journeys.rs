@@ -361,6 +361,7 @@ fn float_codecs_deltas_and_config() {
             "delta.mode",
             "delta.max_depth",
             "delta.max_restore_cost",
+            "delta.defer",
             "retention.keep_last",
             "retention.coarsen_after",
             "engine",

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mdl_format::{ObjectId, Ref, Timestamp};
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use crate::error::db;
 use crate::guard::guarded;
@@ -36,6 +36,12 @@ pub(crate) const INFO: TableDefinition<'_, &str, u64> = TableDefinition::new("in
 pub(crate) const DEPENDENTS: TableDefinition<'_, &[u8], ()> = TableDefinition::new("dependents");
 /// Objects deleted by a retention rule although commits still name them: id → [`Expired`].
 pub(crate) const EXPIRED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("expired");
+
+/// Commits whose parent's tensors wait to be re-encoded as reverse deltas against theirs
+/// (deferred re-encodes): sequence number → commit id, oldest first. A hint, not history: it is
+/// not journaled, and a rebuilt index starts without it (the repository then stays as large as
+/// it is, nothing is lost).
+pub(crate) const PENDING: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("pending");
 
 /// The symbolic ref every repository starts with.
 pub const HEAD: &str = "HEAD";
@@ -372,6 +378,31 @@ pub(crate) fn open_err(e: redb::DatabaseError) -> StoreError {
 /// Read access shared by read and write transactions.
 macro_rules! readers {
     () => {
+        /// The oldest commit whose deferred re-encode is pending, with its sequence number.
+        pub fn pending_first(&self) -> Result<Option<(u64, ObjectId)>, StoreError> {
+            guarded(|| {
+                let t = match self.txn.open_table(PENDING) {
+                    Ok(t) => t,
+                    // Repositories written before deferred re-encodes have no such table.
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                    Err(e) => return Err(db(e)),
+                };
+                let first = t.first().map_err(db)?;
+                first
+                    .map(|(k, v)| Ok((k.value(), key_id(v.value())?)))
+                    .transpose()
+            })
+        }
+
+        /// How many commits' deferred re-encodes are pending.
+        pub fn pending_count(&self) -> Result<u64, StoreError> {
+            guarded(|| match self.txn.open_table(PENDING) {
+                Ok(t) => t.len().map_err(db),
+                Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+                Err(e) => Err(db(e)),
+            })
+        }
+
         /// A ref's value.
         pub fn get_ref(&self, name: &str) -> Result<Option<RefValue>, StoreError> {
             guarded(|| {
@@ -638,6 +669,25 @@ impl MetaWrite<'_> {
             let mut t = self.txn.open_table(OBJECTS).map_err(db)?;
             t.insert(id.as_bytes().as_slice(), entry.encode().as_slice())
                 .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    /// Queues the deferred re-encode of `commit`'s parent against it, after every one queued.
+    pub fn push_pending(&mut self, commit: &ObjectId) -> Result<(), StoreError> {
+        guarded(|| {
+            let mut t = self.txn.open_table(PENDING).map_err(db)?;
+            let next = t.last().map_err(db)?.map_or(0, |(k, _)| k.value() + 1);
+            t.insert(next, commit.as_bytes().as_slice()).map_err(db)?;
+            Ok(())
+        })
+    }
+
+    /// Takes a deferred re-encode off the queue (done, or nothing left to do).
+    pub fn remove_pending(&mut self, seq: u64) -> Result<(), StoreError> {
+        guarded(|| {
+            let mut t = self.txn.open_table(PENDING).map_err(db)?;
+            t.remove(seq).map_err(db)?;
             Ok(())
         })
     }

@@ -12,6 +12,7 @@ pub fn validate(key: &str, value: &str) -> Result<()> {
         policy::MODE_KEY => value.parse::<DeltaMode>().map(drop),
         policy::MAX_DEPTH_KEY => policy::parse_depth(value).map(drop),
         policy::MAX_RESTORE_COST_KEY => policy::parse_restore_cost(value).map(drop),
+        policy::DEFER_KEY => policy::parse_defer(value).map(drop),
         gc::KEEP_LAST_KEY => gc::KEEP_LAST.parse(value).map(drop),
         coarsen::COARSEN_AFTER_KEY => coarsen::COARSEN_AFTER.parse(value).map(drop),
         engine::ENGINE_KEY => value.parse::<EngineChoice>().map(drop),
@@ -26,6 +27,7 @@ pub fn known_keys() -> Vec<(&'static str, String)> {
         (policy::MODE_KEY, d.mode.to_string()),
         (policy::MAX_DEPTH_KEY, d.max_depth.to_string()),
         (policy::MAX_RESTORE_COST_KEY, "none".to_string()),
+        (policy::DEFER_KEY, d.defer.to_string()),
         (gc::KEEP_LAST_KEY, gc::KEEP_LAST.off.to_string()),
         (
             coarsen::COARSEN_AFTER_KEY,

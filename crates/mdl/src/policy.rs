@@ -1,5 +1,6 @@
 //! Delta policy: whether and how commits store tensors as XOR deltas, from the repository
-//! configuration (`delta.mode`, `delta.max_depth`; see `docs/DECISIONS.md` for the defaults).
+//! configuration (`delta.mode`, `delta.max_depth`, `delta.max_restore_cost`, `delta.defer`; see
+//! `docs/DECISIONS.md` for the defaults).
 
 use std::fmt;
 use std::str::FromStr;
@@ -14,6 +15,8 @@ pub const MODE_KEY: &str = "delta.mode";
 pub const MAX_DEPTH_KEY: &str = "delta.max_depth";
 /// Configuration key of [`DeltaPolicy::max_restore_cost`].
 pub const MAX_RESTORE_COST_KEY: &str = "delta.max_restore_cost";
+/// Configuration key of [`DeltaPolicy::defer`].
+pub const DEFER_KEY: &str = "delta.defer";
 
 /// Which way deltas point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +67,10 @@ pub struct DeltaPolicy {
     /// Most record bytes a tensor's reconstruction may read (its own record and every base),
     /// as a multiple of the tensor's size; a new base starts beyond it. `None`: no such cap.
     pub max_restore_cost: Option<f64>,
+    /// Reverse mode: a commit stores its new versions whole and leaves the re-encode of the
+    /// previous versions as deltas against them to [`crate::commit::run_deferred`], after the
+    /// commit is published (so a commit costs what a first commit costs).
+    pub defer: bool,
 }
 
 impl Default for DeltaPolicy {
@@ -72,6 +79,7 @@ impl Default for DeltaPolicy {
             mode: DeltaMode::Reverse,
             max_depth: 16,
             max_restore_cost: None,
+            defer: false,
         }
     }
 }
@@ -89,6 +97,9 @@ impl DeltaPolicy {
         }
         if let Some(v) = meta.config(MAX_RESTORE_COST_KEY)? {
             p.max_restore_cost = parse_restore_cost(&v)?;
+        }
+        if let Some(v) = meta.config(DEFER_KEY)? {
+            p.defer = parse_defer(&v)?;
         }
         Ok(p)
     }
@@ -120,4 +131,17 @@ pub fn parse_restore_cost(v: &str) -> Result<Option<f64>> {
             value: v.into(),
             expected: "none, or a number of at least 1 (bytes read per byte restored)",
         })
+}
+
+/// Validates a `delta.defer` value.
+pub fn parse_defer(v: &str) -> Result<bool> {
+    match v {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(Error::InvalidConfig {
+            key: DEFER_KEY.into(),
+            value: v.into(),
+            expected: "true or false",
+        }),
+    }
 }

@@ -192,6 +192,7 @@ fn every_mode_round_trips_and_respects_the_depth_cap() {
             mode,
             max_depth: 2,
             max_restore_cost: None,
+            defer: false,
         };
         let (repo, commits) = series(dir.path(), 6, policy);
         check_all(&repo, &commits, dir.path());
@@ -229,6 +230,7 @@ fn deltas_make_the_series_smaller() {
                     mode,
                     max_depth: 8,
                     max_restore_cost: None,
+                    defer: false,
                 },
             );
             mdl::stats::stats(&repo).unwrap().stored_bytes
@@ -259,6 +261,7 @@ const REVERSE: DeltaPolicy = DeltaPolicy {
     mode: DeltaMode::Reverse,
     max_depth: 8,
     max_restore_cost: None,
+    defer: false,
 };
 
 /// The error of a checkout of `rev` that must fail.
@@ -344,4 +347,123 @@ fn big_tensors_round_trip_through_reverse_deltas() {
     check_all(&repo, &files, dir.path());
     let older = codecs(&repo, &files[0].1);
     assert!(older[0].1.ends_with("-delta"), "{older:?}");
+}
+
+/// Every tensor object of `commits`, with its index entry and its record's bytes.
+fn tensor_records(
+    repo: &Repository,
+    commits: &[mdl::ObjectId],
+) -> std::collections::BTreeMap<String, (String, Vec<u8>)> {
+    let mut out = std::collections::BTreeMap::new();
+    for c in commits {
+        for t in mdl::show::show(repo, &c.to_hex()).unwrap().tensors {
+            let entry = mdl::inspect::object(repo, &t.id).unwrap().unwrap();
+            let record = mdl::inspect::record(repo, &t.id).unwrap();
+            // All but the time it was written.
+            let e = (
+                entry.codec,
+                entry.generation,
+                entry.base,
+                entry.depth,
+                entry.stored_len,
+                entry.content_len,
+            );
+            out.insert(t.id.to_hex(), (format!("{e:?}"), record));
+        }
+    }
+    out
+}
+
+/// Deferred reverse deltas (`delta.defer`): however the queue is worked — after every commit,
+/// once at the end, or now and then while commits go on — the repository ends with exactly the
+/// records, index entries and chains of eager reverse-delta commits, and every commit checks
+/// out byte for byte.
+#[test]
+fn deferred_reverse_deltas_end_where_eager_ones_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = Training::new();
+    let files: Vec<PathBuf> = (0..5)
+        .map(|i| {
+            t.step();
+            let path = dir.path().join(format!("ckpt{i}.safetensors"));
+            t.write(&path);
+            path
+        })
+        .collect();
+    let deferred = DeltaPolicy {
+        defer: true,
+        ..REVERSE
+    };
+    let nothing = || false;
+    // (policy, after which commits the queue is worked)
+    let runs: [(DeltaPolicy, &[usize]); 4] = [
+        (REVERSE, &[]),
+        (deferred, &[0, 1, 2, 3, 4]),
+        (deferred, &[4]),
+        (deferred, &[1, 4]),
+    ];
+    let mut results = Vec::new();
+    for (k, (policy, work_after)) in runs.iter().enumerate() {
+        let repo = Repository::init(&dir.path().join(format!("repo{k}"))).unwrap();
+        let mut commits = Vec::new();
+        for (i, f) in files.iter().enumerate() {
+            let opts = CommitOptions {
+                delta: Some(*policy),
+                ..Default::default()
+            };
+            commits.push(commit(&repo, f, &opts, &NoProgress).unwrap().id);
+            if i > 0 && policy.defer && !work_after.contains(&i) {
+                // Not worked yet: the previous version is still whole.
+                let older = codecs(&repo, &commits[i - 1]);
+                assert!(older.iter().all(|c| !c.1.ends_with("-delta")), "{older:?}");
+            }
+            if work_after.contains(&i) {
+                let report = mdl::commit::run_deferred(&repo, None, &nothing).unwrap();
+                assert_eq!(report.pending, 0);
+            }
+        }
+        let paired: Vec<_> = files.iter().cloned().zip(commits.iter().copied()).collect();
+        let out = dir.path().join(format!("out{k}"));
+        std::fs::create_dir(&out).unwrap();
+        check_all(&repo, &paired, &out);
+        assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
+        results.push(tensor_records(&repo, &commits));
+    }
+    let eager = &results[0];
+    assert!(
+        eager.values().any(|(e, _)| e.contains("Some(")),
+        "the series has reverse deltas"
+    );
+    for (k, r) in results.iter().enumerate().skip(1) {
+        assert_eq!(r.len(), eager.len());
+        for (id, (entry, record)) in eager {
+            let (e, rec) = &r[id];
+            assert_eq!(e, entry, "run {k}: {id}");
+            assert!(rec == record, "run {k}: {id}: other record bytes");
+        }
+    }
+}
+
+/// A stop request ends the work between commits; what is left stays queued and is worked later.
+#[test]
+fn deferred_work_stops_between_commits_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = DeltaPolicy {
+        defer: true,
+        ..REVERSE
+    };
+    let (repo, commits) = series(dir.path(), 4, policy);
+    let asked = std::cell::Cell::new(0);
+    let after_one = || {
+        asked.set(asked.get() + 1);
+        asked.get() > 1
+    };
+    let first = mdl::commit::run_deferred(&repo, None, &after_one).unwrap();
+    assert_eq!((first.commits, first.pending), (1, 2));
+    let rest = mdl::commit::run_deferred(&repo, None, &|| false).unwrap();
+    assert_eq!((rest.commits, rest.pending), (2, 0));
+    assert!(first.rewritten + rest.rewritten > 0);
+    check_all(&repo, &commits, dir.path());
+    let again = mdl::commit::run_deferred(&repo, None, &|| false).unwrap();
+    assert_eq!(again, mdl::commit::DeferredReport::default());
 }

@@ -215,6 +215,7 @@ fn chain_with_table_changes(mode: DeltaMode, moment_residuals: bool) {
         mode,
         max_depth: 16,
         max_restore_cost: None,
+        defer: false,
     };
     let mut model = Model::new();
     let mut outs = Vec::new();

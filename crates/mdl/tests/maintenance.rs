@@ -71,6 +71,7 @@ fn opts(mode: DeltaMode, max_depth: u32, lossy: bool) -> CommitOptions {
             mode,
             max_depth,
             max_restore_cost: None,
+            defer: false,
         }),
         lossy: LossyRequest {
             mode: Some(if lossy {

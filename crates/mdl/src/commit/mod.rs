@@ -2,6 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -32,10 +33,14 @@ use crate::rewrite::{chain, publish_rewrite, Rewrite};
 use crate::warm::WarmTensors;
 use crate::{per_tensor, Error, Progress, Repository, Result};
 
+mod coder;
 mod content;
+mod deferred;
 mod eval;
 mod store;
 
+use coder::Coder;
+pub use deferred::{run_deferred, DeferredReport};
 use eval::evaluate_candidate;
 use store::{previous_content, previous_object, StoreCtx, Stored};
 
@@ -345,15 +350,19 @@ fn commit_input(
     let batch = store.batch();
     let ctx = StoreCtx {
         repo,
-        batch: &batch,
+        coder: Coder {
+            repo,
+            batch: &batch,
+            engine,
+        },
         input: &input,
         previous: &previous,
         policy,
         encode: &opts.encode,
         claimed: Mutex::new(HashSet::new()),
         rewritten: Mutex::new(HashSet::new()),
+        deferred: AtomicBool::new(false),
         progress,
-        engine,
         plans: &plans,
         trim_bits,
         correction,
@@ -363,6 +372,7 @@ fn commit_input(
     let indices: Vec<usize> = (0..pieces.len()).collect();
     let results = per_tensor(&indices, |&i| pieces[i].len, |&i| ctx.store_tensor(i))?;
     progress.finish();
+    let deferred = ctx.deferred.load(Ordering::Relaxed);
     let (results, exactness): (Vec<Stored>, Vec<Exactness>) = results.into_iter().unzip();
     let ids: Vec<ObjectId> = results.iter().map(|r| r.id).collect();
     let lossy_tensors = exactness.iter().filter(|e| e.is_lossy()).count() as u32;
@@ -410,6 +420,9 @@ fn commit_input(
     }
     let branch = target.branch().to_string();
     target.publish(&mut w, &id, &commit)?;
+    if deferred {
+        w.push_pending(&id)?;
+    }
     w.commit_txn()?;
     if let Some(kept) = warm {
         kept.publish();

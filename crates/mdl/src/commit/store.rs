@@ -1,22 +1,20 @@
 //! Storing one tensor: raw or zstd, a float codec, a delta against its previous version, or
 //! (reverse deltas) the previous version re-encoded against the new one.
 
-use std::io::{Seek, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use mdl_codec::float::Count;
 
+use super::coder::{Coder, FloatRecord, Side, REWRITE_GAIN_FLOOR};
 use super::content::{pass, Content};
 use super::*;
 
 /// Float tensors whose best float encoding saves less than this fraction also try zstd.
-const FLOAT_GAIN_FLOOR: f64 = 0.03;
+pub(super) const FLOAT_GAIN_FLOOR: f64 = 0.03;
 
 /// Tensors of at least this size, stored exactly, are read a window at a time (with their
 /// previous versions) instead of being held: a commit's memory stays bounded by the window.
 const STREAMED_TENSOR: u64 = crate::BIG_TENSOR;
-
-/// Re-encoding a previous version as a delta must save at least this fraction of its record.
-const REWRITE_GAIN_FLOOR: f64 = 0.02;
 
 /// One tensor's outcome.
 pub(super) struct Stored {
@@ -30,7 +28,8 @@ pub(super) struct Stored {
 /// Everything the per-tensor work shares.
 pub(super) struct StoreCtx<'a> {
     pub(super) repo: &'a Repository,
-    pub(super) batch: &'a ObjectBatch<'a>,
+    /// The float passes, and the batch and kernels every record goes through.
+    pub(super) coder: Coder<'a>,
     pub(super) input: &'a Input,
     pub(super) previous: &'a Previous<'a>,
     pub(super) policy: DeltaPolicy,
@@ -39,9 +38,9 @@ pub(super) struct StoreCtx<'a> {
     pub(super) claimed: Mutex<HashSet<ObjectId>>,
     /// Objects this commit is re-encoding.
     pub(super) rewritten: Mutex<HashSet<ObjectId>>,
+    /// Whether a previous version's re-encode was left for after the publish.
+    pub(super) deferred: AtomicBool,
     pub(super) progress: &'a dyn Progress,
-    /// Kernels of the lossy codecs.
-    pub(super) engine: &'a dyn Engine,
     /// How each tensor is quantized (`None`: not quantized).
     pub(super) plans: &'a [Option<TensorPlan>],
     /// Mantissa bits kept, in trim mode.
@@ -80,10 +79,10 @@ impl StoreCtx<'_> {
                 // copies them over once.
                 let _kept: Vec<Kept<'_>> = std::iter::once(w.bytes)
                     .chain(moments.iter().flat_map(|mv| [mv.m.bytes, mv.v.bytes]))
-                    .map(|b| self.engine.keep(b))
+                    .map(|b| self.coder.engine.keep(b))
                     .collect();
                 let first = plan.first_moment().map(|m| self.input.view(m));
-                lossy::quantize(self.engine, w, moments, first, plan, self.correction)
+                lossy::quantize(self.coder.engine, w, moments, first, plan, self.correction)
             };
             // A reconstruction equal to the original (an all-zero moment) is stored as the
             // exact tensor it is: the lossless codecs take such content for next to nothing.
@@ -119,7 +118,7 @@ impl StoreCtx<'_> {
                 dtype: info.header.dtype,
                 bytes,
             };
-            let err = self.engine.error_stats(view(&data), view(&out), None);
+            let err = self.coder.engine.error_stats(view(&data), view(&out), None);
             exactness = Exactness::Lossy(Lossy {
                 settings: format!("trim bits={bits} bound=2^-{bits}"),
                 max_abs_error: err.max_abs,
@@ -151,9 +150,10 @@ impl StoreCtx<'_> {
                 ),
                 None => (CodecTag::QuantUniform, Placement::default()),
             };
-            let out = self
-                .batch
-                .put_payload(&id, &info.header, codec, placement, &[payload])?;
+            let out =
+                self.coder
+                    .batch
+                    .put_payload(&id, &info.header, codec, placement, &[payload])?;
             Stored {
                 id,
                 added: Some((id, out.entry)),
@@ -213,7 +213,7 @@ impl StoreCtx<'_> {
             dtype.size(),
             Some(info.header.hasher()),
             &mut |d, _| {
-                if let Err(e) = plain.add(self.engine, d, None) {
+                if let Err(e) = plain.add(self.coder.engine, d, None) {
                     failed = Some(e);
                 }
                 Ok(())
@@ -251,6 +251,7 @@ impl StoreCtx<'_> {
         let store = self.repo.store();
         let put = |payload: &[u8], codec, placement| -> Result<IndexEntry> {
             Ok(self
+                .coder
                 .batch
                 .put_payload(&id, header, codec, placement, &[payload])?
                 .entry)
@@ -274,7 +275,7 @@ impl StoreCtx<'_> {
                 None,
             )),
             DeltaMode::Forward => {
-                let delta = q.encode_delta(self.engine, &prev.codes, prev.bins());
+                let delta = q.encode_delta(self.coder.engine, &prev.codes, prev.bins());
                 let entry = if delta.len() < base_payload.len() {
                     put(
                         &delta,
@@ -292,7 +293,7 @@ impl StoreCtx<'_> {
             }
             DeltaMode::Reverse => {
                 let entry = put(&base_payload, CodecTag::QuantBase, Placement::default())?;
-                let delta = prev.encode_delta(self.engine, &q.codes, q.bins());
+                let delta = prev.encode_delta(self.coder.engine, &q.codes, q.bins());
                 let rewrite = if (delta.len() as f64)
                     <= bentry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR)
                     && self.rewritten.lock().unwrap().insert(bid)
@@ -303,6 +304,7 @@ impl StoreCtx<'_> {
                         depth: 1,
                     };
                     let new = self
+                        .coder
                         .batch
                         .put_payload(&bid, header, CodecTag::QuantDelta, placement, &[&delta])?
                         .entry;
@@ -357,18 +359,8 @@ impl StoreCtx<'_> {
                         + entry.stored_len
                         <= budget
             }
-            // The previous version must be self-contained, and everything decoding through it
-            // must stay within the caps once it is one step deeper (through its new delta and
-            // the new whole record). A store whose records are a cache of a bucket's
-            // (`Store::fetches_records`) never re-encodes one: the bucket would never get the
-            // re-encoded record and the cache could never drop it, so there the new version is
-            // stored whole and the previous one stays as the bucket has it.
             DeltaMode::Reverse => {
-                let (height, load) = chain_height(&meta, &prev_id)?;
-                !self.repo.store().fetches_records()
-                    && entry.base.is_none()
-                    && height < self.policy.max_depth
-                    && load + 2 * entry.stored_len <= budget
+                reverse_allowed(self.repo.store(), &meta, &self.policy, &prev_id, &entry)?
             }
         };
         Ok(allowed.then_some((prev_id, entry)))
@@ -403,6 +395,7 @@ impl StoreCtx<'_> {
                 Content::Stored { .. } => unreachable!("new content is never a stored object"),
             };
             Ok(self
+                .coder
                 .batch
                 .put_tensor(&id, header, bytes, self.encode)?
                 .entry)
@@ -412,6 +405,15 @@ impl StoreCtx<'_> {
         }
         let store = self.repo.store();
         let base = self.base_for(i, &id, false)?;
+        // Deferred reverse deltas: the new version is stored whole now, and the previous one is
+        // re-encoded against it after the publish ([`super::run_deferred`]).
+        let base = match base {
+            Some(_) if self.policy.mode == DeltaMode::Reverse && self.policy.defer => {
+                self.deferred.store(true, Ordering::Relaxed);
+                None
+            }
+            b => b,
+        };
         // A tensor in memory takes its base into memory (from the warm cache when it is
         // there); one read a window at a time reads its base so too.
         let base_kept = match (&base, data.windowed()) {
@@ -431,15 +433,17 @@ impl StoreCtx<'_> {
         // over once.
         let _kept = match (&data, &base_content) {
             (Content::Memory(d), b) => (
-                self.engine.keep(d),
+                self.coder.engine.keep(d),
                 match b {
-                    Some(Content::Memory(b)) => Some(self.engine.keep(b)),
+                    Some(Content::Memory(b)) => Some(self.coder.engine.keep(b)),
                     _ => None,
                 },
             ),
             _ => (Kept::nothing(), None),
         };
-        let analysis = self.analyze(id, header.dtype, &data, base_content.as_ref(), plain)?;
+        let analysis = self
+            .coder
+            .analyze(id, header.dtype, &data, base_content.as_ref(), plain)?;
         let delta = analysis.best_delta();
         let best_float = delta.map_or(analysis.plain.size, |d| d.size);
         if best_float as f64 > len as f64 * (1.0 - FLOAT_GAIN_FLOOR) {
@@ -450,7 +454,7 @@ impl StoreCtx<'_> {
         // The best self-contained record: float-split unless it would not beat raw.
         let whole = || {
             if analysis.plain.size < len {
-                self.write_float(
+                self.coder.write_float(
                     id,
                     header,
                     &data,
@@ -474,7 +478,7 @@ impl StoreCtx<'_> {
                     base: Some(bid),
                     depth: bentry.depth + 1,
                 };
-                let entry = self.write_float(
+                let entry = self.coder.write_float(
                     id,
                     header,
                     &data,
@@ -488,7 +492,15 @@ impl StoreCtx<'_> {
             DeltaMode::Reverse => {
                 // The new tensor is the self-contained end of the chain; the previous version,
                 // if that pays, a delta against it. Both are encoded in one pass.
-                let rewrite = self.reverse_choice(&bid, &bentry, &bcontent, &data, info, delta)?;
+                let rewrite = self.coder.reverse_choice(
+                    &bid,
+                    &bentry,
+                    &bcontent,
+                    &data,
+                    info.header.dtype,
+                    delta,
+                    &self.rewritten,
+                )?;
                 let Some(choice) = rewrite else {
                     return Ok(plain_record((id, whole()?)));
                 };
@@ -511,11 +523,15 @@ impl StoreCtx<'_> {
                         placement: Placement::default(),
                         side: Side::Data,
                     };
-                    let e = self.write_floats(header, &data, Some(&bcontent), &[new, again])?;
+                    let e =
+                        self.coder
+                            .write_floats(header, &data, Some(&bcontent), &[new, again])?;
                     (e[0], e[1])
                 } else {
                     let entry = streamed(&data)?;
-                    let e = self.write_floats(header, &data, Some(&bcontent), &[again])?;
+                    let e = self
+                        .coder
+                        .write_floats(header, &data, Some(&bcontent), &[again])?;
                     (entry, e[0])
                 };
                 Ok(Stored {
@@ -527,272 +543,6 @@ impl StoreCtx<'_> {
                         new,
                     }),
                 })
-            }
-        }
-    }
-
-    /// The float codecs' analysis of `data` (and against `base`): a pass counting its planes
-    /// unless `plain` has them, and a pass counting the delta worth counting.
-    fn analyze(
-        &self,
-        id: ObjectId,
-        dtype: mdl_format::Dtype,
-        data: &Content<'_>,
-        base: Option<&Content<'_>>,
-        plain: Option<float::PlaneCount>,
-    ) -> Result<float::Analysis> {
-        let encoder = |source| Error::Encode { id, source };
-        let width = dtype.size();
-        let plain = match plain {
-            Some(p) => p,
-            None => {
-                let mut c = float::PlaneCount::new(dtype, Count::Plain).map_err(encoder)?;
-                pass(data, None, width, None, &mut |d, _| {
-                    c.add(self.engine, d, None).map_err(encoder)
-                })?;
-                c
-            }
-        };
-        let mut deltas: Option<Vec<float::PlaneCount>> = None;
-        if let Some(base) = base {
-            pass(data, Some(base), width, None, &mut |d, b| {
-                let b = b.expect("a base window");
-                let counts = match &mut deltas {
-                    Some(c) => c,
-                    None => deltas.insert(
-                        float::deltas_to_count(self.engine, dtype, d, b)
-                            .and_then(|kinds| {
-                                kinds
-                                    .into_iter()
-                                    .map(|k| float::PlaneCount::new(dtype, k))
-                                    .collect()
-                            })
-                            .map_err(encoder)?,
-                    ),
-                };
-                counts
-                    .iter_mut()
-                    .try_for_each(|c| c.add(self.engine, d, Some(b)))
-                    .map_err(encoder)
-            })?;
-        }
-        Ok(float::analysis_of(&plain, &deltas.unwrap_or_default()))
-    }
-
-    /// Counts `data` against `base` in one pass, for the planes of `count`, and chooses.
-    fn count(
-        &self,
-        id: ObjectId,
-        dtype: mdl_format::Dtype,
-        count: Count,
-        data: &Content<'_>,
-        base: &Content<'_>,
-    ) -> Result<float::Choice> {
-        let encoder = |source| Error::Encode { id, source };
-        let mut c = float::PlaneCount::new(dtype, count).map_err(encoder)?;
-        pass(data, Some(base), dtype.size(), None, &mut |d, b| {
-            c.add(self.engine, d, b).map_err(encoder)
-        })?;
-        Ok(c.choice())
-    }
-
-    /// Encodes `data` (against `base`) as `choice` says and writes the record.
-    #[allow(clippy::too_many_arguments)]
-    fn write_float(
-        &self,
-        id: ObjectId,
-        header: &mdl_format::TensorHeader,
-        data: &Content<'_>,
-        base: Option<&Content<'_>>,
-        choice: &float::Choice,
-        codec: CodecTag,
-        placement: Placement,
-    ) -> Result<IndexEntry> {
-        let side = match base {
-            Some(_) => Side::DataOnBase,
-            None => Side::Data,
-        };
-        let record = FloatRecord {
-            id,
-            choice,
-            codec,
-            placement,
-            side,
-        };
-        Ok(self.write_floats(header, data, base, &[record])?[0])
-    }
-
-    /// Encodes `records` in one pass over `data` and `base` and writes them. A tensor read a
-    /// window at a time has each plane's chunks kept in a temporary file until the plane
-    /// heads are known; the input, read again, must hash to the content id of what it encodes.
-    fn write_floats(
-        &self,
-        header: &mdl_format::TensorHeader,
-        data: &Content<'_>,
-        base: Option<&Content<'_>>,
-        records: &[FloatRecord<'_>],
-    ) -> Result<Vec<IndexEntry>> {
-        let windowed = data.windowed() || base.is_some_and(Content::windowed);
-        let mut writers = Vec::with_capacity(records.len());
-        for r in records {
-            let with_base = !matches!(r.side, Side::Data);
-            let w = float::PayloadWriter::new(header.dtype, r.choice, with_base)
-                .map_err(|source| Error::Encode { id: r.id, source })?;
-            writers.push((w, Vec::<PlaneChunks>::new()));
-        }
-        // The input, on whichever side it is, is hashed again as it is encoded.
-        let input = [Some(data), base]
-            .into_iter()
-            .flatten()
-            .find_map(|c| match c {
-                Content::Input { input, i, id } => Some((input.pieces[*i].header.hasher(), *id)),
-                _ => None,
-            });
-        let (hasher, expected) = input.unzip();
-        let read = pass(data, base, header.dtype.size(), hasher, &mut |d, b| {
-            for (r, (writer, planes)) in records.iter().zip(&mut writers) {
-                let (x, against) = match r.side {
-                    Side::Data => (d, None),
-                    Side::DataOnBase => (d, b),
-                    Side::BaseOnData => (b.expect("a base"), Some(d)),
-                };
-                let coded = writer
-                    .add(self.engine, x, against)
-                    .map_err(|source| Error::Encode { id: r.id, source })?;
-                if planes.is_empty() {
-                    *planes = (0..coded.len())
-                        .map(|_| PlaneChunks::new(self.repo.store(), windowed))
-                        .collect::<Result<_>>()?;
-                }
-                planes
-                    .iter_mut()
-                    .zip(coded)
-                    .try_for_each(|(p, chunks)| p.push(chunks))?;
-            }
-            Ok(())
-        })?;
-        if let (Some(read), Some(expected)) = (read, expected) {
-            if read != expected {
-                return Err(mdl_store::StoreError::InputChanged(expected).into());
-            }
-        }
-        let mut entries = Vec::with_capacity(records.len());
-        for (r, (writer, mut planes)) in records.iter().zip(writers) {
-            let (head, heads) = writer.finish();
-            let out = self
-                .batch
-                .put_written(&r.id, header, r.codec, r.placement, &mut |w| {
-                    w.write_all(&head)?;
-                    for (h, p) in heads.iter().zip(&mut planes) {
-                        w.write_all(h)?;
-                        p.copy_to(w)?;
-                    }
-                    Ok(())
-                })?;
-            entries.push(out.entry);
-        }
-        Ok(entries)
-    }
-
-    /// How to re-encode the previous version `prev` (already checked by [`Self::base_for`]) as a
-    /// delta against the new tensor `data`, when that saves enough and no other tensor of this
-    /// commit did (`None`: it stays as it is).
-    fn reverse_choice(
-        &self,
-        prev: &ObjectId,
-        prev_entry: &IndexEntry,
-        prev_data: &Content<'_>,
-        data: &Content<'_>,
-        info: &Piece,
-        estimate: &float::Choice,
-    ) -> Result<Option<float::Choice>> {
-        if estimate.size as f64 > prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR)
-            || !self.rewritten.lock().unwrap().insert(*prev)
-        {
-            return Ok(None);
-        }
-        // XOR planes are symmetric; planes taken as they are must be coded from the previous
-        // version's own bytes unless they are stored raw.
-        let dtype = info.header.dtype;
-        let choice = match estimate.transform {
-            Transform::Planes if estimate.reusable_for_swap() => estimate.clone(),
-            Transform::Planes => self.count(
-                *prev,
-                dtype,
-                Count::Masked(estimate.xor_mask),
-                prev_data,
-                data,
-            )?,
-            // The difference changes sign with the roles, and its zigzag symbols with it.
-            Transform::Sub => self.count(*prev, dtype, Count::Sub, prev_data, data)?,
-        };
-        let pays = choice.size as f64 <= prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR);
-        Ok(pays.then_some(choice))
-    }
-}
-
-/// A float record written by [`StoreCtx::write_floats`].
-struct FloatRecord<'c> {
-    id: ObjectId,
-    choice: &'c float::Choice,
-    codec: CodecTag,
-    placement: Placement,
-    side: Side,
-}
-
-/// What a [`FloatRecord`] encodes, of a pass over a tensor (`data`) and another version of it
-/// (`base`).
-#[derive(Clone, Copy)]
-enum Side {
-    /// `data` alone.
-    Data,
-    /// `data` as a delta against `base`.
-    DataOnBase,
-    /// `base` as a delta against `data` (a reverse re-encode).
-    BaseOnData,
-}
-
-/// One plane's coded chunks while a payload is encoded: in memory, or (for a tensor read a
-/// window at a time) in an unnamed temporary file beside the store, gone when dropped.
-enum PlaneChunks {
-    Memory(Vec<Vec<u8>>),
-    File(std::io::BufWriter<std::fs::File>),
-}
-
-impl PlaneChunks {
-    fn new(store: &Store, spill: bool) -> Result<PlaneChunks> {
-        if !spill {
-            return Ok(PlaneChunks::Memory(Vec::new()));
-        }
-        let file = store.spill_file()?;
-        Ok(PlaneChunks::File(std::io::BufWriter::with_capacity(
-            1 << 20,
-            file,
-        )))
-    }
-
-    fn push(&mut self, chunks: Vec<Vec<u8>>) -> Result<()> {
-        match self {
-            PlaneChunks::Memory(v) => v.extend(chunks),
-            PlaneChunks::File(f) => {
-                for c in chunks {
-                    f.write_all(&c)
-                        .map_err(|e| Error::Store(mdl_store::StoreError::Output(e)))?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes the chunks, in order, to `w`.
-    fn copy_to(&mut self, w: &mut dyn Write) -> std::io::Result<()> {
-        match self {
-            PlaneChunks::Memory(v) => v.iter().try_for_each(|c| w.write_all(c)),
-            PlaneChunks::File(f) => {
-                f.flush()?;
-                let file = f.get_mut();
-                file.seek(std::io::SeekFrom::Start(0))?;
-                std::io::copy(file, w).map(drop)
             }
         }
     }
@@ -818,8 +568,31 @@ pub(super) fn previous_content(
     Ok(Arc::new(store.load_tensor(id, entry)?))
 }
 
+/// Whether the previous version `prev` (its index entry `entry`) may be re-encoded as a
+/// reverse delta: it is self-contained, and everything decoding through it stays within the
+/// policy's caps once it is one step deeper (through its new delta and the new whole record).
+/// A store whose records are a cache of a bucket's (`Store::fetches_records`) never re-encodes
+/// one: the bucket would never get the re-encoded record and the cache could never drop it, so
+/// there the new version is stored whole and the previous one stays as the bucket has it.
+pub(super) fn reverse_allowed(
+    store: &Store,
+    meta: &MetaRead,
+    policy: &DeltaPolicy,
+    prev: &ObjectId,
+    entry: &IndexEntry,
+) -> Result<bool> {
+    let budget = policy
+        .max_restore_cost
+        .map_or(u64::MAX, |c| (c * entry.content_len as f64) as u64);
+    let (height, load) = chain_height(meta, prev)?;
+    Ok(!store.fetches_records()
+        && entry.base.is_none()
+        && height < policy.max_depth
+        && load + 2 * entry.stored_len <= budget)
+}
+
 /// The codec of a delta record made with `choice`.
-fn delta_codec(choice: &float::Choice) -> CodecTag {
+pub(super) fn delta_codec(choice: &float::Choice) -> CodecTag {
     match choice.transform {
         Transform::Planes => CodecTag::XorDelta,
         Transform::Sub => CodecTag::SubDelta,

@@ -1,0 +1,273 @@
+//! Deferred reverse deltas (`delta.defer`): a reverse-mode commit stores its new tensors whole
+//! and queues itself in the index (`meta`'s pending table, in the publish transaction); later,
+//! [`run_deferred`] re-encodes the parent's versions of those tensors as deltas against them,
+//! exactly as the commit would have, and publishes the new records with the queue entry's
+//! removal in one transaction. The queue is worked oldest first, so the repository ends in the
+//! same state whoever works it and whenever (right after each commit, or after several).
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use mdl_codec::float;
+use mdl_codec::{CodecTag, SMALL_TENSOR};
+use mdl_format::{Entry, ObjectId, Region};
+use mdl_store::meta::MetaRead;
+use mdl_store::{IndexEntry, ObjectBatch, Placement};
+use serde::{Deserialize, Serialize};
+
+use super::coder::{Coder, FloatRecord, Side};
+use super::content::Content;
+use super::store::{delta_codec, previous_content, reverse_allowed, FLOAT_GAIN_FLOOR};
+use crate::policy::{DeltaMode, DeltaPolicy};
+use crate::previous::Previous;
+use crate::rewrite::{publish_rewrite, Rewrite};
+use crate::warm::WarmTensors;
+use crate::{per_tensor, Repository, Result, BIG_TENSOR};
+
+/// What [`run_deferred`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeferredReport {
+    /// Commits whose deferred re-encodes were worked.
+    pub commits: u64,
+    /// Previous versions re-encoded as reverse deltas.
+    pub rewritten: u64,
+    /// Record bytes the re-encodes saved.
+    pub saved_bytes: u64,
+    /// Commits still queued (when `stop` ended the work early).
+    pub pending: u64,
+}
+
+/// Works the queue of deferred re-encodes, oldest commit first, until it is empty or `stop`
+/// says to stop (asked before each commit's work). Each commit's re-encodes are published in
+/// one transaction with its removal from the queue; a failure or a crash before that leaves it
+/// queued and the repository as it was (unindexed record files, which gc sweeps). `warm` is
+/// the last commit's tensors, where the caller kept them.
+pub fn run_deferred(
+    repo: &Repository,
+    warm: Option<&WarmTensors>,
+    stop: &dyn Fn() -> bool,
+) -> Result<DeferredReport> {
+    let store = repo.store();
+    let mut report = DeferredReport::default();
+    while !stop() {
+        let _writer = repo.writer();
+        let Some((seq, commit)) = store.meta().read()?.pending_first()? else {
+            break;
+        };
+        let policy = DeltaPolicy::from_store(store)?;
+        let batch = store.batch();
+        let rewrites = reencode_parent(repo, &batch, &policy, &commit, warm)?;
+        batch.finish()?;
+        let mut w = store.meta().write()?;
+        for r in &rewrites {
+            publish_rewrite(&mut w, r)?;
+        }
+        w.remove_pending(seq)?;
+        w.commit_txn()?;
+        for r in &rewrites {
+            store.remove_record(&r.id, r.old.generation);
+        }
+        report.commits += 1;
+        report.rewritten += rewrites.len() as u64;
+        report.saved_bytes += rewrites
+            .iter()
+            .map(|r| r.old.stored_len.saturating_sub(r.new.stored_len))
+            .sum::<u64>();
+        tracing::info!(%commit, rewritten = rewrites.len(), "deferred re-encode");
+    }
+    report.pending = store.meta().read()?.pending_count()?;
+    Ok(report)
+}
+
+/// One tensor of a queued commit and its parent's version, to be re-encoded against it.
+struct Pair<'m> {
+    new: &'m Entry,
+    new_entry: IndexEntry,
+    prev: ObjectId,
+    prev_entry: IndexEntry,
+}
+
+/// Re-encodes, into `batch`, the previous versions of `commit`'s tensors that a reverse-mode
+/// commit would have re-encoded against them; nothing when the commit or its parent is gone.
+fn reencode_parent(
+    repo: &Repository,
+    batch: &ObjectBatch<'_>,
+    policy: &DeltaPolicy,
+    commit: &ObjectId,
+    warm: Option<&WarmTensors>,
+) -> Result<Vec<Rewrite>> {
+    let store = repo.store();
+    if policy.mode != DeltaMode::Reverse {
+        return Ok(Vec::new());
+    }
+    let parent = {
+        let meta = store.meta().read()?;
+        if meta.object(commit)?.is_none() {
+            return Ok(Vec::new());
+        }
+        match repo.load_commit(commit)?.parents.first() {
+            Some(p) if meta.object(p)?.is_some() => *p,
+            _ => return Ok(Vec::new()),
+        }
+    };
+    let manifest = repo.load_manifest(&repo.load_commit(commit)?.manifest)?;
+    let parent_manifest = repo.load_manifest(&repo.load_commit(&parent)?.manifest)?;
+    let previous = Previous::of(Some(&parent_manifest));
+    // The pairs, in manifest order; a previous version is re-encoded once, against the first
+    // tensor that names it.
+    let mut pairs = Vec::new();
+    let mut claimed = HashSet::new();
+    {
+        let meta = store.meta().read()?;
+        for file in &manifest.files {
+            for region in &file.regions {
+                let Region::Tensor(new) = region else {
+                    continue;
+                };
+                if let Some(pair) = pair_of(repo, &meta, policy, &previous, &file.path, new)? {
+                    if claimed.insert(pair.prev) {
+                        pairs.push(pair);
+                    }
+                }
+            }
+        }
+    }
+    let coder = Coder {
+        repo,
+        batch,
+        engine: store.engine(),
+    };
+    let done = per_tensor(
+        &pairs,
+        |p| p.new_entry.content_len,
+        |p| reencode(&coder, p, warm),
+    )?;
+    Ok(done.into_iter().flatten().collect())
+}
+
+/// The pair of tensor `new` (of file `path`) with its previous version, if a reverse-mode
+/// commit would have tried re-encoding that one against it: a float tensor stored exactly and
+/// whole, a previous version of the same header that is stored exactly and self-contained, and
+/// a chain the policy lets grow.
+fn pair_of<'m>(
+    repo: &Repository,
+    meta: &MetaRead,
+    policy: &DeltaPolicy,
+    previous: &Previous<'_>,
+    path: &str,
+    new: &'m Entry,
+) -> Result<Option<Pair<'m>>> {
+    let header = &new.header;
+    if !float::supports(header.dtype) {
+        return Ok(None);
+    }
+    let Some(prev) = previous.get(path, &new.name) else {
+        return Ok(None);
+    };
+    if prev.header != *header || prev.id == new.id {
+        return Ok(None);
+    }
+    let (Some(new_entry), Some(prev_entry)) = (meta.object(&new.id)?, meta.object(&prev.id)?)
+    else {
+        return Ok(None);
+    };
+    let exact = |e: &IndexEntry| {
+        matches!(
+            CodecTag::try_from(e.codec),
+            Ok(CodecTag::FloatSplit | CodecTag::MantissaTrim | CodecTag::Raw | CodecTag::Zstd)
+        )
+    };
+    if new_entry.content_len < SMALL_TENSOR
+        || !exact(&new_entry)
+        || new_entry.base.is_some()
+        || !exact(&prev_entry)
+    {
+        return Ok(None);
+    }
+    if !reverse_allowed(repo.store(), meta, policy, &prev.id, &prev_entry)? {
+        return Ok(None);
+    }
+    Ok(Some(Pair {
+        new,
+        new_entry,
+        prev: prev.id,
+        prev_entry,
+    }))
+}
+
+/// Re-encodes one previous version against its new one, when that pays (the commit's rule).
+fn reencode(
+    coder: &Coder<'_>,
+    p: &Pair<'_>,
+    warm: Option<&WarmTensors>,
+) -> Result<Option<Rewrite>> {
+    let store = coder.repo.store();
+    let header = &p.new.header;
+    // Large tensors a window at a time, as a commit reads them; the rest in memory.
+    let windowed = p.new_entry.content_len >= BIG_TENSOR;
+    let held = |id: &ObjectId, entry: &IndexEntry| -> Result<Option<std::sync::Arc<Vec<u8>>>> {
+        if windowed {
+            return Ok(None);
+        }
+        previous_content(store, warm, id, entry).map(Some)
+    };
+    let (new_bytes, prev_bytes) = (
+        held(&p.new.id, &p.new_entry)?,
+        held(&p.prev, &p.prev_entry)?,
+    );
+    let data = match &new_bytes {
+        Some(b) => Content::Memory(b.as_slice()),
+        None => Content::Stored {
+            store,
+            id: p.new.id,
+            entry: p.new_entry,
+        },
+    };
+    let base = match &prev_bytes {
+        Some(b) => Content::Memory(b.as_slice()),
+        None => Content::Stored {
+            store,
+            id: p.prev,
+            entry: p.prev_entry,
+        },
+    };
+    let analysis = coder.analyze(p.new.id, header.dtype, &data, Some(&base), None)?;
+    let Some(delta) = analysis.best_delta() else {
+        return Ok(None);
+    };
+    // Where the float codecs barely help even as a delta, the commit stores the tensor as raw
+    // or zstd and re-encodes nothing.
+    if delta.size as f64 > p.new_entry.content_len as f64 * (1.0 - FLOAT_GAIN_FLOOR) {
+        return Ok(None);
+    }
+    let rewritten = Mutex::new(HashSet::new());
+    let Some(choice) = coder.reverse_choice(
+        &p.prev,
+        &p.prev_entry,
+        &base,
+        &data,
+        header.dtype,
+        delta,
+        &rewritten,
+    )?
+    else {
+        return Ok(None);
+    };
+    let again = FloatRecord {
+        id: p.prev,
+        choice: &choice,
+        codec: delta_codec(&choice),
+        placement: Placement {
+            generation: p.prev_entry.generation + 1,
+            base: Some(p.new.id),
+            depth: p.new_entry.depth + 1,
+        },
+        side: Side::BaseOnData,
+    };
+    let entries = coder.write_floats(header, &data, Some(&base), &[again])?;
+    Ok(Some(Rewrite {
+        id: p.prev,
+        old: p.prev_entry,
+        new: entries[0],
+    }))
+}
