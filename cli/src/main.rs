@@ -1,7 +1,7 @@
 //! The `mdl` binary: parses arguments, runs one library operation, prints human or JSON output.
 
 use std::io::{self, IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -159,6 +159,15 @@ enum Command {
         /// (never anything the index names).
         #[arg(long)]
         repair: bool,
+    },
+    /// Do what commits left for later: re-encode previous versions as reverse deltas against
+    /// their new versions (`delta.defer`), oldest commit first. A commit that leaves such work
+    /// starts `mdl maintenance --background` itself (not with MDL_NO_BACKGROUND set).
+    Maintenance {
+        /// Give way to other writers: exit if the repository stays in use for 5 seconds, and
+        /// stop between commits when a writer is waiting (what is left stays queued).
+        #[arg(long)]
+        background: bool,
     },
     /// Re-encode long delta chains so no tensor needs more than D decode steps (ids unchanged;
     /// with -C s3://…, in this machine's copy, which is where checkouts decode).
@@ -462,6 +471,28 @@ fn use_engine(cli: &Cli, repo: &mut Repository, choice: Option<&str>) -> anyhow:
     Ok(())
 }
 
+/// Starts `mdl maintenance --background` on the repository at `root`, detached from this
+/// process (its own process group, no terminal I/O), to do what a commit left for later while
+/// the caller goes on. If it cannot start, the work stays queued for the next one.
+fn start_maintenance(root: &Path) {
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    let started = std::env::current_exe().and_then(|exe| {
+        std::process::Command::new(exe)
+            .arg("-C")
+            .arg(root)
+            .args(["maintenance", "--background"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+    });
+    if let Err(e) = started {
+        tracing::warn!("cannot start `mdl maintenance` in the background: {e}");
+    }
+}
+
 /// The lock a command needs: exclusive when it writes.
 fn lock_mode(writes: bool) -> LockMode {
     if writes {
@@ -524,6 +555,36 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             use_engine(cli, &mut repo, args.engine.as_deref())?;
             let outcome = mdl::commit::commit_paths(&repo, &args.paths, &opts, &bar)?;
             output::commit(out, cli.json, &outcome)?;
+            if mdl::commit::pending_deferred(&repo)? > 0
+                && std::env::var_os("MDL_NO_BACKGROUND").is_none()
+            {
+                start_maintenance(repo.root());
+            }
+        }
+        Command::Maintenance { background } => {
+            let mode = LockMode::Write;
+            let repo = if *background {
+                // The commit that started this one is closing; another writer at work starts
+                // its own maintenance when it is done.
+                let dir = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
+                let opts = OpenOptions {
+                    mode,
+                    wait: Duration::from_secs(5),
+                    purpose,
+                    ..OpenOptions::default()
+                };
+                match Repository::open(&dir, &opts) {
+                    Err(mdl::Error::Store(mdl::StoreError::Busy { .. })) => {
+                        return Ok(ExitCode::SUCCESS)
+                    }
+                    r => r?,
+                }
+            } else {
+                open(cli, mode, purpose)?
+            };
+            let stop = || *background && mdl::commit::writer_waiting(&repo);
+            let report = mdl::commit::run_deferred(&repo, None, &stop)?;
+            output::maintenance(out, cli.json, &report)?;
         }
         Command::Checkout {
             rev,

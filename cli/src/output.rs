@@ -5,6 +5,7 @@ use std::path::Path;
 
 use mdl::checkout::CheckoutOutcome;
 use mdl::commit::CommitOutcome;
+use mdl::commit::DeferredReport;
 use mdl::compact::CompactOutcome;
 use mdl::diff::{Change, Diff, FileChange, TensorDiff};
 use mdl::fsck::{Rebuilt, Report};
@@ -638,6 +639,24 @@ pub fn fsck(
         )?;
     }
     Ok(())
+}
+
+pub fn maintenance(out: &mut dyn Write, json: bool, r: &DeferredReport) -> io::Result<()> {
+    if json {
+        return emit(out, r);
+    }
+    writeln!(
+        out,
+        "re-encoded {} previous versions of {} commits as reverse deltas, {} saved{}",
+        r.rewritten,
+        r.commits,
+        size(r.saved_bytes),
+        if r.pending > 0 {
+            format!("; {} commits still queued", r.pending)
+        } else {
+            String::new()
+        }
+    )
 }
 
 pub fn compact(out: &mut dyn Write, json: bool, c: &CompactOutcome) -> io::Result<()> {

@@ -239,6 +239,10 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
         Command::Log { all: true, .. } => {
             bail!("log --all runs where the repository is; over HTTP, name a branch or tag")
         }
+        Command::Maintenance { .. } => bail!(
+            "maintenance runs where the repository is; {} serves it (stop `mdl serve` to run it locally)",
+            remote.url()
+        ),
         Command::Init { .. }
         | Command::Reset { .. }
         | Command::Reflog { .. }

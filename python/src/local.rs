@@ -135,13 +135,17 @@ impl Repo {
             engine: Arc::new(OnceLock::new()),
         };
         let for_commits = opener.clone();
-        Repo {
-            opener,
-            committer: Committer::storing(
-                move |staged, opts| for_commits.store(staged, opts).map_err(|e| e.to_string()),
-                warm_bytes,
-            ),
+        let mut committer = Committer::storing(
+            move |staged, opts| for_commits.store(staged, opts).map_err(|e| e.to_string()),
+            warm_bytes,
+        );
+        // A repository on disk gets its deferred re-encodes (`delta.defer`) worked after each
+        // commit; a replica of a bucket's never defers one (its records are the bucket's).
+        if let At::Disk(root) = &opener.at {
+            let (for_deferred, root) = (opener.clone(), root.clone());
+            committer = committer.working_deferred(move || for_deferred.writer(&root));
         }
+        Repo { opener, committer }
     }
 
     /// Runs `f` on the repository opened with `mode`, the interpreter released.

@@ -1,4 +1,4 @@
-//! `mdl compact` and `mdl gc` through the binary: SIGKILL at random instants (the repository
+//! `mdl compact`, `mdl gc` and `mdl maintenance` through the binary: SIGKILL at random instants (the repository
 //! stays sound and every commit checks out as before), commits racing gc in two processes and
 //! through the server, and the maintenance routes.
 
@@ -218,6 +218,79 @@ fn compact_crash_test(iterations: u64) {
     let report = json(d, &["fsck"]);
     assert!(report["longest_chain"].as_u64().unwrap() <= 1);
     assert!(killed > 0, "no kill landed inside a compaction");
+}
+
+/// Deferred re-encodes (`delta.defer`): `mdl maintenance` SIGKILLed at random instants never
+/// corrupts, and a last run leaves nothing queued and the chains eager commits would make.
+#[test]
+fn sigkill_during_deferred_reencode_never_corrupts() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+    ok(d, &["config", "delta.defer", "true"]);
+    let file = d.join("ckpt.safetensors");
+    // Commits queue their re-encodes; the test runs (and kills) the maintenance itself.
+    let commit = |n: u64| {
+        checkpoint(&file, n, true);
+        let out = Command::new(mdl_bin())
+            .arg("-C")
+            .arg(d)
+            .args(["--json", "commit", file.to_str().unwrap()])
+            .env("MDL_NO_BACKGROUND", "1")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        id_of(&serde_json::from_slice(&out.stdout).unwrap())
+    };
+    let mut crashes = Crashes {
+        d,
+        committed: (0..6).map(|n| (commit(n), n)).collect(),
+    };
+    let killed = crashes.run(crash_iterations(12), &["maintenance"], commit, |_| {
+        vec!["maintenance".into()]
+    });
+    assert_eq!(json(d, &["maintenance"])["pending"], 0);
+    assert!(killed > 0, "no kill landed inside a maintenance");
+    // Every commit's re-encodes were done in the end: one chain through all of them, up to
+    // delta.max_depth (16).
+    let report = json(d, &["fsck"]);
+    let commits = crashes.committed.len() as u64;
+    assert_eq!(report["longest_chain"], (commits - 1).min(16), "{report}");
+}
+
+/// A commit with re-encodes to defer starts `mdl maintenance --background`, which does them
+/// without anyone asking: the repository ends with the chain eager commits would have made.
+#[test]
+fn a_deferring_commit_starts_its_maintenance() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+    ok(d, &["config", "delta.defer", "true"]);
+    let file = d.join("ckpt.safetensors");
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        checkpoint(&file, n, true);
+        ids.push(id_of(&json(d, &["commit", file.to_str().unwrap()])));
+    }
+    // Nobody here runs maintenance: the chain can only come from the background runs.
+    let t = Instant::now();
+    loop {
+        let r = mdl(d, &["--json", "--wait", "0", "fsck"]);
+        let report: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap_or_default();
+        if report["longest_chain"] == 3 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "never re-encoded: {report}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(json(d, &["maintenance"])["pending"], 0);
+    assert_fsck_clean(d);
+    for (n, id) in ids.iter().enumerate() {
+        assert_checkout(d, id, n as u64);
+    }
 }
 
 #[test]

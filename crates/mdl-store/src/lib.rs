@@ -33,7 +33,7 @@ mod values;
 pub use error::{DbError, StoreError};
 pub use files::INCOMING_DIR;
 pub use fs::{RealFs, Storage};
-pub use lock::{LockMode, RepoLock};
+pub use lock::{writer_waiting, LockMode, RepoLock};
 pub use meta::{CommitSummary, Expired, IndexEntry, Meta, RefValue, ReflogEntry};
 pub use objects::{
     zeroed, ObjectBatch, Placement, PutOutcome, TensorWindows, MAX_CHAIN, WINDOW_CHUNKS,

@@ -10,6 +10,14 @@ use crate::StoreError;
 
 /// The lock file inside `.mdl`.
 pub const LOCK_FILE: &str = "lock";
+/// Beside it while a writer waits for the lock: work that gives way to writers (deferred
+/// re-encodes in the background) stops at its next step when it sees this.
+pub const WANTED_FILE: &str = "lock.wanted";
+
+/// Whether a writer of the repository at `dir` (the `.mdl` directory) is waiting for the lock.
+pub fn writer_waiting(dir: &Path) -> bool {
+    dir.join(WANTED_FILE).exists()
+}
 
 /// How a process uses the repository.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +90,20 @@ impl RepoLock {
         })?;
         let start = Instant::now();
         let mut told = false;
+        let wanted = dir.join(WANTED_FILE);
+        // A writer that has to wait says so (every try, in case another waiter took the lock and
+        // removed the note), and removes the note once it has the lock or gives up.
+        let waiting = |yes: bool| {
+            if mode != LockMode::Write {
+                return;
+            }
+            if yes && !wanted.exists() {
+                let _ = File::create(&wanted);
+            } else if !yes {
+                let _ = std::fs::remove_file(&wanted);
+            }
+        };
+        let mut waited_at_all = false;
         loop {
             let attempt = match mode {
                 LockMode::Write => file.try_lock(),
@@ -92,6 +114,9 @@ impl RepoLock {
                 Err(TryLockError::WouldBlock) => {
                     let waited = start.elapsed();
                     if waited >= wait {
+                        if waited_at_all {
+                            waiting(false);
+                        }
                         return Err(StoreError::Busy {
                             holder: holder(&mut file),
                             waited_secs: waited.as_secs(),
@@ -101,6 +126,8 @@ impl RepoLock {
                         tracing::warn!("waiting for the repository, held by {}", holder(&mut file));
                         told = true;
                     }
+                    waiting(true);
+                    waited_at_all = true;
                     std::thread::sleep(
                         Duration::from_millis(25)
                             .min(wait.saturating_sub(waited))
@@ -115,6 +142,9 @@ impl RepoLock {
                     });
                 }
             }
+        }
+        if waited_at_all {
+            waiting(false);
         }
         if mode == LockMode::Write {
             // Record who holds the repository for anyone who has to wait. The lock file is not

@@ -14,10 +14,14 @@
 //! keeps between commits is the last commit's tensors ([`WarmTensors`], within a budget), so
 //! the next commit's deltas need not decode their bases from the store again.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use crate::commit::{check_metrics, commit_staged, CommitOptions, CommitOutcome, Staged};
+use crate::commit::{
+    check_metrics, commit_staged, pending_deferred, run_deferred, CommitOptions, CommitOutcome,
+    Staged,
+};
 use crate::warm::{WarmTensors, DEFAULT_WARM_BYTES};
 use crate::{Error, NoProgress, Repository, Result};
 
@@ -67,9 +71,17 @@ impl Handle {
 pub type Store =
     dyn Fn(Staged, &CommitOptions) -> std::result::Result<CommitOutcome, String> + Send + Sync;
 
+/// Work done on the committer's thread after a commit lands (the deferred re-encodes), given
+/// the commit's options and a flag that asks it to stop (set when the next commit is submitted).
+pub type After = dyn Fn(&CommitOptions, &AtomicBool) + Send + Sync;
+
 /// Runs staged commits on a background thread, one at a time.
 pub struct Committer {
     store: Arc<Store>,
+    /// What runs after each commit that landed.
+    after: Option<Arc<After>>,
+    /// Asks the work after a commit to stop (a new commit is waiting).
+    stop: Arc<AtomicBool>,
     slot: Mutex<Slot>,
     /// The last commit's tensors, for the next commit's deltas.
     warm: Arc<WarmTensors>,
@@ -93,14 +105,44 @@ impl Committer {
         open: impl Fn() -> Result<Repository> + Send + Sync + 'static,
         warm_bytes: u64,
     ) -> Committer {
+        let open = Arc::new(open);
+        let for_commits = open.clone();
         Committer::storing(
             move |staged, opts| {
-                open()
+                for_commits()
                     .and_then(|repo| commit_staged(&repo, staged, opts, &NoProgress))
                     .map_err(|e| e.to_string())
             },
             warm_bytes,
         )
+        .working_deferred(move || open())
+    }
+
+    /// Also works the repository's deferred re-encodes ([`run_deferred`], `delta.defer`) after
+    /// each commit lands, on the committer's thread, in the repository `open` opens for
+    /// writing, with the commit's tensors still warm. Submitting the next commit asks the work
+    /// to stop after the commit it is on (what is left stays queued for the next turn);
+    /// [`Committer::finish`] and dropping the committer let it run to the end. A failure there
+    /// is logged, not reported: the commit itself landed, and its re-encode stays queued.
+    pub fn working_deferred(
+        mut self,
+        open: impl Fn() -> Result<Repository> + Send + Sync + 'static,
+    ) -> Committer {
+        self.after = Some(Arc::new(move |opts: &CommitOptions, stop: &AtomicBool| {
+            let worked = open().and_then(|repo| {
+                if pending_deferred(&repo)? == 0 {
+                    return Ok(());
+                }
+                run_deferred(&repo, opts.warm.as_deref(), &|| {
+                    stop.load(Ordering::Relaxed)
+                })
+                .map(drop)
+            });
+            if let Err(e) = worked {
+                tracing::warn!("deferred re-encode after a commit: {e}");
+            }
+        }));
+        self
     }
 
     /// A committer whose commits `store` stores, keeping up to `warm_bytes` of the last
@@ -114,6 +156,8 @@ impl Committer {
     ) -> Committer {
         Committer {
             store: Arc::new(store),
+            after: None,
+            stop: Arc::new(AtomicBool::new(false)),
             slot: Mutex::new(Slot::default()),
             warm: Arc::new(WarmTensors::new(warm_bytes)),
         }
@@ -127,7 +171,9 @@ impl Committer {
         opts.warm.get_or_insert_with(|| self.warm.clone());
         let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((before, thread)) = slot.pending.take() {
+            self.stop.store(true, Ordering::Relaxed);
             let _ = thread.join();
+            self.stop.store(false, Ordering::Relaxed);
             before.wait()?;
         }
         let handle = Handle(Arc::new(Shared {
@@ -135,15 +181,25 @@ impl Committer {
             ready: Condvar::new(),
         }));
         let (store, done) = (self.store.clone(), handle.clone());
+        let (after, stop) = (self.after.clone(), self.stop.clone());
         let thread = std::thread::Builder::new()
             .name("mdl-commit".into())
             .spawn(move || {
                 let run =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store(staged, &opts)));
+                let landed = matches!(run, Ok(Ok(_)));
                 done.set(match run {
                     Ok(outcome) => outcome,
                     Err(_) => Err("the background commit panicked".into()),
                 });
+                if let Some(after) = after.filter(|_| landed) {
+                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        after(&opts, &stop)
+                    }));
+                    if run.is_err() {
+                        tracing::warn!("the work after a commit panicked");
+                    }
+                }
             })
             .map_err(|e| Error::Background(format!("cannot start a commit thread: {e}")))?;
         slot.pending = Some((handle.clone(), thread));

@@ -48,6 +48,11 @@ fn opts(step: u64, lossy: bool) -> CommitOptions {
 
 fn series(root: &Path, warm_bytes: u64, lossy: bool, steps: u64) -> Vec<CommitOutcome> {
     Repository::init(root).unwrap();
+    series_in(root, warm_bytes, lossy, steps)
+}
+
+/// [`series`] in a repository that exists.
+fn series_in(root: &Path, warm_bytes: u64, lossy: bool, steps: u64) -> Vec<CommitOutcome> {
     let at = root.to_path_buf();
     let committer = Committer::keeping(
         move || Repository::open(&at, &OpenOptions::default()),
@@ -165,4 +170,29 @@ fn a_warm_commit_does_not_read_its_parents_records() {
         .unwrap()
         .wait();
     assert!(failed.is_err());
+}
+
+/// A committer into a repository that defers its reverse deltas (`delta.defer`) does the
+/// re-encodes itself after each commit, with the commit's tensors warm: once it is done, the
+/// repository holds what eager commits store.
+#[test]
+fn a_committer_works_its_deferred_reencodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (eager, deferred) = (dir.path().join("eager"), dir.path().join("deferred"));
+    let a = series(&eager, 1 << 30, false, 4);
+    let repo = Repository::init(&deferred).unwrap();
+    mdl::config::set_config(&repo, "delta.defer", "true").unwrap();
+    drop(repo);
+    // The committer is dropped at the end of the series: that waits for its work.
+    let b = series_in(&deferred, 1 << 30, false, 4);
+    let tensors = |root: &Path, o: &[CommitOutcome]| -> Vec<Vec<(String, String)>> {
+        layout(root, o).into_iter().map(|(_, t)| t).collect()
+    };
+    assert_eq!(tensors(&eager, &a), tensors(&deferred, &b));
+    assert!(tensors(&deferred, &b)
+        .iter()
+        .flatten()
+        .any(|(_, c)| c.ends_with("-delta")));
+    let repo = Repository::open(&deferred, &OpenOptions::default()).unwrap();
+    assert_eq!(mdl::commit::pending_deferred(&repo).unwrap(), 0);
 }

@@ -79,6 +79,17 @@ pub fn run_deferred(
     Ok(report)
 }
 
+/// How many commits' deferred re-encodes are queued.
+pub fn pending_deferred(repo: &Repository) -> Result<u64> {
+    Ok(repo.store().meta().read()?.pending_count()?)
+}
+
+/// Whether another process is waiting to write the repository: what background work that
+/// gives way to writers asks between its steps.
+pub fn writer_waiting(repo: &Repository) -> bool {
+    mdl_store::writer_waiting(repo.store().dir())
+}
+
 /// One tensor of a queued commit and its parent's version, to be re-encoded against it.
 struct Pair<'m> {
     new: &'m Entry,

@@ -40,7 +40,7 @@ mod eval;
 mod store;
 
 use coder::Coder;
-pub use deferred::{run_deferred, DeferredReport};
+pub use deferred::{pending_deferred, run_deferred, writer_waiting, DeferredReport};
 use eval::evaluate_candidate;
 use store::{previous_content, previous_object, StoreCtx, Stored};
 
