@@ -7,6 +7,8 @@ For each corpus series (a directory of safetensors checkpoints, committed in nam
   commit (verified byte for byte; the newest against `zstd -d` and `cp` of the same file), then
   commits the series again with --lossy. `zstd -3 -T2` and
   `lmz compress -j 2` compress the same files, one at a time, from the same tmpfs.
+- Deferred: the series again with `delta.defer=true` (commits alone, then one `mdl maintenance`;
+  and beside the background maintenance each commit starts), with the ratio afterwards.
 - Durable: the disk's fsync bandwidth (`dd conv=fsync` of random data, same run), then the
   lossless series committed into a repository on that disk; the target is 80 % of
   bandwidth × stored ratio.
@@ -36,10 +38,27 @@ def run(cmd, **kw):
     return r.stdout
 
 
-def timed(cmd):
+def timed(cmd, env=None):
     t = time.perf_counter()
-    out = run(cmd)
+    out = run(cmd, env=env)
     return time.perf_counter() - t, out
+
+
+def deferred_series(mdl, repo, files, config):
+    """The series with `delta.defer=true`: each commit alone (no background maintenance), then
+    one `mdl maintenance` doing every queued re-encode; then the series again with the
+    background maintenance each commit starts, waited for at the end. Returns the commits' MB/s,
+    the maintenance's seconds, the ratio afterwards (from `mdl stats`), and the MB/s of the
+    commits beside their background maintenance."""
+    quiet = dict(os.environ, MDL_NO_BACKGROUND="1")
+    cfg = [*config, "delta.defer=true"]
+    _r, speed, _m, _t = mdl_series(mdl, repo, files, [], cfg, env=quiet)
+    dt, _ = timed([mdl, "-C", repo, "maintenance"])
+    stats = json.loads(run([mdl, "-C", repo, "--json", "stats"]))
+    ratio = stats["raw_bytes"] / stats["stored_bytes"]
+    _r, beside, _m, _t = mdl_series(mdl, repo, files, [], cfg)
+    run([mdl, "-C", repo, "maintenance"])  # waits for the last background run
+    return speed, dt, ratio, beside
 
 
 def size_of(path):
@@ -48,7 +67,7 @@ def size_of(path):
     return os.path.getsize(path)
 
 
-def mdl_series(mdl, repo, files, flags, config):
+def mdl_series(mdl, repo, files, flags, config, env=None):
     """Commits `files` into a fresh repository: (ratio, total MB/s, median MB/s, seconds each)."""
     shutil.rmtree(repo, ignore_errors=True)
     run([mdl, "init", repo])
@@ -58,7 +77,7 @@ def mdl_series(mdl, repo, files, flags, config):
     raw = stored = 0
     times = []
     for f in files:
-        dt, out = timed([mdl, "-C", repo, "--json", "commit", f, *flags])
+        dt, out = timed([mdl, "-C", repo, "--json", "commit", f, *flags], env=env)
         o = json.loads(out)
         raw += o["raw_bytes"]
         stored += o["stored_bytes"]
@@ -161,6 +180,11 @@ def main():
             r = {}
             r["ratio"], r["commit"], r["commit_med"], _t = mdl_series(mdl, repo, files, [], a.config)
             r["newest"], r["oldest"] = mdl_checkouts(mdl, repo, files, verify=True)
+            stats = json.loads(run([mdl, "-C", repo, "--json", "stats"]))
+            r["stats_ratio"] = stats["raw_bytes"] / stats["stored_bytes"]
+            r["deferred"], r["maintenance_s"], r["deferred_ratio"], r["beside"] = deferred_series(
+                mdl, repo + "-deferred", files, a.config)
+            shutil.rmtree(repo + "-deferred", ignore_errors=True)
             r["zstd_d"], r["cp"] = read_baselines(files[-1])
             r["lossy_ratio"] = r["lossy"] = r["lossy_med"] = float("nan")
             if "lossy" not in skip:
@@ -201,6 +225,18 @@ def main():
         if lmz:
             line += f" {r['lmz_ratio']:.3f} | {r['lmz']:.0f} | {r['commit'] / r['lmz']:.2f}× |"
         print(line)
+    print()
+    print("Deferred reverse deltas (`delta.defer=true`): the commits alone, the one `mdl maintenance` "
+          "after them, the ratio then (`mdl stats`, against the eager series' own), and the commits "
+          "again beside the background maintenance each one starts.")
+    print()
+    print("| series | deferred commit MB/s | / zstd | maintenance s | ratio after / eager "
+          "| commit beside background MB/s | / zstd |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['deferred']:.0f} | **{r['deferred'] / r['zstd']:.2f}×** "
+              f"| {r['maintenance_s']:.2f} | {r['deferred_ratio']:.3f} / {r['stats_ratio']:.3f} "
+              f"| {r['beside']:.0f} | {r['beside'] / r['zstd']:.2f}× |")
     print()
     print("| series | checkout newest MB/s | zstd -d MB/s | newest / zstd -d | cp MB/s "
           "| newest / cp | oldest MB/s | newest / oldest |")

@@ -205,6 +205,7 @@ fn json_output_only_ever_gains_fields() {
         "compact",
         run_json(&repo, &["compact", "--max-depth", "1"], None),
     );
+    record("maintenance", run_json(&repo, &["maintenance"], None));
     record(
         "gc",
         run_json(&repo, &["gc", "--prune-older-than", "0s"], None),

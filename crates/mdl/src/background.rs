@@ -12,15 +12,18 @@
 //! Each commit opens the repository for itself and closes it when done, so a long-lived
 //! process (a training run) holds the repository's lock only while a commit is stored. What it
 //! keeps between commits is the last commit's tensors ([`WarmTensors`], within a budget), so
-//! the next commit's deltas need not decode their bases from the store again.
+//! the next commit's deltas need not decode their bases from the store again. Where the
+//! repository defers its reverse re-encodes (`delta.defer`), the committer's thread does them
+//! after each commit has landed ([`Committer::working_deferred`]): a commit waited for costs what
+//! a first commit costs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::commit::{
-    check_metrics, commit_staged, pending_deferred, run_deferred, CommitOptions, CommitOutcome,
-    Staged,
+    check_metrics, commit_staged, pending_deferred, run_deferred, writer_waiting, CommitOptions,
+    CommitOutcome, Staged,
 };
 use crate::warm::{WarmTensors, DEFAULT_WARM_BYTES};
 use crate::{Error, NoProgress, Repository, Result};
@@ -120,8 +123,9 @@ impl Committer {
 
     /// Also works the repository's deferred re-encodes ([`run_deferred`], `delta.defer`) after
     /// each commit lands, on the committer's thread, in the repository `open` opens for
-    /// writing, with the commit's tensors still warm. Submitting the next commit asks the work
-    /// to stop after the commit it is on (what is left stays queued for the next turn);
+    /// writing, with the commit's tensors still warm. Submitting the next commit, or another
+    /// process waiting to write, asks the work to stop after the commit it is on (what is left
+    /// stays queued for the next turn);
     /// [`Committer::finish`] and dropping the committer let it run to the end. A failure there
     /// is logged, not reported: the commit itself landed, and its re-encode stays queued.
     pub fn working_deferred(
@@ -133,10 +137,8 @@ impl Committer {
                 if pending_deferred(&repo)? == 0 {
                     return Ok(());
                 }
-                run_deferred(&repo, opts.warm.as_deref(), &|| {
-                    stop.load(Ordering::Relaxed)
-                })
-                .map(drop)
+                let stop = || stop.load(Ordering::Relaxed) || writer_waiting(&repo);
+                run_deferred(&repo, opts.warm.as_deref(), &stop).map(drop)
             });
             if let Err(e) = worked {
                 tracing::warn!("deferred re-encode after a commit: {e}");
