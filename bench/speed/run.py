@@ -3,15 +3,16 @@
 For each corpus series (a directory of safetensors checkpoints, committed in name order):
 
 - CPU-bound: inputs, repository and outputs on tmpfs (/dev/shm). mdl commits the series
-  losslessly (each commit timed as the whole process), checks out the newest and the oldest
+  losslessly with eager reverse deltas (`delta.defer=false`; each commit timed as the whole
+  process), checks out the newest and the oldest
   commit (verified byte for byte; the newest against `zstd -d` and `cp` of the same file), then
   commits the series again with --lossy. `zstd -3 -T2` and
   `lmz compress -j 2` compress the same files, one at a time, from the same tmpfs.
 - Deferred: the series again with `delta.defer=true` (commits alone, then one `mdl maintenance`;
   and beside the background maintenance each commit starts), with the ratio afterwards.
 - Durable: the disk's fsync bandwidth (`dd conv=fsync` of random data, same run), then the
-  lossless series committed into a repository on that disk; the target is 80 % of
-  bandwidth × stored ratio.
+  lossless series committed into a repository on that disk, eager and deferred (commits alone);
+  the target is 80 % of bandwidth × stored ratio.
 
 Prints markdown tables: per series the ratio, total MB/s of input (all commits) and the median
 per-commit MB/s, and speed ratios against the peers.
@@ -44,20 +45,21 @@ def timed(cmd, env=None):
     return time.perf_counter() - t, out
 
 
+QUIET = dict(os.environ, MDL_NO_BACKGROUND="1")
+
+
 def deferred_series(mdl, repo, files, config):
     """The series with `delta.defer=true`: each commit alone (no background maintenance), then
     one `mdl maintenance` doing every queued re-encode; then the series again with the
     background maintenance each commit starts, waited for at the end. Returns the commits' MB/s,
     the maintenance's seconds, the ratio afterwards (from `mdl stats`), and the MB/s of the
     commits beside their background maintenance."""
-    quiet = dict(os.environ, MDL_NO_BACKGROUND="1")
     cfg = [*config, "delta.defer=true"]
-    _r, speed, _m, _t = mdl_series(mdl, repo, files, [], cfg, env=quiet)
+    _r, speed, _m, _t = mdl_series(mdl, repo, files, [], cfg, env=QUIET, settle=False)
     dt, _ = timed([mdl, "-C", repo, "maintenance"])
     stats = json.loads(run([mdl, "-C", repo, "--json", "stats"]))
     ratio = stats["raw_bytes"] / stats["stored_bytes"]
     _r, beside, _m, _t = mdl_series(mdl, repo, files, [], cfg)
-    run([mdl, "-C", repo, "maintenance"])  # waits for the last background run
     return speed, dt, ratio, beside
 
 
@@ -67,23 +69,28 @@ def size_of(path):
     return os.path.getsize(path)
 
 
-def mdl_series(mdl, repo, files, flags, config, env=None):
-    """Commits `files` into a fresh repository: (ratio, total MB/s, median MB/s, seconds each)."""
+def mdl_series(mdl, repo, files, flags, config, env=None, settle=True):
+    """Commits `files` into a fresh repository: (ratio, total MB/s, median MB/s, seconds each).
+    With `settle`, `mdl maintenance` first does what the commits deferred (ratio: `mdl stats`)."""
     shutil.rmtree(repo, ignore_errors=True)
     run([mdl, "init", repo])
     for kv in config:
         k, v = kv.split("=", 1)
         run([mdl, "-C", repo, "config", k, v])
-    raw = stored = 0
+    raw = 0
     times = []
     for f in files:
         dt, out = timed([mdl, "-C", repo, "--json", "commit", f, *flags], env=env)
-        o = json.loads(out)
-        raw += o["raw_bytes"]
-        stored += o["stored_bytes"]
+        raw += json.loads(out)["raw_bytes"]
         times.append(dt)
     speeds = [size_of(f) / t / 1e6 for f, t in zip(files, times)]
-    return raw / stored, raw / sum(times) / 1e6, statistics.median(speeds), times
+    # The ratio once what the commits deferred is done (`mdl maintenance` also waits for a
+    # background run): what the repository settles at.
+    if settle:
+        run([mdl, "-C", repo, "maintenance"])
+    stats = json.loads(run([mdl, "-C", repo, "--json", "stats"]))
+    return stats["raw_bytes"] / stats["stored_bytes"], raw / sum(times) / 1e6, \
+        statistics.median(speeds), times
 
 
 def mdl_checkouts(mdl, repo, files, verify):
@@ -178,7 +185,9 @@ def main():
         runs = []
         for _ in range(a.repeat):
             r = {}
-            r["ratio"], r["commit"], r["commit_med"], _t = mdl_series(mdl, repo, files, [], a.config)
+            # Eager reverse deltas (each commit re-encodes its parent's tensors itself).
+            eager = [*a.config, "delta.defer=false"]
+            r["ratio"], r["commit"], r["commit_med"], _t = mdl_series(mdl, repo, files, [], eager)
             r["newest"], r["oldest"] = mdl_checkouts(mdl, repo, files, verify=True)
             stats = json.loads(run([mdl, "-C", repo, "--json", "stats"]))
             r["stats_ratio"] = stats["raw_bytes"] / stats["stored_bytes"]
@@ -189,17 +198,20 @@ def main():
             r["lossy_ratio"] = r["lossy"] = r["lossy_med"] = float("nan")
             if "lossy" not in skip:
                 r["lossy_ratio"], r["lossy"], r["lossy_med"], _t = mdl_series(
-                    mdl, repo, files, ["--lossy"], a.config)
+                    mdl, repo, files, ["--lossy"], a.config, env=QUIET)
             r["zstd_ratio"], r["zstd"] = peer_series(
                 files, lambda f, d: ["zstd", "-q", "-3", "-T2", f, "-o", d], ".zst")
             if a.lmz:
                 r["lmz_ratio"], r["lmz"] = peer_series(
                     files, lambda f, d: [a.lmz, "compress", "-q", "-j", "2", f, d], ".lmz")
-            r["fsync"] = r["durable"] = float("nan")
+            r["fsync"] = r["durable"] = r["durable_deferred"] = float("nan")
             if "durable" not in skip:
                 disk_repo = os.path.join(a.disk, "repo")
                 r["fsync"] = fsync_bandwidth(a.disk)
-                _r, r["durable"], _m, _t = mdl_series(mdl, disk_repo, files, [], a.config)
+                _r, r["durable"], _m, _t = mdl_series(
+                    mdl, disk_repo, files, [], [*a.config, "delta.defer=false"])
+                _r, r["durable_deferred"], _m, _t = mdl_series(
+                    mdl, disk_repo, files, [], [*a.config, "delta.defer=true"], env=QUIET)
                 shutil.rmtree(disk_repo, ignore_errors=True)
             runs.append(r)
         rows[name] = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
@@ -209,7 +221,7 @@ def main():
 
     print()
     print("CPU-bound (tmpfs). MB/s of input; commit = all commits' bytes / all commits' time "
-          "(median per commit in brackets).")
+          "(median per commit in brackets); eager reverse deltas (delta.defer=false).")
     print()
     lmz = bool(a.lmz)
     head = "| series | mdl ratio | mdl commit | zstd -3 -T2 ratio | zstd MB/s | mdl / zstd |"
@@ -246,20 +258,24 @@ def main():
               f"| {r['cp']:.0f} | {r['newest'] / r['cp']:.2f}× | {r['oldest']:.0f} "
               f"| {r['newest'] / r['oldest']:.2f} |")
     print()
-    print("| series | lossy ratio | lossy commit MB/s | lossy time / lossless time |")
-    print("|---|---:|---:|---:|")
+    print("| series | lossy ratio | lossy commit MB/s | / eager lossless time "
+          "| / deferred lossless time |")
+    print("|---|---:|---:|---:|---:|")
     for name, r in rows.items():
-        print(f"| {name} | {r['lossy_ratio']:.2f} | {r['lossy']:.0f} | {r['commit'] / r['lossy']:.2f} |")
+        print(f"| {name} | {r['lossy_ratio']:.2f} | {r['lossy']:.0f} | {r['commit'] / r['lossy']:.2f} "
+              f"| {r['deferred'] / r['lossy']:.2f} |")
     print()
     print(f"Durable (repository in {a.disk}): fsync bandwidth of random data measured before "
           "each series.")
     print()
-    print("| series | fsync MB/s | × ratio | durable commit MB/s | fraction |")
-    print("|---|---:|---:|---:|---:|")
+    print("| series | fsync MB/s | × ratio | durable commit MB/s, eager | fraction "
+          "| deferred (alone) | fraction |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, r in rows.items():
         bound = r["fsync"] * r["ratio"]
         print(f"| {name} | {r['fsync']:.0f} | {bound:.0f} | {r['durable']:.0f} "
-              f"| **{r['durable'] / bound:.2f}** |")
+              f"| {r['durable'] / bound:.2f} | {r['durable_deferred']:.0f} "
+              f"| **{r['durable_deferred'] / bound:.2f}** |")
     shutil.rmtree(SHM, ignore_errors=True)
 
 

@@ -563,7 +563,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         }
         Command::Maintenance { background } => {
             let mode = LockMode::Write;
-            let repo = if *background {
+            let mut repo = if *background {
                 // The commit that started this one is closing; another writer at work starts
                 // its own maintenance when it is done.
                 let dir = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
@@ -582,6 +582,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             } else {
                 open(cli, mode, purpose)?
             };
+            use_engine(cli, &mut repo, None)?;
             let stop = || *background && mdl::commit::writer_waiting(&repo);
             let report = mdl::commit::run_deferred(&repo, None, &stop)?;
             output::maintenance(out, cli.json, &report)?;

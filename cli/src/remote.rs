@@ -240,7 +240,7 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             bail!("log --all runs where the repository is; over HTTP, name a branch or tag")
         }
         Command::Maintenance { .. } => bail!(
-            "maintenance runs where the repository is; {} serves it (stop `mdl serve` to run it locally)",
+            "{} serves this repository and does its maintenance after each commit itself",
             remote.url()
         ),
         Command::Init { .. }

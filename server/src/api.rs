@@ -300,7 +300,8 @@ async fn commit(
     opts.warm = Some(state.warm.clone());
     let path = path.unwrap_or_else(|| mdl::V1_FILE_PATH.to_string());
     let upload = spool(&served, &headers, body, state.config.max_body).await?;
-    blocking(move || {
+    let (deferred, warm) = (served.clone(), state.warm.clone());
+    let answer = blocking(move || {
         // The commit holds the repository's writer itself.
         let (mut outcome, published) = served.change(true, || {
             Ok(mdl::commit::commit_file_as(
@@ -317,7 +318,21 @@ async fn commit(
         }
         Ok((StatusCode::CREATED, Json(outcome)).into_response())
     })
-    .await
+    .await;
+    // What the commit left for later (`delta.defer`) is done after it is answered, a commit's
+    // re-encodes at a time under the repository's writer, so other commits go on between them.
+    if answer.is_ok() {
+        tokio::task::spawn_blocking(move || {
+            let repo = &deferred.repo;
+            let queued = mdl::commit::pending_deferred(repo).unwrap_or(0);
+            if queued > 0 {
+                if let Err(e) = mdl::commit::run_deferred(repo, Some(&warm), &|| false) {
+                    tracing::warn!("deferred re-encodes after a commit: {e}");
+                }
+            }
+        });
+    }
+    answer
 }
 
 async fn missing(

@@ -433,6 +433,8 @@ fn float_codecs_deltas_and_config() {
         );
         weights = nudged(&weights, 100 + i);
     }
+    // The re-encodes the commits deferred (done in the background too; this waits for it).
+    ok(d, &["maintenance"]);
     let w = |rev: &str| {
         let s = json(d, &["show", rev]);
         s["tensors"]

@@ -104,6 +104,7 @@ impl RepoLock {
             }
         };
         let mut waited_at_all = false;
+        let mut nap = Duration::from_millis(1);
         loop {
             let attempt = match mode {
                 LockMode::Write => file.try_lock(),
@@ -128,11 +129,13 @@ impl RepoLock {
                     }
                     waiting(true);
                     waited_at_all = true;
+                    // Short naps first: work that gives way to writers lets go within
+                    // milliseconds of seeing the note.
                     std::thread::sleep(
-                        Duration::from_millis(25)
-                            .min(wait.saturating_sub(waited))
+                        nap.min(wait.saturating_sub(waited))
                             .max(Duration::from_millis(1)),
                     );
+                    nap = (nap * 2).min(Duration::from_millis(25));
                 }
                 Err(TryLockError::Error(e)) => {
                     return Err(StoreError::Io {

@@ -69,7 +69,7 @@ pub struct DeltaPolicy {
     pub max_restore_cost: Option<f64>,
     /// Reverse mode: a commit stores its new versions whole and leaves the re-encode of the
     /// previous versions as deltas against them to [`crate::commit::run_deferred`], after the
-    /// commit is published (so a commit costs what a first commit costs).
+    /// commit is published (so a commit costs what a first commit costs). On by default.
     pub defer: bool,
 }
 
@@ -79,7 +79,7 @@ impl Default for DeltaPolicy {
             mode: DeltaMode::Reverse,
             max_depth: 16,
             max_restore_cost: None,
-            defer: false,
+            defer: true,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! A checkpoint whose tensor is larger than the memory the process may allocate commits (twice,
-//! the previous version re-encoded against the new one) and checks out byte for byte: commit
-//! and checkout read such tensors a window at a time. The cap is `RLIMIT_DATA` (heap and
+//! the previous version re-encoded against the new one after the second commit, as deferred)
+//! and checks out byte for byte: commit, the deferred re-encode and checkout read such tensors
+//! a window at a time. The cap is `RLIMIT_DATA` (heap and
 //! every private writable mapping; the read-only input mapping is not counted), so this file
 //! holds one test and runs as a process of its own.
 
@@ -92,6 +93,12 @@ fn a_tensor_larger_than_memory_commits_and_checks_out() {
     let opts = CommitOptions::default();
     commit(&repo, &v1, &opts, &NoProgress).unwrap();
     commit(&repo, &v2, &opts, &NoProgress).unwrap();
+    // The re-encode the second commit deferred, both versions read a window at a time.
+    let report = mdl::commit::run_deferred(&repo, None, &|| false).unwrap();
+    assert_eq!(
+        (report.commits, report.rewritten, report.pending),
+        (1, 1, 0)
+    );
 
     // The new version is whole; the previous one was re-encoded as a delta against it.
     let newest = mdl::show::show(&repo, "main").unwrap();

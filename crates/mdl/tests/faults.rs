@@ -1,4 +1,5 @@
-//! Disk-full and failed-rename faults during a commit leave the repository exactly as it was.
+//! Disk-full and failed-rename faults during a commit (or a deferred re-encode) leave the
+//! repository exactly as it was.
 
 // Tests, examples and benchmarks write their own files (checkpoints, outputs, damage done on
 // purpose); the rule that repository writes go through mdl-store is for the library crates.
@@ -7,6 +8,7 @@
 use std::sync::Arc;
 
 use mdl::commit::{commit, CommitOptions};
+use mdl::policy::DeltaPolicy;
 use mdl::{FaultyFs, NoProgress, OpenOptions, Repository};
 
 mod common;
@@ -97,6 +99,17 @@ fn float_checkpoint(path: &std::path::Path, step: u32) {
     write_safetensors(path, &[("w", "F32", vec![n as u64], data)]);
 }
 
+/// Eager reverse deltas: the commit itself re-encodes the previous version.
+fn eager() -> CommitOptions {
+    CommitOptions {
+        delta: Some(DeltaPolicy {
+            defer: false,
+            ..DeltaPolicy::default()
+        }),
+        ..CommitOptions::default()
+    }
+}
+
 #[test]
 fn faults_during_a_reverse_delta_leave_the_old_record_in_use() {
     let dir = tempfile::tempdir().unwrap();
@@ -104,7 +117,7 @@ fn faults_during_a_reverse_delta_leave_the_old_record_in_use() {
     let f = dir.path().join("c.safetensors");
     float_checkpoint(&f, 0);
     let original = std::fs::read(&f).unwrap();
-    let first = commit(&repo, &f, &CommitOptions::default(), &NoProgress).unwrap();
+    let first = commit(&repo, &f, &eager(), &NoProgress).unwrap();
     drop(repo);
     float_checkpoint(&f, 1);
     for fault in [
@@ -120,7 +133,7 @@ fn faults_during_a_reverse_delta_leave_the_old_record_in_use() {
             ..OpenOptions::default()
         };
         let repo = Repository::open(dir.path(), &opts).unwrap();
-        commit(&repo, &f, &CommitOptions::default(), &NoProgress).unwrap_err();
+        commit(&repo, &f, &eager(), &NoProgress).unwrap_err();
         assert_eq!(mdl::revision::resolve(&repo, "main").unwrap(), first.id);
         let out = dir.path().join("out.safetensors");
         mdl::checkout::checkout(&repo, "main", &out, &Default::default(), &NoProgress).unwrap();
@@ -134,7 +147,7 @@ fn faults_during_a_reverse_delta_leave_the_old_record_in_use() {
         assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
     }
     let repo = Repository::open(dir.path(), &OpenOptions::default()).unwrap();
-    commit(&repo, &f, &CommitOptions::default(), &NoProgress).unwrap();
+    commit(&repo, &f, &eager(), &NoProgress).unwrap();
     let shown = mdl::show::show(&repo, "main~1").unwrap();
     assert!(
         shown.tensors[0].codec.ends_with("-delta"),
@@ -146,4 +159,52 @@ fn faults_during_a_reverse_delta_leave_the_old_record_in_use() {
     assert_eq!(std::fs::read(&out).unwrap(), original);
     let report = mdl::fsck::fsck(&repo, false).unwrap();
     assert!(report.ok(), "{:?}", report.problems);
+}
+
+/// The same faults during a deferred re-encode (`delta.defer`, the default): the old record
+/// stays in use, the work stays queued, and a run without faults finishes it.
+#[test]
+fn faults_during_a_deferred_reencode_leave_it_queued() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(dir.path()).unwrap();
+    let f = dir.path().join("c.safetensors");
+    float_checkpoint(&f, 0);
+    let original = std::fs::read(&f).unwrap();
+    commit(&repo, &f, &CommitOptions::default(), &NoProgress).unwrap();
+    float_checkpoint(&f, 1);
+    commit(&repo, &f, &CommitOptions::default(), &NoProgress).unwrap();
+    assert_eq!(mdl::commit::pending_deferred(&repo).unwrap(), 1);
+    drop(repo);
+    for fault in [
+        FaultyFs::disk_full_after(1_000),
+        FaultyFs::renames_fail_after(0),
+        FaultyFs::syncs_fail_after(0),
+    ] {
+        let opts = OpenOptions {
+            storage: Arc::new(fault),
+            ..OpenOptions::default()
+        };
+        let repo = Repository::open(dir.path(), &opts).unwrap();
+        mdl::commit::run_deferred(&repo, None, &|| false).unwrap_err();
+        assert_eq!(mdl::commit::pending_deferred(&repo).unwrap(), 1);
+        let shown = mdl::show::show(&repo, "main~1").unwrap();
+        assert_eq!(
+            shown.tensors[0].codec, "float-split",
+            "the old record is still in use"
+        );
+        let out = dir.path().join("out.safetensors");
+        mdl::checkout::checkout(&repo, "main~1", &out, &Default::default(), &NoProgress).unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), original);
+        std::fs::remove_file(&out).unwrap();
+        assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
+    }
+    let repo = Repository::open(dir.path(), &OpenOptions::default()).unwrap();
+    let report = mdl::commit::run_deferred(&repo, None, &|| false).unwrap();
+    assert_eq!((report.rewritten, report.pending), (1, 0));
+    let shown = mdl::show::show(&repo, "main~1").unwrap();
+    assert!(shown.tensors[0].codec.ends_with("-delta"));
+    let out = dir.path().join("out.safetensors");
+    mdl::checkout::checkout(&repo, "main~1", &out, &Default::default(), &NoProgress).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), original);
+    assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
 }

@@ -37,6 +37,8 @@ fn series(dir: &Path, n: usize) -> (Repository, Vec<ObjectId>) {
         };
         ids.push(commit(&repo, &f, &opts, &NoProgress).unwrap().id);
     }
+    // The reverse deltas the commits deferred.
+    mdl::commit::run_deferred(&repo, None, &|| false).unwrap();
     (repo, ids)
 }
 

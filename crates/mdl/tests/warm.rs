@@ -121,9 +121,18 @@ fn a_warm_commit_does_not_read_its_parents_records() {
         move || Repository::open(&at, &OpenOptions::default()),
         1 << 30,
     );
+    // Eager reverse deltas: the commit takes them against the warm tensors itself (a deferring
+    // committer's re-encodes are `a_committer_works_its_deferred_reencodes`').
+    let eager = |s| CommitOptions {
+        delta: Some(mdl::policy::DeltaPolicy {
+            defer: false,
+            ..Default::default()
+        }),
+        ..opts(s, false)
+    };
     let submit = |s| {
         committer
-            .submit(Staged::memory(state(s), &[]).unwrap(), opts(s, false))
+            .submit(Staged::memory(state(s), &[]).unwrap(), eager(s))
             .unwrap()
             .wait()
             .unwrap()
@@ -166,7 +175,7 @@ fn a_warm_commit_does_not_read_its_parents_records() {
     std::fs::remove_file(record_path(&root, &id)).unwrap();
     drop(repo);
     let failed = cold
-        .submit(Staged::memory(state(3), &[]).unwrap(), opts(3, false))
+        .submit(Staged::memory(state(3), &[]).unwrap(), eager(3))
         .unwrap()
         .wait();
     assert!(failed.is_err());
@@ -179,10 +188,11 @@ fn a_warm_commit_does_not_read_its_parents_records() {
 fn a_committer_works_its_deferred_reencodes() {
     let dir = tempfile::tempdir().unwrap();
     let (eager, deferred) = (dir.path().join("eager"), dir.path().join("deferred"));
-    let a = series(&eager, 1 << 30, false, 4);
-    let repo = Repository::init(&deferred).unwrap();
-    mdl::config::set_config(&repo, "delta.defer", "true").unwrap();
-    drop(repo);
+    for (root, defer) in [(&eager, "false"), (&deferred, "true")] {
+        let repo = Repository::init(root).unwrap();
+        mdl::config::set_config(&repo, "delta.defer", defer).unwrap();
+    }
+    let a = series_in(&eager, 1 << 30, false, 4);
     // The committer is dropped at the end of the series: that waits for its work.
     let b = series_in(&deferred, 1 << 30, false, 4);
     let tensors = |root: &Path, o: &[CommitOutcome]| -> Vec<Vec<(String, String)>> {

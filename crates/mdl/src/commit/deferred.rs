@@ -6,6 +6,7 @@
 //! same state whoever works it and whenever (right after each commit, or after several).
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use mdl_codec::float;
@@ -38,14 +39,15 @@ pub struct DeferredReport {
 }
 
 /// Works the queue of deferred re-encodes, oldest commit first, until it is empty or `stop`
-/// says to stop (asked before each commit's work). Each commit's re-encodes are published in
+/// says to stop (asked before each tensor: a commit's work stopped part-way is dropped and done
+/// again by the next run). Each commit's re-encodes are published in
 /// one transaction with its removal from the queue; a failure or a crash before that leaves it
 /// queued and the repository as it was (unindexed record files, which gc sweeps). `warm` is
 /// the last commit's tensors, where the caller kept them.
 pub fn run_deferred(
     repo: &Repository,
     warm: Option<&WarmTensors>,
-    stop: &dyn Fn() -> bool,
+    stop: &(dyn Fn() -> bool + Sync),
 ) -> Result<DeferredReport> {
     let store = repo.store();
     let mut report = DeferredReport::default();
@@ -56,7 +58,11 @@ pub fn run_deferred(
         };
         let policy = DeltaPolicy::from_store(store)?;
         let batch = store.batch();
-        let rewrites = reencode_parent(repo, &batch, &policy, &commit, warm)?;
+        let Some(rewrites) = reencode_parent(repo, &batch, &policy, &commit, warm, stop)? else {
+            // Stopped part-way: nothing is published (the records written are unindexed, and
+            // written again by the next run).
+            break;
+        };
         batch.finish()?;
         let mut w = store.meta().write()?;
         for r in &rewrites {
@@ -100,25 +106,27 @@ struct Pair<'m> {
 
 /// Re-encodes, into `batch`, the previous versions of `commit`'s tensors that a reverse-mode
 /// commit would have re-encoded against them; nothing when the commit or its parent is gone.
+/// `None` when `stop` said to stop before the last tensor.
 fn reencode_parent(
     repo: &Repository,
     batch: &ObjectBatch<'_>,
     policy: &DeltaPolicy,
     commit: &ObjectId,
     warm: Option<&WarmTensors>,
-) -> Result<Vec<Rewrite>> {
+    stop: &(dyn Fn() -> bool + Sync),
+) -> Result<Option<Vec<Rewrite>>> {
     let store = repo.store();
     if policy.mode != DeltaMode::Reverse {
-        return Ok(Vec::new());
+        return Ok(Some(Vec::new()));
     }
     let parent = {
         let meta = store.meta().read()?;
         if meta.object(commit)?.is_none() {
-            return Ok(Vec::new());
+            return Ok(Some(Vec::new()));
         }
         match repo.load_commit(commit)?.parents.first() {
             Some(p) if meta.object(p)?.is_some() => *p,
-            _ => return Ok(Vec::new()),
+            _ => return Ok(Some(Vec::new())),
         }
     };
     let manifest = repo.load_manifest(&repo.load_commit(commit)?.manifest)?;
@@ -148,12 +156,22 @@ fn reencode_parent(
         batch,
         engine: store.engine(),
     };
+    let stopped = AtomicBool::new(false);
     let done = per_tensor(
         &pairs,
         |p| p.new_entry.content_len,
-        |p| reencode(&coder, p, warm),
+        |p| {
+            if stopped.load(Ordering::Relaxed) || stop() {
+                stopped.store(true, Ordering::Relaxed);
+                return Ok(None);
+            }
+            reencode(&coder, p, warm)
+        },
     )?;
-    Ok(done.into_iter().flatten().collect())
+    if stopped.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
+    Ok(Some(done.into_iter().flatten().collect()))
 }
 
 /// The pair of tensor `new` (of file `path`) with its previous version, if a reverse-mode
