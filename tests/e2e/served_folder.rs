@@ -158,3 +158,40 @@ fn transfers_and_fsck_show_progress_on_a_terminal_only() {
     assert!(!String::from_utf8_lossy(&piped.stderr).contains("receiving"));
     server.stop();
 }
+
+/// A served repository does the re-encodes its commits deferred (`delta.defer`, the default)
+/// itself, after answering them: nobody runs `mdl maintenance`, yet the older version becomes a
+/// reverse delta against the newer one.
+#[test]
+fn a_served_repository_does_its_deferred_reencodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    ok(dir.path(), &["init", "repo"]);
+    let server = Server::start(&["-C", repo.to_str().unwrap()], dir.path());
+    let f = dir.path().join("c.safetensors");
+    for n in 0..2 {
+        crate::maintenance::checkpoint(&f, n, true);
+        ok(&repo, &["commit", f.to_str().unwrap()]);
+    }
+    fails(&repo, &["maintenance"], "does its maintenance");
+    let t = std::time::Instant::now();
+    loop {
+        let older = json(&repo, &["show", "HEAD~1"]);
+        let codecs: Vec<&str> = older["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["codec"].as_str().unwrap())
+            .collect();
+        if codecs.iter().any(|c| c.ends_with("-delta")) {
+            break;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "never re-encoded: {codecs:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(json(&repo, &["fsck"])["problems"], serde_json::json!([]));
+    server.stop();
+}
