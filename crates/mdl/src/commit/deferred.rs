@@ -40,10 +40,10 @@ pub struct DeferredReport {
 
 /// Works the queue of deferred re-encodes, oldest commit first, until it is empty or `stop`
 /// says to stop (asked before each tensor: a commit's work stopped part-way is dropped and done
-/// again by the next run). Each commit's re-encodes are published in
-/// one transaction with its removal from the queue; a failure or a crash before that leaves it
-/// queued and the repository as it was (unindexed record files, which gc sweeps). `warm` is
-/// the last commit's tensors, where the caller kept them.
+/// again by the next run). Each commit's re-encodes are published in one transaction with its
+/// removal from the queue; a failure, a stop or a crash before that leaves it queued and the
+/// repository as it was (unindexed record files, which gc sweeps). `warm` is the last commit's
+/// tensors, where the caller kept them.
 pub fn run_deferred(
     repo: &Repository,
     warm: Option<&WarmTensors>,
