@@ -142,7 +142,13 @@ impl Repo {
         // A repository on disk gets its deferred re-encodes (`delta.defer`) worked after each
         // commit; a replica of a bucket's never defers one (its records are the bucket's).
         if let At::Disk(root) = &opener.at {
-            let (for_deferred, root) = (opener.clone(), root.clone());
+            // Another writer at work: the queue waits for the next turn rather than the thread
+            // (and the next commit) for it.
+            let for_deferred = Opener {
+                wait: Duration::from_secs(1),
+                ..opener.clone()
+            };
+            let root = root.clone();
             committer = committer.working_deferred(move || for_deferred.writer(&root));
         }
         Repo { opener, committer }
