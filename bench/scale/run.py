@@ -1,13 +1,15 @@
 """Scale and memory benchmark (issue 22): commit and checkout time and peak memory (max RSS) of
 generated checkpoints, a first version and a second one a training step later (so the second
-commit re-encodes the first as a reverse delta), fp32 and bf16.
+commit's deferred re-encode makes the first a reverse delta), fp32 and bf16.
 
 Usage: run.py MDL WORKDIR [--sizes 1,4] [--dtypes f32,bf16] [--single]
 
   --sizes    checkpoint sizes in GB (10^9 bytes): weights, exp_avg and exp_avg_sq, a third each
   --single   one tensor of 4 GiB (f32) instead: the memory target's checkpoint
 
-Each row is one process measured by /usr/bin/time -v. Outputs are verified byte for byte.
+Each row is one process measured by /usr/bin/time -v, `zstd -3 -T2` of each version beside its
+commit. Commits run with MDL_NO_BACKGROUND=1, so the second commit's deferred re-encode of the
+first (`delta.defer`) is its own row, `mdl maintenance`. Outputs are verified byte for byte.
 """
 import argparse, hashlib, json, os, shutil, struct, subprocess, sys, time
 
@@ -69,10 +71,13 @@ def digest(path):
     return h.hexdigest()
 
 
+QUIET = dict(os.environ, MDL_NO_BACKGROUND="1")
+
+
 def measured(cmd):
     """Runs cmd under /usr/bin/time -v: (wall seconds, max RSS MiB)."""
     t = time.monotonic()
-    p = subprocess.run(["/usr/bin/time", "-v"] + cmd, capture_output=True, text=True)
+    p = subprocess.run(["/usr/bin/time", "-v"] + cmd, capture_output=True, text=True, env=QUIET)
     wall = time.monotonic() - t
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{p.stdout}\n{p.stderr}")
@@ -91,8 +96,15 @@ def run(mdl, work, label, tensors, dtype):
         digests.append(digest(ckpt))
         size = os.path.getsize(ckpt)
         os.system("sync")
+        wall, rss = measured(["zstd", "-q", "-3", "-T2", "-f", ckpt, "-o", f"{work}/ckpt.zst"])
+        os.remove(f"{work}/ckpt.zst")
+        rows.append((f"zstd -3 -T2 of v{step + 1} (baseline)", size, wall, rss))
+        os.system("sync")
         wall, rss = measured([mdl, "-C", repo, "commit", ckpt, "-m", f"step {step}"])
         rows.append((f"commit v{step + 1}", size, wall, rss))
+    # The re-encode of v1 against v2 that the second commit deferred (`delta.defer`).
+    wall, rss = measured([mdl, "-C", repo, "maintenance"])
+    rows.append(("maintenance (v1 re-encoded against v2)", size, wall, rss))
     for rev, want in (("main", digests[1]), ("main~1", digests[0])):
         wall, rss = measured([mdl, "-C", repo, "checkout", rev, "-o", out, "--force"])
         assert digest(out) == want, f"{label} {rev} differs"
