@@ -787,7 +787,15 @@ pub fn stats(out: &mut dyn Write, json: bool, s: &Stats) -> io::Result<()> {
         s.stored_bytes,
         size(s.stored_bytes)
     )?;
-    writeln!(out, "ratio        {:.3}", s.ratio)
+    writeln!(out, "ratio        {:.3}", s.ratio)?;
+    if s.pending_reencodes > 0 {
+        writeln!(
+            out,
+            "queued       the re-encodes of {} commits (mdl maintenance; smaller after)",
+            s.pending_reencodes
+        )?;
+    }
+    Ok(())
 }
 
 pub fn config(

@@ -319,18 +319,9 @@ async fn commit(
         Ok((StatusCode::CREATED, Json(outcome)).into_response())
     })
     .await;
-    // What the commit left for later (`delta.defer`) is done after it is answered, a commit's
-    // re-encodes at a time under the repository's writer, so other commits go on between them.
+    // What the commit left for later (`delta.defer`) is done after it is answered.
     if answer.is_ok() {
-        tokio::task::spawn_blocking(move || {
-            let repo = &deferred.repo;
-            let queued = mdl::commit::pending_deferred(repo).unwrap_or(0);
-            if queued > 0 {
-                if let Err(e) = mdl::commit::run_deferred(repo, Some(&warm), &|| false) {
-                    tracing::warn!("deferred re-encodes after a commit: {e}");
-                }
-            }
-        });
+        deferred.work_deferred(Some(warm));
     }
     answer
 }

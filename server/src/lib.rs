@@ -123,6 +123,29 @@ pub(crate) struct Served {
     pub(crate) storage: web::StorageCache,
 }
 
+impl Served {
+    /// Works the re-encodes that commits left for later (`delta.defer`), if any are queued, on a
+    /// thread of its own: a commit's step at a time under the repository's writer, so requests
+    /// that write wait at most one step. `warm` is the last commit's tensors, where kept.
+    pub(crate) fn work_deferred(self: &Arc<Self>, warm: Option<Arc<mdl::warm::WarmTensors>>) {
+        if mdl::commit::pending_deferred(&self.repo).unwrap_or(0) == 0 {
+            return;
+        }
+        let served = self.clone();
+        let started = std::thread::Builder::new()
+            .name("mdl-deferred".into())
+            .spawn(move || {
+                let repo = &served.repo;
+                if let Err(e) = mdl::commit::run_deferred(repo, warm.as_deref(), &|| false) {
+                    tracing::warn!("deferred re-encodes: {e}");
+                }
+            });
+        if let Err(e) = started {
+            tracing::warn!("cannot start the deferred re-encodes: {e}");
+        }
+    }
+}
+
 impl Drop for Served {
     fn drop(&mut self) {
         if self.advertised {
@@ -287,6 +310,8 @@ impl State {
             storage: web::StorageCache::default(),
         });
         *served = Some(new.clone());
+        // What commits made before it was served left for later.
+        new.work_deferred(None);
         Ok(new)
     }
 

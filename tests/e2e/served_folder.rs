@@ -159,31 +159,47 @@ fn transfers_and_fsck_show_progress_on_a_terminal_only() {
     server.stop();
 }
 
-/// A served repository does the re-encodes its commits deferred (`delta.defer`, the default)
-/// itself, after answering them: nobody runs `mdl maintenance`, yet the older version becomes a
-/// reverse delta against the newer one.
+/// A served repository does the re-encodes commits deferred (`delta.defer`, the default)
+/// itself: those queued before it was served, and those of the commits it answers. Nobody runs
+/// `mdl maintenance`, yet every older version becomes a reverse delta against the newer one.
 #[test]
 fn a_served_repository_does_its_deferred_reencodes() {
     let dir = tempfile::tempdir().unwrap();
     let repo = dir.path().join("repo");
     ok(dir.path(), &["init", "repo"]);
-    let server = Server::start(&["-C", repo.to_str().unwrap()], dir.path());
     let f = dir.path().join("c.safetensors");
+    // Queued before serving (no background run started).
     for n in 0..2 {
         crate::maintenance::checkpoint(&f, n, true);
-        ok(&repo, &["commit", f.to_str().unwrap()]);
+        let out = std::process::Command::new(mdl_bin())
+            .arg("-C")
+            .arg(&repo)
+            .args(["commit", f.to_str().unwrap()])
+            .env("MDL_NO_BACKGROUND", "1")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
     }
+    let server = Server::start(&["-C", repo.to_str().unwrap()], dir.path());
+    crate::maintenance::checkpoint(&f, 2, true);
+    ok(&repo, &["commit", f.to_str().unwrap()]);
     fails(&repo, &["maintenance"], "does its maintenance");
     let t = std::time::Instant::now();
     loop {
-        let older = json(&repo, &["show", "HEAD~1"]);
-        let codecs: Vec<&str> = older["tensors"]
-            .as_array()
-            .unwrap()
+        let codecs: Vec<String> = ["HEAD~1", "HEAD~2"]
             .iter()
-            .map(|t| t["codec"].as_str().unwrap())
+            .flat_map(|rev| {
+                let shown = json(&repo, &["show", rev]);
+                let codecs: Vec<String> = shown["tensors"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t["codec"].as_str().unwrap().to_string())
+                    .collect();
+                codecs
+            })
             .collect();
-        if codecs.iter().any(|c| c.ends_with("-delta")) {
+        if codecs.iter().all(|c| c.ends_with("-delta")) {
             break;
         }
         assert!(

@@ -191,5 +191,7 @@ pub fn two_commits(dir: &Path) -> (PathBuf, Vec<u8>, Vec<u8>) {
         &repo,
         &["commit", f2.to_str().unwrap(), "-m", "lossy", "--lossy"],
     );
+    // What the commits deferred, done now: the repository is in its settled state.
+    ok(&repo, &["maintenance"]);
     (repo, b1, b2)
 }

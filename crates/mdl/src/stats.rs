@@ -17,6 +17,11 @@ pub struct Stats {
     pub stored_bytes: u64,
     /// `raw_bytes / stored_bytes`.
     pub ratio: f64,
+    /// Commits whose reverse re-encodes are still queued (`delta.defer`): until `mdl maintenance`
+    /// (or the background run a commit starts) has done them, `stored_bytes` is larger than it
+    /// will be.
+    #[serde(default)]
+    pub pending_reencodes: u64,
 }
 
 /// Computes the totals from the index.
@@ -26,6 +31,7 @@ pub fn stats(repo: &Repository) -> Result<Stats> {
     let objects = meta.objects()?;
     let raw_bytes: u64 = commits.iter().map(|(_, s)| s.raw_bytes).sum();
     let stored_bytes: u64 = objects.iter().map(|(_, e)| e.stored_len).sum();
+    let pending_reencodes = meta.pending_count()?;
     Ok(Stats {
         commits: commits.len() as u64,
         objects: objects.len() as u64,
@@ -36,5 +42,6 @@ pub fn stats(repo: &Repository) -> Result<Stats> {
         } else {
             raw_bytes as f64 / stored_bytes as f64
         },
+        pending_reencodes,
     })
 }
