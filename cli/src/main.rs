@@ -165,7 +165,7 @@ enum Command {
     /// starts `mdl maintenance --background` itself (not with MDL_NO_BACKGROUND set).
     Maintenance {
         /// Give way to other writers: exit if the repository stays in use for 5 seconds, and
-        /// stop between commits when a writer is waiting (what is left stays queued).
+        /// stop at the next tensor when a writer is waiting (what is left stays queued).
         #[arg(long)]
         background: bool,
     },

@@ -1,6 +1,7 @@
 //! A repository on this machine or in object storage: commits (staged here, stored in the
 //! background), reads and refs. Each call opens the repository for itself (reads share it,
-//! commits own it while they store), so a training process holds no lock between commits; for
+//! commits own it while they store, and their deferred re-encodes right after, which stop for
+//! any other writer), so a training process holds no lock between commits; for
 //! object storage each call works on this machine's replica, synced first and published after
 //! a change.
 
