@@ -1,0 +1,361 @@
+//! Round trips, bounds and refusals of `quant-residual` and `quant-uniform`.
+
+use super::{decode, distance_sq, encode, measure, measure_steps, round, Mode, ResidualStats};
+use crate::engine::Moments;
+use crate::scalar;
+use mdl_format::Dtype;
+
+/// splitmix64, for test data.
+struct Rng(u64);
+impl Rng {
+    fn next_f64(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn enc(dtype: Dtype, v: &[f64]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for &x in v {
+        scalar::push_rounded(dtype, x, &mut out);
+    }
+    out
+}
+
+fn normal(r: &mut Rng) -> f64 {
+    let (a, b) = (r.next_f64().max(1e-12), r.next_f64());
+    (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
+}
+
+/// Round trips of every dtype: the decoder rebuilds exactly the encoder's reconstruction,
+/// every element is within step/2 plus half an ulp of the original, non-finite values and
+/// far outliers are exact, and the measured statistics are those of the reconstruction.
+#[test]
+fn round_trips_within_the_step() {
+    let mut rng = Rng(3);
+    for dtype in [Dtype::BF16, Dtype::F16, Dtype::F32] {
+        let n = 150_000;
+        let base: Vec<f64> = (0..n).map(|_| normal(&mut rng) * 0.02).collect();
+        let mut cur: Vec<f64> = base.iter().map(|b| b + normal(&mut rng) * 1e-3).collect();
+        cur[10] = f64::NAN;
+        cur[11] = f64::INFINITY;
+        cur[12] += 1e3; // beyond 32766 steps
+        let (vb, rb) = (enc(dtype, &cur), enc(dtype, &base));
+        for step in [1e-4, 5e-4, 2e-3] {
+            let (payload, render) = encode(dtype, &vb, Some(&rb), Mode::Linear, step);
+            let mut out = vec![0u8; vb.len()];
+            decode(dtype, &payload, Some(&rb), &mut out).unwrap();
+            assert_eq!(out, render, "{dtype:?} step {step}");
+            let size = dtype.size();
+            for i in [10usize, 11, 12] {
+                assert_eq!(out[i * size..][..size], vb[i * size..][..size]);
+            }
+            let mut sq = 0.0;
+            for i in 0..n {
+                let (x, y) = (scalar::value(dtype, &vb, i), scalar::value(dtype, &out, i));
+                if !x.is_finite() {
+                    continue;
+                }
+                // Half a unit in the last place of the result (and of f16's subnormals).
+                let (bits, tiny) = match dtype {
+                    Dtype::BF16 => (8, 0.0),
+                    Dtype::F16 => (11, 2f64.powi(-25)),
+                    _ => (24, 0.0),
+                };
+                let half_ulp = y.abs() * 2f64.powi(-bits) + tiny;
+                assert!(
+                    (y - x).abs() <= step / 2.0 + half_ulp,
+                    "{dtype:?} {i}: {x} → {y}"
+                );
+                sq += (y - x) * (y - x);
+            }
+            let m = measure(dtype, &vb, Some(&rb), None, Mode::Linear, step);
+            assert_eq!(m.exact, 3);
+            assert!(
+                (m.err.sum_sq_err - sq).abs() <= 1e-9 * sq,
+                "{} vs {sq}",
+                m.err.sum_sq_err
+            );
+            assert_eq!(m.codes.total(), n as u64);
+            assert!(m.bits(dtype) > 0.0);
+        }
+    }
+}
+
+/// One pass over several steps gives, at each, the statistics of what `encode` produces at
+/// that step: the error sums with the moments' weights, and the exactly kept elements.
+#[test]
+fn one_pass_over_many_steps_measures_each_encoding() {
+    let mut rng = Rng(9);
+    let n = 150_000;
+    let mut base: Vec<f64> = (0..n).map(|_| normal(&mut rng) * 0.05).collect();
+    let mut cur: Vec<f64> = base.iter().map(|b| b + normal(&mut rng) * 1e-3).collect();
+    let m: Vec<f64> = (0..n).map(|_| normal(&mut rng) * 1e-3).collect();
+    let v: Vec<f64> = (0..n).map(|_| normal(&mut rng).powi(2) * 1e-6).collect();
+    cur[7] = f64::NAN;
+    base[70_000] = f64::INFINITY;
+    let (vb, rb) = (enc(Dtype::F32, &cur), enc(Dtype::F32, &base));
+    let (mb, wb) = (enc(Dtype::F32, &m), enc(Dtype::F32, &v));
+    let view = |bytes| crate::engine::FloatView {
+        dtype: Dtype::F32,
+        bytes,
+    };
+    let moments = Moments {
+        m: view(&mb),
+        v: view(&wb),
+    };
+    let steps = [0.0, 1e-2, 1e-3, 1e-4, 1e-5];
+    let all = measure_steps(
+        Dtype::F32,
+        &vb,
+        Some(&rb),
+        Some(moments),
+        Mode::Linear,
+        &steps,
+        1,
+    );
+    assert_eq!(
+        all[0],
+        ResidualStats::default(),
+        "an invalid step measures nothing"
+    );
+    for (st, &step) in all.iter().zip(&steps).skip(1) {
+        let (_, render) = encode(Dtype::F32, &vb, Some(&rb), Mode::Linear, step);
+        let (mut sq, mut md, mut vd) = (0.0, 0.0, 0.0);
+        for i in 0..n {
+            let (x, y) = (
+                scalar::value(Dtype::F32, &vb, i),
+                scalar::value(Dtype::F32, &render, i),
+            );
+            if x.is_finite() && i != 70_000 {
+                let d = y - x;
+                sq += d * d;
+                md += scalar::value(Dtype::F32, &mb, i) * d;
+                vd += scalar::value(Dtype::F32, &wb, i) * d * d;
+            }
+        }
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1e-300);
+        assert_eq!(st.exact, 2, "step {step}");
+        assert_eq!(st.codes.total(), n as u64);
+        assert!(
+            close(st.err.sum_sq_err, sq),
+            "{step}: {} vs {sq}",
+            st.err.sum_sq_err
+        );
+        assert!(
+            close(st.err.sum_m_delta, md),
+            "{step}: {} vs {md}",
+            st.err.sum_m_delta
+        );
+        assert!(close(st.err.sum_v_delta2, vd), "{step}");
+    }
+    // A sample of every eighth block, scaled, stands for the whole within a few per cent.
+    let sampled = measure_steps(
+        Dtype::F32,
+        &vb,
+        Some(&rb),
+        Some(moments),
+        Mode::Linear,
+        &steps,
+        8,
+    );
+    for ((st, full), step) in sampled.into_iter().zip(&all).zip(steps).skip(1) {
+        let total = st.codes.total() as f64;
+        assert!(total < n as f64 / 7.0, "a sample, not the whole");
+        let st = st.scaled(n as f64 / total);
+        let near = |a: f64, b: f64| (a / b - 1.0).abs() < 0.05;
+        // The sample holds the NaN, which scaled up stands for 16 exact elements, not one.
+        let (a, b) = (st.bits(Dtype::F32), full.bits(Dtype::F32));
+        assert!((a - b).abs() < 0.05 * b + 16.0 * 32.0, "{step}: {a} vs {b}");
+        assert!(near(st.err.sum_sq_err, full.err.sum_sq_err));
+        assert!(near(st.err.sum_v_delta2, full.err.sum_v_delta2));
+    }
+}
+
+#[test]
+fn rounding_is_half_away_from_zero() {
+    for t in [
+        0.0,
+        -0.0,
+        0.5,
+        1.5,
+        2.5,
+        -0.5,
+        -2.5,
+        0.49999999999999994,
+        -0.49999999999999994,
+        2.5000000000000004,
+        4503599627370495.5,
+        1e300,
+        f64::INFINITY,
+    ] {
+        assert_eq!(round(t).to_bits(), t.round().to_bits(), "{t}");
+    }
+    assert!(round(f64::NAN).is_nan());
+}
+
+/// The error shrinks with the step and stays below the movement; a finer step costs more.
+#[test]
+fn finer_steps_cost_more_and_err_less() {
+    let mut rng = Rng(5);
+    let n = 100_000;
+    let base: Vec<f64> = (0..n).map(|_| normal(&mut rng) * 0.05).collect();
+    let cur: Vec<f64> = base.iter().map(|b| b + normal(&mut rng) * 1e-3).collect();
+    let (vb, rb) = (enc(Dtype::F32, &cur), enc(Dtype::F32, &base));
+    let mut last: Option<ResidualStats> = None;
+    for step in [4e-3, 2e-3, 1e-3, 5e-4, 2.5e-4] {
+        let m = measure(Dtype::F32, &vb, Some(&rb), None, Mode::Linear, step);
+        // Uniform quantization: mean squared error near step²/12.
+        let mse = m.err.sum_sq_err / n as f64;
+        assert!(mse <= step * step / 12.0 * 1.2 + 1e-14, "{step}: {mse}");
+        let moved = distance_sq(Dtype::F32, &vb, Some(&rb));
+        assert!((m.err.sum_sq_err / moved).sqrt() < 1.0);
+        if let Some(l) = &last {
+            assert!(m.err.sum_sq_err < l.err.sum_sq_err);
+            assert!(m.bits(Dtype::F32) > l.bits(Dtype::F32));
+        }
+        last = Some(m);
+    }
+}
+
+/// Without a reference (`quant-uniform`), fine steps need two-byte codes: they round trip,
+/// and every element is within half a step (plus rounding).
+#[test]
+fn uniform_codes_are_wide_when_the_steps_are_fine() {
+    let mut rng = Rng(4);
+    let w: Vec<f64> = (0..70_000).map(|_| normal(&mut rng) * 0.02).collect();
+    let vb = enc(Dtype::F32, &w);
+    for (step, width) in [(1e-2, 1u8), (2e-5, 2)] {
+        let (payload, render) = encode(Dtype::F32, &vb, None, Mode::Linear, step);
+        assert_eq!(payload[1 + 8 + 1], width, "step {step}");
+        let mut out = vec![0u8; vb.len()];
+        decode(Dtype::F32, &payload, None, &mut out).unwrap();
+        assert_eq!(out, render);
+        for (i, &x) in w.iter().enumerate() {
+            let (x, y) = (x as f32 as f64, scalar::value(Dtype::F32, &out, i));
+            assert!((y - x).abs() <= step / 2.0 + y.abs() * 1e-7, "{i}");
+        }
+        let m = measure(Dtype::F32, &vb, None, None, Mode::Linear, step);
+        assert_eq!(m.exact, 0);
+        assert_eq!(m.high.entropy_bits() > 0.0, width == 2);
+    }
+    let (payload, _) = encode(Dtype::F32, &vb, Some(&vb), Mode::Log, 0.5);
+    let mut bad = payload.clone();
+    bad[0] = 1;
+    let mut out = vec![0u8; vb.len()];
+    assert!(decode(Dtype::F32, &bad, None, &mut out).is_err());
+}
+
+/// Codes of exactly 127 and −128 steps are the one-byte forms of the special codes: a
+/// tensor that has them (and nothing wider) takes two-byte codes, and decodes to itself.
+#[test]
+fn codes_next_to_the_special_ones_round_trip() {
+    let n = 1000;
+    let reference = vec![0.0f64; n];
+    let values: Vec<f64> = (0..n)
+        .map(|i| match i % 4 {
+            0 => 127.0,
+            1 => -128.0,
+            2 => 3.0,
+            _ => -1.0,
+        })
+        .collect();
+    let (vb, rb) = (enc(Dtype::F32, &values), enc(Dtype::F32, &reference));
+    let (payload, render) = encode(Dtype::F32, &vb, Some(&rb), Mode::Linear, 1.0);
+    assert_eq!(payload[1 + 8 + 1], 2);
+    assert_eq!(render, vb);
+    let mut out = vec![0u8; vb.len()];
+    decode(Dtype::F32, &payload, Some(&rb), &mut out).unwrap();
+    assert_eq!(out, vb);
+}
+
+/// The moment modes: a second moment against its previous version in the log domain
+/// (relative error within half a step of octaves), a first moment in units of the square
+/// root of a second moment; zeros stay zeros, what cannot be coded is exact, and the
+/// decoder rebuilds exactly the encoder's reconstruction.
+#[test]
+fn moment_modes_round_trip_within_their_steps() {
+    let mut rng = Rng(9);
+    let n = 120_000;
+    let v0: Vec<f64> = (0..n)
+        .map(|_| 1e-8 * (normal(&mut rng) * 3.0).exp2())
+        .collect();
+    let mut v1: Vec<f64> = v0
+        .iter()
+        .map(|v| v * (normal(&mut rng) * 0.5).exp2())
+        .collect();
+    v1[3] = 0.0;
+    let mut m1: Vec<f64> = v1
+        .iter()
+        .map(|v| v.sqrt() * normal(&mut rng) * 0.3)
+        .collect();
+    m1[5] = 0.0;
+    let mut v0b = v0.clone();
+    v0b[7] = 0.0; // no scale for element 7: its first moment is exact
+    for dtype in [Dtype::F32, Dtype::BF16] {
+        let (r, x) = (enc(dtype, &v0), enc(dtype, &v1));
+        let (payload, render) = encode(dtype, &x, Some(&r), Mode::Log, 0.5);
+        let mut out = vec![0u8; x.len()];
+        decode(dtype, &payload, Some(&r), &mut out).unwrap();
+        assert_eq!(out, render);
+        // Rounding to the dtype, in octaves (bf16 keeps 8 significant bits).
+        let slack = if dtype == Dtype::BF16 {
+            2f64.powi(-7)
+        } else {
+            1e-6
+        };
+        for i in 0..n {
+            let (a, b) = (scalar::value(dtype, &x, i), scalar::value(dtype, &out, i));
+            if a == 0.0 {
+                assert_eq!(b, 0.0);
+                continue;
+            }
+            let ratio = (b / a).log2().abs();
+            let r = scalar::value(dtype, &r, i);
+            assert!(
+                ratio <= 0.25 + slack,
+                "{dtype:?} {i}: {a} → {b} (reference {r})"
+            );
+        }
+        let (s, x) = (enc(dtype, &v0b), enc(dtype, &m1));
+        let (payload, render) = encode(dtype, &x, Some(&s), Mode::Scaled, 0.25);
+        decode(dtype, &payload, Some(&s), &mut out).unwrap();
+        assert_eq!(out, render);
+        let size = dtype.size();
+        assert_eq!(out[7 * size..8 * size], x[7 * size..8 * size]);
+        for i in 0..n {
+            let (a, b) = (scalar::value(dtype, &x, i), scalar::value(dtype, &out, i));
+            let unit = scalar::value(dtype, &s, i).sqrt();
+            if i == 7 || unit == 0.0 {
+                continue;
+            }
+            assert!(
+                (a - b).abs() <= 0.125 * unit + b.abs() * slack,
+                "{i}: {a} → {b}"
+            );
+        }
+        assert_eq!(scalar::value(dtype, &out, 5), 0.0);
+    }
+}
+
+#[test]
+fn corrupt_payloads_are_errors() {
+    let rb = enc(Dtype::F32, &[0.5; 1000]);
+    let vb = enc(Dtype::F32, &[0.6; 1000]);
+    let (payload, _) = encode(Dtype::F32, &vb, Some(&rb), Mode::Linear, 0.01);
+    let mut out = vec![0u8; vb.len()];
+    for cut in [0, 1, 4, 9, 10, payload.len() - 1] {
+        assert!(decode(Dtype::F32, &payload[..cut], Some(&rb), &mut out).is_err());
+    }
+    let mut bad = payload.clone();
+    bad[1..9].copy_from_slice(&(-1.0f64).to_le_bytes());
+    assert!(decode(Dtype::F32, &bad, Some(&rb), &mut out).is_err());
+    let mut bad = payload.clone();
+    bad[0] = 7;
+    assert!(decode(Dtype::F32, &bad, Some(&rb), &mut out).is_err());
+    assert!(decode(Dtype::F32, &payload, Some(&rb[4..]), &mut out).is_err());
+    assert!(decode(Dtype::I32, &payload, Some(&rb), &mut out).is_err());
+}
