@@ -1,0 +1,395 @@
+//! `meta.redb`: refs, reflog, the physical index, the commit index and configuration.
+//!
+//! Every value is a small versioned binary encoding documented in `docs/FORMAT.md`. Refs change
+//! only through [`MetaWrite::update_ref`], a compare-and-swap that appends to the reflog in the
+//! same transaction.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mdl_format::{ObjectId, Ref};
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+
+use crate::error::db;
+use crate::guard::guarded;
+use crate::journal::{Change, Journal, JournalState};
+use crate::{LockMode, StoreError};
+
+pub use crate::values::{CommitSummary, Expired, IndexEntry, RefValue, ReflogEntry};
+
+/// The database file inside `.mdl`.
+pub const META_FILE: &str = "meta.redb";
+
+/// Version of the repository layout and of the encodings in this module.
+pub const REPO_VERSION: u64 = 1;
+
+pub(crate) const REFS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("refs");
+pub(crate) const REFLOG: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("reflog");
+pub(crate) const OBJECTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("objects");
+pub(crate) const COMMITS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("commits");
+pub(crate) const CONFIG: TableDefinition<'_, &str, &str> = TableDefinition::new("config");
+pub(crate) const INFO: TableDefinition<'_, &str, u64> = TableDefinition::new("info");
+/// Reverse delta links: key `base id ‖ dependent id`, so a range scan lists what decodes
+/// through a base (to keep depths true when a base itself becomes a delta).
+pub(crate) const DEPENDENTS: TableDefinition<'_, &[u8], ()> = TableDefinition::new("dependents");
+/// Objects deleted by a retention rule although commits still name them: id → [`Expired`].
+pub(crate) const EXPIRED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("expired");
+
+/// Commits whose parent's tensors wait to be re-encoded as reverse deltas against theirs
+/// (deferred re-encodes): sequence number → commit id, oldest first. A hint, not history: it is
+/// not journaled, and a rebuilt index starts without it (the repository then stays as large as
+/// it is, nothing is lost).
+pub(crate) const PENDING: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("pending");
+
+/// The symbolic ref every repository starts with.
+pub const HEAD: &str = "HEAD";
+
+enum Db {
+    Rw(redb::Database),
+    Ro(redb::ReadOnlyDatabase),
+}
+
+/// How this process holds the database file. redb lets one process have it open for writing
+/// or any number for reading, never both at once; so a process that does not own the
+/// repository for its lifetime opens the file read-only for each read transaction (the
+/// transaction lets go of it when it ends), and for writing only when it first writes. A commit
+/// then keeps readers out only from its publish on, and a reader keeps a writer waiting only
+/// for one read transaction.
+enum Handle {
+    /// Opened once, for the lifetime of the [`Meta`] (the server, which owns its repositories).
+    Held(Db),
+    /// Opened read-only for each read; for writing at the first write, and kept then.
+    Brief {
+        path: PathBuf,
+        /// How long to wait for another process's transaction to let go of the file.
+        wait: Duration,
+        /// The database opened for writing, once this process has written: every later
+        /// transaction goes through it (a read-only open would wait for it).
+        written: Mutex<Option<Arc<redb::Database>>>,
+    },
+}
+
+/// The open metadata database.
+pub struct Meta {
+    /// Always present; an option only so that `Drop` can close it inside [`guarded`].
+    handle: Option<Handle>,
+    /// Where changes to refs, reflogs, configuration and expiry go first (writers only).
+    journal: Option<Journal>,
+    /// A transaction failed to start or to commit (redb then refuses every later one until
+    /// the database is reopened).
+    failed: AtomicBool,
+    /// Write transactions committed through this [`Meta`] (see [`Meta::generation`]).
+    commits: AtomicU64,
+}
+
+impl std::fmt::Debug for Meta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Meta")
+    }
+}
+
+impl Meta {
+    /// Creates a database with every table, `HEAD → refs/heads/main` and the layout version,
+    /// and the journal beside it.
+    pub(crate) fn create(path: &Path) -> Result<(), StoreError> {
+        guarded(|| Meta::create_tables(path))?;
+        let head = Change::Ref {
+            name: HEAD.into(),
+            value: Some(RefValue::Symbolic(Ref::main().full())),
+        };
+        crate::journal::write_fresh(&journal_path(path), &[head])
+    }
+
+    /// Creates the database file and its tables (an empty index), with HEAD on main.
+    pub(crate) fn create_tables(path: &Path) -> Result<(), StoreError> {
+        let database = redb::Database::create(path).map_err(db)?;
+        let txn = database.begin_write().map_err(db)?;
+        {
+            txn.open_table(REFLOG).map_err(db)?;
+            txn.open_table(OBJECTS).map_err(db)?;
+            txn.open_table(COMMITS).map_err(db)?;
+            txn.open_table(CONFIG).map_err(db)?;
+            txn.open_table(DEPENDENTS).map_err(db)?;
+            txn.open_table(EXPIRED).map_err(db)?;
+            txn.open_table(INFO)
+                .map_err(db)?
+                .insert("repo_version", REPO_VERSION)
+                .map_err(db)?;
+            let head = RefValue::Symbolic(Ref::main().full()).encode();
+            txn.open_table(REFS)
+                .map_err(db)?
+                .insert(HEAD, head.as_slice())
+                .map_err(db)?;
+        }
+        txn.commit().map_err(db)?;
+        Ok(())
+    }
+
+    /// Opens the database for `mode`; `hold` keeps it open for the [`Meta`]'s lifetime (see
+    /// [`Handle`]), else each transaction opens it, waiting up to `wait` for other processes'
+    /// transactions.
+    pub(crate) fn open(
+        path: &Path,
+        mode: LockMode,
+        hold: bool,
+        wait: Duration,
+    ) -> Result<Meta, StoreError> {
+        if !path.is_file() {
+            return Err(StoreError::Damaged(format!(
+                "{} is missing",
+                path.display()
+            )));
+        }
+        // A writer opens the file for writing first, whatever it holds later: that is what
+        // lets redb recover from a writer that was killed.
+        let db = match mode {
+            LockMode::Write => Db::Rw(retrying(path, wait, || try_open(path))?),
+            _ => Db::Ro(retrying(path, wait, || try_open(path))?),
+        };
+        let mut meta = Meta {
+            handle: Some(Handle::Held(db)),
+            journal: None,
+            failed: AtomicBool::new(false),
+            commits: AtomicU64::new(0),
+        };
+        let version = meta.read()?.info("repo_version")?.unwrap_or(0);
+        if version > REPO_VERSION {
+            return Err(StoreError::NewerFormat {
+                found: version,
+                supported: REPO_VERSION,
+            });
+        }
+        if mode == LockMode::Write {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let current = meta.read()?.journaled()?;
+            meta.journal = Some(Journal::open(dir, &current)?);
+        }
+        if !hold {
+            meta.close()?;
+            meta.handle = Some(Handle::Brief {
+                path: path.to_path_buf(),
+                wait,
+                written: Mutex::new(None),
+            });
+        }
+        Ok(meta)
+    }
+
+    /// Replaces the journal by one entry holding the current state (so it stops growing with
+    /// every commit ever made). Runs as a write transaction, so no other change interleaves.
+    pub fn compact_journal(&self) -> Result<(), StoreError> {
+        let Some(journal) = &self.journal else {
+            return Err(StoreError::ReadOnlyDatabase);
+        };
+        let w = self.write()?;
+        journal.rewrite(&w.journaled()?.snapshot())?;
+        drop(w);
+        Ok(())
+    }
+
+    /// Whether a transaction of this database failed to start or commit: redb refuses every
+    /// later one until the database is reopened (a long-running owner such as the server
+    /// reopens it then).
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// A number that changes whenever the database does, for a process that holds it for
+    /// writing (the server): only then can no other process change it, so what was read from
+    /// it stays true until this number moves. `None` for any other way of holding it.
+    ///
+    /// Read it before reading what it is to vouch for: a write counts once it is visible.
+    pub fn generation(&self) -> Option<u64> {
+        match self.handle() {
+            Handle::Held(Db::Rw(_)) => Some(self.commits.load(Ordering::Acquire)),
+            _ => None,
+        }
+    }
+
+    fn note<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if matches!(
+            r,
+            Err(StoreError::Db(_) | StoreError::DbIo(_) | StoreError::Damaged(_))
+        ) {
+            self.failed.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// A consistent read-only view.
+    pub fn read(&self) -> Result<MetaRead, StoreError> {
+        let txn = self.note(guarded(|| match self.handle() {
+            Handle::Held(Db::Rw(d)) => d.begin_read().map_err(db),
+            Handle::Held(Db::Ro(d)) => d.begin_read().map_err(db),
+            Handle::Brief {
+                path,
+                wait,
+                written,
+            } => retrying(path, *wait, || {
+                if let Some(d) = lock(written).as_ref() {
+                    return d.begin_read().map(Some).map_err(db);
+                }
+                // The transaction keeps the file open (and its shared lock) until it ends.
+                try_open::<redb::ReadOnlyDatabase>(path)?
+                    .map(|d| d.begin_read())
+                    .transpose()
+                    .map_err(db)
+            }),
+        }))?;
+        Ok(MetaRead { txn })
+    }
+
+    /// A write transaction; nothing is visible until [`MetaWrite::commit_txn`].
+    pub fn write(&self) -> Result<MetaWrite<'_>, StoreError> {
+        let Some(journal) = &self.journal else {
+            return Err(StoreError::ReadOnlyDatabase);
+        };
+        let txn = self.note(guarded(|| match self.handle() {
+            Handle::Held(Db::Rw(d)) => d.begin_write().map_err(db),
+            Handle::Held(Db::Ro(_)) => Err(StoreError::ReadOnlyDatabase),
+            Handle::Brief {
+                path,
+                wait,
+                written,
+            } => {
+                // Not holding `written` while waiting: a thread of this process may need a
+                // read to finish the transaction this open waits for.
+                let d = retrying(path, *wait, || {
+                    if let Some(d) = lock(written).as_ref() {
+                        return Ok(Some(d.clone()));
+                    }
+                    let opened = try_open::<redb::Database>(path)?;
+                    Ok(opened.map(|d| lock(written).insert(Arc::new(d)).clone()))
+                })?;
+                d.begin_write().map_err(db)
+            }
+        }))?;
+        Ok(MetaWrite {
+            txn,
+            journal,
+            failed: &self.failed,
+            commits: &self.commits,
+            changes: Vec::new(),
+        })
+    }
+}
+
+impl Meta {
+    fn handle(&self) -> &Handle {
+        self.handle.as_ref().expect("open until dropped")
+    }
+
+    /// Closes the database, whichever way it is held. Closing writes to it (redb records its
+    /// allocator state), which can trip over damage like any other write: it is guarded too.
+    fn close(&mut self) -> Result<(), StoreError> {
+        let handle = self.handle.take();
+        guarded(|| {
+            drop(handle);
+            Ok(())
+        })
+    }
+}
+
+impl Drop for Meta {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How the database file can be opened: for writing, or read-only.
+trait Open: Sized {
+    fn open(path: &Path) -> Result<Self, redb::DatabaseError>;
+}
+
+impl Open for redb::Database {
+    fn open(path: &Path) -> Result<Self, redb::DatabaseError> {
+        redb::Database::open(path)
+    }
+}
+
+impl Open for redb::ReadOnlyDatabase {
+    fn open(path: &Path) -> Result<Self, redb::DatabaseError> {
+        redb::Builder::new().open_read_only(path)
+    }
+}
+
+/// Opens the file once: `None` while another handle's lock keeps this one out.
+fn try_open<D: Open>(path: &Path) -> Result<Option<D>, StoreError> {
+    match D::open(path) {
+        Ok(d) => Ok(Some(d)),
+        Err(redb::DatabaseError::DatabaseAlreadyOpen) => Ok(None),
+        Err(e) => Err(open_err(e)),
+    }
+}
+
+/// Runs `attempt` (inside [`guarded`]) until it opens the database (`Some`), trying again
+/// while another handle has the file (a writer's publish keeps readers out; readers keep a
+/// writer out) for up to `wait`, then failing as busy, naming the repository's writer.
+fn retrying<T>(
+    path: &Path,
+    wait: Duration,
+    mut attempt: impl FnMut() -> Result<Option<T>, StoreError>,
+) -> Result<T, StoreError> {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(200);
+    loop {
+        // Opening reads the file's header, which redb trusts: guarded like every call into it.
+        if let Some(t) = guarded(&mut attempt)? {
+            return Ok(t);
+        }
+        let waited = start.elapsed();
+        if waited >= wait {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            return Err(StoreError::Busy {
+                holder: crate::lock::holder_of(dir),
+                waited_secs: waited.as_secs(),
+            });
+        }
+        std::thread::sleep(pause.min(wait - waited));
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+/// The journal beside the database file at `path`.
+fn journal_path(path: &Path) -> std::path::PathBuf {
+    path.with_file_name(crate::journal::JOURNAL_FILE)
+}
+
+pub(crate) fn open_err(e: redb::DatabaseError) -> StoreError {
+    match e {
+        redb::DatabaseError::RepairAborted => StoreError::NeedsRecovery,
+        // A file that is not a redb database at all (overwritten, truncated) reads as an I/O
+        // or format error; either way the index must be rebuilt.
+        redb::DatabaseError::Storage(redb::StorageError::Io(e))
+            if e.kind() != std::io::ErrorKind::PermissionDenied =>
+        {
+            StoreError::Damaged(e.to_string())
+        }
+        other => db(other),
+    }
+}
+
+#[macro_use]
+mod read;
+#[cfg(test)]
+mod tests;
+mod write;
+
+pub(crate) use read::dependent_key;
+use read::key_id;
+pub use write::MetaWrite;
+
+/// A read transaction.
+pub struct MetaRead {
+    txn: redb::ReadTransaction,
+}
+
+impl MetaRead {
+    readers!();
+}
