@@ -13,34 +13,29 @@
 //! themselves get fixed configurations (`quant.exp_avg`, `quant.exp_avg_sq`).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use crate::input::{Input, Piece};
-use crate::previous::Previous;
-use mdl_codec::engine::{Engine, ErrorStats, FloatView, Moments};
-use mdl_codec::qrecord::QuantTensor;
-use mdl_codec::quant::{self, Correction, Domain, Estimate, Fit, Prepared, QuantConfig};
-use mdl_codec::residual;
+use crate::input::Piece;
+use mdl_codec::engine::FloatView;
+use mdl_codec::quant::{self, QuantConfig};
 use mdl_codec::scalar::{self, lossy_supported};
-use mdl_format::Lossy;
-use mdl_format::ObjectId;
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
 
+mod eval;
 mod order;
 mod pairing;
+mod quantize;
 mod search;
 mod settings;
 pub(crate) mod sparse;
 
+pub(crate) use eval::run_eval;
 pub use pairing::Pairing;
 pub(crate) use pairing::{roles, Role};
+pub(crate) use quantize::{quantize, Encoded, Reference, TensorPlan};
 pub use search::SearchSummary;
-pub(crate) use search::{
-    plan, quantize, run_eval, Encoded, Evaluate, PlanInput, Reference, TensorPlan,
-};
+pub(crate) use search::{plan, Evaluate, PlanInput};
 pub use settings::*;
 pub(crate) use sparse::Sparsify;
 
