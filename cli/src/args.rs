@@ -1,0 +1,369 @@
+//! The command line: every command, its arguments and its options (clap), and the options of a
+//! commit as the library takes them.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+#[derive(Clone, Parser)]
+#[command(
+    name = "mdl",
+    version,
+    about = "Version control for deep-learning checkpoints"
+)]
+pub(crate) struct Cli {
+    /// Run as if started in DIR; a URL runs the command on a server (http://HOST:PORT/REPO) or
+    /// on a repository in object storage (s3://BUCKET/PREFIX; this machine's cache of it in
+    /// $MDL_CACHE_DIR, at most $MDL_CACHE_SIZE of records, default 50G).
+    #[arg(short = 'C', global = true, env = "MDL_DIR", value_name = "DIR")]
+    pub(crate) dir: Option<PathBuf>,
+    /// Bearer token for servers.
+    #[arg(long, global = true, env = "MDL_TOKEN", hide_env_values = true)]
+    pub(crate) token: Option<String>,
+    /// Seconds a writer waits for another writer, and any command for a publish in progress.
+    #[arg(long, global = true, default_value_t = 60, value_name = "SECS")]
+    pub(crate) wait: u64,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+    /// More diagnostics on stderr.
+    #[arg(short, long, global = true)]
+    pub(crate) verbose: bool,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+impl Cli {
+    /// The repository in object storage `-C` names, if it names one.
+    pub(crate) fn bucket_url(&self) -> Option<&str> {
+        self.dir
+            .as_ref()
+            .and_then(|d| d.to_str())
+            .filter(|d| mdl_bucket::is_bucket_url(d))
+    }
+}
+
+#[derive(Clone, Subcommand)]
+pub(crate) enum Command {
+    /// Create a repository (in DIR or the current directory).
+    Init {
+        #[arg(value_name = "DIR")]
+        path: Option<PathBuf>,
+    },
+    /// Commit a checkpoint: files (safetensors, torch.save archives, anything else) and
+    /// directories of them.
+    Commit(CommitArgs),
+    /// Write a commit's files: one file to OUTPUT, a tree into the folder OUTPUT.
+    Checkout {
+        rev: String,
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Overwrite OUTPUT if it exists; write a tree into a folder that is not empty.
+        #[arg(long)]
+        force: bool,
+        /// fsync each file before renaming it into place.
+        #[arg(long)]
+        sync: bool,
+        /// Write a thinned commit without what retention expired.
+        #[arg(long)]
+        skip_expired: bool,
+        /// Only this file, or the files under this folder, of the commit's tree.
+        #[arg(long, value_name = "PATH")]
+        path: Option<String>,
+        /// Where the codec kernels run: auto, cpu or gpu (default: the `engine` setting).
+        #[arg(long, value_name = "auto|cpu|gpu")]
+        engine: Option<String>,
+    },
+    /// Show or set repository configuration (no arguments: every key with its value).
+    Config {
+        key: Option<String>,
+        value: Option<String>,
+    },
+    /// Show history, newest first.
+    Log {
+        rev: Option<String>,
+        #[arg(short = 'n', long = "max-count")]
+        n: Option<usize>,
+        /// Draw the history's lanes beside it.
+        #[arg(long)]
+        graph: bool,
+        /// Every branch's, tag's and remote-tracking branch's history, not only REV's.
+        #[arg(long, conflicts_with = "rev")]
+        all: bool,
+    },
+    /// Show a commit and its tensors.
+    Show { rev: String },
+    /// Compare two commits tensor by tensor: a summary, then each file and tensor.
+    Diff {
+        a: String,
+        b: String,
+        /// List only what changed, was added or was removed (the summary still counts all).
+        #[arg(long)]
+        changed: bool,
+    },
+    /// List, create or delete branches.
+    Branch {
+        name: Option<String>,
+        rev: Option<String>,
+        /// Delete NAME; refused when no other branch or tag reaches its commits.
+        #[arg(short = 'd', long = "delete", value_name = "NAME", conflicts_with_all = ["name", "rev", "force_delete"])]
+        delete: Option<String>,
+        /// Delete NAME even so (its reflog keeps its commits until gc expires it).
+        #[arg(short = 'D', value_name = "NAME", conflicts_with_all = ["name", "rev"])]
+        force_delete: Option<String>,
+        /// Move NAME to REV (HEAD) if it exists; its reflog records where it was.
+        #[arg(short = 'f', long, requires = "name")]
+        force: bool,
+        /// List remote-tracking branches too (REMOTE/BRANCH, as fetch and pull last saw them).
+        #[arg(short = 'a', long, conflicts_with_all = ["name", "delete", "force_delete", "remotes"])]
+        all: bool,
+        /// List only remote-tracking branches.
+        #[arg(short = 'r', long, conflicts_with_all = ["name", "delete", "force_delete"])]
+        remotes: bool,
+    },
+    /// Point HEAD at a branch.
+    Switch { branch: String },
+    /// Move the current branch to REV, wherever it is (an ancestor, another branch's commit):
+    /// the way out of a diverged branch. Its reflog records where it was.
+    Reset { rev: String },
+    /// What HEAD is, its newest commit, and whether `mdl serve` owns the repository.
+    Status,
+    /// Where a ref pointed, newest first (HEAD's branch by default; a deleted branch's too,
+    /// until gc expires its entries).
+    Reflog { name: Option<String> },
+    /// List, create or delete tags.
+    Tag {
+        name: Option<String>,
+        rev: Option<String>,
+        #[arg(short, long)]
+        message: Option<String>,
+        #[arg(short = 'd', long = "delete", value_name = "NAME", conflicts_with_all = ["name", "rev", "message"])]
+        delete: Option<String>,
+    },
+    /// Verify every object and reference, and the metadata database (with -C s3://…, this
+    /// machine's copy: records it has not read yet are fetched from the bucket to be verified).
+    Fsck {
+        /// Rebuild a missing or damaged meta.redb from the object records and the journal,
+        /// rewrite a journal that disagrees with it, and remove leftovers of interrupted writes
+        /// (never anything the index names).
+        #[arg(long)]
+        repair: bool,
+    },
+    /// Do what commits left for later: re-encode previous versions as reverse deltas against
+    /// their new versions (`delta.defer`), oldest commit first. A commit that leaves such work
+    /// starts `mdl maintenance --background` itself (not with MDL_NO_BACKGROUND set).
+    Maintenance {
+        /// Give way to other writers: exit if the repository stays in use for 5 seconds, and
+        /// stop at the next tensor when a writer is waiting (what is left stays queued).
+        #[arg(long)]
+        background: bool,
+    },
+    /// Re-encode long delta chains so no tensor needs more than D decode steps (ids unchanged;
+    /// with -C s3://…, in this machine's copy, which is where checkouts decode).
+    Compact {
+        /// Longest chain allowed afterwards [default: delta.max_depth].
+        #[arg(long, value_name = "D")]
+        max_depth: Option<u32>,
+        /// Show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Delete unreachable objects and apply the retention rules (retention.*).
+    Gc {
+        /// Keep unreachable objects younger than this (grace period for racing commits)
+        /// [default: 1h].
+        #[arg(long, value_name = "DURATION")]
+        prune_older_than: Option<String>,
+        /// Reflog entries older than this are deleted and stop protecting what they name
+        /// [default: 30d].
+        #[arg(long, value_name = "DURATION")]
+        expire_reflog: Option<String>,
+        /// Show what would be removed; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Repository totals.
+    Stats,
+    /// Serve this repository (every repository under --root; with -C s3://…, that one) over
+    /// HTTP.
+    Serve {
+        /// Address to listen on (port 0 picks a free one).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        addr: String,
+        /// Serve every repository directly under DIR, by directory name.
+        #[arg(long, value_name = "DIR")]
+        root: Option<PathBuf>,
+        /// Accepted bearer tokens: lines of `name scope token` (scope read or write).
+        #[arg(long, value_name = "FILE")]
+        tokens: Option<PathBuf>,
+        /// Reads need no token.
+        #[arg(long)]
+        read_public: bool,
+        /// Largest upload (commit or push), e.g. 512M or 64G.
+        #[arg(long, default_value = "64G", value_name = "SIZE")]
+        max_body: String,
+        /// Connections served at once (more wait to be accepted).
+        #[arg(long, default_value_t = 512, value_name = "N")]
+        max_connections: usize,
+        /// Seconds a client has to send a request's headers (and that an idle connection is
+        /// kept between requests).
+        #[arg(long, default_value_t = 10, value_name = "SECS")]
+        header_timeout: u64,
+        /// Seconds an upload may send nothing before it is cut off (408), and a download may
+        /// take nothing before its connection is closed.
+        #[arg(long, default_value_t = 30, value_name = "SECS")]
+        body_timeout: u64,
+        /// Decoded tensors all requests together may hold at once, e.g. 4G (more wait).
+        #[arg(long, default_value = "4G", value_name = "SIZE")]
+        decode_memory: String,
+    },
+    /// List remotes, or add one: mdl remote add NAME URL.
+    Remote {
+        #[command(subcommand)]
+        action: Option<RemoteAction>,
+    },
+    /// Copy a repository from a server (http://…) or object storage (s3://…): every branch
+    /// and tag.
+    Clone {
+        url: String,
+        #[arg(value_name = "DIR")]
+        path: Option<PathBuf>,
+    },
+    /// Bring a remote's branches (or BRANCH) and tags, as refs/remotes/REMOTE/BRANCH.
+    Fetch {
+        #[arg(default_value = "origin")]
+        remote: String,
+        branch: Option<String>,
+    },
+    /// Fetch BRANCH (HEAD's branch) and fast-forward the local branch to it.
+    Pull {
+        #[arg(default_value = "origin")]
+        remote: String,
+        branch: Option<String>,
+    },
+    /// Send BRANCH (HEAD's branch) to a remote; refused unless it fast-forwards there.
+    Push {
+        #[arg(default_value = "origin")]
+        remote: String,
+        branch: Option<String>,
+        /// Move the remote branch even if that drops commits there.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// `mdl commit`'s arguments.
+#[derive(Clone, clap::Args)]
+pub(crate) struct CommitArgs {
+    /// Files and directories; a directory's files are committed under their paths in it.
+    #[arg(required = true, value_name = "PATH")]
+    pub(crate) paths: Vec<PathBuf>,
+    #[arg(short, long, default_value = "")]
+    pub(crate) message: String,
+    /// Commit onto BRANCH (created at HEAD's commit if missing) instead of HEAD's branch.
+    #[arg(short, long)]
+    pub(crate) branch: Option<String>,
+    #[arg(long)]
+    pub(crate) step: Option<u64>,
+    /// KEY=VALUE, repeatable.
+    #[arg(long = "metric", value_name = "KEY=VALUE")]
+    pub(crate) metrics: Vec<String>,
+    #[arg(long)]
+    pub(crate) author: Option<String>,
+    /// Quantize float tensors under the quality bound (codec.epsilon, or --epsilon).
+    #[arg(long, conflicts_with_all = ["trim_bits", "lossless"])]
+    pub(crate) lossy: bool,
+    /// Store every tensor exactly, whatever codec.default says.
+    #[arg(long, conflicts_with = "trim_bits")]
+    pub(crate) lossless: bool,
+    /// Quality bound: estimated loss change as a fraction of the commit's loss (absolute
+    /// without one); relative L2 error for tensors without optimizer moments.
+    #[arg(long, value_name = "E")]
+    pub(crate) epsilon: Option<f64>,
+    /// Score candidate checkpoints with CMD ({} is the file); the number on its last output
+    /// line is the metric (lower is better), kept within E of the original's.
+    #[arg(long, value_name = "CMD")]
+    pub(crate) eval_cmd: Option<String>,
+    /// Keep K mantissa bits of float tensors (mantissa-trim).
+    #[arg(long, value_name = "K")]
+    pub(crate) trim_bits: Option<u32>,
+    /// Parameter/moment pairings: WEIGHT:EXP_AVG:EXP_AVG_SQ patterns with one {} each,
+    /// comma-separated (default: quant.moments).
+    #[arg(long, value_name = "PATTERNS")]
+    pub(crate) moments: Option<String>,
+    /// Commit to the repository at this URL (http://HOST:PORT/REPO) instead.
+    #[arg(long, value_name = "URL")]
+    pub(crate) remote: Option<String>,
+    /// Where the codec kernels run: auto (the GPU when one is usable), cpu or gpu (default:
+    /// the `engine` setting). The bytes stored are the same.
+    #[arg(long, value_name = "auto|cpu|gpu")]
+    pub(crate) engine: Option<String>,
+}
+
+impl CommitArgs {
+    /// The commit's options, the same whether it runs here or on a server.
+    pub(crate) fn options(&self) -> anyhow::Result<mdl::commit::CommitOptions> {
+        use mdl::lossy::CodecMode;
+        let mode = if self.lossy || (self.eval_cmd.is_some() && !self.lossless) {
+            Some(CodecMode::Lossy)
+        } else if self.lossless {
+            Some(CodecMode::Lossless)
+        } else if self.trim_bits.is_some() {
+            Some(CodecMode::Trim)
+        } else {
+            None
+        };
+        Ok(mdl::commit::CommitOptions {
+            message: self.message.clone(),
+            branch: self.branch.as_deref().map(mdl::RefName::new).transpose()?,
+            step: self.step,
+            metrics: self
+                .metrics
+                .iter()
+                .map(|m| parse_metric(m))
+                .collect::<anyhow::Result<_>>()?,
+            author: self.author.clone(),
+            encode: Default::default(),
+            delta: None,
+            lossy: mdl::lossy::LossyRequest {
+                mode,
+                epsilon: self.epsilon,
+                trim_bits: self.trim_bits,
+                moments: self.moments.clone(),
+                eval_cmd: self.eval_cmd.clone(),
+            },
+            // One commit a process: nothing to keep for a next one.
+            warm: None,
+        })
+    }
+}
+
+#[derive(Clone, Subcommand)]
+pub(crate) enum RemoteAction {
+    /// Add remote NAME at URL (http://HOST:PORT/REPO, or s3://BUCKET/PREFIX).
+    Add { name: String, url: String },
+    /// Remove remote NAME: its URL, its token and its remote-tracking branches.
+    Remove { name: String },
+    /// Point remote NAME at URL.
+    SetUrl { name: String, url: String },
+    /// Keep the token given with --token (or $MDL_TOKEN) for remote NAME, in
+    /// .mdl/remote-tokens (mode 0600); fetch, pull and push send it when no --token is
+    /// given. --clear forgets it.
+    SetToken {
+        name: String,
+        #[arg(long)]
+        clear: bool,
+    },
+}
+
+fn parse_metric(s: &str) -> anyhow::Result<(String, f64)> {
+    let (k, v) = s
+        .split_once('=')
+        .with_context(|| format!("invalid metric {s:?}: expected KEY=VALUE"))?;
+    let v: f64 = v
+        .trim()
+        .parse()
+        .with_context(|| format!("invalid metric {s:?}: {v:?} is not a number"))?;
+    Ok((k.trim().to_string(), v))
+}
