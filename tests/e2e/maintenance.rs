@@ -232,15 +232,8 @@ fn sigkill_during_deferred_reencode_never_corrupts() {
     // Commits queue their re-encodes; the test runs (and kills) the maintenance itself.
     let commit = |n: u64| {
         checkpoint(&file, n, true);
-        let out = Command::new(mdl_bin())
-            .arg("-C")
-            .arg(d)
-            .args(["--json", "commit", file.to_str().unwrap()])
-            .env("MDL_NO_BACKGROUND", "1")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        id_of(&serde_json::from_slice(&out.stdout).unwrap())
+        let out = ok_queued(d, &["--json", "commit", file.to_str().unwrap()]);
+        id_of(&serde_json::from_str(&out).unwrap())
     };
     let mut crashes = Crashes {
         d,

@@ -171,14 +171,7 @@ fn a_served_repository_does_its_deferred_reencodes() {
     // Queued before serving (no background run started).
     for n in 0..2 {
         crate::maintenance::checkpoint(&f, n, true);
-        let out = std::process::Command::new(mdl_bin())
-            .arg("-C")
-            .arg(&repo)
-            .args(["commit", f.to_str().unwrap()])
-            .env("MDL_NO_BACKGROUND", "1")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
+        ok_queued(&repo, &["commit", f.to_str().unwrap()]);
     }
     let server = Server::start(&["-C", repo.to_str().unwrap()], dir.path());
     crate::maintenance::checkpoint(&f, 2, true);

@@ -29,6 +29,25 @@ pub fn ok(dir: &Path, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// [`ok`] with `MDL_NO_BACKGROUND` set: a commit leaves its deferred re-encodes queued instead
+/// of starting `mdl maintenance --background`.
+pub fn ok_queued(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(mdl_bin())
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("MDL_AUTHOR", "tester")
+        .env("MDL_NO_BACKGROUND", "1")
+        .output()
+        .expect("run mdl");
+    assert!(
+        out.status.success(),
+        "mdl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// Runs mdl, asserts failure with a one-line error containing `want`.
 pub fn fails(dir: &Path, args: &[&str], want: &str) -> String {
     let out = mdl(dir, args);

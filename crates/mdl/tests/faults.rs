@@ -99,6 +99,14 @@ fn float_checkpoint(path: &std::path::Path, step: u32) {
     write_safetensors(path, &[("w", "F32", vec![n as u64], data)]);
 }
 
+/// Checks out `rev` into `dir` and compares it with `original` (the file is removed after).
+fn assert_checks_out(repo: &Repository, rev: &str, dir: &std::path::Path, original: &[u8]) {
+    let out = dir.join("out.safetensors");
+    mdl::checkout::checkout(repo, rev, &out, &Default::default(), &NoProgress).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), original, "{rev}");
+    std::fs::remove_file(&out).unwrap();
+}
+
 /// Eager reverse deltas: the commit itself re-encodes the previous version.
 fn eager() -> CommitOptions {
     CommitOptions {
@@ -135,10 +143,7 @@ fn faults_during_a_reverse_delta_leave_the_old_record_in_use() {
         let repo = Repository::open(dir.path(), &opts).unwrap();
         commit(&repo, &f, &eager(), &NoProgress).unwrap_err();
         assert_eq!(mdl::revision::resolve(&repo, "main").unwrap(), first.id);
-        let out = dir.path().join("out.safetensors");
-        mdl::checkout::checkout(&repo, "main", &out, &Default::default(), &NoProgress).unwrap();
-        assert_eq!(std::fs::read(&out).unwrap(), original);
-        std::fs::remove_file(&out).unwrap();
+        assert_checks_out(&repo, "main", dir.path(), &original);
         let shown = mdl::show::show(&repo, "main").unwrap();
         assert_eq!(
             shown.tensors[0].codec, "float-split",
@@ -154,9 +159,7 @@ fn faults_during_a_reverse_delta_leave_the_old_record_in_use() {
         "{}",
         shown.tensors[0].codec
     );
-    let out = dir.path().join("out.safetensors");
-    mdl::checkout::checkout(&repo, "main~1", &out, &Default::default(), &NoProgress).unwrap();
-    assert_eq!(std::fs::read(&out).unwrap(), original);
+    assert_checks_out(&repo, "main~1", dir.path(), &original);
     let report = mdl::fsck::fsck(&repo, false).unwrap();
     assert!(report.ok(), "{:?}", report.problems);
 }
@@ -192,10 +195,7 @@ fn faults_during_a_deferred_reencode_leave_it_queued() {
             shown.tensors[0].codec, "float-split",
             "the old record is still in use"
         );
-        let out = dir.path().join("out.safetensors");
-        mdl::checkout::checkout(&repo, "main~1", &out, &Default::default(), &NoProgress).unwrap();
-        assert_eq!(std::fs::read(&out).unwrap(), original);
-        std::fs::remove_file(&out).unwrap();
+        assert_checks_out(&repo, "main~1", dir.path(), &original);
         assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
     }
     let repo = Repository::open(dir.path(), &OpenOptions::default()).unwrap();
@@ -203,8 +203,6 @@ fn faults_during_a_deferred_reencode_leave_it_queued() {
     assert_eq!((report.rewritten, report.pending), (1, 0));
     let shown = mdl::show::show(&repo, "main~1").unwrap();
     assert!(shown.tensors[0].codec.ends_with("-delta"));
-    let out = dir.path().join("out.safetensors");
-    mdl::checkout::checkout(&repo, "main~1", &out, &Default::default(), &NoProgress).unwrap();
-    assert_eq!(std::fs::read(&out).unwrap(), original);
+    assert_checks_out(&repo, "main~1", dir.path(), &original);
     assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
 }

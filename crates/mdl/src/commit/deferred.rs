@@ -119,17 +119,18 @@ fn reencode_parent(
     if policy.mode != DeltaMode::Reverse {
         return Ok(Some(Vec::new()));
     }
-    let parent = {
+    let (record, parent) = {
         let meta = store.meta().read()?;
         if meta.object(commit)?.is_none() {
             return Ok(Some(Vec::new()));
         }
-        match repo.load_commit(commit)?.parents.first() {
-            Some(p) if meta.object(p)?.is_some() => *p,
+        let record = repo.load_commit(commit)?;
+        match record.parents.first() {
+            Some(p) if meta.object(p)?.is_some() => (record.manifest, *p),
             _ => return Ok(Some(Vec::new())),
         }
     };
-    let manifest = repo.load_manifest(&repo.load_commit(commit)?.manifest)?;
+    let manifest = repo.load_manifest(&record)?;
     let parent_manifest = repo.load_manifest(&repo.load_commit(&parent)?.manifest)?;
     let previous = Previous::of(Some(&parent_manifest));
     // The pairs, in manifest order; a previous version is re-encoded once, against the first
