@@ -124,10 +124,10 @@ impl Committer {
     /// Also works the repository's deferred re-encodes ([`run_deferred`], `delta.defer`) after
     /// each commit lands, on the committer's thread, in the repository `open` opens for
     /// writing, with the commit's tensors still warm. Submitting the next commit, or another
-    /// process waiting to write, asks the work to stop after the commit it is on (what is left
-    /// stays queued for the next turn);
-    /// [`Committer::finish`] and dropping the committer let it run to the end. A failure there
-    /// is logged, not reported: the commit itself landed, and its re-encode stays queued.
+    /// process waiting to write, stops the work at its next tensor (what is left stays queued
+    /// for the next turn); [`Committer::finish`] and dropping the committer let it run to the
+    /// end. A failure there is logged, not reported: the commit itself landed, and its
+    /// re-encode stays queued.
     pub fn working_deferred(
         mut self,
         open: impl Fn() -> Result<Repository> + Send + Sync + 'static,
