@@ -6,7 +6,8 @@
 #   scripts/make-fixtures.sh 3    # the last commit writing version 3 (364b373)
 #   scripts/make-fixtures.sh 4    # the last commit writing version 4 (0ff8a9b)
 #   scripts/make-fixtures.sh 5    # the last commit writing version 5 (a823e4b)
-#   scripts/make-fixtures.sh 6    # this working tree (version 6)
+#   scripts/make-fixtures.sh 6    # the last commit writing version 6 (4f32c56)
+#   scripts/make-fixtures.sh 7    # this working tree (version 7)
 #
 # A fixture, once committed, is never regenerated: it is what that build wrote, and today's
 # code must keep reading it (tests/fixtures.rs in the mdl crate). A format change adds the next
@@ -22,7 +23,8 @@ case "$version" in
     3) rev=364b373 ;;
     4) rev=0ff8a9b ;;
     5) rev=a823e4b ;;
-    6) rev= ;;
+    6) rev=4f32c56 ;;
+    7) rev= ;;
     *) echo "error: no build is known to write format version $version" >&2; exit 1 ;;
 esac
 if [ -z "$rev" ]; then

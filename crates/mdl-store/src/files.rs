@@ -37,14 +37,6 @@ impl Store {
             .map_err(StoreError::io("create", &self.dir))
     }
 
-    /// An unnamed temporary file in `.mdl/` for bytes this process writes and reads back
-    /// (the coded planes of a tensor too large to hold): it has no name, so it is gone when
-    /// closed, even if the process is killed.
-    pub fn spill_file(&self) -> Result<std::fs::File, StoreError> {
-        tempfile::tempfile_in(&self.dir)
-            .map_err(StoreError::io("create a temporary file in", &self.dir))
-    }
-
     /// An exclusive temporary folder `.mdl/PREFIX…` for a program to read (an evaluation
     /// command's candidate tree); removed when dropped.
     pub fn scratch_dir(&self, prefix: &str) -> Result<tempfile::TempDir, StoreError> {

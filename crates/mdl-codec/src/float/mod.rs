@@ -13,10 +13,12 @@ use crate::engine::Engine;
 use crate::huffman::{Histogram, Plan};
 use crate::planes::{layout, sub_layout, word_mask, Layout, PlaneSpec, Transform, CHUNK};
 
+mod framed;
 mod payload;
 
+pub use framed::{is_framed, FrameEncoder, Frames, FRAME_CHUNKS, FRAME_LOG2};
 pub use payload::{
-    decode, decode_sub, encode, encode_pieces, Encoded, PayloadIndex, PayloadWriter,
+    decode, decode_sub, encode, encode_pieces, Encoded, PayloadIndex, PayloadWriter, ReadAt,
 };
 
 /// Whether `dtype` has a float plane layout.
@@ -216,6 +218,11 @@ impl PlaneCount {
         }
         self.n += (data.len() / self.l.width) as u64;
         Ok(())
+    }
+
+    /// Bytes of tensor counted so far.
+    pub fn counted_bytes(&self) -> u64 {
+        self.n * self.l.width as u64
     }
 
     /// How to hold the planes counted: for [`Count::Plain`], [`Count::Sub`] and

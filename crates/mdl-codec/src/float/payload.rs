@@ -168,7 +168,7 @@ pub fn decode(
     base: Option<&[u8]>,
     out: &mut [u8],
 ) -> Result<(), FormatError> {
-    decode_whole(engine, PlaneSpec::planes(dtype, 0), payload, base, out)
+    decode_any(engine, PlaneSpec::planes(dtype, 0), payload, base, out)
 }
 
 /// Decodes a `sub-delta` payload against `base` into `out`.
@@ -179,11 +179,26 @@ pub fn decode_sub(
     base: &[u8],
     out: &mut [u8],
 ) -> Result<(), FormatError> {
-    decode_whole(engine, PlaneSpec::sub(dtype), payload, Some(base), out)
+    decode_any(engine, PlaneSpec::sub(dtype), payload, Some(base), out)
 }
 
-/// Decodes a whole payload held in memory: one window of every chunk.
-fn decode_whole(
+/// Decodes a payload held in memory, framed or not.
+fn decode_any(
+    engine: &dyn Engine,
+    spec: PlaneSpec,
+    payload: &[u8],
+    base: Option<&[u8]>,
+    out: &mut [u8],
+) -> Result<(), FormatError> {
+    if super::framed::is_framed(payload) {
+        super::framed::decode(engine, spec, payload, base, out)
+    } else {
+        decode_whole(engine, spec, payload, base, out)
+    }
+}
+
+/// Decodes a whole (unframed) payload held in memory: one window of every chunk.
+pub(super) fn decode_whole(
     engine: &dyn Engine,
     spec: PlaneSpec,
     payload: &[u8],

@@ -121,7 +121,7 @@ mod write;
 pub(crate) use read::agrees_with_index;
 pub use windows::{TensorWindows, WINDOW_CHUNKS};
 pub(crate) use write::next_temp;
-pub use write::{ObjectBatch, PutOutcome};
+pub use write::{ObjectBatch, PutOutcome, RecordWriter};
 
 #[cfg(test)]
 mod tests {

@@ -2,7 +2,7 @@
 //!
 //! A float record (float-split, xor-delta, sub-delta, mantissa-trim) is decoded a window of
 //! element chunks at a time, each plane's bytes for the window read from the file at their
-//! offsets; a delta pulls the same window of its base from the level below, so a chain is
+//! offsets, or (framed, format 7) frame after frame in file order; a delta pulls the same window of its base from the level below, so a chain is
 //! resolved window by window too. Raw and zstd records stream. Quantized records (the lossy
 //! codecs) are decoded whole and handed out a window at a time: their memory is the tensor's.
 //!
@@ -17,7 +17,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use mdl_codec::float::PayloadIndex;
+use mdl_codec::float::{self, Frames, PayloadIndex};
 use mdl_codec::planes::{PlaneSpec, Transform};
 use mdl_codec::CodecTag;
 use mdl_format::record::{Trailer, TRAILER_LEN};
@@ -49,8 +49,10 @@ impl Store {
         entry: &IndexEntry,
     ) -> Result<TensorWindows<'_>, StoreError> {
         let level = self.reread(id, entry, |e| self.open_level(id, e, chain_budget(e)))?;
+        // Whole chunks of elements (a float record's width), or of bytes.
         let width = match &level {
             Level::Float(f) => f.width,
+            Level::Framed(f) => f.frames.width(),
             _ => 1,
         };
         Ok(TensorWindows {
@@ -163,6 +165,38 @@ impl Store {
                 .read_exact_at(buf, hlen as u64 + at)
                 .map_err(|e| FormatError::invalid("record", e.to_string()))
         };
+        let mut first = [0u8; 1];
+        if payload_len > 0 {
+            read(0, &mut first).map_err(bad)?;
+        }
+        let base = BaseWindows::new(match &entry.base {
+            Some(base_id) => {
+                let base_entry = self.base_entry(id, entry, base_id)?;
+                Some(Box::new(self.open_level(
+                    base_id,
+                    &base_entry,
+                    budget - 1,
+                )?))
+            }
+            None => None,
+        });
+        if float::is_framed(&first) {
+            let frames =
+                Frames::open(spec, entry.content_len, payload_len, &mut read).map_err(bad)?;
+            let mut crc = crc32fast::Hasher::new();
+            crc.update(&frames.head());
+            return Ok(Level::Framed(FramedLevel {
+                store: self,
+                common,
+                file: open.file,
+                path: open.path,
+                payload_at: hlen as u64,
+                frames,
+                crc,
+                bytes: Pooled::take(),
+                base,
+            }));
+        }
         let index = PayloadIndex::open(
             spec,
             entry.content_len,
@@ -180,17 +214,6 @@ impl Store {
                 c
             })
             .collect();
-        let base = match &entry.base {
-            Some(base_id) => {
-                let base_entry = self.base_entry(id, entry, base_id)?;
-                Some(Box::new(self.open_level(
-                    base_id,
-                    &base_entry,
-                    budget - 1,
-                )?))
-            }
-            None => None,
-        };
         let planes = index.planes();
         Ok(Level::Float(FloatLevel {
             store: self,
@@ -205,7 +228,6 @@ impl Store {
             width: width as u64,
             next_chunk: 0,
             base,
-            base_buf: Pooled::take(),
         }))
     }
 }
@@ -259,6 +281,7 @@ impl TensorWindows<'_> {
 /// One record of a chain.
 enum Level<'s> {
     Float(FloatLevel<'s>),
+    Framed(FramedLevel<'s>),
     Stream(StreamLevel),
     Memory { data: Vec<u8>, at: usize },
 }
@@ -267,6 +290,7 @@ impl Level<'_> {
     fn next_into(&mut self, out: &mut [u8]) -> Result<(), StoreError> {
         match self {
             Level::Float(f) => f.next_into(out),
+            Level::Framed(f) => f.next_into(out),
             Level::Stream(s) => s.next_into(out),
             Level::Memory { data, at } => {
                 out.copy_from_slice(&data[*at..*at + out.len()]);
@@ -279,6 +303,7 @@ impl Level<'_> {
     fn finish(self) -> Result<(), StoreError> {
         match self {
             Level::Float(f) => f.finish(),
+            Level::Framed(f) => f.finish(),
             Level::Stream(s) => s.finish(),
             Level::Memory { .. } => Ok(()),
         }
@@ -340,8 +365,7 @@ struct FloatLevel<'s> {
     /// Bytes an element.
     width: u64,
     next_chunk: usize,
-    base: Option<Box<Level<'s>>>,
-    base_buf: Pooled,
+    base: BaseWindows<'s>,
 }
 
 impl FloatLevel<'_> {
@@ -354,6 +378,7 @@ impl FloatLevel<'_> {
             .collect();
         let total = ranges.iter().map(|r| (r.end - r.start) as usize).sum();
         if self.bytes.0.len() < total {
+            self.bytes.0.reserve_exact(total - self.bytes.0.len());
             self.bytes.0.resize(total, 0);
         }
         let mut planes: Vec<&[u8]> = Vec::with_capacity(ranges.len());
@@ -367,17 +392,7 @@ impl FloatLevel<'_> {
             planes.push(buf);
             rest = tail;
         }
-        let base = match &mut self.base {
-            Some(b) => {
-                if self.base_buf.0.len() < out.len() {
-                    self.base_buf.0.resize(out.len(), 0);
-                }
-                let window = &mut self.base_buf.0[..out.len()];
-                b.next_into(window)?;
-                Some(&*window)
-            }
-            None => None,
-        };
+        let base = self.base.next(out.len())?;
         self.index
             .decode(self.store.engine(), self.next_chunk, &planes, base, out)
             .map_err(bad)?;
@@ -387,9 +402,7 @@ impl FloatLevel<'_> {
     }
 
     fn finish(self) -> Result<(), StoreError> {
-        if let Some(base) = self.base {
-            base.finish()?;
-        }
+        self.base.finish()?;
         // The payload's pieces in file order: its head, then each stream's head and chunks.
         let mut heads = self.heads.into_iter();
         let mut payload = heads.next().expect("the payload head");
@@ -398,6 +411,91 @@ impl FloatLevel<'_> {
             payload.combine(data);
         }
         self.common.finish(&payload)
+    }
+}
+
+/// The base level below a delta, read a window at a time beside it.
+struct BaseWindows<'s> {
+    level: Option<Box<Level<'s>>>,
+    buf: Pooled,
+}
+
+impl<'s> BaseWindows<'s> {
+    fn new(level: Option<Box<Level<'s>>>) -> Self {
+        BaseWindows {
+            level,
+            buf: Pooled::take(),
+        }
+    }
+
+    /// The base's next `len` bytes (`None` without a base).
+    fn next(&mut self, len: usize) -> Result<Option<&[u8]>, StoreError> {
+        let Some(level) = &mut self.level else {
+            return Ok(None);
+        };
+        if self.buf.0.len() < len {
+            // A pooled buffer grows to the window exactly, not to twice its old capacity.
+            self.buf.0.reserve_exact(len - self.buf.0.len());
+            self.buf.0.resize(len, 0);
+        }
+        let window = &mut self.buf.0[..len];
+        level.next_into(window)?;
+        Ok(Some(window))
+    }
+
+    fn finish(self) -> Result<(), StoreError> {
+        match self.level {
+            Some(level) => level.finish(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A framed float record: its frames read and decoded in file order.
+struct FramedLevel<'s> {
+    store: &'s Store,
+    common: Common,
+    file: File,
+    path: PathBuf,
+    /// Where the payload starts in the file.
+    payload_at: u64,
+    frames: Frames,
+    /// Checksum of the payload bytes read so far.
+    crc: crc32fast::Hasher,
+    /// The current frame's bytes.
+    bytes: Pooled,
+    base: BaseWindows<'s>,
+}
+
+impl FramedLevel<'_> {
+    fn next_into(&mut self, out: &mut [u8]) -> Result<(), StoreError> {
+        let bad = corrupt(&self.common.id, &self.common.entry);
+        let base = self.base.next(out.len())?;
+        let (file, path, at) = (&self.file, &self.path, self.payload_at);
+        let mut read = |offset: u64, buf: &mut [u8]| {
+            file.read_exact_at(buf, at + offset)
+                .map_err(|e| FormatError::invalid("record", format!("{}: {e}", path.display())))
+        };
+        let crc = &mut self.crc;
+        self.frames
+            .decode_next(
+                self.store.engine(),
+                &mut read,
+                &mut self.bytes.0,
+                base,
+                out,
+                &mut |bytes| crc.update(bytes),
+            )
+            .map_err(bad)?;
+        self.common.hasher.update(out);
+        Ok(())
+    }
+
+    fn finish(self) -> Result<(), StoreError> {
+        self.base.finish()?;
+        let bad = corrupt(&self.common.id, &self.common.entry);
+        self.frames.finish().map_err(bad)?;
+        self.common.finish(&self.crc)
     }
 }
 

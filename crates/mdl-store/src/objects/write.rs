@@ -92,7 +92,7 @@ impl Store {
     }
 }
 
-impl ObjectBatch<'_> {
+impl<'s> ObjectBatch<'s> {
     /// Stores a tensor under the smallest of the candidate codecs (raw if none pays).
     ///
     /// The bytes are hashed as they are encoded; if they do not hash to `id` (the input changed
@@ -306,8 +306,8 @@ impl ObjectBatch<'_> {
         .map_err(WriteError::into_store)
     }
 
-    /// The one helper that writes into `.mdl/objects`: temporary file in the record's directory,
-    /// checksum while streaming, fsync, rename. The directory is fsynced by [`Self::finish`].
+    /// The one helper that writes into `.mdl/objects`: a [`RecordWriter`] that `body` writes
+    /// the payload into (capped at `cap` bytes), checked by `verify` before it is finished.
     #[allow(clippy::too_many_arguments)]
     fn write_record(
         &self,
@@ -322,12 +322,94 @@ impl ObjectBatch<'_> {
         body: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
         verify: &mut dyn FnMut() -> Result<(), StoreError>,
     ) -> Result<PutOutcome, WriteError> {
+        let mut w = self.open_record(
+            Some(id),
+            kind,
+            codec,
+            placement,
+            prefix,
+            coarsened,
+            content_len,
+        )?;
+        let sink = w.sink.as_mut().expect("an open record");
+        sink.cap = sink.written.saturating_add(cap);
+        body(&mut w).map_err(|e| {
+            if is_not_smaller(&e) {
+                WriteError::NotSmaller
+            } else {
+                w.failed("write", e).into()
+            }
+        })?;
+        verify()?;
+        Ok(w.finish()?)
+    }
+
+    /// Opens a tensor record that the caller writes the payload of, in order, and then
+    /// [`RecordWriter::finish`]es (the caller has verified that what it encodes hashes to
+    /// `id`). Dropped unfinished, nothing of it stays.
+    pub fn open_written(
+        &self,
+        id: &ObjectId,
+        header: &TensorHeader,
+        codec: CodecTag,
+        placement: Placement,
+    ) -> Result<RecordWriter<'_, 's>, StoreError> {
+        let content_len = header.data_len().unwrap_or(0);
+        let prefix = header.canonical();
+        self.open_record(
+            Some(id),
+            ObjectKind::Tensor,
+            codec,
+            placement,
+            &prefix,
+            None,
+            content_len,
+        )
+    }
+
+    /// [`Self::open_written`] of a record whose id is known only once it is written (the
+    /// hash of what it encodes, found as it is encoded): [`RecordWriter::finish_as`] names it.
+    pub fn open_unnamed(
+        &self,
+        header: &TensorHeader,
+        codec: CodecTag,
+        placement: Placement,
+    ) -> Result<RecordWriter<'_, 's>, StoreError> {
+        let content_len = header.data_len().unwrap_or(0);
+        let prefix = header.canonical();
+        self.open_record(
+            None,
+            ObjectKind::Tensor,
+            codec,
+            placement,
+            &prefix,
+            None,
+            content_len,
+        )
+    }
+
+    /// A temporary file in the record's directory (or, not named yet, in [`UNNAMED_DIR`]), its
+    /// header written.
+    #[allow(clippy::too_many_arguments)]
+    fn open_record(
+        &self,
+        id: Option<&ObjectId>,
+        kind: ObjectKind,
+        codec: CodecTag,
+        placement: Placement,
+        prefix: &[u8],
+        coarsened: Option<Coarsened>,
+        content_len: u64,
+    ) -> Result<RecordWriter<'_, 's>, StoreError> {
         let fs = self.store.storage();
-        let path = self.store.record_path(id, placement.generation);
-        let dir = path
-            .parent()
-            .expect("record path has a parent")
-            .to_path_buf();
+        let path = id.map(|id| self.store.record_path(id, placement.generation));
+        let dir = match &path {
+            Some(path) => path
+                .parent()
+                .expect("record path has a parent")
+                .to_path_buf(),
+            None => self.store.dir().join("objects").join(UNNAMED_DIR),
+        };
         fs.create_dir_all(&dir)
             .map_err(StoreError::io("create", &dir))?;
         let tmp = dir.join(format!(
@@ -335,77 +417,35 @@ impl ObjectBatch<'_> {
             std::process::id(),
             next_temp()
         ));
-        let result = (|| -> Result<u64, WriteError> {
-            let file = fs
-                .create_new(&tmp)
-                .map_err(StoreError::io("create", &tmp))?;
-            let mut sink = RecordSink {
+        let file = fs
+            .create_new(&tmp)
+            .map_err(StoreError::io("create", &tmp))?;
+        let mut w = RecordWriter {
+            batch: self,
+            sink: Some(RecordSink {
                 inner: BufWriter::with_capacity(1 << 20, file),
                 crc: crc32fast::Hasher::new(),
                 written: 0,
                 cap: u64::MAX,
-            };
-            let mut header = RecordHeader::new(kind, codec as u8, placement.base, prefix.to_vec());
-            header.coarsened = coarsened;
-            let header = header.encode();
-            sink.write_all(&header)
-                .map_err(StoreError::io("write", &tmp))?;
-            let start = sink.written;
-            sink.cap = start.saturating_add(cap);
-            body(&mut sink).map_err(|e| {
-                if is_not_smaller(&e) {
-                    WriteError::NotSmaller
-                } else {
-                    StoreError::Io {
-                        op: "write",
-                        path: tmp.clone(),
-                        source: e,
-                    }
-                    .into()
-                }
-            })?;
-            verify()?;
-            let payload_len = sink.written - start;
-            sink.cap = u64::MAX;
-            sink.write_all(&Trailer::lengths(content_len, payload_len))
-                .map_err(StoreError::io("write", &tmp))?;
-            let crc = sink.crc.clone().finalize();
-            sink.write_all(&crc.to_le_bytes())
-                .map_err(StoreError::io("write", &tmp))?;
-            let total = sink.written;
-            let file = sink.inner.into_inner().map_err(|e| StoreError::Io {
-                op: "write",
-                path: tmp.clone(),
-                source: e.into_error(),
-            })?;
-            // The file is synced in the background from here on and its directory by `finish`,
-            // before the index names it; until then a crash can only leave unindexed files.
-            drop(file);
-            fs.rename(&tmp, &path)
-                .map_err(StoreError::io("rename", &tmp))?;
-            Ok(total)
-        })();
-        match result {
-            Ok(stored_len) => {
-                self.syncer.push(path.clone(), Target::File);
-                self.files.lock().unwrap().push(path);
-                let entry = IndexEntry {
-                    kind,
-                    codec: codec as u8,
-                    generation: placement.generation,
-                    base: placement.base,
-                    depth: placement.depth,
-                    stored_len,
-                    content_len,
-                    created: Timestamp::now(),
-                };
-                Ok(PutOutcome { id: *id, entry })
-            }
-            Err(e) => {
-                let _ = fs.remove_file(&tmp);
-                Err(e)
-            }
+            }),
+            id: id.copied(),
+            kind,
+            codec,
+            placement,
+            content_len,
+            start: 0,
+            tmp,
+            path,
+        };
+        let mut header = RecordHeader::new(kind, codec as u8, placement.base, prefix.to_vec());
+        header.coarsened = coarsened;
+        let header = header.encode();
+        let sink = w.sink.as_mut().expect("an open record");
+        if let Err(e) = sink.write_all(&header) {
+            return Err(w.failed("write", e));
         }
+        w.start = header.len() as u64;
+        Ok(w)
     }
 
     /// Makes the records, and their directory entries, durable. Call before publishing them
@@ -426,6 +466,119 @@ impl ObjectBatch<'_> {
                 .push(self.store.dir().join("objects"), Target::Dir);
         }
         self.syncer.finish()
+    }
+}
+
+/// A record being written ([`ObjectBatch::open_written`]): a temporary file until
+/// [`Self::finish`] renames it into place; removed if dropped before.
+pub struct RecordWriter<'b, 's> {
+    batch: &'b ObjectBatch<'s>,
+    /// `None` once finished.
+    sink: Option<RecordSink>,
+    /// `None` until named.
+    id: Option<ObjectId>,
+    kind: ObjectKind,
+    codec: CodecTag,
+    placement: Placement,
+    content_len: u64,
+    /// Where the payload starts.
+    start: u64,
+    tmp: PathBuf,
+    path: Option<PathBuf>,
+}
+
+/// Where records not named yet are written (`.mdl/objects/unnamed`): a directory of the
+/// objects' file system, so naming one is a rename; fsck lists leftovers as temporary files.
+pub const UNNAMED_DIR: &str = "unnamed";
+
+impl Write for RecordWriter<'_, '_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.sink.as_mut().expect("an open record").write(buf)
+    }
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.sink.as_mut().expect("an open record").write_all(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.sink.as_mut().expect("an open record").flush()
+    }
+}
+
+impl RecordWriter<'_, '_> {
+    /// The error of a failed `op` on the temporary file.
+    fn failed(&self, op: &'static str, source: io::Error) -> StoreError {
+        StoreError::Io {
+            op,
+            path: self.tmp.clone(),
+            source,
+        }
+    }
+
+    /// Writes the trailer and renames the record into place (synced in the background from
+    /// here on, and its directory by [`ObjectBatch::finish`], before the index names it; until
+    /// then a crash can only leave unindexed files).
+    pub fn finish(mut self) -> Result<PutOutcome, StoreError> {
+        let (Some(id), Some(path)) = (self.id, self.path.clone()) else {
+            unreachable!("a record opened unnamed is finished by finish_as");
+        };
+        let mut sink = self.sink.take().expect("an open record");
+        let payload_len = sink.written - self.start;
+        sink.cap = u64::MAX;
+        let fs = self.batch.store.storage();
+        let written = (|| {
+            sink.write_all(&Trailer::lengths(self.content_len, payload_len))?;
+            let crc = sink.crc.clone().finalize();
+            sink.write_all(&crc.to_le_bytes())?;
+            sink.inner.into_inner().map_err(|e| e.into_error())
+        })();
+        let stored_len = self.start + payload_len + record::TRAILER_LEN as u64;
+        let renamed = match written {
+            Ok(file) => {
+                drop(file);
+                fs.rename(&self.tmp, &path)
+                    .map_err(StoreError::io("rename", &self.tmp))
+            }
+            Err(e) => Err(self.failed("write", e)),
+        };
+        if let Err(e) = renamed {
+            let _ = fs.remove_file(&self.tmp);
+            return Err(e);
+        }
+        let batch = self.batch;
+        batch.syncer.push(path.clone(), Target::File);
+        batch.files.lock().unwrap().push(path);
+        let entry = IndexEntry {
+            kind: self.kind,
+            codec: self.codec as u8,
+            generation: self.placement.generation,
+            base: self.placement.base,
+            depth: self.placement.depth,
+            stored_len,
+            content_len: self.content_len,
+            created: Timestamp::now(),
+        };
+        Ok(PutOutcome { id, entry })
+    }
+
+    /// Names a record opened by [`ObjectBatch::open_unnamed`] `id` and finishes it.
+    pub fn finish_as(mut self, id: &ObjectId) -> Result<PutOutcome, StoreError> {
+        let path = self.batch.store.record_path(id, self.placement.generation);
+        let dir = path.parent().expect("record path has a parent");
+        self.batch
+            .store
+            .storage()
+            .create_dir_all(dir)
+            .map_err(StoreError::io("create", dir))?;
+        self.id = Some(*id);
+        self.path = Some(path);
+        self.finish()
+    }
+}
+
+impl Drop for RecordWriter<'_, '_> {
+    fn drop(&mut self) {
+        if self.sink.take().is_some() {
+            let _ = self.batch.store.storage().remove_file(&self.tmp);
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 //! reverse deltas.
 
 use std::collections::HashSet;
-use std::io::{Seek, Write};
+use std::io::Write;
 use std::sync::Mutex;
 
 use mdl_codec::engine::Engine;
@@ -12,10 +12,10 @@ use mdl_codec::float::{self, Count};
 use mdl_codec::planes::Transform;
 use mdl_codec::CodecTag;
 use mdl_format::ObjectId;
-use mdl_store::{IndexEntry, ObjectBatch, Placement, Store};
+use mdl_store::{IndexEntry, ObjectBatch, Placement};
 
 use super::content::{pass, Content};
-use crate::{Error, Repository, Result};
+use crate::{Error, Repository, Result, BIG_TENSOR};
 
 /// Re-encoding a previous version as a delta must save at least this fraction of its record.
 pub(super) const REWRITE_GAIN_FLOOR: f64 = 0.02;
@@ -27,7 +27,7 @@ pub(super) struct Coder<'a> {
     pub(super) engine: &'a dyn Engine,
 }
 
-impl Coder<'_> {
+impl<'a> Coder<'a> {
     /// The float codecs' analysis of `data` (and against `base`): a pass counting its planes
     /// unless `plain` has them, and a pass counting the delta worth counting.
     pub(super) fn analyze(
@@ -119,9 +119,10 @@ impl Coder<'_> {
         Ok(self.write_floats(header, data, base, &[record])?[0])
     }
 
-    /// Encodes `records` in one pass over `data` and `base` and writes them. A tensor read a
-    /// window at a time has each plane's chunks kept in a temporary file until the plane
-    /// heads are known; the input, read again, must hash to the content id of what it encodes.
+    /// Encodes `records` in one pass over `data` and `base` and writes them. A tensor of
+    /// [`BIG_TENSOR`] bytes or more is written framed, each frame as soon as it is encoded
+    /// (so one read a window at a time is never held); the input, read again, must hash to the
+    /// content id of what it encodes.
     pub(super) fn write_floats(
         &self,
         header: &mdl_format::TensorHeader,
@@ -129,66 +130,138 @@ impl Coder<'_> {
         base: Option<&Content<'_>>,
         records: &[FloatRecord<'_>],
     ) -> Result<Vec<IndexEntry>> {
+        let framed = data.len() as u64 >= BIG_TENSOR;
         let windowed = data.windowed() || base.is_some_and(Content::windowed);
+        debug_assert!(
+            framed || !windowed,
+            "a tensor read a window at a time is framed"
+        );
         let mut writers = Vec::with_capacity(records.len());
         for r in records {
             let with_base = !matches!(r.side, Side::Data);
-            let w = float::PayloadWriter::new(header.dtype, r.choice, with_base)
-                .map_err(|source| Error::Encode { id: r.id, source })?;
-            writers.push((w, Vec::<PlaneChunks>::new()));
+            writers.push(if framed {
+                let out = self
+                    .batch
+                    .open_written(&r.id, header, r.codec, r.placement)?;
+                Writer::framed(r.id, header, r.choice, with_base, out)?
+            } else {
+                let payload = float::PayloadWriter::new(header.dtype, r.choice, with_base)
+                    .map_err(|source| Error::Encode { id: r.id, source })?;
+                Writer::Whole {
+                    payload,
+                    planes: Vec::new(),
+                }
+            });
         }
         // The input, on whichever side it is, is hashed again as it is encoded.
-        let input = [Some(data), base]
+        let expected = [Some(data), base]
             .into_iter()
             .flatten()
             .find_map(|c| match c {
-                Content::Input { input, i, id } => Some((input.pieces[*i].header.hasher(), *id)),
+                Content::Input { id, .. } => Some(*id),
                 _ => None,
             });
-        let (hasher, expected) = input.unzip();
-        let read = pass(data, base, header.dtype.size(), hasher, &mut |d, b| {
-            for (r, (writer, planes)) in records.iter().zip(&mut writers) {
-                let (x, against) = match r.side {
-                    Side::Data => (d, None),
-                    Side::DataOnBase => (d, b),
-                    Side::BaseOnData => (b.expect("a base"), Some(d)),
-                };
-                let coded = writer
-                    .add(self.engine, x, against)
-                    .map_err(|source| Error::Encode { id: r.id, source })?;
-                if planes.is_empty() {
-                    *planes = (0..coded.len())
-                        .map(|_| PlaneChunks::new(self.repo.store(), windowed))
-                        .collect::<Result<_>>()?;
-                }
-                planes
-                    .iter_mut()
-                    .zip(coded)
-                    .try_for_each(|(p, chunks)| p.push(chunks))?;
-            }
-            Ok(())
-        })?;
+        let read = self.encode(header, data, base, records, &mut writers)?;
         if let (Some(read), Some(expected)) = (read, expected) {
             if read != expected {
                 return Err(mdl_store::StoreError::InputChanged(expected).into());
             }
         }
         let mut entries = Vec::with_capacity(records.len());
-        for (r, (writer, mut planes)) in records.iter().zip(writers) {
-            let (head, heads) = writer.finish();
-            let out = self
-                .batch
-                .put_written(&r.id, header, r.codec, r.placement, &mut |w| {
-                    w.write_all(&head)?;
-                    for (h, p) in heads.iter().zip(&mut planes) {
-                        w.write_all(h)?;
-                        p.copy_to(w)?;
+        for (r, writer) in records.iter().zip(writers) {
+            let out = match writer {
+                Writer::Framed { out, .. } => out.finish()?,
+                Writer::Whole { payload, planes } => {
+                    let (head, heads) = payload.finish();
+                    let mut pieces: Vec<&[u8]> = vec![&head];
+                    for (h, chunks) in heads.iter().zip(&planes) {
+                        pieces.push(h);
+                        pieces.extend(chunks.iter().map(Vec::as_slice));
                     }
-                    Ok(())
-                })?;
+                    self.batch
+                        .put_payload(&r.id, header, r.codec, r.placement, &pieces)?
+                }
+            };
             entries.push(out.entry);
         }
         Ok(entries)
+    }
+
+    /// Encodes `data`, the input read a window at a time (a large tensor, stored whole as
+    /// `choice` says), in one pass that also hashes it: returns its id, and its record, framed,
+    /// not named yet — named by the caller ([`mdl_store::RecordWriter::finish_as`]), or
+    /// dropped if the store has the object already.
+    pub(super) fn write_unnamed<'b>(
+        &'b self,
+        header: &mdl_format::TensorHeader,
+        data: &Content<'_>,
+        choice: &float::Choice,
+    ) -> Result<(ObjectId, mdl_store::RecordWriter<'b, 'a>)> {
+        let unknown = ObjectId::from_bytes([0; 32]);
+        let out = self
+            .batch
+            .open_unnamed(header, CodecTag::FloatSplit, Placement::default())?;
+        let mut writers = vec![Writer::framed(unknown, header, choice, false, out)?];
+        let record = FloatRecord {
+            id: unknown,
+            choice,
+            codec: CodecTag::FloatSplit,
+            placement: Placement::default(),
+            side: Side::Data,
+        };
+        let id = self
+            .encode(header, data, None, &[record], &mut writers)?
+            .expect("the input is hashed");
+        match writers.pop() {
+            Some(Writer::Framed { out, .. }) => Ok((id, out)),
+            _ => unreachable!("one framed writer"),
+        }
+    }
+
+    /// The pass of [`Self::write_floats`]: each window of `data` and `base` into each record's
+    /// writer. Returns the hash of the input's bytes read, if it is on either side.
+    fn encode(
+        &self,
+        header: &mdl_format::TensorHeader,
+        data: &Content<'_>,
+        base: Option<&Content<'_>>,
+        records: &[FloatRecord<'_>],
+        writers: &mut [Writer<'_, '_>],
+    ) -> Result<Option<ObjectId>> {
+        let hasher = [Some(data), base]
+            .into_iter()
+            .flatten()
+            .find_map(|c| match c {
+                Content::Input { input, i, .. } => Some(input.pieces[*i].header.hasher()),
+                _ => None,
+            });
+        pass(data, base, header.dtype.size(), hasher, &mut |d, b| {
+            for (r, writer) in records.iter().zip(writers.iter_mut()) {
+                let (x, against) = match r.side {
+                    Side::Data => (d, None),
+                    Side::DataOnBase => (d, b),
+                    Side::BaseOnData => (b.expect("a base"), Some(d)),
+                };
+                let encoder = |source| Error::Encode { id: r.id, source };
+                match writer {
+                    Writer::Framed { frames, out } => {
+                        for frame in frames.encode(self.engine, x, against).map_err(encoder)? {
+                            frame
+                                .pieces()
+                                .iter()
+                                .try_for_each(|p| out.write_all(p))
+                                .map_err(|e| Error::Store(mdl_store::StoreError::Output(e)))?;
+                        }
+                    }
+                    Writer::Whole { payload, planes } => {
+                        let coded = payload.add(self.engine, x, against).map_err(encoder)?;
+                        planes.resize_with(coded.len(), Vec::new);
+                        planes.iter_mut().zip(coded).for_each(|(p, c)| p.extend(c));
+                    }
+                }
+            }
+            Ok(())
+        })
     }
 
     /// How to re-encode the previous version `prev` (already checked by [`Self::base_for`]) as a
@@ -250,48 +323,34 @@ pub(super) enum Side {
     BaseOnData,
 }
 
-/// One plane's coded chunks while a payload is encoded: in memory, or (for a tensor read a
-/// window at a time) in an unnamed temporary file beside the store, gone when dropped.
-enum PlaneChunks {
-    Memory(Vec<Vec<u8>>),
-    File(std::io::BufWriter<std::fs::File>),
+/// Where one record of [`Coder::write_floats`] goes while it is encoded.
+enum Writer<'b, 's> {
+    /// A framed payload, written frame by frame into its record.
+    Framed {
+        frames: float::FrameEncoder,
+        out: mdl_store::RecordWriter<'b, 's>,
+    },
+    /// A payload whose plane heads need every chunk's length: each plane's chunks, held.
+    Whole {
+        payload: float::PayloadWriter,
+        planes: Vec<Vec<Vec<u8>>>,
+    },
 }
 
-impl PlaneChunks {
-    fn new(store: &Store, spill: bool) -> Result<PlaneChunks> {
-        if !spill {
-            return Ok(PlaneChunks::Memory(Vec::new()));
-        }
-        let file = store.spill_file()?;
-        Ok(PlaneChunks::File(std::io::BufWriter::with_capacity(
-            1 << 20,
-            file,
-        )))
-    }
-
-    fn push(&mut self, chunks: Vec<Vec<u8>>) -> Result<()> {
-        match self {
-            PlaneChunks::Memory(v) => v.extend(chunks),
-            PlaneChunks::File(f) => {
-                for c in chunks {
-                    f.write_all(&c)
-                        .map_err(|e| Error::Store(mdl_store::StoreError::Output(e)))?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes the chunks, in order, to `w`.
-    fn copy_to(&mut self, w: &mut dyn Write) -> std::io::Result<()> {
-        match self {
-            PlaneChunks::Memory(v) => v.iter().try_for_each(|c| w.write_all(c)),
-            PlaneChunks::File(f) => {
-                f.flush()?;
-                let file = f.get_mut();
-                file.seek(std::io::SeekFrom::Start(0))?;
-                std::io::copy(file, w).map(drop)
-            }
-        }
+impl<'b, 's> Writer<'b, 's> {
+    /// A framed payload of `choice`'s planes into `out`, its head written.
+    fn framed(
+        id: ObjectId,
+        header: &mdl_format::TensorHeader,
+        choice: &float::Choice,
+        with_base: bool,
+        mut out: mdl_store::RecordWriter<'b, 's>,
+    ) -> Result<Self> {
+        let frames =
+            float::FrameEncoder::new(header.dtype, choice.transform, choice.xor_mask, with_base)
+                .map_err(|source| Error::Encode { id, source })?;
+        out.write_all(&frames.head())
+            .map_err(|e| Error::Store(mdl_store::StoreError::Output(e)))?;
+        Ok(Writer::Framed { frames, out })
     }
 }

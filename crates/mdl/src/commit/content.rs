@@ -46,6 +46,11 @@ impl Content<'_> {
     }
 }
 
+/// Bytes of a window of a tensor of `width`-byte elements.
+pub(super) fn window_bytes(width: usize) -> usize {
+    ((mdl_store::WINDOW_CHUNKS as usize) << CHUNK_LOG2) * width
+}
+
 /// What a pass does with each window of a tensor and of its base.
 pub(super) type Visit<'a> = dyn FnMut(&[u8], Option<&[u8]>) -> Result<()> + 'a;
 
@@ -69,10 +74,13 @@ pub(super) fn pass(
     }
     let windowed = data.windowed() || base.is_some_and(Content::windowed);
     let step = if windowed {
-        ((mdl_store::WINDOW_CHUNKS as usize) << CHUNK_LOG2) * width
+        window_bytes(width)
     } else {
         len.max(1)
     };
+    if let (Content::Input { input, i, .. }, true) = (data, windowed) {
+        return prefetched(input, *i, base, step, hasher, f);
+    }
     let mut hasher = hasher;
     let mut reader = Reader::new(data)?;
     let mut base_reader = base.map(Reader::new).transpose()?;
@@ -93,11 +101,6 @@ pub(super) fn pass(
             }
         }
         f(d, b)?;
-        for side in std::iter::once(data).chain(base) {
-            if let Content::Input { input, i, .. } = side {
-                input.release_range(*i, at as u64, n as u64);
-            }
-        }
         at += n;
         if at >= len {
             break;
@@ -108,6 +111,79 @@ pub(super) fn pass(
         r.finish()?;
     }
     Ok(hasher.map(|h| h.finalize()))
+}
+
+/// [`pass`] over piece `i` of the input, read a window at a time: a thread of its own reads
+/// and hashes the next window while `f` works on this one.
+fn prefetched(
+    input: &Input,
+    i: usize,
+    base: Option<&Content<'_>>,
+    step: usize,
+    hasher: Option<TensorHasher>,
+    f: &mut Visit<'_>,
+) -> Result<Option<ObjectId>> {
+    let len = input.pieces[i].len as usize;
+    // Two buffers go round: one being read, one being worked on.
+    let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<Result<Vec<u8>>>(1);
+    let (empty_tx, empty_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    for _ in 0..2 {
+        // Allocated here, where they are freed.
+        let buf = Vec::with_capacity(step.min(len));
+        empty_tx.send(buf).expect("the receiver is here");
+    }
+    std::thread::scope(|s| {
+        let reader = s.spawn(move || {
+            let mut hasher = hasher;
+            let mut at = 0;
+            // At least one window, so an empty tensor is seen too.
+            loop {
+                let n = step.min(len - at);
+                let Ok(mut buf) = empty_rx.recv() else {
+                    return None;
+                };
+                buf.resize(n, 0);
+                let read = input.read_into(i, at as u64, &mut buf);
+                if let (Ok(()), Some(h)) = (&read, hasher.as_mut()) {
+                    h.update(&buf);
+                }
+                let failed = read.is_err();
+                if full_tx.send(read.map(|()| buf)).is_err() || failed {
+                    return None;
+                }
+                at += n;
+                if at >= len {
+                    return Some(hasher.map(|h| h.finalize()));
+                }
+            }
+        });
+        let worked = (move || -> Result<()> {
+            let mut base_reader = base.map(Reader::new).transpose()?;
+            let mut at = 0;
+            while let Ok(window) = full_rx.recv() {
+                let d = window?;
+                let n = d.len();
+                let b = match base_reader.as_mut() {
+                    Some(r) => Some(r.window(at, n)?),
+                    None => None,
+                };
+                f(&d, b)?;
+                let _ = empty_tx.send(d);
+                at += n;
+                if at >= len {
+                    break;
+                }
+            }
+            if let Some(r) = base_reader {
+                r.finish()?;
+            }
+            Ok(())
+        })();
+        // The channels are closed here, so a reader still waiting on them stops.
+        let hash = reader.join().expect("the reading thread does not panic");
+        worked?;
+        Ok(hash.expect("every window was read"))
+    })
 }
 
 /// Reads one side of a pass.
@@ -133,6 +209,7 @@ impl<'a> Reader<'a> {
                 i: *i,
                 buf: Vec::new(),
             },
+
             Content::Stored { store, id, entry } => Reader::Stored {
                 windows: Box::new(store.tensor_windows(id, entry)?),
                 buf: Vec::new(),
@@ -146,9 +223,9 @@ impl<'a> Reader<'a> {
             Reader::Memory(b) => &b[at..at + n],
             Reader::Input { input, i, buf } => {
                 // A private copy: what is hashed is exactly what is encoded, even if the file
-                // changes underneath the mapping.
-                buf.clear();
-                buf.extend_from_slice(&input.tensor(*i)[at..at + n]);
+                // changes meanwhile.
+                buf.resize(n, 0);
+                input.read_into(*i, at as u64, buf)?;
                 buf
             }
             Reader::Stored { windows, buf } => {

@@ -37,6 +37,7 @@ mod coder;
 mod content;
 mod deferred;
 mod eval;
+mod large;
 mod store;
 
 use coder::Coder;

@@ -3,17 +3,16 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use mdl_codec::float::Count;
-
 use super::coder::{Coder, FloatRecord, Side, REWRITE_GAIN_FLOOR};
-use super::content::{pass, Content};
+use super::content::Content;
 use super::*;
 
 /// Float tensors whose best float encoding saves less than this fraction also try zstd.
 pub(super) const FLOAT_GAIN_FLOOR: f64 = 0.03;
 
 /// Tensors of at least this size, stored exactly, are read a window at a time (with their
-/// previous versions) instead of being held: a commit's memory stays bounded by the window.
+/// previous versions) instead of being held: a commit's memory stays bounded by the window
+/// ([`super::large`]).
 const STREAMED_TENSOR: u64 = crate::BIG_TENSOR;
 
 /// One tensor's outcome.
@@ -60,7 +59,7 @@ impl StoreCtx<'_> {
             && self.plans[i].is_none()
             && self.trim_bits.is_none()
         {
-            return self.store_streamed(i);
+            return self.store_large(i);
         }
         // Work on a private copy: what is hashed is exactly what is encoded, even if the file
         // changes underneath the mapping.
@@ -178,7 +177,7 @@ impl StoreCtx<'_> {
     /// Whether tensor `i`, of content `data` hashing to `id`, is to be stored: neither this
     /// commit (a checkpoint may hold a tensor twice) nor the repository has it yet. An object
     /// retention coarsened gets its committed content back (`data`, read here only then).
-    fn is_new(&self, id: &ObjectId, i: usize, data: &[u8]) -> Result<bool> {
+    pub(super) fn is_new(&self, id: &ObjectId, i: usize, data: &[u8]) -> Result<bool> {
         if !self.claimed.lock().unwrap().insert(*id) {
             return Ok(false);
         }
@@ -190,55 +189,6 @@ impl StoreCtx<'_> {
             crate::coarsen::restore(self.repo, id, entry, &self.input.pieces[i].header, data)?;
         }
         Ok(false)
-    }
-
-    /// Stores a large tensor, stored exactly, without ever holding it: one pass hashes it and
-    /// counts its float planes, and if the store does not have it, [`Self::encode_new`] reads
-    /// it (and its previous version) a window at a time again.
-    fn store_streamed(&self, i: usize) -> Result<(Stored, Exactness)> {
-        let info = &self.input.pieces[i];
-        let dtype = info.header.dtype;
-        let mut plain =
-            float::PlaneCount::new(dtype, Count::Plain).expect("delta candidates are float");
-        let mut failed = None;
-        // Its id is what this pass finds; nothing is encoded from it here.
-        let unhashed = Content::Input {
-            input: self.input,
-            i,
-            id: ObjectId::from_bytes([0; 32]),
-        };
-        let id = pass(
-            &unhashed,
-            None,
-            dtype.size(),
-            Some(info.header.hasher()),
-            &mut |d, _| {
-                if let Err(e) = plain.add(self.coder.engine, d, None) {
-                    failed = Some(e);
-                }
-                Ok(())
-            },
-        )?
-        .expect("the input is hashed");
-        if let Some(source) = failed {
-            return Err(Error::Encode { id, source });
-        }
-        let result = if !self.is_new(&id, i, self.input.tensor(i))? {
-            Stored {
-                id,
-                added: None,
-                rewrite: None,
-            }
-        } else {
-            let data = Content::Input {
-                input: self.input,
-                i,
-                id,
-            };
-            self.encode_new(id, i, data, CodecTag::FloatSplit, Some(plain))?
-        };
-        self.progress.advance(info.len);
-        Ok((result, Exactness::Lossless))
     }
 
     /// Stores a quantized tensor: a quant-base, or a quant-delta against the previous version's
@@ -326,7 +276,7 @@ impl StoreCtx<'_> {
     /// with reverse deltas, a self-contained record). `None` means no delta is tried at all.
     /// `quant` asks for a base whose codes a quant-delta can refer to (a quantized previous
     /// version); otherwise any previous version that is not quantized serves.
-    fn base_for(
+    pub(super) fn base_for(
         &self,
         i: usize,
         id: &ObjectId,
@@ -371,7 +321,7 @@ impl StoreCtx<'_> {
     /// `data` is in memory, or the input read a window at a time (a large tensor: its
     /// previous version is then decoded a window at a time too); `plain` is its float-split
     /// count when the caller already made it.
-    fn encode_new(
+    pub(super) fn encode_new(
         &self,
         id: ObjectId,
         i: usize,
@@ -381,7 +331,11 @@ impl StoreCtx<'_> {
     ) -> Result<Stored> {
         let info = &self.input.pieces[i];
         let header = &info.header;
-        let len = data.len() as u64;
+        // The bytes the analysis' sizes are of: the tensor's, or the first window's of a large
+        // tensor that no delta is made of now.
+        let len = plain
+            .as_ref()
+            .map_or(data.len() as u64, float::PlaneCount::counted_bytes);
         let plain_record = |added| Stored {
             id,
             added: Some(added),

@@ -43,8 +43,8 @@ pub(crate) struct InputFile {
 enum Data {
     /// An empty file (which cannot be mapped).
     Empty,
-    /// A file on disk, mapped.
-    Mapped(memmap2::Mmap),
+    /// A file on disk, mapped (and open, to be read by copying).
+    Mapped(memmap2::Mmap, File),
     /// Bytes a caller handed over (a live state serialized in memory).
     Owned(Box<dyn AsRef<[u8]> + Send + Sync>),
 }
@@ -53,7 +53,7 @@ impl Data {
     fn bytes(&self) -> &[u8] {
         match self {
             Data::Empty => &[],
-            Data::Mapped(m) => m,
+            Data::Mapped(m, _) => m,
             Data::Owned(v) => (**v).as_ref(),
         }
     }
@@ -243,6 +243,28 @@ impl Input {
         &self.files[p.file].bytes()[p.offset as usize..(p.offset + p.len) as usize]
     }
 
+    /// Copies bytes `at..at + buf.len()` of piece `i` into `buf`: read from the file (one
+    /// copy, and no page faults, where the mapping would cost both), or from memory.
+    pub(crate) fn read_into(&self, i: usize, at: u64, buf: &mut [u8]) -> Result<()> {
+        let p = &self.pieces[i];
+        let f = &self.files[p.file];
+        match &f.data {
+            Data::Mapped(_, file) => {
+                use std::os::unix::fs::FileExt;
+                file.read_exact_at(buf, p.offset + at)
+                    .map_err(|source| Error::Input {
+                        path: f.source.clone(),
+                        source,
+                    })
+            }
+            _ => {
+                let at = at as usize;
+                buf.copy_from_slice(&self.tensor(i)[at..at + buf.len()]);
+                Ok(())
+            }
+        }
+    }
+
     /// Piece `i` as floats (a lossy candidate: bf16, f16 or f32).
     pub(crate) fn view(&self, i: usize) -> FloatView<'_> {
         FloatView {
@@ -278,7 +300,7 @@ impl Input {
     /// [`Self::release`] of bytes `at..at + len` of piece `i`.
     pub(crate) fn release_range(&self, i: usize, at: u64, len: u64) {
         let p = &self.pieces[i];
-        let Data::Mapped(map) = &self.files[p.file].data else {
+        let Data::Mapped(map, _) = &self.files[p.file].data else {
             return;
         };
         let start = (p.offset + at) as usize;
@@ -334,7 +356,7 @@ fn map_file(path: &Path) -> Result<Data> {
     // it is encoded and a mismatch aborts the commit.
     #[allow(unsafe_code)]
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-    Ok(Data::Mapped(map))
+    Ok(Data::Mapped(map, file))
 }
 
 /// The layout of `bytes` as a safetensors file, checked.

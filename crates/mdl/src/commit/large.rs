@@ -1,0 +1,165 @@
+//! Large tensors (stored exactly, [`crate::BIG_TENSOR`] bytes or more), read a window at a
+//! time and written framed, so a commit's memory is bounded by the window whatever the size.
+//!
+//! A tensor no delta is made of now (the default: reverse deltas are deferred) whose previous
+//! version differs in its first window is encoded in one pass that also hashes it; the record
+//! is named by the hash at the end, or dropped if the store has that object already. Any
+//! other is hashed first (an unchanged tensor costs a hash, not an encoding) and encoded in a
+//! second pass if it is new. Both routes write the same bytes.
+
+use mdl_codec::float::{self, Count};
+use mdl_codec::CodecTag;
+use mdl_format::ObjectId;
+
+use super::content::{pass, window_bytes, Content};
+use super::store::{previous_object, StoreCtx, Stored, FLOAT_GAIN_FLOOR};
+use crate::policy::DeltaMode;
+use crate::{Error, Result};
+use mdl_format::Exactness;
+
+impl StoreCtx<'_> {
+    /// Stores large tensor `i`.
+    pub(super) fn store_large(&self, i: usize) -> Result<(Stored, Exactness)> {
+        // A delta made now compares counts of the whole tensor and its previous version.
+        let whole = match self.policy.mode {
+            DeltaMode::Off => false,
+            DeltaMode::Forward => true,
+            DeltaMode::Reverse => !self.policy.defer,
+        };
+        if !whole && !self.first_window_unchanged(i)? {
+            if let Some(stored) = self.store_speculative(i)? {
+                return Ok(stored);
+            }
+        }
+        self.store_streamed(i, whole)
+    }
+
+    /// Whether tensor `i`'s previous version (same name, dtype and shape) has the same first
+    /// window: then it may well be unchanged, and is hashed before anything is encoded.
+    fn first_window_unchanged(&self, i: usize) -> Result<bool> {
+        let store = self.repo.store();
+        let previous = {
+            let meta = store.meta().read()?;
+            previous_object(&meta, self.previous, self.input, i)?
+        };
+        let Some((id, entry, _)) = previous else {
+            return Ok(false);
+        };
+        let info = &self.input.pieces[i];
+        let n = window_bytes(info.header.dtype.size()).min(info.len as usize);
+        if entry.content_len != info.len || n == 0 {
+            return Ok(false);
+        }
+        let mut ours = vec![0u8; n];
+        self.input.read_into(i, 0, &mut ours)?;
+        let mut theirs = vec![0u8; n];
+        // A previous version that does not decode is not this content either.
+        let read = store
+            .tensor_windows(&id, &entry)
+            .and_then(|mut w| w.next_into(&mut theirs));
+        Ok(read.is_ok() && ours == theirs)
+    }
+
+    /// Encodes tensor `i` as float-split in one pass that hashes it too, if its first window
+    /// says the float codecs pay (`None`: they do not, and zstd or raw compete instead).
+    fn store_speculative(&self, i: usize) -> Result<Option<(Stored, Exactness)>> {
+        let info = &self.input.pieces[i];
+        let dtype = info.header.dtype;
+        let n = window_bytes(dtype.size()).min(info.len as usize);
+        let mut first = vec![0u8; n];
+        self.input.read_into(i, 0, &mut first)?;
+        let unknown = ObjectId::from_bytes([0; 32]);
+        let encoder = |source| Error::Encode {
+            id: unknown,
+            source,
+        };
+        let mut plain = float::PlaneCount::new(dtype, Count::Plain).map_err(encoder)?;
+        plain
+            .add(self.coder.engine, &first, None)
+            .map_err(encoder)?;
+        drop(first);
+        // What [`Self::encode_new`] decides from the same count.
+        let analysis = float::analysis_of(&plain, &[]);
+        let counted = plain.counted_bytes() as f64;
+        if analysis.plain.size as f64 > counted * (1.0 - FLOAT_GAIN_FLOOR) {
+            return Ok(None);
+        }
+        let data = Content::Input {
+            input: self.input,
+            i,
+            id: unknown,
+        };
+        let (id, record) = self
+            .coder
+            .write_unnamed(&info.header, &data, &analysis.plain)?;
+        let added = if self.is_new(&id, i, self.input.tensor(i))? {
+            if self.policy.mode == DeltaMode::Reverse && self.base_for(i, &id, false)?.is_some() {
+                // The previous version is re-encoded against this one after the publish.
+                self.deferred
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            Some((id, record.finish_as(&id)?.entry))
+        } else {
+            None
+        };
+        self.progress.advance(info.len);
+        let stored = Stored {
+            id,
+            added,
+            rewrite: None,
+        };
+        Ok(Some((stored, Exactness::Lossless)))
+    }
+
+    /// Stores a large tensor, stored exactly, without ever holding it: one pass hashes it (and
+    /// counts its float planes: all of them when a delta is made now, else the first window's,
+    /// enough to choose between the float codecs and zstd), and if the store does not have it,
+    /// [`Self::encode_new`] reads it (and its previous version) a window at a time again.
+    fn store_streamed(&self, i: usize, whole: bool) -> Result<(Stored, Exactness)> {
+        let info = &self.input.pieces[i];
+        let dtype = info.header.dtype;
+        let mut plain =
+            float::PlaneCount::new(dtype, Count::Plain).expect("delta candidates are float");
+        let mut failed = None;
+        // Its id is what this pass finds; nothing is encoded from it here.
+        let unhashed = Content::Input {
+            input: self.input,
+            i,
+            id: ObjectId::from_bytes([0; 32]),
+        };
+        let id = pass(
+            &unhashed,
+            None,
+            dtype.size(),
+            Some(info.header.hasher()),
+            &mut |d, _| {
+                if whole || plain.counted_bytes() == 0 {
+                    if let Err(e) = plain.add(self.coder.engine, d, None) {
+                        failed = Some(e);
+                    }
+                }
+                Ok(())
+            },
+        )?
+        .expect("the input is hashed");
+        if let Some(source) = failed {
+            return Err(Error::Encode { id, source });
+        }
+        let result = if !self.is_new(&id, i, self.input.tensor(i))? {
+            Stored {
+                id,
+                added: None,
+                rewrite: None,
+            }
+        } else {
+            let data = Content::Input {
+                input: self.input,
+                i,
+                id,
+            };
+            self.encode_new(id, i, data, CodecTag::FloatSplit, Some(plain))?
+        };
+        self.progress.advance(info.len);
+        Ok((result, Exactness::Lossless))
+    }
+}
