@@ -250,6 +250,26 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         writers: &[StreamWriter],
     ) -> Vec<Vec<Vec<u8>>>;
 
+    /// `data` taken apart into its planes as `spec` says (against `base`), into `planes`
+    /// (`planes[p]`: a byte of each element; buffers reused from call to call). With
+    /// [`Engine::encode_split`], a frame is split once for both counting and coding. The CPU's
+    /// kernels unless an engine has its own.
+    fn split_planes(
+        &self,
+        spec: PlaneSpec,
+        data: &[u8],
+        base: Option<&[u8]>,
+        planes: &mut Vec<Vec<u8>>,
+    ) {
+        crate::planes::cpu_split_planes(spec, data, base, planes)
+    }
+
+    /// [`Engine::encode_planes`] of planes already split ([`Engine::split_planes`]):
+    /// `result[plane][chunk]`.
+    fn encode_split(&self, planes: &[&[u8]], writers: &[StreamWriter]) -> Vec<Vec<Vec<u8>>> {
+        crate::planes::cpu_encode_split(planes, writers)
+    }
+
     /// Decodes one stream per plane and merges the planes into `out` (undoing the XOR with,
     /// or the difference from, `base`). Fails on a damaged stream.
     fn decode_planes(

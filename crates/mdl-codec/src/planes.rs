@@ -562,6 +562,102 @@ pub(crate) fn cpu_encode_planes(
         .collect()
 }
 
+/// The CPU's [`Engine::split_planes`](crate::engine::Engine::split_planes): element chunks
+/// in parallel, each into its chunk of every plane.
+pub(crate) fn cpu_split_planes(
+    spec: PlaneSpec,
+    data: &[u8],
+    base: Option<&[u8]>,
+    planes: &mut Vec<Vec<u8>>,
+) {
+    let l = spec_layout(spec);
+    let n = data.len() / l.width;
+    let step = CHUNK * l.width;
+    planes.resize_with(l.planes, Vec::new);
+    // by_chunk[c][p]: chunk c of plane p.
+    let mut by_chunk: Vec<Vec<&mut [u8]>> = (0..n.div_ceil(CHUNK)).map(|_| Vec::new()).collect();
+    for plane in planes.iter_mut() {
+        // Reused window after window: only a longer window grows (and zeroes) a plane.
+        plane.resize(n, 0);
+        for (c, chunk) in plane.chunks_mut(CHUNK).enumerate() {
+            by_chunk[c].push(chunk);
+        }
+    }
+    by_chunk
+        .par_iter_mut()
+        .zip(data.par_chunks(step))
+        .enumerate()
+        .for_each(|(c, (out, chunk))| {
+            let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
+            (l.split)(chunk, out, b, spec.mask);
+        });
+}
+
+/// The CPU's [`Engine::encode_split`](crate::engine::Engine::encode_split): chunks in
+/// parallel.
+pub(crate) fn cpu_encode_split(planes: &[&[u8]], writers: &[StreamWriter]) -> Vec<Vec<Vec<u8>>> {
+    let chunks = planes.first().map_or(0, |p| p.len().div_ceil(CHUNK));
+    let mut by_chunk: Vec<Vec<Vec<u8>>> = (0..chunks)
+        .into_par_iter()
+        .map(|c| {
+            planes
+                .iter()
+                .zip(writers)
+                .map(|(p, w)| {
+                    let mut v = Vec::new();
+                    w.chunk(&p[c * CHUNK..((c + 1) * CHUNK).min(p.len())], &mut v);
+                    v
+                })
+                .collect()
+        })
+        .collect();
+    (0..planes.len())
+        .map(|p| {
+            by_chunk
+                .iter_mut()
+                .map(|c| std::mem::take(&mut c[p]))
+                .collect()
+        })
+        .collect()
+}
+
+/// Per plane, per chunk of [`CHUNK`] symbols, in parallel: the symbol histogram and the flag
+/// histogram where `want` asks for them, added up (what [`cpu_plane_histograms`] counts, from
+/// planes already split).
+pub(crate) fn split_histograms(
+    planes: &[&[u8]],
+    want: &[(bool, bool)],
+) -> Vec<(Histogram, Histogram)> {
+    planes
+        .par_iter()
+        .zip(want)
+        .map(|(p, &(symbols, flags))| {
+            p.par_chunks(CHUNK)
+                .map(|c| {
+                    let h = if symbols {
+                        Histogram::of(c)
+                    } else {
+                        Histogram::default()
+                    };
+                    let f = if flags {
+                        flag_histogram(c)
+                    } else {
+                        Histogram::default()
+                    };
+                    (h, f)
+                })
+                .reduce(
+                    || (Histogram::default(), Histogram::default()),
+                    |(mut a, mut fa), (b, fb)| {
+                        a.add(&b);
+                        fa.add(&fb);
+                        (a, fa)
+                    },
+                )
+        })
+        .collect()
+}
+
 /// The CPU's [`Engine::decode_planes`](crate::engine::Engine::decode_planes):
 /// element chunks in parallel.
 pub(crate) fn cpu_decode_planes(

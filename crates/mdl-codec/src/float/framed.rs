@@ -15,7 +15,7 @@
 use mdl_format::{Dtype, FormatError};
 
 use super::payload::{decode_whole, Encoded, ReadAt};
-use super::{encode_pieces, Count, PlaneCount};
+use super::{Count, PayloadWriter, PlaneCount};
 use crate::engine::Engine;
 use crate::planes::{spec_layout_of, PlaneSpec, Transform, CHUNK};
 
@@ -47,6 +47,8 @@ pub struct FrameEncoder {
     frame_bytes: usize,
     /// Whether a partial frame was encoded (none may follow it).
     ended: bool,
+    /// The planes of the frame being encoded (kept for the next).
+    planes: Vec<Vec<u8>>,
 }
 
 impl FrameEncoder {
@@ -76,6 +78,7 @@ impl FrameEncoder {
             with_base,
             frame_bytes: (CHUNK << FRAME_LOG2) * width,
             ended: false,
+            planes: Vec::new(),
         })
     }
 
@@ -115,9 +118,15 @@ impl FrameEncoder {
             .map(|(k, frame)| {
                 let at = k * self.frame_bytes;
                 let base = base.map(|b| &b[at..at + frame.len()]);
-                let mut c = PlaneCount::new(self.dtype, self.count)?;
-                c.add(engine, frame, base)?;
-                encode_pieces(engine, self.dtype, frame, base, &c.choice())
+                // Split once, for the counts and for the codes chosen from them.
+                let mut count = PlaneCount::new(self.dtype, self.count)?;
+                engine.split_planes(count.spec(), frame, base, &mut self.planes);
+                let planes: Vec<&[u8]> = self.planes.iter().map(Vec::as_slice).collect();
+                count.add_split(&planes)?;
+                let mut writer = PayloadWriter::new(self.dtype, &count.choice(), self.with_base)?;
+                debug_assert_eq!(writer.spec(), count.spec());
+                let coded = writer.add_split(engine, &planes)?;
+                Ok(writer.into_encoded(coded))
             })
             .collect()
     }
@@ -362,6 +371,24 @@ mod tests {
             for (transform, mask, b) in kinds {
                 let one = framed(dtype, transform, mask, &data, b, 1);
                 assert_eq!(one, framed(dtype, transform, mask, &data, b, 2));
+                // Each frame is what the whole-tensor path makes of its elements: counted
+                // (splitting as it counts), chosen, encoded (splitting again).
+                let count = match transform {
+                    Transform::Sub => Count::Sub,
+                    _ if mask == 0 => Count::Plain,
+                    _ => Count::Masked(mask),
+                };
+                let mut reference = vec![0u8, FRAME_LOG2];
+                let step = CHUNK << FRAME_LOG2;
+                for (k, frame) in data.chunks(step * dtype.size()).enumerate() {
+                    let at = k * step * dtype.size();
+                    let fb = b.map(|b| &b[at..at + frame.len()]);
+                    let mut c = PlaneCount::new(dtype, count).unwrap();
+                    c.add(&CpuEngine, frame, fb).unwrap();
+                    super::super::encode(&CpuEngine, dtype, frame, fb, &c.choice(), &mut reference)
+                        .unwrap();
+                }
+                assert_eq!(one, reference, "{dtype:?} {transform:?} {mask}");
                 assert!(is_framed(&one));
                 let mut out = vec![0u8; data.len()];
                 match transform {

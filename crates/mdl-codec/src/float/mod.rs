@@ -197,14 +197,7 @@ impl PlaneCount {
             let step = (CHUNK * self.l.width).min(data.len());
             self.sample =
                 engine.sample_histograms(self.spec, &data[..step], base.map(|b| &b[..step]));
-            self.want = self
-                .sample
-                .iter()
-                .map(|(h, _)| {
-                    let noise = h.entropy_bits() >= NOISE_BITS * h.total() as f64;
-                    (!noise, !noise && Plan::wants_flags(h))
-                })
-                .collect();
+            self.want = wanted(&self.sample);
             whole = step == data.len();
         }
         let counts = if whole {
@@ -218,6 +211,44 @@ impl PlaneCount {
         }
         self.n += (data.len() / self.l.width) as u64;
         Ok(())
+    }
+
+    /// [`Self::add`] of a window already split into its planes (as this count's spec splits:
+    /// [`crate::engine::Engine::split_planes`]); the counts are the same.
+    pub fn add_split(&mut self, planes: &[&[u8]]) -> Result<(), FormatError> {
+        let n = planes.first().map_or(0, |p| p.len());
+        if planes.len() != self.l.planes || planes.iter().any(|p| p.len() != n) {
+            return Err(FormatError::invalid(
+                "float tensor",
+                "planes of another count or length",
+            ));
+        }
+        let mut whole = false;
+        if self.sample.is_empty() {
+            let first: Vec<&[u8]> = planes.iter().map(|p| &p[..CHUNK.min(n)]).collect();
+            let mut sample =
+                crate::planes::split_histograms(&first, &vec![(true, true); self.l.planes]);
+            crate::planes::forget_unwanted_flags(&mut sample);
+            self.sample = sample;
+            self.want = wanted(&self.sample);
+            whole = n <= CHUNK;
+        }
+        let counts = if whole {
+            self.sample.clone()
+        } else {
+            crate::planes::split_histograms(planes, &self.want)
+        };
+        for ((t, tf), (c, cf)) in self.totals.iter_mut().zip(&counts) {
+            t.add(c);
+            tf.add(cf);
+        }
+        self.n += n as u64;
+        Ok(())
+    }
+
+    /// How this count takes a window apart into planes.
+    pub fn spec(&self) -> PlaneSpec {
+        self.spec
     }
 
     /// Bytes of tensor counted so far.
@@ -251,6 +282,18 @@ impl PlaneCount {
             })
             .collect()
     }
+}
+
+/// Per plane, whether its symbols and its flags are worth counting past the first chunk, from
+/// the first chunk's counts: a plane that looks like noise is not (it will be stored raw).
+fn wanted(sample: &[(Histogram, Histogram)]) -> Vec<(bool, bool)> {
+    sample
+        .iter()
+        .map(|(h, _)| {
+            let noise = h.entropy_bits() >= NOISE_BITS * h.total() as f64;
+            (!noise, !noise && Plan::wants_flags(h))
+        })
+        .collect()
 }
 
 fn choice(l: &Layout, transform: Transform, n: u64, stats: &[&PlaneStats], xor_mask: u8) -> Choice {

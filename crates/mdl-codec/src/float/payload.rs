@@ -142,6 +142,49 @@ impl PayloadWriter {
         Ok(coded)
     }
 
+    /// [`Self::add`] of a window already split into its planes
+    /// ([`Engine::split_planes`] with this payload's spec): the same chunks.
+    pub fn add_split(
+        &mut self,
+        engine: &dyn Engine,
+        planes: &[&[u8]],
+    ) -> Result<Vec<Vec<Vec<u8>>>, FormatError> {
+        let n = planes.first().map_or(0, |p| p.len());
+        if planes.len() != self.l.planes || planes.iter().any(|p| p.len() != n) {
+            return Err(FormatError::invalid(
+                "float tensor",
+                "planes of another count or length",
+            ));
+        }
+        if self.ended {
+            return Err(FormatError::invalid(
+                "float payload",
+                "a window follows a partial chunk",
+            ));
+        }
+        self.ended = !n.is_multiple_of(CHUNK);
+        let coded = engine.encode_split(planes, &self.writers);
+        for (lens, chunks) in self.lens.iter_mut().zip(&coded) {
+            lens.extend(chunks.iter().map(|c| c.len() as u32));
+        }
+        Ok(coded)
+    }
+
+    /// This payload's planes: how [`Engine::split_planes`] is to take a window apart.
+    pub fn spec(&self) -> PlaneSpec {
+        self.spec
+    }
+
+    /// The payload, once every window is added: its head, and each plane's stream head and
+    /// chunks (`coded[plane][chunk]`).
+    pub fn into_encoded(self, coded: Vec<Vec<Vec<u8>>>) -> Encoded {
+        let (head, heads) = self.finish();
+        Encoded {
+            head,
+            planes: heads.into_iter().zip(coded).collect(),
+        }
+    }
+
     /// The payload's head (plane count, mask, stream lengths) and each plane's stream head.
     pub fn finish(self) -> (Vec<u8>, Vec<Vec<u8>>) {
         let heads: Vec<Vec<u8>> = self

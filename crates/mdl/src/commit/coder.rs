@@ -219,7 +219,8 @@ impl<'a> Coder<'a> {
     }
 
     /// The pass of [`Self::write_floats`]: each window of `data` and `base` into each record's
-    /// writer. Returns the hash of the input's bytes read, if it is on either side.
+    /// writer (framed records' frames written by a thread of their own while the next window
+    /// is encoded). Returns the hash of the input's bytes read, if it is on either side.
     fn encode(
         &self,
         header: &mdl_format::TensorHeader,
@@ -235,32 +236,62 @@ impl<'a> Coder<'a> {
                 Content::Input { input, i, .. } => Some(input.pieces[*i].header.hasher()),
                 _ => None,
             });
-        pass(data, base, header.dtype.size(), hasher, &mut |d, b| {
-            for (r, writer) in records.iter().zip(writers.iter_mut()) {
-                let (x, against) = match r.side {
-                    Side::Data => (d, None),
-                    Side::DataOnBase => (d, b),
-                    Side::BaseOnData => (b.expect("a base"), Some(d)),
-                };
-                let encoder = |source| Error::Encode { id: r.id, source };
-                match writer {
-                    Writer::Framed { frames, out } => {
-                        for frame in frames.encode(self.engine, x, against).map_err(encoder)? {
-                            frame
-                                .pieces()
-                                .iter()
-                                .try_for_each(|p| out.write_all(p))
-                                .map_err(|e| Error::Store(mdl_store::StoreError::Output(e)))?;
+        // Each writer taken apart: what the pass encodes with, and where framed records go.
+        let mut coders = Vec::with_capacity(writers.len());
+        let mut outs = Vec::new();
+        for w in writers.iter_mut() {
+            match w {
+                Writer::Framed { frames, out } => {
+                    coders.push(Coding::Frames(frames, outs.len()));
+                    outs.push(out);
+                }
+                Writer::Whole { payload, planes } => coders.push(Coding::Whole(payload, planes)),
+            }
+        }
+        // At most two encoded frames wait for the writer.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, float::Encoded)>(2);
+        std::thread::scope(|s| {
+            let written = s.spawn(move || -> std::io::Result<()> {
+                for (k, frame) in rx {
+                    frame
+                        .pieces()
+                        .iter()
+                        .try_for_each(|p| outs[k].write_all(p))?;
+                }
+                Ok(())
+            });
+            let read = pass(data, base, header.dtype.size(), hasher, &mut |d, b| {
+                for (r, coding) in records.iter().zip(coders.iter_mut()) {
+                    let (x, against) = match r.side {
+                        Side::Data => (d, None),
+                        Side::DataOnBase => (d, b),
+                        Side::BaseOnData => (b.expect("a base"), Some(d)),
+                    };
+                    let encoder = |source| Error::Encode { id: r.id, source };
+                    match coding {
+                        Coding::Frames(frames, k) => {
+                            for frame in frames.encode(self.engine, x, against).map_err(encoder)? {
+                                if tx.send((*k, frame)).is_err() {
+                                    // The writer failed: its error is the one reported.
+                                    return Err(Error::Store(mdl_store::StoreError::Output(
+                                        std::io::Error::other("the record writer stopped"),
+                                    )));
+                                }
+                            }
+                        }
+                        Coding::Whole(payload, planes) => {
+                            let coded = payload.add(self.engine, x, against).map_err(encoder)?;
+                            planes.resize_with(coded.len(), Vec::new);
+                            planes.iter_mut().zip(coded).for_each(|(p, c)| p.extend(c));
                         }
                     }
-                    Writer::Whole { payload, planes } => {
-                        let coded = payload.add(self.engine, x, against).map_err(encoder)?;
-                        planes.resize_with(coded.len(), Vec::new);
-                        planes.iter_mut().zip(coded).for_each(|(p, c)| p.extend(c));
-                    }
                 }
-            }
-            Ok(())
+                Ok(())
+            });
+            drop(tx);
+            let written = written.join().expect("the record writer does not panic");
+            written.map_err(|e| Error::Store(mdl_store::StoreError::Output(e)))?;
+            read
         })
     }
 
@@ -335,6 +366,13 @@ enum Writer<'b, 's> {
         payload: float::PayloadWriter,
         planes: Vec<Vec<Vec<u8>>>,
     },
+}
+
+/// What [`Coder::encode`] encodes one record with: a framed record's encoder and the index of
+/// its output, or a whole payload's writer and its planes' chunks.
+enum Coding<'w> {
+    Frames(&'w mut float::FrameEncoder, usize),
+    Whole(&'w mut float::PayloadWriter, &'w mut Vec<Vec<Vec<u8>>>),
 }
 
 impl<'b, 's> Writer<'b, 's> {
