@@ -248,8 +248,8 @@ impl<'a> Coder<'a> {
                 Writer::Whole { payload, planes } => coders.push(Coding::Whole(payload, planes)),
             }
         }
-        // At most two encoded frames wait for the writer.
-        let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, float::Encoded)>(2);
+        // One encoded frame waits for the writer at most: memory stays a few frames.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, float::Encoded)>(1);
         std::thread::scope(|s| {
             let written = s.spawn(move || -> std::io::Result<()> {
                 for (k, frame) in rx {
