@@ -28,8 +28,8 @@ pub(super) struct Coder<'a> {
 }
 
 impl<'a> Coder<'a> {
-    /// The float codecs' analysis of `data` (and against `base`): a pass counting its planes
-    /// unless `plain` has them, and a pass counting the delta worth counting.
+    /// The float codecs' analysis of `data` (and against `base`): one pass counting its planes
+    /// (unless `plain` has them) and the delta worth counting.
     pub(super) fn analyze(
         &self,
         id: ObjectId,
@@ -39,40 +39,42 @@ impl<'a> Coder<'a> {
         plain: Option<float::PlaneCount>,
     ) -> Result<float::Analysis> {
         let encoder = |source| Error::Encode { id, source };
-        let width = dtype.size();
-        let plain = match plain {
+        let counted = plain.is_some();
+        let mut plain = match plain {
             Some(p) => p,
-            None => {
-                let mut c = float::PlaneCount::new(dtype, Count::Plain).map_err(encoder)?;
-                pass(data, None, width, None, &mut |d, _| {
-                    c.add(self.engine, d, None).map_err(encoder)
-                })?;
-                c
-            }
+            None => float::PlaneCount::new(dtype, Count::Plain).map_err(encoder)?,
         };
         let mut deltas: Option<Vec<float::PlaneCount>> = None;
-        if let Some(base) = base {
-            pass(data, Some(base), width, None, &mut |d, b| {
-                let b = b.expect("a base window");
-                let counts = match &mut deltas {
-                    Some(c) => c,
-                    None => deltas.insert(
-                        float::deltas_to_count(self.engine, dtype, d, b)
-                            .and_then(|kinds| {
-                                kinds
-                                    .into_iter()
-                                    .map(|k| float::PlaneCount::new(dtype, k))
-                                    .collect()
-                            })
-                            .map_err(encoder)?,
-                    ),
-                };
-                counts
-                    .iter_mut()
-                    .try_for_each(|c| c.add(self.engine, d, Some(b)))
-                    .map_err(encoder)
-            })?;
+        if counted && base.is_none() {
+            return Ok(float::analysis_of(&plain, &[]));
         }
+        // Counts add exactly, so counting the plain planes in the delta's pass (a tensor read
+        // a window at a time is decoded once less) changes nothing.
+        pass(data, base, dtype.size(), None, &mut |d, b| {
+            if !counted {
+                plain.add(self.engine, d, None).map_err(encoder)?;
+            }
+            let Some(b) = b else {
+                return Ok(());
+            };
+            let counts = match &mut deltas {
+                Some(c) => c,
+                None => deltas.insert(
+                    float::deltas_to_count(self.engine, dtype, d, b)
+                        .and_then(|kinds| {
+                            kinds
+                                .into_iter()
+                                .map(|k| float::PlaneCount::new(dtype, k))
+                                .collect()
+                        })
+                        .map_err(encoder)?,
+                ),
+            };
+            counts
+                .iter_mut()
+                .try_for_each(|c| c.add(self.engine, d, Some(b)))
+                .map_err(encoder)
+        })?;
         Ok(float::analysis_of(&plain, &deltas.unwrap_or_default()))
     }
 
