@@ -92,8 +92,10 @@ pub struct Committer {
 
 #[derive(Default)]
 struct Slot {
-    /// The commit in flight (or finished but not yet looked at by a submit).
-    pending: Option<(Handle, JoinHandle<()>)>,
+    /// The last commit's outcome, until a submit or [`Committer::finish`] takes it.
+    pending: Option<Handle>,
+    /// The last commit's thread: storing it, then working the deferred re-encodes.
+    thread: Option<JoinHandle<()>>,
 }
 
 impl Committer {
@@ -172,10 +174,14 @@ impl Committer {
         check_metrics(&opts.metrics)?;
         opts.warm.get_or_insert_with(|| self.warm.clone());
         let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((before, thread)) = slot.pending.take() {
+        if let Some(thread) = slot.thread.take() {
+            // The work after the last commit stops at its next tensor (what is left stays
+            // queued).
             self.stop.store(true, Ordering::Relaxed);
             let _ = thread.join();
             self.stop.store(false, Ordering::Relaxed);
+        }
+        if let Some(before) = slot.pending.take() {
             before.wait()?;
         }
         let handle = Handle(Arc::new(Shared {
@@ -204,19 +210,19 @@ impl Committer {
                 }
             })
             .map_err(|e| Error::Background(format!("cannot start a commit thread: {e}")))?;
-        slot.pending = Some((handle.clone(), thread));
+        slot.pending = Some(handle.clone());
+        slot.thread = Some(thread);
         Ok(handle)
     }
 
     /// Waits for the commit in flight, if any, and takes its outcome (`None` when there was
-    /// none): a failure is reported here instead of on the next submit.
+    /// none): a failure is reported here instead of on the next submit. It returns once the
+    /// commit has landed; the deferred re-encodes after it go on (the next submit stops them,
+    /// dropping the committer waits for them).
     pub fn finish(&self) -> Result<Option<CommitOutcome>> {
         let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
         match slot.pending.take() {
-            Some((handle, thread)) => {
-                let _ = thread.join();
-                handle.wait().map(Some)
-            }
+            Some(handle) => handle.wait().map(Some),
             None => Ok(None),
         }
     }
@@ -226,7 +232,7 @@ impl Drop for Committer {
     /// Waits for the commit in flight: a submitted commit finishes.
     fn drop(&mut self) {
         let slot = self.slot.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, thread)) = slot.pending.take() {
+        if let Some(thread) = slot.thread.take() {
             let _ = thread.join();
         }
     }
