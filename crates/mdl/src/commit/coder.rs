@@ -250,8 +250,9 @@ impl<'a> Coder<'a> {
                 Writer::Whole { payload, planes } => coders.push(Coding::Whole(payload, planes)),
             }
         }
-        // One encoded frame waits for the writer at most: memory stays a few frames.
-        let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, float::Encoded)>(1);
+        // A frame is handed to the writer when it takes it: one is written while the next is
+        // encoded.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, float::Encoded)>(0);
         std::thread::scope(|s| {
             let written = s.spawn(move || -> std::io::Result<()> {
                 for (k, frame) in rx {
