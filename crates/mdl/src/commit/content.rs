@@ -1,7 +1,8 @@
 //! A tensor's content, and its delta base's, read for one pass of the float codecs: held in
 //! memory (one window, the whole tensor), or a window of whole chunks at a time so a tensor
 //! of any size costs a constant amount of memory — read from the input file (copied into a
-//! private buffer and hashed as it is read), or decoded from the store along its chain.
+//! private buffer by `pread`, on a thread of its own, and hashed as it is read), or decoded
+//! from the store along its chain.
 
 use mdl_codec::huffman::CHUNK_LOG2;
 use mdl_format::{ObjectId, TensorHasher};
@@ -209,7 +210,6 @@ impl<'a> Reader<'a> {
                 i: *i,
                 buf: Vec::new(),
             },
-
             Content::Stored { store, id, entry } => Reader::Stored {
                 windows: Box::new(store.tensor_windows(id, entry)?),
                 buf: Vec::new(),

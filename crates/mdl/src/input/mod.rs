@@ -294,19 +294,14 @@ impl Input {
     /// Drops the pages of piece `i` from this process's memory (they stay in the page cache),
     /// so resident memory follows the piece being worked on, not the tree's size.
     pub(crate) fn release(&self, i: usize) {
-        self.release_range(i, 0, self.pieces[i].len);
-    }
-
-    /// [`Self::release`] of bytes `at..at + len` of piece `i`.
-    pub(crate) fn release_range(&self, i: usize, at: u64, len: u64) {
         let p = &self.pieces[i];
         let Data::Mapped(map, _) = &self.files[p.file].data else {
             return;
         };
-        let start = (p.offset + at) as usize;
+        let start = p.offset as usize;
         let page = 4096;
         let aligned = start.div_ceil(page) * page;
-        let end = (start + len as usize) / page * page;
+        let end = (start + p.len as usize) / page * page;
         if end > aligned {
             // SAFETY: the mapping is a read-only private file mapping that this process never
             // writes, so discarding its pages only means they are read from the file again on
