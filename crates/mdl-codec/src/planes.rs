@@ -530,7 +530,7 @@ pub(crate) fn cpu_encode_planes(
     let l = spec_layout(spec);
     let step = CHUNK * l.width;
     // by_chunk[c][p]: the coded bytes of plane p in element chunk c.
-    let mut by_chunk: Vec<Vec<Vec<u8>>> = data
+    let by_chunk: Vec<Vec<Vec<u8>>> = data
         .par_chunks(step)
         .enumerate()
         .map(|(c, chunk)| {
@@ -552,7 +552,12 @@ pub(crate) fn cpu_encode_planes(
             })
         })
         .collect();
-    (0..l.planes)
+    by_plane(by_chunk, l.planes)
+}
+
+/// `by_chunk[c][p]` (coded bytes of plane `p` in element chunk `c`) as `result[p][c]`.
+fn by_plane(mut by_chunk: Vec<Vec<Vec<u8>>>, planes: usize) -> Vec<Vec<Vec<u8>>> {
+    (0..planes)
         .map(|p| {
             by_chunk
                 .iter_mut()
@@ -597,7 +602,7 @@ pub(crate) fn cpu_split_planes(
 /// parallel.
 pub(crate) fn cpu_encode_split(planes: &[&[u8]], writers: &[StreamWriter]) -> Vec<Vec<Vec<u8>>> {
     let chunks = planes.first().map_or(0, |p| p.len().div_ceil(CHUNK));
-    let mut by_chunk: Vec<Vec<Vec<u8>>> = (0..chunks)
+    let by_chunk: Vec<Vec<Vec<u8>>> = (0..chunks)
         .into_par_iter()
         .map(|c| {
             planes
@@ -611,14 +616,7 @@ pub(crate) fn cpu_encode_split(planes: &[&[u8]], writers: &[StreamWriter]) -> Ve
                 .collect()
         })
         .collect();
-    (0..planes.len())
-        .map(|p| {
-            by_chunk
-                .iter_mut()
-                .map(|c| std::mem::take(&mut c[p]))
-                .collect()
-        })
-        .collect()
+    by_plane(by_chunk, planes.len())
 }
 
 /// Per plane, per chunk of [`CHUNK`] symbols, in parallel: the symbol histogram and the flag

@@ -128,18 +128,9 @@ impl PayloadWriter {
                 "base given to one window only",
             ));
         }
-        if self.ended {
-            return Err(FormatError::invalid(
-                "float payload",
-                "a window follows a partial chunk",
-            ));
-        }
-        self.ended = !(data.len() / self.l.width).is_multiple_of(CHUNK);
+        self.next_window(data.len() / self.l.width)?;
         let coded = engine.encode_planes(self.spec, data, base, &self.writers);
-        for (lens, chunks) in self.lens.iter_mut().zip(&coded) {
-            lens.extend(chunks.iter().map(|c| c.len() as u32));
-        }
-        Ok(coded)
+        Ok(self.coded(coded))
     }
 
     /// [`Self::add`] of a window already split into its planes
@@ -156,6 +147,13 @@ impl PayloadWriter {
                 "planes of another count or length",
             ));
         }
+        self.next_window(n)?;
+        let coded = engine.encode_split(planes, &self.writers);
+        Ok(self.coded(coded))
+    }
+
+    /// Checks that a window of `n` elements may follow (none follows a partial chunk).
+    fn next_window(&mut self, n: usize) -> Result<(), FormatError> {
         if self.ended {
             return Err(FormatError::invalid(
                 "float payload",
@@ -163,11 +161,15 @@ impl PayloadWriter {
             ));
         }
         self.ended = !n.is_multiple_of(CHUNK);
-        let coded = engine.encode_split(planes, &self.writers);
+        Ok(())
+    }
+
+    /// Notes the lengths of a window's coded chunks.
+    fn coded(&mut self, coded: Vec<Vec<Vec<u8>>>) -> Vec<Vec<Vec<u8>>> {
         for (lens, chunks) in self.lens.iter_mut().zip(&coded) {
             lens.extend(chunks.iter().map(|c| c.len() as u32));
         }
-        Ok(coded)
+        coded
     }
 
     /// This payload's planes: how [`Engine::split_planes`] is to take a window apart.

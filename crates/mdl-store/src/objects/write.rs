@@ -354,17 +354,7 @@ impl<'s> ObjectBatch<'s> {
         codec: CodecTag,
         placement: Placement,
     ) -> Result<RecordWriter<'_, 's>, StoreError> {
-        let content_len = header.data_len().unwrap_or(0);
-        let prefix = header.canonical();
-        self.open_record(
-            Some(id),
-            ObjectKind::Tensor,
-            codec,
-            placement,
-            &prefix,
-            None,
-            content_len,
-        )
+        self.open_tensor(Some(id), header, codec, placement)
     }
 
     /// [`Self::open_written`] of a record whose id is known only once it is written (the
@@ -375,10 +365,20 @@ impl<'s> ObjectBatch<'s> {
         codec: CodecTag,
         placement: Placement,
     ) -> Result<RecordWriter<'_, 's>, StoreError> {
+        self.open_tensor(None, header, codec, placement)
+    }
+
+    fn open_tensor(
+        &self,
+        id: Option<&ObjectId>,
+        header: &TensorHeader,
+        codec: CodecTag,
+        placement: Placement,
+    ) -> Result<RecordWriter<'_, 's>, StoreError> {
         let content_len = header.data_len().unwrap_or(0);
         let prefix = header.canonical();
         self.open_record(
-            None,
+            id,
             ObjectKind::Tensor,
             codec,
             placement,
