@@ -192,24 +192,13 @@ impl PlaneCount {
                 "base given where none is counted",
             ));
         }
-        let mut whole = false;
-        if self.sample.is_empty() {
-            let step = (CHUNK * self.l.width).min(data.len());
-            self.sample =
-                engine.sample_histograms(self.spec, &data[..step], base.map(|b| &b[..step]));
-            self.want = wanted(&self.sample);
-            whole = step == data.len();
-        }
-        let counts = if whole {
-            self.sample.clone()
-        } else {
-            engine.plane_histograms(self.spec, data, base, &self.want)
-        };
-        for ((t, tf), (c, cf)) in self.totals.iter_mut().zip(&counts) {
-            t.add(c);
-            tf.add(cf);
-        }
-        self.n += (data.len() / self.l.width) as u64;
+        let (spec, step) = (self.spec, (CHUNK * self.l.width).min(data.len()));
+        self.absorb(
+            (data.len() / self.l.width) as u64,
+            step == data.len(),
+            || engine.sample_histograms(spec, &data[..step], base.map(|b| &b[..step])),
+            |want| engine.plane_histograms(spec, data, base, want),
+        );
         Ok(())
     }
 
@@ -223,27 +212,48 @@ impl PlaneCount {
                 "planes of another count or length",
             ));
         }
+        let first: Vec<&[u8]> = planes.iter().map(|p| &p[..CHUNK.min(n)]).collect();
+        let every = vec![(true, true); self.l.planes];
+        self.absorb(
+            n as u64,
+            n <= CHUNK,
+            || {
+                let mut sample = crate::planes::split_histograms(&first, &every);
+                crate::planes::forget_unwanted_flags(&mut sample);
+                sample
+            },
+            |want| crate::planes::split_histograms(planes, want),
+        );
+        Ok(())
+    }
+
+    /// Adds a window of `n` elements: on the first window, its first chunk's counts
+    /// (`sample`: every plane's symbols, and flags where they are wanted) decide what is
+    /// counted from then on; `count` counts the window for that. A window of one chunk or less
+    /// that is the first is its sample.
+    fn absorb(
+        &mut self,
+        n: u64,
+        only_the_sample: bool,
+        sample: impl FnOnce() -> Vec<(Histogram, Histogram)>,
+        count: impl FnOnce(&[(bool, bool)]) -> Vec<(Histogram, Histogram)>,
+    ) {
         let mut whole = false;
         if self.sample.is_empty() {
-            let first: Vec<&[u8]> = planes.iter().map(|p| &p[..CHUNK.min(n)]).collect();
-            let mut sample =
-                crate::planes::split_histograms(&first, &vec![(true, true); self.l.planes]);
-            crate::planes::forget_unwanted_flags(&mut sample);
-            self.sample = sample;
+            self.sample = sample();
             self.want = wanted(&self.sample);
-            whole = n <= CHUNK;
+            whole = only_the_sample;
         }
         let counts = if whole {
             self.sample.clone()
         } else {
-            crate::planes::split_histograms(planes, &self.want)
+            count(&self.want)
         };
         for ((t, tf), (c, cf)) in self.totals.iter_mut().zip(&counts) {
             t.add(c);
             tf.add(cf);
         }
-        self.n += n as u64;
-        Ok(())
+        self.n += n;
     }
 
     /// How this count takes a window apart into planes.

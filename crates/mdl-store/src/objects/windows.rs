@@ -30,8 +30,9 @@ use super::read::{agrees_with_index, chain_budget, corrupt, tensor_header};
 
 /// Element chunks in one window (each of `1 << CHUNK_LOG2` elements): 2 Mi elements, 8 MiB of
 /// f32. A chain of depth `d` holds `d + 1` windows and their coded bytes. A commit reads its
-/// input in windows of the same size, so it reads a stored version beside it in lockstep.
-pub const WINDOW_CHUNKS: u64 = 16;
+/// input in windows of the same size, so it reads a stored version beside it in lockstep; a
+/// window is a frame of a framed record (format 7), so either is read whole.
+pub const WINDOW_CHUNKS: u64 = mdl_codec::float::FRAME_CHUNKS as u64;
 
 /// A tensor being decoded a window at a time ([`Store::tensor_windows`]).
 pub struct TensorWindows<'s> {

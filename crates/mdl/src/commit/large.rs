@@ -26,17 +26,24 @@ impl StoreCtx<'_> {
             DeltaMode::Forward => true,
             DeltaMode::Reverse => !self.policy.defer,
         };
-        if !whole && !self.first_window_unchanged(i)? {
-            if let Some(stored) = self.store_speculative(i)? {
-                return Ok(stored);
+        if !whole {
+            let info = &self.input.pieces[i];
+            let n = window_bytes(info.header.dtype.size()).min(info.len as usize);
+            let mut first = vec![0u8; n];
+            self.input.read_into(i, 0, &mut first)?;
+            if !self.first_window_unchanged(i, &first)? {
+                if let Some(stored) = self.store_speculative(i, &first)? {
+                    return Ok(stored);
+                }
             }
         }
         self.store_streamed(i, whole)
     }
 
     /// Whether tensor `i`'s previous version (same name, dtype and shape) has the same first
-    /// window: then it may well be unchanged, and is hashed before anything is encoded.
-    fn first_window_unchanged(&self, i: usize) -> Result<bool> {
+    /// window (`first`, tensor `i`'s): then it may well be unchanged, and is hashed before
+    /// anything is encoded.
+    fn first_window_unchanged(&self, i: usize, first: &[u8]) -> Result<bool> {
         let store = self.repo.store();
         let previous = {
             let meta = store.meta().read()?;
@@ -45,39 +52,30 @@ impl StoreCtx<'_> {
         let Some((id, entry, _)) = previous else {
             return Ok(false);
         };
-        let info = &self.input.pieces[i];
-        let n = window_bytes(info.header.dtype.size()).min(info.len as usize);
-        if entry.content_len != info.len || n == 0 {
+        if entry.content_len != self.input.pieces[i].len || first.is_empty() {
             return Ok(false);
         }
-        let mut ours = vec![0u8; n];
-        self.input.read_into(i, 0, &mut ours)?;
-        let mut theirs = vec![0u8; n];
+        let mut theirs = vec![0u8; first.len()];
         // A previous version that does not decode is not this content either.
         let read = store
             .tensor_windows(&id, &entry)
             .and_then(|mut w| w.next_into(&mut theirs));
-        Ok(read.is_ok() && ours == theirs)
+        Ok(read.is_ok() && first == theirs)
     }
 
     /// Encodes tensor `i` as float-split in one pass that hashes it too, if its first window
-    /// says the float codecs pay (`None`: they do not, and zstd or raw compete instead).
-    fn store_speculative(&self, i: usize) -> Result<Option<(Stored, Exactness)>> {
+    /// (`first`) says the float codecs pay (`None`: they do not, and zstd or raw compete
+    /// instead).
+    fn store_speculative(&self, i: usize, first: &[u8]) -> Result<Option<(Stored, Exactness)>> {
         let info = &self.input.pieces[i];
         let dtype = info.header.dtype;
-        let n = window_bytes(dtype.size()).min(info.len as usize);
-        let mut first = vec![0u8; n];
-        self.input.read_into(i, 0, &mut first)?;
         let unknown = ObjectId::from_bytes([0; 32]);
         let encoder = |source| Error::Encode {
             id: unknown,
             source,
         };
         let mut plain = float::PlaneCount::new(dtype, Count::Plain).map_err(encoder)?;
-        plain
-            .add(self.coder.engine, &first, None)
-            .map_err(encoder)?;
-        drop(first);
+        plain.add(self.coder.engine, first, None).map_err(encoder)?;
         // What [`Self::encode_new`] decides from the same count.
         let analysis = float::analysis_of(&plain, &[]);
         let counted = plain.counted_bytes() as f64;
