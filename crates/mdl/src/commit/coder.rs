@@ -78,6 +78,46 @@ impl<'a> Coder<'a> {
         Ok(float::analysis_of(&plain, &deltas.unwrap_or_default()))
     }
 
+    /// Splits `data`, a tensor in memory stored whole (no delta is made of it now), into
+    /// `planes` once, and counts its planes from them (the counts [`Self::analyze`] makes);
+    /// [`Self::write_split`] codes the record from the same planes.
+    pub(super) fn split_counted(
+        &self,
+        id: ObjectId,
+        dtype: mdl_format::Dtype,
+        data: &[u8],
+        planes: &mut Vec<Vec<u8>>,
+    ) -> Result<float::PlaneCount> {
+        let encoder = |source| Error::Encode { id, source };
+        let mut count = float::PlaneCount::new(dtype, Count::Plain).map_err(encoder)?;
+        self.engine.split_planes(count.spec(), data, None, planes);
+        let split: Vec<&[u8]> = planes.iter().map(Vec::as_slice).collect();
+        count.add_split(&split).map_err(encoder)?;
+        Ok(count)
+    }
+
+    /// Writes the self-contained record of a tensor split by [`Self::split_counted`], coded as
+    /// `choice` says from its `planes`.
+    pub(super) fn write_split(
+        &self,
+        id: ObjectId,
+        header: &mdl_format::TensorHeader,
+        planes: &[Vec<u8>],
+        choice: &float::Choice,
+        codec: CodecTag,
+    ) -> Result<IndexEntry> {
+        let encoder = |source| Error::Encode { id, source };
+        let mut payload =
+            float::PayloadWriter::new(header.dtype, choice, false).map_err(encoder)?;
+        let split: Vec<&[u8]> = planes.iter().map(Vec::as_slice).collect();
+        let coded = payload.add_split(self.engine, &split).map_err(encoder)?;
+        let encoded = payload.into_encoded(coded);
+        Ok(self
+            .batch
+            .put_payload(&id, header, codec, Placement::default(), &encoded.pieces())?
+            .entry)
+    }
+
     /// Counts `data` against `base` in one pass, for the planes of `count`, and chooses.
     fn count(
         &self,
@@ -251,17 +291,19 @@ impl<'a> Coder<'a> {
             }
         }
         // A frame is handed to the writer when it takes it: one is written while the next is
-        // encoded.
+        // encoded (a writer thread only where there are frames to write).
         let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, float::Encoded)>(0);
         std::thread::scope(|s| {
-            let written = s.spawn(move || -> std::io::Result<()> {
-                for (k, frame) in rx {
-                    frame
-                        .pieces()
-                        .iter()
-                        .try_for_each(|p| outs[k].write_all(p))?;
-                }
-                Ok(())
+            let written = (!outs.is_empty()).then(|| {
+                s.spawn(move || -> std::io::Result<()> {
+                    for (k, frame) in rx {
+                        frame
+                            .pieces()
+                            .iter()
+                            .try_for_each(|p| outs[k].write_all(p))?;
+                    }
+                    Ok(())
+                })
             });
             let read = pass(data, base, header.dtype.size(), hasher, &mut |d, b| {
                 for (r, coding) in records.iter().zip(coders.iter_mut()) {
@@ -292,8 +334,10 @@ impl<'a> Coder<'a> {
                 Ok(())
             });
             drop(tx);
-            let written = written.join().expect("the record writer does not panic");
-            written.map_err(|e| Error::Store(mdl_store::StoreError::Output(e)))?;
+            if let Some(written) = written {
+                let written = written.join().expect("the record writer does not panic");
+                written.map_err(|e| Error::Store(mdl_store::StoreError::Output(e)))?;
+            }
             read
         })
     }

@@ -38,11 +38,13 @@ mod content;
 mod deferred;
 mod eval;
 mod large;
+mod spare;
 mod store;
 
 use coder::Coder;
 pub use deferred::{pending_deferred, run_deferred, writer_waiting, DeferredReport};
 use eval::evaluate_candidate;
+use spare::Spare;
 use store::{previous_content, previous_object, StoreCtx, Stored};
 
 /// What to commit and how.
@@ -368,6 +370,8 @@ fn commit_input(
         trim_bits,
         correction,
         warm,
+        spare_tensors: Spare::new(),
+        spare_planes: Spare::new(),
     };
     progress.start("storing", input.len());
     let indices: Vec<usize> = (0..pieces.len()).collect();

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::coder::{Coder, FloatRecord, Side, REWRITE_GAIN_FLOOR};
 use super::content::Content;
+use super::spare::Spare;
 use super::*;
 
 /// Float tensors whose best float encoding saves less than this fraction also try zstd.
@@ -48,6 +49,9 @@ pub(super) struct StoreCtx<'a> {
     pub(super) correction: Correction,
     /// The last commit's tensors, kept by a process that commits repeatedly.
     pub(super) warm: Option<&'a WarmTensors>,
+    /// Buffers tensors are read into, and split into planes, kept for the next tensors.
+    pub(super) spare_tensors: Spare<Vec<u8>>,
+    pub(super) spare_planes: Spare<Vec<Vec<u8>>>,
 }
 
 impl StoreCtx<'_> {
@@ -62,15 +66,25 @@ impl StoreCtx<'_> {
             return self.store_large(i);
         }
         // Work on a private copy: what is hashed is exactly what is encoded, even if the file
-        // changes underneath the mapping.
-        let mut data = self.input.tensor(i).to_vec();
+        // changes underneath.
+        let n = info.len as usize;
+        let mut buf = self.spare_tensors.take();
+        if buf.len() < n {
+            buf.resize(n, 0);
+        }
+        self.input.read_into(i, 0, &mut buf[..n])?;
+        // The mapping is read only by lossy settings (the moments, beside their weights): what
+        // they read of this piece is dropped once it is stored.
         self.input.release(i);
+        // The content when a lossy setting changed it.
+        let mut changed: Option<Vec<u8>> = None;
         let mut exactness = Exactness::Lossless;
         let mut quantized = None;
         if let Some(plan) = &self.plans[i] {
+            let data = &buf[..n];
             let w = FloatView {
                 dtype: info.header.dtype,
-                bytes: &data,
+                bytes: data,
             };
             let moments = self.input.moments(plan.moments);
             let q = {
@@ -104,32 +118,34 @@ impl StoreCtx<'_> {
             }
             if q.render != data && reproducible {
                 exactness = Exactness::Lossy(q.lossy);
-                data = q.render;
+                changed = Some(q.render);
                 quantized = Some(q.encoded);
             }
         } else if let Some(bits) = self.trim_bits.filter(|_| {
             lossy_supported(info.header.dtype)
                 && info.header.numel().unwrap_or(0) >= lossy::MIN_LOSSY_ELEMENTS
         }) {
-            let mut out = vec![0u8; data.len()];
-            trim::trim(info.header.dtype, &data, bits, &mut out);
+            let data = &buf[..n];
+            let mut out = vec![0u8; n];
+            trim::trim(info.header.dtype, data, bits, &mut out);
             let view = |bytes| FloatView {
                 dtype: info.header.dtype,
                 bytes,
             };
-            let err = self.coder.engine.error_stats(view(&data), view(&out), None);
+            let err = self.coder.engine.error_stats(view(data), view(&out), None);
             exactness = Exactness::Lossy(Lossy {
                 settings: format!("trim bits={bits} bound=2^-{bits}"),
                 max_abs_error: err.max_abs,
                 rel_error: err.rel_l2(),
                 est_delta_loss: None,
             });
-            data = out;
+            changed = Some(out);
         }
+        let data = changed.as_deref().unwrap_or(&buf[..n]);
         let mut hasher = info.header.hasher();
-        hasher.update(&data);
+        hasher.update(data);
         let id = hasher.finalize();
-        let result = if !self.is_new(&id, i, &data)? {
+        let result = if !self.is_new(&id, i, data)? {
             Stored {
                 id,
                 added: None,
@@ -164,12 +180,18 @@ impl StoreCtx<'_> {
             } else {
                 CodecTag::FloatSplit
             };
-            self.encode_new(id, i, Content::Memory(&data), whole, None)?
+            self.encode_new(id, i, Content::Memory(data), whole, None)?
         };
         self.progress.advance(info.len);
-        // What the next commit's delta or residual of this tensor will be taken against.
+        // What the next commit's delta or residual of this tensor will be taken against (the
+        // buffer itself, given away rather than copied).
         if let Some(warm) = self.warm.filter(|_| is_delta_candidate(info)) {
-            warm.offer(id, Arc::new(data));
+            let content = changed.unwrap_or_else(|| {
+                let mut buf = buf.keep();
+                buf.truncate(n);
+                buf
+            });
+            warm.offer(id, Arc::new(content));
         }
         Ok((result, exactness))
     }
@@ -395,9 +417,22 @@ impl StoreCtx<'_> {
             ),
             _ => (Kept::nothing(), None),
         };
-        let analysis = self
-            .coder
-            .analyze(id, header.dtype, &data, base_content.as_ref(), plain)?;
+        // A tensor in memory that no delta is made of now is split into its planes once, for
+        // its counts and its codes.
+        let split = match (&data, &base_content, &plain) {
+            (Content::Memory(d), None, None) => {
+                let mut planes = self.spare_planes.take();
+                let count = self.coder.split_counted(id, header.dtype, d, &mut planes)?;
+                Some((count, planes))
+            }
+            _ => None,
+        };
+        let analysis = match &split {
+            Some((count, _)) => float::analysis_of(count, &[]),
+            None => self
+                .coder
+                .analyze(id, header.dtype, &data, base_content.as_ref(), plain)?,
+        };
         let delta = analysis.best_delta();
         let best_float = delta.map_or(analysis.plain.size, |d| d.size);
         if best_float as f64 > len as f64 * (1.0 - FLOAT_GAIN_FLOOR) {
@@ -407,7 +442,10 @@ impl StoreCtx<'_> {
         }
         // The best self-contained record: float-split unless it would not beat raw.
         let whole = || {
-            if analysis.plain.size < len {
+            if let (true, Some((_, planes))) = (analysis.plain.size < len, &split) {
+                self.coder
+                    .write_split(id, header, planes, &analysis.plain, whole_codec)
+            } else if analysis.plain.size < len {
                 self.coder.write_float(
                     id,
                     header,
