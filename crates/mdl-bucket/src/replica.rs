@@ -650,19 +650,13 @@ impl Replica {
         if send.is_empty() {
             return Ok(());
         }
-        let (mut pack, frames) = transfer::spool_pack_with_toc(repo, &send)?;
-        let path = pack.path().to_path_buf();
-        let file = pack.as_file_mut();
-        file.seek(SeekFrom::Start(0)).map_err(cache_err(&path))?;
-        let mut hasher = blake3::Hasher::new();
-        let len = std::io::copy(&mut BufReader::new(&mut *file), &mut hasher)
-            .map_err(cache_err(&path))?;
-        let key = layout::pack_key(Timestamp::now(), &hasher.finalize());
-        self.bucket.upload(&key, file, len)?;
-        self.records.add(&key, &frames)?;
+        let mut pack = transfer::spool_pack_with_toc(repo, &send)?;
+        let key = layout::pack_key(Timestamp::now(), &pack.hash);
+        self.bucket.upload(&key, pack.file.as_file_mut(), pack.len)?;
+        self.records.add(&key, &pack.frames)?;
         published.pack = Some(key);
         published.objects += send.len() as u64;
-        published.bytes += len;
+        published.bytes += pack.len;
         for id in send {
             if self.seen.objects.insert(id) && transfer::has_commit(repo, &id)? {
                 self.seen.sent.insert(id);
