@@ -652,7 +652,8 @@ impl Replica {
         }
         let mut pack = transfer::spool_pack_with_toc(repo, &send)?;
         let key = layout::pack_key(Timestamp::now(), &pack.hash);
-        self.bucket.upload(&key, pack.file.as_file_mut(), pack.len)?;
+        self.bucket
+            .upload(&key, pack.file.as_file_mut(), pack.len)?;
         self.records.add(&key, &pack.frames)?;
         published.pack = Some(key);
         published.objects += send.len() as u64;
