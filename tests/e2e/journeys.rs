@@ -737,6 +737,10 @@ fn the_author_defaults_to_gits_then_the_login_name() {
         author(Some(&gitconfig), Some("ada")),
         "Ada Lovelace <ada@example.org>"
     );
+    // A name set twice counts as git's `--get` reads it: the last; without an email, the name.
+    let twice = d.join("gitconfig-twice");
+    std::fs::write(&twice, "[user]\n\tname = First\n\tname = Ada Second\n").unwrap();
+    assert_eq!(author(Some(&twice), Some("ada")), "Ada Second");
     assert_eq!(author(None, Some("ada")), "ada");
     assert_eq!(author(None, None), "unknown");
 }

@@ -89,7 +89,8 @@ pub fn assemble(
         added.push((out.id, out.entry));
     }
     let branch = target.branch().to_string();
-    let commit = target.commit(manifest_id, opts, opts.step, metrics, stats);
+    let author = crate::commit::author_soon(opts)();
+    let commit = target.commit(manifest_id, author, opts, opts.step, metrics, stats);
     let id = store_commit(batch, &commit, &mut added)?;
 
     let mut w = store.meta().write()?;

@@ -39,14 +39,17 @@ impl Encoder {
     /// its own bit stream, after a table of the first three lanes' byte lengths (`u32` each).
     /// Every symbol must have a code.
     pub fn encode_chunk(&self, symbols: &[u8], out: &mut Vec<u8>) {
-        let table = out.len();
-        let body = table + 4 * (LANES - 1);
-        // Each lane is coded into a region of its own, sized for the worst case (12 bits a
-        // symbol, plus slack for the word-at-a-time writes), all four in lock step so their
-        // dependency chains overlap; the regions are then closed up.
+        // Each lane is coded into a region of its own of a scratch buffer kept by the thread,
+        // sized for the worst case (12 bits a symbol, plus slack for the word-at-a-time
+        // writes, which overwrite whatever is there), all four in lock step so their
+        // dependency chains overlap; then only the coded bytes are appended to `out` (a
+        // worst-case region in `out` itself would be zeroed, and faulted in, for nothing).
         let cap = symbols.len().div_ceil(LANES) * MAX_LEN as usize / 8 + 16;
-        out.resize(body + LANES * cap, 0);
-        let mut regions = out[body..].chunks_exact_mut(cap);
+        let mut scratch = LANE_SCRATCH.take();
+        if scratch.len() < LANES * cap {
+            scratch.resize(LANES * cap, 0);
+        }
+        let mut regions = scratch.chunks_exact_mut(cap);
         let bufs: [&mut [u8]; LANES] =
             std::array::from_fn(|_| regions.next().expect("a region a lane"));
         let mut ranges = lanes(symbols.len());
@@ -65,17 +68,20 @@ impl Encoder {
         for k in 0..LANES {
             lens[k] = w[k].rest(&self.codes, &lane[k][common..], bufs[k]);
         }
-        let mut end = body;
-        for (k, &len) in lens.iter().enumerate() {
-            let from = body + k * cap;
-            out.copy_within(from..from + len, end);
-            end += len;
+        out.reserve(4 * (LANES - 1) + lens.iter().sum::<usize>());
+        for &len in &lens[..LANES - 1] {
+            out.extend_from_slice(&(len as u32).to_le_bytes());
         }
-        out.truncate(end);
-        for (k, &len) in lens[..LANES - 1].iter().enumerate() {
-            out[table + 4 * k..table + 4 * k + 4].copy_from_slice(&(len as u32).to_le_bytes());
+        for (buf, &len) in bufs.iter().zip(&lens) {
+            out.extend_from_slice(&buf[..len]);
         }
+        LANE_SCRATCH.set(scratch);
     }
+}
+
+thread_local! {
+    /// The lanes' regions of [`Encoder::encode_chunk`], kept from chunk to chunk.
+    static LANE_SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// One lane's bit stream being written: bits not yet written out, and where the next byte goes.

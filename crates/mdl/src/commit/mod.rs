@@ -249,6 +249,7 @@ fn commit_input(
     opts: &CommitOptions,
     progress: &dyn Progress,
 ) -> Result<CommitOutcome> {
+    let author = author_soon(opts);
     // What the checkpoint records of itself, where the user gave nothing.
     let step = opts.step.or_else(|| input.recorded_step());
     let metrics = if opts.metrics.is_empty() {
@@ -414,7 +415,7 @@ fn commit_input(
         new_tensors,
         lossy_tensors,
     };
-    let commit = target.commit(manifest_id, opts, step, metrics, stats);
+    let commit = target.commit(manifest_id, author(), opts, step, metrics, stats);
     let id = store_commit(batch, &commit, &mut added)?;
 
     // Publish: index entries, commit index and the ref, in one transaction.
@@ -528,10 +529,11 @@ impl Target {
         })
     }
 
-    /// A new commit onto this target (its parent, the author `opts` names or the default).
+    /// A new commit onto this target (its parent) by `author`.
     pub(crate) fn commit(
         &self,
         manifest: ObjectId,
+        author: String,
         opts: &CommitOptions,
         step: Option<u64>,
         metrics: Vec<(String, f64)>,
@@ -540,7 +542,7 @@ impl Target {
         Commit {
             manifest,
             parents: self.parent.into_iter().collect(),
-            author: opts.author.clone().unwrap_or_else(default_author),
+            author,
             time: Timestamp::now(),
             message: opts.message.clone(),
             step,
@@ -703,17 +705,26 @@ pub fn default_author() -> String {
     if let Some(a) = env("MDL_AUTHOR") {
         return a;
     }
-    let git = |key: &str| -> Option<String> {
-        let out = std::process::Command::new("git")
-            .args(["config", "--get", key])
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .output()
-            .ok()?;
-        let v = String::from_utf8(out.stdout).ok()?.trim().to_string();
-        (out.status.success() && !v.is_empty()).then_some(v)
-    };
-    match (git("user.name"), git("user.email")) {
+    // Both keys in one process; where a key is set more than once, the last value counts, as
+    // for `git config --get`.
+    let (mut name, mut email) = (None, None);
+    if let Ok(out) = std::process::Command::new("git")
+        .args(["config", "--get-regexp", r"^user\.(name|email)$"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+    {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let (key, value) = line.split_once(' ').unwrap_or((line, ""));
+            let value = Some(value.trim().to_string()).filter(|v| !v.is_empty());
+            match key {
+                "user.name" => name = value,
+                "user.email" => email = value,
+                _ => {}
+            }
+        }
+    }
+    match (name, email) {
         (Some(name), Some(email)) => return format!("{name} <{email}>"),
         (Some(name), None) => return name,
         _ => {}
@@ -723,6 +734,20 @@ pub fn default_author() -> String {
     }
     tracing::warn!("no author known: set MDL_AUTHOR, git's user.name, or pass --author");
     "unknown".into()
+}
+
+/// The author `opts` names, or the default looked up meanwhile (asking git takes a process,
+/// a few milliseconds a commit would otherwise wait at its end): call the result when the
+/// commit is made.
+pub(crate) fn author_soon(opts: &CommitOptions) -> impl FnOnce() -> String {
+    let named = opts.author.clone();
+    let lookup = named.is_none().then(|| std::thread::spawn(default_author));
+    move || {
+        named.unwrap_or_else(|| match lookup.map(std::thread::JoinHandle::join) {
+            Some(Ok(author)) => author,
+            _ => default_author(),
+        })
+    }
 }
 
 /// The commit index's entry for a commit.
