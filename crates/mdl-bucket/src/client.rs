@@ -4,7 +4,7 @@
 //! else the client retried (with backoff, on connection failures, 5xx and throttling) and
 //! still failed is [`Error::Storage`].
 
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -89,6 +89,50 @@ fn local_file(e: std::io::Error) -> object_store::Error {
     object_store::Error::Generic {
         store: "local file",
         source: Box::new(e),
+    }
+}
+
+/// What [`Bucket::upload_from`] sent while its producer wrote.
+enum Sent {
+    Nothing,
+    /// One part: written with one PUT once the producer is done.
+    One(Bytes),
+    /// Parts of a multipart upload, to complete or abort.
+    Multi(WriteMultipart),
+}
+
+/// The writer [`Bucket::upload_from`]'s producer writes to: [`PART_SIZE`] bytes at a time
+/// handed over to the upload.
+struct Parts {
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+    part: Vec<u8>,
+}
+
+impl Parts {
+    /// Hands the part written so far over (nothing when it is empty).
+    fn send(&mut self) -> std::io::Result<()> {
+        if self.part.is_empty() {
+            return Ok(());
+        }
+        let part = std::mem::replace(&mut self.part, Vec::with_capacity(PART_SIZE));
+        self.tx
+            .blocking_send(Bytes::from(part))
+            .map_err(|_| std::io::Error::other("the upload stopped"))
+    }
+}
+
+impl Write for Parts {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(PART_SIZE - self.part.len());
+        self.part.extend_from_slice(&buf[..n]);
+        if self.part.len() == PART_SIZE {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -282,40 +326,85 @@ impl Bucket {
         }
     }
 
-    /// Uploads `len` bytes of `file` (from its start) to `key`: one PUT up to [`PART_SIZE`],
-    /// else a multipart upload with [`PARTS_IN_FLIGHT`] parts in flight. Only for keys no other
-    /// writer can choose (their names hold a hash of the content): it overwrites.
-    pub fn upload(&self, key: &str, file: &mut std::fs::File, len: u64) -> Result<()> {
-        let io = |e: std::io::Error| self.fail("uploading", key, local_file(e));
-        file.seek(SeekFrom::Start(0)).map_err(io)?;
-        if len <= PART_SIZE as u64 {
-            let mut buf = Vec::with_capacity(len as usize);
-            file.take(len).read_to_end(&mut buf).map_err(io)?;
-            self.put(key, buf, PutMode::Overwrite)?;
-            return Ok(());
-        }
+    /// Uploads to `key` what `produce` writes, while it writes: one PUT if it writes at most
+    /// [`PART_SIZE`], else a multipart upload whose parts go up (at most [`PARTS_IN_FLIGHT`]
+    /// at once) as soon as `produce` has written them. Nothing is uploaded, or the upload is
+    /// aborted, when `produce` fails (its error is returned). Only for keys no other writer can
+    /// choose: it overwrites.
+    pub fn upload_from<T: Send>(
+        &self,
+        key: &str,
+        produce: impl FnOnce(&mut dyn Write) -> Result<T> + Send,
+    ) -> Result<T> {
+        // Parts handed over as they fill, one waiting at most: the producer runs ahead of the
+        // upload by a part.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(1);
         let path = self.path(key);
-        let parts = len.div_ceil(PART_SIZE as u64);
-        self.count(&self.counts.puts, parts + 1);
-        self.count(&self.counts.bytes_up, len);
-        let done = self.rt.block_on(async {
-            let upload = self.store.put_multipart(&path).await?;
-            let mut w = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
-            let mut left = len;
-            let mut buf = vec![0u8; PART_SIZE];
-            while left > 0 {
-                let n = left.min(PART_SIZE as u64) as usize;
-                if let Err(e) = file.read_exact(&mut buf[..n]) {
-                    let _ = w.abort().await;
-                    return Err(local_file(e));
+        std::thread::scope(|s| {
+            let producer = s.spawn(move || {
+                let mut parts = Parts {
+                    tx,
+                    part: Vec::with_capacity(PART_SIZE),
+                };
+                let made = produce(&mut parts)?;
+                parts
+                    .send()
+                    .map_err(|e| self.fail("uploading", key, local_file(e)))?;
+                Ok::<T, Error>(made)
+            });
+            // The receiver is dropped with this future, so a producer still writing stops.
+            let sent = self.rt.block_on(async move {
+                let Some(first) = rx.recv().await else {
+                    return Ok(Sent::Nothing);
+                };
+                let Some(second) = rx.recv().await else {
+                    return Ok(Sent::One(first));
+                };
+                let upload = self.store.put_multipart(&path).await?;
+                let mut w = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+                let (mut parts, mut bytes) = (0u64, 0u64);
+                let (mut part, mut next) = (first, Some(second));
+                loop {
+                    w.wait_for_capacity(PARTS_IN_FLIGHT).await?;
+                    parts += 1;
+                    bytes += part.len() as u64;
+                    w.put(part);
+                    match next.take() {
+                        Some(p) => {
+                            part = p;
+                            next = rx.recv().await;
+                        }
+                        None => break,
+                    }
                 }
-                w.wait_for_capacity(PARTS_IN_FLIGHT).await?;
-                w.put(Bytes::copy_from_slice(&buf[..n]));
-                left -= n as u64;
+                self.count(&self.counts.puts, parts + 1);
+                self.count(&self.counts.bytes_up, bytes);
+                Ok::<_, object_store::Error>(Sent::Multi(w))
+            });
+            let made = producer.join().expect("an upload's producer does not panic");
+            match (made, sent) {
+                (Ok(made), Ok(Sent::Nothing)) => {
+                    self.put(key, Vec::new(), PutMode::Overwrite)?;
+                    Ok(made)
+                }
+                (Ok(made), Ok(Sent::One(part))) => {
+                    self.put(key, part.to_vec(), PutMode::Overwrite)?;
+                    Ok(made)
+                }
+                (Ok(made), Ok(Sent::Multi(w))) => {
+                    self.rt
+                        .block_on(w.finish())
+                        .map_err(|e| self.fail("uploading", key, e))?;
+                    Ok(made)
+                }
+                (Err(e), Ok(Sent::Multi(w))) => {
+                    let _ = self.rt.block_on(w.abort());
+                    Err(e)
+                }
+                (Err(e), _) => Err(e),
+                (Ok(_), Err(e)) => Err(self.fail("uploading", key, e)),
             }
-            w.finish().await.map(drop)
-        });
-        done.map_err(|e| self.fail("uploading", key, e))
+        })
     }
 
     /// The last `n` bytes of `key` (all of it when it is no longer) and its length; `None`
@@ -380,6 +469,65 @@ impl Bucket {
         match self.rt.block_on(self.store.delete(&path)) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.fail("deleting", key, e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bucket held in memory (`object_store`'s own), for the client's logic alone.
+    fn in_memory() -> Bucket {
+        Bucket {
+            rt: tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap(),
+            store: Arc::new(object_store::memory::InMemory::new()),
+            prefix: "repo".into(),
+            url: "memory://repo".into(),
+            counts: Counts::default(),
+        }
+    }
+
+    fn bytes(n: usize, seed: u8) -> Vec<u8> {
+        (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+    }
+
+    #[test]
+    fn uploads_while_written_land_whole_and_failed_ones_leave_nothing() {
+        let b = in_memory();
+        // One PUT (at most a part), a part exactly, and several parts with a short last one,
+        // each written in uneven pieces.
+        for (k, n) in [10, PART_SIZE, 2 * PART_SIZE + 12345].into_iter().enumerate() {
+            let want = bytes(n, k as u8);
+            let key = format!("packs/{k}");
+            let got = b
+                .upload_from(&key, |w| {
+                    for piece in want.chunks(1_000_003) {
+                        w.write_all(piece).unwrap();
+                    }
+                    Ok(n)
+                })
+                .unwrap();
+            assert_eq!(got, n);
+            assert_eq!(b.get(&key).unwrap().unwrap().0, want, "{n} bytes");
+        }
+        // A producer that fails, before a part is full or after several went up: its error
+        // is returned and no object is left under the key.
+        for n in [100, 2 * PART_SIZE + 7] {
+            let key = format!("packs/failed-{n}");
+            let failed = b.upload_from(&key, |w| {
+                w.write_all(&bytes(n, 9)).unwrap();
+                Err::<(), _>(Error::Location("the records could not be read".into()))
+            });
+            assert!(
+                matches!(&failed, Err(Error::Location(m)) if m.contains("could not be read")),
+                "{failed:?}"
+            );
+            assert!(b.get(&key).unwrap().is_none(), "{n} bytes left behind");
         }
     }
 }

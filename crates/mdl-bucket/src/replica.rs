@@ -650,14 +650,24 @@ impl Replica {
         if send.is_empty() {
             return Ok(());
         }
-        let mut pack = transfer::spool_pack_with_toc(repo, &send)?;
-        let key = layout::pack_key(Timestamp::now(), &pack.hash);
-        self.bucket
-            .upload(&key, pack.file.as_file_mut(), pack.len)?;
-        self.records.add(&key, &pack.frames)?;
+        // Uploaded as it is written, so its name cannot hash its bytes: it hashes what it
+        // holds and who sent it when (the ids, this process, the time and a random key).
+        let now = Timestamp::now();
+        let mut name = blake3::Hasher::new();
+        for id in &send {
+            name.update(id.as_bytes());
+        }
+        name.update(&std::process::id().to_le_bytes());
+        name.update(&now.0.to_le_bytes());
+        name.update(&random_u64().to_le_bytes());
+        let key = layout::pack_key(now, &name.finalize());
+        let (len, frames) = self.bucket.upload_from(&key, |w| {
+            Ok(transfer::write_pack_with_toc(repo, &send, w)?)
+        })?;
+        self.records.add(&key, &frames)?;
         published.pack = Some(key);
         published.objects += send.len() as u64;
-        published.bytes += pack.len;
+        published.bytes += len;
         for id in send {
             if self.seen.objects.insert(id) && transfer::has_commit(repo, &id)? {
                 self.seen.sent.insert(id);
@@ -690,4 +700,12 @@ impl Replica {
             ))),
         }
     }
+}
+
+/// 64 random bits: the standard library seeds its hash maps' keys from the operating system.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
 }

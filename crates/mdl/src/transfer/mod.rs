@@ -85,72 +85,28 @@ pub fn has_commit(repo: &Repository, id: &ObjectId) -> Result<bool> {
 /// The pack of `ids` ([`write_pack`]) in a temporary file under `.mdl/incoming` (removed when
 /// dropped), ready to upload.
 pub fn spool_pack(repo: &Repository, ids: &[ObjectId]) -> Result<tempfile::NamedTempFile> {
-    Ok(spool(repo, ids, false)?.file)
-}
-
-/// A pack spooled by [`spool_pack_with_toc`].
-pub struct Spooled {
-    /// The pack, removed when dropped.
-    pub file: tempfile::NamedTempFile,
-    /// Its records.
-    pub frames: Vec<Frame>,
-    /// Its bytes, table of contents included.
-    pub len: u64,
-    /// The hash of those bytes (taken as they were written).
-    pub hash: blake3::Hash,
-}
-
-/// [`spool_pack`] with the pack's table of contents after its end frame ([`Frame`]), for a
-/// reader that reads only some of its records; with the frames, its length and its hash.
-pub fn spool_pack_with_toc(repo: &Repository, ids: &[ObjectId]) -> Result<Spooled> {
-    spool(repo, ids, true)
-}
-
-fn spool(repo: &Repository, ids: &[ObjectId], toc: bool) -> Result<Spooled> {
     let mut tmp = repo.store().incoming_file(".push-")?;
     let path = tmp.path().to_path_buf();
-    let io = |source| Error::Output {
-        path: path.clone(),
-        source,
-    };
-    let mut w = Hashing {
-        inner: std::io::BufWriter::with_capacity(1 << 20, tmp.as_file_mut()),
-        hasher: blake3::Hasher::new(),
-        len: 0,
-    };
-    let (len, frames) = pack::write_frames(repo, ids, &mut w)?;
-    if toc {
-        std::io::Write::write_all(&mut w, &encode_toc(&frames, len)).map_err(&io)?;
-    }
-    std::io::Write::flush(&mut w).map_err(io)?;
-    let (len, hash) = (w.len, w.hasher.finalize());
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file_mut());
+    pack::write_frames(repo, ids, &mut w)?;
+    std::io::Write::flush(&mut w).map_err(|source| Error::Output { path, source })?;
     drop(w);
-    Ok(Spooled {
-        file: tmp,
-        frames,
-        len,
-        hash,
-    })
+    Ok(tmp)
 }
 
-/// A writer that hashes and counts what goes through it.
-struct Hashing<W> {
-    inner: W,
-    hasher: blake3::Hasher,
-    len: u64,
-}
-
-impl<W: std::io::Write> std::io::Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.len += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
+/// Writes the pack of `ids` ([`write_pack`]) to `w` with its table of contents after its end
+/// frame, for a reader that reads only some of its records; returns its length, table
+/// included, and the frames. `w` may be an upload in progress: nothing is read back.
+pub fn write_pack_with_toc(
+    repo: &Repository,
+    ids: &[ObjectId],
+    w: &mut dyn std::io::Write,
+) -> Result<(u64, Vec<Frame>)> {
+    let (len, frames) = pack::write_frames(repo, ids, w)?;
+    let toc = encode_toc(&frames, len);
+    w.write_all(&toc)
+        .map_err(|e| Error::from(StoreError::Output(e)))?;
+    Ok((len + toc.len() as u64, frames))
 }
 
 /// Objects that a repository holding the commits `has_commit` accepts (and everything those
