@@ -381,7 +381,9 @@ impl Bucket {
                 self.count(&self.counts.bytes_up, bytes);
                 Ok::<_, object_store::Error>(Sent::Multi(w))
             });
-            let made = producer.join().expect("an upload's producer does not panic");
+            let made = producer
+                .join()
+                .expect("an upload's producer does not panic");
             match (made, sent) {
                 (Ok(made), Ok(Sent::Nothing)) => {
                     self.put(key, Vec::new(), PutMode::Overwrite)?;
@@ -501,7 +503,10 @@ mod tests {
         let b = in_memory();
         // One PUT (at most a part), a part exactly, and several parts with a short last one,
         // each written in uneven pieces.
-        for (k, n) in [10, PART_SIZE, 2 * PART_SIZE + 12345].into_iter().enumerate() {
+        for (k, n) in [10, PART_SIZE, 2 * PART_SIZE + 12345]
+            .into_iter()
+            .enumerate()
+        {
             let want = bytes(n, k as u8);
             let key = format!("packs/{k}");
             let got = b

@@ -122,13 +122,33 @@ pub fn decode_ref(name: &str, bytes: &[u8]) -> Result<Option<RefValue>, String> 
     ))
 }
 
-/// A new pack's key: the time now and a hash of its content.
-pub fn pack_key(now: Timestamp, hash: &blake3::Hash) -> String {
+/// A new pack's key: the time now and a hash of what makes it unique — this process, the
+/// time and 64 random bits — as a pack is uploaded while it is written, before its bytes could
+/// be hashed (no two writers may ever choose the same key: uploads overwrite).
+pub fn new_pack_key() -> String {
+    let now = Timestamp::now();
+    let mut h = blake3::Hasher::new();
+    h.update(&std::process::id().to_le_bytes());
+    h.update(&now.0.to_le_bytes());
+    h.update(&random_u64().to_le_bytes());
+    pack_key(now, &h.finalize())
+}
+
+/// A pack's key: its time and a hash.
+fn pack_key(now: Timestamp, hash: &blake3::Hash) -> String {
     format!(
         "{PACKS}{:013}-{}{PACK_SUFFIX}",
         now.0.max(0),
         &hash.to_hex()[..32]
     )
+}
+
+/// 64 random bits: the standard library seeds its hash maps' keys from the operating system.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
 }
 
 /// When the pack `key` was written, by its writer's clock (ms since the epoch).
@@ -143,6 +163,11 @@ mod tests {
     #[test]
     fn pack_keys_carry_their_time() {
         let key = pack_key(Timestamp(1_700_000_000_123), &blake3::hash(b"p"));
+        // New keys: now, and never the same twice, even within a millisecond.
+        let (a, b) = (new_pack_key(), new_pack_key());
+        assert_ne!(a, b);
+        let t = pack_time(&a).unwrap();
+        assert!((Timestamp::now().0 - t).abs() < 60_000, "{a}");
         assert_eq!(pack_time(&key), Some(1_700_000_000_123));
         assert_eq!(pack_time("packs/x.pack"), None);
         assert_eq!(pack_time("refs/heads/main"), None);

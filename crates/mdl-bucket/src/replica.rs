@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mdl::transfer::{self, Frame, Toc};
-use mdl::{ObjectId, OpenOptions, Ref, RefValue, Repository, Timestamp};
+use mdl::transfer::{self, Frame, PackWriter, Toc};
+use mdl::{ObjectId, OpenOptions, Ref, RefValue, Repository};
 
 use crate::client::{Bucket, Version};
 use crate::layout::{self, Marker};
@@ -640,7 +640,8 @@ impl Replica {
         self.upload_pack(repo, send, published)
     }
 
-    /// Uploads the records of `send` as one pack (nothing when empty).
+    /// Uploads the records of `send` as one pack (nothing when empty), written as it goes up
+    /// ([`Bucket::upload_from`]).
     fn upload_pack(
         &mut self,
         repo: &Repository,
@@ -650,19 +651,11 @@ impl Replica {
         if send.is_empty() {
             return Ok(());
         }
-        // Uploaded as it is written, so its name cannot hash its bytes: it hashes what it
-        // holds and who sent it when (the ids, this process, the time and a random key).
-        let now = Timestamp::now();
-        let mut name = blake3::Hasher::new();
-        for id in &send {
-            name.update(id.as_bytes());
-        }
-        name.update(&std::process::id().to_le_bytes());
-        name.update(&now.0.to_le_bytes());
-        name.update(&random_u64().to_le_bytes());
-        let key = layout::pack_key(now, &name.finalize());
+        let key = layout::new_pack_key();
         let (len, frames) = self.bucket.upload_from(&key, |w| {
-            Ok(transfer::write_pack_with_toc(repo, &send, w)?)
+            let mut pack = PackWriter::new(w)?;
+            pack.objects(repo, &send)?;
+            Ok(pack.finish_with_toc()?)
         })?;
         self.records.add(&key, &frames)?;
         published.pack = Some(key);
@@ -700,12 +693,4 @@ impl Replica {
             ))),
         }
     }
-}
-
-/// 64 random bits: the standard library seeds its hash maps' keys from the operating system.
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish()
 }

@@ -19,7 +19,7 @@ use crate::{history, Error, Repository, Result};
 
 mod pack;
 mod toc;
-pub use pack::{receive_indexed, receive_pack, write_pack, Received};
+pub use pack::{receive_indexed, receive_pack, write_pack, PackWriter, Received};
 pub use toc::{encode_toc, read_toc, Frame, FrameRecord, Toc, TOC_FOOTER};
 
 /// First bytes of a pack stream.
@@ -92,21 +92,6 @@ pub fn spool_pack(repo: &Repository, ids: &[ObjectId]) -> Result<tempfile::Named
     std::io::Write::flush(&mut w).map_err(|source| Error::Output { path, source })?;
     drop(w);
     Ok(tmp)
-}
-
-/// Writes the pack of `ids` ([`write_pack`]) to `w` with its table of contents after its end
-/// frame, for a reader that reads only some of its records; returns its length, table
-/// included, and the frames. `w` may be an upload in progress: nothing is read back.
-pub fn write_pack_with_toc(
-    repo: &Repository,
-    ids: &[ObjectId],
-    w: &mut dyn std::io::Write,
-) -> Result<(u64, Vec<Frame>)> {
-    let (len, frames) = pack::write_frames(repo, ids, w)?;
-    let toc = encode_toc(&frames, len);
-    w.write_all(&toc)
-        .map_err(|e| Error::from(StoreError::Output(e)))?;
-    Ok((len + toc.len() as u64, frames))
 }
 
 /// Objects that a repository holding the commits `has_commit` accepts (and everything those

@@ -43,64 +43,124 @@ pub(super) fn write_frames(
     ids: &[ObjectId],
     w: &mut dyn Write,
 ) -> Result<(u64, Vec<Frame>)> {
-    let out = |e: std::io::Error| Error::from(StoreError::Output(e));
-    enum Item {
-        Record(IndexEntry),
-        Expired(Expired),
+    let mut pack = PackWriter::new(w)?;
+    pack.objects(repo, ids)?;
+    pack.finish()
+}
+
+/// A pack stream being written: its frames, record by record ([`Self::record`]) or for a list
+/// of objects ([`Self::objects`]), then its end ([`Self::finish`]).
+pub struct PackWriter<'w> {
+    w: &'w mut dyn Write,
+    /// Bytes written so far.
+    total: u64,
+    frames: Vec<Frame>,
+}
+
+fn out(e: std::io::Error) -> Error {
+    Error::from(StoreError::Output(e))
+}
+
+impl<'w> PackWriter<'w> {
+    /// Starts a pack on `w`.
+    pub fn new(w: &'w mut dyn Write) -> Result<PackWriter<'w>> {
+        w.write_all(PACK_MAGIC).map_err(out)?;
+        Ok(PackWriter {
+            w,
+            total: PACK_MAGIC.len() as u64,
+            frames: Vec::new(),
+        })
     }
-    let items = {
-        let meta = repo.store().meta().read()?;
-        ids.iter()
-            .map(|id| match meta.object(id)? {
-                Some(e) => Ok(Item::Record(e)),
-                None => meta
-                    .expired(id)?
-                    .map(Item::Expired)
-                    .ok_or(StoreError::Missing(*id)),
-            })
-            .collect::<Result<Vec<_>, _>>()?
-    };
-    w.write_all(PACK_MAGIC).map_err(out)?;
-    let mut total = PACK_MAGIC.len() as u64;
-    let mut frames = Vec::with_capacity(ids.len());
-    for (id, item) in ids.iter().zip(&items) {
-        let (body, record) = match item {
-            Item::Record(entry) => {
-                let record = repo.store().read_record(id, entry)?;
-                w.write_all(id.as_bytes()).map_err(out)?;
-                w.write_all(&(record.len() as u64).to_le_bytes())
-                    .map_err(out)?;
-                let info = FrameRecord {
-                    kind: entry.kind,
-                    codec: entry.codec,
-                    base: entry.base,
-                    content_len: entry.content_len,
-                };
-                (record, Some(info))
-            }
-            Item::Expired(x) => {
-                w.write_all(id.as_bytes()).map_err(out)?;
-                w.write_all(&EXPIRED_FRAME.to_le_bytes()).map_err(out)?;
-                let rule = &x.rule.as_bytes()[..x.rule.len().min(MAX_RULE_LEN)];
-                let mut b = vec![x.kind as u8];
-                b.extend_from_slice(&x.content_len.to_le_bytes());
-                b.extend_from_slice(&x.time.0.to_le_bytes());
-                b.extend_from_slice(&(rule.len() as u16).to_le_bytes());
-                b.extend_from_slice(rule);
-                (b, None)
-            }
+
+    /// Adds the record of `id` that `entry` indexes.
+    fn record(&mut self, repo: &Repository, id: &ObjectId, entry: &IndexEntry) -> Result<()> {
+        let record = repo.store().read_record(id, entry)?;
+        let info = FrameRecord {
+            kind: entry.kind,
+            codec: entry.codec,
+            base: entry.base,
+            content_len: entry.content_len,
         };
-        w.write_all(&body).map_err(out)?;
-        frames.push(Frame {
+        self.frame(
+            id,
+            &(record.len() as u64).to_le_bytes(),
+            &record,
+            Some(info),
+        )
+    }
+
+    /// Adds the records of `ids`, in that order, from the index. A tensor that retention
+    /// deleted goes as an expired frame (its length field [`EXPIRED_FRAME`], then what the
+    /// receiver records about it), so a thinned commit travels thinned.
+    pub fn objects(&mut self, repo: &Repository, ids: &[ObjectId]) -> Result<()> {
+        enum Item {
+            Record(IndexEntry),
+            Expired(Expired),
+        }
+        let items = {
+            let meta = repo.store().meta().read()?;
+            ids.iter()
+                .map(|id| match meta.object(id)? {
+                    Some(e) => Ok(Item::Record(e)),
+                    None => meta
+                        .expired(id)?
+                        .map(Item::Expired)
+                        .ok_or(StoreError::Missing(*id)),
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        for (id, item) in ids.iter().zip(&items) {
+            match item {
+                Item::Record(entry) => self.record(repo, id, entry)?,
+                Item::Expired(x) => {
+                    let rule = &x.rule.as_bytes()[..x.rule.len().min(MAX_RULE_LEN)];
+                    let mut b = vec![x.kind as u8];
+                    b.extend_from_slice(&x.content_len.to_le_bytes());
+                    b.extend_from_slice(&x.time.0.to_le_bytes());
+                    b.extend_from_slice(&(rule.len() as u16).to_le_bytes());
+                    b.extend_from_slice(rule);
+                    self.frame(id, &EXPIRED_FRAME.to_le_bytes(), &b, None)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn frame(
+        &mut self,
+        id: &ObjectId,
+        len_field: &[u8; 8],
+        body: &[u8],
+        record: Option<FrameRecord>,
+    ) -> Result<()> {
+        self.w.write_all(id.as_bytes()).map_err(out)?;
+        self.w.write_all(len_field).map_err(out)?;
+        self.w.write_all(body).map_err(out)?;
+        self.frames.push(Frame {
             id: *id,
-            offset: total + 40,
+            offset: self.total + 40,
             len: body.len() as u64,
             record,
         });
-        total += 40 + body.len() as u64;
+        self.total += 40 + body.len() as u64;
+        Ok(())
     }
-    w.write_all(&[0u8; 40]).map_err(out)?;
-    Ok((total + 40, frames))
+
+    /// Writes the end frame: the stream's length and its frames.
+    pub fn finish(self) -> Result<(u64, Vec<Frame>)> {
+        self.w.write_all(&[0u8; 40]).map_err(out)?;
+        Ok((self.total + 40, self.frames))
+    }
+
+    /// [`Self::finish`], then the table of contents after the end frame (for a reader that
+    /// reads only some of the records): the length of all of it, and the frames.
+    pub fn finish_with_toc(self) -> Result<(u64, Vec<Frame>)> {
+        self.w.write_all(&[0u8; 40]).map_err(out)?;
+        let len = self.total + 40;
+        let toc = super::encode_toc(&self.frames, len);
+        self.w.write_all(&toc).map_err(out)?;
+        Ok((len + toc.len() as u64, self.frames))
+    }
 }
 
 /// Reads the rest of an expired frame; with its length.
