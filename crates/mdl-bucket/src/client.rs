@@ -385,6 +385,8 @@ impl Bucket {
                 .join()
                 .expect("an upload's producer does not panic");
             match (made, sent) {
+                // The upload failed first (the producer then finds it stopped): its error.
+                (_, Err(e)) => Err(self.fail("uploading", key, e)),
                 (Ok(made), Ok(Sent::Nothing)) => {
                     self.put(key, Vec::new(), PutMode::Overwrite)?;
                     Ok(made)
@@ -403,8 +405,7 @@ impl Bucket {
                     let _ = self.rt.block_on(w.abort());
                     Err(e)
                 }
-                (Err(e), _) => Err(e),
-                (Ok(_), Err(e)) => Err(self.fail("uploading", key, e)),
+                (Err(e), Ok(_)) => Err(e),
             }
         })
     }
