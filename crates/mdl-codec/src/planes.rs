@@ -404,9 +404,7 @@ pub(crate) fn word_mask(l: &Layout, xor_mask: u8) -> u64 {
         .fold(0, |a, b| a | b)
 }
 
-/// Splits one chunk (with its base chunk) and counts each plane's symbols and sparse-mode flag
-/// bytes, as `want` says per plane: `(symbols, flags)`. With `flags_if_zeros`, a plane's flags
-/// are counted only where its symbols [`Plan::wants_flags`] (left empty otherwise).
+/// Splits one chunk (with its base chunk) and counts its planes ([`count_planes`]).
 fn count_chunk(
     l: &Layout,
     chunk: &[u8],
@@ -419,23 +417,45 @@ fn count_chunk(
         let n = chunk.len() / l.width;
         let mut planes: Vec<&mut [u8]> = scratch.chunks_mut(CHUNK).map(|p| &mut p[..n]).collect();
         (l.split)(chunk, &mut planes, base, mask);
-        let count = |yes: bool, f: fn(&[u8]) -> Histogram, p: &[u8]| {
-            if yes {
-                f(p)
-            } else {
-                Histogram::default()
-            }
-        };
-        planes
-            .iter()
-            .zip(want)
-            .map(|(p, &(symbols, flags))| {
-                let h = count(symbols, Histogram::of, p);
-                let flags = flags && (!flags_if_zeros || Plan::wants_flags(&h));
-                (h, count(flags, flag_histogram, p))
-            })
-            .collect()
+        count_planes(planes.iter().map(|p| &**p), want, flags_if_zeros)
     })
+}
+
+/// Counts each plane's symbols and sparse-mode flag bytes, as `want` says per plane:
+/// `(symbols, flags)`. With `flags_if_zeros`, a plane's flags are counted only where its
+/// symbols [`Plan::wants_flags`] (left empty otherwise).
+fn count_planes<'p>(
+    planes: impl Iterator<Item = &'p [u8]>,
+    want: &[(bool, bool)],
+    flags_if_zeros: bool,
+) -> Vec<(Histogram, Histogram)> {
+    let count = |yes: bool, f: fn(&[u8]) -> Histogram, p: &[u8]| {
+        if yes {
+            f(p)
+        } else {
+            Histogram::default()
+        }
+    };
+    planes
+        .zip(want)
+        .map(|(p, &(symbols, flags))| {
+            let h = count(symbols, Histogram::of, p);
+            let flags = flags && (!flags_if_zeros || Plan::wants_flags(&h));
+            (h, count(flags, flag_histogram, p))
+        })
+        .collect()
+}
+
+/// Per-plane counts `b` added to `a`.
+fn add_counts(
+    mut a: Vec<(Histogram, Histogram)>,
+    b: Vec<(Histogram, Histogram)>,
+) -> Vec<(Histogram, Histogram)> {
+    for ((x, fx), (y, fy)) in a.iter_mut().zip(&b) {
+        x.add(y);
+        fx.add(fy);
+    }
+    a
 }
 
 /// The layout a plane spec names, if any.
@@ -477,13 +497,7 @@ pub(crate) fn cpu_plane_histograms(
         })
         .reduce(
             || vec![(Histogram::default(), Histogram::default()); l.planes],
-            |mut a, b| {
-                for ((x, fx), (y, fy)) in a.iter_mut().zip(&b) {
-                    x.add(y);
-                    fx.add(fy);
-                }
-                a
-            },
+            add_counts,
         )
 }
 
@@ -619,41 +633,30 @@ pub(crate) fn cpu_encode_split(planes: &[&[u8]], writers: &[StreamWriter]) -> Ve
     by_plane(by_chunk, planes.len())
 }
 
-/// Per plane, per chunk of [`CHUNK`] symbols, in parallel: the symbol histogram and the flag
-/// histogram where `want` asks for them, added up (what [`cpu_plane_histograms`] counts, from
-/// planes already split).
+/// What [`cpu_plane_histograms`] counts, from planes already split: chunks in parallel.
 pub(crate) fn split_histograms(
     planes: &[&[u8]],
     want: &[(bool, bool)],
 ) -> Vec<(Histogram, Histogram)> {
-    planes
-        .par_iter()
-        .zip(want)
-        .map(|(p, &(symbols, flags))| {
-            p.par_chunks(CHUNK)
-                .map(|c| {
-                    let h = if symbols {
-                        Histogram::of(c)
-                    } else {
-                        Histogram::default()
-                    };
-                    let f = if flags {
-                        flag_histogram(c)
-                    } else {
-                        Histogram::default()
-                    };
-                    (h, f)
-                })
-                .reduce(
-                    || (Histogram::default(), Histogram::default()),
-                    |(mut a, mut fa), (b, fb)| {
-                        a.add(&b);
-                        fa.add(&fb);
-                        (a, fa)
-                    },
-                )
+    let chunks = planes.first().map_or(0, |p| p.len().div_ceil(CHUNK));
+    (0..chunks)
+        .into_par_iter()
+        .map(|c| {
+            let chunk = planes
+                .iter()
+                .map(|p| &p[c * CHUNK..((c + 1) * CHUNK).min(p.len())]);
+            count_planes(chunk, want, false)
         })
-        .collect()
+        .reduce(
+            || vec![(Histogram::default(), Histogram::default()); planes.len()],
+            add_counts,
+        )
+}
+
+/// What [`cpu_sample_histograms`] counts, from planes already split: their first chunk.
+pub(crate) fn split_sample(planes: &[&[u8]]) -> Vec<(Histogram, Histogram)> {
+    let first = planes.iter().map(|p| &p[..CHUNK.min(p.len())]);
+    count_planes(first, &vec![(true, true); planes.len()], true)
 }
 
 /// The CPU's [`Engine::decode_planes`](crate::engine::Engine::decode_planes):

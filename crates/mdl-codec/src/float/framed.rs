@@ -15,7 +15,7 @@
 use mdl_format::{Dtype, FormatError};
 
 use super::payload::{decode_whole, Encoded, ReadAt};
-use super::{Count, PayloadWriter, PlaneCount};
+use super::{encode_split, Count, PlaneCount};
 use crate::engine::Engine;
 use crate::planes::{spec_layout_of, PlaneSpec, Transform, CHUNK};
 
@@ -120,13 +120,14 @@ impl FrameEncoder {
                 let base = base.map(|b| &b[at..at + frame.len()]);
                 // Split once, for the counts and for the codes chosen from them.
                 let mut count = PlaneCount::new(self.dtype, self.count)?;
-                engine.split_planes(count.spec(), frame, base, &mut self.planes);
-                let planes: Vec<&[u8]> = self.planes.iter().map(Vec::as_slice).collect();
-                count.add_split(&planes)?;
-                let mut writer = PayloadWriter::new(self.dtype, &count.choice(), self.with_base)?;
-                debug_assert_eq!(writer.spec(), count.spec());
-                let coded = writer.add_split(engine, &planes)?;
-                Ok(writer.into_encoded(coded))
+                count.add_splitting(engine, frame, base, &mut self.planes)?;
+                encode_split(
+                    engine,
+                    self.dtype,
+                    &self.planes,
+                    self.with_base,
+                    &count.choice(),
+                )
             })
             .collect()
     }

@@ -18,7 +18,8 @@ mod payload;
 
 pub use framed::{is_framed, FrameEncoder, Frames, FRAME_CHUNKS, FRAME_LOG2};
 pub use payload::{
-    decode, decode_sub, encode, encode_pieces, Encoded, PayloadIndex, PayloadWriter, ReadAt,
+    decode, decode_sub, encode, encode_pieces, encode_split, Encoded, PayloadIndex, PayloadWriter,
+    ReadAt,
 };
 
 /// Whether `dtype` has a float plane layout.
@@ -185,13 +186,7 @@ impl PlaneCount {
         data: &[u8],
         base: Option<&[u8]>,
     ) -> Result<(), FormatError> {
-        check_lengths(&self.l, data, base)?;
-        if base.is_some() != self.with_base {
-            return Err(FormatError::invalid(
-                "delta",
-                "base given where none is counted",
-            ));
-        }
+        self.check_window(data, base)?;
         let (spec, step) = (self.spec, (CHUNK * self.l.width).min(data.len()));
         self.absorb(
             (data.len() / self.l.width) as u64,
@@ -202,9 +197,37 @@ impl PlaneCount {
         Ok(())
     }
 
-    /// [`Self::add`] of a window already split into its planes (as this count's spec splits:
-    /// [`crate::engine::Engine::split_planes`]); the counts are the same.
-    pub fn add_split(&mut self, planes: &[&[u8]]) -> Result<(), FormatError> {
+    /// [`Self::add`], splitting the window into `planes` on the way (buffers reused from call
+    /// to call), from which the counts are taken — the same counts — and [`encode_split`]
+    /// codes: a window split once for both.
+    pub fn add_splitting(
+        &mut self,
+        engine: &dyn Engine,
+        data: &[u8],
+        base: Option<&[u8]>,
+        planes: &mut Vec<Vec<u8>>,
+    ) -> Result<(), FormatError> {
+        self.check_window(data, base)?;
+        engine.split_planes(self.spec, data, base, planes);
+        let split: Vec<&[u8]> = planes.iter().map(Vec::as_slice).collect();
+        self.add_split(&split)
+    }
+
+    /// Whether `data` and `base` make a window of this count.
+    fn check_window(&self, data: &[u8], base: Option<&[u8]>) -> Result<(), FormatError> {
+        check_lengths(&self.l, data, base)?;
+        if base.is_some() != self.with_base {
+            return Err(FormatError::invalid(
+                "delta",
+                "base given where none is counted",
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`Self::add`] of a window already split into its planes (as this count's spec
+    /// splits); the counts are the same.
+    fn add_split(&mut self, planes: &[&[u8]]) -> Result<(), FormatError> {
         let n = planes.first().map_or(0, |p| p.len());
         if planes.len() != self.l.planes || planes.iter().any(|p| p.len() != n) {
             return Err(FormatError::invalid(
@@ -212,16 +235,10 @@ impl PlaneCount {
                 "planes of another count or length",
             ));
         }
-        let first: Vec<&[u8]> = planes.iter().map(|p| &p[..CHUNK.min(n)]).collect();
-        let every = vec![(true, true); self.l.planes];
         self.absorb(
             n as u64,
             n <= CHUNK,
-            || {
-                let mut sample = crate::planes::split_histograms(&first, &every);
-                crate::planes::forget_unwanted_flags(&mut sample);
-                sample
-            },
+            || crate::planes::split_sample(planes),
             |want| crate::planes::split_histograms(planes, want),
         );
         Ok(())
@@ -254,11 +271,6 @@ impl PlaneCount {
             tf.add(cf);
         }
         self.n += n;
-    }
-
-    /// How this count takes a window apart into planes.
-    pub fn spec(&self) -> PlaneSpec {
-        self.spec
     }
 
     /// Bytes of tensor counted so far.

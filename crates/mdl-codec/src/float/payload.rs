@@ -63,11 +63,22 @@ pub fn encode_pieces(
 ) -> Result<Encoded, FormatError> {
     let mut writer = PayloadWriter::new(dtype, choice, base.is_some())?;
     let chunks = writer.add(engine, data, base)?;
-    let (head, heads) = writer.finish();
-    Ok(Encoded {
-        head,
-        planes: heads.into_iter().zip(chunks).collect(),
-    })
+    Ok(writer.into_encoded(chunks))
+}
+
+/// [`encode_pieces`] of a window already split into its `planes`
+/// ([`super::PlaneCount::add_splitting`], which counts them for `choice`): the same payload.
+pub fn encode_split(
+    engine: &dyn Engine,
+    dtype: Dtype,
+    planes: &[Vec<u8>],
+    with_base: bool,
+    choice: &Choice,
+) -> Result<Encoded, FormatError> {
+    let mut writer = PayloadWriter::new(dtype, choice, with_base)?;
+    let split: Vec<&[u8]> = planes.iter().map(Vec::as_slice).collect();
+    let coded = writer.add_split(engine, &split)?;
+    Ok(writer.into_encoded(coded))
 }
 
 /// Encodes a payload a window of whole element chunks at a time (the last window may end in a
@@ -135,7 +146,7 @@ impl PayloadWriter {
 
     /// [`Self::add`] of a window already split into its planes
     /// ([`Engine::split_planes`] with this payload's spec): the same chunks.
-    pub fn add_split(
+    fn add_split(
         &mut self,
         engine: &dyn Engine,
         planes: &[&[u8]],
@@ -172,14 +183,9 @@ impl PayloadWriter {
         coded
     }
 
-    /// This payload's planes: how [`Engine::split_planes`] is to take a window apart.
-    pub fn spec(&self) -> PlaneSpec {
-        self.spec
-    }
-
     /// The payload, once every window is added: its head, and each plane's stream head and
     /// chunks (`coded[plane][chunk]`).
-    pub fn into_encoded(self, coded: Vec<Vec<Vec<u8>>>) -> Encoded {
+    fn into_encoded(self, coded: Vec<Vec<Vec<u8>>>) -> Encoded {
         let (head, heads) = self.finish();
         Encoded {
             head,

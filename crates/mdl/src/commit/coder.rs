@@ -90,9 +90,9 @@ impl<'a> Coder<'a> {
     ) -> Result<float::PlaneCount> {
         let encoder = |source| Error::Encode { id, source };
         let mut count = float::PlaneCount::new(dtype, Count::Plain).map_err(encoder)?;
-        self.engine.split_planes(count.spec(), data, None, planes);
-        let split: Vec<&[u8]> = planes.iter().map(Vec::as_slice).collect();
-        count.add_split(&split).map_err(encoder)?;
+        count
+            .add_splitting(self.engine, data, None, planes)
+            .map_err(encoder)?;
         Ok(count)
     }
 
@@ -106,12 +106,8 @@ impl<'a> Coder<'a> {
         choice: &float::Choice,
         codec: CodecTag,
     ) -> Result<IndexEntry> {
-        let encoder = |source| Error::Encode { id, source };
-        let mut payload =
-            float::PayloadWriter::new(header.dtype, choice, false).map_err(encoder)?;
-        let split: Vec<&[u8]> = planes.iter().map(Vec::as_slice).collect();
-        let coded = payload.add_split(self.engine, &split).map_err(encoder)?;
-        let encoded = payload.into_encoded(coded);
+        let encoded = float::encode_split(self.engine, header.dtype, planes, false, choice)
+            .map_err(|source| Error::Encode { id, source })?;
         Ok(self
             .batch
             .put_payload(&id, header, codec, Placement::default(), &encoded.pieces())?

@@ -73,8 +73,8 @@ impl StoreCtx<'_> {
             buf.resize(n, 0);
         }
         self.input.read_into(i, 0, &mut buf[..n])?;
-        // The mapping is read only by lossy settings (the moments, beside their weights): what
-        // they read of this piece is dropped once it is stored.
+        // The mapping is read by lossy settings (their planning, and the moments beside their
+        // weights): what they read of this piece is dropped once it is stored.
         self.input.release(i);
         // The content when a lossy setting changed it.
         let mut changed: Option<Vec<u8>> = None;
@@ -442,11 +442,15 @@ impl StoreCtx<'_> {
         }
         // The best self-contained record: float-split unless it would not beat raw.
         let whole = || {
-            if let (true, Some((_, planes))) = (analysis.plain.size < len, &split) {
-                self.coder
-                    .write_split(id, header, planes, &analysis.plain, whole_codec)
-            } else if analysis.plain.size < len {
-                self.coder.write_float(
+            if analysis.plain.size >= len {
+                return streamed(&data);
+            }
+            match &split {
+                Some((_, planes)) => {
+                    self.coder
+                        .write_split(id, header, planes, &analysis.plain, whole_codec)
+                }
+                None => self.coder.write_float(
                     id,
                     header,
                     &data,
@@ -454,9 +458,7 @@ impl StoreCtx<'_> {
                     &analysis.plain,
                     whole_codec,
                     Placement::default(),
-                )
-            } else {
-                streamed(&data)
+                ),
             }
         };
         let (Some((bid, bentry)), Some(bcontent), Some(delta)) = (base, base_content, delta) else {

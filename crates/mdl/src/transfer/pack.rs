@@ -147,19 +147,24 @@ impl<'w> PackWriter<'w> {
     }
 
     /// Writes the end frame: the stream's length and its frames.
-    pub fn finish(self) -> Result<(u64, Vec<Frame>)> {
-        self.w.write_all(&[0u8; 40]).map_err(out)?;
-        Ok((self.total + 40, self.frames))
+    pub fn finish(mut self) -> Result<(u64, Vec<Frame>)> {
+        let len = self.end()?;
+        Ok((len, self.frames))
     }
 
     /// [`Self::finish`], then the table of contents after the end frame (for a reader that
     /// reads only some of the records): the length of all of it, and the frames.
-    pub fn finish_with_toc(self) -> Result<(u64, Vec<Frame>)> {
-        self.w.write_all(&[0u8; 40]).map_err(out)?;
-        let len = self.total + 40;
+    pub fn finish_with_toc(mut self) -> Result<(u64, Vec<Frame>)> {
+        let len = self.end()?;
         let toc = super::encode_toc(&self.frames, len);
         self.w.write_all(&toc).map_err(out)?;
         Ok((len + toc.len() as u64, self.frames))
+    }
+
+    /// Writes the end frame; the stream's length.
+    fn end(&mut self) -> Result<u64> {
+        self.w.write_all(&[0u8; 40]).map_err(out)?;
+        Ok(self.total + 40)
     }
 }
 
