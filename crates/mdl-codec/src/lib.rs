@@ -231,6 +231,55 @@ fn not_streaming(tag: CodecTag) -> io::Error {
     )
 }
 
+/// Payloads of the streaming codecs up to this size are decoded whole, in memory
+/// ([`decode_into`]); larger ones stream ([`decoder`]).
+pub const IN_MEMORY_STREAM: u64 = 1 << 20;
+
+thread_local! {
+    /// One zstd decompression context a thread: making one costs more than decoding the
+    /// few kilobytes of a small tensor.
+    static ZSTD_DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Decodes a whole payload of a streaming codec held in memory into `out`, which must be
+/// exactly the recorded content length; a payload that decodes to more or fewer bytes is an
+/// error.
+pub fn decode_into(tag: CodecTag, payload: &[u8], out: &mut [u8]) -> io::Result<()> {
+    let n = match tag {
+        CodecTag::Raw => {
+            if payload.len() == out.len() {
+                out.copy_from_slice(payload);
+            }
+            payload.len()
+        }
+        CodecTag::Zstd => ZSTD_DCTX.with(|cell| -> io::Result<usize> {
+            let mut cell = cell.borrow_mut();
+            let dctx = match cell.as_mut() {
+                Some(d) => d,
+                None => cell.insert(zstd::bulk::Decompressor::new()?),
+            };
+            dctx.decompress_to_buffer(payload, out).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("zstd payload does not decode to the recorded length: {e}"),
+                )
+            })
+        })?,
+        _ => return Err(not_streaming(tag)),
+    };
+    if n != out.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "payload decodes to {n} bytes where the record says {}",
+                out.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Decodes a whole payload held in memory.
 pub fn decode_to_vec(tag: CodecTag, payload: &[u8], content_len: u64) -> io::Result<Vec<u8>> {
     let mut out = Vec::with_capacity(content_len.min(payload.len() as u64 * 64) as usize);
@@ -342,6 +391,14 @@ mod tests {
                 if !data.is_empty() {
                     assert!(decode_to_vec(t, &p, data.len() as u64 - 1).is_err());
                 }
+                // Whole in memory: the same bytes, the same length checks.
+                let mut out = vec![0xAA; data.len()];
+                decode_into(t, &p, &mut out).unwrap();
+                assert_eq!(&out, data, "{t}");
+                assert!(decode_into(t, &p, &mut vec![0; data.len() + 1]).is_err());
+                if !data.is_empty() {
+                    assert!(decode_into(t, &p, &mut vec![0; data.len() - 1]).is_err());
+                }
             }
         }
     }
@@ -368,6 +425,7 @@ mod tests {
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300), len in 0u64..1 << 40) {
             for t in all() {
+                let _ = decode_into(t, &bytes, &mut vec![0; (len % 100_000) as usize]);
                 let _ = decoder(t, Box::new(&bytes[..]), len).and_then(|mut d| {
                     let mut sink = [0u8; 4096];
                     for _ in 0..4 { if d.read(&mut sink)? == 0 { break; } }

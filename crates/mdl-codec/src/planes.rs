@@ -674,15 +674,18 @@ pub(crate) fn cpu_decode_planes(
         .try_for_each(|(c, chunk)| {
             with_scratch(CHUNK * l.planes, |scratch| {
                 let n = chunk.len() / l.width;
-                let mut planes: Vec<&mut [u8]> = scratch
-                    .chunks_mut(CHUNK)
-                    .take(l.planes)
-                    .map(|p| &mut p[..n])
-                    .collect();
-                for (s, p) in streams.iter().zip(planes.iter_mut()) {
-                    s.decode_chunk(c, p)?;
+                // Stored planes are merged from the stream itself; the others are decoded
+                // into the scratch first.
+                for (s, p) in streams.iter().zip(scratch.chunks_mut(CHUNK)) {
+                    if s.stored_chunk(c, n).is_none() {
+                        s.decode_chunk(c, &mut p[..n])?;
+                    }
                 }
-                let planes: Vec<&[u8]> = planes.into_iter().map(|p| &*p).collect();
+                let planes: Vec<&[u8]> = streams
+                    .iter()
+                    .zip(scratch.chunks(CHUNK))
+                    .map(|(s, p)| s.stored_chunk(c, n).unwrap_or(&p[..n]))
+                    .collect();
                 let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
                 (l.merge)(&planes, chunk, b, spec.mask);
                 Ok(())

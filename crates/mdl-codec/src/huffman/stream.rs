@@ -469,6 +469,18 @@ impl<'a> Stream<'a> {
         self.n.div_ceil(self.chunk_len() as u64) as usize
     }
 
+    /// Chunk `i`'s `n` symbols where the stream stores them as they are: the bytes
+    /// [`Self::decode_chunk`] would copy out.
+    pub fn stored_chunk(&self, i: usize, n: usize) -> Option<&'a [u8]> {
+        match self.body {
+            StreamBody::Stored(b) => {
+                let start = i * self.chunk_len();
+                Some(&b[start..start + n])
+            }
+            _ => None,
+        }
+    }
+
     /// Decodes chunk `i` into `out`, whose length must be that chunk's symbol count.
     pub fn decode_chunk(&self, i: usize, out: &mut [u8]) -> Result<(), FormatError> {
         let start = i * self.chunk_len();

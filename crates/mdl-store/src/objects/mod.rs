@@ -177,7 +177,20 @@ mod tests {
         want.sort();
         assert_eq!(listed, want);
 
-        // One flipped bit anywhere in the record is caught, never returned as data.
+        // One flipped bit anywhere in a record is caught, never returned as data: a float
+        // record, and a small zstd record (decoded whole in memory).
+        let blob_path = store.record_path(&blob.id, blob.entry.generation);
+        let good = std::fs::read(&blob_path).unwrap();
+        for at in [0, 9, good.len() / 2, good.len() - 1] {
+            let mut bad = good.clone();
+            bad[at] ^= 0x10;
+            std::fs::write(&blob_path, &bad).unwrap();
+            match store.read_object_vec(&blob.id) {
+                Err(StoreError::Corrupt { .. }) => {}
+                other => panic!("a flipped bit at {at} of the blob read as {other:?}"),
+            }
+        }
+        std::fs::write(&blob_path, &good).unwrap();
         let path = store.record_path(&id, tensor.entry.generation);
         let good = std::fs::read(&path).unwrap();
         for at in [0, 9, good.len() / 2, good.len() - 1] {

@@ -94,6 +94,14 @@ impl Store {
     ) -> Result<(), StoreError> {
         let corrupt = corrupt(id, entry);
         let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
+        if in_memory_stream(codec, entry) {
+            return self.with_record(id, entry, |bytes| {
+                let (header, payload) = check_any_record(id, entry, bytes)?;
+                mdl_codec::decode_into(codec, payload, out)
+                    .map_err(|e| corrupt(FormatError::invalid("payload", e.to_string())))?;
+                verify_content(id, entry, &header.prefix, &header.content_id(id), out)
+            });
+        }
         if codec.is_streaming() && entry.base.is_none() {
             let mut w = &mut out[..];
             self.read_object(id, entry, &mut w)?;
@@ -238,11 +246,8 @@ impl Store {
         entry: &IndexEntry,
         bytes: &'b [u8],
     ) -> Result<(RecordHeader, &'b [u8], TensorHeader), StoreError> {
-        let corrupt = corrupt(id, entry);
-        let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
-        let (header, payload, trailer) = record::decode(bytes).map_err(corrupt)?;
-        agrees_with_index(&header, &trailer, None, entry, codec).map_err(corrupt)?;
-        let tensor = tensor_header(&header, entry).map_err(corrupt)?;
+        let (header, payload) = check_any_record(id, entry, bytes)?;
+        let tensor = tensor_header(&header, entry).map_err(corrupt(id, entry))?;
         Ok((header, payload, tensor))
     }
 
@@ -347,6 +352,30 @@ impl Store {
         self.read_object(id, &entry, &mut out)?;
         Ok(out)
     }
+}
+
+/// Checks a whole record of any kind of object against its checksum and the index; returns
+/// its header and payload.
+fn check_any_record<'b>(
+    id: &ObjectId,
+    entry: &IndexEntry,
+    bytes: &'b [u8],
+) -> Result<(RecordHeader, &'b [u8]), StoreError> {
+    let corrupt = corrupt(id, entry);
+    let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
+    let (header, payload, trailer) = record::decode(bytes).map_err(corrupt)?;
+    agrees_with_index(&header, &trailer, None, entry, codec).map_err(corrupt)?;
+    Ok((header, payload))
+}
+
+/// Whether `entry`, a record of `codec`, is a small record of a streaming codec, read and
+/// decoded whole in memory: streaming one costs a read buffer and a decoder context larger
+/// than the tensor.
+pub(super) fn in_memory_stream(codec: CodecTag, entry: &IndexEntry) -> bool {
+    codec.is_streaming()
+        && entry.base.is_none()
+        && entry.content_len <= mdl_codec::IN_MEMORY_STREAM
+        && entry.stored_len <= mdl_codec::IN_MEMORY_STREAM
 }
 
 /// How many delta steps a read of `entry` may follow: a chain can never be longer than the

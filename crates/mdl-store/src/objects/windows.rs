@@ -2,13 +2,15 @@
 //!
 //! A float record (float-split, xor-delta, sub-delta, mantissa-trim) is decoded a window of
 //! element chunks at a time, each plane's bytes for the window read from the file at their
-//! offsets, or (framed, format 7) frame after frame in file order; a delta pulls the same window of its base from the level below, so a chain is
-//! resolved window by window too. Raw and zstd records stream. Quantized records (the lossy
-//! codecs) are decoded whole and handed out a window at a time: their memory is the tensor's.
+//! offsets, or (framed, format 7) frame after frame in file order; a delta pulls the same
+//! window of its base from the level below, so a chain is resolved window by window too. Raw
+//! and zstd records stream, except small ones, which are decoded whole like the quantized
+//! records (the lossy codecs): their memory is the tensor's.
 //!
-//! Every record's checksum (the per-plane pieces combined in file order) and every level's
-//! content hash are checked by [`TensorWindows::finish`], after the last window: like
-//! [`Store::read_object`], bytes reach the caller before they are verified.
+//! Every record's checksum (the per-plane pieces combined in file order) and the content hash
+//! of the tensor read are checked by [`TensorWindows::finish`], after the last window: like
+//! [`Store::read_object`], bytes reach the caller before they are verified. The levels below
+//! a delta are not hashed on their own: a wrong byte of theirs would change the top level's.
 
 use std::cell::RefCell;
 use std::fs::File;
@@ -26,7 +28,7 @@ use mdl_format::{FormatError, ObjectId, TensorHasher};
 use crate::{IndexEntry, Store, StoreError};
 
 use super::buffers::Pooled;
-use super::read::{agrees_with_index, chain_budget, corrupt, tensor_header};
+use super::read::{agrees_with_index, chain_budget, corrupt, in_memory_stream, tensor_header};
 
 /// Element chunks in one window (each of `1 << CHUNK_LOG2` elements): 2 Mi elements, 8 MiB of
 /// f32. A chain of depth `d` holds `d + 1` windows and their coded bytes. A commit reads its
@@ -49,7 +51,7 @@ impl Store {
         id: &ObjectId,
         entry: &IndexEntry,
     ) -> Result<TensorWindows<'_>, StoreError> {
-        let level = self.reread(id, entry, |e| self.open_level(id, e, chain_budget(e)))?;
+        let level = self.reread(id, entry, |e| self.open_level(id, e, chain_budget(e), true))?;
         // Whole chunks of elements (a float record's width), or of bytes.
         let width = match &level {
             Level::Float(f) => f.width,
@@ -64,11 +66,15 @@ impl Store {
         })
     }
 
+    /// Opens `id`'s record, and its chain below it. Only the level read (`verify`) checks its
+    /// content hash: the levels below are checked by their records' checksums, and any
+    /// wrong byte of theirs would change the top level's content.
     fn open_level(
         &self,
         id: &ObjectId,
         entry: &IndexEntry,
         budget: u32,
+        verify: bool,
     ) -> Result<Level<'_>, StoreError> {
         let bad = corrupt(id, entry);
         let codec = CodecTag::try_from(entry.codec).map_err(bad)?;
@@ -88,8 +94,8 @@ impl Store {
             _ => None,
         };
         let streaming = codec.is_streaming() && entry.base.is_none();
-        if !streaming && transform.is_none() {
-            // The lossy codecs: decoded whole.
+        if in_memory_stream(codec, entry) || (!streaming && transform.is_none()) {
+            // Small raw and zstd records, and the lossy codecs: decoded whole.
             return Ok(Level::Memory {
                 data: self.load_tensor(id, entry)?,
                 at: 0,
@@ -117,7 +123,7 @@ impl Store {
         let common = Common {
             id: *id,
             entry: *entry,
-            hasher: TensorHasher::new(&header.prefix),
+            hasher: verify.then(|| TensorHasher::new(&header.prefix)),
             expected: header.content_id(id),
             trailer: tbytes,
             crc,
@@ -177,6 +183,7 @@ impl Store {
                     base_id,
                     &base_entry,
                     budget - 1,
+                    false,
                 )?))
             }
             None => None,
@@ -248,7 +255,7 @@ impl TensorWindows<'_> {
         Ok(())
     }
 
-    /// Checks every record's checksum and every content hash once all windows are read.
+    /// Checks every record's checksum and the content hash once all windows are read.
     pub fn finish(self) -> Result<(), StoreError> {
         if self.done != self.len {
             return Err(StoreError::Output(io::Error::other(
@@ -256,6 +263,11 @@ impl TensorWindows<'_> {
             )));
         }
         self.level.finish()
+    }
+
+    /// Where the next window starts and how long it is; `None` once the tensor is read.
+    pub fn next_window(&self) -> Option<(u64, usize)> {
+        (self.done < self.len).then(|| (self.done, self.window.min(self.len - self.done) as usize))
     }
 
     /// Decodes the whole tensor through `buf` (grown to a window as needed), handing each
@@ -269,9 +281,7 @@ impl TensorWindows<'_> {
         if buf.len() < want {
             buf.resize(want, 0);
         }
-        while self.done < self.len {
-            let at = self.done;
-            let n = self.window.min(self.len - at) as usize;
+        while let Some((at, n)) = self.next_window() {
             self.next_into(&mut buf[..n])?;
             f(at, &buf[..n])?;
         }
@@ -315,7 +325,8 @@ impl Level<'_> {
 struct Common {
     id: ObjectId,
     entry: IndexEntry,
-    hasher: TensorHasher,
+    /// The content hash so far; `None` for a level below the one read.
+    hasher: Option<TensorHasher>,
     expected: ObjectId,
     /// The record's trailer.
     trailer: [u8; TRAILER_LEN],
@@ -324,6 +335,12 @@ struct Common {
 }
 
 impl Common {
+    fn hash(&mut self, bytes: &[u8]) {
+        if let Some(h) = &mut self.hasher {
+            h.update(bytes);
+        }
+    }
+
     /// Checks the record checksum (`payload`: of the payload's bytes) and the content hash.
     fn finish(self, payload: &crc32fast::Hasher) -> Result<(), StoreError> {
         let bad = corrupt(&self.id, &self.entry);
@@ -336,7 +353,10 @@ impl Common {
         if computed != stored {
             return Err(bad(FormatError::Checksum { stored, computed }));
         }
-        let actual = self.hasher.finalize();
+        let Some(hasher) = self.hasher else {
+            return Ok(());
+        };
+        let actual = hasher.finalize();
         if actual != self.expected {
             return Err(bad(FormatError::HashMismatch {
                 expected: self.expected,
@@ -397,7 +417,7 @@ impl FloatLevel<'_> {
         self.index
             .decode(self.store.engine(), self.next_chunk, &planes, base, out)
             .map_err(bad)?;
-        self.common.hasher.update(out);
+        self.common.hash(out);
         self.next_chunk += count;
         Ok(())
     }
@@ -488,7 +508,7 @@ impl FramedLevel<'_> {
                 &mut |bytes| crc.update(bytes),
             )
             .map_err(bad)?;
-        self.common.hasher.update(out);
+        self.common.hash(out);
         Ok(())
     }
 
@@ -516,7 +536,7 @@ impl StreamLevel {
         self.decoder
             .read_exact(out)
             .map_err(|e| bad(FormatError::invalid("payload", e.to_string())))?;
-        self.common.hasher.update(out);
+        self.common.hash(out);
         Ok(())
     }
 

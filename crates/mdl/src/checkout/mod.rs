@@ -2,16 +2,17 @@
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use mdl_format::ObjectId;
 use serde::{Deserialize, Serialize};
 
 use crate::{per_tensor, Error, Progress, Repository, Result};
+use writes::Writes;
 
 mod layout;
 mod output;
 pub mod target;
+mod writes;
 
 pub use layout::{layout, layout_with, FileLayout, Layout, Piece, Placed};
 pub use output::{make_executable, refuse_inside_repository, temporary_output};
@@ -32,10 +33,6 @@ pub struct CheckoutOptions {
 
 /// Files a checkout holds open at once.
 const OPEN_FILES: usize = 256;
-
-thread_local! {
-    static TENSOR_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
-}
 
 /// What a checkout wrote.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -109,8 +106,8 @@ pub fn checkout(
 }
 
 /// Writes each file of `layout` to its target through a temporary file beside it; the
-/// objects decode in parallel (and chunk-parallel inside) into per-thread buffers, each
-/// written at its offset. Returns the bytes written.
+/// objects decode in parallel (and chunk-parallel inside) a window at a time, each window
+/// written at its offset by the file's one writer ([`writes`]). Returns the bytes written.
 fn write_files(
     repo: &Repository,
     layout: &Layout,
@@ -147,32 +144,29 @@ fn write_files(
             .enumerate()
             .flat_map(|(k, (_, f))| f.objects().map(move |o| (k, o)))
             .collect();
-        // One writer of a file at a time: parallel writers of one file spin on its inode lock
-        // in the kernel, burning the time another thread would decode in.
-        let writing: Vec<Mutex<()>> = temps.iter().map(|_| Mutex::new(())).collect();
+        // Decoded a window at a time (memory bounded by the windows, not the tensor) into
+        // buffers handed to the files' writers.
+        let writes = Writes::new(
+            temps.iter().map(|(t, _)| t.as_file()).collect(),
+            rayon::current_num_threads(),
+        );
         let write_one = |&(k, t): &(usize, &Placed)| -> Result<()> {
-            // Decoded a window at a time (memory bounded by the window, not the tensor) into a
-            // per-thread buffer, taken out while in use (rayon may start another object on
-            // this thread while this one waits for its chunks).
-            let mut buf = TENSOR_BUF.take();
-            let target = &targets[batch[k].0];
-            let file = temps[k].0.as_file();
-            let result = store.tensor_windows(&t.id, &t.entry).and_then(|w| {
-                w.for_each(&mut buf, |at, bytes| {
-                    let _one = writing[k].lock().unwrap_or_else(|p| p.into_inner());
-                    file.write_all_at(bytes, t.offset + at)
-                        .map_err(mdl_store::StoreError::Output)
-                })
-            });
-            TENSOR_BUF.set(buf);
-            result.map_err(|e| match e {
-                mdl_store::StoreError::Output(source) => write_err(target)(source),
-                e => Error::from(e),
-            })?;
+            let mut w = store.tensor_windows(&t.id, &t.entry)?;
+            while let Some((at, n)) = w.next_window() {
+                let mut buf = writes.buffer(n);
+                w.next_into(&mut buf[..n])?;
+                writes
+                    .write(k, t.offset + at, buf, n)
+                    .map_err(|e| write_err(&targets[batch[e.file].0])(e.source))?;
+            }
+            w.finish()?;
             progress.advance(t.entry.content_len);
             Ok(())
         };
         per_tensor(&objects, |(_, t)| t.entry.content_len, write_one)?;
+        writes
+            .finish()
+            .map_err(|e| write_err(&targets[batch[e.file].0])(e.source))?;
         for ((tmp, _registered), &(i, f)) in temps.into_iter().zip(batch) {
             let target = &targets[i];
             let file = tmp.as_file();
