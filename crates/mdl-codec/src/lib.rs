@@ -194,6 +194,15 @@ pub fn encode_observed(
     };
     match tag {
         CodecTag::Raw => feed(&mut counter)?,
+        CodecTag::Zstd if data.len() <= ZSTD_WHOLE => {
+            // One block: compressed whole with the thread's context, the same frame.
+            let buf = &mut scratch[..data.len()];
+            buf.copy_from_slice(data);
+            observe(buf);
+            let mut frame = Vec::new();
+            zstd_whole(buf, opts.zstd_level, &mut frame)?;
+            counter.write_all(&frame)?;
+        }
         CodecTag::Zstd => {
             let mut enc = zstd::stream::Encoder::new(&mut counter, opts.zstd_level)?;
             enc.include_checksum(false)?;
@@ -278,6 +287,35 @@ pub fn decode_into(tag: CodecTag, payload: &[u8], out: &mut [u8]) -> io::Result<
         ));
     }
     Ok(())
+}
+
+thread_local! {
+    /// One zstd compression context a thread, for payloads compressed whole.
+    static ZSTD_CCTX: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Inputs up to this size (one zstd block) are compressed whole with the thread's context
+/// ([`zstd_whole`]): the frame is the one the streaming encoder writes (a test holds it).
+const ZSTD_WHOLE: usize = 128 << 10;
+
+/// Compresses `data` whole with zstd at `level` into `out` (cleared first), with the thread's
+/// context: the same frame the streaming encoder writes (content size, no checksum).
+fn zstd_whole(data: &[u8], level: i32, out: &mut Vec<u8>) -> io::Result<()> {
+    ZSTD_CCTX.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.as_ref().is_none_or(|(l, _)| *l != level) {
+            let mut c = zstd::bulk::Compressor::new(level)?;
+            c.include_checksum(false)?;
+            c.include_contentsize(true)?;
+            *cell = Some((level, c));
+        }
+        let (_, c) = cell.as_mut().expect("set above");
+        out.clear();
+        out.reserve(zstd::zstd_safe::compress_bound(data.len()));
+        c.compress_to_buffer(data, out)?;
+        Ok(())
+    })
 }
 
 /// Decodes a whole payload held in memory.
@@ -400,6 +438,32 @@ mod tests {
                     assert!(decode_into(t, &p, &mut vec![0; data.len() - 1]).is_err());
                 }
             }
+        }
+    }
+
+    #[test]
+    fn whole_zstd_frames_are_the_streamed_ones() {
+        let sines = |n: u32| -> Vec<u8> {
+            (0..n)
+                .flat_map(|i| (i as f32).sin().to_le_bytes())
+                .collect()
+        };
+        for data in [
+            vec![],
+            vec![3u8; 100],
+            sines(1023),
+            (0..ZSTD_WHOLE as u32).map(|i| (i % 251) as u8).collect(),
+            sines(ZSTD_WHOLE as u32 / 4),
+        ] {
+            let mut streamed = Vec::new();
+            let mut enc = zstd::stream::Encoder::new(&mut streamed, 3).unwrap();
+            enc.include_checksum(false).unwrap();
+            enc.set_pledged_src_size(Some(data.len() as u64)).unwrap();
+            std::io::Write::write_all(&mut enc, &data).unwrap();
+            enc.finish().unwrap();
+            let mut whole = Vec::new();
+            zstd_whole(&data, 3, &mut whole).unwrap();
+            assert_eq!(whole, streamed, "{} bytes", data.len());
         }
     }
 

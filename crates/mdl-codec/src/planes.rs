@@ -653,9 +653,21 @@ pub(crate) fn split_histograms(
         )
 }
 
-/// What [`cpu_sample_histograms`] counts, from planes already split: their first chunk.
+/// Elements of the first window (`n` elements) whose counts decide which planes are counted
+/// further (see `PlaneCount`): its first [`SAMPLE`], enough to tell noise from a plane worth
+/// coding. Windows are whole chunks but for a tensor's last, so this is the same whatever the
+/// windowing.
+pub(crate) fn sample_len(n: usize) -> usize {
+    n.min(SAMPLE)
+}
+
+/// Elements a sample counts at most ([`sample_len`]).
+pub(crate) const SAMPLE: usize = 1 << 15;
+
+/// What [`cpu_sample_histograms`] counts, from planes already split: their
+/// [`sample_len`] first symbols.
 pub(crate) fn split_sample(planes: &[&[u8]]) -> Vec<(Histogram, Histogram)> {
-    let first = planes.iter().map(|p| &p[..CHUNK.min(p.len())]);
+    let first = planes.iter().map(|p| &p[..sample_len(p.len())]);
     count_planes(first, &vec![(true, true); planes.len()], true)
 }
 

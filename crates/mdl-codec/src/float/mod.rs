@@ -103,7 +103,7 @@ const NOISE_BITS: f64 = 7.97;
 /// What the analysis pass counted for one plane.
 #[derive(Clone)]
 struct PlaneStats {
-    /// Symbol counts (of the first chunk only when `counted` is false).
+    /// Symbol counts (of the sample only when `counted` is false).
     hist: Histogram,
     /// Counts of sparse-mode flag bytes, where zeros are common enough to matter.
     flags: Option<Histogram>,
@@ -113,8 +113,9 @@ struct PlaneStats {
 
 /// Per-plane statistics of a tensor (XORed with a base under `spec.mask`, or subtracted),
 /// counted a window of whole chunks at a time; counts add exactly, so any windowing gives the
-/// same result. Planes whose first chunk looks like noise are not counted further (they will be
-/// stored raw); planes with many zeros also get their sparse-mode flag counts.
+/// same result. Planes whose sample (the first [`sample_len`](crate::planes::sample_len)
+/// elements) looks like noise are not counted further (they will be stored raw); planes with
+/// many zeros also get their sparse-mode flag counts.
 #[derive(Clone)]
 pub struct PlaneCount {
     l: Layout,
@@ -125,9 +126,9 @@ pub struct PlaneCount {
     with_base: bool,
     /// Elements counted.
     n: u64,
-    /// The first chunk's counts (symbols and flags of every plane).
+    /// The sample's counts (symbols and flags of every plane).
     sample: Vec<(Histogram, Histogram)>,
-    /// Per plane, `(symbols, flags)`: what is counted after the first chunk decided.
+    /// Per plane, `(symbols, flags)`: what is counted after the sample decided.
     want: Vec<(bool, bool)>,
     totals: Vec<(Histogram, Histogram)>,
 }
@@ -187,9 +188,10 @@ impl PlaneCount {
         base: Option<&[u8]>,
     ) -> Result<(), FormatError> {
         self.check_window(data, base)?;
-        let (spec, step) = (self.spec, (CHUNK * self.l.width).min(data.len()));
+        let n = data.len() / self.l.width;
+        let (spec, step) = (self.spec, crate::planes::sample_len(n) * self.l.width);
         self.absorb(
-            (data.len() / self.l.width) as u64,
+            n as u64,
             step == data.len(),
             || engine.sample_histograms(spec, &data[..step], base.map(|b| &b[..step])),
             |want| engine.plane_histograms(spec, data, base, want),
@@ -237,17 +239,17 @@ impl PlaneCount {
         }
         self.absorb(
             n as u64,
-            n <= CHUNK,
+            n <= crate::planes::SAMPLE,
             || crate::planes::split_sample(planes),
             |want| crate::planes::split_histograms(planes, want),
         );
         Ok(())
     }
 
-    /// Adds a window of `n` elements: on the first window, its first chunk's counts
-    /// (`sample`: every plane's symbols, and flags where they are wanted) decide what is
-    /// counted from then on; `count` counts the window for that. A window of one chunk or less
-    /// that is the first is its sample.
+    /// Adds a window of `n` elements: on the first window, the counts of its first
+    /// [`sample_len`](crate::planes::sample_len) elements (`sample`: every plane's symbols,
+    /// and flags where they are wanted) decide what is counted from then on; `count` counts
+    /// the window for that. A first window no longer than the sample is counted once, as it.
     fn absorb(
         &mut self,
         n: u64,
@@ -306,8 +308,8 @@ impl PlaneCount {
     }
 }
 
-/// Per plane, whether its symbols and its flags are worth counting past the first chunk, from
-/// the first chunk's counts: a plane that looks like noise is not (it will be stored raw).
+/// Per plane, whether its symbols and its flags are worth counting past the sample, from the
+/// sample's counts: a plane that looks like noise is not (it will be stored raw).
 fn wanted(sample: &[(Histogram, Histogram)]) -> Vec<(bool, bool)> {
     sample
         .iter()

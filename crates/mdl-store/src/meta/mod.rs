@@ -68,7 +68,21 @@ enum Handle {
         /// The database opened for writing, once this process has written: every later
         /// transaction goes through it (a read-only open would wait for it).
         written: Mutex<Option<Arc<redb::Database>>>,
+        /// For a writer (which holds the repository lock, so no other process can be waiting
+        /// to publish): the read-only open its reads share until its first write, instead of
+        /// one open a read. `None` for a reader.
+        reads: Option<Mutex<SharedReads>>,
     },
+}
+
+/// A writer's read-only open, shared by its reads until it first writes.
+enum SharedReads {
+    /// Not opened yet.
+    None,
+    Open(Arc<redb::ReadOnlyDatabase>),
+    /// Given up for a write: reads open the file each on its own from then on, so that no
+    /// new shared open can keep the write waiting.
+    Retired,
 }
 
 /// The open metadata database.
@@ -172,6 +186,7 @@ impl Meta {
                 path: path.to_path_buf(),
                 wait,
                 written: Mutex::new(None),
+                reads: (mode == LockMode::Write).then(|| Mutex::new(SharedReads::None)),
             });
         }
         Ok(meta)
@@ -227,9 +242,23 @@ impl Meta {
                 path,
                 wait,
                 written,
+                reads,
             } => retrying(path, *wait, || {
                 if let Some(d) = lock(written).as_ref() {
                     return d.begin_read().map(Some).map_err(db);
+                }
+                if let Some(reads) = reads {
+                    let mut shared = lock(reads);
+                    if let SharedReads::None = *shared {
+                        if let Some(d) = try_open::<redb::ReadOnlyDatabase>(path)? {
+                            *shared = SharedReads::Open(Arc::new(d));
+                        }
+                    }
+                    match &*shared {
+                        SharedReads::Open(d) => return d.begin_read().map(Some).map_err(db),
+                        SharedReads::None => return Ok(None),
+                        SharedReads::Retired => {}
+                    }
                 }
                 // The transaction keeps the file open (and its shared lock) until it ends.
                 try_open::<redb::ReadOnlyDatabase>(path)?
@@ -253,7 +282,13 @@ impl Meta {
                 path,
                 wait,
                 written,
+                reads,
             } => {
+                // This process's own read-only open would keep the write open waiting; its
+                // transactions still open end on their own.
+                if let Some(reads) = reads {
+                    *lock(reads) = SharedReads::Retired;
+                }
                 // Not holding `written` while waiting: a thread of this process may need a
                 // read to finish the transaction this open waits for.
                 let d = retrying(path, *wait, || {
