@@ -160,7 +160,7 @@ impl Meta {
         // lets redb recover from a writer that was killed.
         let db = match mode {
             LockMode::Write => Db::Rw(retrying(path, wait, || try_open(path))?),
-            _ => Db::Ro(retrying(path, wait, || try_open(path))?),
+            _ => Db::Ro(retrying(path, wait.max(PUBLISH), || try_open(path))?),
         };
         let mut meta = Meta {
             handle: Some(Handle::Held(db)),
@@ -243,7 +243,7 @@ impl Meta {
                 wait,
                 written,
                 reads,
-            } => retrying(path, *wait, || {
+            } => retrying(path, (*wait).max(PUBLISH), || {
                 if let Some(d) = lock(written).as_ref() {
                     return d.begin_read().map(Some).map_err(db);
                 }
@@ -366,6 +366,11 @@ fn try_open<D: Open>(path: &Path) -> Result<Option<D>, StoreError> {
 /// Runs `attempt` (inside [`guarded`]) until it opens the database (`Some`), trying again
 /// while another handle has the file (a writer's publish keeps readers out; readers keep a
 /// writer out) for up to `wait`, then failing as busy, naming the repository's writer.
+/// How long a read waits for the database whatever `--wait` says: long enough for another
+/// process's publish (a transaction of milliseconds, and the exit of the process that made
+/// it), so that a reader never fails for one, while a writer's work never holds it up.
+const PUBLISH: Duration = Duration::from_millis(250);
+
 fn retrying<T>(
     path: &Path,
     wait: Duration,

@@ -18,11 +18,13 @@ fn most() -> usize {
     *MOST.get_or_init(|| std::thread::available_parallelism().map_or(4, |n| n.get()))
 }
 
-/// A buffer with the capacity of an earlier read when one is spare, holding whatever that
-/// read left (its bytes are initialized, so growing it back zeroes nothing).
+/// The largest spare buffer, holding whatever its last read left (its bytes are initialized,
+/// so growing it back zeroes nothing; taking the largest keeps small reads from growing small
+/// buffers into fresh memory).
 pub fn take() -> Vec<u8> {
     let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
-    spare.pop().unwrap_or_default()
+    let largest = (0..spare.len()).max_by_key(|&i| spare[i].len());
+    largest.map(|i| spare.swap_remove(i)).unwrap_or_default()
 }
 
 /// Keeps `buf` for a later read if it is small enough and the bounds leave room.
