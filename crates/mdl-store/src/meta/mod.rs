@@ -60,7 +60,8 @@ enum Db {
 enum Handle {
     /// Opened once, for the lifetime of the [`Meta`] (the server, which owns its repositories).
     Held(Db),
-    /// Opened read-only for each read; for writing at the first write, and kept then.
+    /// Opened read-only for each read (a writer's reads share one open until it writes); for
+    /// writing at the first write, and kept then.
     Brief {
         path: PathBuf,
         /// How long to wait for another process's transaction to let go of the file.
