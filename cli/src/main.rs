@@ -65,6 +65,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return failure::usage(e),
     };
+    if !matches!(cli.command, Command::Serve { .. }) {
+        keep_freed_memory();
+    }
     let filter = if cli.verbose {
         "mdl=debug,info"
     } else {
@@ -105,6 +108,19 @@ fn main() -> ExitCode {
             failure::report(&e, cli.json, &mut out);
             ExitCode::from(failure::exit_code(&e))
         }
+    }
+}
+
+/// Lets glibc's allocator keep the memory a command frees for its next allocations instead of
+/// returning it to the kernel: a commit or checkout frees and allocates window-sized buffers
+/// tensor after tensor, and memory handed back is page-faulted and zeroed again when taken.
+/// For short-lived commands only (`mdl serve` keeps the defaults).
+fn keep_freed_memory() {
+    // SAFETY: mallopt only sets allocator parameters; called before any thread is started.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20);
     }
 }
 
