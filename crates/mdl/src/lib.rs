@@ -64,15 +64,17 @@ pub(crate) const BIG_TENSOR: u64 = 64 << 20;
 
 /// Runs `f` on every item, returning the results in item order: items of at least
 /// [`BIG_TENSOR`] bytes (by `size`) one at a time, the rest tensor-parallel, so memory stays
-/// near a few tensors whatever the checkpoint's size.
+/// near a few tensors whatever the checkpoint's size. The parallel ones start largest first, so
+/// that the last to finish are small ones and no core idles behind a large one.
 pub(crate) fn per_tensor<T: Sync, R: Send>(
     items: &[T],
     size: impl Fn(&T) -> u64 + Sync,
     f: impl Fn(&T) -> Result<R> + Sync,
 ) -> Result<Vec<R>> {
     use rayon::prelude::*;
-    let (big, small): (Vec<usize>, Vec<usize>) =
+    let (big, mut small): (Vec<usize>, Vec<usize>) =
         (0..items.len()).partition(|&i| size(&items[i]) >= BIG_TENSOR);
+    small.sort_by_key(|&i| std::cmp::Reverse(size(&items[i])));
     let mut out: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
     for i in big {
         out[i] = Some(f(&items[i])?);
