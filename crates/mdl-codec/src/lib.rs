@@ -199,9 +199,7 @@ pub fn encode_observed(
             let buf = &mut scratch[..data.len()];
             buf.copy_from_slice(data);
             observe(buf);
-            let mut frame = Vec::new();
-            zstd_whole(buf, opts.zstd_level, &mut frame)?;
-            counter.write_all(&frame)?;
+            counter.write_all(&zstd_whole(buf, opts.zstd_level)?)?;
         }
         CodecTag::Zstd => {
             let mut enc = zstd::stream::Encoder::new(&mut counter, opts.zstd_level)?;
@@ -299,9 +297,9 @@ thread_local! {
 /// ([`zstd_whole`]): the frame is the one the streaming encoder writes (a test holds it).
 const ZSTD_WHOLE: usize = 128 << 10;
 
-/// Compresses `data` whole with zstd at `level` into `out` (cleared first), with the thread's
-/// context: the same frame the streaming encoder writes (content size, no checksum).
-fn zstd_whole(data: &[u8], level: i32, out: &mut Vec<u8>) -> io::Result<()> {
+/// Compresses `data` whole with zstd at `level`, with the thread's context: the same frame the
+/// streaming encoder writes (content size, no checksum).
+fn zstd_whole(data: &[u8], level: i32) -> io::Result<Vec<u8>> {
     ZSTD_CCTX.with(|cell| {
         let mut cell = cell.borrow_mut();
         if cell.as_ref().is_none_or(|(l, _)| *l != level) {
@@ -311,10 +309,7 @@ fn zstd_whole(data: &[u8], level: i32, out: &mut Vec<u8>) -> io::Result<()> {
             *cell = Some((level, c));
         }
         let (_, c) = cell.as_mut().expect("set above");
-        out.clear();
-        out.reserve(zstd::zstd_safe::compress_bound(data.len()));
-        c.compress_to_buffer(data, out)?;
-        Ok(())
+        c.compress(data)
     })
 }
 
@@ -461,8 +456,7 @@ mod tests {
             enc.set_pledged_src_size(Some(data.len() as u64)).unwrap();
             std::io::Write::write_all(&mut enc, &data).unwrap();
             enc.finish().unwrap();
-            let mut whole = Vec::new();
-            zstd_whole(&data, 3, &mut whole).unwrap();
+            let whole = zstd_whole(&data, 3).unwrap();
             assert_eq!(whole, streamed, "{} bytes", data.len());
         }
     }

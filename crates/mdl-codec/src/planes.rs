@@ -688,16 +688,18 @@ pub(crate) fn cpu_decode_planes(
                 let n = chunk.len() / l.width;
                 // Stored planes are merged from the stream itself; the others are decoded
                 // into the scratch first.
-                for (s, p) in streams.iter().zip(scratch.chunks_mut(CHUNK)) {
-                    if s.stored_chunk(c, n).is_none() {
-                        s.decode_chunk(c, &mut p[..n])?;
-                    }
-                }
-                let planes: Vec<&[u8]> = streams
+                let planes = streams
                     .iter()
-                    .zip(scratch.chunks(CHUNK))
-                    .map(|(s, p)| s.stored_chunk(c, n).unwrap_or(&p[..n]))
-                    .collect();
+                    .zip(scratch.chunks_mut(CHUNK))
+                    .map(|(s, p)| match s.stored_chunk(c, n) {
+                        Some(stored) => Ok(stored),
+                        None => {
+                            let p = &mut p[..n];
+                            s.decode_chunk(c, p)?;
+                            Ok(&*p)
+                        }
+                    })
+                    .collect::<Result<Vec<&[u8]>, FormatError>>()?;
                 let b = base.map(|b| &b[c * step..c * step + chunk.len()]);
                 (l.merge)(&planes, chunk, b, spec.mask);
                 Ok(())

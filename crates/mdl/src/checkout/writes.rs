@@ -94,7 +94,6 @@ impl<'f> Writes<'f> {
             if let Err(e) = result {
                 state.failed.get_or_insert((file, e.kind(), e.to_string()));
                 state.writing[file] = false;
-                self.room.notify_all();
                 return Err(WriteError { file, source: e });
             }
         }

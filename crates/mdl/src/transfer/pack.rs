@@ -48,8 +48,8 @@ pub(super) fn write_frames(
     pack.finish()
 }
 
-/// A pack stream being written: its frames, record by record ([`Self::record`]) or for a list
-/// of objects ([`Self::objects`]), then its end ([`Self::finish`]).
+/// A pack stream being written: the frames of a list of objects ([`Self::objects`]), then its
+/// end ([`Self::finish`], or [`Self::finish_with_toc`]).
 pub struct PackWriter<'w> {
     w: &'w mut dyn Write,
     /// Bytes written so far.
