@@ -13,6 +13,7 @@ pub fn lossy_supported(dtype: Dtype) -> bool {
 }
 
 /// `f16` bits to `f32`, exactly.
+#[inline]
 pub fn f16_to_f32(h: u16) -> f32 {
     let sign = ((h & 0x8000) as u32) << 16;
     let exp = ((h >> 10) & 0x1f) as u32;
@@ -31,6 +32,7 @@ pub fn f16_to_f32(h: u16) -> f32 {
 }
 
 /// `f32` to `f16` bits, rounding to nearest even (overflow gives ±Inf; NaN stays NaN).
+#[inline]
 pub fn f32_to_f16(x: f32) -> u16 {
     let bits = x.to_bits();
     let sign = ((bits >> 16) & 0x8000) as u16;
@@ -67,6 +69,7 @@ pub fn f32_to_f16(x: f32) -> u16 {
 }
 
 /// `f32` to `bf16` bits, rounding to nearest even (NaN stays NaN).
+#[inline]
 pub fn f32_to_bf16(x: f32) -> u16 {
     let bits = x.to_bits();
     if x.is_nan() {
@@ -76,8 +79,34 @@ pub fn f32_to_bf16(x: f32) -> u16 {
     (bits.wrapping_add(round) >> 16) as u16
 }
 
+/// Evaluates `$body` once for each lossy dtype with `$d` bound to `$dtype` as a constant (any
+/// other dtype: as the value itself), so the per-element conversions it calls ([`value`],
+/// [`put_rounded`], [`rounded`], [`key`]) are specialized: their `match` on the dtype folds away
+/// and the loop around them can be vectorized. Dispatch once per chunk, not per element.
+macro_rules! for_dtype {
+    ($dtype:expr, $d:ident => $body:expr) => {
+        match $dtype {
+            mdl_format::Dtype::F32 => {
+                const $d: mdl_format::Dtype = mdl_format::Dtype::F32;
+                $body
+            }
+            mdl_format::Dtype::BF16 => {
+                const $d: mdl_format::Dtype = mdl_format::Dtype::BF16;
+                $body
+            }
+            mdl_format::Dtype::F16 => {
+                const $d: mdl_format::Dtype = mdl_format::Dtype::F16;
+                $body
+            }
+            #[allow(non_snake_case)]
+            $d => $body,
+        }
+    };
+}
+pub(crate) use for_dtype;
+
 /// The value of element `i` of a little-endian tensor of `dtype` (bf16, f16 or f32).
-#[inline]
+#[inline(always)]
 pub fn value(dtype: Dtype, bytes: &[u8], i: usize) -> f64 {
     match dtype {
         Dtype::F32 => f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap()) as f64,
@@ -91,7 +120,7 @@ pub fn value(dtype: Dtype, bytes: &[u8], i: usize) -> f64 {
 }
 
 /// Element `i`'s 16-bit key: the bit pattern of a 16-bit float, the top 16 bits of an f32.
-#[inline]
+#[inline(always)]
 pub fn key(dtype: Dtype, bytes: &[u8], i: usize) -> u16 {
     match dtype {
         Dtype::F32 => u16::from_le_bytes([bytes[4 * i + 2], bytes[4 * i + 3]]),
@@ -119,7 +148,7 @@ pub fn push_rounded(dtype: Dtype, x: f64, out: &mut Vec<u8>) {
 }
 
 /// `x` rounded to `dtype`, written into `out` (exactly one element's bytes).
-#[inline]
+#[inline(always)]
 pub fn put_rounded(dtype: Dtype, x: f64, out: &mut [u8]) {
     match dtype {
         Dtype::F32 => out.copy_from_slice(&(x as f32).to_le_bytes()),
@@ -130,6 +159,7 @@ pub fn put_rounded(dtype: Dtype, x: f64, out: &mut [u8]) {
 }
 
 /// `x` rounded to `dtype`, as a value.
+#[inline(always)]
 pub fn rounded(dtype: Dtype, x: f64) -> f64 {
     match dtype {
         Dtype::F32 => x as f32 as f64,

@@ -54,6 +54,7 @@ impl Dtype {
     }
 
     /// Bytes per element.
+    #[inline]
     pub fn size(self) -> usize {
         match self {
             Dtype::Bool | Dtype::U8 | Dtype::I8 => 1,

@@ -95,7 +95,7 @@ impl ResidualStats {
 }
 
 /// Element `i` of the reference, `0` without one (`quant-uniform`).
-#[inline]
+#[inline(always)]
 fn reference_value(dtype: Dtype, reference: Option<&[u8]>, i: usize) -> f64 {
     reference.map_or(0.0, |r| scalar::value(dtype, r, i))
 }
@@ -151,6 +151,28 @@ impl Mode {
     }
 }
 
+/// Evaluates `$body` once for each [`Mode`] with `$m` bound to `$mode` as a constant, so the
+/// quantizer's per-element `match` on its mode folds away (as [`scalar::for_dtype`] does for
+/// the dtype).
+macro_rules! for_mode {
+    ($mode:expr, $m:ident => $body:expr) => {
+        match $mode {
+            Mode::Linear => {
+                const $m: Mode = Mode::Linear;
+                $body
+            }
+            Mode::Log => {
+                const $m: Mode = Mode::Log;
+                $body
+            }
+            Mode::Scaled => {
+                const $m: Mode = Mode::Scaled;
+                $body
+            }
+        }
+    };
+}
+
 /// A mode and step, ready to code elements.
 struct Quantizer {
     mode: Mode,
@@ -193,13 +215,15 @@ impl Quantizer {
         }
     }
 
-    /// One element's code and reconstruction (`None`: kept exactly).
+    /// One element's code and reconstruction (`None`: kept exactly). `mode` is the quantizer's
+    /// own: callers pass it (and `dtype`) as constants, see [`for_mode`].
     #[inline(always)]
-    fn code(&self, dtype: Dtype, x: f64, r: f64) -> Option<(u16, f64)> {
+    fn code(&self, mode: Mode, dtype: Dtype, x: f64, r: f64) -> Option<(u16, f64)> {
+        debug_assert_eq!(mode, self.mode);
         if !x.is_finite() || !r.is_finite() {
             return None;
         }
-        let q = match self.mode {
+        let q = match mode {
             Mode::Linear => round((x - r) * self.inverse),
             Mode::Log => {
                 if x == 0.0 {
@@ -224,7 +248,7 @@ impl Quantizer {
                 round(x / (self.param * r.sqrt()))
             }
         };
-        let max = match self.mode {
+        let max = match mode {
             Mode::Linear => MAX_STEPS,
             _ => MAX_MOMENT_STEPS,
         };
@@ -232,28 +256,41 @@ impl Quantizer {
             return None;
         }
         let c = zigzag(q as i64);
-        let y = self.rebuild(dtype, r, c);
+        let y = scalar::rounded(dtype, self.value(mode, r, c));
         y.is_finite().then_some((c, y))
     }
 
-    /// The decoder's value for reference `r` and a code other than [`EXACT`].
+    /// The decoder's value for reference `r` and a code other than [`EXACT`], before it is
+    /// rounded to the dtype.
     #[inline(always)]
-    fn rebuild(&self, dtype: Dtype, r: f64, c: u16) -> f64 {
-        scalar::rounded(dtype, self.value(r, c))
-    }
-
-    /// [`Quantizer::rebuild`] before it is rounded to the dtype.
-    #[inline(always)]
-    fn value(&self, r: f64, c: u16) -> f64 {
+    fn value(&self, mode: Mode, r: f64, c: u16) -> f64 {
         if c == ZERO {
             return 0.0;
         }
         let q = unzigzag(c);
-        match self.mode {
-            Mode::Linear => r + q as f64 * self.param,
-            Mode::Log => r * self.factors[(q + MAX_MOMENT_STEPS) as usize],
-            Mode::Scaled => q as f64 * self.param * r.sqrt(),
+        match mode {
+            Mode::Linear => self.linear(r, q),
+            Mode::Log => self.log(r, q),
+            Mode::Scaled => self.scaled(r, q),
         }
+    }
+
+    /// [`Quantizer::value`] of residual `q` (not +0) in [`Mode::Linear`].
+    #[inline(always)]
+    fn linear(&self, r: f64, q: i64) -> f64 {
+        r + q as f64 * self.param
+    }
+
+    /// The same in [`Mode::Log`] (`|q|` at most [`MAX_MOMENT_STEPS`]).
+    #[inline(always)]
+    fn log(&self, r: f64, q: i64) -> f64 {
+        r * self.factors[(q + MAX_MOMENT_STEPS) as usize]
+    }
+
+    /// The same in [`Mode::Scaled`].
+    #[inline(always)]
+    fn scaled(&self, r: f64, q: i64) -> f64 {
+        q as f64 * self.param * r.sqrt()
     }
 }
 
@@ -352,58 +389,91 @@ pub fn measure_steps(
         .into_par_iter()
         .map(|c| {
             let mut stats = empty();
-            let mut x = [0f64; BLOCK];
-            let mut r = [0f64; BLOCK];
-            let mut m = [0f64; BLOCK];
-            let mut v = [0f64; BLOCK];
-            let end = ((c + 1) * CHUNK).min(n);
-            for start in (c * CHUNK..end).step_by(BLOCK * every) {
-                let len = BLOCK.min(end - start);
-                for k in 0..len {
-                    x[k] = scalar::value(dtype, values, start + k);
-                    r[k] = reference_value(dtype, reference, start + k);
-                    if let Some(mv) = &moments {
-                        m[k] = scalar::value(mv.m.dtype, mv.m.bytes, start + k);
-                        v[k] = scalar::value(mv.v.dtype, mv.v.bytes, start + k);
-                    }
-                }
-                let sum_sq: f64 = x[..len]
-                    .iter()
-                    .filter(|x| x.is_finite())
-                    .map(|x| x * x)
-                    .sum();
-                for (s, quant) in stats.iter_mut().zip(&quants) {
-                    let Some(quant) = quant else { continue };
-                    let e = &mut s.err;
-                    e.sum_sq += sum_sq;
-                    for k in 0..len {
-                        match quant.code(dtype, x[k], r[k]) {
-                            Some((code, y)) => {
-                                s.codes.0[code as u8 as usize] += 1;
-                                let high = if code >= ZERO { 0 } else { code >> 8 };
-                                s.high.0[high as usize] += 1;
-                                let d = y - x[k];
-                                e.sum_sq_err += d * d;
-                                e.max_abs = e.max_abs.max(d.abs());
-                                if moments.is_some() {
-                                    e.sum_m_delta += m[k] * d;
-                                    e.sum_v_delta2 += v[k] * d * d;
-                                }
-                            }
-                            None => {
-                                s.codes.0[EXACT as u8 as usize] += 1;
-                                s.high.0[0] += 1;
-                                s.exact += 1;
-                            }
-                        }
-                    }
-                }
-            }
+            let elements = c * CHUNK..((c + 1) * CHUNK).min(n);
+            scalar::for_dtype!(dtype, D => for_mode!(mode, M => {
+                let chunk = Chunk { values, reference, moments: moments.as_ref(), elements };
+                measure_chunk(D, M, chunk, &quants, every, &mut stats)
+            }));
             stats
         })
         .reduce(empty, |a, b| {
             a.into_iter().zip(b).map(|(a, b)| a.merge(b)).collect()
         })
+}
+
+/// The inputs of one parallel work item of [`measure_steps`].
+struct Chunk<'a> {
+    values: &'a [u8],
+    reference: Option<&'a [u8]>,
+    moments: Option<&'a Moments<'a>>,
+    /// The chunk's elements.
+    elements: std::ops::Range<usize>,
+}
+
+/// [`measure_steps`] on one chunk, adding to `stats` (one entry a quantizer). Inlined into
+/// each caller with a constant dtype and mode.
+#[inline(always)]
+fn measure_chunk(
+    dtype: Dtype,
+    mode: Mode,
+    chunk: Chunk<'_>,
+    quants: &[Option<Quantizer>],
+    every: usize,
+    stats: &mut [ResidualStats],
+) {
+    let mut x = [0f64; BLOCK];
+    let mut r = [0f64; BLOCK];
+    let mut m = [0f64; BLOCK];
+    let mut v = [0f64; BLOCK];
+    let end = chunk.elements.end;
+    for start in chunk.elements.step_by(BLOCK * every) {
+        let len = BLOCK.min(end - start);
+        for k in 0..len {
+            x[k] = scalar::value(dtype, chunk.values, start + k);
+            r[k] = reference_value(dtype, chunk.reference, start + k);
+            if let Some(mv) = chunk.moments {
+                m[k] = scalar::value(mv.m.dtype, mv.m.bytes, start + k);
+                v[k] = scalar::value(mv.v.dtype, mv.v.bytes, start + k);
+            }
+        }
+        let sum_sq: f64 = x[..len]
+            .iter()
+            .filter(|x| x.is_finite())
+            .map(|x| x * x)
+            .sum();
+        for (s, quant) in stats.iter_mut().zip(quants) {
+            if quant.is_some() {
+                s.err.sum_sq += sum_sq;
+            }
+        }
+        // Every step on one element before the next: the steps' sums are independent chains
+        // the processor runs side by side (each step still sees the elements in order).
+        for k in 0..len {
+            for (s, quant) in stats.iter_mut().zip(quants) {
+                let Some(quant) = quant else { continue };
+                let e = &mut s.err;
+                match quant.code(mode, dtype, x[k], r[k]) {
+                    Some((code, y)) => {
+                        s.codes.0[code as u8 as usize] += 1;
+                        let high = if code >= ZERO { 0 } else { code >> 8 };
+                        s.high.0[high as usize] += 1;
+                        let d = y - x[k];
+                        e.sum_sq_err += d * d;
+                        e.max_abs = e.max_abs.max(d.abs());
+                        if chunk.moments.is_some() {
+                            e.sum_m_delta += m[k] * d;
+                            e.sum_v_delta2 += v[k] * d * d;
+                        }
+                    }
+                    None => {
+                        s.codes.0[EXACT as u8 as usize] += 1;
+                        s.high.0[0] += 1;
+                        s.exact += 1;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Quantizes `values` against `reference` (`None`: zeros, a `quant-uniform` payload, linear
@@ -429,22 +499,26 @@ pub fn encode(
         .zip(render.par_chunks_mut(CHUNK * size))
         .enumerate()
         .for_each(|(c, (codes, out))| {
-            for (k, code) in codes.iter_mut().enumerate() {
-                let i = c * CHUNK + k;
-                let x = scalar::value(dtype, values, i);
-                let r = reference_value(dtype, reference, i);
-                let o = &mut out[k * size..(k + 1) * size];
-                match quant.code(dtype, x, r) {
-                    Some((q, y)) => {
-                        *code = q;
-                        scalar::put_rounded(dtype, y, o);
-                    }
-                    None => {
-                        *code = EXACT;
-                        o.copy_from_slice(&values[i * size..(i + 1) * size]);
+            let first = c * CHUNK;
+            // One loop per dtype and mode, as in `measure_steps`.
+            scalar::for_dtype!(dtype, D => for_mode!(mode, M => {
+                for (k, code) in codes.iter_mut().enumerate() {
+                    let i = first + k;
+                    let x = scalar::value(D, values, i);
+                    let r = reference_value(D, reference, i);
+                    let o = &mut out[k * size..(k + 1) * size];
+                    match quant.code(M, D, x, r) {
+                        Some((q, y)) => {
+                            *code = q;
+                            scalar::put_rounded(D, y, o);
+                        }
+                        None => {
+                            *code = EXACT;
+                            o.copy_from_slice(&values[i * size..(i + 1) * size]);
+                        }
                     }
                 }
-            }
+            }))
         });
     let mut payload = vec![mode as u8];
     payload.extend_from_slice(&quant.param.to_le_bytes());
@@ -507,16 +581,10 @@ pub fn decode(
     let width = *payload.get(at).ok_or_else(|| bad("truncated code width"))?;
     at += 1;
     let mut low = vec![0u8; n];
-    let codes: Vec<u16> = match width {
+    let high: Option<Vec<u8>> = match width {
         1 => {
             decode_stream(&payload[at..], &mut low)?;
-            low.iter()
-                .map(|&c| match c as u16 {
-                    c if c < NARROW => c,
-                    254 => ZERO,
-                    _ => EXACT,
-                })
-                .collect()
+            None
         }
         2 => {
             let len = read_varint(payload, &mut at).ok_or_else(|| bad("truncated code stream"))?;
@@ -527,22 +595,29 @@ pub fn decode(
             decode_stream(&payload[at..end], &mut low)?;
             let mut high = vec![0u8; n];
             decode_stream(&payload[end..], &mut high)?;
-            low.iter()
-                .zip(&high)
-                .map(|(&l, &h)| l as u16 | (h as u16) << 8)
-                .collect()
+            Some(high)
         }
         _ => return Err(bad("unknown code width")),
+    };
+    let high = high.as_deref();
+    // Chunk `c`'s codes, as their byte planes.
+    let planes_of = |c: usize| {
+        let range = c * CHUNK..((c + 1) * CHUNK).min(n);
+        Planes {
+            low: &low[range.clone()],
+            high: high.map(|h| &h[range]),
+        }
     };
     // One look at every code: each chunk's exact elements, and whether a moment code is beyond
     // its mode's range.
     let moment = mode != Mode::Linear;
-    let scans: Vec<(usize, bool)> = codes
-        .par_chunks(CHUNK)
-        .map(|chunk| {
-            let exact = chunk.iter().filter(|&&c| c == EXACT).count();
+    let scans: Vec<(usize, bool)> = (0..n.div_ceil(CHUNK))
+        .into_par_iter()
+        .map(|c| {
+            let codes = planes_of(c).codes();
+            let exact = codes.iter().filter(|&&c| c == EXACT).count();
             let wide = moment
-                && chunk
+                && codes
                     .iter()
                     .any(|&c| c < ZERO && unzigzag(c).abs() > MAX_MOMENT_STEPS);
             (exact, wide)
@@ -564,22 +639,80 @@ pub fn decode(
         })
         .collect();
     out.par_chunks_mut(CHUNK * size)
-        .zip(codes.par_chunks(CHUNK))
         .zip(firsts)
         .enumerate()
-        .for_each(|(chunk, ((out, codes), mut k))| {
-            for (j, &c) in codes.iter().enumerate() {
-                let o = &mut out[j * size..(j + 1) * size];
-                if c == EXACT {
-                    o.copy_from_slice(&exact[k * size..(k + 1) * size]);
-                    k += 1;
-                    continue;
-                }
-                let r = reference_value(dtype, reference, chunk * CHUNK + j);
-                scalar::put_rounded(dtype, quant.value(r, c), o);
-            }
+        .for_each(|(chunk, (out, k))| {
+            let codes = planes_of(chunk).codes();
+            let at = chunk * CHUNK * size;
+            let reference = reference.map(|r| &r[at..at + out.len()]);
+            let exact = &exact[k * size..];
+            let q = &quant;
+            // One loop per dtype and mode, each with its conversion and rebuild inlined.
+            scalar::for_dtype!(dtype, D => match quant.mode {
+                Mode::Linear => rebuild(D, out, &codes, reference, exact, |r, c| q.linear(r, c)),
+                Mode::Log => rebuild(D, out, &codes, reference, exact, |r, c| q.log(r, c)),
+                Mode::Scaled => rebuild(D, out, &codes, reference, exact, |r, c| q.scaled(r, c)),
+            })
         });
     Ok(())
+}
+
+/// Writes one chunk of [`decode`]'s output: each element from its code, `value(r, q)` for
+/// reference value `r` and residual `q` rounded to `dtype`, +0 for [`ZERO`], and the next of
+/// `exact` for [`EXACT`]. Inlined into each caller with a constant dtype and its own `value`.
+#[inline(always)]
+fn rebuild(
+    dtype: Dtype,
+    out: &mut [u8],
+    codes: &[u16],
+    reference: Option<&[u8]>,
+    exact: &[u8],
+    value: impl Fn(f64, i64) -> f64,
+) {
+    let size = dtype.size();
+    let mut exact = exact.chunks_exact(size);
+    for (j, (&c, o)) in codes.iter().zip(out.chunks_exact_mut(size)).enumerate() {
+        let y = match c {
+            EXACT => {
+                o.copy_from_slice(exact.next().expect("counted exact values"));
+                continue;
+            }
+            ZERO => 0.0,
+            _ => value(reference_value(dtype, reference, j), unzigzag(c)),
+        };
+        scalar::put_rounded(dtype, y, o);
+    }
+}
+
+/// Codes as a payload stores them: the low bytes, and the high bytes when the payload has two
+/// planes (see [`planes`]).
+#[derive(Clone, Copy)]
+struct Planes<'a> {
+    low: &'a [u8],
+    high: Option<&'a [u8]>,
+}
+
+impl Planes<'_> {
+    /// The codes, in element order (one plain loop a plane width, which the compiler vectorizes).
+    fn codes(self) -> Vec<u16> {
+        match self.high {
+            // 254 and 255 stand for ZERO and EXACT.
+            None => self
+                .low
+                .iter()
+                .map(|&l| match l as u16 {
+                    l if l >= NARROW => 0xff00 | l,
+                    l => l,
+                })
+                .collect(),
+            Some(high) => self
+                .low
+                .iter()
+                .zip(high)
+                .map(|(&l, &h)| l as u16 | (h as u16) << 8)
+                .collect(),
+        }
+    }
 }
 
 /// The codes as byte planes: one plane (the low bytes, with [`ZERO`] and [`EXACT`] as 254 and

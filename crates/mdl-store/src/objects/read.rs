@@ -85,6 +85,9 @@ impl Store {
         self.reread(id, entry, |e| self.materialize(id, e, chain_budget(e), out))
     }
 
+    /// Decodes `id` into `out`, its delta chain bottom up: the object the chain ends at first,
+    /// then each level against the one below, through two buffers whatever the chain's depth.
+    /// `budget`: the base steps allowed before the chain counts as a cycle.
     fn materialize(
         &self,
         id: &ObjectId,
@@ -92,44 +95,73 @@ impl Store {
         budget: u32,
         out: &mut [u8],
     ) -> Result<(), StoreError> {
-        let corrupt = corrupt(id, entry);
+        // From `id` down: each level's base is the next, the last decodes on its own.
+        let mut chain = vec![(*id, *entry, budget)];
+        loop {
+            let &(top_id, top, left) = chain.last().expect("the object itself");
+            if decodes_alone(&top) {
+                break;
+            }
+            if left == 0 {
+                return Err(corrupt(&top_id, &top)(FormatError::invalid(
+                    "delta chain",
+                    "longer than the index records (a cycle?)",
+                )));
+            }
+            let Some(base_id) = top.base else { break };
+            let base = self.base_entry(&top_id, &top, &base_id)?;
+            chain.push((base_id, base, left - 1));
+        }
+        let (bottom, upper) = chain.split_last().expect("the object itself");
+        if upper.is_empty() {
+            return self.decode_level(bottom, None, out);
+        }
+        let mut below = zeroed(entry.content_len)?;
+        self.decode_level(bottom, None, &mut below)?;
+        let mut spare = Vec::new();
+        for (k, level) in upper.iter().enumerate().rev() {
+            if k == 0 {
+                break;
+            }
+            if spare.is_empty() {
+                spare = zeroed(entry.content_len)?;
+            }
+            self.decode_level(level, Some(&below), &mut spare)?;
+            std::mem::swap(&mut below, &mut spare);
+        }
+        self.decode_level(&upper[0], Some(&below), out)
+    }
+
+    /// Decodes one level of a chain into `out`: against `base` (the level below, decoded), or
+    /// on its own where [`decodes_alone`] says so or the object has no base.
+    fn decode_level(
+        &self,
+        &(id, entry, budget): &(ObjectId, IndexEntry, u32),
+        base: Option<&[u8]>,
+        out: &mut [u8],
+    ) -> Result<(), StoreError> {
+        let corrupt = corrupt(&id, &entry);
         let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
-        if in_memory_stream(codec, entry) {
-            return self.with_record(id, entry, |bytes| {
-                let (header, payload) = check_any_record(id, entry, bytes)?;
+        if in_memory_stream(codec, &entry) {
+            return self.with_record(&id, &entry, |bytes| {
+                let (header, payload) = check_any_record(&id, &entry, bytes)?;
                 mdl_codec::decode_into(codec, payload, out)
                     .map_err(|e| corrupt(FormatError::invalid("payload", e.to_string())))?;
-                verify_content(id, entry, &header.prefix, &header.content_id(id), out)
+                verify_content(&id, &entry, &header.prefix, &header.content_id(&id), out)
             });
         }
         if codec.is_streaming() && entry.base.is_none() {
             let mut w = &mut out[..];
-            self.read_object(id, entry, &mut w)?;
+            self.read_object(&id, &entry, &mut w)?;
             return Ok(());
         }
-        if budget == 0 {
-            return Err(corrupt(FormatError::invalid(
-                "delta chain",
-                "longer than the index records (a cycle?)",
-            )));
-        }
         if codec.is_quant() {
-            let (q, prefix) = self.load_quant_chain(id, entry, budget)?;
+            let (q, prefix) = self.load_quant_chain(&id, &entry, budget)?;
             q.render(out);
-            return verify_content(id, entry, &prefix, id, out);
+            return verify_content(&id, &entry, &prefix, &id, out);
         }
-        // The base first, so its record buffer is gone before this one is read.
-        let base = match &entry.base {
-            Some(base_id) => {
-                let base_entry = self.base_entry(id, entry, base_id)?;
-                let mut b = zeroed(base_entry.content_len)?;
-                self.materialize(base_id, &base_entry, budget - 1, &mut b)?;
-                Some(b)
-            }
-            None => None,
-        };
-        self.with_record(id, entry, |bytes| {
-            self.decode_record(id, entry, bytes, base.as_deref(), out)
+        self.with_record(&id, &entry, |bytes| {
+            self.decode_record(&id, &entry, bytes, base, out)
         })
     }
 
@@ -371,6 +403,14 @@ fn check_any_record<'b>(
 /// Whether `entry`, a record of `codec`, is a small record of a streaming codec, read and
 /// decoded whole in memory: streaming one costs a read buffer and a decoder context larger
 /// than the tensor.
+/// Whether an object decodes without its base's content (a quantized object resolves its own
+/// chain of code deltas); an unknown codec counts as one, for its level to report it.
+fn decodes_alone(entry: &IndexEntry) -> bool {
+    CodecTag::try_from(entry.codec).map_or(true, |codec| {
+        (codec.is_streaming() && entry.base.is_none()) || codec.is_quant()
+    })
+}
+
 pub(super) fn in_memory_stream(codec: CodecTag, entry: &IndexEntry) -> bool {
     codec.is_streaming()
         && entry.base.is_none()
