@@ -502,11 +502,14 @@ pub fn encode(
             let first = c * CHUNK;
             // One loop per dtype and mode, as in `measure_steps`.
             scalar::for_dtype!(dtype, D => for_mode!(mode, M => {
-                for (k, code) in codes.iter_mut().enumerate() {
-                    let i = first + k;
-                    let x = scalar::value(D, values, i);
-                    let r = reference_value(D, reference, i);
-                    let o = &mut out[k * size..(k + 1) * size];
+                let size = D.size();
+                let at = first * size..(first + codes.len()) * size;
+                let values = &values[at.clone()];
+                let reference = reference.map(|r| &r[at]);
+                let elements = codes.iter_mut().zip(out.chunks_exact_mut(size));
+                for (k, (code, o)) in elements.enumerate() {
+                    let x = scalar::value(D, values, k);
+                    let r = reference_value(D, reference, k);
                     match quant.code(M, D, x, r) {
                         Some((q, y)) => {
                             *code = q;
@@ -514,7 +517,7 @@ pub fn encode(
                         }
                         None => {
                             *code = EXACT;
-                            o.copy_from_slice(&values[i * size..(i + 1) * size]);
+                            o.copy_from_slice(&values[k * size..(k + 1) * size]);
                         }
                     }
                 }
