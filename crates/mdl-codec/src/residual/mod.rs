@@ -303,7 +303,9 @@ fn round(t: f64) -> f64 {
     if a.is_nan() || a >= 4_503_599_627_370_496.0 {
         return t.round();
     }
-    let whole = a as u64 as f64;
+    // Signed conversions: one instruction each way on x86-64 (`a` is below 2^52 here), where
+    // unsigned ones take a sequence.
+    let whole = a as i64 as f64;
     // Exact: `a − whole` is the fraction, representable below 2^52. Without a branch: which
     // way a residual rounds is a coin toss the predictor cannot learn.
     let up = f64::from(u8::from(a - whole >= 0.5));
