@@ -457,8 +457,10 @@ fn measure_chunk(
                 match quant.code(mode, dtype, x[k], r[k]) {
                     Some((code, y)) => {
                         s.codes.0[code as u8 as usize] += 1;
-                        let high = if code >= ZERO { 0 } else { code >> 8 };
-                        s.high.0[high as usize] += 1;
+                        // High bytes of 0 are counted at the end (see `measure_chunk`).
+                        if (256..ZERO).contains(&code) {
+                            s.high.0[(code >> 8) as usize] += 1;
+                        }
                         let d = y - x[k];
                         e.sum_sq_err += d * d;
                         e.max_abs = e.max_abs.max(d.abs());
@@ -469,12 +471,17 @@ fn measure_chunk(
                     }
                     None => {
                         s.codes.0[EXACT as u8 as usize] += 1;
-                        s.high.0[0] += 1;
                         s.exact += 1;
                     }
                 }
             }
         }
+    }
+    // Every element measured has one low byte and one high byte: those not counted above are 0
+    // (one hot counter less in the loop).
+    for s in stats.iter_mut() {
+        let wide: u64 = s.high.0[1..].iter().sum();
+        s.high.0[0] = s.codes.total() - wide;
     }
 }
 
