@@ -110,6 +110,8 @@ pub struct KeyStats {
     pub sums: Vec<[f64; sum::N]>,
     /// Whether moments were given.
     pub moments: bool,
+    /// The sum of the second moment over all keys, as [`mean_second_moment`] takes it.
+    pub v_total: f64,
 }
 
 impl KeyStats {
@@ -128,16 +130,54 @@ impl KeyStats {
             count: Vec::new(),
             sums: Vec::new(),
             moments,
+            v_total: 0.0,
         };
+        let mut v_total = 0i64;
         for (k, c, a) in entries {
+            v_total = v_total.wrapping_add(a[sum::V]);
             stats.keys.push(k);
             stats.count.push(c);
             stats
                 .sums
                 .push(std::array::from_fn(|j| a[j] as f64 / sc[j]));
         }
+        stats.v_total = v_total as f64 / sc[sum::V];
         stats
     }
+
+    /// The mean second moment over all elements (0 without moments): the loss estimate's
+    /// curvature, equal to [`mean_second_moment`]'s.
+    pub fn mean_v(&self) -> f64 {
+        if !self.moments || self.n == 0 {
+            return 0.0;
+        }
+        self.v_total / self.n as f64
+    }
+}
+
+/// [`KeyStats::mean_v`] without the rest of the stats (what a residual search needs of them):
+/// the second moment summed in the same fixed point over the elements where the weight and
+/// both moments are finite, so the two agree to the bit whatever the order of the sums.
+pub fn mean_second_moment(w: FloatView<'_>, moments: Moments<'_>) -> f64 {
+    let n = w.len();
+    if n == 0 {
+        return 0.0;
+    }
+    let sc = scales(n, 0.0, 0.0, max_abs(moments.v))[sum::V];
+    let total = (0..n.div_ceil(CHUNK))
+        .into_par_iter()
+        .map(|c| {
+            let mut t = 0i64;
+            for i in c * CHUNK..((c + 1) * CHUNK).min(n) {
+                let (x, m, v) = (w.value(i), moments.m.value(i), moments.v.value(i));
+                if x.is_finite() && m.is_finite() && v.is_finite() {
+                    t = t.wrapping_add((v * sc) as i64);
+                }
+            }
+            t
+        })
+        .reduce(|| 0, i64::wrapping_add);
+    total as f64 / sc / n as f64
 }
 
 /// A key → code table with the keys whose elements are kept exactly.
@@ -726,6 +766,37 @@ mod tests {
         let total_mw: f64 = one.sums.iter().map(|s| s[sum::MW]).sum();
         let exact: f64 = w.iter().zip(&m).map(|(&x, &y)| x as f64 * y as f64).sum();
         assert!((total_mw - exact).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_mean_second_moment_alone_equals_the_key_stats_one() {
+        let n = 300_000;
+        let mut w: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).sin()).collect();
+        let m: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.11).cos() * 1e-3).collect();
+        let mut v: Vec<f32> = m.iter().map(|x| x * x * 7.0 + 1e-12).collect();
+        // Elements whose weight or moment is not finite add nothing to either.
+        w[5] = f32::NAN;
+        v[9] = f32::INFINITY;
+        w[70_000] = f32::NEG_INFINITY;
+        let (wb, mb, vb) = (f32s(&w), f32s(&m), f32s(&v));
+        let view = |bytes| FloatView {
+            dtype: Dtype::F32,
+            bytes,
+        };
+        let moments = Moments {
+            m: view(&mb),
+            v: view(&vb),
+        };
+        let stats = CpuEngine.key_stats(view(&wb), Some(moments));
+        let alone = mean_second_moment(view(&wb), moments);
+        assert_eq!(alone.to_bits(), stats.mean_v().to_bits());
+        let direct: f64 = (0..n)
+            .filter(|&i| i != 5 && i != 9 && i != 70_000)
+            .map(|i| v[i] as f64)
+            .sum::<f64>()
+            / n as f64;
+        assert!((alone - direct).abs() <= direct * 1e-9, "{alone} vs {direct}");
+        assert_eq!(CpuEngine.key_stats(view(&wb), None).mean_v(), 0.0);
     }
 
     #[test]

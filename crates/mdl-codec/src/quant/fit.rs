@@ -287,11 +287,7 @@ impl<'a> Prepared<'a> {
 
     /// The tensor's mean second moment (0 without moments).
     pub fn mean_v(&self) -> f64 {
-        let stats = self.stats;
-        if !stats.moments || stats.n == 0 {
-            return 0.0;
-        }
-        stats.sums.iter().map(|s| s[sum::V]).sum::<f64>() / stats.n as f64
+        self.stats.mean_v()
     }
 
     /// Centroids by weighted k-means over the keys marked in `quant`, in the domain's

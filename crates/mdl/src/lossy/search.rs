@@ -193,12 +193,26 @@ impl PlanInput<'_> {
                 let t = &self.input.pieces[i];
                 let previous = self.previous_config(i);
                 let view = self.input.view(i);
-                let stats = self.engine.key_stats(view, self.input.moments(moments));
-                let prep = Prepared::new(&stats, t.header.dtype);
+                // With a previous version to take residuals from, the code-table quantizer is
+                // not tried: on every series measured a residual was smaller at the same
+                // estimate (docs/BENCHMARKS.md), and its fits were a fifth of a commit's time.
+                // Then the key statistics the fits need are not counted either, only the mean
+                // second moment.
+                let reference = (self.reference)(i)?.map(Arc::new);
+                let stats = match reference {
+                    Some(_) => None,
+                    None => Some(self.engine.key_stats(view, self.input.moments(moments))),
+                };
+                let prep = stats.as_ref().map(|s| Prepared::new(s, t.header.dtype));
+                let mean_v = match (&prep, self.input.moments(moments)) {
+                    (Some(p), _) => p.mean_v(),
+                    (None, Some(m)) => mdl_codec::engine::mean_second_moment(view, m),
+                    (None, None) => 0.0,
+                };
                 // All-zero moments (a checkpoint saved before its first step, a fresh
                 // optimizer) say nothing about the loss: such a parameter is treated as one
                 // without moments.
-                let (family, moments) = if moments.is_some() && prep.mean_v() == 0.0 {
+                let (family, moments) = if moments.is_some() && mean_v == 0.0 {
                     (None, None)
                 } else {
                     (family, moments)
@@ -209,43 +223,37 @@ impl PlanInput<'_> {
                     moments.is_some(),
                     Domain::Linear,
                 );
-                // With a previous version to take residuals from, the code-table quantizer is
-                // not tried: on every series measured a residual was smaller at the same
-                // estimate (docs/BENCHMARKS.md), and its fits were a fifth of a commit's time.
-                let reference = (self.reference)(i)?.map(Arc::new);
-                let tables = match reference {
-                    Some(_) => &[][..],
-                    None => &configs[..],
-                };
                 // In a neighbourhood search the first candidate is the previous configuration:
                 // it is priced as a delta against the previous codes (what it will be stored
                 // as), and scored once more with the previous table.
-                let reuse = match (previous, tables.is_empty()) {
-                    (Some(_), false) => self.previous_table(i, &configs[0])?,
+                let reuse = match (previous, &prep) {
+                    (Some(_), Some(_)) => self.previous_table(i, &configs[0])?,
                     _ => None,
                 };
                 let corr = Some(self.correction);
-                let mut cands: Vec<Candidate> = tables
-                    .par_iter()
-                    .enumerate()
-                    .map(|(j, c)| {
-                        let fit = prep.fit(c, corr);
-                        let estimate = match &reuse {
-                            Some((_, prev)) if j == 0 => {
-                                self.delta_estimate(view, &prep, &fit, prev)
+                let mut cands: Vec<Candidate> = match &prep {
+                    None => Vec::new(),
+                    Some(prep) => configs
+                        .par_iter()
+                        .enumerate()
+                        .map(|(j, c)| {
+                            let fit = prep.fit(c, corr);
+                            let estimate = match &reuse {
+                                Some((_, prev)) if j == 0 => {
+                                    self.delta_estimate(view, prep, &fit, prev)
+                                }
+                                _ => fit.estimate,
+                            };
+                            Candidate {
+                                config: *c,
+                                estimate,
+                                table: None,
+                                residual: None,
+                                sampled: false,
                             }
-                            _ => fit.estimate,
-                        };
-                        Candidate {
-                            config: *c,
-                            estimate,
-                            table: None,
-                            residual: None,
-                            sampled: false,
-                        }
-                    })
-                    .collect();
-                let mean_v = prep.mean_v();
+                        })
+                        .collect(),
+                };
                 let steps = |reference: &Option<Arc<Reference>>| {
                     let candidates = self.residual_steps(i, reference);
                     self.residual_candidates(
@@ -262,11 +270,11 @@ impl PlanInput<'_> {
                 if reference.is_some() {
                     cands.extend(steps(&reference));
                 }
-                if let Some((table, prev)) = reuse {
+                if let (Some((table, prev)), Some(prep)) = (reuse, &prep) {
                     let reused = prep.fit_table(&configs[0], Some(&table), corr);
                     cands.push(Candidate {
                         config: configs[0],
-                        estimate: self.delta_estimate(view, &prep, &reused, &prev),
+                        estimate: self.delta_estimate(view, prep, &reused, &prev),
                         table: Some(Arc::new(table)),
                         residual: None,
                         sampled: false,
