@@ -395,30 +395,20 @@ impl PlanInput<'_> {
     }
 
     /// Replaces sampled estimates by exact ones where it matters: the budget is allocated on
-    /// the sampled estimates, then each tensor keeps, of each step list (of the pick's list
-    /// alone when the pick is a sampled residual), only the candidates around the size it was
-    /// given (the pick and its neighbours), measured again on every element. The final allocation then sees exact estimates only, so the recorded loss
+    /// the sampled estimates, then each tensor keeps, of each step list, only the candidates
+    /// around the size it was given (the pick and its neighbours), measured again on every
+    /// element. The final allocation then sees exact estimates only, so the recorded loss
     /// change is what the budget was checked against.
     fn refine(&self, scored: &mut [Scored]) {
         let picks = self.picks(scored, 1.0, &mut SearchSummary::default());
         scored.par_iter_mut().zip(picks).for_each(|(s, pick)| {
             let size = pick.map_or(s.lossless_bits, |p| s.cands[p].estimate.bits);
-            // Where the pick is a sampled residual, only its list (with or without the
-            // reference) is measured again: the other lost on the sample, and measuring both
-            // whole took a third of the search.
-            let picked_list = pick
-                .map(|p| &s.cands[p])
-                .filter(|c| c.sampled)
-                .map(|c| c.residual.as_ref().is_some_and(|r| r.reference.is_some()));
             let sampled = std::mem::take(&mut s.cands);
             let (sampled, exact): (Vec<Candidate>, Vec<Candidate>) =
                 sampled.into_iter().partition(|c| c.sampled);
             s.cands = exact;
             // One list per reference (uniform, residual), each in step order.
             for with_reference in [false, true] {
-                if picked_list.is_some_and(|l| l != with_reference) {
-                    continue;
-                }
                 let list: Vec<&Candidate> = sampled
                     .iter()
                     .filter(|c| {
