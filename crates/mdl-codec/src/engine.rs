@@ -795,7 +795,10 @@ mod tests {
             .map(|i| v[i] as f64)
             .sum::<f64>()
             / n as f64;
-        assert!((alone - direct).abs() <= direct * 1e-9, "{alone} vs {direct}");
+        assert!(
+            (alone - direct).abs() <= direct * 1e-9,
+            "{alone} vs {direct}"
+        );
         assert_eq!(CpuEngine.key_stats(view(&wb), None).mean_v(), 0.0);
     }
 

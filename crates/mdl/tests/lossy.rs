@@ -275,6 +275,54 @@ fn chain_with_table_changes(mode: DeltaMode, moment_residuals: bool) {
     assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
 
+/// A residual chain is decoded bottom up and hashed at its top only: a damaged record in the
+/// middle still fails the read, by its own checksum, and names itself.
+#[test]
+fn a_damaged_record_inside_a_residual_chain_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init_repo(&dir.path().join("repo"));
+    let policy = DeltaPolicy {
+        mode: DeltaMode::Forward,
+        max_depth: 16,
+        max_restore_cost: None,
+        defer: false,
+    };
+    let mut model = Model::new();
+    let mut ids = Vec::new();
+    for k in 0..3 {
+        model.steps(3);
+        let file = dir.path().join(format!("c{k}.safetensors"));
+        model.write(&file);
+        let opts = lossy_opts(model.step, Some(policy));
+        ids.push(commit(&repo, &file, &opts, &NoProgress).unwrap().id);
+    }
+    let newest = ids[2].to_string();
+    let shown = mdl::show::show(&repo, &newest).unwrap();
+    let top = shown.tensors.iter().find(|t| t.name == "model.a").unwrap();
+    assert_eq!(top.codec, "quant-residual");
+    assert!(top.depth >= 2, "depth {}", top.depth);
+    let middle = top.base.expect("a residual has a base");
+    let path = mdl::inspect::record_path(&repo, &middle).unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x10;
+    std::fs::write(&path, bytes).unwrap();
+    let out = dir.path().join("out.safetensors");
+    let err = checkout(
+        &repo,
+        &newest,
+        &out,
+        &CheckoutOptions::default(),
+        &NoProgress,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains(&middle.to_hex()), "{err}");
+    assert!(!out.exists(), "no output after a failed checkout");
+    let report = mdl::fsck::fsck(&repo, false).unwrap();
+    assert!(report.problems.iter().any(|p| p.contains(&middle.to_hex())));
+}
+
 #[test]
 fn reverse_quant_chains_decode_every_commit() {
     chain_with_table_changes(DeltaMode::Reverse, false);

@@ -114,10 +114,10 @@ impl Store {
         }
         let (bottom, upper) = chain.split_last().expect("the object itself");
         if upper.is_empty() {
-            return self.decode_level(bottom, None, out);
+            return self.decode_level(bottom, None, out, Verify::Content);
         }
         let mut below = zeroed(entry.content_len)?;
-        self.decode_level(bottom, None, &mut below)?;
+        self.decode_level(bottom, None, &mut below, Verify::Content)?;
         let mut spare = Vec::new();
         for (k, level) in upper.iter().enumerate().rev() {
             if k == 0 {
@@ -126,19 +126,25 @@ impl Store {
             if spare.is_empty() {
                 spare = zeroed(entry.content_len)?;
             }
-            self.decode_level(level, Some(&below), &mut spare)?;
+            // Levels between the bottom and the top: their records' checksums are checked,
+            // their content is vouched for by the top's hash (DECISIONS, "A chain is verified
+            // at its top").
+            self.decode_level(level, Some(&below), &mut spare, Verify::Record)?;
             std::mem::swap(&mut below, &mut spare);
         }
-        self.decode_level(&upper[0], Some(&below), out)
+        self.decode_level(&upper[0], Some(&below), out, Verify::Content)
     }
 
     /// Decodes one level of a chain into `out`: against `base` (the level below, decoded), or
-    /// on its own where [`decodes_alone`] says so or the object has no base.
+    /// on its own where [`decodes_alone`] says so or the object has no base. A level decoded
+    /// on its own always has its content hashed; one decoded against its base, as `verify`
+    /// says.
     fn decode_level(
         &self,
         &(id, entry, budget): &(ObjectId, IndexEntry, u32),
         base: Option<&[u8]>,
         out: &mut [u8],
+        verify: Verify,
     ) -> Result<(), StoreError> {
         let corrupt = corrupt(&id, &entry);
         let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
@@ -161,7 +167,7 @@ impl Store {
             return verify_content(&id, &entry, &prefix, &id, out);
         }
         self.with_record(&id, &entry, |bytes| {
-            self.decode_record(&id, &entry, bytes, base, out)
+            self.decode_record(&id, &entry, bytes, base, out, verify)
         })
     }
 
@@ -291,6 +297,7 @@ impl Store {
         bytes: &[u8],
         base: Option<&[u8]>,
         out: &mut [u8],
+        verify: Verify,
     ) -> Result<(), StoreError> {
         let corrupt = corrupt(id, entry);
         let codec = CodecTag::try_from(entry.codec).map_err(corrupt)?;
@@ -324,7 +331,12 @@ impl Store {
                 )))
             }
         }
-        verify_content(id, entry, &header.prefix, &header.content_id(id), out)
+        match verify {
+            Verify::Content => {
+                verify_content(id, entry, &header.prefix, &header.content_id(id), out)
+            }
+            Verify::Record => Ok(()),
+        }
     }
 
     /// The header of an object's record (kind, codec, base, and for tensors the canonical tensor
@@ -403,6 +415,14 @@ fn check_any_record<'b>(
 /// Whether `entry`, a record of `codec`, is a small record of a streaming codec, read and
 /// decoded whole in memory: streaming one costs a read buffer and a decoder context larger
 /// than the tensor.
+/// What a decoded level is checked against: its record's checksum always ([`Verify::Record`]),
+/// and with [`Verify::Content`] the hash of the content it decoded to.
+#[derive(Clone, Copy)]
+enum Verify {
+    Record,
+    Content,
+}
+
 /// Whether an object decodes without its base's content (a quantized object resolves its own
 /// chain of code deltas); an unknown codec counts as one, for its level to report it.
 fn decodes_alone(entry: &IndexEntry) -> bool {
