@@ -82,7 +82,8 @@ pub fn f32_to_bf16(x: f32) -> u16 {
 /// Evaluates `$body` once for each lossy dtype with `$d` bound to `$dtype` as a constant (any
 /// other dtype: as the value itself), so the per-element conversions it calls ([`value`],
 /// [`put_rounded`], [`rounded`], [`key`]) are specialized: their `match` on the dtype folds away
-/// and the loop around them can be vectorized. Dispatch once per chunk, not per element.
+/// and the loop around them is compiled for that dtype. Dispatch once per chunk, not per
+/// element.
 macro_rules! for_dtype {
     ($dtype:expr, $d:ident => $body:expr) => {
         match $dtype {

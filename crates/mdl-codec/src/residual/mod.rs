@@ -457,7 +457,7 @@ fn measure_chunk(
                 match quant.code(mode, dtype, x[k], r[k]) {
                     Some((code, y)) => {
                         s.codes.0[code as u8 as usize] += 1;
-                        // High bytes of 0 are counted at the end (see `measure_chunk`).
+                        // High bytes of 0 are counted once, at the end.
                         if (256..ZERO).contains(&code) {
                             s.high.0[(code >> 8) as usize] += 1;
                         }

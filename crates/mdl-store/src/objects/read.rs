@@ -119,10 +119,7 @@ impl Store {
         let mut below = zeroed(entry.content_len)?;
         self.decode_level(bottom, None, &mut below, Verify::Content)?;
         let mut spare = Vec::new();
-        for (k, level) in upper.iter().enumerate().rev() {
-            if k == 0 {
-                break;
-            }
+        for level in upper[1..].iter().rev() {
             if spare.is_empty() {
                 spare = zeroed(entry.content_len)?;
             }
@@ -412,9 +409,6 @@ fn check_any_record<'b>(
     Ok((header, payload))
 }
 
-/// Whether `entry`, a record of `codec`, is a small record of a streaming codec, read and
-/// decoded whole in memory: streaming one costs a read buffer and a decoder context larger
-/// than the tensor.
 /// What a decoded level is checked against: its record's checksum always ([`Verify::Record`]),
 /// and with [`Verify::Content`] the hash of the content it decoded to.
 #[derive(Clone, Copy)]
@@ -431,6 +425,9 @@ fn decodes_alone(entry: &IndexEntry) -> bool {
     })
 }
 
+/// Whether `entry`, a record of `codec`, is a small record of a streaming codec, read and
+/// decoded whole in memory: streaming one costs a read buffer and a decoder context larger
+/// than the tensor.
 pub(super) fn in_memory_stream(codec: CodecTag, entry: &IndexEntry) -> bool {
     codec.is_streaming()
         && entry.base.is_none()
