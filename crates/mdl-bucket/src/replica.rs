@@ -37,15 +37,10 @@ const REPLAYS: usize = 8;
 /// (its pack was published after the listing).
 const SYNC_ROUNDS: usize = 4;
 
-/// The folder that holds the replicas of repositories in object storage: `MDL_CACHE_DIR`,
-/// else `$XDG_CACHE_HOME/mdl`, else `~/.cache/mdl`, each with `s3/` inside.
+/// The folder that holds the replicas of repositories in object storage: `s3/` in the user's
+/// cache folder ([`mdl::user_cache_dir`]).
 pub fn cache_root() -> PathBuf {
-    let base = std::env::var_os("MDL_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("mdl")))
-        .or_else(|| std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/mdl")))
-        .unwrap_or_else(|| std::env::temp_dir().join("mdl-cache"));
-    base.join("s3")
+    mdl::user_cache_dir().join("s3")
 }
 
 /// A failure of the cache folder around the replica (not of the bucket or the replica).

@@ -17,6 +17,7 @@
 
 pub mod assemble;
 pub mod background;
+mod cache;
 pub mod checkout;
 pub mod coarsen;
 pub mod commit;
@@ -48,6 +49,7 @@ pub mod storage;
 pub mod transfer;
 pub mod warm;
 
+pub use cache::user_cache_dir;
 pub use error::{not_safetensors, Error};
 pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp, V1_FILE_PATH};
 pub use mdl_store::fs::FaultyFs;

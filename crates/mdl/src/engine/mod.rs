@@ -1,13 +1,19 @@
 //! Where the codec kernels run: `--engine auto|cpu|gpu` on commit and checkout, or the
 //! `engine` configuration key (default `auto`). The engines produce identical bytes, so the
-//! choice changes speed only; `auto` takes the GPU when [`mdl_gpu::probe`] finds one and says
-//! why not otherwise.
+//! choice changes speed only. `auto` takes the GPU that [`mdl_gpu::probe`] finds for each side
+//! of the codecs (encoding for commits, decoding for checkouts) only where it measured faster
+//! than the CPU on this machine ([`calibration`]), and says why.
+
+mod calibration;
+mod split;
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
 use mdl_codec::engine::{CpuEngine, Engine};
+
+pub use calibration::{Measured, Source, MARGIN};
 
 use crate::{Error, Repository, Result};
 
@@ -56,7 +62,7 @@ impl fmt::Display for EngineChoice {
 pub struct Selected {
     /// The engine.
     pub engine: Arc<dyn Engine>,
-    /// Which engine and why, such as "gpu: NVIDIA H100 …" or "cpu: no CUDA driver …".
+    /// Which engine and why, such as "gpu: NVIDIA H100 …" or "cpu: no GPU engine (…)".
     pub why: String,
 }
 
@@ -76,10 +82,13 @@ pub fn select(repo: &Repository, choice: Option<EngineChoice>) -> Result<Selecte
     Ok(match choice {
         EngineChoice::Cpu => cpu("chosen".into()),
         EngineChoice::Auto => match mdl_gpu::probe() {
-            Ok((gpu, line)) => Selected {
-                engine: Arc::new(gpu),
-                why: format!("gpu: {line}"),
-            },
+            Ok((gpu, line)) => {
+                let gpu: Arc<dyn Engine> = Arc::new(gpu);
+                match calibration::measured(&crate::user_cache_dir(), &*gpu, &line) {
+                    Ok((m, source)) => by_measurement(gpu, &line, m, source),
+                    Err(why) => cpu(format!("the GPU engine ({line}) is not used: {why}")),
+                }
+            }
             Err(why) => cpu(format!("no GPU engine ({why})")),
         },
         EngineChoice::Gpu => {
@@ -90,4 +99,33 @@ pub fn select(repo: &Repository, choice: Option<EngineChoice>) -> Result<Selecte
             }
         }
     })
+}
+
+/// `auto`'s engine for a measured GPU: each side of the codecs where it measured faster.
+pub fn by_measurement(gpu: Arc<dyn Engine>, line: &str, m: Measured, source: Source) -> Selected {
+    let cpu: Arc<dyn Engine> = Arc::new(CpuEngine);
+    let (engine, which): (Arc<dyn Engine>, &str) = match (m.encode_on_gpu(), m.decode_on_gpu()) {
+        (true, true) => (gpu, "gpu"),
+        (false, false) => (cpu, "cpu"),
+        (true, false) => (
+            Arc::new(split::Split::new(gpu, cpu)),
+            "gpu for commits, cpu for checkouts",
+        ),
+        (false, true) => (
+            Arc::new(split::Split::new(cpu, gpu)),
+            "cpu for commits, gpu for checkouts",
+        ),
+    };
+    let when = match source {
+        Source::Now => "measured now",
+        Source::Kept => "as measured before",
+    };
+    Selected {
+        engine,
+        why: format!(
+            "{which}: {line}; {when}, encoding {:.2} GB/s on the GPU against {:.2} on the CPU, \
+             decoding {:.2} against {:.2} (the GPU takes a side at {MARGIN}× the CPU)",
+            m.encode_gpu, m.encode_cpu, m.decode_gpu, m.decode_cpu
+        ),
+    }
 }

@@ -1,0 +1,132 @@
+//! One engine for encoding and another for decoding: what `auto` uses where the GPU measured
+//! faster on one side of the codecs only. Every kernel a commit runs (counting, splitting,
+//! coding, the lossy statistics) goes to the encoder, the two that undo them (merging planes,
+//! ungrouping code deltas) to the decoder. Both engines give identical bytes, so the split
+//! changes speed only.
+
+use std::sync::Arc;
+
+use mdl_codec::engine::{
+    Assigned, CodePairs, Engine, ErrorStats, FloatView, Kept, KeyStats, Lut, Moments,
+};
+use mdl_codec::huffman::{Histogram, Stream, StreamWriter};
+use mdl_codec::planes::PlaneSpec;
+use mdl_format::FormatError;
+
+/// Encoding on one engine, decoding on another (see the module docs).
+#[derive(Debug)]
+pub(super) struct Split {
+    encoder: Arc<dyn Engine>,
+    decoder: Arc<dyn Engine>,
+}
+
+impl Split {
+    pub(super) fn new(encoder: Arc<dyn Engine>, decoder: Arc<dyn Engine>) -> Split {
+        Split { encoder, decoder }
+    }
+}
+
+impl Engine for Split {
+    fn name(&self) -> &'static str {
+        "split"
+    }
+
+    fn keep<'a>(&'a self, bytes: &'a [u8]) -> Kept<'a> {
+        self.encoder.keep(bytes)
+    }
+
+    fn plane_histograms(
+        &self,
+        spec: PlaneSpec,
+        data: &[u8],
+        base: Option<&[u8]>,
+        want: &[(bool, bool)],
+    ) -> Vec<(Histogram, Histogram)> {
+        self.encoder.plane_histograms(spec, data, base, want)
+    }
+
+    fn sample_histograms(
+        &self,
+        spec: PlaneSpec,
+        data: &[u8],
+        base: Option<&[u8]>,
+    ) -> Vec<(Histogram, Histogram)> {
+        self.encoder.sample_histograms(spec, data, base)
+    }
+
+    fn encode_planes(
+        &self,
+        spec: PlaneSpec,
+        data: &[u8],
+        base: Option<&[u8]>,
+        writers: &[StreamWriter],
+    ) -> Vec<Vec<Vec<u8>>> {
+        self.encoder.encode_planes(spec, data, base, writers)
+    }
+
+    fn split_planes(
+        &self,
+        spec: PlaneSpec,
+        data: &[u8],
+        base: Option<&[u8]>,
+        planes: &mut Vec<Vec<u8>>,
+    ) {
+        self.encoder.split_planes(spec, data, base, planes)
+    }
+
+    fn encode_split(&self, planes: &[&[u8]], writers: &[StreamWriter]) -> Vec<Vec<Vec<u8>>> {
+        self.encoder.encode_split(planes, writers)
+    }
+
+    fn decode_planes(
+        &self,
+        spec: PlaneSpec,
+        streams: &[Stream<'_>],
+        base: Option<&[u8]>,
+        out: &mut [u8],
+    ) -> Result<(), FormatError> {
+        self.decoder.decode_planes(spec, streams, base, out)
+    }
+
+    fn key_stats(&self, w: FloatView<'_>, moments: Option<Moments<'_>>) -> KeyStats {
+        self.encoder.key_stats(w, moments)
+    }
+
+    fn assign(&self, w: FloatView<'_>, lut: &Lut) -> Assigned {
+        self.encoder.assign(w, lut)
+    }
+
+    fn code_pairs(
+        &self,
+        w: FloatView<'_>,
+        lut: &Lut,
+        bins: usize,
+        base: &[u8],
+        base_bins: usize,
+    ) -> CodePairs {
+        self.encoder.code_pairs(w, lut, bins, base, base_bins)
+    }
+
+    fn group_delta(&self, base: &[u8], cur: &[u8], modulus: u8) -> Vec<u8> {
+        self.encoder.group_delta(base, cur, modulus)
+    }
+
+    fn ungroup_delta(
+        &self,
+        base: &[u8],
+        deltas: &[u8],
+        modulus: u8,
+        out: &mut [u8],
+    ) -> Result<(), FormatError> {
+        self.decoder.ungroup_delta(base, deltas, modulus, out)
+    }
+
+    fn error_stats(
+        &self,
+        orig: FloatView<'_>,
+        recon: FloatView<'_>,
+        moments: Option<Moments<'_>>,
+    ) -> ErrorStats {
+        self.encoder.error_stats(orig, recon, moments)
+    }
+}
