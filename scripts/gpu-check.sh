@@ -11,7 +11,9 @@
 #   scripts/gpu-check.sh build    build release binaries into target/gpu-check (no GPU needed)
 #   scripts/gpu-check.sh run      run them (a GPU machine without Rust: carry target/gpu-check)
 #
-# Results go to $OUT (or target/gpu-check/out): log.txt, kernels.md, e2e.md.
+# Results go to $OUT (or target/gpu-check/out): log.txt, kernels.md, e2e.md, and targets.md
+# with results.json (issue 45's targets, one JSON object: copy it to bench/gpu/results.json and
+# the table to docs/BENCHMARKS.md). A target whose path is not built yet is `null` there.
 # MDL_CKPT_DIR=DIR uses the step*.safetensors already in DIR instead of generating them, and
 # MDL_GPU_CHECK_BIN=DIR runs binaries from DIR (a smoke run of this script against binaries
 # built with mdl-gpu's `emulate` feature needs neither a GPU nor PyTorch).
@@ -31,6 +33,7 @@ build() {
         cp "$exe" "$BIN/test-$t"
     done
     strip "$BIN"/* 2>/dev/null || true
+    git rev-parse HEAD > "$BIN/commit.txt" 2>/dev/null || echo unknown > "$BIN/commit.txt"
     ls -la "$BIN"
 }
 
@@ -51,7 +54,8 @@ run() {
     else
         "$BIN/test-kernels" --nocapture
     fi
-    "$BIN/test-identical" --nocapture --include-ignored --test-threads=1
+    local identical=true
+    "$BIN/test-identical" --nocapture --include-ignored --test-threads=1 || identical=false
     echo "== kernels"
     "$BIN/kernel-bench" "${MDL_BENCH_MIB:-1024}" 20 | tee "$out/kernels.md"
     echo "== end to end"
@@ -70,6 +74,14 @@ run() {
     now() { date +%s.%N; }
     # rate BYTES START: seconds since START and bytes per second.
     rate() { python3 -c "import sys,time; b,s=float(sys.argv[1]),time.time()-float(sys.argv[2]); print(f'{s:.2f} s | {b/s/1e9:.2f} GB/s')" "$@"; }
+    # The host's write bandwidth into the work folder (fsynced), a baseline of the targets.
+    local t0; t0=$(now)
+    dd if="$c1" of="$work/dd.bin" bs=4M conv=fsync status=none
+    echo "| host write, fsynced | dd | $(rate "$bytes" "$t0") |" > "$out/baselines.md"
+    rm -f "$work/dd.bin"
+    # What `auto` chose on this machine, and the measurement it chose by.
+    "$BIN/mdl" init "$work/auto" > /dev/null
+    "$BIN/mdl" -C "$work/auto" -v commit "$c1" -m auto 2>&1 | grep '^engine: ' | tee "$out/auto.txt"
     {
         echo "checkpoint: $(basename "$c1") and $(basename "$c2"), $bytes bytes each; $(nproc) cores"
         echo
@@ -103,12 +115,18 @@ run() {
     # Identical bytes end to end: every tensor's codec, size and id, lossless and lossy.
     for kind in repo lossy; do
         for rev in HEAD HEAD~1; do
-            diff <("$BIN/mdl" -C "$work/$kind-cpu" show "$rev" --json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["tensors"]))') \
-                 <("$BIN/mdl" -C "$work/$kind-gpu" show "$rev" --json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["tensors"]))') \
-                && echo "$kind $rev: cpu and gpu stored the same tensors"
+            if diff <("$BIN/mdl" -C "$work/$kind-cpu" show "$rev" --json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["tensors"]))') \
+                    <("$BIN/mdl" -C "$work/$kind-gpu" show "$rev" --json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["tensors"]))'); then
+                echo "$kind $rev: cpu and gpu stored the same tensors"
+            else
+                identical=false
+            fi
         done
     done
     cat "$out/e2e.md"
+    echo "== targets"
+    IDENTICAL=$identical COMMIT=$(cat "$BIN/commit.txt" 2>/dev/null || echo unknown) \
+        python3 scripts/gpu-results.py "$out"
 }
 
 case $what in

@@ -1,0 +1,122 @@
+"""Issue 45's targets from what `scripts/gpu-check.sh run` measured in OUT (kernels.md, e2e.md,
+baselines.md, auto.txt): prints a Markdown table and writes OUT/results.json, the object
+`bench/gpu/results.json` keeps. A target whose path mdl does not have yet is null, and says so.
+
+    IDENTICAL=true|false COMMIT=SHA python3 scripts/gpu-results.py OUT
+"""
+
+import datetime
+import json
+import os
+import re
+import sys
+
+
+def rows(path):
+    """The cells of every row of a Markdown table in `path` (header and rule left out)."""
+    out = []
+    if not os.path.exists(path):
+        return out
+    for line in open(path):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or set(cells[0]) <= {"-", " "} or cells[0] in ("kernel", "step"):
+            continue
+        out.append(cells)
+    return out
+
+
+def gbps(cell):
+    m = re.search(r"([0-9.]+) GB/s", cell)
+    return float(m.group(1)) if m else None
+
+
+def main():
+    out = sys.argv[1]
+    kernels = {r[0]: r for r in rows(os.path.join(out, "kernels.md"))}
+    e2e = rows(os.path.join(out, "e2e.md"))
+    base = rows(os.path.join(out, "baselines.md"))
+    device = "unknown"
+    kmd = os.path.join(out, "kernels.md")
+    if os.path.exists(kmd):
+        first = open(kmd).readline()
+        if first.startswith("device: "):
+            device = first[len("device: "):].strip()
+
+    def kernel(name, col):
+        r = kernels.get(name)
+        if not r:
+            return None
+        return float(r[col].rstrip(" %"))
+
+    commits = [r for r in e2e if r[0].startswith("commit") and "lossless" in r[0]]
+    lossy = [r for r in e2e if r[0].startswith("commit") and "--lossy" in r[0]]
+
+    def rate(rs, engine):
+        """The best GB/s of the rows `rs` run on `engine`."""
+        found = [gbps(" | ".join(r[2:])) for r in rs if r[1] == engine]
+        return max((f for f in found if f is not None), default=None)
+
+    lossless_gpu, lossless_cpu = rate(commits, "gpu"), rate(commits, "cpu")
+    lossy_gpu, lossy_cpu = rate(lossy, "gpu"), rate(lossy, "cpu")
+    checkout = [r for r in e2e if r[0].startswith("checkout")]
+    checkout_gpu, checkout_cpu = rate(checkout, "gpu"), rate(checkout, "cpu")
+    host_write = gbps(" | ".join(base[0][2:])) if base else None
+    hist = kernel("plane histograms", 4)
+    encode = kernel("encode, host to host", 3)
+    decode = kernel("decode, host to host", 3)
+
+    def ratio(a, b):
+        return round(a / b, 3) if a and b else None
+
+    results = {
+        "date": datetime.date.today().isoformat(),
+        "commit": os.environ.get("COMMIT", "unknown"),
+        "device": device,
+        "cores": os.cpu_count(),
+        # Not measurable until commit_state takes CUDA tensors (issue 45, item 1).
+        "stall_over_d2d": None,
+        # From a file in the page cache with --engine gpu (not yet from device state).
+        "commit_lossless_gbps": lossless_gpu,
+        "commit_lossy_gbps": lossy_gpu,
+        # Not measurable until checkout decodes into device memory (issue 45, item 4).
+        "load_device_gbps": None,
+        "checkout_file_gbps": checkout_gpu,
+        "gpu_over_cpu_commit": ratio(lossless_gpu, lossless_cpu),
+        "gpu_over_cpu_lossy": ratio(lossy_gpu, lossy_cpu),
+        "gpu_over_cpu_checkout": ratio(checkout_gpu, checkout_cpu),
+        "histogram_of_copy": round(hist / 100, 3) if hist is not None else None,
+        "encode_gbps": encode,
+        "decode_gbps": decode,
+        "host_write_gbps": host_write,
+        "identical_bytes": os.environ.get("IDENTICAL", "false") == "true",
+        "auto": open(os.path.join(out, "auto.txt")).read().strip()
+        if os.path.exists(os.path.join(out, "auto.txt")) else None,
+    }
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+        f.write("\n")
+
+    def fmt(v, unit=""):
+        return "not built yet" if v is None else f"{v}{unit}"
+
+    table = [
+        "| target | measured | goal |",
+        "| --- | ---: | --- |",
+        f"| stall of `commit_state` with CUDA state / device copy | {fmt(results['stall_over_d2d'], '×')} | ≤ 1.2× |",
+        f"| lossless commit, GPU engine (file in page cache) | {fmt(lossless_gpu, ' GB/s')} | ≥ 10 GB/s (or 80 % of host write {fmt(host_write, ' GB/s')} × ratio) |",
+        f"| lossy commit, GPU engine | {fmt(lossy_gpu, ' GB/s')} | ≥ 5 GB/s |",
+        f"| GPU / CPU engine: commit, lossy, checkout | {fmt(results['gpu_over_cpu_commit'], '×')}, {fmt(results['gpu_over_cpu_lossy'], '×')}, {fmt(results['gpu_over_cpu_checkout'], '×')} | ≥ 5× (checkout to a file ≥ 1×) |",
+        f"| load into device memory | {fmt(results['load_device_gbps'], ' GB/s')} | ≥ 20 GB/s |",
+        f"| plane histograms / device copy | {fmt(results['histogram_of_copy'])} | ≥ 0.5 |",
+        f"| entropy encode, decode | {fmt(encode, ' GB/s')}, {fmt(decode, ' GB/s')} | ≥ 100 GB/s |",
+        f"| identical bytes to the CPU engine | {str(results['identical_bytes']).lower()} | true |",
+    ]
+    text = "\n".join(table) + "\n"
+    with open(os.path.join(out, "targets.md"), "w") as f:
+        f.write(f"device: {device}; commit {results['commit']}; {results['date']}\n\n" + text)
+    print(text)
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
