@@ -2,8 +2,8 @@
 //! a commit runs, and decoding, what a checkout runs — goes to the GPU only where the GPU
 //! measured faster than the CPU engine on this machine. The measurement codes a synthetic f32
 //! tensor of [`BYTES`] with each engine (analysis and encoding, then decoding; the best of
-//! [`RUNS`] each) and checks that both engines produced the same bytes. It takes well under a
-//! second on a real device the first time that device is seen, and is kept in `engines.json` in
+//! [`RUNS`] each) and checks that both engines produced the same bytes. It runs the first time a
+//! device is seen (about 2.5 s on the emulated device), and is kept in `engines.json` in
 //! the user's cache folder ([`crate::user_cache_dir`]) under a key naming the device, the CPU
 //! threads and mdl's version and [`ENGINES_REVISION`], so a machine measures once per build of
 //! the engines.
