@@ -104,7 +104,8 @@ fn reference_value(dtype: Dtype, reference: Option<&[u8]>, i: usize) -> f64 {
 /// moved from its reference.
 pub fn distance_sq(dtype: Dtype, a: &[u8], b: Option<&[u8]>) -> f64 {
     let n = a.len() / dtype.size();
-    (0..n.div_ceil(CHUNK))
+    // Summed a chunk at a time, the chunks' sums added in order: the same on every machine.
+    let chunks: Vec<f64> = (0..n.div_ceil(CHUNK))
         .into_par_iter()
         .map(|c| {
             (c * CHUNK..((c + 1) * CHUNK).min(n))
@@ -113,7 +114,8 @@ pub fn distance_sq(dtype: Dtype, a: &[u8], b: Option<&[u8]>) -> f64 {
                 .map(|d| d * d)
                 .sum::<f64>()
         })
-        .sum()
+        .collect();
+    chunks.iter().sum()
 }
 
 /// How codes become values, given the reference value `r` of the element.
@@ -387,20 +389,49 @@ pub fn measure_steps(
         .collect();
     let n = values.len() / dtype.size();
     let empty = || vec![ResidualStats::default(); steps.len()];
-    (0..n.div_ceil(CHUNK))
+    // Counts add up in any order. The error sums are kept a chunk at a time and folded in chunk
+    // order (`ErrorStats::fold`, as the engines' error statistics are), so the estimates do not
+    // depend on the thread count or on which thread took which chunk. Each of at most `TASKS`
+    // parallel tasks measures a run of chunks.
+    const TASKS: usize = 64;
+    let chunks = n.div_ceil(CHUNK);
+    let per_task = chunks.div_ceil(TASKS).max(1);
+    let tasks: Vec<(Vec<ResidualStats>, Vec<Vec<ErrorStats>>)> = (0..chunks.div_ceil(per_task))
         .into_par_iter()
-        .map(|c| {
-            let mut stats = empty();
-            let elements = c * CHUNK..((c + 1) * CHUNK).min(n);
-            scalar::for_dtype!(dtype, D => for_mode!(mode, M => {
-                let chunk = Chunk { values, reference, moments: moments.as_ref(), elements };
-                measure_chunk(D, M, chunk, &quants, every, &mut stats)
-            }));
-            stats
+        .map(|t| {
+            let mut total = empty();
+            let mut errs = vec![Vec::new(); steps.len()];
+            for c in t * per_task..((t + 1) * per_task).min(chunks) {
+                let mut stats = empty();
+                let elements = c * CHUNK..((c + 1) * CHUNK).min(n);
+                scalar::for_dtype!(dtype, D => for_mode!(mode, M => {
+                    let chunk = Chunk { values, reference, moments: moments.as_ref(), elements };
+                    measure_chunk(D, M, chunk, &quants, every, &mut stats)
+                }));
+                for ((sum, s), e) in total.iter_mut().zip(stats).zip(&mut errs) {
+                    e.push(s.err);
+                    *sum = std::mem::take(sum).merge(s);
+                }
+            }
+            (total, errs)
         })
-        .reduce(empty, |a, b| {
-            a.into_iter().zip(b).map(|(a, b)| a.merge(b)).collect()
-        })
+        .collect();
+    let mut out = empty();
+    let mut errs = vec![Vec::new(); steps.len()];
+    for (total, task_errs) in tasks {
+        for ((o, t), (all, part)) in out
+            .iter_mut()
+            .zip(total)
+            .zip(errs.iter_mut().zip(task_errs))
+        {
+            *o = std::mem::take(o).merge(t);
+            all.extend(part);
+        }
+    }
+    for (o, e) in out.iter_mut().zip(&errs) {
+        o.err = ErrorStats::fold(e);
+    }
+    out
 }
 
 /// The inputs of one parallel work item of [`measure_steps`].

@@ -359,3 +359,59 @@ fn corrupt_payloads_are_errors() {
     assert!(decode(Dtype::F32, &payload, Some(&rb[4..]), &mut out).is_err());
     assert!(decode(Dtype::I32, &payload, Some(&rb), &mut out).is_err());
 }
+
+/// The search's estimates are the same on every machine: sums are not grouped by thread.
+#[test]
+fn measuring_does_not_depend_on_the_thread_count() {
+    let n = 5 * super::CHUNK + 1234;
+    let f32s =
+        |f: &dyn Fn(usize) -> f32| -> Vec<u8> { (0..n).flat_map(|i| f(i).to_le_bytes()).collect() };
+    let x = f32s(&|i| ((i as f32) * 0.37).sin() * 0.02 + (i % 7) as f32 * 1e-5);
+    let r = f32s(&|i| ((i as f32) * 0.37).sin() * 0.02);
+    let m = f32s(&|i| ((i as f32) * 0.11).cos() * 1e-3);
+    let v = f32s(&|i| 1e-7 + ((i as f32) * 0.05).sin().powi(2) * 1e-6);
+    let view = |bytes| crate::engine::FloatView {
+        dtype: Dtype::F32,
+        bytes,
+    };
+    let steps = [1e-5, 3e-5, 1e-4, 4e-4];
+    let run = |threads| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| {
+                let moments = Moments {
+                    m: view(&m),
+                    v: view(&v),
+                };
+                let st = measure_steps(
+                    Dtype::F32,
+                    &x,
+                    Some(&r),
+                    Some(moments),
+                    Mode::Linear,
+                    &steps,
+                    1,
+                );
+                let sampled = measure_steps(
+                    Dtype::F32,
+                    &x,
+                    Some(&r),
+                    Some(moments),
+                    Mode::Linear,
+                    &steps,
+                    8,
+                );
+                (st, sampled, distance_sq(Dtype::F32, &x, Some(&r)))
+            })
+    };
+    let one = run(1);
+    for threads in [2, 3, 7] {
+        assert!(run(threads) == one, "{threads} threads");
+    }
+    assert!(one
+        .0
+        .iter()
+        .all(|s| s.err.sum_sq_err > 0.0 && s.codes.total() == n as u64));
+}

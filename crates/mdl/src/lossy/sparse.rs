@@ -26,13 +26,21 @@ pub(crate) enum Sparsify {
 /// `factor` times the mean magnitude of `values`' finite elements: below it, a first moment is
 /// dropped.
 pub(crate) fn small_threshold(dtype: Dtype, values: &[u8], factor: f64) -> f64 {
+    const CHUNK: usize = 1 << 16;
     let n = values.len() / dtype.size();
-    let (sum, count) = (0..n)
+    // Summed a chunk at a time, the chunks' sums added in order: the same on every machine.
+    let chunks: Vec<(f64, u64)> = (0..n.div_ceil(CHUNK))
         .into_par_iter()
-        .map(|i| scalar::value(dtype, values, i).abs())
-        .filter(|a| a.is_finite())
-        .fold(|| (0.0f64, 0u64), |(s, c), a| (s + a, c + 1))
-        .reduce(|| (0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        .map(|c| {
+            (c * CHUNK..((c + 1) * CHUNK).min(n))
+                .map(|i| scalar::value(dtype, values, i).abs())
+                .filter(|a| a.is_finite())
+                .fold((0.0f64, 0u64), |(s, c), a| (s + a, c + 1))
+        })
+        .collect();
+    let (sum, count) = chunks
+        .iter()
+        .fold((0.0, 0), |(s, c), &(cs, cc)| (s + cs, c + cc));
     factor * sum / count.max(1) as f64
 }
 
