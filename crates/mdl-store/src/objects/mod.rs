@@ -208,4 +208,43 @@ mod tests {
             Err(StoreError::Missing(_))
         ));
     }
+
+    /// An index whose delta bases run in a circle (damage no commit writes) is an error naming
+    /// an object, found from the index alone, never an endless decode.
+    #[test]
+    fn a_cycle_of_bases_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path());
+        let header = TensorHeader::new(Dtype::F32, vec![4096]);
+        let (a, b) = (floats(4096), floats(4097)[4..].to_vec());
+        let batch = store.batch();
+        let opts = EncodeOptions::default();
+        let a = batch
+            .put_tensor(&header.object_id(&a), &header, &a, &opts)
+            .unwrap();
+        let b = batch
+            .put_tensor(&header.object_id(&b), &header, &b, &opts)
+            .unwrap();
+        batch.finish().unwrap();
+        let delta = |entry: &crate::IndexEntry, base| crate::IndexEntry {
+            codec: mdl_codec::CodecTag::XorDelta as u8,
+            base: Some(base),
+            depth: 1,
+            ..*entry
+        };
+        let (ea, eb) = (delta(&a.entry, b.id), delta(&b.entry, a.id));
+        {
+            let mut w = store.meta().write().unwrap();
+            w.put_object(&a.id, &ea).unwrap();
+            w.put_object(&b.id, &eb).unwrap();
+            w.commit_txn().unwrap();
+        }
+        match store.load_tensor(&a.id, &ea) {
+            Err(StoreError::Corrupt { id, source, .. }) => {
+                assert!(id == a.id || id == b.id);
+                assert!(source.to_string().contains("a cycle?"), "{source}");
+            }
+            other => panic!("a cycle read as {other:?}"),
+        }
+    }
 }
