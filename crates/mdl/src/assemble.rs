@@ -89,7 +89,7 @@ pub fn assemble(
         added.push((out.id, out.entry));
     }
     let branch = target.branch().to_string();
-    let author = crate::commit::author_soon(opts)();
+    let author = crate::commit::author_soon(opts).get();
     let commit = target.commit(manifest_id, author, opts, opts.step, metrics, stats);
     let id = store_commit(batch, &commit, &mut added)?;
 

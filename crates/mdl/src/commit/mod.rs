@@ -415,7 +415,7 @@ fn commit_input(
         new_tensors,
         lossy_tensors,
     };
-    let commit = target.commit(manifest_id, author(), opts, step, metrics, stats);
+    let commit = target.commit(manifest_id, author.get(), opts, step, metrics, stats);
     let id = store_commit(batch, &commit, &mut added)?;
 
     // Publish: index entries, commit index and the ref, in one transaction.
@@ -737,20 +737,44 @@ pub fn default_author() -> String {
 }
 
 /// The author `opts` names, or the default looked up meanwhile (asking git takes a process,
-/// a few milliseconds a commit would otherwise wait at its end): call the result when the
+/// a few milliseconds a commit would otherwise wait at its end): [`AuthorSoon::get`] when the
 /// commit is made.
-pub(crate) fn author_soon(opts: &CommitOptions) -> impl FnOnce() -> String {
+pub(crate) fn author_soon(opts: &CommitOptions) -> AuthorSoon {
     let named = opts.author.clone();
     let lookup = named.is_none().then(|| std::thread::spawn(default_author));
-    move || {
-        named.unwrap_or_else(|| match lookup.map(std::thread::JoinHandle::join) {
-            Some(Ok(author)) => author,
-            _ => default_author(),
-        })
+    AuthorSoon { named, lookup }
+}
+
+/// The author of a commit being made (see [`author_soon`]). A lookup still running when this is
+/// dropped (the commit failed) is waited for: its `git` process, between its fork and its exec,
+/// holds copies of this process's descriptors, the repository lock's among them, and the lock
+/// must be free once the failed commit returns.
+pub(crate) struct AuthorSoon {
+    named: Option<String>,
+    lookup: Option<std::thread::JoinHandle<String>>,
+}
+
+impl AuthorSoon {
+    pub(crate) fn get(mut self) -> String {
+        match (
+            self.named.take(),
+            self.lookup.take().map(std::thread::JoinHandle::join),
+        ) {
+            (Some(author), _) => author,
+            (None, Some(Ok(author))) => author,
+            (None, _) => default_author(),
+        }
     }
 }
 
-/// The commit index's entry for a commit.
+impl Drop for AuthorSoon {
+    fn drop(&mut self) {
+        if let Some(lookup) = self.lookup.take() {
+            let _ = lookup.join();
+        }
+    }
+}
+
 /// Reads a ratio that JSON wrote as null (serde_json writes non-finite numbers so).
 fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
