@@ -148,6 +148,11 @@ run() {
     echo "== targets"
     IDENTICAL=$identical COMMIT=$(cat "$BIN/commit.txt" 2>/dev/null || echo unknown) \
         python3 scripts/gpu-results.py "$out"
+    # The table is written either way; the run fails unless both engines stored the same bytes.
+    if [ "$identical" != true ]; then
+        echo "the GPU engine did not store the CPU engine's bytes (see above)" >&2
+        exit 1
+    fi
 }
 
 case $what in
