@@ -1,0 +1,252 @@
+//! The hot kernels of the codecs behind one trait, so a GPU implementation can stand in for the
+//! CPU one: float planes (split, XOR or subtract, histogram, Huffman-code, decode, merge) and
+//! the lossy codecs' key histograms, lookups, grouped deltas and error sums. Every kernel's
+//! result is a function of its input alone — never of thread count, scheduling or device —
+//! because what it computes ends up in stored bytes: sums are taken in fixed point (integer
+//! addition is associative) or in a fixed chunk order, and coded chunks are defined bit for bit
+//! by their symbols and code. What is decided from the kernels' results (codes, plans, record
+//! layout) stays in shared code ([`crate::float`], [`crate::quant`], [`crate::qrecord`]).
+
+mod cpu;
+mod stats;
+
+use mdl_format::{Dtype, FormatError};
+
+use crate::huffman::{Histogram, Stream, StreamWriter};
+use crate::planes::PlaneSpec;
+use crate::scalar;
+
+pub use cpu::{check_ungroup, CpuEngine};
+pub use stats::{mean_second_moment, scales, sum, ErrorStats, KeyStats};
+
+/// What [`Engine::keep`] returns: while it lives, the engine keeps a copy of the bytes where
+/// it computes, so kernels called meanwhile on them (or on a part of them) do not copy them
+/// again. Dropping it lets the copy go.
+#[must_use = "the bytes are kept only while the guard lives"]
+pub struct Kept<'a> {
+    /// Dropped with the guard: whatever releases the kept copy.
+    _release: Option<Box<dyn Send + 'a>>,
+}
+
+impl<'a> Kept<'a> {
+    /// A guard that keeps nothing (engines that compute where the bytes already are).
+    pub fn nothing() -> Kept<'a> {
+        Kept { _release: None }
+    }
+
+    /// A guard whose drop releases what `inner`'s drop releases.
+    pub fn new(inner: Box<dyn Send + 'a>) -> Kept<'a> {
+        Kept {
+            _release: Some(inner),
+        }
+    }
+}
+
+/// A float tensor (bf16, f16 or f32), little-endian.
+#[derive(Clone, Copy, Debug)]
+pub struct FloatView<'a> {
+    /// Element type.
+    pub dtype: Dtype,
+    /// The elements' bytes.
+    pub bytes: &'a [u8],
+}
+
+impl FloatView<'_> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / self.dtype.size()
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    #[inline]
+    fn value(&self, i: usize) -> f64 {
+        scalar::value(self.dtype, self.bytes, i)
+    }
+}
+
+/// A parameter's Adam moments: first (`m`, `exp_avg`) and second (`v`, `exp_avg_sq`), each
+/// with as many elements as the parameter.
+#[derive(Clone, Copy, Debug)]
+pub struct Moments<'a> {
+    /// First moment.
+    pub m: FloatView<'a>,
+    /// Second moment.
+    pub v: FloatView<'a>,
+}
+
+/// A key → code table with the keys whose elements are kept exactly.
+#[derive(Clone, Debug)]
+pub struct Lut {
+    /// Code per key (for protected keys, the code of the nearest table value).
+    pub code: Vec<u8>,
+    /// Whether a key's elements are protected (stored exactly).
+    pub protect: Vec<bool>,
+}
+
+/// A tensor's codes and its protected element indices (ascending).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assigned {
+    /// One code per element.
+    pub codes: Vec<u8>,
+    /// Indices of protected elements.
+    pub protected: Vec<u64>,
+}
+
+/// Elements per chunk of the chunked kernels (fixed: it defines the summation order).
+const CHUNK: usize = 1 << 16;
+
+/// Elements per chunk of [`Engine::error_stats`]: each chunk is summed in index order, and the
+/// chunks' sums are combined by [`ErrorStats::fold`].
+pub const ERROR_CHUNK: usize = CHUNK;
+
+/// The codecs' kernels. Implementations must return identical results; [`CpuEngine`] is the
+/// reference.
+pub trait Engine: Send + Sync + std::fmt::Debug {
+    /// A short name for messages.
+    fn name(&self) -> &'static str;
+
+    /// Keeps `bytes` where the engine computes until the guard drops (see [`Kept`]). The
+    /// borrow guarantees the bytes do not change meanwhile.
+    fn keep<'a>(&'a self, bytes: &'a [u8]) -> Kept<'a> {
+        let _ = bytes;
+        Kept::nothing()
+    }
+
+    /// Per plane of `data` taken apart as `spec` says (against `base`, of the same length,
+    /// where the spec uses one): the symbol histogram and the histogram of sparse-mode flag
+    /// bytes ([`crate::huffman::flag_histogram`], per chunk of
+    /// [`crate::huffman::CHUNK_LOG2`] elements). `want[p]` says which of the two plane `p`
+    /// needs; the other is left empty. `spec.dtype` must be a float type.
+    fn plane_histograms(
+        &self,
+        spec: PlaneSpec,
+        data: &[u8],
+        base: Option<&[u8]>,
+        want: &[(bool, bool)],
+    ) -> Vec<(Histogram, Histogram)>;
+
+    /// A first look at a tensor: [`Engine::plane_histograms`] of every plane's symbols, and of
+    /// the flag bytes only of the planes whose symbols want them
+    /// ([`crate::huffman::Plan::wants_flags`]; the others' flag counts are left empty), the
+    /// only flags a plan is ever chosen with.
+    fn sample_histograms(
+        &self,
+        spec: PlaneSpec,
+        data: &[u8],
+        base: Option<&[u8]>,
+    ) -> Vec<(Histogram, Histogram)> {
+        let planes = spec.shape().map_or(0, |(_, planes)| planes);
+        let mut counts = self.plane_histograms(spec, data, base, &vec![(true, true); planes]);
+        crate::planes::forget_unwanted_flags(&mut counts);
+        counts
+    }
+
+    /// Every chunk of every plane of `data` (as in [`Engine::plane_histograms`]) coded by that
+    /// plane's writer ([`StreamWriter::chunk`]): `result[plane][chunk]`.
+    fn encode_planes(
+        &self,
+        spec: PlaneSpec,
+        data: &[u8],
+        base: Option<&[u8]>,
+        writers: &[StreamWriter],
+    ) -> Vec<Vec<Vec<u8>>>;
+
+    /// `data` taken apart into its planes as `spec` says (against `base`), into `planes`
+    /// (`planes[p]`: a byte of each element; buffers reused from call to call). With
+    /// [`Engine::encode_split`], a frame is split once for both counting and coding. The CPU's
+    /// kernels unless an engine has its own.
+    fn split_planes(
+        &self,
+        spec: PlaneSpec,
+        data: &[u8],
+        base: Option<&[u8]>,
+        planes: &mut Vec<Vec<u8>>,
+    ) {
+        crate::planes::cpu_split_planes(spec, data, base, planes)
+    }
+
+    /// [`Engine::encode_planes`] of planes already split ([`Engine::split_planes`]):
+    /// `result[plane][chunk]`.
+    fn encode_split(&self, planes: &[&[u8]], writers: &[StreamWriter]) -> Vec<Vec<Vec<u8>>> {
+        crate::planes::cpu_encode_split(planes, writers)
+    }
+
+    /// Decodes one stream per plane and merges the planes into `out` (undoing the XOR with,
+    /// or the difference from, `base`). Fails on a damaged stream.
+    fn decode_planes(
+        &self,
+        spec: PlaneSpec,
+        streams: &[Stream<'_>],
+        base: Option<&[u8]>,
+        out: &mut [u8],
+    ) -> Result<(), FormatError>;
+
+    /// The 16-bit-key histogram with per-key sums of `w` and, when given, its moments.
+    fn key_stats(&self, w: FloatView<'_>, moments: Option<Moments<'_>>) -> KeyStats;
+
+    /// Each element's code by its key, and the protected elements.
+    fn assign(&self, w: FloatView<'_>, lut: &Lut) -> Assigned;
+
+    /// How often each (base code, code by `lut`) pair occurs over the elements of `w`; `base`
+    /// holds one code per element, all below `base_bins`, and `lut`'s codes are below `bins`.
+    fn code_pairs(
+        &self,
+        w: FloatView<'_>,
+        lut: &Lut,
+        bins: usize,
+        base: &[u8],
+        base_bins: usize,
+    ) -> CodePairs;
+
+    /// `(base − cur) mod modulus` per element, in the order of a stable counting sort by the
+    /// base code (all elements whose base code is 0 in index order, then 1, …).
+    fn group_delta(&self, base: &[u8], cur: &[u8], modulus: u8) -> Vec<u8>;
+
+    /// Inverts [`Engine::group_delta`]: the current codes from the base codes and the grouped
+    /// deltas. Fails if a base code is not below `modulus` or the lengths differ.
+    fn ungroup_delta(
+        &self,
+        base: &[u8],
+        deltas: &[u8],
+        modulus: u8,
+        out: &mut [u8],
+    ) -> Result<(), FormatError>;
+
+    /// Error of `recon` against `orig` (same dtype and length).
+    fn error_stats(
+        &self,
+        orig: FloatView<'_>,
+        recon: FloatView<'_>,
+        moments: Option<Moments<'_>>,
+    ) -> ErrorStats;
+}
+
+/// Counts of code pairs: `count[b * bins + c]` elements have base code `b` and code `c`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CodePairs {
+    /// Codes of the new assignment (columns; one row per base code).
+    pub bins: usize,
+    /// Row-major counts.
+    pub count: Vec<u64>,
+}
+
+impl CodePairs {
+    /// Σ over pairs of `n(b, c) · log2(n(b) / n(b, c))`: the order-0 cost of the codes when each
+    /// base code's elements are coded apart (the conditional entropy times the element count).
+    pub fn conditional_bits(&self) -> f64 {
+        self.count
+            .chunks(self.bins.max(1))
+            .map(|row| {
+                let total: u64 = row.iter().sum();
+                row.iter()
+                    .filter(|&&c| c > 0)
+                    .map(|&c| c as f64 * (total as f64 / c as f64).log2())
+                    .sum::<f64>()
+            })
+            .sum()
+    }
+}
