@@ -271,28 +271,10 @@ impl Quantizer {
         }
         let q = unzigzag(c);
         match mode {
-            Mode::Linear => self.linear(r, q),
-            Mode::Log => self.log(r, q),
-            Mode::Scaled => self.scaled(r, q),
+            Mode::Linear => r + q as f64 * self.param,
+            Mode::Log => r * self.factors[(q + MAX_MOMENT_STEPS) as usize],
+            Mode::Scaled => q as f64 * self.param * r.sqrt(),
         }
-    }
-
-    /// [`Quantizer::value`] of residual `q` (not +0) in [`Mode::Linear`].
-    #[inline(always)]
-    fn linear(&self, r: f64, q: i64) -> f64 {
-        r + q as f64 * self.param
-    }
-
-    /// The same in [`Mode::Log`] (`|q|` at most [`MAX_MOMENT_STEPS`]).
-    #[inline(always)]
-    fn log(&self, r: f64, q: i64) -> f64 {
-        r * self.factors[(q + MAX_MOMENT_STEPS) as usize]
-    }
-
-    /// The same in [`Mode::Scaled`].
-    #[inline(always)]
-    fn scaled(&self, r: f64, q: i64) -> f64 {
-        q as f64 * self.param * r.sqrt()
     }
 }
 
@@ -689,41 +671,36 @@ pub fn decode(
             let at = chunk * CHUNK * size;
             let reference = reference.map(|r| &r[at..at + out.len()]);
             let exact = &exact[k * size..];
-            let q = &quant;
-            // One loop per dtype and mode, each with its conversion and rebuild inlined.
-            scalar::for_dtype!(dtype, D => match quant.mode {
-                Mode::Linear => rebuild(D, out, &codes, reference, exact, |r, c| q.linear(r, c)),
-                Mode::Log => rebuild(D, out, &codes, reference, exact, |r, c| q.log(r, c)),
-                Mode::Scaled => rebuild(D, out, &codes, reference, exact, |r, c| q.scaled(r, c)),
-            })
+            // One loop per dtype and mode, as in `measure_steps`.
+            scalar::for_dtype!(dtype, D => for_mode!(mode, M => {
+                rebuild(D, M, &quant, out, &codes, reference, exact)
+            }))
         });
     Ok(())
 }
 
-/// Writes one chunk of [`decode`]'s output: each element from its code, `value(r, q)` for
-/// reference value `r` and residual `q` rounded to `dtype`, +0 for [`ZERO`], and the next of
-/// `exact` for [`EXACT`]. Inlined into each caller with a constant dtype and its own `value`.
+/// Writes one chunk of [`decode`]'s output: each element from its code and its reference value
+/// ([`Quantizer::value`], rounded to `dtype`), or the next of `exact` for [`EXACT`]. Inlined
+/// into each caller with a constant dtype and mode.
 #[inline(always)]
 fn rebuild(
     dtype: Dtype,
+    mode: Mode,
+    quant: &Quantizer,
     out: &mut [u8],
     codes: &[u16],
     reference: Option<&[u8]>,
     exact: &[u8],
-    value: impl Fn(f64, i64) -> f64,
 ) {
     let size = dtype.size();
     let mut exact = exact.chunks_exact(size);
     for (j, (&c, o)) in codes.iter().zip(out.chunks_exact_mut(size)).enumerate() {
-        let y = match c {
-            EXACT => {
-                o.copy_from_slice(exact.next().expect("counted exact values"));
-                continue;
-            }
-            ZERO => 0.0,
-            _ => value(reference_value(dtype, reference, j), unzigzag(c)),
-        };
-        scalar::put_rounded(dtype, y, o);
+        if c == EXACT {
+            o.copy_from_slice(exact.next().expect("counted exact values"));
+            continue;
+        }
+        let r = reference_value(dtype, reference, j);
+        scalar::put_rounded(dtype, quant.value(mode, r, c), o);
     }
 }
 
