@@ -385,24 +385,11 @@ fn measuring_does_not_depend_on_the_thread_count() {
                     m: view(&m),
                     v: view(&v),
                 };
-                let st = measure_steps(
-                    Dtype::F32,
-                    &x,
-                    Some(&r),
-                    Some(moments),
-                    Mode::Linear,
-                    &steps,
-                    1,
-                );
-                let sampled = measure_steps(
-                    Dtype::F32,
-                    &x,
-                    Some(&r),
-                    Some(moments),
-                    Mode::Linear,
-                    &steps,
-                    8,
-                );
+                // Every element, and the search's sample.
+                let [st, sampled] = [1, 8].map(|every| {
+                    let m = Some(moments);
+                    measure_steps(Dtype::F32, &x, Some(&r), m, Mode::Linear, &steps, every)
+                });
                 (st, sampled, distance_sq(Dtype::F32, &x, Some(&r)))
             })
     };

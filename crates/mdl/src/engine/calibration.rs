@@ -204,23 +204,12 @@ mod tests {
         let (again, source) = measured(&cache, &CpuEngine, "test device").unwrap();
         assert_eq!(source, Source::Kept);
         // JSON keeps the numbers to within a unit in the last place.
-        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * a.abs();
-        assert!(
-            close(again.encode_cpu, first.encode_cpu),
-            "{again:?} {first:?}"
-        );
-        assert!(
-            close(again.encode_gpu, first.encode_gpu),
-            "{again:?} {first:?}"
-        );
-        assert!(
-            close(again.decode_cpu, first.decode_cpu),
-            "{again:?} {first:?}"
-        );
-        assert!(
-            close(again.decode_gpu, first.decode_gpu),
-            "{again:?} {first:?}"
-        );
+        let all = |m: Measured| [m.encode_cpu, m.encode_gpu, m.decode_cpu, m.decode_gpu];
+        let close = all(again)
+            .into_iter()
+            .zip(all(first))
+            .all(|(a, b)| (a - b).abs() <= 1e-12 * b.abs());
+        assert!(close, "{again:?} {first:?}");
         // Another device is measured on its own, beside the first.
         let (_, source) = measured(&cache, &CpuEngine, "another device").unwrap();
         assert_eq!(source, Source::Now);

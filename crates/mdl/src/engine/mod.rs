@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use mdl_codec::engine::{CpuEngine, Engine};
 
-pub use calibration::{Measured, Source, MARGIN};
+use calibration::{Measured, Source, MARGIN};
 
 use crate::{Error, Repository, Result};
 
@@ -102,7 +102,7 @@ pub fn select(repo: &Repository, choice: Option<EngineChoice>) -> Result<Selecte
 }
 
 /// `auto`'s engine for a measured GPU: each side of the codecs where it measured faster.
-pub fn by_measurement(gpu: Arc<dyn Engine>, line: &str, m: Measured, source: Source) -> Selected {
+fn by_measurement(gpu: Arc<dyn Engine>, line: &str, m: Measured, source: Source) -> Selected {
     let cpu: Arc<dyn Engine> = Arc::new(CpuEngine);
     let (engine, which): (Arc<dyn Engine>, &str) = match (m.encode_on_gpu(), m.decode_on_gpu()) {
         (true, true) => (gpu, "gpu"),
