@@ -213,8 +213,9 @@ class Repository:
         epsilon: float | None = None,
         author: str | None = None,
         wait: bool = False,
+        snapshot: str = "auto",
     ) -> CommitHandle | CommitResult:
-        """Commits live training state; returns once it is copied to host memory.
+        """Commits live training state; returns once it is snapshotted.
 
         ``model``: a ``torch.nn.Module`` or a state dict (tensors or numpy arrays, CPU or
         GPU). ``optimizer``: a ``torch.optim.Optimizer`` (its moments are paired with the
@@ -226,16 +227,24 @@ class Repository:
         :class:`CommitHandle` tells when they are done. At most one commit is in flight: a
         second call first waits for the one before (and raises its error, if it failed).
         ``wait=True`` blocks until stored and returns the :class:`CommitResult`.
+
+        ``snapshot``: how CUDA tensors are taken. ``"device"`` copies them into a buffer on
+        their GPU, queued on the current stream (the loop is held only for that copy), and
+        moves them to the host on a side stream while training goes on; ``"host"`` copies
+        them to pinned host memory before returning; ``"auto"`` (the default) takes the
+        device snapshot when it needs at most half of the GPU's free memory.
         """
+        if snapshot not in _state.SNAPSHOTS:
+            raise ValueError(f"snapshot must be one of {', '.join(_state.SNAPSHOTS)}, not {snapshot!r}")
         with self._lock:
             self.wait()  # the staging buffers are reused: the commit before must be done
-            files, pairs = self._stage(model, optimizer, extra, step)
+            files, pairs, ready = self._stage(model, optimizer, extra, step, snapshot)
             pending = self._native.submit_buffers(
-                files, pairs, _options(message, step, metrics, branch, lossy, epsilon, author)
+                files, pairs, _options(message, step, metrics, branch, lossy, epsilon, author), ready
             )
         return self._settle(CommitHandle(pending), wait)
 
-    def _stage(self, model: Any, optimizer: Any, extra: Any, step: int | None):
+    def _stage(self, model: Any, optimizer: Any, extra: Any, step: int | None, snapshot: str):
         model_t = _state.Tensors(_state.MODEL_FILE)
         optim_t = _state.Tensors(_state.OPTIMIZER_FILE)
         extra_t = _state.Tensors(_state.EXTRA_FILE)
@@ -256,10 +265,14 @@ class Repository:
         if extra is not None:
             doc["extra"] = _state.encode(extra, extra_t, "")
         files = [(_state.STATE_FILE, bytearray(json.dumps(doc).encode()))]
+        ready = []
         for tensors in (model_t, optim_t, extra_t):
             if tensors.items:
-                files.append((tensors.path, self._staging.stage(tensors)))
-        return files, pairs
+                array, event = self._staging.stage(tensors, snapshot)
+                files.append((tensors.path, array))
+                if event is not None:
+                    ready.append(event)
+        return files, pairs, ready
 
     def _commit_files(self, files: list, options: dict) -> CommitResult:
         """Commits files given as ``(path, buffer)``, blocking (what :mod:`mdl.dcp`'s ranks

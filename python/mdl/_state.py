@@ -15,7 +15,8 @@ booleans, None, lists, tuples or dicts.
 
 Tensors are copied once into staging buffers (pinned when CUDA is used, reused from one
 commit to the next) laid out as safetensors files; the background commit reads the buffers
-in place.
+in place. CUDA tensors can instead be snapshotted on their GPU and copied to the host while
+training goes on (:class:`Staging`, ``snapshot``).
 """
 
 from __future__ import annotations
@@ -186,12 +187,19 @@ def optimizer_state(optimizer: Any, model: Any, tensors: Tensors) -> tuple[dict,
     return encoded, names
 
 
+def on_cuda(v: Any) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(v, torch.Tensor) and v.device.type == "cuda"
+
+
 def layout(tensors: Tensors) -> tuple[bytes, list[tuple[Any, int, int]]]:
-    """A safetensors header for ``tensors`` and where each one's bytes go."""
+    """A safetensors header for ``tensors`` and where each one's bytes go: CUDA tensors first
+    (one run of bytes, which a device snapshot copies to the host in one piece), each group in
+    the order given."""
     header: dict[str, Any] = {}
     places = []
     at = 0
-    for name, t in tensors.items.items():
+    for name, t in sorted(tensors.items.items(), key=lambda kv: not on_cuda(kv[1])):
         shape = list(t.shape)
         nbytes = int(t.nbytes) if isinstance(t, np.ndarray) else t.element_size() * t.numel()
         header[name] = {"dtype": dtype_name(t), "shape": shape, "data_offsets": [at, at + nbytes]}
@@ -202,11 +210,37 @@ def layout(tensors: Tensors) -> tuple[bytes, list[tuple[Any, int, int]]]:
     return len(text).to_bytes(8, "little") + text, places
 
 
+SNAPSHOTS = ("auto", "device", "host")
+
+
+def _flat_bytes(t: Any) -> Any:
+    src = t.detach()
+    if not src.is_contiguous():
+        src = src.contiguous()
+    return src.reshape(-1).view(_torch().uint8)
+
+
 class Staging:
-    """Reused staging buffers, one per file of the tree, grown when a state grows."""
+    """Reused staging buffers, one per file of the tree, grown when a state grows.
+
+    CUDA tensors are snapshotted one of two ways (``snapshot``):
+
+    - ``"device"``: copied into a buffer on their GPU, in order on the current stream (the
+      training loop's stall is that device-to-device copy being queued); a side stream then
+      copies the buffer to pinned host memory while training goes on, and the commit waits for
+      that copy (the CUDA event :meth:`stage` returns) before it reads a byte;
+    - ``"host"``: copied to pinned host memory before :meth:`stage` returns.
+
+    ``"auto"`` takes the device snapshot when the file's CUDA tensors are on one GPU and their
+    bytes are at most half of what that GPU has free (the driver's free memory plus what
+    PyTorch's allocator holds unused), else the host one.
+    """
 
     def __init__(self) -> None:
         self._buffers: dict[str, Any] = {}
+        self._device: dict[str, Any] = {}
+        self._streams: dict[Any, Any] = {}
+        self._in_flight: list[Any] = []
 
     def _buffer(self, path: str, size: int, pinned: bool):
         torch = _torch()
@@ -225,32 +259,79 @@ class Staging:
         view = held[:size]
         return view, view.numpy()
 
-    def stage(self, tensors: Tensors) -> Any:
-        """Copies ``tensors`` into this file's buffer as a safetensors file; the buffer as a
-        numpy array (what the commit reads)."""
+    def _device_buffer(self, path: str, size: int, device: Any):
         torch = _torch()
+        held = self._device.get(path)
+        if held is None or held.device != device or held.shape[0] < size:
+            self._device.pop(path, None)
+            held = torch.empty(size, dtype=torch.uint8, device=device)
+            self._device[path] = held
+        return held[:size]
+
+    def _device_room(self, path: str, size: int, device: Any) -> bool:
+        """Whether a device snapshot of ``size`` bytes fits ``device`` comfortably."""
+        torch = _torch()
+        held = self._device.get(path)
+        if held is not None and held.device == device and held.shape[0] >= size:
+            return True
+        free, _ = torch.cuda.mem_get_info(device)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return size <= (free + cached) // 2
+
+    def stage(self, tensors: Tensors, snapshot: str = "host") -> tuple[Any, Any]:
+        """Copies ``tensors`` into this file's buffer as a safetensors file. Returns the buffer
+        as a numpy array (what the commit reads) and, for a device snapshot, the CUDA event
+        after which its bytes are all there (else None)."""
+        if snapshot not in SNAPSHOTS:
+            raise ValueError(f"snapshot must be one of {', '.join(SNAPSHOTS)}, not {snapshot!r}")
+        torch = _torch()
+        # A copy still in flight from a commit that failed before waiting for it must not
+        # land in a buffer being refilled.
+        for event in self._in_flight:
+            event.synchronize()
+        self._in_flight.clear()
         head, places = layout(tensors)
         size = len(head) + sum(n for _, _, n in places)
-        cuda = torch is not None and any(
-            isinstance(t, torch.Tensor) and t.device.type == "cuda" for t, _, _ in places
+        gpu = [(t, at, n) for t, at, n in places if on_cuda(t)]
+        gpu_bytes = sum(n for _, _, n in gpu)
+        devices = {t.device for t, _, _ in gpu}
+        device = next(iter(devices)) if len(devices) == 1 else None
+        on_device = (
+            gpu_bytes > 0
+            and device is not None
+            and snapshot != "host"
+            and (snapshot == "device" or self._device_room(tensors.path, gpu_bytes, device))
         )
-        buf, array = self._buffer(tensors.path, size, pinned=cuda)
+        buf, array = self._buffer(tensors.path, size, pinned=bool(gpu))
         array[: len(head)] = np.frombuffer(head, dtype=np.uint8)
         base = len(head)
+        ready = None
+        if on_device:
+            # The CUDA tensors come first in the layout: one run of gpu_bytes.
+            dev = self._device_buffer(tensors.path, gpu_bytes, device)
+            for t, at, n in gpu:
+                if n:
+                    dev[at : at + n].copy_(_flat_bytes(t))
+            side = self._streams.get(device)
+            if side is None:
+                side = self._streams[device] = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                buf[base : base + gpu_bytes].copy_(dev, non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record(side)
+            self._in_flight.append(ready)
         for t, at, n in places:
-            if n == 0:
+            if n == 0 or (on_device and on_cuda(t)):
                 continue
             lo, hi = base + at, base + at + n
             if isinstance(t, np.ndarray):
                 array[lo:hi] = np.ascontiguousarray(t).reshape(-1).view(np.uint8)
             else:
-                src = t.detach()
-                if not src.is_contiguous():
-                    src = src.contiguous()
-                buf[lo:hi].copy_(src.reshape(-1).view(torch.uint8), non_blocking=cuda)
-        if cuda:
+                buf[lo:hi].copy_(_flat_bytes(t), non_blocking=on_cuda(t))
+        if gpu and not on_device:
             torch.cuda.synchronize()
-        return array
+        return array, ready
 
 
 def to_tensor(data: bytearray, dtype: str, shape: list[int], framework: str) -> Any:

@@ -190,7 +190,7 @@ class Writer(StorageWriter):
                 )
         files = []
         if tensors.items:
-            files.append((tensors.path, self._staging.stage(tensors)))
+            files.append((tensors.path, self._staging.stage(tensors)[0]))
         if blobs:
             files.append((f"{stem}.bin", blobs))
         if files:

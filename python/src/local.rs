@@ -321,14 +321,18 @@ impl Repo {
 
     /// Commits files given as `(path, buffer)` in the background, reading each buffer in
     /// place (it must not change until the commit is done), with the moment pairs `pairs`:
-    /// `((file, param), (file, exp_avg), (file, exp_avg_sq))`.
+    /// `((file, param), (file, exp_avg), (file, exp_avg_sq))`. The buffers' tensor bytes may
+    /// still be arriving (copies from the GPU): the commit first calls `synchronize()` on each
+    /// object of `ready` (CUDA events), and fails, storing nothing, if one raises.
     #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (files, pairs, options, ready = Vec::new()))]
     fn submit_buffers(
         &self,
         py: Python<'_>,
         files: Vec<(String, Bound<'_, PyAny>)>,
         pairs: Vec<((String, String), (String, String), (String, String))>,
         options: Options,
+        ready: Vec<Py<PyAny>>,
     ) -> PyResult<Pending> {
         let opts = options.commit()?;
         let files = files
@@ -343,7 +347,19 @@ impl Repo {
                 exp_avg_sq,
             })
             .collect();
-        let staged = py.detach(|| Staged::memory(files, &pairs)).map_err(error)?;
+        let mut staged = py.detach(|| Staged::memory(files, &pairs)).map_err(error)?;
+        if !ready.is_empty() {
+            staged = staged.after(Box::new(move || {
+                Python::attach(|py| {
+                    for event in ready {
+                        event
+                            .call_method0(py, "synchronize")
+                            .map_err(|e| format!("the copy from the GPU did not complete: {e}"))?;
+                    }
+                    Ok(())
+                })
+            }));
+        }
         self.submit(py, staged, opts)
     }
 

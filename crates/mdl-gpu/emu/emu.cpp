@@ -230,6 +230,9 @@ inline unsigned __match_any_sync(unsigned mask, T v) {
 inline int __popc(unsigned x) {
     return __builtin_popcount(x);
 }
+inline int __ffs(unsigned x) {
+    return __builtin_ffs((int)x);
+}
 inline float __uint_as_float(unsigned x) {
     return mdl_emu::as<float>(x);
 }
@@ -340,6 +343,7 @@ const Kernel KERNELS[] = {
     KERNEL(max_abs),          KERNEL(key_stats),     KERNEL(assign_codes),
     KERNEL(protected_indices), KERNEL(code_pairs),   KERNEL(group_counts),
     KERNEL(group_starts),     KERNEL(group_scatter), KERNEL(error_chunks),
+    KERNEL(blake3_chunks),    KERNEL(blake3_parents),
     KERNEL(emu_test_deadlock), KERNEL(emu_test_exited_lane), KERNEL(emu_test_overrun),
     KERNEL(emu_test_neighbour),
 };

@@ -216,18 +216,49 @@ extern "C" __global__ void merge_planes(const u8* planes, const u8* base, u8* ou
     }
 }
 
-// Byte histograms of `planes` planes of n symbols (grid.y = plane): hist[p * 256 + s].
+// Counts one symbol per lane of a warp into the warp's own counters: lanes holding the same
+// value are counted by one atomic, from the lowest of them, so a plane of few distinct values
+// (the exponents) does not queue a warp on one counter. Every lane of the warp must call it;
+// lanes with nothing to count pass `ok` false.
+__device__ __forceinline__ void warp_count(u32* counts, u32 s, bool ok) {
+    u32 peers = __match_any_sync(0xffffffffu, ok ? s : 256u);
+    int lane = threadIdx.x & 31;
+    if (ok && __ffs(peers) - 1 == lane) atomicAdd(&counts[s], (u32)__popc(peers));
+}
+
+// Adds a block's per-warp counters (HIST_WARPS copies of 256) into hist[256] in global memory.
+#define HIST_WARPS 8
+__device__ __forceinline__ void flush_counts(u32 (*local)[256], u64* hist) {
+    __syncthreads();
+    for (int s = threadIdx.x; s < 256; s += blockDim.x) {
+        u32 t = 0;
+        for (int w = 0; w < HIST_WARPS; w++) t += local[w][s];
+        if (t) atomicAdd(&hist[s], (u64)t);
+    }
+}
+
+// Byte histograms of `planes` planes of n symbols (grid.y = plane): hist[p * 256 + s]. Blocks
+// of HIST_WARPS * 32 threads; each warp counts into its own copy of the counters in shared
+// memory (warp_count), and each thread reads 8 symbols at a time (planes start 8-aligned).
 extern "C" __global__ void byte_histogram(const u8* planes, u64 n, u64 stride, u64* hist) {
-    __shared__ u32 local[256];
-    for (int s = threadIdx.x; s < 256; s += blockDim.x) local[s] = 0;
+    __shared__ u32 local[HIST_WARPS][256];
+    for (int s = threadIdx.x; s < HIST_WARPS * 256; s += blockDim.x) local[s / 256][s % 256] = 0;
     __syncthreads();
     const u8* p = planes + blockIdx.y * stride;
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x)
-        atomicAdd(&local[p[i]], 1u);
-    __syncthreads();
-    for (int s = threadIdx.x; s < 256; s += blockDim.x)
-        if (local[s]) atomicAdd(&hist[blockIdx.y * 256 + s], (u64)local[s]);
+    const u64* words = (const u64*)p;
+    u32* mine = local[threadIdx.x >> 5];
+    u64 nw = n / 8, step = (u64)gridDim.x * blockDim.x;
+    // The loop's bound is the warp's first index, so a warp's lanes stay together for the
+    // collective in warp_count.
+    for (u64 w0 = blockIdx.x * (u64)blockDim.x + (threadIdx.x & ~31u); w0 < nw; w0 += step) {
+        u64 i = w0 + (threadIdx.x & 31);
+        bool ok = i < nw;
+        u64 v = ok ? words[i] : 0;
+        for (int b = 0; b < 8; b++) warp_count(mine, (u32)(v >> (8 * b)) & 255u, ok);
+    }
+    // The last n % 8 symbols.
+    if (blockIdx.x == 0 && threadIdx.x < n % 8) atomicAdd(&mine[p[nw * 8 + threadIdx.x]], 1u);
+    flush_counts(local, hist + blockIdx.y * 256);
 }
 
 // Sparse mode's flag byte of symbols 8g..8g+7 (bit k: symbol 8g + k is not zero).
@@ -245,21 +276,20 @@ __device__ __forceinline__ u8 flag_byte(const u8* p, u64 g, u64 n) {
 // from the plane's start are the flags of each chunk.
 extern "C" __global__ void flag_bytes(const u8* planes, u64 n, u64 stride, u8* flags,
                                       u64 fstride, u64* hist) {
-    __shared__ u32 local[256];
-    for (int s = threadIdx.x; s < 256; s += blockDim.x) local[s] = 0;
+    __shared__ u32 local[HIST_WARPS][256];
+    for (int s = threadIdx.x; s < HIST_WARPS * 256; s += blockDim.x) local[s / 256][s % 256] = 0;
     __syncthreads();
     const u8* p = planes + blockIdx.y * stride;
-    u64 groups = (n + 7) / 8;
-    for (u64 g = blockIdx.x * (u64)blockDim.x + threadIdx.x; g < groups;
-         g += (u64)gridDim.x * blockDim.x) {
-        u8 f = flag_byte(p, g, n);
-        if (flags) flags[blockIdx.y * fstride + g] = f;
-        if (hist) atomicAdd(&local[f], 1u);
+    u32* mine = local[threadIdx.x >> 5];
+    u64 groups = (n + 7) / 8, step = (u64)gridDim.x * blockDim.x;
+    for (u64 g0 = blockIdx.x * (u64)blockDim.x + (threadIdx.x & ~31u); g0 < groups; g0 += step) {
+        u64 g = g0 + (threadIdx.x & 31);
+        bool ok = g < groups;
+        u8 f = ok ? flag_byte(p, g, n) : 0;
+        if (ok && flags) flags[blockIdx.y * fstride + g] = f;
+        if (hist) warp_count(mine, f, ok);
     }
-    __syncthreads();
-    if (hist)
-        for (int s = threadIdx.x; s < 256; s += blockDim.x)
-            if (local[s]) atomicAdd(&hist[blockIdx.y * 256 + s], (u64)local[s]);
+    if (hist) flush_counts(local, hist + blockIdx.y * 256);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -715,4 +745,126 @@ extern "C" __global__ void fill_bytes(u8* p, u64 n, u32 v) {
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x)
         p[i] = (u8)v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// BLAKE3 (hash mode) of `prefix || data`: a tensor's id (mdl-format's TensorHasher hashes the
+// header's canonical prefix, then the bytes). Chunks of 1,024 bytes are compressed one a thread
+// (blake3_chunks), then each level of the tree is one launch pairing neighbours (blake3_parents);
+// the node that ends a level with no partner moves up as it is, which builds BLAKE3's
+// left-balanced tree. The last compression (a lone chunk, or the top parent) carries the root
+// flag; the id is its first 8 words, little-endian.
+
+#define B3_CHUNK_START 1u
+#define B3_CHUNK_END 2u
+#define B3_PARENT 4u
+#define B3_ROOT 8u
+
+__device__ __forceinline__ u32 b3_iv(int i) {
+    switch (i) {
+        case 0: return 0x6A09E667u;
+        case 1: return 0xBB67AE85u;
+        case 2: return 0x3C6EF372u;
+        case 3: return 0xA54FF53Au;
+        case 4: return 0x510E527Fu;
+        case 5: return 0x9B05688Cu;
+        case 6: return 0x1F83D9ABu;
+        default: return 0x5BE0CD19u;
+    }
+}
+
+__device__ __forceinline__ u32 b3_rotr(u32 x, int r) {
+    return (x >> r) | (x << (32 - r));
+}
+
+__device__ __forceinline__ void b3_g(u32* v, int a, int b, int c, int d, u32 x, u32 y) {
+    v[a] = v[a] + v[b] + x;
+    v[d] = b3_rotr(v[d] ^ v[a], 16);
+    v[c] = v[c] + v[d];
+    v[b] = b3_rotr(v[b] ^ v[c], 12);
+    v[a] = v[a] + v[b] + y;
+    v[d] = b3_rotr(v[d] ^ v[a], 8);
+    v[c] = v[c] + v[d];
+    v[b] = b3_rotr(v[b] ^ v[c], 7);
+}
+
+// The compression function: cv (8 words) becomes the chaining value of block m (16 words).
+__device__ void b3_compress(u32* cv, const u32* block, u64 counter, u32 len, u32 flags) {
+    u32 v[16], m[16], t[16];
+    for (int i = 0; i < 8; i++) v[i] = cv[i];
+    for (int i = 0; i < 4; i++) v[8 + i] = b3_iv(i);
+    v[12] = (u32)counter;
+    v[13] = (u32)(counter >> 32);
+    v[14] = len;
+    v[15] = flags;
+    for (int i = 0; i < 16; i++) m[i] = block[i];
+    for (int r = 0; r < 7; r++) {
+        b3_g(v, 0, 4, 8, 12, m[0], m[1]);
+        b3_g(v, 1, 5, 9, 13, m[2], m[3]);
+        b3_g(v, 2, 6, 10, 14, m[4], m[5]);
+        b3_g(v, 3, 7, 11, 15, m[6], m[7]);
+        b3_g(v, 0, 5, 10, 15, m[8], m[9]);
+        b3_g(v, 1, 6, 11, 12, m[10], m[11]);
+        b3_g(v, 2, 7, 8, 13, m[12], m[13]);
+        b3_g(v, 3, 4, 9, 14, m[14], m[15]);
+        // The message permutation between rounds.
+        const int perm[16] = {2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8};
+        for (int i = 0; i < 16; i++) t[i] = m[perm[i]];
+        for (int i = 0; i < 16; i++) m[i] = t[i];
+    }
+    for (int i = 0; i < 8; i++) cv[i] = v[i] ^ v[i + 8];
+}
+
+// Byte j of prefix || data.
+__device__ __forceinline__ u32 b3_byte(const u8* prefix, u64 plen, const u8* data, u64 j) {
+    return j < plen ? prefix[j] : data[j - plen];
+}
+
+// The chaining value of each chunk of prefix || data (total bytes, `chunks` of them, at least
+// one) into cvs[8 * c]; with `root` set (a single chunk) the last block carries the root flag.
+extern "C" __global__ void blake3_chunks(const u8* prefix, u64 plen, const u8* data, u64 total,
+                                         u64 chunks, u32 root, u32* cvs) {
+    u64 c = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    if (c >= chunks) return;
+    u64 lo = c * 1024, hi = lo + 1024 < total ? lo + 1024 : total;
+    u32 cv[8], block[16];
+    for (int i = 0; i < 8; i++) cv[i] = b3_iv(i);
+    // An empty input is one chunk of one empty block.
+    int blocks = hi > lo ? (int)((hi - lo + 63) / 64) : 1;
+    for (int b = 0; b < blocks; b++) {
+        u64 at = lo + 64 * (u64)b;
+        u32 len = hi - at < 64 ? (u32)(hi - at) : 64u;
+        if (at >= plen && len == 64) {
+            const u8* d = data + (at - plen);
+            for (int i = 0; i < 16; i++) block[i] = load32(d, i);
+        } else {
+            for (int i = 0; i < 16; i++) {
+                u32 w = 0;
+                for (int k = 0; k < 4; k++) {
+                    u32 o = 4 * i + k;
+                    if (o < len) w |= b3_byte(prefix, plen, data, at + o) << (8 * k);
+                }
+                block[i] = w;
+            }
+        }
+        u32 flags = (b == 0 ? B3_CHUNK_START : 0u) | (b == blocks - 1 ? B3_CHUNK_END : 0u);
+        if (root && b == blocks - 1) flags |= B3_ROOT;
+        b3_compress(cv, block, c, len, flags);
+    }
+    for (int i = 0; i < 8; i++) cvs[8 * c + i] = cv[i];
+}
+
+// One level of the tree: out[i] is the parent of in[2i] and in[2i + 1], or in[2i] itself when
+// it has no partner (n nodes of 8 words in). With `root` set (n == 2) the parent is the root.
+extern "C" __global__ void blake3_parents(const u32* in, u64 n, u32 root, u32* out) {
+    u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    if (i >= (n + 1) / 2) return;
+    u32 cv[8];
+    if (2 * i + 1 < n) {
+        for (int k = 0; k < 8; k++) cv[k] = b3_iv(k);
+        b3_compress(cv, in + 16 * i, 0, 64, B3_PARENT | (root ? B3_ROOT : 0u));
+    } else {
+        for (int k = 0; k < 8; k++) cv[k] = in[16 * i + k];
+    }
+    for (int k = 0; k < 8; k++) out[8 * i + k] = cv[k];
 }

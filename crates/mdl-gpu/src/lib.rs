@@ -70,6 +70,8 @@ pub const KERNELS: &[&str] = &[
     "group_starts",
     "group_scatter",
     "error_chunks",
+    "blake3_chunks",
+    "blake3_parents",
 ];
 
 /// Why the GPU engine is not available (the CPU engine is used instead).

@@ -178,6 +178,58 @@ fn a_generated_training_series_codes_identically() {
     on_gpu(training_series);
 }
 
+#[test]
+#[cfg_attr(
+    not(feature = "emulate"),
+    ignore = "needs a GPU (scripts/gpu-check.sh)"
+)]
+fn tensor_ids_are_identical_on_the_device() {
+    let gpu = gpu();
+    let mut r = rng(11);
+    // Prefixes and lengths around BLAKE3's 64-byte blocks and 1,024-byte chunks, and trees
+    // of one, two, three and many chunks (odd nodes moving up a level).
+    let prefixes = [0usize, 1, 63, 64, 100, 1023, 1024, 1500];
+    let lengths = [
+        0usize,
+        1,
+        63,
+        64,
+        65,
+        960,
+        1023,
+        1024,
+        1025,
+        2048,
+        3000,
+        5 << 10,
+    ];
+    for &p in &prefixes {
+        let prefix: Vec<u8> = (0..p).map(|_| r() as u8).collect();
+        for &n in &lengths {
+            let data: Vec<u8> = (0..n).map(|_| r() as u8).collect();
+            let mut h = mdl_format::TensorHasher::new(&prefix);
+            h.update(&data);
+            assert_eq!(
+                gpu.tensor_id(&prefix, &data, true),
+                h.finalize(),
+                "prefix {p} bytes, data {n} bytes"
+            );
+        }
+    }
+    // A real header, and a tensor large enough for a deep tree.
+    let data = tensor(Dtype::F32, (1 << 18) + 5, 0, 3);
+    let header = mdl_format::TensorHeader::new(Dtype::F32, vec![(1 << 18) + 5]);
+    assert_eq!(
+        gpu.tensor_id(&header.canonical(), &data, true),
+        header.object_id(&data)
+    );
+    assert_eq!(
+        gpu.fallbacks(),
+        0,
+        "some GPU calls failed and ran on the CPU"
+    );
+}
+
 /// The comparisons themselves, run with the CPU against itself wherever the tests run, so
 /// that what the GPU run checks is known to hold for the reference.
 #[test]

@@ -94,6 +94,15 @@ impl GpuEngine {
                 bytes: len,
                 seconds: s,
             });
+            let prefix = mdl_format::TensorHeader::new(Dtype::F32, vec![n]).canonical();
+            let s = time(lane, &mut |lane| {
+                hash::hash_on(gpu, lane, &prefix, &dev.slice(..)).map(drop)
+            })?;
+            rows.push(BenchRow {
+                name: "tensor id (BLAKE3)",
+                bytes: len,
+                seconds: s,
+            });
             // Whole-codec timings (host to host) for scale: encode and decode of the planes.
             let h = self.plane_histograms(spec, data, None, &[(true, false); 4]);
             let writers: Vec<StreamWriter> = h

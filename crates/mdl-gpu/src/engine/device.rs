@@ -100,17 +100,18 @@ impl Gpu {
     }
 }
 
-/// Device bytes for a host slice: kept ones, or a copy made for this call.
+/// Device bytes for a host slice: kept ones (buffer, offset, length), or a copy made for this
+/// call (buffer, length: an empty slice's buffer holds one byte).
 pub(super) enum Dev {
     Kept(Arc<CudaSlice<u8>>, usize, usize),
-    Own(CudaSlice<u8>),
+    Own(CudaSlice<u8>, usize),
 }
 
 impl Dev {
     pub(super) fn view(&self) -> CudaView<'_, u8> {
         match self {
             Dev::Kept(s, off, len) => s.slice(*off..*off + *len),
-            Dev::Own(s) => s.slice(..),
+            Dev::Own(s, len) => s.slice(..*len),
         }
     }
 }
@@ -154,7 +155,7 @@ impl Lane {
     pub(super) fn bytes(&mut self, gpu: &Gpu, host: &[u8]) -> Res<Dev> {
         Ok(match gpu.resident(host) {
             Some((s, off)) => Dev::Kept(s, off, host.len()),
-            None => Dev::Own(self.upload(host)?),
+            None => Dev::Own(self.upload(host)?, host.len()),
         })
     }
 

@@ -58,6 +58,7 @@ const CPU_INSTEAD: &str = "using the CPU for it";
 mod bench;
 mod coding;
 mod device;
+mod hash;
 
 #[cfg(feature = "bench")]
 pub use bench::BenchRow;

@@ -131,7 +131,12 @@ pub struct Staged {
     /// The caller's moment pairs, as indices into the input's pieces.
     client: Vec<(usize, usize, usize)>,
     started: Instant,
+    /// What the commit waits for before it reads a byte of the input (see [`Staged::after`]).
+    ready: Option<Ready>,
 }
+
+/// Waits until staged bytes have all arrived; says why not when they never will.
+pub type Ready = Box<dyn FnOnce() -> std::result::Result<(), String> + Send>;
 
 impl Staged {
     /// The files at `paths`: each a file (entered under its name) or a directory (its files
@@ -142,7 +147,17 @@ impl Staged {
             input: Input::open(paths)?,
             client: Vec::new(),
             started,
+            ready: None,
         })
+    }
+
+    /// The same input, whose tensor bytes are still arriving (a device-to-host copy in
+    /// flight): the commit calls `ready` before it reads any of them, and fails with its
+    /// message, the repository untouched, when it says they never will. Only the files'
+    /// headers are read before (when staged).
+    pub fn after(mut self, ready: Ready) -> Staged {
+        self.ready = Some(ready);
+        self
     }
 
     /// Files given as bytes (a training process's live state, serialized in memory;
@@ -178,6 +193,7 @@ impl Staged {
             input,
             client,
             started,
+            ready: None,
         })
     }
 }
@@ -190,6 +206,12 @@ pub fn commit_staged(
     progress: &dyn Progress,
 ) -> Result<CommitOutcome> {
     let metrics = check_metrics(&opts.metrics)?;
+    if let Some(ready) = staged.ready {
+        ready().map_err(|why| Error::Input {
+            path: PathBuf::from("the staged state"),
+            source: std::io::Error::other(why),
+        })?;
+    }
     commit_input(
         repo,
         staged.input,

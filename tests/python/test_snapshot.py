@@ -1,0 +1,107 @@
+"""How live state is snapshotted: a commit whose staged bytes are still arriving waits for
+them (the CUDA event of a device snapshot), fails cleanly when they never arrive, and on a
+GPU the device snapshot stores the state as it was when ``commit_state`` returned."""
+
+import numpy as np
+import pytest
+import torch
+
+import mdl
+from mdl import _state
+from conftest import mdl as run_mdl
+
+
+def staged_file(values):
+    """``values`` (name -> float32 tensor) laid out as a safetensors file, as the stager does,
+    with the tensor bytes left zero: (buffer, the bytes that belong after the header)."""
+    tensors = _state.Tensors(_state.MODEL_FILE)
+    for name, t in values.items():
+        tensors.add(name, t)
+    head, places = _state.layout(tensors)
+    body = b"".join(t.numpy().tobytes() for t, _, _ in places)
+    buf = np.zeros(len(head) + len(body), dtype=np.uint8)
+    buf[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+    return buf, len(head), body
+
+
+class Arrival:
+    """A stand-in for a copy in flight: its ``synchronize`` writes the bytes (or fails)."""
+
+    def __init__(self, buf, at, body, fail=False):
+        self.buf, self.at, self.body, self.fail = buf, at, body, fail
+        self.calls = 0
+
+    def synchronize(self):
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        self.buf[self.at : self.at + len(self.body)] = np.frombuffer(self.body, dtype=np.uint8)
+
+
+OPTIONS = dict(message="m", branch=None, step=1, metrics=[], lossy=None, epsilon=None, author=None)
+
+
+def test_a_commit_reads_staged_bytes_only_once_they_have_arrived(tmp_path):
+    repo = mdl.init(tmp_path / "repo")
+    values = {"w": torch.randn(300, 7), "b": torch.randn(11)}
+    buf, at, body = staged_file(values)
+    arrival = Arrival(buf, at, body)
+    pending = repo._native.submit_buffers([(_state.MODEL_FILE, buf)], [], OPTIONS, [arrival])
+    result = mdl.CommitHandle(pending).wait()
+    assert arrival.calls == 1
+    got = repo.load(result.id, file=_state.MODEL_FILE)
+    for name, t in values.items():
+        assert torch.equal(got[name], t), name
+
+
+def test_bytes_that_never_arrive_fail_the_commit_and_change_nothing(tmp_path):
+    repo = mdl.init(tmp_path / "repo")
+    first = repo.commit_state({"w": torch.ones(4)}, step=0).wait()
+    buf, at, body = staged_file({"w": torch.randn(64)})
+    arrival = Arrival(buf, at, body, fail=True)
+    pending = repo._native.submit_buffers([(_state.MODEL_FILE, buf)], [], OPTIONS, [arrival])
+    with pytest.raises(mdl.MdlError, match="the copy from the GPU did not complete: .*illegal memory"):
+        mdl.CommitHandle(pending).wait()
+    assert [e.id for e in repo.log()] == [first.id]
+    assert run_mdl("fsck", "-C", repo.root).returncode == 0
+    # The next call reports it once more (committing nothing), as for any background failure;
+    # the one after goes ahead.
+    with pytest.raises(mdl.MdlError, match="did not complete"):
+        repo.commit_state({"w": torch.zeros(4)}, step=1)
+    assert repo.commit_state({"w": torch.zeros(4)}, step=2).wait().id == repo.resolve("HEAD")
+
+
+def test_an_unknown_snapshot_is_refused_before_anything_starts(tmp_path):
+    repo = mdl.init(tmp_path / "repo")
+    with pytest.raises(ValueError, match="snapshot must be one of auto, device, host, not 'gpu'"):
+        repo.commit_state({"w": torch.zeros(2)}, snapshot="gpu")
+    assert repo.log() == [] and repo.wait() is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu-check.sh)")
+@pytest.mark.parametrize("snapshot", ["device", "host", "auto"])
+def test_cuda_state_is_stored_as_it_was_when_commit_state_returned(tmp_path, snapshot):
+    repo = mdl.init(tmp_path / "repo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 64)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        model(torch.randn(32, 512, device="cuda")).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    before = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    moments = {i: {k: v.cpu().clone() for k, v in s.items()} for i, s in opt.state_dict()["state"].items()}
+    handle = repo.commit_state(model, opt, step=2, snapshot=snapshot)
+    # Training goes on at once, on the same stream, changing every tensor in place.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+        for s in opt.state.values():
+            s["exp_avg"].mul_(3.0)
+    result = handle.wait()
+    state = repo.load_state(result.id)
+    for k, v in before.items():
+        assert torch.equal(state.model[k], v), k
+    for i, per in moments.items():
+        for k, v in per.items():
+            assert torch.equal(state.optimizer["state"][i][k], v), (i, k)
