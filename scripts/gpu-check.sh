@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one script anyone with one can rerun:
 #   1. the identical-bytes tests and kernel tests of mdl-gpu, ignored ones included (a missing
-#      GPU fails instead of skipping);
+#      GPU fails instead of skipping); then, with the machine's CUDA torch, the Python package's
+#      device-snapshot tests and the training loop's stall (bench/gpu-stall/run.py);
 #   2. kernel throughput against the device's copy bandwidth (examples/kernel-bench.rs);
 #   3. end-to-end `mdl commit` (lossless and --lossy) and `mdl checkout` of a GPT-2-sized
 #      checkpoint with AdamW state (scripts/gpt2-checkpoint.py, PyTorch), CPU engine against GPU
@@ -15,7 +16,7 @@
 #
 # Results go to $OUT (or target/gpu-check/out): log.txt, kernels.md, e2e.md, and targets.md
 # with results.json (issue 45's targets, one JSON object: copy it to bench/gpu/results.json and
-# the table to docs/BENCHMARKS.md). A target whose path is not built yet is `null` there.
+# the table to docs/BENCHMARKS.md). A target not measured (or not built yet) is `null` there.
 # MDL_CKPT_DIR=DIR uses the step*.safetensors already in DIR instead of generating them, and
 # MDL_GPU_CHECK_BIN=DIR runs binaries from DIR (a smoke run of this script against binaries
 # built with mdl-gpu's `emulate` feature needs neither a GPU nor PyTorch).
@@ -34,7 +35,16 @@ build() {
             grep -o "target/release/deps/$t-[0-9a-f]*" | tail -1)
         cp "$exe" "$BIN/test-$t"
     done
-    strip "$BIN"/* 2>/dev/null || true
+    # The Python package (abi3), unpacked for PYTHONPATH: the device snapshot's test and stall
+    # benchmark run with the machine's own torch.
+    local venv
+    venv=$(scripts/python-env.sh)
+    rm -rf "$BIN/py" "$BIN/wheel"
+    PATH="$venv/bin:$PATH" "$venv/bin/maturin" build --release --quiet -m python/Cargo.toml -o "$BIN/wheel"
+    "$venv/bin/python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+        "$BIN"/wheel/*.whl "$BIN/py"
+    rm -rf "$BIN/wheel"
+    strip "$BIN"/* "$BIN"/py/mdl/*.so 2>/dev/null || true
     git rev-parse HEAD > "$BIN/commit.txt" 2>/dev/null || echo unknown > "$BIN/commit.txt"
     ls -la "$BIN"
 }
@@ -58,11 +68,22 @@ run() {
     fi
     local identical=true
     "$BIN/test-identical" --nocapture --include-ignored --test-threads=1 || identical=false
+    echo "== CUDA state (commit_state's device snapshot)"
+    local work=${MDL_BENCH_DIR:-/tmp/mdl-gpu-check}
+    rm -rf "$work" && mkdir -p "$work"
+    local abs
+    abs=$(cd "$BIN" && pwd)
+    if [ -d "$BIN/py" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+        PYTHONPATH="$abs/py" MDL="$abs/mdl" python3 -m pytest -q -p no:cacheprovider \
+            tests/python/test_snapshot.py || identical=false
+        PYTHONPATH="$abs/py" python3 bench/gpu-stall/run.py --dir "$work" \
+            --gib "${MDL_STALL_GIB:-4}" --reps 5 --out "$out/stall.md"
+    else
+        echo "no CUDA torch or no built package: the stall is not measured"
+    fi
     echo "== kernels"
     "$BIN/kernel-bench" "${MDL_BENCH_MIB:-1024}" 20 | tee "$out/kernels.md"
     echo "== end to end"
-    local work=${MDL_BENCH_DIR:-/tmp/mdl-gpu-check}
-    rm -rf "$work" && mkdir -p "$work"
     if [ -n "${MDL_CKPT_DIR:-}" ]; then
         mkdir -p "$work/ckpt" && cp "$MDL_CKPT_DIR"/step*.safetensors "$work/ckpt/"
     else

@@ -1,0 +1,116 @@
+"""The training loop's stall when it commits CUDA state (issue 45's first target).
+
+For weights plus AdamW moments on the GPU (fp32, about --gib GiB), it measures in one run:
+
+- d2d:        a device-to-device copy of every tensor (clone, then synchronize), the floor;
+- stall:      ``repo.commit_state(..., snapshot=S)`` returning and the device catching up
+              (synchronize after it): what a training loop loses, for S = device and host;
+- background: until the commit is durable, and its throughput (raw bytes / seconds).
+
+Medians of --reps commits, with the state moved a little between them (later commits are
+deltas, as in a series). Needs torch with CUDA and the mdl package (scripts/gpu-check.sh runs
+it on a device machine). Prints a Markdown table; ``--out FILE`` writes it there too.
+
+    python bench/gpu-stall/run.py --dir /dev/shm --gib 4 --reps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import torch
+
+import mdl
+
+
+def make_state(gib: float):
+    torch.manual_seed(0)
+    width = 4096
+    layers = max(1, int(gib * 2**30 / 12 / (width * width)))  # fp32 weight + two fp32 moments
+    model = torch.nn.ModuleList(torch.nn.Linear(width, width, bias=False) for _ in range(layers)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+            st = opt.state[p]
+            st["step"] = torch.tensor(100.0)
+            st["exp_avg"] = torch.randn_like(p) * 1e-4
+            st["exp_avg_sq"] = torch.rand_like(p) * 1e-8
+    return model, opt
+
+
+def tensors(model, opt):
+    return list(model.parameters()) + [t for st in opt.state.values() for t in st.values() if t.is_cuda]
+
+
+def step(model, opt):
+    with torch.no_grad():
+        for p in model.parameters():
+            st = opt.state[p]
+            st["exp_avg"].mul_(0.9).add_(torch.randn_like(p), alpha=1e-5)
+            p.add_(st["exp_avg"], alpha=-1e-2)
+
+
+def d2d(model, opt) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    copies = [t.detach().clone() for t in tensors(model, opt)]
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    del copies
+    return dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default=tempfile.gettempdir())
+    ap.add_argument("--gib", type=float, default=4.0)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    model, opt = make_state(args.gib)
+    size = sum(t.numel() * t.element_size() for t in tensors(model, opt))
+    lines = [
+        f"device: {torch.cuda.get_device_name()}; state {size / 1e9:.2f} GB on the GPU",
+        "",
+        "| snapshot | d2d copy ms | stall ms | stall / d2d | background s | background GB/s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for snapshot in ("device", "host"):
+        work = tempfile.mkdtemp(dir=args.dir, prefix="gpu-stall-")
+        try:
+            repo = mdl.init(os.path.join(work, "repo"))
+            repo.commit_state(model, opt, step=0, wait=True, snapshot=snapshot)
+            cells = {"d2d": [], "stall": [], "background": []}
+            for rep in range(args.reps):
+                step(model, opt)
+                cells["d2d"].append(d2d(model, opt))
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                handle = repo.commit_state(model, opt, step=rep + 1, snapshot=snapshot)
+                torch.cuda.synchronize()
+                cells["stall"].append(time.perf_counter() - t0)
+                handle.wait()
+                cells["background"].append(time.perf_counter() - t0)
+            del repo
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        m = {k: statistics.median(v) for k, v in cells.items()}
+        lines.append(
+            f"| {snapshot} | {m['d2d'] * 1e3:.1f} | {m['stall'] * 1e3:.1f} | {m['stall'] / m['d2d']:.2f} | "
+            f"{m['background']:.2f} | {size / m['background'] / 1e9:.2f} |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
