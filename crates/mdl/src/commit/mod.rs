@@ -1,6 +1,6 @@
 //! `mdl commit`: store a checkpoint — a file or a tree of files — as a new commit on a branch.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,18 +33,23 @@ use crate::rewrite::{chain, publish_rewrite, Rewrite};
 use crate::warm::WarmTensors;
 use crate::{per_tensor, Error, Progress, Repository, Result};
 
+mod author;
 mod coder;
 mod content;
 mod deferred;
 mod eval;
 mod large;
 mod spare;
+mod staged;
 mod store;
 
+pub(crate) use author::author_soon;
+pub use author::default_author;
 use coder::Coder;
 pub use deferred::{pending_deferred, run_deferred, writer_waiting, DeferredReport};
 use eval::evaluate_candidate;
 use spare::Spare;
+pub use staged::{KnownPair, Ready, Staged};
 use store::{previous_content, previous_object, StoreCtx, Stored};
 
 /// What to commit and how.
@@ -122,82 +127,6 @@ pub fn commit_paths(
     commit_staged(repo, Staged::paths(paths)?, opts, progress)
 }
 
-/// What a commit will store, read in and checked but not yet stored: files on disk mapped
-/// into memory (a file deleted afterwards is still read whole), or files given as bytes. A
-/// background commit ([`crate::background`]) is staged by the caller and stored on a thread
-/// of its own.
-pub struct Staged {
-    input: Input,
-    /// The caller's moment pairs, as indices into the input's pieces.
-    client: Vec<(usize, usize, usize)>,
-    started: Instant,
-    /// What the commit waits for before it reads a byte of the input (see [`Staged::after`]).
-    ready: Option<Ready>,
-}
-
-/// Waits until staged bytes have all arrived; says why not when they never will.
-pub type Ready = Box<dyn FnOnce() -> std::result::Result<(), String> + Send>;
-
-impl Staged {
-    /// The files at `paths`: each a file (entered under its name) or a directory (its files
-    /// entered under their relative paths).
-    pub fn paths(paths: &[PathBuf]) -> Result<Staged> {
-        let started = Instant::now();
-        Ok(Staged {
-            input: Input::open(paths)?,
-            client: Vec::new(),
-            started,
-            ready: None,
-        })
-    }
-
-    /// The same input, whose tensor bytes are still arriving (a device-to-host copy in
-    /// flight): the commit calls `ready` before it reads any of them, and fails with its
-    /// message, the repository untouched, when it says they never will. Only the files'
-    /// headers are read before (when staged).
-    pub fn after(mut self, ready: Ready) -> Staged {
-        self.ready = Some(ready);
-        self
-    }
-
-    /// Files given as bytes (a training process's live state, serialized in memory;
-    /// safetensors files are split into tensors as from disk), with the moment pairs the
-    /// caller knows. A pair naming a tensor the files do not hold is an error; a pair whose
-    /// shapes disagree, or whose tensors the lossy codecs do not take, is not used.
-    pub fn memory(files: Vec<MemoryFile>, pairs: &[KnownPair]) -> Result<Staged> {
-        let started = Instant::now();
-        let input = Input::from_memory(files)?;
-        let index: HashMap<(&str, &str), usize> = input
-            .pieces
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.tensor)
-            .map(|(i, p)| ((input.files[p.file].tree_path.as_str(), p.name.as_str()), i))
-            .collect();
-        let find = |(file, name): &(String, String)| {
-            index
-                .get(&(file.as_str(), name.as_str()))
-                .copied()
-                .ok_or_else(|| Error::Input {
-                    path: PathBuf::from(file),
-                    source: std::io::Error::other(format!(
-                        "a moment pair names {name:?}, not in it"
-                    )),
-                })
-        };
-        let client = pairs
-            .iter()
-            .map(|p| Ok((find(&p.param)?, find(&p.exp_avg)?, find(&p.exp_avg_sq)?)))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Staged {
-            input,
-            client,
-            started,
-            ready: None,
-        })
-    }
-}
-
 /// Commits what was staged.
 pub fn commit_staged(
     repo: &Repository,
@@ -221,18 +150,6 @@ pub fn commit_staged(
         opts,
         progress,
     )
-}
-
-/// A parameter and its Adam moments as the committer knows them, each `(file, tensor name)`:
-/// the pairing the lossy codecs use for them, recorded as the client's.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KnownPair {
-    /// The parameter.
-    pub param: (String, String),
-    /// Its `exp_avg`.
-    pub exp_avg: (String, String),
-    /// Its `exp_avg_sq`.
-    pub exp_avg_sq: (String, String),
 }
 
 /// Commits files given as bytes with the moment pairs the caller knows (see
@@ -717,84 +634,6 @@ pub(crate) fn check_metrics(metrics: &[(String, f64)]) -> Result<Vec<(String, f6
         return Err(Error::InvalidMetric(k.clone()));
     }
     Ok(out)
-}
-
-/// The author of a commit that names none: `$MDL_AUTHOR`; else git's `user.name` and
-/// `user.email` (`Name <email>`, as `git config` reads them here); else the login name
-/// (`$USER`, `$LOGNAME`); else "unknown", with a warning saying how to set it.
-pub fn default_author() -> String {
-    let env = |k: &str| std::env::var(k).ok().filter(|s| !s.trim().is_empty());
-    if let Some(a) = env("MDL_AUTHOR") {
-        return a;
-    }
-    // Both keys in one process; where a key is set more than once, the last value counts, as
-    // for `git config --get`.
-    let (mut name, mut email) = (None, None);
-    if let Ok(out) = std::process::Command::new("git")
-        .args(["config", "--get-regexp", r"^user\.(name|email)$"])
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output()
-    {
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let (key, value) = line.split_once(' ').unwrap_or((line, ""));
-            let value = Some(value.trim().to_string()).filter(|v| !v.is_empty());
-            match key {
-                "user.name" => name = value,
-                "user.email" => email = value,
-                _ => {}
-            }
-        }
-    }
-    match (name, email) {
-        (Some(name), Some(email)) => return format!("{name} <{email}>"),
-        (Some(name), None) => return name,
-        _ => {}
-    }
-    if let Some(login) = env("USER").or_else(|| env("LOGNAME")) {
-        return login;
-    }
-    tracing::warn!("no author known: set MDL_AUTHOR, git's user.name, or pass --author");
-    "unknown".into()
-}
-
-/// The author `opts` names, or the default looked up meanwhile (asking git takes a process,
-/// a few milliseconds a commit would otherwise wait at its end): [`AuthorSoon::get`] when the
-/// commit is made.
-pub(crate) fn author_soon(opts: &CommitOptions) -> AuthorSoon {
-    let named = opts.author.clone();
-    let lookup = named.is_none().then(|| std::thread::spawn(default_author));
-    AuthorSoon { named, lookup }
-}
-
-/// The author of a commit being made (see [`author_soon`]). A lookup still running when this is
-/// dropped (the commit failed) is waited for: its `git` process, between its fork and its exec,
-/// holds copies of this process's descriptors, the repository lock's among them, and the lock
-/// must be free once the failed commit returns.
-pub(crate) struct AuthorSoon {
-    named: Option<String>,
-    lookup: Option<std::thread::JoinHandle<String>>,
-}
-
-impl AuthorSoon {
-    pub(crate) fn get(mut self) -> String {
-        match (
-            self.named.take(),
-            self.lookup.take().map(std::thread::JoinHandle::join),
-        ) {
-            (Some(author), _) => author,
-            (None, Some(Ok(author))) => author,
-            (None, _) => default_author(),
-        }
-    }
-}
-
-impl Drop for AuthorSoon {
-    fn drop(&mut self) {
-        if let Some(lookup) = self.lookup.take() {
-            let _ = lookup.join();
-        }
-    }
 }
 
 /// Reads a ratio that JSON wrote as null (serde_json writes non-finite numbers so).
