@@ -371,6 +371,17 @@ impl Read for Exact<'_> {
     }
 }
 
+/// Runs `f` on a pool of `threads` threads (tests that check a result does not depend on the
+/// thread count).
+#[cfg(test)]
+pub(crate) fn on_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a thread pool")
+        .install(f)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -329,19 +329,15 @@ mod tests {
             }
         }
         let run = |threads| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap()
-                .install(|| {
-                    CpuEngine.key_stats(
-                        view(&wb),
-                        Some(Moments {
-                            m: view(&mb),
-                            v: view(&vb),
-                        }),
-                    )
-                })
+            crate::on_threads(threads, || {
+                CpuEngine.key_stats(
+                    view(&wb),
+                    Some(Moments {
+                        m: view(&mb),
+                        v: view(&vb),
+                    }),
+                )
+            })
         };
         let one = run(1);
         assert_eq!(one, run(3));

@@ -376,22 +376,18 @@ fn measuring_does_not_depend_on_the_thread_count() {
     };
     let steps = [1e-5, 3e-5, 1e-4, 4e-4];
     let run = |threads| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap()
-            .install(|| {
-                let moments = Moments {
-                    m: view(&m),
-                    v: view(&v),
-                };
-                // Every element, and the search's sample.
-                let [st, sampled] = [1, 8].map(|every| {
-                    let m = Some(moments);
-                    measure_steps(Dtype::F32, &x, Some(&r), m, Mode::Linear, &steps, every)
-                });
-                (st, sampled, distance_sq(Dtype::F32, &x, Some(&r)))
-            })
+        crate::on_threads(threads, || {
+            let moments = Moments {
+                m: view(&m),
+                v: view(&v),
+            };
+            // Every element, and the search's sample.
+            let [st, sampled] = [1, 8].map(|every| {
+                let m = Some(moments);
+                measure_steps(Dtype::F32, &x, Some(&r), m, Mode::Linear, &steps, every)
+            });
+            (st, sampled, distance_sq(Dtype::F32, &x, Some(&r)))
+        })
     };
     let one = run(1);
     for threads in [2, 3, 7] {
