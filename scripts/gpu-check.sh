@@ -35,6 +35,9 @@ build() {
             grep -o "target/release/deps/$t-[0-9a-f]*" | tail -1)
         cp "$exe" "$BIN/test-$t"
     done
+    exe=$(cargo test --release -p mdl --test device_input --no-run 2>&1 |
+        grep -o "target/release/deps/device_input-[0-9a-f]*" | tail -1)
+    cp "$exe" "$BIN/test-device-input"
     # The Python package (abi3), unpacked for PYTHONPATH: the device snapshot's test and stall
     # benchmark run with the machine's own torch.
     local venv
@@ -68,6 +71,8 @@ run() {
     fi
     local identical=true
     "$BIN/test-identical" --nocapture --include-ignored --test-threads=1 || identical=false
+    # A commit of device-resident input: read where it lies, the same records as the CPU's.
+    "$BIN/test-device-input" --nocapture --include-ignored || identical=false
     echo "== CUDA state (commit_state's device snapshot)"
     local work=${MDL_BENCH_DIR:-/tmp/mdl-gpu-check}
     rm -rf "$work" && mkdir -p "$work"

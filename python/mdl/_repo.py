@@ -238,9 +238,13 @@ class Repository:
             raise ValueError(f"snapshot must be one of {', '.join(_state.SNAPSHOTS)}, not {snapshot!r}")
         with self._lock:
             self.wait()  # the staging buffers are reused: the commit before must be done
-            files, pairs, ready = self._stage(model, optimizer, extra, step, snapshot)
+            files, pairs, ready, on_gpu = self._stage(model, optimizer, extra, step, snapshot)
             pending = self._native.submit_buffers(
-                files, pairs, _options(message, step, metrics, branch, lossy, epsilon, author), ready
+                files,
+                pairs,
+                _options(message, step, metrics, branch, lossy, epsilon, author),
+                ready,
+                on_gpu,
             )
         return self._settle(CommitHandle(pending), wait)
 
@@ -265,14 +269,15 @@ class Repository:
         if extra is not None:
             doc["extra"] = _state.encode(extra, extra_t, "")
         files = [(_state.STATE_FILE, bytearray(json.dumps(doc).encode()))]
-        ready = []
+        ready, on_gpu = [], []
         for tensors in (model_t, optim_t, extra_t):
             if tensors.items:
-                array, event = self._staging.stage(tensors, snapshot)
+                array, event, where = self._staging.stage(tensors, snapshot)
                 files.append((tensors.path, array))
                 if event is not None:
                     ready.append(event)
-        return files, pairs, ready
+                    on_gpu.append((tensors.path, *where))
+        return files, pairs, ready, on_gpu
 
     def _commit_files(self, files: list, options: dict) -> CommitResult:
         """Commits files given as ``(path, buffer)``, blocking (what :mod:`mdl.dcp`'s ranks

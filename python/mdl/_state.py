@@ -278,10 +278,12 @@ class Staging:
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return size <= (free + cached) // 2
 
-    def stage(self, tensors: Tensors, snapshot: str = "host") -> tuple[Any, Any]:
+    def stage(self, tensors: Tensors, snapshot: str = "host") -> tuple[Any, Any, Any]:
         """Copies ``tensors`` into this file's buffer as a safetensors file. Returns the buffer
         as a numpy array (what the commit reads) and, for a device snapshot, the CUDA event
-        after which its bytes are all there (else None)."""
+        after which its bytes are all there and where the snapshot lies on the GPU:
+        ``(start, length, device index, address)``, the run of the file it holds (else None
+        twice). The commit's GPU engine reads that run there instead of copying it back."""
         if snapshot not in SNAPSHOTS:
             raise ValueError(f"snapshot must be one of {', '.join(SNAPSHOTS)}, not {snapshot!r}")
         torch = _torch()
@@ -305,7 +307,7 @@ class Staging:
         buf, array = self._buffer(tensors.path, size, pinned=bool(gpu))
         array[: len(head)] = np.frombuffer(head, dtype=np.uint8)
         base = len(head)
-        ready = None
+        ready = on_gpu = None
         if on_device:
             # The CUDA tensors come first in the layout: one run of gpu_bytes.
             dev = self._device_buffer(tensors.path, gpu_bytes, device)
@@ -321,6 +323,7 @@ class Staging:
                 ready = torch.cuda.Event()
                 ready.record(side)
             self._in_flight.append(ready)
+            on_gpu = (base, gpu_bytes, device.index, dev.data_ptr())
         for t, at, n in places:
             if n == 0 or (on_device and on_cuda(t)):
                 continue
@@ -331,7 +334,7 @@ class Staging:
                 buf[lo:hi].copy_(_flat_bytes(t), non_blocking=on_cuda(t))
         if gpu and not on_device:
             torch.cuda.synchronize()
-        return array, ready
+        return array, ready, on_gpu
 
 
 def to_tensor(data: bytearray, dtype: str, shape: list[int], framework: str) -> Any:

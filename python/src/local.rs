@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use mdl::background::{Committer, Handle};
 use mdl::checkout::Layout;
-use mdl::commit::{commit_staged, CommitOptions, CommitOutcome, KnownPair, MemoryFile, Staged};
+use mdl::commit::{
+    commit_staged, CommitOptions, CommitOutcome, DeviceCopy, KnownPair, MemoryFile, OnDevice,
+    Staged,
+};
 use mdl::warm::DEFAULT_WARM_BYTES;
 use mdl::{LockMode, NoProgress, OpenOptions, Repository};
 use mdl_bucket::{Location, Replica};
@@ -323,9 +326,12 @@ impl Repo {
     /// place (it must not change until the commit is done), with the moment pairs `pairs`:
     /// `((file, param), (file, exp_avg), (file, exp_avg_sq))`. The buffers' tensor bytes may
     /// still be arriving (copies from the GPU): the commit first calls `synchronize()` on each
-    /// object of `ready` (CUDA events), and fails, storing nothing, if one raises.
-    #[allow(clippy::type_complexity)]
-    #[pyo3(signature = (files, pairs, options, ready = Vec::new()))]
+    /// object of `ready` (CUDA events), and fails, storing nothing, if one raises. `on_gpu`:
+    /// `(path, start, length, device index, address)` for each file a run of whose bytes is
+    /// also on a GPU (a device snapshot, unchanged until the commit is done), which a GPU
+    /// engine on that device reads there.
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    #[pyo3(signature = (files, pairs, options, ready = Vec::new(), on_gpu = Vec::new()))]
     fn submit_buffers(
         &self,
         py: Python<'_>,
@@ -333,11 +339,21 @@ impl Repo {
         pairs: Vec<((String, String), (String, String), (String, String))>,
         options: Options,
         ready: Vec<Py<PyAny>>,
+        on_gpu: Vec<(String, usize, usize, usize, u64)>,
     ) -> PyResult<Pending> {
         let opts = options.commit()?;
         let files = files
             .iter()
-            .map(|(path, obj)| Ok(MemoryFile::new(path.clone(), Exported::new(obj)?)))
+            .map(|(path, obj)| {
+                let file = MemoryFile::new(path.clone(), Exported::new(obj)?);
+                match on_gpu.iter().find(|g| &g.0 == path) {
+                    Some(&(_, start, len, ordinal, address)) => {
+                        let copy = DeviceCopy { ordinal, address };
+                        file.on_device(OnDevice { start, len, copy }).map_err(error)
+                    }
+                    None => Ok(file),
+                }
+            })
             .collect::<PyResult<Vec<_>>>()?;
         let pairs: Vec<KnownPair> = pairs
             .into_iter()

@@ -98,6 +98,15 @@ impl CudaContext {
         Arc::new(CudaContext)
     }
 
+    pub(crate) fn ordinal(&self) -> usize {
+        0
+    }
+
+    /// Free and total memory: the emulated device has room for anything.
+    pub(crate) fn mem_get_info(&self) -> Result<(usize, usize), DriverError> {
+        Ok((usize::MAX / 2, usize::MAX / 2))
+    }
+
     pub(crate) fn new_stream(self: &Arc<Self>) -> Result<Arc<CudaStream>, DriverError> {
         Ok(Arc::new(CudaStream { _ctx: self.clone() }))
     }
@@ -202,6 +211,15 @@ impl<T: DeviceRepr> CudaSlice<T> {
             ptr: ptr.cast(),
             len,
         }
+    }
+}
+
+impl<T> CudaSlice<T> {
+    /// Gives up the buffer without freeing it; its address (as cudarc's).
+    pub(crate) fn leak(self) -> u64 {
+        let ptr = self.ptr as u64;
+        std::mem::forget(self);
+        ptr
     }
 }
 
@@ -394,6 +412,22 @@ impl CudaStream {
         Ok(CudaSlice::new(len, POISON))
     }
 
+    /// A slice over memory someone else allocated (here: any host memory of `len` elements at
+    /// `ptr`), to be given up with [`CudaSlice::leak`] rather than dropped.
+    ///
+    /// # Safety
+    /// As cudarc's: `ptr` holds `len` elements for as long as the slice is used.
+    pub(crate) unsafe fn upgrade_device_ptr<T>(
+        self: &Arc<Self>,
+        ptr: u64,
+        len: usize,
+    ) -> CudaSlice<T> {
+        CudaSlice {
+            ptr: ptr as usize as *mut T,
+            len,
+        }
+    }
+
     pub(crate) fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(
         self: &Arc<Self>,
         len: usize,
@@ -432,7 +466,6 @@ impl CudaStream {
         Ok(())
     }
 
-    #[cfg_attr(not(feature = "bench"), allow(dead_code))]
     pub(crate) fn memcpy_dtod<T, Src: DevicePtr<T>, Dst: DevicePtrMut<T>>(
         self: &Arc<Self>,
         src: &Src,

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use mdl_codec::engine::Kept;
 use mdl_format::ObjectId;
 
 /// The default budget of a long-lived committer (the Python package, `mdl serve`).
@@ -23,10 +24,17 @@ pub struct WarmTensors {
 #[derive(Default)]
 struct Generations {
     /// The last published commit's tensors: what the next commit reads.
-    last: HashMap<ObjectId, Arc<Vec<u8>>>,
+    last: HashMap<ObjectId, Held>,
     /// The commit at work's tensors, published when it lands.
-    next: HashMap<ObjectId, Arc<Vec<u8>>>,
+    next: HashMap<ObjectId, Held>,
     next_bytes: u64,
+}
+
+/// A kept tensor, and its copy where the engine that stored it computes (a GPU's memory), if
+/// it kept one ([`mdl_codec::engine::Engine::keep_shared`]).
+struct Held {
+    content: Arc<Vec<u8>>,
+    _on_device: Kept<'static>,
 }
 
 impl WarmTensors {
@@ -42,18 +50,26 @@ impl WarmTensors {
 
     /// The content of object `id`, if the last commit kept it.
     pub fn get(&self, id: &ObjectId) -> Option<Arc<Vec<u8>>> {
-        self.lock().last.get(id).cloned()
+        self.lock().last.get(id).map(|h| h.content.clone())
     }
 
-    /// Offers the content of object `id`, just committed; kept while the budget allows.
-    pub fn offer(&self, id: ObjectId, content: Arc<Vec<u8>>) {
+    /// Offers the content of object `id`, just committed, with its device copy (the engine's
+    /// guard; [`Kept::nothing`] for none); kept while the budget allows. The device copies are
+    /// of kept tensors only, so the budget bounds them too.
+    pub fn offer(&self, id: ObjectId, content: Arc<Vec<u8>>, on_device: Kept<'static>) {
         let len = content.len() as u64;
         let mut g = self.lock();
         if g.next_bytes + len > self.budget || g.next.contains_key(&id) {
             return;
         }
         g.next_bytes += len;
-        g.next.insert(id, content);
+        g.next.insert(
+            id,
+            Held {
+                content,
+                _on_device: on_device,
+            },
+        );
     }
 
     /// Starts a commit: what an earlier unfinished one offered is dropped.

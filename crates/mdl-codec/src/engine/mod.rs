@@ -10,7 +10,9 @@
 mod cpu;
 mod stats;
 
-use mdl_format::{Dtype, FormatError};
+use std::sync::Arc;
+
+use mdl_format::{Dtype, FormatError, ObjectId, TensorHeader};
 
 use crate::huffman::{Histogram, Stream, StreamWriter};
 use crate::planes::PlaneSpec;
@@ -40,6 +42,17 @@ impl<'a> Kept<'a> {
             _release: Some(inner),
         }
     }
+}
+
+/// Where a copy of some host bytes already lies in a CUDA device's memory: the device's
+/// ordinal and the copy's address in the process's primary context (where PyTorch's tensors
+/// live). Given to [`Engine::adopt`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceCopy {
+    /// The CUDA device.
+    pub ordinal: usize,
+    /// The first byte's device address.
+    pub address: u64,
 }
 
 /// A float tensor (bf16, f16 or f32), little-endian.
@@ -114,6 +127,30 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
     fn keep<'a>(&'a self, bytes: &'a [u8]) -> Kept<'a> {
         let _ = bytes;
         Kept::nothing()
+    }
+
+    /// Like [`Engine::keep`], for bytes of which `copy` already holds a device copy (the
+    /// caller's; it must stay unchanged while the guard lives): an engine on that device
+    /// computes on that copy instead of copying the bytes over. Others ignore it.
+    fn adopt<'a>(&'a self, bytes: &'a [u8], copy: DeviceCopy) -> Kept<'a> {
+        let _ = (bytes, copy);
+        Kept::nothing()
+    }
+
+    /// Keeps `content` where the engine computes for as long as the guard lives, however long
+    /// that is (the guard holds `content`): what a process committing repeatedly keeps of its
+    /// last commit, the next commit's delta bases. `like`, when given, holds the same bytes;
+    /// if the engine already keeps those ([`Engine::adopt`], [`Engine::keep`]), it copies
+    /// from there rather than from the host. An engine short of room keeps nothing.
+    fn keep_shared(&self, content: &Arc<Vec<u8>>, like: Option<&[u8]>) -> Kept<'static> {
+        let _ = (content, like);
+        Kept::nothing()
+    }
+
+    /// The object id of a tensor with `header` and bytes `data` ([`TensorHeader::object_id`]).
+    /// An engine that keeps `data` computes it there: only the id comes back.
+    fn object_id(&self, header: &TensorHeader, data: &[u8]) -> ObjectId {
+        header.object_id(data)
     }
 
     /// Per plane of `data` taken apart as `spec` says (against `base`, of the same length,

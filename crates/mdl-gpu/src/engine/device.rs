@@ -1,6 +1,7 @@
 //! The device side: the CUDA context and its kernels, lanes (a stream with pinned staging
 //! buffers), resident copies of kept bytes, and the launch helpers.
 
+use super::kept::{DevBuf, Resident};
 use super::*;
 
 /// The device, its kernels, the lane pool and the bytes kept on the device.
@@ -12,6 +13,8 @@ pub(crate) struct Gpu {
     pub(super) next_id: AtomicU64,
     /// Calls a driver failure sent to the CPU.
     pub(super) fallbacks: AtomicU64,
+    /// Bytes of content (not coded streams) copied from the host ([`Lane::upload`]).
+    pub(super) uploaded: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -20,20 +23,14 @@ impl std::fmt::Debug for Gpu {
     }
 }
 
-/// Host bytes with a copy on the device (see [`Engine::keep`]).
-pub(super) struct Resident {
-    pub(super) id: u64,
-    pub(super) ptr: usize,
-    pub(super) len: usize,
-    pub(super) dev: Arc<CudaSlice<u8>>,
-}
-
 /// A stream with its pinned staging buffers.
 pub(super) struct Lane {
     pub(super) stream: Arc<CudaStream>,
     pub(super) pinned: [PinnedHostSlice<u8>; 2],
     /// The last copy that used each staging buffer.
     pub(super) busy: [Option<CudaEvent>; 2],
+    /// The device's count of content bytes copied from the host.
+    uploaded: Arc<AtomicU64>,
 }
 
 impl Gpu {
@@ -51,6 +48,7 @@ impl Gpu {
             kept: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             fallbacks: AtomicU64::new(0),
+            uploaded: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -79,6 +77,7 @@ impl Gpu {
                     ]
                 },
                 busy: [None, None],
+                uploaded: self.uploaded.clone(),
             },
         };
         let out = work(&mut lane);
@@ -87,23 +86,12 @@ impl Gpu {
         }
         out
     }
-
-    /// The device copy of `host`, if a kept range holds it: the buffer and the offset.
-    pub(super) fn resident(&self, host: &[u8]) -> Option<(Arc<CudaSlice<u8>>, usize)> {
-        let p = host.as_ptr() as usize;
-        self.kept
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|r| p >= r.ptr && p + host.len() <= r.ptr + r.len)
-            .map(|r| (r.dev.clone(), p - r.ptr))
-    }
 }
 
 /// Device bytes for a host slice: kept ones (buffer, offset, length), or a copy made for this
 /// call (buffer, length: an empty slice's buffer holds one byte).
 pub(super) enum Dev {
-    Kept(Arc<CudaSlice<u8>>, usize, usize),
+    Kept(Arc<DevBuf>, usize, usize),
     Own(CudaSlice<u8>, usize),
 }
 
@@ -130,6 +118,8 @@ impl Lane {
     /// Copies `host` to a new device buffer through the pinned staging buffers: piece k + 1
     /// is copied into one buffer while piece k crosses the bus from the other.
     pub(super) fn upload(&mut self, host: &[u8]) -> Res<CudaSlice<u8>> {
+        self.uploaded
+            .fetch_add(host.len() as u64, Ordering::Relaxed);
         let mut dev = self.alloc::<u8>(host.len())?;
         self.upload_into(host, &mut dev.slice_mut(..host.len()))?;
         Ok(dev)

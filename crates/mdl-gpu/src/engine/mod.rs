@@ -25,12 +25,12 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use mdl_codec::engine::{
-    check_ungroup, scales, sum, Assigned, CodePairs, CpuEngine, Engine, ErrorStats, FloatView,
-    Kept, KeyStats, Lut, Moments, ERROR_CHUNK,
+    check_ungroup, scales, sum, Assigned, CodePairs, CpuEngine, DeviceCopy, Engine, ErrorStats,
+    FloatView, Kept, KeyStats, Lut, Moments, ERROR_CHUNK,
 };
 use mdl_codec::huffman::{Histogram, Plan, Stream, StreamBody, StreamWriter, CHUNK_LOG2};
 use mdl_codec::planes::{PlaneSpec, Transform};
-use mdl_format::{Dtype, FormatError};
+use mdl_format::{Dtype, FormatError, ObjectId, TensorHeader};
 use rayon::prelude::*;
 
 /// Symbols per Huffman chunk (the float codecs' chunking).
@@ -59,6 +59,7 @@ mod bench;
 mod coding;
 mod device;
 mod hash;
+mod kept;
 
 #[cfg(feature = "bench")]
 pub use bench::BenchRow;
@@ -72,18 +73,6 @@ use device::*;
 pub struct GpuEngine {
     gpu: Arc<Gpu>,
     min_bytes: usize,
-}
-
-/// Releases a kept device copy.
-struct KeptGuard {
-    gpu: Arc<Gpu>,
-    id: u64,
-}
-
-impl Drop for KeptGuard {
-    fn drop(&mut self) {
-        self.gpu.kept.lock().unwrap().retain(|r| r.id != self.id);
-    }
 }
 
 impl GpuEngine {
@@ -105,6 +94,13 @@ impl GpuEngine {
     /// bytes are the same either way; tests check that nothing fell back).
     pub fn fallbacks(&self) -> u64 {
         self.gpu.fallbacks.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of content copied from the host to the device since the engine started: tensors,
+    /// bases and codes, not the coded streams a decode takes (tests check that kept and
+    /// adopted bytes are not copied again).
+    pub fn uploaded(&self) -> u64 {
+        self.gpu.uploaded.load(Ordering::Relaxed)
     }
 
     /// Whether `host` goes to the device.
@@ -161,33 +157,19 @@ impl Engine for GpuEngine {
     }
 
     fn keep<'a>(&'a self, bytes: &'a [u8]) -> Kept<'a> {
-        if bytes.len() < self.min_bytes.max(1) || self.gpu.resident(bytes).is_some() {
-            return Kept::nothing();
-        }
-        let copied = self.gpu.with_lane(|lane| {
-            let dev = lane.upload(bytes)?;
-            lane.stream.synchronize()?;
-            Ok(dev)
-        });
-        match copied {
-            Ok(dev) => {
-                let id = self.gpu.next_id.fetch_add(1, Ordering::Relaxed);
-                self.gpu.kept.lock().unwrap().push(Resident {
-                    id,
-                    ptr: bytes.as_ptr() as usize,
-                    len: bytes.len(),
-                    dev: Arc::new(dev),
-                });
-                Kept::new(Box::new(KeptGuard {
-                    gpu: self.gpu.clone(),
-                    id,
-                }))
-            }
-            Err(e) => {
-                self.gpu.failed("copy", e, "kernels will copy as they go");
-                Kept::nothing()
-            }
-        }
+        self.keep_bytes(bytes)
+    }
+
+    fn adopt<'a>(&'a self, bytes: &'a [u8], copy: DeviceCopy) -> Kept<'a> {
+        self.adopt_bytes(bytes, copy)
+    }
+
+    fn keep_shared(&self, content: &Arc<Vec<u8>>, like: Option<&[u8]>) -> Kept<'static> {
+        self.keep_shared_bytes(content, like)
+    }
+
+    fn object_id(&self, header: &TensorHeader, data: &[u8]) -> ObjectId {
+        self.tensor_id(&header.canonical(), data, false)
     }
 
     fn plane_histograms(

@@ -1,8 +1,9 @@
 //! A tensor's content, and its delta base's, read for one pass of the float codecs: held in
 //! memory (one window, the whole tensor), or a window of whole chunks at a time so a tensor
 //! of any size costs a constant amount of memory — read from the input file (copied into a
-//! private buffer by `pread`, on a thread of its own, and hashed as it is read), or decoded
-//! from the store along its chain.
+//! private buffer by `pread`, on a thread of its own, and hashed as it is read; bytes that are
+//! also on a GPU are read in place, see [`Input::on_device`]), or decoded from the store along
+//! its chain.
 
 use mdl_codec::huffman::CHUNK_LOG2;
 use mdl_format::{ObjectId, TensorHasher};
@@ -80,7 +81,9 @@ pub(super) fn pass(
         len.max(1)
     };
     if let (Content::Input { input, i, .. }, true) = (data, windowed) {
-        return prefetched(input, *i, base, step, hasher, f);
+        if !input.on_device(*i) {
+            return prefetched(input, *i, base, step, hasher, f);
+        }
     }
     let mut hasher = hasher;
     let mut reader = Reader::new(data)?;
@@ -205,6 +208,11 @@ impl<'a> Reader<'a> {
     fn new(c: &Content<'a>) -> Result<Reader<'a>> {
         Ok(match c {
             Content::Memory(b) => Reader::Memory(b),
+            // Bytes also on a GPU stay unchanged while the commit runs: read in place (an
+            // engine on that GPU finds each window there).
+            Content::Input { input, i, .. } if input.on_device(*i) => {
+                Reader::Memory(input.tensor(*i))
+            }
             Content::Input { input, i, .. } => Reader::Input {
                 input,
                 i: *i,

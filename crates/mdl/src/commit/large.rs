@@ -29,10 +29,18 @@ impl StoreCtx<'_> {
         if !whole {
             let info = &self.input.pieces[i];
             let n = window_bytes(info.header.dtype.size()).min(info.len as usize);
-            let mut first = vec![0u8; n];
-            self.input.read_into(i, 0, &mut first)?;
-            if !self.first_window_unchanged(i, &first)? {
-                if let Some(stored) = self.store_speculative(i, &first)? {
+            // Bytes also on a GPU are read in place (they do not change meanwhile).
+            let copied;
+            let first = if self.input.on_device(i) {
+                &self.input.tensor(i)[..n]
+            } else {
+                let mut buf = vec![0u8; n];
+                self.input.read_into(i, 0, &mut buf)?;
+                copied = buf;
+                &copied[..]
+            };
+            if !self.first_window_unchanged(i, first)? {
+                if let Some(stored) = self.store_speculative(i, first)? {
                     return Ok(stored);
                 }
             }

@@ -22,8 +22,8 @@ use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue, Sto
 use serde::{Deserialize, Serialize};
 
 pub use crate::history::replay;
-pub use crate::input::MemoryFile;
 use crate::input::{Input, Piece, Run};
+pub use crate::input::{MemoryFile, OnDevice};
 use crate::lossy::{
     self, CodecMode, Encoded, LossyRequest, LossySettings, SearchSummary, TensorPlan,
 };
@@ -32,6 +32,7 @@ use crate::previous::Previous;
 use crate::rewrite::{chain, publish_rewrite, Rewrite};
 use crate::warm::WarmTensors;
 use crate::{per_tensor, Error, Progress, Repository, Result};
+pub use mdl_codec::engine::DeviceCopy;
 
 mod author;
 mod coder;
@@ -222,6 +223,12 @@ fn commit_input(
     // Lossy settings, and for a lossy commit the configuration search.
     let settings = LossySettings::resolve(store, &opts.lossy)?;
     let engine = store.engine();
+    // Bytes the caller already has on a GPU (CUDA state snapshotted there): an engine on
+    // that GPU computes on them where they are.
+    let _adopted: Vec<Kept<'_>> = input
+        .device_copies()
+        .map(|(bytes, copy)| engine.adopt(bytes, copy))
+        .collect();
     let pieces = &input.pieces;
     let correction = Correction {
         curvature: settings.curvature,

@@ -13,6 +13,11 @@ impl<T: Default> Spare<T> {
         Spare(Mutex::new(Vec::new()))
     }
 
+    /// Keeps `buf` for a later tensor.
+    pub(super) fn give(&self, buf: T) {
+        self.0.lock().unwrap().push(buf);
+    }
+
     /// A buffer an earlier tensor used (its contents unspecified), or an empty one; given back
     /// when dropped.
     pub(super) fn take(&self) -> Taken<'_, T> {

@@ -68,11 +68,17 @@ impl StoreCtx<'_> {
         // Work on a private copy: what is hashed is exactly what is encoded, even if the file
         // changes underneath.
         let n = info.len as usize;
-        let mut buf = self.spare_tensors.take();
-        if buf.len() < n {
-            buf.resize(n, 0);
-        }
-        self.input.read_into(i, 0, &mut buf[..n])?;
+        let mut buf = self.spare_tensors.take().keep();
+        buf.resize(n, 0);
+        self.input.read_into(i, 0, &mut buf)?;
+        // Shared with the warm set if it keeps it; where the input's bytes are on a GPU
+        // (adopted), the engine copies them there for this buffer, so that neither this
+        // commit's kernels nor the next commit's deltas against it copy them over the bus.
+        let buf = Arc::new(buf);
+        let on_device = self
+            .coder
+            .engine
+            .keep_shared(&buf, Some(self.input.tensor(i)));
         // The mapping is read by lossy settings (their planning, and the moments beside their
         // weights): what they read of this piece is dropped once it is stored.
         self.input.release(i);
@@ -81,7 +87,7 @@ impl StoreCtx<'_> {
         let mut exactness = Exactness::Lossless;
         let mut quantized = None;
         if let Some(plan) = &self.plans[i] {
-            let data = &buf[..n];
+            let data = &buf[..];
             let w = FloatView {
                 dtype: info.header.dtype,
                 bytes: data,
@@ -125,7 +131,7 @@ impl StoreCtx<'_> {
             lossy_supported(info.header.dtype)
                 && info.header.numel().unwrap_or(0) >= lossy::MIN_LOSSY_ELEMENTS
         }) {
-            let data = &buf[..n];
+            let data = &buf[..];
             let mut out = vec![0u8; n];
             trim::trim(info.header.dtype, data, bits, &mut out);
             let view = |bytes| FloatView {
@@ -141,10 +147,8 @@ impl StoreCtx<'_> {
             });
             changed = Some(out);
         }
-        let data = changed.as_deref().unwrap_or(&buf[..n]);
-        let mut hasher = info.header.hasher();
-        hasher.update(data);
-        let id = hasher.finalize();
+        let data = changed.as_deref().unwrap_or(&buf[..]);
+        let id = self.coder.engine.object_id(&info.header, data);
         let result = if !self.is_new(&id, i, data)? {
             Stored {
                 id,
@@ -184,14 +188,16 @@ impl StoreCtx<'_> {
         };
         self.progress.advance(info.len);
         // What the next commit's delta or residual of this tensor will be taken against (the
-        // buffer itself, given away rather than copied).
-        if let Some(warm) = self.warm.filter(|_| is_delta_candidate(info)) {
-            let content = changed.unwrap_or_else(|| {
-                let mut buf = buf.keep();
-                buf.truncate(n);
-                buf
-            });
-            warm.offer(id, Arc::new(content));
+        // buffer itself, given away rather than copied, with its device copy).
+        match (self.warm.filter(|_| is_delta_candidate(info)), changed) {
+            (Some(warm), Some(changed)) => warm.offer(id, Arc::new(changed), Kept::nothing()),
+            (Some(warm), None) => warm.offer(id, buf, on_device),
+            (None, _) => {
+                drop(on_device);
+                if let Ok(buf) = Arc::try_unwrap(buf) {
+                    self.spare_tensors.give(buf);
+                }
+            }
         }
         Ok((result, exactness))
     }

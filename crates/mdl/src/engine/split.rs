@@ -7,11 +7,11 @@
 use std::sync::Arc;
 
 use mdl_codec::engine::{
-    Assigned, CodePairs, Engine, ErrorStats, FloatView, Kept, KeyStats, Lut, Moments,
+    Assigned, CodePairs, DeviceCopy, Engine, ErrorStats, FloatView, Kept, KeyStats, Lut, Moments,
 };
 use mdl_codec::huffman::{Histogram, Stream, StreamWriter};
 use mdl_codec::planes::PlaneSpec;
-use mdl_format::FormatError;
+use mdl_format::{FormatError, ObjectId, TensorHeader};
 
 /// Encoding on one engine, decoding on another (see the module docs).
 #[derive(Debug)]
@@ -33,6 +33,18 @@ impl Engine for Split {
 
     fn keep<'a>(&'a self, bytes: &'a [u8]) -> Kept<'a> {
         self.encoder.keep(bytes)
+    }
+
+    fn adopt<'a>(&'a self, bytes: &'a [u8], copy: DeviceCopy) -> Kept<'a> {
+        self.encoder.adopt(bytes, copy)
+    }
+
+    fn keep_shared(&self, content: &Arc<Vec<u8>>, like: Option<&[u8]>) -> Kept<'static> {
+        self.encoder.keep_shared(content, like)
+    }
+
+    fn object_id(&self, header: &TensorHeader, data: &[u8]) -> ObjectId {
+        self.encoder.object_id(header, data)
     }
 
     fn plane_histograms(

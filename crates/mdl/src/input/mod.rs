@@ -6,7 +6,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use mdl_codec::engine::{FloatView, Moments};
+use mdl_codec::engine::{DeviceCopy, FloatView, Moments};
 use mdl_format::safetensors::{self, SafetensorsError};
 use mdl_format::{FileFormat, TensorHeader};
 
@@ -37,6 +37,8 @@ pub(crate) struct InputFile {
     /// Its runs, in file order.
     pub(crate) runs: Vec<Run>,
     data: Data,
+    /// A run of its bytes that also lies on a GPU.
+    device: Option<OnDevice>,
 }
 
 /// Where a file's bytes are.
@@ -66,6 +68,21 @@ pub struct MemoryFile {
     /// Its bytes (a safetensors file is split into tensors as from disk): any owned buffer,
     /// so a caller's own memory (a Python package's staging buffer) is read where it lies.
     pub bytes: Box<dyn AsRef<[u8]> + Send + Sync>,
+    /// Where a run of its bytes also lies on a GPU (see [`MemoryFile::on_device`]).
+    pub device: Option<OnDevice>,
+}
+
+/// A run of a file's bytes, `start..start + len`, with a copy in a GPU's memory: a training
+/// process's CUDA tensors, snapshotted on their device. A GPU engine on that device computes
+/// on that copy instead of copying the bytes over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OnDevice {
+    /// The run's first byte in the file.
+    pub start: usize,
+    /// Its length.
+    pub len: usize,
+    /// Where its copy is.
+    pub copy: DeviceCopy,
 }
 
 impl MemoryFile {
@@ -74,7 +91,30 @@ impl MemoryFile {
         MemoryFile {
             path: path.into(),
             bytes: Box::new(bytes),
+            device: None,
         }
+    }
+
+    /// The same file, a run of whose bytes also lies on a GPU, unchanged until the commit
+    /// reading the file is done. A run outside the file is an error.
+    pub fn on_device(mut self, run: OnDevice) -> Result<Self> {
+        if run
+            .start
+            .checked_add(run.len)
+            .is_none_or(|end| end > self.bytes().len())
+        {
+            return Err(Error::Input {
+                path: PathBuf::from(&self.path),
+                source: std::io::Error::other(format!(
+                    "a device copy of bytes {}..+{} lies outside its {} bytes",
+                    run.start,
+                    run.len,
+                    self.bytes().len()
+                )),
+            });
+        }
+        self.device = Some(run);
+        Ok(self)
     }
 
     /// Its bytes.
@@ -160,7 +200,7 @@ impl Input {
                     tree_path: f.path,
                     executable: false,
                 };
-                (found, data)
+                (found, data, f.device)
             })
             .collect();
         Self::open_data(found)
@@ -171,18 +211,18 @@ impl Input {
             .into_iter()
             .map(|f| {
                 let data = map_file(&f.source)?;
-                Ok((f, data))
+                Ok((f, data, None))
             })
             .collect::<Result<Vec<_>>>()?;
         Self::open_data(found)
     }
 
-    fn open_data(found: Vec<(walk::Found, Data)>) -> Result<Input> {
+    fn open_data(found: Vec<(walk::Found, Data, Option<OnDevice>)>) -> Result<Input> {
         let mut input = Input {
             files: Vec::with_capacity(found.len()),
             pieces: Vec::new(),
         };
-        for (f, data) in found {
+        for (f, data, device) in found {
             let bytes = data.bytes();
             let cut = split::cut(&f.source, &f.tree_path, bytes)?;
             let index = input.files.len();
@@ -218,6 +258,7 @@ impl Input {
                 metadata: cut.metadata,
                 runs,
                 data,
+                device,
             });
         }
         Ok(input)
@@ -235,6 +276,23 @@ impl Input {
             [f] => Some(&f.source),
             _ => None,
         }
+    }
+
+    /// The runs of the files' bytes that also lie on a GPU, with where.
+    pub(crate) fn device_copies(&self) -> impl Iterator<Item = (&[u8], DeviceCopy)> {
+        self.files.iter().filter_map(|f| {
+            let run = f.device?;
+            Some((&f.bytes()[run.start..run.start + run.len], run.copy))
+        })
+    }
+
+    /// Whether piece `i`'s bytes lie in a run that is also on a GPU. The caller keeps such
+    /// bytes unchanged until the commit is done, so they are read in place, not copied.
+    pub(crate) fn on_device(&self, i: usize) -> bool {
+        let p = &self.pieces[i];
+        self.files[p.file].device.is_some_and(|run| {
+            run.start as u64 <= p.offset && p.offset + p.len <= (run.start + run.len) as u64
+        })
     }
 
     /// Piece `i`'s bytes.

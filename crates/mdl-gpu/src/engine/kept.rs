@@ -1,0 +1,199 @@
+//! Host bytes with a copy on the device: kept for a while ([`Engine::keep`]), lent by the
+//! caller ([`Engine::adopt`]: a snapshot PyTorch made on the GPU), or kept across commits
+//! ([`Engine::keep_shared`]: the warm set). Kernels called on kept bytes (or a part of them)
+//! read the device copy instead of copying the bytes over again.
+
+use std::ops::Deref;
+
+use mdl_codec::engine::DeviceCopy;
+
+use super::device::{Gpu, Lane};
+use super::*;
+
+/// Device memory holding a kept range: the engine's own allocation, or the caller's (adopted),
+/// which is never freed here.
+pub(super) struct DevBuf {
+    slice: Option<CudaSlice<u8>>,
+    lent: bool,
+}
+
+impl DevBuf {
+    pub(super) fn own(slice: CudaSlice<u8>) -> DevBuf {
+        DevBuf {
+            slice: Some(slice),
+            lent: false,
+        }
+    }
+}
+
+impl Deref for DevBuf {
+    type Target = CudaSlice<u8>;
+    fn deref(&self) -> &CudaSlice<u8> {
+        self.slice.as_ref().expect("held until dropped")
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        if let Some(s) = self.slice.take() {
+            if self.lent {
+                s.leak();
+            }
+        }
+    }
+}
+
+/// Host bytes `ptr..ptr + len` with a copy on the device, from `dev[at..]`.
+pub(super) struct Resident {
+    pub(super) id: u64,
+    pub(super) ptr: usize,
+    pub(super) len: usize,
+    pub(super) dev: Arc<DevBuf>,
+    pub(super) at: usize,
+}
+
+/// Releases a kept device copy (and whatever else it holds: the warm set's content).
+struct KeptGuard<T> {
+    gpu: Arc<Gpu>,
+    id: u64,
+    _holds: T,
+}
+
+impl<T> Drop for KeptGuard<T> {
+    fn drop(&mut self) {
+        self.gpu.kept.lock().unwrap().retain(|r| r.id != self.id);
+    }
+}
+
+impl Gpu {
+    /// Registers `host` as held by `dev[at..]`; the guard unregisters it.
+    fn register<'a, T: Send + 'a>(
+        self: &Arc<Self>,
+        host: &[u8],
+        dev: Arc<DevBuf>,
+        at: usize,
+        holds: T,
+    ) -> Kept<'a> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.kept.lock().unwrap().push(Resident {
+            id,
+            ptr: host.as_ptr() as usize,
+            len: host.len(),
+            dev,
+            at,
+        });
+        Kept::new(Box::new(KeptGuard {
+            gpu: self.clone(),
+            id,
+            _holds: holds,
+        }))
+    }
+
+    /// The device copy of `host`, if a kept range holds it: the buffer and the offset.
+    pub(super) fn resident(&self, host: &[u8]) -> Option<(Arc<DevBuf>, usize)> {
+        let p = host.as_ptr() as usize;
+        self.kept
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|r| p >= r.ptr && p + host.len() <= r.ptr + r.len)
+            .map(|r| (r.dev.clone(), r.at + p - r.ptr))
+    }
+
+    /// Whether `bytes` more fit on the device with half of its free memory to spare.
+    fn has_room(&self, bytes: usize) -> bool {
+        matches!(self.ctx.mem_get_info(), Ok((free, _)) if bytes <= free / 2)
+    }
+}
+
+impl GpuEngine {
+    pub(super) fn keep_bytes<'a>(&'a self, bytes: &'a [u8]) -> Kept<'a> {
+        if bytes.len() < self.min_bytes.max(1) || self.gpu.resident(bytes).is_some() {
+            return Kept::nothing();
+        }
+        match self.gpu.with_lane(|lane| {
+            let dev = lane.upload(bytes)?;
+            lane.stream.synchronize()?;
+            Ok(dev)
+        }) {
+            Ok(dev) => self.gpu.register(bytes, Arc::new(DevBuf::own(dev)), 0, ()),
+            Err(e) => {
+                self.gpu.failed("copy", e, "kernels will copy as they go");
+                Kept::nothing()
+            }
+        }
+    }
+
+    pub(super) fn adopt_bytes<'a>(&'a self, bytes: &'a [u8], copy: DeviceCopy) -> Kept<'a> {
+        if bytes.is_empty() || copy.ordinal != self.gpu.ctx.ordinal() {
+            return Kept::nothing();
+        }
+        let lent = self.gpu.with_lane(|lane| {
+            // SAFETY: the caller holds `bytes.len()` bytes at `copy.address` on this device,
+            // unchanged while the guard lives; the slice is leaked, never freed (DevBuf).
+            Ok(unsafe {
+                lane.stream
+                    .upgrade_device_ptr::<u8>(copy.address, bytes.len())
+            })
+        });
+        match lent {
+            Ok(slice) => {
+                let dev = DevBuf {
+                    slice: Some(slice),
+                    lent: true,
+                };
+                self.gpu.register(bytes, Arc::new(dev), 0, ())
+            }
+            Err(e) => {
+                self.gpu
+                    .failed("adopting a device copy", e, "kernels will copy as they go");
+                Kept::nothing()
+            }
+        }
+    }
+
+    pub(super) fn keep_shared_bytes(
+        &self,
+        content: &Arc<Vec<u8>>,
+        like: Option<&[u8]>,
+    ) -> Kept<'static> {
+        let bytes: &[u8] = content;
+        if bytes.len() < self.min_bytes.max(1) {
+            return Kept::nothing();
+        }
+        let holder = content.clone();
+        // The content itself is kept (by the engine's own buffer): share that buffer.
+        if let Some((dev, at)) = self.gpu.resident(bytes).filter(|(d, _)| !d.lent) {
+            return self.gpu.register(bytes, dev, at, holder);
+        }
+        // A copy of the same bytes is on the device: copy it there, if there is room.
+        let Some((src, at)) = like
+            .filter(|l| l.len() == bytes.len())
+            .and_then(|l| self.gpu.resident(l))
+        else {
+            return Kept::nothing();
+        };
+        if !self.gpu.has_room(bytes.len()) {
+            return Kept::nothing();
+        }
+        let copied = self.gpu.with_lane(|lane: &mut Lane| -> Res<CudaSlice<u8>> {
+            let mut dev = lane.alloc::<u8>(bytes.len())?;
+            lane.stream.memcpy_dtod(
+                &src.slice(at..at + bytes.len()),
+                &mut dev.slice_mut(..bytes.len()),
+            )?;
+            lane.stream.synchronize()?;
+            Ok(dev)
+        });
+        match copied {
+            Ok(dev) => self
+                .gpu
+                .register(bytes, Arc::new(DevBuf::own(dev)), 0, holder),
+            Err(e) => {
+                self.gpu
+                    .failed("device copy", e, "the content is not kept there");
+                Kept::nothing()
+            }
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! Device-resident input: a file whose tensors also lie on the GPU (what `commit_state`'s
+//! device snapshot hands over) is committed from there. Nothing of the state is copied to the
+//! device, the next commit's deltas are taken against the warm set's device copies, and every
+//! record is what the CPU engine stores from the same bytes.
+//!
+//! Needs the GPU engine: a CUDA device, or mdl-gpu's emulated one (`.ci/run` runs it so:
+//! `cargo test -p mdl --features mdl-gpu/emulate --test device_input -- --include-ignored`).
+
+#![allow(clippy::disallowed_methods)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use mdl::background::Committer;
+use mdl::checkout::{checkout, CheckoutOptions};
+use mdl::commit::{
+    commit_staged, CommitOptions, CommitOutcome, DeviceCopy, MemoryFile, OnDevice, Staged,
+};
+use mdl::{NoProgress, OpenOptions, Repository};
+use mdl_codec::engine::{CpuEngine, Engine};
+
+mod common;
+use common::{safetensors_bytes, Rng};
+
+/// Step `step` of a small training state: drifting f32 weights (2 MiB), bf16 moments (2 MiB),
+/// a frozen 64 MiB f32 embedding (read a window at a time) and a bias too small for the GPU.
+fn state(step: u64) -> Vec<u8> {
+    let mut rng = Rng(7);
+    let mut floats = |n: usize, scale: f32, drift: f32| -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| {
+                let x = rng.normal() as f32 * scale + drift * step as f32 * ((i % 5) as f32);
+                x.to_le_bytes()
+            })
+            .collect()
+    };
+    let w = floats(512 * 1024, 0.02, 1e-6);
+    let big = floats(16 << 20, 0.02, 0.0);
+    let m: Vec<u8> = floats(1 << 20, 1e-3, 1e-5)
+        .chunks(4)
+        .flat_map(|f| [f[2], f[3]])
+        .collect();
+    let b = floats(1000, 0.1, 1e-4);
+    safetensors_bytes(&[
+        ("b", "F32", vec![1000], b),
+        ("big", "F32", vec![16 << 10, 1024], big),
+        ("m", "BF16", vec![1 << 20], m),
+        ("w", "F32", vec![512, 1024], w),
+    ])
+}
+
+/// Where the tensors start in a safetensors file's bytes.
+fn data_start(file: &[u8]) -> usize {
+    8 + u64::from_le_bytes(file[..8].try_into().unwrap()) as usize
+}
+
+/// A committer keeping the last commit warm, its commits' kernels on `engine`. The re-encodes
+/// the commits defer stay queued: their work reads the store, not the state committed.
+fn committer(root: &Path, engine: Arc<dyn Engine>) -> Committer {
+    Repository::init(root).unwrap();
+    let at = root.to_path_buf();
+    Committer::storing(
+        move |staged, opts| {
+            let mut repo =
+                Repository::open(&at, &OpenOptions::default()).map_err(|e| e.to_string())?;
+            repo.set_engine(engine.clone());
+            commit_staged(&repo, staged, opts, &NoProgress).map_err(|e| e.to_string())
+        },
+        1 << 30,
+    )
+}
+
+/// A tensor's id, codec and stored size.
+type Record = (String, String, u64);
+
+/// Each commit's stored size, and every tensor's record.
+fn layout(root: &Path, outcomes: &[CommitOutcome]) -> Vec<(u64, Vec<Record>)> {
+    let repo = Repository::open(root, &OpenOptions::default()).unwrap();
+    outcomes
+        .iter()
+        .map(|o| {
+            let shown = mdl::show::show(&repo, &o.id.to_hex()).unwrap();
+            let tensors = shown
+                .tensors
+                .iter()
+                .map(|t| (t.id.to_hex(), t.codec.clone(), t.stored_bytes))
+                .collect();
+            (o.stored_bytes, tensors)
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs the GPU engine: a CUDA device, or --features mdl-gpu/emulate"]
+fn a_device_snapshot_is_read_where_it_lies_and_stores_what_the_cpu_stores() {
+    let (gpu, line) = mdl_gpu::probe().expect("a GPU engine");
+    let gpu = gpu.with_min_bytes(1 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let (on_cpu, on_gpu) = (dir.path().join("cpu"), dir.path().join("gpu"));
+    let cpu_commits = committer(&on_cpu, Arc::new(CpuEngine));
+    let gpu_commits = committer(&on_gpu, Arc::new(gpu.clone()));
+    // Reverse deltas made by the commit itself, against the warm set.
+    let opts = |step| CommitOptions {
+        step: Some(step),
+        message: format!("step {step}"),
+        delta: Some(mdl::policy::DeltaPolicy {
+            defer: false,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for step in 1..=3 {
+        let file = state(step);
+        let start = data_start(&file);
+        // The tensors' copy "on the device": a buffer of its own, as PyTorch's snapshot is.
+        let device = file[start..].to_vec();
+        let run = OnDevice {
+            start,
+            len: device.len(),
+            copy: DeviceCopy {
+                ordinal: 0,
+                address: device.as_ptr() as u64,
+            },
+        };
+        let staged = |on_device: bool| {
+            let f = MemoryFile::new("model.safetensors", file.clone());
+            let f = if on_device {
+                f.on_device(run).unwrap()
+            } else {
+                f
+            };
+            Staged::memory(vec![f], &[]).unwrap()
+        };
+        a.push(
+            cpu_commits
+                .submit(staged(false), opts(step))
+                .unwrap()
+                .wait()
+                .unwrap(),
+        );
+        let before = gpu.uploaded();
+        b.push(
+            gpu_commits
+                .submit(staged(true), opts(step))
+                .unwrap()
+                .wait()
+                .unwrap(),
+        );
+        // Read where it lies: none of the tensors crossed to the device, nor the bases of
+        // the deltas (the warm set keeps them there).
+        assert_eq!(gpu.uploaded() - before, 0, "step {step} ({line})");
+        assert_eq!(gpu.fallbacks(), 0, "step {step}");
+        drop(device);
+    }
+    assert_eq!(layout(&on_cpu, &a), layout(&on_gpu, &b));
+    let deltas = layout(&on_gpu, &b)
+        .iter()
+        .flat_map(|(_, t)| t.clone())
+        .filter(|(_, codec, _)| codec.ends_with("-delta"))
+        .count();
+    assert!(deltas > 0, "the later commits store deltas");
+    // And it checks out byte for byte (a commit of one file, to that path).
+    let out = dir.path().join("out.safetensors");
+    let repo = Repository::open(&on_gpu, &OpenOptions::default()).unwrap();
+    checkout(
+        &repo,
+        "main",
+        &out,
+        &CheckoutOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), state(3));
+}
+
+#[test]
+fn a_device_run_outside_its_file_is_refused() {
+    let file = MemoryFile::new("model.safetensors", vec![0u8; 100]);
+    let run = OnDevice {
+        start: 90,
+        len: 20,
+        copy: DeviceCopy {
+            ordinal: 0,
+            address: 4096,
+        },
+    };
+    let err = file.on_device(run).err().expect("refused");
+    assert!(err.to_string().contains("outside"), "{err}");
+}
