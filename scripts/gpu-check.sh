@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one script anyone with one can rerun:
 #   1. the identical-bytes tests and kernel tests of mdl-gpu, ignored ones included (a missing
-#      GPU fails instead of skipping); then, with the machine's CUDA torch, the Python package's
-#      device-snapshot tests and the training loop's stall (bench/gpu-stall/run.py);
+#      GPU fails instead of skipping), and a commit of device-resident input (mdl's
+#      tests/device_input.rs); then, with the machine's CUDA torch, the Python package's
+#      device-snapshot tests and the training loop's stall with the commit from device state
+#      on either engine (bench/gpu-stall/run.py);
 #   2. kernel throughput against the device's copy bandwidth (examples/kernel-bench.rs);
 #   3. end-to-end `mdl commit` (lossless and --lossy) and `mdl checkout` of a GPT-2-sized
 #      checkpoint with AdamW state (scripts/gpt2-checkpoint.py, PyTorch), CPU engine against GPU
@@ -82,7 +84,7 @@ run() {
         PYTHONPATH="$abs/py" MDL="$abs/mdl" python3 -m pytest -q -p no:cacheprovider \
             tests/python/test_snapshot.py || identical=false
         PYTHONPATH="$abs/py" python3 bench/gpu-stall/run.py --dir "$work" \
-            --gib "${MDL_STALL_GIB:-4}" --reps 5 --out "$out/stall.md"
+            --gib "${MDL_STALL_GIB:-4}" --reps 5 --mdl "$abs/mdl" --out "$out/stall.md"
     else
         echo "no CUDA torch or no built package: the stall is not measured"
     fi

@@ -36,8 +36,12 @@ def main():
     kernels = {r[0]: r for r in rows(os.path.join(out, "kernels.md"))}
     e2e = rows(os.path.join(out, "e2e.md"))
     base = rows(os.path.join(out, "baselines.md"))
-    # bench/gpu-stall/run.py: | snapshot | d2d ms | stall ms | stall / d2d | ... |
-    stall = {r[0]: r for r in rows(os.path.join(out, "stall.md")) if len(r) >= 4}
+    # bench/gpu-stall/run.py: | snapshot | engine | d2d ms | stall ms | stall / d2d | s | GB/s |
+    stall = {(r[0], r[1]): r for r in rows(os.path.join(out, "stall.md")) if len(r) >= 7}
+
+    def stalled(snapshot, engine, col):
+        r = stall.get((snapshot, engine))
+        return float(r[col]) if r else None
     device = "unknown"
     kmd = os.path.join(out, "kernels.md")
     if os.path.exists(kmd):
@@ -78,9 +82,15 @@ def main():
         "device": device,
         "cores": os.cpu_count(),
         # commit_state(..., snapshot="device") against a device-to-device copy of the state.
-        "stall_over_d2d": float(stall["device"][3]) if "device" in stall else None,
-        "stall_over_d2d_host_snapshot": float(stall["host"][3]) if "host" in stall else None,
-        # From a file in the page cache with --engine gpu (not yet from device state).
+        "stall_over_d2d": stalled("device", "gpu", 4),
+        "stall_over_d2d_host_snapshot": stalled("host", "gpu", 4),
+        # commit_state from CUDA state (device snapshot) to durable, GPU and CPU engine.
+        "commit_from_device_gbps": stalled("device", "gpu", 6),
+        "commit_from_device_cpu_gbps": stalled("device", "cpu", 6),
+        "gpu_over_cpu_commit_from_device": ratio(
+            stalled("device", "gpu", 6), stalled("device", "cpu", 6)
+        ),
+        # From a file in the page cache with --engine gpu.
         "commit_lossless_gbps": lossless_gpu,
         "commit_lossy_gbps": lossy_gpu,
         # Not measurable until checkout decodes into device memory (issue 45, item 4).
@@ -112,6 +122,7 @@ def main():
         "| target | measured | goal |",
         "| --- | ---: | --- |",
         f"| stall of `commit_state` with CUDA state / device copy | {fmt(results['stall_over_d2d'], '×')} | ≤ 1.2× |",
+        f"| lossless commit from CUDA state (`commit_state`), GPU engine; CPU engine | {fmt(results['commit_from_device_gbps'], ' GB/s')}; {fmt(results['commit_from_device_cpu_gbps'], ' GB/s')} | ≥ 10 GB/s, ≥ 5× the CPU |",
         f"| lossless commit, GPU engine (file in page cache) | {fmt(lossless_gpu, ' GB/s')} | ≥ 10 GB/s (or 80 % of host write {fmt(host_write, ' GB/s')} × ratio) |",
         f"| lossy commit, GPU engine | {fmt(lossy_gpu, ' GB/s')} | ≥ 5 GB/s |",
         f"| GPU / CPU engine: commit, lossy, checkout | {fmt(results['gpu_over_cpu_commit'], '×')}, {fmt(results['gpu_over_cpu_lossy'], '×')}, {fmt(results['gpu_over_cpu_checkout'], '×')} | ≥ 5× (checkout to a file ≥ 1×) |",

@@ -5,13 +5,15 @@ For weights plus AdamW moments on the GPU (fp32, about --gib GiB), it measures i
 - d2d:        a device-to-device copy of every tensor (clone, then synchronize), the floor;
 - stall:      ``repo.commit_state(..., snapshot=S)`` returning and the device catching up
               (synchronize after it): what a training loop loses, for S = device and host;
-- background: until the commit is durable, and its throughput (raw bytes / seconds).
+- background: until the commit is durable, and its throughput (raw bytes / seconds): the
+              commit from device state, on the CPU engine and on the GPU engine (which
+              computes on the device snapshot where it lies).
 
 Medians of --reps commits, with the state moved a little between them (later commits are
 deltas, as in a series). Needs torch with CUDA and the mdl package (scripts/gpu-check.sh runs
 it on a device machine). Prints a Markdown table; ``--out FILE`` writes it there too.
 
-    python bench/gpu-stall/run.py --dir /dev/shm --gib 4 --reps 5
+    python bench/gpu-stall/run.py --dir /dev/shm --gib 4 --reps 5 --mdl target/release/mdl
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 
@@ -72,19 +75,22 @@ def main() -> None:
     ap.add_argument("--gib", type=float, default=4.0)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out")
+    ap.add_argument("--mdl", default="mdl", help="the mdl binary (sets each repository's engine)")
     args = ap.parse_args()
     model, opt = make_state(args.gib)
     size = sum(t.numel() * t.element_size() for t in tensors(model, opt))
     lines = [
         f"device: {torch.cuda.get_device_name()}; state {size / 1e9:.2f} GB on the GPU",
         "",
-        "| snapshot | d2d copy ms | stall ms | stall / d2d | background s | background GB/s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| snapshot | engine | d2d copy ms | stall ms | stall / d2d | background s | background GB/s |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for snapshot in ("device", "host"):
+    for snapshot, engine in (("device", "gpu"), ("device", "cpu"), ("host", "gpu")):
         work = tempfile.mkdtemp(dir=args.dir, prefix="gpu-stall-")
         try:
-            repo = mdl.init(os.path.join(work, "repo"))
+            path = os.path.join(work, "repo")
+            repo = mdl.init(path)
+            subprocess.run([args.mdl, "-C", path, "config", "engine", engine], check=True)
             repo.commit_state(model, opt, step=0, wait=True, snapshot=snapshot)
             cells = {"d2d": [], "stall": [], "background": []}
             for rep in range(args.reps):
@@ -102,7 +108,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
         m = {k: statistics.median(v) for k, v in cells.items()}
         lines.append(
-            f"| {snapshot} | {m['d2d'] * 1e3:.1f} | {m['stall'] * 1e3:.1f} | {m['stall'] / m['d2d']:.2f} | "
+            f"| {snapshot} | {engine} | {m['d2d'] * 1e3:.1f} | {m['stall'] * 1e3:.1f} | {m['stall'] / m['d2d']:.2f} | "
             f"{m['background']:.2f} | {size / m['background'] / 1e9:.2f} |"
         )
     text = "\n".join(lines) + "\n"

@@ -105,3 +105,29 @@ def test_cuda_state_is_stored_as_it_was_when_commit_state_returned(tmp_path, sna
     for i, per in moments.items():
         for k, v in per.items():
             assert torch.equal(state.optimizer["state"][i][k], v), (i, k)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu-check.sh)")
+def test_the_gpu_engine_stores_a_device_snapshot_as_the_cpu_engine_does(tmp_path):
+    """The GPU engine computes on the device snapshot where it lies (and keeps the warm set's
+    copies there for the next commit's deltas); the records are the CPU engine's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 256)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    repos = {}
+    for engine in ("cpu", "gpu"):
+        repos[engine] = mdl.init(tmp_path / engine)
+        run_mdl("config", "engine", engine, cwd=tmp_path / engine)
+    shown = {engine: [] for engine in repos}
+    for step in range(1, 4):
+        model(torch.randn(32, 1024, device="cuda")).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        for engine, repo in repos.items():
+            result = repo.commit_state(model, opt, step=step, snapshot="device", wait=True)
+            tensors = repo.show(result.id)["tensors"]
+            shown[engine].append([(t["name"], t["id"], t["codec"], t["stored_bytes"]) for t in tensors])
+    assert shown["gpu"] == shown["cpu"]
+    state = repos["gpu"].load_state()
+    for k, v in model.state_dict().items():
+        assert torch.equal(state.model[k], v.cpu()), k
