@@ -7,7 +7,9 @@ For weights plus AdamW moments on the GPU (fp32, about --gib GiB), it measures i
               (synchronize after it): what a training loop loses, for S = device and host;
 - background: until the commit is durable, and its throughput (raw bytes / seconds): the
               commit from device state, on the CPU engine and on the GPU engine (which
-              computes on the device snapshot where it lies).
+              computes on the device snapshot where it lies);
+- load:       ``repo.load_state(device="cuda")`` of the newest commit, on either engine (the
+              GPU engine decodes into the CUDA tensors in place).
 
 Medians of --reps commits, with the state moved a little between them (later commits are
 deltas, as in a series). Needs torch with CUDA and the mdl package (scripts/gpu-check.sh runs
@@ -85,6 +87,7 @@ def main() -> None:
         "| snapshot | engine | d2d copy ms | stall ms | stall / d2d | background s | background GB/s |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
+    loads = ["", "| load_state(device='cuda') | engine | s | GB/s |", "| --- | --- | ---: | ---: |"]
     for snapshot, engine in (("device", "gpu"), ("device", "cpu"), ("host", "gpu")):
         work = tempfile.mkdtemp(dir=args.dir, prefix="gpu-stall-")
         try:
@@ -103,6 +106,16 @@ def main() -> None:
                 cells["stall"].append(time.perf_counter() - t0)
                 handle.wait()
                 cells["background"].append(time.perf_counter() - t0)
+            if snapshot == "device":
+                times = []
+                for _ in range(3):
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    state = repo.load_state(device="cuda")
+                    torch.cuda.synchronize()
+                    times.append(time.perf_counter() - t0)
+                    del state
+                loads.append(f"| load | {engine} | {statistics.median(times):.3f} | {size / statistics.median(times) / 1e9:.2f} |")
             del repo
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -111,7 +124,7 @@ def main() -> None:
             f"| {snapshot} | {engine} | {m['d2d'] * 1e3:.1f} | {m['stall'] * 1e3:.1f} | {m['stall'] / m['d2d']:.2f} | "
             f"{m['background']:.2f} | {size / m['background'] / 1e9:.2f} |"
         )
-    text = "\n".join(lines) + "\n"
+    text = "\n".join(lines + loads) + "\n"
     print(text, flush=True)
     if args.out:
         with open(args.out, "w") as f:

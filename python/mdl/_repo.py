@@ -326,6 +326,7 @@ class Repository:
         *,
         file: str | None = None,
         framework: str = "torch",
+        device: Any = None,
     ) -> dict[str, Any]:
         """Tensors of ``rev`` by name; only those asked for are decoded.
 
@@ -333,6 +334,9 @@ class Repository:
         are in ``model.safetensors``). Tensors come as torch tensors (``framework="torch"``)
         or numpy arrays (``"numpy"``), in their stored dtypes and shapes, sharing memory
         with the decoded bytes (no copy). A name found in two files needs ``file``.
+
+        ``device``: a CUDA device to load them onto (torch tensors there). With the GPU
+        engine on that device, they are decoded in place: only compressed bytes cross to it.
         """
         commit = self.resolve(rev)
         listed = [t for t in self.tensors(commit) if file is None or t.file == file]
@@ -347,11 +351,9 @@ class Repository:
         missing = [n for n in wanted if n not in by_name]
         if missing:
             raise KeyError(f"no tensor {missing[0]!r} in commit {commit[:12]}")
-        data = self._native.read_tensors(commit, [(by_name[n].file, n) for n in wanted])
-        return {
-            n: _state.to_tensor(d, dtype, shape, framework)
-            for n, (dtype, shape, d) in zip(wanted, data)
-        }
+        refs = [(by_name[n].file, n) for n in wanted]
+        data = _state.read(self._native, commit, refs, framework, device, lambda: listed)
+        return dict(zip(wanted, data))
 
     def load_state(
         self,
@@ -360,19 +362,18 @@ class Repository:
         optimizer: Any = None,
         *,
         framework: str = "torch",
+        device: Any = None,
     ) -> State:
         """Training state committed by :meth:`commit_state`, as state dicts.
 
         Given a ``model`` and/or ``optimizer``, their ``load_state_dict`` is called with it.
+        ``device``: a CUDA device to load the tensors onto, as :meth:`load` does.
         """
         commit = self.resolve(rev)
         doc = self._state_document(commit)
         refs = _state.references(doc)
-        data = self._native.read_tensors(commit, refs) if refs else []
-        tensors = {
-            ref: _state.to_tensor(d, dtype, shape, framework)
-            for ref, (dtype, shape, d) in zip(refs, data)
-        }
+        data = _state.read(self._native, commit, refs, framework, device, lambda: self.tensors(commit))
+        tensors = dict(zip(refs, data))
         model_sd = OrderedDict(_state.decode(doc.get("model", {}), tensors))
         optim_sd = None
         if "optimizer" in doc:

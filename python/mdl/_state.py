@@ -337,6 +337,40 @@ class Staging:
         return array, ready, on_gpu
 
 
+def read(native: Any, commit: str, refs: list, framework: str, device: Any, infos: Any) -> list:
+    """The tensors ``refs`` (``(file, name)``) of ``commit``, decoded: as ``framework``'s, or
+    with ``device`` (a CUDA device) as torch tensors there. A GPU engine on that device decodes
+    into them in place (only coded bytes cross to it); otherwise the decoded bytes are copied
+    over. ``infos()``: the commit's :class:`TensorInfo` list (called only for a device)."""
+    if not refs:
+        return []
+    torch = _torch()
+    target = None if device is None or torch is None else torch.device(device)
+    if target is None or target.type == "cpu":
+        data = native.read_tensors(commit, refs)
+        return [to_tensor(d, dtype, shape, framework) for dtype, shape, d, _ in data]
+    if target.type != "cuda":
+        raise ValueError(f"device must be a CUDA device or the CPU, not {device!r}")
+    if framework != "torch":
+        raise ValueError("a device needs framework='torch'")
+    if target.index is None:
+        target = torch.device("cuda", torch.cuda.current_device())
+    by_ref = {(t.file, t.name): t for t in infos()}
+    out = [
+        torch.empty(by_ref[r].shape, dtype=getattr(torch, DTYPES[by_ref[r].dtype][0]), device=target)
+        for r in refs
+    ]
+    # Fresh memory may still be read by work queued on the current stream; the decode writes
+    # it from streams of its own.
+    torch.cuda.current_stream(target).synchronize()
+    places = [(target.index, t.data_ptr() if t.numel() else 0) for t in out]
+    data = native.read_tensors(commit, refs, places)
+    for t, (dtype, shape, d, how) in zip(out, data):
+        if how == "not mine" and t.numel():
+            t.copy_(to_tensor(d, dtype, shape, "torch"))
+    return out
+
+
 def to_tensor(data: bytearray, dtype: str, shape: list[int], framework: str) -> Any:
     """Decoded bytes as a tensor (torch) or array (numpy), without copying where possible."""
     attr, np_dtype = DTYPES[dtype]

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use mdl::background::{Committer, Handle};
-use mdl::checkout::Layout;
+use mdl::checkout::{Layout, Mirror};
 use mdl::commit::{
     commit_staged, CommitOptions, CommitOutcome, DeviceCopy, KnownPair, MemoryFile, OnDevice,
     Staged,
@@ -522,29 +522,58 @@ impl Repo {
     }
 
     /// Decodes the tensors `wanted` (`(file, name)`) of commit `rev`, in the order asked:
-    /// each as its dtype, shape and a new bytearray of its bytes.
+    /// each as its dtype, shape and a new bytearray of its bytes. With `to_gpu` (one
+    /// `(device index, address)` a tensor, the memory of a CUDA tensor of its size), each is
+    /// also left there: decoded in place by a GPU engine on that device (`"written"`), copied
+    /// from the host by it (`"copied"`), or not at all (`"not mine"`: the caller copies).
     #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (rev, wanted, to_gpu = None))]
     fn read_tensors<'py>(
         &self,
         py: Python<'py>,
         rev: String,
         wanted: Vec<(String, String)>,
-    ) -> PyResult<Vec<(&'static str, Vec<u64>, Bound<'py, PyByteArray>)>> {
+        to_gpu: Option<Vec<(usize, u64)>>,
+    ) -> PyResult<
+        Vec<(
+            &'static str,
+            Vec<u64>,
+            Bound<'py, PyByteArray>,
+            &'static str,
+        )>,
+    > {
+        if to_gpu.as_ref().is_some_and(|g| g.len() != wanted.len()) {
+            return Err(error("one device address a tensor"));
+        }
         let (repo, layout) = self.laid_out(py, &rev)?;
         let mut out = Vec::with_capacity(wanted.len());
-        for (file, name) in &wanted {
+        for (i, (file, name)) in wanted.iter().enumerate() {
             let placed = layout
                 .file(file)
                 .and_then(|f| f.tensor(name))
                 .ok_or_else(|| error(format!("no tensor {name:?} in {file} of commit {rev}")))?;
             let len = usize::try_from(placed.entry.content_len).map_err(error)?;
+            let mut mirror = "";
             let bytes = PyByteArray::new_with(py, len, |buf| {
-                py.detach(|| placed.load_into(&repo, buf)).map_err(error)
+                py.detach(|| match to_gpu.as_ref().map(|g| g[i]) {
+                    Some((ordinal, address)) => {
+                        let copy = DeviceCopy { ordinal, address };
+                        mirror = match placed.load_mirrored(&repo, buf, copy)? {
+                            Mirror::Written => "written",
+                            Mirror::Copied => "copied",
+                            Mirror::NotMine | Mirror::Failed => "not mine",
+                        };
+                        Ok(())
+                    }
+                    None => placed.load_into(&repo, buf),
+                })
+                .map_err(error)
             })?;
             out.push((
                 placed.header.dtype.name(),
                 placed.header.shape.clone(),
                 bytes,
+                mirror,
             ));
         }
         Ok(out)

@@ -131,3 +131,39 @@ def test_the_gpu_engine_stores_a_device_snapshot_as_the_cpu_engine_does(tmp_path
     state = repos["gpu"].load_state()
     for k, v in model.state_dict().items():
         assert torch.equal(state.model[k], v.cpu()), k
+
+
+def test_loading_onto_a_device_that_is_not_cuda_is_refused(tmp_path):
+    repo = mdl.init(tmp_path / "repo")
+    repo.commit_state({"w": torch.arange(6, dtype=torch.float32)}, wait=True)
+    assert torch.equal(repo.load_state(device="cpu").model["w"], torch.arange(6, dtype=torch.float32))
+    with pytest.raises(ValueError, match="device must be a CUDA device or the CPU, not 'meta'"):
+        repo.load_state(device="meta")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu-check.sh)")
+@pytest.mark.parametrize("engine", ["cpu", "gpu"])
+def test_state_loads_onto_the_gpu_as_committed(tmp_path, engine):
+    """With the GPU engine the tensors are decoded in place on the device; with the CPU engine
+    they are copied there. Either way they hold the committed bytes."""
+    repo = mdl.init(tmp_path / "repo")
+    run_mdl("config", "engine", engine, cwd=tmp_path / "repo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 8)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 1024, device="cuda")).sum().backward()
+    opt.step()
+    first = repo.commit_state(model, opt, step=1, wait=True)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.001)
+    repo.commit_state(model, opt, step=2, wait=True)
+    for rev, latest in (("HEAD", True), (first.id, False)):
+        state = repo.load_state(rev, device="cuda")
+        host = repo.load_state(rev)
+        for k, v in host.model.items():
+            assert state.model[k].is_cuda, k
+            assert torch.equal(state.model[k].cpu(), v), (rev, k)
+        if latest:
+            for k, v in model.state_dict().items():
+                assert torch.equal(state.model[k], v), k

@@ -9,10 +9,10 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use mdl::background::Committer;
-use mdl::checkout::{checkout, CheckoutOptions};
+use mdl::checkout::{checkout, CheckoutOptions, Mirror, Piece};
 use mdl::commit::{
     commit_staged, CommitOptions, CommitOutcome, DeviceCopy, MemoryFile, OnDevice, Staged,
 };
@@ -48,6 +48,10 @@ fn state(step: u64) -> Vec<u8> {
         ("w", "F32", vec![512, 1024], w),
     ])
 }
+
+/// Held by each test that counts the GPU's uploads: the engine (and its count) is one per
+/// process.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// Where the tensors start in a safetensors file's bytes.
 fn data_start(file: &[u8]) -> usize {
@@ -93,6 +97,7 @@ fn layout(root: &Path, outcomes: &[CommitOutcome]) -> Vec<(u64, Vec<Record>)> {
 #[test]
 #[ignore = "needs the GPU engine: a CUDA device, or --features mdl-gpu/emulate"]
 fn a_device_snapshot_is_read_where_it_lies_and_stores_what_the_cpu_stores() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let (gpu, line) = mdl_gpu::probe().expect("a GPU engine");
     let gpu = gpu.with_min_bytes(1 << 20);
     let dir = tempfile::tempdir().unwrap();
@@ -187,4 +192,73 @@ fn a_device_run_outside_its_file_is_refused() {
     };
     let err = file.on_device(run).err().expect("refused");
     assert!(err.to_string().contains("outside"), "{err}");
+}
+
+#[test]
+#[ignore = "needs the GPU engine: a CUDA device, or --features mdl-gpu/emulate"]
+fn a_tensor_loaded_into_device_memory_is_decoded_there() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let (gpu, line) = mdl_gpu::probe().expect("a GPU engine");
+    let gpu = gpu.with_min_bytes(1 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("repo");
+    let commits = committer(&root, Arc::new(CpuEngine));
+    let opts = |step| CommitOptions {
+        step: Some(step),
+        delta: Some(mdl::policy::DeltaPolicy {
+            defer: false,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    for step in 1..=2 {
+        let staged = Staged::memory(vec![MemoryFile::new("model.safetensors", state(step))], &[]);
+        commits
+            .submit(staged.unwrap(), opts(step))
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    drop(commits);
+    let mut repo = Repository::open(&root, &OpenOptions::default()).unwrap();
+    repo.set_engine(Arc::new(gpu.clone()));
+    // HEAD holds whole records, HEAD~1 deltas against them (reverse deltas).
+    for (rev, step) in [("HEAD", 2), ("HEAD~1", 1)] {
+        let file = state(step);
+        let layout = mdl::checkout::layout(&repo, rev).unwrap();
+        for piece in &layout.single().unwrap().pieces {
+            let Piece::Object(placed) = piece else {
+                continue;
+            };
+            let at = placed.offset as usize;
+            let want = &file[at..at + placed.entry.content_len as usize];
+            let mut host = vec![0u8; want.len()];
+            // The tensor's memory "on the device", filled with a pattern no tensor holds.
+            let mut device = vec![0xa5u8; want.len()];
+            let copy = DeviceCopy {
+                ordinal: 0,
+                address: device.as_mut_ptr() as u64,
+            };
+            let before = gpu.uploaded();
+            let mirror = placed.load_mirrored(&repo, &mut host, copy).unwrap();
+            assert_eq!(host, want, "{rev} {}", placed.name);
+            assert_eq!(device, want, "{rev} {} ({mirror:?})", placed.name);
+            if rev == "HEAD" && placed.name != "b" {
+                // Decoded in place: only the coded bytes crossed to the device.
+                assert_eq!(mirror, Mirror::Written, "{} ({line})", placed.name);
+                assert_eq!(gpu.uploaded(), before, "{}", placed.name);
+            }
+            assert_ne!(mirror, Mirror::NotMine, "{rev} {}", placed.name);
+        }
+    }
+    // A device the engine is not on: the caller copies.
+    let layout = mdl::checkout::layout(&repo, "HEAD").unwrap();
+    let placed = layout.single().unwrap().objects().next().unwrap();
+    let mut host = vec![0u8; placed.entry.content_len as usize];
+    let elsewhere = DeviceCopy {
+        ordinal: 7,
+        address: 4096,
+    };
+    let mirror = placed.load_mirrored(&repo, &mut host, elsewhere).unwrap();
+    assert_eq!(mirror, Mirror::NotMine);
 }

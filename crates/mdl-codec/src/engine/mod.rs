@@ -55,6 +55,20 @@ pub struct DeviceCopy {
     pub address: u64,
 }
 
+/// How [`Engine::mirror_into`] left the device copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mirror {
+    /// Written in place by the engine's kernels as they decoded: only coded bytes crossed to
+    /// the device.
+    Written,
+    /// Filled on the host (in part or whole) and copied over.
+    Copied,
+    /// The engine is not on that device: nothing was copied.
+    NotMine,
+    /// `fill` failed: the device copy is unspecified.
+    Failed,
+}
+
 /// A float tensor (bf16, f16 or f32), little-endian.
 #[derive(Clone, Copy, Debug)]
 pub struct FloatView<'a> {
@@ -145,6 +159,25 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
     fn keep_shared(&self, content: &Arc<Vec<u8>>, like: Option<&[u8]>) -> Kept<'static> {
         let _ = (content, like);
         Kept::nothing()
+    }
+
+    /// Fills `out` by calling `fill` (a decode: true when it succeeded) and leaves a copy of
+    /// the result at `copy` in device memory, if the engine is on that device: its kernels
+    /// write what they decode into `out` there as they go (the decode's output goes to the
+    /// host too, where it is verified), and whatever they did not write is copied over
+    /// after. [`Mirror::NotMine`] (the default): nothing was copied, the caller copies.
+    fn mirror_into(
+        &self,
+        out: &mut [u8],
+        copy: DeviceCopy,
+        fill: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> Mirror {
+        let _ = copy;
+        if fill(out) {
+            Mirror::NotMine
+        } else {
+            Mirror::Failed
+        }
     }
 
     /// The object id of a tensor with `header` and bytes `data` ([`TensorHeader::object_id`]).

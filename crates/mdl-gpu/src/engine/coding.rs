@@ -458,9 +458,23 @@ pub(super) fn decode_on(
     }
     let b = base.map(|b| lane.bytes(gpu, b)).transpose()?;
     let bv = b.as_ref().map(Dev::view);
-    let mut dout = lane.alloc::<u8>(out.len())?;
     let sv = sym.slice(..);
-    launch_planes(gpu, lane, "merge_planes", g, &sv, bv.as_ref(), &mut dout)?;
-    lane.download(&dout.slice(..out.len()), out)?;
+    // A mirrored output (`mirror_into`): merged straight into the caller's device memory.
+    let mirror = gpu.output(out);
+    let mut dout = match &mirror {
+        // SAFETY: the caller's device memory holds out.len() bytes there while the output is
+        // registered (for the whole of this call); leaked below, never freed.
+        Some(at) => unsafe { lane.stream.upgrade_device_ptr::<u8>(at.address, out.len()) },
+        None => lane.alloc::<u8>(out.len())?,
+    };
+    let merged = launch_planes(gpu, lane, "merge_planes", g, &sv, bv.as_ref(), &mut dout)
+        .and_then(|()| lane.download(&dout.slice(..out.len()), out));
+    if let Some(at) = mirror {
+        dout.leak();
+        merged?;
+        at.written.fetch_add(out.len() as u64, Ordering::Relaxed);
+    } else {
+        merged?;
+    }
     Ok(true)
 }

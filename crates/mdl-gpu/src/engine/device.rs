@@ -1,7 +1,7 @@
 //! The device side: the CUDA context and its kernels, lanes (a stream with pinned staging
 //! buffers), resident copies of kept bytes, and the launch helpers.
 
-use super::kept::{DevBuf, Resident};
+use super::kept::{DevBuf, Output, Resident};
 use super::*;
 
 /// The device, its kernels, the lane pool and the bytes kept on the device.
@@ -10,6 +10,8 @@ pub(crate) struct Gpu {
     pub(super) funcs: HashMap<&'static str, CudaFunction>,
     pub(super) lanes: Mutex<Vec<Lane>>,
     pub(super) kept: Mutex<Vec<Resident>>,
+    /// Host buffers being filled whose results also go to device memory (`mirror_into`).
+    pub(super) outputs: Mutex<Vec<Output>>,
     pub(super) next_id: AtomicU64,
     /// Calls a driver failure sent to the CPU.
     pub(super) fallbacks: AtomicU64,
@@ -46,6 +48,7 @@ impl Gpu {
             funcs,
             lanes: Mutex::new(Vec::new()),
             kept: Mutex::new(Vec::new()),
+            outputs: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             fallbacks: AtomicU64::new(0),
             uploaded: Arc::new(AtomicU64::new(0)),

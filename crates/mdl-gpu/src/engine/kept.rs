@@ -1,11 +1,13 @@
 //! Host bytes with a copy on the device: kept for a while ([`Engine::keep`]), lent by the
 //! caller ([`Engine::adopt`]: a snapshot PyTorch made on the GPU), or kept across commits
 //! ([`Engine::keep_shared`]: the warm set). Kernels called on kept bytes (or a part of them)
-//! read the device copy instead of copying the bytes over again.
+//! read the device copy instead of copying the bytes over again. And host buffers being
+//! decoded into whose results also go to device memory ([`Engine::mirror_into`]): the decode
+//! kernels write there in place.
 
 use std::ops::Deref;
 
-use mdl_codec::engine::DeviceCopy;
+use mdl_codec::engine::{DeviceCopy, Mirror};
 
 use super::device::{Gpu, Lane};
 use super::*;
@@ -50,6 +52,22 @@ pub(super) struct Resident {
     pub(super) len: usize,
     pub(super) dev: Arc<DevBuf>,
     pub(super) at: usize,
+}
+
+/// A host buffer `ptr..ptr + len` being filled whose result also goes to device memory at
+/// `address`; `written` counts the bytes the decode kernels wrote there.
+pub(super) struct Output {
+    id: u64,
+    ptr: usize,
+    len: usize,
+    address: u64,
+    written: Arc<AtomicU64>,
+}
+
+/// Where a decode into `host` also writes: the device address and the written-bytes count.
+pub(super) struct OutputAt {
+    pub(super) address: u64,
+    pub(super) written: Arc<AtomicU64>,
 }
 
 /// Releases a kept device copy (and whatever else it holds: the warm set's content).
@@ -98,6 +116,20 @@ impl Gpu {
             .iter()
             .find(|r| p >= r.ptr && p + host.len() <= r.ptr + r.len)
             .map(|r| (r.dev.clone(), r.at + p - r.ptr))
+    }
+
+    /// Where a decode into `host` also writes, if it is (part of) a mirrored output.
+    pub(super) fn output(&self, host: &[u8]) -> Option<OutputAt> {
+        let p = host.as_ptr() as usize;
+        self.outputs
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|o| p >= o.ptr && p + host.len() <= o.ptr + o.len)
+            .map(|o| OutputAt {
+                address: o.address + (p - o.ptr) as u64,
+                written: o.written.clone(),
+            })
     }
 
     /// Whether `bytes` more fit on the device with half of its free memory to spare.
@@ -193,6 +225,60 @@ impl GpuEngine {
                 self.gpu
                     .failed("device copy", e, "the content is not kept there");
                 Kept::nothing()
+            }
+        }
+    }
+
+    pub(super) fn mirror_bytes(
+        &self,
+        out: &mut [u8],
+        copy: DeviceCopy,
+        fill: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> Mirror {
+        if out.is_empty() || copy.ordinal != self.gpu.ctx.ordinal() {
+            return if fill(out) {
+                Mirror::NotMine
+            } else {
+                Mirror::Failed
+            };
+        }
+        let id = self.gpu.next_id.fetch_add(1, Ordering::Relaxed);
+        let written = Arc::new(AtomicU64::new(0));
+        self.gpu.outputs.lock().unwrap().push(Output {
+            id,
+            ptr: out.as_ptr() as usize,
+            len: out.len(),
+            address: copy.address,
+            written: written.clone(),
+        });
+        let filled = fill(out);
+        self.gpu.outputs.lock().unwrap().retain(|o| o.id != id);
+        if !filled {
+            return Mirror::Failed;
+        }
+        // Every byte written by a kernel (decodes write disjoint ranges of the output).
+        if written.load(Ordering::Relaxed) == out.len() as u64 {
+            return Mirror::Written;
+        }
+        let copied = self.gpu.with_lane(|lane| {
+            // SAFETY: the caller's device memory holds out.len() bytes at copy.address; the
+            // slice is leaked, never freed.
+            let mut dst = unsafe {
+                lane.stream
+                    .upgrade_device_ptr::<u8>(copy.address, out.len())
+            };
+            let done = lane
+                .upload_into(out, &mut dst.slice_mut(..out.len()))
+                .and_then(|()| lane.stream.synchronize());
+            dst.leak();
+            done
+        });
+        match copied {
+            Ok(()) => Mirror::Copied,
+            Err(e) => {
+                self.gpu
+                    .failed("copy to the device", e, "the caller copies it");
+                Mirror::NotMine
             }
         }
     }

@@ -26,7 +26,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use mdl_codec::engine::{
     check_ungroup, scales, sum, Assigned, CodePairs, CpuEngine, DeviceCopy, Engine, ErrorStats,
-    FloatView, Kept, KeyStats, Lut, Moments, ERROR_CHUNK,
+    FloatView, Kept, KeyStats, Lut, Mirror, Moments, ERROR_CHUNK,
 };
 use mdl_codec::huffman::{Histogram, Plan, Stream, StreamBody, StreamWriter, CHUNK_LOG2};
 use mdl_codec::planes::{PlaneSpec, Transform};
@@ -172,6 +172,15 @@ impl Engine for GpuEngine {
         self.tensor_id(&header.canonical(), data, false)
     }
 
+    fn mirror_into(
+        &self,
+        out: &mut [u8],
+        copy: DeviceCopy,
+        fill: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> Mirror {
+        self.mirror_bytes(out, copy, fill)
+    }
+
     fn plane_histograms(
         &self,
         spec: PlaneSpec,
@@ -251,7 +260,7 @@ impl Engine for GpuEngine {
         base: Option<&[u8]>,
         out: &mut [u8],
     ) -> Result<(), FormatError> {
-        if !self.wants(out) {
+        if !self.wants(out) && self.gpu.output(out).is_none() {
             return CpuEngine.decode_planes(spec, streams, base, out);
         }
         let done = self

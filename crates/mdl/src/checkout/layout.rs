@@ -2,6 +2,7 @@
 //! (nothing is decoded): what a checkout writes, and what a server needs to answer a byte range
 //! by decoding only the objects it touches.
 
+use mdl_codec::engine::{DeviceCopy, Mirror};
 use mdl_format::{FileFormat, ObjectId, Region, TensorHeader};
 use mdl_store::{IndexEntry, StoreError};
 
@@ -98,6 +99,33 @@ impl Placed {
     /// on error `out` holds garbage).
     pub fn load_into(&self, repo: &Repository, out: &mut [u8]) -> Result<()> {
         Ok(repo.store().load_tensor_into(&self.id, &self.entry, out)?)
+    }
+
+    /// [`Placed::load_into`], leaving a copy of the bytes at `copy` in a GPU's memory too when
+    /// the repository's engine is on that GPU: its decode kernels write there in place (only
+    /// the coded bytes cross to the device; [`Mirror::Written`]), what the host decoded is
+    /// copied over ([`Mirror::Copied`]). [`Mirror::NotMine`]: the caller copies.
+    pub fn load_mirrored(
+        &self,
+        repo: &Repository,
+        out: &mut [u8],
+        copy: DeviceCopy,
+    ) -> Result<Mirror> {
+        let mut failed = None;
+        let mirror = repo
+            .store()
+            .engine()
+            .mirror_into(out, copy, &mut |buf| match self.load_into(repo, buf) {
+                Ok(()) => true,
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
+            });
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(mirror),
+        }
     }
 }
 

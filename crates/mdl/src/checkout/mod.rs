@@ -15,6 +15,7 @@ pub mod target;
 mod writes;
 
 pub use layout::{layout, layout_with, FileLayout, Layout, Piece, Placed};
+pub use mdl_codec::engine::Mirror;
 pub use output::{make_executable, refuse_inside_repository, temporary_output};
 
 /// Options of a checkout.

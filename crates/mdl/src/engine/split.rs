@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use mdl_codec::engine::{
-    Assigned, CodePairs, DeviceCopy, Engine, ErrorStats, FloatView, Kept, KeyStats, Lut, Moments,
+    Assigned, CodePairs, DeviceCopy, Engine, ErrorStats, FloatView, Kept, KeyStats, Lut, Mirror,
+    Moments,
 };
 use mdl_codec::huffman::{Histogram, Stream, StreamWriter};
 use mdl_codec::planes::PlaneSpec;
@@ -45,6 +46,15 @@ impl Engine for Split {
 
     fn object_id(&self, header: &TensorHeader, data: &[u8]) -> ObjectId {
         self.encoder.object_id(header, data)
+    }
+
+    fn mirror_into(
+        &self,
+        out: &mut [u8],
+        copy: DeviceCopy,
+        fill: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> Mirror {
+        self.decoder.mirror_into(out, copy, fill)
     }
 
     fn plane_histograms(
