@@ -13,14 +13,12 @@ use std::sync::{Arc, Mutex};
 
 use mdl::background::Committer;
 use mdl::checkout::{checkout, CheckoutOptions, Mirror, Piece};
-use mdl::commit::{
-    commit_staged, CommitOptions, CommitOutcome, DeviceCopy, MemoryFile, OnDevice, Staged,
-};
+use mdl::commit::{commit_staged, CommitOptions, DeviceCopy, MemoryFile, OnDevice, Staged};
 use mdl::{NoProgress, OpenOptions, Repository};
 use mdl_codec::engine::{CpuEngine, Engine};
 
 mod common;
-use common::{safetensors_bytes, Rng};
+use common::{safetensors_bytes, stored_layout as layout, Rng};
 
 /// Step `step` of a small training state: drifting f32 weights (2 MiB), bf16 moments (2 MiB),
 /// a frozen 64 MiB f32 embedding (read a window at a time) and a bias too small for the GPU.
@@ -58,6 +56,20 @@ fn data_start(file: &[u8]) -> usize {
     8 + u64::from_le_bytes(file[..8].try_into().unwrap()) as usize
 }
 
+/// Step `step`'s options: reverse deltas made by the commit itself (against the warm set),
+/// not deferred.
+fn eager(step: u64) -> CommitOptions {
+    CommitOptions {
+        step: Some(step),
+        message: format!("step {step}"),
+        delta: Some(mdl::policy::DeltaPolicy {
+            defer: false,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// A committer keeping the last commit warm, its commits' kernels on `engine`. The re-encodes
 /// the commits defer stay queued: their work reads the store, not the state committed.
 fn committer(root: &Path, engine: Arc<dyn Engine>) -> Committer {
@@ -74,26 +86,6 @@ fn committer(root: &Path, engine: Arc<dyn Engine>) -> Committer {
     )
 }
 
-/// A tensor's id, codec and stored size.
-type Record = (String, String, u64);
-
-/// Each commit's stored size, and every tensor's record.
-fn layout(root: &Path, outcomes: &[CommitOutcome]) -> Vec<(u64, Vec<Record>)> {
-    let repo = Repository::open(root, &OpenOptions::default()).unwrap();
-    outcomes
-        .iter()
-        .map(|o| {
-            let shown = mdl::show::show(&repo, &o.id.to_hex()).unwrap();
-            let tensors = shown
-                .tensors
-                .iter()
-                .map(|t| (t.id.to_hex(), t.codec.clone(), t.stored_bytes))
-                .collect();
-            (o.stored_bytes, tensors)
-        })
-        .collect()
-}
-
 #[test]
 #[ignore = "needs the GPU engine: a CUDA device, or --features mdl-gpu/emulate"]
 fn a_device_snapshot_is_read_where_it_lies_and_stores_what_the_cpu_stores() {
@@ -104,16 +96,7 @@ fn a_device_snapshot_is_read_where_it_lies_and_stores_what_the_cpu_stores() {
     let (on_cpu, on_gpu) = (dir.path().join("cpu"), dir.path().join("gpu"));
     let cpu_commits = committer(&on_cpu, Arc::new(CpuEngine));
     let gpu_commits = committer(&on_gpu, Arc::new(gpu.clone()));
-    // Reverse deltas made by the commit itself, against the warm set.
-    let opts = |step| CommitOptions {
-        step: Some(step),
-        message: format!("step {step}"),
-        delta: Some(mdl::policy::DeltaPolicy {
-            defer: false,
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let opts = eager;
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for step in 1..=3 {
         let file = state(step);
@@ -203,14 +186,7 @@ fn a_tensor_loaded_into_device_memory_is_decoded_there() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("repo");
     let commits = committer(&root, Arc::new(CpuEngine));
-    let opts = |step| CommitOptions {
-        step: Some(step),
-        delta: Some(mdl::policy::DeltaPolicy {
-            defer: false,
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let opts = eager;
     for step in 1..=2 {
         let staged = Staged::memory(vec![MemoryFile::new("model.safetensors", state(step))], &[]);
         commits

@@ -11,7 +11,7 @@ use mdl::commit::{CommitOptions, CommitOutcome, MemoryFile, Staged};
 use mdl::{NoProgress, OpenOptions, Repository};
 
 mod common;
-use common::safetensors_bytes;
+use common::{safetensors_bytes, stored_layout as layout, Record};
 
 /// A weight matrix that drifts a little each step (reverse deltas pay), and an unchanged one.
 fn state(step: u64) -> Vec<MemoryFile> {
@@ -69,23 +69,6 @@ fn series_in(root: &Path, warm_bytes: u64, lossy: bool, steps: u64) -> Vec<Commi
         .collect()
 }
 
-/// Every tensor's object id and codec, and the stored size of each commit.
-fn layout(root: &Path, outcomes: &[CommitOutcome]) -> Vec<(u64, Vec<(String, String)>)> {
-    let repo = Repository::open(root, &OpenOptions::default()).unwrap();
-    outcomes
-        .iter()
-        .map(|o| {
-            let shown = mdl::show::show(&repo, &o.id.to_hex()).unwrap();
-            let tensors = shown
-                .tensors
-                .iter()
-                .map(|t| (t.id.to_hex(), t.codec.clone()))
-                .collect();
-            (o.stored_bytes, tensors)
-        })
-        .collect()
-}
-
 #[test]
 fn warm_commits_store_what_cold_ones_do() {
     for lossy in [false, true] {
@@ -98,7 +81,7 @@ fn warm_commits_store_what_cold_ones_do() {
         let against_previous = layout(&warm, &b)
             .iter()
             .flat_map(|(_, t)| t.clone())
-            .any(|(_, c)| c.ends_with("-delta") || c == "quant-residual");
+            .any(|(_, c, _)| c.ends_with("-delta") || c == "quant-residual");
         assert!(against_previous, "lossy: {lossy}");
     }
 }
@@ -195,14 +178,14 @@ fn a_committer_works_its_deferred_reencodes() {
     let a = series_in(&eager, 1 << 30, false, 4);
     // The committer is dropped at the end of the series: that waits for its work.
     let b = series_in(&deferred, 1 << 30, false, 4);
-    let tensors = |root: &Path, o: &[CommitOutcome]| -> Vec<Vec<(String, String)>> {
+    let tensors = |root: &Path, o: &[CommitOutcome]| -> Vec<Vec<Record>> {
         layout(root, o).into_iter().map(|(_, t)| t).collect()
     };
     assert_eq!(tensors(&eager, &a), tensors(&deferred, &b));
     assert!(tensors(&deferred, &b)
         .iter()
         .flatten()
-        .any(|(_, c)| c.ends_with("-delta")));
+        .any(|(_, c, _)| c.ends_with("-delta")));
     let repo = Repository::open(&deferred, &OpenOptions::default()).unwrap();
     assert_eq!(mdl::commit::pending_deferred(&repo).unwrap(), 0);
 }

@@ -58,8 +58,8 @@ pub struct DeviceCopy {
 /// How [`Engine::mirror_into`] left the device copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mirror {
-    /// Written in place by the engine's kernels as they decoded: only coded bytes crossed to
-    /// the device.
+    /// Written in place by the engine's kernels as they decoded: what crossed to the device
+    /// was the coded bytes (and, for a delta, its base).
     Written,
     /// Filled on the host (in part or whole) and copied over.
     Copied,

@@ -6,6 +6,9 @@
 
 use std::path::Path;
 
+use mdl::commit::CommitOutcome;
+use mdl::{OpenOptions, Repository};
+
 /// Writes a safetensors file holding `(name, dtype, shape, bytes)` tensors in order.
 #[allow(dead_code)] // not every test binary writes files
 pub fn write_safetensors(path: &Path, tensors: &[(&str, &str, Vec<u64>, Vec<u8>)]) {
@@ -71,4 +74,27 @@ pub fn adam_step(
         v[i] = 0.999 * v[i] + 0.001 * g * g;
         w[i] -= lr * m[i] / (v[i].sqrt() + 1e-8);
     }
+}
+
+/// A tensor of a commit as stored: its object id, codec and stored size.
+#[allow(dead_code)]
+pub type Record = (String, String, u64);
+
+/// Each commit's stored size (when it landed), and every tensor's [`Record`] as the repository
+/// at `root` shows it now.
+#[allow(dead_code)]
+pub fn stored_layout(root: &Path, outcomes: &[CommitOutcome]) -> Vec<(u64, Vec<Record>)> {
+    let repo = Repository::open(root, &OpenOptions::default()).unwrap();
+    outcomes
+        .iter()
+        .map(|o| {
+            let shown = mdl::show::show(&repo, &o.id.to_hex()).unwrap();
+            let tensors = shown
+                .tensors
+                .iter()
+                .map(|t| (t.id.to_hex(), t.codec.clone(), t.stored_bytes))
+                .collect();
+            (o.stored_bytes, tensors)
+        })
+        .collect()
 }
