@@ -348,7 +348,7 @@ def read(native: Any, commit: str, refs: list, framework: str, device: Any, info
     target = None if device is None or torch is None else torch.device(device)
     if target is None or target.type == "cpu":
         data = native.read_tensors(commit, refs)
-        return [to_tensor(d, dtype, shape, framework) for dtype, shape, d, _ in data]
+        return [to_tensor(d, dtype, shape, framework) for dtype, shape, d in data]
     if target.type != "cuda":
         raise ValueError(f"device must be a CUDA device or the CPU, not {device!r}")
     if framework != "torch":
@@ -364,10 +364,11 @@ def read(native: Any, commit: str, refs: list, framework: str, device: Any, info
     # it from streams of its own.
     torch.cuda.current_stream(target).synchronize()
     places = [(target.index, t.data_ptr() if t.numel() else 0) for t in out]
-    data = native.read_tensors(commit, refs, places)
-    for t, (dtype, shape, d, how) in zip(out, data):
-        if how == "not mine" and t.numel():
-            t.copy_(to_tensor(d, dtype, shape, "torch"))
+    # Decoded in parallel; the bytes come back only for tensors the engine did not put there.
+    for t, r, d in zip(out, refs, native.read_tensors_to_gpu(commit, refs, places)):
+        if d is not None and t.numel():
+            info = by_ref[r]
+            t.copy_(to_tensor(d, info.dtype, info.shape, "torch"))
     return out
 
 

@@ -279,7 +279,7 @@ class Reader(StorageReader):
                     planner.load_bytes(req, io.BytesIO(bytes(blobs[path][at : at + n])))
                 continue
             _, path, name = place
-            ((dtype, shape, data, _),) = self._repo._native.read_tensors(commit, [(path, name)])
+            ((dtype, shape, data),) = self._repo._native.read_tensors(commit, [(path, name)])
             stored = _state.to_tensor(data, dtype, shape, "torch")
             for req in reqs:
                 if req.type != LoadItemType.TENSOR:

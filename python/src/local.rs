@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use mdl::background::{Committer, Handle};
-use mdl::checkout::{Layout, Mirror};
+use mdl::checkout::{Layout, Placed};
 use mdl::commit::{
     commit_staged, CommitOptions, CommitOutcome, DeviceCopy, KnownPair, MemoryFile, OnDevice,
     Staged,
@@ -522,61 +522,58 @@ impl Repo {
     }
 
     /// Decodes the tensors `wanted` (`(file, name)`) of commit `rev`, in the order asked:
-    /// each as its dtype, shape and a new bytearray of its bytes. With `to_gpu` (one
-    /// `(device index, address)` a tensor, the memory of a CUDA tensor of its size), each is
-    /// also left there: decoded in place by a GPU engine on that device (`"written"`), copied
-    /// from the host by it (`"copied"`), or not at all (`"not mine"`: the caller copies).
+    /// each as its dtype, shape and a new bytearray of its bytes.
     #[allow(clippy::type_complexity)]
-    #[pyo3(signature = (rev, wanted, to_gpu = None))]
     fn read_tensors<'py>(
         &self,
         py: Python<'py>,
         rev: String,
         wanted: Vec<(String, String)>,
-        to_gpu: Option<Vec<(usize, u64)>>,
-    ) -> PyResult<
-        Vec<(
-            &'static str,
-            Vec<u64>,
-            Bound<'py, PyByteArray>,
-            &'static str,
-        )>,
-    > {
-        if to_gpu.as_ref().is_some_and(|g| g.len() != wanted.len()) {
-            return Err(error("one device address a tensor"));
-        }
+    ) -> PyResult<Vec<(&'static str, Vec<u64>, Bound<'py, PyByteArray>)>> {
         let (repo, layout) = self.laid_out(py, &rev)?;
         let mut out = Vec::with_capacity(wanted.len());
-        for (i, (file, name)) in wanted.iter().enumerate() {
-            let placed = layout
-                .file(file)
-                .and_then(|f| f.tensor(name))
-                .ok_or_else(|| error(format!("no tensor {name:?} in {file} of commit {rev}")))?;
+        for placed in find_tensors(&layout, &rev, &wanted)? {
             let len = usize::try_from(placed.entry.content_len).map_err(error)?;
-            let mut mirror = "";
             let bytes = PyByteArray::new_with(py, len, |buf| {
-                py.detach(|| match to_gpu.as_ref().map(|g| g[i]) {
-                    Some((ordinal, address)) => {
-                        let copy = DeviceCopy { ordinal, address };
-                        mirror = match placed.load_mirrored(&repo, buf, copy)? {
-                            Mirror::Written => "written",
-                            Mirror::Copied => "copied",
-                            Mirror::NotMine | Mirror::Failed => "not mine",
-                        };
-                        Ok(())
-                    }
-                    None => placed.load_into(&repo, buf),
-                })
-                .map_err(error)
+                py.detach(|| placed.load_into(&repo, buf)).map_err(error)
             })?;
             out.push((
                 placed.header.dtype.name(),
                 placed.header.shape.clone(),
                 bytes,
-                mirror,
             ));
         }
         Ok(out)
+    }
+
+    /// Decodes the tensors `wanted` (`(file, name)`) of commit `rev` onto a GPU, tensor-parallel:
+    /// each into the memory of a CUDA tensor of its size at `to_gpu[i]` (`(device index,
+    /// address)`). A GPU engine on that device decodes in place (or copies what it decoded on
+    /// the host); for the others the result holds their bytes (a bytearray), which the caller
+    /// copies, else None.
+    fn read_tensors_to_gpu<'py>(
+        &self,
+        py: Python<'py>,
+        rev: String,
+        wanted: Vec<(String, String)>,
+        to_gpu: Vec<(usize, u64)>,
+    ) -> PyResult<Vec<Option<Bound<'py, PyByteArray>>>> {
+        if to_gpu.len() != wanted.len() {
+            return Err(error("one device address a tensor"));
+        }
+        let (repo, layout) = self.laid_out(py, &rev)?;
+        let tensors: Vec<_> = find_tensors(&layout, &rev, &wanted)?
+            .into_iter()
+            .zip(to_gpu)
+            .map(|(p, (ordinal, address))| (p, DeviceCopy { ordinal, address }))
+            .collect();
+        let loaded = py
+            .detach(|| mdl::checkout::load_all_mirrored(&repo, &tensors))
+            .map_err(error)?;
+        Ok(loaded
+            .into_iter()
+            .map(|b| b.map(|b| PyByteArray::new(py, &b)))
+            .collect())
     }
 
     /// The whole file `path` of commit `rev`, as a bytearray.
@@ -635,4 +632,21 @@ fn secs(wait: f64) -> PyResult<Duration> {
             "wait must be a number of seconds >= 0, not {wait}"
         ))
     })
+}
+
+/// The tensors `wanted` (`(file, name)`) of `layout`, commit `rev`, in the order asked.
+fn find_tensors<'a>(
+    layout: &'a Layout,
+    rev: &str,
+    wanted: &[(String, String)],
+) -> PyResult<Vec<&'a Placed>> {
+    wanted
+        .iter()
+        .map(|(file, name)| {
+            layout
+                .file(file)
+                .and_then(|f| f.tensor(name))
+                .ok_or_else(|| error(format!("no tensor {name:?} in {file} of commit {rev}")))
+        })
+        .collect()
 }

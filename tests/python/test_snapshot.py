@@ -133,6 +133,21 @@ def test_the_gpu_engine_stores_a_device_snapshot_as_the_cpu_engine_does(tmp_path
         assert torch.equal(state.model[k], v.cpu()), k
 
 
+def test_a_load_onto_a_gpu_the_engine_is_not_on_hands_the_bytes_back(tmp_path):
+    """The CPU engine leaves a device load to the caller: every tensor's bytes come back
+    (decoded tensor-parallel), the same as a plain read, and no address is touched."""
+    repo = mdl.init(tmp_path / "repo")
+    state = {f"w{i}": torch.randn(100 + i) for i in range(6)}
+    commit = repo.commit_state(state, wait=True).id
+    refs = [(t.file, t.name) for t in repo.tensors(commit)]
+    assert len(refs) == 6
+    plain = [bytes(d) for _, _, d in repo._native.read_tensors(commit, refs)]
+    back = repo._native.read_tensors_to_gpu(commit, refs, [(0, 0)] * len(refs))
+    assert [bytes(b) for b in back] == plain
+    with pytest.raises(mdl.MdlError, match="one device address a tensor"):
+        repo._native.read_tensors_to_gpu(commit, refs, [])
+
+
 def test_loading_onto_a_device_that_is_not_cuda_is_refused(tmp_path):
     repo = mdl.init(tmp_path / "repo")
     repo.commit_state({"w": torch.arange(6, dtype=torch.float32)}, wait=True)

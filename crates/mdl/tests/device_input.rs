@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use mdl::background::Committer;
-use mdl::checkout::{checkout, CheckoutOptions, Mirror, Piece};
+use mdl::checkout::{checkout, CheckoutOptions, Mirror, Piece, Placed};
 use mdl::commit::{commit_staged, CommitOptions, DeviceCopy, MemoryFile, OnDevice, Staged};
 use mdl::{NoProgress, OpenOptions, Repository};
 use mdl_codec::engine::{CpuEngine, Engine};
@@ -226,6 +226,32 @@ fn a_tensor_loaded_into_device_memory_is_decoded_there() {
             }
             assert_ne!(mirror, Mirror::NotMine, "{rev} {}", placed.name);
         }
+    }
+    // All of a commit's tensors at once, tensor-parallel: decoded in place, nothing handed
+    // back.
+    let file = state(2);
+    let layout = mdl::checkout::layout(&repo, "HEAD").unwrap();
+    let placed: Vec<&Placed> = layout.single().unwrap().objects().collect();
+    let mut devices: Vec<Vec<u8>> = placed
+        .iter()
+        .map(|p| vec![0xa5u8; p.entry.content_len as usize])
+        .collect();
+    let tensors: Vec<(&Placed, DeviceCopy)> = placed
+        .iter()
+        .zip(devices.iter_mut())
+        .map(|(&p, d)| {
+            let copy = DeviceCopy {
+                ordinal: 0,
+                address: d.as_mut_ptr() as u64,
+            };
+            (p, copy)
+        })
+        .collect();
+    let back = mdl::checkout::load_all_mirrored(&repo, &tensors).unwrap();
+    assert!(back.iter().all(Option::is_none));
+    for (p, d) in placed.iter().zip(&devices) {
+        let at = p.offset as usize;
+        assert_eq!(&d[..], &file[at..at + d.len()], "{}", p.name);
     }
     // A device the engine is not on: the caller copies.
     let layout = mdl::checkout::layout(&repo, "HEAD").unwrap();

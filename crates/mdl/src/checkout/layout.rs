@@ -129,6 +129,26 @@ impl Placed {
     }
 }
 
+/// [`Placed::load_mirrored`] of several tensors, each to its device address, tensor-parallel
+/// as a checkout decodes. Returns the host bytes of those the engine did not put there
+/// ([`Mirror::NotMine`]: the caller copies them), `None` for the others.
+pub fn load_all_mirrored(
+    repo: &Repository,
+    tensors: &[(&Placed, DeviceCopy)],
+) -> Result<Vec<Option<Vec<u8>>>> {
+    crate::per_tensor(
+        tensors,
+        |(p, _)| p.entry.content_len,
+        |&(p, copy)| {
+            let mut buf = vec![0u8; p.entry.content_len as usize];
+            Ok(match p.load_mirrored(repo, &mut buf, copy)? {
+                Mirror::NotMine | Mirror::Failed => Some(buf),
+                Mirror::Written | Mirror::Copied => None,
+            })
+        },
+    )
+}
+
 impl Layout {
     /// How many tensors are lossy reconstructions.
     pub fn lossy_tensors(&self) -> u32 {

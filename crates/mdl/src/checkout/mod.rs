@@ -14,7 +14,7 @@ mod output;
 pub mod target;
 mod writes;
 
-pub use layout::{layout, layout_with, FileLayout, Layout, Piece, Placed};
+pub use layout::{layout, layout_with, load_all_mirrored, FileLayout, Layout, Piece, Placed};
 pub use mdl_codec::engine::Mirror;
 pub use output::{make_executable, refuse_inside_repository, temporary_output};
 
