@@ -217,10 +217,14 @@ fn a_tensor_loaded_into_device_memory_is_decoded_there() {
             };
             let before = gpu.uploaded();
             let mirror = placed.load_mirrored(&repo, &mut host, copy).unwrap();
-            assert_eq!(host, want, "{rev} {}", placed.name);
             assert_eq!(device, want, "{rev} {} ({mirror:?})", placed.name);
+            if mirror != Mirror::Written {
+                // Decoded on the host, and copied over.
+                assert_eq!(host, want, "{rev} {}", placed.name);
+            }
             if rev == "HEAD" && placed.name != "b" {
-                // Decoded in place: only the coded bytes crossed to the device.
+                // Decoded in place and verified there: only the coded bytes crossed to the
+                // device, and the id came back.
                 assert_eq!(mirror, Mirror::Written, "{} ({line})", placed.name);
                 assert_eq!(gpu.uploaded(), before, "{}", placed.name);
             }

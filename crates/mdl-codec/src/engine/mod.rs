@@ -12,7 +12,7 @@ mod stats;
 
 use std::sync::Arc;
 
-use mdl_format::{Dtype, FormatError, ObjectId, TensorHeader};
+use mdl_format::{Dtype, FormatError, ObjectId, TensorHasher};
 
 use crate::huffman::{Histogram, Stream, StreamWriter};
 use crate::planes::PlaneSpec;
@@ -58,8 +58,9 @@ pub struct DeviceCopy {
 /// How [`Engine::mirror_into`] left the device copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mirror {
-    /// Written in place by the engine's kernels as they decoded: what crossed to the device
-    /// was the coded bytes (and, for a delta, its base).
+    /// Written in place by the engine's kernels as they decoded, and verified there: what
+    /// crossed to the device was the coded bytes (and, for a delta, its base). The host
+    /// buffer's contents are unspecified.
     Written,
     /// Filled on the host (in part or whole) and copied over.
     Copied,
@@ -161,11 +162,12 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         Kept::nothing()
     }
 
-    /// Fills `out` by calling `fill` (a decode: true when it succeeded) and leaves a copy of
-    /// the result at `copy` in device memory, if the engine is on that device: its kernels
-    /// write what they decode into `out` there as they go (the decode's output goes to the
-    /// host too, where it is verified), and whatever they did not write is copied over
-    /// after. [`Mirror::NotMine`] (the default): nothing was copied, the caller copies.
+    /// Fills `out` by calling `fill` (a decode: true when it succeeded, its content verified
+    /// by [`Engine::content_id`]) and leaves the result at `copy` in device memory, if the
+    /// engine is on that device: its decode kernels write there instead of into `out`
+    /// ([`Mirror::Written`]); what other code wrote into `out` is copied over after
+    /// ([`Mirror::Copied`]). [`Mirror::NotMine`] (the default): nothing was copied, `out`
+    /// holds the result, the caller copies.
     fn mirror_into(
         &self,
         out: &mut [u8],
@@ -180,10 +182,14 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         }
     }
 
-    /// The object id of a tensor with `header` and bytes `data` ([`TensorHeader::object_id`]).
-    /// An engine that keeps `data` computes it there: only the id comes back.
-    fn object_id(&self, header: &TensorHeader, data: &[u8]) -> ObjectId {
-        header.object_id(data)
+    /// The id of content `data` after the canonical header `prefix`
+    /// ([`TensorHeader::canonical`]; [`TensorHeader::object_id`] of the two). An engine that
+    /// has `data` on its device hashes it there (kept, adopted, or a load it decoded onto the
+    /// device, [`Engine::mirror_into`]): only the id comes back.
+    fn content_id(&self, prefix: &[u8], data: &[u8]) -> ObjectId {
+        let mut h = TensorHasher::new(prefix);
+        h.update(data);
+        h.finalize()
     }
 
     /// Per plane of `data` taken apart as `spec` says (against `base`, of the same length,

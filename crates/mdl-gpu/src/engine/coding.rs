@@ -467,14 +467,19 @@ pub(super) fn decode_on(
         Some(at) => unsafe { lane.stream.upgrade_device_ptr::<u8>(at.address, out.len()) },
         None => lane.alloc::<u8>(out.len())?,
     };
-    let merged = launch_planes(gpu, lane, "merge_planes", g, &sv, bv.as_ref(), &mut dout)
-        .and_then(|()| lane.download(&dout.slice(..out.len()), out));
-    if let Some(at) = mirror {
-        dout.leak();
-        merged?;
-        at.written.fetch_add(out.len() as u64, Ordering::Relaxed);
-    } else {
-        merged?;
+    let merged = launch_planes(gpu, lane, "merge_planes", g, &sv, bv.as_ref(), &mut dout);
+    match mirror {
+        // The decoded bytes stay on the device (verified there, `content_id`).
+        Some(at) => {
+            let done = merged.and_then(|()| lane.stream.synchronize());
+            dout.leak();
+            done?;
+            at.written.fetch_add(out.len() as u64, Ordering::Relaxed);
+        }
+        None => {
+            merged?;
+            lane.download(&dout.slice(..out.len()), out)?;
+        }
     }
     Ok(true)
 }

@@ -144,6 +144,24 @@ impl Lane {
         Ok(())
     }
 
+    /// Copies `host` into device memory the caller owns, at `address` (counted as an upload),
+    /// and waits for the copy.
+    ///
+    /// # Safety
+    /// `address` holds `host.len()` bytes of this device's memory, which nothing else uses
+    /// meanwhile.
+    pub(super) unsafe fn upload_to(&mut self, host: &[u8], address: u64) -> Res<()> {
+        self.uploaded
+            .fetch_add(host.len() as u64, Ordering::Relaxed);
+        // SAFETY: as the caller promises; the slice is leaked, never freed.
+        let mut dst = unsafe { self.stream.upgrade_device_ptr::<u8>(address, host.len()) };
+        let done = self
+            .upload_into(host, &mut dst.slice_mut(..host.len()))
+            .and_then(|()| self.stream.synchronize());
+        dst.leak();
+        done
+    }
+
     /// The device bytes of `host`: the kept copy, or an upload.
     pub(super) fn bytes(&mut self, gpu: &Gpu, host: &[u8]) -> Res<Dev> {
         Ok(match gpu.resident(host) {

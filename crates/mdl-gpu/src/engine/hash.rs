@@ -64,6 +64,22 @@ impl GpuEngine {
             h.update(data);
             h.finalize()
         };
+        // A load decoded onto the device is there only: hashed there.
+        if let Some(at) = self.gpu.output(data).filter(|at| at.complete) {
+            let on_device = self.gpu.with_lane(|lane| {
+                // SAFETY: the output's device memory holds data.len() bytes while it is
+                // registered (the caller's decode is under way); leaked, never freed.
+                let dev = unsafe { lane.stream.upgrade_device_ptr::<u8>(at.address, data.len()) };
+                let id = hash_on(&self.gpu, lane, prefix, &dev.slice(..data.len()));
+                dev.leak();
+                id
+            });
+            // Without the device there is nothing to hash: a mismatch, reported as such.
+            return on_device.unwrap_or_else(|e| {
+                self.gpu.failed("hash", e, "the content cannot be checked");
+                ObjectId::from_bytes([0; 32])
+            });
+        }
         if !force && self.gpu.resident(data).is_none() {
             return cpu();
         }

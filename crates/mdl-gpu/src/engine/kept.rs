@@ -54,8 +54,9 @@ pub(super) struct Resident {
     pub(super) at: usize,
 }
 
-/// A host buffer `ptr..ptr + len` being filled whose result also goes to device memory at
-/// `address`; `written` counts the bytes the decode kernels wrote there.
+/// A host buffer `ptr..ptr + len` being filled whose result goes to device memory at
+/// `address`: decodes write there instead (`written` counts their bytes), other code writes
+/// the host buffer and is copied over after.
 pub(super) struct Output {
     id: u64,
     ptr: usize,
@@ -64,10 +65,13 @@ pub(super) struct Output {
     written: Arc<AtomicU64>,
 }
 
-/// Where a decode into `host` also writes: the device address and the written-bytes count.
+/// Where a decode into `host` writes instead: the device address and the written-bytes count;
+/// `complete` when `host` is the whole output and every byte of it was written there (its
+/// content is on the device only).
 pub(super) struct OutputAt {
     pub(super) address: u64,
     pub(super) written: Arc<AtomicU64>,
+    pub(super) complete: bool,
 }
 
 /// Releases a kept device copy (and whatever else it holds: the warm set's content).
@@ -118,7 +122,7 @@ impl Gpu {
             .map(|r| (r.dev.clone(), r.at + p - r.ptr))
     }
 
-    /// Where a decode into `host` also writes, if it is (part of) a mirrored output.
+    /// Where a decode into `host` writes instead, if it is (part of) a mirrored output.
     pub(super) fn output(&self, host: &[u8]) -> Option<OutputAt> {
         let p = host.as_ptr() as usize;
         self.outputs
@@ -129,6 +133,9 @@ impl Gpu {
             .map(|o| OutputAt {
                 address: o.address + (p - o.ptr) as u64,
                 written: o.written.clone(),
+                complete: p == o.ptr
+                    && host.len() == o.len
+                    && o.written.load(Ordering::Relaxed) == o.len as u64,
             })
     }
 
@@ -256,23 +263,20 @@ impl GpuEngine {
         if !filled {
             return Mirror::Failed;
         }
-        // Every byte written by a kernel (decodes write disjoint ranges of the output).
-        if written.load(Ordering::Relaxed) == out.len() as u64 {
-            return Mirror::Written;
+        // Every byte written by a decode (decodes write disjoint ranges of the output), and
+        // verified there.
+        match written.load(Ordering::Relaxed) {
+            w if w == out.len() as u64 => return Mirror::Written,
+            // Some by a decode, some on the host: neither side has it all (a decode writes
+            // every chunk of a tensor, so this does not happen; the verification above would
+            // have failed).
+            0 => {}
+            _ => return Mirror::Failed,
         }
-        let copied = self.gpu.with_lane(|lane| {
-            // SAFETY: the caller's device memory holds out.len() bytes at copy.address; the
-            // slice is leaked, never freed.
-            let mut dst = unsafe {
-                lane.stream
-                    .upgrade_device_ptr::<u8>(copy.address, out.len())
-            };
-            let done = lane
-                .upload_into(out, &mut dst.slice_mut(..out.len()))
-                .and_then(|()| lane.stream.synchronize());
-            dst.leak();
-            done
-        });
+        // SAFETY: the caller's device memory holds out.len() bytes at copy.address, for us.
+        let copied = self
+            .gpu
+            .with_lane(|lane| unsafe { lane.upload_to(out, copy.address) });
         match copied {
             Ok(()) => Mirror::Copied,
             Err(e) => {

@@ -30,7 +30,7 @@ use mdl_codec::engine::{
 };
 use mdl_codec::huffman::{Histogram, Plan, Stream, StreamBody, StreamWriter, CHUNK_LOG2};
 use mdl_codec::planes::{PlaneSpec, Transform};
-use mdl_format::{Dtype, FormatError, ObjectId, TensorHeader};
+use mdl_format::{Dtype, FormatError, ObjectId};
 use rayon::prelude::*;
 
 /// Symbols per Huffman chunk (the float codecs' chunking).
@@ -168,8 +168,8 @@ impl Engine for GpuEngine {
         self.keep_shared_bytes(content, like)
     }
 
-    fn object_id(&self, header: &TensorHeader, data: &[u8]) -> ObjectId {
-        self.tensor_id(&header.canonical(), data, false)
+    fn content_id(&self, prefix: &[u8], data: &[u8]) -> ObjectId {
+        self.tensor_id(prefix, data, false)
     }
 
     fn mirror_into(
@@ -266,15 +266,31 @@ impl Engine for GpuEngine {
         let done = self
             .gpu
             .with_lane(|lane| decode_on(&self.gpu, lane, spec, streams, base, out));
-        match done {
-            Ok(true) => Ok(()),
+        let on_cpu = match done {
+            Ok(true) => return Ok(()),
             // A damaged stream: the CPU says what is wrong with it.
             Ok(false) => CpuEngine.decode_planes(spec, streams, base, out),
             Err(e) => {
                 self.gpu.failed("decode", e, CPU_INSTEAD);
                 CpuEngine.decode_planes(spec, streams, base, out)
             }
+        };
+        on_cpu?;
+        // A decode onto the device that the CPU did instead: its bytes go there too, so that
+        // the device holds the whole output.
+        if let Some(at) = self.gpu.output(out) {
+            // SAFETY: the output's device memory holds these out.len() bytes while it is
+            // registered (the whole of this call), and only this decode writes them.
+            let copied = self
+                .gpu
+                .with_lane(|lane| unsafe { lane.upload_to(out, at.address) });
+            if let Err(e) = copied {
+                self.gpu.failed("copy to the device", e, "the load fails");
+                return Err(FormatError::invalid("device copy", e.to_string()));
+            }
+            at.written.fetch_add(out.len() as u64, Ordering::Relaxed);
         }
+        Ok(())
     }
 
     fn key_stats(&self, w: FloatView<'_>, moments: Option<Moments<'_>>) -> KeyStats {

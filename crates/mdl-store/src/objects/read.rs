@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::{float, residual, CodecTag};
 use mdl_format::record::{self, RecordHeader, Trailer};
-use mdl_format::{FormatError, ObjectId, TensorHasher, TensorHeader};
+use mdl_format::{FormatError, ObjectId, TensorHeader};
 
 use crate::{IndexEntry, Store, StoreError};
 
@@ -150,7 +150,8 @@ impl Store {
                 let (header, payload) = check_any_record(&id, &entry, bytes)?;
                 mdl_codec::decode_into(codec, payload, out)
                     .map_err(|e| corrupt(FormatError::invalid("payload", e.to_string())))?;
-                verify_content(&id, &entry, &header.prefix, &header.content_id(&id), out)
+                let expected = header.content_id(&id);
+                self.verify_content(&id, &entry, &header.prefix, &expected, out)
             });
         }
         if codec.is_streaming() && entry.base.is_none() {
@@ -161,7 +162,7 @@ impl Store {
         if codec.is_quant() {
             let (q, prefix) = self.load_quant_chain(&id, &entry, budget)?;
             q.render(out);
-            return verify_content(&id, &entry, &prefix, &id, out);
+            return self.verify_content(&id, &entry, &prefix, &id, out);
         }
         self.with_record(&id, &entry, |bytes| {
             self.decode_record(&id, &entry, bytes, base, out, verify)
@@ -187,6 +188,27 @@ impl Store {
             )));
         }
         Ok(base_entry)
+    }
+
+    /// Checks that `prefix` (a canonical tensor header) followed by `out` hashes to `expected`
+    /// (object `id`'s own id, or the content a coarsened record of it names). The engine
+    /// hashes: where it decoded `out` onto a device, the device's bytes are what is checked.
+    fn verify_content(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        prefix: &[u8],
+        expected: &ObjectId,
+        out: &[u8],
+    ) -> Result<(), StoreError> {
+        let actual = self.engine().content_id(prefix, out);
+        if actual != *expected {
+            return Err(corrupt(id, entry)(FormatError::HashMismatch {
+                expected: *expected,
+                actual,
+            }));
+        }
+        Ok(())
     }
 
     /// Runs `f` on the bytes of `id`'s record file.
@@ -330,7 +352,7 @@ impl Store {
         }
         match verify {
             Verify::Content => {
-                verify_content(id, entry, &header.prefix, &header.content_id(id), out)
+                self.verify_content(id, entry, &header.prefix, &header.content_id(id), out)
             }
             Verify::Record => Ok(()),
         }
@@ -443,27 +465,6 @@ pub(super) fn chain_budget(entry: &IndexEntry) -> u32 {
 
 /// How often a read starts again after a record moved under it.
 const REREADS: u32 = 3;
-
-/// Checks that `prefix` (a canonical tensor header) followed by `out` hashes to `expected`
-/// (object `id`'s own id, or the content a coarsened record of it names).
-fn verify_content(
-    id: &ObjectId,
-    entry: &IndexEntry,
-    prefix: &[u8],
-    expected: &ObjectId,
-    out: &[u8],
-) -> Result<(), StoreError> {
-    let mut hasher = TensorHasher::new(prefix);
-    hasher.update(out);
-    let actual = hasher.finalize();
-    if actual != *expected {
-        return Err(corrupt(id, entry)(FormatError::HashMismatch {
-            expected: *expected,
-            actual,
-        }));
-    }
-    Ok(())
-}
 
 /// Maps a format error in `id`'s record to [`StoreError::Corrupt`] naming the object.
 pub(super) fn corrupt(

@@ -101,10 +101,11 @@ impl Placed {
         Ok(repo.store().load_tensor_into(&self.id, &self.entry, out)?)
     }
 
-    /// [`Placed::load_into`], leaving a copy of the bytes at `copy` in a GPU's memory too when
-    /// the repository's engine is on that GPU: its decode kernels write there in place (only
-    /// the coded bytes cross to the device; [`Mirror::Written`]), what the host decoded is
-    /// copied over ([`Mirror::Copied`]). [`Mirror::NotMine`]: the caller copies.
+    /// [`Placed::load_into`], the bytes going to `copy` in a GPU's memory when the repository's
+    /// engine is on that GPU: its decode kernels write there in place and the content is
+    /// verified there (only the coded bytes cross to the device; [`Mirror::Written`], `out`
+    /// left unspecified), or what the host decoded into `out` is copied over
+    /// ([`Mirror::Copied`]). [`Mirror::NotMine`]: `out` holds the bytes, the caller copies.
     pub fn load_mirrored(
         &self,
         repo: &Repository,

@@ -148,7 +148,7 @@ impl StoreCtx<'_> {
             changed = Some(out);
         }
         let data = changed.as_deref().unwrap_or(&buf[..]);
-        let id = self.coder.engine.object_id(&info.header, data);
+        let id = self.coder.engine.content_id(&info.header.canonical(), data);
         let result = if !self.is_new(&id, i, data)? {
             Stored {
                 id,

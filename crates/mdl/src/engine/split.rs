@@ -12,7 +12,7 @@ use mdl_codec::engine::{
 };
 use mdl_codec::huffman::{Histogram, Stream, StreamWriter};
 use mdl_codec::planes::PlaneSpec;
-use mdl_format::{FormatError, ObjectId, TensorHeader};
+use mdl_format::{FormatError, ObjectId};
 
 /// Encoding on one engine, decoding on another (see the module docs).
 #[derive(Debug)]
@@ -44,8 +44,10 @@ impl Engine for Split {
         self.encoder.keep_shared(content, like)
     }
 
-    fn object_id(&self, header: &TensorHeader, data: &[u8]) -> ObjectId {
-        self.encoder.object_id(header, data)
+    // The decoder: a load it decoded onto its device is verified there (a commit's bytes
+    // are on the host as well, so either engine hashes them right).
+    fn content_id(&self, prefix: &[u8], data: &[u8]) -> ObjectId {
+        self.decoder.content_id(prefix, data)
     }
 
     fn mirror_into(
