@@ -2,8 +2,8 @@
 //! caller ([`Engine::adopt`]: a snapshot PyTorch made on the GPU), or kept across commits
 //! ([`Engine::keep_shared`]: the warm set). Kernels called on kept bytes (or a part of them)
 //! read the device copy instead of copying the bytes over again. And host buffers being
-//! decoded into whose results also go to device memory ([`Engine::mirror_into`]): the decode
-//! kernels write there in place.
+//! decoded into whose results go to device memory instead ([`Engine::mirror_into`]): the
+//! decode kernels write there in place, and the content is hashed there.
 
 use std::ops::Deref;
 
