@@ -9,13 +9,14 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use mdl::background::Committer;
 use mdl::checkout::{checkout, CheckoutOptions, Mirror, Piece, Placed};
 use mdl::commit::{commit_staged, CommitOptions, DeviceCopy, MemoryFile, OnDevice, Staged};
 use mdl::{NoProgress, OpenOptions, Repository};
 use mdl_codec::engine::{CpuEngine, Engine};
+use mdl_gpu::GpuEngine;
 
 mod common;
 use common::{safetensors_bytes, stored_layout as layout, Rng};
@@ -50,6 +51,14 @@ fn state(step: u64) -> Vec<u8> {
 /// Held by each test that counts the GPU's uploads: the engine (and its count) is one per
 /// process.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The GPU engine (tensors of a megabyte or more go to the device), with the lock that keeps
+/// other tests' uploads out of its count, and its description.
+fn gpu_alone() -> (MutexGuard<'static, ()>, GpuEngine, String) {
+    let alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let (gpu, line) = mdl_gpu::probe().expect("a GPU engine");
+    (alone, gpu.with_min_bytes(1 << 20), line)
+}
 
 /// Where the tensors start in a safetensors file's bytes.
 fn data_start(file: &[u8]) -> usize {
@@ -89,14 +98,11 @@ fn committer(root: &Path, engine: Arc<dyn Engine>) -> Committer {
 #[test]
 #[ignore = "needs the GPU engine: a CUDA device, or --features mdl-gpu/emulate"]
 fn a_device_snapshot_is_read_where_it_lies_and_stores_what_the_cpu_stores() {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let (gpu, line) = mdl_gpu::probe().expect("a GPU engine");
-    let gpu = gpu.with_min_bytes(1 << 20);
+    let (_alone, gpu, line) = gpu_alone();
     let dir = tempfile::tempdir().unwrap();
     let (on_cpu, on_gpu) = (dir.path().join("cpu"), dir.path().join("gpu"));
     let cpu_commits = committer(&on_cpu, Arc::new(CpuEngine));
     let gpu_commits = committer(&on_gpu, Arc::new(gpu.clone()));
-    let opts = eager;
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for step in 1..=3 {
         let file = state(step);
@@ -122,7 +128,7 @@ fn a_device_snapshot_is_read_where_it_lies_and_stores_what_the_cpu_stores() {
         };
         a.push(
             cpu_commits
-                .submit(staged(false), opts(step))
+                .submit(staged(false), eager(step))
                 .unwrap()
                 .wait()
                 .unwrap(),
@@ -130,7 +136,7 @@ fn a_device_snapshot_is_read_where_it_lies_and_stores_what_the_cpu_stores() {
         let before = gpu.uploaded();
         b.push(
             gpu_commits
-                .submit(staged(true), opts(step))
+                .submit(staged(true), eager(step))
                 .unwrap()
                 .wait()
                 .unwrap(),
@@ -180,17 +186,14 @@ fn a_device_run_outside_its_file_is_refused() {
 #[test]
 #[ignore = "needs the GPU engine: a CUDA device, or --features mdl-gpu/emulate"]
 fn a_tensor_loaded_into_device_memory_is_decoded_there() {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let (gpu, line) = mdl_gpu::probe().expect("a GPU engine");
-    let gpu = gpu.with_min_bytes(1 << 20);
+    let (_alone, gpu, line) = gpu_alone();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("repo");
     let commits = committer(&root, Arc::new(CpuEngine));
-    let opts = eager;
     for step in 1..=2 {
         let staged = Staged::memory(vec![MemoryFile::new("model.safetensors", state(step))], &[]);
         commits
-            .submit(staged.unwrap(), opts(step))
+            .submit(staged.unwrap(), eager(step))
             .unwrap()
             .wait()
             .unwrap();

@@ -74,6 +74,20 @@ pub(super) struct OutputAt {
     pub(super) complete: bool,
 }
 
+/// The entry of `entries` whose host range (`range`: start address, length) holds all of
+/// `host`, and where `host` starts in it.
+fn holding<'a, T>(
+    entries: &'a [T],
+    host: &[u8],
+    range: impl Fn(&T) -> (usize, usize),
+) -> Option<(&'a T, usize)> {
+    let p = host.as_ptr() as usize;
+    entries.iter().find_map(|e| {
+        let (ptr, len) = range(e);
+        (p >= ptr && p + host.len() <= ptr + len).then(|| (e, p - ptr))
+    })
+}
+
 /// Releases a kept device copy (and whatever else it holds: the warm set's content).
 struct KeptGuard<T> {
     gpu: Arc<Gpu>,
@@ -113,30 +127,22 @@ impl Gpu {
 
     /// The device copy of `host`, if a kept range holds it: the buffer and the offset.
     pub(super) fn resident(&self, host: &[u8]) -> Option<(Arc<DevBuf>, usize)> {
-        let p = host.as_ptr() as usize;
-        self.kept
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|r| p >= r.ptr && p + host.len() <= r.ptr + r.len)
-            .map(|r| (r.dev.clone(), r.at + p - r.ptr))
+        let kept = self.kept.lock().unwrap();
+        let (r, off) = holding(&kept, host, |r| (r.ptr, r.len))?;
+        Some((r.dev.clone(), r.at + off))
     }
 
     /// Where a decode into `host` writes instead, if it is (part of) a mirrored output.
     pub(super) fn output(&self, host: &[u8]) -> Option<OutputAt> {
-        let p = host.as_ptr() as usize;
-        self.outputs
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|o| p >= o.ptr && p + host.len() <= o.ptr + o.len)
-            .map(|o| OutputAt {
-                address: o.address + (p - o.ptr) as u64,
-                written: o.written.clone(),
-                complete: p == o.ptr
-                    && host.len() == o.len
-                    && o.written.load(Ordering::Relaxed) == o.len as u64,
-            })
+        let outputs = self.outputs.lock().unwrap();
+        let (o, off) = holding(&outputs, host, |o| (o.ptr, o.len))?;
+        Some(OutputAt {
+            address: o.address + off as u64,
+            written: o.written.clone(),
+            complete: off == 0
+                && host.len() == o.len
+                && o.written.load(Ordering::Relaxed) == o.len as u64,
+        })
     }
 
     /// Whether `bytes` more fit on the device with half of its free memory to spare.
@@ -243,11 +249,7 @@ impl GpuEngine {
         fill: &mut dyn FnMut(&mut [u8]) -> bool,
     ) -> Mirror {
         if out.is_empty() || copy.ordinal != self.gpu.ctx.ordinal() {
-            return if fill(out) {
-                Mirror::NotMine
-            } else {
-                Mirror::Failed
-            };
+            return CpuEngine.mirror_into(out, copy, fill);
         }
         let id = self.gpu.next_id.fetch_add(1, Ordering::Relaxed);
         let written = Arc::new(AtomicU64::new(0));

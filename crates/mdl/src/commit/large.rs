@@ -7,6 +7,8 @@
 //! other is hashed first (an unchanged tensor costs a hash, not an encoding) and encoded in a
 //! second pass if it is new. Both routes write the same bytes.
 
+use std::borrow::Cow;
+
 use mdl_codec::float::{self, Count};
 use mdl_codec::CodecTag;
 use mdl_format::ObjectId;
@@ -30,17 +32,15 @@ impl StoreCtx<'_> {
             let info = &self.input.pieces[i];
             let n = window_bytes(info.header.dtype.size()).min(info.len as usize);
             // Bytes also on a GPU are read in place (they do not change meanwhile).
-            let copied;
-            let first = if self.input.on_device(i) {
-                &self.input.tensor(i)[..n]
+            let first: Cow<'_, [u8]> = if self.input.on_device(i) {
+                Cow::Borrowed(&self.input.tensor(i)[..n])
             } else {
                 let mut buf = vec![0u8; n];
                 self.input.read_into(i, 0, &mut buf)?;
-                copied = buf;
-                &copied[..]
+                Cow::Owned(buf)
             };
-            if !self.first_window_unchanged(i, first)? {
-                if let Some(stored) = self.store_speculative(i, first)? {
+            if !self.first_window_unchanged(i, &first)? {
+                if let Some(stored) = self.store_speculative(i, &first)? {
                     return Ok(stored);
                 }
             }
