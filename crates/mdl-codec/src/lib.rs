@@ -24,6 +24,7 @@ pub mod qrecord;
 pub mod quant;
 pub mod residual;
 pub mod scalar;
+pub mod tensor;
 pub mod trim;
 
 use std::io::{self, Read, Write};

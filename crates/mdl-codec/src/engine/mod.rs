@@ -12,14 +12,15 @@ mod stats;
 
 use std::sync::Arc;
 
-use mdl_format::{Dtype, FormatError, ObjectId, TensorHasher};
+use mdl_format::{FormatError, ObjectId, TensorHasher};
 
 use crate::huffman::{Histogram, Stream, StreamWriter};
 use crate::planes::PlaneSpec;
-use crate::scalar;
+use crate::residual::{self, ResidualStats};
 
+pub use crate::tensor::{ErrorStats, FloatView, Moments};
 pub use cpu::{check_ungroup, CpuEngine};
-pub use stats::{mean_second_moment, scales, sum, ErrorStats, KeyStats};
+pub use stats::{mean_second_moment, scales, sum, KeyStats};
 
 /// What [`Engine::keep`] returns: while it lives, the engine keeps a copy of the bytes where
 /// it computes, so kernels called meanwhile on them (or on a part of them) do not copy them
@@ -68,42 +69,6 @@ pub enum Mirror {
     NotMine,
     /// `fill` failed: the device copy is unspecified.
     Failed,
-}
-
-/// A float tensor (bf16, f16 or f32), little-endian.
-#[derive(Clone, Copy, Debug)]
-pub struct FloatView<'a> {
-    /// Element type.
-    pub dtype: Dtype,
-    /// The elements' bytes.
-    pub bytes: &'a [u8],
-}
-
-impl FloatView<'_> {
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.bytes.len() / self.dtype.size()
-    }
-
-    /// Whether there are no elements.
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
-    }
-
-    #[inline]
-    fn value(&self, i: usize) -> f64 {
-        scalar::value(self.dtype, self.bytes, i)
-    }
-}
-
-/// A parameter's Adam moments: first (`m`, `exp_avg`) and second (`v`, `exp_avg_sq`), each
-/// with as many elements as the parameter.
-#[derive(Clone, Copy, Debug)]
-pub struct Moments<'a> {
-    /// First moment.
-    pub m: FloatView<'a>,
-    /// Second moment.
-    pub v: FloatView<'a>,
 }
 
 /// A key → code table with the keys whose elements are kept exactly.
@@ -291,6 +256,46 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         modulus: u8,
         out: &mut [u8],
     ) -> Result<(), FormatError>;
+
+    /// How far `values` moved from `reference` ([`crate::residual::distance_sq`]): the CPU's
+    /// unless an engine has its own, the same bits either way.
+    fn residual_distance(&self, values: FloatView<'_>, reference: Option<&[u8]>) -> f64 {
+        residual::distance_sq(values.dtype, values.bytes, reference)
+    }
+
+    /// [`crate::residual::measure_steps`]: the statistics of quantizing `values` against
+    /// `reference` at each of `steps`, on every `every`-th block.
+    fn residual_measure(
+        &self,
+        values: FloatView<'_>,
+        reference: Option<&[u8]>,
+        moments: Option<Moments<'_>>,
+        mode: residual::Mode,
+        steps: &[f64],
+        every: usize,
+    ) -> Vec<ResidualStats> {
+        residual::measure_steps(
+            values.dtype,
+            values.bytes,
+            reference,
+            moments,
+            mode,
+            steps,
+            every,
+        )
+    }
+
+    /// [`crate::residual::encode`]: the payload and the reconstruction of `values` quantized
+    /// against `reference` at `step`.
+    fn residual_encode(
+        &self,
+        values: FloatView<'_>,
+        reference: Option<&[u8]>,
+        mode: residual::Mode,
+        step: f64,
+    ) -> (Vec<u8>, Vec<u8>) {
+        residual::encode(values.dtype, values.bytes, reference, mode, step)
+    }
 
     /// Error of `recon` against `orig` (same dtype and length).
     fn error_stats(

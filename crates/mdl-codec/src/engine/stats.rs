@@ -113,46 +113,6 @@ pub fn mean_second_moment(w: FloatView<'_>, moments: Moments<'_>) -> f64 {
     total as f64 / sc / n as f64
 }
 
-/// Error of a reconstruction against its original, with the moment-weighted sums of the
-/// quality estimate (zero without moments). Non-finite pairs are skipped.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct ErrorStats {
-    /// max |recon − orig|
-    pub max_abs: f64,
-    /// Σ (recon − orig)²
-    pub sum_sq_err: f64,
-    /// Σ orig²
-    pub sum_sq: f64,
-    /// Σ m·(recon − orig)
-    pub sum_m_delta: f64,
-    /// Σ v·(recon − orig)²
-    pub sum_v_delta2: f64,
-}
-
-impl ErrorStats {
-    /// Combines per-chunk results (of [`ERROR_CHUNK`] elements each) in chunk order: the
-    /// one order every engine sums in.
-    pub fn fold(chunks: &[ErrorStats]) -> ErrorStats {
-        chunks.iter().fold(ErrorStats::default(), |mut a, e| {
-            a.max_abs = a.max_abs.max(e.max_abs);
-            a.sum_sq_err += e.sum_sq_err;
-            a.sum_sq += e.sum_sq;
-            a.sum_m_delta += e.sum_m_delta;
-            a.sum_v_delta2 += e.sum_v_delta2;
-            a
-        })
-    }
-
-    /// Relative L2 error (0 for an all-zero original).
-    pub fn rel_l2(&self) -> f64 {
-        if self.sum_sq > 0.0 {
-            (self.sum_sq_err / self.sum_sq).sqrt()
-        } else {
-            self.sum_sq_err.sqrt()
-        }
-    }
-}
-
 /// Fixed-point scales for the key sums (every engine uses these, from the exact maxima): each term is multiplied by a power of two chosen so that
 /// no sum over `n` terms can overflow an `i64`, then truncated; the integer sums are exact and
 /// independent of order.

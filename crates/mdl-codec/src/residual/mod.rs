@@ -23,10 +23,10 @@
 use mdl_format::{Dtype, FormatError};
 use rayon::prelude::*;
 
-use crate::engine::{ErrorStats, Moments};
 use crate::huffman::{decode_stream, encode_stream, Histogram};
 use crate::qrecord::varint;
 use crate::scalar;
+use crate::tensor::{ErrorStats, Moments};
 
 /// The code of an element stored exactly (its low byte, 255, in a one-byte payload).
 pub const EXACT: u16 = 0xffff;
@@ -40,8 +40,8 @@ pub const MAX_MOMENT_STEPS: i64 = 126;
 /// Codes below this fit a one-byte payload.
 const NARROW: u16 = 254;
 
-/// Elements per parallel work item.
-const CHUNK: usize = 1 << 16;
+/// Elements per parallel work item, and per chunk of the statistics' sums.
+pub const CHUNK: usize = 1 << 16;
 
 /// What quantizing a tensor against a reference at one step gives, without storing anything.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -100,22 +100,55 @@ fn reference_value(dtype: Dtype, reference: Option<&[u8]>, i: usize) -> f64 {
     reference.map_or(0.0, |r| scalar::value(dtype, r, i))
 }
 
+/// Lanes a block's sums are kept in: element `k` of a block adds to lane `k mod 32`, each lane
+/// in element order, and [`lane_sum`] joins them. A block's sums are then the same bits
+/// whether one CPU thread or a warp of 32 GPU threads (one lane each) computed them.
+pub const LANES: usize = 32;
+
+/// The sum of a block's lanes, the upper half folded onto the lower until one is left: the
+/// order a warp's butterfly reduction adds in.
+#[inline(always)]
+pub fn lane_sum(mut lanes: [f64; LANES]) -> f64 {
+    let mut half = LANES / 2;
+    while half > 0 {
+        for j in 0..half {
+            lanes[j] += lanes[j + half];
+        }
+        half /= 2;
+    }
+    lanes[0]
+}
+
 /// `Σ (a − b)²` over the elements where both are finite (`b` absent: zeros) — how far a tensor
-/// moved from its reference.
+/// moved from its reference. Summed in [`LANES`] per block of [`BLOCK`] elements, the blocks of
+/// each chunk of [`CHUNK`] in order ([`distance_of_chunks`] adds the chunks' sums): the same
+/// on every machine and every engine.
 pub fn distance_sq(dtype: Dtype, a: &[u8], b: Option<&[u8]>) -> f64 {
     let n = a.len() / dtype.size();
-    // Summed a chunk at a time, the chunks' sums added in order: the same on every machine.
     let chunks: Vec<f64> = (0..n.div_ceil(CHUNK))
         .into_par_iter()
         .map(|c| {
-            (c * CHUNK..((c + 1) * CHUNK).min(n))
-                .map(|i| scalar::value(dtype, a, i) - reference_value(dtype, b, i))
-                .filter(|d| d.is_finite())
-                .map(|d| d * d)
-                .sum::<f64>()
+            let end = ((c + 1) * CHUNK).min(n);
+            let mut sum = 0.0;
+            for start in (c * CHUNK..end).step_by(BLOCK) {
+                let mut lanes = [0f64; LANES];
+                for i in start..(start + BLOCK).min(end) {
+                    let d = scalar::value(dtype, a, i) - reference_value(dtype, b, i);
+                    if d.is_finite() {
+                        lanes[i % LANES] += d * d;
+                    }
+                }
+                sum += lane_sum(lanes);
+            }
+            sum
         })
         .collect();
-    chunks.iter().sum()
+    distance_of_chunks(&chunks)
+}
+
+/// [`distance_sq`] from its chunks' sums, added in chunk order.
+pub fn distance_of_chunks(chunks: &[f64]) -> f64 {
+    chunks.iter().fold(0.0, |a, &c| a + c)
 }
 
 /// How codes become values, given the reference value `r` of the element.
@@ -184,6 +217,8 @@ struct Quantizer {
     inverse: f64,
     /// Log: `2^(q·step)` for `q` = −[`MAX_MOMENT_STEPS`] … [`MAX_MOMENT_STEPS`].
     factors: Vec<f64>,
+    /// Log: the ratios `x / r` at which the code steps up (see [`log_thresholds`]).
+    thresholds: Vec<f64>,
 }
 
 impl Quantizer {
@@ -201,11 +236,16 @@ impl Quantizer {
                 factors[m - q] = factors[m - q + 1] / param;
             }
         }
+        let thresholds = match mode {
+            Mode::Log => log_thresholds(param, &factors),
+            _ => Vec::new(),
+        };
         Some(Quantizer {
             mode,
             param,
             inverse: 1.0 / param,
             factors,
+            thresholds,
         })
     }
 
@@ -234,7 +274,7 @@ impl Quantizer {
                 if x < 0.0 || r <= 0.0 {
                     return None;
                 }
-                round((x / r).log2() / self.param.log2())
+                log_code(x / r, self.param.log2(), &self.thresholds)
             }
             Mode::Scaled => {
                 if r < 0.0 {
@@ -276,6 +316,42 @@ impl Quantizer {
             Mode::Scaled => q as f64 * self.param * r.sqrt(),
         }
     }
+}
+
+/// The ratios at which a log-mode code steps up: entry `j` is `2^((j − 127 + ½)·step)`, for
+/// `j` = 0 … 253, each one product of a factor (`2^(q·step)`, built by multiplication) and
+/// `√(2^step)`. Correctly rounded operations only, so every engine (the GPU's included) builds
+/// the same table from the stored `2^step`.
+fn log_thresholds(param: f64, factors: &[f64]) -> Vec<f64> {
+    let half = param.sqrt();
+    let below = factors[0] / param;
+    std::iter::once(below)
+        .chain(factors.iter().copied())
+        .map(|f| f * half)
+        .collect()
+}
+
+/// The log-mode step count of a ratio `x / r`: −127 plus how many thresholds it reaches, so
+/// ±127 (beyond [`MAX_MOMENT_STEPS`]) mean "keep exactly". The logarithm only guesses; the
+/// comparisons with the table decide, so the code does not depend on a `log2` that differs
+/// between machines in its last bits.
+#[inline(always)]
+fn log_code(ratio: f64, log_param: f64, thresholds: &[f64]) -> f64 {
+    let top = MAX_MOMENT_STEPS + 1;
+    let guess = round(ratio.log2() / log_param);
+    let mut q = if guess.is_nan() {
+        0
+    } else {
+        guess.clamp(-top as f64, top as f64) as i64
+    };
+    let t = |q: i64| thresholds[(q + top) as usize];
+    while q > -top && ratio < t(q - 1) {
+        q -= 1;
+    }
+    while q < top && ratio >= t(q) {
+        q += 1;
+    }
+    q as f64
 }
 
 /// `t` rounded half away from zero, as `f64::round` does, without its library call on the
@@ -371,10 +447,10 @@ pub fn measure_steps(
         .collect();
     let n = values.len() / dtype.size();
     let empty = || vec![ResidualStats::default(); steps.len()];
-    // Counts add up in any order. The error sums are kept a chunk at a time and folded in chunk
-    // order (`ErrorStats::fold`, as the engines' error statistics are), so the estimates do not
-    // depend on the thread count or on which thread took which chunk. Each of at most `TASKS`
-    // parallel tasks measures a run of chunks.
+    // Counts add up in any order. The error sums have one order, whatever the thread count or
+    // the engine: each measured block's in `LANES`, a chunk's blocks added in order
+    // (`measure_chunk`), the chunks folded in order (`ErrorStats::fold`, as the engines' error
+    // statistics are). Each of at most `TASKS` parallel tasks measures a run of chunks.
     const TASKS: usize = 64;
     let chunks = n.div_ceil(CHUNK);
     let per_task = chunks.div_ceil(TASKS).max(1);
@@ -451,22 +527,22 @@ fn measure_chunk(
                 v[k] = scalar::value(mv.v.dtype, mv.v.bytes, start + k);
             }
         }
-        let sum_sq: f64 = x[..len]
-            .iter()
-            .filter(|x| x.is_finite())
-            .map(|x| x * x)
-            .sum();
-        for (s, quant) in stats.iter_mut().zip(quants) {
-            if quant.is_some() {
-                s.err.sum_sq += sum_sq;
+        let mut sq = [0f64; LANES];
+        for k in 0..len {
+            if x[k].is_finite() {
+                sq[k % LANES] += x[k] * x[k];
             }
         }
-        // Every step on one element before the next: the steps' sums are independent chains
-        // the processor runs side by side (each step still sees the elements in order).
-        for k in 0..len {
-            for (s, quant) in stats.iter_mut().zip(quants) {
-                let Some(quant) = quant else { continue };
-                let e = &mut s.err;
+        let sum_sq = lane_sum(sq);
+        for (s, quant) in stats.iter_mut().zip(quants) {
+            let Some(quant) = quant else { continue };
+            // The block's sums in lanes (see `LANES`): independent chains the processor runs
+            // side by side.
+            let mut sq_err = [0f64; LANES];
+            let mut m_delta = [0f64; LANES];
+            let mut v_delta2 = [0f64; LANES];
+            let mut max_abs = 0f64;
+            for k in 0..len {
                 match quant.code(mode, dtype, x[k], r[k]) {
                     Some((code, y)) => {
                         s.codes.0[code as u8 as usize] += 1;
@@ -475,11 +551,12 @@ fn measure_chunk(
                             s.high.0[(code >> 8) as usize] += 1;
                         }
                         let d = y - x[k];
-                        e.sum_sq_err += d * d;
-                        e.max_abs = e.max_abs.max(d.abs());
+                        let lane = k % LANES;
+                        sq_err[lane] += d * d;
+                        max_abs = max_abs.max(d.abs());
                         if chunk.moments.is_some() {
-                            e.sum_m_delta += m[k] * d;
-                            e.sum_v_delta2 += v[k] * d * d;
+                            m_delta[lane] += m[k] * d;
+                            v_delta2[lane] += v[k] * d * d;
                         }
                     }
                     None => {
@@ -487,6 +564,14 @@ fn measure_chunk(
                         s.exact += 1;
                     }
                 }
+            }
+            let e = &mut s.err;
+            e.sum_sq += sum_sq;
+            e.sum_sq_err += lane_sum(sq_err);
+            e.max_abs = e.max_abs.max(max_abs);
+            if chunk.moments.is_some() {
+                e.sum_m_delta += lane_sum(m_delta);
+                e.sum_v_delta2 += lane_sum(v_delta2);
             }
         }
     }

@@ -1,6 +1,9 @@
 //! Round trips, bounds and refusals of `quant-residual` and `quant-uniform`.
 
-use super::{decode, distance_sq, encode, measure, measure_steps, round, Mode, ResidualStats};
+use super::{
+    decode, distance_sq, encode, log_code, measure, measure_steps, round, Mode, Quantizer,
+    ResidualStats, MAX_MOMENT_STEPS,
+};
 use crate::engine::Moments;
 use crate::scalar;
 use mdl_format::Dtype;
@@ -397,4 +400,40 @@ fn measuring_does_not_depend_on_the_thread_count() {
         .0
         .iter()
         .all(|s| s.err.sum_sq_err > 0.0 && s.codes.total() == n as u64));
+}
+
+/// A log-mode code is the number of thresholds its ratio reaches, whatever the logarithm's
+/// guess (a GPU's `log2` may differ from the CPU's in its last bits): ratios on, just beside
+/// and far from the thresholds get the counted code even from a guess that is off by several
+/// steps, and away from the thresholds it is the rounded logarithm.
+#[test]
+fn log_codes_are_decided_by_the_thresholds() {
+    let mut rng = Rng(11);
+    for step in [0.05, 0.37, 1.0, 3.5] {
+        let quant = Quantizer::with_step(Mode::Log, step).unwrap();
+        let t = &quant.thresholds;
+        assert!(t.windows(2).all(|w| w[0] < w[1]), "thresholds ascend");
+        let mut ratios: Vec<f64> = t
+            .iter()
+            .flat_map(|&x| [x, x.next_up(), x.next_down()])
+            .collect();
+        ratios.extend((0..2000).map(|_| (normal(&mut rng) * 200.0 * step).exp2()));
+        ratios.extend([f64::MIN_POSITIVE, 1e-300, 1.0, 1e300]);
+        let top = MAX_MOMENT_STEPS + 1;
+        for ratio in ratios {
+            let counted = -top + t.iter().filter(|&&x| ratio >= x).count() as i64;
+            for off in [1.0, 1.04, 0.9] {
+                let log_param = quant.param.log2() * off;
+                assert_eq!(
+                    log_code(ratio, log_param, t) as i64,
+                    counted,
+                    "ratio {ratio}"
+                );
+            }
+            let exact = ratio.log2() / step;
+            if (exact - exact.round()).abs() < 0.49 && exact.abs() < 126.0 {
+                assert_eq!(counted as f64, round(exact), "ratio {ratio}");
+            }
+        }
+    }
 }

@@ -92,7 +92,11 @@ pub(crate) fn quantize(
                 .sparsify
                 .map(|s| sparse::apply(w.dtype, w.bytes, reference, first, s));
             let values = sparse.as_deref().unwrap_or(w.bytes);
-            let (payload, render) = residual::encode(w.dtype, values, reference, r.mode, r.step);
+            let values = FloatView {
+                dtype: w.dtype,
+                bytes: values,
+            };
+            let (payload, render) = engine.residual_encode(values, reference, r.mode, r.step);
             let encoded = Encoded::Residual {
                 payload,
                 reference: r.reference.clone(),

@@ -314,7 +314,7 @@ impl PlanInput<'_> {
             None => UNIFORM_STEPS,
         };
         let n = (view.bytes.len() / view.dtype.size()).max(1) as f64;
-        let rms = (residual::distance_sq(view.dtype, view.bytes, content) / n).sqrt();
+        let rms = (self.engine.residual_distance(view, content) / n).sqrt();
         if !(rms > 0.0 && rms.is_finite()) {
             return Vec::new();
         }
@@ -349,9 +349,9 @@ impl PlanInput<'_> {
         } else {
             1
         };
-        let stats = residual::measure_steps(
-            view.dtype, view.bytes, content, moments, linear, steps, every,
-        );
+        let stats = self
+            .engine
+            .residual_measure(view, content, moments, linear, steps, every);
         steps
             .iter()
             .zip(stats)
@@ -545,9 +545,8 @@ impl PlanInput<'_> {
                     let content = Some(&reference.content[..]);
                     // Counted on a sample: a tensor near the limit is a residual either way,
                     // the limit only keeps out those a reference cannot serve at all.
-                    let st = residual::measure_steps(
-                        view.dtype,
-                        view.bytes,
+                    let st = self.engine.residual_measure(
+                        view,
                         content,
                         None,
                         mode,
