@@ -66,7 +66,7 @@ mdl_emu_switch:
 #endif
 
 enum State { RUN, WAIT_BLOCK, WAIT_WARP, DONE };
-enum WarpOp { OP_SYNC, OP_SHFL_UP, OP_SHFL_DOWN, OP_MATCH_ANY };
+enum WarpOp { OP_SYNC, OP_SHFL_UP, OP_SHFL_DOWN, OP_SHFL_XOR, OP_MATCH_ANY };
 
 struct Fiber {
 #if defined(__x86_64__)
@@ -224,6 +224,10 @@ inline T __shfl_down_sync(unsigned mask, T v, unsigned d) {
     return mdl_emu::as<T>(mdl_emu::warp_op(mdl_emu::OP_SHFL_DOWN, mask, mdl_emu::bits_of(v), d));
 }
 template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T v, unsigned d) {
+    return mdl_emu::as<T>(mdl_emu::warp_op(mdl_emu::OP_SHFL_XOR, mask, mdl_emu::bits_of(v), d));
+}
+template <typename T>
 inline unsigned __match_any_sync(unsigned mask, T v) {
     return (unsigned)mdl_emu::warp_op(mdl_emu::OP_MATCH_ANY, mask, mdl_emu::bits_of(v), 0);
 }
@@ -235,6 +239,9 @@ inline int __ffs(unsigned x) {
 }
 inline float __uint_as_float(unsigned x) {
     return mdl_emu::as<float>(x);
+}
+inline unsigned __float_as_uint(float x) {
+    return (unsigned)mdl_emu::bits_of(x);
 }
 inline long long __double_as_longlong(double x) {
     return mdl_emu::as<long long>(mdl_emu::bits_of(x));
@@ -248,6 +255,15 @@ inline double __dadd_rn(double a, double b) {
 }
 inline double __dsub_rn(double a, double b) {
     return a - b;
+}
+inline double __ddiv_rn(double a, double b) {
+    return a / b;
+}
+inline double __dsqrt_rn(double a) {
+    return std::sqrt(a);
+}
+inline float __double2float_rn(double a) {
+    return (float)a;
 }
 template <typename T>
 inline T atomicAdd(T* p, T v) {
@@ -268,7 +284,12 @@ inline T atomicMax(T* p, T v) {
     return old;
 }
 using std::fabs;
+using std::fmax;
+using std::fmin;
 using std::isfinite;
+using std::isnan;
+using std::log2;
+using std::round;
 
 // glibc declares `finite`; the kernels define their own.
 #define finite mdl_kernel_finite
@@ -343,7 +364,8 @@ const Kernel KERNELS[] = {
     KERNEL(max_abs),          KERNEL(key_stats),     KERNEL(assign_codes),
     KERNEL(protected_indices), KERNEL(code_pairs),   KERNEL(group_counts),
     KERNEL(group_starts),     KERNEL(group_scatter), KERNEL(error_chunks),
-    KERNEL(blake3_chunks),    KERNEL(blake3_parents),
+    KERNEL(residual_distance), KERNEL(residual_measure), KERNEL(residual_codes),
+    KERNEL(residual_exact),   KERNEL(blake3_chunks),  KERNEL(blake3_parents),
     KERNEL(emu_test_deadlock), KERNEL(emu_test_exited_lane), KERNEL(emu_test_overrun),
     KERNEL(emu_test_neighbour),
 };
@@ -400,8 +422,11 @@ bool release_warp(Launch& l, unsigned w, unsigned threads, bool& released, std::
                     g.result = 0;
                     break;
                 case OP_SHFL_UP:
-                case OP_SHFL_DOWN: {
-                    long src = g.op == OP_SHFL_UP ? (long)j - (long)d : (long)j + (long)d;
+                case OP_SHFL_DOWN:
+                case OP_SHFL_XOR: {
+                    long src = g.op == OP_SHFL_UP     ? (long)j - (long)d
+                               : g.op == OP_SHFL_DOWN ? (long)j + (long)d
+                                                      : (long)(j ^ d);
                     if (src < 0 || src >= 32) {
                         g.result = v[j];
                     } else if (!(mask >> src & 1)) {

@@ -748,6 +748,287 @@ extern "C" __global__ void fill_bytes(u8* p, u64 n, u32 v) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Residual quantization (mdl-codec residual/mod.rs). A quantizer is one step's parameters:
+// qp[0] the stored parameter (step, or 2^step in log mode), qp[1] its inverse, qp[2] log2 of it
+// (only a guess's divisor), then in log mode 253 factors 2^(q·step) (q = -126…126) and 254
+// thresholds 2^((j - 127 + ½)·step), all built on the host.
+
+#define RM_LINEAR 0
+#define RM_LOG 1
+#define RM_SCALED 2
+#define R_EXACT 0xffffu
+#define R_ZERO 0xfffeu
+#define R_MAX_STEPS 32766
+#define R_MAX_MOMENT 126
+#define R_QUANT 510  // doubles per quantizer
+#define R_BLOCK 1024
+#define R_CHUNK 65536
+#define R_TILE 4096
+
+// f32 to bf16 bits, rounding to nearest even (scalar::f32_to_bf16).
+__device__ __forceinline__ u16 f32_to_bf16(float x) {
+    u32 bits = __float_as_uint(x);
+    if (x != x) return (u16)((bits >> 16) | 0x40);
+    return (u16)((bits + 0x7fffu + ((bits >> 16) & 1)) >> 16);
+}
+
+// f32 to f16 bits, rounding to nearest even (scalar::f32_to_f16).
+__device__ u16 f32_to_f16(float x) {
+    u32 bits = __float_as_uint(x);
+    u16 sign = (u16)((bits >> 16) & 0x8000);
+    int exp = (int)((bits >> 23) & 0xff);
+    u32 man = bits & 0x7fffff;
+    if (exp == 0xff) return sign | 0x7c00 | (man ? 0x200 : 0);
+    int e = exp - 127 + 15;
+    if (e >= 0x1f) return sign | 0x7c00;
+    if (e <= 0) {
+        if (e < -10) return sign;
+        u32 m = man | 0x800000;
+        u32 shift = (u32)(14 - e);
+        u32 half = 1u << (shift - 1);
+        u32 rest = m & ((1u << shift) - 1);
+        u32 r = m >> shift;
+        if (rest > half || (rest == half && (r & 1))) r++;
+        return sign | (u16)r;
+    }
+    u32 r = ((u32)e << 10) | (man >> 13);
+    u32 rest = man & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (r & 1))) r++;
+    return sign | (u16)r;
+}
+
+// x rounded to the dtype's bits (scalar::put_rounded's bits).
+__device__ __forceinline__ u32 rounded_bits(int dtype, double x) {
+    float f = __double2float_rn(x);
+    if (dtype == DT_F32) return __float_as_uint(f);
+    if (dtype == DT_BF16) return f32_to_bf16(f);
+    return f32_to_f16(f);
+}
+
+// The value of the dtype's bits (as value_of).
+__device__ __forceinline__ double bits_value(int dtype, u32 b) {
+    if (dtype == DT_F32) return (double)__uint_as_float(b);
+    if (dtype == DT_BF16) return (double)__uint_as_float(b << 16);
+    return (double)f16_to_f32((u16)b);
+}
+
+__device__ __forceinline__ void store_bits(int dtype, u8* p, u64 i, u32 b) {
+    if (dtype == DT_F32)
+        store32(p, i, b);
+    else
+        store16(p, i, (u16)b);
+}
+
+// The log-mode step count of a ratio (residual::log_code): the thresholds decide.
+__device__ double log_code(double ratio, double log_param, const double* t) {
+    const i64 top = R_MAX_MOMENT + 1;
+    double guess = round(log2(ratio) / log_param);
+    i64 q = isnan(guess) ? 0 : (i64)fmin(fmax(guess, -(double)top), (double)top);
+    while (q > -top && ratio < t[q - 1 + top]) q--;
+    while (q < top && ratio >= t[q + top]) q++;
+    return (double)q;
+}
+
+// The decoder's value of code c against reference r (residual::Quantizer::value).
+__device__ __forceinline__ double residual_value(int mode, const double* qp, double r, u32 c) {
+    if (c == R_ZERO) return 0.0;
+    i64 cc = (i64)c;
+    i64 k = (cc >> 1) ^ -(cc & 1);
+    if (mode == RM_LINEAR) return __dadd_rn(r, __dmul_rn((double)k, qp[0]));
+    if (mode == RM_LOG) return __dmul_rn(r, qp[3 + k + R_MAX_MOMENT]);
+    return __dmul_rn(__dmul_rn((double)k, qp[0]), __dsqrt_rn(r));
+}
+
+// One element's code (residual::Quantizer::code): R_EXACT when it is kept exactly, else the
+// code with the reconstruction's bits in *y.
+__device__ u32 residual_code(int mode, const double* qp, int dtype, double x, double r, u32* y) {
+    if (!finite(x) || !finite(r)) return R_EXACT;
+    double t;
+    if (mode == RM_LINEAR) {
+        t = round(__dmul_rn(__dsub_rn(x, r), qp[1]));
+    } else if (mode == RM_LOG) {
+        if (x == 0.0) {
+            *y = 0;
+            return R_ZERO;
+        }
+        if (x < 0.0 || r <= 0.0) return R_EXACT;
+        t = log_code(__ddiv_rn(x, r), qp[2], qp + 3 + 2 * R_MAX_MOMENT + 1);
+    } else {
+        if (r < 0.0) return R_EXACT;
+        if (x == 0.0) {
+            *y = 0;
+            return 0;
+        }
+        if (r == 0.0) return R_EXACT;
+        t = round(__ddiv_rn(x, __dmul_rn(qp[0], __dsqrt_rn(r))));
+    }
+    double max = mode == RM_LINEAR ? (double)R_MAX_STEPS : (double)R_MAX_MOMENT;
+    if (isnan(t) || fabs(t) > max) return R_EXACT;
+    i64 q = (i64)t;
+    u32 c = (u32)(u16)((q << 1) ^ (q >> 63));
+    u32 b = rounded_bits(dtype, residual_value(mode, qp, r, c));
+    if (!finite(bits_value(dtype, b))) return R_EXACT;
+    *y = b;
+    return c;
+}
+
+// The sum of a warp's lanes in residual::lane_sum's order (the upper half onto the lower).
+__device__ __forceinline__ double lane_sum(double v) {
+    for (int d = 16; d > 0; d >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, d));
+    return v;
+}
+
+// residual::distance_sq, a chunk a block of 32 warps: warp w sums the chunk's blocks w and
+// w + 32 in lanes, thread 0 adds the blocks in order into sums[chunk].
+extern "C" __global__ void residual_distance(const u8* x, const u8* ref, u64 n, int dtype,
+                                             double* sums) {
+    __shared__ double blocks[R_CHUNK / R_BLOCK];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    u64 chunk = blockIdx.x;
+    for (int j = warp; j < R_CHUNK / R_BLOCK; j += blockDim.x >> 5) {
+        u64 start = chunk * R_CHUNK + (u64)j * R_BLOCK;
+        double s = 0;
+        for (u64 i = start + lane; i < start + R_BLOCK && i < n; i += 32) {
+            double d = __dsub_rn(value_of(dtype, x, i), ref ? value_of(dtype, ref, i) : 0.0);
+            if (finite(d)) s = __dadd_rn(s, __dmul_rn(d, d));
+        }
+        s = lane_sum(s);
+        if (lane == 0) blocks[j] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0;
+        for (int j = 0; j < R_CHUNK / R_BLOCK; j++)
+            if (chunk * R_CHUNK + (u64)j * R_BLOCK < n) s = __dadd_rn(s, blocks[j]);
+        sums[chunk] = s;
+    }
+}
+
+// residual::measure_steps (grid.x = chunk, grid.y = step; 32 warps a block): warp w measures
+// the chunk's blocks w and w + 32 that the sample takes (block j when j % every == 0), lane l
+// its elements l, l + 32, … as residual::LANES does; thread 0 adds the blocks in order into
+// err[(step * chunks + chunk) * 5] (Σx², Σd², max |d|, Σm·d, Σv·d²). Counts go to
+// hist[step * 513 + …]: 256 low bytes, 256 high bytes (codes 256 … ZERO), the exact count.
+extern "C" __global__ void residual_measure(const u8* x, const u8* ref, const u8* m,
+                                            const u8* v, u64 n, int dtype, int mdtype,
+                                            int vdtype, int mode, const double* quants,
+                                            u64 every, double* err, u64* hist) {
+    __shared__ double blocks[R_CHUNK / R_BLOCK][5];
+    __shared__ u32 low[256], high[256], exact;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    u64 chunk = blockIdx.x, step = blockIdx.y, chunks = gridDim.x;
+    const double* qp = quants + step * R_QUANT;
+    for (int s = threadIdx.x; s < 256; s += blockDim.x) low[s] = high[s] = 0;
+    if (threadIdx.x == 0) exact = 0;
+    __syncthreads();
+    for (int j = warp; j < R_CHUNK / R_BLOCK; j += blockDim.x >> 5) {
+        u64 start = chunk * R_CHUNK + (u64)j * R_BLOCK;
+        if (j % every != 0 || start >= n) continue;
+        double sq = 0, se = 0, mx = 0, md = 0, vd = 0;
+        for (u64 i = start + lane; i < start + R_BLOCK && i < n; i += 32) {
+            double xi = value_of(dtype, x, i), ri = ref ? value_of(dtype, ref, i) : 0.0;
+            if (finite(xi)) sq = __dadd_rn(sq, __dmul_rn(xi, xi));
+            u32 yb = 0;
+            u32 c = residual_code(mode, qp, dtype, xi, ri, &yb);
+            if (c == R_EXACT) {
+                atomicAdd(&low[255], 1u);
+                atomicAdd(&exact, 1u);
+                continue;
+            }
+            atomicAdd(&low[c & 255], 1u);
+            if (c >= 256 && c < R_ZERO) atomicAdd(&high[c >> 8], 1u);
+            double d = __dsub_rn(bits_value(dtype, yb), xi);
+            se = __dadd_rn(se, __dmul_rn(d, d));
+            mx = fmax(mx, fabs(d));
+            if (m) {
+                md = __dadd_rn(md, __dmul_rn(value_of(mdtype, m, i), d));
+                vd = __dadd_rn(vd, __dmul_rn(__dmul_rn(value_of(vdtype, v, i), d), d));
+            }
+        }
+        sq = lane_sum(sq);
+        se = lane_sum(se);
+        md = lane_sum(md);
+        vd = lane_sum(vd);
+        for (int d = 16; d > 0; d >>= 1) mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+        if (lane == 0) {
+            blocks[j][0] = sq;
+            blocks[j][1] = se;
+            blocks[j][2] = mx;
+            blocks[j][3] = md;
+            blocks[j][4] = vd;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double e[5] = {0, 0, 0, 0, 0};
+        for (int j = 0; j < R_CHUNK / R_BLOCK; j++) {
+            if (j % every != 0 || chunk * R_CHUNK + (u64)j * R_BLOCK >= n) continue;
+            e[0] = __dadd_rn(e[0], blocks[j][0]);
+            e[1] = __dadd_rn(e[1], blocks[j][1]);
+            e[2] = fmax(e[2], blocks[j][2]);
+            e[3] = __dadd_rn(e[3], blocks[j][3]);
+            e[4] = __dadd_rn(e[4], blocks[j][4]);
+        }
+        for (int k = 0; k < 5; k++) err[(step * chunks + chunk) * 5 + k] = e[k];
+    }
+    u64* h = hist + step * 513;
+    for (int s = threadIdx.x; s < 256; s += blockDim.x) {
+        if (low[s]) atomicAdd(&h[s], (u64)low[s]);
+        if (high[s]) atomicAdd(&h[256 + s], (u64)high[s]);
+    }
+    if (threadIdx.x == 0 && exact) atomicAdd(&h[512], (u64)exact);
+}
+
+// residual::encode's codes and reconstruction (one block a tile of R_TILE elements): the codes'
+// low bytes at planes[i] and high bytes at planes[stride + i], the reconstruction (or, for an
+// exact element, its own bits) into out; *wide set when a code needs the high bytes (neither
+// below 254 nor special); tile_exact[tile] counts the tile's exact elements.
+extern "C" __global__ void residual_codes(const u8* x, const u8* ref, u64 n, int dtype, int mode,
+                                          const double* qp, u8* planes, u64 stride, u8* out,
+                                          u32* wide, u64* tile_exact) {
+    u64 lo = blockIdx.x * (u64)R_TILE, hi = lo + R_TILE < n ? lo + R_TILE : n;
+    u64 mine = 0;
+    u32 w = 0;
+    for (u64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        double xi = value_of(dtype, x, i), ri = ref ? value_of(dtype, ref, i) : 0.0;
+        u32 yb = 0;
+        u32 c = residual_code(mode, qp, dtype, xi, ri, &yb);
+        if (c == R_EXACT) {
+            mine++;
+            yb = dtype == DT_F32 ? load32(x, i) : load16(x, i);
+        }
+        w |= c >= 254 && c < R_ZERO;
+        planes[i] = (u8)c;
+        planes[stride + i] = (u8)(c >> 8);
+        store_bits(dtype, out, i, yb);
+    }
+    if (w) atomicOr(wide, 1u);
+    u64 total;
+    block_exclusive_scan(mine, &total);
+    if (threadIdx.x == 0) tile_exact[blockIdx.x] = total;
+}
+
+// Gathers the exact elements' bits, tile by tile in element order, from tile_start[tile] on
+// (code bytes 255 and 255).
+extern "C" __global__ void residual_exact(const u8* x, u64 n, int dtype, const u8* planes,
+                                          u64 stride, const u64* tile_start, u8* values) {
+    u64 lo = blockIdx.x * (u64)R_TILE, hi = lo + R_TILE < n ? lo + R_TILE : n;
+    u64 per = (R_TILE + blockDim.x - 1) / blockDim.x;
+    u64 a = lo + threadIdx.x * per, b = a + per < hi ? a + per : hi;
+    if (a > hi) a = hi;
+    u64 mine = 0;
+    for (u64 i = a; i < b; i++) mine += planes[i] == 255 && planes[stride + i] == 255;
+    u64 at = tile_start[blockIdx.x] + block_exclusive_scan(mine, 0);
+    for (u64 i = a; i < b; i++) {
+        if (planes[i] != 255 || planes[stride + i] != 255) continue;
+        if (dtype == DT_F32)
+            store32(values, at++, load32(x, i));
+        else
+            store16(values, at++, load16(x, i));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // BLAKE3 (hash mode) of `prefix || data`: a tensor's id (mdl-format's TensorHasher hashes the
 // header's canonical prefix, then the bytes). Chunks of 1,024 bytes are compressed one a thread
 // (blake3_chunks), then each level of the tree is one launch pairing neighbours (blake3_parents);

@@ -70,6 +70,10 @@ pub const KERNELS: &[&str] = &[
     "group_starts",
     "group_scatter",
     "error_chunks",
+    "residual_distance",
+    "residual_measure",
+    "residual_codes",
+    "residual_exact",
     "blake3_chunks",
     "blake3_parents",
 ];

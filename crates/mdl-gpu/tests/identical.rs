@@ -1,6 +1,7 @@
 //! The GPU engine produces what the CPU engine produces, byte for byte: every float codec on
 //! every dtype and size class (payloads, choices, decodes, damaged payloads), the lossy kernels,
-//! and a generated training series coded as a delta chain. The GPU comparisons are ignored
+//! the residual quantizer (its step search's statistics and its payloads, in every mode), and a
+//! generated training series coded as a delta chain. The GPU comparisons are ignored
 //! (reported as such) unless the crate is built for the emulated device (`--features emulate`,
 //! as `.ci/run` does); `scripts/gpu-check.sh` runs them on a real GPU with `--include-ignored`.
 //! Run, they fail without a GPU engine rather than pass without comparing anything.
@@ -8,6 +9,7 @@
 use mdl_codec::engine::{CpuEngine, Engine, FloatView, Lut, Moments};
 use mdl_codec::float;
 use mdl_codec::planes::Transform;
+use mdl_codec::residual::Mode;
 use mdl_format::Dtype;
 use mdl_gpu::GpuEngine;
 
@@ -174,6 +176,15 @@ fn lossy_kernels_are_identical() {
     not(feature = "emulate"),
     ignore = "needs a GPU (scripts/gpu-check.sh)"
 )]
+fn the_residual_quantizer_is_identical_in_every_mode() {
+    on_gpu(residual_quantizer);
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "emulate"),
+    ignore = "needs a GPU (scripts/gpu-check.sh)"
+)]
 fn a_generated_training_series_codes_identically() {
     on_gpu(training_series);
 }
@@ -236,6 +247,7 @@ fn tensor_ids_are_identical_on_the_device() {
 fn the_comparisons_hold_for_the_reference() {
     float_codecs(&CpuEngine);
     lossy_kernels(&CpuEngine);
+    residual_quantizer(&CpuEngine);
     training_series(&CpuEngine);
 }
 
@@ -326,6 +338,98 @@ fn training_series(gpu: &dyn Engine) {
                 );
             }
             prev = next;
+        }
+    }
+}
+
+/// `data` with every element's sign cleared (a second moment, a positive reference).
+fn positive(dtype: Dtype, data: &[u8]) -> Vec<u8> {
+    let mut out = data.to_vec();
+    for e in out.chunks_mut(dtype.size()) {
+        *e.last_mut().unwrap() &= 0x7f;
+    }
+    out
+}
+
+/// `data` with one element in `every` replaced by random bits (NaN, infinities, outliers: the
+/// elements a residual keeps exactly or codes wide).
+fn with_outliers(dtype: Dtype, data: &[u8], every: usize, seed: u64) -> Vec<u8> {
+    let size = dtype.size();
+    let noise = tensor(dtype, data.len() / size, 1, seed);
+    let mut out = data.to_vec();
+    for (i, e) in out.chunks_mut(size).enumerate() {
+        if i % every == 3 {
+            e.copy_from_slice(&noise[i * size..(i + 1) * size]);
+        }
+    }
+    out
+}
+
+/// A residual case: mode, values, reference, steps.
+type Case<'a> = (Mode, &'a [u8], Option<&'a [u8]>, Vec<f64>);
+
+fn residual_quantizer(gpu: &dyn Engine) {
+    let sizes = [1usize, 7, 1000, (1 << 16) + 3, 3 * (1 << 17) + 4097];
+    for dtype in LOSSY {
+        for (k, &n) in sizes.iter().enumerate() {
+            let seed = 500 + k as u64;
+            let view = |b| FloatView { dtype, bytes: b };
+            let reference = tensor(dtype, n, 0, seed);
+            let moved = with_outliers(dtype, &step(dtype, &reference, seed + 1), 97, seed + 2);
+            let m = tensor(dtype, n, 0, seed + 3);
+            let v = positive(dtype, &tensor(dtype, n, 0, seed + 4));
+            let moments = Moments {
+                m: view(&m),
+                v: view(&v),
+            };
+            // Weights against their previous version and against zeros, at steps around their
+            // movement (fine ones code wide, finer ones go beyond the codes' range), and a
+            // second moment (some zeros, some negative) in the log and scaled modes against a
+            // positive reference.
+            let sq = CpuEngine.residual_distance(view(&moved), Some(&reference));
+            let rms = (sq / n as f64).sqrt().max(1e-30);
+            let linear: Vec<f64> = [-40, -20, -8, 0, 3]
+                .iter()
+                .map(|&e| rms * 2f64.powf(e as f64 / 2.0))
+                .chain([0.0, f64::NAN])
+                .collect();
+            let second = positive(dtype, &step(dtype, &v, seed + 5));
+            let second = with_outliers(dtype, &second, 31, seed + 6);
+            let cases: [Case<'_>; 4] = [
+                (Mode::Linear, &moved, Some(&reference), linear.clone()),
+                (Mode::Linear, &moved, None, linear),
+                (
+                    Mode::Log,
+                    &second,
+                    Some(&v),
+                    vec![0.001, 0.05, 0.5, 3.0, -1.0],
+                ),
+                (Mode::Scaled, &moved, Some(&v), vec![1e-4, 0.01, 0.3, 0.0]),
+            ];
+            for (mode, values, against, steps) in cases {
+                let what = format!("{dtype:?} n={n} {mode:?} reference={}", against.is_some());
+                assert_eq!(
+                    CpuEngine.residual_distance(view(values), against).to_bits(),
+                    gpu.residual_distance(view(values), against).to_bits(),
+                    "{what}: distance"
+                );
+                for (mv, every) in [(None, 1), (Some(moments), 1), (None, 3), (Some(moments), 8)] {
+                    let c =
+                        CpuEngine.residual_measure(view(values), against, mv, mode, &steps, every);
+                    let g = gpu.residual_measure(view(values), against, mv, mode, &steps, every);
+                    // Bit for bit: the same counts, and the same sums in the same order.
+                    assert_eq!(format!("{c:?}"), format!("{g:?}"), "{what} every={every}");
+                }
+                for &s in steps
+                    .iter()
+                    .filter(|&&s| mdl_codec::residual::valid_step(mode, s))
+                {
+                    let c = CpuEngine.residual_encode(view(values), against, mode, s);
+                    let g = gpu.residual_encode(view(values), against, mode, s);
+                    assert!(c.0 == g.0, "{what} step {s}: payloads differ");
+                    assert!(c.1 == g.1, "{what} step {s}: reconstructions differ");
+                }
+            }
         }
     }
 }

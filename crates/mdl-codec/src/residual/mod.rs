@@ -630,29 +630,73 @@ pub fn encode(
                 }
             }))
         });
-    let mut payload = vec![mode as u8];
-    payload.extend_from_slice(&quant.param.to_le_bytes());
     let exact: Vec<usize> = (0..n).filter(|&i| codes[i] == EXACT).collect();
-    varint(&mut payload, exact.len() as u64);
-    for i in exact {
-        payload.extend_from_slice(&values[i * size..(i + 1) * size]);
+    let mut exact_values = Vec::with_capacity(exact.len() * size);
+    for &i in &exact {
+        exact_values.extend_from_slice(&values[i * size..(i + 1) * size]);
     }
-    match &planes(&codes)[..] {
+    let streams: Vec<Vec<u8>> = planes(&codes)
+        .iter()
+        .map(|plane| {
+            let mut stream = Vec::new();
+            encode_stream(plane, &mut stream);
+            stream
+        })
+        .collect();
+    let payload = assemble(
+        mode,
+        quant.param,
+        exact.len() as u64,
+        &exact_values,
+        &streams,
+    );
+    (payload, render)
+}
+
+/// A payload from its parts (`docs/FORMAT.md`): the mode, the stored parameter (the step, or
+/// `2^step` in log mode), the exact elements' count and bytes, and one entropy stream per code
+/// plane (the low bytes, then the high bytes when the codes need them).
+pub fn assemble(
+    mode: Mode,
+    param: f64,
+    exact: u64,
+    exact_values: &[u8],
+    streams: &[Vec<u8>],
+) -> Vec<u8> {
+    let mut payload = vec![mode as u8];
+    payload.extend_from_slice(&param.to_le_bytes());
+    varint(&mut payload, exact);
+    payload.extend_from_slice(exact_values);
+    match streams {
         [low] => {
             payload.push(1);
-            encode_stream(low, &mut payload);
+            payload.extend_from_slice(low);
         }
         [low, high] => {
             payload.push(2);
-            let mut first = Vec::new();
-            encode_stream(low, &mut first);
-            varint(&mut payload, first.len() as u64);
-            payload.extend_from_slice(&first);
-            encode_stream(high, &mut payload);
+            varint(&mut payload, low.len() as u64);
+            payload.extend_from_slice(low);
+            payload.extend_from_slice(high);
         }
         _ => unreachable!("one or two planes"),
     }
-    (payload, render)
+    payload
+}
+
+/// Doubles in [`device_quantizer`]'s table.
+pub const DEVICE_QUANTIZER: usize = 510;
+
+/// The quantizer of `mode` at `step` as a device kernel takes it (`None`: not a valid step):
+/// the stored parameter, its inverse, its `log2` (a guess's divisor only), then in log mode
+/// the factors `2^(q·step)` for `q` = −126 … 126 and the thresholds of [`log_code`], zeros
+/// after. Built here, so the device computes with the very table the CPU does.
+pub fn device_quantizer(mode: Mode, step: f64) -> Option<Vec<f64>> {
+    let quant = Quantizer::with_step(mode, step)?;
+    let mut table = vec![quant.param, quant.inverse, quant.param.log2()];
+    table.extend_from_slice(&quant.factors);
+    table.extend_from_slice(&quant.thresholds);
+    table.resize(DEVICE_QUANTIZER, 0.0);
+    Some(table)
 }
 
 /// Decodes a payload into `out`: a `quant-residual` one against `reference` (the base's decoded

@@ -69,6 +69,7 @@ pub(super) enum PlaneJob {
     Sparse(usize),
 }
 
+/// Codes `data`'s planes (split against `base`) with `writers`: `result[plane][chunk]`.
 pub(super) fn encode_on(
     gpu: &Gpu,
     lane: &mut Lane,
@@ -78,7 +79,25 @@ pub(super) fn encode_on(
     writers: &[StreamWriter],
 ) -> Res<Vec<Vec<Vec<u8>>>> {
     let g = Geometry::of(spec, data.len());
-    let (n, stride, planes) = (g.n, g.stride, g.planes);
+    let sparse = writers
+        .iter()
+        .any(|w| matches!(w.plan(), Plan::Sparse { .. }));
+    let extra = if sparse { g.sparse_room() } else { 0 };
+    let sym = GpuEngine::split(gpu, lane, g, data, base, extra)?;
+    encode_symbols(gpu, lane, g, sym, writers)
+}
+
+/// Codes the first `writers.len()` planes of `g` in `sym` (planes at `p * stride`, then, when a
+/// writer is sparse, [`Geometry::sparse_room`] bytes of room after them): `result[plane][chunk]`.
+pub(super) fn encode_symbols(
+    gpu: &Gpu,
+    lane: &mut Lane,
+    g: Geometry,
+    mut sym: CudaSlice<u8>,
+    writers: &[StreamWriter],
+) -> Res<Vec<Vec<Vec<u8>>>> {
+    let (n, stride, planes) = (g.n, g.stride, writers.len());
+    debug_assert!(planes <= g.planes);
     let fstride = stride / 8;
     // Symbols buffer: the planes, then (for sparse plans) each plane's flag bytes and its
     // non-zero values.
@@ -87,12 +106,6 @@ pub(super) fn encode_on(
         .any(|w| matches!(w.plan(), Plan::Sparse { .. }));
     let flags_at = stride * planes as u64;
     let values_at = flags_at + fstride * planes as u64;
-    let extra = if sparse {
-        (fstride + stride) as usize * planes
-    } else {
-        0
-    };
-    let mut sym = GpuEngine::split(gpu, lane, g, data, base, extra)?;
     let chunks = n.div_ceil(CHUNK as u64) as usize;
     let chunk_n = |c: usize| (n - (c * CHUNK) as u64).min(CHUNK as u64);
 

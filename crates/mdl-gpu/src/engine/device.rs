@@ -297,9 +297,27 @@ impl Geometry {
         }
     }
 
+    /// `planes` byte planes of `n` symbols each (not a float layout: the kernels that split
+    /// and merge floats do not take it).
+    pub(super) fn bytes(n: u64, planes: usize) -> Geometry {
+        Geometry {
+            kind: -1,
+            n,
+            stride: n.next_multiple_of(8).max(8),
+            planes,
+            mask: 0,
+        }
+    }
+
     /// Bytes of all planes.
     pub(super) fn planes_len(&self) -> usize {
         self.stride as usize * self.planes
+    }
+
+    /// Room a sparse encode needs after the planes: each plane's flag bytes and its non-zero
+    /// values.
+    pub(super) fn sparse_room(&self) -> usize {
+        (self.stride / 8 + self.stride) as usize * self.planes
     }
 }
 
@@ -340,6 +358,25 @@ pub(super) fn launch_planes(
 }
 
 /// Byte histograms of every plane into `hist` (256 zeroed counts a plane).
+/// Counts the sparse-mode flag bytes of each plane of `planes` into `hist[p * 256 + f]`.
+pub(super) fn launch_flag_histogram(
+    gpu: &Gpu,
+    lane: &Lane,
+    g: Geometry,
+    planes: &CudaSlice<u8>,
+    hist: &mut CudaSlice<u64>,
+) -> Res<()> {
+    let mut l = lane.stream.launch_builder(gpu.f("flag_bytes"));
+    l.arg(planes)
+        .arg(&g.n)
+        .arg(&g.stride)
+        .arg(&NULL)
+        .arg(&NULL)
+        .arg(hist);
+    // SAFETY: reads n bytes of each plane; writes 256 counts a plane and no flag bytes (null).
+    unsafe { l.launch(cfg((grid(g.n).min(1024), g.planes as u32), 256)) }.map(drop)
+}
+
 pub(super) fn launch_histogram(
     gpu: &Gpu,
     lane: &Lane,

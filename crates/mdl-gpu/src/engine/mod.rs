@@ -30,6 +30,7 @@ use mdl_codec::engine::{
 };
 use mdl_codec::huffman::{Histogram, Plan, Stream, StreamBody, StreamWriter, CHUNK_LOG2};
 use mdl_codec::planes::{PlaneSpec, Transform};
+use mdl_codec::residual::{Mode, ResidualStats};
 use mdl_format::{Dtype, FormatError, ObjectId};
 use rayon::prelude::*;
 
@@ -60,6 +61,7 @@ mod coding;
 mod device;
 mod hash;
 mod kept;
+mod residual;
 
 #[cfg(feature = "bench")]
 pub use bench::BenchRow;
@@ -205,16 +207,7 @@ impl Engine for GpuEngine {
                 }
                 let mut flags = lane.zeros::<u64>(256 * planes)?;
                 if want.iter().any(|w| w.1) {
-                    let mut l = lane.stream.launch_builder(gpu.f("flag_bytes"));
-                    l.arg(&planes_buf)
-                        .arg(&g.n)
-                        .arg(&g.stride)
-                        .arg(&NULL)
-                        .arg(&NULL)
-                        .arg(&mut flags);
-                    // SAFETY: reads n bytes of each plane; writes 256 counts a plane and no
-                    // flag bytes (null).
-                    unsafe { l.launch(cfg((grid(g.n).min(1024), planes as u32), 256)) }?;
+                    launch_flag_histogram(gpu, lane, g, &planes_buf, &mut flags)?;
                 }
                 let h = lane.fetch(&hist, 256 * planes)?;
                 let f = lane.fetch(&flags, 256 * planes)?;
@@ -509,6 +502,58 @@ impl Engine for GpuEngine {
                 CpuEngine.ungroup_delta(base, deltas, modulus, out)
             }
         }
+    }
+
+    fn residual_distance(&self, values: FloatView<'_>, reference: Option<&[u8]>) -> f64 {
+        let cpu = || CpuEngine.residual_distance(values, reference);
+        if !self.wants(values.bytes) || !residual::fits(values, reference, None) {
+            return cpu();
+        }
+        self.run(
+            "residual distance",
+            |gpu, lane| residual::distance_on(gpu, lane, values, reference),
+            cpu,
+        )
+    }
+
+    fn residual_measure(
+        &self,
+        values: FloatView<'_>,
+        reference: Option<&[u8]>,
+        moments: Option<Moments<'_>>,
+        mode: Mode,
+        steps: &[f64],
+        every: usize,
+    ) -> Vec<ResidualStats> {
+        let cpu = || CpuEngine.residual_measure(values, reference, moments, mode, steps, every);
+        if !self.wants(values.bytes) || !residual::fits(values, reference, moments) {
+            return cpu();
+        }
+        self.run(
+            "residual statistics",
+            |gpu, lane| {
+                residual::measure_on(gpu, lane, values, reference, moments, mode, steps, every)
+            },
+            cpu,
+        )
+    }
+
+    fn residual_encode(
+        &self,
+        values: FloatView<'_>,
+        reference: Option<&[u8]>,
+        mode: Mode,
+        step: f64,
+    ) -> (Vec<u8>, Vec<u8>) {
+        let cpu = || CpuEngine.residual_encode(values, reference, mode, step);
+        if !self.wants(values.bytes) || !residual::fits(values, reference, None) {
+            return cpu();
+        }
+        self.run(
+            "residual encode",
+            |gpu, lane| residual::quantize_on(gpu, lane, values, reference, mode, step),
+            cpu,
+        )
     }
 
     fn error_stats(
