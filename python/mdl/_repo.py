@@ -279,12 +279,13 @@ class Repository:
                     on_gpu.append((tensors.path, *where))
         return files, pairs, ready, on_gpu
 
-    def _commit_files(self, files: list, options: dict) -> CommitResult:
+    def _commit_files(self, files: list, options: dict, ready: list = (), on_gpu: list = ()) -> CommitResult:
         """Commits files given as ``(path, buffer)``, blocking (what :mod:`mdl.dcp`'s ranks
-        store)."""
+        store); ``ready`` and ``on_gpu`` as :meth:`commit_state` passes them for device
+        snapshots."""
         with self._lock:
             self.wait()
-            pending = self._native.submit_buffers(files, [], options)
+            pending = self._native.submit_buffers(files, [], options, list(ready), list(on_gpu))
         return self._settle(CommitHandle(pending), True)
 
     def _assemble(self, parts: list[str], options: dict) -> CommitResult:

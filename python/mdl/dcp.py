@@ -131,14 +131,18 @@ class Writer(StorageWriter):
             self._repo = _repository(self._where, create)
         return self._repo
 
-    def _commit_part(self, repo: Repository, save: str, tip: str | None, label: str, files: list) -> str:
+    def _commit_part(
+        self, repo: Repository, save: str, tip: str | None, label: str, files: list, ready=(), on_gpu=()
+    ) -> str:
         """Commits ``files`` onto the part branch ``dcp/<save>/<label>``, started at ``tip``;
-        the branch."""
+        the branch. ``ready`` and ``on_gpu``: the device snapshots among them, as
+        :meth:`_state.Staging.stage` gives them."""
         branch = f"dcp/{save}/{label}"
         if tip is not None:
             repo.branch(branch, tip)
         author = self._commit["author"]
-        repo._commit_files(files, _options(f"dcp save {save}: {label}", None, None, branch, author=author, **self._codec))
+        options = _options(f"dcp save {save}: {label}", None, None, branch, author=author, **self._codec)
+        repo._commit_files(files, options, list(ready), list(on_gpu))
         return branch
 
     # The StorageWriter protocol.
@@ -188,13 +192,19 @@ class Writer(StorageWriter):
                 results.append(
                     WriteResult(index=item.index, size_in_bytes=size, storage_data=("tensor", tensors.path, name))
                 )
-        files = []
+        files, ready, on_gpu = [], [], []
         if tensors.items:
-            files.append((tensors.path, self._staging.stage(tensors)[0]))
+            # CUDA tensors are snapshotted on their GPU where there is room (as commit_state
+            # does), and the commit's GPU engine reads the snapshot there.
+            array, event, where = self._staging.stage(tensors, "auto")
+            files.append((tensors.path, array))
+            if event is not None:
+                ready.append(event)
+                on_gpu.append((tensors.path, *where))
         if blobs:
             files.append((f"{stem}.bin", blobs))
         if files:
-            self._commit_part(self._open(), save, tip, stem, files)
+            self._commit_part(self._open(), save, tip, stem, files, ready, on_gpu)
         return _done(results)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:

@@ -182,3 +182,27 @@ def test_state_loads_onto_the_gpu_as_committed(tmp_path, engine):
         if latest:
             for k, v in model.state_dict().items():
                 assert torch.equal(state.model[k], v), k
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu-check.sh)")
+@pytest.mark.parametrize("engine", ["gpu", "cpu"])
+def test_a_dcp_save_of_cuda_state_is_snapshotted_on_the_gpu_and_loads_back(tmp_path, engine):
+    # One process, no process group: torch.distributed.checkpoint saves the CUDA tensors
+    # through mdl.dcp.Writer, which stages them as commit_state does (a device snapshot where
+    # there is room, read there by the GPU engine).
+    import torch.distributed.checkpoint as dcp
+
+    import mdl.dcp
+
+    g = torch.Generator().manual_seed(3)
+    state = {
+        "w": torch.randn(1024, 1024, generator=g).cuda(),
+        "b": torch.randn(4096, generator=g).to(torch.bfloat16).cuda(),
+    }
+    repo = mdl.init(tmp_path / "repo")
+    run_mdl("config", "engine", engine, cwd=tmp_path / "repo")
+    dcp.save(state, storage_writer=mdl.dcp.Writer(repo, message="cuda save"))
+    back = {k: torch.zeros_like(v, device="cpu") for k, v in state.items()}
+    dcp.load(back, storage_reader=mdl.dcp.Reader(repo))
+    for k, v in state.items():
+        assert torch.equal(back[k], v.cpu()), k

@@ -365,7 +365,8 @@ const Kernel KERNELS[] = {
     KERNEL(protected_indices), KERNEL(code_pairs),   KERNEL(group_counts),
     KERNEL(group_starts),     KERNEL(group_scatter), KERNEL(error_chunks),
     KERNEL(residual_distance), KERNEL(residual_measure), KERNEL(residual_codes),
-    KERNEL(residual_exact),   KERNEL(blake3_chunks),  KERNEL(blake3_parents),
+    KERNEL(residual_exact),   KERNEL(second_moment_sum), KERNEL(blake3_chunks),
+    KERNEL(blake3_parents),
     KERNEL(emu_test_deadlock), KERNEL(emu_test_exited_lane), KERNEL(emu_test_overrun),
     KERNEL(emu_test_neighbour),
 };

@@ -575,6 +575,21 @@ extern "C" __global__ void key_stats(const u8* w, const u8* m, const u8* v, u64 
     }
 }
 
+// The second moment's fixed-point sum over the elements where the weight and both moments are
+// finite (mdl-codec's mean_second_moment): wrapping i64 adds, so any order gives the same sum.
+extern "C" __global__ void second_moment_sum(const u8* w, const u8* m, const u8* v, u64 n,
+                                             int dtype, int mdtype, int vdtype, double sc,
+                                             u64* out) {
+    u64 t = 0;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        double x = value_of(dtype, w, i), mm = value_of(mdtype, m, i), vv = value_of(vdtype, v, i);
+        if (finite(x) && finite(mm) && finite(vv)) t += fix(vv, sc);
+    }
+    for (int d = 16; d > 0; d >>= 1) t += __shfl_down_sync(0xffffffffu, t, d);
+    if ((threadIdx.x & 31) == 0) atomicAdd(out, t);
+}
+
 // Codes by key, and a flag per element for protected keys. Tiles of `tile` elements: protected
 // counts per tile in tile_protected[blockIdx.x] (for the ordered compaction below).
 extern "C" __global__ void assign_codes(const u8* w, u64 n, int dtype, const u8* code,

@@ -74,6 +74,7 @@ pub const KERNELS: &[&str] = &[
     "residual_measure",
     "residual_codes",
     "residual_exact",
+    "second_moment_sum",
     "blake3_chunks",
     "blake3_parents",
 ];

@@ -382,6 +382,18 @@ fn residual_quantizer(gpu: &dyn Engine) {
                 m: view(&m),
                 v: view(&v),
             };
+            let with_nan = with_outliers(dtype, &v, 13, seed + 7);
+            for v in [&v, &with_nan] {
+                let mv = Moments {
+                    m: view(&m),
+                    v: view(v),
+                };
+                assert_eq!(
+                    CpuEngine.mean_second_moment(view(&reference), mv).to_bits(),
+                    gpu.mean_second_moment(view(&reference), mv).to_bits(),
+                    "{dtype:?} n={n}: mean second moment"
+                );
+            }
             // Weights against their previous version and against zeros, at steps around their
             // movement (fine ones code wide, finer ones go beyond the codes' range), and a
             // second moment (some zeros, some negative) in the log and scaled modes against a

@@ -257,6 +257,12 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         out: &mut [u8],
     ) -> Result<(), FormatError>;
 
+    /// The mean second moment of `w`'s elements ([`mean_second_moment`]): what a residual
+    /// search needs of the key statistics. The same bits on every engine.
+    fn mean_second_moment(&self, w: FloatView<'_>, moments: Moments<'_>) -> f64 {
+        mean_second_moment(w, moments)
+    }
+
     /// How far `values` moved from `reference` ([`crate::residual::distance_sq`]): the CPU's
     /// unless an engine has its own, the same bits either way.
     fn residual_distance(&self, values: FloatView<'_>, reference: Option<&[u8]>) -> f64 {

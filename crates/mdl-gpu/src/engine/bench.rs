@@ -20,6 +20,13 @@ impl GpuEngine {
     /// after one warm-up. For `examples/kernel-bench.rs`.
     pub fn kernel_bench(&self, data: &[u8], runs: usize) -> Result<Vec<BenchRow>, DriverError> {
         let gpu = &*self.gpu;
+        // The residual quantizer's inputs, kept on the device as a commit keeps them: the
+        // weights and a previous version a little away from them.
+        let previous: Vec<u8> = data
+            .chunks_exact(4)
+            .flat_map(|c| (f32::from_le_bytes(c.try_into().unwrap()) * 0.999).to_le_bytes())
+            .collect();
+        let _kept = (self.keep(data), self.keep(&previous));
         gpu.with_lane(|lane| {
             let spec = PlaneSpec::planes(Dtype::F32, 0);
             let g = Geometry::of(spec, data.len());
@@ -139,6 +146,32 @@ impl GpuEngine {
                 seconds: t0.elapsed().as_secs_f64(),
             });
             assert!(ok && out == data, "decode did not give the data back");
+
+            // The residual quantizer (host timers: each call ends in a fetch): a step search's
+            // statistics at the commit's 15 steps on a 1-in-8 sample, and an encode whose
+            // payload and reconstruction come back to the host. GB/s of raw weights.
+            let view = FloatView {
+                dtype: Dtype::F32,
+                bytes: data,
+            };
+            let reference = Some(&previous[..]);
+            let rms = (residual::distance_on(gpu, lane, view, reference)? / n as f64).sqrt();
+            let steps: Vec<f64> = (-10..5).map(|k| rms * 2f64.powf(k as f64 / 2.0)).collect();
+            let linear = mdl_codec::residual::Mode::Linear;
+            let t0 = std::time::Instant::now();
+            residual::measure_on(gpu, lane, view, reference, None, linear, &steps, 8)?;
+            rows.push(BenchRow {
+                name: "residual search, host to host",
+                bytes: len,
+                seconds: t0.elapsed().as_secs_f64(),
+            });
+            let t0 = std::time::Instant::now();
+            residual::quantize_on(gpu, lane, view, reference, linear, rms)?;
+            rows.push(BenchRow {
+                name: "residual encode, host to host",
+                bytes: len,
+                seconds: t0.elapsed().as_secs_f64(),
+            });
             Ok(rows)
         })
     }

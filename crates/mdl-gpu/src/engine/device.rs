@@ -358,6 +358,22 @@ pub(super) fn launch_planes(
 }
 
 /// Byte histograms of every plane into `hist` (256 zeroed counts a plane).
+/// The largest finite |element| of `v` (`n` elements of the kernels' `dtype`) as the bits of a
+/// non-negative double, maxed into `slot` (zeroed beforehand).
+pub(super) fn launch_max_abs(
+    gpu: &Gpu,
+    lane: &Lane,
+    v: &CudaView<'_, u8>,
+    n: u64,
+    dtype: i32,
+    slot: &mut CudaViewMut<'_, u64>,
+) -> Res<()> {
+    let mut l = lane.stream.launch_builder(gpu.f("max_abs"));
+    l.arg(v).arg(&n).arg(&dtype).arg(slot);
+    // SAFETY: reads n elements; one atomic max into the slot.
+    unsafe { l.launch(cfg((grid(n).min(4096), 1), 256)) }.map(drop)
+}
+
 /// Counts the sparse-mode flag bytes of each plane of `planes` into `hist[p * 256 + f]`.
 pub(super) fn launch_flag_histogram(
     gpu: &Gpu,

@@ -311,11 +311,7 @@ impl Engine for GpuEngine {
                 ];
                 for (k, v) in views.iter().enumerate() {
                     let Some(v) = v else { continue };
-                    let mut slot = maxima.slice_mut(k..k + 1);
-                    let mut l = lane.stream.launch_builder(gpu.f("max_abs"));
-                    l.arg(v).arg(&n).arg(&dtypes[k]).arg(&mut slot);
-                    // SAFETY: reads n elements; one atomic max into the slot.
-                    unsafe { l.launch(cfg((grid(n).min(4096), 1), 256)) }?;
+                    launch_max_abs(gpu, lane, v, n, dtypes[k], &mut maxima.slice_mut(k..k + 1))?;
                 }
                 let m = lane.fetch(&maxima, 3)?;
                 let max = |k: usize| f64::from_bits(m[k]);
@@ -502,6 +498,18 @@ impl Engine for GpuEngine {
                 CpuEngine.ungroup_delta(base, deltas, modulus, out)
             }
         }
+    }
+
+    fn mean_second_moment(&self, w: FloatView<'_>, moments: Moments<'_>) -> f64 {
+        let cpu = || CpuEngine.mean_second_moment(w, moments);
+        if !self.wants(w.bytes) || !residual::fits(w, None, Some(moments)) {
+            return cpu();
+        }
+        self.run(
+            "second moment",
+            |gpu, lane| residual::mean_v_on(gpu, lane, w, moments),
+            cpu,
+        )
     }
 
     fn residual_distance(&self, values: FloatView<'_>, reference: Option<&[u8]>) -> f64 {

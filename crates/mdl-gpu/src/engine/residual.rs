@@ -253,3 +253,38 @@ pub(super) fn quantize_on(
     let payload = residual::assemble(mode, quant[0], exact, &exact_values, &streams);
     Ok((payload, host))
 }
+
+/// [`mdl_codec::engine::mean_second_moment`]: the maximum of `v` sets the fixed-point scale, as
+/// on the CPU, then one pass sums the second moment in it.
+pub(super) fn mean_v_on(
+    gpu: &Gpu,
+    lane: &mut Lane,
+    w: FloatView<'_>,
+    moments: Moments<'_>,
+) -> Res<f64> {
+    let n = w.len() as u64;
+    let dw = lane.bytes(gpu, w.bytes)?;
+    let dm = lane.bytes(gpu, moments.m.bytes)?;
+    let dv = lane.bytes(gpu, moments.v.bytes)?;
+    let dts = [w.dtype, moments.m.dtype, moments.v.dtype].map(dtype_code);
+    let mut max = lane.zeros::<u64>(1)?;
+    let (wv, mv, vv) = (dw.view(), dm.view(), dv.view());
+    launch_max_abs(gpu, lane, &vv, n, dts[2], &mut max.slice_mut(..))?;
+    let vmax = f64::from_bits(lane.fetch(&max, 1)?[0]);
+    let sc = scales(n as usize, 0.0, 0.0, vmax)[sum::V];
+    let mut total = lane.zeros::<u64>(1)?;
+    let mut l = lane.stream.launch_builder(gpu.f("second_moment_sum"));
+    l.arg(&wv)
+        .arg(&mv)
+        .arg(&vv)
+        .arg(&n)
+        .arg(&dts[0])
+        .arg(&dts[1])
+        .arg(&dts[2])
+        .arg(&sc)
+        .arg(&mut total);
+    // SAFETY: reads n elements of each; one atomic add of each warp's sum.
+    unsafe { l.launch(cfg((grid(n).min(4096), 1), 256)) }?;
+    let total = lane.fetch(&total, 1)?[0] as i64;
+    Ok(total as f64 / sc / n as f64)
+}

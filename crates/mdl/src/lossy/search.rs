@@ -206,7 +206,7 @@ impl PlanInput<'_> {
                 let prep = stats.as_ref().map(|s| Prepared::new(s, t.header.dtype));
                 let mean_v = match (&prep, self.input.moments(moments)) {
                     (Some(p), _) => p.mean_v(),
-                    (None, Some(m)) => mdl_codec::engine::mean_second_moment(view, m),
+                    (None, Some(m)) => self.engine.mean_second_moment(view, m),
                     (None, None) => 0.0,
                 };
                 // All-zero moments (a checkpoint saved before its first step, a fresh
