@@ -26,6 +26,7 @@ pub mod residual;
 pub mod scalar;
 pub mod tensor;
 pub mod trim;
+mod varint;
 
 use std::io::{self, Read, Write};
 

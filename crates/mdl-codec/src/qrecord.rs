@@ -10,6 +10,7 @@ use mdl_format::{Dtype, FormatError};
 use crate::engine::{Assigned, Engine};
 use crate::huffman::{decode_stream, encode_stream};
 use crate::quant::MAX_BINS;
+use crate::varint;
 
 /// A quantized tensor: what a quant record holds, decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,10 +71,10 @@ impl QuantTensor {
     fn write_common(&self, out: &mut Vec<u8>) {
         out.push(self.bins() as u8);
         out.extend_from_slice(&self.table);
-        varint(out, self.protected.len() as u64);
+        varint::put(out, self.protected.len() as u64);
         let mut prev = 0u64;
         for (k, &i) in self.protected.iter().enumerate() {
-            varint(out, if k == 0 { i } else { i - prev - 1 });
+            varint::put(out, if k == 0 { i } else { i - prev - 1 });
             prev = i;
         }
         out.extend_from_slice(&self.protected_values);
@@ -105,7 +106,7 @@ impl QuantTensor {
         let mut out = Vec::new();
         self.write_common(&mut out);
         out.push(modulus);
-        varint(&mut out, symbols.len() as u64);
+        varint::put(&mut out, symbols.len() as u64);
         encode_stream(&symbols, &mut out);
         out
     }
@@ -295,15 +296,6 @@ pub fn rle_decode(symbols: &[u8], n: usize, modulus: u8) -> Result<Vec<u8>, Form
     Ok(out)
 }
 
-/// Appends `v` as a LEB128 varint.
-pub(crate) fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
 struct Cursor<'a> {
     buf: &'a [u8],
     at: usize,
@@ -324,15 +316,14 @@ impl<'a> Cursor<'a> {
         Ok(self.take(1, what)?[0])
     }
     fn varint(&mut self, what: &'static str) -> Result<u64, FormatError> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.u8(what)?;
-            v |= ((b & 0x7f) as u64) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(invalid(what, "varint too long"))
+        varint::read(self.buf, &mut self.at).ok_or_else(|| {
+            let why = if self.at >= self.buf.len() {
+                "truncated"
+            } else {
+                "varint too long"
+            };
+            invalid(what, why)
+        })
     }
     fn rest(&self) -> &'a [u8] {
         &self.buf[self.at..]

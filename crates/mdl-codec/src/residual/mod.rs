@@ -24,9 +24,9 @@ use mdl_format::{Dtype, FormatError};
 use rayon::prelude::*;
 
 use crate::huffman::{decode_stream, encode_stream, Histogram};
-use crate::qrecord::varint;
 use crate::scalar;
 use crate::tensor::{ErrorStats, Moments};
+use crate::varint;
 
 /// The code of an element stored exactly (its low byte, 255, in a one-byte payload).
 pub const EXACT: u16 = 0xffff;
@@ -665,7 +665,7 @@ pub fn assemble(
 ) -> Vec<u8> {
     let mut payload = vec![mode as u8];
     payload.extend_from_slice(&param.to_le_bytes());
-    varint(&mut payload, exact);
+    varint::put(&mut payload, exact);
     payload.extend_from_slice(exact_values);
     match streams {
         [low] => {
@@ -674,7 +674,7 @@ pub fn assemble(
         }
         [low, high] => {
             payload.push(2);
-            varint(&mut payload, low.len() as u64);
+            varint::put(&mut payload, low.len() as u64);
             payload.extend_from_slice(low);
             payload.extend_from_slice(high);
         }
@@ -723,7 +723,7 @@ pub fn decode(
     let param = f64::from_le_bytes(payload[1..9].try_into().unwrap());
     let quant = Quantizer::new(mode, param).ok_or_else(|| bad("step out of range"))?;
     let mut at = 9;
-    let count = read_varint(payload, &mut at).ok_or_else(|| bad("truncated exact count"))?;
+    let count = varint::read(payload, &mut at).ok_or_else(|| bad("truncated exact count"))?;
     if count > n as u64 {
         return Err(bad("more exact elements than elements"));
     }
@@ -741,7 +741,7 @@ pub fn decode(
             None
         }
         2 => {
-            let len = read_varint(payload, &mut at).ok_or_else(|| bad("truncated code stream"))?;
+            let len = varint::read(payload, &mut at).ok_or_else(|| bad("truncated code stream"))?;
             let end = at
                 .checked_add(usize::try_from(len).map_err(|_| bad("code stream too long"))?)
                 .filter(|&e| e <= payload.len())
@@ -873,19 +873,6 @@ fn planes(codes: &[u16]) -> Vec<Vec<u8>> {
         return vec![low];
     }
     vec![low, codes.iter().map(|&c| (c >> 8) as u8).collect()]
-}
-
-fn read_varint(buf: &[u8], at: &mut usize) -> Option<u64> {
-    let mut v = 0u64;
-    for shift in (0..64).step_by(7) {
-        let b = *buf.get(*at)?;
-        *at += 1;
-        v |= ((b & 0x7f) as u64) << shift;
-        if b < 0x80 {
-            return Some(v);
-        }
-    }
-    None
 }
 
 #[cfg(test)]

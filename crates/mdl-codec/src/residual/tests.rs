@@ -4,8 +4,8 @@ use super::{
     decode, distance_sq, encode, log_code, measure, measure_steps, round, Mode, Quantizer,
     ResidualStats, MAX_MOMENT_STEPS,
 };
-use crate::engine::Moments;
 use crate::scalar;
+use crate::tensor::Moments;
 use mdl_format::Dtype;
 
 /// splitmix64, for test data.
@@ -102,7 +102,7 @@ fn one_pass_over_many_steps_measures_each_encoding() {
     base[70_000] = f64::INFINITY;
     let (vb, rb) = (enc(Dtype::F32, &cur), enc(Dtype::F32, &base));
     let (mb, wb) = (enc(Dtype::F32, &m), enc(Dtype::F32, &v));
-    let view = |bytes| crate::engine::FloatView {
+    let view = |bytes| crate::tensor::FloatView {
         dtype: Dtype::F32,
         bytes,
     };
@@ -373,7 +373,7 @@ fn measuring_does_not_depend_on_the_thread_count() {
     let r = f32s(&|i| ((i as f32) * 0.37).sin() * 0.02);
     let m = f32s(&|i| ((i as f32) * 0.11).cos() * 1e-3);
     let v = f32s(&|i| 1e-7 + ((i as f32) * 0.05).sin().powi(2) * 1e-6);
-    let view = |bytes| crate::engine::FloatView {
+    let view = |bytes| crate::tensor::FloatView {
         dtype: Dtype::F32,
         bytes,
     };

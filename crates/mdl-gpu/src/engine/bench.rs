@@ -123,16 +123,7 @@ impl GpuEngine {
                 bytes: len,
                 seconds: t0.elapsed().as_secs_f64(),
             });
-            let streams_bytes: Vec<Vec<u8>> = writers
-                .iter()
-                .zip(&coded)
-                .map(|(w, c)| {
-                    let refs: Vec<&[u8]> = c.iter().map(Vec::as_slice).collect();
-                    let mut v = Vec::new();
-                    w.assemble(&refs, &mut v);
-                    v
-                })
-                .collect();
+            let streams_bytes = assemble_streams(&writers, &coded);
             let streams: Vec<Stream<'_>> = streams_bytes
                 .iter()
                 .map(|b| Stream::parse(b, n).expect("own stream"))

@@ -294,6 +294,20 @@ pub(super) fn encode_symbols(
         .collect())
 }
 
+/// Each plane's whole stream from its writer and its coded chunks ([`StreamWriter::assemble`]).
+pub(super) fn assemble_streams(writers: &[StreamWriter], coded: &[Vec<Vec<u8>>]) -> Vec<Vec<u8>> {
+    writers
+        .iter()
+        .zip(coded)
+        .map(|(w, chunks)| {
+            let chunks: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+            let mut stream = Vec::new();
+            w.assemble(&chunks, &mut stream);
+            stream
+        })
+        .collect()
+}
+
 /// Decodes on the device; `Ok(false)` when a stream is damaged (the caller asks the CPU why).
 pub(super) fn decode_on(
     gpu: &Gpu,

@@ -358,6 +358,18 @@ pub(super) fn launch_planes(
 }
 
 /// Byte histograms of every plane into `hist` (256 zeroed counts a plane).
+/// Where each tile's items start in their concatenation, and the total (the ordered
+/// compactions: protected indices, exact values).
+pub(super) fn starts_of(counts: &[u64]) -> (Vec<u64>, u64) {
+    let mut starts = Vec::with_capacity(counts.len());
+    let mut total = 0u64;
+    for c in counts {
+        starts.push(total);
+        total += c;
+    }
+    (starts, total)
+}
+
 /// The largest finite |element| of `v` (`n` elements of the kernels' `dtype`) as the bits of a
 /// non-negative double, maxed into `slot` (zeroed beforehand).
 pub(super) fn launch_max_abs(

@@ -382,13 +382,7 @@ impl Engine for GpuEngine {
                     .arg(&mut tile_counts);
                 // SAFETY: one block a tile of TILE elements; writes n codes and a count a tile.
                 unsafe { l.launch(cfg((tiles as u32, 1), 256)) }?;
-                let counts = lane.fetch(&tile_counts, tiles as usize)?;
-                let mut starts = Vec::with_capacity(counts.len());
-                let mut total = 0u64;
-                for c in &counts {
-                    starts.push(total);
-                    total += c;
-                }
+                let (starts, total) = starts_of(&lane.fetch(&tile_counts, tiles as usize)?);
                 let mut protected = vec![0u64; total as usize];
                 if total > 0 {
                     let dstarts = lane.put(&starts)?;

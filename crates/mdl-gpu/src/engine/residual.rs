@@ -193,13 +193,7 @@ pub(super) fn quantize_on(
     unsafe { l.launch(cfg((tiles as u32, 1), 256)) }?;
 
     // The exact elements, in element order: each tile writes from its start.
-    let counts = lane.fetch(&tile_exact, tiles as usize)?;
-    let mut starts = Vec::with_capacity(counts.len());
-    let mut exact = 0u64;
-    for c in &counts {
-        starts.push(exact);
-        exact += c;
-    }
+    let (starts, exact) = starts_of(&lane.fetch(&tile_exact, tiles as usize)?);
     let mut exact_values = vec![0u8; exact as usize * size];
     if exact > 0 {
         let dstarts = lane.put(&starts)?;
@@ -238,16 +232,7 @@ pub(super) fn quantize_on(
         })
         .collect();
     let coded = encode_symbols(gpu, lane, g, sym, &writers)?;
-    let streams: Vec<Vec<u8>> = writers
-        .iter()
-        .zip(&coded)
-        .map(|(w, chunks)| {
-            let chunks: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
-            let mut stream = Vec::new();
-            w.assemble(&chunks, &mut stream);
-            stream
-        })
-        .collect();
+    let streams = assemble_streams(&writers, &coded);
     let mut host = vec![0u8; values.bytes.len()];
     lane.download(&render.slice(..), &mut host)?;
     let payload = residual::assemble(mode, quant[0], exact, &exact_values, &streams);
