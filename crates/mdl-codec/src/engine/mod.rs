@@ -1,6 +1,7 @@
 //! The hot kernels of the codecs behind one trait, so a GPU implementation can stand in for the
 //! CPU one: float planes (split, XOR or subtract, histogram, Huffman-code, decode, merge) and
-//! the lossy codecs' key histograms, lookups, grouped deltas and error sums. Every kernel's
+//! the lossy codecs' key histograms, lookups, grouped deltas and error sums, and the residual
+//! quantizer's distance, step statistics and encode. Every kernel's
 //! result is a function of its input alone — never of thread count, scheduling or device —
 //! because what it computes ends up in stored bytes: sums are taken in fixed point (integer
 //! addition is associative) or in a fixed chunk order, and coded chunks are defined bit for bit
