@@ -922,7 +922,7 @@ extern "C" __global__ void residual_distance(const u8* x, const u8* ref, u64 n, 
 // residual::measure_steps (grid.x = chunk, grid.y = step; 32 warps a block): warp w measures
 // the chunk's blocks w and w + 32 that the sample takes (block j when j % every == 0), lane l
 // its elements l, l + 32, … as residual::LANES does; thread 0 adds the blocks in order into
-// err[(step * chunks + chunk) * 5] (Σx², Σd², max |d|, Σm·d, Σv·d²). Counts go to
+// err[(step * chunks + chunk) * 5] (as error_chunks: max |d|, Σd², Σx², Σm·d, Σv·d²). Counts go to
 // hist[step * 513 + …]: 256 low bytes, 256 high bytes (codes 256 … ZERO), the exact count.
 extern "C" __global__ void residual_measure(const u8* x, const u8* ref, const u8* m,
                                             const u8* v, u64 n, int dtype, int mdtype,
@@ -984,7 +984,13 @@ extern "C" __global__ void residual_measure(const u8* x, const u8* ref, const u8
             e[3] = __dadd_rn(e[3], blocks[j][3]);
             e[4] = __dadd_rn(e[4], blocks[j][4]);
         }
-        for (int k = 0; k < 5; k++) err[(step * chunks + chunk) * 5 + k] = e[k];
+        // In error_chunks' order: max |d|, Σd², Σx², Σm·d, Σv·d².
+        double* o = err + (step * chunks + chunk) * 5;
+        o[0] = e[2];
+        o[1] = e[1];
+        o[2] = e[0];
+        o[3] = e[3];
+        o[4] = e[4];
     }
     u64* h = hist + step * 513;
     for (int s = threadIdx.x; s < 256; s += blockDim.x) {

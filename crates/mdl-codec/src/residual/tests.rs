@@ -1,8 +1,8 @@
 //! Round trips, bounds and refusals of `quant-residual` and `quant-uniform`.
 
+use super::quantizer::{log_code, round, Quantizer};
 use super::{
-    decode, distance_sq, encode, log_code, measure, measure_steps, round, Mode, Quantizer,
-    ResidualStats, MAX_MOMENT_STEPS,
+    decode, distance_sq, encode, measure, measure_steps, Mode, ResidualStats, MAX_MOMENT_STEPS,
 };
 use crate::scalar;
 use crate::tensor::Moments;

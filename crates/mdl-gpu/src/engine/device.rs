@@ -358,6 +358,22 @@ pub(super) fn launch_planes(
 }
 
 /// Byte histograms of every plane into `hist` (256 zeroed counts a plane).
+/// Per-chunk error sums as the kernels write them (5 doubles a chunk: max |d|, Σd², Σx², Σm·d,
+/// Σv·d²), folded in chunk order.
+pub(super) fn fold_error_sums(sums: &[f64]) -> ErrorStats {
+    let per: Vec<ErrorStats> = sums
+        .chunks_exact(5)
+        .map(|c| ErrorStats {
+            max_abs: c[0],
+            sum_sq_err: c[1],
+            sum_sq: c[2],
+            sum_m_delta: c[3],
+            sum_v_delta2: c[4],
+        })
+        .collect();
+    ErrorStats::fold(&per)
+}
+
 /// Where each tile's items start in their concatenation, and the total (the ordered
 /// compactions: protected indices, exact values).
 pub(super) fn starts_of(counts: &[u64]) -> (Vec<u64>, u64) {

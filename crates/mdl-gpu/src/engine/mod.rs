@@ -599,18 +599,7 @@ impl Engine for GpuEngine {
                     .arg(&mut sums);
                 // SAFETY: one thread a chunk reads its elements and writes its 5 sums.
                 unsafe { l.launch(cfg((chunks.div_ceil(64) as u32, 1), 64)) }?;
-                let s = lane.fetch(&sums, 5 * chunks as usize)?;
-                let per: Vec<ErrorStats> = s
-                    .chunks_exact(5)
-                    .map(|c| ErrorStats {
-                        max_abs: c[0],
-                        sum_sq_err: c[1],
-                        sum_sq: c[2],
-                        sum_m_delta: c[3],
-                        sum_v_delta2: c[4],
-                    })
-                    .collect();
-                Ok(ErrorStats::fold(&per))
+                Ok(fold_error_sums(&lane.fetch(&sums, 5 * chunks as usize)?))
             },
             cpu,
         )

@@ -134,17 +134,7 @@ pub(super) fn measure_on(
         // High bytes of 0 are every code not counted with a wider one (as on the CPU).
         let wide: u64 = st.high.0[1..].iter().sum();
         st.high.0[0] = st.codes.total() - wide;
-        let per_chunk: Vec<ErrorStats> = sums
-            .chunks_exact(5)
-            .map(|c| ErrorStats {
-                sum_sq: c[0],
-                sum_sq_err: c[1],
-                max_abs: c[2],
-                sum_m_delta: c[3],
-                sum_v_delta2: c[4],
-            })
-            .collect();
-        st.err = ErrorStats::fold(&per_chunk);
+        st.err = fold_error_sums(sums);
         out[*i] = st;
     }
     Ok(out)
