@@ -9,6 +9,7 @@ use super::{
 };
 use crate::huffman::{Histogram, Stream, StreamWriter};
 use crate::planes::PlaneSpec;
+use crate::residual::{self, ResidualStats};
 use crate::scalar::{self, KEYS};
 
 /// The reference engine: rayon over fixed-size chunks.
@@ -229,6 +230,37 @@ impl Engine for CpuEngine {
             *o = ((b as u16 + m - d) % m) as u8;
         }
         Ok(())
+    }
+
+    fn mean_second_moment(&self, w: FloatView<'_>, moments: Moments<'_>) -> f64 {
+        super::mean_second_moment(w, moments)
+    }
+
+    fn residual_distance(&self, values: FloatView<'_>, reference: Option<&[u8]>) -> f64 {
+        residual::distance_sq(values.dtype, values.bytes, reference)
+    }
+
+    fn residual_measure(
+        &self,
+        values: FloatView<'_>,
+        reference: Option<&[u8]>,
+        moments: Option<Moments<'_>>,
+        mode: residual::Mode,
+        steps: &[f64],
+        every: usize,
+    ) -> Vec<ResidualStats> {
+        let (dtype, bytes) = (values.dtype, values.bytes);
+        residual::measure_steps(dtype, bytes, reference, moments, mode, steps, every)
+    }
+
+    fn residual_encode(
+        &self,
+        values: FloatView<'_>,
+        reference: Option<&[u8]>,
+        mode: residual::Mode,
+        step: f64,
+    ) -> (Vec<u8>, Vec<u8>) {
+        residual::encode(values.dtype, values.bytes, reference, mode, step)
     }
 
     fn error_stats(

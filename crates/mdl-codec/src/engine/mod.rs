@@ -260,15 +260,10 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
 
     /// The mean second moment of `w`'s elements ([`mean_second_moment`]): what a residual
     /// search needs of the key statistics. The same bits on every engine.
-    fn mean_second_moment(&self, w: FloatView<'_>, moments: Moments<'_>) -> f64 {
-        mean_second_moment(w, moments)
-    }
+    fn mean_second_moment(&self, w: FloatView<'_>, moments: Moments<'_>) -> f64;
 
-    /// How far `values` moved from `reference` ([`crate::residual::distance_sq`]): the CPU's
-    /// unless an engine has its own, the same bits either way.
-    fn residual_distance(&self, values: FloatView<'_>, reference: Option<&[u8]>) -> f64 {
-        residual::distance_sq(values.dtype, values.bytes, reference)
-    }
+    /// How far `values` moved from `reference` ([`crate::residual::distance_sq`]).
+    fn residual_distance(&self, values: FloatView<'_>, reference: Option<&[u8]>) -> f64;
 
     /// [`crate::residual::measure_steps`]: the statistics of quantizing `values` against
     /// `reference` at each of `steps`, on every `every`-th block.
@@ -280,17 +275,7 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         mode: residual::Mode,
         steps: &[f64],
         every: usize,
-    ) -> Vec<ResidualStats> {
-        residual::measure_steps(
-            values.dtype,
-            values.bytes,
-            reference,
-            moments,
-            mode,
-            steps,
-            every,
-        )
-    }
+    ) -> Vec<ResidualStats>;
 
     /// [`crate::residual::encode`]: the payload and the reconstruction of `values` quantized
     /// against `reference` at `step`.
@@ -300,9 +285,7 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         reference: Option<&[u8]>,
         mode: residual::Mode,
         step: f64,
-    ) -> (Vec<u8>, Vec<u8>) {
-        residual::encode(values.dtype, values.bytes, reference, mode, step)
-    }
+    ) -> (Vec<u8>, Vec<u8>);
 
     /// Error of `recon` against `orig` (same dtype and length).
     fn error_stats(

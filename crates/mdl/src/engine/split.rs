@@ -12,6 +12,7 @@ use mdl_codec::engine::{
 };
 use mdl_codec::huffman::{Histogram, Stream, StreamWriter};
 use mdl_codec::planes::PlaneSpec;
+use mdl_codec::residual::{Mode, ResidualStats};
 use mdl_format::{FormatError, ObjectId};
 
 /// Encoding on one engine, decoding on another (see the module docs).
@@ -143,6 +144,37 @@ impl Engine for Split {
         out: &mut [u8],
     ) -> Result<(), FormatError> {
         self.decoder.ungroup_delta(base, deltas, modulus, out)
+    }
+
+    fn mean_second_moment(&self, w: FloatView<'_>, moments: Moments<'_>) -> f64 {
+        self.encoder.mean_second_moment(w, moments)
+    }
+
+    fn residual_distance(&self, values: FloatView<'_>, reference: Option<&[u8]>) -> f64 {
+        self.encoder.residual_distance(values, reference)
+    }
+
+    fn residual_measure(
+        &self,
+        values: FloatView<'_>,
+        reference: Option<&[u8]>,
+        moments: Option<Moments<'_>>,
+        mode: Mode,
+        steps: &[f64],
+        every: usize,
+    ) -> Vec<ResidualStats> {
+        self.encoder
+            .residual_measure(values, reference, moments, mode, steps, every)
+    }
+
+    fn residual_encode(
+        &self,
+        values: FloatView<'_>,
+        reference: Option<&[u8]>,
+        mode: Mode,
+        step: f64,
+    ) -> (Vec<u8>, Vec<u8>) {
+        self.encoder.residual_encode(values, reference, mode, step)
     }
 
     fn error_stats(
