@@ -2,6 +2,8 @@
 download): committed as a folder, checked out byte for byte, and resumed from; and the same
 through the package's TrainerCallback."""
 
+import pytest
+
 import mdl as mdl_package
 from mdl.transformers import MdlCallback, checkout_checkpoint
 
@@ -23,7 +25,7 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
-def trainer(out, max_steps=6, callbacks=None):
+def trainer(out, max_steps=6, callbacks=None, use_cpu=True):
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2))
     # Small shards, as large models are saved: model-0000i-of-0000n.safetensors and the index.
@@ -40,7 +42,7 @@ def trainer(out, max_steps=6, callbacks=None):
         learning_rate=1e-3,
         weight_decay=0.01,
         report_to=[],
-        use_cpu=True,
+        use_cpu=use_cpu,
         seed=0,
         data_seed=0,
     )
@@ -91,8 +93,9 @@ def test_trainer_checkpoint_commits_checks_out_and_resumes(tmp_path, repo):
         assert torch.equal(v, runs["mdl"][1][k]), k
 
 
-def resumed(tmp_path, name, source):
-    t = trainer(tmp_path / f"resume-{name}")
+def resumed(tmp_path, name, source, max_steps=9):
+    """Trains from checkpoint ``source`` up to ``max_steps``: the logged losses and the weights."""
+    t = trainer(tmp_path / f"resume-{name}", max_steps=max_steps)
     t.train(resume_from_checkpoint=str(source))
     losses = [e["loss"] for e in t.state.log_history if "loss" in e]
     return losses, {k: v.clone() for k, v in t.model.state_dict().items()}
@@ -119,7 +122,7 @@ def test_the_callback_commits_every_save_and_a_trainer_resumes_from_any_revision
     original, from_mdl = resumed(tmp_path, "original", run / "checkpoint-6"), resumed(
         tmp_path, "mdl", folder
     )
-    assert original[0] == from_mdl[0]
+    assert original[0] == from_mdl[0] and len(original[0]) == 9
     for k, v in original[1].items():
         assert torch.equal(v, from_mdl[1][k]), k
 
@@ -141,3 +144,76 @@ def trainer_state(folder):
     import json
 
     return json.loads((folder / "trainer_state.json").read_text())["log_history"]
+
+
+def test_the_state_source_commits_live_state_and_resumes_as_the_trainers_own_folder(tmp_path):
+    repo = mdl_package.init(tmp_path / "repo")
+    run = tmp_path / "run"
+    trainer(run, max_steps=9, callbacks=[MdlCallback(repo, source="state")]).train()
+    # The Trainer wrote no checkpoint folder: each save was committed from the live state.
+    assert not run.exists() or not any(p.name.startswith("checkpoint-") for p in run.iterdir())
+    log = repo.log("run")
+    assert [e.step for e in log] == [9, 6, 3]
+    assert [e.message for e in log] == ["checkpoint-9", "checkpoint-6", "checkpoint-3"]
+    assert {f["path"] for f in repo.show("run~1")["files"]} >= {"model.safetensors", "optimizer.safetensors"}
+
+    # The same training, saved by the Trainer itself.
+    reference = tmp_path / "reference"
+    trainer(reference, max_steps=9).train()
+    ck = reference / "checkpoint-6"
+    # The commit's metrics include the evaluation run at the save, as the Trainer's folder does.
+    assert log[1].metrics["eval_loss"] == next(
+        x["eval_loss"] for x in reversed(trainer_state(ck)) if "eval_loss" in x
+    )
+
+    folder = checkout_checkpoint(repo, "run~1", tmp_path / "from-state")
+    written = {p.name for p in (tmp_path / "from-state").iterdir()}
+    assert written == {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"}
+    assert untimed(tmp_path / "from-state") == untimed(ck)
+    # Resuming from it continues exactly as resuming from the Trainer's own folder.
+    original, from_state = resumed(tmp_path, "original", ck), resumed(tmp_path, "state", folder)
+    assert original[0] == from_state[0] and len(original[0]) == 9
+    for k, v in original[1].items():
+        assert torch.equal(v, from_state[1][k]), k
+
+
+def test_checkout_checkpoint_refuses_a_non_empty_folder_and_foreign_state(tmp_path):
+    repo = mdl_package.init(tmp_path / "repo")
+    run = tmp_path / "run"
+    trainer(run, max_steps=3, callbacks=[MdlCallback(repo, source="state")]).train()
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "x").write_text("keep")
+    with pytest.raises(FileExistsError):
+        checkout_checkpoint(repo, "run", busy)
+    assert [p.name for p in busy.iterdir()] == ["x"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("busy")] == ["busy"]
+    # A live-state commit that the callback did not make has no Trainer folder to become.
+    repo.commit_state({"w": torch.ones(3)}, branch="other", wait=True)
+    with pytest.raises(ValueError, match="not saved by MdlCallback"):
+        checkout_checkpoint(repo, "other", tmp_path / "nope")
+    assert not (tmp_path / "nope").exists()
+    with pytest.raises(ValueError, match="source must be one of"):
+        MdlCallback(repo, source="files")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_state_source_commits_cuda_state_as_trained(tmp_path):
+    repo = mdl_package.init(tmp_path / "repo")
+    t = trainer(tmp_path / "run", max_steps=3, callbacks=[MdlCallback(repo, source="state")], use_cpu=False)
+    t.train()
+    assert next(t.model.parameters()).is_cuda
+    committed = repo.load_state("run").model
+    for k, v in t.model.state_dict().items():
+        assert torch.equal(v.cpu(), committed[k]), k
+
+
+def untimed(folder):
+    """A folder's trainer_state.json without the times, which differ from run to run."""
+    import json
+
+    state = json.loads((folder / "trainer_state.json").read_text())
+    state["log_history"] = [
+        {k: v for k, v in e.items() if not k.endswith(("_runtime", "_per_second"))} for e in state["log_history"]
+    ]
+    return state
