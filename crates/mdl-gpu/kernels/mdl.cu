@@ -1049,6 +1049,61 @@ extern "C" __global__ void residual_exact(const u8* x, u64 n, int dtype, const u
     }
 }
 
+// The code of element i as a payload stores it: the low and high bytes, or with one plane
+// (high null) the low byte, 254 and 255 standing for R_ZERO and R_EXACT.
+__device__ __forceinline__ u32 code_at(const u8* low, const u8* high, u64 i) {
+    u32 l = low[i];
+    if (high) return l | ((u32)high[i] << 8);
+    return l >= 254 ? (0xff00u | l) : l;
+}
+
+// residual::decode's look at every code (one block a tile of R_TILE elements): tile_exact[tile]
+// counts the tile's exact codes; *bad is set when a moment code (moment != 0) is beyond its
+// mode's range.
+extern "C" __global__ void residual_scan(const u8* low, const u8* high, u64 n, int moment,
+                                         u64* tile_exact, u32* bad) {
+    u64 lo = blockIdx.x * (u64)R_TILE, hi = lo + R_TILE < n ? lo + R_TILE : n;
+    u64 mine = 0;
+    u32 wide = 0;
+    for (u64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        u32 c = code_at(low, high, i);
+        mine += c == R_EXACT;
+        i64 k = ((i64)c >> 1) ^ -((i64)c & 1);
+        wide |= moment && c < R_ZERO && (k > R_MAX_MOMENT || k < -R_MAX_MOMENT);
+    }
+    if (wide) atomicOr(bad, 1u);
+    u64 total;
+    block_exclusive_scan(mine, &total);
+    if (threadIdx.x == 0) tile_exact[blockIdx.x] = total;
+}
+
+// residual::decode's elements (one block a tile, a run of elements a thread): each from its
+// code and the reference (none: 0) as residual::Quantizer::value, rounded to the dtype, or
+// for R_EXACT the next exact value, the tile's from tile_start[tile] on.
+extern "C" __global__ void residual_rebuild(const u8* low, const u8* high, u64 n, int dtype,
+                                            int mode, const double* qp, const u8* ref,
+                                            const u8* exact, const u64* tile_start, u8* out) {
+    u64 lo = blockIdx.x * (u64)R_TILE, hi = lo + R_TILE < n ? lo + R_TILE : n;
+    u64 per = (R_TILE + blockDim.x - 1) / blockDim.x;
+    u64 a = lo + threadIdx.x * per, b = a + per < hi ? a + per : hi;
+    if (a > hi) a = hi;
+    u64 mine = 0;
+    for (u64 i = a; i < b; i++) mine += code_at(low, high, i) == R_EXACT;
+    u64 at = tile_start[blockIdx.x] + block_exclusive_scan(mine, 0);
+    for (u64 i = a; i < b; i++) {
+        u32 c = code_at(low, high, i);
+        if (c == R_EXACT) {
+            if (dtype == DT_F32)
+                store32(out, i, load32(exact, at++));
+            else
+                store16(out, i, load16(exact, at++));
+            continue;
+        }
+        double r = ref ? value_of(dtype, ref, i) : 0.0;
+        store_bits(dtype, out, i, rounded_bits(dtype, residual_value(mode, qp, r, c)));
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // BLAKE3 (hash mode) of `prefix || data`: a tensor's id (mdl-format's TensorHasher hashes the
 // header's canonical prefix, then the bytes). Chunks of 1,024 bytes are compressed one a thread

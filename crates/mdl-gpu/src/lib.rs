@@ -74,6 +74,8 @@ pub const KERNELS: &[&str] = &[
     "residual_measure",
     "residual_codes",
     "residual_exact",
+    "residual_scan",
+    "residual_rebuild",
     "second_moment_sum",
     "blake3_chunks",
     "blake3_parents",

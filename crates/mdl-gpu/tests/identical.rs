@@ -440,6 +440,18 @@ fn residual_quantizer(gpu: &dyn Engine) {
                     let g = gpu.residual_encode(view(values), against, mode, s);
                     assert!(c.0 == g.0, "{what} step {s}: payloads differ");
                     assert!(c.1 == g.1, "{what} step {s}: reconstructions differ");
+                    // Decoding gives the reconstruction back; a damaged payload fails alike.
+                    let mut out = vec![0u8; values.len()];
+                    gpu.residual_decode(dtype, &c.0, against, &mut out)
+                        .unwrap_or_else(|e| panic!("{what} step {s}: decode failed: {e}"));
+                    assert!(out == c.1, "{what} step {s}: decoded bytes differ");
+                    let cut = &c.0[..c.0.len() - 1];
+                    let fault = |e: &dyn Engine| {
+                        let mut out = vec![0u8; values.len()];
+                        e.residual_decode(dtype, cut, against, &mut out)
+                            .map_err(|e| e.to_string())
+                    };
+                    assert_eq!(fault(&CpuEngine), fault(gpu), "{what} step {s}: cut payload");
                 }
             }
         }

@@ -1,6 +1,6 @@
 //! The reference engine: every kernel on the CPU, rayon over fixed-size chunks.
 
-use mdl_format::FormatError;
+use mdl_format::{Dtype, FormatError};
 use rayon::prelude::*;
 
 use super::stats::max_abs;
@@ -261,6 +261,16 @@ impl Engine for CpuEngine {
         step: f64,
     ) -> (Vec<u8>, Vec<u8>) {
         residual::encode(values.dtype, values.bytes, reference, mode, step)
+    }
+
+    fn residual_decode(
+        &self,
+        dtype: Dtype,
+        payload: &[u8],
+        reference: Option<&[u8]>,
+        out: &mut [u8],
+    ) -> Result<(), FormatError> {
+        residual::decode(dtype, payload, reference, out)
     }
 
     fn error_stats(

@@ -13,7 +13,7 @@ mod stats;
 
 use std::sync::Arc;
 
-use mdl_format::{FormatError, ObjectId, TensorHasher};
+use mdl_format::{Dtype, FormatError, ObjectId, TensorHasher};
 
 use crate::huffman::{Histogram, Stream, StreamWriter};
 use crate::planes::PlaneSpec;
@@ -286,6 +286,16 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         mode: residual::Mode,
         step: f64,
     ) -> (Vec<u8>, Vec<u8>);
+
+    /// [`crate::residual::decode`]: a residual payload of `dtype` decoded into `out` against
+    /// `reference` (none for `quant-uniform`). Fails on a damaged payload.
+    fn residual_decode(
+        &self,
+        dtype: Dtype,
+        payload: &[u8],
+        reference: Option<&[u8]>,
+        out: &mut [u8],
+    ) -> Result<(), FormatError>;
 
     /// Error of `recon` against `orig` (same dtype and length).
     fn error_stats(

@@ -178,25 +178,47 @@ pub fn assemble(
     payload
 }
 
-/// Decodes a payload into `out`: a `quant-residual` one against `reference` (the base's decoded
-/// content), a `quant-uniform` one (linear mode) without.
-pub fn decode(
+/// A payload's parts, checked against the tensor it decodes to: what a decoder needs.
+pub struct Parts<'a> {
+    /// How the codes map to values.
+    pub mode: Mode,
+    quant: Quantizer,
+    /// How many elements are stored exactly.
+    pub exact_count: u64,
+    /// Their bytes, in element order.
+    pub exact: &'a [u8],
+    /// The entropy stream of the codes' low bytes.
+    pub low: &'a [u8],
+    /// That of their high bytes, in a two-plane payload.
+    pub high: Option<&'a [u8]>,
+}
+
+impl Parts<'_> {
+    /// The quantizer as a device kernel takes it ([`device_quantizer`]).
+    pub fn device_quantizer(&self) -> Vec<f64> {
+        self.quant.device_table()
+    }
+}
+
+/// Splits a payload of `out_len` bytes of `dtype` into its parts, checking what can be checked
+/// without decoding the streams. `reference_len`: the reference's length, if there is one.
+pub fn parse(
     dtype: Dtype,
     payload: &[u8],
-    reference: Option<&[u8]>,
-    out: &mut [u8],
-) -> Result<(), FormatError> {
+    reference_len: Option<usize>,
+    out_len: usize,
+) -> Result<Parts<'_>, FormatError> {
     let bad = |why: &str| FormatError::invalid("quant-residual", why.to_string());
     let size = dtype.size();
     if !scalar::lossy_supported(dtype) {
         return Err(bad("not a bf16, f16 or f32 tensor"));
     }
-    if reference.is_some_and(|r| r.len() != out.len()) || !out.len().is_multiple_of(size) {
+    if reference_len.is_some_and(|r| r != out_len) || !out_len.is_multiple_of(size) {
         return Err(bad("reference and output sizes differ"));
     }
-    let n = out.len() / size;
+    let n = out_len / size;
     let (mode, _) = mode_and_step(payload)?;
-    if reference.is_none() && mode != Mode::Linear {
+    if reference_len.is_none() && mode != Mode::Linear {
         return Err(bad("a payload without a reference must be linear"));
     }
     let param = f64::from_le_bytes(payload[1..9].try_into().unwrap());
@@ -213,25 +235,50 @@ pub fn decode(
     at += exact_len;
     let width = *payload.get(at).ok_or_else(|| bad("truncated code width"))?;
     at += 1;
-    let mut low = vec![0u8; n];
-    let high: Option<Vec<u8>> = match width {
-        1 => {
-            decode_stream(&payload[at..], &mut low)?;
-            None
-        }
+    let (low, high) = match width {
+        1 => (&payload[at..], None),
         2 => {
             let len = varint::read(payload, &mut at).ok_or_else(|| bad("truncated code stream"))?;
             let end = at
                 .checked_add(usize::try_from(len).map_err(|_| bad("code stream too long"))?)
                 .filter(|&e| e <= payload.len())
                 .ok_or_else(|| bad("truncated code stream"))?;
-            decode_stream(&payload[at..end], &mut low)?;
-            let mut high = vec![0u8; n];
-            decode_stream(&payload[end..], &mut high)?;
-            Some(high)
+            (&payload[at..end], Some(&payload[end..]))
         }
         _ => return Err(bad("unknown code width")),
     };
+    Ok(Parts {
+        mode,
+        quant,
+        exact_count: count,
+        exact,
+        low,
+        high,
+    })
+}
+
+/// Decodes a payload into `out`: a `quant-residual` one against `reference` (the base's decoded
+/// content), a `quant-uniform` one (linear mode) without.
+pub fn decode(
+    dtype: Dtype,
+    payload: &[u8],
+    reference: Option<&[u8]>,
+    out: &mut [u8],
+) -> Result<(), FormatError> {
+    let bad = |why: &str| FormatError::invalid("quant-residual", why.to_string());
+    let size = dtype.size();
+    let parts = parse(dtype, payload, reference.map(<[u8]>::len), out.len())?;
+    let (mode, quant, count, exact) = (parts.mode, &parts.quant, parts.exact_count, parts.exact);
+    let n = out.len() / size;
+    let mut low = vec![0u8; n];
+    decode_stream(parts.low, &mut low)?;
+    let high = parts
+        .high
+        .map(|stream| {
+            let mut high = vec![0u8; n];
+            decode_stream(stream, &mut high).map(|()| high)
+        })
+        .transpose()?;
     let high = high.as_deref();
     // Chunk `c`'s codes, as their byte planes.
     let planes_of = |c: usize| {
@@ -281,7 +328,7 @@ pub fn decode(
             let exact = &exact[k * size..];
             // One loop per dtype and mode, as in `measure_steps`.
             scalar::for_dtype!(dtype, D => for_mode!(mode, M => {
-                rebuild(D, M, &quant, out, &codes, reference, exact)
+                rebuild(D, M, quant, out, &codes, reference, exact)
             }))
         });
     Ok(())

@@ -256,10 +256,16 @@ pub const DEVICE_QUANTIZER: usize = 510;
 /// the factors `2^(q·step)` for `q` = −126 … 126 and the thresholds of [`log_code`], zeros
 /// after. Built here, so the device computes with the very table the CPU does.
 pub fn device_quantizer(mode: Mode, step: f64) -> Option<Vec<f64>> {
-    let quant = Quantizer::with_step(mode, step)?;
-    let mut table = vec![quant.param, quant.inverse, quant.log_param];
-    table.extend_from_slice(&quant.factors);
-    table.extend_from_slice(&quant.thresholds);
-    table.resize(DEVICE_QUANTIZER, 0.0);
-    Some(table)
+    Quantizer::with_step(mode, step).map(|q| q.device_table())
+}
+
+impl Quantizer {
+    /// This quantizer as [`device_quantizer`] lays it out.
+    pub(super) fn device_table(&self) -> Vec<f64> {
+        let mut table = vec![self.param, self.inverse, self.log_param];
+        table.extend_from_slice(&self.factors);
+        table.extend_from_slice(&self.thresholds);
+        table.resize(DEVICE_QUANTIZER, 0.0);
+        table
+    }
 }

@@ -318,6 +318,58 @@ pub(super) fn decode_on(
     out: &mut [u8],
 ) -> Res<bool> {
     let g = Geometry::of(spec, out.len());
+    let Some(sym) = decode_symbols(gpu, lane, g, streams)? else {
+        return Ok(false);
+    };
+    let b = base.map(|b| lane.bytes(gpu, b)).transpose()?;
+    let bv = b.as_ref().map(Dev::view);
+    let sv = sym.slice(..);
+    fill_output(gpu, lane, out, |lane, dout| {
+        launch_planes(gpu, lane, "merge_planes", g, &sv, bv.as_ref(), dout)
+    })?;
+    Ok(true)
+}
+
+/// Runs `fill`, a decode's last kernels, into device memory for `out`. A mirrored output
+/// (`mirror_into`) is written straight into the caller's device memory and stays there
+/// (verified there, `content_id`); any other is written into a buffer and downloaded into `out`.
+pub(super) fn fill_output(
+    gpu: &Gpu,
+    lane: &mut Lane,
+    out: &mut [u8],
+    fill: impl FnOnce(&Lane, &mut CudaSlice<u8>) -> Res<()>,
+) -> Res<()> {
+    let mirror = gpu.output(out);
+    let mut dout = match &mirror {
+        // SAFETY: the caller's device memory holds out.len() bytes there while the output is
+        // registered (for the whole of this call); leaked below, never freed.
+        Some(at) => unsafe { lane.stream.upgrade_device_ptr::<u8>(at.address, out.len()) },
+        None => lane.alloc::<u8>(out.len())?,
+    };
+    let filled = fill(lane, &mut dout);
+    match mirror {
+        Some(at) => {
+            let done = filled.and_then(|()| lane.stream.synchronize());
+            dout.leak();
+            done?;
+            at.written.fetch_add(out.len() as u64, Ordering::Relaxed);
+        }
+        None => {
+            filled?;
+            lane.download(&dout.slice(..out.len()), out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Decodes one entropy stream per plane into device symbols laid out as `g` (plane `p` at
+/// `p · stride`, with a sparse stream's room after the planes); `None` when a stream is damaged.
+pub(super) fn decode_symbols(
+    gpu: &Gpu,
+    lane: &mut Lane,
+    g: Geometry,
+    streams: &[Stream<'_>],
+) -> Res<Option<CudaSlice<u8>>> {
     let (n, stride, planes) = (g.n, g.stride, g.planes);
     let fstride = stride / 8;
     let chunks = n.div_ceil(CHUNK as u64) as usize;
@@ -396,11 +448,11 @@ pub(super) fn decode_on(
                         Some(tv) => {
                             let bytes = &data[lo as usize..hi as usize];
                             if bytes.len() < 4 {
-                                return Ok(false);
+                                return Ok(None);
                             }
                             let flen = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as u64;
                             if flen > hi - lo - 4 {
-                                return Ok(false);
+                                return Ok(None);
                             }
                             let f_at = flags_at + p as u64 * fstride + (c * CHUNK / 8) as u64;
                             let v_at = values_at + plane_at + (c * CHUNK) as u64;
@@ -481,32 +533,7 @@ pub(super) fn decode_on(
         unsafe { l.launch(cfg((sparse_jobs as u32, 1), 256)) }?;
     }
     if lane.fetch(&err, 1)?[0] != 0 {
-        return Ok(false);
+        return Ok(None);
     }
-    let b = base.map(|b| lane.bytes(gpu, b)).transpose()?;
-    let bv = b.as_ref().map(Dev::view);
-    let sv = sym.slice(..);
-    // A mirrored output (`mirror_into`): merged straight into the caller's device memory.
-    let mirror = gpu.output(out);
-    let mut dout = match &mirror {
-        // SAFETY: the caller's device memory holds out.len() bytes there while the output is
-        // registered (for the whole of this call); leaked below, never freed.
-        Some(at) => unsafe { lane.stream.upgrade_device_ptr::<u8>(at.address, out.len()) },
-        None => lane.alloc::<u8>(out.len())?,
-    };
-    let merged = launch_planes(gpu, lane, "merge_planes", g, &sv, bv.as_ref(), &mut dout);
-    match mirror {
-        // The decoded bytes stay on the device (verified there, `content_id`).
-        Some(at) => {
-            let done = merged.and_then(|()| lane.stream.synchronize());
-            dout.leak();
-            done?;
-            at.written.fetch_add(out.len() as u64, Ordering::Relaxed);
-        }
-        None => {
-            merged?;
-            lane.download(&dout.slice(..out.len()), out)?;
-        }
-    }
-    Ok(true)
+    Ok(Some(sym))
 }

@@ -126,6 +126,42 @@ impl GpuEngine {
         }
     }
 
+    /// A decode into `out`: on the device by `on_device` (`Ok(false)`: one the CPU must do, a
+    /// damaged input whose fault the CPU then names) where `out` is large or bound for the
+    /// device, else or after a driver failure by `on_cpu`. A decode bound for the device that
+    /// the CPU did is copied there, so that the device holds the whole output.
+    fn decode_with(
+        &self,
+        out: &mut [u8],
+        on_device: impl FnOnce(&Gpu, &mut Lane, &mut [u8]) -> Res<bool>,
+        on_cpu: impl FnOnce(&mut [u8]) -> Result<(), FormatError>,
+    ) -> Result<(), FormatError> {
+        if !self.wants(out) && self.gpu.output(out).is_none() {
+            return on_cpu(out);
+        }
+        match self.gpu.with_lane(|lane| on_device(&self.gpu, lane, out)) {
+            Ok(true) => return Ok(()),
+            Ok(false) => on_cpu(out)?,
+            Err(e) => {
+                self.gpu.failed("decode", e, CPU_INSTEAD);
+                on_cpu(out)?
+            }
+        }
+        if let Some(at) = self.gpu.output(out) {
+            // SAFETY: the output's device memory holds these out.len() bytes while it is
+            // registered (the whole of this call), and only this decode writes them.
+            let copied = self
+                .gpu
+                .with_lane(|lane| unsafe { lane.upload_to(out, at.address) });
+            if let Err(e) = copied {
+                self.gpu.failed("copy to the device", e, "the load fails");
+                return Err(FormatError::invalid("device copy", e.to_string()));
+            }
+            at.written.fetch_add(out.len() as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     /// Splits `data` into its planes on the device, in a buffer with `extra` bytes after
     /// them.
     fn split(
@@ -253,37 +289,11 @@ impl Engine for GpuEngine {
         base: Option<&[u8]>,
         out: &mut [u8],
     ) -> Result<(), FormatError> {
-        if !self.wants(out) && self.gpu.output(out).is_none() {
-            return CpuEngine.decode_planes(spec, streams, base, out);
-        }
-        let done = self
-            .gpu
-            .with_lane(|lane| decode_on(&self.gpu, lane, spec, streams, base, out));
-        let on_cpu = match done {
-            Ok(true) => return Ok(()),
-            // A damaged stream: the CPU says what is wrong with it.
-            Ok(false) => CpuEngine.decode_planes(spec, streams, base, out),
-            Err(e) => {
-                self.gpu.failed("decode", e, CPU_INSTEAD);
-                CpuEngine.decode_planes(spec, streams, base, out)
-            }
-        };
-        on_cpu?;
-        // A decode onto the device that the CPU did instead: its bytes go there too, so that
-        // the device holds the whole output.
-        if let Some(at) = self.gpu.output(out) {
-            // SAFETY: the output's device memory holds these out.len() bytes while it is
-            // registered (the whole of this call), and only this decode writes them.
-            let copied = self
-                .gpu
-                .with_lane(|lane| unsafe { lane.upload_to(out, at.address) });
-            if let Err(e) = copied {
-                self.gpu.failed("copy to the device", e, "the load fails");
-                return Err(FormatError::invalid("device copy", e.to_string()));
-            }
-            at.written.fetch_add(out.len() as u64, Ordering::Relaxed);
-        }
-        Ok(())
+        self.decode_with(
+            out,
+            |gpu, lane, out| decode_on(gpu, lane, spec, streams, base, out),
+            |out| CpuEngine.decode_planes(spec, streams, base, out),
+        )
     }
 
     fn key_stats(&self, w: FloatView<'_>, moments: Option<Moments<'_>>) -> KeyStats {
@@ -555,6 +565,20 @@ impl Engine for GpuEngine {
             "residual encode",
             |gpu, lane| residual::quantize_on(gpu, lane, values, reference, mode, step),
             cpu,
+        )
+    }
+
+    fn residual_decode(
+        &self,
+        dtype: Dtype,
+        payload: &[u8],
+        reference: Option<&[u8]>,
+        out: &mut [u8],
+    ) -> Result<(), FormatError> {
+        self.decode_with(
+            out,
+            |gpu, lane, out| residual::decode_on(gpu, lane, dtype, payload, reference, out),
+            |out| CpuEngine.residual_decode(dtype, payload, reference, out),
         )
     }
 

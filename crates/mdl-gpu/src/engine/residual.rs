@@ -263,3 +263,69 @@ pub(super) fn mean_v_on(
     let total = lane.fetch(&total, 1)?[0] as i64;
     Ok(total as f64 / sc / n as f64)
 }
+
+/// [`residual::decode`] on the device: the code streams are decoded there and checked as the
+/// CPU checks them, and each element is rebuilt from its code and the reference. `Ok(false)`
+/// when the CPU should decode instead (a damaged payload, whose fault it then names, or a
+/// stream of another chunk size).
+pub(super) fn decode_on(
+    gpu: &Gpu,
+    lane: &mut Lane,
+    dtype: Dtype,
+    payload: &[u8],
+    reference: Option<&[u8]>,
+    out: &mut [u8],
+) -> Res<bool> {
+    let Ok(parts) = residual::parse(dtype, payload, reference.map(<[u8]>::len), out.len()) else {
+        return Ok(false);
+    };
+    let n = (out.len() / dtype.size()) as u64;
+    let coded = [Some(parts.low), parts.high];
+    let mut streams = Vec::with_capacity(2);
+    for bytes in coded.into_iter().flatten() {
+        match Stream::parse(bytes, n) {
+            Ok(s) if s.chunk_len() == CHUNK => streams.push(s),
+            _ => return Ok(false),
+        }
+    }
+    let g = Geometry::bytes(n, streams.len());
+    let Some(sym) = decode_symbols(gpu, lane, g, &streams)? else {
+        return Ok(false);
+    };
+    let low = sym.slice(..n as usize);
+    let high = parts
+        .high
+        .map(|_| sym.slice(g.stride as usize..(g.stride + n) as usize));
+    let tiles = n.div_ceil(CODE_TILE);
+    let mut tile_exact = lane.alloc::<u64>(tiles as usize)?;
+    let mut bad = lane.zeros::<u32>(1)?;
+    let moment = i32::from(parts.mode != Mode::Linear);
+    let mut l = lane.stream.launch_builder(gpu.f("residual_scan"));
+    l.arg(&low);
+    arg_opt(&mut l, high.as_ref());
+    l.arg(&n).arg(&moment).arg(&mut tile_exact).arg(&mut bad);
+    // SAFETY: one block a tile reads its codes and writes its count.
+    unsafe { l.launch(cfg((tiles as u32, 1), 256)) }?;
+    let (starts, exact) = starts_of(&lane.fetch(&tile_exact, tiles as usize)?);
+    if lane.fetch(&bad, 1)?[0] != 0 || exact != parts.exact_count {
+        return Ok(false);
+    }
+    let dq = lane.put(&parts.device_quantizer())?;
+    let dstarts = lane.put(&starts)?;
+    let dexact = lane.put(parts.exact)?;
+    let dr = reference.map(|r| lane.bytes(gpu, r)).transpose()?;
+    let rv = dr.as_ref().map(Dev::view);
+    let (dt, mode) = (dtype_code(dtype), parts.mode as i32);
+    fill_output(gpu, lane, out, |lane, dout| {
+        let mut l = lane.stream.launch_builder(gpu.f("residual_rebuild"));
+        l.arg(&low);
+        arg_opt(&mut l, high.as_ref());
+        l.arg(&n).arg(&dt).arg(&mode).arg(&dq);
+        arg_opt(&mut l, rv.as_ref());
+        l.arg(&dexact).arg(&dstarts).arg(dout);
+        // SAFETY: one block a tile writes its elements; the exact values it reads were
+        // counted from its start by residual_scan, and their total checked.
+        unsafe { l.launch(cfg((tiles as u32, 1), 256)) }.map(drop)
+    })?;
+    Ok(true)
+}

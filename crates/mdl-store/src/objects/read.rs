@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use mdl_codec::qrecord::QuantTensor;
-use mdl_codec::{float, residual, CodecTag};
+use mdl_codec::{float, CodecTag};
 use mdl_format::record::{self, RecordHeader, Trailer};
 use mdl_format::{FormatError, ObjectId, TensorHeader};
 
@@ -338,11 +338,14 @@ impl Store {
                     "quant-residual",
                     "record has no base",
                 )))?;
-                residual::decode(tensor.dtype, payload, Some(base), out).map_err(corrupt)?
+                self.engine()
+                    .residual_decode(tensor.dtype, payload, Some(base), out)
+                    .map_err(corrupt)?
             }
-            CodecTag::QuantUniform => {
-                residual::decode(tensor.dtype, payload, None, out).map_err(corrupt)?
-            }
+            CodecTag::QuantUniform => self
+                .engine()
+                .residual_decode(tensor.dtype, payload, None, out)
+                .map_err(corrupt)?,
             CodecTag::Raw | CodecTag::Zstd | CodecTag::QuantBase | CodecTag::QuantDelta => {
                 return Err(corrupt(FormatError::invalid(
                     "record",

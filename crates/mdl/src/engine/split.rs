@@ -13,7 +13,7 @@ use mdl_codec::engine::{
 use mdl_codec::huffman::{Histogram, Stream, StreamWriter};
 use mdl_codec::planes::PlaneSpec;
 use mdl_codec::residual::{Mode, ResidualStats};
-use mdl_format::{FormatError, ObjectId};
+use mdl_format::{Dtype, FormatError, ObjectId};
 
 /// Encoding on one engine, decoding on another (see the module docs).
 #[derive(Debug)]
@@ -175,6 +175,16 @@ impl Engine for Split {
         step: f64,
     ) -> (Vec<u8>, Vec<u8>) {
         self.encoder.residual_encode(values, reference, mode, step)
+    }
+
+    fn residual_decode(
+        &self,
+        dtype: Dtype,
+        payload: &[u8],
+        reference: Option<&[u8]>,
+        out: &mut [u8],
+    ) -> Result<(), FormatError> {
+        self.decoder.residual_decode(dtype, payload, reference, out)
     }
 
     fn error_stats(
