@@ -451,7 +451,11 @@ fn residual_quantizer(gpu: &dyn Engine) {
                         e.residual_decode(dtype, cut, against, &mut out)
                             .map_err(|e| e.to_string())
                     };
-                    assert_eq!(fault(&CpuEngine), fault(gpu), "{what} step {s}: cut payload");
+                    assert_eq!(
+                        fault(&CpuEngine),
+                        fault(gpu),
+                        "{what} step {s}: cut payload"
+                    );
                 }
             }
         }

@@ -199,6 +199,17 @@ impl PlanInput<'_> {
                 // Then the key statistics the fits need are not counted either, only the mean
                 // second moment.
                 let reference = (self.reference)(i)?.map(Arc::new);
+                // The search reads the tensor, its moments and its reference several times (a
+                // distance and a measure with and without the reference): an engine on a
+                // device keeps them there for the tensor's search instead of copying them over
+                // for each call.
+                let ms = self.input.moments(moments);
+                let _kept: Vec<_> = [Some(view.bytes), reference.as_ref().map(|r| &r.content[..])]
+                    .into_iter()
+                    .chain(ms.iter().flat_map(|m| [Some(m.m.bytes), Some(m.v.bytes)]))
+                    .flatten()
+                    .map(|b| self.engine.keep(b))
+                    .collect();
                 let stats = match reference {
                     Some(_) => None,
                     None => Some(self.engine.key_stats(view, self.input.moments(moments))),
