@@ -119,12 +119,16 @@ def test_the_callback_commits_every_save_and_a_trainer_resumes_from_any_revision
 
     # Resuming from a checkout of the middle commit continues exactly as from the folder.
     folder = checkout_checkpoint(repo, "run~1", tmp_path / "from-mdl")
-    original, from_mdl = resumed(tmp_path, "original", run / "checkpoint-6"), resumed(
-        tmp_path, "mdl", folder
-    )
-    assert original[0] == from_mdl[0] and len(original[0]) == 9
-    for k, v in original[1].items():
-        assert torch.equal(v, from_mdl[1][k]), k
+    resumes_alike(tmp_path, run / "checkpoint-6", folder)
+
+
+def resumes_alike(tmp_path, original, folder):
+    """Training on to step 9 from ``folder`` logs the same losses and ends with the same weights
+    as from the Trainer's own ``original``."""
+    a, b = resumed(tmp_path, "original", original), resumed(tmp_path, "mdl", folder)
+    assert a[0] == b[0] and len(a[0]) == 9
+    for k, v in a[1].items():
+        assert torch.equal(v, b[1][k]), k
 
 
 def test_the_callback_deletes_checkpoints_once_durable(tmp_path):
@@ -171,10 +175,7 @@ def test_the_state_source_commits_live_state_and_resumes_as_the_trainers_own_fol
     assert written == {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"}
     assert untimed(tmp_path / "from-state") == untimed(ck)
     # Resuming from it continues exactly as resuming from the Trainer's own folder.
-    original, from_state = resumed(tmp_path, "original", ck), resumed(tmp_path, "state", folder)
-    assert original[0] == from_state[0] and len(original[0]) == 9
-    for k, v in original[1].items():
-        assert torch.equal(v, from_state[1][k]), k
+    resumes_alike(tmp_path, ck, folder)
 
 
 def test_checkout_checkpoint_refuses_a_non_empty_folder_and_foreign_state(tmp_path):
