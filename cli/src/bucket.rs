@@ -16,25 +16,6 @@ use crate::{output, Cli, Command};
 pub fn run(cli: &Cli, url: &str, purpose: String, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     let loc = Location::parse(url)?;
     match &cli.command {
-        Command::Init { path: Some(_) } => {
-            return Err(mdl_bucket::Error::Location(format!(
-                "mdl -C {url} init takes no folder: the repository is {url} itself"
-            ))
-            .into())
-        }
-        Command::Init { path: None } => {
-            mdl_bucket::init(&loc)?;
-            if cli.json {
-                writeln!(
-                    out,
-                    "{}",
-                    serde_json::json!({ "path": loc.url(), "branch": "main" })
-                )?;
-            } else {
-                writeln!(out, "initialized empty mdl repository in {}", loc.url())?;
-            }
-            return Ok(ExitCode::SUCCESS);
-        }
         Command::Gc {
             prune_older_than,
             expire_reflog,

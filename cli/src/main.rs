@@ -11,6 +11,7 @@ use mdl::{LockMode, OpenOptions, Repository};
 mod args;
 mod bucket;
 mod failure;
+mod init;
 mod output;
 mod progress;
 mod remote;
@@ -185,8 +186,23 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         "mdl {}",
         std::env::args().skip(1).collect::<Vec<_>>().join(" ")
     );
+    if let Command::Init { path } = &cli.command {
+        init::run(cli, path.as_ref(), out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Some(url) = cli.bucket_url() {
         return bucket::run(cli, url, purpose, out);
+    }
+    // Never a folder name: a URL of a scheme mdl does not speak.
+    if let Some(scheme) = cli
+        .dir
+        .as_ref()
+        .and_then(|d| d.to_str())
+        .and_then(init::scheme)
+    {
+        if !matches!(scheme, "http" | "s3") {
+            anyhow::bail!(init::unsupported(scheme));
+        }
     }
     let on_terminal = !cli.json && io::stderr().is_terminal();
     let bar = progress::Bar::new(on_terminal);
@@ -201,21 +217,13 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     if let (Command::Status, Some(dir)) = (&cli.command, status::local_dir(cli)) {
         return status::run(cli, &dir, purpose, out);
     }
-    if !matches!(
-        cli.command,
-        Command::Init { .. } | Command::Serve { .. } | Command::Clone { .. }
-    ) {
+    if !matches!(cli.command, Command::Serve { .. } | Command::Clone { .. }) {
         if let Some(remote) = remote::server_for(cli)? {
             return remote::run(cli, &remote, out);
         }
     }
     match &cli.command {
-        Command::Init { path } => {
-            let base = cli.dir.clone().unwrap_or_else(|| PathBuf::from("."));
-            let dir = path.as_ref().map(|d| base.join(d)).unwrap_or(base);
-            let repo = Repository::init(&dir)?;
-            output::init(out, cli.json, repo.root())?;
-        }
+        Command::Init { .. } => unreachable!("handled above"),
         Command::Commit(args) => {
             let opts = args.options()?;
             let mut repo = open(cli, LockMode::Write, purpose)?;

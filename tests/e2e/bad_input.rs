@@ -185,6 +185,32 @@ fn ambiguous_prefix_and_not_a_repository() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     fails(d, &["log"], "not an mdl repository");
+    // A URL is never taken for a folder name: a scheme mdl does not speak is refused, and a
+    // server does not create repositories.
+    let refused = "is not a place mdl keeps repositories";
+    fails(d, &["init", "gs://bucket/run"], refused);
+    for args in [
+        ["-C", "gs://bucket/run", "init"],
+        ["-C", "ftp://host/run", "log"],
+    ] {
+        let out = std::process::Command::new(mdl_bin())
+            .current_dir(d)
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(refused),
+            "{args:?}: {err}"
+        );
+    }
+    fails(
+        d,
+        &["init", "http://127.0.0.1:9/run"],
+        "a server does not create repositories",
+    );
+    let made: Vec<_> = std::fs::read_dir(d).unwrap().collect();
+    assert!(made.is_empty(), "{made:?}");
     ok(d, &["init"]);
     fails(d, &["init"], "already exists");
     // Enough commits that some pair shares a first hex digit pair... use a 4-digit prefix search.

@@ -284,6 +284,13 @@ impl Repo {
 fn commands_run_on_a_repository_in_object_storage() {
     let r = Repo::new("team/run");
     r.fails("a", &["init"], "is already an mdl repository");
+    // `mdl init URL`, as the README and the hints spell it: the repository is made there, and
+    // no folder here.
+    let (here, fresh) = (r.path("."), format!("s3://{BUCKET}/fresh"));
+    r.ok_at("a", here.to_str().unwrap(), &["init", &fresh]);
+    assert!(!here.join("s3:").exists());
+    r.fails_at("a", here.to_str().unwrap(), &["init", &fresh], "already");
+    r.ok_at("a", &fresh, &["branch"]);
     let out = r.weed.mdl(
         &r.cache("a"),
         &["-C", &format!("s3://{BUCKET}/nothing"), "log"],
