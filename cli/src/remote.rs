@@ -96,13 +96,11 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             if args.engine.is_some() {
                 bail!("--engine chooses this machine's engine; a server compresses with its repository's `engine` setting");
             }
-            let [file] = args.paths.as_slice() else {
-                bail!("a commit over HTTP takes one file; commit a tree where the repository is stored");
+            // One file goes as it is; a folder or several paths as one tree.
+            let outcome = match args.paths.as_slice() {
+                [file] if !file.is_dir() => remote.commit(file, &args.options()?)?,
+                paths => remote.commit_tree(paths, &args.options()?)?,
             };
-            if file.is_dir() {
-                bail!("a commit over HTTP takes one file, not a directory; commit a tree where the repository is stored");
-            }
-            let outcome = remote.commit(file, &args.options()?)?;
             output::commit(out, cli.json, &outcome)?;
         }
         Command::Checkout {

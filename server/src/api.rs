@@ -18,7 +18,7 @@ use tokio_stream::StreamExt;
 use crate::access::{self, blocking, json_body, Access, ApiResult, Reader, Writer};
 use crate::auth::{check, Scope};
 use crate::error::ApiError;
-use crate::{admin, files, stream};
+use crate::{admin, files, stream, tree};
 use crate::{Served, State};
 
 type Shared = AxState<Arc<State>>;
@@ -296,23 +296,63 @@ async fn commit(
 ) -> ApiResult<Response> {
     let params = access::query(query)?;
     let (path, params) = params::split_path(&params);
+    let (files, params) = params::take(&params, params::FILES);
     let mut opts = params::decode(&params).map_err(|e| ApiError::new(e.code, e.message))?;
     opts.warm = Some(state.warm.clone());
+    let is_tree = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.split(';').next().is_some_and(|t| t.trim() == tree::TAR));
+    if is_tree && path.is_some() {
+        return Err(ApiError::new(
+            ErrorCode::BadParameter,
+            "path names the one file of a file upload; a tree upload's paths are in the tar",
+        ));
+    }
+    let files = match (is_tree, files.map(|n| n.parse::<usize>())) {
+        (true, Some(Ok(n))) => Some(n),
+        (true, _) => {
+            return Err(ApiError::new(
+                ErrorCode::BadParameter,
+                "a tree upload needs files=N, the number of files it holds",
+            ))
+        }
+        (false, None) => None,
+        (false, Some(_)) => {
+            return Err(ApiError::new(
+                ErrorCode::BadParameter,
+                "files=N is for tree uploads (Content-Type: application/x-tar)",
+            ))
+        }
+    };
     let path = path.unwrap_or_else(|| mdl::V1_FILE_PATH.to_string());
     let upload = spool(&served, &headers, body, state.config.max_body).await?;
     let (deferred, warm) = (served.clone(), state.warm.clone());
     let answer = blocking(move || {
+        // A tree is unpacked beside the upload first; both are removed either way.
+        let unpacked = match is_tree {
+            true => {
+                let dir = served.repo.incoming_dir(".tree-")?;
+                tree::unpack(upload.path(), dir.path(), files.unwrap_or(0))?;
+                Some(dir)
+            }
+            false => None,
+        };
         // The commit holds the repository's writer itself.
         let (mut outcome, published) = served.change(true, || {
-            Ok(mdl::commit::commit_file_as(
-                &served.repo,
-                upload.path(),
-                &path,
-                &opts,
-                &mdl::NoProgress,
-            )?)
+            let repo = &served.repo;
+            Ok(match &unpacked {
+                Some(dir) => mdl::commit::commit(repo, dir.path(), &opts, &mdl::NoProgress)?,
+                None => mdl::commit::commit_file_as(
+                    repo,
+                    upload.path(),
+                    &path,
+                    &opts,
+                    &mdl::NoProgress,
+                )?,
+            })
         })?;
-        drop(upload);
+        drop((upload, unpacked));
         if let Some((_, replayed)) = published.replayed.last() {
             outcome.id = *replayed;
         }

@@ -16,6 +16,7 @@ pub mod error;
 mod files;
 mod hf;
 mod stream;
+mod tree;
 mod web;
 
 use std::collections::HashMap;

@@ -204,3 +204,148 @@ fn a_served_repository_does_its_deferred_reencodes() {
     assert_eq!(json(&repo, &["fsck"])["problems"], serde_json::json!([]));
     server.stop();
 }
+
+/// A tree committed in a served repository's folder goes through its server as one upload:
+/// checked out, it is the folder byte for byte, executable bits included. A tree the server
+/// cannot take (a path out of the tree, a symlink, a file twice, fewer files than announced)
+/// is refused with one error, and nothing changes.
+#[test]
+fn a_tree_is_committed_through_the_server() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, _, _) = two_commits(dir.path());
+    let ck = dir.path().join("checkpoint-200");
+    std::fs::create_dir_all(ck.join("extra")).unwrap();
+    write_safetensors(&ck.join("model.safetensors"), &mixed(200), &[]);
+    std::fs::write(ck.join("trainer_state.json"), br#"{"global_step": 200}"#).unwrap();
+    std::fs::write(ck.join("extra/notes.txt"), b"a nested file").unwrap();
+    std::fs::write(ck.join("run.sh"), b"#!/bin/sh\necho resume\n").unwrap();
+    std::fs::set_permissions(ck.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let server = Server::start(&["-C", repo.to_str().unwrap()], dir.path());
+
+    ok(
+        &repo,
+        &[
+            "commit",
+            ck.to_str().unwrap(),
+            "-m",
+            "tree",
+            "--step",
+            "200",
+        ],
+    );
+    assert_eq!(json(&repo, &["show", "HEAD"])["step"], 200);
+    let out = dir.path().join("out");
+    ok(&repo, &["checkout", "HEAD", "-o", out.to_str().unwrap()]);
+    assert_eq!(state_of(&out), state_of(&ck));
+    // Several paths: each file under its name, each folder's files under their paths.
+    let lone = dir.path().join("lone.bin");
+    std::fs::write(&lone, b"lone").unwrap();
+    let both = json(
+        &repo,
+        &[
+            "commit",
+            lone.to_str().unwrap(),
+            ck.join("extra").to_str().unwrap(),
+        ],
+    );
+    let shown = json(&repo, &["show", both["id"].as_str().unwrap()]);
+    let paths: Vec<&str> = shown["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["lone.bin", "notes.txt"]);
+
+    let before = json(&repo, &["log"]);
+    let write = bearer(WRITE);
+    let post = |query: &str, tar: &[u8]| {
+        let path = format!("/v1/repos/repo/commits?{query}");
+        let headers = [
+            ("Authorization", write.as_str()),
+            ("Content-Type", "application/x-tar"),
+        ];
+        let (status, _, body) = http(&server.base, "POST", &path, &headers, tar);
+        (status, String::from_utf8_lossy(&body).to_string())
+    };
+    let file = |name: &str| tar_entry(name, b'0', b"data");
+    let cases: [(&str, Vec<u8>, &str); 5] = [
+        ("files=1", [file("../escape"), tar_end()].concat(), "escape"),
+        (
+            "files=1",
+            [tar_entry("link", b'2', b""), tar_end()].concat(),
+            "not a regular file",
+        ),
+        (
+            "files=2",
+            [file("a"), file("a"), tar_end()].concat(),
+            "twice",
+        ),
+        ("files=2", [file("a"), tar_end()].concat(), "cut short"),
+        (
+            "path=x&files=1",
+            [file("a"), tar_end()].concat(),
+            "path names the one file",
+        ),
+    ];
+    for (query, tar, want) in cases {
+        let (status, body) = post(query, &tar);
+        assert_eq!(status, 400, "{query}: {body}");
+        assert!(body.contains(want), "{query}: {body}");
+    }
+    assert_eq!(json(&repo, &["log"]), before);
+    let incoming = repo.join(".mdl/incoming");
+    let left: Vec<_> = std::fs::read_dir(&incoming)
+        .map(|d| d.collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+    server.stop();
+}
+
+/// Every file under `root` by relative path, with its bytes and whether it is executable.
+fn state_of(root: &std::path::Path) -> Vec<(String, Vec<u8>, bool)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+                let rel = p.strip_prefix(root).unwrap().to_str().unwrap().to_string();
+                out.push((rel, std::fs::read(&p).unwrap(), mode & 0o111 != 0));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// One tar entry: a ustar header (`kind` b'0' a file, b'2' a symlink) and `data`, padded.
+fn tar_entry(name: &str, kind: u8, data: &[u8]) -> Vec<u8> {
+    let mut h = [0u8; 512];
+    h[..name.len()].copy_from_slice(name.as_bytes());
+    h[100..108].copy_from_slice(b"0000644\0");
+    h[108..116].copy_from_slice(b"0000000\0");
+    h[116..124].copy_from_slice(b"0000000\0");
+    h[124..136].copy_from_slice(format!("{:011o}\0", data.len()).as_bytes());
+    h[136..148].copy_from_slice(b"00000000000\0");
+    h[156] = kind;
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[148..156].fill(b' ');
+    let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+    h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    let mut out = h.to_vec();
+    out.extend_from_slice(data);
+    out.resize(out.len().div_ceil(512) * 512, 0);
+    out
+}
+
+/// The two zero blocks that end a tar.
+fn tar_end() -> Vec<u8> {
+    vec![0; 1024]
+}

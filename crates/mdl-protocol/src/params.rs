@@ -71,10 +71,19 @@ pub fn encode(opts: &CommitOptions) -> Result<Vec<(&'static str, String)>, &'sta
 /// committing machine); `model.safetensors` without it.
 pub const PATH: &str = "path";
 
+/// The number of files a tree upload holds: the server checks that the tar it received holds
+/// as many, so that an upload cut short between two files is not taken for a smaller tree.
+pub const FILES: &str = "files";
+
 /// The `path` parameter (the last one given), and the other parameters for [`decode`].
 pub fn split_path(params: &[(String, String)]) -> (Option<String>, Vec<(String, String)>) {
-    let (path, rest): (Vec<_>, Vec<_>) = params.iter().cloned().partition(|(k, _)| k == PATH);
-    (path.into_iter().last().map(|(_, v)| v), rest)
+    take(params, PATH)
+}
+
+/// Parameter `key` (the last one given), and the other parameters.
+pub fn take(params: &[(String, String)], key: &str) -> (Option<String>, Vec<(String, String)>) {
+    let (taken, rest): (Vec<_>, Vec<_>) = params.iter().cloned().partition(|(k, _)| k == key);
+    (taken.into_iter().last().map(|(_, v)| v), rest)
 }
 
 /// The commit options a query string's parameters ask for.

@@ -11,7 +11,7 @@ use mdl::{ObjectId, Repository};
 use mdl_protocol::body::{self, Refs};
 use mdl_protocol::{params, route};
 
-use crate::{Error, Result};
+use crate::{tree, Error, Result};
 
 /// Most object ids one request carries (the server takes JSON bodies of up to 8 MiB).
 pub const IDS_PER_REQUEST: usize = 100_000;
@@ -263,6 +263,35 @@ impl Remote {
             req = req.query(params::PATH, name);
         }
         let mut resp = self.check(upload(req, "application/octet-stream").send(&f))?;
+        resp.body_mut().read_json().map_err(|e| self.transport(e))
+    }
+
+    /// Commits the tree of `paths` on the server, as [`mdl::commit::commit_paths`] would there
+    /// (each path a file entered under its name or a folder of files under their relative
+    /// paths): the files go as one tar, written while it is sent.
+    pub fn commit_tree(
+        &self,
+        paths: &[std::path::PathBuf],
+        opts: &mdl::commit::CommitOptions,
+    ) -> Result<mdl::commit::CommitOutcome> {
+        let files = tree::open(mdl::commit::tree_files(paths)?)?;
+        let mut req = self.auth(self.agent.post(format!("{}{}", self.api, route::COMMITS)));
+        for (k, v) in params::encode(opts).map_err(|why| Error::Remote(why.into()))? {
+            req = req.query(k, v);
+        }
+        req = req.query(params::FILES, files.len().to_string());
+        let (mut tar, writing) = tree::stream(files).map_err(|e| Error::Remote(e.to_string()))?;
+        let sent = upload(req, tree::TAR).send(ureq::SendBody::from_reader(&mut tar));
+        drop(tar);
+        // A file that could not be read broke the upload off: that is what to report.
+        if let Ok(Err(e)) = writing.join() {
+            return Err(mdl::Error::Input {
+                path: paths.first().cloned().unwrap_or_default(),
+                source: e,
+            }
+            .into());
+        }
+        let mut resp = self.check(sent)?;
         resp.body_mut().read_json().map_err(|e| self.transport(e))
     }
 

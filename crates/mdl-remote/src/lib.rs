@@ -13,6 +13,7 @@ mod fetch;
 mod peer;
 mod push;
 mod remotes;
+mod tree;
 
 pub use client::{Remote, IDS_PER_REQUEST};
 pub use clone::{clone, CloneOutcome};

@@ -27,6 +27,17 @@ impl Store {
             .map_err(StoreError::io("create", &dir))
     }
 
+    /// A temporary folder in `.mdl/incoming/`, removed with what it holds when dropped (a tree
+    /// uploaded for a commit, unpacked).
+    pub fn incoming_dir(&self, prefix: &str) -> Result<tempfile::TempDir, StoreError> {
+        let dir = self.dir.join(INCOMING_DIR);
+        std::fs::create_dir_all(&dir).map_err(StoreError::io("create", &dir))?;
+        tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in(&dir)
+            .map_err(StoreError::io("create", &dir))
+    }
+
     /// An exclusive temporary file `.mdl/PREFIX…SUFFIX` for a program to read (an evaluation
     /// command's candidate checkpoint); removed when dropped.
     pub fn scratch_file(&self, prefix: &str, suffix: &str) -> Result<NamedTempFile, StoreError> {

@@ -110,6 +110,11 @@ impl Repository {
         Ok(self.store.incoming_file(prefix)?)
     }
 
+    /// A temporary folder in `.mdl/incoming/` (see [`mdl_store::Store::incoming_dir`]).
+    pub fn incoming_dir(&self, prefix: &str) -> Result<tempfile::TempDir> {
+        Ok(self.store.incoming_dir(prefix)?)
+    }
+
     /// Reads and parses a commit object.
     pub fn load_commit(&self, id: &ObjectId) -> Result<Commit> {
         let bytes = self.load_kind(id, ObjectKind::Commit)?;

@@ -22,8 +22,8 @@ use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue, Sto
 use serde::{Deserialize, Serialize};
 
 pub use crate::history::replay;
+pub use crate::input::{tree_files, MemoryFile, OnDevice, SourceFile};
 use crate::input::{Input, Piece, Run};
-pub use crate::input::{MemoryFile, OnDevice};
 use crate::lossy::{
     self, CodecMode, Encoded, LossyRequest, LossySettings, SearchSummary, TensorPlan,
 };

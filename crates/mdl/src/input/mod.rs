@@ -16,6 +16,8 @@ mod split;
 mod trainer;
 mod walk;
 
+pub use walk::{files as tree_files, Found as SourceFile};
+
 /// Runs of bytes up to this length are kept in the manifest itself.
 pub(crate) const INLINE_MAX: u64 = 4096;
 

@@ -8,10 +8,13 @@ use crate::{Error, Result};
 
 /// A file to commit: its path in the tree and on disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Found {
-    pub(crate) tree_path: String,
-    pub(crate) source: PathBuf,
-    pub(crate) executable: bool,
+pub struct Found {
+    /// Its path in the commit's tree.
+    pub tree_path: String,
+    /// Where it is read from.
+    pub source: PathBuf,
+    /// Whether it is stored as executable.
+    pub executable: bool,
 }
 
 fn refuse(path: &Path, why: impl Into<String>) -> Error {
@@ -25,7 +28,7 @@ fn refuse(path: &Path, why: impl Into<String>) -> Error {
 /// Face snapshot is a folder of them); a symlink to a directory inside a directory given, a
 /// dangling symlink, a device, socket or pipe, a name that is not UTF-8 and two files entered
 /// under one tree path are refused, naming the file. `.mdl` folders (repositories) are skipped.
-pub(crate) fn files(paths: &[PathBuf]) -> Result<Vec<Found>> {
+pub fn files(paths: &[PathBuf]) -> Result<Vec<Found>> {
     if paths.is_empty() {
         return Err(refuse(Path::new("."), "no path given"));
     }
