@@ -121,13 +121,11 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             let outcome = remote.download(rev, path, tree_path.as_deref(), *force)?;
             output::checkout(out, cli.json, &outcome)?;
         }
-        Command::Log {
-            rev,
-            n,
-            graph,
-            all: false,
-        } => {
-            let entries = remote.log(rev.as_deref(), *n)?;
+        Command::Log { rev, n, graph, all } => {
+            let entries = match all {
+                true => remote.log_all(*n)?,
+                false => remote.log(rev.as_deref(), *n)?,
+            };
             output::log(out, cli.json, &entries, *graph)?;
         }
         Command::Show { rev } => output::show(out, cli.json, &remote.show(rev)?)?,
@@ -234,9 +232,6 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             remote.url()
         ),
         // Listed one by one, so that a new command is a decision here, not a silent refusal.
-        Command::Log { all: true, .. } => {
-            bail!("log --all runs where the repository is; over HTTP, name a branch or tag")
-        }
         Command::Maintenance { .. } => bail!(
             "{} serves this repository and does its maintenance after each commit itself",
             remote.url()

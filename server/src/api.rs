@@ -108,8 +108,17 @@ async fn log(
     query: Result<Query<body::LogQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let q = access::query(query)?;
+    if q.all && q.rev.is_some() {
+        return Err(ApiError::new(
+            ErrorCode::BadRequest,
+            "all=true lists every branch's history; it takes no rev",
+        ));
+    }
     blocking(move || {
-        let entries = mdl::log::log(&served.repo, q.rev.as_deref(), q.limit)?;
+        let entries = match q.all {
+            true => mdl::log::log_all(&served.repo, q.limit)?,
+            false => mdl::log::log(&served.repo, q.rev.as_deref(), q.limit)?,
+        };
         Ok(Json(entries).into_response())
     })
     .await

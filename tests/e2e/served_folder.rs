@@ -55,7 +55,12 @@ fn a_served_repository_is_inspected_and_administered_from_its_folder() {
     let (repo, _, _) = two_commits(dir.path());
     let local_diff = json(&repo, &["diff", "HEAD~1", "HEAD"]);
     let local_stats = json(&repo, &["stats"]);
+    ok(&repo, &["branch", "side", "HEAD~1"]);
+    let local_all = json(&repo, &["log", "--all"]);
     let server = Server::start(&["-C", repo.to_str().unwrap()], dir.path());
+    assert_eq!(json(&repo, &["log", "--all"]), local_all);
+    assert!(ok(&repo, &["log", "--all", "--graph"]).contains("side"));
+    assert!(ok(&repo, &["branch", "-D", "side"]).contains("deleted branch side"));
 
     // Read: the same answers as from the repository itself.
     assert_eq!(json(&repo, &["diff", "HEAD~1", "HEAD"]), local_diff);

@@ -121,6 +121,10 @@ pub struct LogQuery {
     pub rev: Option<String>,
     /// At most this many commits.
     pub limit: Option<usize>,
+    /// Every branch's, tag's and remote-tracking branch's history (`mdl log --all`; not with
+    /// `rev`).
+    #[serde(default)]
+    pub all: bool,
 }
 
 impl LogQuery {
@@ -132,6 +136,9 @@ impl LogQuery {
         }
         if let Some(n) = self.limit {
             q.push(("limit", n.to_string()));
+        }
+        if self.all {
+            q.push(("all", "true".to_string()));
         }
         q
     }

@@ -233,6 +233,18 @@ impl Remote {
         let query = body::LogQuery {
             rev: rev.map(str::to_string),
             limit,
+            all: false,
+        };
+        self.get_json(route::LOG, &query.pairs())
+    }
+
+    /// Every branch's, tag's and remote-tracking branch's history, newest first (`mdl log
+    /// --all`).
+    pub fn log_all(&self, limit: Option<usize>) -> Result<Vec<LogEntry>> {
+        let query = body::LogQuery {
+            rev: None,
+            limit,
+            all: true,
         };
         self.get_json(route::LOG, &query.pairs())
     }
