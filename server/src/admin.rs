@@ -34,9 +34,9 @@ pub(crate) async fn set_config(
 ) -> ApiResult<Response> {
     let req = json_body(b)?;
     blocking(move || {
-        served.change(false, || {
-            let _writer = served.repo.writer();
-            Ok(mdl::config::set_config(&served.repo, &req.key, &req.value)?)
+        served.change(false, |repo| {
+            let _writer = repo.writer();
+            Ok(mdl::config::set_config(repo, &req.key, &req.value)?)
         })?;
         Ok(Json(req).into_response())
     })
@@ -49,8 +49,7 @@ pub(crate) async fn branch(
 ) -> ApiResult<Response> {
     let req = json_body(b)?;
     blocking(move || {
-        let (moved, _) = served.change(false, || {
-            let repo = &served.repo;
+        let (moved, _) = served.change(false, |repo| {
             let _writer = repo.writer();
             Ok(if req.force {
                 mdl::refs::force_branch(repo, &req.name, req.rev.as_deref())?
@@ -75,9 +74,9 @@ pub(crate) async fn delete_branch(
 ) -> ApiResult<Response> {
     let force = query(q)?.force;
     blocking(move || {
-        let (was, _) = served.change(false, || {
-            let _writer = served.repo.writer();
-            Ok(mdl::refs::delete_branch(&served.repo, &name, force)?)
+        let (was, _) = served.change(false, |repo| {
+            let _writer = repo.writer();
+            Ok(mdl::refs::delete_branch(repo, &name, force)?)
         })?;
         Ok(Json(body::Deleted { name, was }).into_response())
     })
@@ -90,9 +89,9 @@ pub(crate) async fn head(
 ) -> ApiResult<Response> {
     let req = json_body(b)?;
     blocking(move || {
-        served.change(false, || {
-            let _writer = served.repo.writer();
-            Ok(mdl::refs::switch(&served.repo, &req.branch)?)
+        served.change(false, |repo| {
+            let _writer = repo.writer();
+            Ok(mdl::refs::switch(repo, &req.branch)?)
         })?;
         Ok(Json(req).into_response())
     })
@@ -102,5 +101,5 @@ pub(crate) async fn head(
 /// Checks without repairing: a repair may rebuild the database, which needs the repository
 /// closed (`mdl fsck --repair` with the server stopped). Write scope: it reads every record.
 pub(crate) async fn fsck(Access(served): Writer) -> ApiResult<Response> {
-    blocking(move || Ok(Json(mdl::fsck::fsck(&served.repo, false)?).into_response())).await
+    blocking(move || Ok(Json(mdl::fsck::fsck(&*served.checker()?, false)?).into_response())).await
 }

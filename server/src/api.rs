@@ -348,8 +348,7 @@ async fn commit(
             false => None,
         };
         // The commit holds the repository's writer itself.
-        let (mut outcome, published) = served.change(true, || {
-            let repo = &served.repo;
+        let (mut outcome, published) = served.change(true, |repo| {
             Ok(match &unpacked {
                 Some(dir) => mdl::commit::commit(repo, dir.path(), &opts, &mdl::NoProgress)?,
                 None => mdl::commit::commit_file_as(
@@ -442,9 +441,9 @@ async fn receive(
         // No record in the pack can be longer than the upload itself.
         let len = file.metadata().map(|m| m.len()).unwrap_or(max).min(max);
         let mut file = std::io::BufReader::with_capacity(1 << 20, file);
-        let (received, _) = served.change(false, || {
-            let _writer = served.repo.writer();
-            Ok(transfer::receive_pack(&served.repo, &mut file, len)?)
+        let (received, _) = served.change(false, |repo| {
+            let _writer = repo.writer();
+            Ok(transfer::receive_pack(repo, &mut file, len)?)
         })?;
         let ids: Vec<ObjectId> = received.frames.iter().map(|f| f.id).collect();
         served.publish_records(&ids)?;
@@ -459,9 +458,9 @@ async fn update_ref(
 ) -> ApiResult<Response> {
     let update = json_body(body)?;
     blocking(move || {
-        served.change(false, || {
-            let _writer = served.repo.writer();
-            Ok(transfer::update_ref(&served.repo, &update, "push")?)
+        served.change(false, |repo| {
+            let _writer = repo.writer();
+            Ok(transfer::update_ref(repo, &update, "push")?)
         })?;
         let moved = body::RefMoved {
             name: update.name,
@@ -481,7 +480,7 @@ async fn compact(
 ) -> ApiResult<Response> {
     let opts = json_body(body)?;
     blocking(move || {
-        let outcome = mdl::compact::compact(&served.repo, &opts, &mdl::NoProgress)?;
+        let outcome = mdl::compact::compact(&*served.writer()?, &opts, &mdl::NoProgress)?;
         Ok(Json(outcome).into_response())
     })
     .await
@@ -510,7 +509,7 @@ async fn gc(
             let outcome = served.bucket_gc(opts.prune_older_than, opts.dry_run)?;
             return Ok(Json(body::GcAnswer::Bucket(outcome)).into_response());
         }
-        let outcome = mdl::gc::gc(&served.repo, &opts, &mdl::NoProgress)?;
+        let outcome = mdl::gc::gc(&*served.writer()?, &opts, &mdl::NoProgress)?;
         Ok(Json(body::GcAnswer::Disk(outcome)).into_response())
     })
     .await

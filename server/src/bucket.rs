@@ -34,23 +34,24 @@ impl Served {
         Ok(())
     }
 
-    /// Runs `change` on the repository — for a replica, brought up to date first and with
+    /// Runs `change` on the repository opened for writing ([`Served::writer`]) — for a replica,
+    /// brought up to date first and with
     /// what `change` did published after (`replay`: a new commit that lost the race for its
     /// branch is replayed onto the winner's tip, see [`mdl_bucket::Replica::publish`]).
     pub(crate) fn change<T>(
         &self,
         replay: bool,
-        change: impl FnOnce() -> ApiResult<T>,
+        change: impl FnOnce(&mdl::Repository) -> ApiResult<T>,
     ) -> ApiResult<(T, Published)> {
         let Some(replica) = &self.replica else {
-            return Ok((change()?, Published::default()));
+            return Ok((change(&*self.writer()?)?, Published::default()));
         };
         let mut replica = replica.lock().unwrap_or_else(|p| p.into_inner());
         {
             let _writer = self.repo.writer();
             replica.sync(&self.repo)?;
         }
-        let done = change()?;
+        let done = change(&self.repo)?;
         // Without the writer: a replay takes it.
         let published = if replay {
             replica.publish(&self.repo)?

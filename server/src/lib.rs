@@ -25,6 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mdl::{LockMode, OpenOptions, Repository};
+
+use crate::access::ApiResult;
 use serde::{Deserialize, Serialize};
 
 pub use api::app;
@@ -113,9 +115,16 @@ pub struct Advertisement {
 
 /// One served repository.
 pub(crate) struct Served {
-    /// The repository; its [`Repository::writer`] serialises commits, pack imports, ref
-    /// updates and maintenance steps, held on blocking threads only, never across an `.await`.
+    /// The repository, for reading. On disk it is opened as a reader: no lock, the database
+    /// opened for each read, so other processes write beside the server (a training loop
+    /// committing into the served folder); each change opens it for writing for its duration
+    /// ([`Served::writer`]). In object storage it is the replica, which this server alone
+    /// writes, held for writing: its [`Repository::writer`] serialises the changes.
     pub(crate) repo: Repository,
+    /// For a repository on disk: its folder, and how long a change waits for another writer.
+    disk: Option<(PathBuf, Duration)>,
+    /// The codec engine chosen when the repository was first opened (its `engine` setting).
+    engine: mdl::engine::Selected,
     /// Whether `.mdl/serve.json` names this server (removed when the repository is let go).
     advertised: bool,
     /// For a repository in object storage, the replica `repo` is (see [`bucket`]).
@@ -125,9 +134,38 @@ pub(crate) struct Served {
 }
 
 impl Served {
+    /// The repository opened for one change: on disk a handle of its own that owns the
+    /// repository's lock until dropped (waiting for another process's writer at most the
+    /// server's `wait`); in object storage the replica's repository.
+    pub(crate) fn writer(&self) -> ApiResult<Opened<'_>> {
+        self.opened(LockMode::Write, None)
+    }
+
+    /// [`Served::writer`] for `mode`, waiting at most `wait` (default: the server's).
+    fn opened(&self, mode: LockMode, wait: Option<Duration>) -> ApiResult<Opened<'_>> {
+        let Some((path, server_wait)) = &self.disk else {
+            return Ok(Opened::Held(&self.repo));
+        };
+        let opts = OpenOptions {
+            mode,
+            wait: wait.unwrap_or(*server_wait),
+            purpose: format!("mdl serve (pid {})", std::process::id()),
+            ..OpenOptions::default()
+        };
+        let mut repo = Repository::open(path, &opts).map_err(ApiError::from)?;
+        repo.set_engine(self.engine.engine.clone());
+        Ok(Opened::Own(Box::new(repo)))
+    }
+
+    /// The repository opened to be checked (`fsck`): beside other checks, after writers.
+    pub(crate) fn checker(&self) -> ApiResult<Opened<'_>> {
+        self.opened(LockMode::Check, None)
+    }
+
     /// Works the re-encodes that commits left for later (`delta.defer`), if any are queued, on a
-    /// thread of its own: a commit's step at a time under the repository's writer, so requests
-    /// that write wait at most one step. `warm` is the last commit's tensors, where kept.
+    /// thread of its own, a commit's step at a time. It stops at the next step when another
+    /// writer waits (a request's change, or another process), and goes on after a later commit.
+    /// `warm` is the last commit's tensors, where kept.
     pub(crate) fn work_deferred(self: &Arc<Self>, warm: Option<Arc<mdl::warm::WarmTensors>>) {
         if mdl::commit::pending_deferred(&self.repo).unwrap_or(0) == 0 {
             return;
@@ -136,9 +174,18 @@ impl Served {
         let started = std::thread::Builder::new()
             .name("mdl-deferred".into())
             .spawn(move || {
-                let repo = &served.repo;
-                if let Err(e) = mdl::commit::run_deferred(repo, warm.as_deref(), &|| false) {
-                    tracing::warn!("deferred re-encodes: {e}");
+                let done = served
+                    .opened(LockMode::Write, Some(OPEN_WAIT))
+                    .and_then(|repo| {
+                        let yield_to_writers = || mdl::commit::writer_waiting(&repo);
+                        Ok(mdl::commit::run_deferred(
+                            &repo,
+                            warm.as_deref(),
+                            &yield_to_writers,
+                        )?)
+                    });
+                if let Err(e) = done {
+                    tracing::info!("deferred re-encodes left for later: {}", e.message);
                 }
             });
         if let Err(e) = started {
@@ -151,6 +198,24 @@ impl Drop for Served {
     fn drop(&mut self) {
         if self.advertised {
             self.repo.withdraw_advertisement();
+        }
+    }
+}
+
+/// A repository opened for a change or a check ([`Served::writer`]).
+pub(crate) enum Opened<'a> {
+    /// A handle of its own (a repository on disk).
+    Own(Box<Repository>),
+    /// The served repository itself (a replica).
+    Held(&'a Repository),
+}
+
+impl std::ops::Deref for Opened<'_> {
+    type Target = Repository;
+    fn deref(&self) -> &Repository {
+        match self {
+            Opened::Own(r) => r,
+            Opened::Held(r) => r,
         }
     }
 }
@@ -281,10 +346,16 @@ impl State {
         if !path.join(".mdl").join("meta.redb").is_file() {
             return Err(no_such_repo(name).into());
         }
-        // The server owns the repository: one database handle for its readers and writers.
+        // A replica is this server's alone: one database handle for its readers and writers.
+        // A folder is read without a lock, beside other processes, and each change opens it
+        // for writing (`Served::writer`).
         let opts = OpenOptions {
-            mode: LockMode::Write,
-            hold: true,
+            mode: if replica.is_some() {
+                LockMode::Write
+            } else {
+                LockMode::Read
+            },
+            hold: replica.is_some(),
             wait,
             purpose: format!("mdl serve (repository {name})"),
             ..OpenOptions::default()
@@ -294,7 +365,8 @@ impl State {
         // are compressed and checkouts decoded.
         let engine = mdl::engine::select(&repo, None)?;
         tracing::info!("repository {name}: engine {}", engine.why);
-        repo.set_engine(engine.engine);
+        repo.set_engine(engine.engine.clone());
+        let disk = replica.is_none().then(|| (path.clone(), self.config.wait));
         let advertised = match &self.advertise {
             // A replica is no folder a user runs mdl in.
             Some(_) if replica.is_some() => false,
@@ -306,6 +378,8 @@ impl State {
         };
         let new = Arc::new(Served {
             repo,
+            disk,
+            engine,
             advertised,
             replica: replica.map(Mutex::new),
             storage: web::StorageCache::default(),

@@ -218,3 +218,35 @@ def untimed(folder):
         {k: v for k, v in e.items() if not k.endswith(("_runtime", "_per_second"))} for e in state["log_history"]
     ]
     return state
+
+
+def test_a_trainer_commits_into_a_folder_that_mdl_serve_serves(tmp_path, serve):
+    """The set-up a team uses: `mdl serve` on the training repository, training committing into
+    it on the same machine. Every save becomes a commit without waiting for the server, the
+    server answers with them, and a checkout resumes exactly as the Trainer's own folder."""
+    import json
+    import time
+    import urllib.request
+
+    from conftest import READ_TOKEN
+
+    repo = mdl_package.init(tmp_path / "repo")
+    server = serve(tmp_path / "repo")
+    run = tmp_path / "run"
+    started = time.monotonic()
+    trainer(run, max_steps=9, callbacks=[MdlCallback(str(tmp_path / "repo"))]).train()
+    assert time.monotonic() - started < 30, "training waited for the server's lock"
+    assert [e.step for e in repo.log("run")] == [9, 6, 3]
+    # Live state too, while the server is up.
+    done = repo.commit_state({"w": torch.ones(3)}, branch="live", wait=True)
+    assert repo.log("live")[0].id == done.id
+
+    request = urllib.request.Request(
+        f"{server.base}/v1/repos/repo/log?rev=run", headers={"Authorization": f"Bearer {READ_TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        served = json.load(answer)
+    assert [e["step"] for e in served] == [9, 6, 3]
+
+    folder = checkout_checkpoint(repo, "run~1", tmp_path / "from-served")
+    resumes_alike(tmp_path, run / "checkpoint-6", folder)

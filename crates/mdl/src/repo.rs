@@ -44,9 +44,9 @@ impl Repository {
     pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Repository> {
         let root = discover(dir).ok_or_else(|| StoreError::NotARepository(dir.to_path_buf()))?;
         let store = Store::open(&root.join(MDL_DIR), opts)?;
-        // Holding the lock means no server owns the repository: an advertisement left by one
-        // that died is stale.
-        if store.writable() {
+        // An advertisement left by a server that died is stale; a writer removes it. (A live
+        // server holds no lock while idle: other processes write beside it.)
+        if store.writable() && !advertiser_alive(&store.dir().join(ADVERTISEMENT)) {
             store.remove_file(ADVERTISEMENT);
         }
         Ok(Repository {
@@ -155,6 +155,18 @@ impl Repository {
             _ => Err(StoreError::Malformed("HEAD (not a symbolic ref)").into()),
         }
     }
+}
+
+/// Whether the advertisement at `path` names a process that is still running.
+fn advertiser_alive(path: &Path) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Pid {
+        pid: u32,
+    }
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Pid>(&b).ok())
+        .is_some_and(|ad| Path::new("/proc").join(ad.pid.to_string()).exists())
 }
 
 /// Finds the nearest directory at or above `start` that holds `.mdl/` (with its database, or
