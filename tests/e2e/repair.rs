@@ -197,3 +197,36 @@ fn a_damaged_database_is_an_error_and_repairable_never_a_panic() {
     );
     assert!(damaged > 0, "no flip was detected ({clean} clean)");
 }
+
+/// A tree upload a killed server left unpacked in `.mdl/incoming/` is swept like a lone upload:
+/// by gc once it is old, by `fsck --repair` at once; a young one stays for gc.
+#[test]
+fn an_abandoned_tree_upload_is_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+    let f = d.join("a.safetensors");
+    write_safetensors(&f, &mixed(1), &[]);
+    ok(d, &["commit", f.to_str().unwrap()]);
+    let left = |name: &str, age: std::time::Duration| {
+        let tree = d.join(".mdl/incoming").join(name);
+        std::fs::create_dir_all(tree.join("sub")).unwrap();
+        std::fs::write(tree.join("sub/model.safetensors"), [7u8; 1000]).unwrap();
+        let then = std::time::SystemTime::now() - age;
+        for p in [
+            tree.join("sub/model.safetensors"),
+            tree.join("sub"),
+            tree.clone(),
+        ] {
+            std::fs::File::open(&p).unwrap().set_modified(then).unwrap();
+        }
+        tree
+    };
+    let old = left(".tree-old", std::time::Duration::from_secs(7 * 86_400));
+    let young = left(".tree-young", std::time::Duration::ZERO);
+    let gc = json(d, &["gc", "--prune-older-than", "0s"]);
+    assert!(!old.exists(), "{gc}");
+    assert!(young.exists(), "a tree being received was swept");
+    let repaired = json(d, &["fsck", "--repair"]);
+    assert!(!young.exists(), "{repaired}");
+}

@@ -19,23 +19,24 @@ impl Store {
     /// `PREFIX…`; it is removed when dropped, and gc or `fsck --repair` removes one a killed
     /// process left.
     pub fn incoming_file(&self, prefix: &str) -> Result<NamedTempFile, StoreError> {
-        let dir = self.dir.join(INCOMING_DIR);
-        std::fs::create_dir_all(&dir).map_err(StoreError::io("create", &dir))?;
-        tempfile::Builder::new()
-            .prefix(prefix)
-            .tempfile_in(&dir)
-            .map_err(StoreError::io("create", &dir))
+        let dir = self.incoming()?;
+        let made = tempfile::Builder::new().prefix(prefix).tempfile_in(&dir);
+        made.map_err(StoreError::io("create", &dir))
     }
 
     /// A temporary folder in `.mdl/incoming/`, removed with what it holds when dropped (a tree
-    /// uploaded for a commit, unpacked).
+    /// uploaded for a commit, unpacked); gc or `fsck --repair` removes one a killed process left.
     pub fn incoming_dir(&self, prefix: &str) -> Result<tempfile::TempDir, StoreError> {
+        let dir = self.incoming()?;
+        let made = tempfile::Builder::new().prefix(prefix).tempdir_in(&dir);
+        made.map_err(StoreError::io("create", &dir))
+    }
+
+    /// `.mdl/incoming/`, created if missing.
+    fn incoming(&self) -> Result<PathBuf, StoreError> {
         let dir = self.dir.join(INCOMING_DIR);
         std::fs::create_dir_all(&dir).map_err(StoreError::io("create", &dir))?;
-        tempfile::Builder::new()
-            .prefix(prefix)
-            .tempdir_in(&dir)
-            .map_err(StoreError::io("create", &dir))
+        Ok(dir)
     }
 
     /// An exclusive temporary file `.mdl/PREFIX…SUFFIX` for a program to read (an evaluation
@@ -103,7 +104,14 @@ impl Store {
             && !path
                 .components()
                 .any(|c| c == std::path::Component::ParentDir);
-        inside && std::fs::remove_file(path).is_ok()
+        // A folder only as a whole upload's (an unpacked tree in `incoming/`).
+        let upload_dir = path.parent() == Some(&self.dir.join(INCOMING_DIR)) && path.is_dir();
+        inside
+            && if upload_dir {
+                std::fs::remove_dir_all(path).is_ok()
+            } else {
+                std::fs::remove_file(path).is_ok()
+            }
     }
 }
 

@@ -573,13 +573,38 @@ fn old_leftovers(store: &Store, cutoff: Timestamp) -> Result<Vec<(PathBuf, u64)>
         let md = std::fs::symlink_metadata(path).ok()?;
         (md.is_file() && md.modified().ok()? <= limit).then_some(md.len())
     };
+    // An unpacked tree upload (`incoming/` holds no other folders): as old as its newest file.
+    let old_folder = |path: &Path, limit: SystemTime| -> Option<u64> {
+        let md = std::fs::symlink_metadata(path).ok()?;
+        if !md.is_dir() {
+            return None;
+        }
+        let (mut len, mut newest) = (0, md.modified().ok()?);
+        let mut dirs = vec![path.to_path_buf()];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).ok()?.flatten() {
+                let md = e.metadata().ok()?;
+                newest = newest.max(md.modified().ok()?);
+                if md.is_dir() {
+                    dirs.push(e.path());
+                } else {
+                    len += md.len();
+                }
+            }
+        }
+        (newest <= limit).then_some(len)
+    };
     let found = leftovers(store)?;
     let upload_limit = cutoff.min(SystemTime::now() - INCOMING_MIN_AGE);
     let files = found.records.into_iter().chain(found.temps);
     Ok(files
         .map(|p| (p, cutoff))
         .chain(found.incoming.into_iter().map(|p| (p, upload_limit)))
-        .filter_map(|(p, limit)| old_enough(&p, limit).map(|len| (p, len)))
+        .filter_map(|(p, limit)| {
+            old_enough(&p, limit)
+                .or_else(|| old_folder(&p, limit))
+                .map(|len| (p, len))
+        })
         .collect())
 }
 
