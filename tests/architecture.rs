@@ -4,7 +4,8 @@
 //! edge a → b is any path `crate::b…` written in a's files outside their `#[cfg(test)]`
 //! modules, where a name the crate root re-exports (`pub use b::Name`) counts as b. Data
 //! should flow one way through a crate, so any strongly connected set of two or more modules
-//! fails the test, with the cycle spelled out.
+//! fails the test, with the cycle spelled out. And no source file (Rust or Python, library or
+//! test) is over [`MAX_LINES`] lines.
 
 // Tests, examples and benchmarks write their own files (checkpoints, outputs, damage done on
 // purpose); the rule that repository writes go through mdl-store is for the library crates.
@@ -22,10 +23,54 @@ const CRATES: &[&str] = &[
     "crates/mdl",
     "crates/mdl-remote",
     "crates/mdl-bucket",
+    "crates/mdl-protocol",
     "crates/mdl-fuzzing",
     "server",
     "cli",
+    "python",
 ];
+
+/// The most lines a source file may have: past it, a file holds more than one thing.
+const MAX_LINES: usize = 800;
+
+/// The folders whose `.rs` and `.py` files are held to [`MAX_LINES`], and folders inside them.
+const SOURCES: &[&str] = &["crates", "server", "cli", "python", "tests"];
+
+#[test]
+fn no_source_file_is_over_the_line_limit() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    let mut dirs: Vec<PathBuf> = SOURCES.iter().map(|d| root.join(d)).collect();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy();
+            if path.is_dir() {
+                // Build output and virtual environments are not sources.
+                if !name.starts_with('.') && name != "target" && name != "__pycache__" {
+                    dirs.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs" || e == "py") {
+                files.push(path);
+            }
+        }
+    }
+    assert!(files.len() > 100, "only {} source files found", files.len());
+    let mut long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let lines = std::fs::read_to_string(f).unwrap().lines().count();
+            let shown = f.strip_prefix(&root).unwrap_or(f).display().to_string();
+            (lines > MAX_LINES).then(|| format!("{shown}: {lines} lines"))
+        })
+        .collect();
+    long.sort();
+    assert!(
+        long.is_empty(),
+        "over {MAX_LINES} lines:\n{}",
+        long.join("\n")
+    );
+}
 
 #[test]
 fn no_crate_has_a_module_cycle() {

@@ -15,6 +15,7 @@ mod maintenance;
 mod remotes;
 mod repair;
 mod s3;
+mod s3_upkeep;
 mod serve_http;
 mod served_folder;
 mod server;
