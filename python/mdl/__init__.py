@@ -9,9 +9,24 @@ Three lines in a training loop::
 The commit is compressed and written in the background; ``repo.load_state(rev, model,
 optimizer)`` restores it. Integrations: :mod:`mdl.transformers` (a ``TrainerCallback``) and
 :mod:`mdl.lightning` (a ``CheckpointIO`` plugin). docs/PYTHON.md has the whole API.
+
+Failures raise :class:`MdlError` or one of its kinds (:class:`NotFound`, :class:`Conflict`,
+:class:`Busy`, :class:`Corrupt`, ...), each with ``.code``, the stable error code.
 """
 
-from ._mdl import MdlError, __version__
+from ._mdl import (
+    Busy,
+    Conflict,
+    Corrupt,
+    Expired,
+    InvalidInput,
+    MdlError,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+    Unsupported,
+    __version__,
+)
 from ._repo import WARM_BYTES, CommitHandle, RemoteRepository, Repository, State, open
 from ._types import CommitResult, LogEntry, Ref, TensorInfo
 
@@ -22,16 +37,25 @@ def init(path, *, wait: float = 60.0, warm_bytes: int = WARM_BYTES) -> Repositor
 
 
 __all__ = [
+    "Busy",
     "CommitHandle",
     "CommitResult",
+    "Conflict",
+    "Corrupt",
+    "Expired",
+    "InvalidInput",
     "LogEntry",
     "MdlError",
+    "NotFound",
+    "PermissionDenied",
     "Ref",
     "RemoteRepository",
     "Repository",
     "State",
     "TensorInfo",
-    "__version__",
+    "Unavailable",
+    "Unsupported",
     "init",
     "open",
+    "__version__",
 ]

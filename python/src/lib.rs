@@ -5,21 +5,12 @@
 
 use pyo3::prelude::*;
 
+mod errors;
 mod local;
 mod remote;
 mod staging;
 
-pyo3::create_exception!(
-    _mdl,
-    MdlError,
-    pyo3::exceptions::PyException,
-    "An mdl operation failed; the message says why (the repository is as it was)."
-);
-
-/// A library error as a Python exception.
-pub(crate) fn error(e: impl std::fmt::Display) -> PyErr {
-    MdlError::new_err(e.to_string())
-}
+pub(crate) use errors::error;
 
 /// A library report as JSON (the Python side builds its objects from it).
 pub(crate) fn json(v: &impl serde::Serialize) -> PyResult<String> {
@@ -28,7 +19,7 @@ pub(crate) fn json(v: &impl serde::Serialize) -> PyResult<String> {
 
 #[pymodule]
 fn _mdl(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("MdlError", m.py().get_type::<MdlError>())?;
+    errors::register(m)?;
     m.add_class::<local::Repo>()?;
     m.add_class::<local::Pending>()?;
     m.add_class::<remote::Remote>()?;

@@ -140,7 +140,11 @@ impl Repo {
         };
         let for_commits = opener.clone();
         let mut committer = Committer::storing(
-            move |staged, opts| for_commits.store(staged, opts).map_err(|e| e.to_string()),
+            move |staged, opts| {
+                for_commits
+                    .store(staged, opts)
+                    .map_err(mdl::background::failure)
+            },
             warm_bytes,
         );
         // A repository on disk gets its deferred re-encodes (`delta.defer`) worked after each

@@ -175,7 +175,11 @@ impl ErrorCode {
             E::UnknownConfig(_) => C::UnknownConfig,
             E::EvalCommand { .. } => C::EvalFailed,
             E::Corrupt { .. } | E::WrongKind { .. } => C::CorruptObject,
-            E::Encode { .. } | E::Background(_) => C::Internal,
+            E::Encode { .. } => C::Internal,
+            // The background commit's own error, where the library made it.
+            E::Background(inner) => inner
+                .downcast_ref::<mdl::Error>()
+                .map_or(C::Internal, ErrorCode::of),
             E::BadTransfer(_) => C::BadTransfer,
             E::Incomplete(_) => C::Incomplete,
             E::NotFastForward { .. } => C::NotFastForward,

@@ -28,12 +28,20 @@ use crate::commit::{
 use crate::warm::{WarmTensors, DEFAULT_WARM_BYTES};
 use crate::{Error, NoProgress, Repository, Result};
 
+/// Why a background commit failed: the storing side's own error.
+pub type Failure = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `e` as a [`Failure`].
+pub fn failure(e: impl std::error::Error + Send + Sync + 'static) -> Failure {
+    Arc::new(e)
+}
+
 /// One background commit: its outcome once it is known.
 #[derive(Clone)]
 pub struct Handle(Arc<Shared>);
 
 struct Shared {
-    outcome: Mutex<Option<std::result::Result<CommitOutcome, String>>>,
+    outcome: Mutex<Option<std::result::Result<CommitOutcome, Failure>>>,
     ready: Condvar,
 }
 
@@ -63,16 +71,16 @@ impl Handle {
             .is_some()
     }
 
-    fn set(&self, outcome: std::result::Result<CommitOutcome, String>) {
+    fn set(&self, outcome: std::result::Result<CommitOutcome, Failure>) {
         *self.0.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
         self.0.ready.notify_all();
     }
 }
 
 /// Stores one staged commit: in a repository it opens for the purpose (and, for a repository
-/// elsewhere, sends it there); its error as a message.
+/// elsewhere, sends it there).
 pub type Store =
-    dyn Fn(Staged, &CommitOptions) -> std::result::Result<CommitOutcome, String> + Send + Sync;
+    dyn Fn(Staged, &CommitOptions) -> std::result::Result<CommitOutcome, Failure> + Send + Sync;
 
 /// Work done on the committer's thread after a commit lands (the deferred re-encodes), given
 /// the commit's options and a flag that asks it to stop (set when the next commit is submitted).
@@ -116,7 +124,7 @@ impl Committer {
             move |staged, opts| {
                 for_commits()
                     .and_then(|repo| commit_staged(&repo, staged, opts, &NoProgress))
-                    .map_err(|e| e.to_string())
+                    .map_err(failure)
             },
             warm_bytes,
         )
@@ -152,7 +160,7 @@ impl Committer {
     /// A committer whose commits `store` stores, keeping up to `warm_bytes` of the last
     /// commit's tensors.
     pub fn storing(
-        store: impl Fn(Staged, &CommitOptions) -> std::result::Result<CommitOutcome, String>
+        store: impl Fn(Staged, &CommitOptions) -> std::result::Result<CommitOutcome, Failure>
             + Send
             + Sync
             + 'static,
@@ -198,7 +206,9 @@ impl Committer {
                 let landed = matches!(run, Ok(Ok(_)));
                 done.set(match run {
                     Ok(outcome) => outcome,
-                    Err(_) => Err("the background commit panicked".into()),
+                    Err(_) => Err(failure(std::io::Error::other(
+                        "the background commit panicked",
+                    ))),
                 });
                 if let Some(after) = after.filter(|_| landed) {
                     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -209,7 +219,10 @@ impl Committer {
                     }
                 }
             })
-            .map_err(|e| Error::Background(format!("cannot start a commit thread: {e}")))?;
+            .map_err(|e| {
+                let why = std::io::Error::other(format!("cannot start a commit thread: {e}"));
+                Error::Background(failure(why))
+            })?;
         slot.pending = Some(handle.clone());
         slot.thread = Some(thread);
         Ok(handle)

@@ -31,9 +31,10 @@ pub enum Error {
     /// Commits cannot be assembled into one ([`crate::assemble`]).
     #[error("cannot assemble a commit: {0}")]
     Assemble(String),
-    /// A commit run in the background ([`crate::background`]) failed: its error's message.
+    /// A commit run in the background ([`crate::background`]) failed: its error, kept whole
+    /// so that callers can still tell what kind of failure it was.
     #[error("background commit failed: {0}")]
-    Background(String),
+    Background(crate::background::Failure),
     /// A revision names nothing.
     #[error("unknown revision {0:?}")]
     UnknownRevision(String),
