@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use mdl::background::Committer;
+use mdl::background::{failure, Committer};
 use mdl::checkout::{checkout, CheckoutOptions, Mirror, Piece, Placed};
 use mdl::commit::{commit_staged, CommitOptions, DeviceCopy, MemoryFile, OnDevice, Staged};
 use mdl::{NoProgress, OpenOptions, Repository};
@@ -86,10 +86,9 @@ fn committer(root: &Path, engine: Arc<dyn Engine>) -> Committer {
     let at = root.to_path_buf();
     Committer::storing(
         move |staged, opts| {
-            let mut repo =
-                Repository::open(&at, &OpenOptions::default()).map_err(|e| e.to_string())?;
+            let mut repo = Repository::open(&at, &OpenOptions::default()).map_err(failure)?;
             repo.set_engine(engine.clone());
-            commit_staged(&repo, staged, opts, &NoProgress).map_err(|e| e.to_string())
+            commit_staged(&repo, staged, opts, &NoProgress).map_err(failure)
         },
         1 << 30,
     )
