@@ -28,13 +28,7 @@ use crate::commit::{
 use crate::warm::{WarmTensors, DEFAULT_WARM_BYTES};
 use crate::{Error, NoProgress, Repository, Result};
 
-/// Why a background commit failed: the storing side's own error.
-pub type Failure = Arc<dyn std::error::Error + Send + Sync + 'static>;
-
-/// `e` as a [`Failure`].
-pub fn failure(e: impl std::error::Error + Send + Sync + 'static) -> Failure {
-    Arc::new(e)
-}
+pub use crate::error::{failure, Failure};
 
 /// One background commit: its outcome once it is known.
 #[derive(Clone)]

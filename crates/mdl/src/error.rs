@@ -34,7 +34,7 @@ pub enum Error {
     /// A commit run in the background ([`crate::background`]) failed: its error, kept whole
     /// so that callers can still tell what kind of failure it was.
     #[error("background commit failed: {0}")]
-    Background(crate::background::Failure),
+    Background(Failure),
     /// A revision names nothing.
     #[error("unknown revision {0:?}")]
     UnknownRevision(String),
@@ -206,4 +206,12 @@ pub fn not_safetensors(source: &SafetensorsError, found: &Option<&'static str>) 
         Some(what) => format!("not a safetensors file: it is {what}"),
         None => format!("invalid safetensors file: {source}"),
     }
+}
+
+/// Why a background commit failed ([`crate::background`]): the storing side's own error.
+pub type Failure = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `e` as a [`Failure`].
+pub fn failure(e: impl std::error::Error + Send + Sync + 'static) -> Failure {
+    std::sync::Arc::new(e)
 }
