@@ -470,7 +470,7 @@ class RemoteRepository:
 
     def commit(
         self,
-        path: PathLike,
+        paths: PathLike | Sequence[PathLike],
         *,
         message: str = "",
         step: int | None = None,
@@ -480,9 +480,14 @@ class RemoteRepository:
         epsilon: float | None = None,
         author: str | None = None,
     ) -> CommitResult:
-        """Uploads one file as a commit (the server stores it; blocks until it has)."""
-        text = self._native.commit_file(
-            os.fspath(path), _options(message, step, metrics, branch, lossy, epsilon, author)
+        """Uploads files as a commit (the server stores it; blocks until it has): each path a
+        file entered under its name, or a folder of files under their paths, as
+        :meth:`Repository.commit` takes them."""
+        if isinstance(paths, (str, bytes, os.PathLike)):
+            paths = [paths]
+        text = self._native.commit_paths(
+            [os.fspath(p) for p in paths],
+            _options(message, step, metrics, branch, lossy, epsilon, author),
         )
         return CommitResult.from_json(text)
 

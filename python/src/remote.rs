@@ -45,15 +45,20 @@ impl Remote {
         json(&py.detach(|| self.0.refs()).map_err(error)?)
     }
 
-    /// Uploads the file at `path` as a commit (blocking); the outcome as JSON.
-    fn commit_file(
+    /// Uploads `paths` as a commit (blocking): one file as it is, a folder or several paths as
+    /// one tree, as `mdl commit` sends them; the outcome as JSON.
+    fn commit_paths(
         &self,
         py: Python<'_>,
-        path: PathBuf,
+        paths: Vec<PathBuf>,
         options: crate::local::Options,
     ) -> PyResult<String> {
         let opts = options.commit()?;
-        json(&py.detach(|| self.0.commit(&path, &opts)).map_err(error)?)
+        let outcome = py.detach(|| match paths.as_slice() {
+            [file] if !file.is_dir() => self.0.commit(file, &opts),
+            paths => self.0.commit_tree(paths, &opts),
+        });
+        json(&outcome.map_err(error)?)
     }
 
     /// Downloads `rev`'s files to `out` as `mdl checkout` writes them; the outcome as JSON.

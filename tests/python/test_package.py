@@ -16,6 +16,7 @@ import torch
 import mdl
 
 from conftest import mdl as run_mdl
+from conftest import tree_bytes
 
 DTYPES = [
     torch.float32,
@@ -310,12 +311,21 @@ def test_a_remote_repository(tmp_path, serve):
     # A file commit needs a write token; refused with the server's message otherwise.
     ckpt = tmp_path / "c.safetensors"
     save_file({"w": torch.randn(8, 8)}, str(ckpt))
-    with pytest.raises(mdl.MdlError):
+    with pytest.raises(mdl.PermissionDenied):
         reader.commit(ckpt, step=2)
     writer = mdl.open(url, WRITE_TOKEN)
     result = writer.commit(ckpt, step=2, metrics={"loss": 0.5}, branch="uploads")
     assert [e.id for e in writer.log("uploads")][0] == result.id
     assert writer.show(result.id)["step"] == 2
+    # A folder goes as one tree, checked out as it was.
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    save_file({"w": torch.randn(4, 4)}, str(tree / "model.safetensors"))
+    (tree / "sub" / "notes.txt").write_text("a nested file")
+    in_tree = writer.commit(tree, step=3, branch="uploads")
+    back = tmp_path / "tree-back"
+    writer.checkout(in_tree.id, back)
+    assert tree_bytes(back) == tree_bytes(tree)
 
 
 def test_a_blocking_commit_raises_its_failure_once(tmp_path):
