@@ -96,11 +96,7 @@ pub fn run(cli: &Cli, remote: &Remote, out: &mut dyn Write) -> anyhow::Result<Ex
             if args.engine.is_some() {
                 bail!("--engine chooses this machine's engine; a server compresses with its repository's `engine` setting");
             }
-            // One file goes as it is; a folder or several paths as one tree.
-            let outcome = match args.paths.as_slice() {
-                [file] if !file.is_dir() => remote.commit(file, &args.options()?)?,
-                paths => remote.commit_tree(paths, &args.options()?)?,
-            };
+            let outcome = remote.commit_paths(&args.paths, &args.options()?)?;
             output::commit(out, cli.json, &outcome)?;
         }
         Command::Checkout {

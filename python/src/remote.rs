@@ -54,11 +54,10 @@ impl Remote {
         options: crate::local::Options,
     ) -> PyResult<String> {
         let opts = options.commit()?;
-        let outcome = py.detach(|| match paths.as_slice() {
-            [file] if !file.is_dir() => self.0.commit(file, &opts),
-            paths => self.0.commit_tree(paths, &opts),
-        });
-        json(&outcome.map_err(error)?)
+        json(
+            &py.detach(|| self.0.commit_paths(&paths, &opts))
+                .map_err(error)?,
+        )
     }
 
     /// Downloads `rev`'s files to `out` as `mdl checkout` writes them; the outcome as JSON.

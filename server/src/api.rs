@@ -312,40 +312,34 @@ async fn commit(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|t| t.split(';').next().is_some_and(|t| t.trim() == tree::TAR));
-    if is_tree && path.is_some() {
-        return Err(ApiError::new(
-            ErrorCode::BadParameter,
-            "path names the one file of a file upload; a tree upload's paths are in the tar",
-        ));
-    }
-    let files = match (is_tree, files.map(|n| n.parse::<usize>())) {
-        (true, Some(Ok(n))) => Some(n),
-        (true, _) => {
-            return Err(ApiError::new(
-                ErrorCode::BadParameter,
-                "a tree upload needs files=N, the number of files it holds",
-            ))
-        }
-        (false, None) => None,
-        (false, Some(_)) => {
-            return Err(ApiError::new(
-                ErrorCode::BadParameter,
-                "files=N is for tree uploads (Content-Type: application/x-tar)",
-            ))
-        }
-    };
+    // A tree upload: how many files its tar holds.
+    let bad = |why: &str| Err(ApiError::new(ErrorCode::BadParameter, why));
+    let tree_files =
+        match (is_tree, files) {
+            (true, _) if path.is_some() => return bad(
+                "path names the one file of a file upload; a tree upload's paths are in the tar",
+            ),
+            (true, n) => match n.and_then(|n| n.parse::<usize>().ok()) {
+                Some(n) => Some(n),
+                None => return bad("a tree upload needs files=N, the number of files it holds"),
+            },
+            (false, Some(_)) => {
+                return bad("files=N is for tree uploads (Content-Type: application/x-tar)")
+            }
+            (false, None) => None,
+        };
     let path = path.unwrap_or_else(|| mdl::V1_FILE_PATH.to_string());
     let upload = spool(&served, &headers, body, state.config.max_body).await?;
     let (deferred, warm) = (served.clone(), state.warm.clone());
     let answer = blocking(move || {
         // A tree is unpacked beside the upload first; both are removed either way.
-        let unpacked = match is_tree {
-            true => {
+        let unpacked = match tree_files {
+            Some(files) => {
                 let dir = served.repo.incoming_dir(".tree-")?;
-                tree::unpack(upload.path(), dir.path(), files.unwrap_or(0))?;
+                tree::unpack(upload.path(), dir.path(), files)?;
                 Some(dir)
             }
-            false => None,
+            None => None,
         };
         // The commit holds the repository's writer itself.
         let (mut outcome, published) = served.change(true, |repo| {

@@ -436,8 +436,7 @@ fn advertise(repo: &Repository, url: &str, token: &str) -> Result<(), mdl::Error
 pub fn advertised(mdl_dir: &Path) -> Option<Advertisement> {
     let text = std::fs::read(mdl_dir.join(ADVERTISEMENT)).ok()?;
     let ad: Advertisement = serde_json::from_slice(&text).ok()?;
-    let alive = Path::new("/proc").join(ad.pid.to_string()).exists();
-    alive.then_some(ad)
+    mdl::process_alive(ad.pid).then_some(ad)
 }
 
 /// 32 random bytes from the OS, as hex.

@@ -266,16 +266,38 @@ impl Remote {
             path: file.to_path_buf(),
             source,
         })?;
-        let mut req = self.auth(self.agent.post(format!("{}{}", self.api, route::COMMITS)));
-        for (k, v) in params::encode(opts).map_err(|why| Error::Remote(why.into()))? {
-            req = req.query(k, v);
-        }
+        let mut req = self.commit_request(opts)?;
         // The file keeps its name in the commit's tree, as in a local commit.
         if let Some(name) = file.file_name().and_then(|n| n.to_str()) {
             req = req.query(params::PATH, name);
         }
         let mut resp = self.check(upload(req, "application/octet-stream").send(&f))?;
         resp.body_mut().read_json().map_err(|e| self.transport(e))
+    }
+
+    /// Commits `paths` on the server as `mdl commit` sends them: one file as it is
+    /// ([`Remote::commit`]), a folder or several paths as one tree ([`Remote::commit_tree`]).
+    pub fn commit_paths(
+        &self,
+        paths: &[std::path::PathBuf],
+        opts: &mdl::commit::CommitOptions,
+    ) -> Result<mdl::commit::CommitOutcome> {
+        match paths {
+            [file] if !file.is_dir() => self.commit(file, opts),
+            paths => self.commit_tree(paths, opts),
+        }
+    }
+
+    /// `POST /commits` with `opts` as its query parameters.
+    fn commit_request(
+        &self,
+        opts: &mdl::commit::CommitOptions,
+    ) -> Result<ureq::RequestBuilder<ureq::typestate::WithBody>> {
+        let mut req = self.auth(self.agent.post(format!("{}{}", self.api, route::COMMITS)));
+        for (k, v) in params::encode(opts).map_err(|why| Error::Remote(why.into()))? {
+            req = req.query(k, v);
+        }
+        Ok(req)
     }
 
     /// Commits the tree of `paths` on the server, as [`mdl::commit::commit_paths`] would there
@@ -287,11 +309,9 @@ impl Remote {
         opts: &mdl::commit::CommitOptions,
     ) -> Result<mdl::commit::CommitOutcome> {
         let files = tree::open(mdl::commit::tree_files(paths)?)?;
-        let mut req = self.auth(self.agent.post(format!("{}{}", self.api, route::COMMITS)));
-        for (k, v) in params::encode(opts).map_err(|why| Error::Remote(why.into()))? {
-            req = req.query(k, v);
-        }
-        req = req.query(params::FILES, files.len().to_string());
+        let req = self
+            .commit_request(opts)?
+            .query(params::FILES, files.len().to_string());
         let (mut tar, writing) = tree::stream(files).map_err(|e| Error::Remote(e.to_string()))?;
         let sent = upload(req, tree::TAR).send(ureq::SendBody::from_reader(&mut tar));
         drop(tar);

@@ -166,7 +166,12 @@ fn advertiser_alive(path: &Path) -> bool {
     std::fs::read(path)
         .ok()
         .and_then(|b| serde_json::from_slice::<Pid>(&b).ok())
-        .is_some_and(|ad| Path::new("/proc").join(ad.pid.to_string()).exists())
+        .is_some_and(|ad| process_alive(ad.pid))
+}
+
+/// Whether process `pid` is running (an advertisement's server, say).
+pub fn process_alive(pid: u32) -> bool {
+    Path::new("/proc").join(pid.to_string()).exists()
 }
 
 /// Finds the nearest directory at or above `start` that holds `.mdl/` (with its database, or

@@ -258,6 +258,43 @@ pub(super) fn dtype_code(d: Dtype) -> i32 {
     }
 }
 
+/// A tensor's optimizer moments on the device (kept copies or uploads), and the kernels' dtype
+/// codes of the tensor and of each moment (f32's where there are none), as the kernels that
+/// take a tensor and its optional moments want them.
+pub(super) struct MomentsOn {
+    m: Option<Dev>,
+    v: Option<Dev>,
+    pub(super) dtypes: [i32; 3],
+}
+
+impl MomentsOn {
+    /// Brings `moments` of a tensor of `dtype` onto the device.
+    pub(super) fn of(
+        gpu: &Gpu,
+        lane: &mut Lane,
+        dtype: Dtype,
+        moments: Option<Moments<'_>>,
+    ) -> Res<MomentsOn> {
+        Ok(MomentsOn {
+            m: moments.map(|mv| lane.bytes(gpu, mv.m.bytes)).transpose()?,
+            v: moments.map(|mv| lane.bytes(gpu, mv.v.bytes)).transpose()?,
+            dtypes: [
+                dtype_code(dtype),
+                moments.map_or(2, |mv| dtype_code(mv.m.dtype)),
+                moments.map_or(2, |mv| dtype_code(mv.v.dtype)),
+            ],
+        })
+    }
+
+    /// The moments' device views.
+    pub(super) fn views(&self) -> (Option<CudaView<'_, u8>>, Option<CudaView<'_, u8>>) {
+        (
+            self.m.as_ref().map(Dev::view),
+            self.v.as_ref().map(Dev::view),
+        )
+    }
+}
+
 /// How a tensor's planes lie on the device: plane `p` of `n` bytes at `p * stride`.
 #[derive(Clone, Copy)]
 pub(super) struct Geometry {

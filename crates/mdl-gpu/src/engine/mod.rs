@@ -306,19 +306,11 @@ impl Engine for GpuEngine {
             |gpu, lane| {
                 let n = w.len() as u64;
                 let dw = lane.bytes(gpu, w.bytes)?;
-                let dm = moments.map(|mv| lane.bytes(gpu, mv.m.bytes)).transpose()?;
-                let dv = moments.map(|mv| lane.bytes(gpu, mv.v.bytes)).transpose()?;
+                let on = MomentsOn::of(gpu, lane, w.dtype, moments)?;
                 let mut maxima = lane.zeros::<u64>(3)?;
-                let views = [
-                    Some(dw.view()),
-                    dm.as_ref().map(Dev::view),
-                    dv.as_ref().map(Dev::view),
-                ];
-                let dtypes = [
-                    dtype_code(w.dtype),
-                    moments.map_or(2, |mv| dtype_code(mv.m.dtype)),
-                    moments.map_or(2, |mv| dtype_code(mv.v.dtype)),
-                ];
+                let (mv, vv) = on.views();
+                let views = [Some(dw.view()), mv, vv];
+                let dtypes = on.dtypes;
                 for (k, v) in views.iter().enumerate() {
                     let Some(v) = v else { continue };
                     launch_max_abs(gpu, lane, v, n, dtypes[k], &mut maxima.slice_mut(k..k + 1))?;
@@ -600,16 +592,11 @@ impl Engine for GpuEngine {
                 let chunks = n.div_ceil(chunk);
                 let d_o = lane.bytes(gpu, orig.bytes)?;
                 let d_r = lane.bytes(gpu, recon.bytes)?;
-                let d_m = moments.map(|mv| lane.bytes(gpu, mv.m.bytes)).transpose()?;
-                let d_v = moments.map(|mv| lane.bytes(gpu, mv.v.bytes)).transpose()?;
-                let dts = [
-                    dtype_code(orig.dtype),
-                    moments.map_or(2, |mv| dtype_code(mv.m.dtype)),
-                    moments.map_or(2, |mv| dtype_code(mv.v.dtype)),
-                ];
+                let on = MomentsOn::of(gpu, lane, orig.dtype, moments)?;
+                let dts = on.dtypes;
                 let mut sums = lane.zeros::<f64>(5 * chunks as usize)?;
                 let (ov, rv) = (d_o.view(), d_r.view());
-                let (mv, vv) = (d_m.as_ref().map(Dev::view), d_v.as_ref().map(Dev::view));
+                let (mv, vv) = on.views();
                 let mut l = lane.stream.launch_builder(gpu.f("error_chunks"));
                 l.arg(&ov).arg(&rv);
                 arg_opt(&mut l, mv.as_ref());

@@ -94,18 +94,13 @@ pub(super) fn measure_on(
     let dq = lane.put(&quants)?;
     let dx = lane.bytes(gpu, values.bytes)?;
     let dr = reference.map(|r| lane.bytes(gpu, r)).transpose()?;
-    let dm = moments.map(|mv| lane.bytes(gpu, mv.m.bytes)).transpose()?;
-    let dv = moments.map(|mv| lane.bytes(gpu, mv.v.bytes)).transpose()?;
+    let on = MomentsOn::of(gpu, lane, values.dtype, moments)?;
     let mut err = lane.zeros::<f64>(valid.len() * chunks as usize * 5)?;
     let mut hist = lane.zeros::<u64>(valid.len() * COUNTERS)?;
-    let dts = [
-        dtype_code(values.dtype),
-        moments.map_or(2, |mv| dtype_code(mv.m.dtype)),
-        moments.map_or(2, |mv| dtype_code(mv.v.dtype)),
-    ];
+    let dts = on.dtypes;
     let (mode_code, every) = (mode as i32, every.max(1) as u64);
     let (xv, rv) = (dx.view(), dr.as_ref().map(Dev::view));
-    let (mv, vv) = (dm.as_ref().map(Dev::view), dv.as_ref().map(Dev::view));
+    let (mv, vv) = on.views();
     let mut l = lane.stream.launch_builder(gpu.f("residual_measure"));
     l.arg(&xv);
     arg_opt(&mut l, rv.as_ref());

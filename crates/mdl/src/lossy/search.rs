@@ -204,18 +204,16 @@ impl PlanInput<'_> {
                 // device keeps them there for the tensor's search instead of copying them over
                 // for each call.
                 let ms = self.input.moments(moments);
-                let _kept: Vec<_> = [Some(view.bytes), reference.as_ref().map(|r| &r.content[..])]
-                    .into_iter()
-                    .chain(ms.iter().flat_map(|m| [Some(m.m.bytes), Some(m.v.bytes)]))
-                    .flatten()
-                    .map(|b| self.engine.keep(b))
-                    .collect();
+                let mut read = vec![view.bytes];
+                read.extend(reference.as_ref().map(|r| &r.content[..]));
+                read.extend(ms.iter().flat_map(|m| [m.m.bytes, m.v.bytes]));
+                let _kept: Vec<_> = read.into_iter().map(|b| self.engine.keep(b)).collect();
                 let stats = match reference {
                     Some(_) => None,
-                    None => Some(self.engine.key_stats(view, self.input.moments(moments))),
+                    None => Some(self.engine.key_stats(view, ms)),
                 };
                 let prep = stats.as_ref().map(|s| Prepared::new(s, t.header.dtype));
-                let mean_v = match (&prep, self.input.moments(moments)) {
+                let mean_v = match (&prep, ms) {
                     (Some(p), _) => p.mean_v(),
                     (None, Some(m)) => self.engine.mean_second_moment(view, m),
                     (None, None) => 0.0,
