@@ -166,6 +166,7 @@ fn library_exit_code(e: &mdl::Error) -> u8 {
         | E::Encode { .. }
         | E::WrongKind { .. }
         | E::BadTransfer(_)
+        | E::BaseNotSent { .. }
         | E::Incomplete(_)
         | E::NotFastForward { .. }
         | E::Expired { .. }

@@ -180,7 +180,7 @@ impl ErrorCode {
             E::Background(inner) => inner
                 .downcast_ref::<mdl::Error>()
                 .map_or(C::Internal, ErrorCode::of),
-            E::BadTransfer(_) => C::BadTransfer,
+            E::BadTransfer(_) | E::BaseNotSent { .. } => C::BadTransfer,
             E::Incomplete(_) => C::Incomplete,
             E::NotFastForward { .. } => C::NotFastForward,
             E::Expired { .. } => C::Expired,

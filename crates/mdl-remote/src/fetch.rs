@@ -143,20 +143,39 @@ fn fetch_commits(
     if want.is_empty() {
         return Ok(Received::default());
     }
-    let plan = remote.plan(&want, &have)?;
-    let planned: Vec<ObjectId> = plan.iter().map(|p| p.id).collect();
-    let needed = transfer::missing(repo, &planned)?;
-    tracing::info!(
-        "fetching {} of {} objects from {}",
-        needed.len(),
-        plan.len(),
-        remote.url()
-    );
-    let wanted: HashSet<ObjectId> = needed.iter().copied().collect();
-    with_progress(progress, "receiving", &plan, &wanted, || {
-        remote.fetch_objects(repo, &needed, progress)
-    })
+    // The server may re-encode a planned record after the plan (its deferred re-encodes, a
+    // compaction, another process's maintenance): a record then arrives as a delta of one not
+    // sent first. What arrived stays; a new plan orders the rest by their bases now.
+    let mut attempts = 0;
+    loop {
+        let plan = remote.plan(&want, &have)?;
+        let planned: Vec<ObjectId> = plan.iter().map(|p| p.id).collect();
+        let needed = transfer::missing(repo, &planned)?;
+        tracing::info!(
+            "fetching {} of {} objects from {}",
+            needed.len(),
+            plan.len(),
+            remote.url()
+        );
+        let wanted: HashSet<ObjectId> = needed.iter().copied().collect();
+        let got = with_progress(progress, "receiving", &plan, &wanted, || {
+            remote.fetch_objects(repo, &needed, progress)
+        });
+        match got {
+            Err(Error::Local(mdl::Error::BaseNotSent { .. })) if attempts < FETCH_RETRIES => {
+                attempts += 1;
+                tracing::info!(
+                    "{} re-encoded objects during the fetch; asking again",
+                    remote.url()
+                );
+            }
+            other => return other,
+        }
+    }
 }
+
+/// How often a fetch plans again when the server re-encoded objects after planning.
+const FETCH_RETRIES: usize = 3;
 
 /// Runs `transfer` (of the objects of `plan` that `ids` names) with `progress` started for
 /// their planned bytes, and finished after it, whatever its outcome.

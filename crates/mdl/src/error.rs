@@ -167,6 +167,16 @@ pub enum Error {
     /// A pack stream or ref update from another repository was refused.
     #[error("transfer refused: {0}")]
     BadTransfer(String),
+    /// A pack's record is a delta of one the pack did not send first: the sender re-encoded it
+    /// (a deferred re-encode, compaction) after the transfer was planned. What arrived before
+    /// stays; planning again sends the rest in an order that holds.
+    #[error("transfer refused: {id} is a delta of {base}, which was not sent first")]
+    BaseNotSent {
+        /// The record.
+        id: mdl_format::ObjectId,
+        /// Its base.
+        base: mdl_format::ObjectId,
+    },
     /// Publishing a commit (a pack's manifests and commits, or a ref update) found part of what
     /// it needs gone: another transfer counted an object as present and gc removed it since.
     /// Nothing was published; sending the objects again succeeds.

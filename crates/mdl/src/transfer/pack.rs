@@ -424,11 +424,11 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
                     publish_tensors(repo, full, &mut layer)?;
                     in_layer.clear();
                 }
-                let base_entry = store.meta().read()?.object(&base)?.ok_or_else(|| {
-                    bad_pack(format!(
-                        "{id} is a delta of {base}, which was not sent first"
-                    ))
-                })?;
+                let base_entry = store
+                    .meta()
+                    .read()?
+                    .object(&base)?
+                    .ok_or(Error::BaseNotSent { id, base })?;
                 if base_entry.kind != ObjectKind::Tensor {
                     return Err(bad_pack(format!("{id}: delta base {base} is not a tensor")));
                 }
