@@ -35,12 +35,24 @@ pub(crate) struct Cli {
 }
 
 impl Cli {
-    /// The repository in object storage `-C` names, if it names one.
-    pub(crate) fn bucket_url(&self) -> Option<&str> {
-        self.dir
-            .as_ref()
-            .and_then(|d| d.to_str())
-            .filter(|d| mdl_bucket::is_bucket_url(d))
+    /// Where `-C` says the repository is (the current folder by default).
+    pub(crate) fn location(&self) -> anyhow::Result<mdl_ops::Location> {
+        let dir = self.dir.as_deref().unwrap_or(std::path::Path::new("."));
+        Ok(mdl_ops::Location::parse(dir)?)
+    }
+
+    /// How this command reaches its repository.
+    pub(crate) fn access(&self) -> mdl_ops::Access {
+        mdl_ops::Access {
+            token: self.token.clone(),
+            wait: std::time::Duration::from_secs(self.wait),
+            purpose: format!(
+                "mdl {}",
+                std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+            ),
+            follow_server: true,
+            verbose: self.verbose,
+        }
     }
 }
 

@@ -44,6 +44,9 @@ pub fn usage(e: clap::Error) -> ExitCode {
 /// over HTTP) or `io_error` (writing the output).
 pub fn code(e: &anyhow::Error) -> ErrorCode {
     for cause in e.chain() {
+        if let Some(e) = cause.downcast_ref::<mdl_ops::Error>() {
+            return e.code();
+        }
         if let Some(e) = cause.downcast_ref::<mdl::Error>() {
             return ErrorCode::of(e);
         }
@@ -82,11 +85,27 @@ pub fn one_line(e: &anyhow::Error) -> String {
 /// 4 for a repository held by another process past `--wait` (here or, over HTTP, on the
 /// server). (clap uses 2 for usage errors.)
 pub fn exit_code(e: &anyhow::Error) -> u8 {
-    if let Some(e) = e.downcast_ref::<mdl::Error>() {
-        return library_exit_code(e);
+    match e.downcast_ref::<mdl_ops::Error>() {
+        Some(mdl_ops::Error::Local(e)) => library_exit_code(e),
+        Some(mdl_ops::Error::Bucket(e)) => bucket_exit_code(e),
+        Some(mdl_ops::Error::Remote(e)) => remote_exit_code(e),
+        Some(mdl_ops::Error::Unsupported { .. } | mdl_ops::Error::Location(_)) => 1,
+        None => match (
+            e.downcast_ref::<mdl::Error>(),
+            e.downcast_ref::<mdl_bucket::Error>(),
+            e.downcast_ref::<mdl_remote::Error>(),
+        ) {
+            (Some(e), _, _) => library_exit_code(e),
+            (_, Some(e), _) => bucket_exit_code(e),
+            (_, _, Some(e)) => remote_exit_code(e),
+            (None, None, None) => 1,
+        },
     }
-    if let Some(e) = e.downcast_ref::<mdl_bucket::Error>() {
-        return match e {
+}
+
+fn bucket_exit_code(e: &mdl_bucket::Error) -> u8 {
+    {
+        match e {
             mdl_bucket::Error::Local(e) => library_exit_code(e),
             mdl_bucket::Error::Location(_)
             | mdl_bucket::Error::Storage { .. }
@@ -95,23 +114,22 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
             | mdl_bucket::Error::Conflict(_)
             | mdl_bucket::Error::Unsupported(_)
             | mdl_bucket::Error::Cache { .. } => 1,
-        };
-    }
-    match e.downcast_ref::<mdl_remote::Error>() {
-        Some(mdl_remote::Error::Local(e)) => library_exit_code(e),
-        Some(mdl_remote::Error::Server { code, .. } | mdl_remote::Error::Peer { code, .. }) => {
-            match code {
-                Some(mdl_protocol::ErrorCode::Busy) => 4,
-                _ => 1,
-            }
         }
-        Some(
-            mdl_remote::Error::Transport { .. }
-            | mdl_remote::Error::BadUrl(_)
-            | mdl_remote::Error::Rejected(_)
-            | mdl_remote::Error::Remote(_),
-        )
-        | None => 1,
+    }
+}
+
+fn remote_exit_code(e: &mdl_remote::Error) -> u8 {
+    match e {
+        mdl_remote::Error::Local(e) => library_exit_code(e),
+        mdl_remote::Error::Server { code, .. } | mdl_remote::Error::Peer { code, .. } => match code
+        {
+            Some(mdl_protocol::ErrorCode::Busy) => 4,
+            _ => 1,
+        },
+        mdl_remote::Error::Transport { .. }
+        | mdl_remote::Error::BadUrl(_)
+        | mdl_remote::Error::Rejected(_)
+        | mdl_remote::Error::Remote(_) => 1,
     }
 }
 

@@ -2,33 +2,21 @@
 //! (then asked of that server, which holds the repository's lock).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use mdl::LockMode;
 
 use crate::Cli;
 
-/// `-C DIR` (or the current directory) when it is a folder, not a URL.
-pub fn local_dir(cli: &Cli) -> Option<PathBuf> {
-    match &cli.dir {
-        Some(d) if d.to_str().is_some_and(|s| s.contains("://")) => None,
-        Some(d) => Some(d.clone()),
-        None => Some(PathBuf::from(".")),
-    }
-}
-
 /// `mdl status`: from the repository, or, when `mdl serve` owns it (and holds its lock), from
 /// that server, saying so.
-pub fn run(
-    cli: &Cli,
-    dir: &Path,
-    purpose: String,
-    out: &mut dyn Write,
-) -> anyhow::Result<ExitCode> {
+pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
+    let dir = crate::init::folder(cli)
+        .map_err(|_| anyhow::anyhow!("status runs on a repository folder, not a URL"))?;
+    let dir = dir.as_path();
     let root = mdl::discover(dir)
         .ok_or_else(|| mdl::Error::Store(mdl::StoreError::NotARepository(dir.to_path_buf())))?;
-    let status = match mdl_server::advertised(&root.join(mdl::MDL_DIR)) {
+    let status = match mdl_ops::advertised(&root) {
         Some(ad) => {
             let remote = mdl_remote::Remote::new(&ad.url, Some(ad.token))?;
             let refs = remote.refs()?;
@@ -57,7 +45,7 @@ pub fn run(
             }
         }
         None => {
-            let repo = crate::open(cli, LockMode::Read, purpose)?;
+            let repo = mdl_ops::Local::new(dir, cli.access()).open(LockMode::Read)?;
             let branch = repo.head_branch()?;
             let tip = mdl::refs::get(&repo, &branch)?.and_then(|v| v.target());
             crate::output::Status {

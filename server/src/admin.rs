@@ -1,7 +1,7 @@
 //! Inspecting and administering a served repository: totals, comparisons, settings, branches,
-//! HEAD and fsck — what `mdl stats`, `diff`, `config`, `branch`, `switch` and `fsck` do, so
-//! those commands run in a served repository's folder are forwarded here like `log` and
-//! `commit` (the server holds the repository's lock for as long as it runs).
+//! tags, HEAD, reset, reflogs and fsck — what `mdl stats`, `diff`, `config`, `branch`, `tag`,
+//! `switch`, `reset`, `reflog` and `fsck` do, for clients over HTTP and for those commands run
+//! in a served repository's folder, which are forwarded here like `log` and `commit`.
 
 use mdl_protocol::body;
 
@@ -94,6 +94,73 @@ pub(crate) async fn head(
             Ok(mdl::refs::switch(repo, &req.branch)?)
         })?;
         Ok(Json(req).into_response())
+    })
+    .await
+}
+
+pub(crate) async fn tag(
+    Access(served): Writer,
+    b: Result<Json<body::TagRequest>, JsonRejection>,
+) -> ApiResult<Response> {
+    let req = json_body(b)?;
+    blocking(move || {
+        let (target, _) = served.change(false, |repo| {
+            let _writer = repo.writer();
+            let (rev, message) = (req.rev.as_deref(), req.message.as_deref());
+            Ok(mdl::refs::create_tag(
+                repo,
+                &req.name,
+                rev,
+                message,
+                &req.tagger,
+            )?)
+        })?;
+        Ok(Json(body::Tagged {
+            name: req.name,
+            target,
+        })
+        .into_response())
+    })
+    .await
+}
+
+pub(crate) async fn delete_tag(
+    Access(served): Writer,
+    Path((_, name)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    blocking(move || {
+        let (was, _) = served.change(false, |repo| {
+            let _writer = repo.writer();
+            Ok(mdl::refs::delete_tag(repo, &name)?)
+        })?;
+        Ok(Json(body::Deleted { name, was }).into_response())
+    })
+    .await
+}
+
+pub(crate) async fn reset(
+    Access(served): Writer,
+    b: Result<Json<body::ResetRequest>, JsonRejection>,
+) -> ApiResult<Response> {
+    let req = json_body(b)?;
+    blocking(move || {
+        let (moved, _) = served.change(false, |repo| {
+            let _writer = repo.writer();
+            Ok(mdl::refs::reset(repo, &req.rev)?)
+        })?;
+        Ok(Json(moved).into_response())
+    })
+    .await
+}
+
+pub(crate) async fn reflog(
+    Access(served): Reader,
+    q: Result<Query<body::ReflogQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let q = query(q)?;
+    blocking(move || {
+        let (name, entries) = mdl::refs::reflog(&served.repo, q.name.as_deref())?;
+        Ok(Json(body::Reflog { name, entries }).into_response())
     })
     .await
 }

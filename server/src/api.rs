@@ -51,6 +51,10 @@ pub fn app(state: Arc<State>) -> Router {
         .route(route::BRANCHES, post(admin::branch))
         .route(route::BRANCH, delete(admin::delete_branch))
         .route(route::HEAD, post(admin::head))
+        .route(route::TAGS, post(admin::tag))
+        .route(route::TAG, delete(admin::delete_tag))
+        .route(route::RESET, post(admin::reset))
+        .route(route::REFLOG, get(admin::reflog))
         .route(route::FSCK, post(admin::fsck));
     Router::new()
         .route(route::REPOS, get(list_repos))

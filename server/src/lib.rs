@@ -20,14 +20,13 @@ mod tree;
 mod web;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mdl::{LockMode, OpenOptions, Repository};
 
 use crate::access::ApiResult;
-use serde::{Deserialize, Serialize};
 
 pub use api::app;
 pub use auth::{Scope, Tokens};
@@ -100,17 +99,6 @@ impl Default for Limits {
             body_timeout: Duration::from_secs(30),
         }
     }
-}
-
-/// What `.mdl/serve.json` holds: how a local `mdl` reaches the owning server.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Advertisement {
-    /// The server's process id (a dead one means the advertisement is stale).
-    pub pid: u32,
-    /// The repository's URL (`http://HOST:PORT/NAME`).
-    pub url: String,
-    /// A write token for local forwarding; the file is readable by its owner only.
-    pub token: String,
 }
 
 /// One served repository.
@@ -422,21 +410,13 @@ pub fn valid_repo_name(name: &str) -> bool {
 
 /// Writes `.mdl/serve.json` (owner-readable only: it holds a write token), atomically.
 fn advertise(repo: &Repository, url: &str, token: &str) -> Result<(), mdl::Error> {
-    let ad = Advertisement {
+    let ad = mdl_protocol::body::Advertisement {
         pid: std::process::id(),
         url: url.to_string(),
         token: token.to_string(),
     };
     let bytes = serde_json::to_vec(&ad).expect("serialisable");
     repo.advertise(&bytes)
-}
-
-/// Reads a repository's advertisement, if a live server owns it. A stale one (its process is
-/// gone) is reported as `None`; it is removed by whoever next opens the repository.
-pub fn advertised(mdl_dir: &Path) -> Option<Advertisement> {
-    let text = std::fs::read(mdl_dir.join(ADVERTISEMENT)).ok()?;
-    let ad: Advertisement = serde_json::from_slice(&text).ok()?;
-    mdl::process_alive(ad.pid).then_some(ad)
 }
 
 /// 32 random bytes from the OS, as hex.

@@ -310,7 +310,26 @@ fn commits_over_http_and_forwarding() {
         &["checkout", "main~1", "-o", pulled.to_str().unwrap()],
     );
     assert_eq!(std::fs::read(&pulled).unwrap(), bytes);
-    fails(&repo, &["reflog"], "does not run over HTTP");
+    // Tags, reset and the reflog run on the server too.
+    let tagged = json(&repo, &["tag", "v1", "main~1", "-m", "first"]);
+    assert!(tagged["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("tag v1 at "));
+    let tags = json(&repo, &["tag"]);
+    assert_eq!(tags[0]["name"], "v1");
+    assert_eq!(tags[0]["target"], c["id"]);
+    assert_eq!(tags[0]["message"], "first");
+    let moved = json(&repo, &["reset", "v1"]);
+    assert_eq!(moved["to"], c["id"]);
+    assert_eq!(moved["from"], c2["id"]);
+    let reflog = json(&repo, &["reflog"]);
+    assert_eq!(reflog["ref"], "refs/heads/main");
+    assert_eq!(reflog["entries"][0]["new"], c["id"]);
+    assert_eq!(reflog["entries"][1]["new"], c2["id"]);
+    ok(&repo, &["reset", c2["id"].as_str().unwrap()]);
+    ok(&repo, &["tag", "-d", "v1"]);
+    assert_eq!(json(&repo, &["tag"]), serde_json::json!([]));
     // status runs here beside the server and says who owns the repository.
     let st = json(&repo, &["status"]);
     assert_eq!(st["branch"], "main");

@@ -1,7 +1,6 @@
 //! Human and JSON renderings of each command's outcome.
 
 use std::io::{self, Write};
-use std::path::Path;
 
 use mdl::checkout::CheckoutOutcome;
 use mdl::commit::CommitOutcome;
@@ -26,15 +25,18 @@ pub fn size(n: u64) -> String {
     mdl::storage::human_size(n)
 }
 
-pub fn init(out: &mut dyn Write, json: bool, root: &Path) -> io::Result<()> {
+pub fn init(out: &mut dyn Write, json: bool, made: &mdl_ops::Initialized) -> io::Result<()> {
+    let (path, shown) = match made {
+        mdl_ops::Initialized::Folder(root) => (
+            root.display().to_string(),
+            root.join(".mdl").display().to_string(),
+        ),
+        mdl_ops::Initialized::Bucket(url) => (url.clone(), url.clone()),
+    };
     if json {
-        return emit(out, &json!({ "path": root, "branch": "main" }));
+        return emit(out, &json!({ "path": path, "branch": "main" }));
     }
-    writeln!(
-        out,
-        "initialized empty mdl repository in {}",
-        root.join(".mdl").display()
-    )
+    writeln!(out, "initialized empty mdl repository in {shown}")
 }
 
 pub fn commit(out: &mut dyn Write, json: bool, c: &CommitOutcome) -> io::Result<()> {

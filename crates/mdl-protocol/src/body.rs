@@ -252,13 +252,58 @@ pub struct DeleteBranch {
     pub force: bool,
 }
 
-/// The answer to `DELETE /branches/{name}`.
+/// The answer to `DELETE /branches/{name}` and `DELETE /tags/{name}`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Deleted {
-    /// The branch's short name.
+    /// The branch's or tag's short name.
     pub name: String,
     /// The commit it pointed at (recorded in its reflog, so it can be made again).
     pub was: ObjectId,
+}
+
+/// `POST /tags`: a tag made at a revision (`mdl tag NAME [REV] [-m MESSAGE]`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TagRequest {
+    /// The tag's short name.
+    pub name: String,
+    /// What it names (HEAD's commit when `None`).
+    pub rev: Option<String>,
+    /// Its message: given, the tag is annotated (a tag object with tagger and time).
+    pub message: Option<String>,
+    /// Who tags (the client's `user <email>`), for an annotated tag.
+    pub tagger: String,
+}
+
+/// The answer to `POST /tags`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Tagged {
+    /// The tag's short name.
+    pub name: String,
+    /// The commit it names.
+    pub target: ObjectId,
+}
+
+/// `POST /reset`: the current branch moved to `rev` (`mdl reset`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ResetRequest {
+    /// Where it moves.
+    pub rev: String,
+}
+
+/// The query of `GET /reflog`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ReflogQuery {
+    /// The ref (a branch, tag or full name); HEAD's branch when absent.
+    pub name: Option<String>,
+}
+
+/// The answer to `GET /reflog`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Reflog {
+    /// The ref's full name.
+    pub name: String,
+    /// Its entries, newest first.
+    pub entries: Vec<mdl::refs::ReflogLine>,
 }
 
 /// `POST /head`: HEAD made to name another branch (`switch`).
@@ -275,4 +320,16 @@ pub struct Error {
     pub code: crate::ErrorCode,
     /// One line for people.
     pub message: String,
+}
+
+/// What `.mdl/serve.json` holds while `mdl serve` serves a folder: how an `mdl` command run in
+/// that folder reaches the server.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Advertisement {
+    /// The server's process id (a dead one means the advertisement is stale).
+    pub pid: u32,
+    /// The repository's URL (`http://HOST:PORT/NAME`).
+    pub url: String,
+    /// A write token for commands run in the folder; the file is readable by its owner only.
+    pub token: String,
 }

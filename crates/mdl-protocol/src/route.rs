@@ -51,6 +51,16 @@ pub const BRANCHES: &str = "/branches";
 pub const BRANCH: &str = "/branches/{name}";
 /// `POST`: point HEAD at another branch ([`crate::body::Head`]).
 pub const HEAD: &str = "/head";
+/// `POST`: create a tag ([`crate::body::TagRequest`] → [`crate::body::Tagged`]).
+pub const TAGS: &str = "/tags";
+/// `DELETE`: delete a tag (→ [`crate::body::Deleted`]).
+pub const TAG: &str = "/tags/{name}";
+/// `POST`: move the current branch to a revision ([`crate::body::ResetRequest`] →
+/// `mdl::refs::BranchMove`).
+pub const RESET: &str = "/reset";
+/// `GET ?name=`: where a ref pointed, newest first ([`crate::body::ReflogQuery`] →
+/// [`crate::body::Reflog`]).
+pub const REFLOG: &str = "/reflog";
 /// `POST`: check the whole repository (`mdl::fsck::Report`).
 pub const FSCK: &str = "/maintenance/fsck";
 

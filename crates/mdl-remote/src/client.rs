@@ -209,6 +209,49 @@ impl Remote {
         Ok(deleted.was)
     }
 
+    /// Creates tag `name` at `rev` (HEAD's commit when `None`), annotated by `tagger` when
+    /// `message` is given (`POST /tags`); the commit it names.
+    pub fn tag(
+        &self,
+        name: &str,
+        rev: Option<&str>,
+        message: Option<&str>,
+        tagger: &str,
+    ) -> Result<ObjectId> {
+        let req = body::TagRequest {
+            name: name.to_string(),
+            rev: rev.map(str::to_string),
+            message: message.map(str::to_string),
+            tagger: tagger.to_string(),
+        };
+        let tagged: body::Tagged = self.post_json(route::TAGS, &req)?;
+        Ok(tagged.target)
+    }
+
+    /// Deletes tag `name` (`DELETE /tags/{name}`); the commit it named.
+    pub fn delete_tag(&self, name: &str) -> Result<ObjectId> {
+        let path = route::fill(route::TAG, &[("name", name)]);
+        let req = self.auth(self.agent.delete(format!("{}{path}", self.api)));
+        let mut resp = self.check(req.call())?;
+        let deleted: body::Deleted = resp.body_mut().read_json().map_err(|e| self.transport(e))?;
+        Ok(deleted.was)
+    }
+
+    /// Moves the current branch to `rev` (`POST /reset`).
+    pub fn reset(&self, rev: &str) -> Result<mdl::refs::BranchMove> {
+        let req = body::ResetRequest {
+            rev: rev.to_string(),
+        };
+        self.post_json(route::RESET, &req)
+    }
+
+    /// Where ref `name` (HEAD's branch when `None`) pointed, newest first (`GET /reflog`).
+    pub fn reflog(&self, name: Option<&str>) -> Result<body::Reflog> {
+        let query: Vec<(&str, String)> =
+            name.map(|n| ("name", n.to_string())).into_iter().collect();
+        self.get_json(route::REFLOG, &query)
+    }
+
     /// Points HEAD at branch `name` (`POST /head`).
     pub fn switch(&self, name: &str) -> Result<()> {
         let req = body::Head {

@@ -1,0 +1,56 @@
+//! Where a repository is, from the text a user gives (`-C`, `init`, `clone`, a remote's URL),
+//! and the backend that reaches it.
+
+use std::path::{Path, PathBuf};
+
+use mdl_remote::Remote;
+
+use crate::{Error, Result};
+
+/// A place mdl keeps repositories.
+#[derive(Clone, Debug)]
+pub enum Location {
+    /// A folder on this machine.
+    Folder(PathBuf),
+    /// A repository behind `mdl serve`: `http(s)://HOST:PORT/REPO`.
+    Served(String),
+    /// A repository in object storage: `s3://BUCKET/PREFIX`.
+    Bucket(mdl_bucket::Location),
+}
+
+impl Location {
+    /// Reads `text`: a URL of a scheme mdl speaks, else a folder. A URL of any other scheme is
+    /// refused, never taken for a folder's name.
+    pub fn parse(text: &Path) -> Result<Location> {
+        let Some(s) = text.to_str() else {
+            return Ok(Location::Folder(text.to_path_buf()));
+        };
+        match scheme(s) {
+            None => Ok(Location::Folder(text.to_path_buf())),
+            Some("s3") => Ok(Location::Bucket(mdl_bucket::Location::parse(s)?)),
+            Some("http" | "https") => {
+                Remote::new(s, None)?;
+                Ok(Location::Served(s.to_string()))
+            }
+            Some(other) => Err(Error::Location(format!(
+                "{other}:// is not a place mdl keeps repositories: name a folder, s3://BUCKET/PREFIX or http://HOST:PORT/REPO"
+            ))),
+        }
+    }
+
+    /// Whether this is a URL (not a folder).
+    pub fn is_url(&self) -> bool {
+        !matches!(self, Location::Folder(_))
+    }
+}
+
+/// The scheme of `s` when it is a URL (`scheme://…`, the scheme a letter then letters, digits,
+/// `+`, `-` or `.`).
+fn scheme(s: &str) -> Option<&str> {
+    let (scheme, _) = s.split_once("://")?;
+    let mut chars = scheme.chars();
+    let first = chars.next()?;
+    (first.is_ascii_alphabetic()
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+    .then_some(scheme)
+}

@@ -1,0 +1,94 @@
+//! Reaching a repository: opening one wherever it is, making one, cloning one.
+
+use std::path::{Path, PathBuf};
+
+use mdl::Repository;
+use mdl_protocol::body::Advertisement;
+use mdl_remote::Remote;
+
+use crate::peer::peer;
+use crate::{Access, Backend, InBucket, Local, Location, Operation, Operations, Result, Served};
+
+/// The repository at `location`, through the backend that reaches it. A folder that a live
+/// `mdl serve` owns is reached through that server when `access.follow_server`.
+pub fn open(location: &Location, access: &Access) -> Result<Box<dyn Operations>> {
+    Ok(match location {
+        Location::Folder(dir) => {
+            let owner = access
+                .follow_server
+                .then(|| mdl::discover(dir))
+                .flatten()
+                .and_then(|root| advertised(&root));
+            match owner {
+                Some(ad) => {
+                    tracing::info!(
+                        "mdl serve (pid {}) owns this repository: forwarding to {}",
+                        ad.pid,
+                        ad.url
+                    );
+                    Box::new(Served::new(Remote::new(&ad.url, Some(ad.token))?))
+                }
+                None => Box::new(Local::new(dir.clone(), access.clone())),
+            }
+        }
+        Location::Served(url) => Box::new(Served::new(Remote::new(url, access.token.clone())?)),
+        Location::Bucket(loc) => Box::new(InBucket::new(loc.clone(), access.clone())),
+    })
+}
+
+/// The advertisement of the live `mdl serve` that owns the repository whose work directory is
+/// `root`, if one does. A stale one (its process is gone) is `None`; it is removed by whoever
+/// next opens the repository.
+pub fn advertised(root: &Path) -> Option<Advertisement> {
+    let text = std::fs::read(root.join(mdl::MDL_DIR).join(mdl::ADVERTISEMENT)).ok()?;
+    let ad: Advertisement = serde_json::from_slice(&text).ok()?;
+    mdl::process_alive(ad.pid).then_some(ad)
+}
+
+/// A repository just made.
+#[derive(Clone, Debug)]
+pub enum Initialized {
+    /// In this work directory.
+    Folder(PathBuf),
+    /// In object storage, at this URL.
+    Bucket(String),
+}
+
+/// Makes a repository at `location`: a folder (created if missing), or one in object storage.
+/// A server makes none: its repositories are made on its machine.
+pub fn init(location: &Location) -> Result<Initialized> {
+    match location {
+        Location::Folder(dir) => {
+            let repo = Repository::init(dir)?;
+            Ok(Initialized::Folder(repo.root().to_path_buf()))
+        }
+        Location::Bucket(loc) => {
+            mdl_bucket::init(loc)?;
+            Ok(Initialized::Bucket(loc.url()))
+        }
+        Location::Served(url) => Err(crate::error::unsupported(
+            Operation::Init,
+            Backend::Served,
+            format!("a server does not create repositories: run `mdl init DIR` on its machine, in the folder `mdl serve` serves, and it is served as {url}"),
+        )),
+    }
+}
+
+/// Clones the repository at `url` into `dir`; `dir` defaults to the name the URL ends with,
+/// under `base`.
+pub fn clone(
+    url: &str,
+    base: &Path,
+    dir: Option<&Path>,
+    access: &Access,
+    progress: &dyn mdl::Progress,
+) -> Result<mdl_remote::CloneOutcome> {
+    let name = match Location::parse(Path::new(url))? {
+        Location::Bucket(loc) => loc.name().to_string(),
+        Location::Served(url) => Remote::new(&url, None)?.name().to_string(),
+        Location::Folder(_) => return Err(mdl_remote::Error::BadUrl(url.to_string()).into()),
+    };
+    let dir = base.join(dir.map_or_else(|| PathBuf::from(name), Path::to_path_buf));
+    let peer = peer(url, access)?;
+    Ok(mdl_remote::clone(peer.as_ref(), &dir, progress)?)
+}
