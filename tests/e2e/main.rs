@@ -4,6 +4,7 @@
 // purpose); the rule that repository writes go through mdl-store is for the library crates.
 #![allow(clippy::disallowed_methods)]
 
+mod backends;
 mod bad_input;
 mod crash;
 mod engine;
