@@ -10,12 +10,15 @@ use std::process::{Command, Output};
 use crate::server::{Server, WRITE};
 use crate::util::{mdl_bin, mixed, tensor, write_safetensors};
 
+/// Builds `mdl -C LOCATION ARGS` with a backend's environment.
+type Runner = Box<dyn Fn(&[&str]) -> Command>;
+
 /// A repository on one backend, and how to run `mdl -C LOCATION …` on it.
 struct Place {
     /// What `-C` names: a folder, a URL.
     location: String,
     /// Runs `mdl -C LOCATION ARGS` with the backend's environment.
-    command: Box<dyn Fn(&[&str]) -> Command>,
+    command: Runner,
     /// Scratch space: checkpoints, checkouts.
     scratch: tempfile::TempDir,
     /// What must live as long as the place: a server, a SeaweedFS.
@@ -115,7 +118,7 @@ fn base(at: &str, args: &[&str]) -> Command {
     c
 }
 
-fn plain_at(at: String) -> Box<dyn Fn(&[&str]) -> Command> {
+fn plain_at(at: String) -> Runner {
     Box::new(move |args| base(&at, args))
 }
 
