@@ -24,19 +24,11 @@ pub fn run(cli: &Cli, path: Option<&PathBuf>, out: &mut dyn Write) -> anyhow::Re
         (base, None) => base,
         (url, Some(_)) => bail!(
             "mdl -C {} init takes no folder: the repository is that URL itself",
-            shown(&url)
+            url.shown()
         ),
     };
     output::init(out, cli.json, &mdl_ops::init(&location)?)?;
     Ok(())
-}
-
-fn shown(location: &Location) -> String {
-    match location {
-        Location::Folder(dir) => dir.display().to_string(),
-        Location::Served(url) => url.clone(),
-        Location::Bucket(loc) => loc.url(),
-    }
 }
 
 /// The folder `-C` names (the current one by default), for commands that run only on one.
@@ -45,7 +37,7 @@ pub fn folder(cli: &Cli) -> anyhow::Result<PathBuf> {
         Location::Folder(dir) => Ok(dir),
         url => bail!(
             "{} is a URL: this command runs on a repository folder",
-            shown(&url)
+            url.shown()
         ),
     }
 }

@@ -137,7 +137,20 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         Command::Status => return status::run(cli, out),
         Command::Clone { url, path } => {
             let on_terminal = !cli.json && io::stderr().is_terminal();
-            let base = init::folder(cli)?;
+            let base = match cli.location()? {
+                mdl_ops::Location::Folder(dir) => dir,
+                at => {
+                    return Err(mdl_ops::Error::Unsupported {
+                        operation: mdl_ops::Operation::Clone,
+                        backend: at.backend(),
+                        instead: format!(
+                            "a clone makes a new repository; clone {0} itself (mdl clone {0} DIR), or push into it from a clone of the other",
+                            at.shown()
+                        ),
+                    }
+                    .into())
+                }
+            };
             let outcome = mdl_ops::clone(
                 url,
                 &base,

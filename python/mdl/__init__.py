@@ -27,7 +27,7 @@ from ._mdl import (
     Unsupported,
     __version__,
 )
-from ._repo import WARM_BYTES, CommitHandle, RemoteRepository, Repository, State, open
+from ._repo import WARM_BYTES, CommitHandle, Repository, State, open
 from ._types import CommitResult, LogEntry, Ref, TensorInfo
 
 
@@ -49,7 +49,6 @@ __all__ = [
     "NotFound",
     "PermissionDenied",
     "Ref",
-    "RemoteRepository",
     "Repository",
     "State",
     "TensorInfo",

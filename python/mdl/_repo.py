@@ -1,5 +1,6 @@
-"""Repositories: on this machine (:class:`Repository`) or on an ``mdl serve`` server
-(:class:`RemoteRepository`)."""
+"""Repositories, wherever they are: a folder on this machine, a repository behind ``mdl serve``
+(``http://HOST:PORT/REPO``) or one in object storage (``s3://BUCKET/PREFIX``) — one class,
+:class:`Repository`, over the library's one operations interface."""
 
 from __future__ import annotations
 
@@ -105,18 +106,55 @@ def as_repository(repo: "Repository | PathLike") -> "Repository":
 WARM_BYTES = 2 << 30
 
 
+class _Finished:
+    """A commit already stored (a served repository stores it before answering)."""
+
+    def __init__(self, text: str):
+        self._text = text
+
+    def wait(self) -> str:
+        return self._text
+
+    def done(self) -> bool:
+        return True
+
+
+def _unsupported(what: str, instead: str) -> MdlError:
+    err = _mdl.Unsupported(f"{what} does not run on a served repository: {instead}")
+    err.code = "unsupported"
+    return err
+
+
 class Repository:
-    """A repository on this machine (a work directory holding ``.mdl``).
+    """A repository: a folder on this machine, one in object storage, or one behind
+    ``mdl serve``.
 
     Each call opens the repository for itself: a training process holds no lock between
-    commits, and other ``mdl`` commands run meanwhile.
+    commits, and other ``mdl`` commands (and ``mdl serve``) run meanwhile. Over HTTP
+    (``http://HOST:PORT/REPO``), everything but live state and tensor reads runs on the
+    server; those raise :class:`mdl.Unsupported` saying what to do instead.
     """
 
-    def __init__(self, native: Any):
-        self._native = native
+    def __init__(self, native: Any, ops: Any):
+        self._native = native  # None for a served repository
+        self._ops = ops
         self._staging = _state.Staging()
         self._lock = threading.Lock()
         _live.add(self)
+
+    @classmethod
+    def _served(cls, url: str, token: str | None) -> "Repository":
+        return cls(None, _mdl.Ops(url, token))
+
+    def _local(self, what: str) -> Any:
+        """The native repository on this machine, for what needs one."""
+        if self._native is None:
+            raise _unsupported(
+                what,
+                "commit live state into a local repository and push it, or into the served "
+                "folder on the server's machine; read tensors from a checkout or a clone",
+            )
+        return self._native
 
     @classmethod
     def init(
@@ -124,7 +162,10 @@ class Repository:
     ) -> "Repository":
         """Creates a repository in ``path`` (created if missing); ``wait`` and ``warm_bytes``
         as for :meth:`open`."""
-        return cls(_mdl.Repo.init(os.fspath(path), wait, warm_bytes))
+        text = os.fspath(path)
+        native = _mdl.Repo.init(text, wait, warm_bytes)
+        at = text if native.location is not None else os.fspath(native.root)
+        return cls(native, _mdl.Ops(at, None, wait))
 
     @classmethod
     def open(
@@ -139,16 +180,32 @@ class Repository:
         that the next commit takes its deltas against them instead of decoding them from the
         repository again (0: keep nothing).
         """
-        return cls(_mdl.Repo.open(os.fspath(path), wait, warm_bytes))
+        text = os.fspath(path)
+        if text.startswith(("http://", "https://")):
+            return cls._served(text, os.environ.get("MDL_TOKEN"))
+        native = _mdl.Repo.open(text, wait, warm_bytes)
+        at = text if native.location is not None else os.fspath(native.root)
+        return cls(native, _mdl.Ops(at, None, wait))
+
+    @property
+    def backend(self) -> str:
+        """Where the repository is: ``"local"``, ``"served"`` or ``"bucket"``."""
+        return self._ops.backend
 
     @property
     def root(self) -> str:
-        """The work directory (for a repository in object storage, this machine's replica)."""
+        """The work directory (for a repository in object storage, this machine's replica;
+        for a served one, its URL)."""
+        if self._native is None:
+            return self._ops.location
         return os.fspath(self._native.root)
 
     @property
     def location(self) -> str | None:
-        """The ``s3://`` URL of a repository in object storage; None for one on this machine."""
+        """The URL of a repository in object storage or on a server; None for one on this
+        machine."""
+        if self._native is None:
+            return self._ops.location
         return self._native.location
 
     def __repr__(self) -> str:
@@ -176,14 +233,16 @@ class Repository:
         the background. ``lossy``: True for ``--lossy``, False for ``--lossless``, None for the
         repository's setting; ``epsilon``: the lossy quality budget.
         """
-        if isinstance(paths, (str, os.PathLike)):
+        if isinstance(paths, (str, bytes, os.PathLike)):
             paths = [paths]
+        options = _options(message, step, metrics, branch, lossy, epsilon, author)
+        listed = [os.fspath(p) for p in paths]
+        if self._native is None:  # the server stores it before it answers
+            handle = CommitHandle(_Finished(self._ops.commit(listed, options)))
+            return handle.wait() if wait else handle
         with self._lock:
             self.wait()
-            pending = self._native.submit_paths(
-                [os.fspath(p) for p in paths],
-                _options(message, step, metrics, branch, lossy, epsilon, author),
-            )
+            pending = self._native.submit_paths(listed, options)
         return self._settle(CommitHandle(pending), wait)
 
     def _settle(self, handle: CommitHandle, wait: bool) -> CommitResult | CommitHandle:
@@ -236,10 +295,11 @@ class Repository:
         """
         if snapshot not in _state.SNAPSHOTS:
             raise ValueError(f"snapshot must be one of {', '.join(_state.SNAPSHOTS)}, not {snapshot!r}")
+        native = self._local("commit_state")
         with self._lock:
             self.wait()  # the staging buffers are reused: the commit before must be done
             files, pairs, ready, on_gpu = self._stage(model, optimizer, extra, step, snapshot)
-            pending = self._native.submit_buffers(
+            pending = native.submit_buffers(
                 files,
                 pairs,
                 _options(message, step, metrics, branch, lossy, epsilon, author),
@@ -283,23 +343,27 @@ class Repository:
         """Commits files given as ``(path, buffer)``, blocking (what :mod:`mdl.dcp`'s ranks
         store); ``ready`` and ``on_gpu`` as :meth:`commit_state` passes them for device
         snapshots."""
+        native = self._local("a commit of buffers")
         with self._lock:
             self.wait()
-            pending = self._native.submit_buffers(files, [], options, list(ready), list(on_gpu))
+            pending = native.submit_buffers(files, [], options, list(ready), list(on_gpu))
         return self._settle(CommitHandle(pending), True)
 
     def _assemble(self, parts: list[str], options: dict) -> CommitResult:
         """One commit of the union of the trees of ``parts``, nothing re-encoded (what
         :mod:`mdl.dcp`'s coordinator publishes)."""
+        native = self._local("assembling a commit")
         with self._lock:
             self.wait()
-            return CommitResult.from_json(self._native.assemble(parts, options))
+            return CommitResult.from_json(native.assemble(parts, options))
 
     def wait(self) -> CommitResult | None:
         """Waits for the commit in flight, if any; its result (None when there was none).
 
         Raises the commit's MdlError if it failed (once: the next commit goes ahead).
         """
+        if self._native is None:
+            return None
         text = self._native.finish()
         return None if text is None else CommitResult.from_json(text)
 
@@ -307,6 +371,8 @@ class Repository:
 
     def resolve(self, rev: str = "HEAD") -> str:
         """The full id of the commit ``rev`` names (a branch, tag, id prefix, ``main~2``)."""
+        if self._native is None:
+            return self.log(rev, 1)[0].id
         return self._native.resolve(rev)
 
     def checkout(
@@ -314,11 +380,11 @@ class Repository:
     ) -> dict:
         """Writes ``rev``'s files into ``dir`` as ``mdl checkout`` does (``path``: one file or
         folder of the tree); what was written, as a dict."""
-        return json.loads(self._native.checkout(rev, os.fspath(dir), path, force))
+        return json.loads(self._ops.checkout(rev, os.fspath(dir), path, force))
 
     def tensors(self, rev: str = "HEAD") -> list[TensorInfo]:
         """The tensors of ``rev`` (file, name, dtype, shape, lossy), without decoding any."""
-        return _types.tensor_infos(self._native.tensors(rev))
+        return _types.tensor_infos(self._local("tensors").tensors(rev))
 
     def load(
         self,
@@ -353,7 +419,7 @@ class Repository:
         if missing:
             raise KeyError(f"no tensor {missing[0]!r} in commit {commit[:12]}")
         refs = [(by_name[n].file, n) for n in wanted]
-        data = _state.read(self._native, commit, refs, framework, device, lambda: listed)
+        data = _state.read(self._local("load"), commit, refs, framework, device, lambda: listed)
         return dict(zip(wanted, data))
 
     def load_state(
@@ -373,7 +439,9 @@ class Repository:
         commit = self.resolve(rev)
         doc = self._state_document(commit)
         refs = _state.references(doc)
-        data = _state.read(self._native, commit, refs, framework, device, lambda: self.tensors(commit))
+        data = _state.read(
+            self._local("load_state"), commit, refs, framework, device, lambda: self.tensors(commit)
+        )
         tensors = dict(zip(refs, data))
         model_sd = OrderedDict(_state.decode(doc.get("model", {}), tensors))
         optim_sd = None
@@ -401,127 +469,91 @@ class Repository:
 
     def _state_document(self, commit: str) -> dict:
         """The ``mdl-state.json`` of a live-state commit (MdlError for other commits)."""
-        return json.loads(self._native.read_file(commit, _state.STATE_FILE))
+        return json.loads(self._local("load_state").read_file(commit, _state.STATE_FILE))
 
-    def log(self, rev: str | None = None, limit: int | None = None) -> list[LogEntry]:
-        """History from ``rev`` (HEAD when None), newest first."""
-        return _types.log_entries(self._native.log(rev, limit))
+    def log(
+        self, rev: str | None = None, limit: int | None = None, *, all: bool = False
+    ) -> list[LogEntry]:
+        """History from ``rev`` (HEAD when None), newest first; with ``all``, every branch's
+        and tag's (``mdl log --all``)."""
+        return _types.log_entries(self._ops.log(rev, limit, all))
 
     def show(self, rev: str = "HEAD") -> dict:
         """A commit with its files and tensors (codec, sizes, recorded lossy error)."""
-        return json.loads(self._native.show(rev))
+        return json.loads(self._ops.show(rev))
 
     def diff(self, a: str, b: str) -> dict:
         """What changed from ``a`` to ``b``: files and tensors, with relative changes."""
-        return json.loads(self._native.diff(a, b))
+        return json.loads(self._ops.diff(a, b))
 
     # Refs
 
     @property
     def head(self) -> str:
         """The branch HEAD names."""
+        if self._native is None:
+            current = [b.name for b in self.branches() if b.current]
+            return current[0] if current else "main"
         return self._native.head()
 
     def branches(self) -> list[Ref]:
         """Branches (``current`` marks HEAD's)."""
-        return _types.refs(self._native.branches())
+        return _types.refs(self._ops.branches())
 
     def tags(self) -> list[Ref]:
         """Tags."""
-        return _types.refs(self._native.tags())
+        return _types.refs(self._ops.tags())
 
     def branch(self, name: str, rev: str | None = None) -> str:
         """Creates branch ``name`` at ``rev`` (HEAD's commit when None); the commit's id."""
-        return self._native.create_branch(name, rev)
+        return self._ops.create_branch(name, rev)
 
     def tag(self, name: str, rev: str | None = None, message: str | None = None) -> str:
         """Creates tag ``name`` at ``rev`` (annotated with ``message`` when given)."""
-        return self._native.create_tag(name, rev, message)
+        return self._ops.create_tag(name, rev, message)
 
     def delete_branch(self, name: str, force: bool = False) -> None:
         """Deletes branch ``name``. Unless ``force``, a branch with commits no other branch or
         tag reaches is refused (``mdl branch -d`` against ``-D``); its reflog keeps them."""
-        self._native.delete_branch(name, force)
+        self._ops.delete_branch(name, force)
 
     def delete_tag(self, name: str) -> None:
-        self._native.delete_tag(name)
+        self._ops.delete_tag(name)
 
     def switch(self, name: str) -> None:
         """Points HEAD at branch ``name`` (where commits without ``branch=`` go)."""
-        self._native.switch(name)
+        self._ops.switch(name)
 
+    def reset(self, rev: str) -> dict:
+        """Moves the current branch to ``rev`` (``mdl reset``): ``{branch, from, to}``."""
+        return json.loads(self._ops.reset(rev))
 
-class RemoteRepository:
-    """A repository on an ``mdl serve`` server (``http://HOST:PORT/REPO``).
+    def reflog(self, name: str | None = None) -> dict:
+        """Where ref ``name`` (HEAD's branch when None) pointed, newest first:
+        ``{ref, entries: [{old, new, time_ms, message}]}``."""
+        return json.loads(self._ops.reflog(name))
 
-    History, refs and checkouts, and commits of files. Live state is committed into a local
-    repository and pushed (``mdl push``), so a training loop never waits on the network.
-    """
+    # Settings and upkeep
 
-    def __init__(self, url: str, token: str | None = None):
-        self._native = _mdl.Remote(url, token)
+    def config(self) -> dict[str, str]:
+        """Every setting's value, by key."""
+        return {k: v for k, v, _ in json.loads(self._ops.config())}
 
-    @property
-    def url(self) -> str:
-        return self._native.url
+    def set_config(self, key: str, value: str) -> None:
+        """Changes one setting (``mdl config KEY VALUE``)."""
+        self._ops.set_config(key, str(value))
 
-    def __repr__(self) -> str:
-        return f"<mdl.RemoteRepository {self.url}>"
+    def gc(self, *, prune_older_than: str | None = None, dry_run: bool = False) -> dict:
+        """Removes what nothing reaches (``mdl gc``); its report."""
+        return json.loads(self._ops.gc(prune_older_than, dry_run))
 
-    def commit(
-        self,
-        paths: PathLike | Sequence[PathLike],
-        *,
-        message: str = "",
-        step: int | None = None,
-        metrics: Mapping[str, float] | None = None,
-        branch: str | None = None,
-        lossy: bool | None = None,
-        epsilon: float | None = None,
-        author: str | None = None,
-    ) -> CommitResult:
-        """Uploads files as a commit (the server stores it; blocks until it has): each path a
-        file entered under its name, or a folder of files under their paths, as
-        :meth:`Repository.commit` takes them."""
-        if isinstance(paths, (str, bytes, os.PathLike)):
-            paths = [paths]
-        text = self._native.commit_paths(
-            [os.fspath(p) for p in paths],
-            _options(message, step, metrics, branch, lossy, epsilon, author),
-        )
-        return CommitResult.from_json(text)
+    def fsck(self) -> dict:
+        """Checks every object and ref (``mdl fsck``); its report (``problems`` empty when sound)."""
+        return json.loads(self._ops.fsck())
 
-    def checkout(
-        self, rev: str, dir: PathLike, *, path: str | None = None, force: bool = False
-    ) -> dict:
-        """Downloads ``rev``'s files into ``dir`` as ``mdl checkout`` writes them."""
-        return json.loads(self._native.checkout(rev, os.fspath(dir), path, force))
-
-    def log(self, rev: str | None = None, limit: int | None = None) -> list[LogEntry]:
-        return _types.log_entries(self._native.log(rev, limit))
-
-    def show(self, rev: str = "HEAD") -> dict:
-        return json.loads(self._native.show(rev))
-
-    def _refs(self, prefix: str) -> list[Ref]:
-        listed = json.loads(self._native.refs())
-        head = listed.get("head")
-        return [
-            Ref(
-                name=r["name"][len(prefix):],
-                target=r["target"],
-                current=prefix == "refs/heads/" and r["name"][len(prefix):] == head,
-                message=r.get("message"),
-            )
-            for r in listed["refs"]
-            if r["name"].startswith(prefix)
-        ]
-
-    def branches(self) -> list[Ref]:
-        return self._refs("refs/heads/")
-
-    def tags(self) -> list[Ref]:
-        return self._refs("refs/tags/")
+    def stats(self) -> dict:
+        """Repository totals (``mdl stats``)."""
+        return json.loads(self._ops.stats())
 
 
 def open(
@@ -531,7 +563,7 @@ def open(
     create: bool = False,
     wait: float = 60.0,
     warm_bytes: int = WARM_BYTES,
-) -> Repository | RemoteRepository:
+) -> Repository:
     """A repository: a local path (created when ``create`` and missing; ``wait`` and
     ``warm_bytes`` as for :meth:`Repository.open`), a repository in object storage
     ``s3://BUCKET/PREFIX`` (endpoint and credentials from the ``AWS_*`` environment; each call
@@ -539,7 +571,7 @@ def open(
     server URL ``http://HOST:PORT/REPO`` with an optional token (``$MDL_TOKEN`` when None)."""
     text = os.fspath(location)
     if text.startswith(("http://", "https://")):
-        return RemoteRepository(text, token if token is not None else os.environ.get("MDL_TOKEN"))
+        return Repository._served(text, token if token is not None else os.environ.get("MDL_TOKEN"))
     if text.startswith("s3://") and create:
         try:
             return Repository.init(text, wait=wait, warm_bytes=warm_bytes)

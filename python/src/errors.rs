@@ -128,6 +128,12 @@ pub(crate) fn error<E: std::fmt::Display + 'static>(e: E) -> PyErr {
 /// The stable code of `e`: the library's, the store's, the bucket's or the remote's own; a
 /// message this module wrote about its arguments is `bad_input`, anything else `internal`.
 fn code_of(e: &dyn Any) -> ErrorCode {
+    if let Some(e) = e.downcast_ref::<mdl_ops::Error>() {
+        return match e.library() {
+            Some(inner) => code_of(inner),
+            None => e.code(),
+        };
+    }
     if let Some(e) = e.downcast_ref::<mdl::Error>() {
         return match e {
             mdl::Error::Background(inner) => code_of_failure(&**inner),

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 mod errors;
 mod local;
-mod remote;
+mod ops;
 mod staging;
 
 pub(crate) use errors::error;
@@ -22,7 +22,7 @@ fn _mdl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<local::Repo>()?;
     m.add_class::<local::Pending>()?;
-    m.add_class::<remote::Remote>()?;
+    m.add_class::<ops::Ops>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -410,97 +410,12 @@ impl Repo {
         self.read(py, |r| Ok(mdl::revision::resolve(r, &rev)?.to_hex()))
     }
 
-    /// History from `rev` (HEAD when None), newest first, as JSON.
-    #[pyo3(signature = (rev = None, limit = None))]
-    fn log(&self, py: Python<'_>, rev: Option<String>, limit: Option<usize>) -> PyResult<String> {
-        json(&self.read(py, |r| mdl::log::log(r, rev.as_deref(), limit))?)
-    }
-
-    /// A commit, its files and tensors, as JSON.
-    fn show(&self, py: Python<'_>, rev: String) -> PyResult<String> {
-        json(&self.read(py, |r| mdl::show::show(r, &rev))?)
-    }
-
-    /// What changed from `a` to `b`, as JSON.
-    fn diff(&self, py: Python<'_>, a: String, b: String) -> PyResult<String> {
-        json(&self.read(py, |r| mdl::diff::diff(r, &a, &b))?)
-    }
-
-    /// Branches, as JSON.
-    fn branches(&self, py: Python<'_>) -> PyResult<String> {
-        json(&self.read(py, mdl::refs::branches)?)
-    }
-
-    /// Tags, as JSON.
-    fn tags(&self, py: Python<'_>) -> PyResult<String> {
-        json(&self.read(py, mdl::refs::tags)?)
-    }
-
     /// The branch HEAD names (short).
     fn head(&self, py: Python<'_>) -> PyResult<String> {
         self.read(py, |r| {
             let full = r.head_branch()?;
             Ok(full.trim_start_matches("refs/heads/").to_string())
         })
-    }
-
-    /// Creates branch `name` at `rev` (HEAD when None); its commit's hex id.
-    #[pyo3(signature = (name, rev = None))]
-    fn create_branch(&self, py: Python<'_>, name: String, rev: Option<String>) -> PyResult<String> {
-        self.change(py, |r| {
-            Ok(mdl::refs::create_branch(r, &name, rev.as_deref())?.to_hex())
-        })
-    }
-
-    /// Creates tag `name` at `rev` (HEAD when None), annotated with `message` when given.
-    #[pyo3(signature = (name, rev = None, message = None))]
-    fn create_tag(
-        &self,
-        py: Python<'_>,
-        name: String,
-        rev: Option<String>,
-        message: Option<String>,
-    ) -> PyResult<String> {
-        self.change(py, |r| {
-            let tagger = mdl::commit::default_author();
-            let at = mdl::refs::create_tag(r, &name, rev.as_deref(), message.as_deref(), &tagger)?;
-            Ok(at.to_hex())
-        })
-    }
-
-    /// Deletes branch `name` (with `force`, even if nothing else reaches its commits).
-    fn delete_branch(&self, py: Python<'_>, name: String, force: bool) -> PyResult<()> {
-        self.change(py, |r| mdl::refs::delete_branch(r, &name, force).map(drop))
-    }
-
-    /// Deletes tag `name`.
-    fn delete_tag(&self, py: Python<'_>, name: String) -> PyResult<()> {
-        self.change(py, |r| mdl::refs::delete_tag(r, &name).map(drop))
-    }
-
-    /// Points HEAD at branch `name`.
-    fn switch(&self, py: Python<'_>, name: String) -> PyResult<()> {
-        self.change(py, |r| mdl::refs::switch(r, &name))
-    }
-
-    /// Writes `rev`'s files to `out` as `mdl checkout` does; the outcome as JSON.
-    #[pyo3(signature = (rev, out, path = None, force = false))]
-    fn checkout(
-        &self,
-        py: Python<'_>,
-        rev: String,
-        out: PathBuf,
-        path: Option<String>,
-        force: bool,
-    ) -> PyResult<String> {
-        let opts = mdl::checkout::CheckoutOptions {
-            force,
-            path,
-            ..Default::default()
-        };
-        json(&self.read(py, |r| {
-            mdl::checkout::checkout(r, &rev, &out, &opts, &mdl::NoProgress)
-        })?)
     }
 
     /// The tensors of commit `rev` as JSON: `[{file, name, dtype, shape, lossy}]`, in file

@@ -299,7 +299,7 @@ def test_a_remote_repository(tmp_path, serve):
     url = f"{server.base}/{name}"
 
     reader = mdl.open(url, READ_TOKEN)
-    assert isinstance(reader, mdl.RemoteRepository)
+    assert isinstance(reader, mdl.Repository) and reader.backend == "served"
     assert [(e.id, e.step) for e in reader.log()] == [(first.id, 1)]
     assert [b.name for b in reader.branches()] == ["main"] and reader.branches()[0].current
     assert [t.name for t in reader.tags()] == ["v1"]

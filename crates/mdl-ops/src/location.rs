@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use mdl_remote::Remote;
 
-use crate::{Error, Result};
+use crate::{Backend, Error, Result};
 
 /// A place mdl keeps repositories.
 #[derive(Clone, Debug)]
@@ -38,9 +38,23 @@ impl Location {
         }
     }
 
-    /// Whether this is a URL (not a folder).
-    pub fn is_url(&self) -> bool {
-        !matches!(self, Location::Folder(_))
+    /// The backend that reaches it (a folder's may turn out to be served: see
+    /// [`crate::open`]).
+    pub fn backend(&self) -> Backend {
+        match self {
+            Location::Folder(_) => Backend::Local,
+            Location::Served(_) => Backend::Served,
+            Location::Bucket(_) => Backend::Bucket,
+        }
+    }
+
+    /// How a user would write it.
+    pub fn shown(&self) -> String {
+        match self {
+            Location::Folder(dir) => dir.display().to_string(),
+            Location::Served(url) => url.clone(),
+            Location::Bucket(loc) => loc.url(),
+        }
     }
 }
 

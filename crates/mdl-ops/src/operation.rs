@@ -34,6 +34,7 @@ impl fmt::Display for Backend {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Operation {
     Init,
+    Clone,
     Commit,
     CommitEngine,
     Checkout,
@@ -78,6 +79,7 @@ impl fmt::Display for Operation {
         use Operation as O;
         f.write_str(match self {
             O::Init => "init",
+            O::Clone => "clone",
             O::Commit => "commit",
             O::CommitEngine => "commit --engine",
             O::Checkout => "checkout",

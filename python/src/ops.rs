@@ -1,0 +1,268 @@
+//! Every repository operation, whatever the backend (`mdl_ops::Operations`): a folder here, a
+//! served repository over HTTP, a repository in object storage. The Python `Repository` calls
+//! these for history, refs, checkouts and upkeep; commits of live state and tensor reads,
+//! which need the repository on this machine, go through `local::Repo`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mdl_ops::{Access, Branches, Location, Operations};
+use mdl_protocol::body::{GcAnswer, GcRequest};
+use pyo3::prelude::*;
+
+use crate::{error, json};
+
+/// A repository at a folder, `http(s)://HOST:PORT/REPO` or `s3://BUCKET/PREFIX`.
+#[pyclass(frozen, module = "mdl._mdl")]
+pub struct Ops(Box<dyn Operations>);
+
+#[pymethods]
+impl Ops {
+    /// Reaches the repository at `location` (a folder that `mdl serve` serves is opened here:
+    /// the server holds its lock only while it changes it).
+    #[new]
+    #[pyo3(signature = (location, token = None, wait = 60.0))]
+    fn new(location: PathBuf, token: Option<String>, wait: f64) -> PyResult<Ops> {
+        let access = Access {
+            token,
+            wait: Duration::try_from_secs_f64(wait).map_err(|_| error("wait must be >= 0"))?,
+            purpose: format!("python (pid {})", std::process::id()),
+            follow_server: false,
+            verbose: false,
+        };
+        let location = Location::parse(&location).map_err(error)?;
+        Ok(Ops(mdl_ops::open(&location, &access).map_err(error)?))
+    }
+
+    /// `local`, `served` or `bucket`.
+    #[getter]
+    fn backend(&self) -> &'static str {
+        match self.0.backend() {
+            mdl_ops::Backend::Local => "local",
+            mdl_ops::Backend::Served => "served",
+            mdl_ops::Backend::Bucket => "bucket",
+        }
+    }
+
+    /// The folder or URL.
+    #[getter]
+    fn location(&self) -> String {
+        self.0.location()
+    }
+
+    /// Commits `paths` (blocking); the outcome as JSON.
+    fn commit(
+        &self,
+        py: Python<'_>,
+        paths: Vec<PathBuf>,
+        options: crate::local::Options,
+    ) -> PyResult<String> {
+        let opts = options.commit()?;
+        let done = py.detach(|| {
+            self.0
+                .commit(&paths, &opts, None, &mdl::NoProgress)
+                .map_err(Box::new)
+        });
+        json(&done.map_err(unboxed)?)
+    }
+
+    /// Writes `rev`'s files to `out` as `mdl checkout` does; the outcome as JSON.
+    #[pyo3(signature = (rev, out, path = None, force = false))]
+    fn checkout(
+        &self,
+        py: Python<'_>,
+        rev: String,
+        out: PathBuf,
+        path: Option<String>,
+        force: bool,
+    ) -> PyResult<String> {
+        let opts = mdl::checkout::CheckoutOptions {
+            force,
+            path,
+            ..Default::default()
+        };
+        let done = py.detach(|| {
+            self.0
+                .checkout(&rev, &out, &opts, None, &mdl::NoProgress)
+                .map_err(Box::new)
+        });
+        json(&done.map_err(unboxed)?)
+    }
+
+    /// History from `rev` (HEAD when None), or with `all` of every branch and tag, newest
+    /// first, as JSON.
+    #[pyo3(signature = (rev = None, limit = None, all = false))]
+    fn log(
+        &self,
+        py: Python<'_>,
+        rev: Option<String>,
+        limit: Option<usize>,
+        all: bool,
+    ) -> PyResult<String> {
+        let entries = py.detach(|| {
+            match all {
+                true => self.0.log_all(limit),
+                false => self.0.log(rev.as_deref(), limit),
+            }
+            .map_err(Box::new)
+        });
+        json(&entries.map_err(unboxed)?)
+    }
+
+    /// A commit, its files and tensors, as JSON.
+    fn show(&self, py: Python<'_>, rev: String) -> PyResult<String> {
+        json(
+            &py.detach(|| self.0.show(&rev).map_err(Box::new))
+                .map_err(unboxed)?,
+        )
+    }
+
+    /// What changed from `a` to `b`, as JSON.
+    fn diff(&self, py: Python<'_>, a: String, b: String) -> PyResult<String> {
+        json(
+            &py.detach(|| self.0.diff(&a, &b).map_err(Box::new))
+                .map_err(unboxed)?,
+        )
+    }
+
+    /// Branches, as JSON.
+    fn branches(&self, py: Python<'_>) -> PyResult<String> {
+        json(
+            &py.detach(|| self.0.branches(Branches::Local).map_err(Box::new))
+                .map_err(unboxed)?,
+        )
+    }
+
+    /// Tags, as JSON.
+    fn tags(&self, py: Python<'_>) -> PyResult<String> {
+        json(
+            &py.detach(|| self.0.tags().map_err(Box::new))
+                .map_err(unboxed)?,
+        )
+    }
+
+    /// Creates branch `name` at `rev` (HEAD when None); its commit's hex id.
+    #[pyo3(signature = (name, rev = None))]
+    fn create_branch(&self, py: Python<'_>, name: String, rev: Option<String>) -> PyResult<String> {
+        let at = py.detach(|| {
+            self.0
+                .create_branch(&name, rev.as_deref())
+                .map_err(Box::new)
+        });
+        Ok(at.map_err(unboxed)?.to_hex())
+    }
+
+    /// Creates tag `name` at `rev` (HEAD when None), annotated with `message` when given.
+    #[pyo3(signature = (name, rev = None, message = None))]
+    fn create_tag(
+        &self,
+        py: Python<'_>,
+        name: String,
+        rev: Option<String>,
+        message: Option<String>,
+    ) -> PyResult<String> {
+        let at = py.detach(|| {
+            self.0
+                .create_tag(&name, rev.as_deref(), message.as_deref())
+                .map_err(Box::new)
+        });
+        Ok(at.map_err(unboxed)?.to_hex())
+    }
+
+    /// Deletes branch `name` (with `force`, even if nothing else reaches its commits).
+    fn delete_branch(&self, py: Python<'_>, name: String, force: bool) -> PyResult<()> {
+        py.detach(|| self.0.delete_branch(&name, force).map_err(Box::new))
+            .map(drop)
+            .map_err(unboxed)
+    }
+
+    /// Deletes tag `name`.
+    fn delete_tag(&self, py: Python<'_>, name: String) -> PyResult<()> {
+        py.detach(|| self.0.delete_tag(&name).map_err(Box::new))
+            .map(drop)
+            .map_err(unboxed)
+    }
+
+    /// Points HEAD at branch `name`.
+    fn switch(&self, py: Python<'_>, name: String) -> PyResult<()> {
+        py.detach(|| self.0.switch(&name).map_err(Box::new))
+            .map_err(unboxed)
+    }
+
+    /// Moves the current branch to `rev`; the move as JSON.
+    fn reset(&self, py: Python<'_>, rev: String) -> PyResult<String> {
+        json(
+            &py.detach(|| self.0.reset(&rev).map_err(Box::new))
+                .map_err(unboxed)?,
+        )
+    }
+
+    /// A ref's history (HEAD's branch when None) as JSON: `{ref, entries}`.
+    #[pyo3(signature = (name = None))]
+    fn reflog(&self, py: Python<'_>, name: Option<String>) -> PyResult<String> {
+        let (full, entries) = py
+            .detach(|| self.0.reflog(name.as_deref()).map_err(Box::new))
+            .map_err(unboxed)?;
+        json(&serde_json::json!({ "ref": full, "entries": entries }))
+    }
+
+    /// Every setting as JSON: `[[key, value, is_default]]`.
+    fn config(&self, py: Python<'_>) -> PyResult<String> {
+        json(
+            &py.detach(|| self.0.config().map_err(Box::new))
+                .map_err(unboxed)?,
+        )
+    }
+
+    /// Changes one setting.
+    fn set_config(&self, py: Python<'_>, key: String, value: String) -> PyResult<()> {
+        py.detach(|| self.0.set_config(&key, &value).map_err(Box::new))
+            .map(drop)
+            .map_err(unboxed)
+    }
+
+    /// Removes what nothing reaches (`mdl gc`); the report as JSON.
+    #[pyo3(signature = (prune_older_than = None, dry_run = false))]
+    fn gc(
+        &self,
+        py: Python<'_>,
+        prune_older_than: Option<String>,
+        dry_run: bool,
+    ) -> PyResult<String> {
+        let request = GcRequest {
+            prune_older_than,
+            expire_reflog: None,
+            dry_run,
+        };
+        match py
+            .detach(|| self.0.gc(&request, &mdl::NoProgress).map_err(Box::new))
+            .map_err(unboxed)?
+        {
+            GcAnswer::Disk(outcome) => json(&outcome),
+            GcAnswer::Bucket(outcome) => json(&outcome),
+        }
+    }
+
+    /// Checks everything (`mdl fsck`); the report as JSON.
+    fn fsck(&self, py: Python<'_>) -> PyResult<String> {
+        json(
+            &py.detach(|| self.0.fsck(&mdl::NoProgress).map_err(Box::new))
+                .map_err(unboxed)?,
+        )
+    }
+
+    /// Repository totals as JSON.
+    fn stats(&self, py: Python<'_>) -> PyResult<String> {
+        json(
+            &py.detach(|| self.0.stats().map_err(Box::new))
+                .map_err(unboxed)?,
+        )
+    }
+}
+
+/// A failure moved out of a released call (boxed there: the error is large) as the Python
+/// exception of its kind.
+#[allow(clippy::boxed_local)] // the box is what came out of the released call
+fn unboxed(e: Box<mdl_ops::Error>) -> PyErr {
+    error(*e)
+}
