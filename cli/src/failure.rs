@@ -44,20 +44,8 @@ pub fn usage(e: clap::Error) -> ExitCode {
 /// over HTTP) or `io_error` (writing the output).
 pub fn code(e: &anyhow::Error) -> ErrorCode {
     for cause in e.chain() {
-        if let Some(e) = cause.downcast_ref::<mdl_ops::Error>() {
-            return e.code();
-        }
-        if let Some(e) = cause.downcast_ref::<mdl::Error>() {
-            return ErrorCode::of(e);
-        }
-        if let Some(e) = cause.downcast_ref::<mdl::StoreError>() {
-            return ErrorCode::of_store(e);
-        }
-        if let Some(e) = cause.downcast_ref::<mdl_bucket::Error>() {
-            return e.code();
-        }
-        if let Some(e) = cause.downcast_ref::<mdl_remote::Error>() {
-            return e.code();
+        if let Some(code) = mdl_ops::code_of(cause) {
+            return code;
         }
         if cause.downcast_ref::<io::Error>().is_some() {
             return ErrorCode::IoError;
@@ -104,17 +92,15 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
 }
 
 fn bucket_exit_code(e: &mdl_bucket::Error) -> u8 {
-    {
-        match e {
-            mdl_bucket::Error::Local(e) => library_exit_code(e),
-            mdl_bucket::Error::Location(_)
-            | mdl_bucket::Error::Storage { .. }
-            | mdl_bucket::Error::NotARepository(_)
-            | mdl_bucket::Error::AlreadyExists(_)
-            | mdl_bucket::Error::Conflict(_)
-            | mdl_bucket::Error::Unsupported(_)
-            | mdl_bucket::Error::Cache { .. } => 1,
-        }
+    match e {
+        mdl_bucket::Error::Local(e) => library_exit_code(e),
+        mdl_bucket::Error::Location(_)
+        | mdl_bucket::Error::Storage { .. }
+        | mdl_bucket::Error::NotARepository(_)
+        | mdl_bucket::Error::AlreadyExists(_)
+        | mdl_bucket::Error::Conflict(_)
+        | mdl_bucket::Error::Unsupported(_)
+        | mdl_bucket::Error::Cache { .. } => 1,
     }
 }
 

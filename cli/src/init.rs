@@ -30,14 +30,3 @@ pub fn run(cli: &Cli, path: Option<&PathBuf>, out: &mut dyn Write) -> anyhow::Re
     output::init(out, cli.json, &mdl_ops::init(&location)?)?;
     Ok(())
 }
-
-/// The folder `-C` names (the current one by default), for commands that run only on one.
-pub fn folder(cli: &Cli) -> anyhow::Result<PathBuf> {
-    match cli.location()? {
-        Location::Folder(dir) => Ok(dir),
-        url => bail!(
-            "{} is a URL: this command runs on a repository folder",
-            url.shown()
-        ),
-    }
-}

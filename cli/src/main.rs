@@ -1,7 +1,6 @@
 //! The `mdl` binary: parses arguments, runs one library operation, prints human or JSON output.
 
 use std::io::{self, IsTerminal, Write};
-use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -137,23 +136,9 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         Command::Status => return status::run(cli, out),
         Command::Clone { url, path } => {
             let on_terminal = !cli.json && io::stderr().is_terminal();
-            let base = match cli.location()? {
-                mdl_ops::Location::Folder(dir) => dir,
-                at => {
-                    return Err(mdl_ops::Error::Unsupported {
-                        operation: mdl_ops::Operation::Clone,
-                        backend: at.backend(),
-                        instead: format!(
-                            "a clone makes a new repository; clone {0} itself (mdl clone {0} DIR), or push into it from a clone of the other",
-                            at.shown()
-                        ),
-                    }
-                    .into())
-                }
-            };
             let outcome = mdl_ops::clone(
                 url,
-                &base,
+                &cli.location()?,
                 path.as_deref(),
                 &cli.access(),
                 &progress::Bar::at_once(on_terminal),
@@ -167,12 +152,7 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     let location = match &cli.command {
         Command::Commit(CommitArgs {
             remote: Some(url), ..
-        }) => match mdl_ops::Location::parse(Path::new(url))? {
-            mdl_ops::Location::Folder(_) => {
-                return Err(mdl_remote::Error::BadUrl(url.clone()).into())
-            }
-            at => at,
-        },
+        }) => mdl_ops::Location::url(url)?,
         _ => cli.location()?,
     };
     let repo = mdl_ops::open(&location, &cli.access())?;

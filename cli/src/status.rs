@@ -11,8 +11,9 @@ use crate::Cli;
 /// `mdl status`: from the repository, or, when `mdl serve` owns it (and holds its lock), from
 /// that server, saying so.
 pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
-    let dir = crate::init::folder(cli)
-        .map_err(|_| anyhow::anyhow!("status runs on a repository folder, not a URL"))?;
+    let mdl_ops::Location::Folder(dir) = cli.location()? else {
+        anyhow::bail!("status runs on a repository folder, not a URL");
+    };
     let dir = dir.as_path();
     let root = mdl::discover(dir)
         .ok_or_else(|| mdl::Error::Store(mdl::StoreError::NotARepository(dir.to_path_buf())))?;

@@ -143,8 +143,19 @@ class Repository:
         _live.add(self)
 
     @classmethod
-    def _served(cls, url: str, token: str | None) -> "Repository":
-        return cls(None, _mdl.Ops(url, token))
+    def _reach(
+        cls, path: PathLike, token: str | None, wait: float, warm_bytes: int, create: bool
+    ) -> "Repository":
+        """The repository at ``path`` through the library's operations (which tell where it
+        is); a folder or a bucket also through the native repository that stages commits and
+        decodes tensors here. ``create`` makes it first (a server makes none: refused)."""
+        text = os.fspath(path)
+        token = token if token is not None else os.environ.get("MDL_TOKEN")
+        ops = _mdl.Ops(text, token, wait)
+        if ops.backend == "served" and not create:
+            return cls(None, ops)
+        make = _mdl.Repo.init if create else _mdl.Repo.open
+        return cls(make(text, wait, warm_bytes), ops)
 
     def _local(self, what: str) -> Any:
         """The native repository on this machine, for what needs one."""
@@ -162,10 +173,7 @@ class Repository:
     ) -> "Repository":
         """Creates a repository in ``path`` (created if missing); ``wait`` and ``warm_bytes``
         as for :meth:`open`."""
-        text = os.fspath(path)
-        native = _mdl.Repo.init(text, wait, warm_bytes)
-        at = text if native.location is not None else os.fspath(native.root)
-        return cls(native, _mdl.Ops(at, None, wait))
+        return cls._reach(path, None, wait, warm_bytes, create=True)
 
     @classmethod
     def open(
@@ -180,12 +188,7 @@ class Repository:
         that the next commit takes its deltas against them instead of decoding them from the
         repository again (0: keep nothing).
         """
-        text = os.fspath(path)
-        if text.startswith(("http://", "https://")):
-            return cls._served(text, os.environ.get("MDL_TOKEN"))
-        native = _mdl.Repo.open(text, wait, warm_bytes)
-        at = text if native.location is not None else os.fspath(native.root)
-        return cls(native, _mdl.Ops(at, None, wait))
+        return cls._reach(path, None, wait, warm_bytes, create=False)
 
     @property
     def backend(self) -> str:
@@ -564,19 +567,15 @@ def open(
     wait: float = 60.0,
     warm_bytes: int = WARM_BYTES,
 ) -> Repository:
-    """A repository: a local path (created when ``create`` and missing; ``wait`` and
-    ``warm_bytes`` as for :meth:`Repository.open`), a repository in object storage
-    ``s3://BUCKET/PREFIX`` (endpoint and credentials from the ``AWS_*`` environment; each call
-    works on this machine's replica and publishes what it changed before returning), or a
-    server URL ``http://HOST:PORT/REPO`` with an optional token (``$MDL_TOKEN`` when None)."""
+    """A repository: a local path (created when ``create`` and missing, or opened when another
+    process made it meanwhile; ``wait`` and ``warm_bytes`` as for :meth:`Repository.open`), a
+    repository in object storage ``s3://BUCKET/PREFIX`` (endpoint and credentials from the
+    ``AWS_*`` environment; each call works on this machine's replica and publishes what it
+    changed before returning), or a server URL ``http://HOST:PORT/REPO`` with an optional token (``$MDL_TOKEN`` when None)."""
     text = os.fspath(location)
-    if text.startswith(("http://", "https://")):
-        return Repository._served(text, token if token is not None else os.environ.get("MDL_TOKEN"))
-    if text.startswith("s3://") and create:
+    if create and not os.path.isdir(os.path.join(text, ".mdl")):
         try:
-            return Repository.init(text, wait=wait, warm_bytes=warm_bytes)
-        except MdlError:
-            pass  # it exists (or cannot be reached: opening says why)
-    elif create and not os.path.isdir(os.path.join(text, ".mdl")):
-        return Repository.init(text, wait=wait, warm_bytes=warm_bytes)
-    return Repository.open(text, wait=wait, warm_bytes=warm_bytes)
+            return Repository._reach(text, token, wait, warm_bytes, create=True)
+        except (_mdl.Conflict, _mdl.Unsupported):
+            pass  # made meanwhile (another rank, another writer), or served: servers make none
+    return Repository._reach(text, token, wait, warm_bytes, create=False)

@@ -54,6 +54,7 @@ from torch.futures import Future
 from . import _state
 from ._mdl import MdlError
 from ._repo import Repository, _options
+from ._repo import open as open_repository
 from ._types import CommitResult
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -78,13 +79,7 @@ def _name(index: MetadataIndex) -> str:
 def _repository(repo: Repository | PathLike, create: bool) -> Repository:
     if isinstance(repo, Repository):
         return repo
-    path = os.fspath(repo)
-    if create and (path.startswith("s3://") or not os.path.isdir(os.path.join(path, ".mdl"))):
-        try:
-            return Repository.init(path, wait=WAIT)
-        except MdlError:
-            pass  # it exists (made meanwhile by another process): open it
-    return Repository.open(path, wait=WAIT)
+    return open_repository(repo, create=create, wait=WAIT)
 
 
 def _done(value: Any) -> Future:

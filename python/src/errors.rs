@@ -125,29 +125,11 @@ pub(crate) fn error<E: std::fmt::Display + 'static>(e: E) -> PyErr {
     err
 }
 
-/// The stable code of `e`: the library's, the store's, the bucket's or the remote's own; a
-/// message this module wrote about its arguments is `bad_input`, anything else `internal`.
+/// The stable code of `e` (`mdl_ops::code_of`, for an error of mdl's layers); a message this
+/// module wrote about its arguments is `bad_input`, anything else `internal`.
 fn code_of(e: &dyn Any) -> ErrorCode {
-    if let Some(e) = e.downcast_ref::<mdl_ops::Error>() {
-        return match e.library() {
-            Some(inner) => code_of(inner),
-            None => e.code(),
-        };
-    }
-    if let Some(e) = e.downcast_ref::<mdl::Error>() {
-        return match e {
-            mdl::Error::Background(inner) => code_of_failure(&**inner),
-            e => ErrorCode::of(e),
-        };
-    }
-    if let Some(e) = e.downcast_ref::<mdl::StoreError>() {
-        return ErrorCode::of_store(e);
-    }
-    if let Some(e) = e.downcast_ref::<mdl_bucket::Error>() {
-        return e.code();
-    }
-    if let Some(e) = e.downcast_ref::<mdl_remote::Error>() {
-        return e.code();
+    if let Some(code) = layered(e).and_then(mdl_ops::code_of) {
+        return code;
     }
     if e.is::<String>() || e.is::<&str>() {
         return ErrorCode::BadInput;
@@ -155,16 +137,26 @@ fn code_of(e: &dyn Any) -> ErrorCode {
     ErrorCode::Internal
 }
 
-/// [`code_of`] a background commit's own error.
-fn code_of_failure(e: &(dyn StdError + Send + Sync + 'static)) -> ErrorCode {
+/// `e` as an error, when it is one of mdl's layers' (what this module is given to raise).
+fn layered(e: &dyn Any) -> Option<&(dyn StdError + 'static)> {
+    if let Some(e) = e.downcast_ref::<mdl_ops::Error>() {
+        return Some(e);
+    }
     if let Some(e) = e.downcast_ref::<mdl::Error>() {
-        return code_of(e);
+        return Some(e);
+    }
+    if let Some(e) = e.downcast_ref::<mdl::StoreError>() {
+        return Some(e);
     }
     if let Some(e) = e.downcast_ref::<mdl_bucket::Error>() {
-        return e.code();
+        return Some(e);
     }
-    if let Some(e) = e.downcast_ref::<mdl_remote::Error>() {
-        return e.code();
-    }
-    ErrorCode::Internal
+    e.downcast_ref::<mdl_remote::Error>().map(|e| e as _)
+}
+
+/// A failure moved out of a released call (boxed there: the error is large) as the Python
+/// exception of its kind.
+#[allow(clippy::boxed_local)] // the box is what came out of the released call
+pub(crate) fn unboxed(e: Box<mdl_ops::Error>) -> PyErr {
+    error(*e)
 }

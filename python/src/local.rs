@@ -21,6 +21,7 @@ use mdl_bucket::{Location, Replica};
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
 
+use crate::errors::unboxed;
 use crate::staging::Exported;
 use crate::{error, json};
 
@@ -53,6 +54,23 @@ enum At {
     /// to date first, and what a change did is published before it returns (as the CLI's
     /// `-C s3://…` does).
     Bucket(Location),
+}
+
+impl At {
+    /// Where the repository at `location` is: its work directory (the folder or its nearest
+    /// ancestor holding `.mdl`), or object storage. A served repository has no native handle:
+    /// `ops::Ops` alone reaches it.
+    fn of(location: mdl_ops::Location) -> PyResult<At> {
+        match location {
+            mdl_ops::Location::Folder(dir) => mdl::discover(&dir)
+                .map(At::Disk)
+                .ok_or_else(|| error(mdl::StoreError::NotARepository(dir))),
+            mdl_ops::Location::Bucket(loc) => Ok(At::Bucket(loc)),
+            mdl_ops::Location::Served(url) => Err(error(format!(
+                "{url} is served: mdl.open(url) reaches it over HTTP"
+            ))),
+        }
+    }
 }
 
 impl Opener {
@@ -266,13 +284,10 @@ impl Repo {
     #[pyo3(signature = (path, wait = 60.0, warm_bytes = DEFAULT_WARM_BYTES))]
     fn init(py: Python<'_>, path: PathBuf, wait: f64, warm_bytes: u64) -> PyResult<Repo> {
         let wait = secs(wait)?;
-        let at = py
-            .detach(|| match bucket_location(&path)? {
-                Some(loc) => mdl_bucket::init(&loc).map(|()| At::Bucket(loc)),
-                None => Ok(At::Disk(Repository::init(&path)?.root().to_path_buf())),
-            })
-            .map_err(error)?;
-        Ok(Repo::new(at, wait, warm_bytes))
+        let location = mdl_ops::Location::parse(&path).map_err(error)?;
+        py.detach(|| mdl_ops::init(&location).map_err(Box::new))
+            .map_err(unboxed)?;
+        Ok(Repo::new(At::of(location)?, wait, warm_bytes))
     }
 
     /// Opens the repository at `path` or its nearest ancestor with `.mdl`, or in object
@@ -281,17 +296,11 @@ impl Repo {
     #[pyo3(signature = (path, wait = 60.0, warm_bytes = DEFAULT_WARM_BYTES))]
     fn open(py: Python<'_>, path: PathBuf, wait: f64, warm_bytes: u64) -> PyResult<Repo> {
         let wait = secs(wait)?;
-        let at = match bucket_location(&path).map_err(error)? {
-            Some(loc) => {
-                py.detach(|| Replica::open(&loc, &mdl_bucket::cache_root(), wait))
-                    .map_err(error)?;
-                At::Bucket(loc)
-            }
-            None => At::Disk(
-                mdl::discover(&path)
-                    .ok_or_else(|| error(mdl::StoreError::NotARepository(path.clone())))?,
-            ),
-        };
+        let at = At::of(mdl_ops::Location::parse(&path).map_err(error)?)?;
+        if let At::Bucket(loc) = &at {
+            py.detach(|| Replica::open(loc, &mdl_bucket::cache_root(), wait))
+                .map_err(error)?;
+        }
         Ok(Repo::new(at, wait, warm_bytes))
     }
 
@@ -534,14 +543,6 @@ impl Pending {
     /// Whether the commit has finished (stored or failed).
     fn done(&self) -> bool {
         self.0.done()
-    }
-}
-
-/// The location `path` names when it is an `s3://` URL.
-fn bucket_location(path: &Path) -> mdl_bucket::Result<Option<Location>> {
-    match path.to_str() {
-        Some(url) if mdl_bucket::is_bucket_url(url) => Location::parse(url).map(Some),
-        _ => Ok(None),
     }
 }
 

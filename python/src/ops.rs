@@ -10,6 +10,7 @@ use mdl_ops::{Access, Branches, Location, Operations};
 use mdl_protocol::body::{GcAnswer, GcRequest};
 use pyo3::prelude::*;
 
+use crate::errors::unboxed;
 use crate::{error, json};
 
 /// A repository at a folder, `http(s)://HOST:PORT/REPO` or `s3://BUCKET/PREFIX`.
@@ -30,7 +31,12 @@ impl Ops {
             follow_server: false,
             verbose: false,
         };
-        let location = Location::parse(&location).map_err(error)?;
+        // A folder is kept absolute: each call finds the repository from it, wherever the
+        // program has moved to since.
+        let location = match Location::parse(&location).map_err(error)? {
+            Location::Folder(dir) => Location::Folder(std::path::absolute(dir).map_err(error)?),
+            at => at,
+        };
         Ok(Ops(mdl_ops::open(&location, &access).map_err(error)?))
     }
 
@@ -258,11 +264,4 @@ impl Ops {
                 .map_err(unboxed)?,
         )
     }
-}
-
-/// A failure moved out of a released call (boxed there: the error is large) as the Python
-/// exception of its kind.
-#[allow(clippy::boxed_local)] // the box is what came out of the released call
-fn unboxed(e: Box<mdl_ops::Error>) -> PyErr {
-    error(*e)
 }

@@ -33,9 +33,6 @@ pub use auth::{Scope, Tokens};
 pub use error::ApiError;
 pub use files::{parse_range, Unsatisfiable};
 
-/// The file in `.mdl/` where a serving process advertises itself.
-pub use mdl::ADVERTISEMENT;
-
 /// Where the served repositories are.
 #[derive(Clone, Debug)]
 pub enum Repos {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use crate::server::{Server, WRITE};
-use crate::util::{mdl_bin, mixed, tensor, write_safetensors};
+use crate::util::{column, mdl_bin, mixed, tensor, write_safetensors};
 
 /// Builds `mdl -C LOCATION ARGS` with a backend's environment.
 type Runner = Box<dyn Fn(&[&str]) -> Command>;
@@ -175,21 +175,11 @@ fn journey(place: &Place) {
     assert_eq!(tags[0]["name"], "v1");
     assert_eq!(tags[0]["target"], id1);
     let branches = place.json(&["branch"]);
-    let names: Vec<&str> = branches
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["name"].as_str().unwrap())
-        .collect();
+    let names = column(&branches, "name");
     assert_eq!(names, ["exp", "main"]);
 
     let all = place.json(&["log", "--all"]);
-    let ids: Vec<&str> = all
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["id"].as_str().unwrap())
-        .collect();
+    let ids = column(&all, "id");
     assert_eq!(ids, [id2, id1], "log --all on {}", place.location);
 
     for (rev, folder) in [("main", &two), ("v1", &one), ("exp", &one)] {

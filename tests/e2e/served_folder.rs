@@ -102,21 +102,11 @@ fn a_served_repository_is_inspected_and_administered_from_its_folder() {
     let config = json(&repo, &["config", "delta.max_depth"]);
     assert!(config.to_string().contains("\"5\""), "{config}");
     let branches = json(&repo, &["branch"]);
-    let names: Vec<&str> = branches
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["name"].as_str().unwrap())
-        .collect();
+    let names = column(&branches, "name");
     assert_eq!(names, ["main"]);
     // The deletion, the move and the creation are in the branch's reflog, as if run locally.
     let reflog = json(&repo, &["reflog", "exp"]);
-    let messages: Vec<&str> = reflog["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["message"].as_str().unwrap())
-        .collect();
+    let messages = column(&reflog["entries"], "message");
     assert_eq!(messages.first(), Some(&"deleted"));
     assert!(messages.len() >= 3, "{messages:?}");
 }

@@ -65,6 +65,16 @@ pub fn fails(dir: &Path, args: &[&str], want: &str) -> String {
     err
 }
 
+/// The string field `key` of each object of the JSON array `list` (a log's ids, a listing's
+/// names).
+pub fn column<'a>(list: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v[key].as_str().unwrap())
+        .collect()
+}
+
 pub fn json(dir: &Path, args: &[&str]) -> serde_json::Value {
     let mut a = args.to_vec();
     a.push("--json");

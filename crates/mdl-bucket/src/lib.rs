@@ -30,7 +30,7 @@ pub mod replica;
 pub use client::Bucket;
 pub use error::{Error, Result};
 pub use evict::{cache_size, DEFAULT_CACHE_SIZE};
-pub use location::{is_bucket_url, Location};
+pub use location::Location;
 pub use mdl_protocol::body::BucketGc;
 pub use peer::BucketPeer;
 pub use replica::{cache_root, init, Published, Replica};

@@ -12,11 +12,6 @@ use crate::{Error, Result};
 /// The scheme of repository locations in S3-compatible storage.
 pub const SCHEME: &str = "s3://";
 
-/// Whether `s` names a repository in object storage rather than a folder or a server.
-pub fn is_bucket_url(s: &str) -> bool {
-    s.starts_with(SCHEME)
-}
-
 /// A repository's place in object storage.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Location {

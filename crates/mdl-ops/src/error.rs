@@ -40,20 +40,38 @@ impl Error {
         match self {
             Error::Unsupported { .. } => ErrorCode::Unsupported,
             Error::Location(_) => ErrorCode::BadInput,
-            Error::Local(e) => ErrorCode::of(e),
+            Error::Local(e) => library_code(e),
             Error::Remote(e) => e.code(),
             Error::Bucket(e) => e.code(),
         }
     }
+}
 
-    /// The library error inside, if the failure was one.
-    pub fn library(&self) -> Option<&mdl::Error> {
-        match self {
-            Error::Local(e)
-            | Error::Remote(mdl_remote::Error::Local(e))
-            | Error::Bucket(mdl_bucket::Error::Local(e)) => Some(e),
-            _ => None,
-        }
+/// The stable code of a failure made by any of mdl's layers (this interface, the library, the
+/// store, object storage, a server or a transfer), looking inside a background commit's
+/// failure for the error it kept; `None` for an error none of them made.
+pub fn code_of(e: &(dyn std::error::Error + 'static)) -> Option<ErrorCode> {
+    if let Some(e) = e.downcast_ref::<Error>() {
+        return Some(e.code());
+    }
+    if let Some(e) = e.downcast_ref::<mdl::Error>() {
+        return Some(library_code(e));
+    }
+    if let Some(e) = e.downcast_ref::<mdl::StoreError>() {
+        return Some(ErrorCode::of_store(e));
+    }
+    if let Some(e) = e.downcast_ref::<mdl_bucket::Error>() {
+        return Some(e.code());
+    }
+    e.downcast_ref::<mdl_remote::Error>()
+        .map(mdl_remote::Error::code)
+}
+
+/// A library error's code; a background commit's, that of the error it kept.
+fn library_code(e: &mdl::Error) -> ErrorCode {
+    match e {
+        mdl::Error::Background(inner) => code_of(&**inner).unwrap_or(ErrorCode::Internal),
+        e => ErrorCode::of(e),
     }
 }
 

@@ -32,7 +32,7 @@ use mdl_protocol::body::{GcAnswer, GcRequest};
 use mdl_remote::TransferOutcome;
 
 pub use bucket::InBucket;
-pub use error::{Error, Result};
+pub use error::{code_of, Error, Result};
 pub use local::Local;
 pub use location::Location;
 pub use open::{advertised, clone, init, open, Initialized};

@@ -36,11 +36,6 @@ impl Local {
         }
     }
 
-    /// The folder as given.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     fn options(&self, mode: LockMode) -> OpenOptions {
         OpenOptions {
             mode,
@@ -58,17 +53,21 @@ impl Local {
     /// Opens it with `mode` and chooses its codec engine (`engine`, else the `engine`
     /// setting); with `-v`, says which and why.
     fn with_engine(&self, mode: LockMode, engine: Option<EngineChoice>) -> mdl::Result<Repository> {
-        let mut repo = self.open(mode)?;
+        self.engine_for(self.open(mode)?, engine)
+    }
+
+    /// `repo` with its codec engine chosen ([`Local::with_engine`]).
+    fn engine_for(
+        &self,
+        mut repo: Repository,
+        engine: Option<EngineChoice>,
+    ) -> mdl::Result<Repository> {
         let selected = mdl::engine::select(&repo, engine)?;
         if self.access.verbose {
             eprintln!("engine: {}", selected.why);
         }
         repo.set_engine(selected.engine);
         Ok(repo)
-    }
-
-    fn peer(&self, repo: &Repository, name: &str) -> Result<Box<dyn mdl_remote::Peer>> {
-        crate::peer::named(repo, name, &self.access)
     }
 }
 
@@ -138,9 +137,7 @@ impl Operations for Local {
         } else {
             self.open(LockMode::Write)?
         };
-        let mut repo = repo;
-        let selected = mdl::engine::select(&repo, None)?;
-        repo.set_engine(selected.engine);
+        let repo = self.engine_for(repo, None)?;
         let stop = || background && mdl::commit::writer_waiting(&repo);
         Ok(mdl::commit::run_deferred(&repo, None, &stop)?)
     }
@@ -271,7 +268,7 @@ impl Operations for Local {
     }
 
     fn add_remote(&self, name: &str, url: &str) -> Result<()> {
-        crate::peer::check_url(url)?;
+        crate::Location::url(url)?;
         Ok(mdl_remote::add_remote(
             &self.open(LockMode::Write)?,
             name,
@@ -287,7 +284,7 @@ impl Operations for Local {
     }
 
     fn set_remote_url(&self, name: &str, url: &str) -> Result<()> {
-        crate::peer::check_url(url)?;
+        crate::Location::url(url)?;
         Ok(mdl_remote::set_url(
             &self.open(LockMode::Write)?,
             name,
@@ -311,7 +308,7 @@ impl Operations for Local {
         progress: &dyn Progress,
     ) -> Result<Transferred> {
         let repo = self.open(LockMode::Write)?;
-        let peer = self.peer(&repo, name)?;
+        let peer = crate::peer::named(&repo, name, &self.access)?;
         let transfer = if pull {
             mdl_remote::pull
         } else {
@@ -332,7 +329,7 @@ impl Operations for Local {
         progress: &dyn Progress,
     ) -> Result<Transferred> {
         let repo = self.open(LockMode::Write)?;
-        let peer = self.peer(&repo, name)?;
+        let peer = crate::peer::named(&repo, name, &self.access)?;
         let outcome = mdl_remote::push(&repo, name, peer.as_ref(), branch, force, progress)?;
         Ok(Transferred {
             url: peer.url().to_string(),

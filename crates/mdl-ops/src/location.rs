@@ -38,6 +38,15 @@ impl Location {
         }
     }
 
+    /// Reads `text` as the URL of another repository (a remote, a clone's source, `commit
+    /// --remote`): a server's or one in object storage, never a folder.
+    pub fn url(text: &str) -> Result<Location> {
+        match Location::parse(Path::new(text))? {
+            Location::Folder(_) => Err(mdl_remote::Error::BadUrl(text.to_string()).into()),
+            url => Ok(url),
+        }
+    }
+
     /// The backend that reaches it (a folder's may turn out to be served: see
     /// [`crate::open`]).
     pub fn backend(&self) -> Backend {

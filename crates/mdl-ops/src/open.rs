@@ -74,19 +74,30 @@ pub fn init(location: &Location) -> Result<Initialized> {
     }
 }
 
-/// Clones the repository at `url` into `dir`; `dir` defaults to the name the URL ends with,
-/// under `base`.
+/// Clones the repository at `url` into `dir` under `base`, the folder the command runs in;
+/// `dir` defaults to the name the URL ends with. A clone makes a new repository, so `base`
+/// must be a folder.
 pub fn clone(
     url: &str,
-    base: &Path,
+    base: &Location,
     dir: Option<&Path>,
     access: &Access,
     progress: &dyn mdl::Progress,
 ) -> Result<mdl_remote::CloneOutcome> {
-    let name = match Location::parse(Path::new(url))? {
+    let Location::Folder(base) = base else {
+        return Err(crate::error::unsupported(
+            Operation::Clone,
+            base.backend(),
+            format!(
+                "a clone makes a new repository; clone {0} itself (mdl clone {0} DIR), or push into it from a clone of the other",
+                base.shown()
+            ),
+        ));
+    };
+    let name = match Location::url(url)? {
         Location::Bucket(loc) => loc.name().to_string(),
         Location::Served(url) => Remote::new(&url, None)?.name().to_string(),
-        Location::Folder(_) => return Err(mdl_remote::Error::BadUrl(url.to_string()).into()),
+        Location::Folder(_) => unreachable!("Location::url never answers a folder"),
     };
     let dir = base.join(dir.map_or_else(|| PathBuf::from(name), Path::to_path_buf));
     let peer = peer(url, access)?;

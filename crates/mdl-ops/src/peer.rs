@@ -1,7 +1,5 @@
 //! The other repository of a clone, fetch, pull or push, from its URL.
 
-use std::path::Path;
-
 use mdl::Repository;
 use mdl_remote::{Peer, Remote};
 
@@ -10,14 +8,14 @@ use crate::{Access, Location, Result};
 /// The other repository of a clone, fetch, pull or push at `url`: a server, or a repository
 /// in object storage (through this machine's replica, brought up to date).
 pub(crate) fn peer(url: &str, access: &Access) -> Result<Box<dyn Peer>> {
-    Ok(match Location::parse(Path::new(url))? {
+    Ok(match Location::url(url)? {
         Location::Bucket(loc) => Box::new(mdl_bucket::BucketPeer::open(
             &loc,
             &mdl_bucket::cache_root(),
             access.wait,
         )?),
         Location::Served(url) => Box::new(Remote::new(&url, access.token.clone())?),
-        Location::Folder(_) => return Err(mdl_remote::Error::BadUrl(url.to_string()).into()),
+        Location::Folder(_) => unreachable!("Location::url never answers a folder"),
     })
 }
 
@@ -35,12 +33,4 @@ pub(crate) fn named(repo: &Repository, name: &str, access: &Access) -> Result<Bo
         }
     }
     peer(&url, access)
-}
-
-/// Checks a remote's URL before it is kept: a server's or one in object storage.
-pub(crate) fn check_url(url: &str) -> Result<()> {
-    match Location::parse(Path::new(url))? {
-        Location::Folder(_) => Err(mdl_remote::Error::BadUrl(url.to_string()).into()),
-        _ => Ok(()),
-    }
 }
