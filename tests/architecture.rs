@@ -4,8 +4,10 @@
 //! edge a → b is any path `crate::b…` written in a's files outside their `#[cfg(test)]`
 //! modules, where a name the crate root re-exports (`pub use b::Name`) counts as b. Data
 //! should flow one way through a crate, so any strongly connected set of two or more modules
-//! fails the test, with the cycle spelled out. And no source file (Rust or Python, library or
-//! test) is over [`MAX_LINES`] lines.
+//! fails the test, with the cycle spelled out. No source file (Rust or Python, library or
+//! test) is over [`MAX_LINES`] lines. And the wire sits below the library: the protocol crate
+//! needs only `mdl-format` and serde, and the HTTP client none of the library, codec, store or
+//! GPU crates.
 
 // Tests, examples and benchmarks write their own files (checkpoints, outputs, damage done on
 // purpose); the rule that repository writes go through mdl-store is for the library crates.
@@ -31,6 +33,70 @@ fn crates(root: &Path) -> Vec<String> {
         .collect();
     assert!(members.len() >= 12, "only {members:?} found in Cargo.toml");
     members
+}
+
+/// Each workspace crate's name and the names of its `[dependencies]` (dev-dependencies apart).
+fn dependencies(root: &Path) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for member in crates(root) {
+        let manifest = std::fs::read_to_string(root.join(&member).join("Cargo.toml")).unwrap();
+        let mut name = None;
+        let mut deps = Vec::new();
+        let mut section = "";
+        for line in manifest.lines().map(str::trim) {
+            if line.starts_with('[') {
+                section = line;
+            } else if let Some((key, value)) = line.split_once('=') {
+                let key = key.trim().trim_end_matches(".workspace").to_string();
+                match section {
+                    "[package]" if key == "name" => {
+                        name = Some(value.trim().trim_matches('"').to_string())
+                    }
+                    "[dependencies]" => deps.push(key),
+                    _ => {}
+                }
+            }
+        }
+        out.insert(name.expect("every member has a name"), deps);
+    }
+    out
+}
+
+/// Every workspace crate `name` depends on, directly or not.
+fn reaches(deps: &BTreeMap<String, Vec<String>>, name: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![name.to_string()];
+    while let Some(n) = todo.pop() {
+        for d in deps.get(&n).into_iter().flatten() {
+            if deps.contains_key(d) && seen.insert(d.clone()) {
+                todo.push(d.clone());
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn the_wire_sits_below_the_library() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let deps = dependencies(&root);
+    let protocol: BTreeSet<&str> = deps["mdl-protocol"].iter().map(String::as_str).collect();
+    assert_eq!(
+        protocol,
+        BTreeSet::from(["mdl-format", "serde"]),
+        "mdl-protocol may depend on mdl-format and serde only"
+    );
+    let client = reaches(&deps, "mdl-client");
+    for heavy in ["mdl", "mdl-codec", "mdl-store", "mdl-gpu"] {
+        assert!(
+            !client.contains(heavy),
+            "mdl-client reaches {heavy}: speaking to a server must not need it"
+        );
+    }
+    assert!(
+        reaches(&deps, "mdl").contains("mdl-protocol"),
+        "the library builds the protocol's types"
+    );
 }
 
 /// The most lines a source file may have: past it, a file holds more than one thing.

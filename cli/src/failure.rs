@@ -107,13 +107,12 @@ fn bucket_exit_code(e: &mdl_bucket::Error) -> u8 {
 fn remote_exit_code(e: &mdl_remote::Error) -> u8 {
     match e {
         mdl_remote::Error::Local(e) => library_exit_code(e),
-        mdl_remote::Error::Server { code, .. } | mdl_remote::Error::Peer { code, .. } => match code
-        {
+        mdl_remote::Error::Client(mdl_client::Error::Server { code, .. })
+        | mdl_remote::Error::Peer { code, .. } => match code {
             Some(mdl_protocol::ErrorCode::Busy) => 4,
             _ => 1,
         },
-        mdl_remote::Error::Transport { .. }
-        | mdl_remote::Error::BadUrl(_)
+        mdl_remote::Error::Client(_)
         | mdl_remote::Error::Rejected(_)
         | mdl_remote::Error::Remote(_) => 1,
     }

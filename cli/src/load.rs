@@ -99,8 +99,8 @@ fn checkpoint(path: &Path, mib: usize, seed: u64, version: u64) -> Result<u64> {
     Ok(bytes.len() as u64)
 }
 
-fn message(message: String, step: Option<u64>) -> mdl::commit::CommitOptions {
-    mdl::commit::CommitOptions {
+fn message(message: String, step: Option<u64>) -> mdl_protocol::params::CommitParams {
+    mdl_protocol::params::CommitParams {
         message,
         step,
         ..Default::default()
@@ -200,7 +200,7 @@ fn main() -> Result<()> {
             handles.push(s.spawn(move || -> Result<Vec<Sample>> {
                 let file = dir.join(format!("pull{p}.safetensors"));
                 let t = Instant::now();
-                let got = remote.download("main", &file, None, true)?;
+                let got = mdl_remote::download(&remote, "main", &file, None, true)?;
                 let seconds = t.elapsed().as_secs_f64();
                 std::fs::remove_file(&file)?;
                 Ok(vec![Sample {

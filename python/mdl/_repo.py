@@ -36,7 +36,7 @@ class CommitHandle:
     def wait(self) -> CommitResult:
         """Waits until the commit is stored; its result (raises MdlError if it failed)."""
         if self._result is None:
-            self._result = CommitResult.from_json(self._pending.wait())
+            self._result = CommitResult.of(self._pending.wait())
         return self._result
 
     def done(self) -> bool:
@@ -358,7 +358,7 @@ class Repository:
         native = self._local("assembling a commit")
         with self._lock:
             self.wait()
-            return CommitResult.from_json(native.assemble(parts, options))
+            return CommitResult.of(native.assemble(parts, options))
 
     def wait(self) -> CommitResult | None:
         """Waits for the commit in flight, if any; its result (None when there was none).
@@ -367,8 +367,8 @@ class Repository:
         """
         if self._native is None:
             return None
-        text = self._native.finish()
-        return None if text is None else CommitResult.from_json(text)
+        report = self._native.finish()
+        return None if report is None else CommitResult.of(report)
 
     # Reads
 
@@ -383,7 +383,7 @@ class Repository:
     ) -> dict:
         """Writes ``rev``'s files into ``dir`` as ``mdl checkout`` does (``path``: one file or
         folder of the tree); what was written, as a dict."""
-        return json.loads(self._ops.checkout(rev, os.fspath(dir), path, force))
+        return self._ops.checkout(rev, os.fspath(dir), path, force)
 
     def tensors(self, rev: str = "HEAD") -> list[TensorInfo]:
         """The tensors of ``rev`` (file, name, dtype, shape, lossy), without decoding any."""
@@ -483,11 +483,11 @@ class Repository:
 
     def show(self, rev: str = "HEAD") -> dict:
         """A commit with its files and tensors (codec, sizes, recorded lossy error)."""
-        return json.loads(self._ops.show(rev))
+        return self._ops.show(rev)
 
     def diff(self, a: str, b: str) -> dict:
         """What changed from ``a`` to ``b``: files and tensors, with relative changes."""
-        return json.loads(self._ops.diff(a, b))
+        return self._ops.diff(a, b)
 
     # Refs
 
@@ -529,18 +529,18 @@ class Repository:
 
     def reset(self, rev: str) -> dict:
         """Moves the current branch to ``rev`` (``mdl reset``): ``{branch, from, to}``."""
-        return json.loads(self._ops.reset(rev))
+        return self._ops.reset(rev)
 
     def reflog(self, name: str | None = None) -> dict:
         """Where ref ``name`` (HEAD's branch when None) pointed, newest first:
         ``{ref, entries: [{old, new, time_ms, message}]}``."""
-        return json.loads(self._ops.reflog(name))
+        return self._ops.reflog(name)
 
     # Settings and upkeep
 
     def config(self) -> dict[str, str]:
         """Every setting's value, by key."""
-        return {k: v for k, v, _ in json.loads(self._ops.config())}
+        return {k: v for k, v, _ in self._ops.config()}
 
     def set_config(self, key: str, value: str) -> None:
         """Changes one setting (``mdl config KEY VALUE``)."""
@@ -548,15 +548,15 @@ class Repository:
 
     def gc(self, *, prune_older_than: str | None = None, dry_run: bool = False) -> dict:
         """Removes what nothing reaches (``mdl gc``); its report."""
-        return json.loads(self._ops.gc(prune_older_than, dry_run))
+        return self._ops.gc(prune_older_than, dry_run)
 
     def fsck(self) -> dict:
         """Checks every object and ref (``mdl fsck``); its report (``problems`` empty when sound)."""
-        return json.loads(self._ops.fsck())
+        return self._ops.fsck()
 
     def stats(self) -> dict:
         """Repository totals (``mdl stats``)."""
-        return json.loads(self._ops.stats())
+        return self._ops.stats()
 
 
 def open(

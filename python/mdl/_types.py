@@ -1,9 +1,9 @@
-"""What the API returns: plain dataclasses built from the library's reports."""
+"""What the API returns: plain dataclasses built from the library's reports (the native
+module hands them over as dicts, in the shapes `mdl --json` prints)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +28,8 @@ class CommitResult:
     lossy_tensors: int
 
     @staticmethod
-    def from_json(text: str) -> "CommitResult":
-        return _build(CommitResult, json.loads(text))
+    def of(report: dict) -> "CommitResult":
+        return _build(CommitResult, report)
 
 
 @dataclass(frozen=True)
@@ -71,13 +71,13 @@ class TensorInfo:
     lossy: bool
 
 
-def log_entries(text: str) -> list[LogEntry]:
-    return [_build(LogEntry, e) for e in json.loads(text)]
+def log_entries(reports: list[dict]) -> list[LogEntry]:
+    return [_build(LogEntry, e) for e in reports]
 
 
-def refs(text: str) -> list[Ref]:
-    return [_build(Ref, r) for r in json.loads(text)]
+def refs(reports: list[dict]) -> list[Ref]:
+    return [_build(Ref, r) for r in reports]
 
 
-def tensor_infos(text: str) -> list[TensorInfo]:
-    return [_build(TensorInfo, t) for t in json.loads(text)]
+def tensor_infos(reports: list[dict]) -> list[TensorInfo]:
+    return [_build(TensorInfo, t) for t in reports]

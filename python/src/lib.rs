@@ -1,9 +1,12 @@
 //! `mdl._mdl`: the library in-process for the Python package (python/mdl). The Python side
 //! owns the user-facing API (state dicts, dtypes, dataclasses); this module gives it
 //! repositories, background commits of staged buffers, decoded tensors and the library's
-//! reports as JSON. Every call that touches the repository runs with the interpreter released.
+//! reports as Python objects. Every call that touches the repository runs with the interpreter
+//! released.
 
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use serde_json::Value;
 
 mod errors;
 mod local;
@@ -12,9 +15,38 @@ mod staging;
 
 pub(crate) use errors::error;
 
-/// A library report as JSON (the Python side builds its objects from it).
-pub(crate) fn json(v: &impl serde::Serialize) -> PyResult<String> {
-    serde_json::to_string(v).map_err(error)
+/// A library report as the Python objects it serializes to — dicts, lists, str, int, float,
+/// bool and None, in the shapes `mdl --json` prints — from which the Python side builds its
+/// dataclasses. Nothing is written out as text and parsed again.
+pub(crate) fn report(py: Python<'_>, v: &impl serde::Serialize) -> PyResult<Py<PyAny>> {
+    python(py, &serde_json::to_value(v).map_err(error)?)
+}
+
+fn python(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
+    Ok(match v {
+        Value::Null => py.None(),
+        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any().unbind(),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => i.into_pyobject(py)?.into_any().unbind(),
+            (None, Some(u)) => u.into_pyobject(py)?.into_any().unbind(),
+            _ => n.as_f64().into_pyobject(py)?.into_any().unbind(),
+        },
+        Value::String(s) => s.into_pyobject(py)?.into_any().unbind(),
+        Value::Array(items) => {
+            let items = items
+                .iter()
+                .map(|x| python(py, x))
+                .collect::<PyResult<Vec<_>>>()?;
+            PyList::new(py, items)?.into_any().unbind()
+        }
+        Value::Object(fields) => {
+            let dict = PyDict::new(py);
+            for (k, x) in fields {
+                dict.set_item(k, python(py, x)?)?;
+            }
+            dict.into_any().unbind()
+        }
+    })
 }
 
 #[pymodule]

@@ -23,7 +23,7 @@ use pyo3::types::PyByteArray;
 
 use crate::errors::unboxed;
 use crate::staging::Exported;
-use crate::{error, json};
+use crate::{error, report};
 
 /// A repository, by its work directory.
 #[pyclass(frozen, module = "mdl._mdl")]
@@ -393,23 +393,31 @@ impl Repo {
     }
 
     /// Commits the union of the trees of commits `parts` (revisions) as one commit, nothing
-    /// re-encoded (`mdl.dcp`'s coordinator); its outcome as JSON.
-    fn assemble(&self, py: Python<'_>, parts: Vec<String>, options: Options) -> PyResult<String> {
+    /// re-encoded (`mdl.dcp`'s coordinator); its outcome.
+    fn assemble(
+        &self,
+        py: Python<'_>,
+        parts: Vec<String>,
+        options: Options,
+    ) -> PyResult<Py<PyAny>> {
         let opts = options.commit()?;
-        json(&self.change(py, |r| {
-            let ids = parts
-                .iter()
-                .map(|p| mdl::revision::resolve(r, p))
-                .collect::<mdl::Result<Vec<_>>>()?;
-            mdl::assemble::assemble(r, &ids, &opts)
-        })?)
+        report(
+            py,
+            &self.change(py, |r| {
+                let ids = parts
+                    .iter()
+                    .map(|p| mdl::revision::resolve(r, p))
+                    .collect::<mdl::Result<Vec<_>>>()?;
+                mdl::assemble::assemble(r, &ids, &opts)
+            })?,
+        )
     }
 
-    /// Waits for the commit in flight and takes its outcome: JSON, or None when there was
+    /// Waits for the commit in flight and takes its outcome, or None when there was
     /// none; its failure is raised here (and not again by the next submit).
-    fn finish(&self, py: Python<'_>) -> PyResult<Option<String>> {
+    fn finish(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         match py.detach(|| self.committer.finish()).map_err(error)? {
-            Some(outcome) => Ok(Some(json(&outcome)?)),
+            Some(outcome) => Ok(Some(report(py, &outcome)?)),
             None => Ok(None),
         }
     }
@@ -427,9 +435,9 @@ impl Repo {
         })
     }
 
-    /// The tensors of commit `rev` as JSON: `[{file, name, dtype, shape, lossy}]`, in file
+    /// The tensors of commit `rev`: `[{file, name, dtype, shape, lossy}]`, in file
     /// order.
-    fn tensors(&self, py: Python<'_>, rev: String) -> PyResult<String> {
+    fn tensors(&self, py: Python<'_>, rev: String) -> PyResult<Py<PyAny>> {
         let layout = self.read(py, |r| mdl::checkout::layout(r, &rev))?;
         let list: Vec<serde_json::Value> = layout
             .files
@@ -446,7 +454,7 @@ impl Repo {
                 })
             })
             .collect();
-        json(&list)
+        report(py, &list)
     }
 
     /// Decodes the tensors `wanted` (`(file, name)`) of commit `rev`, in the order asked:
@@ -535,9 +543,9 @@ impl Repo {
 
 #[pymethods]
 impl Pending {
-    /// Waits for the commit; its outcome as JSON (an MdlError when it failed).
-    fn wait(&self, py: Python<'_>) -> PyResult<String> {
-        json(&py.detach(|| self.0.wait()).map_err(error)?)
+    /// Waits for the commit; its outcome (an MdlError when it failed).
+    fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        report(py, &py.detach(|| self.0.wait()).map_err(error)?)
     }
 
     /// Whether the commit has finished (stored or failed).

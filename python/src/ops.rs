@@ -11,7 +11,7 @@ use mdl_protocol::body::{GcAnswer, GcRequest};
 use pyo3::prelude::*;
 
 use crate::errors::unboxed;
-use crate::{error, json};
+use crate::{error, report};
 
 /// A repository at a folder, `http(s)://HOST:PORT/REPO` or `s3://BUCKET/PREFIX`.
 #[pyclass(frozen, module = "mdl._mdl")]
@@ -56,23 +56,23 @@ impl Ops {
         self.0.location()
     }
 
-    /// Commits `paths` (blocking); the outcome as JSON.
+    /// Commits `paths` (blocking); its outcome.
     fn commit(
         &self,
         py: Python<'_>,
         paths: Vec<PathBuf>,
         options: crate::local::Options,
-    ) -> PyResult<String> {
+    ) -> PyResult<Py<PyAny>> {
         let opts = options.commit()?;
         let done = py.detach(|| {
             self.0
                 .commit(&paths, &opts, None, &mdl::NoProgress)
                 .map_err(Box::new)
         });
-        json(&done.map_err(unboxed)?)
+        report(py, &done.map_err(unboxed)?)
     }
 
-    /// Writes `rev`'s files to `out` as `mdl checkout` does; the outcome as JSON.
+    /// Writes `rev`'s files to `out` as `mdl checkout` does; its outcome.
     #[pyo3(signature = (rev, out, path = None, force = false))]
     fn checkout(
         &self,
@@ -81,7 +81,7 @@ impl Ops {
         out: PathBuf,
         path: Option<String>,
         force: bool,
-    ) -> PyResult<String> {
+    ) -> PyResult<Py<PyAny>> {
         let opts = mdl::checkout::CheckoutOptions {
             force,
             path,
@@ -92,11 +92,11 @@ impl Ops {
                 .checkout(&rev, &out, &opts, None, &mdl::NoProgress)
                 .map_err(Box::new)
         });
-        json(&done.map_err(unboxed)?)
+        report(py, &done.map_err(unboxed)?)
     }
 
     /// History from `rev` (HEAD when None), or with `all` of every branch and tag, newest
-    /// first, as JSON.
+    /// first.
     #[pyo3(signature = (rev = None, limit = None, all = false))]
     fn log(
         &self,
@@ -104,7 +104,7 @@ impl Ops {
         rev: Option<String>,
         limit: Option<usize>,
         all: bool,
-    ) -> PyResult<String> {
+    ) -> PyResult<Py<PyAny>> {
         let entries = py.detach(|| {
             match all {
                 true => self.0.log_all(limit),
@@ -112,36 +112,40 @@ impl Ops {
             }
             .map_err(Box::new)
         });
-        json(&entries.map_err(unboxed)?)
+        report(py, &entries.map_err(unboxed)?)
     }
 
-    /// A commit, its files and tensors, as JSON.
-    fn show(&self, py: Python<'_>, rev: String) -> PyResult<String> {
-        json(
+    /// A commit, its files and tensors.
+    fn show(&self, py: Python<'_>, rev: String) -> PyResult<Py<PyAny>> {
+        report(
+            py,
             &py.detach(|| self.0.show(&rev).map_err(Box::new))
                 .map_err(unboxed)?,
         )
     }
 
-    /// What changed from `a` to `b`, as JSON.
-    fn diff(&self, py: Python<'_>, a: String, b: String) -> PyResult<String> {
-        json(
+    /// What changed from `a` to `b`.
+    fn diff(&self, py: Python<'_>, a: String, b: String) -> PyResult<Py<PyAny>> {
+        report(
+            py,
             &py.detach(|| self.0.diff(&a, &b).map_err(Box::new))
                 .map_err(unboxed)?,
         )
     }
 
-    /// Branches, as JSON.
-    fn branches(&self, py: Python<'_>) -> PyResult<String> {
-        json(
+    /// Branches.
+    fn branches(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        report(
+            py,
             &py.detach(|| self.0.branches(Branches::Local).map_err(Box::new))
                 .map_err(unboxed)?,
         )
     }
 
-    /// Tags, as JSON.
-    fn tags(&self, py: Python<'_>) -> PyResult<String> {
-        json(
+    /// Tags.
+    fn tags(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        report(
+            py,
             &py.detach(|| self.0.tags().map_err(Box::new))
                 .map_err(unboxed)?,
         )
@@ -195,26 +199,28 @@ impl Ops {
             .map_err(unboxed)
     }
 
-    /// Moves the current branch to `rev`; the move as JSON.
-    fn reset(&self, py: Python<'_>, rev: String) -> PyResult<String> {
-        json(
+    /// Moves the current branch to `rev`; the move.
+    fn reset(&self, py: Python<'_>, rev: String) -> PyResult<Py<PyAny>> {
+        report(
+            py,
             &py.detach(|| self.0.reset(&rev).map_err(Box::new))
                 .map_err(unboxed)?,
         )
     }
 
-    /// A ref's history (HEAD's branch when None) as JSON: `{ref, entries}`.
+    /// A ref's history (HEAD's branch when None): `{ref, entries}`.
     #[pyo3(signature = (name = None))]
-    fn reflog(&self, py: Python<'_>, name: Option<String>) -> PyResult<String> {
+    fn reflog(&self, py: Python<'_>, name: Option<String>) -> PyResult<Py<PyAny>> {
         let (full, entries) = py
             .detach(|| self.0.reflog(name.as_deref()).map_err(Box::new))
             .map_err(unboxed)?;
-        json(&serde_json::json!({ "ref": full, "entries": entries }))
+        report(py, &serde_json::json!({ "ref": full, "entries": entries }))
     }
 
-    /// Every setting as JSON: `[[key, value, is_default]]`.
-    fn config(&self, py: Python<'_>) -> PyResult<String> {
-        json(
+    /// Every setting: `[[key, value, is_default]]`.
+    fn config(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        report(
+            py,
             &py.detach(|| self.0.config().map_err(Box::new))
                 .map_err(unboxed)?,
         )
@@ -227,14 +233,14 @@ impl Ops {
             .map_err(unboxed)
     }
 
-    /// Removes what nothing reaches (`mdl gc`); the report as JSON.
+    /// Removes what nothing reaches (`mdl gc`); the report.
     #[pyo3(signature = (prune_older_than = None, dry_run = false))]
     fn gc(
         &self,
         py: Python<'_>,
         prune_older_than: Option<String>,
         dry_run: bool,
-    ) -> PyResult<String> {
+    ) -> PyResult<Py<PyAny>> {
         let request = GcRequest {
             prune_older_than,
             expire_reflog: None,
@@ -244,22 +250,24 @@ impl Ops {
             .detach(|| self.0.gc(&request, &mdl::NoProgress).map_err(Box::new))
             .map_err(unboxed)?
         {
-            GcAnswer::Disk(outcome) => json(&outcome),
-            GcAnswer::Bucket(outcome) => json(&outcome),
+            GcAnswer::Disk(outcome) => report(py, &outcome),
+            GcAnswer::Bucket(outcome) => report(py, &outcome),
         }
     }
 
-    /// Checks everything (`mdl fsck`); the report as JSON.
-    fn fsck(&self, py: Python<'_>) -> PyResult<String> {
-        json(
+    /// Checks everything (`mdl fsck`); the report.
+    fn fsck(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        report(
+            py,
             &py.detach(|| self.0.fsck(&mdl::NoProgress).map_err(Box::new))
                 .map_err(unboxed)?,
         )
     }
 
-    /// Repository totals as JSON.
-    fn stats(&self, py: Python<'_>) -> PyResult<String> {
-        json(
+    /// Repository totals.
+    fn stats(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        report(
+            py,
             &py.detach(|| self.0.stats().map_err(Box::new))
                 .map_err(unboxed)?,
         )

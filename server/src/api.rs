@@ -104,7 +104,7 @@ async fn list_repos(AxState(state): Shared, headers: HeaderMap) -> ApiResult<Res
 }
 
 async fn refs(Access(served): Reader) -> ApiResult<Response> {
-    blocking(move || Ok(Json(body::Refs::of(&served.repo)?).into_response())).await
+    blocking(move || Ok(Json(mdl::refs::listed(&served.repo)?).into_response())).await
 }
 
 async fn log(
@@ -310,7 +310,9 @@ async fn commit(
     let params = access::query(query)?;
     let (path, params) = params::split_path(&params);
     let (files, params) = params::take(&params, params::FILES);
-    let mut opts = params::decode(&params).map_err(|e| ApiError::new(e.code, e.message))?;
+    let mut opts = mdl::commit::CommitOptions::from_params(
+        params::decode(&params).map_err(|e| ApiError::new(e.code, e.message))?,
+    );
     opts.warm = Some(state.warm.clone());
     let is_tree = headers
         .get(header::CONTENT_TYPE)
@@ -439,13 +441,13 @@ async fn receive(
         // No record in the pack can be longer than the upload itself.
         let len = file.metadata().map(|m| m.len()).unwrap_or(max).min(max);
         let mut file = std::io::BufReader::with_capacity(1 << 20, file);
-        let (received, _) = served.change(false, |repo| {
+        let (receipt, _) = served.change(false, |repo| {
             let _writer = repo.writer();
             Ok(transfer::receive_pack(repo, &mut file, len)?)
         })?;
-        let ids: Vec<ObjectId> = received.frames.iter().map(|f| f.id).collect();
+        let ids: Vec<ObjectId> = receipt.frames.iter().map(|f| f.id).collect();
         served.publish_records(&ids)?;
-        Ok(Json(received).into_response())
+        Ok(Json(receipt.received).into_response())
     })
     .await
 }

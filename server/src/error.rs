@@ -98,7 +98,7 @@ fn public_message(e: &mdl::Error) -> String {
 
 impl From<mdl::Error> for ApiError {
     fn from(e: mdl::Error) -> Self {
-        ApiError::new(ErrorCode::of(&e), public_message(&e))
+        ApiError::new(e.code(), public_message(&e))
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use mdl::transfer::{self, RefUpdate};
 use mdl::{ObjectId, Repository};
-use mdl_remote::Remote;
+use mdl_remote::{Peer, Remote};
 
 use crate::maintenance::{checkpoint, data_and_names};
 use crate::server::{read, Server, READ, WRITE};
@@ -53,9 +53,9 @@ fn push_in_steps(
 ) -> Option<String> {
     let repo = Repository::open(local, &Default::default()).unwrap();
     let code = |e: mdl_remote::Error| match e {
-        mdl_remote::Error::Server {
+        mdl_remote::Error::Client(mdl_client::Error::Server {
             code: Some(code), ..
-        } => code.as_str().to_string(),
+        }) => code.as_str().to_string(),
         other => panic!("push step failed without a server error: {other}"),
     };
     let history = transfer::reachable_commits(&repo, &[tip]).unwrap();
@@ -80,7 +80,7 @@ fn push_in_steps(
         force: false,
     };
     if let Err(e) = remote.update_ref(&update) {
-        return Some(code(e));
+        return Some(code(e.into()));
     }
     if gc_after == 3 {
         gc();

@@ -5,7 +5,7 @@ use std::io::{self, Write};
 
 use mdl::commit::DeferredReport;
 use mdl::compact::CompactOutcome;
-use mdl::fsck::{Rebuilt, Report};
+use mdl::fsck::{FsckReport, Rebuilt};
 use mdl::gc::GcOutcome;
 use mdl::stats::Stats;
 use mdl_bucket::BucketGc;
@@ -17,7 +17,7 @@ pub fn fsck(
     out: &mut dyn Write,
     json: bool,
     rebuilt: Option<&Rebuilt>,
-    r: &Report,
+    r: &FsckReport,
 ) -> io::Result<()> {
     if json {
         let rebuilt = rebuilt.map(|b| {

@@ -44,7 +44,7 @@ impl Error {
     pub fn code(&self) -> mdl_protocol::ErrorCode {
         use mdl_protocol::ErrorCode as C;
         match self {
-            Error::Local(e) => C::of(e),
+            Error::Local(e) => e.code(),
             Error::Cache { .. } => C::IoError,
             Error::Location(_) | Error::Storage { .. } => C::StorageError,
             Error::NotARepository(_) => C::NoSuchRepository,

@@ -9,7 +9,7 @@ use mdl::checkout::{CheckoutOptions, CheckoutOutcome};
 use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport};
 use mdl::compact::{CompactOptions, CompactOutcome};
 use mdl::engine::EngineChoice;
-use mdl::fsck::{Rebuilt, Report};
+use mdl::fsck::{FsckReport, Rebuilt};
 use mdl::log::LogEntry;
 use mdl::refs::{BranchMove, RefInfo, ReflogLine};
 use mdl::{ObjectId, Progress};
@@ -227,11 +227,11 @@ impl Operations for InBucket {
         self.run(|l| l.compact(opts, progress))
     }
 
-    fn fsck(&self, progress: &dyn Progress) -> Result<Report> {
+    fn fsck(&self, progress: &dyn Progress) -> Result<FsckReport> {
         self.run(|l| l.fsck(progress))
     }
 
-    fn fsck_repair(&self) -> Result<(Option<Rebuilt>, Report)> {
+    fn fsck_repair(&self) -> Result<(Option<Rebuilt>, FsckReport)> {
         // This machine's copy, repaired before anything else opens it (its database may be
         // what is damaged), then brought up to date. A copy not made yet is made first.
         let root = Replica::root_of(&self.loc, &mdl_bucket::cache_root());

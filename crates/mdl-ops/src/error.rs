@@ -58,9 +58,12 @@ pub fn code_of(e: &(dyn std::error::Error + 'static)) -> Option<ErrorCode> {
         return Some(library_code(e));
     }
     if let Some(e) = e.downcast_ref::<mdl::StoreError>() {
-        return Some(ErrorCode::of_store(e));
+        return Some(mdl::store_code(e));
     }
     if let Some(e) = e.downcast_ref::<mdl_bucket::Error>() {
+        return Some(e.code());
+    }
+    if let Some(e) = e.downcast_ref::<mdl_client::Error>() {
         return Some(e.code());
     }
     e.downcast_ref::<mdl_remote::Error>()
@@ -71,7 +74,13 @@ pub fn code_of(e: &(dyn std::error::Error + 'static)) -> Option<ErrorCode> {
 fn library_code(e: &mdl::Error) -> ErrorCode {
     match e {
         mdl::Error::Background(inner) => code_of(&**inner).unwrap_or(ErrorCode::Internal),
-        e => ErrorCode::of(e),
+        e => e.code(),
+    }
+}
+
+impl From<mdl_client::Error> for Error {
+    fn from(e: mdl_client::Error) -> Error {
+        Error::Remote(e.into())
     }
 }
 

@@ -24,7 +24,7 @@ use mdl::checkout::{CheckoutOptions, CheckoutOutcome};
 use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport};
 use mdl::compact::{CompactOptions, CompactOutcome};
 use mdl::engine::EngineChoice;
-use mdl::fsck::{Rebuilt, Report};
+use mdl::fsck::{FsckReport, Rebuilt};
 use mdl::log::LogEntry;
 use mdl::refs::{BranchMove, RefInfo, ReflogLine};
 use mdl::{ObjectId, Progress};
@@ -162,9 +162,9 @@ pub trait Operations: Send + Sync {
     /// Shortens delta chains (`mdl compact`).
     fn compact(&self, opts: &CompactOptions, progress: &dyn Progress) -> Result<CompactOutcome>;
     /// Checks everything (`mdl fsck`).
-    fn fsck(&self, progress: &dyn Progress) -> Result<Report>;
+    fn fsck(&self, progress: &dyn Progress) -> Result<FsckReport>;
     /// Checks and repairs (`mdl fsck --repair`): the database rebuilt when it was damaged.
-    fn fsck_repair(&self) -> Result<(Option<Rebuilt>, Report)>;
+    fn fsck_repair(&self) -> Result<(Option<Rebuilt>, FsckReport)>;
     /// Totals (`mdl stats`).
     fn stats(&self) -> Result<mdl::stats::Stats>;
 

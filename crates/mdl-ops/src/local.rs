@@ -8,7 +8,7 @@ use mdl::checkout::{CheckoutOptions, CheckoutOutcome};
 use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport};
 use mdl::compact::{CompactOptions, CompactOutcome};
 use mdl::engine::EngineChoice;
-use mdl::fsck::{Rebuilt, Report};
+use mdl::fsck::{FsckReport, Rebuilt};
 use mdl::log::LogEntry;
 use mdl::refs::{BranchMove, RefInfo, ReflogLine};
 use mdl::{LockMode, ObjectId, OpenOptions, Progress, Repository, StoreError};
@@ -244,7 +244,7 @@ impl Operations for Local {
         Ok(mdl::compact::compact(&repo, opts, progress)?)
     }
 
-    fn fsck(&self, progress: &dyn Progress) -> Result<Report> {
+    fn fsck(&self, progress: &dyn Progress) -> Result<FsckReport> {
         Ok(mdl::fsck::fsck_with(
             &self.open(LockMode::Check)?,
             false,
@@ -252,7 +252,7 @@ impl Operations for Local {
         )?)
     }
 
-    fn fsck_repair(&self) -> Result<(Option<Rebuilt>, Report)> {
+    fn fsck_repair(&self) -> Result<(Option<Rebuilt>, FsckReport)> {
         Ok(mdl::fsck::repair(
             &self.dir,
             &self.options(LockMode::Write),

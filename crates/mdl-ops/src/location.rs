@@ -42,7 +42,7 @@ impl Location {
     /// --remote`): a server's or one in object storage, never a folder.
     pub fn url(text: &str) -> Result<Location> {
         match Location::parse(Path::new(text))? {
-            Location::Folder(_) => Err(mdl_remote::Error::BadUrl(text.to_string()).into()),
+            Location::Folder(_) => Err(mdl_client::Error::BadUrl(text.to_string()).into()),
             url => Ok(url),
         }
     }

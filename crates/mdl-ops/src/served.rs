@@ -9,7 +9,7 @@ use mdl::checkout::{CheckoutOptions, CheckoutOutcome};
 use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport};
 use mdl::compact::{CompactOptions, CompactOutcome};
 use mdl::engine::EngineChoice;
-use mdl::fsck::{Rebuilt, Report};
+use mdl::fsck::{FsckReport, Rebuilt};
 use mdl::log::LogEntry;
 use mdl::refs::{BranchMove, RefInfo, ReflogLine};
 use mdl::{ObjectId, Progress, Ref};
@@ -97,7 +97,7 @@ impl Operations for Served {
         if engine.is_some() {
             return Err(engine_here(Operation::CommitEngine));
         }
-        Ok(self.remote.commit_paths(paths, opts)?)
+        Ok(mdl_remote::commit_paths(&self.remote, paths, opts)?)
     }
 
     fn checkout(
@@ -117,9 +117,13 @@ impl Operations for Served {
                 "check out the thinned commit where the repository is stored",
             ));
         }
-        Ok(self
-            .remote
-            .download(rev, out, opts.path.as_deref(), opts.force)?)
+        Ok(mdl_remote::download(
+            &self.remote,
+            rev,
+            out,
+            opts.path.as_deref(),
+            opts.force,
+        )?)
     }
 
     fn maintenance_due(&self) -> Result<Option<PathBuf>> {
@@ -227,11 +231,11 @@ impl Operations for Served {
         Ok(self.remote.compact(opts.max_depth, opts.dry_run)?)
     }
 
-    fn fsck(&self, _progress: &dyn Progress) -> Result<Report> {
+    fn fsck(&self, _progress: &dyn Progress) -> Result<FsckReport> {
         Ok(self.remote.fsck()?)
     }
 
-    fn fsck_repair(&self) -> Result<(Option<Rebuilt>, Report)> {
+    fn fsck_repair(&self) -> Result<(Option<Rebuilt>, FsckReport)> {
         Err(self.refuse(
             Operation::FsckRepair,
             format!(

@@ -1,11 +1,12 @@
-//! The JSON bodies of requests and responses that are not the library's own outcome types
-//! (those — `mdl::log::LogEntry`, `mdl::show::Shown`, `mdl::commit::CommitOutcome`,
-//! `mdl::transfer::Received`, `mdl::compact::CompactOutcome`, `mdl::gc::GcOutcome` — travel as
-//! they serialize).
+//! The JSON bodies of requests and responses other than what an operation reports (those are
+//! in [`crate::history`], [`crate::outcome`] and [`crate::transfer`]).
 
-use mdl::transfer::PlannedObject;
-use mdl::ObjectId;
+use mdl_format::ObjectId;
 use serde::{Deserialize, Serialize};
+
+use crate::history::ReflogLine;
+use crate::outcome::GcOutcome;
+use crate::transfer::PlannedObject;
 
 /// `GET /v1/repos`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -68,37 +69,6 @@ pub struct Refs {
 }
 
 impl Refs {
-    /// The branches and tags of `repo`, and the branch its HEAD points at.
-    pub fn of(repo: &mdl::Repository) -> mdl::Result<Refs> {
-        let head = repo
-            .head_branch()
-            .ok()
-            .and_then(|h| h.strip_prefix(mdl::Ref::BRANCHES).map(str::to_string));
-        let mut refs = Vec::new();
-        for (name, value) in mdl::refs::all(repo)? {
-            let Some(target) = value.target() else {
-                continue;
-            };
-            let (tagger, time_ms, message) = match value {
-                mdl::RefValue::Annotated {
-                    tagger,
-                    time,
-                    message,
-                    ..
-                } => (Some(tagger), Some(time.0), Some(message)),
-                _ => (None, None, None),
-            };
-            refs.push(ListedRef {
-                name,
-                target,
-                tagger,
-                time_ms,
-                message,
-            });
-        }
-        Ok(Refs { head, refs })
-    }
-
     /// The commit of a full ref name.
     pub fn get(&self, name: &str) -> Option<ObjectId> {
         self.refs.iter().find(|r| r.name == name).map(|r| r.target)
@@ -203,14 +173,14 @@ pub struct BucketGc {
 }
 
 /// `POST /maintenance/gc`'s answer: a repository on the server's disk answers
-/// [`mdl::gc::GcOutcome`], one in object storage [`BucketGc`].
+/// [`GcOutcome`], one in object storage [`BucketGc`].
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum GcAnswer {
     /// A repository in object storage (tried first: its fields are required).
     Bucket(BucketGc),
     /// A repository on the server's disk.
-    Disk(mdl::gc::GcOutcome),
+    Disk(GcOutcome),
 }
 
 /// The query of `GET /diff`.
@@ -232,7 +202,7 @@ pub struct ConfigSet {
 }
 
 /// `POST /branches`: a branch created at `rev` (HEAD's commit when absent), or with `force`
-/// created or moved there; answered by `mdl::refs::BranchMove`.
+/// created or moved there; answered by [`crate::history::BranchMove`].
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BranchRequest {
     /// The branch's short name.
@@ -303,7 +273,7 @@ pub struct Reflog {
     /// The ref's full name.
     pub name: String,
     /// Its entries, newest first.
-    pub entries: Vec<mdl::refs::ReflogLine>,
+    pub entries: Vec<ReflogLine>,
 }
 
 /// `POST /head`: HEAD made to name another branch (`switch`).

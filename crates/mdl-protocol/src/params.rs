@@ -1,11 +1,44 @@
-//! The query parameters of `POST /commits`: [`encode`] turns commit options into them on the
-//! client, [`decode`] turns them back on the server.
+//! The query parameters of `POST /commits`: what a commit asks for ([`CommitParams`], which the
+//! library makes from its commit options and back), [`encode`]d by the client and [`decode`]d
+//! by the server.
 
-use mdl::commit::CommitOptions;
-use mdl::lossy::CodecMode;
-use mdl::RefName;
+use mdl_format::RefName;
 
 use crate::ErrorCode;
+
+/// What a commit over HTTP asks for: the part of the library's commit options that travels.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CommitParams {
+    /// Commit message.
+    pub message: String,
+    /// Author (the committing machine's, which the library fills in).
+    pub author: Option<String>,
+    /// Branch to commit onto; HEAD's branch when `None`.
+    pub branch: Option<RefName>,
+    /// Training step.
+    pub step: Option<u64>,
+    /// Metrics, `name → value`.
+    pub metrics: Vec<(String, f64)>,
+    /// `--lossy`, `--lossless` or `--trim-bits`; the repository's setting when `None`.
+    pub mode: Option<Mode>,
+    /// `--epsilon`.
+    pub epsilon: Option<f64>,
+    /// `--trim-bits`.
+    pub trim_bits: Option<u32>,
+    /// `--moments`.
+    pub moments: Option<String>,
+}
+
+/// How a commit stores float tensors, when it says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Exactly.
+    Lossless,
+    /// Quantized under ε.
+    Lossy,
+    /// Mantissa-trimmed (implied by `trim_bits`).
+    Trim,
+}
 
 /// A parameter the server refuses: its code (`bad_parameter` or `invalid_name`) and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,48 +56,37 @@ fn bad(key: &str, value: &str, why: &str) -> BadParameter {
     }
 }
 
-/// The parameters for `opts`. The author defaults to this machine's
-/// ([`mdl::commit::default_author`]), not the server's. An evaluation command runs on the
-/// committing machine, so it cannot travel: that is refused with the reason.
-pub fn encode(opts: &CommitOptions) -> Result<Vec<(&'static str, String)>, &'static str> {
-    let lossy = &opts.lossy;
-    if lossy.eval_cmd.is_some() {
-        return Err("--eval-cmd runs a local command and cannot be used with a server");
+/// The query parameters of `commit`.
+pub fn encode(commit: &CommitParams) -> Vec<(&'static str, String)> {
+    let mut params = vec![("message", commit.message.clone())];
+    if let Some(a) = &commit.author {
+        params.push(("author", a.clone()));
     }
-    let mut params = vec![
-        ("message", opts.message.clone()),
-        (
-            "author",
-            opts.author
-                .clone()
-                .unwrap_or_else(mdl::commit::default_author),
-        ),
-    ];
-    if let Some(b) = &opts.branch {
+    if let Some(b) = &commit.branch {
         params.push(("branch", b.as_str().to_string()));
     }
-    if let Some(s) = opts.step {
+    if let Some(s) = commit.step {
         params.push(("step", s.to_string()));
     }
-    for (k, v) in &opts.metrics {
+    for (k, v) in &commit.metrics {
         params.push(("metric", format!("{k}={v}")));
     }
-    match lossy.mode {
-        Some(CodecMode::Lossy) => params.push(("lossy", "true".into())),
-        Some(CodecMode::Lossless) => params.push(("lossless", "true".into())),
+    match commit.mode {
+        Some(Mode::Lossy) => params.push(("lossy", "true".into())),
+        Some(Mode::Lossless) => params.push(("lossless", "true".into())),
         // Trim is implied by trim_bits, below.
-        Some(CodecMode::Trim) | None => {}
+        Some(Mode::Trim) | None => {}
     }
-    if let Some(e) = lossy.epsilon {
+    if let Some(e) = commit.epsilon {
         params.push(("epsilon", e.to_string()));
     }
-    if let Some(t) = lossy.trim_bits {
+    if let Some(t) = commit.trim_bits {
         params.push(("trim_bits", t.to_string()));
     }
-    if let Some(m) = &lossy.moments {
+    if let Some(m) = &commit.moments {
         params.push(("moments", m.clone()));
     }
-    Ok(params)
+    params
 }
 
 /// The parameter naming the uploaded file in the commit's tree (its file name on the
@@ -86,9 +108,9 @@ pub fn take(params: &[(String, String)], key: &str) -> (Option<String>, Vec<(Str
     (taken.into_iter().last().map(|(_, v)| v), rest)
 }
 
-/// The commit options a query string's parameters ask for.
-pub fn decode(params: &[(String, String)]) -> Result<CommitOptions, BadParameter> {
-    let mut opts = CommitOptions::default();
+/// The commit a query string's parameters ask for.
+pub fn decode(params: &[(String, String)]) -> Result<CommitParams, BadParameter> {
+    let mut opts = CommitParams::default();
     let (mut lossy, mut lossless) = (false, false);
     let flag = |key: &str, value: &str| match value {
         "" | "1" | "true" => Ok(true),
@@ -125,17 +147,16 @@ pub fn decode(params: &[(String, String)]) -> Result<CommitOptions, BadParameter
             "lossy" => lossy = flag(key, value)?,
             "lossless" => lossless = flag(key, value)?,
             "epsilon" => {
-                opts.lossy.epsilon =
-                    Some(value.parse().map_err(|_| bad(key, value, "not a number"))?)
+                opts.epsilon = Some(value.parse().map_err(|_| bad(key, value, "not a number"))?)
             }
             "trim_bits" => {
-                opts.lossy.trim_bits = Some(
+                opts.trim_bits = Some(
                     value
                         .parse()
                         .map_err(|_| bad(key, value, "not a bit count"))?,
                 )
             }
-            "moments" => opts.lossy.moments = Some(value.clone()),
+            "moments" => opts.moments = Some(value.clone()),
             _ => {
                 return Err(BadParameter {
                     code: ErrorCode::BadParameter,
@@ -144,16 +165,16 @@ pub fn decode(params: &[(String, String)]) -> Result<CommitOptions, BadParameter
             }
         }
     }
-    opts.lossy.mode = match (lossy, lossless, opts.lossy.trim_bits.is_some()) {
+    opts.mode = match (lossy, lossless, opts.trim_bits.is_some()) {
         (true, true, _) | (true, _, true) | (_, true, true) => {
             return Err(BadParameter {
                 code: ErrorCode::BadParameter,
                 message: "lossy, lossless and trim_bits exclude each other".into(),
             })
         }
-        (true, _, _) => Some(CodecMode::Lossy),
-        (_, true, _) => Some(CodecMode::Lossless),
-        (_, _, true) => Some(CodecMode::Trim),
+        (true, _, _) => Some(Mode::Lossy),
+        (_, true, _) => Some(Mode::Lossless),
+        (_, _, true) => Some(Mode::Trim),
         _ => None,
     };
     Ok(opts)
@@ -162,7 +183,6 @@ pub fn decode(params: &[(String, String)]) -> Result<CommitOptions, BadParameter
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mdl::lossy::LossyRequest;
 
     fn owned(params: Vec<(&'static str, String)>) -> Vec<(String, String)> {
         params
@@ -173,40 +193,25 @@ mod tests {
 
     #[test]
     fn what_the_client_encodes_the_server_decodes() {
-        let opts = CommitOptions {
+        let commit = CommitParams {
             message: "m & n = ?".into(),
             branch: Some(RefName::new("exp/1").unwrap()),
             step: Some(7),
             metrics: vec![("loss".into(), 1.5), ("acc".into(), 0.25)],
             author: Some("ada".into()),
-            lossy: LossyRequest {
-                mode: Some(CodecMode::Lossy),
-                epsilon: Some(0.001),
-                moments: Some("p.{}:m.{}:v.{}".into()),
-                ..Default::default()
-            },
+            mode: Some(Mode::Lossy),
+            epsilon: Some(0.001),
+            moments: Some("p.{}:m.{}:v.{}".into()),
             ..Default::default()
         };
-        let back = decode(&owned(encode(&opts).unwrap())).unwrap();
-        assert_eq!(back.message, opts.message);
-        assert_eq!(back.branch, opts.branch);
-        assert_eq!(back.step, opts.step);
-        assert_eq!(back.metrics, opts.metrics);
-        assert_eq!(back.author, opts.author);
-        assert_eq!(back.lossy.mode, Some(CodecMode::Lossy));
-        assert_eq!(back.lossy.epsilon, Some(0.001));
-        assert_eq!(back.lossy.moments, opts.lossy.moments);
+        assert_eq!(decode(&owned(encode(&commit))).unwrap(), commit);
 
-        let trim = CommitOptions {
-            lossy: LossyRequest {
-                trim_bits: Some(7),
-                ..Default::default()
-            },
+        let trim = CommitParams {
+            mode: Some(Mode::Trim),
+            trim_bits: Some(7),
             ..Default::default()
         };
-        let back = decode(&owned(encode(&trim).unwrap())).unwrap();
-        assert_eq!(back.lossy.mode, Some(CodecMode::Trim));
-        assert_eq!(back.lossy.trim_bits, Some(7));
+        assert_eq!(decode(&owned(encode(&trim))).unwrap(), trim);
     }
 
     #[test]
@@ -221,13 +226,5 @@ mod tests {
             ("trim_bits".into(), "7".into()),
         ]);
         assert_eq!(both.unwrap_err().code, ErrorCode::BadParameter);
-        let eval = CommitOptions {
-            lossy: LossyRequest {
-                eval_cmd: Some("true".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        assert!(encode(&eval).is_err());
     }
 }

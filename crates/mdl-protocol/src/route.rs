@@ -7,13 +7,13 @@ pub const REPOS: &str = "/v1/repos";
 pub const REPO: &str = "/v1/repos/{repo}";
 
 /// `GET`: branches, tags and HEAD ([`crate::body::Refs`]); `POST`: a compare-and-swap of one
-/// ref (`mdl::transfer::RefUpdate`, answered by [`crate::body::RefMoved`]).
+/// ref ([`crate::transfer::RefUpdate`], answered by [`crate::body::RefMoved`]).
 pub const REFS: &str = "/refs";
 /// `GET ?rev=&limit=`: history ([`crate::body::LogQuery`]).
 pub const LOG: &str = "/log";
 /// `POST`: commit an uploaded checkpoint ([`crate::params`]).
 pub const COMMITS: &str = "/commits";
-/// `GET`: a commit and its tensors (`mdl::show::Shown`).
+/// `GET`: a commit and its tensors ([`crate::history::Shown`]).
 pub const COMMIT: &str = "/commits/{rev}";
 /// `GET`: a manifest.
 pub const MANIFEST: &str = "/manifests/{id}";
@@ -33,19 +33,19 @@ pub const OBJECTS_MISSING: &str = "/objects/missing";
 pub const OBJECTS_PLAN: &str = "/objects/plan";
 /// `POST`: a pack of the given ids ([`crate::body::Ids`]).
 pub const OBJECTS_FETCH: &str = "/objects/fetch";
-/// `POST`: bound the delta chains (`mdl::compact::CompactOptions`).
+/// `POST`: bound the delta chains ([`crate::outcome::CompactOptions`]).
 pub const COMPACT: &str = "/maintenance/compact";
 /// `POST`: garbage collection ([`crate::body::GcRequest`]).
 pub const GC: &str = "/maintenance/gc";
 
-/// `GET`: repository totals (`mdl::stats::Stats`).
+/// `GET`: repository totals ([`crate::outcome::Stats`]).
 pub const STATS: &str = "/stats";
-/// `GET ?a=&b=`: two revisions compared (`mdl::diff::Diff`, [`crate::body::DiffQuery`]).
+/// `GET ?a=&b=`: two revisions compared ([`crate::history::Diff`], [`crate::body::DiffQuery`]).
 pub const DIFF: &str = "/diff";
 /// `GET`: every setting as `[key, value, is_default]`; `POST`: one changed
 /// ([`crate::body::ConfigSet`]).
 pub const CONFIG: &str = "/config";
-/// `POST`: create or move a branch ([`crate::body::BranchRequest`] → `mdl::refs::BranchMove`).
+/// `POST`: create or move a branch ([`crate::body::BranchRequest`] → [`crate::history::BranchMove`]).
 pub const BRANCHES: &str = "/branches";
 /// `DELETE ?force=`: delete a branch ([`crate::body::DeleteBranch`] → [`crate::body::Deleted`]).
 pub const BRANCH: &str = "/branches/{name}";
@@ -56,12 +56,12 @@ pub const TAGS: &str = "/tags";
 /// `DELETE`: delete a tag (→ [`crate::body::Deleted`]).
 pub const TAG: &str = "/tags/{name}";
 /// `POST`: move the current branch to a revision ([`crate::body::ResetRequest`] →
-/// `mdl::refs::BranchMove`).
+/// [`crate::history::BranchMove`]).
 pub const RESET: &str = "/reset";
 /// `GET ?name=`: where a ref pointed, newest first ([`crate::body::ReflogQuery`] →
 /// [`crate::body::Reflog`]).
 pub const REFLOG: &str = "/reflog";
-/// `POST`: check the whole repository (`mdl::fsck::Report`).
+/// `POST`: check the whole repository ([`crate::outcome::FsckReport`]).
 pub const FSCK: &str = "/maintenance/fsck";
 
 /// The commit a checkpoint or tensor download comes from.

@@ -8,7 +8,7 @@ use mdl::transfer::{self, PlannedObject, Received, RefUpdate};
 use mdl::{Counting, ObjectId, Progress, Repository};
 use mdl_protocol::body::Refs;
 
-use crate::{Error, Remote, Result};
+use crate::{Error, Remote, Result, IDS_PER_REQUEST};
 
 /// What a transfer asks of the other repository. Each call stands alone, as each request to
 /// a server does: what one answered may have changed by the next.
@@ -47,32 +47,45 @@ impl Peer for Remote {
         Remote::url(self)
     }
     fn refs(&self) -> Result<Refs> {
-        Remote::refs(self)
+        Ok(Remote::refs(self)?)
     }
     fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>> {
-        Remote::plan(self, want, have)
+        Ok(Remote::plan(self, want, have)?)
     }
+    /// In requests of at most [`IDS_PER_REQUEST`] ids, in order, so bases still come first.
     fn fetch_objects(
         &self,
         repo: &Repository,
         ids: &[ObjectId],
         progress: &dyn Progress,
     ) -> Result<Received> {
-        Remote::fetch_objects(self, repo, ids, progress)
+        let mut total = Received::default();
+        for chunk in ids.chunks(IDS_PER_REQUEST) {
+            let mut reader = Counting::new(self.fetch_pack(chunk)?, progress);
+            let got = transfer::receive_pack(repo, &mut reader, u64::MAX)?.received;
+            total.objects += got.objects;
+            total.bytes += got.bytes;
+            total.expired += got.expired;
+            total.commits.extend(got.commits);
+        }
+        Ok(total)
     }
     fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
-        Remote::missing(self, ids)
+        Ok(Remote::missing(self, ids)?)
     }
+    /// One pack, built in a temporary file first.
     fn send_objects(
         &self,
         repo: &Repository,
         ids: &[ObjectId],
         progress: &dyn Progress,
     ) -> Result<Received> {
-        Remote::send_objects(self, repo, ids, progress)
+        let (file, len) = spool(repo, ids)?;
+        let mut counted = Counting::new(file, progress);
+        Ok(self.send_pack(&mut counted, len)?)
     }
     fn update_ref(&self, update: &RefUpdate) -> Result<()> {
-        Remote::update_ref(self, update)
+        Ok(Remote::update_ref(self, update)?)
     }
 }
 
@@ -93,6 +106,19 @@ impl<'a> Local<'a> {
     }
 }
 
+/// The pack of the records of `ids` from `repo`, in a temporary file: the file, open at its
+/// start, and its length.
+fn spool(repo: &Repository, ids: &[ObjectId]) -> Result<(std::fs::File, u64)> {
+    let pack = transfer::spool_pack(repo, ids)?;
+    let failed = |source| mdl::Error::Output {
+        path: pack.path().to_path_buf(),
+        source,
+    };
+    let file = pack.reopen().map_err(failed)?;
+    let len = file.metadata().map_err(failed)?.len();
+    Ok((file, len))
+}
+
 /// Copies the records of `ids` from `from` into `to` as one pack.
 fn copy(
     from: &Repository,
@@ -100,13 +126,9 @@ fn copy(
     ids: &[ObjectId],
     progress: &dyn Progress,
 ) -> Result<Received> {
-    let pack = transfer::spool_pack(from, ids)?;
-    let file = pack.reopen().map_err(|source| mdl::Error::Output {
-        path: pack.path().to_path_buf(),
-        source,
-    })?;
+    let (file, _) = spool(from, ids)?;
     let mut reader = std::io::BufReader::with_capacity(1 << 20, Counting::new(file, progress));
-    Ok(transfer::receive_pack(to, &mut reader, u64::MAX)?)
+    Ok(transfer::receive_pack(to, &mut reader, u64::MAX)?.received)
 }
 
 impl Peer for Local<'_> {
@@ -114,7 +136,7 @@ impl Peer for Local<'_> {
         &self.url
     }
     fn refs(&self) -> Result<Refs> {
-        Ok(Refs::of(self.repo)?)
+        Ok(mdl::refs::listed(self.repo)?)
     }
     fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>> {
         for id in want {

@@ -80,7 +80,7 @@ pub fn push(
         }
         Err(e) if code(&e) == Some(ErrorCode::NotFastForward) => {
             let why = match e {
-                Error::Server { message, .. } => message,
+                Error::Client(mdl_client::Error::Server { message, .. }) => message,
                 other => other.to_string(),
             };
             return Err(Error::Rejected(format!("push of {branch} rejected: {why}")));
@@ -109,7 +109,7 @@ pub fn push(
 /// the same failure of a repository opened here.
 fn code(e: &Error) -> Option<ErrorCode> {
     match e {
-        Error::Server { code, .. } | Error::Peer { code, .. } => *code,
+        Error::Client(mdl_client::Error::Server { code, .. }) | Error::Peer { code, .. } => *code,
         Error::Local(mdl::Error::Incomplete(_)) => Some(ErrorCode::Incomplete),
         Error::Local(mdl::Error::NotFastForward { .. }) => Some(ErrorCode::NotFastForward),
         Error::Local(mdl::Error::Store(mdl::StoreError::RefConflict { .. })) => {

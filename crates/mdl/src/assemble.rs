@@ -99,7 +99,13 @@ pub fn assemble(
     w.commit_txn()?;
     tracing::info!(%id, parts = parts.len(), "assembled");
 
-    Ok(CommitOutcome::new(id, branch, &commit.stats, started, None))
+    Ok(crate::commit::outcome(
+        id,
+        branch,
+        &commit.stats,
+        started,
+        None,
+    ))
 }
 
 /// Each tensor of `manifest`, in order, as `(file path, name)`.

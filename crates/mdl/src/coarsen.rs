@@ -28,7 +28,8 @@ use mdl_format::record::{self, Coarsened};
 use mdl_format::{ObjectId, TensorHasher, TensorHeader};
 use mdl_store::meta::MetaRead;
 use mdl_store::{IndexEntry, Placement};
-use serde::{Deserialize, Serialize};
+
+pub use mdl_protocol::outcome::Coarsening;
 
 use crate::history::{self, CountSetting};
 use crate::lossy::sparse::{self, Sparsify};
@@ -43,17 +44,6 @@ pub const COARSEN_AFTER_KEY: &str = "retention.coarsen_after";
 /// is zero elsewhere; its `exp_avg_sq`, which the next commit's residuals build on, is kept
 /// as committed, so Adam keeps an estimate of `v` wherever `m` was dropped.
 pub const KEEP_ABOVE_MEAN: f64 = 2.0;
-
-/// What a coarsening pass did (or, dry, would do).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Coarsening {
-    /// Moment tensors re-encoded.
-    pub tensors: u64,
-    /// Their records' bytes before.
-    pub bytes_before: u64,
-    /// Their records' bytes after (0 in a dry run).
-    pub bytes_after: u64,
-}
 
 /// `retention.coarsen_after`: commits this many steps behind every tip are coarsened.
 pub(crate) const COARSEN_AFTER: CountSetting = CountSetting {

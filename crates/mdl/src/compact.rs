@@ -16,48 +16,12 @@ use std::collections::{HashMap, HashSet};
 
 use mdl_format::{ObjectId, ObjectKind, Ref};
 use mdl_store::IndexEntry;
-use serde::{Deserialize, Serialize};
+
+pub use mdl_protocol::outcome::{CompactOptions, CompactOutcome};
 
 use crate::policy::DeltaPolicy;
 use crate::rewrite::reencode_group;
 use crate::{Progress, Repository, Result};
-
-/// Options of a compaction.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct CompactOptions {
-    /// Longest chain allowed afterwards (default: `delta.max_depth`).
-    pub max_depth: Option<u32>,
-    /// Plan and report, change nothing.
-    #[serde(default)]
-    pub dry_run: bool,
-}
-
-/// What a compaction did (or, with `dry_run`, would do).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct CompactOutcome {
-    /// The cap applied.
-    pub max_depth: u32,
-    /// Nothing was changed.
-    pub dry_run: bool,
-    /// Tensors given self-contained records.
-    pub reencoded: u64,
-    /// Stored bytes of all tensor records before.
-    pub bytes_before: u64,
-    /// After (estimated with `dry_run`: a new base is assumed to cost what its chain's base
-    /// costs).
-    pub bytes_after: u64,
-    /// Longest chain (decode steps) before.
-    pub longest_before: u32,
-    /// After.
-    pub longest_after: u32,
-    /// Mean chain depth over the tensors of branch tips, before.
-    pub tip_depth_before: f64,
-    /// After.
-    pub tip_depth_after: f64,
-    /// Tensors a concurrent change re-encoded or removed before compaction reached them
-    /// (left as they were).
-    pub skipped: u64,
-}
 
 /// How much more a decode step of a branch tip's tensor counts than one of an older tensor.
 const TIP_WEIGHT: u64 = 4;

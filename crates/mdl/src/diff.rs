@@ -3,78 +3,11 @@
 use std::collections::HashSet;
 
 use mdl_format::{Dtype, Entry, ObjectId};
-use serde::{Deserialize, Serialize};
+
+pub use mdl_protocol::history::{Change, Diff, FileChange, FileDiff, TensorDiff};
 
 use crate::previous::Previous;
 use crate::{revision, Repository, Result};
-
-/// How a tensor differs.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Change {
-    /// Same object in both.
-    Unchanged,
-    /// Different bytes; for floats of equal dtype and shape, `‖b − a‖ / ‖a‖`.
-    Changed {
-        /// Relative L2 norm of the change (`null` for non-float or reshaped tensors).
-        rel_l2: Option<f64>,
-        /// dtype or shape differs.
-        reshaped: bool,
-    },
-    /// Only in B.
-    Added,
-    /// Only in A.
-    Removed,
-}
-
-/// One tensor's line of a diff.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct TensorDiff {
-    /// The file it is in (in B for an added tensor, else in A).
-    pub file: String,
-    /// Tensor name.
-    pub name: String,
-    /// What happened to it.
-    #[serde(flatten)]
-    pub change: Change,
-}
-
-/// What happened to a file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FileChange {
-    /// The same bytes in both.
-    Unchanged,
-    /// Different bytes.
-    Changed,
-    /// Only in B.
-    Added,
-    /// Only in A.
-    Removed,
-}
-
-/// One file's line of a diff.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct FileDiff {
-    /// Its path.
-    pub path: String,
-    /// What happened to it.
-    pub change: FileChange,
-    /// Its size in A (absent when added).
-    pub bytes_a: Option<u64>,
-    /// Its size in B (absent when removed).
-    pub bytes_b: Option<u64>,
-}
-
-/// Two commits compared file by file and tensor by tensor.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Diff {
-    /// Every file of either tree, in path order.
-    pub files: Vec<FileDiff>,
-    /// Every tensor of A in tree order, then B's new ones. A tensor is matched by file and
-    /// name, or by name alone where B has it once (a re-sharded checkpoint).
-    pub tensors: Vec<TensorDiff>,
-}
 
 /// Compares the checkpoints of revisions `a` and `b`.
 pub fn diff(repo: &Repository, a: &str, b: &str) -> Result<Diff> {

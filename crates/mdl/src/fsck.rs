@@ -1,48 +1,16 @@
 //! `mdl fsck`: decode and re-hash every object and check every reference.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use mdl_format::{ObjectId, ObjectKind, Ref, Region};
 use mdl_store::{IndexEntry, OpenOptions, RefValue, StoreError, MDL_DIR};
-use serde::{Deserialize, Serialize};
+
+pub use mdl_protocol::outcome::FsckReport;
 
 use crate::{Error, Repository, Result};
 
 pub use mdl_store::rebuild::Rebuilt;
-
-/// What fsck found.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Report {
-    /// Objects decoded and verified.
-    pub objects_checked: u64,
-    /// Commits reachable from refs.
-    pub commits_reachable: u64,
-    /// Problems: anything here means the repository is damaged.
-    pub problems: Vec<String>,
-    /// Record files no index entry names (left by interrupted commits; harmless, `gc` removes).
-    pub unindexed_records: u64,
-    /// Temporary files left by interrupted writes (harmless).
-    pub temp_files: Vec<PathBuf>,
-    /// Tensors that reachable commits name and a retention rule deleted on purpose (expected,
-    /// not problems).
-    pub expired: u64,
-    /// Longest delta chain (decode steps).
-    pub longest_chain: u32,
-    /// Leftover files `--repair` removed.
-    pub repaired: Vec<PathBuf>,
-    /// `meta.redb` failed redb's integrity check (`--repair` rebuilds it).
-    pub database_damaged: bool,
-    /// The journal disagreed with `meta.redb` (`--repair` rewrites it from the database).
-    pub journal_differs: bool,
-}
-
-impl Report {
-    /// Whether the repository is sound.
-    pub fn ok(&self) -> bool {
-        self.problems.is_empty()
-    }
-}
 
 /// Checks `meta.redb` itself: redb's integrity check on a copy of the file, and that the
 /// journal (what a rebuild would restore refs, reflogs, configuration and expiry from) agrees
@@ -52,7 +20,7 @@ impl Report {
 /// database open for writing is not in its closed state on disk (redb records its allocator
 /// state when it closes), so a copy of it would not check clean. [`repair`] checks before it
 /// opens for writing.
-fn check_database(repo: &Repository, repair: bool, report: &mut Report) -> Result<()> {
+fn check_database(repo: &Repository, repair: bool, report: &mut FsckReport) -> Result<()> {
     let dir = repo.store().dir();
     let damage = if repo.store().writable() {
         None
@@ -102,7 +70,7 @@ fn check_database(repo: &Repository, repair: bool, report: &mut Report) -> Resul
 /// damaged it is rebuilt from the object records and the journal first; then the repository is
 /// checked and leftovers removed ([`fsck`] with `repair`). Returns what the rebuild did, if one
 /// ran, and the report.
-pub fn repair(dir: &Path, opts: &OpenOptions) -> Result<(Option<Rebuilt>, Report)> {
+pub fn repair(dir: &Path, opts: &OpenOptions) -> Result<(Option<Rebuilt>, FsckReport)> {
     let rebuild = |root: &Path| -> Result<Rebuilt> {
         Ok(mdl_store::rebuild::rebuild(&root.join(MDL_DIR), opts.wait)?)
     };
@@ -117,7 +85,7 @@ pub fn repair(dir: &Path, opts: &OpenOptions) -> Result<(Option<Rebuilt>, Report
         Err(Error::Store(StoreError::Damaged(_))) => true,
         Err(e) => return Err(e),
         Ok(repo) => {
-            let mut report = Report::default();
+            let mut report = FsckReport::default();
             check_database(&repo, false, &mut report)?;
             report.database_damaged
         }
@@ -129,7 +97,7 @@ pub fn repair(dir: &Path, opts: &OpenOptions) -> Result<(Option<Rebuilt>, Report
 
 /// Checks the whole repository; with `repair`, also removes leftovers of interrupted writes
 /// (temporaries, unindexed record files, abandoned uploads) — never anything the index names.
-pub fn fsck(repo: &Repository, repair: bool) -> Result<Report> {
+pub fn fsck(repo: &Repository, repair: bool) -> Result<FsckReport> {
     fsck_with(repo, repair, &crate::NoProgress)
 }
 
@@ -138,9 +106,9 @@ pub fn fsck_with(
     repo: &Repository,
     repair: bool,
     progress: &dyn crate::Progress,
-) -> Result<Report> {
+) -> Result<FsckReport> {
     let store = repo.store();
-    let mut report = Report::default();
+    let mut report = FsckReport::default();
     check_database(repo, repair, &mut report)?;
     if report.database_damaged {
         return Ok(report);

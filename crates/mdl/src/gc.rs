@@ -24,9 +24,10 @@ use std::time::{Duration, SystemTime};
 use mdl_format::{FileFormat, Manifest, ObjectId, ObjectKind, Timestamp};
 use mdl_store::meta::MetaRead;
 use mdl_store::{Expired, IndexEntry, Store};
-use serde::{Deserialize, Serialize};
 
-use crate::coarsen::{coarsen, Coarsening, COARSEN_AFTER};
+pub use mdl_protocol::outcome::GcOutcome;
+
+use crate::coarsen::{coarsen, COARSEN_AFTER};
 use crate::history::CountSetting;
 use crate::lossy::{LossyRequest, LossySettings, Pairing};
 use crate::rewrite::reencode_group;
@@ -80,37 +81,6 @@ impl GcOptions {
             count_leftovers: true,
         })
     }
-}
-
-/// What a gc removed (or, with `dry_run`, would remove).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct GcOutcome {
-    /// Nothing was changed.
-    pub dry_run: bool,
-    /// Unreachable commits deleted.
-    pub commits: u64,
-    /// Unreachable manifests deleted.
-    pub manifests: u64,
-    /// Unreachable tensors deleted.
-    pub tensors: u64,
-    /// Tensors deleted by retention (recorded as expired).
-    pub expired: u64,
-    /// Commits thinned by retention in this run.
-    pub thinned_commits: u64,
-    /// Kept tensors re-encoded because their delta base was deleted.
-    pub reencoded: u64,
-    /// Unreachable objects kept because they are younger than the grace period, or because a
-    /// commit that young names them.
-    pub kept_young: u64,
-    /// Reflog entries deleted.
-    pub reflog_expired: u64,
-    /// Leftover files removed: unindexed records, temporaries, abandoned uploads.
-    pub leftover_files: u64,
-    /// Bytes freed on disk (records and leftovers).
-    pub bytes_freed: u64,
-    /// Moments of commits behind the tips re-encoded more coarsely (`retention.coarsen_after`).
-    #[serde(default)]
-    pub coarsened: Coarsening,
 }
 
 /// `retention.keep_last`: how many commits of each branch keep their moments.

@@ -20,6 +20,7 @@ pub mod background;
 mod cache;
 pub mod checkout;
 pub mod coarsen;
+mod code;
 pub mod commit;
 pub mod compact;
 pub mod config;
@@ -50,8 +51,10 @@ pub mod transfer;
 pub mod warm;
 
 pub use cache::user_cache_dir;
+pub use code::store_code;
 pub use error::{not_safetensors, Error};
 pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp, V1_FILE_PATH};
+pub use mdl_protocol::ErrorCode;
 pub use mdl_store::fs::FaultyFs;
 pub use mdl_store::{budget, source};
 pub use mdl_store::{IndexEntry, LockMode, RefValue, Storage, StoreError, MDL_DIR};

@@ -1,64 +1,10 @@
 //! `mdl log`: history, newest first.
 
-use mdl_format::{ObjectId, Ref, Timestamp};
-use serde::{Deserialize, Serialize};
+use mdl_format::{ObjectId, Ref};
+
+pub use mdl_protocol::history::{LogEntry, Metrics};
 
 use crate::{history, revision, Repository, Result};
-
-/// One commit as `mdl log` shows it (and its stable `--json` form).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct LogEntry {
-    /// Commit id.
-    pub id: ObjectId,
-    /// Parent ids.
-    pub parents: Vec<ObjectId>,
-    /// Commit time, RFC 3339 UTC.
-    pub time: String,
-    /// Author.
-    pub author: String,
-    /// Message.
-    pub message: String,
-    /// Training step.
-    pub step: Option<u64>,
-    /// Metrics, as a name → value object.
-    pub metrics: Metrics,
-    /// Checkpoint size.
-    pub raw_bytes: u64,
-    /// Bytes this commit added to the store.
-    pub stored_bytes: u64,
-    /// Tensors stored lossily (0 for a lossless commit).
-    pub lossy_tensors: u32,
-    /// Branches and tags pointing here.
-    pub refs: Vec<String>,
-    /// Tensors a retention rule expired (a thinned commit when non-zero).
-    #[serde(default)]
-    pub expired_tensors: u32,
-    #[serde(skip)]
-    /// Commit time (from `time` when read back from JSON).
-    pub timestamp: Timestamp,
-}
-
-/// Metrics as an ordered list, serialised as a JSON object `{name: value}`.
-#[derive(Clone, Debug, Default)]
-pub struct Metrics(pub Vec<(String, f64)>);
-
-impl<'de> Deserialize<'de> for Metrics {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let map = <std::collections::BTreeMap<String, f64>>::deserialize(d)?;
-        Ok(Metrics(map.into_iter().collect()))
-    }
-}
-
-impl Serialize for Metrics {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut m = s.serialize_map(Some(self.0.len()))?;
-        for (k, v) in &self.0 {
-            m.serialize_entry(k, v)?;
-        }
-        m.end()
-    }
-}
 
 /// History from `rev` (HEAD when `None`), at most `limit` commits.
 pub fn log(repo: &Repository, rev: Option<&str>, limit: Option<usize>) -> Result<Vec<LogEntry>> {
@@ -271,7 +217,7 @@ mod tests {
                 lossy_tensors: 0,
                 refs: Vec::new(),
                 expired_tensors: 0,
-                timestamp: Timestamp(0),
+                timestamp: mdl_format::Timestamp(0),
             })
             .collect();
         let mut out = String::new();

@@ -5,6 +5,9 @@ use mdl_store::meta::HEAD;
 use mdl_store::RefValue;
 use serde::{Deserialize, Serialize};
 
+pub use mdl_protocol::body::{ListedRef, Refs};
+pub use mdl_protocol::history::{BranchMove, ReflogLine};
+
 use crate::{revision, Error, Repository, Result};
 
 /// A branch or tag as listed.
@@ -64,6 +67,37 @@ pub fn all(repo: &Repository) -> Result<Vec<(String, RefValue)>> {
     Ok(out)
 }
 
+/// Every branch and tag as a server lists them, and the branch HEAD points at.
+pub fn listed(repo: &Repository) -> Result<Refs> {
+    let head = repo
+        .head_branch()
+        .ok()
+        .and_then(|h| h.strip_prefix(Ref::BRANCHES).map(str::to_string));
+    let mut refs = Vec::new();
+    for (name, value) in all(repo)? {
+        let Some(target) = value.target() else {
+            continue;
+        };
+        let (tagger, time_ms, message) = match value {
+            RefValue::Annotated {
+                tagger,
+                time,
+                message,
+                ..
+            } => (Some(tagger), Some(time.0), Some(message)),
+            _ => (None, None, None),
+        };
+        refs.push(ListedRef {
+            name,
+            target,
+            tagger,
+            time_ms,
+            message,
+        });
+    }
+    Ok(Refs { head, refs })
+}
+
 /// Every ref whose full name starts with `prefix`, with its value.
 pub fn all_with_prefix(repo: &Repository, prefix: &str) -> Result<Vec<(String, RefValue)>> {
     Ok(repo.store().meta().read()?.refs(prefix)?)
@@ -112,17 +146,6 @@ pub fn create_branch(repo: &Repository, name: &str, rev: Option<&str>) -> Result
         &format!("branch: created from {}", rev.unwrap_or("HEAD")),
     )?;
     Ok(target)
-}
-
-/// Where a branch was moved ([`reset`], [`force_branch`]).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BranchMove {
-    /// The branch's short name.
-    pub branch: String,
-    /// Where it was (`None`: it did not exist, or had no commits yet).
-    pub from: Option<ObjectId>,
-    /// Where it is now.
-    pub to: ObjectId,
 }
 
 /// Moves HEAD's branch to `rev`, wherever that is (an ancestor, another branch's commit): the
@@ -236,19 +259,6 @@ pub fn delete_branch(repo: &Repository, name: &str, force: bool) -> Result<Objec
         }
     }
     delete(repo, &r)
-}
-
-/// One entry of a ref's reflog, as [`reflog`] lists it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ReflogLine {
-    /// Where the ref pointed before (`None`: it was created).
-    pub old: Option<ObjectId>,
-    /// Where it pointed after (`None`: it was deleted).
-    pub new: Option<ObjectId>,
-    /// When, in milliseconds since the Unix epoch.
-    pub time_ms: i64,
-    /// What moved it (`commit: step 1200`, `reset: moving to main~2`, `deleted`).
-    pub message: String,
 }
 
 /// Where ref `name` pointed, newest first: HEAD's branch when `None`; a short name is looked

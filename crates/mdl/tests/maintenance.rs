@@ -139,7 +139,7 @@ fn depths(repo: &Repository) -> Vec<u32> {
         .collect()
 }
 
-fn assert_sound(repo: &Repository) -> mdl::fsck::Report {
+fn assert_sound(repo: &Repository) -> mdl::fsck::FsckReport {
     let report = mdl::fsck::fsck(repo, false).unwrap();
     assert!(report.ok(), "{:?}", report.problems);
     report

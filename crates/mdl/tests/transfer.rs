@@ -85,7 +85,9 @@ fn a_pack_copies_history_exactly() {
     assert!(depth > 0, "the series should contain deltas");
 
     let dst = Repository::init(&dir.path().join("dst")).unwrap();
-    let got = transfer::receive_pack(&dst, &mut &pack(&src, tip)[..], u64::MAX).unwrap();
+    let got = transfer::receive_pack(&dst, &mut &pack(&src, tip)[..], u64::MAX)
+        .unwrap()
+        .received;
     assert_eq!(got.commits.len(), 4);
     set_ref(&dst, "refs/heads/main", None, tip, false).unwrap();
     for (i, id) in ids.iter().enumerate() {

@@ -3,8 +3,7 @@
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use mdl_format::ObjectId;
-use serde::{Deserialize, Serialize};
+pub use mdl_protocol::outcome::CheckoutOutcome;
 
 use crate::{per_tensor, Error, Progress, Repository, Result};
 use writes::Writes;
@@ -34,31 +33,6 @@ pub struct CheckoutOptions {
 
 /// Files a checkout holds open at once.
 const OPEN_FILES: usize = 256;
-
-/// What a checkout wrote.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct CheckoutOutcome {
-    /// The commit written.
-    pub id: ObjectId,
-    /// The output file or folder.
-    pub path: PathBuf,
-    /// Bytes written.
-    pub bytes: u64,
-    /// Files written.
-    #[serde(default = "one")]
-    pub files: u32,
-    /// Whether some tensors are lossy reconstructions (written in their original dtypes).
-    pub lossy: bool,
-    /// How many.
-    pub lossy_tensors: u32,
-    /// What retention expired and was left out (`skip_expired`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub skipped: Vec<String>,
-}
-
-fn one() -> u32 {
-    1
-}
 
 /// Writes the files of `rev` to `out`. A commit of one file (or `path` naming one file) is
 /// written to `out` itself, or into `out` when that is a folder or ends in `/`; a tree is

@@ -19,7 +19,8 @@ use mdl_format::{
 };
 use mdl_store::meta::{MetaRead, MetaWrite};
 use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue, Store};
-use serde::{Deserialize, Serialize};
+
+pub use mdl_protocol::outcome::CommitOutcome;
 
 pub use crate::history::replay;
 pub use crate::input::{tree_files, MemoryFile, OnDevice, SourceFile};
@@ -40,6 +41,7 @@ mod content;
 mod deferred;
 mod eval;
 mod large;
+mod params;
 mod spare;
 mod staged;
 mod store;
@@ -77,33 +79,6 @@ pub struct CommitOptions {
     /// What a process committing repeatedly keeps of its last commit: the parent's tensors are
     /// taken from here instead of being decoded again, and this commit's are kept for the next.
     pub warm: Option<Arc<WarmTensors>>,
-}
-
-/// What a commit did.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct CommitOutcome {
-    /// The new commit.
-    pub id: ObjectId,
-    /// The branch it is on (short name).
-    pub branch: String,
-    /// Size of the committed files.
-    pub raw_bytes: u64,
-    /// Bytes of records added to the store.
-    pub stored_bytes: u64,
-    /// `raw_bytes / stored_bytes` (infinite when nothing new was stored; JSON null then).
-    #[serde(deserialize_with = "null_is_infinite")]
-    pub ratio: f64,
-    /// Wall time.
-    pub seconds: f64,
-    /// Tensors in the checkpoint.
-    pub tensors: u32,
-    /// Tensors not already stored.
-    pub new_tensors: u32,
-    /// Tensors stored lossily.
-    pub lossy_tensors: u32,
-    /// The configuration search, for a lossy commit.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub search: Option<SearchSummary>,
 }
 
 /// Commits the file or directory at `path` (see [`commit_paths`]).
@@ -384,36 +359,28 @@ fn commit_input(
     }
     tracing::info!(%id, stored_bytes, new_tensors, "committed");
 
-    Ok(CommitOutcome::new(
-        id,
-        branch,
-        &commit.stats,
-        started,
-        search,
-    ))
+    Ok(outcome(id, branch, &commit.stats, started, search))
 }
 
-impl CommitOutcome {
-    /// The outcome of commit `id` on `branch` with `stats`, started at `started`.
-    pub(crate) fn new(
-        id: ObjectId,
-        branch: String,
-        stats: &CommitStats,
-        started: Instant,
-        search: Option<SearchSummary>,
-    ) -> CommitOutcome {
-        CommitOutcome {
-            id,
-            branch,
-            raw_bytes: stats.raw_bytes,
-            stored_bytes: stats.stored_bytes,
-            ratio: stats.raw_bytes as f64 / stats.stored_bytes.max(1) as f64,
-            seconds: started.elapsed().as_secs_f64(),
-            tensors: stats.tensors,
-            new_tensors: stats.new_tensors,
-            lossy_tensors: stats.lossy_tensors,
-            search,
-        }
+/// The outcome of commit `id` on `branch` with `stats`, started at `started`.
+pub(crate) fn outcome(
+    id: ObjectId,
+    branch: String,
+    stats: &CommitStats,
+    started: Instant,
+    search: Option<SearchSummary>,
+) -> CommitOutcome {
+    CommitOutcome {
+        id,
+        branch,
+        raw_bytes: stats.raw_bytes,
+        stored_bytes: stats.stored_bytes,
+        ratio: stats.raw_bytes as f64 / stats.stored_bytes.max(1) as f64,
+        seconds: started.elapsed().as_secs_f64(),
+        tensors: stats.tensors,
+        new_tensors: stats.new_tensors,
+        lossy_tensors: stats.lossy_tensors,
+        search,
     }
 }
 
@@ -641,9 +608,4 @@ pub(crate) fn check_metrics(metrics: &[(String, f64)]) -> Result<Vec<(String, f6
         return Err(Error::InvalidMetric(k.clone()));
     }
     Ok(out)
-}
-
-/// Reads a ratio that JSON wrote as null (serde_json writes non-finite numbers so).
-fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
-    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
 }

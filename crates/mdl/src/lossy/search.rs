@@ -8,7 +8,8 @@ use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::quant::{self, Correction, Domain, Estimate, Fit, Prepared, QuantConfig};
 use mdl_codec::{residual, scalar};
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
+
+pub use mdl_protocol::outcome::SearchSummary;
 
 use super::quantize::{Reference, Residual, TensorPlan};
 use super::{sparse, LossySettings, Role, Sparsify};
@@ -41,30 +42,6 @@ const RESIDUAL_STEPS: &[i32] = &[-10, -9, -8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 
 /// Uniform quantization steps tried (no reference), as powers of √2 times the tensor's RMS:
 /// relative errors from about 10 % down to 0.03 %.
 const UNIFORM_STEPS: &[i32] = &[-24, -22, -20, -18, -16, -14, -12, -10, -8, -6, -4];
-
-/// The outcome of the configuration search for one checkpoint.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct SearchSummary {
-    /// Loss budget per family (`ε × loss` or `ε`).
-    pub budget: f64,
-    /// The loss the budget is relative to, when known.
-    pub loss: Option<f64>,
-    /// Estimated loss change of the chosen configurations, per family, summed.
-    pub est_delta_loss: f64,
-    /// Configurations scored.
-    pub scored: usize,
-    /// Tensors searched from the whole grid (a branch's first lossy commit) or from the
-    /// previous configuration's neighbourhood.
-    pub guided: usize,
-    /// Tensors searched in a neighbourhood.
-    pub neighbourhood: usize,
-    /// Quantized tensors.
-    pub quantized: usize,
-    /// Parameters kept lossless because no configuration fitted the budget.
-    pub kept_exact: usize,
-    /// Candidate checkpoints scored by `--eval-cmd`.
-    pub evaluations: usize,
-}
 
 /// The data a plan is made from.
 pub(crate) struct PlanInput<'a> {

@@ -13,30 +13,18 @@ use std::collections::{HashMap, HashSet};
 use mdl_format::{ObjectId, ObjectKind, Ref, RefName};
 use mdl_store::meta::MetaRead;
 use mdl_store::{CommitSummary, IndexEntry, RefValue, StoreError};
-use serde::{Deserialize, Serialize};
+
+pub use mdl_protocol::transfer::{PlannedObject, Received, RefUpdate};
 
 use crate::{history, Error, Repository, Result};
 
 mod pack;
 mod toc;
-pub use pack::{receive_indexed, receive_pack, write_pack, PackWriter, Received};
+pub use pack::{receive_indexed, receive_pack, write_pack, PackWriter, Receipt};
 pub use toc::{encode_toc, read_toc, Frame, FrameRecord, Toc, TOC_FOOTER};
 
 /// First bytes of a pack stream.
 pub const PACK_MAGIC: &[u8; 8] = b"MDLPACK1";
-
-/// One object a transfer sends.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct PlannedObject {
-    /// The object.
-    pub id: ObjectId,
-    /// Bytes of its record (0 for an expired tensor).
-    pub size: u64,
-    /// A tensor a retention rule deleted: only the fact travels, so the receiver knows it
-    /// expired rather than went missing.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub expired: bool,
-}
 
 /// Whether the repository has `id`, as an object or as a record of its expiry.
 fn has_object(meta: &MetaRead, id: &ObjectId) -> Result<bool> {
@@ -240,21 +228,6 @@ fn check_complete(
         }
     }
     Ok(())
-}
-
-/// A ref change requested by another repository: `name` (`refs/heads/…` or `refs/tags/…`)
-/// from `old` (`None`: must not exist) to `new` (`None`: delete).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RefUpdate {
-    /// Full ref name.
-    pub name: String,
-    /// The value the sender last saw.
-    pub old: Option<ObjectId>,
-    /// The new value.
-    pub new: Option<ObjectId>,
-    /// Allow a branch to move to a commit that does not descend from `old`.
-    #[serde(default)]
-    pub force: bool,
 }
 
 /// Validates a full ref name that another repository may change: `refs/heads/NAME` or

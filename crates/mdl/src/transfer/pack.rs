@@ -10,9 +10,9 @@ use mdl_codec::CodecTag;
 use mdl_format::{Commit, Manifest, ObjectId, ObjectKind, Timestamp};
 use mdl_store::meta::MetaWrite;
 use mdl_store::{CommitSummary, Expired, IndexEntry, StoreError};
-use serde::{Deserialize, Serialize};
 
 use super::toc::{Frame, FrameRecord};
+use super::Received;
 use super::PACK_MAGIC;
 use crate::{per_tensor, Error, Repository, Result};
 
@@ -196,22 +196,14 @@ fn read_expired(r: &mut dyn Read, id: &ObjectId) -> Result<(Expired, u64)> {
     Ok((expired, fixed.len() as u64 + n as u64))
 }
 
-/// What a received pack added.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Received {
-    /// Objects stored (objects already present are skipped).
-    pub objects: u64,
-    /// Record bytes stored.
-    pub bytes: u64,
-    /// Commits among them.
-    pub commits: Vec<ObjectId>,
-    /// Tensors recorded as expired (thinned commits' deleted optimizer state).
-    #[serde(default)]
-    pub expired: u64,
-    /// Every frame of the pack, its objects stored now or already present (not sent over
-    /// HTTP): what a repository in object storage knows its bucket holds once the pack is
-    /// applied, and where.
-    #[serde(skip)]
+/// What receiving a pack did: what it added ([`Received`], what the sender is told), and every
+/// frame of the pack, its objects stored now or already present (not sent over HTTP): what a
+/// repository in object storage knows its bucket holds once the pack is applied, and where.
+#[derive(Clone, Debug, Default)]
+pub struct Receipt {
+    /// What the pack added.
+    pub received: Received,
+    /// Its frames.
     pub frames: Vec<Frame>,
 }
 
@@ -224,7 +216,7 @@ fn bad_pack(why: impl Into<String>) -> Error {
 /// the content re-hashed against its id), and that every commit's manifest, tensors and
 /// parents are present. Records longer than `max_record` are refused.
 #[tracing::instrument(name = "transfer.receive_pack", skip_all)]
-pub fn receive_pack(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Received> {
+pub fn receive_pack(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Receipt> {
     // A record or object that fails verification is the sender's fault, not damage here.
     receive(repo, r, max_record).map_err(|e| match e {
         Error::Store(StoreError::Corrupt { .. }) | Error::Corrupt { .. } => {
@@ -241,7 +233,7 @@ pub fn receive_pack(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Res
 /// bodies `tail` holds in the table's order — is received as [`receive_pack`] receives it,
 /// every check included. Only for a store with a source ([`mdl_store::Store::fetches_records`]).
 #[tracing::instrument(name = "transfer.receive_indexed", skip_all, fields(frames = frames.len()))]
-pub fn receive_indexed(repo: &Repository, frames: &[Frame], tail: &[Vec<u8>]) -> Result<Received> {
+pub fn receive_indexed(repo: &Repository, frames: &[Frame], tail: &[Vec<u8>]) -> Result<Receipt> {
     let store = repo.store();
     if !store.fetches_records() {
         return Err(bad_pack(
@@ -314,23 +306,26 @@ pub fn receive_indexed(repo: &Repository, frames: &[Frame], tail: &[Vec<u8>]) ->
         stream.extend_from_slice(body);
     }
     stream.extend_from_slice(&[0u8; 40]);
-    let got = receive_pack(repo, &mut stream.as_slice(), u64::MAX)?;
+    let got = receive_pack(repo, &mut stream.as_slice(), u64::MAX)?.received;
     received.objects += got.objects;
     received.bytes += got.bytes;
     received.commits = got.commits;
     received.expired = got.expired;
-    received.frames = frames.to_vec();
-    Ok(received)
+    Ok(Receipt {
+        received,
+        frames: frames.to_vec(),
+    })
 }
 
-fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Received> {
+fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Receipt> {
     let store = repo.store();
     let mut magic = [0u8; 8];
     read_exact(r, &mut magic)?;
     if &magic != PACK_MAGIC {
         return Err(bad_pack("not an mdl pack stream"));
     }
-    let mut received = Received::default();
+    let mut receipt = Receipt::default();
+    let Receipt { received, frames } = &mut receipt;
     // Bytes read so far, and what the tensors among them decode to (their claims, checked
     // against their headers before anything is decoded).
     let mut read_bytes = PACK_MAGIC.len() as u64;
@@ -356,7 +351,7 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
         }
         if len == EXPIRED_FRAME {
             let (x, n) = read_expired(r, &id)?;
-            received.frames.push(Frame {
+            frames.push(Frame {
                 id,
                 offset: read_bytes,
                 len: n,
@@ -385,7 +380,7 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
             .map(|at| mdl_format::record::Trailer::decode(&record[at..]))
             .ok_or_else(|| bad_pack(format!("record of {id} is too short")))?
             .map_err(corrupt)?;
-        received.frames.push(Frame {
+        frames.push(Frame {
             id,
             offset: read_bytes,
             len,
@@ -454,7 +449,7 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
         bytes = received.bytes,
         "received"
     );
-    Ok(received)
+    Ok(receipt)
 }
 
 /// Reads a frame's record of `len` bytes, holding memory only for bytes that arrive (a

@@ -1,17 +1,19 @@
 //! [`Remote`]: one repository on a server, spoken to through the `/v1` API.
 
+use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use mdl::checkout::target;
-use mdl::log::LogEntry;
-use mdl::show::Shown;
-use mdl::transfer::{self, PlannedObject, Received, RefUpdate};
-use mdl::{ObjectId, Repository};
+use mdl_format::ObjectId;
 use mdl_protocol::body::{self, Refs};
-use mdl_protocol::{params, route};
+use mdl_protocol::history::{BranchMove, Diff, LogEntry, Shown};
+use mdl_protocol::outcome::{CommitOutcome, CompactOptions, CompactOutcome, FsckReport, Stats};
+use mdl_protocol::params::{self, CommitParams};
+use mdl_protocol::route;
+use mdl_protocol::transfer::{PlannedObject, Received, RefUpdate};
 
-use crate::{tree, Error, Result};
+use crate::tree::{self, TreeFile};
+use crate::{Error, Result};
 
 /// Most object ids one request carries (the server takes JSON bodies of up to 8 MiB).
 pub const IDS_PER_REQUEST: usize = 100_000;
@@ -65,7 +67,7 @@ impl Remote {
         self.url.rsplit('/').next().unwrap_or_default()
     }
 
-    fn transport(&self, e: ureq::Error) -> Error {
+    fn transport(&self, e: impl std::fmt::Display) -> Error {
         Error::Transport {
             url: self.url.clone(),
             why: e.to_string(),
@@ -133,12 +135,8 @@ impl Remote {
     }
 
     /// Runs `mdl compact` on the server (`POST /maintenance/compact`).
-    pub fn compact(
-        &self,
-        max_depth: Option<u32>,
-        dry_run: bool,
-    ) -> Result<mdl::compact::CompactOutcome> {
-        let opts = mdl::compact::CompactOptions { max_depth, dry_run };
+    pub fn compact(&self, max_depth: Option<u32>, dry_run: bool) -> Result<CompactOutcome> {
+        let opts = CompactOptions { max_depth, dry_run };
         self.post_json(route::COMPACT, &opts)
     }
 
@@ -158,12 +156,12 @@ impl Remote {
     }
 
     /// The repository's totals (`GET /stats`).
-    pub fn stats(&self) -> Result<mdl::stats::Stats> {
+    pub fn stats(&self) -> Result<Stats> {
         self.get_json(route::STATS, &[])
     }
 
     /// Revisions `a` and `b` compared (`GET /diff`).
-    pub fn diff(&self, a: &str, b: &str) -> Result<mdl::diff::Diff> {
+    pub fn diff(&self, a: &str, b: &str) -> Result<Diff> {
         self.get_json(route::DIFF, &[("a", a.to_string()), ("b", b.to_string())])
     }
 
@@ -183,12 +181,7 @@ impl Remote {
 
     /// Creates branch `name` at `rev` (HEAD's commit when `None`); with `force`, creates or
     /// moves it (`POST /branches`).
-    pub fn branch(
-        &self,
-        name: &str,
-        rev: Option<&str>,
-        force: bool,
-    ) -> Result<mdl::refs::BranchMove> {
+    pub fn branch(&self, name: &str, rev: Option<&str>, force: bool) -> Result<BranchMove> {
         let req = body::BranchRequest {
             name: name.to_string(),
             rev: rev.map(str::to_string),
@@ -238,7 +231,7 @@ impl Remote {
     }
 
     /// Moves the current branch to `rev` (`POST /reset`).
-    pub fn reset(&self, rev: &str) -> Result<mdl::refs::BranchMove> {
+    pub fn reset(&self, rev: &str) -> Result<BranchMove> {
         let req = body::ResetRequest {
             rev: rev.to_string(),
         };
@@ -262,7 +255,7 @@ impl Remote {
 
     /// Checks the whole repository on the server, without repairing
     /// (`POST /maintenance/fsck`).
-    pub fn fsck(&self) -> Result<mdl::fsck::Report> {
+    pub fn fsck(&self) -> Result<FsckReport> {
         self.post_json(route::FSCK, &serde_json::json!({}))
     }
 
@@ -297,20 +290,15 @@ impl Remote {
         self.get_json(&route::fill(route::COMMIT, &[("rev", rev)]), &[])
     }
 
-    /// Commits the safetensors file at `file` on the server, as [`mdl::commit::commit`] would
-    /// with `opts` there (the query parameters of `POST /commits`). The author defaults to this
-    /// machine's ([`mdl::commit::default_author`]), not the server's.
-    pub fn commit(
-        &self,
-        file: &Path,
-        opts: &mdl::commit::CommitOptions,
-    ) -> Result<mdl::commit::CommitOutcome> {
-        let f = std::fs::File::open(file).map_err(|source| mdl::Error::Input {
+    /// Commits the safetensors file at `file` on the server, as a local commit would with
+    /// `commit` there (the query parameters of `POST /commits`); the file keeps its name in
+    /// the commit's tree.
+    pub fn commit(&self, file: &Path, commit: &CommitParams) -> Result<CommitOutcome> {
+        let f = std::fs::File::open(file).map_err(|source| Error::Input {
             path: file.to_path_buf(),
             source,
         })?;
-        let mut req = self.commit_request(opts)?;
-        // The file keeps its name in the commit's tree, as in a local commit.
+        let mut req = self.commit_request(commit);
         if let Some(name) = file.file_name().and_then(|n| n.to_str()) {
             req = req.query(params::PATH, name);
         }
@@ -318,106 +306,46 @@ impl Remote {
         resp.body_mut().read_json().map_err(|e| self.transport(e))
     }
 
-    /// Commits `paths` on the server as `mdl commit` sends them: one file as it is
-    /// ([`Remote::commit`]), a folder or several paths as one tree ([`Remote::commit_tree`]).
-    pub fn commit_paths(
-        &self,
-        paths: &[std::path::PathBuf],
-        opts: &mdl::commit::CommitOptions,
-    ) -> Result<mdl::commit::CommitOutcome> {
-        match paths {
-            [file] if !file.is_dir() => self.commit(file, opts),
-            paths => self.commit_tree(paths, opts),
-        }
-    }
-
-    /// `POST /commits` with `opts` as its query parameters.
+    /// `POST /commits` with `commit` as its query parameters.
     fn commit_request(
         &self,
-        opts: &mdl::commit::CommitOptions,
-    ) -> Result<ureq::RequestBuilder<ureq::typestate::WithBody>> {
+        commit: &CommitParams,
+    ) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
         let mut req = self.auth(self.agent.post(format!("{}{}", self.api, route::COMMITS)));
-        for (k, v) in params::encode(opts).map_err(|why| Error::Remote(why.into()))? {
+        for (k, v) in params::encode(commit) {
             req = req.query(k, v);
         }
-        Ok(req)
+        req
     }
 
-    /// Commits the tree of `paths` on the server, as [`mdl::commit::commit_paths`] would there
-    /// (each path a file entered under its name or a folder of files under their relative
-    /// paths): the files go as one tar, written while it is sent.
+    /// Commits a tree of `files` on the server: they go as one tar, written while it is sent.
     pub fn commit_tree(
         &self,
-        paths: &[std::path::PathBuf],
-        opts: &mdl::commit::CommitOptions,
-    ) -> Result<mdl::commit::CommitOutcome> {
-        let files = tree::open(mdl::commit::tree_files(paths)?)?;
+        files: Vec<TreeFile>,
+        commit: &CommitParams,
+    ) -> Result<CommitOutcome> {
         let req = self
-            .commit_request(opts)?
+            .commit_request(commit)
             .query(params::FILES, files.len().to_string());
-        let (mut tar, writing) = tree::stream(files).map_err(|e| Error::Remote(e.to_string()))?;
+        let (mut tar, writing) = tree::stream(files).map_err(|e| self.transport(e))?;
         let sent = upload(req, tree::TAR).send(ureq::SendBody::from_reader(&mut tar));
         drop(tar);
         // A file that could not be read broke the upload off: that is what to report.
-        if let Ok(Err(e)) = writing.join() {
-            return Err(mdl::Error::Input {
-                path: paths.first().cloned().unwrap_or_default(),
-                source: e,
-            }
-            .into());
+        if let Ok(Err((path, source))) = writing.join() {
+            return Err(Error::Input { path, source });
         }
         let mut resp = self.check(sent)?;
         resp.body_mut().read_json().map_err(|e| self.transport(e))
     }
 
-    /// Downloads `rev`'s files to `out` as `mdl checkout` writes them (`path`: one file or
-    /// folder of the tree): each through a temporary file renamed into place, all of the
-    /// commit the listing resolved `rev` to (files are fetched by its id).
-    pub fn download(
-        &self,
-        rev: &str,
-        out: &Path,
-        path: Option<&str>,
-        force: bool,
-    ) -> Result<mdl::checkout::CheckoutOutcome> {
-        let listing: body::Files =
-            self.get_json(&route::fill(route::FILES, &[("rev", rev)]), &[])?;
-        let commit = listing.commit;
-        let paths: Vec<&str> = listing.files.iter().map(|f| f.path.as_str()).collect();
-        let selection = target::select(&paths, path, &commit.short(12))?;
-        let targets = target::targets(out, &selection, force)?;
-        let _interrupted = targets
-            .created
-            .as_ref()
-            .map(|c| mdl::interrupt::register(c));
-        let result = (|| -> Result<(u64, u32)> {
-            let (mut bytes, mut lossy) = (0, 0);
-            for (&i, to) in selection.files.iter().zip(&targets.paths) {
-                let f = &listing.files[i];
-                // By commit id: every file comes from the commit listed, whatever the branch
-                // does meanwhile.
-                bytes += self.download_file(&commit, &f.path, to, f.executable)?;
-                lossy += f.lossy_tensors;
-            }
-            Ok((bytes, lossy))
-        })();
-        if result.is_err() {
-            target::undo(&targets);
-        }
-        let (bytes, lossy_tensors) = result?;
-        Ok(mdl::checkout::CheckoutOutcome {
-            id: commit,
-            path: targets.reported,
-            bytes,
-            files: selection.files.len() as u32,
-            lossy: lossy_tensors > 0,
-            lossy_tensors,
-            skipped: Vec::new(),
-        })
+    /// The files of `rev`, and the commit it resolved to (`GET /files/REV`).
+    pub fn files(&self, rev: &str) -> Result<body::Files> {
+        self.get_json(&route::fill(route::FILES, &[("rev", rev)]), &[])
     }
 
-    /// Downloads one file of commit `commit` to `out`; returns its length.
-    fn download_file(&self, commit: &ObjectId, path: &str, out: &Path, exec: bool) -> Result<u64> {
+    /// Writes file `path` of commit `commit` to `to` (by commit id: whatever the branch does
+    /// meanwhile); returns its length, checked against what the server announced.
+    pub fn download_file(&self, commit: &ObjectId, path: &str, to: &mut dyn Write) -> Result<u64> {
         let url = format!(
             "{}{}",
             self.api,
@@ -429,27 +357,33 @@ impl Remote {
             .get("content-length")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok());
-        let write_err = |source| mdl::Error::Output {
-            path: out.to_path_buf(),
-            source,
-        };
-        let mut tmp = mdl::checkout::temporary_output(out)?;
-        let _interrupted = mdl::interrupt::register(tmp.path());
         let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
-        let n = std::io::copy(&mut reader, tmp.as_file_mut()).map_err(|e| Error::Transport {
-            url: self.url.clone(),
-            why: format!("download interrupted: {e}"),
-        })?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut n = 0u64;
+        loop {
+            let got = match reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(got) => got,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(Error::Transport {
+                        url: self.url.clone(),
+                        why: format!("download interrupted: {e}"),
+                    })
+                }
+            };
+            to.write_all(&buf[..got]).map_err(|source| Error::Output {
+                what: path.to_string(),
+                source,
+            })?;
+            n += got as u64;
+        }
         if expected.is_some_and(|e| e != n) {
             return Err(Error::Transport {
                 url: self.url.clone(),
                 why: format!("download of {path} ended after {n} bytes"),
             });
         }
-        if exec {
-            mdl::checkout::make_executable(tmp.as_file()).map_err(write_err)?;
-        }
-        tmp.persist(out).map_err(|e| write_err(e.error))?;
         Ok(n)
     }
 
@@ -476,60 +410,26 @@ impl Remote {
         Ok(p.objects)
     }
 
-    /// Downloads the records of `ids` and stores them in `repo`, verifying each (in requests
-    /// of at most [`IDS_PER_REQUEST`] ids, in order, so bases still come first).
-    pub fn fetch_objects(
-        &self,
-        repo: &Repository,
-        ids: &[ObjectId],
-        progress: &dyn mdl::Progress,
-    ) -> Result<Received> {
-        let mut total = Received::default();
-        for chunk in ids.chunks(IDS_PER_REQUEST) {
-            let req = self.auth(
-                self.agent
-                    .post(format!("{}{}", self.api, route::OBJECTS_FETCH)),
-            );
-            let ids = body::Ids {
-                ids: chunk.to_vec(),
-            };
-            let mut resp = self.check(req.send_json(&ids))?;
-            let reader = resp.body_mut().with_config().limit(u64::MAX).reader();
-            let mut reader = mdl::Counting::new(reader, progress);
-            let got = transfer::receive_pack(repo, &mut reader, u64::MAX)?;
-            total.objects += got.objects;
-            total.bytes += got.bytes;
-            total.expired += got.expired;
-            total.commits.extend(got.commits);
-        }
-        Ok(total)
+    /// The pack of the records of `ids` (at most [`IDS_PER_REQUEST`] of them), bases first, as
+    /// it arrives (`POST /objects/fetch`).
+    pub fn fetch_pack(&self, ids: &[ObjectId]) -> Result<impl Read + Send + 'static> {
+        let req = self.auth(
+            self.agent
+                .post(format!("{}{}", self.api, route::OBJECTS_FETCH)),
+        );
+        let ids = body::Ids { ids: ids.to_vec() };
+        let resp = self.check(req.send_json(&ids))?;
+        Ok(resp.into_body().into_with_config().limit(u64::MAX).reader())
     }
 
-    /// Uploads the records of `ids` from `repo` (a pack built in a temporary file first).
-    pub fn send_objects(
-        &self,
-        repo: &Repository,
-        ids: &[ObjectId],
-        progress: &dyn mdl::Progress,
-    ) -> Result<Received> {
-        let tmp = transfer::spool_pack(repo, ids)?;
-        let file = tmp.reopen().map_err(|source| mdl::Error::Output {
-            path: tmp.path().to_path_buf(),
-            source,
-        })?;
-        let len = file
-            .metadata()
-            .map_err(|source| mdl::Error::Output {
-                path: tmp.path().to_path_buf(),
-                source,
-            })?
-            .len();
-        let mut counted = mdl::Counting::new(file, progress);
+    /// Uploads a pack of `len` bytes read from `pack` (`POST /objects`): what the server
+    /// stored.
+    pub fn send_pack(&self, pack: &mut dyn Read, len: u64) -> Result<Received> {
         // The declared length keeps the upload one sized body (the server checks it first).
         let req = self
             .auth(self.agent.post(format!("{}{}", self.api, route::OBJECTS)))
             .header("Content-Length", len.to_string());
-        let body = ureq::SendBody::from_reader(&mut counted);
+        let body = ureq::SendBody::from_reader(pack);
         let mut resp = self.check(upload(req, route::PACK).send(body))?;
         resp.body_mut().read_json().map_err(|e| self.transport(e))
     }

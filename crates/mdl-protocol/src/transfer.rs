@@ -1,0 +1,57 @@
+//! What moves history between repositories says on the wire: the objects a transfer plans to
+//! send, a ref change asked of the other side, and what a received pack added.
+
+use mdl_format::ObjectId;
+use serde::{Deserialize, Serialize};
+
+/// One object a transfer sends.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PlannedObject {
+    /// The object.
+    pub id: ObjectId,
+    /// Bytes of its record (0 for an expired tensor).
+    pub size: u64,
+    /// A tensor a retention rule deleted: only the fact travels, so the receiver knows it
+    /// expired rather than went missing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expired: bool,
+}
+
+/// A ref change requested by another repository: `name` (`refs/heads/…` or `refs/tags/…`)
+/// from `old` (`None`: must not exist) to `new` (`None`: delete).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RefUpdate {
+    /// Full ref name.
+    pub name: String,
+    /// The value the sender last saw.
+    pub old: Option<ObjectId>,
+    /// The new value.
+    pub new: Option<ObjectId>,
+    /// Allow a branch to move to a commit that does not descend from `old`.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// What a received pack added.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Received {
+    /// Objects stored (objects already present are skipped).
+    pub objects: u64,
+    /// Record bytes stored.
+    pub bytes: u64,
+    /// Commits among them.
+    pub commits: Vec<ObjectId>,
+    /// Tensors recorded as expired (thinned commits' deleted optimizer state).
+    #[serde(default)]
+    pub expired: u64,
+}
+
+impl Received {
+    /// Adds what another pack added.
+    pub fn add(&mut self, other: Received) {
+        self.objects += other.objects;
+        self.bytes += other.bytes;
+        self.commits.extend(other.commits);
+        self.expired += other.expired;
+    }
+}
