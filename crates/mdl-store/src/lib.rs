@@ -1,7 +1,8 @@
 //! Storage of an mdl repository (`.mdl/`): object records, the metadata database, the lock.
 //!
 //! - [`fs`]: the [`Storage`] trait every write into `.mdl/objects` goes through, with a real and
-//!   a fault-injecting implementation ([`fs::FaultyFs`]) for disk-full and crash tests.
+//!   a fault-injecting implementation (`fs::FaultyFs`, with the `faults` feature) for disk-full
+//!   and crash tests.
 //! - [`Store`]: records written atomically (temporary file, fsync, rename, fsync directory),
 //!   read back with checksum and hash verification.
 //! - [`meta`]: `meta.redb` — refs with compare-and-swap and a reflog, the physical index

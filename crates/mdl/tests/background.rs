@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use mdl::background::Committer;
 use mdl::commit::{CommitOptions, MemoryFile, Staged};
-use mdl::{FaultyFs, OpenOptions, Repository};
+use mdl::{OpenOptions, Repository};
+use mdl_store::fs::FaultyFs;
 
 mod common;
 use common::safetensors_bytes;

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use mdl::commit::{commit, CommitOptions};
 use mdl::policy::DeltaPolicy;
-use mdl::{FaultyFs, NoProgress, OpenOptions, Repository};
+use mdl::{NoProgress, OpenOptions, Repository};
+use mdl_store::fs::FaultyFs;
 
 mod common;
 use common::write_safetensors;
