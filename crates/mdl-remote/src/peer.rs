@@ -62,11 +62,7 @@ impl Peer for Remote {
         let mut total = Received::default();
         for chunk in ids.chunks(IDS_PER_REQUEST) {
             let mut reader = Counting::new(self.fetch_pack(chunk)?, progress);
-            let got = transfer::receive_pack(repo, &mut reader, u64::MAX)?.received;
-            total.objects += got.objects;
-            total.bytes += got.bytes;
-            total.expired += got.expired;
-            total.commits.extend(got.commits);
+            total.add(transfer::receive_pack(repo, &mut reader, u64::MAX)?.received);
         }
         Ok(total)
     }

@@ -54,7 +54,6 @@ pub use cache::user_cache_dir;
 pub use code::store_code;
 pub use error::{not_safetensors, Error};
 pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp, V1_FILE_PATH};
-pub use mdl_protocol::ErrorCode;
 pub use mdl_store::{budget, source};
 pub use mdl_store::{IndexEntry, LockMode, RefValue, Storage, StoreError, MDL_DIR};
 pub use progress::{Counting, NoProgress, Progress};

@@ -5,7 +5,8 @@ use mdl_store::meta::HEAD;
 use mdl_store::RefValue;
 use serde::{Deserialize, Serialize};
 
-pub use mdl_protocol::body::{ListedRef, Refs};
+use mdl_protocol::body::{ListedRef, Refs};
+
 pub use mdl_protocol::history::{BranchMove, ReflogLine};
 
 use crate::{revision, Error, Repository, Result};

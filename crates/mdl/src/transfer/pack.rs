@@ -306,11 +306,7 @@ pub fn receive_indexed(repo: &Repository, frames: &[Frame], tail: &[Vec<u8>]) ->
         stream.extend_from_slice(body);
     }
     stream.extend_from_slice(&[0u8; 40]);
-    let got = receive_pack(repo, &mut stream.as_slice(), u64::MAX)?.received;
-    received.objects += got.objects;
-    received.bytes += got.bytes;
-    received.commits = got.commits;
-    received.expired = got.expired;
+    received.add(receive_pack(repo, &mut stream.as_slice(), u64::MAX)?.received);
     Ok(Receipt {
         received,
         frames: frames.to_vec(),
