@@ -7,7 +7,7 @@
 //! fails the test, with the cycle spelled out. No source file (Rust or Python, library or
 //! test) is over [`MAX_LINES`] lines. And the wire sits below the library: the protocol crate
 //! needs only `mdl-format` and serde, and the HTTP client none of the library, codec, store or
-//! GPU crates.
+//! GPU crates. Imports are explicit and every crate keeps the workspace lints.
 
 // Tests, examples and benchmarks write their own files (checkpoints, outputs, damage done on
 // purpose); the rule that repository writes go through mdl-store is for the library crates.
@@ -97,6 +97,39 @@ fn the_wire_sits_below_the_library() {
         reaches(&deps, "mdl").contains("mdl-protocol"),
         "the library builds the protocol's types"
     );
+}
+
+/// Names are imported from where they are made: no module outside the tests takes its
+/// parent's names wholesale (`use super::*`), so a file's imports say what it depends on. And
+/// every crate keeps the workspace's lints, `unreachable_pub` among them, so `pub` means
+/// "part of the crate's API" (the CI's clippy run denies warnings).
+#[test]
+fn imports_are_explicit_and_every_crate_keeps_the_lints() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let workspace = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    assert!(
+        workspace.contains("\nunreachable_pub = \"warn\"\n"),
+        "the workspace lints must include unreachable_pub"
+    );
+    let mut problems = Vec::new();
+    let mut files = 0;
+    for krate in crates(&root) {
+        let manifest = std::fs::read_to_string(root.join(&krate).join("Cargo.toml")).unwrap();
+        if !manifest.contains("[lints]\nworkspace = true") {
+            problems.push(format!("{krate}/Cargo.toml: no [lints] workspace = true"));
+        }
+        for file in rust_files(&root.join(&krate).join("src")) {
+            files += 1;
+            let is_tests = file.file_stem().is_some_and(|s| s == "tests");
+            let code = code_of(&std::fs::read_to_string(&file).unwrap());
+            if !is_tests && code.contains("use super::*") {
+                let shown = file.strip_prefix(&root).unwrap_or(&file).display().to_string();
+                problems.push(format!("{shown}: use super::* outside a test module"));
+            }
+        }
+    }
+    assert!(files > 100, "only {files} Rust files found");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
 /// The most lines a source file may have: past it, a file holds more than one thing.
@@ -290,10 +323,20 @@ fn code_of(text: &str) -> String {
         }
     }
     // Test modules come last in this code base's files; a dependency only tests have is fine.
-    match out.find("#[cfg(test)]\nmod ") {
-        Some(at) => out[..at].to_string(),
-        None => out,
+    // Other attributes may stand between `#[cfg(test)]` and the `mod`.
+    let mut from = 0;
+    while let Some(found) = out[from..].find("#[cfg(test)]\n") {
+        let at = from + found;
+        let mut rest = out[at..].lines().skip(1);
+        if rest
+            .find(|line| !line.trim_start().starts_with("#["))
+            .is_some_and(|line| line.starts_with("mod "))
+        {
+            return out[..at].to_string();
+        }
+        from = at + 1;
     }
+    out
 }
 
 /// Every path written after `prefix` in `code`, as its segments (a `{…}` group gives one path

@@ -13,7 +13,11 @@ use crate::args::{Command, RemoteAction};
 use crate::{output, progress, Cli};
 
 /// Runs `cli`'s command on `repo`.
-pub fn run(cli: &Cli, repo: &dyn Operations, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(
+    cli: &Cli,
+    repo: &dyn Operations,
+    out: &mut dyn Write,
+) -> anyhow::Result<ExitCode> {
     let json = cli.json;
     let on_terminal = !json && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let bar = progress::Bar::new(on_terminal);

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use mdl_protocol::ErrorCode;
 
 /// Reports `e`: on stderr, and on `out` as JSON when `json`.
-pub fn report(e: &anyhow::Error, json: bool, out: &mut dyn Write) {
+pub(crate) fn report(e: &anyhow::Error, json: bool, out: &mut dyn Write) {
     let message = one_line(e);
     eprintln!("error: {message}");
     if json {
@@ -20,7 +20,7 @@ pub fn report(e: &anyhow::Error, json: bool, out: &mut dyn Write) {
 
 /// A command line clap refused: help and version as clap prints them; an error as clap does,
 /// and also as JSON when `--json` was asked for. Exit code 2.
-pub fn usage(e: clap::Error) -> ExitCode {
+pub(crate) fn usage(e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     let asked_json = std::env::args().skip(1).any(|a| a == "--json");
     if !asked_json || matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
@@ -42,7 +42,7 @@ pub fn usage(e: clap::Error) -> ExitCode {
 /// The stable code of a failure: the library's, the bucket's or the remote's own, else
 /// `bad_input` (a refusal of the command line's own, such as a command that does not run
 /// over HTTP) or `io_error` (writing the output).
-pub fn code(e: &anyhow::Error) -> ErrorCode {
+pub(crate) fn code(e: &anyhow::Error) -> ErrorCode {
     for cause in e.chain() {
         if let Some(code) = mdl_ops::code_of(cause) {
             return code;
@@ -54,7 +54,7 @@ pub fn code(e: &anyhow::Error) -> ErrorCode {
     ErrorCode::BadInput
 }
 
-pub fn one_line(e: &anyhow::Error) -> String {
+pub(crate) fn one_line(e: &anyhow::Error) -> String {
     let mut s = String::new();
     for (i, cause) in e.chain().enumerate() {
         let text = cause.to_string();
@@ -72,7 +72,7 @@ pub fn one_line(e: &anyhow::Error) -> String {
 /// Exit codes: 1 for an operation that failed, 3 for a repository found damaged by fsck,
 /// 4 for a repository held by another process past `--wait` (here or, over HTTP, on the
 /// server). (clap uses 2 for usage errors.)
-pub fn exit_code(e: &anyhow::Error) -> u8 {
+pub(crate) fn exit_code(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<mdl_ops::Error>() {
         Some(mdl_ops::Error::Local(e)) => library_exit_code(e),
         Some(mdl_ops::Error::Bucket(e)) => bucket_exit_code(e),

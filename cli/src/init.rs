@@ -12,7 +12,7 @@ use mdl_ops::Location;
 use crate::{output, Cli};
 
 /// Creates the repository that `cli`'s `-C` and `init`'s `path` name.
-pub fn run(cli: &Cli, path: Option<&PathBuf>, out: &mut dyn Write) -> anyhow::Result<()> {
+pub(crate) fn run(cli: &Cli, path: Option<&PathBuf>, out: &mut dyn Write) -> anyhow::Result<()> {
     let base = cli.location()?;
     let arg = match path {
         Some(p) => Some(Location::parse(p)?),

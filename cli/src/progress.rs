@@ -18,7 +18,7 @@ struct Current {
 }
 
 /// Shows a bar when enabled and the work takes long enough to wait for.
-pub struct Bar {
+pub(crate) struct Bar {
     enabled: bool,
     quiet_for: Duration,
     current: Mutex<Option<Current>>,
@@ -26,7 +26,7 @@ pub struct Bar {
 
 impl Bar {
     /// A bar that appears once the work has run for a second.
-    pub fn new(enabled: bool) -> Self {
+    pub(crate) fn new(enabled: bool) -> Self {
         Bar {
             enabled,
             quiet_for: QUIET_FOR,
@@ -35,7 +35,7 @@ impl Bar {
     }
 
     /// A bar that appears at once (transfers, fsck: work a person waits for by choice).
-    pub fn at_once(enabled: bool) -> Self {
+    pub(crate) fn at_once(enabled: bool) -> Self {
         Bar {
             quiet_for: Duration::ZERO,
             ..Bar::new(enabled)

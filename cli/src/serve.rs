@@ -27,7 +27,7 @@ fn parse_size(s: &str) -> anyhow::Result<u64> {
 }
 
 /// `mdl serve`: binds, prints where it listens, and serves until SIGINT or SIGTERM.
-pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
+pub(crate) fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     let Command::Serve {
         addr,
         root,

@@ -10,7 +10,7 @@ use crate::Cli;
 
 /// `mdl status`: from the repository, or, when `mdl serve` owns it (and holds its lock), from
 /// that server, saying so.
-pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     let mdl_ops::Location::Folder(dir) = cli.location()? else {
         anyhow::bail!("status runs on a repository folder, not a URL");
     };

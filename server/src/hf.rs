@@ -22,7 +22,7 @@ use crate::files::{file_of, layout_of, serve_file};
 use crate::State;
 
 /// The prefix the layout is served under.
-pub const PREFIX: &str = "/hf";
+pub(crate) const PREFIX: &str = "/hf";
 
 /// The header giving the commit a file came from.
 const REPO_COMMIT: &str = "x-repo-commit";

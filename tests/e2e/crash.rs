@@ -32,14 +32,14 @@ fn checkpoint(path: &Path, n: u64) -> Vec<u8> {
 
 /// The instant of kill `i` of `n` within `span` µs: in the `i`-th of `n` equal slices, at a
 /// random point of it, so a few kills already cover every phase of the command.
-pub fn stratified(i: u64, n: u64, span: u64, random: u64) -> u64 {
+pub(crate) fn stratified(i: u64, n: u64, span: u64, random: u64) -> u64 {
     let slice = (span / n.max(1)).max(1);
     (i % n.max(1)) * slice + random % slice
 }
 
 /// Kills per crash test in the default run (`MDL_CRASH_ITERATIONS` overrides); the long runs
 /// are `--ignored`.
-pub fn crash_iterations(default: u64) -> u64 {
+pub(crate) fn crash_iterations(default: u64) -> u64 {
     std::env::var("MDL_CRASH_ITERATIONS")
         .ok()
         .and_then(|v| v.parse().ok())

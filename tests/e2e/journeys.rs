@@ -329,7 +329,7 @@ fn concurrent_commits_both_land() {
 }
 
 /// A slightly trained copy of `weights`: every value nudged by a relative 1e-4.
-pub fn nudged(weights: &[u8], seed: u64) -> Vec<u8> {
+pub(crate) fn nudged(weights: &[u8], seed: u64) -> Vec<u8> {
     weights
         .chunks(4)
         .zip(noise(seed, weights.len()).chunks(4))

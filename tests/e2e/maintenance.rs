@@ -16,7 +16,7 @@ const ELEMS: u64 = 16 << 10; // 64 KiB of f32 per tensor
 /// Checkpoint `n` of a run: each layer's weight and its two Adam moments; every file changes
 /// the low mantissa bytes (so deltas pay and chains form). Without `moments`, the weights only
 /// (what a thinned checkout holds).
-pub fn checkpoint(path: &Path, n: u64, moments: bool) -> Vec<u8> {
+pub(crate) fn checkpoint(path: &Path, n: u64, moments: bool) -> Vec<u8> {
     let mut ts = Vec::new();
     for l in 0..LAYERS {
         let names = [
@@ -44,7 +44,7 @@ fn id_of(v: &serde_json::Value) -> String {
 }
 
 /// The data section of a safetensors file and its tensor names.
-pub fn data_and_names(bytes: &[u8]) -> (Vec<u8>, Vec<String>) {
+pub(crate) fn data_and_names(bytes: &[u8]) -> (Vec<u8>, Vec<String>) {
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     let mut names: Vec<(u64, String)> = header

@@ -36,7 +36,7 @@ const PORT_FLAGS: [&str; 12] = [
 ];
 
 /// A running `weed mini` with its data folder; killed when dropped.
-pub struct Weed {
+pub(crate) struct Weed {
     child: Option<Child>,
     dir: tempfile::TempDir,
     ports: Vec<u16>,
@@ -55,7 +55,7 @@ fn free_ports(n: usize) -> Vec<u16> {
 
 impl Weed {
     /// Starts SeaweedFS with a bucket named [`BUCKET`] and waits until its S3 port answers.
-    pub fn start() -> Weed {
+    pub(crate) fn start() -> Weed {
         let dir = tempfile::tempdir().unwrap();
         let ports = free_ports(PORT_FLAGS.len());
         let mut weed = Weed {
@@ -138,7 +138,7 @@ impl Weed {
     }
 
     /// Kills the server (SIGKILL), leaving its data.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -146,7 +146,7 @@ impl Weed {
     }
 
     /// Starts it again on the same ports and data.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill();
         if let Err(log) = self.spawn() {
             panic!("SeaweedFS did not start again: {log}");
@@ -154,7 +154,7 @@ impl Weed {
     }
 
     /// `mdl ARGS` as a machine whose cache is `cache`, talking to this server.
-    pub fn command(&self, cache: &Path, args: &[&str]) -> Command {
+    pub(crate) fn command(&self, cache: &Path, args: &[&str]) -> Command {
         let mut c = Command::new(mdl_bin());
         c.args(args)
             .env("MDL_AUTHOR", "tester")
@@ -168,7 +168,7 @@ impl Weed {
         c
     }
 
-    pub fn mdl(&self, cache: &Path, args: &[&str]) -> Output {
+    pub(crate) fn mdl(&self, cache: &Path, args: &[&str]) -> Output {
         self.command(cache, args).output().expect("run mdl")
     }
 }

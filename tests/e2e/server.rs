@@ -7,11 +7,11 @@ use std::process::{Child, Command, Stdio};
 
 use crate::util::*;
 
-pub const READ: &str = "rrrrrrrrrrrrrrrrrrrrrrrr";
-pub const WRITE: &str = "wwwwwwwwwwwwwwwwwwwwwwww";
+pub(crate) const READ: &str = "rrrrrrrrrrrrrrrrrrrrrrrr";
+pub(crate) const WRITE: &str = "wwwwwwwwwwwwwwwwwwwwwwww";
 
 /// A running `mdl serve`, stopped with SIGTERM when dropped.
-pub struct Server {
+pub(crate) struct Server {
     child: Child,
     /// `http://127.0.0.1:PORT`.
     pub base: String,
@@ -20,12 +20,12 @@ pub struct Server {
 impl Server {
     /// Starts `mdl serve --addr 127.0.0.1:0` with `args` (e.g. `-C repo`), a tokens file with
     /// a read and a write token, and waits until it listens.
-    pub fn start(args: &[&str], tokens_dir: &Path) -> Server {
+    pub(crate) fn start(args: &[&str], tokens_dir: &Path) -> Server {
         Server::spawn(Command::new(mdl_bin()), args, tokens_dir)
     }
 
     /// [`Server::start`] from `mdl`, a command with its environment set.
-    pub fn spawn(mut mdl: Command, args: &[&str], tokens_dir: &Path) -> Server {
+    pub(crate) fn spawn(mut mdl: Command, args: &[&str], tokens_dir: &Path) -> Server {
         let tokens = tokens_dir.join("tokens");
         std::fs::write(
             &tokens,
@@ -53,12 +53,12 @@ impl Server {
     }
 
     /// The server's process id.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Stops the server (SIGTERM) and waits for it.
-    pub fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         self.terminate();
     }
 
@@ -84,7 +84,7 @@ impl Drop for Server {
 
 /// A plain HTTP/1.1 request on a fresh connection (paths are sent exactly as given).
 /// Returns (status, headers lowercased, body).
-pub fn http(
+pub(crate) fn http(
     base: &str,
     method: &str,
     path: &str,
@@ -148,29 +148,29 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
 }
 
 /// `GET path` with the read token; the body.
-pub fn read(base: &str, path: &str) -> Vec<u8> {
+pub(crate) fn read(base: &str, path: &str) -> Vec<u8> {
     let (status, _, body) = http(base, "GET", path, &[("Authorization", &bearer(READ))], b"");
     assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
     body
 }
 
-pub fn read_json(base: &str, path: &str) -> serde_json::Value {
+pub(crate) fn read_json(base: &str, path: &str) -> serde_json::Value {
     serde_json::from_slice(&read(base, path)).unwrap()
 }
 
-pub fn header<'a>(h: &'a [(String, String)], name: &str) -> &'a str {
+pub(crate) fn header<'a>(h: &'a [(String, String)], name: &str) -> &'a str {
     h.iter()
         .find(|(k, _)| k == name)
         .map(|(_, v)| v.as_str())
         .unwrap_or_else(|| panic!("no {name} header in {h:?}"))
 }
 
-pub fn bearer(token: &str) -> String {
+pub(crate) fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
 
 /// A repository `DIR/repo` with a lossless and a lossy commit of a float checkpoint.
-pub fn two_commits(dir: &Path) -> (PathBuf, Vec<u8>, Vec<u8>) {
+pub(crate) fn two_commits(dir: &Path) -> (PathBuf, Vec<u8>, Vec<u8>) {
     let repo = dir.join("repo");
     ok(dir, &["init", "repo"]);
     let t = |seed: u64| {

@@ -172,7 +172,7 @@ fn gc_between_push_requests_never_publishes_an_incomplete_commit() {
 }
 
 /// Runs `mdl` with `token`, asserting success.
-pub fn ok_with(token: &str, args: &[&str]) -> String {
+pub(crate) fn ok_with(token: &str, args: &[&str]) -> String {
     let out = Command::new(mdl_bin())
         .args(args)
         .env("MDL_TOKEN", token)

@@ -3,12 +3,12 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-pub fn mdl_bin() -> PathBuf {
+pub(crate) fn mdl_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_mdl"))
 }
 
 /// Runs `mdl -C dir args…` and returns the output.
-pub fn mdl(dir: &Path, args: &[&str]) -> Output {
+pub(crate) fn mdl(dir: &Path, args: &[&str]) -> Output {
     Command::new(mdl_bin())
         .arg("-C")
         .arg(dir)
@@ -19,7 +19,7 @@ pub fn mdl(dir: &Path, args: &[&str]) -> Output {
 }
 
 /// Runs mdl and asserts success; returns stdout.
-pub fn ok(dir: &Path, args: &[&str]) -> String {
+pub(crate) fn ok(dir: &Path, args: &[&str]) -> String {
     let out = mdl(dir, args);
     assert!(
         out.status.success(),
@@ -31,7 +31,7 @@ pub fn ok(dir: &Path, args: &[&str]) -> String {
 
 /// [`ok`] with `MDL_NO_BACKGROUND` set: a commit leaves its deferred re-encodes queued instead
 /// of starting `mdl maintenance --background`.
-pub fn ok_queued(dir: &Path, args: &[&str]) -> String {
+pub(crate) fn ok_queued(dir: &Path, args: &[&str]) -> String {
     let out = Command::new(mdl_bin())
         .arg("-C")
         .arg(dir)
@@ -49,7 +49,7 @@ pub fn ok_queued(dir: &Path, args: &[&str]) -> String {
 }
 
 /// Runs mdl, asserts failure with a one-line error containing `want`.
-pub fn fails(dir: &Path, args: &[&str], want: &str) -> String {
+pub(crate) fn fails(dir: &Path, args: &[&str], want: &str) -> String {
     let out = mdl(dir, args);
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!out.status.success(), "mdl {args:?} should fail");
@@ -67,7 +67,7 @@ pub fn fails(dir: &Path, args: &[&str], want: &str) -> String {
 
 /// The string field `key` of each object of the JSON array `list` (a log's ids, a listing's
 /// names).
-pub fn column<'a>(list: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
+pub(crate) fn column<'a>(list: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
     list.as_array()
         .unwrap()
         .iter()
@@ -75,21 +75,21 @@ pub fn column<'a>(list: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
         .collect()
 }
 
-pub fn json(dir: &Path, args: &[&str]) -> serde_json::Value {
+pub(crate) fn json(dir: &Path, args: &[&str]) -> serde_json::Value {
     let mut a = args.to_vec();
     a.push("--json");
     serde_json::from_str(&ok(dir, &a)).unwrap()
 }
 
 /// A tensor to put in a generated file.
-pub struct T {
+pub(crate) struct T {
     pub name: String,
     pub dtype: &'static str,
     pub shape: Vec<u64>,
     pub data: Vec<u8>,
 }
 
-pub fn elem_size(dtype: &str) -> usize {
+pub(crate) fn elem_size(dtype: &str) -> usize {
     match dtype {
         "BOOL" | "U8" | "I8" => 1,
         "F16" | "BF16" | "I16" | "U16" => 2,
@@ -99,7 +99,7 @@ pub fn elem_size(dtype: &str) -> usize {
 }
 
 /// Deterministic pseudo-random bytes (xorshift).
-pub fn noise(seed: u64, n: usize) -> Vec<u8> {
+pub(crate) fn noise(seed: u64, n: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
@@ -113,7 +113,7 @@ pub fn noise(seed: u64, n: usize) -> Vec<u8> {
 }
 
 /// Float-like data: small-magnitude f32 values (compressible exponents).
-pub fn floats(seed: u64, count: usize) -> Vec<u8> {
+pub(crate) fn floats(seed: u64, count: usize) -> Vec<u8> {
     noise(seed, count * 4)
         .chunks(4)
         .flat_map(|c| {
@@ -123,7 +123,7 @@ pub fn floats(seed: u64, count: usize) -> Vec<u8> {
         .collect()
 }
 
-pub fn tensor(name: &str, dtype: &'static str, shape: &[u64], seed: u64) -> T {
+pub(crate) fn tensor(name: &str, dtype: &'static str, shape: &[u64], seed: u64) -> T {
     let n: u64 = shape.iter().product();
     let len = n as usize * elem_size(dtype);
     let data = match dtype {
@@ -141,7 +141,7 @@ pub fn tensor(name: &str, dtype: &'static str, shape: &[u64], seed: u64) -> T {
 
 /// Writes a safetensors file; `metadata` becomes `__metadata__`. The header is padded with
 /// spaces to a multiple of 8 bytes, as the reference writer does.
-pub fn write_safetensors(path: &Path, tensors: &[T], metadata: &[(&str, &str)]) -> Vec<u8> {
+pub(crate) fn write_safetensors(path: &Path, tensors: &[T], metadata: &[(&str, &str)]) -> Vec<u8> {
     let mut header = String::from("{");
     if !metadata.is_empty() {
         let m: Vec<String> = metadata
@@ -182,7 +182,7 @@ fn json_str(s: &str) -> String {
 
 /// Floats of every width, an integer scalar, a bool tensor, an empty tensor and one that never
 /// changes.
-pub fn mixed(seed: u64) -> Vec<T> {
+pub(crate) fn mixed(seed: u64) -> Vec<T> {
     vec![
         tensor("model.embed.weight", "F32", &[64, 32], seed),
         tensor("model.h.0.bf16", "BF16", &[16, 8], seed + 1),
@@ -196,14 +196,14 @@ pub fn mixed(seed: u64) -> Vec<T> {
 }
 
 /// Repository state a failed command must leave untouched: branches, tags, HEAD, history.
-pub fn state(dir: &Path) -> String {
+pub(crate) fn state(dir: &Path) -> String {
     let b = ok(dir, &["branch", "--json"]);
     let t = ok(dir, &["tag", "--json"]);
     let l = mdl(dir, &["log", "--json"]);
     format!("{b}{t}{}", String::from_utf8_lossy(&l.stdout))
 }
 
-pub fn assert_fsck_clean(dir: &Path) {
+pub(crate) fn assert_fsck_clean(dir: &Path) {
     let out = mdl(dir, &["fsck"]);
     assert!(
         out.status.success(),

@@ -13,7 +13,7 @@ use serde_json::json;
 
 mod upkeep;
 
-pub use upkeep::{bucket_gc, compact, fsck, gc, maintenance, stats};
+pub(crate) use upkeep::{bucket_gc, compact, fsck, gc, maintenance, stats};
 
 fn emit<T: Serialize + ?Sized>(out: &mut dyn Write, value: &T) -> io::Result<()> {
     serde_json::to_writer_pretty(&mut *out, value)?;
@@ -21,11 +21,11 @@ fn emit<T: Serialize + ?Sized>(out: &mut dyn Write, value: &T) -> io::Result<()>
 }
 
 /// Bytes in binary units, one decimal.
-pub fn size(n: u64) -> String {
+pub(crate) fn size(n: u64) -> String {
     mdl::storage::human_size(n)
 }
 
-pub fn init(out: &mut dyn Write, json: bool, made: &mdl_ops::Initialized) -> io::Result<()> {
+pub(crate) fn init(out: &mut dyn Write, json: bool, made: &mdl_ops::Initialized) -> io::Result<()> {
     let (path, shown) = match made {
         mdl_ops::Initialized::Folder(root) => (
             root.display().to_string(),
@@ -39,7 +39,7 @@ pub fn init(out: &mut dyn Write, json: bool, made: &mdl_ops::Initialized) -> io:
     writeln!(out, "initialized empty mdl repository in {shown}")
 }
 
-pub fn commit(out: &mut dyn Write, json: bool, c: &CommitOutcome) -> io::Result<()> {
+pub(crate) fn commit(out: &mut dyn Write, json: bool, c: &CommitOutcome) -> io::Result<()> {
     if json {
         return emit(out, c);
     }
@@ -78,7 +78,7 @@ pub fn commit(out: &mut dyn Write, json: bool, c: &CommitOutcome) -> io::Result<
     Ok(())
 }
 
-pub fn checkout(out: &mut dyn Write, json: bool, c: &CheckoutOutcome) -> io::Result<()> {
+pub(crate) fn checkout(out: &mut dyn Write, json: bool, c: &CheckoutOutcome) -> io::Result<()> {
     if json {
         return emit(out, c);
     }
@@ -129,7 +129,12 @@ fn metrics_text(m: &mdl::log::Metrics) -> String {
 /// History as a table: a header, then a commit a line (with `--graph`, the lanes before it):
 /// id, date, step, stored and raw size, metrics, then refs, markers and the message's first
 /// line.
-pub fn log(out: &mut dyn Write, json: bool, entries: &[LogEntry], graph: bool) -> io::Result<()> {
+pub(crate) fn log(
+    out: &mut dyn Write,
+    json: bool,
+    entries: &[LogEntry],
+    graph: bool,
+) -> io::Result<()> {
     if json {
         return emit(out, entries);
     }
@@ -214,7 +219,7 @@ pub fn log(out: &mut dyn Write, json: bool, entries: &[LogEntry], graph: bool) -
     Ok(())
 }
 
-pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
+pub(crate) fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
     if json {
         return emit(out, s);
     }
@@ -337,7 +342,12 @@ pub fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()> {
     Ok(())
 }
 
-pub fn diff(out: &mut dyn Write, json: bool, d: &Diff, changed_only: bool) -> io::Result<()> {
+pub(crate) fn diff(
+    out: &mut dyn Write,
+    json: bool,
+    d: &Diff,
+    changed_only: bool,
+) -> io::Result<()> {
     let shown = |t: &&TensorDiff| !changed_only || t.change != Change::Unchanged;
     if json {
         if !changed_only {
@@ -403,7 +413,7 @@ pub fn diff(out: &mut dyn Write, json: bool, d: &Diff, changed_only: bool) -> io
     Ok(())
 }
 
-pub fn refs(out: &mut dyn Write, json: bool, refs: &[RefInfo]) -> io::Result<()> {
+pub(crate) fn refs(out: &mut dyn Write, json: bool, refs: &[RefInfo]) -> io::Result<()> {
     if json {
         return emit(out, refs);
     }
@@ -426,7 +436,7 @@ pub fn refs(out: &mut dyn Write, json: bool, refs: &[RefInfo]) -> io::Result<()>
 
 /// `text` with control characters (escape sequences, carriage returns, …) written as `\x1b`
 /// or `\u{9b}`, so that names and messages from a repository cannot drive the terminal.
-pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     if !text.chars().any(char::is_control) {
         return text.into();
     }
@@ -441,7 +451,7 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     out.into()
 }
 
-pub fn message(out: &mut dyn Write, json: bool, text: &str) -> io::Result<()> {
+pub(crate) fn message(out: &mut dyn Write, json: bool, text: &str) -> io::Result<()> {
     if json {
         return emit(out, &json!({ "message": text }));
     }
@@ -450,7 +460,7 @@ pub fn message(out: &mut dyn Write, json: bool, text: &str) -> io::Result<()> {
 
 /// What `mdl status` says.
 #[derive(Serialize)]
-pub struct Status {
+pub(crate) struct Status {
     /// The repository's folder.
     pub root: std::path::PathBuf,
     /// HEAD's branch.
@@ -466,12 +476,12 @@ pub struct Status {
 
 /// A server that owns a repository.
 #[derive(Serialize)]
-pub struct ServedBy {
+pub(crate) struct ServedBy {
     pub url: String,
     pub pid: u32,
 }
 
-pub fn status(out: &mut dyn Write, json: bool, s: &Status) -> io::Result<()> {
+pub(crate) fn status(out: &mut dyn Write, json: bool, s: &Status) -> io::Result<()> {
     if json {
         return emit(out, s);
     }
@@ -507,7 +517,7 @@ pub fn status(out: &mut dyn Write, json: bool, s: &Status) -> io::Result<()> {
 }
 
 /// `1 branch`, `2 branches`.
-pub fn plural(n: usize, one: &str, many: &str) -> String {
+pub(crate) fn plural(n: usize, one: &str, many: &str) -> String {
     if n == 1 {
         format!("1 {one}")
     } else {
@@ -516,7 +526,12 @@ pub fn plural(n: usize, one: &str, many: &str) -> String {
 }
 
 /// A ref's reflog, newest first: `old -> new  time  message`.
-pub fn reflog(out: &mut dyn Write, json: bool, name: &str, lines: &[ReflogLine]) -> io::Result<()> {
+pub(crate) fn reflog(
+    out: &mut dyn Write,
+    json: bool,
+    name: &str,
+    lines: &[ReflogLine],
+) -> io::Result<()> {
     if json {
         return emit(out, &json!({ "ref": name, "entries": lines }));
     }
@@ -538,7 +553,7 @@ pub fn reflog(out: &mut dyn Write, json: bool, name: &str, lines: &[ReflogLine])
 }
 
 /// A branch set by `reset` or `branch -f`.
-pub fn branch_move(out: &mut dyn Write, json: bool, m: &BranchMove) -> io::Result<()> {
+pub(crate) fn branch_move(out: &mut dyn Write, json: bool, m: &BranchMove) -> io::Result<()> {
     if json {
         return emit(out, m);
     }
@@ -550,7 +565,7 @@ pub fn branch_move(out: &mut dyn Write, json: bool, m: &BranchMove) -> io::Resul
     }
 }
 
-pub fn config(
+pub(crate) fn config(
     out: &mut dyn Write,
     json: bool,
     entries: &[(String, String, bool)],
@@ -569,7 +584,7 @@ pub fn config(
     Ok(())
 }
 
-pub fn transfer(
+pub(crate) fn transfer(
     out: &mut dyn Write,
     json: bool,
     what: &str,

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::{emit, size};
 
-pub fn fsck(
+pub(crate) fn fsck(
     out: &mut dyn Write,
     json: bool,
     rebuilt: Option<&Rebuilt>,
@@ -104,7 +104,7 @@ pub fn fsck(
     Ok(())
 }
 
-pub fn maintenance(out: &mut dyn Write, json: bool, r: &DeferredReport) -> io::Result<()> {
+pub(crate) fn maintenance(out: &mut dyn Write, json: bool, r: &DeferredReport) -> io::Result<()> {
     if json {
         return emit(out, r);
     }
@@ -122,7 +122,7 @@ pub fn maintenance(out: &mut dyn Write, json: bool, r: &DeferredReport) -> io::R
     )
 }
 
-pub fn compact(out: &mut dyn Write, json: bool, c: &CompactOutcome) -> io::Result<()> {
+pub(crate) fn compact(out: &mut dyn Write, json: bool, c: &CompactOutcome) -> io::Result<()> {
     if json {
         return emit(out, c);
     }
@@ -155,7 +155,7 @@ pub fn compact(out: &mut dyn Write, json: bool, c: &CompactOutcome) -> io::Resul
 }
 
 /// `mdl -C s3://… gc`: the packs deleted, and those marked for a later gc.
-pub fn bucket_gc(out: &mut dyn Write, json: bool, g: &BucketGc) -> io::Result<()> {
+pub(crate) fn bucket_gc(out: &mut dyn Write, json: bool, g: &BucketGc) -> io::Result<()> {
     if json {
         return emit(out, g);
     }
@@ -177,7 +177,7 @@ pub fn bucket_gc(out: &mut dyn Write, json: bool, g: &BucketGc) -> io::Result<()
     Ok(())
 }
 
-pub fn gc(out: &mut dyn Write, json: bool, g: &GcOutcome) -> io::Result<()> {
+pub(crate) fn gc(out: &mut dyn Write, json: bool, g: &GcOutcome) -> io::Result<()> {
     if json {
         return emit(out, g);
     }
@@ -237,7 +237,7 @@ pub fn gc(out: &mut dyn Write, json: bool, g: &GcOutcome) -> io::Result<()> {
     Ok(())
 }
 
-pub fn stats(out: &mut dyn Write, json: bool, s: &Stats) -> io::Result<()> {
+pub(crate) fn stats(out: &mut dyn Write, json: bool, s: &Stats) -> io::Result<()> {
     if json {
         return emit(out, s);
     }

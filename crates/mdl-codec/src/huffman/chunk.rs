@@ -1,7 +1,9 @@
 //! One chunk of symbols as [`LANES`] independent bit streams: the encoder and the
 //! table-driven decoder.
 
-use super::*;
+use mdl_format::FormatError;
+
+use super::{Code, MAX_LEN, TABLE_MASK, TABLE_SIZE};
 
 /// Independent bit streams per chunk (see [`Encoder::encode_chunk`]).
 pub const LANES: usize = 4;

@@ -1,6 +1,8 @@
 //! Symbol counts and the canonical, length-limited code built from them.
 
-use super::*;
+use mdl_format::FormatError;
+
+use super::{LENGTHS_BYTES, MAX_LEN, TABLE_SIZE};
 
 /// Counts of each byte value.
 #[derive(Clone, Debug, PartialEq, Eq)]

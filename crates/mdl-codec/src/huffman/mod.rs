@@ -18,9 +18,6 @@
 //! Decoding untrusted bytes never panics and never allocates more than the caller's output (and
 //! scratch of the same order) plus a table sized by the input's own length.
 
-use mdl_format::FormatError;
-use rayon::prelude::*;
-
 /// Longest code, in bits. 12 bits keep the decode table at 8 KiB (in L1) while costing under
 /// 0.5 % on exponent distributions (see `docs/DECISIONS.md`).
 pub const MAX_LEN: u8 = 12;

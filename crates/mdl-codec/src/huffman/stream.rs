@@ -3,7 +3,13 @@
 
 use std::sync::Arc;
 
-use super::*;
+use mdl_format::FormatError;
+use rayon::prelude::*;
+
+use super::{
+    Code, Decoder, Encoder, Histogram, CHUNK_LOG2, CHUNK_OVERHEAD, LENGTHS_BYTES, MAX_CHUNK_LOG2,
+    MIN_CHUNK_LOG2, MODE_CONSTANT, MODE_HUFFMAN, MODE_SPARSE, MODE_STORED,
+};
 
 /// Sparse mode: which symbols of 8 are non-zero, one bit each (bit `k` = symbol `k`).
 #[inline]

@@ -1,7 +1,8 @@
 //! Quantizer configurations (bins, pruning, protection, metric, domain), their text form, and
 //! Adam's bias correction.
 
-use super::*;
+use std::fmt;
+use std::str::FromStr;
 
 /// Bin counts the search tries.
 pub const BINS: [u8; 6] = [4, 6, 8, 12, 16, 32];

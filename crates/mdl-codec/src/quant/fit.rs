@@ -1,6 +1,10 @@
 //! Fitting a configuration to a tensor's key histogram, and what the fit is estimated to cost.
 
-use super::*;
+use mdl_format::Dtype;
+
+use super::{kmeans, Correction, Domain, Metric, QuantConfig, SIGMA};
+use crate::engine::{sum, CodePairs, KeyStats, Lut};
+use crate::scalar::{self, KEYS};
 
 /// What a configuration is expected to cost, from the key sums alone.
 #[derive(Clone, Copy, Debug, PartialEq)]

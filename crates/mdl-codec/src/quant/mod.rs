@@ -9,30 +9,28 @@
 //! 2^-8), so partition fractions are met to within one key and an f32 element is assigned by
 //! its truncated value.
 
-use std::fmt;
-use std::str::FromStr;
-
-use mdl_format::Dtype;
-
-use crate::engine::{sum, CodePairs, KeyStats, Lut};
-use crate::scalar::{self, KEYS};
-
 mod config;
 mod fit;
 mod kmeans;
 mod search;
 
-pub use config::*;
+pub use config::{
+    Correction, Domain, Metric, QuantConfig, BINS, CURVATURE_FLOOR, DEFAULT_CURVATURE,
+    EMBEDDING_BINS, FIRST_ORDER_SPREAD, MAX_BINS, PROTECT, PRUNE, SIGMA,
+};
 pub use fit::{Estimate, Fit, Prepared};
 pub use kmeans::kmeans;
 pub use search::{allocate, candidates};
 
 #[cfg(test)]
 mod tests {
+    use mdl_format::Dtype;
+
     use super::kmeans::Rng;
     use super::*;
     use crate::engine::{CpuEngine, Engine, FloatView, Moments};
     use crate::qrecord::QuantTensor;
+    use crate::scalar;
 
     fn bf16s(v: &[f32]) -> Vec<u8> {
         v.iter()

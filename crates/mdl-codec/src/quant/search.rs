@@ -1,6 +1,6 @@
 //! Candidate configurations for a tensor, and the allocation of a loss budget among tensors.
 
-use super::*;
+use super::{Domain, Metric, QuantConfig, BINS, EMBEDDING_BINS, PROTECT, PRUNE};
 
 /// The configurations a search scores: the whole grid at a branch's first lossy commit
 /// (`previous` = `None`), else the previous configuration and its neighbours one step away on

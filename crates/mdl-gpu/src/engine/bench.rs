@@ -1,7 +1,15 @@
 //! Kernel timings beside the device's copy bandwidth, for `examples/kernel-bench.rs` (the
 //! `bench` feature; not part of the engine).
 
-use super::*;
+use mdl_codec::engine::{Engine, FloatView};
+use mdl_codec::huffman::{Plan, Stream, StreamWriter};
+use mdl_codec::planes::PlaneSpec;
+use mdl_format::Dtype;
+
+use super::coding::{assemble_streams, decode_on, encode_on};
+use super::device::{launch_histogram, launch_planes, Geometry, Lane};
+use super::{hash, residual, DriverError, Res};
+use crate::GpuEngine;
 
 /// One row of [`kernel_bench`]: a kernel, the bytes it reads and writes, and its median time.
 #[derive(Clone, Debug)]

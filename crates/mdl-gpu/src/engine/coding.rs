@@ -1,6 +1,14 @@
 //! Float planes on the device: the two-pass Huffman encoder and the lane-parallel decoder.
 
-use super::*;
+use std::sync::atomic::Ordering;
+
+use mdl_codec::huffman::{Plan, Stream, StreamBody, StreamWriter};
+use mdl_codec::planes::PlaneSpec;
+use rayon::prelude::*;
+
+use super::device::{arg_opt, cfg, grid, launch_planes, Dev, Geometry, Gpu, Lane, NULL};
+use super::{CudaSlice, PushKernelArg, Res, CHUNK, GROUP_TILE};
+use crate::GpuEngine;
 
 /// The grouped order on the device: forward (`cur` given) writes `(base − cur) mod m` in the
 /// grouped order; inverse (`deltas` given) writes each element's code back in index order.

@@ -2,7 +2,21 @@
 //! buffers), resident copies of kept bytes, and the launch helpers.
 
 use super::kept::{DevBuf, Output, Resident};
-use super::*;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::nvrtc::Ptx;
+use mdl_codec::engine::{ErrorStats, Moments};
+use mdl_codec::planes::{PlaneSpec, Transform};
+use mdl_format::Dtype;
+use rayon::prelude::*;
+
+use super::{
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr,
+    DriverError, LaunchArgs, LaunchConfig, PinnedHostSlice, PushKernelArg, Res, ValidAsZeroBits,
+    STAGE,
+};
 
 /// The device, its kernels, the lane pool and the bytes kept on the device.
 pub(crate) struct Gpu {

@@ -2,7 +2,9 @@
 //! (`blake3_chunks`, then one `blake3_parents` launch per level of the tree), the same id
 //! `mdl_format::TensorHeader::object_id` computes on the host.
 
-use super::*;
+use super::device::{cfg, Gpu, Lane};
+use super::{CudaView, PushKernelArg, Res};
+use crate::GpuEngine;
 use mdl_format::{ObjectId, TensorHasher};
 
 /// Bytes a BLAKE3 chunk.

@@ -10,7 +10,13 @@ use std::ops::Deref;
 use mdl_codec::engine::{DeviceCopy, Mirror};
 
 use super::device::{Gpu, Lane};
-use super::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use mdl_codec::engine::{CpuEngine, Engine, Kept};
+
+use super::{CudaSlice, Res};
+use crate::GpuEngine;
 
 /// Device memory holding a kept range: the engine's own allocation, or the caller's (adopted),
 /// which is never freed here.

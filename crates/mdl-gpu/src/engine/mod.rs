@@ -8,9 +8,8 @@
 //! reads them. Any driver failure falls back to the CPU engine for that call (the bytes are
 //! the same either way) and is logged.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 // The CUDA driver, or with the `emulate` feature the emulated device of the same shape.
 #[cfg(feature = "emulate")]
@@ -23,16 +22,14 @@ use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr,
     DriverError, LaunchArgs, LaunchConfig, PinnedHostSlice, PushKernelArg, ValidAsZeroBits,
 };
-use cudarc::nvrtc::Ptx;
 use mdl_codec::engine::{
     check_ungroup, scales, sum, Assigned, CodePairs, CpuEngine, DeviceCopy, Engine, ErrorStats,
     FloatView, Kept, KeyStats, Lut, Mirror, Moments, ERROR_CHUNK,
 };
-use mdl_codec::huffman::{Histogram, Plan, Stream, StreamBody, StreamWriter, CHUNK_LOG2};
-use mdl_codec::planes::{PlaneSpec, Transform};
+use mdl_codec::huffman::{Histogram, Stream, StreamWriter, CHUNK_LOG2};
+use mdl_codec::planes::PlaneSpec;
 use mdl_codec::residual::{Mode, ResidualStats};
 use mdl_format::{Dtype, FormatError, ObjectId};
-use rayon::prelude::*;
 
 /// Symbols per Huffman chunk (the float codecs' chunking).
 const CHUNK: usize = 1 << CHUNK_LOG2;
@@ -65,9 +62,12 @@ mod residual;
 
 #[cfg(feature = "bench")]
 pub use bench::BenchRow;
-use coding::*;
+use coding::{decode_on, encode_on, grouped};
 pub(crate) use device::Gpu;
-use device::*;
+use device::{
+    arg_opt, cfg, dtype_code, fold_error_sums, grid, launch_flag_histogram, launch_histogram,
+    launch_max_abs, launch_planes, starts_of, Dev, Geometry, Lane, MomentsOn,
+};
 
 /// The codec kernels on a CUDA device (see the crate documentation). Identical results to
 /// [`CpuEngine`], which also does what is too small to be worth a launch.

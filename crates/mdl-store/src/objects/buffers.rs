@@ -5,11 +5,11 @@
 use std::sync::{Mutex, OnceLock};
 
 /// Buffers up to this capacity are kept, and this much a core in all.
-pub const KEEP: usize = 64 << 20;
+pub(super) const KEEP: usize = 64 << 20;
 
 /// Buffers kept a core, at most: a window read along a delta chain takes two a level (a chain
 /// of the default depth cap, 16, takes 32); the bytes bound is what bounds memory.
-pub const PER_CORE: usize = 16;
+pub(super) const PER_CORE: usize = 16;
 
 static SPARE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
@@ -21,14 +21,14 @@ fn most() -> usize {
 /// The largest spare buffer, holding whatever its last read left (its bytes are initialized,
 /// so growing it back zeroes nothing; taking the largest keeps small reads from growing small
 /// buffers into fresh memory).
-pub fn take() -> Vec<u8> {
+pub(super) fn take() -> Vec<u8> {
     let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
     let largest = (0..spare.len()).max_by_key(|&i| spare[i].len());
     largest.map(|i| spare.swap_remove(i)).unwrap_or_default()
 }
 
 /// Keeps `buf` for a later read if it is small enough and the bounds leave room.
-pub fn give_back(buf: Vec<u8>) {
+pub(super) fn give_back(buf: Vec<u8>) {
     if buf.capacity() == 0 || buf.capacity() > KEEP {
         return;
     }
@@ -41,11 +41,11 @@ pub fn give_back(buf: Vec<u8>) {
 
 /// A buffer from [`take`], given back when dropped.
 #[derive(Default)]
-pub struct Pooled(pub Vec<u8>);
+pub(super) struct Pooled(pub Vec<u8>);
 
 impl Pooled {
     /// A buffer as [`take`] gives it.
-    pub fn take() -> Pooled {
+    pub(super) fn take() -> Pooled {
         Pooled(take())
     }
 }
@@ -58,7 +58,7 @@ impl Drop for Pooled {
 
 /// Buffers kept now and their capacity in all (for tests).
 #[cfg(test)]
-pub fn kept() -> (usize, usize) {
+pub(super) fn kept() -> (usize, usize) {
     let spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
     (spare.len(), spare.iter().map(Vec::capacity).sum())
 }

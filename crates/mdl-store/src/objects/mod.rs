@@ -11,7 +11,7 @@ use mdl_format::ObjectId;
 use crate::{Store, StoreError};
 
 /// Prefix of temporary files in object directories; anything named so is an interrupted write.
-pub const TEMP_PREFIX: &str = ".tmp-";
+pub(crate) const TEMP_PREFIX: &str = ".tmp-";
 
 impl Store {
     /// Path of an object's record file of the given generation.

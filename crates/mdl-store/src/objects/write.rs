@@ -489,7 +489,7 @@ pub struct RecordWriter<'b, 's> {
 
 /// Where records not named yet are written (`.mdl/objects/unnamed`): a directory of the
 /// objects' file system, so naming one is a rename; fsck lists leftovers as temporary files.
-pub const UNNAMED_DIR: &str = "unnamed";
+pub(super) const UNNAMED_DIR: &str = "unnamed";
 
 impl Write for RecordWriter<'_, '_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {

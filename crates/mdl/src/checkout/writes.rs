@@ -42,7 +42,7 @@ pub(super) struct Writes<'f> {
 
 impl<'f> Writes<'f> {
     /// Writes to `files`, with at most `most` windows queued at once.
-    pub fn new(files: Vec<&'f File>, most: usize) -> Writes<'f> {
+    pub(super) fn new(files: Vec<&'f File>, most: usize) -> Writes<'f> {
         let state = State {
             writing: vec![false; files.len()],
             ..State::default()
@@ -60,7 +60,7 @@ impl<'f> Writes<'f> {
     }
 
     /// A buffer of at least `len` bytes: a spare one when there is one.
-    pub fn buffer(&self, len: usize) -> Vec<u8> {
+    pub(super) fn buffer(&self, len: usize) -> Vec<u8> {
         let mut buf = self.lock().spare.pop().unwrap_or_default();
         if buf.len() < len {
             buf.resize(len, 0);
@@ -71,7 +71,13 @@ impl<'f> Writes<'f> {
     /// Writes `buf[..len]` at `at` in file `file`, now (this thread becoming the file's writer)
     /// or later (by the thread writing it). Fails with the error of a write of the file that
     /// failed, or with `file`'s index when a write of another file failed.
-    pub fn write(&self, file: usize, at: u64, buf: Vec<u8>, len: usize) -> Result<(), WriteError> {
+    pub(super) fn write(
+        &self,
+        file: usize,
+        at: u64,
+        buf: Vec<u8>,
+        len: usize,
+    ) -> Result<(), WriteError> {
         let mut state = self.lock();
         while state.queued.len() >= self.most && state.failed.is_none() {
             state = self.room.wait(state).unwrap_or_else(|p| p.into_inner());
@@ -102,7 +108,7 @@ impl<'f> Writes<'f> {
     }
 
     /// The first write that failed, once every thread is done.
-    pub fn finish(self) -> Result<(), WriteError> {
+    pub(super) fn finish(self) -> Result<(), WriteError> {
         let state = self.state.into_inner().unwrap_or_else(|p| p.into_inner());
         match &state.failed {
             Some(failed) => Err(WriteError::of(failed)),

@@ -6,7 +6,14 @@ use std::os::unix::fs::FileExt;
 
 use mdl_store::Store;
 
-use super::*;
+use std::path::Path;
+
+use mdl_codec::engine::Engine;
+use mdl_codec::quant::Correction;
+
+use crate::input::{Input, Run};
+use crate::lossy::{LossySettings, TensorPlan};
+use crate::{lossy, Error, Repository, Result};
 
 /// Scores a candidate with the user's `--eval-cmd`: the committed checkpoint itself (`plans` =
 /// `None`) or a copy with the planned tensors replaced by their reconstructions.

@@ -6,31 +6,26 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use mdl_codec::engine::{Engine, FloatView, Kept};
-use mdl_codec::float;
-use mdl_codec::planes::Transform;
+use mdl_codec::engine::Kept;
 use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::quant::Correction;
-use mdl_codec::scalar::lossy_supported;
-use mdl_codec::{residual, trim, CodecTag, EncodeOptions, SMALL_TENSOR};
+use mdl_codec::EncodeOptions;
 use mdl_format::{
-    Commit, CommitStats, Entry, Exactness, Lossy, Manifest, MomentPair, ObjectId, ObjectKind,
-    PairSource, Ref, RefName, Region, Timestamp, TreeFile,
+    Commit, CommitStats, Entry, Exactness, Manifest, MomentPair, ObjectId, ObjectKind, PairSource,
+    Ref, RefName, Region, Timestamp, TreeFile,
 };
-use mdl_store::meta::{MetaRead, MetaWrite};
-use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, Placement, RefValue, Store};
+use mdl_store::meta::MetaWrite;
+use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, RefValue};
 
 pub use mdl_protocol::outcome::CommitOutcome;
 
 pub use crate::history::replay;
 pub use crate::input::{tree_files, MemoryFile, OnDevice, SourceFile};
 use crate::input::{Input, Piece, Run};
-use crate::lossy::{
-    self, CodecMode, Encoded, LossyRequest, LossySettings, SearchSummary, TensorPlan,
-};
+use crate::lossy::{self, CodecMode, LossyRequest, LossySettings, SearchSummary, TensorPlan};
 use crate::policy::{DeltaMode, DeltaPolicy};
 use crate::previous::Previous;
-use crate::rewrite::{chain, publish_rewrite, Rewrite};
+use crate::rewrite::{publish_rewrite, Rewrite};
 use crate::warm::WarmTensors;
 use crate::{per_tensor, Error, Progress, Repository, Result};
 pub use mdl_codec::engine::DeviceCopy;

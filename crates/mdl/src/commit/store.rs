@@ -6,7 +6,26 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::coder::{Coder, FloatRecord, Side, REWRITE_GAIN_FLOOR};
 use super::content::Content;
 use super::spare::Spare;
-use super::*;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use mdl_codec::engine::{FloatView, Kept};
+use mdl_codec::planes::Transform;
+use mdl_codec::qrecord::QuantTensor;
+use mdl_codec::quant::Correction;
+use mdl_codec::scalar::lossy_supported;
+use mdl_codec::{float, residual, trim, CodecTag, EncodeOptions, SMALL_TENSOR};
+use mdl_format::{Exactness, Lossy, ObjectId};
+use mdl_store::meta::MetaRead;
+use mdl_store::{IndexEntry, Placement, Store};
+
+use crate::input::{Input, Piece};
+use crate::lossy::{Encoded, TensorPlan};
+use crate::policy::{DeltaMode, DeltaPolicy};
+use crate::previous::Previous;
+use crate::rewrite::{chain, Rewrite};
+use crate::warm::WarmTensors;
+use crate::{lossy, Progress, Repository, Result};
 
 /// Float tensors whose best float encoding saves less than this fraction also try zstd.
 pub(super) const FLOAT_GAIN_FLOOR: f64 = 0.03;

@@ -23,7 +23,7 @@ const BYTES: usize = 16 << 20;
 /// Timed runs per engine and side (the best counts), after the first one warms the engine up.
 const RUNS: usize = 2;
 /// How much faster the GPU must measure to be taken: a margin over the measurement's noise.
-pub const MARGIN: f64 = 1.15;
+pub(super) const MARGIN: f64 = 1.15;
 /// Raise when either engine's speed changes enough that earlier measurements no longer hold.
 const ENGINES_REVISION: u32 = 1;
 /// The file in the cache folder.
@@ -31,7 +31,7 @@ const FILE: &str = "engines.json";
 
 /// Throughputs measured on one machine, in GB/s of tensor bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Measured {
+pub(super) struct Measured {
     /// Analysis and encoding (a commit's side) on the CPU engine.
     pub encode_cpu: f64,
     /// The same on the GPU engine.
@@ -44,19 +44,19 @@ pub struct Measured {
 
 impl Measured {
     /// Whether commits encode on the GPU: it measured more than [`MARGIN`] times the CPU.
-    pub fn encode_on_gpu(&self) -> bool {
+    pub(super) fn encode_on_gpu(&self) -> bool {
         self.encode_gpu > MARGIN * self.encode_cpu
     }
 
     /// Whether checkouts decode on the GPU.
-    pub fn decode_on_gpu(&self) -> bool {
+    pub(super) fn decode_on_gpu(&self) -> bool {
         self.decode_gpu > MARGIN * self.decode_cpu
     }
 }
 
 /// Where a measurement came from, for `-v`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
+pub(super) enum Source {
     /// Measured by this process (and kept, if the cache folder could be written).
     Now,
     /// Read from the cache folder.
@@ -66,7 +66,11 @@ pub enum Source {
 /// The measurement of `gpu` (whose probe described it as `line`) on this machine: the one kept
 /// in `dir`, else one made now and kept there. `Err` says why the GPU engine is not to be used
 /// (it failed the measurement, or coded differently from the CPU engine).
-pub fn measured(dir: &Path, gpu: &dyn Engine, line: &str) -> Result<(Measured, Source), String> {
+pub(super) fn measured(
+    dir: &Path,
+    gpu: &dyn Engine,
+    line: &str,
+) -> Result<(Measured, Source), String> {
     let key = format!(
         "{line}; {} CPU threads; mdl {} engines {ENGINES_REVISION}",
         rayon::current_num_threads(),

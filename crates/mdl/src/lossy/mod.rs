@@ -12,16 +12,6 @@
 //! moments get the cheapest configuration whose relative L2 error is at most ε; the moments
 //! themselves get fixed configurations (`quant.exp_avg`, `quant.exp_avg_sq`).
 
-use std::collections::HashMap;
-
-use crate::input::Piece;
-use mdl_codec::engine::FloatView;
-use mdl_codec::quant::{self, QuantConfig};
-use mdl_codec::scalar::{self, lossy_supported};
-use rayon::prelude::*;
-
-use crate::{Error, Result};
-
 mod eval;
 mod order;
 mod pairing;
@@ -36,7 +26,12 @@ pub(crate) use pairing::{roles, Role};
 pub(crate) use quantize::{quantize, Encoded, Reference, TensorPlan};
 pub use search::SearchSummary;
 pub(crate) use search::{plan, Evaluate, PlanInput};
-pub use settings::*;
+pub use settings::{
+    known_keys, validate, CodecMode, LossyRequest, LossySettings, BETAS_KEY, CURVATURE_KEY,
+    DEFAULT_EPSILON, DEFAULT_KEY, EMBEDDINGS_KEY, EPSILON_KEY, EXP_AVG_DROP_KEY, EXP_AVG_KEY,
+    EXP_AVG_SQ_HOLD_KEY, EXP_AVG_SQ_KEY, MIN_LOSSY_ELEMENTS, MOMENTS_KEY, MOMENT_RESIDUALS_KEY,
+    TRIM_BITS_KEY,
+};
 pub(crate) use sparse::Sparsify;
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::*;
+use crate::input::Piece;
 
 /// `(param, exp_avg, exp_avg_sq)` piece indices.
 pub(crate) type OrderPair = (usize, usize, usize);

@@ -1,7 +1,14 @@
 //! Moment pairing and roles: which tensors are parameters with Adam moments, moments,
 //! embeddings, or stored exactly, from their names.
 
-use super::*;
+use std::collections::HashMap;
+
+use mdl_codec::scalar::lossy_supported;
+
+use super::settings::invalid;
+use super::{LossySettings, MIN_LOSSY_ELEMENTS, MOMENTS_KEY};
+use crate::input::Piece;
+use crate::Result;
 
 /// A parameter and its moments, each a name pattern with one `{}`.
 #[derive(Clone, Debug, PartialEq, Eq)]

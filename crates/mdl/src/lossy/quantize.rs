@@ -50,7 +50,7 @@ pub(crate) struct Residual {
 
 impl TensorPlan {
     /// The first moment a held second moment is gated by (see [`Sparsify::Hold`]).
-    pub fn first_moment(&self) -> Option<usize> {
+    pub(crate) fn first_moment(&self) -> Option<usize> {
         match self.residual.as_ref()?.sparsify? {
             Sparsify::Hold { first, .. } => Some(first),
             Sparsify::Small { .. } => None,

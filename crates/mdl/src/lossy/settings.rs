@@ -1,7 +1,10 @@
 //! The lossy settings of a commit: configuration keys, their defaults and checks, and the
 //! command line's overrides.
 
-use super::*;
+use mdl_codec::quant::{self, QuantConfig};
+
+use super::Pairing;
+use crate::{Error, Result};
 
 /// `codec.default`: what a commit does without `--lossy`/`--trim-bits`.
 pub const DEFAULT_KEY: &str = "codec.default";

@@ -7,7 +7,9 @@
 
 use mdl_format::Dtype;
 
-use super::*;
+use mdl_codec::engine::FloatView;
+use mdl_codec::scalar;
+use rayon::prelude::*;
 
 /// What the encoder drops from a moment coded as a residual.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -9,7 +9,7 @@ use mdl_format::{ObjectId, ObjectKind};
 use crate::{Error, Result};
 
 /// Last bytes of a table of contents.
-pub const TOC_MAGIC: &[u8; 8] = b"MDLTOC01";
+pub(super) const TOC_MAGIC: &[u8; 8] = b"MDLTOC01";
 /// Bytes of the footer that ends a table: `u64 n | u64 start | TOC_MAGIC`.
 pub const TOC_FOOTER: u64 = 24;
 

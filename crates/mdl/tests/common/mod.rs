@@ -11,12 +11,12 @@ use mdl::{OpenOptions, Repository};
 
 /// Writes a safetensors file holding `(name, dtype, shape, bytes)` tensors in order.
 #[allow(dead_code)] // not every test binary writes files
-pub fn write_safetensors(path: &Path, tensors: &[(&str, &str, Vec<u64>, Vec<u8>)]) {
+pub(crate) fn write_safetensors(path: &Path, tensors: &[(&str, &str, Vec<u64>, Vec<u8>)]) {
     std::fs::write(path, safetensors_bytes(tensors)).unwrap();
 }
 
 /// The bytes of a safetensors file holding `(name, dtype, shape, bytes)` tensors in order.
-pub fn safetensors_bytes(tensors: &[(&str, &str, Vec<u64>, Vec<u8>)]) -> Vec<u8> {
+pub(crate) fn safetensors_bytes(tensors: &[(&str, &str, Vec<u64>, Vec<u8>)]) -> Vec<u8> {
     let mut header = String::from("{");
     let mut data = Vec::new();
     for (i, (name, dtype, shape, bytes)) in tensors.iter().enumerate() {
@@ -39,20 +39,20 @@ pub fn safetensors_bytes(tensors: &[(&str, &str, Vec<u64>, Vec<u8>)]) -> Vec<u8>
 
 /// xorshift64* with Box–Muller normals: deterministic, no dependencies.
 #[allow(dead_code)] // not every test binary draws numbers
-pub struct Rng(pub u64);
+pub(crate) struct Rng(pub u64);
 
 #[allow(dead_code)]
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
-    pub fn uniform(&mut self) -> f64 {
+    pub(crate) fn uniform(&mut self) -> f64 {
         ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
-    pub fn normal(&mut self) -> f64 {
+    pub(crate) fn normal(&mut self) -> f64 {
         let (u, v) = (self.uniform(), self.uniform());
         (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
     }
@@ -61,7 +61,7 @@ impl Rng {
 /// One Adam-like step (β 0.9 / 0.999, no bias correction) of weights `w` with moments `m`, `v`:
 /// the training-like drift the tests commit. `grad` draws each gradient from its weight.
 #[allow(dead_code)]
-pub fn adam_step(
+pub(crate) fn adam_step(
     w: &mut [f32],
     m: &mut [f32],
     v: &mut [f32],
@@ -78,12 +78,12 @@ pub fn adam_step(
 
 /// A tensor of a commit as stored: its object id, codec and stored size.
 #[allow(dead_code)]
-pub type Record = (String, String, u64);
+pub(crate) type Record = (String, String, u64);
 
 /// Each commit's stored size (when it landed), and every tensor's [`Record`] as the repository
 /// at `root` shows it now.
 #[allow(dead_code)]
-pub fn stored_layout(root: &Path, outcomes: &[CommitOutcome]) -> Vec<(u64, Vec<Record>)> {
+pub(crate) fn stored_layout(root: &Path, outcomes: &[CommitOutcome]) -> Vec<(u64, Vec<Record>)> {
     let repo = Repository::open(root, &OpenOptions::default()).unwrap();
     outcomes
         .iter()
