@@ -123,7 +123,11 @@ fn imports_are_explicit_and_every_crate_keeps_the_lints() {
             let is_tests = file.file_stem().is_some_and(|s| s == "tests");
             let code = code_of(&std::fs::read_to_string(&file).unwrap());
             if !is_tests && code.contains("use super::*") {
-                let shown = file.strip_prefix(&root).unwrap_or(&file).display().to_string();
+                let shown = file
+                    .strip_prefix(&root)
+                    .unwrap_or(&file)
+                    .display()
+                    .to_string();
                 problems.push(format!("{shown}: use super::* outside a test module"));
             }
         }

@@ -24,7 +24,7 @@ pub mod qrecord;
 pub mod quant;
 pub mod residual;
 pub mod scalar;
-pub mod tensor;
+mod tensor;
 pub mod trim;
 mod varint;
 

@@ -24,7 +24,7 @@ mod files;
 pub mod fs;
 mod guard;
 pub mod journal;
-pub mod lock;
+mod lock;
 pub mod meta;
 mod objects;
 pub mod rebuild;

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use crate::StoreError;
 
 /// The lock file inside `.mdl`.
-pub const LOCK_FILE: &str = "lock";
+pub(crate) const LOCK_FILE: &str = "lock";
 /// Beside it while a writer waits for the lock: work that gives way to writers (deferred
 /// re-encodes in the background) stops at its next step when it sees this.
-pub const WANTED_FILE: &str = "lock.wanted";
+pub(crate) const WANTED_FILE: &str = "lock.wanted";
 
 /// Whether a writer of the repository at `dir` (the `.mdl` directory) is waiting for the lock.
 pub fn writer_waiting(dir: &Path) -> bool {
@@ -54,7 +54,7 @@ impl Drop for RepoLock {
 ///
 /// Checked on the permission bits rather than by trying a write, so a repository made
 /// read-only with `chmod -R a-w` is treated as such even for root.
-pub fn is_read_only(dir: &Path) -> bool {
+pub(crate) fn is_read_only(dir: &Path) -> bool {
     std::fs::metadata(dir)
         .map(|m| m.permissions().readonly())
         .unwrap_or(false)
