@@ -7,8 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use mdl_codec::engine::Kept;
-use mdl_codec::qrecord::QuantTensor;
-use mdl_codec::quant::Correction;
 use mdl_codec::EncodeOptions;
 use mdl_format::{
     Commit, CommitStats, Entry, Exactness, Manifest, MomentPair, ObjectId, ObjectKind, PairSource,
@@ -23,7 +21,7 @@ pub use crate::history::replay;
 pub use crate::input::{tree_files, MemoryFile, OnDevice, SourceFile};
 use crate::input::{Input, Piece, Run};
 use crate::lossy::{self, CodecMode, LossyRequest, LossySettings, SearchSummary, TensorPlan};
-use crate::policy::{DeltaMode, DeltaPolicy};
+use crate::policy::DeltaPolicy;
 use crate::previous::Previous;
 use crate::rewrite::{publish_rewrite, Rewrite};
 use crate::warm::WarmTensors;
@@ -36,7 +34,9 @@ mod content;
 mod deferred;
 mod eval;
 mod large;
+mod lossless;
 mod params;
+mod plan;
 mod spare;
 mod staged;
 mod store;
@@ -45,10 +45,10 @@ pub(crate) use author::author_soon;
 pub use author::default_author;
 use coder::Coder;
 pub use deferred::{pending_deferred, run_deferred, writer_waiting, DeferredReport};
-use eval::evaluate_candidate;
+use plan::{correction, lossy_plans, Planning};
 use spare::Spare;
 pub use staged::{KnownPair, Ready, Staged};
-use store::{previous_content, previous_object, StoreCtx, Stored};
+use store::{StoreCtx, Stored};
 
 /// What to commit and how.
 #[derive(Clone, Debug, Default)]
@@ -177,184 +177,193 @@ fn commit_input(
     let _writer = repo.writer();
 
     let target = Target::of(repo, opts.branch.as_ref())?;
-    let parent = target.parent;
-
     // Parent versions of each tensor, by name: the delta bases, and the previous lossy
     // configurations.
     let policy = opts
         .delta
         .map_or_else(|| DeltaPolicy::from_store(store), Ok)?;
-    let parent_manifest = match parent {
+    let parent_manifest = match target.parent {
         Some(p) => Some(repo.load_manifest(&repo.load_commit(&p)?.manifest)?),
         None => None,
     };
     let previous = Previous::of(parent_manifest.as_ref());
-
-    // Lossy settings, and for a lossy commit the configuration search.
     let settings = LossySettings::resolve(store, &opts.lossy)?;
-    let engine = store.engine();
     // Bytes the caller already has on a GPU (CUDA state snapshotted there): an engine on
     // that GPU computes on them where they are.
     let _adopted: Vec<Kept<'_>> = input
         .device_copies()
-        .map(|(bytes, copy)| engine.adopt(bytes, copy))
+        .map(|(bytes, copy)| store.engine().adopt(bytes, copy))
         .collect();
-    let pieces = &input.pieces;
-    let correction = Correction {
-        curvature: settings.curvature,
-        ..match step {
-            Some(t) => Correction::adam(settings.betas.0, settings.betas.1, t),
-            None => Correction::none(),
-        }
-    };
     // Which tensors are parameters and which their moments: recorded in the manifest, and
     // what a lossy commit's search prices its candidates with.
-    let roles = lossy::roles(pieces, &settings, client);
-    let (plans, search) = match settings.mode {
-        CodecMode::Lossy => {
-            // Each lookup's read transaction ends before the decode: a transaction held
-            // across parallel work would keep this process's own publish waiting.
-            let previous_quant = |i: usize| -> Result<Option<QuantTensor>> {
-                let found = previous_object(&store.meta().read()?, &previous, &input, i)?;
-                match found {
-                    Some((id, entry, true)) => Ok(Some(store.load_quant(&id, &entry)?)),
-                    _ => Ok(None),
-                }
-            };
-            // Residual coding takes the previous version's decoded content as its reference,
-            // while the chain through it stays within the policy's depth.
-            let reference = |i: usize| -> Result<Option<lossy::Reference>> {
-                if policy.mode == DeltaMode::Off {
-                    return Ok(None);
-                }
-                let found = {
-                    let meta = store.meta().read()?;
-                    previous_object(&meta, &previous, &input, i)?
-                };
-                let Some((id, entry, _)) = found else {
-                    return Ok(None);
-                };
-                if entry.depth + 1 > policy.max_depth {
-                    return Ok(None);
-                }
-                Ok(Some(lossy::Reference {
-                    id,
-                    depth: entry.depth,
-                    content: previous_content(store, warm, &id, &entry)?,
-                }))
-            };
-            let plan_input = lossy::PlanInput {
-                engine,
-                input: &input,
-                roles: &roles,
-                settings: &settings,
-                previous: &previous,
-                previous_quant: &previous_quant,
-                reference: &reference,
-                correction,
-                loss: loss_of(&metrics, &input),
-            };
-            let evaluate = |plans: Option<&[Option<TensorPlan>]>| {
-                evaluate_candidate(repo, &input, engine, correction, &settings, plans)
-            };
-            let eval: Option<lossy::Evaluate<'_>> =
-                settings.eval_cmd.as_ref().map(|_| &evaluate as _);
-            let (plans, summary) = lossy::plan(&plan_input, eval)?;
-            (plans, Some(summary))
-        }
-        _ => (vec![None; pieces.len()], None),
+    let roles = lossy::roles(&input.pieces, &settings, client);
+    let planning = Planning {
+        repo,
+        input: &input,
+        roles: &roles,
+        settings: &settings,
+        previous: &previous,
+        policy,
+        warm,
+        correction: correction(&settings, step),
+        metrics: &metrics,
     };
-    let trim_bits = (settings.mode == CodecMode::Trim).then_some(settings.trim_bits);
+    let (plans, search) = lossy_plans(&planning)?;
 
-    // Hash and store every tensor.
     let batch = store.batch();
+    let mut stored = store_tensors(&planning, &plans, &batch, &opts.encode, progress)?;
+    let pairs = moment_pairs(&input, &roles, settings.pairings.len());
+    let manifest = manifest_of(
+        &input,
+        &stored.ids,
+        std::mem::take(&mut stored.exactness),
+        pairs,
+    )?;
+    let manifest_id = put_manifest(repo, &batch, &manifest, &mut stored.added)?;
+    let stats = CommitStats {
+        raw_bytes: input.len(),
+        stored_bytes: stored_bytes(&stored.added, &stored.rewrites),
+        tensors: input.pieces.iter().filter(|p| p.tensor).count() as u32,
+        new_tensors: stored.new_tensors,
+        lossy_tensors: stored.lossy_tensors,
+    };
+    let commit = target.commit(manifest_id, author.get(), opts, step, metrics, stats);
+    let id = store_commit(batch, &commit, &mut stored.added)?;
+    let branch = target.branch().to_string();
+    publish(repo, target, &id, &commit, &stored, warm)?;
+    let CommitStats {
+        stored_bytes,
+        new_tensors,
+        ..
+    } = commit.stats;
+    tracing::info!(%id, stored_bytes, new_tensors, "committed");
+    Ok(outcome(id, branch, &commit.stats, started, search))
+}
+
+/// What storing a commit's tensors gave: each file's object, how each was stored, and what
+/// the commit adds to the store and to its index.
+struct Tensors {
+    ids: Vec<ObjectId>,
+    exactness: Vec<Exactness>,
+    /// New records, to index when the commit is published.
+    added: Vec<(ObjectId, IndexEntry)>,
+    /// Earlier records re-encoded as deltas against this commit's tensors.
+    rewrites: Vec<Rewrite>,
+    new_tensors: u32,
+    lossy_tensors: u32,
+    /// Whether some tensor's encoding was left to the background (see `deferred.rs`).
+    deferred: bool,
+}
+
+/// Hashes and stores every tensor of the input, in parallel, into `batch`.
+fn store_tensors(
+    planning: &Planning<'_>,
+    plans: &[Option<TensorPlan>],
+    batch: &ObjectBatch<'_>,
+    encode: &EncodeOptions,
+    progress: &dyn Progress,
+) -> Result<Tensors> {
+    let Planning { repo, input, .. } = *planning;
+    let settings = planning.settings;
     let ctx = StoreCtx {
         repo,
         coder: Coder {
             repo,
-            batch: &batch,
-            engine,
+            batch,
+            engine: repo.store().engine(),
         },
-        input: &input,
-        previous: &previous,
-        policy,
-        encode: &opts.encode,
+        input,
+        previous: planning.previous,
+        policy: planning.policy,
+        encode,
         claimed: Mutex::new(HashSet::new()),
         rewritten: Mutex::new(HashSet::new()),
         deferred: AtomicBool::new(false),
         progress,
-        plans: &plans,
-        trim_bits,
-        correction,
-        warm,
+        plans,
+        trim_bits: (settings.mode == CodecMode::Trim).then_some(settings.trim_bits),
+        correction: planning.correction,
+        warm: planning.warm,
         spare_tensors: Spare::new(),
         spare_planes: Spare::new(),
     };
+    let pieces = &input.pieces;
     progress.start("storing", input.len());
     let indices: Vec<usize> = (0..pieces.len()).collect();
     let results = per_tensor(&indices, |&i| pieces[i].len, |&i| ctx.store_tensor(i))?;
     progress.finish();
-    let deferred = ctx.deferred.load(Ordering::Relaxed);
     let (results, exactness): (Vec<Stored>, Vec<Exactness>) = results.into_iter().unzip();
-    let ids: Vec<ObjectId> = results.iter().map(|r| r.id).collect();
-    let lossy_tensors = exactness.iter().filter(|e| e.is_lossy()).count() as u32;
-    let tensor_count = pieces.iter().filter(|p| p.tensor).count() as u32;
-    let new_tensors = results
-        .iter()
-        .zip(pieces)
-        .filter(|(r, p)| p.tensor && r.added.is_some())
-        .count() as u32;
-    let mut added: Vec<(ObjectId, IndexEntry)> = Vec::new();
-    let mut rewrites: Vec<Rewrite> = Vec::new();
+    let mut out = Tensors {
+        ids: results.iter().map(|r| r.id).collect(),
+        lossy_tensors: exactness.iter().filter(|e| e.is_lossy()).count() as u32,
+        exactness,
+        new_tensors: results
+            .iter()
+            .zip(pieces)
+            .filter(|(r, p)| p.tensor && r.added.is_some())
+            .count() as u32,
+        added: Vec::new(),
+        rewrites: Vec::new(),
+        deferred: ctx.deferred.load(Ordering::Relaxed),
+    };
     for r in results {
-        added.extend(r.added);
-        rewrites.extend(r.rewrite);
+        out.added.extend(r.added);
+        out.rewrites.extend(r.rewrite);
     }
+    Ok(out)
+}
 
-    let pairs = moment_pairs(&input, &roles, settings.pairings.len());
-    let manifest = manifest_of(&input, &ids, exactness, pairs)?;
-    let manifest_bytes = manifest.encode();
-    let manifest_id = ObjectId::hash(&manifest_bytes);
-    if store.meta().read()?.object(&manifest_id)?.is_none() {
-        let out = batch.put_blob(ObjectKind::Manifest, &manifest_bytes)?;
+/// Stores `manifest` unless the store has it already; returns its id.
+fn put_manifest(
+    repo: &Repository,
+    batch: &ObjectBatch<'_>,
+    manifest: &Manifest,
+    added: &mut Vec<(ObjectId, IndexEntry)>,
+) -> Result<ObjectId> {
+    let bytes = manifest.encode();
+    let id = ObjectId::hash(&bytes);
+    if repo.store().meta().read()?.object(&id)?.is_none() {
+        let out = batch.put_blob(ObjectKind::Manifest, &bytes)?;
         added.push((out.id, out.entry));
     }
-    // Bytes this commit adds to the store: new records, less what re-encoding saved.
-    let stored_bytes = (added.iter().map(|(_, e)| e.stored_len).sum::<u64>()
-        + rewrites.iter().map(|r| r.new.stored_len).sum::<u64>())
-    .saturating_sub(rewrites.iter().map(|r| r.old.stored_len).sum::<u64>());
-    let raw_bytes = input.len();
-    let stats = CommitStats {
-        raw_bytes,
-        stored_bytes,
-        tensors: tensor_count,
-        new_tensors,
-        lossy_tensors,
-    };
-    let commit = target.commit(manifest_id, author.get(), opts, step, metrics, stats);
-    let id = store_commit(batch, &commit, &mut added)?;
+    Ok(id)
+}
 
-    // Publish: index entries, commit index and the ref, in one transaction.
+/// Bytes a commit adds to the store: its new records, less what re-encoding saved.
+fn stored_bytes(added: &[(ObjectId, IndexEntry)], rewrites: &[Rewrite]) -> u64 {
+    (added.iter().map(|(_, e)| e.stored_len).sum::<u64>()
+        + rewrites.iter().map(|r| r.new.stored_len).sum::<u64>())
+    .saturating_sub(rewrites.iter().map(|r| r.old.stored_len).sum::<u64>())
+}
+
+/// Publishes commit `id`: its records' index entries, the rewrites, the commit index and the
+/// ref, in one transaction; then drops the records the rewrites replaced.
+fn publish(
+    repo: &Repository,
+    target: Target,
+    id: &ObjectId,
+    commit: &Commit,
+    stored: &Tensors,
+    warm: Option<&WarmTensors>,
+) -> Result<()> {
+    let store = repo.store();
     let mut w = store.meta().write()?;
-    index_records(&mut w, &added)?;
-    for r in &rewrites {
+    index_records(&mut w, &stored.added)?;
+    for r in &stored.rewrites {
         publish_rewrite(&mut w, r)?;
     }
-    let branch = target.branch().to_string();
-    target.publish(&mut w, &id, &commit)?;
-    if deferred {
-        w.push_pending(&id)?;
+    target.publish(&mut w, id, commit)?;
+    if stored.deferred {
+        w.push_pending(id)?;
     }
     w.commit_txn()?;
     if let Some(kept) = warm {
         kept.publish();
     }
-    for r in &rewrites {
+    for r in &stored.rewrites {
         store.remove_record(&r.id, r.old.generation);
     }
-    tracing::info!(%id, stored_bytes, new_tensors, "committed");
-
-    Ok(outcome(id, branch, &commit.stats, started, search))
+    Ok(())
 }
 
 /// The outcome of commit `id` on `branch` with `stats`, started at `started`.
@@ -487,22 +496,6 @@ impl Target {
         )?;
         Ok(())
     }
-}
-
-/// Names of the loss the quality bound is relative to, in order of preference.
-const LOSS_NAMES: [&str; 3] = ["loss", "val_loss", "train_loss"];
-
-/// The checkpoint's loss: a commit metric named `loss`, `val_loss` or `train_loss`, else the
-/// same key in the checkpoint's metadata.
-fn loss_of(metrics: &[(String, f64)], input: &Input) -> Option<f64> {
-    LOSS_NAMES.iter().find_map(|name| {
-        metrics
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| *v)
-            .or_else(|| input.metadata_value(name))
-            .filter(|v: &f64| v.is_finite())
-    })
 }
 
 /// The moment pairs of `roles`, as indices into the manifest's tensors; family `patterns` (just

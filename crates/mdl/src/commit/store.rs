@@ -1,12 +1,9 @@
-//! Storing one tensor: raw or zstd, a float codec, a delta against its previous version, or
-//! (reverse deltas) the previous version re-encoded against the new one.
+//! Storing one tensor: already stored, quantized under a plan, mantissa-trimmed, or exactly
+//! (`lossless.rs`; a large tensor a window at a time, `large.rs`), and which previous version
+//! a delta may be made against.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use super::coder::{Coder, FloatRecord, Side, REWRITE_GAIN_FLOOR};
-use super::content::Content;
-use super::spare::Spare;
 use std::collections::HashSet;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use mdl_codec::engine::{FloatView, Kept};
@@ -14,12 +11,16 @@ use mdl_codec::planes::Transform;
 use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::quant::Correction;
 use mdl_codec::scalar::lossy_supported;
-use mdl_codec::{float, residual, trim, CodecTag, EncodeOptions, SMALL_TENSOR};
+use mdl_codec::{float, residual, trim, CodecTag, EncodeOptions};
 use mdl_format::{Exactness, Lossy, ObjectId};
 use mdl_store::meta::MetaRead;
 use mdl_store::{IndexEntry, Placement, Store};
 
-use crate::input::{Input, Piece};
+use super::coder::{Coder, REWRITE_GAIN_FLOOR};
+use super::content::Content;
+use super::lossless::is_delta_candidate;
+use super::spare::Spare;
+use crate::input::Input;
 use crate::lossy::{Encoded, TensorPlan};
 use crate::policy::{DeltaMode, DeltaPolicy};
 use crate::previous::Previous;
@@ -362,215 +363,6 @@ impl StoreCtx<'_> {
         };
         Ok(allowed.then_some((prev_id, entry)))
     }
-
-    /// Stores new tensor content with the lossless codecs; `whole_codec` is the codec of
-    /// a self-contained float record (float-split, or mantissa-trim for trimmed content).
-    /// `data` is in memory, or the input read a window at a time (a large tensor: its
-    /// previous version is then decoded a window at a time too); `plain` is its float-split
-    /// count when the caller already made it.
-    pub(super) fn encode_new(
-        &self,
-        id: ObjectId,
-        i: usize,
-        data: Content<'_>,
-        whole_codec: CodecTag,
-        plain: Option<float::PlaneCount>,
-    ) -> Result<Stored> {
-        let info = &self.input.pieces[i];
-        let header = &info.header;
-        // The bytes the analysis' sizes are of: the tensor's, or the first window's of a large
-        // tensor that no delta is made of now.
-        let len = plain
-            .as_ref()
-            .map_or(data.len() as u64, float::PlaneCount::counted_bytes);
-        let plain_record = |added| Stored {
-            id,
-            added: Some(added),
-            rewrite: None,
-        };
-        // Raw or zstd, streamed from wherever the bytes are (and hashed as they are encoded).
-        let streamed = |data: &Content<'_>| -> Result<IndexEntry> {
-            let bytes = match data {
-                Content::Memory(b) => b,
-                Content::Input { input, i, .. } => input.tensor(*i),
-                Content::Stored { .. } => unreachable!("new content is never a stored object"),
-            };
-            Ok(self
-                .coder
-                .batch
-                .put_tensor(&id, header, bytes, self.encode)?
-                .entry)
-        };
-        if !is_delta_candidate(info) {
-            return Ok(plain_record((id, streamed(&data)?)));
-        }
-        let store = self.repo.store();
-        let base = self.base_for(i, &id, false)?;
-        // Deferred reverse deltas: the new version is stored whole now, and the previous one is
-        // re-encoded against it after the publish ([`super::run_deferred`]).
-        let base = match base {
-            Some(_) if self.policy.mode == DeltaMode::Reverse && self.policy.defer => {
-                self.deferred.store(true, Ordering::Relaxed);
-                None
-            }
-            b => b,
-        };
-        // A tensor in memory takes its base into memory (from the warm cache when it is
-        // there); one read a window at a time reads its base so too.
-        let base_kept = match (&base, data.windowed()) {
-            (Some((bid, be)), false) => Some(previous_content(store, self.warm, bid, be)?),
-            _ => None,
-        };
-        let base_content = match (&base, &base_kept) {
-            (_, Some(kept)) => Some(Content::Memory(kept)),
-            (Some((bid, be)), None) => Some(Content::Stored {
-                store,
-                id: *bid,
-                entry: *be,
-            }),
-            (None, _) => None,
-        };
-        // Analysis, encoding and a reverse re-encode all read these: a GPU engine copies each
-        // over once.
-        let _kept = match (&data, &base_content) {
-            (Content::Memory(d), b) => (
-                self.coder.engine.keep(d),
-                match b {
-                    Some(Content::Memory(b)) => Some(self.coder.engine.keep(b)),
-                    _ => None,
-                },
-            ),
-            _ => (Kept::nothing(), None),
-        };
-        // A tensor in memory that no delta is made of now is split into its planes once, for
-        // its counts and its codes.
-        let split = match (&data, &base_content, &plain) {
-            (Content::Memory(d), None, None) => {
-                let mut planes = self.spare_planes.take();
-                let count = self.coder.split_counted(id, header.dtype, d, &mut planes)?;
-                Some((count, planes))
-            }
-            _ => None,
-        };
-        let analysis = match &split {
-            Some((count, _)) => float::analysis_of(count, &[]),
-            None => self
-                .coder
-                .analyze(id, header.dtype, &data, base_content.as_ref(), plain)?,
-        };
-        let delta = analysis.best_delta();
-        let best_float = delta.map_or(analysis.plain.size, |d| d.size);
-        if best_float as f64 > len as f64 * (1.0 - FLOAT_GAIN_FLOOR) {
-            // The float codecs barely help (noise-like or repetitive data): let raw and zstd
-            // compete instead.
-            return Ok(plain_record((id, streamed(&data)?)));
-        }
-        // The best self-contained record: float-split unless it would not beat raw.
-        let whole = || {
-            if analysis.plain.size >= len {
-                return streamed(&data);
-            }
-            match &split {
-                Some((_, planes)) => {
-                    self.coder
-                        .write_split(id, header, planes, &analysis.plain, whole_codec)
-                }
-                None => self.coder.write_float(
-                    id,
-                    header,
-                    &data,
-                    None,
-                    &analysis.plain,
-                    whole_codec,
-                    Placement::default(),
-                ),
-            }
-        };
-        let (Some((bid, bentry)), Some(bcontent), Some(delta)) = (base, base_content, delta) else {
-            return Ok(plain_record((id, whole()?)));
-        };
-        match self.policy.mode {
-            DeltaMode::Off => Ok(plain_record((id, whole()?))),
-            DeltaMode::Forward => {
-                let placement = Placement {
-                    generation: 0,
-                    base: Some(bid),
-                    depth: bentry.depth + 1,
-                };
-                let entry = self.coder.write_float(
-                    id,
-                    header,
-                    &data,
-                    Some(&bcontent),
-                    delta,
-                    delta_codec(delta),
-                    placement,
-                )?;
-                Ok(plain_record((id, entry)))
-            }
-            DeltaMode::Reverse => {
-                // The new tensor is the self-contained end of the chain; the previous version,
-                // if that pays, a delta against it. Both are encoded in one pass.
-                let rewrite = self.coder.reverse_choice(
-                    &bid,
-                    &bentry,
-                    &bcontent,
-                    &data,
-                    info.header.dtype,
-                    delta,
-                    &self.rewritten,
-                )?;
-                let Some(choice) = rewrite else {
-                    return Ok(plain_record((id, whole()?)));
-                };
-                let again = FloatRecord {
-                    id: bid,
-                    choice: &choice,
-                    codec: delta_codec(&choice),
-                    placement: Placement {
-                        generation: bentry.generation + 1,
-                        base: Some(id),
-                        depth: 1,
-                    },
-                    side: Side::BaseOnData,
-                };
-                let (entry, new) = if analysis.plain.size < len {
-                    let new = FloatRecord {
-                        id,
-                        choice: &analysis.plain,
-                        codec: whole_codec,
-                        placement: Placement::default(),
-                        side: Side::Data,
-                    };
-                    let e =
-                        self.coder
-                            .write_floats(header, &data, Some(&bcontent), &[new, again])?;
-                    (e[0], e[1])
-                } else {
-                    let entry = streamed(&data)?;
-                    let e = self
-                        .coder
-                        .write_floats(header, &data, Some(&bcontent), &[again])?;
-                    (entry, e[0])
-                };
-                Ok(Stored {
-                    id,
-                    added: Some((id, entry)),
-                    rewrite: Some(Rewrite {
-                        id: bid,
-                        old: bentry,
-                        new,
-                    }),
-                })
-            }
-        }
-    }
-}
-
-/// Whether a piece can be stored as a delta, or have one stored against it: a float tensor
-/// large enough for the float codecs.
-fn is_delta_candidate(info: &Piece) -> bool {
-    info.tensor && float::supports(info.header.dtype) && info.len >= SMALL_TENSOR
 }
 
 /// The decoded content of a previous version: kept by the last commit of this process, or read

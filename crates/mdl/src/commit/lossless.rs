@@ -1,0 +1,293 @@
+//! New tensor content stored exactly: raw or zstd where the float codecs do not pay, else a
+//! self-contained float record, or a delta against the previous version — forward (the new
+//! version refers to the old) or reverse (the old version re-encoded against the new).
+
+use std::sync::atomic::Ordering;
+
+use mdl_codec::engine::Kept;
+use mdl_codec::{float, CodecTag, SMALL_TENSOR};
+use mdl_format::ObjectId;
+use mdl_store::{IndexEntry, Placement};
+
+use super::coder::{FloatRecord, Side};
+use super::content::Content;
+use super::store::{delta_codec, previous_content, StoreCtx, Stored, FLOAT_GAIN_FLOOR};
+use crate::input::Piece;
+use crate::policy::DeltaMode;
+use crate::rewrite::Rewrite;
+use crate::Result;
+
+/// What a self-contained record of new content is made from.
+struct Whole<'w> {
+    id: ObjectId,
+    /// The piece of the input.
+    i: usize,
+    data: &'w Content<'w>,
+    /// The content's planes, where it was split already (in memory, no delta made of it).
+    planes: Option<&'w [Vec<u8>]>,
+    analysis: &'w float::Analysis,
+    /// Bytes the analysis' sizes are of.
+    len: u64,
+    /// The codec of a self-contained float record.
+    codec: CodecTag,
+}
+
+impl StoreCtx<'_> {
+    /// Stores new tensor content with the lossless codecs; `whole_codec` is the codec of
+    /// a self-contained float record (float-split, or mantissa-trim for trimmed content).
+    /// `data` is in memory, or the input read a window at a time (a large tensor: its
+    /// previous version is then decoded a window at a time too); `plain` is its float-split
+    /// count when the caller already made it.
+    pub(super) fn encode_new(
+        &self,
+        id: ObjectId,
+        i: usize,
+        data: Content<'_>,
+        whole_codec: CodecTag,
+        plain: Option<float::PlaneCount>,
+    ) -> Result<Stored> {
+        let info = &self.input.pieces[i];
+        if !is_delta_candidate(info) {
+            return Ok(new_record(id, self.streamed(id, i, &data)?));
+        }
+        let store = self.repo.store();
+        let base = self.delta_base(i, &id)?;
+        // A tensor in memory takes its base into memory (from the warm cache when it is
+        // there); one read a window at a time reads its base so too.
+        let base_kept = match (&base, data.windowed()) {
+            (Some((bid, be)), false) => Some(previous_content(store, self.warm, bid, be)?),
+            _ => None,
+        };
+        let base_content = match (&base, &base_kept) {
+            (_, Some(kept)) => Some(Content::Memory(kept)),
+            (Some((bid, be)), None) => Some(Content::Stored {
+                store,
+                id: *bid,
+                entry: *be,
+            }),
+            (None, _) => None,
+        };
+        let _kept = self.keep_on_engine(&data, base_content.as_ref());
+        // The bytes the analysis' sizes are of: the tensor's, or the first window's of a large
+        // tensor that no delta is made of now.
+        let len = plain
+            .as_ref()
+            .map_or(data.len() as u64, float::PlaneCount::counted_bytes);
+        // A tensor in memory that no delta is made of now is split into its planes once, for
+        // its counts and its codes.
+        let split = match (&data, &base_content, &plain) {
+            (Content::Memory(d), None, None) => {
+                let mut planes = self.spare_planes.take();
+                let count = self
+                    .coder
+                    .split_counted(id, info.header.dtype, d, &mut planes)?;
+                Some((count, planes))
+            }
+            _ => None,
+        };
+        let analysis = match &split {
+            Some((count, _)) => float::analysis_of(count, &[]),
+            None => {
+                self.coder
+                    .analyze(id, info.header.dtype, &data, base_content.as_ref(), plain)?
+            }
+        };
+        let delta = analysis.best_delta();
+        let best_float = delta.map_or(analysis.plain.size, |d| d.size);
+        if best_float as f64 > len as f64 * (1.0 - FLOAT_GAIN_FLOOR) {
+            // The float codecs barely help (noise-like or repetitive data): let raw and zstd
+            // compete instead.
+            return Ok(new_record(id, self.streamed(id, i, &data)?));
+        }
+        let whole = Whole {
+            id,
+            i,
+            data: &data,
+            planes: split.as_ref().map(|(_, planes)| &planes[..]),
+            analysis: &analysis,
+            len,
+            codec: whole_codec,
+        };
+        let (Some(base), Some(base_content), Some(delta)) = (base, base_content, delta) else {
+            return Ok(new_record(id, self.write_whole(&whole)?));
+        };
+        match self.policy.mode {
+            DeltaMode::Off => Ok(new_record(id, self.write_whole(&whole)?)),
+            DeltaMode::Forward => self.write_forward(&whole, base, &base_content, delta),
+            DeltaMode::Reverse => self.write_reverse(&whole, base, &base_content, delta),
+        }
+    }
+
+    /// Raw or zstd, streamed from wherever the bytes are (and hashed as they are encoded).
+    fn streamed(&self, id: ObjectId, i: usize, data: &Content<'_>) -> Result<IndexEntry> {
+        let bytes = match data {
+            Content::Memory(b) => b,
+            Content::Input { input, i, .. } => input.tensor(*i),
+            Content::Stored { .. } => unreachable!("new content is never a stored object"),
+        };
+        let header = &self.input.pieces[i].header;
+        Ok(self
+            .coder
+            .batch
+            .put_tensor(&id, header, bytes, self.encode)?
+            .entry)
+    }
+
+    /// The previous version a delta of piece `i` is made against. With deferred reverse
+    /// deltas there is none now: the new version is stored whole, and the previous one is
+    /// re-encoded against it after the publish ([`super::run_deferred`]).
+    fn delta_base(&self, i: usize, id: &ObjectId) -> Result<Option<(ObjectId, IndexEntry)>> {
+        let base = self.base_for(i, id, false)?;
+        if base.is_some() && self.policy.mode == DeltaMode::Reverse && self.policy.defer {
+            self.deferred.store(true, Ordering::Relaxed);
+            return Ok(None);
+        }
+        Ok(base)
+    }
+
+    /// Analysis, encoding and a reverse re-encode all read the content and its base: a GPU
+    /// engine copies each over once, for as long as the result is held.
+    fn keep_on_engine<'k>(
+        &'k self,
+        data: &Content<'k>,
+        base: Option<&Content<'k>>,
+    ) -> (Kept<'k>, Option<Kept<'k>>) {
+        let engine = self.coder.engine;
+        match (data, base) {
+            (Content::Memory(d), b) => (
+                engine.keep(d),
+                match b {
+                    Some(Content::Memory(b)) => Some(engine.keep(b)),
+                    _ => None,
+                },
+            ),
+            _ => (Kept::nothing(), None),
+        }
+    }
+
+    /// The best self-contained record: float-split unless it would not beat raw.
+    fn write_whole(&self, w: &Whole<'_>) -> Result<IndexEntry> {
+        if w.analysis.plain.size >= w.len {
+            return self.streamed(w.id, w.i, w.data);
+        }
+        let header = &self.input.pieces[w.i].header;
+        match w.planes {
+            Some(planes) => {
+                self.coder
+                    .write_split(w.id, header, planes, &w.analysis.plain, w.codec)
+            }
+            None => self.coder.write_float(
+                w.id,
+                header,
+                w.data,
+                None,
+                &w.analysis.plain,
+                w.codec,
+                Placement::default(),
+            ),
+        }
+    }
+
+    /// The new version as a delta against `base`, one step further down its chain.
+    fn write_forward(
+        &self,
+        w: &Whole<'_>,
+        (base, base_entry): (ObjectId, IndexEntry),
+        base_content: &Content<'_>,
+        delta: &float::Choice,
+    ) -> Result<Stored> {
+        let placement = Placement {
+            generation: 0,
+            base: Some(base),
+            depth: base_entry.depth + 1,
+        };
+        let entry = self.coder.write_float(
+            w.id,
+            &self.input.pieces[w.i].header,
+            w.data,
+            Some(base_content),
+            delta,
+            delta_codec(delta),
+            placement,
+        )?;
+        Ok(new_record(w.id, entry))
+    }
+
+    /// The new tensor as the self-contained end of the chain and the previous version, if
+    /// that pays, re-encoded as a delta against it; both encoded in one pass.
+    fn write_reverse(
+        &self,
+        w: &Whole<'_>,
+        (base, base_entry): (ObjectId, IndexEntry),
+        base_content: &Content<'_>,
+        delta: &float::Choice,
+    ) -> Result<Stored> {
+        let header = &self.input.pieces[w.i].header;
+        let rewrite = self.coder.reverse_choice(
+            &base,
+            &base_entry,
+            base_content,
+            w.data,
+            header.dtype,
+            delta,
+            &self.rewritten,
+        )?;
+        let Some(choice) = rewrite else {
+            return Ok(new_record(w.id, self.write_whole(w)?));
+        };
+        let again = FloatRecord {
+            id: base,
+            choice: &choice,
+            codec: delta_codec(&choice),
+            placement: Placement {
+                generation: base_entry.generation + 1,
+                base: Some(w.id),
+                depth: 1,
+            },
+            side: Side::BaseOnData,
+        };
+        let (entry, new) = if w.analysis.plain.size < w.len {
+            let new = FloatRecord {
+                id: w.id,
+                choice: &w.analysis.plain,
+                codec: w.codec,
+                placement: Placement::default(),
+                side: Side::Data,
+            };
+            let e = self
+                .coder
+                .write_floats(header, w.data, Some(base_content), &[new, again])?;
+            (e[0], e[1])
+        } else {
+            let entry = self.streamed(w.id, w.i, w.data)?;
+            let e = self
+                .coder
+                .write_floats(header, w.data, Some(base_content), &[again])?;
+            (entry, e[0])
+        };
+        Ok(Stored {
+            id: w.id,
+            added: Some((w.id, entry)),
+            rewrite: Some(Rewrite {
+                id: base,
+                old: base_entry,
+                new,
+            }),
+        })
+    }
+}
+
+/// A tensor stored as a new record of its own.
+fn new_record(id: ObjectId, entry: IndexEntry) -> Stored {
+    Stored {
+        id,
+        added: Some((id, entry)),
+        rewrite: None,
+    }
+}
+
+/// Whether a piece can be stored as a delta, or have one stored against it: a float tensor
+/// large enough for the float codecs.
+pub(super) fn is_delta_candidate(info: &Piece) -> bool {
+    info.tensor && float::supports(info.header.dtype) && info.len >= SMALL_TENSOR
+}

@@ -1,0 +1,126 @@
+//! A commit's planning phase: for a lossy commit, the configuration search that decides how
+//! each tensor is quantized, against the parent's versions and within the quality budget.
+
+use mdl_codec::quant::Correction;
+
+use super::eval::evaluate_candidate;
+use super::store::{previous_content, previous_object};
+use crate::input::Input;
+use crate::lossy::{self, CodecMode, LossySettings, SearchSummary, TensorPlan};
+use crate::policy::{DeltaMode, DeltaPolicy};
+use crate::previous::Previous;
+use crate::warm::WarmTensors;
+use crate::{Repository, Result};
+
+/// What a commit's phases share once the parent and the settings are known.
+pub(super) struct Planning<'a> {
+    pub(super) repo: &'a Repository,
+    pub(super) input: &'a Input,
+    /// Which tensors are parameters and which their moments.
+    pub(super) roles: &'a [lossy::Role],
+    pub(super) settings: &'a LossySettings,
+    /// The parent's version of each tensor, by name.
+    pub(super) previous: &'a Previous<'a>,
+    pub(super) policy: DeltaPolicy,
+    pub(super) warm: Option<&'a WarmTensors>,
+    pub(super) correction: Correction,
+    pub(super) metrics: &'a [(String, f64)],
+}
+
+/// The optimizer's bias correction at `step` (none without a step), with the configured
+/// curvature.
+pub(super) fn correction(settings: &LossySettings, step: Option<u64>) -> Correction {
+    Correction {
+        curvature: settings.curvature,
+        ..match step {
+            Some(t) => Correction::adam(settings.betas.0, settings.betas.1, t),
+            None => Correction::none(),
+        }
+    }
+}
+
+/// Each tensor's lossy plan (`None`: stored exactly) and the search's summary; a commit that is
+/// not lossy plans nothing.
+pub(super) fn lossy_plans(
+    p: &Planning<'_>,
+) -> Result<(Vec<Option<TensorPlan>>, Option<SearchSummary>)> {
+    let Planning {
+        repo,
+        input,
+        settings,
+        previous,
+        policy,
+        warm,
+        correction,
+        ..
+    } = *p;
+    if settings.mode != CodecMode::Lossy {
+        return Ok((vec![None; input.pieces.len()], None));
+    }
+    let store = repo.store();
+    let engine = store.engine();
+    // Each lookup's read transaction ends before the decode: a transaction held across
+    // parallel work would keep this process's own publish waiting.
+    let previous_quant = |i: usize| -> Result<Option<_>> {
+        let found = previous_object(&store.meta().read()?, previous, input, i)?;
+        match found {
+            Some((id, entry, true)) => Ok(Some(store.load_quant(&id, &entry)?)),
+            _ => Ok(None),
+        }
+    };
+    // Residual coding takes the previous version's decoded content as its reference, while
+    // the chain through it stays within the policy's depth.
+    let reference = |i: usize| -> Result<Option<lossy::Reference>> {
+        if policy.mode == DeltaMode::Off {
+            return Ok(None);
+        }
+        let found = {
+            let meta = store.meta().read()?;
+            previous_object(&meta, previous, input, i)?
+        };
+        let Some((id, entry, _)) = found else {
+            return Ok(None);
+        };
+        if entry.depth + 1 > policy.max_depth {
+            return Ok(None);
+        }
+        Ok(Some(lossy::Reference {
+            id,
+            depth: entry.depth,
+            content: previous_content(store, warm, &id, &entry)?,
+        }))
+    };
+    let plan_input = lossy::PlanInput {
+        engine,
+        input,
+        roles: p.roles,
+        settings,
+        previous,
+        previous_quant: &previous_quant,
+        reference: &reference,
+        correction,
+        loss: loss_of(p.metrics, input),
+    };
+    let evaluate = |plans: Option<&[Option<TensorPlan>]>| {
+        evaluate_candidate(repo, input, engine, correction, settings, plans)
+    };
+    let eval: Option<lossy::Evaluate<'_>> = settings.eval_cmd.as_ref().map(|_| &evaluate as _);
+    let (plans, summary) = lossy::plan(&plan_input, eval)?;
+    Ok((plans, Some(summary)))
+}
+
+/// Names of the loss the quality bound is relative to, in order of preference.
+const LOSS_NAMES: [&str; 3] = ["loss", "val_loss", "train_loss"];
+
+/// The checkpoint's loss: a commit metric named `loss`, `val_loss` or `train_loss`, else the
+/// same key in the checkpoint's metadata.
+fn loss_of(metrics: &[(String, f64)], input: &Input) -> Option<f64> {
+    LOSS_NAMES.iter().find_map(|name| {
+        metrics
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| *v)
+            .or_else(|| input.metadata_value(name))
+            .filter(|v: &f64| v.is_finite())
+    })
+}
