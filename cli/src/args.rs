@@ -206,7 +206,8 @@ pub(crate) enum Command {
         /// Serve every repository directly under DIR, by directory name.
         #[arg(long, value_name = "DIR")]
         root: Option<PathBuf>,
-        /// Accepted bearer tokens: lines of `name scope token` (scope read or write).
+        /// Accepted bearer tokens: lines of `name scope token` (scope read, write or admin: admin
+        /// also creates repositories under --root).
         #[arg(long, value_name = "FILE")]
         tokens: Option<PathBuf>,
         /// Reads need no token.

@@ -1,7 +1,7 @@
 //! `mdl init`, wherever the repository is to be: a folder (`mdl init DIR`, `mdl -C DIR init`),
-//! or object storage (`mdl init s3://BUCKET/PREFIX`, `mdl -C s3://… init`). A served
-//! repository is created on its server's machine; any other `scheme://` is refused, never
-//! taken for a folder name.
+//! object storage (`mdl init s3://BUCKET/PREFIX`, `mdl -C s3://… init`), or a server of a
+//! folder of repositories (`mdl init http://HOST:PORT/NAME` with an admin token); any other
+//! `scheme://` is refused, never taken for a folder name.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -27,6 +27,6 @@ pub(crate) fn run(cli: &Cli, path: Option<&PathBuf>, out: &mut dyn Write) -> any
             url.shown()
         ),
     };
-    output::init(out, cli.json, &mdl_ops::init(&location)?)?;
+    output::init(out, cli.json, &mdl_ops::init(&location, &cli.access())?)?;
     Ok(())
 }

@@ -148,11 +148,14 @@ class Repository:
     ) -> "Repository":
         """The repository at ``path`` through the library's operations (which tell where it
         is); a folder or a bucket also through the native repository that stages commits and
-        decodes tensors here. ``create`` makes it first (a server makes none: refused)."""
+        decodes tensors here. ``create`` makes it first (on a server: one that serves a folder
+        of repositories, for a token of ``admin`` scope)."""
         text = os.fspath(path)
         token = token if token is not None else os.environ.get("MDL_TOKEN")
         ops = _mdl.Ops(text, token, wait)
-        if ops.backend == "served" and not create:
+        if ops.backend == "served":
+            if create:
+                _mdl.Ops.create(text, token)
             return cls(None, ops)
         make = _mdl.Repo.init if create else _mdl.Repo.open
         return cls(make(text, wait, warm_bytes), ops)
@@ -577,5 +580,5 @@ def open(
         try:
             return Repository._reach(text, token, wait, warm_bytes, create=True)
         except (_mdl.Conflict, _mdl.Unsupported):
-            pass  # made meanwhile (another rank, another writer), or served: servers make none
+            pass  # made meanwhile (another rank, another writer), or a server that makes none
     return Repository._reach(text, token, wait, warm_bytes, create=False)

@@ -285,7 +285,7 @@ impl Repo {
     fn init(py: Python<'_>, path: PathBuf, wait: f64, warm_bytes: u64) -> PyResult<Repo> {
         let wait = secs(wait)?;
         let location = mdl_ops::Location::parse(&path).map_err(error)?;
-        py.detach(|| mdl_ops::init(&location).map_err(Box::new))
+        py.detach(|| mdl_ops::init(&location, &mdl_ops::Access::default()).map_err(Box::new))
             .map_err(unboxed)?;
         Ok(Repo::new(At::of(location)?, wait, warm_bytes))
     }

@@ -40,6 +40,21 @@ impl Ops {
         Ok(Ops(mdl_ops::open(&location, &access).map_err(error)?))
     }
 
+    /// Makes a repository at `location` (`mdl init`): a folder, one in object storage, or one
+    /// on a server of a folder of repositories, for a token of `admin` scope.
+    #[staticmethod]
+    #[pyo3(signature = (location, token = None))]
+    fn create(py: Python<'_>, location: PathBuf, token: Option<String>) -> PyResult<()> {
+        let location = Location::parse(&location).map_err(error)?;
+        let access = Access {
+            token,
+            ..Access::default()
+        };
+        py.detach(|| mdl_ops::init(&location, &access).map_err(Box::new))
+            .map_err(unboxed)?;
+        Ok(())
+    }
+
     /// `local`, `served` or `bucket`.
     #[getter]
     fn backend(&self) -> &'static str {

@@ -57,7 +57,7 @@ pub fn app(state: Arc<State>) -> Router {
         .route(route::REFLOG, get(admin::reflog))
         .route(route::FSCK, post(admin::fsck));
     Router::new()
-        .route(route::REPOS, get(list_repos))
+        .route(route::REPOS, get(list_repos).post(create_repo))
         .nest(route::REPO, repo)
         .nest(crate::hf::PREFIX, crate::hf::routes())
         .merge(crate::web::routes())
@@ -101,6 +101,23 @@ async fn list_repos(AxState(state): Shared, headers: HeaderMap) -> ApiResult<Res
     )?;
     let repos = state.names();
     Ok(Json(body::Repos { repos }).into_response())
+}
+
+/// Creates a repository in the served folder: an `admin` token's request. That a repository
+/// exists is said to any reader (it is in `GET /v1/repos`), so a writer's "create unless it
+/// exists" learns it and goes on.
+async fn create_repo(
+    AxState(state): Shared,
+    headers: HeaderMap,
+    b: Result<Json<body::NewRepo>, JsonRejection>,
+) -> ApiResult<Response> {
+    let tokens = &state.config.tokens;
+    check(tokens, state.config.read_public, &headers, Scope::Read)?;
+    let admin = check(tokens, false, &headers, Scope::Admin);
+    let req = json_body(b)?;
+    let made = req.clone();
+    blocking(move || state.create_repo(&made.name, admin)).await?;
+    Ok((StatusCode::CREATED, Json(req)).into_response())
 }
 
 async fn refs(Access(served): Reader) -> ApiResult<Response> {

@@ -1,4 +1,5 @@
-//! Bearer tokens with `read` and `write` scopes, from a file of `name scope token` lines.
+//! Bearer tokens with `read`, `write` and `admin` scopes, from a file of `name scope token`
+//! lines.
 
 use mdl_protocol::ErrorCode;
 use std::path::Path;
@@ -14,6 +15,18 @@ pub enum Scope {
     Read,
     /// Also commit, push and move refs.
     Write,
+    /// Also create repositories (on a server of a folder of them).
+    Admin,
+}
+
+impl Scope {
+    fn name(self) -> &'static str {
+        match self {
+            Scope::Read => "read",
+            Scope::Write => "write",
+            Scope::Admin => "admin",
+        }
+    }
 }
 
 /// The accepted tokens.
@@ -24,7 +37,7 @@ pub struct Tokens {
 
 impl Tokens {
     /// Parses a tokens file: one `name scope token` per line (`#` comments and blank lines
-    /// ignored); scope is `read` or `write`.
+    /// ignored); scope is `read`, `write` or `admin`.
     pub fn parse(text: &str) -> Result<Tokens, String> {
         let mut entries = Vec::new();
         for (n, line) in text.lines().enumerate() {
@@ -43,9 +56,10 @@ impl Tokens {
             let scope = match scope {
                 "read" => Scope::Read,
                 "write" => Scope::Write,
+                "admin" => Scope::Admin,
                 other => {
                     return Err(format!(
-                        "line {}: scope {other:?} is neither read nor write",
+                        "line {}: scope {other:?} is not read, write or admin",
                         n + 1
                     ))
                 }
@@ -122,7 +136,11 @@ pub fn check(
         )),
         Some(scope) if scope < needed => Err(ApiError::new(
             ErrorCode::Forbidden,
-            "the token has read scope; this request needs write",
+            format!(
+                "the token has {} scope; this request needs {}",
+                scope.name(),
+                needed.name()
+            ),
         )),
         Some(_) => Ok(()),
     }

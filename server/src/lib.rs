@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mdl::{LockMode, OpenOptions, Repository};
+use mdl_protocol::ErrorCode;
 
 use crate::access::ApiResult;
 
@@ -227,6 +228,8 @@ pub struct State {
     pub(crate) warm: Arc<mdl::warm::WarmTensors>,
     /// The web view's signed-in browsers.
     pub(crate) sessions: web::Sessions,
+    /// Held while a repository is created, one at a time.
+    creating: Mutex<()>,
 }
 
 impl State {
@@ -249,6 +252,7 @@ impl State {
             advertise,
             warm: Arc::new(mdl::warm::WarmTensors::new(mdl::warm::DEFAULT_WARM_BYTES)),
             sessions: web::Sessions::default(),
+            creating: Mutex::new(()),
         }))
     }
 
@@ -284,6 +288,40 @@ impl State {
                 names
             }
         }
+    }
+
+    /// Creates repository `name` in the served folder, where `admin` (whether the request may)
+    /// is `Ok`. A server of one repository (or of one in object storage) creates none. Called
+    /// on blocking threads only.
+    pub(crate) fn create_repo(
+        &self,
+        name: &str,
+        admin: Result<(), ApiError>,
+    ) -> Result<(), ApiError> {
+        let Repos::Root(root) = &self.config.repos else {
+            return Err(ApiError::new(
+                ErrorCode::Unsupported,
+                "this server serves one repository and creates none: serve a folder of repositories (mdl serve DIR) to create them over HTTP",
+            ));
+        };
+        if !valid_repo_name(name) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRepositoryName,
+                format!("{name:?} is not a repository name (letters, digits, '-', '_', '.'; not starting with '.')"),
+            ));
+        }
+        let _one_at_a_time = self.creating.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = root.join(name);
+        if dir.join(mdl::MDL_DIR).exists() {
+            return Err(ApiError::new(
+                ErrorCode::Exists,
+                format!("repository {name} exists already"),
+            ));
+        }
+        admin?;
+        Repository::init(&dir)?;
+        tracing::info!("created repository {name}");
+        Ok(())
     }
 
     /// The repository named `name`, opened (and locked) on first use; one whose database

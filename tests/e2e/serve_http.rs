@@ -368,3 +368,77 @@ fn commits_over_http_and_forwarding() {
         "stale advertisement kept"
     );
 }
+
+/// `mdl init http://…` creates a repository on a server of a folder of repositories, for an
+/// admin token; anything else is refused with its reason and creates nothing.
+#[test]
+fn init_over_http_where_the_server_allows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let here = dir.path();
+    let server = Server::start(&["--root", root.to_str().unwrap()], here);
+    let url = format!("{}/run-2", server.base);
+    let with = |token: &str, args: &[&str]| -> Vec<String> {
+        let mut all = vec!["--token".to_string(), token.to_string()];
+        all.extend(args.iter().map(|a| a.to_string()));
+        all
+    };
+    let run = |args: Vec<String>| -> std::process::Output {
+        Command::new(mdl_bin())
+            .current_dir(here)
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    // A write token may not create; nothing is made.
+    let out = run(with(WRITE, &["init", &url]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("needs admin"), "{err}");
+    assert!(!root.join("run-2").exists());
+    // An admin token creates it, and it is a repository like any other.
+    let made = run(with(ADMIN, &["init", &url, "--json"]));
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&made.stdout).unwrap();
+    assert_eq!(doc["path"], url.as_str());
+    assert!(root.join("run-2").join(".mdl").is_dir());
+    let ckpt = here.join("c.safetensors");
+    write_safetensors(&ckpt, &mixed(3), &[]);
+    let c = ckpt.to_str().unwrap();
+    assert!(run(with(WRITE, &["-C", &url, "commit", c, "-m", "first"]))
+        .status
+        .success());
+    let log = run(with(READ, &["-C", &url, "log", "--json"]));
+    let log: serde_json::Value = serde_json::from_slice(&log.stdout).unwrap();
+    assert_eq!(log[0]["message"], "first");
+    // Again: it exists (any token learns that); a bad name is refused before anything.
+    for token in [ADMIN, WRITE] {
+        let again = run(with(token, &["init", &url]));
+        let err = String::from_utf8_lossy(&again.stderr);
+        assert!(
+            !again.status.success() && err.contains("exists already"),
+            "{err}"
+        );
+    }
+    let bad = run(with(ADMIN, &["init", &format!("{}/.hidden", server.base)]));
+    assert!(!bad.status.success());
+    let listed: Vec<_> = std::fs::read_dir(&root).unwrap().flatten().collect();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    server.stop();
+
+    // A server of one repository creates none.
+    let one = Server::start(&["-C", root.join("run-2").to_str().unwrap()], here);
+    let out = run(with(ADMIN, &["init", &format!("{}/other", one.base)]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("creates none"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    one.stop();
+}

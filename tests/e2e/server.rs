@@ -9,6 +9,7 @@ use crate::util::*;
 
 pub(crate) const READ: &str = "rrrrrrrrrrrrrrrrrrrrrrrr";
 pub(crate) const WRITE: &str = "wwwwwwwwwwwwwwwwwwwwwwww";
+pub(crate) const ADMIN: &str = "aaaaaaaaaaaaaaaaaaaaaaaa";
 
 /// A running `mdl serve`, stopped with SIGTERM when dropped.
 pub(crate) struct Server {
@@ -29,7 +30,9 @@ impl Server {
         let tokens = tokens_dir.join("tokens");
         std::fs::write(
             &tokens,
-            format!("# test tokens\nreader read {READ}\nwriter write {WRITE}\n"),
+            format!(
+                "# test tokens\nreader read {READ}\nwriter write {WRITE}\nadmin admin {ADMIN}\n"
+            ),
         )
         .unwrap();
         let mut child = mdl

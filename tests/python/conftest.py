@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MDL = os.environ.get("MDL", str(ROOT / "target" / "debug" / "mdl"))
 READ_TOKEN = "r" * 64
 WRITE_TOKEN = "w" * 64
+ADMIN_TOKEN = "a" * 64
 
 
 def mdl(*args, cwd=None, check=True):
@@ -39,11 +40,16 @@ def repo(tmp_path):
 
 
 class Server:
-    def __init__(self, repo, tmp):
+    """``mdl serve`` of the repository ``repo``, or with ``root`` of every one in that folder."""
+
+    def __init__(self, repo, tmp, root=False):
         tokens = Path(tmp) / "tokens"
-        tokens.write_text(f"reader read {READ_TOKEN}\nwriter write {WRITE_TOKEN}\n")
+        tokens.write_text(
+            f"reader read {READ_TOKEN}\nwriter write {WRITE_TOKEN}\nadmin admin {ADMIN_TOKEN}\n"
+        )
         self.proc = subprocess.Popen(
-            [MDL, "serve", "--addr", "127.0.0.1:0", "--tokens", str(tokens), "-C", str(repo)],
+            [MDL, "serve", "--addr", "127.0.0.1:0", "--tokens", str(tokens),
+             "--root" if root else "-C", str(repo)],
             stdout=subprocess.PIPE,
             stderr=sys.stderr,
             text=True,
@@ -61,8 +67,8 @@ class Server:
 def serve(tmp_path):
     servers = []
 
-    def start(repo):
-        s = Server(repo, tmp_path)
+    def start(repo, root=False):
+        s = Server(repo, tmp_path, root)
         servers.append(s)
         return s
 

@@ -7,7 +7,7 @@ raises ``mdl.Unsupported`` saying what to do instead."""
 import pytest
 
 import mdl
-from conftest import WRITE_TOKEN, mdl as run_mdl, tree_bytes
+from conftest import ADMIN_TOKEN, WRITE_TOKEN, mdl as run_mdl, tree_bytes
 
 
 def trainer_folder(path, seed):
@@ -90,3 +90,26 @@ def test_a_served_repository_says_what_it_cannot_do(tmp_path, serve):
         repo.load("HEAD")
     # The refusals changed nothing.
     assert [e.id for e in repo.log(all=True)] == [first.id]
+
+
+def test_a_server_of_a_folder_creates_repositories_for_an_admin(tmp_path, serve, monkeypatch):
+    root = tmp_path / "root"
+    root.mkdir()
+    server = serve(root, root=True)
+    url = f"{server.base}/run-7"
+    # A writer may not create one; nothing is made.
+    with pytest.raises(mdl.PermissionDenied) as denied:
+        mdl.open(url, WRITE_TOKEN, create=True)
+    assert denied.value.code == "forbidden"
+    assert not (root / "run-7").exists()
+    made = mdl.open(url, ADMIN_TOKEN, create=True)
+    assert made.backend == "served"
+    assert (root / "run-7" / ".mdl").is_dir()
+    # Once it exists, a writer's create=True opens it, and commits go in.
+    repo = mdl.open(url, WRITE_TOKEN, create=True)
+    trainer_folder(tmp_path / "ckpt", 5)
+    first = repo.commit(tmp_path / "ckpt", step=5)
+    assert [e.id for e in made.log()] == [first.id]
+    monkeypatch.setenv("MDL_TOKEN", ADMIN_TOKEN)
+    with pytest.raises(mdl.Conflict):
+        mdl.init(url)

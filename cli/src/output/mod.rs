@@ -31,7 +31,9 @@ pub(crate) fn init(out: &mut dyn Write, json: bool, made: &mdl_ops::Initialized)
             root.display().to_string(),
             root.join(".mdl").display().to_string(),
         ),
-        mdl_ops::Initialized::Bucket(url) => (url.clone(), url.clone()),
+        mdl_ops::Initialized::Bucket(url) | mdl_ops::Initialized::Served(url) => {
+            (url.clone(), url.clone())
+        }
     };
     if json {
         return emit(out, &json!({ "path": path, "branch": "main" }));

@@ -22,6 +22,9 @@ pub const IDS_PER_REQUEST: usize = 100_000;
 #[derive(Clone, Debug)]
 pub struct Remote {
     url: String,
+    /// `http://HOST:PORT`.
+    server: String,
+    /// The repository's routes' prefix: `server` and [`route::REPO`] filled in.
     api: String,
     token: Option<String>,
     agent: ureq::Agent,
@@ -48,6 +51,7 @@ impl Remote {
             .into();
         Ok(Remote {
             url: url.to_string(),
+            server: format!("http://{host}"),
             api: format!(
                 "http://{host}{}",
                 route::fill(route::REPO, &[("repo", repo)])
@@ -138,6 +142,18 @@ impl Remote {
     pub fn compact(&self, max_depth: Option<u32>, dry_run: bool) -> Result<CompactOutcome> {
         let opts = CompactOptions { max_depth, dry_run };
         self.post_json(route::COMPACT, &opts)
+    }
+
+    /// Creates this repository on its server (`POST /v1/repos`): for an `admin` token, on a
+    /// server that serves a folder of repositories.
+    pub fn create(&self) -> Result<()> {
+        let req = self.auth(self.agent.post(format!("{}{}", self.server, route::REPOS)));
+        let new = body::NewRepo {
+            name: self.name().to_string(),
+        };
+        let mut resp = self.check(req.send_json(&new))?;
+        let _: body::NewRepo = resp.body_mut().read_json().map_err(|e| self.transport(e))?;
+        Ok(())
     }
 
     /// Runs `mdl gc` on the server (`POST /maintenance/gc`); durations as `mdl gc` takes them.

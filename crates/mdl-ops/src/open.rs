@@ -7,7 +7,7 @@ use mdl_protocol::body::Advertisement;
 use mdl_remote::Remote;
 
 use crate::peer::peer;
-use crate::{Access, Backend, InBucket, Local, Location, Operation, Operations, Result, Served};
+use crate::{Access, InBucket, Local, Location, Operation, Operations, Result, Served};
 
 /// The repository at `location`, through the backend that reaches it. A folder that a live
 /// `mdl serve` owns is reached through that server when `access.follow_server`.
@@ -52,11 +52,14 @@ pub enum Initialized {
     Folder(PathBuf),
     /// In object storage, at this URL.
     Bucket(String),
+    /// On a server, at this URL.
+    Served(String),
 }
 
-/// Makes a repository at `location`: a folder (created if missing), or one in object storage.
-/// A server makes none: its repositories are made on its machine.
-pub fn init(location: &Location) -> Result<Initialized> {
+/// Makes a repository at `location`: a folder (created if missing), one in object storage, or
+/// one on a server that serves a folder of repositories (`mdl serve DIR`), for a token of
+/// `admin` scope (`access.token`).
+pub fn init(location: &Location, access: &Access) -> Result<Initialized> {
     match location {
         Location::Folder(dir) => {
             let repo = Repository::init(dir)?;
@@ -66,11 +69,10 @@ pub fn init(location: &Location) -> Result<Initialized> {
             mdl_bucket::init(loc)?;
             Ok(Initialized::Bucket(loc.url()))
         }
-        Location::Served(url) => Err(crate::error::unsupported(
-            Operation::Init,
-            Backend::Served,
-            format!("a server does not create repositories: run `mdl init DIR` on its machine, in the folder `mdl serve` serves, and it is served as {url}"),
-        )),
+        Location::Served(url) => {
+            Remote::new(url, access.token.clone())?.create()?;
+            Ok(Initialized::Served(url.clone()))
+        }
     }
 }
 

@@ -15,6 +15,13 @@ pub struct Repos {
     pub repos: Vec<String>,
 }
 
+/// `POST /v1/repos`: the repository to create.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NewRepo {
+    /// Its name: one path component of `[A-Za-z0-9._-]`, not starting with `.`.
+    pub name: String,
+}
+
 /// A ref as `GET /refs` lists it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ListedRef {

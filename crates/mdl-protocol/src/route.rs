@@ -1,7 +1,9 @@
 //! Paths and headers. A path with `{name}` parts is a template: the server routes it as it is
 //! and the client fills it in ([`fill`]). Repository routes are relative to [`REPO`].
 
-/// `GET`: the repositories a server holds ([`crate::body::Repos`]).
+/// `GET`: the repositories a server holds ([`crate::body::Repos`]); `POST`: create one
+/// ([`crate::body::NewRepo`], answered 201 with the same body; an `admin` token, and a server
+/// that serves a folder of repositories).
 pub const REPOS: &str = "/v1/repos";
 /// The prefix of one repository's routes.
 pub const REPO: &str = "/v1/repos/{repo}";

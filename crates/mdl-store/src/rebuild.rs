@@ -63,8 +63,56 @@ struct Scanned {
 pub fn rebuild(dir: &Path, wait: Duration) -> Result<Rebuilt, StoreError> {
     let _lock = RepoLock::acquire(dir, LockMode::Write, wait, "mdl fsck --repair")?;
     let mut out = Rebuilt::default();
+    let mut disk = scan_records(dir, &mut out)?;
+    let depth = chain_depths(&mut disk, &mut out);
+    let OnDisk {
+        records: found,
+        commits: commit_bodies,
+    } = disk;
+    let mut objects: Vec<(ObjectId, IndexEntry)> = found
+        .iter()
+        .map(|(id, s)| (*id, s.entry(depth[id])))
+        .collect();
+    objects.sort_by_key(|(id, _)| *id);
+    let commits: Vec<(ObjectId, CommitSummary)> = commit_bodies
+        .iter()
+        .map(|(id, c)| (*id, CommitSummary::of(c)))
+        .collect();
+    let mut state = journal_state(dir, &commits, &mut out)?;
+    // An object on disk is not expired (it was stored again, or its deletion did not finish).
+    state.expired.retain(|id, _| !found.contains_key(id));
+    out.objects = objects.len() as u64;
+    out.commits = commits.len() as u64;
+    out.refs = state.refs.len() as u64;
+    swap_in(dir, &objects, &commits, &state, &mut out)?;
+    Ok(out)
+}
 
-    // 1. Records: per object, the newest generation that reads back intact.
+impl Scanned {
+    /// The index entry of the record, at chain depth `depth`.
+    fn entry(&self, depth: u32) -> IndexEntry {
+        IndexEntry {
+            kind: self.kind,
+            codec: self.codec,
+            generation: self.generation,
+            base: self.base,
+            depth,
+            stored_len: self.stored_len,
+            content_len: self.content_len,
+            created: self.created,
+        }
+    }
+}
+
+/// What the record files hold: per object, the newest generation that reads back intact, and
+/// the commits' bodies.
+struct OnDisk {
+    records: HashMap<ObjectId, Scanned>,
+    commits: HashMap<ObjectId, Commit>,
+}
+
+/// Scans the record files; those that do not read back go to `out.unusable`.
+fn scan_records(dir: &Path, out: &mut Rebuilt) -> Result<OnDisk, StoreError> {
     let mut files = record_files(dir)?;
     files.sort_by_key(|(id, g)| (*id, std::cmp::Reverse(*g)));
     let mut found: HashMap<ObjectId, Scanned> = HashMap::new();
@@ -84,8 +132,20 @@ pub fn rebuild(dir: &Path, wait: Duration) -> Result<Rebuilt, StoreError> {
             Err(why) => out.unusable.push(format!("{}: {why}", path.display())),
         }
     }
+    Ok(OnDisk {
+        records: found,
+        commits: commit_bodies,
+    })
+}
 
-    // 2. Chain depths; a delta whose base is not on disk (or a cycle) cannot be read.
+/// Each object's chain depth. A delta whose base is not on disk (or is not a tensor, or
+/// whose chain loops or is too long) cannot be read: it leaves `disk` for `out.unusable`,
+/// with whatever decodes through it.
+fn chain_depths(disk: &mut OnDisk, out: &mut Rebuilt) -> HashMap<ObjectId, u32> {
+    let OnDisk {
+        records: found,
+        commits: commit_bodies,
+    } = disk;
     let mut depth: HashMap<ObjectId, u32> = HashMap::new();
     let ids: Vec<ObjectId> = found.keys().copied().collect();
     for id in ids {
@@ -140,51 +200,41 @@ pub fn rebuild(dir: &Path, wait: Duration) -> Result<Rebuilt, StoreError> {
             }
         }
     }
-    let mut objects: Vec<(ObjectId, IndexEntry)> = found
-        .iter()
-        .map(|(id, s)| {
-            (
-                *id,
-                IndexEntry {
-                    kind: s.kind,
-                    codec: s.codec,
-                    generation: s.generation,
-                    base: s.base,
-                    depth: depth[id],
-                    stored_len: s.stored_len,
-                    content_len: s.content_len,
-                    created: s.created,
-                },
-            )
-        })
-        .collect();
-    objects.sort_by_key(|(id, _)| *id);
-    let commits: Vec<(ObjectId, CommitSummary)> = commit_bodies
-        .iter()
-        .map(|(id, c)| (*id, CommitSummary::of(c)))
-        .collect();
+    depth
+}
 
-    // 3. Refs, reflogs, configuration and expiry from the journal.
+/// Refs, reflogs, configuration and expiry from the journal; without one, refs guessed from
+/// `commits`.
+fn journal_state(
+    dir: &Path,
+    commits: &[(ObjectId, CommitSummary)],
+    out: &mut Rebuilt,
+) -> Result<JournalState, StoreError> {
     let journal_path = dir.join(JOURNAL_FILE);
-    let mut state = if journal_path.exists() {
-        let replayed = journal::replay(&journal_path)?;
-        out.journal = true;
-        out.journal_skipped_bytes = replayed.skipped.iter().map(|(_, n)| n).sum();
-        replayed.state
-    } else {
-        guess_refs(&commits)
-    };
-    // An object on disk is not expired (it was stored again, or its deletion did not finish).
-    state.expired.retain(|id, _| !found.contains_key(id));
-    out.objects = objects.len() as u64;
-    out.commits = commits.len() as u64;
-    out.refs = state.refs.len() as u64;
+    if !journal_path.exists() {
+        return Ok(guess_refs(commits));
+    }
+    let replayed = journal::replay(&journal_path)?;
+    out.journal = true;
+    out.journal_skipped_bytes = replayed.skipped.iter().map(|(_, n)| n).sum();
+    Ok(replayed.state)
+}
 
-    // 4. Write the new database beside the old, then swap.
+/// Writes the new database beside the old, then swaps them: the old one is moved aside (and
+/// a journal with unreadable parts kept beside it), and the journal starts afresh from the
+/// rebuilt state.
+fn swap_in(
+    dir: &Path,
+    objects: &[(ObjectId, IndexEntry)],
+    commits: &[(ObjectId, CommitSummary)],
+    state: &JournalState,
+    out: &mut Rebuilt,
+) -> Result<(), StoreError> {
+    let journal_path = dir.join(JOURNAL_FILE);
     let meta_path = dir.join(META_FILE);
     let fresh = dir.join(format!("{META_FILE}.rebuild"));
     let _ = std::fs::remove_file(&fresh);
-    write_rebuilt(&fresh, &objects, &commits, &state)?;
+    write_rebuilt(&fresh, objects, commits, state)?;
     let stamp = Timestamp::now().0;
     if meta_path.exists() {
         let aside = dir.join(format!("{META_FILE}.damaged-{stamp}"));
@@ -198,7 +248,7 @@ pub fn rebuild(dir: &Path, wait: Duration) -> Result<Rebuilt, StoreError> {
         std::fs::copy(&journal_path, &keep).map_err(StoreError::io("copy", &journal_path))?;
     }
     journal::write_fresh(&journal_path, &state.snapshot())?;
-    Ok(out)
+    Ok(())
 }
 
 /// Runs redb's integrity check (every page's checksum, the trees' structure) on a copy of the

@@ -1,9 +1,10 @@
 //! `mdl fsck`: decode and re-hash every object and check every reference.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use mdl_format::{ObjectId, ObjectKind, Ref, Region};
+use mdl_store::meta::MetaRead;
 use mdl_store::{IndexEntry, OpenOptions, RefValue, StoreError, MDL_DIR};
 
 pub use mdl_protocol::outcome::FsckReport;
@@ -115,23 +116,83 @@ pub fn fsck_with(
     }
     let meta = store.meta().read()?;
     let objects = meta.objects()?;
-    let index: std::collections::HashMap<ObjectId, IndexEntry> = objects.iter().cloned().collect();
-    let expired: std::collections::HashMap<ObjectId, mdl_store::Expired> =
-        meta.expired_all()?.into_iter().collect();
-    let cap = crate::policy::DeltaPolicy::from_store(store)?.max_depth;
+    let mut known = Known {
+        index: objects.iter().cloned().collect(),
+        expired: meta.expired_all()?.into_iter().collect(),
+        expired_seen: HashSet::new(),
+    };
+    check_expired(&known, &mut report);
+    check_objects(repo, &meta, &objects, &known.index, progress, &mut report)?;
+    check_history(repo, &meta, &mut known, &mut report)?;
+    report.expired = known.expired_seen.len() as u64;
+    check_leftovers(repo, repair, &mut report)?;
+    Ok(report)
+}
 
-    // 0. Expired objects are gone from the index.
-    for id in expired.keys() {
-        if index.contains_key(id) {
+/// The index and the expiry records, and the expired tensors the history still names.
+struct Known {
+    index: HashMap<ObjectId, IndexEntry>,
+    expired: HashMap<ObjectId, mdl_store::Expired>,
+    expired_seen: HashSet<ObjectId>,
+}
+
+impl Known {
+    /// Whether `id`, named by `from`, is indexed as a `kind`; a problem if not, unless it is a
+    /// tensor that expired.
+    fn want(
+        &mut self,
+        id: &ObjectId,
+        kind: ObjectKind,
+        from: &str,
+        report: &mut FsckReport,
+    ) -> bool {
+        match self.index.get(id) {
+            None if kind == ObjectKind::Tensor && self.expired.contains_key(id) => {
+                self.expired_seen.insert(*id);
+                false
+            }
+            None => {
+                report
+                    .problems
+                    .push(format!("{from}: {kind} {id} is missing"));
+                false
+            }
+            Some(e) if e.kind != kind => {
+                report
+                    .problems
+                    .push(format!("{from}: {id} is a {}, expected a {kind}", e.kind));
+                false
+            }
+            Some(_) => true,
+        }
+    }
+}
+
+/// Expired objects are gone from the index.
+fn check_expired(known: &Known, report: &mut FsckReport) {
+    for id in known.expired.keys() {
+        if known.index.contains_key(id) {
             report.problems.push(format!(
                 "object {id} is indexed and also recorded as expired"
             ));
         }
     }
+}
 
-    // 1. Every indexed object decodes and hashes to its id; delta bases exist with consistent depth.
+/// Every indexed object decodes and hashes to its id; its delta base exists, with a
+/// consistent depth within the policy's cap, and lists it as a dependent.
+fn check_objects(
+    repo: &Repository,
+    meta: &MetaRead,
+    objects: &[(ObjectId, IndexEntry)],
+    index: &HashMap<ObjectId, IndexEntry>,
+    progress: &dyn crate::Progress,
+    report: &mut FsckReport,
+) -> Result<()> {
+    let store = repo.store();
+    let cap = crate::policy::DeltaPolicy::from_store(store)?.max_depth;
     progress.start("checking", objects.iter().map(|(_, e)| e.stored_len).sum());
-    for (id, entry) in &objects {
+    for (id, entry) in objects {
         progress.advance(entry.stored_len);
         report.objects_checked += 1;
         report.longest_chain = report.longest_chain.max(entry.depth);
@@ -144,47 +205,37 @@ pub fn fsck_with(
         if let Err(e) = store.read_object(id, entry, &mut std::io::sink()) {
             report.problems.push(e.to_string());
         }
-        if let Some(base) = entry.base {
-            match index.get(&base) {
-                None => report
-                    .problems
-                    .push(format!("object {id}: delta base {base} is missing")),
-                Some(b) if b.depth + 1 != entry.depth => report.problems.push(format!(
-                    "object {id}: chain depth {} but its base has depth {}",
-                    entry.depth, b.depth
-                )),
-                Some(_) => {}
-            }
-            if !meta.dependents(&base)?.contains(id) {
-                report.problems.push(format!(
-                    "object {id}: not listed as a dependent of its base {base}"
-                ));
-            }
+        let Some(base) = entry.base else {
+            continue;
+        };
+        match index.get(&base) {
+            None => report
+                .problems
+                .push(format!("object {id}: delta base {base} is missing")),
+            Some(b) if b.depth + 1 != entry.depth => report.problems.push(format!(
+                "object {id}: chain depth {} but its base has depth {}",
+                entry.depth, b.depth
+            )),
+            Some(_) => {}
+        }
+        if !meta.dependents(&base)?.contains(id) {
+            report.problems.push(format!(
+                "object {id}: not listed as a dependent of its base {base}"
+            ));
         }
     }
-
     progress.finish();
+    Ok(())
+}
 
-    // 2. Refs → commits → manifests → tensors, and every parent.
-    let mut expired_seen = HashSet::new();
-    let mut want =
-        |id: &ObjectId, kind: ObjectKind, from: &str, problems: &mut Vec<String>| -> bool {
-            match index.get(id) {
-                None if kind == ObjectKind::Tensor && expired.contains_key(id) => {
-                    expired_seen.insert(*id);
-                    false
-                }
-                None => {
-                    problems.push(format!("{from}: {kind} {id} is missing"));
-                    false
-                }
-                Some(e) if e.kind != kind => {
-                    problems.push(format!("{from}: {id} is a {}, expected a {kind}", e.kind));
-                    false
-                }
-                Some(_) => true,
-            }
-        };
+/// Refs → commits → manifests → tensors, and every parent: each is indexed as what it is
+/// named as, and each commit agrees with the commit index.
+fn check_history(
+    repo: &Repository,
+    meta: &MetaRead,
+    known: &mut Known,
+    report: &mut FsckReport,
+) -> Result<()> {
     let mut stack: Vec<(ObjectId, String)> = Vec::new();
     for (name, value) in meta.refs("")? {
         match value {
@@ -201,10 +252,7 @@ pub fn fsck_with(
     let mut seen = HashSet::new();
     let mut manifests_seen = HashSet::new();
     while let Some((id, from)) = stack.pop() {
-        if !seen.insert(id) {
-            continue;
-        }
-        if !want(&id, ObjectKind::Commit, &from, &mut report.problems) {
+        if !seen.insert(id) || !known.want(&id, ObjectKind::Commit, &from, report) {
             continue;
         }
         report.commits_reachable += 1;
@@ -230,55 +278,50 @@ pub fn fsck_with(
             stack.push((*p, format!("parent of commit {}", id.short(12))));
         }
         let from = format!("commit {}", id.short(12));
-        if !manifests_seen.insert(commit.manifest)
-            || !want(
-                &commit.manifest,
-                ObjectKind::Manifest,
-                &from,
-                &mut report.problems,
-            )
+        if manifests_seen.insert(commit.manifest)
+            && known.want(&commit.manifest, ObjectKind::Manifest, &from, report)
         {
-            continue;
-        }
-        match repo.load_manifest(&commit.manifest) {
-            Ok(m) => {
-                for f in &m.files {
-                    for r in &f.regions {
-                        let Some((object, header)) = r.object() else {
-                            continue;
-                        };
-                        let from = match r {
-                            Region::Tensor(e) => format!(
-                                "manifest {} file {:?} tensor {:?}",
-                                commit.manifest.short(12),
-                                f.path,
-                                e.name
-                            ),
-                            _ => format!(
-                                "manifest {} file {:?} bytes",
-                                commit.manifest.short(12),
-                                f.path
-                            ),
-                        };
-                        if want(&object, ObjectKind::Tensor, &from, &mut report.problems)
-                            && index[&object].content_len != header.data_len().unwrap_or(u64::MAX)
-                        {
-                            report.problems.push(format!(
-                                "{from}: object size disagrees with dtype and shape"
-                            ));
-                        }
-                    }
-                }
-            }
-            Err(e) => report
-                .problems
-                .push(format!("manifest {}: {e}", commit.manifest)),
+            check_manifest(repo, &commit.manifest, known, report);
         }
     }
+    Ok(())
+}
 
-    report.expired = expired_seen.len() as u64;
+/// Every object manifest `id` names is an indexed tensor (or an expired one) of the size its
+/// dtype and shape give.
+fn check_manifest(repo: &Repository, id: &ObjectId, known: &mut Known, report: &mut FsckReport) {
+    let manifest = match repo.load_manifest(id) {
+        Ok(m) => m,
+        Err(e) => return report.problems.push(format!("manifest {id}: {e}")),
+    };
+    for f in &manifest.files {
+        for r in &f.regions {
+            let Some((object, header)) = r.object() else {
+                continue;
+            };
+            let from = match r {
+                Region::Tensor(e) => format!(
+                    "manifest {} file {:?} tensor {:?}",
+                    id.short(12),
+                    f.path,
+                    e.name
+                ),
+                _ => format!("manifest {} file {:?} bytes", id.short(12), f.path),
+            };
+            if known.want(&object, ObjectKind::Tensor, &from, report)
+                && known.index[&object].content_len != header.data_len().unwrap_or(u64::MAX)
+            {
+                report.problems.push(format!(
+                    "{from}: object size disagrees with dtype and shape"
+                ));
+            }
+        }
+    }
+}
 
-    // 3. Leftovers of interrupted writes: reported, not problems.
+/// Leftovers of interrupted writes: reported, not problems; with `repair`, removed.
+fn check_leftovers(repo: &Repository, repair: bool, report: &mut FsckReport) -> Result<()> {
+    let store = repo.store();
     let found = crate::gc::leftovers(store)?;
     report.unindexed_records = found.records.len() as u64;
     report.temp_files = found.temps.clone();
@@ -294,5 +337,5 @@ pub fn fsck_with(
             }
         }
     }
-    Ok(report)
+    Ok(())
 }

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use mdl_format::{FileFormat, Manifest, ObjectId, ObjectKind, Timestamp};
-use mdl_store::meta::MetaRead;
+use mdl_store::meta::{MetaRead, MetaWrite};
 use mdl_store::{Expired, IndexEntry, Store};
 
 pub use mdl_protocol::outcome::GcOutcome;
@@ -254,75 +254,28 @@ fn keep_in_full(repo: &Repository, manifest: &ObjectId, marks: &mut Marks) -> Re
 /// Runs gc on the repository.
 #[tracing::instrument(name = "gc", skip_all)]
 pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Result<GcOutcome> {
-    let store = repo.store();
-    let now = Timestamp::now();
-    let before = |d: Duration| Timestamp(now.0 - d.as_millis().min(i64::MAX as u128) as i64);
-    let reflog_cutoff = before(opts.expire_reflog);
-    let prune_cutoff = before(opts.prune_older_than);
-    let keep = KEEP_LAST.configured(repo)?;
-    let pairings = LossySettings::resolve(store, &LossyRequest::default())?.pairings;
-    let rule = keep.map(|n| format!("{KEEP_LAST_KEY}={n}"));
+    let run = Run::new(repo, opts)?;
     let mut out = GcOutcome {
         dry_run: opts.dry_run,
         ..Default::default()
     };
-
-    // 0. Coarsen what retention.coarsen_after says (its own transaction; ids do not change).
+    // Coarsen what retention.coarsen_after says (its own transaction; ids do not change).
     if let Some(n) = COARSEN_AFTER.configured(repo)? {
-        out.coarsened = coarsen(repo, n, keep, opts.dry_run, progress)?;
+        out.coarsened = coarsen(repo, n, run.keep, opts.dry_run, progress)?;
         if !opts.dry_run {
             let c = &out.coarsened;
             out.bytes_freed += c.bytes_before.saturating_sub(c.bytes_after);
         }
     }
-
-    // 1. Mark, without holding the writer.
-    let mut marks = Marks::default();
-    let kept_by_young_commits = {
-        let meta = store.meta().read()?;
-        marks.thinned = match keep {
-            Some(n) => crate::history::behind_tips(&meta, n)?,
-            None => HashSet::new(),
-        };
-        let roots = roots(&meta, reflog_cutoff)?;
-        mark(repo, &meta, &roots, &pairings, &mut marks)?;
-        let reached = marks.live();
-        let young = young_commits(&meta, prune_cutoff)?;
-        mark(repo, &meta, &young, &pairings, &mut marks)?;
-        marks.live() - reached
-    };
-    let mut plan = plan(repo, &marks, prune_cutoff)?;
+    // Mark, without holding the writer.
+    let (mut marks, kept_by_young_commits) = run.mark_all()?;
+    let mut plan = plan(repo, &marks, run.prune_cutoff)?;
     plan.young += kept_by_young_commits;
-
     if opts.dry_run {
-        let meta = store.meta().read()?;
-        let mut doomed = Vec::new();
-        for (ids, expired) in [(&plan.delete, false), (&plan.expire, true)] {
-            for id in ids {
-                doomed.extend(meta.object(id)?.map(|e| (e, expired)));
-            }
-        }
-        count(&mut out, doomed.iter().map(|(e, x)| (e, *x)));
-        out.kept_young = plan.young;
-        out.reencoded = plan.rebase.len() as u64;
-        out.thinned_commits = newly_thinned(&marks, &plan);
-        for name in meta.reflog_names()? {
-            out.reflog_expired += meta
-                .reflog(&name)?
-                .iter()
-                .filter(|e| e.time < reflog_cutoff)
-                .count() as u64;
-        }
-        if opts.count_leftovers {
-            for (_, len) in old_leftovers(store, prune_cutoff)? {
-                out.leftover_files += 1;
-                out.bytes_freed += len;
-            }
-        }
+        run.report_dry(&marks, &plan, &mut out)?;
         return Ok(out);
     }
-
-    // 2. Kept tensors whose bases go become self-contained, a chain at a time.
+    // Kept tensors whose bases go become self-contained, a chain at a time.
     progress.start_count("re-encoding", plan.rebase.len() as u64);
     for id in &plan.rebase {
         let (done, _, _) = reencode_group(repo, std::slice::from_ref(id))?;
@@ -330,21 +283,125 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
         progress.advance(1);
     }
     progress.finish();
-
-    // 3. Delete, under the writer, after marking what changed since the scan: commits made
-    // meanwhile (only they are walked, everything else is marked already), and commits that
-    // became a ref's target (never thinned).
+    // Delete, under the writer.
     let writer = repo.writer();
+    let store = repo.store();
     let mut w = store.meta().write()?;
-    {
+    run.mark_since(&mut marks, &mut plan)?;
+    keep_what_decodes_through(&w, &mut plan)?;
+    let removed = run.remove_from_index(&mut w, &plan)?;
+    for name in w.reflog_names()? {
+        out.reflog_expired += w.expire_reflog(&name, run.reflog_cutoff)? as u64;
+    }
+    w.commit_txn()?;
+    count(&mut out, removed.iter().map(|(_, e, x)| (e, *x)));
+    out.kept_young = plan.young;
+    out.thinned_commits = newly_thinned(&marks, &plan);
+    run.remove_files(&removed, &mut out)?;
+    drop(writer);
+    tracing::info!(
+        commits = out.commits,
+        bytes_freed = out.bytes_freed,
+        "collected"
+    );
+    Ok(out)
+}
+
+/// What one gc run goes by: its time, the cutoffs its options give, and retention.
+struct Run<'a> {
+    repo: &'a Repository,
+    opts: &'a GcOptions,
+    now: Timestamp,
+    /// Reflog entries older than this are dropped, and are no longer roots.
+    reflog_cutoff: Timestamp,
+    /// Unreachable objects (and leftover files) younger than this are kept.
+    prune_cutoff: Timestamp,
+    /// `retention.keep_last`: commits further behind a tip lose their optimizer state.
+    keep: Option<u64>,
+    pairings: Vec<Pairing>,
+}
+
+/// An object gc removed from the index: its id, its entry, whether retention expired it.
+type Removed = (ObjectId, IndexEntry, bool);
+
+impl<'a> Run<'a> {
+    fn new(repo: &'a Repository, opts: &'a GcOptions) -> Result<Run<'a>> {
+        let now = Timestamp::now();
+        let before = |d: Duration| Timestamp(now.0 - d.as_millis().min(i64::MAX as u128) as i64);
+        Ok(Run {
+            repo,
+            opts,
+            now,
+            reflog_cutoff: before(opts.expire_reflog),
+            prune_cutoff: before(opts.prune_older_than),
+            keep: KEEP_LAST.configured(repo)?,
+            pairings: LossySettings::resolve(repo.store(), &LossyRequest::default())?.pairings,
+        })
+    }
+
+    /// Marks from the roots, then from young commits; returns the marks and how many objects
+    /// only young commits keep.
+    fn mark_all(&self) -> Result<(Marks, u64)> {
+        let meta = self.repo.store().meta().read()?;
+        let mut marks = Marks {
+            thinned: match self.keep {
+                Some(n) => crate::history::behind_tips(&meta, n)?,
+                None => HashSet::new(),
+            },
+            ..Marks::default()
+        };
+        let roots = roots(&meta, self.reflog_cutoff)?;
+        mark(self.repo, &meta, &roots, &self.pairings, &mut marks)?;
+        let reached = marks.live();
+        let young = young_commits(&meta, self.prune_cutoff)?;
+        mark(self.repo, &meta, &young, &self.pairings, &mut marks)?;
+        let by_young = marks.live() - reached;
+        Ok((marks, by_young))
+    }
+
+    /// What a dry run reports: what the plan would delete, expire and re-encode, the reflog
+    /// entries that would go and (if asked) the leftover files.
+    fn report_dry(&self, marks: &Marks, plan: &Plan, out: &mut GcOutcome) -> Result<()> {
+        let store = self.repo.store();
         let meta = store.meta().read()?;
-        let mut starts = roots(&meta, reflog_cutoff)?;
-        starts.extend(young_commits(&meta, prune_cutoff)?);
-        mark(repo, &meta, &starts, &pairings, &mut marks)?;
+        let mut doomed = Vec::new();
+        for (ids, expired) in [(&plan.delete, false), (&plan.expire, true)] {
+            for id in ids {
+                doomed.extend(meta.object(id)?.map(|e| (e, expired)));
+            }
+        }
+        count(out, doomed.iter().map(|(e, x)| (e, *x)));
+        out.kept_young = plan.young;
+        out.reencoded = plan.rebase.len() as u64;
+        out.thinned_commits = newly_thinned(marks, plan);
+        for name in meta.reflog_names()? {
+            out.reflog_expired += meta
+                .reflog(&name)?
+                .iter()
+                .filter(|e| e.time < self.reflog_cutoff)
+                .count() as u64;
+        }
+        if self.opts.count_leftovers {
+            for (_, len) in old_leftovers(store, self.prune_cutoff)? {
+                out.leftover_files += 1;
+                out.bytes_freed += len;
+            }
+        }
+        Ok(())
+    }
+
+    /// Under the writer: marks what changed since the first scan — commits made meanwhile
+    /// (only they are walked, everything else is marked already) and commits that became a
+    /// ref's target (never thinned) — and takes what they keep out of the plan.
+    fn mark_since(&self, marks: &mut Marks, plan: &mut Plan) -> Result<()> {
+        let meta = self.repo.store().meta().read()?;
+        let mut starts = roots(&meta, self.reflog_cutoff)?;
+        starts.extend(young_commits(&meta, self.prune_cutoff)?);
+        mark(self.repo, &meta, &starts, &self.pairings, marks)?;
         for (_, v) in meta.refs("")? {
             if let Some(t) = v.target().filter(|t| marks.thinned.remove(t)) {
                 if let Some(s) = meta.commit(&t)? {
-                    keep_in_full(repo, &s.manifest, &mut marks)?;
+                    keep_in_full(self.repo, &s.manifest, marks)?;
                 }
             }
         }
@@ -354,9 +411,60 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
                 && !marks.tensors.contains(id)
         });
         plan.expire.retain(|id| !marks.tensors.contains(id));
+        Ok(())
     }
-    // Whatever still decodes through a doomed object keeps it (a concurrent commit made it a
-    // base, or re-encoding it above was skipped).
+
+    /// Removes the plan's objects from the index, in the caller's transaction; expired ones
+    /// leave an expiry record naming the rule.
+    fn remove_from_index(&self, w: &mut MetaWrite<'_>, plan: &Plan) -> Result<Vec<Removed>> {
+        let rule = self.keep.map(|n| format!("{KEEP_LAST_KEY}={n}"));
+        let mut removed = Vec::new();
+        for id in &plan.delete {
+            if let Some(e) = w.remove_object(id)? {
+                if e.kind == ObjectKind::Commit {
+                    w.remove_commit(id)?;
+                }
+                removed.push((*id, e, false));
+            }
+        }
+        for id in &plan.expire {
+            if let Some(e) = w.remove_object(id)? {
+                let expired = Expired {
+                    kind: e.kind,
+                    content_len: e.content_len,
+                    time: self.now,
+                    rule: rule.clone().unwrap_or_default(),
+                };
+                w.put_expired(id, &expired)?;
+                removed.push((*id, e, true));
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Files, once the index no longer names them: the records of what was removed, then
+    /// leftovers of interrupted writes (the caller holds the writer, so no commit of this
+    /// process is between writing and indexing them); then the journal shrinks to one entry
+    /// of the current state.
+    fn remove_files(&self, removed: &[Removed], out: &mut GcOutcome) -> Result<()> {
+        let store = self.repo.store();
+        for (id, e, _) in removed {
+            store.remove_record(id, e.generation);
+        }
+        for (path, len) in old_leftovers(store, self.prune_cutoff)? {
+            if store.remove_leftover(&path) {
+                out.leftover_files += 1;
+                out.bytes_freed += len;
+            }
+        }
+        store.meta().compact_journal()?;
+        Ok(())
+    }
+}
+
+/// Whatever still decodes through a doomed object keeps it (a concurrent commit made it a
+/// base, or re-encoding it was skipped).
+fn keep_what_decodes_through(w: &MetaWrite<'_>, plan: &mut Plan) -> Result<()> {
     loop {
         let doomed: HashSet<ObjectId> = plan.delete.union(&plan.expire).copied().collect();
         let mut saved = Vec::new();
@@ -366,64 +474,13 @@ pub fn gc(repo: &Repository, opts: &GcOptions, progress: &dyn Progress) -> Resul
             }
         }
         if saved.is_empty() {
-            break;
+            return Ok(());
         }
         for id in saved {
             plan.delete.remove(&id);
             plan.expire.remove(&id);
         }
     }
-    // (id, its entry, whether retention expired it)
-    let mut removed: Vec<(ObjectId, IndexEntry, bool)> = Vec::new();
-    for id in &plan.delete {
-        if let Some(e) = w.remove_object(id)? {
-            if e.kind == ObjectKind::Commit {
-                w.remove_commit(id)?;
-            }
-            removed.push((*id, e, false));
-        }
-    }
-    for id in &plan.expire {
-        if let Some(e) = w.remove_object(id)? {
-            let expired = Expired {
-                kind: e.kind,
-                content_len: e.content_len,
-                time: now,
-                rule: rule.clone().unwrap_or_default(),
-            };
-            w.put_expired(id, &expired)?;
-            removed.push((*id, e, true));
-        }
-    }
-    for name in w.reflog_names()? {
-        out.reflog_expired += w.expire_reflog(&name, reflog_cutoff)? as u64;
-    }
-    w.commit_txn()?;
-    count(&mut out, removed.iter().map(|(_, e, x)| (e, *x)));
-    out.kept_young = plan.young;
-    out.thinned_commits = newly_thinned(&marks, &plan);
-
-    // 4. Files, now that the index no longer names them: the records of what was deleted, then
-    // leftovers of interrupted writes (still under the writer, so no commit of this process is
-    // between writing and indexing them).
-    for (id, e, _) in &removed {
-        store.remove_record(id, e.generation);
-    }
-    for (path, len) in old_leftovers(store, prune_cutoff)? {
-        if store.remove_leftover(&path) {
-            out.leftover_files += 1;
-            out.bytes_freed += len;
-        }
-    }
-    // The journal (for rebuilding meta.redb) shrinks to one entry of the current state.
-    store.meta().compact_journal()?;
-    drop(writer);
-    tracing::info!(
-        commits = out.commits,
-        bytes_freed = out.bytes_freed,
-        "collected"
-    );
-    Ok(out)
 }
 
 /// What gc will delete.

@@ -19,8 +19,10 @@ pub use mdl_protocol::transfer::{PlannedObject, Received, RefUpdate};
 use crate::{history, Error, Repository, Result};
 
 mod pack;
+mod receive;
 mod toc;
-pub use pack::{receive_indexed, receive_pack, write_pack, PackWriter, Receipt};
+pub use pack::{write_pack, PackWriter};
+pub use receive::{receive_indexed, receive_pack, Receipt};
 pub use toc::{encode_toc, read_toc, Frame, FrameRecord, Toc, TOC_FOOTER};
 
 /// First bytes of a pack stream.
