@@ -33,7 +33,6 @@ impl fmt::Display for Backend {
 #[allow(missing_docs)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Operation {
-    Init,
     Clone,
     Commit,
     CommitEngine,
@@ -78,7 +77,6 @@ impl fmt::Display for Operation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use Operation as O;
         f.write_str(match self {
-            O::Init => "init",
             O::Clone => "clone",
             O::Commit => "commit",
             O::CommitEngine => "commit --engine",
