@@ -153,12 +153,13 @@ mod tests {
     #[test]
     fn parses_and_scopes() {
         let t =
-            Tokens::parse("# team\nalice write aaaaaaaaaaaaaaaa\n\nbob read bbbbbbbbbbbbbbbb\n")
+            Tokens::parse("# team\nalice write aaaaaaaaaaaaaaaa\n\nbob read bbbbbbbbbbbbbbbb\ncarol admin cccccccccccccccc\n")
                 .unwrap();
         assert_eq!(t.scope_of("aaaaaaaaaaaaaaaa"), Some(Scope::Write));
         assert_eq!(t.scope_of("bbbbbbbbbbbbbbbb"), Some(Scope::Read));
+        assert_eq!(t.scope_of("cccccccccccccccc"), Some(Scope::Admin));
         assert_eq!(t.scope_of("bbbbbbbbbbbbbbb"), None);
-        assert!(Tokens::parse("alice admin aaaaaaaaaaaaaaaa").is_err());
+        assert!(Tokens::parse("alice owner aaaaaaaaaaaaaaaa").is_err());
         assert!(Tokens::parse("alice write short").is_err());
         assert!(Tokens::parse("alice write").is_err());
     }

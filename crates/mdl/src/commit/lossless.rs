@@ -32,6 +32,15 @@ struct Whole<'w> {
     codec: CodecTag,
 }
 
+/// The previous version a delta is made against: its id, its entry, its content, and the
+/// analysis' best delta against it.
+struct Base<'b> {
+    id: ObjectId,
+    entry: IndexEntry,
+    content: Content<'b>,
+    delta: &'b float::Choice,
+}
+
 impl StoreCtx<'_> {
     /// Stores new tensor content with the lossless codecs; `whole_codec` is the codec of
     /// a self-contained float record (float-split, or mantissa-trim for trimmed content).
@@ -108,13 +117,20 @@ impl StoreCtx<'_> {
             len,
             codec: whole_codec,
         };
-        let (Some(base), Some(base_content), Some(delta)) = (base, base_content, delta) else {
+        let (Some((base_id, entry)), Some(content), Some(delta)) = (base, base_content, delta)
+        else {
             return Ok(new_record(id, self.write_whole(&whole)?));
+        };
+        let base = Base {
+            id: base_id,
+            entry,
+            content,
+            delta,
         };
         match self.policy.mode {
             DeltaMode::Off => Ok(new_record(id, self.write_whole(&whole)?)),
-            DeltaMode::Forward => self.write_forward(&whole, base, &base_content, delta),
-            DeltaMode::Reverse => self.write_reverse(&whole, base, &base_content, delta),
+            DeltaMode::Forward => self.write_forward(&whole, &base),
+            DeltaMode::Reverse => self.write_reverse(&whole, &base),
         }
     }
 
@@ -189,25 +205,19 @@ impl StoreCtx<'_> {
     }
 
     /// The new version as a delta against `base`, one step further down its chain.
-    fn write_forward(
-        &self,
-        w: &Whole<'_>,
-        (base, base_entry): (ObjectId, IndexEntry),
-        base_content: &Content<'_>,
-        delta: &float::Choice,
-    ) -> Result<Stored> {
+    fn write_forward(&self, w: &Whole<'_>, base: &Base<'_>) -> Result<Stored> {
         let placement = Placement {
             generation: 0,
-            base: Some(base),
-            depth: base_entry.depth + 1,
+            base: Some(base.id),
+            depth: base.entry.depth + 1,
         };
         let entry = self.coder.write_float(
             w.id,
             &self.input.pieces[w.i].header,
             w.data,
-            Some(base_content),
-            delta,
-            delta_codec(delta),
+            Some(&base.content),
+            base.delta,
+            delta_codec(base.delta),
             placement,
         )?;
         Ok(new_record(w.id, entry))
@@ -215,32 +225,26 @@ impl StoreCtx<'_> {
 
     /// The new tensor as the self-contained end of the chain and the previous version, if
     /// that pays, re-encoded as a delta against it; both encoded in one pass.
-    fn write_reverse(
-        &self,
-        w: &Whole<'_>,
-        (base, base_entry): (ObjectId, IndexEntry),
-        base_content: &Content<'_>,
-        delta: &float::Choice,
-    ) -> Result<Stored> {
+    fn write_reverse(&self, w: &Whole<'_>, base: &Base<'_>) -> Result<Stored> {
         let header = &self.input.pieces[w.i].header;
         let rewrite = self.coder.reverse_choice(
-            &base,
-            &base_entry,
-            base_content,
+            &base.id,
+            &base.entry,
+            &base.content,
             w.data,
             header.dtype,
-            delta,
+            base.delta,
             &self.rewritten,
         )?;
         let Some(choice) = rewrite else {
             return Ok(new_record(w.id, self.write_whole(w)?));
         };
         let again = FloatRecord {
-            id: base,
+            id: base.id,
             choice: &choice,
             codec: delta_codec(&choice),
             placement: Placement {
-                generation: base_entry.generation + 1,
+                generation: base.entry.generation + 1,
                 base: Some(w.id),
                 depth: 1,
             },
@@ -256,21 +260,21 @@ impl StoreCtx<'_> {
             };
             let e = self
                 .coder
-                .write_floats(header, w.data, Some(base_content), &[new, again])?;
+                .write_floats(header, w.data, Some(&base.content), &[new, again])?;
             (e[0], e[1])
         } else {
             let entry = self.streamed(w.id, w.i, w.data)?;
             let e = self
                 .coder
-                .write_floats(header, w.data, Some(base_content), &[again])?;
+                .write_floats(header, w.data, Some(&base.content), &[again])?;
             (entry, e[0])
         };
         Ok(Stored {
             id: w.id,
             added: Some((w.id, entry)),
             rewrite: Some(Rewrite {
-                id: base,
-                old: base_entry,
+                id: base.id,
+                old: base.entry,
                 new,
             }),
         })
