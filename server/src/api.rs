@@ -391,11 +391,26 @@ async fn commit(
     answer
 }
 
+/// The ids of a request, refused past [`body::MAX_IDS`].
+fn bounded(request: body::Ids) -> ApiResult<Vec<ObjectId>> {
+    if request.ids.len() > body::MAX_IDS {
+        return Err(ApiError::new(
+            ErrorCode::BadRequest,
+            format!(
+                "{} ids in one request; at most {} (send them in several)",
+                request.ids.len(),
+                body::MAX_IDS
+            ),
+        ));
+    }
+    Ok(request.ids)
+}
+
 async fn missing(
     Access(served): Reader,
     body: Result<Json<body::Ids>, JsonRejection>,
 ) -> ApiResult<Response> {
-    let ids = json_body(body)?.ids;
+    let ids = bounded(json_body(body)?)?;
     blocking(move || {
         let missing = transfer::missing(&served.repo, &ids)?;
         Ok(Json(body::Missing { missing }).into_response())
@@ -425,7 +440,11 @@ async fn fetch(
     Access(served): Reader,
     body: Result<Json<body::Ids>, JsonRejection>,
 ) -> ApiResult<Response> {
-    let ids = Arc::new(json_body(body)?.ids);
+    // A repeated id is sent once: the answer is bounded by MAX_IDS distinct records.
+    let mut seen = HashSet::new();
+    let mut ids = bounded(json_body(body)?)?;
+    ids.retain(|id| seen.insert(*id));
+    let ids = Arc::new(ids);
     {
         // Refuse unknown ids before the stream starts (a 200 cannot turn into a 404 later).
         let (served, ids) = (served.clone(), ids.clone());

@@ -289,3 +289,49 @@ async fn checkpoints_and_ranges_are_exact() {
         "the tensor's bytes differ"
     );
 }
+
+/// `POST` of a JSON body.
+async fn post_json(f: &Fixture, uri: &str, token: &str, json: &serde_json::Value) -> Answer {
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri(uri)
+        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(serde_json::to_vec(json).unwrap()))
+        .unwrap();
+    let resp = app(f.state.clone()).oneshot(req).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap()
+        .to_vec();
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A small request may not ask for a huge answer: a repeated id is sent once, and a request
+/// naming more ids than a client ever sends is refused before anything is read.
+#[tokio::test(flavor = "multi_thread")]
+async fn object_requests_are_bounded() {
+    let f = fixture();
+    let a = ask(&f, Method::GET, "/v1/repos/r/refs", Some(READ), &[]).await;
+    let refs: body::Refs = serde_json::from_slice(&a.body).unwrap();
+    let head = refs.get("refs/heads/main").unwrap().to_string();
+    let fetch = "/v1/repos/r/objects/fetch";
+    let once = post_json(&f, fetch, READ, &serde_json::json!({ "ids": [head] })).await;
+    assert_eq!(once.status, StatusCode::OK);
+    let many = vec![head.clone(); 2000];
+    let repeated = post_json(&f, fetch, READ, &serde_json::json!({ "ids": many })).await;
+    assert_eq!(repeated.status, StatusCode::OK);
+    assert_eq!(repeated.body, once.body, "a repeated id is sent once");
+    let too_many: Vec<String> = (0..=body::MAX_IDS).map(|i| format!("{i:064x}")).collect();
+    for route in [fetch, "/v1/repos/r/objects/missing"] {
+        let a = post_json(&f, route, READ, &serde_json::json!({ "ids": too_many })).await;
+        assert_eq!(a.code(), ErrorCode::BadRequest, "{route}");
+        assert!(String::from_utf8_lossy(&a.body).contains("at most 100000"));
+    }
+}

@@ -15,9 +15,6 @@ use mdl_protocol::transfer::{PlannedObject, Received, RefUpdate};
 use crate::tree::{self, TreeFile};
 use crate::{Error, Result};
 
-/// Most object ids one request carries (the server takes JSON bodies of up to 8 MiB).
-pub const IDS_PER_REQUEST: usize = 100_000;
-
 /// A repository on a server.
 #[derive(Clone, Debug)]
 pub struct Remote {
@@ -406,7 +403,7 @@ impl Remote {
     /// Which of `ids` the server lacks.
     pub fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
         let mut out = Vec::new();
-        for chunk in ids.chunks(IDS_PER_REQUEST) {
+        for chunk in ids.chunks(body::MAX_IDS) {
             let ids = body::Ids {
                 ids: chunk.to_vec(),
             };
@@ -426,7 +423,7 @@ impl Remote {
         Ok(p.objects)
     }
 
-    /// The pack of the records of `ids` (at most [`IDS_PER_REQUEST`] of them), bases first, as
+    /// The pack of the records of `ids` (at most [`body::MAX_IDS`] of them), bases first, as
     /// it arrives (`POST /objects/fetch`).
     pub fn fetch_pack(&self, ids: &[ObjectId]) -> Result<impl Read + Send + 'static> {
         let req = self.auth(

@@ -124,9 +124,13 @@ impl LogQuery {
 /// A list of object ids: `POST /objects/missing` and `POST /objects/fetch`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Ids {
-    /// The ids.
+    /// The ids, at most [`MAX_IDS`].
     pub ids: Vec<ObjectId>,
 }
+
+/// Most ids one [`Ids`] request may name: what a client sends per request (about 6.7 MB of
+/// JSON), and what bounds the answer of `POST /objects/fetch`, whose repeated ids are sent once.
+pub const MAX_IDS: usize = 100_000;
 
 /// The answer to `POST /objects/missing`.
 #[derive(Clone, Debug, Serialize, Deserialize)]

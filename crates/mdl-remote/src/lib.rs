@@ -18,7 +18,7 @@ pub use clone::{clone, CloneOutcome};
 pub use error::{Error, Result};
 pub use fetch::{fetch, pull, Moved, TransferOutcome};
 pub use files::{commit_paths, download};
-pub use mdl_client::{Remote, IDS_PER_REQUEST};
+pub use mdl_client::Remote;
 pub use peer::{Local, Peer};
 pub use push::push;
 pub use remotes::{add_remote, remote_url, remotes, remove_remote, set_token, set_url};

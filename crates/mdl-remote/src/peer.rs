@@ -6,9 +6,9 @@ use std::collections::HashSet;
 
 use mdl::transfer::{self, PlannedObject, Received, RefUpdate};
 use mdl::{Counting, ObjectId, Progress, Repository};
-use mdl_protocol::body::Refs;
+use mdl_protocol::body::{Refs, MAX_IDS};
 
-use crate::{Error, Remote, Result, IDS_PER_REQUEST};
+use crate::{Error, Remote, Result};
 
 /// What a transfer asks of the other repository. Each call stands alone, as each request to
 /// a server does: what one answered may have changed by the next.
@@ -52,7 +52,7 @@ impl Peer for Remote {
     fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>> {
         Ok(Remote::plan(self, want, have)?)
     }
-    /// In requests of at most [`IDS_PER_REQUEST`] ids, in order, so bases still come first.
+    /// In requests of at most [`MAX_IDS`] ids, in order, so bases still come first.
     fn fetch_objects(
         &self,
         repo: &Repository,
@@ -60,7 +60,7 @@ impl Peer for Remote {
         progress: &dyn Progress,
     ) -> Result<Received> {
         let mut total = Received::default();
-        for chunk in ids.chunks(IDS_PER_REQUEST) {
+        for chunk in ids.chunks(MAX_IDS) {
             let mut reader = Counting::new(self.fetch_pack(chunk)?, progress);
             total.add(transfer::receive_pack(repo, &mut reader, u64::MAX)?.received);
         }
