@@ -335,3 +335,70 @@ async fn object_requests_are_bounded() {
         assert!(String::from_utf8_lossy(&a.body).contains("at most 100000"));
     }
 }
+
+/// Every answer of the web view — pages, the stylesheet, redirects, error pages — forbids
+/// framing and sniffing and carries the content security policy (no script at all).
+#[tokio::test(flavor = "multi_thread")]
+async fn web_pages_carry_the_security_headers() {
+    let f = fixture();
+    for (uri, token) in [
+        ("/ui/.login", None),
+        ("/ui/", None),
+        ("/ui/", Some(READ)),
+        ("/ui/r", Some(READ)),
+        ("/ui/.style.css", None),
+        ("/ui/no-such-repo", Some(READ)),
+        ("/", None),
+    ] {
+        let a = ask(&f, Method::GET, uri, token, &[]).await;
+        let h = |name| {
+            a.headers
+                .get(name)
+                .map(|v: &axum::http::HeaderValue| v.to_str().unwrap().to_string())
+                .unwrap_or_else(|| panic!("{uri} ({}): no {name}", a.status))
+        };
+        assert_eq!(h("x-frame-options"), "DENY", "{uri}");
+        assert_eq!(h("x-content-type-options"), "nosniff", "{uri}");
+        let csp = h("content-security-policy");
+        assert!(
+            csp.contains("default-src 'none'") && !csp.contains("script-src"),
+            "{uri}: {csp}"
+        );
+        assert!(csp.contains("frame-ancestors 'none'"), "{uri}: {csp}");
+    }
+}
+
+/// A sign-in form posted from another site's page is refused (login CSRF); from the server's
+/// own page, or from a client that names no page, it signs in.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cross_site_sign_in_is_refused() {
+    let f = fixture();
+    let post = |origin: Option<&'static str>| {
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri("/ui/.login")
+            .header(header::HOST, "127.0.0.1:8080")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+        if let Some(o) = origin {
+            req = req.header(header::ORIGIN, o);
+        }
+        let req = req
+            .body(Body::from(format!("token={READ}&next=%2Fui%2Fr")))
+            .unwrap();
+        app(f.state.clone()).oneshot(req)
+    };
+    for (origin, want) in [
+        (Some("https://evil.example"), StatusCode::FORBIDDEN),
+        (Some("null"), StatusCode::FORBIDDEN),
+        (Some("http://127.0.0.1:8080"), StatusCode::SEE_OTHER),
+        (None, StatusCode::SEE_OTHER),
+    ] {
+        let resp = post(origin).await.unwrap();
+        assert_eq!(resp.status(), want, "{origin:?}");
+        assert_eq!(
+            resp.headers().contains_key(header::SET_COOKIE),
+            want == StatusCode::SEE_OTHER,
+            "{origin:?}"
+        );
+    }
+}
