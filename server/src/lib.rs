@@ -301,7 +301,7 @@ impl State {
         let Repos::Root(root) = &self.config.repos else {
             return Err(ApiError::new(
                 ErrorCode::Unsupported,
-                "this server serves one repository and creates none: serve a folder of repositories (mdl serve DIR) to create them over HTTP",
+                "this server serves one repository and creates none: serve a folder of repositories (mdl serve --root DIR) to create them over HTTP",
             ));
         };
         if !valid_repo_name(name) {
