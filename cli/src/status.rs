@@ -17,7 +17,7 @@ pub(crate) fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
     let dir = dir.as_path();
     let root = mdl::discover(dir)
         .ok_or_else(|| mdl::Error::Store(mdl::StoreError::NotARepository(dir.to_path_buf())))?;
-    let status = match mdl_ops::advertised(&root) {
+    let status = match mdl::advertised(&root) {
         Some(ad) => {
             let remote = mdl_remote::Remote::new(&ad.url, Some(ad.token))?;
             let refs = remote.refs()?;

@@ -154,9 +154,11 @@ fn layered(e: &dyn Any) -> Option<&(dyn StdError + 'static)> {
     e.downcast_ref::<mdl_remote::Error>().map(|e| e as _)
 }
 
-/// A failure moved out of a released call (boxed there: the error is large) as the Python
-/// exception of its kind.
-#[allow(clippy::boxed_local)] // the box is what came out of the released call
-pub(crate) fn unboxed(e: Box<mdl_ops::Error>) -> PyErr {
-    error(*e)
+/// Runs `f` with the GIL released; its failure as the Python exception of its kind. (The
+/// error crosses the release boxed: it is large.)
+pub(crate) fn released<T: Send>(
+    py: Python<'_>,
+    f: impl FnOnce() -> mdl_ops::Result<T> + Send,
+) -> PyResult<T> {
+    py.detach(|| f().map_err(Box::new)).map_err(|e| error(*e))
 }

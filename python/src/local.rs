@@ -21,7 +21,7 @@ use mdl_bucket::{Location, Replica};
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
 
-use crate::errors::unboxed;
+use crate::errors::released;
 use crate::staging::Exported;
 use crate::{error, report};
 
@@ -282,11 +282,11 @@ impl Repo {
     /// (`s3://BUCKET/PREFIX`).
     #[staticmethod]
     #[pyo3(signature = (path, wait = 60.0, warm_bytes = DEFAULT_WARM_BYTES))]
+    #[allow(clippy::result_large_err)] // `released` boxes the closure's error
     fn init(py: Python<'_>, path: PathBuf, wait: f64, warm_bytes: u64) -> PyResult<Repo> {
         let wait = secs(wait)?;
         let location = mdl_ops::Location::parse(&path).map_err(error)?;
-        py.detach(|| mdl_ops::init(&location, &mdl_ops::Access::default()).map_err(Box::new))
-            .map_err(unboxed)?;
+        released(py, || mdl_ops::init(&location, &mdl_ops::Access::default()))?;
         Ok(Repo::new(At::of(location)?, wait, warm_bytes))
     }
 

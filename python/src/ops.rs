@@ -10,13 +10,16 @@ use mdl_ops::{Access, Branches, Location, Operations};
 use mdl_protocol::body::{GcAnswer, GcRequest};
 use pyo3::prelude::*;
 
-use crate::errors::unboxed;
+use crate::errors::released;
 use crate::{error, report};
 
 /// A repository at a folder, `http(s)://HOST:PORT/REPO` or `s3://BUCKET/PREFIX`.
 #[pyclass(frozen, module = "mdl._mdl")]
 pub struct Ops(Box<dyn Operations>);
 
+// The closures handed to `released` return the interface's error as it is; `released` boxes it
+// before it crosses the GIL's release.
+#[allow(clippy::result_large_err)]
 #[pymethods]
 impl Ops {
     /// Reaches the repository at `location` (a folder that `mdl serve` serves is opened here:
@@ -50,8 +53,7 @@ impl Ops {
             token,
             ..Access::default()
         };
-        py.detach(|| mdl_ops::init(&location, &access).map_err(Box::new))
-            .map_err(unboxed)?;
+        released(py, || mdl_ops::init(&location, &access))?;
         Ok(())
     }
 
@@ -79,12 +81,8 @@ impl Ops {
         options: crate::local::Options,
     ) -> PyResult<Py<PyAny>> {
         let opts = options.commit()?;
-        let done = py.detach(|| {
-            self.0
-                .commit(&paths, &opts, None, &mdl::NoProgress)
-                .map_err(Box::new)
-        });
-        report(py, &done.map_err(unboxed)?)
+        let done = released(py, || self.0.commit(&paths, &opts, None, &mdl::NoProgress))?;
+        report(py, &done)
     }
 
     /// Writes `rev`'s files to `out` as `mdl checkout` does; its outcome.
@@ -102,12 +100,10 @@ impl Ops {
             path,
             ..Default::default()
         };
-        let done = py.detach(|| {
-            self.0
-                .checkout(&rev, &out, &opts, None, &mdl::NoProgress)
-                .map_err(Box::new)
-        });
-        report(py, &done.map_err(unboxed)?)
+        let done = released(py, || {
+            self.0.checkout(&rev, &out, &opts, None, &mdl::NoProgress)
+        })?;
+        report(py, &done)
     }
 
     /// History from `rev` (HEAD when None), or with `all` of every branch and tag, newest
@@ -120,61 +116,38 @@ impl Ops {
         limit: Option<usize>,
         all: bool,
     ) -> PyResult<Py<PyAny>> {
-        let entries = py.detach(|| {
-            match all {
-                true => self.0.log_all(limit),
-                false => self.0.log(rev.as_deref(), limit),
-            }
-            .map_err(Box::new)
-        });
-        report(py, &entries.map_err(unboxed)?)
+        let entries = released(py, || match all {
+            true => self.0.log_all(limit),
+            false => self.0.log(rev.as_deref(), limit),
+        })?;
+        report(py, &entries)
     }
 
     /// A commit, its files and tensors.
     fn show(&self, py: Python<'_>, rev: String) -> PyResult<Py<PyAny>> {
-        report(
-            py,
-            &py.detach(|| self.0.show(&rev).map_err(Box::new))
-                .map_err(unboxed)?,
-        )
+        report(py, &released(py, || self.0.show(&rev))?)
     }
 
     /// What changed from `a` to `b`.
     fn diff(&self, py: Python<'_>, a: String, b: String) -> PyResult<Py<PyAny>> {
-        report(
-            py,
-            &py.detach(|| self.0.diff(&a, &b).map_err(Box::new))
-                .map_err(unboxed)?,
-        )
+        report(py, &released(py, || self.0.diff(&a, &b))?)
     }
 
     /// Branches.
     fn branches(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        report(
-            py,
-            &py.detach(|| self.0.branches(Branches::Local).map_err(Box::new))
-                .map_err(unboxed)?,
-        )
+        report(py, &released(py, || self.0.branches(Branches::Local))?)
     }
 
     /// Tags.
     fn tags(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        report(
-            py,
-            &py.detach(|| self.0.tags().map_err(Box::new))
-                .map_err(unboxed)?,
-        )
+        report(py, &released(py, || self.0.tags())?)
     }
 
     /// Creates branch `name` at `rev` (HEAD when None); its commit's hex id.
     #[pyo3(signature = (name, rev = None))]
     fn create_branch(&self, py: Python<'_>, name: String, rev: Option<String>) -> PyResult<String> {
-        let at = py.detach(|| {
-            self.0
-                .create_branch(&name, rev.as_deref())
-                .map_err(Box::new)
-        });
-        Ok(at.map_err(unboxed)?.to_hex())
+        let at = released(py, || self.0.create_branch(&name, rev.as_deref()))?;
+        Ok(at.to_hex())
     }
 
     /// Creates tag `name` at `rev` (HEAD when None), annotated with `message` when given.
@@ -186,66 +159,47 @@ impl Ops {
         rev: Option<String>,
         message: Option<String>,
     ) -> PyResult<String> {
-        let at = py.detach(|| {
-            self.0
-                .create_tag(&name, rev.as_deref(), message.as_deref())
-                .map_err(Box::new)
-        });
-        Ok(at.map_err(unboxed)?.to_hex())
+        let at = released(py, || {
+            self.0.create_tag(&name, rev.as_deref(), message.as_deref())
+        })?;
+        Ok(at.to_hex())
     }
 
     /// Deletes branch `name` (with `force`, even if nothing else reaches its commits).
     fn delete_branch(&self, py: Python<'_>, name: String, force: bool) -> PyResult<()> {
-        py.detach(|| self.0.delete_branch(&name, force).map_err(Box::new))
-            .map(drop)
-            .map_err(unboxed)
+        released(py, || self.0.delete_branch(&name, force)).map(drop)
     }
 
     /// Deletes tag `name`.
     fn delete_tag(&self, py: Python<'_>, name: String) -> PyResult<()> {
-        py.detach(|| self.0.delete_tag(&name).map_err(Box::new))
-            .map(drop)
-            .map_err(unboxed)
+        released(py, || self.0.delete_tag(&name)).map(drop)
     }
 
     /// Points HEAD at branch `name`.
     fn switch(&self, py: Python<'_>, name: String) -> PyResult<()> {
-        py.detach(|| self.0.switch(&name).map_err(Box::new))
-            .map_err(unboxed)
+        released(py, || self.0.switch(&name))
     }
 
     /// Moves the current branch to `rev`; the move.
     fn reset(&self, py: Python<'_>, rev: String) -> PyResult<Py<PyAny>> {
-        report(
-            py,
-            &py.detach(|| self.0.reset(&rev).map_err(Box::new))
-                .map_err(unboxed)?,
-        )
+        report(py, &released(py, || self.0.reset(&rev))?)
     }
 
     /// A ref's history (HEAD's branch when None): `{ref, entries}`.
     #[pyo3(signature = (name = None))]
     fn reflog(&self, py: Python<'_>, name: Option<String>) -> PyResult<Py<PyAny>> {
-        let (full, entries) = py
-            .detach(|| self.0.reflog(name.as_deref()).map_err(Box::new))
-            .map_err(unboxed)?;
+        let (full, entries) = released(py, || self.0.reflog(name.as_deref()))?;
         report(py, &serde_json::json!({ "ref": full, "entries": entries }))
     }
 
     /// Every setting: `[[key, value, is_default]]`.
     fn config(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        report(
-            py,
-            &py.detach(|| self.0.config().map_err(Box::new))
-                .map_err(unboxed)?,
-        )
+        report(py, &released(py, || self.0.config())?)
     }
 
     /// Changes one setting.
     fn set_config(&self, py: Python<'_>, key: String, value: String) -> PyResult<()> {
-        py.detach(|| self.0.set_config(&key, &value).map_err(Box::new))
-            .map(drop)
-            .map_err(unboxed)
+        released(py, || self.0.set_config(&key, &value)).map(drop)
     }
 
     /// Removes what nothing reaches (`mdl gc`); the report.
@@ -261,10 +215,7 @@ impl Ops {
             expire_reflog: None,
             dry_run,
         };
-        match py
-            .detach(|| self.0.gc(&request, &mdl::NoProgress).map_err(Box::new))
-            .map_err(unboxed)?
-        {
+        match released(py, || self.0.gc(&request, &mdl::NoProgress))? {
             GcAnswer::Disk(outcome) => report(py, &outcome),
             GcAnswer::Bucket(outcome) => report(py, &outcome),
         }
@@ -272,19 +223,11 @@ impl Ops {
 
     /// Checks everything (`mdl fsck`); the report.
     fn fsck(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        report(
-            py,
-            &py.detach(|| self.0.fsck(&mdl::NoProgress).map_err(Box::new))
-                .map_err(unboxed)?,
-        )
+        report(py, &released(py, || self.0.fsck(&mdl::NoProgress))?)
     }
 
     /// Repository totals.
     fn stats(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        report(
-            py,
-            &py.detach(|| self.0.stats().map_err(Box::new))
-                .map_err(unboxed)?,
-        )
+        report(py, &released(py, || self.0.stats())?)
     }
 }

@@ -394,7 +394,11 @@ impl State {
             // A replica is no folder a user runs mdl in.
             Some(_) if replica.is_some() => false,
             Some((base, token)) => {
-                advertise(&repo, &format!("{base}/{name}"), token)?;
+                repo.advertise(&mdl_protocol::body::Advertisement {
+                    pid: std::process::id(),
+                    url: format!("{base}/{name}"),
+                    token: token.clone(),
+                })?;
                 true
             }
             None => false,
@@ -441,17 +445,6 @@ pub fn valid_repo_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-}
-
-/// Writes `.mdl/serve.json` (owner-readable only: it holds a write token), atomically.
-fn advertise(repo: &Repository, url: &str, token: &str) -> Result<(), mdl::Error> {
-    let ad = mdl_protocol::body::Advertisement {
-        pid: std::process::id(),
-        url: url.to_string(),
-        token: token.to_string(),
-    };
-    let bytes = serde_json::to_vec(&ad).expect("serialisable");
-    repo.advertise(&bytes)
 }
 
 /// 32 random bytes from the OS, as hex.

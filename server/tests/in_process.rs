@@ -114,10 +114,12 @@ async fn ask(
     for (k, v) in extra {
         req = req.header(*k, *v);
     }
-    let resp = app(f.state.clone())
-        .oneshot(req.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
+    answer(f, req.body(Body::empty()).unwrap()).await
+}
+
+/// What the router answers to `req`.
+async fn answer(f: &Fixture, req: Request<Body>) -> Answer {
+    let resp = app(f.state.clone()).oneshot(req).await.unwrap();
     let status = resp.status();
     let headers = resp.headers().clone();
     let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
@@ -299,18 +301,7 @@ async fn post_json(f: &Fixture, uri: &str, token: &str, json: &serde_json::Value
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(serde_json::to_vec(json).unwrap()))
         .unwrap();
-    let resp = app(f.state.clone()).oneshot(req).await.unwrap();
-    let status = resp.status();
-    let headers = resp.headers().clone();
-    let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
-        .await
-        .unwrap()
-        .to_vec();
-    Answer {
-        status,
-        headers,
-        body,
-    }
+    answer(f, req).await
 }
 
 /// A small request may not ask for a huge answer: a repeated id is sent once, and a request
@@ -385,7 +376,7 @@ async fn a_cross_site_sign_in_is_refused() {
         let req = req
             .body(Body::from(format!("token={READ}&next=%2Fui%2Fr")))
             .unwrap();
-        app(f.state.clone()).oneshot(req)
+        answer(&f, req)
     };
     for (origin, want) in [
         (Some("https://evil.example"), StatusCode::FORBIDDEN),
@@ -393,10 +384,10 @@ async fn a_cross_site_sign_in_is_refused() {
         (Some("http://127.0.0.1:8080"), StatusCode::SEE_OTHER),
         (None, StatusCode::SEE_OTHER),
     ] {
-        let resp = post(origin).await.unwrap();
-        assert_eq!(resp.status(), want, "{origin:?}");
+        let a = post(origin).await;
+        assert_eq!(a.status, want, "{origin:?}");
         assert_eq!(
-            resp.headers().contains_key(header::SET_COOKIE),
+            a.headers.contains_key(header::SET_COOKIE),
             want == StatusCode::SEE_OTHER,
             "{origin:?}"
         );

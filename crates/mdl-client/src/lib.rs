@@ -10,5 +10,5 @@ mod remote;
 mod tree;
 
 pub use error::{Error, Result};
-pub use remote::Remote;
+pub use remote::{parse_url, Remote};
 pub use tree::TreeFile;

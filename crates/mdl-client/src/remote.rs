@@ -27,20 +27,27 @@ pub struct Remote {
     agent: ureq::Agent,
 }
 
+/// The server (`HOST:PORT`) and the repository's name of a repository URL
+/// `http://HOST:PORT/REPO` (a trailing `/` allowed); anything else is [`Error::BadUrl`].
+pub fn parse_url(url: &str) -> Result<(&str, &str)> {
+    let bad = || Error::BadUrl(url.to_string());
+    let rest = url
+        .trim_end_matches('/')
+        .strip_prefix("http://")
+        .ok_or_else(bad)?;
+    let (host, repo) = rest.split_once('/').ok_or_else(bad)?;
+    if host.is_empty() || repo.is_empty() || repo.contains('/') || repo.starts_with('.') {
+        return Err(bad());
+    }
+    Ok((host, repo))
+}
+
 impl Remote {
     /// A client for the repository at `url` (`http://HOST:PORT/REPO`), sending `token` as a
     /// bearer token when given.
     pub fn new(url: &str, token: Option<String>) -> Result<Remote> {
         let url = url.trim_end_matches('/');
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| Error::BadUrl(url.to_string()))?;
-        let (host, repo) = rest
-            .split_once('/')
-            .ok_or_else(|| Error::BadUrl(url.to_string()))?;
-        if host.is_empty() || repo.is_empty() || repo.contains('/') || repo.starts_with('.') {
-            return Err(Error::BadUrl(url.to_string()));
-        }
+        let (host, repo) = parse_url(url)?;
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(10)))

@@ -35,7 +35,7 @@ pub use bucket::InBucket;
 pub use error::{code_of, Error, Result};
 pub use local::Local;
 pub use location::Location;
-pub use open::{advertised, clone, init, open, Initialized};
+pub use open::{clone, init, open, Initialized};
 pub use operation::{Backend, Operation};
 pub use served::Served;
 

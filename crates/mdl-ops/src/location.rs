@@ -3,8 +3,6 @@
 
 use std::path::{Path, PathBuf};
 
-use mdl_remote::Remote;
-
 use crate::{Backend, Error, Result};
 
 /// A place mdl keeps repositories.
@@ -29,7 +27,7 @@ impl Location {
             None => Ok(Location::Folder(text.to_path_buf())),
             Some("s3") => Ok(Location::Bucket(mdl_bucket::Location::parse(s)?)),
             Some("http" | "https") => {
-                Remote::new(s, None)?;
+                mdl_client::parse_url(s)?;
                 Ok(Location::Served(s.to_string()))
             }
             Some(other) => Err(Error::Location(format!(

@@ -3,7 +3,6 @@
 use std::path::{Path, PathBuf};
 
 use mdl::Repository;
-use mdl_protocol::body::Advertisement;
 use mdl_remote::Remote;
 
 use crate::peer::peer;
@@ -18,7 +17,7 @@ pub fn open(location: &Location, access: &Access) -> Result<Box<dyn Operations>>
                 .follow_server
                 .then(|| mdl::discover(dir))
                 .flatten()
-                .and_then(|root| advertised(&root));
+                .and_then(|root| mdl::advertised(&root));
             match owner {
                 Some(ad) => {
                     tracing::info!(
@@ -34,15 +33,6 @@ pub fn open(location: &Location, access: &Access) -> Result<Box<dyn Operations>>
         Location::Served(url) => Box::new(Served::new(Remote::new(url, access.token.clone())?)),
         Location::Bucket(loc) => Box::new(InBucket::new(loc.clone(), access.clone())),
     })
-}
-
-/// The advertisement of the live `mdl serve` that owns the repository whose work directory is
-/// `root`, if one does. A stale one (its process is gone) is `None`; it is removed by whoever
-/// next opens the repository.
-pub fn advertised(root: &Path) -> Option<Advertisement> {
-    let text = std::fs::read(root.join(mdl::MDL_DIR).join(mdl::ADVERTISEMENT)).ok()?;
-    let ad: Advertisement = serde_json::from_slice(&text).ok()?;
-    mdl::process_alive(ad.pid).then_some(ad)
 }
 
 /// A repository just made.
@@ -98,7 +88,7 @@ pub fn clone(
     };
     let name = match Location::url(url)? {
         Location::Bucket(loc) => loc.name().to_string(),
-        Location::Served(url) => Remote::new(&url, None)?.name().to_string(),
+        Location::Served(url) => mdl_client::parse_url(&url)?.1.to_string(),
         Location::Folder(_) => unreachable!("Location::url never answers a folder"),
     };
     let dir = base.join(dir.map_or_else(|| PathBuf::from(name), Path::to_path_buf));

@@ -57,7 +57,7 @@ pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp,
 pub use mdl_store::{budget, source};
 pub use mdl_store::{IndexEntry, LockMode, RefValue, Storage, StoreError, MDL_DIR};
 pub use progress::{Counting, NoProgress, Progress};
-pub use repo::{discover, process_alive, OpenOptions, Repository, ADVERTISEMENT};
+pub use repo::{advertised, discover, process_alive, OpenOptions, Repository, ADVERTISEMENT};
 
 /// Result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

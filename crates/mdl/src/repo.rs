@@ -2,6 +2,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use mdl_format::{Commit, Manifest, ObjectId, ObjectKind};
+use mdl_protocol::body::Advertisement;
 use mdl_store::meta::HEAD;
 use mdl_store::{RealFs, RefValue, Store, StoreError, MDL_DIR};
 
@@ -46,7 +47,7 @@ impl Repository {
         let store = Store::open(&root.join(MDL_DIR), opts)?;
         // An advertisement left by a server that died is stale; a writer removes it. (A live
         // server holds no lock while idle: other processes write beside it.)
-        if store.writable() && !advertiser_alive(&store.dir().join(ADVERTISEMENT)) {
+        if store.writable() && advertised(&root).is_none() {
             store.remove_file(ADVERTISEMENT);
         }
         Ok(Repository {
@@ -92,10 +93,11 @@ impl Repository {
         self.store.meta().failed()
     }
 
-    /// Replaces `.mdl/serve.json` (owner-readable only) with `bytes`: how `mdl serve`
-    /// tells commands run here that it owns the repository.
-    pub fn advertise(&self, bytes: &[u8]) -> Result<()> {
-        self.store.replace_file(ADVERTISEMENT, bytes, 0o600)?;
+    /// Replaces `.mdl/serve.json` (owner-readable only: it holds a write token) with `ad`,
+    /// atomically: how `mdl serve` tells commands run here that it owns the repository.
+    pub fn advertise(&self, ad: &Advertisement) -> Result<()> {
+        let bytes = serde_json::to_vec(ad).expect("an advertisement serialises");
+        self.store.replace_file(ADVERTISEMENT, &bytes, 0o600)?;
         Ok(())
     }
 
@@ -157,16 +159,13 @@ impl Repository {
     }
 }
 
-/// Whether the advertisement at `path` names a process that is still running.
-fn advertiser_alive(path: &Path) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Pid {
-        pid: u32,
-    }
-    std::fs::read(path)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Pid>(&b).ok())
-        .is_some_and(|ad| process_alive(ad.pid))
+/// The advertisement of the live `mdl serve` that owns the repository whose work directory is
+/// `root`, if one does. A stale one (its process is gone) or an unreadable one is `None`; a
+/// writer that opens the repository removes it.
+pub fn advertised(root: &Path) -> Option<Advertisement> {
+    let text = std::fs::read(root.join(MDL_DIR).join(ADVERTISEMENT)).ok()?;
+    let ad: Advertisement = serde_json::from_slice(&text).ok()?;
+    process_alive(ad.pid).then_some(ad)
 }
 
 /// Whether process `pid` is running (an advertisement's server, say).
