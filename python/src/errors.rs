@@ -148,10 +148,7 @@ fn layered(e: &dyn Any) -> Option<&(dyn StdError + 'static)> {
     if let Some(e) = e.downcast_ref::<mdl::StoreError>() {
         return Some(e);
     }
-    if let Some(e) = e.downcast_ref::<mdl_bucket::Error>() {
-        return Some(e);
-    }
-    e.downcast_ref::<mdl_remote::Error>().map(|e| e as _)
+    e.downcast_ref::<mdl_bucket::Error>().map(|e| e as _)
 }
 
 /// Runs `f` with the GIL released; its failure as the Python exception of its kind. (The
