@@ -219,6 +219,10 @@ pub(crate) enum Command {
         /// Connections served at once (more wait to be accepted).
         #[arg(long, default_value_t = 512, value_name = "N")]
         max_connections: usize,
+        /// Connections one client address may hold at once (one more is closed at once), so
+        /// that no single client holds them all.
+        #[arg(long, default_value_t = 64, value_name = "N")]
+        max_connections_per_address: usize,
         /// Seconds a client has to send a request's headers (and that an idle connection is
         /// kept between requests).
         #[arg(long, default_value_t = 10, value_name = "SECS")]
@@ -312,6 +316,13 @@ pub(crate) struct CommitArgs {
     /// the `engine` setting). The bytes stored are the same.
     #[arg(long, value_name = "auto|cpu|gpu")]
     pub(crate) engine: Option<String>,
+    /// Follow symlinks that point outside a folder committed (refused by default).
+    #[arg(long)]
+    pub(crate) follow_links: bool,
+    /// Store a file that looks like a checkpoint (*.safetensors, *.pt, *.pth, *.ckpt, a
+    /// torch.save zip) but does not parse as bytes, instead of refusing it.
+    #[arg(long)]
+    pub(crate) as_bytes: bool,
 }
 
 impl CommitArgs {
@@ -348,6 +359,10 @@ impl CommitArgs {
             },
             // One commit a process: nothing to keep for a next one.
             warm: None,
+            reading: mdl::commit::Reading {
+                follow_links: self.follow_links,
+                as_bytes: self.as_bytes,
+            },
         })
     }
 }

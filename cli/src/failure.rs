@@ -142,10 +142,13 @@ fn library_exit_code(e: &mdl::Error) -> u8 {
             | S::Output(_)
             | S::InputChanged(_)
             | S::OutOfMemory(_)
+            | S::TooLarge { .. }
             | S::RefConflict { .. },
         )
         | E::Input { .. }
         | E::InvalidInput { .. }
+        | E::DamagedCheckpoint { .. }
+        | E::TooLarge(_)
         | E::Assemble(_)
         | E::UnknownRevision(_)
         | E::ShortIdPrefix(_)

@@ -35,6 +35,7 @@ pub(crate) fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         read_public,
         max_body,
         max_connections,
+        max_connections_per_address,
         header_timeout,
         body_timeout,
         decode_memory,
@@ -98,6 +99,7 @@ pub(crate) fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         wait: Duration::from_secs(cli.wait),
         limits: mdl_server::Limits {
             max_connections: *max_connections,
+            max_per_address: *max_connections_per_address,
             header_timeout: Duration::from_secs(*header_timeout),
             body_timeout: Duration::from_secs(*body_timeout),
         },

@@ -54,6 +54,8 @@ impl IntoResponse for ApiError {
             body,
         )
             .into_response();
+        // What a layer may translate the error into (the `/hf` layout's Hub headers).
+        response.extensions_mut().insert(self.code);
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             // Busy (another process holds the repository) or recovering: worth asking again.
             response.headers_mut().insert(
@@ -74,6 +76,7 @@ fn public_message(e: &mdl::Error) -> String {
     let private = match e {
         E::Input { source, .. } => format!("cannot read the upload: {source}"),
         E::InvalidInput { source, found, .. } => mdl::not_safetensors(source, found),
+        E::DamagedCheckpoint { why, .. } => format!("the upload: {why}"),
         E::OutputExists(_) | E::Output { .. } | E::OutputInRepository(_) => {
             "the server could not write its output".into()
         }

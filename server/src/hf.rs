@@ -20,6 +20,7 @@ use crate::access::{blocking, Access, ApiResult, Reader};
 use crate::error::ApiError;
 use crate::files::{file_of, layout_of, serve_file};
 use crate::State;
+use mdl_protocol::ErrorCode;
 
 /// The prefix the layout is served under.
 pub(crate) const PREFIX: &str = "/hf";
@@ -35,6 +36,34 @@ pub(crate) fn routes() -> Router<std::sync::Arc<State>> {
         .route("/api/models/{repo}/revision/{rev}", get(info))
         .route("/api/models/{repo}/tree/{rev}", get(tree_root))
         .route("/api/models/{repo}/tree/{rev}/{*path}", get(tree))
+        .layer(axum::middleware::map_response(hub_error_headers))
+}
+
+/// The Hub's error headers on an error answer, from which `huggingface_hub` raises its own
+/// exception classes (`RepositoryNotFoundError`, `RevisionNotFoundError`,
+/// `RemoteEntryNotFoundError`) instead of taking a 404 for a network failure. A token the
+/// server does not know is said as the Hub says it, so the client does not report a missing
+/// repository.
+async fn hub_error_headers(mut response: Response) -> Response {
+    let Some(code) = response.extensions().get::<ErrorCode>().copied() else {
+        return response;
+    };
+    let (name, value) = match code {
+        ErrorCode::NoSuchRepository => ("x-error-code", "RepoNotFound"),
+        ErrorCode::UnknownRevision | ErrorCode::UnbornBranch => {
+            ("x-error-code", "RevisionNotFound")
+        }
+        ErrorCode::NotFound => ("x-error-code", "EntryNotFound"),
+        ErrorCode::Unauthorized => (
+            "x-error-message",
+            "Invalid credentials in Authorization header",
+        ),
+        _ => return response,
+    };
+    response
+        .headers_mut()
+        .insert(name, axum::http::HeaderValue::from_static(value));
+    response
 }
 
 /// `GET|HEAD /{repo}/resolve/{rev}/{path}`: one file.

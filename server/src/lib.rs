@@ -81,6 +81,9 @@ pub struct Config {
 pub struct Limits {
     /// Connections open at once; more wait in the listen queue.
     pub max_connections: usize,
+    /// Connections one client address may hold at once; one more is closed as soon as it
+    /// is accepted, so a single client cannot hold every connection.
+    pub max_per_address: usize,
     /// A request's headers must arrive within this (also how long an idle connection waiting
     /// for its next request is kept).
     pub header_timeout: Duration,
@@ -93,6 +96,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_connections: 512,
+            max_per_address: 64,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
         }
@@ -459,7 +463,8 @@ pub(crate) fn random_token() -> Result<String, String> {
 
 /// Serves `state` on `listener` until SIGINT or SIGTERM, then finishes the requests in flight
 /// and closes the repositories. At most [`Limits::max_connections`] connections are open at
-/// once (the next is accepted when one closes); headers must arrive within
+/// once (the next is accepted when one closes), at most [`Limits::max_per_address`] of them
+/// from one address (one more is closed at once); headers must arrive within
 /// [`Limits::header_timeout`], which also closes connections idle between requests; a
 /// connection whose writes make no progress for [`Limits::body_timeout`] is closed.
 pub async fn serve(state: Arc<State>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
@@ -467,6 +472,7 @@ pub async fn serve(state: Arc<State>, listener: tokio::net::TcpListener) -> std:
     let limits = state.config.limits;
     let router = app(state.clone());
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let per_address = PerAddress::new(limits.max_per_address);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -478,9 +484,13 @@ pub async fn serve(state: Arc<State>, listener: tokio::net::TcpListener) -> std:
             p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
             _ = &mut shutdown => break,
         };
-        let stream = tokio::select! {
+        let (stream, held) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok((stream, peer)) => match per_address.take(peer.ip()) {
+                    Some(held) => (stream, held),
+                    // Closed unanswered; its permit goes back to the others.
+                    None => continue,
+                },
                 Err(e) => {
                     // Out of descriptors and the like: wait a little instead of spinning.
                     tracing::warn!("accept: {e}");
@@ -500,7 +510,7 @@ pub async fn serve(state: Arc<State>, listener: tokio::net::TcpListener) -> std:
             if let Err(e) = connection.await {
                 tracing::debug!("connection: {e}");
             }
-            drop(permit);
+            drop((permit, held));
         });
     }
     tracing::info!("shutting down: finishing requests in flight");
@@ -509,6 +519,55 @@ pub async fn serve(state: Arc<State>, listener: tokio::net::TcpListener) -> std:
     // not be dropped inside this one.
     let _ = tokio::task::spawn_blocking(move || state.close_all()).await;
     Ok(())
+}
+
+/// How many connections each client address holds, against [`Limits::max_per_address`].
+#[derive(Clone)]
+struct PerAddress {
+    max: usize,
+    open: Arc<std::sync::Mutex<HashMap<std::net::IpAddr, usize>>>,
+}
+
+/// One connection counted against its address until dropped.
+struct AddressHeld {
+    ip: std::net::IpAddr,
+    counts: PerAddress,
+}
+
+impl PerAddress {
+    fn new(max: usize) -> PerAddress {
+        PerAddress {
+            max: max.max(1),
+            open: Arc::default(),
+        }
+    }
+
+    /// Counts a connection from `ip`, unless that address already holds the most it may.
+    fn take(&self, ip: std::net::IpAddr) -> Option<AddressHeld> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= self.max {
+            tracing::debug!("closed a connection from {ip}: it holds {n} already");
+            return None;
+        }
+        *n += 1;
+        Some(AddressHeld {
+            ip,
+            counts: self.clone(),
+        })
+    }
+}
+
+impl Drop for AddressHeld {
+    fn drop(&mut self) {
+        let mut open = self.counts.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 async fn shutdown_signal() {

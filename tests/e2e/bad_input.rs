@@ -289,10 +289,14 @@ fn revisions_never_panic_and_terminal_output_is_inert() {
     let d = dir.path();
     ok(d, &["init"]);
     let f = d.join("a.safetensors");
-    // A tensor name and metadata with escape sequences (safetensors allows any string).
+    // A tensor name with escape sequences (safetensors allows any string) is refused at
+    // commit, its name escaped in the message; metadata with them is kept, and shown inert.
     let mut ts = mixed(3);
     ts[0].name = "evil\u{1b}[2Jname".into();
-    write_safetensors(&f, &ts, &[("note", "\u{1b}]0;pwned\u{7}")]);
+    write_safetensors(&f, &ts, &[]);
+    let err = fails(d, &["commit", f.to_str().unwrap()], "evil\\u{1b}[2Jname");
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+    write_safetensors(&f, &mixed(3), &[("note", "\u{1b}]0;pwned\u{7}")]);
     let message = "clear\u{1b}[2J\rscreen\u{9b}31m";
     let out = std::process::Command::new(mdl_bin())
         .args([
@@ -344,11 +348,145 @@ fn revisions_never_panic_and_terminal_output_is_inert() {
         shown.contains("clear\\x1b[2J\\x0dscreen\\u{9b}31m"),
         "{shown}"
     );
-    assert!(
-        shown.contains("eve\\x1b[31m") && shown.contains("evil\\x1b[2Jname"),
-        "{shown}"
-    );
+    assert!(shown.contains("eve\\x1b[31m"), "{shown}");
     // JSON keeps the exact text.
     assert_eq!(json(d, &["show", "main"])["message"], message);
     assert_eq!(state(d), before);
+}
+
+/// A safetensors file of `tensors` (name, data offsets) of U8, its header padded with spaces to
+/// `header_len` bytes.
+fn padded_header_file(path: &std::path::Path, header: &str, header_len: usize, data: usize) {
+    let mut h = header.to_string();
+    assert!(h.len() <= header_len);
+    h.extend(std::iter::repeat_n(' ', header_len - h.len()));
+    let mut b = (h.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(h.as_bytes());
+    b.extend(std::iter::repeat_n(0u8, data));
+    std::fs::write(path, b).unwrap();
+}
+
+/// A damaged file that says it is a checkpoint, a symlink out of the folder committed, names
+/// with control characters or that no request could name, and commits over the repository's
+/// limits: each refused in one line saying what is wrong, the repository as it was;
+/// `--as-bytes` and `--follow-links` take what the user asks for (issue 47, items 1, 7–9).
+#[test]
+fn damaged_checkpoints_links_out_names_and_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init"]);
+    let good = d.join("good.safetensors");
+    write_safetensors(&good, &mixed(7), &[]);
+    ok(d, &["commit", good.to_str().unwrap(), "-m", "good"]);
+    let before = state(d);
+    let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+
+    // A torch.save archive cut short (no central directory), named as one or not: its first
+    // entry says what it is.
+    let pt = std::fs::read(crate::trees::torch_fixture("optimizer.pt")).unwrap();
+    let cut = &pt[..pt.len() / 2];
+    for name in ["optimizer.pt", "optimizer.data"] {
+        let p = d.join(name);
+        std::fs::write(&p, cut).unwrap();
+        fails(
+            d,
+            &["commit", &s(&p)],
+            "not a readable torch.save checkpoint",
+        );
+        assert_eq!(state(d), before);
+    }
+    // A .pt that is neither zip nor pickle.
+    let json_pt = d.join("weights.pt");
+    std::fs::write(&json_pt, b"{\"not\": \"weights\"}").unwrap();
+    fails(d, &["commit", &s(&json_pt)], "it is JSON text");
+    // Asked for, the damaged file is stored as bytes, with a note, and comes back whole.
+    let cut_pt = d.join("optimizer.pt");
+    ok(d, &["commit", &s(&cut_pt), "--as-bytes", "-m", "as bytes"]);
+    let f = &json(d, &["show", "main"])["files"][0];
+    assert_eq!(f["format"], "bytes");
+    assert!(
+        f["note"].as_str().unwrap().contains("stored as bytes"),
+        "{f}"
+    );
+    let out = d.join("back.pt");
+    ok(d, &["checkout", "main", "-o", &s(&out)]);
+    assert_eq!(std::fs::read(&out).unwrap(), cut);
+    ok(d, &["reset", "main~1"]);
+
+    // Overlapping tensors whose header length reads as `{` are described as overlapping.
+    let ovl = d.join("ovl.safetensors");
+    let header = r#"{"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[8],"data_offsets":[4,12]}}"#;
+    padded_header_file(&ovl, header, usize::from(b'{'), 12);
+    let err = fails(d, &["commit", &s(&ovl)], "overlap");
+    assert!(!err.contains("JSON"), "{err}");
+
+    // A tensor name no request could name by itself is refused at commit.
+    for name in ["../escape", "a\\u001bb"] {
+        let p = d.join("named.safetensors");
+        let header = format!(r#"{{"{name}":{{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}}}"#);
+        let len = header.len().next_multiple_of(8);
+        padded_header_file(&p, &header, len, 2);
+        let err = fails(d, &["commit", &s(&p)], "tensor name");
+        assert!(!err.contains('\u{1b}'), "{err:?}");
+    }
+
+    // A file name with a control character is shown escaped, never raw.
+    let ctl = d.join("ctl");
+    std::fs::create_dir(&ctl).unwrap();
+    std::fs::write(ctl.join("a\u{1b}[31mb.bin"), b"x").unwrap();
+    let err = fails(d, &["commit", &s(&ctl)], "control character");
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+    std::fs::remove_dir_all(&ctl).unwrap();
+
+    // A symlink out of the folder is refused, naming where it points, unless asked for.
+    let secret = d.join("secret.txt");
+    std::fs::write(&secret, b"password").unwrap();
+    let ck = d.join("ck");
+    std::fs::create_dir(&ck).unwrap();
+    std::fs::copy(&good, ck.join("model.safetensors")).unwrap();
+    std::os::unix::fs::symlink(&secret, ck.join("config.json")).unwrap();
+    fails(
+        d,
+        &["commit", &s(&ck)],
+        "secret.txt, outside the folder committed",
+    );
+    assert_eq!(state(d), before);
+    ok(d, &["commit", &s(&ck), "--follow-links", "-m", "followed"]);
+    let out = d.join("ck-out");
+    ok(d, &["checkout", "main", "-o", &s(&out)]);
+    assert_eq!(std::fs::read(out.join("config.json")).unwrap(), b"password");
+    ok(d, &["reset", "main~1"]);
+    let before = state(d);
+
+    // Limits: tensors, files and header bytes of one commit, each configurable.
+    fails(
+        d,
+        &["config", "limits.tensors", "0"],
+        "a whole number, at least 1",
+    );
+    ok(d, &["config", "limits.tensors", "4"]);
+    fails(
+        d,
+        &["commit", &s(&good)],
+        "holds 8 tensors and byte objects, over the repository's limit of 4",
+    );
+    ok(d, &["config", "limits.tensors", "1000"]);
+    ok(d, &["config", "limits.files", "1"]);
+    fails(
+        d,
+        &["commit", &s(&ck), "--follow-links"],
+        "holds 2 files, over the repository's limit of 1",
+    );
+    ok(d, &["config", "limits.files", "10"]);
+    ok(d, &["config", "limits.header_bytes", "64"]);
+    fails(
+        d,
+        &["commit", &s(&good)],
+        "header bytes, over the repository's limit of 64",
+    );
+    let out = mdl(d, &["--json", "commit", &s(&good)]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["error"]["code"], "too_large", "{v}");
+    assert_eq!(state(d), before);
+    assert_fsck_clean(d);
 }

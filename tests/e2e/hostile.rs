@@ -1,7 +1,7 @@
 //! The server against clients that mean harm or make mistakes: what an error tells them,
 //! lengths that lie, slow and idle connections, many requests at once.
 
-use crate::server::{bearer, http, read_json, Server, WRITE};
+use crate::server::{bearer, http, read_json, Server, READ, WRITE};
 use crate::util::*;
 
 #[test]
@@ -466,4 +466,102 @@ fn a_client_that_stops_reading_holds_the_decode_budget_only_briefly() {
     }
     assert!(got.len() < bytes.len(), "the stalled client got everything");
     server.stop();
+}
+
+/// One client address holding connections open without sending a request (600 of them,
+/// reopened as they close) cannot hold the others' connections: past
+/// `--max-connections-per-address` its connections are closed as soon as they are accepted,
+/// and a request from another address is answered at once, not after a header timeout.
+#[test]
+fn one_address_cannot_hold_every_connection() {
+    use socket2::{Domain, Socket, Type};
+    use std::net::SocketAddr;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let served = d.join("srv");
+    ok(&served, &["init"]);
+    let server = Server::start(
+        &[
+            "-C",
+            served.to_str().unwrap(),
+            "--max-connections",
+            "32",
+            "--max-connections-per-address",
+            "8",
+            "--header-timeout",
+            "20",
+        ],
+        d,
+    );
+    let addr: SocketAddr = server
+        .base
+        .strip_prefix("http://")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The attacker, from 127.0.0.2: connections that never send a byte, each reopened when
+    // the server closes it.
+    let attacker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let open = || {
+                let s = Socket::new(Domain::IPV4, Type::STREAM, None).ok()?;
+                let from: SocketAddr = "127.0.0.2:0".parse().unwrap();
+                s.bind(&from.into()).ok()?;
+                s.connect(&addr.into()).ok()?;
+                s.set_nonblocking(true).ok()?;
+                Some(std::net::TcpStream::from(s))
+            };
+            let mut held: Vec<std::net::TcpStream> = (0..600).filter_map(|_| open()).collect();
+            let mut reopened = 0;
+            let t0 = Instant::now();
+            // At least two seconds of it, however soon the requests are done.
+            while t0.elapsed() < Duration::from_secs(2)
+                || !stop.load(std::sync::atomic::Ordering::Relaxed)
+                    && t0.elapsed() < Duration::from_secs(15)
+            {
+                for s in held.iter_mut() {
+                    let mut b = [0u8; 1];
+                    let closed = match std::io::Read::read(s, &mut b) {
+                        Ok(n) => n == 0,
+                        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                    };
+                    if closed {
+                        if let Some(fresh) = open() {
+                            *s = fresh;
+                            reopened += 1;
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            reopened
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // Requests from 127.0.0.1 meanwhile, each answered well before a header timeout.
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let (status, _, _) = http(
+            &server.base,
+            "GET",
+            "/v1/repos",
+            &[("Authorization", &bearer(READ))],
+            b"",
+        );
+        assert_eq!(status, 200);
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "a request waited {:?} behind one address's idle connections",
+            t0.elapsed()
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reopened = attacker.join().unwrap();
+    assert!(
+        reopened > 0,
+        "the server closed none of the attacker's connections"
+    );
 }

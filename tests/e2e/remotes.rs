@@ -287,3 +287,70 @@ fn a_remote_keeps_its_token_and_can_be_repointed_and_removed() {
         "no remote named origin",
     );
 }
+
+/// A checkpoint of many identical tensors (28,000 zero-initialised LoRA `B` matrices of 16×8)
+/// has a manifest that compresses far better than a transfer lets a record claim; it is stored
+/// in a form every transfer accepts, so its history clones and pushes.
+#[test]
+fn a_manifest_of_identical_tensors_clones_and_pushes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init", "lora"]);
+    ok(d, &["init", "empty"]);
+    let lora = d.join("lora");
+    let projections = ["q_proj", "k_proj", "v_proj", "o_proj"];
+    let tensors: Vec<T> = (0..28_000)
+        .map(|i| T {
+            name: format!(
+                "base_model.model.layers.{}.self_attn.{}.lora_B.weight",
+                i / 4,
+                projections[i % 4]
+            ),
+            dtype: "F32",
+            shape: vec![16, 8],
+            data: vec![0; 16 * 8 * 4],
+        })
+        .collect();
+    let f = d.join("adapter_model.safetensors");
+    let sent = write_safetensors(&f, &tensors, &[]);
+    assert!(sent.len() > 17 << 20);
+    ok(&lora, &["commit", f.to_str().unwrap(), "-m", "LoRA init"]);
+    let server = Server::start(&["--root", d.to_str().unwrap()], d);
+    let with = |args: &[&str], token: &str| {
+        let out = Command::new(mdl_bin())
+            .args(args)
+            .env("MDL_TOKEN", token)
+            .env("MDL_AUTHOR", "tester")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mdl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let clone = d.join("clone");
+    with(
+        &[
+            "clone",
+            &format!("{}/lora", server.base),
+            clone.to_str().unwrap(),
+        ],
+        READ,
+    );
+    let got = d.join("got.safetensors");
+    ok(&clone, &["checkout", "main", "-o", got.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&got).unwrap(), sent);
+    assert_fsck_clean(&clone);
+    // The clone pushes that history on to an empty repository.
+    ok(
+        &clone,
+        &["remote", "add", "dst", &format!("{}/empty", server.base)],
+    );
+    with(
+        &["-C", clone.to_str().unwrap(), "push", "dst", "main"],
+        WRITE,
+    );
+    let pushed = read(&server.base, "/v1/repos/empty/checkpoints/main.safetensors");
+    assert_eq!(pushed, sent);
+}

@@ -27,7 +27,7 @@ fn snapshot(dir: &Path) -> BTreeMap<String, (Vec<u8>, bool)> {
     out
 }
 
-fn torch_fixture(name: &str) -> PathBuf {
+pub(crate) fn torch_fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../tests/fixtures/torch")
         .join(name)

@@ -5,7 +5,12 @@ import os
 
 import pytest
 from huggingface_hub import HfApi, hf_hub_download, snapshot_download
-from huggingface_hub.errors import EntryNotFoundError
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 
 from conftest import READ_TOKEN, mdl, tree_bytes
 
@@ -60,6 +65,29 @@ def test_hf_hub_download_and_snapshot_download(served, tmp_path):
     assert got == tree_bytes(tmp_path / "ck1")
     with pytest.raises(EntryNotFoundError):
         hf_hub_download("repo", "nope.bin", revision="main", **kw)
+
+
+def test_missing_file_revision_and_repository_raise_the_hubs_exceptions(served, tmp_path):
+    """A missing file, revision or repository is the Hub's own exception, never the client's
+    offline fallback (`LocalEntryNotFoundError`, "check your Internet connection")."""
+    server, _ = served
+    endpoint = f"{server.base}/hf"
+    kw = dict(endpoint=endpoint, token=READ_TOKEN, cache_dir=str(tmp_path / "hf-missing"))
+    cases = [
+        (lambda: hf_hub_download("repo", "nope.bin", revision="main", **kw), RemoteEntryNotFoundError),
+        (lambda: hf_hub_download("repo", "sub/nope.txt", revision="v1", **kw), RemoteEntryNotFoundError),
+        (lambda: hf_hub_download("repo", "config.json", revision="no-such-branch", **kw), RevisionNotFoundError),
+        (lambda: hf_hub_download("no-such-repo", "config.json", **kw), RepositoryNotFoundError),
+    ]
+    api = HfApi(endpoint=endpoint, token=READ_TOKEN)
+    cases += [
+        (lambda: api.model_info("repo", revision="no-such-branch"), RevisionNotFoundError),
+        (lambda: api.model_info("no-such-repo"), RepositoryNotFoundError),
+    ]
+    for call, expected in cases:
+        with pytest.raises(expected) as raised:
+            call()
+        assert type(raised.value) is expected, f"{type(raised.value).__name__}: {raised.value}"
 
 
 def test_environment_endpoint_and_tokens(served, tmp_path, monkeypatch):

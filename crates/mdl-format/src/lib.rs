@@ -39,8 +39,8 @@ pub use dtype::Dtype;
 pub use error::FormatError;
 pub use id::{IdPrefix, ObjectId, ParseIdError, TensorHasher};
 pub use manifest::{
-    bytes_header, check_path, Entry, Exactness, FileFormat, Lossy, Manifest, MomentPair,
-    PairSource, Region, TreeFile, MAX_PATH_LEN, V1_FILE_PATH,
+    bytes_header, check_path, check_tensor_name, Entry, Exactness, FileFormat, Lossy, Manifest,
+    MomentPair, PairSource, Region, TreeFile, MAX_PATH_LEN, V1_FILE_PATH,
 };
 pub use refname::{Ref, RefName, RefNameError};
 pub use tensor::TensorHeader;

@@ -30,6 +30,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("record", record),
     ("pack_stream", pack_stream),
     ("revision", revision),
+    ("tensor_name", tensor_name),
     ("range_header", range_header),
     ("query_params", query_params),
 ];
@@ -221,6 +222,19 @@ pub fn revision(input: &[u8]) {
     if let Ok(text) = std::str::from_utf8(input) {
         if let Ok((base, _)) = mdl::revision::parse(text) {
             assert!(!base.is_empty() && text.starts_with(base));
+        }
+    }
+}
+
+/// A tensor name, as commit and the server's tensor route check it: a name accepted is one a
+/// URL path can carry and a checkout cannot be steered by (no control character, not
+/// absolute, no `..` component, not empty).
+pub fn tensor_name(input: &[u8]) {
+    if let Ok(name) = std::str::from_utf8(input) {
+        if mdl_format::check_tensor_name(name).is_ok() {
+            assert!(!name.is_empty() && !name.starts_with('/'));
+            assert!(!name.chars().any(char::is_control));
+            assert!(name.split('/').all(|c| c != ".."));
         }
     }
 }

@@ -137,6 +137,17 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         .iter()
         .map(|s| s.as_bytes().to_vec())
         .collect(),
+        "tensor_name" => [
+            "model.layers.0.self_attn.q_proj.weight",
+            "state.0.exp_avg",
+            "encoder/block.1",
+            "../x",
+            "a\u{1b}[2Jb",
+            "/etc/passwd",
+        ]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect(),
         "range_header" => ["bytes=0-9", "bytes=5-", "bytes=-3", "bytes=1-2,4-5"]
             .iter()
             .map(|s| [&100u16.to_le_bytes()[..], s.as_bytes()].concat())

@@ -117,6 +117,9 @@ codes! {
     Expired = "expired", 410;
     /// An upload over the server's body limit.
     BodyTooLarge = "body_too_large", 413;
+    /// A commit over one of the repository's limits (tensors or files in one commit, header
+    /// bytes: `docs/RELIABILITY.md`), or a manifest too large for one record.
+    TooLarge = "too_large", 413;
     /// A Range outside the file.
     InvalidRange = "invalid_range", 416;
     /// The server could not read or write a file.

@@ -27,6 +27,9 @@ pub struct CommitParams {
     pub trim_bits: Option<u32>,
     /// `--moments`.
     pub moments: Option<String>,
+    /// `--as-bytes`: a file that looks like a checkpoint but does not parse is stored as bytes
+    /// instead of refused.
+    pub as_bytes: bool,
 }
 
 /// How a commit stores float tensors, when it says.
@@ -85,6 +88,9 @@ pub fn encode(commit: &CommitParams) -> Vec<(&'static str, String)> {
     }
     if let Some(m) = &commit.moments {
         params.push(("moments", m.clone()));
+    }
+    if commit.as_bytes {
+        params.push(("as_bytes", "true".into()));
     }
     params
 }
@@ -157,6 +163,7 @@ pub fn decode(params: &[(String, String)]) -> Result<CommitParams, BadParameter>
                 )
             }
             "moments" => opts.moments = Some(value.clone()),
+            "as_bytes" => opts.as_bytes = flag(key, value)?,
             _ => {
                 return Err(BadParameter {
                     code: ErrorCode::BadParameter,

@@ -23,7 +23,7 @@ pub fn commit_paths(
             return Ok(remote.commit(file, &params)?);
         }
     }
-    let files = mdl::commit::tree_files(paths)?
+    let files = mdl::commit::tree_files(paths, opts.reading.follow_links)?
         .into_iter()
         .map(|f| match std::fs::File::open(&f.source) {
             Ok(file) => Ok(TreeFile {

@@ -91,6 +91,16 @@ pub enum StoreError {
     /// The input's bytes changed while they were being stored.
     #[error("input changed while it was being committed (tensor {0} no longer matches its hash); nothing was stored")]
     InputChanged(ObjectId),
+    /// A manifest or commit larger than any record of its kind may be.
+    #[error("the {what} is {len} bytes, over the limit of {limit} bytes for one record")]
+    TooLarge {
+        /// The object's kind.
+        what: &'static str,
+        /// Its length.
+        len: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// Memory for decoding an object could not be had.
     #[error("cannot allocate {0} bytes to decode an object")]
     OutOfMemory(u64),

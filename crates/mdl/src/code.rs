@@ -15,6 +15,8 @@ impl Error {
             E::Store(s) => store_code(s),
             E::Input { .. } | E::Assemble(_) => C::BadInput,
             E::InvalidInput { .. } => C::InvalidSafetensors,
+            E::DamagedCheckpoint { .. } => C::BadInput,
+            E::TooLarge(_) => C::TooLarge,
             E::UnknownRevision(_) | E::ShortIdPrefix(_) | E::NoSuchAncestor { .. } => {
                 C::UnknownRevision
             }
@@ -61,6 +63,7 @@ pub fn store_code(e: &StoreError) -> ErrorCode {
         E::Fetch { .. } => C::StorageError,
         E::Busy { .. } => C::Busy,
         E::OutOfMemory(_) => C::OutOfMemory,
+        E::TooLarge { .. } => C::TooLarge,
         E::ReadOnly(_) => C::ReadOnly,
         E::NotARepository(_) => C::NoSuchRepository,
         E::AlreadyExists(_) => C::Exists,

@@ -4,7 +4,7 @@
 
 use crate::engine::{self, EngineChoice};
 use crate::policy::{self, DeltaMode, DeltaPolicy};
-use crate::{coarsen, gc, lossy, Error, Repository, Result};
+use crate::{coarsen, gc, limits, lossy, Error, Repository, Result};
 
 /// Checks a configuration assignment before it is stored.
 pub fn validate(key: &str, value: &str) -> Result<()> {
@@ -16,7 +16,12 @@ pub fn validate(key: &str, value: &str) -> Result<()> {
         gc::KEEP_LAST_KEY => gc::KEEP_LAST.parse(value).map(drop),
         coarsen::COARSEN_AFTER_KEY => coarsen::COARSEN_AFTER.parse(value).map(drop),
         engine::ENGINE_KEY => value.parse::<EngineChoice>().map(drop),
-        _ => lossy::validate(key, value).unwrap_or_else(|| Err(Error::UnknownConfig(key.into()))),
+        _ => match limits::ALL.iter().find(|l| l.key == key) {
+            Some(limit) => limit.parse(value).map(drop),
+            None => {
+                lossy::validate(key, value).unwrap_or_else(|| Err(Error::UnknownConfig(key.into())))
+            }
+        },
     }
 }
 
@@ -35,6 +40,7 @@ pub fn known_keys() -> Vec<(&'static str, String)> {
         ),
         (engine::ENGINE_KEY, EngineChoice::default().to_string()),
     ];
+    keys.extend(limits::ALL.iter().map(|l| (l.key, l.default.to_string())));
     keys.extend(lossy::known_keys());
     keys
 }

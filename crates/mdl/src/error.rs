@@ -11,7 +11,7 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The input file could not be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}: {source}", shown(path))]
     Input {
         /// The file.
         path: PathBuf,
@@ -19,7 +19,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The input file is not a valid safetensors file.
-    #[error("{}: {}", path.display(), not_safetensors(source, found))]
+    #[error("{}: {}", shown(path), not_safetensors(source, found))]
     InvalidInput {
         /// The file.
         path: PathBuf,
@@ -28,6 +28,18 @@ pub enum Error {
         /// What the file is instead, when its first bytes say (`a zip archive`, `JSON text`).
         found: Option<&'static str>,
     },
+    /// A file whose name or first bytes say it is a `torch.save` checkpoint does not parse as
+    /// one (a truncated archive); `--as-bytes` stores such files as bytes.
+    #[error("{}: {why}", shown(path))]
+    DamagedCheckpoint {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, in a sentence that ends with what to do.
+        why: String,
+    },
+    /// A commit over one of the repository's limits (`limits.*`).
+    #[error("{0}")]
+    TooLarge(String),
     /// Commits cannot be assembled into one ([`crate::assemble`]).
     #[error("cannot assemble a commit: {0}")]
     Assemble(String),
@@ -208,6 +220,17 @@ pub enum Error {
     /// A duration argument or setting is malformed.
     #[error("invalid duration {0:?}: expected a number with a unit, e.g. 0s, 90m, 1h, 30d, 2w")]
     InvalidDuration(String),
+}
+
+/// A path as a message shows it: as it is, or quoted with its control characters escaped
+/// (a file name holding a newline or an escape sequence must not reach a terminal raw).
+pub(crate) fn shown(path: &std::path::Path) -> String {
+    let s = path.to_string_lossy();
+    if s.chars().any(char::is_control) {
+        format!("{s:?}")
+    } else {
+        s.into_owned()
+    }
 }
 
 /// Why a file is not safetensors, for [`Error::InvalidInput`]: what it is, when known.

@@ -35,6 +35,7 @@ mod history;
 mod input;
 pub mod inspect;
 pub mod interrupt;
+mod limits;
 pub mod log;
 pub mod lossy;
 pub mod policy;

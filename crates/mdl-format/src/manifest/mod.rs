@@ -6,7 +6,7 @@ use crate::{Dtype, FormatError, ObjectId, TensorHeader};
 mod encoding;
 mod path;
 
-pub use path::{check_path, MAX_PATH_LEN};
+pub use path::{check_path, check_tensor_name, MAX_PATH_LEN};
 
 /// Whether a stored tensor reproduces the committed bytes exactly.
 #[derive(Clone, Debug, PartialEq)]

@@ -30,9 +30,54 @@ pub fn check_path(path: &str) -> Result<(), FormatError> {
     Ok(())
 }
 
+/// Checks a tensor's name as one that can be asked for by itself, in a URL
+/// (`GET …/tensors/{name}`): not empty, not absolute, no `..` component, no control
+/// characters, at most [`MAX_PATH_LEN`] bytes. Anything else goes (dots, slashes, spaces).
+pub fn check_tensor_name(name: &str) -> Result<(), FormatError> {
+    let bad = |why: &str| {
+        Err(FormatError::invalid(
+            "tensor name",
+            format!("{name:?}: {why}"),
+        ))
+    };
+    if name.is_empty() {
+        return bad("empty");
+    }
+    if name.len() > MAX_PATH_LEN {
+        return bad("too long");
+    }
+    if name.starts_with('/') {
+        return bad("starts with '/'");
+    }
+    if name.chars().any(char::is_control) {
+        return bad("holds a control character");
+    }
+    if name.split('/').any(|c| c == "..") {
+        return bad("holds a '..' component");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tensor_names() {
+        for ok in [
+            "a",
+            "model.layers.0.weight",
+            "a/b",
+            "a..b",
+            "x y",
+            "state.0.exp_avg",
+        ] {
+            assert!(check_tensor_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "/a", "a/../b", "..", "a\nb", "a\u{1b}b"] {
+            assert!(check_tensor_name(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn paths() {

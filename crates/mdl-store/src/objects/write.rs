@@ -226,40 +226,46 @@ impl<'s> ObjectBatch<'s> {
         .map_err(WriteError::into_store)
     }
 
-    /// Stores a manifest or commit (its canonical bytes), zstd-compressed when that is smaller.
+    /// Stores a manifest or commit (its canonical bytes), zstd-compressed when that is smaller
+    /// and within what a record of its kind may expand to
+    /// ([`record::check_content_len`], the rule every reader and every transfer applies), else
+    /// raw: a manifest of many identical entries compresses far better than a reader lets a
+    /// record claim, and must still travel. Bytes over [`record::MAX_META_CONTENT`] are
+    /// refused.
     pub fn put_blob(&self, kind: ObjectKind, bytes: &[u8]) -> Result<PutOutcome, StoreError> {
+        let content_len = bytes.len() as u64;
+        if content_len > record::MAX_META_CONTENT {
+            return Err(StoreError::TooLarge {
+                what: kind.name(),
+                len: content_len,
+                limit: record::MAX_META_CONTENT,
+            });
+        }
         let id = ObjectId::hash(bytes);
-        let opts = EncodeOptions::default();
-        let cap = (bytes.len() as u64).saturating_sub(1);
-        match self.write_record(
+        let mut zstd = Vec::new();
+        mdl_codec::encode(CodecTag::Zstd, bytes, &EncodeOptions::default(), &mut zstd)
+            .map_err(StoreError::Output)?;
+        let header = RecordHeader::new(kind, CodecTag::Zstd as u8, None, Vec::new());
+        let compressed = zstd.len() < bytes.len()
+            && record::check_content_len(&header, zstd.len() as u64, content_len).is_ok();
+        let (codec, payload) = if compressed {
+            (CodecTag::Zstd, zstd.as_slice())
+        } else {
+            (CodecTag::Raw, bytes)
+        };
+        self.write_record(
             &id,
             kind,
-            CodecTag::Zstd,
+            codec,
             Placement::default(),
             &[],
             None,
-            bytes.len() as u64,
-            cap,
-            &mut |w| mdl_codec::encode(CodecTag::Zstd, bytes, &opts, w).map(drop),
+            content_len,
+            u64::MAX,
+            &mut |w| w.write_all(payload),
             &mut || Ok(()),
-        ) {
-            Ok(out) => Ok(out),
-            Err(WriteError::NotSmaller) => self
-                .write_record(
-                    &id,
-                    kind,
-                    CodecTag::Raw,
-                    Placement::default(),
-                    &[],
-                    None,
-                    bytes.len() as u64,
-                    u64::MAX,
-                    &mut |w| w.write_all(bytes),
-                    &mut || Ok(()),
-                )
-                .map_err(WriteError::into_store),
-            Err(WriteError::Store(e)) => Err(e),
-        }
+        )
+        .map_err(WriteError::into_store)
     }
 
     /// Stores a record received from another repository (push, fetch) as it is: its header and

@@ -18,7 +18,7 @@ use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, RefValue};
 pub use mdl_protocol::outcome::CommitOutcome;
 
 pub use crate::history::replay;
-pub use crate::input::{tree_files, MemoryFile, OnDevice, SourceFile};
+pub use crate::input::{tree_files, MemoryFile, OnDevice, Reading, SourceFile};
 use crate::input::{Input, Piece, Run};
 use crate::lossy::{self, CodecMode, LossyRequest, LossySettings, SearchSummary, TensorPlan};
 use crate::policy::DeltaPolicy;
@@ -74,6 +74,9 @@ pub struct CommitOptions {
     /// What a process committing repeatedly keeps of its last commit: the parent's tensors are
     /// taken from here instead of being decoded again, and this commit's are kept for the next.
     pub warm: Option<Arc<WarmTensors>>,
+    /// How files are read: symlinks that leave a folder, files that look like checkpoints
+    /// but do not parse.
+    pub reading: Reading,
 }
 
 /// Commits the file or directory at `path` (see [`commit_paths`]).
@@ -95,7 +98,7 @@ pub fn commit_paths(
     opts: &CommitOptions,
     progress: &dyn Progress,
 ) -> Result<CommitOutcome> {
-    commit_staged(repo, Staged::paths(paths)?, opts, progress)
+    commit_staged(repo, Staged::read(paths, opts.reading)?, opts, progress)
 }
 
 /// Commits what was staged.
@@ -146,7 +149,7 @@ pub fn commit_file_as(
 ) -> Result<CommitOutcome> {
     let started = Instant::now();
     let metrics = check_metrics(&opts.metrics)?;
-    let input = Input::open_as(source, tree_path)?;
+    let input = Input::open_as(source, tree_path, opts.reading.as_bytes)?;
     commit_input(repo, input, metrics, &[], started, opts, progress)
 }
 
@@ -167,6 +170,7 @@ fn commit_input(
     } else {
         metrics
     };
+    crate::limits::check(repo, &input)?;
     let store = repo.store();
     let warm = opts.warm.as_deref();
     if let Some(w) = warm {

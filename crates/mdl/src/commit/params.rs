@@ -2,7 +2,7 @@
 
 use mdl_protocol::params::{CommitParams, Mode};
 
-use super::{default_author, CommitOptions};
+use super::{default_author, CommitOptions, Reading};
 use crate::lossy::{CodecMode, LossyRequest};
 
 impl CommitOptions {
@@ -28,6 +28,7 @@ impl CommitOptions {
             epsilon: lossy.epsilon,
             trim_bits: lossy.trim_bits,
             moments: lossy.moments.clone(),
+            as_bytes: self.reading.as_bytes,
         })
     }
 
@@ -49,6 +50,11 @@ impl CommitOptions {
                 trim_bits: p.trim_bits,
                 moments: p.moments,
                 eval_cmd: None,
+            },
+            reading: Reading {
+                as_bytes: p.as_bytes,
+                // The server's own files are never the committed tree.
+                follow_links: false,
             },
             ..Default::default()
         }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use crate::input::{Input, MemoryFile};
+use crate::input::{Input, MemoryFile, Reading};
 use crate::{Error, Result};
 
 /// What a commit will store, read in and checked but not yet stored: files on disk mapped
@@ -28,9 +28,14 @@ impl Staged {
     /// The files at `paths`: each a file (entered under its name) or a directory (its files
     /// entered under their relative paths).
     pub fn paths(paths: &[PathBuf]) -> Result<Staged> {
+        Self::read(paths, Reading::default())
+    }
+
+    /// [`Staged::paths`], read as `reading` says.
+    pub fn read(paths: &[PathBuf], reading: Reading) -> Result<Staged> {
         let started = Instant::now();
         Ok(Staged {
-            input: Input::open(paths)?,
+            input: Input::open(paths, reading)?,
             client: Vec::new(),
             started,
             ready: None,

@@ -38,6 +38,8 @@ pub(crate) struct InputFile {
     pub(crate) metadata: Vec<(String, String)>,
     /// Its runs, in file order.
     pub(crate) runs: Vec<Run>,
+    /// A safetensors file's header length; 0 for other files.
+    pub(crate) header_len: u64,
     data: Data,
     /// A run of its bytes that also lies on a GPU.
     device: Option<OnDevice>,
@@ -149,6 +151,18 @@ pub(crate) struct Piece {
     pub(crate) tensor: bool,
 }
 
+/// How a commit reads files from disk; the defaults refuse what a user would not mean to
+/// commit.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reading {
+    /// Follow symlinks in a folder that point outside it (refused by default: a link to a
+    /// credentials file would be committed and pushed).
+    pub follow_links: bool,
+    /// Store a file that looks like a checkpoint but does not parse as bytes (refused by
+    /// default, naming what is wrong).
+    pub as_bytes: bool,
+}
+
 /// The tree a commit reads; nothing is written anywhere.
 pub(crate) struct Input {
     pub(crate) files: Vec<InputFile>,
@@ -158,21 +172,22 @@ pub(crate) struct Input {
 
 impl Input {
     /// Reads the files under `paths` (see [`walk::files`]) and splits each.
-    pub(crate) fn open(paths: &[PathBuf]) -> Result<Input> {
-        Self::open_found(walk::files(paths)?)
+    pub(crate) fn open(paths: &[PathBuf], reading: Reading) -> Result<Input> {
+        Self::open_found(walk::files(paths, reading.follow_links)?, reading.as_bytes)
     }
 
     /// Reads the one file at `source`, entered under `tree_path`.
-    pub(crate) fn open_as(source: &Path, tree_path: &str) -> Result<Input> {
+    pub(crate) fn open_as(source: &Path, tree_path: &str, as_bytes: bool) -> Result<Input> {
         mdl_format::check_path(tree_path).map_err(|e| Error::Input {
             path: source.to_path_buf(),
             source: std::io::Error::other(e.to_string()),
         })?;
-        Self::open_found(vec![walk::Found {
+        let found = walk::Found {
             tree_path: tree_path.to_string(),
             source: source.to_path_buf(),
             executable: false,
-        }])
+        };
+        Self::open_found(vec![found], as_bytes)
     }
 
     /// The tree of `files`, given as bytes (checked like paths from disk: valid and unique).
@@ -205,10 +220,10 @@ impl Input {
                 (found, data, f.device)
             })
             .collect();
-        Self::open_data(found)
+        Self::open_data(found, false)
     }
 
-    fn open_found(found: Vec<walk::Found>) -> Result<Input> {
+    fn open_found(found: Vec<walk::Found>, as_bytes: bool) -> Result<Input> {
         let found = found
             .into_iter()
             .map(|f| {
@@ -216,17 +231,20 @@ impl Input {
                 Ok((f, data, None))
             })
             .collect::<Result<Vec<_>>>()?;
-        Self::open_data(found)
+        Self::open_data(found, as_bytes)
     }
 
-    fn open_data(found: Vec<(walk::Found, Data, Option<OnDevice>)>) -> Result<Input> {
+    fn open_data(
+        found: Vec<(walk::Found, Data, Option<OnDevice>)>,
+        as_bytes: bool,
+    ) -> Result<Input> {
         let mut input = Input {
             files: Vec::with_capacity(found.len()),
             pieces: Vec::new(),
         };
         for (f, data, device) in found {
             let bytes = data.bytes();
-            let cut = split::cut(&f.source, &f.tree_path, bytes)?;
+            let cut = split::cut(&f.source, &f.tree_path, bytes, as_bytes)?;
             let index = input.files.len();
             let mut runs = Vec::with_capacity(cut.runs.len());
             for run in cut.runs {
@@ -238,6 +256,14 @@ impl Input {
                         offset,
                         tensor,
                     } => {
+                        if tensor {
+                            mdl_format::check_tensor_name(&name).map_err(|e| Error::Input {
+                                path: f.source.clone(),
+                                source: std::io::Error::other(format!(
+                                    "{e} (a tensor no request could name by itself; rename it)"
+                                )),
+                            })?;
+                        }
                         let len = header.data_len().expect("checked when cut");
                         input.pieces.push(Piece {
                             file: index,
@@ -259,6 +285,7 @@ impl Input {
                 note: cut.note,
                 metadata: cut.metadata,
                 runs,
+                header_len: cut.header_len,
                 data,
                 device,
             });

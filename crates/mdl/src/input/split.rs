@@ -1,5 +1,6 @@
-//! How one file is cut into runs: by its content, not its name — except that a file named
-//! `*.safetensors` must be one.
+//! How one file is cut into runs: by its content, not its name — except that a file named as
+//! a checkpoint (`*.safetensors`, `*.pt`, `*.pth`, `*.ckpt`) must be one, unless it is to be
+//! stored as bytes.
 
 use std::path::Path;
 
@@ -32,6 +33,8 @@ pub(super) struct Split {
     pub(super) note: String,
     pub(super) metadata: Vec<(String, String)>,
     pub(super) runs: Vec<Cut>,
+    /// The length of a safetensors file's header (its length field included); 0 otherwise.
+    pub(super) header_len: u64,
 }
 
 /// The magic number a `torch.save` file of the format before 1.6 (a pickle, not a zip)
@@ -59,9 +62,31 @@ pub(crate) fn what_it_is(bytes: &[u8]) -> Option<&'static str> {
     })
 }
 
-/// Cuts `bytes`, the file at `path` (in the tree at `tree_path`).
-pub(super) fn cut(path: &Path, tree_path: &str, bytes: &[u8]) -> Result<Split> {
-    let named_safetensors = tree_path.to_ascii_lowercase().ends_with(".safetensors");
+/// File names that say a file is a `torch.save` checkpoint.
+const TORCH_SUFFIXES: [&str; 3] = [".pt", ".pth", ".ckpt"];
+
+/// Whether `bytes` begin as a `torch.save` archive does: a zip whose first entry is one of the
+/// archive's own (`data.pkl` in every version, or the version records).
+fn starts_like_torch(bytes: &[u8]) -> bool {
+    if !torch::looks_like_zip(bytes) || bytes.len() < 30 {
+        return false;
+    }
+    let n = usize::from(u16::from_le_bytes([bytes[26], bytes[27]]));
+    bytes.get(30..30 + n).is_some_and(|name| {
+        ["/data.pkl", "/.format_version", "/byteorder", "/version"]
+            .iter()
+            .any(|own| name.ends_with(own.as_bytes()))
+    })
+}
+
+/// Cuts `bytes`, the file at `path` (in the tree at `tree_path`). A file whose name or first
+/// bytes say it is a checkpoint (`*.safetensors`; `*.pt`, `*.pth`, `*.ckpt` or a zip that
+/// begins as `torch.save` writes one) and that is damaged (does not parse as safetensors, a
+/// zip that does not hold together, a `.pt` or `.ckpt` that is neither zip nor pickle) is refused,
+/// unless `as_bytes`: then it is stored as bytes, with a note saying why.
+pub(super) fn cut(path: &Path, tree_path: &str, bytes: &[u8], as_bytes: bool) -> Result<Split> {
+    let lower = tree_path.to_ascii_lowercase();
+    let named_safetensors = lower.ends_with(".safetensors");
     if named_safetensors || looks_like_safetensors(bytes) {
         match safetensors_layout(bytes) {
             Ok(layout) => {
@@ -80,27 +105,36 @@ pub(super) fn cut(path: &Path, tree_path: &str, bytes: &[u8]) -> Result<Split> {
                     note: String::new(),
                     metadata,
                     runs: runs(tree_path, bytes.len() as u64, marked),
+                    header_len: data_start,
                 });
             }
-            Err(source) if named_safetensors => {
+            Err(source) if named_safetensors && !as_bytes => {
+                // What the first bytes say it is instead, unless they start as safetensors
+                // does (its header's length can read as `{` or as blanks).
+                let found = (!looks_like_safetensors(bytes))
+                    .then(|| what_it_is(bytes))
+                    .flatten();
                 return Err(Error::InvalidInput {
                     path: path.to_path_buf(),
                     source,
-                    found: what_it_is(bytes),
-                })
+                    found,
+                });
             }
             Err(e) => {
-                return Ok(Split {
-                    format: FileFormat::Bytes,
-                    note: format!("stored as bytes: it starts like a safetensors file, but {e}"),
-                    metadata: Vec::new(),
-                    runs: runs(tree_path, bytes.len() as u64, Vec::new()),
-                })
+                let why = format!("stored as bytes: it starts like a safetensors file, but {e}");
+                return Ok(as_stored_bytes(tree_path, bytes, why));
             }
         }
     }
-    let (format, note, marked) = if torch::looks_like_zip(bytes) {
-        match torch::split(bytes) {
+    let named_torch = TORCH_SUFFIXES.iter().any(|s| lower.ends_with(s));
+    let damaged = |why: String| Error::DamagedCheckpoint {
+        path: path.to_path_buf(),
+        why: format!(
+            "not a readable torch.save checkpoint: {why} (`--as-bytes` stores it as bytes)"
+        ),
+    };
+    if torch::looks_like_zip(bytes) {
+        return match torch::split(bytes) {
             Ok(archive) => {
                 let mut marked: Vec<_> = archive
                     .storages
@@ -111,29 +145,53 @@ pub(super) fn cut(path: &Path, tree_path: &str, bytes: &[u8]) -> Result<Split> {
                     })
                     .collect();
                 marked.extend(archive.others.into_iter().map(|(at, len)| (at, len, None)));
-                (FileFormat::Torch, String::new(), marked)
+                Ok(Split {
+                    format: FileFormat::Torch,
+                    note: String::new(),
+                    metadata: Vec::new(),
+                    runs: runs(tree_path, bytes.len() as u64, marked),
+                    header_len: 0,
+                })
             }
-            Err(e) => (
-                FileFormat::Bytes,
+            // A zip that does not hold together (cut short: no central directory) is damage;
+            // a readable archive mdl cannot split (an opcode its reader does not take, a
+            // TorchScript module) is stored whole, with a note.
+            Err(e @ torch::TorchError::Zip(_))
+                if (named_torch || starts_like_torch(bytes)) && !as_bytes =>
+            {
+                Err(damaged(e.to_string()))
+            }
+            Err(e) => Ok(as_stored_bytes(
+                tree_path,
+                bytes,
                 format!("stored as bytes: {e}"),
-                Vec::new(),
-            ),
+            )),
+        };
+    }
+    let note = if bytes.starts_with(LEGACY_TORCH_MAGIC) {
+        "stored as bytes: a torch file of the format before PyTorch 1.6 (not a zip)".into()
+    } else if named_torch && !matches!(bytes, [] | [0x80, 2..=5, ..]) {
+        let what = what_it_is(bytes).unwrap_or("neither a zip archive nor a pickle");
+        // `.pth` is also Python's path-configuration file: only its zip must hold together.
+        if !as_bytes && !lower.ends_with(".pth") {
+            return Err(damaged(format!("it is {what}")));
         }
-    } else if bytes.starts_with(LEGACY_TORCH_MAGIC) {
-        (
-            FileFormat::Bytes,
-            "stored as bytes: a torch file of the format before PyTorch 1.6 (not a zip)".into(),
-            Vec::new(),
-        )
+        format!("stored as bytes: named as a torch.save file, but it is {what}")
     } else {
-        (FileFormat::Bytes, String::new(), Vec::new())
+        String::new()
     };
-    Ok(Split {
-        format,
+    Ok(as_stored_bytes(tree_path, bytes, note))
+}
+
+/// A file stored as bytes, with the note that says why.
+fn as_stored_bytes(tree_path: &str, bytes: &[u8], note: String) -> Split {
+    Split {
+        format: FileFormat::Bytes,
         note,
         metadata: Vec::new(),
-        runs: runs(tree_path, bytes.len() as u64, marked),
-    })
+        runs: runs(tree_path, bytes.len() as u64, Vec::new()),
+        header_len: 0,
+    }
 }
 
 /// Whether `bytes` starts as a safetensors file does: a header length that fits, then `{`.

@@ -24,11 +24,15 @@ fn refuse(path: &Path, why: impl Into<String>) -> Error {
     }
 }
 
-/// The files under `paths`, sorted by tree path. Symlinks to files are followed (a Hugging
-/// Face snapshot is a folder of them); a symlink to a directory inside a directory given, a
-/// dangling symlink, a device, socket or pipe, a name that is not UTF-8 and two files entered
-/// under one tree path are refused, naming the file. `.mdl` folders (repositories) are skipped.
-pub fn files(paths: &[PathBuf]) -> Result<Vec<Found>> {
+/// The files under `paths`, sorted by tree path. A symlink inside a directory given is
+/// followed when it points to a file inside that directory — or, for a Hugging Face
+/// snapshot (`…/snapshots/REV`), inside the model's cache folder, whose `blobs` its links
+/// point into — and refused when it points anywhere else unless `follow_links` (a
+/// `config.json` linked to a credentials file must not be committed unasked). A symlink to
+/// a directory, a dangling symlink, a device, socket or pipe, a name that is not UTF-8 and
+/// two files entered under one tree path are refused, naming the file. `.mdl` folders
+/// (repositories) are skipped. A path given by name is followed even if it is a symlink.
+pub fn files(paths: &[PathBuf], follow_links: bool) -> Result<Vec<Found>> {
     if paths.is_empty() {
         return Err(refuse(Path::new("."), "no path given"));
     }
@@ -56,7 +60,8 @@ pub fn files(paths: &[PathBuf]) -> Result<Vec<Found>> {
             source,
         })?;
         if meta.is_dir() {
-            walk(path, "", &mut add)?;
+            let inside = (!follow_links).then(|| links_may_reach(path)).flatten();
+            walk(path, "", inside.as_deref(), &mut add)?;
         } else {
             let name = path
                 .file_name()
@@ -94,7 +99,27 @@ fn regular(path: &Path, tree_path: String, meta: &std::fs::Metadata) -> Result<F
     })
 }
 
-fn walk(dir: &Path, prefix: &str, add: &mut dyn FnMut(Found) -> Result<()>) -> Result<()> {
+/// Where the links of the folder `dir` may point without `--follow-links`: the folder itself,
+/// or a Hugging Face snapshot's model folder (`models--ORG--NAME`, holding `blobs` beside
+/// `snapshots`). `None` when the folder cannot be resolved (then walking it fails anyway).
+fn links_may_reach(dir: &Path) -> Option<PathBuf> {
+    let dir = std::fs::canonicalize(dir).ok()?;
+    let model = dir
+        .parent()
+        .filter(|p| p.file_name().is_some_and(|n| n == "snapshots"))
+        .and_then(Path::parent)
+        .filter(|m| m.join("blobs").is_dir());
+    Some(model.map_or(dir.clone(), Path::to_path_buf))
+}
+
+/// Walks `dir`, entering its files under `prefix`; a symlink must resolve under `inside` when
+/// that is given.
+fn walk(
+    dir: &Path,
+    prefix: &str,
+    inside: Option<&Path>,
+    add: &mut dyn FnMut(Found) -> Result<()>,
+) -> Result<()> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| Error::Input { path, source }
@@ -118,13 +143,25 @@ fn walk(dir: &Path, prefix: &str, add: &mut dyn FnMut(Found) -> Result<()>) -> R
         let kind = e.file_type().map_err(io(&path))?;
         if kind.is_dir() {
             if name != mdl_store::MDL_DIR {
-                walk(&path, &tree_path, add)?;
+                walk(&path, &tree_path, inside, add)?;
             }
         } else if kind.is_symlink() {
             let meta =
                 std::fs::metadata(&path).map_err(|_| refuse(&path, "a symlink to nothing"))?;
             if meta.is_dir() {
                 return Err(refuse(&path, "a symlink to a directory"));
+            }
+            if let Some(inside) = inside {
+                let target = std::fs::canonicalize(&path).map_err(io(&path))?;
+                if !target.starts_with(inside) {
+                    return Err(refuse(
+                        &path,
+                        format!(
+                            "a symlink to {}, outside the folder committed (`--follow-links` commits what it points to)",
+                            crate::error::shown(&target)
+                        ),
+                    ));
+                }
             }
             add(regular(&path, tree_path, &meta)?)?;
         } else {
@@ -150,27 +187,48 @@ mod tests {
         std::fs::write(d.join("ck/sub/b.bin"), "b").unwrap();
         std::fs::write(d.join("ck/.mdl/x"), "x").unwrap();
         std::fs::write(d.join("c.txt"), "c").unwrap();
+        std::os::unix::fs::symlink(d.join("ck/a.json"), d.join("ck/inner")).unwrap();
         std::os::unix::fs::symlink(d.join("c.txt"), d.join("ck/link")).unwrap();
-        let got = files(&[d.join("ck"), d.join("c.txt")]).unwrap();
+        // A link out of the folder is refused unless asked for, naming where it points.
+        let e = files(&[d.join("ck")], false).unwrap_err().to_string();
+        assert!(
+            e.contains("ck/link") && e.contains("c.txt, outside the folder committed"),
+            "{e}"
+        );
+        let got = files(&[d.join("ck"), d.join("c.txt")], true).unwrap();
         let paths: Vec<&str> = got.iter().map(|f| f.tree_path.as_str()).collect();
-        assert_eq!(paths, ["a.json", "c.txt", "link", "sub/b.bin"]);
+        assert_eq!(paths, ["a.json", "c.txt", "inner", "link", "sub/b.bin"]);
+        std::fs::remove_file(d.join("ck/link")).unwrap();
+        let got = files(&[d.join("ck")], false).unwrap();
+        let paths: Vec<&str> = got.iter().map(|f| f.tree_path.as_str()).collect();
+        assert_eq!(paths, ["a.json", "inner", "sub/b.bin"]);
+
+        // A Hugging Face snapshot's links into its model folder's blobs are followed.
+        let model = d.join("hub/models--org--m");
+        std::fs::create_dir_all(model.join("blobs")).unwrap();
+        std::fs::create_dir_all(model.join("snapshots/abc")).unwrap();
+        std::fs::write(model.join("blobs/123"), "{}").unwrap();
+        std::os::unix::fs::symlink("../../blobs/123", model.join("snapshots/abc/config.json"))
+            .unwrap();
+        let got = files(&[model.join("snapshots/abc")], false).unwrap();
+        assert_eq!(got[0].tree_path, "config.json");
 
         // The same tree path twice, a file clashing with a directory, a symlinked folder.
-        assert!(files(&[d.join("c.txt"), d.join("c.txt")]).is_err());
+        assert!(files(&[d.join("c.txt"), d.join("c.txt")], false).is_err());
         std::fs::write(d.join("sub"), "f").unwrap();
-        let e = files(&[d.join("ck"), d.join("sub")])
+        let e = files(&[d.join("ck"), d.join("sub")], false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("also a directory"), "{e}");
         std::os::unix::fs::symlink(d.join("ck/sub"), d.join("ck/dirlink")).unwrap();
-        let e = files(&[d.join("ck")]).unwrap_err().to_string();
+        let e = files(&[d.join("ck")], false).unwrap_err().to_string();
         assert!(
             e.contains("dirlink") && e.contains("symlink to a directory"),
             "{e}"
         );
         std::fs::remove_file(d.join("ck/dirlink")).unwrap();
         std::os::unix::fs::symlink(d.join("gone"), d.join("ck/dangling")).unwrap();
-        let e = files(&[d.join("ck")]).unwrap_err().to_string();
+        let e = files(&[d.join("ck")], false).unwrap_err().to_string();
         assert!(
             e.contains("dangling") && e.contains("symlink to nothing"),
             "{e}"

@@ -2,7 +2,9 @@
 
 use std::io::Write;
 
-use mdl_format::ObjectId;
+use mdl_codec::CodecTag;
+use mdl_format::record::{self, RecordHeader};
+use mdl_format::{ObjectId, ObjectKind};
 use mdl_store::{Expired, IndexEntry, StoreError};
 
 use super::toc::{Frame, FrameRecord};
@@ -35,6 +37,32 @@ pub(super) fn write_frames(
     pack.finish()
 }
 
+/// The record of `id` as a receiver accepts it, with its codec. A manifest or commit that an
+/// earlier mdl wrote compressed beyond what a record may claim to expand to
+/// ([`record::check_content_len`]) goes raw instead: its id names its content, not its bytes,
+/// so the history that holds it still travels.
+fn sendable_record(repo: &Repository, id: &ObjectId, entry: &IndexEntry) -> Result<(Vec<u8>, u8)> {
+    let stored = repo.store().read_record(id, entry)?;
+    if entry.kind == ObjectKind::Tensor {
+        return Ok((stored, entry.codec));
+    }
+    let (header, payload, trailer) =
+        record::decode(&stored).map_err(|source| StoreError::Corrupt {
+            id: *id,
+            kind: entry.kind.name(),
+            source,
+        })?;
+    if record::check_content_len(&header, payload.len() as u64, trailer.content_len).is_ok() {
+        return Ok((stored, entry.codec));
+    }
+    let content = repo.store().read_object_vec(id)?;
+    let raw = RecordHeader::new(entry.kind, CodecTag::Raw as u8, None, Vec::new());
+    Ok((
+        record::encode(&raw, &content, content.len() as u64),
+        CodecTag::Raw as u8,
+    ))
+}
+
 /// A pack stream being written: the frames of a list of objects ([`Self::objects`]), then its
 /// end ([`Self::finish`], or [`Self::finish_with_toc`]).
 pub struct PackWriter<'w> {
@@ -61,10 +89,10 @@ impl<'w> PackWriter<'w> {
 
     /// Adds the record of `id` that `entry` indexes.
     fn record(&mut self, repo: &Repository, id: &ObjectId, entry: &IndexEntry) -> Result<()> {
-        let record = repo.store().read_record(id, entry)?;
+        let (record, codec) = sendable_record(repo, id, entry)?;
         let info = FrameRecord {
             kind: entry.kind,
-            codec: entry.codec,
+            codec,
             base: entry.base,
             content_len: entry.content_len,
         };
