@@ -565,3 +565,75 @@ fn one_address_cannot_hold_every_connection() {
         "the server closed none of the attacker's connections"
     );
 }
+
+/// Diffs are charged to the decode budget and read both versions a window at a time: twelve
+/// concurrent diffs of a changed 64 MiB tensor under `--decode-memory 128M` add a few windows'
+/// worth to the server's peak memory, not two tensors each (which was 1.6 GiB), and every one
+/// answers the same relative change as a diff run alone.
+#[test]
+fn concurrent_diffs_stay_within_the_decode_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let served = d.join("srv");
+    ok(&served, &["init"]);
+    let n = 16 << 20;
+    let a = floats(3, n);
+    let mut b = a.clone();
+    for x in b.chunks_exact_mut(4).step_by(3) {
+        let v = f32::from_le_bytes(x.try_into().unwrap()) * 1.01;
+        x.copy_from_slice(&v.to_le_bytes());
+    }
+    for (i, data) in [a, b].into_iter().enumerate() {
+        let f = d.join("model.safetensors");
+        let t = T {
+            name: "w".into(),
+            dtype: "F32",
+            shape: vec![n as u64],
+            data,
+        };
+        write_safetensors(&f, &[t], &[]);
+        ok(
+            &served,
+            &["commit", f.to_str().unwrap(), "-m", &format!("c{i}")],
+        );
+    }
+    let alone = json(&served, &["diff", "main~1", "main"]);
+    let server = Server::start(
+        &["-C", served.to_str().unwrap(), "--decode-memory", "128M"],
+        d,
+    );
+    let path = "/v1/repos/srv/diff?a=main~1&b=main";
+    let auth = bearer(READ);
+    let (status, _, _) = http(
+        &server.base,
+        "GET",
+        "/v1/repos",
+        &[("Authorization", &auth)],
+        b"",
+    );
+    assert_eq!(status, 200);
+    let before = peak_kib(server.pid());
+    let answers: Vec<serde_json::Value> = (0..12)
+        .map(|_| {
+            let (base, auth) = (server.base.clone(), auth.clone());
+            std::thread::spawn(move || {
+                let (status, _, body) = http(&base, "GET", path, &[("Authorization", &auth)], b"");
+                assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+                serde_json::from_slice(&body).unwrap()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    let grown = peak_kib(server.pid()) - before;
+    for answer in &answers {
+        assert_eq!(answer["tensors"], alone["tensors"]);
+    }
+    let rel = alone["tensors"][0]["changed"]["rel_l2"].as_f64().unwrap();
+    assert!(rel > 0.001 && rel < 0.02, "{alone}");
+    assert!(
+        grown < 400 << 10,
+        "12 diffs grew the server's peak memory by {grown} KiB"
+    );
+}

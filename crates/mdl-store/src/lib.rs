@@ -37,8 +37,8 @@ pub use fs::{RealFs, Storage};
 pub use lock::{writer_waiting, LockMode, RepoLock};
 pub use meta::{CommitSummary, Expired, IndexEntry, Meta, RefValue, ReflogEntry};
 pub use objects::{
-    zeroed, ObjectBatch, Placement, PutOutcome, RecordWriter, TensorWindows, MAX_CHAIN,
-    WINDOW_CHUNKS,
+    windowed_cost, zeroed, ObjectBatch, Placement, PutOutcome, RecordWriter, TensorWindows,
+    MAX_CHAIN, WINDOW_CHUNKS,
 };
 
 use std::path::{Path, PathBuf};

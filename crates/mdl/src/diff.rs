@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 
 use mdl_format::{Dtype, Entry, ObjectId};
+use mdl_store::{budget, windowed_cost, IndexEntry, StoreError};
 
 pub use mdl_protocol::history::{Change, Diff, FileChange, FileDiff, TensorDiff};
 
@@ -101,20 +102,45 @@ pub fn diff_commits(repo: &Repository, a: &ObjectId, b: &ObjectId) -> Result<Dif
     Ok(Diff { files, tensors })
 }
 
+/// The relative L2 change from `a` to `b` (same dtype and shape), both versions read side by
+/// side a window at a time, under the decode budget: a diff holds a few windows, not two
+/// tensors, however large they are.
 fn rel_l2(repo: &Repository, a: &Entry, b: &Entry) -> Result<Option<f64>> {
     let dtype = a.header.dtype;
     if !dtype.is_float() {
         return Ok(None);
     }
-    let va = repo.store().read_object_vec(&a.id)?;
-    let vb = repo.store().read_object_vec(&b.id)?;
+    let store = repo.store();
+    let entry = |id: &ObjectId| -> Result<IndexEntry> {
+        Ok(store
+            .meta()
+            .read()?
+            .object(id)?
+            .ok_or(StoreError::Missing(*id))?)
+    };
+    let (ia, ib) = (entry(&a.id)?, entry(&b.id)?);
+    let _held = budget::reserve(windowed_cost(&ia) + windowed_cost(&ib));
+    let mut wa = store.tensor_windows(&a.id, &ia)?;
+    let mut wb = store.tensor_windows(&b.id, &ib)?;
+    let (mut ba, mut bb) = (Vec::new(), Vec::new());
     let (mut num, mut den) = (0f64, 0f64);
     let size = dtype.size();
-    for (x, y) in va.chunks_exact(size).zip(vb.chunks_exact(size)) {
-        let (x, y) = (to_f64(dtype, x), to_f64(dtype, y));
-        num += (y - x) * (y - x);
-        den += x * x;
+    while let Some((_, na)) = wa.next_window() {
+        // A window either record takes whole: a float record's own (any length fits a record
+        // decoded whole or streamed).
+        let n = na.max(wb.next_window().map_or(0, |(_, n)| n));
+        ba.resize(n, 0);
+        bb.resize(n, 0);
+        wa.next_into(&mut ba)?;
+        wb.next_into(&mut bb)?;
+        for (x, y) in ba.chunks_exact(size).zip(bb.chunks_exact(size)) {
+            let (x, y) = (to_f64(dtype, x), to_f64(dtype, y));
+            num += (y - x) * (y - x);
+            den += x * x;
+        }
     }
+    wa.finish()?;
+    wb.finish()?;
     Ok(Some(if den > 0.0 {
         (num / den).sqrt()
     } else if num > 0.0 {

@@ -119,7 +119,7 @@ mod windows;
 mod write;
 
 pub(crate) use read::agrees_with_index;
-pub use windows::{TensorWindows, WINDOW_CHUNKS};
+pub use windows::{windowed_cost, TensorWindows, WINDOW_CHUNKS};
 pub(crate) use write::next_temp;
 pub use write::{ObjectBatch, PutOutcome, RecordWriter};
 

@@ -36,6 +36,26 @@ use super::read::{agrees_with_index, chain_budget, corrupt, in_memory_stream, te
 /// window is a frame of a framed record (format 7), so either is read whole.
 pub const WINDOW_CHUNKS: u64 = mdl_codec::float::FRAME_CHUNKS as u64;
 
+/// What decoding the tensor of `entry` a window at a time ([`Store::tensor_windows`]) holds
+/// at its peak, for the decode budget: a window (of the widest float, 8 bytes an element) and
+/// its coded bytes for each record of its chain, or, for a record decoded whole (the lossy
+/// codecs; small raw and zstd records), what decoding it whole holds
+/// ([`crate::budget::decode_cost`]), whichever is less.
+pub fn windowed_cost(entry: &IndexEntry) -> u64 {
+    let whole = crate::budget::decode_cost(entry);
+    let windowed = CodecTag::try_from(entry.codec).is_ok_and(|c| {
+        matches!(
+            c,
+            CodecTag::FloatSplit | CodecTag::XorDelta | CodecTag::MantissaTrim | CodecTag::SubDelta
+        ) || (c.is_streaming() && entry.base.is_none())
+    });
+    if !windowed {
+        return whole;
+    }
+    let window = (WINDOW_CHUNKS << mdl_codec::huffman::CHUNK_LOG2) * 8;
+    whole.min(window.saturating_mul(2 * (u64::from(entry.depth) + 1)))
+}
+
 /// A tensor being decoded a window at a time ([`Store::tensor_windows`]).
 pub struct TensorWindows<'s> {
     level: Level<'s>,
