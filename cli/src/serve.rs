@@ -143,12 +143,15 @@ pub(crate) fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 writeln!(out, "serving {base}/{n}")?;
             }
             writeln!(out, "{}", access(tokens_file, *read_public))?;
-            let sign_in = if *read_public {
-                ""
+            if *read_public {
+                writeln!(out, "web view: {base}/ui/")?;
             } else {
-                " (sign in with a token: read scope is enough)"
-            };
-            writeln!(out, "web view: {base}/ui/{sign_in}")?;
+                let link = mdl_server::sign_in_path(&state).map_err(anyhow::Error::msg)?;
+                writeln!(
+                    out,
+                    "web view: {base}/ui/ (sign in with a token, or open {base}{link} once within ten minutes)"
+                )?;
+            }
         }
         out.flush()?;
         mdl_server::serve(state, listener).await?;

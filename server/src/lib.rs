@@ -452,6 +452,12 @@ pub fn valid_repo_name(name: &str) -> bool {
 }
 
 /// 32 random bytes from the OS, as hex.
+/// A one-time link that signs a browser into the web view (`/ui/.login?code=…`, good once,
+/// for ten minutes): what `mdl serve` prints, so that no token goes into a URL.
+pub fn sign_in_path(state: &State) -> Result<String, String> {
+    Ok(format!("/ui/.login?code={}", state.sessions.issue_code()?))
+}
+
 pub(crate) fn random_token() -> Result<String, String> {
     use std::io::Read;
     let mut bytes = [0u8; 32];

@@ -90,6 +90,20 @@ fn get(base: &str, path: &str, cookie: &str) -> (u16, String) {
     (status, text(&body))
 }
 
+/// A one-time sign-in link (`/ui/.login?code=…`), asked for with the read token.
+fn sign_in_link(base: &str) -> String {
+    let (status, _, body) = http(
+        base,
+        "POST",
+        "/ui/.code",
+        &[("Authorization", &bearer(READ))],
+        b"",
+    );
+    assert_eq!(status, 200, "{}", text(&body));
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    v["path"].as_str().unwrap().to_string()
+}
+
 /// Signs in with `token` through the form; the session cookie (`mdl_session=…`).
 fn sign_in(base: &str, token: &str) -> String {
     let form = format!("token={token}&next=%2Fui%2Frun");
@@ -127,19 +141,34 @@ fn pages_need_a_token_and_show_history_commits_comparisons_and_storage() {
     }
     let (status, body) = get(base, "/ui/run", "mdl_session=forged");
     assert_eq!((status, body.contains(r#"id="login""#)), (401, true));
-    // A wrong token is refused; a link elsewhere is not followed after signing in.
-    let (status, body) = get(base, "/ui/.login?token=not-a-token-at-all", "");
+    // A token is never taken in a URL, valid or not.
+    for token in [READ, "not-a-token-at-all"] {
+        let (status, body) = get(base, &format!("/ui/.login?token={token}"), "");
+        assert_eq!(status, 400);
+        assert!(body.contains("not taken in a link"), "{body}");
+    }
+    // A one-time sign-in link: made for a token, good once; a link elsewhere is not followed
+    // after signing in.
+    let (status, _, _) = http(base, "POST", "/ui/.code", &[], b"");
     assert_eq!(status, 401);
-    assert!(body.contains("not valid"));
+    let link = sign_in_link(base);
     let (status, headers, _) = http(
         base,
         "GET",
-        &format!("/ui/.login?token={READ}&next=https%3A%2F%2Fevil.example%2F"),
+        &format!("{link}&next=https%3A%2F%2Fevil.example%2F"),
         &[],
         b"",
     );
     assert_eq!(status, 303);
     assert!(headers.contains(&("location".into(), "/ui/".into())));
+    assert!(headers
+        .iter()
+        .any(|(k, v)| k == "set-cookie" && v.starts_with("mdl_session=")));
+    let (status, body) = get(base, &link, "");
+    assert_eq!(status, 401);
+    assert!(body.contains("not valid"), "{body}");
+    let (status, body) = get(base, "/ui/.login?code=made-up", "");
+    assert_eq!((status, body.contains("not valid")), (401, true));
 
     // A read token is enough; write works too, and so does a bearer header.
     let cookie = sign_in(base, READ);
@@ -306,13 +335,15 @@ fn in_chromium() {
     let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("web-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
 
-    // Each visit signs in the way a person following a link does: the token in the sign-in
-    // URL, a redirect that sets the session cookie, then the page with that cookie.
+    // Each visit signs in the way a person following the link `mdl serve` prints does: a
+    // one-time code in the sign-in URL, a redirect that sets the session cookie, then the page
+    // with that cookie.
     let visit = |page: &str, shot: Option<&str>| -> String {
         let profile = tempfile::tempdir().unwrap();
         let url = format!(
-            "{}/ui/.login?token={READ}&next={}",
+            "{}{}&next={}",
             server.base,
+            sign_in_link(&server.base),
             page.replace('%', "%25")
                 .replace('/', "%2F")
                 .replace('?', "%3F")
@@ -327,9 +358,10 @@ fn in_chromium() {
         if let Some(name) = shot {
             let path = shots.join(format!("{name}.png"));
             let _ = std::fs::remove_file(&path);
+            // The profile holds the session now (the link's code is used up).
             let out = chromium(&bin, profile.path())
                 .arg(format!("--screenshot={}", path.display()))
-                .arg(&url)
+                .arg(format!("{}{page}", server.base))
                 .output()
                 .expect("run chromium");
             assert!(out.status.success(), "chromium: {}", text(&out.stderr));

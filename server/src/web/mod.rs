@@ -18,12 +18,13 @@ use axum::extract::{Form, FromRequestParts, Path, Query, State as AxState};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use mdl_protocol::ErrorCode;
 use serde::Deserialize;
 
 use crate::access::blocking;
+use crate::auth::Scope;
 use crate::error::ApiError;
 use crate::{Served, State};
 
@@ -42,6 +43,7 @@ pub(crate) fn routes() -> Router<Arc<State>> {
         .route("/ui/", get(index))
         .route("/ui/.style.css", get(style))
         .route("/ui/.login", get(login_form).post(login))
+        .route("/ui/.code", post(sign_in_code))
         .route("/ui/{repo}", get(repo))
         .route("/ui/{repo}/commit/{rev}", get(commit))
         .route("/ui/{repo}/compare", get(compare))
@@ -159,6 +161,7 @@ async fn style() -> Response {
 #[derive(Deserialize)]
 struct LoginQuery {
     next: Option<String>,
+    code: Option<String>,
     token: Option<String>,
 }
 
@@ -172,18 +175,54 @@ fn safe_next(next: Option<&str>) -> String {
     }
 }
 
-/// The sign-in form; with `?token=`, signs in at once (a link a server's owner can open, as
-/// notebook servers print one).
+/// The sign-in form; with `?code=`, a one-time sign-in link (`mdl serve` prints one;
+/// `POST /ui/.code` makes more) signs in at once. A token in the URL is refused: it would stay
+/// in the browser's history and in logs.
 async fn login_form(AxState(state): Shared, Query(q): Query<LoginQuery>) -> Response {
-    match q.token {
-        Some(token) => sign_in(&state, &token, q.next.as_deref()),
-        None => {
-            let page = pages::LoginPage {
-                next: safe_next(q.next.as_deref()),
-                problem: None,
-            };
-            render(&page, StatusCode::OK)
+    let next = safe_next(q.next.as_deref());
+    let (problem, status) = if q.token.is_some() {
+        (
+            "A token is not taken in a link (it would stay in history and logs): paste it here.",
+            StatusCode::BAD_REQUEST,
+        )
+    } else if let Some(code) = q.code {
+        if state.sessions.redeem(&code) {
+            return start_session(&state, next);
         }
+        (
+            "That sign-in link is not valid: each works once, for ten minutes.",
+            StatusCode::UNAUTHORIZED,
+        )
+    } else {
+        return render(
+            &pages::LoginPage {
+                next,
+                problem: None,
+            },
+            StatusCode::OK,
+        );
+    };
+    let page = pages::LoginPage {
+        next,
+        problem: Some(problem.into()),
+    };
+    render(&page, status)
+}
+
+/// `POST /ui/.code` with a token (`Authorization: Bearer`, read scope): a one-time sign-in
+/// link for a browser, `{"code", "path"}`.
+async fn sign_in_code(AxState(state): Shared, headers: HeaderMap) -> Response {
+    let config = &state.config;
+    if let Err(e) = crate::auth::check(&config.tokens, false, &headers, Scope::Read) {
+        return e.into_response();
+    }
+    match state.sessions.issue_code() {
+        Ok(code) => axum::Json(serde_json::json!({
+            "path": format!("/ui/.login?code={code}"),
+            "code": code,
+        }))
+        .into_response(),
+        Err(e) => ApiError::internal(e).into_response(),
     }
 }
 
@@ -235,6 +274,11 @@ fn sign_in(state: &State, token: &str, next: Option<&str>) -> Response {
         };
         return render(&page, StatusCode::UNAUTHORIZED);
     }
+    start_session(state, next)
+}
+
+/// Starts a session and sends the browser on to `next` with its cookie.
+fn start_session(state: &State, next: String) -> Response {
     match state.sessions.start() {
         Ok(id) => (
             StatusCode::SEE_OTHER,

@@ -1,6 +1,8 @@
-//! Browser sessions of the web view: a token (read scope suffices) signed in once, then a
-//! random session id in an `HttpOnly`, `SameSite=Strict` cookie. The token itself never goes
-//! into the cookie, and sessions live only in this process (a restarted server asks again).
+//! Browser sessions of the web view: a token (read scope suffices) signed in once through the
+//! form, or a one-time sign-in code in a link, then a random session id in an `HttpOnly`,
+//! `SameSite=Strict` cookie. A token never goes into a URL or the cookie; a code is good once,
+//! for [`CODE_LIFETIME`], so a link kept in a history or a log is worth nothing. Sessions and
+//! codes live only in this process (a restarted server asks again).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -20,10 +22,17 @@ const LIFETIME: Duration = Duration::from_secs(12 * 3600);
 /// Sessions kept at most; the oldest go first (each is 64 bytes of id and an instant).
 const MAX_SESSIONS: usize = 10_000;
 
-/// The signed-in sessions by id.
+/// How long a sign-in code is good for, once.
+pub(crate) const CODE_LIFETIME: Duration = Duration::from_secs(600);
+
+/// Sign-in codes kept at most; the oldest go first.
+const MAX_CODES: usize = 1_000;
+
+/// The signed-in sessions by id, and the sign-in codes not yet used.
 #[derive(Default)]
 pub(crate) struct Sessions {
     by_id: Mutex<HashMap<String, Instant>>,
+    codes: Mutex<HashMap<String, Instant>>,
 }
 
 impl Sessions {
@@ -40,6 +49,33 @@ impl Sessions {
         }
         map.insert(id.clone(), now);
         Ok(id)
+    }
+
+    /// A new one-time sign-in code.
+    pub(crate) fn issue_code(&self) -> Result<String, String> {
+        let code = crate::random_token()?;
+        let mut codes = self.codes.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        codes.retain(|_, issued| now.duration_since(*issued) < CODE_LIFETIME);
+        if codes.len() >= MAX_CODES {
+            if let Some(oldest) = codes
+                .iter()
+                .min_by_key(|(_, t)| **t)
+                .map(|(k, _)| k.clone())
+            {
+                codes.remove(&oldest);
+            }
+        }
+        codes.insert(code.clone(), now);
+        Ok(code)
+    }
+
+    /// Uses up `code`: whether it was issued, unused, less than [`CODE_LIFETIME`] ago.
+    pub(crate) fn redeem(&self, code: &str) -> bool {
+        let mut codes = self.codes.lock().unwrap_or_else(|p| p.into_inner());
+        codes
+            .remove(code)
+            .is_some_and(|issued| issued.elapsed() < CODE_LIFETIME)
     }
 
     fn valid(&self, id: &str) -> bool {
@@ -113,5 +149,14 @@ mod tests {
         assert!(s.valid(&id));
         assert!(!s.valid("not-a-session"));
         assert_ne!(s.start().unwrap(), id);
+    }
+
+    #[test]
+    fn a_sign_in_code_is_good_once() {
+        let s = Sessions::default();
+        let code = s.issue_code().unwrap();
+        assert!(!s.redeem("not-a-code"));
+        assert!(s.redeem(&code));
+        assert!(!s.redeem(&code));
     }
 }
