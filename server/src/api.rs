@@ -4,7 +4,7 @@ use mdl_protocol::{body, params, route, ErrorCode};
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State as AxState};
 use axum::http::{header, HeaderMap, Method, StatusCode};
@@ -18,7 +18,7 @@ use tokio_stream::StreamExt;
 use crate::access::{self, blocking, json_body, Access, ApiResult, Reader, Writer};
 use crate::auth::{check, Scope};
 use crate::error::ApiError;
-use crate::{admin, files, stream, tree};
+use crate::{admin, budgeted, files, stream, tree};
 use crate::{Served, State};
 
 type Shared = AxState<Arc<State>>;
@@ -149,7 +149,20 @@ async fn show(
     Access(served): Reader,
     Path((_, rev)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    blocking(move || Ok(Json(mdl::show::show(&served.repo, &rev)?).into_response())).await
+    blocking(move || {
+        let repo = &served.repo;
+        let shown = budgeted::hold(repo, &rev, budgeted::LISTING, |c| {
+            mdl::show::show(repo, &c.to_hex())
+        })?;
+        // The answer's bytes keep the share until they are sent.
+        let answer = shown.map(|s| serde_json::to_vec(&s).expect("serialisable"));
+        Ok((
+            [(header::CONTENT_TYPE, "application/json")],
+            Body::from(Bytes::from_owner(answer)),
+        )
+            .into_response())
+    })
+    .await
 }
 
 fn parse_id(s: &str) -> ApiResult<ObjectId> {
@@ -168,45 +181,97 @@ async fn manifest(
     let id = parse_id(&id)?;
     blocking(move || {
         let repo = &served.repo;
-        if !repo.has_object(&id)? {
+        let Some(len) = repo.manifest_object_len(&id)? else {
             return Err(ApiError::not_found(format!("no manifest {id}")));
-        }
-        let m = repo.load_manifest(&id)?;
-        let tensors: Vec<_> = m
-            .tensors()
-            .map(|(f, e)| {
-                serde_json::json!({
-                    "file": m.files[f].path,
-                    "name": e.name,
-                    "dtype": e.header.dtype.name(),
-                    "shape": e.header.shape,
-                    "id": e.id,
-                    "lossy": e.exactness.is_lossy(),
-                })
-            })
-            .collect();
-        let files: Vec<_> = m
-            .files
-            .iter()
-            .map(|f| {
-                serde_json::json!({
-                    "path": f.path,
-                    "format": f.format.name(),
-                    "size": f.len(),
-                    "metadata": f.metadata,
-                })
-            })
-            .collect();
-        let metadata: Vec<_> = m.files.iter().flat_map(|f| f.metadata.clone()).collect();
-        Ok(Json(serde_json::json!({
-            "id": id,
-            "metadata": metadata,
-            "files": files,
-            "tensors": tensors,
-        }))
-        .into_response())
+        };
+        // The answer is written from the decoded manifest as it is walked, under a share of
+        // the decode budget that it keeps until it is sent.
+        let answer = budgeted::hold_manifest(len, budgeted::MANIFEST_JSON, || {
+            let m = repo.load_manifest(&id)?;
+            // About three bytes of JSON a byte of manifest: written once, without regrowing.
+            let mut out = Vec::with_capacity(len.saturating_mul(3) as usize);
+            let listing = ManifestListing { id: &id, m: &m };
+            serde_json::to_writer(&mut out, &listing).expect("serialisable");
+            Ok(out)
+        })?;
+        Ok((
+            [(header::CONTENT_TYPE, "application/json")],
+            Body::from(Bytes::from_owner(answer)),
+        )
+            .into_response())
     })
     .await
+}
+
+/// `GET /manifests/{id}`'s answer, written from the decoded manifest as it is walked:
+/// `{id, metadata, files, tensors}`.
+struct ManifestListing<'m> {
+    id: &'m ObjectId,
+    m: &'m mdl_format::Manifest,
+}
+
+impl serde::Serialize for ManifestListing<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let m = self.m;
+        let files = || m.files.iter();
+        let mut out = s.serialize_struct("ManifestListing", 4)?;
+        out.serialize_field("id", self.id)?;
+        out.serialize_field("metadata", &Seq(|| files().flat_map(|f| &f.metadata)))?;
+        let listed = || {
+            files().map(|f| FileListing {
+                path: &f.path,
+                format: f.format.name(),
+                size: f.len(),
+                metadata: &f.metadata,
+            })
+        };
+        out.serialize_field("files", &Seq(listed))?;
+        let tensors = || {
+            m.tensors().map(|(f, e)| TensorListing {
+                file: &m.files[f].path,
+                name: &e.name,
+                dtype: e.header.dtype.name(),
+                shape: &e.header.shape,
+                id: &e.id,
+                lossy: e.exactness.is_lossy(),
+            })
+        };
+        out.serialize_field("tensors", &Seq(tensors))?;
+        out.end()
+    }
+}
+
+/// A JSON array of what an iterator yields, written as it is walked.
+struct Seq<F>(F);
+
+impl<F, I> serde::Serialize for Seq<F>
+where
+    F: Fn() -> I,
+    I: Iterator,
+    I::Item: serde::Serialize,
+{
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq((self.0)())
+    }
+}
+
+#[derive(serde::Serialize)]
+struct FileListing<'m> {
+    path: &'m str,
+    format: &'static str,
+    size: u64,
+    metadata: &'m [(String, String)],
+}
+
+#[derive(serde::Serialize)]
+struct TensorListing<'m> {
+    file: &'m str,
+    name: &'m str,
+    dtype: &'static str,
+    shape: &'m [u64],
+    id: &'m ObjectId,
+    lossy: bool,
 }
 
 async fn tensor(
@@ -224,7 +289,10 @@ async fn tensor(
     let (placed, commit) = {
         let served = served.clone();
         blocking(move || {
-            let layout = mdl::checkout::layout(&served.repo, &rev)?;
+            let repo = &served.repo;
+            let layout = budgeted::hold(repo, &rev, budgeted::LAYOUT, |c| {
+                mdl::checkout::layout(repo, &c.to_hex())
+            })?;
             let placed = layout
                 .files
                 .iter()

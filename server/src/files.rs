@@ -14,6 +14,7 @@ use mdl::checkout::{FileLayout, Layout};
 use mdl_protocol::{body, route, ErrorCode};
 
 use crate::access::{blocking, ApiResult, Reader};
+use crate::budgeted::{self, Held};
 use crate::error::ApiError;
 use crate::{stream, Served};
 
@@ -58,10 +59,17 @@ pub fn parse_range(value: Option<&str>, len: u64) -> Result<Option<(u64, u64)>, 
     Ok(Some((start, end)))
 }
 
-/// The layout of `rev`'s files (nothing decoded), off the async workers.
-pub(crate) async fn layout_of(served: &Arc<Served>, rev: String) -> ApiResult<Layout> {
+/// The layout of `rev`'s files (nothing decoded), off the async workers, with its share of
+/// the decode budget.
+pub(crate) async fn layout_of(served: &Arc<Served>, rev: String) -> ApiResult<Held<Layout>> {
     let served = served.clone();
-    blocking(move || Ok(mdl::checkout::layout(&served.repo, &rev)?)).await
+    blocking(move || {
+        let repo = &served.repo;
+        Ok(budgeted::hold(repo, &rev, budgeted::LAYOUT, |c| {
+            mdl::checkout::layout(repo, &c.to_hex())
+        })?)
+    })
+    .await
 }
 
 /// `file` of a commit as an HTTP answer: `HEAD` or `GET`, `If-None-Match` against `etag`,

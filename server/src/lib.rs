@@ -12,6 +12,7 @@ mod admin;
 mod api;
 pub mod auth;
 mod bucket;
+mod budgeted;
 pub mod error;
 mod files;
 mod hf;

@@ -637,3 +637,81 @@ fn concurrent_diffs_stay_within_the_decode_budget() {
         "12 diffs grew the server's peak memory by {grown} KiB"
     );
 }
+
+/// Reads of a large manifest are charged to the decode budget: a commit of 100,000 empty
+/// tensors (a 6 MB header) read at once through every route that decodes its manifest — its
+/// listing, its files, its shown tensors, the `/hf` tree and the web commit page — grows the
+/// server's peak memory by a bounded amount under `--decode-memory 32M` (the requests wait
+/// for each other), and each answer is whole.
+#[test]
+fn manifest_reads_are_charged_to_the_decode_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let served = d.join("srv");
+    ok(&served, &["init"]);
+    let tensors: Vec<T> = (0..100_000)
+        .map(|i| T {
+            name: format!("lora.{i}.B"),
+            dtype: "F32",
+            shape: vec![0, 8],
+            data: Vec::new(),
+        })
+        .collect();
+    let f = d.join("model.safetensors");
+    write_safetensors(&f, &tensors, &[]);
+    ok(&served, &["commit", f.to_str().unwrap(), "-m", "many"]);
+    let manifest = json(&served, &["show", "main"])["manifest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // One malloc arena: the peak is what the requests hold together, not what each blocking
+    // thread's own arena kept after its request.
+    let mut mdl = std::process::Command::new(mdl_bin());
+    mdl.env("MALLOC_ARENA_MAX", "1");
+    let server = Server::spawn(
+        mdl,
+        &["-C", served.to_str().unwrap(), "--decode-memory", "32M"],
+        d,
+    );
+    let auth = bearer(READ);
+    let (status, _, _) = http(
+        &server.base,
+        "GET",
+        "/v1/repos",
+        &[("Authorization", &auth)],
+        b"",
+    );
+    assert_eq!(status, 200);
+    let before = peak_kib(server.pid());
+    let paths = [
+        format!("/v1/repos/srv/manifests/{manifest}"),
+        "/v1/repos/srv/commits/main".to_string(),
+        "/v1/repos/srv/files/main".to_string(),
+        "/hf/api/models/srv/tree/main".to_string(),
+        "/ui/srv/commit/main".to_string(),
+    ];
+    let handles: Vec<_> = paths
+        .iter()
+        .cycle()
+        .take(15)
+        .map(|path| {
+            let (base, auth, path) = (server.base.clone(), auth.clone(), path.clone());
+            std::thread::spawn(move || {
+                let (status, _, body) = http(&base, "GET", &path, &[("Authorization", &auth)], b"");
+                assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
+                (path, body.len())
+            })
+        })
+        .collect();
+    for h in handles {
+        let (path, len) = h.join().unwrap();
+        if path.contains("/manifests/") {
+            assert!(len > 100_000 * 60, "{path}: {len} bytes");
+        }
+    }
+    let grown = peak_kib(server.pid()) - before;
+    assert!(
+        grown < 400 << 10,
+        "15 reads of a large manifest grew the server's peak memory by {grown} KiB"
+    );
+}

@@ -123,6 +123,23 @@ impl Repository {
         Commit::decode(&bytes).map_err(|source| Error::Corrupt { id: *id, source })
     }
 
+    /// The decoded length of commit `id`'s manifest: what a reader charges a memory budget
+    /// by before decoding it.
+    pub fn manifest_len(&self, id: &ObjectId) -> Result<u64> {
+        let manifest = self.load_commit(id)?.manifest;
+        let entry = self.store.meta().read()?.object(&manifest)?;
+        Ok(entry.ok_or(StoreError::Missing(manifest))?.content_len)
+    }
+
+    /// The decoded length of manifest `id`; `None` when the repository has no such object or it
+    /// is not a manifest.
+    pub fn manifest_object_len(&self, id: &ObjectId) -> Result<Option<u64>> {
+        let entry = self.store.meta().read()?.object(id)?;
+        Ok(entry
+            .filter(|e| e.kind == ObjectKind::Manifest)
+            .map(|e| e.content_len))
+    }
+
     /// Reads and parses a manifest object.
     pub fn load_manifest(&self, id: &ObjectId) -> Result<Manifest> {
         let bytes = self.load_kind(id, ObjectKind::Manifest)?;

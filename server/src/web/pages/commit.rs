@@ -57,7 +57,9 @@ pub(crate) fn commit_page(
     rev: &str,
     page: usize,
 ) -> mdl::Result<CommitPage> {
-    let s = mdl::show::show(repo, rev)?;
+    let s = crate::budgeted::hold(repo, rev, crate::budgeted::LISTING, |c| {
+        mdl::show::show(repo, &c.to_hex())
+    })?;
     let id = s.id.to_string();
     let pager = Pager::new(page, s.tensors.len(), TENSOR_PAGE, |n| {
         format!("{}?page={n}", commit_href(name, &id))
