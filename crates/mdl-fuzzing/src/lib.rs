@@ -31,6 +31,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("pack_stream", pack_stream),
     ("revision", revision),
     ("tensor_name", tensor_name),
+    ("checkpoint_file", checkpoint_file),
     ("range_header", range_header),
     ("query_params", query_params),
 ];
@@ -215,6 +216,55 @@ pub fn pack_stream(input: &[u8]) {
     });
     let guard = repo.lock().unwrap_or_else(|p| p.into_inner());
     let _ = mdl::transfer::receive_pack(&guard.1, &mut &input[..], input.len() as u64);
+}
+
+/// Names a checkpoint file is committed under, chosen by an input's first byte.
+pub const CHECKPOINT_NAMES: [&str; 5] = [
+    "model.safetensors",
+    "optimizer.pt",
+    "last.ckpt",
+    "rng_state.pth",
+    "data.bin",
+];
+
+/// A file committed as a checkpoint (named by the first byte, [`CHECKPOINT_NAMES`]) into a
+/// repository kept across inputs, whose limits are small (`limits.tensors` 64,
+/// `limits.header_bytes` 4096): refused, or committed and checked out byte for byte. So the
+/// readers of safetensors and `torch.save` files, the damaged-checkpoint rule and the limits
+/// never panic, and never store a file as something that does not give it back.
+#[allow(clippy::disallowed_methods)] // the target's own temporary folder
+pub fn checkpoint_file(input: &[u8]) {
+    static REPO: OnceLock<Mutex<(tempfile::TempDir, mdl::Repository)>> = OnceLock::new();
+    let Some((&which, bytes)) = input.split_first() else {
+        return;
+    };
+    let repo = REPO.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let repo = mdl::Repository::init(&dir.path().join("r")).expect("a repository");
+        mdl::config::set_config(&repo, "limits.tensors", "64").expect("a limit");
+        mdl::config::set_config(&repo, "limits.header_bytes", "4096").expect("a limit");
+        Mutex::new((dir, repo))
+    });
+    let guard = repo.lock().unwrap_or_else(|p| p.into_inner());
+    let (dir, repo) = (&guard.0, &guard.1);
+    let name = CHECKPOINT_NAMES[usize::from(which) % CHECKPOINT_NAMES.len()];
+    let file = dir.path().join(name);
+    std::fs::write(&file, bytes).expect("written");
+    let opts = mdl::commit::CommitOptions::default();
+    let Ok(done) = mdl::commit::commit(repo, &file, &opts, &mdl::NoProgress) else {
+        return;
+    };
+    let out = dir.path().join("out");
+    let checkout = mdl::checkout::CheckoutOptions {
+        force: true,
+        ..Default::default()
+    };
+    mdl::checkout::checkout(repo, &done.id.to_hex(), &out, &checkout, &mdl::NoProgress)
+        .expect("a commit checks out");
+    assert!(
+        std::fs::read(&out).expect("checked out") == bytes,
+        "{name}: the checkout differs from what was committed"
+    );
 }
 
 /// A revision: parsed without panicking; a base is never empty.

@@ -137,6 +137,21 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         .iter()
         .map(|s| s.as_bytes().to_vec())
         .collect(),
+        // A safetensors file, the real torch.save archives, and one cut short.
+        "checkpoint_file" => {
+            let pt = include_bytes!("../../../tests/fixtures/torch/optimizer.pt");
+            vec![
+                with(0, &safetensors_file()),
+                with(1, pt),
+                with(
+                    2,
+                    include_bytes!("../../../tests/fixtures/torch/lightning.ckpt"),
+                ),
+                with(1, &pt[..pt.len() / 2]),
+                with(3, b"import site"),
+                with(4, &[0x80, 2, 0x7d, 0x71, 0, 0x2e]),
+            ]
+        }
         "tensor_name" => [
             "model.layers.0.self_attn.q_proj.weight",
             "state.0.exp_avg",

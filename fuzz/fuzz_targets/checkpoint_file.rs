@@ -1,0 +1,5 @@
+//! `mdl_fuzzing::checkpoint_file` under libFuzzer (what it checks: that function's
+//! documentation).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|input: &[u8]| mdl_fuzzing::checkpoint_file(input));
