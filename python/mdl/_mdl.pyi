@@ -12,6 +12,8 @@ class Options(TypedDict):
     lossy: bool | None
     epsilon: float | None
     author: str | None
+    follow_links: bool
+    as_bytes: bool
 
 __version__: str
 

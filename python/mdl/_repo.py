@@ -84,6 +84,8 @@ def _options(
     lossy: bool | None,
     epsilon: float | None,
     author: str | None,
+    follow_links: bool = False,
+    as_bytes: bool = False,
 ) -> dict:
     """A commit's options as the native module takes them."""
     return {
@@ -94,6 +96,8 @@ def _options(
         "lossy": lossy,
         "epsilon": epsilon,
         "author": author,
+        "follow_links": follow_links,
+        "as_bytes": as_bytes,
     }
 
 
@@ -231,17 +235,21 @@ class Repository:
         epsilon: float | None = None,
         author: str | None = None,
         wait: bool = True,
+        follow_links: bool = False,
+        as_bytes: bool = False,
     ) -> CommitResult | CommitHandle:
         """Commits a file or a directory (or several), as ``mdl commit`` does.
 
         The files are read in (mapped) before this returns, so they may be deleted at once.
         With ``wait=False`` it returns a :class:`CommitHandle` while the commit is stored in
         the background. ``lossy``: True for ``--lossy``, False for ``--lossless``, None for the
-        repository's setting; ``epsilon``: the lossy quality budget.
+        repository's setting; ``epsilon``: the lossy quality budget. ``follow_links`` and
+        ``as_bytes`` are ``--follow-links`` (commit what a symlink out of a folder points to)
+        and ``--as-bytes`` (store a damaged checkpoint as bytes instead of refusing it).
         """
         if isinstance(paths, (str, bytes, os.PathLike)):
             paths = [paths]
-        options = _options(message, step, metrics, branch, lossy, epsilon, author)
+        options = _options(message, step, metrics, branch, lossy, epsilon, author, follow_links, as_bytes)
         listed = [os.fspath(p) for p in paths]
         if self._native is None:  # the server stores it before it answers
             handle = CommitHandle(_Finished(self._ops.commit(listed, options)))

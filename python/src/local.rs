@@ -243,6 +243,12 @@ pub(crate) struct Options {
     lossy: Option<bool>,
     epsilon: Option<f64>,
     author: Option<String>,
+    /// Follow symlinks that point out of a folder committed.
+    #[pyo3(default)]
+    follow_links: bool,
+    /// Store a file that looks like a checkpoint but does not parse as bytes.
+    #[pyo3(default)]
+    as_bytes: bool,
 }
 
 impl Options {
@@ -270,6 +276,10 @@ impl Options {
                 }),
                 epsilon: self.epsilon,
                 ..Default::default()
+            },
+            reading: mdl::commit::Reading {
+                follow_links: self.follow_links,
+                as_bytes: self.as_bytes,
             },
             ..Default::default()
         })
@@ -331,7 +341,8 @@ impl Repo {
         options: Options,
     ) -> PyResult<Pending> {
         let opts = options.commit()?;
-        let staged = py.detach(|| Staged::paths(&paths)).map_err(error)?;
+        let reading = opts.reading;
+        let staged = py.detach(|| Staged::read(&paths, reading)).map_err(error)?;
         self.submit(py, staged, opts)
     }
 

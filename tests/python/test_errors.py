@@ -58,3 +58,34 @@ def test_over_http_the_servers_code_decides(tmp_path, serve):
     raised(mdl.NotFound, "no_such_repository", lambda: mdl.open(f"{server.base}/other", token=READ_TOKEN).log())
     unauthorized = mdl.open(f"{server.base}/repo", token="x" * 32)
     raised(mdl.PermissionDenied, "unauthorized", lambda: unauthorized.log())
+
+
+def test_links_out_of_a_folder_damaged_checkpoints_and_limits(tmp_path):
+    """What `mdl commit` refuses unless asked, refused from Python the same way, and taken with
+    ``follow_links`` or ``as_bytes``; a commit over a limit is ``too_large``."""
+    repo = mdl.init(tmp_path / "repo")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("password")
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "config.json").symlink_to(secret)
+    e = raised(mdl.InvalidInput, "bad_input", lambda: repo.commit(ck, wait=True))
+    assert "outside the folder committed" in str(e)
+    done = repo.commit(ck, follow_links=True, wait=True)
+    out = tmp_path / "config.json"  # a tree of one file is checked out as that file
+    repo.checkout(done.id, out)
+    assert out.read_text() == "password"
+
+    cut = tmp_path / "optimizer.pt"
+    cut.write_bytes(b"PK\x03\x04" + bytes(60))
+    e = raised(mdl.InvalidInput, "bad_input", lambda: repo.commit(cut, wait=True))
+    assert "not a readable torch.save checkpoint" in str(e)
+    done = repo.commit(cut, as_bytes=True, wait=True)
+    repo.checkout(done.id, tmp_path / "back.pt")
+    assert (tmp_path / "back.pt").read_bytes() == cut.read_bytes()
+
+    repo.set_config("limits.files", "1")
+    (ck / "config.json").unlink()
+    (ck / "a.txt").write_text("a")
+    (ck / "b.txt").write_text("b")
+    raised(mdl.InvalidInput, "too_large", lambda: repo.commit(ck, wait=True))
