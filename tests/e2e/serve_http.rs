@@ -245,6 +245,41 @@ fn commits_over_http_and_forwarding() {
     assert_eq!(s, 413, "{}", String::from_utf8_lossy(&b));
     let err: serde_json::Value = serde_json::from_slice(&b).unwrap();
     assert_eq!(err["code"], "body_too_large");
+    // Over the repository's limits: 413 too_large, nothing stored.
+    let limits = Command::new(mdl_bin())
+        .args(["-C", r, "config", "limits.tensors", "2"])
+        .env("MDL_TOKEN", WRITE)
+        .output()
+        .unwrap();
+    assert!(
+        limits.status.success(),
+        "{}",
+        String::from_utf8_lossy(&limits.stderr)
+    );
+    let three = d.join("three.safetensors");
+    let upload = write_safetensors(
+        &three,
+        &[
+            tensor("a", "F32", &[4], 1),
+            tensor("b", "F32", &[4], 2),
+            tensor("c", "F32", &[4], 3),
+        ],
+        &[],
+    );
+    let (s, _, b) = http(
+        &server.base,
+        "POST",
+        "/v1/repos/repo/commits?message=many",
+        &[("Authorization", &w)],
+        &upload,
+    );
+    assert_eq!(s, 413, "{}", String::from_utf8_lossy(&b));
+    let err: serde_json::Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(err["code"], "too_large");
+    assert!(
+        err["message"].as_str().unwrap().contains("limits.tensors"),
+        "{err}"
+    );
     let after = read(&server.base, "/v1/repos/repo/log");
     assert_eq!(before, after);
     let incoming = repo.join(".mdl/incoming");
@@ -252,6 +287,12 @@ fn commits_over_http_and_forwarding() {
         std::fs::read_dir(&incoming).map(|d| d.count()).unwrap_or(0),
         0
     );
+    let unset = Command::new(mdl_bin())
+        .args(["-C", r, "config", "limits.tensors", "1048576"])
+        .env("MDL_TOKEN", WRITE)
+        .output()
+        .unwrap();
+    assert!(unset.status.success());
 
     // Commit over HTTP with -C URL and a token.
     let f = d.join("c.safetensors");
