@@ -4,6 +4,7 @@
 use std::process::Command;
 
 use crate::server::*;
+use crate::transfer::ok_with;
 use crate::util::*;
 
 #[test]
@@ -316,28 +317,9 @@ fn a_manifest_of_identical_tensors_clones_and_pushes() {
     assert!(sent.len() > 17 << 20);
     ok(&lora, &["commit", f.to_str().unwrap(), "-m", "LoRA init"]);
     let server = Server::start(&["--root", d.to_str().unwrap()], d);
-    let with = |args: &[&str], token: &str| {
-        let out = Command::new(mdl_bin())
-            .args(args)
-            .env("MDL_TOKEN", token)
-            .env("MDL_AUTHOR", "tester")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "mdl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     let clone = d.join("clone");
-    with(
-        &[
-            "clone",
-            &format!("{}/lora", server.base),
-            clone.to_str().unwrap(),
-        ],
-        READ,
-    );
+    let url = format!("{}/lora", server.base);
+    ok_with(READ, &["clone", &url, clone.to_str().unwrap()]);
     let got = d.join("got.safetensors");
     ok(&clone, &["checkout", "main", "-o", got.to_str().unwrap()]);
     assert_eq!(std::fs::read(&got).unwrap(), sent);
@@ -347,9 +329,9 @@ fn a_manifest_of_identical_tensors_clones_and_pushes() {
         &clone,
         &["remote", "add", "dst", &format!("{}/empty", server.base)],
     );
-    with(
-        &["-C", clone.to_str().unwrap(), "push", "dst", "main"],
+    ok_with(
         WRITE,
+        &["-C", clone.to_str().unwrap(), "push", "dst", "main"],
     );
     let pushed = read(&server.base, "/v1/repos/empty/checkpoints/main.safetensors");
     assert_eq!(pushed, sent);
