@@ -246,16 +246,7 @@ fn commits_over_http_and_forwarding() {
     let err: serde_json::Value = serde_json::from_slice(&b).unwrap();
     assert_eq!(err["code"], "body_too_large");
     // Over the repository's limits: 413 too_large, nothing stored.
-    let limits = Command::new(mdl_bin())
-        .args(["-C", r, "config", "limits.tensors", "2"])
-        .env("MDL_TOKEN", WRITE)
-        .output()
-        .unwrap();
-    assert!(
-        limits.status.success(),
-        "{}",
-        String::from_utf8_lossy(&limits.stderr)
-    );
+    crate::transfer::ok_with(WRITE, &["-C", r, "config", "limits.tensors", "2"]);
     let three = d.join("three.safetensors");
     let upload = write_safetensors(
         &three,
@@ -287,12 +278,7 @@ fn commits_over_http_and_forwarding() {
         std::fs::read_dir(&incoming).map(|d| d.count()).unwrap_or(0),
         0
     );
-    let unset = Command::new(mdl_bin())
-        .args(["-C", r, "config", "limits.tensors", "1048576"])
-        .env("MDL_TOKEN", WRITE)
-        .output()
-        .unwrap();
-    assert!(unset.status.success());
+    crate::transfer::ok_with(WRITE, &["-C", r, "config", "limits.tensors", "1048576"]);
 
     // Commit over HTTP with -C URL and a token.
     let f = d.join("c.safetensors");
