@@ -25,6 +25,10 @@ pub const META_FILE: &str = "meta.redb";
 /// Version of the repository layout and of the encodings in this module.
 pub const REPO_VERSION: u64 = 1;
 
+/// How far past [`REPO_VERSION`] a stored version may be and still be taken for a newer mdl's
+/// (versions go up one at a time); anything further is damage.
+const NEWER_VERSIONS: u64 = 16;
+
 pub(crate) const REFS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("refs");
 pub(crate) const REFLOG: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("reflog");
 pub(crate) const OBJECTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("objects");
@@ -170,6 +174,13 @@ impl Meta {
             commits: AtomicU64::new(0),
         };
         let version = meta.read()?.info("repo_version")?.unwrap_or(0);
+        if version > REPO_VERSION + NEWER_VERSIONS {
+            // A bit flipped in the stored number, not a format from the future: damage, which
+            // `mdl fsck --repair` rebuilds, not a reason to refuse the repository forever.
+            return Err(StoreError::Damaged(format!(
+                "its repo_version, {version}, is no version mdl writes"
+            )));
+        }
         if version > REPO_VERSION {
             return Err(StoreError::NewerFormat {
                 found: version,

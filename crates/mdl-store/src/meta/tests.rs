@@ -85,3 +85,28 @@ fn compare_and_swap_with_reflog() {
         Some(RefValue::Symbolic("refs/heads/main".into()))
     );
 }
+
+/// A stored version a little past this build's is a newer mdl's format, refused as such; one
+/// far past it is a flipped bit, reported as damage that a rebuild repairs.
+#[test]
+fn a_version_from_far_in_the_future_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(META_FILE);
+    Meta::create(&path).unwrap();
+    let set = |v: u64| {
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(super::INFO)
+            .unwrap()
+            .insert("repo_version", v)
+            .unwrap();
+        txn.commit().unwrap();
+    };
+    let open = || Meta::open(&path, LockMode::Read, true, Duration::ZERO).map(drop);
+    set(super::REPO_VERSION + 1);
+    assert!(matches!(open(), Err(StoreError::NewerFormat { .. })));
+    set(super::REPO_VERSION | 1 << 41);
+    assert!(matches!(open(), Err(StoreError::Damaged(_))));
+    set(super::REPO_VERSION);
+    open().unwrap();
+}
