@@ -162,6 +162,8 @@ pub(crate) async fn checkpoint(
             route::FILES
         )));
     };
+    // Its share of the budget goes back before the file's tensors reserve theirs.
+    drop(layout);
     let extra = [(
         HeaderName::from_static(route::HEADER_COMMIT),
         commit.to_hex(),
