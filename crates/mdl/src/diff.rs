@@ -111,14 +111,13 @@ fn rel_l2(repo: &Repository, a: &Entry, b: &Entry) -> Result<Option<f64>> {
         return Ok(None);
     }
     let store = repo.store();
-    let entry = |id: &ObjectId| -> Result<IndexEntry> {
-        Ok(store
-            .meta()
-            .read()?
-            .object(id)?
-            .ok_or(StoreError::Missing(*id))?)
+    let (ia, ib) = {
+        let meta = store.meta().read()?;
+        let entry = |id: &ObjectId| -> Result<IndexEntry> {
+            Ok(meta.object(id)?.ok_or(StoreError::Missing(*id))?)
+        };
+        (entry(&a.id)?, entry(&b.id)?)
     };
-    let (ia, ib) = (entry(&a.id)?, entry(&b.id)?);
     let _held = budget::reserve(windowed_cost(&ia) + windowed_cost(&ib));
     let mut wa = store.tensor_windows(&a.id, &ia)?;
     let mut wb = store.tensor_windows(&b.id, &ib)?;

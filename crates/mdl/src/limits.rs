@@ -3,6 +3,8 @@
 //! (`docs/RELIABILITY.md`). The largest real models have tens of thousands of tensors; a
 //! sharded save of one with its optimizer moments a few hundred thousand.
 
+use mdl_store::meta::MetaRead;
+
 use crate::input::Input;
 use crate::{Error, Repository, Result};
 
@@ -51,19 +53,22 @@ impl Limit {
             })
     }
 
-    /// The repository's value, or the default.
-    fn configured(&self, repo: &Repository) -> Result<u64> {
-        let value = repo.store().meta().read()?.config(self.key)?;
-        value.map_or(Ok(self.default), |v| self.parse(&v))
+    /// The value in the repository's configuration `meta`, or the default.
+    fn configured(&self, meta: &MetaRead) -> Result<u64> {
+        meta.config(self.key)?
+            .map_or(Ok(self.default), |v| self.parse(&v))
     }
 
-    fn check(&self, count: u64, limit: u64, of: &str) -> Result<()> {
+    /// Refuses `count` over `limit`; `of` says what holds it (made only then).
+    fn check(&self, count: u64, limit: u64, of: impl FnOnce() -> String) -> Result<()> {
         if count <= limit {
             return Ok(());
         }
         Err(Error::TooLarge(format!(
-            "{of} holds {count} {}, over the repository's limit of {limit} (`mdl config {} N` raises it)",
-            self.what, self.key
+            "{} holds {count} {}, over the repository's limit of {limit} (`mdl config {} N` raises it)",
+            of(),
+            self.what,
+            self.key
         )))
     }
 }
@@ -71,20 +76,19 @@ impl Limit {
 /// Refuses `input` when it holds more than the repository allows; checked before anything of
 /// it is stored.
 pub(crate) fn check(repo: &Repository, input: &Input) -> Result<()> {
-    FILES.check(
-        input.files.len() as u64,
-        FILES.configured(repo)?,
-        "the commit",
-    )?;
+    let meta = repo.store().meta().read()?;
+    let commit = || "the commit".to_string();
+    FILES.check(input.files.len() as u64, FILES.configured(&meta)?, commit)?;
     TENSORS.check(
         input.pieces.len() as u64,
-        TENSORS.configured(repo)?,
-        "the commit",
+        TENSORS.configured(&meta)?,
+        commit,
     )?;
-    let header_limit = HEADER_BYTES.configured(repo)?;
+    let header_limit = HEADER_BYTES.configured(&meta)?;
     for f in &input.files {
-        let of = format!("{}'s header", crate::error::shown(&f.source));
-        HEADER_BYTES.check(f.header_len, header_limit, &of)?;
+        HEADER_BYTES.check(f.header_len, header_limit, || {
+            format!("{}'s header", crate::error::shown(&f.source))
+        })?;
     }
     Ok(())
 }

@@ -38,36 +38,12 @@ pub(crate) struct Sessions {
 impl Sessions {
     /// Starts a session; returns its id.
     pub(crate) fn start(&self) -> Result<String, String> {
-        let id = crate::random_token()?;
-        let mut map = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        map.retain(|_, started| now.duration_since(*started) < LIFETIME);
-        if map.len() >= MAX_SESSIONS {
-            if let Some(oldest) = map.iter().min_by_key(|(_, t)| **t).map(|(k, _)| k.clone()) {
-                map.remove(&oldest);
-            }
-        }
-        map.insert(id.clone(), now);
-        Ok(id)
+        admit(&self.by_id, LIFETIME, MAX_SESSIONS)
     }
 
     /// A new one-time sign-in code.
     pub(crate) fn issue_code(&self) -> Result<String, String> {
-        let code = crate::random_token()?;
-        let mut codes = self.codes.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        codes.retain(|_, issued| now.duration_since(*issued) < CODE_LIFETIME);
-        if codes.len() >= MAX_CODES {
-            if let Some(oldest) = codes
-                .iter()
-                .min_by_key(|(_, t)| **t)
-                .map(|(k, _)| k.clone())
-            {
-                codes.remove(&oldest);
-            }
-        }
-        codes.insert(code.clone(), now);
-        Ok(code)
+        admit(&self.codes, CODE_LIFETIME, MAX_CODES)
     }
 
     /// Uses up `code`: whether it was issued, unused, less than [`CODE_LIFETIME`] ago.
@@ -83,6 +59,26 @@ impl Sessions {
         map.get(id)
             .is_some_and(|started| started.elapsed() < LIFETIME)
     }
+}
+
+/// A new random key entered in `map` now: entries older than `lifetime` are forgotten first,
+/// and when `max` are left, the oldest of them.
+fn admit(
+    map: &Mutex<HashMap<String, Instant>>,
+    lifetime: Duration,
+    max: usize,
+) -> Result<String, String> {
+    let key = crate::random_token()?;
+    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+    let now = Instant::now();
+    map.retain(|_, entered| now.duration_since(*entered) < lifetime);
+    if map.len() >= max {
+        if let Some(oldest) = map.iter().min_by_key(|(_, t)| **t).map(|(k, _)| k.clone()) {
+            map.remove(&oldest);
+        }
+    }
+    map.insert(key.clone(), now);
+    Ok(key)
 }
 
 /// The value of cookie `name` in a request's headers.

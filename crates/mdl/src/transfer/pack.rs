@@ -46,13 +46,14 @@ fn sendable_record(repo: &Repository, id: &ObjectId, entry: &IndexEntry) -> Resu
     if entry.kind == ObjectKind::Tensor {
         return Ok((stored, entry.codec));
     }
-    let (header, payload, trailer) =
-        record::decode(&stored).map_err(|source| StoreError::Corrupt {
-            id: *id,
-            kind: entry.kind.name(),
-            source,
-        })?;
-    if record::check_content_len(&header, payload.len() as u64, trailer.content_len).is_ok() {
+    // `read_record` verified the record; only its header's length is needed here.
+    let (header, hlen) = RecordHeader::decode(&stored).map_err(|source| StoreError::Corrupt {
+        id: *id,
+        kind: entry.kind.name(),
+        source,
+    })?;
+    let payload_len = (stored.len() - hlen - record::TRAILER_LEN) as u64;
+    if record::check_content_len(&header, payload_len, entry.content_len).is_ok() {
         return Ok((stored, entry.codec));
     }
     let content = repo.store().read_object_vec(id)?;
