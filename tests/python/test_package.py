@@ -134,7 +134,7 @@ def test_lossy_commits_carry_their_recorded_error(tmp_path):
     repo = mdl.init(tmp_path / "repo")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98))
     train_big = lambda: [  # noqa: E731
         (model(torch.randn(32, 256)).pow(2).mean().backward(), opt.step(), opt.zero_grad())
         for _ in range(3)
@@ -147,6 +147,8 @@ def test_lossy_commits_carry_their_recorded_error(tmp_path):
     shown = repo.show(second.id)
     lossy = [t for t in shown["tensors"] if t["lossy"]]
     assert len(lossy) == second.lossy_tensors
+    # The live optimizer's betas, as the state's param_groups carry them, priced the weights.
+    assert shown["adam_betas"] == "0.9,0.98 (recorded in mdl-state.json)"
     # Each lossy tensor records its error; the decoded tensor differs from the committed one
     # by exactly what was recorded.
     state = repo.load_state(second.id)

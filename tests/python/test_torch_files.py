@@ -129,7 +129,7 @@ def test_lossy_pairs_moments_in_optimizer_pt_by_order(tmp_path, repo, dtype):
 
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.GELU(), torch.nn.Linear(48, 24)).to(dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.85, 0.97))
     for _ in range(3):
         model(torch.randn(16, 64, dtype=dtype)).float().pow(2).mean().backward()
         opt.step()
@@ -141,6 +141,8 @@ def test_lossy_pairs_moments_in_optimizer_pt_by_order(tmp_path, repo, dtype):
     mdl("-C", repo, "commit", d, "--lossy", "--step", "3", "--metric", "loss=2.0")
     shown = mdl("-C", repo, "--json", "show", "main")
     pairs = {p["param"]: p for p in shown["pairs"]}
+    # The estimate's bias corrections use the optimizer's own betas, read from its param_groups.
+    assert shown["adam_betas"] == "0.85,0.97 (recorded in optimizer.pt)"
     # Both weight matrices have shapes no other tensor has: paired by the optimizer's order.
     for name, k in [("0.weight", 0), ("2.weight", 2)]:
         p = pairs[f"model.safetensors: {name}"]

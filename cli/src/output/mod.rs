@@ -77,6 +77,9 @@ pub(crate) fn commit(out: &mut dyn Write, json: bool, c: &CommitOutcome) -> io::
             ),
         }
     }
+    if let Some(b) = c.search.as_ref().and_then(|s| s.adam_betas.as_ref()) {
+        eprintln!("lossy: Adam betas {b}");
+    }
     Ok(())
 }
 
@@ -283,6 +286,9 @@ pub(crate) fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()>
     }
     if !s.pairs.is_empty() {
         writeln!(out)?;
+        if let Some(b) = &s.adam_betas {
+            writeln!(out, "adam betas {}", printable(b))?;
+        }
         writeln!(out, "moments (parameter ← exp_avg, exp_avg_sq; how paired)")?;
         for p in &s.pairs {
             writeln!(

@@ -197,6 +197,10 @@ pub struct Shown {
     /// `sensitivity=magnitude`).
     #[serde(default)]
     pub pairs: Vec<ShownPair>,
+    /// Adam's betas the lossy estimate used and where they came from (`0.9,0.95 (recorded in
+    /// optimizer.pt)`), when tensors were priced with their moments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adam_betas: Option<String>,
     /// How many tensors retention expired (a thinned commit when non-zero).
     #[serde(default)]
     pub expired_tensors: u32,

@@ -60,6 +60,10 @@ pub struct SearchSummary {
     pub kept_exact: usize,
     /// Candidate checkpoints scored by `--eval-cmd`.
     pub evaluations: usize,
+    /// Adam's betas the estimate used and where they came from (`0.9,0.95 (recorded in
+    /// optimizer.pt)`), when parameters were priced with their moments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adam_betas: Option<String>,
 }
 
 /// What a checkout wrote.

@@ -7,6 +7,7 @@ use mdl_store::StoreError;
 pub use mdl_protocol::history::{FileInfo, LossyInfo, Shown, ShownPair, TensorInfo};
 
 use crate::log::Metrics;
+use crate::lossy::betas::Betas;
 use crate::{revision, Repository, Result};
 
 /// What `mdl show` says of a lossy tensor record.
@@ -111,6 +112,12 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
             .to_string(),
         })
         .collect();
+    // Every tensor priced with its moments records the commit's betas.
+    let adam_betas = m
+        .tensors()
+        .filter_map(|(_, e)| Betas::from_settings(&e.exactness.lossy()?.settings))
+        .next()
+        .map(|b| b.describe());
     Ok(Shown {
         id,
         manifest: c.manifest,
@@ -139,6 +146,7 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
         stored_bytes: c.stats.stored_bytes,
         tensors,
         pairs,
+        adam_betas,
         expired_tensors,
     })
 }

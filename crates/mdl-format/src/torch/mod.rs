@@ -68,36 +68,20 @@ pub fn looks_like_zip(file: &[u8]) -> bool {
     zip::looks_like_zip(file)
 }
 
+/// A `torch.save` archive's directory, the folder its entries lie in, and its parsed pickle.
+struct Opened {
+    entries: Vec<zip::ZipEntry>,
+    prefix: String,
+    graph: pickle::Pickle,
+}
+
 /// Reads a `torch.save` archive's directory and pickle.
 pub fn split(file: &[u8]) -> Result<Archive, TorchError> {
-    let entries = zip::entries(file)?;
-    let not_torch = |why: String| TorchError::NotTorch(why);
-    let pkl = entries
-        .iter()
-        .find(|e| e.name.ends_with("/data.pkl") && e.name.matches('/').count() == 1)
-        .ok_or_else(|| not_torch("no data.pkl".into()))?;
-    let prefix = &pkl.name[..pkl.name.len() - "data.pkl".len()];
-    if let Some(e) = entries.iter().find(|e| !e.name.starts_with(prefix)) {
-        return Err(not_torch(format!("entry {:?} outside {prefix}", e.name)));
-    }
-    if let Some(e) = entries
-        .iter()
-        .find(|e| e.method != 0 || e.len != e.uncompressed_len)
-    {
-        return Err(not_torch(format!("entry {:?} is compressed", e.name)));
-    }
-    let byteorder = entries
-        .iter()
-        .find(|e| e.name == format!("{prefix}byteorder"))
-        .map(|e| &file[e.data_offset as usize..(e.data_offset + e.len) as usize]);
-    if byteorder.is_some_and(|b| b != b"little") {
-        return Err(not_torch("big-endian storages".into()));
-    }
-    if pkl.len > MAX_PICKLE_LEN {
-        return Err(TorchError::Pickle(format!("data.pkl of {} bytes", pkl.len)));
-    }
-    let graph =
-        pickle::parse(&file[pkl.data_offset as usize..(pkl.data_offset + pkl.len) as usize])?;
+    let Opened {
+        entries,
+        prefix,
+        graph,
+    } = open(file)?;
     let refs = storage_refs(&graph);
 
     let mut storages = Vec::new();
@@ -131,6 +115,86 @@ pub fn split(file: &[u8]) -> Result<Archive, TorchError> {
         return Err(TorchError::Zip("entries overlap".into()));
     }
     Ok(Archive { storages, others })
+}
+
+/// Adam's `(β1, β2)` as a `torch.save` archive records them: an optimizer state dict's
+/// `param_groups` (`"betas": (β1, β2)`), or Hugging Face `TrainingArguments` (`adam_beta1`,
+/// `adam_beta2`). Where several groups record different values, the largest of each: a larger
+/// β makes the bias-corrected moments larger, which is the quality estimate's safe side.
+/// `None` when the archive records none (values outside `[0, 1)` are not betas).
+pub fn adam_betas(file: &[u8]) -> Result<Option<(f64, f64)>, TorchError> {
+    let g = open(file)?.graph;
+    let number = |id: Id| {
+        match g.values[id] {
+            Value::Float(x) => Some(x),
+            Value::Int(i) => Some(i as f64),
+            _ => None,
+        }
+        .filter(|x| (0.0..1.0).contains(x))
+    };
+    let mut found: Option<(f64, f64)> = None;
+    for v in &g.values {
+        let items = match v {
+            Value::Dict(items) | Value::Object { items, .. } => items,
+            _ => continue,
+        };
+        let get = |name: &str| {
+            items
+                .iter()
+                .find(|(k, _)| matches!(&g.values[*k], Value::Str(s) if s == name))
+                .map(|&(_, v)| v)
+        };
+        let pair = match get("betas").map(|b| &g.values[b]) {
+            Some(Value::Tuple(b) | Value::List(b)) if b.len() == 2 => {
+                number(b[0]).zip(number(b[1]))
+            }
+            _ => get("adam_beta1")
+                .and_then(number)
+                .zip(get("adam_beta2").and_then(number)),
+        };
+        if let Some((b1, b2)) = pair {
+            found = Some(found.map_or((b1, b2), |(a1, a2)| (a1.max(b1), a2.max(b2))));
+        }
+    }
+    Ok(found)
+}
+
+/// Reads an archive's directory and parses its pickle.
+fn open(file: &[u8]) -> Result<Opened, TorchError> {
+    let entries = zip::entries(file)?;
+    let not_torch = |why: String| TorchError::NotTorch(why);
+    let pkl = entries
+        .iter()
+        .find(|e| e.name.ends_with("/data.pkl") && e.name.matches('/').count() == 1)
+        .ok_or_else(|| not_torch("no data.pkl".into()))?;
+    let prefix = &pkl.name[..pkl.name.len() - "data.pkl".len()];
+    if let Some(e) = entries.iter().find(|e| !e.name.starts_with(prefix)) {
+        return Err(not_torch(format!("entry {:?} outside {prefix}", e.name)));
+    }
+    if let Some(e) = entries
+        .iter()
+        .find(|e| e.method != 0 || e.len != e.uncompressed_len)
+    {
+        return Err(not_torch(format!("entry {:?} is compressed", e.name)));
+    }
+    let byteorder = entries
+        .iter()
+        .find(|e| e.name == format!("{prefix}byteorder"))
+        .map(|e| &file[e.data_offset as usize..(e.data_offset + e.len) as usize]);
+    if byteorder.is_some_and(|b| b != b"little") {
+        return Err(not_torch("big-endian storages".into()));
+    }
+    if pkl.len > MAX_PICKLE_LEN {
+        return Err(TorchError::Pickle(format!("data.pkl of {} bytes", pkl.len)));
+    }
+    let graph =
+        pickle::parse(&file[pkl.data_offset as usize..(pkl.data_offset + pkl.len) as usize])?;
+    let prefix = prefix.to_string();
+    Ok(Opened {
+        entries,
+        prefix,
+        graph,
+    })
 }
 
 /// A tensor's view of its storage: offset, size and stride, in elements.

@@ -232,3 +232,36 @@ proptest::proptest! {
         let _ = split(&file);
     }
 }
+
+/// A float in pickle's binary form (`BINFLOAT`: big-endian).
+fn float(p: P, x: f64) -> P {
+    let mut b = vec![b'G'];
+    b.extend_from_slice(&x.to_be_bytes());
+    p.op(&b)
+}
+
+#[test]
+fn adam_betas_are_read_from_param_groups_and_training_arguments() {
+    // `{'param_groups': [{'lr': 0.001, 'betas': (0.9, 0.95)}, {'betas': (0.8, 0.97)}]}`
+    let betas = |p: P, b1: f64, b2: f64| float(float(p.str("betas"), b1), b2).op(b"\x86s");
+    let mut p = P::default().op(b"\x80\x02}").str("param_groups").op(b"](");
+    p = betas(float(p.op(b"}").str("lr"), 0.001).op(b"s"), 0.9, 0.95);
+    p = betas(p.op(b"}"), 0.8, 0.97).op(b"es.");
+    let file = zip(&[("a/data.pkl", &p.0), ("a/byteorder", b"little")]);
+    assert_eq!(adam_betas(&file).unwrap(), Some((0.9, 0.97)));
+
+    // A dataclass as `torch.save(TrainingArguments)` pickles it: the fields are its state.
+    let p = P::default()
+        .op(b"\x80\x02")
+        .global("transformers.training_args", "TrainingArguments")
+        .op(b")\x81}(")
+        .str("adam_beta1");
+    let p = float(float(p, 0.85).str("adam_beta2"), 0.98).op(b"ub.");
+    let file = zip(&[("b/data.pkl", &p.0)]);
+    assert_eq!(adam_betas(&file).unwrap(), Some((0.85, 0.98)));
+
+    // Nothing recorded, or values that are not betas.
+    let p = float(P::default().op(b"\x80\x02}").str("betas"), 1.5).op(b"s.");
+    assert_eq!(adam_betas(&zip(&[("c/data.pkl", &p.0)])).unwrap(), None);
+    assert!(adam_betas(b"not a zip").is_err());
+}

@@ -20,6 +20,7 @@ pub use mdl_protocol::outcome::CommitOutcome;
 pub use crate::history::replay;
 pub use crate::input::{tree_files, MemoryFile, OnDevice, Reading, SourceFile};
 use crate::input::{Input, Piece, Run};
+use crate::lossy::betas::Betas;
 use crate::lossy::{self, CodecMode, LossyRequest, LossySettings, SearchSummary, TensorPlan};
 use crate::policy::DeltaPolicy;
 use crate::previous::Previous;
@@ -45,7 +46,7 @@ pub(crate) use author::author_soon;
 pub use author::default_author;
 use coder::Coder;
 pub use deferred::{pending_deferred, run_deferred, writer_waiting, DeferredReport};
-use plan::{correction, lossy_plans, Planning};
+use plan::{adam_betas, correction, lossy_plans, Planning};
 use spare::Spare;
 pub use staged::{KnownPair, Ready, Staged};
 use store::{StoreCtx, Stored};
@@ -186,8 +187,12 @@ fn commit_input(
     let policy = opts
         .delta
         .map_or_else(|| DeltaPolicy::from_store(store), Ok)?;
-    let parent_manifest = match target.parent {
-        Some(p) => Some(repo.load_manifest(&repo.load_commit(&p)?.manifest)?),
+    let parent = match target.parent {
+        Some(p) => Some(repo.load_commit(&p)?),
+        None => None,
+    };
+    let parent_manifest = match &parent {
+        Some(c) => Some(repo.load_manifest(&c.manifest)?),
         None => None,
     };
     let previous = Previous::of(parent_manifest.as_ref());
@@ -201,7 +206,11 @@ fn commit_input(
     // Which tensors are parameters and which their moments: recorded in the manifest, and
     // what a lossy commit's search prices its candidates with.
     let roles = lossy::roles(&input.pieces, &settings, client);
-    let planning = Planning {
+    let defaults = Betas {
+        values: lossy::betas::DEFAULT,
+        source: lossy::betas::Source::Default,
+    };
+    let mut planning = Planning {
         repo,
         input: &input,
         roles: &roles,
@@ -209,10 +218,28 @@ fn commit_input(
         previous: &previous,
         policy,
         warm,
-        correction: correction(&settings, step),
+        correction: correction(&settings, &defaults, step),
+        betas: None,
         metrics: &metrics,
     };
-    let (plans, search) = lossy_plans(&planning)?;
+    if settings.mode == CodecMode::Lossy {
+        let betas = adam_betas(&planning, step, parent.as_ref().and_then(|c| c.step))?;
+        planning.correction = correction(&settings, &betas, step);
+        planning.betas = Some(betas);
+    }
+    let (plans, mut search) = lossy_plans(&planning)?;
+    let priced = roles.iter().any(|r| {
+        matches!(
+            r,
+            lossy::Role::Param {
+                moments: Some(_),
+                ..
+            }
+        )
+    });
+    if let (Some(s), Some(b), true) = (search.as_mut(), &planning.betas, priced) {
+        s.adam_betas = Some(b.describe());
+    }
 
     let batch = store.batch();
     let mut stored = store_tensors(&planning, &plans, &batch, &opts.encode, progress)?;
@@ -287,6 +314,7 @@ fn store_tensors(
         plans,
         trim_bits: (settings.mode == CodecMode::Trim).then_some(settings.trim_bits),
         correction: planning.correction,
+        betas_words: planning.betas.as_ref().map(Betas::words),
         warm: planning.warm,
         spare_tensors: Spare::new(),
         spare_planes: Spare::new(),

@@ -6,7 +6,8 @@ use mdl_codec::quant::Correction;
 use super::eval::evaluate_candidate;
 use super::store::{previous_content, previous_object};
 use crate::input::Input;
-use crate::lossy::{self, CodecMode, LossySettings, SearchSummary, TensorPlan};
+use crate::lossy::betas::{self, Betas};
+use crate::lossy::{self, CodecMode, LossySettings, Role, SearchSummary, TensorPlan};
 use crate::policy::{DeltaMode, DeltaPolicy};
 use crate::previous::Previous;
 use crate::warm::WarmTensors;
@@ -24,19 +25,92 @@ pub(super) struct Planning<'a> {
     pub(super) policy: DeltaPolicy,
     pub(super) warm: Option<&'a WarmTensors>,
     pub(super) correction: Correction,
+    /// The betas `correction` was made with (a lossy commit's).
+    pub(super) betas: Option<Betas>,
     pub(super) metrics: &'a [(String, f64)],
 }
 
-/// The optimizer's bias correction at `step` (none without a step), with the configured
-/// curvature.
-pub(super) fn correction(settings: &LossySettings, step: Option<u64>) -> Correction {
+/// The optimizer's bias correction at `step` (none without a step) for `betas`, with the
+/// configured curvature.
+pub(super) fn correction(settings: &LossySettings, betas: &Betas, step: Option<u64>) -> Correction {
     Correction {
         curvature: settings.curvature,
         ..match step {
-            Some(t) => Correction::adam(settings.betas.0, settings.betas.1, t),
+            Some(t) => Correction::adam(betas.values.0, betas.values.1, t),
             None => Correction::none(),
         }
     }
+}
+
+/// The betas a lossy commit's estimate uses (`lossy/betas.rs`): configured, else recorded by
+/// the checkpoint, else β2 inferred from the second moments' decay since the parent commit's
+/// step (each previous `exp_avg_sq` decoded once, one at a time), else PyTorch's defaults.
+pub(super) fn adam_betas(
+    p: &Planning<'_>,
+    step: Option<u64>,
+    parent_step: Option<u64>,
+) -> Result<Betas> {
+    if let Some(values) = p.settings.betas {
+        return Ok(Betas {
+            values,
+            source: betas::Source::Config,
+        });
+    }
+    if let Some((values, path)) = p.input.recorded_betas() {
+        return Ok(Betas {
+            values,
+            source: betas::Source::Checkpoint(path),
+        });
+    }
+    let defaults = Betas {
+        values: betas::DEFAULT,
+        source: betas::Source::Default,
+    };
+    let (Some(t), Some(since)) = (step, parent_step) else {
+        return Ok(defaults);
+    };
+    if t <= since {
+        return Ok(defaults);
+    }
+    let store = p.repo.store();
+    let mut least: Option<f64> = None;
+    for (i, _) in p
+        .roles
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| **r == Role::SecondMoment)
+    {
+        let found = previous_object(&store.meta().read()?, p.previous, p.input, i)?;
+        let Some((id, entry, _)) = found else {
+            continue;
+        };
+        let piece = &p.input.pieces[i];
+        let Some(prev) = p
+            .previous
+            .get(&p.input.files[piece.file].tree_path, &piece.name)
+        else {
+            continue;
+        };
+        let content = previous_content(store, p.warm, &id, &entry)?;
+        let decay = betas::Decay {
+            dtype: piece.header.dtype,
+            current: p.input.view(i).bytes,
+            previous: &content,
+            bound: betas::Bound::of(&prev.exactness, piece.header.dtype),
+        };
+        // Every tensor's bound holds, so the tightest is taken; a tensor whose own bound says
+        // nothing (no decay, or not one optimizer's) leaves the others to decide.
+        if let Some(b2) = betas::infer_beta2(&[decay], t - since) {
+            least = Some(least.map_or(b2, |l: f64| l.min(b2)));
+        }
+    }
+    Ok(match least {
+        Some(b2) => Betas {
+            values: (betas::DEFAULT.0, b2),
+            source: betas::Source::Inferred { since },
+        },
+        None => defaults,
+    })
 }
 
 /// Each tensor's lossy plan (`None`: stored exactly) and the search's summary; a commit that is

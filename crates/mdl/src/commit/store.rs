@@ -67,6 +67,9 @@ pub(super) struct StoreCtx<'a> {
     pub(super) trim_bits: Option<u32>,
     /// Adam's bias corrections at this checkpoint's step.
     pub(super) correction: Correction,
+    /// The settings words naming the betas of `correction` (a lossy commit's), recorded by
+    /// each tensor priced with its moments.
+    pub(super) betas_words: Option<String>,
     /// The last commit's tensors, kept by a process that commits repeatedly.
     pub(super) warm: Option<&'a WarmTensors>,
     /// Buffers tensors are read into, and split into planes, kept for the next tensors.
@@ -143,7 +146,11 @@ impl StoreCtx<'_> {
                 );
             }
             if q.render != data && reproducible {
-                exactness = Exactness::Lossy(q.lossy);
+                let mut lossy = q.lossy;
+                if let Some(words) = self.betas_words.as_ref().filter(|_| moments.is_some()) {
+                    lossy.settings = format!("{} {words}", lossy.settings);
+                }
+                exactness = Exactness::Lossy(lossy);
                 changed = Some(q.render);
                 quantized = Some(q.encoded);
             }

@@ -12,6 +12,7 @@
 //! moments get the cheapest configuration whose relative L2 error is at most ε; the moments
 //! themselves get fixed configurations (`quant.exp_avg`, `quant.exp_avg_sq`).
 
+pub mod betas;
 mod eval;
 mod order;
 mod pairing;

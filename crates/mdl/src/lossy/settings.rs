@@ -16,7 +16,8 @@ pub const TRIM_BITS_KEY: &str = "codec.trim_bits";
 pub const MOMENTS_KEY: &str = "quant.moments";
 /// `quant.embeddings`: name patterns of embedding tensors.
 pub const EMBEDDINGS_KEY: &str = "quant.embeddings";
-/// `quant.adam_betas`: Adam's β1,β2 for the bias corrections.
+/// `quant.adam_betas`: Adam's β1,β2 for the bias corrections, or `auto` (the default: as the
+/// checkpoint records them, else inferred, else PyTorch's; `lossy/betas.rs`).
 pub const BETAS_KEY: &str = "quant.adam_betas";
 /// `quant.exp_avg`: the first moments' quantizer configuration.
 pub const EXP_AVG_KEY: &str = "quant.exp_avg";
@@ -102,8 +103,8 @@ pub struct LossySettings {
     pub pairings: Vec<Pairing>,
     /// Embedding name globs.
     pub embeddings: Vec<String>,
-    /// Adam's betas.
-    pub betas: (f64, f64),
+    /// Adam's betas as configured (`None`: `auto`).
+    pub betas: Option<(f64, f64)>,
     /// Curvature per unit of `v̂` (`quant.curvature`).
     pub curvature: f64,
     /// Moments with a previous version are residuals from it (`quant.moment_residuals`).
@@ -149,8 +150,11 @@ fn parse_trim_bits(v: &str) -> Result<u32> {
         .ok_or_else(|| invalid(TRIM_BITS_KEY, v, "a whole number from 0 to 22"))
 }
 
-fn parse_betas(v: &str) -> Result<(f64, f64)> {
-    let bad = || invalid(BETAS_KEY, v, "BETA1,BETA2 with each in [0, 1)");
+fn parse_betas(v: &str) -> Result<Option<(f64, f64)>> {
+    if v == "auto" {
+        return Ok(None);
+    }
+    let bad = || invalid(BETAS_KEY, v, "auto, or BETA1,BETA2 with each in [0, 1)");
     let (a, b) = v.split_once(',').ok_or_else(bad)?;
     let p = |x: &str| {
         x.trim()
@@ -158,7 +162,7 @@ fn parse_betas(v: &str) -> Result<(f64, f64)> {
             .ok()
             .filter(|y| (0.0..1.0).contains(y))
     };
-    Ok((p(a).ok_or_else(bad)?, p(b).ok_or_else(bad)?))
+    Ok(Some((p(a).ok_or_else(bad)?, p(b).ok_or_else(bad)?)))
 }
 
 fn parse_curvature(v: &str) -> Result<f64> {
@@ -229,7 +233,7 @@ pub fn known_keys() -> Vec<(&'static str, String)> {
         (TRIM_BITS_KEY, "7".into()),
         (MOMENTS_KEY, DEFAULT_MOMENTS.replace(' ', "")),
         (EMBEDDINGS_KEY, DEFAULT_EMBEDDINGS.into()),
-        (BETAS_KEY, "0.9,0.999".into()),
+        (BETAS_KEY, "auto".into()),
         (CURVATURE_KEY, quant::DEFAULT_CURVATURE.to_string()),
         (MOMENT_RESIDUALS_KEY, "on".into()),
         (EXP_AVG_DROP_KEY, DEFAULT_EXP_AVG_DROP.to_string()),
