@@ -7,7 +7,8 @@
 #   scripts/make-fixtures.sh 4    # the last commit writing version 4 (0ff8a9b)
 #   scripts/make-fixtures.sh 5    # the last commit writing version 5 (a823e4b)
 #   scripts/make-fixtures.sh 6    # the last commit writing version 6 (4f32c56)
-#   scripts/make-fixtures.sh 7    # this working tree (version 7)
+#   scripts/make-fixtures.sh 7    # the last commit writing version 7 (b43d615)
+#   scripts/make-fixtures.sh 8    # this working tree (version 8)
 #
 # A fixture, once committed, is never regenerated: it is what that build wrote, and today's
 # code must keep reading it (tests/fixtures.rs in the mdl crate). A format change adds the next
@@ -24,7 +25,8 @@ case "$version" in
     4) rev=0ff8a9b ;;
     5) rev=a823e4b ;;
     6) rev=4f32c56 ;;
-    7) rev= ;;
+    7) rev=b43d615 ;;
+    8) rev= ;;
     *) echo "error: no build is known to write format version $version" >&2; exit 1 ;;
 esac
 if [ -z "$rev" ]; then

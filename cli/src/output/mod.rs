@@ -41,6 +41,15 @@ pub(crate) fn init(out: &mut dyn Write, json: bool, made: &mdl_ops::Initialized)
     writeln!(out, "initialized empty mdl repository in {shown}")
 }
 
+/// `, N evaluations` when `--eval-cmd` scored candidates.
+fn evaluations(s: &mdl::lossy::SearchSummary) -> String {
+    if s.evaluations > 0 {
+        format!(", {} evaluations", s.evaluations)
+    } else {
+        String::new()
+    }
+}
+
 pub(crate) fn commit(out: &mut dyn Write, json: bool, c: &CommitOutcome) -> io::Result<()> {
     if json {
         return emit(out, c);
@@ -57,19 +66,33 @@ pub(crate) fn commit(out: &mut dyn Write, json: bool, c: &CommitOutcome) -> io::
     );
     if c.lossy_tensors > 0 {
         match &c.search {
+            // Parameters without moments are held to a relative error, which estimates no
+            // loss: say so rather than print their loss change as zero.
+            Some(s) if s.priced == 0 && s.relative > 0 => eprintln!(
+                "lossy: {} quantized; {} without optimizer moments, each within relative L2 \
+                 error {:.1e} (no loss estimate without moments){}",
+                plural(c.lossy_tensors as usize, "tensor", "tensors"),
+                plural(s.relative, "parameter", "parameters"),
+                s.budget / s.loss.map_or(1.0, f64::abs),
+                evaluations(s),
+            ),
             Some(s) => eprintln!(
-                "lossy: {} quantized, estimated loss change {:.3e} (budget {:.3e}{}){}",
+                "lossy: {} quantized, estimated loss change {:.3e} (budget {:.3e}{}){}{}",
                 plural(c.lossy_tensors as usize, "tensor", "tensors"),
                 s.est_delta_loss,
                 s.budget,
                 s.loss
                     .map(|l| format!(" = ε × loss {l}"))
                     .unwrap_or_default(),
-                if s.evaluations > 0 {
-                    format!(", {} evaluations", s.evaluations)
+                if s.relative > 0 {
+                    format!(
+                        "; {} without moments within relative error ε",
+                        plural(s.relative, "parameter", "parameters")
+                    )
                 } else {
                     String::new()
-                }
+                },
+                evaluations(s),
             ),
             None => eprintln!(
                 "lossy: {} mantissa-trimmed",

@@ -58,6 +58,13 @@ pub struct SearchSummary {
     pub quantized: usize,
     /// Parameters kept lossless because no configuration fitted the budget.
     pub kept_exact: usize,
+    /// Parameters quantized under the loss estimate (with their moments).
+    #[serde(default)]
+    pub priced: usize,
+    /// Parameters quantized under the relative-error rule alone (no moments, or all-zero ones:
+    /// each within ε relative L2 error, which bounds no loss).
+    #[serde(default)]
+    pub relative: usize,
     /// Candidate checkpoints scored by `--eval-cmd`.
     pub evaluations: usize,
     /// Adam's betas the estimate used and where they came from (`0.9,0.95 (recorded in

@@ -209,3 +209,21 @@ fn betas_come_from_config_then_checkpoint_then_decay_then_defaults() {
     let err = mdl::config::set_config(&other, "quant.adam_betas", "0.9").unwrap_err();
     assert!(err.to_string().contains("auto, or BETA1,BETA2"), "{err}");
 }
+
+#[test]
+fn a_checkpoint_without_moments_reports_the_relative_bound_not_a_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(&dir.path().join("repo")).unwrap();
+    // A pretrained base saved with a fresh optimizer: every moment is zero.
+    let run = Run::new(0.95);
+    let file = dir.path().join("base.safetensors");
+    run.write(&file, &[]);
+    let c = lossy_commit(&repo, &file, 0);
+    let s = c.search.unwrap();
+    assert!(c.lossy_tensors > 0);
+    assert_eq!((s.priced, s.relative), (0, 1));
+    assert_eq!(s.est_delta_loss, 0.0);
+    // Nothing was priced with moments, so no betas are claimed for it.
+    assert_eq!(s.adam_betas, None);
+    assert_eq!(mdl::show::show(&repo, "HEAD").unwrap().adam_betas, None);
+}

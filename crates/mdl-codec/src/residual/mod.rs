@@ -21,6 +21,7 @@
 //! commit measured.
 
 mod measure;
+mod predict;
 mod quantizer;
 
 use mdl_format::{Dtype, FormatError};
@@ -29,6 +30,7 @@ use rayon::prelude::*;
 pub use measure::{
     distance_of_chunks, distance_sq, lane_sum, measure, measure_steps, ResidualStats, BLOCK, LANES,
 };
+pub use predict::{view_of, Predictor};
 pub use quantizer::{device_quantizer, valid_step, Mode, DEVICE_QUANTIZER};
 use quantizer::{for_mode, unzigzag, Quantizer};
 
@@ -45,6 +47,9 @@ pub const ZERO: u16 = 0xfffe;
 pub const MAX_STEPS: i64 = 32766;
 /// The same in log and scaled modes (their codes fit one byte).
 pub const MAX_MOMENT_STEPS: i64 = 126;
+/// The first byte of a payload whose log-mode codes are taken against a predicted reference
+/// ([`Predictor`]); the mode bytes are 0 to 2.
+pub const PREDICTED: u8 = 3;
 /// Codes below this fit a one-byte payload.
 const NARROW: u16 = 254;
 
@@ -60,6 +65,15 @@ fn reference_value(dtype: Dtype, reference: Option<&[u8]>, i: usize) -> f64 {
 /// A payload's mode and step (in log2 units for [`Mode::Log`]), as [`encode`] took them.
 pub fn mode_and_step(payload: &[u8]) -> Result<(Mode, f64), FormatError> {
     let bad = |why: &str| FormatError::invalid("quant-residual", why.to_string());
+    if payload.first() == Some(&PREDICTED) {
+        // The view is not known here: any that the header names will do.
+        let (rows, cols) = predicted_view(payload).ok_or_else(|| bad("truncated predictor"))?;
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| bad("predictor view too large"))?;
+        let (_, inner) = Predictor::unwrap(payload, n)?.expect("a predicted payload");
+        return mode_and_step(inner);
+    }
     let mode = payload
         .first()
         .and_then(|&b| Mode::from_u8(b))
@@ -200,6 +214,37 @@ impl Parts<'_> {
     }
 }
 
+/// The rows and columns a predicted payload's header names.
+fn predicted_view(payload: &[u8]) -> Option<(usize, usize)> {
+    let mut at = 2;
+    let rows = varint::read(payload, &mut at)?;
+    let cols = varint::read(payload, &mut at)?;
+    Some((usize::try_from(rows).ok()?, usize::try_from(cols).ok()?))
+}
+
+/// A predicted payload's prediction (the reference its log-mode codes were taken against) and
+/// that inner payload.
+pub type Unwrapped<'a> = (Vec<u8>, &'a [u8]);
+
+/// For a predicted payload of `out_len` bytes of `dtype`, its [`Unwrapped`] parts; `None` for
+/// any other payload. Every engine decodes a predicted payload so: the prediction on the host,
+/// then the inner payload as any other.
+pub fn unwrap_predicted<'a>(
+    dtype: Dtype,
+    payload: &'a [u8],
+    reference: Option<&[u8]>,
+    out_len: usize,
+) -> Result<Option<Unwrapped<'a>>, FormatError> {
+    let bad = |why: &str| FormatError::invalid("quant-residual", why.to_string());
+    if !scalar::lossy_supported(dtype) || !out_len.is_multiple_of(dtype.size()) {
+        return Err(bad("not a bf16, f16 or f32 tensor"));
+    }
+    let Some((predictor, inner)) = Predictor::unwrap(payload, out_len / dtype.size())? else {
+        return Ok(None);
+    };
+    Ok(Some((predictor.predict(dtype, reference)?, inner)))
+}
+
 /// Splits a payload of `out_len` bytes of `dtype` into its parts, checking what can be checked
 /// without decoding the streams. `reference_len`: the reference's length, if there is one.
 pub fn parse(
@@ -265,6 +310,10 @@ pub fn decode(
     reference: Option<&[u8]>,
     out: &mut [u8],
 ) -> Result<(), FormatError> {
+    if let Some(predicted) = unwrap_predicted(dtype, payload, reference, out.len())? {
+        let (prediction, inner) = predicted;
+        return decode(dtype, inner, Some(&prediction), out);
+    }
     let bad = |why: &str| FormatError::invalid("quant-residual", why.to_string());
     let size = dtype.size();
     let parts = parse(dtype, payload, reference.map(<[u8]>::len), out.len())?;

@@ -567,6 +567,12 @@ impl Engine for GpuEngine {
         reference: Option<&[u8]>,
         out: &mut [u8],
     ) -> Result<(), FormatError> {
+        // A predicted payload's reference is computed on the host, as on the CPU engine.
+        let predicted =
+            mdl_codec::residual::unwrap_predicted(dtype, payload, reference, out.len())?;
+        if let Some((prediction, inner)) = predicted {
+            return self.residual_decode(dtype, inner, Some(&prediction), out);
+        }
         self.decode_with(
             out,
             |gpu, lane, out| residual::decode_on(gpu, lane, dtype, payload, reference, out),

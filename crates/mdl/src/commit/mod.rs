@@ -228,17 +228,9 @@ fn commit_input(
         planning.betas = Some(betas);
     }
     let (plans, mut search) = lossy_plans(&planning)?;
-    let priced = roles.iter().any(|r| {
-        matches!(
-            r,
-            lossy::Role::Param {
-                moments: Some(_),
-                ..
-            }
-        )
-    });
-    if let (Some(s), Some(b), true) = (search.as_mut(), &planning.betas, priced) {
-        s.adam_betas = Some(b.describe());
+    // The betas matter where parameters were priced with their moments.
+    if let (Some(s), Some(b)) = (search.as_mut(), &planning.betas) {
+        s.adam_betas = (s.priced > 0).then(|| b.describe());
     }
 
     let batch = store.batch();

@@ -131,7 +131,9 @@ impl Bound {
                 .split_whitespace()
                 .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
         };
-        let log_step = (l.settings.starts_with("residual") && word("mode") == Some("log"))
+        // A log-domain residual, from a previous version or from a prediction: every element
+        // within half a step of what was committed.
+        let log_step = (word("mode") == Some("log"))
             .then(|| word("step")?.parse::<f64>().ok())
             .flatten()
             .filter(|s| s.is_finite() && *s > 0.0);

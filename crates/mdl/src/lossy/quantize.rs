@@ -46,6 +46,9 @@ pub(crate) struct Residual {
     pub step: f64,
     /// What the encoder drops first (moments only).
     pub sparsify: Option<Sparsify>,
+    /// Log-mode codes against a prediction fitted to the tensor viewed as `(rows, cols)`
+    /// (`residual::Predictor`; second moments), instead of against the reference itself.
+    pub predict: Option<(usize, usize)>,
 }
 
 impl TensorPlan {
@@ -96,17 +99,42 @@ pub(crate) fn quantize(
                 dtype: w.dtype,
                 bytes: values,
             };
-            let (payload, render) = engine.residual_encode(values, reference, r.mode, r.step);
+            let (payload, render) = match r.predict {
+                Some(view) => {
+                    let p = residual::Predictor::fit(w.dtype, values.bytes, reference, view);
+                    let prediction = p
+                        .predict(w.dtype, reference)
+                        .expect("a prediction for the reference it was fitted with");
+                    let (inner, render) =
+                        engine.residual_encode(values, Some(&prediction), r.mode, r.step);
+                    (p.wrap(&inner), render)
+                }
+                None => engine.residual_encode(values, reference, r.mode, r.step),
+            };
             let encoded = Encoded::Residual {
                 payload,
                 reference: r.reference.clone(),
             };
+            let predicted = match (r.predict, &r.reference) {
+                (None, _) => "",
+                (Some(_), Some(_)) => " predict=sqrt-rows-cols",
+                (Some(_), None) => " predict=rows-cols",
+            };
             (
                 encoded,
                 render,
-                match r.reference {
-                    Some(_) => format!("residual mode={} step={:e}", r.mode.name(), r.step),
-                    None => format!("uniform step={:e}", r.step),
+                match (&r.reference, r.predict) {
+                    (Some(_), _) => format!(
+                        "residual mode={} step={:e}{predicted}",
+                        r.mode.name(),
+                        r.step
+                    ),
+                    (None, Some(_)) => format!(
+                        "uniform mode={} step={:e}{predicted}",
+                        r.mode.name(),
+                        r.step
+                    ),
+                    (None, None) => format!("uniform step={:e}", r.step),
                 },
             )
         }

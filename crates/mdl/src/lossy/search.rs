@@ -373,6 +373,7 @@ impl PlanInput<'_> {
                         mode: linear,
                         step,
                         sparsify: None,
+                        predict: None,
                     }),
                     sampled: every > 1,
                 }
@@ -502,6 +503,10 @@ impl PlanInput<'_> {
             });
             (source, mode, step)
         };
+        let role_is_second = |i: usize| self.roles[i] == Role::SecondMoment;
+        // Second moments are coded against a prediction (`residual::Predictor`).
+        let predict_of =
+            |i: usize| role_is_second(i).then(|| residual::view_of(&pieces[i].header.shape));
         let mut sources: Vec<usize> = moments.iter().filter_map(|m| residual_of(m.0).0).collect();
         sources.sort_unstable();
         sources.dedup();
@@ -546,9 +551,25 @@ impl PlanInput<'_> {
                             mode,
                             step,
                             sparsify: sparsify_of(i),
+                            // A held second moment keeps its reference's value exactly, which
+                            // only codes against the reference itself do.
+                            predict: predict_of(i)
+                                .filter(|_| !matches!(sparsify_of(i), Some(Sparsify::Hold { .. }))),
                         });
                         return Ok((i, plan));
                     }
+                }
+                // A second moment without a reference to take residuals from is coded against
+                // its own row and column factors (`residual::Predictor`) at the same step.
+                if role_is_second(i) && self.settings.moment_residuals {
+                    plan.residual = Some(Residual {
+                        reference: None,
+                        mode: residual::Mode::Log,
+                        step: SECOND_MOMENT_LOG_STEP,
+                        sparsify: None,
+                        predict: predict_of(i),
+                    });
+                    return Ok((i, plan));
                 }
                 if self.previous_config(i) != Some(config) {
                     return Ok((i, plan));
@@ -584,6 +605,8 @@ impl PlanInput<'_> {
         summary.loss = self.loss;
         summary.est_delta_loss = 0.0;
         summary.kept_exact = 0;
+        summary.relative = 0;
+        summary.priced = 0;
         let mut picks: Vec<Option<usize>> = vec![None; scored.len()];
         let mut families: HashMap<usize, Vec<usize>> = HashMap::new();
         for (k, s) in scored.iter().enumerate() {
@@ -599,8 +622,9 @@ impl PlanInput<'_> {
                         .min_by(|(_, a), (_, b)| a.estimate.bits.total_cmp(&b.estimate.bits))
                         .filter(|(_, c)| c.estimate.bits < s.lossless_bits)
                         .map(|(j, _)| j);
-                    if picks[k].is_none() {
-                        summary.kept_exact += 1;
+                    match picks[k] {
+                        Some(_) => summary.relative += 1,
+                        None => summary.kept_exact += 1,
                     }
                 }
             }
@@ -629,6 +653,7 @@ impl PlanInput<'_> {
                 summary.est_delta_loss += list[p].1;
                 if p < scored[k].cands.len() {
                     picks[k] = Some(p);
+                    summary.priced += 1;
                 } else {
                     summary.kept_exact += 1;
                 }
