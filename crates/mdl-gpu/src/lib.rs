@@ -31,7 +31,7 @@ use std::sync::{Arc, OnceLock};
 
 #[cfg(feature = "bench")]
 pub use engine::BenchRow;
-pub use engine::GpuEngine;
+pub use engine::{DeviceBuffer, GpuEngine};
 
 #[cfg(not(feature = "emulate"))]
 use cudarc::driver::CudaContext;

@@ -106,14 +106,14 @@ fn a_device_snapshot_is_read_where_it_lies_and_stores_what_the_cpu_stores() {
     for step in 1..=3 {
         let file = state(step);
         let start = data_start(&file);
-        // The tensors' copy "on the device": a buffer of its own, as PyTorch's snapshot is.
-        let device = file[start..].to_vec();
+        // The tensors' copy on the device: a buffer of its own, as PyTorch's snapshot is.
+        let device = gpu.device_buffer(&file[start..]).expect("device memory");
         let run = OnDevice {
             start,
-            len: device.len(),
+            len: file.len() - start,
             copy: DeviceCopy {
                 ordinal: 0,
-                address: device.as_ptr() as u64,
+                address: device.address(),
             },
         };
         let staged = |on_device: bool| {
@@ -211,15 +211,17 @@ fn a_tensor_loaded_into_device_memory_is_decoded_there() {
             let at = placed.offset as usize;
             let want = &file[at..at + placed.entry.content_len as usize];
             let mut host = vec![0u8; want.len()];
-            // The tensor's memory "on the device", filled with a pattern no tensor holds.
-            let mut device = vec![0xa5u8; want.len()];
+            // The tensor's memory on the device, filled with a pattern no tensor holds.
+            let device = gpu
+                .device_buffer(&vec![0xa5u8; want.len()])
+                .expect("device memory");
             let copy = DeviceCopy {
                 ordinal: 0,
-                address: device.as_mut_ptr() as u64,
+                address: device.address(),
             };
             let before = gpu.uploaded();
             let mirror = placed.load_mirrored(&repo, &mut host, copy).unwrap();
-            assert_eq!(device, want, "{rev} {} ({mirror:?})", placed.name);
+            assert_eq!(device.read(), want, "{rev} {} ({mirror:?})", placed.name);
             if mirror != Mirror::Written {
                 // Decoded on the host, and copied over.
                 assert_eq!(host, want, "{rev} {}", placed.name);
@@ -238,17 +240,20 @@ fn a_tensor_loaded_into_device_memory_is_decoded_there() {
     let file = state(2);
     let layout = mdl::checkout::layout(&repo, "HEAD").unwrap();
     let placed: Vec<&Placed> = layout.single().unwrap().objects().collect();
-    let mut devices: Vec<Vec<u8>> = placed
+    let devices: Vec<mdl_gpu::DeviceBuffer> = placed
         .iter()
-        .map(|p| vec![0xa5u8; p.entry.content_len as usize])
+        .map(|p| {
+            gpu.device_buffer(&vec![0xa5u8; p.entry.content_len as usize])
+                .expect("device memory")
+        })
         .collect();
     let tensors: Vec<(&Placed, DeviceCopy)> = placed
         .iter()
-        .zip(devices.iter_mut())
+        .zip(&devices)
         .map(|(&p, d)| {
             let copy = DeviceCopy {
                 ordinal: 0,
-                address: d.as_mut_ptr() as u64,
+                address: d.address(),
             };
             (p, copy)
         })
@@ -256,8 +261,8 @@ fn a_tensor_loaded_into_device_memory_is_decoded_there() {
     let back = mdl::checkout::load_all_mirrored(&repo, &tensors).unwrap();
     assert!(back.iter().all(Option::is_none));
     for (p, d) in placed.iter().zip(&devices) {
-        let at = p.offset as usize;
-        assert_eq!(&d[..], &file[at..at + d.len()], "{}", p.name);
+        let (at, got) = (p.offset as usize, d.read());
+        assert_eq!(got, &file[at..at + got.len()], "{}", p.name);
     }
     // A device the engine is not on: the caller copies.
     let layout = mdl::checkout::layout(&repo, "HEAD").unwrap();

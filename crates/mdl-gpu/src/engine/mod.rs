@@ -54,6 +54,7 @@ const CPU_INSTEAD: &str = "using the CPU for it";
 
 #[cfg(feature = "bench")]
 mod bench;
+mod buffer;
 mod coding;
 mod device;
 mod hash;
@@ -62,6 +63,7 @@ mod residual;
 
 #[cfg(feature = "bench")]
 pub use bench::BenchRow;
+pub use buffer::DeviceBuffer;
 use coding::{decode_on, encode_on, grouped};
 pub(crate) use device::Gpu;
 use device::{
@@ -96,6 +98,12 @@ impl GpuEngine {
     /// bytes are the same either way; tests check that nothing fell back).
     pub fn fallbacks(&self) -> u64 {
         self.gpu.fallbacks.load(Ordering::Relaxed)
+    }
+
+    /// A copy of `bytes` in this engine's device memory, as a caller's CUDA tensor would lie
+    /// there (tests and benchmarks); `None` if the device refused the allocation.
+    pub fn device_buffer(&self, bytes: &[u8]) -> Option<DeviceBuffer> {
+        DeviceBuffer::new(self.gpu.clone(), bytes)
     }
 
     /// Bytes of content copied from the host to the device since the engine started: tensors,
