@@ -40,6 +40,9 @@ const FROM_REFERENCE: u8 = 1;
 /// Flag: column factors follow the row factors.
 const COLUMNS: u8 = 2;
 
+/// Rows per block of the fit's column sums.
+const FIT_ROWS: usize = 64;
+
 /// A factor's exponent is within this many eighths of an octave of 1 (far beyond any finite
 /// `f32` ratio; it keeps `2^(k/8)` and its products finite).
 const MAX_EIGHTHS: i64 = 8 * 512;
@@ -84,47 +87,70 @@ impl Predictor {
     ) -> Predictor {
         let n = rows * cols;
         assert_eq!(n * dtype.size(), values.len(), "the view covers the tensor");
-        let target = |i: usize| -> Option<f64> {
-            let v = scalar::value(dtype, values, i);
-            let base = match reference {
-                Some(r) => {
-                    let r = scalar::value(dtype, r, i);
-                    (r.is_finite() && r > 0.0).then(|| 0.5 * r.log2())?
+        // Each element's `log2 v − ½·log2 r`, once (NaN where it has none), kept as f32: the
+        // factors are rounded to eighths of an octave.
+        let mut target = vec![f32::NAN; n];
+        target
+            .par_chunks_mut(FIT_ROWS * cols.max(1))
+            .enumerate()
+            .for_each(|(b, out)| {
+                let first = b * FIT_ROWS * cols;
+                for (k, t) in out.iter_mut().enumerate() {
+                    let i = first + k;
+                    let v = scalar::value(dtype, values, i);
+                    let base = match reference {
+                        Some(r) => match scalar::value(dtype, r, i) {
+                            r if r.is_finite() && r > 0.0 => 0.5 * r.log2(),
+                            _ => continue,
+                        },
+                        None => 0.0,
+                    };
+                    if v.is_finite() && v > 0.0 {
+                        *t = (v.log2() - base) as f32;
+                    }
                 }
-                None => 0.0,
-            };
-            (v.is_finite() && v > 0.0).then(|| v.log2() - base)
-        };
+            });
         let mean = |sum: f64, count: u64| if count > 0 { sum / count as f64 } else { 0.0 };
         let eighths = |x: f64| ((x * 8.0).round() as i64).clamp(-MAX_EIGHTHS, MAX_EIGHTHS);
-        let row_mean: Vec<f64> = (0..rows)
-            .into_par_iter()
-            .map(|r| {
-                let (s, c) = (0..cols)
-                    .filter_map(|j| target(r * cols + j))
-                    .fold((0.0, 0u64), |(s, c), x| (s + x, c + 1));
+        if n == 0 {
+            // Nothing to fit (callers code tensors of hundreds of elements or more).
+            return Predictor {
+                from_reference: reference.is_some(),
+                rows,
+                cols,
+                row: vec![0; rows],
+                col: Vec::new(),
+            };
+        }
+        let row_mean: Vec<f64> = target
+            .par_chunks(cols)
+            .map(|row| {
+                let (s, c) = row
+                    .iter()
+                    .filter(|x| !x.is_nan())
+                    .fold((0.0, 0u64), |(s, c), &x| (s + f64::from(x), c + 1));
                 mean(s, c)
             })
             .collect();
         let col = if rows > 1 {
-            // Column sums over blocks of rows, added in block order (the fit need not be
-            // reproducible, only stored; the order just keeps it the same run to run).
-            let block = |rs: std::ops::Range<usize>| {
-                let mut sums = vec![(0.0f64, 0u64); cols];
-                for r in rs {
-                    for (j, s) in sums.iter_mut().enumerate() {
-                        if let Some(x) = target(r * cols + j) {
-                            s.0 += x - row_mean[r];
-                            s.1 += 1;
+            // Column sums over fixed blocks of rows, added in block order: the same factors
+            // whatever the thread count, so a checkpoint stores the same bytes on any machine.
+            let parts: Vec<Vec<(f64, u64)>> = target
+                .par_chunks(FIT_ROWS * cols)
+                .enumerate()
+                .map(|(b, block)| {
+                    let mut sums = vec![(0.0f64, 0u64); cols];
+                    for (r, row) in block.chunks(cols).enumerate() {
+                        let m = row_mean[b * FIT_ROWS + r];
+                        for (s, &x) in sums.iter_mut().zip(row) {
+                            if !x.is_nan() {
+                                s.0 += f64::from(x) - m;
+                                s.1 += 1;
+                            }
                         }
                     }
-                }
-                sums
-            };
-            let per = rows.div_ceil(rayon::current_num_threads().max(1)).max(1);
-            let parts: Vec<Vec<(f64, u64)>> = (0..rows.div_ceil(per))
-                .into_par_iter()
-                .map(|b| block(b * per..((b + 1) * per).min(rows)))
+                    sums
+                })
                 .collect();
             let mut sums = vec![(0.0f64, 0u64); cols];
             for part in parts {
