@@ -220,12 +220,14 @@ fn commit_input(
         warm,
         correction: correction(&settings, &defaults, step),
         betas: None,
+        decoded: Default::default(),
         metrics: &metrics,
     };
     if settings.mode == CodecMode::Lossy {
-        let betas = adam_betas(&planning, step, parent.as_ref().and_then(|c| c.step))?;
+        let (betas, decoded) = adam_betas(&planning, step, parent.as_ref().and_then(|c| c.step))?;
         planning.correction = correction(&settings, &betas, step);
         planning.betas = Some(betas);
+        planning.decoded = decoded;
     }
     let (plans, mut search) = lossy_plans(&planning)?;
     // The betas matter where parameters were priced with their moments.

@@ -1,7 +1,12 @@
 //! A commit's planning phase: for a lossy commit, the configuration search that decides how
 //! each tensor is quantized, against the parent's versions and within the quality budget.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use mdl_codec::quant::Correction;
+use mdl_format::ObjectId;
+use rayon::prelude::*;
 
 use super::eval::evaluate_candidate;
 use super::store::{previous_content, previous_object};
@@ -27,6 +32,9 @@ pub(super) struct Planning<'a> {
     pub(super) correction: Correction,
     /// The betas `correction` was made with (a lossy commit's).
     pub(super) betas: Option<Betas>,
+    /// Previous versions already decoded (by [`adam_betas`]), by object: the plans take their
+    /// references from here instead of decoding them again.
+    pub(super) decoded: HashMap<ObjectId, Arc<Vec<u8>>>,
     pub(super) metrics: &'a [(String, f64)],
 }
 
@@ -42,75 +50,85 @@ pub(super) fn correction(settings: &LossySettings, betas: &Betas, step: Option<u
     }
 }
 
+/// Previous versions decoded while planning, by object.
+pub(super) type Decoded = HashMap<ObjectId, Arc<Vec<u8>>>;
+
+/// A previous second moment, decoded, and the bound on β2 its decay gives (if any).
+type Bounded = (ObjectId, Arc<Vec<u8>>, Option<f64>);
+
 /// The betas a lossy commit's estimate uses (`lossy/betas.rs`): configured, else recorded by
 /// the checkpoint, else β2 inferred from the second moments' decay since the parent commit's
-/// step (each previous `exp_avg_sq` decoded once, one at a time), else PyTorch's defaults.
+/// step, else PyTorch's defaults; with the previous second moments the inference decoded, which
+/// the plans then use as their references (each decoded once).
 pub(super) fn adam_betas(
     p: &Planning<'_>,
     step: Option<u64>,
     parent_step: Option<u64>,
-) -> Result<Betas> {
+) -> Result<(Betas, Decoded)> {
+    let mut decoded = Decoded::new();
     if let Some(values) = p.settings.betas {
-        return Ok(Betas {
-            values,
-            source: betas::Source::Config,
-        });
+        let source = betas::Source::Config;
+        return Ok((Betas { values, source }, decoded));
     }
     if let Some((values, path)) = p.input.recorded_betas() {
-        return Ok(Betas {
-            values,
-            source: betas::Source::Checkpoint(path),
-        });
+        let source = betas::Source::Checkpoint(path);
+        return Ok((Betas { values, source }, decoded));
     }
     let defaults = Betas {
         values: betas::DEFAULT,
         source: betas::Source::Default,
     };
     let (Some(t), Some(since)) = (step, parent_step) else {
-        return Ok(defaults);
+        return Ok((defaults, decoded));
     };
     if t <= since {
-        return Ok(defaults);
+        return Ok((defaults, decoded));
     }
     let store = p.repo.store();
+    // Each previous second moment decoded (in parallel, as the plans would) and bounded alone.
+    let seconds: Vec<usize> = (0..p.roles.len())
+        .filter(|&i| p.roles[i] == Role::SecondMoment)
+        .collect();
+    let bounded = seconds
+        .par_iter()
+        .map(|&i| -> Result<Option<Bounded>> {
+            let found = previous_object(&store.meta().read()?, p.previous, p.input, i)?;
+            let Some((id, entry, _)) = found else {
+                return Ok(None);
+            };
+            let piece = &p.input.pieces[i];
+            let file = &p.input.files[piece.file].tree_path;
+            let Some(prev) = p.previous.get(file, &piece.name) else {
+                return Ok(None);
+            };
+            let content = previous_content(store, p.warm, &id, &entry)?;
+            let decay = betas::Decay {
+                dtype: piece.header.dtype,
+                current: p.input.view(i).bytes,
+                previous: &content,
+                bound: betas::Bound::of(&prev.exactness, piece.header.dtype),
+            };
+            let b2 = betas::infer_beta2(&[decay], t - since);
+            Ok(Some((id, content, b2)))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // Every tensor's bound holds, so the tightest is taken; a tensor whose own bound says
+    // nothing (no decay, or not one optimizer's) leaves the others to decide.
     let mut least: Option<f64> = None;
-    for (i, _) in p
-        .roles
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| **r == Role::SecondMoment)
-    {
-        let found = previous_object(&store.meta().read()?, p.previous, p.input, i)?;
-        let Some((id, entry, _)) = found else {
-            continue;
-        };
-        let piece = &p.input.pieces[i];
-        let Some(prev) = p
-            .previous
-            .get(&p.input.files[piece.file].tree_path, &piece.name)
-        else {
-            continue;
-        };
-        let content = previous_content(store, p.warm, &id, &entry)?;
-        let decay = betas::Decay {
-            dtype: piece.header.dtype,
-            current: p.input.view(i).bytes,
-            previous: &content,
-            bound: betas::Bound::of(&prev.exactness, piece.header.dtype),
-        };
-        // Every tensor's bound holds, so the tightest is taken; a tensor whose own bound says
-        // nothing (no decay, or not one optimizer's) leaves the others to decide.
-        if let Some(b2) = betas::infer_beta2(&[decay], t - since) {
+    for (id, content, b2) in bounded.into_iter().flatten() {
+        if let Some(b2) = b2 {
             least = Some(least.map_or(b2, |l: f64| l.min(b2)));
         }
+        decoded.insert(id, content);
     }
-    Ok(match least {
+    let betas = match least {
         Some(b2) => Betas {
             values: (betas::DEFAULT.0, b2),
             source: betas::Source::Inferred { since },
         },
         None => defaults,
-    })
+    };
+    Ok((betas, decoded))
 }
 
 /// Each tensor's lossy plan (`None`: stored exactly) and the search's summary; a commit that is
@@ -161,7 +179,10 @@ pub(super) fn lossy_plans(
         Ok(Some(lossy::Reference {
             id,
             depth: entry.depth,
-            content: previous_content(store, warm, &id, &entry)?,
+            content: match p.decoded.get(&id) {
+                Some(content) => content.clone(),
+                None => previous_content(store, warm, &id, &entry)?,
+            },
         }))
     };
     let plan_input = lossy::PlanInput {
