@@ -178,20 +178,31 @@ const LEAST_BETA2: f64 = 0.9;
 /// have been ([`Bound`]) keeps it an upper bound on data decoded lossily. A larger β2 makes the
 /// bias-corrected `v̂` larger, the estimate's safe side. `None` when the bound says nothing (no
 /// element decayed) or says the moments are not one optimizer's decay (β2 under
-/// [`LEAST_BETA2`]). Where it can mislead: an optimizer reset between the two commits whose
-/// fresh moments all happen to lie within `β2^k` of the old ones.
+/// [`LEAST_BETA2`]). The optimizer rounds `v` to its dtype at every step, so only elements in the
+/// dtype's normal range are compared (a subnormal's rounding is not relative), and the bound is
+/// raised by one unit roundoff per step. Where it can mislead: an optimizer reset between the
+/// two commits whose fresh moments all happen to lie within `β2^k` of the old ones.
 pub fn infer_beta2(moments: &[Decay<'_>], steps: u64) -> Option<f64> {
     if steps == 0 {
         return None;
     }
+    // The smallest normal value and the unit roundoff of each moment's dtype.
+    let grid = |d: Dtype| match d {
+        Dtype::F16 => (2f64.powi(-14), 2f64.powi(-11)),
+        Dtype::BF16 => (2f64.powi(-126), 2f64.powi(-8)),
+        _ => (2f64.powi(-126), 2f64.powi(-24)),
+    };
+    let roundoff = moments.iter().map(|d| grid(d.dtype).1).fold(0.0, f64::max);
     let least = moments
         .iter()
         .flat_map(|d| {
             let n = d.current.len() / d.dtype.size();
+            let normal = grid(d.dtype).0;
             (0..n).filter_map(move |i| {
                 let now = scalar::value(d.dtype, d.current, i);
-                let before = d.bound.least(scalar::value(d.dtype, d.previous, i));
-                (now.is_finite() && now > 0.0 && before.is_finite() && before > 0.0)
+                let decoded = scalar::value(d.dtype, d.previous, i);
+                let before = d.bound.least(decoded);
+                (now.is_finite() && now >= normal && before.is_finite() && before >= normal)
                     .then(|| now / before)
             })
         })
@@ -199,7 +210,7 @@ pub fn infer_beta2(moments: &[Decay<'_>], steps: u64) -> Option<f64> {
     if least >= 1.0 {
         return None;
     }
-    let beta2 = least.powf(1.0 / steps as f64);
+    let beta2 = (least.powf(1.0 / steps as f64) * (1.0 + roundoff)).min(1.0 - f64::EPSILON);
     (beta2 >= LEAST_BETA2).then_some(beta2)
 }
 
@@ -261,6 +272,22 @@ mod tests {
         // Ignoring how it was decoded would have guessed too small a β2.
         let wrong = infer_beta2(&[d(&f32s(&rough), exact)], 20).unwrap();
         assert!(wrong < 0.95, "{wrong}");
+
+        // Subnormal second moments (a row the data left long ago) round coarsely: their ratio
+        // says nothing of β2 and is not taken.
+        let (mut tiny_before, mut tiny_after) = (before.clone(), after.clone());
+        for i in 0..100 {
+            tiny_before[i * 7] = 1e-44;
+            tiny_after[i * 7] = 2.8e-45;
+        }
+        let tiny = Decay {
+            dtype: Dtype::F32,
+            current: Box::leak(f32s(&tiny_after).into_boxed_slice()),
+            previous: Box::leak(f32s(&tiny_before).into_boxed_slice()),
+            bound: exact,
+        };
+        let b = infer_beta2(&[tiny], 20).unwrap();
+        assert!((0.9499..0.9502).contains(&b), "{b}");
 
         // A replaced optimizer: fresh moments from 20 steps, some elements' gradients tiny
         // (their ratio says β2 < 0.9, so nothing is inferred).
