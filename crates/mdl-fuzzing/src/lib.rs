@@ -8,7 +8,7 @@ use std::sync::{Mutex, OnceLock};
 
 use mdl_codec::engine::CpuEngine;
 use mdl_codec::qrecord::{rle_decode, rle_encode, QuantTensor};
-use mdl_codec::{float, huffman};
+use mdl_codec::{float, huffman, residual};
 use mdl_format::record::{self, RecordHeader};
 use mdl_format::{Commit, Dtype, Manifest};
 
@@ -23,6 +23,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("entropy_stream", entropy_stream),
     ("float_payload", float_payload),
     ("quant_payload", quant_payload),
+    ("residual_payload", residual_payload),
     ("safetensors_header", safetensors_header),
     ("torch_archive", torch_archive),
     ("manifest", manifest),
@@ -150,6 +151,71 @@ pub fn quant_payload(input: &[u8]) {
         rle_decode(&rle_encode(&small), small.len(), 9).expect("runs"),
         small
     );
+}
+
+/// A quant-residual or quant-uniform payload (the first byte chooses the dtype and the view),
+/// predicted second-moment payloads included: decoding with or without a reference never
+/// panics, and a predicted payload built from the bytes decodes to what its encoder rendered,
+/// every element within half a step of its value.
+pub fn residual_payload(input: &[u8]) {
+    const DTYPES: [Dtype; 3] = [Dtype::BF16, Dtype::F16, Dtype::F32];
+    let Some((&sel, rest)) = input.split_first() else {
+        return;
+    };
+    let dtype = DTYPES[(sel % 3) as usize];
+    let size = dtype.size();
+    let rows = 1 + (sel as usize >> 2) % 8;
+    let n = rows * 37;
+    let reference: Vec<u8> = (0..n * size).map(|i| (i * 29 % 251) as u8 | 0x01).collect();
+    let mut out = vec![0u8; n * size];
+    let _ = residual::decode(dtype, rest, None, &mut out);
+    let _ = residual::decode(dtype, rest, Some(&reference), &mut out);
+    let _ = residual::mode_and_step(rest);
+    // Positive values from the bytes, predicted against the reference and without it.
+    let values: Vec<u8> = (0..n)
+        .flat_map(|i| {
+            let b = rest.get(i % rest.len().max(1)).copied().unwrap_or(1);
+            let x = (f64::from(b) + 1.0) * 2f64.powi(-((i % 40) as i32));
+            let mut e = vec![0u8; size];
+            mdl_codec::scalar::put_rounded(dtype, x, &mut e);
+            e
+        })
+        .collect();
+    let positive = |b: &[u8], i| mdl_codec::scalar::value(dtype, b, i) > 0.0;
+    for r in [Some(&reference[..]), None] {
+        let r = r.filter(|r| (0..n).all(|i| positive(r, i)));
+        let p = residual::Predictor::fit(dtype, &values, r, (rows, 37));
+        let prediction = p
+            .predict(dtype, r)
+            .expect("the reference it was fitted with");
+        let (inner, render) =
+            residual::encode(dtype, &values, Some(&prediction), residual::Mode::Log, 1.0);
+        let payload = p.wrap(&inner);
+        residual::decode(dtype, &payload, r, &mut out).expect("decodes what it encoded");
+        assert_eq!(out, render);
+        for i in 0..n {
+            let (x, y) = (
+                mdl_codec::scalar::value(dtype, &values, i),
+                mdl_codec::scalar::value(dtype, &out, i),
+            );
+            // Half a step, plus the dtype's rounding; below the dtype's normal range the
+            // rounding is absolute, half its smallest step.
+            let normal = if dtype == Dtype::F16 {
+                2f64.powi(-14)
+            } else {
+                2f64.powi(-126)
+            };
+            let tiny = if dtype == Dtype::F16 {
+                2f64.powi(-25)
+            } else {
+                2f64.powi(-150)
+            };
+            assert!(
+                (y / x).log2().abs() <= 0.5 + 0.02 || (x < normal && (y - x).abs() <= x + tiny),
+                "{x} → {y}"
+            );
+        }
+    }
 }
 
 /// A safetensors header (the first two bytes choose the file's length): what validates lies

@@ -107,6 +107,15 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
             with(0, &floats(100, 5)),
         ],
         "quant_payload" => vec![with(7, &[1, 2, 3, 4, 5, 0, 0, 0, 9]), with(130, &[0; 64])],
+        "residual_payload" => vec![
+            with(
+                2,
+                &[
+                    3, 1, 1, 37, 4, 0, 1, 1, 0x40, 0, 0, 0, 0, 0, 0, 0xf0, 0x3f, 0, 1, 0,
+                ],
+            ),
+            with(9, &(0..=255).collect::<Vec<u8>>()),
+        ],
         "safetensors_header" => {
             let file = safetensors_file();
             let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
