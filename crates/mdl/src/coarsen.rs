@@ -132,7 +132,7 @@ fn plan(
                     let scaled = e
                         .exactness
                         .lossy()
-                        .is_some_and(|l| l.settings.split_whitespace().any(|w| w == "mode=scaled"));
+                        .is_some_and(|l| l.setting("mode") == Some("scaled"));
                     if scaled {
                         paired.insert(e.id);
                     }

@@ -12,12 +12,7 @@ use crate::{revision, Repository, Result};
 
 /// What `mdl show` says of a lossy tensor record.
 fn lossy_info(l: &mdl_format::Lossy) -> LossyInfo {
-    let word = |key: &str| {
-        l.settings
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-            .map(str::to_string)
-    };
+    let word = |key: &str| l.setting(key).map(str::to_string);
     LossyInfo {
         settings: l.settings.clone(),
         bins: word("bins").and_then(|v| v.parse().ok()),
@@ -115,7 +110,7 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
     // Every tensor priced with its moments records the commit's betas.
     let adam_betas = m
         .tensors()
-        .filter_map(|(_, e)| Betas::from_settings(&e.exactness.lossy()?.settings))
+        .filter_map(|(_, e)| Betas::recorded(e.exactness.lossy()?))
         .next()
         .map(|b| b.describe());
     Ok(Shown {

@@ -65,13 +65,8 @@ fn reference_value(dtype: Dtype, reference: Option<&[u8]>, i: usize) -> f64 {
 /// A payload's mode and step (in log2 units for [`Mode::Log`]), as [`encode`] took them.
 pub fn mode_and_step(payload: &[u8]) -> Result<(Mode, f64), FormatError> {
     let bad = |why: &str| FormatError::invalid("quant-residual", why.to_string());
-    if payload.first() == Some(&PREDICTED) {
-        // The view is not known here: any that the header names will do.
-        let (rows, cols) = predicted_view(payload).ok_or_else(|| bad("truncated predictor"))?;
-        let n = rows
-            .checked_mul(cols)
-            .ok_or_else(|| bad("predictor view too large"))?;
-        let (_, inner) = Predictor::unwrap(payload, n)?.expect("a predicted payload");
+    // The tensor's size is not known here: whatever view the header names will do.
+    if let Some((_, inner)) = Predictor::unwrap(payload, None)? {
         return mode_and_step(inner);
     }
     let mode = payload
@@ -214,14 +209,6 @@ impl Parts<'_> {
     }
 }
 
-/// The rows and columns a predicted payload's header names.
-fn predicted_view(payload: &[u8]) -> Option<(usize, usize)> {
-    let mut at = 2;
-    let rows = varint::read(payload, &mut at)?;
-    let cols = varint::read(payload, &mut at)?;
-    Some((usize::try_from(rows).ok()?, usize::try_from(cols).ok()?))
-}
-
 /// A predicted payload's prediction (the reference its log-mode codes were taken against) and
 /// that inner payload.
 pub type Unwrapped<'a> = (Vec<u8>, &'a [u8]);
@@ -239,7 +226,7 @@ pub fn unwrap_predicted<'a>(
     if !scalar::lossy_supported(dtype) || !out_len.is_multiple_of(dtype.size()) {
         return Err(bad("not a bf16, f16 or f32 tensor"));
     }
-    let Some((predictor, inner)) = Predictor::unwrap(payload, out_len / dtype.size())? else {
+    let Some((predictor, inner)) = Predictor::unwrap(payload, Some(out_len / dtype.size()))? else {
         return Ok(None);
     };
     Ok(Some((predictor.predict(dtype, reference)?, inner)))

@@ -234,8 +234,11 @@ impl Predictor {
     }
 
     /// A payload's factors and its inner log-mode payload (`None`: not a predicted payload),
-    /// checked against a tensor of `n` elements.
-    pub fn unwrap(payload: &[u8], n: usize) -> Result<Option<(Predictor, &[u8])>, FormatError> {
+    /// checked against a tensor of `n` elements when `n` is given.
+    pub fn unwrap(
+        payload: &[u8],
+        n: Option<usize>,
+    ) -> Result<Option<(Predictor, &[u8])>, FormatError> {
         let bad = |why: &str| FormatError::invalid("quant-residual", why.to_string());
         if payload.first() != Some(&PREDICTED) {
             return Ok(None);
@@ -250,7 +253,8 @@ impl Predictor {
             usize::try_from(v).map_err(|_| bad("predictor view too large"))
         };
         let (rows, cols) = (count()?, count()?);
-        if rows.checked_mul(cols) != Some(n) || rows == 0 {
+        let covered = rows.checked_mul(cols);
+        if covered.is_none() || n.is_some_and(|n| covered != Some(n)) || rows == 0 {
             return Err(bad("predictor view does not cover the tensor"));
         }
         let with_cols = flags & COLUMNS != 0;
@@ -420,17 +424,22 @@ mod tests {
             col: vec![0, -9],
         };
         let payload = p.wrap(&[Mode::Log as u8, 1, 2, 3]);
-        let (back, inner) = Predictor::unwrap(&payload, 6).unwrap().unwrap();
+        let (back, inner) = Predictor::unwrap(&payload, Some(6)).unwrap().unwrap();
         assert_eq!(back, p);
         assert_eq!(inner, &[Mode::Log as u8, 1, 2, 3]);
-        assert!(Predictor::unwrap(&payload, 7).is_err());
-        assert!(Predictor::unwrap(&[Mode::Log as u8], 6).unwrap().is_none());
+        assert!(Predictor::unwrap(&payload, Some(7)).is_err());
+        assert!(Predictor::unwrap(&[Mode::Log as u8], Some(6))
+            .unwrap()
+            .is_none());
         for cut in 1..payload.len() - 4 {
-            assert!(Predictor::unwrap(&payload[..cut], 6).is_err(), "{cut}");
+            assert!(
+                Predictor::unwrap(&payload[..cut], Some(6)).is_err(),
+                "{cut}"
+            );
         }
         let mut linear = p.wrap(&[Mode::Linear as u8]);
-        assert!(Predictor::unwrap(&linear, 6).is_err());
+        assert!(Predictor::unwrap(&linear, Some(6)).is_err());
         linear[1] = 0x80;
-        assert!(Predictor::unwrap(&linear, 6).is_err());
+        assert!(Predictor::unwrap(&linear, Some(6)).is_err());
     }
 }

@@ -31,6 +31,15 @@ pub struct Lossy {
     pub est_delta_loss: Option<f64>,
 }
 
+impl Lossy {
+    /// The value of the `key=value` word `key` in [`Self::settings`].
+    pub fn setting(&self, key: &str) -> Option<&str> {
+        self.settings
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+    }
+}
+
 impl Exactness {
     /// Whether this is [`Exactness::Lossy`].
     pub fn is_lossy(&self) -> bool {

@@ -206,10 +206,6 @@ fn commit_input(
     // Which tensors are parameters and which their moments: recorded in the manifest, and
     // what a lossy commit's search prices its candidates with.
     let roles = lossy::roles(&input.pieces, &settings, client);
-    let defaults = Betas {
-        values: lossy::betas::DEFAULT,
-        source: lossy::betas::Source::Default,
-    };
     let mut planning = Planning {
         repo,
         input: &input,
@@ -218,7 +214,7 @@ fn commit_input(
         previous: &previous,
         policy,
         warm,
-        correction: correction(&settings, &defaults, step),
+        correction: correction(&settings, &Betas::default(), step),
         betas: None,
         decoded: Default::default(),
         metrics: &metrics,

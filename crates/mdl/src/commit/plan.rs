@@ -65,25 +65,17 @@ pub(super) fn adam_betas(
     step: Option<u64>,
     parent_step: Option<u64>,
 ) -> Result<(Betas, Decoded)> {
-    let mut decoded = Decoded::new();
     if let Some(values) = p.settings.betas {
         let source = betas::Source::Config;
-        return Ok((Betas { values, source }, decoded));
+        return Ok((Betas { values, source }, Decoded::new()));
     }
     if let Some((values, path)) = p.input.recorded_betas() {
         let source = betas::Source::Checkpoint(path);
-        return Ok((Betas { values, source }, decoded));
+        return Ok((Betas { values, source }, Decoded::new()));
     }
-    let defaults = Betas {
-        values: betas::DEFAULT,
-        source: betas::Source::Default,
+    let Some((t, since)) = step.zip(parent_step).filter(|(t, since)| t > since) else {
+        return Ok((Betas::default(), Decoded::new()));
     };
-    let (Some(t), Some(since)) = (step, parent_step) else {
-        return Ok((defaults, decoded));
-    };
-    if t <= since {
-        return Ok((defaults, decoded));
-    }
     let store = p.repo.store();
     // Each previous second moment decoded (in parallel, as the plans would) and bounded alone.
     let seconds: Vec<usize> = (0..p.roles.len())
@@ -108,25 +100,24 @@ pub(super) fn adam_betas(
                 previous: &content,
                 bound: betas::Bound::of(&prev.exactness, piece.header.dtype),
             };
-            let b2 = betas::infer_beta2(&[decay], t - since);
+            let b2 = betas::infer_beta2(&decay, t - since);
             Ok(Some((id, content, b2)))
         })
         .collect::<Result<Vec<_>>>()?;
     // Every tensor's bound holds, so the tightest is taken; a tensor whose own bound says
     // nothing (no decay, or not one optimizer's) leaves the others to decide.
-    let mut least: Option<f64> = None;
-    for (id, content, b2) in bounded.into_iter().flatten() {
-        if let Some(b2) = b2 {
-            least = Some(least.map_or(b2, |l: f64| l.min(b2)));
-        }
-        decoded.insert(id, content);
-    }
+    let bounded: Vec<Bounded> = bounded.into_iter().flatten().collect();
+    let least = bounded.iter().filter_map(|b| b.2).reduce(f64::min);
+    let decoded = bounded
+        .into_iter()
+        .map(|(id, content, _)| (id, content))
+        .collect();
     let betas = match least {
         Some(b2) => Betas {
             values: (betas::DEFAULT.0, b2),
             source: betas::Source::Inferred { since },
         },
-        None => defaults,
+        None => Betas::default(),
     };
     Ok((betas, decoded))
 }

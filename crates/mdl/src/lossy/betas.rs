@@ -9,7 +9,7 @@
 //! version and this one (β2 only, [`infer_beta2`]), and last from PyTorch's defaults.
 
 use mdl_codec::scalar;
-use mdl_format::{Dtype, Exactness};
+use mdl_format::{Dtype, Exactness, Lossy};
 
 /// PyTorch's (and optax's) defaults: what is assumed when nothing says otherwise.
 pub const DEFAULT: (f64, f64) = (0.9, 0.999);
@@ -39,6 +39,16 @@ pub struct Betas {
     pub source: Source,
 }
 
+impl Default for Betas {
+    /// PyTorch's, when nothing says otherwise.
+    fn default() -> Betas {
+        Betas {
+            values: DEFAULT,
+            source: Source::Default,
+        }
+    }
+}
+
 impl Betas {
     /// The words a priced tensor's lossy settings record: `betas=B1,B2 betas_from=SOURCE`
     /// (`config`, `checkpoint:PATH` with `%` and spaces escaped, `inferred:STEP`, `default`).
@@ -60,17 +70,12 @@ impl Betas {
         )
     }
 
-    /// Read back from lossy settings words (`None` where the tensor recorded none: it was not
+    /// What a lossy tensor's settings words record (`None` where it recorded none: it was not
     /// priced with moments, or it was committed before betas were recorded).
-    pub fn from_settings(settings: &str) -> Option<Betas> {
-        let word = |key: &str| {
-            settings
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-        };
-        let (b1, b2) = word("betas")?.split_once(',')?;
+    pub fn recorded(lossy: &Lossy) -> Option<Betas> {
+        let (b1, b2) = lossy.setting("betas")?.split_once(',')?;
         let values = (b1.parse().ok()?, b2.parse().ok()?);
-        let from = word("betas_from")?;
+        let from = lossy.setting("betas_from")?;
         let source = match from.split_once(':') {
             Some(("checkpoint", path)) => {
                 Source::Checkpoint(path.replace("%20", " ").replace("%25", "%"))
@@ -126,15 +131,10 @@ impl Bound {
                 abs: 0.0,
             };
         };
-        let word = |key: &str| {
-            l.settings
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-        };
         // A log-domain residual, from a previous version or from a prediction: every element
         // within half a step of what was committed.
-        let log_step = (word("mode") == Some("log"))
-            .then(|| word("step")?.parse::<f64>().ok())
+        let log_step = (l.setting("mode") == Some("log"))
+            .then(|| l.setting("step")?.parse::<f64>().ok())
             .flatten()
             .filter(|s| s.is_finite() && *s > 0.0);
         // Half a unit in the last place of the dtype, relative.
@@ -171,7 +171,7 @@ pub struct Decay<'a> {
 /// fresh second moments can be far below the old ones.
 const LEAST_BETA2: f64 = 0.9;
 
-/// β2, from the second moments of `steps` optimizer steps apart. Adam's update `v ← β2·v + (1 −
+/// β2, from one second moment `steps` optimizer steps apart. Adam's update `v ← β2·v + (1 −
 /// β2)·g²` never lets an element fall below `β2` times its previous value, so across `k` steps
 /// `v_now / v_before ≥ β2^k` for every element, with equality where the gradients were zero: the
 /// smallest ratio bounds `β2^k` from above, and taking each previous value at the least it can
@@ -182,29 +182,22 @@ const LEAST_BETA2: f64 = 0.9;
 /// dtype's normal range are compared (a subnormal's rounding is not relative), and the bound is
 /// raised by one unit roundoff per step. Where it can mislead: an optimizer reset between the
 /// two commits whose fresh moments all happen to lie within `β2^k` of the old ones.
-pub fn infer_beta2(moments: &[Decay<'_>], steps: u64) -> Option<f64> {
+pub fn infer_beta2(d: &Decay<'_>, steps: u64) -> Option<f64> {
     if steps == 0 {
         return None;
     }
-    // The smallest normal value and the unit roundoff of each moment's dtype.
-    let grid = |d: Dtype| match d {
+    // The dtype's smallest normal value and unit roundoff.
+    let (normal, roundoff) = match d.dtype {
         Dtype::F16 => (2f64.powi(-14), 2f64.powi(-11)),
         Dtype::BF16 => (2f64.powi(-126), 2f64.powi(-8)),
         _ => (2f64.powi(-126), 2f64.powi(-24)),
     };
-    let roundoff = moments.iter().map(|d| grid(d.dtype).1).fold(0.0, f64::max);
-    let least = moments
-        .iter()
-        .flat_map(|d| {
-            let n = d.current.len() / d.dtype.size();
-            let normal = grid(d.dtype).0;
-            (0..n).filter_map(move |i| {
-                let now = scalar::value(d.dtype, d.current, i);
-                let decoded = scalar::value(d.dtype, d.previous, i);
-                let before = d.bound.least(decoded);
-                (now.is_finite() && now >= normal && before.is_finite() && before >= normal)
-                    .then(|| now / before)
-            })
+    let least = (0..d.current.len() / d.dtype.size())
+        .filter_map(|i| {
+            let now = scalar::value(d.dtype, d.current, i);
+            let before = d.bound.least(scalar::value(d.dtype, d.previous, i));
+            (now.is_finite() && now >= normal && before.is_finite() && before >= normal)
+                .then(|| now / before)
         })
         .fold(f64::INFINITY, f64::min);
     if least >= 1.0 {
@@ -230,6 +223,16 @@ mod tests {
             .collect()
     }
 
+    /// A second moment now and before, as `infer_beta2` takes it (the bytes leak: a test's).
+    fn decay(now: &[f32], before: &[f32], bound: Bound) -> Decay<'static> {
+        Decay {
+            dtype: Dtype::F32,
+            current: Box::leak(f32s(now).into_boxed_slice()),
+            previous: Box::leak(f32s(before).into_boxed_slice()),
+            bound,
+        }
+    }
+
     #[test]
     fn beta2_is_bounded_from_above_by_the_second_moments_decay() {
         let before: Vec<f32> = (0..20_000)
@@ -248,13 +251,7 @@ mod tests {
             factor: 1.0,
             abs: 0.0,
         };
-        let d = |previous: &[u8], bound| Decay {
-            dtype: Dtype::F32,
-            current: Box::leak(f32s(&after).into_boxed_slice()),
-            previous: Box::leak(previous.to_vec().into_boxed_slice()),
-            bound,
-        };
-        let b = infer_beta2(&[d(&f32s(&before), exact)], 20).unwrap();
+        let b = infer_beta2(&decay(&after, &before, exact), 20).unwrap();
         assert!((0.9499..0.9502).contains(&b), "{b}");
 
         // Decoded within half an octave: still an upper bound, and close.
@@ -267,10 +264,10 @@ mod tests {
             factor: 0.5f64.exp2() * (1.0 + 1e-6),
             abs: f64::INFINITY,
         };
-        let b = infer_beta2(&[d(&f32s(&rough), half_octave)], 20).unwrap();
+        let b = infer_beta2(&decay(&after, &rough, half_octave), 20).unwrap();
         assert!((0.95..0.97).contains(&b), "{b}");
         // Ignoring how it was decoded would have guessed too small a β2.
-        let wrong = infer_beta2(&[d(&f32s(&rough), exact)], 20).unwrap();
+        let wrong = infer_beta2(&decay(&after, &rough, exact), 20).unwrap();
         assert!(wrong < 0.95, "{wrong}");
 
         // Subnormal second moments (a row the data left long ago) round coarsely: their ratio
@@ -280,13 +277,7 @@ mod tests {
             tiny_before[i * 7] = 1e-44;
             tiny_after[i * 7] = 2.8e-45;
         }
-        let tiny = Decay {
-            dtype: Dtype::F32,
-            current: Box::leak(f32s(&tiny_after).into_boxed_slice()),
-            previous: Box::leak(f32s(&tiny_before).into_boxed_slice()),
-            bound: exact,
-        };
-        let b = infer_beta2(&[tiny], 20).unwrap();
+        let b = infer_beta2(&decay(&tiny_after, &tiny_before, exact), 20).unwrap();
         assert!((0.9499..0.9502).contains(&b), "{b}");
 
         // A replaced optimizer: fresh moments from 20 steps, some elements' gradients tiny
@@ -298,21 +289,9 @@ mod tests {
                 1e-3
             }
         });
-        let replaced = Decay {
-            dtype: Dtype::F32,
-            current: Box::leak(f32s(&fresh).into_boxed_slice()),
-            previous: Box::leak(f32s(&before).into_boxed_slice()),
-            bound: exact,
-        };
-        assert_eq!(infer_beta2(&[replaced], 20), None);
-        assert_eq!(infer_beta2(&[d(&f32s(&before), exact)], 0), None);
-        let grown = Decay {
-            dtype: Dtype::F32,
-            current: Box::leak(f32s(&before).into_boxed_slice()),
-            previous: Box::leak(f32s(&before).into_boxed_slice()),
-            bound: exact,
-        };
-        assert_eq!(infer_beta2(&[grown], 20), None);
+        assert_eq!(infer_beta2(&decay(&fresh, &before, exact), 20), None);
+        assert_eq!(infer_beta2(&decay(&after, &before, exact), 0), None);
+        assert_eq!(infer_beta2(&decay(&before, &before, exact), 20), None);
     }
 
     #[test]
@@ -327,9 +306,15 @@ mod tests {
                 values: (0.9, 0.95),
                 source,
             };
+            let lossy = |settings: String| Lossy {
+                settings,
+                max_abs_error: 0.0,
+                rel_error: 0.0,
+                est_delta_loss: None,
+            };
             let settings = format!("residual mode=linear step=1e-3 {} role=param", b.words());
-            assert_eq!(Betas::from_settings(&settings), Some(b));
+            assert_eq!(Betas::recorded(&lossy(settings)), Some(b));
+            assert_eq!(Betas::recorded(&lossy("quant bins=8".into())), None);
         }
-        assert_eq!(Betas::from_settings("quant bins=8"), None);
     }
 }

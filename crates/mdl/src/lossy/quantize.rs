@@ -115,28 +115,20 @@ pub(crate) fn quantize(
                 payload,
                 reference: r.reference.clone(),
             };
-            let predicted = match (r.predict, &r.reference) {
-                (None, _) => "",
-                (Some(_), Some(_)) => " predict=sqrt-rows-cols",
-                (Some(_), None) => " predict=rows-cols",
+            // `residual mode=M step=S` against a reference, `uniform step=S` against zeros
+            // (always linear), then how a predicted payload's prediction was made.
+            let (kind, predicted) = match (&r.reference, r.predict) {
+                (Some(_), None) => ("residual", ""),
+                (Some(_), Some(_)) => ("residual", " predict=sqrt-rows-cols"),
+                (None, Some(_)) => ("uniform", " predict=rows-cols"),
+                (None, None) => ("uniform", ""),
             };
-            (
-                encoded,
-                render,
-                match (&r.reference, r.predict) {
-                    (Some(_), _) => format!(
-                        "residual mode={} step={:e}{predicted}",
-                        r.mode.name(),
-                        r.step
-                    ),
-                    (None, Some(_)) => format!(
-                        "uniform mode={} step={:e}{predicted}",
-                        r.mode.name(),
-                        r.step
-                    ),
-                    (None, None) => format!("uniform step={:e}", r.step),
-                },
-            )
+            let mode = match (&r.reference, r.predict) {
+                (None, None) => String::new(),
+                _ => format!(" mode={}", r.mode.name()),
+            };
+            let settings = format!("{kind}{mode} step={:e}{predicted}", r.step);
+            (encoded, render, settings)
         }
         None => {
             let stats = engine.key_stats(w, moments);

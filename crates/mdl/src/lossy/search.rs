@@ -546,15 +546,16 @@ impl PlanInput<'_> {
                     );
                     let st = st.into_iter().next().unwrap_or_default();
                     if (st.exact as f64) <= MOMENT_EXACT_LIMIT * st.codes.total() as f64 {
+                        let sparsify = sparsify_of(i);
+                        // A held second moment keeps its reference's value exactly, which only
+                        // codes against the reference itself do.
+                        let held = matches!(sparsify, Some(Sparsify::Hold { .. }));
                         plan.residual = Some(Residual {
                             reference: Some(reference.clone()),
                             mode,
                             step,
-                            sparsify: sparsify_of(i),
-                            // A held second moment keeps its reference's value exactly, which
-                            // only codes against the reference itself do.
-                            predict: predict_of(i)
-                                .filter(|_| !matches!(sparsify_of(i), Some(Sparsify::Hold { .. }))),
+                            sparsify,
+                            predict: predict_of(i).filter(|_| !held),
                         });
                         return Ok((i, plan));
                     }
