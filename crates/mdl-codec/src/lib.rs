@@ -22,6 +22,7 @@ pub mod huffman;
 pub mod planes;
 pub mod qrecord;
 pub mod quant;
+pub mod rans;
 pub mod residual;
 pub mod scalar;
 mod tensor;

@@ -154,9 +154,10 @@ pub fn quant_payload(input: &[u8]) {
 }
 
 /// A quant-residual or quant-uniform payload (the first byte chooses the dtype and the view),
-/// predicted second-moment payloads included: decoding with or without a reference never
-/// panics, and a predicted payload built from the bytes decodes to what its encoder rendered,
-/// every element within half a step of its value.
+/// predicted second-moment payloads and codes by classes included: decoding with or without a
+/// reference never panics, and a predicted payload built from the bytes decodes to what its
+/// encoder rendered (its codes recoded by classes too), every element within half a step of its
+/// value.
 pub fn residual_payload(input: &[u8]) {
     const DTYPES: [Dtype; 3] = [Dtype::BF16, Dtype::F16, Dtype::F32];
     let Some((&sel, rest)) = input.split_first() else {
@@ -192,6 +193,10 @@ pub fn residual_payload(input: &[u8]) {
             residual::encode(dtype, &values, Some(&prediction), residual::Mode::Log, 1.0);
         let payload = p.wrap(&inner);
         residual::decode(dtype, &payload, r, &mut out).expect("decodes what it encoded");
+        assert_eq!(out, render);
+        // Its codes by classes of rows (or columns) decode to the same.
+        let classed = residual::context_code(dtype, payload, (rows, 37));
+        residual::decode(dtype, &classed, r, &mut out).expect("decodes its classed form");
         assert_eq!(out, render);
         for i in 0..n {
             let (x, y) = (

@@ -115,6 +115,7 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
                 ],
             ),
             with(9, &(0..=255).collect::<Vec<u8>>()),
+            classed_residual(),
         ],
         "safetensors_header" => {
             let file = safetensors_file();
@@ -182,4 +183,30 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         ],
         other => panic!("no fuzz target {other}"),
     }
+}
+
+/// A linear f32 payload of 8 × 37 elements (the target's first byte 29) against the target's
+/// reference, its codes by classes of rows (width 3).
+fn classed_residual() -> Vec<u8> {
+    use mdl_codec::residual;
+    let (rows, n) = (8, 8 * 37);
+    let reference: Vec<u8> = (0..n * 4).map(|i| (i * 29 % 251) as u8 | 0x01).collect();
+    let values: Vec<u8> = (0..n)
+        .flat_map(|i| {
+            let r = mdl_codec::scalar::value(Dtype::F32, &reference, i);
+            let moved = r + ((i * 7 % 5) as f64 - 2.0) * (1 + i / 37 % 4) as f64;
+            (moved as f32).to_le_bytes()
+        })
+        .collect();
+    let (payload, _) = residual::encode(
+        Dtype::F32,
+        &values,
+        Some(&reference),
+        residual::Mode::Linear,
+        1.0,
+    );
+    let classed = residual::context_code(Dtype::F32, payload, (rows, 37));
+    let parts = residual::parse(Dtype::F32, &classed, Some(n * 4), n * 4).expect("a payload");
+    assert!(matches!(parts.codes, residual::Codes::Classed(_)));
+    [&[29u8][..], &classed].concat()
 }

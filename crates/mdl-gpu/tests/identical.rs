@@ -9,7 +9,7 @@
 use mdl_codec::engine::{CpuEngine, Engine, FloatView, Lut, Moments};
 use mdl_codec::float;
 use mdl_codec::planes::Transform;
-use mdl_codec::residual::Mode;
+use mdl_codec::residual::{self, Mode};
 use mdl_format::Dtype;
 use mdl_gpu::GpuEngine;
 
@@ -445,6 +445,12 @@ fn residual_quantizer(gpu: &dyn Engine) {
                     gpu.residual_decode(dtype, &c.0, against, &mut out)
                         .unwrap_or_else(|e| panic!("{what} step {s}: decode failed: {e}"));
                     assert!(out == c.1, "{what} step {s}: decoded bytes differ");
+                    // Codes by classes (recoded on the host) decode alike.
+                    let rows = if n % 8 == 0 { 8 } else { 1 };
+                    let classed = residual::context_code(dtype, c.0.clone(), (rows, n / rows));
+                    gpu.residual_decode(dtype, &classed, against, &mut out)
+                        .unwrap_or_else(|e| panic!("{what} step {s}: classed decode: {e}"));
+                    assert!(out == c.1, "{what} step {s}: classed decoded bytes differ");
                     let cut = &c.0[..c.0.len() - 1];
                     let fault = |e: &dyn Engine| {
                         let mut out = vec![0u8; values.len()];

@@ -231,6 +231,8 @@ fn reencode(
     );
     let (new_payload, content) =
         residual::encode(tensor.dtype, &pruned, Some(&reference), mode, step);
+    let view_of = residual::view_of(&tensor.shape);
+    let new_payload = residual::context_code(tensor.dtype, new_payload, view_of);
     // What a reader will get: decoded again, not taken from the encoder's word.
     let mut decoded = vec![0u8; current.len()];
     residual::decode(tensor.dtype, &new_payload, Some(&reference), &mut decoded)

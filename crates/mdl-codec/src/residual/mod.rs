@@ -20,6 +20,7 @@
 //! content, errors never accumulate along a chain: every object decodes to exactly what its
 //! commit measured.
 
+mod classes;
 mod measure;
 mod predict;
 mod quantizer;
@@ -196,10 +197,46 @@ pub struct Parts<'a> {
     pub exact_count: u64,
     /// Their bytes, in element order.
     pub exact: &'a [u8],
-    /// The entropy stream of the codes' low bytes.
-    pub low: &'a [u8],
-    /// That of their high bytes, in a two-plane payload.
-    pub high: Option<&'a [u8]>,
+    /// How the codes are stored.
+    pub codes: Codes<'a>,
+}
+
+/// A payload's codes as stored (its width byte says which).
+#[derive(Clone, Copy)]
+pub enum Codes<'a> {
+    /// Huffman streams ([`crate::huffman`]): the low bytes, and the high bytes of a two-plane
+    /// payload (widths 1 and 2).
+    Huffman {
+        /// The low bytes' stream.
+        low: &'a [u8],
+        /// The high bytes' stream, in a two-plane payload.
+        high: Option<&'a [u8]>,
+    },
+    /// One plane of bytes coded by classes of rows or columns (width 3, `classes`).
+    Classed(&'a [u8]),
+}
+
+impl Codes<'_> {
+    /// The codes' low bytes and, for a two-plane payload, their high bytes, decoded.
+    pub fn planes(self, n: usize) -> Result<(Vec<u8>, Option<Vec<u8>>), FormatError> {
+        let mut low = vec![0u8; n];
+        match self {
+            Codes::Huffman { low: l, high } => {
+                decode_stream(l, &mut low)?;
+                let high = high
+                    .map(|stream| {
+                        let mut high = vec![0u8; n];
+                        decode_stream(stream, &mut high).map(|()| high)
+                    })
+                    .transpose()?;
+                Ok((low, high))
+            }
+            Codes::Classed(section) => {
+                classes::decode(section, &mut low)?;
+                Ok((low, None))
+            }
+        }
+    }
 }
 
 impl Parts<'_> {
@@ -267,16 +304,23 @@ pub fn parse(
     at += exact_len;
     let width = *payload.get(at).ok_or_else(|| bad("truncated code width"))?;
     at += 1;
-    let (low, high) = match width {
-        1 => (&payload[at..], None),
+    let codes = match width {
+        1 => Codes::Huffman {
+            low: &payload[at..],
+            high: None,
+        },
         2 => {
             let len = varint::read(payload, &mut at).ok_or_else(|| bad("truncated code stream"))?;
             let end = at
                 .checked_add(usize::try_from(len).map_err(|_| bad("code stream too long"))?)
                 .filter(|&e| e <= payload.len())
                 .ok_or_else(|| bad("truncated code stream"))?;
-            (&payload[at..end], Some(&payload[end..]))
+            Codes::Huffman {
+                low: &payload[at..end],
+                high: Some(&payload[end..]),
+            }
         }
+        3 => Codes::Classed(&payload[at..]),
         _ => return Err(bad("unknown code width")),
     };
     Ok(Parts {
@@ -284,9 +328,41 @@ pub fn parse(
         quant,
         exact_count: count,
         exact,
-        low,
-        high,
+        codes,
     })
+}
+
+/// `payload`, of a `dtype` tensor viewed as `rows × cols`, with its one-byte codes coded by
+/// classes (`classes`, width 3) where that is smaller than their Huffman stream; any other
+/// payload unchanged. Every engine's payload passes through here, so both store the same bytes.
+pub fn context_code(dtype: Dtype, payload: Vec<u8>, (rows, cols): (usize, usize)) -> Vec<u8> {
+    let n = rows * cols;
+    let inner_at = match Predictor::unwrap(&payload, Some(n)) {
+        Ok(Some((_, inner))) => payload.len() - inner.len(),
+        Ok(None) => 0,
+        Err(_) => return payload,
+    };
+    let len = n * dtype.size();
+    let stream = match parse(dtype, &payload[inner_at..], Some(len), len) {
+        Ok(Parts {
+            codes: Codes::Huffman { low, high: None },
+            ..
+        }) => low,
+        _ => return payload,
+    };
+    let mut low = vec![0u8; n];
+    if n == 0 || decode_stream(stream, &mut low).is_err() {
+        return payload;
+    }
+    let section = classes::encode(&low, rows);
+    if section.len() >= stream.len() {
+        return payload;
+    }
+    // The width byte sits right before the stream, which runs to the end.
+    let mut out = payload[..payload.len() - stream.len() - 1].to_vec();
+    out.push(3);
+    out.extend_from_slice(&section);
+    out
 }
 
 /// Decodes a payload into `out`: a `quant-residual` one against `reference` (the base's decoded
@@ -306,15 +382,7 @@ pub fn decode(
     let parts = parse(dtype, payload, reference.map(<[u8]>::len), out.len())?;
     let (mode, quant, count, exact) = (parts.mode, &parts.quant, parts.exact_count, parts.exact);
     let n = out.len() / size;
-    let mut low = vec![0u8; n];
-    decode_stream(parts.low, &mut low)?;
-    let high = parts
-        .high
-        .map(|stream| {
-            let mut high = vec![0u8; n];
-            decode_stream(stream, &mut high).map(|()| high)
-        })
-        .transpose()?;
+    let (low, high) = parts.codes.planes(n)?;
     let high = high.as_deref();
     // Chunk `c`'s codes, as their byte planes.
     let planes_of = |c: usize| {

@@ -437,3 +437,63 @@ fn log_codes_are_decided_by_the_thresholds() {
         }
     }
 }
+
+/// A payload whose codes are coded by classes decodes to the very reconstruction its Huffman
+/// form does, is smaller where rows differ in how far they moved, and leaves payloads it
+/// cannot improve (two-plane codes, tiny tensors) as they were; predicted payloads keep their
+/// header.
+#[test]
+fn codes_by_classes_decode_to_the_same_reconstruction() {
+    let mut rng = Rng(11);
+    let (rows, cols) = (384, 256);
+    let n = rows * cols;
+    let base: Vec<f64> = (0..n).map(|_| normal(&mut rng) * 0.02).collect();
+    // Rows that move 1, 2, 4 or 8 times as far: the classes' case.
+    let cur: Vec<f64> = base
+        .iter()
+        .enumerate()
+        .map(|(i, b)| b + normal(&mut rng) * 1e-4 * (1 << (i / cols % 4)) as f64)
+        .collect();
+    let dtype = Dtype::F32;
+    let (vb, rb) = (enc(dtype, &cur), enc(dtype, &base));
+    let (payload, render) = encode(dtype, &vb, Some(&rb), Mode::Linear, 2e-4);
+    let classed = super::context_code(dtype, payload.clone(), (rows, cols));
+    assert!(
+        classed.len() * 100 < payload.len() * 95,
+        "{} against {} bytes",
+        classed.len(),
+        payload.len()
+    );
+    let mut out = vec![0u8; vb.len()];
+    decode(dtype, &classed, Some(&rb), &mut out).unwrap();
+    assert_eq!(out, render);
+    // Damage anywhere in the classed section is an error or other content, never a panic.
+    for at in (9..classed.len()).step_by(13) {
+        let mut bad = classed.clone();
+        bad[at] ^= 0x21;
+        let _ = decode(dtype, &bad, Some(&rb), &mut out);
+    }
+    assert!(decode(dtype, &classed[..classed.len() - 1], Some(&rb), &mut out).is_err());
+
+    // Wide codes stay Huffman-coded: fine steps against zeros.
+    let (wide, _) = encode(dtype, &vb, None, Mode::Linear, 1e-6);
+    assert_eq!(super::context_code(dtype, wide.clone(), (rows, cols)), wide);
+
+    // A predicted second moment: the header is kept, the inner payload recoded.
+    let v: Vec<f64> = (0..n)
+        .map(|i| (1e-8 * (1 << (i / cols % 4)) as f64) * (1.0 + rng.next_f64()))
+        .collect();
+    let vb = enc(dtype, &v);
+    let p = super::Predictor::fit(dtype, &vb, None, (rows, cols));
+    let prediction = p.predict(dtype, None).unwrap();
+    let (inner, render) = encode(dtype, &vb, Some(&prediction), Mode::Log, 1.0);
+    let wrapped = p.wrap(&inner);
+    let classed = super::context_code(dtype, wrapped.clone(), (rows, cols));
+    assert!(classed.len() <= wrapped.len());
+    assert_eq!(
+        classed[..wrapped.len() - inner.len()],
+        wrapped[..wrapped.len() - inner.len()]
+    );
+    decode(dtype, &classed, None, &mut out).unwrap();
+    assert_eq!(out, render);
+}

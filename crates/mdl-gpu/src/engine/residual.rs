@@ -4,7 +4,7 @@
 //! ([`residual::device_quantizer`]) and the sums kept in its order ([`residual::LANES`] per
 //! block, blocks then chunks in order), so the results are the CPU engine's bits.
 
-use mdl_codec::residual::{self, Mode, ResidualStats};
+use mdl_codec::residual::{self, Codes, Mode, ResidualStats};
 use mdl_codec::scalar;
 
 use mdl_codec::engine::{scales, sum, FloatView, Moments};
@@ -284,22 +284,29 @@ pub(super) fn decode_on(
         return Ok(false);
     };
     let n = (out.len() / dtype.size()) as u64;
-    let coded = [Some(parts.low), parts.high];
-    let mut streams = Vec::with_capacity(2);
-    for bytes in coded.into_iter().flatten() {
-        match Stream::parse(bytes, n) {
-            Ok(s) if s.chunk_len() == CHUNK => streams.push(s),
-            _ => return Ok(false),
+    let (sym, g, wide) = match parts.codes {
+        Codes::Huffman { low, high } => {
+            let mut streams = Vec::with_capacity(2);
+            for bytes in [Some(low), high].into_iter().flatten() {
+                match Stream::parse(bytes, n) {
+                    Ok(s) if s.chunk_len() == CHUNK => streams.push(s),
+                    _ => return Ok(false),
+                }
+            }
+            let g = Geometry::bytes(n, streams.len());
+            let Some(sym) = decode_symbols(gpu, lane, g, &streams)? else {
+                return Ok(false);
+            };
+            (sym, g, high.is_some())
         }
-    }
-    let g = Geometry::bytes(n, streams.len());
-    let Some(sym) = decode_symbols(gpu, lane, g, &streams)? else {
-        return Ok(false);
+        // Codes by classes are decoded on the host (rANS chunks are sequential within).
+        Codes::Classed(_) => match parts.codes.planes(n as usize) {
+            Ok((low, _)) => (lane.put(&low)?, Geometry::bytes(n, 1), false),
+            Err(_) => return Ok(false),
+        },
     };
     let low = sym.slice(..n as usize);
-    let high = parts
-        .high
-        .map(|_| sym.slice(g.stride as usize..(g.stride + n) as usize));
+    let high = wide.then(|| sym.slice(g.stride as usize..(g.stride + n) as usize));
     let tiles = n.div_ceil(CODE_TILE);
     let mut tile_exact = lane.alloc::<u64>(tiles as usize)?;
     let mut bad = lane.zeros::<u32>(1)?;

@@ -46,9 +46,12 @@ pub(crate) struct Residual {
     pub step: f64,
     /// What the encoder drops first (moments only).
     pub sparsify: Option<Sparsify>,
-    /// Log-mode codes against a prediction fitted to the tensor viewed as `(rows, cols)`
-    /// (`residual::Predictor`; second moments), instead of against the reference itself.
-    pub predict: Option<(usize, usize)>,
+    /// Log-mode codes against a prediction fitted to the tensor's view (`residual::Predictor`;
+    /// second moments), instead of against the reference itself.
+    pub predict: bool,
+    /// The tensor viewed as `(rows, cols)` (`residual::view_of`): the prediction's factors and
+    /// the code classes (`residual::context_code`) go by its rows and columns.
+    pub view: (usize, usize),
 }
 
 impl TensorPlan {
@@ -100,8 +103,8 @@ pub(crate) fn quantize(
                 bytes: values,
             };
             let (payload, render) = match r.predict {
-                Some(view) => {
-                    let p = residual::Predictor::fit(w.dtype, values.bytes, reference, view);
+                true => {
+                    let p = residual::Predictor::fit(w.dtype, values.bytes, reference, r.view);
                     let prediction = p
                         .predict(w.dtype, reference)
                         .expect("a prediction for the reference it was fitted with");
@@ -109,8 +112,9 @@ pub(crate) fn quantize(
                         engine.residual_encode(values, Some(&prediction), r.mode, r.step);
                     (p.wrap(&inner), render)
                 }
-                None => engine.residual_encode(values, reference, r.mode, r.step),
+                false => engine.residual_encode(values, reference, r.mode, r.step),
             };
+            let payload = residual::context_code(w.dtype, payload, r.view);
             let encoded = Encoded::Residual {
                 payload,
                 reference: r.reference.clone(),
@@ -118,13 +122,13 @@ pub(crate) fn quantize(
             // `residual mode=M step=S` against a reference, `uniform step=S` against zeros
             // (always linear), then how a predicted payload's prediction was made.
             let (kind, predicted) = match (&r.reference, r.predict) {
-                (Some(_), None) => ("residual", ""),
-                (Some(_), Some(_)) => ("residual", " predict=sqrt-rows-cols"),
-                (None, Some(_)) => ("uniform", " predict=rows-cols"),
-                (None, None) => ("uniform", ""),
+                (Some(_), false) => ("residual", ""),
+                (Some(_), true) => ("residual", " predict=sqrt-rows-cols"),
+                (None, true) => ("uniform", " predict=rows-cols"),
+                (None, false) => ("uniform", ""),
             };
             let mode = match (&r.reference, r.predict) {
-                (None, None) => String::new(),
+                (None, false) => String::new(),
                 _ => format!(" mode={}", r.mode.name()),
             };
             let settings = format!("{kind}{mode} step={:e}{predicted}", r.step);

@@ -373,7 +373,8 @@ impl PlanInput<'_> {
                         mode: linear,
                         step,
                         sparsify: None,
-                        predict: None,
+                        predict: false,
+                        view: residual::view_of(&self.input.pieces[i].header.shape),
                     }),
                     sampled: every > 1,
                 }
@@ -504,9 +505,7 @@ impl PlanInput<'_> {
             (source, mode, step)
         };
         let role_is_second = |i: usize| self.roles[i] == Role::SecondMoment;
-        // Second moments are coded against a prediction (`residual::Predictor`).
-        let predict_of =
-            |i: usize| role_is_second(i).then(|| residual::view_of(&pieces[i].header.shape));
+        let view_of = |i: usize| residual::view_of(&pieces[i].header.shape);
         let mut sources: Vec<usize> = moments.iter().filter_map(|m| residual_of(m.0).0).collect();
         sources.sort_unstable();
         sources.dedup();
@@ -555,7 +554,10 @@ impl PlanInput<'_> {
                             mode,
                             step,
                             sparsify,
-                            predict: predict_of(i).filter(|_| !held),
+                            // Second moments are coded against a prediction
+                            // (`residual::Predictor`).
+                            predict: role_is_second(i) && !held,
+                            view: view_of(i),
                         });
                         return Ok((i, plan));
                     }
@@ -568,7 +570,8 @@ impl PlanInput<'_> {
                         mode: residual::Mode::Log,
                         step: SECOND_MOMENT_LOG_STEP,
                         sparsify: None,
-                        predict: predict_of(i),
+                        predict: true,
+                        view: view_of(i),
                     });
                     return Ok((i, plan));
                 }
