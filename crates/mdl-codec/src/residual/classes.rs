@@ -68,33 +68,6 @@ impl Classes {
             }
         }
     }
-
-    /// The classes' count of each symbol, per class.
-    fn histograms(&self, codes: &[u8]) -> Vec<[u64; 256]> {
-        let classes = if self.kind == Kind::None { 1 } else { CLASSES };
-        codes
-            .par_chunks(rans::CHUNK)
-            .enumerate()
-            .map(|(c, chunk)| {
-                let start = c * rans::CHUNK;
-                let mut ctx = Vec::with_capacity(chunk.len());
-                self.fill(start..start + chunk.len(), &mut ctx);
-                let mut h = vec![[0u64; 256]; classes];
-                for (&s, &k) in chunk.iter().zip(&ctx) {
-                    h[k as usize][s as usize] += 1;
-                }
-                h
-            })
-            .reduce(
-                || vec![[0u64; 256]; classes],
-                |mut a, b| {
-                    for (x, y) in a.iter_mut().zip(&b) {
-                        x.iter_mut().zip(y).for_each(|(x, y)| *x += y);
-                    }
-                    a
-                },
-            )
-    }
 }
 
 /// A code byte's magnitude `|q|` (the special codes, +0 and exact, count as 0).
@@ -118,51 +91,119 @@ fn quartiles(means: &[f64]) -> Vec<u8> {
         .collect()
 }
 
-/// The candidates' classes for `codes` viewed as `rows × cols`: none, and where both sides
-/// have more than one line, by row and by column.
-fn candidates(codes: &[u8], rows: usize, cols: usize) -> Vec<Classes> {
-    let mut out = vec![Classes {
-        kind: Kind::None,
-        cols,
-        class: Vec::new(),
-    }];
-    if rows < 2 || cols < 2 {
-        return out;
+/// Counts of each symbol: one histogram a class.
+type Histograms = Vec<[u64; 256]>;
+
+fn add(mut a: Histograms, b: Histograms) -> Histograms {
+    for (x, y) in a.iter_mut().zip(&b) {
+        x.iter_mut().zip(y).for_each(|(x, y)| *x += y);
     }
-    let row_sums: Vec<u64> = codes
-        .par_chunks(cols)
-        .map(|row| row.iter().map(|&c| magnitude(c) as u64).sum())
-        .collect();
-    let col_sums = codes
-        .par_chunks(cols * rows.div_ceil(64).max(1))
+    a
+}
+
+/// Rows a parallel work item takes (about a chunk's elements).
+fn rows_per_item(cols: usize) -> usize {
+    (rans::CHUNK / cols.max(1)).max(1)
+}
+
+/// The sums of code magnitudes of every row and every column, in one pass.
+fn line_sums(codes: &[u8], cols: usize) -> (Vec<u64>, Vec<u64>) {
+    let parts: Vec<(Vec<u64>, Vec<u64>)> = codes
+        .par_chunks(cols * rows_per_item(cols))
         .map(|block| {
-            let mut s = vec![0u64; cols];
-            for row in block.chunks(cols) {
-                s.iter_mut()
-                    .zip(row)
-                    .for_each(|(s, &c)| *s += magnitude(c) as u64);
-            }
-            s
+            let mut col_sums = vec![0u64; cols];
+            let row_sums = block
+                .chunks(cols)
+                .map(|row| {
+                    let mut sum = 0u64;
+                    for (c, &code) in col_sums.iter_mut().zip(row) {
+                        let m = magnitude(code) as u64;
+                        *c += m;
+                        sum += m;
+                    }
+                    sum
+                })
+                .collect();
+            (row_sums, col_sums)
         })
-        .reduce(
-            || vec![0u64; cols],
-            |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-                a
-            },
-        );
+        .collect();
+    let mut col_sums = vec![0u64; cols];
+    let mut row_sums = Vec::new();
+    for (rows, cols) in parts {
+        row_sums.extend(rows);
+        col_sums.iter_mut().zip(&cols).for_each(|(a, b)| *a += b);
+    }
+    (row_sums, col_sums)
+}
+
+/// The symbol counts of each row class and of each column class, in one pass.
+fn class_histograms(codes: &[u8], cols: usize, rows: &[u8], columns: &[u8]) -> [Histograms; 2] {
+    let per = rows_per_item(cols);
+    let empty = || [vec![[0u64; 256]; CLASSES], vec![[0u64; 256]; CLASSES]];
+    codes
+        .par_chunks(cols * per)
+        .enumerate()
+        .map(|(b, block)| {
+            let [mut by_row, mut by_col] = empty();
+            for (r, row) in block.chunks(cols).enumerate() {
+                let h = &mut by_row[rows[b * per + r] as usize];
+                for (&code, &k) in row.iter().zip(columns) {
+                    h[code as usize] += 1;
+                    by_col[k as usize][code as usize] += 1;
+                }
+            }
+            [by_row, by_col]
+        })
+        .reduce(empty, |[a, b], [c, d]| [add(a, c), add(b, d)])
+}
+
+/// The candidates for `codes` viewed as `rows × cols`, each with its histograms: no classes,
+/// and where both sides have more than one line, classes by row and by column.
+fn candidates(codes: &[u8], rows: usize, cols: usize) -> Vec<(Classes, Histograms)> {
+    let none = |hist| {
+        let classes = Classes {
+            kind: Kind::None,
+            cols,
+            class: Vec::new(),
+        };
+        (classes, hist)
+    };
+    if rows < 2 || cols < 2 {
+        let hist = codes
+            .par_chunks(rans::CHUNK)
+            .map(|chunk| {
+                let mut h = [0u64; 256];
+                chunk.iter().for_each(|&c| h[c as usize] += 1);
+                vec![h]
+            })
+            .reduce(|| vec![[0u64; 256]], add);
+        return vec![none(hist)];
+    }
+    let (row_sums, col_sums) = line_sums(codes, cols);
     let mean = |s: &[u64], n: usize| s.iter().map(|&x| x as f64 / n as f64).collect::<Vec<_>>();
-    out.push(Classes {
-        kind: Kind::Rows,
-        cols,
-        class: quartiles(&mean(&row_sums, cols)),
-    });
-    out.push(Classes {
-        kind: Kind::Cols,
-        cols,
-        class: quartiles(&mean(&col_sums, rows)),
-    });
-    out
+    let by_rows = quartiles(&mean(&row_sums, cols));
+    let by_cols = quartiles(&mean(&col_sums, rows));
+    let [row_hist, col_hist] = class_histograms(codes, cols, &by_rows, &by_cols);
+    let total = row_hist.iter().cloned().map(|h| vec![h]).reduce(add);
+    vec![
+        none(total.expect("four classes")),
+        (
+            Classes {
+                kind: Kind::Rows,
+                cols,
+                class: by_rows,
+            },
+            row_hist,
+        ),
+        (
+            Classes {
+                kind: Kind::Cols,
+                cols,
+                class: by_cols,
+            },
+            col_hist,
+        ),
+    ]
 }
 
 /// The width-3 section for the one-byte `codes` of a tensor viewed as `rows × cols`: the
@@ -177,8 +218,7 @@ pub(super) fn encode(codes: &[u8], rows: usize) -> Vec<u8> {
     let cols = (n / rows).max(1);
     let best = candidates(codes, rows, cols)
         .into_iter()
-        .map(|classes| {
-            let hist = classes.histograms(codes);
+        .map(|(classes, hist)| {
             let tables: Vec<Option<Table>> = hist.iter().map(Table::from_counts).collect();
             let mut head = vec![classes.kind as u8];
             varint::put(&mut head, rows as u64);
