@@ -227,3 +227,69 @@ fn a_checkpoint_without_moments_reports_the_relative_bound_not_a_loss() {
     assert_eq!(s.adam_betas, None);
     assert_eq!(mdl::show::show(&repo, "HEAD").unwrap().adam_betas, None);
 }
+
+/// The second moments' log step follows β2: two octaves where `v` forgets within about 25
+/// steps (β2 ≤ 0.96), one octave for a longer memory; either way every element of the checkout
+/// is within half a step of what was committed.
+#[test]
+fn second_moments_take_two_octaves_when_they_forget_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    for (betas, octaves) in [("0.9,0.95", 2.0), ("0.9,0.999", 1.0)] {
+        let repo = Repository::init(&dir.path().join(betas)).unwrap();
+        mdl::config::set_config(&repo, "quant.adam_betas", betas).unwrap();
+        let mut run = Run::new(0.95);
+        let file = dir.path().join("ckpt.safetensors");
+        // The first commit codes `v` against its factors; the second against the first.
+        for step in [10, 20] {
+            run.steps(10);
+            run.write(&file, &[]);
+            lossy_commit(&repo, &file, step);
+            let s = mdl::show::show(&repo, "HEAD").unwrap();
+            let v = s
+                .tensors
+                .iter()
+                .find(|t| t.name == "optim.w.exp_avg_sq")
+                .unwrap();
+            let settings = &v.lossy_info.as_ref().expect("a lossy v").settings;
+            assert!(
+                settings.contains(&format!("mode=log step={octaves:e}")),
+                "{betas} at step {step}: {settings}"
+            );
+            let out = dir.path().join("out.safetensors");
+            let opts = mdl::checkout::CheckoutOptions {
+                force: true,
+                ..Default::default()
+            };
+            mdl::checkout::checkout(&repo, "HEAD", &out, &opts, &NoProgress).unwrap();
+            let read = |path: &Path| {
+                let bytes = std::fs::read(path).unwrap();
+                let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+                let layout =
+                    mdl_format::safetensors::parse(&bytes[8..8 + len], bytes.len() as u64).unwrap();
+                let t = layout
+                    .tensors
+                    .iter()
+                    .find(|t| t.name == "optim.w.exp_avg_sq")
+                    .unwrap();
+                let start = (layout.data_start() + t.offset) as usize;
+                bytes[start..start + t.len as usize]
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
+                    .collect::<Vec<_>>()
+            };
+            let (committed, restored) = (read(&file), read(&out));
+            let worst = committed
+                .iter()
+                .zip(&restored)
+                .filter(|(c, _)| **c > 0.0)
+                .map(|(c, r)| (r / c).log2().abs())
+                .fold(0.0, f64::max);
+            assert!(
+                worst <= octaves / 2.0 + 1e-6,
+                "{betas} at step {step}: {worst} octaves"
+            );
+            // Coarse enough to use most of its half step somewhere.
+            assert!(worst > octaves / 4.0, "{betas} at step {step}: {worst}");
+        }
+    }
+}

@@ -185,6 +185,11 @@ pub(super) fn lossy_plans(
         previous_quant: &previous_quant,
         reference: &reference,
         correction,
+        second_moment_step: lossy::second_moment_step(
+            p.betas
+                .as_ref()
+                .map_or(Betas::default().values.1, |b| b.values.1),
+        ),
         loss: loss_of(p.metrics, input),
     };
     let evaluate = |plans: Option<&[Option<TensorPlan>]>| {

@@ -17,10 +17,20 @@ use crate::input::Input;
 use crate::previous::Previous;
 use crate::Result;
 
-/// `exp_avg_sq` against its previous version: the step in octaves (every element within
-/// ±2^(1/2), about ±41 %; Adam's step size within ±19 %). Half this step cost 0.6 bits an
-/// element more for 0.07 percentage points less loss after nine restores (docs/BENCHMARKS.md).
-const SECOND_MOMENT_LOG_STEP: f64 = 1.0;
+/// `exp_avg_sq` against its previous version (or its row and column factors): the step in
+/// octaves for an optimizer whose β2 is `beta2`. Two octaves (every element within a factor
+/// of 2, so Adam's step size within ±41 %) where the second moment forgets within about 25
+/// steps (β2 ≤ 0.96): measured with β2 = 0.95, nine restores ended +0.25 % / +0.19 % above the
+/// unbroken runs against +0.21 % / +0.16 % at one octave, for 15–20 % smaller series. One
+/// octave (±19 %) for a longer memory, where an error in `v` steers the resumed run for
+/// longer and restores were not measured (docs/BENCHMARKS.md, docs/DECISIONS.md).
+pub(crate) fn second_moment_step(beta2: f64) -> f64 {
+    if beta2 <= 0.96 {
+        2.0
+    } else {
+        1.0
+    }
+}
 /// `exp_avg` in units of the square root of the previous `exp_avg_sq` (Adam's own units: an
 /// update is `m/√v`); values within a quarter unit round to zero.
 const FIRST_MOMENT_SCALED_STEP: f64 = 0.5;
@@ -61,6 +71,8 @@ pub(crate) struct PlanInput<'a> {
     /// The reference of tensor `i` for residual coding.
     pub reference: &'a LoadReference<'a>,
     pub correction: Correction,
+    /// The step of second moments' log residuals, in octaves ([`second_moment_step`]).
+    pub second_moment_step: f64,
     pub loss: Option<f64>,
 }
 
@@ -497,7 +509,7 @@ impl PlanInput<'_> {
         let pieces = &self.input.pieces;
         let residual_of = |i: usize| {
             let (source, mode, step) = match self.roles[i] {
-                Role::SecondMoment => (Some(i), residual::Mode::Log, SECOND_MOMENT_LOG_STEP),
+                Role::SecondMoment => (Some(i), residual::Mode::Log, self.second_moment_step),
                 _ => (
                     second_of.get(&i).copied(),
                     residual::Mode::Scaled,
@@ -573,7 +585,7 @@ impl PlanInput<'_> {
                     plan.residual = Some(Residual {
                         reference: None,
                         mode: residual::Mode::Log,
-                        step: SECOND_MOMENT_LOG_STEP,
+                        step: self.second_moment_step,
                         sparsify: None,
                         predict: true,
                         view: view_of(i),
