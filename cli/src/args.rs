@@ -105,10 +105,17 @@ pub(crate) enum Command {
         all: bool,
     },
     /// Show a commit and its tensors.
-    Show { rev: String },
+    Show {
+        /// The commit (a branch, tag, id prefix, REV~N, REV^N).
+        #[arg(default_value = "HEAD")]
+        rev: String,
+    },
     /// Compare two commits tensor by tensor: a summary, then each file and tensor.
     Diff {
+        /// The older side.
         a: String,
+        /// The newer side.
+        #[arg(default_value = "HEAD")]
         b: String,
         /// List only what changed, was added or was removed (the summary still counts all).
         #[arg(long)]
@@ -276,16 +283,23 @@ pub(crate) struct CommitArgs {
     /// Files and directories; a directory's files are committed under their paths in it.
     #[arg(required = true, value_name = "PATH")]
     pub(crate) paths: Vec<PathBuf>,
+    /// The commit message (shown by `log` and `show`).
     #[arg(short, long, default_value = "")]
     pub(crate) message: String,
     /// Commit onto BRANCH (created at HEAD's commit if missing) instead of HEAD's branch.
     #[arg(short, long)]
     pub(crate) branch: Option<String>,
+    /// The training step the checkpoint was saved at (default: a Trainer folder's
+    /// `trainer_state.json` `global_step`, else a safetensors file's `step` metadata); `log`
+    /// shows it, and a lossy commit's estimate corrects Adam's moments for it.
     #[arg(long)]
     pub(crate) step: Option<u64>,
-    /// KEY=VALUE, repeatable.
+    /// A metric recorded with the commit, e.g. `--metric val_loss=2.31` (repeatable); `loss`,
+    /// `val_loss` or `train_loss` also sets what a lossy commit's quality bound is relative to.
     #[arg(long = "metric", value_name = "KEY=VALUE")]
     pub(crate) metrics: Vec<String>,
+    /// Who the commit is by (default: $MDL_AUTHOR, else git's user.name and user.email, else
+    /// the login name).
     #[arg(long)]
     pub(crate) author: Option<String>,
     /// Quantize float tensors under the quality bound (codec.epsilon, or --epsilon).

@@ -490,3 +490,47 @@ fn damaged_checkpoints_links_out_names_and_limits() {
     assert_eq!(state(d), before);
     assert_fsck_clean(d);
 }
+
+/// A plain-HTTP object-storage endpoint without `AWS_ALLOW_HTTP=true`: one line naming the
+/// variable (the client alone said "HTTP error: builder error"), and nothing made anywhere.
+#[test]
+fn a_plain_http_endpoint_names_the_variable_that_allows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let run = |allow: Option<&str>, args: &[&str]| {
+        let mut c = std::process::Command::new(mdl_bin());
+        c.current_dir(dir.path())
+            .args(args)
+            .env("MDL_CACHE_DIR", &cache)
+            .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+            .env("AWS_ACCESS_KEY_ID", "x")
+            .env("AWS_SECRET_ACCESS_KEY", "y")
+            .env_remove("AWS_ALLOW_HTTP");
+        if let Some(v) = allow {
+            c.env("AWS_ALLOW_HTTP", v);
+        }
+        c.output().unwrap()
+    };
+    for args in [
+        &["init", "s3://bucket/p"][..],
+        &["-C", "s3://bucket/p", "log"],
+        &["clone", "s3://bucket/p", "here"],
+    ] {
+        for allow in [None, Some("false")] {
+            let out = run(allow, args);
+            assert!(!out.status.success(), "{args:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+            assert!(
+                err.contains("http://127.0.0.1:9 is plain HTTP; set AWS_ALLOW_HTTP=true"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+    let made: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(made.is_empty(), "{made:?}");
+    assert!(!cache.exists());
+}

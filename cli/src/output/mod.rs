@@ -147,11 +147,36 @@ pub(crate) fn checkout(out: &mut dyn Write, json: bool, c: &CheckoutOutcome) -> 
     Ok(())
 }
 
-fn metrics_text(m: &mdl::log::Metrics) -> String {
+/// `KEY=VALUE` pairs: every digit (`show`), or four significant digits (`log`'s table).
+fn metrics_text(m: &mdl::log::Metrics, short: bool) -> String {
     m.0.iter()
-        .map(|(k, v)| format!("{}={v}", printable(k)))
+        .map(|(k, v)| match short {
+            true => format!("{}={}", printable(k), significant(*v)),
+            false => format!("{}={v}", printable(k)),
+        })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// `v` to four significant digits: whole numbers below ten million as they are, others from
+/// 0.001 to 100,000 in decimals without trailing zeros, the rest in scientific notation
+/// (`1.667e-6`).
+fn significant(v: f64) -> String {
+    let sci = format!("{v:.3e}");
+    let r: f64 = sci.parse().unwrap_or(v);
+    let a = r.abs();
+    if r.fract() == 0.0 && a < 1e7 {
+        return format!("{r:.0}");
+    }
+    let trim = |s: &str| s.trim_end_matches('0').trim_end_matches('.').to_string();
+    if (1e-3..1e5).contains(&a) {
+        let decimals = (3 - a.log10().floor() as i32).max(0) as usize;
+        return trim(&format!("{r:.decimals$}"));
+    }
+    match sci.split_once('e') {
+        Some((m, e)) => format!("{}e{e}", trim(m)),
+        None => sci,
+    }
 }
 
 /// History as a table: a header, then a commit a line (with `--graph`, the lanes before it):
@@ -210,7 +235,7 @@ pub(crate) fn log(
                 step: e.step.map_or_else(|| "-".into(), |s| s.to_string()),
                 stored: size(e.stored_bytes),
                 raw: size(e.raw_bytes),
-                metrics: metrics_text(&e.metrics),
+                metrics: metrics_text(&e.metrics, true),
                 rest,
             }
         })
@@ -262,7 +287,7 @@ pub(crate) fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()>
         writeln!(out, "step     {step}")?;
     }
     if !s.metrics.0.is_empty() {
-        writeln!(out, "metrics  {}", metrics_text(&s.metrics))?;
+        writeln!(out, "metrics  {}", metrics_text(&s.metrics, false))?;
     }
     for (k, v) in &s.metadata {
         writeln!(out, "metadata {}={}", printable(k), printable(v))?;
@@ -635,4 +660,31 @@ pub(crate) fn transfer(
         writeln!(out, "  everything up to date")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::significant;
+
+    #[test]
+    fn metrics_in_the_log_take_four_significant_digits() {
+        for (v, text) in [
+            (2.275888752937317, "2.276"),
+            (0.0000016666666666666667, "1.667e-6"),
+            (0.05, "0.05"),
+            (123.456, "123.5"),
+            (3.0, "3"),
+            (1200.0, "1200"),
+            (-0.25, "-0.25"),
+            (99999.5, "100000"),
+            (123456.7, "123500"),
+            (0.000123456, "1.235e-4"),
+            (1.5e-6, "1.5e-6"),
+            (2.5e9, "2.5e9"),
+            (0.001, "0.001"),
+            (f64::NAN, "NaN"),
+        ] {
+            assert_eq!(significant(v), text, "{v}");
+        }
+    }
 }

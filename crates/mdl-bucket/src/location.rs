@@ -83,6 +83,19 @@ impl Location {
     /// The S3 client: `AWS_*` variables as the AWS tools read them, the bucket from the
     /// location, and conditional writes by ETag (`If-Match`, `If-None-Match`), which refs need.
     pub(crate) fn store(&self) -> Result<Arc<dyn ObjectStore>> {
+        // The client refuses plain HTTP unless told otherwise, and says only "builder error"
+        // when a request is made: name the variable instead, before anything is sent.
+        let allowed = std::env::var("AWS_ALLOW_HTTP").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+        if let Some(endpoint) = Self::endpoint().filter(|e| {
+            e.get(..7)
+                .is_some_and(|s| s.eq_ignore_ascii_case("http://"))
+                && !allowed
+        }) {
+            return Err(Error::Location(format!(
+                "{}: the endpoint {endpoint} is plain HTTP; set AWS_ALLOW_HTTP=true to use it",
+                self.url()
+            )));
+        }
         let mut b = AmazonS3Builder::from_env()
             .with_bucket_name(&self.bucket)
             .with_conditional_put(S3ConditionalPut::ETagMatch)
