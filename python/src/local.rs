@@ -433,6 +433,12 @@ impl Repo {
         }
     }
 
+    /// Waits until the commit in flight, if any, has landed or failed, without taking its
+    /// outcome (`finish` and the next submit still report a failure).
+    fn settle(&self, py: Python<'_>) {
+        py.detach(|| self.committer.settle())
+    }
+
     /// The commit `rev` names, as a full hex id.
     fn resolve(&self, py: Python<'_>, rev: String) -> PyResult<String> {
         self.read(py, |r| Ok(mdl::revision::resolve(r, &rev)?.to_hex()))

@@ -199,6 +199,41 @@ def test_a_background_failure_surfaces_and_changes_nothing(tmp_path):
     assert repo.commit_state(model, opt, step=4).wait().id == repo.resolve("HEAD")
 
 
+def test_a_loop_reads_its_own_commits_at_once(tmp_path):
+    # The README's quick start as pasted: commits that return at once, then a read of main~2.
+    repo = mdl.open(tmp_path / "runs" / "gpt", create=True)
+    model, opt = model_and_optimizer()
+    committed = []
+    for step in range(3):
+        train(model, opt, 1)
+        committed.append({k: v.clone() for k, v in model.state_dict().items()})
+        repo.commit_state(model, opt, step=step, metrics={"loss": 1.0 / (step + 1)})
+    assert [e.step for e in repo.log()] == [2, 1, 0]
+    fresh, fresh_opt = model_and_optimizer()
+    state = repo.load_state("main~2", fresh, fresh_opt)
+    assert state.step == 0
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, committed[0][k]), k
+    # A failure of the commit in flight is still reported by the next commit, not eaten by
+    # a read.
+    objects = os.path.join(repo.root, ".mdl", "objects")
+    moved = objects + ".away"
+    os.rename(objects, moved)
+    with open(objects, "w") as f:
+        f.write("not a folder")
+    try:
+        handle = repo.commit_state(model, opt, step=3)
+        repo.resolve("HEAD")  # waits for it to fail
+        assert handle.done()
+    finally:
+        os.remove(objects)
+        os.rename(moved, objects)
+    assert [e.step for e in repo.log()] == [2, 1, 0]
+    with pytest.raises(mdl.MdlError, match="background commit failed"):
+        repo.commit_state(model, opt, step=4)
+    assert repo.commit_state(model, opt, step=5).wait().id == repo.resolve("HEAD")
+
+
 def test_bad_state_is_refused_before_anything_starts(tmp_path):
     repo = mdl.init(tmp_path / "repo")
     with pytest.raises(TypeError, match="no pickles"):

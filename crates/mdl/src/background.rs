@@ -222,6 +222,21 @@ impl Committer {
         Ok(handle)
     }
 
+    /// Waits until the commit in flight, if any, has landed or failed, leaving its outcome to
+    /// [`Committer::finish`] and the next submit: what a read through the same committer's
+    /// repository waits for, so that it sees every commit submitted before it.
+    pub fn settle(&self) {
+        let pending = self
+            .slot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pending
+            .clone();
+        if let Some(handle) = pending {
+            let _ = handle.wait();
+        }
+    }
+
     /// Waits for the commit in flight, if any, and takes its outcome (`None` when there was
     /// none): a failure is reported here instead of on the next submit. It returns once the
     /// commit has landed; the deferred re-encodes after it go on (the next submit stops them,
