@@ -141,7 +141,7 @@ class Repository:
 
     def __init__(self, native: Any, ops: Any):
         self._native = native  # None for a served repository
-        self._ops = ops
+        self._operations = ops
         self._staging = _state.Staging()
         self._lock = threading.Lock()
         _live.add(self)
@@ -381,6 +381,14 @@ class Repository:
         report = self._native.finish()
         return None if report is None else CommitResult.of(report)
 
+    @property
+    def _ops(self) -> Any:
+        """The library's operations on this repository, once this object's commit in flight
+        (if any) has landed or failed: every operation through them sees the commits
+        submitted here before it."""
+        self._settled()
+        return self._operations
+
     def _settled(self) -> None:
         """Waits until this object's commit in flight, if any, has landed or failed, without
         taking its outcome (``wait()``, the handle and the next commit still report a failure):
@@ -402,7 +410,6 @@ class Repository:
     ) -> dict:
         """Writes ``rev``'s files into ``dir`` as ``mdl checkout`` does (``path``: one file or
         folder of the tree); what was written, as a dict."""
-        self._settled()
         return self._ops.checkout(rev, os.fspath(dir), path, force)
 
     def tensors(self, rev: str = "HEAD") -> list[TensorInfo]:
@@ -500,17 +507,14 @@ class Repository:
     ) -> list[LogEntry]:
         """History from ``rev`` (HEAD when None), newest first; with ``all``, every branch's
         and tag's (``mdl log --all``)."""
-        self._settled()
         return _types.log_entries(self._ops.log(rev, limit, all))
 
     def show(self, rev: str = "HEAD") -> dict:
         """A commit with its files and tensors (codec, sizes, recorded lossy error)."""
-        self._settled()
         return self._ops.show(rev)
 
     def diff(self, a: str, b: str) -> dict:
         """What changed from ``a`` to ``b``: files and tensors, with relative changes."""
-        self._settled()
         return self._ops.diff(a, b)
 
     # Refs
@@ -526,48 +530,39 @@ class Repository:
 
     def branches(self) -> list[Ref]:
         """Branches (``current`` marks HEAD's)."""
-        self._settled()
         return _types.refs(self._ops.branches())
 
     def tags(self) -> list[Ref]:
         """Tags."""
-        self._settled()
         return _types.refs(self._ops.tags())
 
     def branch(self, name: str, rev: str | None = None) -> str:
         """Creates branch ``name`` at ``rev`` (HEAD's commit when None); the commit's id."""
-        self._settled()
         return self._ops.create_branch(name, rev)
 
     def tag(self, name: str, rev: str | None = None, message: str | None = None) -> str:
         """Creates tag ``name`` at ``rev`` (annotated with ``message`` when given)."""
-        self._settled()
         return self._ops.create_tag(name, rev, message)
 
     def delete_branch(self, name: str, force: bool = False) -> None:
         """Deletes branch ``name``. Unless ``force``, a branch with commits no other branch or
         tag reaches is refused (``mdl branch -d`` against ``-D``); its reflog keeps them."""
-        self._settled()
         self._ops.delete_branch(name, force)
 
     def delete_tag(self, name: str) -> None:
-        self._settled()
         self._ops.delete_tag(name)
 
     def switch(self, name: str) -> None:
         """Points HEAD at branch ``name`` (where commits without ``branch=`` go)."""
-        self._settled()
         self._ops.switch(name)
 
     def reset(self, rev: str) -> dict:
         """Moves the current branch to ``rev`` (``mdl reset``): ``{branch, from, to}``."""
-        self._settled()
         return self._ops.reset(rev)
 
     def reflog(self, name: str | None = None) -> dict:
         """Where ref ``name`` (HEAD's branch when None) pointed, newest first:
         ``{ref, entries: [{old, new, time_ms, message}]}``."""
-        self._settled()
         return self._ops.reflog(name)
 
     # Settings and upkeep
@@ -582,17 +577,14 @@ class Repository:
 
     def gc(self, *, prune_older_than: str | None = None, dry_run: bool = False) -> dict:
         """Removes what nothing reaches (``mdl gc``); its report."""
-        self._settled()
         return self._ops.gc(prune_older_than, dry_run)
 
     def fsck(self) -> dict:
         """Checks every object and ref (``mdl fsck``); its report (``problems`` empty when sound)."""
-        self._settled()
         return self._ops.fsck()
 
     def stats(self) -> dict:
         """Repository totals (``mdl stats``)."""
-        self._settled()
         return self._ops.stats()
 
 

@@ -2,6 +2,7 @@
 lossy commits carry their recorded error, background failures surface and change nothing,
 a killed training process leaves every earlier commit intact."""
 
+import contextlib
 import json
 import os
 import signal
@@ -168,19 +169,28 @@ def test_lossy_commits_carry_their_recorded_error(tmp_path):
     assert checked > 0
 
 
-def test_a_background_failure_surfaces_and_changes_nothing(tmp_path):
-    repo = mdl.init(tmp_path / "repo")
-    model, opt = model_and_optimizer()
-    first = repo.commit_state(model, opt, step=1).wait()
-    before = run_mdl("fsck", "-C", repo.root)
-    # The repository's records cannot be written (root ignores permissions, so the folder
-    # is replaced by a file).
+@contextlib.contextmanager
+def records_unwritable(repo):
+    """The repository's records cannot be written meanwhile (root ignores permissions, so the
+    objects folder is replaced by a file)."""
     objects = os.path.join(repo.root, ".mdl", "objects")
     moved = objects + ".away"
     os.rename(objects, moved)
     with open(objects, "w") as f:
         f.write("not a folder")
     try:
+        yield
+    finally:
+        os.remove(objects)
+        os.rename(moved, objects)
+
+
+def test_a_background_failure_surfaces_and_changes_nothing(tmp_path):
+    repo = mdl.init(tmp_path / "repo")
+    model, opt = model_and_optimizer()
+    first = repo.commit_state(model, opt, step=1).wait()
+    before = run_mdl("fsck", "-C", repo.root)
+    with records_unwritable(repo):
         train(model, opt, 1)
         handle = repo.commit_state(model, opt, step=2)
         with pytest.raises(mdl.MdlError, match="background commit failed"):
@@ -190,9 +200,6 @@ def test_a_background_failure_surfaces_and_changes_nothing(tmp_path):
         # ... and on the next call, which commits nothing.
         with pytest.raises(mdl.MdlError, match="background commit failed"):
             repo.commit_state(model, opt, step=3)
-    finally:
-        os.remove(objects)
-        os.rename(moved, objects)
     assert [e.id for e in repo.log()] == [first.id]
     assert run_mdl("fsck", "-C", repo.root).returncode == before.returncode == 0
     # The one after goes ahead.
@@ -216,18 +223,10 @@ def test_a_loop_reads_its_own_commits_at_once(tmp_path):
         assert torch.equal(v, committed[0][k]), k
     # A failure of the commit in flight is still reported by the next commit, not eaten by
     # a read.
-    objects = os.path.join(repo.root, ".mdl", "objects")
-    moved = objects + ".away"
-    os.rename(objects, moved)
-    with open(objects, "w") as f:
-        f.write("not a folder")
-    try:
+    with records_unwritable(repo):
         handle = repo.commit_state(model, opt, step=3)
         repo.resolve("HEAD")  # waits for it to fail
         assert handle.done()
-    finally:
-        os.remove(objects)
-        os.rename(moved, objects)
     assert [e.step for e in repo.log()] == [2, 1, 0]
     with pytest.raises(mdl.MdlError, match="background commit failed"):
         repo.commit_state(model, opt, step=4)

@@ -11,7 +11,7 @@ use mdl::lossy::{CodecMode, LossyRequest};
 use mdl::{NoProgress, Repository};
 
 mod common;
-use common::{safetensors_bytes, Rng};
+use common::{read_safetensors, safetensors_bytes, Rng};
 
 /// A parameter and its Adam moments trained with `beta2`, saved every `every` steps.
 struct Run {
@@ -262,17 +262,8 @@ fn second_moments_take_two_octaves_when_they_forget_fast() {
             };
             mdl::checkout::checkout(&repo, "HEAD", &out, &opts, &NoProgress).unwrap();
             let read = |path: &Path| {
-                let bytes = std::fs::read(path).unwrap();
-                let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-                let layout =
-                    mdl_format::safetensors::parse(&bytes[8..8 + len], bytes.len() as u64).unwrap();
-                let t = layout
-                    .tensors
-                    .iter()
-                    .find(|t| t.name == "optim.w.exp_avg_sq")
-                    .unwrap();
-                let start = (layout.data_start() + t.offset) as usize;
-                bytes[start..start + t.len as usize]
+                let (_, _, bytes) = read_safetensors(path).remove("optim.w.exp_avg_sq").unwrap();
+                bytes
                     .chunks_exact(4)
                     .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
                     .collect::<Vec<_>>()

@@ -16,11 +16,10 @@ use mdl::lossy::{CodecMode, LossyRequest};
 use mdl::policy::{DeltaMode, DeltaPolicy};
 use mdl::{NoProgress, Repository};
 use mdl_codec::scalar;
-use mdl_format::safetensors;
 use mdl_format::Dtype;
 
 mod common;
-use common::{adam_step, write_safetensors, Rng};
+use common::{adam_step, read_safetensors, write_safetensors, Rng};
 
 /// A small model in training: an f32 matrix, a bf16 matrix, a norm vector, Adam moments.
 struct Model {
@@ -150,33 +149,11 @@ fn lossy_opts(step: u64, delta: Option<DeltaPolicy>) -> CommitOptions {
     }
 }
 
-/// Tensors of a safetensors file by name: (dtype, shape, bytes).
-fn tensors(path: &Path) -> HashMap<String, (Dtype, Vec<u64>, Vec<u8>)> {
-    let bytes = std::fs::read(path).unwrap();
-    let hl = safetensors::header_len(&bytes[..8], bytes.len() as u64).unwrap() as usize;
-    let layout = safetensors::parse(&bytes[8..8 + hl], bytes.len() as u64).unwrap();
-    layout
-        .tensors
-        .iter()
-        .map(|t| {
-            let start = (layout.data_start() + t.offset) as usize;
-            (
-                t.name.clone(),
-                (
-                    t.header.dtype,
-                    t.header.shape.clone(),
-                    bytes[start..start + t.len as usize].to_vec(),
-                ),
-            )
-        })
-        .collect()
-}
-
 /// Checks a lossy checkout against its original: same names, dtypes and shapes; lossless
 /// tensors identical; lossy ones with exactly the recorded errors.
 fn check_checkout(repo: &Repository, rev: &str, original: &Path, out: &Path) {
     checkout_to(repo, rev, out);
-    let (orig, got) = (tensors(original), tensors(out));
+    let (orig, got) = (read_safetensors(original), read_safetensors(out));
     assert_eq!(orig.len(), got.len());
     let shown = mdl::show::show(repo, rev).unwrap();
     for t in &shown.tensors {
@@ -424,7 +401,7 @@ fn mantissa_trim_keeps_its_bound() {
     assert!(c.lossy_tensors >= 6);
     let out = dir.path().join("out");
     check_checkout(&repo, "HEAD", &file, &out);
-    let (orig, got) = (tensors(&file), tensors(&out));
+    let (orig, got) = (read_safetensors(&file), read_safetensors(&out));
     for (name, (d, _, ob)) in &orig {
         if !name.starts_with("optim.a") {
             continue;
@@ -548,7 +525,11 @@ fn coarsening_older_moments_keeps_every_id_and_the_tip() {
         }
         let was_path = dir.path().join("was");
         std::fs::write(&was_path, fine).unwrap();
-        let (orig, got, was) = (tensors(file), tensors(&out), tensors(&was_path));
+        let (orig, got, was) = (
+            read_safetensors(file),
+            read_safetensors(&out),
+            read_safetensors(&was_path),
+        );
         for t in &shown.tensors {
             let (dtype, _, ob) = &orig[&t.name];
             let gb = &got[&t.name].2;
@@ -651,7 +632,7 @@ fn dropped_moments_record_their_error_and_hold_v_close() {
         if k == 0 {
             continue; // No previous version: the moments' quantizer, nothing dropped.
         }
-        let (orig, got) = (tensors(&file), tensors(&out));
+        let (orig, got) = (read_safetensors(&file), read_safetensors(&out));
         for (name, (dtype, _, m)) in &orig {
             let Some(base) = name.strip_suffix(".exp_avg") else {
                 continue;

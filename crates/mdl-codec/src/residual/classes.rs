@@ -68,6 +68,54 @@ impl Classes {
             }
         }
     }
+
+    /// Tables a section with these classes holds: one without classes, one a class with.
+    fn tables(&self) -> usize {
+        match self.kind {
+            Kind::None => 1,
+            _ => CLASSES,
+        }
+    }
+
+    /// Appends the section's head: the kind, the view's `rows`, each line's class packed.
+    fn write(&self, rows: usize, out: &mut Vec<u8>) {
+        out.push(self.kind as u8);
+        varint::put(out, rows as u64);
+        out.extend(self.class.chunks(4).map(|four| {
+            four.iter()
+                .enumerate()
+                .fold(0u8, |b, (k, &c)| b | c << (2 * k))
+        }));
+    }
+
+    /// The classes whose head starts `section`, for `n` elements, and where the head ends.
+    fn read(section: &[u8], n: usize) -> Result<(Classes, usize), FormatError> {
+        let kind = match section.first() {
+            Some(0) => Kind::None,
+            Some(1) => Kind::Rows,
+            Some(2) => Kind::Cols,
+            _ => return Err(bad("unknown code classes")),
+        };
+        let mut at = 1;
+        let rows = varint::read(section, &mut at).ok_or_else(|| bad("truncated code classes"))?;
+        let rows = usize::try_from(rows)
+            .ok()
+            .filter(|&r| r > 0 && n.is_multiple_of(r))
+            .ok_or_else(|| bad("a row count that does not divide the elements"))?;
+        let cols = (n / rows).max(1);
+        let lines = match kind {
+            Kind::None => 0,
+            Kind::Rows => rows,
+            Kind::Cols => cols,
+        };
+        let packed = section
+            .get(at..at + lines.div_ceil(4))
+            .ok_or_else(|| bad("truncated code classes"))?;
+        let class = (0..lines)
+            .map(|k| packed[k / 4] >> (2 * (k % 4)) & 3)
+            .collect();
+        Ok((Classes { kind, cols, class }, at + packed.len()))
+    }
 }
 
 /// A code byte's magnitude `|q|` (the special codes, +0 and exact, count as 0).
@@ -220,13 +268,8 @@ pub(super) fn encode(codes: &[u8], rows: usize) -> Vec<u8> {
         .into_iter()
         .map(|(classes, hist)| {
             let tables: Vec<Option<Table>> = hist.iter().map(Table::from_counts).collect();
-            let mut head = vec![classes.kind as u8];
-            varint::put(&mut head, rows as u64);
-            head.extend(classes.class.chunks(4).map(|four| {
-                four.iter()
-                    .enumerate()
-                    .fold(0u8, |b, (k, &c)| b | c << (2 * k))
-            }));
+            let mut head = Vec::new();
+            classes.write(rows, &mut head);
             for t in &tables {
                 Table::write(t.as_ref(), &mut head);
             }
@@ -246,36 +289,10 @@ pub(super) fn encode(codes: &[u8], rows: usize) -> Vec<u8> {
 
 /// Decodes a width-3 section into `out` (one code byte an element).
 pub(super) fn decode(section: &[u8], out: &mut [u8]) -> Result<(), FormatError> {
-    let n = out.len();
-    let kind = match section.first() {
-        Some(0) => Kind::None,
-        Some(1) => Kind::Rows,
-        Some(2) => Kind::Cols,
-        _ => return Err(bad("unknown code classes")),
-    };
-    let mut at = 1;
-    let rows = varint::read(section, &mut at).ok_or_else(|| bad("truncated code classes"))?;
-    let rows = usize::try_from(rows)
-        .ok()
-        .filter(|&r| r > 0 && n.is_multiple_of(r))
-        .ok_or_else(|| bad("a row count that does not divide the elements"))?;
-    let cols = (n / rows).max(1);
-    let lines = match kind {
-        Kind::None => 0,
-        Kind::Rows => rows,
-        Kind::Cols => cols,
-    };
-    let packed = section
-        .get(at..at + lines.div_ceil(4))
-        .ok_or_else(|| bad("truncated code classes"))?;
-    at += packed.len();
-    let class: Vec<u8> = (0..lines)
-        .map(|k| packed[k / 4] >> (2 * (k % 4)) & 3)
-        .collect();
-    let tables = (0..if kind == Kind::None { 1 } else { CLASSES })
+    let (classes, mut at) = Classes::read(section, out.len())?;
+    let tables = (0..classes.tables())
         .map(|_| Table::read(section, &mut at))
         .collect::<Result<Vec<_>, _>>()?;
-    let classes = Classes { kind, cols, class };
     rans::decode(&section[at..], |r, ctx| classes.fill(r, ctx), &tables, out)
 }
 

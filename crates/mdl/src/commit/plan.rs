@@ -186,9 +186,7 @@ pub(super) fn lossy_plans(
         reference: &reference,
         correction,
         second_moment_step: lossy::second_moment_step(
-            p.betas
-                .as_ref()
-                .map_or(Betas::default().values.1, |b| b.values.1),
+            p.betas.as_ref().map_or(betas::DEFAULT.1, |b| b.values.1),
         ),
         loss: loss_of(p.metrics, input),
     };

@@ -9,6 +9,29 @@ use std::path::Path;
 use mdl::commit::CommitOutcome;
 use mdl::{OpenOptions, Repository};
 
+/// Tensors of a safetensors file by name: (dtype, shape, bytes).
+#[allow(dead_code)] // not every test binary reads files back
+pub(crate) fn read_safetensors(
+    path: &Path,
+) -> std::collections::HashMap<String, (mdl_format::Dtype, Vec<u64>, Vec<u8>)> {
+    use mdl_format::safetensors;
+    let bytes = std::fs::read(path).unwrap();
+    let hl = safetensors::header_len(&bytes[..8], bytes.len() as u64).unwrap() as usize;
+    let layout = safetensors::parse(&bytes[8..8 + hl], bytes.len() as u64).unwrap();
+    layout
+        .tensors
+        .iter()
+        .map(|t| {
+            let start = (layout.data_start() + t.offset) as usize;
+            let data = bytes[start..start + t.len as usize].to_vec();
+            (
+                t.name.clone(),
+                (t.header.dtype, t.header.shape.clone(), data),
+            )
+        })
+        .collect()
+}
+
 /// Writes a safetensors file holding `(name, dtype, shape, bytes)` tensors in order.
 #[allow(dead_code)] // not every test binary writes files
 pub(crate) fn write_safetensors(path: &Path, tensors: &[(&str, &str, Vec<u64>, Vec<u8>)]) {
