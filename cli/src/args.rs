@@ -146,6 +146,49 @@ pub(crate) enum Command {
     /// Move the current branch to REV, wherever it is (an ancestor, another branch's commit):
     /// the way out of a diverged branch. Its reflog records where it was.
     Reset { rev: String },
+    /// Merge the weights of several branches or commits into one checkpoint, committed on the
+    /// current branch with every merged commit as a parent: a weighted average (`linear`, a
+    /// model soup), task arithmetic or TIES over a base. Float tensors are combined in fp32
+    /// (fp64 for fp64) and rounded back to their dtype; identical tensors and everything that is
+    /// not a float tensor are taken from the first REV as they are; the tree is the first REV's.
+    /// Optimizer, scheduler and RNG state are left out unless --optimizer is given.
+    Merge {
+        /// The branches, tags or commits to merge (at least two), in the order of --weights.
+        #[arg(required = true, num_args = 2..)]
+        revs: Vec<String>,
+        /// How to combine: linear (a weighted average), task-arithmetic (the base plus the
+        /// weighted sum of each REV's difference from it) or ties (those differences trimmed
+        /// to their largest --density, signs elected, agreeing entries averaged).
+        #[arg(
+            long,
+            default_value = "linear",
+            value_name = "linear|task-arithmetic|ties"
+        )]
+        strategy: String,
+        /// One weight per REV, comma-separated. Default: equal weights summing to 1 for
+        /// linear (which always divides by their sum), 1 each for the others.
+        #[arg(long, value_delimiter = ',', value_name = "W,W,…")]
+        weights: Option<Vec<f64>>,
+        /// The base of task-arithmetic and ties. Default: the REVs' nearest common ancestor.
+        #[arg(long, value_name = "REV")]
+        base: Option<String>,
+        /// The fraction of each difference's entries TIES keeps (largest magnitudes first).
+        #[arg(long, default_value_t = 0.2)]
+        density: f64,
+        /// Merge optimizer, scheduler and RNG state too (moments averaged linearly whatever
+        /// the strategy) instead of leaving those files out.
+        #[arg(long)]
+        optimizer: bool,
+        /// Commit message (default: "merge REV, REV (STRATEGY)").
+        #[arg(short, long, default_value = "")]
+        message: String,
+        /// Commit onto this branch instead of the current one (created if missing).
+        #[arg(long)]
+        branch: Option<String>,
+        /// Author (default: $MDL_AUTHOR, then git's user.name and user.email, then $USER).
+        #[arg(long)]
+        author: Option<String>,
+    },
     /// What HEAD is, its newest commit, and whether `mdl serve` owns the repository.
     Status,
     /// Where a ref pointed, newest first (HEAD's branch by default; a deleted branch's too,
@@ -377,6 +420,7 @@ impl CommitArgs {
                 follow_links: self.follow_links,
                 as_bytes: self.as_bytes,
             },
+            ..Default::default()
         })
     }
 }

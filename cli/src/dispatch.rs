@@ -102,6 +102,32 @@ pub(crate) fn run(
             output::reflog(out, json, &full, &lines)?;
         }
         Command::Reset { rev } => output::branch_move(out, json, &repo.reset(rev)?)?,
+        Command::Merge {
+            revs,
+            strategy,
+            weights,
+            base,
+            density,
+            optimizer,
+            message,
+            branch,
+            author,
+        } => {
+            let opts = mdl::merge::MergeOptions {
+                strategy: mdl::merge::Strategy::parse(strategy, *density)
+                    .map_err(anyhow::Error::msg)?,
+                weights: weights.clone(),
+                base: base.clone(),
+                optimizer: *optimizer,
+            };
+            let commit = mdl::commit::CommitOptions {
+                message: message.clone(),
+                branch: branch.as_deref().map(mdl::RefName::new).transpose()?,
+                author: author.clone(),
+                ..Default::default()
+            };
+            output::merge(out, json, &repo.merge(revs, &opts, &commit, &bar)?)?;
+        }
         Command::Switch { branch } => {
             repo.switch(branch)?;
             output::message(out, json, &format!("switched to branch {branch}"))?;

@@ -150,6 +150,7 @@ fn library_exit_code(e: &mdl::Error) -> u8 {
         | E::DamagedCheckpoint { .. }
         | E::TooLarge(_)
         | E::Assemble(_)
+        | E::Merge(_)
         | E::UnknownRevision(_)
         | E::ShortIdPrefix(_)
         | E::NoSuchPath { .. }

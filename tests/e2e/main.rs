@@ -13,6 +13,7 @@ mod interrupt;
 mod journeys;
 mod json_shapes;
 mod maintenance;
+mod merge;
 mod remotes;
 mod repair;
 mod s3;

@@ -50,6 +50,69 @@ fn evaluations(s: &mdl::lossy::SearchSummary) -> String {
     }
 }
 
+/// A commit's properties as `mdl show` prints them: one line a group (`merge.strategy`,
+/// `merge.weights` → `merge  strategy=… weights=…`), in name order.
+fn property_lines(
+    properties: &std::collections::BTreeMap<String, String>,
+) -> Vec<(String, String)> {
+    let mut lines: Vec<(String, String)> = Vec::new();
+    for (name, value) in properties {
+        let (group, key) = name.split_once('.').unwrap_or(("", name));
+        let item = format!("{}={}", printable(key), printable(value));
+        match lines.last_mut() {
+            Some((g, line)) if g == group => {
+                line.push(' ');
+                line.push_str(&item);
+            }
+            _ => lines.push((printable(group).to_string(), item)),
+        }
+    }
+    lines
+}
+
+/// `mdl merge`: the new commit's id, then what became of the tensors and files on stderr.
+pub(crate) fn merge(
+    out: &mut dyn Write,
+    json: bool,
+    m: &mdl::merge::MergeOutcome,
+) -> io::Result<()> {
+    if json {
+        return emit(
+            out,
+            &serde_json::json!({
+                "commit": m.commit,
+                "merged": m.merged,
+                "base": m.base,
+                "computed": m.computed,
+                "identical": m.identical,
+                "from_first": m.from_first,
+                "left_out": m.left_out,
+            }),
+        );
+    }
+    commit(out, false, &m.commit)?;
+    eprintln!(
+        "merged {} commits{}: {} computed, {} identical in all{}",
+        m.merged.len(),
+        m.base
+            .map(|b| format!(" over base {}", b.short(12)))
+            .unwrap_or_default(),
+        plural(m.computed, "tensor", "tensors"),
+        m.identical,
+        match m.from_first.len() {
+            0 => String::new(),
+            n => format!(", {n} taken from the first (not float, or not in every commit)"),
+        }
+    );
+    if !m.left_out.is_empty() {
+        eprintln!(
+            "left out (training state; --optimizer merges it): {}",
+            m.left_out.join(", ")
+        );
+    }
+    Ok(())
+}
+
 pub(crate) fn commit(out: &mut dyn Write, json: bool, c: &CommitOutcome) -> io::Result<()> {
     if json {
         return emit(out, c);
@@ -288,6 +351,9 @@ pub(crate) fn show(out: &mut dyn Write, json: bool, s: &Shown) -> io::Result<()>
     }
     if !s.metrics.0.is_empty() {
         writeln!(out, "metrics  {}", metrics_text(&s.metrics, false))?;
+    }
+    for (group, line) in property_lines(&s.properties) {
+        writeln!(out, "{group:<8} {line}")?;
     }
     for (k, v) in &s.metadata {
         writeln!(out, "metadata {}={}", printable(k), printable(v))?;

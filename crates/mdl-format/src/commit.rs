@@ -35,17 +35,23 @@ pub struct Commit {
     pub metrics: Vec<(String, f64)>,
     /// Compression figures.
     pub stats: CommitStats,
+    /// Named facts about how the commit was made, sorted by name, names unique: a merge's
+    /// strategy and parameters (`merge.*`), the training code's git commit (`source.*`).
+    pub properties: Vec<(String, String)>,
 }
 
-/// Version 2 added `lossy_tensors`; version 1 commits read as having none.
-const COMMIT_VERSION: u16 = 2;
+/// Version 2 added `lossy_tensors` (version 1 commits read as having none); version 3,
+/// `properties`. A commit without properties is written as version 2, byte for byte what
+/// builds before version 3 wrote (its id unchanged, older readers still read it).
+const COMMIT_VERSION: u16 = 3;
 
 impl Commit {
     /// The canonical serialisation (what the id hashes). Layout in `docs/FORMAT.md`.
     pub fn encode(&self) -> Vec<u8> {
+        let version = if self.properties.is_empty() { 2 } else { 3 };
         let mut w = Writer::default();
         w.u8(ObjectKind::Commit as u8)
-            .u16(COMMIT_VERSION)
+            .u16(version)
             .id(&self.manifest);
         w.u32(self.parents.len() as u32);
         for p in &self.parents {
@@ -66,7 +72,21 @@ impl Commit {
             .u32(s.tensors)
             .u32(s.new_tensors)
             .u32(s.lossy_tensors);
+        if version >= 3 {
+            w.u32(self.properties.len() as u32);
+            for (k, v) in &self.properties {
+                w.str(k).str(v);
+            }
+        }
         w.buf
+    }
+
+    /// The property `name`, if recorded.
+    pub fn property(&self, name: &str) -> Option<&str> {
+        self.properties
+            .binary_search_by(|(k, _)| k.as_str().cmp(name))
+            .ok()
+            .map(|i| self.properties[i].1.as_str())
     }
 
     /// Parses [`Self::encode`] output.
@@ -115,6 +135,20 @@ impl Commit {
             new_tensors: r.u32()?,
             lossy_tensors: if version >= 2 { r.u32()? } else { 0 },
         };
+        let mut properties = Vec::new();
+        if version >= 3 {
+            let n = r.count(8)?;
+            for _ in 0..n {
+                properties.push((r.str()?.to_string(), r.str()?.to_string()));
+            }
+            // Sorted and unique, as written: one encoding per commit, one id.
+            if n == 0 || properties.windows(2).any(|w| w[0].0 >= w[1].0) {
+                return Err(FormatError::invalid(
+                    "commit",
+                    "properties empty, unsorted or repeated in a version 3 commit".to_string(),
+                ));
+            }
+        }
         r.finish()?;
         Ok(Commit {
             manifest,
@@ -125,6 +159,7 @@ impl Commit {
             step,
             metrics,
             stats,
+            properties,
         })
     }
 
@@ -138,9 +173,8 @@ impl Commit {
 mod tests {
     use super::*;
 
-    #[test]
-    fn round_trip() {
-        let c = Commit {
+    fn sample() -> Commit {
+        Commit {
             manifest: ObjectId::hash(b"m"),
             parents: vec![ObjectId::hash(b"p1"), ObjectId::hash(b"p2")],
             author: "ada".into(),
@@ -155,8 +189,19 @@ mod tests {
                 new_tensors: 1,
                 lossy_tensors: 1,
             },
-        };
+            properties: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let c = sample();
         let bytes = c.encode();
+        assert_eq!(
+            u16::from_le_bytes([bytes[1], bytes[2]]),
+            2,
+            "no properties: version 2"
+        );
         assert_eq!(Commit::decode(&bytes).unwrap(), c);
         for cut in 0..bytes.len() {
             assert!(Commit::decode(&bytes[..cut]).is_err());
@@ -164,6 +209,43 @@ mod tests {
         let mut other = c.clone();
         other.step = None;
         assert_ne!(other.id(), c.id());
+
+        let mut merged = c.clone();
+        merged.properties = vec![
+            ("merge.strategy".into(), "linear".into()),
+            ("merge.weights".into(), "0.5,0.5".into()),
+        ];
+        let bytes = merged.encode();
+        assert_eq!(u16::from_le_bytes([bytes[1], bytes[2]]), 3);
+        let back = Commit::decode(&bytes).unwrap();
+        assert_eq!(back, merged);
+        assert_eq!(back.property("merge.weights"), Some("0.5,0.5"));
+        assert_eq!(back.property("merge.base"), None);
+        for cut in 0..bytes.len() {
+            assert!(Commit::decode(&bytes[..cut]).is_err());
+        }
+    }
+
+    #[test]
+    fn properties_must_be_sorted_unique_and_present() {
+        let mut c = sample();
+        for props in [
+            vec![("b", "1"), ("a", "2")],
+            vec![("a", "1"), ("a", "2")],
+            vec![],
+        ] {
+            c.properties = props
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let mut bytes = c.clone().encode();
+            if c.properties.is_empty() {
+                // An empty list written as version 3 by hand.
+                bytes[1..3].copy_from_slice(&3u16.to_le_bytes());
+                bytes.extend_from_slice(&0u32.to_le_bytes());
+            }
+            assert!(Commit::decode(&bytes).is_err(), "{:?}", c.properties);
+        }
     }
 
     proptest::proptest! {

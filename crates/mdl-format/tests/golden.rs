@@ -343,6 +343,7 @@ fn commit() -> Commit {
             new_tensors: 1,
             lossy_tensors: 1,
         },
+        properties: Vec::new(),
     }
 }
 

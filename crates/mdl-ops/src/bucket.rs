@@ -11,6 +11,7 @@ use mdl::compact::{CompactOptions, CompactOutcome};
 use mdl::engine::EngineChoice;
 use mdl::fsck::{FsckReport, Rebuilt};
 use mdl::log::LogEntry;
+use mdl::merge::{MergeOptions, MergeOutcome};
 use mdl::refs::{BranchMove, RefInfo, ReflogLine};
 use mdl::{ObjectId, Progress};
 use mdl_bucket::{Location, Published, Replica};
@@ -191,6 +192,16 @@ impl Operations for InBucket {
 
     fn reset(&self, rev: &str) -> Result<BranchMove> {
         self.run(|l| l.reset(rev))
+    }
+
+    fn merge(
+        &self,
+        revs: &[String],
+        opts: &MergeOptions,
+        commit: &CommitOptions,
+        progress: &dyn Progress,
+    ) -> Result<MergeOutcome> {
+        self.run(|l| l.merge(revs, opts, commit, progress))
     }
 
     fn reflog(&self, name: Option<&str>) -> Result<(String, Vec<ReflogLine>)> {

@@ -26,6 +26,7 @@ use mdl::compact::{CompactOptions, CompactOutcome};
 use mdl::engine::EngineChoice;
 use mdl::fsck::{FsckReport, Rebuilt};
 use mdl::log::LogEntry;
+use mdl::merge::{MergeOptions, MergeOutcome};
 use mdl::refs::{BranchMove, RefInfo, ReflogLine};
 use mdl::{ObjectId, Progress};
 use mdl_protocol::body::{GcAnswer, GcRequest};
@@ -149,6 +150,15 @@ pub trait Operations: Send + Sync {
     fn switch(&self, name: &str) -> Result<()>;
     /// Moves the current branch to `rev`.
     fn reset(&self, rev: &str) -> Result<BranchMove>;
+    /// Merges the commits `revs` tensor by tensor into a new commit on `commit.branch` (the
+    /// current branch when `None`), every merged commit a parent (`mdl merge`).
+    fn merge(
+        &self,
+        revs: &[String],
+        opts: &MergeOptions,
+        commit: &CommitOptions,
+        progress: &dyn Progress,
+    ) -> Result<MergeOutcome>;
     /// A ref's history (HEAD's branch when `None`): its full name and entries.
     fn reflog(&self, name: Option<&str>) -> Result<(String, Vec<ReflogLine>)>;
 

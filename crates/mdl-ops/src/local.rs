@@ -10,6 +10,7 @@ use mdl::compact::{CompactOptions, CompactOutcome};
 use mdl::engine::EngineChoice;
 use mdl::fsck::{FsckReport, Rebuilt};
 use mdl::log::LogEntry;
+use mdl::merge::{MergeOptions, MergeOutcome};
 use mdl::refs::{BranchMove, RefInfo, ReflogLine};
 use mdl::{LockMode, ObjectId, OpenOptions, Progress, Repository, StoreError};
 use mdl_protocol::body::{GcAnswer, GcRequest};
@@ -214,6 +215,17 @@ impl Operations for Local {
 
     fn reset(&self, rev: &str) -> Result<BranchMove> {
         Ok(mdl::refs::reset(&self.open(LockMode::Write)?, rev)?)
+    }
+
+    fn merge(
+        &self,
+        revs: &[String],
+        opts: &MergeOptions,
+        commit: &CommitOptions,
+        progress: &dyn Progress,
+    ) -> Result<MergeOutcome> {
+        let repo = self.open(LockMode::Write)?;
+        Ok(mdl::merge::merge(&repo, revs, opts, commit, progress)?)
     }
 
     fn reflog(&self, name: Option<&str>) -> Result<(String, Vec<ReflogLine>)> {

@@ -11,6 +11,7 @@ use mdl::compact::{CompactOptions, CompactOutcome};
 use mdl::engine::EngineChoice;
 use mdl::fsck::{FsckReport, Rebuilt};
 use mdl::log::LogEntry;
+use mdl::merge::{MergeOptions, MergeOutcome};
 use mdl::refs::{BranchMove, RefInfo, ReflogLine};
 use mdl::{ObjectId, Progress, Ref};
 use mdl_protocol::body::{GcAnswer, GcRequest};
@@ -197,6 +198,17 @@ impl Operations for Served {
 
     fn reset(&self, rev: &str) -> Result<BranchMove> {
         Ok(self.remote.reset(rev)?)
+    }
+
+    fn merge(
+        &self,
+        _revs: &[String],
+        _opts: &MergeOptions,
+        _commit: &CommitOptions,
+        _progress: &dyn Progress,
+    ) -> Result<MergeOutcome> {
+        // It reads every merged tensor: where the records are, not over HTTP.
+        Err(self.on_its_machine(Operation::Merge))
     }
 
     fn reflog(&self, name: Option<&str>) -> Result<(String, Vec<ReflogLine>)> {

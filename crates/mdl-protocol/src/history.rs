@@ -35,6 +35,10 @@ pub struct LogEntry {
     /// Tensors a retention rule expired (a thinned commit when non-zero).
     #[serde(default)]
     pub expired_tensors: u32,
+    /// How the commit was made: a merge's strategy (`merge.*`), the training code's git
+    /// commit (`source.*`); see `Commit::properties`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, String>,
     #[serde(skip)]
     /// Commit time (from `time` when read back from JSON).
     pub timestamp: Timestamp,
@@ -184,6 +188,9 @@ pub struct Shown {
     pub metrics: Metrics,
     /// The safetensors `__metadata__` of its files, in tree order.
     pub metadata: Vec<(String, String)>,
+    /// How the commit was made (`Commit::properties`), sorted by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, String>,
     /// Size of the checkpoint's files.
     pub raw_bytes: u64,
     /// Bytes the commit added to the store.

@@ -13,7 +13,7 @@ impl Error {
         use ErrorCode as C;
         match self {
             E::Store(s) => store_code(s),
-            E::Input { .. } | E::Assemble(_) => C::BadInput,
+            E::Input { .. } | E::Assemble(_) | E::Merge(_) => C::BadInput,
             E::InvalidInput { .. } => C::InvalidSafetensors,
             E::DamagedCheckpoint { .. } => C::BadInput,
             E::TooLarge(_) => C::TooLarge,

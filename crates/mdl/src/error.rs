@@ -43,6 +43,9 @@ pub enum Error {
     /// Commits cannot be assembled into one ([`crate::assemble`]).
     #[error("cannot assemble a commit: {0}")]
     Assemble(String),
+    /// Commits cannot be merged as asked ([`crate::merge`]).
+    #[error("cannot merge: {0}")]
+    Merge(String),
     /// A commit run in the background ([`crate::background`]) failed: its error, kept whole
     /// so that callers can still tell what kind of failure it was.
     #[error("background commit failed: {0}")]

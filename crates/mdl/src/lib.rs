@@ -38,6 +38,7 @@ pub mod interrupt;
 mod limits;
 pub mod log;
 pub mod lossy;
+pub mod merge;
 pub mod policy;
 mod previous;
 mod progress;

@@ -64,6 +64,7 @@ fn log_from(repo: &Repository, starts: &[ObjectId], limit: Option<usize>) -> Res
                 .map(|(n, _)| n.clone())
                 .collect(),
             expired_tensors,
+            properties: c.properties.into_iter().collect(),
             timestamp: c.time,
         });
     }
@@ -217,6 +218,7 @@ mod tests {
                 lossy_tensors: 0,
                 refs: Vec::new(),
                 expired_tensors: 0,
+                properties: Default::default(),
                 timestamp: mdl_format::Timestamp(0),
             })
             .collect();

@@ -123,6 +123,7 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
         step: c.step,
         metrics: Metrics(c.metrics),
         metadata: m.files.iter().flat_map(|f| f.metadata.clone()).collect(),
+        properties: c.properties.into_iter().collect(),
         files: m
             .files
             .iter()

@@ -78,6 +78,12 @@ pub struct CommitOptions {
     /// How files are read: symlinks that leave a folder, files that look like checkpoints
     /// but do not parse.
     pub reading: Reading,
+    /// Parents after the branch's commit: the other commits of a merge, in order (one that
+    /// is the branch's commit is not repeated).
+    pub merged: Vec<ObjectId>,
+    /// Named facts recorded with the commit ([`Commit::properties`]), in any order, names
+    /// unique (set by mdl itself: a merge, the training code's git commit).
+    pub properties: Vec<(String, String)>,
 }
 
 /// Commits the file or directory at `path` (see [`commit_paths`]).
@@ -478,15 +484,25 @@ impl Target {
         metrics: Vec<(String, f64)>,
         stats: CommitStats,
     ) -> Commit {
+        let mut parents: Vec<ObjectId> = self.parent.into_iter().collect();
+        for m in &opts.merged {
+            if !parents.contains(m) {
+                parents.push(*m);
+            }
+        }
+        let mut properties = opts.properties.clone();
+        properties.sort();
+        debug_assert!(properties.windows(2).all(|w| w[0].0 != w[1].0));
         Commit {
             manifest,
-            parents: self.parent.into_iter().collect(),
+            parents,
             author,
             time: Timestamp::now(),
             message: opts.message.clone(),
             step,
             metrics,
             stats,
+            properties,
         }
     }
 
