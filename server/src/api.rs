@@ -324,7 +324,7 @@ async fn tensor(
 
 /// Streams a request body into a temporary file in the repository's `incoming/` directory,
 /// refusing more than `max` bytes.
-async fn spool(
+pub(crate) async fn spool(
     served: &Arc<Served>,
     headers: &HeaderMap,
     body: Body,

@@ -98,6 +98,24 @@ impl Tokens {
         }
         found
     }
+
+    /// The name the tokens file gives the token a request presents (`Authorization: Bearer`),
+    /// if it is one of ours: who a commit over the Hub's API is by.
+    pub(crate) fn holder(&self, headers: &HeaderMap) -> Option<String> {
+        let presented = headers
+            .get(axum::http::header::AUTHORIZATION)?
+            .to_str()
+            .ok()?
+            .strip_prefix("Bearer ")?
+            .trim();
+        let mut found = None;
+        for (name, scope, token) in &self.entries {
+            if constant_time_eq(token.as_bytes(), presented.as_bytes()) {
+                found = found.max(Some((*scope, name)));
+            }
+        }
+        found.map(|(_, name)| name.clone())
+    }
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

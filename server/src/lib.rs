@@ -16,6 +16,7 @@ mod budgeted;
 pub mod error;
 mod files;
 mod hf;
+mod hf_write;
 mod stream;
 mod tree;
 mod web;

@@ -34,11 +34,9 @@ pub fn assemble(
     let _writer = repo.writer();
     let target = Target::of(repo, opts.branch.as_ref())?;
 
-    let mut files = Vec::new();
-    let mut pairs = Vec::new();
     let mut from: HashMap<String, ObjectId> = HashMap::new();
     let mut stats = CommitStats::default();
-    let mut moved = Vec::new();
+    let mut manifests = Vec::new();
     for part in parts {
         let commit = repo.load_commit(part)?;
         let manifest = repo.load_manifest(&commit.manifest)?;
@@ -57,27 +55,10 @@ pub fn assemble(
         stats.tensors += commit.stats.tensors;
         stats.new_tensors += commit.stats.new_tensors;
         stats.lossy_tensors += commit.stats.lossy_tensors;
-        moved.push((manifest.pairs.clone(), tensor_names(&manifest)));
-        files.extend(manifest.files);
+        manifests.push(manifest);
     }
-    let manifest = Manifest::new(files, Vec::new())
+    let manifest = union(manifests)
         .map_err(|e| Error::Assemble(format!("the parts' trees do not combine: {e}")))?;
-    // The parts' moment pairs, renumbered into the combined tree's tensors.
-    let index: HashMap<(&str, &str), u32> = manifest
-        .tensors()
-        .enumerate()
-        .map(|(i, (f, e))| ((manifest.files[f].path.as_str(), e.name.as_str()), i as u32))
-        .collect();
-    for (part_pairs, names) in &moved {
-        let at = |i: u32| index[&(names[i as usize].0.as_str(), names[i as usize].1.as_str())];
-        pairs.extend(part_pairs.iter().map(|p| MomentPair {
-            param: at(p.param),
-            exp_avg: at(p.exp_avg),
-            exp_avg_sq: at(p.exp_avg_sq),
-            source: p.source,
-        }));
-    }
-    let manifest = Manifest::new(manifest.files, pairs).expect("the files were just checked");
 
     let batch = store.batch();
     let mut added = Vec::new();
@@ -106,6 +87,34 @@ pub fn assemble(
         started,
         None,
     ))
+}
+
+/// One tree of the files of `manifests` (their paths distinct), each one's moment pairs
+/// renumbered into the combined tree's tensors.
+pub(crate) fn union(manifests: Vec<Manifest>) -> std::result::Result<Manifest, String> {
+    let mut files = Vec::new();
+    let mut moved = Vec::new();
+    for m in manifests {
+        moved.push((tensor_names(&m), m.pairs));
+        files.extend(m.files);
+    }
+    let manifest = Manifest::new(files, Vec::new()).map_err(|e| e.to_string())?;
+    let index: HashMap<(&str, &str), u32> = manifest
+        .tensors()
+        .enumerate()
+        .map(|(i, (f, e))| ((manifest.files[f].path.as_str(), e.name.as_str()), i as u32))
+        .collect();
+    let mut pairs = Vec::new();
+    for (names, part_pairs) in &moved {
+        let at = |i: u32| index[&(names[i as usize].0.as_str(), names[i as usize].1.as_str())];
+        pairs.extend(part_pairs.iter().map(|p| MomentPair {
+            param: at(p.param),
+            exp_avg: at(p.exp_avg),
+            exp_avg_sq: at(p.exp_avg_sq),
+            source: p.source,
+        }));
+    }
+    Ok(Manifest::new(manifest.files, pairs).expect("the files were just checked"))
 }
 
 /// Each tensor of `manifest`, in order, as `(file path, name)`.

@@ -41,6 +41,7 @@ mod plan;
 mod spare;
 mod staged;
 mod store;
+mod update;
 
 pub(crate) use author::author_soon;
 pub use author::default_author;
@@ -81,6 +82,10 @@ pub struct CommitOptions {
     /// Parents after the branch's commit: the other commits of a merge, in order (one that
     /// is the branch's commit is not repeated).
     pub merged: Vec<ObjectId>,
+    /// Commit the branch's tree with the input's files added or replacing theirs and these
+    /// paths (files, or folders with everything under them) removed, instead of the input as
+    /// the whole tree: an upload through the Hugging Face API. `None`: the input is the tree.
+    pub update: Option<Vec<String>>,
     /// Named facts recorded with the commit ([`Commit::properties`]), in any order, names
     /// unique (set by mdl itself: a merge, the training code's git commit).
     pub properties: Vec<(String, String)>,
@@ -246,11 +251,33 @@ fn commit_input(
         std::mem::take(&mut stored.exactness),
         pairs,
     )?;
+    let (manifest, raw_bytes, tensors) = match &opts.update {
+        // The whole tree's size and tensors, as for any commit.
+        Some(deleted) => {
+            let tree = update::overlay(
+                manifest,
+                parent_manifest.as_ref(),
+                &target
+                    .parent
+                    .map_or_else(|| target.branch().to_string(), |p| p.short(12)),
+                deleted,
+            )?;
+            let (len, tensors) = (
+                tree.files.iter().map(|f| f.len()).sum(),
+                tree.tensors().count(),
+            );
+            (tree, len, tensors as u32)
+        }
+        None => {
+            let tensors = input.pieces.iter().filter(|p| p.tensor).count() as u32;
+            (manifest, input.len(), tensors)
+        }
+    };
     let manifest_id = put_manifest(repo, &batch, &manifest, &mut stored.added)?;
     let stats = CommitStats {
-        raw_bytes: input.len(),
+        raw_bytes,
         stored_bytes: stored_bytes(&stored.added, &stored.rewrites),
-        tensors: input.pieces.iter().filter(|p| p.tensor).count() as u32,
+        tensors,
         new_tensors: stored.new_tensors,
         lossy_tensors: stored.lossy_tensors,
     };

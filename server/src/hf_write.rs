@@ -1,0 +1,321 @@
+//! The Hugging Face Hub's write routes, under `/hf` beside the read layout (`hf.rs`), so that
+//! `huggingface_hub.HfApi` publishes to mdl with `HF_ENDPOINT=http://HOST:PORT/hf`:
+//! `create_repo` (a repository in the served folder, admin scope), `upload_file`,
+//! `upload_folder` and `create_commit` (each one mdl commit that changes those files of the
+//! branch's tree, stored per tensor like any commit: a fine-tune of a base already in the
+//! repository dedupes and deltas against it), `create_branch` and `create_tag` (refs). Write
+//! scope for all but `create_repo`.
+//!
+//! Every file travels inline in the commit request: preupload answers `regular` for each.
+//! The client's large-file paths are Xet (its default, with `hf_xet` installed — a protocol
+//! of its own storage service) or git LFS (without it); answering `regular` is what works
+//! with both (docs/DECISIONS.md).
+
+use std::io::BufRead;
+
+use axum::body::Body;
+use axum::extract::{Path, State as AxState};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use base64::Engine as _;
+use mdl::commit::{CommitOptions, MemoryFile};
+use mdl_protocol::ErrorCode;
+use serde_json::{json, Value};
+
+use crate::access::{blocking, json_body, Access, ApiResult, Writer};
+use crate::api::spool;
+use crate::auth::{check, Scope};
+use crate::error::ApiError;
+use crate::State;
+
+type Shared = AxState<std::sync::Arc<State>>;
+
+/// The write routes, nested under `/hf` with the read ones.
+pub(crate) fn routes() -> Router<std::sync::Arc<State>> {
+    Router::new()
+        .route("/api/repos/create", post(create_repo))
+        .route("/api/validate-yaml", post(validate_yaml))
+        .route("/api/models/{repo}/preupload/{rev}", post(preupload))
+        .route("/api/models/{repo}/commit/{rev}", post(commit))
+        .route("/api/models/{repo}/branch/{branch}", post(create_branch))
+        .route("/api/models/{repo}/tag/{rev}", post(create_tag))
+}
+
+fn bad(why: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorCode::BadRequest, why)
+}
+
+/// `POST /api/repos/create` `{"name", "organization"?, "type"?}`: a new repository named
+/// `name` (an organization is not a part of an mdl name: refused).
+async fn create_repo(
+    AxState(state): Shared,
+    headers: HeaderMap,
+    b: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+) -> ApiResult<Response> {
+    let req = json_body(b)?;
+    let tokens = &state.config.tokens;
+    check(tokens, state.config.read_public, &headers, Scope::Read)?;
+    let admin = check(tokens, false, &headers, Scope::Admin);
+    if req
+        .get("type")
+        .and_then(Value::as_str)
+        .is_some_and(|t| t != "model")
+    {
+        return Err(bad(
+            "mdl serves model repositories only (repo_type=\"model\")",
+        ));
+    }
+    if req.get("organization").is_some_and(|o| !o.is_null()) {
+        return Err(bad(
+            "an mdl repository's name is one segment: give repo_id without an organization",
+        ));
+    }
+    let name = req
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("the request names no repository (\"name\")"))?
+        .to_string();
+    let made = name.clone();
+    let url = format!("{}/{name}", crate::hf::PREFIX);
+    match blocking(move || state.create_repo(&made, admin)).await {
+        Ok(()) => Ok(Json(json!({ "url": url, "name": name })).into_response()),
+        // As the Hub answers: the client's `exist_ok` reads the URL from the conflict.
+        Err(e) if e.code == ErrorCode::Exists => Ok((
+            e.status,
+            Json(json!({ "error": e.message, "code": e.code, "url": url })),
+        )
+            .into_response()),
+        Err(e) => Err(e),
+    }
+}
+
+/// `POST /api/validate-yaml`: the client asks before uploading a `README.md`; mdl keeps the
+/// model card as a file and does not interpret its metadata, so nothing is ever wrong with it.
+async fn validate_yaml() -> Response {
+    Json(json!({ "errors": [], "warnings": [] })).into_response()
+}
+
+/// `POST /api/models/{repo}/preupload/{rev}` `{"files": [{"path", "size", "sample"}]}`: how each
+/// file is to be sent — inline, in the commit.
+async fn preupload(
+    Access(_): Writer,
+    b: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+) -> ApiResult<Response> {
+    let req = json_body(b)?;
+    let files = req
+        .get("files")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("the request lists no files (\"files\")"))?;
+    let answer: Vec<Value> = files
+        .iter()
+        .map(|f| {
+            json!({
+                "path": f.get("path").cloned().unwrap_or(Value::Null),
+                "uploadMode": "regular",
+                "shouldIgnore": false,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "files": answer })).into_response())
+}
+
+/// What a commit request asks for.
+#[derive(Default)]
+struct Changes {
+    summary: String,
+    description: String,
+    parent: Option<String>,
+    files: Vec<MemoryFile>,
+    deleted: Vec<String>,
+}
+
+/// Reads the commit request's lines (NDJSON: a header, then one line per file added or
+/// deleted).
+fn read_changes(body: &std::path::Path) -> ApiResult<Changes> {
+    let file = std::fs::File::open(body)
+        .map_err(|e| ApiError::internal(format!("reading the upload: {e}")))?;
+    let mut out = Changes::default();
+    for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| bad(format!("line {}: {e}", n + 1)))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let item: Value =
+            serde_json::from_str(&line).map_err(|e| bad(format!("line {}: {e}", n + 1)))?;
+        let value = &item["value"];
+        let text = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_string);
+        let path = || text("path").ok_or_else(|| bad(format!("line {}: no \"path\"", n + 1)));
+        match item["key"].as_str() {
+            Some("header") => {
+                out.summary = text("summary").unwrap_or_default();
+                out.description = text("description").unwrap_or_default();
+                out.parent = text("parentCommit");
+            }
+            Some("file") => {
+                let path = path()?;
+                if text("encoding").as_deref() != Some("base64") {
+                    return Err(bad(format!("{path}: only base64 content is taken")));
+                }
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(text("content").unwrap_or_default())
+                    .map_err(|e| bad(format!("{path}: its content is not base64: {e}")))?;
+                out.files.push(MemoryFile::new(path, bytes));
+            }
+            Some("deletedFile") | Some("deletedFolder") => out.deleted.push(path()?),
+            Some("lfsFile") => {
+                return Err(bad(format!(
+                    "{}: mdl takes files inline in the commit (preupload says regular), not through LFS",
+                    path()?
+                )))
+            }
+            Some(other) => {
+                return Err(ApiError::new(
+                    ErrorCode::Unsupported,
+                    format!("commit operation {other:?} is not supported by mdl serve"),
+                ))
+            }
+            None => return Err(bad(format!("line {}: no \"key\"", n + 1))),
+        }
+    }
+    Ok(out)
+}
+
+/// `POST /api/models/{repo}/commit/{rev}`: one mdl commit on branch `rev` (created from HEAD's
+/// branch if missing) whose tree is the branch's with the request's files added or replaced
+/// and its deletions made.
+async fn commit(
+    AxState(state): Shared,
+    Access(served): Writer,
+    Path((repo, rev)): Path<(String, String)>,
+    query: axum::extract::Query<Vec<(String, String)>>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    if query.0.iter().any(|(k, v)| k == "create_pr" && v != "0") {
+        return Err(ApiError::new(
+            ErrorCode::Unsupported,
+            "mdl has no pull requests: commit to a branch (revision=...) instead",
+        ));
+    }
+    let author = state.config.tokens.holder(&headers);
+    let upload = spool(&served, &headers, body, state.config.max_body).await?;
+    let warm = state.warm.clone();
+    let deferred = served.clone();
+    let answer = blocking(move || {
+        let changes = read_changes(upload.path())?;
+        drop(upload);
+        if changes.files.is_empty() && changes.deleted.is_empty() {
+            return Err(bad("the commit changes nothing"));
+        }
+        let branch = mdl::RefName::new(&rev).map_err(|e| bad(e.to_string()))?;
+        let message = match changes.description.trim() {
+            "" => changes.summary.clone(),
+            d => format!("{}\n\n{d}", changes.summary),
+        };
+        let (outcome, published) = served.change(true, |repo| {
+            if let Some(parent) = &changes.parent {
+                let tip = mdl::revision::resolve(repo, &rev)
+                    .ok()
+                    .map(|id| id.to_hex());
+                if tip.as_deref() != Some(parent.as_str()) {
+                    return Err(ApiError::new(
+                        ErrorCode::RefConflict,
+                        format!("{rev} is no longer at {parent}: a commit has happened since"),
+                    ));
+                }
+            }
+            let opts = CommitOptions {
+                message,
+                branch: Some(branch),
+                update: Some(changes.deleted),
+                author,
+                warm: Some(warm),
+                ..Default::default()
+            };
+            Ok(mdl::commit::commit_memory(
+                repo,
+                changes.files,
+                &[],
+                &opts,
+                &mdl::NoProgress,
+            )?)
+        })?;
+        let id = published.replayed.last().map_or(outcome.id, |(_, r)| *r);
+        Ok(Json(json!({
+            "commitUrl": format!("{}/{repo}/commit/{id}", crate::hf::PREFIX),
+            "commitOid": id.to_hex(),
+            "pullRequestUrl": Value::Null,
+        }))
+        .into_response())
+    })
+    .await;
+    if answer.is_ok() {
+        deferred.work_deferred(Some(state.warm.clone()));
+    }
+    answer
+}
+
+/// `POST /api/models/{repo}/branch/{branch}` `{"startingPoint"?}`: a new branch at that
+/// revision (HEAD's commit by default).
+async fn create_branch(
+    Access(served): Writer,
+    Path((_, branch)): Path<(String, String)>,
+    b: Option<Json<Value>>,
+) -> ApiResult<Response> {
+    let start = b.and_then(|Json(v)| {
+        v.get("startingPoint")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    });
+    blocking(move || {
+        served.change(false, |repo| {
+            let _writer = repo.writer();
+            Ok(mdl::refs::create_branch(repo, &branch, start.as_deref())?)
+        })?;
+        Ok(Json(json!({})).into_response())
+    })
+    .await
+}
+
+/// `POST /api/models/{repo}/tag/{rev}` `{"tag", "message"?}`: a tag at `rev`, by the token's
+/// holder.
+async fn create_tag(
+    AxState(state): Shared,
+    Access(served): Writer,
+    Path((_, rev)): Path<(String, String)>,
+    headers: HeaderMap,
+    b: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+) -> ApiResult<Response> {
+    let req = json_body(b)?;
+    let tag = req
+        .get("tag")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("the request names no tag (\"tag\")"))?
+        .to_string();
+    let tagger = state
+        .config
+        .tokens
+        .holder(&headers)
+        .unwrap_or_else(|| "mdl serve".into());
+    let message = req
+        .get("message")
+        .and_then(Value::as_str)
+        .filter(|m| !m.is_empty())
+        .map(str::to_string);
+    blocking(move || {
+        served.change(false, |repo| {
+            let _writer = repo.writer();
+            Ok(mdl::refs::create_tag(
+                repo,
+                &tag,
+                Some(&rev),
+                message.as_deref(),
+                &tagger,
+            )?)
+        })?;
+        Ok(Json(json!({})).into_response())
+    })
+    .await
+}
