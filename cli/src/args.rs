@@ -420,6 +420,8 @@ impl CommitArgs {
                 follow_links: self.follow_links,
                 as_bytes: self.as_bytes,
             },
+            // The training code is where the command runs (its git commit is recorded).
+            source: std::env::current_dir().ok(),
             ..Default::default()
         })
     }

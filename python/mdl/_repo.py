@@ -98,7 +98,17 @@ def _options(
         "author": author,
         "follow_links": follow_links,
         "as_bytes": as_bytes,
+        "source": _training_code(),
     }
+
+
+def _training_code() -> str:
+    """Where the training code is, whose git commit a commit records: the folder of the
+    script that was run (``python train.py``), else the working directory."""
+    main = sys.argv[0] if sys.argv else ""
+    if main and os.path.isfile(main):
+        return os.path.dirname(os.path.abspath(main))
+    return os.getcwd()
 
 
 def as_repository(repo: "Repository | PathLike") -> "Repository":

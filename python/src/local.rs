@@ -249,6 +249,9 @@ pub(crate) struct Options {
     /// Store a file that looks like a checkpoint but does not parse as bytes.
     #[pyo3(default)]
     as_bytes: bool,
+    /// The training code's folder, whose git commit is recorded.
+    #[pyo3(default)]
+    source: Option<PathBuf>,
 }
 
 impl Options {
@@ -281,6 +284,7 @@ impl Options {
                 follow_links: self.follow_links,
                 as_bytes: self.as_bytes,
             },
+            source: self.source,
             ..Default::default()
         })
     }

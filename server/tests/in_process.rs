@@ -393,3 +393,32 @@ async fn a_cross_site_sign_in_is_refused() {
         );
     }
 }
+
+/// A commit page lists how the commit was made (its properties: a merge's strategy, the
+/// training code's git commit).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_commit_page_shows_the_commits_properties() {
+    let f = fixture();
+    let id = {
+        let Repos::One { path, .. } = &f.state.config().repos else {
+            unreachable!("one repository")
+        };
+        let repo = Repository::open(path, &mdl::OpenOptions::default()).unwrap();
+        let input = path.parent().unwrap().join("d.safetensors");
+        std::fs::write(&input, checkpoint(1000, 2.0)).unwrap();
+        let opts = CommitOptions {
+            properties: vec![
+                ("source.git".into(), "0123abcd".repeat(5)),
+                ("merge.strategy".into(), "ties".into()),
+            ],
+            ..Default::default()
+        };
+        commit(&repo, &input, &opts, &NoProgress).unwrap().id
+    };
+    let a = ask(&f, Method::GET, &format!("/ui/r/commit/{id}"), Some(READ), &[]).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let page = String::from_utf8(a.body).unwrap();
+    for want in ["merge.strategy", "ties", "source.git", &"0123abcd".repeat(5)] {
+        assert!(page.contains(want), "the commit page lacks {want}");
+    }
+}

@@ -5,8 +5,6 @@
 
 use std::path::Path;
 
-use serde_json::Value;
-
 use crate::trees::torch_fixture;
 use crate::util::*;
 

@@ -379,3 +379,38 @@ def test_a_blocking_commit_raises_its_failure_once(tmp_path):
     # Raised where the caller waited: the next call goes ahead.
     assert repo.commit_state({"w": torch.randn(16, 16)}, step=2, wait=True).id == repo.resolve("HEAD")
     assert [e.step for e in repo.log()] == [2]
+
+
+TRAIN = """
+import sys, torch, mdl
+repo = mdl.open(sys.argv[1], create=True)
+repo.commit_state(torch.nn.Linear(4, 4), step=int(sys.argv[2])).wait()
+"""
+
+
+def test_a_commit_records_the_training_codes_git_commit(tmp_path):
+    """commit_state from a script in a git work tree records that tree's HEAD, and whether the
+    tracked files had changes (`source.git`, `source.dirty`), shown by `mdl log` and `show`."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(TRAIN)
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+    git = lambda *a: subprocess.run(["git", "-C", code, *a], check=True, capture_output=True, text=True, env=env).stdout
+    git("init", "-q")
+    git("add", "train.py")
+    git("commit", "-q", "-m", "train")
+    head = git("rev-parse", "HEAD").strip()
+    repo = tmp_path / "runs"
+    # Run from elsewhere: the script's folder is what counts.
+    subprocess.run([sys.executable, code / "train.py", repo, "1"], check=True, cwd=tmp_path)
+    (code / "train.py").write_text(TRAIN + "# tuned\n")
+    subprocess.run([sys.executable, code / "train.py", repo, "2"], check=True, cwd=tmp_path)
+    log = run_mdl("-C", repo, "log", "--json")
+    assert [e["properties"] for e in log] == [
+        {"source.git": head, "source.dirty": "true"},
+        {"source.git": head, "source.dirty": "false"},
+    ]
+    text = run_mdl("-C", repo, "log").stdout
+    assert f"[git {head[:8]}+dirty]" in text and f"[git {head[:8]}]" in text
+    assert f"git={head}" in run_mdl("-C", repo, "show", "HEAD").stdout

@@ -50,6 +50,18 @@ fn evaluations(s: &mdl::lossy::SearchSummary) -> String {
     }
 }
 
+/// The training code's commit as `mdl log` names it: `git 1a2b3c4d`, `+dirty` when its work
+/// tree had changes.
+fn source_text(properties: &std::collections::BTreeMap<String, String>) -> Option<String> {
+    let git = properties.get("source.git")?;
+    let dirty = properties.get("source.dirty").is_some_and(|d| d == "true");
+    Some(format!(
+        "git {}{}",
+        printable(git.get(..8).unwrap_or(git)),
+        if dirty { "+dirty" } else { "" }
+    ))
+}
+
 /// A commit's properties as `mdl show` prints them: one line a group (`merge.strategy`,
 /// `merge.weights` → `merge  strategy=… weights=…`), in name order.
 fn property_lines(
@@ -287,6 +299,9 @@ pub(crate) fn log(
             }
             if e.expired_tensors > 0 {
                 rest.push_str(&format!("[thinned: {} expired] ", e.expired_tensors));
+            }
+            if let Some(code) = source_text(&e.properties) {
+                rest.push_str(&format!("[{code}] "));
             }
             rest.push_str(&printable(e.message.lines().next().unwrap_or("")));
             Row {

@@ -38,6 +38,7 @@ mod large;
 mod lossless;
 mod params;
 mod plan;
+mod source;
 mod spare;
 mod staged;
 mod store;
@@ -45,6 +46,8 @@ mod update;
 
 pub(crate) use author::author_soon;
 pub use author::default_author;
+pub use source::source_properties;
+use source::SourceSoon;
 use coder::Coder;
 pub use deferred::{pending_deferred, run_deferred, writer_waiting, DeferredReport};
 use plan::{adam_betas, correction, lossy_plans, Planning};
@@ -79,6 +82,10 @@ pub struct CommitOptions {
     /// How files are read: symlinks that leave a folder, files that look like checkpoints
     /// but do not parse.
     pub reading: Reading,
+    /// Take no step or metrics from what the files record (`trainer_state.json`, safetensors
+    /// metadata) when none are given: a merge's files are its first commit's, their record
+    /// not the merge's.
+    pub ignore_recorded: bool,
     /// Parents after the branch's commit: the other commits of a merge, in order (one that
     /// is the branch's commit is not repeated).
     pub merged: Vec<ObjectId>,
@@ -86,6 +93,10 @@ pub struct CommitOptions {
     /// paths (files, or folders with everything under them) removed, instead of the input as
     /// the whole tree: an upload through the Hugging Face API. `None`: the input is the tree.
     pub update: Option<Vec<String>>,
+    /// The training code's folder: the git commit of the work tree holding it, and whether it
+    /// had changes, are recorded (`source.git`, `source.dirty`; nothing outside a work tree).
+    /// `None`: nothing is looked up (a server's commits, a merge).
+    pub source: Option<PathBuf>,
     /// Named facts recorded with the commit ([`Commit::properties`]), in any order, names
     /// unique (set by mdl itself: a merge, the training code's git commit).
     pub properties: Vec<(String, String)>,
@@ -175,9 +186,12 @@ fn commit_input(
     progress: &dyn Progress,
 ) -> Result<CommitOutcome> {
     let author = author_soon(opts);
+    let source = SourceSoon::of(opts.source.as_ref());
     // What the checkpoint records of itself, where the user gave nothing.
-    let step = opts.step.or_else(|| input.recorded_step());
-    let metrics = if opts.metrics.is_empty() {
+    let step = opts
+        .step
+        .or_else(|| (!opts.ignore_recorded).then(|| input.recorded_step()).flatten());
+    let metrics = if opts.metrics.is_empty() && !opts.ignore_recorded {
         check_metrics(&input.recorded_metrics())?
     } else {
         metrics
@@ -281,7 +295,11 @@ fn commit_input(
         new_tensors: stored.new_tensors,
         lossy_tensors: stored.lossy_tensors,
     };
-    let commit = target.commit(manifest_id, author.get(), opts, step, metrics, stats);
+    let mut commit = target.commit(manifest_id, author.get(), opts, step, metrics, stats);
+    if opts.source.is_some() {
+        commit.properties.extend(source.get());
+        commit.properties.sort();
+    }
     let id = store_commit(batch, &commit, &mut stored.added)?;
     let branch = target.branch().to_string();
     publish(repo, target, &id, &commit, &stored, warm)?;

@@ -122,6 +122,7 @@ trait Lane:
     const ZERO: Self;
     fn of(x: f64) -> Self;
     fn magnitude(self) -> Self;
+    fn nan(self) -> bool;
 }
 
 impl Lane for f32 {
@@ -132,6 +133,9 @@ impl Lane for f32 {
     fn magnitude(self) -> f32 {
         self.abs()
     }
+    fn nan(self) -> bool {
+        self.is_nan()
+    }
 }
 
 impl Lane for f64 {
@@ -141,6 +145,9 @@ impl Lane for f64 {
     }
     fn magnitude(self) -> f64 {
         self.abs()
+    }
+    fn nan(self) -> bool {
+        self.is_nan()
     }
 }
 
@@ -220,9 +227,10 @@ fn threshold<L: Lane>(t: &[L], density: f64) -> L {
     }
     let k = ((density * t.len() as f64).ceil() as usize).clamp(1, t.len());
     let mut m: Vec<L> = t.iter().map(|v| v.magnitude()).collect();
-    let order = |a: &L, b: &L| {
-        b.partial_cmp(a)
-            .unwrap_or_else(|| (a == a).cmp(&(b == b)).reverse())
+    // Largest first, NaN after every number.
+    let order = |a: &L, b: &L| match (a.nan(), b.nan()) {
+        (false, false) => b.partial_cmp(a).expect("numbers compare"),
+        (x, y) => x.cmp(&y),
     };
     let (_, kth, _) = m.select_nth_unstable_by(k - 1, order);
     *kth

@@ -141,6 +141,7 @@ pub fn merge(
 
     let mut opts_commit = commit.clone();
     opts_commit.merged = merged.clone();
+    opts_commit.ignore_recorded = true;
     opts_commit.properties = properties(revs, opts, &weights, base);
     if opts_commit.message.is_empty() {
         opts_commit.message = format!("merge {} ({})", revs.join(", "), opts.strategy);

@@ -40,6 +40,8 @@ pub(crate) struct CommitPage {
     pub time: String,
     pub step: String,
     pub metrics: Vec<(String, String)>,
+    /// How it was made: a merge's strategy, the training code's git commit.
+    pub properties: Vec<(String, String)>,
     pub parents: Vec<(String, String, String)>,
     pub raw: String,
     pub stored: String,
@@ -106,6 +108,7 @@ pub(crate) fn commit_page(
             .iter()
             .map(|(k, v)| (k.clone(), v.to_string()))
             .collect(),
+        properties: s.properties.clone().into_iter().collect(),
         parents: s
             .parents
             .iter()
