@@ -415,10 +415,153 @@ async fn a_commit_page_shows_the_commits_properties() {
         };
         commit(&repo, &input, &opts, &NoProgress).unwrap().id
     };
-    let a = ask(&f, Method::GET, &format!("/ui/r/commit/{id}"), Some(READ), &[]).await;
+    let a = ask(
+        &f,
+        Method::GET,
+        &format!("/ui/r/commit/{id}"),
+        Some(READ),
+        &[],
+    )
+    .await;
     assert_eq!(a.status, StatusCode::OK);
     let page = String::from_utf8(a.body).unwrap();
-    for want in ["merge.strategy", "ties", "source.git", &"0123abcd".repeat(5)] {
+    for want in [
+        "merge.strategy",
+        "ties",
+        "source.git",
+        &"0123abcd".repeat(5),
+    ] {
         assert!(page.contains(want), "the commit page lacks {want}");
     }
+}
+
+/// A Trainer-like checkpoint folder committed on `f`'s repository (HEAD's branch); its id.
+fn commit_trainer_folder(f: &Fixture) -> String {
+    let Repos::One { path, .. } = &f.state.config().repos else {
+        unreachable!("one repository")
+    };
+    let repo = Repository::open(path, &mdl::OpenOptions::default()).unwrap();
+    let dir = path.parent().unwrap().join("checkpoint-30");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("model.safetensors"), checkpoint(1000, 3.0)).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"model_type":"gpt2","n_layer":2}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("README.md"),
+        "---\nlicense: mit\n---\n# A tiny model\n\nTrained *briefly*. <script>alert(1)</script>\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("trainer_state.json"),
+        r#"{"global_step": 30, "log_history": [
+            {"step": 10, "loss": 2.5, "learning_rate": 0.0001},
+            {"step": 20, "loss": 2.25, "learning_rate": 0.00009},
+            {"step": 30, "loss": 1.875, "learning_rate": 0.00008, "eval_loss": 2.0}]}"#,
+    )
+    .unwrap();
+    commit(&repo, &dir, &CommitOptions::default(), &NoProgress)
+        .unwrap()
+        .id
+        .to_hex()
+}
+
+/// A commit page: a download link for every file (which downloads the file), the model card
+/// rendered with its HTML shown as text, `config.json`, and snippets naming this revision on
+/// this server.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_commit_page_has_downloads_the_model_card_the_config_and_snippets() {
+    let f = fixture();
+    let id = commit_trainer_folder(&f);
+    let a = ask(
+        &f,
+        Method::GET,
+        &format!("/ui/r/commit/{id}"),
+        Some(READ),
+        &[("host", "models.example:8080")],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    let page = String::from_utf8(a.body).unwrap();
+    for want in [
+        &format!(r#"href="/ui/r/file/{id}/config.json""#),
+        &format!(r#"href="/ui/r/file/{id}/README.md""#),
+        "<h1>A tiny model</h1>",
+        "<em>briefly</em>",
+        "&lt;script&gt;alert(1)&lt;/script&gt;",
+        "license: mit",
+        "&#34;model_type&#34;: &#34;gpt2&#34;",
+        &format!("AutoModel.from_pretrained(&#34;r&#34;, revision=&#34;{id}&#34;)"),
+        "http://models.example:8080/hf",
+        &format!("mdl -C http://models.example:8080/r checkout {id}"),
+    ] {
+        assert!(page.contains(want), "the commit page lacks {want}");
+    }
+    assert!(!page.contains("<script>"));
+
+    let file = ask(
+        &f,
+        Method::GET,
+        &format!("/ui/r/file/{id}/config.json"),
+        Some(READ),
+        &[],
+    )
+    .await;
+    assert_eq!(file.status, StatusCode::OK);
+    assert_eq!(file.body, br#"{"model_type":"gpt2","n_layer":2}"#);
+    let disposition = file.headers[header::CONTENT_DISPOSITION].to_str().unwrap();
+    assert_eq!(disposition, r#"attachment; filename="config.json""#);
+    let none = ask(
+        &f,
+        Method::GET,
+        &format!("/ui/r/file/{id}/nope.json"),
+        Some(READ),
+        &[],
+    )
+    .await;
+    assert_eq!(none.status, StatusCode::NOT_FOUND);
+    let anonymous = ask(
+        &f,
+        Method::GET,
+        &format!("/ui/r/file/{id}/config.json"),
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+}
+
+/// The repository page charts the Trainer's whole `log_history` of HEAD's newest checkpoint,
+/// each point's value in its tooltip, and zooms to a range of steps.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_repository_page_charts_the_training_curve_and_zooms() {
+    let f = fixture();
+    commit_trainer_folder(&f);
+    let page = |uri: String| {
+        let f = &f;
+        async move {
+            let a = ask(f, Method::GET, &uri, Some(READ), &[]).await;
+            assert_eq!(a.status, StatusCode::OK, "{uri}");
+            String::from_utf8(a.body).unwrap()
+        }
+    };
+    let all = page("/ui/r".into()).await;
+    assert!(all.contains(r#"id="curves""#) && all.contains("trainer_state.json of main"));
+    for want in [
+        "step 10: loss=2.5",
+        "step 30: loss=1.875",
+        "step 30: eval_loss=2",
+    ] {
+        assert!(all.contains(want), "the curve lacks {want}");
+    }
+    assert!(all.contains(r#"id="zoom""#));
+    let zoomed = page("/ui/r?from=15&to=25".into()).await;
+    assert!(zoomed.contains("step 20: loss=2.25"));
+    assert!(!zoomed.contains("step 10: loss=2.5") && !zoomed.contains("step 30: loss=1.875"));
+    assert!(zoomed.contains(r#"value="15""#) && zoomed.contains("all steps"));
+    // Empty fields, as the form sends them, are open ends.
+    let open = page("/ui/r?from=&to=20".into()).await;
+    assert!(open.contains("step 10: loss=2.5") && !open.contains("step 30: loss=1.875"));
 }

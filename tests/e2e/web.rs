@@ -331,6 +331,58 @@ fn in_chromium() {
         .expect("MDL_CHROMIUM names the chromium binary (scripts/chromium-env.sh installs it)");
     let dir = tempfile::tempdir().unwrap();
     let (repo, ids) = web_repo(dir.path());
+    // A Trainer checkpoint folder on main (its model card, config and whole training curve),
+    // and a merge of two branches.
+    let folder = dir.path().join("checkpoint-400");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::rename(
+        checkpoint(dir.path(), "e.safetensors", 5, 0),
+        folder.join("model.safetensors"),
+    )
+    .unwrap();
+    std::fs::write(
+        folder.join("config.json"),
+        r#"{"architectures":["GPT2LMHeadModel"],"model_type":"gpt2","n_embd":32,"n_layer":2}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        folder.join("README.md"),
+        "---\nlicense: apache-2.0\ntags: [mdl, tiny]\n---\n# run\n\nA tiny GPT-2 fine-tuned \
+         for **400 steps**.\n\n| split | loss |\n|---|---:|\n| train | 1.92 |\n| eval | 2.05 |\n",
+    )
+    .unwrap();
+    let history: Vec<String> = (1..=80)
+        .map(|i| {
+            let step = i * 5;
+            let loss =
+                2.0 + 2.5 * (-(step as f64) / 120.0).exp() + 0.05 * ((i * 7 % 11) as f64 / 11.0);
+            let lr = 1e-4 * (1.0 - step as f64 / 400.0);
+            format!(r#"{{"step": {step}, "loss": {loss:.4}, "learning_rate": {lr:e}}}"#)
+        })
+        .collect();
+    std::fs::write(
+        folder.join("trainer_state.json"),
+        format!(
+            r#"{{"global_step": 400, "log_history": [{}]}}"#,
+            history.join(",")
+        ),
+    )
+    .unwrap();
+    let card = json(
+        &repo,
+        &[
+            "commit",
+            folder.to_str().unwrap(),
+            "-m",
+            "checkpoint-400",
+            "--step",
+            "400",
+            "--metric",
+            "loss=1.92",
+        ],
+    );
+    let card = card["id"].as_str().unwrap().to_string();
+    ok(&repo, &["merge", "v1", "exp", "--branch", "soup"]);
     let server = Server::start(&["-C", repo.to_str().unwrap()], dir.path());
     let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("web-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
@@ -402,8 +454,27 @@ fn in_chromium() {
     }
     // The browser ran no script from a commit message.
     assert!(!dom.contains("<script>alert(1)"));
+    assert!(dom.contains(r#"id="curves""#) && dom.contains("step 400: loss="));
+    let dom = visit("/ui/run?from=100&to=300", Some("repository-zoomed"));
+    assert!(dom.contains("step 100: loss=") && !dom.contains("step 400: loss="));
     let dom = visit(&format!("/ui/run/commit/{}", ids[2]), Some("commit"));
     assert!(dom.contains(r#"id="tensors""#) && dom.contains("lossy: relative error"));
+    let dom = visit(&format!("/ui/run/commit/{card}"), Some("commit-model-card"));
+    for want in [
+        r#"id="model-card""#,
+        "<strong>400 steps</strong>",
+        "<table>",
+        r#"id="config""#,
+        r#"id="snippets""#,
+        &format!("/ui/run/file/{card}/config.json"),
+    ] {
+        assert!(
+            dom.contains(want),
+            "the model card's commit page lacks {want}"
+        );
+    }
+    let dom = visit("/ui/run/commit/soup", Some("commit-merge"));
+    assert!(dom.contains("merge.strategy") && dom.contains("linear"));
     let dom = visit("/ui/run/compare?a=v1&b=exp", Some("compare"));
     assert!(dom.contains(r#"id="ranked""#) && dom.contains("130 added"));
     let dom = visit("/ui/run/storage", Some("storage"));

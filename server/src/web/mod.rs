@@ -46,6 +46,7 @@ pub(crate) fn routes() -> Router<Arc<State>> {
         .route("/ui/.code", post(sign_in_code))
         .route("/ui/{repo}", get(repo))
         .route("/ui/{repo}/commit/{rev}", get(commit))
+        .route("/ui/{repo}/file/{rev}/{*path}", get(download))
         .route("/ui/{repo}/compare", get(compare))
         .route("/ui/{repo}/storage", get(storage))
         .layer(axum::middleware::map_response(page_headers))
@@ -144,6 +145,15 @@ async fn page<P: Template + Send + 'static>(
 #[derive(Deserialize)]
 struct Paged {
     page: Option<usize>,
+}
+
+/// The repository page's query: a page of history, and the step range its charts show
+/// (empty fields, as a form sends them, are open ends).
+#[derive(Deserialize)]
+struct RepoQuery {
+    page: Option<usize>,
+    from: Option<String>,
+    to: Option<String>,
 }
 
 async fn index(AxState(state): Shared, _: Viewer) -> Response {
@@ -296,11 +306,16 @@ async fn repo(
     AxState(state): Shared,
     _: Viewer,
     Path(name): Path<String>,
-    Query(q): Query<Paged>,
+    Query(q): Query<RepoQuery>,
 ) -> Response {
     let n = q.page.unwrap_or(1);
+    let step = |v: Option<String>| v.and_then(|v| v.trim().parse::<u64>().ok());
+    let steps = pages::Steps {
+        from: step(q.from),
+        to: step(q.to),
+    };
     page(state, name, move |s, name| {
-        pages::repo_page(&s.repo, name, n)
+        pages::repo_page(&s.repo, name, n, steps)
     })
     .await
 }
@@ -310,12 +325,68 @@ async fn commit(
     _: Viewer,
     Path((name, rev)): Path<(String, String)>,
     Query(q): Query<Paged>,
+    headers: HeaderMap,
 ) -> Response {
     let n = q.page.unwrap_or(1);
+    let origin = origin(&headers);
     page(state, name, move |s, name| {
-        pages::commit_page(&s.repo, name, &rev, n)
+        pages::commit_page(&s.repo, name, &rev, n, &origin)
     })
     .await
+}
+
+/// `http://HOST:PORT` as the browser reached this server (`https` where a proxy in front
+/// says so), for the pages' snippets.
+fn origin(headers: &HeaderMap) -> String {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let host = text("host").unwrap_or("localhost");
+    let scheme = match text("x-forwarded-proto") {
+        Some("https") => "https",
+        _ => "http",
+    };
+    format!("{scheme}://{host}")
+}
+
+/// `GET /ui/{repo}/file/{rev}/{path}`: one file of a commit, as a download (`Range` honoured).
+async fn download(
+    AxState(state): Shared,
+    _: Viewer,
+    Path((name, rev, path)): Path<(String, String, String)>,
+    method: axum::http::Method,
+    headers: HeaderMap,
+) -> Response {
+    if !crate::valid_repo_name(&name) {
+        return error_page(ApiError::not_found(format!("no repository {name:?}")));
+    }
+    let answer = async {
+        let served = blocking(move || {
+            let served = state.repo(&name)?;
+            served.refresh()?;
+            Ok(served)
+        })
+        .await?;
+        let (_, file, etag) = crate::files::file_of(&served, &rev, &path).await?;
+        let base: String = path
+            .rsplit('/')
+            .next()
+            .unwrap_or("file")
+            .chars()
+            .map(|c| {
+                if c.is_ascii_graphic() && c != '"' && c != '\\' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let extra = [(
+            header::CONTENT_DISPOSITION,
+            format!("attachment; filename=\"{base}\""),
+        )];
+        crate::files::serve_file(served, &method, &headers, file, etag, &extra)
+    }
+    .await;
+    answer.unwrap_or_else(error_page)
 }
 
 #[derive(Deserialize)]

@@ -46,11 +46,11 @@ mod update;
 
 pub(crate) use author::author_soon;
 pub use author::default_author;
-pub use source::source_properties;
-use source::SourceSoon;
 use coder::Coder;
 pub use deferred::{pending_deferred, run_deferred, writer_waiting, DeferredReport};
 use plan::{adam_betas, correction, lossy_plans, Planning};
+pub use source::source_properties;
+use source::SourceSoon;
 use spare::Spare;
 pub use staged::{KnownPair, Ready, Staged};
 use store::{StoreCtx, Stored};
@@ -188,9 +188,11 @@ fn commit_input(
     let author = author_soon(opts);
     let source = SourceSoon::of(opts.source.as_ref());
     // What the checkpoint records of itself, where the user gave nothing.
-    let step = opts
-        .step
-        .or_else(|| (!opts.ignore_recorded).then(|| input.recorded_step()).flatten());
+    let step = opts.step.or_else(|| {
+        (!opts.ignore_recorded)
+            .then(|| input.recorded_step())
+            .flatten()
+    });
     let metrics = if opts.metrics.is_empty() && !opts.ignore_recorded {
         check_metrics(&input.recorded_metrics())?
     } else {

@@ -39,7 +39,10 @@ pub(crate) struct SourceSoon(Option<std::thread::JoinHandle<Vec<(String, String)
 
 impl SourceSoon {
     pub(crate) fn of(dir: Option<&PathBuf>) -> SourceSoon {
-        SourceSoon(dir.cloned().map(|d| std::thread::spawn(move || source_properties(&d))))
+        SourceSoon(
+            dir.cloned()
+                .map(|d| std::thread::spawn(move || source_properties(&d))),
+        )
     }
 
     pub(crate) fn get(mut self) -> Vec<(String, String)> {
@@ -99,12 +102,18 @@ mod tests {
         std::fs::write(dir.join("ckpt.safetensors"), b"x").unwrap();
         assert_eq!(
             source_properties(dir),
-            [("source.git".into(), head.clone()), ("source.dirty".into(), "false".into())]
+            [
+                ("source.git".into(), head.clone()),
+                ("source.dirty".into(), "false".into())
+            ]
         );
         std::fs::write(dir.join("train.py"), "print(2)\n").unwrap();
         assert_eq!(
             source_properties(&dir.join(".")),
-            [("source.git".into(), head), ("source.dirty".into(), "true".into())]
+            [
+                ("source.git".into(), head),
+                ("source.dirty".into(), "true".into())
+            ]
         );
     }
 }

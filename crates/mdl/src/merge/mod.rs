@@ -142,7 +142,7 @@ pub fn merge(
     let mut opts_commit = commit.clone();
     opts_commit.merged = merged.clone();
     opts_commit.ignore_recorded = true;
-    opts_commit.properties = properties(revs, opts, &weights, base);
+    opts_commit.properties = properties(revs, opts, &weights, base, &counts);
     if opts_commit.message.is_empty() {
         opts_commit.message = format!("merge {} ({})", revs.join(", "), opts.strategy);
     }
@@ -162,6 +162,8 @@ pub fn merge(
 #[derive(Default)]
 struct Counts {
     computed: usize,
+    /// Of those, optimizer moments (averaged linearly).
+    moments: usize,
     identical: usize,
     from_first: Vec<String>,
     left_out: Vec<String>,
@@ -253,6 +255,7 @@ fn merge_file(
             )));
         } else {
             counts.computed += 1;
+            counts.moments += usize::from(moment);
             jobs.push((
                 placed.offset,
                 Job::Compute {
@@ -364,6 +367,7 @@ fn properties(
     opts: &MergeOptions,
     weights: &[f64],
     base: Option<ObjectId>,
+    counts: &Counts,
 ) -> Vec<(String, String)> {
     let mut p: HashMap<&str, String> = HashMap::new();
     p.insert("merge.strategy", opts.strategy.to_string());
@@ -382,14 +386,13 @@ fn properties(
     if let Some(b) = base {
         p.insert("merge.base", b.to_hex());
     }
-    p.insert(
-        "merge.optimizer",
-        if opts.optimizer {
-            "averaged"
-        } else {
-            "left-out"
-        }
-        .into(),
-    );
+    // What became of the optimizer state: files left out, moments averaged (asked for, or in
+    // the weights' own files), or none there.
+    let optimizer = match (counts.left_out.is_empty(), counts.moments) {
+        (false, _) => "left-out",
+        (true, 0) if !opts.optimizer => "none",
+        (true, _) => "averaged",
+    };
+    p.insert("merge.optimizer", optimizer.into());
     p.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }

@@ -4,7 +4,7 @@ use askama::Template;
 use mdl::storage::human_size;
 use mdl::Repository;
 
-use super::{commit_href, compare_href, minute, short, Pager, TENSOR_PAGE};
+use super::{card, commit_href, compare_href, minute, short, Pager, TENSOR_PAGE};
 
 /// A file of a commit.
 pub(crate) struct FileRow {
@@ -13,6 +13,8 @@ pub(crate) struct FileRow {
     pub size: String,
     pub tensors: u32,
     pub note: String,
+    /// Where the file downloads from.
+    pub href: String,
 }
 
 /// A tensor of a commit.
@@ -50,19 +52,30 @@ pub(crate) struct CommitPage {
     pub lossy_count: usize,
     pub tensors: Vec<TensorRow>,
     pub pager: Pager,
+    /// `config.json`, pretty-printed.
+    pub config: Option<String>,
+    /// The model card (`README.md`) as HTML (see [`card::markdown`]).
+    pub card: Option<String>,
+    /// How to load this revision: a title and code each.
+    pub snippets: Vec<(String, String)>,
 }
 
-/// Builds page `page` of commit `rev`'s tensors.
+/// Builds page `page` of commit `rev`'s tensors; `origin` (`http://HOST:PORT`) is where the
+/// page was asked from, for the snippets.
 pub(crate) fn commit_page(
     repo: &Repository,
     name: &str,
     rev: &str,
     page: usize,
+    origin: &str,
 ) -> mdl::Result<CommitPage> {
     let s = crate::budgeted::hold(repo, rev, crate::budgeted::LISTING, |c| {
         mdl::show::show(repo, &c.to_hex())
     })?;
     let id = s.id.to_string();
+    let layout = crate::budgeted::hold(repo, &id, crate::budgeted::LAYOUT, |c| {
+        mdl::checkout::layout(repo, &c.to_hex())
+    })?;
     let pager = Pager::new(page, s.tensors.len(), TENSOR_PAGE, |n| {
         format!("{}?page={n}", commit_href(name, &id))
     });
@@ -131,12 +144,16 @@ pub(crate) fn commit_page(
                 size: human_size(f.raw_bytes),
                 tensors: f.tensors,
                 note: f.note.clone(),
+                href: card::download_href(name, &id, &f.path),
             })
             .collect(),
         tensor_count: s.tensors.len(),
         lossy_count: s.tensors.iter().filter(|t| t.lossy).count(),
         tensors,
         pager,
+        config: card::config(repo, &layout),
+        card: card::model_card(repo, &layout),
+        snippets: card::snippets(origin, name, &id, &layout),
         id,
     })
 }

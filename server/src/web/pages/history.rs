@@ -50,6 +50,26 @@ pub(crate) struct RepoPage {
     pub rows: Vec<LogRow>,
     pub pager: Pager,
     pub charts: Vec<String>,
+    /// The training curve the newest checkpoint of HEAD's branch carries (its
+    /// `trainer_state.json`'s `log_history`), a chart a logged value, and where it came from.
+    pub curves: Vec<String>,
+    pub curve_source: String,
+    /// The step range the charts are zoomed to (empty: from the first, to the last).
+    pub from: String,
+    pub to: String,
+}
+
+/// The steps the charts show: `from..=to`, either end open.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Steps {
+    pub from: Option<u64>,
+    pub to: Option<u64>,
+}
+
+impl Steps {
+    pub(crate) fn holds(&self, step: f64) -> bool {
+        self.from.is_none_or(|f| step >= f as f64) && self.to.is_none_or(|t| step <= t as f64)
+    }
 }
 
 fn ref_rows(repo: &str, refs: Vec<mdl::refs::RefInfo>) -> Vec<RefRow> {
@@ -63,11 +83,20 @@ fn ref_rows(repo: &str, refs: Vec<mdl::refs::RefInfo>) -> Vec<RefRow> {
         .collect()
 }
 
-/// Builds page `page` of repository `name`'s history.
-pub(crate) fn repo_page(repo: &Repository, name: &str, page: usize) -> mdl::Result<RepoPage> {
+/// Builds page `page` of repository `name`'s history, its charts showing `steps`.
+pub(crate) fn repo_page(
+    repo: &Repository,
+    name: &str,
+    page: usize,
+    steps: Steps,
+) -> mdl::Result<RepoPage> {
     let branches = mdl::refs::branches(repo)?;
     let entries = mdl::log::log_all(repo, None)?;
-    let charts = metric_charts(name, &entries, &branches);
+    let charts = metric_charts(name, &entries, &branches, steps);
+    let (curves, curve_source) = match branches.iter().find(|b| b.current) {
+        Some(head) => super::curve::training_curves(repo, name, head, steps)?,
+        None => (Vec::new(), String::new()),
+    };
     let pager = Pager::new(page, entries.len(), HISTORY_PAGE, |n| {
         format!("/ui/{name}?page={n}")
     });
@@ -110,12 +139,21 @@ pub(crate) fn repo_page(repo: &Repository, name: &str, page: usize) -> mdl::Resu
         rows,
         pager,
         charts,
+        curves,
+        curve_source,
+        from: steps.from.map(|s| s.to_string()).unwrap_or_default(),
+        to: steps.to.map(|s| s.to_string()).unwrap_or_default(),
     })
 }
 
 /// One chart per recorded metric (in order of first appearance): value against step, a line
 /// a branch along its first parents, lossy commits ringed.
-fn metric_charts(repo: &str, entries: &[LogEntry], branches: &[mdl::refs::RefInfo]) -> Vec<String> {
+fn metric_charts(
+    repo: &str,
+    entries: &[LogEntry],
+    branches: &[mdl::refs::RefInfo],
+    steps: Steps,
+) -> Vec<String> {
     let by_id: HashMap<ObjectId, &LogEntry> = entries.iter().map(|e| (e.id, e)).collect();
     let mut names: Vec<&str> = Vec::new();
     for e in entries.iter().rev() {
@@ -148,7 +186,7 @@ fn metric_charts(repo: &str, entries: &[LogEntry], branches: &[mdl::refs::RefInf
                     points: chain
                         .iter()
                         .filter_map(|e| {
-                            let step = e.step?;
+                            let step = e.step.filter(|s| steps.holds(*s as f64))?;
                             let (_, v) = e.metrics.0.iter().find(|(k, _)| k == metric)?;
                             Some(Point {
                                 x: step as f64,

@@ -2,8 +2,10 @@
 //! template (`server/templates/`) renders. Long lists are paged. One file a page; what they
 //! share (paging, links, dates) is here.
 
+mod card;
 mod commit;
 mod compare;
+mod curve;
 mod history;
 mod storage;
 
@@ -12,7 +14,7 @@ use mdl::ObjectId;
 
 pub(crate) use commit::commit_page;
 pub(crate) use compare::compare_page;
-pub(crate) use history::repo_page;
+pub(crate) use history::{repo_page, Steps};
 pub(crate) use storage::{storage_page, StorageCache};
 
 /// Commits on a page of history.
