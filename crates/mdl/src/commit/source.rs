@@ -82,6 +82,8 @@ mod tests {
     }
 
     #[test]
+    // The test's own work tree, not a repository's files.
+    #[allow(clippy::disallowed_methods)]
     fn a_work_trees_commit_and_its_changes_are_found() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
