@@ -400,11 +400,8 @@ async fn a_cross_site_sign_in_is_refused() {
 async fn a_commit_page_shows_the_commits_properties() {
     let f = fixture();
     let id = {
-        let Repos::One { path, .. } = &f.state.config().repos else {
-            unreachable!("one repository")
-        };
-        let repo = Repository::open(path, &mdl::OpenOptions::default()).unwrap();
-        let input = path.parent().unwrap().join("d.safetensors");
+        let (repo, dir) = fixture_repo(&f);
+        let input = dir.join("d.safetensors");
         std::fs::write(&input, checkpoint(1000, 2.0)).unwrap();
         let opts = CommitOptions {
             properties: vec![
@@ -435,13 +432,19 @@ async fn a_commit_page_shows_the_commits_properties() {
     }
 }
 
-/// A Trainer-like checkpoint folder committed on `f`'s repository (HEAD's branch); its id.
-fn commit_trainer_folder(f: &Fixture) -> String {
+/// `f`'s repository, opened beside the server, and the folder it is in.
+fn fixture_repo(f: &Fixture) -> (Repository, std::path::PathBuf) {
     let Repos::One { path, .. } = &f.state.config().repos else {
         unreachable!("one repository")
     };
     let repo = Repository::open(path, &mdl::OpenOptions::default()).unwrap();
-    let dir = path.parent().unwrap().join("checkpoint-30");
+    (repo, path.parent().unwrap().to_path_buf())
+}
+
+/// A Trainer-like checkpoint folder committed on `f`'s repository (HEAD's branch); its id.
+fn commit_trainer_folder(f: &Fixture) -> String {
+    let (repo, dir) = fixture_repo(f);
+    let dir = dir.join("checkpoint-30");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("model.safetensors"), checkpoint(1000, 3.0)).unwrap();
     std::fs::write(

@@ -80,6 +80,9 @@ def test_a_fine_tune_pushed_with_huggingface_hub_is_one_commit_each_and_download
     readme = hf_hub_download("ft", "README.md", endpoint=endpoint, token=READ_TOKEN, cache_dir=str(tmp_path / "cache"))
     assert open(readme, "rb").read() == card
     assert len(mdl("-C", root / "ft", "log", "--json")) == 4
+    api.delete_file("notes/eval.json", repo_id="ft", commit_message="drop notes")  # deletions only
+    assert sorted(s.rfilename for s in api.model_info("ft").siblings) == ["README.md", "config.json", "model.safetensors"]
+    assert len(mdl("-C", root / "ft", "log", "--json")) == 5
 
     # Branches and tags are refs.
     api.create_branch("ft", branch="exp", revision=info.oid)
@@ -90,7 +93,7 @@ def test_a_fine_tune_pushed_with_huggingface_hub_is_one_commit_each_and_download
     assert tags == {"v1"}
     api.upload_file(path_or_fileobj=b"x", path_in_repo="x.txt", repo_id="ft", revision="exp", commit_message="on exp")
     assert mdl("-C", root / "ft", "log", "exp", "--json")[0]["message"] == "on exp"
-    assert mdl("-C", root / "ft", "log", "--json")[0]["message"] == "eval notes"
+    assert mdl("-C", root / "ft", "log", "--json")[0]["message"] == "drop notes"
 
 
 def test_refused_pushes_change_nothing(tmp_path, hub):

@@ -389,6 +389,32 @@ fn a_commit_and_its_id() {
     assert_eq!(old.stats.new_tensors, 1);
 }
 
+/// A commit with properties is version 3: the version 2 layout, then the properties sorted by
+/// name. (Without properties it stays version 2, byte for byte: the test above.)
+#[test]
+fn a_commit_with_properties_is_version_3() {
+    let mut c = commit();
+    c.properties = vec![
+        ("merge.strategy".into(), "linear".into()),
+        ("source.git".into(), "0a1b".into()),
+    ];
+    let mut spelled = c.clone();
+    spelled.properties.clear();
+    let mut spelled = spelled.encode();
+    spelled[1..3].copy_from_slice(&3u16.to_le_bytes());
+    spelled.extend(
+        Spell::default()
+            .u32(2)
+            .str("merge.strategy")
+            .str("linear")
+            .str("source.git")
+            .str("0a1b")
+            .0,
+    );
+    assert_eq!(c.encode(), spelled);
+    assert_eq!(Commit::decode(&spelled).unwrap(), c);
+}
+
 #[test]
 fn a_record_byte_for_byte() {
     let base = id("0505050505050505050505050505050505050505050505050505050505050505");
