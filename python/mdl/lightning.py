@@ -68,6 +68,7 @@ class MdlCheckpointIO(CheckpointIO):
             checkpoint.get("state_dict", {}),
             extra={"checkpoint": rest, "token": token},
             step=step,
+            metrics=_monitored(checkpoint),
             message=os.path.basename(path),
             branch=self.branch,
             lossy=self.lossy,
@@ -142,6 +143,23 @@ class MdlCheckpointIO(CheckpointIO):
                 if isinstance(extra, dict) and extra.get("token") == token:
                     return entry.id
         raise ValueError(f"no commit holds the checkpoint {token} (was it committed?)")
+
+
+def _monitored(checkpoint: dict[str, Any]) -> dict[str, float]:
+    """What a Lightning checkpoint records of the run's metrics: the value each
+    ``ModelCheckpoint`` monitors, as it was when this checkpoint was saved (``{monitor:
+    score}``). Lightning keeps its logged history in its loggers, not in checkpoints."""
+    out = {}
+    for state in (checkpoint.get("callbacks") or {}).values():
+        if not isinstance(state, dict):
+            continue
+        monitor, score = state.get("monitor"), state.get("current_score")
+        if isinstance(monitor, str) and score is not None:
+            try:
+                out[monitor] = float(score)
+            except (TypeError, ValueError):
+                continue
+    return out
 
 
 def _map(value: Any, f: Any) -> Any:

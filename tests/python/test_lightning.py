@@ -37,7 +37,7 @@ def fit(root, repo, epochs, ckpt_path=None):
     L.seed_everything(0, verbose=False)
     model = Regression()
     checkpoints = L.pytorch.callbacks.ModelCheckpoint(
-        dirpath=root / "ckpt", every_n_epochs=1, save_top_k=-1, save_last=True
+        dirpath=root / "ckpt", every_n_epochs=1, save_top_k=-1, save_last=True, monitor="train_loss"
     )
     trainer = L.Trainer(
         max_epochs=epochs,
@@ -64,6 +64,10 @@ def test_lightning_saves_to_and_resumes_from_mdl(tmp_path):
     for p in pointers:
         pointer = json.loads(p.read_text())
         assert pointer["commit"] in {e.id for e in log}, p
+    # Each commit records the monitored metric as it was at that save.
+    scored = [e for e in log if "train_loss" in e.metrics]
+    assert {8, 16, 24, 32} <= {e.step for e in scored}, [(e.step, e.metrics) for e in log]
+    assert all(e.metrics["train_loss"] >= 0 for e in scored)
 
     # A fresh run resumed from epoch 2's checkpoint ends exactly like the uninterrupted one.
     epoch2 = next(p for p in pointers if p.name.startswith("epoch=1-"))
