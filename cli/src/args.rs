@@ -266,6 +266,11 @@ pub(crate) enum Command {
         /// Largest upload (commit or push), e.g. 512M or 64G.
         #[arg(long, default_value = "64G", value_name = "SIZE")]
         max_body: String,
+        /// huggingface_hub uploads files of at least SIZE (e.g. 10M) through git LFS, streamed,
+        /// instead of inline in the commit request; its clients then need
+        /// HF_HUB_DISABLE_XET=1 (mdl does not speak Xet). Default: every file inline.
+        #[arg(long, value_name = "SIZE")]
+        hf_lfs_from: Option<String>,
         /// Connections served at once (more wait to be accepted).
         #[arg(long, default_value_t = 512, value_name = "N")]
         max_connections: usize,

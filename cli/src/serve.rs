@@ -34,6 +34,7 @@ pub(crate) fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         tokens,
         read_public,
         max_body,
+        hf_lfs_from,
         max_connections,
         max_connections_per_address,
         header_timeout,
@@ -96,6 +97,7 @@ pub(crate) fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         tokens,
         read_public: *read_public,
         max_body: parse_size(max_body)?,
+        hf_lfs_from: hf_lfs_from.as_deref().map(parse_size).transpose()?,
         wait: Duration::from_secs(cli.wait),
         limits: mdl_server::Limits {
             max_connections: *max_connections,

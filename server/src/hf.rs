@@ -37,6 +37,7 @@ pub(crate) fn routes() -> Router<std::sync::Arc<State>> {
         .route("/api/models/{repo}/tree/{rev}", get(tree_root))
         .route("/api/models/{repo}/tree/{rev}/{*path}", get(tree))
         .merge(crate::hf_write::routes())
+        .merge(crate::hf_lfs::routes())
         .layer(axum::middleware::map_response(hub_error_headers))
 }
 

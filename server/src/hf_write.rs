@@ -6,10 +6,9 @@
 //! repository dedupes and deltas against it), `create_branch` and `create_tag` (refs). Write
 //! scope for all but `create_repo`.
 //!
-//! Every file travels inline in the commit request: preupload answers `regular` for each.
-//! The client's large-file paths are Xet (its default, with `hf_xet` installed — a protocol
-//! of its own storage service) or git LFS (without it); answering `regular` is what works
-//! with both (docs/DECISIONS.md).
+//! Files travel inline in the commit request (preupload answers `regular`), which works with
+//! every client as installed; with `mdl serve --hf-lfs-from SIZE`, files of at least SIZE go
+//! through git LFS first (`hf_lfs.rs`), for clients without Xet (docs/DECISIONS.md).
 
 use std::io::BufRead;
 
@@ -20,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use base64::Engine as _;
-use mdl::commit::{CommitOptions, MemoryFile};
+use mdl::commit::CommitOptions;
 use mdl_protocol::ErrorCode;
 use serde_json::{json, Value};
 
@@ -98,12 +97,15 @@ async fn validate_yaml() -> Response {
 }
 
 /// `POST /api/models/{repo}/preupload/{rev}` `{"files": [{"path", "size", "sample"}]}`: how each
-/// file is to be sent — inline, in the commit.
+/// file is to be sent — inline in the commit, or through LFS when it is at least
+/// `--hf-lfs-from`.
 async fn preupload(
+    AxState(state): Shared,
     Access(_): Writer,
     b: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
 ) -> ApiResult<Response> {
     let req = json_body(b)?;
+    let lfs_from = state.config.hf_lfs_from;
     let files = req
         .get("files")
         .and_then(Value::as_array)
@@ -111,9 +113,11 @@ async fn preupload(
     let answer: Vec<Value> = files
         .iter()
         .map(|f| {
+            let size = f.get("size").and_then(Value::as_u64).unwrap_or(0);
+            let lfs = lfs_from.is_some_and(|from| size >= from);
             json!({
                 "path": f.get("path").cloned().unwrap_or(Value::Null),
-                "uploadMode": "regular",
+                "uploadMode": if lfs { "lfs" } else { "regular" },
                 "shouldIgnore": false,
             })
         })
@@ -127,7 +131,10 @@ struct Changes {
     summary: String,
     description: String,
     parent: Option<String>,
-    files: Vec<MemoryFile>,
+    /// Files sent inline: path and bytes.
+    files: Vec<(String, Vec<u8>)>,
+    /// Files uploaded through LFS: path and SHA-256.
+    lfs: Vec<(String, String)>,
     deleted: Vec<String>,
 }
 
@@ -161,14 +168,16 @@ fn read_changes(body: &std::path::Path) -> ApiResult<Changes> {
                 let bytes = base64::engine::general_purpose::STANDARD
                     .decode(text("content").unwrap_or_default())
                     .map_err(|e| bad(format!("{path}: its content is not base64: {e}")))?;
-                out.files.push(MemoryFile::new(path, bytes));
+                out.files.push((path, bytes));
             }
             Some("deletedFile") | Some("deletedFolder") => out.deleted.push(path()?),
             Some("lfsFile") => {
-                return Err(bad(format!(
-                    "{}: mdl takes files inline in the commit (preupload says regular), not through LFS",
-                    path()?
-                )))
+                let path = path()?;
+                if text("algo").is_some_and(|a| a != "sha256") {
+                    return Err(bad(format!("{path}: LFS objects are named by sha256")));
+                }
+                let oid = text("oid").ok_or_else(|| bad(format!("{path}: no \"oid\"")))?;
+                out.lfs.push((path, oid));
             }
             Some(other) => {
                 return Err(ApiError::new(
@@ -206,7 +215,7 @@ async fn commit(
     let answer = blocking(move || {
         let changes = read_changes(upload.path())?;
         drop(upload);
-        if changes.files.is_empty() && changes.deleted.is_empty() {
+        if changes.files.is_empty() && changes.lfs.is_empty() && changes.deleted.is_empty() {
             return Err(bad("the commit changes nothing"));
         }
         let branch = mdl::RefName::new(&rev).map_err(|e| bad(e.to_string()))?;
@@ -214,6 +223,16 @@ async fn commit(
             "" => changes.summary.clone(),
             d => format!("{}\n\n{d}", changes.summary),
         };
+        let mut staged = Vec::new();
+        for (path, oid) in &changes.lfs {
+            let from = crate::hf_lfs::staged_path(&served, oid)?;
+            if !from.exists() {
+                return Err(bad(format!("{path}: LFS object {oid} was not uploaded")));
+            }
+            staged.push((path.clone(), from));
+        }
+        let tree = served.repo.incoming_dir(".hf-commit-")?;
+        write_tree(tree.path(), &changes.files, &staged)?;
         let (outcome, published) = served.change(true, |repo| {
             if let Some(parent) = &changes.parent {
                 let tip = mdl::revision::resolve(repo, &rev)
@@ -234,14 +253,15 @@ async fn commit(
                 warm: Some(warm),
                 ..Default::default()
             };
-            Ok(mdl::commit::commit_memory(
+            Ok(mdl::commit::commit(
                 repo,
-                changes.files,
-                &[],
+                tree.path(),
                 &opts,
                 &mdl::NoProgress,
             )?)
         })?;
+        drop(tree);
+        crate::hf_lfs::unstage(staged.iter().map(|(_, s)| s.as_path()));
         let id = published.replayed.last().map_or(outcome.id, |(_, r)| *r);
         Ok(Json(json!({
             "commitUrl": format!("{}/{repo}/commit/{id}", crate::hf::PREFIX),
@@ -255,6 +275,46 @@ async fn commit(
         deferred.work_deferred(Some(state.warm.clone()));
     }
     answer
+}
+
+/// The commit's files as a tree under `root`, a fresh folder in the repository's `incoming/`
+/// that this request owns (as `tree::unpack` writes an uploaded tar): inline files written,
+/// LFS ones linked (else copied) from where their upload left them.
+#[allow(clippy::disallowed_methods)]
+fn write_tree(
+    root: &std::path::Path,
+    files: &[(String, Vec<u8>)],
+    staged: &[(String, std::path::PathBuf)],
+) -> ApiResult<()> {
+    for (path, bytes) in files {
+        std::fs::write(place(root, path)?, bytes)
+            .map_err(|e| ApiError::internal(format!("writing {path}: {e}")))?;
+    }
+    for (path, from) in staged {
+        let to = place(root, path)?;
+        std::fs::hard_link(from, &to)
+            .or_else(|_| std::fs::copy(from, &to).map(drop))
+            .map_err(|e| ApiError::internal(format!("placing {path}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Where the file at tree path `path` goes under `root` (its folders made): a relative path
+/// of plain names, or the request is refused.
+#[allow(clippy::disallowed_methods)] // under `write_tree`'s fresh folder
+fn place(root: &std::path::Path, path: &str) -> ApiResult<std::path::PathBuf> {
+    let plain = |c: &str| !c.is_empty() && c != "." && c != ".." && !c.contains('\\');
+    if path.starts_with('/') || !path.split('/').all(plain) {
+        return Err(bad(format!(
+            "{path:?} is not a relative path of plain names"
+        )));
+    }
+    let at = root.join(path);
+    if let Some(dir) = at.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| ApiError::internal(format!("making the folder of {path}: {e}")))?;
+    }
+    Ok(at)
 }
 
 /// `POST /api/models/{repo}/branch/{branch}` `{"startingPoint"?}`: a new branch at that

@@ -16,6 +16,7 @@ mod budgeted;
 pub mod error;
 mod files;
 mod hf;
+mod hf_lfs;
 mod hf_write;
 mod stream;
 mod tree;
@@ -72,6 +73,10 @@ pub struct Config {
     pub read_public: bool,
     /// Largest request body (uploads), in bytes.
     pub max_body: u64,
+    /// Files of at least this many bytes are uploaded by `huggingface_hub` through git LFS
+    /// (its clients then need `HF_HUB_DISABLE_XET=1`); `None`: every file travels inline in
+    /// the commit request.
+    pub hf_lfs_from: Option<u64>,
     /// How long to wait for another process holding a repository when opening it.
     pub wait: Duration,
     /// Connection limits and timeouts.

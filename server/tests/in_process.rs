@@ -63,6 +63,7 @@ fn fixture() -> Fixture {
         tokens,
         read_public: false,
         max_body: 1 << 20,
+        hf_lfs_from: None,
         wait: std::time::Duration::from_secs(1),
         limits: Limits::default(),
     };

@@ -42,14 +42,14 @@ def repo(tmp_path):
 class Server:
     """``mdl serve`` of the repository ``repo``, or with ``root`` of every one in that folder."""
 
-    def __init__(self, repo, tmp, root=False):
+    def __init__(self, repo, tmp, root=False, args=()):
         tokens = Path(tmp) / "tokens"
         tokens.write_text(
             f"reader read {READ_TOKEN}\nwriter write {WRITE_TOKEN}\nadmin admin {ADMIN_TOKEN}\n"
         )
         self.proc = subprocess.Popen(
             [MDL, "serve", "--addr", "127.0.0.1:0", "--tokens", str(tokens),
-             "--root" if root else "-C", str(repo)],
+             "--root" if root else "-C", str(repo), *args],
             stdout=subprocess.PIPE,
             stderr=sys.stderr,
             text=True,
@@ -67,8 +67,8 @@ class Server:
 def serve(tmp_path):
     servers = []
 
-    def start(repo, root=False):
-        s = Server(repo, tmp_path, root)
+    def start(repo, root=False, args=()):
+        s = Server(repo, tmp_path, root, args)
         servers.append(s)
         return s
 

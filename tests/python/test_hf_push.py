@@ -115,3 +115,39 @@ def test_refused_pushes_change_nothing(tmp_path, hub):
         with pytest.raises(HfHubHTTPError):
             case()
         assert mdl("-C", root / "ft", "log", "--json") == before
+
+
+def test_large_files_go_through_lfs_when_the_server_says_so(tmp_path, serve, monkeypatch):
+    """With `mdl serve --hf-lfs-from`, files of that size are uploaded by git LFS (one PUT each,
+    named by SHA-256 in the commit) by a client without Xet; one with Xet is refused, naming
+    the variable, and nothing is committed."""
+    import huggingface_hub.constants
+
+    root = tmp_path / "repos"
+    root.mkdir()
+    endpoint = f"{serve(root, root=True, args=['--hf-lfs-from', '64K']).base}/hf"
+    HfApi(endpoint=endpoint, token=ADMIN_TOKEN).create_repo("big")
+    api = HfApi(endpoint=endpoint, token=WRITE_TOKEN)
+    torch.manual_seed(1)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_positions=32, n_embd=64, n_layer=2, n_head=2))
+    folder = save_pretrained(model, tmp_path / "model")
+    assert (folder / "model.safetensors").stat().st_size > 64 << 10
+
+    # hf_xet is installed here, so the client asks for Xet for the large file: refused
+    # (501), nothing committed.
+    with pytest.raises(Exception) as refused:
+        api.upload_folder(repo_id="big", folder_path=folder, commit_message="with xet")
+    # (hf_xet reports the refusal by status and address, not by its message.)
+    assert "501" in str(refused.value) and "xet-write-token" in str(refused.value)
+    assert mdl("-C", root / "big", "log", "--json") == []
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
+    info = api.upload_folder(repo_id="big", folder_path=folder, commit_message="through lfs")
+    log = mdl("-C", root / "big", "log", "--json")
+    assert [e["message"] for e in log] == ["through lfs"] and log[0]["id"] == info.oid
+    snap = snapshot_download("big", endpoint=endpoint, token=READ_TOKEN, cache_dir=str(tmp_path / "cache"))
+    assert tree_bytes(snap) == tree_bytes(folder)
+    shown = mdl("-C", root / "big", "show", "HEAD", "--json")
+    assert len([t for t in shown["tensors"] if t["file"] == "model.safetensors"]) > 10
+    # Nothing is left staged once committed.
+    assert not list((root / "big" / ".mdl" / "incoming").glob("lfs-*"))

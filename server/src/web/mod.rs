@@ -335,9 +335,9 @@ async fn commit(
     .await
 }
 
-/// `http://HOST:PORT` as the browser reached this server (`https` where a proxy in front
-/// says so), for the pages' snippets.
-fn origin(headers: &HeaderMap) -> String {
+/// `http://HOST:PORT` as the client reached this server (`https` where a proxy in front
+/// says so): the pages' snippets, the LFS batch answer's addresses.
+pub(crate) fn origin(headers: &HeaderMap) -> String {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let host = text("host").unwrap_or("localhost");
     let scheme = match text("x-forwarded-proto") {
