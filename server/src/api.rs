@@ -13,13 +13,13 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use mdl::transfer::{self, RefUpdate};
 use mdl::ObjectId;
-use tokio_stream::StreamExt;
 
 use crate::access::{self, blocking, json_body, Access, ApiResult, Reader, Writer};
 use crate::auth::{check, Scope};
 use crate::error::ApiError;
+use crate::upload::spool;
+use crate::State;
 use crate::{admin, budgeted, files, stream, tree};
-use crate::{Served, State};
 
 type Shared = AxState<Arc<State>>;
 
@@ -59,7 +59,10 @@ pub fn app(state: Arc<State>) -> Router {
     Router::new()
         .route(route::REPOS, get(list_repos).post(create_repo))
         .nest(route::REPO, repo)
-        .nest(crate::hf::PREFIX, crate::hf::routes())
+        .nest(
+            crate::hf::PREFIX,
+            crate::hf::routes(crate::hf_write::routes().merge(crate::hf_lfs::routes())),
+        )
         .merge(crate::web::routes())
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
@@ -74,22 +77,6 @@ pub fn app(state: Arc<State>) -> Router {
             state.config().limits.body_timeout,
         ))
         .with_state(state)
-}
-
-/// Why reading a request body failed: a client that stopped sending (408), or one that
-/// broke off (400).
-fn body_error(e: axum::Error) -> ApiError {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
-    while let Some(c) = cause {
-        if c.is::<tower_http::timeout::TimeoutError>() {
-            return ApiError::new(
-                ErrorCode::RequestTimeout,
-                "the request body stopped arriving",
-            );
-        }
-        cause = c.source();
-    }
-    ApiError::new(ErrorCode::BadBody, format!("reading the body: {e}"))
 }
 
 async fn list_repos(AxState(state): Shared, headers: HeaderMap) -> ApiResult<Response> {
@@ -320,59 +307,6 @@ async fn tensor(
             stream::tensor(served, placed)
         })
         .map_err(|e| ApiError::internal(e.to_string()))
-}
-
-/// Streams a request body into a temporary file in the repository's `incoming/` directory,
-/// refusing more than `max` bytes.
-pub(crate) async fn spool(
-    served: &Arc<Served>,
-    headers: &HeaderMap,
-    body: Body,
-    max: u64,
-) -> ApiResult<tempfile::NamedTempFile> {
-    let too_large = || {
-        ApiError::new(
-            ErrorCode::BodyTooLarge,
-            format!("the request body is over the server's limit of {max} bytes"),
-        )
-    };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max) {
-        return Err(too_large());
-    }
-    let tmp = {
-        let served = served.clone();
-        blocking(move || Ok(served.repo.incoming_file(".upload-")?)).await?
-    };
-    let file = tmp
-        .reopen()
-        .map_err(|e| ApiError::internal(format!("cannot open the upload file: {e}")))?;
-    let mut file = tokio::io::BufWriter::with_capacity(1 << 20, tokio::fs::File::from_std(file));
-    let mut stream = body.into_data_stream();
-    let mut total = 0u64;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(body_error)?;
-        total += chunk.len() as u64;
-        if total > max {
-            return Err(too_large());
-        }
-        tokio::io::AsyncWriteExt::write_all(&mut file, &chunk)
-            .await
-            .map_err(|e| ApiError::internal(format!("writing the upload file: {e}")))?;
-    }
-    tokio::io::AsyncWriteExt::flush(&mut file)
-        .await
-        .map_err(|e| ApiError::internal(format!("writing the upload file: {e}")))?;
-    if declared.is_some_and(|n| n != total) {
-        return Err(ApiError::new(
-            ErrorCode::BadBody,
-            "the body is shorter than its Content-Length",
-        ));
-    }
-    Ok(tmp)
 }
 
 async fn commit(

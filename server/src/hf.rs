@@ -28,16 +28,16 @@ pub(crate) const PREFIX: &str = "/hf";
 /// The header giving the commit a file came from.
 const REPO_COMMIT: &str = "x-repo-commit";
 
-/// The routes, to be nested under [`PREFIX`].
-pub(crate) fn routes() -> Router<std::sync::Arc<State>> {
+/// The routes, to be nested under [`PREFIX`], with `writes` (the write routes, `hf_write`
+/// and `hf_lfs`) under the same error headers.
+pub(crate) fn routes(writes: Router<std::sync::Arc<State>>) -> Router<std::sync::Arc<State>> {
     Router::new()
         .route("/{repo}/resolve/{rev}/{*path}", get(resolve))
         .route("/api/models/{repo}", get(info_head))
         .route("/api/models/{repo}/revision/{rev}", get(info))
         .route("/api/models/{repo}/tree/{rev}", get(tree_root))
         .route("/api/models/{repo}/tree/{rev}/{*path}", get(tree))
-        .merge(crate::hf_write::routes())
-        .merge(crate::hf_lfs::routes())
+        .merge(writes)
         .layer(axum::middleware::map_response(hub_error_headers))
 }
 

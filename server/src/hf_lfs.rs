@@ -25,9 +25,9 @@ use serde_json::{json, Value};
 use sha2::Digest;
 
 use crate::access::{blocking, Access, ApiResult, Writer};
-use crate::api::spool;
 use crate::auth::{check, Scope};
 use crate::error::ApiError;
+use crate::upload::spool;
 use crate::{Served, State};
 
 type Shared = AxState<std::sync::Arc<State>>;

@@ -24,9 +24,9 @@ use mdl_protocol::ErrorCode;
 use serde_json::{json, Value};
 
 use crate::access::{blocking, json_body, Access, ApiResult, Writer};
-use crate::api::spool;
 use crate::auth::{check, Scope};
 use crate::error::ApiError;
+use crate::upload::spool;
 use crate::State;
 
 type Shared = AxState<std::sync::Arc<State>>;

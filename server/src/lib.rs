@@ -20,6 +20,7 @@ mod hf_lfs;
 mod hf_write;
 mod stream;
 mod tree;
+mod upload;
 mod web;
 
 use std::collections::HashMap;

@@ -6,10 +6,10 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use mdl_format::{CommitStats, Manifest, MomentPair, ObjectId, ObjectKind};
+use mdl_format::{CommitStats, ObjectId, ObjectKind};
 
 use crate::commit::{
-    check_metrics, index_records, store_commit, CommitOptions, CommitOutcome, Target,
+    check_metrics, index_records, store_commit, union, CommitOptions, CommitOutcome, Target,
 };
 use crate::{Error, Repository, Result};
 
@@ -87,40 +87,4 @@ pub fn assemble(
         started,
         None,
     ))
-}
-
-/// One tree of the files of `manifests` (their paths distinct), each one's moment pairs
-/// renumbered into the combined tree's tensors.
-pub(crate) fn union(manifests: Vec<Manifest>) -> std::result::Result<Manifest, String> {
-    let mut files = Vec::new();
-    let mut moved = Vec::new();
-    for m in manifests {
-        moved.push((tensor_names(&m), m.pairs));
-        files.extend(m.files);
-    }
-    let manifest = Manifest::new(files, Vec::new()).map_err(|e| e.to_string())?;
-    let index: HashMap<(&str, &str), u32> = manifest
-        .tensors()
-        .enumerate()
-        .map(|(i, (f, e))| ((manifest.files[f].path.as_str(), e.name.as_str()), i as u32))
-        .collect();
-    let mut pairs = Vec::new();
-    for (names, part_pairs) in &moved {
-        let at = |i: u32| index[&(names[i as usize].0.as_str(), names[i as usize].1.as_str())];
-        pairs.extend(part_pairs.iter().map(|p| MomentPair {
-            param: at(p.param),
-            exp_avg: at(p.exp_avg),
-            exp_avg_sq: at(p.exp_avg_sq),
-            source: p.source,
-        }));
-    }
-    Ok(Manifest::new(manifest.files, pairs).expect("the files were just checked"))
-}
-
-/// Each tensor of `manifest`, in order, as `(file path, name)`.
-fn tensor_names(manifest: &Manifest) -> Vec<(String, String)> {
-    manifest
-        .tensors()
-        .map(|(f, e)| (manifest.files[f].path.clone(), e.name.clone()))
-        .collect()
 }

@@ -54,6 +54,7 @@ use source::SourceSoon;
 use spare::Spare;
 pub use staged::{KnownPair, Ready, Staged};
 use store::{StoreCtx, Stored};
+pub(crate) use update::union;
 
 /// What to commit and how.
 #[derive(Clone, Debug, Default)]
