@@ -54,7 +54,9 @@ fn shape(v: &Value, path: &str, out: &mut BTreeSet<String>) {
 /// Runs `mdl --json args…` (with a token for remotes) and returns its output's parsed JSON.
 fn run_json(dir: &Path, args: &[&str], token: Option<&str>) -> Value {
     let mut cmd = Command::new(mdl_bin());
-    cmd.arg("-C").arg(dir).arg("--json").args(args);
+    // Run where the test's own git work tree is (see `json_output_only_ever_gains_fields`), so
+    // that what a commit records of its source is the same wherever the suite runs.
+    cmd.current_dir(dir).arg("-C").arg(dir).arg("--json").args(args);
     cmd.env("MDL_AUTHOR", "tester");
     if let Some(t) = token {
         cmd.env("MDL_TOKEN", t);
@@ -118,6 +120,22 @@ fn json_output_only_ever_gains_fields() {
         shapes.extend(fields.into_iter().map(|f| format!("{name}{f}")));
     };
     let s = |p: &Path| p.to_str().unwrap().to_string();
+    // A git work tree with one commit around everything: commits record its commit
+    // (`source.*`), and do so whether or not the suite itself runs in a git checkout.
+    for args in [&["init", "-q"][..], &["commit", "-q", "--allow-empty", "-m", "code"]] {
+        let ok = Command::new("git")
+            .arg("-C")
+            .arg(d)
+            .args(args)
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.invalid")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.invalid")
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git {args:?}");
+    }
 
     std::fs::create_dir(&repo).unwrap();
     record("init", run_json(d, &["init", &s(&repo)], None));
