@@ -56,7 +56,11 @@ fn run_json(dir: &Path, args: &[&str], token: Option<&str>) -> Value {
     let mut cmd = Command::new(mdl_bin());
     // Run where the test's own git work tree is (see `json_output_only_ever_gains_fields`), so
     // that what a commit records of its source is the same wherever the suite runs.
-    cmd.current_dir(dir).arg("-C").arg(dir).arg("--json").args(args);
+    cmd.current_dir(dir)
+        .arg("-C")
+        .arg(dir)
+        .arg("--json")
+        .args(args);
     cmd.env("MDL_AUTHOR", "tester");
     if let Some(t) = token {
         cmd.env("MDL_TOKEN", t);
@@ -122,7 +126,10 @@ fn json_output_only_ever_gains_fields() {
     let s = |p: &Path| p.to_str().unwrap().to_string();
     // A git work tree with one commit around everything: commits record its commit
     // (`source.*`), and do so whether or not the suite itself runs in a git checkout.
-    for args in [&["init", "-q"][..], &["commit", "-q", "--allow-empty", "-m", "code"]] {
+    for args in [
+        &["init", "-q"][..],
+        &["commit", "-q", "--allow-empty", "-m", "code"],
+    ] {
         let ok = Command::new("git")
             .arg("-C")
             .arg(d)

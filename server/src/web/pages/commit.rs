@@ -69,13 +69,26 @@ pub(crate) fn commit_page(
     page: usize,
     origin: &str,
 ) -> mdl::Result<CommitPage> {
+    // The files first, their layout's share of the decode budget given back before the
+    // listing takes its own: a request holding one while waiting for the other would deadlock
+    // with others doing the same.
+    // One commit for both, even if `rev` is a branch that moves meanwhile.
+    let rev = &mdl::revision::resolve(repo, rev)?.to_hex();
+    let (config, model_card, snippets) = {
+        let layout = crate::budgeted::hold(repo, rev, crate::budgeted::LAYOUT, |c| {
+            mdl::checkout::layout(repo, &c.to_hex())
+        })?;
+        let id = layout.commit.to_hex();
+        (
+            card::config(repo, &layout),
+            card::model_card(repo, &layout),
+            card::snippets(origin, name, &id, &layout),
+        )
+    };
     let s = crate::budgeted::hold(repo, rev, crate::budgeted::LISTING, |c| {
         mdl::show::show(repo, &c.to_hex())
     })?;
     let id = s.id.to_string();
-    let layout = crate::budgeted::hold(repo, &id, crate::budgeted::LAYOUT, |c| {
-        mdl::checkout::layout(repo, &c.to_hex())
-    })?;
     let pager = Pager::new(page, s.tensors.len(), TENSOR_PAGE, |n| {
         format!("{}?page={n}", commit_href(name, &id))
     });
@@ -151,9 +164,9 @@ pub(crate) fn commit_page(
         lossy_count: s.tensors.iter().filter(|t| t.lossy).count(),
         tensors,
         pager,
-        config: card::config(repo, &layout),
-        card: card::model_card(repo, &layout),
-        snippets: card::snippets(origin, name, &id, &layout),
+        config,
+        card: model_card,
+        snippets,
         id,
     })
 }
