@@ -1,6 +1,7 @@
-//! A commit that changes some files of the branch's tree rather than giving a whole tree: the
-//! Hugging Face API's uploads (`create_commit`, `upload_file`, `upload_folder`), each of which
-//! adds or replaces files and deletes others, everything else staying as it was.
+//! Trees made of other trees without reading their files again: a commit that changes some
+//! files of the branch's tree (the Hugging Face API's uploads — `create_commit`,
+//! `upload_file`, `upload_folder` — each adding or replacing files and deleting others,
+//! everything else staying as it was), and the union of trees `assemble` also makes.
 
 use std::collections::{HashMap, HashSet};
 
