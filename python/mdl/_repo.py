@@ -570,6 +570,35 @@ class Repository:
         """Moves the current branch to ``rev`` (``mdl reset``): ``{branch, from, to}``."""
         return self._ops.reset(rev)
 
+    def merge(
+        self,
+        revs: Sequence[str],
+        *,
+        strategy: str = "linear",
+        weights: Sequence[float] | None = None,
+        base: str | None = None,
+        density: float = 0.2,
+        optimizer: bool = False,
+        message: str = "",
+        branch: str | None = None,
+        author: str | None = None,
+    ) -> dict:
+        """Merges the commits ``revs`` tensor by tensor (``mdl merge``): ``strategy`` is
+        ``linear``, ``task-arithmetic`` or ``ties``; the commit goes on ``branch`` (the current
+        one when None) with every merged commit as a parent. Returns what ``mdl merge --json``
+        prints: ``{commit, merged, base, computed, identical, from_first, left_out}``."""
+        return self._ops.merge(
+            list(revs),
+            strategy,
+            None if weights is None else [float(w) for w in weights],
+            base,
+            float(density),
+            optimizer,
+            message,
+            branch,
+            author,
+        )
+
     def reflog(self, name: str | None = None) -> dict:
         """Where ref ``name`` (HEAD's branch when None) pointed, newest first:
         ``{ref, entries: [{old, new, time_ms, message}]}``."""

@@ -185,6 +185,44 @@ impl Ops {
         report(py, &released(py, || self.0.reset(&rev))?)
     }
 
+    /// Merges `revs` tensor by tensor into a commit on `branch` (the current one when None):
+    /// what `mdl merge --json` prints.
+    #[pyo3(signature = (revs, strategy, weights, base, density, optimizer, message, branch, author))]
+    #[allow(clippy::too_many_arguments)]
+    fn merge(
+        &self,
+        py: Python<'_>,
+        revs: Vec<String>,
+        strategy: String,
+        weights: Option<Vec<f64>>,
+        base: Option<String>,
+        density: f64,
+        optimizer: bool,
+        message: String,
+        branch: Option<String>,
+        author: Option<String>,
+    ) -> PyResult<Py<PyAny>> {
+        let opts = mdl::merge::MergeOptions {
+            strategy: mdl::merge::Strategy::parse(&strategy, density)
+                .map_err(|why| error(mdl::Error::Merge(why)))?,
+            weights,
+            base,
+            optimizer,
+        };
+        let commit = mdl::commit::CommitOptions {
+            message,
+            branch: branch
+                .as_deref()
+                .map(mdl::RefName::new)
+                .transpose()
+                .map_err(error)?,
+            author,
+            ..Default::default()
+        };
+        let outcome = released(py, || self.0.merge(&revs, &opts, &commit, &mdl::NoProgress))?;
+        report(py, &outcome)
+    }
+
     /// A ref's history (HEAD's branch when None): `{ref, entries}`.
     #[pyo3(signature = (name = None))]
     fn reflog(&self, py: Python<'_>, name: Option<String>) -> PyResult<Py<PyAny>> {

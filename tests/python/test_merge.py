@@ -164,3 +164,21 @@ def test_merged_tensors_equal_the_numpy_reference_bit_for_bit(tmp_path, fine_tun
     shown = mdl("-C", repo, "show", "merged", "--json")
     assert shown["properties"]["merge.strategy"] == strategy
     assert len(shown["parents"]) == 4  # main's commit, then a, b and c
+
+
+def test_the_python_api_merges_as_the_cli_does(fine_tunes):
+    import mdl as package
+
+    repo_path, _, _ = fine_tunes
+    repo = package.open(repo_path)
+    out = repo.merge(["a", "b"], weights=[0.25, 0.75], branch="py")
+    assert out["computed"] == 4 and out["identical"] == 1 and out["commit"]["branch"] == "py"
+    assert out["merged"] == [mdl("-C", repo_path, "show", r, "--json")["id"] for r in ("a", "b")]
+    mdl("-C", repo_path, "merge", "a", "b", "--weights", "0.25,0.75", "--branch", "cli")
+    ids = lambda rev: {t["name"]: t["id"] for t in mdl("-C", repo_path, "show", rev, "--json")["tensors"]}
+    assert ids("py") == ids("cli")
+    before = mdl("-C", repo_path, "log", "--all", "--json")
+    for bad in [dict(strategy="soup"), dict(weights=[1.0]), dict(strategy="ties", density=0.0)]:
+        with pytest.raises(package.MdlError):
+            repo.merge(["a", "b"], **bad)
+    assert mdl("-C", repo_path, "log", "--all", "--json") == before

@@ -89,18 +89,7 @@ pub(crate) fn merge(
     m: &mdl::merge::MergeOutcome,
 ) -> io::Result<()> {
     if json {
-        return emit(
-            out,
-            &serde_json::json!({
-                "commit": m.commit,
-                "merged": m.merged,
-                "base": m.base,
-                "computed": m.computed,
-                "identical": m.identical,
-                "from_first": m.from_first,
-                "left_out": m.left_out,
-            }),
-        );
+        return emit(out, m);
     }
     commit(out, false, &m.commit)?;
     eprintln!(

@@ -37,8 +37,8 @@ pub struct MergeOptions {
     pub optimizer: bool,
 }
 
-/// What a merge did.
-#[derive(Clone, Debug)]
+/// What a merge did (as `mdl merge --json` prints it).
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct MergeOutcome {
     /// The new commit.
     pub commit: CommitOutcome,
