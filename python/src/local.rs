@@ -546,18 +546,7 @@ impl Repo {
             .ok_or_else(|| error(format!("no file {path:?} in commit {rev}")))?;
         let len = usize::try_from(file.len).map_err(error)?;
         PyByteArray::new_with(py, len, |buf| {
-            py.detach(|| {
-                for piece in &file.pieces {
-                    let at = piece.offset() as usize;
-                    let to = &mut buf[at..at + piece.len() as usize];
-                    match piece {
-                        mdl::checkout::Piece::Inline { bytes, .. } => to.copy_from_slice(bytes),
-                        mdl::checkout::Piece::Object(o) => o.load_into(&repo, to)?,
-                    }
-                }
-                Ok::<_, mdl::Error>(())
-            })
-            .map_err(error)
+            py.detach(|| file.load_into(&repo, buf)).map_err(error)
         })
     }
 }

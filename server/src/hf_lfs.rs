@@ -59,9 +59,7 @@ pub(crate) fn staged_path(served: &Served, oid: &str) -> ApiResult<PathBuf> {
             format!("{oid:?} is not a SHA-256 in lowercase hex"),
         ));
     }
-    let probe = served.repo.incoming_file(".lfs-probe-")?;
-    let dir = probe.path().parent().expect("in incoming/").to_path_buf();
-    Ok(dir.join(format!("lfs-{oid}")))
+    Ok(served.repo.incoming_path()?.join(format!("lfs-{oid}")))
 }
 
 fn key() -> &'static [u8; 32] {
@@ -173,10 +171,7 @@ pub(crate) fn unstage<'a>(paths: impl Iterator<Item = &'a FsPath>) {
 
 /// Removes staged objects no commit named for a day.
 fn sweep(served: &Served) {
-    let Ok(probe) = served.repo.incoming_file(".lfs-probe-") else {
-        return;
-    };
-    let Some(dir) = probe.path().parent() else {
+    let Ok(dir) = served.repo.incoming_path() else {
         return;
     };
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {

@@ -32,8 +32,8 @@ impl Store {
         made.map_err(StoreError::io("create", &dir))
     }
 
-    /// `.mdl/incoming/`, created if missing.
-    fn incoming(&self) -> Result<PathBuf, StoreError> {
+    /// `.mdl/incoming/`, created if missing: where uploads wait to be committed.
+    pub fn incoming(&self) -> Result<PathBuf, StoreError> {
         let dir = self.dir.join(INCOMING_DIR);
         std::fs::create_dir_all(&dir).map_err(StoreError::io("create", &dir))?;
         Ok(dir)

@@ -112,6 +112,12 @@ impl Repository {
         Ok(self.store.incoming_file(prefix)?)
     }
 
+    /// `.mdl/incoming/` itself (created if missing), for uploads a server keeps between
+    /// requests under names of its own (staged LFS objects).
+    pub fn incoming_path(&self) -> Result<PathBuf> {
+        Ok(self.store.incoming()?)
+    }
+
     /// A temporary folder in `.mdl/incoming/` (see [`mdl_store::Store::incoming_dir`]).
     pub fn incoming_dir(&self, prefix: &str) -> Result<tempfile::TempDir> {
         Ok(self.store.incoming_dir(prefix)?)

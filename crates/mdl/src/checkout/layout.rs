@@ -181,6 +181,27 @@ impl Layout {
 }
 
 impl FileLayout {
+    /// Writes the file's bytes into `out` (exactly its length), decoding its objects (each
+    /// verified against its id; on error `out` holds garbage).
+    pub fn load_into(&self, repo: &Repository, out: &mut [u8]) -> Result<()> {
+        for piece in &self.pieces {
+            let at = piece.offset() as usize;
+            let to = &mut out[at..at + piece.len() as usize];
+            match piece {
+                Piece::Inline { bytes, .. } => to.copy_from_slice(bytes),
+                Piece::Object(o) => o.load_into(repo, to)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The file's bytes (see [`FileLayout::load_into`]): for a file small enough to hold.
+    pub fn load(&self, repo: &Repository) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.len as usize];
+        self.load_into(repo, &mut out)?;
+        Ok(out)
+    }
+
     /// How many tensors are lossy reconstructions.
     pub fn lossy_tensors(&self) -> u32 {
         self.objects().filter(|t| t.lossy).count() as u32

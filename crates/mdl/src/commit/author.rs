@@ -1,6 +1,7 @@
 //! Who a commit is by when it names nobody: the default author, looked up while the commit
 //! is being made.
 
+use super::soon::Soon;
 use super::CommitOptions;
 
 /// The author of a commit that names none: `$MDL_AUTHOR`; else git's `user.name` and
@@ -42,41 +43,27 @@ pub fn default_author() -> String {
     "unknown".into()
 }
 
-/// The author `opts` names, or the default looked up meanwhile (asking git takes a process,
-/// a few milliseconds a commit would otherwise wait at its end): [`AuthorSoon::get`] when the
-/// commit is made.
+/// The author `opts` names, or the default looked up meanwhile: [`AuthorSoon::get`] when
+/// the commit is made.
 pub(crate) fn author_soon(opts: &CommitOptions) -> AuthorSoon {
     let named = opts.author.clone();
-    let lookup = named.is_none().then(|| std::thread::spawn(default_author));
+    let lookup = match named {
+        Some(_) => Soon::none(),
+        None => Soon::spawn(default_author),
+    };
     AuthorSoon { named, lookup }
 }
 
-/// The author of a commit being made (see [`author_soon`]). A lookup still running when this is
-/// dropped (the commit failed) is waited for: its `git` process, between its fork and its exec,
-/// holds copies of this process's descriptors, the repository lock's among them, and the lock
-/// must be free once the failed commit returns.
+/// The author of a commit being made (see [`author_soon`]).
 pub(crate) struct AuthorSoon {
     named: Option<String>,
-    lookup: Option<std::thread::JoinHandle<String>>,
+    lookup: Soon<String>,
 }
 
 impl AuthorSoon {
-    pub(crate) fn get(mut self) -> String {
-        match (
-            self.named.take(),
-            self.lookup.take().map(std::thread::JoinHandle::join),
-        ) {
-            (Some(author), _) => author,
-            (None, Some(Ok(author))) => author,
-            (None, _) => default_author(),
-        }
-    }
-}
-
-impl Drop for AuthorSoon {
-    fn drop(&mut self) {
-        if let Some(lookup) = self.lookup.take() {
-            let _ = lookup.join();
-        }
+    pub(crate) fn get(self) -> String {
+        self.named
+            .or_else(|| self.lookup.get())
+            .unwrap_or_else(default_author)
     }
 }

@@ -38,6 +38,7 @@ mod large;
 mod lossless;
 mod params;
 mod plan;
+mod soon;
 mod source;
 mod spare;
 mod staged;
@@ -50,7 +51,7 @@ use coder::Coder;
 pub use deferred::{pending_deferred, run_deferred, writer_waiting, DeferredReport};
 use plan::{adam_betas, correction, lossy_plans, Planning};
 pub use source::source_properties;
-use source::SourceSoon;
+use source::source_soon;
 use spare::Spare;
 pub use staged::{KnownPair, Ready, Staged};
 use store::{StoreCtx, Stored};
@@ -187,7 +188,7 @@ fn commit_input(
     progress: &dyn Progress,
 ) -> Result<CommitOutcome> {
     let author = author_soon(opts);
-    let source = SourceSoon::of(opts.source.as_ref());
+    let source = source_soon(opts.source.as_ref());
     // What the checkpoint records of itself, where the user gave nothing.
     let step = opts.step.or_else(|| {
         (!opts.ignore_recorded)
@@ -300,7 +301,7 @@ fn commit_input(
     };
     let mut commit = target.commit(manifest_id, author.get(), opts, step, metrics, stats);
     if opts.source.is_some() {
-        commit.properties.extend(source.get());
+        commit.properties.extend(source.get().unwrap_or_default());
         commit.properties.sort();
     }
     let id = store_commit(batch, &commit, &mut stored.added)?;

@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use super::soon::Soon;
+
 /// `source.git` (the work tree's HEAD commit) and `source.dirty` (`true` when tracked files
 /// differ from it; untracked files, checkpoints among them, do not count) of the git work tree
 /// holding `dir`; nothing when `dir` is in none or git cannot be run.
@@ -32,32 +34,12 @@ pub fn source_properties(dir: &Path) -> Vec<(String, String)> {
     out
 }
 
-/// [`source_properties`] of `dir` looked up on a thread of its own: [`SourceSoon::get`] when
-/// the commit is made. Dropped before that (the commit failed), it waits for the lookup, for
-/// the reason `AuthorSoon` does (a forked `git` holds the repository lock's descriptor).
-pub(crate) struct SourceSoon(Option<std::thread::JoinHandle<Vec<(String, String)>>>);
-
-impl SourceSoon {
-    pub(crate) fn of(dir: Option<&PathBuf>) -> SourceSoon {
-        SourceSoon(
-            dir.cloned()
-                .map(|d| std::thread::spawn(move || source_properties(&d))),
-        )
-    }
-
-    pub(crate) fn get(mut self) -> Vec<(String, String)> {
-        self.0
-            .take()
-            .and_then(|h| h.join().ok())
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for SourceSoon {
-    fn drop(&mut self) {
-        if let Some(h) = self.0.take() {
-            let _ = h.join();
-        }
+/// [`source_properties`] of `dir` looked up on a thread of its own while the commit is made;
+/// nothing without a `dir`.
+pub(crate) fn source_soon(dir: Option<&PathBuf>) -> Soon<Vec<(String, String)>> {
+    match dir.cloned() {
+        Some(d) => Soon::spawn(move || source_properties(&d)),
+        None => Soon::none(),
     }
 }
 

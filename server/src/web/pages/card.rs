@@ -2,7 +2,7 @@
 //! link for each, the model's `config.json` pretty-printed, its model card (`README.md`)
 //! rendered from Markdown, and how to load this revision from elsewhere.
 
-use mdl::checkout::{FileLayout, Layout, Piece};
+use mdl::checkout::Layout;
 use mdl::Repository;
 use pulldown_cmark::{CowStr, Event, Options, Parser, Tag, TagEnd};
 
@@ -11,25 +11,10 @@ use super::query_value;
 /// Files read to be shown (a config, a model card, a trainer state) are at most this large.
 pub(crate) const SHOWN_MAX: u64 = 4 << 20;
 
-/// The bytes of a (small) file of a commit.
-pub(crate) fn file_bytes(repo: &Repository, file: &FileLayout) -> mdl::Result<Vec<u8>> {
-    let mut out = vec![0u8; file.len as usize];
-    for piece in &file.pieces {
-        let at = piece.offset() as usize;
-        match piece {
-            Piece::Inline { bytes, .. } => out[at..at + bytes.len()].copy_from_slice(bytes),
-            Piece::Object(p) => {
-                p.load_into(repo, &mut out[at..at + p.entry.content_len as usize])?
-            }
-        }
-    }
-    Ok(out)
-}
-
 /// The text of the file at `path`, when the commit has it, it is small and it is UTF-8.
 pub(crate) fn small_text(repo: &Repository, layout: &Layout, path: &str) -> Option<String> {
     let file = layout.file(path).filter(|f| f.len <= SHOWN_MAX)?;
-    String::from_utf8(file_bytes(repo, file).ok()?).ok()
+    String::from_utf8(file.load(repo).ok()?).ok()
 }
 
 /// `config.json` pretty-printed (as it is, when it is not JSON).
