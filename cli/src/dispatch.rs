@@ -157,7 +157,8 @@ pub(crate) fn run(
             };
             output::fsck(out, json, rebuilt.as_ref(), &report)?;
             if !report.ok() {
-                eprintln!("error: fsck found {} problem(s)", report.problems.len());
+                let found = report.problems.len();
+                let _ = writeln!(std::io::stderr(), "error: fsck found {found} problem(s)");
                 return Ok(ExitCode::from(3));
             }
         }

@@ -10,7 +10,7 @@ use mdl_protocol::ErrorCode;
 /// Reports `e`: on stderr, and on `out` as JSON when `json`.
 pub(crate) fn report(e: &anyhow::Error, json: bool, out: &mut dyn Write) {
     let message = one_line(e);
-    eprintln!("error: {message}");
+    let _ = writeln!(io::stderr(), "error: {message}");
     if json {
         let doc = serde_json::json!({ "error": { "code": code(e), "message": message } });
         let _ = writeln!(out, "{doc:#}");
@@ -66,7 +66,8 @@ pub(crate) fn one_line(e: &anyhow::Error) -> String {
         }
         s.push_str(&text);
     }
-    s.replace('\n', " ")
+    // Whatever a server or a file put in a message reaches the terminal escaped.
+    mdl::names::printable(&s.replace('\n', " "))
 }
 
 /// Exit codes: 1 for an operation that failed, 3 for a repository found damaged by fsck,
@@ -174,6 +175,7 @@ fn library_exit_code(e: &mdl::Error) -> u8 {
         | E::WrongKind { .. }
         | E::BadTransfer(_)
         | E::BaseNotSent { .. }
+        | E::PlanChanged { .. }
         | E::Incomplete(_)
         | E::NotFastForward { .. }
         | E::Expired { .. }

@@ -53,7 +53,9 @@ fn clean_up_on_interrupt() {
         });
         mdl::interrupt::mark_interrupted();
         mdl::interrupt::remove_registered();
-        eprintln!("interrupted");
+        // Never `eprintln!`: with stderr a closed pipe it panics, this thread dies, and the
+        // process would run on until killed.
+        let _ = writeln!(io::stderr(), "interrupted");
         std::process::exit(130);
     });
 }

@@ -344,3 +344,125 @@ fn tar_entry(name: &str, kind: u8, data: &[u8]) -> Vec<u8> {
 fn tar_end() -> Vec<u8> {
     vec![0; 1024]
 }
+
+/// A listener that counts the connections it is offered and answers none usefully: where a
+/// planted advertisement would send a command.
+fn spy() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(conn);
+        }
+    });
+    (addr, seen)
+}
+
+#[test]
+fn a_planted_advertisement_is_never_followed() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let repo = d.join("repo");
+    ok(d, &["init", "repo"]);
+    let ck = d.join("ck.safetensors");
+    write_safetensors(&ck, &[tensor("w", "F32", &[64], 1)], &[]);
+    let (spied, seen) = spy();
+    // A real mdl serve of this user's, of another repository: a live pid that is mdl serve and
+    // listens — on its own port, not the spy's.
+    let other = d.join("other");
+    ok(d, &["init", "other"]);
+    let server = Server::start(&["-C", other.to_str().unwrap()], d);
+    let server_addr = server.base.strip_prefix("http://").unwrap().to_string();
+    // A live process of this user's that says `serve` but listens on nothing.
+    let mut pretender = Command::new("python3")
+        .args(["-c", "import time; time.sleep(60)", "serve"])
+        .spawn()
+        .unwrap();
+    let ad = |pid: u32, addr: &str| {
+        format!(r#"{{"pid":{pid},"url":"http://{addr}/x","token":"stolen-or-planted"}}"#)
+    };
+    let root = is_root();
+    // (what is planted, its mode, chown to another user, why it is not followed)
+    let mut plants: Vec<(String, u32, bool, &str)> = vec![
+        (
+            ad(server.pid(), &spied),
+            0o644,
+            false,
+            "others may read or write it",
+        ),
+        (ad(1, &spied), 0o600, false, ""),
+        (ad(pretender.id(), &spied), 0o600, false, "does not listen"),
+        (ad(server.pid(), &spied), 0o600, false, "does not listen"),
+        (
+            ad(
+                server.pid(),
+                &format!("localhost:{}", spied.rsplit(':').next().unwrap()),
+            ),
+            0o600,
+            false,
+            "is not http://ADDRESS:PORT/NAME",
+        ),
+    ];
+    if root {
+        plants.push((ad(server.pid(), &spied), 0o600, true, "owned by user 65534"));
+    } else {
+        eprintln!(
+            "not root: the planted file owned by another user is not tried here (CI runs as root)"
+        );
+    }
+    let planted = repo.join(".mdl/serve.json");
+    for (i, (text, mode, chown, why)) in plants.iter().enumerate() {
+        std::fs::write(&planted, text).unwrap();
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(*mode)).unwrap();
+        if *chown {
+            std::os::unix::fs::chown(&planted, Some(65534), Some(65534)).unwrap();
+        }
+        let out = Command::new(mdl_bin())
+            .current_dir(&repo)
+            .args([
+                "-v",
+                "commit",
+                ck.to_str().unwrap(),
+                "-m",
+                &format!("secret {i}"),
+            ])
+            .env("MDL_AUTHOR", "tester")
+            .env("MDL_NO_BACKGROUND", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "plant {i}: {err}");
+        assert!(
+            err.contains("not following") && err.contains(why),
+            "plant {i}: {err}"
+        );
+        for args in [&["log"][..], &["status"], &["branch"]] {
+            ok(&repo, args);
+        }
+        assert_eq!(
+            seen.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "plant {i}"
+        );
+        let _ = std::fs::remove_file(&planted);
+    }
+    // Every commit landed here.
+    let log = json(&repo, &["log"]);
+    assert_eq!(log.as_array().unwrap().len(), plants.len());
+    // The server's own, genuine advertisement of its repository is still followed.
+    assert!(ok(&other, &["status"]).contains(&server_addr));
+    pretender.kill().unwrap();
+    pretender.wait().unwrap();
+    server.stop();
+}
+
+/// Whether the tests run as root (who may give a file to another user).
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}

@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use std::path::Path;
 use std::time::Duration;
 
-use mdl::transfer::{PlannedObject, Received, RefUpdate};
+use mdl::transfer::{PlannedObject, Receipt, Received, RefUpdate};
 use mdl::{ObjectId, Repository};
 use mdl_protocol::body::Refs;
 use mdl_protocol::ErrorCode;
@@ -73,10 +73,10 @@ impl Peer for BucketPeer {
     fn fetch_objects(
         &self,
         repo: &Repository,
-        ids: &[ObjectId],
+        planned: &[PlannedObject],
         progress: &dyn mdl::Progress,
-    ) -> mdl_remote::Result<Received> {
-        self.local().fetch_objects(repo, ids, progress)
+    ) -> mdl_remote::Result<Receipt> {
+        self.local().fetch_objects(repo, planned, progress)
     }
     fn missing(&self, ids: &[ObjectId]) -> mdl_remote::Result<Vec<ObjectId>> {
         self.local().missing(ids)

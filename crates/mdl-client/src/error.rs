@@ -26,6 +26,29 @@ pub enum Error {
         /// What failed.
         why: String,
     },
+    /// The server answered with what mdl does not take: a name breaking the rules, a document
+    /// over its limit, something other than what was asked for, bytes that are not the
+    /// commit's. Nothing of the answer was used.
+    #[error("{url} answered with what mdl does not take: {why}")]
+    Answer {
+        /// The repository's URL.
+        url: String,
+        /// What was wrong with it.
+        why: String,
+    },
+    /// The server did not answer, or a transfer did not finish, within a deadline.
+    #[error("{url}: {what} ({setting})")]
+    Deadline {
+        /// The repository's URL.
+        url: String,
+        /// What it was waiting for, and how long.
+        what: String,
+        /// The setting that sets the deadline.
+        setting: &'static str,
+    },
+    /// A deadline set in the environment that cannot be read (`MDL_REMOTE_…`).
+    #[error("invalid setting in the environment: {0}")]
+    Config(String),
     /// A URL that is not `http://HOST:PORT/REPO`.
     #[error("invalid repository URL {0:?}: expected http://HOST:PORT/REPO")]
     BadUrl(String),
@@ -53,7 +76,10 @@ impl Error {
         match self {
             Error::Server { code, .. } => code.unwrap_or(ErrorCode::Internal),
             Error::Transport { .. } => ErrorCode::Unreachable,
+            Error::Answer { .. } => ErrorCode::BadAnswer,
+            Error::Deadline { .. } => ErrorCode::Timeout,
             Error::BadUrl(_) => ErrorCode::Usage,
+            Error::Config(_) => ErrorCode::InvalidConfig,
             Error::Input { .. } => ErrorCode::BadInput,
             Error::Output { .. } => ErrorCode::IoError,
         }

@@ -10,5 +10,5 @@ mod remote;
 mod tree;
 
 pub use error::{Error, Result};
-pub use remote::{parse_url, Remote};
+pub use remote::{env_deadlines, error_answer, parse_url, Failure, PackStream, Remote};
 pub use tree::TreeFile;

@@ -2,11 +2,13 @@
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
+use mdl_format::names::printable;
 use mdl_format::ObjectId;
 use mdl_protocol::body::{self, Refs};
 use mdl_protocol::history::{BranchMove, Diff, LogEntry, Shown};
+use mdl_protocol::limits::{self, Deadlines};
 use mdl_protocol::outcome::{CommitOutcome, CompactOptions, CompactOutcome, FsckReport, Stats};
 use mdl_protocol::params::{self, CommitParams};
 use mdl_protocol::route;
@@ -24,6 +26,7 @@ pub struct Remote {
     /// The repository's routes' prefix: `server` and [`route::REPO`] filled in.
     api: String,
     token: Option<String>,
+    deadlines: Deadlines,
     agent: ureq::Agent,
 }
 
@@ -42,17 +45,43 @@ pub fn parse_url(url: &str) -> Result<(&str, &str)> {
     Ok((host, repo))
 }
 
+/// The deadlines the environment sets (`MDL_REMOTE_…`), over the defaults.
+pub fn env_deadlines() -> Result<Deadlines> {
+    Deadlines::default()
+        .with_env(|name| std::env::var(name).ok())
+        .map_err(Error::Config)
+}
+
+/// An HTTP agent keeping `d`: no redirect followed (one is refused, so that a token is only
+/// ever sent where the user pointed), no compressed answer asked for.
+fn agent(d: &Deadlines) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_resolve(Some(d.connect))
+        .timeout_connect(Some(d.connect))
+        .timeout_per_read(Some(d.idle))
+        .timeout_per_write(Some(d.idle))
+        .timeout_global(Some(d.request))
+        .build()
+        .into()
+}
+
 impl Remote {
     /// A client for the repository at `url` (`http://HOST:PORT/REPO`), sending `token` as a
-    /// bearer token when given.
+    /// bearer token when given, with the deadlines the environment sets ([`env_deadlines`]).
     pub fn new(url: &str, token: Option<String>) -> Result<Remote> {
+        Remote::with_deadlines(url, token, env_deadlines()?)
+    }
+
+    /// [`Remote::new`] keeping `deadlines`.
+    pub fn with_deadlines(
+        url: &str,
+        token: Option<String>,
+        deadlines: Deadlines,
+    ) -> Result<Remote> {
         let url = url.trim_end_matches('/');
         let (host, repo) = parse_url(url)?;
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(10)))
-            .build()
-            .into();
         Ok(Remote {
             url: url.to_string(),
             server: format!("http://{host}"),
@@ -61,7 +90,8 @@ impl Remote {
                 route::fill(route::REPO, &[("repo", repo)])
             ),
             token: token.filter(|t| !t.is_empty()),
-            agent,
+            agent: agent(&deadlines),
+            deadlines,
         })
     }
 
@@ -73,6 +103,71 @@ impl Remote {
     /// The repository's name on the server.
     pub fn name(&self) -> &str {
         self.url.rsplit('/').next().unwrap_or_default()
+    }
+
+    /// The deadlines this client keeps.
+    pub fn deadlines(&self) -> &Deadlines {
+        &self.deadlines
+    }
+
+    /// An answer refused.
+    pub fn refused(&self, why: impl Into<String>) -> Error {
+        Error::Answer {
+            url: self.url.clone(),
+            why: why.into(),
+        }
+    }
+
+    /// What a failure of the HTTP client while doing `what` means: a deadline passed, an
+    /// answer over its limit or not the JSON expected, or the server unreachable.
+    fn failed(&self, what: &str, e: ureq::Error) -> Error {
+        let d = &self.deadlines;
+        let late = |waited: String, setting| Error::Deadline {
+            url: self.url.clone(),
+            what: format!("{waited} while {what}"),
+            setting,
+        };
+        match e {
+            ureq::Error::Timeout(t) => {
+                use ureq::Timeout as T;
+                match t {
+                    T::Resolve | T::Connect => late(
+                        format!("could not connect within {} s", d.connect.as_secs()),
+                        "remote.connect-timeout",
+                    ),
+                    T::PerRead | T::RecvResponse | T::RecvBody => late(
+                        format!("sent nothing for {} s", d.idle.as_secs()),
+                        "remote.idle-timeout",
+                    ),
+                    T::PerWrite | T::SendRequest | T::SendBody => late(
+                        format!("took nothing of the request for {} s", d.idle.as_secs()),
+                        "remote.idle-timeout",
+                    ),
+                    _ => late(
+                        "did not finish in time".to_string(),
+                        "remote.request-timeout and remote.min-speed",
+                    ),
+                }
+            }
+            ureq::Error::Io(io) => match ureq::Error::from(io) {
+                ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => late(
+                    format!("sent nothing for {} s", d.idle.as_secs()),
+                    "remote.idle-timeout",
+                ),
+                ureq::Error::Io(io) => self.transport(format!("{what}: {io}")),
+                other => self.failed(what, other),
+            },
+            ureq::Error::BodyExceedsLimit(limit) => {
+                self.refused(format!("{what}: an answer over {limit} bytes"))
+            }
+            ureq::Error::Json(e) => self.refused(format!("{what}: not the JSON expected ({e})")),
+            other => self.transport(format!("{what}: {other}")),
+        }
+    }
+
+    /// [`Self::failed`] of an error reading an answer's body.
+    fn failed_io(&self, what: &str, e: std::io::Error) -> Error {
+        self.failed(what, ureq::Error::from(e))
     }
 
     fn transport(&self, e: impl std::fmt::Display) -> Error {
@@ -89,63 +184,112 @@ impl Remote {
         }
     }
 
-    /// Turns an error status into [`Error::Server`].
+    /// A request that may take the whole-request deadline plus `bytes` at the minimum speed
+    /// (a transfer of known size).
+    fn moving<B>(&self, req: ureq::RequestBuilder<B>, bytes: u64) -> ureq::RequestBuilder<B> {
+        req.config()
+            .timeout_global(Some(self.deadlines.for_bytes(bytes)))
+            .build()
+    }
+
+    /// Turns an error status into [`Error::Server`] (its body read up to
+    /// [`limits::MAX_ERROR_BODY`]), and refuses a redirect or an encoded answer, neither of
+    /// which mdl asks for; `what` says what was asked.
     fn check(
         &self,
+        what: &str,
         resp: std::result::Result<ureq::http::Response<ureq::Body>, ureq::Error>,
     ) -> Result<ureq::http::Response<ureq::Body>> {
-        let mut resp = resp.map_err(|e| self.transport(e))?;
+        let mut resp = resp.map_err(|e| self.failed(what, e))?;
         let status = resp.status().as_u16();
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .map(|v| printable(&String::from_utf8_lossy(v.as_bytes())))
+        };
+        if (300..400).contains(&status) {
+            return Err(self.refused(format!(
+                "{what}: a redirect (HTTP {status}) to {}; mdl follows none: give the repository's own URL",
+                header("location").unwrap_or_else(|| "nowhere".into())
+            )));
+        }
+        if let Some(enc) = header("content-encoding").filter(|e| e != "identity") {
+            return Err(self.refused(format!(
+                "{what}: content encoded as {enc:?}, which mdl does not ask for (HTTP {status})"
+            )));
+        }
         if status < 400 {
             return Ok(resp);
         }
-        let text = resp.body_mut().read_to_string().unwrap_or_default();
-        let (code, message) = match serde_json::from_str::<body::Error>(&text) {
-            Ok(e) => (Some(e.code), e.message),
-            Err(_) => (None, text.trim().to_string()),
-        };
-        Err(Error::Server {
-            status,
-            code,
-            message,
-        })
+        let mut text = Vec::new();
+        let read = resp
+            .body_mut()
+            .as_reader()
+            .take(limits::MAX_ERROR_BODY)
+            .read_to_end(&mut text);
+        let mut error = error_answer(status, &text);
+        if let (Error::Server { message, .. }, Err(e)) = (&mut error, read) {
+            if message == NO_MESSAGE {
+                *message = format!("no message ({})", self.failed_io(what, e));
+            }
+        }
+        Err(error)
+    }
+
+    /// Reads a JSON answer of at most `limit` bytes (a declared length over it is refused
+    /// before anything is read).
+    fn json<T: serde::de::DeserializeOwned>(
+        &self,
+        what: &str,
+        mut resp: ureq::http::Response<ureq::Body>,
+        limit: u64,
+    ) -> Result<T> {
+        if let Some(len) = resp.body().content_length().filter(|&n| n > limit) {
+            return Err(self.refused(format!(
+                "{what}: an answer of {len} bytes, over the limit of {limit}"
+            )));
+        }
+        let bytes = resp
+            .body_mut()
+            .with_config()
+            .limit(limit)
+            .read_to_vec()
+            .map_err(|e| self.failed(what, e))?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| self.refused(format!("{what}: not the JSON expected ({e})")))
     }
 
     fn get_json<T: serde::de::DeserializeOwned>(
         &self,
         path: &str,
         query: &[(&str, String)],
+        limit: u64,
     ) -> Result<T> {
+        let what = format!("reading {path}");
         let mut req = self.auth(self.agent.get(format!("{}{path}", self.api)));
         for (k, v) in query {
             req = req.query(*k, v);
         }
-        let mut resp = self.check(req.call())?;
-        resp.body_mut()
-            .with_config()
-            .limit(1 << 30)
-            .read_json()
-            .map_err(|e| self.transport(e))
+        let resp = self.check(&what, req.call())?;
+        self.json(&what, resp, limit)
     }
 
     fn post_json<T: serde::de::DeserializeOwned>(
         &self,
         path: &str,
         body: &impl serde::Serialize,
+        limit: u64,
     ) -> Result<T> {
+        let what = format!("posting to {path}");
         let req = self.auth(self.agent.post(format!("{}{path}", self.api)));
-        let mut resp = self.check(req.send_json(body))?;
-        resp.body_mut()
-            .with_config()
-            .limit(1 << 30)
-            .read_json()
-            .map_err(|e| self.transport(e))
+        let resp = self.check(&what, req.send_json(body))?;
+        self.json(&what, resp, limit)
     }
 
     /// Runs `mdl compact` on the server (`POST /maintenance/compact`).
     pub fn compact(&self, max_depth: Option<u32>, dry_run: bool) -> Result<CompactOutcome> {
         let opts = CompactOptions { max_depth, dry_run };
-        self.post_json(route::COMPACT, &opts)
+        self.post_json(route::COMPACT, &opts, limits::MAX_DOCUMENT)
     }
 
     /// Creates this repository on its server (`POST /v1/repos`): for an `admin` token, on a
@@ -155,8 +299,9 @@ impl Remote {
         let new = body::NewRepo {
             name: self.name().to_string(),
         };
-        let mut resp = self.check(req.send_json(&new))?;
-        let _: body::NewRepo = resp.body_mut().read_json().map_err(|e| self.transport(e))?;
+        let what = "creating the repository";
+        let resp = self.check(what, req.send_json(&new))?;
+        let _: body::NewRepo = self.json(what, resp, limits::MAX_DOCUMENT)?;
         Ok(())
     }
 
@@ -172,22 +317,26 @@ impl Remote {
             expire_reflog: expire_reflog.map(str::to_string),
             dry_run,
         };
-        self.post_json(route::GC, &request)
+        self.post_json(route::GC, &request, limits::MAX_DOCUMENT)
     }
 
     /// The repository's totals (`GET /stats`).
     pub fn stats(&self) -> Result<Stats> {
-        self.get_json(route::STATS, &[])
+        self.get_json(route::STATS, &[], limits::MAX_DOCUMENT)
     }
 
     /// Revisions `a` and `b` compared (`GET /diff`).
     pub fn diff(&self, a: &str, b: &str) -> Result<Diff> {
-        self.get_json(route::DIFF, &[("a", a.to_string()), ("b", b.to_string())])
+        self.get_json(
+            route::DIFF,
+            &[("a", a.to_string()), ("b", b.to_string())],
+            limits::MAX_DOCUMENT,
+        )
     }
 
     /// Every setting: key, value, whether it is the default (`GET /config`).
     pub fn config(&self) -> Result<Vec<(String, String, bool)>> {
-        self.get_json(route::CONFIG, &[])
+        self.get_json(route::CONFIG, &[], limits::MAX_DOCUMENT)
     }
 
     /// Changes one setting (`POST /config`).
@@ -196,7 +345,7 @@ impl Remote {
             key: key.to_string(),
             value: value.to_string(),
         };
-        self.post_json(route::CONFIG, &req)
+        self.post_json(route::CONFIG, &req, limits::MAX_DOCUMENT)
     }
 
     /// Creates branch `name` at `rev` (HEAD's commit when `None`); with `force`, creates or
@@ -207,7 +356,7 @@ impl Remote {
             rev: rev.map(str::to_string),
             force,
         };
-        self.post_json(route::BRANCHES, &req)
+        self.post_json(route::BRANCHES, &req, limits::MAX_DOCUMENT)
     }
 
     /// Deletes branch `name`; without `force`, only if its commits stay reachable
@@ -217,8 +366,9 @@ impl Remote {
         let req = self
             .auth(self.agent.delete(format!("{}{path}", self.api)))
             .query("force", force.to_string());
-        let mut resp = self.check(req.call())?;
-        let deleted: body::Deleted = resp.body_mut().read_json().map_err(|e| self.transport(e))?;
+        let what = "deleting a ref";
+        let resp = self.check(what, req.call())?;
+        let deleted: body::Deleted = self.json(what, resp, limits::MAX_DOCUMENT)?;
         Ok(deleted.was)
     }
 
@@ -237,7 +387,7 @@ impl Remote {
             message: message.map(str::to_string),
             tagger: tagger.to_string(),
         };
-        let tagged: body::Tagged = self.post_json(route::TAGS, &req)?;
+        let tagged: body::Tagged = self.post_json(route::TAGS, &req, limits::MAX_DOCUMENT)?;
         Ok(tagged.target)
     }
 
@@ -245,8 +395,9 @@ impl Remote {
     pub fn delete_tag(&self, name: &str) -> Result<ObjectId> {
         let path = route::fill(route::TAG, &[("name", name)]);
         let req = self.auth(self.agent.delete(format!("{}{path}", self.api)));
-        let mut resp = self.check(req.call())?;
-        let deleted: body::Deleted = resp.body_mut().read_json().map_err(|e| self.transport(e))?;
+        let what = "deleting a ref";
+        let resp = self.check(what, req.call())?;
+        let deleted: body::Deleted = self.json(what, resp, limits::MAX_DOCUMENT)?;
         Ok(deleted.was)
     }
 
@@ -255,14 +406,14 @@ impl Remote {
         let req = body::ResetRequest {
             rev: rev.to_string(),
         };
-        self.post_json(route::RESET, &req)
+        self.post_json(route::RESET, &req, limits::MAX_DOCUMENT)
     }
 
     /// Where ref `name` (HEAD's branch when `None`) pointed, newest first (`GET /reflog`).
     pub fn reflog(&self, name: Option<&str>) -> Result<body::Reflog> {
         let query: Vec<(&str, String)> =
             name.map(|n| ("name", n.to_string())).into_iter().collect();
-        self.get_json(route::REFLOG, &query)
+        self.get_json(route::REFLOG, &query, limits::MAX_DOCUMENT)
     }
 
     /// Points HEAD at branch `name` (`POST /head`).
@@ -270,18 +421,19 @@ impl Remote {
         let req = body::Head {
             branch: name.to_string(),
         };
-        self.post_json::<body::Head>(route::HEAD, &req).map(|_| ())
+        self.post_json::<body::Head>(route::HEAD, &req, limits::MAX_DOCUMENT)
+            .map(|_| ())
     }
 
     /// Checks the whole repository on the server, without repairing
     /// (`POST /maintenance/fsck`).
     pub fn fsck(&self) -> Result<FsckReport> {
-        self.post_json(route::FSCK, &serde_json::json!({}))
+        self.post_json(route::FSCK, &serde_json::json!({}), limits::MAX_DOCUMENT)
     }
 
     /// Branches, tags and HEAD.
     pub fn refs(&self) -> Result<Refs> {
-        self.get_json(route::REFS, &[])
+        self.get_json(route::REFS, &[], limits::MAX_REFS)
     }
 
     /// History from `rev` (HEAD when `None`).
@@ -291,7 +443,7 @@ impl Remote {
             limit,
             all: false,
         };
-        self.get_json(route::LOG, &query.pairs())
+        self.get_json(route::LOG, &query.pairs(), limits::MAX_DOCUMENT)
     }
 
     /// Every branch's, tag's and remote-tracking branch's history, newest first (`mdl log
@@ -302,28 +454,38 @@ impl Remote {
             limit,
             all: true,
         };
-        self.get_json(route::LOG, &query.pairs())
+        self.get_json(route::LOG, &query.pairs(), limits::MAX_DOCUMENT)
     }
 
     /// A commit and its tensors.
     pub fn show(&self, rev: &str) -> Result<Shown> {
-        self.get_json(&route::fill(route::COMMIT, &[("rev", rev)]), &[])
+        self.get_json(
+            &route::fill(route::COMMIT, &[("rev", rev)]),
+            &[],
+            limits::MAX_DOCUMENT,
+        )
     }
 
     /// Commits the safetensors file at `file` on the server, as a local commit would with
     /// `commit` there (the query parameters of `POST /commits`); the file keeps its name in
     /// the commit's tree.
     pub fn commit(&self, file: &Path, commit: &CommitParams) -> Result<CommitOutcome> {
-        let f = std::fs::File::open(file).map_err(|source| Error::Input {
+        let input = |source| Error::Input {
             path: file.to_path_buf(),
             source,
-        })?;
+        };
+        let f = std::fs::File::open(file).map_err(input)?;
+        let len = f.metadata().map_err(input)?.len();
         let mut req = self.commit_request(commit);
         if let Some(name) = file.file_name().and_then(|n| n.to_str()) {
             req = req.query(params::PATH, name);
         }
-        let mut resp = self.check(upload(req, "application/octet-stream").send(&f))?;
-        resp.body_mut().read_json().map_err(|e| self.transport(e))
+        let what = "committing";
+        let sent = self
+            .moving(upload(req, "application/octet-stream"), len)
+            .send(&f);
+        let resp = self.check(what, sent)?;
+        self.json(what, resp, limits::MAX_DOCUMENT)
     }
 
     /// `POST /commits` with `commit` as its query parameters.
@@ -344,67 +506,94 @@ impl Remote {
         files: Vec<TreeFile>,
         commit: &CommitParams,
     ) -> Result<CommitOutcome> {
+        let bytes = files
+            .iter()
+            .map(|f| f.file.metadata().map_or(0, |m| m.len()))
+            .sum();
         let req = self
             .commit_request(commit)
             .query(params::FILES, files.len().to_string());
         let (mut tar, writing) = tree::stream(files).map_err(|e| self.transport(e))?;
-        let sent = upload(req, tree::TAR).send(ureq::SendBody::from_reader(&mut tar));
+        let sent = self
+            .moving(upload(req, tree::TAR), bytes)
+            .send(ureq::SendBody::from_reader(&mut tar));
         drop(tar);
         // A file that could not be read broke the upload off: that is what to report.
         if let Ok(Err((path, source))) = writing.join() {
             return Err(Error::Input { path, source });
         }
-        let mut resp = self.check(sent)?;
-        resp.body_mut().read_json().map_err(|e| self.transport(e))
+        let what = "committing a tree";
+        let resp = self.check(what, sent)?;
+        self.json(what, resp, limits::MAX_DOCUMENT)
     }
 
     /// The files of `rev`, and the commit it resolved to (`GET /files/REV`).
     pub fn files(&self, rev: &str) -> Result<body::Files> {
-        self.get_json(&route::fill(route::FILES, &[("rev", rev)]), &[])
+        self.get_json(
+            &route::fill(route::FILES, &[("rev", rev)]),
+            &[],
+            limits::MAX_LISTING,
+        )
     }
 
     /// Writes file `path` of commit `commit` to `to` (by commit id: whatever the branch does
-    /// meanwhile); returns its length, checked against what the server announced.
-    pub fn download_file(&self, commit: &ObjectId, path: &str, to: &mut dyn Write) -> Result<u64> {
+    /// meanwhile): exactly `len` bytes, the length the commit gives it. An answer of another
+    /// length, declared or sent, is refused (nothing past `len` is read).
+    pub fn download_file(
+        &self,
+        commit: &ObjectId,
+        path: &str,
+        len: u64,
+        to: &mut dyn Write,
+    ) -> Result<()> {
         let url = format!(
             "{}{}",
             self.api,
             route::fill(route::FILE, &[("rev", &commit.to_hex()), ("path", path)])
         );
-        let mut resp = self.check(self.auth(self.agent.get(url)).call())?;
-        let expected: Option<u64> = resp
-            .headers()
-            .get("content-length")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok());
-        let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
-        let mut buf = vec![0u8; 1 << 20];
+        let what = format!("sending {}", printable(path));
+        let req = self.moving(self.auth(self.agent.get(url)), len);
+        let mut resp = self.check(&what, req.call())?;
+        if let Some(declared) = resp.body().content_length().filter(|&n| n != len) {
+            return Err(self.refused(format!(
+                "{}: {declared} bytes announced, the commit says {len}",
+                printable(path)
+            )));
+        }
+        let mut reader = resp
+            .body_mut()
+            .with_config()
+            .limit(u64::MAX)
+            .reader()
+            .take(len.saturating_add(1));
+        let mut buf = vec![0u8; (1 << 20).min(len as usize + 1)];
         let mut n = 0u64;
         loop {
             let got = match reader.read(&mut buf) {
                 Ok(0) => break,
                 Ok(got) => got,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    return Err(Error::Transport {
-                        url: self.url.clone(),
-                        why: format!("download interrupted: {e}"),
-                    })
-                }
+                Err(e) => return Err(self.failed_io(&what, e)),
             };
+            n += got as u64;
+            if n > len {
+                return Err(self.refused(format!(
+                    "{}: more than the {len} bytes the commit gives it",
+                    printable(path)
+                )));
+            }
             to.write_all(&buf[..got]).map_err(|source| Error::Output {
                 what: path.to_string(),
                 source,
             })?;
-            n += got as u64;
         }
-        if expected.is_some_and(|e| e != n) {
-            return Err(Error::Transport {
-                url: self.url.clone(),
-                why: format!("download of {path} ended after {n} bytes"),
-            });
+        if n != len {
+            return Err(self.refused(format!(
+                "{}: {n} bytes sent, the commit gives it {len}",
+                printable(path)
+            )));
         }
-        Ok(n)
+        Ok(())
     }
 
     /// Which of `ids` the server lacks.
@@ -414,7 +603,8 @@ impl Remote {
             let ids = body::Ids {
                 ids: chunk.to_vec(),
             };
-            let m: body::Missing = self.post_json(route::OBJECTS_MISSING, &ids)?;
+            let m: body::Missing =
+                self.post_json(route::OBJECTS_MISSING, &ids, limits::MAX_DOCUMENT)?;
             out.extend(m.missing);
         }
         Ok(out)
@@ -426,20 +616,25 @@ impl Remote {
             want: want.to_vec(),
             have: have.to_vec(),
         };
-        let p: body::Plan = self.post_json(route::OBJECTS_PLAN, &request)?;
+        let p: body::Plan = self.post_json(route::OBJECTS_PLAN, &request, limits::MAX_PLAN)?;
         Ok(p.objects)
     }
 
-    /// The pack of the records of `ids` (at most [`body::MAX_IDS`] of them), bases first, as
-    /// it arrives (`POST /objects/fetch`).
-    pub fn fetch_pack(&self, ids: &[ObjectId]) -> Result<impl Read + Send + 'static> {
+    /// The pack of the records of `ids` (at most [`body::MAX_IDS`] of them, `bytes` planned),
+    /// bases first, as it arrives (`POST /objects/fetch`).
+    pub fn fetch_pack(&self, ids: &[ObjectId], bytes: u64) -> Result<PackStream> {
         let req = self.auth(
             self.agent
                 .post(format!("{}{}", self.api, route::OBJECTS_FETCH)),
         );
         let ids = body::Ids { ids: ids.to_vec() };
-        let resp = self.check(req.send_json(&ids))?;
-        Ok(resp.into_body().into_with_config().limit(u64::MAX).reader())
+        let what = "sending the pack";
+        let resp = self.check(what, self.moving(req, bytes).send_json(&ids))?;
+        Ok(PackStream {
+            reader: resp.into_body().into_with_config().limit(u64::MAX).reader(),
+            remote: self.clone(),
+            failure: Failure::default(),
+        })
     }
 
     /// Uploads a pack of `len` bytes read from `pack` (`POST /objects`): what the server
@@ -450,14 +645,83 @@ impl Remote {
             .auth(self.agent.post(format!("{}{}", self.api, route::OBJECTS)))
             .header("Content-Length", len.to_string());
         let body = ureq::SendBody::from_reader(pack);
-        let mut resp = self.check(upload(req, route::PACK).send(body))?;
-        resp.body_mut().read_json().map_err(|e| self.transport(e))
+        let what = "receiving the pack";
+        let resp = self.check(what, self.moving(upload(req, route::PACK), len).send(body))?;
+        self.json(what, resp, limits::MAX_DOCUMENT)
     }
 
     /// Moves a ref on the server by compare-and-swap.
     pub fn update_ref(&self, update: &RefUpdate) -> Result<()> {
-        let _: body::RefMoved = self.post_json(route::REFS, update)?;
+        let _: body::RefMoved = self.post_json(route::REFS, update, limits::MAX_DOCUMENT)?;
         Ok(())
+    }
+}
+
+/// What an error answer's body says: its code and message when it is mdl's JSON error, else
+/// its text; the message shown escaped ([`printable`]) and cut at 300 characters, whatever the
+/// body holds.
+pub fn error_answer(status: u16, body: &[u8]) -> Error {
+    let text = String::from_utf8_lossy(body);
+    let (code, message) = match serde_json::from_str::<body::Error>(&text) {
+        Ok(e) => (Some(e.code), e.message),
+        Err(_) => (None, text.trim().to_string()),
+    };
+    let mut message = printable(&message);
+    if message.chars().count() > MAX_MESSAGE {
+        message = message.chars().take(MAX_MESSAGE).collect::<String>() + "…";
+    }
+    if message.is_empty() {
+        message = NO_MESSAGE.to_string();
+    }
+    Error::Server {
+        status,
+        code,
+        message,
+    }
+}
+
+/// Characters of a server's message shown.
+const MAX_MESSAGE: usize = 300;
+/// What an error answer without a message says.
+const NO_MESSAGE: &str = "no message";
+
+/// A pack as it arrives ([`Remote::fetch_pack`]). A read that fails keeps its cause as the
+/// client's error ([`Failure`]), for the reader of the pack to report rather than the read
+/// error it saw.
+pub struct PackStream {
+    reader: ureq::BodyReader<'static>,
+    remote: Remote,
+    failure: Failure,
+}
+
+/// The first failure of a [`PackStream`], shared with whoever reads it.
+#[derive(Clone, Debug, Default)]
+pub struct Failure(Arc<Mutex<Option<Error>>>);
+
+impl Failure {
+    /// The failure, if the stream failed.
+    pub fn take(&self) -> Option<Error> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl PackStream {
+    /// Where its failure will be.
+    pub fn failure(&self) -> Failure {
+        self.failure.clone()
+    }
+}
+
+impl Read for PackStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.reader.read(buf).map_err(|e| {
+            let kind = e.kind();
+            let error = self.remote.failed_io("sending the pack", e);
+            let text = error.to_string();
+            let mut slot = self.failure.0.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert(error);
+            std::io::Error::new(kind, text)
+        })
     }
 }
 

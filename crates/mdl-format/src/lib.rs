@@ -9,7 +9,8 @@
 //!   (hashed) serialisations;
 //! - [`torch`], a reader of `torch.save` archives that never executes their pickle;
 //! - [`record`], the container every stored object lives in (codec tag, base, checksum);
-//! - [`RefName`], validated branch and tag names.
+//! - [`RefName`], validated branch and tag names, and [`names`], the one rule for every name
+//!   that comes from elsewhere (tree paths, refs, remotes).
 //!
 //! Byte layouts are documented in `docs/FORMAT.md`; [`FORMAT_VERSION`] names the version that
 //! document describes, and a test keeps the two in step.
@@ -26,6 +27,7 @@ mod dtype;
 mod error;
 mod id;
 mod manifest;
+pub mod names;
 pub mod record;
 mod refname;
 pub mod safetensors;
@@ -39,9 +41,10 @@ pub use dtype::Dtype;
 pub use error::FormatError;
 pub use id::{IdPrefix, ObjectId, ParseIdError, TensorHasher};
 pub use manifest::{
-    bytes_header, check_path, check_tensor_name, Entry, Exactness, FileFormat, Lossy, Manifest,
-    MomentPair, PairSource, Region, TreeFile, MAX_PATH_LEN, V1_FILE_PATH,
+    bytes_header, Entry, Exactness, FileFormat, Lossy, Manifest, MomentPair, PairSource, Region,
+    TreeFile, V1_FILE_PATH,
 };
+pub use names::{check_path, check_tensor_name, MAX_PATH_LEN};
 pub use refname::{Ref, RefName, RefNameError};
 pub use tensor::TensorHeader;
 pub use time::Timestamp;

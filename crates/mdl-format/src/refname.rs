@@ -8,6 +8,13 @@ pub struct RefNameError {
     reason: &'static str,
 }
 
+impl RefNameError {
+    /// Why, without the name.
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
+}
+
 /// A validated branch or tag name (the part after `refs/heads/` or `refs/tags/`), following
 /// git's `check-ref-format` rules, plus `HEAD` being reserved.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

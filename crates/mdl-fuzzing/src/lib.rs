@@ -35,6 +35,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("checkpoint_file", checkpoint_file),
     ("range_header", range_header),
     ("query_params", query_params),
+    ("server_answer", server_answer),
 ];
 
 /// A `torch.save` archive: the zip directory and the pickle read without executing anything;
@@ -385,5 +386,53 @@ pub fn query_params(input: &[u8]) {
     use axum::extract::Query;
     if let Ok(Query(params)) = Query::<Vec<(String, String)>>::try_from_uri(&uri) {
         let _ = mdl_protocol::params::decode(&params);
+    }
+}
+
+/// What a client reads from a server, chosen by the first byte: refs, a plan, a listing or an
+/// error answer, parsed and checked as `mdl` checks them. Never a panic; refs accepted name
+/// only branches and tags with safe names, a listing accepted only paths that stay inside the
+/// folder they are written into, and an error's message reaches a terminal with no control
+/// character and at most 300 characters and an ellipsis.
+pub fn server_answer(input: &[u8]) {
+    use mdl_protocol::body;
+    let Some((&which, rest)) = input.split_first() else {
+        return;
+    };
+    match which % 4 {
+        0 => {
+            if let Ok(refs) = serde_json::from_slice::<body::Refs>(rest) {
+                if mdl_remote::check_refs("http://fuzz/r", &refs).is_ok() {
+                    for r in &refs.refs {
+                        assert!(mdl_format::names::check_ref(&r.name).is_ok(), "{}", r.name);
+                        assert!(!r.name.chars().any(char::is_control));
+                    }
+                }
+            }
+        }
+        1 => {
+            let _ = serde_json::from_slice::<body::Plan>(rest);
+        }
+        2 => {
+            if let Ok(files) = serde_json::from_slice::<body::Files>(rest) {
+                let paths = files.files.iter().map(|f| f.path.as_str());
+                if mdl_format::names::check_tree(paths).is_ok() {
+                    for f in &files.files {
+                        assert!(!f.path.starts_with('/'));
+                        assert!(f
+                            .path
+                            .split('/')
+                            .all(|c| !matches!(c, "" | "." | ".." | ".mdl")));
+                        assert!(!f.path.chars().any(char::is_control));
+                    }
+                }
+            }
+        }
+        _ => {
+            if let mdl_client::Error::Server { message, .. } = mdl_client::error_answer(500, rest) {
+                assert!(!message.chars().any(char::is_control), "{message:?}");
+                assert!(message.chars().count() <= 301, "{message:?}");
+            }
+        }
     }
 }

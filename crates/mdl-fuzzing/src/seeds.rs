@@ -181,6 +181,31 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
             b"branch=exp&message=hi%20there&step=3&metric=loss%3D0.5".to_vec(),
             b"lossy=true&epsilon=0.001&moments=exp_avg".to_vec(),
         ],
+        "server_answer" => vec![
+            with(0, br#"{"head":"main","refs":[{"name":"refs/heads/main","target":"ab"}]}"#),
+            with(
+                0,
+                format!(
+                    r#"{{"head":"main","refs":[{{"name":"refs/tags/../heads/x","target":"{0}"}},{{"name":"refs/heads/main","target":"{0}","tagger":"t","time_ms":1,"message":"m\u001b"}}]}}"#,
+                    "ab".repeat(32)
+                )
+                .as_bytes(),
+            ),
+            with(
+                1,
+                format!(r#"{{"objects":[{{"id":"{}","size":1}}]}}"#, "cd".repeat(32)).as_bytes(),
+            ),
+            with(
+                2,
+                format!(
+                    r#"{{"commit":"{0}","files":[{{"path":"../x","size":1,"etag":"{0}","tensors":0,"lossy_tensors":0,"executable":false}}]}}"#,
+                    "ef".repeat(32)
+                )
+                .as_bytes(),
+            ),
+            with(3, br#"{"code":"not_found","message":"no \u001b[2J such"}"#),
+            with(3, "x\u{7}y".repeat(200).as_bytes()),
+        ],
         other => panic!("no fuzz target {other}"),
     }
 }

@@ -92,6 +92,6 @@ pub fn clone(
         Location::Folder(_) => unreachable!("Location::url never answers a folder"),
     };
     let dir = base.join(dir.map_or_else(|| PathBuf::from(name), Path::to_path_buf));
-    let peer = peer(url, access)?;
+    let peer = peer(url, access, None)?;
     Ok(mdl_remote::clone(peer.as_ref(), &dir, progress)?)
 }

@@ -5,16 +5,21 @@ use mdl_remote::{Peer, Remote};
 
 use crate::{Access, Location, Result};
 
-/// The other repository of a clone, fetch, pull or push at `url`: a server, or a repository
-/// in object storage (through this machine's replica, brought up to date).
-pub(crate) fn peer(url: &str, access: &Access) -> Result<Box<dyn Peer>> {
+/// The other repository of a clone, fetch, pull or push at `url`: a server (waited for as
+/// `repo`'s `remote.*` settings and the environment say), or a repository in object storage
+/// (through this machine's replica, brought up to date).
+pub(crate) fn peer(url: &str, access: &Access, repo: Option<&Repository>) -> Result<Box<dyn Peer>> {
     Ok(match Location::url(url)? {
         Location::Bucket(loc) => Box::new(mdl_bucket::BucketPeer::open(
             &loc,
             &mdl_bucket::cache_root(),
             access.wait,
         )?),
-        Location::Served(url) => Box::new(Remote::new(&url, access.token.clone())?),
+        Location::Served(url) => Box::new(Remote::with_deadlines(
+            &url,
+            access.token.clone(),
+            mdl::config::deadlines(repo)?,
+        )?),
         Location::Folder(_) => unreachable!("Location::url never answers a folder"),
     })
 }
@@ -29,8 +34,8 @@ pub(crate) fn named(repo: &Repository, name: &str, access: &Access) -> Result<Bo
                 token: Some(token),
                 ..access.clone()
             };
-            return peer(&url, &with);
+            return peer(&url, &with, Some(repo));
         }
     }
-    peer(&url, access)
+    peer(&url, access, Some(repo))
 }

@@ -142,6 +142,13 @@ codes! {
     StorageError = "storage_error", 502;
     /// `mdl` could not reach the server it was sent to (never sent by a server).
     Unreachable = "unreachable", 502;
+    /// A server's answer `mdl` does not take: a name breaking the rules, a document over its
+    /// limit, something other than what was asked for, bytes that are not the commit's (never
+    /// sent by a server).
+    BadAnswer = "bad_answer", 502;
+    /// A server did not answer, or a transfer did not finish, within a deadline (never sent by
+    /// a server).
+    Timeout = "timeout", 504;
     /// The repository is held by another process; try again.
     Busy = "busy", 503;
     /// The repository needs recovery first; try again.

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use mdl::transfer::RefChange;
 use mdl::{Ref, RefName, RefValue, Repository};
 
 use crate::fetch::fetch_refs;
@@ -47,24 +48,24 @@ pub fn clone(remote: &dyn Peer, dir: &Path, progress: &dyn mdl::Progress) -> Res
         let repo = Repository::init(&staging)?;
         add_remote(&repo, "origin", url)?;
         let refs = remote.refs()?;
-        let mut transfer = fetch_refs(&repo, "origin", remote, &refs, None, progress)?;
+        // A refused clone removes its whole staging folder: what it added goes with it.
+        let (mut transfer, mut changes, _added) =
+            fetch_refs(&repo, "origin", remote, &refs, None, progress)?;
         for r in &refs.refs {
             if let Some(Ref::Branch(_)) = Ref::parse(&r.name) {
-                let name = r.name.clone();
-                mdl::refs::compare_and_swap(
-                    &repo,
-                    &name,
-                    None,
-                    &RefValue::Direct(r.target),
-                    &format!("clone {url}"),
-                )?;
+                changes.push(RefChange {
+                    name: r.name.clone(),
+                    old: None,
+                    new: RefValue::Direct(r.target),
+                });
                 transfer.moved.push(Moved {
-                    name,
+                    name: r.name.clone(),
                     old: None,
                     new: r.target,
                 });
             }
         }
+        mdl::transfer::update_refs(&repo, &changes, &format!("clone {url}"))?;
         let head = refs
             .head
             .clone()

@@ -2,7 +2,8 @@
 
 use std::collections::HashSet;
 
-use mdl::transfer::{self, PlannedObject, Received};
+use mdl::names;
+use mdl::transfer::{self, Added, PlannedObject, Receipt, Received, RefChange};
 use mdl::{ObjectId, Progress, Ref, RefName, RefValue, Repository, Timestamp};
 use mdl_protocol::body::{ListedRef, Refs};
 
@@ -32,7 +33,8 @@ pub struct TransferOutcome {
 
 /// Fetches `branch` (every branch when `None`) and every tag from `remote` into `repo`:
 /// branches land as `refs/remotes/REMOTE_NAME/BRANCH`; tags missing locally are created
-/// (existing local tags are never moved).
+/// (existing local tags are never moved). The refs move in one transaction, once every commit
+/// they name is here and whole; a refused answer moves none.
 pub fn fetch(
     repo: &Repository,
     remote_name: &str,
@@ -40,10 +42,51 @@ pub fn fetch(
     branch: Option<&str>,
     progress: &dyn Progress,
 ) -> Result<TransferOutcome> {
-    fetch_refs(repo, remote_name, remote, &remote.refs()?, branch, progress)
+    let refs = remote.refs()?;
+    let (outcome, changes, added) = fetch_refs(repo, remote_name, remote, &refs, branch, progress)?;
+    if let Err(e) = transfer::update_refs(repo, &changes, &format!("fetch {}", remote.url())) {
+        // Refs that name what never came: nothing of the fetch stays.
+        added.undo(repo);
+        return Err(e.into());
+    }
+    Ok(outcome)
 }
 
-/// [`fetch`] given the server's refs.
+/// Checks the refs the peer at `url` sent, before anything is fetched: every name a branch or tag name git
+/// would take ([`transfer::check_ref_name`]), none twice, HEAD a valid branch name, a tag's
+/// tagger and message free of control characters. One bad name refuses the whole answer.
+pub fn check_refs(url: &str, refs: &Refs) -> Result<()> {
+    let refuse = |why: String| -> Error {
+        mdl_client::Error::Answer {
+            url: url.to_string(),
+            why,
+        }
+        .into()
+    };
+    let mut seen = HashSet::new();
+    for r in &refs.refs {
+        transfer::check_ref_name(&r.name).map_err(|e| refuse(format!("refs: {e}")))?;
+        if !seen.insert(r.name.as_str()) {
+            return Err(refuse(format!("refs: {:?} listed twice", r.name)));
+        }
+        let text = [(r.tagger.as_deref(), false), (r.message.as_deref(), true)];
+        for (t, lines) in text {
+            if let Some(t) = t {
+                names::check_text(t, lines)
+                    .map_err(|e| refuse(format!("refs: the tag {}: {e}", r.name)))?;
+            }
+        }
+    }
+    if let Some(head) = &refs.head {
+        RefName::new(head).map_err(|e| refuse(format!("refs: HEAD names {e}")))?;
+    }
+    Ok(())
+}
+
+/// What fetching `branch` (every branch when `None`) and every tag from `remote` brings, given
+/// its refs: the commits fetched, the ref changes that take them (remote-tracking branches,
+/// new tags), not yet made, and what the fetch added, to be taken out again if they are
+/// refused.
 pub(crate) fn fetch_refs(
     repo: &Repository,
     remote_name: &str,
@@ -51,7 +94,8 @@ pub(crate) fn fetch_refs(
     refs: &Refs,
     branch: Option<&str>,
     progress: &dyn Progress,
-) -> Result<TransferOutcome> {
+) -> Result<(TransferOutcome, Vec<RefChange>, Added)> {
+    check_refs(remote.url(), refs)?;
     let branches: Vec<&ListedRef> = refs
         .refs
         .iter()
@@ -71,30 +115,47 @@ pub(crate) fn fetch_refs(
         .collect();
     let mut outcome = TransferOutcome::default();
     let wanted: Vec<ObjectId> = branches.iter().chain(&tags).map(|r| r.target).collect();
-    let received = fetch_commits(repo, remote, &wanted, progress)?;
-    outcome.objects = received.objects;
-    outcome.bytes = received.bytes;
-    for r in &branches {
+    let receipt = fetch_commits(repo, remote, &wanted, progress)?;
+    outcome.objects = receipt.received.objects;
+    outcome.bytes = receipt.received.bytes;
+    match ref_changes(repo, remote_name, &branches, &tags, &mut outcome) {
+        Ok(changes) => Ok((outcome, changes, receipt.added)),
+        Err(e) => {
+            receipt.added.undo(repo);
+            Err(e)
+        }
+    }
+}
+
+/// The ref changes a fetch makes: `branches` as remote-tracking branches of `remote_name`,
+/// the `tags` this repository lacks; each noted in `outcome`.
+fn ref_changes(
+    repo: &Repository,
+    remote_name: &str,
+    branches: &[&ListedRef],
+    tags: &[&ListedRef],
+    outcome: &mut TransferOutcome,
+) -> Result<Vec<RefChange>> {
+    let mut changes = Vec::new();
+    for r in branches {
         let short = branch_name(&r.name[Ref::BRANCHES.len()..])?;
         let tracking = Ref::remote(remote_name, &short).full();
         let old = mdl::refs::get(repo, &tracking)?;
         if old.as_ref().and_then(RefValue::target) == Some(r.target) {
             continue;
         }
-        mdl::refs::compare_and_swap(
-            repo,
-            &tracking,
-            old.as_ref(),
-            &RefValue::Direct(r.target),
-            &format!("fetch {}", remote.url()),
-        )?;
         outcome.moved.push(Moved {
-            name: tracking,
-            old: old.and_then(|v| v.target()),
+            name: tracking.clone(),
+            old: old.as_ref().and_then(RefValue::target),
             new: r.target,
         });
+        changes.push(RefChange {
+            name: tracking,
+            old,
+            new: RefValue::Direct(r.target),
+        });
     }
-    for t in &tags {
+    for t in tags {
         if mdl::refs::get(repo, &t.name)?.is_some() {
             continue;
         }
@@ -107,30 +168,28 @@ pub(crate) fn fetch_refs(
             },
             _ => RefValue::Direct(t.target),
         };
-        mdl::refs::compare_and_swap(
-            repo,
-            &t.name,
-            None,
-            &value,
-            &format!("fetch {}", remote.url()),
-        )?;
         outcome.moved.push(Moved {
             name: t.name.clone(),
             old: None,
             new: t.target,
         });
+        changes.push(RefChange {
+            name: t.name.clone(),
+            old: None,
+            new: value,
+        });
     }
-    Ok(outcome)
+    Ok(changes)
 }
 
 /// Brings the commits `want` (and their history) from the server, sending only objects this
-/// repository lacks.
+/// repository lacks; what came, and what it added.
 fn fetch_commits(
     repo: &Repository,
     remote: &dyn Peer,
     want: &[ObjectId],
     progress: &dyn Progress,
-) -> Result<Received> {
+) -> Result<Receipt> {
     let have: Vec<ObjectId> = transfer::commits(repo)?;
     let have_set: HashSet<ObjectId> = have.iter().copied().collect();
     let want: Vec<ObjectId> = want
@@ -141,28 +200,45 @@ fn fetch_commits(
         .into_iter()
         .collect();
     if want.is_empty() {
-        return Ok(Received::default());
+        return Ok(Receipt::default());
     }
     // The server may re-encode a planned record after the plan (its deferred re-encodes, a
     // compaction, another process's maintenance): a record then arrives as a delta of one not
-    // sent first. What arrived stays; a new plan orders the rest by their bases now.
+    // sent first, or longer than planned. The pack is refused (and what it added removed); a
+    // new plan orders the objects by their bases and sizes now.
     let mut attempts = 0;
     loop {
         let plan = remote.plan(&want, &have)?;
+        let mut ids = HashSet::new();
+        if let Some(twice) = plan.iter().find(|p| !ids.insert(p.id)) {
+            return Err(mdl_client::Error::Answer {
+                url: remote.url().to_string(),
+                why: format!("the plan lists {} twice", twice.id),
+            }
+            .into());
+        }
         let planned: Vec<ObjectId> = plan.iter().map(|p| p.id).collect();
-        let needed = transfer::missing(repo, &planned)?;
+        let needed: HashSet<ObjectId> = transfer::missing(repo, &planned)?.into_iter().collect();
+        let needed: Vec<PlannedObject> = plan
+            .iter()
+            .filter(|p| needed.contains(&p.id))
+            .copied()
+            .collect();
         tracing::info!(
             "fetching {} of {} objects from {}",
             needed.len(),
             plan.len(),
             remote.url()
         );
-        let wanted: HashSet<ObjectId> = needed.iter().copied().collect();
-        let got = with_progress(progress, "receiving", &plan, &wanted, || {
-            remote.fetch_objects(repo, &needed, progress)
-        });
+        let bytes = needed.iter().map(|p| p.size).fold(0, u64::saturating_add);
+        transfer::check_room(repo, bytes)?;
+        progress.start("receiving", bytes);
+        let got = remote.fetch_objects(repo, &needed, progress);
+        progress.finish();
         match got {
-            Err(Error::Local(mdl::Error::BaseNotSent { .. })) if attempts < FETCH_RETRIES => {
+            Err(Error::Local(mdl::Error::BaseNotSent { .. } | mdl::Error::PlanChanged { .. }))
+                if attempts < FETCH_RETRIES =>
+            {
                 attempts += 1;
                 tracing::info!(
                     "{} re-encoded objects during the fetch; asking again",

@@ -3,8 +3,11 @@
 
 use std::path::{Path, PathBuf};
 
-use mdl::checkout::{target, CheckoutOutcome};
+use std::io::Write;
+
+use mdl::checkout::{target, CheckedFile, CheckoutOutcome};
 use mdl::commit::{CommitOptions, CommitOutcome};
+use mdl::names::printable;
 use mdl_client::TreeFile;
 
 use crate::{Error, Remote, Result};
@@ -44,6 +47,12 @@ pub fn commit_paths(
 /// Downloads `rev`'s files to `out` as `mdl checkout` writes them (`path`: one file or folder
 /// of the tree): each through a temporary file renamed into place, all of the commit the
 /// listing resolved `rev` to (files are fetched by its id, whatever the branch does meanwhile).
+///
+/// Nothing the server says is taken on trust: the listing's names pass the tree rule
+/// ([`mdl::names::check_tree`]) before anything is written; the commit and its manifest are
+/// fetched and verified against the commit's id, the listing must be that manifest's tree, and
+/// each file's bytes are checked against the manifest as they arrive — its length, every
+/// object's hash, every inline byte — before the file is renamed into place.
 pub fn download(
     remote: &Remote,
     rev: &str,
@@ -53,8 +62,38 @@ pub fn download(
 ) -> Result<CheckoutOutcome> {
     let listing = remote.files(rev)?;
     let commit = listing.commit;
-    let paths: Vec<&str> = listing.files.iter().map(|f| f.path.as_str()).collect();
+    let refuse = |why: String| Error::from(remote.refused(why));
+    mdl::names::check_tree(listing.files.iter().map(|f| f.path.as_str()))
+        .map_err(|e| refuse(format!("the files of {}: {e}", printable(rev))))?;
+    if rev.len() == 64 && rev.parse::<mdl::ObjectId>().is_ok_and(|id| id != commit) {
+        return Err(refuse(format!(
+            "the files of {rev} are said to be commit {commit}"
+        )));
+    }
+    let manifest = committed_tree(remote, &commit)?;
+    let same =
+        manifest.files.len() == listing.files.len()
+            && manifest.files.iter().zip(&listing.files).all(|(m, l)| {
+                m.path == l.path && m.len() == l.size && m.executable == l.executable
+            });
+    if !same {
+        return Err(refuse(format!(
+            "the files listed for {} are not those commit {commit} holds",
+            printable(rev)
+        )));
+    }
+    let paths: Vec<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
     let selection = target::select(&paths, path, &commit.short(12))?;
+    let bytes: u64 = selection
+        .files
+        .iter()
+        .map(|&i| manifest.files[i].len())
+        .fold(0, u64::saturating_add);
+    let parent = out
+        .parent()
+        .filter(|p| p.exists())
+        .unwrap_or(Path::new("."));
+    mdl::checkout::check_room(if out.is_dir() { out } else { parent }, bytes)?;
     let targets = target::targets(out, &selection, force)?;
     let _interrupted = targets
         .created
@@ -63,9 +102,9 @@ pub fn download(
     let result = (|| -> Result<(u64, u32)> {
         let (mut bytes, mut lossy) = (0, 0);
         for (&i, to) in selection.files.iter().zip(&targets.paths) {
-            let f = &listing.files[i];
-            bytes += download_file(remote, &commit, &f.path, to, f.executable)?;
-            lossy += f.lossy_tensors;
+            download_file(remote, &commit, &manifest.files[i], to)?;
+            bytes += manifest.files[i].len();
+            lossy += listing.files[i].lossy_tensors;
         }
         Ok((bytes, lossy))
     })();
@@ -84,25 +123,41 @@ pub fn download(
     })
 }
 
-/// Downloads one file of commit `commit` to `out` through a temporary file; returns its
-/// length.
+/// The tree of commit `id` on the server: its commit and manifest records fetched and
+/// verified against their ids.
+fn committed_tree(remote: &Remote, id: &mdl::ObjectId) -> Result<mdl::Manifest> {
+    let commit = mdl::transfer::read_commit(&mut remote.fetch_pack(&[*id], 0)?, id)?;
+    let manifest = &commit.manifest;
+    Ok(mdl::transfer::read_manifest(
+        &mut remote.fetch_pack(&[*manifest], 0)?,
+        manifest,
+    )?)
+}
+
+/// Downloads `file` of commit `commit` to `out` through a temporary file, checked against the
+/// manifest as it arrives.
 fn download_file(
     remote: &Remote,
     commit: &mdl::ObjectId,
-    path: &str,
+    file: &mdl::TreeFile,
     out: &Path,
-    exec: bool,
-) -> Result<u64> {
+) -> Result<()> {
     let write_err = |source| mdl::Error::Output {
         path: out.to_path_buf(),
         source,
     };
     let mut tmp = mdl::checkout::temporary_output(out)?;
     let _interrupted = mdl::interrupt::register(tmp.path());
-    let n = remote.download_file(commit, path, tmp.as_file_mut())?;
-    if exec {
+    let mut checked = CheckedFile::new(file, std::io::BufWriter::new(tmp.as_file_mut()));
+    remote.download_file(commit, &file.path, file.len(), &mut checked)?;
+    let mut written = checked
+        .finish()
+        .map_err(|why| remote.refused(format!("commit {}: {why}", commit.short(12))))?;
+    written.flush().map_err(write_err)?;
+    drop(written);
+    if file.executable {
         mdl::checkout::make_executable(tmp.as_file()).map_err(write_err)?;
     }
     tmp.persist(out).map_err(|e| write_err(e.error))?;
-    Ok(n)
+    Ok(())
 }

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use mdl::transfer::{self, PlannedObject, Received, RefUpdate};
+use mdl::transfer::{self, PlannedObject, Receipt, Received, RefUpdate};
 use mdl::{Counting, ObjectId, Progress, Repository};
 use mdl_protocol::body::{Refs, MAX_IDS};
 
@@ -20,14 +20,16 @@ pub trait Peer {
     /// The objects it would send for `want` to a repository holding the commits `have`
     /// ([`transfer::plan`]).
     fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>>;
-    /// Copies the records of `ids` into `repo`, verifying each; the pack's bytes are reported
-    /// to `progress` as they arrive.
+    /// Copies the records of the `planned` objects into `repo`, verifying each (a server may
+    /// send only those, each at most once and no longer than planned); the pack's bytes are
+    /// reported to `progress` as they arrive. What it added, for the caller to take out again
+    /// if the transfer is refused later; nothing stays of a fetch that fails.
     fn fetch_objects(
         &self,
         repo: &Repository,
-        ids: &[ObjectId],
+        planned: &[PlannedObject],
         progress: &dyn Progress,
-    ) -> Result<Received>;
+    ) -> Result<Receipt>;
     /// Which of `ids` it lacks.
     fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>>;
     /// Copies the records of `ids` from `repo` into it, verifying each; the pack's bytes are
@@ -52,17 +54,31 @@ impl Peer for Remote {
     fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>> {
         Ok(Remote::plan(self, want, have)?)
     }
-    /// In requests of at most [`MAX_IDS`] ids, in order, so bases still come first.
+    /// In requests of at most [`MAX_IDS`] ids, in order, so bases still come first; each pack
+    /// may hold only what its request planned.
     fn fetch_objects(
         &self,
         repo: &Repository,
-        ids: &[ObjectId],
+        planned: &[PlannedObject],
         progress: &dyn Progress,
-    ) -> Result<Received> {
-        let mut total = Received::default();
-        for chunk in ids.chunks(MAX_IDS) {
-            let mut reader = Counting::new(self.fetch_pack(chunk)?, progress);
-            total.add(transfer::receive_pack(repo, &mut reader, u64::MAX)?.received);
+    ) -> Result<Receipt> {
+        let mut total = Receipt::default();
+        for chunk in planned.chunks(MAX_IDS) {
+            let ids: Vec<ObjectId> = chunk.iter().map(|p| p.id).collect();
+            let bytes = chunk.iter().map(|p| p.size).fold(0, u64::saturating_add);
+            let pack = self.fetch_pack(&ids, bytes)?;
+            let failure = pack.failure();
+            let mut reader = Counting::new(pack, progress);
+            let expect = transfer::Expect::Planned(chunk);
+            match transfer::receive_expected(repo, &mut reader, expect) {
+                Ok(receipt) => total.extend(receipt),
+                Err(e) => {
+                    total.added.undo(repo);
+                    // The connection's own failure (a deadline, a cut) says more than the
+                    // read error the pack's reader saw.
+                    return Err(failure.take().map_or_else(|| e.into(), Error::from));
+                }
+            }
         }
         Ok(total)
     }
@@ -121,10 +137,10 @@ fn copy(
     to: &Repository,
     ids: &[ObjectId],
     progress: &dyn Progress,
-) -> Result<Received> {
+) -> Result<Receipt> {
     let (file, _) = spool(from, ids)?;
     let mut reader = std::io::BufReader::with_capacity(1 << 20, Counting::new(file, progress));
-    Ok(transfer::receive_pack(to, &mut reader, u64::MAX)?.received)
+    Ok(transfer::receive_pack(to, &mut reader, u64::MAX)?)
 }
 
 impl Peer for Local<'_> {
@@ -146,9 +162,11 @@ impl Peer for Local<'_> {
     fn fetch_objects(
         &self,
         repo: &Repository,
-        ids: &[ObjectId],
+        planned: &[PlannedObject],
         progress: &dyn Progress,
-    ) -> Result<Received> {
+    ) -> Result<Receipt> {
+        let ids: Vec<ObjectId> = planned.iter().map(|p| p.id).collect();
+        let ids = &ids[..];
         if let Some(id) = transfer::unknown(self.repo, ids)?.first() {
             return Err(Error::Remote(format!("{} has no object {id}", self.url)));
         }
@@ -164,7 +182,7 @@ impl Peer for Local<'_> {
         progress: &dyn Progress,
     ) -> Result<Received> {
         let _writer = self.repo.writer();
-        copy(repo, self.repo, ids, progress)
+        Ok(copy(repo, self.repo, ids, progress)?.received)
     }
     fn update_ref(&self, update: &RefUpdate) -> Result<()> {
         let _writer = self.repo.writer();

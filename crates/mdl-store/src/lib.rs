@@ -189,6 +189,13 @@ impl Store {
         &self.dir
     }
 
+    /// Bytes an unprivileged writer may still put on the disk that holds the records (`None`
+    /// when the file system cannot tell).
+    pub fn free_bytes(&self) -> Option<u64> {
+        let s = rustix::fs::statvfs(&self.dir).ok()?;
+        Some(s.f_bavail.saturating_mul(s.f_frsize))
+    }
+
     /// The metadata database.
     pub fn meta(&self) -> &Meta {
         &self.meta

@@ -5,6 +5,7 @@
 use crate::engine::{self, EngineChoice};
 use crate::policy::{self, DeltaMode, DeltaPolicy};
 use crate::{coarsen, gc, limits, lossy, Error, Repository, Result};
+use mdl_protocol::limits::{self as remote, Deadlines};
 
 /// Checks a configuration assignment before it is stored.
 pub fn validate(key: &str, value: &str) -> Result<()> {
@@ -16,6 +17,10 @@ pub fn validate(key: &str, value: &str) -> Result<()> {
         gc::KEEP_LAST_KEY => gc::KEEP_LAST.parse(value).map(drop),
         coarsen::COARSEN_AFTER_KEY => coarsen::COARSEN_AFTER.parse(value).map(drop),
         engine::ENGINE_KEY => value.parse::<EngineChoice>().map(drop),
+        _ if remote::KEYS.contains(&key) => Deadlines::default()
+            .set(key, value)
+            .map(drop)
+            .map_err(|_| invalid_remote(key, value)),
         _ => match limits::ALL.iter().find(|l| l.key == key) {
             Some(limit) => limit.parse(value).map(drop),
             None => {
@@ -41,6 +46,7 @@ pub fn known_keys() -> Vec<(&'static str, String)> {
         (engine::ENGINE_KEY, EngineChoice::default().to_string()),
     ];
     keys.extend(limits::ALL.iter().map(|l| (l.key, l.default.to_string())));
+    keys.extend(remote::KEYS.into_iter().zip(Deadlines::default().values()));
     keys.extend(lossy::known_keys());
     keys
 }
@@ -112,4 +118,40 @@ pub fn add(repo: &Repository, key: &str, value: &str) -> Result<bool> {
     w.set_config(key, value)?;
     w.commit_txn()?;
     Ok(true)
+}
+
+/// How long commands wait for a server, and how slow a transfer may be: the defaults, then the
+/// repository's `remote.*` settings when there is one, then the environment's
+/// (`MDL_REMOTE_…`), which wins.
+pub fn deadlines(repo: Option<&Repository>) -> Result<Deadlines> {
+    let mut d = Deadlines::default();
+    if let Some(repo) = repo {
+        for key in remote::KEYS {
+            if let Some(value) = get(repo, key)? {
+                d.set(key, &value)
+                    .map_err(|_| invalid_remote(key, &value))?;
+            }
+        }
+    }
+    for key in remote::KEYS {
+        let name = remote::env_name(key);
+        if let Ok(value) = std::env::var(&name) {
+            d.set(key, &value)
+                .map_err(|_| invalid_remote(&name, &value))?;
+        }
+    }
+    Ok(d)
+}
+
+/// A `remote.*` setting (or its variable, `MDL_REMOTE_…`) that does not read.
+fn invalid_remote(key: &str, value: &str) -> Error {
+    Error::InvalidConfig {
+        key: key.to_string(),
+        value: value.to_string(),
+        expected: if key.ends_with("speed") || key.ends_with("SPEED") {
+            "bytes a second, at least 1 (262144, 256K, 1M)"
+        } else {
+            "a whole number of seconds, at least 1 (30, 30s, 5m, 1h)"
+        },
+    }
 }

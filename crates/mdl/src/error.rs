@@ -192,6 +192,18 @@ pub enum Error {
         /// Its base.
         base: mdl_format::ObjectId,
     },
+    /// A fetched pack's record is longer than the plan said: the sender re-encoded it after
+    /// planning (a compaction), or means harm. Planning again sends it as it is now; a record
+    /// is never read past its planned length.
+    #[error("transfer refused: the record of {id} is {sent} bytes, {planned} were planned")]
+    PlanChanged {
+        /// The record.
+        id: mdl_format::ObjectId,
+        /// Its length in the plan.
+        planned: u64,
+        /// The length it was sent with.
+        sent: u64,
+    },
     /// Publishing a commit (a pack's manifests and commits, or a ref update) found part of what
     /// it needs gone: another transfer counted an object as present and gc removed it since.
     /// Nothing was published; sending the objects again succeeds.

@@ -15,6 +15,7 @@
 //!
 //! Architecture: `docs/ARCHITECTURE.md`; byte formats: `docs/FORMAT.md`.
 
+mod advertised;
 pub mod assemble;
 pub mod background;
 mod cache;
@@ -52,14 +53,17 @@ pub mod storage;
 pub mod transfer;
 pub mod warm;
 
+pub use advertised::{advertised, process_alive, ADVERTISEMENT};
 pub use cache::user_cache_dir;
 pub use code::store_code;
 pub use error::{not_safetensors, Error};
-pub use mdl_format::{Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp, V1_FILE_PATH};
+pub use mdl_format::{
+    names, Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp, TreeFile, V1_FILE_PATH,
+};
 pub use mdl_store::{budget, source};
 pub use mdl_store::{IndexEntry, LockMode, RefValue, Storage, StoreError, MDL_DIR};
 pub use progress::{Counting, NoProgress, Progress};
-pub use repo::{advertised, discover, process_alive, OpenOptions, Repository, ADVERTISEMENT};
+pub use repo::{discover, OpenOptions, Repository};
 
 /// Result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -10,9 +10,7 @@ use crate::{Error, Result};
 
 pub use mdl_store::OpenOptions;
 
-/// The file in `.mdl/` where `mdl serve` advertises that it owns the repository (its address
-/// and a token for forwarding commands), removed when it stops.
-pub const ADVERTISEMENT: &str = "serve.json";
+use crate::advertised::ADVERTISEMENT;
 
 /// An open mdl repository: a work directory with `.mdl/` in it.
 #[derive(Debug)]
@@ -47,7 +45,7 @@ impl Repository {
         let store = Store::open(&root.join(MDL_DIR), opts)?;
         // An advertisement left by a server that died is stale; a writer removes it. (A live
         // server holds no lock while idle: other processes write beside it.)
-        if store.writable() && advertised(&root).is_none() {
+        if store.writable() && crate::advertised::stale(&root) {
             store.remove_file(ADVERTISEMENT);
         }
         Ok(Repository {
@@ -180,20 +178,6 @@ impl Repository {
             _ => Err(StoreError::Malformed("HEAD (not a symbolic ref)").into()),
         }
     }
-}
-
-/// The advertisement of the live `mdl serve` that owns the repository whose work directory is
-/// `root`, if one does. A stale one (its process is gone) or an unreadable one is `None`; a
-/// writer that opens the repository removes it.
-pub fn advertised(root: &Path) -> Option<Advertisement> {
-    let text = std::fs::read(root.join(MDL_DIR).join(ADVERTISEMENT)).ok()?;
-    let ad: Advertisement = serde_json::from_slice(&text).ok()?;
-    process_alive(ad.pid).then_some(ad)
-}
-
-/// Whether process `pid` is running (an advertisement's server, say).
-pub fn process_alive(pid: u32) -> bool {
-    Path::new("/proc").join(pid.to_string()).exists()
 }
 
 /// Finds the nearest directory at or above `start` that holds `.mdl/` (with its database, or

@@ -1,12 +1,10 @@
 //! A commit's table of contents: the tree of files it holds, each cut into regions (tensors,
 //! byte objects, inline bytes) that a checkout concatenates back into the file.
 
+use crate::names::check_tree;
 use crate::{Dtype, FormatError, ObjectId, TensorHeader};
 
 mod encoding;
-mod path;
-
-pub use path::{check_path, check_tensor_name, MAX_PATH_LEN};
 
 /// Whether a stored tensor reproduces the committed bytes exactly.
 #[derive(Clone, Debug, PartialEq)]
@@ -155,7 +153,7 @@ pub fn bytes_header(len: u64) -> TensorHeader {
 /// One file of a commit's tree.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TreeFile {
-    /// Its path in the tree: `/`-separated, relative (see [`check_path`]).
+    /// Its path in the tree: `/`-separated, relative (see [`crate::check_path`]).
     pub path: String,
     /// How it was split.
     pub format: FileFormat,
@@ -303,8 +301,8 @@ impl Manifest {
     /// name tensors.
     fn check(&self) -> Result<(), FormatError> {
         let bad = |detail: String| Err(FormatError::invalid("manifest", detail));
+        check_tree(self.files.iter().map(|f| f.path.as_str()))?;
         for f in &self.files {
-            check_path(&f.path)?;
             let mut total = 0u64;
             for r in &f.regions {
                 if let Region::Tensor(e) = r {
@@ -319,22 +317,6 @@ impl Manifest {
             }
             if f.format != FileFormat::Safetensors && !f.metadata.is_empty() {
                 return bad(format!("{:?} has metadata but is not safetensors", f.path));
-            }
-        }
-        for w in self.files.windows(2) {
-            let (a, b) = (&w[0].path, &w[1].path);
-            if a >= b {
-                return bad(format!("paths out of order or repeated: {a:?}, {b:?}"));
-            }
-        }
-        let paths: std::collections::HashSet<&str> =
-            self.files.iter().map(|f| f.path.as_str()).collect();
-        for f in &self.files {
-            for (at, _) in f.path.match_indices('/') {
-                let dir = &f.path[..at];
-                if paths.contains(dir) {
-                    return bad(format!("{dir:?} is both a file and a directory"));
-                }
             }
         }
         let n = self.tensors().count() as u64;

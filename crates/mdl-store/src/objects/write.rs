@@ -285,6 +285,29 @@ impl<'s> ObjectBatch<'s> {
         let (header, payload, trailer) = record::decode(record).map_err(bad)?;
         record::check_content_len(&header, payload.len() as u64, trailer.content_len)
             .map_err(bad)?;
+        self.put_record_with(id, &header, trailer.content_len, depth, &mut |w| {
+            w.write_all(payload)
+        })
+    }
+
+    /// [`Self::put_record`] of a record whose payload `payload` writes as it arrives (a received
+    /// frame, never held whole): the caller has checked `header` and the claimed `content_len`
+    /// ([`record::check_content_len`]) and checks what arrived against its checksum inside
+    /// `payload`, failing it if they differ; the content is the caller's to verify, as for
+    /// [`Self::put_record`].
+    pub fn put_record_with(
+        &self,
+        id: &ObjectId,
+        header: &RecordHeader,
+        content_len: u64,
+        depth: u32,
+        payload: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> Result<PutOutcome, StoreError> {
+        let bad = |source| StoreError::Corrupt {
+            id: *id,
+            kind: "received",
+            source,
+        };
         let codec = CodecTag::try_from(header.codec).map_err(bad)?;
         if header.base.is_some() != codec.has_base() || header.base == Some(*id) {
             return Err(bad(FormatError::invalid(
@@ -304,9 +327,9 @@ impl<'s> ObjectBatch<'s> {
             placement,
             &header.prefix,
             header.coarsened,
-            trailer.content_len,
+            content_len,
             u64::MAX,
-            &mut |w| w.write_all(payload),
+            payload,
             &mut || Ok(()),
         )
         .map_err(WriteError::into_store)

@@ -8,14 +8,16 @@ pub use mdl_protocol::outcome::CheckoutOutcome;
 use crate::{per_tensor, Error, Progress, Repository, Result};
 use writes::Writes;
 
+mod checked;
 mod layout;
 mod output;
 pub mod target;
 mod writes;
 
+pub use checked::CheckedFile;
 pub use layout::{layout, layout_with, load_all_mirrored, FileLayout, Layout, Piece, Placed};
 pub use mdl_codec::engine::Mirror;
-pub use output::{make_executable, refuse_inside_repository, temporary_output};
+pub use output::{check_room, make_executable, refuse_inside_repository, temporary_output};
 
 /// Options of a checkout.
 #[derive(Clone, Debug, Default)]

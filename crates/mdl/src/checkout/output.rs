@@ -120,6 +120,28 @@ pub(super) fn remove_created(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Refuses to write `bytes` (a download from a server) into `dir` when its disk has no room
+/// for them: what a server says a commit holds bounds what it may send, and this bounds that.
+pub fn check_room(dir: &Path, bytes: u64) -> Result<()> {
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let free = rustix::fs::statvfs(dir)
+        .ok()
+        .map(|s| s.f_bavail.saturating_mul(s.f_frsize));
+    match free {
+        Some(free) if bytes > free => Err(Error::Output {
+            path: dir.to_path_buf(),
+            source: std::io::Error::other(format!(
+                "the commit's files take {bytes} bytes; the disk has {free} free"
+            )),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Adds execute permission wherever the file has read permission.
 pub fn make_executable(file: &std::fs::File) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;

@@ -5,12 +5,14 @@
 //! Records travel as they are stored (deltas included), so a push costs what the store costs.
 //! The receiver re-hashes every object before its index names it, publishing tensors in layers
 //! so a delta's base is always indexed (and verified) before the delta; manifests and commits
-//! are published last, in one transaction, once everything they name is present. A failed or
-//! interrupted transfer changes no ref and leaves at most verified, unreferenced tensors.
+//! are published last, in one transaction, once everything they name is present. A refused
+//! transfer changes no ref and leaves nothing behind; an interrupted one (killed) leaves at most
+//! verified, unreferenced tensors and unindexed records, for gc. Refs received are moved in one
+//! transaction, once every commit they name is whole here ([`update_refs`]).
 
 use std::collections::{HashMap, HashSet};
 
-use mdl_format::{ObjectId, ObjectKind, Ref, RefName};
+use mdl_format::{ObjectId, ObjectKind, Ref};
 use mdl_store::meta::MetaRead;
 use mdl_store::{CommitSummary, IndexEntry, RefValue, StoreError};
 
@@ -18,12 +20,22 @@ pub use mdl_protocol::transfer::{PlannedObject, Received, RefUpdate};
 
 use crate::{history, Error, Repository, Result};
 
+mod added;
 mod pack;
+mod publish;
 mod receive;
+mod single;
 mod toc;
+pub use added::Added;
 pub use pack::{write_pack, PackWriter};
-pub use receive::{receive_indexed, receive_pack, Receipt};
+pub use receive::{receive_expected, receive_indexed, receive_pack, Expect, Receipt};
+pub use single::{read_commit, read_manifest};
 pub use toc::{encode_toc, read_toc, Frame, FrameRecord, Toc, TOC_FOOTER};
+
+/// Why a pack was refused.
+fn bad_pack(why: impl Into<String>) -> Error {
+    Error::BadTransfer(why.into())
+}
 
 /// First bytes of a pack stream.
 pub const PACK_MAGIC: &[u8; 8] = b"MDLPACK1";
@@ -186,12 +198,12 @@ fn referenced(meta: &MetaRead) -> Result<HashSet<ObjectId>> {
 
 /// Fails with [`Error::Incomplete`] unless `tip` and its ancestors outside `known` are whole:
 /// each commit indexed, its manifest, every tensor the manifest names (or its record of
-/// expiry) and every tensor's delta chain.
+/// expiry) and every tensor's delta chain. The commits found whole join `known`.
 fn check_complete(
     repo: &Repository,
     meta: &MetaRead,
     tip: &ObjectId,
-    known: &HashSet<ObjectId>,
+    known: &mut HashSet<ObjectId>,
 ) -> Result<()> {
     let has = |id: &ObjectId, kind: ObjectKind| -> Result<Option<IndexEntry>> {
         Ok(meta.object(id)?.filter(|e| e.kind == kind))
@@ -229,23 +241,19 @@ fn check_complete(
             }
         }
     }
+    known.extend(seen);
     Ok(())
 }
 
-/// Validates a full ref name that another repository may change: `refs/heads/NAME` or
-/// `refs/tags/NAME` with a valid NAME.
+/// Validates a full ref name that another repository may change or send
+/// ([`mdl_format::names::check_ref`]): `refs/heads/NAME` or `refs/tags/NAME` with a valid NAME.
+/// Whether it is a branch or a tag.
 pub fn check_ref_name(name: &str) -> Result<&'static str> {
-    let (kind, short) = if let Some(s) = name.strip_prefix(Ref::BRANCHES) {
-        ("branch", s)
-    } else if let Some(s) = name.strip_prefix(Ref::TAGS) {
-        ("tag", s)
-    } else {
-        return Err(Error::BadTransfer(format!(
-            "ref {name:?} is neither refs/heads/… nor refs/tags/…"
-        )));
-    };
-    RefName::new(short)?;
-    Ok(kind)
+    match mdl_format::names::check_ref(name) {
+        Ok(Ref::Branch(_)) => Ok("branch"),
+        Ok(_) => Ok("tag"),
+        Err(e) => Err(Error::BadTransfer(e.to_string())),
+    }
 }
 
 /// Applies a [`RefUpdate`]: the new commit must be present and whole (its history, manifests,
@@ -260,7 +268,7 @@ pub fn update_ref(repo: &Repository, update: &RefUpdate, message: &str) -> Resul
     let mut w = repo.store().meta().write()?;
     let meta = repo.store().meta().read()?;
     if let Some(new) = &update.new {
-        check_complete(repo, &meta, new, &referenced(&meta)?)?;
+        check_complete(repo, &meta, new, &mut referenced(&meta)?)?;
     }
     let current = meta.get_ref(&update.name)?;
     drop(meta);
@@ -287,6 +295,58 @@ pub fn update_ref(repo: &Repository, update: &RefUpdate, message: &str) -> Resul
     };
     let new = update.new.map(RefValue::Direct);
     w.update_ref(&update.name, expected.as_ref(), new.as_ref(), message)?;
+    w.commit_txn()?;
+    Ok(())
+}
+
+/// Room kept free on the disk besides what a transfer brings: the index grows too, and the
+/// rest of the machine needs its disk.
+const SPARE_ROOM: u64 = 256 << 20;
+
+/// Refuses to receive `bytes` (what a peer plans to send) onto a disk without room for them:
+/// a peer's plan bounds what it may send ([`Expect::Planned`]), and this bounds the plan.
+pub fn check_room(repo: &Repository, bytes: u64) -> Result<()> {
+    match repo.store().free_bytes() {
+        Some(free) if bytes.saturating_add(SPARE_ROOM) > free => Err(Error::BadTransfer(format!(
+            "the other repository plans to send {bytes} bytes; the disk holding this one has {free} free"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// One ref change of [`update_refs`]: `name` (a full name) from `old` (`None`: must not exist)
+/// to `new`.
+#[derive(Clone, Debug)]
+pub struct RefChange {
+    /// The full ref name.
+    pub name: String,
+    /// Its value now, as last read.
+    pub old: Option<RefValue>,
+    /// Its new value.
+    pub new: RefValue,
+}
+
+/// Moves every ref of `changes` in one transaction, each by compare-and-swap, once every commit
+/// they name is whole in the repository (its history, manifests, tensors and delta bases:
+/// [`Error::Incomplete`] otherwise, and no ref moves). What a fetch, pull or clone does with
+/// the refs a server sent.
+pub fn update_refs(repo: &Repository, changes: &[RefChange], message: &str) -> Result<()> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    // The write transaction is taken first: until it commits no deletion can.
+    let mut w = repo.store().meta().write()?;
+    let meta = repo.store().meta().read()?;
+    let mut known = referenced(&meta)?;
+    for c in changes {
+        if let Some(target) = c.new.target() {
+            check_complete(repo, &meta, &target, &mut known)?;
+        }
+    }
+    drop(meta);
+    for c in changes {
+        w.update_ref(&c.name, c.old.as_ref(), Some(&c.new), message)?;
+    }
     w.commit_txn()?;
     Ok(())
 }

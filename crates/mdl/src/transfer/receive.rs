@@ -1,27 +1,37 @@
-//! Receiving a pack stream (`docs/FORMAT.md`): every record checked against what its bytes
-//! can hold before memory is taken for it, decoded and re-hashed against its id, and published
-//! in index transactions that check what it depends on (bases, the tensors a manifest names, a
-//! commit's manifest and parents).
+//! Receiving a pack stream (`docs/FORMAT.md`): every frame checked against what was asked for
+//! (a fetch's plan: only planned objects, each once, none larger than planned), every record
+//! checked against what its bytes can hold before memory is taken for it and written to its
+//! file as it arrives (a tensor's record is never held whole), decoded a window at a time and
+//! re-hashed against its id, and published in index transactions that check what it depends on
+//! (bases, the tensors a manifest names, a commit's manifest and parents). A pack refused
+//! half-way leaves the repository as it was: what it wrote and indexed is removed again.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Read;
+use std::io::{Read, Write};
 
 use mdl_codec::CodecTag;
-use mdl_format::record::{RecordHeader, Trailer, TRAILER_LEN};
-use mdl_format::{Commit, Manifest, ObjectId, ObjectKind, Timestamp};
-use mdl_store::meta::MetaWrite;
-use mdl_store::{CommitSummary, Expired, IndexEntry, ObjectBatch, StoreError};
+use mdl_format::record::{RecordHeader, Trailer, MAX_HEADER_LEN, MAX_META_CONTENT, TRAILER_LEN};
+use mdl_format::{ObjectId, ObjectKind, TensorHeader, Timestamp};
+use mdl_store::{Expired, IndexEntry, ObjectBatch, StoreError};
 
 use super::pack::{EXPIRED_FRAME, MAX_RULE_LEN};
+use super::publish::{index_tensor, publish_tail, publish_tensors};
 use super::toc::{Frame, FrameRecord};
-use super::{Received, PACK_MAGIC};
-use crate::{per_tensor, Error, Repository, Result};
+use super::{bad_pack, Added, PlannedObject, Received, PACK_MAGIC};
+use crate::{Error, Repository, Result};
 
 /// A received pack may decode to at most this many times the bytes received…
 const MAX_EXPANSION: u64 = 4096;
 /// …or this much, whichever is more: enough for any real checkpoint (whose tensors compress a
 /// few times at most) and for tensors of constants, not for a few bytes that claim gigabytes.
 const MIN_DECODE_ALLOWANCE: u64 = 256 << 20;
+/// Expired frames a pack that was not planned may hold: each is kept until the end (a few
+/// hundred bytes), so their number is bounded like any other memory a sender can make us take.
+const MAX_EXPIRED_FRAMES: usize = 1 << 20;
+/// Longest manifest or commit record: the longest content one may claim, stored raw.
+const MAX_META_RECORD: u64 = MAX_META_CONTENT + MAX_HEADER_LEN as u64 + TRAILER_LEN as u64;
+/// Bytes of a frame read at a time.
+const PIECE: usize = 1 << 20;
 
 /// Reads the rest of an expired frame; with its length.
 fn read_expired(r: &mut dyn Read, id: &ObjectId) -> Result<(Expired, u64)> {
@@ -60,20 +70,53 @@ pub struct Receipt {
     pub received: Received,
     /// Its frames.
     pub frames: Vec<Frame>,
+    /// What it added, to be taken out again if the transfer is refused later.
+    pub added: Added,
 }
 
-/// Why a pack was refused.
-fn bad_pack(why: impl Into<String>) -> Error {
-    Error::BadTransfer(why.into())
+impl Receipt {
+    /// Adds another pack's receipt.
+    pub fn extend(&mut self, other: Receipt) {
+        self.received.add(other.received);
+        self.frames.extend(other.frames);
+        self.added.extend(other.added);
+    }
+}
+
+/// What a pack may hold.
+#[derive(Clone, Copy, Debug)]
+pub enum Expect<'a> {
+    /// Any objects, each record at most this many bytes: a push a server receives, a copy
+    /// between repositories this process opened.
+    Any {
+        /// Longest record accepted.
+        max_record: u64,
+    },
+    /// Only these objects, each at most once, none longer than planned (an expired frame
+    /// stands for any of them): what a fetch asked a server for. A record longer than its plan
+    /// is [`Error::PlanChanged`] (the sender re-encoded it after planning: plan again).
+    Planned(&'a [PlannedObject]),
 }
 
 /// Reads a pack stream from `r` and stores its objects, verifying every one (checksum, and
 /// the content re-hashed against its id), and that every commit's manifest, tensors and
 /// parents are present. Records longer than `max_record` are refused.
-#[tracing::instrument(name = "transfer.receive_pack", skip_all)]
 pub fn receive_pack(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Receipt> {
+    receive_expected(repo, r, Expect::Any { max_record })
+}
+
+/// [`receive_pack`] of a pack that may hold only what `expect` says. A pack refused for any
+/// reason leaves the repository as it was: the records it wrote are removed, those it indexed
+/// taken out of the index again (the caller holds the writer, so nothing else can have come
+/// to use them).
+#[tracing::instrument(name = "transfer.receive_pack", skip_all)]
+pub fn receive_expected(
+    repo: &Repository,
+    r: &mut dyn Read,
+    expect: Expect<'_>,
+) -> Result<Receipt> {
     // A record or object that fails verification is the sender's fault, not damage here.
-    receive(repo, r, max_record).map_err(|e| match e {
+    receive(repo, r, expect).map_err(|e| match e {
         Error::Store(StoreError::Corrupt { .. }) | Error::Corrupt { .. } => {
             Error::BadTransfer(e.to_string())
         }
@@ -161,10 +204,12 @@ pub fn receive_indexed(repo: &Repository, frames: &[Frame], tail: &[Vec<u8>]) ->
         stream.extend_from_slice(body);
     }
     stream.extend_from_slice(&[0u8; 40]);
-    received.add(receive_pack(repo, &mut stream.as_slice(), u64::MAX)?.received);
+    let rest = receive_pack(repo, &mut stream.as_slice(), u64::MAX)?;
+    received.add(rest.received);
     Ok(Receipt {
         received,
         frames: frames.to_vec(),
+        added: rest.added,
     })
 }
 
@@ -172,6 +217,10 @@ pub fn receive_indexed(repo: &Repository, frames: &[Frame], tail: &[Vec<u8>]) ->
 struct Receiving<'r> {
     repo: &'r Repository,
     batch: ObjectBatch<'r>,
+    /// What may still arrive: the planned objects not yet received (`None`: anything, records
+    /// up to `max_record` bytes).
+    planned: Option<HashMap<ObjectId, PlannedObject>>,
+    max_record: u64,
     /// Bytes read so far, and what the tensors among them decode to (their claims, checked
     /// against their headers before anything is decoded).
     read_bytes: u64,
@@ -194,15 +243,21 @@ enum Head {
     Frame(ObjectId, u64),
 }
 
-fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Receipt> {
+fn receive(repo: &Repository, r: &mut dyn Read, expect: Expect<'_>) -> Result<Receipt> {
     let mut magic = [0u8; 8];
     read_exact(r, &mut magic)?;
     if &magic != PACK_MAGIC {
         return Err(bad_pack("not an mdl pack stream"));
     }
+    let (planned, max_record) = match expect {
+        Expect::Any { max_record } => (None, max_record),
+        Expect::Planned(plan) => (Some(plan.iter().map(|p| (p.id, *p)).collect()), u64::MAX),
+    };
     let mut rx = Receiving {
         repo,
         batch: repo.store().batch(),
+        planned,
+        max_record,
         read_bytes: PACK_MAGIC.len() as u64,
         decoded: 0,
         layer: Vec::new(),
@@ -212,21 +267,29 @@ fn receive(repo: &Repository, r: &mut dyn Read, max_record: u64) -> Result<Recei
         expired: HashMap::new(),
         receipt: Receipt::default(),
     };
-    while let Head::Frame(id, len) = rx.head(r)? {
-        if len == EXPIRED_FRAME {
-            rx.expired_frame(r, id)?;
-        } else if len > max_record {
-            return Err(bad_pack(format!(
-                "record of {id} is {len} bytes, over the limit of {max_record}"
-            )));
-        } else {
-            rx.record(id, read_frame(r, len)?)?;
+    match rx.frames(r).and_then(|()| rx.publish()) {
+        Ok(()) => Ok(rx.receipt),
+        Err(e) => {
+            rx.roll_back();
+            Err(e)
         }
     }
-    rx.finish()
 }
 
 impl Receiving<'_> {
+    /// Reads every frame up to the pack's end.
+    fn frames(&mut self, r: &mut dyn Read) -> Result<()> {
+        while let Head::Frame(id, len) = self.head(r)? {
+            self.admit(&id, len)?;
+            if len == EXPIRED_FRAME {
+                self.expired_frame(r, id)?;
+            } else {
+                self.record(r, id, len)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Reads the next frame's head.
     fn head(&mut self, r: &mut dyn Read) -> Result<Head> {
         let mut head = [0u8; 40];
@@ -239,6 +302,38 @@ impl Receiving<'_> {
         } else {
             Head::Frame(id, len)
         })
+    }
+
+    /// Checks a frame's head against what may arrive, before anything of its body is read.
+    fn admit(&mut self, id: &ObjectId, len: u64) -> Result<()> {
+        let expired = len == EXPIRED_FRAME;
+        let Some(planned) = &mut self.planned else {
+            if expired && self.expired.len() >= MAX_EXPIRED_FRAMES {
+                return Err(bad_pack(format!(
+                    "more than {MAX_EXPIRED_FRAMES} expired frames"
+                )));
+            }
+            if !expired && len > self.max_record {
+                return Err(bad_pack(format!(
+                    "record of {id} is {len} bytes, over the limit of {}",
+                    self.max_record
+                )));
+            }
+            return Ok(());
+        };
+        let Some(plan) = planned.remove(id) else {
+            return Err(bad_pack(format!(
+                "the pack sends {id}, which was not asked for or was sent before"
+            )));
+        };
+        if !expired && len > plan.size {
+            return Err(Error::PlanChanged {
+                id: *id,
+                planned: plan.size,
+                sent: len,
+            });
+        }
+        Ok(())
     }
 
     /// An expired tensor's frame: kept until a received manifest names it.
@@ -255,9 +350,116 @@ impl Receiving<'_> {
         Ok(())
     }
 
-    /// A record's frame: parsed, its claims checked, and unless the repository has it, written
-    /// into the batch (verified when its layer or the tail is published).
-    fn record(&mut self, id: ObjectId, record: Vec<u8>) -> Result<()> {
+    /// A record's frame of `len` bytes: its header read and checked, then, unless the
+    /// repository has it, written into the batch (verified when its layer or the tail is
+    /// published) — a tensor's as it arrives, a manifest's or commit's (bounded) whole.
+    fn record(&mut self, r: &mut dyn Read, id: ObjectId, len: u64) -> Result<()> {
+        if len < TRAILER_LEN as u64 + 4 {
+            return Err(bad_pack(format!("record of {id} is too short")));
+        }
+        let first = (len - TRAILER_LEN as u64).min(MAX_HEADER_LEN as u64) as usize;
+        let mut head = vec![0u8; first];
+        read_exact(r, &mut head)?;
+        let (header, header_len) = RecordHeader::decode(&head).map_err(corrupt(&id))?;
+        if header.kind != ObjectKind::Tensor {
+            if len > MAX_META_RECORD {
+                return Err(bad_pack(format!(
+                    "{} record of {id} is {len} bytes, over the limit of {MAX_META_RECORD}",
+                    header.kind
+                )));
+            }
+            let rest = read_frame(r, len - first as u64)?;
+            head.extend_from_slice(&rest);
+            return self.whole_record(id, head);
+        }
+        let payload_len = len - (header_len + TRAILER_LEN) as u64;
+        let content_len = TensorHeader::from_canonical(&header.prefix)
+            .ok()
+            .and_then(|t| t.data_len())
+            .ok_or_else(|| bad_pack(format!("{id}: a tensor record without a tensor header")))?;
+        self.receipt.frames.push(Frame {
+            id,
+            offset: self.read_bytes,
+            len,
+            record: Some(FrameRecord {
+                kind: header.kind,
+                codec: header.codec,
+                base: header.base,
+                content_len,
+            }),
+        });
+        self.read_bytes += len;
+        let store = self.repo.store();
+        if self.pending.contains(&id) || store.meta().read()?.object(&id)?.is_some() {
+            return skip(r, len - first as u64);
+        }
+        self.claim(content_len)?;
+        let depth = self.depth(&id, &header)?;
+        // What went wrong with the sender's bytes, as opposed to writing them here.
+        let mut refused: Option<Error> = None;
+        let put = self.batch.put_record_with(
+            &id,
+            &header,
+            content_len,
+            depth,
+            &mut |w: &mut dyn Write| {
+                let mut crc = crc32fast::Hasher::new();
+                crc.update(&head);
+                w.write_all(&head[header_len..])?;
+                let mut left = payload_len - (first - header_len) as u64;
+                let mut buf = vec![0u8; PIECE.min(left as usize)];
+                while left > 0 {
+                    let n = PIECE.min(left as usize);
+                    if let Err(e) = read_exact(r, &mut buf[..n]) {
+                        refused = Some(e);
+                        return Err(std::io::Error::other("the pack stream failed"));
+                    }
+                    crc.update(&buf[..n]);
+                    w.write_all(&buf[..n])?;
+                    left -= n as u64;
+                }
+                let mut trailer = [0u8; TRAILER_LEN];
+                if let Err(e) = read_exact(r, &mut trailer) {
+                    refused = Some(e);
+                    return Err(std::io::Error::other("the pack stream failed"));
+                }
+                crc.update(&trailer[..TRAILER_LEN - 4]);
+                let why = match Trailer::decode(&trailer) {
+                    Err(e) => Some(e.to_string()),
+                    Ok(t) if t.content_len != content_len => Some(
+                        mdl_format::record::check_content_len(&header, payload_len, t.content_len)
+                            .err()
+                            .map_or_else(
+                                || "its trailer disagrees with its header".into(),
+                                |e| e.to_string(),
+                            ),
+                    ),
+                    Ok(t) if t.payload_len != payload_len => {
+                        Some("its trailer disagrees with its length".to_string())
+                    }
+                    Ok(_) if crc.finalize().to_le_bytes() != trailer[TRAILER_LEN - 4..] => {
+                        Some("checksum mismatch".to_string())
+                    }
+                    Ok(_) => None,
+                };
+                if let Some(why) = why {
+                    refused = Some(bad_pack(format!("record of {id}: {why}")));
+                    return Err(std::io::Error::other("refused"));
+                }
+                Ok(())
+            },
+        );
+        let put = match (put, refused) {
+            (_, Some(e)) => return Err(e),
+            (put, None) => put?,
+        };
+        self.stored(id, len, put);
+        Ok(())
+    }
+
+    /// A manifest's or commit's whole record: parsed, its claims checked, and unless the
+    /// repository has it, written into the batch (verified when the tail is published).
+    fn whole_record(&mut self, id: ObjectId, record: Vec<u8>) -> Result<()> {
         let len = record.len() as u64;
         let (header, payload_len, content_len) = parse_record(&id, &record)?;
         self.receipt.frames.push(Frame {
@@ -278,13 +480,22 @@ impl Receiving<'_> {
         }
         mdl_format::record::check_content_len(&header, payload_len, content_len)
             .map_err(|e| bad_pack(format!("{id}: {e}")))?;
+        if header.base.is_some() {
+            return Err(bad_pack(format!("{id}: only tensors may be deltas")));
+        }
         self.claim(content_len)?;
-        let depth = self.depth(&id, &header)?;
-        let put = self.batch.put_record(&id, &record, depth)?;
+        let put = self.batch.put_record(&id, &record, 0)?;
+        self.stored(id, len, put);
+        Ok(())
+    }
+
+    /// Notes a record written into the batch.
+    fn stored(&mut self, id: ObjectId, len: u64, put: mdl_store::PutOutcome) {
         let received = &mut self.receipt.received;
         received.objects += 1;
         received.bytes += len;
         self.pending.insert(id);
+        self.receipt.added.records.push((id, put.entry.generation));
         match put.entry.kind {
             ObjectKind::Tensor => {
                 self.in_layer.insert(id);
@@ -292,7 +503,6 @@ impl Receiving<'_> {
             }
             _ => self.tail.push((id, put.entry)),
         }
-        Ok(())
     }
 
     /// Counts `content_len` more decoded bytes; refused past what the bytes read so far may
@@ -315,16 +525,12 @@ impl Receiving<'_> {
         let Some(base) = header.base else {
             return Ok(0);
         };
-        if header.kind != ObjectKind::Tensor {
-            return Err(bad_pack(format!("{id}: only tensors may be deltas")));
-        }
-        let store = self.repo.store();
         if self.in_layer.contains(&base) {
-            let full = std::mem::replace(&mut self.batch, store.batch());
-            publish_tensors(self.repo, full, &mut self.layer)?;
-            self.in_layer.clear();
+            self.publish_layer()?;
         }
-        let base_entry = store
+        let base_entry = self
+            .repo
+            .store()
             .meta()
             .read()?
             .object(&base)?
@@ -335,34 +541,67 @@ impl Receiving<'_> {
         Ok(base_entry.depth + 1)
     }
 
+    /// Publishes the current layer of tensors, starting a new batch.
+    fn publish_layer(&mut self) -> Result<()> {
+        let full = std::mem::replace(&mut self.batch, self.repo.store().batch());
+        let unexpired = publish_tensors(self.repo, full, &mut self.layer)?;
+        self.receipt.added.unexpired.extend(unexpired);
+        self.in_layer.clear();
+        Ok(())
+    }
+
     /// Publishes the last layer of tensors, then the manifests and commits.
-    fn finish(mut self) -> Result<Receipt> {
-        publish_tensors(self.repo, self.batch, &mut self.layer)?;
+    fn publish(&mut self) -> Result<()> {
+        self.publish_layer()?;
+        let (commits, expired) = publish_tail(self.repo, &self.tail, &self.expired)?;
         let received = &mut self.receipt.received;
-        (received.commits, received.expired) = publish_tail(self.repo, &self.tail, &self.expired)?;
+        received.expired = expired.len() as u64;
+        received.commits = commits.clone();
+        self.receipt.added.commits = commits;
+        self.receipt.added.expired = expired;
         tracing::info!(
             objects = received.objects,
             bytes = received.bytes,
             "received"
         );
-        Ok(self.receipt)
+        Ok(())
+    }
+
+    /// Undoes what a refused pack did ([`Added::undo`]).
+    fn roll_back(self) {
+        let Receiving {
+            repo,
+            batch,
+            receipt,
+            ..
+        } = self;
+        // No fsync may still run on a record once it is removed.
+        drop(batch);
+        receipt.added.undo(repo);
+    }
+}
+
+/// A corrupt received record, named.
+fn corrupt(id: &ObjectId) -> impl Fn(mdl_format::FormatError) -> Error + '_ {
+    move |source| {
+        StoreError::Corrupt {
+            id: *id,
+            kind: "received",
+            source,
+        }
+        .into()
     }
 }
 
 /// A record's header, its payload's length and the length its trailer says it decodes to.
 fn parse_record(id: &ObjectId, record: &[u8]) -> Result<(RecordHeader, u64, u64)> {
-    let corrupt = |source| StoreError::Corrupt {
-        id: *id,
-        kind: "received",
-        source,
-    };
-    let (header, header_len) = RecordHeader::decode(record).map_err(corrupt)?;
+    let (header, header_len) = RecordHeader::decode(record).map_err(corrupt(id))?;
     let trailer = record
         .len()
         .checked_sub(TRAILER_LEN)
         .map(|at| Trailer::decode(&record[at..]))
         .ok_or_else(|| bad_pack(format!("record of {id} is too short")))?
-        .map_err(corrupt)?;
+        .map_err(corrupt(id))?;
     let payload_len = record.len().saturating_sub(header_len + TRAILER_LEN) as u64;
     Ok((header, payload_len, trailer.content_len))
 }
@@ -385,6 +624,19 @@ fn read_frame(r: &mut dyn Read, len: u64) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// Reads and drops `len` bytes (a record the repository already has).
+fn skip(r: &mut dyn Read, len: u64) -> Result<()> {
+    let copied =
+        std::io::copy(&mut r.take(len), &mut std::io::sink()).map_err(|e| Error::Input {
+            path: "<transfer>".into(),
+            source: e,
+        })?;
+    if copied < len {
+        return Err(bad_pack("pack stream ends early"));
+    }
+    Ok(())
+}
+
 fn read_exact(r: &mut dyn Read, buf: &mut [u8]) -> Result<()> {
     r.read_exact(buf).map_err(|e| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => bad_pack("pack stream ends early"),
@@ -393,160 +645,4 @@ fn read_exact(r: &mut dyn Read, buf: &mut [u8]) -> Result<()> {
             source: e,
         },
     })
-}
-
-/// Verifies a layer of written tensor records by decoding them, then indexes them.
-fn publish_tensors(
-    repo: &Repository,
-    batch: mdl_store::ObjectBatch<'_>,
-    layer: &mut Vec<(ObjectId, IndexEntry)>,
-) -> Result<()> {
-    batch.finish()?;
-    if layer.is_empty() {
-        return Ok(());
-    }
-    let store = repo.store();
-    // Verified in batches that fit the process's decode budget (a server shares it among its
-    // requests; a batch is reserved whole before it decodes).
-    let cap = mdl_store::budget::limit().min(1 << 30);
-    let mut start = 0;
-    while start < layer.len() {
-        let (mut end, mut cost) = (start, 0u64);
-        while end < layer.len() {
-            let c = mdl_store::budget::decode_cost(&layer[end].1);
-            if end > start && cost.saturating_add(c) > cap {
-                break;
-            }
-            cost = cost.saturating_add(c);
-            end += 1;
-        }
-        let _held = mdl_store::budget::reserve(cost);
-        per_tensor(
-            &layer[start..end],
-            |(_, e)| e.content_len,
-            |(id, e)| {
-                store.load_tensor(id, e)?;
-                Ok(())
-            },
-        )?;
-        start = end;
-    }
-    // Checked inside the write transaction: no deletion can commit between check and publish.
-    let mut w = store.meta().write()?;
-    for (id, e) in layer.iter() {
-        if let Some(base) = &e.base {
-            if w.object(base)?.is_none() {
-                return Err(Error::Incomplete(format!(
-                    "delta base {base} of tensor {id}"
-                )));
-            }
-        }
-    }
-    for (id, e) in layer.iter() {
-        index_tensor(&mut w, id, e)?;
-    }
-    w.commit_txn()?;
-    layer.clear();
-    Ok(())
-}
-
-/// Names a tensor's record in the index, as a dependent of its base.
-fn index_tensor(w: &mut MetaWrite<'_>, id: &ObjectId, e: &IndexEntry) -> Result<()> {
-    w.put_object(id, e)?;
-    if let Some(base) = &e.base {
-        w.add_dependent(base, id)?;
-    }
-    // Stored again: no longer expired here.
-    if w.expired(id)?.is_some() {
-        w.remove_expired(id)?;
-    }
-    Ok(())
-}
-
-/// Verifies the received manifests and commits and what they name, then indexes them all in
-/// one transaction, with the expiry of the tensors `expired` lists that a received manifest
-/// names. Returns the commits and how many tensors were recorded as expired.
-fn publish_tail(
-    repo: &Repository,
-    tail: &[(ObjectId, IndexEntry)],
-    expired: &HashMap<ObjectId, Expired>,
-) -> Result<(Vec<ObjectId>, u64)> {
-    if tail.is_empty() {
-        return Ok((Vec::new(), 0));
-    }
-    let store = repo.store();
-    // Everything below is checked while this write transaction is open: redb has one writer,
-    // so no deletion (gc) can commit between the checks and the publishing.
-    let mut w = store.meta().write()?;
-    let meta = store.meta().read()?;
-    let incoming: HashMap<ObjectId, ObjectKind> = tail.iter().map(|(i, e)| (*i, e.kind)).collect();
-    let present = |id: &ObjectId, kind: ObjectKind| -> Result<bool> {
-        Ok(incoming.get(id) == Some(&kind) || meta.object(id)?.is_some_and(|e| e.kind == kind))
-    };
-    let mut commits = Vec::new();
-    let mut newly_expired: Vec<(ObjectId, &Expired)> = Vec::new();
-    for (id, entry) in tail {
-        let mut bytes = Vec::new();
-        bytes
-            .try_reserve_exact(entry.content_len as usize)
-            .map_err(|_| StoreError::OutOfMemory(entry.content_len))?;
-        store.read_object(id, entry, &mut bytes)?;
-        let corrupt = |source| Error::Corrupt { id: *id, source };
-        match entry.kind {
-            ObjectKind::Manifest => {
-                let manifest = Manifest::decode(&bytes).map_err(corrupt)?;
-                for (object, header) in manifest.objects() {
-                    if present(&object, ObjectKind::Tensor)? || meta.expired(&object)?.is_some() {
-                        continue;
-                    }
-                    match expired.get(&object) {
-                        Some(x) if Some(x.content_len) == header.data_len() => {
-                            newly_expired.push((object, x));
-                        }
-                        Some(_) => {
-                            return Err(bad_pack(format!(
-                                "expired tensor {object} has the wrong size"
-                            )))
-                        }
-                        None => {
-                            return Err(Error::Incomplete(format!(
-                                "object {object} of manifest {id}"
-                            )))
-                        }
-                    }
-                }
-            }
-            ObjectKind::Commit => {
-                let commit = Commit::decode(&bytes).map_err(corrupt)?;
-                if !present(&commit.manifest, ObjectKind::Manifest)? {
-                    return Err(Error::Incomplete(format!(
-                        "manifest {} of commit {id}",
-                        commit.manifest
-                    )));
-                }
-                for p in &commit.parents {
-                    if !present(p, ObjectKind::Commit)? {
-                        return Err(Error::Incomplete(format!("parent {p} of commit {id}")));
-                    }
-                }
-                commits.push((*id, commit));
-            }
-            ObjectKind::Tensor => unreachable!("tensors are published in layers"),
-        }
-    }
-    drop(meta);
-    for (id, e) in tail {
-        w.put_object(id, e)?;
-    }
-    for (id, c) in &commits {
-        w.put_commit(id, &CommitSummary::of(c))?;
-    }
-    newly_expired.sort_by_key(|(id, _)| *id);
-    newly_expired.dedup_by_key(|(id, _)| *id);
-    for (id, x) in &newly_expired {
-        w.put_expired(id, x)?;
-    }
-    w.commit_txn()?;
-    let ids = commits.into_iter().map(|(id, _)| id).collect();
-    Ok((ids, newly_expired.len() as u64))
 }

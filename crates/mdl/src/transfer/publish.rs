@@ -1,0 +1,176 @@
+//! Publishing what a received pack wrote: each layer of tensor records verified by decoding it
+//! a window at a time, then indexed; the manifests and commits checked against everything they
+//! name, then indexed in one transaction.
+
+use std::collections::HashMap;
+
+use mdl_format::{Commit, Manifest, ObjectId, ObjectKind};
+use mdl_store::meta::MetaWrite;
+use mdl_store::{CommitSummary, Expired, IndexEntry, StoreError};
+
+use super::bad_pack;
+use crate::{per_tensor, Error, Repository, Result};
+
+/// Verifies a layer of written tensor records by decoding them a window at a time, then
+/// indexes them. The records of expiry that indexing them replaced, for a roll-back.
+pub(super) fn publish_tensors(
+    repo: &Repository,
+    batch: mdl_store::ObjectBatch<'_>,
+    layer: &mut Vec<(ObjectId, IndexEntry)>,
+) -> Result<Vec<(ObjectId, Expired)>> {
+    batch.finish()?;
+    if layer.is_empty() {
+        return Ok(Vec::new());
+    }
+    let store = repo.store();
+    // Verified in batches that fit the process's decode budget (a server shares it among its
+    // requests; a batch is reserved whole before it decodes).
+    let cap = mdl_store::budget::limit().min(1 << 30);
+    let mut start = 0;
+    while start < layer.len() {
+        let (mut end, mut cost) = (start, 0u64);
+        while end < layer.len() {
+            let c = mdl_store::windowed_cost(&layer[end].1);
+            if end > start && cost.saturating_add(c) > cap {
+                break;
+            }
+            cost = cost.saturating_add(c);
+            end += 1;
+        }
+        let _held = mdl_store::budget::reserve(cost);
+        per_tensor(
+            &layer[start..end],
+            |(_, e)| e.content_len,
+            |(id, e)| {
+                store.read_object(id, e, &mut std::io::sink())?;
+                Ok(())
+            },
+        )?;
+        start = end;
+    }
+    // Checked inside the write transaction: no deletion can commit between check and publish.
+    let mut w = store.meta().write()?;
+    for (id, e) in layer.iter() {
+        if let Some(base) = &e.base {
+            if w.object(base)?.is_none() {
+                return Err(Error::Incomplete(format!(
+                    "delta base {base} of tensor {id}"
+                )));
+            }
+        }
+    }
+    let mut unexpired = Vec::new();
+    for (id, e) in layer.iter() {
+        unexpired.extend(index_tensor(&mut w, id, e)?.map(|x| (*id, x)));
+    }
+    w.commit_txn()?;
+    layer.clear();
+    Ok(unexpired)
+}
+
+/// Names a tensor's record in the index, as a dependent of its base; the record of its expiry
+/// it replaces, if any.
+pub(super) fn index_tensor(
+    w: &mut MetaWrite<'_>,
+    id: &ObjectId,
+    e: &IndexEntry,
+) -> Result<Option<Expired>> {
+    w.put_object(id, e)?;
+    if let Some(base) = &e.base {
+        w.add_dependent(base, id)?;
+    }
+    // Stored again: no longer expired here.
+    let expired = w.expired(id)?;
+    if expired.is_some() {
+        w.remove_expired(id)?;
+    }
+    Ok(expired)
+}
+
+/// Verifies the received manifests and commits and what they name, then indexes them all in
+/// one transaction, with the expiry of the tensors `expired` lists that a received manifest
+/// names. Returns the commits and the tensors recorded as expired.
+pub(super) fn publish_tail(
+    repo: &Repository,
+    tail: &[(ObjectId, IndexEntry)],
+    expired: &HashMap<ObjectId, Expired>,
+) -> Result<(Vec<ObjectId>, Vec<ObjectId>)> {
+    if tail.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let store = repo.store();
+    // Everything below is checked while this write transaction is open: redb has one writer,
+    // so no deletion (gc) can commit between the checks and the publishing.
+    let mut w = store.meta().write()?;
+    let meta = store.meta().read()?;
+    let incoming: HashMap<ObjectId, ObjectKind> = tail.iter().map(|(i, e)| (*i, e.kind)).collect();
+    let present = |id: &ObjectId, kind: ObjectKind| -> Result<bool> {
+        Ok(incoming.get(id) == Some(&kind) || meta.object(id)?.is_some_and(|e| e.kind == kind))
+    };
+    let mut commits = Vec::new();
+    let mut newly_expired: Vec<(ObjectId, &Expired)> = Vec::new();
+    for (id, entry) in tail {
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(entry.content_len as usize)
+            .map_err(|_| StoreError::OutOfMemory(entry.content_len))?;
+        store.read_object(id, entry, &mut bytes)?;
+        let corrupt = |source| Error::Corrupt { id: *id, source };
+        match entry.kind {
+            ObjectKind::Manifest => {
+                let manifest = Manifest::decode(&bytes).map_err(corrupt)?;
+                for (object, header) in manifest.objects() {
+                    if present(&object, ObjectKind::Tensor)? || meta.expired(&object)?.is_some() {
+                        continue;
+                    }
+                    match expired.get(&object) {
+                        Some(x) if Some(x.content_len) == header.data_len() => {
+                            newly_expired.push((object, x));
+                        }
+                        Some(_) => {
+                            return Err(bad_pack(format!(
+                                "expired tensor {object} has the wrong size"
+                            )))
+                        }
+                        None => {
+                            return Err(Error::Incomplete(format!(
+                                "object {object} of manifest {id}"
+                            )))
+                        }
+                    }
+                }
+            }
+            ObjectKind::Commit => {
+                let commit = Commit::decode(&bytes).map_err(corrupt)?;
+                if !present(&commit.manifest, ObjectKind::Manifest)? {
+                    return Err(Error::Incomplete(format!(
+                        "manifest {} of commit {id}",
+                        commit.manifest
+                    )));
+                }
+                for p in &commit.parents {
+                    if !present(p, ObjectKind::Commit)? {
+                        return Err(Error::Incomplete(format!("parent {p} of commit {id}")));
+                    }
+                }
+                commits.push((*id, commit));
+            }
+            ObjectKind::Tensor => unreachable!("tensors are published in layers"),
+        }
+    }
+    drop(meta);
+    for (id, e) in tail {
+        w.put_object(id, e)?;
+    }
+    for (id, c) in &commits {
+        w.put_commit(id, &CommitSummary::of(c))?;
+    }
+    newly_expired.sort_by_key(|(id, _)| *id);
+    newly_expired.dedup_by_key(|(id, _)| *id);
+    for (id, x) in &newly_expired {
+        w.put_expired(id, x)?;
+    }
+    w.commit_txn()?;
+    let ids = commits.into_iter().map(|(id, _)| id).collect();
+    Ok((ids, newly_expired.into_iter().map(|(id, _)| id).collect()))
+}

@@ -1,0 +1,327 @@
+//! The client against a hostile peer: every answer mode of `peer_proxy` run against `clone`,
+//! `fetch`, `pull` and a remote `checkout` (the Python package's are in
+//! tests/python/test_hostile.py). Each case asserts that nothing was written outside the
+//! target (a sentinel tree around it is compared before and after), that the local
+//! repository's refs and record files are as they were, that the command ended well within its
+//! deadlines with one clear line and a failing exit code, and that its peak resident memory
+//! stayed under the client's stated budget (docs/RELIABILITY.md).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::hostile_modes::{modes, Cmd, Mode};
+use crate::peer_proxy::Proxy;
+use crate::server::{Server, READ};
+use crate::util::*;
+
+/// The client's peak resident memory in any case, in KiB (docs/RELIABILITY.md states it).
+const BUDGET_KIB: i64 = 512 << 10;
+/// How long any case may take: its deadlines are a few seconds here (`env` below).
+const CASE_LIMIT: Duration = Duration::from_secs(45);
+
+fn env(cmd: &mut Command) -> &mut Command {
+    cmd.env("MDL_REMOTE_CONNECT_TIMEOUT", "3")
+        .env("MDL_REMOTE_IDLE_TIMEOUT", "2")
+        .env("MDL_REMOTE_REQUEST_TIMEOUT", "4")
+        .env("MDL_AUTHOR", "tester")
+        .env("MDL_TOKEN", READ)
+}
+
+// --- The honest repository, and one case --------------------------------------------------
+
+/// `DIR/srv`: two commits of a tree with a folder (`config.json`, `ck/model.safetensors`,
+/// `ck/notes.txt`), an annotated tag, a second branch.
+fn honest_repository(dir: &Path) -> std::path::PathBuf {
+    let repo = dir.join("srv");
+    ok(dir, &["init", "srv"]);
+    let tree = dir.join("tree");
+    std::fs::create_dir_all(tree.join("ck")).unwrap();
+    for step in 1..=2u64 {
+        std::fs::write(tree.join("config.json"), format!("{{\"step\": {step}}}")).unwrap();
+        std::fs::write(tree.join("ck/notes.txt"), "notes ".repeat(1000)).unwrap();
+        write_safetensors(
+            &tree.join("ck/model.safetensors"),
+            &[
+                tensor("w", "F32", &[64, 64], step),
+                tensor("b", "F32", &[512], step + 7),
+            ],
+            &[],
+        );
+        ok(&repo, &["commit", "-m", "step", tree.to_str().unwrap()]);
+        if step == 1 {
+            ok(&repo, &["tag", "v1", "-m", "first"]);
+            ok(&repo, &["branch", "exp"]);
+        }
+    }
+    ok(&repo, &["maintenance"]);
+    repo
+}
+
+/// Every file under `root` (but `skip`), with its bytes' hash and mode.
+fn tree_of(root: &Path, skip: Option<&Path>) -> BTreeMap<String, (String, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if Some(p.as_path()) == skip {
+                continue;
+            }
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            if m.is_dir() {
+                stack.push(p);
+                out.insert(rel, (String::from("dir"), m.permissions().mode()));
+            } else {
+                let bytes = if m.file_type().is_symlink() {
+                    std::fs::read_link(&p)
+                        .unwrap()
+                        .display()
+                        .to_string()
+                        .into_bytes()
+                } else {
+                    std::fs::read(&p).unwrap()
+                };
+                let hash = mdl_format::ObjectId::hash(&bytes).to_hex();
+                out.insert(rel, (hash, m.permissions().mode()));
+            }
+        }
+    }
+    out
+}
+
+/// What a local repository holds that a refused transfer must leave as it was: its refs and
+/// history, and its record files (the folders they fan out into may stay).
+fn repository_state(repo: &Path) -> String {
+    let records: Vec<String> = tree_of(&repo.join(".mdl/objects"), None)
+        .into_iter()
+        .filter(|(_, (hash, _))| hash != "dir")
+        .map(|(name, _)| name)
+        .collect();
+    let branches = ok(repo, &["branch", "-a", "--json"]);
+    format!("{}{branches}{records:?}", state(repo))
+}
+
+/// Runs `mdl args` in `dir` with the test's deadlines; (exit code, stderr, wall time, peak
+/// resident KiB).
+fn run_measured(dir: &Path, args: &[&str]) -> (i32, String, Duration, i64) {
+    let started = Instant::now();
+    let mut child = env(Command::new(mdl_bin()).current_dir(dir).args(args))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+        s
+    });
+    // The peak resident memory of the command itself, sampled until it exits (what the
+    // process had before `exec` — the test's own memory — does not count).
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak = 0i64;
+    let status = loop {
+        if let Ok(text) = std::fs::read_to_string(&status_file) {
+            if let Some(hwm) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
+            {
+                peak = peak.max(hwm);
+            }
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > CASE_LIMIT * 2 {
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let code = status.code().unwrap_or(-1);
+    (code, reader.join().unwrap(), started.elapsed(), peak)
+}
+/// Runs `cmd` against the proxy in mode `m` and checks everything the module promises.
+fn case(m: &Mode, cmd: Cmd, proxy_url: &str) {
+    let world = tempfile::tempdir().unwrap();
+    let w = world.path();
+    std::fs::create_dir_all(w.join("outside")).unwrap();
+    std::fs::write(w.join("outside/sentinel.txt"), "keep me").unwrap();
+    std::fs::create_dir_all(w.join("work")).unwrap();
+    let local = w.join("work/local");
+    if matches!(cmd, Cmd::Fetch | Cmd::Pull) {
+        ok(w, &["init", local.to_str().unwrap()]);
+        std::fs::write(w.join("mine.txt"), "local work").unwrap();
+        ok(
+            &local,
+            &["commit", w.join("mine.txt").to_str().unwrap(), "-m", "mine"],
+        );
+        ok(&local, &["remote", "add", "evil", proxy_url]);
+    }
+    let before = tree_of(w, Some(&local.join(".mdl")));
+    let repo_before = local.exists().then(|| repository_state(&local));
+    let local_s = local.to_str().unwrap().to_string();
+    let clone_to = w.join("work/clone").display().to_string();
+    let out = w.join("work/out").display().to_string();
+    let args: Vec<&str> = match cmd {
+        Cmd::Clone => vec!["clone", proxy_url, &clone_to],
+        Cmd::Fetch => vec!["-C", &local_s, "fetch", "evil"],
+        Cmd::Pull => vec!["-C", &local_s, "pull", "evil", "exp"],
+        Cmd::Checkout => vec!["-C", proxy_url, "checkout", "main", "-o", &out],
+    };
+    let (code, stderr, took, peak) = run_measured(w, &args);
+    let what = format!("{} / {cmd:?}", m.name);
+    eprintln!("CASE {what}: {code} {took:?} {peak} KiB {}", stderr.trim());
+    assert_ne!(code, 0, "{what}: succeeded ({stderr})");
+    assert!(code > 0, "{what}: killed ({stderr})");
+    assert!(took < CASE_LIMIT, "{what}: took {took:?}");
+    assert!(peak < BUDGET_KIB, "{what}: peak resident {peak} KiB");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{what}: {stderr:?}");
+    assert!(lines[0].starts_with("error: "), "{what}: {stderr:?}");
+    assert!(
+        lines[0].contains(m.expect),
+        "{what}: {stderr:?} lacks {:?}",
+        m.expect
+    );
+    assert!(
+        !stderr.contains('\u{1b}') && !stderr.contains('\u{7}'),
+        "{what}: raw control characters in {stderr:?}"
+    );
+    assert_eq!(
+        tree_of(w, Some(&local.join(".mdl"))),
+        before,
+        "{what}: files changed around the target"
+    );
+    assert!(!Path::new("/tmp/mdl-hostile-PWNED").exists(), "{what}");
+    if let Some(repo_before) = repo_before {
+        assert_eq!(
+            repository_state(&local),
+            repo_before,
+            "{what}: repository changed"
+        );
+        assert_fsck_clean(&local);
+    }
+}
+
+/// Every mode that reaches one of `cmds`, against those commands, a few cases at a time (they
+/// mostly wait on deadlines).
+fn run_modes(cmds: &[Cmd]) {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = honest_repository(dir.path());
+    let server = Server::start(&["-C", repo.to_str().unwrap()], dir.path());
+    let cases: Vec<(Mode, Cmd)> = modes()
+        .into_iter()
+        .flat_map(|m| {
+            let reached: Vec<Cmd> = m
+                .cmds
+                .iter()
+                .copied()
+                .filter(|c| cmds.contains(c))
+                .collect();
+            reached.into_iter().map(move |c| (clone_mode(&m), c))
+        })
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..6 {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((m, cmd)) = cases.get(i) else { break };
+                let proxy = Proxy::start(&server.base, m.tamper);
+                case(m, *cmd, &format!("{}/srv", proxy.base));
+            });
+        }
+    });
+    server.stop();
+}
+
+fn clone_mode(m: &Mode) -> Mode {
+    Mode {
+        name: m.name,
+        tamper: m.tamper,
+        cmds: m.cmds,
+        expect: m.expect,
+    }
+}
+
+#[test]
+fn the_honest_proxy_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let repo = honest_repository(d);
+    let server = Server::start(&["-C", repo.to_str().unwrap()], d);
+    let proxy = Proxy::start(&server.base, |_, a| a);
+    let url = format!("{}/srv", proxy.base);
+    let out = d.join("out").display().to_string();
+    for args in [
+        &["clone", &url, "cloned"][..],
+        &["-C", &url, "checkout", "main", "-o", &out],
+    ] {
+        let (code, stderr, _, _) = run_measured(d, args);
+        assert_eq!(code, 0, "{args:?}: {stderr}");
+    }
+    assert_fsck_clean(&d.join("cloned"));
+    ok(
+        &repo,
+        &["checkout", "main", "-o", d.join("direct").to_str().unwrap()],
+    );
+    assert_eq!(
+        tree_of(&d.join("out"), None),
+        tree_of(&d.join("direct"), None)
+    );
+    server.stop();
+}
+
+#[test]
+fn hostile_answers_to_clone() {
+    run_modes(&[Cmd::Clone]);
+}
+
+#[test]
+fn hostile_answers_to_fetch_and_pull() {
+    run_modes(&[Cmd::Fetch, Cmd::Pull]);
+}
+
+#[test]
+fn hostile_answers_to_a_remote_checkout() {
+    run_modes(&[Cmd::Checkout]);
+}
+
+#[test]
+fn there_are_more_modes_than_the_audit_had() {
+    let modes = modes();
+    assert!(modes.len() >= 31, "{} modes", modes.len());
+    let names: std::collections::HashSet<&str> = modes.iter().map(|m| m.name).collect();
+    assert_eq!(names.len(), modes.len(), "a mode named twice");
+}
+
+#[test]
+fn a_symlink_in_the_output_is_never_written_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let repo = honest_repository(d);
+    let server = Server::start(&["-C", repo.to_str().unwrap()], d);
+    let url = format!("{}/srv", server.base);
+    std::fs::create_dir_all(d.join("outside")).unwrap();
+    std::fs::create_dir_all(d.join("out")).unwrap();
+    std::os::unix::fs::symlink(d.join("outside"), d.join("out/ck")).unwrap();
+    let around = |d: &Path| {
+        (
+            tree_of(&d.join("outside"), None),
+            tree_of(&d.join("out"), None),
+        )
+    };
+    let before = around(d);
+    let out = d.join("out").display().to_string();
+    let (code, stderr, _, _) =
+        run_measured(d, &["-C", &url, "checkout", "main", "-o", &out, "--force"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("a file or a symlink"), "{stderr}");
+    assert_eq!(around(d), before);
+    server.stop();
+}
