@@ -14,7 +14,11 @@ stored pieces. A save's commit holds one safetensors file per rank, ``part-NNNNN
 (NNNNN: the rank's place in DCP's plan; each tensor piece under its name, ``fqn@offsets`` for
 a shard that does not start at 0), ``part-NNNNN.bin`` for the non-tensor values DCP
 serializes, and ``.metadata``, DCP's own metadata (pickled, as torch's file system storage
-writes it: read checkpoints only from repositories you trust, as with ``torch.load``).
+writes it). Nothing read is executed: the reader unpickles ``.metadata`` admitting only DCP's
+metadata types, ``torch.Size``, dtypes, layouts, memory formats and plain containers, and
+checks every non-tensor value as ``torch.load(weights_only=True)`` does before DCP's planner
+sees it; anything else is refused naming its class (``torch.serialization.add_safe_globals``
+admits more, as for ``torch.load``).
 A shard is stored like any tensor: identical shards from different ranks are stored once,
 and a rank's shard is delta-coded against the same shard of the branch's previous save.
 
@@ -37,6 +41,8 @@ import os
 import pickle
 import uuid
 from typing import Any, Mapping, Union
+
+import torch
 
 from torch.distributed.checkpoint import Metadata, StorageReader, StorageWriter
 from torch.distributed.checkpoint.metadata import MetadataIndex
@@ -232,6 +238,74 @@ class Writer(StorageWriter):
         return False  # a Writer is always given explicitly
 
 
+# What a save's `.metadata` may name: DCP's metadata types, and the torch values and plain
+# containers they hold. Nothing else is looked up, so nothing else can run while it is read.
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+_ADMITTED = {
+    ("torch", "Size"),
+    # How torch pickles a layout: a lookup among torch's layouts by name.
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "slice"),
+    ("builtins", "complex"),
+    ("copyreg", "_reconstructor"),
+    ("builtins", "object"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata, refusing every global but the admitted ones."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        value = None
+        if "." in name:  # a dotted name reaches through attributes: never admitted
+            pass
+        elif module == _METADATA_MODULE or (module, name) in _ADMITTED:
+            value = super().find_class(module, name)
+        elif module == "torch":
+            found = getattr(torch, name, None)
+            if isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
+                value = found
+        if value is None or (module == _METADATA_MODULE and not isinstance(value, type)):
+            raise pickle.UnpicklingError(
+                f"{module}.{name} is not admitted in a DCP save's metadata (nothing read from a "
+                "repository is executed)"
+            )
+        return value
+
+
+def _metadata(data: bytes) -> Metadata:
+    """A save's ``.metadata``, read without executing anything (:class:`_MetadataUnpickler`)."""
+    try:
+        meta = _MetadataUnpickler(io.BytesIO(data)).load()
+    except pickle.UnpicklingError as e:
+        raise MdlError(f"refused .metadata: {e}") from None
+    except Exception as e:  # a damaged pickle: any of the unpickler's own errors
+        raise MdlError(f"refused .metadata: not a pickle of DCP metadata ({e})") from None
+    if not isinstance(meta, Metadata):
+        raise MdlError(f"refused .metadata: a {type(meta).__name__}, not DCP metadata")
+    return meta
+
+
+def _checked_bytes(path: str, data: bytes) -> io.BytesIO:
+    """A non-tensor value of a save, for DCP's planner (which unpickles it with ``torch.load``),
+    once ``torch.load(weights_only=True)`` has read it without refusing anything."""
+    try:
+        torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as e:
+        # torch's message is several paragraphs; the line naming what was refused says it.
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        why = next((line for line in lines if "GLOBAL" in line), lines[0] if lines else repr(e))
+        raise MdlError(
+            f"refused a value stored in {path}: {why} (values are read as "
+            "torch.load(weights_only=True) reads them; torch.serialization.add_safe_globals "
+            "admits more)"
+        ) from None
+    return io.BytesIO(data)
+
+
 class Reader(StorageReader):
     """A ``torch.distributed.checkpoint`` storage reader of a save committed by
     :class:`Writer`: commit ``rev`` of ``repo`` (a :class:`mdl.Repository` or its path).
@@ -256,7 +330,7 @@ class Reader(StorageReader):
             data = self._repo._native.read_file(self._commit, METADATA_FILE)
         except MdlError as e:
             raise MdlError(f"commit {self._commit[:12]} is not a DCP save ({e})") from None
-        return pickle.loads(bytes(data))
+        return _metadata(bytes(data))
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._stored = metadata.storage_data
@@ -281,7 +355,7 @@ class Reader(StorageReader):
                 if path not in blobs:
                     blobs[path] = self._repo._native.read_file(commit, path)
                 for req in reqs:
-                    planner.load_bytes(req, io.BytesIO(bytes(blobs[path][at : at + n])))
+                    planner.load_bytes(req, _checked_bytes(path, bytes(blobs[path][at : at + n])))
                 continue
             _, path, name = place
             ((dtype, shape, data),) = self._repo._native.read_tensors(commit, [(path, name)])

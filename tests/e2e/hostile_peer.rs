@@ -325,3 +325,71 @@ fn a_symlink_in_the_output_is_never_written_through() {
     assert_eq!(around(d), before);
     server.stop();
 }
+
+/// A clone waiting on a server that stalls, its stderr a pipe nobody reads any more: Ctrl-C
+/// still ends it at once, with 130, and removes its staging folder (the handler used to die
+/// printing "interrupted" to the closed pipe, and the process waited on).
+#[test]
+fn an_interrupt_ends_a_stalled_clone_whatever_stderr_is() {
+    use crate::peer_proxy::{Answer, Body, Route};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let repo = honest_repository(d);
+    let server = Server::start(&["-C", repo.to_str().unwrap()], d);
+    let proxy = Proxy::start(&server.base, |r, a| {
+        if r == Route::Pack {
+            Answer {
+                body: Body::Stall,
+                ..a
+            }
+        } else {
+            a
+        }
+    });
+    let work = d.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let mut child = Command::new(mdl_bin())
+        .current_dir(&work)
+        .args(["clone", &format!("{}/srv", proxy.base), "cloned"])
+        .env("MDL_TOKEN", READ)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let staging = |w: &Path| {
+        std::fs::read_dir(w)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().contains("mdl-clone"))
+    };
+    let started = Instant::now();
+    while !staging(&work) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no staging folder"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let interrupted = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if interrupted.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("mdl clone went on after SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(130));
+    assert!(!staging(&work), "the staging folder stayed");
+    assert!(!work.join("cloned").exists());
+    server.stop();
+}

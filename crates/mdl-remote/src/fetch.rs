@@ -52,9 +52,10 @@ pub fn fetch(
     Ok(outcome)
 }
 
-/// Checks the refs the peer at `url` sent, before anything is fetched: every name a branch or tag name git
-/// would take ([`transfer::check_ref_name`]), none twice, HEAD a valid branch name, a tag's
-/// tagger and message free of control characters. One bad name refuses the whole answer.
+/// Checks the refs the peer at `url` sent, before anything is fetched: every name a branch or
+/// tag name git would take ([`transfer::check_ref_name`]), none twice, HEAD a valid branch
+/// name, a tag's tagger and message free of control characters. One bad name refuses the
+/// whole answer.
 pub fn check_refs(url: &str, refs: &Refs) -> Result<()> {
     let refuse = |why: String| -> Error {
         mdl_client::Error::Answer {

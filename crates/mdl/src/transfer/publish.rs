@@ -11,8 +11,8 @@ use mdl_store::{CommitSummary, Expired, IndexEntry, StoreError};
 use super::bad_pack;
 use crate::{per_tensor, Error, Repository, Result};
 
-/// Verifies a layer of written tensor records by decoding them a window at a time, then
-/// indexes them. The records of expiry that indexing them replaced, for a roll-back.
+/// Verifies a layer of written tensor records by decoding them (a window at a time where that
+/// holds less), then indexes them. The records of expiry that indexing them replaced, for a roll-back.
 pub(super) fn publish_tensors(
     repo: &Repository,
     batch: mdl_store::ObjectBatch<'_>,
@@ -42,7 +42,13 @@ pub(super) fn publish_tensors(
             &layer[start..end],
             |(_, e)| e.content_len,
             |(id, e)| {
-                store.read_object(id, e, &mut std::io::sink())?;
+                // Whichever holds less: a window of every level of its chain, or the tensor
+                // decoded whole (a deep chain of a small tensor) — what its cost reserved.
+                if mdl_store::windowed_cost(e) < mdl_store::budget::decode_cost(e) {
+                    store.read_object(id, e, &mut std::io::sink())?;
+                } else {
+                    store.load_tensor(id, e)?;
+                }
                 Ok(())
             },
         )?;
