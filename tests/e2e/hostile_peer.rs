@@ -393,3 +393,125 @@ fn an_interrupt_ends_a_stalled_clone_whatever_stderr_is() {
     assert!(!work.join("cloned").exists());
     server.stop();
 }
+
+/// Six Adam steps of two layers (weights and both moments), committed lossily, then older
+/// first moments coarsened by retention: `DIR/coarse`, with what `main~4` now checks out to
+/// here.
+fn coarsened_repository(d: &Path) -> (std::path::PathBuf, Vec<u8>) {
+    let repo = d.join("coarse");
+    ok(d, &["init", "coarse"]);
+    const N: usize = 16 << 10;
+    let uniform = |seed: u64| -> Vec<f32> {
+        noise(seed, N * 4)
+            .chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as f32 / u32::MAX as f32 - 0.5)
+            .collect()
+    };
+    let mut w: Vec<Vec<f32>> = (0..2)
+        .map(|l| uniform(l).iter().map(|x| x * 0.1).collect())
+        .collect();
+    let mut m = vec![vec![0f32; N]; 2];
+    let mut v = vec![vec![0f32; N]; 2];
+    let bytes = |x: &[f32]| x.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+    for step in 0..6u64 {
+        let mut ts = Vec::new();
+        for l in 0..2 {
+            let g = uniform(100 + step * 2 + l as u64);
+            for i in 0..N {
+                let g = g[i] * 0.02 + 0.002 * w[l][i];
+                m[l][i] = 0.9 * m[l][i] + 0.1 * g;
+                v[l][i] = 0.95 * v[l][i] + 0.05 * g * g;
+                w[l][i] -= 1e-3 * m[l][i] / (v[l][i].sqrt() + 1e-8);
+            }
+            for (name, x) in [
+                (format!("model.l{l}"), &w[l]),
+                (format!("optim.l{l}.exp_avg"), &m[l]),
+                (format!("optim.l{l}.exp_avg_sq"), &v[l]),
+            ] {
+                ts.push(T {
+                    name,
+                    dtype: "F32",
+                    shape: vec![N as u64],
+                    data: bytes(x),
+                });
+            }
+        }
+        let file = d.join("ck.safetensors");
+        write_safetensors(&file, &ts, &[("step", &(step + 1).to_string())]);
+        ok_queued(
+            &repo,
+            &[
+                "commit",
+                file.to_str().unwrap(),
+                "--lossy",
+                "--metric",
+                "loss=2.0",
+            ],
+        );
+    }
+    ok(&repo, &["maintenance"]);
+    ok(&repo, &["config", "retention.coarsen_after", "2"]);
+    let gc = ok(&repo, &["gc"]);
+    assert!(gc.contains("coarsened"), "{gc}");
+    let out = d.join("coarse-main4.safetensors");
+    ok(&repo, &["checkout", "main~4", "-o", out.to_str().unwrap()]);
+    let shown = json(&repo, &["show", "main~4"]);
+    let coarse = shown["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["lossy_info"]["coarsened"] == true)
+        .count();
+    assert!(coarse > 0, "nothing coarsened in main~4");
+    assert_eq!(
+        shown["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "optim.l0.exp_avg")
+            .unwrap()["lossy_info"]["coarsened"],
+        true
+    );
+    (repo, std::fs::read(out).unwrap())
+}
+
+/// A tensor retention coarsened decodes to other bytes than its id names: a remote checkout
+/// takes them only as its record says it was coarsened — so such a commit checks out, byte for
+/// byte as here, and a server that alters those bytes is still refused.
+#[test]
+fn coarsened_tensors_check_out_from_a_server_and_altered_ones_do_not() {
+    use crate::peer_proxy::{Answer, Body, Route};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (repo, here) = coarsened_repository(d);
+    let server = Server::start(&["-C", repo.to_str().unwrap()], d);
+    let url = format!("{}/coarse", server.base);
+    let out = d.join("remote.safetensors").display().to_string();
+    let (code, stderr, _, _) = run_measured(d, &["-C", &url, "checkout", "main~4", "-o", &out]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(std::fs::read(&out).unwrap() == here);
+    // One byte of a coarsened first moment flipped (the lossless tensors untouched).
+    let proxy = Proxy::start(&server.base, |r, a| {
+        if r != Route::File || a.status != 200 {
+            return a;
+        }
+        let mut b = crate::peer_proxy::bytes(&a).to_vec();
+        let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&b[8..8 + n]).unwrap();
+        let at = header["optim.l0.exp_avg"]["data_offsets"][0]
+            .as_u64()
+            .unwrap() as usize;
+        b[8 + n + at + 100] ^= 0x01;
+        Answer {
+            body: Body::Bytes(b),
+            ..a
+        }
+    });
+    let altered = d.join("altered.safetensors").display().to_string();
+    let url = format!("{}/coarse", proxy.base);
+    let (code, stderr, _, _) = run_measured(d, &["-C", &url, "checkout", "main~4", "-o", &altered]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("differs from the commit's"), "{stderr}");
+    assert!(!Path::new(&altered).exists());
+    server.stop();
+}

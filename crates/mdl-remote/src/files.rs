@@ -150,9 +150,14 @@ fn download_file(
     let _interrupted = mdl::interrupt::register(tmp.path());
     let mut checked = CheckedFile::new(file, std::io::BufWriter::new(tmp.as_file_mut()));
     remote.download_file(commit, &file.path, file.len(), &mut checked)?;
-    let mut written = checked
+    let (mut written, unverified) = checked
         .finish()
         .map_err(|why| remote.refused(format!("commit {}: {why}", commit.short(12))))?;
+    for (id, got) in unverified {
+        coarsened_to(remote, file, &id, &got).map_err(|why| {
+            remote.refused(format!("commit {}: {}: {why}", commit.short(12), file.path))
+        })?;
+    }
     written.flush().map_err(write_err)?;
     drop(written);
     if file.executable {
@@ -160,4 +165,30 @@ fn download_file(
     }
     tmp.persist(out).map_err(|e| write_err(e.error))?;
     Ok(())
+}
+
+/// Checks a lossy tensor `id` of `file` whose bytes hashed to `got`, not to `id`: its record
+/// must say that retention coarsened it to exactly that (as a clone trusts such a record: the
+/// commit names the tensor, the record the coarsening), its header the manifest's.
+fn coarsened_to(
+    remote: &Remote,
+    file: &mdl::TreeFile,
+    id: &mdl::ObjectId,
+    got: &mdl::ObjectId,
+) -> std::result::Result<(), String> {
+    let differs = || format!("object {} differs from the commit's", id.short(12));
+    let header = file
+        .regions
+        .iter()
+        .find_map(|r| r.object().filter(|(o, _)| o == id))
+        .map(|(_, h)| h.canonical())
+        .ok_or_else(differs)?;
+    let mut pack = remote
+        .fetch_pack(&[*id], file.len())
+        .map_err(|e| e.to_string())?;
+    let record = mdl::transfer::read_tensor_header(&mut pack, id).map_err(|e| e.to_string())?;
+    match record.coarsened {
+        Some(c) if c.content == *got && record.prefix == header => Ok(()),
+        _ => Err(differs()),
+    }
 }

@@ -1,6 +1,6 @@
 //! Remotes kept in the repository's configuration as `remote.NAME.url`.
 
-use mdl::{RefName, Repository};
+use mdl::Repository;
 
 use crate::{Error, Result};
 
@@ -10,12 +10,7 @@ const URL_SUFFIX: &str = ".url";
 /// Adds remote `name` with `url` to the repository's configuration. The URL is the caller's
 /// to check: a server's ([`crate::Remote::new`]) or a repository in object storage.
 pub fn add_remote(repo: &Repository, name: &str, url: &str) -> Result<()> {
-    RefName::new(name).map_err(mdl::Error::from)?;
-    if name.contains('/') {
-        return Err(Error::Remote(format!(
-            "invalid remote name {name:?}: it may not contain '/'"
-        )));
-    }
+    mdl::names::check_remote(name).map_err(|e| Error::Remote(e.to_string()))?;
     let key = format!("{REMOTE_PREFIX}{name}{URL_SUFFIX}");
     if !mdl::config::add(repo, &key, url)? {
         return Err(Error::Remote(format!("remote {name} already exists")));

@@ -1,7 +1,9 @@
 //! A file's bytes checked against its commit as they arrive (a checkout from a server): each
 //! object's run hashed to its id, each inline run compared, the length the manifest's. The
 //! bytes pass through to where they are written; [`CheckedFile::finish`] says whether they
-//! were the commit's, before the file is renamed into place.
+//! were the commit's, before the file is renamed into place. A lossy tensor that retention
+//! coarsened decodes to other bytes than its id names: those are handed back with their hash,
+//! for the caller to check against the record's own claim.
 
 use std::io::{self, Write};
 
@@ -11,10 +13,12 @@ use mdl_format::{ObjectId, Region, TensorHasher, TreeFile};
 enum Run {
     /// Exactly these.
     Inline(Vec<u8>),
-    /// An object's bytes: `len` of them, whose hash with its header in front is `id`.
+    /// An object's bytes: `len` of them, whose hash with its header in front is `id` (or, for
+    /// a lossy tensor, what its record says it was coarsened to).
     Object {
         id: ObjectId,
         len: u64,
+        lossy: bool,
         hasher: Box<TensorHasher>,
     },
 }
@@ -29,6 +33,8 @@ pub struct CheckedFile<W> {
     done: u64,
     /// The first way the bytes differed from the commit's.
     wrong: Option<String>,
+    /// Lossy tensors whose bytes hash to another id than theirs: (id, the hash).
+    unverified: Vec<(ObjectId, ObjectId)>,
 }
 
 impl<W: Write> CheckedFile<W> {
@@ -43,6 +49,7 @@ impl<W: Write> CheckedFile<W> {
                 (_, Some((id, header))) => Run::Object {
                     id,
                     len: r.len(),
+                    lossy: matches!(r, Region::Tensor(e) if e.exactness.is_lossy()),
                     hasher: Box::new(TensorHasher::new(&header.canonical())),
                 },
                 (_, None) => unreachable!("only inline regions have no object"),
@@ -55,6 +62,7 @@ impl<W: Write> CheckedFile<W> {
             at: 0,
             done: 0,
             wrong: None,
+            unverified: Vec::new(),
         }
     }
 
@@ -86,8 +94,14 @@ impl<W: Write> CheckedFile<W> {
             }
             self.done += take as u64;
             if self.done == len {
-                if let Run::Object { id, hasher, .. } = run {
-                    if hasher.finalize() != *id {
+                if let Run::Object {
+                    id, hasher, lossy, ..
+                } = run
+                {
+                    let got = hasher.finalize();
+                    if got != *id && *lossy {
+                        self.unverified.push((*id, got));
+                    } else if got != *id {
                         self.wrong =
                             Some(format!("object {} differs from the commit's", id.short(12)));
                     }
@@ -99,14 +113,17 @@ impl<W: Write> CheckedFile<W> {
         }
     }
 
-    /// Whether every byte was the commit's and none is missing; gives back where they went.
-    pub fn finish(self) -> Result<W, String> {
+    /// Whether every byte was the commit's and none is missing; gives back where they went,
+    /// and the lossy tensors still to be checked against their records' claims of coarsening
+    /// (id, the hash of the bytes received).
+    #[allow(clippy::type_complexity)]
+    pub fn finish(self) -> Result<(W, Vec<(ObjectId, ObjectId)>), String> {
         let wrong = self.wrong.or_else(|| {
             (self.at < self.runs.len()).then(|| "shorter than the commit's".to_string())
         });
         match wrong {
             Some(why) => Err(format!("{}: {why}", self.path)),
-            None => Ok(self.inner),
+            None => Ok((self.inner, self.unverified)),
         }
     }
 }
@@ -158,7 +175,9 @@ mod tests {
         for p in pieces {
             c.write_all(p).unwrap();
         }
-        c.finish()
+        let (bytes, unverified) = c.finish()?;
+        assert!(unverified.is_empty());
+        Ok(bytes)
     }
 
     #[test]
@@ -183,5 +202,34 @@ mod tests {
         let mut long = content.clone();
         long.push(0);
         assert!(written(&f, &[&long]).unwrap_err().contains("longer"));
+    }
+
+    #[test]
+    fn a_lossy_tensor_of_other_bytes_is_handed_back_with_their_hash() {
+        let content: Vec<u8> = (0u8..40).collect();
+        let mut f = file(&content);
+        let Region::Tensor(e) = &mut f.regions[1] else {
+            unreachable!()
+        };
+        e.exactness = Exactness::Lossy(mdl_format::Lossy {
+            settings: String::new(),
+            max_abs_error: 0.0,
+            rel_error: 0.0,
+            est_delta_loss: None,
+        });
+        let id = e.id;
+        let mut other = content.clone();
+        other[6] ^= 1;
+        let mut c = CheckedFile::new(&f, Vec::new());
+        c.write_all(&other).unwrap();
+        let (bytes, unverified) = c.finish().unwrap();
+        assert_eq!(bytes, other);
+        let got = TensorHeader::new(Dtype::F32, vec![2]).object_id(&other[4..12]);
+        assert_eq!(unverified, [(id, got)]);
+        // A byte object is never lossy: a change there is refused at once.
+        let mut c = CheckedFile::new(&f, Vec::new());
+        other[30] ^= 1;
+        c.write_all(&other).unwrap();
+        assert!(c.finish().is_err());
     }
 }

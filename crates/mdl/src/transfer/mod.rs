@@ -29,7 +29,7 @@ mod toc;
 pub use added::Added;
 pub use pack::{write_pack, PackWriter};
 pub use receive::{receive_expected, receive_indexed, receive_pack, Expect, Receipt};
-pub use single::{read_commit, read_manifest};
+pub use single::{read_commit, read_manifest, read_tensor_header};
 pub use toc::{encode_toc, read_toc, Frame, FrameRecord, Toc, TOC_FOOTER};
 
 /// Why a pack was refused.
