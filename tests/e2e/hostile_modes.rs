@@ -14,6 +14,7 @@ pub(crate) enum Cmd {
 }
 
 /// One way of answering, the commands it reaches, and what their error must say.
+#[derive(Clone, Copy)]
 pub(crate) struct Mode {
     pub name: &'static str,
     pub tamper: Tamper,
@@ -34,16 +35,13 @@ fn edit_json(a: Answer, f: impl FnOnce(&mut Value)) -> Answer {
     proxy::json(200, &v)
 }
 
-fn refs(route: Route, a: Answer, f: impl FnOnce(&mut Value)) -> Answer {
-    if route == Route::Refs {
-        edit_json(a, f)
-    } else {
-        a
-    }
+/// The JSON answer of route `want` as `f` edits it; every other answer as it is.
+fn edit(route: Route, want: Route, a: Answer, f: impl FnOnce(&mut Value)) -> Answer {
+    on(route, want, a, |a| edit_json(a, f))
 }
 
 fn add_ref(route: Route, a: Answer, name: &str) -> Answer {
-    refs(route, a, |v| {
+    edit(route, Route::Refs, a, |v| {
         let target = v["refs"][0]["target"].clone();
         v["refs"]
             .as_array_mut()
@@ -52,32 +50,10 @@ fn add_ref(route: Route, a: Answer, name: &str) -> Answer {
     })
 }
 
-fn listing(route: Route, a: Answer, f: impl FnOnce(&mut Value)) -> Answer {
-    if route == Route::Listing {
-        edit_json(a, f)
-    } else {
-        a
-    }
-}
-
-fn first_json(route: Route) -> bool {
-    matches!(route, Route::Refs | Route::Listing)
-}
-
-fn with_pack(route: Route, a: Answer, f: impl FnOnce(Vec<u8>) -> Body) -> Answer {
-    if route != Route::Pack || a.status != 200 {
-        return a;
-    }
-    let pack = proxy::bytes(&a).to_vec();
-    Answer {
-        status: 200,
-        headers: a.headers,
-        body: f(pack),
-    }
-}
-
-fn with_file(route: Route, a: Answer, f: impl FnOnce(Vec<u8>) -> Body) -> Answer {
-    if route != Route::File || a.status != 200 {
+/// The successful answer of route `want` with the body `f` makes of its bytes; every other
+/// answer as it is.
+fn body_of(route: Route, want: Route, a: Answer, f: impl FnOnce(Vec<u8>) -> Body) -> Answer {
+    if route != want || a.status != 200 {
         return a;
     }
     let bytes = proxy::bytes(&a).to_vec();
@@ -85,6 +61,33 @@ fn with_file(route: Route, a: Answer, f: impl FnOnce(Vec<u8>) -> Body) -> Answer
         status: 200,
         headers: a.headers,
         body: f(bytes),
+    }
+}
+
+/// The answer of route `want` as `f` makes it; every other as it is.
+fn on(route: Route, want: Route, a: Answer, f: impl FnOnce(Answer) -> Answer) -> Answer {
+    if route == want {
+        f(a)
+    } else {
+        a
+    }
+}
+
+/// A JSON answer whose body goes out as `body` says.
+fn json_body(body: Body) -> Answer {
+    Answer {
+        status: 200,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body,
+    }
+}
+
+/// The first answer each command waits for (refs, or a checkout's listing) as `f` makes it;
+/// every other as it is.
+fn first(route: Route, a: Answer, f: impl FnOnce(Answer) -> Answer) -> Answer {
+    match route {
+        Route::Refs | Route::Listing => f(a),
+        _ => a,
     }
 }
 
@@ -98,8 +101,8 @@ fn inflated(route: Route, a: Answer, size: u64) -> Answer {
             }
         });
     }
-    with_pack(route, a, |p| {
-        let frames = tensor_frames(&p);
+    body_of(route, Route::Pack, a, |p| {
+        let frames = proxy::frames(&p);
         let (id, _, body) = &frames[0];
         let mut first = b"MDLPACK1".to_vec();
         first.extend_from_slice(id);
@@ -107,11 +110,6 @@ fn inflated(route: Route, a: Answer, size: u64) -> Answer {
         first.extend_from_slice(body);
         Body::Endless(first, vec![0x5a; 4096])
     })
-}
-
-/// The first frame's id of a pack that holds a tensor record first.
-fn tensor_frames(pack: &[u8]) -> Vec<([u8; 32], u64, Vec<u8>)> {
-    proxy::frames(pack)
 }
 
 const FORGED: &str = "abababababababababababababababababababababababababababababababab";
@@ -122,7 +120,7 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "listing_traversal",
             tamper: |r, a| {
-                listing(r, a, |v| {
+                edit(r, Route::Listing, a, |v| {
                     v["files"][0]["path"] = "../../outside/sentinel.txt".into()
                 })
             },
@@ -132,7 +130,7 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "listing_absolute",
             tamper: |r, a| {
-                listing(r, a, |v| {
+                edit(r, Route::Listing, a, |v| {
                     v["files"][0]["path"] = "/tmp/mdl-hostile-PWNED".into()
                 })
             },
@@ -141,20 +139,28 @@ pub(crate) fn modes() -> Vec<Mode> {
         },
         Mode {
             name: "listing_dotmdl",
-            tamper: |r, a| listing(r, a, |v| v["files"][0]["path"] = ".mdl/meta.redb".into()),
+            tamper: |r, a| {
+                edit(r, Route::Listing, a, |v| {
+                    v["files"][0]["path"] = ".mdl/meta.redb".into()
+                })
+            },
             cmds: CHECKOUT,
             expect: ".mdl",
         },
         Mode {
             name: "listing_control",
-            tamper: |r, a| listing(r, a, |v| v["files"][0]["path"] = "a\u{1b}[2Jb\u{7}".into()),
+            tamper: |r, a| {
+                edit(r, Route::Listing, a, |v| {
+                    v["files"][0]["path"] = "a\u{1b}[2Jb\u{7}".into()
+                })
+            },
             cmds: CHECKOUT,
             expect: "control",
         },
         Mode {
             name: "listing_file_and_folder",
             tamper: |r, a| {
-                listing(r, a, |v| {
+                edit(r, Route::Listing, a, |v| {
                     v["files"][0]["path"] = "a".into();
                     v["files"][1]["path"] = "a/b".into();
                 })
@@ -164,14 +170,18 @@ pub(crate) fn modes() -> Vec<Mode> {
         },
         Mode {
             name: "listing_renamed",
-            tamper: |r, a| listing(r, a, |v| v["files"][0]["path"] = "aaa-renamed.txt".into()),
+            tamper: |r, a| {
+                edit(r, Route::Listing, a, |v| {
+                    v["files"][0]["path"] = "aaa-renamed.txt".into()
+                })
+            },
             cmds: CHECKOUT,
             expect: "not those commit",
         },
         Mode {
             name: "listing_size_lie",
             tamper: |r, a| {
-                listing(r, a, |v| {
+                edit(r, Route::Listing, a, |v| {
                     let n = v["files"][0]["size"].as_u64().unwrap();
                     v["files"][0]["size"] = (n + 1).into();
                 })
@@ -181,7 +191,7 @@ pub(crate) fn modes() -> Vec<Mode> {
         },
         Mode {
             name: "listing_commit_lie",
-            tamper: |r, a| listing(r, a, |v| v["commit"] = FORGED.into()),
+            tamper: |r, a| edit(r, Route::Listing, a, |v| v["commit"] = FORGED.into()),
             cmds: CHECKOUT,
             expect: "no object",
         },
@@ -189,7 +199,7 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "file_altered",
             tamper: |r, a| {
-                with_file(r, a, |mut b| {
+                body_of(r, Route::File, a, |mut b| {
                     let mid = b.len() / 2;
                     b[mid] ^= 0x40;
                     Body::Bytes(b)
@@ -200,20 +210,24 @@ pub(crate) fn modes() -> Vec<Mode> {
         },
         Mode {
             name: "file_endless",
-            tamper: |r, a| with_file(r, a, |b| Body::Endless(b, b"x".to_vec())),
+            tamper: |r, a| body_of(r, Route::File, a, |b| Body::Endless(b, b"x".to_vec())),
             cmds: CHECKOUT,
             expect: "more than the",
         },
         Mode {
             name: "file_cut",
-            tamper: |r, a| with_file(r, a, |b| Body::Bytes(b[..b.len() / 2].to_vec())),
+            tamper: |r, a| {
+                body_of(r, Route::File, a, |b| {
+                    Body::Bytes(b[..b.len() / 2].to_vec())
+                })
+            },
             cmds: CHECKOUT,
             expect: "announced",
         },
         Mode {
             name: "file_stalls",
             tamper: |r, a| {
-                with_file(r, a, |b| {
+                body_of(r, Route::File, a, |b| {
                     Body::Short(b.len() as u64, b[..b.len() / 2].to_vec())
                 })
             },
@@ -265,14 +279,14 @@ pub(crate) fn modes() -> Vec<Mode> {
         },
         Mode {
             name: "head_hostile",
-            tamper: |r, a| refs(r, a, |v| v["head"] = "../x".into()),
+            tamper: |r, a| edit(r, Route::Refs, a, |v| v["head"] = "../x".into()),
             cmds: TRANSFERS,
             expect: "HEAD names",
         },
         Mode {
             name: "refs_twice",
             tamper: |r, a| {
-                refs(r, a, |v| {
+                edit(r, Route::Refs, a, |v| {
                     let first = v["refs"][0].clone();
                     v["refs"].as_array_mut().unwrap().push(first);
                 })
@@ -283,7 +297,7 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "tag_message_control",
             tamper: |r, a| {
-                refs(r, a, |v| {
+                edit(r, Route::Refs, a, |v| {
                     let target = v["refs"][0]["target"].clone();
                     v["refs"].as_array_mut().unwrap().push(json!({
                         "name": "refs/tags/note", "target": target, "tagger": "x",
@@ -299,7 +313,7 @@ pub(crate) fn modes() -> Vec<Mode> {
             // (A pull takes one branch: another that names nothing is not its business.)
             name: "branch_to_missing_commit",
             tamper: |r, a| {
-                refs(r, a, |v| {
+                edit(r, Route::Refs, a, |v| {
                     v["refs"]
                         .as_array_mut()
                         .unwrap()
@@ -312,10 +326,7 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "plan_drops_the_commits",
             tamper: |r, a| {
-                if r != Route::Plan {
-                    return a;
-                }
-                edit_json(a, |v| {
+                edit(r, Route::Plan, a, |v| {
                     let objects = v["objects"].as_array_mut().unwrap();
                     // Commits are planned last: leave them out.
                     let keep = objects.len().saturating_sub(2);
@@ -328,10 +339,7 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "plan_twice",
             tamper: |r, a| {
-                if r != Route::Plan {
-                    return a;
-                }
-                edit_json(a, |v| {
+                edit(r, Route::Plan, a, |v| {
                     let first = v["objects"][0].clone();
                     v["objects"].as_array_mut().unwrap().push(first);
                 })
@@ -342,17 +350,12 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "plan_huge",
             tamper: |r, a| {
-                if r != Route::Plan {
-                    return a;
-                }
-                Answer {
-                    status: 200,
-                    headers: vec![("content-type".into(), "application/json".into())],
-                    body: Body::Endless(
+                on(r, Route::Plan, a, |_| {
+                    json_body(Body::Endless(
                         b"{\"objects\":[".to_vec(),
                         b"{\"id\":\"ab\",\"size\":1},".to_vec(),
-                    ),
-                }
+                    ))
+                })
             },
             cmds: TRANSFERS,
             expect: "over 268435456 bytes",
@@ -361,8 +364,8 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "frame_oversized",
             tamper: |r, a| {
-                with_pack(r, a, |p| {
-                    let mut frames = tensor_frames(&p);
+                body_of(r, Route::Pack, a, |p| {
+                    let mut frames = proxy::frames(&p);
                     frames[0].1 = 1 << 40;
                     Body::Bytes(proxy::pack(&frames))
                 })
@@ -387,8 +390,8 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "frame_not_asked_for",
             tamper: |r, a| {
-                with_pack(r, a, |p| {
-                    let mut frames = tensor_frames(&p);
+                body_of(r, Route::Pack, a, |p| {
+                    let mut frames = proxy::frames(&p);
                     frames[0].0 = [0xab; 32];
                     Body::Bytes(proxy::pack(&frames))
                 })
@@ -399,8 +402,8 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "expired_frames_without_end",
             tamper: |r, a| {
-                with_pack(r, a, |p| {
-                    let frames = tensor_frames(&p);
+                body_of(r, Route::Pack, a, |p| {
+                    let frames = proxy::frames(&p);
                     let mut expired = frames[0].0.to_vec();
                     expired.extend_from_slice(&u64::MAX.to_le_bytes());
                     expired.push(1);
@@ -415,15 +418,19 @@ pub(crate) fn modes() -> Vec<Mode> {
         },
         Mode {
             name: "pack_cut",
-            tamper: |r, a| with_pack(r, a, |p| Body::Bytes(p[..p.len() * 2 / 3].to_vec())),
+            tamper: |r, a| {
+                body_of(r, Route::Pack, a, |p| {
+                    Body::Bytes(p[..p.len() * 2 / 3].to_vec())
+                })
+            },
             cmds: TRANSFERS,
             expect: "ends early",
         },
         Mode {
             name: "pack_corrupt",
             tamper: |r, a| {
-                with_pack(r, a, |p| {
-                    let mut frames = tensor_frames(&p);
+                body_of(r, Route::Pack, a, |p| {
+                    let mut frames = proxy::frames(&p);
                     let last = frames
                         .iter()
                         .rposition(|f| f.1 != u64::MAX && f.2.len() > 200)
@@ -439,7 +446,7 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "pack_stalls",
             tamper: |r, a| {
-                with_pack(r, a, |p| {
+                body_of(r, Route::Pack, a, |p| {
                     Body::Short(p.len() as u64, p[..p.len() / 2].to_vec())
                 })
             },
@@ -450,14 +457,9 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "refs_huge_declared",
             tamper: |r, a| {
-                if r != Route::Refs {
-                    return a;
-                }
-                Answer {
-                    status: 200,
-                    headers: vec![("content-type".into(), "application/json".into())],
-                    body: Body::Short(1000 << 20, b"{\"refs\":[".to_vec()),
-                }
+                on(r, Route::Refs, a, |_| {
+                    json_body(Body::Short(1000 << 20, b"{\"refs\":[".to_vec()))
+                })
             },
             cmds: TRANSFERS,
             expect: "over the limit of 67108864",
@@ -465,17 +467,12 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "refs_huge_endless",
             tamper: |r, a| {
-                if r != Route::Refs {
-                    return a;
-                }
-                Answer {
-                    status: 200,
-                    headers: vec![("content-type".into(), "application/json".into())],
-                    body: Body::Endless(
+                on(r, Route::Refs, a, |_| {
+                    json_body(Body::Endless(
                         b"{\"refs\":[".to_vec(),
                         b"{\"name\":\"refs/tags/x\"},".to_vec(),
-                    ),
-                }
+                    ))
+                })
             },
             cmds: TRANSFERS,
             expect: "over 67108864 bytes",
@@ -484,14 +481,10 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "stalled",
             tamper: |r, a| {
-                if first_json(r) {
-                    Answer {
-                        body: Body::Stall,
-                        ..a
-                    }
-                } else {
-                    a
-                }
+                first(r, a, |a| Answer {
+                    body: Body::Stall,
+                    ..a
+                })
             },
             cmds: ALL,
             expect: "remote.idle-timeout",
@@ -499,14 +492,10 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "dripping",
             tamper: |r, a| {
-                if !first_json(r) {
-                    return a;
-                }
-                let b = proxy::bytes(&a).to_vec();
-                Answer {
-                    body: Body::Drip(b),
+                first(r, a, |a| Answer {
+                    body: Body::Drip(proxy::bytes(&a).to_vec()),
                     ..a
-                }
+                })
             },
             cmds: ALL,
             expect: "remote.request-timeout",
@@ -514,24 +503,21 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "length_never_sent",
             tamper: |r, a| {
-                if !first_json(r) {
-                    return a;
-                }
-                Answer {
+                first(r, a, |a| Answer {
                     body: Body::Short(10_000, b"{\"refs\": [], \"files\": [], \"commit".to_vec()),
                     ..a
-                }
+                })
             },
             cmds: ALL,
             expect: "remote.idle-timeout",
         },
         Mode {
             name: "gzip",
-            tamper: |r, mut a| {
-                if first_json(r) {
+            tamper: |r, a| {
+                first(r, a, |mut a| {
                     a.headers.push(("content-encoding".into(), "gzip".into()));
-                }
-                a
+                    a
+                })
             },
             cmds: ALL,
             expect: "content encoded as \"gzip\"",
@@ -539,14 +525,11 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "error_without_end",
             tamper: |r, a| {
-                if !first_json(r) {
-                    return a;
-                }
-                Answer {
+                first(r, a, |_| Answer {
                     status: 500,
                     headers: vec![],
                     body: Body::Endless(b"broken: ".to_vec(), b"x".to_vec()),
-                }
+                })
             },
             cmds: ALL,
             expect: "HTTP 500",
@@ -554,14 +537,11 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "redirect_loop",
             tamper: |r, a| {
-                if !first_json(r) {
-                    return a;
-                }
-                Answer {
+                first(r, a, |_| Answer {
                     status: 302,
                     headers: vec![("location".into(), "/v1/repos/srv/refs".into())],
                     body: Body::Bytes(Vec::new()),
-                }
+                })
             },
             cmds: ALL,
             expect: "redirect",
@@ -569,14 +549,11 @@ pub(crate) fn modes() -> Vec<Mode> {
         Mode {
             name: "not_json",
             tamper: |r, a| {
-                if !first_json(r) {
-                    return a;
-                }
-                Answer {
+                first(r, a, |_| Answer {
                     status: 200,
                     headers: vec![("content-type".into(), "text/html".into())],
                     body: Body::Bytes(b"<html>hello</html>".to_vec()),
-                }
+                })
             },
             cmds: ALL,
             expect: "not the JSON expected",

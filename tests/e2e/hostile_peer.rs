@@ -175,7 +175,6 @@ fn case(m: &Mode, cmd: Cmd, proxy_url: &str) {
     };
     let (code, stderr, took, peak) = run_measured(w, &args);
     let what = format!("{} / {cmd:?}", m.name);
-    eprintln!("CASE {what}: {code} {took:?} {peak} KiB {}", stderr.trim());
     assert_ne!(code, 0, "{what}: succeeded ({stderr})");
     assert!(code > 0, "{what}: killed ({stderr})");
     assert!(took < CASE_LIMIT, "{what}: took {took:?}");
@@ -223,7 +222,7 @@ fn run_modes(cmds: &[Cmd]) {
                 .copied()
                 .filter(|c| cmds.contains(c))
                 .collect();
-            reached.into_iter().map(move |c| (clone_mode(&m), c))
+            reached.into_iter().map(move |c| (m, c))
         })
         .collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -238,15 +237,6 @@ fn run_modes(cmds: &[Cmd]) {
         }
     });
     server.stop();
-}
-
-fn clone_mode(m: &Mode) -> Mode {
-    Mode {
-        name: m.name,
-        tamper: m.tamper,
-        cmds: m.cmds,
-        expect: m.expect,
-    }
 }
 
 #[test]

@@ -8,6 +8,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
+use crate::server::http;
+
 /// What a route is, for the modes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Route {
@@ -55,8 +57,7 @@ pub(crate) enum Body {
     Drip(Vec<u8>),
 }
 
-/// What a mode does to one answer: given the route and the honest answer (`None` when the mode
-/// answers without asking upstream), the answer to send.
+/// What a mode does to one answer: given the route and the honest answer, the answer to send.
 pub(crate) type Tamper = fn(Route, Answer) -> Answer;
 
 /// A running proxy; it lives as long as the test process.
@@ -70,7 +71,7 @@ impl Proxy {
     pub(crate) fn start(upstream: &str, tamper: Tamper) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
-        let upstream = upstream.strip_prefix("http://").unwrap().to_string();
+        let upstream = upstream.to_string();
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
                 let upstream = upstream.clone();
@@ -140,79 +141,31 @@ fn read_request(conn: &mut BufReader<TcpStream>) -> std::io::Result<Option<Reque
     }))
 }
 
-/// The honest answer to `req`, from the real server.
-fn ask(upstream: &str, req: &Request) -> std::io::Result<Answer> {
-    let mut s = TcpStream::connect(upstream)?;
-    let mut head = format!(
-        "{} {} HTTP/1.1\r\nHost: {upstream}\r\n",
-        req.method, req.path
-    );
-    for (k, v) in &req.headers {
-        if !matches!(
-            k.as_str(),
-            "host" | "connection" | "content-length" | "transfer-encoding" | "expect"
-        ) {
-            head.push_str(&format!("{k}: {v}\r\n"));
-        }
-    }
-    head.push_str(&format!(
-        "Connection: close\r\nContent-Length: {}\r\n\r\n",
-        req.body.len()
-    ));
-    s.write_all(head.as_bytes())?;
-    s.write_all(&req.body)?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other("no end of headers"))?;
-    let text = String::from_utf8_lossy(&raw[..split]).to_string();
-    let mut lines = text.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(502);
-    let mut headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let mut body = raw[split + 4..].to_vec();
-    if headers
+/// The honest answer to `req`, from the real server (`http://HOST:PORT`).
+fn ask(upstream: &str, req: &Request) -> Answer {
+    let headers: Vec<(&str, &str)> = req
+        .headers
         .iter()
-        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"))
-    {
-        body = dechunk(&body);
-    }
+        .filter(|(k, _)| {
+            !matches!(
+                k.as_str(),
+                "host" | "connection" | "content-length" | "transfer-encoding" | "expect"
+            )
+        })
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let (status, mut headers, body) = http(upstream, &req.method, &req.path, &headers, &req.body);
     headers.retain(|(k, _)| {
         !matches!(
             k.as_str(),
             "transfer-encoding" | "content-length" | "connection"
         )
     });
-    Ok(Answer {
+    Answer {
         status,
         headers,
         body: Body::Bytes(body),
-    })
-}
-
-fn dechunk(mut b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
-        let n = std::str::from_utf8(&b[..eol])
-            .ok()
-            .and_then(|s| usize::from_str_radix(s.trim(), 16).ok())
-            .unwrap_or(0);
-        b = &b[eol + 2..];
-        if n == 0 || b.len() < n {
-            break;
-        }
-        out.extend_from_slice(&b[..n]);
-        b = &b[(n + 2).min(b.len())..];
     }
-    out
 }
 
 fn serve(conn: TcpStream, upstream: &str, tamper: Tamper) -> std::io::Result<()> {
@@ -221,7 +174,7 @@ fn serve(conn: TcpStream, upstream: &str, tamper: Tamper) -> std::io::Result<()>
         return Ok(());
     };
     let route = Route::of(&req.method, &req.path);
-    let honest = ask(upstream, &req)?;
+    let honest = ask(upstream, &req);
     let answer = tamper(route, honest);
     send(conn, answer)
 }

@@ -105,11 +105,6 @@ impl Remote {
         self.url.rsplit('/').next().unwrap_or_default()
     }
 
-    /// The deadlines this client keeps.
-    pub fn deadlines(&self) -> &Deadlines {
-        &self.deadlines
-    }
-
     /// An answer refused.
     pub fn refused(&self, why: impl Into<String>) -> Error {
         Error::Answer {
@@ -149,14 +144,10 @@ impl Remote {
                     ),
                 }
             }
-            ureq::Error::Io(io) => match ureq::Error::from(io) {
-                ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => late(
-                    format!("sent nothing for {} s", d.idle.as_secs()),
-                    "remote.idle-timeout",
-                ),
-                ureq::Error::Io(io) => self.transport(format!("{what}: {io}")),
-                other => self.failed(what, other),
-            },
+            ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => late(
+                format!("sent nothing for {} s", d.idle.as_secs()),
+                "remote.idle-timeout",
+            ),
             ureq::Error::BodyExceedsLimit(limit) => {
                 self.refused(format!("{what}: an answer over {limit} bytes"))
             }
@@ -165,7 +156,8 @@ impl Remote {
         }
     }
 
-    /// [`Self::failed`] of an error reading an answer's body.
+    /// [`Self::failed`] of an error reading an answer's body (a ureq error inside an I/O
+    /// error, unwrapped by `From`).
     fn failed_io(&self, what: &str, e: std::io::Error) -> Error {
         self.failed(what, ureq::Error::from(e))
     }
@@ -286,6 +278,18 @@ impl Remote {
         self.json(&what, resp, limit)
     }
 
+    /// `DELETE path` of a ref (a branch or a tag); the commit it named.
+    fn delete(&self, path: &str, query: &[(&str, String)]) -> Result<ObjectId> {
+        let mut req = self.auth(self.agent.delete(format!("{}{path}", self.api)));
+        for (k, v) in query {
+            req = req.query(*k, v);
+        }
+        let what = "deleting a ref";
+        let resp = self.check(what, req.call())?;
+        let deleted: body::Deleted = self.json(what, resp, limits::MAX_DOCUMENT)?;
+        Ok(deleted.was)
+    }
+
     /// Runs `mdl compact` on the server (`POST /maintenance/compact`).
     pub fn compact(&self, max_depth: Option<u32>, dry_run: bool) -> Result<CompactOutcome> {
         let opts = CompactOptions { max_depth, dry_run };
@@ -363,13 +367,7 @@ impl Remote {
     /// (`DELETE /branches/{name}`). Returns the commit it pointed at.
     pub fn delete_branch(&self, name: &str, force: bool) -> Result<ObjectId> {
         let path = route::fill(route::BRANCH, &[("name", name)]);
-        let req = self
-            .auth(self.agent.delete(format!("{}{path}", self.api)))
-            .query("force", force.to_string());
-        let what = "deleting a ref";
-        let resp = self.check(what, req.call())?;
-        let deleted: body::Deleted = self.json(what, resp, limits::MAX_DOCUMENT)?;
-        Ok(deleted.was)
+        self.delete(&path, &[("force", force.to_string())])
     }
 
     /// Creates tag `name` at `rev` (HEAD's commit when `None`), annotated by `tagger` when
@@ -394,11 +392,7 @@ impl Remote {
     /// Deletes tag `name` (`DELETE /tags/{name}`); the commit it named.
     pub fn delete_tag(&self, name: &str) -> Result<ObjectId> {
         let path = route::fill(route::TAG, &[("name", name)]);
-        let req = self.auth(self.agent.delete(format!("{}{path}", self.api)));
-        let what = "deleting a ref";
-        let resp = self.check(what, req.call())?;
-        let deleted: body::Deleted = self.json(what, resp, limits::MAX_DOCUMENT)?;
-        Ok(deleted.was)
+        self.delete(&path, &[])
     }
 
     /// Moves the current branch to `rev` (`POST /reset`).

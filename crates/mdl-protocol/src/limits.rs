@@ -68,25 +68,27 @@ impl Deadlines {
     }
 
     /// Sets `key` (one of [`KEYS`]) from its text: a duration (`30`, `30s`, `5m`, `1h`) or a
-    /// speed in bytes a second (`262144`, `256K`, `1M`). `Ok(false)` for another key.
-    pub fn set(&mut self, key: &str, value: &str) -> Result<bool, String> {
-        let bad = |why: &str| format!("{key} = {value:?}: {why}");
+    /// speed in bytes a second (`262144`, `256K`, `1M`). `Ok(false)` for another key; an
+    /// error says what the key takes.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<bool, &'static str> {
         match key {
-            "remote.connect-timeout" => self.connect = duration(value).map_err(bad)?,
-            "remote.idle-timeout" => self.idle = duration(value).map_err(bad)?,
-            "remote.request-timeout" => self.request = duration(value).map_err(bad)?,
-            "remote.min-speed" => self.min_speed = speed(value).map_err(bad)?,
+            "remote.connect-timeout" => self.connect = duration(value)?,
+            "remote.idle-timeout" => self.idle = duration(value)?,
+            "remote.request-timeout" => self.request = duration(value)?,
+            "remote.min-speed" => self.min_speed = speed(value)?,
             _ => return Ok(false),
         }
         Ok(true)
     }
 
     /// These deadlines with every setting the environment gives (`MDL_REMOTE_CONNECT_TIMEOUT`,
-    /// …) in place of its value; `vars` looks a variable up.
+    /// …) in place of its value; `vars` looks a variable up. An error names the variable.
     pub fn with_env(mut self, vars: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         for key in KEYS {
-            if let Some(value) = vars(&env_name(key)) {
-                self.set(key, &value)?;
+            let name = env_name(key);
+            if let Some(value) = vars(&name) {
+                self.set(key, &value)
+                    .map_err(|expected| format!("{name} = {value:?}: expected {expected}"))?;
             }
         }
         Ok(self)
@@ -98,6 +100,11 @@ pub fn env_name(key: &str) -> String {
     format!("MDL_{}", key.replace(['.', '-'], "_").to_uppercase())
 }
 
+/// What a duration setting takes.
+const A_DURATION: &str = "a whole number of seconds, at least 1 (30, 30s, 5m, 1h)";
+/// What a speed setting takes.
+const A_SPEED: &str = "bytes a second, at least 1 (262144, 256K, 1M)";
+
 /// A whole number of seconds, minutes or hours, at least a second.
 fn duration(text: &str) -> Result<Duration, &'static str> {
     let text = text.trim();
@@ -105,19 +112,15 @@ fn duration(text: &str) -> Result<Duration, &'static str> {
         Some((at, _)) => text.split_at(at),
         None => (text, "s"),
     };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| "expected a whole number of seconds (30, 30s, 5m, 1h)")?;
+    let n: u64 = digits.parse().map_err(|_| A_DURATION)?;
     let secs = match unit {
         "s" => Some(n),
         "m" => n.checked_mul(60),
         "h" => n.checked_mul(3600),
         _ => None,
     }
-    .ok_or("expected a whole number of seconds (30, 30s, 5m, 1h)")?;
-    if secs == 0 {
-        return Err("must be at least one second");
-    }
+    .filter(|&s| s > 0)
+    .ok_or(A_DURATION)?;
     Ok(Duration::from_secs(secs))
 }
 
@@ -130,12 +133,10 @@ fn speed(text: &str) -> Result<u64, &'static str> {
         Some(b'G' | b'g') => (&text[..text.len() - 1], 30),
         _ => (text, 0),
     };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| "expected bytes a second (262144, 256K, 1M)")?;
+    let n: u64 = digits.parse().map_err(|_| A_SPEED)?;
     n.checked_shl(shift)
         .filter(|v| *v >> shift == n && *v > 0)
-        .ok_or("expected bytes a second (262144, 256K, 1M), at least 1")
+        .ok_or(A_SPEED)
 }
 
 #[cfg(test)]

@@ -89,29 +89,26 @@ pub fn download(
         .iter()
         .map(|&i| manifest.files[i].len())
         .fold(0, u64::saturating_add);
-    let parent = out
-        .parent()
-        .filter(|p| p.exists())
-        .unwrap_or(Path::new("."));
-    mdl::checkout::check_room(if out.is_dir() { out } else { parent }, bytes)?;
+    let lossy_tensors: u32 = selection
+        .files
+        .iter()
+        .map(|&i| listing.files[i].lossy_tensors)
+        .sum();
+    mdl::checkout::check_room(out, bytes)?;
     let targets = target::targets(out, &selection, force)?;
     let _interrupted = targets
         .created
         .as_ref()
         .map(|c| mdl::interrupt::register(c));
-    let result = (|| -> Result<(u64, u32)> {
-        let (mut bytes, mut lossy) = (0, 0);
-        for (&i, to) in selection.files.iter().zip(&targets.paths) {
-            download_file(remote, &commit, &manifest.files[i], to)?;
-            bytes += manifest.files[i].len();
-            lossy += listing.files[i].lossy_tensors;
-        }
-        Ok((bytes, lossy))
-    })();
+    let result = selection
+        .files
+        .iter()
+        .zip(&targets.paths)
+        .try_for_each(|(&i, to)| download_file(remote, &commit, &manifest.files[i], to));
     if result.is_err() {
         target::undo(&targets);
     }
-    let (bytes, lossy_tensors) = result?;
+    result?;
     Ok(CheckoutOutcome {
         id: commit,
         path: targets.reported,

@@ -94,6 +94,13 @@ pub struct Store {
     _lock: Option<RepoLock>,
 }
 
+/// Bytes an unprivileged writer may still put on the disk that holds `path` (`None` when the
+/// file system cannot tell).
+pub fn free_bytes(path: &Path) -> Option<u64> {
+    let s = rustix::fs::statvfs(path).ok()?;
+    Some(s.f_bavail.saturating_mul(s.f_frsize))
+}
+
 impl Store {
     /// Creates a new store at `dir` (the `.mdl` directory itself), with `HEAD → refs/heads/main`.
     ///
@@ -187,13 +194,6 @@ impl Store {
     /// The `.mdl` directory.
     pub fn dir(&self) -> &Path {
         &self.dir
-    }
-
-    /// Bytes an unprivileged writer may still put on the disk that holds the records (`None`
-    /// when the file system cannot tell).
-    pub fn free_bytes(&self) -> Option<u64> {
-        let s = rustix::fs::statvfs(&self.dir).ok()?;
-        Some(s.f_bavail.saturating_mul(s.f_frsize))
     }
 
     /// The metadata database.

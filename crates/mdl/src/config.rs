@@ -20,7 +20,7 @@ pub fn validate(key: &str, value: &str) -> Result<()> {
         _ if remote::KEYS.contains(&key) => Deadlines::default()
             .set(key, value)
             .map(drop)
-            .map_err(|_| invalid_remote(key, value)),
+            .map_err(|expected| invalid_remote(key, value, expected)),
         _ => match limits::ALL.iter().find(|l| l.key == key) {
             Some(limit) => limit.parse(value).map(drop),
             None => {
@@ -129,7 +129,7 @@ pub fn deadlines(repo: Option<&Repository>) -> Result<Deadlines> {
         for key in remote::KEYS {
             if let Some(value) = get(repo, key)? {
                 d.set(key, &value)
-                    .map_err(|_| invalid_remote(key, &value))?;
+                    .map_err(|expected| invalid_remote(key, &value, expected))?;
             }
         }
     }
@@ -137,21 +137,17 @@ pub fn deadlines(repo: Option<&Repository>) -> Result<Deadlines> {
         let name = remote::env_name(key);
         if let Ok(value) = std::env::var(&name) {
             d.set(key, &value)
-                .map_err(|_| invalid_remote(&name, &value))?;
+                .map_err(|expected| invalid_remote(&name, &value, expected))?;
         }
     }
     Ok(d)
 }
 
 /// A `remote.*` setting (or its variable, `MDL_REMOTE_…`) that does not read.
-fn invalid_remote(key: &str, value: &str) -> Error {
+fn invalid_remote(key: &str, value: &str, expected: &'static str) -> Error {
     Error::InvalidConfig {
         key: key.to_string(),
         value: value.to_string(),
-        expected: if key.ends_with("speed") || key.ends_with("SPEED") {
-            "bytes a second, at least 1 (262144, 256K, 1M)"
-        } else {
-            "a whole number of seconds, at least 1 (30, 30s, 5m, 1h)"
-        },
+        expected,
     }
 }

@@ -120,18 +120,16 @@ pub(super) fn remove_created(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Refuses to write `bytes` (a download from a server) into `dir` when its disk has no room
-/// for them: what a server says a commit holds bounds what it may send, and this bounds that.
-pub fn check_room(dir: &Path, bytes: u64) -> Result<()> {
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
-    let free = rustix::fs::statvfs(dir)
-        .ok()
-        .map(|s| s.f_bavail.saturating_mul(s.f_frsize));
-    match free {
+/// Refuses to write `bytes` (a download from a server) at `out` when the disk it goes to
+/// (that of its nearest existing folder) has no room for them: what a server says a commit
+/// holds bounds what it may send, and this bounds that.
+pub fn check_room(out: &Path, bytes: u64) -> Result<()> {
+    let absolute = std::path::absolute(out).unwrap_or_else(|_| out.to_path_buf());
+    let dir = absolute
+        .ancestors()
+        .find(|a| a.is_dir())
+        .unwrap_or(Path::new("/"));
+    match mdl_store::free_bytes(dir) {
         Some(free) if bytes > free => Err(Error::Output {
             path: dir.to_path_buf(),
             source: std::io::Error::other(format!(

@@ -306,7 +306,7 @@ const SPARE_ROOM: u64 = 256 << 20;
 /// Refuses to receive `bytes` (what a peer plans to send) onto a disk without room for them:
 /// a peer's plan bounds what it may send ([`Expect::Planned`]), and this bounds the plan.
 pub fn check_room(repo: &Repository, bytes: u64) -> Result<()> {
-    match repo.store().free_bytes() {
+    match mdl_store::free_bytes(repo.store().dir()) {
         Some(free) if bytes.saturating_add(SPARE_ROOM) > free => Err(Error::BadTransfer(format!(
             "the other repository plans to send {bytes} bytes; the disk holding this one has {free} free"
         ))),

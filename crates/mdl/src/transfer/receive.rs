@@ -377,6 +377,48 @@ impl Receiving<'_> {
             .ok()
             .and_then(|t| t.data_len())
             .ok_or_else(|| bad_pack(format!("{id}: a tensor record without a tensor header")))?;
+        if !self.framed(id, len, &header, content_len)? {
+            return skip(r, len - first as u64);
+        }
+        self.claim(content_len)?;
+        let depth = self.depth(&id, &header)?;
+        // What went wrong with the sender's bytes, as opposed to writing them here.
+        let mut refused: Option<Error> = None;
+        let put = self
+            .batch
+            .put_record_with(&id, &header, content_len, depth, &mut |w| {
+                let sent = Sent {
+                    id: &id,
+                    header: &header,
+                    head: &head,
+                    header_len,
+                    payload_len,
+                    content_len,
+                };
+                sent.copy(r, w).map_err(|failed| match failed {
+                    Copied::Here(e) => e,
+                    Copied::Refused(e) => {
+                        refused = Some(e);
+                        std::io::Error::other("refused")
+                    }
+                })
+            });
+        if let Some(e) = refused {
+            return Err(e);
+        }
+        self.stored(id, len, put?);
+        Ok(())
+    }
+
+    /// Notes a record's frame (`header`, decoding to `content_len` bytes) in the receipt;
+    /// whether the repository still lacks the object.
+    fn framed(
+        &mut self,
+        id: ObjectId,
+        len: u64,
+        header: &RecordHeader,
+        content_len: u64,
+    ) -> Result<bool> {
         self.receipt.frames.push(Frame {
             id,
             offset: self.read_bytes,
@@ -389,72 +431,9 @@ impl Receiving<'_> {
             }),
         });
         self.read_bytes += len;
-        let store = self.repo.store();
-        if self.pending.contains(&id) || store.meta().read()?.object(&id)?.is_some() {
-            return skip(r, len - first as u64);
-        }
-        self.claim(content_len)?;
-        let depth = self.depth(&id, &header)?;
-        // What went wrong with the sender's bytes, as opposed to writing them here.
-        let mut refused: Option<Error> = None;
-        let put = self.batch.put_record_with(
-            &id,
-            &header,
-            content_len,
-            depth,
-            &mut |w: &mut dyn Write| {
-                let mut crc = crc32fast::Hasher::new();
-                crc.update(&head);
-                w.write_all(&head[header_len..])?;
-                let mut left = payload_len - (first - header_len) as u64;
-                let mut buf = vec![0u8; PIECE.min(left as usize)];
-                while left > 0 {
-                    let n = PIECE.min(left as usize);
-                    if let Err(e) = read_exact(r, &mut buf[..n]) {
-                        refused = Some(e);
-                        return Err(std::io::Error::other("the pack stream failed"));
-                    }
-                    crc.update(&buf[..n]);
-                    w.write_all(&buf[..n])?;
-                    left -= n as u64;
-                }
-                let mut trailer = [0u8; TRAILER_LEN];
-                if let Err(e) = read_exact(r, &mut trailer) {
-                    refused = Some(e);
-                    return Err(std::io::Error::other("the pack stream failed"));
-                }
-                crc.update(&trailer[..TRAILER_LEN - 4]);
-                let why = match Trailer::decode(&trailer) {
-                    Err(e) => Some(e.to_string()),
-                    Ok(t) if t.content_len != content_len => Some(
-                        mdl_format::record::check_content_len(&header, payload_len, t.content_len)
-                            .err()
-                            .map_or_else(
-                                || "its trailer disagrees with its header".into(),
-                                |e| e.to_string(),
-                            ),
-                    ),
-                    Ok(t) if t.payload_len != payload_len => {
-                        Some("its trailer disagrees with its length".to_string())
-                    }
-                    Ok(_) if crc.finalize().to_le_bytes() != trailer[TRAILER_LEN - 4..] => {
-                        Some("checksum mismatch".to_string())
-                    }
-                    Ok(_) => None,
-                };
-                if let Some(why) = why {
-                    refused = Some(bad_pack(format!("record of {id}: {why}")));
-                    return Err(std::io::Error::other("refused"));
-                }
-                Ok(())
-            },
-        );
-        let put = match (put, refused) {
-            (_, Some(e)) => return Err(e),
-            (put, None) => put?,
-        };
-        self.stored(id, len, put);
-        Ok(())
+        let present =
+            self.pending.contains(&id) || self.repo.store().meta().read()?.object(&id)?.is_some();
+        Ok(!present)
     }
 
     /// A manifest's or commit's whole record: parsed, its claims checked, and unless the
@@ -462,20 +441,7 @@ impl Receiving<'_> {
     fn whole_record(&mut self, id: ObjectId, record: Vec<u8>) -> Result<()> {
         let len = record.len() as u64;
         let (header, payload_len, content_len) = parse_record(&id, &record)?;
-        self.receipt.frames.push(Frame {
-            id,
-            offset: self.read_bytes,
-            len,
-            record: Some(FrameRecord {
-                kind: header.kind,
-                codec: header.codec,
-                base: header.base,
-                content_len,
-            }),
-        });
-        self.read_bytes += len;
-        let store = self.repo.store();
-        if self.pending.contains(&id) || store.meta().read()?.object(&id)?.is_some() {
+        if !self.framed(id, len, &header, content_len)? {
             return Ok(());
         }
         mdl_format::record::check_content_len(&header, payload_len, content_len)
@@ -578,6 +544,75 @@ impl Receiving<'_> {
         // No fsync may still run on a record once it is removed.
         drop(batch);
         receipt.added.undo(repo);
+    }
+}
+
+/// A tensor record arriving in a frame: what its first bytes (`head`) said, and what the
+/// rest must agree with.
+struct Sent<'a> {
+    id: &'a ObjectId,
+    header: &'a RecordHeader,
+    /// The frame's first bytes: the header, and the payload's start.
+    head: &'a [u8],
+    header_len: usize,
+    payload_len: u64,
+    content_len: u64,
+}
+
+/// Why copying a record stopped: the sender's bytes were refused, or writing them here failed.
+enum Copied {
+    Refused(Error),
+    Here(std::io::Error),
+}
+
+impl Sent<'_> {
+    /// Copies the rest of the record's payload from `r` to `w` (what `head` holds of it
+    /// first), a piece at a time, then reads its trailer and checks it: the lengths, and the
+    /// checksum of every byte before it.
+    fn copy(&self, r: &mut dyn Read, w: &mut dyn Write) -> std::result::Result<(), Copied> {
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(self.head);
+        w.write_all(&self.head[self.header_len..])
+            .map_err(Copied::Here)?;
+        let mut left = self.payload_len - (self.head.len() - self.header_len) as u64;
+        let mut buf = vec![0u8; PIECE.min(left as usize)];
+        while left > 0 {
+            let n = PIECE.min(left as usize);
+            read_exact(r, &mut buf[..n]).map_err(Copied::Refused)?;
+            crc.update(&buf[..n]);
+            w.write_all(&buf[..n]).map_err(Copied::Here)?;
+            left -= n as u64;
+        }
+        let mut trailer = [0u8; TRAILER_LEN];
+        read_exact(r, &mut trailer).map_err(Copied::Refused)?;
+        crc.update(&trailer[..TRAILER_LEN - 4]);
+        match self.trailer_fault(&trailer, crc.finalize()) {
+            Some(why) => Err(Copied::Refused(bad_pack(format!(
+                "record of {}: {why}",
+                self.id
+            )))),
+            None => Ok(()),
+        }
+    }
+
+    /// What is wrong with the record's `trailer`, given the checksum of what came before it.
+    fn trailer_fault(&self, trailer: &[u8; TRAILER_LEN], crc: u32) -> Option<String> {
+        let t = match Trailer::decode(trailer) {
+            Err(e) => return Some(e.to_string()),
+            Ok(t) => t,
+        };
+        if t.content_len != self.content_len {
+            let claim =
+                mdl_format::record::check_content_len(self.header, self.payload_len, t.content_len);
+            return Some(claim.err().map_or_else(
+                || "its trailer disagrees with its header".into(),
+                |e| e.to_string(),
+            ));
+        }
+        if t.payload_len != self.payload_len {
+            return Some("its trailer disagrees with its length".into());
+        }
+        (crc.to_le_bytes() != trailer[TRAILER_LEN - 4..]).then(|| "checksum mismatch".into())
     }
 }
 
