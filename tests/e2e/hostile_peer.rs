@@ -120,18 +120,25 @@ fn run_measured(dir: &Path, args: &[&str]) -> (i32, String, Duration, i64) {
         let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
         s
     });
-    // The peak resident memory of the command itself, sampled until it exits (what the
-    // process had before `exec` — the test's own memory — does not count).
+    // The peak resident memory of the command itself, sampled until it exits. A sample counts
+    // only once the process is named `mdl`: `spawn` can return while the child, between being
+    // woken from vfork and switching to its new address space, still reports the test's own
+    // memory (the kernel names the process after the switch).
     let status_file = format!("/proc/{}/status", child.id());
     let mut peak = 0i64;
     let status = loop {
         if let Ok(text) = std::fs::read_to_string(&status_file) {
-            if let Some(hwm) = text
-                .lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
-            {
-                peak = peak.max(hwm);
+            let field = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .map(|v| v.trim().to_string())
+            };
+            if field("Name:").as_deref() == Some("mdl") {
+                if let Some(hwm) = field("VmHWM:")
+                    .and_then(|v| v.trim_end_matches("kB").trim().parse::<i64>().ok())
+                {
+                    peak = peak.max(hwm);
+                }
             }
         }
         if let Some(status) = child.try_wait().unwrap() {
