@@ -147,6 +147,7 @@ fn library_exit_code(e: &mdl::Error) -> u8 {
             | S::RefConflict { .. },
         )
         | E::Input { .. }
+        | E::Changed { .. }
         | E::InvalidInput { .. }
         | E::DamagedCheckpoint { .. }
         | E::TooLarge(_)

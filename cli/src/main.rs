@@ -86,6 +86,7 @@ fn main() -> ExitCode {
     if !matches!(cli.command, Command::Serve { .. }) {
         clean_up_on_interrupt();
     }
+    report_mapped_file_faults();
     let stdout = io::stdout();
     let mut out = stdout.lock();
     match run(&cli, &mut out) {
@@ -108,6 +109,32 @@ fn main() -> ExitCode {
             failure::report(&e, cli.json, &mut out);
             ExitCode::from(failure::exit_code(&e))
         }
+    }
+}
+
+/// A file read in place through a mapping (one being committed) that another program cuts
+/// short faults on the next read of its lost pages (SIGBUS): said in one line, and the command
+/// stops as a kill would stop it — what it was recording is not half-recorded (a commit names
+/// nothing before it has read every byte), and what it left in `.mdl/incoming` gc removes.
+fn report_mapped_file_faults() {
+    extern "C" fn on_fault(_: libc::c_int) {
+        const LINE: &[u8] = b"error: a file mdl was reading was cut short meanwhile (another \
+program truncated it) or could not be read from the disk; nothing was recorded\n";
+        // SAFETY: write(2) and _exit(2) are async-signal-safe; LINE is static.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::write(2, LINE.as_ptr().cast(), LINE.len());
+            libc::_exit(1);
+        }
+    }
+    // SAFETY: installs a handler that only calls async-signal-safe functions; the action is
+    // fully initialised (zeroed, an empty mask, no flags).
+    #[allow(unsafe_code)]
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_fault as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
     }
 }
 

@@ -250,9 +250,12 @@ class Repository:
     ) -> CommitResult | CommitHandle:
         """Commits a file or a directory (or several), as ``mdl commit`` does.
 
-        The files are read in (mapped) before this returns, so they may be deleted at once.
         With ``wait=False`` it returns a :class:`CommitHandle` while the commit is stored in
-        the background. ``lossy``: True for ``--lossy``, False for ``--lossless``, None for the
+        the background: the files are first copied into the repository's ``.mdl/incoming``
+        (a reflink where the filesystem has them, otherwise a copy at disk speed), so the
+        loop may save the next checkpoint over them, or delete them, as soon as this returns.
+        Otherwise they are read where they are, and a file written while the commit reads it
+        fails the commit (:class:`MdlError`, nothing recorded). ``lossy``: True for ``--lossy``, False for ``--lossless``, None for the
         repository's setting; ``epsilon``: the lossy quality budget. ``follow_links`` and
         ``as_bytes`` are ``--follow-links`` (commit what a symlink out of a folder points to)
         and ``--as-bytes`` (store a damaged checkpoint as bytes instead of refusing it).

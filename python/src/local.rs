@@ -336,8 +336,9 @@ impl Repo {
         }
     }
 
-    /// Stages the files or directories at `paths` (mapped now: deleting them afterwards is
-    /// safe) and commits them in the background.
+    /// Stages the files or directories at `paths` and commits them in the background. They
+    /// are copied before this returns (into the repository's `.mdl/incoming`, a reflink where
+    /// the filesystem has them), so the caller may write or delete them at once.
     fn submit_paths(
         &self,
         py: Python<'_>,
@@ -346,7 +347,16 @@ impl Repo {
     ) -> PyResult<Pending> {
         let opts = options.commit()?;
         let reading = opts.reading;
-        let staged = py.detach(|| Staged::read(&paths, reading)).map_err(error)?;
+        // Beside a bucket's replica, not in it: the replica may not exist yet.
+        let copies = match &self.opener.at {
+            At::Disk(root) => Repository::incoming_of(root),
+            At::Bucket(loc) => {
+                Replica::root_of(loc, &mdl_bucket::cache_root()).with_file_name("incoming")
+            }
+        };
+        let staged = py
+            .detach(|| Staged::copied(&paths, reading, &copies))
+            .map_err(error)?;
         self.submit(py, staged, opts)
     }
 

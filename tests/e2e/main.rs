@@ -28,3 +28,4 @@ mod transfer;
 mod trees;
 mod util;
 mod web;
+mod written_in_place;

@@ -445,3 +445,137 @@ fn maintenance_through_the_server_beside_commits() {
         assert_checkout(&d, id, *n);
     }
 }
+
+/// Readers never wait for maintenance: while `mdl maintenance` re-encodes a series (deferred
+/// reverse deltas; for a lossy series, `mdl compact`), `log`, `show` and `checkout` with
+/// `--wait 0` all answer, and every checkout is what it was before — on disk, or (`served`)
+/// through a server that runs the maintenance itself and answers the reads over HTTP.
+fn readers_during_maintenance(lossy: bool, served: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("repo");
+    ok(dir.path(), &["init", "repo"]);
+    ok(&d, &["config", "delta.defer", "true"]);
+    let file = dir.path().join("ckpt.safetensors");
+    // Large enough tensors that the re-encodes take a while (compaction is quicker).
+    let elems = if lossy { 1 << 21 } else { 1 << 20 };
+    let write = |n: u64| {
+        let ts: Vec<T> = (0..4)
+            .map(|k| {
+                let mut t = tensor(&format!("w{k}"), "F32", &[elems], k);
+                let low = noise(9_000 + n * 8 + k, elems as usize);
+                for (w, r) in t.data.chunks_mut(4).zip(low) {
+                    w[0] = r;
+                }
+                t
+            })
+            .collect();
+        write_safetensors(&file, &ts, &[])
+    };
+    let out = dir.path().join("out");
+    let checkout = |id: &str| {
+        let _ = std::fs::remove_file(&out);
+        let r = mdl(
+            &d,
+            &["--wait", "0", "checkout", id, "-o", out.to_str().unwrap()],
+        );
+        assert!(
+            r.status.success(),
+            "checkout during maintenance: {}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+        std::fs::read(&out).unwrap()
+    };
+    let mut committed = Vec::new();
+    for n in 0..6 {
+        write(n);
+        let mut args = vec!["--json", "commit", file.to_str().unwrap()];
+        if lossy {
+            args.push("--lossy");
+        }
+        let id = id_of(&serde_json::from_str(&ok_queued(&d, &args)).unwrap());
+        let before = checkout(&id);
+        committed.push((id, before));
+    }
+    // A lossy series defers nothing (its deltas are quantized forward): its maintenance is
+    // compaction, every chain re-encoded whole.
+    let upkeep: &[&str] = if lossy {
+        &["compact", "--max-depth", "0"]
+    } else {
+        let pending = json(&d, &["stats"])["pending_reencodes"].as_u64().unwrap();
+        assert!(pending >= 5, "{pending} re-encodes queued");
+        &["maintenance"]
+    };
+    // The maintenance: `mdl maintenance`, or a served repository's own after a commit.
+    let (mut maintenance, server) = if served {
+        let server = Server::start(&["-C", d.to_str().unwrap()], dir.path());
+        write(6);
+        ok(&d, &["commit", file.to_str().unwrap()]);
+        (None, Some(server))
+    } else {
+        let child = Command::new(mdl_bin())
+            .arg("-C")
+            .arg(&d)
+            .args(upkeep)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        (Some(child), None)
+    };
+    let (mut reads, mut during) = (0, 0);
+    loop {
+        let running = match &mut maintenance {
+            Some(child) => child.try_wait().unwrap().is_none(),
+            None => reads < 12,
+        };
+        let (id, before) = &committed[reads % committed.len()];
+        for args in [
+            vec!["--wait", "0", "log", "--json"],
+            vec!["--wait", "0", "show", id],
+        ] {
+            let r = mdl(&d, &args);
+            assert!(
+                r.status.success(),
+                "{args:?} during maintenance: {}",
+                String::from_utf8_lossy(&r.stderr)
+            );
+        }
+        assert!(checkout(id) == *before, "checkout of {id}");
+        reads += 1;
+        if !running {
+            break;
+        }
+        during += 1;
+    }
+    if let Some(child) = maintenance {
+        let status = child.wait_with_output().unwrap();
+        assert!(status.status.success(), "{status:?}");
+    }
+    // Compaction is over in about a round of reads here; the re-encodes take several.
+    let overlap = if lossy { 1 } else { 3 };
+    assert!(
+        during >= overlap,
+        "only {during} rounds of reads overlapped the maintenance"
+    );
+    if let Some(server) = server {
+        server.stop();
+    }
+    // Whatever a stopped server left is done here.
+    assert_eq!(json(&d, &["maintenance"])["pending"], 0);
+    assert_fsck_clean(&d);
+}
+
+#[test]
+fn readers_never_wait_for_maintenance() {
+    readers_during_maintenance(false, false);
+}
+
+#[test]
+fn readers_never_wait_for_the_maintenance_of_a_lossy_series() {
+    readers_during_maintenance(true, false);
+}
+
+#[test]
+fn readers_of_a_served_repository_never_wait_for_its_maintenance() {
+    readers_during_maintenance(false, true);
+}

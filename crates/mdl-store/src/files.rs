@@ -14,14 +14,21 @@ use crate::{Store, StoreError};
 /// Where uploads and outgoing packs are spooled.
 pub const INCOMING_DIR: &str = "incoming";
 
+/// An exclusive temporary file `dir/PREFIX…`, `dir` created if missing: [`Store::incoming_file`]
+/// for a repository that is not open (`dir` its `.mdl/incoming`, or a folder beside a replica
+/// not made yet). Removed when dropped.
+pub fn incoming_file_in(dir: &Path, prefix: &str) -> Result<NamedTempFile, StoreError> {
+    std::fs::create_dir_all(dir).map_err(StoreError::io("create", dir))?;
+    let made = tempfile::Builder::new().prefix(prefix).tempfile_in(dir);
+    made.map_err(StoreError::io("create", dir))
+}
+
 impl Store {
     /// An exclusive temporary file in `.mdl/incoming/` (created if missing), named
     /// `PREFIX…`; it is removed when dropped, and gc or `fsck --repair` removes one a killed
     /// process left.
     pub fn incoming_file(&self, prefix: &str) -> Result<NamedTempFile, StoreError> {
-        let dir = self.incoming()?;
-        let made = tempfile::Builder::new().prefix(prefix).tempfile_in(&dir);
-        made.map_err(StoreError::io("create", &dir))
+        incoming_file_in(&self.incoming()?, prefix)
     }
 
     /// A temporary folder in `.mdl/incoming/`, removed with what it holds when dropped (a tree

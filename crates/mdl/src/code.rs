@@ -15,6 +15,7 @@ impl Error {
             E::Store(s) => store_code(s),
             E::Input { .. } | E::Assemble(_) | E::Merge(_) => C::BadInput,
             E::InvalidInput { .. } => C::InvalidSafetensors,
+            E::Changed { .. } => C::InputChanged,
             E::DamagedCheckpoint { .. } => C::BadInput,
             E::TooLarge(_) => C::TooLarge,
             E::UnknownRevision(_) | E::ShortIdPrefix(_) | E::NoSuchAncestor { .. } => {

@@ -18,6 +18,17 @@ pub enum Error {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A file being committed was written while the commit read it.
+    #[error(
+        "{} changed while it was being committed; nothing was recorded (write each \
+         checkpoint to a new file, or to a temporary one renamed over it, or let the commit \
+         finish before writing it again)",
+        shown(path)
+    )]
+    Changed {
+        /// The file.
+        path: PathBuf,
+    },
     /// The input file is not a valid safetensors file.
     #[error("{}: {}", shown(path), not_safetensors(source, found))]
     InvalidInput {

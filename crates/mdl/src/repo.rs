@@ -116,6 +116,13 @@ impl Repository {
         Ok(self.store.incoming()?)
     }
 
+    /// `.mdl/incoming/` of the repository whose work folder is `root`, found without opening
+    /// it (where a background commit's private copies of its files go; see
+    /// [`crate::commit::Staged::copied`]).
+    pub fn incoming_of(root: &Path) -> PathBuf {
+        root.join(mdl_store::MDL_DIR).join(mdl_store::INCOMING_DIR)
+    }
+
     /// A temporary folder in `.mdl/incoming/` (see [`mdl_store::Store::incoming_dir`]).
     pub fn incoming_dir(&self, prefix: &str) -> Result<tempfile::TempDir> {
         Ok(self.store.incoming_dir(prefix)?)

@@ -58,9 +58,10 @@ enum Db {
 /// How this process holds the database file. redb lets one process have it open for writing
 /// or any number for reading, never both at once; so a process that does not own the
 /// repository for its lifetime opens the file read-only for each read transaction (the
-/// transaction lets go of it when it ends), and for writing only when it first writes. A commit
-/// then keeps readers out only from its publish on, and a reader keeps a writer waiting only
-/// for one read transaction.
+/// transaction lets go of it when it ends), and for writing for each write transaction (closed
+/// once it is committed). A writer then keeps readers out only while it publishes — not for
+/// the rest of its work, however long (maintenance re-encoding a series) — and a reader keeps
+/// a writer waiting only for one read transaction.
 enum Handle {
     /// Opened once, for the lifetime of the [`Meta`] (the server, which owns its repositories).
     Held(Db),
@@ -70,8 +71,9 @@ enum Handle {
         path: PathBuf,
         /// How long to wait for another process's transaction to let go of the file.
         wait: Duration,
-        /// The database opened for writing, once this process has written: every later
-        /// transaction goes through it (a read-only open would wait for it).
+        /// The database opened for writing, while this process writes: every transaction
+        /// meanwhile goes through it (a read-only open would wait for it). Emptied when the
+        /// write is committed.
         written: Mutex<Option<Arc<redb::Database>>>,
         /// For a writer (which holds the repository lock, so no other process can be waiting
         /// to publish): the read-only open its reads share until its first write, instead of
@@ -287,6 +289,7 @@ impl Meta {
         let Some(journal) = &self.journal else {
             return Err(StoreError::ReadOnlyDatabase);
         };
+        let mut kept = None;
         let txn = self.note(guarded(|| match self.handle() {
             Handle::Held(Db::Rw(d)) => d.begin_write().map_err(db),
             Handle::Held(Db::Ro(_)) => Err(StoreError::ReadOnlyDatabase),
@@ -310,6 +313,7 @@ impl Meta {
                     let opened = try_open::<redb::Database>(path)?;
                     Ok(opened.map(|d| lock(written).insert(Arc::new(d)).clone()))
                 })?;
+                kept = Some(written);
                 d.begin_write().map_err(db)
             }
         }))?;
@@ -319,6 +323,7 @@ impl Meta {
             failed: &self.failed,
             commits: &self.commits,
             changes: Vec::new(),
+            written: kept,
         })
     }
 }

@@ -2,6 +2,7 @@
 //! the journal keeps.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use mdl_format::{ObjectId, Timestamp};
 use redb::{ReadableTable, ReadableTableMetadata};
@@ -26,6 +27,10 @@ pub struct MetaWrite<'m> {
     /// The database's count of committed writes ([`Meta::generation`]).
     pub(super) commits: &'m AtomicU64,
     pub(super) changes: Vec<Change>,
+    /// Where a process that does not hold the database keeps it open for writing: emptied
+    /// once the transaction is committed, so that other processes' reads are kept out only
+    /// while a transaction publishes, not for the rest of this process's work.
+    pub(super) written: Option<&'m Mutex<Option<Arc<redb::Database>>>>,
 }
 
 impl MetaWrite<'_> {
@@ -285,6 +290,10 @@ impl MetaWrite<'_> {
         let result = guarded(|| self.txn.commit().map_err(db));
         // Counted whether or not it took: a failed commit may still have changed the file.
         self.commits.fetch_add(1, Ordering::Release);
+        if let Some(written) = self.written {
+            // Closed when the last transaction of this process using it ends.
+            drop(super::lock(written).take());
+        }
         if result.is_err() {
             self.failed.store(true, Ordering::Relaxed);
             if !self.changes.is_empty() {

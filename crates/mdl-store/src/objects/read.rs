@@ -17,8 +17,11 @@ use super::{buffers, zeroed, MAX_CHAIN};
 
 impl Store {
     /// Runs a read of `id` starting from `entry`; if a record file is gone because compaction
-    /// or gc re-encoded the object (or a base) after `entry` was read, runs it again from the
-    /// index's current entries. A reader never fails because maintenance ran beside it.
+    /// or gc re-encoded the object (or a base) after `entry` was read, or the chain read does
+    /// not hold together because maintenance turned it round meanwhile (a forward delta
+    /// re-encoded as a reverse one: the stale entry and a fresh base then point at each
+    /// other), runs it again from the index's current entries. A reader never fails because
+    /// maintenance ran beside it; a record truly damaged is reported after a few tries.
     pub(super) fn reread<R>(
         &self,
         id: &ObjectId,
@@ -29,11 +32,13 @@ impl Store {
         let mut attempts = 0;
         loop {
             match read(&current) {
-                Err(StoreError::Missing(gone)) if attempts < REREADS => {
+                Err(e @ (StoreError::Missing(_) | StoreError::Corrupt { .. }))
+                    if attempts < REREADS =>
+                {
                     attempts += 1;
                     match self.meta().read()?.object(id)? {
                         Some(fresh) => current = fresh,
-                        None => return Err(StoreError::Missing(gone)),
+                        None => return Err(e),
                     }
                 }
                 other => return other,

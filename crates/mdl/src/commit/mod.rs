@@ -291,6 +291,8 @@ fn commit_input(
             (manifest, input.len(), tensors)
         }
     };
+    // Every byte is read: a file written meanwhile is refused before anything names it.
+    input.check_unchanged()?;
     let manifest_id = put_manifest(repo, &batch, &manifest, &mut stored.added)?;
     let stats = CommitStats {
         raw_bytes,

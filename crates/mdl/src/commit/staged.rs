@@ -2,14 +2,15 @@
 //! pairs the caller knows, and what the commit must wait for before it reads the bytes.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::input::{Input, MemoryFile, Reading};
 use crate::{Error, Result};
 
 /// What a commit will store, read in and checked but not yet stored: files on disk mapped
-/// into memory (a file deleted afterwards is still read whole), or files given as bytes. A
+/// into memory (a file deleted or renamed over afterwards is still read whole; one written in
+/// place fails the commit, unless copied first), or files given as bytes. A
 /// background commit ([`crate::background`]) is staged by the caller and stored on a thread
 /// of its own.
 pub struct Staged {
@@ -31,11 +32,24 @@ impl Staged {
         Self::read(paths, Reading::default())
     }
 
-    /// [`Staged::paths`], read as `reading` says.
+    /// [`Staged::paths`], read as `reading` says. The files are read where they are: the
+    /// commit fails, recording nothing, if one is written before it has read them.
     pub fn read(paths: &[PathBuf], reading: Reading) -> Result<Staged> {
+        Self::open(paths, reading, None)
+    }
+
+    /// [`Staged::read`] from private copies of the files, made in the folder `copies` (on
+    /// the repository's disk: `.mdl/incoming`) before this returns — a reflink where the
+    /// filesystem has them, otherwise a copy — and removed when the commit is done: the
+    /// caller may write the files again at once (a background commit's).
+    pub fn copied(paths: &[PathBuf], reading: Reading, copies: &Path) -> Result<Staged> {
+        Self::open(paths, reading, Some(copies))
+    }
+
+    fn open(paths: &[PathBuf], reading: Reading, copies: Option<&Path>) -> Result<Staged> {
         let started = Instant::now();
         Ok(Staged {
-            input: Input::open(paths, reading)?,
+            input: Input::open(paths, reading, copies)?,
             client: Vec::new(),
             started,
             ready: None,

@@ -13,6 +13,7 @@ use mdl_format::{FileFormat, TensorHeader};
 use crate::{Error, Result};
 
 mod split;
+mod stamp;
 mod trainer;
 mod walk;
 
@@ -47,19 +48,48 @@ pub(crate) struct InputFile {
 
 /// Where a file's bytes are.
 enum Data {
-    /// An empty file (which cannot be mapped).
+    /// No bytes, given as such.
     Empty,
-    /// A file on disk, mapped (and open, to be read by copying).
-    Mapped(memmap2::Mmap, File),
+    /// A file on disk: mapped (none if empty, which cannot be), and open to be read by
+    /// copying.
+    Disk {
+        map: Option<memmap2::Mmap>,
+        file: File,
+        /// Its stamp when opened, checked once the commit has read it; none for a private
+        /// copy, which nobody else writes.
+        stamp: Option<stamp::Stamp>,
+        /// The private copy mapped, removed when the input is dropped.
+        _copy: Option<tempfile::TempPath>,
+    },
     /// Bytes a caller handed over (a live state serialized in memory).
     Owned(Box<dyn AsRef<[u8]> + Send + Sync>),
 }
 
 impl Data {
+    /// `e`, a failure to read or parse the file at `path`; or, where the file is read in
+    /// place and is being written (its stamp moves within a clock tick or two of the
+    /// failure), that: the cause of `e`, most likely — a file cut short or half rewritten.
+    fn explain(&self, path: &Path, e: Error) -> Error {
+        match self {
+            Data::Disk {
+                file,
+                stamp: Some(stamp),
+                ..
+            } => {
+                stamp::settle([stamp, &stamp::Stamp::now()]);
+                match stamp.check(file, path) {
+                    Err(changed @ Error::Changed { .. }) => changed,
+                    _ => e,
+                }
+            }
+            _ => e,
+        }
+    }
+
     fn bytes(&self) -> &[u8] {
         match self {
-            Data::Empty => &[],
-            Data::Mapped(m, _) => m,
+            Data::Empty | Data::Disk { map: None, .. } => &[],
+            Data::Disk { map: Some(map), .. } => map,
             Data::Owned(v) => (**v).as_ref(),
         }
     }
@@ -171,9 +201,15 @@ pub(crate) struct Input {
 }
 
 impl Input {
-    /// Reads the files under `paths` (see [`walk::files`]) and splits each.
-    pub(crate) fn open(paths: &[PathBuf], reading: Reading) -> Result<Input> {
-        Self::open_found(walk::files(paths, reading.follow_links)?, reading.as_bytes)
+    /// Reads the files under `paths` (see [`walk::files`]) and splits each: in place, or,
+    /// with `copies`, from private copies made there before this returns (see [`hold`]).
+    pub(crate) fn open(
+        paths: &[PathBuf],
+        reading: Reading,
+        copies: Option<&Path>,
+    ) -> Result<Input> {
+        let found = walk::files(paths, reading.follow_links)?;
+        Self::open_found(found, reading.as_bytes, copies)
     }
 
     /// Reads the one file at `source`, entered under `tree_path`.
@@ -187,7 +223,7 @@ impl Input {
             source: source.to_path_buf(),
             executable: false,
         };
-        Self::open_found(vec![found], as_bytes)
+        Self::open_found(vec![found], as_bytes, None)
     }
 
     /// The tree of `files`, given as bytes (checked like paths from disk: valid and unique).
@@ -223,15 +259,40 @@ impl Input {
         Self::open_data(found, false)
     }
 
-    fn open_found(found: Vec<walk::Found>, as_bytes: bool) -> Result<Input> {
-        let found = found
+    fn open_found(found: Vec<walk::Found>, as_bytes: bool, copies: Option<&Path>) -> Result<Input> {
+        // Every file is stamped before a byte of any is read.
+        let opened = found
             .into_iter()
             .map(|f| {
-                let data = map_file(&f.source)?;
+                let (file, stamp) = open_file(&f.source)?;
+                Ok((f, file, stamp))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        stamp::settle(opened.iter().map(|(_, _, s)| s));
+        let found = opened
+            .into_iter()
+            .map(|(f, file, stamp)| {
+                let data = hold(&f.source, file, stamp, copies)?;
                 Ok((f, data, None))
             })
             .collect::<Result<Vec<_>>>()?;
         Self::open_data(found, as_bytes)
+    }
+
+    /// An error unless every file read in place is as it was when opened: called once the
+    /// commit has read them all, before it records anything.
+    pub(crate) fn check_unchanged(&self) -> Result<()> {
+        for f in &self.files {
+            if let Data::Disk {
+                file,
+                stamp: Some(stamp),
+                ..
+            } = &f.data
+            {
+                stamp.check(file, &f.source)?;
+            }
+        }
+        Ok(())
     }
 
     fn open_data(
@@ -244,7 +305,8 @@ impl Input {
         };
         for (f, data, device) in found {
             let bytes = data.bytes();
-            let cut = split::cut(&f.source, &f.tree_path, bytes, as_bytes)?;
+            let cut = split::cut(&f.source, &f.tree_path, bytes, as_bytes)
+                .map_err(|e| data.explain(&f.source, e))?;
             let index = input.files.len();
             let mut runs = Vec::with_capacity(cut.runs.len());
             for run in cut.runs {
@@ -336,13 +398,15 @@ impl Input {
         let p = &self.pieces[i];
         let f = &self.files[p.file];
         match &f.data {
-            Data::Mapped(_, file) => {
+            Data::Disk { file, .. } => {
                 use std::os::unix::fs::FileExt;
-                file.read_exact_at(buf, p.offset + at)
-                    .map_err(|source| Error::Input {
+                file.read_exact_at(buf, p.offset + at).map_err(|source| {
+                    let e = Error::Input {
                         path: f.source.clone(),
                         source,
-                    })
+                    };
+                    f.data.explain(&f.source, e)
+                })
             }
             _ => {
                 let at = at as usize;
@@ -382,7 +446,7 @@ impl Input {
     /// so resident memory follows the piece being worked on, not the tree's size.
     pub(crate) fn release(&self, i: usize) {
         let p = &self.pieces[i];
-        let Data::Mapped(map, _) = &self.files[p.file].data else {
+        let Data::Disk { map: Some(map), .. } = &self.files[p.file].data else {
             return;
         };
         let start = p.offset as usize;
@@ -418,27 +482,62 @@ impl InputFile {
     }
 }
 
-/// Maps `path` read-only.
-fn map_file(path: &Path) -> Result<Data> {
+/// `path` opened for reading, and its stamp; an error unless it is a regular file.
+fn open_file(path: &Path) -> Result<(File, stamp::Stamp)> {
     let io = |source| Error::Input {
         path: path.to_path_buf(),
         source,
     };
     let file = File::open(path).map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if !meta.is_file() {
+    if !file.metadata().map_err(io)?.is_file() {
         return Err(io(std::io::Error::other("not a regular file")));
     }
-    if meta.len() == 0 {
-        return Ok(Data::Empty);
-    }
-    // SAFETY: the map is read-only and private. Another process truncating the file while
-    // it is mapped would fault, as for every mmap-based reader (safetensors included); one
-    // rewriting it in place cannot corrupt the store, because every piece is re-hashed as
-    // it is encoded and a mismatch aborts the commit.
-    #[allow(unsafe_code)]
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-    Ok(Data::Mapped(map, file))
+    let stamp = stamp::Stamp::of(&file, path)?;
+    Ok((file, stamp))
+}
+
+/// The bytes of `file` (at `path`, stamped `stamp`), mapped read-only: the file itself, or
+/// with `copies` a private copy made in that folder (a reflink where the filesystem has them,
+/// otherwise a copy in the kernel), checked against the stamp once made.
+fn hold(path: &Path, file: File, stamp: stamp::Stamp, copies: Option<&Path>) -> Result<Data> {
+    let io = |source| Error::Input {
+        path: path.to_path_buf(),
+        source,
+    };
+    let (file, stamp, copy) = match copies {
+        None => {
+            stamp.check(&file, path)?;
+            (file, Some(stamp), None)
+        }
+        Some(dir) => {
+            let mut tmp = mdl_store::incoming_file_in(dir, "snapshot-")?;
+            let copied = std::io::copy(&mut &file, tmp.as_file_mut()).map_err(io)?;
+            stamp.check(&file, path)?;
+            if copied != file.metadata().map_err(io)?.len() {
+                return Err(Error::Changed {
+                    path: path.to_path_buf(),
+                });
+            }
+            let (copy, kept) = tmp.into_parts();
+            (copy, None, Some(kept))
+        }
+    };
+    let map = if file.metadata().map_err(io)?.len() == 0 {
+        None
+    } else {
+        // SAFETY: the map is read-only and private. Another process truncating the file while
+        // it is mapped would fault (SIGBUS; the CLI reports it in one line, see its main.rs): a
+        // private copy is never written, and a file read in place is stamped, so that one
+        // rewritten in place is refused (`check_unchanged`) rather than recorded.
+        #[allow(unsafe_code)]
+        Some(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?)
+    };
+    Ok(Data::Disk {
+        map,
+        file,
+        stamp,
+        _copy: copy,
+    })
 }
 
 /// The layout of `bytes` as a safetensors file, checked.
