@@ -52,6 +52,7 @@ class Repo:
         self,
         paths: list[str],
         options: Options,
+        copy: bool = True,
     ) -> Pending: ...
     def submit_buffers(
         self,

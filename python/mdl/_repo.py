@@ -269,7 +269,8 @@ class Repository:
             return handle.wait() if wait else handle
         with self._lock:
             self.wait()
-            pending = self._native.submit_paths(listed, options)
+            # A commit waited for reads the files in place; one that is not copies them first.
+            pending = self._native.submit_paths(listed, options, not wait)
         return self._settle(CommitHandle(pending), wait)
 
     def _settle(self, handle: CommitHandle, wait: bool) -> CommitResult | CommitHandle:

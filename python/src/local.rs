@@ -336,17 +336,24 @@ impl Repo {
         }
     }
 
-    /// Stages the files or directories at `paths` and commits them in the background. They
-    /// are copied before this returns (into the repository's `.mdl/incoming`, a reflink where
-    /// the filesystem has them), so the caller may write or delete them at once.
+    /// Stages the files or directories at `paths` and commits them in the background. With
+    /// `copy` they are copied before this returns (into the repository's `.mdl/incoming`, a
+    /// reflink where the filesystem has them), so the caller may write or delete them at
+    /// once; otherwise they are read in place, and one written meanwhile fails the commit.
+    #[pyo3(signature = (paths, options, copy = true))]
     fn submit_paths(
         &self,
         py: Python<'_>,
         paths: Vec<PathBuf>,
         options: Options,
+        copy: bool,
     ) -> PyResult<Pending> {
         let opts = options.commit()?;
         let reading = opts.reading;
+        if !copy {
+            let staged = py.detach(|| Staged::read(&paths, reading)).map_err(error)?;
+            return self.submit(py, staged, opts);
+        }
         // Beside a bucket's replica, not in it: the replica may not exist yet.
         let copies = match &self.opener.at {
             At::Disk(root) => Repository::incoming_of(root),

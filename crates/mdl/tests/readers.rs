@@ -122,8 +122,8 @@ fn readers_do_not_wait_for_a_commit_at_work() {
 
 /// A reader's open transaction keeps a writer's publish waiting for as long as the writer's
 /// patience lasts (here none: it fails as busy), and nothing of a publish that gave up is
-/// visible afterwards; once the reader lets go the same commit goes through, and readers wait
-/// for that writer from its publish until it lets go of the repository.
+/// visible afterwards; once the reader lets go the same commit goes through, and readers read
+/// it at once, the writer still holding the repository.
 #[test]
 fn a_publish_waits_for_open_read_transactions() {
     let dir = tempfile::tempdir().unwrap();
@@ -146,9 +146,9 @@ fn a_publish_waits_for_open_read_transactions() {
     assert!(mdl::log::log(&reader, None, None).unwrap().is_empty());
     // Once the reader lets go, the same commit publishes.
     commit(&writer, &one, &CommitOptions::default(), &NoProgress).unwrap();
-    // A process that has published keeps the database until it is done with the repository.
-    let e = mdl::log::log(&reader, None, None).unwrap_err();
-    assert!(matches!(e, Error::Store(StoreError::Busy { .. })), "{e}");
+    // A process that has published lets go of the database with its publish: readers read
+    // while it still holds the repository (maintenance after a commit, issue 68).
+    assert_eq!(mdl::log::log(&reader, None, None).unwrap().len(), 1);
     drop(writer);
     assert_eq!(mdl::log::log(&reader, None, None).unwrap().len(), 1);
 }

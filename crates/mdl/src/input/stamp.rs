@@ -116,9 +116,9 @@ pub(crate) fn settle<'a>(stamps: impl IntoIterator<Item = &'a Stamp>) {
 }
 
 #[cfg(test)]
-// The tests write the files they stamp (not a repository's).
-#[allow(clippy::disallowed_methods)]
 mod tests {
+    // The tests write the files they stamp (not a repository's).
+    #![allow(clippy::disallowed_methods)]
     use super::*;
     use std::io::Write;
 
