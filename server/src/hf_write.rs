@@ -10,15 +10,12 @@
 //! every client as installed; with `mdl serve --hf-lfs-from SIZE`, files of at least SIZE go
 //! through git LFS first (`hf_lfs.rs`), for clients without Xet (docs/DECISIONS.md).
 
-use std::io::BufRead;
-
 use axum::body::Body;
 use axum::extract::{Path, State as AxState};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use base64::Engine as _;
 use mdl::commit::CommitOptions;
 use mdl_protocol::ErrorCode;
 use serde_json::{json, Value};
@@ -26,6 +23,7 @@ use serde_json::{json, Value};
 use crate::access::{blocking, json_body, Access, ApiResult, Writer};
 use crate::auth::{check, Scope};
 use crate::error::ApiError;
+use crate::hf_changes::read_changes;
 use crate::upload::spool;
 use crate::State;
 
@@ -125,72 +123,6 @@ async fn preupload(
     Ok(Json(json!({ "files": answer })).into_response())
 }
 
-/// What a commit request asks for.
-#[derive(Default)]
-struct Changes {
-    summary: String,
-    description: String,
-    parent: Option<String>,
-    /// Files sent inline: path and bytes.
-    files: Vec<(String, Vec<u8>)>,
-    /// Files uploaded through LFS: path and SHA-256.
-    lfs: Vec<(String, String)>,
-    deleted: Vec<String>,
-}
-
-/// Reads the commit request's lines (NDJSON: a header, then one line per file added or
-/// deleted).
-fn read_changes(body: &std::path::Path) -> ApiResult<Changes> {
-    let file = std::fs::File::open(body)
-        .map_err(|e| ApiError::internal(format!("reading the upload: {e}")))?;
-    let mut out = Changes::default();
-    for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| bad(format!("line {}: {e}", n + 1)))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let item: Value =
-            serde_json::from_str(&line).map_err(|e| bad(format!("line {}: {e}", n + 1)))?;
-        let value = &item["value"];
-        let text = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_string);
-        let path = || text("path").ok_or_else(|| bad(format!("line {}: no \"path\"", n + 1)));
-        match item["key"].as_str() {
-            Some("header") => {
-                out.summary = text("summary").unwrap_or_default();
-                out.description = text("description").unwrap_or_default();
-                out.parent = text("parentCommit");
-            }
-            Some("file") => {
-                let path = path()?;
-                if text("encoding").as_deref() != Some("base64") {
-                    return Err(bad(format!("{path}: only base64 content is taken")));
-                }
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(text("content").unwrap_or_default())
-                    .map_err(|e| bad(format!("{path}: its content is not base64: {e}")))?;
-                out.files.push((path, bytes));
-            }
-            Some("deletedFile") | Some("deletedFolder") => out.deleted.push(path()?),
-            Some("lfsFile") => {
-                let path = path()?;
-                if text("algo").is_some_and(|a| a != "sha256") {
-                    return Err(bad(format!("{path}: LFS objects are named by sha256")));
-                }
-                let oid = text("oid").ok_or_else(|| bad(format!("{path}: no \"oid\"")))?;
-                out.lfs.push((path, oid));
-            }
-            Some(other) => {
-                return Err(ApiError::new(
-                    ErrorCode::Unsupported,
-                    format!("commit operation {other:?} is not supported by mdl serve"),
-                ))
-            }
-            None => return Err(bad(format!("line {}: no \"key\"", n + 1))),
-        }
-    }
-    Ok(out)
-}
-
 /// `POST /api/models/{repo}/commit/{rev}`: one mdl commit on branch `rev` (created from HEAD's
 /// branch if missing) whose tree is the branch's with the request's files added or replaced
 /// and its deletions made.
@@ -213,9 +145,12 @@ async fn commit(
     let warm = state.warm.clone();
     let deferred = served.clone();
     let answer = blocking(move || {
-        let changes = read_changes(upload.path())?;
+        // The tree is written as the request is read.
+        let tree = served.repo.incoming_dir(".hf-commit-")?;
+        let max_files = mdl::files_allowed(&served.repo)?;
+        let changes = read_changes(upload.path(), tree.path(), max_files)?;
         drop(upload);
-        if changes.files.is_empty() && changes.lfs.is_empty() && changes.deleted.is_empty() {
+        if changes.is_empty() {
             return Err(bad("the commit changes nothing"));
         }
         let branch = mdl::RefName::new(&rev).map_err(|e| bad(e.to_string()))?;
@@ -231,8 +166,7 @@ async fn commit(
             }
             staged.push((path.clone(), from));
         }
-        let tree = served.repo.incoming_dir(".hf-commit-")?;
-        write_tree(tree.path(), &changes.files, &staged)?;
+        link_staged(tree.path(), &staged)?;
         let (outcome, published) = served.change(true, |repo| {
             if let Some(parent) = &changes.parent {
                 let tip = mdl::revision::resolve(repo, &rev)
@@ -277,44 +211,22 @@ async fn commit(
     answer
 }
 
-/// The commit's files as a tree under `root`, a fresh folder in the repository's `incoming/`
-/// that this request owns (as `tree::unpack` writes an uploaded tar): inline files written,
-/// LFS ones linked (else copied) from where their upload left them.
+/// The commit's LFS files placed in its tree under `root` (a fresh folder in the repository's
+/// `incoming/` that this request owns, its paths checked as they were read): linked (else
+/// copied) from where their upload left them.
 #[allow(clippy::disallowed_methods)]
-fn write_tree(
-    root: &std::path::Path,
-    files: &[(String, Vec<u8>)],
-    staged: &[(String, std::path::PathBuf)],
-) -> ApiResult<()> {
-    for (path, bytes) in files {
-        std::fs::write(place(root, path)?, bytes)
-            .map_err(|e| ApiError::internal(format!("writing {path}: {e}")))?;
-    }
+fn link_staged(root: &std::path::Path, staged: &[(String, std::path::PathBuf)]) -> ApiResult<()> {
     for (path, from) in staged {
-        let to = place(root, path)?;
+        let to = root.join(path);
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| ApiError::internal(format!("making the folder of {path}: {e}")))?;
+        }
         std::fs::hard_link(from, &to)
             .or_else(|_| std::fs::copy(from, &to).map(drop))
             .map_err(|e| ApiError::internal(format!("placing {path}: {e}")))?;
     }
     Ok(())
-}
-
-/// Where the file at tree path `path` goes under `root` (its folders made): a relative path
-/// of plain names, or the request is refused.
-#[allow(clippy::disallowed_methods)] // under `write_tree`'s fresh folder
-fn place(root: &std::path::Path, path: &str) -> ApiResult<std::path::PathBuf> {
-    let plain = |c: &str| !c.is_empty() && c != "." && c != ".." && !c.contains('\\');
-    if path.starts_with('/') || !path.split('/').all(plain) {
-        return Err(bad(format!(
-            "{path:?} is not a relative path of plain names"
-        )));
-    }
-    let at = root.join(path);
-    if let Some(dir) = at.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| ApiError::internal(format!("making the folder of {path}: {e}")))?;
-    }
-    Ok(at)
 }
 
 /// `POST /api/models/{repo}/branch/{branch}` `{"startingPoint"?}`: a new branch at that

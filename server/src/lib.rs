@@ -16,6 +16,7 @@ mod budgeted;
 pub mod error;
 mod files;
 mod hf;
+mod hf_changes;
 mod hf_lfs;
 mod hf_write;
 mod stream;

@@ -11,6 +11,7 @@ mod engine;
 mod hostile;
 mod hostile_modes;
 mod hostile_peer;
+mod hub_upload;
 mod interrupt;
 mod journeys;
 mod json_shapes;

@@ -514,3 +514,60 @@ fn a_tree_of_many_files() {
     ok(d, &["checkout", "main", "-o", out.to_str().unwrap()]);
     assert_eq!(snapshot(&out), snapshot(&src));
 }
+
+/// A folder committed with a repository's `.mdl` inside it: the rest is committed, and the
+/// leaving out is said (it once went without a word).
+#[test]
+fn a_repository_folder_inside_a_tree_is_left_out_with_a_word() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    ok(d, &["init", "repo"]);
+    let src = d.join("ck");
+    std::fs::create_dir_all(src.join("sub/.mdl")).unwrap();
+    std::fs::write(src.join("sub/.mdl/x"), "x").unwrap();
+    std::fs::write(src.join("ok.txt"), "ok").unwrap();
+    let out = mdl(&d.join("repo"), &["commit", src.to_str().unwrap()]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("left out") && stderr.contains(".mdl"),
+        "{stderr}"
+    );
+    let listed = ok(&d.join("repo"), &["show", "main"]);
+    assert!(
+        listed.contains("ok.txt") && !listed.contains(".mdl"),
+        "{listed}"
+    );
+}
+
+/// A file whose size says 0 but which reads more (`/proc/self/status`) is refused, not
+/// committed empty.
+#[test]
+fn a_file_whose_size_says_nothing_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    ok(d, &["init"]);
+    let before = state(d);
+    fails(d, &["commit", "/proc/self/status"], "/proc or /sys file");
+    assert_eq!(state(d), before);
+}
+
+/// A damaged safetensors file is refused naming the fault whatever its name (a truncated
+/// `x.st` was once committed as bytes), and stored whole with `--as-bytes`.
+#[test]
+fn a_damaged_checkpoint_is_refused_whatever_its_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    ok(d, &["init"]);
+    let full = write_safetensors(
+        &d.join("full.safetensors"),
+        &[tensor("w", "F32", &[1024], 1)],
+        &[],
+    );
+    let cut = d.join("x.st");
+    std::fs::write(&cut, &full[..full.len() - 100]).unwrap();
+    let before = state(d);
+    fails(d, &["commit", cut.to_str().unwrap()], "safetensors");
+    assert_eq!(state(d), before);
+    ok(d, &["commit", cut.to_str().unwrap(), "--as-bytes"]);
+}

@@ -73,6 +73,12 @@ impl Limit {
     }
 }
 
+/// How many files one commit of `repo` may hold (`limits.files`): what a server refuses an
+/// upload past as soon as it has counted one more.
+pub fn files_allowed(repo: &Repository) -> Result<u64> {
+    FILES.configured(&repo.store().meta().read()?)
+}
+
 /// Refuses `input` when it holds more than the repository allows; checked before anything of
 /// it is stored.
 pub(crate) fn check(repo: &Repository, input: &Input) -> Result<()> {

@@ -493,6 +493,16 @@ fn open_file(path: &Path) -> Result<(File, stamp::Stamp)> {
         return Err(io(std::io::Error::other("not a regular file")));
     }
     let stamp = stamp::Stamp::of(&file, path)?;
+    if stamp.is_empty() {
+        // A file whose size says nothing of its bytes (/proc, /sys) would commit as empty.
+        use std::os::unix::fs::FileExt;
+        if file.read_at(&mut [0u8; 1], 0).map_err(io)? > 0 {
+            return Err(io(std::io::Error::other(
+                "its size says 0 bytes but it reads more (a /proc or /sys file): copy it to a \
+                 regular file to commit it",
+            )));
+        }
+    }
     Ok((file, stamp))
 }
 

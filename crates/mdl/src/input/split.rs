@@ -108,7 +108,9 @@ pub(super) fn cut(path: &Path, tree_path: &str, bytes: &[u8], as_bytes: bool) ->
                     header_len: data_start,
                 });
             }
-            Err(source) if named_safetensors && !as_bytes => {
+            // Named safetensors, or starting as one whatever its name (a damaged `x.st`):
+            // refused, naming the fault, unless stored as bytes on purpose.
+            Err(source) if !as_bytes => {
                 // What the first bytes say it is instead, unless they start as safetensors
                 // does (its header's length can read as `{` or as blanks).
                 let found = (!looks_like_safetensors(bytes))

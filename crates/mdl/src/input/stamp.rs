@@ -60,6 +60,11 @@ impl Stamp {
         }
     }
 
+    /// Whether the file had no bytes, by its size.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// An error naming `path` unless `file` still has this stamp.
     pub(crate) fn check(&self, file: &File, path: &Path) -> Result<()> {
         if Stamp::of(file, path)? == *self {

@@ -142,7 +142,13 @@ fn walk(
         };
         let kind = e.file_type().map_err(io(&path))?;
         if kind.is_dir() {
-            if name != mdl_store::MDL_DIR {
+            if name == mdl_store::MDL_DIR {
+                // Never dropped without a word.
+                tracing::warn!(
+                    "left out {}: a repository's own folder (.mdl) is never committed",
+                    crate::error::shown(&path)
+                );
+            } else {
                 walk(&path, &tree_path, inside, add)?;
             }
         } else if kind.is_symlink() {
