@@ -88,6 +88,8 @@ def _options(
     as_bytes: bool = False,
 ) -> dict:
     """A commit's options as the native module takes them."""
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**64):
+        raise _state.invalid(f"step must be a whole number, 0 or more: not {step!r}")
     return {
         "message": message,
         "step": step,

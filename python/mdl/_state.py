@@ -41,6 +41,8 @@ DTYPES: dict[str, tuple[str, str | None]] = {
     "BF16": ("bfloat16", None),
     "F8_E4M3": ("float8_e4m3fn", None),
     "F8_E5M2": ("float8_e5m2", None),
+    "F8_E8M0": ("float8_e8m0fnu", None),
+    "C64": ("complex64", "<c8"),
     "I64": ("int64", "<i8"),
     "I32": ("int32", "<i4"),
     "I16": ("int16", "<i2"),
@@ -52,6 +54,15 @@ DTYPES: dict[str, tuple[str, str | None]] = {
     "BOOL": ("bool", "?"),
 }
 _NUMPY_NAMES = {np.dtype(v).str: k for k, (_, v) in DTYPES.items() if v is not None}
+
+
+def invalid(message: str) -> Exception:
+    """mdl's own error for a value it cannot take: :class:`InvalidInput`, code ``bad_input``."""
+    from . import _mdl
+
+    err = _mdl.InvalidInput(message)
+    err.code = "bad_input"
+    return err
 
 
 def _torch():
@@ -91,6 +102,17 @@ class Tensors:
     def add(self, name: str, value: Any) -> dict:
         if name in self.items:
             raise ValueError(f"tensor {name!r} given twice in {self.path}")
+        if name == "__metadata__":
+            raise invalid(
+                "a tensor cannot be named '__metadata__' (safetensors keeps that name for the "
+                "file's metadata): rename that key of the state"
+            )
+        torch = _torch()
+        if torch is not None and isinstance(value, torch.Tensor) and value.layout != torch.strided:
+            raise invalid(
+                f"{name}: a {str(value.layout).removeprefix('torch.')} tensor; mdl stores dense "
+                "tensors (call .to_dense() on it first)"
+            )
         self.items[name] = value
         return {"$tensor": [self.path, name]}
 

@@ -89,3 +89,20 @@ def test_links_out_of_a_folder_damaged_checkpoints_and_limits(tmp_path):
     (ck / "a.txt").write_text("a")
     (ck / "b.txt").write_text("b")
     raised(mdl.InvalidInput, "too_large", lambda: repo.commit(ck, wait=True))
+
+
+def test_state_it_cannot_take_is_refused_in_mdls_words(tmp_path):
+    import torch
+
+    repo = mdl.init(tmp_path / "repo")
+    cases = [
+        (dict(extra={"w": torch.ones(2)}, step=-1), "step must be a whole number"),
+        (dict(extra={"w": torch.ones(2)}, step=1.5), "step must be a whole number"),
+        (dict(extra={"__metadata__": torch.ones(2)}), "'__metadata__'"),
+        (dict(extra={"s": torch.eye(3).to_sparse()}), "dense tensors"),
+    ]
+    for kwargs, want in cases:
+        with pytest.raises(mdl.InvalidInput, match=want) as e:
+            repo.commit_state(wait=True, **kwargs)
+        assert e.value.code == "bad_input"
+    assert repo.log() == []

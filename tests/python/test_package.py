@@ -30,6 +30,9 @@ DTYPES = [
     torch.int8,
     torch.uint8,
     torch.bool,
+    # The format's C64 and F8_E8M0, which the CLI committed and the package once refused.
+    torch.complex64,
+    torch.float8_e8m0fnu,
 ]
 
 
