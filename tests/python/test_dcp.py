@@ -120,7 +120,7 @@ def test_a_failed_save_publishes_nothing(tmp_path):
     before = (r.branches(), r.log())
     # A dtype mdl does not store: the save fails, and the branch and history stay as they were.
     with pytest.raises(CheckpointException, match="cannot store torch dtype"):
-        dcp.save({"w": torch.zeros(2, dtype=torch.complex64)}, storage_writer=mdl.dcp.Writer(r))
+        dcp.save({"w": torch.zeros(2, dtype=torch.complex128)}, storage_writer=mdl.dcp.Writer(r))
     assert (r.branches(), r.log()) == before
     loaded = {"w": torch.zeros(6), "n": 0}
     dcp.load(loaded, storage_reader=mdl.dcp.Reader(r, saved))
