@@ -323,7 +323,7 @@ impl Meta {
             failed: &self.failed,
             commits: &self.commits,
             changes: Vec::new(),
-            written: kept,
+            _written: write::Release(kept),
         })
     }
 }

@@ -28,9 +28,22 @@ pub struct MetaWrite<'m> {
     pub(super) commits: &'m AtomicU64,
     pub(super) changes: Vec<Change>,
     /// Where a process that does not hold the database keeps it open for writing: emptied
-    /// once the transaction is committed, so that other processes' reads are kept out only
-    /// while a transaction publishes, not for the rest of this process's work.
-    pub(super) written: Option<&'m Mutex<Option<Arc<redb::Database>>>>,
+    /// when the transaction ends (committed or not), so that other processes' reads are kept
+    /// out only while a transaction publishes, not for the rest of this process's work.
+    /// Declared after `txn`, so dropped after it.
+    pub(super) _written: Release<'m>,
+}
+
+/// Empties a process's write handle of the database when dropped: it closes once the last
+/// transaction using it has ended.
+pub(super) struct Release<'m>(pub(super) Option<&'m Mutex<Option<Arc<redb::Database>>>>);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        if let Some(written) = self.0 {
+            drop(super::lock(written).take());
+        }
+    }
 }
 
 impl MetaWrite<'_> {
@@ -290,10 +303,7 @@ impl MetaWrite<'_> {
         let result = guarded(|| self.txn.commit().map_err(db));
         // Counted whether or not it took: a failed commit may still have changed the file.
         self.commits.fetch_add(1, Ordering::Release);
-        if let Some(written) = self.written {
-            // Closed when the last transaction of this process using it ends.
-            drop(super::lock(written).take());
-        }
+
         if result.is_err() {
             self.failed.store(true, Ordering::Relaxed);
             if !self.changes.is_empty() {
