@@ -24,7 +24,8 @@ const MAX_DEPTH: usize = 32;
 /// Base64 characters decoded at a time.
 const WINDOW: usize = 1 << 16;
 
-fn bad(why: impl Into<String>) -> ApiError {
+/// A 400 saying `why`.
+pub(crate) fn bad(why: impl Into<String>) -> ApiError {
     ApiError::new(ErrorCode::BadRequest, why)
 }
 

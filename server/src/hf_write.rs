@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use crate::access::{blocking, json_body, Access, ApiResult, Writer};
 use crate::auth::{check, Scope};
 use crate::error::ApiError;
-use crate::hf_changes::read_changes;
+use crate::hf_changes::{bad, read_changes};
 use crate::upload::spool;
 use crate::State;
 
@@ -38,10 +38,6 @@ pub(crate) fn routes() -> Router<std::sync::Arc<State>> {
         .route("/api/models/{repo}/commit/{rev}", post(commit))
         .route("/api/models/{repo}/branch/{branch}", post(create_branch))
         .route("/api/models/{repo}/tag/{rev}", post(create_tag))
-}
-
-fn bad(why: impl Into<String>) -> ApiError {
-    ApiError::new(ErrorCode::BadRequest, why)
 }
 
 /// `POST /api/repos/create` `{"name", "organization"?, "type"?}`: a new repository named

@@ -230,16 +230,6 @@ fn constant_tensor_record(elems: u64, claimed: u64) -> Vec<u8> {
     )
 }
 
-/// Peak resident memory of a process, in KiB.
-fn peak_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 #[test]
 fn lengths_that_lie_are_refused_without_allocating() {
     let dir = tempfile::tempdir().unwrap();

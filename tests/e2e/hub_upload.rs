@@ -6,35 +6,15 @@
 
 use std::path::Path;
 
+use base64::Engine as _;
+
 use crate::server::{bearer, http, Server, WRITE};
 use crate::util::*;
-
-/// Standard base64 with padding (what `huggingface_hub` sends).
-fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
 
 fn file_line(path: &str, bytes: &[u8]) -> String {
     format!(
         "{{\"key\":\"file\",\"value\":{{\"content\":\"{}\",\"path\":{},\"encoding\":\"base64\"}}}}\n",
-        base64(bytes),
+        base64::engine::general_purpose::STANDARD.encode(bytes),
         serde_json::to_string(path).unwrap()
     )
 }
@@ -51,15 +31,6 @@ fn post_commit(server: &Server, body: &[u8]) -> (u16, String) {
         body,
     );
     (status, String::from_utf8_lossy(&answer).to_string())
-}
-
-fn peak_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
 }
 
 /// `d/srv`, with `config` set, served with a 256 MiB decode budget; and its state before.

@@ -212,3 +212,13 @@ pub(crate) fn assert_fsck_clean(dir: &Path) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Peak resident memory of a running process, in KiB.
+pub(crate) fn peak_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}

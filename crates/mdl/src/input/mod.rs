@@ -76,7 +76,7 @@ impl Data {
                 stamp: Some(stamp),
                 ..
             } => {
-                stamp::settle([stamp, &stamp::Stamp::now()]);
+                stamp::wait_a_tick(stamp);
                 match stamp.check(file, path) {
                     Err(changed @ Error::Changed { .. }) => changed,
                     _ => e,
@@ -489,11 +489,12 @@ fn open_file(path: &Path) -> Result<(File, stamp::Stamp)> {
         source,
     };
     let file = File::open(path).map_err(io)?;
-    if !file.metadata().map_err(io)?.is_file() {
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
         return Err(io(std::io::Error::other("not a regular file")));
     }
-    let stamp = stamp::Stamp::of(&file, path)?;
-    if stamp.is_empty() {
+    let stamp = stamp::Stamp::from(&meta);
+    if stamp.len() == 0 {
         // A file whose size says nothing of its bytes (/proc, /sys) would commit as empty.
         use std::os::unix::fs::FileExt;
         if file.read_at(&mut [0u8; 1], 0).map_err(io)? > 0 {
@@ -514,6 +515,9 @@ fn hold(path: &Path, file: File, stamp: stamp::Stamp, copies: Option<&Path>) -> 
         path: path.to_path_buf(),
         source,
     };
+    // The length mapped is the stamp's: a file read in place is checked against it first, a
+    // copy once made.
+    let len = stamp.len();
     let (file, stamp, copy) = match copies {
         None => {
             stamp.check(&file, path)?;
@@ -523,7 +527,7 @@ fn hold(path: &Path, file: File, stamp: stamp::Stamp, copies: Option<&Path>) -> 
             let mut tmp = mdl_store::incoming_file_in(dir, "snapshot-")?;
             let copied = std::io::copy(&mut &file, tmp.as_file_mut()).map_err(io)?;
             stamp.check(&file, path)?;
-            if copied != file.metadata().map_err(io)?.len() {
+            if copied != len {
                 return Err(Error::Changed {
                     path: path.to_path_buf(),
                 });
@@ -532,7 +536,7 @@ fn hold(path: &Path, file: File, stamp: stamp::Stamp, copies: Option<&Path>) -> 
             (copy, None, Some(kept))
         }
     };
-    let map = if file.metadata().map_err(io)?.len() == 0 {
+    let map = if len == 0 {
         None
     } else {
         // SAFETY: the map is read-only and private. Another process truncating the file while

@@ -12,7 +12,7 @@
 //! a writer that keeps the times as they were (`touch -d`, a restored mtime) and the length
 //! and inode too.
 
-use std::fs::File;
+use std::fs::{File, Metadata};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -29,6 +29,18 @@ pub(crate) struct Stamp {
     changed: (i64, i64),
 }
 
+impl From<&Metadata> for Stamp {
+    fn from(m: &Metadata) -> Stamp {
+        Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            modified: (m.mtime(), m.mtime_nsec()),
+            changed: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
 impl Stamp {
     /// The stamp of the open `file`, read at `path`.
     pub(crate) fn of(file: &File, path: &Path) -> Result<Stamp> {
@@ -36,33 +48,12 @@ impl Stamp {
             path: path.to_path_buf(),
             source,
         })?;
-        Ok(Stamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.len(),
-            modified: (m.mtime(), m.mtime_nsec()),
-            changed: (m.ctime(), m.ctime_nsec()),
-        })
+        Ok(Stamp::from(&m))
     }
 
-    /// A stamp whose times are now (for [`settle`]: until a tick after now).
-    pub(crate) fn now() -> Stamp {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let t = (now.as_secs() as i64, i64::from(now.subsec_nanos().max(1)));
-        Stamp {
-            dev: 0,
-            ino: 0,
-            len: 0,
-            modified: t,
-            changed: t,
-        }
-    }
-
-    /// Whether the file had no bytes, by its size.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
+    /// The file's length when stamped.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
     }
 
     /// An error naming `path` unless `file` still has this stamp.
@@ -85,6 +76,11 @@ impl Stamp {
         }
     }
 
+    /// When a write to the file must give it a different stamp.
+    fn settled(&self) -> SystemTime {
+        self.newest() + self.granularity()
+    }
+
     /// How far apart two times this file's filesystem records can be and still be equal:
     /// whole seconds where both times have none (two for FAT's sake), otherwise the kernel's
     /// coarse clock tick (at most 10 ms) with room to spare.
@@ -92,10 +88,13 @@ impl Stamp {
         if self.modified.1 == 0 && self.changed.1 == 0 {
             Duration::from_secs(2)
         } else {
-            Duration::from_millis(20)
+            TICK
         }
     }
 }
+
+/// The kernel's coarse clock tick (at most 10 ms), with room to spare.
+const TICK: Duration = Duration::from_millis(20);
 
 /// The longest [`settle`] waits: a time further ahead than this is another clock's (a network
 /// filesystem's), which no wait here would pass.
@@ -104,16 +103,21 @@ const SETTLE_MAX: Duration = Duration::from_secs(3);
 /// Waits until a write to any of the files stamped would change its stamp (see the module's
 /// text): at most a clock tick for a file written just now, nothing for an older one.
 pub(crate) fn settle<'a>(stamps: impl IntoIterator<Item = &'a Stamp>) {
-    let Some(until) = stamps
-        .into_iter()
-        .map(|s| s.newest() + s.granularity())
-        .max()
-    else {
-        return;
-    };
+    if let Some(until) = stamps.into_iter().map(Stamp::settled).max() {
+        wait_until(until);
+    }
+}
+
+/// Waits a clock tick and more (at least until `stamp` is settled): a writer at work on the
+/// file has moved its stamp by then.
+pub(crate) fn wait_a_tick(stamp: &Stamp) {
+    wait_until(stamp.settled().max(SystemTime::now() + TICK));
+}
+
+/// Sleeps until `until`, unless that is further off than [`SETTLE_MAX`].
+fn wait_until(until: SystemTime) {
     loop {
-        let now = SystemTime::now();
-        match until.duration_since(now) {
+        match until.duration_since(SystemTime::now()) {
             Ok(left) if left <= SETTLE_MAX && !left.is_zero() => std::thread::sleep(left),
             _ => return,
         }
