@@ -87,6 +87,7 @@ fn main() -> ExitCode {
         clean_up_on_interrupt();
     }
     report_mapped_file_faults();
+    raise_open_file_limit();
     let stdout = io::stdout();
     let mut out = stdout.lock();
     match run(&cli, &mut out) {
@@ -135,6 +136,26 @@ program truncated it) or could not be read from the disk; nothing was recorded\n
         action.sa_sigaction = on_fault as extern "C" fn(libc::c_int) as libc::sighandler_t;
         libc::sigemptyset(&mut action.sa_mask);
         libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
+    }
+}
+
+/// Raises this process's limit of open files to the most it may have (the soft limit to the
+/// hard one, as build tools and servers do): `mdl serve` holds a connection per client and a
+/// commit a descriptor per large file it maps.
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit with a valid, initialised struct; raising the soft limit
+    // up to the hard one needs no privilege and changes nothing else.
+    #[allow(unsafe_code)]
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
     }
 }
 

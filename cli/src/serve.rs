@@ -127,6 +127,7 @@ pub(crate) fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             let state = state.clone();
             tokio::task::spawn_blocking(move || state.open_all()).await??
         };
+        let serving = mdl_server::serve(state.clone(), listener)?;
         if cli.json {
             // One line, written once the server listens: a script reads it and goes on.
             let doc = serde_json::json!({
@@ -156,7 +157,7 @@ pub(crate) fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             }
         }
         out.flush()?;
-        mdl_server::serve(state, listener).await?;
+        serving.await?;
         anyhow::Ok(())
     })
 }

@@ -106,8 +106,14 @@ impl Tokens {
             .get(axum::http::header::AUTHORIZATION)?
             .to_str()
             .ok()?
-            .strip_prefix("Bearer ")?
-            .trim();
+            .strip_prefix("Bearer ")?;
+        self.name_of(presented)
+    }
+
+    /// The name the tokens file gives `presented`, if it is one of ours (of the widest scope
+    /// where it is listed twice).
+    pub(crate) fn name_of(&self, presented: &str) -> Option<String> {
+        let presented = presented.trim();
         let mut found = None;
         for (name, scope, token) in &self.entries {
             if constant_time_eq(token.as_bytes(), presented.as_bytes()) {

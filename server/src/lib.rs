@@ -397,6 +397,12 @@ impl State {
             ..OpenOptions::default()
         };
         let mut repo = Repository::open(&path, &opts)?;
+        for left in repo.sweep_incoming() {
+            tracing::info!(
+                "repository {name}: removed {} (a killed process's)",
+                left.display()
+            );
+        }
         // The repository's `engine` setting (auto by default) picks where commits it receives
         // are compressed and checkouts decoded.
         let engine = mdl::engine::select(&repo, None)?;
@@ -464,7 +470,10 @@ pub fn valid_repo_name(name: &str) -> bool {
 /// A one-time link that signs a browser into the web view (`/ui/.login?code=…`, good once,
 /// for ten minutes): what `mdl serve` prints, so that no token goes into a URL.
 pub fn sign_in_path(state: &State) -> Result<String, String> {
-    Ok(format!("/ui/.login?code={}", state.sessions.issue_code()?))
+    Ok(format!(
+        "/ui/.login?code={}",
+        state.sessions.issue_code(web::SERVER_OWNER)?
+    ))
 }
 
 pub(crate) fn random_token() -> Result<String, String> {
@@ -482,7 +491,23 @@ pub(crate) fn random_token() -> Result<String, String> {
 /// from one address (one more is closed at once); headers must arrive within
 /// [`Limits::header_timeout`], which also closes connections idle between requests; a
 /// connection whose writes make no progress for [`Limits::body_timeout`] is closed.
-pub async fn serve(state: Arc<State>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+///
+/// The signal handlers are installed when this is called, before the future is first polled:
+/// a caller says it listens after this returns, and a SIGTERM sent as soon as it has said so
+/// stops the server gracefully (it once killed it).
+pub fn serve(
+    state: Arc<State>,
+    listener: tokio::net::TcpListener,
+) -> std::io::Result<impl std::future::Future<Output = std::io::Result<()>>> {
+    let shutdown = shutdown_signal()?;
+    Ok(serve_until(state, listener, shutdown))
+}
+
+async fn serve_until(
+    state: Arc<State>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
     let limits = state.config.limits;
     let router = app(state.clone());
@@ -492,7 +517,6 @@ pub async fn serve(state: Arc<State>, listener: tokio::net::TcpListener) -> std:
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
-    let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -585,11 +609,15 @@ impl Drop for AddressHeld {
     }
 }
 
-async fn shutdown_signal() {
+/// SIGINT or SIGTERM, their handlers installed now.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
 }

@@ -114,3 +114,29 @@ fn hub_commits_over_the_limit_or_with_bad_paths_are_refused() {
         .unwrap_or_default();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// What a killed server left in `incoming/` (an unpacked Hub commit, a spooled upload) is
+/// removed when a server opens the repository again; a staged LFS upload is kept for the
+/// commit that will name it.
+#[test]
+fn a_server_start_sweeps_what_a_killed_one_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("srv");
+    ok(&repo, &["init"]);
+    let incoming = repo.join(".mdl/incoming");
+    let tree = incoming.join(".hf-commit-AbC123");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    std::fs::write(tree.join("sub/model.bin"), noise(1, 4096)).unwrap();
+    let spooled = incoming.join(".upload-XyZ789");
+    std::fs::write(&spooled, b"half an upload").unwrap();
+    let staged = incoming.join(format!("lfs-{}", "ab".repeat(32)));
+    std::fs::write(&staged, b"staged").unwrap();
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
+    for p in [&tree, &spooled, &staged] {
+        std::fs::File::open(p).unwrap().set_modified(old).unwrap();
+    }
+    let server = Server::start(&["-C", repo.to_str().unwrap()], dir.path());
+    assert!(!tree.exists() && !spooled.exists());
+    assert!(staged.exists());
+    server.stop();
+}

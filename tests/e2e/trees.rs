@@ -497,7 +497,9 @@ fn files_over_http_whole_and_by_range() {
     assert_eq!(status, 404);
 }
 
-/// A tree of more files than a checkout keeps open at once, in nested folders.
+/// A tree of more files than a checkout keeps open at once, in nested folders, committed by
+/// a process that may open fewer files than the tree has (a commit once held every file open
+/// and mapped: past `ulimit -n` it failed with "Too many open files").
 #[test]
 fn a_tree_of_many_files() {
     let tmp = tempfile::tempdir().unwrap();
@@ -509,7 +511,24 @@ fn a_tree_of_many_files() {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(format!("f{i}.bin")), vec![i as u8; i * 13]).unwrap();
     }
-    ok(d, &["commit", src.to_str().unwrap()]);
+    // Large enough to be mapped rather than read whole.
+    for i in 0..3 {
+        std::fs::write(src.join(format!("large{i}.bin")), noise(i, 3 << 19)).unwrap();
+    }
+    let commit = std::process::Command::new("sh")
+        .args(["-c", "ulimit -n 200 && exec \"$0\" \"$@\""])
+        .arg(mdl_bin())
+        .arg("-C")
+        .arg(d)
+        .args(["commit", src.to_str().unwrap()])
+        .env("MDL_AUTHOR", "tester")
+        .output()
+        .unwrap();
+    assert!(
+        commit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&commit.stderr)
+    );
     let out = d.join("out");
     ok(d, &["checkout", "main", "-o", out.to_str().unwrap()]);
     assert_eq!(snapshot(&out), snapshot(&src));

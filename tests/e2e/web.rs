@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::server::{bearer, http, Server, READ, WRITE};
+use crate::server::{bearer, http, Server, ADMIN, READ, WRITE};
 use crate::util::*;
 
 /// Tensors of a commit: two layers that drift by `seed`, an embedding, an optimizer moment,
@@ -173,6 +173,34 @@ fn pages_need_a_token_and_show_history_commits_comparisons_and_storage() {
     // A read token is enough; write works too, and so does a bearer header.
     let cookie = sign_in(base, READ);
     sign_in(base, WRITE);
+    // One token signing in again and again, or asking for codes, evicts only its own (any
+    // read token could once sign every browser out): the others' sessions and links stay.
+    let (status, _, body) = http(
+        base,
+        "POST",
+        "/ui/.code",
+        &[("Authorization", &bearer(WRITE))],
+        b"",
+    );
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let writers_link = v["path"].as_str().unwrap().to_string();
+    let floods_first = sign_in(base, ADMIN);
+    for _ in 0..150 {
+        sign_in(base, ADMIN);
+        let (status, _, _) = http(
+            base,
+            "POST",
+            "/ui/.code",
+            &[("Authorization", &bearer(ADMIN))],
+            b"",
+        );
+        assert_eq!(status, 200);
+    }
+    assert_eq!(get(base, "/ui/run", &floods_first).0, 401);
+    assert_eq!(get(base, "/ui/run", &cookie).0, 200);
+    let (status, _, _) = http(base, "GET", &writers_link, &[], b"");
+    assert_eq!(status, 303);
     let (status, _, _) = http(
         base,
         "GET",

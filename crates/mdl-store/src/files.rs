@@ -16,11 +16,82 @@ pub const INCOMING_DIR: &str = "incoming";
 
 /// An exclusive temporary file `dir/PREFIX…`, `dir` created if missing: [`Store::incoming_file`]
 /// for a repository that is not open (`dir` its `.mdl/incoming`, or a folder beside a replica
-/// not made yet). Removed when dropped.
+/// not made yet). Removed when dropped. `PREFIX` starts with `.`: the temporaries of a process
+/// that died are found by that ([`sweep_abandoned`]).
 pub fn incoming_file_in(dir: &Path, prefix: &str) -> Result<NamedTempFile, StoreError> {
+    debug_assert!(prefix.starts_with('.'), "{prefix}");
     std::fs::create_dir_all(dir).map_err(StoreError::io("create", dir))?;
     let made = tempfile::Builder::new().prefix(prefix).tempfile_in(dir);
-    made.map_err(StoreError::io("create", dir))
+    let file = made.map_err(StoreError::io("create", dir))?;
+    claim(file.as_file()).map_err(StoreError::io("lock", file.path()))?;
+    Ok(file)
+}
+
+/// A temporary folder in `incoming/` ([`Store::incoming_dir`]): removed with what it holds
+/// when dropped, and claimed by its owner for as long as it lives.
+#[derive(Debug)]
+pub struct IncomingDir {
+    dir: tempfile::TempDir,
+    /// The folder opened, its lock held: the claim.
+    _claim: std::fs::File,
+}
+
+impl IncomingDir {
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// Takes the advisory lock of `file` (a temporary's own handle): while the process that made
+/// a temporary lives, the lock cannot be taken by another, so a sweep at start tells a
+/// temporary being written from one a killed process left, whatever its age.
+fn claim(file: &std::fs::File) -> std::io::Result<()> {
+    use rustix::fs::{flock, FlockOperation};
+    flock(file, FlockOperation::NonBlockingLockExclusive).map_err(std::io::Error::from)
+}
+
+/// Temporaries younger than this are never swept: their maker may not have claimed them yet.
+const SWEEP_MIN_AGE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Removes from `dir` (an `incoming/` folder) the temporaries whose maker is gone: those named
+/// `.…` that nobody claims ([`claim`]) and are at least a few seconds old. A staged upload
+/// (named without a dot) is left to gc's age rule. Returns the paths removed.
+pub fn sweep_abandoned(dir: &Path) -> Vec<PathBuf> {
+    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    let now = std::time::SystemTime::now();
+    let mut removed = Vec::new();
+    for entry in entries {
+        let path = entry.path();
+        if !entry.file_name().as_encoded_bytes().starts_with(b".") {
+            continue;
+        }
+        let Ok(md) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let young = md
+            .modified()
+            .is_ok_and(|m| now.duration_since(m).unwrap_or_default() < SWEEP_MIN_AGE);
+        if young || !(md.is_file() || md.is_dir()) {
+            continue;
+        }
+        // Held while it is removed, so no owner can claim it meanwhile.
+        let Ok(handle) = std::fs::File::open(&path) else {
+            continue;
+        };
+        if claim(&handle).is_err() {
+            continue;
+        }
+        let gone = if md.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        if gone.is_ok() {
+            removed.push(path);
+        }
+    }
+    removed
 }
 
 impl Store {
@@ -32,11 +103,25 @@ impl Store {
     }
 
     /// A temporary folder in `.mdl/incoming/`, removed with what it holds when dropped (a tree
-    /// uploaded for a commit, unpacked); gc or `fsck --repair` removes one a killed process left.
-    pub fn incoming_dir(&self, prefix: &str) -> Result<tempfile::TempDir, StoreError> {
+    /// uploaded for a commit, unpacked); a server's start, gc or `fsck --repair` removes one a
+    /// killed process left. `PREFIX` starts with `.` (see [`incoming_file_in`]).
+    pub fn incoming_dir(&self, prefix: &str) -> Result<IncomingDir, StoreError> {
+        debug_assert!(prefix.starts_with('.'), "{prefix}");
         let dir = self.incoming()?;
         let made = tempfile::Builder::new().prefix(prefix).tempdir_in(&dir);
-        made.map_err(StoreError::io("create", &dir))
+        let made = made.map_err(StoreError::io("create", &dir))?;
+        let handle =
+            std::fs::File::open(made.path()).map_err(StoreError::io("open", made.path()))?;
+        claim(&handle).map_err(StoreError::io("lock", made.path()))?;
+        Ok(IncomingDir {
+            dir: made,
+            _claim: handle,
+        })
+    }
+
+    /// [`sweep_abandoned`] of this repository's `incoming/`.
+    pub fn sweep_incoming(&self) -> Vec<PathBuf> {
+        sweep_abandoned(&self.dir.join(INCOMING_DIR))
     }
 
     /// `.mdl/incoming/`, created if missing: where uploads wait to be committed.
@@ -163,5 +248,53 @@ mod tests {
 
         assert!(store.remove_file("serve.json"));
         assert!(!store.remove_file("serve.json"));
+    }
+
+    /// Ages `path` past the sweep's minimum age.
+    fn age(path: &std::path::Path) {
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+        let f = std::fs::File::open(path).unwrap();
+        f.set_modified(old).unwrap();
+    }
+
+    #[test]
+    fn a_sweep_removes_only_the_temporaries_of_a_maker_that_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mdl = dir.path().join(".mdl");
+        Store::init(&mdl, Arc::new(RealFs)).unwrap();
+        let store = Store::open(&mdl, &OpenOptions::default()).unwrap();
+        let incoming = store.incoming().unwrap();
+
+        // Live temporaries (this process holds their claims), however old.
+        let live_file = store.incoming_file(".upload-").unwrap();
+        let live_dir = store.incoming_dir(".tree-").unwrap();
+        std::fs::write(live_dir.path().join("a"), b"a").unwrap();
+        age(live_file.path());
+        age(live_dir.path());
+        // What a killed process left: the same names, nobody's claim.
+        let dead_file = incoming.join(".upload-dead");
+        std::fs::write(&dead_file, b"x").unwrap();
+        let dead_dir = incoming.join(".hf-commit-dead");
+        std::fs::create_dir_all(dead_dir.join("sub")).unwrap();
+        std::fs::write(dead_dir.join("sub/f"), b"y").unwrap();
+        age(&dead_file);
+        age(&dead_dir);
+        // Just made (its maker may not have claimed it yet), and a staged upload.
+        let young = incoming.join(".upload-young");
+        std::fs::write(&young, b"z").unwrap();
+        let staged = incoming.join("lfs-0123");
+        std::fs::write(&staged, b"w").unwrap();
+        age(&staged);
+
+        let mut removed = store.sweep_incoming();
+        removed.sort();
+        assert_eq!(removed, vec![dead_dir.clone(), dead_file.clone()]);
+        assert!(live_file.path().exists() && live_dir.path().join("a").exists());
+        assert!(young.exists() && staged.exists());
+        assert!(!dead_file.exists() && !dead_dir.exists());
+        drop(live_file);
+        let gone = live_dir.path().to_path_buf();
+        drop(live_dir);
+        assert!(!gone.exists());
     }
 }

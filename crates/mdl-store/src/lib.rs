@@ -32,7 +32,7 @@ pub mod source;
 mod values;
 
 pub use error::{DbError, StoreError};
-pub use files::{incoming_file_in, INCOMING_DIR};
+pub use files::{incoming_file_in, sweep_abandoned, IncomingDir, INCOMING_DIR};
 pub use fs::{RealFs, Storage};
 pub use lock::{writer_waiting, LockMode, RepoLock};
 pub use meta::{CommitSummary, Expired, IndexEntry, Meta, RefValue, ReflogEntry};

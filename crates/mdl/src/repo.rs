@@ -123,8 +123,15 @@ impl Repository {
         root.join(mdl_store::MDL_DIR).join(mdl_store::INCOMING_DIR)
     }
 
+    /// Removes what killed processes left in `.mdl/incoming/` (temporaries nobody claims; see
+    /// [`mdl_store::sweep_abandoned`]): a server does so when it opens the repository.
+    /// Returns the paths removed.
+    pub fn sweep_incoming(&self) -> Vec<PathBuf> {
+        self.store.sweep_incoming()
+    }
+
     /// A temporary folder in `.mdl/incoming/` (see [`mdl_store::Store::incoming_dir`]).
-    pub fn incoming_dir(&self, prefix: &str) -> Result<tempfile::TempDir> {
+    pub fn incoming_dir(&self, prefix: &str) -> Result<mdl_store::IncomingDir> {
         Ok(self.store.incoming_dir(prefix)?)
     }
 

@@ -29,7 +29,7 @@ use crate::error::ApiError;
 use crate::{Served, State};
 
 pub(crate) use pages::StorageCache;
-pub(crate) use session::Sessions;
+pub(crate) use session::{Sessions, SERVER_OWNER};
 
 type Shared = AxState<Arc<State>>;
 
@@ -196,8 +196,8 @@ async fn login_form(AxState(state): Shared, Query(q): Query<LoginQuery>) -> Resp
             StatusCode::BAD_REQUEST,
         )
     } else if let Some(code) = q.code {
-        if state.sessions.redeem(&code) {
-            return start_session(&state, next);
+        if let Some(owner) = state.sessions.redeem(&code) {
+            return start_session(&state, &owner, next);
         }
         (
             "That sign-in link is not valid: each works once, for ten minutes.",
@@ -226,7 +226,8 @@ async fn sign_in_code(AxState(state): Shared, headers: HeaderMap) -> Response {
     if let Err(e) = crate::auth::check(&config.tokens, false, &headers, Scope::Read) {
         return e.into_response();
     }
-    match state.sessions.issue_code() {
+    let owner = config.tokens.holder(&headers).unwrap_or_default();
+    match state.sessions.issue_code(&owner) {
         Ok(code) => axum::Json(serde_json::json!({
             "path": format!("/ui/.login?code={code}"),
             "code": code,
@@ -277,19 +278,19 @@ fn same_origin(headers: &HeaderMap) -> bool {
 /// Starts a session for a valid token and sends the browser on; asks again for any other.
 fn sign_in(state: &State, token: &str, next: Option<&str>) -> Response {
     let next = safe_next(next);
-    if !session::token_is_valid(state, token) {
+    let Some(owner) = session::token_owner(state, token) else {
         let page = pages::LoginPage {
             next,
             problem: Some("That token is not valid for this server.".into()),
         };
         return render(&page, StatusCode::UNAUTHORIZED);
-    }
-    start_session(state, next)
+    };
+    start_session(state, &owner, next)
 }
 
-/// Starts a session and sends the browser on to `next` with its cookie.
-fn start_session(state: &State, next: String) -> Response {
-    match state.sessions.start() {
+/// Starts a session of `owner`'s and sends the browser on to `next` with its cookie.
+fn start_session(state: &State, owner: &str, next: String) -> Response {
+    match state.sessions.start(owner) {
         Ok(id) => (
             StatusCode::SEE_OTHER,
             [

@@ -50,10 +50,9 @@ pub(crate) struct InputFile {
 enum Data {
     /// No bytes, given as such.
     Empty,
-    /// A file on disk: mapped (none if empty, which cannot be), and open to be read by
-    /// copying.
+    /// A file on disk (not empty): mapped, and open to be read by copying.
     Disk {
-        map: Option<memmap2::Mmap>,
+        map: memmap2::Mmap,
         file: File,
         /// Its stamp when opened, checked once the commit has read it; none for a private
         /// copy, which nobody else writes.
@@ -88,8 +87,8 @@ impl Data {
 
     fn bytes(&self) -> &[u8] {
         match self {
-            Data::Empty | Data::Disk { map: None, .. } => &[],
-            Data::Disk { map: Some(map), .. } => map,
+            Data::Empty => &[],
+            Data::Disk { map, .. } => map,
             Data::Owned(v) => (**v).as_ref(),
         }
     }
@@ -260,19 +259,21 @@ impl Input {
     }
 
     fn open_found(found: Vec<walk::Found>, as_bytes: bool, copies: Option<&Path>) -> Result<Input> {
-        // Every file is stamped before a byte of any is read.
-        let opened = found
+        // Every file is stamped before a byte of any is read; none is kept open meanwhile, so
+        // a tree of more files than the process may open at once commits.
+        let stamped = found
             .into_iter()
             .map(|f| {
-                let (file, stamp) = open_file(&f.source)?;
-                Ok((f, file, stamp))
+                let (_, stamp) = open_file(&f.source)?;
+                Ok((f, stamp))
             })
             .collect::<Result<Vec<_>>>()?;
-        stamp::settle(opened.iter().map(|(_, _, s)| s));
-        let found = opened
+        stamp::settle(stamped.iter().map(|(_, s)| s));
+        let mut whole = READ_WHOLE_TOTAL;
+        let found = stamped
             .into_iter()
-            .map(|(f, file, stamp)| {
-                let data = hold(&f.source, file, stamp, copies)?;
+            .map(|(f, stamp)| {
+                let data = hold(&f.source, stamp, copies, &mut whole)?;
                 Ok((f, data, None))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -446,7 +447,7 @@ impl Input {
     /// so resident memory follows the piece being worked on, not the tree's size.
     pub(crate) fn release(&self, i: usize) {
         let p = &self.pieces[i];
-        let Data::Disk { map: Some(map), .. } = &self.files[p.file].data else {
+        let Data::Disk { map, .. } = &self.files[p.file].data else {
             return;
         };
         let start = p.offset as usize;
@@ -507,24 +508,63 @@ fn open_file(path: &Path) -> Result<(File, stamp::Stamp)> {
     Ok((file, stamp))
 }
 
-/// The bytes of `file` (at `path`, stamped `stamp`), mapped read-only: the file itself, or
-/// with `copies` a private copy made in that folder (a reflink where the filesystem has them,
-/// otherwise a copy in the kernel), checked against the stamp once made.
-fn hold(path: &Path, file: File, stamp: stamp::Stamp, copies: Option<&Path>) -> Result<Data> {
+/// Files of at most this many bytes are read into memory whole (and closed) rather than
+/// mapped and kept open, while the bytes so read stay within [`READ_WHOLE_TOTAL`]: a tree of
+/// many small files (a tokenizer's, a dataset's) holds neither a descriptor nor a mapping per
+/// file, either of which a process has a limit of (`ulimit -n`, `vm.max_map_count`).
+const READ_WHOLE_MAX: u64 = 1 << 20;
+
+/// What one commit reads into memory whole, all files together (see [`READ_WHOLE_MAX`]).
+const READ_WHOLE_TOTAL: u64 = 256 << 20;
+
+/// The bytes of the file at `path`, stamped `stamp` when first opened (before [`settle`]):
+/// read whole into memory where small and `whole` (bytes left to read so) allows, otherwise
+/// mapped read-only — the file itself, or with `copies` a private copy made in that folder (a
+/// reflink where the filesystem has them, otherwise a copy in the kernel). Either is checked
+/// against the stamp once made. A file replaced since it was stamped (a new inode, renamed
+/// into place) is taken as it is now, after a clock tick of settling.
+///
+/// [`settle`]: stamp::settle
+fn hold(path: &Path, stamp: stamp::Stamp, copies: Option<&Path>, whole: &mut u64) -> Result<Data> {
     let io = |source| Error::Input {
         path: path.to_path_buf(),
         source,
     };
-    // The length mapped is the stamp's: a file read in place is checked against it first, a
-    // copy once made.
+    let (file, now) = open_file(path)?;
+    let stamp = if now == stamp {
+        stamp
+    } else {
+        stamp::wait_a_tick(&now);
+        now
+    };
+    // The length read or mapped is the stamp's: a file read in place is checked against it
+    // first, a copy once made.
     let len = stamp.len();
+    if len <= READ_WHOLE_MAX && len <= *whole {
+        use std::os::unix::fs::FileExt;
+        let mut bytes = vec![0; len as usize];
+        file.read_exact_at(&mut bytes, 0).map_err(|e| {
+            stamp::wait_a_tick(&stamp);
+            match stamp.check(&file, path) {
+                Err(changed @ Error::Changed { .. }) => changed,
+                _ => io(e),
+            }
+        })?;
+        stamp.check(&file, path)?;
+        *whole -= len;
+        return Ok(if len == 0 {
+            Data::Empty
+        } else {
+            Data::Owned(Box::new(bytes))
+        });
+    }
     let (file, stamp, copy) = match copies {
         None => {
             stamp.check(&file, path)?;
             (file, Some(stamp), None)
         }
         Some(dir) => {
-            let mut tmp = mdl_store::incoming_file_in(dir, "snapshot-")?;
+            let mut tmp = mdl_store::incoming_file_in(dir, ".snapshot-")?;
             let copied = std::io::copy(&mut &file, tmp.as_file_mut()).map_err(io)?;
             stamp.check(&file, path)?;
             if copied != len {
@@ -536,16 +576,12 @@ fn hold(path: &Path, file: File, stamp: stamp::Stamp, copies: Option<&Path>) -> 
             (copy, None, Some(kept))
         }
     };
-    let map = if len == 0 {
-        None
-    } else {
-        // SAFETY: the map is read-only and private. Another process truncating the file while
-        // it is mapped would fault (SIGBUS; the CLI reports it in one line, see its main.rs): a
-        // private copy is never written, and a file read in place is stamped, so that one
-        // rewritten in place is refused (`check_unchanged`) rather than recorded.
-        #[allow(unsafe_code)]
-        Some(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?)
-    };
+    // SAFETY: the map is read-only and private. Another process truncating the file while
+    // it is mapped would fault (SIGBUS; the CLI reports it in one line, see its main.rs): a
+    // private copy is never written, and a file read in place is stamped, so that one
+    // rewritten in place is refused (`check_unchanged`) rather than recorded.
+    #[allow(unsafe_code)]
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
     Ok(Data::Disk {
         map,
         file,
