@@ -263,7 +263,8 @@ pub(crate) enum Command {
         /// Reads need no token.
         #[arg(long)]
         read_public: bool,
-        /// Largest upload (commit or push), e.g. 512M or 64G.
+        /// Largest upload (commit or push), e.g. 512M or 64G; one that would leave less than
+        /// 256 MiB free on the repository's disk is refused too.
         #[arg(long, default_value = "64G", value_name = "SIZE")]
         max_body: String,
         /// huggingface_hub uploads files of at least SIZE (e.g. 10M) through git LFS, streamed,

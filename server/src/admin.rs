@@ -21,7 +21,14 @@ pub(crate) async fn diff(
     q: Result<Query<body::DiffQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let q = query(q)?;
-    blocking(move || Ok(Json(mdl::diff::diff(&served.repo, &q.a, &q.b)?).into_response())).await
+    blocking(move || {
+        let repo = &served.repo;
+        let a = mdl::revision::resolve(repo, &q.a)?;
+        let b = mdl::revision::resolve(repo, &q.b)?;
+        let held = crate::budgeted::diff(repo, &a, &b)?;
+        Ok(Json(&*held).into_response())
+    })
+    .await
 }
 
 pub(crate) async fn config(Access(served): Reader) -> ApiResult<Response> {

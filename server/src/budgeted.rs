@@ -25,6 +25,10 @@ pub(crate) const LISTING: u64 = 16;
 /// JSON.
 pub(crate) const MANIFEST_JSON: u64 = 12;
 
+/// Bytes a comparison of two commits (`GET /diff`, the compare page) holds per byte of the two
+/// manifests together: both decoded, and the list of their differences.
+pub(crate) const DIFF: u64 = 8;
+
 /// A value decoded from a manifest, with its share of the decode budget.
 pub(crate) struct Held<T> {
     value: T,
@@ -59,20 +63,39 @@ pub(crate) fn hold<T>(
     make: impl FnOnce(&ObjectId) -> mdl::Result<T>,
 ) -> mdl::Result<Held<T>> {
     let commit = mdl::revision::resolve(repo, rev)?;
-    let budget = budget::reserve(repo.manifest_len(&commit)?.saturating_mul(per_byte));
-    Ok(Held {
-        value: make(&commit)?,
-        _budget: budget,
-    })
+    let len = repo.manifest_len(&commit)?;
+    hold_manifest(len, per_byte, || make(&commit))
 }
 
-/// [`hold`] for a manifest named by its own id, `len` its decoded length.
+/// The comparison of commits `a` and `b` ([`mdl::diff::diff_commits`]) under a reservation of
+/// [`DIFF`] times their manifests' decoded lengths together.
+pub(crate) fn diff(
+    repo: &Repository,
+    a: &ObjectId,
+    b: &ObjectId,
+) -> mdl::Result<Held<mdl::diff::Diff>> {
+    let len = repo.manifest_len(a)? + repo.manifest_len(b)?;
+    hold_manifest(len, DIFF, || mdl::diff::diff_commits(repo, a, b))
+}
+
+/// [`hold`] for a manifest named by its own id, `len` its decoded length (of two manifests
+/// together, for a comparison). A read that would need more than the whole budget is refused
+/// at once (413), naming the setting to raise: it would otherwise be let past the budget.
 pub(crate) fn hold_manifest<T>(
     len: u64,
     per_byte: u64,
     make: impl FnOnce() -> mdl::Result<T>,
 ) -> mdl::Result<Held<T>> {
-    let budget = budget::reserve(len.saturating_mul(per_byte));
+    let needed = len.saturating_mul(per_byte);
+    let Some(budget) = budget::reserve_within(needed) else {
+        return Err(mdl::Error::TooLarge(format!(
+            "reading this commit's manifest ({} MiB) needs about {} MiB here, more than the \
+             server's --decode-memory ({} MiB) allows: ask the server's owner to raise it",
+            len.div_ceil(1 << 20),
+            needed.div_ceil(1 << 20),
+            budget::limit() >> 20
+        )));
+    };
     Ok(Held {
         value: make()?,
         _budget: budget,

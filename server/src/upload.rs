@@ -13,8 +13,17 @@ use crate::access::{blocking, ApiResult};
 use crate::error::ApiError;
 use crate::Served;
 
+/// Room an upload leaves free on the repository's disk: the commit it is for writes too, and
+/// the rest of the machine needs its disk.
+const SPARE_ROOM: u64 = 256 << 20;
+
+/// How often (in bytes received) an upload looks at the free space again.
+const ROOM_CHECK_EVERY: u64 = 64 << 20;
+
 /// Streams a request body into a temporary file in the repository's `incoming/` directory,
-/// refusing more than `max` bytes.
+/// refusing more than `max` bytes, and more than leaves [`SPARE_ROOM`] free on its disk
+/// (known at once from a `Content-Length`, or met while it arrives): a body that would fill
+/// the disk is refused (413) before it does, not written until `No space left on device`.
 pub(crate) async fn spool(
     served: &Arc<Served>,
     headers: &HeaderMap,
@@ -38,6 +47,26 @@ pub(crate) async fn spool(
         let served = served.clone();
         blocking(move || Ok(served.repo.incoming_file(".upload-")?)).await?
     };
+    let dir = tmp
+        .path()
+        .parent()
+        .map(ToOwned::to_owned)
+        .unwrap_or_default();
+    let no_room = |bytes: u64| {
+        let free = mdl::free_bytes(&dir)?;
+        (bytes.saturating_add(SPARE_ROOM) > free).then(|| {
+            ApiError::new(
+                ErrorCode::BodyTooLarge,
+                format!(
+                    "the request body ({bytes} bytes or more) would leave less than {} MiB free on the server's disk ({free} bytes free)",
+                    SPARE_ROOM >> 20
+                ),
+            )
+        })
+    };
+    if let Some(e) = declared.and_then(no_room) {
+        return Err(e);
+    }
     let file = tmp
         .reopen()
         .map_err(|e| ApiError::internal(format!("cannot open the upload file: {e}")))?;
@@ -46,9 +75,15 @@ pub(crate) async fn spool(
     let mut total = 0u64;
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(body_error)?;
+        let before = total;
         total += chunk.len() as u64;
         if total > max {
             return Err(too_large());
+        }
+        if declared.is_none() && total / ROOM_CHECK_EVERY != before / ROOM_CHECK_EVERY {
+            if let Some(e) = no_room(ROOM_CHECK_EVERY) {
+                return Err(e);
+            }
         }
         tokio::io::AsyncWriteExt::write_all(&mut file, &chunk)
             .await

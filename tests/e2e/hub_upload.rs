@@ -140,3 +140,41 @@ fn a_server_start_sweeps_what_a_killed_one_left() {
     assert!(staged.exists());
     server.stop();
 }
+
+/// An upload that would fill the server's disk is refused (413) before it is written: at once
+/// where its `Content-Length` says so (it was spooled until `No space left on device`).
+#[test]
+fn an_upload_that_would_fill_the_disk_is_refused_at_once() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("srv");
+    ok(&repo, &["init"]);
+    let server = Server::start(
+        &["-C", repo.to_str().unwrap(), "--max-body", "100000T"],
+        dir.path(),
+    );
+    let addr = server.base.strip_prefix("http://").unwrap();
+    for path in [
+        "/hf/api/models/srv/commit/main",
+        "/v1/repos/srv/commits?path=model.safetensors",
+    ] {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            bearer(WRITE),
+            1u64 << 55
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(b"{").unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 413"), "{path}: {answer}");
+        assert!(
+            answer.contains("free on the server's disk"),
+            "{path}: {answer}"
+        );
+    }
+    server.stop();
+}

@@ -58,6 +58,12 @@ pub fn reserve(bytes: u64) -> Reservation {
     Reservation(want)
 }
 
+/// [`reserve`], where `bytes` fit the whole budget; `None` (at once) where they never could: a
+/// request that would hold more than the budget alone is refused rather than let past it.
+pub fn reserve_within(bytes: u64) -> Option<Reservation> {
+    (bytes <= limit()).then(|| reserve(bytes))
+}
+
 impl Reservation {
     /// Moves `bytes` (at most what this holds) into a reservation of their own, without
     /// waiting: e.g. a window's reservation divided among its tensors.

@@ -70,7 +70,7 @@ pub(crate) fn compare_page(
 ) -> mdl::Result<ComparePage> {
     let a_id = mdl::revision::resolve(repo, a)?;
     let b_id = mdl::revision::resolve(repo, b)?;
-    let d = mdl::diff::diff_commits(repo, &a_id, &b_id)?;
+    let d = crate::budgeted::diff(repo, &a_id, &b_id)?;
     // Largest relative change first; changes without a measure (reshaped, not floats) after.
     let mut changed: Vec<(&mdl::diff::TensorDiff, Option<f64>)> = d
         .tensors
