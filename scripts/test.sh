@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --workspace
-MDL_WEED=$(scripts/seaweedfs-env.sh) cargo test -p mdl-cli --test e2e -- --ignored s3:: s3_upkeep:: backends::
+MDL_WEED=$(scripts/seaweedfs-env.sh) cargo test -p mdl-cli --test e2e -- --ignored s3:: s3_upkeep:: s3_availability:: backends::
 if chromium=$(scripts/chromium-env.sh); then
     MDL_CHROMIUM=$chromium cargo test -p mdl-cli --test e2e web::in_chromium -- --ignored --nocapture
 elif [ -n "${CI:-}" ]; then

@@ -21,6 +21,7 @@ mod peer_proxy;
 mod remotes;
 mod repair;
 mod s3;
+mod s3_availability;
 mod s3_upkeep;
 mod serve_http;
 mod served_folder;

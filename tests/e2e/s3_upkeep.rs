@@ -211,3 +211,46 @@ fn a_machine_fetches_only_the_records_it_reads_and_keeps_its_cache_bounded() {
     // A full check reads every record, from the bucket where the cache lacks it.
     small(&["fsck"]);
 }
+
+/// A machine whose cache cannot take a record (its disk full; here a file size limit, which
+/// fails the same writes) checks a repository in object storage: `fsck` stops with one line
+/// saying why, and calls nothing damaged (it once listed every record it could not write as
+/// a problem and exited 3, DAMAGED). With room, the same check is clean.
+#[test]
+#[ignore = "needs SeaweedFS (MDL_WEED); scripts/test.sh installs it and runs these"]
+fn a_cache_that_cannot_take_a_record_is_not_damage() {
+    use std::os::unix::process::CommandExt;
+    let r = Repo::new("team/full");
+    let f = r.path("big.safetensors");
+    write_safetensors(&f, &[tensor("w", "F32", &[2 << 20], 5)], &[]);
+    r.ok("a", &["commit", f.to_str().unwrap(), "-m", "big"]);
+    r.ok("b", &["log"]);
+    let mut fsck = r.weed.command(&r.cache("b"), &["-C", &r.url, "fsck"]);
+    // SAFETY: between fork and exec only async-signal-safe calls (signal, setrlimit) on
+    // values made here; the limit and the ignored signal are the child's alone.
+    #[allow(unsafe_code)]
+    unsafe {
+        fsck.pre_exec(|| {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let limit = libc::rlimit {
+                rlim_cur: 4 << 20,
+                rlim_max: 4 << 20,
+            };
+            libc::setrlimit(libc::RLIMIT_FSIZE, &limit);
+            Ok(())
+        });
+    }
+    let out = fsck.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{said}");
+    assert_ne!(out.status.code(), Some(3), "{said}{err}");
+    assert!(
+        !said.contains("DAMAGED") && !err.contains("DAMAGED"),
+        "{said}{err}"
+    );
+    assert!(err.contains("File too large"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let clean = r.ok("b", &["fsck"]);
+    assert!(!clean.contains("DAMAGED"), "{clean}");
+}

@@ -28,6 +28,10 @@ const PARTS_IN_FLIGHT: usize = 4;
 const OBJECTS_IN_FLIGHT: usize = 8;
 /// Whole downloads tried again after the client's own retries gave up mid-body.
 const DOWNLOAD_ATTEMPTS: usize = 3;
+/// How long after a request failed for good the next requests are tried once each.
+const QUIET: std::time::Duration = std::time::Duration::from_secs(60);
+/// Keys remembered as failed for good, at most (a long-lived server's).
+const GAVE_UP_KEYS: usize = 10_000;
 
 /// The version of an object a conditional replace expects (its ETag, and its version id
 /// where the bucket keeps versions).
@@ -139,7 +143,18 @@ impl Write for Parts {
 /// A repository's objects in a bucket, reached through `object_store`.
 pub struct Bucket {
     rt: tokio::runtime::Runtime,
-    store: Arc<dyn ObjectStore>,
+    /// The client whose failed requests are tried again, for [`crate::location::RETRY_FOR`].
+    retrying: Arc<dyn ObjectStore>,
+    /// The same, trying each request once: used for [`QUIET`] after a request has failed
+    /// after its retries, and always for a key one has failed on, so that a command meets the
+    /// retry deadline once, not once a request (an endpoint that is down, an object that
+    /// cannot be read and is asked for again).
+    once: Arc<dyn ObjectStore>,
+    /// When a request last failed after its retries, and the keys such requests were for.
+    gave_up: std::sync::Mutex<(
+        Option<std::time::Instant>,
+        std::collections::HashSet<String>,
+    )>,
     prefix: String,
     url: String,
     /// What this handle has requested so far.
@@ -163,7 +178,9 @@ impl Bucket {
             .map_err(|e| Error::Location(format!("cannot start the S3 client: {e}")))?;
         Ok(Bucket {
             rt,
-            store: loc.store()?,
+            retrying: loc.store(true)?,
+            once: loc.store(false)?,
+            gave_up: Default::default(),
             prefix: loc.prefix.clone(),
             url: loc.url(),
             counts: Counts::default(),
@@ -183,7 +200,26 @@ impl Bucket {
         }
     }
 
+    /// The client for the next request, for `keys`: [`Bucket::once`] within [`QUIET`] of a
+    /// request that gave up, or for a key one gave up on.
+    fn store<'a>(&self, keys: impl IntoIterator<Item = &'a str>) -> &Arc<dyn ObjectStore> {
+        let gave_up = self.gave_up.lock().unwrap_or_else(|p| p.into_inner());
+        let (last, failed) = &*gave_up;
+        if last.is_some_and(|t| t.elapsed() < QUIET) || keys.into_iter().any(|k| failed.contains(k))
+        {
+            &self.once
+        } else {
+            &self.retrying
+        }
+    }
+
     fn fail(&self, what: &str, key: &str, e: object_store::Error) -> Error {
+        let mut gave_up = self.gave_up.lock().unwrap_or_else(|p| p.into_inner());
+        gave_up.0 = Some(std::time::Instant::now());
+        if gave_up.1.len() < GAVE_UP_KEYS {
+            gave_up.1.insert(key.to_string());
+        }
+        drop(gave_up);
         Error::Storage {
             url: self.url.clone(),
             why: format!("{what} {key}: {e}"),
@@ -199,7 +235,7 @@ impl Bucket {
         self.count(&self.counts.gets, 1);
         let path = self.path(key);
         let got = self.rt.block_on(async {
-            let r = self.store.get(&path).await?;
+            let r = self.store([key]).get(&path).await?;
             let version = Version {
                 e_tag: r.meta.e_tag.clone(),
                 version: r.meta.version.clone(),
@@ -221,7 +257,7 @@ impl Bucket {
         self.count(&self.counts.bytes_up, bytes.len() as u64);
         let path = self.path(key);
         let bytes = Bytes::from(bytes);
-        let put = self.rt.block_on(self.store.put_opts(
+        let put = self.rt.block_on(self.store([key]).put_opts(
             &path,
             PutPayload::from(bytes.clone()),
             PutOptions::from(mode),
@@ -276,7 +312,7 @@ impl Bucket {
         let path = self.path(dir.trim_end_matches('/'));
         let listed: Vec<object_store::ObjectMeta> = self
             .rt
-            .block_on(self.store.list(Some(&path)).try_collect())
+            .block_on(self.store([dir]).list(Some(&path)).try_collect())
             .map_err(|e| self.fail("listing", dir, e))?;
         let strip = if self.prefix.is_empty() {
             String::new()
@@ -304,7 +340,7 @@ impl Bucket {
                 .and_then(|_| out.seek(SeekFrom::Start(0)).map(drop))
                 .map_err(|e| self.fail("downloading", key, local_file(e)))?;
             let got = self.rt.block_on(async {
-                let mut stream = self.store.get(&path).await?.into_stream();
+                let mut stream = self.store([key]).get(&path).await?.into_stream();
                 let mut n = 0u64;
                 while let Some(chunk) = stream.try_next().await? {
                     out.write_all(&chunk).map_err(local_file)?;
@@ -360,7 +396,7 @@ impl Bucket {
                 let Some(second) = rx.recv().await else {
                     return Ok(Sent::One(first));
                 };
-                let upload = self.store.put_multipart(&path).await?;
+                let upload = self.store([key]).put_multipart(&path).await?;
                 let mut w = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
                 let (mut parts, mut bytes) = (0u64, 0u64);
                 let (mut part, mut next) = (first, Some(second));
@@ -420,7 +456,7 @@ impl Bucket {
             ..GetOptions::default()
         };
         let got = self.rt.block_on(async {
-            let r = self.store.get_opts(&path, opts).await?;
+            let r = self.store([key]).get_opts(&path, opts).await?;
             let len = r.meta.size;
             Ok::<_, object_store::Error>((r.bytes().await?, len))
         });
@@ -440,7 +476,7 @@ impl Bucket {
         &self,
         wanted: &[(String, Vec<Range<u64>>)],
     ) -> Result<Vec<Option<Vec<Bytes>>>> {
-        let store = &self.store;
+        let store = self.store(wanted.iter().map(|(k, _)| k.as_str()));
         let got: Vec<object_store::Result<Vec<Bytes>>> = self.rt.block_on(
             futures_util::stream::iter(wanted.iter().map(|(key, ranges)| {
                 let path = self.path(key);
@@ -469,7 +505,7 @@ impl Bucket {
     /// Deletes `key` (nothing when it is gone already).
     pub fn delete(&self, key: &str) -> Result<()> {
         let path = self.path(key);
-        match self.rt.block_on(self.store.delete(&path)) {
+        match self.rt.block_on(self.store([key]).delete(&path)) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.fail("deleting", key, e)),
         }
@@ -482,13 +518,16 @@ mod tests {
 
     /// A bucket held in memory (`object_store`'s own), for the client's logic alone.
     fn in_memory() -> Bucket {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         Bucket {
             rt: tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()
                 .unwrap(),
-            store: Arc::new(object_store::memory::InMemory::new()),
+            retrying: store.clone(),
+            once: store,
+            gave_up: Default::default(),
             prefix: "repo".into(),
             url: "memory://repo".into(),
             counts: Counts::default(),

@@ -30,7 +30,7 @@ pub mod replica;
 pub use client::Bucket;
 pub use error::{Error, Result};
 pub use evict::{cache_size, DEFAULT_CACHE_SIZE};
-pub use location::Location;
+pub use location::{Location, RETRY_FOR};
 pub use mdl_protocol::body::BucketGc;
 pub use peer::BucketPeer;
 pub use replica::{cache_root, init, Published, Replica};

@@ -82,7 +82,8 @@ impl Location {
 
     /// The S3 client: `AWS_*` variables as the AWS tools read them, the bucket from the
     /// location, and conditional writes by ETag (`If-Match`, `If-None-Match`), which refs need.
-    pub(crate) fn store(&self) -> Result<Arc<dyn ObjectStore>> {
+    /// `retrying`: a failed request is tried again ([`retries`]); otherwise once.
+    pub(crate) fn store(&self, retrying: bool) -> Result<Arc<dyn ObjectStore>> {
         // The client refuses plain HTTP unless told otherwise, and says only "builder error"
         // when a request is made: name the variable instead, before anything is sent.
         let allowed = std::env::var("AWS_ALLOW_HTTP").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
@@ -99,7 +100,14 @@ impl Location {
         let mut b = AmazonS3Builder::from_env()
             .with_bucket_name(&self.bucket)
             .with_conditional_put(S3ConditionalPut::ETagMatch)
-            .with_retry(retries());
+            .with_retry(if retrying {
+                retries()
+            } else {
+                RetryConfig {
+                    max_retries: 0,
+                    ..retries()
+                }
+            });
         if std::env::var_os("AWS_REGION").is_none()
             && std::env::var_os("AWS_DEFAULT_REGION").is_none()
         {
@@ -112,20 +120,23 @@ impl Location {
     }
 }
 
-/// How requests that failed (connection refused or reset, 5xx, throttling) are tried again.
-/// The client's default (10 tries, each wait drawn between 100 ms and twice the last) rides out
-/// about 2 s of an unreachable server; a store restarting or failing over takes longer. Waits
-/// drawn between 250 ms and three times the last (so growing about 1.5× a try, at most 10 s),
-/// 15 tries: about a minute, within the same 3-minute bound on one request.
+/// How long one request is tried, at most, before it fails: the documented bound
+/// (`docs/RELIABILITY.md`), whatever the endpoint does.
+pub const RETRY_FOR: Duration = Duration::from_secs(20);
+
+/// How requests that failed (connection refused or reset, 5xx, throttling) are tried again:
+/// waits drawn between 250 ms and twice the last (so growing about 1.5× a try, at most 4 s),
+/// until [`RETRY_FOR`] has passed or 10 tries were made — enough to ride out a store
+/// restarting. It was 15 tries within 3 minutes: one unreadable object cost 184 s a read.
 fn retries() -> RetryConfig {
     RetryConfig {
         backoff: BackoffConfig {
             init_backoff: Duration::from_millis(250),
-            max_backoff: Duration::from_secs(10),
-            base: 3.0,
+            max_backoff: Duration::from_secs(4),
+            base: 2.0,
         },
-        max_retries: 15,
-        retry_timeout: Duration::from_secs(180),
+        max_retries: 10,
+        retry_timeout: RETRY_FOR,
     }
 }
 

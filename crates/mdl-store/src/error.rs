@@ -139,6 +139,24 @@ impl StoreError {
         }
     }
 
+    /// Whether this is this machine failing to write (a full disk or quota, a file size
+    /// limit, a read-only file system, or any failed create, write, sync or rename) rather
+    /// than anything wrong with what is stored: a check that meets it cannot go on, and must
+    /// not call what it was checking damaged.
+    pub fn is_local_write_failure(&self) -> bool {
+        match self {
+            StoreError::Io { op, source, .. } => {
+                matches!(*op, "create" | "write" | "sync" | "rename")
+                    || matches!(
+                        source.raw_os_error(),
+                        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG | libc::EROFS)
+                    )
+            }
+            StoreError::DbIo(_) | StoreError::Output(_) => true,
+            _ => false,
+        }
+    }
+
     /// Whether the underlying cause is a full disk.
     pub fn is_disk_full(&self) -> bool {
         match self {
