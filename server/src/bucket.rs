@@ -43,6 +43,7 @@ impl Served {
         replay: bool,
         change: impl FnOnce(&mdl::Repository) -> ApiResult<T>,
     ) -> ApiResult<(T, Published)> {
+        let _trim = TrimAfter;
         let Some(replica) = &self.replica else {
             return Ok((change(&*self.writer()?)?, Published::default()));
         };
@@ -83,5 +84,14 @@ impl Served {
         // Its sync changes the replica: no compaction step in between.
         let _writer = self.repo.writer();
         Ok(replica.gc(&self.repo, grace, dry_run)?)
+    }
+}
+
+/// Hands the memory a change freed back to the system when dropped ([`crate::give_back_memory`]).
+struct TrimAfter;
+
+impl Drop for TrimAfter {
+    fn drop(&mut self) {
+        crate::give_back_memory();
     }
 }

@@ -25,10 +25,6 @@ pub(crate) const LISTING: u64 = 16;
 /// JSON.
 pub(crate) const MANIFEST_JSON: u64 = 12;
 
-/// Bytes a comparison of two commits (`GET /diff`, the compare page) holds per byte of the two
-/// manifests together: both decoded, and the list of their differences.
-pub(crate) const DIFF: u64 = 8;
-
 /// A value decoded from a manifest, with its share of the decode budget.
 pub(crate) struct Held<T> {
     value: T,
@@ -67,15 +63,18 @@ pub(crate) fn hold<T>(
     hold_manifest(len, per_byte, || make(&commit))
 }
 
-/// The comparison of commits `a` and `b` ([`mdl::diff::diff_commits`]) under a reservation of
-/// [`DIFF`] times their manifests' decoded lengths together.
+/// The comparison of commits `a` and `b` with its share of the budget
+/// ([`mdl::diff::diff_commits_held`], which reserves it), kept while its answer is made.
 pub(crate) fn diff(
     repo: &Repository,
     a: &ObjectId,
     b: &ObjectId,
 ) -> mdl::Result<Held<mdl::diff::Diff>> {
-    let len = repo.manifest_len(a)? + repo.manifest_len(b)?;
-    hold_manifest(len, DIFF, || mdl::diff::diff_commits(repo, a, b))
+    let (value, budget) = mdl::diff::diff_commits_held(repo, a, b)?;
+    Ok(Held {
+        value,
+        _budget: budget,
+    })
 }
 
 /// [`hold`] for a manifest named by its own id, `len` its decoded length (of two manifests

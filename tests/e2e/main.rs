@@ -7,6 +7,7 @@
 mod backends;
 mod bad_input;
 mod crash;
+mod decode_budget;
 mod engine;
 mod hostile;
 mod hostile_modes;

@@ -215,10 +215,19 @@ pub(crate) fn assert_fsck_clean(dir: &Path) {
 
 /// Peak resident memory of a running process, in KiB.
 pub(crate) fn peak_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmHWM:")
+}
+
+/// Resident memory of process `pid` now, in KiB.
+pub(crate) fn resident_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap()
 }

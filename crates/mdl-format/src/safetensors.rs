@@ -107,7 +107,6 @@ pub fn header_len(prefix: &[u8], file_len: u64) -> Result<u64, SafetensorsError>
 pub fn parse(header: &[u8], file_len: u64) -> Result<Layout, SafetensorsError> {
     let header_len = header.len() as u64;
     let text = std::str::from_utf8(header).map_err(|_| SafetensorsError::NotUtf8)?;
-    let entries = parse_top(text)?;
     let data_len =
         file_len
             .checked_sub(8 + header_len)
@@ -115,20 +114,7 @@ pub fn parse(header: &[u8], file_len: u64) -> Result<Layout, SafetensorsError> {
                 len: header_len,
                 file_len,
             })?;
-
-    let mut metadata = Vec::new();
-    let mut tensors = Vec::with_capacity(entries.len());
-    let mut seen = std::collections::HashSet::with_capacity(entries.len());
-    for (name, value) in entries {
-        if !seen.insert(name.clone()) {
-            return Err(SafetensorsError::DuplicateName(name));
-        }
-        if name == "__metadata__" {
-            metadata = parse_metadata(value)?;
-            continue;
-        }
-        tensors.push(parse_entry(name, value)?);
-    }
+    let (metadata, mut tensors) = parse_top(text)?;
 
     // Sort by (start, end); a stable sort keeps header order among empty tensors at one offset.
     tensors.sort_by_key(|t| (t.offset, t.offset + t.len));
@@ -259,36 +245,66 @@ fn parse_metadata(value: Value) -> Result<Vec<(String, String)>, SafetensorsErro
     }
 }
 
-/// Parses the top-level object keeping every key, so duplicates can be reported (a map type
-/// would silently keep the last).
-fn parse_top(text: &str) -> Result<Vec<(String, Value)>, SafetensorsError> {
-    struct Entries(Vec<(String, Value)>);
-    impl<'de> serde::Deserialize<'de> for Entries {
-        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            struct V;
-            impl<'de> Visitor<'de> for V {
-                type Value = Entries;
-                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                    f.write_str("a JSON object")
-                }
-                fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Entries, A::Error> {
-                    let mut out = Vec::new();
-                    while let Some((k, v)) = m.next_entry::<String, Value>()? {
-                        out.push((k, v));
-                    }
-                    Ok(Entries(out))
-                }
-            }
-            d.deserialize_map(V)
+/// A header's `__metadata__` and its tensors, in header order.
+type Parsed = (Vec<(String, String)>, Vec<TensorInfo>);
+
+/// Parses the top-level object: its `__metadata__` and its tensors, each entry checked and
+/// turned into a [`TensorInfo`] as it is read (the JSON value of a million entries was held
+/// whole once: 630 bytes an entry). Every key is seen, so duplicates are reported (a map type
+/// would silently keep the last); the first fault in header order is the one reported.
+fn parse_top(text: &str) -> Result<Parsed, SafetensorsError> {
+    /// What was read, and whether `__metadata__` was an object.
+    struct Entries(Parsed, bool);
+    /// Where the visitor leaves a fault of ours (serde_json would keep only its text).
+    struct Top<'a>(&'a std::cell::RefCell<Option<SafetensorsError>>);
+    impl<'de> de::DeserializeSeed<'de> for Top<'_> {
+        type Value = Entries;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Entries, D::Error> {
+            d.deserialize_map(self)
         }
     }
+    impl<'de> Visitor<'de> for Top<'_> {
+        type Value = Entries;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Entries, A::Error> {
+            let (mut metadata, mut tensors) = (Vec::new(), Vec::new());
+            let mut metadata_object = false;
+            let mut seen = std::collections::HashSet::new();
+            let mut fault = |e: SafetensorsError| {
+                *self.0.borrow_mut() = Some(e);
+                de::Error::custom("a bad entry")
+            };
+            while let Some(name) = m.next_key::<String>()? {
+                if !seen.insert(name.clone()) {
+                    return Err(fault(SafetensorsError::DuplicateName(name)));
+                }
+                let value: Value = m.next_value()?;
+                if name == "__metadata__" {
+                    metadata_object = value.is_object();
+                    metadata = parse_metadata(value).map_err(&mut fault)?;
+                } else {
+                    tensors.push(parse_entry(name, value).map_err(&mut fault)?);
+                }
+            }
+            Ok(Entries((metadata, tensors), metadata_object))
+        }
+    }
+    let fault = std::cell::RefCell::new(None);
+    let mut reader = serde_json::Deserializer::from_str(text);
+    let parsed = de::DeserializeSeed::deserialize(Top(&fault), &mut reader)
+        .and_then(|e| reader.end().map(|()| e));
+    if let Some(e) = fault.into_inner() {
+        return Err(e);
+    }
+    let Entries(parsed, metadata_object) =
+        parsed.map_err(|e| SafetensorsError::Json(e.to_string()))?;
     // Duplicate keys inside __metadata__ would be merged by serde_json::Map; check them here.
-    let entries: Entries =
-        serde_json::from_str(text).map_err(|e| SafetensorsError::Json(e.to_string()))?;
-    if let Some((_, Value::Object(_))) = entries.0.iter().find(|(k, _)| k == "__metadata__") {
+    if metadata_object {
         check_metadata_duplicates(text)?;
     }
-    Ok(entries.0)
+    Ok(parsed)
 }
 
 fn check_metadata_duplicates(text: &str) -> Result<(), SafetensorsError> {

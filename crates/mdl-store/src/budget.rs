@@ -73,6 +73,25 @@ impl Reservation {
         Reservation(moved)
     }
 
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.0
+    }
+
+    /// Holds `bytes` in all: fewer than now are given back at once; for more, everything held
+    /// is given back first and the whole amount waited for as a new reservation. So a holder
+    /// never waits while holding part of the budget, and two holders that both want more
+    /// cannot wait for each other (a comparison holding its manifests that then reads a
+    /// tensor's windows). While it waits, what it holds in memory is not counted.
+    pub fn resize(&mut self, bytes: u64) {
+        if bytes <= self.0 {
+            self.shrink_to(bytes);
+        } else {
+            *self = Reservation(0);
+            *self = reserve(bytes);
+        }
+    }
+
     /// Gives back all but `keep` bytes (what is still held once decoding is done).
     pub fn shrink_to(&mut self, keep: u64) {
         if keep < self.0 {
@@ -108,8 +127,38 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
 
+    /// The budget is the process's: one test at a time sets it.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Two holders that each want more than is left once both hold theirs: neither waits
+    /// for the other (a wait while holding would block both for ever).
+    #[test]
+    fn holders_that_grow_do_not_wait_for_each_other() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        set_limit(100);
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    let mut held = reserve(45);
+                    barrier.wait();
+                    held.resize(80);
+                    assert_eq!(held.bytes(), 80);
+                    held.resize(10);
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(in_use(), 0);
+        set_limit(u64::MAX);
+    }
+
     #[test]
     fn reservations_never_exceed_the_limit_together() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         set_limit(100);
         let peak = Arc::new(AtomicU64::new(0));
         let threads: Vec<_> = (0..8)

@@ -8,7 +8,7 @@ use mdl_store::{budget, windowed_cost, IndexEntry, StoreError};
 pub use mdl_protocol::history::{Change, Diff, FileChange, FileDiff, TensorDiff};
 
 use crate::previous::Previous;
-use crate::{revision, Repository, Result};
+use crate::{revision, Error, Repository, Result};
 
 /// Compares the checkpoints of revisions `a` and `b`.
 pub fn diff(repo: &Repository, a: &str, b: &str) -> Result<Diff> {
@@ -19,8 +19,36 @@ pub fn diff(repo: &Repository, a: &str, b: &str) -> Result<Diff> {
     )
 }
 
+/// Bytes a comparison holds per byte of its two manifests (decoded length) together: both
+/// decoded, and the list of their differences (measured: 5.6 at 200,000 tensors a commit).
+pub const MANIFEST_COST: u64 = 8;
+
 /// Compares the checkpoints of commits `a` and `b`.
 pub fn diff_commits(repo: &Repository, a: &ObjectId, b: &ObjectId) -> Result<Diff> {
+    Ok(diff_commits_held(repo, a, b)?.0)
+}
+
+/// [`diff_commits`], with its share of the decode budget (`--decode-memory`), to be kept while
+/// the answer made of it is: [`MANIFEST_COST`] times the two manifests' length, reserved before
+/// they are decoded — a comparison that needs more than the whole budget is refused at once
+/// ([`Error::TooLarge`]) — and, for each changed tensor, its windows' worth more while it is
+/// measured.
+pub fn diff_commits_held(
+    repo: &Repository,
+    a: &ObjectId,
+    b: &ObjectId,
+) -> Result<(Diff, budget::Reservation)> {
+    let len = repo.manifest_len(a)? + repo.manifest_len(b)?;
+    let needed = len.saturating_mul(MANIFEST_COST);
+    let mut held = budget::reserve_within(needed).ok_or_else(|| {
+        Error::TooLarge(format!(
+            "comparing these commits ({} MiB of manifests) needs about {} MiB, more than the \
+             server's --decode-memory ({} MiB) allows: ask the server's owner to raise it",
+            len.div_ceil(1 << 20),
+            needed.div_ceil(1 << 20),
+            budget::limit() >> 20
+        ))
+    })?;
     let ma = repo.load_manifest(&repo.load_commit(a)?.manifest)?;
     let mb = repo.load_manifest(&repo.load_commit(b)?.manifest)?;
 
@@ -79,7 +107,7 @@ pub fn diff_commits(repo: &Repository, a: &ObjectId, b: &ObjectId) -> Result<Dif
                 reshaped: true,
             },
             Some(eb) => Change::Changed {
-                rel_l2: rel_l2(repo, ea, eb)?,
+                rel_l2: rel_l2(repo, ea, eb, &mut held)?,
                 reshaped: false,
             },
         };
@@ -99,13 +127,20 @@ pub fn diff_commits(repo: &Repository, a: &ObjectId, b: &ObjectId) -> Result<Dif
             });
         }
     }
-    Ok(Diff { files, tensors })
+    drop((in_b, matched));
+    drop((ma, mb));
+    Ok((Diff { files, tensors }, held))
 }
 
 /// The relative L2 change from `a` to `b` (same dtype and shape), both versions read side by
 /// side a window at a time, under the decode budget: a diff holds a few windows, not two
-/// tensors, however large they are.
-fn rel_l2(repo: &Repository, a: &Entry, b: &Entry) -> Result<Option<f64>> {
+/// tensors, however large they are. `held` (the comparison's) grows by the windows meanwhile.
+fn rel_l2(
+    repo: &Repository,
+    a: &Entry,
+    b: &Entry,
+    held: &mut budget::Reservation,
+) -> Result<Option<f64>> {
     let dtype = a.header.dtype;
     if !dtype.is_float() {
         return Ok(None);
@@ -118,7 +153,8 @@ fn rel_l2(repo: &Repository, a: &Entry, b: &Entry) -> Result<Option<f64>> {
         };
         (entry(&a.id)?, entry(&b.id)?)
     };
-    let _held = budget::reserve(windowed_cost(&ia) + windowed_cost(&ib));
+    let base = held.bytes();
+    held.resize(base + windowed_cost(&ia) + windowed_cost(&ib));
     let mut wa = store.tensor_windows(&a.id, &ia)?;
     let mut wb = store.tensor_windows(&b.id, &ib)?;
     let (mut ba, mut bb) = (Vec::new(), Vec::new());
@@ -140,6 +176,7 @@ fn rel_l2(repo: &Repository, a: &Entry, b: &Entry) -> Result<Option<f64>> {
     }
     wa.finish()?;
     wb.finish()?;
+    held.resize(base);
     Ok(Some(if den > 0.0 {
         (num / den).sqrt()
     } else if num > 0.0 {

@@ -85,19 +85,18 @@ pub(crate) fn per_tensor<T: Sync, R: Send>(
     let (big, mut small): (Vec<usize>, Vec<usize>) =
         (0..items.len()).partition(|&i| size(&items[i]) >= BIG_TENSOR);
     small.sort_by_key(|&i| std::cmp::Reverse(size(&items[i])));
-    let mut out: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
-    for i in big {
-        out[i] = Some(f(&items[i])?);
-    }
-    let done: Vec<(usize, R)> = small
+    // The large ones first, each alone; then the rest into one buffer with them, put in item
+    // order in place: the results are held once (a million tensors' were held twice).
+    let large = big
+        .into_iter()
+        .map(|i| Ok((i, f(&items[i])?)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut done: Vec<(usize, R)> = small
         .into_par_iter()
         .map(|i| Ok((i, f(&items[i])?)))
         .collect::<Result<_>>()?;
-    for (i, r) in done {
-        out[i] = Some(r);
-    }
-    Ok(out
-        .into_iter()
-        .map(|r| r.expect("every item ran"))
-        .collect())
+    done.extend(large);
+    done.sort_unstable_by_key(|(i, _)| *i);
+    debug_assert!(done.iter().enumerate().all(|(k, (i, _))| k == *i));
+    Ok(done.into_iter().map(|(_, r)| r).collect())
 }

@@ -272,11 +272,11 @@ impl StoreCtx<'_> {
         Ok(Stored {
             id: w.id,
             added: Some((w.id, entry)),
-            rewrite: Some(Rewrite {
+            rewrite: Some(Box::new(Rewrite {
                 id: base.id,
                 old: base.entry,
                 new,
-            }),
+            })),
         })
     }
 }

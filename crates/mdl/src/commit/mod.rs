@@ -201,6 +201,7 @@ fn commit_input(
         metrics
     };
     crate::limits::check(repo, &input)?;
+    let _bookkeeping = crate::limits::reserve_commit(&input)?;
     let store = repo.store();
     let warm = opts.warm.as_deref();
     if let Some(w) = warm {
@@ -387,7 +388,7 @@ fn store_tensors(
     };
     for r in results {
         out.added.extend(r.added);
-        out.rewrites.extend(r.rewrite);
+        out.rewrites.extend(r.rewrite.map(|r| *r));
     }
     Ok(out)
 }

@@ -138,7 +138,7 @@ pub(super) fn lossy_plans(
         ..
     } = *p;
     if settings.mode != CodecMode::Lossy {
-        return Ok((vec![None; input.pieces.len()], None));
+        return Ok((Vec::new(), None));
     }
     let store = repo.store();
     let engine = store.engine();

@@ -42,7 +42,7 @@ pub(super) struct Stored {
     /// Its new record, unless the repository already had the object.
     pub(super) added: Option<(ObjectId, IndexEntry)>,
     /// The previous version, re-encoded against this one (reverse deltas).
-    pub(super) rewrite: Option<Rewrite>,
+    pub(super) rewrite: Option<Box<Rewrite>>,
 }
 
 /// Everything the per-tensor work shares.
@@ -62,6 +62,7 @@ pub(super) struct StoreCtx<'a> {
     pub(super) deferred: AtomicBool,
     pub(super) progress: &'a dyn Progress,
     /// How each tensor is quantized (`None`: not quantized).
+    /// Each tensor's lossy plan, by piece; empty for a lossless commit.
     pub(super) plans: &'a [Option<TensorPlan>],
     /// Mantissa bits kept, in trim mode.
     pub(super) trim_bits: Option<u32>,
@@ -78,12 +79,17 @@ pub(super) struct StoreCtx<'a> {
 }
 
 impl StoreCtx<'_> {
+    /// Piece `i`'s lossy plan, if the commit is lossy and it has one.
+    fn plan(&self, i: usize) -> Option<&TensorPlan> {
+        self.plans.get(i).and_then(Option::as_ref)
+    }
+
     /// Stores tensor `i`; also returns what the manifest says about it.
     pub(super) fn store_tensor(&self, i: usize) -> Result<(Stored, Exactness)> {
         let info = &self.input.pieces[i];
         if info.len >= STREAMED_TENSOR
             && is_delta_candidate(info)
-            && self.plans[i].is_none()
+            && self.plan(i).is_none()
             && self.trim_bits.is_none()
         {
             return self.store_large(i);
@@ -109,7 +115,7 @@ impl StoreCtx<'_> {
         let mut changed: Option<Vec<u8>> = None;
         let mut exactness = Exactness::Lossless;
         let mut quantized = None;
-        if let Some(plan) = &self.plans[i] {
+        if let Some(plan) = self.plan(i) {
             let data = &buf[..];
             let w = FloatView {
                 dtype: info.header.dtype,
@@ -313,11 +319,11 @@ impl StoreCtx<'_> {
                         .batch
                         .put_payload(&bid, header, CodecTag::QuantDelta, placement, &[&delta])?
                         .entry;
-                    Some(Rewrite {
+                    Some(Box::new(Rewrite {
                         id: bid,
                         old: bentry,
                         new,
-                    })
+                    }))
                 } else {
                     None
                 };
