@@ -60,6 +60,11 @@ enum Data {
         /// The private copy mapped, removed when the input is dropped.
         _copy: Option<tempfile::TempPath>,
     },
+    /// A small file on disk, read whole (and closed) under its stamp.
+    Read {
+        bytes: Vec<u8>,
+        stamp: stamp::Stamp,
+    },
     /// Bytes a caller handed over (a live state serialized in memory).
     Owned(Box<dyn AsRef<[u8]> + Send + Sync>),
 }
@@ -81,6 +86,16 @@ impl Data {
                     _ => e,
                 }
             }
+            // Closed since: what is at its path now tells whether it was being written.
+            Data::Read { stamp, .. } => {
+                stamp::wait_a_tick(stamp);
+                match std::fs::metadata(path) {
+                    Ok(m) if stamp::Stamp::from(&m) == *stamp => e,
+                    _ => Error::Changed {
+                        path: path.to_path_buf(),
+                    },
+                }
+            }
             _ => e,
         }
     }
@@ -89,6 +104,7 @@ impl Data {
         match self {
             Data::Empty => &[],
             Data::Disk { map, .. } => map,
+            Data::Read { bytes, .. } => bytes,
             Data::Owned(v) => (**v).as_ref(),
         }
     }
@@ -522,7 +538,8 @@ const READ_WHOLE_TOTAL: u64 = 256 << 20;
 /// mapped read-only — the file itself, or with `copies` a private copy made in that folder (a
 /// reflink where the filesystem has them, otherwise a copy in the kernel). Either is checked
 /// against the stamp once made. A file replaced since it was stamped (a new inode, renamed
-/// into place) is taken as it is now, after a clock tick of settling.
+/// into place) is taken as it is now, after a clock tick of settling; one written in place
+/// since (the same inode, another stamp) is refused as changed.
 ///
 /// [`settle`]: stamp::settle
 fn hold(path: &Path, stamp: stamp::Stamp, copies: Option<&Path>, whole: &mut u64) -> Result<Data> {
@@ -533,6 +550,12 @@ fn hold(path: &Path, stamp: stamp::Stamp, copies: Option<&Path>, whole: &mut u64
     let (file, now) = open_file(path)?;
     let stamp = if now == stamp {
         stamp
+    } else if now.same_file(&stamp) {
+        // Written in place since it was stamped (cut short by a writer opening it "wb",
+        // or overwritten): being written, not yet the file the user meant.
+        return Err(Error::Changed {
+            path: path.to_path_buf(),
+        });
     } else {
         stamp::wait_a_tick(&now);
         now
@@ -552,11 +575,7 @@ fn hold(path: &Path, stamp: stamp::Stamp, copies: Option<&Path>, whole: &mut u64
         })?;
         stamp.check(&file, path)?;
         *whole -= len;
-        return Ok(if len == 0 {
-            Data::Empty
-        } else {
-            Data::Owned(Box::new(bytes))
-        });
+        return Ok(Data::Read { bytes, stamp });
     }
     let (file, stamp, copy) = match copies {
         None => {

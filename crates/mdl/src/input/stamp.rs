@@ -56,6 +56,11 @@ impl Stamp {
         self.len
     }
 
+    /// Whether `other` is a stamp of the same file (device and inode), whatever its bytes.
+    pub(crate) fn same_file(&self, other: &Stamp) -> bool {
+        (self.dev, self.ino) == (other.dev, other.ino)
+    }
+
     /// An error naming `path` unless `file` still has this stamp.
     pub(crate) fn check(&self, file: &File, path: &Path) -> Result<()> {
         if Stamp::of(file, path)? == *self {
