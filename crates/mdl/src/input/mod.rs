@@ -61,10 +61,7 @@ enum Data {
         _copy: Option<tempfile::TempPath>,
     },
     /// A small file on disk, read whole (and closed) under its stamp.
-    Read {
-        bytes: Vec<u8>,
-        stamp: stamp::Stamp,
-    },
+    Read { bytes: Vec<u8>, stamp: stamp::Stamp },
     /// Bytes a caller handed over (a live state serialized in memory).
     Owned(Box<dyn AsRef<[u8]> + Send + Sync>),
 }
