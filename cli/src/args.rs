@@ -264,7 +264,7 @@ pub(crate) enum Command {
         #[arg(long)]
         read_public: bool,
         /// Largest upload (commit or push), e.g. 512M or 64G; one that would leave less than
-        /// 256 MiB free on the repository's disk is refused too.
+        /// 256 MiB (a sixteenth of a smaller disk) free on the repository's disk is refused too.
         #[arg(long, default_value = "64G", value_name = "SIZE")]
         max_body: String,
         /// huggingface_hub uploads files of at least SIZE (e.g. 10M) through git LFS, streamed,

@@ -14,14 +14,15 @@ use crate::error::ApiError;
 use crate::Served;
 
 /// Room an upload leaves free on the repository's disk: the commit it is for writes too, and
-/// the rest of the machine needs its disk.
+/// the rest of the machine needs its disk. At most a sixteenth of a small disk.
 const SPARE_ROOM: u64 = 256 << 20;
 
 /// How often (in bytes received) an upload looks at the free space again.
 const ROOM_CHECK_EVERY: u64 = 64 << 20;
 
 /// Streams a request body into a temporary file in the repository's `incoming/` directory,
-/// refusing more than `max` bytes, and more than leaves [`SPARE_ROOM`] free on its disk
+/// refusing more than `max` bytes, and more than leaves [`SPARE_ROOM`] (or a sixteenth of a
+/// smaller disk) free on its disk
 /// (known at once from a `Content-Length`, or met while it arrives): a body that would fill
 /// the disk is refused (413) before it does, not written until `No space left on device`.
 pub(crate) async fn spool(
@@ -52,14 +53,14 @@ pub(crate) async fn spool(
         .parent()
         .map(ToOwned::to_owned)
         .unwrap_or_default();
+    let spare = mdl::disk_bytes(&dir).map_or(SPARE_ROOM, |size| SPARE_ROOM.min(size / 16));
     let no_room = |bytes: u64| {
         let free = mdl::free_bytes(&dir)?;
-        (bytes.saturating_add(SPARE_ROOM) > free).then(|| {
+        (bytes.saturating_add(spare) > free).then(|| {
             ApiError::new(
                 ErrorCode::BodyTooLarge,
                 format!(
-                    "the request body ({bytes} bytes or more) would leave less than {} MiB free on the server's disk ({free} bytes free)",
-                    SPARE_ROOM >> 20
+                    "the request body ({bytes} bytes or more) would leave less than {spare} bytes free on the server's disk ({free} bytes free)"
                 ),
             )
         })
@@ -81,7 +82,7 @@ pub(crate) async fn spool(
             return Err(too_large());
         }
         if declared.is_none() && total / ROOM_CHECK_EVERY != before / ROOM_CHECK_EVERY {
-            if let Some(e) = no_room(ROOM_CHECK_EVERY) {
+            if let Some(e) = no_room(ROOM_CHECK_EVERY.min(spare)) {
                 return Err(e);
             }
         }

@@ -101,6 +101,12 @@ pub fn free_bytes(path: &Path) -> Option<u64> {
     Some(s.f_bavail.saturating_mul(s.f_frsize))
 }
 
+/// The size of the disk that holds `path` (`None` when the file system cannot tell).
+pub fn disk_bytes(path: &Path) -> Option<u64> {
+    let s = rustix::fs::statvfs(path).ok()?;
+    Some(s.f_blocks.saturating_mul(s.f_frsize))
+}
+
 impl Store {
     /// Creates a new store at `dir` (the `.mdl` directory itself), with `HEAD → refs/heads/main`.
     ///

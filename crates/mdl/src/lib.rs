@@ -62,7 +62,9 @@ pub use mdl_format::{
     names, Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp, TreeFile, V1_FILE_PATH,
 };
 pub use mdl_store::{budget, source};
-pub use mdl_store::{free_bytes, IndexEntry, LockMode, RefValue, Storage, StoreError, MDL_DIR};
+pub use mdl_store::{
+    disk_bytes, free_bytes, IndexEntry, LockMode, RefValue, Storage, StoreError, MDL_DIR,
+};
 pub use progress::{Counting, NoProgress, Progress};
 pub use repo::{discover, OpenOptions, Repository};
 
