@@ -94,9 +94,11 @@ fn a_failure_surfaces_twice_and_changes_nothing() {
         .expect("the failure is reported again")
         .to_string();
     assert_eq!(again, e);
-    // Between commits the committer holds no lock: another writer opens at once.
+    // Between commits the committer holds no lock: another writer opens at once. (Not with
+    // no wait at all: a child process the failed commit started, its author lookup, holds a
+    // copy of the lock's descriptor from its fork until its exec.)
     let now = OpenOptions {
-        wait: std::time::Duration::ZERO,
+        wait: std::time::Duration::from_secs(2),
         ..OpenOptions::default()
     };
     drop(Repository::open(&root, &now).unwrap());
