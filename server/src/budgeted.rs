@@ -7,7 +7,7 @@
 
 use std::ops::Deref;
 
-use mdl::budget::{self, Reservation};
+use mdl::budget::Reservation;
 use mdl::{ObjectId, Repository};
 
 // Measured on a commit of 100,000 tensors (6.3 MiB of manifest): a server's peak grew by
@@ -85,16 +85,12 @@ pub(crate) fn hold_manifest<T>(
     per_byte: u64,
     make: impl FnOnce() -> mdl::Result<T>,
 ) -> mdl::Result<Held<T>> {
-    let needed = len.saturating_mul(per_byte);
-    let Some(budget) = budget::reserve_within(needed) else {
-        return Err(mdl::Error::TooLarge(format!(
-            "reading this commit's manifest ({} MiB) needs about {} MiB here, more than the \
-             server's --decode-memory ({} MiB) allows: ask the server's owner to raise it",
-            len.div_ceil(1 << 20),
-            needed.div_ceil(1 << 20),
-            budget::limit() >> 20
-        )));
-    };
+    let budget = mdl::reserve_or_refuse(len.saturating_mul(per_byte), || {
+        format!(
+            "reading this commit's manifest ({} MiB)",
+            len.div_ceil(1 << 20)
+        )
+    })?;
     Ok(Held {
         value: make()?,
         _budget: budget,

@@ -6,6 +6,19 @@
 use crate::server::{bearer, http, Server, READ, WRITE};
 use crate::util::*;
 
+/// One request answered by `server` (its threads and buffers made), so that what a test
+/// measures after is the requests under test.
+fn warm_up(server: &Server, auth: &str) {
+    let (status, _, _) = http(
+        &server.base,
+        "GET",
+        "/v1/repos",
+        &[("Authorization", auth)],
+        b"",
+    );
+    assert_eq!(status, 200);
+}
+
 /// Diffs are charged to the decode budget and read both versions a window at a time: twelve
 /// concurrent diffs of a changed 64 MiB tensor under `--decode-memory 128M` add a few windows'
 /// worth to the server's peak memory, not two tensors each (which was 1.6 GiB), and every one
@@ -44,14 +57,7 @@ fn concurrent_diffs_stay_within_the_decode_budget() {
     );
     let path = "/v1/repos/srv/diff?a=main~1&b=main";
     let auth = bearer(READ);
-    let (status, _, _) = http(
-        &server.base,
-        "GET",
-        "/v1/repos",
-        &[("Authorization", &auth)],
-        b"",
-    );
-    assert_eq!(status, 200);
+    warm_up(&server, &auth);
     let before = peak_kib(server.pid());
     let answers: Vec<serde_json::Value> = (0..12)
         .map(|_| {
@@ -119,14 +125,7 @@ fn manifest_reads_are_charged_to_the_decode_budget() {
         d,
     );
     let auth = bearer(READ);
-    let (status, _, _) = http(
-        &server.base,
-        "GET",
-        "/v1/repos",
-        &[("Authorization", &auth)],
-        b"",
-    );
-    assert_eq!(status, 200);
+    warm_up(&server, &auth);
     let before = peak_kib(server.pid());
     let paths = [
         format!("/v1/repos/srv/manifests/{manifest}"),
@@ -205,14 +204,7 @@ fn a_commits_bookkeeping_is_charged_and_given_back() {
             &["-C", served.to_str().unwrap(), "--decode-memory", budget],
             d,
         );
-        let (status, _, _) = http(
-            &server.base,
-            "GET",
-            "/v1/repos",
-            &[("Authorization", &auth)],
-            b"",
-        );
-        assert_eq!(status, 200);
+        warm_up(&server, &auth);
         let (peak, resident) = (peak_kib(server.pid()), resident_kib(server.pid()));
         let (status, _, answer) = http(
             &server.base,

@@ -8,7 +8,7 @@ use mdl_store::{budget, windowed_cost, IndexEntry, StoreError};
 pub use mdl_protocol::history::{Change, Diff, FileChange, FileDiff, TensorDiff};
 
 use crate::previous::Previous;
-use crate::{revision, Error, Repository, Result};
+use crate::{revision, Repository, Result};
 
 /// Compares the checkpoints of revisions `a` and `b`.
 pub fn diff(repo: &Repository, a: &str, b: &str) -> Result<Diff> {
@@ -39,15 +39,11 @@ pub fn diff_commits_held(
     b: &ObjectId,
 ) -> Result<(Diff, budget::Reservation)> {
     let len = repo.manifest_len(a)? + repo.manifest_len(b)?;
-    let needed = len.saturating_mul(MANIFEST_COST);
-    let mut held = budget::reserve_within(needed).ok_or_else(|| {
-        Error::TooLarge(format!(
-            "comparing these commits ({} MiB of manifests) needs about {} MiB, more than the \
-             server's --decode-memory ({} MiB) allows: ask the server's owner to raise it",
-            len.div_ceil(1 << 20),
-            needed.div_ceil(1 << 20),
-            budget::limit() >> 20
-        ))
+    let mut held = crate::limits::reserve_or_refuse(len.saturating_mul(MANIFEST_COST), || {
+        format!(
+            "comparing these commits ({} MiB of manifests)",
+            len.div_ceil(1 << 20)
+        )
     })?;
     let ma = repo.load_manifest(&repo.load_commit(a)?.manifest)?;
     let mb = repo.load_manifest(&repo.load_commit(b)?.manifest)?;
@@ -127,8 +123,6 @@ pub fn diff_commits_held(
             });
         }
     }
-    drop((in_b, matched));
-    drop((ma, mb));
     Ok((Diff { files, tensors }, held))
 }
 

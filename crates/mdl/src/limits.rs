@@ -92,13 +92,25 @@ pub(crate) const COMMIT_PER_TENSOR: u64 = 1280;
 /// reads. A commit that needs more than the whole budget is refused at once. Unlimited (and
 /// free) outside a server.
 pub(crate) fn reserve_commit(input: &Input) -> Result<mdl_store::budget::Reservation> {
-    use mdl_store::budget;
     let needed = (input.pieces.len() as u64).saturating_mul(COMMIT_PER_TENSOR);
+    reserve_or_refuse(needed, || {
+        format!("committing {} tensors and byte runs", input.pieces.len())
+    })
+}
+
+/// `needed` bytes of the decode budget (`mdl serve --decode-memory`), waited for; or, where
+/// they are more than the whole budget, a [`Error::TooLarge`] at once saying that `doing` needs
+/// them and naming the setting to raise. Unlimited (and free) outside a server.
+pub fn reserve_or_refuse(
+    needed: u64,
+    doing: impl FnOnce() -> String,
+) -> Result<mdl_store::budget::Reservation> {
+    use mdl_store::budget;
     budget::reserve_within(needed).ok_or_else(|| {
         Error::TooLarge(format!(
-            "committing {} tensors and byte runs needs about {} MiB here, more than the \
-             server's --decode-memory ({} MiB) allows: ask the server's owner to raise it",
-            input.pieces.len(),
+            "{} needs about {} MiB here, more than the server's --decode-memory ({} MiB) \
+             allows: ask the server's owner to raise it",
+            doing(),
             needed.div_ceil(1 << 20),
             budget::limit() >> 20
         ))

@@ -76,13 +76,7 @@ impl Data {
                 file,
                 stamp: Some(stamp),
                 ..
-            } => {
-                stamp::wait_a_tick(stamp);
-                match stamp.check(file, path) {
-                    Err(changed @ Error::Changed { .. }) => changed,
-                    _ => e,
-                }
-            }
+            } => stamp.explain(file, path, e),
             // Closed since: what is at its path now tells whether it was being written.
             Data::Read { stamp, .. } => {
                 stamp::wait_a_tick(stamp);
@@ -563,13 +557,8 @@ fn hold(path: &Path, stamp: stamp::Stamp, copies: Option<&Path>, whole: &mut u64
     if len <= READ_WHOLE_MAX && len <= *whole {
         use std::os::unix::fs::FileExt;
         let mut bytes = vec![0; len as usize];
-        file.read_exact_at(&mut bytes, 0).map_err(|e| {
-            stamp::wait_a_tick(&stamp);
-            match stamp.check(&file, path) {
-                Err(changed @ Error::Changed { .. }) => changed,
-                _ => io(e),
-            }
-        })?;
+        file.read_exact_at(&mut bytes, 0)
+            .map_err(|e| stamp.explain(&file, path, io(e)))?;
         stamp.check(&file, path)?;
         *whole -= len;
         return Ok(Data::Read { bytes, stamp });

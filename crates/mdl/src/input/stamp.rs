@@ -72,6 +72,17 @@ impl Stamp {
         }
     }
 
+    /// `e`, a failure to read or parse the open `file` (at `path`); or, where the file is being
+    /// written (its stamp moves within a clock tick or two of the failure), that: the cause of
+    /// `e`, most likely — a file cut short or half rewritten.
+    pub(crate) fn explain(&self, file: &File, path: &Path, e: Error) -> Error {
+        wait_a_tick(self);
+        match self.check(file, path) {
+            Err(changed @ Error::Changed { .. }) => changed,
+            _ => e,
+        }
+    }
+
     /// The later of its two times.
     fn newest(&self) -> SystemTime {
         let (s, ns) = self.modified.max(self.changed);
