@@ -174,7 +174,8 @@ async fn manifest(
         // The answer is written from the decoded manifest as it is walked, under a share of
         // the decode budget that it keeps until it is sent.
         let answer = budgeted::hold_manifest(len, budgeted::MANIFEST_JSON, || {
-            let m = repo.load_manifest(&id)?;
+            let bytes = repo.load_manifest_bytes(&id)?;
+            let m = mdl::view_manifest(&id, &bytes)?;
             // About three bytes of JSON a byte of manifest: written once, without regrowing.
             let mut out = Vec::with_capacity(len.saturating_mul(3) as usize);
             let listing = ManifestListing { id: &id, m: &m };
@@ -194,34 +195,34 @@ async fn manifest(
 /// `{id, metadata, files, tensors}`.
 struct ManifestListing<'m> {
     id: &'m ObjectId,
-    m: &'m mdl_format::Manifest,
+    m: &'m mdl_format::ManifestView<'m>,
 }
 
 impl serde::Serialize for ManifestListing<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let m = self.m;
-        let files = || m.files.iter();
+        let files = || m.files().iter();
         let mut out = s.serialize_struct("ManifestListing", 4)?;
         out.serialize_field("id", self.id)?;
-        out.serialize_field("metadata", &Seq(|| files().flat_map(|f| &f.metadata)))?;
+        out.serialize_field("metadata", &Seq(|| files().flat_map(|f| f.metadata())))?;
         let listed = || {
             files().map(|f| FileListing {
-                path: &f.path,
+                path: f.path,
                 format: f.format.name(),
                 size: f.len(),
-                metadata: &f.metadata,
+                metadata: Seq(|| f.metadata()),
             })
         };
         out.serialize_field("files", &Seq(listed))?;
         let tensors = || {
             m.tensors().map(|(f, e)| TensorListing {
-                file: &m.files[f].path,
-                name: &e.name,
-                dtype: e.header.dtype.name(),
-                shape: &e.header.shape,
-                id: &e.id,
-                lossy: e.exactness.is_lossy(),
+                file: m.files()[f].path,
+                name: e.name,
+                dtype: e.dtype().name(),
+                shape: e.shape(),
+                id: e.id(),
+                lossy: e.is_lossy(),
             })
         };
         out.serialize_field("tensors", &Seq(tensors))?;
@@ -244,11 +245,11 @@ where
 }
 
 #[derive(serde::Serialize)]
-struct FileListing<'m> {
+struct FileListing<'m, M> {
     path: &'m str,
     format: &'static str,
     size: u64,
-    metadata: &'m [(String, String)],
+    metadata: M,
 }
 
 #[derive(serde::Serialize)]
@@ -256,8 +257,8 @@ struct TensorListing<'m> {
     file: &'m str,
     name: &'m str,
     dtype: &'static str,
-    shape: &'m [u64],
-    id: &'m ObjectId,
+    shape: Vec<u64>,
+    id: ObjectId,
     lossy: bool,
 }
 

@@ -10,20 +10,30 @@ use std::ops::Deref;
 use mdl::budget::Reservation;
 use mdl::{ObjectId, Repository};
 
-// Measured on a commit of 100,000 tensors (6.3 MiB of manifest): a server's peak grew by
-// 37 MiB for its manifest's JSON, 44 for its file listing, 45 for the `/hf` tree, 74 for the
-// web commit page, 91 for the shown commit. The factors below are those, rounded up.
+// Measured on a commit of 1,000,000 tensors in one file (a 54 MiB manifest; a server's peak
+// growth for one request, `docs/BENCHMARKS.md`): 61 MiB for the file listing, the `/hf` tree
+// and the web commit page (the manifest read in place), 212 for its manifest's JSON, 457 for
+// a download of the file (its 1,000,000 pieces laid out), 748 for the shown commit (every
+// tensor described, and the answer). The factors below are those, rounded up.
+
+/// Bytes a listing of a commit's files (its manifest read in place) holds per byte of its
+/// manifest.
+pub(crate) const LISTED: u64 = 2;
+
+/// Bytes a page of a commit's tensors (the web commit page: its manifest read in place, one
+/// page described) holds per byte of its manifest.
+pub(crate) const PAGE: u64 = 2;
 
 /// Bytes a laid-out commit (its files' pieces) holds per byte of its manifest.
-pub(crate) const LAYOUT: u64 = 8;
+pub(crate) const LAYOUT: u64 = 10;
 
-/// Bytes a shown commit (its tensors listed with their storage, a page of them) holds per
+/// Bytes a shown commit (every tensor described with its storage, and the answer) holds per
 /// byte of its manifest.
 pub(crate) const LISTING: u64 = 16;
 
-/// Bytes `GET /manifests/{id}` holds per byte of the manifest: the decoded manifest and its
-/// JSON.
-pub(crate) const MANIFEST_JSON: u64 = 12;
+/// Bytes `GET /manifests/{id}` holds per byte of the manifest: its bytes, read in place, and
+/// its JSON.
+pub(crate) const MANIFEST_JSON: u64 = 5;
 
 /// A value decoded from a manifest, with its share of the decode budget.
 pub(crate) struct Held<T> {

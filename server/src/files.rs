@@ -10,7 +10,7 @@ use axum::extract::Path;
 use axum::http::{header, HeaderMap, HeaderName, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mdl::checkout::{FileLayout, Layout};
+use mdl::checkout::{FileLayout, Layout, Listing};
 use mdl_protocol::{body, route, ErrorCode};
 
 use crate::access::{blocking, ApiResult, Reader};
@@ -178,32 +178,41 @@ pub(crate) async fn checkpoint(
     )
 }
 
+/// The listing of `rev`'s files (read from its manifest in place, nothing laid out), off the
+/// async workers, with its share of the decode budget.
+pub(crate) async fn listing_of(served: &Arc<Served>, rev: String) -> ApiResult<Held<Listing>> {
+    let served = served.clone();
+    blocking(move || {
+        let repo = &served.repo;
+        Ok(budgeted::hold(repo, &rev, budgeted::LISTED, |c| {
+            mdl::checkout::listing(repo, &c.to_hex())
+        })?)
+    })
+    .await
+}
+
 /// `GET /files/REV`: the commit's files.
 pub(crate) async fn list(
     crate::access::Access(served): Reader,
     Path((_, rev)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    let layout = layout_of(&served, rev).await?;
-    Ok(Json(listing(&layout)).into_response())
-}
-
-/// The listing of a commit's files.
-pub(crate) fn listing(layout: &Layout) -> body::Files {
-    body::Files {
-        commit: layout.commit,
-        files: layout
+    let listed = listing_of(&served, rev).await?;
+    Ok(Json(body::Files {
+        commit: listed.commit,
+        files: listed
             .files
             .iter()
             .map(|f| body::ListedFile {
                 path: f.path.clone(),
                 size: f.len,
-                etag: f.content_id(),
-                tensors: f.objects().filter(|o| o.tensor).count() as u32,
-                lossy_tensors: f.lossy_tensors(),
+                etag: f.content_id,
+                tensors: f.tensors,
+                lossy_tensors: f.lossy_tensors,
                 executable: f.executable,
             })
             .collect(),
-    }
+    })
+    .into_response())
 }
 
 /// The file `path` of the commit `rev` resolves to, with that commit, and its ETag (the

@@ -13,12 +13,12 @@ use axum::http::{HeaderMap, HeaderName, Method};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use mdl::checkout::Layout;
+use mdl::checkout::Listing;
 use serde_json::{json, Value};
 
 use crate::access::{blocking, Access, ApiResult, Reader};
 use crate::error::ApiError;
-use crate::files::{file_of, layout_of, serve_file};
+use crate::files::{file_of, listing_of, serve_file};
 use crate::State;
 use mdl_protocol::ErrorCode;
 
@@ -105,7 +105,7 @@ async fn info(
     Access(served): Reader,
     Path((repo, rev)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    let layout = layout_of(&served, rev).await?;
+    let layout = listing_of(&served, rev).await?;
     let time = {
         let served = served.clone();
         let id = layout.commit;
@@ -156,8 +156,8 @@ async fn tree(
         .recursive
         .as_deref()
         .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-    let layout = layout_of(&served, rev.clone()).await?;
-    let entries = tree_entries(&layout, path.trim_matches('/'), recursive);
+    let listed = listing_of(&served, rev.clone()).await?;
+    let entries = tree_entries(&listed, path.trim_matches('/'), recursive);
     if entries.is_empty() && !path.trim_matches('/').is_empty() {
         return Err(ApiError::not_found(format!("no folder {path:?} in {rev}")));
     }
@@ -165,7 +165,7 @@ async fn tree(
 }
 
 /// The entries under `dir` ("" for the root): files with size and content id, and folders.
-fn tree_entries(layout: &Layout, dir: &str, recursive: bool) -> Vec<Value> {
+fn tree_entries(listed: &Listing, dir: &str, recursive: bool) -> Vec<Value> {
     let prefix = if dir.is_empty() {
         String::new()
     } else {
@@ -173,7 +173,7 @@ fn tree_entries(layout: &Layout, dir: &str, recursive: bool) -> Vec<Value> {
     };
     let mut folders = std::collections::BTreeSet::new();
     let mut out = Vec::new();
-    for f in &layout.files {
+    for f in &listed.files {
         let Some(rest) = f.path.strip_prefix(&prefix) else {
             continue;
         };
@@ -188,7 +188,7 @@ fn tree_entries(layout: &Layout, dir: &str, recursive: bool) -> Vec<Value> {
             folders.insert(format!("{prefix}{}", parts[..n].join("/")));
         }
         if recursive || parts.len() == 1 {
-            let oid = f.content_id().to_hex();
+            let oid = f.content_id.to_hex();
             out.push(json!({
                 "type": "file",
                 "path": f.path,

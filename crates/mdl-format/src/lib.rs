@@ -41,8 +41,8 @@ pub use dtype::Dtype;
 pub use error::FormatError;
 pub use id::{IdPrefix, ObjectId, ParseIdError, TensorHasher};
 pub use manifest::{
-    bytes_header, Entry, Exactness, FileFormat, Lossy, Manifest, MomentPair, PairSource, Region,
-    TreeFile, V1_FILE_PATH,
+    bytes_header, Entry, EntryView, Exactness, FileFormat, FileView, Lossy, Manifest, ManifestView,
+    MomentPair, PairSource, Region, RegionView, TreeFile, V1_FILE_PATH,
 };
 pub use names::{check_path, check_tensor_name, MAX_PATH_LEN};
 pub use refname::{Ref, RefName, RefNameError};

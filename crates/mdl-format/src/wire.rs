@@ -111,6 +111,13 @@ impl<'a> Reader<'a> {
         }
         Ok(n)
     }
+    /// What is left to read.
+    pub(crate) fn remaining(&self) -> &'a [u8] {
+        self.buf
+    }
+    pub(crate) fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
     pub(crate) fn finish(self) -> Result<(), FormatError> {
         if self.buf.is_empty() {
             Ok(())

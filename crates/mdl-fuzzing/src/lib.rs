@@ -248,11 +248,27 @@ pub fn safetensors_header(input: &[u8]) {
     }
 }
 
-/// A manifest: one that decodes encodes to bytes that decode to the same encoding.
+/// A manifest: one that decodes encodes to bytes that decode to the same encoding, and its
+/// view (what a server walks) says what the decoded manifest says, every accessor run.
 pub fn manifest(input: &[u8]) {
     if let Ok(m) = Manifest::decode(input) {
         let e = m.encode();
         assert_eq!(Manifest::decode(&e).expect("re-decodes").encode(), e);
+        let v = mdl_format::ManifestView::parse(input).expect("a view of what decodes");
+        // Compared by their Debug text: a NaN error recorded is not equal to itself.
+        let same = |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| {
+            assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        };
+        same(&v.to_manifest(), &m);
+        for (f, fv) in m.files.iter().zip(v.files()) {
+            for (ev, e) in fv.tensors().zip(f.tensors()) {
+                same(
+                    &(ev.header(), ev.id(), ev.exactness()),
+                    &(&e.header, e.id, &e.exactness),
+                );
+                assert_eq!(ev.is_lossy(), e.exactness.is_lossy());
+            }
+        }
     }
 }
 

@@ -1,14 +1,15 @@
 //! `mdl diff`: which files and tensors changed between two commits, and by how much.
 
+use std::cmp::Ordering;
 use std::collections::HashSet;
 
-use mdl_format::{Dtype, Entry, ObjectId};
+use mdl_format::{Dtype, ManifestView, ObjectId};
 use mdl_store::{budget, windowed_cost, IndexEntry, StoreError};
 
 pub use mdl_protocol::history::{Change, Diff, FileChange, FileDiff, TensorDiff};
 
 use crate::previous::Previous;
-use crate::{revision, Repository, Result};
+use crate::{revision, view_manifest, Repository, Result};
 
 /// Compares the checkpoints of revisions `a` and `b`.
 pub fn diff(repo: &Repository, a: &str, b: &str) -> Result<Diff> {
@@ -19,9 +20,11 @@ pub fn diff(repo: &Repository, a: &str, b: &str) -> Result<Diff> {
     )
 }
 
-/// Bytes a comparison holds per byte of its two manifests (decoded length) together: both
-/// decoded, and the list of their differences (measured: 5.6 at 200,000 tensors a commit).
-pub const MANIFEST_COST: u64 = 8;
+/// Bytes a comparison holds per byte of its two manifests (decoded length) together: their
+/// bytes, read in place, the index of the second's tensors and the list of differences
+/// (measured at 1,000,000 tensors a commit, with the answer's JSON: 4.6; see
+/// `docs/BENCHMARKS.md`).
+pub const MANIFEST_COST: u64 = 5;
 
 /// Compares the checkpoints of commits `a` and `b`.
 pub fn diff_commits(repo: &Repository, a: &ObjectId, b: &ObjectId) -> Result<Diff> {
@@ -30,9 +33,9 @@ pub fn diff_commits(repo: &Repository, a: &ObjectId, b: &ObjectId) -> Result<Dif
 
 /// [`diff_commits`], with its share of the decode budget (`--decode-memory`), to be kept while
 /// the answer made of it is: [`MANIFEST_COST`] times the two manifests' length, reserved before
-/// they are decoded — a comparison that needs more than the whole budget is refused at once
+/// they are read — a comparison that needs more than the whole budget is refused at once
 /// ([`Error::TooLarge`]) — and, for each changed tensor, its windows' worth more while it is
-/// measured.
+/// measured. Both manifests are read in place ([`mdl_format::ManifestView`]), not decoded.
 pub fn diff_commits_held(
     repo: &Repository,
     a: &ObjectId,
@@ -45,80 +48,49 @@ pub fn diff_commits_held(
             len.div_ceil(1 << 20)
         )
     })?;
-    let ma = repo.load_manifest(&repo.load_commit(a)?.manifest)?;
-    let mb = repo.load_manifest(&repo.load_commit(b)?.manifest)?;
+    let (ida, idb) = (repo.load_commit(a)?.manifest, repo.load_commit(b)?.manifest);
+    let (bytes_a, bytes_b) = (
+        repo.load_manifest_bytes(&ida)?,
+        repo.load_manifest_bytes(&idb)?,
+    );
+    let ma = view_manifest(&ida, &bytes_a)?;
+    let mb = view_manifest(&idb, &bytes_b)?;
+    let files = diff_files(&ma, &mb);
 
-    let mut files = Vec::new();
-    let (mut i, mut j) = (0, 0);
-    while i < ma.files.len() || j < mb.files.len() {
-        let (fa, fb) = (ma.files.get(i), mb.files.get(j));
-        let order = match (fa, fb) {
-            (Some(x), Some(y)) => x.path.cmp(&y.path),
-            (Some(_), None) => std::cmp::Ordering::Less,
-            _ => std::cmp::Ordering::Greater,
-        };
-        let (path, change, bytes_a, bytes_b) = match (order, fa, fb) {
-            (std::cmp::Ordering::Less, Some(x), _) => {
-                i += 1;
-                (&x.path, FileChange::Removed, Some(x.len()), None)
-            }
-            (std::cmp::Ordering::Greater, _, Some(y)) => {
-                j += 1;
-                (&y.path, FileChange::Added, None, Some(y.len()))
-            }
-            (_, Some(x), Some(y)) => {
-                i += 1;
-                j += 1;
-                let change = if x.regions == y.regions {
-                    FileChange::Unchanged
-                } else {
-                    FileChange::Changed
-                };
-                (&x.path, change, Some(x.len()), Some(y.len()))
-            }
-            _ => unreachable!("one side has a file"),
-        };
-        files.push(FileDiff {
-            path: path.clone(),
-            change,
-            bytes_a,
-            bytes_b,
-        });
-    }
-
-    let in_b = Previous::of(Some(&mb));
+    let in_b = Previous::of_view(&mb);
     let mut matched: HashSet<(&str, &str)> = HashSet::new();
     let mut tensors = Vec::new();
     for (f, ea) in ma.tensors() {
-        let path = ma.files[f].path.as_str();
-        let found = in_b.get_keyed(path, &ea.name);
+        let path = ma.files()[f].path;
+        let found = in_b.get_keyed(path, ea.name);
         if let Some((key, _)) = found {
             matched.insert(key);
         }
         let change = match found.map(|(_, e)| e) {
             None => Change::Removed,
-            Some(eb) if eb.id == ea.id => Change::Unchanged,
-            Some(eb) if eb.header != ea.header => Change::Changed {
+            Some(eb) if eb.id() == ea.id() => Change::Unchanged,
+            Some(eb) if eb.header() != ea.header() => Change::Changed {
                 rel_l2: None,
                 reshaped: true,
             },
             Some(eb) => Change::Changed {
-                rel_l2: rel_l2(repo, ea, eb, &mut held)?,
+                rel_l2: rel_l2(repo, ea.dtype(), &ea.id(), &eb.id(), &mut held)?,
                 reshaped: false,
             },
         };
         tensors.push(TensorDiff {
             file: path.to_string(),
-            name: ea.name.clone(),
+            name: ea.name.to_string(),
             change,
         });
     }
+    drop(in_b);
     for (f, eb) in mb.tensors() {
-        let key = (mb.files[f].path.as_str(), eb.name.as_str());
+        let key = (mb.files()[f].path, eb.name);
         if !matched.contains(&key) {
             tensors.push(TensorDiff {
                 file: key.0.to_string(),
-                name: eb.name.clone(),
+                name: eb.name.to_string(),
                 change: Change::Added,
             });
         }
@@ -126,16 +98,63 @@ pub fn diff_commits_held(
     Ok((Diff { files, tensors }, held))
 }
 
+/// The files of `a` and `b` merged by path: removed, added, changed (any region differs) or
+/// not.
+fn diff_files(a: &ManifestView<'_>, b: &ManifestView<'_>) -> Vec<FileDiff> {
+    let mut files = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    let (fa, fb) = (a.files(), b.files());
+    while i < fa.len() || j < fb.len() {
+        let (x, y) = (fa.get(i), fb.get(j));
+        let order = match (x, y) {
+            (Some(x), Some(y)) => x.path.cmp(y.path),
+            (Some(_), None) => Ordering::Less,
+            _ => Ordering::Greater,
+        };
+        files.push(match (order, x, y) {
+            (Ordering::Less, Some(x), _) => {
+                i += 1;
+                file_diff(x.path, FileChange::Removed, Some(x.len()), None)
+            }
+            (Ordering::Greater, _, Some(y)) => {
+                j += 1;
+                file_diff(y.path, FileChange::Added, None, Some(y.len()))
+            }
+            (_, Some(x), Some(y)) => {
+                i += 1;
+                j += 1;
+                let change = if x.regions().eq(y.regions()) {
+                    FileChange::Unchanged
+                } else {
+                    FileChange::Changed
+                };
+                file_diff(x.path, change, Some(x.len()), Some(y.len()))
+            }
+            _ => unreachable!("one side has a file"),
+        });
+    }
+    files
+}
+
+fn file_diff(path: &str, change: FileChange, a: Option<u64>, b: Option<u64>) -> FileDiff {
+    FileDiff {
+        path: path.to_string(),
+        change,
+        bytes_a: a,
+        bytes_b: b,
+    }
+}
+
 /// The relative L2 change from `a` to `b` (same dtype and shape), both versions read side by
 /// side a window at a time, under the decode budget: a diff holds a few windows, not two
 /// tensors, however large they are. `held` (the comparison's) grows by the windows meanwhile.
 fn rel_l2(
     repo: &Repository,
-    a: &Entry,
-    b: &Entry,
+    dtype: Dtype,
+    a: &ObjectId,
+    b: &ObjectId,
     held: &mut budget::Reservation,
 ) -> Result<Option<f64>> {
-    let dtype = a.header.dtype;
     if !dtype.is_float() {
         return Ok(None);
     }
@@ -145,12 +164,12 @@ fn rel_l2(
         let entry = |id: &ObjectId| -> Result<IndexEntry> {
             Ok(meta.object(id)?.ok_or(StoreError::Missing(*id))?)
         };
-        (entry(&a.id)?, entry(&b.id)?)
+        (entry(a)?, entry(b)?)
     };
     let base = held.bytes();
     held.resize(base + windowed_cost(&ia) + windowed_cost(&ib));
-    let mut wa = store.tensor_windows(&a.id, &ia)?;
-    let mut wb = store.tensor_windows(&b.id, &ib)?;
+    let mut wa = store.tensor_windows(a, &ia)?;
+    let mut wb = store.tensor_windows(b, &ib)?;
     let (mut ba, mut bb) = (Vec::new(), Vec::new());
     let (mut num, mut den) = (0f64, 0f64);
     let size = dtype.size();

@@ -66,7 +66,7 @@ pub use mdl_store::{
     disk_bytes, free_bytes, IndexEntry, LockMode, RefValue, Storage, StoreError, MDL_DIR,
 };
 pub use progress::{Counting, NoProgress, Progress};
-pub use repo::{discover, OpenOptions, Repository};
+pub use repo::{discover, view_manifest, OpenOptions, Repository};
 
 /// Result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

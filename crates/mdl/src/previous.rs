@@ -3,20 +3,29 @@
 
 use std::collections::HashMap;
 
-use mdl_format::{Entry, Manifest};
+use mdl_format::{Entry, EntryView, Manifest, ManifestView};
 
 /// A tensor's file and name.
 pub(crate) type Key<'a> = (&'a str, &'a str);
 
 /// The parent's tensors, found by file and name — or by name alone where the name is unique in
 /// the parent, so that a tensor keeps its history when shards are cut differently or a file is
-/// renamed.
-#[derive(Default)]
-pub(crate) struct Previous<'a> {
+/// renamed. `E` is what is kept of each: a decoded entry, or a manifest view's
+/// ([`Previous::of_view`], for a comparison of two large commits).
+pub(crate) struct Previous<'a, E = &'a Entry> {
     /// File → name → entry.
-    by_path: HashMap<&'a str, HashMap<&'a str, &'a Entry>>,
+    by_path: HashMap<&'a str, HashMap<&'a str, E>>,
     /// The file holding each name; `None` where several files hold it.
     by_name: HashMap<&'a str, Option<&'a str>>,
+}
+
+impl<E> Default for Previous<'_, E> {
+    fn default() -> Self {
+        Previous {
+            by_path: HashMap::new(),
+            by_name: HashMap::new(),
+        }
+    }
 }
 
 impl<'a> Previous<'a> {
@@ -25,27 +34,40 @@ impl<'a> Previous<'a> {
         let mut p = Previous::default();
         if let Some(m) = parent {
             for (f, e) in m.tensors() {
-                let path = m.files[f].path.as_str();
-                p.by_path
-                    .entry(path)
-                    .or_default()
-                    .insert(e.name.as_str(), e);
-                p.by_name
-                    .entry(e.name.as_str())
-                    .and_modify(|v| *v = None)
-                    .or_insert(Some(path));
+                p.add(m.files[f].path.as_str(), e.name.as_str(), e);
             }
         }
         p
     }
+}
+
+impl<'a> Previous<'a, EntryView<'a>> {
+    /// The tensors of the manifest `m` reads in place.
+    pub(crate) fn of_view(m: &ManifestView<'a>) -> Self {
+        let mut p = Previous::default();
+        for (f, e) in m.tensors() {
+            p.add(m.files()[f].path, e.name, e);
+        }
+        p
+    }
+}
+
+impl<'a, E: Copy> Previous<'a, E> {
+    fn add(&mut self, path: &'a str, name: &'a str, e: E) {
+        self.by_path.entry(path).or_default().insert(name, e);
+        self.by_name
+            .entry(name)
+            .and_modify(|v| *v = None)
+            .or_insert(Some(path));
+    }
 
     /// The parent's version of the tensor `name` of the file at `path`.
-    pub(crate) fn get(&self, path: &str, name: &str) -> Option<&'a Entry> {
+    pub(crate) fn get(&self, path: &str, name: &str) -> Option<E> {
         self.get_keyed(path, name).map(|(_, e)| e)
     }
 
     /// [`Self::get`], with the file and name the version has in the parent.
-    pub(crate) fn get_keyed(&self, path: &str, name: &str) -> Option<(Key<'a>, &'a Entry)> {
+    pub(crate) fn get_keyed(&self, path: &str, name: &str) -> Option<(Key<'a>, E)> {
         let in_file = |path: &str, name: &str| {
             let (&p, names) = self.by_path.get_key_value(path)?;
             let (&n, &e) = names.get_key_value(name)?;

@@ -164,6 +164,12 @@ impl Repository {
         Manifest::decode(&bytes).map_err(|source| Error::Corrupt { id: *id, source })
     }
 
+    /// A manifest object's encoded bytes, to be read in place with [`view_manifest`] (a reader
+    /// that walks a large tree without decoding it whole).
+    pub fn load_manifest_bytes(&self, id: &ObjectId) -> Result<Vec<u8>> {
+        self.load_kind(id, ObjectKind::Manifest)
+    }
+
     fn load_kind(&self, id: &ObjectId, kind: ObjectKind) -> Result<Vec<u8>> {
         let entry = self
             .store
@@ -192,6 +198,11 @@ impl Repository {
             _ => Err(StoreError::Malformed("HEAD (not a symbolic ref)").into()),
         }
     }
+}
+
+/// The manifest `id`'s bytes ([`Repository::load_manifest_bytes`]), checked and read in place.
+pub fn view_manifest<'a>(id: &ObjectId, bytes: &'a [u8]) -> Result<mdl_format::ManifestView<'a>> {
+    mdl_format::ManifestView::parse(bytes).map_err(|source| Error::Corrupt { id: *id, source })
 }
 
 /// Finds the nearest directory at or above `start` that holds `.mdl/` (with its database, or

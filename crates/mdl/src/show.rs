@@ -1,14 +1,16 @@
 //! `mdl show`: a commit and its tree, file by file and tensor by tensor.
 
 use mdl_codec::CodecTag;
-use mdl_format::PairSource;
+use std::ops::Range;
+
+use mdl_format::{ManifestView, PairSource};
 use mdl_store::StoreError;
 
 pub use mdl_protocol::history::{FileInfo, LossyInfo, Shown, ShownPair, TensorInfo};
 
 use crate::log::Metrics;
 use crate::lossy::betas::Betas;
-use crate::{revision, Repository, Result};
+use crate::{revision, view_manifest, Repository, Result};
 
 /// What `mdl show` says of a lossy tensor record.
 fn lossy_info(l: &mdl_format::Lossy) -> LossyInfo {
@@ -38,18 +40,39 @@ fn with_coarsening(mut info: LossyInfo, c: &mdl_format::record::Coarsened) -> Lo
 
 /// Loads what `mdl show REV` prints.
 pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
+    Ok(show_page(repo, rev, 0..usize::MAX)?.0)
+}
+
+/// [`show`] with only the tensors numbered `page` (in tree then file order) described, and how
+/// many there are: the manifest is read in place, so a page of a million-tensor commit holds
+/// its bytes and the page, not every tensor described.
+pub fn show_page(repo: &Repository, rev: &str, page: Range<usize>) -> Result<(Shown, usize)> {
     let id = revision::resolve(repo, rev)?;
     let c = repo.load_commit(&id)?;
-    let m = repo.load_manifest(&c.manifest)?;
+    let bytes = repo.load_manifest_bytes(&c.manifest)?;
+    let m = view_manifest(&c.manifest, &bytes)?;
     let meta = repo.store().meta().read()?;
     let mut tensors = Vec::new();
+    let (mut count, mut expired_tensors) = (0usize, 0u32);
     for (f, e) in m.tensors() {
+        let n = count;
+        count += 1;
+        let id = e.id();
+        let entry = meta.object(&id)?;
+        if entry.is_none() {
+            // Not in the store: expired by retention (described below), or missing.
+            meta.expired(&id)?.ok_or(StoreError::Missing(id))?;
+            expired_tensors += 1;
+        }
+        if !page.contains(&n) {
+            continue;
+        }
         // A tensor retention deleted is shown with what is known of it.
         let mut coarsened = None;
-        let (codec, raw_bytes, stored_bytes, base, depth, expired) = match meta.object(&e.id)? {
+        let (codec, raw_bytes, stored_bytes, base, depth, expired) = match entry {
             Some(entry) => (
                 {
-                    coarsened = crate::coarsen::coarsening(repo.store(), &e.id, &entry)?;
+                    coarsened = crate::coarsen::coarsening(repo.store(), &id, &entry)?;
 
                     CodecTag::try_from(entry.codec)
                         .map(|c| c.name().to_string())
@@ -62,39 +85,96 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
                 None,
             ),
             None => {
-                let x = meta.expired(&e.id)?.ok_or(StoreError::Missing(e.id))?;
+                let x = meta.expired(&id)?.ok_or(StoreError::Missing(id))?;
                 let why = format!("{} at {}", x.rule, x.time.rfc3339());
                 ("expired".into(), x.content_len, 0, None, 0, Some(why))
             }
         };
+        let exactness = e.exactness();
         tensors.push(TensorInfo {
-            file: m.files[f].path.clone(),
-            name: e.name.clone(),
-            dtype: e.header.dtype.name().to_string(),
-            shape: e.header.shape.clone(),
-            id: e.id,
+            file: m.files()[f].path.to_string(),
+            name: e.name.to_string(),
+            dtype: e.dtype().name().to_string(),
+            shape: e.shape(),
+            id,
             codec,
             raw_bytes,
             stored_bytes,
             base,
             depth,
-            lossy: e.exactness.is_lossy(),
-            lossy_info: e.exactness.lossy().map(|l| match &coarsened {
+            lossy: exactness.is_lossy(),
+            lossy_info: exactness.lossy().map(|l| match &coarsened {
                 Some(c) => with_coarsening(lossy_info(l), c),
                 None => lossy_info(l),
             }),
             expired,
         });
     }
-    let expired_tensors = tensors.iter().filter(|t| t.expired.is_some()).count() as u32;
-    let label = |i: u32| {
-        tensors
-            .get(i as usize)
-            .map_or_else(String::new, |t| format!("{}: {}", t.file, t.name))
+    let pairs = shown_pairs(&m);
+    // Every tensor priced with its moments records the commit's betas.
+    let adam_betas = m
+        .tensors()
+        .filter(|(_, e)| e.is_lossy())
+        .find_map(|(_, e)| Betas::recorded(e.exactness().lossy()?))
+        .map(|b| b.describe());
+    let shown = Shown {
+        id,
+        manifest: c.manifest,
+        parents: c.parents,
+        author: c.author,
+        time: c.time.rfc3339(),
+        message: c.message,
+        step: c.step,
+        metrics: Metrics(c.metrics),
+        metadata: m
+            .files()
+            .iter()
+            .flat_map(|f| f.metadata())
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        properties: c.properties.into_iter().collect(),
+        files: m
+            .files()
+            .iter()
+            .map(|f| FileInfo {
+                path: f.path.to_string(),
+                format: f.format.name().to_string(),
+                raw_bytes: f.len(),
+                tensor_bytes: f.tensor_bytes(),
+                tensors: f.tensor_count(),
+                executable: f.executable,
+                note: f.note.to_string(),
+                metadata: f
+                    .metadata()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            })
+            .collect(),
+        raw_bytes: c.stats.raw_bytes,
+        stored_bytes: c.stats.stored_bytes,
+        tensors,
+        pairs,
+        adam_betas,
+        expired_tensors,
     };
-    let pairs = m
-        .pairs
-        .iter()
+    Ok((shown, count))
+}
+
+/// The moment pairs of `m`, each tensor named `FILE: NAME`.
+fn shown_pairs(m: &ManifestView<'_>) -> Vec<ShownPair> {
+    if m.pairs().next().is_none() {
+        return Vec::new();
+    }
+    let labels: Vec<(&str, &str)> = m
+        .tensors()
+        .map(|(f, e)| (m.files()[f].path, e.name))
+        .collect();
+    let label = |i: u32| {
+        labels
+            .get(i as usize)
+            .map_or_else(String::new, |(f, n)| format!("{f}: {n}"))
+    };
+    m.pairs()
         .map(|p| ShownPair {
             param: label(p.param),
             exp_avg: label(p.exp_avg),
@@ -106,43 +186,5 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
             }
             .to_string(),
         })
-        .collect();
-    // Every tensor priced with its moments records the commit's betas.
-    let adam_betas = m
-        .tensors()
-        .filter_map(|(_, e)| Betas::recorded(e.exactness.lossy()?))
-        .next()
-        .map(|b| b.describe());
-    Ok(Shown {
-        id,
-        manifest: c.manifest,
-        parents: c.parents,
-        author: c.author,
-        time: c.time.rfc3339(),
-        message: c.message,
-        step: c.step,
-        metrics: Metrics(c.metrics),
-        metadata: m.files.iter().flat_map(|f| f.metadata.clone()).collect(),
-        properties: c.properties.into_iter().collect(),
-        files: m
-            .files
-            .iter()
-            .map(|f| FileInfo {
-                path: f.path.clone(),
-                format: f.format.name().to_string(),
-                raw_bytes: f.len(),
-                tensor_bytes: f.tensors().map(|e| e.header.data_len().unwrap_or(0)).sum(),
-                tensors: f.tensors().count() as u32,
-                executable: f.executable,
-                note: f.note.clone(),
-                metadata: f.metadata.clone(),
-            })
-            .collect(),
-        raw_bytes: c.stats.raw_bytes,
-        stored_bytes: c.stats.stored_bytes,
-        tensors,
-        pairs,
-        adam_betas,
-        expired_tensors,
-    })
+        .collect()
 }

@@ -5,6 +5,9 @@ use crate::names::check_tree;
 use crate::{Dtype, FormatError, ObjectId, TensorHeader};
 
 mod encoding;
+mod view;
+
+pub use view::{EntryView, FileView, ManifestView, RegionView};
 
 /// Whether a stored tensor reproduces the committed bytes exactly.
 #[derive(Clone, Debug, PartialEq)]
@@ -286,10 +289,9 @@ impl Manifest {
     }
 
     /// Parses [`Self::encode`] output of any version this build reads.
+    /// To read a large manifest without decoding it whole, use [`ManifestView`].
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
-        let m = encoding::decode(bytes)?;
-        m.check()?;
-        Ok(m)
+        Ok(ManifestView::parse(bytes)?.to_manifest())
     }
 
     /// The manifest's id.

@@ -141,11 +141,77 @@ fn version_1_reads_as_one_file_and_encodes_back() {
     assert_eq!(m.files[0].path, V1_FILE_PATH);
     assert_eq!(m.files[0].len(), 16 + 8);
     assert_eq!(m.encode(), bytes);
+    view_agrees(&bytes);
+}
+
+/// Everything a view says of `bytes`, against the decoded manifest: the view is walked the
+/// way a server's listing walks it.
+fn view_agrees(bytes: &[u8]) {
+    let m = Manifest::decode(bytes).unwrap();
+    let v = ManifestView::parse(bytes).unwrap();
+    assert_eq!(v.version(), m.version());
+    assert_eq!(v.len(), m.len());
+    assert_eq!(v.files().len(), m.files.len());
+    assert_eq!(v.tensor_count(), m.tensors().count() as u64);
+    assert_eq!(v.pairs().collect::<Vec<_>>(), m.pairs);
+    for (fv, f) in v.files().iter().zip(&m.files) {
+        // By their Debug text: a NaN error recorded is not equal to itself.
+        assert_eq!(format!("{:?}", fv.to_file()), format!("{f:?}"));
+        assert_eq!((fv.path, fv.len()), (f.path.as_str(), f.len()));
+        assert_eq!(v.file(fv.path).unwrap().path, f.path);
+        assert_eq!(fv.tensor_count() as usize, f.tensors().count());
+        let tensor_bytes: u64 = f.tensors().map(|e| e.header.data_len().unwrap()).sum();
+        assert_eq!(fv.tensor_bytes(), tensor_bytes);
+        for (ev, e) in fv.tensors().zip(f.tensors()) {
+            assert_eq!(ev.name, e.name);
+            assert_eq!(ev.header(), e.header);
+            assert_eq!(ev.data_len(), e.header.data_len().unwrap());
+            assert_eq!(ev.id(), e.id);
+            assert_eq!(
+                format!("{:?}", ev.exactness()),
+                format!("{:?}", e.exactness)
+            );
+            assert_eq!(ev.is_lossy(), e.exactness.is_lossy());
+        }
+        let lens: Vec<u64> = fv.regions().map(|r| r.len()).collect();
+        assert_eq!(lens, f.regions.iter().map(Region::len).collect::<Vec<_>>());
+    }
+    assert!(v.file("no such file").is_none());
+}
+
+#[test]
+fn a_view_reads_what_decoding_reads() {
+    let m = sample();
+    view_agrees(&m.encode());
+    let v = ManifestView::parse(&m.encode()).unwrap().to_manifest();
+    assert_eq!(v, m);
+    // Two files whose regions are the same compare equal region by region.
+    let bytes = m.encode();
+    let v = ManifestView::parse(&bytes).unwrap();
+    let f = v.file("model.safetensors").unwrap();
+    assert!(f.regions().eq(f.regions()));
+    assert!(!f
+        .regions()
+        .eq(v.file("opt/optimizer.pt").unwrap().regions()));
 }
 
 proptest::proptest! {
     #[test]
     fn garbage_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..400)) {
         let _ = Manifest::decode(&bytes);
+    }
+
+    /// A manifest cut or with one byte changed is refused or read whole: a view it made is
+    /// walked in full without a panic.
+    #[test]
+    fn damaged_manifests_are_refused_or_read_whole(at in 0usize..400, to in proptest::num::u8::ANY) {
+        let mut bytes = sample().encode();
+        let at = at % bytes.len();
+        bytes[at] = to;
+        for cut in [bytes.len(), at] {
+            if ManifestView::parse(&bytes[..cut]).is_ok() {
+                view_agrees(&bytes[..cut]);
+            }
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! by decoding only the objects it touches.
 
 use mdl_codec::engine::{DeviceCopy, Mirror};
-use mdl_format::{FileFormat, ObjectId, Region, TensorHeader};
+use mdl_format::{FileFormat, FileView, ObjectId, RegionView, TensorHeader};
 use mdl_store::{IndexEntry, StoreError};
 
 use crate::{revision, Error, Repository, Result};
@@ -234,21 +234,14 @@ impl FileLayout {
     /// Two files with the same id have the same bytes; computed from the manifest alone, it is
     /// what the file routes give as ETag.
     pub fn content_id(&self) -> ObjectId {
-        let mut buf = b"mdl file\0".to_vec();
+        let mut id = ContentId::new();
         for p in &self.pieces {
             match p {
-                Piece::Inline { bytes, .. } => {
-                    buf.push(0);
-                    buf.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-                    buf.extend_from_slice(bytes);
-                }
-                Piece::Object(o) => {
-                    buf.push(1);
-                    buf.extend_from_slice(o.id.as_bytes());
-                }
+                Piece::Inline { bytes, .. } => id.inline(bytes),
+                Piece::Object(o) => id.object(&o.id),
             }
         }
-        ObjectId::hash(&buf)
+        id.finish()
     }
 }
 
@@ -261,33 +254,49 @@ pub fn layout(repo: &Repository, rev: &str) -> Result<Layout> {
 /// without what retention expired: a safetensors file without its expired tensors (a new
 /// header, offsets closed up), any other file with an expired object not at all.
 pub fn layout_with(repo: &Repository, rev: &str, skip_expired: bool) -> Result<Layout> {
+    lay_out(repo, rev, skip_expired, |_| true)
+}
+
+/// The layout of the files of `rev` at `paths` only (those it has): a reader of one small file
+/// of a large commit lays out that file, not the commit.
+pub fn layout_paths(repo: &Repository, rev: &str, paths: &[&str]) -> Result<Layout> {
+    lay_out(repo, rev, false, |p| paths.contains(&p))
+}
+
+fn lay_out(
+    repo: &Repository,
+    rev: &str,
+    skip_expired: bool,
+    keep: impl Fn(&str) -> bool,
+) -> Result<Layout> {
     let commit_id = revision::resolve(repo, rev)?;
     let commit = repo.load_commit(&commit_id)?;
-    let manifest = repo.load_manifest(&commit.manifest)?;
+    let bytes = repo.load_manifest_bytes(&commit.manifest)?;
+    let manifest = crate::view_manifest(&commit.manifest, &bytes)?;
     let meta = repo.store().meta().read()?;
     let corrupt = |detail: &str| Error::Corrupt {
         id: commit.manifest,
         source: mdl_format::FormatError::invalid("manifest", detail.to_string()),
     };
     let mut skipped = Vec::new();
-    let mut files = Vec::with_capacity(manifest.files.len());
-    for f in &manifest.files {
-        let mut pieces = Vec::with_capacity(f.regions.len());
+    let mut files = Vec::new();
+    for f in manifest.files().iter().filter(|f| keep(f.path)) {
+        let mut pieces = Vec::with_capacity(f.region_count());
         let mut expired = Vec::new();
         let mut at = 0u64;
-        for r in &f.regions {
+        for r in f.regions() {
             let piece = match r {
-                Region::Inline(bytes) => Piece::Inline {
+                RegionView::Inline(bytes) => Piece::Inline {
                     offset: at,
-                    bytes: bytes.clone(),
+                    bytes: bytes.into_owned(),
                 },
                 _ => {
                     let (id, header) = r.object().expect("not inline");
                     let entry = match meta.object(&id)? {
                         Some(entry) => entry,
                         None if meta.expired(&id)?.is_some() => {
-                            expired.push(match r {
-                                Region::Tensor(e) => e.name.clone(),
+                            expired.push(match &r {
+                                RegionView::Tensor(e) => e.name.to_string(),
                                 _ => format!("{} (bytes)", f.path),
                             });
                             at += r.len();
@@ -298,8 +307,8 @@ pub fn layout_with(repo: &Repository, rev: &str, skip_expired: bool) -> Result<L
                     if Some(entry.content_len) != header.data_len() {
                         return Err(corrupt("an object's size disagrees with its region"));
                     }
-                    let (name, tensor, lossy) = match r {
-                        Region::Tensor(e) => (e.name.clone(), true, e.exactness.is_lossy()),
+                    let (name, tensor, lossy) = match &r {
+                        RegionView::Tensor(e) => (e.name.to_string(), true, e.is_lossy()),
                         _ => (String::new(), false, false),
                     };
                     Piece::Object(Placed {
@@ -318,7 +327,7 @@ pub fn layout_with(repo: &Repository, rev: &str, skip_expired: bool) -> Result<L
         }
         if expired.is_empty() {
             files.push(FileLayout {
-                path: f.path.clone(),
+                path: f.path.to_string(),
                 executable: f.executable,
                 len: at,
                 pieces,
@@ -344,7 +353,7 @@ pub fn layout_with(repo: &Repository, rev: &str, skip_expired: bool) -> Result<L
                 files.push(safetensors_without(f, kept));
                 skipped.extend(expired);
             }
-            _ => skipped.push(f.path.clone()),
+            _ => skipped.push(f.path.to_string()),
         }
     }
     if !skip_expired && !skipped.is_empty() {
@@ -362,14 +371,13 @@ pub fn layout_with(repo: &Repository, rev: &str, skip_expired: bool) -> Result<L
 
 /// A safetensors file of only the `kept` tensors (in file order, offsets closed up), with the
 /// file's metadata, its header padded with spaces to a multiple of 8 bytes.
-fn safetensors_without(file: &mdl_format::TreeFile, kept: Vec<Placed>) -> FileLayout {
+fn safetensors_without(file: &FileView<'_>, kept: Vec<Placed>) -> FileLayout {
     let mut map = serde_json::Map::new();
-    if !file.metadata.is_empty() {
-        let meta: serde_json::Map<String, serde_json::Value> = file
-            .metadata
-            .iter()
-            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-            .collect();
+    let meta: serde_json::Map<String, serde_json::Value> = file
+        .metadata()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string())))
+        .collect();
+    if !meta.is_empty() {
         map.insert("__metadata__".into(), meta.into());
     }
     let mut at = 0u64;
@@ -402,9 +410,34 @@ fn safetensors_without(file: &mdl_format::TreeFile, kept: Vec<Placed>) -> FileLa
         pieces.push(Piece::Object(t));
     }
     FileLayout {
-        path: file.path.clone(),
+        path: file.path.to_string(),
         executable: file.executable,
         len: at,
         pieces,
+    }
+}
+
+/// [`FileLayout::content_id`], fed a piece at a time (a listing computes it from the manifest
+/// without laying the file out).
+pub(crate) struct ContentId(mdl_format::TensorHasher);
+
+impl ContentId {
+    pub(crate) fn new() -> Self {
+        ContentId(mdl_format::TensorHasher::new(b"mdl file\0"))
+    }
+
+    pub(crate) fn inline(&mut self, bytes: &[u8]) {
+        self.0.update(&[0]);
+        self.0.update(&(bytes.len() as u64).to_le_bytes());
+        self.0.update(bytes);
+    }
+
+    pub(crate) fn object(&mut self, id: &ObjectId) {
+        self.0.update(&[1]);
+        self.0.update(id.as_bytes());
+    }
+
+    pub(crate) fn finish(self) -> ObjectId {
+        self.0.finalize()
     }
 }

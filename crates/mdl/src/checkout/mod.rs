@@ -10,12 +10,16 @@ use writes::Writes;
 
 mod checked;
 mod layout;
+mod listing;
 mod output;
 pub mod target;
 mod writes;
 
 pub use checked::CheckedFile;
-pub use layout::{layout, layout_with, load_all_mirrored, FileLayout, Layout, Piece, Placed};
+pub use layout::{
+    layout, layout_paths, layout_with, load_all_mirrored, FileLayout, Layout, Piece, Placed,
+};
+pub use listing::{listing, ListedFile, Listing};
 pub use mdl_codec::engine::Mirror;
 pub use output::{check_room, make_executable, refuse_inside_repository, temporary_output};
 

@@ -2,7 +2,7 @@
 //! link for each, the model's `config.json` pretty-printed, its model card (`README.md`)
 //! rendered from Markdown, and how to load this revision from elsewhere.
 
-use mdl::checkout::Layout;
+use mdl::checkout::Listing;
 use mdl::Repository;
 use pulldown_cmark::{CowStr, Event, Options, Parser, Tag, TagEnd};
 
@@ -11,15 +11,21 @@ use super::query_value;
 /// Files read to be shown (a config, a model card, a trainer state) are at most this large.
 pub(crate) const SHOWN_MAX: u64 = 4 << 20;
 
-/// The text of the file at `path`, when the commit has it, it is small and it is UTF-8.
-pub(crate) fn small_text(repo: &Repository, layout: &Layout, path: &str) -> Option<String> {
-    let file = layout.file(path).filter(|f| f.len <= SHOWN_MAX)?;
-    String::from_utf8(file.load(repo).ok()?).ok()
+/// The text of the file at `path` of `listed`, when it has it, it is small and it is UTF-8
+/// (only that file laid out).
+pub(crate) fn small_text(repo: &Repository, listed: &Listing, path: &str) -> Option<String> {
+    listed
+        .files
+        .iter()
+        .find(|f| f.path == path)
+        .filter(|f| f.len <= SHOWN_MAX)?;
+    let layout = mdl::checkout::layout_paths(repo, &listed.commit.to_hex(), &[path]).ok()?;
+    String::from_utf8(layout.file(path)?.load(repo).ok()?).ok()
 }
 
 /// `config.json` pretty-printed (as it is, when it is not JSON).
-pub(crate) fn config(repo: &Repository, layout: &Layout) -> Option<String> {
-    let text = small_text(repo, layout, "config.json")?;
+pub(crate) fn config(repo: &Repository, listed: &Listing) -> Option<String> {
+    let text = small_text(repo, listed, "config.json")?;
     Some(
         serde_json::from_str::<serde_json::Value>(&text)
             .ok()
@@ -29,8 +35,8 @@ pub(crate) fn config(repo: &Repository, layout: &Layout) -> Option<String> {
 }
 
 /// The model card (`README.md`) as HTML.
-pub(crate) fn model_card(repo: &Repository, layout: &Layout) -> Option<String> {
-    Some(markdown(&small_text(repo, layout, "README.md")?))
+pub(crate) fn model_card(repo: &Repository, listed: &Listing) -> Option<String> {
+    Some(markdown(&small_text(repo, listed, "README.md")?))
 }
 
 /// Markdown as HTML, safe to put in a page: raw HTML in the text is shown as text, links go
@@ -95,17 +101,17 @@ pub(crate) fn snippets(
     origin: &str,
     repo: &str,
     id: &str,
-    layout: &Layout,
+    listed: &Listing,
 ) -> Vec<(String, String)> {
-    let weights = layout
+    let weights = listed
         .files
         .iter()
         .map(|f| f.path.as_str())
         .find(|p| p.ends_with(".safetensors"))
-        .or_else(|| layout.files.first().map(|f| f.path.as_str()))
+        .or_else(|| listed.files.first().map(|f| f.path.as_str()))
         .unwrap_or("model.safetensors");
     let mut out = Vec::new();
-    if layout.file("config.json").is_some() {
+    if listed.files.iter().any(|f| f.path == "config.json") {
         out.push((
             "transformers".to_string(),
             format!(

@@ -69,30 +69,43 @@ pub(crate) fn commit_page(
     page: usize,
     origin: &str,
 ) -> mdl::Result<CommitPage> {
-    // The files first, their layout's share of the decode budget given back before the
+    // The files first, their listing's share of the decode budget given back before the
     // listing takes its own: a request holding one while waiting for the other would deadlock
     // with others doing the same.
     // One commit for both, even if `rev` is a branch that moves meanwhile.
     let rev = &mdl::revision::resolve(repo, rev)?.to_hex();
     let (config, model_card, snippets) = {
-        let layout = crate::budgeted::hold(repo, rev, crate::budgeted::LAYOUT, |c| {
-            mdl::checkout::layout(repo, &c.to_hex())
+        let listed = crate::budgeted::hold(repo, rev, crate::budgeted::LISTED, |c| {
+            mdl::checkout::listing(repo, &c.to_hex())
         })?;
-        let id = layout.commit.to_hex();
+        let id = listed.commit.to_hex();
         (
-            card::config(repo, &layout),
-            card::model_card(repo, &layout),
-            card::snippets(origin, name, &id, &layout),
+            card::config(repo, &listed),
+            card::model_card(repo, &listed),
+            card::snippets(origin, name, &id, &listed),
         )
     };
-    let s = crate::budgeted::hold(repo, rev, crate::budgeted::LISTING, |c| {
-        mdl::show::show(repo, &c.to_hex())
-    })?;
+    // Only the page's tensors are described (the manifest is read in place); a page past
+    // the last is the last.
+    let wanted = page.max(1);
+    let shown = |page: usize| {
+        let first = (page - 1).saturating_mul(TENSOR_PAGE);
+        crate::budgeted::hold(repo, rev, crate::budgeted::PAGE, |c| {
+            mdl::show::show_page(repo, &c.to_hex(), first..first.saturating_add(TENSOR_PAGE))
+        })
+    };
+    let mut held = shown(wanted)?;
+    let last = held.1.div_ceil(TENSOR_PAGE).max(1);
+    if wanted > last {
+        held = shown(last)?;
+    }
+    let (s, count) = &*held;
     let id = s.id.to_string();
-    let pager = Pager::new(page, s.tensors.len(), TENSOR_PAGE, |n| {
+    let pager = Pager::new(page, *count, TENSOR_PAGE, |n| {
         format!("{}?page={n}", commit_href(name, &id))
     });
-    let tensors = s.tensors[pager.range(s.tensors.len(), TENSOR_PAGE)]
+    let tensors = s
+        .tensors
         .iter()
         .map(|t| TensorRow {
             file: t.file.clone(),

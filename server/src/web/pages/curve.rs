@@ -24,10 +24,10 @@ pub(crate) fn training_curves(
     steps: Steps,
 ) -> mdl::Result<(Vec<String>, String)> {
     let id = head.target.to_hex();
-    let layout = crate::budgeted::hold(repo, &id, crate::budgeted::LAYOUT, |c| {
-        mdl::checkout::layout(repo, &c.to_hex())
+    let listed = crate::budgeted::hold(repo, &id, crate::budgeted::LISTED, |c| {
+        mdl::checkout::listing(repo, &c.to_hex())
     })?;
-    let Some(path) = layout
+    let Some(path) = listed
         .files
         .iter()
         .map(|f| f.path.as_str())
@@ -36,7 +36,7 @@ pub(crate) fn training_curves(
     else {
         return Ok((Vec::new(), String::new()));
     };
-    let Some(text) = card::small_text(repo, &layout, path) else {
+    let Some(text) = card::small_text(repo, &listed, path) else {
         return Ok((Vec::new(), String::new()));
     };
     let series = log_history(&text, steps);
