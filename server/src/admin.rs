@@ -6,7 +6,10 @@
 use mdl_protocol::body;
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
+use std::io::Write;
+
 use axum::extract::{Path, Query};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
@@ -21,14 +24,40 @@ pub(crate) async fn diff(
     q: Result<Query<body::DiffQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let q = query(q)?;
-    blocking(move || {
-        let repo = &served.repo;
-        let a = mdl::revision::resolve(repo, &q.a)?;
-        let b = mdl::revision::resolve(repo, &q.b)?;
-        let held = crate::budgeted::diff(repo, &a, &b)?;
-        Ok(Json(&*held).into_response())
-    })
-    .await
+    let (compared, files) = {
+        let served = served.clone();
+        blocking(move || {
+            let repo = &served.repo;
+            let a = mdl::revision::resolve(repo, &q.a)?;
+            let b = mdl::revision::resolve(repo, &q.b)?;
+            let compared = mdl::diff::compare(repo, &a, &b, mdl::diff::WALK_COST)?;
+            let files = compared.files()?;
+            Ok((compared, files))
+        })
+        .await?
+    };
+    // `{"files":[…],"tensors":[…]}` (`mdl::diff::Diff`), each tensor's line written as it is
+    // found: the server holds the two manifests and an index, not the list.
+    let body = crate::stream::json("comparison", move |w| {
+        let mut compared = compared;
+        let fail = |e: &dyn std::fmt::Display| e.to_string();
+        w.write_all(b"{\"files\":").map_err(|e| fail(&e))?;
+        serde_json::to_writer(&mut *w, &files).map_err(|e| fail(&e))?;
+        w.write_all(b",\"tensors\":[").map_err(|e| fail(&e))?;
+        let mut first = true;
+        compared
+            .tensors(&served.repo, |t| {
+                if !std::mem::take(&mut first) {
+                    w.write_all(b",").map_err(mdl::StoreError::Output)?;
+                }
+                serde_json::to_writer(&mut *w, &t)
+                    .map_err(|e| mdl::StoreError::Output(e.into()))?;
+                Ok(())
+            })
+            .map_err(|e| fail(&e))?;
+        w.write_all(b"]}").map_err(|e| fail(&e))
+    });
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 pub(crate) async fn config(Access(served): Reader) -> ApiResult<Response> {

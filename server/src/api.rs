@@ -2,6 +2,7 @@
 
 use mdl_protocol::{body, params, route, ErrorCode};
 use std::collections::HashSet;
+use std::io::Write;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -136,20 +137,45 @@ async fn show(
     Access(served): Reader,
     Path((_, rev)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    blocking(move || {
-        let repo = &served.repo;
-        let shown = budgeted::hold(repo, &rev, budgeted::LISTING, |c| {
-            mdl::show::show(repo, &c.to_hex())
-        })?;
-        // The answer's bytes keep the share until they are sent.
-        let answer = shown.map(|s| serde_json::to_vec(&s).expect("serialisable"));
-        Ok((
-            [(header::CONTENT_TYPE, "application/json")],
-            Body::from(Bytes::from_owner(answer)),
-        )
-            .into_response())
-    })
-    .await
+    let showing = {
+        let served = served.clone();
+        blocking(move || {
+            let repo = &served.repo;
+            Ok(budgeted::hold(repo, &rev, budgeted::SHOWN, |c| {
+                mdl::show::showing(repo, &c.to_hex())
+            })?)
+        })
+        .await?
+    };
+    // `mdl::show::Shown` as JSON, its tensors described and written one at a time as the
+    // manifest is walked: the server holds the manifest and the rest of the answer, not the
+    // list. The rest is written with an empty list, which is then filled in place.
+    let body = stream::json("shown commit", move |w| {
+        let fail = |e: &dyn std::fmt::Display| e.to_string();
+        let head = serde_json::to_vec(&showing.head).map_err(|e| fail(&e))?;
+        // Strings are escaped in JSON, so the key's quotes can only be the key's.
+        const EMPTY: &[u8] = b"\"tensors\":[]";
+        let at = head
+            .windows(EMPTY.len())
+            .position(|x| x == EMPTY)
+            .ok_or("a shown commit without its list of tensors")?
+            + EMPTY.len()
+            - 1;
+        w.write_all(&head[..at]).map_err(|e| fail(&e))?;
+        let mut first = true;
+        showing
+            .tensors(&served.repo, 0..usize::MAX, |t| {
+                if !std::mem::take(&mut first) {
+                    w.write_all(b",").map_err(mdl::StoreError::Output)?;
+                }
+                serde_json::to_writer(&mut *w, &t)
+                    .map_err(|e| mdl::StoreError::Output(e.into()))?;
+                Ok(())
+            })
+            .map_err(|e| fail(&e))?;
+        w.write_all(&head[at..]).map_err(|e| fail(&e))
+    });
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 fn parse_id(s: &str) -> ApiResult<ObjectId> {
@@ -166,29 +192,30 @@ async fn manifest(
     Path((_, id)): Path<(String, String)>,
 ) -> ApiResult<Response> {
     let id = parse_id(&id)?;
-    blocking(move || {
-        let repo = &served.repo;
-        let Some(len) = repo.manifest_object_len(&id)? else {
-            return Err(ApiError::not_found(format!("no manifest {id}")));
-        };
-        // The answer is written from the decoded manifest as it is walked, under a share of
-        // the decode budget that it keeps until it is sent.
-        let answer = budgeted::hold_manifest(len, budgeted::MANIFEST_JSON, || {
+    let (bytes, budget) = {
+        let served = served.clone();
+        blocking(move || {
+            let repo = &served.repo;
+            let Some(len) = repo.manifest_object_len(&id)? else {
+                return Err(ApiError::not_found(format!("no manifest {id}")));
+            };
+            let budget = budgeted::reserve_manifest(len, budgeted::MANIFEST_JSON)?;
             let bytes = repo.load_manifest_bytes(&id)?;
-            let m = mdl::view_manifest(&id, &bytes)?;
-            // About three bytes of JSON a byte of manifest: written once, without regrowing.
-            let mut out = Vec::with_capacity(len.saturating_mul(3) as usize);
-            let listing = ManifestListing { id: &id, m: &m };
-            serde_json::to_writer(&mut out, &listing).expect("serialisable");
-            Ok(out)
-        })?;
-        Ok((
-            [(header::CONTENT_TYPE, "application/json")],
-            Body::from(Bytes::from_owner(answer)),
-        )
-            .into_response())
-    })
-    .await
+            // A damaged manifest is an error answer, not a body cut short.
+            mdl::view_manifest(&id, &bytes)?;
+            Ok((bytes, budget))
+        })
+        .await?
+    };
+    // The answer is written as the manifest is walked, its bytes and share of the decode
+    // budget kept until the last piece is sent.
+    let body = stream::json("manifest listing", move |w| {
+        let _budget = budget;
+        let m = mdl::view_manifest(&id, &bytes).map_err(|e| e.to_string())?;
+        let listing = ManifestListing { id: &id, m: &m };
+        serde_json::to_writer(w, &listing).map_err(|e| e.to_string())
+    });
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 /// `GET /manifests/{id}`'s answer, written from the decoded manifest as it is walked:

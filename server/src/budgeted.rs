@@ -27,13 +27,13 @@ pub(crate) const PAGE: u64 = 2;
 /// Bytes a laid-out commit (its files' pieces) holds per byte of its manifest.
 pub(crate) const LAYOUT: u64 = 10;
 
-/// Bytes a shown commit (every tensor described with its storage, and the answer) holds per
-/// byte of its manifest.
-pub(crate) const LISTING: u64 = 16;
+/// Bytes a shown commit (`/commits/{rev}`: its manifest read in place, its tensors described
+/// and sent one at a time) holds per byte of its manifest.
+pub(crate) const SHOWN: u64 = 2;
 
-/// Bytes `GET /manifests/{id}` holds per byte of the manifest: its bytes, read in place, and
-/// its JSON.
-pub(crate) const MANIFEST_JSON: u64 = 5;
+/// Bytes `GET /manifests/{id}` holds per byte of the manifest: its bytes, read in place while
+/// its JSON is written out a piece at a time.
+pub(crate) const MANIFEST_JSON: u64 = 2;
 
 /// A value decoded from a manifest, with its share of the decode budget.
 pub(crate) struct Held<T> {
@@ -70,40 +70,23 @@ pub(crate) fn hold<T>(
 ) -> mdl::Result<Held<T>> {
     let commit = mdl::revision::resolve(repo, rev)?;
     let len = repo.manifest_len(&commit)?;
-    hold_manifest(len, per_byte, || make(&commit))
-}
-
-/// The comparison of commits `a` and `b` with its share of the budget
-/// ([`mdl::diff::diff_commits_held`], which reserves it), kept while its answer is made.
-pub(crate) fn diff(
-    repo: &Repository,
-    a: &ObjectId,
-    b: &ObjectId,
-) -> mdl::Result<Held<mdl::diff::Diff>> {
-    let (value, budget) = mdl::diff::diff_commits_held(repo, a, b)?;
+    let budget = reserve_manifest(len, per_byte)?;
     Ok(Held {
-        value,
+        value: make(&commit)?,
         _budget: budget,
     })
 }
 
-/// [`hold`] for a manifest named by its own id, `len` its decoded length (of two manifests
-/// together, for a comparison). A read that would need more than the whole budget is refused
-/// at once (413), naming the setting to raise: it would otherwise be let past the budget.
-pub(crate) fn hold_manifest<T>(
-    len: u64,
-    per_byte: u64,
-    make: impl FnOnce() -> mdl::Result<T>,
-) -> mdl::Result<Held<T>> {
-    let budget = mdl::reserve_or_refuse(len.saturating_mul(per_byte), || {
+/// The share of the budget a read of a manifest of `len` bytes (decoded; of two manifests
+/// together, for a comparison) holds: `per_byte` times it. A read that would need more than
+/// the whole budget is refused at once (413), naming the setting to raise: it would otherwise
+/// be let past the budget.
+pub(crate) fn reserve_manifest(len: u64, per_byte: u64) -> mdl::Result<Reservation> {
+    mdl::reserve_or_refuse(len.saturating_mul(per_byte), || {
         format!(
             "reading this commit's manifest ({} MiB)",
             len.div_ceil(1 << 20)
         )
-    })?;
-    Ok(Held {
-        value: make()?,
-        _budget: budget,
     })
 }
 

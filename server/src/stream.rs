@@ -17,6 +17,8 @@ use crate::Served;
 const STREAM_WINDOW: u64 = 64 << 20;
 /// Size of the pieces a response body is sent in.
 const PIECE: usize = 4 << 20;
+/// Size of the pieces a JSON answer written as it is made is sent in.
+const JSON_PIECE: usize = 64 << 10;
 
 type Sender = tokio::sync::mpsc::Sender<std::io::Result<Bytes>>;
 
@@ -99,11 +101,30 @@ pub(crate) fn pack(served: Arc<Served>, ids: Arc<Vec<ObjectId>>) -> Body {
         let mut w = PieceWriter {
             tx,
             buf: Vec::with_capacity(PIECE),
+            piece: PIECE,
         };
         transfer::write_pack(&served.repo, &ids, &mut w)
             .and_then(|_| w.flush().map_err(|e| mdl::StoreError::Output(e).into()))
             .map(|_| ())
             .map_err(|e| e.to_string())
+    })
+}
+
+/// A JSON answer that `write` writes on a blocking thread as it makes it, sent in pieces of
+/// [`JSON_PIECE`]: the server holds what `write` holds, not the answer. An error (or a client
+/// that went away) ends the body early, so the client reads JSON cut short.
+pub(crate) fn json(
+    what: &'static str,
+    write: impl FnOnce(&mut dyn Write) -> Result<(), String> + Send + 'static,
+) -> Body {
+    produced(what, move |tx| {
+        let mut w = PieceWriter {
+            tx,
+            buf: Vec::with_capacity(JSON_PIECE),
+            piece: JSON_PIECE,
+        };
+        write(&mut w)?;
+        w.flush().map_err(|e| e.to_string())
     })
 }
 
@@ -154,16 +175,17 @@ fn send_pieces(tx: &Sender, data: &Bytes, from: usize, to: usize) -> bool {
     true
 }
 
-/// Writes into a body's channel in pieces of [`PIECE`] bytes.
+/// Writes into a body's channel in pieces of `piece` bytes.
 struct PieceWriter<'a> {
     tx: &'a Sender,
     buf: Vec<u8>,
+    piece: usize,
 }
 
 impl Write for PieceWriter<'_> {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
         self.buf.extend_from_slice(data);
-        if self.buf.len() >= PIECE {
+        if self.buf.len() >= self.piece {
             self.flush()?;
         }
         Ok(data.len())
@@ -173,7 +195,10 @@ impl Write for PieceWriter<'_> {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let piece = Bytes::from(std::mem::take(&mut self.buf));
+        let piece = Bytes::from(std::mem::replace(
+            &mut self.buf,
+            Vec::with_capacity(self.piece),
+        ));
         self.tx
             .blocking_send(Ok(piece))
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "client went away"))

@@ -1,7 +1,6 @@
 //! `mdl diff`: which files and tensors changed between two commits, and by how much.
 
 use std::cmp::Ordering;
-use std::collections::HashSet;
 
 use mdl_format::{Dtype, ManifestView, ObjectId};
 use mdl_store::{budget, windowed_cost, IndexEntry, StoreError};
@@ -20,82 +19,127 @@ pub fn diff(repo: &Repository, a: &str, b: &str) -> Result<Diff> {
     )
 }
 
-/// Bytes a comparison holds per byte of its two manifests (decoded length) together: their
-/// bytes, read in place, the index of the second's tensors and the list of differences
-/// (measured at 1,000,000 tensors a commit, with the answer's JSON: 4.6; see
-/// `docs/BENCHMARKS.md`).
+/// Bytes a comparison collected whole ([`diff_commits`], the web compare page) holds per byte
+/// of its two manifests (decoded length) together: their bytes, read in place, the index of
+/// the second's tensors and the list of differences (measured at 1,000,000 tensors a commit,
+/// with an answer's JSON: 4.6; see `docs/BENCHMARKS.md`).
 pub const MANIFEST_COST: u64 = 5;
 
-/// Compares the checkpoints of commits `a` and `b`.
+/// Bytes a comparison walked ([`Compared::tensors`], each difference handed on as it is
+/// found) holds per byte of its two manifests together: their bytes and the index of the
+/// second's tensors.
+pub const WALK_COST: u64 = 3;
+
+/// Compares the checkpoints of commits `a` and `b`, collected whole under a share of the
+/// decode budget of [`MANIFEST_COST`] times their manifests' length (see [`compare`]).
 pub fn diff_commits(repo: &Repository, a: &ObjectId, b: &ObjectId) -> Result<Diff> {
-    Ok(diff_commits_held(repo, a, b)?.0)
+    let mut compared = compare(repo, a, b, MANIFEST_COST)?;
+    let files = compared.files()?;
+    let mut tensors = Vec::new();
+    compared.tensors(repo, |t| {
+        tensors.push(t);
+        Ok(())
+    })?;
+    Ok(Diff { files, tensors })
 }
 
-/// [`diff_commits`], with its share of the decode budget (`--decode-memory`), to be kept while
-/// the answer made of it is: [`MANIFEST_COST`] times the two manifests' length, reserved before
-/// they are read — a comparison that needs more than the whole budget is refused at once
-/// ([`Error::TooLarge`]) — and, for each changed tensor, its windows' worth more while it is
-/// measured. Both manifests are read in place ([`mdl_format::ManifestView`]), not decoded.
-pub fn diff_commits_held(
-    repo: &Repository,
-    a: &ObjectId,
-    b: &ObjectId,
-) -> Result<(Diff, budget::Reservation)> {
+/// Two commits' manifests loaded to be compared, checked, with the comparison's share of the
+/// decode budget.
+pub struct Compared {
+    a: (ObjectId, Vec<u8>),
+    b: (ObjectId, Vec<u8>),
+    held: budget::Reservation,
+}
+
+/// Loads the manifests of commits `a` and `b` to be compared, under a share of the decode
+/// budget of `per_byte` times their length ([`MANIFEST_COST`] to collect the comparison,
+/// [`WALK_COST`] to walk it), reserved before they are read — a comparison that needs more than
+/// the whole budget is refused at once ([`Error::TooLarge`]). Both are read in place
+/// ([`mdl_format::ManifestView`]), not decoded.
+pub fn compare(repo: &Repository, a: &ObjectId, b: &ObjectId, per_byte: u64) -> Result<Compared> {
     let len = repo.manifest_len(a)? + repo.manifest_len(b)?;
-    let mut held = crate::limits::reserve_or_refuse(len.saturating_mul(MANIFEST_COST), || {
+    let held = crate::limits::reserve_or_refuse(len.saturating_mul(per_byte), || {
         format!(
             "comparing these commits ({} MiB of manifests)",
             len.div_ceil(1 << 20)
         )
     })?;
-    let (ida, idb) = (repo.load_commit(a)?.manifest, repo.load_commit(b)?.manifest);
-    let (bytes_a, bytes_b) = (
-        repo.load_manifest_bytes(&ida)?,
-        repo.load_manifest_bytes(&idb)?,
-    );
-    let ma = view_manifest(&ida, &bytes_a)?;
-    let mb = view_manifest(&idb, &bytes_b)?;
-    let files = diff_files(&ma, &mb);
+    let load = |commit: &ObjectId| -> Result<(ObjectId, Vec<u8>)> {
+        let id = repo.load_commit(commit)?.manifest;
+        let bytes = repo.load_manifest_bytes(&id)?;
+        view_manifest(&id, &bytes)?;
+        Ok((id, bytes))
+    };
+    Ok(Compared {
+        a: load(a)?,
+        b: load(b)?,
+        held,
+    })
+}
 
-    let in_b = Previous::of_view(&mb);
-    let mut matched: HashSet<(&str, &str)> = HashSet::new();
-    let mut tensors = Vec::new();
-    for (f, ea) in ma.tensors() {
-        let path = ma.files()[f].path;
-        let found = in_b.get_keyed(path, ea.name);
-        if let Some((key, _)) = found {
-            matched.insert(key);
-        }
-        let change = match found.map(|(_, e)| e) {
-            None => Change::Removed,
-            Some(eb) if eb.id() == ea.id() => Change::Unchanged,
-            Some(eb) if eb.header() != ea.header() => Change::Changed {
-                rel_l2: None,
-                reshaped: true,
-            },
-            Some(eb) => Change::Changed {
-                rel_l2: rel_l2(repo, ea.dtype(), &ea.id(), &eb.id(), &mut held)?,
-                reshaped: false,
-            },
-        };
-        tensors.push(TensorDiff {
-            file: path.to_string(),
-            name: ea.name.to_string(),
-            change,
-        });
+impl Compared {
+    /// Every file of either tree, in path order: removed, added, changed (any region differs)
+    /// or not.
+    pub fn files(&self) -> Result<Vec<FileDiff>> {
+        Ok(diff_files(
+            &view_manifest(&self.a.0, &self.a.1)?,
+            &view_manifest(&self.b.0, &self.b.1)?,
+        ))
     }
-    drop(in_b);
-    for (f, eb) in mb.tensors() {
-        let key = (mb.files()[f].path, eb.name);
-        if !matched.contains(&key) {
-            tensors.push(TensorDiff {
-                file: key.0.to_string(),
-                name: eb.name.to_string(),
-                change: Change::Added,
-            });
+
+    /// Hands `each` every tensor of A in tree order (removed, unchanged, changed: a changed
+    /// float tensor of the same shape measured, its windows reserved meanwhile), then B's new
+    /// ones. A tensor is matched by file and name, or by name alone where B has it once.
+    pub fn tensors(
+        &mut self,
+        repo: &Repository,
+        mut each: impl FnMut(TensorDiff) -> Result<()>,
+    ) -> Result<()> {
+        let Compared { a, b, held } = self;
+        let ma = view_manifest(&a.0, &a.1)?;
+        let mb = view_manifest(&b.0, &b.1)?;
+        let in_b = Previous::of_view(&mb);
+        let mut matched = vec![false; mb.tensor_count() as usize];
+        for (f, ea) in ma.tensors() {
+            let path = ma.files()[f].path;
+            let found = in_b.get(path, ea.name);
+            let change = match found {
+                None => Change::Removed,
+                Some((n, eb)) => {
+                    matched[n] = true;
+                    if eb.id() == ea.id() {
+                        Change::Unchanged
+                    } else if eb.header() != ea.header() {
+                        Change::Changed {
+                            rel_l2: None,
+                            reshaped: true,
+                        }
+                    } else {
+                        Change::Changed {
+                            rel_l2: rel_l2(repo, ea.dtype(), &ea.id(), &eb.id(), held)?,
+                            reshaped: false,
+                        }
+                    }
+                }
+            };
+            each(TensorDiff {
+                file: path.to_string(),
+                name: ea.name.to_string(),
+                change,
+            })?;
         }
+        drop(in_b);
+        for (n, (f, eb)) in mb.tensors().enumerate() {
+            if !matched[n] {
+                each(TensorDiff {
+                    file: mb.files()[f].path.to_string(),
+                    name: eb.name.to_string(),
+                    change: Change::Added,
+                })?;
+            }
+        }
+        Ok(())
     }
-    Ok((Diff { files, tensors }, held))
 }
 
 /// The files of `a` and `b` merged by path: removed, added, changed (any region differs) or

@@ -5,9 +5,6 @@ use std::collections::HashMap;
 
 use mdl_format::{Entry, EntryView, Manifest, ManifestView};
 
-/// A tensor's file and name.
-pub(crate) type Key<'a> = (&'a str, &'a str);
-
 /// The parent's tensors, found by file and name — or by name alone where the name is unique in
 /// the parent, so that a tensor keeps its history when shards are cut differently or a file is
 /// renamed. `E` is what is kept of each: a decoded entry, or a manifest view's
@@ -41,12 +38,12 @@ impl<'a> Previous<'a> {
     }
 }
 
-impl<'a> Previous<'a, EntryView<'a>> {
-    /// The tensors of the manifest `m` reads in place.
+impl<'a> Previous<'a, (usize, EntryView<'a>)> {
+    /// The tensors of the manifest `m` reads in place, each with its number in tree order.
     pub(crate) fn of_view(m: &ManifestView<'a>) -> Self {
         let mut p = Previous::default();
-        for (f, e) in m.tensors() {
-            p.add(m.files()[f].path, e.name, e);
+        for (n, (f, e)) in m.tensors().enumerate() {
+            p.add(m.files()[f].path, e.name, (n, e));
         }
         p
     }
@@ -63,19 +60,7 @@ impl<'a, E: Copy> Previous<'a, E> {
 
     /// The parent's version of the tensor `name` of the file at `path`.
     pub(crate) fn get(&self, path: &str, name: &str) -> Option<E> {
-        self.get_keyed(path, name).map(|(_, e)| e)
-    }
-
-    /// [`Self::get`], with the file and name the version has in the parent.
-    pub(crate) fn get_keyed(&self, path: &str, name: &str) -> Option<(Key<'a>, E)> {
-        let in_file = |path: &str, name: &str| {
-            let (&p, names) = self.by_path.get_key_value(path)?;
-            let (&n, &e) = names.get_key_value(name)?;
-            Some(((p, n), e))
-        };
-        in_file(path, name).or_else(|| {
-            let p = (*self.by_name.get(name)?)?;
-            in_file(p, name)
-        })
+        let in_file = |path: &str| self.by_path.get(path)?.get(name).copied();
+        in_file(path).or_else(|| in_file((*self.by_name.get(name)?)?))
     }
 }

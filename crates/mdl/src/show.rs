@@ -47,68 +47,41 @@ pub fn show(repo: &Repository, rev: &str) -> Result<Shown> {
 /// many there are: the manifest is read in place, so a page of a million-tensor commit holds
 /// its bytes and the page, not every tensor described.
 pub fn show_page(repo: &Repository, rev: &str, page: Range<usize>) -> Result<(Shown, usize)> {
+    let showing = showing(repo, rev)?;
+    let mut tensors = Vec::new();
+    let count = showing.tensors(repo, page, |t| {
+        tensors.push(t);
+        Ok(())
+    })?;
+    let mut shown = showing.head;
+    shown.tensors = tensors;
+    Ok((shown, count))
+}
+
+/// A commit being shown: all that [`show`] says of it but its tensors, and its manifest's
+/// bytes, from which [`Showing::tensors`] describes them one at a time.
+pub struct Showing {
+    /// What is shown, its `tensors` empty.
+    pub head: Shown,
+    manifest: Vec<u8>,
+}
+
+/// Loads the commit `rev` names to be shown (its manifest read in place and checked; every
+/// tensor checked to be stored or expired).
+pub fn showing(repo: &Repository, rev: &str) -> Result<Showing> {
     let id = revision::resolve(repo, rev)?;
     let c = repo.load_commit(&id)?;
     let bytes = repo.load_manifest_bytes(&c.manifest)?;
     let m = view_manifest(&c.manifest, &bytes)?;
     let meta = repo.store().meta().read()?;
-    let mut tensors = Vec::new();
-    let (mut count, mut expired_tensors) = (0usize, 0u32);
-    for (f, e) in m.tensors() {
-        let n = count;
-        count += 1;
+    let mut expired_tensors = 0u32;
+    for (_, e) in m.tensors() {
         let id = e.id();
-        let entry = meta.object(&id)?;
-        if entry.is_none() {
-            // Not in the store: expired by retention (described below), or missing.
+        if meta.object(&id)?.is_none() {
+            // Not in the store: expired by retention, or missing.
             meta.expired(&id)?.ok_or(StoreError::Missing(id))?;
             expired_tensors += 1;
         }
-        if !page.contains(&n) {
-            continue;
-        }
-        // A tensor retention deleted is shown with what is known of it.
-        let mut coarsened = None;
-        let (codec, raw_bytes, stored_bytes, base, depth, expired) = match entry {
-            Some(entry) => (
-                {
-                    coarsened = crate::coarsen::coarsening(repo.store(), &id, &entry)?;
-
-                    CodecTag::try_from(entry.codec)
-                        .map(|c| c.name().to_string())
-                        .unwrap_or_else(|_| format!("#{}", entry.codec))
-                },
-                entry.content_len,
-                entry.stored_len,
-                entry.base,
-                entry.depth,
-                None,
-            ),
-            None => {
-                let x = meta.expired(&id)?.ok_or(StoreError::Missing(id))?;
-                let why = format!("{} at {}", x.rule, x.time.rfc3339());
-                ("expired".into(), x.content_len, 0, None, 0, Some(why))
-            }
-        };
-        let exactness = e.exactness();
-        tensors.push(TensorInfo {
-            file: m.files()[f].path.to_string(),
-            name: e.name.to_string(),
-            dtype: e.dtype().name().to_string(),
-            shape: e.shape(),
-            id,
-            codec,
-            raw_bytes,
-            stored_bytes,
-            base,
-            depth,
-            lossy: exactness.is_lossy(),
-            lossy_info: exactness.lossy().map(|l| match &coarsened {
-                Some(c) => with_coarsening(lossy_info(l), c),
-                None => lossy_info(l),
-            }),
-            expired,
-        });
     }
     let pairs = shown_pairs(&m);
     // Every tensor priced with its moments records the commit's betas.
@@ -117,7 +90,7 @@ pub fn show_page(repo: &Repository, rev: &str, page: Range<usize>) -> Result<(Sh
         .filter(|(_, e)| e.is_lossy())
         .find_map(|(_, e)| Betas::recorded(e.exactness().lossy()?))
         .map(|b| b.describe());
-    let shown = Shown {
+    let head = Shown {
         id,
         manifest: c.manifest,
         parents: c.parents,
@@ -152,12 +125,78 @@ pub fn show_page(repo: &Repository, rev: &str, page: Range<usize>) -> Result<(Sh
             .collect(),
         raw_bytes: c.stats.raw_bytes,
         stored_bytes: c.stats.stored_bytes,
-        tensors,
+        tensors: Vec::new(),
         pairs,
         adam_betas,
         expired_tensors,
     };
-    Ok((shown, count))
+    drop(meta);
+    Ok(Showing {
+        head,
+        manifest: bytes,
+    })
+}
+
+impl Showing {
+    /// Hands `each` the description of every tensor numbered `page` (in tree then file order),
+    /// its storage read from one snapshot of the index; returns how many tensors there are.
+    pub fn tensors(
+        &self,
+        repo: &Repository,
+        page: Range<usize>,
+        mut each: impl FnMut(TensorInfo) -> Result<()>,
+    ) -> Result<usize> {
+        let m = view_manifest(&self.head.manifest, &self.manifest)?;
+        let meta = repo.store().meta().read()?;
+        for (n, (f, e)) in m.tensors().enumerate().skip(page.start) {
+            if n >= page.end {
+                break;
+            }
+            let id = e.id();
+            // A tensor retention deleted is shown with what is known of it.
+            let mut coarsened = None;
+            let (codec, raw_bytes, stored_bytes, base, depth, expired) = match meta.object(&id)? {
+                Some(entry) => (
+                    {
+                        coarsened = crate::coarsen::coarsening(repo.store(), &id, &entry)?;
+                        CodecTag::try_from(entry.codec)
+                            .map(|c| c.name().to_string())
+                            .unwrap_or_else(|_| format!("#{}", entry.codec))
+                    },
+                    entry.content_len,
+                    entry.stored_len,
+                    entry.base,
+                    entry.depth,
+                    None,
+                ),
+                None => {
+                    let x = meta.expired(&id)?.ok_or(StoreError::Missing(id))?;
+                    let why = format!("{} at {}", x.rule, x.time.rfc3339());
+                    ("expired".into(), x.content_len, 0, None, 0, Some(why))
+                }
+            };
+            let exactness = e.exactness();
+            each(TensorInfo {
+                file: m.files()[f].path.to_string(),
+                name: e.name.to_string(),
+                dtype: e.dtype().name().to_string(),
+                shape: e.shape(),
+                id,
+                codec,
+                raw_bytes,
+                stored_bytes,
+                base,
+                depth,
+                lossy: exactness.is_lossy(),
+                lossy_info: exactness.lossy().map(|l| match &coarsened {
+                    Some(c) => with_coarsening(lossy_info(l), c),
+                    None => lossy_info(l),
+                }),
+                expired,
+            })?;
+        }
+        Ok(m.tensor_count() as usize)
+    }
 }
 
 /// The moment pairs of `m`, each tensor named `FILE: NAME`.

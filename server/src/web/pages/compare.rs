@@ -70,23 +70,40 @@ pub(crate) fn compare_page(
 ) -> mdl::Result<ComparePage> {
     let a_id = mdl::revision::resolve(repo, a)?;
     let b_id = mdl::revision::resolve(repo, b)?;
-    let d = crate::budgeted::diff(repo, &a_id, &b_id)?;
+    // The comparison walked: unchanged tensors are counted (in their layer too), the others
+    // kept. Reserved as if every tensor were kept.
+    let mut compared = mdl::diff::compare(repo, &a_id, &b_id, mdl::diff::MANIFEST_COST)?;
+    let files = compared.files()?;
+    let (mut changed, mut added, mut removed, mut unchanged) = (Vec::new(), vec![], vec![], 0);
+    let mut layers: BTreeMap<String, (usize, usize, Option<f64>)> = BTreeMap::new();
+    compared.tensors(repo, |t| {
+        let l = match layers.get_mut(layer_of(&t.name)) {
+            Some(l) => l,
+            None => layers.entry(layer_of(&t.name).to_string()).or_default(),
+        };
+        l.1 += 1;
+        match t.change {
+            Change::Changed { rel_l2, .. } => {
+                l.0 += 1;
+                if let Some(r) = rel_l2.filter(|r| r.is_finite()) {
+                    l.2 = Some(l.2.map_or(r, |m: f64| m.max(r)));
+                }
+                changed.push((t.file, t.name, rel_l2));
+            }
+            Change::Added => added.push((t.file, t.name)),
+            Change::Removed => removed.push((t.file, t.name)),
+            Change::Unchanged => unchanged += 1,
+        }
+        Ok(())
+    })?;
     // Largest relative change first; changes without a measure (reshaped, not floats) after.
-    let mut changed: Vec<(&mdl::diff::TensorDiff, Option<f64>)> = d
-        .tensors
-        .iter()
-        .filter_map(|t| match &t.change {
-            Change::Changed { rel_l2, .. } => Some((t, *rel_l2)),
-            _ => None,
-        })
-        .collect();
     changed.sort_by(|x, y| {
         let key = |v: Option<f64>| v.filter(|v| v.is_finite()).unwrap_or(f64::NEG_INFINITY);
-        key(y.1).total_cmp(&key(x.1))
+        key(y.2).total_cmp(&key(x.2))
     });
     let top = changed
         .iter()
-        .filter_map(|(_, r)| *r)
+        .filter_map(|(_, _, r)| *r)
         .filter(|r| r.is_finite())
         .fold(0.0f64, f64::max);
     let bar = |r: Option<f64>| match r {
@@ -100,22 +117,11 @@ pub(crate) fn compare_page(
         None => "changed (no measure)".to_string(),
     };
 
-    let mut layers: BTreeMap<&str, (usize, usize, Option<f64>)> = BTreeMap::new();
-    for t in &d.tensors {
-        let l = layers.entry(layer_of(&t.name)).or_default();
-        l.1 += 1;
-        if let Change::Changed { rel_l2, .. } = &t.change {
-            l.0 += 1;
-            if let Some(r) = rel_l2.filter(|r| r.is_finite()) {
-                l.2 = Some(l.2.map_or(r, |m: f64| m.max(r)));
-            }
-        }
-    }
     let mut layers: Vec<LayerRow> = layers
         .into_iter()
         .filter(|(_, (c, _, _))| *c > 0)
         .map(|(layer, (changed, tensors, max))| LayerRow {
-            layer: layer.to_string(),
+            layer,
             changed,
             tensors,
             max: max.map_or_else(|| "—".to_string(), |m| format!("{m:.3e}")),
@@ -128,29 +134,16 @@ pub(crate) fn compare_page(
     let pager = Pager::new(page, changed.len(), TENSOR_PAGE, link);
     let ranked = changed[pager.range(changed.len(), TENSOR_PAGE)]
         .iter()
-        .map(|(t, r)| ChangeRow {
-            layer: layer_of(&t.name).to_string(),
-            file: t.file.clone(),
-            name: t.name.clone(),
+        .map(|(file, name, r)| ChangeRow {
+            layer: layer_of(name).to_string(),
+            file: file.clone(),
+            name: name.clone(),
             change: text(*r),
             bar: bar(*r),
         })
         .collect();
-    let pick = |want: &Change| -> Vec<(String, String)> {
-        d.tensors
-            .iter()
-            .filter(|t| &t.change == want)
-            .map(|t| (t.file.clone(), t.name.clone()))
-            .collect()
-    };
-    let unchanged = d
-        .tensors
-        .iter()
-        .filter(|t| t.change == Change::Unchanged)
-        .count();
-    let files = d
-        .files
-        .iter()
+    let files = files
+        .into_iter()
         .filter(|f| f.change != FileChange::Unchanged)
         .map(|f| {
             let what = match f.change {
@@ -164,11 +157,9 @@ pub(crate) fn compare_page(
                 (Some(x), None) => human_size(x),
                 (None, None) => String::new(),
             };
-            (f.path.clone(), what, size)
+            (f.path, what, size)
         })
         .collect();
-    let added = pick(&Change::Added);
-    let removed = pick(&Change::Removed);
     Ok(ComparePage {
         repo: name.to_string(),
         a_href: commit_href(name, &a_id.to_string()),
