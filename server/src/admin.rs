@@ -6,7 +6,6 @@
 use mdl_protocol::body;
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
-use std::io::Write;
 
 use axum::extract::{Path, Query};
 use axum::http::header;

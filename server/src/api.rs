@@ -2,10 +2,9 @@
 
 use mdl_protocol::{body, params, route, ErrorCode};
 use std::collections::HashSet;
-use std::io::Write;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State as AxState};
 use axum::http::{header, HeaderMap, Method, StatusCode};

@@ -1,7 +1,8 @@
-//! Reads of a whole manifest under the decode budget (`--decode-memory`): a request that
-//! decodes a commit's manifest (its files laid out, its tensors listed, a page of them shown)
-//! reserves, before decoding, what the decoded structures and its answer will hold — a
-//! multiple of the manifest's decoded bytes — and keeps the reservation while it holds them.
+//! Reads of a whole manifest under the decode budget (`--decode-memory`): a request that reads
+//! a commit's manifest (its files listed or laid out, its tensors listed, a page of them
+//! shown) reserves, before reading it, what it and its answer will hold — a measured multiple
+//! of the manifest's decoded length — and keeps the reservation while it holds them (an answer
+//! written as the manifest is walked keeps it until its last piece is sent).
 //! With the commit limits (`limits.*`), a manifest's size is bounded; with the reservation,
 //! so is what all such requests hold together.
 
@@ -48,17 +49,6 @@ impl<T> Deref for Held<T> {
     }
 }
 
-impl<T> Held<T> {
-    /// What `f` makes of the value, keeping its share of the budget (an answer's bytes made
-    /// from a decoded listing).
-    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Held<U> {
-        Held {
-            value: f(self.value),
-            _budget: self._budget,
-        }
-    }
-}
-
 /// `make(commit)` for the commit `rev` names, under a reservation of `per_byte` times its
 /// manifest's decoded length (taken first: this waits while the budget is taken), kept with
 /// what it made. On a blocking thread, never in an async worker or a rayon one.
@@ -88,11 +78,4 @@ pub(crate) fn reserve_manifest(len: u64, per_byte: u64) -> mdl::Result<Reservati
             len.div_ceil(1 << 20)
         )
     })
-}
-
-/// An answer's bytes keep their share of the budget until the answer is sent and dropped.
-impl AsRef<[u8]> for Held<Vec<u8>> {
-    fn as_ref(&self) -> &[u8] {
-        &self.value
-    }
 }

@@ -185,7 +185,11 @@ fn manifest_reads_are_charged_to_the_decode_budget() {
             assert_eq!(status, 200, "{path}: {body}");
             if i < 2 {
                 let v: serde_json::Value = serde_json::from_str(&body).expect("whole JSON");
-                assert_eq!(v["tensors"].as_array().map(Vec::len), Some(100_000), "{path}");
+                assert_eq!(
+                    v["tensors"].as_array().map(Vec::len),
+                    Some(100_000),
+                    "{path}"
+                );
             }
         } else {
             assert_eq!(status, 413, "{path}: {body}");

@@ -22,13 +22,13 @@ pub fn diff(repo: &Repository, a: &str, b: &str) -> Result<Diff> {
 /// Bytes a comparison collected whole ([`diff_commits`], the web compare page) holds per byte
 /// of its two manifests (decoded length) together: their bytes, read in place, the index of
 /// the second's tensors and the list of differences (measured at 1,000,000 tensors a commit,
-/// with an answer's JSON: 4.6; see `docs/BENCHMARKS.md`).
+/// for the compare page: 3.4; see `docs/BENCHMARKS.md`).
 pub const MANIFEST_COST: u64 = 5;
 
 /// Bytes a comparison walked ([`Compared::tensors`], each difference handed on as it is
 /// found) holds per byte of its two manifests together: their bytes and the index of the
-/// second's tensors.
-pub const WALK_COST: u64 = 3;
+/// second's tensors (measured at 1,000,000 tensors a commit: 1.74).
+pub const WALK_COST: u64 = 2;
 
 /// Compares the checkpoints of commits `a` and `b`, collected whole under a share of the
 /// decode budget of [`MANIFEST_COST`] times their manifests' length (see [`compare`]).
