@@ -49,9 +49,44 @@ impl Changes {
     }
 }
 
+/// How many files a request may add, and what sets that number (said when it is passed).
+#[derive(Clone, Debug)]
+pub(crate) struct MaxFiles {
+    pub(crate) files: u64,
+    pub(crate) why: String,
+}
+
+impl MaxFiles {
+    /// The fewer of `repo`'s `limits.files` and the files one commit may hold within the
+    /// server's decode budget ([`mdl::files_within_budget`]).
+    pub(crate) fn of(repo: &mdl::Repository) -> mdl::Result<Self> {
+        let (limit, budget) = (mdl::files_allowed(repo)?, mdl::files_within_budget());
+        Ok(if budget < limit {
+            MaxFiles {
+                files: budget,
+                why: format!(
+                    "what the server's --decode-memory ({} MiB) lets one commit hold: ask the \
+                     server's owner to raise it",
+                    mdl::budget::limit() >> 20
+                ),
+            }
+        } else {
+            MaxFiles::limit(limit)
+        })
+    }
+
+    /// The repository's `limits.files`.
+    pub(crate) fn limit(files: u64) -> Self {
+        MaxFiles {
+            files,
+            why: "the repository's limit (`mdl config limits.files N` raises it)".into(),
+        }
+    }
+}
+
 /// Reads the request spooled at `body`, writing each inline file under `tree` (a fresh folder
-/// the request owns) as it is read; at most `max_files` files added.
-pub(crate) fn read_changes(body: &Path, tree: &Path, max_files: u64) -> ApiResult<Changes> {
+/// the request owns) as it is read; at most `max_files` files added, refused at the first over.
+pub(crate) fn read_changes(body: &Path, tree: &Path, max_files: &MaxFiles) -> ApiResult<Changes> {
     let file =
         File::open(body).map_err(|e| ApiError::internal(format!("reading the upload: {e}")))?;
     let mut scan = Scan {
@@ -117,7 +152,7 @@ struct Placed {
 
 impl Placed {
     /// Counts `path` as added, refusing it past `max_files` or where it clashes.
-    fn count(&mut self, path: &str, max_files: u64) -> ApiResult<()> {
+    fn count(&mut self, path: &str, max_files: &MaxFiles) -> ApiResult<()> {
         check_path(path)?;
         if self.folders.contains(path) || self.files.contains(path) {
             return Err(bad(format!(
@@ -132,12 +167,12 @@ impl Placed {
             self.folders.insert(folder.to_string());
         }
         self.files.insert(path.to_string());
-        if self.files.len() as u64 > max_files {
+        if self.files.len() as u64 > max_files.files {
             return Err(ApiError::new(
                 ErrorCode::TooLarge,
                 format!(
-                    "the commit adds more than {max_files} files, the repository's limit \
-                     (`mdl config limits.files N` raises it)"
+                    "the commit adds more than {} files, {}",
+                    max_files.files, max_files.why
                 ),
             ));
         }
@@ -151,7 +186,7 @@ impl Placed {
         &mut self,
         root: &Path,
         path: &str,
-        max_files: u64,
+        max_files: &MaxFiles,
         content: Option<tempfile::TempPath>,
     ) -> ApiResult<()> {
         self.count(path, max_files)?;
@@ -506,7 +541,10 @@ mod tests {
         std::fs::write(&spooled, body).unwrap();
         let tree = dir.path().join("tree");
         std::fs::create_dir(&tree).unwrap();
-        (read_changes(&spooled, &tree, max_files), dir)
+        (
+            read_changes(&spooled, &tree, &MaxFiles::limit(max_files)),
+            dir,
+        )
     }
 
     fn b64(bytes: &[u8]) -> String {

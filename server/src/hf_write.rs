@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use crate::access::{blocking, json_body, Access, ApiResult, Writer};
 use crate::auth::{check, Scope};
 use crate::error::ApiError;
-use crate::hf_changes::{bad, read_changes};
+use crate::hf_changes::{bad, read_changes, MaxFiles};
 use crate::upload::spool;
 use crate::State;
 
@@ -143,8 +143,8 @@ async fn commit(
     let answer = blocking(move || {
         // The tree is written as the request is read.
         let tree = served.repo.incoming_dir(".hf-commit-")?;
-        let max_files = mdl::files_allowed(&served.repo)?;
-        let changes = read_changes(upload.path(), tree.path(), max_files)?;
+        let max_files = MaxFiles::of(&served.repo)?;
+        let changes = read_changes(upload.path(), tree.path(), &max_files)?;
         drop(upload);
         if changes.is_empty() {
             return Err(bad("the commit changes nothing"));

@@ -115,6 +115,41 @@ fn hub_commits_over_the_limit_or_with_bad_paths_are_refused() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// More files than one commit's bookkeeping could hold within `--decode-memory` (1,280 bytes
+/// a file): refused at the first file over (413 naming the setting), before the rest is
+/// written, the repository as it was; as many as fit are committed. A million files under
+/// 256M were written whole and committed past the budget (977 MiB).
+#[test]
+fn hub_commits_of_more_files_than_the_budget_holds_are_refused_early() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("srv");
+    ok(&repo, &["init"]);
+    let before = state(&repo);
+    let server = Server::start(
+        &["-C", repo.to_str().unwrap(), "--decode-memory", "1M"],
+        dir.path(),
+    );
+    let files = |n: usize| -> String {
+        (0..n)
+            .map(|i| file_line(&format!("d{}/f{i}.txt", i / 100), b"x"))
+            .collect()
+    };
+    let (status, text) = post_commit(&server, files(5_000).as_bytes());
+    assert_eq!(status, 413, "{text}");
+    assert!(text.contains("more than 819 files"), "{text}");
+    assert!(text.contains("--decode-memory"), "{text}");
+    assert_eq!(state(&repo), before);
+    let left: Vec<_> = std::fs::read_dir(repo.join(".mdl/incoming"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+    let (status, text) = post_commit(&server, files(800).as_bytes());
+    assert_eq!(status, 200, "{text}");
+    server.stop();
+    let listed = json(&repo, &["show", "main"]);
+    assert_eq!(listed["files"].as_array().unwrap().len(), 800);
+}
+
 /// What a killed server left in `incoming/` (an unpacked Hub commit, a spooled upload) is
 /// removed when a server opens the repository again; a staged LFS upload is kept for the
 /// commit that will name it.

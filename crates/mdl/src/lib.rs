@@ -57,7 +57,7 @@ pub use advertised::{advertised, process_alive, ADVERTISEMENT};
 pub use cache::user_cache_dir;
 pub use code::store_code;
 pub use error::{not_safetensors, Error};
-pub use limits::{files_allowed, reserve_or_refuse};
+pub use limits::{files_allowed, files_within_budget, reserve_or_refuse};
 pub use mdl_format::{
     names, Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp, TreeFile, V1_FILE_PATH,
 };
