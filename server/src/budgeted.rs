@@ -29,8 +29,9 @@ pub(crate) const PAGE: u64 = 2;
 pub(crate) const LAYOUT: u64 = 10;
 
 /// Bytes a shown commit (`/commits/{rev}`: its manifest read in place, its tensors described
-/// and sent one at a time) holds per byte of its manifest.
-pub(crate) const SHOWN: u64 = 2;
+/// and sent one at a time; its moment pairs' labels, about 110 bytes a pair, held whole)
+/// holds per byte of its manifest.
+pub(crate) const SHOWN: u64 = 3;
 
 /// Bytes `GET /manifests/{id}` holds per byte of the manifest: its bytes, read in place while
 /// its JSON is written out a piece at a time.

@@ -164,7 +164,7 @@ fn manifest_reads_are_charged_to_the_decode_budget() {
     );
     server.stop();
 
-    // Under a budget of about twice the manifest's length, the routes that read one manifest
+    // Under a budget of about three times the manifest's length (7 MiB), the routes that read one manifest
     // answer: they read it in place, holding little more than its bytes, and those whose
     // answer lists every tensor write it as they walk (laid out or decoded whole, they needed
     // eight to sixteen times its bytes and were refused). The comparisons, of two manifests,
@@ -173,7 +173,7 @@ fn manifest_reads_are_charged_to_the_decode_budget() {
     mdl.env("MALLOC_ARENA_MAX", "1");
     let server = Server::spawn(
         mdl,
-        &["-C", served.to_str().unwrap(), "--decode-memory", "16M"],
+        &["-C", served.to_str().unwrap(), "--decode-memory", "24M"],
         d,
     );
     warm_up(&server, &auth);
@@ -197,9 +197,9 @@ fn manifest_reads_are_charged_to_the_decode_budget() {
         }
     }
     let grown = peak_kib(server.pid()) - before;
-    eprintln!("reads of one manifest under 16M grew the server's peak by {grown} KiB");
+    eprintln!("reads of one manifest under 24M grew the server's peak by {grown} KiB");
     assert!(
-        grown < (16 + 16) << 10,
+        grown < (24 + 16) << 10,
         "reads in place grew the server's peak memory by {grown} KiB"
     );
 }
