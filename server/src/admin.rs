@@ -39,22 +39,11 @@ pub(crate) async fn diff(
     // found: the server holds the two manifests and an index, not the list.
     let body = crate::stream::json("comparison", move |w| {
         let mut compared = compared;
-        let fail = |e: &dyn std::fmt::Display| e.to_string();
-        w.write_all(b"{\"files\":").map_err(|e| fail(&e))?;
-        serde_json::to_writer(&mut *w, &files).map_err(|e| fail(&e))?;
-        w.write_all(b",\"tensors\":[").map_err(|e| fail(&e))?;
-        let mut first = true;
-        compared
-            .tensors(&served.repo, |t| {
-                if !std::mem::take(&mut first) {
-                    w.write_all(b",").map_err(mdl::StoreError::Output)?;
-                }
-                serde_json::to_writer(&mut *w, &t)
-                    .map_err(|e| mdl::StoreError::Output(e.into()))?;
-                Ok(())
-            })
-            .map_err(|e| fail(&e))?;
-        w.write_all(b"]}").map_err(|e| fail(&e))
+        w.write_all(b"{\"files\":")?;
+        serde_json::to_writer(&mut *w, &files)?;
+        w.write_all(b",\"tensors\":[")?;
+        compared.tensors(&served.repo, crate::stream::elements(w))?;
+        Ok(w.write_all(b"]}")?)
     });
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }

@@ -150,8 +150,7 @@ async fn show(
     // manifest is walked: the server holds the manifest and the rest of the answer, not the
     // list. The rest is written with an empty list, which is then filled in place.
     let body = stream::json("shown commit", move |w| {
-        let fail = |e: &dyn std::fmt::Display| e.to_string();
-        let head = serde_json::to_vec(&showing.head).map_err(|e| fail(&e))?;
+        let head = serde_json::to_vec(&showing.head)?;
         // Strings are escaped in JSON, so the key's quotes can only be the key's.
         const EMPTY: &[u8] = b"\"tensors\":[]";
         let at = head
@@ -160,19 +159,9 @@ async fn show(
             .ok_or("a shown commit without its list of tensors")?
             + EMPTY.len()
             - 1;
-        w.write_all(&head[..at]).map_err(|e| fail(&e))?;
-        let mut first = true;
-        showing
-            .tensors(&served.repo, 0..usize::MAX, |t| {
-                if !std::mem::take(&mut first) {
-                    w.write_all(b",").map_err(mdl::StoreError::Output)?;
-                }
-                serde_json::to_writer(&mut *w, &t)
-                    .map_err(|e| mdl::StoreError::Output(e.into()))?;
-                Ok(())
-            })
-            .map_err(|e| fail(&e))?;
-        w.write_all(&head[at..]).map_err(|e| fail(&e))
+        w.write_all(&head[..at])?;
+        showing.tensors(&served.repo, 0..usize::MAX, stream::elements(w))?;
+        Ok(w.write_all(&head[at..])?)
     });
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
@@ -210,14 +199,16 @@ async fn manifest(
     // budget kept until the last piece is sent.
     let body = stream::json("manifest listing", move |w| {
         let _budget = budget;
-        let m = mdl::view_manifest(&id, &bytes).map_err(|e| e.to_string())?;
-        let listing = ManifestListing { id: &id, m: &m };
-        serde_json::to_writer(w, &listing).map_err(|e| e.to_string())
+        let m = mdl::view_manifest(&id, &bytes)?;
+        Ok(serde_json::to_writer(
+            w,
+            &ManifestListing { id: &id, m: &m },
+        )?)
     });
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
-/// `GET /manifests/{id}`'s answer, written from the decoded manifest as it is walked:
+/// `GET /manifests/{id}`'s answer, written from the manifest as it is walked:
 /// `{id, metadata, files, tensors}`.
 struct ManifestListing<'m> {
     id: &'m ObjectId,

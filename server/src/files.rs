@@ -59,17 +59,28 @@ pub fn parse_range(value: Option<&str>, len: u64) -> Result<Option<(u64, u64)>, 
     Ok(Some((start, end)))
 }
 
-/// The layout of `rev`'s files (nothing decoded), off the async workers, with its share of
-/// the decode budget.
-pub(crate) async fn layout_of(served: &Arc<Served>, rev: String) -> ApiResult<Held<Layout>> {
+/// What `read` makes of the commit `rev` names (its files laid out or listed), off the async
+/// workers, with `per_byte` times its manifest's length of the decode budget
+/// ([`budgeted::hold`]).
+async fn held<T: Send + 'static>(
+    served: &Arc<Served>,
+    rev: String,
+    per_byte: u64,
+    read: fn(&mdl::Repository, &str) -> mdl::Result<T>,
+) -> ApiResult<Held<T>> {
     let served = served.clone();
     blocking(move || {
         let repo = &served.repo;
-        Ok(budgeted::hold(repo, &rev, budgeted::LAYOUT, |c| {
-            mdl::checkout::layout(repo, &c.to_hex())
+        Ok(budgeted::hold(repo, &rev, per_byte, |c| {
+            read(repo, &c.to_hex())
         })?)
     })
     .await
+}
+
+/// The layout of `rev`'s files (nothing decoded), with its share of the decode budget.
+pub(crate) async fn layout_of(served: &Arc<Served>, rev: String) -> ApiResult<Held<Layout>> {
+    held(served, rev, budgeted::LAYOUT, mdl::checkout::layout).await
 }
 
 /// `file` of a commit as an HTTP answer: `HEAD` or `GET`, `If-None-Match` against `etag`,
@@ -178,17 +189,10 @@ pub(crate) async fn checkpoint(
     )
 }
 
-/// The listing of `rev`'s files (read from its manifest in place, nothing laid out), off the
-/// async workers, with its share of the decode budget.
+/// The listing of `rev`'s files (read from its manifest in place, nothing laid out), with its
+/// share of the decode budget.
 pub(crate) async fn listing_of(served: &Arc<Served>, rev: String) -> ApiResult<Held<Listing>> {
-    let served = served.clone();
-    blocking(move || {
-        let repo = &served.repo;
-        Ok(budgeted::hold(repo, &rev, budgeted::LISTED, |c| {
-            mdl::checkout::listing(repo, &c.to_hex())
-        })?)
-    })
-    .await
+    held(served, rev, budgeted::LISTED, mdl::checkout::listing).await
 }
 
 /// `GET /files/REV`: the commit's files.

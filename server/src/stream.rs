@@ -115,7 +115,7 @@ pub(crate) fn pack(served: Arc<Served>, ids: Arc<Vec<ObjectId>>) -> Body {
 /// that went away) ends the body early, so the client reads JSON cut short.
 pub(crate) fn json(
     what: &'static str,
-    write: impl FnOnce(&mut dyn Write) -> Result<(), String> + Send + 'static,
+    write: impl FnOnce(&mut dyn Write) -> Result<(), Box<dyn std::error::Error>> + Send + 'static,
 ) -> Body {
     produced(what, move |tx| {
         let mut w = PieceWriter {
@@ -123,9 +123,24 @@ pub(crate) fn json(
             buf: Vec::with_capacity(JSON_PIECE),
             piece: JSON_PIECE,
         };
-        write(&mut w)?;
+        write(&mut w).map_err(|e| e.to_string())?;
         w.flush().map_err(|e| e.to_string())
     })
+}
+
+/// What writes each item a walk hands it into `w` as the next element of a JSON array already
+/// opened there, commas between.
+pub(crate) fn elements<'w, T: serde::Serialize>(
+    w: &'w mut dyn Write,
+) -> impl FnMut(T) -> mdl::Result<()> + 'w {
+    let mut first = true;
+    move |item| {
+        if !std::mem::take(&mut first) {
+            w.write_all(b",").map_err(mdl::StoreError::Output)?;
+        }
+        serde_json::to_writer(&mut *w, &item).map_err(|e| mdl::StoreError::Output(e.into()))?;
+        Ok(())
+    }
 }
 
 /// Decodes `window`'s tensors in parallel (each verified against its id) under the decode
