@@ -56,12 +56,16 @@ pub fn app(state: Arc<State>) -> Router {
         .route(route::RESET, post(admin::reset))
         .route(route::REFLOG, get(admin::reflog))
         .route(route::FSCK, post(admin::fsck));
-    Router::new()
+    let routes = Router::new()
         .route(route::REPOS, get(list_repos).post(create_repo))
         .nest(route::REPO, repo)
         .nest(
             crate::hf::PREFIX,
-            crate::hf::routes(crate::hf_write::routes().merge(crate::hf_lfs::routes())),
+            crate::hf::routes(
+                crate::hf_write::routes()
+                    .merge(crate::hf_lfs::routes())
+                    .merge(crate::hf_history::routes()),
+            ),
         )
         .merge(crate::web::routes())
         .fallback(|| async { ApiError::not_found("no such route") })
@@ -76,7 +80,23 @@ pub fn app(state: Arc<State>) -> Router {
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
             state.config().limits.body_timeout,
         ))
-        .with_state(state)
+        .with_state(state);
+    // A two-part name written as two path segments is joined before routing (names.rs).
+    Router::new().fallback_service(tower::ServiceExt::map_request(routes, join_names))
+}
+
+/// The request with a two-part repository name in its path joined into one segment.
+fn join_names(mut request: axum::extract::Request) -> axum::extract::Request {
+    if let Some(path) = crate::names::joined(request.uri().path()) {
+        let whole = match request.uri().query() {
+            Some(q) => format!("{path}?{q}"),
+            None => path,
+        };
+        if let Ok(uri) = whole.parse() {
+            *request.uri_mut() = uri;
+        }
+    }
+    request
 }
 
 async fn list_repos(AxState(state): Shared, headers: HeaderMap) -> ApiResult<Response> {
@@ -564,7 +584,6 @@ async fn gc(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::valid_repo_name;
 
     #[tokio::test]
     async fn a_panicking_worker_answers_without_its_message() {
@@ -577,13 +596,5 @@ mod tests {
             "{}",
             e.message
         );
-    }
-
-    #[test]
-    fn names() {
-        assert!(valid_repo_name("run-1.a_b"));
-        for bad in ["", ".hidden", "a/b", "..", "a b", "a\u{1}"] {
-            assert!(!valid_repo_name(bad), "{bad:?}");
-        }
     }
 }

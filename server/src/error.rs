@@ -38,11 +38,17 @@ impl ApiError {
     }
 }
 
+/// An error answer's message, kept beside its body for routes that also say it in a header
+/// (the Hub's `X-Error-Message`).
+#[derive(Clone)]
+pub(crate) struct ErrorText(pub(crate) String);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.status.is_server_error() {
             tracing::error!(code = self.code.as_str(), "{}", self.message);
         }
+        let message = self.message.clone();
         let body = serde_json::to_vec(&body::Error {
             code: self.code,
             message: self.message,
@@ -56,6 +62,7 @@ impl IntoResponse for ApiError {
             .into_response();
         // What a layer may translate the error into (the `/hf` layout's Hub headers).
         response.extensions_mut().insert(self.code);
+        response.extensions_mut().insert(ErrorText(message));
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             // Busy (another process holds the repository) or recovering: worth asking again.
             response.headers_mut().insert(

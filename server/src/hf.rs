@@ -1,23 +1,25 @@
 //! A Hugging Face–compatible read layout of every repository, under `/hf`: with `HF_ENDPOINT`
-//! (or `endpoint=`) set to `http://HOST:PORT/hf`, `huggingface_hub`'s `hf_hub_download` and
-//! `snapshot_download` fetch files of a branch, tag or commit of an mdl repository, its name
-//! as the `repo_id` (one segment; a repository named `api` is not reachable here).
+//! (or `endpoint=`) set to `http://HOST:PORT/hf`, `huggingface_hub`'s `hf_hub_download`,
+//! `snapshot_download`, `HfFileSystem` and `hf://` URLs read files of a branch, tag or commit
+//! of an mdl repository, its name as the `repo_id` (`namespace/name`, or one segment for a
+//! repository at the top of the served folder; names.rs).
 //!
 //! The routes are the ones the client calls: the model-info and revision routes (the commit a
-//! revision resolves to, and its files), the tree listing, and `resolve` with the headers the
-//! client requires (`X-Repo-Commit`, `ETag`, `Content-Length`), `Range` included. Tokens work as
-//! on every route (`Authorization: Bearer`, read scope).
+//! revision resolves to, and its files), the tree listing, `paths-info`, and `resolve` with the
+//! headers the client requires (`X-Repo-Commit`, `ETag`, `Content-Length`), `Range` included.
+//! Tokens work as on every route (`Authorization: Bearer`, read scope). Refs and history are
+//! in `hf_history.rs`, writes in `hf_write.rs` and `hf_lfs.rs`.
 
-use axum::extract::{Path, Query};
+use axum::extract::{Form, Path, Query};
 use axum::http::{HeaderMap, HeaderName, Method};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use mdl::checkout::Listing;
 use serde_json::{json, Value};
 
 use crate::access::{blocking, Access, ApiResult, Reader};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorText};
 use crate::files::{file_of, listing_of, serve_file};
 use crate::State;
 use mdl_protocol::ErrorCode;
@@ -37,6 +39,7 @@ pub(crate) fn routes(writes: Router<std::sync::Arc<State>>) -> Router<std::sync:
         .route("/api/models/{repo}/revision/{rev}", get(info))
         .route("/api/models/{repo}/tree/{rev}", get(tree_root))
         .route("/api/models/{repo}/tree/{rev}/{*path}", get(tree))
+        .route("/api/models/{repo}/paths-info/{rev}", post(paths_info))
         .merge(writes)
         .layer(axum::middleware::map_response(hub_error_headers))
 }
@@ -50,6 +53,12 @@ async fn hub_error_headers(mut response: Response) -> Response {
     let Some(code) = response.extensions().get::<ErrorCode>().copied() else {
         return response;
     };
+    // The client shows `X-Error-Message` (not the body's `message`) in what it raises.
+    if let Some(text) = response.extensions().get::<ErrorText>() {
+        if let Ok(value) = header_text(&text.0).parse() {
+            response.headers_mut().insert("x-error-message", value);
+        }
+    }
     let (name, value) = match code {
         ErrorCode::NoSuchRepository => ("x-error-code", "RepoNotFound"),
         ErrorCode::UnknownRevision | ErrorCode::UnbornBranch => {
@@ -75,7 +84,25 @@ async fn resolve(
     method: Method,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let (commit, file, etag) = file_of(&served, &rev, &path).await?;
+    // A new repository's branch has no commits yet; on the Hub it holds an empty tree, so a
+    // file of it is a missing file (which the client expects of a model card it may create).
+    let (commit, file, etag) = match file_of(&served, &rev, &path).await {
+        Ok(found) => found,
+        Err(e) if matches!(e.code, ErrorCode::UnbornBranch | ErrorCode::UnknownRevision) => {
+            let (served, named) = (served.clone(), rev.clone());
+            let unborn = blocking(move || {
+                let head = served.repo.head_branch()?;
+                let born = mdl::revision::resolve(&served.repo, "HEAD").is_ok();
+                Ok(!born && head.strip_prefix(mdl::Ref::BRANCHES) == Some(named.as_str()))
+            })
+            .await?;
+            return Err(match unborn {
+                true => ApiError::not_found(format!("{path}: {rev} has no commits yet")),
+                false => e,
+            });
+        }
+        Err(e) => return Err(e),
+    };
     let extra = [
         (HeaderName::from_static(REPO_COMMIT), commit.to_hex()),
         (
@@ -188,18 +215,65 @@ fn tree_entries(listed: &Listing, dir: &str, recursive: bool) -> Vec<Value> {
             folders.insert(format!("{prefix}{}", parts[..n].join("/")));
         }
         if recursive || parts.len() == 1 {
-            let oid = f.content_id.to_hex();
-            out.push(json!({
-                "type": "file",
-                "path": f.path,
-                "size": f.len,
-                "oid": oid,
-            }));
+            out.push(file_entry(f));
         }
     }
-    for d in folders {
-        let oid = mdl::ObjectId::hash(d.as_bytes()).to_hex();
-        out.push(json!({ "type": "directory", "path": d, "oid": oid }));
-    }
+    out.extend(folders.iter().map(|d| folder_entry(d)));
     out
+}
+
+/// `text` as a header value: characters outside printable ASCII escaped.
+fn header_text(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| match c {
+            ' '..='~' => vec![c],
+            c => c.escape_default().collect(),
+        })
+        .collect()
+}
+
+/// `POST /api/models/{repo}/paths-info/{rev}` (form: `paths` repeated, `expand`): the files and
+/// folders among `paths` that exist at `rev`, described as the tree describes them; paths
+/// that do not exist are left out.
+async fn paths_info(
+    Access(served): Reader,
+    Path((_, rev)): Path<(String, String)>,
+    Form(form): Form<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let listed = listing_of(&served, rev).await?;
+    let mut out = Vec::new();
+    for (key, path) in &form {
+        if key != "paths" {
+            continue;
+        }
+        let path = path.trim_matches('/');
+        if let Some(f) = listed.files.iter().find(|f| f.path == path) {
+            out.push(file_entry(f));
+        } else if !path.is_empty()
+            && listed.files.iter().any(|f| {
+                f.path
+                    .strip_prefix(path)
+                    .is_some_and(|r| r.starts_with('/'))
+            })
+        {
+            out.push(folder_entry(path));
+        }
+    }
+    Ok(Json(out).into_response())
+}
+
+/// A file as the tree and `paths-info` describe it.
+fn file_entry(f: &mdl::checkout::ListedFile) -> Value {
+    json!({
+        "type": "file",
+        "path": f.path,
+        "size": f.len,
+        "oid": f.content_id.to_hex(),
+    })
+}
+
+/// A folder as the tree and `paths-info` describe it (its id a hash of its path).
+fn folder_entry(path: &str) -> Value {
+    let oid = mdl::ObjectId::hash(path.as_bytes()).to_hex();
+    json!({ "type": "directory", "path": path, "oid": oid })
 }

@@ -140,7 +140,8 @@ async fn batch(
                 return json!({ "oid": oid, "size": size });
             }
             let href = format!(
-                "{origin}/hf/.lfs/{name}/{oid}?size={size}&expires={expires}&ticket={}",
+                "{origin}/hf/.lfs/{}/{oid}?size={size}&expires={expires}&ticket={}",
+                mdl_protocol::route::segment(&name),
                 ticket(&name, &oid, size, expires)
             );
             json!({
@@ -149,7 +150,7 @@ async fn batch(
                 "authenticated": true,
                 "actions": {
                     "upload": { "href": href, "expires_in": TICKET_LIFETIME.as_secs() },
-                    "verify": { "href": format!("{origin}/hf/.lfs/{name}/{oid}/verify") },
+                    "verify": { "href": format!("{origin}/hf/.lfs/{}/{oid}/verify", mdl_protocol::route::segment(&name)) },
                 },
             })
         })

@@ -40,8 +40,9 @@ pub(crate) fn routes() -> Router<std::sync::Arc<State>> {
         .route("/api/models/{repo}/tag/{rev}", post(create_tag))
 }
 
-/// `POST /api/repos/create` `{"name", "organization"?, "type"?}`: a new repository named
-/// `name` (an organization is not a part of an mdl name: refused).
+/// `POST /api/repos/create` `{"name", "organization"?, "type"?}`: a new repository
+/// `organization/name` — without an organization, in the namespace of the token's holder, as
+/// the Hub does. The answer's `url` is absolute, so the client reads the id back from it.
 async fn create_repo(
     AxState(state): Shared,
     headers: HeaderMap,
@@ -60,23 +61,29 @@ async fn create_repo(
             "mdl serves model repositories only (repo_type=\"model\")",
         ));
     }
-    if req.get("organization").is_some_and(|o| !o.is_null()) {
-        return Err(bad(
-            "an mdl repository's name is one segment: give repo_id without an organization",
-        ));
-    }
     let name = req
         .get("name")
         .and_then(Value::as_str)
-        .ok_or_else(|| bad("the request names no repository (\"name\")"))?
-        .to_string();
+        .ok_or_else(|| bad("the request names no repository (\"name\")"))?;
+    let namespace = match req.get("organization").and_then(Value::as_str) {
+        Some(org) => org.to_string(),
+        None => tokens
+            .holder(&headers)
+            .ok_or_else(|| bad("no token names a namespace: give repo_id as namespace/name"))?,
+    };
+    let name = format!("{namespace}/{name}");
     let made = name.clone();
-    let url = format!("{}/{name}", crate::hf::PREFIX);
+    let url = format!(
+        "{}{}/{name}",
+        crate::web::origin(&headers),
+        crate::hf::PREFIX
+    );
     match blocking(move || state.create_repo(&made, admin)).await {
         Ok(()) => Ok(Json(json!({ "url": url, "name": name })).into_response()),
         // As the Hub answers: the client's `exist_ok` reads the URL from the conflict.
         Err(e) if e.code == ErrorCode::Exists => Ok((
             e.status,
+            [("x-error-message", "You already created this model repo")],
             Json(json!({ "error": e.message, "code": e.code, "url": url })),
         )
             .into_response()),
@@ -137,6 +144,7 @@ async fn commit(
         ));
     }
     let author = state.config.tokens.holder(&headers);
+    let origin = crate::web::origin(&headers);
     let upload = spool(&served, &headers, body, state.config.max_body).await?;
     let warm = state.warm.clone();
     let deferred = served.clone();
@@ -168,7 +176,9 @@ async fn commit(
                 let tip = mdl::revision::resolve(repo, &rev)
                     .ok()
                     .map(|id| id.to_hex());
-                if tip.as_deref() != Some(parent.as_str()) {
+                // The client sends at most 40 hex digits: a prefix that long names the tip.
+                let named = |tip: &String| parent.len() >= 40 && tip.starts_with(parent.as_str());
+                if !tip.as_ref().is_some_and(named) {
                     return Err(ApiError::new(
                         ErrorCode::RefConflict,
                         format!("{rev} is no longer at {parent}: a commit has happened since"),
@@ -193,8 +203,15 @@ async fn commit(
         drop(tree);
         crate::hf_lfs::unstage(staged.iter().map(|(_, s)| s.as_path()));
         let id = published.replayed.last().map_or(outcome.id, |(_, r)| *r);
+        // The client reads the repository back from this URL: absolute for a two-part name,
+        // relative for one (a one-part URL on the endpoint is one it refuses to parse).
+        let origin = if repo.contains('/') {
+            origin.as_str()
+        } else {
+            ""
+        };
         Ok(Json(json!({
-            "commitUrl": format!("{}/{repo}/commit/{id}", crate::hf::PREFIX),
+            "commitUrl": format!("{origin}{}/{repo}/commit/{id}", crate::hf::PREFIX),
             "commitOid": id.to_hex(),
             "pullRequestUrl": Value::Null,
         }))

@@ -17,8 +17,10 @@ pub mod error;
 mod files;
 mod hf;
 mod hf_changes;
+mod hf_history;
 mod hf_lfs;
 mod hf_write;
+mod names;
 mod stream;
 mod tree;
 mod upload;
@@ -38,6 +40,7 @@ pub use api::app;
 pub use auth::{Scope, Tokens};
 pub use error::ApiError;
 pub use files::{parse_range, Unsatisfiable};
+pub use names::valid_repo_name;
 
 /// Where the served repositories are.
 #[derive(Clone, Debug)]
@@ -303,14 +306,20 @@ impl State {
         match &self.config.repos {
             Repos::One { name, .. } | Repos::Bucket { name, .. } => vec![name.clone()],
             Repos::Root(root) => {
-                let mut names: Vec<String> = std::fs::read_dir(root)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .filter(|e| e.path().join(".mdl").join("meta.redb").is_file())
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .filter(|n| valid_repo_name(n))
-                    .collect();
+                // Repositories at the top, and one folder down in namespaces.
+                let mut names = Vec::new();
+                for (name, path) in folders(root) {
+                    if is_repository(&path) {
+                        names.push(name);
+                    } else {
+                        names.extend(
+                            folders(&path)
+                                .filter(|(_, p)| is_repository(p))
+                                .map(|(n, _)| format!("{name}/{n}")),
+                        );
+                    }
+                }
+                names.retain(|n| valid_repo_name(n));
                 names.sort();
                 names
             }
@@ -334,7 +343,7 @@ impl State {
         if !valid_repo_name(name) {
             return Err(ApiError::new(
                 ErrorCode::InvalidRepositoryName,
-                format!("{name:?} is not a repository name (letters, digits, '-', '_', '.'; not starting with '.')"),
+                format!("{name:?} is not a repository name (NAME or NAMESPACE/NAME, each of letters, digits, '-', '_', '.', not starting with '.'; NAME not a route's word such as refs or tree)"),
             ));
         }
         let _one_at_a_time = self.creating.lock().unwrap_or_else(|p| p.into_inner());
@@ -343,6 +352,20 @@ impl State {
             return Err(ApiError::new(
                 ErrorCode::Exists,
                 format!("repository {name} exists already"),
+            ));
+        }
+        // A namespace is a folder of repositories, never one itself, and the other way round.
+        if let Some((namespace, _)) = name.split_once('/') {
+            if is_repository(&root.join(namespace)) {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidRepositoryName,
+                    format!("{namespace} is a repository, so it cannot hold {name}: choose another namespace"),
+                ));
+            }
+        } else if folders(&dir).any(|(_, p)| is_repository(&p)) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRepositoryName,
+                format!("{name} is a namespace holding repositories: name the new one {name}/NAME"),
             ));
         }
         admin?;
@@ -465,19 +488,23 @@ impl State {
     }
 }
 
-fn no_such_repo(name: &str) -> mdl::Error {
-    mdl::StoreError::NotARepository(PathBuf::from(name)).into()
+/// The folders in `dir`, by name (none if it cannot be read).
+fn folders(dir: &std::path::Path) -> impl Iterator<Item = (String, PathBuf)> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
+        .filter(|(_, p)| p.is_dir())
 }
 
-/// Whether `name` may name a repository: one path component of letters, digits, `-`, `_`,
-/// `.`, not starting with `.`.
-pub fn valid_repo_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 255
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+/// Whether `dir` holds a repository.
+fn is_repository(dir: &std::path::Path) -> bool {
+    dir.join(mdl::MDL_DIR).join("meta.redb").is_file()
+}
+
+fn no_such_repo(name: &str) -> mdl::Error {
+    mdl::StoreError::NotARepository(PathBuf::from(name)).into()
 }
 
 /// 32 random bytes from the OS, as hex.

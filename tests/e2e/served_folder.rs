@@ -466,3 +466,73 @@ fn is_root() -> bool {
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
         .unwrap_or(false)
 }
+
+#[test]
+fn a_repository_in_a_namespace_is_served_through_every_door() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("repos");
+    std::fs::create_dir_all(root.join("team")).unwrap();
+    let (made, b1, b2) = two_commits(dir.path());
+    std::fs::rename(&made, root.join("team").join("model")).unwrap();
+    let repo = root.join("team").join("model");
+    let server = Server::start(&["--root", root.to_str().unwrap()], dir.path());
+    let base = &server.base;
+    let auth = bearer(READ);
+    let get = |path: &str| http(base, "GET", path, &[("Authorization", &auth)], b"");
+
+    let (status, _, body) = get("/v1/repos");
+    assert_eq!(status, 200);
+    let listed: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(listed["repos"], serde_json::json!(["team/model"]));
+    // The name as one encoded segment or as two: the same routes.
+    for path in ["/v1/repos/team%2Fmodel/refs", "/v1/repos/team/model/refs"] {
+        let (status, _, body) = get(path);
+        assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
+    }
+    let (status, _, body) = get("/hf/api/models/team/model");
+    assert_eq!(status, 200);
+    let info: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(info["id"], "team/model");
+    let (status, _, body) = get("/ui/team/model");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+
+    // Cloned by its URL into a folder of its own name, byte-identical checkouts.
+    let url = format!("{base}/team/model");
+    ok(dir.path(), &["--token", READ, "clone", &url]);
+    let clone = dir.path().join("model");
+    let out = dir.path().join("first.safetensors");
+    ok(&clone, &["checkout", "HEAD~1", "-o", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&out).unwrap(), b1);
+    let shown = |dir: &std::path::Path| json(dir, &["show", "HEAD"])["tensors"].clone();
+    assert_eq!(shown(&clone), shown(&repo)); // the lossy commit: the same records
+    drop(b2);
+    // The served folder's own commands go to the server that owns it (its advertisement
+    // names the repository by both parts).
+    assert_eq!(json(&repo, &["log"]).as_array().unwrap().len(), 2);
+
+    // A namespace is never a repository, nor a repository a namespace.
+    let admin = bearer(ADMIN);
+    let create = |name: &str| {
+        let body = format!("{{\"name\":\"{name}\"}}");
+        http(
+            base,
+            "POST",
+            "/v1/repos",
+            &[
+                ("Authorization", &admin),
+                ("Content-Type", "application/json"),
+            ],
+            body.as_bytes(),
+        )
+    };
+    assert_eq!(create("team").0, 400);
+    assert_eq!(create("team/model/x").0, 400);
+    assert_eq!(create("team/refs").0, 400);
+    assert!(!root.join("team").join(".mdl").exists());
+    assert_eq!(create("team/other").0, 201);
+    assert_eq!(create("team/model").0, 409);
+    ok(dir.path(), &["init", "solo"]);
+    std::fs::rename(dir.path().join("solo"), root.join("solo")).unwrap();
+    assert_eq!(create("solo/inside").0, 400);
+    assert!(!root.join("solo").join("inside").exists());
+}

@@ -31,7 +31,8 @@ pub struct Remote {
 }
 
 /// The server (`HOST:PORT`) and the repository's name of a repository URL
-/// `http://HOST:PORT/REPO` (a trailing `/` allowed); anything else is [`Error::BadUrl`].
+/// `http://HOST:PORT/REPO` or `http://HOST:PORT/NAMESPACE/REPO` (a trailing `/` allowed);
+/// anything else is [`Error::BadUrl`].
 pub fn parse_url(url: &str) -> Result<(&str, &str)> {
     let bad = || Error::BadUrl(url.to_string());
     let rest = url
@@ -39,7 +40,11 @@ pub fn parse_url(url: &str) -> Result<(&str, &str)> {
         .strip_prefix("http://")
         .ok_or_else(bad)?;
     let (host, repo) = rest.split_once('/').ok_or_else(bad)?;
-    if host.is_empty() || repo.is_empty() || repo.contains('/') || repo.starts_with('.') {
+    let parts: Vec<&str> = repo.split('/').collect();
+    if host.is_empty()
+        || parts.len() > 2
+        || parts.iter().any(|p| p.is_empty() || p.starts_with('.'))
+    {
         return Err(bad());
     }
     Ok((host, repo))
@@ -100,9 +105,9 @@ impl Remote {
         &self.url
     }
 
-    /// The repository's name on the server.
+    /// The repository's name on the server (`NAMESPACE/REPO` for one in a namespace).
     pub fn name(&self) -> &str {
-        self.url.rsplit('/').next().unwrap_or_default()
+        parse_url(&self.url).map_or("", |(_, repo)| repo)
     }
 
     /// An answer refused.
@@ -744,13 +749,19 @@ mod tests {
         assert!(r.token.is_none());
         let t = Remote::new("http://h/r", Some(String::new())).unwrap();
         assert!(t.token.is_none(), "an empty token is no token");
+        // A repository in a namespace: one segment in its routes.
+        let n = Remote::new("http://host:8080/team/run-1", None).unwrap();
+        assert_eq!(n.name(), "team/run-1");
+        assert_eq!(n.api, "http://host:8080/v1/repos/team%2Frun-1");
         for bad in [
             "https://h/r",
             "h/r",
             "http://h",
             "http:///r",
-            "http://h/a/b",
+            "http://h/a/b/c",
+            "http://h/a//b",
             "http://h/.hidden",
+            "http://h/a/.b",
         ] {
             assert!(
                 matches!(Remote::new(bad, None), Err(Error::BadUrl(_))),

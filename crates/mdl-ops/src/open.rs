@@ -88,7 +88,11 @@ pub fn clone(
     };
     let name = match Location::url(url)? {
         Location::Bucket(loc) => loc.name().to_string(),
-        Location::Served(url) => mdl_client::parse_url(&url)?.1.to_string(),
+        // A repository in a namespace is cloned into a folder of its own name, as git does.
+        Location::Served(url) => {
+            let repo = mdl_client::parse_url(&url)?.1;
+            repo.rsplit('/').next().unwrap_or(repo).to_string()
+        }
         Location::Folder(_) => unreachable!("Location::url never answers a folder"),
     };
     let dir = base.join(dir.map_or_else(|| PathBuf::from(name), Path::to_path_buf));

@@ -69,15 +69,7 @@ pub(super) fn commit_href(repo: &str, id: &str) -> String {
 
 /// Encodes a query value (revision names may hold `^`, `~`, `/`).
 pub(super) fn query_value(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    mdl_protocol::route::segment(s)
 }
 
 pub(super) fn compare_href(repo: &str, a: &str, b: &str) -> String {
