@@ -154,6 +154,7 @@ fn library_exit_code(e: &mdl::Error) -> u8 {
         | E::Assemble(_)
         | E::Merge(_)
         | E::UnknownRevision(_)
+        | E::NotABranchHere { .. }
         | E::ShortIdPrefix(_)
         | E::NoSuchPath { .. }
         | E::AmbiguousRevision { .. }

@@ -236,6 +236,24 @@ def test_a_loop_reads_its_own_commits_at_once(tmp_path):
     assert repo.commit_state(model, opt, step=5).wait().id == repo.resolve("HEAD")
 
 
+def test_a_loop_on_its_own_branch_in_a_new_repository_is_where_head_is(tmp_path):
+    # A loop that names its branch (the README's experiments): HEAD follows the new
+    # repository's first branch, so log, HEAD~N and the CLI show the run with no switch.
+    repo = mdl.open(tmp_path / "runs" / "mlp", create=True)
+    model, opt = model_and_optimizer()
+    for step in range(3):
+        train(model, opt, 1)
+        repo.commit_state(model, opt, step=step, branch="mlp")
+    repo.wait()
+    assert repo.head == "mlp"
+    assert [e.step for e in repo.log()] == [2, 1, 0]
+    assert repo.load_state("HEAD~2", *model_and_optimizer()).step == 0
+    assert [e["step"] for e in run_mdl("-C", repo.root, "log", "--json")] == [2, 1, 0]
+    # A git habit that names the branch that is not there is told where the history is.
+    with pytest.raises(mdl.MdlError, match=r"the branches are mlp \(HEAD\)"):
+        repo.load_state("main~2", *model_and_optimizer())
+
+
 def test_bad_state_is_refused_before_anything_starts(tmp_path):
     repo = mdl.init(tmp_path / "repo")
     with pytest.raises(TypeError, match="no pickles"):

@@ -110,6 +110,9 @@ def test_the_callback_commits_every_save_and_a_trainer_resumes_from_any_revision
     assert len(callback.handles) == 3 and all(h.done() for h in callback.handles)
     log = repo.log("run")
     assert [e.step for e in log] == [9, 6, 3]
+    # The new repository's first branch is the one HEAD follows: its history shows as is.
+    assert repo.head == "run" and repo.log() == log
+    assert mdl("-C", repo.root, "log", "--json")[0]["step"] == 9
     assert [e.message for e in log] == ["checkpoint-9", "checkpoint-6", "checkpoint-3"]
     for e in log:
         assert {"loss", "eval_loss", "learning_rate"} <= set(e.metrics), e.metrics
@@ -158,6 +161,9 @@ def test_the_state_source_commits_live_state_and_resumes_as_the_trainers_own_fol
     assert not run.exists() or not any(p.name.startswith("checkpoint-") for p in run.iterdir())
     log = repo.log("run")
     assert [e.step for e in log] == [9, 6, 3]
+    # The new repository's first branch is the one HEAD follows: its history shows as is.
+    assert repo.head == "run" and repo.log() == log
+    assert mdl("-C", repo.root, "log", "--json")[0]["step"] == 9
     assert [e.message for e in log] == ["checkpoint-9", "checkpoint-6", "checkpoint-3"]
     assert {f["path"] for f in repo.show("run~1")["files"]} >= {"model.safetensors", "optimizer.safetensors"}
 

@@ -18,9 +18,10 @@ impl Error {
             E::Changed { .. } => C::InputChanged,
             E::DamagedCheckpoint { .. } => C::BadInput,
             E::TooLarge(_) => C::TooLarge,
-            E::UnknownRevision(_) | E::ShortIdPrefix(_) | E::NoSuchAncestor { .. } => {
-                C::UnknownRevision
-            }
+            E::UnknownRevision(_)
+            | E::NotABranchHere { .. }
+            | E::ShortIdPrefix(_)
+            | E::NoSuchAncestor { .. } => C::UnknownRevision,
             E::NoSuchPath { .. } => C::NotFound,
             E::AmbiguousRevision { .. } => C::AmbiguousRevision,
             E::UnbornBranch(_) => C::UnbornBranch,

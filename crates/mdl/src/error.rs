@@ -64,6 +64,15 @@ pub enum Error {
     /// A revision names nothing.
     #[error("unknown revision {0:?}")]
     UnknownRevision(String),
+    /// A name that is no branch, tag or commit, in a repository whose branches are elsewhere
+    /// (a new repository's run committed to a branch of its own: `main~2` names nothing).
+    #[error("unknown revision {rev:?}: the branches are {}", branches.join(", "))]
+    NotABranchHere {
+        /// What was typed.
+        rev: String,
+        /// The branches, HEAD's marked.
+        branches: Vec<String>,
+    },
     /// A revision that is no branch or tag and too short to be an id prefix.
     #[error("unknown revision {0:?}: not a branch or tag, and an id prefix needs at least {min} hex digits", min = mdl_format::IdPrefix::MIN_LEN)]
     ShortIdPrefix(String),

@@ -158,7 +158,28 @@ fn resolve_base(meta: &MetaRead, base: &str, rev: &str) -> Result<ObjectId> {
     if base.len() < IdPrefix::MIN_LEN && base.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(Error::ShortIdPrefix(rev.to_string()));
     }
-    Err(Error::UnknownRevision(rev.to_string()))
+    // Name the branches there are, HEAD's first, so that `main~2` in a repository whose run
+    // went to `mlp` says where the history is.
+    let head = match meta.get_ref(HEAD)? {
+        Some(RefValue::Symbolic(target)) => target,
+        _ => String::new(),
+    };
+    let mut branches: Vec<String> = meta
+        .refs(Ref::BRANCHES)?
+        .into_iter()
+        .map(|(name, _)| match name == head {
+            true => format!("{} (HEAD)", name.trim_start_matches(Ref::BRANCHES)),
+            false => name.trim_start_matches(Ref::BRANCHES).to_string(),
+        })
+        .collect();
+    branches.sort_by_key(|b| !b.ends_with("(HEAD)"));
+    if branches.is_empty() || branches.len() > 8 {
+        return Err(Error::UnknownRevision(rev.to_string()));
+    }
+    Err(Error::NotABranchHere {
+        rev: rev.to_string(),
+        branches,
+    })
 }
 
 #[cfg(test)]

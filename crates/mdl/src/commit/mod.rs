@@ -12,7 +12,7 @@ use mdl_format::{
     Commit, CommitStats, Entry, Exactness, Manifest, MomentPair, ObjectId, ObjectKind, PairSource,
     Ref, RefName, Region, Timestamp, TreeFile,
 };
-use mdl_store::meta::MetaWrite;
+use mdl_store::meta::{MetaWrite, HEAD};
 use mdl_store::{CommitSummary, IndexEntry, ObjectBatch, RefValue};
 
 pub use mdl_protocol::outcome::CommitOutcome;
@@ -503,6 +503,10 @@ pub(crate) struct Target {
     /// The new commit's parent: the branch's commit, or for a new branch HEAD's commit (if
     /// HEAD's branch has one).
     pub(crate) parent: Option<ObjectId>,
+    /// HEAD's branch, when this is a new repository's first commit and goes to another branch:
+    /// HEAD then follows it, so that `log`, `show` and the web view show the history without a
+    /// switch (docs/DECISIONS.md).
+    first_from: Option<String>,
 }
 
 impl Target {
@@ -519,10 +523,13 @@ impl Target {
             Some(v) => v.target(),
             None => meta.get_ref(&head_branch)?.and_then(|v| v.target()),
         };
+        let first =
+            expected.is_none() && name != head_branch && meta.refs(Ref::BRANCHES)?.is_empty();
         Ok(Target {
             name,
             expected,
             parent,
+            first_from: first.then_some(head_branch),
         })
     }
 
@@ -584,6 +591,19 @@ impl Target {
             Some(&RefValue::Direct(*id)),
             &reflog,
         )?;
+        if let Some(from) = self.first_from {
+            // Unless HEAD was switched meanwhile (then it stays where it was put).
+            let head = Some(RefValue::Symbolic(from.clone()));
+            if w.get_ref(HEAD)? == head && w.get_ref(&from)?.is_none() {
+                let branch = self.name.trim_start_matches(Ref::BRANCHES);
+                w.update_ref(
+                    HEAD,
+                    head.as_ref(),
+                    Some(&RefValue::Symbolic(self.name.clone())),
+                    &format!("commit: HEAD follows {branch}, the repository's first branch"),
+                )?;
+            }
+        }
         Ok(())
     }
 }
