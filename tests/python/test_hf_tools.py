@@ -7,7 +7,6 @@ without a namespace, `HfFileSystem` and `hf://` URLs through fsspec, `list_repo_
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import fsspec
 import pytest
@@ -67,11 +66,12 @@ def test_push_to_hub_and_hf_upload_publish_to_the_namespace_they_name(tmp_path, 
     assert pushed.pop("README.md").startswith(b"---\n")  # the model card push_to_hub writes
     assert pushed == tree_bytes(tmp_path / "saved")
 
-    # The `hf` command line, as installed with huggingface_hub.
+    # The `hf` command line, as installed with huggingface_hub (its entry point run as the
+    # installed `hf` script runs it: this environment reaches the package through a path file).
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "notes.txt").write_text("step 10\n")
-    hf = Path(sys.executable).parent / "hf"
-    r = subprocess.run([str(hf), "upload", "team/cli-upload", str(tmp_path / "run"), "."],
+    hf = "import sys; from huggingface_hub.cli.hf import main; sys.argv[0] = 'hf'; sys.exit(main())"
+    r = subprocess.run([sys.executable, "-c", hf, "upload", "team/cli-upload", str(tmp_path / "run"), "."],
                        capture_output=True, text=True, env=os.environ)
     assert r.returncode == 0, r.stderr
     files = HfApi(endpoint=endpoint).list_repo_files("team/cli-upload")
