@@ -174,3 +174,54 @@ def test_the_clients_errors_carry_mdls_reasons(tmp_path, hub):
             call()
         assert reason in str(e.value), (reason, str(e.value))
     assert [e["message"] for e in mdl("-C", root / "team" / "errs", "log", "--json")] == ["Upload x.txt with huggingface_hub"]
+
+
+PUSH_FROM_TRAINER = '''
+import sys, torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, Trainer,
+                          TrainingArguments, default_data_collator)
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.x = torch.randint(0, 96, (n, 24), generator=torch.Generator().manual_seed(1))
+    def __len__(self):
+        return len(self.x)
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+torch.manual_seed(0)
+model = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+# A tokenizer built here (no download): a word-level vocabulary of 96 entries.
+vocab = {f"w{i}": i for i in range(95)} | {"[UNK]": 95}
+raw = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+raw.pre_tokenizer = pre_tokenizers.Whitespace()
+tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]")
+tokenizer.push_to_hub("team/tokenizer", commit_message="tokenizer")
+args = TrainingArguments(output_dir=sys.argv[1], max_steps=4, save_steps=2, logging_steps=1,
+                         per_device_train_batch_size=4, report_to=[], use_cpu=True, seed=0,
+                         push_to_hub=True, hub_model_id="team/trained", hub_strategy="every_save")
+trainer = Trainer(model=model, args=args, train_dataset=Tokens(32), processing_class=tokenizer,
+                  data_collator=default_data_collator)
+trainer.train()
+trainer.push_to_hub(commit_message="end of training")
+'''
+
+
+def test_a_trainer_with_push_to_hub_and_a_tokenizer_publish_to_mdl(tmp_path, hub):
+    endpoint, root = hub
+    script = tmp_path / "train.py"
+    script.write_text(PUSH_FROM_TRAINER)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], capture_output=True, text=True,
+                       env=os.environ)
+    assert r.returncode == 0, r.stderr[-4000:]
+    api = HfApi(endpoint=endpoint)
+    assert "tokenizer.json" in api.list_repo_files("team/tokenizer")
+    log = mdl("-C", root / "team" / "trained", "log", "--json")
+    assert log[0]["message"] == "end of training" and len(log) >= 2, [e["message"] for e in log]
+    # What the Hub holds is what the Trainer wrote last, byte for byte.
+    snap = snapshot_download("team/trained", cache_dir=str(tmp_path / "cache"), endpoint=endpoint)
+    pushed = tree_bytes(snap)
+    out = tree_bytes(tmp_path / "out")
+    for name in ["model.safetensors", "config.json", "tokenizer.json", "training_args.bin"]:
+        assert pushed[name] == out[name], name
