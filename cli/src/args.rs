@@ -267,11 +267,11 @@ pub(crate) enum Command {
         /// 256 MiB (a sixteenth of a smaller disk) free on the repository's disk is refused too.
         #[arg(long, default_value = "64G", value_name = "SIZE")]
         max_body: String,
-        /// huggingface_hub uploads files of at least SIZE (e.g. 10M) through git LFS, streamed,
-        /// instead of inline in the commit request; its clients then need
-        /// HF_HUB_DISABLE_XET=1 (mdl does not speak Xet). Default: every file inline.
-        #[arg(long, value_name = "SIZE")]
-        hf_lfs_from: Option<String>,
+        /// huggingface_hub uploads files of at least SIZE through Xet (with hf_xet, as
+        /// installed) or git LFS (without it), streamed, instead of base64 inline in the commit
+        /// request; `off` sends every file inline.
+        #[arg(long, value_name = "SIZE", default_value = "10M")]
+        hf_lfs_from: String,
         /// Connections served at once (more wait to be accepted).
         #[arg(long, default_value_t = 512, value_name = "N")]
         max_connections: usize,

@@ -97,7 +97,10 @@ pub(crate) fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         tokens,
         read_public: *read_public,
         max_body: parse_size(max_body)?,
-        hf_lfs_from: hf_lfs_from.as_deref().map(parse_size).transpose()?,
+        hf_lfs_from: match hf_lfs_from.as_str() {
+            "off" => None,
+            size => Some(parse_size(size)?),
+        },
         wait: Duration::from_secs(cli.wait),
         limits: mdl_server::Limits {
             max_connections: *max_connections,

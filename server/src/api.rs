@@ -64,7 +64,8 @@ pub fn app(state: Arc<State>) -> Router {
             crate::hf::routes(
                 crate::hf_write::routes()
                     .merge(crate::hf_lfs::routes())
-                    .merge(crate::hf_history::routes()),
+                    .merge(crate::hf_history::routes())
+                    .merge(crate::hf_xet::routes()),
             ),
         )
         .merge(crate::web::routes())

@@ -2,7 +2,8 @@
 //! --hf-lfs-from SIZE` is given: preupload then says `lfs` for files of at least SIZE, which the
 //! client uploads one PUT each (streamed from disk, not base64 in the commit) before naming
 //! them in the commit by SHA-256. The client does so only without Xet (`HF_HUB_DISABLE_XET=1`,
-//! or `hf_xet` not installed); with it, it asks for a Xet token, which is refused saying so.
+//! or `hf_xet` not installed); with it, it uploads through Xet (`hf_xet.rs`), which stages
+//! the files it rebuilds here the same way.
 //!
 //! The batch answer's upload address carries a ticket (a keyed hash of the repository, object,
 //! size and expiry under a key of this process), since the client sends no token with the PUT.
@@ -17,7 +18,7 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State as AxState};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{post, put};
 use axum::{Json, Router};
 use mdl_protocol::ErrorCode;
 use serde::Deserialize;
@@ -44,7 +45,6 @@ pub(crate) fn routes() -> Router<std::sync::Arc<State>> {
         .route("/{repo_git}/info/lfs/objects/batch", post(batch))
         .route("/.lfs/{repo}/{oid}", put(upload))
         .route("/.lfs/{repo}/{oid}/verify", post(verify))
-        .route("/api/models/{repo}/xet-write-token/{rev}", get(no_xet))
 }
 
 /// The name of a staged object in a repository's `incoming/`.
@@ -70,14 +70,14 @@ fn key() -> &'static [u8; 32] {
     })
 }
 
-fn ticket(repo: &str, oid: &str, size: u64, expires: u64) -> String {
+pub(crate) fn ticket(repo: &str, oid: &str, size: u64, expires: u64) -> String {
     let message = format!("{repo}\n{oid}\n{size}\n{expires}");
     blake3::keyed_hash(key(), message.as_bytes())
         .to_hex()
         .to_string()
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -170,8 +170,8 @@ pub(crate) fn unstage<'a>(paths: impl Iterator<Item = &'a FsPath>) {
     }
 }
 
-/// Removes staged objects no commit named for a day.
-fn sweep(served: &Served) {
+/// Removes staged objects (and Xet's xorbs, `hf_xet.rs`) no commit named for a day.
+pub(crate) fn sweep(served: &Served) {
     let Ok(dir) = served.repo.incoming_path() else {
         return;
     };
@@ -180,7 +180,8 @@ fn sweep(served: &Served) {
             .metadata()
             .and_then(|m| m.modified())
             .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > STALE));
-        if stale && entry.file_name().to_string_lossy().starts_with("lfs-") {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if stale && (name.starts_with("lfs-") || name.starts_with("xet-")) {
             unstage(std::iter::once(entry.path().as_path()));
         }
     }
@@ -263,12 +264,4 @@ async fn verify(
         }
     })
     .await
-}
-
-/// `GET /api/models/{repo}/xet-write-token/{rev}`: refused, saying how to upload instead.
-async fn no_xet() -> ApiError {
-    let why = "mdl serve takes large files through git LFS, not Xet: set HF_HUB_DISABLE_XET=1 where huggingface_hub runs";
-    // The client (hf_xet) reports the status, not this message: the operator's log says it.
-    tracing::warn!("{why}");
-    ApiError::new(ErrorCode::Unsupported, why)
 }

@@ -6,9 +6,10 @@
 //! repository dedupes and deltas against it), `create_branch` and `create_tag` (refs). Write
 //! scope for all but `create_repo`.
 //!
-//! Files travel inline in the commit request (preupload answers `regular`), which works with
-//! every client as installed; with `mdl serve --hf-lfs-from SIZE`, files of at least SIZE go
-//! through git LFS first (`hf_lfs.rs`), for clients without Xet (docs/DECISIONS.md).
+//! Small files travel inline in the commit request (preupload answers `regular`); files of at
+//! least `mdl serve --hf-lfs-from SIZE` (10 MiB by default) are uploaded first, through Xet
+//! (`hf_xet.rs`) by a client with `hf_xet`, through git LFS (`hf_lfs.rs`) by one without
+//! (docs/DECISIONS.md).
 
 use axum::body::Body;
 use axum::extract::{Path, State as AxState};

@@ -20,6 +20,7 @@ mod hf_changes;
 mod hf_history;
 mod hf_lfs;
 mod hf_write;
+mod hf_xet;
 mod names;
 mod stream;
 mod tree;
@@ -78,9 +79,9 @@ pub struct Config {
     pub read_public: bool,
     /// Largest request body (uploads), in bytes.
     pub max_body: u64,
-    /// Files of at least this many bytes are uploaded by `huggingface_hub` through git LFS
-    /// (its clients then need `HF_HUB_DISABLE_XET=1`); `None`: every file travels inline in
-    /// the commit request.
+    /// Files of at least this many bytes are uploaded by `huggingface_hub` through Xet (with
+    /// `hf_xet`) or git LFS (without); `None`: every file travels inline in the commit
+    /// request.
     pub hf_lfs_from: Option<u64>,
     /// How long to wait for another process holding a repository when opening it.
     pub wait: Duration,

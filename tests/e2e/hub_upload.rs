@@ -213,3 +213,139 @@ fn an_upload_that_would_fill_the_disk_is_refused_at_once() {
     }
     server.stop();
 }
+
+/// A Xet upload as `hf_xet` makes it, by hand: a write token, a xorb of two chunks (one
+/// LZ4-framed, one stored), a shard naming a file as both chunks with its SHA-256, then a
+/// commit naming the file by that SHA-256. A bad token, a damaged xorb and a shard whose
+/// SHA-256 is not the rebuilt file's are refused and stage nothing.
+#[test]
+fn a_xet_upload_is_rebuilt_checked_and_committed() {
+    use sha2::Digest as _;
+    let d = tempfile::tempdir().unwrap();
+    let (repo, server, before) = served(d.path(), &[]);
+    let write = bearer(WRITE);
+    let (status, headers, _) = http(
+        &server.base,
+        "GET",
+        "/hf/api/models/srv/xet-write-token/main",
+        &[("Authorization", &write)],
+        b"",
+    );
+    assert_eq!(status, 200);
+    let cas = crate::server::header(&headers, "x-xet-cas-url").to_string();
+    let token = format!(
+        "Bearer {}",
+        crate::server::header(&headers, "x-xet-access-token")
+    );
+    let path = |p: &str| format!("{}{p}", cas.strip_prefix(&server.base).unwrap());
+    let post = |p: &str, auth: &str, body: &[u8]| {
+        let (status, _, answer) = http(
+            &server.base,
+            "POST",
+            &path(p),
+            &[("Authorization", auth)],
+            body,
+        );
+        (status, String::from_utf8_lossy(&answer).to_string())
+    };
+
+    let (first, second) = (b"weights ".repeat(5000), b"tail".to_vec());
+    let header = |stored: usize, scheme: u8, len: usize| {
+        let mut h = vec![0u8];
+        h.extend_from_slice(&(stored as u32).to_le_bytes()[..3]);
+        h.push(scheme);
+        h.extend_from_slice(&(len as u32).to_le_bytes()[..3]);
+        h
+    };
+    let framed = {
+        use std::io::Write as _;
+        let mut e = lz4_flex::frame::FrameEncoder::new(Vec::new());
+        e.write_all(&first).unwrap();
+        e.finish().unwrap()
+    };
+    let mut xorb = header(framed.len(), 1, first.len());
+    xorb.extend_from_slice(&framed);
+    xorb.extend(header(second.len(), 0, second.len()));
+    xorb.extend_from_slice(&second);
+    let xorb_hex = "11".repeat(32);
+    let xorb_route = format!("/v1/xorbs/default/{xorb_hex}");
+    assert_eq!(
+        post(&xorb_route, &write, &xorb).0,
+        401,
+        "a Hub token is not a Xet token"
+    );
+    assert_eq!(
+        post(&xorb_route, &token, b"\x00\x01").0,
+        400,
+        "a damaged xorb"
+    );
+    let (status, answer) = post(&xorb_route, &token, &xorb);
+    assert_eq!((status, answer.as_str()), (200, "{\"was_inserted\":true}"));
+
+    let whole: Vec<u8> = [first.clone(), second.clone()].concat();
+    let sha: [u8; 32] = sha2::Sha256::digest(&whole).into();
+    // The shard: header, one file (two chunks of the xorb, with its SHA-256), the bookend.
+    let shard = |sha: [u8; 32]| {
+        let quarters =
+            |h: &[u8]| -> Vec<u8> { h.chunks(8).flat_map(|q| q.iter().rev().copied()).collect() };
+        let mut s = vec![7u8; 32];
+        s.extend_from_slice(&2u64.to_le_bytes());
+        s.extend_from_slice(&200u64.to_le_bytes());
+        s.extend_from_slice(&[5u8; 32]);
+        s.extend_from_slice(&(1u32 << 30).to_le_bytes());
+        s.extend_from_slice(&1u32.to_le_bytes());
+        s.extend_from_slice(&[0u8; 8]);
+        s.extend_from_slice(&quarters(&[0x11u8; 32]));
+        s.extend_from_slice(&0u32.to_le_bytes());
+        s.extend_from_slice(&(whole.len() as u32).to_le_bytes());
+        s.extend_from_slice(&0u32.to_le_bytes());
+        s.extend_from_slice(&2u32.to_le_bytes());
+        s.extend_from_slice(&quarters(&sha));
+        s.extend_from_slice(&[0u8; 16]);
+        s.extend_from_slice(&[0xffu8; 32]);
+        s.extend_from_slice(&[0u8; 16]);
+        s
+    };
+    let mut wrong = sha;
+    wrong[0] ^= 1;
+    let (status, answer) = post("/v1/shards", &token, &shard(wrong));
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("SHA-256"), "{answer}");
+    let incoming = repo.join(".mdl").join("incoming");
+    let staged = || -> Vec<String> {
+        std::fs::read_dir(&incoming)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("lfs-"))
+            .collect()
+    };
+    assert!(staged().is_empty());
+    assert_eq!(post("/v1/shards", &token, &shard(sha)).0, 200);
+    let hex: String = sha.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(staged(), [format!("lfs-{hex}")]);
+    assert_eq!(
+        state(&repo),
+        before,
+        "nothing committed until the commit names it"
+    );
+
+    let body = format!(
+        "{{\"key\":\"header\",\"value\":{{\"summary\":\"through xet\"}}}}\n{{\"key\":\"lfsFile\",\"value\":{{\"path\":\"blob.bin\",\"algo\":\"sha256\",\"oid\":\"{hex}\"}}}}\n"
+    );
+    let (status, answer) = post_commit(&server, body.as_bytes());
+    assert_eq!(status, 200, "{answer}");
+    let out = d.path().join("blob.bin");
+    ok(
+        &repo,
+        &[
+            "checkout",
+            "HEAD",
+            "--path",
+            "blob.bin",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), whole);
+    assert!(staged().is_empty());
+}
