@@ -26,7 +26,8 @@ dir=$([ "$profile" = dev ] && echo debug || echo "$profile")
 # The CLI, copied without its debug information into the wheel's data: maturin packs
 # python/<module-name>.data when it exists (not committed; without it, `pip install ./python`
 # builds the library alone).
-cargo build --quiet --profile "$profile" -p mdl-cli --bin mdl
+# Cargo's progress (a line a crate) goes to stderr; stdout is the wheel's path alone.
+cargo build --profile "$profile" -p mdl-cli --bin mdl
 data=python/mdl._mdl.data
 rm -rf "$data"
 mkdir -p "$data/scripts"
@@ -39,7 +40,7 @@ if [ -z "$maturin" ]; then
     exit 1
 fi
 mkdir -p "$out"
-"$maturin" build --quiet --profile "$profile" --strip -m python/Cargo.toml --out "$out" "$@" >&2
+"$maturin" build --profile "$profile" --strip -m python/Cargo.toml --out "$out" "$@" >&2
 rm -rf "$data"
 wheel=$(ls -t "$out"/mdl-*.whl | head -1)
 echo "$wheel"

@@ -8,9 +8,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --workspace
-MDL_WEED=$(scripts/seaweedfs-env.sh) cargo test -p mdl-cli --test e2e -- --ignored s3:: s3_upkeep:: s3_availability:: backends::
+# `--workspace --test e2e` rather than `-p mdl-cli`: the same feature set as the line above, so
+# nothing is compiled again (`-p` resolves features for that package alone).
+MDL_WEED=$(scripts/seaweedfs-env.sh) cargo test --workspace --test e2e -- --ignored s3:: s3_upkeep:: s3_availability:: backends::
 if chromium=$(scripts/chromium-env.sh); then
-    MDL_CHROMIUM=$chromium cargo test -p mdl-cli --test e2e web::in_chromium -- --ignored --nocapture
+    MDL_CHROMIUM=$chromium cargo test --workspace --test e2e web::in_chromium -- --ignored --nocapture
 elif [ -n "${CI:-}" ]; then
     echo "error: CI needs Chromium for the browser test (scripts/chromium-env.sh)" >&2
     exit 1

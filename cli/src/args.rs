@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 #[derive(Clone, Parser)]
 #[command(
     name = "mdl",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("MDL_BUILD_COMMIT"), ")"),
     about = "Version control for deep-learning checkpoints"
 )]
 pub(crate) struct Cli {

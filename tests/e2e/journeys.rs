@@ -798,3 +798,21 @@ fn a_new_repositorys_first_branch_is_the_one_head_follows() {
     );
     assert_eq!(column(&json(&other, &["log"]), "message"), ["on main"]);
 }
+
+#[test]
+fn the_version_names_the_commit_it_was_built_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let version = ok(dir.path(), &["--version"]);
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let built_from = head.unwrap_or_else(|| "unknown commit".into());
+    assert_eq!(
+        version.trim(),
+        format!("mdl {} ({built_from})", env!("CARGO_PKG_VERSION"))
+    );
+}
