@@ -533,4 +533,16 @@ fn a_plain_http_endpoint_names_the_variable_that_allows_it() {
         .collect();
     assert!(made.is_empty(), "{made:?}");
     assert!(!cache.exists());
+    // Allowed, but nothing listens there: one line saying the store did not answer, within
+    // the retry deadline (20 s), not the client's bare "error sending request".
+    let started = std::time::Instant::now();
+    let out = run(Some("true"), &["-C", "s3://bucket/p", "log"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("the object store at http://127.0.0.1:9 did not answer (is it running"),
+        "{err}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(40));
 }

@@ -130,8 +130,11 @@ fn clone_push_pull_and_push_conflicts() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("diverged"), "{err}");
+    // Every way out: take theirs, keep yours under a new name, or replace theirs.
     assert!(
-        err.contains(&format!("`mdl reset {}`", &tips[won[0]][..12])),
+        err.contains(&format!("`mdl reset {}`", &tips[won[0]][..12]))
+            && err.contains("`mdl branch NEW`")
+            && err.contains("`mdl push --force`"),
         "{err}"
     );
     assert_eq!(

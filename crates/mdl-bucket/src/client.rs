@@ -87,6 +87,29 @@ fn requests(ranges: &[Range<u64>]) -> u64 {
     n
 }
 
+/// Whether `e` is a request that reached no server (refused, timed out connecting, no such
+/// host), as opposed to an answer.
+fn unreachable(e: &object_store::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind as K;
+            if matches!(
+                io.kind(),
+                K::ConnectionRefused | K::TimedOut | K::HostUnreachable | K::NetworkUnreachable
+            ) {
+                return true;
+            }
+        }
+        let text = s.to_string();
+        if text.contains("error sending request") || text.contains("dns error") {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
 /// A failure of the local file a download writes or an upload reads, in the client's error
 /// type (so that it is reported like the request it interrupted).
 fn local_file(e: std::io::Error) -> object_store::Error {
@@ -220,9 +243,17 @@ impl Bucket {
             gave_up.1.insert(key.to_string());
         }
         drop(gave_up);
+        // A store that never answered is said as such first; the client's own text follows.
+        let why = match unreachable(&e) {
+            true => format!(
+                "{what} {key}: the object store at {} did not answer (is it running, and is AWS_ENDPOINT right?): {e}",
+                Location::endpoint().unwrap_or_else(|| "AWS's default endpoint".into())
+            ),
+            false => format!("{what} {key}: {e}"),
+        };
         Error::Storage {
             url: self.url.clone(),
-            why: format!("{what} {key}: {e}"),
+            why,
         }
     }
 

@@ -301,7 +301,7 @@ pub fn pull(
         Some(o) if transfer::is_ancestor(repo, &theirs, &o)? => {}
         Some(o) if !transfer::is_ancestor(repo, &o, &theirs)? => {
             return Err(Error::Rejected(format!(
-                "cannot fast-forward {branch}: the local branch ({}) and {}'s ({}) have diverged; `mdl reset {}` (on {branch}) or `mdl branch -f {branch} {}` takes theirs, and the reflog keeps yours",
+                "cannot fast-forward {branch}: the local branch ({}) and {}'s ({}) have diverged; `mdl reset {}` (on {branch}) or `mdl branch -f {branch} {}` takes theirs (the reflog keeps yours), `mdl branch NEW` keeps yours under a new name, `mdl push --force` replaces theirs",
                 o.short(12),
                 remote.url(),
                 theirs.short(12),

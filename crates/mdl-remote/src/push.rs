@@ -38,11 +38,12 @@ pub fn push(
     if let (Some(t), false) = (theirs, force) {
         let known = transfer::has_commit(repo, &t)?;
         if !known || !transfer::is_ancestor(repo, &t, &tip)? {
+            // Every way out named here, none of which sends the user back to this message.
             return Err(Error::Rejected(format!(
-                "push of {branch} rejected: not a fast-forward ({} has {} there, which {} does not descend from); pull first",
-                remote.url(),
+                "push of {branch} rejected: not a fast-forward ({url} has {} there, which {} does not descend from); `mdl pull {remote_name} {branch}` if only they have new commits, else keep yours as another branch (`mdl branch NEW` then `mdl push {remote_name} NEW`) or replace theirs (`mdl push --force`; the server's reflog keeps them)",
                 t.short(12),
-                tip.short(12)
+                tip.short(12),
+                url = remote.url(),
             )));
         }
     }
