@@ -236,6 +236,34 @@ fn json_output_only_ever_gains_fields() {
         run_json(&repo, &["gc", "--prune-older-than", "0s"], None),
     );
     record("stats", run_json(&repo, &["stats"], None));
+    record(
+        "merge",
+        run_json(
+            &repo,
+            &[
+                "merge", "main~2", "main~1", "--branch", "blend", "-m", "blended",
+            ],
+            None,
+        ),
+    );
+    record(
+        "merge",
+        run_json(
+            &repo,
+            &[
+                "merge",
+                "main~1",
+                "main",
+                "--strategy",
+                "task-arithmetic",
+                "--base",
+                "main~2",
+                "--branch",
+                "blend",
+            ],
+            None,
+        ),
+    );
 
     // serve prints its one document as a line once it listens, then keeps serving.
     let mut serve = Command::new(mdl_bin())
@@ -286,6 +314,21 @@ fn json_output_only_ever_gains_fields() {
         run_json(&clone, &["push", "origin", "pushed"], Some(WRITE)),
     );
     server.stop();
+
+    // Every operation has its shape recorded here (and so documented in docs/CLI_JSON.md).
+    let recorded: BTreeSet<&str> = shapes
+        .iter()
+        .filter_map(|f| f.split([' ', '.', '[']).next())
+        .collect();
+    let unrecorded: Vec<String> = mdl_ops::Operation::ALL
+        .iter()
+        .map(|o| o.to_string())
+        .filter(|o| !recorded.contains(o.split(' ').next().unwrap()))
+        .collect();
+    assert!(
+        unrecorded.is_empty(),
+        "no --json shape recorded for {unrecorded:?}"
+    );
 
     let now: Vec<String> = shapes.into_iter().collect();
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))

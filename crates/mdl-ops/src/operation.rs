@@ -74,6 +74,55 @@ pub enum Operation {
     Push,
 }
 
+impl Operation {
+    /// Every operation, in declaration order: what the tests hold each list of operations to
+    /// (the backend matrix, the `--json` shapes, docs/CLI_JSON.md).
+    pub const ALL: [Operation; 39] = {
+        use Operation as O;
+        [
+            O::Clone,
+            O::Commit,
+            O::CommitEngine,
+            O::Checkout,
+            O::CheckoutEngine,
+            O::CheckoutSkipExpired,
+            O::Maintenance,
+            O::Log,
+            O::LogAll,
+            O::Show,
+            O::Diff,
+            O::Branches,
+            O::RemoteBranches,
+            O::CreateBranch,
+            O::ForceBranch,
+            O::DeleteBranch,
+            O::Tags,
+            O::CreateTag,
+            O::DeleteTag,
+            O::Switch,
+            O::Reset,
+            O::Merge,
+            O::Reflog,
+            O::Config,
+            O::SetConfig,
+            O::Gc,
+            O::GcExpireReflog,
+            O::Compact,
+            O::Fsck,
+            O::FsckRepair,
+            O::Stats,
+            O::Remotes,
+            O::AddRemote,
+            O::RemoveRemote,
+            O::SetRemoteUrl,
+            O::SetRemoteToken,
+            O::Fetch,
+            O::Pull,
+            O::Push,
+        ]
+    };
+}
+
 impl fmt::Display for Operation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use Operation as O;
@@ -118,5 +167,64 @@ impl fmt::Display for Operation {
             O::Pull => "pull",
             O::Push => "push",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `ALL` holds every variant once: a variant added to the enum and not to `ALL` fails the
+    /// match below (it must be named there), one added to the match and not to `ALL` fails the
+    /// count.
+    #[test]
+    fn all_names_every_operation_once() {
+        let index = |o: Operation| -> usize {
+            use Operation as O;
+            match o {
+                O::Clone => 0,
+                O::Commit => 1,
+                O::CommitEngine => 2,
+                O::Checkout => 3,
+                O::CheckoutEngine => 4,
+                O::CheckoutSkipExpired => 5,
+                O::Maintenance => 6,
+                O::Log => 7,
+                O::LogAll => 8,
+                O::Show => 9,
+                O::Diff => 10,
+                O::Branches => 11,
+                O::RemoteBranches => 12,
+                O::CreateBranch => 13,
+                O::ForceBranch => 14,
+                O::DeleteBranch => 15,
+                O::Tags => 16,
+                O::CreateTag => 17,
+                O::DeleteTag => 18,
+                O::Switch => 19,
+                O::Reset => 20,
+                O::Merge => 21,
+                O::Reflog => 22,
+                O::Config => 23,
+                O::SetConfig => 24,
+                O::Gc => 25,
+                O::GcExpireReflog => 26,
+                O::Compact => 27,
+                O::Fsck => 28,
+                O::FsckRepair => 29,
+                O::Stats => 30,
+                O::Remotes => 31,
+                O::AddRemote => 32,
+                O::RemoveRemote => 33,
+                O::SetRemoteUrl => 34,
+                O::SetRemoteToken => 35,
+                O::Fetch => 36,
+                O::Pull => 37,
+                O::Push => 38,
+            }
+        };
+        for (i, o) in Operation::ALL.iter().enumerate() {
+            assert_eq!(index(*o), i, "{o}");
+        }
     }
 }
