@@ -4,7 +4,8 @@
 //! edge a → b is any path `crate::b…` written in a's files outside their `#[cfg(test)]`
 //! modules, where a name the crate root re-exports (`pub use b::Name`) counts as b. Data
 //! should flow one way through a crate, so any strongly connected set of two or more modules
-//! fails the test, with the cycle spelled out. No source file (Rust or Python, library or
+//! fails the test, with the cycle spelled out; the same holds inside every folder module, among
+//! its files and subfolders. No source file (Rust or Python, library or
 //! test) is over [`MAX_LINES`] lines. And the wire sits below the library: the protocol crate
 //! needs only `mdl-format` and serde, and the HTTP client none of the library, codec, store or
 //! GPU crates. Imports are explicit and every crate keeps the workspace lints.
@@ -199,6 +200,128 @@ fn no_crate_has_a_module_cycle() {
         "module cycles:\n{}",
         problems.join("\n")
     );
+}
+
+/// Inside every folder module too: its files and subfolders may not name each other in a
+/// cycle (`super::x`, `crate::folder::x`), so a folder is not one module spread over files.
+#[test]
+fn no_folder_has_a_module_cycle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut problems = Vec::new();
+    let mut folders = 0;
+    for krate in crates(&root) {
+        for (folder, graph) in folder_graphs(&root.join(&krate).join("src")) {
+            folders += 1;
+            for cycle in cycles(&graph) {
+                problems.push(format!("{krate} {folder}: {}", cycle.join(" -> ")));
+            }
+        }
+    }
+    assert!(folders > 10, "only {folders} folder modules found");
+    assert!(
+        problems.is_empty(),
+        "module cycles inside folders:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn the_checker_sees_a_cycle_inside_a_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::write(src.join("lib.rs"), "mod f;\n").unwrap();
+    std::fs::create_dir_all(src.join("f/c")).unwrap();
+    std::fs::write(src.join("f/mod.rs"), "mod a;\nmod b;\nmod c;\n").unwrap();
+    std::fs::write(src.join("f/a.rs"), "use super::b::thing;\n").unwrap();
+    std::fs::write(src.join("f/c/mod.rs"), "mod d;\n").unwrap();
+    std::fs::write(src.join("f/c/d.rs"), "use super::super::a::x;\n").unwrap();
+    std::fs::write(src.join("f/b.rs"), "fn g() { crate::f::c::h() }\n").unwrap();
+    let graphs = folder_graphs(src);
+    let f = &graphs.iter().find(|(name, _)| name == "f").unwrap().1;
+    assert_eq!(cycles(f), vec![vec!["a", "b", "c", "a"]]);
+    std::fs::write(src.join("f/c/d.rs"), "use super::super::other;\n").unwrap();
+    let graphs = folder_graphs(src);
+    assert!(graphs.iter().all(|(_, g)| cycles(g).is_empty()));
+}
+
+/// Each folder module (by its path, `a::b`) with the graph of its children: files and
+/// subfolders → the siblings they name.
+fn folder_graphs(src: &Path) -> Vec<(String, Graph)> {
+    let mut out = Vec::new();
+    let mut todo: Vec<(PathBuf, Vec<String>)> = std::fs::read_dir(src)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (p, vec![name])
+        })
+        .collect();
+    while let Some((dir, folder)) = todo.pop() {
+        // Each child with its files, each file with its module path.
+        let mut children: BTreeMap<String, Vec<(PathBuf, Vec<String>)>> = BTreeMap::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let mut module = folder.clone();
+            module.push(name.clone());
+            if path.is_dir() {
+                children
+                    .entry(name)
+                    .or_default()
+                    .extend(module_files(&path, &module));
+                todo.push((path, module));
+            } else if path.extension().is_some_and(|e| e == "rs") && name != "mod" {
+                children.entry(name).or_default().push((path, module));
+            }
+        }
+        let mut graph = Graph::new();
+        for (child, files) in &children {
+            let edges = graph.entry(child.clone()).or_default();
+            for (file, module) in files {
+                let code = code_of(&std::fs::read_to_string(file).unwrap());
+                let mut named = crate_paths(&code, "crate::");
+                for path in crate_paths(&code, "super::") {
+                    let up = 1 + path.iter().take_while(|s| *s == "super").count();
+                    let Some(keep) = module.len().checked_sub(up) else {
+                        continue;
+                    };
+                    let mut absolute = module[..keep].to_vec();
+                    absolute.extend(path.into_iter().skip(up - 1));
+                    named.push(absolute);
+                }
+                for path in named {
+                    if path.len() > folder.len() && path[..folder.len()] == folder[..] {
+                        let sibling = &path[folder.len()];
+                        if sibling != child && children.contains_key(sibling) {
+                            edges.insert(sibling.clone());
+                        }
+                    }
+                }
+            }
+        }
+        out.push((folder.join("::"), graph));
+    }
+    out
+}
+
+/// The Rust files under `dir`, the folder of module `module`, each with its module path.
+fn module_files(dir: &Path, module: &[String]) -> Vec<(PathBuf, Vec<String>)> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let mut inner = module.to_vec();
+        if name != "mod" {
+            inner.push(name);
+        }
+        if path.is_dir() {
+            files.extend(module_files(&path, &inner));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push((path, inner));
+        }
+    }
+    files
 }
 
 #[test]

@@ -18,6 +18,7 @@ mod journeys;
 mod json_shapes;
 mod maintenance;
 mod merge;
+mod newcomer;
 mod peer_proxy;
 mod remotes;
 mod repair;

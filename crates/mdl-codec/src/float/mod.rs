@@ -18,9 +18,46 @@ mod payload;
 
 pub use framed::{is_framed, FrameEncoder, Frames, FRAME_CHUNKS, FRAME_LOG2};
 pub use payload::{
-    decode, decode_sub, encode, encode_pieces, encode_split, Encoded, PayloadIndex, PayloadWriter,
-    ReadAt,
+    encode, encode_pieces, encode_split, Encoded, PayloadIndex, PayloadWriter, ReadAt,
 };
+
+/// Decodes a payload into `out` (whose length is the tensor's byte length), XORing the planes
+/// the payload says with `base`.
+pub fn decode(
+    engine: &dyn Engine,
+    dtype: Dtype,
+    payload: &[u8],
+    base: Option<&[u8]>,
+    out: &mut [u8],
+) -> Result<(), FormatError> {
+    decode_any(engine, PlaneSpec::planes(dtype, 0), payload, base, out)
+}
+
+/// Decodes a `sub-delta` payload against `base` into `out`.
+pub fn decode_sub(
+    engine: &dyn Engine,
+    dtype: Dtype,
+    payload: &[u8],
+    base: &[u8],
+    out: &mut [u8],
+) -> Result<(), FormatError> {
+    decode_any(engine, PlaneSpec::sub(dtype), payload, Some(base), out)
+}
+
+/// Decodes a payload held in memory, framed (`framed.rs`) or whole (`payload.rs`).
+fn decode_any(
+    engine: &dyn Engine,
+    spec: PlaneSpec,
+    payload: &[u8],
+    base: Option<&[u8]>,
+    out: &mut [u8],
+) -> Result<(), FormatError> {
+    if framed::is_framed(payload) {
+        framed::decode(engine, spec, payload, base, out)
+    } else {
+        payload::decode_whole(engine, spec, payload, base, out)
+    }
+}
 
 /// Whether `dtype` has a float plane layout.
 pub fn supports(dtype: Dtype) -> bool {

@@ -210,44 +210,6 @@ impl PayloadWriter {
     }
 }
 
-/// Decodes a payload into `out` (whose length is the tensor's byte length), XORing the planes
-/// the payload says with `base`.
-pub fn decode(
-    engine: &dyn Engine,
-    dtype: Dtype,
-    payload: &[u8],
-    base: Option<&[u8]>,
-    out: &mut [u8],
-) -> Result<(), FormatError> {
-    decode_any(engine, PlaneSpec::planes(dtype, 0), payload, base, out)
-}
-
-/// Decodes a `sub-delta` payload against `base` into `out`.
-pub fn decode_sub(
-    engine: &dyn Engine,
-    dtype: Dtype,
-    payload: &[u8],
-    base: &[u8],
-    out: &mut [u8],
-) -> Result<(), FormatError> {
-    decode_any(engine, PlaneSpec::sub(dtype), payload, Some(base), out)
-}
-
-/// Decodes a payload held in memory, framed or not.
-fn decode_any(
-    engine: &dyn Engine,
-    spec: PlaneSpec,
-    payload: &[u8],
-    base: Option<&[u8]>,
-    out: &mut [u8],
-) -> Result<(), FormatError> {
-    if super::framed::is_framed(payload) {
-        super::framed::decode(engine, spec, payload, base, out)
-    } else {
-        decode_whole(engine, spec, payload, base, out)
-    }
-}
-
 /// Decodes a whole (unframed) payload held in memory: one window of every chunk.
 pub(super) fn decode_whole(
     engine: &dyn Engine,

@@ -1,7 +1,7 @@
 //! The device side: the CUDA context and its kernels, lanes (a stream with pinned staging
 //! buffers), resident copies of kept bytes, and the launch helpers.
 
-use super::kept::{DevBuf, Output, Resident};
+use super::resident::{DevBuf, Output, Resident};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -5,11 +5,10 @@
 //! decoded into whose results go to device memory instead ([`Engine::mirror_into`]): the
 //! decode kernels write there in place, and the content is hashed there.
 
-use std::ops::Deref;
-
 use mdl_codec::engine::{DeviceCopy, Mirror};
 
 use super::device::{Gpu, Lane};
+use super::resident::{DevBuf, Output, Resident};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -17,59 +16,6 @@ use mdl_codec::engine::{CpuEngine, Engine, Kept};
 
 use super::{CudaSlice, Res};
 use crate::GpuEngine;
-
-/// Device memory holding a kept range: the engine's own allocation, or the caller's (adopted),
-/// which is never freed here.
-pub(super) struct DevBuf {
-    slice: Option<CudaSlice<u8>>,
-    lent: bool,
-}
-
-impl DevBuf {
-    pub(super) fn own(slice: CudaSlice<u8>) -> DevBuf {
-        DevBuf {
-            slice: Some(slice),
-            lent: false,
-        }
-    }
-}
-
-impl Deref for DevBuf {
-    type Target = CudaSlice<u8>;
-    fn deref(&self) -> &CudaSlice<u8> {
-        self.slice.as_ref().expect("held until dropped")
-    }
-}
-
-impl Drop for DevBuf {
-    fn drop(&mut self) {
-        if let Some(s) = self.slice.take() {
-            if self.lent {
-                s.leak();
-            }
-        }
-    }
-}
-
-/// Host bytes `ptr..ptr + len` with a copy on the device, from `dev[at..]`.
-pub(super) struct Resident {
-    pub(super) id: u64,
-    pub(super) ptr: usize,
-    pub(super) len: usize,
-    pub(super) dev: Arc<DevBuf>,
-    pub(super) at: usize,
-}
-
-/// A host buffer `ptr..ptr + len` being filled whose result goes to device memory at
-/// `address`: decodes write there instead (`written` counts their bytes), other code writes
-/// the host buffer and is copied over after.
-pub(super) struct Output {
-    id: u64,
-    ptr: usize,
-    len: usize,
-    address: u64,
-    written: Arc<AtomicU64>,
-}
 
 /// Where a decode into `host` writes instead: the device address and the written-bytes count;
 /// `complete` when `host` is the whole output and every byte of it was written there (its

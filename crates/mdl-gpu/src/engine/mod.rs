@@ -59,6 +59,7 @@ mod coding;
 mod device;
 mod hash;
 mod kept;
+mod resident;
 mod residual;
 
 #[cfg(feature = "bench")]

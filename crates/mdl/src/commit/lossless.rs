@@ -5,14 +5,15 @@
 use std::sync::atomic::Ordering;
 
 use mdl_codec::engine::Kept;
-use mdl_codec::{float, CodecTag, SMALL_TENSOR};
+use mdl_codec::{float, CodecTag};
 use mdl_format::ObjectId;
 use mdl_store::{IndexEntry, Placement};
 
 use super::coder::{FloatRecord, Side};
 use super::content::Content;
-use super::store::{delta_codec, previous_content, StoreCtx, Stored, FLOAT_GAIN_FLOOR};
-use crate::input::Piece;
+use super::store::{
+    delta_codec, is_delta_candidate, previous_content, StoreCtx, Stored, FLOAT_GAIN_FLOOR,
+};
 use crate::policy::DeltaMode;
 use crate::rewrite::Rewrite;
 use crate::Result;
@@ -288,10 +289,4 @@ fn new_record(id: ObjectId, entry: IndexEntry) -> Stored {
         added: Some((id, entry)),
         rewrite: None,
     }
-}
-
-/// Whether a piece can be stored as a delta, or have one stored against it: a float tensor
-/// large enough for the float codecs.
-pub(super) fn is_delta_candidate(info: &Piece) -> bool {
-    info.tensor && float::supports(info.header.dtype) && info.len >= SMALL_TENSOR
 }

@@ -11,16 +11,15 @@ use mdl_codec::planes::Transform;
 use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::quant::Correction;
 use mdl_codec::scalar::lossy_supported;
-use mdl_codec::{float, residual, trim, CodecTag, EncodeOptions};
+use mdl_codec::{float, residual, trim, CodecTag, EncodeOptions, SMALL_TENSOR};
 use mdl_format::{Exactness, Lossy, ObjectId};
 use mdl_store::meta::MetaRead;
 use mdl_store::{IndexEntry, Placement, Store};
 
 use super::coder::{Coder, REWRITE_GAIN_FLOOR};
 use super::content::Content;
-use super::lossless::is_delta_candidate;
 use super::spare::Spare;
-use crate::input::Input;
+use crate::input::{Input, Piece};
 use crate::lossy::{Encoded, TensorPlan};
 use crate::policy::{DeltaMode, DeltaPolicy};
 use crate::previous::Previous;
@@ -464,4 +463,10 @@ fn chain_height(meta: &MetaRead, base: &ObjectId) -> Result<(u32, u64)> {
         }
     }
     Ok((longest, load))
+}
+
+/// Whether a piece can be stored as a delta, or have one stored against it: a float tensor
+/// large enough for the float codecs.
+pub(super) fn is_delta_candidate(info: &Piece) -> bool {
+    info.tensor && float::supports(info.header.dtype) && info.len >= SMALL_TENSOR
 }

@@ -7,9 +7,21 @@ use mdl::refs::RefInfo;
 use mdl::Repository;
 use serde_json::Value;
 
-use super::history::Steps;
 use super::{card, commit_href, short};
 use crate::web::chart::{self, Point, Series};
+
+/// The steps the charts show: `from..=to`, either end open.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Steps {
+    pub from: Option<u64>,
+    pub to: Option<u64>,
+}
+
+impl Steps {
+    pub(crate) fn holds(&self, step: f64) -> bool {
+        self.from.is_none_or(|f| step >= f as f64) && self.to.is_none_or(|t| step <= t as f64)
+    }
+}
 
 /// Values charted at most.
 const MAX_CURVES: usize = 8;

@@ -7,6 +7,7 @@ use mdl::log::LogEntry;
 use mdl::storage::human_size;
 use mdl::{ObjectId, Repository};
 
+use super::curve::{training_curves, Steps};
 use super::{commit_href, compare_href, minute, short, Pager, HISTORY_PAGE};
 use crate::web::chart::{self, Point, Series};
 
@@ -59,19 +60,6 @@ pub(crate) struct RepoPage {
     pub to: String,
 }
 
-/// The steps the charts show: `from..=to`, either end open.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Steps {
-    pub from: Option<u64>,
-    pub to: Option<u64>,
-}
-
-impl Steps {
-    pub(crate) fn holds(&self, step: f64) -> bool {
-        self.from.is_none_or(|f| step >= f as f64) && self.to.is_none_or(|t| step <= t as f64)
-    }
-}
-
 fn ref_rows(repo: &str, refs: Vec<mdl::refs::RefInfo>) -> Vec<RefRow> {
     refs.into_iter()
         .map(|r| RefRow {
@@ -94,7 +82,7 @@ pub(crate) fn repo_page(
     let entries = mdl::log::log_all(repo, None)?;
     let charts = metric_charts(name, &entries, &branches, steps);
     let (curves, curve_source) = match branches.iter().find(|b| b.current) {
-        Some(head) => super::curve::training_curves(repo, name, head, steps)?,
+        Some(head) => training_curves(repo, name, head, steps)?,
         None => (Vec::new(), String::new()),
     };
     let pager = Pager::new(page, entries.len(), HISTORY_PAGE, |n| {

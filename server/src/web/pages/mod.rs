@@ -14,7 +14,8 @@ use mdl::ObjectId;
 
 pub(crate) use commit::commit_page;
 pub(crate) use compare::compare_page;
-pub(crate) use history::{repo_page, Steps};
+pub(crate) use curve::Steps;
+pub(crate) use history::repo_page;
 pub(crate) use storage::{storage_page, StorageCache};
 
 /// Commits on a page of history.
