@@ -17,7 +17,7 @@ use mdl::commit::{
 };
 use mdl::warm::DEFAULT_WARM_BYTES;
 use mdl::{LockMode, NoProgress, OpenOptions, Repository};
-use mdl_bucket::{Location, Replica};
+use mdl_bucket::{Location, Publish, Replica};
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
 
@@ -102,10 +102,11 @@ impl Opener {
                 let mut replica = self.replica(loc)?;
                 let repo = replica.repository(self.wait)?;
                 let out = f(&repo)?;
-                if mode == LockMode::Write {
-                    replica.publish(&repo)?;
-                }
-                replica.trim(&repo)?;
+                let how = match mode {
+                    LockMode::Write => Publish::Replaying,
+                    _ => Publish::Nothing,
+                };
+                replica.finish(&repo, how)?;
                 Ok(out)
             }
         }
@@ -139,10 +140,10 @@ impl Opener {
                 let mut replica = self.replica(loc)?;
                 let repo = self.writer(&replica.root())?;
                 let mut outcome = commit_staged(&repo, staged, opts, &NoProgress)?;
-                if let Some((_, new)) = replica.publish(&repo)?.replayed.last() {
+                let published = replica.finish(&repo, Publish::Replaying)?;
+                if let Some((_, new)) = published.replayed.last() {
                     outcome.id = *new;
                 }
-                replica.trim(&repo)?;
                 Ok(outcome)
             }
         }

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use mdl::ObjectId;
-use mdl_bucket::{BucketGc, Published};
+use mdl_bucket::{BucketGc, Publish, Published};
 use mdl_protocol::ErrorCode;
 
 use crate::access::ApiResult;
@@ -29,8 +29,8 @@ impl Served {
         let mut replica = replica.lock().unwrap_or_else(|p| p.into_inner());
         let _writer = self.repo.writer();
         replica.sync(&self.repo)?;
-        // What earlier requests fetched.
-        replica.trim(&self.repo)?;
+        // A read publishes nothing; what earlier requests fetched is trimmed.
+        replica.finish(&self.repo, Publish::Nothing)?;
         Ok(())
     }
 
@@ -54,13 +54,11 @@ impl Served {
         }
         let done = change(&self.repo)?;
         // Without the writer: a replay takes it.
-        let published = if replay {
-            replica.publish(&self.repo)?
-        } else {
-            replica.publish_exact(&self.repo)?
+        let how = match replay {
+            true => Publish::Replaying,
+            false => Publish::Exactly,
         };
-        replica.trim(&self.repo)?;
-        Ok((done, published))
+        Ok((done, replica.finish(&self.repo, how)?))
     }
 
     /// Uploads those of `ids` (records just received) that the bucket lacks.

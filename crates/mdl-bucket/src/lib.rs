@@ -33,4 +33,4 @@ pub use evict::{cache_size, DEFAULT_CACHE_SIZE};
 pub use location::{Location, RETRY_FOR};
 pub use mdl_protocol::body::BucketGc;
 pub use peer::BucketPeer;
-pub use replica::{cache_root, init, Published, Replica};
+pub use replica::{cache_root, init, Publish, Published, Replica};

@@ -79,6 +79,18 @@ impl Seen {
     }
 }
 
+/// How what ran on a replica reaches the bucket ([`Replica::finish`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Publish {
+    /// Commits made here are replayed onto another writer's newer tip ([`Replica::publish`]).
+    Replaying,
+    /// History brought from elsewhere keeps its ids: a lost race is refused, never replayed
+    /// ([`Replica::publish_exact`]).
+    Exactly,
+    /// A read: nothing is sent.
+    Nothing,
+}
+
 /// What [`Replica::publish`] sent.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Published {
@@ -491,6 +503,19 @@ impl Replica {
             }
         }
         Ok(out)
+    }
+
+    /// What every caller does once a command or request ran on the replica, in this order:
+    /// what it changed goes out as `how` says (before the caller answers, so that what it
+    /// reports is in the bucket), then the replica's cache is trimmed to its budget.
+    pub fn finish(&mut self, repo: &Repository, how: Publish) -> Result<Published> {
+        let published = match how {
+            Publish::Replaying => self.publish(repo)?,
+            Publish::Exactly => self.publish_exact(repo)?,
+            Publish::Nothing => Published::default(),
+        };
+        self.trim(repo)?;
+        Ok(published)
     }
 
     /// Sends what changed in the replica since the sync: the records the bucket lacks, as one

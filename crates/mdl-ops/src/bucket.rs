@@ -14,7 +14,7 @@ use mdl::log::LogEntry;
 use mdl::merge::{MergeOptions, MergeOutcome};
 use mdl::refs::{BranchMove, RefInfo, ReflogLine};
 use mdl::{ObjectId, Progress};
-use mdl_bucket::{Location, Published, Replica};
+use mdl_bucket::{Location, Publish, Published, Replica};
 use mdl_protocol::body::{GcAnswer, GcRequest};
 
 use crate::error::unsupported;
@@ -25,15 +25,6 @@ use crate::{Access, Backend, Branches, Local, Operation, Operations, Result, Tra
 pub struct InBucket {
     loc: Location,
     access: Access,
-}
-
-/// How a command's changes reach the bucket.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Publish {
-    /// Commits made here are replayed onto another writer's newer tip.
-    Replaying,
-    /// History brought from elsewhere keeps its ids: a lost race is refused, never replayed.
-    Exactly,
 }
 
 impl InBucket {
@@ -62,11 +53,7 @@ impl InBucket {
         let local = Local::new(replica.root(), self.access.clone());
         let out = f(&local)?;
         let repo = replica.repository(self.access.wait)?;
-        let published = match publish {
-            Publish::Replaying => replica.publish(&repo)?,
-            Publish::Exactly => replica.publish_exact(&repo)?,
-        };
-        replica.trim(&repo)?;
+        let published = replica.finish(&repo, publish)?;
         self.report(&replica);
         Ok((out, published))
     }
@@ -228,8 +215,9 @@ impl Operations for InBucket {
             mdl::gc::GcOptions::parse(request.prune_older_than.as_deref(), None, request.dry_run)?;
         let mut replica = self.replica()?;
         let repo = replica.repository(self.access.wait)?;
+        // Its changes are published as it goes (`Replica::gc`).
         let outcome = replica.gc(&repo, opts.prune_older_than, opts.dry_run)?;
-        replica.trim(&repo)?;
+        replica.finish(&repo, Publish::Nothing)?;
         self.report(&replica);
         Ok(GcAnswer::Bucket(outcome))
     }
