@@ -44,6 +44,51 @@ pub(super) struct Stored {
     pub(super) rewrite: Option<Box<Rewrite>>,
 }
 
+/// What a tensor is stored as ([`StoreCtx::render`]).
+enum Rendering {
+    /// Its content as read.
+    Exact,
+    /// Quantized under the commit's lossy plan: the reconstruction, how it is encoded, and what
+    /// that cost.
+    Quantized {
+        content: Vec<u8>,
+        encoded: Encoded,
+        lossy: Lossy,
+    },
+    /// Its mantissas trimmed (`lossy.trim_bits`), and what that cost.
+    Trimmed { content: Vec<u8>, lossy: Lossy },
+}
+
+impl Rendering {
+    /// The content stored, where it is not the content as read.
+    fn content(&self) -> Option<&[u8]> {
+        match self {
+            Rendering::Exact => None,
+            Rendering::Quantized { content, .. } | Rendering::Trimmed { content, .. } => {
+                Some(content)
+            }
+        }
+    }
+
+    fn into_content(self) -> Option<Vec<u8>> {
+        match self {
+            Rendering::Exact => None,
+            Rendering::Quantized { content, .. } | Rendering::Trimmed { content, .. } => {
+                Some(content)
+            }
+        }
+    }
+
+    fn exactness(&self) -> Exactness {
+        match self {
+            Rendering::Exact => Exactness::Lossless,
+            Rendering::Quantized { lossy, .. } | Rendering::Trimmed { lossy, .. } => {
+                Exactness::Lossy(lossy.clone())
+            }
+        }
+    }
+}
+
 /// Everything the per-tensor work shares.
 pub(super) struct StoreCtx<'a> {
     pub(super) repo: &'a Repository,
@@ -110,118 +155,26 @@ impl StoreCtx<'_> {
         // The mapping is read by lossy settings (their planning, and the moments beside their
         // weights): what they read of this piece is dropped once it is stored.
         self.input.release(i);
-        // The content when a lossy setting changed it.
-        let mut changed: Option<Vec<u8>> = None;
-        let mut exactness = Exactness::Lossless;
-        let mut quantized = None;
-        if let Some(plan) = self.plan(i) {
-            let data = &buf[..];
-            let w = FloatView {
-                dtype: info.header.dtype,
-                bytes: data,
-            };
-            let moments = self.input.moments(plan.moments);
-            let q = {
-                // The quantizer reads the weights and moments several times: a GPU engine
-                // copies them over once.
-                let _kept: Vec<Kept<'_>> = std::iter::once(w.bytes)
-                    .chain(moments.iter().flat_map(|mv| [mv.m.bytes, mv.v.bytes]))
-                    .map(|b| self.coder.engine.keep(b))
-                    .collect();
-                let first = plan.first_moment().map(|m| self.input.view(m));
-                lossy::quantize(self.coder.engine, w, moments, first, plan, self.correction)
-            };
-            // A reconstruction equal to the original (an all-zero moment) is stored as the
-            // exact tensor it is: the lossless codecs take such content for next to nothing.
-            // A residual payload is decoded once more before it is kept: a reconstruction
-            // the decoder would not reproduce must never be stored (the tensor stays exact).
-            let reproducible = match &q.encoded {
-                Encoded::Residual { payload, reference } => {
-                    let mut again = vec![0u8; q.render.len()];
-                    let reference = reference.as_ref().map(|r| &r.content[..]);
-                    residual::decode(info.header.dtype, payload, reference, &mut again).is_ok()
-                        && again == q.render
-                }
-                Encoded::Quant(_) => true,
-            };
-            if !reproducible {
-                eprintln!(
-                    "warning: {}: a lossy encoding did not decode to itself; stored exactly",
-                    info.name
-                );
-            }
-            if q.render != data && reproducible {
-                let mut lossy = q.lossy;
-                if let Some(words) = self.betas_words.as_ref().filter(|_| moments.is_some()) {
-                    lossy.settings = format!("{} {words}", lossy.settings);
-                }
-                exactness = Exactness::Lossy(lossy);
-                changed = Some(q.render);
-                quantized = Some(q.encoded);
-            }
-        } else if let Some(bits) = self.trim_bits.filter(|_| {
-            lossy_supported(info.header.dtype)
-                && info.header.numel().unwrap_or(0) >= lossy::MIN_LOSSY_ELEMENTS
-        }) {
-            let data = &buf[..];
-            let mut out = vec![0u8; n];
-            trim::trim(info.header.dtype, data, bits, &mut out);
-            let view = |bytes| FloatView {
-                dtype: info.header.dtype,
-                bytes,
-            };
-            let err = self.coder.engine.error_stats(view(data), view(&out), None);
-            exactness = Exactness::Lossy(Lossy {
-                settings: format!("trim bits={bits} bound=2^-{bits}"),
-                max_abs_error: err.max_abs,
-                rel_error: err.rel_l2(),
-                est_delta_loss: None,
-            });
-            changed = Some(out);
-        }
-        let data = changed.as_deref().unwrap_or(&buf[..]);
+        let rendering = self.render(i, &buf);
+        let data = rendering.content().unwrap_or(&buf[..]);
         let id = self.coder.engine.content_id(&info.header.canonical(), data);
-        let result = if !self.is_new(&id, i, data)? {
+        let result = if self.is_new(&id, i, data)? {
+            self.write_new(id, i, &rendering, data)?
+        } else {
             Stored {
                 id,
                 added: None,
                 rewrite: None,
             }
-        } else if let Some(Encoded::Quant(q)) = &quantized {
-            self.encode_quant(id, i, q)?
-        } else if let Some(Encoded::Residual { payload, reference }) = &quantized {
-            let (codec, placement) = match reference {
-                Some(r) => (
-                    CodecTag::QuantResidual,
-                    Placement {
-                        generation: 0,
-                        base: Some(r.id),
-                        depth: r.depth + 1,
-                    },
-                ),
-                None => (CodecTag::QuantUniform, Placement::default()),
-            };
-            let out =
-                self.coder
-                    .batch
-                    .put_payload(&id, &info.header, codec, placement, &[payload])?;
-            Stored {
-                id,
-                added: Some((id, out.entry)),
-                rewrite: None,
-            }
-        } else {
-            let whole = if exactness.is_lossy() {
-                CodecTag::MantissaTrim
-            } else {
-                CodecTag::FloatSplit
-            };
-            self.encode_new(id, i, Content::Memory(data), whole, None)?
         };
         self.progress.advance(info.len);
         // What the next commit's delta or residual of this tensor will be taken against (the
         // buffer itself, given away rather than copied, with its device copy).
-        match (self.warm.filter(|_| is_delta_candidate(info)), changed) {
+        let exactness = rendering.exactness();
+        match (
+            self.warm.filter(|_| is_delta_candidate(info)),
+            rendering.into_content(),
+        ) {
             (Some(warm), Some(changed)) => warm.offer(id, Arc::new(changed), Kept::nothing()),
             (Some(warm), None) => warm.offer(id, buf, on_device),
             (None, _) => {
@@ -232,6 +185,139 @@ impl StoreCtx<'_> {
             }
         }
         Ok((result, exactness))
+    }
+
+    /// What tensor `i` (read into `data`) is stored as: under the commit's lossy plan for it,
+    /// its mantissas trimmed, or as it is.
+    fn render(&self, i: usize, data: &[u8]) -> Rendering {
+        let info = &self.input.pieces[i];
+        if let Some(plan) = self.plan(i) {
+            return self.quantized(i, plan, data);
+        }
+        let trimmed = self.trim_bits.filter(|_| {
+            lossy_supported(info.header.dtype)
+                && info.header.numel().unwrap_or(0) >= lossy::MIN_LOSSY_ELEMENTS
+        });
+        match trimmed {
+            Some(bits) => self.trimmed(i, bits, data),
+            None => Rendering::Exact,
+        }
+    }
+
+    /// Tensor `i` quantized under `plan`: a reconstruction equal to the original (an all-zero
+    /// moment) stays exact, since the lossless codecs take such content for next to nothing,
+    /// and so does one whose residual payload does not decode to itself — a reconstruction
+    /// the decoder would not reproduce must never be stored.
+    fn quantized(&self, i: usize, plan: &TensorPlan, data: &[u8]) -> Rendering {
+        let info = &self.input.pieces[i];
+        let w = FloatView {
+            dtype: info.header.dtype,
+            bytes: data,
+        };
+        let moments = self.input.moments(plan.moments);
+        let q = {
+            // The quantizer reads the weights and moments several times: a GPU engine copies
+            // them over once.
+            let _kept: Vec<Kept<'_>> = std::iter::once(w.bytes)
+                .chain(moments.iter().flat_map(|mv| [mv.m.bytes, mv.v.bytes]))
+                .map(|b| self.coder.engine.keep(b))
+                .collect();
+            let first = plan.first_moment().map(|m| self.input.view(m));
+            lossy::quantize(self.coder.engine, w, moments, first, plan, self.correction)
+        };
+        let reproducible = match &q.encoded {
+            Encoded::Residual { payload, reference } => {
+                let mut again = vec![0u8; q.render.len()];
+                let reference = reference.as_ref().map(|r| &r.content[..]);
+                residual::decode(info.header.dtype, payload, reference, &mut again).is_ok()
+                    && again == q.render
+            }
+            Encoded::Quant(_) => true,
+        };
+        if !reproducible {
+            tracing::warn!(
+                "{}: a lossy encoding did not decode to itself; stored exactly",
+                info.name
+            );
+        }
+        if q.render == data || !reproducible {
+            return Rendering::Exact;
+        }
+        let mut lossy = q.lossy;
+        if let Some(words) = self.betas_words.as_ref().filter(|_| moments.is_some()) {
+            lossy.settings = format!("{} {words}", lossy.settings);
+        }
+        Rendering::Quantized {
+            content: q.render,
+            encoded: q.encoded,
+            lossy,
+        }
+    }
+
+    /// Tensor `i` with its mantissas trimmed to `bits`, and the error that made.
+    fn trimmed(&self, i: usize, bits: u32, data: &[u8]) -> Rendering {
+        let dtype = self.input.pieces[i].header.dtype;
+        let mut out = vec![0u8; data.len()];
+        trim::trim(dtype, data, bits, &mut out);
+        let view = |bytes| FloatView { dtype, bytes };
+        let err = self.coder.engine.error_stats(view(data), view(&out), None);
+        Rendering::Trimmed {
+            content: out,
+            lossy: Lossy {
+                settings: format!("trim bits={bits} bound=2^-{bits}"),
+                max_abs_error: err.max_abs,
+                rel_error: err.rel_l2(),
+                est_delta_loss: None,
+            },
+        }
+    }
+
+    /// Writes tensor `i`'s new record, of content `data` hashing to `id`, as `rendering` says.
+    fn write_new(
+        &self,
+        id: ObjectId,
+        i: usize,
+        rendering: &Rendering,
+        data: &[u8],
+    ) -> Result<Stored> {
+        let header = &self.input.pieces[i].header;
+        match rendering {
+            Rendering::Quantized {
+                encoded: Encoded::Quant(q),
+                ..
+            } => self.encode_quant(id, i, q),
+            Rendering::Quantized {
+                encoded: Encoded::Residual { payload, reference },
+                ..
+            } => {
+                let (codec, placement) = match reference {
+                    Some(r) => (
+                        CodecTag::QuantResidual,
+                        Placement {
+                            generation: 0,
+                            base: Some(r.id),
+                            depth: r.depth + 1,
+                        },
+                    ),
+                    None => (CodecTag::QuantUniform, Placement::default()),
+                };
+                let out =
+                    self.coder
+                        .batch
+                        .put_payload(&id, header, codec, placement, &[payload])?;
+                Ok(Stored {
+                    id,
+                    added: Some((id, out.entry)),
+                    rewrite: None,
+                })
+            }
+            Rendering::Trimmed { .. } => {
+                self.encode_new(id, i, Content::Memory(data), CodecTag::MantissaTrim, None)
+            }
+            Rendering::Exact => {
+                self.encode_new(id, i, Content::Memory(data), CodecTag::FloatSplit, None)
+            }
+        }
     }
 
     /// Whether tensor `i`, of content `data` hashing to `id`, is to be stored: neither this
