@@ -143,6 +143,7 @@ class Writer(StorageWriter):
             repo.branch(branch, tip)
         author = self._commit["author"]
         options = _options(f"dcp save {save}: {label}", None, None, branch, author=author, **self._codec)
+        options["working"] = True  # a part branch: HEAD never follows it
         repo._commit_files(files, options, list(ready), list(on_gpu))
         return branch
 

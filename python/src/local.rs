@@ -253,6 +253,9 @@ pub(crate) struct Options {
     /// The training code's folder, whose git commit is recorded.
     #[pyo3(default)]
     source: Option<PathBuf>,
+    /// The branch is a tool's working branch (a sharded save's part): HEAD never follows it.
+    #[pyo3(default)]
+    working: bool,
 }
 
 impl Options {
@@ -286,6 +289,7 @@ impl Options {
                 as_bytes: self.as_bytes,
             },
             source: self.source,
+            working: self.working,
             ..Default::default()
         })
     }

@@ -241,22 +241,24 @@ async fn paths_info(
     Form(form): Form<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
     let listed = listing_of(&served, rev).await?;
+    // The files by path, so that each of the request's paths is a lookup, not a scan.
+    let mut by_path: Vec<&mdl::checkout::ListedFile> = listed.files.iter().collect();
+    by_path.sort_by(|a, b| a.path.cmp(&b.path));
     let mut out = Vec::new();
     for (key, path) in &form {
         if key != "paths" {
             continue;
         }
         let path = path.trim_matches('/');
-        if let Some(f) = listed.files.iter().find(|f| f.path == path) {
-            out.push(file_entry(f));
-        } else if !path.is_empty()
-            && listed.files.iter().any(|f| {
-                f.path
-                    .strip_prefix(path)
-                    .is_some_and(|r| r.starts_with('/'))
-            })
-        {
-            out.push(folder_entry(path));
+        if let Ok(at) = by_path.binary_search_by(|f| f.path.as_str().cmp(path)) {
+            out.push(file_entry(by_path[at]));
+        } else if !path.is_empty() {
+            // A folder: the first path at or after `path/` starts with it.
+            let inside = format!("{path}/");
+            let at = by_path.partition_point(|f| f.path.as_str() < inside.as_str());
+            if by_path.get(at).is_some_and(|f| f.path.starts_with(&inside)) {
+                out.push(folder_entry(path));
+            }
         }
     }
     Ok(Json(out).into_response())

@@ -32,7 +32,7 @@ pub fn assemble(
     }
     let store = repo.store();
     let _writer = repo.writer();
-    let target = Target::of(repo, opts.branch.as_ref())?;
+    let target = Target::of(repo, opts.branch.as_ref(), !opts.working)?;
 
     let mut from: HashMap<String, ObjectId> = HashMap::new();
     let mut stats = CommitStats::default();

@@ -102,6 +102,9 @@ pub struct CommitOptions {
     /// Named facts recorded with the commit ([`Commit::properties`]), in any order, names
     /// unique (set by mdl itself: a merge, the training code's git commit).
     pub properties: Vec<(String, String)>,
+    /// `branch` is a tool's working branch (a sharded save's part branch, deleted once the
+    /// save is assembled): HEAD never follows it, even to a new repository's first branch.
+    pub working: bool,
 }
 
 /// Commits the file or directory at `path` (see [`commit_paths`]).
@@ -211,7 +214,7 @@ fn commit_input(
     // (gc, compaction, another commit) may change what this commit builds on.
     let _writer = repo.writer();
 
-    let target = Target::of(repo, opts.branch.as_ref())?;
+    let target = Target::of(repo, opts.branch.as_ref(), !opts.working)?;
     // Parent versions of each tensor, by name: the delta bases, and the previous lossy
     // configurations.
     let policy = opts
@@ -510,8 +513,9 @@ pub(crate) struct Target {
 }
 
 impl Target {
-    /// The target of a commit onto `branch` (HEAD's branch when `None`).
-    pub(crate) fn of(repo: &Repository, branch: Option<&RefName>) -> Result<Target> {
+    /// The target of a commit onto `branch` (HEAD's branch when `None`); `follow`: HEAD may
+    /// follow it, when it is a new repository's first branch.
+    pub(crate) fn of(repo: &Repository, branch: Option<&RefName>, follow: bool) -> Result<Target> {
         let head_branch = repo.head_branch()?;
         let name = match branch {
             Some(b) => Ref::branch(b).full(),
@@ -523,8 +527,10 @@ impl Target {
             Some(v) => v.target(),
             None => meta.get_ref(&head_branch)?.and_then(|v| v.target()),
         };
-        let first =
-            expected.is_none() && name != head_branch && meta.refs(Ref::BRANCHES)?.is_empty();
+        let first = follow
+            && expected.is_none()
+            && name != head_branch
+            && meta.refs(Ref::BRANCHES)?.is_empty();
         Ok(Target {
             name,
             expected,
