@@ -102,12 +102,7 @@ impl Tokens {
     /// The name the tokens file gives the token a request presents (`Authorization: Bearer`),
     /// if it is one of ours: who a commit over the Hub's API is by.
     pub(crate) fn holder(&self, headers: &HeaderMap) -> Option<String> {
-        let presented = headers
-            .get(axum::http::header::AUTHORIZATION)?
-            .to_str()
-            .ok()?
-            .strip_prefix("Bearer ")?;
-        self.name_of(presented)
+        self.name_of(bearer(headers)?)
     }
 
     /// The name the tokens file gives `presented`, if it is one of ours (of the widest scope
@@ -131,6 +126,16 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The token a request presents (`Authorization: Bearer TOKEN`), trimmed.
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
 /// Checks that a request carries a token of at least `needed` scope (reads pass without one
 /// when `read_public`).
 pub fn check(
@@ -142,12 +147,7 @@ pub fn check(
     if needed == Scope::Read && read_public {
         return Ok(());
     }
-    let presented = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let Some(presented) = presented else {
+    let Some(presented) = bearer(headers) else {
         return Err(ApiError::new(
             ErrorCode::Unauthorized,
             "this request needs a bearer token (--token or MDL_TOKEN)",

@@ -16,7 +16,6 @@
 //! The CAS routes are under `/hf/.xet/{repo}`, authorised by the token the token route hands
 //! out (a keyed hash of the repository and its expiry), since `hf_xet` sends no other.
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,6 +31,7 @@ use serde_json::json;
 use sha2::Digest;
 
 use crate::access::{blocking, Access, ApiResult, Writer};
+use crate::auth::bearer;
 use crate::error::ApiError;
 use crate::hf_lfs::{now, staged_path, sweep, ticket};
 use crate::upload::spool;
@@ -92,11 +92,7 @@ async fn write_token(
 
 /// The repository `name`, when the request carries a write token [`write_token`] gave for it.
 async fn authorised(state: &Arc<State>, name: &str, headers: &HeaderMap) -> ApiResult<Arc<Served>> {
-    let presented = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .and_then(|t| t.trim().split_once('.'));
+    let presented = bearer(headers).and_then(|t| t.split_once('.'));
     let valid = presented.is_some_and(|(expires, mac)| {
         expires
             .parse::<u64>()
@@ -348,11 +344,11 @@ fn rebuild(served: &Served, file: &ShardFile) -> ApiResult<()> {
     let incoming = served.repo.incoming_path()?;
     let mut out = tempfile::NamedTempFile::new_in(&incoming).map_err(io)?;
     let mut hasher = sha2::Sha256::new();
-    // The xorb in use, read once for the consecutive ranges that name it.
-    let mut held: HashMap<String, (Vec<u8>, Vec<usize>)> = HashMap::new();
+    // The xorb in use (its name, bytes and chunk offsets), read once for the consecutive
+    // ranges that name it.
+    let mut held: Option<(&str, Vec<u8>, Vec<usize>)> = None;
     for (xorb, bytes, start, end) in &file.ranges {
-        if !held.contains_key(xorb) {
-            held.clear();
+        if held.as_ref().is_none_or(|(name, ..)| name != xorb) {
             let path = xorb_path(served, checked_hash(xorb)?)?;
             let data = std::fs::read(&path).map_err(|_| {
                 bad(format!(
@@ -360,9 +356,9 @@ fn rebuild(served: &Served, file: &ShardFile) -> ApiResult<()> {
                 ))
             })?;
             let offsets = chunk_offsets(&data)?;
-            held.insert(xorb.clone(), (data, offsets));
+            held = Some((xorb, data, offsets));
         }
-        let (data, offsets) = &held[xorb];
+        let (_, data, offsets) = held.as_ref().expect("read above");
         let mut written = 0u64;
         for index in *start..*end {
             let piece = chunk(data, offsets, index as usize)?;
