@@ -38,7 +38,7 @@ pub use lock::{writer_waiting, LockMode, RepoLock};
 pub use meta::{CommitSummary, Expired, IndexEntry, Meta, RefValue, ReflogEntry};
 pub use objects::{
     windowed_cost, zeroed, ObjectBatch, Placement, PutOutcome, RecordWriter, TensorWindows,
-    MAX_CHAIN, WINDOW_CHUNKS,
+    Unpublished, MAX_CHAIN, WINDOW_CHUNKS,
 };
 
 use std::path::{Path, PathBuf};

@@ -1,5 +1,5 @@
 //! Disk-full and failed-rename faults during a commit (or a deferred re-encode) leave the
-//! repository exactly as it was.
+//! repository exactly as it was, the records written before the fault removed again.
 
 // Tests, examples and benchmarks write their own files (checkpoints, outputs, damage done on
 // purpose); the rule that repository writes go through mdl-store is for the library crates.
@@ -72,13 +72,7 @@ fn faults_leave_repository_unchanged() {
             "{err}"
         );
         assert_eq!(mdl::log::log(&repo, None, None).unwrap().len(), 1);
-        let report = mdl::fsck::fsck(&repo, false).unwrap();
-        assert!(report.ok(), "{:?}", report.problems);
-        assert!(
-            report.temp_files.is_empty(),
-            "temporary files left behind: {:?}",
-            report.temp_files
-        );
+        assert_nothing_left(&repo, &err.to_string());
     }
     // The same commit succeeds once the disk has room again.
     let repo = Repository::open(dir.path(), &OpenOptions::default()).unwrap();
@@ -86,6 +80,19 @@ fn faults_leave_repository_unchanged() {
     assert_eq!(mdl::revision::resolve(&repo, "main~1").unwrap(), first.id);
     assert_eq!(mdl::revision::resolve(&repo, "main").unwrap(), second.id);
     assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
+}
+
+/// The repository checks out and holds nothing of the failed write: no temporary file and no
+/// record the index does not name (the failure took them back, so the space is free at once).
+fn assert_nothing_left(repo: &Repository, why: &str) {
+    let report = mdl::fsck::fsck(repo, false).unwrap();
+    assert!(report.ok(), "{why}: {:?}", report.problems);
+    assert!(
+        report.temp_files.is_empty(),
+        "{why}: temporary files left behind: {:?}",
+        report.temp_files
+    );
+    assert_eq!(report.unindexed_records, 0, "{why}: records left behind");
 }
 
 /// A float checkpoint whose single tensor moves a little with `step`, so the second commit
@@ -142,7 +149,7 @@ fn faults_during_a_reverse_delta_leave_the_old_record_in_use() {
             ..OpenOptions::default()
         };
         let repo = Repository::open(dir.path(), &opts).unwrap();
-        commit(&repo, &f, &eager(), &NoProgress).unwrap_err();
+        let err = commit(&repo, &f, &eager(), &NoProgress).unwrap_err();
         assert_eq!(mdl::revision::resolve(&repo, "main").unwrap(), first.id);
         assert_checks_out(&repo, "main", dir.path(), &original);
         let shown = mdl::show::show(&repo, "main").unwrap();
@@ -150,7 +157,7 @@ fn faults_during_a_reverse_delta_leave_the_old_record_in_use() {
             shown.tensors[0].codec, "float-split",
             "the old record is still in use"
         );
-        assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
+        assert_nothing_left(&repo, &err.to_string());
     }
     let repo = Repository::open(dir.path(), &OpenOptions::default()).unwrap();
     commit(&repo, &f, &eager(), &NoProgress).unwrap();
@@ -189,7 +196,7 @@ fn faults_during_a_deferred_reencode_leave_it_queued() {
             ..OpenOptions::default()
         };
         let repo = Repository::open(dir.path(), &opts).unwrap();
-        mdl::commit::run_deferred(&repo, None, &|| false).unwrap_err();
+        let err = mdl::commit::run_deferred(&repo, None, &|| false).unwrap_err();
         assert_eq!(mdl::commit::pending_deferred(&repo).unwrap(), 1);
         let shown = mdl::show::show(&repo, "main~1").unwrap();
         assert_eq!(
@@ -197,7 +204,7 @@ fn faults_during_a_deferred_reencode_leave_it_queued() {
             "the old record is still in use"
         );
         assert_checks_out(&repo, "main~1", dir.path(), &original);
-        assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
+        assert_nothing_left(&repo, &err.to_string());
     }
     let repo = Repository::open(dir.path(), &OpenOptions::default()).unwrap();
     let report = mdl::commit::run_deferred(&repo, None, &|| false).unwrap();

@@ -1,6 +1,6 @@
 //! Object records: where they live (`record_path`), listing them and what interrupted writes
 //! left (`temp_files`, `record_files`), removing one; writing in `write.rs` (made durable by
-//! `sync.rs`), reading in `read.rs`,
+//! `sync.rs`; taken back after a failure by `unpublished.rs`), reading in `read.rs`,
 //! tensors read a window at a time in `windows.rs`, the read buffers kept between reads in
 //! `buffers.rs`.
 
@@ -115,12 +115,14 @@ pub const MAX_CHAIN: u32 = 1024;
 mod buffers;
 mod read;
 mod sync;
+mod unpublished;
 mod windows;
 mod write;
 
 pub(crate) use read::agrees_with_index;
 pub use windows::{windowed_cost, TensorWindows, WINDOW_CHUNKS};
 pub(crate) use write::next_temp;
+pub use unpublished::Unpublished;
 pub use write::{ObjectBatch, PutOutcome, RecordWriter};
 
 #[cfg(test)]

@@ -3,9 +3,8 @@
 
 use std::collections::BTreeSet;
 use std::io::{self, BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 
 use mdl_codec::{CodecTag, EncodeOptions};
 use mdl_format::record::{self, Coarsened, RecordHeader, Trailer};
@@ -15,6 +14,7 @@ use crate::fs::StorageFile;
 use crate::{IndexEntry, Store, StoreError};
 
 use super::sync::{Syncer, Target};
+use super::unpublished::{Ledger, Unpublished};
 use super::{Placement, TEMP_PREFIX};
 
 /// The result of storing one object.
@@ -30,8 +30,9 @@ pub struct PutOutcome {
 /// must precede the index transaction that publishes them.
 pub struct ObjectBatch<'s> {
     store: &'s Store,
-    /// Record files written (their directories are synced by [`ObjectBatch::finish`]).
-    files: Mutex<Vec<PathBuf>>,
+    /// Records written, as (id, generation): their directories are synced by
+    /// [`ObjectBatch::finish`]; [`Unpublished`] takes them back if the operation fails.
+    written: Ledger,
     /// Syncs each record file once it is in place, and the directories at the end.
     syncer: Syncer,
 }
@@ -86,13 +87,19 @@ impl Store {
     pub fn batch(&self) -> ObjectBatch<'_> {
         ObjectBatch {
             store: self,
-            files: Mutex::new(Vec::new()),
+            written: Ledger::default(),
             syncer: Syncer::new(self.storage()),
         }
     }
 }
 
 impl<'s> ObjectBatch<'s> {
+    /// The records this batch writes, removed again unless the operation marks them
+    /// [`Unpublished::published`] (see there for who may use it).
+    pub fn unpublished(&self) -> Unpublished<'s> {
+        Unpublished::new(self.store, self.written.clone())
+    }
+
     /// Stores a tensor under the smallest of the candidate codecs (raw if none pays).
     ///
     /// The bytes are hashed as they are encoded; if they do not hash to `id` (the input changed
@@ -485,11 +492,14 @@ impl<'s> ObjectBatch<'s> {
     /// it is waited for. Many fsyncs in flight let the file system merge them into few journal
     /// commits. Only this batch's files are flushed, not whatever else is dirty on the disk.
     pub fn finish(self) -> Result<(), StoreError> {
-        let files = self.files.into_inner().unwrap();
-        if !files.is_empty() {
-            let dirs: BTreeSet<&Path> = files.iter().filter_map(|f| f.parent()).collect();
+        let written = self.written.lock().unwrap().clone();
+        if !written.is_empty() {
+            let dirs: BTreeSet<PathBuf> = written
+                .iter()
+                .filter_map(|(id, g)| Some(self.store.record_path(id, *g).parent()?.to_path_buf()))
+                .collect();
             for dir in dirs {
-                self.syncer.push(dir.to_path_buf(), Target::Dir);
+                self.syncer.push(dir, Target::Dir);
             }
             self.syncer
                 .push(self.store.dir().join("objects"), Target::Dir);
@@ -573,8 +583,12 @@ impl RecordWriter<'_, '_> {
             return Err(e);
         }
         let batch = self.batch;
-        batch.syncer.push(path.clone(), Target::File);
-        batch.files.lock().unwrap().push(path);
+        batch.syncer.push(path, Target::File);
+        batch
+            .written
+            .lock()
+            .unwrap()
+            .push((id, self.placement.generation));
         let entry = IndexEntry {
             kind: self.kind,
             codec: self.codec as u8,

@@ -41,9 +41,9 @@ pub struct DeferredReport {
 /// Works the queue of deferred re-encodes, oldest commit first, until it is empty or `stop`
 /// says to stop (asked before each tensor: a commit's work stopped part-way is dropped and done
 /// again by the next run). Each commit's re-encodes are published in one transaction with its
-/// removal from the queue; a failure, a stop or a crash before that leaves it queued and the
-/// repository as it was (unindexed record files, which gc sweeps). `warm` is the last commit's
-/// tensors, where the caller kept them.
+/// removal from the queue; a failure or a stop before that leaves it queued and the repository
+/// as it was (the records written taken back; a crash leaves them unindexed, for gc to sweep).
+/// `warm` is the last commit's tensors, where the caller kept them.
 pub fn run_deferred(
     repo: &Repository,
     warm: Option<&WarmTensors>,
@@ -58,8 +58,9 @@ pub fn run_deferred(
         };
         let policy = DeltaPolicy::from_store(store)?;
         let batch = store.batch();
+        let unpublished = batch.unpublished();
         let Some(rewrites) = reencode_parent(repo, &batch, &policy, &commit, warm, stop)? else {
-            // Stopped part-way: nothing is published (the records written are unindexed, and
+            // Stopped part-way: nothing is published (the records written are taken back, and
             // written again by the next run).
             break;
         };
@@ -70,6 +71,7 @@ pub fn run_deferred(
         }
         w.remove_pending(seq)?;
         w.commit_txn()?;
+        unpublished.published();
         for r in &rewrites {
             store.remove_record(&r.id, r.old.generation);
         }

@@ -265,6 +265,9 @@ fn commit_input(
     }
 
     let batch = store.batch();
+    // A commit that fails from here on (a full disk) takes its records back before it lets
+    // go of the writer.
+    let unpublished = batch.unpublished();
     let mut stored = store_tensors(&planning, &plans, &batch, &opts.encode, progress)?;
     let pairs = moment_pairs(&input, &roles, settings.pairings.len());
     let manifest = manifest_of(
@@ -313,6 +316,7 @@ fn commit_input(
     let id = store_commit(batch, &commit, &mut stored.added)?;
     let branch = target.branch().to_string();
     publish(repo, target, &id, &commit, &stored, warm)?;
+    unpublished.published();
     let CommitStats {
         stored_bytes,
         new_tensors,
