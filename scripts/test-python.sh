@@ -10,7 +10,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deps=$(scripts/python-env.sh)
-wheel=$(MATURIN="$deps/bin/maturin" scripts/build-wheel.sh --profile dev --out target/wheels-test)
+# The CLI as the Rust tests built it (nothing to do after scripts/test.sh's `cargo test
+# --workspace`): `--tests` gives the build the tests' feature set, so the binary is theirs,
+# not a second one compiled with `-p mdl-cli`'s features.
+cargo build --workspace --bins --tests
+wheel=$(MATURIN="$deps/bin/maturin" scripts/build-wheel.sh --profile dev --out target/wheels-test \
+    --cli target/debug/mdl)
 
 venv=$PWD/target/wheel-venv
 rm -rf "$venv"

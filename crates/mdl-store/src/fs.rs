@@ -52,8 +52,3 @@ impl Storage for RealFs {
         std::fs::remove_file(path)
     }
 }
-
-#[cfg(feature = "faults")]
-mod faulty;
-#[cfg(feature = "faults")]
-pub use faulty::FaultyFs;

@@ -1,8 +1,7 @@
 //! Storage of an mdl repository (`.mdl/`): object records, the metadata database, the lock.
 //!
-//! - [`fs`]: the [`Storage`] trait every write into `.mdl/objects` goes through, with a real and
-//!   a fault-injecting implementation (`fs::FaultyFs`, with the `faults` feature) for disk-full
-//!   and crash tests.
+//! - [`fs`]: the [`Storage`] trait every write into `.mdl/objects` goes through (the disk-full
+//!   and crash tests of `crates/mdl/tests` implement a failing one).
 //! - [`Store`]: records written atomically (temporary file, fsync, rename, fsync directory),
 //!   read back with checksum and hash verification.
 //! - [`meta`]: `meta.redb` — refs with compare-and-swap and a reflog, the physical index

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use mdl::background::Committer;
 use mdl::commit::{CommitOptions, MemoryFile, Staged};
 use mdl::{OpenOptions, Repository};
-use mdl_store::fs::FaultyFs;
 
 mod common;
+use common::faulty::FaultyFs;
 use common::safetensors_bytes;
 
 fn state(step: u64) -> Vec<MemoryFile> {

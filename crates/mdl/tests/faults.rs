@@ -10,9 +10,9 @@ use std::sync::Arc;
 use mdl::commit::{commit, CommitOptions};
 use mdl::policy::DeltaPolicy;
 use mdl::{NoProgress, OpenOptions, Repository};
-use mdl_store::fs::FaultyFs;
 
 mod common;
+use common::faulty::FaultyFs;
 use common::write_safetensors;
 
 fn checkpoint(path: &std::path::Path, seed: u8) {

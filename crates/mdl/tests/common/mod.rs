@@ -6,6 +6,9 @@
 
 use std::path::Path;
 
+#[allow(dead_code)] // only the fault tests fail a disk on purpose
+pub(crate) mod faulty;
+
 use mdl::commit::CommitOutcome;
 use mdl::{OpenOptions, Repository};
 

@@ -1,6 +1,7 @@
 //! [`FaultyFs`]: a file system that fails on purpose, for the tests that check every failure
-//! leaves a repository as it was. Built only with the `faults` feature (tests enable it), so it
-//! is no part of what a program linking the store can reach.
+//! leaves a repository as it was: the store's `Storage` trait implemented here, in the tests,
+//! so that no build of the store itself carries it (nor a feature that would make the tests'
+//! build of every crate above the store differ from a program's).
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -8,12 +9,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::{RealFs, Storage, StorageFile};
+use mdl_store::fs::{RealFs, Storage, StorageFile};
 
 /// A file system that runs out of space after a byte budget, or fails a chosen operation, to
 /// test that every failure leaves the repository as it was.
 #[derive(Debug, Clone)]
-pub struct FaultyFs {
+pub(crate) struct FaultyFs {
     budget: Arc<AtomicU64>,
     fail_renames_after: Arc<AtomicU64>,
     fail_syncs_after: Arc<AtomicU64>,
@@ -21,7 +22,7 @@ pub struct FaultyFs {
 
 impl FaultyFs {
     /// Allows `bytes` bytes of writes, then fails every write with `ENOSPC`.
-    pub fn disk_full_after(bytes: u64) -> Self {
+    pub(crate) fn disk_full_after(bytes: u64) -> Self {
         FaultyFs {
             budget: Arc::new(AtomicU64::new(bytes)),
             ..FaultyFs::none()
@@ -39,7 +40,7 @@ impl FaultyFs {
 
     /// Allows `n` file or directory fsyncs, then fails the next ones with `EIO` (a disk that
     /// reports a write error).
-    pub fn syncs_fail_after(n: u64) -> Self {
+    pub(crate) fn syncs_fail_after(n: u64) -> Self {
         FaultyFs {
             fail_syncs_after: Arc::new(AtomicU64::new(n)),
             ..FaultyFs::none()
@@ -55,7 +56,7 @@ impl FaultyFs {
 
     /// Allows `n` renames, then fails the next ones with `EIO` (a crash-like failure between
     /// writing a record and publishing it).
-    pub fn renames_fail_after(n: u64) -> Self {
+    pub(crate) fn renames_fail_after(n: u64) -> Self {
         FaultyFs {
             fail_renames_after: Arc::new(AtomicU64::new(n)),
             ..FaultyFs::none()
