@@ -1,19 +1,19 @@
 //! A repository on this machine or in object storage: commits (staged here, stored in the
-//! background), reads and refs. Each call opens the repository for itself (reads share it,
+//! background through the operations interface, `mdl_ops::Operations::commit_staged`), tensor
+//! reads and the refs they need. Each call opens the repository for itself (reads share it,
 //! commits own it while they store, and their deferred re-encodes right after, which stop for
 //! any other writer), so a training process holds no lock between commits; for
 //! object storage each call works on this machine's replica, synced first and published after
 //! a change.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use mdl::background::{Committer, Handle};
 use mdl::checkout::{Layout, Placed};
 use mdl::commit::{
-    commit_staged, CommitOptions, CommitOutcome, DeviceCopy, KnownPair, MemoryFile, OnDevice,
-    Staged,
+    CommitOptions, CommitOutcome, DeviceCopy, KnownPair, MemoryFile, OnDevice, Staged,
 };
 use mdl::warm::DEFAULT_WARM_BYTES;
 use mdl::{LockMode, NoProgress, OpenOptions, Repository};
@@ -41,8 +41,8 @@ pub struct Pending(Handle);
 struct Opener {
     at: At,
     wait: Duration,
-    /// The codec engine, chosen once (`engine` setting; the GPU when usable).
-    engine: Arc<OnceLock<mdl::engine::Selected>>,
+    /// The repository through the operations interface: what stores the commits.
+    ops: Arc<dyn mdl_ops::Operations>,
 }
 
 /// Where the repository is.
@@ -73,12 +73,33 @@ impl At {
     }
 }
 
+/// How this process reaches a repository: waiting `wait` for another process holding it,
+/// and opening a folder that `mdl serve` serves here (the server holds the lock only while it
+/// changes the repository).
+fn access(wait: Duration) -> mdl_ops::Access {
+    mdl_ops::Access {
+        token: None,
+        wait,
+        purpose: format!("python (pid {})", std::process::id()),
+        follow_server: false,
+        verbose: false,
+    }
+}
+
 impl Opener {
+    fn new(at: At, wait: Duration) -> Opener {
+        let ops: Arc<dyn mdl_ops::Operations> = match &at {
+            At::Disk(root) => Arc::new(mdl_ops::Local::new(root.clone(), access(wait))),
+            At::Bucket(loc) => Arc::new(mdl_ops::InBucket::new(loc.clone(), access(wait))),
+        };
+        Opener { at, wait, ops }
+    }
+
     fn open(&self, root: &Path, mode: LockMode) -> mdl::Result<Repository> {
         let opts = OpenOptions {
             mode,
             wait: self.wait,
-            purpose: format!("python (pid {})", std::process::id()),
+            purpose: access(self.wait).purpose,
             ..OpenOptions::default()
         };
         Repository::open(root, &opts)
@@ -112,58 +133,25 @@ impl Opener {
         }
     }
 
-    /// Opens the repository for a commit, with the engine chosen once.
-    fn writer(&self, root: &Path) -> mdl::Result<Repository> {
-        let mut repo = self.open(root, LockMode::Write)?;
-        let selected = match self.engine.get() {
-            Some(s) => s,
-            None => {
-                let s = mdl::engine::select(&repo, None)?;
-                self.engine.get_or_init(|| s)
-            }
-        };
-        repo.set_engine(selected.engine.clone());
-        Ok(repo)
-    }
-
-    /// Stores one staged commit; for a bucket, publishes it (a commit replayed onto another
-    /// writer's tip reports its new id).
-    fn store(&self, staged: Staged, opts: &CommitOptions) -> mdl_bucket::Result<CommitOutcome> {
-        match &self.at {
-            At::Disk(root) => Ok(commit_staged(
-                &self.writer(root)?,
-                staged,
-                opts,
-                &NoProgress,
-            )?),
-            At::Bucket(loc) => {
-                let mut replica = self.replica(loc)?;
-                let repo = self.writer(&replica.root())?;
-                let mut outcome = commit_staged(&repo, staged, opts, &NoProgress)?;
-                let published = replica.finish(&repo, Publish::Replaying)?;
-                if let Some((_, new)) = published.replayed.last() {
-                    outcome.id = *new;
-                }
-                Ok(outcome)
-            }
-        }
+    /// Stores one staged commit through the operations interface (for a bucket, published
+    /// before it returns: a commit replayed onto another writer's tip reports its new id).
+    fn store(
+        &self,
+        staged: Staged,
+        opts: &CommitOptions,
+    ) -> Result<CommitOutcome, mdl::background::Failure> {
+        self.ops
+            .commit_staged(staged, opts, None, &NoProgress)
+            .map_err(mdl::background::failure)
     }
 }
 
 impl Repo {
     fn new(at: At, wait: Duration, warm_bytes: u64) -> Repo {
-        let opener = Opener {
-            at,
-            wait,
-            engine: Arc::new(OnceLock::new()),
-        };
+        let opener = Opener::new(at, wait);
         let for_commits = opener.clone();
         let mut committer = Committer::storing(
-            move |staged, opts| {
-                for_commits
-                    .store(staged, opts)
-                    .map_err(mdl::background::failure)
-            },
+            move |staged, opts| for_commits.store(staged, opts),
             warm_bytes,
         );
         // A repository on disk gets its deferred re-encodes (`delta.defer`) worked after each
@@ -171,12 +159,8 @@ impl Repo {
         if let At::Disk(root) = &opener.at {
             // Another writer at work: the queue waits for the next turn rather than the thread
             // (and the next commit) for it.
-            let for_deferred = Opener {
-                wait: Duration::from_secs(1),
-                ..opener.clone()
-            };
-            let root = root.clone();
-            committer = committer.working_deferred(move || for_deferred.writer(&root));
+            let deferred = mdl_ops::Local::new(root.clone(), access(Duration::from_secs(1)));
+            committer = committer.working_deferred(move || deferred.writer());
         }
         Repo { opener, committer }
     }

@@ -71,6 +71,16 @@ def test_the_same_journey_on_every_backend(place, tmp_path):
     assert place.fsck()["problems"] == []
     assert place.config()["delta.max_depth"] == "16"
 
+    if place.backend != "served":  # refused there: test_a_served_repository_says_what_it_cannot_do
+        # Live state, stored through the same operations as the commits above.
+        import numpy as np
+
+        w = np.random.default_rng(4).standard_normal((16, 8)).astype(np.float32)
+        live = place.commit_state({"w": w}, step=4, message="live").wait()
+        assert place.resolve("HEAD") == live.id
+        back = place.load_state(live.id, framework="numpy")
+        assert back.step == 4 and back.model["w"].tobytes() == w.tobytes()
+
 
 def test_a_served_repository_says_what_it_cannot_do(tmp_path, serve):
     folder = tmp_path / "repo"

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use mdl::checkout::{CheckoutOptions, CheckoutOutcome};
-use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport};
+use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport, Staged};
 use mdl::compact::{CompactOptions, CompactOutcome};
 use mdl::engine::EngineChoice;
 use mdl::fsck::{FsckReport, Rebuilt};
@@ -100,8 +100,19 @@ impl Operations for InBucket {
         engine: Option<EngineChoice>,
         progress: &dyn Progress,
     ) -> Result<CommitOutcome> {
+        let staged = Staged::read(paths, opts.reading)?;
+        self.commit_staged(staged, opts, engine, progress)
+    }
+
+    fn commit_staged(
+        &self,
+        staged: Staged,
+        opts: &CommitOptions,
+        engine: Option<EngineChoice>,
+        progress: &dyn Progress,
+    ) -> Result<CommitOutcome> {
         let (mut outcome, published) = self.on_replica(Publish::Replaying, |l| {
-            l.commit(paths, opts, engine, progress)
+            l.commit_staged(staged, opts, engine, progress)
         })?;
         // Replayed onto another writer's newer tip: the commit the bucket holds.
         if let Some((_, new)) = published.replayed.last() {

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use mdl::checkout::{CheckoutOptions, CheckoutOutcome};
-use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport};
+use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport, Staged};
 use mdl::compact::{CompactOptions, CompactOutcome};
 use mdl::engine::EngineChoice;
 use mdl::fsck::{FsckReport, Rebuilt};
@@ -102,6 +102,16 @@ pub trait Operations: Send + Sync {
     fn commit(
         &self,
         paths: &[PathBuf],
+        opts: &CommitOptions,
+        engine: Option<EngineChoice>,
+        progress: &dyn Progress,
+    ) -> Result<CommitOutcome>;
+    /// Commits what this process staged (a live state's buffers, files copied aside, already
+    /// read files): only where this process can store it, on this machine or in object
+    /// storage; a served repository refuses it.
+    fn commit_staged(
+        &self,
+        staged: Staged,
         opts: &CommitOptions,
         engine: Option<EngineChoice>,
         progress: &dyn Progress,

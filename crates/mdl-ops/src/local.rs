@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use mdl::checkout::{CheckoutOptions, CheckoutOutcome};
-use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport};
+use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport, Staged};
 use mdl::compact::{CompactOptions, CompactOutcome};
 use mdl::engine::EngineChoice;
 use mdl::fsck::{FsckReport, Rebuilt};
@@ -49,6 +49,12 @@ impl Local {
     /// Opens the repository with `mode`.
     pub fn open(&self, mode: LockMode) -> mdl::Result<Repository> {
         Repository::open(&self.dir, &self.options(mode))
+    }
+
+    /// Opens it for writing with its codec engine chosen (the `engine` setting): what work
+    /// on the repository outside these operations needs (a live state's deferred re-encodes).
+    pub fn writer(&self) -> mdl::Result<Repository> {
+        self.with_engine(LockMode::Write, None)
     }
 
     /// Opens it with `mode` and chooses its codec engine (`engine`, else the `engine`
@@ -97,8 +103,19 @@ impl Operations for Local {
         engine: Option<EngineChoice>,
         progress: &dyn Progress,
     ) -> Result<CommitOutcome> {
+        let staged = Staged::read(paths, opts.reading)?;
+        self.commit_staged(staged, opts, engine, progress)
+    }
+
+    fn commit_staged(
+        &self,
+        staged: Staged,
+        opts: &CommitOptions,
+        engine: Option<EngineChoice>,
+        progress: &dyn Progress,
+    ) -> Result<CommitOutcome> {
         let repo = self.with_engine(LockMode::Write, engine)?;
-        let outcome = mdl::commit::commit_paths(&repo, paths, opts, progress)?;
+        let outcome = mdl::commit::commit_staged(&repo, staged, opts, progress)?;
         if mdl::commit::pending_deferred(&repo)? > 0 {
             *self.due.lock().unwrap_or_else(|p| p.into_inner()) = Some(repo.root().to_path_buf());
         }

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use mdl::checkout::{CheckoutOptions, CheckoutOutcome};
-use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport};
+use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport, Staged};
 use mdl::compact::{CompactOptions, CompactOutcome};
 use mdl::engine::EngineChoice;
 use mdl::fsck::{FsckReport, Rebuilt};
@@ -99,6 +99,20 @@ impl Operations for Served {
             return Err(engine_here(Operation::CommitEngine));
         }
         Ok(mdl_remote::commit_paths(&self.remote, paths, opts)?)
+    }
+
+    fn commit_staged(
+        &self,
+        _staged: Staged,
+        _opts: &CommitOptions,
+        _engine: Option<EngineChoice>,
+        _progress: &dyn Progress,
+    ) -> Result<CommitOutcome> {
+        Err(self.refuse(
+            Operation::CommitState,
+            "commit it into a local repository and push it, or into the served folder on the \
+             server's machine",
+        ))
     }
 
     fn checkout(
