@@ -16,8 +16,8 @@ use mdl_store::meta::MetaRead;
 use mdl_store::{IndexEntry, ObjectBatch, Placement};
 use serde::{Deserialize, Serialize};
 
-use super::coder::{Coder, FloatRecord, Side};
-use super::content::Content;
+use super::store::coder::{Coder, FloatRecord, Side};
+use super::store::content::Content;
 use super::store::{delta_codec, previous_content, reverse_allowed, FLOAT_GAIN_FLOOR};
 use crate::policy::{DeltaMode, DeltaPolicy};
 use crate::previous::Previous;

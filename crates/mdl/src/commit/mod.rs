@@ -29,31 +29,22 @@ use crate::warm::WarmTensors;
 use crate::{per_tensor, Error, Progress, Repository, Result};
 pub use mdl_codec::engine::DeviceCopy;
 
-mod author;
-mod coder;
-mod content;
 mod deferred;
-mod eval;
-mod large;
-mod lossless;
 mod params;
 mod plan;
-mod soon;
-mod source;
-mod spare;
+mod provenance;
 mod staged;
 mod store;
 mod update;
 
-pub(crate) use author::author_soon;
-pub use author::default_author;
-use coder::Coder;
 pub use deferred::{pending_deferred, run_deferred, writer_waiting, DeferredReport};
 use plan::{adam_betas, correction, lossy_plans, Planning};
-pub use source::source_properties;
-use source::source_soon;
-use spare::Spare;
+pub(crate) use provenance::author_soon;
+use provenance::source_soon;
+pub use provenance::{default_author, source_properties};
 pub use staged::{KnownPair, Ready, Staged};
+use store::coder::Coder;
+use store::spare::Spare;
 use store::{StoreCtx, Stored};
 pub(crate) use update::union;
 

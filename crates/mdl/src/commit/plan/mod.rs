@@ -8,7 +8,8 @@ use mdl_codec::quant::Correction;
 use mdl_format::ObjectId;
 use rayon::prelude::*;
 
-use super::eval::evaluate_candidate;
+mod eval;
+
 use super::store::{previous_content, previous_object};
 use crate::input::Input;
 use crate::lossy::betas::{self, Betas};
@@ -17,6 +18,7 @@ use crate::policy::{DeltaMode, DeltaPolicy};
 use crate::previous::Previous;
 use crate::warm::WarmTensors;
 use crate::{Repository, Result};
+use eval::evaluate_candidate;
 
 /// What a commit's phases share once the parent and the settings are known.
 pub(super) struct Planning<'a> {

@@ -1,8 +1,8 @@
 //! Who a commit is by when it names nobody: the default author, looked up while the commit
 //! is being made.
 
-use super::soon::Soon;
-use super::CommitOptions;
+use super::Soon;
+use crate::commit::CommitOptions;
 
 /// The author of a commit that names none: `$MDL_AUTHOR`; else git's `user.name` and
 /// `user.email` (`Name <email>`, as `git config` reads them here); else the login name

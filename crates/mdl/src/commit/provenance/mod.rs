@@ -1,8 +1,17 @@
-//! What a commit looks up while it is being made (its default author, its training code's
-//! git commit): each a `git` process, a few milliseconds the commit would otherwise wait at
-//! its end, run on a thread of its own.
+//! What a commit records of where it came from, looked up while it is being made: its default
+//! author (`author.rs`) and its training code's git commit (`source.rs`) — each a `git`
+//! process, a few milliseconds the commit would otherwise wait at its end, run on a thread of
+//! its own ([`Soon`]).
 
 use std::thread::JoinHandle;
+
+mod author;
+mod source;
+
+pub(crate) use author::author_soon;
+pub use author::default_author;
+pub use source::source_properties;
+pub(super) use source::source_soon;
 
 /// A value being looked up on a thread of its own: [`Soon::get`] when the commit is made.
 /// Dropped before that (the commit failed), it waits for the lookup: a `git` process, between

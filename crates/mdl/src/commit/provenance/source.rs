@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::soon::Soon;
+use super::Soon;
 
 /// `source.git` (the work tree's HEAD commit) and `source.dirty` (`true` when tracked files
 /// differ from it; untracked files, checkpoints among them, do not count) of the git work tree

@@ -1,6 +1,6 @@
 //! The float codecs' passes over a tensor and another version of it: counting (what to store)
 //! and encoding records, in memory or a window at a time. A commit uses them for its new
-//! tensors; a deferred re-encode ([`super::deferred`]) for the previous versions it turns into
+//! tensors; a deferred re-encode ([`crate::commit::run_deferred`]) for the previous versions it turns into
 //! reverse deltas.
 
 use std::collections::HashSet;
@@ -18,19 +18,19 @@ use super::content::{pass, Content};
 use crate::{Error, Repository, Result, BIG_TENSOR};
 
 /// Re-encoding a previous version as a delta must save at least this fraction of its record.
-pub(super) const REWRITE_GAIN_FLOOR: f64 = 0.02;
+pub(in crate::commit) const REWRITE_GAIN_FLOOR: f64 = 0.02;
 
 /// What the float passes share: the repository, the batch records go into, the kernels.
-pub(super) struct Coder<'a> {
-    pub(super) repo: &'a Repository,
-    pub(super) batch: &'a ObjectBatch<'a>,
-    pub(super) engine: &'a dyn Engine,
+pub(in crate::commit) struct Coder<'a> {
+    pub(in crate::commit) repo: &'a Repository,
+    pub(in crate::commit) batch: &'a ObjectBatch<'a>,
+    pub(in crate::commit) engine: &'a dyn Engine,
 }
 
 impl<'a> Coder<'a> {
     /// The float codecs' analysis of `data` (and against `base`): one pass counting its planes
     /// (unless `plain` has them) and the delta worth counting.
-    pub(super) fn analyze(
+    pub(in crate::commit) fn analyze(
         &self,
         id: ObjectId,
         dtype: mdl_format::Dtype,
@@ -81,7 +81,7 @@ impl<'a> Coder<'a> {
     /// Splits `data`, a tensor in memory stored whole (no delta is made of it now), into
     /// `planes` once, and counts its planes from them (the counts [`Self::analyze`] makes);
     /// [`Self::write_split`] codes the record from the same planes.
-    pub(super) fn split_counted(
+    pub(in crate::commit) fn split_counted(
         &self,
         id: ObjectId,
         dtype: mdl_format::Dtype,
@@ -98,7 +98,7 @@ impl<'a> Coder<'a> {
 
     /// Writes the self-contained record of a tensor split by [`Self::split_counted`], coded as
     /// `choice` says from its `planes`.
-    pub(super) fn write_split(
+    pub(in crate::commit) fn write_split(
         &self,
         id: ObjectId,
         header: &mdl_format::TensorHeader,
@@ -133,7 +133,7 @@ impl<'a> Coder<'a> {
 
     /// Encodes `data` (against `base`) as `choice` says and writes the record.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn write_float(
+    pub(in crate::commit) fn write_float(
         &self,
         id: ObjectId,
         header: &mdl_format::TensorHeader,
@@ -161,7 +161,7 @@ impl<'a> Coder<'a> {
     /// [`BIG_TENSOR`] bytes or more is written framed, each frame as soon as it is encoded
     /// (so one read a window at a time is never held); the input, read again, must hash to the
     /// content id of what it encodes.
-    pub(super) fn write_floats(
+    pub(in crate::commit) fn write_floats(
         &self,
         header: &mdl_format::TensorHeader,
         data: &Content<'_>,
@@ -229,7 +229,7 @@ impl<'a> Coder<'a> {
     /// `choice` says), in one pass that also hashes it: returns its id, and its record, framed,
     /// not named yet — named by the caller ([`mdl_store::RecordWriter::finish_as`]), or
     /// dropped if the store has the object already.
-    pub(super) fn write_unnamed<'b>(
+    pub(in crate::commit) fn write_unnamed<'b>(
         &'b self,
         header: &mdl_format::TensorHeader,
         data: &Content<'_>,
@@ -342,7 +342,7 @@ impl<'a> Coder<'a> {
     /// delta against the new tensor `data`, when that saves enough and no other tensor of this
     /// commit did (`None`: it stays as it is).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn reverse_choice(
+    pub(in crate::commit) fn reverse_choice(
         &self,
         prev: &ObjectId,
         prev_entry: &IndexEntry,
@@ -377,18 +377,18 @@ impl<'a> Coder<'a> {
 }
 
 /// A float record written by [`Coder::write_floats`].
-pub(super) struct FloatRecord<'c> {
-    pub(super) id: ObjectId,
-    pub(super) choice: &'c float::Choice,
-    pub(super) codec: CodecTag,
-    pub(super) placement: Placement,
-    pub(super) side: Side,
+pub(in crate::commit) struct FloatRecord<'c> {
+    pub(in crate::commit) id: ObjectId,
+    pub(in crate::commit) choice: &'c float::Choice,
+    pub(in crate::commit) codec: CodecTag,
+    pub(in crate::commit) placement: Placement,
+    pub(in crate::commit) side: Side,
 }
 
 /// What a [`FloatRecord`] encodes, of a pass over a tensor (`data`) and another version of it
 /// (`base`).
 #[derive(Clone, Copy)]
-pub(super) enum Side {
+pub(in crate::commit) enum Side {
     /// `data` alone.
     Data,
     /// `data` as a delta against `base`.

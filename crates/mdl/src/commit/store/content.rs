@@ -13,7 +13,7 @@ use crate::input::Input;
 use crate::{Error, Result};
 
 /// Where one side of a pass reads from.
-pub(super) enum Content<'a> {
+pub(in crate::commit) enum Content<'a> {
     /// Bytes in memory (already hashed, or decoded and verified).
     Memory(&'a [u8]),
     /// Piece `i` of the input, a window at a time; `id` is what its bytes hash to.
@@ -31,7 +31,7 @@ pub(super) enum Content<'a> {
 }
 
 impl Content<'_> {
-    pub(super) fn len(&self) -> usize {
+    pub(in crate::commit) fn len(&self) -> usize {
         match self {
             Content::Memory(b) => b.len(),
             Content::Input { input, i, .. } => input.pieces[*i].len as usize,
@@ -43,25 +43,25 @@ impl Content<'_> {
         matches!(self, Content::Input { .. })
     }
 
-    pub(super) fn windowed(&self) -> bool {
+    pub(in crate::commit) fn windowed(&self) -> bool {
         !matches!(self, Content::Memory(_))
     }
 }
 
 /// Bytes of a window of a tensor of `width`-byte elements.
-pub(super) fn window_bytes(width: usize) -> usize {
+pub(in crate::commit) fn window_bytes(width: usize) -> usize {
     ((mdl_store::WINDOW_CHUNKS as usize) << CHUNK_LOG2) * width
 }
 
 /// What a pass does with each window of a tensor and of its base.
-pub(super) type Visit<'a> = dyn FnMut(&[u8], Option<&[u8]>) -> Result<()> + 'a;
+pub(in crate::commit) type Visit<'a> = dyn FnMut(&[u8], Option<&[u8]>) -> Result<()> + 'a;
 
 /// One pass over `data` (and `base`, window by window in lockstep): `f` gets each window of
 /// both. Content in memory on both sides is one window. With a `hasher`, returns the hash of
 /// the input's bytes as they were read, on whichever side the input is (a pass encoding from
 /// it compares this with the id: a file rewritten during the commit must not be stored under
 /// the old content's id).
-pub(super) fn pass(
+pub(in crate::commit) fn pass(
     data: &Content<'_>,
     base: Option<&Content<'_>>,
     width: usize,

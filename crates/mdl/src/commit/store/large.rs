@@ -14,7 +14,7 @@ use mdl_codec::CodecTag;
 use mdl_format::ObjectId;
 
 use super::content::{pass, window_bytes, Content};
-use super::store::{previous_object, StoreCtx, Stored, FLOAT_GAIN_FLOOR};
+use super::{previous_object, StoreCtx, Stored, FLOAT_GAIN_FLOOR};
 use crate::policy::DeltaMode;
 use crate::{Error, Result};
 use mdl_format::Exactness;

@@ -11,7 +11,7 @@ use mdl_store::{IndexEntry, Placement};
 
 use super::coder::{FloatRecord, Side};
 use super::content::Content;
-use super::store::{
+use super::{
     delta_codec, is_delta_candidate, previous_content, StoreCtx, Stored, FLOAT_GAIN_FLOOR,
 };
 use crate::policy::DeltaMode;
@@ -152,7 +152,7 @@ impl StoreCtx<'_> {
 
     /// The previous version a delta of piece `i` is made against. With deferred reverse
     /// deltas there is none now: the new version is stored whole, and the previous one is
-    /// re-encoded against it after the publish ([`super::run_deferred`]).
+    /// re-encoded against it after the publish ([`crate::commit::run_deferred`]).
     fn delta_base(&self, i: usize, id: &ObjectId) -> Result<Option<(ObjectId, IndexEntry)>> {
         let base = self.base_for(i, id, false)?;
         if base.is_some() && self.policy.mode == DeltaMode::Reverse && self.policy.defer {

@@ -1,6 +1,8 @@
 //! Storing one tensor: already stored, quantized under a plan, mantissa-trimmed, or exactly
 //! (`lossless.rs`; a large tensor a window at a time, `large.rs`), and which previous version
-//! a delta may be made against.
+//! a delta may be made against. Below it: the float codecs' passes (`coder.rs`) over a
+//! tensor's content read whole or a window at a time (`content.rs`), into buffers kept for the
+//! next tensor (`spare.rs`) — what a deferred re-encode uses too.
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
@@ -16,9 +18,12 @@ use mdl_format::{Exactness, Lossy, ObjectId};
 use mdl_store::meta::MetaRead;
 use mdl_store::{IndexEntry, Placement, Store};
 
-use super::coder::{Coder, REWRITE_GAIN_FLOOR};
-use super::content::Content;
-use super::spare::Spare;
+pub(super) mod coder;
+pub(super) mod content;
+mod large;
+mod lossless;
+pub(super) mod spare;
+
 use crate::input::{Input, Piece};
 use crate::lossy::{Encoded, TensorPlan};
 use crate::policy::{DeltaMode, DeltaPolicy};
@@ -26,13 +31,16 @@ use crate::previous::Previous;
 use crate::rewrite::{chain, Rewrite};
 use crate::warm::WarmTensors;
 use crate::{lossy, Progress, Repository, Result};
+use coder::{Coder, REWRITE_GAIN_FLOOR};
+use content::Content;
+use spare::Spare;
 
 /// Float tensors whose best float encoding saves less than this fraction also try zstd.
 pub(super) const FLOAT_GAIN_FLOOR: f64 = 0.03;
 
 /// Tensors of at least this size, stored exactly, are read a window at a time (with their
 /// previous versions) instead of being held: a commit's memory stays bounded by the window
-/// ([`super::large`]).
+/// (`large.rs`).
 const STREAMED_TENSOR: u64 = crate::BIG_TENSOR;
 
 /// One tensor's outcome.

@@ -6,21 +6,21 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Mutex;
 
 /// Spare buffers of type `T` (a tensor's bytes, or its planes), for as long as the commit runs.
-pub(super) struct Spare<T>(Mutex<Vec<T>>);
+pub(in crate::commit) struct Spare<T>(Mutex<Vec<T>>);
 
 impl<T: Default> Spare<T> {
-    pub(super) fn new() -> Self {
+    pub(in crate::commit) fn new() -> Self {
         Spare(Mutex::new(Vec::new()))
     }
 
     /// Keeps `buf` for a later tensor.
-    pub(super) fn give(&self, buf: T) {
+    pub(in crate::commit) fn give(&self, buf: T) {
         self.0.lock().unwrap().push(buf);
     }
 
     /// A buffer an earlier tensor used (its contents unspecified), or an empty one; given back
     /// when dropped.
-    pub(super) fn take(&self) -> Taken<'_, T> {
+    pub(in crate::commit) fn take(&self) -> Taken<'_, T> {
         let buf = self.0.lock().unwrap().pop().unwrap_or_default();
         Taken {
             spare: self,
@@ -30,14 +30,14 @@ impl<T: Default> Spare<T> {
 }
 
 /// A buffer out of [`Spare`], given back when dropped unless [`Taken::keep`] keeps it.
-pub(super) struct Taken<'s, T: Default> {
+pub(in crate::commit) struct Taken<'s, T: Default> {
     spare: &'s Spare<T>,
     buf: Option<T>,
 }
 
 impl<T: Default> Taken<'_, T> {
     /// The buffer itself, not given back.
-    pub(super) fn keep(mut self) -> T {
+    pub(in crate::commit) fn keep(mut self) -> T {
         self.buf.take().unwrap_or_default()
     }
 }
