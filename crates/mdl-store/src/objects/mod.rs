@@ -120,9 +120,9 @@ mod windows;
 mod write;
 
 pub(crate) use read::agrees_with_index;
+pub use unpublished::Unpublished;
 pub use windows::{windowed_cost, TensorWindows, WINDOW_CHUNKS};
 pub(crate) use write::next_temp;
-pub use unpublished::Unpublished;
 pub use write::{ObjectBatch, PutOutcome, RecordWriter};
 
 #[cfg(test)]
