@@ -5,7 +5,8 @@ venv=target/nvrtc-venv
 if [ ! -e "$venv/.installed" ]; then
     rm -rf "$venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q "nvidia-cuda-nvrtc-cu12==12.8.93"
+    source scripts/ticking.sh
+    ticking "installing NVRTC" "$venv/bin/pip" install -q "nvidia-cuda-nvrtc-cu12==12.8.93"
     touch "$venv/.installed"
 fi
 nvrtc=$(echo "$PWD/$venv"/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib)

