@@ -68,21 +68,7 @@ fn main() -> ExitCode {
     if !matches!(cli.command, Command::Serve { .. }) {
         keep_freed_memory();
     }
-    let filter = if cli.verbose {
-        "mdl=debug,info"
-    } else {
-        "warn"
-    };
-    tracing_subscriber::fmt()
-        .with_writer(io::stderr)
-        .with_ansi(io::stderr().is_terminal())
-        .with_target(false)
-        .without_time()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("MDL_LOG")
-                .unwrap_or_else(|_| filter.into()),
-        )
-        .init();
+    log_to_stderr(cli.verbose);
     if !matches!(cli.command, Command::Serve { .. }) {
         clean_up_on_interrupt();
     }
@@ -117,6 +103,28 @@ fn main() -> ExitCode {
 /// short faults on the next read of its lost pages (SIGBUS): said in one line, and the command
 /// stops as a kill would stop it — what it was recording is not half-recorded (a commit names
 /// nothing before it has read every byte), and what it left in `.mdl/incoming` gc removes.
+/// Logs to stderr, plainly: warnings, or with `-v` mdl's debug lines and everything's info.
+/// `MDL_LOG` overrides it with `target=level` pairs and a bare default level
+/// (`MDL_LOG=mdl=trace,info`); a value that does not parse is ignored.
+fn log_to_stderr(verbose: bool) {
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::prelude::*;
+    let default = if verbose { "mdl=debug,info" } else { "warn" };
+    let filter: Targets = std::env::var("MDL_LOG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| default.parse().expect("the default filters parse"));
+    let lines = tracing_subscriber::fmt::layer()
+        .with_writer(io::stderr)
+        .with_ansi(io::stderr().is_terminal())
+        .with_target(false)
+        .without_time();
+    tracing_subscriber::registry()
+        .with(lines)
+        .with(filter)
+        .init();
+}
+
 fn report_mapped_file_faults() {
     extern "C" fn on_fault(_: libc::c_int) {
         const LINE: &[u8] = b"error: a file mdl was reading was cut short meanwhile (another \

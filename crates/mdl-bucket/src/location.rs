@@ -97,6 +97,9 @@ impl Location {
                 self.url()
             )));
         }
+        // TLS through rustls on ring's cryptography, installed for the process once (the
+        // client is built without a provider of its own; one installed already is kept).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let mut b = AmazonS3Builder::from_env()
             .with_bucket_name(&self.bucket)
             .with_conditional_put(S3ConditionalPut::ETagMatch)
