@@ -320,3 +320,30 @@ impl Operations for Served {
         Err(self.on_its_machine(Operation::Push))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A live state's commit is refused before anything is sent (no server answers here),
+    /// with the one refusal every surface shows.
+    #[test]
+    fn a_staged_commit_is_refused_with_what_to_do_instead() {
+        let served = Served::new(Remote::new("http://127.0.0.1:9/repo", None).unwrap());
+        let staged = Staged::memory(Vec::new(), &[]).unwrap();
+        let err = served
+            .commit_staged(staged, &CommitOptions::default(), None, &mdl::NoProgress)
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            Error::Unsupported {
+                operation: Operation::CommitState,
+                backend: Backend::Served,
+                ..
+            }
+        ));
+        let text = err.to_string();
+        assert!(text.contains("push it"), "{text}");
+        assert!(!text.contains('\n'), "{text}");
+    }
+}
