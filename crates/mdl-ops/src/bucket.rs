@@ -93,17 +93,6 @@ impl Operations for InBucket {
         self.loc.url()
     }
 
-    fn commit(
-        &self,
-        paths: &[PathBuf],
-        opts: &CommitOptions,
-        engine: Option<EngineChoice>,
-        progress: &dyn Progress,
-    ) -> Result<CommitOutcome> {
-        let staged = Staged::read(paths, opts.reading)?;
-        self.commit_staged(staged, opts, engine, progress)
-    }
-
     fn commit_staged(
         &self,
         staged: Staged,

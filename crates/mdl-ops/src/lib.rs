@@ -98,14 +98,18 @@ pub trait Operations: Send + Sync {
     fn location(&self) -> String;
 
     /// Commits files and folders (`mdl commit`); `engine` overrides the `engine` setting on
-    /// this machine.
+    /// this machine. Where the repository is stored by this process, the files are read here
+    /// and stored as [`Self::commit_staged`] stores them.
     fn commit(
         &self,
         paths: &[PathBuf],
         opts: &CommitOptions,
         engine: Option<EngineChoice>,
         progress: &dyn Progress,
-    ) -> Result<CommitOutcome>;
+    ) -> Result<CommitOutcome> {
+        let staged = Staged::read(paths, opts.reading)?;
+        self.commit_staged(staged, opts, engine, progress)
+    }
     /// Commits what this process staged (a live state's buffers, files copied aside, already
     /// read files): only where this process can store it, on this machine or in object
     /// storage; a served repository refuses it.
