@@ -99,10 +99,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// A file read in place through a mapping (one being committed) that another program cuts
-/// short faults on the next read of its lost pages (SIGBUS): said in one line, and the command
-/// stops as a kill would stop it — what it was recording is not half-recorded (a commit names
-/// nothing before it has read every byte), and what it left in `.mdl/incoming` gc removes.
 /// Logs to stderr, plainly: warnings, or with `-v` mdl's debug lines and everything's info.
 /// `MDL_LOG` overrides it with `target=level` pairs and a bare default level
 /// (`MDL_LOG=mdl=trace,info`); a value that does not parse is ignored.
@@ -125,6 +121,10 @@ fn log_to_stderr(verbose: bool) {
         .init();
 }
 
+/// A file read in place through a mapping (one being committed) that another program cuts
+/// short faults on the next read of its lost pages (SIGBUS): said in one line, and the command
+/// stops as a kill would stop it — what it was recording is not half-recorded (a commit names
+/// nothing before it has read every byte), and what it left in `.mdl/incoming` gc removes.
 fn report_mapped_file_faults() {
     extern "C" fn on_fault(_: libc::c_int) {
         const LINE: &[u8] = b"error: a file mdl was reading was cut short meanwhile (another \

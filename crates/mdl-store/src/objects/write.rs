@@ -492,12 +492,15 @@ impl<'s> ObjectBatch<'s> {
     /// it is waited for. Many fsyncs in flight let the file system merge them into few journal
     /// commits. Only this batch's files are flushed, not whatever else is dirty on the disk.
     pub fn finish(self) -> Result<(), StoreError> {
-        let written = self.written.lock().unwrap().clone();
-        if !written.is_empty() {
-            let dirs: BTreeSet<PathBuf> = written
-                .iter()
-                .filter_map(|(id, g)| Some(self.store.record_path(id, *g).parent()?.to_path_buf()))
-                .collect();
+        // Read in place: the ledger stays whole, for the operation to take the records back
+        // if it fails after this.
+        let written = self.written.lock().unwrap();
+        let dirs: BTreeSet<PathBuf> = written
+            .iter()
+            .filter_map(|(id, g)| Some(self.store.record_path(id, *g).parent()?.to_path_buf()))
+            .collect();
+        drop(written);
+        if !dirs.is_empty() {
             for dir in dirs {
                 self.syncer.push(dir, Target::Dir);
             }
