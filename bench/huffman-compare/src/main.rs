@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use bit_vec::BitVec;
 use huffman_compress::CodeBuilder;
-use mdl_codec::huffman::{Code, Decoder, Encoder, Histogram, CHUNK_LOG2};
+use mdl_codec::huffman::{Code, Decoder, Encoder, Histogram, Lanes, CHUNK_LOG2};
 use mdl_format::{safetensors, Dtype};
 
 mod huf {
@@ -194,6 +194,7 @@ fn main() {
             (Encoder::new(&code), Decoder::new(&code), 128)
         })
         .collect();
+    for lanes in [Lanes::Four, Lanes::Wide] {
     let full = time(repeat, || {
         let mut out = Vec::new();
         for p in &planes {
@@ -201,12 +202,13 @@ fn main() {
             let encoder = Encoder::new(&code);
             for c in p.chunks(chunk) {
                 out.clear();
-                encoder.encode_chunk(c, &mut out);
+                encoder.encode_chunk(lanes, c, &mut out);
                 std::hint::black_box(&out);
             }
         }
     });
     let mut coded: Vec<Vec<Vec<u8>>> = Vec::new();
+    let mut back: Vec<Vec<u8>> = planes.iter().map(|p| vec![0u8; p.len()]).collect();
     let code_only = time(repeat, || {
         coded = planes
             .iter()
@@ -215,18 +217,17 @@ fn main() {
                 p.chunks(chunk)
                     .map(|c| {
                         let mut v = Vec::new();
-                        e.encode_chunk(c, &mut v);
+                        e.encode_chunk(lanes, c, &mut v);
                         v
                     })
                     .collect()
             })
             .collect();
     });
-    let mut back: Vec<Vec<u8>> = planes.iter().map(|p| vec![0u8; p.len()]).collect();
     let dec = time(repeat, || {
         for ((chunks, (_, d, _)), out) in coded.iter().zip(&coders).zip(&mut back) {
             for (c, o) in chunks.iter().zip(out.chunks_mut(chunk)) {
-                d.decode_chunk(c, o).unwrap();
+                d.decode_chunk(lanes, c, o).unwrap();
             }
         }
     });
@@ -239,13 +240,16 @@ fn main() {
         })
         .sum();
     println!(
-        "| mdl (a code a plane, chunks of 128 Ki, 12-bit codes, 4 lanes) | {:.4} | {:.0} | {:.0} | {:.0} |",
+        "| mdl (a code a plane, chunks of 128 Ki, 12-bit codes, {:?} lanes) | {:.4} | {:.0} | {:.0} | {:.0} |",
+        lanes,
         size as f64 * 8.0 / n as f64,
         mbs(full),
         mbs(code_only),
         mbs(dec)
     );
 
+    }
+    let mut back: Vec<Vec<u8>> = planes.iter().map(|p| vec![0u8; p.len()]).collect();
     // zstd's HUF: blocks of 128 KiB (its limit), each counted, given its own code and coded.
     let block = 128 << 10;
     let mut blocks: Vec<Vec<Vec<u8>>> = Vec::new();

@@ -56,7 +56,9 @@ pub fn torch_archive(input: &[u8]) {
     }
 }
 
-/// An entropy stream: a stream that decodes decodes the same chunk by chunk as whole.
+/// An entropy stream: a stream that decodes decodes the same chunk by chunk as whole, and each
+/// Huffman chunk decodes the same (or is refused alike) by the fast decoder, whose inner loop
+/// runs without bounds checks, and by the checked reference.
 pub fn entropy_stream(input: &[u8]) {
     let Some((&n, bytes)) = input.split_first() else {
         return;
@@ -73,6 +75,30 @@ pub fn entropy_stream(input: &[u8]) {
                 .expect("chunks decoded once already");
         }
         assert_eq!(out, again);
+    }
+    let Ok(stream) = huffman::Stream::parse(bytes, n as u64) else {
+        return;
+    };
+    if let huffman::StreamBody::Coded {
+        lanes,
+        decoder,
+        values: None,
+        offsets,
+        data,
+    } = stream.body()
+    {
+        let chunk_len = stream.chunk_len();
+        for (i, w) in offsets.windows(2).enumerate() {
+            let m = chunk_len.min(n - i * chunk_len);
+            let (mut fast, mut checked) = (vec![0u8; m], vec![0u8; m]);
+            let chunk = &data[w[0]..w[1]];
+            let a = decoder.decode_chunk(*lanes, chunk, &mut fast);
+            let b = decoder.decode_chunk_checked(*lanes, chunk, &mut checked);
+            assert_eq!(a.is_ok(), b.is_ok(), "chunk {i}: {a:?} against {b:?}");
+            if a.is_ok() {
+                assert_eq!(fast, checked, "chunk {i}");
+            }
+        }
     }
 }
 

@@ -341,39 +341,42 @@ extern "C" __global__ void compact_nonzero(const u8* planes, u64 n, u64 stride, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Huffman chunks (mdl-codec huffman.rs). A chunk's symbols are split into 4 contiguous lanes of
-// ceil(n / 4) symbols (the last takes what remains), each an independent bit stream, least
-// significant bit first, zero-padded to a whole byte.
+// Huffman chunks (mdl-codec huffman/chunk.rs). A chunk's symbols are split into `lanes`
+// contiguous lanes of ceil(n / lanes) symbols (the last ones take what remains), each an
+// independent bit stream, least significant bit first, zero-padded to a whole byte, after a table
+// of every lane's byte length but the last's: 32 lanes with u16 lengths (format 10 on, what both
+// engines write), or 4 lanes with u32 lengths (formats 1-9, still read).
 //
-// A segment is one chunk to code: 4 u64 words per segment in `segs`:
+// A segment is one chunk to code (always 32 lanes): 4 u64 words per segment in `segs`:
 //   [0] offset of its symbols in `symbols`, [1] symbol count, [2] code table index,
-//   [3] byte offset of its first lane in `out` (for huff_write; the host leaves room before it
-//   for the lane table).
+//   [3] unused.
 // Tables: `codes[t * 256 + s]` is (bit-reversed code) | length << 16.
 
-__device__ __forceinline__ void lane_range(u64 n, int k, u64* lo, u64* hi) {
-    u64 q = (n + 3) / 4;
+#define WIDE_LANES 32
+
+__device__ __forceinline__ void lane_range(u64 n, int lanes, int k, u64* lo, u64* hi) {
+    u64 q = (n + lanes - 1) / lanes;
     u64 a = k * q, b = (k + 1) * q;
     *lo = a < n ? a : n;
     *hi = b < n ? b : n;
 }
 
-// Bits of each lane: bits[seg * 4 + k] (grid.x = segment, grid.y = lane).
+// Bits of each lane: bits[seg * 32 + k] (grid.x = segment, grid.y = lane).
 extern "C" __global__ void huff_lane_bits(const u8* symbols, const u64* segs, const u32* codes,
                                           u64* bits) {
     const u64* s = segs + 4 * blockIdx.x;
     const u8* sym = symbols + s[0];
     const u32* table = codes + s[2] * 256;
     u64 lo, hi;
-    lane_range(s[1], blockIdx.y, &lo, &hi);
+    lane_range(s[1], WIDE_LANES, blockIdx.y, &lo, &hi);
     u64 sum = 0;
     for (u64 i = lo + threadIdx.x; i < hi; i += blockDim.x) sum += table[sym[i]] >> 16;
     u64 total;
     block_exclusive_scan(sum, &total);
-    if (threadIdx.x == 0) bits[blockIdx.x * 4 + blockIdx.y] = total;
+    if (threadIdx.x == 0) bits[blockIdx.x * WIDE_LANES + blockIdx.y] = total;
 }
 
-// Writes each lane's bits at its byte offset: lane_at[seg * 4 + k] (grid as huff_lane_bits).
+// Writes each lane's bits at its byte offset: lane_at[seg * 32 + k] (grid as huff_lane_bits).
 // `out` is zeroed beforehand and 4-byte aligned; threads OR whole 32-bit words in.
 extern "C" __global__ void huff_write(const u8* symbols, const u64* segs, const u32* codes,
                                       const u64* lane_at, u8* out) {
@@ -381,7 +384,7 @@ extern "C" __global__ void huff_write(const u8* symbols, const u64* segs, const 
     const u8* sym = symbols + s[0];
     const u32* table = codes + s[2] * 256;
     u64 lo, hi;
-    lane_range(s[1], blockIdx.y, &lo, &hi);
+    lane_range(s[1], WIDE_LANES, blockIdx.y, &lo, &hi);
     u64 len = hi - lo;
     u64 per = (len + blockDim.x - 1) / blockDim.x;
     u64 a = lo + threadIdx.x * per;
@@ -390,7 +393,7 @@ extern "C" __global__ void huff_write(const u8* symbols, const u64* segs, const 
     u64 mine = 0;
     for (u64 i = a; i < b; i++) mine += table[sym[i]] >> 16;
     u64 start = block_exclusive_scan(mine, 0);
-    u64 bit = lane_at[blockIdx.x * 4 + blockIdx.y] * 8 + start;
+    u64 bit = lane_at[blockIdx.x * WIDE_LANES + blockIdx.y] * 8 + start;
     u32* words = (u32*)out;
     // Accumulate from the word that holds `bit`, flushing whole words.
     u64 word = bit / 32;
@@ -417,43 +420,53 @@ extern "C" __global__ void copy_jobs(const u8* src, const u64* jobs, u8* dst) {
     for (u64 i = threadIdx.x; i < j[1]; i += blockDim.x) dst[j[2] + i] = src[j[0] + i];
 }
 
-// Decodes one lane per thread. A job is 6 u64 words:
+// Decodes one lane per thread (32 threads a job, those past the job's lanes idle). A job is 6
+// u64 words:
 //   [0] offset of the chunk's bytes in `in`, [1] the chunk's length in bytes, [2] symbol count,
 //       or, when [3] has bit 63 set, the index into `counts` of the count
-//   [3] decoder table index (low 32 bits), [4] output offset in `out`, [5] unused.
+//   [3] decoder table index (low 32 bits), [4] output offset in `out`, [5] lanes (4 or 32).
 // Tables: `tables[t * 4096 + bits]` is symbol | length << 8 (length 0: no code).
 // Any inconsistency sets *err (the host then decodes on the CPU, which says what is wrong).
 extern "C" __global__ void huff_decode(const u8* in, const u64* jobs, u64 njobs,
                                        const u16* tables, const u64* counts, u8* out, int* err) {
     u64 t = blockIdx.x * (u64)blockDim.x + threadIdx.x;
-    if (t >= njobs * 4) return;
-    const u64* j = jobs + 6 * (t / 4);
-    int k = (int)(t % 4);
+    if (t >= njobs * WIDE_LANES) return;
+    const u64* j = jobs + 6 * (t / WIDE_LANES);
+    int k = (int)(t % WIDE_LANES);
+    int lanes = (int)j[5];
+    if (k >= lanes) return;
+    // Lane length table entries: u32 for 4 lanes, u16 for 32.
+    int width = lanes == 4 ? 4 : 2;
     const u8* chunk = in + j[0];
     u64 bytes = j[1];
     u64 n = (j[3] >> 63) ? counts[j[2]] : j[2];
     const u16* table = tables + (j[3] & 0xffffffffu) * 4096;
-    if (bytes < 12) {
+    u64 table_len = (u64)width * (lanes - 1);
+    if (bytes < table_len) {
         atomicOr(err, 1);
         return;
     }
-    // Lane byte ranges from the chunk's table of the first three lanes' lengths.
-    u64 at = 12, lane_lo = 0, lane_len = 0;
-    for (int q = 0; q < 4; q++) {
-        u64 len = q < 3 ? (u64)load32(chunk, q) : (at <= bytes ? bytes - at : 0);
+    // This lane's byte range from the chunk's table of lane lengths.
+    u64 at = table_len, lane_lo = 0, lane_len = 0;
+    for (int q = 0; q <= k; q++) {
+        u64 len;
+        if (q < lanes - 1) {
+            len = 0;
+            for (int b = 0; b < width; b++) len |= (u64)chunk[q * width + b] << (8 * b);
+        } else {
+            len = at <= bytes ? bytes - at : 0;
+        }
         if (at + len > bytes) {
             atomicOr(err, 1);
             return;
         }
-        if (q == k) {
-            lane_lo = at;
-            lane_len = len;
-        }
+        lane_lo = at;
+        lane_len = len;
         at += len;
     }
     const u8* lane = chunk + lane_lo;
     u64 lo, hi;
-    lane_range(n, k, &lo, &hi);
+    lane_range(n, lanes, k, &lo, &hi);
     u8* o = out + j[4];
     u64 total_bits = lane_len * 8, pos = 0;
     for (u64 i = lo; i < hi; i++) {

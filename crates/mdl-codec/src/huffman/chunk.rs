@@ -1,21 +1,59 @@
-//! One chunk of symbols as [`LANES`] independent bit streams: the encoder and the
-//! table-driven decoder.
+//! One chunk of symbols as independent bit streams (lanes): the encoder and the table-driven
+//! decoder, for both lane layouts ([`Lanes`]).
 
 use mdl_format::FormatError;
 
-use super::{Code, MAX_LEN, TABLE_MASK, TABLE_SIZE};
+use super::group::{Tables, GROUP, MULTI};
+use super::{Code, MAX_LEN, TABLE_SIZE};
 
-/// Independent bit streams per chunk (see [`Encoder::encode_chunk`]).
+/// Lanes a [`Lanes::Four`] chunk has (the layout of formats 1–9).
 pub const LANES: usize = 4;
 
-/// Bytes a Huffman chunk adds beyond its bits, at most: the lane table and lane padding.
-pub(super) const CHUNK_OVERHEAD: u64 = 4 * (LANES as u64 - 1) + LANES as u64;
+/// How a chunk's symbols are split into lanes: contiguous ranges of ⌈m / lanes⌉ symbols (the
+/// last lanes take what remains, possibly nothing), each its own bit stream padded to a whole
+/// byte, after a table of every lane's byte length but the last's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lanes {
+    /// 4 lanes, `u32` lengths: streams of modes 2 and 3, written by formats 1–9.
+    Four,
+    /// 32 lanes, `u16` lengths: modes 4 and 5, written from format 10 on. A GPU decodes a lane a
+    /// thread (a chunk of 128 Ki symbols is 32 threads of 4 Ki, where `Four` gave 4 of 32 Ki);
+    /// a CPU core decodes four at a time, as it decodes a `Four` chunk.
+    Wide,
+}
 
-/// The symbol ranges of the lanes of an `n`-symbol chunk: contiguous, the first ones a
-/// quarter each (rounded up), the last what remains (possibly empty).
-fn lanes(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
-    let q = n.div_ceil(LANES);
-    (0..LANES).map(move |k| (k * q).min(n)..((k + 1) * q).min(n))
+impl Lanes {
+    /// Lanes a chunk has.
+    pub const fn count(self) -> usize {
+        match self {
+            Lanes::Four => LANES,
+            Lanes::Wide => 32,
+        }
+    }
+
+    /// Bytes of each entry of the lane table.
+    pub const fn len_bytes(self) -> usize {
+        match self {
+            Lanes::Four => 4,
+            Lanes::Wide => 2,
+        }
+    }
+
+    /// Bytes of a chunk's lane table.
+    pub const fn table_len(self) -> usize {
+        self.len_bytes() * (self.count() - 1)
+    }
+
+    /// Bytes a chunk adds beyond its bits, at most: the lane table and lane padding.
+    pub const fn overhead(self) -> u64 {
+        (self.table_len() + self.count()) as u64
+    }
+
+    /// The symbol range of lane `k` of an `n`-symbol chunk.
+    pub fn range(self, n: usize, k: usize) -> std::ops::Range<usize> {
+        let q = n.div_ceil(self.count());
+        (k * q).min(n)..((k + 1) * q).min(n)
+    }
 }
 
 /// Encodes chunks with one code.
@@ -37,47 +75,54 @@ impl Encoder {
         &self.codes
     }
 
-    /// Appends a coded chunk to `out`: the symbols split into [`LANES`] contiguous lanes, each
-    /// its own bit stream, after a table of the first three lanes' byte lengths (`u32` each).
-    /// Every symbol must have a code.
-    pub fn encode_chunk(&self, symbols: &[u8], out: &mut Vec<u8>) {
+    /// Appends a coded chunk to `out`: the symbols split into `lanes`, each its own bit
+    /// stream, after the table of lane byte lengths. Every symbol must have a code.
+    pub fn encode_chunk(&self, lanes: Lanes, symbols: &[u8], out: &mut Vec<u8>) {
         // Each lane is coded into a region of its own of a scratch buffer kept by the thread,
         // sized for the worst case (12 bits a symbol, plus slack for the word-at-a-time
-        // writes, which overwrite whatever is there), all four in lock step so their
-        // dependency chains overlap; then only the coded bytes are appended to `out` (a
-        // worst-case region in `out` itself would be zeroed, and faulted in, for nothing).
-        let cap = symbols.len().div_ceil(LANES) * MAX_LEN as usize / 8 + 16;
+        // writes, which overwrite whatever is there), a group of lanes in lock step; then only
+        // the coded bytes are appended to `out` (a worst-case region in `out` itself would be
+        // zeroed, and faulted in, for nothing).
+        let count = lanes.count();
+        let n = symbols.len();
+        let cap = n.div_ceil(count) * MAX_LEN as usize / 8 + 16;
         let mut scratch = LANE_SCRATCH.take();
-        if scratch.len() < LANES * cap {
-            scratch.resize(LANES * cap, 0);
+        if scratch.len() < count * cap {
+            scratch.resize(count * cap, 0);
         }
-        let mut regions = scratch.chunks_exact_mut(cap);
-        let bufs: [&mut [u8]; LANES] =
-            std::array::from_fn(|_| regions.next().expect("a region a lane"));
-        let mut ranges = lanes(symbols.len());
-        let lane: [&[u8]; LANES] =
-            std::array::from_fn(|_| &symbols[ranges.next().expect("a range a lane")]);
-        let mut w = [LaneWriter::default(); LANES];
-        // The last lane is the shortest: every lane has its quads up to there.
-        let common = lane[LANES - 1].len() / 4 * 4;
-        for j in (0..common).step_by(4) {
-            for k in 0..LANES {
-                let q: &[u8; 4] = lane[k][j..j + 4].try_into().expect("4 symbols");
-                w[k].quad(&self.codes, q, bufs[k]);
-            }
+        let mut lens = [0usize; 32];
+        let regions = &mut scratch[..count * cap];
+        self.encode_groups(lanes, symbols, regions, cap, &mut lens);
+        out.reserve(lanes.table_len() + lens.iter().sum::<usize>());
+        for &len in &lens[..count - 1] {
+            out.extend_from_slice(&(len as u32).to_le_bytes()[..lanes.len_bytes()]);
         }
-        let mut lens = [0usize; LANES];
-        for k in 0..LANES {
-            lens[k] = w[k].rest(&self.codes, &lane[k][common..], bufs[k]);
-        }
-        out.reserve(4 * (LANES - 1) + lens.iter().sum::<usize>());
-        for &len in &lens[..LANES - 1] {
-            out.extend_from_slice(&(len as u32).to_le_bytes());
-        }
-        for (buf, &len) in bufs.iter().zip(&lens) {
-            out.extend_from_slice(&buf[..len]);
+        for (k, &len) in lens[..count].iter().enumerate() {
+            out.extend_from_slice(&scratch[k * cap..k * cap + len]);
         }
         LANE_SCRATCH.set(scratch);
+    }
+
+    /// Codes the lanes [`GROUP`] at a time, lane `k` into region `k` (of `cap` bytes) of `regions`,
+    /// its byte length into `lens[k]`.
+    fn encode_groups(
+        &self,
+        lanes: Lanes,
+        symbols: &[u8],
+        regions: &mut [u8],
+        cap: usize,
+        lens: &mut [usize; 32],
+    ) {
+        let n = symbols.len();
+        for (g, region) in regions.chunks_exact_mut(GROUP * cap).enumerate() {
+            let mut regions = region.chunks_exact_mut(cap);
+            let bufs: [&mut [u8]; GROUP] =
+                std::array::from_fn(|_| regions.next().expect("a region a lane"));
+            let lane: [&[u8]; GROUP] =
+                std::array::from_fn(|j| &symbols[lanes.range(n, g * GROUP + j)]);
+            let group_lens = super::cpu::encode_group(&self.codes, lane, bufs);
+            lens[g * GROUP..(g + 1) * GROUP].copy_from_slice(&group_lens);
+        }
     }
 }
 
@@ -86,63 +131,15 @@ thread_local! {
     static LANE_SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// One lane's bit stream being written: bits not yet written out, and where the next byte goes.
-#[derive(Clone, Copy, Default)]
-struct LaneWriter {
-    acc: u64,
-    nbits: u32,
-    pos: usize,
-}
-
-impl LaneWriter {
-    /// Codes four symbols: four codes of at most 12 bits fit beside the at most 7 bits left
-    /// over, and the whole bytes among them are written out.
-    #[inline(always)]
-    fn quad(&mut self, codes: &[(u16, u8); 256], q: &[u8; 4], buf: &mut [u8]) {
-        for &s in q {
-            let (c, l) = codes[s as usize];
-            debug_assert!(l > 0, "symbol without a code");
-            self.acc |= (c as u64) << self.nbits;
-            self.nbits += l as u32;
-        }
-        buf[self.pos..self.pos + 8].copy_from_slice(&self.acc.to_le_bytes());
-        let bytes = self.nbits / 8;
-        self.pos += bytes as usize;
-        // At most 55 bits were held, so at most 6 bytes went out.
-        self.acc >>= bytes * 8;
-        self.nbits -= bytes * 8;
-    }
-
-    /// Codes the lane's last symbols and pads its last byte with zeros: the lane's length.
-    fn rest(&mut self, codes: &[(u16, u8); 256], symbols: &[u8], buf: &mut [u8]) -> usize {
-        let mut quads = symbols.chunks_exact(4);
-        for q in &mut quads {
-            self.quad(codes, q.try_into().expect("4 symbols"), buf);
-        }
-        for &s in quads.remainder() {
-            let (c, l) = codes[s as usize];
-            self.acc |= (c as u64) << self.nbits;
-            self.nbits += l as u32;
-        }
-        while self.nbits > 0 {
-            buf[self.pos] = self.acc as u8;
-            self.pos += 1;
-            self.acc >>= 8;
-            self.nbits = self.nbits.saturating_sub(8);
-        }
-        self.pos
-    }
-}
-
 /// Decodes chunks of one code: a table from the next [`MAX_LEN`] bits to `(symbol, length)`,
-/// and one from the same bits to every whole code they hold, up to three.
+/// and one from the same bits to every whole code they hold, up to [`MULTI`].
 pub struct Decoder {
     /// `symbol | length << 8`; length 0 marks bit patterns no code starts with.
     table: Box<[u16; TABLE_SIZE]>,
-    /// `symbols (3 bytes) | bits << 24 | count << 28`: the codes (at most three) that the
-    /// next [`MAX_LEN`] bits hold whole, their bits together and how many; count 0 marks
+    /// `symbols (5 bytes) | bits << 40 | count << 48`: the codes (at most [`MULTI`]) that
+    /// the next [`MAX_LEN`] bits hold whole, their bits together and how many; count 0 marks
     /// bit patterns no code starts with.
-    multi: Box<[u32; TABLE_SIZE]>,
+    multi: Box<[u64; TABLE_SIZE]>,
 }
 
 impl Decoder {
@@ -162,22 +159,35 @@ impl Decoder {
         }
         // A code of `l` bits is known from its low `l` bits: the bits left after the first
         // codes of an index find the next code in the same table if it is no longer.
-        let mut multi = Box::new([0u32; TABLE_SIZE]);
-        for (i, m) in multi.iter_mut().enumerate() {
-            let (mut bits, mut count, mut symbols) = (0u32, 0u32, 0u32);
-            while count < 3 {
+        let mut multi = vec![0u64; TABLE_SIZE]
+            .into_boxed_slice()
+            .try_into()
+            .expect("TABLE_SIZE entries");
+        for (i, m) in <Box<[u64; TABLE_SIZE]> as AsMut<[u64; TABLE_SIZE]>>::as_mut(&mut multi)
+            .iter_mut()
+            .enumerate()
+        {
+            let (mut bits, mut count, mut symbols) = (0u64, 0u64, 0u64);
+            while count < MULTI as u64 {
                 let e = table[i >> bits];
-                let l = (e >> 8) as u32;
-                if l == 0 || bits + l > MAX_LEN as u32 {
+                let l = (e >> 8) as u64;
+                if l == 0 || bits + l > MAX_LEN as u64 {
                     break;
                 }
-                symbols |= (e as u8 as u32) << (8 * count);
+                symbols |= (e as u8 as u64) << (8 * count);
                 bits += l;
                 count += 1;
             }
-            *m = symbols | bits << 24 | count << 28;
+            *m = symbols | bits << 40 | count << 48;
         }
         Decoder { table, multi }
+    }
+
+    fn tables(&self) -> Tables<'_> {
+        Tables {
+            single: &self.table,
+            multi: &self.multi,
+        }
     }
 
     /// The lookup table: entry `i` is `symbol | length << 8` for the code that the low
@@ -186,135 +196,86 @@ impl Decoder {
         &self.table
     }
 
-    /// Decodes exactly `out.len()` symbols from a chunk written by [`Encoder::encode_chunk`];
-    /// `bytes` must be exactly the chunk.
-    pub fn decode_chunk(&self, bytes: &[u8], out: &mut [u8]) -> Result<(), FormatError> {
-        let table_len = 4 * (LANES - 1);
-        if bytes.len() < table_len {
-            return Err(FormatError::Truncated {
-                what: "huffman chunk",
-                needed: table_len - bytes.len(),
-            });
-        }
-        let (table, mut rest) = bytes.split_at(table_len);
-        let mut streams: [&[u8]; LANES] = [&[]; LANES];
-        for (k, len) in table.chunks_exact(4).enumerate() {
-            let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
-            if len > rest.len() {
-                return Err(FormatError::invalid(
-                    "huffman chunk",
-                    "lane overruns the chunk",
-                ));
-            }
-            (streams[k], rest) = rest.split_at(len);
-        }
-        streams[LANES - 1] = rest;
+    /// Decodes exactly `out.len()` symbols from a chunk written by [`Encoder::encode_chunk`]
+    /// with `lanes`; `bytes` must be exactly the chunk.
+    pub fn decode_chunk(
+        &self,
+        lanes: Lanes,
+        bytes: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), FormatError> {
+        let streams = lane_streams(lanes, bytes)?;
+        self.decode_groups(lanes, &streams, out)
+    }
+
+    /// [`Self::decode_chunk`] one lookup a symbol, every index checked: the reference the
+    /// fast path (whose inner loop reads and writes without bounds checks) is tested and
+    /// fuzzed against. It accepts exactly the chunks `decode_chunk` accepts, with the same
+    /// symbols.
+    pub fn decode_chunk_checked(
+        &self,
+        lanes: Lanes,
+        bytes: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), FormatError> {
+        let streams = lane_streams(lanes, bytes)?;
         let n = out.len();
-        let mut outs: [&mut [u8]; LANES] = Default::default();
         let mut tail = out;
-        for (k, lane) in lanes(n).enumerate() {
-            let (head, t) = tail.split_at_mut(lane.len());
-            outs[k] = head;
+        for (k, stream) in streams[..lanes.count()].iter().enumerate() {
+            let (head, t) = std::mem::take(&mut tail).split_at_mut(lanes.range(n, k).len());
             tail = t;
-        }
-        // Interleaved fast path: four independent streams keep four lookups in flight, each
-        // lookup taking up to three codes. Each round reads one 64-bit window per lane (at
-        // least 57 fresh bits) and makes four lookups of at most 12 bits from it, so it
-        // advances a lane by at most 6 bytes of input and 12 symbols (each lookup stores four
-        // bytes: the fourth, and any beyond its count, are overwritten by the next); the number
-        // of rounds that stay in bounds is worked out first and the rounds run unchecked.
-        let mut pos = [0u64; LANES];
-        let mut done = [0usize; LANES];
-        let bad = || FormatError::invalid("huffman chunk", "invalid code");
-        loop {
-            let mut rounds = usize::MAX;
-            for k in 0..LANES {
-                // Round r reads bytes from floor(pos/8) + 6r on, 8 of them.
-                let need = (pos[k] / 8) as usize + 8;
-                let fit = match streams[k].len().checked_sub(need) {
-                    Some(spare) => spare / 6 + 1,
-                    None => 0,
-                };
-                // Round r stores up to symbol done + 12r + 12 (the fourth byte of its last
-                // lookup's store), which must be inside the lane.
-                let room = (outs[k].len() - done[k]).saturating_sub(1) / 12;
-                rounds = rounds.min(fit).min(room);
-            }
-            if rounds == 0 {
-                break;
-            }
-            let mut invalid = false;
-            for _ in 0..rounds {
-                let mut window = [0u64; LANES];
-                for k in 0..LANES {
-                    let at = (pos[k] / 8) as usize;
-                    let word =
-                        u64::from_le_bytes(streams[k][at..at + 8].try_into().expect("8 bytes"));
-                    window[k] = word >> (pos[k] % 8);
-                }
-                let mut used = [0u32; LANES];
-                // Lookup j of every lane, then lookup j + 1: the four lookups of a step are
-                // independent of each other.
-                for _ in 0..4 {
-                    for k in 0..LANES {
-                        let e = self.multi[(window[k] & TABLE_MASK) as usize];
-                        let (l, count) = ((e >> 24) & 0xf, (e >> 28) as usize);
-                        // A zero count marks a pattern no code starts with.
-                        invalid |= count == 0;
-                        let d = done[k];
-                        outs[k][d..d + 4].copy_from_slice(&e.to_le_bytes());
-                        done[k] = d + count;
-                        window[k] >>= l;
-                        used[k] += l;
-                    }
-                }
-                for k in 0..LANES {
-                    pos[k] += used[k] as u64;
-                }
-            }
-            if invalid {
-                return Err(bad());
-            }
-        }
-        for k in 0..LANES {
-            self.decode_lane(streams[k], outs[k], pos[k], done[k])?;
+            super::group::decode_lane(&self.table, stream, head, 0, 0)?;
         }
         Ok(())
     }
 
-    /// Decodes the rest of one lane, from bit `bitpos` and symbol `i` on.
-    fn decode_lane(
+    /// Decodes the lanes [`GROUP`] at a time, lane `k` from `streams[k]`.
+    fn decode_groups(
         &self,
-        bytes: &[u8],
+        lanes: Lanes,
+        streams: &[&[u8]; 32],
         out: &mut [u8],
-        mut bitpos: u64,
-        mut i: usize,
     ) -> Result<(), FormatError> {
-        let total_bits = bytes.len() as u64 * 8;
         let n = out.len();
-        let bad = || FormatError::invalid("huffman chunk", "invalid code");
-        // What the interleaved rounds left: assemble the window byte by byte, zero past the end.
-        while i < n {
-            let at = (bitpos / 8) as usize;
-            let mut word = 0u64;
-            for (k, &b) in bytes.iter().skip(at).take(8).enumerate() {
-                word |= (b as u64) << (8 * k);
+        let mut tail = out;
+        for g in 0..lanes.count() / GROUP {
+            let mut outs: [&mut [u8]; GROUP] = std::array::from_fn(|_| Default::default());
+            for (j, o) in outs.iter_mut().enumerate() {
+                let (head, t) =
+                    std::mem::take(&mut tail).split_at_mut(lanes.range(n, g * GROUP + j).len());
+                *o = head;
+                tail = t;
             }
-            let e = self.table[((word >> (bitpos % 8)) & TABLE_MASK) as usize];
-            let l = (e >> 8) as u64;
-            if l == 0 || bitpos + l > total_bits {
-                return Err(bad());
-            }
-            out[i] = e as u8;
-            bitpos += l;
-            i += 1;
-        }
-        if bitpos > total_bits || bitpos.div_ceil(8) != bytes.len() as u64 {
-            return Err(FormatError::invalid(
-                "huffman chunk",
-                "length disagrees with its symbols",
-            ));
+            let group: [&[u8]; GROUP] = std::array::from_fn(|j| streams[g * GROUP + j]);
+            super::cpu::decode_group(self.tables(), group, outs)?;
         }
         Ok(())
     }
+}
+
+/// The lanes of a chunk: its table of lane lengths read and checked against its length.
+fn lane_streams(lanes: Lanes, bytes: &[u8]) -> Result<[&[u8]; 32], FormatError> {
+    let table_len = lanes.table_len();
+    if bytes.len() < table_len {
+        return Err(FormatError::Truncated {
+            what: "huffman chunk",
+            needed: table_len - bytes.len(),
+        });
+    }
+    let (table, mut rest) = bytes.split_at(table_len);
+    let mut streams: [&[u8]; 32] = [&[]; 32];
+    for (k, len) in table.chunks_exact(lanes.len_bytes()).enumerate() {
+        let mut le = [0u8; 4];
+        le[..len.len()].copy_from_slice(len);
+        let len = u32::from_le_bytes(le) as usize;
+        if len > rest.len() {
+            return Err(FormatError::invalid(
+                "huffman chunk",
+                "lane overruns the chunk",
+            ));
+        }
+        (streams[k], rest) = rest.split_at(len);
+    }
+    streams[lanes.count() - 1] = rest;
+    Ok(streams)
 }

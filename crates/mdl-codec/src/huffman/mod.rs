@@ -35,16 +35,22 @@ const MODE_STORED: u8 = 0;
 const MODE_CONSTANT: u8 = 1;
 const MODE_HUFFMAN: u8 = 2;
 const MODE_SPARSE: u8 = 3;
+const MODE_HUFFMAN_WIDE: u8 = 4;
+const MODE_SPARSE_WIDE: u8 = 5;
+/// Largest chunk of a wide stream: its lanes' lengths fit in 16 bits.
+const MAX_WIDE_CHUNK_LOG2: u8 = 17;
 
 /// Bytes of the code length table: 256 lengths, 4 bits each.
 const LENGTHS_BYTES: usize = 128;
 
 mod chunk;
 mod code;
+mod cpu;
+mod group;
+mod rounds;
 mod stream;
 
-use chunk::CHUNK_OVERHEAD;
-pub use chunk::{Decoder, Encoder, LANES};
+pub use chunk::{Decoder, Encoder, Lanes, LANES};
 pub use code::{Code, Histogram};
 pub use stream::{
     decode_stream, encode_stream, flag_histogram, Plan, Stream, StreamBody, StreamHead,
@@ -93,7 +99,8 @@ mod tests {
     #[test]
     fn encodings_are_pinned() {
         // Stored bytes never change for the same input: a faster encoder must write exactly
-        // what the first one wrote (these bytes hash to what that encoder produced).
+        // what the first one wrote (these bytes hash to what the format-10 encoder produced,
+        // wide chunks; the four-lane chunks of formats 1–9 hashed to 09643425…).
         let mut all = Vec::new();
         for (n, seed) in [(13, 1), (4097, 2), (3 * (1 << CHUNK_LOG2) + 1234, 3)] {
             encode_stream(&skewed(n, seed), &mut all);
@@ -105,10 +112,103 @@ mod tests {
         }
         assert_eq!(
             mdl_format::ObjectId::hash(&all).to_hex(),
-            "09643425cd62f22a7c66945cd7a5420d03f2fc8b5daffec3b29089513a1e46b2",
+            "7721a32eeb60f0c2e308d17ffdab86c5e29845c727a13fd1bd9e2cf128de2cf7",
             "{} bytes",
             all.len()
         );
+    }
+
+    /// A stream of formats 1–9 (mode 2: four lanes a chunk, `u32` lane lengths), put together
+    /// by hand from the pieces the format describes.
+    fn four_lane_stream(symbols: &[u8], log2: u8) -> Vec<u8> {
+        let code = Code::build(&Histogram::of(symbols));
+        let enc = Encoder::new(&code);
+        let chunks: Vec<Vec<u8>> = symbols
+            .chunks(1 << log2)
+            .map(|c| {
+                let mut v = Vec::new();
+                enc.encode_chunk(Lanes::Four, c, &mut v);
+                v
+            })
+            .collect();
+        let mut out = vec![MODE_HUFFMAN, log2];
+        code.write_lengths(&mut out);
+        for c in &chunks {
+            out.extend_from_slice(&(c.len() as u32).to_le_bytes());
+        }
+        for c in &chunks {
+            out.extend_from_slice(c);
+        }
+        out
+    }
+
+    #[test]
+    fn a_wide_chunk_byte_for_byte() {
+        // Known answer, worked out from docs/FORMAT.md: lengths 1, 2, 2 for symbols 0, 1, 2
+        // give the canonical codes 0, 10, 11, written bit-reversed, least significant bit
+        // first. 70 symbols in 32 lanes are lanes of ⌈70/32⌉ = 3: lanes 0–22 hold 0, 1, 2 (bits
+        // 0 | 1 0 | 1 1 = 0x1a), lane 23 holds one 0 (one zero bit: 0x00), lanes 24–31 nothing.
+        let mut lengths = [0u8; 256];
+        lengths[..3].copy_from_slice(&[1, 2, 2]);
+        let code = Code::from_lengths(lengths).unwrap();
+        let symbols: Vec<u8> = (0..70).map(|i| (i % 3) as u8).collect();
+        let mut expected = Vec::new();
+        for k in 0..31 {
+            expected.extend_from_slice(&[(k < 24) as u8, 0]);
+        }
+        expected.extend_from_slice(&[0x1a; 23]);
+        expected.push(0);
+        let mut out = Vec::new();
+        Encoder::new(&code).encode_chunk(Lanes::Wide, &symbols, &mut out);
+        assert_eq!(out, expected);
+        let mut back = vec![0u8; 70];
+        Decoder::new(&code)
+            .decode_chunk(Lanes::Wide, &expected, &mut back)
+            .unwrap();
+        assert_eq!(back, symbols);
+        // The same symbols in four lanes of 18, 18, 18 and 16 (formats 1–9): each lane of 18
+        // is six times 0x1a's five bits, 30 bits in 4 bytes; the last, 16 symbols, 26 bits.
+        let mut four = Vec::new();
+        Encoder::new(&code).encode_chunk(Lanes::Four, &symbols, &mut four);
+        assert_eq!(&four[..12], &[4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0]);
+        assert_eq!(four.len(), 12 + 16);
+    }
+
+    #[test]
+    fn four_lane_streams_still_decode() {
+        for (n, log2) in [
+            (13, 17),
+            (5000, 12),
+            (3 * (1 << CHUNK_LOG2) + 7, 17),
+            (300_000, 24),
+        ] {
+            let symbols = skewed(n, n as u64);
+            let four = four_lane_stream(&symbols, log2);
+            let mut back = vec![0u8; n];
+            decode_stream(&four, &mut back).unwrap();
+            assert_eq!(back, symbols, "{n}");
+            // A wide stream of the same symbols: the same codes, 50 bytes more a chunk of
+            // lane table, and (in chunks of 128 Ki) at most 28 more of lane padding.
+            let mut wide = Vec::new();
+            encode_stream(&symbols, &mut wide);
+            assert_eq!(
+                wide[0],
+                if n < 100 {
+                    MODE_STORED
+                } else {
+                    MODE_HUFFMAN_WIDE
+                }
+            );
+            let chunks = n.div_ceil(1 << CHUNK_LOG2);
+            if log2 == CHUNK_LOG2 {
+                assert!(wide.len() <= four.len() + chunks * (50 + 28), "{n}");
+            }
+        }
+        // A wide stream's chunks are at most 2^17 symbols (lane lengths fit 16 bits).
+        let mut wide = Vec::new();
+        encode_stream(&skewed(1000, 1), &mut wide);
+        wide[1] = 18;
+        assert!(decode_stream(&wide, &mut [0u8; 1000]).is_err());
     }
 
     #[test]
@@ -147,9 +247,9 @@ mod tests {
         assert!(bits >= h && bits < h * 1.03 + 64.0, "{bits} vs {h}");
         let enc = round_trip(&symbols);
         let chunks = symbols.len().div_ceil(1 << CHUNK_LOG2);
-        let expected = 2 + LENGTHS_BYTES + (4 + 12) * chunks;
+        let expected = 2 + LENGTHS_BYTES + (4 + Lanes::Wide.table_len()) * chunks;
         assert!(enc.len() >= expected + (bits / 8.0) as usize);
-        assert!(enc.len() <= expected + (bits / 8.0) as usize + 4 * chunks + 1);
+        assert!(enc.len() <= expected + (bits / 8.0) as usize + 32 * chunks + 1);
     }
 
     #[test]
@@ -241,12 +341,16 @@ mod tests {
             let hist = Histogram::of(&symbols);
             let code = Code::build(&hist);
             prop_assert!(code.lengths().iter().all(|&l| l <= MAX_LEN));
-            let mut out = Vec::new();
-            Encoder::new(&code).encode_chunk(&symbols, &mut out);
-            let mut back = vec![0u8; symbols.len()];
-            if symbols.iter().any(|&s| s != symbols[0]) {
-                Decoder::new(&code).decode_chunk(&out, &mut back).unwrap();
-                prop_assert_eq!(back, symbols);
+            for lanes in [Lanes::Four, Lanes::Wide] {
+                let mut out = Vec::new();
+                Encoder::new(&code).encode_chunk(lanes, &symbols, &mut out);
+                let bits = code.encoded_bits(&hist);
+                prop_assert!(out.len() as u64 <= bits.div_ceil(8) + lanes.overhead());
+                let mut back = vec![0u8; symbols.len()];
+                if symbols.iter().any(|&s| s != symbols[0]) {
+                    Decoder::new(&code).decode_chunk(lanes, &out, &mut back).unwrap();
+                    prop_assert_eq!(&back, &symbols);
+                }
             }
         }
 

@@ -7,9 +7,13 @@ use mdl_format::FormatError;
 use rayon::prelude::*;
 
 use super::{
-    Code, Decoder, Encoder, Histogram, CHUNK_LOG2, CHUNK_OVERHEAD, LENGTHS_BYTES, MAX_CHUNK_LOG2,
-    MIN_CHUNK_LOG2, MODE_CONSTANT, MODE_HUFFMAN, MODE_SPARSE, MODE_STORED,
+    Code, Decoder, Encoder, Histogram, Lanes, CHUNK_LOG2, LENGTHS_BYTES, MAX_CHUNK_LOG2,
+    MAX_WIDE_CHUNK_LOG2, MIN_CHUNK_LOG2, MODE_CONSTANT, MODE_HUFFMAN, MODE_HUFFMAN_WIDE,
+    MODE_SPARSE, MODE_SPARSE_WIDE, MODE_STORED,
 };
+
+/// The lanes writers use.
+const WRITTEN: Lanes = Lanes::Wide;
 
 /// Sparse mode: which symbols of 8 are non-zero, one bit each (bit `k` = symbol `k`).
 #[inline]
@@ -64,7 +68,7 @@ pub enum Plan {
 impl Plan {
     /// The cheapest way to hold symbols with histogram `hist` (and, when given, the histogram
     /// of their sparse-mode flag bytes), with its stream size in bytes: exact, or at most
-    /// [`LANES`] bytes a chunk (twice that for sparse streams) over.
+    /// a lane's padding byte a chunk (twice that for sparse streams) over.
     pub fn choose(hist: &Histogram, flags: Option<&Histogram>) -> (Plan, u64) {
         let n = hist.total();
         let stored = 1 + n;
@@ -77,7 +81,7 @@ impl Plan {
         let code = Code::build(hist);
         let coded = 2
             + LENGTHS_BYTES as u64
-            + (4 + CHUNK_OVERHEAD) * chunks
+            + (4 + WRITTEN.overhead()) * chunks
             + code.encoded_bits(hist).div_ceil(8);
         let mut best = if coded < stored {
             (Plan::Huffman(Box::new(code)), coded)
@@ -90,7 +94,7 @@ impl Plan {
             let (fcode, vcode) = (Code::build(fh), Code::build(&values));
             let sparse = 2
                 + 2 * LENGTHS_BYTES as u64
-                + (8 + 2 * CHUNK_OVERHEAD) * chunks
+                + (8 + 2 * WRITTEN.overhead()) * chunks
                 + fcode.encoded_bits(fh).div_ceil(8)
                 + vcode.encoded_bits(&values).div_ceil(8);
             if sparse < best.1 {
@@ -149,7 +153,7 @@ impl StreamWriter {
         match (&self.plan, &self.encoders) {
             (Plan::Stored, _) => out.extend_from_slice(symbols),
             (Plan::Constant(_), _) => {}
-            (Plan::Huffman(_), Some((enc, _))) => enc.encode_chunk(symbols, out),
+            (Plan::Huffman(_), Some((enc, _))) => enc.encode_chunk(WRITTEN, symbols, out),
             (Plan::Sparse { .. }, Some((fenc, Some(venc)))) => {
                 let flags: Vec<u8> = symbols.chunks(8).map(nonzero_flags).collect();
                 // Branch-free compaction of the non-zero symbols.
@@ -162,10 +166,10 @@ impl StreamWriter {
                 values.truncate(k);
                 let at = out.len();
                 out.extend_from_slice(&[0; 4]);
-                fenc.encode_chunk(&flags, out);
+                fenc.encode_chunk(WRITTEN, &flags, out);
                 let flen = (out.len() - at - 4) as u32;
                 out[at..at + 4].copy_from_slice(&flen.to_le_bytes());
-                venc.encode_chunk(&values, out);
+                venc.encode_chunk(WRITTEN, &values, out);
             }
             _ => unreachable!("coded plans have encoders"),
         }
@@ -190,12 +194,12 @@ impl StreamWriter {
             Plan::Stored => out.push(MODE_STORED),
             Plan::Constant(s) => out.extend_from_slice(&[MODE_CONSTANT, *s]),
             Plan::Huffman(code) => {
-                out.extend_from_slice(&[MODE_HUFFMAN, CHUNK_LOG2]);
+                out.extend_from_slice(&[MODE_HUFFMAN_WIDE, CHUNK_LOG2]);
                 code.write_lengths(&mut out);
                 table(&mut out);
             }
             Plan::Sparse { flags, values } => {
-                out.extend_from_slice(&[MODE_SPARSE, CHUNK_LOG2]);
+                out.extend_from_slice(&[MODE_SPARSE_WIDE, CHUNK_LOG2]);
                 flags.write_lengths(&mut out);
                 values.write_lengths(&mut out);
                 table(&mut out);
@@ -258,6 +262,8 @@ pub enum StreamBody<'a> {
     /// `u32` length of the flag chunk, the flag bytes' chunk (coded with `decoder`), then the
     /// non-zero symbols' chunk (coded with `values`).
     Coded {
+        /// How each chunk's symbols are split into lanes.
+        lanes: Lanes,
         /// Decoder of the symbols (of the flag bytes, for sparse chunks).
         decoder: Arc<Decoder>,
         /// Decoder of the non-zero symbols of sparse chunks.
@@ -285,6 +291,7 @@ enum HeadKind {
     Stored,
     Constant(u8),
     Coded {
+        lanes: Lanes,
         decoder: Arc<Decoder>,
         values: Option<Arc<Decoder>>,
         /// Start of each chunk after the header, plus the end.
@@ -330,18 +337,24 @@ impl StreamHead {
                     "constant stream has the wrong length",
                 )),
             },
-            MODE_HUFFMAN | MODE_SPARSE => {
-                let codes = if mode == MODE_SPARSE { 2 } else { 1 };
+            MODE_HUFFMAN | MODE_SPARSE | MODE_HUFFMAN_WIDE | MODE_SPARSE_WIDE => {
+                let sparse = mode == MODE_SPARSE || mode == MODE_SPARSE_WIDE;
+                let (lanes, max_log2) = if mode >= MODE_HUFFMAN_WIDE {
+                    (Lanes::Wide, MAX_WIDE_CHUNK_LOG2)
+                } else {
+                    (Lanes::Four, MAX_CHUNK_LOG2)
+                };
+                let codes = if sparse { 2 } else { 1 };
                 let fixed = 1 + codes * LENGTHS_BYTES;
                 if rest.len() < fixed {
                     return Err(short(fixed - rest.len()));
                 }
                 let log2 = rest[0];
-                if !(MIN_CHUNK_LOG2..=MAX_CHUNK_LOG2).contains(&log2) {
+                if !(MIN_CHUNK_LOG2..=max_log2).contains(&log2) {
                     return Err(FormatError::invalid("entropy stream", "bad chunk size"));
                 }
                 let decoder = Arc::new(Decoder::new(&Code::read_lengths(&rest[1..])?));
-                let values = if mode == MODE_SPARSE {
+                let values = if sparse {
                     let code = Code::read_lengths(&rest[1 + LENGTHS_BYTES..])?;
                     Some(Arc::new(Decoder::new(&code)))
                 } else {
@@ -377,6 +390,7 @@ impl StreamHead {
                     ));
                 }
                 let kind = HeadKind::Coded {
+                    lanes,
                     decoder,
                     values,
                     offsets,
@@ -432,10 +446,12 @@ impl StreamHead {
             HeadKind::Stored => StreamBody::Stored(data),
             HeadKind::Constant(s) => StreamBody::Constant(*s),
             HeadKind::Coded {
+                lanes,
                 decoder,
                 values,
                 offsets,
             } => StreamBody::Coded {
+                lanes: *lanes,
                 decoder: decoder.clone(),
                 values: values.clone(),
                 offsets: offsets[first..=last]
@@ -498,17 +514,25 @@ impl<'a> Stream<'a> {
             StreamBody::Stored(b) => out.copy_from_slice(&b[start..start + out.len()]),
             StreamBody::Constant(s) => out.fill(*s),
             StreamBody::Coded {
+                lanes,
                 decoder,
                 values: None,
                 offsets,
                 data,
-            } => decoder.decode_chunk(&data[offsets[i]..offsets[i + 1]], out)?,
+            } => decoder.decode_chunk(*lanes, &data[offsets[i]..offsets[i + 1]], out)?,
             StreamBody::Coded {
+                lanes,
                 decoder,
                 values: Some(values),
                 offsets,
                 data,
-            } => decode_sparse(decoder, values, &data[offsets[i]..offsets[i + 1]], out)?,
+            } => decode_sparse(
+                *lanes,
+                decoder,
+                values,
+                &data[offsets[i]..offsets[i + 1]],
+                out,
+            )?,
         }
         Ok(())
     }
@@ -516,6 +540,7 @@ impl<'a> Stream<'a> {
 
 /// Decodes one sparse chunk: flag bytes, then the non-zero symbols they place.
 fn decode_sparse(
+    lanes: Lanes,
     flags: &Decoder,
     values: &Decoder,
     bytes: &[u8],
@@ -531,13 +556,13 @@ fn decode_sparse(
     }
     let (fbytes, vbytes) = bytes[4..].split_at(flen);
     let mut f = vec![0u8; out.len().div_ceil(8)];
-    flags.decode_chunk(fbytes, &mut f)?;
+    flags.decode_chunk(lanes, fbytes, &mut f)?;
     let count: usize = f.iter().map(|b| b.count_ones() as usize).sum();
     if count > out.len() {
         return Err(bad("more flags than symbols"));
     }
     let mut v = vec![0u8; count];
-    values.decode_chunk(vbytes, &mut v)?;
+    values.decode_chunk(lanes, vbytes, &mut v)?;
     out.fill(0);
     let mut k = 0usize;
     for (j, &fl) in f.iter().enumerate() {

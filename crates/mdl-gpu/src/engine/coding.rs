@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
-use mdl_codec::huffman::{Plan, Stream, StreamBody, StreamWriter};
+use mdl_codec::huffman::{Lanes, Plan, Stream, StreamBody, StreamWriter};
 use mdl_codec::planes::PlaneSpec;
 use rayon::prelude::*;
 
@@ -195,8 +195,11 @@ pub(super) fn encode_symbols(
         });
     }
 
-    // Pass 1: bits a lane. The segments and code tables go over once for both passes.
-    let mut lane_bits = vec![0u64; segs.len() * 4];
+    // Pass 1: bits a lane. The segments and code tables go over once for both passes. Both
+    // engines write wide chunks.
+    const L: usize = Lanes::Wide.count();
+    const TABLE: u64 = Lanes::Wide.table_len() as u64;
+    let mut lane_bits = vec![0u64; segs.len() * L];
     let dsegs = if segs.is_empty() {
         None
     } else {
@@ -205,23 +208,23 @@ pub(super) fn encode_symbols(
     };
     let dcodes = lane.put(&codes)?;
     if let Some(d) = &dsegs {
-        let mut bits = lane.alloc::<u64>(segs.len() * 4)?;
+        let mut bits = lane.alloc::<u64>(segs.len() * L)?;
         let mut l = lane.stream.launch_builder(gpu.f("huff_lane_bits"));
         l.arg(&sym).arg(d).arg(&dcodes).arg(&mut bits);
         // SAFETY: one block a (segment, lane); reads the segment's symbols.
-        unsafe { l.launch(cfg((segs.len() as u32, 4), 256)) }?;
-        lane_bits = lane.fetch(&bits, segs.len() * 4)?;
+        unsafe { l.launch(cfg((segs.len() as u32, L as u32), 256)) }?;
+        lane_bits = lane.fetch(&bits, segs.len() * L)?;
     }
-    let lane_bytes = |s: usize, k: usize| lane_bits[s * 4 + k].div_ceil(8);
-    let coded_len = |s: usize| 12 + (0..4).map(|k| lane_bytes(s, k)).sum::<u64>();
+    let lane_bytes = |s: usize, k: usize| lane_bits[s * L + k].div_ceil(8);
+    let coded_len = |s: usize| TABLE + (0..L).map(|k| lane_bytes(s, k)).sum::<u64>();
 
     // Layout: every chunk's place in one output buffer, plane after plane.
     let mut at = 0u64;
-    let mut lane_at = vec![0u64; segs.len() * 4];
+    let mut lane_at = vec![0u64; segs.len() * L];
     let mut place = |s: usize, at: &mut u64| {
-        let mut x = *at + 12;
-        for k in 0..4 {
-            lane_at[s * 4 + k] = x;
+        let mut x = *at + TABLE;
+        for k in 0..L {
+            lane_at[s * L + k] = x;
             x += lane_bytes(s, k);
         }
         *at = x;
@@ -257,7 +260,7 @@ pub(super) fn encode_symbols(
         let mut l = lane.stream.launch_builder(gpu.f("huff_write"));
         l.arg(&sym).arg(d).arg(&dcodes).arg(&dat).arg(&mut out);
         // SAFETY: each lane writes its bits inside the bytes its bit count reserved.
-        unsafe { l.launch(cfg((segs.len() as u32, 4), 256)) }?;
+        unsafe { l.launch(cfg((segs.len() as u32, L as u32), 256)) }?;
     }
     if !copies.is_empty() {
         let d = lane.put(&copies)?;
@@ -272,9 +275,9 @@ pub(super) fn encode_symbols(
 
     // Lane tables and sparse flag lengths, known from pass 1.
     let write_table = |host: &mut [u8], s: usize, at: usize| {
-        for k in 0..3 {
-            let len = lane_bytes(s, k) as u32;
-            host[at + 4 * k..at + 4 * k + 4].copy_from_slice(&len.to_le_bytes());
+        for k in 0..L - 1 {
+            let len = u16::try_from(lane_bytes(s, k)).expect("a wide lane fits 16 bits");
+            host[at + 2 * k..at + 2 * k + 2].copy_from_slice(&len.to_le_bytes());
         }
     };
     for (p, job) in jobs.iter().enumerate() {
@@ -432,11 +435,13 @@ pub(super) fn decode_symbols(
                 unsafe { l.launch(cfg((grid(n).min(4096), 1), 256)) }?;
             }
             StreamBody::Coded {
+                lanes,
                 decoder,
                 values,
                 offsets,
                 data,
             } => {
+                let lanes = lanes.count() as u64;
                 let base_at = input_len as u64;
                 coded.push((input_len, *data));
                 input_len += data.len();
@@ -451,7 +456,7 @@ pub(super) fn decode_symbols(
                             chunk_n(c),
                             td,
                             plane_at + (c * CHUNK) as u64,
-                            0,
+                            lanes,
                         ]),
                         Some(tv) => {
                             let bytes = &data[lo as usize..hi as usize];
@@ -471,7 +476,7 @@ pub(super) fn decode_symbols(
                                 chunk_n(c).div_ceil(8),
                                 td,
                                 f_at,
-                                0,
+                                lanes,
                             ]);
                             value_jobs.extend([
                                 base_at + lo + 4 + flen,
@@ -479,7 +484,7 @@ pub(super) fn decode_symbols(
                                 job,
                                 tv | 1 << 63,
                                 v_at,
-                                0,
+                                lanes,
                             ]);
                             flag_counts.extend([f_at, chunk_n(c).div_ceil(8)]);
                             scatter.extend([f_at, v_at, plane_at + (c * CHUNK) as u64, chunk_n(c)]);
@@ -516,9 +521,10 @@ pub(super) fn decode_symbols(
             .arg(counts)
             .arg(sym)
             .arg(err);
-        // SAFETY: one thread a lane; every read is checked against its chunk's length and
-        // every write stays in the job's output span.
-        unsafe { l.launch(cfg(((njobs * 4).div_ceil(128) as u32, 1), 128)) }.map(drop)
+        // SAFETY: one thread a lane (32 a job); every read is checked against its chunk's
+        // length and every write stays in the job's output span.
+        let threads = njobs * Lanes::Wide.count() as u64;
+        unsafe { l.launch(cfg((threads.div_ceil(128) as u32, 1), 128)) }.map(drop)
     };
     decode(lane, &first_jobs, &mut sym, &counts, &mut err)?;
     if sparse_jobs > 0 {
