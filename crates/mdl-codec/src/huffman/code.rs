@@ -17,22 +17,25 @@ impl Default for Histogram {
 impl Histogram {
     /// Counts the bytes of `data`.
     pub fn of(data: &[u8]) -> Histogram {
-        // Eight bytes a load, each into its own table: runs of equal bytes (the common case
-        // in exponent planes) would otherwise wait on the same counter's last store.
-        let mut t = [[0u32; 256]; 8];
-        let mut words = data.chunks_exact(8);
-        for w in &mut words {
-            let x = u64::from_le_bytes(w.try_into().expect("8 bytes"));
-            for (k, table) in t.iter_mut().enumerate() {
-                table[(x >> (8 * k)) as u8 as usize] += 1;
-            }
-        }
-        for &b in words.remainder() {
-            t[0][b as usize] += 1;
-        }
         let mut h = Histogram::default();
-        for (i, c) in h.0.iter_mut().enumerate() {
-            *c = t.iter().map(|row| row[i] as u64).sum();
+        // Pieces small enough that no `u32` counter can overflow.
+        for piece in data.chunks(1 << 31) {
+            // Eight bytes a load, each into its own table: runs of equal bytes (the common
+            // case in exponent planes) would otherwise wait on the same counter's last store.
+            let mut t = [[0u32; 256]; 8];
+            let mut words = piece.chunks_exact(8);
+            for w in &mut words {
+                let x = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+                for (k, table) in t.iter_mut().enumerate() {
+                    table[(x >> (8 * k)) as u8 as usize] += 1;
+                }
+            }
+            for &b in words.remainder() {
+                t[0][b as usize] += 1;
+            }
+            for (i, c) in h.0.iter_mut().enumerate() {
+                *c += t.iter().map(|row| row[i] as u64).sum::<u64>();
+            }
         }
         h
     }
