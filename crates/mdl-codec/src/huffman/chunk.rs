@@ -159,14 +159,8 @@ impl Decoder {
         }
         // A code of `l` bits is known from its low `l` bits: the bits left after the first
         // codes of an index find the next code in the same table if it is no longer.
-        let mut multi = vec![0u64; TABLE_SIZE]
-            .into_boxed_slice()
-            .try_into()
-            .expect("TABLE_SIZE entries");
-        for (i, m) in <Box<[u64; TABLE_SIZE]> as AsMut<[u64; TABLE_SIZE]>>::as_mut(&mut multi)
-            .iter_mut()
-            .enumerate()
-        {
+        let mut multi = Box::new([0u64; TABLE_SIZE]);
+        for (i, m) in multi.iter_mut().enumerate() {
             let (mut bits, mut count, mut symbols) = (0u64, 0u64, 0u64);
             while count < MULTI as u64 {
                 let e = table[i >> bits];

@@ -99,7 +99,8 @@ impl LaneWriter {
 
 /// Decodes a group's lanes, each `streams[k]` into all of `outs[k]`: in rounds of up to
 /// [`MULTI`] codes a lookup, four lookups a lane, the lanes interleaved so that four lookups are
-/// in flight ([`super::rounds`]), then each lane's last symbols one lookup a symbol.
+/// in flight ([`super::rounds`]), then each lane on its own, and its last symbols checked
+/// ([`decode_tail`]).
 #[inline(always)]
 pub(super) fn decode_group(
     tables: Tables<'_>,
