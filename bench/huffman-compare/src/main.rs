@@ -5,6 +5,7 @@
 //! `huffman-compress` crate. Prints sizes and single-thread speeds, medians of `--repeat` runs
 //! (default 5). For each coder "encode" counts the symbols, builds the code and codes them (what
 //! a commit does with a plane); "code only" is the coding step alone with the code built.
+//! `HUF_COMPARE_ONLY_MDL=1` prints mdl's rows alone, for timing one build against another.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -103,7 +104,10 @@ mod huf {
             )
         };
         // SAFETY: as above.
-        assert!(unsafe { HUF_isError(r) } == 0 && r == dst.len(), "HUF decode");
+        assert!(
+            unsafe { HUF_isError(r) } == 0 && r == dst.len(),
+            "HUF decode"
+        );
     }
 }
 
@@ -155,7 +159,10 @@ fn main() {
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--repeat" {
-            repeat = args.next().and_then(|r| r.parse().ok()).expect("--repeat N");
+            repeat = args
+                .next()
+                .and_then(|r| r.parse().ok())
+                .expect("--repeat N");
         } else {
             paths.push(a);
         }
@@ -171,10 +178,7 @@ fn main() {
     }
     planes.retain(|p| p.len() >= 4096);
     let n: usize = planes.iter().map(Vec::len).sum();
-    let entropy: f64 = planes
-        .iter()
-        .map(|p| Histogram::of(p).entropy_bits())
-        .sum();
+    let entropy: f64 = planes.iter().map(|p| Histogram::of(p).entropy_bits()).sum();
     println!(
         "{n} exponent symbols in {} planes of {} file(s), order-0 entropy {:.4} bits/symbol (each plane its own); one thread, median of {repeat}",
         planes.len(),
@@ -195,51 +199,49 @@ fn main() {
         })
         .collect();
     for lanes in [Lanes::Four, Lanes::Wide] {
-    let full = time(repeat, || {
-        let mut out = Vec::new();
-        for p in &planes {
-            let code = Code::build(&Histogram::of(p));
-            let encoder = Encoder::new(&code);
-            for c in p.chunks(chunk) {
-                out.clear();
-                encoder.encode_chunk(lanes, c, &mut out);
-                std::hint::black_box(&out);
+        let full = time(repeat, || {
+            let mut out = Vec::new();
+            for p in &planes {
+                let code = Code::build(&Histogram::of(p));
+                let encoder = Encoder::new(&code);
+                for c in p.chunks(chunk) {
+                    out.clear();
+                    encoder.encode_chunk(lanes, c, &mut out);
+                    std::hint::black_box(&out);
+                }
             }
-        }
-    });
-    let mut coded: Vec<Vec<Vec<u8>>> = Vec::new();
-    let mut back: Vec<Vec<u8>> = planes.iter().map(|p| vec![0u8; p.len()]).collect();
-    let code_only = time(repeat, || {
-        coded = planes
+        });
+        let mut coded: Vec<Vec<Vec<u8>>> = Vec::new();
+        let mut back: Vec<Vec<u8>> = planes.iter().map(|p| vec![0u8; p.len()]).collect();
+        let code_only = time(repeat, || {
+            coded = planes
+                .iter()
+                .zip(&coders)
+                .map(|(p, (e, _, _))| {
+                    p.chunks(chunk)
+                        .map(|c| {
+                            let mut v = Vec::new();
+                            e.encode_chunk(lanes, c, &mut v);
+                            v
+                        })
+                        .collect()
+                })
+                .collect();
+        });
+        let dec = time(repeat, || {
+            for ((chunks, (_, d, _)), out) in coded.iter().zip(&coders).zip(&mut back) {
+                for (c, o) in chunks.iter().zip(out.chunks_mut(chunk)) {
+                    d.decode_chunk(lanes, c, o).unwrap();
+                }
+            }
+        });
+        assert!(back == planes);
+        let size: usize = coded
             .iter()
             .zip(&coders)
-            .map(|(p, (e, _, _))| {
-                p.chunks(chunk)
-                    .map(|c| {
-                        let mut v = Vec::new();
-                        e.encode_chunk(lanes, c, &mut v);
-                        v
-                    })
-                    .collect()
-            })
-            .collect();
-    });
-    let dec = time(repeat, || {
-        for ((chunks, (_, d, _)), out) in coded.iter().zip(&coders).zip(&mut back) {
-            for (c, o) in chunks.iter().zip(out.chunks_mut(chunk)) {
-                d.decode_chunk(lanes, c, o).unwrap();
-            }
-        }
-    });
-    assert!(back == planes);
-    let size: usize = coded
-        .iter()
-        .zip(&coders)
-        .map(|(chunks, (_, _, head))| {
-            head + chunks.iter().map(|c| c.len() + 4).sum::<usize>()
-        })
-        .sum();
-    println!(
+            .map(|(chunks, (_, _, head))| head + chunks.iter().map(|c| c.len() + 4).sum::<usize>())
+            .sum();
+        println!(
         "| mdl (a code a plane, chunks of 128 Ki, 12-bit codes, {:?} lanes) | {:.4} | {:.0} | {:.0} | {:.0} |",
         lanes,
         size as f64 * 8.0 / n as f64,
@@ -247,9 +249,12 @@ fn main() {
         mbs(code_only),
         mbs(dec)
     );
-
     }
     let mut back: Vec<Vec<u8>> = planes.iter().map(|p| vec![0u8; p.len()]).collect();
+    // `HUF_COMPARE_ONLY_MDL=1`: mdl's rows alone (for timing one build against another).
+    if std::env::var_os("HUF_COMPARE_ONLY_MDL").is_some() {
+        return;
+    }
     // zstd's HUF: blocks of 128 KiB (its limit), each counted, given its own code and coded.
     let block = 128 << 10;
     let mut blocks: Vec<Vec<Vec<u8>>> = Vec::new();
