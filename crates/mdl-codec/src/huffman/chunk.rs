@@ -120,7 +120,7 @@ impl Encoder {
                 std::array::from_fn(|_| regions.next().expect("a region a lane"));
             let lane: [&[u8]; GROUP] =
                 std::array::from_fn(|j| &symbols[lanes.range(n, g * GROUP + j)]);
-            let group_lens = super::cpu::encode_group(&self.codes, lane, bufs);
+            let group_lens = super::group::encode_group(&self.codes, lane, bufs);
             lens[g * GROUP..(g + 1) * GROUP].copy_from_slice(&group_lens);
         }
     }
@@ -241,7 +241,7 @@ impl Decoder {
                 tail = t;
             }
             let group: [&[u8]; GROUP] = std::array::from_fn(|j| streams[g * GROUP + j]);
-            super::cpu::decode_group(self.tables(), group, outs)?;
+            super::group::decode_group(self.tables(), group, outs)?;
         }
         Ok(())
     }

@@ -45,7 +45,6 @@ const LENGTHS_BYTES: usize = 128;
 
 mod chunk;
 mod code;
-mod cpu;
 mod group;
 mod rounds;
 mod stream;
