@@ -226,17 +226,10 @@ mod tests {
     use super::super::{Code, Decoder, Encoder, Histogram, Lanes};
     use proptest::prelude::*;
 
-    /// Symbols from `seed` over `alphabet` values, skewed like exponents (or not).
+    /// Skewed symbols from `seed` folded onto `alphabet` values.
     fn symbols(n: usize, alphabet: u8, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                ((x >> 11).trailing_zeros() as u8) % alphabet
-            })
-            .collect()
+        let s = super::super::tests::skewed(n, seed);
+        s.iter().map(|&x| (x - 100) % alphabet).collect()
     }
 
     /// The fast decoder and the checked reference agree: both accept or both refuse, and

@@ -71,7 +71,7 @@ mod tests {
         enc
     }
 
-    fn skewed(n: usize, seed: u64) -> Vec<u8> {
+    pub(super) fn skewed(n: usize, seed: u64) -> Vec<u8> {
         // Geometric-ish: symbol k with probability about 2^-(k+1).
         let mut x = seed | 1;
         (0..n)

@@ -15,6 +15,14 @@ use super::{
 /// The lanes writers use.
 const WRITTEN: Lanes = Lanes::Wide;
 
+/// The stream modes of Huffman and of sparse streams whose chunks have `lanes`.
+const fn modes(lanes: Lanes) -> (u8, u8) {
+    match lanes {
+        Lanes::Four => (MODE_HUFFMAN, MODE_SPARSE),
+        Lanes::Wide => (MODE_HUFFMAN_WIDE, MODE_SPARSE_WIDE),
+    }
+}
+
 /// Sparse mode: which symbols of 8 are non-zero, one bit each (bit `k` = symbol `k`).
 #[inline]
 pub(super) fn nonzero_flags(eight: &[u8]) -> u8 {
@@ -194,12 +202,12 @@ impl StreamWriter {
             Plan::Stored => out.push(MODE_STORED),
             Plan::Constant(s) => out.extend_from_slice(&[MODE_CONSTANT, *s]),
             Plan::Huffman(code) => {
-                out.extend_from_slice(&[MODE_HUFFMAN_WIDE, CHUNK_LOG2]);
+                out.extend_from_slice(&[modes(WRITTEN).0, CHUNK_LOG2]);
                 code.write_lengths(&mut out);
                 table(&mut out);
             }
             Plan::Sparse { flags, values } => {
-                out.extend_from_slice(&[MODE_SPARSE_WIDE, CHUNK_LOG2]);
+                out.extend_from_slice(&[modes(WRITTEN).1, CHUNK_LOG2]);
                 flags.write_lengths(&mut out);
                 values.write_lengths(&mut out);
                 table(&mut out);
