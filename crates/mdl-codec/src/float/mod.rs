@@ -11,7 +11,7 @@ use mdl_format::{Dtype, FormatError};
 
 use crate::engine::Engine;
 use crate::huffman::{Histogram, Plan};
-use crate::planes::{layout, sub_layout, word_mask, Layout, PlaneSpec, Transform, CHUNK};
+use crate::planes::{layout, sub_layout, word_mask, Layout, PlaneSpec, Transform, CHUNK, SAMPLE};
 
 mod framed;
 mod payload;
@@ -420,8 +420,49 @@ pub fn deltas_to_count(
     if data.len() <= CHUNK * l.width {
         return Ok(vec![Count::Xor, Count::Sub]);
     }
-    let (xor, sub) = sample_delta_sizes(engine, dtype, &l, data, base);
-    Ok(vec![if xor < sub { Count::Xor } else { Count::Sub }])
+    let s = sample_delta_sizes(engine, dtype, &l, data, base, CHUNK);
+    Ok(vec![if s.xor < s.sub {
+        Count::Xor
+    } else {
+        Count::Sub
+    }])
+}
+
+/// What [`delta_to_count`] found worth counting of a tensor against its base.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToCount {
+    /// A tensor of one chunk or less: its planes and every delta, all of it (as cheap as a
+    /// sample).
+    Everything,
+    /// The delta whose first chunk codes smallest: [`Count::Sub`], or [`Count::Masked`] with
+    /// the planes that code smaller XORed.
+    Delta(Count),
+    /// No delta's first chunk codes smaller than the planes taken as they are.
+    Nothing,
+}
+
+/// The one delta of `data` against `base` worth counting, judged from their first windows (at
+/// least the first chunk of each, or all of it): the delta and, for xor-delta, which planes to
+/// XOR, chosen on the first chunk, so that the rest is counted once, as it will be coded.
+pub fn delta_to_count(
+    engine: &dyn Engine,
+    dtype: Dtype,
+    data: &[u8],
+    base: &[u8],
+) -> Result<ToCount, FormatError> {
+    let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
+    check_lengths(&l, data, Some(base))?;
+    if data.len() <= SAMPLE * l.width {
+        return Ok(ToCount::Everything);
+    }
+    let s = sample_delta_sizes(engine, dtype, &l, data, base, SAMPLE);
+    Ok(if s.sub <= s.xor && s.sub < s.plain {
+        ToCount::Delta(Count::Sub)
+    } else if s.xor_mask != 0 {
+        ToCount::Delta(Count::Masked(s.xor_mask))
+    } else {
+        ToCount::Nothing
+    })
 }
 
 /// The choices that counts of the whole tensor give: `plain` of kind [`Count::Plain`], and
@@ -482,16 +523,28 @@ pub fn analysis_of(plain: &PlaneCount, deltas: &[PlaneCount]) -> Analysis {
     }
 }
 
-/// Estimated sizes of the first chunk as xor-delta (each plane XORed or not, whichever is
-/// smaller) and as sub-delta.
+/// Estimated sizes of a first chunk ([`sample_delta_sizes`]).
+struct SampleSizes {
+    /// Its planes as they are.
+    plain: u64,
+    /// As xor-delta, each plane XORed or not, whichever is smaller.
+    xor: u64,
+    /// The planes XORed in `xor`.
+    xor_mask: u8,
+    /// As sub-delta (`u64::MAX` where the dtype has none).
+    sub: u64,
+}
+
+/// Estimated sizes of the first `n` elements as planes, as xor-delta and as sub-delta.
 fn sample_delta_sizes(
     engine: &dyn Engine,
     dtype: Dtype,
     l: &Layout,
     data: &[u8],
     base: &[u8],
-) -> (u64, u64) {
-    let step = CHUNK * l.width;
+    n: usize,
+) -> SampleSizes {
+    let step = n * l.width;
     let (first, base) = (&data[..step], &base[..step]);
     let sizes = |spec: PlaneSpec, b: Option<&[u8]>| -> Vec<u64> {
         engine
@@ -502,12 +555,18 @@ fn sample_delta_sizes(
     };
     let plain = sizes(PlaneSpec::planes(dtype, 0), None);
     let xor = sizes(PlaneSpec::planes(dtype, u64::MAX), Some(base));
-    let xor_total = plain.iter().zip(&xor).map(|(p, x)| *p.min(x)).sum();
-    let sub_total = match sub_layout(dtype) {
-        Some(_) => sizes(PlaneSpec::sub(dtype), Some(base)).iter().sum(),
-        None => u64::MAX,
-    };
-    (xor_total, sub_total)
+    let xor_mask = (0..l.planes)
+        .filter(|&p| xor[p] < plain[p])
+        .fold(0u8, |m, p| m | 1 << p);
+    SampleSizes {
+        plain: plain.iter().sum(),
+        xor: plain.iter().zip(&xor).map(|(p, x)| *p.min(x)).sum(),
+        xor_mask,
+        sub: match sub_layout(dtype) {
+            Some(_) => sizes(PlaneSpec::sub(dtype), Some(base)).iter().sum(),
+            None => u64::MAX,
+        },
+    }
 }
 
 /// Counts the `sub-delta` planes of `data` against `base` and chooses how to hold each.
@@ -704,6 +763,48 @@ mod tests {
             .collect();
         let flipped: Vec<u8> = extremes.iter().rev().copied().collect();
         round_trip(Dtype::F32, &extremes, Some(&flipped));
+    }
+
+    /// The delta the first elements choose is the one the whole tensor's counts choose when
+    /// the tensor moves alike throughout: sub-delta for values that move by a few ulps,
+    /// xor-delta with exactly the planes that gain when only the high bits change; a tensor
+    /// no bigger than the sample is counted in full, and one no delta helps gets none.
+    #[test]
+    fn the_sample_picks_the_delta_the_whole_count_picks() {
+        let mut r = rng(9);
+        let n = 4 * SAMPLE;
+        let words = |f: &mut dyn FnMut(u32) -> u32, base: &[u32]| -> Vec<u8> {
+            base.iter().flat_map(|&w| f(w).to_le_bytes()).collect()
+        };
+        let base: Vec<u32> = (0..n).map(|_| 0x3f7f_0000 + (r() % 0x1_0000) as u32).collect();
+        let base_bytes = words(&mut |w| w, &base);
+        let nudged = words(&mut |w| w + (r() % 64) as u32, &base);
+        // The sign and exponent flip together (a plane that gains XORed); the low
+        // mantissa is redrawn (noise either way).
+        let flipped = words(&mut |w| (w ^ 0x8000_0000) & !0xff | (r() & 0xff) as u32, &base);
+        let noise: Vec<u8> = (0..n * 4).map(|_| r() as u8).collect();
+        let to = |data: &[u8]| delta_to_count(&CpuEngine, Dtype::F32, data, &base_bytes).unwrap();
+        let whole = |data: &[u8]| {
+            analyze(&CpuEngine, Dtype::F32, data, Some(&base_bytes))
+                .unwrap()
+                .best_delta()
+                .map(|c| (c.transform, c.xor_mask))
+        };
+        assert_eq!(to(&nudged), ToCount::Delta(Count::Sub));
+        assert_eq!(whole(&nudged), Some((Transform::Sub, 0)));
+        let ToCount::Delta(Count::Masked(mask)) = to(&flipped) else {
+            panic!("{:?}", to(&flipped));
+        };
+        assert_eq!(whole(&flipped), Some((Transform::Planes, mask)));
+        assert_eq!(to(&noise), ToCount::Nothing);
+        let small = SAMPLE * 4;
+        let few = delta_to_count(
+            &CpuEngine,
+            Dtype::F32,
+            &nudged[..small],
+            &base_bytes[..small],
+        );
+        assert_eq!(few.unwrap(), ToCount::Everything);
     }
 
     #[test]

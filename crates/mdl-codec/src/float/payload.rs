@@ -68,15 +68,15 @@ pub fn encode_pieces(
 
 /// [`encode_pieces`] of a window already split into its `planes`
 /// ([`super::PlaneCount::add_splitting`], which counts them for `choice`): the same payload.
-pub fn encode_split(
+pub fn encode_split<P: AsRef<[u8]>>(
     engine: &dyn Engine,
     dtype: Dtype,
-    planes: &[Vec<u8>],
+    planes: &[P],
     with_base: bool,
     choice: &Choice,
 ) -> Result<Encoded, FormatError> {
     let mut writer = PayloadWriter::new(dtype, choice, with_base)?;
-    let split: Vec<&[u8]> = planes.iter().map(Vec::as_slice).collect();
+    let split: Vec<&[u8]> = planes.iter().map(AsRef::as_ref).collect();
     let coded = writer.add_split(engine, &split)?;
     Ok(writer.into_encoded(coded))
 }

@@ -7,18 +7,20 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::Arc;
 
+use mdl_codec::engine::Kept;
 use mdl_codec::float;
 use mdl_codec::{CodecTag, SMALL_TENSOR};
 use mdl_format::{Entry, ObjectId, Region};
 use mdl_store::meta::MetaRead;
-use mdl_store::{IndexEntry, ObjectBatch, Placement};
+use mdl_store::{IndexEntry, ObjectBatch, Store};
 use serde::{Deserialize, Serialize};
 
-use super::store::coder::{Coder, FloatRecord, Side};
+use super::store::coder::Coder;
 use super::store::content::Content;
-use super::store::{delta_codec, previous_content, reverse_allowed, FLOAT_GAIN_FLOOR};
+use super::store::reverse::Reverse;
+use super::store::{previous_content, reverse_allowed};
 use crate::policy::{DeltaMode, DeltaPolicy};
 use crate::previous::Previous;
 use crate::rewrite::{publish_rewrite, Rewrite};
@@ -51,6 +53,10 @@ pub fn run_deferred(
 ) -> Result<DeferredReport> {
     let store = repo.store();
     let mut report = DeferredReport::default();
+    let held = Held {
+        warm,
+        carried: WarmTensors::new(CARRIED_BYTES),
+    };
     while !stop() {
         let _writer = repo.writer();
         let Some((seq, commit)) = store.meta().read()?.pending_first()? else {
@@ -59,7 +65,8 @@ pub fn run_deferred(
         let policy = DeltaPolicy::from_store(store)?;
         let batch = store.batch();
         let unpublished = batch.unpublished();
-        let Some(rewrites) = reencode_parent(repo, &batch, &policy, &commit, warm, stop)? else {
+        held.carried.begin();
+        let Some(rewrites) = reencode_parent(repo, &batch, &policy, &commit, &held, stop)? else {
             // Stopped part-way: nothing is published (the records written are taken back, and
             // written again by the next run).
             break;
@@ -72,6 +79,7 @@ pub fn run_deferred(
         w.remove_pending(seq)?;
         w.commit_txn()?;
         unpublished.published();
+        held.carried.publish();
         for r in &rewrites {
             store.remove_record(&r.id, r.old.generation);
         }
@@ -98,6 +106,28 @@ pub fn writer_waiting(repo: &Repository) -> bool {
     mdl_store::writer_waiting(repo.store().dir())
 }
 
+/// Bytes of decoded new versions a run keeps for the next queued commit, which re-encodes
+/// them as its previous versions (each generation; two are held while a commit is worked).
+const CARRIED_BYTES: u64 = 512 << 20;
+
+/// The decoded versions a run reads before the store: the caller's last commit's, and the new
+/// versions of the queued commit worked before (the previous versions of the next one), so a
+/// series worked in one run is decoded once, not twice.
+struct Held<'w> {
+    warm: Option<&'w WarmTensors>,
+    carried: WarmTensors,
+}
+
+impl Held<'_> {
+    /// The content of object `id` (index entry `entry`), kept or decoded.
+    fn content(&self, store: &Store, id: &ObjectId, entry: &IndexEntry) -> Result<Arc<Vec<u8>>> {
+        match self.carried.get(id) {
+            Some(kept) => Ok(kept),
+            None => previous_content(store, self.warm, id, entry),
+        }
+    }
+}
+
 /// One tensor of a queued commit and its parent's version, to be re-encoded against it.
 struct Pair<'m> {
     new: &'m Entry,
@@ -114,7 +144,7 @@ fn reencode_parent(
     batch: &ObjectBatch<'_>,
     policy: &DeltaPolicy,
     commit: &ObjectId,
-    warm: Option<&WarmTensors>,
+    held: &Held<'_>,
     stop: &(dyn Fn() -> bool + Sync),
 ) -> Result<Option<Vec<Rewrite>>> {
     let store = repo.store();
@@ -168,7 +198,7 @@ fn reencode_parent(
                 stopped.store(true, Ordering::Relaxed);
                 return Ok(None);
             }
-            reencode(&coder, p, warm)
+            reencode(&coder, p, held)
         },
     )?;
     if stopped.load(Ordering::Relaxed) {
@@ -228,25 +258,23 @@ fn pair_of<'m>(
 }
 
 /// Re-encodes one previous version against its new one, when that pays (the commit's rule).
-fn reencode(
-    coder: &Coder<'_>,
-    p: &Pair<'_>,
-    warm: Option<&WarmTensors>,
-) -> Result<Option<Rewrite>> {
+fn reencode(coder: &Coder<'_>, p: &Pair<'_>, held: &Held<'_>) -> Result<Option<Rewrite>> {
     let store = coder.repo.store();
     let header = &p.new.header;
     // Large tensors a window at a time, as a commit reads them; the rest in memory.
     let windowed = p.new_entry.content_len >= BIG_TENSOR;
-    let held = |id: &ObjectId, entry: &IndexEntry| -> Result<Option<std::sync::Arc<Vec<u8>>>> {
-        if windowed {
-            return Ok(None);
+    let (new_bytes, prev_bytes) = match windowed {
+        true => (None, None),
+        false => {
+            let new = held.content(store, &p.new.id, &p.new_entry)?;
+            // The next queued commit re-encodes this version against its own.
+            held.carried.offer(p.new.id, new.clone(), Kept::nothing());
+            (
+                Some(new),
+                Some(held.content(store, &p.prev, &p.prev_entry)?),
+            )
         }
-        previous_content(store, warm, id, entry).map(Some)
     };
-    let (new_bytes, prev_bytes) = (
-        held(&p.new.id, &p.new_entry)?,
-        held(&p.prev, &p.prev_entry)?,
-    );
     let data = match &new_bytes {
         Some(b) => Content::Memory(b.as_slice()),
         None => Content::Stored {
@@ -263,43 +291,20 @@ fn reencode(
             entry: p.prev_entry,
         },
     };
-    let analysis = coder.analyze(p.new.id, header.dtype, &data, Some(&base), None)?;
-    let Some(delta) = analysis.best_delta() else {
+    let reverse = Reverse {
+        prev: p.prev,
+        prev_entry: p.prev_entry,
+        prev_data: &base,
+        new: p.new.id,
+        new_depth: p.new_entry.depth,
+        data: &data,
+    };
+    let Some(entry) = coder.write_reverse(header, &reverse)? else {
         return Ok(None);
     };
-    // Where the float codecs barely help even as a delta, the commit stores the tensor as raw
-    // or zstd and re-encodes nothing.
-    if delta.size as f64 > p.new_entry.content_len as f64 * (1.0 - FLOAT_GAIN_FLOOR) {
-        return Ok(None);
-    }
-    let rewritten = Mutex::new(HashSet::new());
-    let Some(choice) = coder.reverse_choice(
-        &p.prev,
-        &p.prev_entry,
-        &base,
-        &data,
-        header.dtype,
-        delta,
-        &rewritten,
-    )?
-    else {
-        return Ok(None);
-    };
-    let again = FloatRecord {
-        id: p.prev,
-        choice: &choice,
-        codec: delta_codec(&choice),
-        placement: Placement {
-            generation: p.prev_entry.generation + 1,
-            base: Some(p.new.id),
-            depth: p.new_entry.depth + 1,
-        },
-        side: Side::BaseOnData,
-    };
-    let entries = coder.write_floats(header, &data, Some(&base), &[again])?;
     Ok(Some(Rewrite {
         id: p.prev,
         old: p.prev_entry,
-        new: entries[0],
+        new: entry,
     }))
 }

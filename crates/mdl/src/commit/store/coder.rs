@@ -3,22 +3,16 @@
 //! tensors; a deferred re-encode ([`crate::commit::run_deferred`]) for the previous versions it turns into
 //! reverse deltas.
 
-use std::collections::HashSet;
 use std::io::Write;
-use std::sync::Mutex;
 
 use mdl_codec::engine::Engine;
 use mdl_codec::float::{self, Count};
-use mdl_codec::planes::Transform;
 use mdl_codec::CodecTag;
 use mdl_format::ObjectId;
 use mdl_store::{IndexEntry, ObjectBatch, Placement};
 
 use super::content::{pass, Content};
 use crate::{Error, Repository, Result, BIG_TENSOR};
-
-/// Re-encoding a previous version as a delta must save at least this fraction of its record.
-pub(in crate::commit) const REWRITE_GAIN_FLOOR: f64 = 0.02;
 
 /// What the float passes share: the repository, the batch records go into, the kernels.
 pub(in crate::commit) struct Coder<'a> {
@@ -112,23 +106,6 @@ impl<'a> Coder<'a> {
             .batch
             .put_payload(&id, header, codec, Placement::default(), &encoded.pieces())?
             .entry)
-    }
-
-    /// Counts `data` against `base` in one pass, for the planes of `count`, and chooses.
-    fn count(
-        &self,
-        id: ObjectId,
-        dtype: mdl_format::Dtype,
-        count: Count,
-        data: &Content<'_>,
-        base: &Content<'_>,
-    ) -> Result<float::Choice> {
-        let encoder = |source| Error::Encode { id, source };
-        let mut c = float::PlaneCount::new(dtype, count).map_err(encoder)?;
-        pass(data, Some(base), dtype.size(), None, &mut |d, b| {
-            c.add(self.engine, d, b).map_err(encoder)
-        })?;
-        Ok(c.choice())
     }
 
     /// Encodes `data` (against `base`) as `choice` says and writes the record.
@@ -336,43 +313,6 @@ impl<'a> Coder<'a> {
             }
             read
         })
-    }
-
-    /// How to re-encode the previous version `prev` (already checked by [`Self::base_for`]) as a
-    /// delta against the new tensor `data`, when that saves enough and no other tensor of this
-    /// commit did (`None`: it stays as it is).
-    #[allow(clippy::too_many_arguments)]
-    pub(in crate::commit) fn reverse_choice(
-        &self,
-        prev: &ObjectId,
-        prev_entry: &IndexEntry,
-        prev_data: &Content<'_>,
-        data: &Content<'_>,
-        dtype: mdl_format::Dtype,
-        estimate: &float::Choice,
-        rewritten: &Mutex<HashSet<ObjectId>>,
-    ) -> Result<Option<float::Choice>> {
-        if estimate.size as f64 > prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR)
-            || !rewritten.lock().unwrap().insert(*prev)
-        {
-            return Ok(None);
-        }
-        // XOR planes are symmetric; planes taken as they are must be coded from the previous
-        // version's own bytes unless they are stored raw.
-        let choice = match estimate.transform {
-            Transform::Planes if estimate.reusable_for_swap() => estimate.clone(),
-            Transform::Planes => self.count(
-                *prev,
-                dtype,
-                Count::Masked(estimate.xor_mask),
-                prev_data,
-                data,
-            )?,
-            // The difference changes sign with the roles, and its zigzag symbols with it.
-            Transform::Sub => self.count(*prev, dtype, Count::Sub, prev_data, data)?,
-        };
-        let pays = choice.size as f64 <= prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR);
-        Ok(pays.then_some(choice))
     }
 }
 

@@ -9,8 +9,8 @@ use mdl_codec::{float, CodecTag};
 use mdl_format::ObjectId;
 use mdl_store::{IndexEntry, Placement};
 
-use super::coder::{FloatRecord, Side};
 use super::content::Content;
+use super::reverse::Reverse;
 use super::{
     delta_codec, is_delta_candidate, previous_content, StoreCtx, Stored, FLOAT_GAIN_FLOOR,
 };
@@ -83,9 +83,15 @@ impl StoreCtx<'_> {
         let len = plain
             .as_ref()
             .map_or(data.len() as u64, float::PlaneCount::counted_bytes);
-        // A tensor in memory that no delta is made of now is split into its planes once, for
-        // its counts and its codes.
-        let split = match (&data, &base_content, &plain) {
+        // Only a forward delta is counted with the new tensor; with reverse deltas it is stored
+        // whole whatever its base, and the base re-encoded against it in a pass of its own.
+        let forward_base = match self.policy.mode {
+            DeltaMode::Forward => base_content.as_ref(),
+            DeltaMode::Off | DeltaMode::Reverse => None,
+        };
+        // A tensor in memory that no delta is made of is split into its planes once, for its
+        // counts and its codes.
+        let split = match (&data, forward_base, &plain) {
             (Content::Memory(d), None, None) => {
                 let mut planes = self.spare_planes.take();
                 let count = self
@@ -97,18 +103,12 @@ impl StoreCtx<'_> {
         };
         let analysis = match &split {
             Some((count, _)) => float::analysis_of(count, &[]),
-            None => {
-                self.coder
-                    .analyze(id, info.header.dtype, &data, base_content.as_ref(), plain)?
-            }
+            None => self
+                .coder
+                .analyze(id, info.header.dtype, &data, forward_base, plain)?,
         };
         let delta = analysis.best_delta();
         let best_float = delta.map_or(analysis.plain.size, |d| d.size);
-        if best_float as f64 > len as f64 * (1.0 - FLOAT_GAIN_FLOOR) {
-            // The float codecs barely help (noise-like or repetitive data): let raw and zstd
-            // compete instead.
-            return Ok(new_record(id, self.streamed(id, i, &data)?));
-        }
         let whole = Whole {
             id,
             i,
@@ -118,20 +118,49 @@ impl StoreCtx<'_> {
             len,
             codec: whole_codec,
         };
-        let (Some((base_id, entry)), Some(content), Some(delta)) = (base, base_content, delta)
-        else {
-            return Ok(new_record(id, self.write_whole(&whole)?));
+        // Where the float codecs barely help (noise-like or repetitive data), raw and zstd
+        // compete instead.
+        let floats_pay = best_float as f64 <= len as f64 * (1.0 - FLOAT_GAIN_FLOOR);
+        let (Some((base_id, entry)), Some(content)) = (base, base_content) else {
+            return Ok(new_record(id, self.write_whole(&whole, floats_pay)?));
         };
-        let base = Base {
-            id: base_id,
-            entry,
-            content,
-            delta,
-        };
-        match self.policy.mode {
-            DeltaMode::Off => Ok(new_record(id, self.write_whole(&whole)?)),
-            DeltaMode::Forward => self.write_forward(&whole, &base),
-            DeltaMode::Reverse => self.write_reverse(&whole, &base),
+        match (self.policy.mode, delta) {
+            (DeltaMode::Forward, Some(delta)) if floats_pay => {
+                let base = Base {
+                    id: base_id,
+                    entry,
+                    content,
+                    delta,
+                };
+                self.write_forward(&whole, &base)
+            }
+            (DeltaMode::Reverse, _) => {
+                let entry_new = self.write_whole(&whole, floats_pay)?;
+                let reverse = Reverse {
+                    prev: base_id,
+                    prev_entry: entry,
+                    prev_data: &content,
+                    new: id,
+                    new_depth: 0,
+                    data: &data,
+                };
+                let rewrite = match self.rewritten.lock().unwrap().insert(base_id) {
+                    true => self.coder.write_reverse(&info.header, &reverse)?,
+                    false => None,
+                };
+                Ok(Stored {
+                    id,
+                    added: Some((id, entry_new)),
+                    rewrite: rewrite.map(|new| {
+                        Box::new(Rewrite {
+                            id: base_id,
+                            old: entry,
+                            new,
+                        })
+                    }),
+                })
+            }
+            _ => Ok(new_record(id, self.write_whole(&whole, floats_pay)?)),
         }
     }
 
@@ -182,9 +211,10 @@ impl StoreCtx<'_> {
         }
     }
 
-    /// The best self-contained record: float-split unless it would not beat raw.
-    fn write_whole(&self, w: &Whole<'_>) -> Result<IndexEntry> {
-        if w.analysis.plain.size >= w.len {
+    /// The best self-contained record: float-split unless it would not beat raw, or raw and
+    /// zstd where the float codecs barely help (`!floats_pay`).
+    fn write_whole(&self, w: &Whole<'_>, floats_pay: bool) -> Result<IndexEntry> {
+        if !floats_pay || w.analysis.plain.size >= w.len {
             return self.streamed(w.id, w.i, w.data);
         }
         let header = &self.input.pieces[w.i].header;
@@ -222,63 +252,6 @@ impl StoreCtx<'_> {
             placement,
         )?;
         Ok(new_record(w.id, entry))
-    }
-
-    /// The new tensor as the self-contained end of the chain and the previous version, if
-    /// that pays, re-encoded as a delta against it; both encoded in one pass.
-    fn write_reverse(&self, w: &Whole<'_>, base: &Base<'_>) -> Result<Stored> {
-        let header = &self.input.pieces[w.i].header;
-        let rewrite = self.coder.reverse_choice(
-            &base.id,
-            &base.entry,
-            &base.content,
-            w.data,
-            header.dtype,
-            base.delta,
-            &self.rewritten,
-        )?;
-        let Some(choice) = rewrite else {
-            return Ok(new_record(w.id, self.write_whole(w)?));
-        };
-        let again = FloatRecord {
-            id: base.id,
-            choice: &choice,
-            codec: delta_codec(&choice),
-            placement: Placement {
-                generation: base.entry.generation + 1,
-                base: Some(w.id),
-                depth: 1,
-            },
-            side: Side::BaseOnData,
-        };
-        let (entry, new) = if w.analysis.plain.size < w.len {
-            let new = FloatRecord {
-                id: w.id,
-                choice: &w.analysis.plain,
-                codec: w.codec,
-                placement: Placement::default(),
-                side: Side::Data,
-            };
-            let e = self
-                .coder
-                .write_floats(header, w.data, Some(&base.content), &[new, again])?;
-            (e[0], e[1])
-        } else {
-            let entry = self.streamed(w.id, w.i, w.data)?;
-            let e = self
-                .coder
-                .write_floats(header, w.data, Some(&base.content), &[again])?;
-            (entry, e[0])
-        };
-        Ok(Stored {
-            id: w.id,
-            added: Some((w.id, entry)),
-            rewrite: Some(Box::new(Rewrite {
-                id: base.id,
-                old: base.entry,
-                new,
-            })),
-        })
     }
 }
 

@@ -22,6 +22,7 @@ pub(super) mod coder;
 pub(super) mod content;
 mod large;
 mod lossless;
+pub(super) mod reverse;
 pub(super) mod spare;
 
 use crate::input::{Input, Piece};
@@ -31,8 +32,9 @@ use crate::previous::Previous;
 use crate::rewrite::{chain, Rewrite};
 use crate::warm::WarmTensors;
 use crate::{lossy, Progress, Repository, Result};
-use coder::{Coder, REWRITE_GAIN_FLOOR};
+use coder::Coder;
 use content::Content;
+use reverse::REWRITE_GAIN_FLOOR;
 use spare::Spare;
 
 /// Float tensors whose best float encoding saves less than this fraction also try zstd.
