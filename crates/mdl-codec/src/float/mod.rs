@@ -776,12 +776,17 @@ mod tests {
         let words = |f: &mut dyn FnMut(u32) -> u32, base: &[u32]| -> Vec<u8> {
             base.iter().flat_map(|&w| f(w).to_le_bytes()).collect()
         };
-        let base: Vec<u32> = (0..n).map(|_| 0x3f7f_0000 + (r() % 0x1_0000) as u32).collect();
+        let base: Vec<u32> = (0..n)
+            .map(|_| 0x3f7f_0000 + (r() % 0x1_0000) as u32)
+            .collect();
         let base_bytes = words(&mut |w| w, &base);
         let nudged = words(&mut |w| w + (r() % 64) as u32, &base);
         // The sign and exponent flip together (a plane that gains XORed); the low
         // mantissa is redrawn (noise either way).
-        let flipped = words(&mut |w| (w ^ 0x8000_0000) & !0xff | (r() & 0xff) as u32, &base);
+        let flipped = words(
+            &mut |w| (w ^ 0x8000_0000) & !0xff | (r() & 0xff) as u32,
+            &base,
+        );
         let noise: Vec<u8> = (0..n * 4).map(|_| r() as u8).collect();
         let to = |data: &[u8]| delta_to_count(&CpuEngine, Dtype::F32, data, &base_bytes).unwrap();
         let whole = |data: &[u8]| {

@@ -1,7 +1,6 @@
 //! The float codecs' passes over a tensor and another version of it: counting (what to store)
 //! and encoding records, in memory or a window at a time. A commit uses them for its new
-//! tensors; a deferred re-encode ([`crate::commit::run_deferred`]) for the previous versions it turns into
-//! reverse deltas.
+//! tensors; a reverse re-encode (`reverse.rs`) for the previous versions it turns into deltas.
 
 use std::io::Write;
 

@@ -2,7 +2,8 @@
 //! (`lossless.rs`; a large tensor a window at a time, `large.rs`), and which previous version
 //! a delta may be made against. Below it: the float codecs' passes (`coder.rs`) over a
 //! tensor's content read whole or a window at a time (`content.rs`), into buffers kept for the
-//! next tensor (`spare.rs`) — what a deferred re-encode uses too.
+//! next tensor (`spare.rs`), and a previous version's reverse re-encode (`reverse.rs`) — what a
+//! deferred re-encode uses too.
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
