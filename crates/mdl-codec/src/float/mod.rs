@@ -225,13 +225,16 @@ impl PlaneCount {
         base: Option<&[u8]>,
     ) -> Result<(), FormatError> {
         self.check_window(data, base)?;
-        let n = data.len() / self.l.width;
-        let (spec, step) = (self.spec, crate::planes::sample_len(n) * self.l.width);
+        let (n, width) = (data.len() / self.l.width, self.l.width);
+        let (spec, step) = (self.spec, crate::planes::sample_len(n) * width);
         self.absorb(
             n as u64,
             step == data.len(),
             || engine.sample_histograms(spec, &data[..step], base.map(|b| &b[..step])),
-            |want| engine.plane_histograms(spec, data, base, want),
+            |want, skip| {
+                let from = skip * width;
+                engine.plane_histograms(spec, &data[from..], base.map(|b| &b[from..]), want)
+            },
         );
         Ok(())
     }
@@ -278,32 +281,49 @@ impl PlaneCount {
             n as u64,
             n <= crate::planes::SAMPLE,
             || crate::planes::split_sample(planes),
-            |want| crate::planes::split_histograms(planes, want),
+            |want, skip| {
+                let rest: Vec<&[u8]> = planes.iter().map(|p| &p[skip..]).collect();
+                crate::planes::split_histograms(&rest, want)
+            },
         );
         Ok(())
     }
 
     /// Adds a window of `n` elements: on the first window, the counts of its first
     /// [`sample_len`](crate::planes::sample_len) elements (`sample`: every plane's symbols,
-    /// and flags where they are wanted) decide what is counted from then on; `count` counts
-    /// the window for that. A first window no longer than the sample is counted once, as it.
+    /// and flags where they are wanted) decide what is counted from then on; `count(want,
+    /// skip)` counts the window for that from its element `skip` on (the first window's sample
+    /// is not counted twice: counts add exactly, and the sample's flag groups of 8 symbols end
+    /// where the rest's begin). A first window no longer than the sample is counted once, as it.
     fn absorb(
         &mut self,
         n: u64,
         only_the_sample: bool,
         sample: impl FnOnce() -> Vec<(Histogram, Histogram)>,
-        count: impl FnOnce(&[(bool, bool)]) -> Vec<(Histogram, Histogram)>,
+        count: impl FnOnce(&[(bool, bool)], usize) -> Vec<(Histogram, Histogram)>,
     ) {
-        let mut whole = false;
-        if self.sample.is_empty() {
+        let counts = if self.sample.is_empty() {
             self.sample = sample();
             self.want = wanted(&self.sample);
-            whole = only_the_sample;
-        }
-        let counts = if whole {
-            self.sample.clone()
+            if only_the_sample {
+                self.sample.clone()
+            } else {
+                let skip = crate::planes::sample_len(n as usize);
+                let mut counts = count(&self.want, skip);
+                for (((c, cf), (s, sf)), &(symbols, flags)) in
+                    counts.iter_mut().zip(&self.sample).zip(&self.want)
+                {
+                    if symbols {
+                        c.add(s);
+                    }
+                    if flags {
+                        cf.add(sf);
+                    }
+                }
+                counts
+            }
         } else {
-            count(&self.want)
+            count(&self.want, 0)
         };
         for ((t, tf), (c, cf)) in self.totals.iter_mut().zip(&counts) {
             t.add(c);
@@ -763,6 +783,63 @@ mod tests {
             .collect();
         let flipped: Vec<u8> = extremes.iter().rev().copied().collect();
         round_trip(Dtype::F32, &extremes, Some(&flipped));
+    }
+
+    /// The first window's sample is counted once, not twice: every plane counted in full has
+    /// exactly the symbol and flag counts of the whole plane, chunk by chunk, whether the
+    /// tensor comes in one window or several, split or not.
+    #[test]
+    fn counts_past_the_sample_are_the_whole_planes_counts() {
+        let mut r = rng(3);
+        let n = 3 * CHUNK + 5;
+        // Mostly zeros (sparse planes that want their flags counted), some small values.
+        let data: Vec<u8> = (0..n)
+            .flat_map(|_| {
+                match r() % 10 {
+                    0..=6 => 0f32,
+                    _ => (r() % 1000) as f32 / 512.0,
+                }
+                .to_le_bytes()
+            })
+            .collect();
+        let spec = PlaneSpec::planes(Dtype::F32, 0);
+        let mut planes = Vec::new();
+        crate::planes::cpu_split_planes(spec, &data, None, &mut planes);
+        let whole: Vec<(Histogram, Histogram)> = planes
+            .iter()
+            .map(|p| {
+                let (mut h, mut f) = (Histogram::default(), Histogram::default());
+                for chunk in p.chunks(CHUNK) {
+                    h.add(&Histogram::of(chunk));
+                    f.add(&crate::huffman::flag_histogram(chunk));
+                }
+                (h, f)
+            })
+            .collect();
+        let check = |c: &PlaneCount| {
+            assert!(c.want.iter().any(|w| w.1), "a plane wants its flags");
+            for (p, &(symbols, flags)) in c.want.iter().enumerate() {
+                if symbols {
+                    assert_eq!(c.totals[p].0 .0, whole[p].0 .0, "plane {p} symbols");
+                }
+                if flags {
+                    assert_eq!(c.totals[p].1 .0, whole[p].1 .0, "plane {p} flags");
+                }
+            }
+        };
+        let mut one = PlaneCount::new(Dtype::F32, Count::Plain).unwrap();
+        one.add(&CpuEngine, &data, None).unwrap();
+        check(&one);
+        let mut windows = PlaneCount::new(Dtype::F32, Count::Plain).unwrap();
+        for w in data.chunks(CHUNK * 4) {
+            windows.add(&CpuEngine, w, None).unwrap();
+        }
+        check(&windows);
+        let mut split = PlaneCount::new(Dtype::F32, Count::Plain).unwrap();
+        split
+            .add_splitting(&CpuEngine, &data, None, &mut Vec::new())
+            .unwrap();
+        check(&split);
     }
 
     /// The delta the first elements choose is the one the whole tensor's counts choose when
