@@ -56,12 +56,19 @@ pub fn run_deferred(
     let held = Held {
         warm,
         carried: WarmTensors::new(CARRIED_BYTES),
+        carry: AtomicBool::new(false),
     };
     while !stop() {
         let _writer = repo.writer();
-        let Some((seq, commit)) = store.meta().read()?.pending_first()? else {
+        let (first, queued) = {
+            let meta = store.meta().read()?;
+            (meta.pending_first()?, meta.pending_count()?)
+        };
+        let Some((seq, commit)) = first else {
             break;
         };
+        // Only a commit queued behind this one reads what is carried.
+        held.carry.store(queued > 1, Ordering::Relaxed);
         let policy = DeltaPolicy::from_store(store)?;
         let batch = store.batch();
         let unpublished = batch.unpublished();
@@ -116,6 +123,8 @@ const CARRIED_BYTES: u64 = 512 << 20;
 struct Held<'w> {
     warm: Option<&'w WarmTensors>,
     carried: WarmTensors,
+    /// Whether the new versions decoded now are kept (another commit is queued).
+    carry: AtomicBool,
 }
 
 impl Held<'_> {
@@ -267,8 +276,10 @@ fn reencode(coder: &Coder<'_>, p: &Pair<'_>, held: &Held<'_>) -> Result<Option<R
         true => (None, None),
         false => {
             let new = held.content(store, &p.new.id, &p.new_entry)?;
-            // The next queued commit re-encodes this version against its own.
-            held.carried.offer(p.new.id, new.clone(), Kept::nothing());
+            if held.carry.load(Ordering::Relaxed) {
+                // The next queued commit re-encodes this version against its own.
+                held.carried.offer(p.new.id, new.clone(), Kept::nothing());
+            }
             (
                 Some(new),
                 Some(held.content(store, &p.prev, &p.prev_entry)?),
