@@ -31,6 +31,7 @@ pub use mdl_codec::engine::DeviceCopy;
 
 mod deferred;
 mod params;
+mod phase;
 mod plan;
 mod provenance;
 mod staged;
@@ -38,6 +39,7 @@ mod store;
 mod update;
 
 pub use deferred::{pending_deferred, run_deferred, writer_waiting, DeferredReport};
+use phase::Phase;
 use plan::{adam_betas, correction, lossy_plans, Planning};
 pub(crate) use provenance::author_soon;
 use provenance::source_soon;
@@ -181,6 +183,7 @@ fn commit_input(
     opts: &CommitOptions,
     progress: &dyn Progress,
 ) -> Result<CommitOutcome> {
+    let prepare = Phase::start("prepare");
     let author = author_soon(opts);
     let source = source_soon(opts.source.as_ref());
     // What the checkpoint records of itself, where the user gave nothing.
@@ -255,11 +258,16 @@ fn commit_input(
         s.adam_betas = (s.priced > 0).then(|| b.describe());
     }
 
+    drop(prepare);
     let batch = store.batch();
     // A commit that fails from here on (a full disk) takes its records back before it lets
     // go of the writer.
     let unpublished = batch.unpublished();
-    let mut stored = store_tensors(&planning, &plans, &batch, &opts.encode, progress)?;
+    let mut stored = {
+        let _phase = Phase::start("tensors");
+        store_tensors(&planning, &plans, &batch, &opts.encode, progress)?
+    };
+    let records = Phase::start("manifest and commit records");
     let pairs = moment_pairs(&input, &roles, settings.pairings.len());
     let manifest = manifest_of(
         &input,
@@ -305,8 +313,12 @@ fn commit_input(
         commit.properties.sort();
     }
     let id = store_commit(batch, &commit, &mut stored.added)?;
+    drop(records);
     let branch = target.branch().to_string();
-    publish(repo, target, &id, &commit, &stored, warm)?;
+    {
+        let _phase = Phase::start("publish");
+        publish(repo, target, &id, &commit, &stored, warm)?;
+    }
     unpublished.published();
     let CommitStats {
         stored_bytes,

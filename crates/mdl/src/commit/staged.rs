@@ -48,6 +48,7 @@ impl Staged {
 
     fn open(paths: &[PathBuf], reading: Reading, copies: Option<&Path>) -> Result<Staged> {
         let started = Instant::now();
+        let _phase = super::phase::Phase::start("open input");
         Ok(Staged {
             input: Input::open(paths, reading, copies)?,
             client: Vec::new(),
