@@ -17,6 +17,7 @@ use mdl_store::meta::MetaRead;
 use mdl_store::{IndexEntry, ObjectBatch, Store};
 use serde::{Deserialize, Serialize};
 
+use super::phase::Phase;
 use super::store::coder::Coder;
 use super::store::content::Content;
 use super::store::reverse::Reverse;
@@ -73,11 +74,14 @@ pub fn run_deferred(
         let batch = store.batch();
         let unpublished = batch.unpublished();
         held.carried.begin();
+        let reencoding = Phase::start("re-encode");
         let Some(rewrites) = reencode_parent(repo, &batch, &policy, &commit, &held, stop)? else {
             // Stopped part-way: nothing is published (the records written are taken back, and
             // written again by the next run).
             break;
         };
+        drop(reencoding);
+        let _publishing = Phase::start("publish re-encodes");
         batch.finish()?;
         let mut w = store.meta().write()?;
         for r in &rewrites {
