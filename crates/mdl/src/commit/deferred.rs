@@ -68,8 +68,10 @@ pub fn run_deferred(
         let Some((seq, commit)) = first else {
             break;
         };
-        // Only a commit queued behind this one reads what is carried.
-        held.carry.store(queued > 1, Ordering::Relaxed);
+        // Only a commit queued behind this one reads what is carried; a long-lived committer
+        // (which gives its `warm` cache) keeps to that cache's memory.
+        held.carry
+            .store(warm.is_none() && queued > 1, Ordering::Relaxed);
         let policy = DeltaPolicy::from_store(store)?;
         let batch = store.batch();
         let unpublished = batch.unpublished();
