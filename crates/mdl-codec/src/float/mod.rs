@@ -451,19 +451,20 @@ pub fn deltas_to_count(
 /// What [`delta_to_count`] found worth counting of a tensor against its base.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToCount {
-    /// A tensor of one chunk or less: its planes and every delta, all of it (as cheap as a
-    /// sample).
+    /// A tensor of 32 Ki elements or fewer: its planes and every delta, all of it (as cheap
+    /// as a sample).
     Everything,
-    /// The delta whose first chunk codes smallest: [`Count::Sub`], or [`Count::Masked`] with
-    /// the planes that code smaller XORed.
+    /// The delta whose first 32 Ki elements code smallest: [`Count::Sub`], or
+    /// [`Count::Masked`] with the planes that code smaller XORed.
     Delta(Count),
-    /// No delta's first chunk codes smaller than the planes taken as they are.
+    /// No delta's first 32 Ki elements code smaller than the planes taken as they are.
     Nothing,
 }
 
 /// The one delta of `data` against `base` worth counting, judged from their first windows (at
-/// least the first chunk of each, or all of it): the delta and, for xor-delta, which planes to
-/// XOR, chosen on the first chunk, so that the rest is counted once, as it will be coded.
+/// least the first 32 Ki elements of each, or all of it): the delta and, for xor-delta,
+/// which planes to XOR, chosen on those elements, so that the rest is counted once, as it will
+/// be coded.
 pub fn delta_to_count(
     engine: &dyn Engine,
     dtype: Dtype,
@@ -543,7 +544,7 @@ pub fn analysis_of(plain: &PlaneCount, deltas: &[PlaneCount]) -> Analysis {
     }
 }
 
-/// Estimated sizes of a first chunk ([`sample_delta_sizes`]).
+/// Estimated sizes of a tensor's first elements ([`sample_delta_sizes`]).
 struct SampleSizes {
     /// Its planes as they are.
     plain: u64,

@@ -37,10 +37,11 @@ impl Coder<'_> {
     /// [`REWRITE_GAIN_FLOOR`] of its record. Its new index entry, or `None` when it stays as it
     /// is.
     ///
-    /// What is counted is decided on the first chunk ([`float::delta_to_count`]): on a tensor
-    /// of several chunks, the one delta that codes smallest there, with the planes XORed that
-    /// gain there, so the rest is counted once, as it is coded; a tensor of one chunk or less
-    /// has its planes and both deltas counted and the best taken.
+    /// What is counted is decided on the first 32 Ki elements ([`float::delta_to_count`]): on
+    /// a larger tensor, the one delta that codes smallest there, with the planes XORed that
+    /// gain there, so the rest is counted once, as it is coded (a tensor read a window at a
+    /// time is still read to its end when none gains); a tensor of 32 Ki elements or fewer has
+    /// its planes and both deltas counted and the best taken.
     pub(in crate::commit) fn write_reverse(
         &self,
         header: &TensorHeader,
