@@ -80,20 +80,6 @@ pub struct Choice {
     pub size: u64,
 }
 
-impl Choice {
-    /// Whether this choice, made for `value ^ base`, also fits `base ^ value` with the roles
-    /// swapped: true when every plane taken as it is (not XORed) is stored raw, since XORed
-    /// planes are the same either way round.
-    pub fn reusable_for_swap(&self) -> bool {
-        self.transform == Transform::Planes
-            && self
-                .plans
-                .iter()
-                .enumerate()
-                .all(|(p, plan)| self.xor_mask & (1 << p) != 0 || *plan == Plan::Stored)
-    }
-}
-
 /// What [`analyze`] found.
 #[derive(Clone, Debug)]
 pub struct Analysis {

@@ -54,35 +54,33 @@ impl Coder<'_> {
             base: Some(r.new),
             depth: r.new_depth + 1,
         };
-        let (Content::Memory(prev), Content::Memory(new)) = (r.prev_data, r.data) else {
-            // A tensor read a window at a time: one pass counts, another encodes.
-            let mut counted: Option<Counted> = None;
-            pass(
-                r.prev_data,
-                Some(r.data),
-                dtype.size(),
-                None,
-                &mut |d, b| {
-                    let b = b.expect("a base");
-                    let counted = match &mut counted {
-                        Some(c) => c,
-                        None => {
-                            counted.insert(Counted::new(self.engine, dtype, d, b).map_err(encoder)?)
-                        }
-                    };
-                    counted
-                        .counts
-                        .iter_mut()
-                        .zip(&counted.kinds)
-                        .try_for_each(|(c, k)| {
-                            c.add(self.engine, d, (*k != Count::Plain).then_some(b))
-                        })
-                        .map_err(encoder)
-                },
-            )?;
-            let Some(choice) = counted.and_then(|c| c.choice()).filter(|c| pays(c, r)) else {
-                return Ok(None);
-            };
+        // Held in memory, the tensor is one window, split once for its counts and its codes;
+        // read a window at a time, one pass counts and another encodes.
+        let split = !r.prev_data.windowed() && !r.data.windowed();
+        let mut counted: Option<Counted> = None;
+        pass(
+            r.prev_data,
+            Some(r.data),
+            dtype.size(),
+            None,
+            &mut |d, b| {
+                let b = b.expect("a base");
+                let counted = match &mut counted {
+                    Some(c) => c,
+                    None => {
+                        counted.insert(Counted::new(self.engine, dtype, d, b).map_err(encoder)?)
+                    }
+                };
+                counted.add(self.engine, d, b, split).map_err(encoder)
+            },
+        )?;
+        let Some(counted) = counted else {
+            return Ok(None);
+        };
+        let Some(choice) = counted.choice().filter(|c| pays(c, r)) else {
+            return Ok(None);
+        };
+        if !split {
             let record = FloatRecord {
                 id: r.prev,
                 choice: &choice,
@@ -93,23 +91,7 @@ impl Coder<'_> {
             return Ok(Some(
                 self.write_floats(header, r.data, Some(r.prev_data), &[record])?[0],
             ));
-        };
-        let mut counted = Counted::new(self.engine, dtype, prev, new).map_err(encoder)?;
-        counted.planes = vec![Vec::new(); counted.kinds.len()];
-        for ((count, kind), planes) in counted
-            .counts
-            .iter_mut()
-            .zip(&counted.kinds)
-            .zip(&mut counted.planes)
-        {
-            let base = (*kind != Count::Plain).then_some(*new);
-            count
-                .add_splitting(self.engine, prev, base, planes)
-                .map_err(encoder)?;
         }
-        let Some(choice) = counted.choice().filter(|c| pays(c, r)) else {
-            return Ok(None);
-        };
         let planes = counted.planes_of(&choice);
         let encoded =
             float::encode_split(self.engine, dtype, &planes, true, &choice).map_err(encoder)?;
@@ -128,7 +110,7 @@ impl Coder<'_> {
 }
 
 /// What is counted of a previous version against its new version: each kind's counts and,
-/// for a tensor held in memory, its planes.
+/// for a tensor held in memory, its planes (empty otherwise).
 struct Counted {
     kinds: Vec<Count>,
     counts: Vec<PlaneCount>,
@@ -154,10 +136,34 @@ impl Counted {
             .map(|&k| PlaneCount::new(dtype, k))
             .collect::<std::result::Result<_, _>>()?;
         Ok(Counted {
+            planes: vec![Vec::new(); kinds.len()],
             kinds,
             counts,
-            planes: Vec::new(),
         })
+    }
+
+    /// Counts the next window of the previous version (`prev`) and of the new one, splitting it
+    /// into the planes it is counted from when `split` (a tensor held in memory: one window).
+    fn add(
+        &mut self,
+        engine: &dyn Engine,
+        prev: &[u8],
+        new: &[u8],
+        split: bool,
+    ) -> std::result::Result<(), FormatError> {
+        for ((count, kind), planes) in self
+            .counts
+            .iter_mut()
+            .zip(&self.kinds)
+            .zip(&mut self.planes)
+        {
+            let base = (*kind != Count::Plain).then_some(new);
+            match split {
+                true => count.add_splitting(engine, prev, base, planes)?,
+                false => count.add(engine, prev, base)?,
+            }
+        }
+        Ok(())
     }
 
     /// The delta chosen, once the whole tensor is counted: the best of both against the
