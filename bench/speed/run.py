@@ -6,7 +6,8 @@ For each corpus series (a directory of safetensors checkpoints, committed in nam
   losslessly with eager reverse deltas (`delta.defer=false`; each commit timed as the whole
   process), checks out the newest and the oldest
   commit (verified byte for byte; the newest against `zstd -d` and `cp` of the same file), then
-  commits the series again with --lossy. `zstd -3 -T2` and
+  commits the series again with --lossy and checks out its newest commit from the decoded tips
+  and again without them (the two compared byte for byte). `zstd -3 -T2` and
   `lmz compress -j 2` compress the same files, one at a time, from the same tmpfs.
 - Deferred: the series again with `delta.defer=true` (commits alone, then one `mdl maintenance`;
   and beside the background maintenance each commit starts), with the ratio afterwards.
@@ -108,6 +109,28 @@ def mdl_checkouts(mdl, repo, files, verify):
     return speeds
 
 
+def lossy_tip_checkouts(mdl, repo):
+    """Checkout MB/s of a lossy series' newest commit read from its decoded tips, then again
+    with the tips removed (every residual chain decoded), the two outputs compared byte for
+    byte; and the tips' MB (`mdl stats`), measured before they are removed."""
+    tips_mb = json.loads(run([mdl, "-C", repo, "--json", "stats"]))["tips_bytes"] / 1e6
+    outs = []
+    speeds = []
+    for k in range(2):
+        out = os.path.join(SHM, f"lossy{k}.safetensors")
+        if os.path.exists(out):
+            os.remove(out)
+        if k == 1:
+            shutil.rmtree(os.path.join(repo, ".mdl", "tips"), ignore_errors=True)
+        dt, _ = timed([mdl, "-C", repo, "checkout", "main", "-o", out])
+        speeds.append(size_of(out) / dt / 1e6)
+        outs.append(out)
+    run(["cmp", *outs])  # fails the run on any difference
+    for out in outs:
+        os.remove(out)
+    return speeds[0], speeds[1], tips_mb
+
+
 def peer_series(files, command, suffix):
     """Compresses each file on its own with `command(src, dst)`: (ratio, total MB/s)."""
     raw = packed = 0
@@ -196,9 +219,11 @@ def main():
             shutil.rmtree(repo + "-deferred", ignore_errors=True)
             r["zstd_d"], r["cp"] = read_baselines(files[-1])
             r["lossy_ratio"] = r["lossy"] = r["lossy_med"] = float("nan")
+            r["lossy_tip"] = r["lossy_chain"] = r["tips_mb"] = float("nan")
             if "lossy" not in skip:
                 r["lossy_ratio"], r["lossy"], r["lossy_med"], _t = mdl_series(
                     mdl, repo, files, ["--lossy"], a.config, env=QUIET)
+                r["lossy_tip"], r["lossy_chain"], r["tips_mb"] = lossy_tip_checkouts(mdl, repo)
             r["zstd_ratio"], r["zstd"] = peer_series(
                 files, lambda f, d: ["zstd", "-q", "-3", "-T2", f, "-o", d], ".zst")
             if a.lmz:
@@ -264,6 +289,17 @@ def main():
     for name, r in rows.items():
         print(f"| {name} | {r['lossy_ratio']:.2f} | {r['lossy']:.0f} | {r['commit'] / r['lossy']:.2f} "
               f"| {r['deferred'] / r['lossy']:.2f} |")
+    print()
+    print("Lossy newest checkout: from the decoded tips (`.mdl/tips`), then with them removed "
+          "(every residual chain decoded; same bytes), against the lossless newest checkout.")
+    print()
+    print("| series | tips MB | lossy tip checkout MB/s | lossless newest MB/s | lossless / lossy time "
+          "| without tips MB/s | lossless / lossy time |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['tips_mb']:.1f} | {r['lossy_tip']:.0f} | {r['newest']:.0f} "
+              f"| **{r['newest'] / r['lossy_tip']:.2f}×** | {r['lossy_chain']:.0f} "
+              f"| {r['newest'] / r['lossy_chain']:.2f}× |")
     print()
     print(f"Durable (repository in {a.disk}): fsync bandwidth of random data measured before "
           "each series.")

@@ -28,6 +28,7 @@ mod s3_upkeep;
 mod serve_http;
 mod served_folder;
 mod server;
+mod tips;
 mod transfer;
 mod trees;
 mod util;

@@ -251,6 +251,14 @@ pub(crate) fn stats(out: &mut dyn Write, json: bool, s: &Stats) -> io::Result<()
         size(s.stored_bytes)
     )?;
     writeln!(out, "ratio        {:.3}", s.ratio)?;
+    if s.tips_bytes > 0 {
+        writeln!(
+            out,
+            "tips         {} ({}) of decoded chain ends, beside the records",
+            s.tips_bytes,
+            size(s.tips_bytes)
+        )?;
+    }
     if s.pending_reencodes > 0 {
         writeln!(
             out,

@@ -228,4 +228,9 @@ pub struct Stats {
     /// will be.
     #[serde(default)]
     pub pending_reencodes: u64,
+    /// Bytes of decoded chain ends kept beside the records (`.mdl/tips`: a lossy commit's
+    /// residual tensors, so that the next commit and a checkout of it do not decode their
+    /// chains); not counted in `stored_bytes`, and made again by the next lossy commit.
+    #[serde(default)]
+    pub tips_bytes: u64,
 }

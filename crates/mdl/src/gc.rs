@@ -442,8 +442,8 @@ impl<'a> Run<'a> {
         Ok(removed)
     }
 
-    /// Files, once the index no longer names them: the records of what was removed, then
-    /// leftovers of interrupted writes (the caller holds the writer, so no commit of this
+    /// Files, once the index no longer names them: the records of what was removed and their
+    /// decoded tips, then leftovers of interrupted writes (the caller holds the writer, so no commit of this
     /// process is between writing and indexing them); then the journal shrinks to one entry
     /// of the current state.
     fn remove_files(&self, removed: &[Removed], out: &mut GcOutcome) -> Result<()> {
@@ -457,6 +457,12 @@ impl<'a> Run<'a> {
                 out.bytes_freed += len;
             }
         }
+        // Decoded tips of objects the index no longer names (removed now, or a commit that
+        // failed after keeping them).
+        let meta = store.meta().read()?;
+        let (_, tips_bytes) = store.prune_tips(|id| matches!(meta.object(id), Ok(Some(_))));
+        out.bytes_freed += tips_bytes;
+        drop(meta);
         store.meta().compact_journal()?;
         Ok(())
     }

@@ -23,5 +23,6 @@ pub fn stats(repo: &Repository) -> Result<Stats> {
             raw_bytes as f64 / stored_bytes as f64
         },
         pending_reencodes,
+        tips_bytes: repo.store().tips_bytes(),
     })
 }

@@ -279,12 +279,23 @@ fn a_damaged_record_inside_a_residual_chain_is_named() {
     assert_eq!(top.codec, "quant-residual");
     assert!(top.depth >= 2, "depth {}", top.depth);
     let middle = top.base.expect("a residual has a base");
+    let out = dir.path().join("out.safetensors");
+    let opts = CheckoutOptions::default();
+    checkout(&repo, &newest, &out, &opts, &NoProgress).unwrap();
+    let before = std::fs::read(&out).unwrap();
+    std::fs::remove_file(&out).unwrap();
     let path = mdl::inspect::record_path(&repo, &middle).unwrap();
     let mut bytes = std::fs::read(&path).unwrap();
     let at = bytes.len() / 2;
     bytes[at] ^= 0x10;
     std::fs::write(&path, bytes).unwrap();
-    let out = dir.path().join("out.safetensors");
+    // The newest commit's tensors are kept decoded (`.mdl/tips`), checked against their own
+    // hashes: its checkout still gives its bytes. Without them the chain is decoded, and the
+    // damaged record named.
+    checkout(&repo, &newest, &out, &opts, &NoProgress).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), before);
+    std::fs::remove_file(&out).unwrap();
+    std::fs::remove_dir_all(dir.path().join("repo/.mdl/tips")).unwrap();
     let err = checkout(
         &repo,
         &newest,

@@ -2,7 +2,7 @@
 //! left (`temp_files`, `record_files`), removing one; writing in `write.rs` (made durable by
 //! `sync.rs`; taken back after a failure by `unpublished.rs`), reading in `read.rs`,
 //! tensors read a window at a time in `windows.rs`, the read buffers kept between reads in
-//! `buffers.rs`.
+//! `buffers.rs`, decoded chain ends kept beside the records in `tips.rs`.
 
 use std::path::{Path, PathBuf};
 
@@ -115,6 +115,7 @@ pub const MAX_CHAIN: u32 = 1024;
 mod buffers;
 mod read;
 mod sync;
+mod tips;
 mod unpublished;
 mod windows;
 mod write;

@@ -178,6 +178,7 @@ impl StoreCtx<'_> {
                 rewrite: None,
             }
         };
+        self.keep_tip(i, &result, &rendering, data);
         self.progress.advance(info.len);
         // What the next commit's delta or residual of this tensor will be taken against (the
         // buffer itself, given away rather than copied, with its device copy).
@@ -196,6 +197,25 @@ impl StoreCtx<'_> {
             }
         }
         Ok((result, exactness))
+    }
+
+    /// A residual record this commit wrote ends a chain as deep as its series: its content
+    /// (`data`) is kept decoded (`.mdl/tips`), for the next commit's residual and a checkout
+    /// of this one; the previous version's tip, no longer a chain's end along this branch,
+    /// goes.
+    fn keep_tip(&self, i: usize, stored: &Stored, rendering: &Rendering, data: &[u8]) {
+        let store = self.repo.store();
+        let chained = stored.added.as_ref().is_some_and(|(_, e)| e.base.is_some());
+        if chained && matches!(rendering, Rendering::Quantized { .. }) {
+            store.keep_tip(&stored.id, data);
+        }
+        let info = &self.input.pieces[i];
+        let path = &self.input.files[info.file].tree_path;
+        if let Some(prev) = self.previous.get(path, &info.name) {
+            if prev.id != stored.id {
+                store.forget_tips([&prev.id]);
+            }
+        }
     }
 
     /// What tensor `i` (read into `data`) is stored as: under the commit's lossy plan for it,
