@@ -113,7 +113,7 @@ def lossy_tip_checkouts(mdl, repo):
     """Checkout MB/s of a lossy series' newest commit read from its decoded tips, then again
     with the tips removed (every residual chain decoded), the two outputs compared byte for
     byte; and the tips' MB (`mdl stats`), measured before they are removed."""
-    tips_mb = json.loads(run([mdl, "-C", repo, "--json", "stats"]))["tips_bytes"] / 1e6
+    tips_mb = json.loads(run([mdl, "-C", repo, "--json", "stats"])).get("tips_bytes", 0) / 1e6
     outs = []
     speeds = []
     for k in range(2):
