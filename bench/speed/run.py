@@ -293,8 +293,8 @@ def main():
     print("Lossy newest checkout: from the decoded tips (`.mdl/tips`), then with them removed "
           "(every residual chain decoded; same bytes), against the lossless newest checkout.")
     print()
-    print("| series | tips MB | lossy tip checkout MB/s | lossless newest MB/s | lossless / lossy time "
-          "| without tips MB/s | lossless / lossy time |")
+    print("| series | tips MB | lossy tip checkout MB/s | lossless newest MB/s | lossy / lossless time "
+          "| without tips MB/s | lossy / lossless time |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, r in rows.items():
         print(f"| {name} | {r['tips_mb']:.1f} | {r['lossy_tip']:.0f} | {r['newest']:.0f} "

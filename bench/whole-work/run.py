@@ -4,7 +4,9 @@ then one `mdl maintenance` doing every deferred re-encode the commits queued; be
 `zstd -3` (one thread) over the same files. CPU-seconds are user + system of each process (and
 its threads), from the kernel's accounting of waited-for children. Prints a markdown table:
 per series the commits', the maintenance's and the whole CPU-seconds, zstd's, their ratio, and
-both compression ratios (mdl's from `mdl stats` once the maintenance is done).
+both compression ratios (mdl's from `mdl stats` once the maintenance is done). A second table
+(target 4): the same series committed `--lossy` into a fresh repository (a lossy series defers
+nothing), its CPU-seconds against the lossless whole work of the same run, and its ratio.
 
     python3 bench/whole-work/run.py [--corpus DIR] [--series traj-fp32,...] [--mdl PATH]
                                     [--repeat N]
@@ -32,13 +34,15 @@ def cpu_of(cmd, env=None):
     return cpu, r.stdout
 
 
-def mdl_series(mdl, files):
+def mdl_series(mdl, files, flags=(), config=()):
     """(commits' CPU-s, maintenance CPU-s, ratio once settled)."""
     repo = os.path.join(SHM, "repo")
     shutil.rmtree(repo, ignore_errors=True)
     cpu_of([mdl, "init", repo])
+    for kv in config:
+        cpu_of([mdl, "-C", repo, "config", *kv.split("=", 1)])
     quiet = dict(os.environ, MDL_NO_BACKGROUND="1")
-    commits = sum(cpu_of([mdl, "-C", repo, "commit", f], env=quiet)[0] for f in files)
+    commits = sum(cpu_of([mdl, "-C", repo, "commit", f, *flags], env=quiet)[0] for f in files)
     maintenance, _ = cpu_of([mdl, "-C", repo, "maintenance"], env=quiet)
     _, out = cpu_of([mdl, "-C", repo, "--json", "stats"])
     stats = json.loads(out)
@@ -66,12 +70,17 @@ def main():
     ap.add_argument("--series", default="traj-fp32,traj-bf16,ft-fp32")
     ap.add_argument("--mdl", default="target/release/mdl")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--config", action="append", default=["quant.adam_betas=0.9,0.95"],
+                    help="lossy repositories' configuration KEY=VALUE (the corpus trains with "
+                         "betas 0.9/0.95)")
+    ap.add_argument("--no-lossy", action="store_true", help="the lossless table only")
     args = ap.parse_args()
     os.makedirs(SHM, exist_ok=True)
     print(f"one thread for zstd; mdl as it runs (all cores); medians of {args.repeat}; tmpfs")
     print("| series | mdl commits CPU-s | mdl maintenance CPU-s | mdl whole CPU-s "
           "| zstd -3 CPU-s | whole / zstd | mdl ratio | zstd ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    lossy = []
     for name in args.series.split(","):
         d = os.path.join(args.corpus, name)
         # Copied to tmpfs once, so neither tool waits on the disk.
@@ -85,11 +94,23 @@ def main():
             # Interleaved, so both meet the same machine.
             c, m, ratio = mdl_series(args.mdl, files)
             z, zratio = zstd_series(files)
-            runs.append((c, m, c + m, z, (c + m) / z, ratio, zratio))
+            lc = lratio = float("nan")
+            if not args.no_lossy:
+                lc, _, lratio = mdl_series(args.mdl, files, ["--lossy"], args.config)
+            runs.append((c, m, c + m, z, (c + m) / z, ratio, zratio, lc, lc / (c + m), lratio))
         med = [statistics.median(col) for col in zip(*runs)]
         print(f"| {name} | {med[0]:.2f} | {med[1]:.2f} | {med[2]:.2f} | {med[3]:.2f} "
               f"| {med[4]:.2f} | {med[5]:.3f} | {med[6]:.3f} |")
+        lossy.append((name, med))
         shutil.rmtree(src, ignore_errors=True)
+    if args.no_lossy:
+        return
+    print()
+    print("| series | lossy commits CPU-s | lossless whole CPU-s | lossy / lossless whole "
+          "| lossy ratio |")
+    print("|---|---:|---:|---:|---:|")
+    for name, med in lossy:
+        print(f"| {name} | {med[7]:.2f} | {med[2]:.2f} | **{med[8]:.2f}×** | {med[9]:.2f} |")
 
 
 if __name__ == "__main__":

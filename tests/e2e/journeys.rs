@@ -380,6 +380,7 @@ fn float_codecs_deltas_and_config() {
             "quant.adam_betas",
             "quant.curvature",
             "quant.moment_residuals",
+            "quant.tips",
             "quant.exp_avg_drop",
             "quant.exp_avg_sq_hold",
             "quant.exp_avg",

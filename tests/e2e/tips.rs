@@ -138,6 +138,30 @@ fn a_commit_stores_the_same_records_whether_its_references_come_from_tips_or_cha
 }
 
 #[test]
+fn no_tips_are_kept_with_quant_tips_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    ok(dir.path(), &["init", "repo"]);
+    ok(&repo, &["config", "quant.tips", "off"]);
+    let file = dir.path().join("ckpt.safetensors");
+    let out = dir.path().join("out.safetensors");
+    for step in 0..3 {
+        checkpoint(&file, step);
+        ok(&repo, &["commit", file.to_str().unwrap(), "--lossy"]);
+    }
+    assert!(tips(&repo).is_empty());
+    assert_eq!(json(&repo, &["stats"])["tips_bytes"].as_u64(), Some(0));
+    // The same series with tips checks out the same bytes.
+    let other = tempfile::tempdir().unwrap();
+    let (with_tips, _) = lossy_series(other.path(), 3);
+    assert_eq!(tips(&with_tips).len(), 2);
+    assert_eq!(
+        checkout(&repo, "main", &out),
+        checkout(&with_tips, "main", &out)
+    );
+}
+
+#[test]
 fn gc_removes_the_tips_of_objects_the_index_no_longer_names() {
     let dir = tempfile::tempdir().unwrap();
     let (repo, _) = lossy_series(dir.path(), 2);

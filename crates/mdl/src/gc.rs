@@ -443,9 +443,9 @@ impl<'a> Run<'a> {
     }
 
     /// Files, once the index no longer names them: the records of what was removed and their
-    /// decoded tips, then leftovers of interrupted writes (the caller holds the writer, so no commit of this
-    /// process is between writing and indexing them); then the journal shrinks to one entry
-    /// of the current state.
+    /// decoded tips, then leftovers of interrupted writes (the caller holds the writer, so no
+    /// commit of this process is between writing and indexing them); then the journal shrinks
+    /// to one entry of the current state.
     fn remove_files(&self, removed: &[Removed], out: &mut GcOutcome) -> Result<()> {
         let store = self.repo.store();
         for (id, e, _) in removed {
@@ -460,8 +460,7 @@ impl<'a> Run<'a> {
         // Decoded tips of objects the index no longer names (removed now, or a commit that
         // failed after keeping them).
         let meta = store.meta().read()?;
-        let (_, tips_bytes) = store.prune_tips(|id| matches!(meta.object(id), Ok(Some(_))));
-        out.bytes_freed += tips_bytes;
+        out.bytes_freed += store.prune_tips(|id| matches!(meta.object(id), Ok(Some(_))));
         drop(meta);
         store.meta().compact_journal()?;
         Ok(())

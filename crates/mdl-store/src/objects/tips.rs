@@ -60,19 +60,15 @@ impl Store {
     }
 
     /// Removes every tip (and tip being written) whose object `keep` does not accept; returns
-    /// the files removed and their bytes.
-    pub fn prune_tips(&self, keep: impl Fn(&ObjectId) -> bool) -> (u64, u64) {
-        let (mut files, mut bytes) = (0, 0);
+    /// the bytes removed.
+    pub fn prune_tips(&self, keep: impl Fn(&ObjectId) -> bool) -> u64 {
+        let mut bytes = 0;
         for (path, id, len) in self.tip_files() {
-            if id.as_ref().is_some_and(&keep) {
-                continue;
-            }
-            if self.storage().remove_file(&path).is_ok() {
-                files += 1;
+            if !id.as_ref().is_some_and(&keep) && self.storage().remove_file(&path).is_ok() {
                 bytes += len;
             }
         }
-        (files, bytes)
+        bytes
     }
 
     /// Bytes of the tips kept.
@@ -118,10 +114,5 @@ impl Store {
         }
         let (prefix, expected) = named()?;
         Ok(self.engine().content_id(&prefix, out) == expected)
-    }
-
-    /// Whether object `id` has a tip file (not whether it would pass its hash).
-    pub fn has_tip(&self, id: &ObjectId) -> bool {
-        self.tip_path(id).is_file()
     }
 }

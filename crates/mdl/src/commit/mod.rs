@@ -374,6 +374,7 @@ fn store_tensors(
         correction: planning.correction,
         betas_words: planning.betas.as_ref().map(Betas::words),
         warm: planning.warm,
+        keep_tips: settings.tips,
         spare_tensors: Spare::new(),
         spare_planes: Spare::new(),
     };

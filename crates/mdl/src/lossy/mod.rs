@@ -31,7 +31,7 @@ pub use settings::{
     known_keys, validate, CodecMode, LossyRequest, LossySettings, BETAS_KEY, CURVATURE_KEY,
     DEFAULT_EPSILON, DEFAULT_KEY, EMBEDDINGS_KEY, EPSILON_KEY, EXP_AVG_DROP_KEY, EXP_AVG_KEY,
     EXP_AVG_SQ_HOLD_KEY, EXP_AVG_SQ_KEY, MIN_LOSSY_ELEMENTS, MOMENTS_KEY, MOMENT_RESIDUALS_KEY,
-    TRIM_BITS_KEY,
+    TIPS_KEY, TRIM_BITS_KEY,
 };
 pub(crate) use sparse::Sparsify;
 

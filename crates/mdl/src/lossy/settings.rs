@@ -33,6 +33,8 @@ pub const EXP_AVG_DROP_KEY: &str = "quant.exp_avg_drop";
 pub const EXP_AVG_SQ_HOLD_KEY: &str = "quant.exp_avg_sq_hold";
 /// The loss's curvature per unit of Adam's `v̂` (`docs/CODECS.md`, "The bound").
 pub const CURVATURE_KEY: &str = "quant.curvature";
+/// Whether lossy commits keep their residual tensors decoded in `.mdl/tips` (on or off).
+pub const TIPS_KEY: &str = "quant.tips";
 
 /// Default ε (calibrated on the corpus: `docs/BENCHMARKS.md`).
 pub const DEFAULT_EPSILON: f64 = 0.0005;
@@ -119,6 +121,8 @@ pub struct LossySettings {
     pub exp_avg_sq: Option<QuantConfig>,
     /// A command scoring candidate checkpoints (`{}` is the file), lower is better.
     pub eval_cmd: Option<String>,
+    /// Residual tensors kept decoded in `.mdl/tips` (`quant.tips`).
+    pub tips: bool,
 }
 
 /// Command-line overrides of the repository's lossy settings.
@@ -217,7 +221,7 @@ pub fn validate(key: &str, value: &str) -> Option<Result<()>> {
         EMBEDDINGS_KEY => Ok(()),
         BETAS_KEY => parse_betas(value).map(drop),
         CURVATURE_KEY => parse_curvature(value).map(drop),
-        MOMENT_RESIDUALS_KEY => parse_switch(key, value).map(drop),
+        MOMENT_RESIDUALS_KEY | TIPS_KEY => parse_switch(key, value).map(drop),
         EXP_AVG_DROP_KEY => parse_drop(value).map(drop),
         EXP_AVG_SQ_HOLD_KEY => parse_hold(value).map(drop),
         EXP_AVG_KEY | EXP_AVG_SQ_KEY => parse_config(key, value).map(drop),
@@ -236,6 +240,7 @@ pub fn known_keys() -> Vec<(&'static str, String)> {
         (BETAS_KEY, "auto".into()),
         (CURVATURE_KEY, quant::DEFAULT_CURVATURE.to_string()),
         (MOMENT_RESIDUALS_KEY, "on".into()),
+        (TIPS_KEY, "on".into()),
         (EXP_AVG_DROP_KEY, DEFAULT_EXP_AVG_DROP.to_string()),
         (EXP_AVG_SQ_HOLD_KEY, DEFAULT_EXP_AVG_SQ_HOLD.to_string()),
         (EXP_AVG_KEY, DEFAULT_EXP_AVG.into()),
@@ -286,6 +291,7 @@ impl LossySettings {
             betas: parse_betas(&get(BETAS_KEY)?)?,
             curvature: parse_curvature(&get(CURVATURE_KEY)?)?,
             moment_residuals: parse_switch(MOMENT_RESIDUALS_KEY, &get(MOMENT_RESIDUALS_KEY)?)?,
+            tips: parse_switch(TIPS_KEY, &get(TIPS_KEY)?)?,
             exp_avg_drop: parse_drop(&get(EXP_AVG_DROP_KEY)?)?,
             exp_avg_sq_hold: parse_hold(&get(EXP_AVG_SQ_HOLD_KEY)?)?,
             exp_avg: parse_config(EXP_AVG_KEY, &get(EXP_AVG_KEY)?)?,

@@ -128,6 +128,8 @@ pub(super) struct StoreCtx<'a> {
     pub(super) betas_words: Option<String>,
     /// The last commit's tensors, kept by a process that commits repeatedly.
     pub(super) warm: Option<&'a WarmTensors>,
+    /// Whether residual records' content is kept decoded (`quant.tips`).
+    pub(super) keep_tips: bool,
     /// Buffers tensors are read into, and split into planes, kept for the next tensors.
     pub(super) spare_tensors: Spare<Vec<u8>>,
     pub(super) spare_planes: Spare<Vec<Vec<u8>>>,
@@ -201,12 +203,12 @@ impl StoreCtx<'_> {
 
     /// A residual record this commit wrote ends a chain as deep as its series: its content
     /// (`data`) is kept decoded (`.mdl/tips`), for the next commit's residual and a checkout
-    /// of this one; the previous version's tip, no longer a chain's end along this branch,
-    /// goes.
+    /// of this one (unless `quant.tips` is off); the previous version's tip, no longer a
+    /// chain's end along this branch, goes.
     fn keep_tip(&self, i: usize, stored: &Stored, rendering: &Rendering, data: &[u8]) {
         let store = self.repo.store();
         let chained = stored.added.as_ref().is_some_and(|(_, e)| e.base.is_some());
-        if chained && matches!(rendering, Rendering::Quantized { .. }) {
+        if self.keep_tips && chained && matches!(rendering, Rendering::Quantized { .. }) {
             store.keep_tip(&stored.id, data);
         }
         let info = &self.input.pieces[i];
