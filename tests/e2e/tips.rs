@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::util::{floats, json, ok, write_safetensors, T};
+use crate::util::{floats, json, ok, snapshot, write_safetensors, T};
 
 /// Checkpoint `step` of a drifting series: two weight matrices that move the same small way
 /// each step (so each commit's residual against the last is smaller than a fresh quantization).
@@ -58,21 +58,6 @@ fn checkout(repo: &Path, rev: &str, out: &Path) -> Vec<u8> {
     std::fs::read(out).unwrap()
 }
 
-/// Every file under `.mdl/objects`, with its bytes.
-fn records(repo: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    for d in std::fs::read_dir(repo.join(".mdl/objects"))
-        .unwrap()
-        .flatten()
-    {
-        for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
-            out.push((f.path(), std::fs::read(f.path()).unwrap()));
-        }
-    }
-    out.sort();
-    out
-}
-
 #[test]
 fn a_lossy_series_keeps_its_newest_residuals_decoded_and_reads_them_only_when_they_hash_right() {
     let dir = tempfile::tempdir().unwrap();
@@ -88,7 +73,8 @@ fn a_lossy_series_keeps_its_newest_residuals_decoded_and_reads_them_only_when_th
     let out = dir.path().join("out.safetensors");
     let with_tips = checkout(&repo, "main", &out);
     let older = checkout(&repo, "main~1", &out);
-    let records_before = records(&repo);
+    let records = || snapshot(&repo.join(".mdl/objects"));
+    let records_before = records();
 
     // Damaged tips (a flipped byte, a truncated file, a link elsewhere) are read past: the
     // checkout decodes the chains and gives the same bytes, and nothing else changes.
@@ -103,7 +89,7 @@ fn a_lossy_series_keeps_its_newest_residuals_decoded_and_reads_them_only_when_th
     std::fs::remove_dir_all(repo.join(".mdl/tips")).unwrap();
     assert_eq!(checkout(&repo, "main", &out), with_tips);
     assert_eq!(checkout(&repo, "main~1", &out), older);
-    assert_eq!(records(&repo), records_before);
+    assert_eq!(records(), records_before);
 }
 
 #[test]

@@ -8,25 +8,6 @@ use std::path::{Path, PathBuf};
 
 use crate::util::*;
 
-/// Every file under `dir` by relative path, with its bytes and whether it is executable.
-fn snapshot(dir: &Path) -> BTreeMap<String, (Vec<u8>, bool)> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, (Vec<u8>, bool)>) {
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                walk(root, &p, out);
-            } else {
-                let rel = p.strip_prefix(root).unwrap().to_str().unwrap().to_string();
-                let exec = std::fs::metadata(&p).unwrap().permissions().mode() & 0o100 != 0;
-                out.insert(rel, (std::fs::read(&p).unwrap(), exec));
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(dir, dir, &mut out);
-    out
-}
-
 pub(crate) fn torch_fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../tests/fixtures/torch")
