@@ -99,12 +99,13 @@ def torch_save(model, opt, path: str) -> float:
     return dt
 
 
-def measure(gib: float, weights: torch.dtype, root: str, reps: int) -> dict:
+def measure(gib: float, weights: torch.dtype, root: str, reps: int, warm_bytes: int | None) -> dict:
     model, opt = make_state(gib, weights)
     size = nbytes(model, opt)
     work = tempfile.mkdtemp(dir=root, prefix="stall-")
     try:
-        repo = mdl.init(os.path.join(work, "repo"))
+        kw = {} if warm_bytes is None else {"warm_bytes": warm_bytes}
+        repo = mdl.init(os.path.join(work, "repo"), **kw)
         cells: dict[str, list[float]] = {k: [] for k in ("copy", "async", "background", "blocking", "save")}
         # A first commit that later ones delta against (a running series), not timed.
         repo.commit_state(model, opt, step=0, wait=True)
@@ -151,6 +152,8 @@ def main() -> None:
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where repositories and files go")
     ap.add_argument("--sizes", default="1,4", help="state sizes in GiB, comma-separated")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--warm-bytes", type=int, default=None,
+                    help="the repository's warm_bytes (the package's default if left out)")
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     print(f"mdl {mdl.__version__}, torch {torch.__version__}, {os.cpu_count()} cores, dir {args.dir}")
@@ -161,7 +164,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for gib in [float(s) for s in args.sizes.split(",")]:
         for weights in (torch.float32, torch.bfloat16):
-            m = measure(gib, weights, args.dir, args.reps)
+            m = measure(gib, weights, args.dir, args.reps, args.warm_bytes)
             name = str(weights).removeprefix("torch.")
             print(
                 f"| {m['bytes'] / 2**30:.2f} GiB | {name} | {m['copy']:.2f} | {m['async']:.2f} | "

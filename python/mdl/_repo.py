@@ -204,8 +204,9 @@ class Repository:
         repository (a commit owns it while it stores) before raising MdlError.
 
         ``warm_bytes``: how much of the last commit's tensors this object keeps in memory, so
-        that the next commit takes its deltas against them instead of decoding them from the
-        repository again (0: keep nothing).
+        that the next commit takes its residuals (lossy commits) or eager deltas against them
+        instead of decoding them from the repository again (0: keep nothing). With the default
+        deferred reverse deltas a lossless commit's tensors are not kept: nothing reads them.
         """
         return cls._reach(path, None, wait, warm_bytes, create=False)
 

@@ -109,8 +109,8 @@ def test_cuda_state_is_stored_as_it_was_when_commit_state_returned(tmp_path, sna
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu-check.sh)")
 def test_the_gpu_engine_stores_a_device_snapshot_as_the_cpu_engine_does(tmp_path):
-    """The GPU engine computes on the device snapshot where it lies (and keeps the warm set's
-    copies there for the next commit's deltas); the records are the CPU engine's."""
+    """The GPU engine computes on the device snapshot where it lies; the records are the CPU
+    engine's."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 256)).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -1,6 +1,8 @@
 //! What a process that commits again and again keeps of its last commit: the content of its
 //! tensors, by object id, within a byte budget. The next commit's deltas and residuals are taken
 //! against exactly these versions, which otherwise it would read and decode from the store again.
+//! A commit offers its tensors only when the next one reads them so (a lossy commit, or eager
+//! deltas; see `commit::next_commit_reads`).
 //!
 //! Content is keyed by its object id (the hash of that content and its header), so a kept
 //! tensor is the object's content whichever repository or commit asks for it: the cache can be

@@ -444,8 +444,9 @@ fn deferred_reverse_deltas_end_where_eager_ones_do() {
     }
 }
 
-/// A stop request ends the work at the next tensor: the commit it was on is not published (the
-/// repository stays sound and queued), and later runs finish where eager commits end.
+/// A stop request ends the work at the next tensor: what was finished of the commit it was on
+/// is published and the commit stays queued (the repository sound), and later runs finish
+/// where eager commits end.
 #[test]
 fn deferred_work_stopped_anywhere_resumes_to_the_same_end() {
     let dir = tempfile::tempdir().unwrap();
@@ -481,4 +482,42 @@ fn deferred_work_stopped_anywhere_resumes_to_the_same_end() {
     }
     let again = mdl::commit::run_deferred(&repo, None, &|| false).unwrap();
     assert_eq!(again, mdl::commit::DeferredReport::default());
+}
+
+/// Work stopped after every tensor still gets done (a committer whose commits come faster than
+/// a commit's re-encodes catches up): each run publishes the tensor it finished, and the series
+/// ends where eager commits end.
+#[test]
+fn deferred_work_done_a_tensor_at_a_time_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let deferred = DeltaPolicy {
+        defer: true,
+        ..REVERSE
+    };
+    let (eager, eager_commits) = series(&dir.path().join("eager"), 4, REVERSE);
+    let (repo, commits) = series(&dir.path().join("deferred"), 4, deferred);
+    let mut rewritten = 0;
+    let mut runs = 0;
+    while mdl::commit::pending_deferred(&repo).unwrap() > 0 {
+        // The loop's own check, then one tensor: the next tensor's check stops the run.
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let stop = || calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= 2;
+        let report = mdl::commit::run_deferred(&repo, None, &stop).unwrap();
+        assert!(report.rewritten <= 1, "{report:?}");
+        rewritten += report.rewritten;
+        runs += 1;
+        assert!(runs < 100, "the work does not advance");
+    }
+    assert!(rewritten > 1, "the re-encodes were published one at a time");
+    assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
+    check_all(&repo, &commits, dir.path());
+    let ids = |c: &[(PathBuf, mdl::ObjectId)]| c.iter().map(|(_, id)| *id).collect::<Vec<_>>();
+    let (a, b) = (
+        tensor_records(&eager, &ids(&eager_commits)),
+        tensor_records(&repo, &ids(&commits)),
+    );
+    assert_eq!(a.len(), b.len());
+    for (id, rec) in &a {
+        assert!(b[id] == *rec, "{id}");
+    }
 }

@@ -47,6 +47,12 @@ pub(crate) const EXPIRED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::n
 /// it is, nothing is lost).
 pub(crate) const PENDING: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("pending");
 
+/// The previous versions a queued commit's re-encode tried without a rewrite (it did not pay),
+/// recorded by a run stopped before the commit's end so that the next run does not try them
+/// again: key `commit id ‖ previous version's id`. Cleared with the commit's queue entry; a
+/// hint like [`PENDING`].
+pub(crate) const TRIED: TableDefinition<'_, &[u8], ()> = TableDefinition::new("tried");
+
 /// The symbolic ref every repository starts with.
 pub const HEAD: &str = "HEAD";
 

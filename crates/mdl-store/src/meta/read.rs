@@ -33,6 +33,18 @@ macro_rules! readers {
             })
         }
 
+        /// Whether a run of `commit`'s queued re-encode tried `prev` without a rewrite.
+        pub fn tried(&self, commit: &ObjectId, prev: &ObjectId) -> Result<bool, StoreError> {
+            guarded(|| match self.txn.open_table(TRIED) {
+                Ok(t) => Ok(t
+                    .get(dependent_key(commit, prev).as_slice())
+                    .map_err(db)?
+                    .is_some()),
+                Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
+                Err(e) => Err(db(e)),
+            })
+        }
+
         /// A ref's value.
         pub fn get_ref(&self, name: &str) -> Result<Option<RefValue>, StoreError> {
             guarded(|| {

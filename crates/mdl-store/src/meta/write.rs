@@ -10,7 +10,7 @@ use redb::{ReadableTable, ReadableTableMetadata};
 use super::read::{dependent_key, key_id};
 use super::{
     CommitSummary, Expired, IndexEntry, RefValue, ReflogEntry, COMMITS, CONFIG, DEPENDENTS,
-    EXPIRED, INFO, OBJECTS, PENDING, REFLOG, REFS,
+    EXPIRED, INFO, OBJECTS, PENDING, REFLOG, REFS, TRIED,
 };
 use crate::error::db;
 use crate::guard::guarded;
@@ -69,11 +69,27 @@ impl MetaWrite<'_> {
         })
     }
 
-    /// Takes a deferred re-encode off the queue (done, or nothing left to do).
-    pub fn remove_pending(&mut self, seq: u64) -> Result<(), StoreError> {
+    /// Takes commit `commit`'s deferred re-encode (sequence number `seq`) off the queue (done,
+    /// or nothing left to do), with what its stopped runs recorded as tried.
+    pub fn remove_pending(&mut self, seq: u64, commit: &ObjectId) -> Result<(), StoreError> {
         guarded(|| {
             let mut t = self.txn.open_table(PENDING).map_err(db)?;
             t.remove(seq).map_err(db)?;
+            let mut t = self.txn.open_table(TRIED).map_err(db)?;
+            let lo = dependent_key(commit, &ObjectId::from_bytes([0; 32]));
+            let hi = dependent_key(commit, &ObjectId::from_bytes([0xff; 32]));
+            t.retain_in(lo.as_slice()..=hi.as_slice(), |_, _| false)
+                .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    /// Records that `commit`'s queued re-encode tried `prev` without a rewrite.
+    pub fn mark_tried(&mut self, commit: &ObjectId, prev: &ObjectId) -> Result<(), StoreError> {
+        guarded(|| {
+            let mut t = self.txn.open_table(TRIED).map_err(db)?;
+            t.insert(dependent_key(commit, prev).as_slice(), ())
+                .map_err(db)?;
             Ok(())
         })
     }

@@ -2,8 +2,10 @@
 //! and queues itself in the index (`meta`'s pending table, in the publish transaction); later,
 //! [`run_deferred`] re-encodes the parent's versions of those tensors as deltas against them,
 //! exactly as the commit would have, and publishes the new records with the queue entry's
-//! removal in one transaction. The queue is worked oldest first, so the repository ends in the
-//! same state whoever works it and whenever (right after each commit, or after several).
+//! removal in one transaction (a run stopped part-way publishes the tensors it finished, and
+//! the entry stays for the rest). The queue is worked oldest first, so the repository ends in
+//! the same state whoever works it and whenever (right after each commit, after several, or
+//! in pieces).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,11 +44,12 @@ pub struct DeferredReport {
 }
 
 /// Works the queue of deferred re-encodes, oldest commit first, until it is empty or `stop`
-/// says to stop (asked before each tensor: a commit's work stopped part-way is dropped and done
-/// again by the next run). Each commit's re-encodes are published in one transaction with its
-/// removal from the queue; a failure or a stop before that leaves it queued and the repository
-/// as it was (the records written taken back; a crash leaves them unindexed, for gc to sweep).
-/// `warm` is the last commit's tensors, where the caller kept them.
+/// says to stop (asked before each tensor). Each commit's re-encodes are published in one
+/// transaction with its removal from the queue; a commit stopped part-way publishes the
+/// re-encodes it finished and stays queued, and the next run takes up its other tensors (a
+/// tensor re-encoded is no longer a whole version, so it is not paired again). A failure
+/// leaves the repository as it was (the records written taken back; a crash leaves them
+/// unindexed, for gc to sweep). `warm` is the last commit's tensors, where the caller kept them.
 pub fn run_deferred(
     repo: &Repository,
     warm: Option<&WarmTensors>,
@@ -77,32 +80,44 @@ pub fn run_deferred(
         let unpublished = batch.unpublished();
         held.carried.begin();
         let reencoding = Phase::start("re-encode");
-        let Some(rewrites) = reencode_parent(repo, &batch, &policy, &commit, &held, stop)? else {
-            // Stopped part-way: nothing is published (the records written are taken back, and
-            // written again by the next run).
-            break;
-        };
+        let Worked {
+            rewrites,
+            tried,
+            complete,
+        } = reencode_parent(repo, &batch, &policy, &commit, &held, stop)?;
         drop(reencoding);
+        if rewrites.is_empty() && tried.is_empty() && !complete {
+            break;
+        }
         let _publishing = Phase::start("publish re-encodes");
         batch.finish()?;
         let mut w = store.meta().write()?;
         for r in &rewrites {
             publish_rewrite(&mut w, r)?;
         }
-        w.remove_pending(seq)?;
+        if complete {
+            w.remove_pending(seq, &commit)?;
+        } else {
+            for prev in &tried {
+                w.mark_tried(&commit, prev)?;
+            }
+        }
         w.commit_txn()?;
         unpublished.published();
         held.carried.publish();
         for r in &rewrites {
             store.remove_record(&r.id, r.old.generation);
         }
-        report.commits += 1;
+        report.commits += u64::from(complete);
         report.rewritten += rewrites.len() as u64;
         report.saved_bytes += rewrites
             .iter()
             .map(|r| r.old.stored_len.saturating_sub(r.new.stored_len))
             .sum::<u64>();
-        tracing::info!(%commit, rewritten = rewrites.len(), "deferred re-encode");
+        tracing::info!(%commit, rewritten = rewrites.len(), complete, "deferred re-encode");
+        if !complete {
+            break;
+        }
     }
     report.pending = store.meta().read()?.pending_count()?;
     Ok(report)
@@ -143,6 +158,26 @@ impl Held<'_> {
     }
 }
 
+/// What a run did of one queued commit's re-encodes.
+struct Worked {
+    rewrites: Vec<Rewrite>,
+    /// Previous versions tried without a rewrite (the re-encode did not pay).
+    tried: Vec<ObjectId>,
+    /// Whether every pair was worked (`false` when `stop` said to stop before the last).
+    complete: bool,
+}
+
+impl Default for Worked {
+    /// Nothing to do: complete.
+    fn default() -> Self {
+        Worked {
+            rewrites: Vec::new(),
+            tried: Vec::new(),
+            complete: true,
+        }
+    }
+}
+
 /// One tensor of a queued commit and its parent's version, to be re-encoded against it.
 struct Pair<'m> {
     new: &'m Entry,
@@ -153,7 +188,7 @@ struct Pair<'m> {
 
 /// Re-encodes, into `batch`, the previous versions of `commit`'s tensors that a reverse-mode
 /// commit would have re-encoded against them; nothing when the commit or its parent is gone.
-/// `None` when `stop` said to stop before the last tensor.
+/// Pairs an earlier stopped run tried are not tried again.
 fn reencode_parent(
     repo: &Repository,
     batch: &ObjectBatch<'_>,
@@ -161,20 +196,20 @@ fn reencode_parent(
     commit: &ObjectId,
     held: &Held<'_>,
     stop: &(dyn Fn() -> bool + Sync),
-) -> Result<Option<Vec<Rewrite>>> {
+) -> Result<Worked> {
     let store = repo.store();
     if policy.mode != DeltaMode::Reverse {
-        return Ok(Some(Vec::new()));
+        return Ok(Worked::default());
     }
     let (record, parent) = {
         let meta = store.meta().read()?;
         if meta.object(commit)?.is_none() {
-            return Ok(Some(Vec::new()));
+            return Ok(Worked::default());
         }
         let record = repo.load_commit(commit)?;
         match record.parents.first() {
             Some(p) if meta.object(p)?.is_some() => (record.manifest, *p),
-            _ => return Ok(Some(Vec::new())),
+            _ => return Ok(Worked::default()),
         }
     };
     let manifest = repo.load_manifest(&record)?;
@@ -192,7 +227,7 @@ fn reencode_parent(
                     continue;
                 };
                 if let Some(pair) = pair_of(repo, &meta, policy, &previous, &file.path, new)? {
-                    if claimed.insert(pair.prev) {
+                    if claimed.insert(pair.prev) && !meta.tried(commit, &pair.prev)? {
                         pairs.push(pair);
                     }
                 }
@@ -204,6 +239,7 @@ fn reencode_parent(
         batch,
         engine: store.engine(),
     };
+    // Each tensor's outcome, or `None` for one not started once `stop` said to stop.
     let stopped = AtomicBool::new(false);
     let done = per_tensor(
         &pairs,
@@ -213,13 +249,21 @@ fn reencode_parent(
                 stopped.store(true, Ordering::Relaxed);
                 return Ok(None);
             }
-            reencode(&coder, p, held)
+            reencode(&coder, p, held).map(Some)
         },
     )?;
-    if stopped.load(Ordering::Relaxed) {
-        return Ok(None);
+    let mut worked = Worked {
+        complete: done.iter().all(Option::is_some),
+        ..Worked::default()
+    };
+    for (pair, outcome) in pairs.iter().zip(done) {
+        match outcome {
+            Some(Some(rewrite)) => worked.rewrites.push(rewrite),
+            Some(None) => worked.tried.push(pair.prev),
+            None => {}
+        }
     }
-    Ok(Some(done.into_iter().flatten().collect()))
+    Ok(worked)
 }
 
 /// The pair of tensor `new` (of file `path`) with its previous version, if a reverse-mode

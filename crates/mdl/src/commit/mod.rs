@@ -22,7 +22,7 @@ pub use crate::input::{tree_files, MemoryFile, OnDevice, Reading, SourceFile};
 use crate::input::{Input, Piece, Run};
 use crate::lossy::betas::Betas;
 use crate::lossy::{self, CodecMode, LossyRequest, LossySettings, SearchSummary, TensorPlan};
-use crate::policy::DeltaPolicy;
+use crate::policy::{DeltaMode, DeltaPolicy};
 use crate::previous::Previous;
 use crate::rewrite::{publish_rewrite, Rewrite};
 use crate::warm::WarmTensors;
@@ -373,7 +373,9 @@ fn store_tensors(
         trim_bits: (settings.mode == CodecMode::Trim).then_some(settings.trim_bits),
         correction: planning.correction,
         betas_words: planning.betas.as_ref().map(Betas::words),
-        warm: planning.warm,
+        warm: planning
+            .warm
+            .filter(|_| next_commit_reads(settings.mode, &planning.policy)),
         keep_tips: settings.tips,
         spare_tensors: Spare::new(),
         spare_planes: Spare::new(),
@@ -402,6 +404,20 @@ fn store_tensors(
         out.rewrites.extend(r.rewrite.map(|r| *r));
     }
     Ok(out)
+}
+
+/// Whether the next commit reads this one's tensors while it is stored, so that a committer
+/// keeps them (its warm cache): a lossy commit's residuals are taken against them, and so are
+/// eager deltas. Deferred reverse deltas are taken after the commit, by a re-encode that
+/// decodes the version it needs; keeping a copy of every tensor for it cost a committer more
+/// time and memory than the decode it spares (docs/DECISIONS.md).
+fn next_commit_reads(mode: CodecMode, policy: &DeltaPolicy) -> bool {
+    mode == CodecMode::Lossy
+        || match policy.mode {
+            DeltaMode::Forward => true,
+            DeltaMode::Reverse => !policy.defer,
+            DeltaMode::Off => false,
+        }
 }
 
 /// Stores `manifest` unless the store has it already; returns its id.

@@ -394,6 +394,13 @@ impl Input {
         })
     }
 
+    /// Whether piece `i`'s bytes stay as they are while the commit runs: bytes the input owns
+    /// (a caller's buffer, a small file read whole) or that also lie on a GPU (the caller
+    /// keeps them). A mapped file's bytes are another process's to change.
+    pub(crate) fn is_stable(&self, i: usize) -> bool {
+        !matches!(self.files[self.pieces[i].file].data, Data::Disk { .. }) || self.on_device(i)
+    }
+
     /// Piece `i`'s bytes.
     pub(crate) fn tensor(&self, i: usize) -> &[u8] {
         let p = &self.pieces[i];

@@ -151,25 +151,38 @@ impl StoreCtx<'_> {
         {
             return self.store_large(i);
         }
-        // Work on a private copy: what is hashed is exactly what is encoded, even if the file
-        // changes underneath.
-        let n = info.len as usize;
-        let mut buf = self.spare_tensors.take().keep();
-        buf.resize(n, 0);
-        self.input.read_into(i, 0, &mut buf)?;
+        // What is hashed must be exactly what is encoded: a file's bytes, which may change
+        // underneath, are copied first; so are bytes the warm cache will keep past the commit.
+        // Bytes nobody changes meanwhile (a caller's buffer) are read where they lie.
+        let kept_warm = self.warm.filter(|_| is_delta_candidate(info));
+        let copy = match kept_warm.is_some() || !self.input.is_stable(i) {
+            true => {
+                let mut buf = self.spare_tensors.take().keep();
+                buf.resize(info.len as usize, 0);
+                self.input.read_into(i, 0, &mut buf)?;
+                Some(Arc::new(buf))
+            }
+            false => None,
+        };
+        let bytes: &[u8] = match &copy {
+            Some(buf) => buf,
+            None => self.input.tensor(i),
+        };
         // Shared with the warm set if it keeps it; where the input's bytes are on a GPU
         // (adopted), the engine copies them there for this buffer, so that neither this
         // commit's kernels nor the next commit's deltas against it copy them over the bus.
-        let buf = Arc::new(buf);
-        let on_device = self
-            .coder
-            .engine
-            .keep_shared(&buf, Some(self.input.tensor(i)));
+        let on_device = match &copy {
+            Some(buf) => self
+                .coder
+                .engine
+                .keep_shared(buf, Some(self.input.tensor(i))),
+            None => Kept::nothing(),
+        };
         // The mapping is read by lossy settings (their planning, and the moments beside their
         // weights): what they read of this piece is dropped once it is stored.
         self.input.release(i);
-        let rendering = self.render(i, &buf);
-        let data = rendering.content().unwrap_or(&buf[..]);
+        let rendering = self.render(i, bytes);
+        let data = rendering.content().unwrap_or(bytes);
         let id = self.coder.engine.content_id(&info.header.canonical(), data);
         let result = if self.is_new(&id, i, data)? {
             self.write_new(id, i, &rendering, data)?
@@ -185,15 +198,12 @@ impl StoreCtx<'_> {
         // What the next commit's delta or residual of this tensor will be taken against (the
         // buffer itself, given away rather than copied, with its device copy).
         let exactness = rendering.exactness();
-        match (
-            self.warm.filter(|_| is_delta_candidate(info)),
-            rendering.into_content(),
-        ) {
-            (Some(warm), Some(changed)) => warm.offer(id, Arc::new(changed), Kept::nothing()),
-            (Some(warm), None) => warm.offer(id, buf, on_device),
-            (None, _) => {
+        match (kept_warm, rendering.into_content(), copy) {
+            (Some(warm), Some(changed), _) => warm.offer(id, Arc::new(changed), Kept::nothing()),
+            (Some(warm), None, Some(buf)) => warm.offer(id, buf, on_device),
+            (_, _, copy) => {
                 drop(on_device);
-                if let Ok(buf) = Arc::try_unwrap(buf) {
+                if let Some(Ok(buf)) = copy.map(Arc::try_unwrap) {
                     self.spare_tensors.give(buf);
                 }
             }
