@@ -130,12 +130,11 @@ fn f32_to_f16_bits(x: f32) -> u16 {
     }
 }
 
+/// A repository and its commits, each with the checkpoint it committed.
+type Series = (Repository, Vec<(PathBuf, mdl::ObjectId)>);
+
 /// Commits a series of `len` checkpoints under `policy`; returns the files and commit ids.
-fn series(
-    dir: &Path,
-    len: usize,
-    policy: DeltaPolicy,
-) -> (Repository, Vec<(PathBuf, mdl::ObjectId)>) {
+fn series(dir: &Path, len: usize, policy: DeltaPolicy) -> Series {
     let repo = Repository::init(dir).unwrap();
     let mut t = Training::new();
     let mut out = Vec::new();
@@ -444,18 +443,45 @@ fn deferred_reverse_deltas_end_where_eager_ones_do() {
     }
 }
 
+/// The same four-commit series in two repositories: reverse deltas made eagerly, and deferred
+/// (the queue not worked yet).
+fn eager_and_deferred(dir: &Path) -> (Series, Series) {
+    let deferred = DeltaPolicy {
+        defer: true,
+        ..REVERSE
+    };
+    (
+        series(&dir.join("eager"), 4, REVERSE),
+        series(&dir.join("deferred"), 4, deferred),
+    )
+}
+
+/// Asserts that the series `commits` of `repo` stores every tensor as `eager_commits` of
+/// `eager` do: the same records, byte for byte.
+fn same_records(
+    eager: &Repository,
+    eager_commits: &[(PathBuf, mdl::ObjectId)],
+    repo: &Repository,
+    commits: &[(PathBuf, mdl::ObjectId)],
+) {
+    let ids = |c: &[(PathBuf, mdl::ObjectId)]| c.iter().map(|(_, id)| *id).collect::<Vec<_>>();
+    let (a, b) = (
+        tensor_records(eager, &ids(eager_commits)),
+        tensor_records(repo, &ids(commits)),
+    );
+    assert_eq!(a.len(), b.len());
+    for (id, rec) in &a {
+        assert!(b[id] == *rec, "{id}");
+    }
+}
+
 /// A stop request ends the work at the next tensor: what was finished of the commit it was on
 /// is published and the commit stays queued (the repository sound), and later runs finish
 /// where eager commits end.
 #[test]
 fn deferred_work_stopped_anywhere_resumes_to_the_same_end() {
     let dir = tempfile::tempdir().unwrap();
-    let deferred = DeltaPolicy {
-        defer: true,
-        ..REVERSE
-    };
-    let (eager, eager_commits) = series(&dir.path().join("eager"), 4, REVERSE);
-    let (repo, commits) = series(&dir.path().join("deferred"), 4, deferred);
+    let ((eager, eager_commits), (repo, commits)) = eager_and_deferred(dir.path());
     let queued = mdl::commit::pending_deferred(&repo).unwrap();
     assert_eq!(queued, 3);
     let mut runs = 0;
@@ -471,17 +497,68 @@ fn deferred_work_stopped_anywhere_resumes_to_the_same_end() {
     }
     assert!(runs > 3, "the work was stopped part-way at least once");
     check_all(&repo, &commits, dir.path());
-    let ids = |c: &[(PathBuf, mdl::ObjectId)]| c.iter().map(|(_, id)| *id).collect::<Vec<_>>();
-    let (a, b) = (
-        tensor_records(&eager, &ids(&eager_commits)),
-        tensor_records(&repo, &ids(&commits)),
-    );
-    assert_eq!(a.len(), b.len());
-    for (id, rec) in &a {
-        assert!(b[id] == *rec, "{id}");
-    }
+    same_records(&eager, &eager_commits, &repo, &commits);
     let again = mdl::commit::run_deferred(&repo, None, &|| false).unwrap();
     assert_eq!(again, mdl::commit::DeferredReport::default());
+}
+
+/// Tensors of a million elements and more are judged on their first elements before their
+/// versions are decoded: one drifting (its previous version becomes a delta) and one redrawn
+/// each step (no delta pays, so it is left whole without decoding either version). Deferred
+/// re-encodes end with the records eager commits write.
+#[test]
+fn large_tensors_are_judged_on_their_first_elements() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 9usize << 17;
+    let mut rng = Rng(7);
+    let mut drifting: Vec<f32> = (0..n).map(|_| (rng.normal() * 0.02) as f32).collect();
+    let files: Vec<PathBuf> = (0..3)
+        .map(|i| {
+            for w in &mut drifting {
+                *w += (rng.normal() * 1e-5) as f32;
+            }
+            let redrawn: Vec<f32> = (0..n).map(|_| (rng.normal() * 1e-3) as f32).collect();
+            let path = dir.path().join(format!("big{i}.safetensors"));
+            write_safetensors(
+                &path,
+                &[
+                    ("w", "F32", vec![n as u64], le(&drifting)),
+                    ("w.exp_avg", "F32", vec![n as u64], le(&redrawn)),
+                ],
+            );
+            path
+        })
+        .collect();
+    let deferred = DeltaPolicy {
+        defer: true,
+        ..REVERSE
+    };
+    let mut records = Vec::new();
+    for (k, policy) in [REVERSE, deferred].into_iter().enumerate() {
+        let repo = Repository::init(&dir.path().join(format!("repo{k}"))).unwrap();
+        let opts = CommitOptions {
+            delta: Some(policy),
+            ..Default::default()
+        };
+        let commits: Vec<_> = files
+            .iter()
+            .map(|f| commit(&repo, f, &opts, &NoProgress).unwrap().id)
+            .collect();
+        mdl::commit::run_deferred(&repo, None, &|| false).unwrap();
+        let paired: Vec<_> = files.iter().cloned().zip(commits.iter().copied()).collect();
+        let out = dir.path().join(format!("out{k}"));
+        std::fs::create_dir(&out).unwrap();
+        check_all(&repo, &paired, &out);
+        let oldest = codecs(&repo, &commits[0]);
+        let codec = |name: &str| oldest.iter().find(|c| c.0 == name).unwrap().1.clone();
+        assert!(codec("w").ends_with("-delta"), "{oldest:?}");
+        assert!(!codec("w.exp_avg").ends_with("-delta"), "{oldest:?}");
+        records.push(tensor_records(&repo, &commits));
+    }
+    assert_eq!(records[0].len(), records[1].len());
+    for (id, rec) in &records[0] {
+        assert!(records[1][id] == *rec, "{id}");
+    }
 }
 
 /// Work stopped after every tensor still gets done (a committer whose commits come faster than
@@ -490,12 +567,7 @@ fn deferred_work_stopped_anywhere_resumes_to_the_same_end() {
 #[test]
 fn deferred_work_done_a_tensor_at_a_time_finishes() {
     let dir = tempfile::tempdir().unwrap();
-    let deferred = DeltaPolicy {
-        defer: true,
-        ..REVERSE
-    };
-    let (eager, eager_commits) = series(&dir.path().join("eager"), 4, REVERSE);
-    let (repo, commits) = series(&dir.path().join("deferred"), 4, deferred);
+    let ((eager, eager_commits), (repo, commits)) = eager_and_deferred(dir.path());
     let mut rewritten = 0;
     let mut runs = 0;
     while mdl::commit::pending_deferred(&repo).unwrap() > 0 {
@@ -511,13 +583,5 @@ fn deferred_work_done_a_tensor_at_a_time_finishes() {
     assert!(rewritten > 1, "the re-encodes were published one at a time");
     assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
     check_all(&repo, &commits, dir.path());
-    let ids = |c: &[(PathBuf, mdl::ObjectId)]| c.iter().map(|(_, id)| *id).collect::<Vec<_>>();
-    let (a, b) = (
-        tensor_records(&eager, &ids(&eager_commits)),
-        tensor_records(&repo, &ids(&commits)),
-    );
-    assert_eq!(a.len(), b.len());
-    for (id, rec) in &a {
-        assert!(b[id] == *rec, "{id}");
-    }
+    same_records(&eager, &eager_commits, &repo, &commits);
 }

@@ -459,8 +459,34 @@ pub fn delta_to_count(
 ) -> Result<ToCount, FormatError> {
     let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
     check_lengths(&l, data, Some(base))?;
-    if data.len() <= SAMPLE * l.width {
-        return Ok(ToCount::Everything);
+    match delta_sample_bytes(dtype, data.len()) {
+        None => Ok(ToCount::Everything),
+        Some(n) => delta_to_count_on_sample(engine, dtype, &data[..n], &base[..n]),
+    }
+}
+
+/// How many of the first bytes of a tensor of `len` bytes [`delta_to_count`] judges it on;
+/// `None` when it counts all of it ([`ToCount::Everything`]) or `dtype` is not a float.
+pub fn delta_sample_bytes(dtype: Dtype, len: usize) -> Option<usize> {
+    let n = SAMPLE * layout(dtype)?.width;
+    (len > n).then_some(n)
+}
+
+/// [`delta_to_count`] of a tensor longer than its sample, from the sample alone: the first
+/// [`delta_sample_bytes`] bytes of the tensor and of its base, so that a caller can judge a
+/// stored pair before decoding the rest. Never [`ToCount::Everything`].
+pub fn delta_to_count_on_sample(
+    engine: &dyn Engine,
+    dtype: Dtype,
+    data: &[u8],
+    base: &[u8],
+) -> Result<ToCount, FormatError> {
+    let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
+    if data.len() != SAMPLE * l.width || base.len() != data.len() {
+        return Err(FormatError::invalid(
+            "delta sample",
+            "not the first 32 Ki elements of a tensor and its base",
+        ));
     }
     let s = sample_delta_sizes(engine, dtype, &l, data, base, SAMPLE);
     Ok(if s.sub <= s.xor && s.sub < s.plain {

@@ -264,6 +264,16 @@ fn the_sample_picks_the_delta_the_whole_count_picks() {
     };
     assert_eq!(whole(&flipped), Some((Transform::Planes, mask)));
     assert_eq!(to(&noise), ToCount::Nothing);
+    // Judged from the sample alone (what a caller decodes of two stored versions), the same.
+    let bytes = delta_sample_bytes(Dtype::F32, nudged.len()).unwrap();
+    assert_eq!(bytes, SAMPLE * 4);
+    for data in [&nudged, &flipped, &noise] {
+        let on_sample =
+            delta_to_count_on_sample(&CpuEngine, Dtype::F32, &data[..bytes], &base_bytes[..bytes]);
+        assert_eq!(on_sample.unwrap(), to(data));
+    }
+    assert!(delta_to_count_on_sample(&CpuEngine, Dtype::F32, &nudged, &base_bytes).is_err());
+    assert_eq!(delta_sample_bytes(Dtype::F32, bytes), None);
     let small = SAMPLE * 4;
     let few = delta_to_count(
         &CpuEngine,

@@ -212,6 +212,37 @@ mod tests {
         ));
     }
 
+    /// A tensor's head is its first bytes as a whole read gives them: a chunk of elements of
+    /// a float record (at least what was asked), a short tensor whole, any length of a raw one.
+    #[test]
+    fn a_head_is_the_first_bytes_of_the_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path());
+        let chunk = 1usize << mdl_codec::huffman::CHUNK_LOG2;
+        let cases = [
+            (Dtype::F32, floats(3 * chunk + 5)),
+            (Dtype::F32, floats(1000)),
+            (Dtype::U8, (0..5000u32).map(|i| (i * 7) as u8).collect()),
+        ];
+        for (dtype, data) in cases {
+            let header = TensorHeader::new(dtype, vec![(data.len() / dtype.size()) as u64]);
+            let id = header.object_id(&data);
+            let batch = store.batch();
+            let t = batch
+                .put_tensor(&id, &header, &data, &EncodeOptions::default())
+                .unwrap();
+            batch.finish().unwrap();
+            for at_least in [1, 4 << 15, chunk * 4 + 1] {
+                let head = store.tensor_head(&id, &t.entry, at_least).unwrap();
+                assert!(
+                    head.len() >= at_least.min(data.len()),
+                    "{dtype:?} {at_least}"
+                );
+                assert_eq!(head, data[..head.len()], "{dtype:?} {at_least}");
+            }
+        }
+    }
+
     /// An index whose delta bases run in a circle (damage no commit writes) is an error naming
     /// an object, found from the index alone, never an endless decode.
     #[test]

@@ -86,6 +86,35 @@ impl Store {
         })
     }
 
+    /// The first bytes of `id`'s tensor, at least `at_least` of them (all of a shorter
+    /// tensor): the first window of its record decoded without the rest — whole element chunks
+    /// of a float record, its first frame of a framed one. Not verified: the content hash
+    /// covers the whole tensor, so these bytes may only steer a choice that the whole content
+    /// is checked under, or that changes nothing stored (a re-encode not attempted).
+    pub fn tensor_head(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        at_least: usize,
+    ) -> Result<Vec<u8>, StoreError> {
+        let mut windows = self.tensor_windows(id, entry)?;
+        let at_least = at_least as u64;
+        let n = match &windows.level {
+            Level::Float(f) => {
+                let chunk = (1u64 << mdl_codec::huffman::CHUNK_LOG2) * f.width;
+                at_least.div_ceil(chunk).max(1) * chunk
+            }
+            Level::Framed(_) => at_least.div_ceil(windows.window).max(1) * windows.window,
+            Level::Stream(_) | Level::Memory { .. } => at_least,
+        }
+        .min(windows.len);
+        let mut out = vec![0u8; n as usize];
+        if n > 0 {
+            windows.next_into(&mut out)?;
+        }
+        Ok(out)
+    }
+
     /// Opens `id`'s record, and its chain below it. Only the level read (`verify`) checks its
     /// content hash: the levels below are checked by their records' checksums, and any
     /// wrong byte of theirs would change the top level's content.

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use mdl_codec::engine::Kept;
 use mdl_codec::float;
+use mdl_codec::huffman::CHUNK_LOG2;
 use mdl_codec::{CodecTag, SMALL_TENSOR};
 use mdl_format::{Entry, ObjectId, Region};
 use mdl_store::meta::MetaRead;
@@ -149,6 +150,13 @@ struct Held<'w> {
 }
 
 impl Held<'_> {
+    /// The content of object `id`, if it is held in memory (carried, or the caller's).
+    fn kept(&self, id: &ObjectId) -> Option<Arc<Vec<u8>>> {
+        self.carried
+            .get(id)
+            .or_else(|| self.warm.and_then(|w| w.get(id)))
+    }
+
     /// The content of object `id` (index entry `entry`), kept or decoded.
     fn content(&self, store: &Store, id: &ObjectId, entry: &IndexEntry) -> Result<Arc<Vec<u8>>> {
         match self.carried.get(id) {
@@ -266,6 +274,47 @@ fn reencode_parent(
     Ok(worked)
 }
 
+/// Element chunks a tensor has at least for [`sample_may_pay`] to judge it from its first one.
+const SAMPLED_CHUNKS: usize = 8;
+
+/// Whether the re-encode of `p` is worth decoding both versions for: false when their first
+/// 32 Ki elements already say that no delta codes smaller than the planes as they are — the
+/// judgement [`Coder::write_reverse`] makes on the same elements before it counts the rest, so
+/// the outcome is the same (no rewrite), without decoding the tensors (a training series'
+/// first moments, about a third of its bytes, end so). Only the first element chunk of each
+/// record is decoded, unverified (nothing is written on it); versions held in memory are read
+/// there. Tensors under [`SAMPLED_CHUNKS`] chunks are decoded whole without asking: there the
+/// chunk is most of the tensor (every tensor of the corpus' small model).
+fn sample_may_pay(coder: &Coder<'_>, p: &Pair<'_>, held: &Held<'_>) -> Result<bool> {
+    let store = coder.repo.store();
+    let dtype = p.new.header.dtype;
+    let len = p.new_entry.content_len as usize;
+    let Some(n) = float::delta_sample_bytes(dtype, len) else {
+        return Ok(true);
+    };
+    // A record's head is a whole chunk of elements: worth decoding first only where that is a
+    // small part of the tensor (a tensor that pays is then decoded whole as well).
+    if len < (SAMPLED_CHUNKS << CHUNK_LOG2) * dtype.size() {
+        return Ok(true);
+    }
+    let head = |id: &ObjectId, entry: &IndexEntry| -> Result<Vec<u8>> {
+        match held.kept(id) {
+            Some(kept) => Ok(kept[..n].to_vec()),
+            None => Ok(store.tensor_head(id, entry, n)?),
+        }
+    };
+    let (prev, new) = (
+        head(&p.prev, &p.prev_entry)?,
+        head(&p.new.id, &p.new_entry)?,
+    );
+    if prev.len() < n || new.len() < n {
+        return Ok(true);
+    }
+    let judged = float::delta_to_count_on_sample(coder.engine, dtype, &prev[..n], &new[..n])
+        .map_err(|source| crate::Error::Encode { id: p.prev, source })?;
+    Ok(judged != float::ToCount::Nothing)
+}
+
 /// The pair of tensor `new` (of file `path`) with its previous version, if a reverse-mode
 /// commit would have tried re-encoding that one against it: a float tensor stored exactly and
 /// whole, a previous version of the same header that is stored exactly and self-contained, and
@@ -320,6 +369,9 @@ fn pair_of<'m>(
 fn reencode(coder: &Coder<'_>, p: &Pair<'_>, held: &Held<'_>) -> Result<Option<Rewrite>> {
     let store = coder.repo.store();
     let header = &p.new.header;
+    if !sample_may_pay(coder, p, held)? {
+        return Ok(None);
+    }
     // Large tensors a window at a time, as a commit reads them; the rest in memory.
     let windowed = p.new_entry.content_len >= BIG_TENSOR;
     let (new_bytes, prev_bytes) = match windowed {
