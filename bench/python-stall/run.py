@@ -26,6 +26,7 @@ It prints a Markdown table (docs/BENCHMARKS.md, "Python: the training loop's sta
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import os
 import resource
@@ -37,6 +38,16 @@ import time
 import torch
 
 import mdl
+
+
+def trim() -> None:
+    """Hands the C allocator's freed memory back to the system (glibc keeps large freed blocks
+    on its heaps), so that the peak resident memory measured is what is alive, not what
+    building the state left behind."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def make_state(gib: float, weights: torch.dtype, seed: int = 0):
@@ -58,6 +69,7 @@ def make_state(gib: float, weights: torch.dtype, seed: int = 0):
         st["step"] = torch.tensor(100.0)
         st["exp_avg"] = torch.randn(p.shape) * 1e-4
         st["exp_avg_sq"] = torch.rand(p.shape) * 1e-8
+    trim()
     return model, opt
 
 
@@ -85,6 +97,7 @@ def plain_copy(model, opt) -> float:
     copies += [t.clone() for st in opt.state.values() for t in st.values()]
     dt = time.perf_counter() - t0
     del copies
+    trim()
     return dt
 
 
