@@ -159,9 +159,9 @@ impl Held<'_> {
 
     /// The content of object `id` (index entry `entry`), kept or decoded.
     fn content(&self, store: &Store, id: &ObjectId, entry: &IndexEntry) -> Result<Arc<Vec<u8>>> {
-        match self.carried.get(id) {
+        match self.kept(id) {
             Some(kept) => Ok(kept),
-            None => previous_content(store, self.warm, id, entry),
+            None => previous_content(store, None, id, entry),
         }
     }
 }
@@ -297,15 +297,19 @@ fn sample_may_pay(coder: &Coder<'_>, p: &Pair<'_>, held: &Held<'_>) -> Result<bo
     if len < (SAMPLED_CHUNKS << CHUNK_LOG2) * dtype.size() {
         return Ok(true);
     }
-    let head = |id: &ObjectId, entry: &IndexEntry| -> Result<Vec<u8>> {
-        match held.kept(id) {
-            Some(kept) => Ok(kept[..n].to_vec()),
-            None => Ok(store.tensor_head(id, entry, n)?),
-        }
+    // Both versions in memory: the re-encode reaches the same judgement as cheaply itself.
+    let (prev_kept, new_kept) = (held.kept(&p.prev), held.kept(&p.new.id));
+    if prev_kept.is_some() && new_kept.is_some() {
+        return Ok(true);
+    }
+    // A version in memory whole, or the head of its record.
+    let head = |kept: Option<Arc<Vec<u8>>>, id: &ObjectId, entry: &IndexEntry| match kept {
+        Some(kept) => Ok::<_, crate::Error>(kept),
+        None => Ok(Arc::new(store.tensor_head(id, entry, n)?)),
     };
     let (prev, new) = (
-        head(&p.prev, &p.prev_entry)?,
-        head(&p.new.id, &p.new_entry)?,
+        head(prev_kept, &p.prev, &p.prev_entry)?,
+        head(new_kept, &p.new.id, &p.new_entry)?,
     );
     if prev.len() < n || new.len() < n {
         return Ok(true);
