@@ -10,9 +10,14 @@ moments; about 1 GB and 4 GB), it measures in one run, on the same disk:
   repository is closed (closing waits for the deferred re-encodes; timed beside them,
   torch.save was slowed 1.85-2.25x);
 - closing: how long closing the repository waited for those re-encodes; the process' peak
-  resident memory so far (the state itself included; sizes run in the order given);
+  resident memory from the state's first commit to the repository's closing (the state itself
+  and the Python runtime included; building the state, which peaks higher, is not counted);
 - background: how long the asynchronous commit took to become durable, and its
   throughput (raw bytes / seconds).
+
+With ``--only-blocking`` the copy column and the asynchronous commits are left out, so the peak
+resident memory is what blocking commits need (a blocking commit reads the tensors where they
+lie; an asynchronous one stages a copy of the state).
 
 Each cell is the median of --reps commits; between commits the weights and moments move a
 little, as in training, so later commits are deltas like a real series. Run with the
@@ -48,6 +53,28 @@ def trim() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def reset_peak() -> None:
+    """Starts the process' peak resident memory (VmHWM) again from what it holds now (Linux:
+    /proc/self/clear_refs); elsewhere the peak is the process' whole life's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss() -> int:
+    """Bytes: the peak resident memory since `reset_peak` (the process' life's elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def make_state(gib: float, weights: torch.dtype, seed: int = 0):
@@ -112,7 +139,9 @@ def torch_save(model, opt, path: str) -> float:
     return dt
 
 
-def measure(gib: float, weights: torch.dtype, root: str, reps: int, warm_bytes: int | None) -> dict:
+def measure(
+    gib: float, weights: torch.dtype, root: str, reps: int, warm_bytes: int | None, only_blocking: bool = False
+) -> dict:
     model, opt = make_state(gib, weights)
     size = nbytes(model, opt)
     work = tempfile.mkdtemp(dir=root, prefix="stall-")
@@ -120,16 +149,18 @@ def measure(gib: float, weights: torch.dtype, root: str, reps: int, warm_bytes: 
         kw = {} if warm_bytes is None else {"warm_bytes": warm_bytes}
         repo = mdl.init(os.path.join(work, "repo"), **kw)
         cells: dict[str, list[float]] = {k: [] for k in ("copy", "async", "background", "blocking", "save")}
+        reset_peak()
         # A first commit that later ones delta against (a running series), not timed.
         repo.commit_state(model, opt, step=0, wait=True)
         for rep in range(reps):
-            train_a_little(model, opt)
-            cells["copy"].append(plain_copy(model, opt))
-            t0 = time.perf_counter()
-            handle = repo.commit_state(model, opt, step=2 * rep + 1)
-            cells["async"].append(time.perf_counter() - t0)
-            handle.wait()
-            cells["background"].append(time.perf_counter() - t0)
+            if not only_blocking:
+                train_a_little(model, opt)
+                cells["copy"].append(plain_copy(model, opt))
+                t0 = time.perf_counter()
+                handle = repo.commit_state(model, opt, step=2 * rep + 1)
+                cells["async"].append(time.perf_counter() - t0)
+                handle.wait()
+                cells["background"].append(time.perf_counter() - t0)
             train_a_little(model, opt)
             t0 = time.perf_counter()
             repo.commit_state(model, opt, step=2 * rep + 2, wait=True)
@@ -142,7 +173,7 @@ def measure(gib: float, weights: torch.dtype, root: str, reps: int, warm_bytes: 
         del repo
         gc.collect()
         closing = time.perf_counter() - t0
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = peak_rss()
         # torch.save timed alone, once mdl's background work is done (timed beside the
         # re-encodes, it was slowed 1.85-2.25x).
         for _ in range(reps):
@@ -151,7 +182,7 @@ def measure(gib: float, weights: torch.dtype, root: str, reps: int, warm_bytes: 
         final = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(objects) for f in fs)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    med = {k: statistics.median(v) for k, v in cells.items()}
+    med = {k: statistics.median(v) if v else float("nan") for k, v in cells.items()}
     med["bytes"] = size
     med["closing"] = closing
     med["peak"] = peak
@@ -167,6 +198,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--warm-bytes", type=int, default=None,
                     help="the repository's warm_bytes (the package's default if left out)")
+    ap.add_argument("--only-blocking", action="store_true",
+                    help="blocking commits only (no copy column, no asynchronous commits)")
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     print(f"mdl {mdl.__version__}, torch {torch.__version__}, {os.cpu_count()} cores, dir {args.dir}")
@@ -177,7 +210,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for gib in [float(s) for s in args.sizes.split(",")]:
         for weights in (torch.float32, torch.bfloat16):
-            m = measure(gib, weights, args.dir, args.reps, args.warm_bytes)
+            m = measure(gib, weights, args.dir, args.reps, args.warm_bytes, args.only_blocking)
             name = str(weights).removeprefix("torch.")
             print(
                 f"| {m['bytes'] / 2**30:.2f} GiB | {name} | {m['copy']:.2f} | {m['async']:.2f} | "

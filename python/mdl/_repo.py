@@ -316,7 +316,10 @@ class Repository:
         Compression and the durable write run in the background; the returned
         :class:`CommitHandle` tells when they are done. At most one commit is in flight: a
         second call first waits for the one before (and raises its error, if it failed).
-        ``wait=True`` blocks until stored and returns the :class:`CommitResult`.
+        ``wait=True`` blocks until stored and returns the :class:`CommitResult`; CPU tensors
+        are then read where they lie (no snapshot of the state is made: nothing may change them
+        until the call returns, as with ``torch.save``), each copied once as the commit reaches
+        it, so the commit's memory does not grow with the state.
 
         ``snapshot``: how CUDA tensors are taken. ``"device"`` copies them into a buffer on
         their GPU, queued on the current stream (the loop is held only for that copy), and
@@ -329,7 +332,7 @@ class Repository:
         native = self._local("commit_state")
         with self._lock:
             self.wait()  # the staging buffers are reused: the commit before must be done
-            files, pairs, ready, on_gpu = self._stage(model, optimizer, extra, step, snapshot)
+            files, pairs, ready, on_gpu = self._stage(model, optimizer, extra, step, snapshot, wait)
             pending = native.submit_buffers(
                 files,
                 pairs,
@@ -339,7 +342,10 @@ class Repository:
             )
         return self._settle(CommitHandle(pending), wait)
 
-    def _stage(self, model: Any, optimizer: Any, extra: Any, step: int | None, snapshot: str):
+    def _stage(self, model: Any, optimizer: Any, extra: Any, step: int | None, snapshot: str, borrow: bool):
+        """The commit's files, moment pairs, CUDA events and device runs. With ``borrow`` (the
+        caller waits for the commit) a file of CPU tensors is handed over in parts, each tensor
+        where it lies, rather than copied into a staging buffer."""
         model_t = _state.Tensors(_state.MODEL_FILE)
         optim_t = _state.Tensors(_state.OPTIMIZER_FILE)
         extra_t = _state.Tensors(_state.EXTRA_FILE)
@@ -363,6 +369,10 @@ class Repository:
         ready, on_gpu = [], []
         for tensors in (model_t, optim_t, extra_t):
             if tensors.items:
+                parts = _state.Staging.parts(tensors) if borrow else None
+                if parts is not None:
+                    files.append((tensors.path, parts))
+                    continue
                 array, event, where = self._staging.stage(tensors, snapshot)
                 files.append((tensors.path, array))
                 if event is not None:

@@ -300,6 +300,25 @@ class Staging:
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return size <= (free + cached) // 2
 
+    @staticmethod
+    def parts(tensors: Tensors) -> list[Any] | None:
+        """``tensors`` as a safetensors file in parts, for a commit the caller waits for: the
+        header, then each tensor's own bytes where they lie (no copy of the state; the commit
+        copies each tensor once as it reaches it). None when a tensor is on a GPU: its bytes
+        are staged instead (:meth:`stage`)."""
+        head, places = layout(tensors)
+        if any(on_cuda(t) for t, _, _ in places):
+            return None
+        parts = [np.frombuffer(head, dtype=np.uint8)]
+        for t, _, n in places:
+            if n == 0:
+                continue
+            if isinstance(t, np.ndarray):
+                parts.append(np.ascontiguousarray(t).reshape(-1).view(np.uint8))
+            else:
+                parts.append(_flat_bytes(t).numpy())
+        return parts
+
     def stage(self, tensors: Tensors, snapshot: str = "host") -> tuple[Any, Any, Any]:
         """Copies ``tensors`` into this file's buffer as a safetensors file. Returns the buffer
         as a numpy array (what the commit reads) and, for a device snapshot, the CUDA event

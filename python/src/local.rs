@@ -19,10 +19,10 @@ use mdl::warm::DEFAULT_WARM_BYTES;
 use mdl::{LockMode, NoProgress, OpenOptions, Repository};
 use mdl_bucket::{Location, Publish, Replica};
 use pyo3::prelude::*;
-use pyo3::types::PyByteArray;
+use pyo3::types::{PyByteArray, PyList};
 
 use crate::errors::released;
-use crate::staging::Exported;
+use crate::staging::{Exported, Part};
 use crate::{error, report};
 
 /// A repository, by its work directory.
@@ -357,7 +357,9 @@ impl Repo {
     }
 
     /// Commits files given as `(path, buffer)` in the background, reading each buffer in
-    /// place (it must not change until the commit is done), with the moment pairs `pairs`:
+    /// place (it must not change until the commit is done), or as `(path, [buffer, ...])`, a
+    /// safetensors file in parts (its header, then each tensor: the caller's own tensors,
+    /// each copied once as the commit reaches it), with the moment pairs `pairs`:
     /// `((file, param), (file, exp_avg), (file, exp_avg_sq))`. The buffers' tensor bytes may
     /// still be arriving (copies from the GPU): the commit first calls `synchronize()` on each
     /// object of `ready` (CUDA events), and fails, storing nothing, if one raises. `on_gpu`:
@@ -379,7 +381,16 @@ impl Repo {
         let files = files
             .iter()
             .map(|(path, obj)| {
-                let file = MemoryFile::new(path.clone(), Exported::new(obj)?);
+                let file = match obj.cast::<PyList>() {
+                    Ok(parts) => {
+                        let parts = parts
+                            .iter()
+                            .map(|p| Ok(Box::new(Exported::new(&p)?) as Part))
+                            .collect::<PyResult<Vec<_>>>()?;
+                        MemoryFile::in_parts(path.clone(), parts)
+                    }
+                    Err(_) => MemoryFile::new(path.clone(), Exported::new(obj)?),
+                };
                 match on_gpu.iter().find(|g| &g.0 == path) {
                     Some(&(_, start, len, ordinal, address)) => {
                         let copy = DeviceCopy { ordinal, address };

@@ -1,7 +1,11 @@
-//! A staging buffer of the Python side read in place by a background commit.
+//! A staging buffer of the Python side — or, for a commit the caller waits for, one of its
+//! own tensors — read in place by a background commit.
 
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
+
+/// A part of a file given in parts (`MemoryFile::in_parts`).
+pub(crate) type Part = Box<dyn AsRef<[u8]> + Send + Sync>;
 
 /// The bytes of a Python object exporting a contiguous `u8` buffer (a numpy array, or a torch
 /// tensor's `.numpy()`), held exported until the commit that reads them is done.
@@ -43,7 +47,11 @@ impl AsRef<[u8]> for Exported {
         #[allow(unsafe_code)]
         // SAFETY: `ptr..ptr + len` is the exported buffer, valid while `self.buffer` holds the
         // export. The Python side does not write to a staging buffer until the commit reading
-        // it has finished (python/mdl/_state.py waits for it before reusing the buffer).
+        // it has finished (python/mdl/_state.py waits for it before reusing the buffer). A
+        // tensor of the caller's, given as a part, is written only by a thread of the caller's
+        // that trains on while it waits, against the package's documentation; the commit
+        // copies each such part once (`Input::is_stable`) before hashing or coding it, as it
+        // does a mapped file another process may write, so the record is what was read.
         unsafe {
             std::slice::from_raw_parts(self.ptr, self.len)
         }

@@ -134,6 +134,34 @@ def test_live_state_round_trips_byte_for_byte(tmp_path):
         repo.load(result.id, ["nope"])
 
 
+def test_a_blocking_commit_reads_the_tensors_in_place_and_stores_what_a_staged_one_does(tmp_path):
+    model, opt = model_and_optimizer()
+    train(model, opt, 2)
+    g = torch.Generator().manual_seed(11)
+    weird = {f"t_{str(d).removeprefix('torch.')}": (torch.randn(4, 9, generator=g) * 50).to(d) for d in DTYPES}
+    weird["empty"] = torch.empty(0, 4)
+    weird["transposed"] = torch.randn(6, 4, generator=g).t()
+    extra = {"numpy": np.arange(12, dtype=np.int32).reshape(3, 4), "weird": weird}
+    staged, in_place = mdl.init(tmp_path / "staged"), mdl.init(tmp_path / "in-place")
+    for step in (1, 2):
+        a = staged.commit_state(model, opt, extra, step=step).wait()
+        b = in_place.commit_state(model, opt, extra, step=step, wait=True)
+        records = lambda repo, id: sorted(
+            (t["file"], t["name"], t["id"], t["codec"], t["stored_bytes"]) for t in repo.show(id)["tensors"]
+        )
+        assert records(in_place, b.id) == records(staged, a.id)
+        train(model, opt, 1, seed=step)
+    # Nothing was staged for the blocking commits: the tensors were read where they lie.
+    assert in_place._staging._buffers == {} and staged._staging._buffers
+    back = in_place.load_state("main~1")
+    first = staged.load_state("main~1")
+    for name, t in first.model.items():
+        assert as_bytes(back.model[name]) == as_bytes(t), name
+    for name, t in first.extra["weird"].items():
+        assert as_bytes(back.extra["weird"][name]) == as_bytes(t), name
+    assert np.array_equal(back.extra["numpy"], extra["numpy"])
+
+
 def test_lossy_commits_carry_their_recorded_error(tmp_path):
     repo = mdl.init(tmp_path / "repo")
     torch.manual_seed(0)

@@ -41,8 +41,8 @@ fn an_assembled_commit_is_the_union_of_its_parts() {
         ("v", "F32", vec![32, 32], floats(&mut rng, 1024, 1e-6)),
     ]);
     let one = vec![
-        MemoryFile::new("model.safetensors", model),
-        MemoryFile::new("optim.safetensors", optim),
+        ("model.safetensors".to_string(), model),
+        ("optim.safetensors".to_string(), optim),
     ];
     let pair = KnownPair {
         param: f("model.safetensors", "w"),
@@ -52,14 +52,17 @@ fn an_assembled_commit_is_the_union_of_its_parts() {
     // Part two sorts first in the combined tree, so the pair's tensor numbers move.
     let shard = safetensors_bytes(&[("w@0", "F32", vec![8, 32], floats(&mut rng, 256, 0.02))]);
     let two = vec![
-        MemoryFile::new("a/rank-1.safetensors", shard),
-        MemoryFile::new("notes.txt", b"rank one".to_vec()),
+        ("a/rank-1.safetensors".to_string(), shard),
+        ("notes.txt".to_string(), b"rank one".to_vec()),
     ];
-    let want: Vec<(String, Vec<u8>)> = one
-        .iter()
-        .chain(&two)
-        .map(|f| (f.path.clone(), f.bytes().to_vec()))
-        .collect();
+    let want: Vec<(String, Vec<u8>)> = one.iter().chain(&two).cloned().collect();
+    let files = |given: Vec<(String, Vec<u8>)>| -> Vec<MemoryFile> {
+        given
+            .into_iter()
+            .map(|(path, bytes)| MemoryFile::new(path, bytes))
+            .collect()
+    };
+    let (one, two) = (files(one), files(two));
     let a = commit_memory(&repo, one, &[pair], &on("part-0"), &NoProgress).unwrap();
     let b = commit_memory(&repo, two, &[], &on("part-1"), &NoProgress).unwrap();
 

@@ -22,6 +22,14 @@ fn floats(rng: &mut Rng, n: usize, scale: f64) -> Vec<u8> {
 /// Weights under names a client knows, and moments under names no pattern or order would pair
 /// (two weights of one shape, so the optimizer's order cannot either).
 fn state(seed: u64) -> Vec<MemoryFile> {
+    state_bytes(seed)
+        .into_iter()
+        .map(|(path, bytes)| MemoryFile::new(path, bytes))
+        .collect()
+}
+
+/// [`state`]'s files as `(path, bytes)`.
+fn state_bytes(seed: u64) -> Vec<(String, Vec<u8>)> {
     let mut rng = Rng(seed);
     let model = safetensors_bytes(&[
         (
@@ -60,10 +68,31 @@ fn state(seed: u64) -> Vec<MemoryFile> {
         ),
     ]);
     vec![
-        MemoryFile::new("model.safetensors", model),
-        MemoryFile::new("optim/moments.safetensors", optim),
-        MemoryFile::new("extra.json", br#"{"step": 3}"#.to_vec()),
+        ("model.safetensors".into(), model),
+        ("optim/moments.safetensors".into(), optim),
+        ("extra.json".into(), br#"{"step": 3}"#.to_vec()),
     ]
+}
+
+type Part = Box<dyn AsRef<[u8]> + Send + Sync>;
+
+/// A safetensors file cut where a Python caller hands it over: the header, then each tensor's
+/// bytes a part of its own.
+fn cut_into_parts(file: &[u8]) -> Vec<Part> {
+    let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&file[8..8 + n]).unwrap();
+    let mut cuts = vec![8 + n, file.len()];
+    for t in header.as_object().unwrap().values() {
+        cuts.push(8 + n + t["data_offsets"][0].as_u64().unwrap() as usize);
+    }
+    cuts.sort();
+    cuts.dedup();
+    let mut parts = vec![Box::new(file[..8 + n].to_vec()) as Part];
+    parts.extend(
+        cuts.windows(2)
+            .map(|w| Box::new(file[w[0]..w[1]].to_vec()) as Part),
+    );
+    parts
 }
 
 fn pair(p: &str, m: &str, v: &str) -> KnownPair {
@@ -80,10 +109,7 @@ fn bytes_commit_and_check_out_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let repo = Repository::init(&dir.path().join("repo")).unwrap();
     let files = state(1);
-    let want: Vec<(String, Vec<u8>)> = files
-        .iter()
-        .map(|f| (f.path.clone(), f.bytes().to_vec()))
-        .collect();
+    let want = state_bytes(1);
     let opts = CommitOptions {
         step: Some(3),
         ..Default::default()
@@ -146,6 +172,104 @@ fn a_lossy_commit_uses_the_clients_pairs() {
             assert!(l.est_delta_loss.is_some(), "{}", t.name);
         }
     }
+}
+
+/// The tensors `rev` records, by file and name: id, codec and record size.
+fn tensor_ids(repo: &Repository, rev: &str) -> Vec<(String, String, String, String, u64)> {
+    let shown = mdl::show::show(repo, rev).unwrap();
+    let mut ids: Vec<_> = shown
+        .tensors
+        .iter()
+        .map(|t| {
+            let id = t.id.to_string();
+            (
+                t.file.clone(),
+                t.name.clone(),
+                id,
+                t.codec.clone(),
+                t.stored_bytes,
+            )
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[test]
+fn a_state_given_in_parts_commits_as_the_same_bytes_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = Repository::init(&dir.path().join("whole")).unwrap();
+    let parts = Repository::init(&dir.path().join("parts")).unwrap();
+    let opts = |step| CommitOptions {
+        step: Some(step),
+        ..Default::default()
+    };
+    let pairs = [pair("layers.0.q", "m_q", "v_q")];
+    for seed in [1, 2] {
+        commit_memory(&whole, state(seed), &pairs, &opts(seed), &NoProgress).unwrap();
+        let files = state_bytes(seed)
+            .into_iter()
+            .map(|(path, bytes)| match path.ends_with(".safetensors") {
+                true => MemoryFile::in_parts(path, cut_into_parts(&bytes)),
+                false => MemoryFile::new(path, bytes),
+            })
+            .collect();
+        commit_memory(&parts, files, &pairs, &opts(seed), &NoProgress).unwrap();
+        assert_eq!(tensor_ids(&parts, "main"), tensor_ids(&whole, "main"));
+    }
+    let out = dir.path().join("out");
+    checkout(
+        &parts,
+        "main~1",
+        &out,
+        &CheckoutOptions::default(),
+        &NoProgress,
+    )
+    .unwrap();
+    for (path, bytes) in state_bytes(1) {
+        assert_eq!(std::fs::read(out.join(&path)).unwrap(), bytes, "{path}");
+    }
+}
+
+#[test]
+fn parts_that_cut_through_a_tensor_or_hold_no_safetensors_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(&dir.path().join("repo")).unwrap();
+    let commit = |files| commit_memory(&repo, files, &[], &CommitOptions::default(), &NoProgress);
+    let [(model, bytes), ..] = &state_bytes(1)[..] else {
+        unreachable!()
+    };
+    // The second tensor's bytes cut in two: its bytes span two parts.
+    let mut parts = cut_into_parts(bytes);
+    let last = parts.pop().unwrap();
+    let last = (*last).as_ref().to_vec();
+    let half = last.len() / 2;
+    parts.push(Box::new(last[..half].to_vec()));
+    parts.push(Box::new(last[half..].to_vec()));
+    let e = commit(vec![MemoryFile::in_parts(model.clone(), parts)]).unwrap_err();
+    assert!(e.to_string().contains("span two of the parts"), "{e}");
+    // The header cut short: its first part does not hold it.
+    let mut parts = cut_into_parts(bytes);
+    let head = (*parts[0]).as_ref().to_vec();
+    parts.splice(
+        0..1,
+        [
+            Box::new(head[..20].to_vec()) as Part,
+            Box::new(head[20..].to_vec()),
+        ],
+    );
+    let e = commit(vec![MemoryFile::in_parts(model.clone(), parts)]).unwrap_err();
+    assert!(
+        e.to_string().contains("not lie within its first part"),
+        "{e}"
+    );
+    // JSON in parts is not a safetensors file.
+    let json = br#"{"step": 3}"#;
+    let parts: Vec<Part> = vec![Box::new(json[..4].to_vec()), Box::new(json[4..].to_vec())];
+    let e = commit(vec![MemoryFile::in_parts("extra.json", parts)]).unwrap_err();
+    assert!(e.to_string().contains("extra.json"), "{e}");
+    let log = mdl::log::log(&repo, None, None).unwrap();
+    assert!(log.is_empty(), "no commit was made");
 }
 
 #[test]

@@ -15,6 +15,11 @@ use common::{safetensors_bytes, stored_layout as layout, Record};
 
 /// A weight matrix that drifts a little each step (reverse deltas pay), and an unchanged one.
 fn state(step: u64) -> Vec<MemoryFile> {
+    vec![MemoryFile::new("model.safetensors", state_bytes(step))]
+}
+
+/// The bytes of [`state`]'s one file.
+fn state_bytes(step: u64) -> Vec<u8> {
     let w: Vec<u8> = (0..200_000u32)
         .flat_map(|i| {
             let x = ((i as f32) * 0.37).sin() * 0.02 + step as f32 * 1e-7 * ((i % 7) as f32);
@@ -24,13 +29,10 @@ fn state(step: u64) -> Vec<MemoryFile> {
     let b: Vec<u8> = (0..50_000u32)
         .flat_map(|i| ((i as f32) * 0.11).cos().to_le_bytes())
         .collect();
-    vec![MemoryFile::new(
-        "model.safetensors",
-        safetensors_bytes(&[
-            ("w", "F32", vec![400, 500], w),
-            ("b", "F32", vec![50_000], b),
-        ]),
-    )]
+    safetensors_bytes(&[
+        ("w", "F32", vec![400, 500], w),
+        ("b", "F32", vec![50_000], b),
+    ])
 }
 
 fn opts(step: u64, lossy: bool) -> CommitOptions {
@@ -140,8 +142,7 @@ fn a_warm_commit_does_not_read_its_parents_records() {
     assert!(w.codec.ends_with("-delta"), "{}", w.codec);
     let out = dir.path().join("out");
     mdl::checkout::checkout(&repo, "main~1", &out, &Default::default(), &NoProgress).unwrap();
-    let files = state(1);
-    let expected = files[0].bytes();
+    let expected = state_bytes(1);
     let out = if out.is_dir() {
         out.join("model.safetensors")
     } else {

@@ -686,9 +686,7 @@ fn manifest_of(
                 .runs
                 .iter()
                 .map(|run| match *run {
-                    Run::Inline { start, len } => {
-                        Region::Inline(f.bytes()[start as usize..(start + len) as usize].to_vec())
-                    }
+                    Run::Inline { start, len } => Region::Inline(f.range(start, len).to_vec()),
                     Run::Object(i) => {
                         let p: &Piece = &input.pieces[i];
                         if p.tensor {

@@ -11,7 +11,9 @@ use mdl_format::safetensors::{self, SafetensorsError};
 use mdl_format::{FileFormat, TensorHeader};
 
 use crate::{Error, Result};
+use parts::{Buffer, Parts};
 
+mod parts;
 mod split;
 mod stamp;
 mod trainer;
@@ -63,7 +65,9 @@ enum Data {
     /// A small file on disk, read whole (and closed) under its stamp.
     Read { bytes: Vec<u8>, stamp: stamp::Stamp },
     /// Bytes a caller handed over (a live state serialized in memory).
-    Owned(Box<dyn AsRef<[u8]> + Send + Sync>),
+    Owned(Buffer),
+    /// A safetensors file a caller handed over in parts (see [`MemoryFile::in_parts`]).
+    Parts(Parts),
 }
 
 impl Data {
@@ -91,12 +95,31 @@ impl Data {
         }
     }
 
-    fn bytes(&self) -> &[u8] {
+    /// The whole file, or of a file in parts its first part.
+    fn head(&self) -> &[u8] {
         match self {
             Data::Empty => &[],
             Data::Disk { map, .. } => map,
             Data::Read { bytes, .. } => bytes,
             Data::Owned(v) => (**v).as_ref(),
+            Data::Parts(p) => p.head(),
+        }
+    }
+
+    fn len(&self) -> u64 {
+        match self {
+            Data::Parts(p) => p.len(),
+            _ => self.head().len() as u64,
+        }
+    }
+
+    /// Bytes `start..start + len`, which lie in one part (checked when the file was cut).
+    fn range(&self, start: u64, len: u64) -> &[u8] {
+        match self {
+            Data::Parts(p) => p
+                .get(start, len)
+                .expect("runs of a file in parts lie within a part"),
+            _ => &self.head()[start as usize..(start + len) as usize],
         }
     }
 }
@@ -105,11 +128,19 @@ impl Data {
 pub struct MemoryFile {
     /// Its path in the tree (`/`-separated, relative).
     pub path: String,
-    /// Its bytes (a safetensors file is split into tensors as from disk): any owned buffer,
-    /// so a caller's own memory (a Python package's staging buffer) is read where it lies.
-    pub bytes: Box<dyn AsRef<[u8]> + Send + Sync>,
+    /// Its bytes (a safetensors file is split into tensors as from disk).
+    given: Given,
     /// Where a run of its bytes also lies on a GPU (see [`MemoryFile::on_device`]).
     pub device: Option<OnDevice>,
+}
+
+/// How a [`MemoryFile`]'s bytes were given.
+enum Given {
+    /// In one buffer, unchanged until the commit is done: read where it lies.
+    Whole(Buffer),
+    /// In parts that their owner may change meanwhile: each tensor is copied before the
+    /// commit reads it.
+    Parts(Parts),
 }
 
 /// A run of a file's bytes, `start..start + len`, with a copy in a GPU's memory: a training
@@ -127,12 +158,44 @@ pub struct OnDevice {
 
 impl MemoryFile {
     /// The file at `path` holding `bytes`.
+    /// Any owned buffer, so a caller's own memory (a Python package's staging buffer) is read
+    /// where it lies: it must not change until the commit reading it is done.
     pub fn new(path: impl Into<String>, bytes: impl AsRef<[u8]> + Send + Sync + 'static) -> Self {
         MemoryFile {
             path: path.into(),
-            bytes: Box::new(bytes),
+            given: Given::Whole(Box::new(bytes)),
             device: None,
         }
+    }
+
+    /// The safetensors file at `path` made of `parts` one after another: its header (the
+    /// first part) and each tensor's bytes in parts of their own, which may be the caller's
+    /// live tensors — no copy of the whole file is made. They may change while the commit
+    /// runs (another thread training on): each tensor is copied once before it is hashed and
+    /// coded, so what is recorded is what was read. A file that is not safetensors, or whose
+    /// header or a tensor spans two parts, is refused.
+    pub fn in_parts(
+        path: impl Into<String>,
+        parts: Vec<Box<dyn AsRef<[u8]> + Send + Sync>>,
+    ) -> Self {
+        MemoryFile {
+            path: path.into(),
+            given: Given::Parts(Parts::new(parts)),
+            device: None,
+        }
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> u64 {
+        match &self.given {
+            Given::Whole(b) => (**b).as_ref().len() as u64,
+            Given::Parts(p) => p.len(),
+        }
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The same file, a run of whose bytes also lies on a GPU, unchanged until the commit
@@ -141,7 +204,7 @@ impl MemoryFile {
         if run
             .start
             .checked_add(run.len)
-            .is_none_or(|end| end > self.bytes().len())
+            .is_none_or(|end| end as u64 > self.len())
         {
             return Err(Error::Input {
                 path: PathBuf::from(&self.path),
@@ -149,17 +212,12 @@ impl MemoryFile {
                     "a device copy of bytes {}..+{} lies outside its {} bytes",
                     run.start,
                     run.len,
-                    self.bytes().len()
+                    self.len()
                 )),
             });
         }
         self.device = Some(run);
         Ok(self)
-    }
-
-    /// Its bytes.
-    pub fn bytes(&self) -> &[u8] {
-        (*self.bytes).as_ref()
     }
 }
 
@@ -249,10 +307,11 @@ impl Input {
         let found = files
             .into_iter()
             .map(|f| {
-                let data = if f.bytes().is_empty() {
-                    Data::Empty
-                } else {
-                    Data::Owned(f.bytes)
+                let empty = f.is_empty();
+                let data = match f.given {
+                    _ if empty => Data::Empty,
+                    Given::Whole(b) => Data::Owned(b),
+                    Given::Parts(p) => Data::Parts(p),
                 };
                 let found = walk::Found {
                     source: PathBuf::from(&f.path),
@@ -312,9 +371,17 @@ impl Input {
             pieces: Vec::new(),
         };
         for (f, data, device) in found {
-            let bytes = data.bytes();
-            let cut = split::cut(&f.source, &f.tree_path, bytes, as_bytes)
+            let cut = split::cut(&f.source, &f.tree_path, data.head(), data.len(), as_bytes)
                 .map_err(|e| data.explain(&f.source, e))?;
+            if let Data::Parts(parts) = &data {
+                let runs = cut.runs.iter().map(|run| match run {
+                    split::Cut::Inline { start, len } => (*start, *len),
+                    split::Cut::Object { header, offset, .. } => {
+                        (*offset, header.data_len().expect("checked when cut"))
+                    }
+                });
+                parts.check(&f.tree_path, runs)?;
+            }
             let index = input.files.len();
             let mut runs = Vec::with_capacity(cut.runs.len());
             for run in cut.runs {
@@ -381,7 +448,7 @@ impl Input {
     pub(crate) fn device_copies(&self) -> impl Iterator<Item = (&[u8], DeviceCopy)> {
         self.files.iter().filter_map(|f| {
             let run = f.device?;
-            Some((&f.bytes()[run.start..run.start + run.len], run.copy))
+            Some((f.range(run.start as u64, run.len as u64), run.copy))
         })
     }
 
@@ -396,15 +463,17 @@ impl Input {
 
     /// Whether piece `i`'s bytes stay as they are while the commit runs: bytes the input owns
     /// (a caller's buffer, a small file read whole) or that also lie on a GPU (the caller
-    /// keeps them). A mapped file's bytes are another process's to change.
+    /// keeps them). A mapped file's bytes are another process's to change, and a file given
+    /// in parts its owner's.
     pub(crate) fn is_stable(&self, i: usize) -> bool {
-        !matches!(self.files[self.pieces[i].file].data, Data::Disk { .. }) || self.on_device(i)
+        let data = &self.files[self.pieces[i].file].data;
+        !matches!(data, Data::Disk { .. } | Data::Parts(_)) || self.on_device(i)
     }
 
     /// Piece `i`'s bytes.
     pub(crate) fn tensor(&self, i: usize) -> &[u8] {
         let p = &self.pieces[i];
-        &self.files[p.file].bytes()[p.offset as usize..(p.offset + p.len) as usize]
+        self.files[p.file].range(p.offset, p.len)
     }
 
     /// Copies bytes `at..at + buf.len()` of piece `i` into `buf`: read from the file (one
@@ -486,14 +555,27 @@ impl Input {
 }
 
 impl InputFile {
-    /// The whole file.
-    pub(crate) fn bytes(&self) -> &[u8] {
-        self.data.bytes()
+    /// The whole file; of a safetensors file given in parts, its header.
+    pub(crate) fn head(&self) -> &[u8] {
+        self.data.head()
+    }
+
+    /// Bytes `start..start + len`: a run or a piece of the file (or within one).
+    pub(crate) fn range(&self, start: u64, len: u64) -> &[u8] {
+        self.data.range(start, len)
+    }
+
+    /// The file's bytes, a part at a time, with where each starts.
+    pub(crate) fn parts(&self) -> Box<dyn Iterator<Item = (u64, &[u8])> + '_> {
+        match &self.data {
+            Data::Parts(p) => Box::new(p.iter()),
+            d => Box::new(std::iter::once((0, d.head()))),
+        }
     }
 
     /// Its size.
     pub(crate) fn len(&self) -> u64 {
-        self.bytes().len() as u64
+        self.data.len()
     }
 }
 
@@ -602,14 +684,20 @@ fn hold(path: &Path, stamp: stamp::Stamp, copies: Option<&Path>, whole: &mut u64
     })
 }
 
-/// The layout of `bytes` as a safetensors file, checked.
-fn safetensors_layout(bytes: &[u8]) -> std::result::Result<safetensors::Layout, SafetensorsError> {
-    if bytes.len() < 8 {
-        return Err(SafetensorsError::TooShort {
-            len: bytes.len() as u64,
-        });
+/// The layout of a safetensors file of `len` bytes, checked, from its first bytes `head`
+/// (the whole file, or at least its header).
+fn safetensors_layout(
+    head: &[u8],
+    len: u64,
+) -> std::result::Result<safetensors::Layout, SafetensorsError> {
+    if len < 8 || head.len() < 8 {
+        return Err(SafetensorsError::TooShort { len });
     }
-    let header_len = safetensors::header_len(&bytes[..8], bytes.len() as u64)?;
-    let header = &bytes[8..8 + header_len as usize];
-    safetensors::parse(header, bytes.len() as u64)
+    let header_len = safetensors::header_len(&head[..8], len)?;
+    let Some(header) = head.get(8..8 + header_len as usize) else {
+        return Err(SafetensorsError::TooShort {
+            len: head.len() as u64,
+        });
+    };
+    safetensors::parse(header, len)
 }

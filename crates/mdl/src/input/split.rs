@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use mdl_format::{bytes_header, torch, FileFormat, TensorHeader};
+use mdl_format::{bytes_header, safetensors, torch, FileFormat, TensorHeader};
 
 use super::{safetensors_layout, BYTES_OBJECT_MAX, INLINE_MAX};
 use crate::{Error, Result};
@@ -84,11 +84,37 @@ fn starts_like_torch(bytes: &[u8]) -> bool {
 /// begins as `torch.save` writes one) and that is damaged (does not parse as safetensors, a
 /// zip that does not hold together, a `.pt` or `.ckpt` that is neither zip nor pickle) is refused,
 /// unless `as_bytes`: then it is stored as bytes, with a note saying why.
-pub(super) fn cut(path: &Path, tree_path: &str, bytes: &[u8], as_bytes: bool) -> Result<Split> {
+///
+/// `bytes` is the whole file of `len` bytes, or, for a file given in parts, its first part: such
+/// a file must be safetensors, whose header that part holds.
+pub(super) fn cut(
+    path: &Path,
+    tree_path: &str,
+    bytes: &[u8],
+    len: u64,
+    as_bytes: bool,
+) -> Result<Split> {
     let lower = tree_path.to_ascii_lowercase();
     let named_safetensors = lower.ends_with(".safetensors");
-    if named_safetensors || looks_like_safetensors(bytes) {
-        match safetensors_layout(bytes) {
+    let in_parts = (bytes.len() as u64) < len;
+    if in_parts {
+        let need = match safetensors::header_len(bytes, len) {
+            Ok(n) => 8 + n,
+            Err(_) => 8.min(len),
+        };
+        if (bytes.len() as u64) < need {
+            return Err(Error::Input {
+                path: path.to_path_buf(),
+                source: std::io::Error::other(format!(
+                    "its {need}-byte safetensors header does not lie within its first part ({} \
+                     bytes): the header and each tensor must each lie within one part",
+                    bytes.len()
+                )),
+            });
+        }
+    }
+    if named_safetensors || looks_like_safetensors(bytes) || in_parts {
+        match safetensors_layout(bytes, len) {
             Ok(layout) => {
                 let data_start = layout.data_start();
                 let mut marked: Vec<Marked> = layout
@@ -104,13 +130,13 @@ pub(super) fn cut(path: &Path, tree_path: &str, bytes: &[u8], as_bytes: bool) ->
                     format: FileFormat::Safetensors,
                     note: String::new(),
                     metadata,
-                    runs: runs(tree_path, bytes.len() as u64, marked),
+                    runs: runs(tree_path, len, marked),
                     header_len: data_start,
                 });
             }
             // Named safetensors, or starting as one whatever its name (a damaged `x.st`):
             // refused, naming the fault, unless stored as bytes on purpose.
-            Err(source) if !as_bytes => {
+            Err(source) if !as_bytes || in_parts => {
                 // What the first bytes say it is instead, unless they start as safetensors
                 // does (its header's length can read as `{` or as blanks).
                 let found = (!looks_like_safetensors(bytes))

@@ -66,12 +66,11 @@ impl Input {
         self.files.iter().find_map(|f| {
             let name = f.tree_path.rsplit('/').next().unwrap_or_default();
             let betas = if name == STATE_FILE {
-                serde_json::from_slice(f.bytes())
+                serde_json::from_slice(f.head())
                     .ok()
                     .and_then(|v| json_betas(&v))
-            } else if f.format == FileFormat::Torch || mdl_format::torch::looks_like_zip(f.bytes())
-            {
-                mdl_format::torch::adam_betas(f.bytes()).ok().flatten()
+            } else if f.format == FileFormat::Torch || mdl_format::torch::looks_like_zip(f.head()) {
+                mdl_format::torch::adam_betas(f.head()).ok().flatten()
             } else {
                 metadata_betas(&f.metadata)
             };
@@ -87,7 +86,7 @@ impl Input {
             .iter()
             .filter(|f| f.tree_path.rsplit('/').next() == Some(TRAINER_STATE))
             .min_by_key(|f| f.tree_path.matches('/').count())?;
-        match serde_json::from_slice(file.bytes()) {
+        match serde_json::from_slice(file.head()) {
             Ok(serde_json::Value::Object(m)) => Some(m),
             _ => None,
         }

@@ -49,7 +49,9 @@ pub(super) fn evaluate_candidate(
             source,
         };
         let f = &input.files[index];
-        file.write_all_at(f.bytes(), 0).map_err(out_err)?;
+        for (at, part) in f.parts() {
+            file.write_all_at(part, at).map_err(out_err)?;
+        }
         for run in &f.runs {
             if let Run::Object(i) = *run {
                 if let Some(bytes) = render(i) {
