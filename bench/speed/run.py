@@ -11,6 +11,9 @@ For each corpus series (a directory of safetensors checkpoints, committed in nam
   `lmz compress -j 2` compress the same files, one at a time, from the same tmpfs.
 - Deferred: the series again with `delta.defer=true` (commits alone, then one `mdl maintenance`;
   and beside the background maintenance each commit starts), with the ratio afterwards.
+- ZipNN (with --zipnn-python/--zipnn-path; scripts/bench-peers.sh installs it): each file
+  compressed in memory on two threads by bench/peers/zipnn_compress.py (its Python start-up
+  left out, where every other tool's process start is counted), checked to round-trip.
 - Durable: the disk's fsync bandwidth (`dd conv=fsync` of random data, same run), then the
   lossless series committed into a repository on that disk, eager and deferred (commits alone);
   the target is 80 % of bandwidth × stored ratio.
@@ -19,7 +22,8 @@ Prints markdown tables: per series the ratio, total MB/s of input (all commits) 
 per-commit MB/s, and speed ratios against the peers.
 
     python3 bench/speed/run.py [--corpus DIR] [--series traj-fp32,...] [--mdl PATH]
-                               [--lmz PATH] [--disk DIR] [--repeat N]
+                               [--lmz PATH] [--zipnn-python PY --zipnn-path DIR]
+                               [--disk DIR] [--repeat N]
 """
 
 import argparse
@@ -28,7 +32,11 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers"))
+import zipnn_compress as zipnn  # noqa: E402  (bench/peers: runs ZipNN where it is installed)
 
 SHM = "/dev/shm/mdl-speed-bench"
 
@@ -184,6 +192,9 @@ def main():
     p.add_argument("--series", default="traj-fp32,traj-bf16,ft-fp32")
     p.add_argument("--mdl", default="target/release/mdl")
     p.add_argument("--lmz", default=None, help="the lmz CLI (PyPI lmzip 1.3.0); left out if absent")
+    p.add_argument("--zipnn-python", default=None,
+                   help="a Python with torch for ZipNN (scripts/bench-peers.sh); left out if absent")
+    p.add_argument("--zipnn-path", default=None, help="the folder ZipNN is installed in")
     p.add_argument("--disk", default=os.path.expanduser("~/.cache/mdl/bench/disk"),
                    help="a directory on the real disk, for the durable commit")
     p.add_argument("--repeat", type=int, default=1, help="runs of everything; medians reported")
@@ -229,6 +240,9 @@ def main():
             if a.lmz:
                 r["lmz_ratio"], r["lmz"] = peer_series(
                     files, lambda f, d: [a.lmz, "compress", "-q", "-j", "2", f, d], ".lmz")
+            if a.zipnn_python:
+                z = zipnn.series(files, a.zipnn_python, a.zipnn_path, threads=2)
+                r["zipnn_ratio"], r["zipnn"], r["zipnn_ok"] = z["ratio"], z["mbps"], z["round_trips"]
             r["fsync"] = r["durable"] = r["durable_deferred"] = float("nan")
             if "durable" not in skip:
                 disk_repo = os.path.join(a.disk, "repo")
@@ -240,6 +254,8 @@ def main():
                 shutil.rmtree(disk_repo, ignore_errors=True)
             runs.append(r)
         rows[name] = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
+        if a.zipnn_python:
+            rows[name]["zipnn_ok"] = all(x["zipnn_ok"] for x in runs)
         print(f"{name}: {len(files)} checkpoints of {size_of(files[0]) / 1e6:.1f} MB", flush=True)
         shutil.rmtree(inp)
         shutil.rmtree(repo, ignore_errors=True)
@@ -254,6 +270,10 @@ def main():
     if lmz:
         head += " lmz ratio | lmz -j 2 MB/s | mdl / lmz |"
         sep += "---:|---:|---:|"
+    with_zipnn = bool(a.zipnn_python)
+    if with_zipnn:
+        head += " ZipNN ratio | ZipNN 2 threads MB/s | mdl / ZipNN |"
+        sep += "---:|---:|---:|"
     print(head)
     print(sep)
     for name, r in rows.items():
@@ -261,6 +281,9 @@ def main():
                 f"| {r['zstd_ratio']:.3f} | {r['zstd']:.0f} | **{r['commit'] / r['zstd']:.2f}×** |")
         if lmz:
             line += f" {r['lmz_ratio']:.3f} | {r['lmz']:.0f} | {r['commit'] / r['lmz']:.2f}× |"
+        if with_zipnn:
+            ok = "" if r["zipnn_ok"] else " (did not round-trip)"
+            line += f" {r['zipnn_ratio']:.3f}{ok} | {r['zipnn']:.0f} | {r['commit'] / r['zipnn']:.2f}× |"
         print(line)
     print()
     print("Deferred reverse deltas (`delta.defer=true`): the commits alone, the one `mdl maintenance` "
@@ -268,12 +291,16 @@ def main():
           "again beside the background maintenance each one starts.")
     print()
     print("| series | deferred commit MB/s | / zstd | maintenance s | ratio after / eager "
-          "| commit beside background MB/s | / zstd |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "| commit beside background MB/s | / zstd |" + " deferred / lmz | deferred / ZipNN |" * with_zipnn)
+    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * with_zipnn)
     for name, r in rows.items():
-        print(f"| {name} | {r['deferred']:.0f} | **{r['deferred'] / r['zstd']:.2f}×** "
-              f"| {r['maintenance_s']:.2f} | {r['deferred_ratio']:.3f} / {r['stats_ratio']:.3f} "
-              f"| {r['beside']:.0f} | {r['beside'] / r['zstd']:.2f}× |")
+        line = (f"| {name} | {r['deferred']:.0f} | **{r['deferred'] / r['zstd']:.2f}×** "
+                f"| {r['maintenance_s']:.2f} | {r['deferred_ratio']:.3f} / {r['stats_ratio']:.3f} "
+                f"| {r['beside']:.0f} | {r['beside'] / r['zstd']:.2f}× |")
+        if with_zipnn:
+            lmz_x = r["deferred"] / r["lmz"] if lmz else float("nan")
+            line += f" {lmz_x:.2f}× | {r['deferred'] / r['zipnn']:.2f}× |"
+        print(line)
     print()
     print("| series | checkout newest MB/s | zstd -d MB/s | newest / zstd -d | cp MB/s "
           "| newest / cp | oldest MB/s | newest / oldest |")
@@ -282,24 +309,28 @@ def main():
         print(f"| {name} | {r['newest']:.0f} | {r['zstd_d']:.0f} | **{r['newest'] / r['zstd_d']:.2f}×** "
               f"| {r['cp']:.0f} | {r['newest'] / r['cp']:.2f}× | {r['oldest']:.0f} "
               f"| {r['newest'] / r['oldest']:.2f} |")
-    print()
-    print("| series | lossy ratio | lossy commit MB/s | / eager lossless time "
-          "| / deferred lossless time |")
-    print("|---|---:|---:|---:|---:|")
-    for name, r in rows.items():
-        print(f"| {name} | {r['lossy_ratio']:.2f} | {r['lossy']:.0f} | {r['commit'] / r['lossy']:.2f} "
-              f"| {r['deferred'] / r['lossy']:.2f} |")
-    print()
-    print("Lossy newest checkout: from the decoded tips (`.mdl/tips`), then with them removed "
-          "(every residual chain decoded; same bytes), against the lossless newest checkout.")
-    print()
-    print("| series | tips MB | lossy tip checkout MB/s | lossless newest MB/s | lossy / lossless time "
-          "| without tips MB/s | lossy / lossless time |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, r in rows.items():
-        print(f"| {name} | {r['tips_mb']:.1f} | {r['lossy_tip']:.0f} | {r['newest']:.0f} "
-              f"| **{r['newest'] / r['lossy_tip']:.2f}×** | {r['lossy_chain']:.0f} "
-              f"| {r['newest'] / r['lossy_chain']:.2f}× |")
+    if "lossy" not in skip:
+        print()
+        print("| series | lossy ratio | lossy commit MB/s | / eager lossless time "
+              "| / deferred lossless time |")
+        print("|---|---:|---:|---:|---:|")
+        for name, r in rows.items():
+            print(f"| {name} | {r['lossy_ratio']:.2f} | {r['lossy']:.0f} | {r['commit'] / r['lossy']:.2f} "
+                  f"| {r['deferred'] / r['lossy']:.2f} |")
+        print()
+        print("Lossy newest checkout: from the decoded tips (`.mdl/tips`), then with them removed "
+              "(every residual chain decoded; same bytes), against the lossless newest checkout.")
+        print()
+        print("| series | tips MB | lossy tip checkout MB/s | lossless newest MB/s | lossy / lossless time "
+              "| without tips MB/s | lossy / lossless time |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for name, r in rows.items():
+            print(f"| {name} | {r['tips_mb']:.1f} | {r['lossy_tip']:.0f} | {r['newest']:.0f} "
+                  f"| **{r['newest'] / r['lossy_tip']:.2f}×** | {r['lossy_chain']:.0f} "
+                  f"| {r['newest'] / r['lossy_chain']:.2f}× |")
+    if "durable" in skip:
+        shutil.rmtree(SHM, ignore_errors=True)
+        return
     print()
     print(f"Durable (repository in {a.disk}): fsync bandwidth of random data measured before "
           "each series.")

@@ -7,9 +7,12 @@ per series the commits', the maintenance's and the whole CPU-seconds, zstd's, th
 both compression ratios (mdl's from `mdl stats` once the maintenance is done). A second table
 (target 4): the same series committed `--lossy` into a fresh repository (a lossy series defers
 nothing), its CPU-seconds against the lossless whole work of the same run, and its ratio.
+With --zipnn-python/--zipnn-path (scripts/bench-peers.sh), ZipNN's CPU-seconds compressing
+the same files on one thread (bench/peers/zipnn_compress.py; its start-up left out) and its
+ratio are printed beside zstd's.
 
     python3 bench/whole-work/run.py [--corpus DIR] [--series traj-fp32,...] [--mdl PATH]
-                                    [--repeat N]
+                                    [--repeat N] [--zipnn-python PY --zipnn-path DIR]
 """
 
 import argparse
@@ -19,6 +22,10 @@ import resource
 import shutil
 import statistics
 import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers"))
+import zipnn_compress as zipnn  # noqa: E402  (bench/peers: runs ZipNN where it is installed)
 
 SHM = "/dev/shm/mdl-whole-work"
 
@@ -74,12 +81,16 @@ def main():
                     help="lossy repositories' configuration KEY=VALUE (the corpus trains with "
                          "betas 0.9/0.95)")
     ap.add_argument("--no-lossy", action="store_true", help="the lossless table only")
+    ap.add_argument("--zipnn-python", default=None,
+                    help="a Python with torch for ZipNN (scripts/bench-peers.sh); left out if absent")
+    ap.add_argument("--zipnn-path", default=None, help="the folder ZipNN is installed in")
     args = ap.parse_args()
     os.makedirs(SHM, exist_ok=True)
     print(f"one thread for zstd; mdl as it runs (all cores); medians of {args.repeat}; tmpfs")
+    peer = " ZipNN CPU-s | whole / ZipNN | ZipNN ratio |" if args.zipnn_python else ""
     print("| series | mdl commits CPU-s | mdl maintenance CPU-s | mdl whole CPU-s "
-          "| zstd -3 CPU-s | whole / zstd | mdl ratio | zstd ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| zstd -3 CPU-s | whole / zstd | mdl ratio | zstd ratio |" + peer)
+    print("|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|---:|" * bool(peer))
     lossy = []
     for name in args.series.split(","):
         d = os.path.join(args.corpus, name)
@@ -97,10 +108,19 @@ def main():
             lc = lratio = float("nan")
             if not args.no_lossy:
                 lc, _, lratio = mdl_series(args.mdl, files, ["--lossy"], args.config)
-            runs.append((c, m, c + m, z, (c + m) / z, ratio, zratio, lc, lc / (c + m), lratio))
+            zc = zr = float("nan")
+            if args.zipnn_python:
+                zn = zipnn.series(files, args.zipnn_python, args.zipnn_path, threads=1)
+                zc, zr = zn["cpu"], zn["ratio"] if zn["round_trips"] else float("nan")
+            runs.append((c, m, c + m, z, (c + m) / z, ratio, zratio, lc, lc / (c + m), lratio,
+                         zc, (c + m) / zc, zr))
         med = [statistics.median(col) for col in zip(*runs)]
-        print(f"| {name} | {med[0]:.2f} | {med[1]:.2f} | {med[2]:.2f} | {med[3]:.2f} "
-              f"| {med[4]:.2f} | {med[5]:.3f} | {med[6]:.3f} |")
+        line = (f"| {name} | {med[0]:.2f} | {med[1]:.2f} | {med[2]:.2f} | {med[3]:.2f} "
+                f"| {med[4]:.2f} | {med[5]:.3f} | {med[6]:.3f} |")
+        if peer:
+            # A ratio of "nan": ZipNN's output did not decompress to the file.
+            line += f" {med[10]:.2f} | {med[11]:.2f} | {med[12]:.3f} |"
+        print(line, flush=True)
         lossy.append((name, med))
         shutil.rmtree(src, ignore_errors=True)
     if args.no_lossy:
