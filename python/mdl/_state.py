@@ -236,7 +236,8 @@ SNAPSHOTS = ("auto", "device", "host")
 
 
 def _flat_bytes(t: Any) -> Any:
-    src = t.detach()
+    # A lazily conjugated or negated view is materialized first: its bits are not its values.
+    src = t.detach().resolve_conj().resolve_neg()
     if not src.is_contiguous():
         src = src.contiguous()
     return src.reshape(-1).view(_torch().uint8)

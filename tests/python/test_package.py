@@ -160,6 +160,12 @@ def test_a_blocking_commit_reads_the_tensors_in_place_and_stores_what_a_staged_o
     for name, t in first.extra["weird"].items():
         assert as_bytes(back.extra["weird"][name]) == as_bytes(t), name
     assert np.array_equal(back.extra["numpy"], extra["numpy"])
+    # A lazily conjugated view is stored as its values, blocking or not.
+    z = torch.randn(3, 2, dtype=torch.complex64, generator=g)
+    for wait in (True, False):
+        done = in_place.commit_state({"z": z.conj()}, wait=wait)
+        got = in_place.load_state(done.id if wait else done.wait().id).model["z"]
+        assert torch.equal(got, z.conj().resolve_conj())
 
 
 def test_lossy_commits_carry_their_recorded_error(tmp_path):

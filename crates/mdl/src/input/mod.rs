@@ -157,9 +157,9 @@ pub struct OnDevice {
 }
 
 impl MemoryFile {
-    /// The file at `path` holding `bytes`.
-    /// Any owned buffer, so a caller's own memory (a Python package's staging buffer) is read
-    /// where it lies: it must not change until the commit reading it is done.
+    /// The file at `path` holding `bytes`: any owned buffer, so a caller's own memory (a
+    /// Python package's staging buffer) is read where it lies. It must not change until the
+    /// commit reading it is done.
     pub fn new(path: impl Into<String>, bytes: impl AsRef<[u8]> + Send + Sync + 'static) -> Self {
         MemoryFile {
             path: path.into(),
