@@ -307,9 +307,9 @@ class Staging:
         header, then each tensor's own bytes where they lie (no copy of the state; the commit
         copies each tensor once as it reaches it). None when a tensor is on a GPU: its bytes
         are staged instead (:meth:`stage`)."""
-        head, places = layout(tensors)
-        if any(on_cuda(t) for t, _, _ in places):
+        if any(on_cuda(t) for t in tensors.items.values()):
             return None
+        head, places = layout(tensors)
         parts = [np.frombuffer(head, dtype=np.uint8)]
         for t, _, n in places:
             if n == 0:

@@ -396,7 +396,7 @@ pub fn analyze(
     data: &[u8],
     base: Option<&[u8]>,
 ) -> Result<Analysis, FormatError> {
-    let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
+    let l = float_layout(dtype)?;
     check_lengths(&l, data, base)?;
     let mut plain = PlaneCount::new(dtype, Count::Plain)?;
     plain.add(engine, data, None)?;
@@ -421,7 +421,7 @@ pub fn deltas_to_count(
     data: &[u8],
     base: &[u8],
 ) -> Result<Vec<Count>, FormatError> {
-    let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
+    let l = float_layout(dtype)?;
     check_lengths(&l, data, Some(base))?;
     if data.len() <= CHUNK * l.width {
         return Ok(vec![Count::Xor, Count::Sub]);
@@ -432,6 +432,11 @@ pub fn deltas_to_count(
     } else {
         Count::Sub
     }])
+}
+
+/// The plane layout of a float `dtype`; an error for any other.
+fn float_layout(dtype: Dtype) -> Result<Layout, FormatError> {
+    layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))
 }
 
 /// What [`delta_to_count`] found worth counting of a tensor against its base.
@@ -457,7 +462,7 @@ pub fn delta_to_count(
     data: &[u8],
     base: &[u8],
 ) -> Result<ToCount, FormatError> {
-    let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
+    let l = float_layout(dtype)?;
     check_lengths(&l, data, Some(base))?;
     match delta_sample_bytes(dtype, data.len()) {
         None => Ok(ToCount::Everything),
@@ -481,7 +486,7 @@ pub fn delta_to_count_on_sample(
     data: &[u8],
     base: &[u8],
 ) -> Result<ToCount, FormatError> {
-    let l = layout(dtype).ok_or(FormatError::invalid("float-split", "not a float dtype"))?;
+    let l = float_layout(dtype)?;
     if data.len() != SAMPLE * l.width || base.len() != data.len() {
         return Err(FormatError::invalid(
             "delta sample",
