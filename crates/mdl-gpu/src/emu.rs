@@ -12,13 +12,21 @@
 //! barrier that can never be released, or a warp collective over lanes that exited panics with
 //! the kernel's name. New buffers are filled with a pattern, so reading what was never written
 //! shows up as a difference from the CPU.
+//!
+//! And it counts what costs time on a real device ([`counts`]): kernel launches, host
+//! synchronisations, allocations, streams and the bytes each kind of copy moves. Those counts do
+//! not depend on timing, so tests hold the engine's operations to budgets of them
+//! (`crates/mdl/tests/device_budgets.rs`) between the rare runs on a real GPU.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
+
+use crate::DeviceCounts;
 
 pub(crate) use cudarc::driver::{DriverError, LaunchConfig};
 
@@ -61,14 +69,53 @@ macro_rules! plain {
 }
 plain!(u8, u16, u32, u64, i32, i64, f32, f64);
 
-/// Live buffers: start address → bytes (the guard follows).
-fn live() -> &'static Mutex<HashMap<usize, usize>> {
-    static LIVE: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
+/// What has been asked of the emulated device since the process started, field by field as
+/// [`DeviceCounts`] names them.
+static COUNTS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+
+/// The [`COUNTS`] slots.
+#[derive(Clone, Copy)]
+enum Count {
+    Launches,
+    Syncs,
+    Allocations,
+    Pinned,
+    Streams,
+    ToDevice,
+    ToHost,
+    OnDevice,
+}
+
+fn add(what: Count, n: u64) {
+    COUNTS[what as usize].fetch_add(n, Ordering::Relaxed);
+}
+
+/// Everything counted so far.
+pub(crate) fn counts() -> DeviceCounts {
+    let c = |what: Count| COUNTS[what as usize].load(Ordering::Relaxed);
+    DeviceCounts {
+        launches: c(Count::Launches),
+        syncs: c(Count::Syncs),
+        allocations: c(Count::Allocations),
+        pinned_allocations: c(Count::Pinned),
+        streams: c(Count::Streams),
+        to_device: c(Count::ToDevice),
+        to_host: c(Count::ToHost),
+        on_device: c(Count::OnDevice),
+    }
+}
+
+/// Live buffers: start address → (bytes in use, the guard following them; bytes allocated).
+/// A buffer reused for fewer bytes than it holds ([`reuse`]) is guarded after those.
+type Live = HashMap<usize, (usize, usize)>;
+
+fn live() -> &'static Mutex<Live> {
+    static LIVE: OnceLock<Mutex<Live>> = OnceLock::new();
     LIVE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
 /// The live buffers (a panic elsewhere does not make them unreadable).
-fn live_buffers() -> std::sync::MutexGuard<'static, HashMap<usize, usize>> {
+fn live_buffers() -> std::sync::MutexGuard<'static, Live> {
     live().lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -76,7 +123,7 @@ fn live_buffers() -> std::sync::MutexGuard<'static, HashMap<usize, usize>> {
 /// once: it leaves the list of live buffers (its memory is leaked).
 fn check_guards(after: &str) {
     let mut live = live_buffers();
-    let broken = live.iter().find_map(|(&at, &len)| {
+    let broken = live.iter().find_map(|(&at, &(len, _))| {
         // SAFETY: a live buffer owns `len + GUARD` bytes from `at`.
         let guard = unsafe { std::slice::from_raw_parts((at + len) as *const u8, GUARD) };
         let last = guard.iter().rposition(|&b| b != GUARD_BYTE)?;
@@ -108,6 +155,7 @@ impl CudaContext {
     }
 
     pub(crate) fn new_stream(self: &Arc<Self>) -> Result<Arc<CudaStream>, DriverError> {
+        add(Count::Streams, 1);
         Ok(Arc::new(CudaStream { _ctx: self.clone() }))
     }
 
@@ -120,6 +168,7 @@ impl CudaContext {
         len: usize,
         _flags: u32,
     ) -> Result<PinnedHostSlice<T>, DriverError> {
+        add(Count::Pinned, 1);
         // SAFETY: T is plain data for which zero bits are a value.
         Ok(PinnedHostSlice(vec![unsafe { std::mem::zeroed() }; len]))
     }
@@ -171,6 +220,7 @@ pub(crate) struct CudaEvent(#[cfg_attr(not(feature = "bench"), allow(dead_code))
 
 impl CudaEvent {
     pub(crate) fn synchronize(&self) -> Result<(), DriverError> {
+        add(Count::Syncs, 1);
         Ok(())
     }
 
@@ -206,7 +256,7 @@ impl<T: DeviceRepr> CudaSlice<T> {
             std::ptr::write_bytes(ptr, fill, bytes);
             std::ptr::write_bytes(ptr.add(bytes), GUARD_BYTE, GUARD);
         }
-        live_buffers().insert(ptr as usize, bytes);
+        live_buffers().insert(ptr as usize, (bytes, bytes));
         CudaSlice {
             ptr: ptr.cast(),
             len,
@@ -225,20 +275,41 @@ impl<T> CudaSlice<T> {
 
 impl<T> Drop for CudaSlice<T> {
     fn drop(&mut self) {
-        let bytes = self.len * std::mem::size_of::<T>();
-        if live_buffers().remove(&(self.ptr as usize)).is_none() {
+        // Freed whole, whatever length the slice had (as the driver frees an allocation).
+        let Some((used, bytes)) = live_buffers().remove(&(self.ptr as usize)) else {
             // Reported by a launch already; left allocated.
             return;
-        }
-        // SAFETY: allocated in `new` with this layout; the guard is checked before it goes.
+        };
+        // SAFETY: allocated in `new` with this layout (`used <= bytes`); the guard is checked
+        // before it goes.
         unsafe {
-            let guard = std::slice::from_raw_parts((self.ptr as *const u8).add(bytes), GUARD);
+            let guard = std::slice::from_raw_parts((self.ptr as *const u8).add(used), GUARD);
             let intact = guard.iter().all(|&b| b == GUARD_BYTE);
             std::alloc::dealloc(self.ptr.cast(), layout(bytes));
             if !intact && !std::thread::panicking() {
-                panic!("emulated device: a {bytes}-byte buffer was written past its end");
+                panic!("emulated device: a {used}-byte buffer was written past its end");
             }
         }
+    }
+}
+
+/// The engine hands out again the allocation at `address` for `bytes` of it: poisoned as a new
+/// buffer is, and guarded after those bytes (so an overrun into the rest is caught too).
+pub(crate) fn reuse(address: u64, bytes: usize) {
+    let mut live = live_buffers();
+    let Some((used, held)) = live.get_mut(&(address as usize)) else {
+        panic!("emulated device: reuse of memory that is not allocated");
+    };
+    assert!(
+        bytes <= *held,
+        "emulated device: {bytes} bytes reused of a {held}-byte allocation"
+    );
+    *used = bytes;
+    let ptr = address as usize as *mut u8;
+    // SAFETY: the allocation holds `held + GUARD >= bytes + GUARD` bytes from `ptr`.
+    unsafe {
+        std::ptr::write_bytes(ptr, POISON, bytes);
+        std::ptr::write_bytes(ptr.add(bytes), GUARD_BYTE, GUARD);
     }
 }
 
@@ -409,6 +480,7 @@ impl CudaStream {
         self: &Arc<Self>,
         len: usize,
     ) -> Result<CudaSlice<T>, DriverError> {
+        add(Count::Allocations, 1);
         Ok(CudaSlice::new(len, POISON))
     }
 
@@ -432,6 +504,7 @@ impl CudaStream {
         self: &Arc<Self>,
         len: usize,
     ) -> Result<CudaSlice<T>, DriverError> {
+        add(Count::Allocations, 1);
         Ok(CudaSlice::new(len, 0))
     }
 
@@ -446,6 +519,7 @@ impl CudaStream {
             len >= src.len(),
             "emulated device: copy into a shorter buffer"
         );
+        add(Count::ToDevice, std::mem::size_of_val(src) as u64);
         // SAFETY: dst holds at least src.len() elements; host and device memory are disjoint.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), to, src.len()) };
         Ok(())
@@ -461,8 +535,21 @@ impl CudaStream {
             dst.len() >= len,
             "emulated device: copy into a shorter host slice"
         );
+        add(Count::ToHost, (len * std::mem::size_of::<T>()) as u64);
         // SAFETY: src holds len elements; host and device memory are disjoint.
         unsafe { std::ptr::copy_nonoverlapping(from, dst.as_mut_ptr(), len) };
+        Ok(())
+    }
+
+    /// Zeroes `dst` (counted as a launch: a memset is queued work like a kernel).
+    pub(crate) fn memset_zeros<T: DeviceRepr + ValidAsZeroBits, Dst: DevicePtrMut<T>>(
+        self: &Arc<Self>,
+        dst: &mut Dst,
+    ) -> Result<(), DriverError> {
+        add(Count::Launches, 1);
+        let (to, len) = dst.raw_mut();
+        // SAFETY: dst holds len elements, for which zero bits are a value.
+        unsafe { std::ptr::write_bytes(to, 0, len) };
         Ok(())
     }
 
@@ -474,6 +561,7 @@ impl CudaStream {
         let (from, len) = src.raw();
         let (to, cap) = dst.raw_mut();
         assert!(cap >= len, "emulated device: copy into a shorter buffer");
+        add(Count::OnDevice, (len * std::mem::size_of::<T>()) as u64);
         // SAFETY: both hold len elements; `copy` allows overlap.
         unsafe { std::ptr::copy(from, to, len) };
         Ok(())
@@ -495,6 +583,7 @@ impl CudaStream {
     }
 
     pub(crate) fn synchronize(&self) -> Result<(), DriverError> {
+        add(Count::Syncs, 1);
         Ok(())
     }
 }
@@ -530,6 +619,7 @@ impl LaunchArgs<'_> {
     pub(crate) unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<(), DriverError> {
         let grid = [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2];
         let block = [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2];
+        add(Count::Launches, 1);
         // One launch at a time, checked before the next: a kernel's overrun is its own.
         static LAUNCH: Mutex<()> = Mutex::new(());
         let _one = LAUNCH.lock().unwrap_or_else(|e| e.into_inner());

@@ -81,6 +81,65 @@ pub const KERNELS: &[&str] = &[
     "blake3_parents",
 ];
 
+/// What the engine has asked of its device, counted by the emulated device
+/// ([`GpuEngine::counts`]): the things that cost time on a real one whatever the kernels do.
+/// Counts since the process started; an operation's are the difference of two readings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCounts {
+    /// Kernel launches.
+    pub launches: u64,
+    /// Times the host waited for the device (a stream or an event synchronised).
+    pub syncs: u64,
+    /// Device memory allocations.
+    pub allocations: u64,
+    /// Pinned host memory allocations.
+    pub pinned_allocations: u64,
+    /// Streams created.
+    pub streams: u64,
+    /// Bytes copied from the host to the device.
+    pub to_device: u64,
+    /// Bytes copied from the device to the host.
+    pub to_host: u64,
+    /// Bytes copied within the device.
+    pub on_device: u64,
+}
+
+impl std::ops::Sub for DeviceCounts {
+    type Output = DeviceCounts;
+
+    /// What was counted between two readings (`later - earlier`).
+    fn sub(self, earlier: DeviceCounts) -> DeviceCounts {
+        DeviceCounts {
+            launches: self.launches - earlier.launches,
+            syncs: self.syncs - earlier.syncs,
+            allocations: self.allocations - earlier.allocations,
+            pinned_allocations: self.pinned_allocations - earlier.pinned_allocations,
+            streams: self.streams - earlier.streams,
+            to_device: self.to_device - earlier.to_device,
+            to_host: self.to_host - earlier.to_host,
+            on_device: self.on_device - earlier.on_device,
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} launches, {} syncs, {} allocations ({} pinned), {} streams; \
+             {} B to the device, {} B to the host, {} B within it",
+            self.launches,
+            self.syncs,
+            self.allocations,
+            self.pinned_allocations,
+            self.streams,
+            self.to_device,
+            self.to_host,
+            self.on_device
+        )
+    }
+}
+
 /// Why the GPU engine is not available (the CPU engine is used instead).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unavailable(pub String);

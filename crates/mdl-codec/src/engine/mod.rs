@@ -197,6 +197,16 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         writers: &[StreamWriter],
     ) -> Vec<Vec<Vec<u8>>>;
 
+    /// Whether `data`'s planes are best split on the host, once for their counts and their
+    /// codes ([`Engine::split_planes`], [`Engine::encode_split`]), rather than counted and
+    /// coded where the engine computes ([`Engine::plane_histograms`],
+    /// [`Engine::encode_planes`]): the same bytes either way. True for the CPU; an engine on
+    /// a device says false for what it would take there, so that the work goes to it.
+    fn splits_on_host(&self, data: &[u8]) -> bool {
+        let _ = data;
+        true
+    }
+
     /// `data` taken apart into its planes as `spec` says (against `base`), into `planes`
     /// (`planes[p]`: a byte of each element; buffers reused from call to call). With
     /// [`Engine::encode_split`], a frame is split once for both counting and coding. The CPU's

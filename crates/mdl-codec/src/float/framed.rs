@@ -15,7 +15,7 @@
 use mdl_format::{Dtype, FormatError};
 
 use super::payload::{decode_whole, Encoded, ReadAt};
-use super::{encode_split, Count, PlaneCount};
+use super::{encode_pieces, encode_split, Count, PlaneCount};
 use crate::engine::Engine;
 use crate::planes::{spec_layout_of, PlaneSpec, Transform, CHUNK};
 
@@ -118,8 +118,12 @@ impl FrameEncoder {
             .map(|(k, frame)| {
                 let at = k * self.frame_bytes;
                 let base = base.map(|b| &b[at..at + frame.len()]);
-                // Split once, for the counts and for the codes chosen from them.
                 let mut count = PlaneCount::new(self.dtype, self.count)?;
+                if !engine.splits_on_host(frame) {
+                    count.add(engine, frame, base)?;
+                    return encode_pieces(engine, self.dtype, frame, base, &count.choice());
+                }
+                // Split once, for the counts and for the codes chosen from them.
                 count.add_splitting(engine, frame, base, &mut self.planes)?;
                 encode_split(
                     engine,

@@ -63,7 +63,7 @@ impl GpuEngine {
             };
             let len = data.len() as u64;
             let mut rows = Vec::new();
-            let s = time(lane, &mut |lane| lane.stream.memcpy_dtod(&dev, &mut copy))?;
+            let s = time(lane, &mut |lane| lane.stream.memcpy_dtod(&*dev, &mut *copy))?;
             rows.push(BenchRow {
                 name: "device copy (reference)",
                 bytes: 2 * len,
@@ -102,7 +102,7 @@ impl GpuEngine {
                 seconds: s,
             });
             let s = time(lane, &mut |lane| {
-                launch_histogram(gpu, lane, g, &planes, &mut hist)
+                launch_histogram(gpu, lane, g, &planes, &mut hist.slice_mut(..))
             })?;
             rows.push(BenchRow {
                 name: "plane histograms",

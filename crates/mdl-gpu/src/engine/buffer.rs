@@ -23,7 +23,8 @@ impl DeviceBuffer {
     pub(super) fn new(gpu: Arc<Gpu>, bytes: &[u8]) -> Option<DeviceBuffer> {
         let address = gpu
             .with_lane(|lane| {
-                let mut dev = lane.zeros::<u8>(bytes.len())?;
+                // The caller's memory, not the engine's: allocated apart from the lanes' spares.
+                let mut dev = lane.stream.alloc_zeros::<u8>(bytes.len().max(1))?;
                 if !bytes.is_empty() {
                     lane.stream
                         .memcpy_htod(bytes, &mut dev.slice_mut(..bytes.len()))?;

@@ -7,7 +7,7 @@ use mdl_codec::planes::PlaneSpec;
 use rayon::prelude::*;
 
 use super::device::{arg_opt, cfg, grid, launch_planes, Dev, Geometry, Gpu, Lane, NULL};
-use super::{CudaSlice, PushKernelArg, Res, CHUNK, GROUP_TILE};
+use super::{CudaSlice, PushKernelArg, Res, Scratch, CHUNK, GROUP_TILE};
 use crate::GpuEngine;
 
 /// The grouped order on the device: forward (`cur` given) writes `(base − cur) mod m` in the
@@ -30,11 +30,11 @@ pub(super) fn grouped(
     let mut tile_counts = lane.alloc::<u32>(256 * tiles as usize)?;
     let mut starts = lane.alloc::<u64>(256)?;
     let mut l = lane.stream.launch_builder(gpu.f("group_counts"));
-    l.arg(&bv).arg(&n).arg(&tiles).arg(&mut tile_counts);
+    l.arg(&bv).arg(&n).arg(&tiles).arg(&mut *tile_counts);
     // SAFETY: one block a tile; writes 256 counts a tile.
     unsafe { l.launch(cfg((tiles as u32, 1), 256)) }?;
     let mut l = lane.stream.launch_builder(gpu.f("group_starts"));
-    l.arg(&tiles).arg(&mut tile_counts).arg(&mut starts);
+    l.arg(&tiles).arg(&mut *tile_counts).arg(&mut *starts);
     // SAFETY: one block of 256 threads, one a group.
     unsafe { l.launch(cfg((1, 1), 256)) }?;
     let mut dout = lane.alloc::<u8>(n as usize)?;
@@ -46,12 +46,12 @@ pub(super) fn grouped(
     arg_opt(&mut l, cv.as_ref());
     l.arg(&n)
         .arg(&tiles)
-        .arg(&tile_counts)
-        .arg(&starts)
+        .arg(&*tile_counts)
+        .arg(&*starts)
         .arg(&m)
         .arg(&inverse);
     arg_opt(&mut l, dv.as_ref());
-    l.arg(&mut dout);
+    l.arg(&mut *dout);
     // SAFETY: 8 warps a block, one warp a tile; every position is below n.
     unsafe { l.launch(cfg((tiles.div_ceil(8) as u32, 1), 256)) }?;
     lane.download(&dout.slice(..n as usize), out)
@@ -101,7 +101,7 @@ pub(super) fn encode_symbols(
     gpu: &Gpu,
     lane: &mut Lane,
     g: Geometry,
-    mut sym: CudaSlice<u8>,
+    mut sym: Scratch<u8>,
     writers: &[StreamWriter],
 ) -> Res<Vec<Vec<Vec<u8>>>> {
     let (n, stride, planes) = (g.n, g.stride, writers.len());
@@ -138,7 +138,7 @@ pub(super) fn encode_symbols(
             .arg(&stride)
             .arg(&cl)
             .arg(&mut vals)
-            .arg(&mut dnnz);
+            .arg(&mut *dnnz);
         // SAFETY: one block a (chunk, plane); writes at most the chunk's symbols.
         unsafe { l.launch(cfg((chunks as u32, planes as u32), 1024)) }?;
         nnz = lane.fetch(&dnnz, planes * chunks)?;
@@ -210,7 +210,7 @@ pub(super) fn encode_symbols(
     if let Some(d) = &dsegs {
         let mut bits = lane.alloc::<u64>(segs.len() * L)?;
         let mut l = lane.stream.launch_builder(gpu.f("huff_lane_bits"));
-        l.arg(&sym).arg(d).arg(&dcodes).arg(&mut bits);
+        l.arg(&*sym).arg(&**d).arg(&*dcodes).arg(&mut *bits);
         // SAFETY: one block a (segment, lane); reads the segment's symbols.
         unsafe { l.launch(cfg((segs.len() as u32, L as u32), 256)) }?;
         lane_bits = lane.fetch(&bits, segs.len() * L)?;
@@ -258,14 +258,18 @@ pub(super) fn encode_symbols(
     if let Some(d) = &dsegs {
         let dat = lane.put(&lane_at)?;
         let mut l = lane.stream.launch_builder(gpu.f("huff_write"));
-        l.arg(&sym).arg(d).arg(&dcodes).arg(&dat).arg(&mut out);
+        l.arg(&*sym)
+            .arg(&**d)
+            .arg(&*dcodes)
+            .arg(&*dat)
+            .arg(&mut *out);
         // SAFETY: each lane writes its bits inside the bytes its bit count reserved.
         unsafe { l.launch(cfg((segs.len() as u32, L as u32), 256)) }?;
     }
     if !copies.is_empty() {
         let d = lane.put(&copies)?;
         let mut l = lane.stream.launch_builder(gpu.f("copy_jobs"));
-        l.arg(&sym).arg(&d).arg(&mut out);
+        l.arg(&*sym).arg(&*d).arg(&mut *out);
         // SAFETY: each job copies a stored chunk into its reserved span.
         unsafe { l.launch(cfg(((copies.len() / 3) as u32, 1), 256)) }?;
     }
@@ -350,23 +354,19 @@ pub(super) fn fill_output(
     out: &mut [u8],
     fill: impl FnOnce(&Lane, &mut CudaSlice<u8>) -> Res<()>,
 ) -> Res<()> {
-    let mirror = gpu.output(out);
-    let mut dout = match &mirror {
-        // SAFETY: the caller's device memory holds out.len() bytes there while the output is
-        // registered (for the whole of this call); leaked below, never freed.
-        Some(at) => unsafe { lane.stream.upgrade_device_ptr::<u8>(at.address, out.len()) },
-        None => lane.alloc::<u8>(out.len())?,
-    };
-    let filled = fill(lane, &mut dout);
-    match mirror {
+    match gpu.output(out) {
         Some(at) => {
-            let done = filled.and_then(|()| lane.stream.synchronize());
+            // SAFETY: the caller's device memory holds out.len() bytes there while the output
+            // is registered (for the whole of this call); leaked below, never freed.
+            let mut dout = unsafe { lane.stream.upgrade_device_ptr::<u8>(at.address, out.len()) };
+            let done = fill(lane, &mut dout).and_then(|()| lane.stream.synchronize());
             dout.leak();
             done?;
             at.written.fetch_add(out.len() as u64, Ordering::Relaxed);
         }
         None => {
-            filled?;
+            let mut dout = lane.alloc::<u8>(out.len())?;
+            fill(lane, &mut dout)?;
             lane.download(&dout.slice(..out.len()), out)?;
         }
     }
@@ -380,7 +380,7 @@ pub(super) fn decode_symbols(
     lane: &mut Lane,
     g: Geometry,
     streams: &[Stream<'_>],
-) -> Res<Option<CudaSlice<u8>>> {
+) -> Res<Option<Scratch<u8>>> {
     let (n, stride, planes) = (g.n, g.stride, g.planes);
     let fstride = stride / 8;
     let chunks = n.div_ceil(CHUNK as u64) as usize;
@@ -514,10 +514,10 @@ pub(super) fn decode_symbols(
         let njobs = (jobs.len() / 6) as u64;
         let d = lane.put(jobs)?;
         let mut l = lane.stream.launch_builder(gpu.f("huff_decode"));
-        l.arg(&input)
-            .arg(&d)
+        l.arg(&*input)
+            .arg(&*d)
             .arg(&njobs)
-            .arg(&dtables)
+            .arg(&*dtables)
             .arg(counts)
             .arg(sym)
             .arg(err);
@@ -530,18 +530,18 @@ pub(super) fn decode_symbols(
     if sparse_jobs > 0 {
         let d = lane.put(&flag_counts)?;
         let mut l = lane.stream.launch_builder(gpu.f("count_flags"));
-        l.arg(&sym).arg(&d).arg(&mut counts);
+        l.arg(&*sym).arg(&*d).arg(&mut *counts);
         // SAFETY: one block a sparse chunk; reads its flag bytes.
         unsafe { l.launch(cfg((sparse_jobs as u32, 1), 256)) }?;
         decode(lane, &value_jobs, &mut sym, &counts, &mut err)?;
         let d = lane.put(&scatter)?;
         let mut l = lane.stream.launch_builder(gpu.f("sparse_scatter"));
-        l.arg(&sym)
-            .arg(&sym)
-            .arg(&d)
-            .arg(&counts)
-            .arg(&sym)
-            .arg(&mut err);
+        l.arg(&*sym)
+            .arg(&*sym)
+            .arg(&*d)
+            .arg(&*counts)
+            .arg(&*sym)
+            .arg(&mut *err);
         // SAFETY: reads flags and values, writes the chunk's symbols; the three areas of the
         // buffer are disjoint.
         unsafe { l.launch(cfg((sparse_jobs as u32, 1), 256)) }?;

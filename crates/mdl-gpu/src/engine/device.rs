@@ -2,8 +2,9 @@
 //! buffers), resident copies of kept bytes, and the launch helpers.
 
 use super::resident::{DevBuf, Output, Resident};
+use super::scratch::{Scratch, Spare};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::nvrtc::Ptx;
@@ -31,6 +32,8 @@ pub(crate) struct Gpu {
     pub(super) fallbacks: AtomicU64,
     /// Bytes of content (not coded streams) copied from the host ([`Lane::upload`]).
     pub(super) uploaded: Arc<AtomicU64>,
+    /// Bytes of device memory the lanes keep spare ([`Spare`]).
+    spare_held: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -39,9 +42,10 @@ impl std::fmt::Debug for Gpu {
     }
 }
 
-/// A stream with its pinned staging buffers.
+/// A stream with its pinned staging buffers and the device memory it reuses.
 pub(super) struct Lane {
     pub(super) stream: Arc<CudaStream>,
+    spare: Arc<Spare>,
     pub(super) pinned: [PinnedHostSlice<u8>; 2],
     /// The last copy that used each staging buffer.
     pub(super) busy: [Option<CudaEvent>; 2],
@@ -66,6 +70,7 @@ impl Gpu {
             next_id: AtomicU64::new(1),
             fallbacks: AtomicU64::new(0),
             uploaded: Arc::new(AtomicU64::new(0)),
+            spare_held: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -84,18 +89,22 @@ impl Gpu {
         let taken = self.lanes.lock().unwrap().pop();
         let mut lane = match taken {
             Some(l) => l,
-            None => Lane {
-                stream: self.ctx.new_stream()?,
-                // SAFETY: staging memory is always written before it is read.
-                pinned: unsafe {
-                    [
-                        self.ctx.alloc_pinned_with_flags::<u8>(STAGE, 0)?,
-                        self.ctx.alloc_pinned_with_flags::<u8>(STAGE, 0)?,
-                    ]
-                },
-                busy: [None, None],
-                uploaded: self.uploaded.clone(),
-            },
+            None => {
+                let stream = self.ctx.new_stream()?;
+                Lane {
+                    spare: Arc::new(Spare::new(stream.clone(), self.spare_held.clone())),
+                    stream,
+                    // SAFETY: staging memory is always written before it is read.
+                    pinned: unsafe {
+                        [
+                            self.ctx.alloc_pinned_with_flags::<u8>(STAGE, 0)?,
+                            self.ctx.alloc_pinned_with_flags::<u8>(STAGE, 0)?,
+                        ]
+                    },
+                    busy: [None, None],
+                    uploaded: self.uploaded.clone(),
+                }
+            }
         };
         let out = work(&mut lane);
         if out.is_ok() {
@@ -109,7 +118,7 @@ impl Gpu {
 /// call (buffer, length: an empty slice's buffer holds one byte).
 pub(super) enum Dev {
     Kept(Arc<DevBuf>, usize, usize),
-    Own(CudaSlice<u8>, usize),
+    Own(Scratch<u8>, usize),
 }
 
 impl Dev {
@@ -122,19 +131,22 @@ impl Dev {
 }
 
 impl Lane {
-    /// A device buffer of `len` elements (contents unspecified).
-    pub(super) fn alloc<T: DeviceRepr>(&self, len: usize) -> Res<CudaSlice<T>> {
-        // SAFETY: every buffer allocated here is written by a copy or kernel before any read.
-        unsafe { self.stream.alloc::<T>(len.max(1)) }
+    /// A device buffer of `len` elements (contents unspecified), reused from an earlier call
+    /// where one of its size is spare.
+    pub(super) fn alloc<T: DeviceRepr>(&self, len: usize) -> Res<Scratch<T>> {
+        self.spare.take::<T>(len)
     }
 
-    pub(super) fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Res<CudaSlice<T>> {
-        self.stream.alloc_zeros::<T>(len.max(1))
+    /// A device buffer of `len` zeroed elements.
+    pub(super) fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Res<Scratch<T>> {
+        let mut buf = self.spare.take::<T>(len)?;
+        self.stream.memset_zeros(&mut *buf)?;
+        Ok(buf)
     }
 
     /// Copies `host` to a new device buffer through the pinned staging buffers: piece k + 1
     /// is copied into one buffer while piece k crosses the bus from the other.
-    pub(super) fn upload(&mut self, host: &[u8]) -> Res<CudaSlice<u8>> {
+    pub(super) fn upload(&mut self, host: &[u8]) -> Res<Scratch<u8>> {
         self.uploaded
             .fetch_add(host.len() as u64, Ordering::Relaxed);
         let mut dev = self.alloc::<u8>(host.len())?;
@@ -232,7 +244,7 @@ impl Lane {
     }
 
     /// A small host array on the device.
-    pub(super) fn put<T: DeviceRepr>(&self, host: &[T]) -> Res<CudaSlice<T>> {
+    pub(super) fn put<T: DeviceRepr>(&self, host: &[T]) -> Res<Scratch<T>> {
         let mut dev = self.alloc::<T>(host.len())?;
         if !host.is_empty() {
             self.stream
@@ -408,7 +420,6 @@ pub(super) fn launch_planes(
     unsafe { l.launch(cfg((grid(g.n), 1), 256)) }.map(drop)
 }
 
-/// Byte histograms of every plane into `hist` (256 zeroed counts a plane).
 /// Per-chunk error sums as the kernels write them (5 doubles a chunk: max |d|, Σd², Σx², Σm·d,
 /// Σv·d²), folded in chunk order.
 pub(super) fn fold_error_sums(sums: &[f64]) -> ErrorStats {
@@ -453,13 +464,38 @@ pub(super) fn launch_max_abs(
     unsafe { l.launch(cfg((grid(n).min(4096), 1), 256)) }.map(drop)
 }
 
-/// Counts the sparse-mode flag bytes of each plane of `planes` into `hist[p * 256 + f]`.
-pub(super) fn launch_flag_histogram(
+/// The byte counts of every plane of `planes` (256 a plane, plane after plane) when `symbols`,
+/// and of their sparse-mode flag bytes when `flags` (zeros for what is not counted): one
+/// buffer counted into and fetched once.
+pub(super) fn plane_counts(
     gpu: &Gpu,
     lane: &Lane,
     g: Geometry,
     planes: &CudaSlice<u8>,
-    hist: &mut CudaSlice<u64>,
+    symbols: bool,
+    flags: bool,
+) -> Res<(Vec<u64>, Vec<u64>)> {
+    let len = 256 * g.planes;
+    let mut counts = lane.zeros::<u64>(2 * len)?;
+    let (mut of_symbols, mut of_flags) = counts.split_at_mut(len);
+    if symbols {
+        launch_histogram(gpu, lane, g, planes, &mut of_symbols)?;
+    }
+    if flags {
+        launch_flag_histogram(gpu, lane, g, planes, &mut of_flags)?;
+    }
+    let mut both = lane.fetch(&counts, 2 * len)?;
+    let of_flags = both.split_off(len);
+    Ok((both, of_flags))
+}
+
+/// Counts the sparse-mode flag bytes of each plane of `planes` into `hist[p * 256 + f]`.
+fn launch_flag_histogram(
+    gpu: &Gpu,
+    lane: &Lane,
+    g: Geometry,
+    planes: &CudaSlice<u8>,
+    hist: &mut CudaViewMut<'_, u64>,
 ) -> Res<()> {
     let mut l = lane.stream.launch_builder(gpu.f("flag_bytes"));
     l.arg(planes)
@@ -472,12 +508,13 @@ pub(super) fn launch_flag_histogram(
     unsafe { l.launch(cfg((grid(g.n).min(1024), g.planes as u32), 256)) }.map(drop)
 }
 
+/// Byte histograms of every plane of `planes` into `hist` (256 counts a plane).
 pub(super) fn launch_histogram(
     gpu: &Gpu,
     lane: &Lane,
     g: Geometry,
     planes: &CudaSlice<u8>,
-    hist: &mut CudaSlice<u64>,
+    hist: &mut CudaViewMut<'_, u64>,
 ) -> Res<()> {
     let mut l = lane.stream.launch_builder(gpu.f("byte_histogram"));
     l.arg(planes).arg(&g.n).arg(&g.stride).arg(hist);

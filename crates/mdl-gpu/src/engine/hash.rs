@@ -25,13 +25,13 @@ pub(super) fn hash_on(
     let mut level = lane.alloc::<u32>(8 * chunks as usize)?;
     let root = u32::from(chunks == 1);
     let mut l = lane.stream.launch_builder(gpu.f("blake3_chunks"));
-    l.arg(&dprefix)
+    l.arg(&*dprefix)
         .arg(&plen)
         .arg(data)
         .arg(&total)
         .arg(&chunks)
         .arg(&root)
-        .arg(&mut level);
+        .arg(&mut *level);
     // SAFETY: a thread a chunk reads its bytes of prefix (plen) and data (total - plen) and
     // writes its 8 words.
     unsafe { l.launch(cfg((chunks.div_ceil(128) as u32, 1), 128)) }?;
@@ -40,7 +40,7 @@ pub(super) fn hash_on(
     while n > 1 {
         let root = u32::from(n == 2);
         let mut l = lane.stream.launch_builder(gpu.f("blake3_parents"));
-        l.arg(&level).arg(&n).arg(&root).arg(&mut next);
+        l.arg(&*level).arg(&n).arg(&root).arg(&mut *next);
         let parents = n.div_ceil(2);
         // SAFETY: thread i reads nodes 2i and 2i + 1 (below n) and writes node i.
         unsafe { l.launch(cfg((parents.div_ceil(128) as u32, 1), 128)) }?;

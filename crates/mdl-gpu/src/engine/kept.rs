@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use mdl_codec::engine::{CpuEngine, Engine, Kept};
 
-use super::{CudaSlice, Res};
+use super::scratch::Scratch;
+use super::Res;
 use crate::GpuEngine;
 
 /// Where a decode into `host` writes instead: the device address and the written-bytes count;
@@ -113,7 +114,7 @@ impl GpuEngine {
             lane.stream.synchronize()?;
             Ok(dev)
         }) {
-            Ok(dev) => self.gpu.register(bytes, Arc::new(DevBuf::own(dev)), 0, ()),
+            Ok(dev) => self.gpu.register(bytes, Arc::new(DevBuf::Own(dev)), 0, ()),
             Err(e) => {
                 self.gpu.failed("copy", e, "kernels will copy as they go");
                 Kept::nothing()
@@ -135,10 +136,7 @@ impl GpuEngine {
         });
         match lent {
             Ok(slice) => {
-                let dev = DevBuf {
-                    slice: Some(slice),
-                    lent: true,
-                };
+                let dev = DevBuf::Lent(std::mem::ManuallyDrop::new(slice));
                 self.gpu.register(bytes, Arc::new(dev), 0, ())
             }
             Err(e) => {
@@ -160,7 +158,7 @@ impl GpuEngine {
         }
         let holder = content.clone();
         // The content itself is kept (by the engine's own buffer): share that buffer.
-        if let Some((dev, at)) = self.gpu.resident(bytes).filter(|(d, _)| !d.lent) {
+        if let Some((dev, at)) = self.gpu.resident(bytes).filter(|(d, _)| !d.lent()) {
             return self.gpu.register(bytes, dev, at, holder);
         }
         // A copy of the same bytes is on the device: copy it there, if there is room.
@@ -173,7 +171,7 @@ impl GpuEngine {
         if !self.gpu.has_room(bytes.len()) {
             return Kept::nothing();
         }
-        let copied = self.gpu.with_lane(|lane: &mut Lane| -> Res<CudaSlice<u8>> {
+        let copied = self.gpu.with_lane(|lane: &mut Lane| -> Res<Scratch<u8>> {
             let mut dev = lane.alloc::<u8>(bytes.len())?;
             lane.stream.memcpy_dtod(
                 &src.slice(at..at + bytes.len()),
@@ -185,7 +183,7 @@ impl GpuEngine {
         match copied {
             Ok(dev) => self
                 .gpu
-                .register(bytes, Arc::new(DevBuf::own(dev)), 0, holder),
+                .register(bytes, Arc::new(DevBuf::Own(dev)), 0, holder),
             Err(e) => {
                 self.gpu
                     .failed("device copy", e, "the content is not kept there");

@@ -61,6 +61,8 @@ mod hash;
 mod kept;
 mod resident;
 mod residual;
+mod scratch;
+use scratch::Scratch;
 
 #[cfg(feature = "bench")]
 pub use bench::BenchRow;
@@ -68,8 +70,8 @@ pub use buffer::DeviceBuffer;
 use coding::{decode_on, encode_on, grouped};
 pub(crate) use device::Gpu;
 use device::{
-    arg_opt, cfg, dtype_code, fold_error_sums, grid, launch_flag_histogram, launch_histogram,
-    launch_max_abs, launch_planes, starts_of, Dev, Geometry, Lane, MomentsOn,
+    arg_opt, cfg, dtype_code, fold_error_sums, grid, launch_max_abs, launch_planes, plane_counts,
+    starts_of, Dev, Geometry, Lane, MomentsOn,
 };
 
 /// The codec kernels on a CUDA device (see the crate documentation). Identical results to
@@ -112,6 +114,15 @@ impl GpuEngine {
     /// adopted bytes are not copied again).
     pub fn uploaded(&self) -> u64 {
         self.gpu.uploaded.load(Ordering::Relaxed)
+    }
+
+    /// What the engine has asked of the device so far, where the device counts it: the
+    /// emulated device does (feature `emulate`), a real one does not (`None`).
+    pub fn counts(&self) -> Option<crate::DeviceCounts> {
+        #[cfg(feature = "emulate")]
+        return Some(crate::emu::counts());
+        #[cfg(not(feature = "emulate"))]
+        None
     }
 
     /// Whether `host` goes to the device.
@@ -180,7 +191,7 @@ impl GpuEngine {
         data: &[u8],
         base: Option<&[u8]>,
         extra: usize,
-    ) -> Res<CudaSlice<u8>> {
+    ) -> Res<Scratch<u8>> {
         let d = lane.bytes(gpu, data)?;
         let b = base.map(|b| lane.bytes(gpu, b)).transpose()?;
         let mut out = lane.alloc::<u8>(g.planes_len() + extra)?;
@@ -215,6 +226,10 @@ impl Engine for GpuEngine {
         self.keep_shared_bytes(content, like)
     }
 
+    fn splits_on_host(&self, data: &[u8]) -> bool {
+        !self.wants(data)
+    }
+
     fn content_id(&self, prefix: &[u8], data: &[u8]) -> ObjectId {
         self.tensor_id(prefix, data, false)
     }
@@ -246,16 +261,8 @@ impl Engine for GpuEngine {
                 let planes = g.planes;
                 let planes_buf = Self::split(gpu, lane, g, data, base, 0)?;
                 // Only what some plane wants is counted.
-                let mut hist = lane.zeros::<u64>(256 * planes)?;
-                if want.iter().any(|w| w.0) {
-                    launch_histogram(gpu, lane, g, &planes_buf, &mut hist)?;
-                }
-                let mut flags = lane.zeros::<u64>(256 * planes)?;
-                if want.iter().any(|w| w.1) {
-                    launch_flag_histogram(gpu, lane, g, &planes_buf, &mut flags)?;
-                }
-                let h = lane.fetch(&hist, 256 * planes)?;
-                let f = lane.fetch(&flags, 256 * planes)?;
+                let (symbols, flags) = (want.iter().any(|w| w.0), want.iter().any(|w| w.1));
+                let (h, f) = plane_counts(gpu, lane, g, &planes_buf, symbols, flags)?;
                 Ok((0..planes)
                     .map(|p| {
                         let take = |v: &[u64], yes: bool| {
@@ -339,9 +346,9 @@ impl Engine for GpuEngine {
                     .arg(&dtypes[0])
                     .arg(&dtypes[1])
                     .arg(&dtypes[2])
-                    .arg(&dsc)
-                    .arg(&mut count)
-                    .arg(&mut acc);
+                    .arg(&*dsc)
+                    .arg(&mut *count)
+                    .arg(&mut *acc);
                 // SAFETY: reads n elements of each input; counts into 65,536 keys × 8 sums.
                 unsafe { l.launch(cfg((grid(n).min(8192), 1), 256)) }?;
                 let count = lane.fetch(&count, keys)?;
@@ -386,11 +393,11 @@ impl Engine for GpuEngine {
                 l.arg(&view)
                     .arg(&n)
                     .arg(&dt)
-                    .arg(&code)
-                    .arg(&protect)
-                    .arg(&mut codes)
+                    .arg(&*code)
+                    .arg(&*protect)
+                    .arg(&mut *codes)
                     .arg(&TILE)
-                    .arg(&mut tile_counts);
+                    .arg(&mut *tile_counts);
                 // SAFETY: one block a tile of TILE elements; writes n codes and a count a tile.
                 unsafe { l.launch(cfg((tiles as u32, 1), 256)) }?;
                 let (starts, total) = starts_of(&lane.fetch(&tile_counts, tiles as usize)?);
@@ -402,10 +409,10 @@ impl Engine for GpuEngine {
                     l.arg(&view)
                         .arg(&n)
                         .arg(&dt)
-                        .arg(&protect)
+                        .arg(&*protect)
                         .arg(&TILE)
-                        .arg(&dstarts)
-                        .arg(&mut idx);
+                        .arg(&*dstarts)
+                        .arg(&mut *idx);
                     // SAFETY: each tile writes its counted indices from its start.
                     unsafe { l.launch(cfg((tiles as u32, 1), 256)) }?;
                     protected = lane.fetch(&idx, total as usize)?;
@@ -449,11 +456,11 @@ impl Engine for GpuEngine {
                 l.arg(&wv)
                     .arg(&n)
                     .arg(&dt)
-                    .arg(&code)
+                    .arg(&*code)
                     .arg(&bv)
                     .arg(&b64)
                     .arg(&cells)
-                    .arg(&mut count);
+                    .arg(&mut *count);
                 // SAFETY: base codes are below base_bins and lut codes below bins, so every
                 // cell index is below `cells`.
                 unsafe { l.launch(cfg((grid(n).min(2048), 1), 256)) }?;
@@ -622,7 +629,7 @@ impl Engine for GpuEngine {
                     .arg(&dts[2])
                     .arg(&chunk)
                     .arg(&chunks)
-                    .arg(&mut sums);
+                    .arg(&mut *sums);
                 // SAFETY: one thread a chunk reads its elements and writes its 5 sums.
                 unsafe { l.launch(cfg((chunks.div_ceil(64) as u32, 1), 64)) }?;
                 Ok(fold_error_sums(&lane.fetch(&sums, 5 * chunks as usize)?))

@@ -2,41 +2,43 @@
 //! allocations ([`DevBuf`]), host ranges with a device copy ([`Resident`]) and host buffers
 //! whose results go to device memory ([`Output`]). How they are made and used: `kept.rs`.
 
+use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use super::scratch::Scratch;
 use super::CudaSlice;
 
-/// Device memory holding a kept range: the engine's own allocation, or the caller's (adopted),
-/// which is never freed here.
-pub(super) struct DevBuf {
-    pub(super) slice: Option<CudaSlice<u8>>,
-    pub(super) lent: bool,
+/// Device memory holding a kept range: the engine's own (given back to its lane when
+/// dropped), or the caller's (adopted), which is never freed here.
+pub(super) enum DevBuf {
+    Own(Scratch<u8>),
+    Lent(ManuallyDrop<CudaSlice<u8>>),
 }
 
 impl DevBuf {
-    pub(super) fn own(slice: CudaSlice<u8>) -> DevBuf {
-        DevBuf {
-            slice: Some(slice),
-            lent: false,
-        }
+    /// Whether the memory is the caller's.
+    pub(super) fn lent(&self) -> bool {
+        matches!(self, DevBuf::Lent(_))
     }
 }
 
 impl Deref for DevBuf {
     type Target = CudaSlice<u8>;
     fn deref(&self) -> &CudaSlice<u8> {
-        self.slice.as_ref().expect("held until dropped")
+        match self {
+            DevBuf::Own(s) => s,
+            DevBuf::Lent(s) => s,
+        }
     }
 }
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
-        if let Some(s) = self.slice.take() {
-            if self.lent {
-                s.leak();
-            }
+        if let DevBuf::Lent(s) = self {
+            // SAFETY: taken once, here; the caller's memory is left to the caller.
+            unsafe { ManuallyDrop::take(s) }.leak();
         }
     }
 }

@@ -13,8 +13,8 @@ use mdl_format::Dtype;
 
 use super::coding::{assemble_streams, decode_symbols, encode_symbols, fill_output};
 use super::device::{
-    arg_opt, cfg, dtype_code, fold_error_sums, grid, launch_flag_histogram, launch_histogram,
-    launch_max_abs, starts_of, Dev, Geometry, Gpu, Lane, MomentsOn,
+    arg_opt, cfg, dtype_code, fold_error_sums, grid, launch_max_abs, plane_counts, starts_of, Dev,
+    Geometry, Gpu, Lane, MomentsOn,
 };
 use super::{PushKernelArg, Res, CHUNK};
 
@@ -67,7 +67,7 @@ pub(super) fn distance_on(
     let mut l = lane.stream.launch_builder(gpu.f("residual_distance"));
     l.arg(&xv);
     arg_opt(&mut l, rv.as_ref());
-    l.arg(&n).arg(&dt).arg(&mut sums);
+    l.arg(&n).arg(&dt).arg(&mut *sums);
     // SAFETY: one block a chunk reads its elements and writes its sum.
     unsafe { l.launch(cfg((chunks as u32, 1), CHUNK_THREADS)) }?;
     let sums = lane.fetch(&sums, chunks as usize)?;
@@ -120,10 +120,10 @@ pub(super) fn measure_on(
         .arg(&dts[1])
         .arg(&dts[2])
         .arg(&mode_code)
-        .arg(&dq)
+        .arg(&*dq)
         .arg(&every)
-        .arg(&mut err)
-        .arg(&mut hist);
+        .arg(&mut *err)
+        .arg(&mut *hist);
     // SAFETY: one block a (chunk, step) reads the chunk's elements, writes its 5 sums and adds
     // to the step's counters.
     unsafe { l.launch(cfg((chunks as u32, valid.len() as u32), CHUNK_THREADS)) }?;
@@ -177,12 +177,12 @@ pub(super) fn quantize_on(
     l.arg(&n)
         .arg(&dt)
         .arg(&mode_code)
-        .arg(&dq)
-        .arg(&mut sym)
+        .arg(&*dq)
+        .arg(&mut *sym)
         .arg(&g.stride)
-        .arg(&mut render)
-        .arg(&mut wide)
-        .arg(&mut tile_exact);
+        .arg(&mut *render)
+        .arg(&mut *wide)
+        .arg(&mut *tile_exact);
     // SAFETY: one block a tile writes its elements' code bytes, reconstruction and count.
     unsafe { l.launch(cfg((tiles as u32, 1), 256)) }?;
 
@@ -196,10 +196,10 @@ pub(super) fn quantize_on(
         l.arg(&xv)
             .arg(&n)
             .arg(&dt)
-            .arg(&sym)
+            .arg(&*sym)
             .arg(&g.stride)
-            .arg(&dstarts)
-            .arg(&mut dvalues);
+            .arg(&*dstarts)
+            .arg(&mut *dvalues);
         // SAFETY: each tile writes its counted exact values from its start.
         unsafe { l.launch(cfg((tiles as u32, 1), 256)) }?;
         lane.download(&dvalues.slice(..), &mut exact_values)?;
@@ -209,12 +209,7 @@ pub(super) fn quantize_on(
     // planned from its counts as `huffman::encode_stream` plans it.
     let planes = if lane.fetch(&wide, 1)?[0] != 0 { 2 } else { 1 };
     let g = Geometry::bytes(n, planes);
-    let mut hist = lane.zeros::<u64>(256 * planes)?;
-    let mut flags = lane.zeros::<u64>(256 * planes)?;
-    launch_histogram(gpu, lane, g, &sym, &mut hist)?;
-    launch_flag_histogram(gpu, lane, g, &sym, &mut flags)?;
-    let hist = lane.fetch(&hist, 256 * planes)?;
-    let flags = lane.fetch(&flags, 256 * planes)?;
+    let (hist, flags) = plane_counts(gpu, lane, g, &sym, true, true)?;
     let writers: Vec<StreamWriter> = (0..planes)
         .map(|p| {
             let counts = |v: &[u64]| {
@@ -261,7 +256,7 @@ pub(super) fn mean_v_on(
         .arg(&dts[1])
         .arg(&dts[2])
         .arg(&sc)
-        .arg(&mut total);
+        .arg(&mut *total);
     // SAFETY: reads n elements of each; one atomic add of each warp's sum.
     unsafe { l.launch(cfg((grid(n).min(4096), 1), 256)) }?;
     let total = lane.fetch(&total, 1)?[0] as i64;
@@ -314,7 +309,7 @@ pub(super) fn decode_on(
     let mut l = lane.stream.launch_builder(gpu.f("residual_scan"));
     l.arg(&low);
     arg_opt(&mut l, high.as_ref());
-    l.arg(&n).arg(&moment).arg(&mut tile_exact).arg(&mut bad);
+    l.arg(&n).arg(&moment).arg(&mut *tile_exact).arg(&mut *bad);
     // SAFETY: one block a tile reads its codes and writes its count.
     unsafe { l.launch(cfg((tiles as u32, 1), 256)) }?;
     let (starts, exact) = starts_of(&lane.fetch(&tile_exact, tiles as usize)?);
@@ -331,9 +326,9 @@ pub(super) fn decode_on(
         let mut l = lane.stream.launch_builder(gpu.f("residual_rebuild"));
         l.arg(&low);
         arg_opt(&mut l, high.as_ref());
-        l.arg(&n).arg(&dt).arg(&mode).arg(&dq);
+        l.arg(&n).arg(&dt).arg(&mode).arg(&*dq);
         arg_opt(&mut l, rv.as_ref());
-        l.arg(&dexact).arg(&dstarts).arg(dout);
+        l.arg(&*dexact).arg(&*dstarts).arg(dout);
         // SAFETY: one block a tile writes its elements; the exact values it reads were
         // counted from its start by residual_scan, and their total checked.
         unsafe { l.launch(cfg((tiles as u32, 1), 256)) }.map(drop)

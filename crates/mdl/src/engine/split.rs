@@ -89,6 +89,10 @@ impl Engine for Split {
         self.encoder.encode_planes(spec, data, base, writers)
     }
 
+    fn splits_on_host(&self, data: &[u8]) -> bool {
+        self.encoder.splits_on_host(data)
+    }
+
     fn split_planes(
         &self,
         spec: PlaneSpec,

@@ -90,9 +90,9 @@ impl StoreCtx<'_> {
             DeltaMode::Off | DeltaMode::Reverse => None,
         };
         // A tensor in memory that no delta is made of is split into its planes once, for its
-        // counts and its codes.
+        // counts and its codes (on the host: a device counts and codes where it holds them).
         let split = match (&data, forward_base, &plain) {
-            (Content::Memory(d), None, None) => {
+            (Content::Memory(d), None, None) if self.coder.engine.splits_on_host(d) => {
                 let mut planes = self.spare_planes.take();
                 let count = self
                     .coder

@@ -54,9 +54,13 @@ impl Coder<'_> {
             base: Some(r.new),
             depth: r.new_depth + 1,
         };
-        // Held in memory, the tensor is one window, split once for its counts and its codes;
-        // read a window at a time, one pass counts and another encodes.
-        let split = !r.prev_data.windowed() && !r.data.windowed();
+        // Held in memory, the tensor is one window, split once for its counts and its codes
+        // (on the host: a device counts and codes where it holds them); read a window at a
+        // time, one pass counts and another encodes.
+        let split = match (r.prev_data, r.data) {
+            (Content::Memory(prev), Content::Memory(_)) => self.engine.splits_on_host(prev),
+            _ => false,
+        };
         let mut counted: Option<Counted> = None;
         pass(
             r.prev_data,
