@@ -286,6 +286,12 @@ pub fn probe() -> Result<(GpuEngine, String), Unavailable> {
         .map(|(gpu, line)| (GpuEngine::new(gpu), line))
 }
 
+/// The line [`probe`] described the GPU engine with, if this process has probed and found one
+/// (probes nothing itself).
+pub fn probed() -> Option<String> {
+    PROBED.get()?.as_ref().ok().map(|(_, line)| line.clone())
+}
+
 /// The emulated device (feature `emulate`, for tests): the kernels compiled for the CPU.
 #[cfg(feature = "emulate")]
 fn start() -> Result<(Arc<engine::Gpu>, String), Unavailable> {

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use mdl::checkout::{CheckoutOptions, CheckoutOutcome};
 use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport, Staged};
 use mdl::compact::{CompactOptions, CompactOutcome};
-use mdl::engine::EngineChoice;
+use mdl::engine::{EngineChoice, Selected, Side};
 use mdl::fsck::{FsckReport, Rebuilt};
 use mdl::log::LogEntry;
 use mdl::merge::{MergeOptions, MergeOutcome};
@@ -60,21 +60,22 @@ impl Local {
     /// Opens it with `mode` and chooses its codec engine (`engine`, else the `engine`
     /// setting); with `-v`, says which and why.
     fn with_engine(&self, mode: LockMode, engine: Option<EngineChoice>) -> mdl::Result<Repository> {
-        self.engine_for(self.open(mode)?, engine)
+        Ok(self.engine_for(self.open(mode)?, engine)?.0)
     }
 
-    /// `repo` with its codec engine chosen ([`Local::with_engine`]).
+    /// `repo` with its codec engine chosen ([`Local::with_engine`]), and the choice (to record
+    /// what the operation measured of it).
     fn engine_for(
         &self,
         mut repo: Repository,
         engine: Option<EngineChoice>,
-    ) -> mdl::Result<Repository> {
+    ) -> mdl::Result<(Repository, Selected)> {
         let selected = mdl::engine::select(&repo, engine)?;
         if self.access.verbose {
             eprintln!("engine: {}", selected.why);
         }
-        repo.set_engine(selected.engine);
-        Ok(repo)
+        repo.set_engine(selected.engine.clone());
+        Ok((repo, selected))
     }
 }
 
@@ -103,8 +104,13 @@ impl Operations for Local {
         engine: Option<EngineChoice>,
         progress: &dyn Progress,
     ) -> Result<CommitOutcome> {
-        let repo = self.with_engine(LockMode::Write, engine)?;
+        let (repo, selected) = self.engine_for(self.open(LockMode::Write)?, engine)?;
         let outcome = mdl::commit::commit_staged(&repo, staged, opts, progress)?;
+        // A lossless commit of new tensors is what `auto` compares the engines on (a lossy
+        // one's search, or a commit of stored tensors, says little of them).
+        if outcome.lossy_tensors == 0 && outcome.new_tensors == outcome.tensors {
+            selected.observe(Side::Encode, outcome.raw_bytes, outcome.seconds);
+        }
         if mdl::commit::pending_deferred(&repo)? > 0 {
             *self.due.lock().unwrap_or_else(|p| p.into_inner()) = Some(repo.root().to_path_buf());
         }
@@ -119,8 +125,11 @@ impl Operations for Local {
         engine: Option<EngineChoice>,
         progress: &dyn Progress,
     ) -> Result<CheckoutOutcome> {
-        let repo = self.with_engine(LockMode::Read, engine)?;
-        Ok(mdl::checkout::checkout(&repo, rev, out, opts, progress)?)
+        let (repo, selected) = self.engine_for(self.open(LockMode::Read)?, engine)?;
+        let started = std::time::Instant::now();
+        let outcome = mdl::checkout::checkout(&repo, rev, out, opts, progress)?;
+        selected.observe(Side::Decode, outcome.bytes, started.elapsed().as_secs_f64());
+        Ok(outcome)
     }
 
     fn maintenance_due(&self) -> Result<Option<PathBuf>> {
@@ -144,7 +153,7 @@ impl Operations for Local {
         } else {
             self.open(LockMode::Write)?
         };
-        let repo = self.engine_for(repo, None)?;
+        let (repo, _) = self.engine_for(repo, None)?;
         let stop = || background && mdl::commit::writer_waiting(&repo);
         Ok(mdl::commit::run_deferred(&repo, None, &stop)?)
     }

@@ -1,6 +1,7 @@
-//! `auto`'s measurement. Where a GPU engine is found, each side of the codecs — encoding, what
-//! a commit runs, and decoding, what a checkout runs — goes to the GPU only where the GPU
-//! measured faster than the CPU engine on this machine. The measurement codes a synthetic f32
+//! `auto`'s first measurement. Where a GPU engine is found, each side of the codecs — encoding,
+//! what a commit runs, and decoding, what a checkout runs — is tried on the GPU only where the
+//! GPU measured faster than the CPU engine on this machine; real operations decide after that
+//! (`observed.rs`). The measurement codes a synthetic f32
 //! tensor of [`BYTES`] with each engine (analysis and encoding, then decoding; the best of
 //! [`RUNS`] each) and checks that both engines produced the same bytes. It runs the first time a
 //! device is seen (about 2.5 s on the emulated device), and is kept in `engines.json` in
@@ -42,18 +43,6 @@ pub(super) struct Measured {
     pub decode_gpu: f64,
 }
 
-impl Measured {
-    /// Whether commits encode on the GPU: it measured more than [`MARGIN`] times the CPU.
-    pub(super) fn encode_on_gpu(&self) -> bool {
-        self.encode_gpu > MARGIN * self.encode_cpu
-    }
-
-    /// Whether checkouts decode on the GPU.
-    pub(super) fn decode_on_gpu(&self) -> bool {
-        self.decode_gpu > MARGIN * self.decode_cpu
-    }
-}
-
 /// Where a measurement came from, for `-v`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Source {
@@ -71,11 +60,7 @@ pub(super) fn measured(
     gpu: &dyn Engine,
     line: &str,
 ) -> Result<(Measured, Source), String> {
-    let key = format!(
-        "{line}; {} CPU threads; mdl {} engines {ENGINES_REVISION}",
-        rayon::current_num_threads(),
-        env!("CARGO_PKG_VERSION"),
-    );
+    let key = machine_key(line);
     let path = dir.join(FILE);
     let mut kept = read(&path);
     if let Some(m) = kept.get(&key) {
@@ -83,13 +68,23 @@ pub(super) fn measured(
     }
     let m = measure(gpu)?;
     kept.insert(key, m);
-    if let Err(e) = write(dir, &kept) {
+    if let Err(e) = write_json(dir, FILE, &kept) {
         tracing::debug!(
             "the engines' calibration was not kept in {}: {e}",
             dir.display()
         );
     }
     Ok((m, Source::Now))
+}
+
+/// What names this machine's measurements: the device (`line`, as its probe describes it), the
+/// CPU threads, and this build of the engines.
+pub(super) fn machine_key(line: &str) -> String {
+    format!(
+        "{line}; {} CPU threads; mdl {} engines {ENGINES_REVISION}",
+        rayon::current_num_threads(),
+        env!("CARGO_PKG_VERSION"),
+    )
 }
 
 /// The measurements kept in `path`; none when it is missing or unreadable (measured again).
@@ -100,17 +95,17 @@ fn read(path: &Path) -> BTreeMap<String, Measured> {
         .unwrap_or_default()
 }
 
-/// Keeps `all` in `dir`, replacing the file at once (a temporary file renamed over it).
+/// Keeps `value` as `file` in `dir`, replacing it at once (a temporary file renamed over it).
 // The user's cache folder, not a repository: nothing here goes through mdl-store.
 #[allow(clippy::disallowed_methods)]
-fn write(dir: &Path, all: &BTreeMap<String, Measured>) -> std::io::Result<()> {
+pub(super) fn write_json(dir: &Path, file: &str, value: &impl Serialize) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let json = serde_json::to_vec_pretty(all).map_err(std::io::Error::other)?;
+    let json = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
     let tmp = tempfile::Builder::new()
         .prefix(".engines-")
         .tempfile_in(dir)?;
     std::fs::write(tmp.path(), json)?;
-    tmp.persist(dir.join(FILE)).map(|_| ()).map_err(|e| e.error)
+    tmp.persist(dir.join(file)).map(|_| ()).map_err(|e| e.error)
 }
 
 /// Codes the synthetic tensor with both engines: GB/s of each side.
@@ -181,18 +176,6 @@ fn synthetic_weights(n: usize) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_gpu_takes_a_side_only_beyond_the_margin() {
-        let m = Measured {
-            encode_cpu: 1.0,
-            encode_gpu: 1.1,
-            decode_cpu: 1.0,
-            decode_gpu: 3.0,
-        };
-        assert!(!m.encode_on_gpu(), "10 % faster is within the noise");
-        assert!(m.decode_on_gpu());
-    }
 
     #[test]
     fn a_measurement_is_kept_and_a_damaged_file_is_measured_again() {

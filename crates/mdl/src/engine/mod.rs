@@ -5,15 +5,18 @@
 //! than the CPU on this machine ([`calibration`]), and says why.
 
 mod calibration;
+mod observed;
 mod split;
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
 use mdl_codec::engine::{CpuEngine, Engine};
 
 use calibration::{Measured, Source, MARGIN};
+pub use observed::{Side, OBSERVED_MIN};
 
 use crate::{Error, Repository, Result};
 
@@ -64,6 +67,33 @@ pub struct Selected {
     pub engine: Arc<dyn Engine>,
     /// Which engine and why, such as "gpu: NVIDIA H100 …" or "cpu: no GPU engine (…)".
     pub why: String,
+    /// Where a GPU engine was found: where this machine's measurements are kept and which
+    /// side runs on the GPU, for recording what real operations measure
+    /// ([`Selected::observe`]).
+    machine: Option<Machine>,
+}
+
+/// A machine with a GPU engine, as [`Selected`] records real operations on it.
+struct Machine {
+    /// The cache folder the measurements are kept in.
+    dir: PathBuf,
+    /// The machine's key there ([`calibration::machine_key`]).
+    key: String,
+    /// Whether each [`Side`] runs on the GPU.
+    on_gpu: [bool; 2],
+}
+
+impl Selected {
+    /// Records that an operation ran `side` of the codecs over `bytes` of tensors in
+    /// `seconds` with this engine: what `auto` decides from on this machine from then on
+    /// ([`observed`]). Nothing is recorded without a GPU engine, or for an operation smaller
+    /// than [`OBSERVED_MIN`].
+    pub fn observe(&self, side: Side, bytes: u64, seconds: f64) {
+        if let Some(m) = &self.machine {
+            let on_gpu = m.on_gpu[side as usize];
+            observed::record(&m.dir, &m.key, side, on_gpu, bytes, seconds);
+        }
+    }
 }
 
 /// Resolves `choice` (or, without one, the repository's `engine` setting) to an engine.
@@ -78,14 +108,27 @@ pub fn select(repo: &Repository, choice: Option<EngineChoice>) -> Result<Selecte
     let cpu = |why: String| Selected {
         engine: Arc::new(CpuEngine),
         why: format!("cpu: {why}"),
+        machine: None,
     };
+    let dir = crate::user_cache_dir();
     Ok(match choice {
-        EngineChoice::Cpu => cpu("chosen".into()),
+        EngineChoice::Cpu => {
+            // With a GPU engine at hand (already probed), the CPU's real speed is recorded.
+            let machine = mdl_gpu::probed().map(|line| Machine {
+                dir: dir.clone(),
+                key: calibration::machine_key(&line),
+                on_gpu: [false; 2],
+            });
+            Selected {
+                machine,
+                ..cpu("chosen".into())
+            }
+        }
         EngineChoice::Auto => match mdl_gpu::probe() {
             Ok((gpu, line)) => {
                 let gpu: Arc<dyn Engine> = Arc::new(gpu);
-                match calibration::measured(&crate::user_cache_dir(), &*gpu, &line) {
-                    Ok((m, source)) => by_measurement(gpu, &line, m, source),
+                match calibration::measured(&dir, &*gpu, &line) {
+                    Ok((m, source)) => by_measurement(gpu, &line, m, source, &dir),
                     Err(why) => cpu(format!("the GPU engine ({line}) is not used: {why}")),
                 }
             }
@@ -96,15 +139,35 @@ pub fn select(repo: &Repository, choice: Option<EngineChoice>) -> Result<Selecte
             Selected {
                 engine: Arc::new(gpu),
                 why: format!("gpu: {line}"),
+                machine: Some(Machine {
+                    dir,
+                    key: calibration::machine_key(&line),
+                    on_gpu: [true; 2],
+                }),
             }
         }
     })
 }
 
-/// `auto`'s engine for a measured GPU: each side of the codecs where it measured faster.
-fn by_measurement(gpu: Arc<dyn Engine>, line: &str, m: Measured, source: Source) -> Selected {
+/// `auto`'s engine for a measured GPU: each side of the codecs on the GPU where real
+/// operations (or, until they have, the calibration tensor) say it is faster ([`observed`]).
+fn by_measurement(
+    gpu: Arc<dyn Engine>,
+    line: &str,
+    m: Measured,
+    source: Source,
+    dir: &Path,
+) -> Selected {
+    let key = calibration::machine_key(line);
+    let seen = observed::read(dir, &key);
+    let (encode, why_encode) = seen
+        .of(Side::Encode)
+        .choice(Side::Encode, (m.encode_gpu, m.encode_cpu));
+    let (decode, why_decode) = seen
+        .of(Side::Decode)
+        .choice(Side::Decode, (m.decode_gpu, m.decode_cpu));
     let cpu: Arc<dyn Engine> = Arc::new(CpuEngine);
-    let (engine, which): (Arc<dyn Engine>, &str) = match (m.encode_on_gpu(), m.decode_on_gpu()) {
+    let (engine, which): (Arc<dyn Engine>, &str) = match (encode, decode) {
         (true, true) => (gpu, "gpu"),
         (false, false) => (cpu, "cpu"),
         (true, false) => (
@@ -117,15 +180,60 @@ fn by_measurement(gpu: Arc<dyn Engine>, line: &str, m: Measured, source: Source)
         ),
     };
     let when = match source {
-        Source::Now => "measured now",
-        Source::Kept => "as measured before",
+        Source::Now => "calibrated now",
+        Source::Kept => "calibrated before",
     };
     Selected {
         engine,
         why: format!(
-            "{which}: {line}; {when}, encoding {:.2} GB/s on the GPU against {:.2} on the CPU, \
-             decoding {:.2} against {:.2} (the GPU takes a side at {MARGIN}× the CPU)",
-            m.encode_gpu, m.encode_cpu, m.decode_gpu, m.decode_cpu
+            "{which}: {line} ({when}); encoding: {why_encode}; decoding: {why_decode} (the GPU \
+             takes a side at {MARGIN}× the CPU)"
         ),
+        machine: Some(Machine {
+            dir: dir.to_path_buf(),
+            key,
+            on_gpu: [encode, decode],
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_takes_each_side_to_the_engine_real_operations_found_faster() {
+        let dir = tempfile::tempdir().unwrap();
+        // The calibration tensor says the GPU, twice as fast on both sides.
+        let m = Measured {
+            encode_cpu: 1.0,
+            encode_gpu: 2.0,
+            decode_cpu: 1.0,
+            decode_gpu: 2.0,
+        };
+        // The CPU engine stands in for the GPU's: the choice is what is tested.
+        let gpu: Arc<dyn Engine> = Arc::new(CpuEngine);
+        let choose = || by_measurement(gpu.clone(), "a device", m, Source::Kept, dir.path());
+        let first = choose();
+        assert!(first.why.starts_with("cpu: "), "{}", first.why);
+        // A commit and a checkout on the CPU; then the GPU is tried on each side.
+        first.observe(Side::Encode, 1 << 30, 1.0);
+        first.observe(Side::Decode, 1 << 30, 0.5);
+        let trial = choose();
+        assert!(trial.why.starts_with("gpu: ") && trial.why.contains("trying the GPU"));
+        // The GPU commits slower end to end and checks out faster: a side each.
+        trial.observe(Side::Encode, 1 << 30, 2.0);
+        trial.observe(Side::Decode, 1 << 30, 0.1);
+        let decided = choose();
+        assert!(
+            decided
+                .why
+                .starts_with("cpu for commits, gpu for checkouts: "),
+            "{}",
+            decided.why
+        );
+        // Small operations are not evidence.
+        decided.observe(Side::Encode, 1 << 20, 1e-4);
+        assert!(choose().why.starts_with("cpu for commits"));
     }
 }
