@@ -84,7 +84,8 @@ run() {
         PYTHONPATH="$abs/py" MDL="$abs/mdl" python3 -m pytest -q -p no:cacheprovider \
             tests/python/test_snapshot.py || identical=false
         PYTHONPATH="$abs/py" python3 bench/gpu-stall/run.py --dir "$work" \
-            --gib "${MDL_STALL_GIB:-4}" --reps 5 --mdl "$abs/mdl" --out "$out/stall.md"
+            --gib "${MDL_STALL_GIB:-4}" --reps 5 --mdl "$abs/mdl" --out "$out/stall.md" \
+            --profile "$out/profile.md"
     else
         echo "no CUDA torch or no built package: the stall is not measured"
     fi
