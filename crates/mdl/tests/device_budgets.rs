@@ -151,8 +151,9 @@ fn commit_from_device(
         .collect()
 }
 
-/// Allocations a warm load may make: none but what the order in which buffers come back now
-/// and then leaves (a buffer or two), whatever the number of tensors.
+/// Allocations a warm load, or three warm eager-delta commits, may make: none but what the
+/// order in which buffers come back now and then leaves (a buffer or two), whatever the number
+/// of tensors.
 const WARM_ALLOCATIONS: u64 = 2;
 
 /// A commit's budget a tensor: launches, synchronisations, and bytes back beyond the records
@@ -209,10 +210,11 @@ fn an_eager_delta_commit_from_device_memory_keeps_to_its_budget() {
     let dir = tempfile::tempdir().unwrap();
     let commits = commit_from_device(&gpu, &dir.path().join("repo"), n, 8, true);
     check_commits(n, true, &commits);
-    // The warm set's device copies come and go with the commits; once the spare buffers
-    // have seen a few, they allocate nothing either.
+    // The warm set's device copies come and go with the commits, as many at once as the
+    // threads' timing makes; once the spare buffers have seen a few commits, a buffer now and
+    // then, not one a tensor.
     let warm: u64 = commits[5..].iter().map(|(c, _)| c.allocations).sum();
-    assert_eq!(warm, 0, "{commits:?}");
+    assert!(warm <= WARM_ALLOCATIONS, "{commits:?}");
 }
 
 #[test]

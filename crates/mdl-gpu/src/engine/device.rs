@@ -54,8 +54,25 @@ pub(super) struct Lane {
 }
 
 impl Gpu {
-    /// Loads the kernels into `ctx`.
+    /// Loads the kernels into `ctx`, which the engine then orders across its streams itself.
+    ///
+    /// cudarc would otherwise track every buffer's uses with events (two created with each
+    /// buffer, a wait and a record on every launch argument: a dozen driver calls a launch), and
+    /// synchronise the whole context — the training loop's streams too, as PyTorch shares the
+    /// primary context — when the engine creates its first stream. What that tracking ensures,
+    /// the engine ensures by construction: every call ends with its lane's stream idle (its
+    /// results fetched or downloaded, [`Lane::fetch`], [`Lane::download`], or an explicit
+    /// synchronisation), so a buffer another lane reads ([`super::resident::DevBuf`]: written
+    /// and synchronised before it is registered) has no use in flight when it is dropped or
+    /// reused; a lane's scratch buffers are reused on its own stream only (`scratch.rs`); and no
+    /// two streams write one buffer.
     pub(crate) fn load(ctx: Arc<CudaContext>, ptx: Ptx) -> Res<Gpu> {
+        // SAFETY: called before the engine creates any stream or buffer; the engine keeps
+        // cudarc's three rules for untracked buffers as the doc above says.
+        #[cfg(not(feature = "emulate"))]
+        unsafe {
+            ctx.disable_event_tracking();
+        }
         let module = ctx.load_module(ptx)?;
         let mut funcs = HashMap::new();
         for &name in crate::KERNELS {
@@ -200,6 +217,10 @@ impl Lane {
     /// bus while piece k is copied out). Waits for everything queued on the lane before.
     pub(super) fn download(&mut self, dev: &CudaView<'_, u8>, host: &mut [u8]) -> Res<()> {
         let pieces = host.len().div_ceil(STAGE);
+        if pieces == 0 {
+            // Nothing to copy; the lane is still left idle, as every call leaves it.
+            return self.stream.synchronize();
+        }
         let issue = |lane: &mut Lane, k: usize| -> Res<()> {
             let (lo, hi) = (k * STAGE, ((k + 1) * STAGE).min(dev.len()));
             let b = k % 2;
@@ -211,9 +232,7 @@ impl Lane {
             lane.busy[b] = Some(lane.stream.record_event(None)?);
             Ok(())
         };
-        if pieces > 0 {
-            issue(self, 0)?;
-        }
+        issue(self, 0)?;
         for k in 0..pieces {
             if k + 1 < pieces {
                 issue(self, k + 1)?;
@@ -238,8 +257,9 @@ impl Lane {
         let mut out = vec![T::default(); len];
         if len > 0 {
             self.stream.memcpy_dtoh(&dev.slice(..len), &mut out[..])?;
-            self.stream.synchronize()?;
         }
+        // Even for nothing: every call leaves its lane idle (see `Gpu::load`).
+        self.stream.synchronize()?;
         Ok(out)
     }
 
