@@ -469,20 +469,46 @@ extern "C" __global__ void huff_decode(const u8* in, const u64* jobs, u64 njobs,
     lane_range(n, lanes, k, &lo, &hi);
     u8* o = out + j[4];
     u64 total_bits = lane_len * 8, pos = 0;
+    // The lane's next bits, least significant first, refilled a byte at a time when fewer
+    // than 16 are left (a lookup takes at most 12), so each byte is loaded once; bytes past
+    // the lane read as zeros, as the CPU's decoder pads them.
+    u64 window = 0, next = 0;
+    int have = 0;
+    // Symbols leave four at a time, as one aligned word, where the lane's output is aligned.
+    u8* dst = o + lo;
+    bool packed = (((unsigned long long)dst) & 3) == 0;
+    u32 acc = 0;
+    int held = 0;
     for (u64 i = lo; i < hi; i++) {
-        u64 byte = pos / 8;
-        u32 window = 0;
-        for (int b = 0; b < 3; b++)
-            if (byte + b < lane_len) window |= (u32)lane[byte + b] << (8 * b);
-        u16 e = table[(window >> (pos % 8)) & 4095];
+        if (have < 16) {
+            do {
+                u64 b = next < lane_len ? (u64)lane[next] : 0;
+                window |= b << have;
+                have += 8;
+                next++;
+            } while (have <= 56);
+        }
+        u16 e = table[window & 4095];
         u32 l = e >> 8;
         if (l == 0 || pos + l > total_bits) {
             atomicOr(err, 1);
             return;
         }
-        o[i] = (u8)e;
+        if (packed) {
+            acc |= (u32)(u8)e << (8 * held);
+            if (++held == 4) {
+                *(u32*)(dst + (i - lo) - 3) = acc;
+                acc = 0;
+                held = 0;
+            }
+        } else {
+            o[i] = (u8)e;
+        }
+        window >>= l;
+        have -= (int)l;
         pos += l;
     }
+    for (int b = 0; b < held; b++) dst[(hi - lo) - held + b] = (u8)(acc >> (8 * b));
     if ((pos + 7) / 8 != lane_len) atomicOr(err, 1);
 }
 
