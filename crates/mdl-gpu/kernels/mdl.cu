@@ -238,27 +238,38 @@ __device__ __forceinline__ void flush_counts(u32 (*local)[256], u64* hist) {
 }
 
 // Byte histograms of `planes` planes of n symbols (grid.y = plane): hist[p * 256 + s]. Blocks
-// of HIST_WARPS * 32 threads; each warp counts into its own copy of the counters in shared
-// memory (warp_count), and each thread reads 8 symbols at a time (planes start 8-aligned).
+// of one warp (HIST_THREADS); each thread counts into its own column of the block's counters in
+// shared memory (counts[s][thread]: a thread's counters lie in its own bank, so no two threads
+// contend and no atomic or warp vote is needed however alike the symbols are), reading four
+// words ahead of counting them (planes start 8-aligned; a warp reads 32 consecutive words); the
+// columns are summed at the end.
+#define HIST_THREADS 32
 extern "C" __global__ void byte_histogram(const u8* planes, u64 n, u64 stride, u64* hist) {
-    __shared__ u32 local[HIST_WARPS][256];
-    for (int s = threadIdx.x; s < HIST_WARPS * 256; s += blockDim.x) local[s / 256][s % 256] = 0;
-    __syncthreads();
+    __shared__ u32 counts[256][HIST_THREADS];
+    int t = threadIdx.x;
+    for (int s = 0; s < 256; s++) counts[s][t] = 0;
     const u8* p = planes + blockIdx.y * stride;
     const u64* words = (const u64*)p;
-    u32* mine = local[threadIdx.x >> 5];
-    u64 nw = n / 8, step = (u64)gridDim.x * blockDim.x;
-    // The loop's bound is the warp's first index, so a warp's lanes stay together for the
-    // collective in warp_count.
-    for (u64 w0 = blockIdx.x * (u64)blockDim.x + (threadIdx.x & ~31u); w0 < nw; w0 += step) {
-        u64 i = w0 + (threadIdx.x & 31);
-        bool ok = i < nw;
-        u64 v = ok ? words[i] : 0;
-        for (int b = 0; b < 8; b++) warp_count(mine, (u32)(v >> (8 * b)) & 255u, ok);
+    u64 nw = n / 8, step = (u64)gridDim.x * HIST_THREADS;
+    u64 i = blockIdx.x * (u64)HIST_THREADS + t;
+    for (; i + 3 * step < nw; i += 4 * step) {
+        u64 v[4];
+        for (int q = 0; q < 4; q++) v[q] = words[i + q * step];
+        for (int q = 0; q < 4; q++)
+            for (int b = 0; b < 8; b++) counts[(v[q] >> (8 * b)) & 255u][t]++;
+    }
+    for (; i < nw; i += step) {
+        u64 v = words[i];
+        for (int b = 0; b < 8; b++) counts[(v >> (8 * b)) & 255u][t]++;
     }
     // The last n % 8 symbols.
-    if (blockIdx.x == 0 && threadIdx.x < n % 8) atomicAdd(&mine[p[nw * 8 + threadIdx.x]], 1u);
-    flush_counts(local, hist + blockIdx.y * 256);
+    if (blockIdx.x == 0 && (u64)t < n % 8) counts[p[nw * 8 + t]][t]++;
+    __syncwarp();
+    for (int s = t; s < 256; s += HIST_THREADS) {
+        u32 total = 0;
+        for (int c = 0; c < HIST_THREADS; c++) total += counts[s][c];
+        if (total) atomicAdd(&hist[blockIdx.y * 256 + s], (u64)total);
+    }
 }
 
 // Sparse mode's flag byte of symbols 8g..8g+7 (bit k: symbol 8g + k is not zero).

@@ -538,6 +538,8 @@ pub(super) fn launch_histogram(
 ) -> Res<()> {
     let mut l = lane.stream.launch_builder(gpu.f("byte_histogram"));
     l.arg(planes).arg(&g.n).arg(&g.stride).arg(hist);
+    // Blocks of one warp (the kernel's HIST_THREADS), each thread some 64 words or more.
+    let blocks = (g.n / 8).div_ceil(32 * 64).clamp(1, 2048) as u32;
     // SAFETY: reads n bytes of each plane; writes 256 counts a plane.
-    unsafe { l.launch(cfg((grid(g.n).min(1024), g.planes as u32), 256)) }.map(drop)
+    unsafe { l.launch(cfg((blocks, g.planes as u32), 32)) }.map(drop)
 }
