@@ -22,7 +22,7 @@ use mdl_codec::engine::Engine;
 use mdl_gpu::{DeviceCounts, GpuEngine};
 
 mod common;
-use common::{safetensors_bytes, stored_layout, Rng};
+use common::{device_targets, into_targets, safetensors_bytes, stored_layout, Rng};
 
 /// Elements of each tensor: a MiB of f32, the smallest the engine sends to the device.
 const ELEMENTS: usize = 1 << 18;
@@ -230,24 +230,8 @@ fn a_load_into_device_memory_keeps_to_its_budget() {
         let layout = mdl::checkout::layout(&repo, "HEAD").unwrap();
         let placed: Vec<&Placed> = layout.single().unwrap().objects().collect();
         let stored: u64 = placed.iter().map(|p| p.entry.stored_len).sum();
-        let devices: Vec<mdl_gpu::DeviceBuffer> = placed
-            .iter()
-            .map(|p| {
-                gpu.device_buffer(&vec![0u8; p.entry.content_len as usize])
-                    .expect("device memory")
-            })
-            .collect();
-        let tensors: Vec<(&Placed, DeviceCopy)> = placed
-            .iter()
-            .zip(&devices)
-            .map(|(&p, d)| {
-                let copy = DeviceCopy {
-                    ordinal: 0,
-                    address: d.address(),
-                };
-                (p, copy)
-            })
-            .collect();
+        let devices = device_targets(&gpu, &placed);
+        let tensors = into_targets(&placed, &devices);
         let nn = n as u64;
         for k in 0..2 {
             let (back, c) = counted(&gpu, || {

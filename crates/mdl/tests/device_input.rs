@@ -19,7 +19,7 @@ use mdl_codec::engine::{CpuEngine, Engine};
 use mdl_gpu::GpuEngine;
 
 mod common;
-use common::{safetensors_bytes, stored_layout as layout, Rng};
+use common::{device_targets, into_targets, safetensors_bytes, stored_layout as layout, Rng};
 
 /// Step `step` of a small training state: drifting f32 weights (2 MiB), bf16 moments (2 MiB),
 /// a frozen 64 MiB f32 embedding (read a window at a time) and a bias too small for the GPU.
@@ -240,24 +240,8 @@ fn a_tensor_loaded_into_device_memory_is_decoded_there() {
     let file = state(2);
     let layout = mdl::checkout::layout(&repo, "HEAD").unwrap();
     let placed: Vec<&Placed> = layout.single().unwrap().objects().collect();
-    let devices: Vec<mdl_gpu::DeviceBuffer> = placed
-        .iter()
-        .map(|p| {
-            gpu.device_buffer(&vec![0xa5u8; p.entry.content_len as usize])
-                .expect("device memory")
-        })
-        .collect();
-    let tensors: Vec<(&Placed, DeviceCopy)> = placed
-        .iter()
-        .zip(&devices)
-        .map(|(&p, d)| {
-            let copy = DeviceCopy {
-                ordinal: 0,
-                address: d.address(),
-            };
-            (p, copy)
-        })
-        .collect();
+    let devices = device_targets(&gpu, &placed);
+    let tensors = into_targets(&placed, &devices);
     let back = mdl::checkout::load_all_mirrored(&repo, &tensors).unwrap();
     assert!(back.iter().all(Option::is_none));
     for (p, d) in placed.iter().zip(&devices) {

@@ -9,7 +9,8 @@ use std::path::Path;
 #[allow(dead_code)] // only the fault tests fail a disk on purpose
 pub(crate) mod faulty;
 
-use mdl::commit::CommitOutcome;
+use mdl::checkout::Placed;
+use mdl::commit::{CommitOutcome, DeviceCopy};
 use mdl::{OpenOptions, Repository};
 
 /// Tensors of a safetensors file by name: (dtype, shape, bytes).
@@ -121,6 +122,41 @@ pub(crate) fn stored_layout(root: &Path, outcomes: &[CommitOutcome]) -> Vec<(u64
                 .map(|t| (t.id.to_hex(), t.codec.clone(), t.stored_bytes))
                 .collect();
             (o.stored_bytes, tensors)
+        })
+        .collect()
+}
+
+/// Device memory for each of `placed`'s tensors, as a load's CUDA tensors are: filled with a
+/// pattern no tensor holds.
+#[allow(dead_code)] // only the device tests load into device memory
+pub(crate) fn device_targets(
+    gpu: &mdl_gpu::GpuEngine,
+    placed: &[&Placed],
+) -> Vec<mdl_gpu::DeviceBuffer> {
+    placed
+        .iter()
+        .map(|p| {
+            gpu.device_buffer(&vec![0xa5u8; p.entry.content_len as usize])
+                .expect("device memory")
+        })
+        .collect()
+}
+
+/// Each of `placed`'s tensors with the device copy naming its memory in `targets`.
+#[allow(dead_code)]
+pub(crate) fn into_targets<'a>(
+    placed: &[&'a Placed],
+    targets: &[mdl_gpu::DeviceBuffer],
+) -> Vec<(&'a Placed, DeviceCopy)> {
+    placed
+        .iter()
+        .zip(targets)
+        .map(|(&p, d)| {
+            let copy = DeviceCopy {
+                ordinal: 0,
+                address: d.address(),
+            };
+            (p, copy)
         })
         .collect()
 }
