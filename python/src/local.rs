@@ -8,13 +8,14 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mdl::background::{Committer, Handle};
 use mdl::checkout::{Layout, Placed};
 use mdl::commit::{
     CommitOptions, CommitOutcome, DeviceCopy, KnownPair, MemoryFile, OnDevice, Staged,
 };
+use mdl::engine::{Selected, Side};
 use mdl::warm::DEFAULT_WARM_BYTES;
 use mdl::{LockMode, NoProgress, OpenOptions, Repository};
 use mdl_bucket::{Location, Publish, Replica};
@@ -193,18 +194,22 @@ impl Repo {
         self.with(py, LockMode::Write, f)
     }
 
-    /// The repository opened for reading and `rev`'s layout (what reads of bytes decode from).
-    fn laid_out(&self, py: Python<'_>, rev: &str) -> PyResult<(Repository, Layout)> {
+    /// The repository opened for reading, with its codec engine chosen as a checkout's is
+    /// (the `engine` setting, default `auto`: what decodes, onto a GPU in place where that
+    /// engine is one), and `rev`'s layout (what reads of bytes decode from).
+    fn laid_out(&self, py: Python<'_>, rev: &str) -> PyResult<(Repository, Layout, Selected)> {
         py.detach(|| {
-            let repo = match &self.opener.at {
+            let mut repo = match &self.opener.at {
                 At::Disk(root) => self.opener.open(root, LockMode::Read)?,
                 At::Bucket(loc) => {
                     let replica = self.opener.replica(loc)?;
                     replica.repository(self.opener.wait)?
                 }
             };
+            let selected = mdl::engine::select(&repo, None)?;
+            repo.set_engine(selected.engine.clone());
             let layout = mdl::checkout::layout(&repo, rev)?;
-            Ok::<_, mdl_bucket::Error>((repo, layout))
+            Ok::<_, mdl_bucket::Error>((repo, layout, selected))
         })
         .map_err(error)
     }
@@ -504,19 +509,22 @@ impl Repo {
         rev: String,
         wanted: Vec<(String, String)>,
     ) -> PyResult<Vec<(&'static str, Vec<u64>, Bound<'py, PyByteArray>)>> {
-        let (repo, layout) = self.laid_out(py, &rev)?;
+        let (repo, layout, selected) = self.laid_out(py, &rev)?;
+        let (started, mut bytes) = (Instant::now(), 0);
         let mut out = Vec::with_capacity(wanted.len());
         for placed in find_tensors(&layout, &rev, &wanted)? {
+            bytes += placed.entry.content_len;
             let len = usize::try_from(placed.entry.content_len).map_err(error)?;
-            let bytes = PyByteArray::new_with(py, len, |buf| {
+            let decoded = PyByteArray::new_with(py, len, |buf| {
                 py.detach(|| placed.load_into(&repo, buf)).map_err(error)
             })?;
             out.push((
                 placed.header.dtype.name(),
                 placed.header.shape.clone(),
-                bytes,
+                decoded,
             ));
         }
+        selected.observe(Side::Decode, bytes, started.elapsed().as_secs_f64());
         Ok(out)
     }
 
@@ -535,15 +543,18 @@ impl Repo {
         if to_gpu.len() != wanted.len() {
             return Err(error("one device address a tensor"));
         }
-        let (repo, layout) = self.laid_out(py, &rev)?;
+        let (repo, layout, selected) = self.laid_out(py, &rev)?;
         let tensors: Vec<_> = find_tensors(&layout, &rev, &wanted)?
             .into_iter()
             .zip(to_gpu)
             .map(|(p, (ordinal, address))| (p, DeviceCopy { ordinal, address }))
             .collect();
+        let started = Instant::now();
         let loaded = py
             .detach(|| mdl::checkout::load_all_mirrored(&repo, &tensors))
             .map_err(error)?;
+        let bytes = tensors.iter().map(|(p, _)| p.entry.content_len).sum();
+        selected.observe(Side::Decode, bytes, started.elapsed().as_secs_f64());
         Ok(loaded
             .into_iter()
             .map(|b| b.map(|b| PyByteArray::new(py, &b)))
@@ -557,7 +568,7 @@ impl Repo {
         rev: String,
         path: String,
     ) -> PyResult<Bound<'py, PyByteArray>> {
-        let (repo, layout) = self.laid_out(py, &rev)?;
+        let (repo, layout, _) = self.laid_out(py, &rev)?;
         let file = layout
             .file(&path)
             .ok_or_else(|| error(format!("no file {path:?} in commit {rev}")))?;

@@ -86,7 +86,7 @@ pub const KERNELS: &[&str] = &[
 /// Counts since the process started; an operation's are the difference of two readings.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceCounts {
-    /// Kernel launches.
+    /// Kernel launches, memsets included (queued work of the same cost).
     pub launches: u64,
     /// Times the host waited for the device (a stream or an event synchronised).
     pub syncs: u64,

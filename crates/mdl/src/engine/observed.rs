@@ -1,9 +1,9 @@
 //! What real operations measured of each engine on this machine: `auto`'s evidence beyond the
 //! calibration tensor. A commit of a checkpoint and a checkout of one are what the user waits
 //! for, and a 16 MiB tensor coded alone judged them wrongly (the GPU engine measured faster on
-//! it and slower end to end on the H100 and H200 runs). So each commit and checkout of at least
-//! [`OBSERVED_MIN`] bytes of tensors records its throughput under the engine that did that side
-//! of the codecs, and `auto` decides each side from the medians of the last [`KEEP`] of each
+//! it and slower end to end on the H100 and H200 runs). So each lossless commit, checkout and
+//! load (Python's) of at least [`OBSERVED_MIN`] bytes of tensors records its throughput under
+//! the engine that did that side of the codecs, and `auto` decides each side from the medians of the last [`KEEP`] of each
 //! engine ([`Sides::choice`]). Kept in `engines-observed.json` in the user's cache folder,
 //! under the calibration's key (device, CPU threads, mdl's version).
 
