@@ -137,6 +137,8 @@ def test_a_load_onto_a_gpu_the_engine_is_not_on_hands_the_bytes_back(tmp_path):
     """The CPU engine leaves a device load to the caller: every tensor's bytes come back
     (decoded tensor-parallel), the same as a plain read, and no address is touched."""
     repo = mdl.init(tmp_path / "repo")
+    # The CPU engine whatever `auto` would pick on this machine: the addresses are not memory.
+    run_mdl("config", "engine", "cpu", cwd=tmp_path / "repo")
     state = {f"w{i}": torch.randn(100 + i) for i in range(6)}
     commit = repo.commit_state(state, wait=True).id
     refs = [(t.file, t.name) for t in repo.tensors(commit)]
