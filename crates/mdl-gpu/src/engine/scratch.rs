@@ -3,7 +3,8 @@
 //!
 //! A lane's buffers go back to its own [`Spare`] when dropped and are handed out again only on
 //! that lane's stream, so work queued with the new holder runs after work queued with the old
-//! one (stream order; cudarc's event tracking orders another stream's reads before it too).
+//! one (stream order); another lane that read one has no use of it in flight, as every call
+//! ends with its lane idle (see `Gpu::load`).
 //! Sizes are rounded up to a class (eighths of a power of two), and a request takes the
 //! smallest spare buffer of its class or of the two above it, so a buffer serves the next
 //! request of about its size (a coded output a little longer than the last) without taking the

@@ -1,8 +1,10 @@
 //! Where the codec kernels run: `--engine auto|cpu|gpu` on commit and checkout, or the
 //! `engine` configuration key (default `auto`). The engines produce identical bytes, so the
 //! choice changes speed only. `auto` takes the GPU that [`mdl_gpu::probe`] finds for each side
-//! of the codecs (encoding for commits, decoding for checkouts) only where it measured faster
-//! than the CPU on this machine ([`calibration`]), and says why.
+//! of the codecs (encoding for commits, decoding for checkouts and loads) only where real
+//! operations measured it faster than the CPU on this machine (`observed.rs`; until they have,
+//! the CPU, and the GPU once where the calibration tensor of `calibration.rs` says so), and
+//! says why.
 
 mod calibration;
 mod observed;
@@ -86,7 +88,7 @@ struct Machine {
 impl Selected {
     /// Records that an operation ran `side` of the codecs over `bytes` of tensors in
     /// `seconds` with this engine: what `auto` decides from on this machine from then on
-    /// ([`observed`]). Nothing is recorded without a GPU engine, or for an operation smaller
+    /// (`observed.rs`). Nothing is recorded without a GPU engine, or for an operation smaller
     /// than [`OBSERVED_MIN`].
     pub fn observe(&self, side: Side, bytes: u64, seconds: f64) {
         if let Some(m) = &self.machine {
