@@ -14,15 +14,13 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use mdl::background::{failure, Committer};
 use mdl::checkout::Placed;
-use mdl::commit::{commit_staged, CommitOptions, DeviceCopy, MemoryFile, OnDevice, Staged};
-use mdl::{NoProgress, OpenOptions, Repository};
-use mdl_codec::engine::Engine;
+use mdl::commit::{CommitOptions, DeviceCopy, MemoryFile, OnDevice, Staged};
+use mdl::{OpenOptions, Repository};
 use mdl_gpu::{DeviceCounts, GpuEngine};
 
 mod common;
-use common::{device_targets, into_targets, safetensors_bytes, stored_layout, Rng};
+use common::{committer, device_targets, into_targets, safetensors_bytes, stored_layout, Rng};
 
 /// Elements of each tensor: a MiB of f32, the smallest the engine sends to the device.
 const ELEMENTS: usize = 1 << 18;
@@ -68,20 +66,6 @@ fn counted<R>(gpu: &GpuEngine, work: impl FnOnce() -> R) -> (R, DeviceCounts) {
     let before = gpu.counts().unwrap();
     let r = work();
     (r, gpu.counts().unwrap() - before)
-}
-
-/// A committer on `engine`.
-fn committer(root: &Path, engine: Arc<dyn Engine>) -> Committer {
-    Repository::init(root).unwrap();
-    let at = root.to_path_buf();
-    Committer::storing(
-        move |staged, opts| {
-            let mut repo = Repository::open(&at, &OpenOptions::default()).map_err(failure)?;
-            repo.set_engine(engine.clone());
-            commit_staged(&repo, staged, opts, &NoProgress).map_err(failure)
-        },
-        1 << 30,
-    )
 }
 
 /// Step `step`'s options: the defaults (`commit_state`'s), or with `eager` the reverse deltas

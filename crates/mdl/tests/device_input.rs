@@ -8,18 +8,18 @@
 
 #![allow(clippy::disallowed_methods)]
 
-use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use mdl::background::{failure, Committer};
 use mdl::checkout::{checkout, CheckoutOptions, Mirror, Piece, Placed};
-use mdl::commit::{commit_staged, CommitOptions, DeviceCopy, MemoryFile, OnDevice, Staged};
+use mdl::commit::{CommitOptions, DeviceCopy, MemoryFile, OnDevice, Staged};
 use mdl::{NoProgress, OpenOptions, Repository};
-use mdl_codec::engine::{CpuEngine, Engine};
+use mdl_codec::engine::CpuEngine;
 use mdl_gpu::GpuEngine;
 
 mod common;
-use common::{device_targets, into_targets, safetensors_bytes, stored_layout as layout, Rng};
+use common::{
+    committer, device_targets, into_targets, safetensors_bytes, stored_layout as layout, Rng,
+};
 
 /// Step `step` of a small training state: drifting f32 weights (2 MiB), bf16 moments (2 MiB),
 /// a frozen 64 MiB f32 embedding (read a window at a time) and a bias too small for the GPU.
@@ -77,21 +77,6 @@ fn eager(step: u64) -> CommitOptions {
         }),
         ..Default::default()
     }
-}
-
-/// A committer keeping the last commit warm, its commits' kernels on `engine`. The re-encodes
-/// the commits defer stay queued: their work reads the store, not the state committed.
-fn committer(root: &Path, engine: Arc<dyn Engine>) -> Committer {
-    Repository::init(root).unwrap();
-    let at = root.to_path_buf();
-    Committer::storing(
-        move |staged, opts| {
-            let mut repo = Repository::open(&at, &OpenOptions::default()).map_err(failure)?;
-            repo.set_engine(engine.clone());
-            commit_staged(&repo, staged, opts, &NoProgress).map_err(failure)
-        },
-        1 << 30,
-    )
 }
 
 #[test]

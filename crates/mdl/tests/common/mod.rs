@@ -160,3 +160,24 @@ pub(crate) fn into_targets<'a>(
         })
         .collect()
 }
+
+/// A committer at `root` (a new repository) keeping the last commit warm, its commits' kernels
+/// on `engine`. The re-encodes the commits defer stay queued: their work reads the store, not
+/// the state committed.
+#[allow(dead_code)] // only the device tests commit through a committer on an engine
+pub(crate) fn committer(
+    root: &Path,
+    engine: std::sync::Arc<dyn mdl_codec::engine::Engine>,
+) -> mdl::background::Committer {
+    use mdl::background::{failure, Committer};
+    Repository::init(root).unwrap();
+    let at = root.to_path_buf();
+    Committer::storing(
+        move |staged, opts| {
+            let mut repo = Repository::open(&at, &OpenOptions::default()).map_err(failure)?;
+            repo.set_engine(engine.clone());
+            mdl::commit::commit_staged(&repo, staged, opts, &mdl::NoProgress).map_err(failure)
+        },
+        1 << 30,
+    )
+}
