@@ -15,12 +15,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use mdl::checkout::Placed;
-use mdl::commit::{CommitOptions, DeviceCopy, MemoryFile, OnDevice, Staged};
+use mdl::commit::{CommitOptions, MemoryFile, Staged};
 use mdl::{OpenOptions, Repository};
 use mdl_gpu::{DeviceCounts, GpuEngine};
 
 mod common;
-use common::{committer, device_targets, into_targets, safetensors_bytes, stored_layout, Rng};
+use common::{
+    committer, device_snapshot, device_targets, into_targets, safetensors_bytes, stored_layout, Rng,
+};
 
 /// Elements of each tensor: a MiB of f32, the smallest the engine sends to the device.
 const ELEMENTS: usize = 1 << 18;
@@ -97,16 +99,7 @@ fn commit_from_device(
     (1..=steps)
         .map(|step| {
             let file = state(step, n);
-            let start = 8 + u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
-            let device = gpu.device_buffer(&file[start..]).expect("device memory");
-            let run = OnDevice {
-                start,
-                len: file.len() - start,
-                copy: DeviceCopy {
-                    ordinal: 0,
-                    address: device.address(),
-                },
-            };
+            let (_device, run) = device_snapshot(gpu, &file);
             let f = MemoryFile::new("model.safetensors", file)
                 .on_device(run)
                 .unwrap();

@@ -18,7 +18,8 @@ use mdl_gpu::GpuEngine;
 
 mod common;
 use common::{
-    committer, device_targets, into_targets, safetensors_bytes, stored_layout as layout, Rng,
+    committer, device_snapshot, device_targets, into_targets, safetensors_bytes,
+    stored_layout as layout, Rng,
 };
 
 /// Step `step` of a small training state: drifting f32 weights (2 MiB), bf16 moments (2 MiB),
@@ -60,11 +61,6 @@ fn gpu_alone() -> (MutexGuard<'static, ()>, GpuEngine, String) {
     (alone, gpu.with_min_bytes(1 << 20), line)
 }
 
-/// Where the tensors start in a safetensors file's bytes.
-fn data_start(file: &[u8]) -> usize {
-    8 + u64::from_le_bytes(file[..8].try_into().unwrap()) as usize
-}
-
 /// Step `step`'s options: reverse deltas made by the commit itself (against the warm set),
 /// not deferred.
 fn eager(step: u64) -> CommitOptions {
@@ -90,17 +86,8 @@ fn a_device_snapshot_is_read_where_it_lies_and_stores_what_the_cpu_stores() {
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for step in 1..=3 {
         let file = state(step);
-        let start = data_start(&file);
         // The tensors' copy on the device: a buffer of its own, as PyTorch's snapshot is.
-        let device = gpu.device_buffer(&file[start..]).expect("device memory");
-        let run = OnDevice {
-            start,
-            len: file.len() - start,
-            copy: DeviceCopy {
-                ordinal: 0,
-                address: device.address(),
-            },
-        };
+        let (device, run) = device_snapshot(&gpu, &file);
         let staged = |on_device: bool| {
             let f = MemoryFile::new("model.safetensors", file.clone());
             let f = if on_device {

@@ -181,3 +181,23 @@ pub(crate) fn committer(
         1 << 30,
     )
 }
+
+/// A copy of a safetensors `file`'s tensors on the device, in a buffer of its own as PyTorch's
+/// snapshot is, and the run of the file it holds (what `MemoryFile::on_device` takes).
+#[allow(dead_code)]
+pub(crate) fn device_snapshot(
+    gpu: &mdl_gpu::GpuEngine,
+    file: &[u8],
+) -> (mdl_gpu::DeviceBuffer, mdl::commit::OnDevice) {
+    let start = 8 + u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let device = gpu.device_buffer(&file[start..]).expect("device memory");
+    let run = mdl::commit::OnDevice {
+        start,
+        len: file.len() - start,
+        copy: DeviceCopy {
+            ordinal: 0,
+            address: device.address(),
+        },
+    };
+    (device, run)
+}
