@@ -525,7 +525,7 @@ pub(crate) fn cpu_sample_histograms(
 }
 
 /// Empties the flag counts of planes whose symbols do not [`Plan::wants_flags`].
-pub(crate) fn forget_unwanted_flags(counts: &mut [(Histogram, Histogram)]) {
+pub fn forget_unwanted_flags(counts: &mut [(Histogram, Histogram)]) {
     for (symbols, flags) in counts {
         if !Plan::wants_flags(symbols) {
             *flags = Histogram::default();
@@ -657,7 +657,7 @@ pub(crate) fn split_histograms(
 /// further (see `PlaneCount`): its first [`SAMPLE`], enough to tell noise from a plane worth
 /// coding. Windows are whole chunks but for a tensor's last, so this is the same whatever the
 /// windowing.
-pub(crate) fn sample_len(n: usize) -> usize {
+pub fn sample_len(n: usize) -> usize {
     n.min(SAMPLE)
 }
 

@@ -241,6 +241,62 @@ fn tensor_ids_are_identical_on_the_device() {
     );
 }
 
+#[test]
+#[cfg_attr(
+    not(feature = "emulate"),
+    ignore = "needs a GPU (scripts/gpu-check.sh)"
+)]
+fn a_batch_of_tensors_codes_as_each_alone() {
+    let gpu = gpu();
+    let mut tensors = Vec::new();
+    for dtype in FLOATS {
+        for (k, &n) in SIZES.iter().enumerate() {
+            for shape in 0..4 {
+                tensors.push((dtype, tensor(dtype, n, shape, (k as u64) << 8 | shape)));
+            }
+        }
+    }
+    // Kept on the device, as a commit's tensors from CUDA memory are: hashed there too.
+    let _kept: Vec<_> = tensors.iter().map(|(_, b)| gpu.keep(b)).collect();
+    let headers: Vec<_> = (tensors.iter())
+        .map(|(d, b)| mdl_format::TensorHeader::new(*d, vec![(b.len() / d.size()) as u64]))
+        .collect();
+    let prefixes: Vec<Vec<u8>> = headers.iter().map(|h| h.canonical()).collect();
+    let named: Vec<(&[u8], &[u8])> = (prefixes.iter().zip(&tensors))
+        .map(|(p, (_, b))| (&p[..], &b[..]))
+        .collect();
+    let ids = gpu.content_ids(&named);
+    for ((h, (_, b)), id) in headers.iter().zip(&tensors).zip(&ids) {
+        assert_eq!(*id, h.object_id(b), "{h:?}");
+    }
+    let items: Vec<(Dtype, &[u8])> = tensors.iter().map(|(d, b)| (*d, &b[..])).collect();
+    let counts = float::count_whole(&gpu, &items).unwrap();
+    let alone = float::count_whole(&CpuEngine, &items).unwrap();
+    let choices: Vec<float::Choice> = counts.iter().map(float::PlaneCount::choice).collect();
+    for ((c, a), (d, b)) in choices.iter().zip(&alone).zip(&items) {
+        let what = format!("{d:?}, {} bytes", b.len());
+        assert_eq!(format!("{c:?}"), format!("{:?}", a.choice()), "{what}");
+    }
+    let jobs: Vec<(Dtype, &[u8], &float::Choice)> = (items.iter().zip(&choices))
+        .map(|(&(d, b), c)| (d, b, c))
+        .collect();
+    let coded = float::encode_whole(&gpu, &jobs).unwrap();
+    for ((d, b, c), payload) in jobs.iter().zip(&coded) {
+        let mut single = Vec::new();
+        float::encode(&CpuEngine, *d, b, None, c, &mut single).unwrap();
+        assert!(
+            payload.pieces().concat() == single,
+            "{d:?}, {} bytes",
+            b.len()
+        );
+    }
+    assert_eq!(
+        gpu.fallbacks(),
+        0,
+        "some GPU calls failed and ran on the CPU"
+    );
+}
+
 /// The comparisons themselves, run with the CPU against itself wherever the tests run, so
 /// that what the GPU run checks is known to hold for the reference.
 #[test]

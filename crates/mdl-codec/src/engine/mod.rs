@@ -97,6 +97,15 @@ const CHUNK: usize = 1 << 16;
 /// chunks' sums are combined by [`ErrorStats::fold`].
 pub const ERROR_CHUNK: usize = CHUNK;
 
+/// A whole tensor's counts ([`Engine::whole_counts`]).
+#[derive(Clone, Debug)]
+pub struct WholeCounts {
+    /// Its sample's: every plane's symbols, and the flags of the planes that want them.
+    pub sample: Vec<(Histogram, Histogram)>,
+    /// All its elements': every plane's symbols and flags.
+    pub all: Vec<(Histogram, Histogram)>,
+}
+
 /// The codecs' kernels. Implementations must return identical results; [`CpuEngine`] is the
 /// reference.
 pub trait Engine: Send + Sync + std::fmt::Debug {
@@ -196,6 +205,43 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         base: Option<&[u8]>,
         writers: &[StreamWriter],
     ) -> Vec<Vec<Vec<u8>>>;
+
+    /// [`Engine::content_id`] of each `(prefix, data)`, all at once: an engine on a device
+    /// hashes them all before it waits for their ids.
+    fn content_ids(&self, items: &[(&[u8], &[u8])]) -> Vec<ObjectId> {
+        items
+            .iter()
+            .map(|&(prefix, data)| self.content_id(prefix, data))
+            .collect()
+    }
+
+    /// What a whole tensor's count is made of ([`crate::float::count_whole`]), for each
+    /// `(spec, data)` at once (no base): the counts of its sample, as
+    /// [`Engine::sample_histograms`] makes them, and every plane's symbols and flags over all
+    /// its elements.
+    fn whole_counts(&self, items: &[(PlaneSpec, &[u8])]) -> Vec<WholeCounts> {
+        items
+            .iter()
+            .map(|&(spec, data)| {
+                let (width, planes) = spec.shape().unwrap_or((1, 0));
+                let sample = crate::planes::sample_len(data.len() / width) * width;
+                WholeCounts {
+                    sample: self.sample_histograms(spec, &data[..sample], None),
+                    all: self.plane_histograms(spec, data, None, &vec![(true, true); planes]),
+                }
+            })
+            .collect()
+    }
+
+    /// [`Engine::encode_planes`] of each `(spec, data, writers)` (no base), all at once: an
+    /// engine on a device runs each pass for every tensor before it waits.
+    /// `result[tensor][plane][chunk]`.
+    fn encode_many(&self, items: &[(PlaneSpec, &[u8], &[StreamWriter])]) -> Vec<Vec<Vec<Vec<u8>>>> {
+        items
+            .iter()
+            .map(|&(spec, data, writers)| self.encode_planes(spec, data, None, writers))
+            .collect()
+    }
 
     /// Whether `data`'s planes are best split on the host, once for their counts and their
     /// codes ([`Engine::split_planes`], [`Engine::encode_split`]), rather than counted and

@@ -9,7 +9,7 @@
 
 use mdl_format::{Dtype, FormatError};
 
-use crate::engine::Engine;
+use crate::engine::{Engine, WholeCounts};
 use crate::huffman::{Histogram, Plan};
 use crate::planes::{layout, sub_layout, word_mask, Layout, PlaneSpec, Transform, CHUNK, SAMPLE};
 
@@ -18,7 +18,7 @@ mod payload;
 
 pub use framed::{is_framed, FrameEncoder, Frames, FRAME_CHUNKS, FRAME_LOG2};
 pub use payload::{
-    encode, encode_pieces, encode_split, Encoded, PayloadIndex, PayloadWriter, ReadAt,
+    encode, encode_pieces, encode_split, encode_whole, Encoded, PayloadIndex, PayloadWriter, ReadAt,
 };
 
 /// Decodes a payload into `out` (whose length is the tensor's byte length), XORing the planes
@@ -241,6 +241,35 @@ impl PlaneCount {
         self.add_split(&split)
     }
 
+    /// Counts a whole tensor of `n` elements from its [`WholeCounts`]: what [`Self::add`] of
+    /// the tensor as one window counts (the sample decides what is wanted; the rest is the
+    /// whole's counts less the sample's, which add back exactly).
+    fn add_whole(&mut self, n: u64, counts: WholeCounts) {
+        let WholeCounts { sample, all } = counts;
+        let minus =
+            |a: &Histogram, b: &Histogram| Histogram(std::array::from_fn(|k| a.0[k] - b.0[k]));
+        let rest: Vec<(Histogram, Histogram)> = (all.iter().zip(&sample))
+            .map(|((a, af), (s, sf))| (minus(a, s), minus(af, sf)))
+            .collect();
+        let only_the_sample = crate::planes::sample_len(n as usize) as u64 == n;
+        self.absorb(
+            n,
+            only_the_sample,
+            || sample,
+            |want, _| {
+                let none = Histogram::default;
+                (rest.into_iter().zip(want))
+                    .map(|((h, f), &(symbols, flags))| {
+                        (
+                            if symbols { h } else { none() },
+                            if flags { f } else { none() },
+                        )
+                    })
+                    .collect()
+            },
+        );
+    }
+
     /// Whether `data` and `base` make a window of this count.
     fn check_window(&self, data: &[u8], base: Option<&[u8]>) -> Result<(), FormatError> {
         check_lengths(&self.l, data, base)?;
@@ -349,6 +378,29 @@ impl PlaneCount {
             })
             .collect()
     }
+}
+
+/// The plain counts ([`Count::Plain`]) of several whole tensors `(dtype, data)`, with one
+/// call of the engine ([`Engine::whole_counts`]): the counts [`PlaneCount::add`] makes of each.
+pub fn count_whole(
+    engine: &dyn Engine,
+    items: &[(Dtype, &[u8])],
+) -> Result<Vec<PlaneCount>, FormatError> {
+    let mut counts = Vec::with_capacity(items.len());
+    for &(dtype, data) in items {
+        let count = PlaneCount::new(dtype, Count::Plain)?;
+        check_lengths(&count.l, data, None)?;
+        counts.push(count);
+    }
+    let jobs: Vec<(PlaneSpec, &[u8])> = (counts.iter().zip(items))
+        .map(|(c, &(_, data))| (c.spec, data))
+        .collect();
+    for ((count, whole), &(_, data)) in counts.iter_mut().zip(engine.whole_counts(&jobs)).zip(items)
+    {
+        let n = (data.len() / count.l.width) as u64;
+        count.add_whole(n, whole);
+    }
+    Ok(counts)
 }
 
 /// Per plane, whether its symbols and its flags are worth counting past the sample, from the

@@ -66,6 +66,33 @@ pub fn encode_pieces(
     Ok(writer.into_encoded(chunks))
 }
 
+/// [`encode_pieces`] of several whole tensors `(dtype, data, choice)` (no base), with one call
+/// of the engine ([`Engine::encode_many`]): the same payloads.
+pub fn encode_whole(
+    engine: &dyn Engine,
+    items: &[(Dtype, &[u8], &Choice)],
+) -> Result<Vec<Encoded>, FormatError> {
+    let mut writers = Vec::with_capacity(items.len());
+    for &(dtype, data, choice) in items {
+        let mut w = PayloadWriter::new(dtype, choice, false)?;
+        check_lengths(&w.l, data, None)?;
+        w.next_window(data.len() / w.l.width)?;
+        writers.push(w);
+    }
+    let jobs: Vec<(PlaneSpec, &[u8], &[StreamWriter])> = (writers.iter().zip(items))
+        .map(|(w, &(_, data, _))| (w.spec, data, &w.writers[..]))
+        .collect();
+    let coded = engine.encode_many(&jobs);
+    Ok(writers
+        .into_iter()
+        .zip(coded)
+        .map(|(mut w, coded)| {
+            let coded = w.coded(coded);
+            w.into_encoded(coded)
+        })
+        .collect())
+}
+
 /// [`encode_pieces`] of a window already split into its `planes`
 /// ([`super::PlaneCount::add_splitting`], which counts them for `choice`): the same payload.
 pub fn encode_split<P: AsRef<[u8]>>(

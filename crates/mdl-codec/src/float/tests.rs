@@ -313,3 +313,64 @@ proptest! {
         let _ = decode(&CpuEngine, dtype, &bytes, None, &mut out);
     }
 }
+
+/// Tensors of every float dtype, smaller and larger than the sample, noisy, smooth and mostly
+/// zero, with a partial last chunk.
+fn batch_tensors() -> Vec<(Dtype, Vec<u8>)> {
+    let mut rng = 7u64;
+    let mut next = move || {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng >> 33) as u32
+    };
+    let mut out = Vec::new();
+    for (k, dtype) in FLOATS.into_iter().enumerate() {
+        let w = dtype.size();
+        for n in [1usize, 1000, SAMPLE, SAMPLE + 1, 3 * CHUNK + 77] {
+            let mut bytes = vec![0u8; n * w];
+            for (i, e) in bytes.chunks_mut(w).enumerate() {
+                let v = next();
+                // Mostly zero for some, small smooth values for others, noise for the rest.
+                let x: u64 = match (k + i) % 3 {
+                    0 if n > 1000 => 0,
+                    1 => (0x3f80_0000u64 + (v as u64 % 4096)) << (8 * w.saturating_sub(4)),
+                    _ => (v as u64) << 32 | next() as u64,
+                };
+                e.copy_from_slice(&x.to_le_bytes()[..w]);
+            }
+            out.push((dtype, bytes));
+        }
+    }
+    out
+}
+
+/// A batch's counts and payloads ([`count_whole`], [`encode_whole`]) are each tensor's own
+/// ([`PlaneCount::add`], [`encode_pieces`]), byte for byte.
+#[test]
+fn a_batch_counts_and_codes_as_each_tensor_alone() {
+    let tensors = batch_tensors();
+    let items: Vec<(Dtype, &[u8])> = tensors.iter().map(|(d, b)| (*d, &b[..])).collect();
+    let counts = count_whole(&CpuEngine, &items).unwrap();
+    let choices: Vec<Choice> = counts.iter().map(PlaneCount::choice).collect();
+    let jobs: Vec<(Dtype, &[u8], &Choice)> = (items.iter().zip(&choices))
+        .map(|(&(d, b), c)| (d, b, c))
+        .collect();
+    let payloads = encode_whole(&CpuEngine, &jobs).unwrap();
+    for ((&(dtype, data), choice), payload) in items.iter().zip(&choices).zip(&payloads) {
+        let mut alone = PlaneCount::new(dtype, Count::Plain).unwrap();
+        alone.add(&CpuEngine, data, None).unwrap();
+        let what = format!("{dtype:?}, {} bytes", data.len());
+        assert_eq!(
+            format!("{:?}", alone.choice()),
+            format!("{choice:?}"),
+            "{what}"
+        );
+        let mut single = Vec::new();
+        encode(&CpuEngine, dtype, data, None, choice, &mut single).unwrap();
+        assert_eq!(payload.pieces().concat(), single, "{what}");
+        let mut out = vec![0u8; data.len()];
+        decode(&CpuEngine, dtype, &single, None, &mut out).unwrap();
+        assert_eq!(out, data, "{what}");
+    }
+}

@@ -510,7 +510,7 @@ pub(super) fn plane_counts(
 }
 
 /// Counts the sparse-mode flag bytes of each plane of `planes` into `hist[p * 256 + f]`.
-fn launch_flag_histogram(
+pub(super) fn launch_flag_histogram(
     gpu: &Gpu,
     lane: &Lane,
     g: Geometry,

@@ -3,7 +3,7 @@
 //! `mdl_format::TensorHeader::object_id` computes on the host.
 
 use super::device::{cfg, Gpu, Lane};
-use super::{CudaView, PushKernelArg, Res};
+use super::{CudaView, CudaViewMut, PushKernelArg, Res};
 use crate::GpuEngine;
 use mdl_format::{ObjectId, TensorHasher};
 
@@ -18,19 +18,41 @@ pub(super) fn hash_on(
     prefix: &[u8],
     data: &CudaView<'_, u8>,
 ) -> Res<ObjectId> {
+    let mut root = lane.alloc::<u32>(8)?;
+    hash_into(gpu, lane, prefix, data, &mut root.slice_mut(..8))?;
+    Ok(id_of(&lane.fetch(&root, 8)?))
+}
+
+/// The id whose 32 bytes are these 8 little-endian words.
+pub(super) fn id_of(words: &[u32]) -> ObjectId {
+    let mut id = [0u8; 32];
+    for (k, w) in words.iter().enumerate() {
+        id[4 * k..4 * k + 4].copy_from_slice(&w.to_le_bytes());
+    }
+    ObjectId::from_bytes(id)
+}
+
+/// Queues the BLAKE3 hash of `prefix || data` (`data` on the device) into `root`'s 8 words.
+pub(super) fn hash_into(
+    gpu: &Gpu,
+    lane: &Lane,
+    prefix: &[u8],
+    data: &CudaView<'_, u8>,
+    root: &mut CudaViewMut<'_, u32>,
+) -> Res<()> {
     let total = (prefix.len() + data.len()) as u64;
     let chunks = total.div_ceil(B3_CHUNK).max(1);
     let dprefix = lane.put(prefix)?;
     let plen = prefix.len() as u64;
     let mut level = lane.alloc::<u32>(8 * chunks as usize)?;
-    let root = u32::from(chunks == 1);
+    let is_root = u32::from(chunks == 1);
     let mut l = lane.stream.launch_builder(gpu.f("blake3_chunks"));
     l.arg(&*dprefix)
         .arg(&plen)
         .arg(data)
         .arg(&total)
         .arg(&chunks)
-        .arg(&root)
+        .arg(&is_root)
         .arg(&mut *level);
     // SAFETY: a thread a chunk reads its bytes of prefix (plen) and data (total - plen) and
     // writes its 8 words.
@@ -38,21 +60,16 @@ pub(super) fn hash_on(
     let mut n = chunks;
     let mut next = lane.alloc::<u32>(8 * n.div_ceil(2) as usize)?;
     while n > 1 {
-        let root = u32::from(n == 2);
+        let is_root = u32::from(n == 2);
         let mut l = lane.stream.launch_builder(gpu.f("blake3_parents"));
-        l.arg(&*level).arg(&n).arg(&root).arg(&mut *next);
+        l.arg(&*level).arg(&n).arg(&is_root).arg(&mut *next);
         let parents = n.div_ceil(2);
         // SAFETY: thread i reads nodes 2i and 2i + 1 (below n) and writes node i.
         unsafe { l.launch(cfg((parents.div_ceil(128) as u32, 1), 128)) }?;
         std::mem::swap(&mut level, &mut next);
         n = parents;
     }
-    let words = lane.fetch(&level, 8)?;
-    let mut id = [0u8; 32];
-    for (k, w) in words.iter().enumerate() {
-        id[4 * k..4 * k + 4].copy_from_slice(&w.to_le_bytes());
-    }
-    Ok(ObjectId::from_bytes(id))
+    lane.stream.memcpy_dtod(&level.slice(..8), root)
 }
 
 impl GpuEngine {

@@ -24,7 +24,7 @@ use cudarc::driver::{
 };
 use mdl_codec::engine::{
     check_ungroup, scales, sum, Assigned, CodePairs, CpuEngine, DeviceCopy, Engine, ErrorStats,
-    FloatView, Kept, KeyStats, Lut, Mirror, Moments, ERROR_CHUNK,
+    FloatView, Kept, KeyStats, Lut, Mirror, Moments, WholeCounts, ERROR_CHUNK,
 };
 use mdl_codec::huffman::{Histogram, Stream, StreamWriter, CHUNK_LOG2};
 use mdl_codec::planes::PlaneSpec;
@@ -52,11 +52,13 @@ type Res<T> = Result<T, DriverError>;
 /// What a failed call does instead (see [`Gpu::failed`]).
 const CPU_INSTEAD: &str = "using the CPU for it";
 
+mod batch;
 #[cfg(feature = "bench")]
 mod bench;
 mod buffer;
 mod coding;
 mod device;
+mod encode;
 mod hash;
 mod kept;
 mod resident;
@@ -67,12 +69,13 @@ use scratch::Scratch;
 #[cfg(feature = "bench")]
 pub use bench::BenchRow;
 pub use buffer::DeviceBuffer;
-use coding::{decode_on, encode_on, grouped};
+use coding::{decode_on, grouped};
 pub(crate) use device::Gpu;
 use device::{
     arg_opt, cfg, dtype_code, fold_error_sums, grid, launch_max_abs, launch_planes, plane_counts,
     starts_of, Dev, Geometry, Lane, MomentsOn,
 };
+use encode::encode_on;
 
 /// The codec kernels on a CUDA device (see the crate documentation). Identical results to
 /// [`CpuEngine`], which also does what is too small to be worth a launch.
@@ -241,6 +244,18 @@ impl Engine for GpuEngine {
         fill: &mut dyn FnMut(&mut [u8]) -> bool,
     ) -> Mirror {
         self.mirror_bytes(out, copy, fill)
+    }
+
+    fn content_ids(&self, items: &[(&[u8], &[u8])]) -> Vec<ObjectId> {
+        self.ids_at_once(items)
+    }
+
+    fn whole_counts(&self, items: &[(PlaneSpec, &[u8])]) -> Vec<WholeCounts> {
+        self.whole_counts_at_once(items)
+    }
+
+    fn encode_many(&self, items: &[(PlaneSpec, &[u8], &[StreamWriter])]) -> Vec<Vec<Vec<Vec<u8>>>> {
+        self.encode_at_once(items)
     }
 
     fn plane_histograms(

@@ -11,11 +11,12 @@ use mdl_codec::engine::{scales, sum, FloatView, Moments};
 use mdl_codec::huffman::{Histogram, Plan, Stream, StreamWriter};
 use mdl_format::Dtype;
 
-use super::coding::{assemble_streams, decode_symbols, encode_symbols, fill_output};
+use super::coding::{assemble_streams, decode_symbols, fill_output};
 use super::device::{
     arg_opt, cfg, dtype_code, fold_error_sums, grid, launch_max_abs, plane_counts, starts_of, Dev,
     Geometry, Gpu, Lane, MomentsOn,
 };
+use super::encode::encode_symbols;
 use super::{PushKernelArg, Res, CHUNK};
 
 /// Threads of a block of the chunk kernels: 32 warps, two of a chunk's 64 blocks each.

@@ -26,7 +26,7 @@ use crate::policy::{DeltaMode, DeltaPolicy};
 use crate::previous::Previous;
 use crate::rewrite::{publish_rewrite, Rewrite};
 use crate::warm::WarmTensors;
-use crate::{per_tensor, Error, Progress, Repository, Result};
+use crate::{Error, Progress, Repository, Result};
 pub use mdl_codec::engine::DeviceCopy;
 
 mod deferred;
@@ -47,7 +47,7 @@ pub use provenance::{default_author, source_properties};
 pub use staged::{KnownPair, Ready, Staged};
 use store::coder::Coder;
 use store::spare::Spare;
-use store::{StoreCtx, Stored};
+use store::{Made, StoreCtx, Stored};
 pub(crate) use update::union;
 
 /// What to commit and how.
@@ -379,11 +379,11 @@ fn store_tensors(
         keep_tips: settings.tips,
         spare_tensors: Spare::new(),
         spare_planes: Spare::new(),
+        made: Made::default(),
     };
     let pieces = &input.pieces;
     progress.start("storing", input.len());
-    let indices: Vec<usize> = (0..pieces.len()).collect();
-    let results = per_tensor(&indices, |&i| pieces[i].len, |&i| ctx.store_tensor(i))?;
+    let results = ctx.store_all()?;
     progress.finish();
     let (results, exactness): (Vec<Stored>, Vec<Exactness>) = results.into_iter().unzip();
     let mut out = Tensors {

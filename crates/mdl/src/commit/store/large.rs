@@ -14,7 +14,8 @@ use mdl_codec::CodecTag;
 use mdl_format::ObjectId;
 
 use super::content::{pass, window_bytes, Content};
-use super::{previous_object, StoreCtx, Stored, FLOAT_GAIN_FLOOR};
+use super::lossless::Counted;
+use super::{floats_pay, previous_object, StoreCtx, Stored};
 use crate::policy::DeltaMode;
 use crate::{Error, Result};
 use mdl_format::Exactness;
@@ -86,8 +87,7 @@ impl StoreCtx<'_> {
         plain.add(self.coder.engine, first, None).map_err(encoder)?;
         // What [`Self::encode_new`] decides from the same count.
         let analysis = float::analysis_of(&plain, &[]);
-        let counted = plain.counted_bytes() as f64;
-        if analysis.plain.size as f64 > counted * (1.0 - FLOAT_GAIN_FLOOR) {
+        if !floats_pay(analysis.plain.size, plain.counted_bytes()) {
             return Ok(None);
         }
         let data = Content::Input {
@@ -163,7 +163,11 @@ impl StoreCtx<'_> {
                 i,
                 id,
             };
-            self.encode_new(id, i, data, CodecTag::FloatSplit, Some(plain))?
+            let counted = Counted {
+                plain: Some(plain),
+                encoded: None,
+            };
+            self.encode_new(id, i, data, CodecTag::FloatSplit, counted)?
         };
         self.progress.advance(info.len);
         Ok((result, Exactness::Lossless))

@@ -11,9 +11,7 @@ use mdl_store::{IndexEntry, Placement};
 
 use super::content::Content;
 use super::reverse::Reverse;
-use super::{
-    delta_codec, is_delta_candidate, previous_content, StoreCtx, Stored, FLOAT_GAIN_FLOOR,
-};
+use super::{delta_codec, floats_pay, is_delta_candidate, previous_content, StoreCtx, Stored};
 use crate::policy::DeltaMode;
 use crate::rewrite::Rewrite;
 use crate::Result;
@@ -26,11 +24,21 @@ struct Whole<'w> {
     data: &'w Content<'w>,
     /// The content's planes, where it was split already (in memory, no delta made of it).
     planes: Option<&'w [Vec<u8>]>,
+    /// Its float-split payload, where it was coded already (with others, on a device).
+    encoded: Option<&'w float::Encoded>,
     analysis: &'w float::Analysis,
     /// Bytes the analysis' sizes are of.
     len: u64,
     /// The codec of a self-contained float record.
     codec: CodecTag,
+}
+
+/// What was made of new content before its turn: its float-split count (a large tensor's,
+/// or one made with others on a device), and with it the float-split payload where that pays.
+#[derive(Default)]
+pub(super) struct Counted {
+    pub(super) plain: Option<float::PlaneCount>,
+    pub(super) encoded: Option<float::Encoded>,
 }
 
 /// The previous version a delta is made against: its id, its entry, its content, and the
@@ -46,16 +54,17 @@ impl StoreCtx<'_> {
     /// Stores new tensor content with the lossless codecs; `whole_codec` is the codec of
     /// a self-contained float record (float-split, or mantissa-trim for trimmed content).
     /// `data` is in memory, or the input read a window at a time (a large tensor: its
-    /// previous version is then decoded a window at a time too); `plain` is its float-split
-    /// count when the caller already made it.
+    /// previous version is then decoded a window at a time too); `counted` is what the caller
+    /// already made of it.
     pub(super) fn encode_new(
         &self,
         id: ObjectId,
         i: usize,
         data: Content<'_>,
         whole_codec: CodecTag,
-        plain: Option<float::PlaneCount>,
+        counted: Counted,
     ) -> Result<Stored> {
+        let Counted { plain, encoded } = counted;
         let info = &self.input.pieces[i];
         if !is_delta_candidate(info) {
             return Ok(new_record(id, self.streamed(id, i, &data)?));
@@ -114,13 +123,14 @@ impl StoreCtx<'_> {
             i,
             data: &data,
             planes: split.as_ref().map(|(_, planes)| &planes[..]),
+            encoded: encoded.as_ref(),
             analysis: &analysis,
             len,
             codec: whole_codec,
         };
         // Where the float codecs barely help (noise-like or repetitive data), raw and zstd
         // compete instead.
-        let floats_pay = best_float as f64 <= len as f64 * (1.0 - FLOAT_GAIN_FLOOR);
+        let floats_pay = floats_pay(best_float, len);
         let (Some((base_id, entry)), Some(content)) = (base, base_content) else {
             return Ok(new_record(id, self.write_whole(&whole, floats_pay)?));
         };
@@ -218,6 +228,17 @@ impl StoreCtx<'_> {
             return self.streamed(w.id, w.i, w.data);
         }
         let header = &self.input.pieces[w.i].header;
+        if let Some(encoded) = w.encoded {
+            let pieces = encoded.pieces();
+            let put = self.coder.batch.put_payload(
+                &w.id,
+                header,
+                w.codec,
+                Placement::default(),
+                &pieces,
+            )?;
+            return Ok(put.entry);
+        }
         match w.planes {
             Some(planes) => {
                 self.coder

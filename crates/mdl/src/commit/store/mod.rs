@@ -19,6 +19,7 @@ use mdl_format::{Exactness, Lossy, ObjectId};
 use mdl_store::meta::MetaRead;
 use mdl_store::{IndexEntry, Placement, Store};
 
+mod batched;
 pub(super) mod coder;
 pub(super) mod content;
 mod large;
@@ -33,13 +34,22 @@ use crate::previous::Previous;
 use crate::rewrite::{chain, Rewrite};
 use crate::warm::WarmTensors;
 use crate::{lossy, Progress, Repository, Result};
+pub(in crate::commit) use batched::Made;
+use batched::Ready;
 use coder::Coder;
 use content::Content;
+use lossless::Counted;
 use reverse::REWRITE_GAIN_FLOOR;
 use spare::Spare;
 
 /// Float tensors whose best float encoding saves less than this fraction also try zstd.
-pub(super) const FLOAT_GAIN_FLOOR: f64 = 0.03;
+const FLOAT_GAIN_FLOOR: f64 = 0.03;
+
+/// Whether a float record of `size` bytes of a tensor of `len` saves enough for the float
+/// codecs alone to be tried ([`FLOAT_GAIN_FLOOR`]).
+fn floats_pay(size: u64, len: u64) -> bool {
+    size as f64 <= len as f64 * (1.0 - FLOAT_GAIN_FLOOR)
+}
 
 /// Tensors of at least this size, stored exactly, are read a window at a time (with their
 /// previous versions) instead of being held: a commit's memory stays bounded by the window
@@ -133,6 +143,8 @@ pub(super) struct StoreCtx<'a> {
     /// Buffers tensors are read into, and split into planes, kept for the next tensors.
     pub(super) spare_tensors: Spare<Vec<u8>>,
     pub(super) spare_planes: Spare<Vec<Vec<u8>>>,
+    /// What was made for the tensors of the group being stored (`batched.rs`).
+    pub(super) made: Made,
 }
 
 impl StoreCtx<'_> {
@@ -183,9 +195,13 @@ impl StoreCtx<'_> {
         self.input.release(i);
         let rendering = self.render(i, bytes);
         let data = rendering.content().unwrap_or(bytes);
-        let id = self.coder.engine.content_id(&info.header.canonical(), data);
+        let made = self.made.take(i);
+        let id = match &made {
+            Some(m) => m.id,
+            None => self.coder.engine.content_id(&info.header.canonical(), data),
+        };
         let result = if self.is_new(&id, i, data)? {
-            self.write_new(id, i, &rendering, data)?
+            self.write_new(id, i, &rendering, data, made)?
         } else {
             Stored {
                 id,
@@ -315,13 +331,15 @@ impl StoreCtx<'_> {
         }
     }
 
-    /// Writes tensor `i`'s new record, of content `data` hashing to `id`, as `rendering` says.
+    /// Writes tensor `i`'s new record, of content `data` hashing to `id`, as `rendering` says
+    /// (with what was `made` of it beforehand).
     fn write_new(
         &self,
         id: ObjectId,
         i: usize,
         rendering: &Rendering,
         data: &[u8],
+        made: Option<Ready>,
     ) -> Result<Stored> {
         let header = &self.input.pieces[i].header;
         match rendering {
@@ -355,10 +373,21 @@ impl StoreCtx<'_> {
                 })
             }
             Rendering::Trimmed { .. } => {
-                self.encode_new(id, i, Content::Memory(data), CodecTag::MantissaTrim, None)
+                let counted = Counted::default();
+                self.encode_new(
+                    id,
+                    i,
+                    Content::Memory(data),
+                    CodecTag::MantissaTrim,
+                    counted,
+                )
             }
             Rendering::Exact => {
-                self.encode_new(id, i, Content::Memory(data), CodecTag::FloatSplit, None)
+                let counted = made.map_or_else(Counted::default, |m| Counted {
+                    plain: m.count,
+                    encoded: m.encoded,
+                });
+                self.encode_new(id, i, Content::Memory(data), CodecTag::FloatSplit, counted)
             }
         }
     }

@@ -14,7 +14,7 @@ use mdl_store::{IndexEntry, Placement};
 
 use super::coder::{Coder, FloatRecord, Side};
 use super::content::{pass, Content};
-use super::{delta_codec, FLOAT_GAIN_FLOOR};
+use super::{delta_codec, floats_pay};
 use crate::{Error, Result};
 
 /// Re-encoding a previous version as a delta must save at least this fraction of its record.
@@ -33,7 +33,7 @@ pub(in crate::commit) struct Reverse<'c> {
 
 impl Coder<'_> {
     /// Re-encodes `r.prev` as a delta against `r.data` into the batch when that pays: the delta
-    /// chosen must save [`FLOAT_GAIN_FLOOR`] of the previous version's bytes and
+    /// chosen must pay as a float record ([`floats_pay`]) and save
     /// [`REWRITE_GAIN_FLOOR`] of its record. Its new index entry, or `None` when it stays as it
     /// is.
     ///
@@ -213,7 +213,6 @@ impl Counted {
 
 /// Whether `choice`, the previous version's delta, pays (see [`Coder::write_reverse`]).
 fn pays(choice: &float::Choice, r: &Reverse<'_>) -> bool {
-    let size = choice.size as f64;
-    size <= r.prev_data.len() as f64 * (1.0 - FLOAT_GAIN_FLOOR)
-        && size <= r.prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR)
+    floats_pay(choice.size, r.prev_data.len() as u64)
+        && choice.size as f64 <= r.prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR)
 }
