@@ -6,6 +6,11 @@
 //! (default 5). For each coder "encode" counts the symbols, builds the code and codes them (what
 //! a commit does with a plane); "code only" is the coding step alone with the code built.
 //! `HUF_COMPARE_ONLY_MDL=1` prints mdl's rows alone, for timing one build against another.
+//! On x86-64 with AVX2, two more rows: mdl's wide chunks decoded by mdl and by a prototype
+//! decoder of AVX2 gathers (`gather.rs`), whole chunks only.
+
+#[cfg(target_arch = "x86_64")]
+mod gather;
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -198,6 +203,7 @@ fn main() {
             (Encoder::new(&code), Decoder::new(&code), 128)
         })
         .collect();
+    let mut wide: Vec<Vec<Vec<u8>>> = Vec::new();
     for lanes in [Lanes::Four, Lanes::Wide] {
         let full = time(repeat, || {
             let mut out = Vec::new();
@@ -236,6 +242,9 @@ fn main() {
             }
         });
         assert!(back == planes);
+        if lanes == Lanes::Wide {
+            wide = coded.clone();
+        }
         let size: usize = coded
             .iter()
             .zip(&coders)
@@ -249,6 +258,10 @@ fn main() {
         mbs(code_only),
         mbs(dec)
     );
+    }
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        gathers(repeat, chunk, &planes, &coders, &wide);
     }
     let mut back: Vec<Vec<u8>> = planes.iter().map(|p| vec![0u8; p.len()]).collect();
     // `HUF_COMPARE_ONLY_MDL=1`: mdl's rows alone (for timing one build against another).
@@ -321,5 +334,55 @@ fn main() {
         bits_total as f64 / n as f64,
         mbs(enc_s),
         mbs(dec_s)
+    );
+}
+
+/// The wide chunks' whole chunks decoded by mdl and by the AVX2-gather prototype
+/// (`gather.rs`), same chunks, same run: a row each.
+#[cfg(target_arch = "x86_64")]
+fn gathers(
+    repeat: usize,
+    chunk: usize,
+    planes: &[Vec<u8>],
+    coders: &[(Encoder, Decoder, usize)],
+    wide: &[Vec<Vec<u8>>],
+) {
+    let whole = |p: &Vec<u8>| p.len() / chunk;
+    let n: usize = planes.iter().map(|p| whole(p) * chunk).sum();
+    let tables: Vec<Box<[u32; 4096]>> = coders
+        .iter()
+        .map(|(_, d, _)| Box::new(std::array::from_fn(|i| d.table()[i] as u32)))
+        .collect();
+    let mut out = vec![0u8; chunk];
+    let mut tmp = vec![0u8; chunk];
+    let mut padded = Vec::new();
+    let mbs = |s: f64| n as f64 / s / 1e6;
+    let scalar = time(repeat, || {
+        for ((chunks, (_, d, _)), p) in wide.iter().zip(coders).zip(planes) {
+            for c in &chunks[..whole(p)] {
+                d.decode_chunk(Lanes::Wide, c, &mut out).unwrap();
+            }
+        }
+    });
+    for ((chunks, p), t) in wide.iter().zip(planes).zip(&tables) {
+        for (c, want) in chunks[..whole(p)].iter().zip(p.chunks_exact(chunk)) {
+            gather::decode_chunk(t, c, &mut padded, &mut tmp, &mut out);
+            assert!(out == want, "the prototype decodes what was coded");
+        }
+    }
+    let simd = time(repeat, || {
+        for ((chunks, p), t) in wide.iter().zip(planes).zip(&tables) {
+            for c in &chunks[..whole(p)] {
+                gather::decode_chunk(t, c, &mut padded, &mut tmp, &mut out);
+            }
+        }
+    });
+    println!(
+        "| mdl, Wide lanes, whole chunks only (decode) | — | — | — | {:.0} |",
+        mbs(scalar)
+    );
+    println!(
+        "| AVX2 gathers, Wide lanes, whole chunks only (prototype: a symbol a lane a step) | — | — | — | {:.0} |",
+        mbs(simd)
     );
 }
