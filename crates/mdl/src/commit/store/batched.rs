@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use mdl_codec::engine::Kept;
 use mdl_codec::float;
 use mdl_format::{Exactness, ObjectId};
 
@@ -63,7 +64,8 @@ impl StoreCtx<'_> {
             group.push(i);
             held += pieces[i].len;
             if held >= GROUP_BYTES || k + 1 == together.len() {
-                self.make(&group)?;
+                // The group's device copies live until its tensors are stored.
+                let _kept = self.make(&group)?;
                 store(&group)?;
                 group.clear();
                 held = 0;
@@ -90,10 +92,16 @@ impl StoreCtx<'_> {
             && !self.coder.engine.splits_on_host(self.input.tensor(i))
     }
 
-    /// Makes the ids, counts and float records of `group`'s pieces, for their turn.
-    fn make(&self, group: &[usize]) -> Result<()> {
+    /// Makes the ids, counts and float records of `group`'s pieces, for their turn. Returns
+    /// the engine's copies of the tensors that were not on its device already (each copied
+    /// over once, for all of this and for their turn).
+    fn make(&self, group: &[usize]) -> Result<Vec<Kept<'_>>> {
         let engine = self.coder.engine;
         let pieces = &self.input.pieces;
+        let kept = group
+            .iter()
+            .map(|&i| engine.keep(self.input.tensor(i)))
+            .collect();
         let prefixes: Vec<Vec<u8>> = group
             .iter()
             .map(|&i| pieces[i].header.canonical())
@@ -151,6 +159,6 @@ impl StoreCtx<'_> {
             ready.count = Some(count);
             ready.encoded = pays.then(|| encoded.next().expect("one a paying tensor"));
         }
-        Ok(())
+        Ok(kept)
     }
 }
