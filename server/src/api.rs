@@ -1,7 +1,7 @@
 //! Routes and handlers of the `/v1` API (`docs/HTTP_API.md`).
 
 use mdl_protocol::{body, params, route, ErrorCode};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -461,7 +461,11 @@ async fn plan(
             }
         }
         let have: HashSet<ObjectId> = req.have.into_iter().collect();
-        let objects = transfer::plan(&served.repo, &req.want, &|id| have.contains(id))?;
+        let has_commit = |id: &ObjectId| have.contains(id);
+        let mut objects = transfer::plan(&served.repo, &req.want, &has_commit)?;
+        if req.deltas {
+            transfer::derive_against(&served.repo, &req.want, &has_commit, &mut objects)?;
+        }
         Ok(Json(body::Plan { objects }).into_response())
     })
     .await
@@ -469,12 +473,24 @@ async fn plan(
 
 async fn fetch(
     Access(served): Reader,
-    body: Result<Json<body::Ids>, JsonRejection>,
+    body: Result<Json<body::FetchRequest>, JsonRejection>,
 ) -> ApiResult<Response> {
+    let request = json_body(body)?;
     // A repeated id is sent once: the answer is bounded by MAX_IDS distinct records.
     let mut seen = HashSet::new();
-    let mut ids = bounded(json_body(body)?)?;
+    let mut ids = bounded(body::Ids { ids: request.ids })?;
     ids.retain(|id| seen.insert(*id));
+    // A pair names an id asked for, once; each is coded against its base as the pack is
+    // written, or sent as stored.
+    let mut against = HashMap::new();
+    for pair in request.against {
+        if !seen.contains(&pair.id) || against.insert(pair.id, pair.base).is_some() {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                format!("against: {} is not asked for once", pair.id),
+            ));
+        }
+    }
     let ids = Arc::new(ids);
     {
         // Refuse unknown ids before the stream starts (a 200 cannot turn into a 404 later).
@@ -489,7 +505,7 @@ async fn fetch(
     }
     Ok((
         [(header::CONTENT_TYPE, route::PACK)],
-        stream::pack(served, ids),
+        stream::pack(served, ids, against),
     )
         .into_response())
 }

@@ -4,6 +4,7 @@
 //! piece has been written. A failure mid-stream ends the body early (the client sees a body
 //! shorter than its Content-Length, or a pack without its end).
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 
@@ -95,15 +96,20 @@ pub(crate) fn tensor(served: Arc<Served>, placed: Placed) -> Body {
     })
 }
 
-/// The records of `ids` as a pack stream (`mdl::transfer::write_pack`).
-pub(crate) fn pack(served: Arc<Served>, ids: Arc<Vec<ObjectId>>) -> Body {
+/// The records of `ids` as a pack stream (`mdl::transfer::write_pack_against`: each tensor
+/// `against` pairs with a tensor the receiver holds coded against it where that is smaller).
+pub(crate) fn pack(
+    served: Arc<Served>,
+    ids: Arc<Vec<ObjectId>>,
+    against: HashMap<ObjectId, ObjectId>,
+) -> Body {
     produced("pack stream", move |tx| {
         let mut w = PieceWriter {
             tx,
             buf: Vec::with_capacity(PIECE),
             piece: PIECE,
         };
-        transfer::write_pack(&served.repo, &ids, &mut w)
+        transfer::write_pack_against(&served.repo, &ids, &against, &mut w)
             .and_then(|_| w.flush().map_err(|e| mdl::StoreError::Output(e).into()))
             .map(|_| ())
             .map_err(|e| e.to_string())

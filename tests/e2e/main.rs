@@ -8,6 +8,7 @@ mod backends;
 mod bad_input;
 mod crash;
 mod decode_budget;
+mod deltas;
 mod engine;
 mod hostile;
 mod hostile_modes;

@@ -609,24 +609,36 @@ impl Remote {
         Ok(out)
     }
 
-    /// The objects the server would send for `want` to a repository holding `have`.
+    /// The objects the server would send for `want` to a repository holding `have`, each
+    /// tensor stored whole there paired with the version of it `have` holds (its `against`,
+    /// for [`Self::fetch_pack`]).
     pub fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>> {
         let request = body::PlanRequest {
             want: want.to_vec(),
             have: have.to_vec(),
+            deltas: !have.is_empty(),
         };
         let p: body::Plan = self.post_json(route::OBJECTS_PLAN, &request, limits::MAX_PLAN)?;
         Ok(p.objects)
     }
 
     /// The pack of the records of `ids` (at most [`body::MAX_IDS`] of them, `bytes` planned),
-    /// bases first, as it arrives (`POST /objects/fetch`).
-    pub fn fetch_pack(&self, ids: &[ObjectId], bytes: u64) -> Result<PackStream> {
+    /// bases first, as it arrives (`POST /objects/fetch`); the tensors `against` pairs with a
+    /// version this side holds may come coded against it.
+    pub fn fetch_pack(
+        &self,
+        ids: &[ObjectId],
+        against: &[body::Against],
+        bytes: u64,
+    ) -> Result<PackStream> {
         let req = self.auth(
             self.agent
                 .post(format!("{}{}", self.api, route::OBJECTS_FETCH)),
         );
-        let ids = body::Ids { ids: ids.to_vec() };
+        let ids = body::FetchRequest {
+            ids: ids.to_vec(),
+            against: against.to_vec(),
+        };
         let what = "sending the pack";
         let resp = self.check(what, self.moving(req, bytes).send_json(&ids))?;
         Ok(PackStream {

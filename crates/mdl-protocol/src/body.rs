@@ -128,6 +128,26 @@ pub struct Ids {
     pub ids: Vec<ObjectId>,
 }
 
+/// The body of `POST /objects/fetch`: the records wanted, in order, and for some of them a
+/// version the asker holds, against which the sender may code them ([`Against`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FetchRequest {
+    /// The ids, at most [`MAX_IDS`].
+    pub ids: Vec<ObjectId>,
+    /// Tensors of `ids` that may come as deltas, each against a version the asker holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub against: Vec<Against>,
+}
+
+/// A tensor that may be sent as a delta against `base`, a tensor the receiver holds.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Against {
+    /// The tensor asked for.
+    pub id: ObjectId,
+    /// The version the asker holds.
+    pub base: ObjectId,
+}
+
 /// Most ids one [`Ids`] request may name: what a client sends per request (about 6.7 MB of
 /// JSON), and what bounds the answer of `POST /objects/fetch`, whose repeated ids are sent once.
 pub const MAX_IDS: usize = 100_000;
@@ -148,6 +168,10 @@ pub struct PlanRequest {
     /// Commits the asker already has.
     #[serde(default)]
     pub have: Vec<ObjectId>,
+    /// Whether the asker takes a tensor as a delta against a version it holds: the plan then
+    /// names one for each tensor stored whole ([`crate::transfer::PlannedObject::against`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deltas: bool,
 }
 
 /// The answer to `POST /objects/plan`.

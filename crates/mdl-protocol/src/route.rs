@@ -33,7 +33,7 @@ pub const OBJECTS: &str = "/objects";
 pub const OBJECTS_MISSING: &str = "/objects/missing";
 /// `POST`: what a fetch would send ([`crate::body::PlanRequest`] → [`crate::body::Plan`]).
 pub const OBJECTS_PLAN: &str = "/objects/plan";
-/// `POST`: a pack of the given ids ([`crate::body::Ids`]).
+/// `POST`: a pack of the given ids ([`crate::body::FetchRequest`]).
 pub const OBJECTS_FETCH: &str = "/objects/fetch";
 /// `POST`: bound the delta chains ([`crate::outcome::CompactOptions`]).
 pub const COMPACT: &str = "/maintenance/compact";

@@ -15,6 +15,12 @@ pub struct PlannedObject {
     /// expired rather than went missing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub expired: bool,
+    /// A version of this tensor that the receiver holds (the same tensor of the newest commit
+    /// it has): a fetch that names it may get this tensor as a delta against it, never longer
+    /// than `size`. Planned only for a receiver that takes deltas, and only for a tensor
+    /// stored whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub against: Option<ObjectId>,
 }
 
 /// A ref change requested by another repository: `name` (`refs/heads/…` or `refs/tags/…`)

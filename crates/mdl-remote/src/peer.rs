@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use mdl::transfer::{self, PlannedObject, Receipt, Received, RefUpdate};
 use mdl::{Counting, ObjectId, Progress, Repository};
-use mdl_protocol::body::{Refs, MAX_IDS};
+use mdl_protocol::body::{Against, Refs, MAX_IDS};
 
 use crate::{Error, Remote, Result};
 
@@ -63,10 +63,18 @@ impl Peer for Remote {
         progress: &dyn Progress,
     ) -> Result<Receipt> {
         let mut total = Receipt::default();
+        // A tensor may come coded against the version of it this side holds: only where this
+        // side holds it (retention may have expired it here).
+        let bases: Vec<ObjectId> = planned.iter().filter_map(|p| p.against).collect();
+        let lacking: HashSet<ObjectId> = transfer::missing(repo, &bases)?.into_iter().collect();
         for chunk in planned.chunks(MAX_IDS) {
             let ids: Vec<ObjectId> = chunk.iter().map(|p| p.id).collect();
+            let against: Vec<Against> = (chunk.iter())
+                .filter_map(|p| p.against.map(|base| Against { id: p.id, base }))
+                .filter(|a| !lacking.contains(&a.base))
+                .collect();
             let bytes = chunk.iter().map(|p| p.size).fold(0, u64::saturating_add);
-            let pack = self.fetch_pack(&ids, bytes)?;
+            let pack = self.fetch_pack(&ids, &against, bytes)?;
             let failure = pack.failure();
             let mut reader = Counting::new(pack, progress);
             let expect = transfer::Expect::Planned(chunk);

@@ -2,6 +2,8 @@
 //! an identical copy; tampered, truncated or incomplete packs are refused with no ref or
 //! commit changed; ref updates are compare-and-swap and fast-forward only.
 
+#![allow(clippy::disallowed_methods)]
+
 use std::path::Path;
 
 use mdl::checkout::{checkout, CheckoutOptions};
@@ -239,4 +241,91 @@ fn packs_that_lie_about_lengths_are_refused_before_allocating() {
         assert!(err.to_string().contains(want), "{want}: {err}");
     }
     assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
+}
+
+/// A receiver holding commit k gets commit k + 1's changed tensor coded against the version it
+/// holds: a record naming that base, smaller than the one stored, that the receiver takes and
+/// verifies, and from which it checks out commit k + 1 exactly.
+#[test]
+fn a_tensor_goes_as_a_delta_against_the_version_the_receiver_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, ids) = series(dir.path(), 2);
+    let held = ids[1];
+    // The receiver holds both commits.
+    let dst = Repository::init(&dir.path().join("dst")).unwrap();
+    transfer::receive_pack(&dst, &mut &pack(&src, held)[..], u64::MAX).unwrap();
+    // The next step changes a tenth of the elements a little.
+    let before = std::fs::read(dir.path().join("c1.safetensors")).unwrap();
+    let header = 8 + u64::from_le_bytes(before[..8].try_into().unwrap()) as usize;
+    let mut next = before.clone();
+    for k in (header..next.len() - 8).step_by(40) {
+        next[k] ^= 0x10;
+    }
+    let f = dir.path().join("c2.safetensors");
+    std::fs::write(&f, &next).unwrap();
+    let opts = CommitOptions {
+        message: "step 2".into(),
+        ..CommitOptions::default()
+    };
+    let tip = commit(&src, &f, &opts, &NoProgress).unwrap().id;
+    mdl::commit::run_deferred(&src, None, &|| false).unwrap();
+
+    let has = |id: &ObjectId| ids.contains(id);
+    let mut plan = transfer::plan(&src, &[tip], &has).unwrap();
+    transfer::derive_against(&src, &[tip], &has, &mut plan).unwrap();
+    let paired: Vec<_> = plan.iter().filter(|p| p.against.is_some()).collect();
+    assert_eq!(paired.len(), 1, "{plan:?}");
+    let p = *paired[0];
+    let base = p.against.unwrap();
+    let record = transfer::derived_record(&src, &p.id, &base)
+        .unwrap()
+        .expect("a delta smaller than the stored record");
+    assert!(
+        (record.len() as u64) * 2 < p.size,
+        "{} of {}",
+        record.len(),
+        p.size
+    );
+    let missing: std::collections::HashSet<ObjectId> =
+        transfer::missing(&dst, &plan.iter().map(|p| p.id).collect::<Vec<_>>())
+            .unwrap()
+            .into_iter()
+            .collect();
+    assert!(missing.contains(&p.id));
+    let send: Vec<ObjectId> = (plan.iter())
+        .filter(|p| missing.contains(&p.id))
+        .map(|p| p.id)
+        .collect();
+    let against = [(p.id, base)].into_iter().collect();
+    let mut coded = Vec::new();
+    transfer::write_pack_against(&src, &send, &against, &mut coded).unwrap();
+    let mut whole = Vec::new();
+    transfer::write_pack(&src, &send, &mut whole).unwrap();
+    assert!(
+        coded.len() * 2 < whole.len(),
+        "{} against {}",
+        coded.len(),
+        whole.len()
+    );
+    // A delta against a tensor the receiver lacks is refused, and changes nothing.
+    let fresh = Repository::init(&dir.path().join("fresh")).unwrap();
+    assert!(transfer::receive_pack(&fresh, &mut &coded[..], u64::MAX).is_err());
+    assert!(transfer::commits(&fresh).unwrap().is_empty());
+    transfer::receive_pack(&dst, &mut &coded[..], u64::MAX).unwrap();
+    let a = dir.path().join("a.safetensors");
+    let b = dir.path().join("b.safetensors");
+    let at = |repo: &Repository, out: &Path| {
+        checkout(
+            repo,
+            &tip.to_string(),
+            out,
+            &CheckoutOptions::default(),
+            &NoProgress,
+        )
+        .unwrap();
+    };
+    at(&src, &a);
+    at(&dst, &b);
+    assert_eq!(std::fs::read(&b).unwrap(), next);
+    assert_eq!(std::fs::read(&a).unwrap(), next);
 }

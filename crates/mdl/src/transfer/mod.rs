@@ -21,13 +21,15 @@ pub use mdl_protocol::transfer::{PlannedObject, Received, RefUpdate};
 use crate::{history, Error, Repository, Result};
 
 mod added;
+mod derived;
 mod pack;
 mod publish;
 mod receive;
 mod single;
 mod toc;
 pub use added::Added;
-pub use pack::{write_pack, PackWriter};
+pub use derived::{derive_against, derived_record, MAX_DERIVED};
+pub use pack::{write_pack, write_pack_against, PackWriter};
 pub use receive::{receive_expected, receive_indexed, receive_pack, Expect, Receipt};
 pub use single::{read_commit, read_manifest, read_tensor_header};
 pub use toc::{encode_toc, read_toc, Frame, FrameRecord, Toc, TOC_FOOTER};
@@ -125,6 +127,7 @@ pub fn plan(
             id: summary.manifest,
             size: entry.stored_len,
             expired: false,
+            against: None,
         });
         for (object, _) in manifest.objects() {
             // The object and its whole delta chain.
@@ -156,11 +159,13 @@ pub fn plan(
             id,
             size: 0,
             expired: true,
+            against: None,
         })
         .chain(tensors.into_iter().map(|(id, e)| PlannedObject {
             id,
             size: e.stored_len,
             expired: false,
+            against: None,
         }))
         .collect();
     let mut listed: HashSet<ObjectId> = out.iter().map(|p| p.id).collect();
@@ -171,6 +176,7 @@ pub fn plan(
             id: *id,
             size: entry.stored_len,
             expired: false,
+            against: None,
         });
     }
     Ok(out)

@@ -1,5 +1,6 @@
 //! Writing a pack stream (`docs/FORMAT.md`) from stored records; `receive.rs` reads one.
 
+use std::collections::HashMap;
 use std::io::Write;
 
 use mdl_codec::CodecTag;
@@ -24,6 +25,19 @@ pub(super) const MAX_RULE_LEN: usize = 1024;
 #[tracing::instrument(name = "transfer.write_pack", skip_all, fields(objects = ids.len()))]
 pub fn write_pack(repo: &Repository, ids: &[ObjectId], w: &mut dyn Write) -> Result<u64> {
     Ok(write_frames(repo, ids, w)?.0)
+}
+
+/// [`write_pack`], with each tensor that `against` pairs with a tensor the receiver holds sent
+/// as a record coded against it where that is smaller ([`super::derived_record`]).
+pub fn write_pack_against(
+    repo: &Repository,
+    ids: &[ObjectId],
+    against: &HashMap<ObjectId, ObjectId>,
+    w: &mut dyn Write,
+) -> Result<u64> {
+    let mut pack = PackWriter::new(w)?;
+    pack.objects_against(repo, ids, against)?;
+    Ok(pack.finish()?.0)
 }
 
 /// [`write_pack`], returning the bytes written and where each frame is ([`Frame`]).
@@ -88,13 +102,27 @@ impl<'w> PackWriter<'w> {
         })
     }
 
-    /// Adds the record of `id` that `entry` indexes.
-    fn record(&mut self, repo: &Repository, id: &ObjectId, entry: &IndexEntry) -> Result<()> {
-        let (record, codec) = sendable_record(repo, id, entry)?;
+    /// Adds the record of `id` that `entry` indexes, or one coded against `against` (a tensor
+    /// the receiver holds) where that is smaller.
+    fn record(
+        &mut self,
+        repo: &Repository,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        against: Option<&ObjectId>,
+    ) -> Result<()> {
+        let derived = match against {
+            Some(base) => super::derived::derived(repo, id, entry, base)?.map(|r| (r, *base)),
+            None => None,
+        };
+        let ((record, codec), base) = match derived {
+            Some((r, base)) => (r, Some(base)),
+            None => (sendable_record(repo, id, entry)?, entry.base),
+        };
         let info = FrameRecord {
             kind: entry.kind,
             codec,
-            base: entry.base,
+            base,
             content_len: entry.content_len,
         };
         self.frame(
@@ -109,6 +137,17 @@ impl<'w> PackWriter<'w> {
     /// deleted goes as an expired frame (its length field [`EXPIRED_FRAME`], then what the
     /// receiver records about it), so a thinned commit travels thinned.
     pub fn objects(&mut self, repo: &Repository, ids: &[ObjectId]) -> Result<()> {
+        self.objects_against(repo, ids, &HashMap::new())
+    }
+
+    /// [`Self::objects`], each tensor that `against` pairs with one the receiver holds coded
+    /// against it where that is smaller.
+    pub fn objects_against(
+        &mut self,
+        repo: &Repository,
+        ids: &[ObjectId],
+        against: &HashMap<ObjectId, ObjectId>,
+    ) -> Result<()> {
         enum Item {
             Record(IndexEntry),
             Expired(Expired),
@@ -127,7 +166,7 @@ impl<'w> PackWriter<'w> {
         };
         for (id, item) in ids.iter().zip(&items) {
             match item {
-                Item::Record(entry) => self.record(repo, id, entry)?,
+                Item::Record(entry) => self.record(repo, id, entry, against.get(id))?,
                 Item::Expired(x) => {
                     let rule = &x.rule.as_bytes()[..x.rule.len().min(MAX_RULE_LEN)];
                     let mut b = vec![x.kind as u8];

@@ -1,0 +1,147 @@
+//! Tensors sent as deltas against versions the receiver holds (issue 72): a client that has
+//! one commit of a series and fetches the next should move what changed, not the next version
+//! whole. The plan names, for each tensor stored whole, the version of it that the receiver
+//! holds ([`derive_against`]: the same file and tensor name in the newest commit it has); a
+//! fetch that names those pairs gets each such tensor as a record coded against its pair —
+//! the float codecs' best delta, XOR or difference, entropy-coded and sparse where sparse —
+//! made as the pack is written, where that record is smaller than the stored one
+//! ([`derived_record`]). The receiver verifies it as every record: decoded against the base it
+//! holds and hashed against the id it was asked for, exact or refused.
+
+use std::collections::HashMap;
+
+use mdl_codec::planes::Transform;
+use mdl_codec::{float, CodecTag};
+use mdl_format::record::{self, RecordHeader};
+use mdl_format::{ObjectId, ObjectKind, TensorHeader};
+use mdl_store::IndexEntry;
+
+use super::PlannedObject;
+use crate::previous::Previous;
+use crate::{history, Error, Repository, Result};
+
+/// Largest tensor coded against a base as a pack is written: the sender holds the tensor, its
+/// base and the delta at once, under the decode budget.
+pub const MAX_DERIVED: u64 = 256 << 20;
+
+/// Names in `plan` (objects a receiver holding the commits `has_commit` lacks for `want`) the
+/// version of each float tensor stored whole that the receiver holds: the tensor of the same file
+/// and name (or of the same name, where it is unique: [`Previous`]), of the same dtype and
+/// shape, in the newest commit it has among `want`'s ancestors. Tensors without one keep
+/// `against` empty.
+pub fn derive_against(
+    repo: &Repository,
+    want: &[ObjectId],
+    has_commit: &dyn Fn(&ObjectId) -> bool,
+    plan: &mut [PlannedObject],
+) -> Result<()> {
+    let walked = history::walk(repo, want)?;
+    // Children first: the first commit held is the newest the two sides share.
+    let Some((_, held)) = walked.iter().find(|(id, _)| has_commit(id)) else {
+        return Ok(());
+    };
+    let held = repo.load_manifest(&held.manifest)?;
+    let previous = Previous::of(Some(&held));
+    let mut pairs: HashMap<ObjectId, ObjectId> = HashMap::new();
+    for (_, summary) in walked.iter().filter(|(id, _)| !has_commit(id)) {
+        let manifest = repo.load_manifest(&summary.manifest)?;
+        for (f, e) in manifest.tensors() {
+            let Some(p) = previous.get(&manifest.files[f].path, &e.name) else {
+                continue;
+            };
+            // Float tensors a delta may be made of (as a commit makes them).
+            let worth = float::supports(e.header.dtype)
+                && e.header.data_len().unwrap_or(0) >= mdl_codec::SMALL_TENSOR;
+            if worth && p.id != e.id && p.header == e.header {
+                pairs.entry(e.id).or_insert(p.id);
+            }
+        }
+    }
+    let meta = repo.store().meta().read()?;
+    for p in plan.iter_mut().filter(|p| !p.expired) {
+        let Some(&base) = pairs.get(&p.id) else {
+            continue;
+        };
+        let whole = meta.object(&p.id)?.is_some_and(|e| e.base.is_none());
+        if whole && is_tensor(&meta, &base)? {
+            p.against = Some(base);
+        }
+    }
+    Ok(())
+}
+
+fn is_tensor(meta: &mdl_store::meta::MetaRead, id: &ObjectId) -> Result<bool> {
+    Ok(meta
+        .object(id)?
+        .is_some_and(|e| e.kind == ObjectKind::Tensor))
+}
+
+/// The record of tensor `id` coded against `base`, which the receiver holds: the float codecs'
+/// best delta of one against the other, where its
+/// record is smaller than the stored one. `None` where there is none to make (not a float
+/// tensor stored whole, another dtype or shape, larger than [`MAX_DERIVED`]) or it would not
+/// be smaller.
+pub fn derived_record(
+    repo: &Repository,
+    id: &ObjectId,
+    base: &ObjectId,
+) -> Result<Option<Vec<u8>>> {
+    let entry = repo.store().meta().read()?.object(id)?;
+    let Some(entry) = entry else {
+        return Ok(None);
+    };
+    Ok(derived(repo, id, &entry, base)?.map(|(record, _)| record))
+}
+
+/// [`derived_record`] of `id` indexed as `entry`, with the record's codec.
+pub(super) fn derived(
+    repo: &Repository,
+    id: &ObjectId,
+    entry: &IndexEntry,
+    base: &ObjectId,
+) -> Result<Option<(Vec<u8>, u8)>> {
+    let store = repo.store();
+    let Some(bentry) = store.meta().read()?.object(base)? else {
+        return Ok(None);
+    };
+    let fits = entry.kind == ObjectKind::Tensor
+        && bentry.kind == ObjectKind::Tensor
+        && entry.content_len == bentry.content_len
+        && entry.content_len > 0
+        && entry.content_len <= MAX_DERIVED;
+    if !fits {
+        return Ok(None);
+    }
+    let prefix = store.record_header(id, entry)?.prefix;
+    if store.record_header(base, &bentry)?.prefix != prefix {
+        return Ok(None);
+    }
+    let header = TensorHeader::from_canonical(&prefix)
+        .map_err(|source| Error::Corrupt { id: *id, source })?;
+    if !float::supports(header.dtype) {
+        return Ok(None);
+    }
+    // The tensor, its base and the delta, held at once.
+    let _budget = crate::budget::reserve(3 * entry.content_len);
+    let data = store.load_tensor(id, entry)?;
+    let b = store.load_tensor(base, &bentry)?;
+    let engine = store.engine();
+    let encoder = |source| Error::Encode { id: *id, source };
+    let analysis = float::analyze(engine, header.dtype, &data, Some(&b)).map_err(encoder)?;
+    let Some(choice) = analysis.best_delta() else {
+        return Ok(None);
+    };
+    // The record is at least its payload; one no smaller than the stored record is not made.
+    if choice.size >= entry.stored_len {
+        return Ok(None);
+    }
+    let mut payload = Vec::new();
+    float::encode(engine, header.dtype, &data, Some(&b), choice, &mut payload).map_err(encoder)?;
+    let codec = match choice.transform {
+        Transform::Sub => CodecTag::SubDelta,
+        Transform::Planes => CodecTag::XorDelta,
+    } as u8;
+    let head = RecordHeader::new(ObjectKind::Tensor, codec, Some(*base), prefix);
+    let rec = record::encode(&head, &payload, entry.content_len);
+    Ok(((rec.len() as u64) < entry.stored_len).then_some((rec, codec)))
+}
