@@ -2,7 +2,9 @@
 //! stream of their records, receiving one with every object verified, and ref updates by
 //! compare-and-swap with a fast-forward check.
 //!
-//! Records travel as they are stored (deltas included), so a push costs what the store costs.
+//! Records travel as they are stored (deltas included), so a push costs what the store costs;
+//! a fetch may take a tensor stored whole as a delta against the version it holds instead
+//! (`derived.rs`).
 //! The receiver re-hashes every object before its index names it, publishing tensors in layers
 //! so a delta's base is always indexed (and verified) before the delta; manifests and commits
 //! are published last, in one transaction, once everything they name is present. A refused
