@@ -90,16 +90,36 @@ pub fn derived_record(
     let Some(entry) = entry else {
         return Ok(None);
     };
-    Ok(derived(repo, id, &entry, base)?.map(|(record, _)| record))
+    let _budget = crate::budget::reserve(held_bytes(&entry));
+    Ok(derived(repo, id, &entry, base)?.map(|d| d.record))
 }
 
-/// [`derived_record`] of `id` indexed as `entry`, with the record's codec.
+/// Bytes making a record coded against a base holds at once, for a tensor indexed as
+/// `entry`: the tensor, its base and the delta (nothing past [`MAX_DERIVED`], which is not
+/// made).
+pub(super) fn held_bytes(entry: &IndexEntry) -> u64 {
+    match entry.content_len <= MAX_DERIVED {
+        true => 3 * entry.content_len,
+        false => 0,
+    }
+}
+
+/// A record coded against a tensor the receiver holds.
+pub(super) struct Derived {
+    pub(super) record: Vec<u8>,
+    pub(super) codec: u8,
+    /// The tensor it is coded against.
+    pub(super) base: ObjectId,
+}
+
+/// [`derived_record`] of `id` indexed as `entry`; the caller holds [`held_bytes`] of the
+/// decode budget.
 pub(super) fn derived(
     repo: &Repository,
     id: &ObjectId,
     entry: &IndexEntry,
     base: &ObjectId,
-) -> Result<Option<(Vec<u8>, u8)>> {
+) -> Result<Option<Derived>> {
     let store = repo.store();
     let Some(bentry) = store.meta().read()?.object(base)? else {
         return Ok(None);
@@ -121,8 +141,6 @@ pub(super) fn derived(
     if !float::supports(header.dtype) {
         return Ok(None);
     }
-    // The tensor, its base and the delta, held at once.
-    let _budget = crate::budget::reserve(3 * entry.content_len);
     let data = store.load_tensor(id, entry)?;
     let b = store.load_tensor(base, &bentry)?;
     let engine = store.engine();
@@ -142,6 +160,12 @@ pub(super) fn derived(
         Transform::Planes => CodecTag::XorDelta,
     } as u8;
     let head = RecordHeader::new(ObjectKind::Tensor, codec, Some(*base), prefix);
-    let rec = record::encode(&head, &payload, entry.content_len);
-    Ok(((rec.len() as u64) < entry.stored_len).then_some((rec, codec)))
+    let record = record::encode(&head, &payload, entry.content_len);
+    Ok(
+        ((record.len() as u64) < entry.stored_len).then_some(Derived {
+            record,
+            codec,
+            base: *base,
+        }),
+    )
 }

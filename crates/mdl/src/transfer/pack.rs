@@ -8,6 +8,9 @@ use mdl_format::record::{self, RecordHeader};
 use mdl_format::{ObjectId, ObjectKind};
 use mdl_store::{Expired, IndexEntry, StoreError};
 
+use rayon::prelude::*;
+
+use super::derived::{self, Derived};
 use super::toc::{Frame, FrameRecord};
 use super::PACK_MAGIC;
 use crate::{Error, Repository, Result};
@@ -102,21 +105,17 @@ impl<'w> PackWriter<'w> {
         })
     }
 
-    /// Adds the record of `id` that `entry` indexes, or one coded against `against` (a tensor
-    /// the receiver holds) where that is smaller.
+    /// Adds the record of `id` that `entry` indexes, or `derived`, one coded against a tensor
+    /// the receiver holds.
     fn record(
         &mut self,
         repo: &Repository,
         id: &ObjectId,
         entry: &IndexEntry,
-        against: Option<&ObjectId>,
+        derived: Option<Derived>,
     ) -> Result<()> {
-        let derived = match against {
-            Some(base) => super::derived::derived(repo, id, entry, base)?.map(|r| (r, *base)),
-            None => None,
-        };
         let ((record, codec), base) = match derived {
-            Some((r, base)) => (r, Some(base)),
+            Some(d) => ((d.record, d.codec), Some(d.base)),
             None => (sendable_record(repo, id, entry)?, entry.base),
         };
         let info = FrameRecord {
@@ -164,9 +163,35 @@ impl<'w> PackWriter<'w> {
                 })
                 .collect::<Result<Vec<_>, _>>()?
         };
-        for (id, item) in ids.iter().zip(&items) {
+        // Records coded against what the receiver holds are made a window of tensors at a
+        // time, in parallel, under one reservation of the decode budget (taken here, on the
+        // writer's thread: the workers never wait for it), and written in order.
+        let window = rayon::current_num_threads().max(1);
+        let mut made: Vec<Option<Derived>> = Vec::new();
+        for (k, (id, item)) in ids.iter().zip(&items).enumerate() {
+            if k % window == 0 {
+                let jobs: Vec<(usize, &IndexEntry, ObjectId)> = (k..ids.len().min(k + window))
+                    .filter_map(|j| match (&items[j], against.get(&ids[j])) {
+                        (Item::Record(e), Some(base)) => Some((j, e, *base)),
+                        _ => None,
+                    })
+                    .collect();
+                let held = jobs.iter().map(|(_, e, _)| derived::held_bytes(e)).sum();
+                let _budget = crate::budget::reserve(held);
+                let coded = jobs
+                    .par_iter()
+                    .map(|&(j, e, base)| Ok((j, derived::derived(repo, &ids[j], e, &base)?)))
+                    .collect::<Result<Vec<_>>>()?;
+                made = (0..window).map(|_| None).collect();
+                for (j, r) in coded {
+                    made[j - k] = r;
+                }
+            }
             match item {
-                Item::Record(entry) => self.record(repo, id, entry, against.get(id))?,
+                Item::Record(entry) => {
+                    let derived = made[k % window].take();
+                    self.record(repo, id, entry, derived)?
+                }
                 Item::Expired(x) => {
                     let rule = &x.rule.as_bytes()[..x.rule.len().min(MAX_RULE_LEN)];
                     let mut b = vec![x.kind as u8];
