@@ -64,14 +64,14 @@ impl Peer for Remote {
     ) -> Result<Receipt> {
         let mut total = Receipt::default();
         // A tensor may come coded against the version of it this side holds: only where this
-        // side holds it (retention may have expired it here).
+        // side holds it as its id names it (retention may have expired or coarsened it here).
         let bases: Vec<ObjectId> = planned.iter().filter_map(|p| p.against).collect();
-        let lacking: HashSet<ObjectId> = transfer::missing(repo, &bases)?.into_iter().collect();
+        let usable: HashSet<ObjectId> = transfer::usable_bases(repo, &bases)?.into_iter().collect();
         for chunk in planned.chunks(MAX_IDS) {
             let ids: Vec<ObjectId> = chunk.iter().map(|p| p.id).collect();
             let against: Vec<Against> = (chunk.iter())
                 .filter_map(|p| p.against.map(|base| Against { id: p.id, base }))
-                .filter(|a| !lacking.contains(&a.base))
+                .filter(|a| usable.contains(&a.base))
                 .collect();
             let bytes = chunk.iter().map(|p| p.size).fold(0, u64::saturating_add);
             let pack = self.fetch_pack(&ids, &against, bytes)?;

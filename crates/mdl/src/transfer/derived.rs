@@ -132,10 +132,16 @@ pub(super) fn derived(
     if !fits {
         return Ok(None);
     }
-    let prefix = store.record_header(id, entry)?.prefix;
-    if store.record_header(base, &bentry)?.prefix != prefix {
+    // A coarsened record decodes to other content than its id names (retention re-encoded it):
+    // a delta from or to it would not rebuild what the receiver asked for, or holds.
+    let (head, bhead) = (
+        store.record_header(id, entry)?,
+        store.record_header(base, &bentry)?,
+    );
+    if head.prefix != bhead.prefix || head.coarsened.is_some() || bhead.coarsened.is_some() {
         return Ok(None);
     }
+    let prefix = head.prefix;
     let header = TensorHeader::from_canonical(&prefix)
         .map_err(|source| Error::Corrupt { id: *id, source })?;
     if !float::supports(header.dtype) {
@@ -168,4 +174,23 @@ pub(super) fn derived(
             base: *base,
         }),
     )
+}
+
+/// Those of `ids` that this repository holds as tensors decoding to what their ids name: the
+/// versions a fetch may take deltas against (one retention coarsened here, or expired, is not).
+pub fn usable_bases(repo: &Repository, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
+    let store = repo.store();
+    let meta = store.meta().read()?;
+    let mut out = Vec::new();
+    for id in ids {
+        let Some(entry) = meta.object(id)? else {
+            continue;
+        };
+        if entry.kind == ObjectKind::Tensor
+            && crate::coarsen::coarsening(store, id, &entry)?.is_none()
+        {
+            out.push(*id);
+        }
+    }
+    Ok(out)
 }
