@@ -423,25 +423,25 @@ async fn commit(
 }
 
 /// The ids of a request, refused past [`body::MAX_IDS`].
-fn bounded(request: body::Ids) -> ApiResult<Vec<ObjectId>> {
-    if request.ids.len() > body::MAX_IDS {
+fn bounded(ids: Vec<ObjectId>) -> ApiResult<Vec<ObjectId>> {
+    if ids.len() > body::MAX_IDS {
         return Err(ApiError::new(
             ErrorCode::BadRequest,
             format!(
                 "{} ids in one request; at most {} (send them in several)",
-                request.ids.len(),
+                ids.len(),
                 body::MAX_IDS
             ),
         ));
     }
-    Ok(request.ids)
+    Ok(ids)
 }
 
 async fn missing(
     Access(served): Reader,
     body: Result<Json<body::Ids>, JsonRejection>,
 ) -> ApiResult<Response> {
-    let ids = bounded(json_body(body)?)?;
+    let ids = bounded(json_body(body)?.ids)?;
     blocking(move || {
         let missing = transfer::missing(&served.repo, &ids)?;
         Ok(Json(body::Missing { missing }).into_response())
@@ -478,7 +478,7 @@ async fn fetch(
     let request = json_body(body)?;
     // A repeated id is sent once: the answer is bounded by MAX_IDS distinct records.
     let mut seen = HashSet::new();
-    let mut ids = bounded(body::Ids { ids: request.ids })?;
+    let mut ids = bounded(request.ids)?;
     ids.retain(|id| seen.insert(*id));
     // A pair names an id asked for, once; each is coded against its base as the pack is
     // written, or sent as stored.

@@ -5,8 +5,11 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use mdl_format::record;
+
 use crate::peer_proxy::{Answer, Body, Proxy, Route};
 use crate::server::*;
+use crate::transfer::ok_with;
 use crate::util::*;
 
 /// A bf16 tensor of 1 Mi elements and an f32 one of 64 Ki: step `step` of a run whose every
@@ -25,17 +28,22 @@ fn step(step: u64) -> Vec<T> {
     vec![w, v]
 }
 
-fn fetch(clone: &Path, remote: Option<&str>) -> Output {
-    let c = clone.to_str().unwrap();
-    let mut args = vec!["-C", c, "--json", "fetch"];
-    args.extend(remote);
+/// `mdl fetch evil` in `clone`, which must fail: its output.
+fn refused_fetch(clone: &Path) -> Output {
     Command::new(mdl_bin())
-        .args(&args)
+        .args(["-C", clone.to_str().unwrap(), "fetch", "evil"])
         .env("MDL_TOKEN", READ)
         .env("MDL_AUTHOR", "tester")
         .env("MDL_REMOTE_REQUEST_TIMEOUT", "20")
         .output()
         .unwrap()
+}
+
+/// `mdl --json fetch` of origin in `clone`: the record bytes it moved.
+fn fetched_bytes(clone: &Path) -> u64 {
+    let out = ok_with(READ, &["-C", clone.to_str().unwrap(), "--json", "fetch"]);
+    let moved: serde_json::Value = serde_json::from_str(&out).unwrap();
+    moved["bytes"].as_u64().unwrap()
 }
 
 /// A served repository holding step 0, and a clone of it.
@@ -47,20 +55,8 @@ fn served_and_cloned(d: &Path) -> (std::path::PathBuf, Server, std::path::PathBu
     ok(&repo, &["commit", f.to_str().unwrap(), "-m", "step 0"]);
     let server = Server::start(&["--root", d.to_str().unwrap()], d);
     let clone = d.join("clone");
-    let out = Command::new(mdl_bin())
-        .args([
-            "clone",
-            &format!("{}/repo", server.base),
-            clone.to_str().unwrap(),
-        ])
-        .env("MDL_TOKEN", READ)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let url = format!("{}/repo", server.base);
+    ok_with(READ, &["clone", &url, clone.to_str().unwrap()]);
     (repo, server, clone)
 }
 
@@ -79,14 +75,7 @@ fn a_fetch_moves_what_changed_and_rebuilds_it_exactly() {
         );
         let stored = json(&repo, &["stats"])["stored_bytes"].as_u64().unwrap();
         whole = whole.max(stored / (s + 1));
-        let out = fetch(&clone, None);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let moved: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let moved = moved["bytes"].as_u64().unwrap();
+        let moved = fetched_bytes(&clone);
         // About 1 % of the elements changed: the deltas are a few percent of a step stored
         // whole (the manifest and commit records come too).
         assert!(
@@ -102,24 +91,9 @@ fn a_fetch_moves_what_changed_and_rebuilds_it_exactly() {
     server.stop();
 }
 
-/// The standard CRC-32 (what a record's trailer holds), for forging a consistent record.
-fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in bytes {
-        crc ^= b as u32;
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xedb8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
-}
-
 /// Flips a payload byte of every delta record of a pack (a record whose header names a base)
-/// and makes its checksum agree: a well-formed record that does not rebuild its tensor.
+/// and writes the record again with a checksum that agrees: a well-formed record that does not
+/// rebuild its tensor.
 fn altered_deltas(route: Route, mut a: Answer) -> Answer {
     let Body::Bytes(body) = &mut a.body else {
         return a;
@@ -134,12 +108,11 @@ fn altered_deltas(route: Route, mut a: Answer) -> Answer {
             break;
         }
         let rec = &mut body[at + 40..at + 40 + len];
-        // magic 4 | version 2 | kind 1 | codec 1 | flags 1: flag 1 names a base.
-        if rec[8] & 1 == 1 && rec.len() > 200 {
-            let mid = rec.len() / 2;
-            rec[mid] ^= 0x40;
-            let crc = crc32(&rec[..len - 4]);
-            rec[len - 4..].copy_from_slice(&crc.to_le_bytes());
+        let (header, payload, trailer) = record::decode(rec).unwrap();
+        if header.base.is_some() && payload.len() > 100 {
+            let mut altered = payload.to_vec();
+            altered[payload.len() / 2] ^= 0x40;
+            rec.copy_from_slice(&record::encode(&header, &altered, trailer.content_len));
         }
         at += 40 + len;
     }
@@ -160,7 +133,7 @@ fn a_delta_that_does_not_rebuild_its_tensor_is_refused() {
     write_safetensors(&f, &step(1), &[]);
     ok(&repo, &["commit", f.to_str().unwrap(), "-m", "step 1"]);
     let before = state(&clone);
-    let out = fetch(&clone, Some("evil"));
+    let out = refused_fetch(&clone);
     assert!(!out.status.success(), "a forged delta was taken");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = stderr.lines().collect();
@@ -169,11 +142,6 @@ fn a_delta_that_does_not_rebuild_its_tensor_is_refused() {
     assert_eq!(state(&clone), before);
     assert_fsck_clean(&clone);
     // The honest server's deltas are taken.
-    let out = fetch(&clone, None);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    fetched_bytes(&clone);
     server.stop();
 }

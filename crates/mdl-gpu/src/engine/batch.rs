@@ -10,7 +10,7 @@ use mdl_format::ObjectId;
 
 use super::device::{launch_flag_histogram, launch_histogram, Geometry, Gpu, Lane};
 use super::encode::{encode_all, Encoding};
-use super::hash::{hash_into, id_of};
+use super::hash::{hash_tree, id_of};
 use super::Res;
 use crate::GpuEngine;
 
@@ -79,13 +79,9 @@ impl GpuEngine {
                 let mut roots = lane.alloc::<u32>(8 * group.len())?;
                 for (j, (prefix, data)) in group.iter().enumerate() {
                     let d = lane.bytes(gpu, data)?;
-                    hash_into(
-                        gpu,
-                        lane,
-                        prefix,
-                        &d.view(),
-                        &mut roots.slice_mut(8 * j..8 * j + 8),
-                    )?;
+                    let root = hash_tree(gpu, lane, prefix, &d.view())?;
+                    let mut slot = roots.slice_mut(8 * j..8 * j + 8);
+                    lane.stream.memcpy_dtod(&root.slice(..8), &mut slot)?;
                 }
                 let words = lane.fetch(&roots, 8 * group.len())?;
                 Ok(words.chunks_exact(8).map(id_of).collect())

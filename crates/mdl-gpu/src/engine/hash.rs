@@ -3,7 +3,7 @@
 //! `mdl_format::TensorHeader::object_id` computes on the host.
 
 use super::device::{cfg, Gpu, Lane};
-use super::{CudaView, CudaViewMut, PushKernelArg, Res};
+use super::{CudaView, PushKernelArg, Res, Scratch};
 use crate::GpuEngine;
 use mdl_format::{ObjectId, TensorHasher};
 
@@ -18,8 +18,7 @@ pub(super) fn hash_on(
     prefix: &[u8],
     data: &CudaView<'_, u8>,
 ) -> Res<ObjectId> {
-    let mut root = lane.alloc::<u32>(8)?;
-    hash_into(gpu, lane, prefix, data, &mut root.slice_mut(..8))?;
+    let root = hash_tree(gpu, lane, prefix, data)?;
     Ok(id_of(&lane.fetch(&root, 8)?))
 }
 
@@ -32,14 +31,14 @@ pub(super) fn id_of(words: &[u32]) -> ObjectId {
     ObjectId::from_bytes(id)
 }
 
-/// Queues the BLAKE3 hash of `prefix || data` (`data` on the device) into `root`'s 8 words.
-pub(super) fn hash_into(
+/// Queues the BLAKE3 hash of `prefix || data` (`data` on the device): a buffer whose first 8
+/// words will hold it.
+pub(super) fn hash_tree(
     gpu: &Gpu,
     lane: &Lane,
     prefix: &[u8],
     data: &CudaView<'_, u8>,
-    root: &mut CudaViewMut<'_, u32>,
-) -> Res<()> {
+) -> Res<Scratch<u32>> {
     let total = (prefix.len() + data.len()) as u64;
     let chunks = total.div_ceil(B3_CHUNK).max(1);
     let dprefix = lane.put(prefix)?;
@@ -69,7 +68,7 @@ pub(super) fn hash_into(
         std::mem::swap(&mut level, &mut next);
         n = parents;
     }
-    lane.stream.memcpy_dtod(&level.slice(..8), root)
+    Ok(level)
 }
 
 impl GpuEngine {

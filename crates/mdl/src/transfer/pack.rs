@@ -151,6 +151,16 @@ impl<'w> PackWriter<'w> {
             Record(IndexEntry),
             Expired(Expired),
         }
+        // A tensor's record and the version of it the receiver holds, where paired.
+        fn paired<'i>(
+            item: &'i Item,
+            base: Option<&ObjectId>,
+        ) -> Option<(&'i IndexEntry, ObjectId)> {
+            match (item, base) {
+                (Item::Record(e), Some(base)) => Some((e, *base)),
+                _ => None,
+            }
+        }
         let items = {
             let meta = repo.store().meta().read()?;
             ids.iter()
@@ -167,39 +177,36 @@ impl<'w> PackWriter<'w> {
         // time, in parallel, under one reservation of the decode budget (taken here, on the
         // writer's thread: the workers never wait for it), and written in order.
         let window = rayon::current_num_threads().max(1);
-        let mut made: Vec<Option<Derived>> = Vec::new();
-        for (k, (id, item)) in ids.iter().zip(&items).enumerate() {
-            if k % window == 0 {
-                let jobs: Vec<(usize, &IndexEntry, ObjectId)> = (k..ids.len().min(k + window))
-                    .filter_map(|j| match (&items[j], against.get(&ids[j])) {
-                        (Item::Record(e), Some(base)) => Some((j, e, *base)),
-                        _ => None,
-                    })
-                    .collect();
-                let held = jobs.iter().map(|(_, e, _)| derived::held_bytes(e)).sum();
-                let _budget = crate::budget::reserve(held);
-                let coded = jobs
-                    .par_iter()
-                    .map(|&(j, e, base)| Ok((j, derived::derived(repo, &ids[j], e, &base)?)))
-                    .collect::<Result<Vec<_>>>()?;
-                made = (0..window).map(|_| None).collect();
-                for (j, r) in coded {
-                    made[j - k] = r;
+        for (ids, items) in ids.chunks(window).zip(items.chunks(window)) {
+            let made = match ids.iter().any(|id| against.contains_key(id)) {
+                // A window of records as stored (a push, a clone) goes straight out.
+                false => ids.iter().map(|_| None).collect(),
+                true => {
+                    let held = (ids.iter().zip(items))
+                        .filter_map(|(id, item)| paired(item, against.get(id)))
+                        .map(|(e, _)| derived::held_bytes(e))
+                        .sum();
+                    let _budget = crate::budget::reserve(held);
+                    (ids.par_iter().zip(items))
+                        .map(|(id, item)| match paired(item, against.get(id)) {
+                            Some((e, base)) => derived::derived(repo, id, e, &base),
+                            None => Ok(None),
+                        })
+                        .collect::<Result<Vec<_>>>()?
                 }
-            }
-            match item {
-                Item::Record(entry) => {
-                    let derived = made[k % window].take();
-                    self.record(repo, id, entry, derived)?
-                }
-                Item::Expired(x) => {
-                    let rule = &x.rule.as_bytes()[..x.rule.len().min(MAX_RULE_LEN)];
-                    let mut b = vec![x.kind as u8];
-                    b.extend_from_slice(&x.content_len.to_le_bytes());
-                    b.extend_from_slice(&x.time.0.to_le_bytes());
-                    b.extend_from_slice(&(rule.len() as u16).to_le_bytes());
-                    b.extend_from_slice(rule);
-                    self.frame(id, &EXPIRED_FRAME.to_le_bytes(), &b, None)?;
+            };
+            for ((id, item), derived) in ids.iter().zip(items).zip(made) {
+                match item {
+                    Item::Record(entry) => self.record(repo, id, entry, derived)?,
+                    Item::Expired(x) => {
+                        let rule = &x.rule.as_bytes()[..x.rule.len().min(MAX_RULE_LEN)];
+                        let mut b = vec![x.kind as u8];
+                        b.extend_from_slice(&x.content_len.to_le_bytes());
+                        b.extend_from_slice(&x.time.0.to_le_bytes());
+                        b.extend_from_slice(&(rule.len() as u16).to_le_bytes());
+                        b.extend_from_slice(rule);
+                        self.frame(id, &EXPIRED_FRAME.to_le_bytes(), &b, None)?;
+                    }
                 }
             }
         }
