@@ -36,7 +36,7 @@ pub use fs::{RealFs, Storage};
 pub use lock::{writer_waiting, LockMode, RepoLock};
 pub use meta::{CommitSummary, Expired, IndexEntry, Meta, RefValue, ReflogEntry};
 pub use objects::{
-    windowed_cost, zeroed, ObjectBatch, Placement, PutOutcome, RecordWriter, TensorWindows,
+    windowed_cost, zeroed, Held, ObjectBatch, Placement, PutOutcome, RecordWriter, TensorWindows,
     Unpublished, MAX_CHAIN, WINDOW_CHUNKS,
 };
 

@@ -164,6 +164,50 @@ fn bad_packs_change_nothing() {
     assert!(mdl::fsck::fsck(&dst, false).unwrap().ok());
 }
 
+/// The frames of a pack: each record's range in it.
+fn records(pack: &[u8]) -> Vec<std::ops::Range<usize>> {
+    let (mut at, mut out) = (8, Vec::new());
+    loop {
+        let len = u64::from_le_bytes(pack[at + 32..at + 40].try_into().unwrap());
+        if len == 0 || len == u64::MAX {
+            return out;
+        }
+        out.push(at + 40..at + 40 + len as usize);
+        at += 40 + len as usize;
+    }
+}
+
+/// A delta deep in a chain, re-made with a valid checksum around altered bytes: the receiver
+/// decodes it against the level it verified just before (held decoded, not decoded again), and
+/// still refuses it by its content hash.
+#[test]
+fn an_altered_delta_deep_in_a_chain_is_refused() {
+    use mdl_format::record;
+    let dir = tempfile::tempdir().unwrap();
+    let (src, ids) = series(dir.path(), 4);
+    let good = pack(&src, *ids.last().unwrap());
+    let deltas: Vec<_> = records(&good)
+        .into_iter()
+        .filter(|r| record::decode(&good[r.clone()]).unwrap().0.base.is_some())
+        .collect();
+    assert!(deltas.len() >= 2, "a chain of deltas");
+    for r in [deltas[deltas.len() - 1].clone(), deltas[0].clone()] {
+        let mut bad = good.clone();
+        let (header, payload, trailer) = record::decode(&good[r.clone()]).unwrap();
+        let mut altered = payload.to_vec();
+        let at = altered.len() - 20;
+        altered[at] ^= 0x04;
+        bad[r].copy_from_slice(&record::encode(&header, &altered, trailer.content_len));
+        let fresh = Repository::init(&dir.path().join(format!("r{}", deltas.len()))).unwrap();
+        let err = transfer::receive_pack(&fresh, &mut &bad[..], u64::MAX).unwrap_err();
+        assert!(matches!(err, Error::BadTransfer(_)), "{err}");
+        assert_eq!(commits(&fresh), 0);
+        assert!(mdl::fsck::fsck(&fresh, false).unwrap().ok());
+        drop(fresh);
+        std::fs::remove_dir_all(dir.path().join(format!("r{}", deltas.len()))).unwrap();
+    }
+}
+
 #[test]
 fn ref_updates_are_compare_and_swap_and_fast_forward() {
     let dir = tempfile::tempdir().unwrap();

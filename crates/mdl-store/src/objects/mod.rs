@@ -122,7 +122,7 @@ mod write;
 
 pub(crate) use read::agrees_with_index;
 pub use unpublished::Unpublished;
-pub use windows::{windowed_cost, TensorWindows, WINDOW_CHUNKS};
+pub use windows::{windowed_cost, Held, TensorWindows, WINDOW_CHUNKS};
 pub(crate) use write::next_temp;
 pub use write::{ObjectBatch, PutOutcome, RecordWriter};
 

@@ -13,11 +13,13 @@
 //! a delta are not hashed on their own: a wrong byte of theirs would change the top level's.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use mdl_codec::float::{self, Frames, PayloadIndex};
 use mdl_codec::planes::{PlaneSpec, Transform};
@@ -56,6 +58,11 @@ pub fn windowed_cost(entry: &IndexEntry) -> u64 {
     whole.min(window.saturating_mul(2 * (u64::from(entry.depth) + 1)))
 }
 
+/// Tensors decoded and verified already, by id: a delta over one of them decodes against these
+/// bytes instead of its base's chain (what a transfer verifying a chain a level at a time
+/// holds of the level it verified last).
+pub type Held = HashMap<ObjectId, Arc<Vec<u8>>>;
+
 /// A tensor being decoded a window at a time ([`Store::tensor_windows`]).
 pub struct TensorWindows<'s> {
     level: Level<'s>,
@@ -71,7 +78,20 @@ impl Store {
         id: &ObjectId,
         entry: &IndexEntry,
     ) -> Result<TensorWindows<'_>, StoreError> {
-        let level = self.reread(id, entry, |e| self.open_level(id, e, chain_budget(e), true))?;
+        self.held_windows(id, entry, &Held::new())
+    }
+
+    /// [`Self::tensor_windows`] where any base in its chain that `held` has is read from there
+    /// (decoded and verified already), not decoded from its records.
+    pub fn held_windows(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        held: &Held,
+    ) -> Result<TensorWindows<'_>, StoreError> {
+        let level = self.reread(id, entry, |e| {
+            self.open_level(id, e, chain_budget(e), true, held)
+        })?;
         // Whole chunks of elements (a float record's width), or of bytes.
         let width = match &level {
             Level::Float(f) => f.width,
@@ -124,6 +144,7 @@ impl Store {
         entry: &IndexEntry,
         budget: u32,
         verify: bool,
+        held: &Held,
     ) -> Result<Level<'_>, StoreError> {
         let bad = corrupt(id, entry);
         let codec = CodecTag::try_from(entry.codec).map_err(bad)?;
@@ -146,7 +167,7 @@ impl Store {
         if in_memory_stream(codec, entry) || (!streaming && transform.is_none()) {
             // Small raw and zstd records, and the lossy codecs: decoded whole.
             return Ok(Level::Memory {
-                data: self.load_tensor(id, entry)?,
+                data: Arc::new(self.load_tensor(id, entry)?),
                 at: 0,
             });
         }
@@ -226,15 +247,24 @@ impl Store {
             read(0, &mut first).map_err(bad)?;
         }
         let base = BaseWindows::new(match &entry.base {
-            Some(base_id) => {
-                let base_entry = self.base_entry(id, entry, base_id)?;
-                Some(Box::new(self.open_level(
-                    base_id,
-                    &base_entry,
-                    budget - 1,
-                    false,
-                )?))
-            }
+            Some(base_id) => match held.get(base_id) {
+                Some(data) if data.len() as u64 == entry.content_len => {
+                    Some(Box::new(Level::Memory {
+                        data: data.clone(),
+                        at: 0,
+                    }))
+                }
+                _ => {
+                    let base_entry = self.base_entry(id, entry, base_id)?;
+                    Some(Box::new(self.open_level(
+                        base_id,
+                        &base_entry,
+                        budget - 1,
+                        false,
+                        held,
+                    )?))
+                }
+            },
             None => None,
         });
         if float::is_framed(&first) {
@@ -343,7 +373,11 @@ enum Level<'s> {
     Float(FloatLevel<'s>),
     Framed(FramedLevel<'s>),
     Stream(StreamLevel),
-    Memory { data: Vec<u8>, at: usize },
+    /// Decoded whole: a record decoded so, or a base held decoded ([`Held`]).
+    Memory {
+        data: Arc<Vec<u8>>,
+        at: usize,
+    },
 }
 
 impl Level<'_> {

@@ -11,49 +11,93 @@ use mdl_store::{CommitSummary, Expired, IndexEntry, StoreError};
 use super::bad_pack;
 use crate::{per_tensor, Error, Repository, Result};
 
+/// Decoded bytes of one layer kept for the next, at most this many (and a quarter of the decode
+/// budget): a chain arrives a level a layer (its newest version first), so each delta decodes
+/// one level against what the layer before it held instead of its whole chain again.
+const HOLD: u64 = 1 << 30;
+
+/// Tensors of the layer verified last, decoded, under the reservation that holds them.
+#[derive(Default)]
+pub(super) struct Verified {
+    held: mdl_store::Held,
+    _reserved: Vec<mdl_store::budget::Reservation>,
+}
+
 /// Verifies a layer of written tensor records by decoding them (a window at a time where that
-/// holds less), then indexes them. The records of expiry that indexing them replaced, for a roll-back.
+/// holds less; against `verified`'s bytes where it holds a record's base), then indexes them.
+/// `verified` then holds what this layer kept decoded. The records of expiry that indexing
+/// them replaced, for a roll-back.
 pub(super) fn publish_tensors(
     repo: &Repository,
     batch: mdl_store::ObjectBatch<'_>,
     layer: &mut Vec<(ObjectId, IndexEntry)>,
+    verified: &mut Verified,
 ) -> Result<Vec<(ObjectId, Expired)>> {
     batch.finish()?;
     if layer.is_empty() {
         return Ok(Vec::new());
     }
     let store = repo.store();
+    let limit = mdl_store::budget::limit();
+    let hold_cap = HOLD.min(limit / 4);
+    let mut next = Verified::default();
+    let mut kept = 0u64;
     // Verified in batches that fit the process's decode budget (a server shares it among its
     // requests; a batch is reserved whole before it decodes).
-    let cap = mdl_store::budget::limit().min(1 << 30);
+    let cap = limit.min(1 << 30);
     let mut start = 0;
     while start < layer.len() {
-        let (mut end, mut cost) = (start, 0u64);
+        let (mut end, mut cost, mut keeping) = (start, 0u64, 0u64);
+        let mut keep = Vec::new();
         while end < layer.len() {
-            let c = mdl_store::windowed_cost(&layer[end].1);
+            let e = &layer[end].1;
+            let hold = kept + keeping + e.content_len <= hold_cap;
+            let c = mdl_store::windowed_cost(e) + if hold { e.content_len } else { 0 };
             if end > start && cost.saturating_add(c) > cap {
                 break;
             }
+            keeping += if hold { e.content_len } else { 0 };
+            keep.push(hold);
             cost = cost.saturating_add(c);
             end += 1;
         }
-        let _held = mdl_store::budget::reserve(cost);
-        per_tensor(
-            &layer[start..end],
-            |(_, e)| e.content_len,
-            |(id, e)| {
+        let mut reserved = mdl_store::budget::reserve(cost);
+        let items: Vec<_> = layer[start..end].iter().zip(keep).collect();
+        let held = &verified.held;
+        let decoded = per_tensor(
+            &items,
+            |((_, e), _)| e.content_len,
+            |((id, e), keep)| -> Result<Option<Vec<u8>>> {
+                let mut windows = store.held_windows(id, e, held)?;
+                if *keep {
+                    let mut out = mdl_store::zeroed(e.content_len)?;
+                    while let Some((at, n)) = windows.next_window() {
+                        windows.next_into(&mut out[at as usize..at as usize + n])?;
+                    }
+                    windows.finish()?;
+                    return Ok(Some(out));
+                }
                 // Whichever holds less: a window of every level of its chain, or the tensor
                 // decoded whole (a deep chain of a small tensor) — what its cost reserved.
                 if mdl_store::windowed_cost(e) < mdl_store::budget::decode_cost(e) {
-                    store.read_object(id, e, &mut std::io::sink())?;
+                    windows.for_each(&mut Vec::new(), |_, _| Ok(()))?;
                 } else {
+                    drop(windows);
                     store.load_tensor(id, e)?;
                 }
-                Ok(())
+                Ok(None)
             },
         )?;
+        for (((id, _), _), out) in items.iter().zip(decoded) {
+            if let Some(out) = out {
+                next.held.insert(*id, std::sync::Arc::new(out));
+            }
+        }
+        next._reserved.push(reserved.split_off(keeping));
+        kept += keeping;
         start = end;
     }
+    *verified = next;
     // Checked inside the write transaction: no deletion can commit between check and publish.
     let mut w = store.meta().write()?;
     for (id, e) in layer.iter() {

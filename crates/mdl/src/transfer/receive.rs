@@ -15,7 +15,7 @@ use mdl_format::{ObjectId, ObjectKind, TensorHeader, Timestamp};
 use mdl_store::{Expired, IndexEntry, ObjectBatch, StoreError};
 
 use super::pack::{EXPIRED_FRAME, MAX_RULE_LEN};
-use super::publish::{index_tensor, publish_tail, publish_tensors};
+use super::publish::{index_tensor, publish_tail, publish_tensors, Verified};
 use super::toc::{Frame, FrameRecord};
 use super::{bad_pack, Added, PlannedObject, Received, PACK_MAGIC};
 use crate::{Error, Repository, Result};
@@ -232,6 +232,8 @@ struct Receiving<'r> {
     /// Ids written but not yet indexed, and those of them in the current layer.
     pending: HashSet<ObjectId>,
     in_layer: HashSet<ObjectId>,
+    /// What the layer published last holds decoded, for the next layer's deltas over it.
+    verified: Verified,
     /// Tensors the sender's retention deleted, recorded when a received manifest names them.
     expired: HashMap<ObjectId, Expired>,
     receipt: Receipt,
@@ -264,6 +266,7 @@ fn receive(repo: &Repository, r: &mut dyn Read, expect: Expect<'_>) -> Result<Re
         tail: Vec::new(),
         pending: HashSet::new(),
         in_layer: HashSet::new(),
+        verified: Verified::default(),
         expired: HashMap::new(),
         receipt: Receipt::default(),
     };
@@ -510,7 +513,7 @@ impl Receiving<'_> {
     /// Publishes the current layer of tensors, starting a new batch.
     fn publish_layer(&mut self) -> Result<()> {
         let full = std::mem::replace(&mut self.batch, self.repo.store().batch());
-        let unexpired = publish_tensors(self.repo, full, &mut self.layer)?;
+        let unexpired = publish_tensors(self.repo, full, &mut self.layer, &mut self.verified)?;
         self.receipt.added.unexpired.extend(unexpired);
         self.in_layer.clear();
         Ok(())
