@@ -238,3 +238,107 @@ fn sound_with_old_or_new_tip(repo: &std::path::Path, committed: &mut Vec<(String
     }
     assert_eq!(log.as_array().unwrap().len(), committed.len());
 }
+
+/// SIGKILL `mdl serve` at instants spread over `mdl push`es (a pack received, its records
+/// written, synced once, verified, indexed): the served repository fscks clean, its branch is
+/// the old tip or the pushed one, with the pusher's history up to it, and the tip checks out
+/// as the pusher's does; a later push completes what a killed one left.
+fn push_crash_test(iterations: u64) {
+    use crate::server::{Server, WRITE};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (srv, cl) = (d.join("srv"), d.join("cl"));
+    ok(&srv, &["init"]);
+    ok(&cl, &["init"]);
+    let file = d.join("ckpt.safetensors");
+    let push = |base: &str, k: u64| {
+        let remote = format!("s{k}");
+        ok(&cl, &["remote", "add", &remote, &format!("{base}/srv")]);
+        Command::new(mdl_bin())
+            .args(["-C", cl.to_str().unwrap(), "push", &remote])
+            .env("MDL_TOKEN", WRITE)
+            .env("MDL_NO_BACKGROUND", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    };
+    let ids = |repo: &Path| -> Vec<String> {
+        let log = json(repo, &["log"]);
+        let log = log.as_array().unwrap();
+        log.iter()
+            .map(|c| c["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let tip = |repo: &Path| ids(repo)[0].clone();
+    // One push timed, to spread the kills over it.
+    checkpoint(&file, 0);
+    ok_queued(&cl, &["commit", file.to_str().unwrap(), "-m", "n0"]);
+    let server = Server::start(&["-C", srv.to_str().unwrap()], d);
+    let t = Instant::now();
+    assert!(push(&server.base, 0));
+    let span = t.elapsed().as_micros() as u64 * 6 / 5;
+    drop(server);
+    let mut rng = noise(std::process::id() as u64 ^ 0x9a5b, 8 * iterations as usize);
+    let (mut cut_short, mut old) = (0, tip(&srv));
+    let (a, b) = (d.join("a.out"), d.join("b.out"));
+    for it in 0..iterations {
+        let n = it + 1;
+        checkpoint(&file, n);
+        ok_queued(
+            &cl,
+            &["commit", file.to_str().unwrap(), "-m", &format!("n{n}")],
+        );
+        let server = Server::start(&["-C", srv.to_str().unwrap()], d);
+        let r = u64::from_le_bytes(rng.drain(..8).collect::<Vec<_>>().try_into().unwrap());
+        let base = server.base.clone();
+        let pushed = std::thread::scope(|s| {
+            let pusher = s.spawn(|| push(&base, n));
+            std::thread::sleep(Duration::from_micros(stratified(it, iterations, span, r)));
+            drop(server); // SIGKILL
+            pusher.join().unwrap()
+        });
+        if !pushed {
+            cut_short += 1;
+        }
+        assert_fsck_clean(&srv);
+        let now = tip(&srv);
+        assert!(
+            now == old || now == tip(&cl),
+            "the served tip is neither old nor new"
+        );
+        let (theirs, ours) = (ids(&srv), ids(&cl));
+        let from = ours.iter().position(|c| *c == now).unwrap();
+        assert_eq!(theirs[..], ours[from..]);
+        ok(
+            &srv,
+            &["checkout", &now, "-o", a.to_str().unwrap(), "--force"],
+        );
+        ok(
+            &cl,
+            &["checkout", &now, "-o", b.to_str().unwrap(), "--force"],
+        );
+        assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap());
+        old = now;
+    }
+    // What the kills cut short goes in with one more push.
+    let server = Server::start(&["-C", srv.to_str().unwrap()], d);
+    assert!(push(&server.base, iterations + 1));
+    drop(server);
+    assert_eq!(ids(&srv), ids(&cl));
+    assert_fsck_clean(&srv);
+    eprintln!("push crash test: {iterations} kills, {cut_short} cut a push short");
+    assert!(cut_short > 0, "no kill landed inside a push");
+}
+
+#[test]
+fn sigkill_of_the_server_during_pushes_never_corrupts() {
+    push_crash_test(crash_iterations(8));
+}
+
+#[test]
+#[ignore = "long: 100 kills"]
+fn sigkill_of_the_server_during_pushes_never_corrupts_long() {
+    push_crash_test(100);
+}

@@ -20,6 +20,9 @@ pub trait Storage: Debug + Send + Sync {
     fn sync_dir(&self, path: &Path) -> io::Result<()>;
     /// Makes a written file's contents durable.
     fn sync_file(&self, path: &Path) -> io::Result<()>;
+    /// Makes everything written to the file system that holds `path` durable, its files'
+    /// contents and every directory's entries (`syncfs(2)`): one call for many files.
+    fn sync_filesystem(&self, path: &Path) -> io::Result<()>;
     /// Removes a file.
     fn remove_file(&self, path: &Path) -> io::Result<()>;
 }
@@ -47,6 +50,9 @@ impl Storage for RealFs {
     }
     fn sync_file(&self, path: &Path) -> io::Result<()> {
         File::open(path)?.sync_all()
+    }
+    fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
+        rustix::fs::syncfs(File::open(path)?).map_err(io::Error::from)
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_file(path)

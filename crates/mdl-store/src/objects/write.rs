@@ -33,8 +33,9 @@ pub struct ObjectBatch<'s> {
     /// Records written, as (id, generation): their directories are synced by
     /// [`ObjectBatch::finish`]; [`Unpublished`] takes them back if the operation fails.
     written: Ledger,
-    /// Syncs each record file once it is in place, and the directories at the end.
-    syncer: Syncer,
+    /// Syncs each record file once it is in place, and the directories at the end; `None`
+    /// for a batch made durable by one sync of the file system ([`Store::bulk_batch`]).
+    syncer: Option<Syncer>,
 }
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -88,7 +89,19 @@ impl Store {
         ObjectBatch {
             store: self,
             written: Ledger::default(),
-            syncer: Syncer::new(self.storage()),
+            syncer: Some(Syncer::new(self.storage())),
+        }
+    }
+
+    /// A batch of many records arriving at once (a transfer's): made durable by one sync of
+    /// the file system that holds the store when it finishes, not a sync of each file and
+    /// directory. That call also flushes whatever else is waiting to be written there, so it
+    /// is for batches of many records, not a commit's few.
+    pub fn bulk_batch(&self) -> ObjectBatch<'_> {
+        ObjectBatch {
+            store: self,
+            written: Ledger::default(),
+            syncer: None,
         }
     }
 }
@@ -491,6 +504,7 @@ impl<'s> ObjectBatch<'s> {
     /// threads meanwhile (`sync.rs`); here every touched directory joins the pool, and all of
     /// it is waited for. Many fsyncs in flight let the file system merge them into few journal
     /// commits. Only this batch's files are flushed, not whatever else is dirty on the disk.
+    /// A [`Store::bulk_batch`] is made durable by one `syncfs` instead.
     pub fn finish(self) -> Result<(), StoreError> {
         // Read in place: the ledger stays whole, for the operation to take the records back
         // if it fails after this.
@@ -500,14 +514,24 @@ impl<'s> ObjectBatch<'s> {
             .filter_map(|(id, g)| Some(self.store.record_path(id, *g).parent()?.to_path_buf()))
             .collect();
         drop(written);
+        let objects = self.store.dir().join("objects");
+        let Some(syncer) = self.syncer else {
+            return match dirs.is_empty() {
+                true => Ok(()),
+                false => self
+                    .store
+                    .storage()
+                    .sync_filesystem(&objects)
+                    .map_err(StoreError::io("sync", &objects)),
+            };
+        };
         if !dirs.is_empty() {
             for dir in dirs {
-                self.syncer.push(dir, Target::Dir);
+                syncer.push(dir, Target::Dir);
             }
-            self.syncer
-                .push(self.store.dir().join("objects"), Target::Dir);
+            syncer.push(objects, Target::Dir);
         }
-        self.syncer.finish()
+        syncer.finish()
     }
 }
 
@@ -586,7 +610,9 @@ impl RecordWriter<'_, '_> {
             return Err(e);
         }
         let batch = self.batch;
-        batch.syncer.push(path, Target::File);
+        if let Some(syncer) = &batch.syncer {
+            syncer.push(path, Target::File);
+        }
         batch
             .written
             .lock()

@@ -20,7 +20,29 @@ const HOLD: u64 = 1 << 30;
 #[derive(Default)]
 pub(super) struct Verified {
     held: mdl_store::Held,
-    _reserved: Vec<mdl_store::budget::Reservation>,
+    reserved: Vec<mdl_store::budget::Reservation>,
+    /// The buffers of the layer before those, by length, for the next layer to decode into (a
+    /// chain's levels have one length): memory written already, not zeroed and faulted in
+    /// again; under the reservation that held them.
+    spare: HashMap<u64, Vec<Vec<u8>>>,
+    _spare_reserved: Vec<mdl_store::budget::Reservation>,
+}
+
+impl Verified {
+    /// Lets go of what is held; the buffers that held it (those no reader shares), by length.
+    fn take_buffers(&mut self) -> HashMap<u64, Vec<Vec<u8>>> {
+        let mut spare: HashMap<u64, Vec<Vec<u8>>> = HashMap::new();
+        for (_, data) in std::mem::take(&mut self.held) {
+            if let Ok(data) = std::sync::Arc::try_unwrap(data) {
+                spare.entry(data.len() as u64).or_default().push(data);
+            }
+        }
+        spare
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Verifies a layer of written tensor records by decoding them (a window at a time where that
@@ -40,7 +62,8 @@ pub(super) fn publish_tensors(
     let store = repo.store();
     let limit = mdl_store::budget::limit();
     let hold_cap = HOLD.min(limit / 4);
-    let mut next = Verified::default();
+    let (mut next_held, mut next_reserved) = (mdl_store::Held::new(), Vec::new());
+    let spare = std::sync::Mutex::new(std::mem::take(&mut verified.spare));
     let mut kept = 0u64;
     // Verified in batches that fit the process's decode budget (a server shares it among its
     // requests; a batch is reserved whole before it decodes).
@@ -64,13 +87,18 @@ pub(super) fn publish_tensors(
         let mut reserved = mdl_store::budget::reserve(cost);
         let items: Vec<_> = layer[start..end].iter().zip(keep).collect();
         let held = &verified.held;
+        let spare = &spare;
         let decoded = per_tensor(
             &items,
             |((_, e), _)| e.content_len,
             |((id, e), keep)| -> Result<Option<Vec<u8>>> {
                 let mut windows = store.held_windows(id, e, held)?;
                 if *keep {
-                    let mut out = mdl_store::zeroed(e.content_len)?;
+                    let reused = lock(spare).get_mut(&e.content_len).and_then(Vec::pop);
+                    let mut out = match reused {
+                        Some(out) => out,
+                        None => mdl_store::zeroed(e.content_len)?,
+                    };
                     while let Some((at, n)) = windows.next_window() {
                         windows.next_into(&mut out[at as usize..at as usize + n])?;
                     }
@@ -90,14 +118,20 @@ pub(super) fn publish_tensors(
         )?;
         for (((id, _), _), out) in items.iter().zip(decoded) {
             if let Some(out) = out {
-                next.held.insert(*id, std::sync::Arc::new(out));
+                next_held.insert(*id, std::sync::Arc::new(out));
             }
         }
-        next._reserved.push(reserved.split_off(keeping));
+        next_reserved.push(reserved.split_off(keeping));
         kept += keeping;
         start = end;
     }
-    *verified = next;
+    drop(spare);
+    *verified = Verified {
+        spare: verified.take_buffers(),
+        _spare_reserved: std::mem::take(&mut verified.reserved),
+        held: next_held,
+        reserved: next_reserved,
+    };
     // Checked inside the write transaction: no deletion can commit between check and publish.
     let mut w = store.meta().write()?;
     for (id, e) in layer.iter() {

@@ -32,6 +32,11 @@ const MAX_EXPIRED_FRAMES: usize = 1 << 20;
 const MAX_META_RECORD: u64 = MAX_META_CONTENT + MAX_HEADER_LEN as u64 + TRAILER_LEN as u64;
 /// Bytes of a frame read at a time.
 const PIECE: usize = 1 << 20;
+/// Tensor records up to this long are read whole and written to their files in parallel, a
+/// group at a time…
+const SMALL_RECORD: u64 = 4 << 20;
+/// …of at most this many bytes (a larger record is written as it arrives, by the reading thread).
+const GROUP_BYTES: u64 = 64 << 20;
 
 /// Reads the rest of an expired frame; with its length.
 fn read_expired(r: &mut dyn Read, id: &ObjectId) -> Result<(Expired, u64)> {
@@ -236,7 +241,21 @@ struct Receiving<'r> {
     verified: Verified,
     /// Tensors the sender's retention deleted, recorded when a received manifest names them.
     expired: HashMap<ObjectId, Expired>,
+    /// Small tensor records read and checked, waiting to be written together, and their bytes.
+    group: Vec<Small>,
+    group_bytes: u64,
     receipt: Receipt,
+}
+
+/// A small tensor record read whole, its frame checked, not yet written.
+struct Small {
+    id: ObjectId,
+    header: RecordHeader,
+    content_len: u64,
+    depth: u32,
+    /// The frame's length.
+    len: u64,
+    payload: Vec<u8>,
 }
 
 /// One frame's head: the end of the pack, or an object's id with its length.
@@ -257,7 +276,7 @@ fn receive(repo: &Repository, r: &mut dyn Read, expect: Expect<'_>) -> Result<Re
     };
     let mut rx = Receiving {
         repo,
-        batch: repo.store().batch(),
+        batch: repo.store().bulk_batch(),
         planned,
         max_record,
         read_bytes: PACK_MAGIC.len() as u64,
@@ -268,6 +287,8 @@ fn receive(repo: &Repository, r: &mut dyn Read, expect: Expect<'_>) -> Result<Re
         in_layer: HashSet::new(),
         verified: Verified::default(),
         expired: HashMap::new(),
+        group: Vec::new(),
+        group_bytes: 0,
         receipt: Receipt::default(),
     };
     match rx.frames(r).and_then(|()| rx.publish()) {
@@ -385,19 +406,41 @@ impl Receiving<'_> {
         }
         self.claim(content_len)?;
         let depth = self.depth(&id, &header)?;
+        let sent = Sent {
+            id: &id,
+            header: &header,
+            head: &head,
+            header_len,
+            payload_len,
+            content_len,
+        };
+        if len <= SMALL_RECORD {
+            let mut payload = Vec::with_capacity(payload_len as usize);
+            sent.copy(r, &mut payload).map_err(|failed| match failed {
+                Copied::Refused(e) => e,
+                Copied::Here(e) => bad_pack(format!("{id}: {e}")),
+            })?;
+            self.pending.insert(id);
+            self.in_layer.insert(id);
+            self.group_bytes += len;
+            self.group.push(Small {
+                id,
+                header,
+                content_len,
+                depth,
+                len,
+                payload,
+            });
+            if self.group_bytes >= GROUP_BYTES {
+                self.write_group()?;
+            }
+            return Ok(());
+        }
         // What went wrong with the sender's bytes, as opposed to writing them here.
         let mut refused: Option<Error> = None;
         let put = self
             .batch
             .put_record_with(&id, &header, content_len, depth, &mut |w| {
-                let sent = Sent {
-                    id: &id,
-                    header: &header,
-                    head: &head,
-                    header_len,
-                    payload_len,
-                    content_len,
-                };
                 sent.copy(r, w).map_err(|failed| match failed {
                     Copied::Here(e) => e,
                     Copied::Refused(e) => {
@@ -411,6 +454,31 @@ impl Receiving<'_> {
         }
         self.stored(id, len, put?);
         Ok(())
+    }
+
+    /// Writes the group of small records waiting, in parallel, each into its file; every one
+    /// written is noted (to be taken out again if the pack is refused) before any failure is.
+    fn write_group(&mut self) -> Result<()> {
+        use rayon::prelude::*;
+        let group = std::mem::take(&mut self.group);
+        self.group_bytes = 0;
+        let batch = &self.batch;
+        let puts: Vec<_> = group
+            .par_iter()
+            .map(|g| {
+                batch.put_record_with(&g.id, &g.header, g.content_len, g.depth, &mut |w| {
+                    w.write_all(&g.payload)
+                })
+            })
+            .collect();
+        let mut failed = None;
+        for (g, put) in group.iter().zip(puts) {
+            match put {
+                Ok(put) => self.stored(g.id, g.len, put),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        failed.map_or(Ok(()), |e| Err(e.into()))
     }
 
     /// Notes a record's frame (`header`, decoding to `content_len` bytes) in the receipt;
@@ -512,7 +580,8 @@ impl Receiving<'_> {
 
     /// Publishes the current layer of tensors, starting a new batch.
     fn publish_layer(&mut self) -> Result<()> {
-        let full = std::mem::replace(&mut self.batch, self.repo.store().batch());
+        self.write_group()?;
+        let full = std::mem::replace(&mut self.batch, self.repo.store().bulk_batch());
         let unexpired = publish_tensors(self.repo, full, &mut self.layer, &mut self.verified)?;
         self.receipt.added.unexpired.extend(unexpired);
         self.in_layer.clear();

@@ -117,6 +117,10 @@ impl Storage for FaultyFs {
         self.count_sync()?;
         RealFs.sync_file(path)
     }
+    fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
+        self.count_sync()?;
+        RealFs.sync_filesystem(path)
+    }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         RealFs.remove_file(path)
     }
