@@ -176,6 +176,7 @@ fn library_exit_code(e: &mdl::Error) -> u8 {
         | E::Encode { .. }
         | E::WrongKind { .. }
         | E::BadTransfer(_)
+        | E::TransferCut { .. }
         | E::BaseNotSent { .. }
         | E::PlanChanged { .. }
         | E::Incomplete(_)

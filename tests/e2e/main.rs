@@ -23,6 +23,7 @@ mod newcomer;
 mod peer_proxy;
 mod remotes;
 mod repair;
+mod resume;
 mod s3;
 mod s3_availability;
 mod s3_upkeep;

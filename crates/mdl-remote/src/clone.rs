@@ -25,7 +25,9 @@ pub struct CloneOutcome {
 /// `origin` (its URL) as its remote, HEAD on its HEAD branch. The clone is assembled in a
 /// hidden directory beside `dir` and renamed into place when complete, so a failed or
 /// interrupted clone leaves `dir` as it was; what a killed clone left beside it is removed by
-/// the next clone into the same place.
+/// the next clone into the same place. A clone whose transfer was cut off keeps what arrived
+/// whole (verified) in that hidden directory, and the next clone of the same URL into the same
+/// place goes on from there: only the rest is sent.
 // The clone is a whole new repository assembled in a staging folder beside `dir`: renaming it
 // into place, or removing it after a failure, moves a folder no store owns yet.
 #[allow(clippy::disallowed_methods)]
@@ -42,11 +44,17 @@ pub fn clone(remote: &dyn Peer, dir: &Path, progress: &dyn mdl::Progress) -> Res
         )));
     }
     let staging = staging_dir(dir)?;
-    sweep_stale_staging(dir);
+    let resumed = sweep_stale_staging(dir, url, &staging);
     let _interrupted = mdl::interrupt::register(&staging);
     let result = (|| {
-        let repo = Repository::init(&staging)?;
-        add_remote(&repo, "origin", url)?;
+        let repo = match resumed {
+            true => Repository::open(&staging, &mdl::OpenOptions::default())?,
+            false => {
+                let repo = Repository::init(&staging)?;
+                add_remote(&repo, "origin", url)?;
+                repo
+            }
+        };
         let refs = remote.refs()?;
         // A refused clone removes its whole staging folder: what it added goes with it.
         let (mut transfer, mut changes, _added) =
@@ -89,8 +97,12 @@ pub fn clone(remote: &dyn Peer, dir: &Path, progress: &dyn mdl::Progress) -> Res
             head,
         })
     });
-    if done.is_err() {
-        let _ = std::fs::remove_dir_all(&staging);
+    match &done {
+        Err(Error::Local(mdl::Error::TransferCut { .. })) => {}
+        Err(_) => {
+            let _ = std::fs::remove_dir_all(&staging);
+        }
+        Ok(_) => {}
     }
     done
 }
@@ -117,14 +129,17 @@ fn staging_dir(dir: &Path) -> Result<PathBuf> {
     )))
 }
 
-/// Removes what clones into `dir` by processes that no longer run left beside it.
+/// Removes what clones into `dir` by processes that no longer run left beside it, except one
+/// of `url` cut off during its transfer (a repository whose `origin` is `url`, with no commit
+/// yet), which becomes `staging`: whether there was one.
 // Staging folders of clones whose process is gone: no repository's files yet.
 #[allow(clippy::disallowed_methods)]
-fn sweep_stale_staging(dir: &Path) {
+fn sweep_stale_staging(dir: &Path, url: &str, staging: &Path) -> bool {
     let Some((parent, name)) = place_of(dir) else {
-        return;
+        return false;
     };
     let prefix = format!(".{}.mdl-clone-", name.to_string_lossy());
+    let mut resumed = false;
     for entry in std::fs::read_dir(parent).into_iter().flatten().flatten() {
         let file_name = entry.file_name();
         let Some(pid) = file_name
@@ -134,12 +149,39 @@ fn sweep_stale_staging(dir: &Path) {
         else {
             continue;
         };
-        if !Path::new("/proc").join(pid.to_string()).exists() {
+        if Path::new("/proc").join(pid.to_string()).exists() {
+            continue;
+        }
+        if !resumed
+            && resumable(&entry.path(), url)
+            && std::fs::rename(entry.path(), staging).is_ok()
+        {
             tracing::info!(
-                "removing {} left by an interrupted clone",
+                "going on with the clone of {url} cut off in {}",
                 entry.path().display()
             );
-            let _ = std::fs::remove_dir_all(entry.path());
+            resumed = true;
+            continue;
         }
+        tracing::info!(
+            "removing {} left by an interrupted clone",
+            entry.path().display()
+        );
+        let _ = std::fs::remove_dir_all(entry.path());
     }
+    resumed
+}
+
+/// Whether `path` holds a clone of `url` cut off during its transfer: a repository whose
+/// `origin` is `url` and that names no commit yet.
+fn resumable(path: &Path, url: &str) -> bool {
+    // Its own `.mdl`, not a repository around it.
+    if !path.join(".mdl").is_dir() {
+        return false;
+    }
+    let Ok(repo) = Repository::open(path, &mdl::OpenOptions::default()) else {
+        return false;
+    };
+    crate::remotes::remote_url(&repo, "origin").is_ok_and(|u| u == url)
+        && mdl::transfer::commits(&repo).is_ok_and(|c| c.is_empty())
 }

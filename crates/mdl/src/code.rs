@@ -41,7 +41,10 @@ impl Error {
             E::Background(inner) => inner
                 .downcast_ref::<Error>()
                 .map_or(C::Internal, Error::code),
-            E::BadTransfer(_) | E::BaseNotSent { .. } | E::PlanChanged { .. } => C::BadTransfer,
+            E::BadTransfer(_)
+            | E::TransferCut { .. }
+            | E::BaseNotSent { .. }
+            | E::PlanChanged { .. } => C::BadTransfer,
             E::Incomplete(_) => C::Incomplete,
             E::NotFastForward { .. } => C::NotFastForward,
             E::Expired { .. } => C::Expired,

@@ -202,6 +202,16 @@ pub enum Error {
     /// A pack stream or ref update from another repository was refused.
     #[error("transfer refused: {0}")]
     BadTransfer(String),
+    /// A pack stream ended, or its connection failed, before its end: what arrived whole was
+    /// verified and kept (indexed, named by no ref), so the same transfer again sends only the
+    /// rest.
+    #[error("transfer cut off: {why} ({kept} objects that arrived whole were verified and kept: run the command again to go on from there)")]
+    TransferCut {
+        /// What ended it.
+        why: String,
+        /// Objects kept.
+        kept: u64,
+    },
     /// A pack's record is a delta of one the pack did not send first: the sender re-encoded it
     /// (a deferred re-encode, compaction) after the transfer was planned. What arrived before
     /// stays; planning again sends the rest in an order that holds.

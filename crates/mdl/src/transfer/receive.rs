@@ -291,12 +291,48 @@ fn receive(repo: &Repository, r: &mut dyn Read, expect: Expect<'_>) -> Result<Re
         group_bytes: 0,
         receipt: Receipt::default(),
     };
-    match rx.frames(r).and_then(|()| rx.publish()) {
+    let mut watched = Watched {
+        inner: r,
+        cut: false,
+    };
+    match rx.frames(&mut watched).and_then(|()| rx.publish()) {
         Ok(()) => Ok(rx.receipt),
+        Err(e) if watched.cut => {
+            let why = match e {
+                Error::BadTransfer(why) => why,
+                e => e.to_string(),
+            };
+            match rx.keep_whole() {
+                Ok(kept) => Err(Error::TransferCut { why, kept }),
+                Err(e) => {
+                    rx.roll_back();
+                    Err(e)
+                }
+            }
+        }
         Err(e) => {
             rx.roll_back();
             Err(e)
         }
+    }
+}
+
+/// A pack stream, noting whether it ended or failed before the pack's end (every read is
+/// for bytes the pack still owes).
+struct Watched<'a> {
+    inner: &'a mut dyn Read,
+    cut: bool,
+}
+
+impl Read for Watched<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let read = self.inner.read(buf);
+        match &read {
+            Ok(0) if !buf.is_empty() => self.cut = true,
+            Err(e) if e.kind() != std::io::ErrorKind::Interrupted => self.cut = true,
+            _ => {}
+        }
+        read
     }
 }
 
@@ -603,6 +639,23 @@ impl Receiving<'_> {
             "received"
         );
         Ok(())
+    }
+
+    /// After a cut: verifies and indexes the tensors that arrived whole (all of them refused,
+    /// and the pack's additions undone, if one fails), and removes the manifests and commits
+    /// written (they are published only with the whole pack). How many tensors are kept.
+    fn keep_whole(&mut self) -> Result<u64> {
+        self.publish_layer()?;
+        let tail: HashSet<ObjectId> = self.tail.iter().map(|(id, _)| *id).collect();
+        let added = &mut self.receipt.added;
+        let (unpublished, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut added.records)
+            .into_iter()
+            .partition(|(id, _)| tail.contains(id));
+        added.records = kept;
+        for (id, generation) in unpublished {
+            self.repo.store().remove_record(&id, generation);
+        }
+        Ok(added.records.len() as u64)
     }
 
     /// Undoes what a refused pack did ([`Added::undo`]).
