@@ -14,7 +14,7 @@ use crate::{per_tensor, Error, Repository, Result};
 /// Decoded bytes of one layer kept for the next, at most this many (and a quarter of the decode
 /// budget): a chain arrives a level a layer (its newest version first), so each delta decodes
 /// one level against what the layer before it held instead of its whole chain again.
-const HOLD: u64 = 1 << 30;
+const HOLD: u64 = 512 << 20;
 
 /// Tensors of the layer verified last, decoded, under the reservation that holds them.
 #[derive(Default)]
