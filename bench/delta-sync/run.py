@@ -21,7 +21,11 @@ And per step: `mdl commit`'s wall time into a repository holding the steps befor
 empty repository (a full lossless commit), and the bytes that repository grew by once its
 maintenance ran (the previous step turned into a reverse delta).
 
-    $corpus/venv/bin/python bench/delta-sync/run.py [--corpus DIR] [--mdl PATH] [--steps 50] [--lr 1e-6]
+    $corpus/venv/bin/python bench/delta-sync/run.py [--corpus DIR] [--mdl PATH] [--steps 50] [--lr 1e-6] [--mode forward]
+
+`--mode forward` times the commits in a repository with `delta.mode forward` (each step stored
+as a delta of the one before, a whole version every `delta.max_depth` commits) instead of the
+default reverse deltas.
 
 The series is cached in the corpus folder (`rl-bf16-<lr>-<steps>`), made with the corpus'
 own Python, which also runs this script (it has numpy). Needs ../shared/corpus/make.sh run once.
@@ -130,6 +134,8 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--gap", type=int, default=5, help="steps apart of the second comparison")
+    ap.add_argument("--mode", default="reverse", choices=["reverse", "forward"],
+                    help="delta.mode of the repository the commits are timed in")
     args = ap.parse_args()
     mdl = os.path.abspath(args.mdl)
     files = series(args.corpus, args.steps, args.lr)
@@ -157,6 +163,7 @@ def main():
         # (a served repository does its maintenance itself, when it likes).
         store = os.path.join(SHM, "store")
         run([mdl, "init", store])
+        run([mdl, "-C", store, "config", "delta.mode", args.mode])
         run([mdl, "-C", store, "commit", paths[0], "-m", "step 0"], env=quiet)
         grown = size_of(os.path.join(store, ".mdl"))
         for k in range(1, len(paths)):

@@ -424,7 +424,7 @@ pub(crate) fn modes() -> Vec<Mode> {
                 })
             },
             cmds: TRANSFERS,
-            expect: "ends early",
+            expect: "cut off: pack stream ends early",
         },
         Mode {
             name: "pack_corrupt",

@@ -10,18 +10,44 @@ use crate::server::*;
 use crate::transfer::ok_with;
 use crate::util::*;
 
-/// Whether the proxy still cuts the next pack it passes.
-static CUT_NEXT: AtomicBool = AtomicBool::new(true);
+/// Whether the clone test's proxy, and the fetch test's, still cut the next pack they pass.
+static CUT_CLONE: AtomicBool = AtomicBool::new(true);
+static CUT_FETCH: AtomicBool = AtomicBool::new(false);
 
-/// Passes everything, except the first pack stream, of which it sends the first half (as a
-/// whole answer of that length: the stream ends there).
-fn cut_once(route: Route, mut a: Answer) -> Answer {
-    if route == Route::Pack && CUT_NEXT.swap(false, Ordering::SeqCst) {
+/// `a` with its body cut to the first half (as a whole answer of that length: the stream ends
+/// there) if `route` is a pack and `cut` still says so (then no longer).
+fn cut_once(cut: &AtomicBool, route: Route, mut a: Answer) -> Answer {
+    if route == Route::Pack && cut.swap(false, Ordering::SeqCst) {
         if let Body::Bytes(b) = &a.body {
             a.body = Body::Bytes(b[..b.len() / 2].to_vec());
         }
     }
     a
+}
+
+/// A commit of 48 tensors of 256 KiB of noise (nothing compresses), so a cut leaves many
+/// whole: the file's bytes.
+fn noisy_commit(repo: &Path, seed: u64, message: &str) -> Vec<u8> {
+    let ts: Vec<T> = (0..48)
+        .map(|i| tensor(&format!("layer{i}.w"), "F32", &[256, 256], seed + i))
+        .collect();
+    let f = repo.with_extension(format!("{seed}.safetensors"));
+    let sent = write_safetensors(&f, &ts, &[]);
+    ok(repo, &["commit", f.to_str().unwrap(), "-m", message]);
+    sent
+}
+
+/// `mdl ARGS` with the read token, which must fail with one line saying the transfer was cut.
+fn cut_off(args: &[&str]) {
+    let out = std::process::Command::new(mdl_bin())
+        .args(args)
+        .env("MDL_TOKEN", READ)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a cut transfer succeeded");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("cut off"), "{stderr}");
 }
 
 /// `mdl --json clone URL DIR`: the record bytes it moved.
@@ -37,33 +63,19 @@ fn a_clone_cut_off_half_way_moves_only_the_rest_the_next_time() {
     let d = dir.path();
     ok(d, &["init", "repo"]);
     let repo = d.join("repo");
-    // 48 tensors of 256 KiB of noise (nothing compresses), so a cut leaves many whole.
-    let ts: Vec<T> = (0..48)
-        .map(|i| tensor(&format!("layer{i}.w"), "F32", &[256, 256], 100 + i))
-        .collect();
-    let f = d.join("c.safetensors");
-    let sent = write_safetensors(&f, &ts, &[]);
-    ok(&repo, &["commit", f.to_str().unwrap(), "-m", "one"]);
+    let sent = noisy_commit(&repo, 100, "one");
     let server = Server::start(&["--root", d.to_str().unwrap()], d);
     let whole = cloned_bytes(&format!("{}/repo", server.base), &d.join("plain"));
 
-    let proxy = Proxy::start(&server.base, cut_once);
+    let proxy = Proxy::start(&server.base, |r, a| cut_once(&CUT_CLONE, r, a));
     let url = format!("{}/repo", proxy.base);
     let target = d.join("c");
-    let out = std::process::Command::new(mdl_bin())
-        .args(["clone", &url, target.to_str().unwrap()])
-        .env("MDL_TOKEN", READ)
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "a cut clone succeeded");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("cut off"), "{stderr}");
+    cut_off(&["clone", &url, target.to_str().unwrap()]);
     assert!(!target.exists(), "a cut clone left its target");
 
     // Again: the objects kept are not sent again.
     let rest = cloned_bytes(&url, &target);
-    eprintln!("{stderr}the second clone moved {rest} of {whole} bytes");
+    eprintln!("the second clone moved {rest} of {whole} bytes");
     assert!(
         rest * 100 <= whole * 55,
         "the second clone moved {rest} of {whole} bytes"
@@ -83,4 +95,58 @@ fn a_clone_cut_off_half_way_moves_only_the_rest_the_next_time() {
         .filter(|e| e.file_name().to_string_lossy().contains("mdl-clone"))
         .collect();
     assert!(left.is_empty());
+}
+
+#[test]
+fn a_fetch_cut_off_moves_no_ref_and_only_the_rest_the_next_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["init", "repo"]);
+    let repo = d.join("repo");
+    noisy_commit(&repo, 200, "one");
+    let server = Server::start(&["--root", d.to_str().unwrap()], d);
+    let proxy = Proxy::start(&server.base, |r, a| cut_once(&CUT_FETCH, r, a));
+    let (plain, clone) = (d.join("plain"), d.join("clone"));
+    for c in [&plain, &clone] {
+        ok_with(
+            READ,
+            &[
+                "clone",
+                &format!("{}/repo", proxy.base),
+                c.to_str().unwrap(),
+            ],
+        );
+    }
+    let sent = noisy_commit(&repo, 300, "two");
+    let fetched = |c: &Path| {
+        let out = ok_with(READ, &["-C", c.to_str().unwrap(), "--json", "fetch"]);
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    let whole = fetched(&plain);
+    let tracking = |c: &Path| json(c, &["log", "refs/remotes/origin/main"])[0]["id"].clone();
+    let before = tracking(&clone);
+    CUT_FETCH.store(true, Ordering::SeqCst);
+    cut_off(&["-C", clone.to_str().unwrap(), "fetch"]);
+    assert_eq!(tracking(&clone), before, "a cut fetch moved a ref");
+    assert_fsck_clean(&clone);
+    let rest = fetched(&clone);
+    assert!(rest * 100 <= whole * 55, "{rest} of {whole}");
+    assert!(
+        rest * 100 >= whole * 40,
+        "{rest} of {whole}: was half kept?"
+    );
+    let got = d.join("got.safetensors");
+    ok(
+        &clone,
+        &[
+            "checkout",
+            "refs/remotes/origin/main",
+            "-o",
+            got.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(std::fs::read(&got).unwrap(), sent);
+    assert_fsck_clean(&clone);
 }
