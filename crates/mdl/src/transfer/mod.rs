@@ -24,6 +24,7 @@ use crate::{history, Error, Repository, Result};
 
 mod added;
 mod derived;
+mod frame;
 mod pack;
 mod publish;
 mod receive;

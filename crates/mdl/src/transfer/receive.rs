@@ -7,13 +7,14 @@
 //! half-way leaves the repository as it was: what it wrote and indexed is removed again.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{Read, Write};
+use std::io::Read;
 
 use mdl_codec::CodecTag;
 use mdl_format::record::{RecordHeader, Trailer, MAX_HEADER_LEN, MAX_META_CONTENT, TRAILER_LEN};
 use mdl_format::{ObjectId, ObjectKind, TensorHeader, Timestamp};
 use mdl_store::{Expired, IndexEntry, ObjectBatch, StoreError};
 
+use super::frame::{read_exact, read_frame, skip, Copied, Sent, Watched};
 use super::pack::{EXPIRED_FRAME, MAX_RULE_LEN};
 use super::publish::{index_tensor, publish_tail, publish_tensors, Verified};
 use super::toc::{Frame, FrameRecord};
@@ -30,8 +31,6 @@ const MIN_DECODE_ALLOWANCE: u64 = 256 << 20;
 const MAX_EXPIRED_FRAMES: usize = 1 << 20;
 /// Longest manifest or commit record: the longest content one may claim, stored raw.
 const MAX_META_RECORD: u64 = MAX_META_CONTENT + MAX_HEADER_LEN as u64 + TRAILER_LEN as u64;
-/// Bytes of a frame read at a time.
-const PIECE: usize = 1 << 20;
 /// Tensor records up to this long are read whole and written to their files in parallel, a
 /// group at a time…
 const SMALL_RECORD: u64 = 4 << 20;
@@ -314,25 +313,6 @@ fn receive(repo: &Repository, r: &mut dyn Read, expect: Expect<'_>) -> Result<Re
             rx.roll_back();
             Err(e)
         }
-    }
-}
-
-/// A pack stream, noting whether it ended or failed before the pack's end (every read is
-/// for bytes the pack still owes).
-struct Watched<'a> {
-    inner: &'a mut dyn Read,
-    cut: bool,
-}
-
-impl Read for Watched<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let read = self.inner.read(buf);
-        match &read {
-            Ok(0) if !buf.is_empty() => self.cut = true,
-            Err(e) if e.kind() != std::io::ErrorKind::Interrupted => self.cut = true,
-            _ => {}
-        }
-        read
     }
 }
 
@@ -672,75 +652,6 @@ impl Receiving<'_> {
     }
 }
 
-/// A tensor record arriving in a frame: what its first bytes (`head`) said, and what the
-/// rest must agree with.
-struct Sent<'a> {
-    id: &'a ObjectId,
-    header: &'a RecordHeader,
-    /// The frame's first bytes: the header, and the payload's start.
-    head: &'a [u8],
-    header_len: usize,
-    payload_len: u64,
-    content_len: u64,
-}
-
-/// Why copying a record stopped: the sender's bytes were refused, or writing them here failed.
-enum Copied {
-    Refused(Error),
-    Here(std::io::Error),
-}
-
-impl Sent<'_> {
-    /// Copies the rest of the record's payload from `r` to `w` (what `head` holds of it
-    /// first), a piece at a time, then reads its trailer and checks it: the lengths, and the
-    /// checksum of every byte before it.
-    fn copy(&self, r: &mut dyn Read, w: &mut dyn Write) -> std::result::Result<(), Copied> {
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(self.head);
-        w.write_all(&self.head[self.header_len..])
-            .map_err(Copied::Here)?;
-        let mut left = self.payload_len - (self.head.len() - self.header_len) as u64;
-        let mut buf = vec![0u8; PIECE.min(left as usize)];
-        while left > 0 {
-            let n = PIECE.min(left as usize);
-            read_exact(r, &mut buf[..n]).map_err(Copied::Refused)?;
-            crc.update(&buf[..n]);
-            w.write_all(&buf[..n]).map_err(Copied::Here)?;
-            left -= n as u64;
-        }
-        let mut trailer = [0u8; TRAILER_LEN];
-        read_exact(r, &mut trailer).map_err(Copied::Refused)?;
-        crc.update(&trailer[..TRAILER_LEN - 4]);
-        match self.trailer_fault(&trailer, crc.finalize()) {
-            Some(why) => Err(Copied::Refused(bad_pack(format!(
-                "record of {}: {why}",
-                self.id
-            )))),
-            None => Ok(()),
-        }
-    }
-
-    /// What is wrong with the record's `trailer`, given the checksum of what came before it.
-    fn trailer_fault(&self, trailer: &[u8; TRAILER_LEN], crc: u32) -> Option<String> {
-        let t = match Trailer::decode(trailer) {
-            Err(e) => return Some(e.to_string()),
-            Ok(t) => t,
-        };
-        if t.content_len != self.content_len {
-            let claim =
-                mdl_format::record::check_content_len(self.header, self.payload_len, t.content_len);
-            return Some(claim.err().map_or_else(
-                || "its trailer disagrees with its header".into(),
-                |e| e.to_string(),
-            ));
-        }
-        if t.payload_len != self.payload_len {
-            return Some("its trailer disagrees with its length".into());
-        }
-        (crc.to_le_bytes() != trailer[TRAILER_LEN - 4..]).then(|| "checksum mismatch".into())
-    }
-}
-
 /// A corrupt received record, named.
 fn corrupt(id: &ObjectId) -> impl Fn(mdl_format::FormatError) -> Error + '_ {
     move |source| {
@@ -764,45 +675,4 @@ fn parse_record(id: &ObjectId, record: &[u8]) -> Result<(RecordHeader, u64, u64)
         .map_err(corrupt(id))?;
     let payload_len = record.len().saturating_sub(header_len + TRAILER_LEN) as u64;
     Ok((header, payload_len, trailer.content_len))
-}
-
-/// Reads a frame's record of `len` bytes, holding memory only for bytes that arrive (a
-/// length that lies ends in "ends early", not in a huge allocation), and failing cleanly if
-/// memory runs out.
-fn read_frame(r: &mut dyn Read, len: u64) -> Result<Vec<u8>> {
-    let mut buf: Vec<u8> = Vec::new();
-    let mut left = len;
-    while left > 0 {
-        let step = left.min(8 << 20) as usize;
-        buf.try_reserve(step)
-            .map_err(|_| bad_pack(format!("no memory for a record of {len} bytes")))?;
-        let start = buf.len();
-        buf.resize(start + step, 0);
-        read_exact(r, &mut buf[start..])?;
-        left -= step as u64;
-    }
-    Ok(buf)
-}
-
-/// Reads and drops `len` bytes (a record the repository already has).
-fn skip(r: &mut dyn Read, len: u64) -> Result<()> {
-    let copied =
-        std::io::copy(&mut r.take(len), &mut std::io::sink()).map_err(|e| Error::Input {
-            path: "<transfer>".into(),
-            source: e,
-        })?;
-    if copied < len {
-        return Err(bad_pack("pack stream ends early"));
-    }
-    Ok(())
-}
-
-fn read_exact(r: &mut dyn Read, buf: &mut [u8]) -> Result<()> {
-    r.read_exact(buf).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => bad_pack("pack stream ends early"),
-        _ => Error::Input {
-            path: "<transfer>".into(),
-            source: e,
-        },
-    })
 }
