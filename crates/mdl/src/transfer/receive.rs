@@ -269,6 +269,11 @@ fn receive(repo: &Repository, r: &mut dyn Read, expect: Expect<'_>) -> Result<Re
     if &magic != PACK_MAGIC {
         return Err(bad_pack("not an mdl pack stream"));
     }
+    // Only a fetch keeps what arrived before a cut: its plan names what may come, each object
+    // verified against the id asked for. A pack pushed here, or copied between repositories
+    // this process opened, is whole or refused (a server's upload is spooled whole first, so a
+    // short pack in it is malformed, not cut).
+    let keeps_on_cut = matches!(expect, Expect::Planned(_));
     let (planned, max_record) = match expect {
         Expect::Any { max_record } => (None, max_record),
         Expect::Planned(plan) => (Some(plan.iter().map(|p| (p.id, *p)).collect()), u64::MAX),
@@ -296,7 +301,7 @@ fn receive(repo: &Repository, r: &mut dyn Read, expect: Expect<'_>) -> Result<Re
     };
     match rx.frames(&mut watched).and_then(|()| rx.publish()) {
         Ok(()) => Ok(rx.receipt),
-        Err(e) if watched.cut => {
+        Err(e) if watched.cut && keeps_on_cut => {
             let why = match e {
                 Error::BadTransfer(why) => why,
                 e => e.to_string(),
