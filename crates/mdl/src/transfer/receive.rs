@@ -1,10 +1,12 @@
 //! Receiving a pack stream (`docs/FORMAT.md`): every frame checked against what was asked for
 //! (a fetch's plan: only planned objects, each once, none larger than planned), every record
-//! checked against what its bytes can hold before memory is taken for it and written to its
-//! file as it arrives (a tensor's record is never held whole), decoded a window at a time and
-//! re-hashed against its id, and published in index transactions that check what it depends on
-//! (bases, the tensors a manifest names, a commit's manifest and parents). A pack refused
-//! half-way leaves the repository as it was: what it wrote and indexed is removed again.
+//! checked against what its bytes can hold before memory is taken for it, then written to its
+//! file (a tensor's record over 4 MiB as it arrives, never held whole; smaller ones read whole
+//! and written a group at a time in parallel), decoded a window at a time and re-hashed against
+//! its id, and published in index transactions that check what it depends on (bases, the
+//! tensors a manifest names, a commit's manifest and parents). A pack refused half-way leaves
+//! the repository as it was: what it wrote and indexed is removed again. A fetched pack cut off
+//! (it ends, or its connection fails, before its end) keeps the tensors that arrived whole.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
