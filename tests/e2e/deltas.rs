@@ -40,7 +40,7 @@ fn refused_fetch(clone: &Path) -> Output {
 }
 
 /// `mdl --json fetch` of origin in `clone`: the record bytes it moved.
-fn fetched_bytes(clone: &Path) -> u64 {
+pub(crate) fn fetched_bytes(clone: &Path) -> u64 {
     let out = ok_with(READ, &["-C", clone.to_str().unwrap(), "--json", "fetch"]);
     let moved: serde_json::Value = serde_json::from_str(&out).unwrap();
     moved["bytes"].as_u64().unwrap()

@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::deltas::fetched_bytes;
 use crate::peer_proxy::{Answer, Body, Proxy, Route};
 use crate::server::*;
 use crate::transfer::ok_with;
@@ -37,6 +38,16 @@ fn noisy_commit(repo: &Path, seed: u64, message: &str) -> Vec<u8> {
     sent
 }
 
+/// A served folder `d` holding `repo`, one noisy commit in it (seed `seed`): the repository,
+/// the file committed, and the server.
+fn served_noisy(d: &Path, seed: u64) -> (std::path::PathBuf, Vec<u8>, Server) {
+    ok(d, &["init", "repo"]);
+    let repo = d.join("repo");
+    let sent = noisy_commit(&repo, seed, "one");
+    let server = Server::start(&["--root", d.to_str().unwrap()], d);
+    (repo, sent, server)
+}
+
 /// `mdl ARGS` with the read token, which must fail with one line saying the transfer was cut.
 fn cut_off(args: &[&str]) {
     let out = std::process::Command::new(mdl_bin())
@@ -61,10 +72,7 @@ fn cloned_bytes(url: &str, dir: &Path) -> u64 {
 fn a_clone_cut_off_half_way_moves_only_the_rest_the_next_time() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    ok(d, &["init", "repo"]);
-    let repo = d.join("repo");
-    let sent = noisy_commit(&repo, 100, "one");
-    let server = Server::start(&["--root", d.to_str().unwrap()], d);
+    let (_, sent, server) = served_noisy(d, 100);
     let whole = cloned_bytes(&format!("{}/repo", server.base), &d.join("plain"));
 
     let proxy = Proxy::start(&server.base, |r, a| cut_once(&CUT_CLONE, r, a));
@@ -101,10 +109,7 @@ fn a_clone_cut_off_half_way_moves_only_the_rest_the_next_time() {
 fn a_fetch_cut_off_moves_no_ref_and_only_the_rest_the_next_time() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    ok(d, &["init", "repo"]);
-    let repo = d.join("repo");
-    noisy_commit(&repo, 200, "one");
-    let server = Server::start(&["--root", d.to_str().unwrap()], d);
+    let (repo, _, server) = served_noisy(d, 200);
     let proxy = Proxy::start(&server.base, |r, a| cut_once(&CUT_FETCH, r, a));
     let (plain, clone) = (d.join("plain"), d.join("clone"));
     for c in [&plain, &clone] {
@@ -118,20 +123,14 @@ fn a_fetch_cut_off_moves_no_ref_and_only_the_rest_the_next_time() {
         );
     }
     let sent = noisy_commit(&repo, 300, "two");
-    let fetched = |c: &Path| {
-        let out = ok_with(READ, &["-C", c.to_str().unwrap(), "--json", "fetch"]);
-        serde_json::from_str::<serde_json::Value>(&out).unwrap()["bytes"]
-            .as_u64()
-            .unwrap()
-    };
-    let whole = fetched(&plain);
+    let whole = fetched_bytes(&plain);
     let tracking = |c: &Path| json(c, &["log", "refs/remotes/origin/main"])[0]["id"].clone();
     let before = tracking(&clone);
     CUT_FETCH.store(true, Ordering::SeqCst);
     cut_off(&["-C", clone.to_str().unwrap(), "fetch"]);
     assert_eq!(tracking(&clone), before, "a cut fetch moved a ref");
     assert_fsck_clean(&clone);
-    let rest = fetched(&clone);
+    let rest = fetched_bytes(&clone);
     assert!(rest * 100 <= whole * 55, "{rest} of {whole}");
     assert!(
         rest * 100 >= whole * 40,

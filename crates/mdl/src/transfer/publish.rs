@@ -41,10 +41,6 @@ impl Verified {
     }
 }
 
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Verifies a layer of written tensor records by decoding them (a window at a time where that
 /// holds less; against `verified`'s bytes where it holds a record's base), then indexes them.
 /// `verified` then holds what this layer kept decoded. The records of expiry that indexing
@@ -94,7 +90,9 @@ pub(super) fn publish_tensors(
             |((id, e), keep)| -> Result<Option<Vec<u8>>> {
                 let mut windows = store.held_windows(id, e, held)?;
                 if *keep {
-                    let reused = lock(spare).get_mut(&e.content_len).and_then(Vec::pop);
+                    let mut spare = spare.lock().unwrap_or_else(|p| p.into_inner());
+                    let reused = spare.get_mut(&e.content_len).and_then(Vec::pop);
+                    drop(spare);
                     let mut out = match reused {
                         Some(out) => out,
                         None => mdl_store::zeroed(e.content_len)?,
