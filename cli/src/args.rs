@@ -302,12 +302,23 @@ pub(crate) enum Command {
         url: String,
         #[arg(value_name = "DIR")]
         path: Option<PathBuf>,
+        /// A shallow clone: only the last N commits of each branch and tag (`log` says where
+        /// history ends; `fetch --deepen` brings more).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        depth: Option<u32>,
+        /// A shallow clone: only REV (a full commit id, or a branch or tag of URL) and the
+        /// commits after it.
+        #[arg(long, value_name = "REV")]
+        since: Option<String>,
     },
     /// Bring a remote's branches (or BRANCH) and tags, as refs/remotes/REMOTE/BRANCH.
     Fetch {
         #[arg(default_value = "origin")]
         remote: String,
         branch: Option<String>,
+        /// In a shallow clone: N more commits of history behind each place it ends.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        deepen: Option<u32>,
     },
     /// Fetch BRANCH (HEAD's branch) and fast-forward the local branch to it.
     Pull {

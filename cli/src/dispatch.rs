@@ -202,11 +202,22 @@ pub(crate) fn run(
         }
         Command::Stats => output::stats(out, json, &repo.stats()?)?,
         Command::Remote { action } => remote(cli, repo, action.as_ref(), out)?,
-        Command::Fetch { remote, branch } | Command::Pull { remote, branch } => {
-            // The two differ only in whether the current branch moves after.
-            let pull = matches!(cli.command, Command::Pull { .. });
-            let done = if pull { "pulled from" } else { "fetched from" };
-            let moved = repo.fetch(remote, branch.as_deref(), pull, &transfer_bar)?;
+        Command::Fetch {
+            remote,
+            branch,
+            deepen,
+        } => {
+            let moved = repo.fetch(remote, branch.as_deref(), false, *deepen, &transfer_bar)?;
+            output::transfer(
+                out,
+                json,
+                &format!("fetched from {}", moved.url),
+                &moved.outcome,
+            )?;
+        }
+        Command::Pull { remote, branch } => {
+            let done = "pulled from";
+            let moved = repo.fetch(remote, branch.as_deref(), true, None, &transfer_bar)?;
             output::transfer(out, json, &format!("{done} {}", moved.url), &moved.outcome)?;
         }
         Command::Push {

@@ -192,13 +192,19 @@ fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         Command::Status => return status::run(cli, out),
-        Command::Clone { url, path } => {
+        Command::Clone {
+            url,
+            path,
+            depth,
+            since,
+        } => {
             let on_terminal = !cli.json && io::stderr().is_terminal();
             let outcome = mdl_ops::clone(
                 url,
                 &cli.location()?,
                 path.as_deref(),
                 &cli.access(),
+                (*depth, since.as_deref()),
                 &progress::Bar::at_once(on_terminal),
             )?;
             let what = format!("cloned {url} into {}", outcome.dir.display());

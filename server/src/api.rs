@@ -454,15 +454,21 @@ async fn plan(
     body: Result<Json<body::PlanRequest>, JsonRejection>,
 ) -> ApiResult<Response> {
     let req = json_body(body)?;
+    if req.shallow.depth == Some(0) {
+        return Err(ApiError::new(
+            ErrorCode::BadRequest,
+            "depth: 0 takes no commit; at least 1",
+        ));
+    }
     blocking(move || {
-        for id in &req.want {
+        for id in req.want.iter().chain(&req.shallow.since) {
             if !transfer::has_commit(&served.repo, id)? {
                 return Err(ApiError::not_found(format!("no commit {id}")));
             }
         }
         let have: HashSet<ObjectId> = req.have.into_iter().collect();
         let has_commit = |id: &ObjectId| have.contains(id);
-        let mut objects = transfer::plan(&served.repo, &req.want, &has_commit)?;
+        let mut objects = transfer::plan(&served.repo, &req.want, &has_commit, &req.shallow)?;
         if req.deltas {
             transfer::derive_against(&served.repo, &req.want, &has_commit, &mut objects)?;
         }

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use mdl::transfer::{self, RefUpdate};
+use mdl::transfer::{self, RefUpdate, Shallow};
 use mdl::{ObjectId, Repository};
 use mdl_remote::{Peer, Remote};
 
@@ -60,7 +60,7 @@ fn push_in_steps(
     };
     let history = transfer::reachable_commits(&repo, &[tip]).unwrap();
     let missing: Vec<ObjectId> = remote.missing(&history).unwrap();
-    let plan = transfer::plan(&repo, &[tip], &|id| !missing.contains(id)).unwrap();
+    let plan = transfer::plan(&repo, &[tip], &|id| !missing.contains(id), &Shallow::WHOLE).unwrap();
     let ids: Vec<ObjectId> = plan.iter().map(|p| p.id).collect();
     let needed = remote.missing(&ids).unwrap();
     if gc_after == 1 {

@@ -292,6 +292,9 @@ pub(crate) fn log(
             if let Some(code) = source_text(&e.properties) {
                 rest.push_str(&format!("[{code}] "));
             }
+            if e.cut {
+                rest.push_str("[history cut: older commits not fetched] ");
+            }
             rest.push_str(&printable(e.message.lines().next().unwrap_or("")));
             Row {
                 lane,
@@ -335,6 +338,12 @@ pub(crate) fn log(
         for line in &r.after {
             writeln!(out, "{line}")?;
         }
+    }
+    if entries.iter().any(|e| e.cut) {
+        writeln!(
+            out,
+            "this is a shallow clone: history ends where marked; `mdl fetch --deepen N` brings N more commits behind each such end"
+        )?;
     }
     Ok(())
 }

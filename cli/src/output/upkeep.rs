@@ -42,6 +42,7 @@ pub(crate) fn fsck(
                 "temp_files": r.temp_files,
                 "expired": r.expired,
                 "longest_chain": r.longest_chain,
+                "cut": r.cut,
                 "repaired": r.repaired,
                 "rebuilt": rebuilt,
             }),
@@ -89,6 +90,13 @@ pub(crate) fn fsck(
             out,
             "note: {} tensors of thinned commits were expired by retention (expected)",
             r.expired
+        )?;
+    }
+    if r.cut > 0 {
+        writeln!(
+            out,
+            "note: history was cut at {} commits (a shallow clone; `mdl fetch --deepen N` brings more)",
+            r.cut
         )?;
     }
     if !r.repaired.is_empty() {

@@ -112,10 +112,12 @@ impl Replica {
             .values()
             .filter_map(|(v, _)| v.as_ref()?.target())
             .collect();
-        Ok(transfer::plan(repo, &tips, &|_| false)?
-            .into_iter()
-            .map(|p| p.id)
-            .collect())
+        Ok(
+            transfer::plan(repo, &tips, &|_| false, &transfer::Shallow::WHOLE)?
+                .into_iter()
+                .map(|p| p.id)
+                .collect(),
+        )
     }
 }
 

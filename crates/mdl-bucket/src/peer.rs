@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use std::path::Path;
 use std::time::Duration;
 
-use mdl::transfer::{PlannedObject, Receipt, Received, RefUpdate};
+use mdl::transfer::{PlannedObject, Receipt, Received, RefUpdate, Shallow};
 use mdl::{ObjectId, Repository};
 use mdl_protocol::body::Refs;
 use mdl_protocol::ErrorCode;
@@ -67,8 +67,13 @@ impl Peer for BucketPeer {
     fn refs(&self) -> mdl_remote::Result<Refs> {
         self.local().refs()
     }
-    fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> mdl_remote::Result<Vec<PlannedObject>> {
-        self.local().plan(want, have)
+    fn plan(
+        &self,
+        want: &[ObjectId],
+        have: &[ObjectId],
+        limit: &Shallow,
+    ) -> mdl_remote::Result<Vec<PlannedObject>> {
+        self.local().plan(want, have, limit)
     }
     fn fetch_objects(
         &self,

@@ -651,7 +651,8 @@ impl Replica {
         published: &mut Published,
     ) -> Result<()> {
         let seen = &self.seen;
-        let plan = transfer::plan(repo, tips, &|id| seen.objects.contains(id))?;
+        let whole = transfer::Shallow::WHOLE;
+        let plan = transfer::plan(repo, tips, &|id| seen.objects.contains(id), &whole)?;
         let send: Vec<ObjectId> = plan
             .iter()
             .map(|p| p.id)

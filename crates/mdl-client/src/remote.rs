@@ -12,7 +12,7 @@ use mdl_protocol::limits::{self, Deadlines};
 use mdl_protocol::outcome::{CommitOutcome, CompactOptions, CompactOutcome, FsckReport, Stats};
 use mdl_protocol::params::{self, CommitParams};
 use mdl_protocol::route;
-use mdl_protocol::transfer::{PlannedObject, Received, RefUpdate};
+use mdl_protocol::transfer::{PlannedObject, Received, RefUpdate, Shallow};
 
 use crate::tree::{self, TreeFile};
 use crate::{Error, Result};
@@ -609,14 +609,20 @@ impl Remote {
         Ok(out)
     }
 
-    /// The objects the server would send for `want` to a repository holding `have`, each
-    /// tensor stored whole there paired with the version of it `have` holds (its `against`,
-    /// for [`Self::fetch_pack`]).
-    pub fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>> {
+    /// The objects the server would send for `want` (with as much history as `limit` takes)
+    /// to a repository holding `have`, each tensor stored whole there paired with the version
+    /// of it `have` holds (its `against`, for [`Self::fetch_pack`]).
+    pub fn plan(
+        &self,
+        want: &[ObjectId],
+        have: &[ObjectId],
+        limit: &Shallow,
+    ) -> Result<Vec<PlannedObject>> {
         let request = body::PlanRequest {
             want: want.to_vec(),
             have: have.to_vec(),
             deltas: !have.is_empty(),
+            shallow: *limit,
         };
         let p: body::Plan = self.post_json(route::OBJECTS_PLAN, &request, limits::MAX_PLAN)?;
         Ok(p.objects)

@@ -71,7 +71,8 @@ fn repository_objects() -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>) {
     let m = mdl_format::Manifest::decode(&manifest_bytes).expect("a manifest");
     let record = mdl::inspect::record(&repo, &m.tensors().next().expect("a tensor").1.id)
         .expect("the record");
-    let plan = mdl::transfer::plan(&repo, &[tip], &|_| false).expect("a plan");
+    let whole = mdl::transfer::Shallow::WHOLE;
+    let plan = mdl::transfer::plan(&repo, &[tip], &|_| false, &whole).expect("a plan");
     let ids: Vec<_> = plan.iter().map(|p| p.id).collect();
     let mut pack = Vec::new();
     mdl::transfer::write_pack(&repo, &ids, &mut pack).expect("a pack");

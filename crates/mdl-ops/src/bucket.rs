@@ -273,9 +273,10 @@ impl Operations for InBucket {
         name: &str,
         branch: Option<&str>,
         pull: bool,
+        deepen: Option<u32>,
         progress: &dyn Progress,
     ) -> Result<Transferred> {
-        self.run_exactly(|l| l.fetch(name, branch, pull, progress))
+        self.run_exactly(|l| l.fetch(name, branch, pull, deepen, progress))
     }
 
     fn push(

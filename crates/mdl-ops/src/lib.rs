@@ -202,12 +202,14 @@ pub trait Operations: Send + Sync {
     fn set_remote_url(&self, name: &str, url: &str) -> Result<()>;
     /// Keeps (or with `None` forgets) a token for remote `name`.
     fn set_remote_token(&self, name: &str, token: Option<&str>) -> Result<()>;
-    /// Fetches from remote `name` (`pull`: and moves the current branch after).
+    /// Fetches from remote `name` (`pull`: and moves the current branch after); `deepen`
+    /// first brings that many more commits behind where a shallow clone's history ends.
     fn fetch(
         &self,
         name: &str,
         branch: Option<&str>,
         pull: bool,
+        deepen: Option<u32>,
         progress: &dyn Progress,
     ) -> Result<Transferred>;
     /// Pushes to remote `name`.

@@ -332,6 +332,7 @@ impl Operations for Local {
         name: &str,
         branch: Option<&str>,
         pull: bool,
+        deepen: Option<u32>,
         progress: &dyn Progress,
     ) -> Result<Transferred> {
         let repo = self.open(LockMode::Write)?;
@@ -341,7 +342,13 @@ impl Operations for Local {
         } else {
             mdl_remote::fetch
         };
-        let outcome = transfer(&repo, name, peer.as_ref(), branch, progress)?;
+        let deepened = match deepen {
+            Some(by) => mdl_remote::deepen(&repo, peer.as_ref(), by, progress)?,
+            None => Default::default(),
+        };
+        let mut outcome = transfer(&repo, name, peer.as_ref(), branch, progress)?;
+        outcome.objects += deepened.objects;
+        outcome.bytes += deepened.bytes;
         Ok(Transferred {
             url: peer.url().to_string(),
             outcome,

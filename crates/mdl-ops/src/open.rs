@@ -68,12 +68,13 @@ pub fn init(location: &Location, access: &Access) -> Result<Initialized> {
 
 /// Clones the repository at `url` into `dir` under `base`, the folder the command runs in;
 /// `dir` defaults to the name the URL ends with. A clone makes a new repository, so `base`
-/// must be a folder.
+/// must be a folder. `depth` and `since` make it shallow ([`mdl_remote::clone`]).
 pub fn clone(
     url: &str,
     base: &Location,
     dir: Option<&Path>,
     access: &Access,
+    (depth, since): (Option<u32>, Option<&str>),
     progress: &dyn mdl::Progress,
 ) -> Result<mdl_remote::CloneOutcome> {
     let Location::Folder(base) = base else {
@@ -97,5 +98,11 @@ pub fn clone(
     };
     let dir = base.join(dir.map_or_else(|| PathBuf::from(name), Path::to_path_buf));
     let peer = peer(url, access, None)?;
-    Ok(mdl_remote::clone(peer.as_ref(), &dir, progress)?)
+    Ok(mdl_remote::clone(
+        peer.as_ref(),
+        &dir,
+        depth,
+        since,
+        progress,
+    )?)
 }

@@ -300,6 +300,7 @@ impl Operations for Served {
         _name: &str,
         _branch: Option<&str>,
         pull: bool,
+        _deepen: Option<u32>,
         _progress: &dyn Progress,
     ) -> Result<Transferred> {
         let op = if pull {

@@ -172,6 +172,9 @@ pub struct PlanRequest {
     /// names one for each tensor stored whole ([`crate::transfer::PlannedObject::against`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deltas: bool,
+    /// How much history to take (`depth`, `since`; all of it when neither is given).
+    #[serde(flatten)]
+    pub shallow: crate::transfer::Shallow,
 }
 
 /// The answer to `POST /objects/plan`.

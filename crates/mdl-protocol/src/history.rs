@@ -39,6 +39,9 @@ pub struct LogEntry {
     /// commit (`source.*`); see `Commit::properties`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub properties: BTreeMap<String, String>,
+    /// History is cut here: its parents are not in this repository (a shallow clone).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cut: bool,
     #[serde(skip)]
     /// Commit time (from `time` when read back from JSON).
     pub timestamp: Timestamp,

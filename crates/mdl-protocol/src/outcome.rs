@@ -195,6 +195,10 @@ pub struct FsckReport {
     pub expired: u64,
     /// Longest delta chain (decode steps).
     pub longest_chain: u32,
+    /// Reachable commits where history was cut on purpose (a shallow clone): their parents
+    /// are not here, and that is not a problem.
+    #[serde(default)]
+    pub cut: u64,
     /// Leftover files `--repair` removed.
     pub repaired: Vec<PathBuf>,
     /// `meta.redb` failed redb's integrity check (`--repair` rebuilds it).

@@ -21,6 +21,37 @@ pub struct PlannedObject {
     /// stored whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub against: Option<ObjectId>,
+    /// A commit whose parents do not travel and the receiver does not hold: its history is cut
+    /// there (a shallow transfer, or a sender whose own history was cut), and the receiver
+    /// keeps it as such.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cut: bool,
+}
+
+/// How much history a transfer takes (a shallow clone): everything when empty.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Shallow {
+    /// Only the commits fewer than this many steps from a wanted one (1: the wanted commits
+    /// alone); at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u32>,
+    /// Not the ancestors of this commit (the commit itself travels, where a wanted commit
+    /// reaches it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<ObjectId>,
+}
+
+impl Shallow {
+    /// All of history.
+    pub const WHOLE: Shallow = Shallow {
+        depth: None,
+        since: None,
+    };
+
+    /// Whether it takes all of history.
+    pub fn is_whole(&self) -> bool {
+        *self == Shallow::WHOLE
+    }
 }
 
 /// A ref change requested by another repository: `name` (`refs/heads/…` or `refs/tags/…`)

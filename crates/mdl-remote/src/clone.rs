@@ -3,8 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use mdl::transfer::RefChange;
-use mdl::{Ref, RefName, RefValue, Repository};
+use mdl::transfer::{RefChange, Shallow};
+use mdl::{ObjectId, Ref, RefName, RefValue, Repository};
+use mdl_protocol::body::Refs;
 
 use crate::fetch::fetch_refs;
 use crate::remotes::add_remote;
@@ -27,11 +28,19 @@ pub struct CloneOutcome {
 /// interrupted clone leaves `dir` as it was; what a killed clone left beside it is removed by
 /// the next clone into the same place. A clone whose transfer was cut off keeps what arrived
 /// whole (verified) in that hidden directory, and the next clone of the same URL into the same
-/// place goes on from there: only the rest is sent.
+/// place goes on from there: only the rest is sent. `depth` (the last N commits of each
+/// branch and tag) or `since` (a commit, or a branch or tag of the remote, and what came after
+/// it) make it a shallow clone: the commits where its history ends are marked cut.
 // The clone is a whole new repository assembled in a staging folder beside `dir`: renaming it
 // into place, or removing it after a failure, moves a folder no store owns yet.
 #[allow(clippy::disallowed_methods)]
-pub fn clone(remote: &dyn Peer, dir: &Path, progress: &dyn mdl::Progress) -> Result<CloneOutcome> {
+pub fn clone(
+    remote: &dyn Peer,
+    dir: &Path,
+    depth: Option<u32>,
+    since: Option<&str>,
+    progress: &dyn mdl::Progress,
+) -> Result<CloneOutcome> {
     let url = remote.url();
     if dir.exists()
         && std::fs::read_dir(dir)
@@ -56,9 +65,13 @@ pub fn clone(remote: &dyn Peer, dir: &Path, progress: &dyn mdl::Progress) -> Res
             }
         };
         let refs = remote.refs()?;
+        let limit = Shallow {
+            depth,
+            since: since.map(|rev| since_commit(&refs, url, rev)).transpose()?,
+        };
         // A refused clone removes its whole staging folder: what it added goes with it.
         let (mut transfer, mut changes, _added) =
-            fetch_refs(&repo, "origin", remote, &refs, None, progress)?;
+            fetch_refs(&repo, "origin", remote, &refs, None, &limit, progress)?;
         for r in &refs.refs {
             if let Some(Ref::Branch(_)) = Ref::parse(&r.name) {
                 changes.push(RefChange {
@@ -105,6 +118,21 @@ pub fn clone(remote: &dyn Peer, dir: &Path, progress: &dyn mdl::Progress) -> Res
         Ok(_) => {}
     }
     done
+}
+
+/// The commit `rev` names: a full commit id, or a branch or tag the remote lists.
+fn since_commit(refs: &Refs, url: &str, rev: &str) -> Result<ObjectId> {
+    if let Ok(id) = rev.parse::<ObjectId>() {
+        return Ok(id);
+    }
+    [Ref::BRANCHES, Ref::TAGS]
+        .iter()
+        .find_map(|prefix| refs.get(&format!("{prefix}{rev}")))
+        .ok_or_else(|| {
+            Error::Remote(format!(
+                "--since {rev}: not a full commit id (64 hex digits) nor a branch or tag of {url}"
+            ))
+        })
 }
 
 /// The folder `dir` is in (`.` for a bare name) and its name; `None` for `/` or `..`.

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use mdl::names;
-use mdl::transfer::{self, Added, PlannedObject, Receipt, Received, RefChange};
+use mdl::transfer::{self, Added, PlannedObject, Receipt, Received, RefChange, Shallow};
 use mdl::{ObjectId, Progress, Ref, RefName, RefValue, Repository, Timestamp};
 use mdl_protocol::body::{ListedRef, Refs};
 
@@ -43,7 +43,9 @@ pub fn fetch(
     progress: &dyn Progress,
 ) -> Result<TransferOutcome> {
     let refs = remote.refs()?;
-    let (outcome, changes, added) = fetch_refs(repo, remote_name, remote, &refs, branch, progress)?;
+    let whole = Shallow::WHOLE;
+    let (outcome, changes, added) =
+        fetch_refs(repo, remote_name, remote, &refs, branch, &whole, progress)?;
     if let Err(e) = transfer::update_refs(repo, &changes, &format!("fetch {}", remote.url())) {
         // Refs that name what never came: nothing of the fetch stays.
         added.undo(repo);
@@ -85,7 +87,7 @@ pub fn check_refs(url: &str, refs: &Refs) -> Result<()> {
 }
 
 /// What fetching `branch` (every branch when `None`) and every tag from `remote` brings, given
-/// its refs: the commits fetched, the ref changes that take them (remote-tracking branches,
+/// its refs, with as much history as `limit` takes: the commits fetched, the ref changes that take them (remote-tracking branches,
 /// new tags), not yet made, and what the fetch added, to be taken out again if they are
 /// refused.
 pub(crate) fn fetch_refs(
@@ -94,6 +96,7 @@ pub(crate) fn fetch_refs(
     remote: &dyn Peer,
     refs: &Refs,
     branch: Option<&str>,
+    limit: &Shallow,
     progress: &dyn Progress,
 ) -> Result<(TransferOutcome, Vec<RefChange>, Added)> {
     check_refs(remote.url(), refs)?;
@@ -116,7 +119,7 @@ pub(crate) fn fetch_refs(
         .collect();
     let mut outcome = TransferOutcome::default();
     let wanted: Vec<ObjectId> = branches.iter().chain(&tags).map(|r| r.target).collect();
-    let receipt = fetch_commits(repo, remote, &wanted, progress)?;
+    let receipt = fetch_commits(repo, remote, &wanted, limit, progress)?;
     outcome.objects = receipt.received.objects;
     outcome.bytes = receipt.received.bytes;
     match ref_changes(repo, remote_name, &branches, &tags, &mut outcome) {
@@ -183,12 +186,13 @@ fn ref_changes(
     Ok(changes)
 }
 
-/// Brings the commits `want` (and their history) from the server, sending only objects this
-/// repository lacks; what came, and what it added.
+/// Brings the commits `want` (and their history, as far as `limit` takes it) from the server,
+/// sending only objects this repository lacks; what came, and what it added.
 fn fetch_commits(
     repo: &Repository,
     remote: &dyn Peer,
     want: &[ObjectId],
+    limit: &Shallow,
     progress: &dyn Progress,
 ) -> Result<Receipt> {
     let have: Vec<ObjectId> = transfer::commits(repo)?;
@@ -209,7 +213,7 @@ fn fetch_commits(
     // new plan orders the objects by their bases and sizes now.
     let mut attempts = 0;
     loop {
-        let plan = remote.plan(&want, &have)?;
+        let plan = remote.plan(&want, &have, limit)?;
         let mut ids = HashSet::new();
         if let Some(twice) = plan.iter().find(|p| !ids.insert(p.id)) {
             return Err(mdl_client::Error::Answer {
@@ -249,6 +253,33 @@ fn fetch_commits(
             other => return other,
         }
     }
+}
+
+/// Brings `by` more commits of history behind each commit where this repository's history is
+/// cut (a shallow clone), from `remote`; refs do not move. Refused for a repository whose
+/// history is whole.
+pub fn deepen(
+    repo: &Repository,
+    remote: &dyn Peer,
+    by: u32,
+    progress: &dyn Progress,
+) -> Result<TransferOutcome> {
+    let want = mdl::shallow::parents_beyond(repo)?;
+    if want.is_empty() {
+        return Err(Error::Remote(
+            "--deepen: this repository's history is whole (not a shallow clone)".into(),
+        ));
+    }
+    let limit = Shallow {
+        depth: Some(by),
+        since: None,
+    };
+    let receipt = fetch_commits(repo, remote, &want, &limit, progress)?;
+    Ok(TransferOutcome {
+        objects: receipt.received.objects,
+        bytes: receipt.received.bytes,
+        moved: Vec::new(),
+    })
 }
 
 /// How often a fetch plans again when the server re-encoded objects after planning.

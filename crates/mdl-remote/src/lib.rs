@@ -16,7 +16,7 @@ mod remotes;
 
 pub use clone::{clone, CloneOutcome};
 pub use error::{Error, Result};
-pub use fetch::{check_refs, fetch, pull, Moved, TransferOutcome};
+pub use fetch::{check_refs, deepen, fetch, pull, Moved, TransferOutcome};
 pub use files::{commit_paths, download};
 pub use mdl_client::Remote;
 pub use peer::{Local, Peer};

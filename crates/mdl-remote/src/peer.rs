@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use mdl::transfer::{self, PlannedObject, Receipt, Received, RefUpdate};
+use mdl::transfer::{self, PlannedObject, Receipt, Received, RefUpdate, Shallow};
 use mdl::{Counting, ObjectId, Progress, Repository};
 use mdl_protocol::body::{Against, Refs, MAX_IDS};
 
@@ -17,9 +17,14 @@ pub trait Peer {
     fn url(&self) -> &str;
     /// Its branches and tags.
     fn refs(&self) -> Result<Refs>;
-    /// The objects it would send for `want` to a repository holding the commits `have`
-    /// ([`transfer::plan`]).
-    fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>>;
+    /// The objects it would send for `want` to a repository holding the commits `have`, with
+    /// as much history as `limit` takes ([`transfer::plan`]).
+    fn plan(
+        &self,
+        want: &[ObjectId],
+        have: &[ObjectId],
+        limit: &Shallow,
+    ) -> Result<Vec<PlannedObject>>;
     /// Copies the records of the `planned` objects into `repo`, verifying each (a server may
     /// send only those, each at most once and no longer than planned); the pack's bytes are
     /// reported to `progress` as they arrive. What it added, for the caller to take out again
@@ -51,8 +56,13 @@ impl Peer for Remote {
     fn refs(&self) -> Result<Refs> {
         Ok(Remote::refs(self)?)
     }
-    fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>> {
-        Ok(Remote::plan(self, want, have)?)
+    fn plan(
+        &self,
+        want: &[ObjectId],
+        have: &[ObjectId],
+        limit: &Shallow,
+    ) -> Result<Vec<PlannedObject>> {
+        Ok(Remote::plan(self, want, have, limit)?)
     }
     /// In requests of at most [`MAX_IDS`] ids, in order, so bases still come first; each pack
     /// may hold only what its request planned.
@@ -158,14 +168,24 @@ impl Peer for Local<'_> {
     fn refs(&self) -> Result<Refs> {
         Ok(mdl::refs::listed(self.repo)?)
     }
-    fn plan(&self, want: &[ObjectId], have: &[ObjectId]) -> Result<Vec<PlannedObject>> {
-        for id in want {
+    fn plan(
+        &self,
+        want: &[ObjectId],
+        have: &[ObjectId],
+        limit: &Shallow,
+    ) -> Result<Vec<PlannedObject>> {
+        for id in want.iter().chain(&limit.since) {
             if !transfer::has_commit(self.repo, id)? {
                 return Err(Error::Remote(format!("{} has no commit {id}", self.url)));
             }
         }
         let have: HashSet<ObjectId> = have.iter().copied().collect();
-        Ok(transfer::plan(self.repo, want, &|id| have.contains(id))?)
+        Ok(transfer::plan(
+            self.repo,
+            want,
+            &|id| have.contains(id),
+            limit,
+        )?)
     }
     fn fetch_objects(
         &self,
@@ -174,11 +194,17 @@ impl Peer for Local<'_> {
         progress: &dyn Progress,
     ) -> Result<Receipt> {
         let ids: Vec<ObjectId> = planned.iter().map(|p| p.id).collect();
-        let ids = &ids[..];
-        if let Some(id) = transfer::unknown(self.repo, ids)?.first() {
+        if let Some(id) = transfer::unknown(self.repo, &ids)?.first() {
             return Err(Error::Remote(format!("{} has no object {id}", self.url)));
         }
-        copy(self.repo, repo, ids, progress)
+        // As from a server: only what was planned, commits marked cut taken without parents.
+        let (file, _) = spool(self.repo, &ids)?;
+        let mut reader = std::io::BufReader::with_capacity(1 << 20, Counting::new(file, progress));
+        Ok(transfer::receive_expected(
+            repo,
+            &mut reader,
+            transfer::Expect::Planned(planned),
+        )?)
     }
     fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
         Ok(transfer::missing(self.repo, ids)?)

@@ -134,7 +134,16 @@ fn send_and_move(
     let tip = update.new.expect("a push moves a ref to a commit");
     let history = transfer::reachable_commits(repo, &[tip])?;
     let missing: HashSet<ObjectId> = remote.missing(&history)?.into_iter().collect();
-    let plan = transfer::plan(repo, &[tip], &|id| !missing.contains(id))?;
+    let whole = transfer::Shallow::WHOLE;
+    let plan = transfer::plan(repo, &[tip], &|id| !missing.contains(id), &whole)?;
+    // A shallow clone can push onto history the other side has, not history it lacks itself.
+    if let Some(cut) = plan.iter().find(|p| p.cut) {
+        return Err(Error::Remote(format!(
+            "{} lacks the history before commit {}, where this shallow clone's history ends; `mdl fetch --deepen N` brings more of it",
+            remote.url(),
+            cut.id.short(12)
+        )));
+    }
     let ids: Vec<ObjectId> = plan.iter().map(|p| p.id).collect();
     let needed: HashSet<ObjectId> = remote.missing(&ids)?.into_iter().collect();
     let send: Vec<ObjectId> = ids.into_iter().filter(|id| needed.contains(id)).collect();

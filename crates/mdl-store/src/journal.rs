@@ -1,5 +1,6 @@
 //! `.mdl/journal`: an append-only log of every change to what `meta.redb` holds and the object
-//! records cannot tell — refs, reflogs, configuration and records of expiry. The index of
+//! records cannot tell — refs, reflogs, configuration, records of expiry and where a shallow
+//! clone's history was cut. The index of
 //! objects and commits is rebuilt from the records themselves; these are rebuilt from here
 //! ([`crate::rebuild`]).
 //!
@@ -22,11 +23,15 @@
 //!   4 config       str key | u8 has | [str value]
 //!   5 expired      id | u8 has | [bytes expired entry]
 //!   6 abort        (the previous entry's transaction did not commit)
+//!   7 shallow      id | u8 cut                                  (a commit whose parents this
+//!                                                               repository does not hold, on
+//!                                                               purpose: where a shallow
+//!                                                               clone's history was cut)
 //! ```
 //! `str`/`bytes` are a u32 length and the bytes; values use `meta.redb`'s encodings
 //! (`docs/FORMAT.md`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -68,6 +73,10 @@ pub(crate) enum Change {
         id: ObjectId,
         value: Option<Expired>,
     },
+    Shallow {
+        id: ObjectId,
+        cut: bool,
+    },
     Abort,
 }
 
@@ -82,6 +91,8 @@ pub struct JournalState {
     pub config: BTreeMap<String, String>,
     /// Records of expiry.
     pub expired: BTreeMap<ObjectId, Expired>,
+    /// Commits whose parents are not here on purpose (a shallow clone's cut).
+    pub shallow: BTreeSet<ObjectId>,
 }
 
 impl JournalState {
@@ -126,6 +137,12 @@ impl JournalState {
             Change::Expired { id, value: None } => {
                 self.expired.remove(id);
             }
+            Change::Shallow { id, cut: true } => {
+                self.shallow.insert(*id);
+            }
+            Change::Shallow { id, cut: false } => {
+                self.shallow.remove(id);
+            }
             Change::Abort => {}
         }
     }
@@ -158,6 +175,9 @@ impl JournalState {
                 id: *id,
                 value: Some(x.clone()),
             });
+        }
+        for id in &self.shallow {
+            out.push(Change::Shallow { id: *id, cut: true });
         }
         out
     }
@@ -292,6 +312,14 @@ fn decode_body(body: &[u8]) -> Option<Vec<Change>> {
                     _ => Some(Expired::decode(r.bytes()?).ok()?),
                 },
             },
+            7 => Change::Shallow {
+                id: r.id()?,
+                cut: match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                },
+            },
             _ => return None,
         };
         out.push(change);
@@ -354,6 +382,11 @@ fn encode_entry(changes: &[Change]) -> Vec<u8> {
                             put_bytes(&mut body, &x.encode());
                         }
                     }
+                }
+                Change::Shallow { id, cut } => {
+                    body.push(7);
+                    body.extend_from_slice(id.as_bytes());
+                    body.push(u8::from(*cut));
                 }
                 Change::Abort => unreachable!("an abort is an entry of its own"),
             }
@@ -470,6 +503,10 @@ mod tests {
                     key: "delta.mode".into(),
                     value: Some("reverse".into()),
                 },
+                Change::Shallow {
+                    id: c(b"a"),
+                    cut: true,
+                },
             ],
             vec![Change::Expired {
                 id: c(b"x"),
@@ -480,10 +517,16 @@ mod tests {
                     rule: "retention.keep_last=1".into(),
                 }),
             }],
-            vec![Change::Ref {
-                name: "refs/heads/main".into(),
-                value: Some(RefValue::Direct(c(b"b"))),
-            }],
+            vec![
+                Change::Ref {
+                    name: "refs/heads/main".into(),
+                    value: Some(RefValue::Direct(c(b"b"))),
+                },
+                Change::Shallow {
+                    id: c(b"b"),
+                    cut: true,
+                },
+            ],
             vec![Change::Abort],
             vec![Change::ExpireReflog {
                 name: "refs/heads/main".into(),
@@ -507,6 +550,12 @@ mod tests {
         assert_eq!(r.state.reflogs["refs/heads/main"].len(), 1);
         assert_eq!(r.state.config["delta.mode"], "reverse");
         assert_eq!(r.state.expired.len(), 1);
+        let cut: Vec<ObjectId> = r.state.shallow.iter().copied().collect();
+        assert_eq!(
+            cut,
+            [ObjectId::hash(b"a")],
+            "the aborted entry's cut is not kept"
+        );
         // A snapshot replays to the same state.
         let snap = encode_entry(&r.state.snapshot());
         assert_eq!(replay_bytes(&snap).state, r.state);

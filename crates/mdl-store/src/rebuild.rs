@@ -21,7 +21,7 @@ use crate::guard::guarded;
 use crate::journal::{self, JournalState, JOURNAL_FILE};
 use crate::meta::{
     dependent_key, open_err, CommitSummary, IndexEntry, Meta, RefValue, COMMITS, CONFIG,
-    DEPENDENTS, EXPIRED, HEAD, META_FILE, OBJECTS, REFLOG, REFS,
+    DEPENDENTS, EXPIRED, HEAD, META_FILE, OBJECTS, REFLOG, REFS, SHALLOW,
 };
 use crate::objects::record_files;
 use crate::{LockMode, RepoLock, StoreError, MAX_CHAIN};
@@ -81,6 +81,8 @@ pub fn rebuild(dir: &Path, wait: Duration) -> Result<Rebuilt, StoreError> {
     let mut state = journal_state(dir, &commits, &mut out)?;
     // An object on disk is not expired (it was stored again, or its deletion did not finish).
     state.expired.retain(|id, _| !found.contains_key(id));
+    // A cut is kept only where its commit is.
+    state.shallow.retain(|id| commit_bodies.contains_key(id));
     out.objects = objects.len() as u64;
     out.commits = commits.len() as u64;
     out.refs = state.refs.len() as u64;
@@ -323,6 +325,10 @@ fn write_rebuilt(
             for (id, x) in &state.expired {
                 t.insert(id.as_bytes().as_slice(), x.encode().as_slice())
                     .map_err(db)?;
+            }
+            let mut t = txn.open_table(SHALLOW).map_err(db)?;
+            for id in &state.shallow {
+                t.insert(id.as_bytes().as_slice(), ()).map_err(db)?;
             }
         }
         txn.commit().map_err(db)

@@ -255,6 +255,7 @@ fn check_history(
     }
     let mut seen = HashSet::new();
     let mut manifests_seen = HashSet::new();
+    let cut: HashSet<ObjectId> = meta.shallow()?.into_iter().collect();
     while let Some((id, from)) = stack.pop() {
         if !seen.insert(id) || !known.want(&id, ObjectKind::Commit, &from, report) {
             continue;
@@ -278,8 +279,13 @@ fn check_history(
             }
             Some(_) => {}
         }
-        for p in &commit.parents {
-            stack.push((*p, format!("parent of commit {}", id.short(12))));
+        if cut.contains(&id) {
+            // A shallow clone's end of history: its parents are not here on purpose.
+            report.cut += 1;
+        } else {
+            for p in &commit.parents {
+                stack.push((*p, format!("parent of commit {}", id.short(12))));
+            }
         }
         let from = format!("commit {}", id.short(12));
         if manifests_seen.insert(commit.manifest)

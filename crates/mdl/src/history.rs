@@ -21,11 +21,13 @@ pub(crate) fn ref_tips(repo: &Repository) -> crate::Result<Vec<ObjectId>> {
 }
 
 /// Commits reachable from `starts`, children before parents, newer first among the ready ones.
+/// The walk stops where history was cut (a shallow clone's oldest commits).
 pub(crate) fn walk(
     repo: &Repository,
     starts: &[ObjectId],
 ) -> crate::Result<Vec<(ObjectId, CommitSummary)>> {
     let meta = repo.store().meta().read()?;
+    let cut: HashSet<ObjectId> = meta.shallow()?.into_iter().collect();
     let mut all: HashMap<ObjectId, CommitSummary> = HashMap::new();
     let mut stack: Vec<ObjectId> = starts.to_vec();
     while let Some(id) = stack.pop() {
@@ -35,12 +37,22 @@ pub(crate) fn walk(
         let s = meta
             .commit(&id)?
             .ok_or(mdl_store::StoreError::Missing(id))?;
-        stack.extend(s.parents.iter().copied());
+        if !cut.contains(&id) {
+            stack.extend(s.parents.iter().copied());
+        }
         all.insert(id, s);
     }
+    Ok(in_order(all))
+}
+
+/// `all` ordered children before parents, newer first among the ready ones; parents outside
+/// `all` are not waited for.
+pub(crate) fn in_order(
+    mut all: HashMap<ObjectId, CommitSummary>,
+) -> Vec<(ObjectId, CommitSummary)> {
     let mut children: HashMap<ObjectId, usize> = HashMap::new();
     for s in all.values() {
-        for p in &s.parents {
+        for p in s.parents.iter().filter(|p| all.contains_key(p)) {
             *children.entry(*p).or_default() += 1;
         }
     }
@@ -50,14 +62,12 @@ pub(crate) fn walk(
         .map(|(id, s)| (s.time, *id))
         .collect();
     let mut out = Vec::with_capacity(all.len());
-    let mut done = HashSet::new();
     while let Some((_, id)) = ready.pop() {
-        if !done.insert(id) {
-            continue;
-        }
-        let s = all[&id].clone();
+        let Some(s) = all.remove(&id) else { continue };
         for p in &s.parents {
-            let left = children.get_mut(p).expect("parent counted");
+            let Some(left) = children.get_mut(p) else {
+                continue;
+            };
             *left -= 1;
             if *left == 0 {
                 ready.push((all[p].time, *p));
@@ -65,7 +75,7 @@ pub(crate) fn walk(
         }
         out.push((id, s));
     }
-    Ok(out)
+    out
 }
 
 /// The commits reachable from `tip` and from none of `others`: what would become unreachable

@@ -47,6 +47,7 @@ pub mod refs;
 mod repo;
 pub mod revision;
 mod rewrite;
+pub mod shallow;
 pub mod show;
 pub mod stats;
 pub mod storage;

@@ -35,6 +35,7 @@ fn log_from(repo: &Repository, starts: &[ObjectId], limit: Option<usize>) -> Res
         .into_iter()
         .map(|(id, _)| id)
         .collect();
+    let cut = crate::shallow::cut(repo)?;
     let mut out = Vec::new();
     for (id, _) in history::walk(repo, starts)?
         .into_iter()
@@ -65,6 +66,7 @@ fn log_from(repo: &Repository, starts: &[ObjectId], limit: Option<usize>) -> Res
                 .collect(),
             expired_tensors,
             properties: c.properties.into_iter().collect(),
+            cut: cut.contains(&id),
             timestamp: c.time,
         });
     }
@@ -122,7 +124,9 @@ pub fn graph(entries: &[LogEntry]) -> Vec<(String, Vec<String>)> {
             .map(|i| if i == col { "* " } else { "| " })
             .collect();
         let mut after = Vec::new();
-        match e.parents.first() {
+        // Where history was cut, the lane ends as at a root.
+        let parents: &[ObjectId] = if e.cut { &[] } else { &e.parents };
+        match parents.first() {
             Some(p) => lanes[col] = *p,
             None => {
                 if col + 1 < lanes.len() {
@@ -136,7 +140,7 @@ pub fn graph(entries: &[LogEntry]) -> Vec<(String, Vec<String>)> {
             }
         }
         let mut at = col;
-        for p in e.parents.iter().skip(1) {
+        for p in parents.iter().skip(1) {
             if !lanes.contains(p) {
                 after.push(connector(lanes.len(), |m| match m {
                     m if m < at => Lane::Stays,
@@ -219,6 +223,7 @@ mod tests {
                 refs: Vec::new(),
                 expired_tensors: 0,
                 properties: Default::default(),
+                cut: false,
                 timestamp: mdl_format::Timestamp(0),
             })
             .collect();

@@ -55,7 +55,17 @@ pub fn resolve(repo: &Repository, rev: &str) -> Result<ObjectId> {
     let (base, steps) = parse(rev)?;
     let meta = repo.store().meta().read()?;
     let mut id = resolve_base(&meta, base, rev)?;
+    let cut = meta.shallow()?;
     let parents = |id: &ObjectId| -> Result<Vec<ObjectId>> {
+        if cut.contains(id) {
+            return Err(Error::NoSuchAncestor {
+                rev: rev.to_string(),
+                why: format!(
+                    "history is cut at commit {} (a shallow clone; `mdl fetch --deepen N` brings more)",
+                    id.short(12)
+                ),
+            });
+        }
         Ok(meta
             .commit(id)?
             .ok_or_else(|| Error::UnknownRevision(rev.to_string()))?

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use mdl::checkout::{checkout, CheckoutOptions};
 use mdl::commit::{commit, CommitOptions};
-use mdl::transfer::{self, RefUpdate};
+use mdl::transfer::{self, RefUpdate, Shallow};
 use mdl::{Error, NoProgress, ObjectId, Repository, StoreError};
 
 mod common;
@@ -45,7 +45,7 @@ fn series(dir: &Path, n: usize) -> (Repository, Vec<ObjectId>) {
 }
 
 fn pack(repo: &Repository, tip: ObjectId) -> Vec<u8> {
-    let plan = transfer::plan(repo, &[tip], &|_| false).unwrap();
+    let plan = transfer::plan(repo, &[tip], &|_| false, &Shallow::WHOLE).unwrap();
     let ids: Vec<ObjectId> = plan.iter().map(|p| p.id).collect();
     let mut out = Vec::new();
     transfer::write_pack(repo, &ids, &mut out).unwrap();
@@ -103,8 +103,8 @@ fn a_pack_copies_history_exactly() {
     assert!(mdl::fsck::fsck(&dst, false).unwrap().ok());
 
     // Only what is missing: nothing new to send for a receiver that has the tip's parent.
-    let rest = transfer::plan(&src, &[tip], &|id| *id == ids[2]).unwrap();
-    let all = transfer::plan(&src, &[tip], &|_| false).unwrap();
+    let rest = transfer::plan(&src, &[tip], &|id| *id == ids[2], &Shallow::WHOLE).unwrap();
+    let all = transfer::plan(&src, &[tip], &|_| false, &Shallow::WHOLE).unwrap();
     assert!(rest.len() < all.len());
     assert_eq!(rest.last().unwrap().id, tip);
 }
@@ -143,7 +143,7 @@ fn bad_packs_change_nothing() {
     let err = transfer::receive_pack(&dst, &mut &good[..], 16).unwrap_err();
     assert!(err.to_string().contains("over the limit"), "{err}");
     // Commits without their tensors: the manifest names objects that were not sent.
-    let plan = transfer::plan(&src, &[tip], &|_| false).unwrap();
+    let plan = transfer::plan(&src, &[tip], &|_| false, &Shallow::WHOLE).unwrap();
     let tail: Vec<ObjectId> = plan
         .iter()
         .map(|p| p.id)
@@ -317,7 +317,7 @@ fn a_tensor_goes_as_a_delta_against_the_version_the_receiver_holds() {
     mdl::commit::run_deferred(&src, None, &|| false).unwrap();
 
     let has = |id: &ObjectId| ids.contains(id);
-    let mut plan = transfer::plan(&src, &[tip], &has).unwrap();
+    let mut plan = transfer::plan(&src, &[tip], &has, &Shallow::WHOLE).unwrap();
     transfer::derive_against(&src, &[tip], &has, &mut plan).unwrap();
     let paired: Vec<_> = plan.iter().filter(|p| p.against.is_some()).collect();
     assert_eq!(paired.len(), 1, "{plan:?}");
@@ -374,4 +374,134 @@ fn a_tensor_goes_as_a_delta_against_the_version_the_receiver_holds() {
     at(&dst, &b);
     assert_eq!(std::fs::read(&b).unwrap(), next);
     assert_eq!(std::fs::read(&a).unwrap(), next);
+}
+
+/// The commits of a plan, in its order.
+fn planned_commits(
+    plan: &[mdl::transfer::PlannedObject],
+    all: &[ObjectId],
+) -> Vec<(ObjectId, bool)> {
+    plan.iter()
+        .filter(|p| all.contains(&p.id))
+        .map(|p| (p.id, p.cut))
+        .collect()
+}
+
+/// Fetches `want` from `src` into `dst` as a client does: a plan for what `dst` holds, within
+/// `limit`, and its pack received as planned.
+fn fetch_into(
+    src: &Repository,
+    dst: &Repository,
+    want: &[ObjectId],
+    limit: &Shallow,
+) -> mdl::Result<transfer::Receipt> {
+    let have: std::collections::HashSet<ObjectId> =
+        transfer::commits(dst).unwrap().into_iter().collect();
+    let plan = transfer::plan(src, want, &|id| have.contains(id), limit)?;
+    let ids: Vec<ObjectId> = plan.iter().map(|p| p.id).collect();
+    let mut bytes = Vec::new();
+    transfer::write_pack(src, &ids, &mut bytes)?;
+    transfer::receive_expected(dst, &mut &bytes[..], transfer::Expect::Planned(&plan))
+}
+
+fn same_checkout(a: &Repository, b: &Repository, id: &ObjectId, dir: &Path) {
+    let (x, y) = (dir.join("x"), dir.join("y"));
+    let opts = CheckoutOptions {
+        force: true,
+        ..CheckoutOptions::default()
+    };
+    checkout(a, &id.to_hex(), &x, &opts, &NoProgress).unwrap();
+    checkout(b, &id.to_hex(), &y, &opts, &NoProgress).unwrap();
+    assert!(std::fs::read(x).unwrap() == std::fs::read(y).unwrap());
+}
+
+/// A shallow copy holds the newest commit alone, its history marked cut (log, fsck and
+/// revisions say so); deepening brings two more; the marks survive an index rebuilt from the
+/// records; a commit whose parents do not come is refused unless its plan marks it cut.
+#[test]
+fn a_shallow_copy_holds_the_newest_commits_and_deepens() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, ids) = series(dir.path(), 5);
+    let tip = ids[4];
+    let dst_dir = dir.path().join("dst");
+    let dst = Repository::init(&dst_dir).unwrap();
+    let depth = |n| Shallow {
+        depth: Some(n),
+        since: None,
+    };
+
+    // A plan that sends the tip without its parents, not marked cut, is refused whole.
+    let mut plan = transfer::plan(&src, &[tip], &|_| false, &depth(1)).unwrap();
+    assert_eq!(planned_commits(&plan, &ids), [(tip, true)]);
+    for p in &mut plan {
+        p.cut = false;
+    }
+    let ids_planned: Vec<ObjectId> = plan.iter().map(|p| p.id).collect();
+    let mut bytes = Vec::new();
+    transfer::write_pack(&src, &ids_planned, &mut bytes).unwrap();
+    let err = transfer::receive_expected(&dst, &mut &bytes[..], transfer::Expect::Planned(&plan))
+        .unwrap_err();
+    assert!(matches!(err, Error::Incomplete(_)), "{err}");
+    assert_eq!(commits(&dst), 0);
+    assert!(mdl::shallow::cut(&dst).unwrap().is_empty());
+
+    // Depth 1: the tip alone, cut.
+    fetch_into(&src, &dst, &[tip], &depth(1)).unwrap();
+    set_ref(&dst, "refs/heads/main", None, tip, false).unwrap();
+    assert_eq!(commits(&dst), 1);
+    let cut: Vec<ObjectId> = mdl::shallow::cut(&dst).unwrap().into_iter().collect();
+    assert_eq!(cut, [tip]);
+    let log = mdl::log::log(&dst, Some("main"), None).unwrap();
+    assert_eq!(log.len(), 1);
+    assert!(log[0].cut);
+    let report = mdl::fsck::fsck(&dst, false).unwrap();
+    assert!(report.ok(), "{:?}", report.problems);
+    assert_eq!(report.cut, 1);
+    let err = mdl::revision::resolve(&dst, "main~1").unwrap_err();
+    assert!(err.to_string().contains("history is cut"), "{err}");
+    same_checkout(&src, &dst, &tip, dir.path());
+
+    // Deepened by two: the tip's parent and grandparent come, the cut moves to the latter.
+    let want = mdl::shallow::parents_beyond(&dst).unwrap();
+    assert_eq!(want, [ids[3]]);
+    fetch_into(&src, &dst, &want, &depth(2)).unwrap();
+    let cut: Vec<ObjectId> = mdl::shallow::cut(&dst).unwrap().into_iter().collect();
+    assert_eq!(cut, [ids[2]]);
+    let log = mdl::log::log(&dst, Some("main"), None).unwrap();
+    let shown: Vec<(ObjectId, bool)> = log.iter().map(|e| (e.id, e.cut)).collect();
+    assert_eq!(shown, [(ids[4], false), (ids[3], false), (ids[2], true)]);
+    assert!(mdl::fsck::fsck(&dst, false).unwrap().ok());
+    same_checkout(&src, &dst, &ids[2], dir.path());
+
+    // The index rebuilt from the records keeps the cut (it is journaled).
+    drop(dst);
+    std::fs::remove_file(dst_dir.join(".mdl/meta.redb")).unwrap();
+    let (rebuilt, report) = mdl::fsck::repair(&dst_dir, &mdl::OpenOptions::default()).unwrap();
+    assert!(rebuilt.is_some());
+    assert!(report.ok(), "{:?}", report.problems);
+    assert_eq!(report.cut, 1);
+    let dst = Repository::open(&dst_dir, &mdl::OpenOptions::default()).unwrap();
+    let cut: Vec<ObjectId> = mdl::shallow::cut(&dst).unwrap().into_iter().collect();
+    assert_eq!(cut, [ids[2]]);
+
+    // `since`: that commit and what came after, it cut; a deeper plan for a holder of the
+    // newest commits sends only the older ones.
+    let since = Shallow {
+        depth: None,
+        since: Some(ids[1]),
+    };
+    let plan = transfer::plan(&src, &[tip], &|_| false, &since).unwrap();
+    let expect: Vec<(ObjectId, bool)> = (1..5).map(|i| (ids[i], i == 1)).collect();
+    assert_eq!(planned_commits(&plan, &ids), expect);
+    let whole = transfer::plan(
+        &src,
+        &[ids[1]],
+        &|id| *id != ids[0] && *id != ids[1],
+        &Shallow::WHOLE,
+    )
+    .unwrap();
+    assert_eq!(
+        planned_commits(&whole, &ids),
+        [(ids[0], false), (ids[1], false)]
+    );
 }

@@ -41,6 +41,10 @@ pub(crate) const DEPENDENTS: TableDefinition<'_, &[u8], ()> = TableDefinition::n
 /// Objects deleted by a retention rule although commits still name them: id → [`Expired`].
 pub(crate) const EXPIRED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("expired");
 
+/// Commits whose parents this repository does not hold, on purpose: where a shallow clone's
+/// history was cut (key: commit id). Journaled.
+pub(crate) const SHALLOW: TableDefinition<'_, &[u8], ()> = TableDefinition::new("shallow");
+
 /// Commits whose parent's tensors wait to be re-encoded as reverse deltas against theirs
 /// (deferred re-encodes): sequence number → commit id, oldest first. A hint, not history: it is
 /// not journaled, and a rebuilt index starts without it (the repository then stays as large as

@@ -199,6 +199,25 @@ macro_rules! readers {
             })
         }
 
+        /// The commits whose parents are not here on purpose (where a shallow clone's history
+        /// was cut), in id order.
+        pub fn shallow(&self) -> Result<Vec<ObjectId>, StoreError> {
+            guarded(|| {
+                let t = match self.txn.open_table(SHALLOW) {
+                    Ok(t) => t,
+                    // Repositories that were never shallow need not have the table.
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                    Err(e) => return Err(db(e)),
+                };
+                let mut out = Vec::new();
+                for item in t.iter().map_err(db)? {
+                    let (k, _) = item.map_err(db)?;
+                    out.push(key_id(k.value())?);
+                }
+                Ok(out)
+            })
+        }
+
         /// Names of the refs that have reflog entries.
         pub fn reflog_names(&self) -> Result<Vec<String>, StoreError> {
             guarded(|| {
@@ -240,8 +259,8 @@ macro_rules! readers {
             })
         }
 
-        /// What the journal must hold for this database: refs, reflogs, configuration and
-        /// records of expiry.
+        /// What the journal must hold for this database: refs, reflogs, configuration, records
+        /// of expiry and the shallow cut.
         pub fn journaled(&self) -> Result<JournalState, StoreError> {
             let mut state = JournalState::default();
             for (name, value) in self.refs("")? {
@@ -253,6 +272,7 @@ macro_rules! readers {
             }
             state.config = self.configs("")?.into_iter().collect();
             state.expired = self.expired_all()?.into_iter().collect();
+            state.shallow = self.shallow()?.into_iter().collect();
             Ok(state)
         }
 

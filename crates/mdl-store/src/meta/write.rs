@@ -10,7 +10,7 @@ use redb::{ReadableTable, ReadableTableMetadata};
 use super::read::{dependent_key, key_id};
 use super::{
     CommitSummary, Expired, IndexEntry, RefValue, ReflogEntry, COMMITS, CONFIG, DEPENDENTS,
-    EXPIRED, INFO, OBJECTS, PENDING, REFLOG, REFS, TRIED,
+    EXPIRED, INFO, OBJECTS, PENDING, REFLOG, REFS, SHALLOW, TRIED,
 };
 use crate::error::db;
 use crate::guard::guarded;
@@ -173,6 +173,21 @@ impl MetaWrite<'_> {
             id: *id,
             value: None,
         });
+        Ok(())
+    }
+
+    /// Marks commit `id` as where history was cut (`cut`: its parents are not here, on
+    /// purpose), or takes the mark away (its parents came).
+    pub fn set_shallow(&mut self, id: &ObjectId, cut: bool) -> Result<(), StoreError> {
+        guarded(|| {
+            let mut t = self.txn.open_table(SHALLOW).map_err(db)?;
+            match cut {
+                true => t.insert(id.as_bytes().as_slice(), ()).map(drop),
+                false => t.remove(id.as_bytes().as_slice()).map(drop),
+            }
+            .map_err(db)
+        })?;
+        self.changes.push(Change::Shallow { id: *id, cut });
         Ok(())
     }
 

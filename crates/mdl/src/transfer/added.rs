@@ -18,6 +18,10 @@ pub struct Added {
     pub(super) expired: Vec<ObjectId>,
     /// Records of expiry that indexing a received tensor replaced.
     pub(super) unexpired: Vec<(ObjectId, Expired)>,
+    /// Received commits marked cut (their parents did not come).
+    pub(super) cut: Vec<ObjectId>,
+    /// Commits marked cut before whose parents came: the marks taken away.
+    pub(super) joined: Vec<ObjectId>,
 }
 
 impl Added {
@@ -27,6 +31,8 @@ impl Added {
         self.commits.extend(other.commits);
         self.expired.extend(other.expired);
         self.unexpired.extend(other.unexpired);
+        self.cut.extend(other.cut);
+        self.joined.extend(other.joined);
     }
 
     /// Whether nothing was added.
@@ -56,6 +62,12 @@ impl Added {
             }
             for (id, x) in &self.unexpired {
                 w.put_expired(id, x)?;
+            }
+            for id in &self.cut {
+                w.set_shallow(id, false)?;
+            }
+            for id in &self.joined {
+                w.set_shallow(id, true)?;
             }
             w.commit_txn()?;
             Ok(())

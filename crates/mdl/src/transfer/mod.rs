@@ -16,9 +16,9 @@ use std::collections::{HashMap, HashSet};
 
 use mdl_format::{ObjectId, ObjectKind, Ref};
 use mdl_store::meta::MetaRead;
-use mdl_store::{CommitSummary, IndexEntry, RefValue, StoreError};
+use mdl_store::{IndexEntry, RefValue, StoreError};
 
-pub use mdl_protocol::transfer::{PlannedObject, Received, RefUpdate};
+pub use mdl_protocol::transfer::{PlannedObject, Received, RefUpdate, Shallow};
 
 use crate::{history, Error, Repository, Result};
 
@@ -101,27 +101,25 @@ pub fn spool_pack(repo: &Repository, ids: &[ObjectId]) -> Result<tempfile::Named
     Ok(tmp)
 }
 
-/// Objects that a repository holding the commits `has_commit` accepts (and everything those
-/// reach) lacks to hold `want` too, in an order a receiver can import them: tensors with every
-/// delta base before its dependents, then manifests, then commits parents first.
+/// Objects that a repository holding the commits `has_commit` accepts lacks to hold `want`
+/// too (and their history, as far as `limit` takes it), in an order a receiver can import
+/// them: tensors with every delta base before its dependents, then manifests, then commits
+/// parents first, those whose history is cut there marked so.
 #[tracing::instrument(name = "transfer.plan", skip_all, fields(want = want.len()))]
 pub fn plan(
     repo: &Repository,
     want: &[ObjectId],
     has_commit: &dyn Fn(&ObjectId) -> bool,
+    limit: &Shallow,
 ) -> Result<Vec<PlannedObject>> {
-    // New commits, parents first (the walk lists children first). What the other side has is
-    // closed under ancestry, so filtering the whole history equals stopping at its commits.
-    let commits: Vec<(ObjectId, CommitSummary)> = history::walk(repo, want)?
-        .into_iter()
-        .rev()
-        .filter(|(id, _)| !has_commit(id))
-        .collect();
+    // New commits, parents first. The walk stops at the commits the other side has: a
+    // shallow receiver's history is not closed under ancestry.
+    let commits = crate::shallow::select(repo, want, has_commit, limit)?;
     let meta = repo.store().meta().read()?;
     let mut tensors: HashMap<ObjectId, IndexEntry> = HashMap::new();
     let mut expired: HashSet<ObjectId> = HashSet::new();
     let mut manifests = Vec::new();
-    for (_, summary) in &commits {
+    for (_, summary, _) in &commits {
         let manifest = repo.load_manifest(&summary.manifest)?;
         let entry = meta
             .object(&summary.manifest)?
@@ -131,6 +129,7 @@ pub fn plan(
             size: entry.stored_len,
             expired: false,
             against: None,
+            cut: false,
         });
         for (object, _) in manifest.objects() {
             // The object and its whole delta chain.
@@ -163,23 +162,26 @@ pub fn plan(
             size: 0,
             expired: true,
             against: None,
+            cut: false,
         })
         .chain(tensors.into_iter().map(|(id, e)| PlannedObject {
             id,
             size: e.stored_len,
             expired: false,
             against: None,
+            cut: false,
         }))
         .collect();
     let mut listed: HashSet<ObjectId> = out.iter().map(|p| p.id).collect();
     out.extend(manifests.into_iter().filter(|m| listed.insert(m.id)));
-    for (id, _) in &commits {
+    for (id, _, cut) in &commits {
         let entry = meta.object(id)?.ok_or(StoreError::Missing(*id))?;
         out.push(PlannedObject {
             id: *id,
             size: entry.stored_len,
             expired: false,
             against: None,
+            cut: *cut,
         });
     }
     Ok(out)
@@ -207,13 +209,15 @@ fn referenced(meta: &MetaRead) -> Result<HashSet<ObjectId>> {
 
 /// Fails with [`Error::Incomplete`] unless `tip` and its ancestors outside `known` are whole:
 /// each commit indexed, its manifest, every tensor the manifest names (or its record of
-/// expiry) and every tensor's delta chain. The commits found whole join `known`.
+/// expiry) and every tensor's delta chain; history ends at the commits marked cut. The
+/// commits found whole join `known`.
 fn check_complete(
     repo: &Repository,
     meta: &MetaRead,
     tip: &ObjectId,
     known: &mut HashSet<ObjectId>,
 ) -> Result<()> {
+    let cut: HashSet<ObjectId> = meta.shallow()?.into_iter().collect();
     let has = |id: &ObjectId, kind: ObjectKind| -> Result<Option<IndexEntry>> {
         Ok(meta.object(id)?.filter(|e| e.kind == kind))
     };
@@ -229,7 +233,9 @@ fn check_complete(
             (Some(s), Some(_)) => s,
             _ => return Err(Error::Incomplete(format!("commit {id}"))),
         };
-        stack.extend(summary.parents.iter().copied());
+        if !cut.contains(&id) {
+            stack.extend(summary.parents.iter().copied());
+        }
         if !manifests.insert(summary.manifest) {
             continue;
         }

@@ -2,7 +2,7 @@
 //! a window at a time, then indexed; the manifests and commits checked against everything they
 //! name, then indexed in one transaction.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use mdl_format::{Commit, Manifest, ObjectId, ObjectKind};
 use mdl_store::meta::MetaWrite;
@@ -169,16 +169,31 @@ pub(super) fn index_tensor(
     Ok(expired)
 }
 
+/// What [`publish_tail`] indexed.
+#[derive(Default)]
+pub(super) struct Tail {
+    /// The commits.
+    pub commits: Vec<ObjectId>,
+    /// The tensors recorded as expired.
+    pub expired: Vec<ObjectId>,
+    /// Commits marked cut: received without their parents.
+    pub cut: Vec<ObjectId>,
+    /// Commits marked cut before, whose parents are all here now: no longer cut.
+    pub joined: Vec<ObjectId>,
+}
+
 /// Verifies the received manifests and commits and what they name, then indexes them all in
 /// one transaction, with the expiry of the tensors `expired` lists that a received manifest
-/// names. Returns the commits and the tensors recorded as expired.
+/// names. A commit may lack a parent only if `cut` names it: it is marked cut. Commits marked
+/// cut before whose parents came lose the mark.
 pub(super) fn publish_tail(
     repo: &Repository,
     tail: &[(ObjectId, IndexEntry)],
     expired: &HashMap<ObjectId, Expired>,
-) -> Result<(Vec<ObjectId>, Vec<ObjectId>)> {
+    cut: &HashSet<ObjectId>,
+) -> Result<Tail> {
     if tail.is_empty() {
-        return Ok((Vec::new(), Vec::new()));
+        return Ok(Tail::default());
     }
     let store = repo.store();
     // Everything below is checked while this write transaction is open: redb has one writer,
@@ -189,6 +204,7 @@ pub(super) fn publish_tail(
     let present = |id: &ObjectId, kind: ObjectKind| -> Result<bool> {
         Ok(incoming.get(id) == Some(&kind) || meta.object(id)?.is_some_and(|e| e.kind == kind))
     };
+    let mut out = Tail::default();
     let mut commits = Vec::new();
     let mut newly_expired: Vec<(ObjectId, &Expired)> = Vec::new();
     for (id, entry) in tail {
@@ -230,14 +246,31 @@ pub(super) fn publish_tail(
                         commit.manifest
                     )));
                 }
+                let mut whole = true;
                 for p in &commit.parents {
                     if !present(p, ObjectKind::Commit)? {
-                        return Err(Error::Incomplete(format!("parent {p} of commit {id}")));
+                        if !cut.contains(id) {
+                            return Err(Error::Incomplete(format!("parent {p} of commit {id}")));
+                        }
+                        whole = false;
                     }
+                }
+                if !whole {
+                    out.cut.push(*id);
                 }
                 commits.push((*id, commit));
             }
             ObjectKind::Tensor => unreachable!("tensors are published in layers"),
+        }
+    }
+    for id in meta.shallow()? {
+        let Some(s) = meta.commit(&id)? else { continue };
+        let mut whole = true;
+        for p in &s.parents {
+            whole &= present(p, ObjectKind::Commit)?;
+        }
+        if whole {
+            out.joined.push(id);
         }
     }
     drop(meta);
@@ -247,12 +280,19 @@ pub(super) fn publish_tail(
     for (id, c) in &commits {
         w.put_commit(id, &CommitSummary::of(c))?;
     }
+    for id in &out.cut {
+        w.set_shallow(id, true)?;
+    }
+    for id in &out.joined {
+        w.set_shallow(id, false)?;
+    }
     newly_expired.sort_by_key(|(id, _)| *id);
     newly_expired.dedup_by_key(|(id, _)| *id);
     for (id, x) in &newly_expired {
         w.put_expired(id, x)?;
     }
     w.commit_txn()?;
-    let ids = commits.into_iter().map(|(id, _)| id).collect();
-    Ok((ids, newly_expired.into_iter().map(|(id, _)| id).collect()))
+    out.commits = commits.into_iter().map(|(id, _)| id).collect();
+    out.expired = newly_expired.into_iter().map(|(id, _)| id).collect();
+    Ok(out)
 }

@@ -226,6 +226,8 @@ struct Receiving<'r> {
     /// What may still arrive: the planned objects not yet received (`None`: anything, records
     /// up to `max_record` bytes).
     planned: Option<HashMap<ObjectId, PlannedObject>>,
+    /// The commits the plan sends without their parents (where a shallow history is cut).
+    cut: HashSet<ObjectId>,
     max_record: u64,
     /// Bytes read so far, and what the tensors among them decode to (their claims, checked
     /// against their headers before anything is decoded).
@@ -280,10 +282,16 @@ fn receive(repo: &Repository, r: &mut dyn Read, expect: Expect<'_>) -> Result<Re
         Expect::Any { max_record } => (None, max_record),
         Expect::Planned(plan) => (Some(plan.iter().map(|p| (p.id, *p)).collect()), u64::MAX),
     };
+    // Only a plan may send a commit without its parents: one it marks cut.
+    let cut = match expect {
+        Expect::Any { .. } => HashSet::new(),
+        Expect::Planned(plan) => plan.iter().filter(|p| p.cut).map(|p| p.id).collect(),
+    };
     let mut rx = Receiving {
         repo,
         batch: repo.store().bulk_batch(),
         planned,
+        cut,
         max_record,
         read_bytes: PACK_MAGIC.len() as u64,
         decoded: 0,
@@ -614,12 +622,15 @@ impl Receiving<'_> {
     /// Publishes the last layer of tensors, then the manifests and commits.
     fn publish(&mut self) -> Result<()> {
         self.publish_layer()?;
-        let (commits, expired) = publish_tail(self.repo, &self.tail, &self.expired)?;
+        let tail = publish_tail(self.repo, &self.tail, &self.expired, &self.cut)?;
         let received = &mut self.receipt.received;
-        received.expired = expired.len() as u64;
-        received.commits = commits.clone();
-        self.receipt.added.commits = commits;
-        self.receipt.added.expired = expired;
+        received.expired = tail.expired.len() as u64;
+        received.commits = tail.commits.clone();
+        let added = &mut self.receipt.added;
+        added.commits = tail.commits;
+        added.expired = tail.expired;
+        added.cut = tail.cut;
+        added.joined = tail.joined;
         tracing::info!(
             objects = received.objects,
             bytes = received.bytes,
