@@ -17,6 +17,12 @@ in them; strace slows what it watches, so those rounds are not timed.
 
     python3 bench/transfer/run.py [--corpus DIR] [--mdl PATH] [--runs 5] [--work DIR]
 
+With `--shallow`, instead: per series, `mdl clone --depth 1` beside a whole clone of the same
+served repository (bytes moved, from `--json`, and median wall time), against the newest
+commit's stored size (its tensors' records, from `mdl show --json`); then `fetch --deepen 4` in
+the shallow clone (issue 72's target: depth 1 moves at most 1.1x the newest commit's stored
+size).
+
 `--work` is where the repositories go (default: a folder under /tmp, the disk a user's
 repositories live on; not /dev/shm, where fsync costs nothing). Needs ../shared/corpus/make.sh
 run once, and a release build (`cargo build --release -p mdl-cli`).
@@ -159,7 +165,8 @@ def strace_round(mdl, work, src_url, name):
     return out
 
 
-def bench(mdl, corpus, work, name, runs):
+def build(mdl, corpus, work, name):
+    """The series committed into a repository, maintained: its folder and checkpoint count."""
     src = os.path.join(work, name)
     fresh(src)
     run([mdl, "init", src])
@@ -167,6 +174,40 @@ def bench(mdl, corpus, work, name, runs):
     for c in ckpts:
         run([mdl, "-C", src, "commit", os.path.join(corpus, name, c), "-m", c], env=env())
     run([mdl, "-C", src, "maintenance"], env=env())
+    return src, ckpts
+
+
+def moved(mdl, args):
+    """Wall seconds and record bytes of `mdl --json ARGS`."""
+    t = time.perf_counter()
+    out = run([mdl, "--json", *args], env=env()).stdout
+    return time.perf_counter() - t, json.loads(out)["bytes"]
+
+
+def shallow(mdl, corpus, work, name, runs):
+    src, ckpts = build(mdl, corpus, work, name)
+    shown = json.loads(run([mdl, "-C", src, "--json", "show", "main"]).stdout)
+    newest = sum(t["stored_bytes"] for t in shown["tensors"])
+    server = Server(mdl, src, public=True)
+    rows = {k: [] for k in ("depth1", "full")}
+    sizes = {}
+    try:
+        for r in range(runs):
+            for key, extra in (("depth1", ["--depth", "1"]), ("full", [])):
+                clone = os.path.join(work, key)
+                fresh(clone)
+                wall, n = moved(mdl, ["clone", *extra, server.url, clone])
+                rows[key].append(wall)
+                sizes[key] = n
+        _, sizes["deepen"] = moved(mdl, ["-C", os.path.join(work, "depth1"), "fetch", "--deepen", "4"])
+    finally:
+        server.stop()
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    return len(ckpts), newest, sizes, med
+
+
+def bench(mdl, corpus, work, name, runs):
+    src, ckpts = build(mdl, corpus, work, name)
     stored = du(src)
     server = Server(mdl, src, public=True)
     rows = {k: [] for k in ("cp", "clone", "push", "clone_c", "clone_s", "push_c", "push_s")}
@@ -220,9 +261,17 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--work", default=None)
     ap.add_argument("--series", nargs="*", default=SERIES)
+    ap.add_argument("--shallow", action="store_true")
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="mdl-transfer-")
     os.makedirs(work, exist_ok=True)
+    if a.shallow:
+        try:
+            shallow_table(a, work)
+        finally:
+            if a.work is None:
+                shutil.rmtree(work, ignore_errors=True)
+        return
     print(f"# mdl push and clone over loopback, {a.runs} rounds, medians ({work})")
     print()
     print(
@@ -261,6 +310,28 @@ def main():
     finally:
         if a.work is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def shallow_table(a, work):
+    print(f"# mdl clone --depth 1 against a whole clone, {a.runs} rounds, medians ({work})")
+    print()
+    print(
+        "| series | newest commit stored | depth 1 moves | ratio | whole clone moves | "
+        "depth 1 time | whole clone time | then fetch --deepen 4 moves |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name in a.series:
+        if not os.path.isdir(os.path.join(a.corpus, name)):
+            print(f"(no {name} in {a.corpus}: run ../shared/corpus/make.sh)", file=sys.stderr)
+            continue
+        n, newest, sizes, med = shallow(a.mdl, a.corpus, work, name, a.runs)
+        mb = lambda b: f"{b / 1e6:.1f} MB"
+        print(
+            f"| {name} ({n} commits) | {mb(newest)} | {mb(sizes['depth1'])} | "
+            f"{sizes['depth1'] / newest:.3f}× | {mb(sizes['full'])} | {med['depth1']:.2f} s | "
+            f"{med['full']:.2f} s | {mb(sizes['deepen'])} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

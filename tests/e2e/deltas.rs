@@ -14,7 +14,7 @@ use crate::util::*;
 
 /// A bf16 tensor of 1 Mi elements and an f32 one of 64 Ki: step `step` of a run whose every
 /// step changes about 1 % of the elements in their low bits.
-fn step(step: u64) -> Vec<T> {
+pub(crate) fn step(step: u64) -> Vec<T> {
     let mut w = tensor("model.w", "BF16", &[1024, 1024], 1);
     let mut v = tensor("model.v", "F32", &[256, 256], 2);
     for s in 1..=step {

@@ -30,6 +30,7 @@ mod s3_upkeep;
 mod serve_http;
 mod served_folder;
 mod server;
+mod shallow;
 mod tips;
 mod transfer;
 mod trees;

@@ -30,7 +30,8 @@ pub struct CloneOutcome {
 /// whole (verified) in that hidden directory, and the next clone of the same URL into the same
 /// place goes on from there: only the rest is sent. `depth` (the last N commits of each
 /// branch and tag) or `since` (a commit, or a branch or tag of the remote, and what came after
-/// it) make it a shallow clone: the commits where its history ends are marked cut.
+/// it) make it a shallow clone of HEAD's branch and the tags among the commits it takes: the
+/// commits where its history ends are marked cut.
 // The clone is a whole new repository assembled in a staging folder beside `dir`: renaming it
 // into place, or removing it after a failure, moves a folder no store owns yet.
 #[allow(clippy::disallowed_methods)]
@@ -69,11 +70,18 @@ pub fn clone(
             depth,
             since: since.map(|rev| since_commit(&refs, url, rev)).transpose()?,
         };
+        // A shallow clone takes HEAD's branch alone (each other branch could bring a whole
+        // checkpoint of its own).
+        let only = match limit.is_whole() {
+            true => None,
+            false => refs.head.as_deref(),
+        };
         // A refused clone removes its whole staging folder: what it added goes with it.
         let (mut transfer, mut changes, _added) =
-            fetch_refs(&repo, "origin", remote, &refs, None, &limit, progress)?;
+            fetch_refs(&repo, "origin", remote, &refs, only, &limit, progress)?;
         for r in &refs.refs {
-            if let Some(Ref::Branch(_)) = Ref::parse(&r.name) {
+            let wanted = only.is_none_or(|b| r.name.strip_prefix(Ref::BRANCHES) == Some(b));
+            if let (Some(Ref::Branch(_)), true) = (Ref::parse(&r.name), wanted) {
                 changes.push(RefChange {
                     name: r.name.clone(),
                     old: None,

@@ -87,7 +87,8 @@ pub fn check_refs(url: &str, refs: &Refs) -> Result<()> {
 }
 
 /// What fetching `branch` (every branch when `None`) and every tag from `remote` brings, given
-/// its refs, with as much history as `limit` takes: the commits fetched, the ref changes that take them (remote-tracking branches,
+/// its refs, with as much history as `limit` takes (shallow history, asked for or held, takes
+/// only the tags that name commits it holds after): the commits fetched, the ref changes that take them (remote-tracking branches,
 /// new tags), not yet made, and what the fetch added, to be taken out again if they are
 /// refused.
 pub(crate) fn fetch_refs(
@@ -117,9 +118,25 @@ pub(crate) fn fetch_refs(
         .iter()
         .filter(|r| r.name.starts_with(Ref::TAGS))
         .collect();
+    // Shallow history takes the branches' newest commits, and the tags among them: a tag of
+    // an old step would bring that whole checkpoint (and, past the cut, its history).
+    let shallow = !limit.is_whole() || !mdl::shallow::cut(repo)?.is_empty();
     let mut outcome = TransferOutcome::default();
-    let wanted: Vec<ObjectId> = branches.iter().chain(&tags).map(|r| r.target).collect();
+    let wanted: Vec<ObjectId> = match shallow {
+        true => branches.iter().map(|r| r.target).collect(),
+        false => branches.iter().chain(&tags).map(|r| r.target).collect(),
+    };
     let receipt = fetch_commits(repo, remote, &wanted, limit, progress)?;
+    let mut tags = tags;
+    if shallow {
+        let mut held = Vec::new();
+        for t in tags {
+            if transfer::has_commit(repo, &t.target)? {
+                held.push(t);
+            }
+        }
+        tags = held;
+    }
     outcome.objects = receipt.received.objects;
     outcome.bytes = receipt.received.bytes;
     match ref_changes(repo, remote_name, &branches, &tags, &mut outcome) {

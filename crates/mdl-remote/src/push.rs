@@ -132,7 +132,10 @@ fn send_and_move(
     progress: &dyn mdl::Progress,
 ) -> Result<Received> {
     let tip = update.new.expect("a push moves a ref to a commit");
-    let history = transfer::reachable_commits(repo, &[tip])?;
+    // With the parents a shallow history lacks: whether the other side has them decides
+    // whether the push can go.
+    let mut history = transfer::reachable_commits(repo, &[tip])?;
+    history.extend(mdl::shallow::parents_beyond(repo)?);
     let missing: HashSet<ObjectId> = remote.missing(&history)?.into_iter().collect();
     let whole = transfer::Shallow::WHOLE;
     let plan = transfer::plan(repo, &[tip], &|id| !missing.contains(id), &whole)?;
