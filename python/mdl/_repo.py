@@ -9,12 +9,13 @@ import json
 import os
 import sys
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence, Union
+from typing import Any, Iterable, Iterator, Mapping, Sequence, Union
 
-from . import _mdl, _state, _types
+from . import _follow, _mdl, _state, _types
 from ._mdl import MdlError
 from ._types import CommitResult, LogEntry, Ref, TensorInfo
 
@@ -58,9 +59,12 @@ class State:
 
     commit: str
     step: int | None
-    model: "OrderedDict[str, Any]"
+    model: "OrderedDict[str, Any] | None"
     optimizer: dict | None
     extra: Any
+    #: With ``since=``: how many tensors were written in place (``model`` and ``optimizer``
+    #: are then None: the objects passed hold the state).
+    changed: int | None = None
 
 
 # Repositories with commits possibly in flight, finished at interpreter exit.
@@ -488,14 +492,24 @@ class Repository:
         *,
         framework: str = "torch",
         device: Any = None,
+        since: str | None = None,
     ) -> State:
         """Training state committed by :meth:`commit_state`, as state dicts.
 
         Given a ``model`` and/or ``optimizer``, their ``load_state_dict`` is called with it.
         ``device``: a CUDA device to load the tensors onto, as :meth:`load` does.
+
+        ``since``: a commit whose state ``model`` and ``optimizer`` hold now. Only the tensors
+        that differ between the two are decoded, and each is written into the tensor the
+        model or optimizer already has, on its device (no state dicts are built, nothing else
+        is copied); learning rates and other numbers of the optimizer's groups are set too.
+        Every changed tensor is decoded before the first is written: a failure changes
+        nothing.
         """
         commit = self.resolve(rev)
         doc = self._state_document(commit)
+        if since is not None:
+            return self._patch_state(commit, doc, model, optimizer, self.resolve(since))
         refs = _state.references(doc)
         data = _state.read(
             self._local("load_state"), commit, refs, framework, device, lambda: self.tensors(commit)
@@ -524,6 +538,89 @@ class Repository:
                 raise ValueError(f"commit {commit[:12]} holds no optimizer state")
             optimizer.load_state_dict(optim_sd)
         return state
+
+    def _patch_state(self, commit: str, doc: dict, model: Any, optimizer: Any, held: str) -> State:
+        """``load_state(commit, model, optimizer, since=held)``."""
+        if model is None and optimizer is None:
+            raise ValueError("since= patches a model or optimizer in place: pass one")
+        infos = {(t.file, t.name): t for t in self.tensors(commit)}
+        had = {(t.file, t.name): t.id for t in self.tensors(held)}
+        pairs, of_optimizer, groups = _follow.targets(doc, model, optimizer)
+        # An optimizer without a slot the commit has (one that had not stepped yet) takes
+        # the commit's optimizer state whole.
+        whole = any(live is None for _, live, _ in of_optimizer)
+        if not whole:
+            pairs += of_optimizer
+        _follow.check(pairs, infos)
+        native = self._local("load_state")
+        changed = _follow.apply(native, commit, pairs, infos, had)
+        if whole:
+            self.load_state(commit, optimizer=optimizer)
+        else:
+            for group, key, value in groups:
+                group[key] = value
+        extra_refs = _state.references(doc.get("extra"))
+        extra_data = _state.read(native, commit, extra_refs, "torch", None, lambda: [])
+        extra = _state.decode(doc.get("extra"), dict(zip(extra_refs, extra_data)))
+        return State(commit, doc.get("step"), None, None, extra, changed)
+
+    def follow(
+        self,
+        branch: str = "main",
+        model: Any = None,
+        optimizer: Any = None,
+        *,
+        since: str | None = None,
+        remote: str | None = None,
+        timeout: float | None = None,
+        device: Any = None,
+    ) -> Iterator[State]:
+        """Each new commit of ``branch`` as it comes: a :class:`State`, with ``model`` and
+        ``optimizer`` (when given) brought to it in place from the commit before
+        (``load_state(new, model, optimizer, since=previous)``).
+
+        ``since``: the commit they hold now (the first commit that comes is loaded whole
+        without it). ``remote``: follow that remote's branch instead — the server holds each
+        request until the branch moves (a long poll), and what moved is fetched here first
+        (as deltas against what this repository holds). Ends when nothing comes within
+        ``timeout`` seconds (never, for None).
+        """
+        current = None if since is None else self.resolve(since)
+        watched = branch if remote is None else f"refs/remotes/{remote}/{branch}"
+
+        def where() -> str | None:
+            try:
+                return self.resolve(watched)
+            except MdlError:
+                return None
+
+        def moved(previous: str | None, seconds: float) -> str | None:
+            end = time.monotonic() + seconds
+            while True:
+                here = where()
+                if here is not None and here != previous:
+                    return here
+                if remote is not None:
+                    if self._ops.wait_remote_branch(remote, branch, here, seconds) is None:
+                        return None
+                    self._ops.fetch(remote, branch)
+                    continue
+                if time.monotonic() >= end:
+                    return None
+                time.sleep(0.01)
+
+        def load(new: str, previous: str | None) -> State:
+            if model is None and optimizer is None:
+                return self.load_state(new, device=device)
+            if previous is None:
+                return self.load_state(new, model, optimizer, device=device)
+            return self.load_state(new, model, optimizer, since=previous)
+
+        return _follow.follow(current, moved, load, timeout)
+
+    def fetch(self, remote: str = "origin", branch: str | None = None) -> dict:
+        """``mdl fetch REMOTE [BRANCH]``: what it moved, as ``mdl fetch --json`` prints it."""
+        return self._ops.fetch(remote, branch)
 
     def _state_document(self, commit: str) -> dict:
         """The ``mdl-state.json`` of a live-state commit (MdlError for other commits)."""

@@ -69,6 +69,8 @@ class TensorInfo:
     dtype: str
     shape: list[int]
     lossy: bool
+    #: Its content id: equal ids, equal bytes.
+    id: str = ""
 
 
 def log_entries(reports: list[dict]) -> list[LogEntry]:

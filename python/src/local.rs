@@ -493,6 +493,7 @@ impl Repo {
                         "dtype": o.header.dtype.name(),
                         "shape": o.header.shape,
                         "lossy": o.lossy,
+                        "id": o.id.to_hex(),
                     })
                 })
             })

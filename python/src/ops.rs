@@ -268,4 +268,35 @@ impl Ops {
     fn stats(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         report(py, &released(py, || self.0.stats())?)
     }
+
+    /// `mdl fetch REMOTE [BRANCH]`: what it moved, as `mdl fetch --json` prints it.
+    #[pyo3(signature = (remote, branch = None))]
+    fn fetch(&self, py: Python<'_>, remote: String, branch: Option<String>) -> PyResult<Py<PyAny>> {
+        let done = released(py, || {
+            (self.0).fetch(&remote, branch.as_deref(), false, None, &mdl::NoProgress)
+        })?;
+        report(py, &done.outcome)
+    }
+
+    /// Waits until `branch` of remote `remote` no longer points at `held` (what this side
+    /// last saw of it), at most `timeout` seconds: its new commit, or None.
+    fn wait_remote_branch(
+        &self,
+        py: Python<'_>,
+        remote: String,
+        branch: String,
+        held: Option<String>,
+        timeout: f64,
+    ) -> PyResult<Option<String>> {
+        let held = held
+            .map(|f| f.parse::<mdl::ObjectId>())
+            .transpose()
+            .map_err(error)?;
+        let timeout =
+            Duration::try_from_secs_f64(timeout).map_err(|_| error("timeout must be >= 0"))?;
+        let moved = released(py, || {
+            (self.0).wait_remote_branch(&remote, &branch, held, timeout)
+        })?;
+        Ok(moved.map(|id| id.to_hex()))
+    }
 }

@@ -31,6 +31,7 @@ const MAX_JSON: usize = 8 << 20;
 pub fn app(state: Arc<State>) -> Router {
     let repo = Router::new()
         .route(route::REFS, get(refs).post(update_ref))
+        .route(route::REFS_WAIT, get(wait_ref))
         .route(route::LOG, get(log))
         .route(route::COMMITS, post(commit))
         .route(route::COMMIT, get(show))
@@ -130,6 +131,40 @@ async fn create_repo(
 
 async fn refs(Access(served): Reader) -> ApiResult<Response> {
     blocking(move || Ok(Json(mdl::refs::listed(&served.repo)?).into_response())).await
+}
+
+/// How often a long poll looks at the ref again: commits made by other processes (a trainer
+/// committing into the served folder) move it without telling the server.
+const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
+async fn wait_ref(
+    Access(served): Reader,
+    query: Result<Query<body::WaitQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let q = access::query(query)?;
+    transfer::check_ref_name(&q.name)
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))?;
+    let wait = q
+        .timeout_ms
+        .unwrap_or(body::MAX_WAIT_MS)
+        .min(body::MAX_WAIT_MS);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(wait);
+    loop {
+        let (at, name) = (served.clone(), q.name.clone());
+        let target =
+            blocking(move || Ok(mdl::refs::get(&at.repo, &name)?.and_then(|v| v.target()))).await?;
+        let moved = target != q.from;
+        if moved || tokio::time::Instant::now() >= deadline {
+            let name = q.name;
+            return Ok(Json(body::Waited {
+                name,
+                target,
+                moved,
+            })
+            .into_response());
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
 }
 
 async fn log(

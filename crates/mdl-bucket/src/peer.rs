@@ -94,6 +94,19 @@ impl Peer for BucketPeer {
     ) -> mdl_remote::Result<Received> {
         self.local().send_objects(repo, ids, progress)
     }
+    /// Its refs are this machine's replica's, brought up to date when it was opened: waiting
+    /// on them would not see the bucket move.
+    fn wait_ref(
+        &self,
+        _name: &str,
+        _from: Option<ObjectId>,
+        _timeout: std::time::Duration,
+    ) -> mdl_remote::Result<mdl_protocol::body::Waited> {
+        Err(mdl_remote::Error::Remote(format!(
+            "{}: waiting for a branch to move needs a served repository (mdl serve); a repository in object storage is fetched from when asked",
+            self.url
+        )))
+    }
     fn update_ref(&self, update: &RefUpdate) -> mdl_remote::Result<()> {
         self.local().update_ref(update)?;
         self.replica

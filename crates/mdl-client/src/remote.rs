@@ -445,6 +445,31 @@ impl Remote {
         self.get_json(route::LOG, &query.pairs(), limits::MAX_DOCUMENT)
     }
 
+    /// Waits until ref `name` (a full name) no longer points at `from`, at most `timeout` (the
+    /// server holds each request up to [`body::MAX_WAIT_MS`]; longer waits ask again): where
+    /// it points then, and whether it moved in time.
+    pub fn wait_ref(
+        &self,
+        name: &str,
+        from: Option<ObjectId>,
+        timeout: std::time::Duration,
+    ) -> Result<body::Waited> {
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            let query = body::WaitQuery {
+                name: name.to_string(),
+                from,
+                timeout_ms: Some((left.as_millis() as u64).min(body::MAX_WAIT_MS)),
+            };
+            let w: body::Waited =
+                self.get_json(route::REFS_WAIT, &query.pairs(), limits::MAX_DOCUMENT)?;
+            if w.moved || std::time::Instant::now() >= end {
+                return Ok(w);
+            }
+        }
+    }
+
     /// Every branch's, tag's and remote-tracking branch's history, newest first (`mdl log
     /// --all`).
     pub fn log_all(&self, limit: Option<usize>) -> Result<Vec<LogEntry>> {

@@ -4,6 +4,7 @@
 //! what the bucket holds.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use mdl::checkout::{CheckoutOptions, CheckoutOutcome};
 use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport, Staged};
@@ -277,6 +278,16 @@ impl Operations for InBucket {
         progress: &dyn Progress,
     ) -> Result<Transferred> {
         self.run_exactly(|l| l.fetch(name, branch, pull, deepen, progress))
+    }
+
+    fn wait_remote_branch(
+        &self,
+        name: &str,
+        branch: &str,
+        from: Option<ObjectId>,
+        timeout: Duration,
+    ) -> Result<Option<ObjectId>> {
+        self.run_exactly(|l| l.wait_remote_branch(name, branch, from, timeout))
     }
 
     fn push(

@@ -212,6 +212,16 @@ pub trait Operations: Send + Sync {
         deepen: Option<u32>,
         progress: &dyn Progress,
     ) -> Result<Transferred>;
+    /// Waits until branch `branch` of remote `name` no longer points at `from`, at most
+    /// `timeout` (a served remote holds the request until it moves): where it points then,
+    /// `None` if it did not move in time.
+    fn wait_remote_branch(
+        &self,
+        name: &str,
+        branch: &str,
+        from: Option<ObjectId>,
+        timeout: Duration,
+    ) -> Result<Option<ObjectId>>;
     /// Pushes to remote `name`.
     fn push(
         &self,

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use mdl::checkout::{CheckoutOptions, CheckoutOutcome};
 use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport, Staged};
@@ -353,6 +354,31 @@ impl Operations for Local {
             url: peer.url().to_string(),
             outcome,
         })
+    }
+
+    fn wait_remote_branch(
+        &self,
+        name: &str,
+        branch: &str,
+        from: Option<ObjectId>,
+        timeout: Duration,
+    ) -> Result<Option<ObjectId>> {
+        let short = mdl::RefName::new(branch).map_err(mdl::Error::from)?;
+        let full = mdl::Ref::branch(&short).full();
+        let peer = {
+            let repo = self.open(LockMode::Read)?;
+            crate::peer::named(&repo, name, &self.access)?
+        };
+        let waited = peer.wait_ref(&full, from, timeout)?;
+        match (waited.moved, waited.target) {
+            (false, _) => Ok(None),
+            (true, Some(target)) => Ok(Some(target)),
+            (true, None) => Err(mdl_remote::Error::Remote(format!(
+                "{} has no branch {branch} (any more)",
+                peer.url()
+            ))
+            .into()),
+        }
     }
 
     fn push(

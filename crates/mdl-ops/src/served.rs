@@ -4,6 +4,7 @@
 //! with what to do instead.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use mdl::checkout::{CheckoutOptions, CheckoutOutcome};
 use mdl::commit::{CommitOptions, CommitOutcome, DeferredReport, Staged};
@@ -309,6 +310,16 @@ impl Operations for Served {
             Operation::Fetch
         };
         Err(self.on_its_machine(op))
+    }
+
+    fn wait_remote_branch(
+        &self,
+        _name: &str,
+        _branch: &str,
+        _from: Option<ObjectId>,
+        _timeout: Duration,
+    ) -> Result<Option<ObjectId>> {
+        Err(self.on_its_machine(Operation::Fetch))
     }
 
     fn push(

@@ -91,6 +91,41 @@ pub struct RefMoved {
     pub new: Option<ObjectId>,
 }
 
+/// Longest a server holds `GET /refs/wait` (a client that waits longer asks again).
+pub const MAX_WAIT_MS: u64 = 25_000;
+
+/// The query of `GET /refs/wait`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WaitQuery {
+    /// The full ref name (`refs/heads/main`).
+    pub name: String,
+    /// The commit the asker holds it at (absent: the ref does not exist for it yet).
+    pub from: Option<ObjectId>,
+    /// How long to hold the request when the ref has not moved (at most [`MAX_WAIT_MS`]).
+    pub timeout_ms: Option<u64>,
+}
+
+impl WaitQuery {
+    /// The query string's parameters.
+    pub fn pairs(&self) -> Vec<(&'static str, String)> {
+        let mut out = vec![("name", self.name.clone())];
+        out.extend(self.from.map(|f| ("from", f.to_hex())));
+        out.extend(self.timeout_ms.map(|t| ("timeout_ms", t.to_string())));
+        out
+    }
+}
+
+/// The answer to `GET /refs/wait`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Waited {
+    /// The ref.
+    pub name: String,
+    /// Where it points now (absent: it does not exist).
+    pub target: Option<ObjectId>,
+    /// Whether that differs from the `from` asked about (false: the wait timed out).
+    pub moved: bool,
+}
+
 /// The query of `GET /log`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct LogQuery {

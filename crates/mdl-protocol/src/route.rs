@@ -11,6 +11,10 @@ pub const REPO: &str = "/v1/repos/{repo}";
 /// `GET`: branches, tags and HEAD ([`crate::body::Refs`]); `POST`: a compare-and-swap of one
 /// ref ([`crate::transfer::RefUpdate`], answered by [`crate::body::RefMoved`]).
 pub const REFS: &str = "/refs";
+/// `GET ?name=&from=&timeout_ms=`: waits until a ref no longer points at `from`
+/// ([`crate::body::WaitQuery`] → [`crate::body::Waited`]): a long poll, at most
+/// [`crate::body::MAX_WAIT_MS`].
+pub const REFS_WAIT: &str = "/refs/wait";
 /// `GET ?rev=&limit=`: history ([`crate::body::LogQuery`]).
 pub const LOG: &str = "/log";
 /// `POST`: commit an uploaded checkpoint ([`crate::params`]).

@@ -19,6 +19,6 @@ pub use error::{Error, Result};
 pub use fetch::{check_refs, deepen, fetch, pull, Moved, TransferOutcome};
 pub use files::{commit_paths, download};
 pub use mdl_client::Remote;
-pub use peer::{Local, Peer};
+pub use peer::{Local, Peer, WAIT_POLL};
 pub use push::push;
 pub use remotes::{add_remote, remote_url, remotes, remove_remote, set_token, set_url};

@@ -6,7 +6,9 @@ use std::collections::HashSet;
 
 use mdl::transfer::{self, PlannedObject, Receipt, Received, RefUpdate, Shallow};
 use mdl::{Counting, ObjectId, Progress, Repository};
-use mdl_protocol::body::{Against, Refs, MAX_IDS};
+use std::time::{Duration, Instant};
+
+use mdl_protocol::body::{Against, Refs, Waited, MAX_IDS};
 
 use crate::{Error, Remote, Result};
 
@@ -47,7 +49,29 @@ pub trait Peer {
     ) -> Result<Received>;
     /// Moves one of its refs by compare-and-swap ([`transfer::update_ref`]).
     fn update_ref(&self, update: &RefUpdate) -> Result<()>;
+    /// Waits until its ref `name` (a full name) no longer points at `from`, at most
+    /// `timeout`: where it points then, and whether it moved. Looks at its refs every
+    /// [`WAIT_POLL`] unless it can be told (a server holds the request until the ref moves).
+    fn wait_ref(&self, name: &str, from: Option<ObjectId>, timeout: Duration) -> Result<Waited> {
+        let end = Instant::now() + timeout;
+        loop {
+            let target = self.refs()?.get(name);
+            let moved = target != from;
+            if moved || Instant::now() >= end {
+                let name = name.to_string();
+                return Ok(Waited {
+                    name,
+                    target,
+                    moved,
+                });
+            }
+            std::thread::sleep(WAIT_POLL.min(end.saturating_duration_since(Instant::now())));
+        }
+    }
 }
+
+/// How often [`Peer::wait_ref`] looks at the refs of a repository that cannot tell it.
+pub const WAIT_POLL: Duration = Duration::from_millis(10);
 
 impl Peer for Remote {
     fn url(&self) -> &str {
@@ -116,6 +140,10 @@ impl Peer for Remote {
     }
     fn update_ref(&self, update: &RefUpdate) -> Result<()> {
         Ok(Remote::update_ref(self, update)?)
+    }
+    /// A long poll: the server answers as soon as the ref moves.
+    fn wait_ref(&self, name: &str, from: Option<ObjectId>, timeout: Duration) -> Result<Waited> {
+        Ok(Remote::wait_ref(self, name, from, timeout)?)
     }
 }
 
