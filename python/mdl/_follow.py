@@ -99,7 +99,9 @@ def check(pairs: list, infos: dict) -> None:
 
 def apply(native: Any, commit: str, pairs: list, infos: dict, held: dict) -> int:
     """Writes the tensors of ``pairs`` whose id in ``commit`` (``infos``) differs from the one
-    ``held`` (by reference) into their live tensors; how many. All are decoded first."""
+    ``held`` (by reference) into their live tensors; how many. All are decoded first. A tensor
+    on the CPU that ``commit`` stores as a delta over the version the live tensor holds decodes
+    against the live bytes: one level, not its chain."""
     changed = [(ref, live) for ref, live, _ in pairs if infos[ref].id != held.get(ref)]
     decoded: list = []
     group: list = []
@@ -111,8 +113,12 @@ def apply(native: Any, commit: str, pairs: list, infos: dict, held: dict) -> int
             return
         device = group[0][1].device
         refs = [r for r, _ in group]
-        on = None if device.type == "cpu" else device
-        data = _state.read(native, commit, refs, "torch", on, lambda: list(infos.values()))
+        if device.type == "cpu":
+            bases = [_base(held.get(r), live) for r, live in group]
+            data = native.read_tensors_over(commit, refs, bases)
+            data = [_state.to_tensor(d, infos[r].dtype, infos[r].shape, "torch") for r, d in zip(refs, data)]
+        else:
+            data = _state.read(native, commit, refs, "torch", device, lambda: list(infos.values()))
         decoded.extend(zip((t for _, t in group), data))
         group, size = [], 0
 
@@ -127,6 +133,15 @@ def apply(native: Any, commit: str, pairs: list, infos: dict, held: dict) -> int
         for live, new in decoded:
             live.copy_(new)
     return len(decoded)
+
+
+def _base(held_id: str | None, live: Any) -> tuple[str, Any] | None:
+    """What a live CPU tensor holds, for a delta over it to decode against: its id and its
+    bytes (a view, no copy); None where it holds nothing known or is not contiguous."""
+    if not held_id or not live.is_contiguous() or live.numel() == 0:
+        return None
+    torch = _state._torch()
+    return held_id, live.detach().reshape(-1).view(torch.uint8).numpy()
 
 
 def follow(

@@ -67,6 +67,9 @@ class Repo:
     def read_tensors(
         self, rev: str, wanted: list[tuple[str, str]]
     ) -> list[tuple[str, list[int], bytearray]]: ...
+    def read_tensors_over(
+        self, rev: str, wanted: list[tuple[str, str]], held: list[tuple[str, Any] | None]
+    ) -> list[bytearray]: ...
     def read_file(self, rev: str, path: str) -> bytearray: ...
 
 class Ops:

@@ -108,3 +108,22 @@ def test_a_branch_is_followed_here_and_through_a_server(tmp_path, serve):
     assert state.commit == trainer.resolve("main") == watcher.resolve("origin/main")
     same_state(model, remote_follower)
     same_optimizer(opt, r_opt)
+
+    # What came is stored as deltas over what the watcher held, and a model that does not hold
+    # what it claims to (one element off) is refused, unchanged: the result is checked against
+    # the commit's ids, never taken on trust.
+    old = {(t.file, t.name): t.id for t in watcher.tensors(held)}
+    over = [
+        t for t in watcher.show(state.commit)["tensors"]
+        if t["file"] == "model.safetensors" and t["base"] == old.get((t["file"], t["name"]))
+    ]
+    assert over, "no tensor came as a delta over the version the watcher held"
+    wrong, wrong_opt = model_and_optimizer(seed=11)
+    watcher.load_state(held, wrong, wrong_opt)
+    with torch.no_grad():
+        wrong.state_dict()[over[0]["name"]].view(-1)[0] += 1.0
+    before = {k: v.clone() for k, v in wrong.state_dict().items()}
+    with pytest.raises(mdl.MdlError):
+        watcher.load_state(state.commit, wrong, wrong_opt, since=held)
+    for k, v in wrong.state_dict().items():
+        assert torch.equal(v, before[k]), k

@@ -101,6 +101,24 @@ impl Placed {
         Ok(repo.store().load_tensor_into(&self.id, &self.entry, out)?)
     }
 
+    /// [`Placed::load_into`] for a caller that holds older versions decoded (`held`, by id:
+    /// its own copy of a model at an older commit): a record stored as a delta over one of them
+    /// decodes one level against those bytes instead of through its chain. The result is
+    /// verified against the object's id all the same, so held bytes that are not what their id
+    /// names fail the read; they never make it wrong.
+    pub fn load_over(&self, repo: &Repository, held: &crate::Held, out: &mut [u8]) -> Result<()> {
+        if out.len() as u64 != self.entry.content_len {
+            let short = std::io::Error::other("output size differs from the object's");
+            return Err(mdl_store::StoreError::Output(short).into());
+        }
+        let mut windows = repo.store().held_windows(&self.id, &self.entry, held)?;
+        while let Some((at, n)) = windows.next_window() {
+            windows.next_into(&mut out[at as usize..at as usize + n])?;
+        }
+        windows.finish()?;
+        Ok(())
+    }
+
     /// [`Placed::load_into`], the bytes going to `copy` in a GPU's memory when the repository's
     /// engine is on that GPU: its decode kernels write there in place and the content is
     /// verified there (only the coded bytes cross to the device; [`Mirror::Written`], `out`
