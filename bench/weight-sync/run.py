@@ -70,11 +70,13 @@ def watch(clone, steps, size_mb):
     previous = held
     for n, state in enumerate(repo.follow("main", model, since=held, remote="origin", timeout=300)):
         print(json.dumps({"step": state.step, "at": time.time(), "changed": state.changed}), flush=True)
-        last, previous = state.commit, previous if n == 0 else previous
         if n + 1 == steps:
+            last = state.commit
             break
         previous = state.commit
-    # The in-place apply alone: the last step again over the one before.
+    # The model back at the step before (whole), for the in-place apply alone.
+    repo.load_state(previous, model)
+    # The in-place apply alone: the last step over the one before.
     cpu0 = time.process_time()
     t = time.perf_counter()
     again = repo.load_state(last, model, since=previous)
