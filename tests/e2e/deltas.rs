@@ -91,6 +91,35 @@ fn a_fetch_moves_what_changed_and_rebuilds_it_exactly() {
     server.stop();
 }
 
+/// A clone that follows a run a step at a time keeps its chains within `delta.max_depth`: a
+/// fetch takes a tensor as a delta only against a version shallower than the cap, else whole,
+/// so fsck stays clean however long it follows.
+#[test]
+fn following_a_run_keeps_the_clones_chains_within_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (repo, server, clone) = served_and_cloned(d);
+    ok(&clone, &["config", "delta.max_depth", "2"]);
+    let mut moved = Vec::new();
+    for s in 1..=4u64 {
+        let f = d.join(format!("s{s}.safetensors"));
+        let bytes = write_safetensors(&f, &step(s), &[]);
+        ok(&repo, &["commit", f.to_str().unwrap(), "-m", &format!("step {s}")]);
+        moved.push(fetched_bytes(&clone));
+        let out = d.join(format!("out{s}"));
+        let rev = "refs/remotes/origin/main";
+        ok(&clone, &["checkout", rev, "-o", out.to_str().unwrap()]);
+        assert_eq!(std::fs::read(&out).unwrap(), bytes, "step {s}");
+        assert_fsck_clean(&clone);
+    }
+    // Steps 1 and 2 came as deltas (depths 1 and 2), step 3 whole, step 4 a delta again.
+    assert!(moved[0] * 10 < moved[2] && moved[1] * 10 < moved[2], "{moved:?}");
+    assert!(moved[3] * 10 < moved[2], "{moved:?}");
+    let longest = json(&clone, &["fsck"])["longest_chain"].as_u64().unwrap();
+    assert!(longest <= 2, "longest chain {longest}");
+    server.stop();
+}
+
 /// Flips a payload byte of every delta record of a pack (a record whose header names a base)
 /// and writes the record again with a checksum that agrees: a well-formed record that does not
 /// rebuild its tensor.

@@ -176,10 +176,13 @@ pub(super) fn derived(
     )
 }
 
-/// Those of `ids` that this repository holds as tensors decoding to what their ids name: the
-/// versions a fetch may take deltas against (one retention coarsened here, or expired, is not).
+/// Those of `ids` that this repository holds as tensors decoding to what their ids name, in
+/// chains shallower than its `delta.max_depth`: the versions a fetch may take deltas against
+/// (one retention coarsened here, or expired, is not; a delta over one at the cap would pass
+/// it, so that tensor comes whole and a chain starts again, as a commit's would).
 pub fn usable_bases(repo: &Repository, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
     let store = repo.store();
+    let cap = crate::policy::DeltaPolicy::from_store(store)?.max_depth;
     let meta = store.meta().read()?;
     let mut out = Vec::new();
     for id in ids {
@@ -187,6 +190,7 @@ pub fn usable_bases(repo: &Repository, ids: &[ObjectId]) -> Result<Vec<ObjectId>
             continue;
         };
         if entry.kind == ObjectKind::Tensor
+            && entry.depth < cap
             && crate::coarsen::coarsening(store, id, &entry)?.is_none()
         {
             out.push(*id);
