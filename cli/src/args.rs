@@ -86,6 +86,10 @@ pub(crate) enum Command {
         /// Where the codec kernels run: auto, cpu or gpu (default: the `engine` setting).
         #[arg(long, value_name = "auto|cpu|gpu")]
         engine: Option<String>,
+        /// OUTPUT holds the files of REV2 (as checked out): only the tensors that changed
+        /// are written, in place (a file whose layout changed is written whole).
+        #[arg(long, value_name = "REV2")]
+        since: Option<String>,
     },
     /// Show or set repository configuration (no arguments: every key with its value).
     Config {

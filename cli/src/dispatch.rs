@@ -50,12 +50,14 @@ pub(crate) fn run(
             skip_expired,
             path: tree_path,
             engine: choice,
+            since,
         } => {
             let opts = mdl::checkout::CheckoutOptions {
                 force: *force,
                 sync: *sync,
                 skip_expired: *skip_expired,
                 path: tree_path.clone(),
+                since: since.clone(),
             };
             let outcome = repo.checkout(rev, path, &opts, engine(choice)?, &bar)?;
             output::checkout(out, json, &outcome)?;

@@ -104,7 +104,10 @@ fn following_a_run_keeps_the_clones_chains_within_the_cap() {
     for s in 1..=4u64 {
         let f = d.join(format!("s{s}.safetensors"));
         let bytes = write_safetensors(&f, &step(s), &[]);
-        ok(&repo, &["commit", f.to_str().unwrap(), "-m", &format!("step {s}")]);
+        ok(
+            &repo,
+            &["commit", f.to_str().unwrap(), "-m", &format!("step {s}")],
+        );
         moved.push(fetched_bytes(&clone));
         let out = d.join(format!("out{s}"));
         let rev = "refs/remotes/origin/main";
@@ -113,10 +116,76 @@ fn following_a_run_keeps_the_clones_chains_within_the_cap() {
         assert_fsck_clean(&clone);
     }
     // Steps 1 and 2 came as deltas (depths 1 and 2), step 3 whole, step 4 a delta again.
-    assert!(moved[0] * 10 < moved[2] && moved[1] * 10 < moved[2], "{moved:?}");
+    assert!(
+        moved[0] * 10 < moved[2] && moved[1] * 10 < moved[2],
+        "{moved:?}"
+    );
     assert!(moved[3] * 10 < moved[2], "{moved:?}");
     let longest = json(&clone, &["fsck"])["longest_chain"].as_u64().unwrap();
     assert!(longest <= 2, "longest chain {longest}");
+    server.stop();
+}
+
+/// `checkout --since` brings a file that holds one commit to the next in place: only the
+/// tensors that changed are written (decoded over the file's own bytes where the clone holds
+/// them as deltas), and the file is then the newer commit's byte for byte; a file that does not
+/// hold what `--since` says fails the check of what decodes over it.
+#[test]
+fn a_checked_out_file_is_updated_in_place() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (repo, server, clone) = served_and_cloned(d);
+    let f = d.join("s1.safetensors");
+    let newer = write_safetensors(&f, &step(1), &[]);
+    ok(&repo, &["commit", f.to_str().unwrap(), "-m", "step 1"]);
+    fetched_bytes(&clone);
+    let out = d.join("out.safetensors");
+    ok(&clone, &["checkout", "main", "-o", out.to_str().unwrap()]);
+    let inode = std::fs::metadata(&out).unwrap().ino();
+    let done = json(
+        &clone,
+        &[
+            "checkout",
+            "origin/main",
+            "-o",
+            out.to_str().unwrap(),
+            "--since",
+            "main",
+        ],
+    );
+    assert!(std::fs::read(&out).unwrap() == newer);
+    assert_eq!(
+        std::fs::metadata(&out).unwrap().ino(),
+        inode,
+        "not updated in place"
+    );
+    let written = done["bytes"].as_u64().unwrap();
+    assert!(
+        written < newer.len() as u64,
+        "wrote {written} of {}",
+        newer.len()
+    );
+
+    // One byte off in the older file's tensors: what decodes over it fails its id.
+    let other = d.join("other.safetensors");
+    ok(&clone, &["checkout", "main", "-o", other.to_str().unwrap()]);
+    let mut bytes = std::fs::read(&other).unwrap();
+    let at = bytes.len() - 1000;
+    bytes[at] ^= 0x40;
+    std::fs::write(&other, &bytes).unwrap();
+    fails(
+        &clone,
+        &[
+            "checkout",
+            "origin/main",
+            "-o",
+            other.to_str().unwrap(),
+            "--since",
+            "main",
+        ],
+        "corrupt",
+    );
     server.stop();
 }
 

@@ -133,6 +133,12 @@ impl Operations for Served {
                 "check out the thinned commit where the repository is stored",
             ));
         }
+        if opts.since.is_some() {
+            return Err(self.refuse(
+                Operation::Checkout,
+                "--since updates files from a repository on this machine: fetch into a clone and check out from it",
+            ));
+        }
         Ok(mdl_remote::download(
             &self.remote,
             rev,

@@ -13,6 +13,7 @@ mod layout;
 mod listing;
 mod output;
 pub mod target;
+mod update;
 mod writes;
 
 pub use checked::CheckedFile;
@@ -35,6 +36,9 @@ pub struct CheckoutOptions {
     pub skip_expired: bool,
     /// Only this file, or the files under this folder, of the tree.
     pub path: Option<String>,
+    /// The commit whose files the output holds: only what changed is written, in place
+    /// (`update.rs`).
+    pub since: Option<String>,
 }
 
 /// Files a checkout holds open at once.
@@ -54,6 +58,9 @@ pub fn checkout(
     opts: &CheckoutOptions,
     progress: &dyn Progress,
 ) -> Result<CheckoutOutcome> {
+    if let Some(held) = &opts.since {
+        return update::update(repo, rev, held, out, opts, progress);
+    }
     let mut layout = layout_with(repo, rev, opts.skip_expired)?;
     let id = layout.commit;
     let paths: Vec<&str> = layout.files.iter().map(|f| f.path.as_str()).collect();
