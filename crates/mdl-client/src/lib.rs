@@ -5,6 +5,7 @@
 //!
 //! A repository's URL is `http://HOST:PORT/REPO`.
 
+mod admin;
 mod error;
 mod remote;
 mod tree;

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 use mdl_format::names::printable;
 use mdl_format::ObjectId;
 use mdl_protocol::body::{self, Refs};
-use mdl_protocol::history::{BranchMove, Diff, LogEntry, Shown};
+use mdl_protocol::history::{LogEntry, Shown};
 use mdl_protocol::limits::{self, Deadlines};
-use mdl_protocol::outcome::{CommitOutcome, CompactOptions, CompactOutcome, FsckReport, Stats};
+use mdl_protocol::outcome::CommitOutcome;
 use mdl_protocol::params::{self, CommitParams};
 use mdl_protocol::route;
 use mdl_protocol::transfer::{PlannedObject, Received, RefUpdate, Shallow};
@@ -22,12 +22,12 @@ use crate::{Error, Result};
 pub struct Remote {
     url: String,
     /// `http://HOST:PORT`.
-    server: String,
+    pub(crate) server: String,
     /// The repository's routes' prefix: `server` and [`route::REPO`] filled in.
-    api: String,
+    pub(crate) api: String,
     token: Option<String>,
     deadlines: Deadlines,
-    agent: ureq::Agent,
+    pub(crate) agent: ureq::Agent,
 }
 
 /// The server (`HOST:PORT`) and the repository's name of a repository URL
@@ -174,7 +174,7 @@ impl Remote {
         }
     }
 
-    fn auth<B>(&self, req: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+    pub(crate) fn auth<B>(&self, req: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
         match &self.token {
             Some(t) => req.header("Authorization", format!("Bearer {t}")),
             None => req,
@@ -192,7 +192,7 @@ impl Remote {
     /// Turns an error status into [`Error::Server`] (its body read up to
     /// [`limits::MAX_ERROR_BODY`]), and refuses a redirect or an encoded answer, neither of
     /// which mdl asks for; `what` says what was asked.
-    fn check(
+    pub(crate) fn check(
         &self,
         what: &str,
         resp: std::result::Result<ureq::http::Response<ureq::Body>, ureq::Error>,
@@ -235,7 +235,7 @@ impl Remote {
 
     /// Reads a JSON answer of at most `limit` bytes (a declared length over it is refused
     /// before anything is read).
-    fn json<T: serde::de::DeserializeOwned>(
+    pub(crate) fn json<T: serde::de::DeserializeOwned>(
         &self,
         what: &str,
         mut resp: ureq::http::Response<ureq::Body>,
@@ -256,7 +256,7 @@ impl Remote {
             .map_err(|e| self.refused(format!("{what}: not the JSON expected ({e})")))
     }
 
-    fn get_json<T: serde::de::DeserializeOwned>(
+    pub(crate) fn get_json<T: serde::de::DeserializeOwned>(
         &self,
         path: &str,
         query: &[(&str, String)],
@@ -271,7 +271,7 @@ impl Remote {
         self.json(&what, resp, limit)
     }
 
-    fn post_json<T: serde::de::DeserializeOwned>(
+    pub(crate) fn post_json<T: serde::de::DeserializeOwned>(
         &self,
         path: &str,
         body: &impl serde::Serialize,
@@ -281,153 +281,6 @@ impl Remote {
         let req = self.auth(self.agent.post(format!("{}{path}", self.api)));
         let resp = self.check(&what, req.send_json(body))?;
         self.json(&what, resp, limit)
-    }
-
-    /// `DELETE path` of a ref (a branch or a tag); the commit it named.
-    fn delete(&self, path: &str, query: &[(&str, String)]) -> Result<ObjectId> {
-        let mut req = self.auth(self.agent.delete(format!("{}{path}", self.api)));
-        for (k, v) in query {
-            req = req.query(*k, v);
-        }
-        let what = "deleting a ref";
-        let resp = self.check(what, req.call())?;
-        let deleted: body::Deleted = self.json(what, resp, limits::MAX_DOCUMENT)?;
-        Ok(deleted.was)
-    }
-
-    /// Runs `mdl compact` on the server (`POST /maintenance/compact`).
-    pub fn compact(&self, max_depth: Option<u32>, dry_run: bool) -> Result<CompactOutcome> {
-        let opts = CompactOptions { max_depth, dry_run };
-        self.post_json(route::COMPACT, &opts, limits::MAX_DOCUMENT)
-    }
-
-    /// Creates this repository on its server (`POST /v1/repos`): for an `admin` token, on a
-    /// server that serves a folder of repositories.
-    pub fn create(&self) -> Result<()> {
-        let req = self.auth(self.agent.post(format!("{}{}", self.server, route::REPOS)));
-        let new = body::NewRepo {
-            name: self.name().to_string(),
-        };
-        let what = "creating the repository";
-        let resp = self.check(what, req.send_json(&new))?;
-        let _: body::NewRepo = self.json(what, resp, limits::MAX_DOCUMENT)?;
-        Ok(())
-    }
-
-    /// Runs `mdl gc` on the server (`POST /maintenance/gc`); durations as `mdl gc` takes them.
-    pub fn gc(
-        &self,
-        prune_older_than: Option<&str>,
-        expire_reflog: Option<&str>,
-        dry_run: bool,
-    ) -> Result<body::GcAnswer> {
-        let request = body::GcRequest {
-            prune_older_than: prune_older_than.map(str::to_string),
-            expire_reflog: expire_reflog.map(str::to_string),
-            dry_run,
-        };
-        self.post_json(route::GC, &request, limits::MAX_DOCUMENT)
-    }
-
-    /// The repository's totals (`GET /stats`).
-    pub fn stats(&self) -> Result<Stats> {
-        self.get_json(route::STATS, &[], limits::MAX_DOCUMENT)
-    }
-
-    /// Revisions `a` and `b` compared (`GET /diff`).
-    pub fn diff(&self, a: &str, b: &str) -> Result<Diff> {
-        self.get_json(
-            route::DIFF,
-            &[("a", a.to_string()), ("b", b.to_string())],
-            limits::MAX_DOCUMENT,
-        )
-    }
-
-    /// Every setting: key, value, whether it is the default (`GET /config`).
-    pub fn config(&self) -> Result<Vec<(String, String, bool)>> {
-        self.get_json(route::CONFIG, &[], limits::MAX_DOCUMENT)
-    }
-
-    /// Changes one setting (`POST /config`).
-    pub fn set_config(&self, key: &str, value: &str) -> Result<body::ConfigSet> {
-        let req = body::ConfigSet {
-            key: key.to_string(),
-            value: value.to_string(),
-        };
-        self.post_json(route::CONFIG, &req, limits::MAX_DOCUMENT)
-    }
-
-    /// Creates branch `name` at `rev` (HEAD's commit when `None`); with `force`, creates or
-    /// moves it (`POST /branches`).
-    pub fn branch(&self, name: &str, rev: Option<&str>, force: bool) -> Result<BranchMove> {
-        let req = body::BranchRequest {
-            name: name.to_string(),
-            rev: rev.map(str::to_string),
-            force,
-        };
-        self.post_json(route::BRANCHES, &req, limits::MAX_DOCUMENT)
-    }
-
-    /// Deletes branch `name`; without `force`, only if its commits stay reachable
-    /// (`DELETE /branches/{name}`). Returns the commit it pointed at.
-    pub fn delete_branch(&self, name: &str, force: bool) -> Result<ObjectId> {
-        let path = route::fill(route::BRANCH, &[("name", name)]);
-        self.delete(&path, &[("force", force.to_string())])
-    }
-
-    /// Creates tag `name` at `rev` (HEAD's commit when `None`), annotated by `tagger` when
-    /// `message` is given (`POST /tags`); the commit it names.
-    pub fn tag(
-        &self,
-        name: &str,
-        rev: Option<&str>,
-        message: Option<&str>,
-        tagger: &str,
-    ) -> Result<ObjectId> {
-        let req = body::TagRequest {
-            name: name.to_string(),
-            rev: rev.map(str::to_string),
-            message: message.map(str::to_string),
-            tagger: tagger.to_string(),
-        };
-        let tagged: body::Tagged = self.post_json(route::TAGS, &req, limits::MAX_DOCUMENT)?;
-        Ok(tagged.target)
-    }
-
-    /// Deletes tag `name` (`DELETE /tags/{name}`); the commit it named.
-    pub fn delete_tag(&self, name: &str) -> Result<ObjectId> {
-        let path = route::fill(route::TAG, &[("name", name)]);
-        self.delete(&path, &[])
-    }
-
-    /// Moves the current branch to `rev` (`POST /reset`).
-    pub fn reset(&self, rev: &str) -> Result<BranchMove> {
-        let req = body::ResetRequest {
-            rev: rev.to_string(),
-        };
-        self.post_json(route::RESET, &req, limits::MAX_DOCUMENT)
-    }
-
-    /// Where ref `name` (HEAD's branch when `None`) pointed, newest first (`GET /reflog`).
-    pub fn reflog(&self, name: Option<&str>) -> Result<body::Reflog> {
-        let query: Vec<(&str, String)> =
-            name.map(|n| ("name", n.to_string())).into_iter().collect();
-        self.get_json(route::REFLOG, &query, limits::MAX_DOCUMENT)
-    }
-
-    /// Points HEAD at branch `name` (`POST /head`).
-    pub fn switch(&self, name: &str) -> Result<()> {
-        let req = body::Head {
-            branch: name.to_string(),
-        };
-        self.post_json::<body::Head>(route::HEAD, &req, limits::MAX_DOCUMENT)
-            .map(|_| ())
-    }
-
-    /// Checks the whole repository on the server, without repairing
-    /// (`POST /maintenance/fsck`).
-    pub fn fsck(&self) -> Result<FsckReport> {
-        self.post_json(route::FSCK, &serde_json::json!({}), limits::MAX_DOCUMENT)
     }
 
     /// Branches, tags and HEAD.

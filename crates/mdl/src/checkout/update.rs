@@ -162,6 +162,8 @@ fn holds_inline(path: &Path, old: &FileLayout) -> Result<bool> {
 /// Writes into the file at `path`, which holds `old`, the objects of `new` whose ids differ,
 /// each decoded (against the file's bytes where it is a delta over what they are) and verified
 /// first. The bytes written.
+// The checkout's output file, opened to be written in place: not a repository's file.
+#[allow(clippy::disallowed_methods)]
 fn patch(repo: &Repository, new: &FileLayout, old: &FileLayout, path: &Path) -> Result<u64> {
     let io_err = |source| Error::Output {
         path: path.to_path_buf(),
