@@ -13,7 +13,11 @@ machine's), and at the end the watcher's in-place apply alone (`load_state(..., 
 the last step again: decode of the changed tensors and copy into the model), as GB/s of model
 per core used.
 
-    target/wheel-venv/bin/python bench/weight-sync/run.py [--size-mb 1024] [--steps 5] [--changed 0.01]
+    target/wheel-venv/bin/python bench/weight-sync/run.py [--size-mb 1024] [--steps 5] [--changed 0.01] [--watchers 1]
+
+With `--watchers N`, N watchers (each its own clone and process) follow the same server, as
+rollout engines follow one trainer; each row gives the first and the last to hold the step
+(the server makes a step's deltas once and keeps them for the others).
 
 `target/wheel-venv` is what `scripts/test-python.sh` installs (the wheel and the pinned torch).
 """
@@ -90,6 +94,7 @@ def main():
     ap.add_argument("--size-mb", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--changed", type=float, default=0.01)
+    ap.add_argument("--watchers", type=int, default=1)
     ap.add_argument("--mdl", default=shutil.which("mdl"))
     ap.add_argument("--watch", nargs=2, metavar=("CLONE", "STEPS"))
     a = ap.parse_args()
@@ -112,13 +117,16 @@ def main():
             if m:
                 url = m.group(1)
                 break
-        clone = os.path.join(work, "clone")
-        subprocess.run([a.mdl, "clone", url, clone], check=True, capture_output=True)
-        watcher = subprocess.Popen(
-            [sys.executable, __file__, "--size-mb", str(a.size_mb), "--watch", clone, str(a.steps)],
-            stdout=subprocess.PIPE, text=True,
-        )
-        assert watcher.stdout.readline().strip() == "ready"
+        watchers = []
+        for n in range(a.watchers):
+            clone = os.path.join(work, f"clone{n}")
+            subprocess.run([a.mdl, "clone", url, clone], check=True, capture_output=True)
+            watchers.append(subprocess.Popen(
+                [sys.executable, __file__, "--size-mb", str(a.size_mb), "--watch", clone, str(a.steps)],
+                stdout=subprocess.PIPE, text=True,
+            ))
+        for w in watchers:
+            assert w.stdout.readline().strip() == "ready"
         rows = []
         for s in range(1, a.steps + 1):
             step(model, a.changed, s)
@@ -126,20 +134,22 @@ def main():
             repo.commit_state(model, step=s).wait()
             returned = time.time()
             commit_s = time.perf_counter() - t
-            seen = json.loads(watcher.stdout.readline())
-            assert seen["step"] == s, seen
-            rows.append((s, commit_s, seen["at"] - returned, seen["changed"]))
-        applied = json.loads(watcher.stdout.readline())
-        watcher.wait()
+            seen = [json.loads(w.stdout.readline()) for w in watchers]
+            assert all(x["step"] == s for x in seen), seen
+            lat = sorted(x["at"] - returned for x in seen)
+            rows.append((s, commit_s, lat[0], lat[-1], seen[0]["changed"]))
+        applied = [json.loads(w.stdout.readline()) for w in watchers][0]
+        for w in watchers:
+            w.wait()
         server.terminate()
         server.wait()
         print(f"# weight sync over loopback: {size / 1e9:.2f} GB bf16 model, {a.changed:.1%} of "
-              f"elements changed a step, {os.cpu_count()} cores")
+              f"elements changed a step, {a.watchers} watcher(s), {os.cpu_count()} cores")
         print()
-        print("| step | tensors changed | commit_state | commit returned → watcher's model updated |")
-        print("| ---: | ---: | ---: | ---: |")
-        for s, c, lat, ch in rows:
-            print(f"| {s} | {ch} | {c:.2f} s | {lat:.2f} s |")
+        print("| step | tensors changed | commit_state | commit returned → first watcher updated | → last |")
+        print("| ---: | ---: | ---: | ---: | ---: |")
+        for s, c, first, last, ch in rows:
+            print(f"| {s} | {ch} | {c:.2f} s | {first:.2f} s | {last:.2f} s |")
         print()
         lats = [r[2] for r in rows]
         print(f"median latency {statistics.median(lats):.2f} s; in-place apply of one step: "

@@ -332,6 +332,10 @@ fn a_tensor_goes_as_a_delta_against_the_version_the_receiver_holds() {
         record.len(),
         p.size
     );
+    // Kept for the next fetch of the same pair, which takes it as it is.
+    assert!(transfer::is_kept(&p.id, &base));
+    let again = transfer::derived_record(&src, &p.id, &base).unwrap();
+    assert!(again.as_deref() == Some(&record[..]));
     let missing: std::collections::HashSet<ObjectId> =
         transfer::missing(&dst, &plan.iter().map(|p| p.id).collect::<Vec<_>>())
             .unwrap()

@@ -7,8 +7,14 @@
 //! made as the pack is written, where that record is smaller than the stored one
 //! ([`derived_record`]). The receiver verifies it as every record: decoded against the base it
 //! holds and hashed against the id it was asked for, exact or refused.
+//!
+//! A record made is kept for the next fetch of the same pair ([`Cache`]): the rollout workers
+//! that follow one trainer each ask for the same step's deltas, and the first one's work serves
+//! those that ask after it, or at the same time (they wait for it: [`Claim`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
 use mdl_codec::planes::Transform;
 use mdl_codec::{float, CodecTag};
@@ -105,6 +111,7 @@ pub(super) fn held_bytes(entry: &IndexEntry) -> u64 {
 }
 
 /// A record coded against a tensor the receiver holds.
+#[derive(Clone)]
 pub(super) struct Derived {
     pub(super) record: Vec<u8>,
     pub(super) codec: u8,
@@ -112,9 +119,124 @@ pub(super) struct Derived {
     pub(super) base: ObjectId,
 }
 
+/// Most bytes of derived records kept for later fetches.
+const CACHE_BYTES: u64 = 256 << 20;
+
+/// Records made, by `(tensor, base)`, oldest first out past [`CACHE_BYTES`]. A pair's record
+/// is content-addressed (it codes one id against another, and every receiver checks it), so
+/// the repositories a server serves share it.
+#[derive(Default)]
+struct Cache {
+    records: HashMap<(ObjectId, ObjectId), Derived>,
+    order: VecDeque<((ObjectId, ObjectId), u64)>,
+    bytes: u64,
+    /// Pairs a pack writer has claimed ([`Claim`]) and is making.
+    making: HashSet<(ObjectId, ObjectId)>,
+}
+
+struct Shared {
+    cache: Mutex<Cache>,
+    /// Signalled when a claim ends.
+    done: Condvar,
+}
+
+fn shared() -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(|| Shared {
+        cache: Mutex::new(Cache::default()),
+        done: Condvar::new(),
+    })
+}
+
+fn cache() -> MutexGuard<'static, Cache> {
+    shared().cache.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Pairs a pack writer makes, so that another writer that needs them waits for their records
+/// instead of making them too (rollout workers ask for a step's deltas at the same moment).
+/// Taken on the writer's own thread, before the codec's parallel work: a lock waited for
+/// inside that work could be held by the very thread that waits. Released when dropped.
+pub(super) struct Claim(Vec<(ObjectId, ObjectId)>);
+
+impl Claim {
+    /// Waits until no other writer is making any of `pairs`, then claims those not kept yet.
+    pub(super) fn take(pairs: &[(ObjectId, ObjectId)]) -> Claim {
+        let s = shared();
+        let mut c = cache();
+        while pairs.iter().any(|p| c.making.contains(p)) {
+            c = s.done.wait(c).unwrap_or_else(|p| p.into_inner());
+        }
+        let mine: Vec<_> = (pairs.iter())
+            .filter(|p| !c.records.contains_key(p))
+            .copied()
+            .collect();
+        c.making.extend(mine.iter().copied());
+        Claim(mine)
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let mut c = cache();
+        for p in &self.0 {
+            c.making.remove(p);
+        }
+        drop(c);
+        shared().done.notify_all();
+    }
+}
+
+/// Records this process has made (not taken from the cache).
+static MADE: AtomicU64 = AtomicU64::new(0);
+
+/// How many derived records this process has made, rather than taken from those kept.
+pub fn records_made() -> u64 {
+    MADE.load(Ordering::Relaxed)
+}
+
+/// Whether the record of `id` against `base` is kept for the next fetch that asks for it.
+pub fn is_kept(id: &ObjectId, base: &ObjectId) -> bool {
+    cache().records.contains_key(&(*id, *base))
+}
+
 /// [`derived_record`] of `id` indexed as `entry`; the caller holds [`held_bytes`] of the
-/// decode budget.
+/// decode budget. A record made before for the same pair is taken as it is.
 pub(super) fn derived(
+    repo: &Repository,
+    id: &ObjectId,
+    entry: &IndexEntry,
+    base: &ObjectId,
+) -> Result<Option<Derived>> {
+    let key = (*id, *base);
+    if let Some(d) = cache().records.get(&key) {
+        return Ok(Some(d.clone()));
+    }
+    // Nothing worth sending depends on this repository's stored record: that is not kept.
+    let Some(d) = make(repo, id, entry, base)? else {
+        return Ok(None);
+    };
+    MADE.fetch_add(1, Ordering::Relaxed);
+    let mut c = cache();
+    let size = d.record.len() as u64;
+    if c.records.insert(key, d.clone()).is_none() {
+        c.order.push_back((key, size));
+        c.bytes += size;
+    }
+    while c.bytes > CACHE_BYTES {
+        let Some((old, n)) = c.order.pop_front() else {
+            break;
+        };
+        c.bytes -= n;
+        c.records.remove(&old);
+    }
+    Ok(Some(d))
+}
+
+/// Makes the record [`derived`] describes.
+fn make(
     repo: &Repository,
     id: &ObjectId,
     entry: &IndexEntry,

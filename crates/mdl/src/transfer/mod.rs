@@ -31,7 +31,9 @@ mod receive;
 mod single;
 mod toc;
 pub use added::Added;
-pub use derived::{derive_against, derived_record, usable_bases, MAX_DERIVED};
+pub use derived::{
+    derive_against, derived_record, is_kept, records_made, usable_bases, MAX_DERIVED,
+};
 pub use pack::{write_pack, write_pack_against, PackWriter};
 pub use receive::{receive_expected, receive_indexed, receive_pack, Expect, Receipt};
 pub use single::{read_commit, read_manifest, read_tensor_header};

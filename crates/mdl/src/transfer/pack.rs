@@ -186,6 +186,12 @@ impl<'w> PackWriter<'w> {
                         .filter_map(|(id, item)| paired(item, against.get(id)))
                         .map(|(e, _)| derived::held_bytes(e))
                         .sum();
+                    // The pairs claimed first, holding nothing: a writer waiting for another's
+                    // records must not hold budget that the other's making needs.
+                    let pairs: Vec<(ObjectId, ObjectId)> = (ids.iter().zip(items))
+                        .filter_map(|(id, item)| Some((*id, paired(item, against.get(id))?.1)))
+                        .collect();
+                    let _claim = derived::Claim::take(&pairs);
                     let _budget = crate::budget::reserve(held);
                     (ids.par_iter().zip(items))
                         .map(|(id, item)| match paired(item, against.get(id)) {
