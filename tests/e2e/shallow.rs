@@ -4,26 +4,11 @@
 //! end) fails with one line and changes nothing.
 
 use std::path::Path;
-use std::process::Command;
 
 use crate::deltas::step;
 use crate::server::*;
-use crate::transfer::ok_with;
+use crate::transfer::{fails_with, ok_with};
 use crate::util::*;
-
-/// `mdl ARGS` with `token`, which must fail with one line containing `want`.
-fn fails_with(token: &str, args: &[&str], want: &str) {
-    let out = Command::new(mdl_bin())
-        .args(args)
-        .env("MDL_TOKEN", token)
-        .env("MDL_AUTHOR", "tester")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "mdl {args:?} succeeded");
-    assert!(err.contains(want), "mdl {args:?}: {err:?} lacks {want:?}");
-    assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
-}
 
 /// `mdl --json clone ARGS… URL DIR`: the record bytes it moved.
 fn clone_bytes(url: &str, dir: &Path, args: &[&str]) -> u64 {

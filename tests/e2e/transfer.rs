@@ -187,6 +187,20 @@ pub(crate) fn ok_with(token: &str, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// `mdl ARGS` with `token`, which must fail with one line containing `want`.
+pub(crate) fn fails_with(token: &str, args: &[&str], want: &str) {
+    let out = Command::new(mdl_bin())
+        .args(args)
+        .env("MDL_TOKEN", token)
+        .env("MDL_AUTHOR", "tester")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mdl {args:?} succeeded");
+    assert!(err.contains(want), "mdl {args:?}: {err:?} lacks {want:?}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
+}
+
 #[test]
 fn thinned_repositories_clone_push_and_pull() {
     let dir = tempfile::tempdir().unwrap();

@@ -61,15 +61,8 @@ pub fn checkout(
     if let Some(held) = &opts.since {
         return update::update(repo, rev, held, out, opts, progress);
     }
-    let mut layout = layout_with(repo, rev, opts.skip_expired)?;
+    let (layout, selection) = selected(repo, rev, opts)?;
     let id = layout.commit;
-    let paths: Vec<&str> = layout.files.iter().map(|f| f.path.as_str()).collect();
-    let selection = target::select(&paths, opts.path.as_deref(), &id.short(12))?;
-    let mut index = 0;
-    layout.files.retain(|_| {
-        index += 1;
-        selection.files.binary_search(&(index - 1)).is_ok()
-    });
     let targets = target::targets(out, &selection, opts.force)?;
     let _interrupted = targets
         .created
@@ -91,6 +84,24 @@ pub fn checkout(
         lossy_tensors,
         skipped: layout.skipped,
     })
+}
+
+/// The layout of `rev`'s files that `opts.path` selects (all of them without one), and the
+/// selection.
+fn selected(
+    repo: &Repository,
+    rev: &str,
+    opts: &CheckoutOptions,
+) -> Result<(Layout, target::Selection)> {
+    let mut layout = layout_with(repo, rev, opts.skip_expired)?;
+    let paths: Vec<&str> = layout.files.iter().map(|f| f.path.as_str()).collect();
+    let selection = target::select(&paths, opts.path.as_deref(), &layout.commit.short(12))?;
+    let mut index = 0;
+    layout.files.retain(|_| {
+        index += 1;
+        selection.files.binary_search(&(index - 1)).is_ok()
+    });
+    Ok((layout, selection))
 }
 
 /// Writes each file of `layout` to its target through a temporary file beside it; the

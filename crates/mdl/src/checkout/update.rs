@@ -30,16 +30,9 @@ pub(super) fn update(
     progress: &dyn Progress,
 ) -> Result<CheckoutOutcome> {
     let held = revision::resolve(repo, held)?;
-    let mut layout = layout_with(repo, rev, opts.skip_expired)?;
+    let (layout, selection) = super::selected(repo, rev, opts)?;
     let before = layout_with(repo, &held.to_hex(), false)?;
     let id = layout.commit;
-    let paths: Vec<&str> = layout.files.iter().map(|f| f.path.as_str()).collect();
-    let selection = target::select(&paths, opts.path.as_deref(), &id.short(12))?;
-    let mut index = 0;
-    layout.files.retain(|_| {
-        index += 1;
-        selection.files.binary_search(&(index - 1)).is_ok()
-    });
     let targets = target::targets(out, &selection, true)?;
     let mut old: HashMap<&str, &FileLayout> =
         before.files.iter().map(|f| (f.path.as_str(), f)).collect();
