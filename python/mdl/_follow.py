@@ -115,8 +115,8 @@ def apply(native: Any, commit: str, pairs: list, infos: dict, held: dict) -> int
         refs = [r for r, _ in group]
         if device.type == "cpu":
             bases = [_base(held.get(r), live) for r, live in group]
-            data = native.read_tensors_over(commit, refs, bases)
-            data = [_state.to_tensor(d, infos[r].dtype, infos[r].shape, "torch") for r, d in zip(refs, data)]
+            data = native.read_tensors(commit, refs, bases)
+            data = [_state.to_tensor(d, dtype, shape, "torch") for dtype, shape, d in data]
         else:
             data = _state.read(native, commit, refs, "torch", device, lambda: list(infos.values()))
         decoded.extend(zip((t for _, t in group), data))

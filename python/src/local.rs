@@ -502,14 +502,32 @@ impl Repo {
     }
 
     /// Decodes the tensors `wanted` (`(file, name)`) of commit `rev`, in the order asked:
-    /// each as its dtype, shape and a new bytearray of its bytes.
+    /// each as its dtype, shape and a new bytearray of its bytes. `held` (one a tensor, or
+    /// None) is what a caller holding older versions of them has: the id of the version of
+    /// `wanted[i]` it holds and those bytes (a contiguous buffer, a numpy view of its own
+    /// tensor). A tensor stored as a delta over that version decodes one level against the
+    /// bytes given instead of through its chain; each result is verified against its id all
+    /// the same.
     #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (rev, wanted, held = None))]
     fn read_tensors<'py>(
         &self,
         py: Python<'py>,
         rev: String,
         wanted: Vec<(String, String)>,
+        held: Option<Vec<Option<(String, Bound<'py, PyAny>)>>>,
     ) -> PyResult<Vec<(&'static str, Vec<u64>, Bound<'py, PyByteArray>)>> {
+        let mut bases = mdl::Held::new();
+        if let Some(held) = held {
+            if held.len() != wanted.len() {
+                return Err(error("one held version (or None) a tensor"));
+            }
+            for (id, bytes) in held.into_iter().flatten() {
+                let id: mdl::ObjectId = id.parse().map_err(error)?;
+                let bytes = crate::staging::Exported::new(&bytes)?;
+                bases.insert(id, Arc::new(bytes.as_ref().to_vec()));
+            }
+        }
         let (repo, layout, selected) = self.laid_out(py, &rev)?;
         let (started, mut bytes) = (Instant::now(), 0);
         let mut out = Vec::with_capacity(wanted.len());
@@ -517,50 +535,17 @@ impl Repo {
             bytes += placed.entry.content_len;
             let len = usize::try_from(placed.entry.content_len).map_err(error)?;
             let decoded = PyByteArray::new_with(py, len, |buf| {
-                py.detach(|| placed.load_into(&repo, buf)).map_err(error)
+                py.detach(|| match bases.is_empty() {
+                    true => placed.load_into(&repo, buf),
+                    false => placed.load_over(&repo, &bases, buf),
+                })
+                .map_err(error)
             })?;
             out.push((
                 placed.header.dtype.name(),
                 placed.header.shape.clone(),
                 decoded,
             ));
-        }
-        selected.observe(Side::Decode, bytes, started.elapsed().as_secs_f64());
-        Ok(out)
-    }
-
-    /// [`Self::read_tensors`]' bytes for a caller holding older versions of them: `held[i]`
-    /// is the id of the version of `wanted[i]` it holds and those bytes (a contiguous buffer:
-    /// a numpy view of its own tensor), or None. A tensor stored as a delta over that version
-    /// decodes one level against the bytes given instead of through its chain; each result is
-    /// verified against its id all the same.
-    #[allow(clippy::type_complexity)]
-    fn read_tensors_over<'py>(
-        &self,
-        py: Python<'py>,
-        rev: String,
-        wanted: Vec<(String, String)>,
-        held: Vec<Option<(String, Bound<'py, PyAny>)>>,
-    ) -> PyResult<Vec<Bound<'py, PyByteArray>>> {
-        if held.len() != wanted.len() {
-            return Err(error("one held version (or None) a tensor"));
-        }
-        let mut bases = mdl::Held::new();
-        for (id, bytes) in held.into_iter().flatten() {
-            let id: mdl::ObjectId = id.parse().map_err(error)?;
-            let bytes = crate::staging::Exported::new(&bytes)?;
-            bases.insert(id, std::sync::Arc::new(bytes.as_ref().to_vec()));
-        }
-        let (repo, layout, selected) = self.laid_out(py, &rev)?;
-        let (started, mut bytes) = (Instant::now(), 0);
-        let mut out = Vec::with_capacity(wanted.len());
-        for placed in find_tensors(&layout, &rev, &wanted)? {
-            bytes += placed.entry.content_len;
-            let len = usize::try_from(placed.entry.content_len).map_err(error)?;
-            out.push(PyByteArray::new_with(py, len, |buf| {
-                py.detach(|| placed.load_over(&repo, &bases, buf))
-                    .map_err(error)
-            })?);
         }
         selected.observe(Side::Decode, bytes, started.elapsed().as_secs_f64());
         Ok(out)

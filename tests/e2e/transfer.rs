@@ -17,9 +17,14 @@ use crate::util::*;
 
 /// Runs `mdl` with the write token.
 fn with_token(args: &[&str]) -> std::process::Output {
+    run_with(WRITE, args)
+}
+
+/// `mdl ARGS` with `token` (and an author), whatever its outcome.
+fn run_with(token: &str, args: &[&str]) -> std::process::Output {
     Command::new(mdl_bin())
         .args(args)
-        .env("MDL_TOKEN", WRITE)
+        .env("MDL_TOKEN", token)
         .env("MDL_AUTHOR", "tester")
         .output()
         .unwrap()
@@ -173,12 +178,7 @@ fn gc_between_push_requests_never_publishes_an_incomplete_commit() {
 
 /// Runs `mdl` with `token`, asserting success.
 pub(crate) fn ok_with(token: &str, args: &[&str]) -> String {
-    let out = Command::new(mdl_bin())
-        .args(args)
-        .env("MDL_TOKEN", token)
-        .env("MDL_AUTHOR", "tester")
-        .output()
-        .unwrap();
+    let out = run_with(token, args);
     assert!(
         out.status.success(),
         "mdl {args:?}: {}",
@@ -189,12 +189,7 @@ pub(crate) fn ok_with(token: &str, args: &[&str]) -> String {
 
 /// `mdl ARGS` with `token`, which must fail with one line containing `want`.
 pub(crate) fn fails_with(token: &str, args: &[&str], want: &str) {
-    let out = Command::new(mdl_bin())
-        .args(args)
-        .env("MDL_TOKEN", token)
-        .env("MDL_AUTHOR", "tester")
-        .output()
-        .unwrap();
+    let out = run_with(token, args);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "mdl {args:?} succeeded");
     assert!(err.contains(want), "mdl {args:?}: {err:?} lacks {want:?}");

@@ -177,16 +177,18 @@ fn spool(repo: &Repository, ids: &[ObjectId]) -> Result<(std::fs::File, u64)> {
     Ok((file, len))
 }
 
-/// Copies the records of `ids` from `from` into `to` as one pack.
+/// Copies the records of `ids` from `from` into `to` as one pack, which may hold what
+/// `expect` says.
 fn copy(
     from: &Repository,
     to: &Repository,
     ids: &[ObjectId],
+    expect: transfer::Expect<'_>,
     progress: &dyn Progress,
 ) -> Result<Receipt> {
     let (file, _) = spool(from, ids)?;
     let mut reader = std::io::BufReader::with_capacity(1 << 20, Counting::new(file, progress));
-    Ok(transfer::receive_pack(to, &mut reader, u64::MAX)?)
+    Ok(transfer::receive_expected(to, &mut reader, expect)?)
 }
 
 impl Peer for Local<'_> {
@@ -226,13 +228,13 @@ impl Peer for Local<'_> {
             return Err(Error::Remote(format!("{} has no object {id}", self.url)));
         }
         // As from a server: only what was planned, commits marked cut taken without parents.
-        let (file, _) = spool(self.repo, &ids)?;
-        let mut reader = std::io::BufReader::with_capacity(1 << 20, Counting::new(file, progress));
-        Ok(transfer::receive_expected(
+        copy(
+            self.repo,
             repo,
-            &mut reader,
+            &ids,
             transfer::Expect::Planned(planned),
-        )?)
+            progress,
+        )
     }
     fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
         Ok(transfer::missing(self.repo, ids)?)
@@ -244,7 +246,10 @@ impl Peer for Local<'_> {
         progress: &dyn Progress,
     ) -> Result<Received> {
         let _writer = self.repo.writer();
-        Ok(copy(repo, self.repo, ids, progress)?.received)
+        let any = transfer::Expect::Any {
+            max_record: u64::MAX,
+        };
+        Ok(copy(repo, self.repo, ids, any, progress)?.received)
     }
     fn update_ref(&self, update: &RefUpdate) -> Result<()> {
         let _writer = self.repo.writer();
