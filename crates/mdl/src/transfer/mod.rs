@@ -218,8 +218,8 @@ fn check_complete(
     meta: &MetaRead,
     tip: &ObjectId,
     known: &mut HashSet<ObjectId>,
+    cut: &HashSet<ObjectId>,
 ) -> Result<()> {
-    let cut: HashSet<ObjectId> = meta.shallow()?.into_iter().collect();
     let has = |id: &ObjectId, kind: ObjectKind| -> Result<Option<IndexEntry>> {
         Ok(meta.object(id)?.filter(|e| e.kind == kind))
     };
@@ -285,7 +285,8 @@ pub fn update_ref(repo: &Repository, update: &RefUpdate, message: &str) -> Resul
     let mut w = repo.store().meta().write()?;
     let meta = repo.store().meta().read()?;
     if let Some(new) = &update.new {
-        check_complete(repo, &meta, new, &mut referenced(&meta)?)?;
+        let cut = meta.shallow()?.into_iter().collect();
+        check_complete(repo, &meta, new, &mut referenced(&meta)?, &cut)?;
     }
     let current = meta.get_ref(&update.name)?;
     drop(meta);
@@ -355,9 +356,10 @@ pub fn update_refs(repo: &Repository, changes: &[RefChange], message: &str) -> R
     let mut w = repo.store().meta().write()?;
     let meta = repo.store().meta().read()?;
     let mut known = referenced(&meta)?;
+    let cut = meta.shallow()?.into_iter().collect();
     for c in changes {
         if let Some(target) = c.new.target() {
-            check_complete(repo, &meta, &target, &mut known)?;
+            check_complete(repo, &meta, &target, &mut known, &cut)?;
         }
     }
     drop(meta);
