@@ -213,6 +213,20 @@ def main():
                 done = run("commit", f, "-m", "large, version %d" % step)
                 commits.append(done["id"])
                 large.add(done["id"])
+        if a.version >= 11:
+            # An RL-like step: 1 % of a bf16 tensor's elements move by one unit in the last
+            # place, so the previous version becomes a masked reverse delta.
+            rng = Rng(11)
+            words = [0x3C00 + int(rng.uniform() * 0x400) for _ in range(1 << 15)]
+            for step in range(2):
+                if step:
+                    words = [w + (1 if rng.uniform() < 0.5 else -1) if rng.uniform() < 0.01 else w
+                             for w in words]
+                f = os.path.join(tmp, "rl%d.safetensors" % step)
+                data = struct.pack("<%dH" % len(words), *words)
+                write_safetensors(f, [("rl.w", "BF16", [len(words)], data)], {"step": str(step)})
+                done = run("commit", f, "-m", "rl step %d" % step)
+                commits.append(done["id"])
         if a.version >= 7:
             run("maintenance")
 
@@ -229,13 +243,20 @@ def main():
             path = os.path.join(checkouts, name)
             subprocess.run(["zstd", "-q", "-19", "--rm", path], check=True)
     tags = set()
+    masked = 0
     for root, _, files in os.walk(os.path.join(repo, ".mdl", "objects")):
         for f in files:
             with open(os.path.join(root, f), "rb") as fh:
-                head = fh.read(8)
-            if head[:4] == b"MDLR":
-                tags.add(head[7])
+                record = fh.read()
+            if record[:4] == b"MDLR":
+                tags.add(record[7])
+                # The payload's first byte: 1 for a masked delta (format 11 on).
+                at = 9 + (32 if record[8] & 1 else 0) + (48 if record[8] & 2 else 0)
+                at += 2 + struct.unpack_from("<H", record, at)[0]
+                masked += record[7] in (3, 7) and record[at] == 1
     expected["codecs"] = sorted(tags)
+    if a.version >= 11:
+        expected["masked"] = masked
     for f in ("lock",):
         path = os.path.join(repo, ".mdl", f)
         if os.path.exists(path) and os.path.getsize(path) == 0:

@@ -10,7 +10,8 @@
 #   scripts/make-fixtures.sh 7    # the last commit writing version 7 (b43d615)
 #   scripts/make-fixtures.sh 8    # the last commit writing version 8 (1bd2575)
 #   scripts/make-fixtures.sh 9    # the last commit writing version 9 (d57ec06)
-#   scripts/make-fixtures.sh 10   # this working tree (version 10)
+#   scripts/make-fixtures.sh 10   # the last commit writing version 10 (3da5f30)
+#   scripts/make-fixtures.sh 11   # this working tree (version 11)
 #
 # A fixture, once committed, is never regenerated: it is what that build wrote, and today's
 # code must keep reading it (tests/fixtures.rs in the mdl crate). A format change adds the next
@@ -30,7 +31,8 @@ case "$version" in
     7) rev=b43d615 ;;
     8) rev=1bd2575 ;;
     9) rev=d57ec06 ;;
-    10) rev= ;;
+    10) rev=3da5f30 ;;
+    11) rev= ;;
     *) echo "error: no build is known to write format version $version" >&2; exit 1 ;;
 esac
 if [ -z "$rev" ]; then

@@ -78,6 +78,14 @@ impl CodecTag {
         }
     }
 
+    /// The lossless delta codec whose payloads hold `transform`'s planes.
+    pub fn delta(transform: planes::Transform) -> CodecTag {
+        match transform {
+            planes::Transform::Planes => CodecTag::XorDelta,
+            planes::Transform::Sub => CodecTag::SubDelta,
+        }
+    }
+
     /// Whether records with this codec name a base object.
     pub fn has_base(self) -> bool {
         match self {

@@ -26,6 +26,9 @@ struct Expected {
     refs: BTreeMap<String, String>,
     checkouts: BTreeMap<String, String>,
     codecs: Vec<u8>,
+    /// Masked delta records (format 11 on; absent before).
+    #[serde(default)]
+    masked: usize,
 }
 
 fn fixtures() -> Vec<PathBuf> {
@@ -52,8 +55,9 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// Every record's header in a repository's object folder.
-fn record_headers(objects: &Path) -> Vec<(PathBuf, RecordHeader)> {
+/// Every record's header in a repository's object folder, with whether it is a masked delta
+/// (a delta payload whose first byte is 1).
+fn record_headers(objects: &Path) -> Vec<(PathBuf, RecordHeader, bool)> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(objects).unwrap() {
         let path = entry.unwrap().path();
@@ -61,9 +65,11 @@ fn record_headers(objects: &Path) -> Vec<(PathBuf, RecordHeader)> {
             found.extend(record_headers(&path));
         } else {
             let bytes = std::fs::read(&path).unwrap();
-            let (header, _) =
+            let (header, len) =
                 RecordHeader::decode(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            found.push((path, header));
+            let delta = [CodecTag::XorDelta as u8, CodecTag::SubDelta as u8];
+            let masked = delta.contains(&header.codec) && bytes.get(len) == Some(&1);
+            found.push((path, header, masked));
         }
     }
     found
@@ -84,6 +90,10 @@ fn every_format_version_reads_back_bit_exactly() {
         versions,
         (1..=FORMAT_VERSION).collect(),
         "a fixture for every format version this build claims to read (scripts/make-fixtures.sh)"
+    );
+    assert!(
+        dirs.iter().any(|d| read_expected(d).masked > 0),
+        "a fixture holds a masked delta record"
     );
     let known: BTreeSet<u8> = (0..=u8::MAX)
         .filter(|t| CodecTag::try_from(*t).is_ok())
@@ -127,7 +137,7 @@ fn check_fixture(dir: &Path) -> BTreeSet<u8> {
     // The records are what that build wrote: its version, the codecs it used.
     let headers = record_headers(&repo_dir.join(".mdl/objects"));
     assert!(!headers.is_empty(), "{name}: no records");
-    for (path, header) in &headers {
+    for (path, header, _) in &headers {
         assert_eq!(
             header.version,
             expected.format_version,
@@ -135,7 +145,9 @@ fn check_fixture(dir: &Path) -> BTreeSet<u8> {
             path.display()
         );
     }
-    let codecs: BTreeSet<u8> = headers.iter().map(|(_, h)| h.codec).collect();
+    let masked = headers.iter().filter(|(_, _, m)| *m).count();
+    assert_eq!(masked, expected.masked, "{name}: masked delta records");
+    let codecs: BTreeSet<u8> = headers.iter().map(|(_, h, _)| h.codec).collect();
     assert_eq!(
         codecs,
         expected.codecs.iter().copied().collect(),

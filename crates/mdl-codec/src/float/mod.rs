@@ -14,9 +14,11 @@ use crate::huffman::{Histogram, Plan};
 use crate::planes::{layout, sub_layout, word_mask, Layout, PlaneSpec, Transform, CHUNK, SAMPLE};
 
 mod framed;
+mod masked;
 mod payload;
 
 pub use framed::{is_framed, FrameEncoder, Frames, FRAME_CHUNKS, FRAME_LOG2};
+pub use masked::{encode_masked, is_masked, DeltaPayload, MaskedDelta};
 pub use payload::{
     encode, encode_pieces, encode_split, encode_whole, Encoded, PayloadIndex, PayloadWriter, ReadAt,
 };
@@ -44,7 +46,8 @@ pub fn decode_sub(
     decode_any(engine, PlaneSpec::sub(dtype), payload, Some(base), out)
 }
 
-/// Decodes a payload held in memory, framed (`framed.rs`) or whole (`payload.rs`).
+/// Decodes a payload held in memory, framed (`framed.rs`), masked (`masked.rs`) or whole
+/// (`payload.rs`).
 fn decode_any(
     engine: &dyn Engine,
     spec: PlaneSpec,
@@ -52,11 +55,40 @@ fn decode_any(
     base: Option<&[u8]>,
     out: &mut [u8],
 ) -> Result<(), FormatError> {
-    if framed::is_framed(payload) {
+    if masked::is_masked(payload) {
+        masked::decode(engine, spec, payload, base, out)
+    } else if framed::is_framed(payload) {
         framed::decode(engine, spec, payload, base, out)
     } else {
         payload::decode_whole(engine, spec, payload, base, out)
     }
+}
+
+/// The smallest delta payload of `data` against `base` (both held whole): plane by plane
+/// ([`analyze`]'s best delta) or masked ([`encode_masked`]), whichever is smaller; `None` when
+/// neither codes smaller than float-split.
+pub fn encode_delta(
+    engine: &dyn Engine,
+    dtype: Dtype,
+    data: &[u8],
+    base: &[u8],
+) -> Result<Option<DeltaPayload>, FormatError> {
+    let analysis = analyze(engine, dtype, data, Some(base))?;
+    let masked = encode_masked(engine, dtype, data, base)?
+        .filter(|m| (m.payload.len() as u64) < analysis.plain.size);
+    let planes = analysis.best_delta();
+    if let Some(m) = masked.filter(|m| planes.is_none_or(|c| (m.payload.len() as u64) < c.size)) {
+        return Ok(Some(m));
+    }
+    let Some(choice) = planes else {
+        return Ok(None);
+    };
+    let mut payload = Vec::new();
+    encode(engine, dtype, data, Some(base), choice, &mut payload)?;
+    Ok(Some(DeltaPayload {
+        payload,
+        transform: choice.transform,
+    }))
 }
 
 /// Whether `dtype` has a float plane layout.

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use mdl_codec::float::{self, Frames, PayloadIndex};
+use mdl_codec::float::{self, Frames, MaskedDelta, PayloadIndex};
 use mdl_codec::planes::{PlaneSpec, Transform};
 use mdl_codec::CodecTag;
 use mdl_format::record::{Trailer, TRAILER_LEN};
@@ -55,7 +55,11 @@ pub fn windowed_cost(entry: &IndexEntry) -> u64 {
         return whole;
     }
     let window = (WINDOW_CHUNKS << mdl_codec::huffman::CHUNK_LOG2) * 8;
-    whole.min(window.saturating_mul(2 * (u64::from(entry.depth) + 1)))
+    let levels = u64::from(entry.depth) + 1;
+    // A masked delta (format 11) holds its mask and its changed elements' words whole: at most
+    // a quarter of the elements changed, and a flag bit an element.
+    let masked = entry.content_len / 4 + entry.content_len / 16;
+    whole.min((2 * window + masked).saturating_mul(levels))
 }
 
 /// Tensors decoded and verified already, by id: a delta over one of them decodes against these
@@ -96,6 +100,7 @@ impl Store {
         let width = match &level {
             Level::Float(f) => f.width,
             Level::Framed(f) => f.frames.width(),
+            Level::Masked(m) => m.width,
             _ => 1,
         };
         Ok(TensorWindows {
@@ -124,7 +129,10 @@ impl Store {
                 let chunk = (1u64 << mdl_codec::huffman::CHUNK_LOG2) * f.width;
                 at_least.div_ceil(chunk).max(1) * chunk
             }
-            Level::Framed(_) => at_least.div_ceil(windows.window).max(1) * windows.window,
+            // Whole windows: the base below a masked record may be framed.
+            Level::Framed(_) | Level::Masked(_) => {
+                at_least.div_ceil(windows.window).max(1) * windows.window
+            }
             Level::Stream(_) | Level::Memory { .. } => at_least,
         }
         .min(windows.len);
@@ -267,6 +275,21 @@ impl Store {
             },
             None => None,
         });
+        if float::is_masked(&first) {
+            let mut payload = vec![0u8; payload_len as usize];
+            read(0, &mut payload).map_err(bad)?;
+            let mut crc = crc32fast::Hasher::new();
+            crc.update(&payload);
+            let delta =
+                MaskedDelta::open(self.engine(), spec, entry.content_len, &payload).map_err(bad)?;
+            return Ok(Level::Masked(MaskedLevel {
+                common,
+                delta,
+                width: width as u64,
+                crc,
+                base,
+            }));
+        }
         if float::is_framed(&first) {
             let frames =
                 Frames::open(spec, entry.content_len, payload_len, &mut read).map_err(bad)?;
@@ -372,6 +395,7 @@ impl TensorWindows<'_> {
 enum Level<'s> {
     Float(FloatLevel<'s>),
     Framed(FramedLevel<'s>),
+    Masked(MaskedLevel<'s>),
     Stream(StreamLevel),
     /// Decoded whole: a record decoded so, or a base held decoded ([`Held`]).
     Memory {
@@ -385,6 +409,7 @@ impl Level<'_> {
         match self {
             Level::Float(f) => f.next_into(out),
             Level::Framed(f) => f.next_into(out),
+            Level::Masked(m) => m.next_into(out),
             Level::Stream(s) => s.next_into(out),
             Level::Memory { data, at } => {
                 out.copy_from_slice(&data[*at..*at + out.len()]);
@@ -398,6 +423,7 @@ impl Level<'_> {
         match self {
             Level::Float(f) => f.finish(),
             Level::Framed(f) => f.finish(),
+            Level::Masked(m) => m.finish(),
             Level::Stream(s) => s.finish(),
             Level::Memory { .. } => Ok(()),
         }
@@ -599,6 +625,40 @@ impl FramedLevel<'_> {
         self.base.finish()?;
         let bad = corrupt(&self.common.id, &self.common.entry);
         self.frames.finish().map_err(bad)?;
+        self.common.finish(&self.crc)
+    }
+}
+
+/// A masked delta record (format 11): its mask and changed elements decoded at open, applied
+/// to the base a window at a time.
+struct MaskedLevel<'s> {
+    common: Common,
+    delta: MaskedDelta,
+    /// Bytes an element.
+    width: u64,
+    /// Checksum of the payload (read whole at open).
+    crc: crc32fast::Hasher,
+    base: BaseWindows<'s>,
+}
+
+impl MaskedLevel<'_> {
+    fn next_into(&mut self, out: &mut [u8]) -> Result<(), StoreError> {
+        let bad = corrupt(&self.common.id, &self.common.entry);
+        let base = self.base.next(out.len())?.ok_or_else(|| {
+            bad(FormatError::invalid(
+                "masked delta",
+                "a record without a base",
+            ))
+        })?;
+        self.delta.apply_next(base, out).map_err(bad)?;
+        self.common.hash(out);
+        Ok(())
+    }
+
+    fn finish(self) -> Result<(), StoreError> {
+        self.base.finish()?;
+        let bad = corrupt(&self.common.id, &self.common.entry);
+        self.delta.finish().map_err(bad)?;
         self.common.finish(&self.crc)
     }
 }

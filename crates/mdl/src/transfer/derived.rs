@@ -16,7 +16,6 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
-use mdl_codec::planes::Transform;
 use mdl_codec::{float, CodecTag};
 use mdl_format::record::{self, RecordHeader};
 use mdl_format::{ObjectId, ObjectKind, TensorHeader};
@@ -273,22 +272,16 @@ fn make(
     let b = store.load_tensor(base, &bentry)?;
     let engine = store.engine();
     let encoder = |source| Error::Encode { id: *id, source };
-    let analysis = float::analyze(engine, header.dtype, &data, Some(&b)).map_err(encoder)?;
-    let Some(choice) = analysis.best_delta() else {
+    let Some(delta) = float::encode_delta(engine, header.dtype, &data, &b).map_err(encoder)? else {
         return Ok(None);
     };
     // The record is at least its payload; one no smaller than the stored record is not made.
-    if choice.size >= entry.stored_len {
+    if delta.payload.len() as u64 >= entry.stored_len {
         return Ok(None);
     }
-    let mut payload = Vec::new();
-    float::encode(engine, header.dtype, &data, Some(&b), choice, &mut payload).map_err(encoder)?;
-    let codec = match choice.transform {
-        Transform::Sub => CodecTag::SubDelta,
-        Transform::Planes => CodecTag::XorDelta,
-    } as u8;
+    let codec = CodecTag::delta(delta.transform) as u8;
     let head = RecordHeader::new(ObjectKind::Tensor, codec, Some(*base), prefix);
-    let record = record::encode(&head, &payload, entry.content_len);
+    let record = record::encode(&head, &delta.payload, entry.content_len);
     Ok(
         ((record.len() as u64) < entry.stored_len).then_some(Derived {
             record,

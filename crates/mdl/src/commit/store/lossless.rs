@@ -14,7 +14,11 @@ use super::reverse::Reverse;
 use super::{delta_codec, floats_pay, is_delta_candidate, previous_content, StoreCtx, Stored};
 use crate::policy::DeltaMode;
 use crate::rewrite::Rewrite;
-use crate::Result;
+use crate::{Error, Result};
+
+/// A forward masked delta under this fraction of the tensor's bytes is taken without counting
+/// the tensor's planes: no float-split or plane-by-plane delta of it comes close.
+const MASKED_AT_ONCE: u64 = 8;
 
 /// What a self-contained record of new content is made from.
 struct Whole<'w> {
@@ -86,6 +90,20 @@ impl StoreCtx<'_> {
             }),
             (None, _) => None,
         };
+        // A forward delta where few elements changed: the mask and the changed elements, made
+        // from one comparing pass; when that is clearly small, nothing else is counted.
+        let masked = match (self.policy.mode, &data, &base_content) {
+            (DeltaMode::Forward, Content::Memory(d), Some(Content::Memory(b))) => {
+                float::encode_masked(self.coder.engine, info.header.dtype, d, b)
+                    .map_err(|source| Error::Encode { id, source })?
+            }
+            _ => None,
+        };
+        if let (Some(m), Some((base_id, entry))) = (&masked, &base) {
+            if (m.payload.len() as u64) < data.len() as u64 / MASKED_AT_ONCE {
+                return self.write_masked(id, i, m, base_id, entry);
+            }
+        }
         let _kept = self.keep_on_engine(&data, base_content.as_ref());
         // The bytes the analysis' sizes are of: the tensor's, or the first window's of a large
         // tensor that no delta is made of now.
@@ -134,6 +152,11 @@ impl StoreCtx<'_> {
         let (Some((base_id, entry)), Some(content)) = (base, base_content) else {
             return Ok(new_record(id, self.write_whole(&whole, floats_pay)?));
         };
+        if let Some(m) = masked.filter(|m| {
+            (m.payload.len() as u64) < delta.map_or(analysis.plain.size, |d| d.size) && floats_pay
+        }) {
+            return self.write_masked(id, i, &m, &base_id, &entry);
+        }
         match (self.policy.mode, delta) {
             (DeltaMode::Forward, Some(delta)) if floats_pay => {
                 let base = Base {
@@ -254,6 +277,27 @@ impl StoreCtx<'_> {
                 Placement::default(),
             ),
         }
+    }
+
+    /// The new version as a masked delta against `base` (its id and entry), one step further
+    /// down its chain.
+    fn write_masked(
+        &self,
+        id: ObjectId,
+        i: usize,
+        m: &float::DeltaPayload,
+        base: &ObjectId,
+        entry: &IndexEntry,
+    ) -> Result<Stored> {
+        let placement = Placement {
+            generation: 0,
+            base: Some(*base),
+            depth: entry.depth + 1,
+        };
+        let header = &self.input.pieces[i].header;
+        let codec = CodecTag::delta(m.transform);
+        let put = (self.coder.batch).put_payload(&id, header, codec, placement, &[&m.payload])?;
+        Ok(new_record(id, put.entry))
     }
 
     /// The new version as a delta against `base`, one step further down its chain.

@@ -10,7 +10,6 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use mdl_codec::engine::{FloatView, Kept};
-use mdl_codec::planes::Transform;
 use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::quant::Correction;
 use mdl_codec::scalar::lossy_supported;
@@ -574,10 +573,7 @@ pub(super) fn reverse_allowed(
 
 /// The codec of a delta record made with `choice`.
 pub(super) fn delta_codec(choice: &float::Choice) -> CodecTag {
-    match choice.transform {
-        Transform::Planes => CodecTag::XorDelta,
-        Transform::Sub => CodecTag::SubDelta,
-    }
+    CodecTag::delta(choice.transform)
 }
 
 /// The parent's version of piece `i` when it is a tensor whose previous version has the same

@@ -9,6 +9,7 @@
 use mdl_codec::engine::Engine;
 use mdl_codec::float::{self, Count, PlaneCount, ToCount};
 use mdl_codec::planes::Transform;
+use mdl_codec::CodecTag;
 use mdl_format::{Dtype, FormatError, ObjectId, TensorHeader};
 use mdl_store::{IndexEntry, Placement};
 
@@ -81,7 +82,26 @@ impl Coder<'_> {
         let Some(counted) = counted else {
             return Ok(None);
         };
-        let Some(choice) = counted.choice().filter(|c| pays(c, r)) else {
+        let choice = counted.choice().filter(|c| pays(c.size, r));
+        // Held in memory, where few elements changed, a masked delta (one mask for all planes)
+        // may code smaller than any plane by plane.
+        let masked = match (r.prev_data, r.data) {
+            (Content::Memory(prev), Content::Memory(new)) => {
+                float::encode_masked(self.engine, dtype, prev, new).map_err(encoder)?
+            }
+            _ => None,
+        };
+        if let Some(m) = masked.filter(|m| {
+            let size = m.payload.len() as u64;
+            pays(size, r) && choice.as_ref().is_none_or(|c| size < c.size)
+        }) {
+            let codec = CodecTag::delta(m.transform);
+            let put = self
+                .batch
+                .put_payload(&r.prev, header, codec, placement, &[&m.payload])?;
+            return Ok(Some(put.entry));
+        }
+        let Some(choice) = choice else {
             return Ok(None);
         };
         if !split {
@@ -211,8 +231,8 @@ impl Counted {
     }
 }
 
-/// Whether `choice`, the previous version's delta, pays (see [`Coder::write_reverse`]).
-fn pays(choice: &float::Choice, r: &Reverse<'_>) -> bool {
-    floats_pay(choice.size, r.prev_data.len() as u64)
-        && choice.size as f64 <= r.prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR)
+/// Whether a delta of `size` bytes of the previous version pays (see [`Coder::write_reverse`]).
+fn pays(size: u64, r: &Reverse<'_>) -> bool {
+    floats_pay(size, r.prev_data.len() as u64)
+        && size as f64 <= r.prev_entry.stored_len as f64 * (1.0 - REWRITE_GAIN_FLOOR)
 }
