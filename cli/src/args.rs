@@ -323,6 +323,11 @@ pub(crate) enum Command {
         /// In a shallow clone: N more commits of history behind each place it ends.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         deepen: Option<u32>,
+        /// Only the newest N commits of each branch fetched: history behind them is cut here,
+        /// as in a shallow clone (`log` says where; `--deepen` brings more).
+        #[arg(long, value_name = "N", conflicts_with = "deepen",
+              value_parser = clap::value_parser!(u32).range(1..))]
+        depth: Option<u32>,
     },
     /// Fetch BRANCH (HEAD's branch) and fast-forward the local branch to it.
     Pull {

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::bail;
-use mdl_ops::{Branches, Operations};
+use mdl_ops::{Branches, History, Operations};
 use mdl_protocol::body::{GcAnswer, GcRequest};
 
 use crate::args::{Command, RemoteAction};
@@ -208,8 +208,14 @@ pub(crate) fn run(
             remote,
             branch,
             deepen,
+            depth,
         } => {
-            let moved = repo.fetch(remote, branch.as_deref(), false, *deepen, &transfer_bar)?;
+            let history = match (deepen, depth) {
+                (Some(by), _) => History::Deepen(*by),
+                (None, Some(n)) => History::Newest(*n),
+                (None, None) => History::All,
+            };
+            let moved = repo.fetch(remote, branch.as_deref(), false, history, &transfer_bar)?;
             output::transfer(
                 out,
                 json,
@@ -219,7 +225,7 @@ pub(crate) fn run(
         }
         Command::Pull { remote, branch } => {
             let done = "pulled from";
-            let moved = repo.fetch(remote, branch.as_deref(), true, None, &transfer_bar)?;
+            let moved = repo.fetch(remote, branch.as_deref(), true, History::All, &transfer_bar)?;
             output::transfer(out, json, &format!("{done} {}", moved.url), &moved.outcome)?;
         }
         Command::Push {

@@ -581,8 +581,9 @@ class Repository:
 
         ``since``: the commit they hold now (the first commit that comes is loaded whole
         without it). ``remote``: follow that remote's branch instead — the server holds each
-        request until the branch moves (a long poll), and what moved is fetched here first
-        (as deltas against what this repository holds). Ends when nothing comes within
+        request until the branch moves (a long poll), and its newest commit is fetched here
+        first (``fetch(remote, branch, depth=1)``: as deltas against what this repository
+        holds, without the steps between, which stay cut here). Ends when nothing comes within
         ``timeout`` seconds (never, for None).
         """
         current = None if since is None else self.resolve(since)
@@ -603,7 +604,7 @@ class Repository:
                 if remote is not None:
                     if self._ops.wait_remote_branch(remote, branch, here, seconds) is None:
                         return None
-                    self._ops.fetch(remote, branch)
+                    self._ops.fetch(remote, branch, 1)
                     continue
                 if time.monotonic() >= end:
                     return None
@@ -618,9 +619,13 @@ class Repository:
 
         return _follow.follow(current, moved, load, timeout)
 
-    def fetch(self, remote: str = "origin", branch: str | None = None) -> dict:
-        """``mdl fetch REMOTE [BRANCH]``: what it moved, as ``mdl fetch --json`` prints it."""
-        return self._ops.fetch(remote, branch)
+    def fetch(
+        self, remote: str = "origin", branch: str | None = None, depth: int | None = None
+    ) -> dict:
+        """``mdl fetch REMOTE [BRANCH] [--depth N]``: what it moved, as ``mdl fetch --json``
+        prints it. ``depth``: only the newest ``depth`` commits of each branch (history behind
+        them is cut here, as in a shallow clone)."""
+        return self._ops.fetch(remote, branch, depth)
 
     def _state_document(self, commit: str) -> dict:
         """The ``mdl-state.json`` of a live-state commit (MdlError for other commits)."""

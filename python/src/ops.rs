@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mdl_ops::{Access, Branches, Location, Operations};
+use mdl_ops::{Access, Branches, History, Location, Operations};
 use mdl_protocol::body::{GcAnswer, GcRequest};
 use pyo3::prelude::*;
 
@@ -269,11 +269,18 @@ impl Ops {
         report(py, &released(py, || self.0.stats())?)
     }
 
-    /// `mdl fetch REMOTE [BRANCH]`: what it moved, as `mdl fetch --json` prints it.
-    #[pyo3(signature = (remote, branch = None))]
-    fn fetch(&self, py: Python<'_>, remote: String, branch: Option<String>) -> PyResult<Py<PyAny>> {
+    /// `mdl fetch REMOTE [BRANCH] [--depth N]`: what it moved, as `mdl fetch --json` prints it.
+    #[pyo3(signature = (remote, branch = None, depth = None))]
+    fn fetch(
+        &self,
+        py: Python<'_>,
+        remote: String,
+        branch: Option<String>,
+        depth: Option<u32>,
+    ) -> PyResult<Py<PyAny>> {
+        let history = depth.map_or(History::All, History::Newest);
         let done = released(py, || {
-            (self.0).fetch(&remote, branch.as_deref(), false, None, &mdl::NoProgress)
+            (self.0).fetch(&remote, branch.as_deref(), false, history, &mdl::NoProgress)
         })?;
         report(py, &done.outcome)
     }

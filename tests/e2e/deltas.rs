@@ -91,8 +91,8 @@ fn a_fetch_moves_what_changed_and_rebuilds_it_exactly() {
     server.stop();
 }
 
-/// A clone that follows a run a step at a time keeps its chains within `delta.max_depth`: a
-/// fetch takes a tensor as a delta only against a version shallower than the cap, else whole,
+/// A clone that follows a run a step at a time keeps its chains within `delta.max_depth`:
+/// every step travels as a delta, and one that would pass the cap is stored whole on arrival,
 /// so fsck stays clean however long it follows.
 #[test]
 fn following_a_run_keeps_the_clones_chains_within_the_cap() {
@@ -108,21 +108,81 @@ fn following_a_run_keeps_the_clones_chains_within_the_cap() {
             &repo,
             &["commit", f.to_str().unwrap(), "-m", &format!("step {s}")],
         );
-        moved.push(fetched_bytes(&clone));
+        moved.push((fetched_bytes(&clone), bytes.len() as u64));
         let out = d.join(format!("out{s}"));
         let rev = "refs/remotes/origin/main";
         ok(&clone, &["checkout", rev, "-o", out.to_str().unwrap()]);
         assert_eq!(std::fs::read(&out).unwrap(), bytes, "step {s}");
         assert_fsck_clean(&clone);
     }
-    // Steps 1 and 2 came as deltas (depths 1 and 2), step 3 whole, step 4 a delta again.
-    assert!(
-        moved[0] * 10 < moved[2] && moved[1] * 10 < moved[2],
-        "{moved:?}"
-    );
-    assert!(moved[3] * 10 < moved[2], "{moved:?}");
+    // Every step came as a delta, step 3's over a version at the cap (stored whole here).
+    assert!(moved.iter().all(|(m, file)| m * 10 < *file), "{moved:?}");
     let longest = json(&clone, &["fsck"])["longest_chain"].as_u64().unwrap();
     assert!(longest <= 2, "longest chain {longest}");
+    server.stop();
+}
+
+/// `fetch --depth 1` brings a follower that fell five steps behind the newest commit alone,
+/// as deltas against what it holds: less than the five steps would move, the steps between
+/// cut here (`log` says so), the newest checking out exactly; `--deepen` brings them after.
+#[test]
+fn a_fetch_of_the_newest_commit_alone_skips_the_steps_between() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (repo, server, clone) = served_and_cloned(d);
+    let whole = d.join("whole");
+    let url = format!("{}/repo", server.base);
+    ok_with(READ, &["clone", &url, whole.to_str().unwrap()]);
+    let mut newest = Vec::new();
+    for s in 1..=5u64 {
+        let f = d.join(format!("s{s}.safetensors"));
+        newest = write_safetensors(&f, &step(s), &[]);
+        ok(
+            &repo,
+            &["commit", f.to_str().unwrap(), "-m", &format!("step {s}")],
+        );
+    }
+    let all = fetched_bytes(&whole);
+    let args = [
+        "-C",
+        clone.to_str().unwrap(),
+        "--json",
+        "fetch",
+        "--depth",
+        "1",
+    ];
+    let out: serde_json::Value = serde_json::from_str(&ok_with(READ, &args)).unwrap();
+    let moved = out["bytes"].as_u64().unwrap();
+    assert!(
+        moved * 2 < all,
+        "depth 1 moved {moved}, the five steps {all}"
+    );
+    let rev = "refs/remotes/origin/main";
+    let log = json(&clone, &["log", rev]);
+    let entries = log.as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{log}");
+    assert_eq!(entries[0]["cut"], true);
+    let out = d.join("out");
+    ok(&clone, &["checkout", rev, "-o", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&out).unwrap(), newest);
+    assert_fsck_clean(&clone);
+    let both = [
+        "-C",
+        clone.to_str().unwrap(),
+        "fetch",
+        "--depth",
+        "1",
+        "--deepen",
+        "1",
+    ];
+    let refused = Command::new(mdl_bin()).args(both).output().unwrap();
+    assert!(!refused.status.success());
+    ok_with(
+        READ,
+        &["-C", clone.to_str().unwrap(), "fetch", "--deepen", "4"],
+    );
+    assert_eq!(json(&clone, &["log", rev]).as_array().unwrap().len(), 6);
+    assert_fsck_clean(&clone);
     server.stop();
 }
 

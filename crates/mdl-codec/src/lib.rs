@@ -156,6 +156,10 @@ impl Default for EncodeOptions {
 /// their gain.
 pub const SMALL_TENSOR: u64 = 4096;
 
+/// Float tensors below [`SMALL_TENSOR`] but of this size and more may still be stored or sent as
+/// masked deltas (`float::encode_masked`): a bias with a few elements changed is tens of bytes.
+pub const SMALL_DELTA: u64 = 256;
+
 /// The streaming codecs a commit tries for a tensor that the float codecs do not take (or
 /// cannot shrink), most promising first. [`CodecTag::Raw`] is always the fallback and is not
 /// listed.

@@ -19,7 +19,9 @@ use mdl_bucket::{Location, Publish, Published, Replica};
 use mdl_protocol::body::{GcAnswer, GcRequest};
 
 use crate::error::unsupported;
-use crate::{Access, Backend, Branches, Local, Operation, Operations, Result, Transferred};
+use crate::{
+    Access, Backend, Branches, History, Local, Operation, Operations, Result, Transferred,
+};
 
 /// A repository in object storage.
 #[derive(Clone, Debug)]
@@ -274,10 +276,10 @@ impl Operations for InBucket {
         name: &str,
         branch: Option<&str>,
         pull: bool,
-        deepen: Option<u32>,
+        history: History,
         progress: &dyn Progress,
     ) -> Result<Transferred> {
-        self.run_exactly(|l| l.fetch(name, branch, pull, deepen, progress))
+        self.run_exactly(|l| l.fetch(name, branch, pull, history, progress))
     }
 
     fn wait_remote_branch(

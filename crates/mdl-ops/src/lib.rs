@@ -90,6 +90,22 @@ pub struct Transferred {
     pub outcome: TransferOutcome,
 }
 
+/// How much history a fetch takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum History {
+    /// Every commit behind the fetched ones that this repository lacks (as far as a shallow
+    /// clone's history goes).
+    #[default]
+    All,
+    /// First this many more commits behind each place a shallow clone's history ends
+    /// (`fetch --deepen N`).
+    Deepen(u32),
+    /// At most the newest this many commits of each branch fetched; history behind them is cut
+    /// here as in a shallow clone (`fetch --depth N`: a follower that wants the newest weights,
+    /// not the steps between).
+    Newest(u32),
+}
+
 /// Every operation on a repository, whatever the backend.
 pub trait Operations: Send + Sync {
     /// Which kind of backend this is.
@@ -202,14 +218,14 @@ pub trait Operations: Send + Sync {
     fn set_remote_url(&self, name: &str, url: &str) -> Result<()>;
     /// Keeps (or with `None` forgets) a token for remote `name`.
     fn set_remote_token(&self, name: &str, token: Option<&str>) -> Result<()>;
-    /// Fetches from remote `name` (`pull`: and moves the current branch after); `deepen`
-    /// first brings that many more commits behind where a shallow clone's history ends.
+    /// Fetches from remote `name` (`pull`: and moves the current branch after), taking the
+    /// history `history` says.
     fn fetch(
         &self,
         name: &str,
         branch: Option<&str>,
         pull: bool,
-        deepen: Option<u32>,
+        history: History,
         progress: &dyn Progress,
     ) -> Result<Transferred>;
     /// Waits until branch `branch` of remote `name` no longer points at `from`, at most

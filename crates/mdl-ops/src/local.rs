@@ -13,10 +13,11 @@ use mdl::fsck::{FsckReport, Rebuilt};
 use mdl::log::LogEntry;
 use mdl::merge::{MergeOptions, MergeOutcome};
 use mdl::refs::{BranchMove, RefInfo, ReflogLine};
+use mdl::transfer::Shallow;
 use mdl::{LockMode, ObjectId, OpenOptions, Progress, Repository, StoreError};
 use mdl_protocol::body::{GcAnswer, GcRequest};
 
-use crate::{Access, Backend, Branches, Operations, Result, Transferred};
+use crate::{Access, Backend, Branches, History, Operations, Result, Transferred};
 
 /// A repository in a folder on this machine.
 #[derive(Debug)]
@@ -333,7 +334,7 @@ impl Operations for Local {
         name: &str,
         branch: Option<&str>,
         pull: bool,
-        deepen: Option<u32>,
+        history: History,
         progress: &dyn Progress,
     ) -> Result<Transferred> {
         let repo = self.open(LockMode::Write)?;
@@ -343,11 +344,21 @@ impl Operations for Local {
         } else {
             mdl_remote::fetch
         };
-        let deepened = match deepen {
-            Some(by) => mdl_remote::deepen(&repo, peer.as_ref(), by, progress)?,
-            None => Default::default(),
+        let (deepened, limit) = match history {
+            History::All => (Default::default(), Shallow::WHOLE),
+            History::Deepen(by) => (
+                mdl_remote::deepen(&repo, peer.as_ref(), by, progress)?,
+                Shallow::WHOLE,
+            ),
+            History::Newest(n) => (
+                Default::default(),
+                Shallow {
+                    depth: Some(n),
+                    since: None,
+                },
+            ),
         };
-        let mut outcome = transfer(&repo, name, peer.as_ref(), branch, progress)?;
+        let mut outcome = transfer(&repo, name, peer.as_ref(), branch, &limit, progress)?;
         outcome.objects += deepened.objects;
         outcome.bytes += deepened.bytes;
         Ok(Transferred {

@@ -19,7 +19,7 @@ use mdl_protocol::body::{GcAnswer, GcRequest};
 use mdl_remote::Remote;
 
 use crate::error::unsupported;
-use crate::{Backend, Branches, Error, Operation, Operations, Result, Transferred};
+use crate::{Backend, Branches, Error, History, Operation, Operations, Result, Transferred};
 
 /// A repository on a server.
 pub struct Served {
@@ -307,7 +307,7 @@ impl Operations for Served {
         _name: &str,
         _branch: Option<&str>,
         pull: bool,
-        _deepen: Option<u32>,
+        _history: History,
         _progress: &dyn Progress,
     ) -> Result<Transferred> {
         let op = if pull {

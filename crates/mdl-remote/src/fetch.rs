@@ -31,21 +31,21 @@ pub struct TransferOutcome {
     pub moved: Vec<Moved>,
 }
 
-/// Fetches `branch` (every branch when `None`) and every tag from `remote` into `repo`:
-/// branches land as `refs/remotes/REMOTE_NAME/BRANCH`; tags missing locally are created
-/// (existing local tags are never moved). The refs move in one transaction, once every commit
-/// they name is here and whole; a refused answer moves none.
+/// Fetches `branch` (every branch when `None`) and every tag from `remote` into `repo`, with
+/// as much history as `limit` takes: branches land as `refs/remotes/REMOTE_NAME/BRANCH`; tags
+/// missing locally are created (existing local tags are never moved). The refs move in one
+/// transaction, once every commit they name is here and whole; a refused answer moves none.
 pub fn fetch(
     repo: &Repository,
     remote_name: &str,
     remote: &dyn Peer,
     branch: Option<&str>,
+    limit: &Shallow,
     progress: &dyn Progress,
 ) -> Result<TransferOutcome> {
     let refs = remote.refs()?;
-    let whole = Shallow::WHOLE;
     let (outcome, changes, added) =
-        fetch_refs(repo, remote_name, remote, &refs, branch, &whole, progress)?;
+        fetch_refs(repo, remote_name, remote, &refs, branch, limit, progress)?;
     if let Err(e) = transfer::update_refs(repo, &changes, &format!("fetch {}", remote.url())) {
         // Refs that name what never came: nothing of the fetch stays.
         added.undo(repo);
@@ -330,13 +330,14 @@ pub fn pull(
     remote_name: &str,
     remote: &dyn Peer,
     branch: Option<&str>,
+    limit: &Shallow,
     progress: &dyn Progress,
 ) -> Result<TransferOutcome> {
     let branch = match branch {
         Some(b) => b.to_string(),
         None => current_branch(repo)?,
     };
-    let mut outcome = fetch(repo, remote_name, remote, Some(&branch), progress)?;
+    let mut outcome = fetch(repo, remote_name, remote, Some(&branch), limit, progress)?;
     let tracking = Ref::remote(remote_name, &branch_name(&branch)?).full();
     let theirs = mdl::refs::get(repo, &tracking)?
         .and_then(|v| v.target())

@@ -122,6 +122,12 @@ impl Peer for Remote {
                 }
             }
         }
+        // Deltas over versions at the chain cap: stored whole here.
+        let coded: Vec<ObjectId> = (planned.iter())
+            .filter(|p| p.against.is_some_and(|b| usable.contains(&b)))
+            .map(|p| p.id)
+            .collect();
+        transfer::reanchor(repo, &coded)?;
         Ok(total)
     }
     fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {

@@ -3,26 +3,24 @@
 //! (`docs/FORMAT.md`, "Masked delta payload").
 //!
 //! ```text
-//! u8 1 (MASKED) | varint changed | rANS table | varint mask_len | mask (mask_len bytes)
-//!   | values: the plain float or sub-delta payload of the `changed` elements (absent when 0)
+//! u8 1 (MASKED) | varint changed | coded flag bytes | coded byte plane × width (when changed > 0)
+//! coded: rANS table | varint len | len bytes of rANS-coded symbols
+//!     or u8 0 (no table) | varint len | the len symbols as they are
 //! ```
 //!
 //! The mask is the tensor's flag bytes (bit `k` of byte `j` set ⇔ element `8j + k` differs from
-//! the base), rANS-coded under the one table. A plane-by-plane delta pays for the positions of
-//! its non-zero symbols in every plane, and the Huffman coder's floor of a bit a flag byte: at
-//! 1 % of elements changed that is about 0.3 bit an element, where the mask's information is
-//! 0.08 (RL steps of bf16 weights, `docs/BENCHMARKS.md`). The values are the changed elements
-//! of the new version coded against the same elements of the base, as any delta of the record's
-//! codec (planes XORed per its head, or the difference), so decoding them against zeros gives
-//! each element's *delta word*, which is then applied to the base where the mask says: the base
-//! itself is needed only a window at a time.
+//! the base). A plane-by-plane delta pays for the positions of its non-zero symbols in every
+//! plane, at the Huffman coder's floor of a bit a flag byte: at 1 % of elements changed that is
+//! about 0.3 bit an element, where the mask's information is 0.08 (RL steps of bf16 weights,
+//! `docs/BENCHMARKS.md`). Each changed element's *delta word* — `zigzag(value − base)` for
+//! sub-delta, `value ^ base` for xor-delta (the record's codec says which) — is then cut into
+//! byte planes, each rANS-coded under its own table: a few bytes of table where a Huffman stream
+//! head takes two hundred, which weighs on tensors with a few hundred changes. The words are
+//! applied to the base where the mask says, so a reader needs the base a window at a time.
 
 use mdl_format::{Dtype, FormatError};
 
-use super::payload::decode_whole;
-use super::{analyze, encode, Analysis};
-use crate::engine::Engine;
-use crate::planes::{layout, spec_layout_of, word_mask, PlaneSpec, Transform, SAMPLE};
+use crate::planes::{layout, spec_layout_of, PlaneSpec, Transform, SAMPLE};
 use crate::{rans, varint};
 
 /// First byte of a masked payload (a plain one starts with its plane count, at least 2; a
@@ -49,10 +47,8 @@ pub struct DeltaPayload {
 
 /// Codes `data` against `base` (the same dtype and length) as a masked payload when at most a
 /// quarter of the elements changed (`None` otherwise, or for a dtype the float codecs do not
-/// take apart). The values take the smallest of float-split, xor-delta and sub-delta of the
-/// changed elements.
+/// take apart). The changed elements take sub-delta or xor-delta words, whichever codes smaller.
 pub fn encode_masked(
-    engine: &dyn Engine,
     dtype: Dtype,
     data: &[u8],
     base: &[u8],
@@ -85,35 +81,110 @@ pub fn encode_masked(
     if changed > most {
         return Ok(None);
     }
-    let (mut new, mut old) = (
-        Vec::with_capacity(changed * w),
-        Vec::with_capacity(changed * w),
-    );
+    let bits = 8 * w as u32;
+    let (mut sub, mut xor) = (Vec::with_capacity(changed), Vec::with_capacity(changed));
     for_changed(&flags, n, |i| {
-        new.extend_from_slice(&data[i * w..(i + 1) * w]);
-        old.extend_from_slice(&base[i * w..(i + 1) * w]);
+        let (v, b) = (
+            word(&data[i * w..(i + 1) * w]),
+            word(&base[i * w..(i + 1) * w]),
+        );
+        sub.push(zigzag(v.wrapping_sub(b), bits));
+        xor.push(v ^ b);
     });
     let mut payload = vec![MASKED];
     varint::put(&mut payload, changed as u64);
-    let mut counts = [0u64; 256];
-    flags.iter().for_each(|&f| counts[f as usize] += 1);
-    let table = rans::Table::from_counts(&counts);
-    rans::Table::write(table.as_ref(), &mut payload);
-    let mut mask = Vec::new();
-    if let Some(t) = table {
-        rans::encode(&flags, |r, c| c.resize(r.len(), 0), &[Some(t)], &mut mask);
-    }
-    varint::put(&mut payload, mask.len() as u64);
-    payload.extend_from_slice(&mask);
-    let mut transform = Transform::Sub;
+    code(&flags, &mut payload);
+    let planes = |words: &[u64]| -> Vec<Vec<u8>> {
+        (0..w)
+            .map(|k| words.iter().map(|x| (x >> (8 * k)) as u8).collect())
+            .collect()
+    };
+    let (sub, xor) = (planes(&sub), planes(&xor));
+    let cost = |planes: &[Vec<u8>]| planes.iter().map(|p| coded_bits(p)).sum::<f64>();
+    let (planes, transform) = match cost(&xor) < cost(&sub) {
+        true => (xor, Transform::Planes),
+        false => (sub, Transform::Sub),
+    };
     if changed > 0 {
-        let a: Analysis = analyze(engine, dtype, &new, Some(&old))?;
-        let choice = a.best_delta().unwrap_or(&a.plain);
-        transform = choice.transform;
-        let b = (choice.transform == Transform::Sub || choice.xor_mask != 0).then_some(&old[..]);
-        encode(engine, dtype, &new, b, choice, &mut payload)?;
+        for plane in &planes {
+            code(plane, &mut payload);
+        }
     }
     Ok(Some(DeltaPayload { payload, transform }))
+}
+
+/// The little-endian word of an element of up to 8 bytes.
+fn word(bytes: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    b[..bytes.len()].copy_from_slice(bytes);
+    u64::from_le_bytes(b)
+}
+
+/// `d` (a difference modulo `2^bits`, read as signed) zigzag-mapped: 0, −1, 1, −2 … to 0, 1, 2,
+/// 3 …, within `bits`.
+fn zigzag(d: u64, bits: u32) -> u64 {
+    let signed = ((d << (64 - bits)) as i64) >> (64 - bits);
+    ((signed << 1) ^ (signed >> 63)) as u64 & low_bits(bits)
+}
+
+/// The difference (modulo `2^64`; the caller keeps the word's bits) of a zigzag-mapped `z`.
+fn unzigzag(z: u64) -> u64 {
+    (z >> 1) ^ (z & 1).wrapping_neg()
+}
+
+fn low_bits(bits: u32) -> u64 {
+    u64::MAX >> (64 - bits)
+}
+
+/// About the bits coding `symbols` under a table of their own takes, the table included.
+fn coded_bits(symbols: &[u8]) -> f64 {
+    let mut counts = [0u64; 256];
+    symbols.iter().for_each(|&s| counts[s as usize] += 1);
+    rans::Table::from_counts(&counts).map_or(0.0, |t| {
+        t.cost_bits(&counts) + 24.0 * counts.iter().filter(|&&c| c > 0).count() as f64
+    })
+}
+
+/// Appends `symbols` rANS-coded under a table of their own (`table | varint len | coded`), or
+/// as they are where that is no larger (`0 | varint len | symbols`: a few symbols, which the
+/// coder's states and table would outweigh).
+fn code(symbols: &[u8], out: &mut Vec<u8>) {
+    let mut counts = [0u64; 256];
+    symbols.iter().for_each(|&s| counts[s as usize] += 1);
+    let (mut table, mut coded) = (Vec::new(), Vec::new());
+    if let Some(t) = rans::Table::from_counts(&counts) {
+        rans::Table::write(Some(&t), &mut table);
+        rans::encode(symbols, |r, c| c.resize(r.len(), 0), &[Some(t)], &mut coded);
+    }
+    if table.is_empty() || table.len() + coded.len() > symbols.len() + 1 {
+        out.push(0);
+        varint::put(out, symbols.len() as u64);
+        out.extend_from_slice(symbols);
+    } else {
+        out.extend_from_slice(&table);
+        varint::put(out, coded.len() as u64);
+        out.extend_from_slice(&coded);
+    }
+}
+
+/// Decodes [`code`]'s `out.len()` symbols at `*at`, moving `*at` past them.
+fn decode_coded(payload: &[u8], at: &mut usize, out: &mut [u8]) -> Result<(), FormatError> {
+    let bad = |why: &str| FormatError::invalid("masked delta", why.to_string());
+    let table = rans::Table::read(payload, at)?;
+    let len = varint::read(payload, at).ok_or_else(|| bad("truncated head"))?;
+    let end = usize::try_from(len)
+        .ok()
+        .and_then(|m| at.checked_add(m))
+        .filter(|&e| e <= payload.len())
+        .ok_or_else(|| bad("coded symbols overrun the payload"))?;
+    let bytes = &payload[*at..end];
+    match table {
+        Some(t) => rans::decode(bytes, |r, c| c.resize(r.len(), 0), &[Some(t)], out)?,
+        None if bytes.len() == out.len() => out.copy_from_slice(bytes),
+        None => return Err(bad("stored symbols of the wrong length")),
+    }
+    *at = end;
+    Ok(())
 }
 
 /// Calls `f` with each element index whose flag bit is set, in order.
@@ -134,24 +205,21 @@ fn for_changed(flags: &[u8], n: usize, mut f: impl FnMut(usize)) {
 /// applied to the base a window of elements at a time ([`Self::apply_next`]).
 pub struct MaskedDelta {
     transform: Transform,
-    /// Bits of a word taken as `value ^ base` (float planes; 0 for sub-delta).
-    mask: u64,
     width: usize,
     /// Elements of the tensor.
     n: usize,
     flags: Vec<u8>,
     /// The changed elements' delta words, in element order.
-    words: Vec<u8>,
+    words: Vec<u64>,
     /// The next element a window starts at, and the next word.
     next: usize,
     word: usize,
 }
 
 impl MaskedDelta {
-    /// Decodes the mask and the values of a masked `payload` of a tensor of `content_len`
-    /// bytes whose planes `spec` names (its mask is the payload's).
+    /// Decodes the mask and the delta words of a masked `payload` of a tensor of `content_len`
+    /// bytes whose words `spec` names (sub-delta's differences, or xor-delta's XOR).
     pub fn open(
-        engine: &dyn Engine,
         spec: PlaneSpec,
         content_len: u64,
         payload: &[u8],
@@ -172,24 +240,8 @@ impl MaskedDelta {
             return Err(bad("more elements changed than the tensor has"));
         }
         let changed = changed as usize;
-        let table = rans::Table::read(payload, &mut at)?;
-        let mask_len = varint::read(payload, &mut at).ok_or_else(|| bad("truncated head"))?;
-        let end = usize::try_from(mask_len)
-            .ok()
-            .and_then(|m| at.checked_add(m))
-            .filter(|&e| e <= payload.len())
-            .ok_or_else(|| bad("mask overruns the payload"))?;
         let mut flags = vec![0u8; n.div_ceil(8)];
-        match table {
-            Some(t) => rans::decode(
-                &payload[at..end],
-                |r, c| c.resize(r.len(), 0),
-                &[Some(t)],
-                &mut flags,
-            )?,
-            None if flags.is_empty() && end == at => {}
-            None => return Err(bad("a mask without a table")),
-        }
+        decode_coded(payload, &mut at, &mut flags)?;
         let set: usize = flags.iter().map(|f| f.count_ones() as usize).sum();
         if set != changed {
             return Err(bad("the mask disagrees with the count of changed elements"));
@@ -197,37 +249,21 @@ impl MaskedDelta {
         if n % 8 != 0 && flags.last().is_some_and(|&f| f >> (n % 8) != 0) {
             return Err(bad("mask bits past the last element"));
         }
-        let values = &payload[end..];
-        let mut words = vec![0u8; changed * width];
-        let mut mask = 0;
-        if changed == 0 {
-            if !values.is_empty() {
-                return Err(bad("values where nothing changed"));
-            }
-        } else {
-            // The values' own head says which planes are XORed; decoded against zeros they
-            // are the delta words.
-            let xor_mask = *values.get(1).ok_or_else(|| bad("truncated values"))?;
-            let with_base = spec.transform == Transform::Sub || xor_mask != 0;
-            let zeros = vec![0u8; if with_base { words.len() } else { 0 }];
-            let inner = PlaneSpec { mask: 0, ..spec };
-            decode_whole(
-                engine,
-                inner,
-                values,
-                with_base.then_some(&zeros[..]),
-                &mut words,
-            )?;
-            if spec.transform == Transform::Planes {
-                if l.planes < 8 && xor_mask >> l.planes != 0 {
-                    return Err(bad("XOR planes past the dtype's"));
+        let mut words = vec![0u64; changed];
+        if changed > 0 {
+            let mut plane = vec![0u8; changed];
+            for k in 0..width {
+                decode_coded(payload, &mut at, &mut plane)?;
+                for (w, &b) in words.iter_mut().zip(&plane) {
+                    *w |= (b as u64) << (8 * k);
                 }
-                mask = word_mask(&l, xor_mask);
             }
+        }
+        if at != payload.len() {
+            return Err(bad("bytes after the last plane"));
         }
         Ok(MaskedDelta {
             transform: spec.transform,
-            mask,
             width,
             n,
             flags,
@@ -255,12 +291,16 @@ impl MaskedDelta {
         out.copy_from_slice(base);
         let first = self.next / 8;
         let flags = &self.flags[first..(self.next + count).div_ceil(8)];
-        let (words, transform, mask) = (&self.words, self.transform, self.mask);
+        let (words, transform, keep) = (&self.words, self.transform, low_bits(8 * w as u32));
         let mut k = self.word;
         for_changed(flags, count, |i| {
             let o = &mut out[i * w..(i + 1) * w];
-            let d = &words[k * w..(k + 1) * w];
-            apply(transform, mask, o, d);
+            let b = word(o);
+            let v = match transform {
+                Transform::Sub => b.wrapping_add(unzigzag(words[k])),
+                Transform::Planes => b ^ words[k],
+            } & keep;
+            o.copy_from_slice(&v.to_le_bytes()[..w]);
             k += 1;
         });
         self.word = k;
@@ -270,7 +310,7 @@ impl MaskedDelta {
 
     /// Checks that every window was applied.
     pub fn finish(&self) -> Result<(), FormatError> {
-        if self.next != self.n || self.word * self.width != self.words.len() {
+        if self.next != self.n || self.word != self.words.len() {
             return Err(FormatError::invalid(
                 "masked delta",
                 "tensor not read to its end".to_string(),
@@ -280,32 +320,15 @@ impl MaskedDelta {
     }
 }
 
-/// Applies one delta word `d` to the base element held in `o` (both little-endian words of
-/// `o.len()` bytes): `base + d` for sub-delta, `d ^ (base & mask)` for float planes.
-fn apply(transform: Transform, mask: u64, o: &mut [u8], d: &[u8]) {
-    let mut b = [0u8; 8];
-    let mut v = [0u8; 8];
-    b[..o.len()].copy_from_slice(o);
-    v[..d.len()].copy_from_slice(d);
-    let (b, v) = (u64::from_le_bytes(b), u64::from_le_bytes(v));
-    let r = match transform {
-        Transform::Sub => b.wrapping_add(v),
-        Transform::Planes => v ^ (b & mask),
-    };
-    let n = o.len();
-    o.copy_from_slice(&r.to_le_bytes()[..n]);
-}
-
 /// Decodes a masked payload against the whole `base` into `out`.
 pub(super) fn decode(
-    engine: &dyn Engine,
     spec: PlaneSpec,
     payload: &[u8],
     base: Option<&[u8]>,
     out: &mut [u8],
 ) -> Result<(), FormatError> {
     let base = base.ok_or(FormatError::invalid("masked delta", "no base given"))?;
-    let mut delta = MaskedDelta::open(engine, spec, out.len() as u64, payload)?;
+    let mut delta = MaskedDelta::open(spec, out.len() as u64, payload)?;
     delta.apply_next(base, out)?;
     delta.finish()
 }

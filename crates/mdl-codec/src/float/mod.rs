@@ -56,7 +56,7 @@ fn decode_any(
     out: &mut [u8],
 ) -> Result<(), FormatError> {
     if masked::is_masked(payload) {
-        masked::decode(engine, spec, payload, base, out)
+        masked::decode(spec, payload, base, out)
     } else if framed::is_framed(payload) {
         framed::decode(engine, spec, payload, base, out)
     } else {
@@ -64,18 +64,28 @@ fn decode_any(
     }
 }
 
+/// A masked delta under this fraction of the tensor's bytes is taken without counting the
+/// tensor's planes: no float-split or plane-by-plane delta of it comes close.
+pub const MASKED_AT_ONCE: usize = 8;
+
 /// The smallest delta payload of `data` against `base` (both held whole): plane by plane
 /// ([`analyze`]'s best delta) or masked ([`encode_masked`]), whichever is smaller; `None` when
-/// neither codes smaller than float-split.
+/// neither codes smaller than float-split. A masked delta under [`MASKED_AT_ONCE`] of the
+/// tensor is taken without counting the rest.
 pub fn encode_delta(
     engine: &dyn Engine,
     dtype: Dtype,
     data: &[u8],
     base: &[u8],
 ) -> Result<Option<DeltaPayload>, FormatError> {
+    let masked = encode_masked(dtype, data, base)?;
+    if let Some(m) = masked.as_ref() {
+        if m.payload.len() < data.len() / MASKED_AT_ONCE {
+            return Ok(masked);
+        }
+    }
     let analysis = analyze(engine, dtype, data, Some(base))?;
-    let masked = encode_masked(engine, dtype, data, base)?
-        .filter(|m| (m.payload.len() as u64) < analysis.plain.size);
+    let masked = masked.filter(|m| (m.payload.len() as u64) < analysis.plain.size);
     let planes = analysis.best_delta();
     if let Some(m) = masked.filter(|m| planes.is_none_or(|c| (m.payload.len() as u64) < c.size)) {
         return Ok(Some(m));

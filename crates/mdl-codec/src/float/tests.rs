@@ -439,7 +439,7 @@ fn masked_deltas_round_trip_and_beat_plane_deltas_where_little_changed() {
             (CHUNK * 2 + 5, 1000),
         ] {
             let (data, base) = sparse_step(dtype, n, every, n as u64 + every as u64);
-            let Some(m) = encode_masked(&CpuEngine, dtype, &data, &base).unwrap() else {
+            let Some(m) = encode_masked(dtype, &data, &base).unwrap() else {
                 assert!(
                     n < 8,
                     "{dtype:?} {n}: a quarter at most changed, so a mask is made"
@@ -458,8 +458,7 @@ fn masked_deltas_round_trip_and_beat_plane_deltas_where_little_changed() {
                 Transform::Sub => PlaneSpec::sub(dtype),
                 Transform::Planes => PlaneSpec::planes(dtype, 0),
             };
-            let mut windows =
-                MaskedDelta::open(&CpuEngine, spec, data.len() as u64, &m.payload).unwrap();
+            let mut windows = MaskedDelta::open(spec, data.len() as u64, &m.payload).unwrap();
             let step = 8 * 1000 * dtype.size();
             let mut out = vec![0u8; data.len()];
             for (o, b) in out.chunks_mut(step).zip(base.chunks(step)) {
@@ -483,18 +482,14 @@ fn masked_deltas_round_trip_and_beat_plane_deltas_where_little_changed() {
 #[test]
 fn masked_deltas_are_not_made_where_much_changed() {
     let (data, base) = sparse_step(Dtype::F32, 10_000, 2, 1);
-    assert!(encode_masked(&CpuEngine, Dtype::F32, &data, &base)
-        .unwrap()
-        .is_none());
+    assert!(encode_masked(Dtype::F32, &data, &base).unwrap().is_none());
 }
 
 #[test]
 fn damaged_masked_payloads_are_refused_or_differ_never_panic() {
     let dtype = Dtype::BF16;
     let (data, base) = sparse_step(dtype, 50_000, 100, 9);
-    let m = encode_masked(&CpuEngine, dtype, &data, &base)
-        .unwrap()
-        .unwrap();
+    let m = encode_masked(dtype, &data, &base).unwrap().unwrap();
     let run = |p: &[u8]| {
         let mut out = vec![0u8; data.len()];
         let r = match m.transform {
@@ -522,7 +517,7 @@ fn damaged_masked_payloads_are_refused_or_differ_never_panic() {
         Transform::Sub => PlaneSpec::sub(dtype),
         Transform::Planes => PlaneSpec::planes(dtype, 0),
     };
-    let mut d = MaskedDelta::open(&CpuEngine, spec, data.len() as u64, &m.payload).unwrap();
+    let mut d = MaskedDelta::open(spec, data.len() as u64, &m.payload).unwrap();
     assert!(d.apply_next(&base[..6], &mut out[..6]).is_ok());
     assert!(d.apply_next(&base[6..20], &mut out[6..20]).is_err());
     assert!(d.finish().is_err());

@@ -385,7 +385,8 @@ impl Store {
         id: &ObjectId,
         entry: &IndexEntry,
     ) -> Result<RecordHeader, StoreError> {
-        Ok(self.open_record(id, entry)?.header)
+        // A record re-encoded meanwhile is read where the index now says.
+        self.reread(id, entry, |e| Ok(self.open_record(id, e)?.header))
     }
 
     /// Opens an object's record file and parses its header.
@@ -416,12 +417,25 @@ impl Store {
     /// The bytes of an object's record file, as stored (for sending it to another repository).
     /// The checksum is verified; the content is verified by the receiver.
     pub fn read_record(&self, id: &ObjectId, entry: &IndexEntry) -> Result<Vec<u8>, StoreError> {
-        let (mut file, path) = self.open_record_file(id, entry)?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)
-            .map_err(StoreError::io("read", &path))?;
-        record::decode(&bytes).map_err(corrupt(id, entry))?;
-        Ok(bytes)
+        Ok(self.read_current_record(id, entry)?.0)
+    }
+
+    /// [`Self::read_record`] of the record the index names now, with its entry: `entry`'s, or,
+    /// where a re-encode (a deferred reverse delta, gc) replaced that record meanwhile, the
+    /// new one's. A sender takes the codec and base it describes from that entry.
+    pub fn read_current_record(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+    ) -> Result<(Vec<u8>, IndexEntry), StoreError> {
+        self.reread(id, entry, |e| {
+            let (mut file, path) = self.open_record_file(id, e)?;
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes)
+                .map_err(StoreError::io("read", &path))?;
+            record::decode(&bytes).map_err(corrupt(id, e))?;
+            Ok((bytes, *e))
+        })
     }
 
     /// Decodes a whole object into memory (manifests, commits, tensors for diffs).

@@ -280,8 +280,7 @@ impl Store {
             read(0, &mut payload).map_err(bad)?;
             let mut crc = crc32fast::Hasher::new();
             crc.update(&payload);
-            let delta =
-                MaskedDelta::open(self.engine(), spec, entry.content_len, &payload).map_err(bad)?;
+            let delta = MaskedDelta::open(spec, entry.content_len, &payload).map_err(bad)?;
             return Ok(Level::Masked(MaskedLevel {
                 common,
                 delta,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use mdl_codec::engine::Kept;
 use mdl_codec::float;
 use mdl_codec::huffman::CHUNK_LOG2;
-use mdl_codec::{CodecTag, SMALL_TENSOR};
+use mdl_codec::{CodecTag, SMALL_DELTA};
 use mdl_format::{Entry, ObjectId, Region};
 use mdl_store::meta::MetaRead;
 use mdl_store::{IndexEntry, ObjectBatch, Store};
@@ -351,7 +351,7 @@ fn pair_of<'m>(
             Ok(CodecTag::FloatSplit | CodecTag::MantissaTrim | CodecTag::Raw | CodecTag::Zstd)
         )
     };
-    if new_entry.content_len < SMALL_TENSOR
+    if new_entry.content_len < SMALL_DELTA
         || !exact(&new_entry)
         || new_entry.base.is_some()
         || !exact(&prev_entry)

@@ -54,9 +54,9 @@ pub fn derive_against(
             let Some(p) = previous.get(&manifest.files[f].path, &e.name) else {
                 continue;
             };
-            // Float tensors a delta may be made of (as a commit makes them).
+            // Float tensors a delta may be made of (as a commit's reverse deltas are made).
             let worth = float::supports(e.header.dtype)
-                && e.header.data_len().unwrap_or(0) >= mdl_codec::SMALL_TENSOR;
+                && e.header.data_len().unwrap_or(0) >= mdl_codec::SMALL_DELTA;
             if worth && p.id != e.id && p.header == e.header {
                 pairs.entry(e.id).or_insert(p.id);
             }
@@ -291,13 +291,12 @@ fn make(
     )
 }
 
-/// Those of `ids` that this repository holds as tensors decoding to what their ids name, in
-/// chains shallower than its `delta.max_depth`: the versions a fetch may take deltas against
-/// (one retention coarsened here, or expired, is not; a delta over one at the cap would pass
-/// it, so that tensor comes whole and a chain starts again, as a commit's would).
+/// Those of `ids` that this repository holds as tensors decoding to what their ids name: the
+/// versions a fetch may take deltas against (one retention coarsened here, or expired, is not).
+/// One at the chain cap (`delta.max_depth`) is usable too: the delta still travels, and
+/// [`reanchor`] stores what it rebuilds whole here, as a commit starts a chain again.
 pub fn usable_bases(repo: &Repository, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
     let store = repo.store();
-    let cap = crate::policy::DeltaPolicy::from_store(store)?.max_depth;
     let meta = store.meta().read()?;
     let mut out = Vec::new();
     for id in ids {
@@ -305,11 +304,32 @@ pub fn usable_bases(repo: &Repository, ids: &[ObjectId]) -> Result<Vec<ObjectId>
             continue;
         };
         if entry.kind == ObjectKind::Tensor
-            && entry.depth < cap
             && crate::coarsen::coarsening(store, id, &entry)?.is_none()
         {
             out.push(*id);
         }
     }
     Ok(out)
+}
+
+/// Stores whole those of `ids` (tensors a fetch just received as deltas) whose chains now pass
+/// this repository's `delta.max_depth`: the wire carried the small delta, and the chain starts
+/// again here. Returns how many were re-encoded.
+pub fn reanchor(repo: &Repository, ids: &[ObjectId]) -> Result<u64> {
+    let store = repo.store();
+    let cap = crate::policy::DeltaPolicy::from_store(store)?.max_depth;
+    let deep: Vec<ObjectId> = {
+        let meta = store.meta().read()?;
+        let mut deep = Vec::new();
+        for id in ids {
+            if meta.object(id)?.is_some_and(|e| e.depth > cap) {
+                deep.push(*id);
+            }
+        }
+        deep
+    };
+    if deep.is_empty() {
+        return Ok(0);
+    }
+    Ok(crate::rewrite::reencode_group(repo, &deep)?.0)
 }

@@ -32,7 +32,7 @@ mod single;
 mod toc;
 pub use added::Added;
 pub use derived::{
-    derive_against, derived_record, is_kept, records_made, usable_bases, MAX_DERIVED,
+    derive_against, derived_record, is_kept, reanchor, records_made, usable_bases, MAX_DERIVED,
 };
 pub use pack::{write_pack, write_pack_against, PackWriter};
 pub use receive::{receive_expected, receive_indexed, receive_pack, Expect, Receipt};

@@ -58,10 +58,14 @@ pub(super) fn write_frames(
 /// earlier mdl wrote compressed beyond what a record may claim to expand to
 /// ([`record::check_content_len`]) goes raw instead: its id names its content, not its bytes,
 /// so the history that holds it still travels.
-fn sendable_record(repo: &Repository, id: &ObjectId, entry: &IndexEntry) -> Result<(Vec<u8>, u8)> {
-    let stored = repo.store().read_record(id, entry)?;
+fn sendable_record(
+    repo: &Repository,
+    id: &ObjectId,
+    entry: &IndexEntry,
+) -> Result<(Vec<u8>, IndexEntry)> {
+    let (stored, entry) = repo.store().read_current_record(id, entry)?;
     if entry.kind == ObjectKind::Tensor {
-        return Ok((stored, entry.codec));
+        return Ok((stored, entry));
     }
     // `read_record` verified the record; only its header's length is needed here.
     let (header, hlen) = RecordHeader::decode(&stored).map_err(|source| StoreError::Corrupt {
@@ -71,14 +75,16 @@ fn sendable_record(repo: &Repository, id: &ObjectId, entry: &IndexEntry) -> Resu
     })?;
     let payload_len = (stored.len() - hlen - record::TRAILER_LEN) as u64;
     if record::check_content_len(&header, payload_len, entry.content_len).is_ok() {
-        return Ok((stored, entry.codec));
+        return Ok((stored, entry));
     }
     let content = repo.store().read_object_vec(id)?;
     let raw = RecordHeader::new(entry.kind, CodecTag::Raw as u8, None, Vec::new());
-    Ok((
-        record::encode(&raw, &content, content.len() as u64),
-        CodecTag::Raw as u8,
-    ))
+    let entry = IndexEntry {
+        codec: CodecTag::Raw as u8,
+        base: None,
+        ..entry
+    };
+    Ok((record::encode(&raw, &content, content.len() as u64), entry))
 }
 
 /// A pack stream being written: the frames of a list of objects ([`Self::objects`]), then its
@@ -114,9 +120,12 @@ impl<'w> PackWriter<'w> {
         entry: &IndexEntry,
         derived: Option<Derived>,
     ) -> Result<()> {
-        let ((record, codec), base) = match derived {
-            Some(d) => ((d.record, d.codec), Some(d.base)),
-            None => (sendable_record(repo, id, entry)?, entry.base),
+        let (record, codec, base) = match derived {
+            Some(d) => (d.record, d.codec, Some(d.base)),
+            None => {
+                let (record, current) = sendable_record(repo, id, entry)?;
+                (record, current.codec, current.base)
+            }
         };
         let info = FrameRecord {
             kind: entry.kind,

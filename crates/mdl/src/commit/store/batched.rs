@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use mdl_codec::engine::Kept;
-use mdl_codec::float;
+use mdl_codec::{float, SMALL_TENSOR};
 use mdl_format::{Exactness, ObjectId};
 
 use super::{floats_pay, is_delta_candidate, StoreCtx, Stored, STREAMED_TENSOR};
@@ -84,7 +84,7 @@ impl StoreCtx<'_> {
     fn made_together(&self, i: usize) -> bool {
         let info = &self.input.pieces[i];
         is_delta_candidate(info)
-            && info.len < STREAMED_TENSOR
+            && (SMALL_TENSOR..STREAMED_TENSOR).contains(&info.len)
             && self.plan(i).is_none()
             && self.trim_bits.is_none()
             && self.policy.mode != DeltaMode::Forward

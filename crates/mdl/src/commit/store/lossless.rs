@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use mdl_codec::engine::Kept;
-use mdl_codec::{float, CodecTag};
+use mdl_codec::{float, CodecTag, SMALL_TENSOR};
 use mdl_format::ObjectId;
 use mdl_store::{IndexEntry, Placement};
 
@@ -15,10 +15,6 @@ use super::{delta_codec, floats_pay, is_delta_candidate, previous_content, Store
 use crate::policy::DeltaMode;
 use crate::rewrite::Rewrite;
 use crate::{Error, Result};
-
-/// A forward masked delta under this fraction of the tensor's bytes is taken without counting
-/// the tensor's planes: no float-split or plane-by-plane delta of it comes close.
-const MASKED_AT_ONCE: u64 = 8;
 
 /// What a self-contained record of new content is made from.
 struct Whole<'w> {
@@ -94,13 +90,13 @@ impl StoreCtx<'_> {
         // from one comparing pass; when that is clearly small, nothing else is counted.
         let masked = match (self.policy.mode, &data, &base_content) {
             (DeltaMode::Forward, Content::Memory(d), Some(Content::Memory(b))) => {
-                float::encode_masked(self.coder.engine, info.header.dtype, d, b)
+                float::encode_masked(info.header.dtype, d, b)
                     .map_err(|source| Error::Encode { id, source })?
             }
             _ => None,
         };
         if let (Some(m), Some((base_id, entry))) = (&masked, &base) {
-            if (m.payload.len() as u64) < data.len() as u64 / MASKED_AT_ONCE {
+            if m.payload.len() < data.len() / float::MASKED_AT_ONCE {
                 return self.write_masked(id, i, m, base_id, entry);
             }
         }
@@ -247,7 +243,7 @@ impl StoreCtx<'_> {
     /// The best self-contained record: float-split unless it would not beat raw, or raw and
     /// zstd where the float codecs barely help (`!floats_pay`).
     fn write_whole(&self, w: &Whole<'_>, floats_pay: bool) -> Result<IndexEntry> {
-        if !floats_pay || w.analysis.plain.size >= w.len {
+        if !floats_pay || w.analysis.plain.size >= w.len || w.len < SMALL_TENSOR {
             return self.streamed(w.id, w.i, w.data);
         }
         let header = &self.input.pieces[w.i].header;

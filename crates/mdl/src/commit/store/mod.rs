@@ -13,7 +13,7 @@ use mdl_codec::engine::{FloatView, Kept};
 use mdl_codec::qrecord::QuantTensor;
 use mdl_codec::quant::Correction;
 use mdl_codec::scalar::lossy_supported;
-use mdl_codec::{float, residual, trim, CodecTag, EncodeOptions, SMALL_TENSOR};
+use mdl_codec::{float, residual, trim, CodecTag, EncodeOptions, SMALL_DELTA};
 use mdl_format::{Exactness, Lossy, ObjectId};
 use mdl_store::meta::MetaRead;
 use mdl_store::{IndexEntry, Placement, Store};
@@ -619,8 +619,9 @@ fn chain_height(meta: &MetaRead, base: &ObjectId) -> Result<(u32, u64)> {
     Ok((longest, load))
 }
 
-/// Whether a piece can be stored as a delta, or have one stored against it: a float tensor
-/// large enough for the float codecs.
+/// Whether a piece can be stored as a delta, or have one stored against it: a float tensor of
+/// [`SMALL_DELTA`] bytes or more (one below `SMALL_TENSOR` is stored whole raw or zstd, as the
+/// float codecs' tables outweigh their gain, but a masked delta of it may pay).
 pub(super) fn is_delta_candidate(info: &Piece) -> bool {
-    info.tensor && float::supports(info.header.dtype) && info.len >= SMALL_TENSOR
+    info.tensor && float::supports(info.header.dtype) && info.len >= SMALL_DELTA
 }

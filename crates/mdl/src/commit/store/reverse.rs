@@ -55,6 +55,25 @@ impl Coder<'_> {
             base: Some(r.new),
             depth: r.new_depth + 1,
         };
+        // Held in memory, where few elements changed, a masked delta (one mask for all planes)
+        // may code smaller than any plane by plane; clearly small, nothing else is counted.
+        let masked = match (r.prev_data, r.data) {
+            (Content::Memory(prev), Content::Memory(new)) => {
+                float::encode_masked(dtype, prev, new).map_err(encoder)?
+            }
+            _ => None,
+        };
+        let write_masked = |m: &float::DeltaPayload| -> Result<Option<IndexEntry>> {
+            let codec = CodecTag::delta(m.transform);
+            let put = (self.batch).put_payload(&r.prev, header, codec, placement, &[&m.payload])?;
+            Ok(Some(put.entry))
+        };
+        if let Some(m) = &masked {
+            let size = m.payload.len();
+            if size < r.prev_data.len() / float::MASKED_AT_ONCE && pays(size as u64, r) {
+                return write_masked(m);
+            }
+        }
         // Held in memory, the tensor is one window, split once for its counts and its codes
         // (on the host: a device counts and codes where it holds them); read a window at a
         // time, one pass counts and another encodes.
@@ -83,23 +102,11 @@ impl Coder<'_> {
             return Ok(None);
         };
         let choice = counted.choice().filter(|c| pays(c.size, r));
-        // Held in memory, where few elements changed, a masked delta (one mask for all planes)
-        // may code smaller than any plane by plane.
-        let masked = match (r.prev_data, r.data) {
-            (Content::Memory(prev), Content::Memory(new)) => {
-                float::encode_masked(self.engine, dtype, prev, new).map_err(encoder)?
-            }
-            _ => None,
-        };
         if let Some(m) = masked.filter(|m| {
             let size = m.payload.len() as u64;
             pays(size, r) && choice.as_ref().is_none_or(|c| size < c.size)
         }) {
-            let codec = CodecTag::delta(m.transform);
-            let put = self
-                .batch
-                .put_payload(&r.prev, header, codec, placement, &[&m.payload])?;
-            return Ok(Some(put.entry));
+            return write_masked(&m);
         }
         let Some(choice) = choice else {
             return Ok(None);
