@@ -14,7 +14,8 @@ bf16 weights that changed and the bytes that carry the change:
 - (b) TRL-style patches: an int32 index and a bf16 value per changed element;
 - (c) `zstd -3` of A XOR B;
 - mdl: what `mdl fetch` moves (`--json fetch`'s "bytes") into a clone holding A, from a
-  server (`mdl serve`) whose repository commits every step.
+  server (`mdl serve`) whose repository commits every step (five steps apart: `fetch --depth
+  1`, the newest step alone, as a follower takes it).
 
 And per step: `mdl commit`'s wall time into a repository holding the steps before (with
 `MDL_NO_BACKGROUND=1`, then `mdl maintenance`), against a commit of the same file into an
@@ -187,7 +188,8 @@ def main():
                              xor=zstd_len((a ^ b).tobytes()), mdl=moved, commit=commit_s,
                              full=full_s, stored=stored))
             if k % args.gap == 0:
-                moved = json.loads(run([mdl, "-C", every, "--json", "fetch"]))["bytes"]
+                # A follower that wants the newest step, not the steps between.
+                moved = json.loads(run([mdl, "-C", every, "--json", "fetch", "--depth", "1"]))["bytes"]
                 a = raws[k - args.gap]
                 changed = int(np.count_nonzero(a != b))
                 gap_rows.append(dict(step=k, frac=changed / a.size, patch=6 * changed,

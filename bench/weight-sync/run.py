@@ -13,7 +13,10 @@ machine's), and at the end the watcher's in-place apply alone (`load_state(..., 
 the last step again: decode of the changed tensors and copy into the model), as GB/s of model
 per core used.
 
-    target/wheel-venv/bin/python bench/weight-sync/run.py [--size-mb 1024] [--steps 5] [--changed 0.01] [--watchers 1]
+    target/wheel-venv/bin/python bench/weight-sync/run.py [--size-mb 1024] [--steps 5] [--changed 0.01] [--watchers 1] [--mode reverse|forward]
+
+Each step is also committed whole into an empty repository in the same round (a full commit),
+for the ratio issue 72's target 3 names (a step's commit ≤ 0.3× a full commit).
 
 With `--watchers N`, N watchers (each its own clone and process) follow the same server, as
 rollout engines follow one trainer; each row gives the first and the last to hold the step
@@ -95,6 +98,8 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--changed", type=float, default=0.01)
     ap.add_argument("--watchers", type=int, default=1)
+    ap.add_argument("--mode", default="reverse", choices=["reverse", "forward"],
+                    help="the trainer repository's delta.mode")
     ap.add_argument("--mdl", default=shutil.which("mdl"))
     ap.add_argument("--watch", nargs=2, metavar=("CLONE", "STEPS"))
     a = ap.parse_args()
@@ -104,6 +109,7 @@ def main():
     try:
         trainer_dir = os.path.join(work, "trainer")
         repo = mdl.init(trainer_dir)
+        subprocess.run([a.mdl, "-C", trainer_dir, "config", "delta.mode", a.mode], check=True)
         model = weights(a.size_mb)
         size = sum(p.numel() * 2 for p in model.values())
         repo.commit_state(model, step=0).wait()
@@ -137,20 +143,31 @@ def main():
             seen = [json.loads(w.stdout.readline()) for w in watchers]
             assert all(x["step"] == s for x in seen), seen
             lat = sorted(x["at"] - returned for x in seen)
-            rows.append((s, commit_s, lat[0], lat[-1], seen[0]["changed"]))
+            # The same state committed whole into an empty repository: a full commit.
+            empty = os.path.join(work, "empty")
+            shutil.rmtree(empty, ignore_errors=True)
+            fresh = mdl.init(empty)
+            t = time.perf_counter()
+            fresh.commit_state(model, step=s).wait()
+            full_s = time.perf_counter() - t
+            del fresh
+            rows.append((s, commit_s, lat[0], lat[-1], seen[0]["changed"], full_s))
         applied = [json.loads(w.stdout.readline()) for w in watchers][0]
         for w in watchers:
             w.wait()
         server.terminate()
         server.wait()
         print(f"# weight sync over loopback: {size / 1e9:.2f} GB bf16 model, {a.changed:.1%} of "
-              f"elements changed a step, {a.watchers} watcher(s), {os.cpu_count()} cores")
+              f"elements changed a step, {a.watchers} watcher(s), {os.cpu_count()} cores, "
+              f"delta.mode {a.mode}")
         print()
-        print("| step | tensors changed | commit_state | commit returned → first watcher updated | → last |")
-        print("| ---: | ---: | ---: | ---: | ---: |")
-        for s, c, first, last, ch in rows:
-            print(f"| {s} | {ch} | {c:.2f} s | {first:.2f} s | {last:.2f} s |")
+        print("| step | tensors changed | commit_state | full commit | step / full | commit returned → first watcher updated | → last |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for s, c, first, last, ch, full in rows:
+            print(f"| {s} | {ch} | {c:.2f} s | {full:.2f} s | {c / full:.2f} | {first:.2f} s | {last:.2f} s |")
         print()
+        ratio = statistics.median(r[1] / r[5] for r in rows)
+        print(f"median commit of a step / full commit: {ratio:.2f}")
         lats = [r[2] for r in rows]
         print(f"median latency {statistics.median(lats):.2f} s; in-place apply of one step: "
               f"{applied['apply_s']:.2f} s wall, {applied['apply_cpu_s']:.2f} s CPU, "
