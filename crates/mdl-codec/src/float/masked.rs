@@ -67,13 +67,24 @@ pub fn encode_masked(
     let mut flags = vec![0u8; n.div_ceil(8)];
     let mut changed = 0usize;
     let most = (MAX_CHANGED * n as f64) as usize;
-    for (i, (d, b)) in data.chunks_exact(w).zip(base.chunks_exact(w)).enumerate() {
-        if d != b {
-            flags[i / 8] |= 1 << (i % 8);
-            changed += 1;
+    // Eight elements (a flag byte) at a time, compared as `w` words of 8 bytes: where few
+    // changed, most blocks are equal and cost two loads a word.
+    let block = 8 * w;
+    let blocks = data.chunks(block).zip(base.chunks(block));
+    for (j, ((d, b), flag)) in blocks.zip(flags.iter_mut()).enumerate() {
+        let whole = d.len() == block;
+        let equal = whole
+            && (d.chunks_exact(8).zip(b.chunks_exact(8))).all(|(x, y)| word(x) == word(y));
+        if !equal {
+            for (e, (x, y)) in d.chunks_exact(w).zip(b.chunks_exact(w)).enumerate() {
+                if word(x) != word(y) {
+                    *flag |= 1 << e;
+                }
+            }
+            changed += flag.count_ones() as usize;
         }
         // Most elements changed (the usual case for a trained tensor in f32): stop early.
-        let seen = i + 1;
+        let seen = (j + 1) * 8;
         if seen % SAMPLE == 0 && changed > most.max(seen / 2) {
             return Ok(None);
         }

@@ -557,11 +557,22 @@ impl<'s> BaseWindows<'s> {
         }
     }
 
-    /// The base's next `len` bytes (`None` without a base).
+    /// The base's next `len` bytes (`None` without a base): where it, too, is held decoded,
+    /// those bytes themselves, not a copy.
     fn next(&mut self, len: usize) -> Result<Option<&[u8]>, StoreError> {
         let Some(level) = &mut self.level else {
             return Ok(None);
         };
+        if matches!(**level, Level::Memory { .. }) {
+            let Level::Memory { data, at } = &mut **level else {
+                unreachable!("matched above")
+            };
+            let window = data.get(*at..*at + len).ok_or_else(|| {
+                StoreError::Output(io::Error::other("base window past the tensor's end"))
+            })?;
+            *at += len;
+            return Ok(Some(window));
+        }
         if self.buf.0.len() < len {
             // A pooled buffer grows to the window exactly, not to twice its old capacity.
             self.buf.0.reserve_exact(len - self.buf.0.len());
