@@ -14,7 +14,7 @@ use mdl::policy::{DeltaMode, DeltaPolicy};
 use mdl::{NoProgress, Repository};
 
 mod common;
-use common::{adam_step, write_safetensors, Rng};
+use common::{adam_step, checks_out_exactly, write_safetensors, Rng};
 
 /// A model's state during training: weights of several dtypes, Adam-like moments.
 struct Training {
@@ -152,28 +152,6 @@ fn series(dir: &Path, len: usize, policy: DeltaPolicy) -> Series {
     (repo, out)
 }
 
-fn check_all(repo: &Repository, commits: &[(PathBuf, mdl::ObjectId)], dir: &Path) {
-    for (i, (path, id)) in commits.iter().enumerate() {
-        let out = dir.join(format!("out{i}.safetensors"));
-        checkout(
-            repo,
-            &id.to_hex(),
-            &out,
-            &CheckoutOptions::default(),
-            &NoProgress,
-        )
-        .unwrap();
-        assert!(
-            std::fs::read(&out).unwrap() == std::fs::read(path).unwrap(),
-            "commit {i} differs"
-        );
-        std::fs::remove_file(&out).unwrap();
-    }
-    let report = mdl::fsck::fsck(repo, false).unwrap();
-    assert!(report.ok(), "{:?}", report.problems);
-    assert_eq!(report.unindexed_records, 0, "old generations are removed");
-}
-
 fn codecs(repo: &Repository, id: &mdl::ObjectId) -> Vec<(String, String, u32)> {
     mdl::show::show(repo, &id.to_hex())
         .unwrap()
@@ -194,7 +172,7 @@ fn every_mode_round_trips_and_respects_the_depth_cap() {
             defer: false,
         };
         let (repo, commits) = series(dir.path(), 6, policy);
-        check_all(&repo, &commits, dir.path());
+        checks_out_exactly(&repo, &commits, dir.path());
         let mut saw_delta = false;
         for (i, (_, id)) in commits.iter().enumerate() {
             for (name, codec, depth) in codecs(&repo, id) {
@@ -343,7 +321,7 @@ fn big_tensors_round_trip_through_reverse_deltas() {
             *x += (rng.normal() * 1e-5) as f32;
         }
     }
-    check_all(&repo, &files, dir.path());
+    checks_out_exactly(&repo, &files, dir.path());
     let older = codecs(&repo, &files[0].1);
     assert!(older[0].1.ends_with("-delta"), "{older:?}");
 }
@@ -424,7 +402,7 @@ fn deferred_reverse_deltas_end_where_eager_ones_do() {
         let paired: Vec<_> = files.iter().cloned().zip(commits.iter().copied()).collect();
         let out = dir.path().join(format!("out{k}"));
         std::fs::create_dir(&out).unwrap();
-        check_all(&repo, &paired, &out);
+        checks_out_exactly(&repo, &paired, &out);
         assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
         results.push(tensor_records(&repo, &commits));
     }
@@ -496,7 +474,7 @@ fn deferred_work_stopped_anywhere_resumes_to_the_same_end() {
         }
     }
     assert!(runs > 3, "the work was stopped part-way at least once");
-    check_all(&repo, &commits, dir.path());
+    checks_out_exactly(&repo, &commits, dir.path());
     same_records(&eager, &eager_commits, &repo, &commits);
     let again = mdl::commit::run_deferred(&repo, None, &|| false).unwrap();
     assert_eq!(again, mdl::commit::DeferredReport::default());
@@ -548,7 +526,7 @@ fn large_tensors_are_judged_on_their_first_elements() {
         let paired: Vec<_> = files.iter().cloned().zip(commits.iter().copied()).collect();
         let out = dir.path().join(format!("out{k}"));
         std::fs::create_dir(&out).unwrap();
-        check_all(&repo, &paired, &out);
+        checks_out_exactly(&repo, &paired, &out);
         let oldest = codecs(&repo, &commits[0]);
         let codec = |name: &str| oldest.iter().find(|c| c.0 == name).unwrap().1.clone();
         assert!(codec("w").ends_with("-delta"), "{oldest:?}");
@@ -582,6 +560,6 @@ fn deferred_work_done_a_tensor_at_a_time_finishes() {
     }
     assert!(rewritten > 1, "the re-encodes were published one at a time");
     assert!(mdl::fsck::fsck(&repo, false).unwrap().ok());
-    check_all(&repo, &commits, dir.path());
+    checks_out_exactly(&repo, &commits, dir.path());
     same_records(&eager, &eager_commits, &repo, &commits);
 }

@@ -16,7 +16,7 @@ use mdl::{NoProgress, ObjectId, Repository};
 use mdl_format::record::RecordHeader;
 
 mod common;
-use common::{write_safetensors, Rng};
+use common::{checks_out_exactly, write_safetensors, Rng};
 
 /// Elements of the bf16 tensor: more than one read window (2 Mi elements).
 const N: usize = (5 << 20) / 2;
@@ -114,27 +114,6 @@ fn is_masked(record: &[u8]) -> bool {
     [3, 7].contains(&header.codec) && record[len] == 1
 }
 
-fn checks_out(repo: &Repository, commits: &[(PathBuf, ObjectId)], dir: &Path) {
-    for (i, (path, id)) in commits.iter().enumerate() {
-        let out = dir.join(format!("out{i}.safetensors"));
-        checkout(
-            repo,
-            &id.to_hex(),
-            &out,
-            &CheckoutOptions::default(),
-            &NoProgress,
-        )
-        .unwrap();
-        assert!(
-            std::fs::read(&out).unwrap() == std::fs::read(path).unwrap(),
-            "commit {i} differs"
-        );
-        std::fs::remove_file(&out).unwrap();
-    }
-    let report = mdl::fsck::fsck(repo, false).unwrap();
-    assert!(report.ok(), "{:?}", report.problems);
-}
-
 /// TRL's index+value patches of a step: an int32 index and a bf16 value a changed element.
 fn patches(changed: usize) -> u64 {
     changed as u64 * 6
@@ -164,7 +143,7 @@ fn reverse_deltas_of_rl_steps_are_masked_and_read_back_exactly() {
             patches(changed)
         );
     }
-    checks_out(&repo, &commits, dir.path());
+    checks_out_exactly(&repo, &commits, dir.path());
 }
 
 #[test]
@@ -188,7 +167,7 @@ fn forward_deltas_of_rl_steps_are_masked_along_a_capped_chain() {
     }
     // Six versions under a cap of 3: an anchor, three deltas, an anchor, a delta.
     assert_eq!(masked, 4);
-    checks_out(&repo, &commits, dir.path());
+    checks_out_exactly(&repo, &commits, dir.path());
 }
 
 #[test]
@@ -231,7 +210,7 @@ fn a_fetch_of_an_rl_step_moves_a_masked_delta() {
     let mut coded = Vec::new();
     transfer::write_pack_against(&src, &send, &against, &mut coded).unwrap();
     transfer::receive_pack(&dst, &mut &coded[..], u64::MAX).unwrap();
-    checks_out(&dst, &commits, dir.path());
+    checks_out_exactly(&dst, &commits, dir.path());
 }
 
 #[test]
@@ -269,5 +248,5 @@ fn a_damaged_masked_record_is_refused_and_nothing_is_written() {
         }
     }
     std::fs::write(&path, &good).unwrap();
-    checks_out(&repo, &commits, dir.path());
+    checks_out_exactly(&repo, &commits, dir.path());
 }

@@ -73,8 +73,8 @@ pub fn encode_masked(
     let blocks = data.chunks(block).zip(base.chunks(block));
     for (j, ((d, b), flag)) in blocks.zip(flags.iter_mut()).enumerate() {
         let whole = d.len() == block;
-        let equal = whole
-            && (d.chunks_exact(8).zip(b.chunks_exact(8))).all(|(x, y)| word(x) == word(y));
+        let equal =
+            whole && (d.chunks_exact(8).zip(b.chunks_exact(8))).all(|(x, y)| word(x) == word(y));
         if !equal {
             for (e, (x, y)) in d.chunks_exact(w).zip(b.chunks_exact(w)).enumerate() {
                 if word(x) != word(y) {

@@ -103,6 +103,36 @@ pub(crate) fn adam_step(
     }
 }
 
+/// Checks out every `(file, commit)` into `dir` and compares it with the file byte for byte,
+/// then checks that fsck finds nothing wrong and no old record generation is left.
+#[allow(dead_code)]
+pub(crate) fn checks_out_exactly(
+    repo: &Repository,
+    commits: &[(std::path::PathBuf, mdl::ObjectId)],
+    dir: &Path,
+) {
+    use mdl::checkout::{checkout, CheckoutOptions};
+    for (i, (path, id)) in commits.iter().enumerate() {
+        let out = dir.join(format!("out{i}.safetensors"));
+        checkout(
+            repo,
+            &id.to_hex(),
+            &out,
+            &CheckoutOptions::default(),
+            &mdl::NoProgress,
+        )
+        .unwrap();
+        assert!(
+            std::fs::read(&out).unwrap() == std::fs::read(path).unwrap(),
+            "commit {i} differs"
+        );
+        std::fs::remove_file(&out).unwrap();
+    }
+    let report = mdl::fsck::fsck(repo, false).unwrap();
+    assert!(report.ok(), "{:?}", report.problems);
+    assert_eq!(report.unindexed_records, 0, "old generations are removed");
+}
+
 /// A tensor of a commit as stored: its object id, codec and stored size.
 #[allow(dead_code)]
 pub(crate) type Record = (String, String, u64);
