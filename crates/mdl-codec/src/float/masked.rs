@@ -220,8 +220,8 @@ pub struct MaskedDelta {
     /// Elements of the tensor.
     n: usize,
     flags: Vec<u8>,
-    /// The changed elements' delta words, in element order.
-    words: Vec<u64>,
+    /// The changed elements' delta words, in element order (little-endian, `width` bytes each).
+    words: Vec<u8>,
     /// The next element a window starts at, and the next word.
     next: usize,
     word: usize,
@@ -260,13 +260,13 @@ impl MaskedDelta {
         if n % 8 != 0 && flags.last().is_some_and(|&f| f >> (n % 8) != 0) {
             return Err(bad("mask bits past the last element"));
         }
-        let mut words = vec![0u64; changed];
+        let mut words = vec![0u8; changed * width];
         if changed > 0 {
             let mut plane = vec![0u8; changed];
             for k in 0..width {
                 decode_coded(payload, &mut at, &mut plane)?;
-                for (w, &b) in words.iter_mut().zip(&plane) {
-                    *w |= (b as u64) << (8 * k);
+                for (w, &b) in words.chunks_exact_mut(width).zip(&plane) {
+                    w[k] = b;
                 }
             }
         }
@@ -308,8 +308,8 @@ impl MaskedDelta {
             let o = &mut out[i * w..(i + 1) * w];
             let b = word(o);
             let v = match transform {
-                Transform::Sub => b.wrapping_add(unzigzag(words[k])),
-                Transform::Planes => b ^ words[k],
+                Transform::Sub => b.wrapping_add(unzigzag(word(&words[k * w..(k + 1) * w]))),
+                Transform::Planes => b ^ word(&words[k * w..(k + 1) * w]),
             } & keep;
             o.copy_from_slice(&v.to_le_bytes()[..w]);
             k += 1;
@@ -321,7 +321,7 @@ impl MaskedDelta {
 
     /// Checks that every window was applied.
     pub fn finish(&self) -> Result<(), FormatError> {
-        if self.next != self.n || self.word != self.words.len() {
+        if self.next != self.n || self.word * self.width != self.words.len() {
             return Err(FormatError::invalid(
                 "masked delta",
                 "tensor not read to its end".to_string(),
