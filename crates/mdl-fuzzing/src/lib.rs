@@ -7,6 +7,7 @@
 use std::sync::{Mutex, OnceLock};
 
 use mdl_codec::engine::CpuEngine;
+use mdl_codec::planes::Transform;
 use mdl_codec::qrecord::{rle_decode, rle_encode, QuantTensor};
 use mdl_codec::{float, huffman, residual};
 use mdl_format::record::{self, RecordHeader};
@@ -103,8 +104,8 @@ pub fn entropy_stream(input: &[u8]) {
 
 const FLOATS: [Dtype; 4] = [Dtype::BF16, Dtype::F16, Dtype::F32, Dtype::F64];
 
-/// A float-split, xor-delta or sub-delta payload of every float dtype; data built from the
-/// bytes round-trips bit for bit.
+/// A float-split, xor-delta or sub-delta payload (plain, framed or masked) of every float
+/// dtype; data built from the bytes round-trips bit for bit, plain and as a masked delta.
 pub fn float_payload(input: &[u8]) {
     let Some((&sel, rest)) = input.split_first() else {
         return;
@@ -139,6 +140,17 @@ pub fn float_payload(input: &[u8]) {
     float::encode(e, dtype, data, Some(&base), &sub, &mut payload).expect("encodes");
     float::decode_sub(e, dtype, &payload, &base, &mut back).expect("decodes what it encoded");
     assert_eq!(back, data);
+    // As a masked delta: against a base that differs in every seventh element.
+    let mut near = data.to_vec();
+    near.chunks_exact_mut(w).step_by(7).for_each(|x| x[0] ^= 1);
+    if let Some(m) = float::encode_masked(dtype, data, &near).expect("valid lengths") {
+        match m.transform {
+            Transform::Sub => float::decode_sub(e, dtype, &m.payload, &near, &mut back),
+            Transform::Planes => float::decode(e, dtype, &m.payload, Some(&near), &mut back),
+        }
+        .expect("decodes what it encoded");
+        assert_eq!(back, data);
+    }
 }
 
 /// A quant-base or quant-delta payload (and the run-length stream inside a delta); quantized

@@ -27,6 +27,18 @@ fn float_split(data: &[u8], dtype: Dtype) -> Vec<u8> {
     payload
 }
 
+/// A masked delta payload of `n` f32 elements against the base the `float_payload` target
+/// decodes against (every byte 0x5a), every tenth element changed.
+fn masked(n: usize) -> Vec<u8> {
+    let base = vec![0x5au8; n * 4];
+    let mut data = base.clone();
+    data.chunks_exact_mut(4).step_by(10).for_each(|e| e[0] ^= 3);
+    float::encode_masked(Dtype::F32, &data, &base)
+        .expect("valid lengths")
+        .expect("few changed")
+        .payload
+}
+
 /// A safetensors file of two tensors.
 fn safetensors_file() -> Vec<u8> {
     let a = floats(64, 1);
@@ -104,6 +116,7 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         }
         "float_payload" => vec![
             with(2 | (3 << 3), &float_split(&floats(3 * 97, 3), Dtype::F32)),
+            with(2 | 4 | (3 << 3), &masked(3 * 97)),
             with(6, &floats(200, 4)),
             with(0, &floats(100, 5)),
         ],
