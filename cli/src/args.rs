@@ -52,6 +52,7 @@ impl Cli {
             ),
             follow_server: true,
             verbose: self.verbose,
+            lent: mdl::Lent::default(),
         }
     }
 }

@@ -99,10 +99,38 @@ def check(pairs: list, infos: dict) -> None:
 
 def apply(native: Any, commit: str, pairs: list, infos: dict, held: dict) -> int:
     """Writes the tensors of ``pairs`` whose id in ``commit`` (``infos``) differs from the one
-    ``held`` (by reference) into their live tensors; how many. All are decoded first. A tensor
-    on the CPU that ``commit`` stores as a delta over the version the live tensor holds decodes
-    against the live bytes: one level, not its chain."""
+    ``held`` (by reference) into their live tensors; how many. All or none: a failure leaves
+    every tensor as it was. A CPU tensor that ``commit`` stores as a masked delta over the
+    version it holds is patched where it lies (only its changed elements written, checked
+    against the commit's id as it is, undone if anything fails); another stored as a delta over
+    that version decodes against its bytes (one level, not its chain); the rest decode whole.
+    Those decoded are all decoded before the patches, and copied in after them."""
     changed = [(ref, live) for ref, live, _ in pairs if infos[ref].id != held.get(ref)]
+    # Patched in place: CPU tensors that share no bytes with another, held at a known version
+    # that the commit stores a masked delta over.
+    on_cpu = [(ref, live) for ref, live in changed if live.device.type == "cpu"]
+    lent = [(ref, live, _base(held.get(ref), live)) for ref, live in on_cpu]
+    lent = _alone([(ref, live, b) for ref, live, b in lent if b is not None])
+    can = native.patchable(commit, [ref for ref, _, _ in lent], [b[0] for _, _, b in lent])
+    patch = [p for p, ok in zip(lent, can) if ok]
+    patched = {id(live) for _, live, _ in patch}
+    decoded = _decode(native, commit, [p for p in changed if id(p[1]) not in patched], infos, held)
+    if patch and not native.patch_tensors(
+        commit, [ref for ref, _, _ in patch], [b for _, _, b in patch]
+    ):
+        # A record re-encoded by maintenance since: nothing was written; decoded instead.
+        decoded += _decode(native, commit, [(ref, live) for ref, live, _ in patch], infos, held)
+    torch = _state._torch()
+    with torch.no_grad():
+        for live, new in decoded:
+            live.copy_(new)
+    return len(changed)
+
+
+def _decode(native: Any, commit: str, wanted: list, infos: dict, held: dict) -> list:
+    """``(live, decoded)`` of each ``(ref, live)`` of ``wanted``, decoded from ``commit``: in
+    groups of at most :data:`GROUP_BYTES` a device, a CPU tensor stored as a delta over the
+    version it holds decoded against its bytes."""
     decoded: list = []
     group: list = []
     size = 0
@@ -122,17 +150,46 @@ def apply(native: Any, commit: str, pairs: list, infos: dict, held: dict) -> int
         decoded.extend(zip((t for _, t in group), data))
         group, size = [], 0
 
-    for ref, live in sorted(changed, key=lambda p: str(p[1].device)):
+    for ref, live in sorted(wanted, key=lambda p: str(p[1].device)):
         if group and (group[0][1].device != live.device or size >= GROUP_BYTES):
             flush()
         group.append((ref, live))
         size += live.numel() * live.element_size()
     flush()
+    return decoded
+
+
+def _alone(lent: list) -> list:
+    """Those of ``lent`` (``(ref, live, base)``) whose live tensor shares no byte with
+    another's (tied weights share one storage: a patch applied through each would apply its
+    changes twice)."""
+    spans = sorted(
+        (live.data_ptr(), live.data_ptr() + live.numel() * live.element_size(), k)
+        for k, (_, live, _) in enumerate(lent)
+    )
+    shared: set = set()
+    end, owner = 0, None
+    for start, stop, k in spans:
+        if start < end:
+            shared.update((k, owner))
+        if stop > end:
+            end, owner = stop, k
+    return [p for k, p in enumerate(lent) if k not in shared]
+
+
+def lent(pairs: list, ids: dict) -> list:
+    """``(id, bytes)`` of each live CPU tensor of ``pairs`` whose version ``ids`` names (by
+    reference): what it holds, lent to a read."""
     torch = _state._torch()
-    with torch.no_grad():
-        for live, new in decoded:
-            live.copy_(new)
-    return len(decoded)
+    out: list = []
+    if torch is None:
+        return out
+    for ref, live, _ in pairs:
+        if isinstance(live, torch.Tensor) and live.device.type == "cpu":
+            base = _base(ids.get(ref), live)
+            if base is not None:
+                out.append(base)
+    return out
 
 
 def _base(held_id: str | None, live: Any) -> tuple[str, Any] | None:

@@ -70,6 +70,10 @@ class Repo:
         wanted: list[tuple[str, str]],
         held: list[tuple[str, Any] | None] | None = None,
     ) -> list[tuple[str, list[int], bytearray]]: ...
+    def patchable(self, rev: str, wanted: list[tuple[str, str]], held: list[str]) -> list[bool]: ...
+    def patch_tensors(
+        self, rev: str, wanted: list[tuple[str, str]], held: list[tuple[str, Any]]
+    ) -> bool: ...
     def read_file(self, rev: str, path: str) -> bytearray: ...
 
 class Ops:
@@ -112,7 +116,11 @@ class Ops:
     def fsck(self) -> Report: ...
     def stats(self) -> Report: ...
     def fetch(
-        self, remote: str, branch: str | None = None, depth: int | None = None
+        self,
+        remote: str,
+        branch: str | None = None,
+        depth: int | None = None,
+        held: list[tuple[str, Any]] | None = None,
     ) -> Report: ...
     def wait_remote_branch(
         self, remote: str, branch: str, held: str | None, timeout: float

@@ -604,7 +604,14 @@ class Repository:
                 if remote is not None:
                     if self._ops.wait_remote_branch(remote, branch, here, seconds) is None:
                         return None
-                    self._ops.fetch(remote, branch, 1)
+                    # What the model holds is lent to the fetch: the step that comes as a
+                    # delta over it is verified against its bytes, not this repository's chain.
+                    # Bytes that are not what they claim fail that check; the fetch is then
+                    # made without them, and the load that follows says what is wrong.
+                    try:
+                        self._fetch(remote, branch, 1, self._lent(previous, model, optimizer))
+                    except MdlError:
+                        self._fetch(remote, branch, 1, None)
                     continue
                 if time.monotonic() >= end:
                     return None
@@ -625,7 +632,23 @@ class Repository:
         """``mdl fetch REMOTE [BRANCH] [--depth N]``: what it moved, as ``mdl fetch --json``
         prints it. ``depth``: only the newest ``depth`` commits of each branch (history behind
         them is cut here, as in a shallow clone)."""
-        return self._ops.fetch(remote, branch, depth)
+        return self._fetch(remote, branch, depth, None)
+
+    def _fetch(self, remote: str, branch: str | None, depth: int | None, held: list | None) -> dict:
+        return self._ops.fetch(remote, branch, depth, held)
+
+    def _lent(self, commit: str | None, model: Any, optimizer: Any) -> list:
+        """``(id, bytes)`` of the CPU tensors of ``model`` and ``optimizer`` that hold
+        ``commit``'s state (views, no copies); none where that is not known."""
+        if commit is None or (model is None and optimizer is None):
+            return []
+        try:
+            doc = self._state_document(commit)
+            ids = {(t.file, t.name): t.id for t in self.tensors(commit)}
+            of_model, of_optimizer, _ = _follow.targets(doc, model, optimizer)
+        except (MdlError, ValueError):
+            return []
+        return _follow.lent(of_model + of_optimizer, ids)
 
     def _state_document(self, commit: str) -> dict:
         """The ``mdl-state.json`` of a live-state commit (MdlError for other commits)."""

@@ -11,6 +11,7 @@ use serde_json::Value;
 mod errors;
 mod local;
 mod ops;
+mod patch;
 mod staging;
 
 pub(crate) use errors::error;

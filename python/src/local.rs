@@ -84,6 +84,7 @@ fn access(wait: Duration) -> mdl_ops::Access {
         purpose: format!("python (pid {})", std::process::id()),
         follow_server: false,
         verbose: false,
+        lent: mdl::Lent::default(),
     }
 }
 
@@ -517,17 +518,17 @@ impl Repo {
         wanted: Vec<(String, String)>,
         held: Option<Vec<Option<(String, Bound<'py, PyAny>)>>>,
     ) -> PyResult<Vec<(&'static str, Vec<u64>, Bound<'py, PyByteArray>)>> {
-        let mut bases = mdl::Held::new();
+        let mut lent = Vec::new();
         if let Some(held) = held {
             if held.len() != wanted.len() {
                 return Err(error("one held version (or None) a tensor"));
             }
             for (id, bytes) in held.into_iter().flatten() {
                 let id: mdl::ObjectId = id.parse().map_err(error)?;
-                let bytes = crate::staging::Exported::new(&bytes)?;
-                bases.insert(id, Arc::new(bytes.as_ref().to_vec()));
+                lent.push((id, Exported::new(&bytes)?));
             }
         }
+        let bases: mdl::Held<'_> = lent.iter().map(|(id, b)| (*id, b.as_ref())).collect();
         let (repo, layout, selected) = self.laid_out(py, &rev)?;
         let (started, mut bytes) = (Instant::now(), 0);
         let mut out = Vec::with_capacity(wanted.len());
@@ -549,6 +550,38 @@ impl Repo {
         }
         selected.observe(Side::Decode, bytes, started.elapsed().as_secs_f64());
         Ok(out)
+    }
+
+    /// Whether each of the tensors `wanted` (`(file, name)`) of commit `rev` is stored as a
+    /// masked delta over the version whose id `held[i]` is: what `patch_tensors` takes.
+    fn patchable(
+        &self,
+        py: Python<'_>,
+        rev: String,
+        wanted: Vec<(String, String)>,
+        held: Vec<String>,
+    ) -> PyResult<Vec<bool>> {
+        let (repo, layout, _) = self.laid_out(py, &rev)?;
+        let placed = find_tensors(&layout, &rev, &wanted)?;
+        crate::patch::patchable(py, &repo, &placed, &held)
+    }
+
+    /// Brings the caller's CPU tensors to the tensors `wanted` (`(file, name)`) of commit
+    /// `rev` in place, each stored as a masked delta over the version the caller holds:
+    /// `held[i]` is the id of the version tensor `i` holds and its bytes (a writable numpy view
+    /// of the tensor itself). Only the changed elements are written, each tensor checked
+    /// against its id as it is. All or none: False where one is not such a delta (nothing
+    /// written), an error where one fails (every tensor as it was).
+    fn patch_tensors<'py>(
+        &self,
+        py: Python<'py>,
+        rev: String,
+        wanted: Vec<(String, String)>,
+        held: Vec<(String, Bound<'py, PyAny>)>,
+    ) -> PyResult<bool> {
+        let (repo, layout, _) = self.laid_out(py, &rev)?;
+        let placed = find_tensors(&layout, &rev, &wanted)?;
+        crate::patch::patch_in_place(py, &repo, &placed, held)
     }
 
     /// Decodes the tensors `wanted` (`(file, name)`) of commit `rev` onto a GPU, tensor-parallel:

@@ -11,11 +11,17 @@ use mdl_protocol::body::{GcAnswer, GcRequest};
 use pyo3::prelude::*;
 
 use crate::errors::released;
+use crate::staging::Exported;
 use crate::{error, report};
 
 /// A repository at a folder, `http(s)://HOST:PORT/REPO` or `s3://BUCKET/PREFIX`.
 #[pyclass(frozen, module = "mdl._mdl")]
-pub struct Ops(Box<dyn Operations>);
+pub struct Ops {
+    ops: Box<dyn Operations>,
+    /// Where and how it was reached: a fetch lending tensors reaches it again with them.
+    location: Location,
+    access: Access,
+}
 
 // The closures handed to `released` return the interface's error as it is; `released` boxes it
 // before it crosses the GIL's release.
@@ -33,6 +39,7 @@ impl Ops {
             purpose: format!("python (pid {})", std::process::id()),
             follow_server: false,
             verbose: false,
+            lent: mdl::Lent::default(),
         };
         // A folder is kept absolute: each call finds the repository from it, wherever the
         // program has moved to since.
@@ -40,7 +47,11 @@ impl Ops {
             Location::Folder(dir) => Location::Folder(std::path::absolute(dir).map_err(error)?),
             at => at,
         };
-        Ok(Ops(mdl_ops::open(&location, &access).map_err(error)?))
+        Ok(Ops {
+            ops: mdl_ops::open(&location, &access).map_err(error)?,
+            location,
+            access,
+        })
     }
 
     /// Makes a repository at `location` (`mdl init`): a folder, one in object storage, or one
@@ -60,7 +71,7 @@ impl Ops {
     /// `local`, `served` or `bucket`.
     #[getter]
     fn backend(&self) -> &'static str {
-        match self.0.backend() {
+        match self.ops.backend() {
             mdl_ops::Backend::Local => "local",
             mdl_ops::Backend::Served => "served",
             mdl_ops::Backend::Bucket => "bucket",
@@ -70,7 +81,7 @@ impl Ops {
     /// The folder or URL.
     #[getter]
     fn location(&self) -> String {
-        self.0.location()
+        self.ops.location()
     }
 
     /// Commits `paths` (blocking); its outcome.
@@ -81,7 +92,9 @@ impl Ops {
         options: crate::local::Options,
     ) -> PyResult<Py<PyAny>> {
         let opts = options.commit()?;
-        let done = released(py, || self.0.commit(&paths, &opts, None, &mdl::NoProgress))?;
+        let done = released(py, || {
+            self.ops.commit(&paths, &opts, None, &mdl::NoProgress)
+        })?;
         report(py, &done)
     }
 
@@ -101,7 +114,7 @@ impl Ops {
             ..Default::default()
         };
         let done = released(py, || {
-            self.0.checkout(&rev, &out, &opts, None, &mdl::NoProgress)
+            self.ops.checkout(&rev, &out, &opts, None, &mdl::NoProgress)
         })?;
         report(py, &done)
     }
@@ -117,36 +130,36 @@ impl Ops {
         all: bool,
     ) -> PyResult<Py<PyAny>> {
         let entries = released(py, || match all {
-            true => self.0.log_all(limit),
-            false => self.0.log(rev.as_deref(), limit),
+            true => self.ops.log_all(limit),
+            false => self.ops.log(rev.as_deref(), limit),
         })?;
         report(py, &entries)
     }
 
     /// A commit, its files and tensors.
     fn show(&self, py: Python<'_>, rev: String) -> PyResult<Py<PyAny>> {
-        report(py, &released(py, || self.0.show(&rev))?)
+        report(py, &released(py, || self.ops.show(&rev))?)
     }
 
     /// What changed from `a` to `b`.
     fn diff(&self, py: Python<'_>, a: String, b: String) -> PyResult<Py<PyAny>> {
-        report(py, &released(py, || self.0.diff(&a, &b))?)
+        report(py, &released(py, || self.ops.diff(&a, &b))?)
     }
 
     /// Branches.
     fn branches(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        report(py, &released(py, || self.0.branches(Branches::Local))?)
+        report(py, &released(py, || self.ops.branches(Branches::Local))?)
     }
 
     /// Tags.
     fn tags(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        report(py, &released(py, || self.0.tags())?)
+        report(py, &released(py, || self.ops.tags())?)
     }
 
     /// Creates branch `name` at `rev` (HEAD when None); its commit's hex id.
     #[pyo3(signature = (name, rev = None))]
     fn create_branch(&self, py: Python<'_>, name: String, rev: Option<String>) -> PyResult<String> {
-        let at = released(py, || self.0.create_branch(&name, rev.as_deref()))?;
+        let at = released(py, || self.ops.create_branch(&name, rev.as_deref()))?;
         Ok(at.to_hex())
     }
 
@@ -160,29 +173,30 @@ impl Ops {
         message: Option<String>,
     ) -> PyResult<String> {
         let at = released(py, || {
-            self.0.create_tag(&name, rev.as_deref(), message.as_deref())
+            self.ops
+                .create_tag(&name, rev.as_deref(), message.as_deref())
         })?;
         Ok(at.to_hex())
     }
 
     /// Deletes branch `name` (with `force`, even if nothing else reaches its commits).
     fn delete_branch(&self, py: Python<'_>, name: String, force: bool) -> PyResult<()> {
-        released(py, || self.0.delete_branch(&name, force)).map(drop)
+        released(py, || self.ops.delete_branch(&name, force)).map(drop)
     }
 
     /// Deletes tag `name`.
     fn delete_tag(&self, py: Python<'_>, name: String) -> PyResult<()> {
-        released(py, || self.0.delete_tag(&name)).map(drop)
+        released(py, || self.ops.delete_tag(&name)).map(drop)
     }
 
     /// Points HEAD at branch `name`.
     fn switch(&self, py: Python<'_>, name: String) -> PyResult<()> {
-        released(py, || self.0.switch(&name))
+        released(py, || self.ops.switch(&name))
     }
 
     /// Moves the current branch to `rev`; the move.
     fn reset(&self, py: Python<'_>, rev: String) -> PyResult<Py<PyAny>> {
-        report(py, &released(py, || self.0.reset(&rev))?)
+        report(py, &released(py, || self.ops.reset(&rev))?)
     }
 
     /// Merges `revs` tensor by tensor into a commit on `branch` (the current one when None):
@@ -219,25 +233,27 @@ impl Ops {
             author,
             ..Default::default()
         };
-        let outcome = released(py, || self.0.merge(&revs, &opts, &commit, &mdl::NoProgress))?;
+        let outcome = released(py, || {
+            self.ops.merge(&revs, &opts, &commit, &mdl::NoProgress)
+        })?;
         report(py, &outcome)
     }
 
     /// A ref's history (HEAD's branch when None): `{ref, entries}`.
     #[pyo3(signature = (name = None))]
     fn reflog(&self, py: Python<'_>, name: Option<String>) -> PyResult<Py<PyAny>> {
-        let (full, entries) = released(py, || self.0.reflog(name.as_deref()))?;
+        let (full, entries) = released(py, || self.ops.reflog(name.as_deref()))?;
         report(py, &serde_json::json!({ "ref": full, "entries": entries }))
     }
 
     /// Every setting: `[[key, value, is_default]]`.
     fn config(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        report(py, &released(py, || self.0.config())?)
+        report(py, &released(py, || self.ops.config())?)
     }
 
     /// Changes one setting.
     fn set_config(&self, py: Python<'_>, key: String, value: String) -> PyResult<()> {
-        released(py, || self.0.set_config(&key, &value)).map(drop)
+        released(py, || self.ops.set_config(&key, &value)).map(drop)
     }
 
     /// Removes what nothing reaches (`mdl gc`); the report.
@@ -253,7 +269,7 @@ impl Ops {
             expire_reflog: None,
             dry_run,
         };
-        match released(py, || self.0.gc(&request, &mdl::NoProgress))? {
+        match released(py, || self.ops.gc(&request, &mdl::NoProgress))? {
             GcAnswer::Disk(outcome) => report(py, &outcome),
             GcAnswer::Bucket(outcome) => report(py, &outcome),
         }
@@ -261,26 +277,48 @@ impl Ops {
 
     /// Checks everything (`mdl fsck`); the report.
     fn fsck(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        report(py, &released(py, || self.0.fsck(&mdl::NoProgress))?)
+        report(py, &released(py, || self.ops.fsck(&mdl::NoProgress))?)
     }
 
     /// Repository totals.
     fn stats(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        report(py, &released(py, || self.0.stats())?)
+        report(py, &released(py, || self.ops.stats())?)
     }
 
     /// `mdl fetch REMOTE [BRANCH] [--depth N]`: what it moved, as `mdl fetch --json` prints it.
-    #[pyo3(signature = (remote, branch = None, depth = None))]
+    ///
+    /// `held`: tensors the caller holds (`(id, bytes)`, the bytes a contiguous buffer such as a
+    /// numpy view of a model's own tensor), lent to the fetch: a delta that comes over one of
+    /// them is verified against those bytes instead of decoding its base's chain here.
+    #[pyo3(signature = (remote, branch = None, depth = None, held = None))]
     fn fetch(
         &self,
         py: Python<'_>,
         remote: String,
         branch: Option<String>,
         depth: Option<u32>,
+        held: Option<Vec<(String, Bound<'_, PyAny>)>>,
     ) -> PyResult<Py<PyAny>> {
         let history = depth.map_or(History::All, History::Newest);
+        let lending = match held {
+            Some(held) if !held.is_empty() => {
+                let mut lent = std::collections::HashMap::new();
+                for (id, bytes) in held {
+                    let id: mdl::ObjectId = id.parse().map_err(error)?;
+                    let bytes: mdl::LentBytes = std::sync::Arc::new(Exported::new(&bytes)?);
+                    lent.insert(id, bytes);
+                }
+                let access = Access {
+                    lent: mdl::Lent(std::sync::Arc::new(lent)),
+                    ..self.access.clone()
+                };
+                Some(mdl_ops::open(&self.location, &access).map_err(error)?)
+            }
+            _ => None,
+        };
+        let ops = lending.as_ref().unwrap_or(&self.ops);
         let done = released(py, || {
-            (self.0).fetch(&remote, branch.as_deref(), false, history, &mdl::NoProgress)
+            ops.fetch(&remote, branch.as_deref(), false, history, &mdl::NoProgress)
         })?;
         report(py, &done.outcome)
     }
@@ -302,7 +340,7 @@ impl Ops {
         let timeout =
             Duration::try_from_secs_f64(timeout).map_err(|_| error("timeout must be >= 0"))?;
         let moved = released(py, || {
-            (self.0).wait_remote_branch(&remote, &branch, held, timeout)
+            self.ops.wait_remote_branch(&remote, &branch, held, timeout)
         })?;
         Ok(moved.map(|id| id.to_hex()))
     }

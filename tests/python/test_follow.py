@@ -127,3 +127,99 @@ def test_a_branch_is_followed_here_and_through_a_server(tmp_path, serve):
         watcher.load_state(state.commit, wrong, wrong_opt, since=held)
     for k, v in wrong.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def rl_model(seed=0):
+    """bf16 weights, an embedding tied to the output layer (one storage, two names)."""
+    torch.manual_seed(seed)
+    emb = torch.nn.Embedding(512, 64)
+    out = torch.nn.Linear(64, 512, bias=False)
+    out.weight = emb.weight
+    return torch.nn.Sequential(emb, torch.nn.Linear(64, 64), out).bfloat16()
+
+
+def rl_step(model, seed):
+    """A hundredth of each weight's elements moved by one bf16 step, as an RL update leaves
+    them."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            flat = p.view(-1).view(torch.int16)
+            at = torch.rand(flat.numel(), generator=g) < 0.01
+            flat[at] += 1
+
+
+def test_an_rl_step_is_patched_where_the_weights_lie(tmp_path):
+    path = tmp_path / "repo"
+    repo = mdl.init(path)
+    run_mdl("config", "delta.mode", "forward", cwd=path)
+    model = rl_model()
+    a = repo.commit_state(model, step=0).wait().id
+    rl_step(model, 1)
+    b = repo.commit_state(model, step=1).wait().id
+
+    # b stores its weights as masked deltas over a's: what is patched in place.
+    old = {t.name: t.id for t in repo.tensors(a)}
+    over = [t for t in repo.show(b)["tensors"] if t["base"] == old.get(t["name"])]
+    assert len(over) >= 2, repo.show(b)["tensors"]
+
+    follower = rl_model(seed=3)
+    repo.load_state(a, follower)
+    places = [t.data_ptr() for t in follower.state_dict().values()]
+    state = repo.load_state(b, follower, since=a)
+    assert state.changed == 3
+    same_state(model, follower)
+    assert [t.data_ptr() for t in follower.state_dict().values()] == places
+    assert follower[0].weight.data_ptr() == follower[2].weight.data_ptr()
+
+    # A model one element off the version it claims to hold: refused, nothing written (every
+    # patch is checked against the tensor's bytes before the first is written).
+    wrong = rl_model(seed=4)
+    repo.load_state(a, wrong)
+    with torch.no_grad():
+        wrong[1].weight.view(-1)[7] += 1.0
+    before = {k: v.clone() for k, v in wrong.state_dict().items()}
+    with pytest.raises(mdl.MdlError, match="hash|differ|mismatch"):
+        repo.load_state(b, wrong, since=a)
+    for k, v in wrong.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_a_follower_of_rl_steps_verifies_them_against_its_own_weights(tmp_path, serve):
+    path = tmp_path / "repo"
+    trainer = mdl.init(path)
+    run_mdl("config", "delta.mode", "forward", cwd=path)
+    model = rl_model()
+    trainer.commit_state(model, step=0).wait()
+    server = serve(path)
+    clone = tmp_path / "clone"
+    run_mdl("--token", READ_TOKEN, "clone", f"{server.base}/repo", clone)
+    watcher = mdl.open(clone, token=READ_TOKEN)
+    held = watcher.resolve("main")
+    follower = rl_model(seed=3)
+    watcher.load_state(held, follower)
+
+    # Each step fetched as a delta over what the follower holds, verified against its weights
+    # (lent to the fetch), then patched into them.
+    watch = watcher.follow("main", follower, since=held, remote="origin", timeout=20)
+    for s in (1, 2):
+        rl_step(model, s)
+        trainer.commit_state(model, step=s).wait()
+        state = next(watch)
+        assert state.step == s and state.commit == trainer.resolve("main")
+        same_state(model, follower)
+
+    # Weights one element off what they claim: the fetch does not take them on trust (it
+    # fetches without them), and the load refuses, leaving them as they were.
+    wrong = rl_model(seed=4)
+    watcher.load_state(state.commit, wrong)
+    with torch.no_grad():
+        wrong[1].weight.view(-1)[7] += 1.0
+    before = {k: v.clone() for k, v in wrong.state_dict().items()}
+    rl_step(model, 3)
+    trainer.commit_state(model, step=3).wait()
+    with pytest.raises(mdl.MdlError):
+        next(watcher.follow("main", wrong, since=state.commit, remote="origin", timeout=20))
+    assert watcher.resolve("origin/main") == trainer.resolve("main")
+    for k, v in wrong.state_dict().items():
+        assert torch.equal(v, before[k]), k

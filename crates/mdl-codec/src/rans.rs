@@ -231,6 +231,43 @@ pub fn decode(
     tables: &[Option<Table>],
     out: &mut [u8],
 ) -> Result<(), FormatError> {
+    let lookups: Vec<Option<Lookup>> = tables.iter().map(|t| t.as_ref().map(Lookup::new)).collect();
+    decode_chunks(bytes, out, |start, bytes, out| {
+        let mut ctx = Vec::with_capacity(out.len());
+        contexts(start..start + out.len(), &mut ctx);
+        // Every context used must have a table: checked once, so the loop indexes freely.
+        let mut used = [false; 256];
+        ctx.iter().for_each(|&k| used[k as usize] = true);
+        let mut slots: Vec<&[Slot]> = Vec::with_capacity(lookups.len());
+        for (k, l) in lookups.iter().enumerate() {
+            match l {
+                Some(l) => slots.push(&l.0),
+                None if used[k] => return Err(bad("a context without a table")),
+                None => slots.push(&[]),
+            }
+        }
+        if used[lookups.len().min(256)..].iter().any(|&u| u) {
+            return Err(bad("a context without a table"));
+        }
+        decode_chunk(bytes, out, |k| slots[ctx[k] as usize])
+    })
+}
+
+/// [`decode`] of symbols all coded under one table (one context).
+pub fn decode_one(bytes: &[u8], table: &Table, out: &mut [u8]) -> Result<(), FormatError> {
+    let lookup = Lookup::new(table);
+    decode_chunks(bytes, out, |_, bytes, out| {
+        decode_chunk(bytes, out, |_| &lookup.0)
+    })
+}
+
+/// Reads the chunk lengths of a coded sequence of `out.len()` symbols, then decodes its chunks
+/// in parallel: `chunk(first symbol, chunk bytes, chunk's symbols)`.
+fn decode_chunks(
+    bytes: &[u8],
+    out: &mut [u8],
+    chunk: impl Fn(usize, &[u8], &mut [u8]) -> Result<(), FormatError> + Sync,
+) -> Result<(), FormatError> {
     let n = out.len();
     let chunks = n.div_ceil(CHUNK);
     let mut at = 0;
@@ -250,40 +287,20 @@ pub fn decode(
     if at != bytes.len() {
         return Err(bad("bytes after the last chunk"));
     }
-    let lookups: Vec<Option<Lookup>> = tables.iter().map(|t| t.as_ref().map(Lookup::new)).collect();
     out.par_chunks_mut(CHUNK)
         .enumerate()
-        .try_for_each(|(c, out)| {
-            let start = c * CHUNK;
-            let mut ctx = Vec::with_capacity(out.len());
-            contexts(start..start + out.len(), &mut ctx);
-            let chunk = &bytes[starts[c]..starts[c] + spans[c]];
-            decode_chunk(chunk, &ctx, &lookups, out)
-        })
+        .try_for_each(|(c, out)| chunk(c * CHUNK, &bytes[starts[c]..starts[c] + spans[c]], out))
 }
 
-fn decode_chunk(
+/// Decodes one chunk's symbols into `out`, symbol `k` under the lookup `table(k)` (every one
+/// a full table: the caller checked).
+fn decode_chunk<'t>(
     bytes: &[u8],
-    ctx: &[u8],
-    lookups: &[Option<Lookup>],
     out: &mut [u8],
+    table: impl Fn(usize) -> &'t [Slot],
 ) -> Result<(), FormatError> {
     if bytes.len() < LANES * 4 || !(bytes.len() - LANES * 4).is_multiple_of(2) {
         return Err(bad("a chunk of the wrong length"));
-    }
-    // Every context used must have a table: checked once, so the loop indexes freely.
-    let mut used = [false; 256];
-    ctx.iter().for_each(|&k| used[k as usize] = true);
-    let mut slots: Vec<&[Slot]> = Vec::with_capacity(lookups.len());
-    for (k, l) in lookups.iter().enumerate() {
-        match l {
-            Some(l) => slots.push(&l.0),
-            None if used[k] => return Err(bad("a context without a table")),
-            None => slots.push(&[]),
-        }
-    }
-    if used[lookups.len().min(256)..].iter().any(|&u| u) {
-        return Err(bad("a context without a table"));
     }
     let mut state = [0u32; LANES];
     for (l, s) in state.iter_mut().enumerate() {
@@ -312,16 +329,15 @@ fn decode_chunk(
     let mut quads = out.chunks_exact_mut(LANES);
     let mut k = 0;
     for quad in &mut quads {
-        let c = &ctx[k..k + LANES];
-        quad[0] = step(&mut x0, slots[c[0] as usize]);
-        quad[1] = step(&mut x1, slots[c[1] as usize]);
-        quad[2] = step(&mut x2, slots[c[2] as usize]);
-        quad[3] = step(&mut x3, slots[c[3] as usize]);
+        quad[0] = step(&mut x0, table(k));
+        quad[1] = step(&mut x1, table(k + 1));
+        quad[2] = step(&mut x2, table(k + 2));
+        quad[3] = step(&mut x3, table(k + 3));
         k += LANES;
     }
     let mut state = [x0, x1, x2, x3];
     for (l, o) in quads.into_remainder().iter_mut().enumerate() {
-        *o = step(&mut state[l], slots[ctx[k + l] as usize]);
+        *o = step(&mut state[l], table(k + l));
     }
     if w != words.len() || state.iter().any(|&s| s != LOW) {
         return Err(bad("a chunk that does not end where it began"));

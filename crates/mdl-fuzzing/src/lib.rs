@@ -7,7 +7,7 @@
 use std::sync::{Mutex, OnceLock};
 
 use mdl_codec::engine::CpuEngine;
-use mdl_codec::planes::Transform;
+use mdl_codec::planes::{PlaneSpec, Transform};
 use mdl_codec::qrecord::{rle_decode, rle_encode, QuantTensor};
 use mdl_codec::{float, huffman, residual};
 use mdl_format::record::{self, RecordHeader};
@@ -120,6 +120,16 @@ pub fn float_payload(input: &[u8]) {
     let mut out = vec![0u8; n * w];
     let _ = float::decode(e, dtype, rest, with_base.then_some(&base[..]), &mut out);
     let _ = float::decode_sub(e, dtype, rest, &base, &mut out);
+    // As a masked payload turned round, or patched into a tensor in place.
+    for spec in [PlaneSpec::planes(dtype, 0), PlaneSpec::sub(dtype)] {
+        let _ = float::invert_masked(spec, out.len() as u64, rest);
+        if let Ok(m) = float::MaskedDelta::open(spec, out.len() as u64, rest) {
+            let mut live = base.clone();
+            m.patch(&mut live).expect("the tensor's length");
+            m.unpatch(&mut live).expect("the tensor's length");
+            assert_eq!(live, base, "undone exactly");
+        }
+    }
     // As data: encoding then decoding gives back every bit.
     let data = &rest[..rest.len() / w * w];
     let base: Vec<u8> = data.iter().rev().copied().collect();
@@ -150,6 +160,15 @@ pub fn float_payload(input: &[u8]) {
         }
         .expect("decodes what it encoded");
         assert_eq!(back, data);
+        let spec = match m.transform {
+            Transform::Sub => PlaneSpec::sub(dtype),
+            Transform::Planes => PlaneSpec::planes(dtype, 0),
+        };
+        let turned = float::invert_masked(spec, data.len() as u64, &m.payload).expect("inverts");
+        let mut was = vec![0u8; data.len()];
+        let mut d = float::MaskedDelta::open(spec, data.len() as u64, &turned).expect("opens");
+        d.apply_next(data, &mut was).expect("applies");
+        assert_eq!(was, near, "turned round, it gives the base back");
     }
 }
 

@@ -56,6 +56,9 @@ pub struct Access {
     pub follow_server: bool,
     /// With `-v`: say on stderr which codec engine was chosen and why.
     pub verbose: bool,
+    /// Tensors the caller holds decoded, lent to the reads of a repository on this machine
+    /// ([`mdl::Lent`]: a fetch verifies deltas over them against these bytes).
+    pub lent: mdl::Lent,
 }
 
 impl Default for Access {
@@ -66,6 +69,7 @@ impl Default for Access {
             purpose: format!("mdl (pid {})", std::process::id()),
             follow_server: true,
             verbose: false,
+            lent: mdl::Lent::default(),
         }
     }
 }

@@ -44,6 +44,7 @@ impl Local {
             mode,
             wait: self.access.wait,
             purpose: self.access.purpose.clone(),
+            lent: self.access.lent.clone(),
             ..OpenOptions::default()
         }
     }

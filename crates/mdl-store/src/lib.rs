@@ -36,8 +36,8 @@ pub use fs::{RealFs, Storage};
 pub use lock::{writer_waiting, LockMode, RepoLock};
 pub use meta::{CommitSummary, Expired, IndexEntry, Meta, RefValue, ReflogEntry};
 pub use objects::{
-    windowed_cost, zeroed, Held, ObjectBatch, Placement, PutOutcome, RecordWriter, TensorWindows,
-    Unpublished, MAX_CHAIN, WINDOW_CHUNKS,
+    windowed_cost, zeroed, Held, MaskedOver, ObjectBatch, Placement, PutOutcome, RecordWriter,
+    TensorWindows, Unpublished, MAX_CHAIN, WINDOW_CHUNKS,
 };
 
 use std::path::{Path, PathBuf};
@@ -65,6 +65,25 @@ pub struct OpenOptions {
     pub purpose: String,
     /// The file system implementation (tests inject faults here).
     pub storage: Arc<dyn Storage>,
+    /// Tensors the caller holds decoded, lent to every read of the store ([`Lent`]).
+    pub lent: Lent,
+}
+
+/// Tensors a process holds decoded (a model's own weights at the commit it loaded), by id,
+/// lent to a store's reads: a delta over one of them decodes one level against these bytes,
+/// read where they lie, instead of through its base's chain — what a follower receiving the
+/// next step needs to verify it. A read's result is checked against its id as always, so
+/// bytes that are not what their id names fail the read; they never make it wrong.
+#[derive(Clone, Default)]
+pub struct Lent(pub Arc<std::collections::HashMap<mdl_format::ObjectId, LentBytes>>);
+
+/// One tensor's bytes in [`Lent`].
+pub type LentBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+impl std::fmt::Debug for Lent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lent({} tensors)", self.0.len())
+    }
 }
 
 impl Default for OpenOptions {
@@ -75,6 +94,7 @@ impl Default for OpenOptions {
             wait: Duration::from_secs(60),
             purpose: "mdl".into(),
             storage: Arc::new(RealFs),
+            lent: Lent::default(),
         }
     }
 }
@@ -90,6 +110,8 @@ pub struct Store {
     engine: Arc<dyn Engine>,
     /// Where records this store lacks are fetched from ([`source`]).
     source: Option<Arc<dyn source::RecordSource>>,
+    /// What the caller lends to reads ([`OpenOptions::lent`]).
+    lent: Lent,
     _lock: Option<RepoLock>,
 }
 
@@ -181,6 +203,7 @@ impl Store {
             mode,
             engine: Arc::new(CpuEngine),
             source: source::registered(dir),
+            lent: opts.lent.clone(),
             _lock: lock,
         })
     }

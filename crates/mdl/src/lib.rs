@@ -64,7 +64,8 @@ pub use mdl_format::{
 };
 pub use mdl_store::{budget, source};
 pub use mdl_store::{
-    disk_bytes, free_bytes, Held, IndexEntry, LockMode, RefValue, Storage, StoreError, MDL_DIR,
+    disk_bytes, free_bytes, Held, IndexEntry, Lent, LentBytes, LockMode, RefValue, Storage,
+    StoreError, MDL_DIR,
 };
 pub use progress::{Counting, NoProgress, Progress};
 pub use repo::{discover, view_manifest, OpenOptions, Repository};

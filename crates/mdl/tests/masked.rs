@@ -198,6 +198,20 @@ fn a_fetch_of_an_rl_step_moves_a_masked_delta() {
         .unwrap()
         .unwrap();
     assert!(is_masked(&record));
+    // The old version's stored reverse delta, turned round: no tensor decoded to make it.
+    let (w_old, ..) = stored_w(&src, &old);
+    let stored = std::fs::read(mdl::inspect::record_path(&src, &w_old).unwrap()).unwrap();
+    let (head, payload, _) = mdl_format::record::decode(&stored).unwrap();
+    let (_, sent, _) = mdl_format::record::decode(&record).unwrap();
+    let spec = match head.codec {
+        3 => mdl_codec::planes::PlaneSpec::planes(mdl_format::Dtype::BF16, 0),
+        _ => mdl_codec::planes::PlaneSpec::sub(mdl_format::Dtype::BF16),
+    };
+    let turned = mdl_codec::float::invert_masked(spec, (N * 2) as u64, payload).unwrap();
+    assert!(
+        sent == turned.as_slice(),
+        "not the stored delta turned round"
+    );
     assert!(
         record.len() as u64 * 3 <= patches(changed),
         "{} bytes against {} of patches",
@@ -249,4 +263,86 @@ fn a_damaged_masked_record_is_refused_and_nothing_is_written() {
     }
     std::fs::write(&path, &good).unwrap();
     checks_out_exactly(&repo, &commits, dir.path());
+}
+
+#[test]
+fn a_step_is_patched_into_the_bytes_held_and_wrong_bytes_are_restored() {
+    use mdl::checkout::patch::{patch_in_place, patchable, Target};
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, commits, _) = run(dir.path(), 2, DeltaMode::Forward);
+    let placed = |c: &ObjectId, name: &str| {
+        let layout = mdl::checkout::layout(&repo, &c.to_hex()).unwrap();
+        layout.single().unwrap().tensor(name).unwrap().clone()
+    };
+    let (w, norm) = (
+        placed(&commits[1].1, "model.w"),
+        placed(&commits[1].1, "model.norm"),
+    );
+    let (w2, norm2) = (
+        placed(&commits[2].1, "model.w"),
+        placed(&commits[2].1, "model.norm"),
+    );
+    let (held_w, held_norm) = (w.load(&repo).unwrap(), norm.load(&repo).unwrap());
+    let (want_w, want_norm) = (w2.load(&repo).unwrap(), norm2.load(&repo).unwrap());
+
+    let (mut live_w, mut live_norm) = (held_w.clone(), held_norm.clone());
+    let mut targets = [
+        Target {
+            placed: &w2,
+            id: w.id,
+            bytes: &mut live_w,
+        },
+        Target {
+            placed: &norm2,
+            id: norm.id,
+            bytes: &mut live_norm,
+        },
+    ];
+    assert!(patch_in_place(&repo, &mut targets).unwrap());
+    assert!(
+        live_w == want_w && live_norm == want_norm,
+        "patched bytes differ"
+    );
+
+    // One tensor's bytes not the version their id names: refused, and both tensors restored
+    // (the one that checked out too), byte for byte.
+    let (mut live_w, mut live_norm) = (held_w.clone(), held_norm.clone());
+    live_norm[held_norm.len() / 3] ^= 1;
+    let wrong_norm = live_norm.clone();
+    let mut targets = [
+        Target {
+            placed: &w2,
+            id: w.id,
+            bytes: &mut live_w,
+        },
+        Target {
+            placed: &norm2,
+            id: norm.id,
+            bytes: &mut live_norm,
+        },
+    ];
+    let err = patch_in_place(&repo, &mut targets).unwrap_err();
+    assert!(err.to_string().contains(&norm2.id.to_hex()[..12]), "{err}");
+    assert!(live_w == held_w && live_norm == wrong_norm, "not restored");
+
+    // A version stored whole, or a delta over another version: not patchable, and where one
+    // is among the targets nothing is written.
+    let first = placed(&commits[0].1, "model.w");
+    let can = patchable(&repo, &[(&w2, w.id), (&first, w.id), (&w2, first.id)]).unwrap();
+    assert_eq!(can, [true, false, false]);
+    let (mut live_w, mut live) = (held_w.clone(), held_w.clone());
+    let mut targets = [
+        Target {
+            placed: &w2,
+            id: w.id,
+            bytes: &mut live_w,
+        },
+        Target {
+            placed: &first,
+            id: w.id,
+            bytes: &mut live,
+        },
+    ];
+    assert!(!patch_in_place(&repo, &mut targets).unwrap());
+    assert!(live_w == held_w && live == held_w, "nothing written");
 }

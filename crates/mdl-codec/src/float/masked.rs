@@ -124,6 +124,87 @@ pub fn encode_masked(
     Ok(Some(DeltaPayload { payload, transform }))
 }
 
+/// The masked payload that codes `base` against the tensor: given `payload`, which codes a
+/// tensor against `base` (both `content_len` bytes, words as `spec` names), the delta the other
+/// way round — what a reverse delta stored for an older version is, turned into the forward
+/// delta a receiver holding that version needs. The mask is the same (the same elements
+/// differ); XOR words are their own inverse, and a difference's words are negated, so only the
+/// changed elements' words are decoded and coded again, never the tensors.
+pub fn invert(spec: PlaneSpec, content_len: u64, payload: &[u8]) -> Result<Vec<u8>, FormatError> {
+    let l = spec_layout_of(spec).ok_or_else(|| bad("not a float dtype"))?;
+    if spec.transform == Transform::Planes {
+        return Ok(payload.to_vec());
+    }
+    let w = l.width;
+    if payload.first() != Some(&MASKED) || !content_len.is_multiple_of(w as u64) {
+        return Err(bad("not a masked payload"));
+    }
+    let mut at = 1;
+    let changed = varint::read(payload, &mut at).ok_or_else(|| bad("truncated head"))?;
+    if changed > content_len / w as u64 {
+        return Err(bad("more elements changed than the tensor has"));
+    }
+    let changed = changed as usize;
+    // The mask's coded bytes, kept as they are.
+    let flags = (content_len / w as u64).div_ceil(8);
+    let flags = usize::try_from(flags).map_err(|_| bad("too long"))?;
+    skip_coded(payload, &mut at, flags)?;
+    let mut out = payload[..at].to_vec();
+    if changed == 0 {
+        return Ok(out);
+    }
+    let mut words = vec![0u64; changed];
+    let mut plane = vec![0u8; changed];
+    for k in 0..w {
+        decode_coded(payload, &mut at, &mut plane)?;
+        for (x, &b) in words.iter_mut().zip(&plane) {
+            *x |= u64::from(b) << (8 * k);
+        }
+    }
+    if at != payload.len() {
+        return Err(bad("bytes after the last plane"));
+    }
+    let bits = 8 * w as u32;
+    for x in &mut words {
+        *x = zigzag(unzigzag(*x).wrapping_neg() & low_bits(bits), bits);
+    }
+    for k in 0..w {
+        let plane: Vec<u8> = words.iter().map(|x| (x >> (8 * k)) as u8).collect();
+        code(&plane, &mut out);
+    }
+    Ok(out)
+}
+
+/// Moves `*at` past [`code`]'s coded `n` symbols, checking only that they are there.
+fn skip_coded(payload: &[u8], at: &mut usize, n: usize) -> Result<(), FormatError> {
+    let (table, span) = coded_span(payload, at)?;
+    if table.is_none() && span.len() != n {
+        return Err(bad("stored symbols of the wrong length"));
+    }
+    Ok(())
+}
+
+/// The table (if any) and the bytes of [`code`]'s symbols at `*at`, moving `*at` past them.
+fn coded_span(
+    payload: &[u8],
+    at: &mut usize,
+) -> Result<(Option<rans::Table>, std::ops::Range<usize>), FormatError> {
+    let table = rans::Table::read(payload, at)?;
+    let len = varint::read(payload, at).ok_or_else(|| bad("truncated head"))?;
+    let end = usize::try_from(len)
+        .ok()
+        .and_then(|m| at.checked_add(m))
+        .filter(|&e| e <= payload.len())
+        .ok_or_else(|| bad("coded symbols overrun the payload"))?;
+    let span = *at..end;
+    *at = end;
+    Ok((table, span))
+}
+
+fn bad(why: &str) -> FormatError {
+    FormatError::invalid("masked delta", why.to_string())
+}
+
 /// The little-endian word of an element of up to 8 bytes.
 fn word(bytes: &[u8]) -> u64 {
     let mut b = [0u8; 8];
@@ -180,30 +261,25 @@ fn code(symbols: &[u8], out: &mut Vec<u8>) {
 
 /// Decodes [`code`]'s `out.len()` symbols at `*at`, moving `*at` past them.
 fn decode_coded(payload: &[u8], at: &mut usize, out: &mut [u8]) -> Result<(), FormatError> {
-    let bad = |why: &str| FormatError::invalid("masked delta", why.to_string());
-    let table = rans::Table::read(payload, at)?;
-    let len = varint::read(payload, at).ok_or_else(|| bad("truncated head"))?;
-    let end = usize::try_from(len)
-        .ok()
-        .and_then(|m| at.checked_add(m))
-        .filter(|&e| e <= payload.len())
-        .ok_or_else(|| bad("coded symbols overrun the payload"))?;
-    let bytes = &payload[*at..end];
+    let (table, span) = coded_span(payload, at)?;
+    let bytes = &payload[span];
     match table {
-        Some(t) => rans::decode(bytes, |r, c| c.resize(r.len(), 0), &[Some(t)], out)?,
+        Some(t) => rans::decode_one(bytes, &t, out)?,
         None if bytes.len() == out.len() => out.copy_from_slice(bytes),
         None => return Err(bad("stored symbols of the wrong length")),
     }
-    *at = end;
     Ok(())
 }
 
 /// Calls `f` with each element index whose flag bit is set, in order.
 fn for_changed(flags: &[u8], n: usize, mut f: impl FnMut(usize)) {
-    for (j, &byte) in flags.iter().enumerate() {
-        let mut bits = byte;
+    // Sixty-four flags at a time: where few elements changed, most words are zero.
+    for (j, chunk) in flags.chunks(8).enumerate() {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        let mut bits = u64::from_le_bytes(word);
         while bits != 0 {
-            let i = j * 8 + bits.trailing_zeros() as usize;
+            let i = j * 64 + bits.trailing_zeros() as usize;
             if i < n {
                 f(i);
             }
@@ -235,7 +311,6 @@ impl MaskedDelta {
         content_len: u64,
         payload: &[u8],
     ) -> Result<MaskedDelta, FormatError> {
-        let bad = |why: &str| FormatError::invalid("masked delta", why.to_string());
         let l = spec_layout_of(spec).ok_or_else(|| bad("not a float dtype"))?;
         let width = l.width;
         if !content_len.is_multiple_of(width as u64) {
@@ -287,36 +362,75 @@ impl MaskedDelta {
     /// Writes the next `out.len()` bytes of the tensor into `out` from the same bytes of the
     /// base: every window but the last a whole number of 8 elements.
     pub fn apply_next(&mut self, base: &[u8], out: &mut [u8]) -> Result<(), FormatError> {
+        if base.len() != out.len() {
+            return Err(out_of_step());
+        }
+        out.copy_from_slice(base);
+        self.apply_next_in_place(out)
+    }
+
+    /// [`Self::apply_next`] where `window` holds the base's bytes already: the changed
+    /// elements are written over them.
+    pub fn apply_next_in_place(&mut self, window: &mut [u8]) -> Result<(), FormatError> {
         let w = self.width;
-        let count = out.len() / w;
-        if base.len() != out.len()
-            || !out.len().is_multiple_of(w)
+        let count = window.len() / w;
+        if !window.len().is_multiple_of(w)
             || self.next + count > self.n
             || (!self.next.is_multiple_of(8))
         {
-            return Err(FormatError::invalid(
-                "masked delta",
-                "window out of step with the tensor".to_string(),
-            ));
+            return Err(out_of_step());
         }
-        out.copy_from_slice(base);
-        let first = self.next / 8;
-        let flags = &self.flags[first..(self.next + count).div_ceil(8)];
-        let (words, transform, keep) = (&self.words, self.transform, low_bits(8 * w as u32));
-        let mut k = self.word;
-        for_changed(flags, count, |i| {
-            let o = &mut out[i * w..(i + 1) * w];
-            let b = word(o);
-            let v = match transform {
-                Transform::Sub => b.wrapping_add(unzigzag(word(&words[k * w..(k + 1) * w]))),
-                Transform::Planes => b ^ word(&words[k * w..(k + 1) * w]),
-            } & keep;
-            o.copy_from_slice(&v.to_le_bytes()[..w]);
-            k += 1;
-        });
-        self.word = k;
+        let flags = &self.flags[self.next / 8..(self.next + count).div_ceil(8)];
+        self.word = self.apply(flags, self.word, window);
         self.next += count;
         Ok(())
+    }
+
+    /// Writes every changed element into `data`, which holds the whole base (the tensor's
+    /// length): the tensor in place, touching only what changed. Independent of the windows
+    /// read so far.
+    pub fn patch(&self, data: &mut [u8]) -> Result<(), FormatError> {
+        if data.len() != self.n * self.width {
+            return Err(out_of_step());
+        }
+        self.apply(&self.flags, 0, data);
+        Ok(())
+    }
+
+    /// Undoes [`Self::patch`] (or the windows applied in place so far) on `data`: the tensor
+    /// patched, or its first whole windows. Exact: XOR is its own inverse, and a difference
+    /// modulo the element's width is taken back off.
+    pub fn unpatch(&self, data: &mut [u8]) -> Result<(), FormatError> {
+        if data.len() > self.n * self.width || !data.len().is_multiple_of(self.width) {
+            return Err(out_of_step());
+        }
+        let undo = match self.transform {
+            Transform::Sub => Op::Sub,
+            Transform::Planes => Op::Xor,
+        };
+        self.apply_as(undo, &self.flags, 0, data);
+        Ok(())
+    }
+
+    /// Applies the words from `first` to the elements `flags` marks in `out` (whose first
+    /// element is flag bit 0 of `flags`); the next word after.
+    fn apply(&self, flags: &[u8], first: usize, out: &mut [u8]) -> usize {
+        let how = match self.transform {
+            Transform::Sub => Op::Add,
+            Transform::Planes => Op::Xor,
+        };
+        self.apply_as(how, flags, first, out)
+    }
+
+    fn apply_as(&self, how: Op, flags: &[u8], first: usize, out: &mut [u8]) -> usize {
+        let words = &self.words[first * self.width..];
+        first
+            + match self.width {
+                2 => apply_words::<2>(how, words, flags, out),
+                4 => apply_words::<4>(how, words, flags, out),
+                8 => apply_words::<8>(how, words, flags, out),
+                w => unreachable!("float widths are 2, 4 or 8, not {w}"),
+            }
     }
 
     /// Checks that every window was applied.
@@ -329,6 +443,45 @@ impl MaskedDelta {
         }
         Ok(())
     }
+}
+
+/// What a delta word does to its element: added (sub-delta), taken off (sub-delta undone),
+/// or XORed (xor-delta, either way).
+#[derive(Clone, Copy)]
+enum Op {
+    Add,
+    Sub,
+    Xor,
+}
+
+/// [`MaskedDelta::apply`] for elements of `W` bytes (a constant, so that each element is read
+/// and written as one word): how many words it applied.
+fn apply_words<const W: usize>(how: Op, words: &[u8], flags: &[u8], out: &mut [u8]) -> usize {
+    let keep = low_bits(8 * W as u32);
+    let mut words = words.chunks_exact(W);
+    let mut k = 0;
+    for_changed(flags, out.len() / W, |i| {
+        let o: &mut [u8; W] = (&mut out[i * W..i * W + W]).try_into().expect("W bytes");
+        let (b, d) = (
+            word(o),
+            word(words.next().expect("a word a changed element")),
+        );
+        let v = match how {
+            Op::Add => b.wrapping_add(unzigzag(d)),
+            Op::Sub => b.wrapping_sub(unzigzag(d)),
+            Op::Xor => b ^ d,
+        } & keep;
+        o.copy_from_slice(&v.to_le_bytes()[..W]);
+        k += 1;
+    });
+    k
+}
+
+fn out_of_step() -> FormatError {
+    FormatError::invalid(
+        "masked delta",
+        "window out of step with the tensor".to_string(),
+    )
 }
 
 /// Decodes a masked payload against the whole `base` into `out`.

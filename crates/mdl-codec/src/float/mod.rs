@@ -18,7 +18,7 @@ mod masked;
 mod payload;
 
 pub use framed::{is_framed, FrameEncoder, Frames, FRAME_CHUNKS, FRAME_LOG2};
-pub use masked::{encode_masked, is_masked, DeltaPayload, MaskedDelta};
+pub use masked::{encode_masked, invert as invert_masked, is_masked, DeltaPayload, MaskedDelta};
 pub use payload::{
     encode, encode_pieces, encode_split, encode_whole, Encoded, PayloadIndex, PayloadWriter, ReadAt,
 };

@@ -466,6 +466,30 @@ fn masked_deltas_round_trip_and_beat_plane_deltas_where_little_changed() {
             }
             windows.finish().unwrap();
             assert_eq!(out, data, "{dtype:?} n {n} windows");
+            // The whole tensor patched where it lies, only its changed elements written.
+            let mut live = base.clone();
+            windows.patch(&mut live).unwrap();
+            assert_eq!(live, data, "{dtype:?} n {n} patched in place");
+            assert!(windows.patch(&mut [0u8; 3]).is_err(), "a wrong length");
+            // Turned round: the same mask codes the base against the tensor.
+            let back = crate::float::invert_masked(spec, data.len() as u64, &m.payload).unwrap();
+            let mut other = MaskedDelta::open(spec, data.len() as u64, &back).unwrap();
+            let mut was = vec![0u8; data.len()];
+            other.apply_next(&data, &mut was).unwrap();
+            assert_eq!(was, base, "{dtype:?} n {n} inverted");
+            // Undone exactly: the whole tensor, or its first windows patched.
+            windows.unpatch(&mut live).unwrap();
+            assert_eq!(live, base, "{dtype:?} n {n} unpatched");
+            let head =
+                (8 * 1000 * dtype.size()).min(data.len() / (8 * dtype.size()) * 8 * dtype.size());
+            windows.patch(&mut live).unwrap();
+            windows.unpatch(&mut live[..head]).unwrap();
+            assert_eq!(live[..head], base[..head], "{dtype:?} n {n} head unpatched");
+            assert_eq!(
+                live[head..],
+                data[head..],
+                "{dtype:?} n {n} tail still patched"
+            );
             if n >= 100_000 && every == 100 {
                 let a = analyze(&CpuEngine, dtype, &data, Some(&base)).unwrap();
                 let planes = a.best_delta().unwrap().size;

@@ -113,6 +113,7 @@ pub struct Placement {
 pub const MAX_CHAIN: u32 = 1024;
 
 mod buffers;
+mod patch;
 mod read;
 mod sync;
 mod tips;
@@ -120,9 +121,16 @@ mod unpublished;
 mod windows;
 mod write;
 
+pub use patch::MaskedOver;
 pub(crate) use read::agrees_with_index;
 pub use unpublished::Unpublished;
-pub use windows::{windowed_cost, Held, TensorWindows, WINDOW_CHUNKS};
+pub use windows::{windowed_cost, TensorWindows, WINDOW_CHUNKS};
+
+/// Tensors decoded and verified already, by id, lent by the caller: a delta over one of them
+/// decodes against these bytes (read in place) instead of its base's chain — what a transfer
+/// verifying a chain a level at a time holds of the level it verified last, or a model's own
+/// tensors holding an older commit.
+pub type Held<'h> = std::collections::HashMap<ObjectId, &'h [u8]>;
 pub(crate) use write::next_temp;
 pub use write::{ObjectBatch, PutOutcome, RecordWriter};
 

@@ -13,7 +13,6 @@
 //! a delta are not hashed on their own: a wrong byte of theirs would change the top level's.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::os::unix::fs::FileExt;
@@ -31,6 +30,7 @@ use crate::{IndexEntry, Store, StoreError};
 
 use super::buffers::Pooled;
 use super::read::{agrees_with_index, chain_budget, corrupt, in_memory_stream, tensor_header};
+use super::Held;
 
 /// Element chunks in one window (each of `1 << CHUNK_LOG2` elements): 2 Mi elements, 8 MiB of
 /// f32. A chain of depth `d` holds `d + 1` windows and their coded bytes. A commit reads its
@@ -62,11 +62,6 @@ pub fn windowed_cost(entry: &IndexEntry) -> u64 {
     whole.min((2 * window + masked).saturating_mul(levels))
 }
 
-/// Tensors decoded and verified already, by id: a delta over one of them decodes against these
-/// bytes instead of its base's chain (what a transfer verifying a chain a level at a time
-/// holds of the level it verified last).
-pub type Held = HashMap<ObjectId, Arc<Vec<u8>>>;
-
 /// A tensor being decoded a window at a time ([`Store::tensor_windows`]).
 pub struct TensorWindows<'s> {
     level: Level<'s>,
@@ -87,14 +82,14 @@ impl Store {
 
     /// [`Self::tensor_windows`] where any base in its chain that `held` has is read from there
     /// (decoded and verified already), not decoded from its records.
-    pub fn held_windows(
-        &self,
+    pub fn held_windows<'s>(
+        &'s self,
         id: &ObjectId,
         entry: &IndexEntry,
-        held: &Held,
-    ) -> Result<TensorWindows<'_>, StoreError> {
+        held: &Held<'s>,
+    ) -> Result<TensorWindows<'s>, StoreError> {
         let level = self.reread(id, entry, |e| {
-            self.open_level(id, e, chain_budget(e), true, held)
+            self.open_level(id, e, chain_budget(e), true, held, None)
         })?;
         // Whole chunks of elements (a float record's width), or of bytes.
         let width = match &level {
@@ -133,7 +128,7 @@ impl Store {
             Level::Framed(_) | Level::Masked(_) => {
                 at_least.div_ceil(windows.window).max(1) * windows.window
             }
-            Level::Stream(_) | Level::Memory { .. } => at_least,
+            Level::Stream(_) | Level::Memory { .. } | Level::Held { .. } => at_least,
         }
         .min(windows.len);
         let mut out = vec![0u8; n as usize];
@@ -146,14 +141,15 @@ impl Store {
     /// Opens `id`'s record, and its chain below it. Only the level read (`verify`) checks its
     /// content hash: the levels below are checked by their records' checksums, and any
     /// wrong byte of theirs would change the top level's content.
-    fn open_level(
-        &self,
+    pub(super) fn open_level<'s>(
+        &'s self,
         id: &ObjectId,
         entry: &IndexEntry,
         budget: u32,
         verify: bool,
-        held: &Held,
-    ) -> Result<Level<'_>, StoreError> {
+        held: &Held<'s>,
+        omit: Option<&ObjectId>,
+    ) -> Result<Level<'s>, StoreError> {
         let bad = corrupt(id, entry);
         let codec = CodecTag::try_from(entry.codec).map_err(bad)?;
         if budget == 0 {
@@ -255,12 +251,11 @@ impl Store {
             read(0, &mut first).map_err(bad)?;
         }
         let base = BaseWindows::new(match &entry.base {
-            Some(base_id) => match held.get(base_id) {
+            // The caller writes the delta over bytes of its own ([`Store::masked_over`]).
+            Some(base_id) if omit == Some(base_id) => None,
+            Some(base_id) => match held.get(base_id).copied().or_else(|| self.lent(base_id)) {
                 Some(data) if data.len() as u64 == entry.content_len => {
-                    Some(Box::new(Level::Memory {
-                        data: data.clone(),
-                        at: 0,
-                    }))
+                    Some(Box::new(Level::Held { data, at: 0 }))
                 }
                 _ => {
                     let base_entry = self.base_entry(id, entry, base_id)?;
@@ -270,6 +265,7 @@ impl Store {
                         budget - 1,
                         false,
                         held,
+                        None,
                     )?))
                 }
             },
@@ -391,14 +387,19 @@ impl TensorWindows<'_> {
 }
 
 /// One record of a chain.
-enum Level<'s> {
+pub(super) enum Level<'s> {
     Float(FloatLevel<'s>),
     Framed(FramedLevel<'s>),
     Masked(MaskedLevel<'s>),
     Stream(StreamLevel),
-    /// Decoded whole: a record decoded so, or a base held decoded ([`Held`]).
+    /// Decoded whole: a record decoded so.
     Memory {
         data: Arc<Vec<u8>>,
+        at: usize,
+    },
+    /// A base the caller holds decoded ([`Held`]).
+    Held {
+        data: &'s [u8],
         at: usize,
     },
 }
@@ -410,9 +411,9 @@ impl Level<'_> {
             Level::Framed(f) => f.next_into(out),
             Level::Masked(m) => m.next_into(out),
             Level::Stream(s) => s.next_into(out),
-            Level::Memory { data, at } => {
-                out.copy_from_slice(&data[*at..*at + out.len()]);
-                *at += out.len();
+            Level::Memory { .. } | Level::Held { .. } => {
+                let window = self.next_in_place(out.len())?;
+                out.copy_from_slice(window);
                 Ok(())
             }
         }
@@ -424,15 +425,30 @@ impl Level<'_> {
             Level::Framed(f) => f.finish(),
             Level::Masked(m) => m.finish(),
             Level::Stream(s) => s.finish(),
-            Level::Memory { .. } => Ok(()),
+            Level::Memory { .. } | Level::Held { .. } => Ok(()),
         }
+    }
+
+    /// Its next `len` bytes, without a copy: only for a level held decoded (in memory, or
+    /// lent).
+    fn next_in_place(&mut self, len: usize) -> Result<&[u8], StoreError> {
+        let (data, at): (&[u8], &mut usize) = match self {
+            Level::Memory { data, at } => (data.as_slice(), at),
+            Level::Held { data, at } => (data, at),
+            _ => unreachable!("a level decoded whole"),
+        };
+        let window = data.get(*at..*at + len).ok_or_else(|| {
+            StoreError::Output(io::Error::other("base window past the tensor's end"))
+        })?;
+        *at += len;
+        Ok(window)
     }
 }
 
 /// What every streamed level checks at the end.
-struct Common {
-    id: ObjectId,
-    entry: IndexEntry,
+pub(super) struct Common {
+    pub(super) id: ObjectId,
+    pub(super) entry: IndexEntry,
     /// The content hash so far; `None` for a level below the one read.
     hasher: Option<TensorHasher>,
     expected: ObjectId,
@@ -443,7 +459,7 @@ struct Common {
 }
 
 impl Common {
-    fn hash(&mut self, bytes: &[u8]) {
+    pub(super) fn hash(&mut self, bytes: &[u8]) {
         if let Some(h) = &mut self.hasher {
             h.update(bytes);
         }
@@ -476,7 +492,7 @@ impl Common {
 }
 
 /// A float record, its planes read a window of chunks at a time.
-struct FloatLevel<'s> {
+pub(super) struct FloatLevel<'s> {
     store: &'s Store,
     common: Common,
     file: File,
@@ -563,15 +579,8 @@ impl<'s> BaseWindows<'s> {
         let Some(level) = &mut self.level else {
             return Ok(None);
         };
-        if matches!(**level, Level::Memory { .. }) {
-            let Level::Memory { data, at } = &mut **level else {
-                unreachable!("matched above")
-            };
-            let window = data.get(*at..*at + len).ok_or_else(|| {
-                StoreError::Output(io::Error::other("base window past the tensor's end"))
-            })?;
-            *at += len;
-            return Ok(Some(window));
+        if matches!(**level, Level::Memory { .. } | Level::Held { .. }) {
+            return level.next_in_place(len).map(Some);
         }
         if self.buf.0.len() < len {
             // A pooled buffer grows to the window exactly, not to twice its old capacity.
@@ -583,6 +592,15 @@ impl<'s> BaseWindows<'s> {
         Ok(Some(window))
     }
 
+    /// Writes the base's next `out.len()` bytes into `out` (decoded there, or copied from
+    /// where it is held); false without a base.
+    fn fill(&mut self, out: &mut [u8]) -> Result<bool, StoreError> {
+        match &mut self.level {
+            Some(level) => level.next_into(out).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
     fn finish(self) -> Result<(), StoreError> {
         match self.level {
             Some(level) => level.finish(),
@@ -592,7 +610,7 @@ impl<'s> BaseWindows<'s> {
 }
 
 /// A framed float record: its frames read and decoded in file order.
-struct FramedLevel<'s> {
+pub(super) struct FramedLevel<'s> {
     store: &'s Store,
     common: Common,
     file: File,
@@ -641,9 +659,9 @@ impl FramedLevel<'_> {
 
 /// A masked delta record (format 11): its mask and changed elements decoded at open, applied
 /// to the base a window at a time.
-struct MaskedLevel<'s> {
-    common: Common,
-    delta: MaskedDelta,
+pub(super) struct MaskedLevel<'s> {
+    pub(super) common: Common,
+    pub(super) delta: MaskedDelta,
     /// Bytes an element.
     width: u64,
     /// Checksum of the payload (read whole at open).
@@ -654,27 +672,40 @@ struct MaskedLevel<'s> {
 impl MaskedLevel<'_> {
     fn next_into(&mut self, out: &mut [u8]) -> Result<(), StoreError> {
         let bad = corrupt(&self.common.id, &self.common.entry);
-        let base = self.base.next(out.len())?.ok_or_else(|| {
-            bad(FormatError::invalid(
+        // The base's window decoded (or copied) where the result goes, the changed elements
+        // written over it: a chain of masked deltas costs one pass a window, not one a level.
+        if !self.base.fill(out)? {
+            return Err(bad(FormatError::invalid(
                 "masked delta",
                 "a record without a base",
-            ))
-        })?;
-        self.delta.apply_next(base, out).map_err(bad)?;
+            )));
+        }
+        self.delta.apply_next_in_place(out).map_err(bad)?;
         self.common.hash(out);
         Ok(())
     }
 
     fn finish(self) -> Result<(), StoreError> {
-        self.base.finish()?;
-        let bad = corrupt(&self.common.id, &self.common.entry);
-        self.delta.finish().map_err(bad)?;
-        self.common.finish(&self.crc)
+        self.check().0
+    }
+
+    /// Checks the record and the content read; the delta back whatever the outcome.
+    pub(super) fn check(self) -> (Result<(), StoreError>, MaskedDelta) {
+        let MaskedLevel {
+            common,
+            delta,
+            crc,
+            base,
+            ..
+        } = self;
+        let bad = corrupt(&common.id, &common.entry);
+        let read = base.finish().and_then(|()| delta.finish().map_err(bad));
+        (read.and_then(|()| common.finish(&crc)), delta)
     }
 }
 
 /// A raw or zstd record, decoded as it streams.
-struct StreamLevel {
+pub(super) struct StreamLevel {
     common: Common,
     decoder: Box<dyn Read>,
     /// Checksum and count of the payload bytes the decoder has taken so far.

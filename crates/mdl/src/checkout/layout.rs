@@ -106,7 +106,12 @@ impl Placed {
     /// decodes one level against those bytes instead of through its chain. The result is
     /// verified against the object's id all the same, so held bytes that are not what their id
     /// names fail the read; they never make it wrong.
-    pub fn load_over(&self, repo: &Repository, held: &crate::Held, out: &mut [u8]) -> Result<()> {
+    pub fn load_over(
+        &self,
+        repo: &Repository,
+        held: &crate::Held<'_>,
+        out: &mut [u8],
+    ) -> Result<()> {
         if out.len() as u64 != self.entry.content_len {
             let short = std::io::Error::other("output size differs from the object's");
             return Err(mdl_store::StoreError::Output(short).into());

@@ -12,6 +12,7 @@ mod checked;
 mod layout;
 mod listing;
 mod output;
+pub mod patch;
 pub mod target;
 mod update;
 mod writes;

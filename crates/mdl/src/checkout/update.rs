@@ -15,7 +15,6 @@ use std::collections::{HashMap, HashSet};
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::Arc;
 
 use crate::checkout::{layout_with, target, CheckoutOptions, CheckoutOutcome, FileLayout, Piece};
 use crate::{revision, Error, Progress, Repository, Result};
@@ -178,7 +177,7 @@ fn patch(repo: &Repository, new: &FileLayout, old: &FileLayout, path: &Path) -> 
         let len = now.entry.content_len as usize;
         let mut there = vec![0u8; len];
         file.read_exact_at(&mut there, was.offset).map_err(io_err)?;
-        let held = crate::Held::from([(was.id, Arc::new(there))]);
+        let held = crate::Held::from([(was.id, there.as_slice())]);
         let mut bytes = vec![0u8; len];
         now.load_over(repo, &held, &mut bytes)?;
         file.write_all_at(&bytes, now.offset).map_err(io_err)?;

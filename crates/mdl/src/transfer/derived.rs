@@ -16,6 +16,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
+use mdl_codec::planes::PlaneSpec;
 use mdl_codec::{float, CodecTag};
 use mdl_format::record::{self, RecordHeader};
 use mdl_format::{ObjectId, ObjectKind, TensorHeader};
@@ -268,6 +269,11 @@ fn make(
     if !float::supports(header.dtype) {
         return Ok(None);
     }
+    if bentry.base == Some(*id) {
+        if let Some(d) = turned(repo, id, entry, base, &bentry, &header, &prefix)? {
+            return Ok(Some(d));
+        }
+    }
     let data = store.load_tensor(id, entry)?;
     let b = store.load_tensor(base, &bentry)?;
     let engine = store.engine();
@@ -286,6 +292,42 @@ fn make(
         ((record.len() as u64) < entry.stored_len).then_some(Derived {
             record,
             codec,
+            base: *base,
+        }),
+    )
+}
+
+/// Where `base` (what the receiver holds) is stored as a masked delta over `id` (the newest
+/// version whole, the one before a reverse delta over it: the default store), that delta
+/// turned round ([`float::invert_masked`]): the same mask, only the changed elements' words
+/// coded again — no tensor decoded. `None` for any other record.
+fn turned(
+    repo: &Repository,
+    id: &ObjectId,
+    entry: &IndexEntry,
+    base: &ObjectId,
+    bentry: &IndexEntry,
+    header: &TensorHeader,
+    prefix: &[u8],
+) -> Result<Option<Derived>> {
+    let (bytes, current) = repo.store().read_current_record(base, bentry)?;
+    let corrupt = |source| Error::Corrupt { id: *base, source };
+    let (head, payload, _) = record::decode(&bytes).map_err(corrupt)?;
+    let spec = match CodecTag::try_from(head.codec) {
+        Ok(CodecTag::XorDelta) => PlaneSpec::planes(header.dtype, 0),
+        Ok(CodecTag::SubDelta) => PlaneSpec::sub(header.dtype),
+        _ => return Ok(None),
+    };
+    if current.base != Some(*id) || head.base != Some(*id) || !float::is_masked(payload) {
+        return Ok(None);
+    }
+    let payload = float::invert_masked(spec, entry.content_len, payload).map_err(corrupt)?;
+    let head = RecordHeader::new(ObjectKind::Tensor, head.codec, Some(*base), prefix.to_vec());
+    let record = record::encode(&head, &payload, entry.content_len);
+    Ok(
+        ((record.len() as u64) < entry.stored_len).then_some(Derived {
+            record,
+            codec: head.codec,
             base: *base,
         }),
     )

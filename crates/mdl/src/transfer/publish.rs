@@ -19,7 +19,7 @@ const HOLD: u64 = 512 << 20;
 /// Tensors of the layer verified last, decoded, under the reservation that holds them.
 #[derive(Default)]
 pub(super) struct Verified {
-    held: mdl_store::Held,
+    held: HashMap<ObjectId, Vec<u8>>,
     reserved: Vec<mdl_store::budget::Reservation>,
     /// The buffers of the layer before those, by length, for the next layer to decode into (a
     /// chain's levels have one length): memory written already, not zeroed and faulted in
@@ -33,9 +33,7 @@ impl Verified {
     fn take_buffers(&mut self) -> HashMap<u64, Vec<Vec<u8>>> {
         let mut spare: HashMap<u64, Vec<Vec<u8>>> = HashMap::new();
         for (_, data) in std::mem::take(&mut self.held) {
-            if let Ok(data) = std::sync::Arc::try_unwrap(data) {
-                spare.entry(data.len() as u64).or_default().push(data);
-            }
+            spare.entry(data.len() as u64).or_default().push(data);
         }
         spare
     }
@@ -43,13 +41,14 @@ impl Verified {
 
 /// Verifies a layer of written tensor records by decoding them (a window at a time where that
 /// holds less; against `verified`'s bytes where it holds a record's base), then indexes them.
-/// `verified` then holds what this layer kept decoded. The records of expiry that indexing
-/// them replaced, for a roll-back.
+/// `verified` then holds what this layer kept decoded (where `more` layers may follow: the last
+/// keeps nothing). The records of expiry that indexing them replaced, for a roll-back.
 pub(super) fn publish_tensors(
     repo: &Repository,
     batch: mdl_store::ObjectBatch<'_>,
     layer: &mut Vec<(ObjectId, IndexEntry)>,
     verified: &mut Verified,
+    more: bool,
 ) -> Result<Vec<(ObjectId, Expired)>> {
     batch.finish()?;
     if layer.is_empty() {
@@ -57,8 +56,8 @@ pub(super) fn publish_tensors(
     }
     let store = repo.store();
     let limit = mdl_store::budget::limit();
-    let hold_cap = HOLD.min(limit / 4);
-    let (mut next_held, mut next_reserved) = (mdl_store::Held::new(), Vec::new());
+    let hold_cap = if more { HOLD.min(limit / 4) } else { 0 };
+    let (mut next_held, mut next_reserved) = (HashMap::new(), Vec::new());
     let spare = std::sync::Mutex::new(std::mem::take(&mut verified.spare));
     let mut kept = 0u64;
     // Verified in batches that fit the process's decode budget (a server shares it among its
@@ -82,7 +81,12 @@ pub(super) fn publish_tensors(
         }
         let mut reserved = mdl_store::budget::reserve(cost);
         let items: Vec<_> = layer[start..end].iter().zip(keep).collect();
-        let held = &verified.held;
+        let held: mdl_store::Held<'_> = verified
+            .held
+            .iter()
+            .map(|(id, data)| (*id, data.as_slice()))
+            .collect();
+        let held = &held;
         let spare = &spare;
         let decoded = per_tensor(
             &items,
@@ -104,8 +108,13 @@ pub(super) fn publish_tensors(
                     return Ok(Some(out));
                 }
                 // Whichever holds less: a window of every level of its chain, or the tensor
-                // decoded whole (a deep chain of a small tensor) — what its cost reserved.
-                if mdl_store::windowed_cost(e) < mdl_store::budget::decode_cost(e) {
+                // decoded whole (a deep chain of a small tensor) — what its cost reserved. A
+                // delta over bytes held decoded (the layer before, or lent by the caller) is
+                // one level whatever its depth: windows, against those bytes.
+                let over_held = e
+                    .base
+                    .is_some_and(|b| held.contains_key(&b) || store.lends(&b));
+                if over_held || mdl_store::windowed_cost(e) < mdl_store::budget::decode_cost(e) {
                     windows.for_each(&mut Vec::new(), |_, _| Ok(()))?;
                 } else {
                     drop(windows);
@@ -116,7 +125,7 @@ pub(super) fn publish_tensors(
         )?;
         for (((id, _), _), out) in items.iter().zip(decoded) {
             if let Some(out) = out {
-                next_held.insert(*id, std::sync::Arc::new(out));
+                next_held.insert(*id, out);
             }
         }
         next_reserved.push(reserved.split_off(keeping));

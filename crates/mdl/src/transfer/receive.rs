@@ -594,7 +594,7 @@ impl Receiving<'_> {
             return Ok(0);
         };
         if self.in_layer.contains(&base) {
-            self.publish_layer()?;
+            self.publish_layer(true)?;
         }
         let base_entry = self
             .repo
@@ -609,11 +609,13 @@ impl Receiving<'_> {
         Ok(base_entry.depth + 1)
     }
 
-    /// Publishes the current layer of tensors, starting a new batch.
-    fn publish_layer(&mut self) -> Result<()> {
+    /// Publishes the current layer of tensors, starting a new batch; `more`: another layer
+    /// may follow (what this one decodes is kept for its deltas).
+    fn publish_layer(&mut self, more: bool) -> Result<()> {
         self.write_group()?;
         let full = std::mem::replace(&mut self.batch, self.repo.store().bulk_batch());
-        let unexpired = publish_tensors(self.repo, full, &mut self.layer, &mut self.verified)?;
+        let (layer, verified) = (&mut self.layer, &mut self.verified);
+        let unexpired = publish_tensors(self.repo, full, layer, verified, more)?;
         self.receipt.added.unexpired.extend(unexpired);
         self.in_layer.clear();
         Ok(())
@@ -621,7 +623,7 @@ impl Receiving<'_> {
 
     /// Publishes the last layer of tensors, then the manifests and commits.
     fn publish(&mut self) -> Result<()> {
-        self.publish_layer()?;
+        self.publish_layer(false)?;
         let tail = publish_tail(self.repo, &self.tail, &self.expired, &self.cut)?;
         let received = &mut self.receipt.received;
         received.expired = tail.expired.len() as u64;
@@ -643,7 +645,7 @@ impl Receiving<'_> {
     /// and the pack's additions undone, if one fails), and removes the manifests and commits
     /// written (they are published only with the whole pack). How many tensors are kept.
     fn keep_whole(&mut self) -> Result<u64> {
-        self.publish_layer()?;
+        self.publish_layer(false)?;
         let tail: HashSet<ObjectId> = self.tail.iter().map(|(id, _)| *id).collect();
         let added = &mut self.receipt.added;
         let (unpublished, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut added.records)
