@@ -1,5 +1,6 @@
 //! A staging buffer of the Python side — or, for a commit the caller waits for, one of its
-//! own tensors — read in place by a background commit.
+//! own tensors — read in place by a background commit; and a model's tensors lent to a read
+//! (`Ops.fetch(held=)`, `Repo.read_tensors(held=)`), read in place while the call runs.
 
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;

@@ -23,7 +23,7 @@ const PATCH_WINDOW: usize = 256 << 10;
 impl Store {
     /// `id`'s record where it is a masked delta over `base_id`, opened (its mask and changed
     /// elements decoded) for a caller holding that base's bytes to patch them where they lie
-    /// ([`MaskedOver::patch`]); `None` for any other record (nothing more read).
+    /// ([`MaskedOver::patch`]); `None` for any other record.
     pub fn masked_over(
         &self,
         id: &ObjectId,
@@ -46,9 +46,7 @@ impl Store {
             _ => None,
         })
     }
-}
 
-impl Store {
     /// Whether `id`'s record is a masked delta over `base_id` (what [`Self::masked_over`]
     /// opens): its index entry and the first byte of its payload, nothing decoded.
     pub fn is_masked_over(
@@ -73,9 +71,7 @@ impl Store {
             Ok(float::is_masked(&first))
         })
     }
-}
 
-impl Store {
     /// The bytes of `id` the caller lent ([`crate::Lent`]).
     pub(super) fn lent(&self, id: &ObjectId) -> Option<&[u8]> {
         self.lent.0.get(id).map(|b| (**b).as_ref())
