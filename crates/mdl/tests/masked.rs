@@ -265,9 +265,18 @@ fn a_damaged_masked_record_is_refused_and_nothing_is_written() {
     checks_out_exactly(&repo, &commits, dir.path());
 }
 
+/// A tensor to patch: the newer version's place, the id of the version `bytes` hold, and them.
+fn target<'a>(
+    placed: &'a mdl::checkout::Placed,
+    id: ObjectId,
+    bytes: &'a mut [u8],
+) -> mdl::checkout::patch::Target<'a> {
+    mdl::checkout::patch::Target { placed, id, bytes }
+}
+
 #[test]
 fn a_step_is_patched_into_the_bytes_held_and_wrong_bytes_are_restored() {
-    use mdl::checkout::patch::{patch_in_place, patchable, Target};
+    use mdl::checkout::patch::{patch_in_place, patchable};
     let dir = tempfile::tempdir().unwrap();
     let (repo, commits, _) = run(dir.path(), 2, DeltaMode::Forward);
     let placed = |c: &ObjectId, name: &str| {
@@ -287,16 +296,8 @@ fn a_step_is_patched_into_the_bytes_held_and_wrong_bytes_are_restored() {
 
     let (mut live_w, mut live_norm) = (held_w.clone(), held_norm.clone());
     let mut targets = [
-        Target {
-            placed: &w2,
-            id: w.id,
-            bytes: &mut live_w,
-        },
-        Target {
-            placed: &norm2,
-            id: norm.id,
-            bytes: &mut live_norm,
-        },
+        target(&w2, w.id, &mut live_w),
+        target(&norm2, norm.id, &mut live_norm),
     ];
     assert!(patch_in_place(&repo, &mut targets).unwrap());
     assert!(
@@ -310,16 +311,8 @@ fn a_step_is_patched_into_the_bytes_held_and_wrong_bytes_are_restored() {
     live_norm[held_norm.len() / 3] ^= 1;
     let wrong_norm = live_norm.clone();
     let mut targets = [
-        Target {
-            placed: &w2,
-            id: w.id,
-            bytes: &mut live_w,
-        },
-        Target {
-            placed: &norm2,
-            id: norm.id,
-            bytes: &mut live_norm,
-        },
+        target(&w2, w.id, &mut live_w),
+        target(&norm2, norm.id, &mut live_norm),
     ];
     let err = patch_in_place(&repo, &mut targets).unwrap_err();
     assert!(err.to_string().contains(&norm2.id.to_hex()[..12]), "{err}");
@@ -332,16 +325,8 @@ fn a_step_is_patched_into_the_bytes_held_and_wrong_bytes_are_restored() {
     assert_eq!(can, [true, false, false]);
     let (mut live_w, mut live) = (held_w.clone(), held_w.clone());
     let mut targets = [
-        Target {
-            placed: &w2,
-            id: w.id,
-            bytes: &mut live_w,
-        },
-        Target {
-            placed: &first,
-            id: w.id,
-            bytes: &mut live,
-        },
+        target(&w2, w.id, &mut live_w),
+        target(&first, w.id, &mut live),
     ];
     assert!(!patch_in_place(&repo, &mut targets).unwrap());
     assert!(live_w == held_w && live == held_w, "nothing written");
