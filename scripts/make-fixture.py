@@ -227,6 +227,24 @@ def main():
                 write_safetensors(f, [("rl.w", "BF16", [len(words)], data)], {"step": str(step)})
                 done = run("commit", f, "-m", "rl step %d" % step)
                 commits.append(done["id"])
+        if a.version >= 12:
+            # The same on a tensor of 2 Mi elements, one in twenty a unit up (so its records
+            # stay small): a mask this long is coded as runs of zero flag bytes.
+            rng = Rng(12)
+            n = 1 << 21
+            words = [0x3C01 if rng.uniform() < 0.05 else 0x3C00 for _ in range(n)]
+            for step in range(2):
+                if step:
+                    for _ in range(n // 100):
+                        i = int(rng.uniform() * n)
+                        words[i] ^= 1
+                f = os.path.join(tmp, "rl_long%d.safetensors" % step)
+                data = struct.pack("<%dH" % n, *words)
+                write_safetensors(f, [("rl.long", "BF16", [n], data)], {"step": str(step)})
+                done = run("commit", f, "-m", "long rl step %d" % step)
+                commits.append(done["id"])
+                # Its checkouts kept as zstd frames, as the large tensor's are.
+                large.add(done["id"])
         if a.version >= 7:
             run("maintenance")
 
@@ -243,20 +261,24 @@ def main():
             path = os.path.join(checkouts, name)
             subprocess.run(["zstd", "-q", "-19", "--rm", path], check=True)
     tags = set()
-    masked = 0
+    masked = runs = 0
     for root, _, files in os.walk(os.path.join(repo, ".mdl", "objects")):
         for f in files:
             with open(os.path.join(root, f), "rb") as fh:
                 record = fh.read()
             if record[:4] == b"MDLR":
                 tags.add(record[7])
-                # The payload's first byte: 1 for a masked delta (format 11 on).
+                # The payload's first byte: 1 for a masked delta (format 11 on), 9 for one whose
+                # mask is run-coded (format 12 on).
                 at = 9 + (32 if record[8] & 1 else 0) + (48 if record[8] & 2 else 0)
                 at += 2 + struct.unpack_from("<H", record, at)[0]
-                masked += record[7] in (3, 7) and record[at] == 1
+                masked += record[7] in (3, 7) and record[at] in (1, 9)
+                runs += record[7] in (3, 7) and record[at] == 9
     expected["codecs"] = sorted(tags)
     if a.version >= 11:
         expected["masked"] = masked
+    if a.version >= 12:
+        expected["runs"] = runs
     for f in ("lock",):
         path = os.path.join(repo, ".mdl", f)
         if os.path.exists(path) and os.path.getsize(path) == 0:

@@ -177,15 +177,34 @@ pub fn encode(
     tables: &[Option<Table>],
     out: &mut Vec<u8>,
 ) {
+    encode_chunks(symbols, out, |start, chunk| {
+        let mut ctx = Vec::with_capacity(chunk.len());
+        contexts(start..start + chunk.len(), &mut ctx);
+        encode_chunk(chunk, |k| {
+            tables[ctx[k] as usize]
+                .as_ref()
+                .expect("a table for every context coded")
+        })
+    });
+}
+
+/// [`encode`] with every symbol under `table`: the same bytes as one context would give, but
+/// no context is looked up a symbol.
+pub fn encode_one(symbols: &[u8], table: &Table, out: &mut Vec<u8>) {
+    encode_chunks(symbols, out, |_, chunk| encode_chunk(chunk, |_| table));
+}
+
+/// Codes the chunks of `symbols` in parallel (`chunk(first symbol, its symbols)`) and appends
+/// their lengths, then their bytes.
+fn encode_chunks(
+    symbols: &[u8],
+    out: &mut Vec<u8>,
+    chunk: impl Fn(usize, &[u8]) -> Vec<u8> + Sync,
+) {
     let chunks: Vec<Vec<u8>> = symbols
         .par_chunks(CHUNK)
         .enumerate()
-        .map(|(c, chunk)| {
-            let start = c * CHUNK;
-            let mut ctx = Vec::with_capacity(chunk.len());
-            contexts(start..start + chunk.len(), &mut ctx);
-            encode_chunk(chunk, &ctx, tables)
-        })
+        .map(|(c, symbols)| chunk(c * CHUNK, symbols))
         .collect();
     for c in &chunks {
         varint::put(out, c.len() as u64);
@@ -195,13 +214,11 @@ pub fn encode(
     }
 }
 
-fn encode_chunk(symbols: &[u8], ctx: &[u8], tables: &[Option<Table>]) -> Vec<u8> {
+fn encode_chunk<'t>(symbols: &[u8], table: impl Fn(usize) -> &'t Table) -> Vec<u8> {
     let mut state = [LOW; LANES];
     let mut words: Vec<u16> = Vec::with_capacity(symbols.len() / 8);
     for k in (0..symbols.len()).rev() {
-        let t = tables[ctx[k] as usize]
-            .as_ref()
-            .expect("a table for every context coded");
+        let t = table(k);
         let s = symbols[k] as usize;
         let (f, c) = (t.freq[s], t.cum[s]);
         assert!(f > 0, "a symbol its table does not have");

@@ -1,7 +1,9 @@
 //! The parent commit's version of each tensor: the delta base and the previous lossy
 //! configuration of a tensor being committed (and what `diff` matches a tensor with).
 
-use mdl_format::{Entry, EntryView, Manifest, ManifestView};
+use std::collections::HashSet;
+
+use mdl_format::{Entry, EntryView, Manifest, ManifestView, ObjectId};
 
 /// The parent's tensors, found by file and name — or by name alone where the name is unique in
 /// the parent, so that a tensor keeps its history when shards are cut differently or a file is
@@ -23,6 +25,17 @@ impl<'a> Previous<'a> {
                 .map(|(f, e)| (m.files[f].path.as_str(), e.name.as_str(), e))
         });
         Previous::sorted(tensors.collect())
+    }
+
+    /// The objects the parent names more than once (tied or equal tensors): a version another
+    /// tensor's delta may still be taken against.
+    pub(crate) fn repeated(&self) -> HashSet<ObjectId> {
+        let mut seen = HashSet::with_capacity(self.by_path.len());
+        self.by_path
+            .iter()
+            .filter(|(_, _, e)| !seen.insert(e.id))
+            .map(|(_, _, e)| e.id)
+            .collect()
     }
 }
 

@@ -26,17 +26,18 @@ pub struct WarmTensors {
 #[derive(Default)]
 struct Generations {
     /// The last published commit's tensors: what the next commit reads.
-    last: HashMap<ObjectId, Held>,
+    last: HashMap<ObjectId, Arc<Held>>,
     /// The commit at work's tensors, published when it lands.
-    next: HashMap<ObjectId, Held>,
+    next: HashMap<ObjectId, Arc<Held>>,
     next_bytes: u64,
 }
 
 /// A kept tensor, and its copy where the engine that stored it computes (a GPU's memory), if
-/// it kept one ([`mdl_codec::engine::Engine::keep_shared`]).
+/// it kept one ([`mdl_codec::engine::Engine::keep_shared`]); shared by both generations where
+/// a commit left the tensor unchanged (the guard behind a lock only so that it may be).
 struct Held {
     content: Arc<Vec<u8>>,
-    _on_device: Kept<'static>,
+    _on_device: Mutex<Kept<'static>>,
 }
 
 impl WarmTensors {
@@ -67,11 +68,67 @@ impl WarmTensors {
         g.next_bytes += len;
         g.next.insert(
             id,
-            Held {
+            Arc::new(Held {
                 content,
-                _on_device: on_device,
-            },
+                _on_device: Mutex::new(on_device),
+            }),
         );
+    }
+
+    /// Whether the commit at work keeps object `id` already, or now does because the last
+    /// commit kept it (an unchanged tensor: its buffer and device copy carried over as they
+    /// are, nothing copied).
+    pub(crate) fn carry(&self, id: &ObjectId) -> bool {
+        let mut g = self.lock();
+        if g.next.contains_key(id) {
+            return true;
+        }
+        let Some(held) = g.last.get(id).cloned() else {
+            return false;
+        };
+        let len = held.content.len() as u64;
+        if g.next_bytes + len > self.budget {
+            return false;
+        }
+        g.next_bytes += len;
+        g.next.insert(*id, held);
+        true
+    }
+
+    /// The buffer of object `id`, taken out of the last commit's tensors to be written over,
+    /// if it is `len` bytes long and nothing else holds it (its device copy is let go): a
+    /// commit that changes a tensor writes the new version into the old one's buffer rather
+    /// than faulting in fresh memory. The object is no longer kept.
+    pub(crate) fn reclaim(&self, id: &ObjectId, len: usize) -> Option<Vec<u8>> {
+        let mut g = self.lock();
+        if g.last.get(id)?.content.len() != len {
+            return None;
+        }
+        let held = g.last.remove(id)?;
+        let held = match Arc::try_unwrap(held) {
+            Ok(held) => held,
+            Err(shared) => {
+                g.last.insert(*id, shared);
+                return None;
+            }
+        };
+        let Held {
+            content,
+            _on_device,
+        } = held;
+        drop(_on_device);
+        match Arc::try_unwrap(content) {
+            Ok(buf) => Some(buf),
+            // Read by someone (a delta being made against it): kept for them, not reused.
+            Err(content) => {
+                let kept = Held {
+                    content,
+                    _on_device: Mutex::new(Kept::nothing()),
+                };
+                g.last.insert(*id, Arc::new(kept));
+                None
+            }
+        }
     }
 
     /// Starts a commit: what an earlier unfinished one offered is dropped.
@@ -99,5 +156,40 @@ impl std::fmt::Debug for WarmTensors {
             .field("budget", &self.budget)
             .field("kept", &self.lock().last.len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(warm: &WarmTensors, content: &[u8]) -> (ObjectId, Arc<Vec<u8>>) {
+        let id = ObjectId::hash(content);
+        let buf = Arc::new(content.to_vec());
+        warm.offer(id, buf.clone(), Kept::nothing());
+        (id, buf)
+    }
+
+    #[test]
+    fn a_buffer_is_reclaimed_only_when_nothing_else_holds_it() {
+        let warm = WarmTensors::new(1 << 20);
+        let (a, held) = kept(&warm, b"version a");
+        let (b, _) = kept(&warm, b"version b");
+        warm.publish();
+        // Read by someone: kept for them, not handed out to be written over.
+        assert!(warm.reclaim(&a, 9).is_none());
+        assert_eq!(warm.get(&a).as_deref(), Some(&b"version a".to_vec()));
+        drop(held);
+        // Of another length: not this tensor's buffer.
+        assert!(warm.reclaim(&a, 8).is_none());
+        assert_eq!(warm.reclaim(&a, 9).as_deref(), Some(&b"version a"[..]));
+        // Taken: no longer kept as `a`.
+        assert!(warm.get(&a).is_none());
+        // An unchanged tensor is carried over to the next commit as it is.
+        warm.begin();
+        assert!(warm.carry(&b));
+        assert!(!warm.carry(&a));
+        warm.publish();
+        assert_eq!(warm.get(&b).as_deref(), Some(&b"version b".to_vec()));
     }
 }

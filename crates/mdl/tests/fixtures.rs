@@ -29,6 +29,9 @@ struct Expected {
     /// Masked delta records (format 11 on; absent before).
     #[serde(default)]
     masked: usize,
+    /// Masked delta records whose mask is run-coded (format 12 on; absent before).
+    #[serde(default)]
+    runs: usize,
 }
 
 fn fixtures() -> Vec<PathBuf> {
@@ -55,9 +58,9 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// Every record's header in a repository's object folder, with whether it is a masked delta
-/// (a delta payload whose first byte is 1).
-fn record_headers(objects: &Path) -> Vec<(PathBuf, RecordHeader, bool)> {
+/// Every record's header in a repository's object folder, with the first byte of its payload
+/// where it is a masked delta (1, or 9 where the mask is run-coded).
+fn record_headers(objects: &Path) -> Vec<(PathBuf, RecordHeader, Option<u8>)> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(objects).unwrap() {
         let path = entry.unwrap().path();
@@ -68,7 +71,10 @@ fn record_headers(objects: &Path) -> Vec<(PathBuf, RecordHeader, bool)> {
             let (header, len) =
                 RecordHeader::decode(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let delta = [CodecTag::XorDelta as u8, CodecTag::SubDelta as u8];
-            let masked = delta.contains(&header.codec) && bytes.get(len) == Some(&1);
+            let masked = bytes
+                .get(len)
+                .copied()
+                .filter(|b| delta.contains(&header.codec) && matches!(b, 1 | 9));
             found.push((path, header, masked));
         }
     }
@@ -94,6 +100,10 @@ fn every_format_version_reads_back_bit_exactly() {
     assert!(
         dirs.iter().any(|d| read_expected(d).masked > 0),
         "a fixture holds a masked delta record"
+    );
+    assert!(
+        dirs.iter().any(|d| read_expected(d).runs > 0),
+        "a fixture holds a masked delta record with a run-coded mask"
     );
     let known: BTreeSet<u8> = (0..=u8::MAX)
         .filter(|t| CodecTag::try_from(*t).is_ok())
@@ -145,8 +155,13 @@ fn check_fixture(dir: &Path) -> BTreeSet<u8> {
             path.display()
         );
     }
-    let masked = headers.iter().filter(|(_, _, m)| *m).count();
+    let masked = headers.iter().filter(|(_, _, m)| m.is_some()).count();
     assert_eq!(masked, expected.masked, "{name}: masked delta records");
+    let runs = headers.iter().filter(|(_, _, m)| *m == Some(9)).count();
+    assert_eq!(
+        runs, expected.runs,
+        "{name}: masked delta records with run-coded masks"
+    );
     let codecs: BTreeSet<u8> = headers.iter().map(|(_, h, _)| h.codec).collect();
     assert_eq!(
         codecs,

@@ -108,10 +108,11 @@ fn stored_w(repo: &Repository, commit: &ObjectId) -> (ObjectId, String, u64, u32
     (t.id, t.codec.clone(), t.stored_bytes, t.depth)
 }
 
-/// Whether a record's payload is masked (its first byte 1, in a delta record).
+/// Whether a record's payload is masked (its first byte 1, or 9 for a run-coded mask, in a
+/// delta record).
 fn is_masked(record: &[u8]) -> bool {
     let (header, len) = RecordHeader::decode(record).unwrap();
-    [3, 7].contains(&header.codec) && record[len] == 1
+    [3, 7].contains(&header.codec) && matches!(record[len], 1 | 9)
 }
 
 /// TRL's index+value patches of a step: an int32 index and a bf16 value a changed element.

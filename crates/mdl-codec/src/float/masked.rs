@@ -1,15 +1,15 @@
-//! Masked delta payloads (format 11): a delta where few elements changed, coded as *which*
+//! Masked delta payloads (format 11 on): a delta where few elements changed, coded as *which*
 //! elements changed, once for all planes, and then only those elements' deltas
 //! (`docs/FORMAT.md`, "Masked delta payload").
 //!
 //! ```text
-//! u8 1 (MASKED) | varint changed | coded flag bytes | coded byte plane × width (when changed > 0)
+//! u8 form (1 or 9) | varint changed | mask | coded byte plane × width (when changed > 0)
 //! coded: rANS table | varint len | len bytes of rANS-coded symbols
 //!     or u8 0 (no table) | varint len | the len symbols as they are
 //! ```
 //!
-//! The mask is the tensor's flag bytes (bit `k` of byte `j` set ⇔ element `8j + k` differs from
-//! the base). A plane-by-plane delta pays for the positions of its non-zero symbols in every
+//! The mask says which elements differ from the base, as the tensor's flag bytes or as runs of
+//! them (`mask.rs`); the comparing pass that finds them is `scan.rs`. A plane-by-plane delta pays for the positions of its non-zero symbols in every
 //! plane, at the Huffman coder's floor of a bit a flag byte: at 1 % of elements changed that is
 //! about 0.3 bit an element, where the mask's information is 0.08 (RL steps of bf16 weights,
 //! `docs/BENCHMARKS.md`). Each changed element's *delta word* — `zigzag(value − base)` for
@@ -20,12 +20,10 @@
 
 use mdl_format::{Dtype, FormatError};
 
-use crate::planes::{layout, spec_layout_of, PlaneSpec, Transform, SAMPLE};
-use crate::{rans, varint};
-
-/// First byte of a masked payload (a plain one starts with its plane count, at least 2; a
-/// framed one with 0).
-const MASKED: u8 = 1;
+use super::mask::{self, code, coded_bits, decode_coded, for_changed, Form};
+use super::scan::{low_bits, scan, unzigzag, word, zigzag, Scan};
+use crate::planes::{layout, spec_layout_of, PlaneSpec, Transform};
+use crate::varint;
 
 /// The largest fraction of changed elements a masked payload is tried for: past it, the mask
 /// costs about what the planes' own flags do.
@@ -33,7 +31,7 @@ const MAX_CHANGED: f64 = 0.25;
 
 /// Whether `payload` (of codec xor-delta or sub-delta) is masked.
 pub fn is_masked(payload: &[u8]) -> bool {
-    payload.first() == Some(&MASKED)
+    Form::of(payload).is_some()
 }
 
 /// A delta payload and the planes it is coded in (the record's codec: xor-delta for
@@ -64,53 +62,27 @@ pub fn encode_masked(
     }
     let w = l.width;
     let n = data.len() / w;
-    let mut flags = vec![0u8; n.div_ceil(8)];
-    let mut changed = 0usize;
     let most = (MAX_CHANGED * n as f64) as usize;
-    // Eight elements (a flag byte) at a time, compared as `w` words of 8 bytes: where few
-    // changed, most blocks are equal and cost two loads a word.
-    let block = 8 * w;
-    let blocks = data.chunks(block).zip(base.chunks(block));
-    for (j, ((d, b), flag)) in blocks.zip(flags.iter_mut()).enumerate() {
-        let whole = d.len() == block;
-        let equal =
-            whole && (d.chunks_exact(8).zip(b.chunks_exact(8))).all(|(x, y)| word(x) == word(y));
-        if !equal {
-            for (e, (x, y)) in d.chunks_exact(w).zip(b.chunks_exact(w)).enumerate() {
-                if word(x) != word(y) {
-                    *flag |= 1 << e;
-                }
-            }
-            changed += flag.count_ones() as usize;
-        }
-        // Most elements changed (the usual case for a trained tensor in f32): stop early.
-        let seen = (j + 1) * 8;
-        if seen % SAMPLE == 0 && changed > most.max(seen / 2) {
-            return Ok(None);
-        }
-    }
-    if changed > most {
+    let Some(Scan {
+        flags,
+        counts,
+        runs,
+        changed,
+        sub,
+        xor,
+    }) = (match w {
+        2 => scan::<2>(data, base, most),
+        4 => scan::<4>(data, base, most),
+        _ => scan::<8>(data, base, most),
+    })
+    else {
         return Ok(None);
-    }
-    let bits = 8 * w as u32;
-    let (mut sub, mut xor) = (Vec::with_capacity(changed), Vec::with_capacity(changed));
-    for_changed(&flags, n, |i| {
-        let (v, b) = (
-            word(&data[i * w..(i + 1) * w]),
-            word(&base[i * w..(i + 1) * w]),
-        );
-        sub.push(zigzag(v.wrapping_sub(b), bits));
-        xor.push(v ^ b);
-    });
-    let mut payload = vec![MASKED];
-    varint::put(&mut payload, changed as u64);
-    code(&flags, &mut payload);
-    let planes = |words: &[u64]| -> Vec<Vec<u8>> {
-        (0..w)
-            .map(|k| words.iter().map(|x| (x >> (8 * k)) as u8).collect())
-            .collect()
     };
-    let (sub, xor) = (planes(&sub), planes(&xor));
+    let mut coded_mask = Vec::new();
+    let form = mask::write(&flags, &counts, &runs, &mut coded_mask);
+    let mut payload = vec![form.first_byte()];
+    varint::put(&mut payload, changed as u64);
+    payload.extend_from_slice(&coded_mask);
     let cost = |planes: &[Vec<u8>]| planes.iter().map(|p| coded_bits(p)).sum::<f64>();
     let (planes, transform) = match cost(&xor) < cost(&sub) {
         true => (xor, Transform::Planes),
@@ -136,19 +108,11 @@ pub fn invert(spec: PlaneSpec, content_len: u64, payload: &[u8]) -> Result<Vec<u
         return Ok(payload.to_vec());
     }
     let w = l.width;
-    if payload.first() != Some(&MASKED) || !content_len.is_multiple_of(w as u64) {
-        return Err(bad("not a masked payload"));
-    }
+    let (form, n) = head(payload, content_len, w)?;
     let mut at = 1;
-    let changed = varint::read(payload, &mut at).ok_or_else(|| bad("truncated head"))?;
-    if changed > content_len / w as u64 {
-        return Err(bad("more elements changed than the tensor has"));
-    }
-    let changed = changed as usize;
+    let changed = changed(payload, &mut at, n)?;
     // The mask's coded bytes, kept as they are.
-    let flags = (content_len / w as u64).div_ceil(8);
-    let flags = usize::try_from(flags).map_err(|_| bad("too long"))?;
-    skip_coded(payload, &mut at, flags)?;
+    mask::skip(form, payload, &mut at, n)?;
     let mut out = payload[..at].to_vec();
     if changed == 0 {
         return Ok(out);
@@ -175,117 +139,28 @@ pub fn invert(spec: PlaneSpec, content_len: u64, payload: &[u8]) -> Result<Vec<u
     Ok(out)
 }
 
-/// Moves `*at` past [`code`]'s coded `n` symbols, checking only that they are there.
-fn skip_coded(payload: &[u8], at: &mut usize, n: usize) -> Result<(), FormatError> {
-    let (table, span) = coded_span(payload, at)?;
-    if table.is_none() && span.len() != n {
-        return Err(bad("stored symbols of the wrong length"));
+/// A masked payload's form and the elements of its tensor of `content_len` bytes (elements of
+/// `width` bytes).
+fn head(payload: &[u8], content_len: u64, width: usize) -> Result<(Form, usize), FormatError> {
+    let form = Form::of(payload).ok_or_else(|| bad("not a masked payload"))?;
+    if !content_len.is_multiple_of(width as u64) {
+        return Err(bad("length is not a whole number of elements"));
     }
-    Ok(())
+    let n = usize::try_from(content_len / width as u64).map_err(|_| bad("too long"))?;
+    Ok((form, n))
 }
 
-/// The table (if any) and the bytes of [`code`]'s symbols at `*at`, moving `*at` past them.
-fn coded_span(
-    payload: &[u8],
-    at: &mut usize,
-) -> Result<(Option<rans::Table>, std::ops::Range<usize>), FormatError> {
-    let table = rans::Table::read(payload, at)?;
-    let len = varint::read(payload, at).ok_or_else(|| bad("truncated head"))?;
-    let end = usize::try_from(len)
-        .ok()
-        .and_then(|m| at.checked_add(m))
-        .filter(|&e| e <= payload.len())
-        .ok_or_else(|| bad("coded symbols overrun the payload"))?;
-    let span = *at..end;
-    *at = end;
-    Ok((table, span))
+/// The count of changed elements at `*at` (moved past it), at most `n`.
+fn changed(payload: &[u8], at: &mut usize, n: usize) -> Result<usize, FormatError> {
+    let changed = varint::read(payload, at).ok_or_else(|| bad("truncated head"))?;
+    if changed > n as u64 {
+        return Err(bad("more elements changed than the tensor has"));
+    }
+    Ok(changed as usize)
 }
 
 fn bad(why: &str) -> FormatError {
     FormatError::invalid("masked delta", why.to_string())
-}
-
-/// The little-endian word of an element of up to 8 bytes.
-fn word(bytes: &[u8]) -> u64 {
-    let mut b = [0u8; 8];
-    b[..bytes.len()].copy_from_slice(bytes);
-    u64::from_le_bytes(b)
-}
-
-/// `d` (a difference modulo `2^bits`, read as signed) zigzag-mapped: 0, −1, 1, −2 … to 0, 1, 2,
-/// 3 …, within `bits`.
-fn zigzag(d: u64, bits: u32) -> u64 {
-    let signed = ((d << (64 - bits)) as i64) >> (64 - bits);
-    ((signed << 1) ^ (signed >> 63)) as u64 & low_bits(bits)
-}
-
-/// The difference (modulo `2^64`; the caller keeps the word's bits) of a zigzag-mapped `z`.
-fn unzigzag(z: u64) -> u64 {
-    (z >> 1) ^ (z & 1).wrapping_neg()
-}
-
-fn low_bits(bits: u32) -> u64 {
-    u64::MAX >> (64 - bits)
-}
-
-/// About the bits coding `symbols` under a table of their own takes, the table included.
-fn coded_bits(symbols: &[u8]) -> f64 {
-    let mut counts = [0u64; 256];
-    symbols.iter().for_each(|&s| counts[s as usize] += 1);
-    rans::Table::from_counts(&counts).map_or(0.0, |t| {
-        t.cost_bits(&counts) + 24.0 * counts.iter().filter(|&&c| c > 0).count() as f64
-    })
-}
-
-/// Appends `symbols` rANS-coded under a table of their own (`table | varint len | coded`), or
-/// as they are where that is no larger (`0 | varint len | symbols`: a few symbols, which the
-/// coder's states and table would outweigh).
-fn code(symbols: &[u8], out: &mut Vec<u8>) {
-    let mut counts = [0u64; 256];
-    symbols.iter().for_each(|&s| counts[s as usize] += 1);
-    let (mut table, mut coded) = (Vec::new(), Vec::new());
-    if let Some(t) = rans::Table::from_counts(&counts) {
-        rans::Table::write(Some(&t), &mut table);
-        rans::encode(symbols, |r, c| c.resize(r.len(), 0), &[Some(t)], &mut coded);
-    }
-    if table.is_empty() || table.len() + coded.len() > symbols.len() + 1 {
-        out.push(0);
-        varint::put(out, symbols.len() as u64);
-        out.extend_from_slice(symbols);
-    } else {
-        out.extend_from_slice(&table);
-        varint::put(out, coded.len() as u64);
-        out.extend_from_slice(&coded);
-    }
-}
-
-/// Decodes [`code`]'s `out.len()` symbols at `*at`, moving `*at` past them.
-fn decode_coded(payload: &[u8], at: &mut usize, out: &mut [u8]) -> Result<(), FormatError> {
-    let (table, span) = coded_span(payload, at)?;
-    let bytes = &payload[span];
-    match table {
-        Some(t) => rans::decode_one(bytes, &t, out)?,
-        None if bytes.len() == out.len() => out.copy_from_slice(bytes),
-        None => return Err(bad("stored symbols of the wrong length")),
-    }
-    Ok(())
-}
-
-/// Calls `f` with each element index whose flag bit is set, in order.
-fn for_changed(flags: &[u8], n: usize, mut f: impl FnMut(usize)) {
-    // Sixty-four flags at a time: where few elements changed, most words are zero.
-    for (j, chunk) in flags.chunks(8).enumerate() {
-        let mut word = [0u8; 8];
-        word[..chunk.len()].copy_from_slice(chunk);
-        let mut bits = u64::from_le_bytes(word);
-        while bits != 0 {
-            let i = j * 64 + bits.trailing_zeros() as usize;
-            if i < n {
-                f(i);
-            }
-            bits &= bits - 1;
-        }
-    }
 }
 
 /// A masked payload decoded but for its base: the mask and each changed element's delta word,
@@ -313,28 +188,10 @@ impl MaskedDelta {
     ) -> Result<MaskedDelta, FormatError> {
         let l = spec_layout_of(spec).ok_or_else(|| bad("not a float dtype"))?;
         let width = l.width;
-        if !content_len.is_multiple_of(width as u64) {
-            return Err(bad("length is not a whole number of elements"));
-        }
-        let n = usize::try_from(content_len / width as u64).map_err(|_| bad("too long"))?;
-        if payload.first() != Some(&MASKED) {
-            return Err(bad("not a masked payload"));
-        }
+        let (form, n) = head(payload, content_len, width)?;
         let mut at = 1;
-        let changed = varint::read(payload, &mut at).ok_or_else(|| bad("truncated head"))?;
-        if changed > n as u64 {
-            return Err(bad("more elements changed than the tensor has"));
-        }
-        let changed = changed as usize;
-        let mut flags = vec![0u8; n.div_ceil(8)];
-        decode_coded(payload, &mut at, &mut flags)?;
-        let set: usize = flags.iter().map(|f| f.count_ones() as usize).sum();
-        if set != changed {
-            return Err(bad("the mask disagrees with the count of changed elements"));
-        }
-        if n % 8 != 0 && flags.last().is_some_and(|&f| f >> (n % 8) != 0) {
-            return Err(bad("mask bits past the last element"));
-        }
+        let changed = changed(payload, &mut at, n)?;
+        let flags = mask::read(form, payload, &mut at, n, changed)?;
         let mut words = vec![0u8; changed * width];
         if changed > 0 {
             let mut plane = vec![0u8; changed];

@@ -14,8 +14,10 @@ use crate::huffman::{Histogram, Plan};
 use crate::planes::{layout, sub_layout, word_mask, Layout, PlaneSpec, Transform, CHUNK, SAMPLE};
 
 mod framed;
+mod mask;
 mod masked;
 mod payload;
+mod scan;
 
 pub use framed::{is_framed, FrameEncoder, Frames, FRAME_CHUNKS, FRAME_LOG2};
 pub use masked::{encode_masked, invert as invert_masked, is_masked, DeltaPayload, MaskedDelta};

@@ -546,3 +546,59 @@ fn damaged_masked_payloads_are_refused_or_differ_never_panic() {
     assert!(d.apply_next(&base[6..20], &mut out[6..20]).is_err());
     assert!(d.finish().is_err());
 }
+
+/// The comparisons of a masked delta's scan (vector and word-at-a-time) say of each element
+/// what comparing it alone says: every two-byte pattern of difference in every lane, and
+/// random groups of two-, four- and eight-byte elements.
+#[test]
+fn a_scan_flags_exactly_the_elements_that_differ() {
+    fn reference(w: usize, d: &[u8], b: &[u8]) -> u64 {
+        (0..64).fold(0, |m, e| {
+            m | (u64::from(d[e * w..(e + 1) * w] != b[e * w..(e + 1) * w]) << e)
+        })
+    }
+    let base: Vec<u8> = (0..64 * 8).map(|i| (i * 37 % 251) as u8).collect();
+    for pattern in 0..=u16::MAX {
+        let lane = pattern as usize % 64;
+        let mut d = base[..128].to_vec();
+        for (k, x) in pattern.to_le_bytes().iter().enumerate() {
+            d[2 * lane + k] ^= x;
+        }
+        let expected = reference(2, &d, &base[..128]);
+        assert_eq!(
+            scan::differ::<2>(&d, &base[..128]),
+            expected,
+            "{pattern:#06x} in {lane}"
+        );
+        assert_eq!(
+            scan::differ_words::<2>(&d, &base[..128]),
+            expected,
+            "{pattern:#06x}"
+        );
+    }
+    let mut seed = 7u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for _ in 0..2000 {
+        for w in [2usize, 4, 8] {
+            let b = &base[..64 * w];
+            let mut d = b.to_vec();
+            for e in 0..64 {
+                if next() % 3 == 0 {
+                    let bit = next() as usize % (8 * w);
+                    d[e * w + bit / 8] ^= 1 << (bit % 8);
+                }
+            }
+            let got = match w {
+                2 => [scan::differ::<2>(&d, b), scan::differ_words::<2>(&d, b)],
+                4 => [scan::differ::<4>(&d, b), scan::differ_words::<4>(&d, b)],
+                _ => [scan::differ::<8>(&d, b), scan::differ_words::<8>(&d, b)],
+            };
+            assert_eq!(got, [reference(w, &d, b); 2], "width {w}");
+        }
+    }
+}

@@ -376,6 +376,10 @@ fn store_tensors(
         warm: planning
             .warm
             .filter(|_| next_commit_reads(settings.mode, &planning.policy)),
+        repeated: match planning.warm {
+            Some(_) => planning.previous.repeated(),
+            None => HashSet::new(),
+        },
         keep_tips: settings.tips,
         spare_tensors: Spare::new(),
         spare_planes: Spare::new(),

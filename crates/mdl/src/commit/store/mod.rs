@@ -137,6 +137,8 @@ pub(super) struct StoreCtx<'a> {
     pub(super) betas_words: Option<String>,
     /// The last commit's tensors, kept by a process that commits repeatedly.
     pub(super) warm: Option<&'a WarmTensors>,
+    /// Objects the parent names more than once: their kept buffers are not written over.
+    pub(super) repeated: HashSet<ObjectId>,
     /// Whether residual records' content is kept decoded (`quant.tips`).
     pub(super) keep_tips: bool,
     /// Buffers tensors are read into, and split into planes, kept for the next tensors.
@@ -163,10 +165,14 @@ impl StoreCtx<'_> {
             return self.store_large(i);
         }
         // What is hashed must be exactly what is encoded: a file's bytes, which may change
-        // underneath, are copied first; so are bytes the warm cache will keep past the commit.
-        // Bytes nobody changes meanwhile (a caller's buffer) are read where they lie.
+        // underneath, are copied first. Bytes nobody changes meanwhile (a caller's buffer) are
+        // read where they lie; where the warm cache keeps them past the commit, they are copied
+        // for it once stored (`keep_warm`), except for a GPU's, whose copy the engine makes
+        // from the device for this commit's kernels too.
         let kept_warm = self.warm.filter(|_| is_delta_candidate(info));
-        let copy = match kept_warm.is_some() || !self.input.is_stable(i) {
+        let stable = self.input.is_stable(i);
+        let kept_late = kept_warm.filter(|_| stable && !self.input.on_device(i));
+        let copy = match (kept_warm.is_some() && kept_late.is_none()) || !stable {
             true => {
                 let mut buf = self.spare_tensors.take().keep();
                 buf.resize(info.len as usize, 0);
@@ -216,6 +222,7 @@ impl StoreCtx<'_> {
         match (kept_warm, rendering.into_content(), copy) {
             (Some(warm), Some(changed), _) => warm.offer(id, Arc::new(changed), Kept::nothing()),
             (Some(warm), None, Some(buf)) => warm.offer(id, buf, on_device),
+            (Some(warm), None, None) => self.keep_warm(warm, i, id, self.input.tensor(i)),
             (_, _, copy) => {
                 drop(on_device);
                 if let Some(Ok(buf)) = copy.map(Arc::try_unwrap) {
@@ -224,6 +231,30 @@ impl StoreCtx<'_> {
             }
         }
         Ok((result, exactness))
+    }
+
+    /// Keeps a copy of piece `i`'s content (object `id`, read where it lies) for the next
+    /// commit: an unchanged tensor's buffer is carried over as it is; a changed one is written
+    /// into its previous version's buffer where nothing else needs that version, so a commit
+    /// that changes a model's tensors (an RL step) faults in no fresh memory for them.
+    fn keep_warm(&self, warm: &WarmTensors, i: usize, id: ObjectId, bytes: &[u8]) {
+        if warm.carry(&id) {
+            return;
+        }
+        let info = &self.input.pieces[i];
+        let previous = self
+            .previous
+            .get(&self.input.files[info.file].tree_path, &info.name)
+            .map(|e| e.id)
+            .filter(|p| !self.repeated.contains(p));
+        let mut buf = previous
+            .and_then(|p| warm.reclaim(&p, bytes.len()))
+            .unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(bytes);
+        let buf = Arc::new(buf);
+        let on_device = self.coder.engine.keep_shared(&buf, Some(bytes));
+        warm.offer(id, buf, on_device);
     }
 
     /// A residual record this commit wrote ends a chain as deep as its series: its content
