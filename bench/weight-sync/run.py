@@ -13,7 +13,10 @@ machine's), and at the end the watcher's in-place apply alone (`load_state(..., 
 the last step again: decode of the changed tensors and copy into the model), as GB/s of model
 per core used.
 
-    target/wheel-venv/bin/python bench/weight-sync/run.py [--size-mb 1024] [--steps 5] [--changed 0.01] [--watchers 1] [--mode reverse|forward]
+    target/wheel-venv/bin/python bench/weight-sync/run.py [--size-mb 1024] [--side 4096] [--steps 5] [--changed 0.01] [--watchers 1] [--mode reverse|forward]
+
+`--side 8192` makes the tensors 128 MiB each, the size of real models' embeddings and MLP
+matrices, which a commit reads a window at a time (64 MiB and more).
 
 Each step is also committed whole into an empty repository in the same round (a full commit),
 for the ratio issue 72's target 3 names (a step's commit ≤ 0.3× a full commit).
@@ -40,16 +43,13 @@ import torch
 
 import mdl
 
-SIDE = 4096
-
-
-def weights(size_mb):
-    n = max(1, (size_mb << 20) // (SIDE * SIDE * 2))
+def weights(size_mb, side=4096):
+    n = max(1, (size_mb << 20) // (side * side * 2))
     g = torch.Generator().manual_seed(0)
     return torch.nn.ParameterDict(
         {
             f"w{i}": torch.nn.Parameter(
-                (torch.randn(SIDE, SIDE, generator=g) * 0.02).bfloat16(), requires_grad=False
+                (torch.randn(side, side, generator=g) * 0.02).bfloat16(), requires_grad=False
             )
             for i in range(n)
         }
@@ -68,9 +68,9 @@ def step(model, fraction, seed):
             flat[idx] = (bits + 1).view(torch.bfloat16)
 
 
-def watch(clone, steps, size_mb):
+def watch(clone, steps, size_mb, side):
     repo = mdl.open(clone)
-    model = weights(size_mb)
+    model = weights(size_mb, side)
     held = repo.resolve("main")
     repo.load_state(held, model)
     print("ready", flush=True)
@@ -115,6 +115,7 @@ def watch(clone, steps, size_mb):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-mb", type=int, default=1024)
+    ap.add_argument("--side", type=int, default=4096, help="each tensor is SIDE x SIDE bf16")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--changed", type=float, default=0.01)
     ap.add_argument("--watchers", type=int, default=1)
@@ -124,13 +125,13 @@ def main():
     ap.add_argument("--watch", nargs=2, metavar=("CLONE", "STEPS"))
     a = ap.parse_args()
     if a.watch:
-        return watch(a.watch[0], int(a.watch[1]), a.size_mb)
+        return watch(a.watch[0], int(a.watch[1]), a.size_mb, a.side)
     work = tempfile.mkdtemp(prefix="mdl-weight-sync-")
     try:
         trainer_dir = os.path.join(work, "trainer")
         repo = mdl.init(trainer_dir)
         subprocess.run([a.mdl, "-C", trainer_dir, "config", "delta.mode", a.mode], check=True)
-        model = weights(a.size_mb)
+        model = weights(a.size_mb, a.side)
         size = sum(p.numel() * 2 for p in model.values())
         repo.commit_state(model, step=0).wait()
         server = subprocess.Popen(
@@ -148,7 +149,8 @@ def main():
             clone = os.path.join(work, f"clone{n}")
             subprocess.run([a.mdl, "clone", url, clone], check=True, capture_output=True)
             watchers.append(subprocess.Popen(
-                [sys.executable, __file__, "--size-mb", str(a.size_mb), "--watch", clone, str(a.steps)],
+                [sys.executable, __file__, "--size-mb", str(a.size_mb), "--side", str(a.side),
+                 "--watch", clone, str(a.steps)],
                 stdout=subprocess.PIPE, text=True,
             ))
         for w in watchers:
@@ -179,7 +181,7 @@ def main():
         server.terminate()
         server.wait()
         print(f"# weight sync over loopback: {size / 1e9:.2f} GB bf16 model, {a.changed:.1%} of "
-              f"elements changed a step, {a.watchers} watcher(s), {os.cpu_count()} cores, "
+              f"elements changed a step, tensors {a.side} x {a.side}, {a.watchers} watcher(s), {os.cpu_count()} cores, "
               f"delta.mode {a.mode}")
         print()
         print("| step | tensors changed | commit_state | full commit | step / full | commit returned → first watcher updated | → last | watcher 1: fetch | load |")

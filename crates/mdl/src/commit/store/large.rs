@@ -6,6 +6,12 @@
 //! is named by the hash at the end, or dropped if the store has that object already. Any
 //! other is hashed first (an unchanged tensor costs a hash, not an encoding) and encoded in a
 //! second pass if it is new. Both routes write the same bytes.
+//!
+//! A process that commits steps with forward deltas (an RL trainer) holds the last step's
+//! version in its warm set and the new one in memory: there a large tensor is first tried as a
+//! masked delta over the version held ([`StoreCtx::store_large_masked`]), which holds its mask
+//! and its changed elements' words (where at most a quarter changed) besides what is already
+//! in memory, and costs a comparing pass where few elements changed.
 
 use std::borrow::Cow;
 
@@ -17,6 +23,7 @@ use super::content::{pass, window_bytes, Content};
 use super::lossless::Counted;
 use super::{floats_pay, previous_object, StoreCtx, Stored};
 use crate::policy::DeltaMode;
+use crate::warm::WarmTensors;
 use crate::{Error, Result};
 use mdl_format::Exactness;
 
@@ -47,6 +54,56 @@ impl StoreCtx<'_> {
             }
         }
         self.store_streamed(i, whole)
+    }
+
+    /// Stores large tensor `i` as a masked delta over its previous version where the warm set
+    /// holds that version, the policy lets a forward delta join its chain and few elements
+    /// changed; or as nothing where it did not change. The caller has checked that the tensor
+    /// lies in host memory that nothing changes meanwhile. `None`: none of that, and nothing
+    /// was claimed or written ([`Self::store_large`] takes it).
+    pub(super) fn store_large_masked(
+        &self,
+        i: usize,
+        warm: &WarmTensors,
+    ) -> Result<Option<(Stored, Exactness)>> {
+        let info = &self.input.pieces[i];
+        let previous = {
+            let meta = self.repo.store().meta().read()?;
+            previous_object(&meta, self.previous, self.input, i)?
+        };
+        let Some((prev, held)) = previous.and_then(|(id, _, _)| Some((id, warm.get(&id)?))) else {
+            return Ok(None);
+        };
+        let data = self.input.tensor(i);
+        let id = self.coder.engine.content_id(&info.header.canonical(), data);
+        let unchanged = Stored {
+            id,
+            added: None,
+            rewrite: None,
+        };
+        if id == prev {
+            // The parent's object: the store has it, so this only claims it.
+            self.is_new(&id, i, data)?;
+            self.progress.advance(info.len);
+            return Ok(Some((unchanged, Exactness::Lossless)));
+        }
+        // The previous version, unless the chain is full (a whole version starts it again).
+        let Some((base, entry)) = self.delta_base(i, &id)? else {
+            return Ok(None);
+        };
+        let masked = float::encode_masked(info.header.dtype, data, &held)
+            .map_err(|source| Error::Encode { id, source })?;
+        drop(held);
+        let Some(m) = masked.filter(|m| m.payload.len() < data.len() / float::MASKED_AT_ONCE)
+        else {
+            return Ok(None);
+        };
+        let stored = match self.is_new(&id, i, data)? {
+            true => self.write_masked(id, i, &m, &base, &entry)?,
+            false => unchanged,
+        };
+        self.progress.advance(info.len);
+        Ok(Some((stored, Exactness::Lossless)))
     }
 
     /// Whether tensor `i`'s previous version (same name, dtype and shape) has the same first

@@ -211,7 +211,11 @@ impl StoreCtx<'_> {
     /// The previous version a delta of piece `i` is made against. With deferred reverse
     /// deltas there is none now: the new version is stored whole, and the previous one is
     /// re-encoded against it after the publish ([`crate::commit::run_deferred`]).
-    fn delta_base(&self, i: usize, id: &ObjectId) -> Result<Option<(ObjectId, IndexEntry)>> {
+    pub(super) fn delta_base(
+        &self,
+        i: usize,
+        id: &ObjectId,
+    ) -> Result<Option<(ObjectId, IndexEntry)>> {
         let base = self.base_for(i, id, false)?;
         if base.is_some() && self.policy.mode == DeltaMode::Reverse && self.policy.defer {
             self.deferred.store(true, Ordering::Relaxed);
@@ -277,7 +281,7 @@ impl StoreCtx<'_> {
 
     /// The new version as a masked delta against `base` (its id and entry), one step further
     /// down its chain.
-    fn write_masked(
+    pub(super) fn write_masked(
         &self,
         id: ObjectId,
         i: usize,

@@ -162,7 +162,21 @@ impl StoreCtx<'_> {
             && self.plan(i).is_none()
             && self.trim_bits.is_none()
         {
-            return self.store_large(i);
+            // A committer of forward steps keeps large tensors too, where they lie in host
+            // memory nothing changes meanwhile: the next step's masked delta is made against them.
+            let kept = self.warm.filter(|_| {
+                self.policy.mode == DeltaMode::Forward
+                    && self.input.is_stable(i)
+                    && !self.input.on_device(i)
+            });
+            let stored = match kept.map(|w| self.store_large_masked(i, w)).transpose()? {
+                Some(Some(stored)) => stored,
+                _ => self.store_large(i)?,
+            };
+            if let Some(warm) = kept {
+                self.keep_warm(warm, i, stored.0.id, self.input.tensor(i));
+            }
+            return Ok(stored);
         }
         // What is hashed must be exactly what is encoded: a file's bytes, which may change
         // underneath, are copied first. Bytes nobody changes meanwhile (a caller's buffer) are
