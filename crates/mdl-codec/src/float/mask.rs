@@ -50,10 +50,12 @@ const RUN: u8 = 32;
 
 /// A mask as runs, built as the comparing pass goes: the marks (non-zero flag bytes) and the
 /// gap symbols before each.
-#[derive(Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct Runs {
     marks: Vec<u8>,
     gaps: Vec<u8>,
+    /// Zero flag bytes before the first mark, once there is one.
+    lead: Option<usize>,
     /// Zero flag bytes since the last mark.
     zeros: usize,
 }
@@ -73,18 +75,38 @@ impl Runs {
         // Each non-zero byte found by the lowest set bit left.
         while word != 0 {
             let at = word.trailing_zeros() as usize / 8;
-            let mut zeros = self.zeros + at - next;
-            while zeros >= RUN as usize {
-                self.gaps.push(RUN);
-                zeros -= RUN as usize;
-            }
-            self.gaps.push(zeros as u8);
-            self.marks.push(flags[at]);
-            self.zeros = 0;
+            self.mark(self.zeros + at - next, flags[at]);
             next = at + 1;
             word &= !(0xff << (8 * at));
         }
         self.zeros += flags.len() - next;
+    }
+
+    /// The mark `m` after `zeros` zero flag bytes.
+    fn mark(&mut self, mut zeros: usize, m: u8) {
+        self.lead.get_or_insert(zeros);
+        while zeros >= RUN as usize {
+            self.gaps.push(RUN);
+            zeros -= RUN as usize;
+        }
+        self.gaps.push(zeros as u8);
+        self.marks.push(m);
+        self.zeros = 0;
+    }
+
+    /// The runs of the flag bytes that follow these, made from them alone: its first mark's
+    /// gap counts this one's trailing zeros too.
+    pub(super) fn append(&mut self, next: Runs) {
+        let Some(lead) = next.lead else {
+            self.zeros += next.zeros;
+            return;
+        };
+        self.mark(self.zeros + lead, next.marks[0]);
+        // The first mark's gap took ⌊lead / RUN⌋ + 1 symbols there.
+        self.gaps
+            .extend_from_slice(&next.gaps[lead / RUN as usize + 1..]);
+        self.marks.extend_from_slice(&next.marks[1..]);
+        self.zeros = next.zeros;
     }
 }
 
@@ -381,6 +403,38 @@ mod tests {
             for form in [Form::Flags, Form::Runs] {
                 assert_eq!(round_trip(form, &flags, flags.len() * 8), flags, "{form:?}");
             }
+        }
+    }
+
+    /// Runs made of pieces of the flag bytes and appended are the runs of the whole.
+    #[test]
+    fn runs_of_pieces_append_to_the_runs_of_the_whole() {
+        let mut flags = vec![0u8; 3000];
+        for at in [5, 6, 70, 71, 500, 1_999, 2_000, 2_001, 2_999] {
+            flags[at] = 0x11;
+        }
+        let runs_of = |bytes: &[u8]| {
+            let mut r = Runs::default();
+            bytes.chunks(8).for_each(|c| r.flags(c));
+            r
+        };
+        let whole = runs_of(&flags);
+        for cut in [
+            (8, 16),
+            (64, 72),
+            (72, 1_000),
+            (496, 2_000),
+            (1_000, 1_992),
+            (2_000, 2_008),
+        ] {
+            let mut r = runs_of(&flags[..cut.0]);
+            r.append(runs_of(&flags[cut.0..cut.1]));
+            r.append(runs_of(&flags[cut.1..]));
+            assert_eq!(
+                (&r.marks, &r.gaps, r.lead, r.zeros),
+                (&whole.marks, &whole.gaps, whole.lead, whole.zeros),
+                "{cut:?}"
+            );
         }
     }
 

@@ -20,18 +20,103 @@ pub(super) struct Scan {
     pub(super) xor: Vec<Vec<u8>>,
 }
 
+/// Elements a part of a long tensor that one thread compares (and the most of which a quarter
+/// may change): a multiple of [`SAMPLE`] and of 64.
+const PART: usize = 1 << 21;
+
 /// Compares `data` with `base` (elements of `W` bytes) 64 elements at a time and takes the
 /// changed elements' words while their bytes are in cache; `None` once more than `most`
 /// changed (checked every [`SAMPLE`] elements, past half of those seen: a trained f32 tensor,
-/// most of whose elements change, stops early).
+/// most of whose elements change, stops early). A tensor of more than two [`PART`]s is
+/// compared a part at a time in parallel, each part held to a quarter of its own elements
+/// changed at most (whatever the threads, the same parts and the same result).
 pub(super) fn scan<const W: usize>(data: &[u8], base: &[u8], most: usize) -> Option<Scan> {
+    use rayon::prelude::*;
+    let n = data.len() / W;
+    let mut flags = vec![0u8; n.div_ceil(8)];
+    let parts: Vec<Option<Part>> = match n >= 2 * PART {
+        false => vec![part::<W>(data, base, most, &mut flags)],
+        true => (data.par_chunks(PART * W))
+            .zip(base.par_chunks(PART * W))
+            .zip(flags.par_chunks_mut(PART / 8))
+            .map(|((d, b), f)| part::<W>(d, b, d.len() / W / 4, f))
+            .collect(),
+    };
+    let mut whole = Part::new(W);
+    for p in parts {
+        whole.append(p?);
+    }
+    let Part {
+        mut counts,
+        runs,
+        changed,
+        sub,
+        xor,
+    } = whole;
+    // Every flag byte of a group without changes is zero: counted at once.
+    let counted: u64 = counts.iter().sum();
+    counts[0] += flags.len() as u64 - counted;
+    (changed <= most).then_some(Scan {
+        flags,
+        counts,
+        runs,
+        changed,
+        sub,
+        xor,
+    })
+}
+
+/// What the comparing pass finds in a part of a tensor (its flag bytes written in place; the
+/// counts only of the groups of 64 with changes).
+struct Part {
+    counts: [u64; 256],
+    runs: Runs,
+    changed: usize,
+    sub: Vec<Vec<u8>>,
+    xor: Vec<Vec<u8>>,
+}
+
+impl Part {
+    fn new(width: usize) -> Part {
+        Part {
+            counts: [0; 256],
+            runs: Runs::default(),
+            changed: 0,
+            sub: vec![Vec::new(); width],
+            xor: vec![Vec::new(); width],
+        }
+    }
+
+    /// What the next part found, after this one's.
+    fn append(&mut self, next: Part) {
+        self.counts
+            .iter_mut()
+            .zip(next.counts)
+            .for_each(|(c, n)| *c += n);
+        self.runs.append(next.runs);
+        self.changed += next.changed;
+        for (planes, more) in [(&mut self.sub, next.sub), (&mut self.xor, next.xor)] {
+            for (p, m) in planes.iter_mut().zip(more) {
+                match p.is_empty() {
+                    true => *p = m,
+                    false => p.extend_from_slice(&m),
+                }
+            }
+        }
+    }
+}
+
+/// [`scan`] of one part into its flag bytes `flags` (zeros).
+fn part<const W: usize>(data: &[u8], base: &[u8], most: usize, flags: &mut [u8]) -> Option<Part> {
     let n = data.len() / W;
     let bits = 8 * W as u32;
-    let mut flags = vec![0u8; n.div_ceil(8)];
-    let mut runs = Runs::default();
-    let (mut sub, mut xor) = (vec![Vec::new(); W], vec![Vec::new(); W]);
-    let mut changed = 0usize;
-    let mut counts = [0u64; 256];
+    let Part {
+        mut counts,
+        mut runs,
+        mut changed,
+        mut sub,
+        mut xor,
+    } = Part::new(W);
     let group = 64 * W;
     let mut take = |mut mask: u64, d: &[u8], b: &[u8]| {
         while mask != 0 {
@@ -81,11 +166,7 @@ pub(super) fn scan<const W: usize>(data: &[u8], base: &[u8], most: usize) -> Opt
     runs.flags(tail);
     changed += mask.count_ones() as usize;
     take(mask, d, b);
-    // Every flag byte of a group without changes is zero: counted at once.
-    let counted: u64 = counts.iter().sum();
-    counts[0] += flags.len() as u64 - counted;
-    (changed <= most).then_some(Scan {
-        flags,
+    (changed <= most).then_some(Part {
         counts,
         runs,
         changed,
@@ -170,4 +251,39 @@ pub(super) fn unzigzag(z: u64) -> u64 {
 
 pub(super) fn low_bits(bits: u32) -> u64 {
     u64::MAX >> (64 - bits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A long tensor compared in parts on many threads gives what one pass over it gives:
+    /// changes on both sides of parts' edges and at the very end.
+    #[test]
+    fn parts_compared_in_parallel_give_what_one_pass_gives() {
+        let n = 3 * PART + 12_345;
+        let base: Vec<u8> = (0..n)
+            .flat_map(|i| (0x3c00 + (i % 777) as u16).to_le_bytes())
+            .collect();
+        let mut data = base.clone();
+        let change = |data: &mut [u8], i: usize| data[2 * i] ^= 1 + (i % 5) as u8;
+        (0..PART).step_by(37).for_each(|i| change(&mut data, i));
+        for edge in [PART, 3 * PART] {
+            (edge - 700..edge + 3).for_each(|i| change(&mut data, i));
+        }
+        change(&mut data, n - 1);
+        let parallel = scan::<2>(&data, &base, n).unwrap();
+        let mut flags = vec![0u8; n.div_ceil(8)];
+        let mut one = part::<2>(&data, &base, n, &mut flags).unwrap();
+        let counted: u64 = one.counts.iter().sum();
+        one.counts[0] += flags.len() as u64 - counted;
+        assert_eq!(parallel.flags, flags);
+        assert_eq!(parallel.counts, one.counts);
+        assert_eq!(parallel.runs, one.runs);
+        assert_eq!(parallel.changed, one.changed);
+        assert_eq!((parallel.sub, parallel.xor), (one.sub, one.xor));
+        // Held to a quarter a part: a part with more changed is no masked delta.
+        (2 * PART..2 * PART + PART / 3).for_each(|i| change(&mut data, i));
+        assert!(scan::<2>(&data, &base, n).is_none());
+    }
 }

@@ -264,8 +264,17 @@ impl StoreCtx<'_> {
         let mut buf = previous
             .and_then(|p| warm.reclaim(&p, bytes.len()))
             .unwrap_or_default();
-        buf.clear();
-        buf.extend_from_slice(bytes);
+        if bytes.len() as u64 >= STREAMED_TENSOR {
+            // Stored alone, so copied on every core.
+            use rayon::prelude::*;
+            buf.resize(bytes.len(), 0);
+            (buf.par_chunks_mut(1 << 20))
+                .zip(bytes.par_chunks(1 << 20))
+                .for_each(|(to, from)| to.copy_from_slice(from));
+        } else {
+            buf.clear();
+            buf.extend_from_slice(bytes);
+        }
         let buf = Arc::new(buf);
         let on_device = self.coder.engine.keep_shared(&buf, Some(bytes));
         warm.offer(id, buf, on_device);
