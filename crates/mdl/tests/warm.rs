@@ -48,6 +48,26 @@ fn opts(step: u64, lossy: bool) -> CommitOptions {
     o
 }
 
+/// A committer into the repository at `root` keeping `warm_bytes` of its last commit.
+fn keeping(root: &Path, warm_bytes: u64) -> Committer {
+    let at = root.to_path_buf();
+    Committer::keeping(
+        move || Repository::open(&at, &OpenOptions::default()),
+        warm_bytes,
+    )
+}
+
+/// Step `s`'s options with forward deltas (an RL trainer's).
+fn forward(s: u64) -> CommitOptions {
+    CommitOptions {
+        delta: Some(mdl::policy::DeltaPolicy {
+            mode: mdl::policy::DeltaMode::Forward,
+            ..Default::default()
+        }),
+        ..opts(s, false)
+    }
+}
+
 fn series(root: &Path, warm_bytes: u64, lossy: bool, steps: u64) -> Vec<CommitOutcome> {
     Repository::init(root).unwrap();
     series_in(root, warm_bytes, lossy, steps)
@@ -55,11 +75,7 @@ fn series(root: &Path, warm_bytes: u64, lossy: bool, steps: u64) -> Vec<CommitOu
 
 /// [`series`] in a repository that exists.
 fn series_in(root: &Path, warm_bytes: u64, lossy: bool, steps: u64) -> Vec<CommitOutcome> {
-    let at = root.to_path_buf();
-    let committer = Committer::keeping(
-        move || Repository::open(&at, &OpenOptions::default()),
-        warm_bytes,
-    );
+    let committer = keeping(root, warm_bytes);
     (1..=steps)
         .map(|s| {
             committer
@@ -101,11 +117,7 @@ fn a_warm_commit_does_not_read_its_parents_records() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("repo");
     Repository::init(&root).unwrap();
-    let at = root.clone();
-    let committer = Committer::keeping(
-        move || Repository::open(&at, &OpenOptions::default()),
-        1 << 30,
-    );
+    let committer = keeping(&root, 1 << 30);
     // Eager reverse deltas: the commit takes them against the warm tensors itself (a deferring
     // committer's re-encodes are `a_committer_works_its_deferred_reencodes`').
     let eager = |s| CommitOptions {
@@ -151,8 +163,7 @@ fn a_warm_commit_does_not_read_its_parents_records() {
     assert_eq!(std::fs::read(out).unwrap(), expected);
     assert!(!original.is_empty());
     // A cold committer cannot do the same: it reads the parent's records.
-    let at = root.clone();
-    let cold = Committer::keeping(move || Repository::open(&at, &OpenOptions::default()), 0);
+    let cold = keeping(&root, 0);
     let shown = mdl::show::show(&repo, "main").unwrap();
     let w = shown.tensors.iter().find(|t| t.name == "w").unwrap();
     let id = w.id;
@@ -227,32 +238,13 @@ fn rl_state_bytes(step: u64) -> Vec<u8> {
 #[test]
 fn warm_forward_steps_reuse_their_buffers_and_stay_exact() {
     let dir = tempfile::tempdir().unwrap();
-    let forward = |s| CommitOptions {
-        delta: Some(mdl::policy::DeltaPolicy {
-            mode: mdl::policy::DeltaMode::Forward,
-            ..Default::default()
-        }),
-        ..opts(s, false)
-    };
     let run = |root: &Path, warm_bytes: u64, drop_parents: bool| -> Vec<CommitOutcome> {
         Repository::init(root).unwrap();
-        let at = root.to_path_buf();
-        let committer = Committer::keeping(
-            move || Repository::open(&at, &OpenOptions::default()),
-            warm_bytes,
-        );
+        let committer = keeping(root, warm_bytes);
         (1..=6)
             .map(|s| {
                 if drop_parents && s > 1 {
-                    // The parent's tensor records disappear: only the warm set has them.
-                    let repo = Repository::open(root, &OpenOptions::default()).unwrap();
-                    let shown = mdl::show::show(&repo, "main").unwrap();
-                    for t in &shown.tensors {
-                        let path = record_path(root, &t.id);
-                        if path.exists() {
-                            std::fs::rename(&path, path.with_extension("aside")).unwrap();
-                        }
-                    }
+                    set_aside_parents(root);
                 }
                 let outcome = committer
                     .submit(Staged::memory(rl_state(s), &[]).unwrap(), forward(s))
@@ -286,8 +278,19 @@ fn warm_forward_steps_reuse_their_buffers_and_stay_exact() {
     }
 }
 
-/// Puts back the record files [`warm_forward_steps_reuse_their_buffers_and_stay_exact`] set
-/// aside.
+/// Sets aside the record files of the tensors of `main`'s commit: only a warm set has them
+/// then, until [`restore_records`].
+fn set_aside_parents(root: &Path) {
+    let repo = Repository::open(root, &OpenOptions::default()).unwrap();
+    for t in &mdl::show::show(&repo, "main").unwrap().tensors {
+        let path = record_path(root, &t.id);
+        if path.exists() {
+            std::fs::rename(&path, path.with_extension("aside")).unwrap();
+        }
+    }
+}
+
+/// Puts back the record files [`set_aside_parents`] set aside.
 fn restore_records(root: &Path) {
     for dir in std::fs::read_dir(root.join(".mdl/objects")).unwrap() {
         let Ok(dir) = dir else { continue };
@@ -324,29 +327,12 @@ fn a_large_tensor_s_steps_are_masked_deltas_against_the_warm_set() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("repo");
     Repository::init(&root).unwrap();
-    let at = root.clone();
-    let committer = Committer::keeping(
-        move || Repository::open(&at, &OpenOptions::default()),
-        1 << 30,
-    );
-    let forward = |s| CommitOptions {
-        delta: Some(mdl::policy::DeltaPolicy {
-            mode: mdl::policy::DeltaMode::Forward,
-            ..Default::default()
-        }),
-        ..opts(s, false)
-    };
+    let committer = keeping(&root, 1 << 30);
     let states = [1, 2, 2, 3].map(large_step_bytes);
     let mut ids = Vec::new();
     for (k, bytes) in states.iter().enumerate() {
         if k > 0 {
-            // The parent's record set aside: only the warm set has its tensor.
-            let repo = Repository::open(&root, &OpenOptions::default()).unwrap();
-            let shown = mdl::show::show(&repo, "main").unwrap();
-            let path = record_path(&root, &shown.tensors[0].id);
-            if path.exists() {
-                std::fs::rename(&path, path.with_extension("aside")).unwrap();
-            }
+            set_aside_parents(&root);
         }
         let file = MemoryFile::new("model.safetensors", bytes.clone());
         let s = k as u64 + 1;
