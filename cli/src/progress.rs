@@ -87,6 +87,13 @@ impl mdl::Progress for Bar {
             }
         }
     }
+    fn lessen(&self, n: u64) {
+        if let Some(c) = &*self.current.lock().unwrap_or_else(|p| p.into_inner()) {
+            let total = c.bar.length().unwrap_or(0);
+            c.bar
+                .set_length(total.saturating_sub(n).max(c.bar.position()));
+        }
+    }
     fn finish(&self) {
         if let Some(c) = self
             .current

@@ -19,7 +19,7 @@ use crate::auth::{check, Scope};
 use crate::error::ApiError;
 use crate::upload::spool;
 use crate::State;
-use crate::{admin, budgeted, files, stream, tree};
+use crate::{admin, budgeted, files, pack_upload, stream, tree};
 
 type Shared = AxState<Arc<State>>;
 
@@ -40,7 +40,8 @@ pub fn app(state: Arc<State>) -> Router {
         .route(route::FILES, get(files::list))
         .route(route::FILE, get(files::file))
         .route(route::TENSOR, get(tensor))
-        .route(route::OBJECTS, post(receive))
+        .route(route::OBJECTS, post(pack_upload::receive))
+        .route(route::OBJECTS_UPLOAD, get(pack_upload::held))
         .route(route::OBJECTS_MISSING, post(missing))
         .route(route::OBJECTS_PLAN, post(plan))
         .route(route::OBJECTS_FETCH, post(fetch))
@@ -532,6 +533,14 @@ async fn fetch(
             ));
         }
     }
+    if let Some(r) = &request.resume {
+        if !seen.contains(&r.id) || r.held >= r.len {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                format!("resume: {} is not asked for, or held whole", r.id),
+            ));
+        }
+    }
     let ids = Arc::new(ids);
     {
         // Refuse unknown ids before the stream starts (a 200 cannot turn into a 404 later).
@@ -546,34 +555,9 @@ async fn fetch(
     }
     Ok((
         [(header::CONTENT_TYPE, route::PACK)],
-        stream::pack(served, ids, against),
+        stream::pack(served, ids, against, request.resume),
     )
         .into_response())
-}
-
-async fn receive(
-    AxState(state): Shared,
-    Access(served): Writer,
-    headers: HeaderMap,
-    body: Body,
-) -> ApiResult<Response> {
-    let max = state.config.max_body;
-    let upload = spool(&served, &headers, body, max).await?;
-    blocking(move || {
-        let file = std::fs::File::open(upload.path())
-            .map_err(|e| ApiError::internal(format!("cannot read the upload: {e}")))?;
-        // No record in the pack can be longer than the upload itself.
-        let len = file.metadata().map(|m| m.len()).unwrap_or(max).min(max);
-        let mut file = std::io::BufReader::with_capacity(1 << 20, file);
-        let (receipt, _) = served.change(false, |repo| {
-            let _writer = repo.writer();
-            Ok(transfer::receive_pack(repo, &mut file, len)?)
-        })?;
-        let ids: Vec<ObjectId> = receipt.frames.iter().map(|f| f.id).collect();
-        served.publish_records(&ids)?;
-        Ok(Json(receipt.received).into_response())
-    })
-    .await
 }
 
 async fn update_ref(

@@ -22,6 +22,7 @@ mod hf_lfs;
 mod hf_write;
 mod hf_xet;
 mod names;
+mod pack_upload;
 mod stream;
 mod tree;
 mod upload;

@@ -97,11 +97,13 @@ pub(crate) fn tensor(served: Arc<Served>, placed: Placed) -> Body {
 }
 
 /// The records of `ids` as a pack stream (`mdl::transfer::write_pack_against`: each tensor
-/// `against` pairs with a tensor the receiver holds coded against it where that is smaller).
+/// `against` pairs with a tensor the receiver holds coded against it where that is smaller,
+/// and the record `resume` names sent from where the receiver was cut off).
 pub(crate) fn pack(
     served: Arc<Served>,
     ids: Arc<Vec<ObjectId>>,
     against: HashMap<ObjectId, ObjectId>,
+    resume: Option<mdl_protocol::body::Resume>,
 ) -> Body {
     produced("pack stream", move |tx| {
         let mut w = PieceWriter {
@@ -109,7 +111,7 @@ pub(crate) fn pack(
             buf: Vec::with_capacity(PIECE),
             piece: PIECE,
         };
-        transfer::write_pack_against(&served.repo, &ids, &against, &mut w)
+        transfer::write_pack_against(&served.repo, &ids, &against, resume.as_ref(), &mut w)
             .and_then(|_| w.flush().map_err(|e| mdl::StoreError::Output(e).into()))
             .map(|_| ())
             .map_err(|e| e.to_string())

@@ -1,6 +1,7 @@
 //! Request bodies taken to disk: an upload streamed into a temporary file in the
 //! repository's `incoming/`, bounded, its `Content-Length` checked (commits of a file or a
-//! tree, the Hub API's commits, LFS objects).
+//! tree, the Hub API's commits, LFS objects, packs; what arrived of a pack that broke off is
+//! given back to be kept, `resumable.rs`).
 
 use std::sync::Arc;
 
@@ -31,6 +32,34 @@ pub(crate) async fn spool(
     body: Body,
     max: u64,
 ) -> ApiResult<tempfile::NamedTempFile> {
+    spool_keeping(served, headers, body, max)
+        .await
+        .map_err(|broken| broken.error)
+}
+
+/// Why [`spool_keeping`] failed, with what arrived of a body that broke off (or was shorter
+/// than its `Content-Length`), all of it written to the file.
+pub(crate) struct Broken {
+    pub(crate) error: ApiError,
+    pub(crate) arrived: Option<tempfile::NamedTempFile>,
+}
+
+impl From<ApiError> for Broken {
+    fn from(error: ApiError) -> Self {
+        Broken {
+            error,
+            arrived: None,
+        }
+    }
+}
+
+/// [`spool`], giving back what arrived of a body that broke off.
+pub(crate) async fn spool_keeping(
+    served: &Arc<Served>,
+    headers: &HeaderMap,
+    body: Body,
+    max: u64,
+) -> Result<tempfile::NamedTempFile, Broken> {
     let too_large = || {
         ApiError::new(
             ErrorCode::BodyTooLarge,
@@ -42,7 +71,7 @@ pub(crate) async fn spool(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > max) {
-        return Err(too_large());
+        return Err(too_large().into());
     }
     let tmp = {
         let served = served.clone();
@@ -66,7 +95,7 @@ pub(crate) async fn spool(
         })
     };
     if let Some(e) = declared.and_then(no_room) {
-        return Err(e);
+        return Err(e.into());
     }
     let file = tmp
         .reopen()
@@ -75,15 +104,24 @@ pub(crate) async fn spool(
     let mut stream = body.into_data_stream();
     let mut total = 0u64;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(body_error)?;
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                let flushed = tokio::io::AsyncWriteExt::flush(&mut file).await;
+                return Err(Broken {
+                    error: body_error(e),
+                    arrived: flushed.is_ok().then_some(tmp),
+                });
+            }
+        };
         let before = total;
         total += chunk.len() as u64;
         if total > max {
-            return Err(too_large());
+            return Err(too_large().into());
         }
         if declared.is_none() && total / ROOM_CHECK_EVERY != before / ROOM_CHECK_EVERY {
             if let Some(e) = no_room(ROOM_CHECK_EVERY.min(spare)) {
-                return Err(e);
+                return Err(e.into());
             }
         }
         tokio::io::AsyncWriteExt::write_all(&mut file, &chunk)
@@ -94,10 +132,13 @@ pub(crate) async fn spool(
         .await
         .map_err(|e| ApiError::internal(format!("writing the upload file: {e}")))?;
     if declared.is_some_and(|n| n != total) {
-        return Err(ApiError::new(
-            ErrorCode::BadBody,
-            "the body is shorter than its Content-Length",
-        ));
+        return Err(Broken {
+            error: ApiError::new(
+                ErrorCode::BadBody,
+                "the body is shorter than its Content-Length",
+            ),
+            arrived: Some(tmp),
+        });
     }
     Ok(tmp)
 }

@@ -16,6 +16,7 @@ pub(crate) enum Route {
     Refs,
     Plan,
     Pack,
+    Upload,
     Listing,
     File,
     Other,
@@ -29,6 +30,7 @@ impl Route {
             ("GET", "refs") => Route::Refs,
             ("POST", "objects/plan") => Route::Plan,
             ("POST", "objects/fetch") => Route::Pack,
+            ("POST", "objects") => Route::Upload,
             ("GET", r) if r.starts_with("files/") && r.matches('/').count() == 1 => Route::Listing,
             ("GET", r) if r.starts_with("files/") => Route::File,
             _ => Route::Other,
@@ -60,6 +62,11 @@ pub(crate) enum Body {
 /// What a mode does to one answer: given the route and the honest answer, the answer to send.
 pub(crate) type Tamper = fn(Route, Answer) -> Answer;
 
+/// What a mode does to a pack upload on its way to the server: given its body, how many of its
+/// bytes go before the connection is cut (a client cut off mid-push; the client is answered
+/// 502), or `None` for all of them.
+pub(crate) type CutUpload = fn(&[u8]) -> Option<usize>;
+
 /// A running proxy; it lives as long as the test process.
 pub(crate) struct Proxy {
     /// `http://127.0.0.1:PORT`.
@@ -69,6 +76,11 @@ pub(crate) struct Proxy {
 impl Proxy {
     /// A proxy to `upstream` (`http://127.0.0.1:PORT`) applying `tamper` to every answer.
     pub(crate) fn start(upstream: &str, tamper: Tamper) -> Proxy {
+        Proxy::start_with(upstream, tamper, |_| None)
+    }
+
+    /// [`Proxy::start`], cutting pack uploads as `cut` says.
+    pub(crate) fn start_with(upstream: &str, tamper: Tamper, cut: CutUpload) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let upstream = upstream.to_string();
@@ -76,7 +88,7 @@ impl Proxy {
             for conn in listener.incoming().flatten() {
                 let upstream = upstream.clone();
                 std::thread::spawn(move || {
-                    let _ = serve(conn, &upstream, tamper);
+                    let _ = serve(conn, &upstream, tamper, cut);
                 });
             }
         });
@@ -168,15 +180,46 @@ fn ask(upstream: &str, req: &Request) -> Answer {
     }
 }
 
-fn serve(conn: TcpStream, upstream: &str, tamper: Tamper) -> std::io::Result<()> {
+fn serve(conn: TcpStream, upstream: &str, tamper: Tamper, cut: CutUpload) -> std::io::Result<()> {
     let mut reader = BufReader::new(conn.try_clone()?);
     let Some(req) = read_request(&mut reader)? else {
         return Ok(());
     };
     let route = Route::of(&req.method, &req.path);
+    if let Some(n) = (route == Route::Upload).then(|| cut(&req.body)).flatten() {
+        send_cut(upstream, &req, n)?;
+        let answer = Answer {
+            status: 502,
+            headers: Vec::new(),
+            body: Body::Bytes(b"the upload was cut off".to_vec()),
+        };
+        return send(conn, answer);
+    }
     let honest = ask(upstream, &req);
     let answer = tamper(route, honest);
     send(conn, answer)
+}
+
+/// Sends `req` to `upstream` with its whole length declared but only its body's first `n`
+/// bytes, then closes the connection's sending side and waits for the server to answer.
+fn send_cut(upstream: &str, req: &Request, n: usize) -> std::io::Result<()> {
+    let mut up = TcpStream::connect(upstream.trim_start_matches("http://"))?;
+    let mut head = format!("{} {} HTTP/1.1\r\nHost: proxy\r\n", req.method, req.path);
+    for (k, v) in &req.headers {
+        if !matches!(
+            k.as_str(),
+            "host" | "connection" | "expect" | "transfer-encoding"
+        ) {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+    }
+    head.push_str("\r\n");
+    up.write_all(head.as_bytes())?;
+    up.write_all(&req.body[..n])?;
+    up.flush()?;
+    up.shutdown(std::net::Shutdown::Write)?;
+    let _ = up.read_to_end(&mut Vec::new());
+    Ok(())
 }
 
 fn send(mut conn: TcpStream, answer: Answer) -> std::io::Result<()> {

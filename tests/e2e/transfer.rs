@@ -21,7 +21,7 @@ fn with_token(args: &[&str]) -> std::process::Output {
 }
 
 /// `mdl ARGS` with `token` (and an author), whatever its outcome.
-fn run_with(token: &str, args: &[&str]) -> std::process::Output {
+pub(crate) fn run_with(token: &str, args: &[&str]) -> std::process::Output {
     Command::new(mdl_bin())
         .args(args)
         .env("MDL_TOKEN", token)

@@ -508,11 +508,13 @@ impl Remote {
 
     /// The pack of the records of `ids` (at most [`body::MAX_IDS`] of them, `bytes` planned),
     /// bases first, as it arrives (`POST /objects/fetch`); the tensors `against` pairs with a
-    /// version this side holds may come coded against it.
+    /// version this side holds may come coded against it, and the record `resume` names from
+    /// where this side holds it to.
     pub fn fetch_pack(
         &self,
         ids: &[ObjectId],
         against: &[body::Against],
+        resume: Option<body::Resume>,
         bytes: u64,
     ) -> Result<PackStream> {
         let req = self.auth(
@@ -522,6 +524,7 @@ impl Remote {
         let ids = body::FetchRequest {
             ids: ids.to_vec(),
             against: against.to_vec(),
+            resume,
         };
         let what = "sending the pack";
         let resp = self.check(what, self.moving(req, bytes).send_json(&ids))?;
@@ -532,13 +535,36 @@ impl Remote {
         })
     }
 
+    /// How much of the pack whose blake3 hash is `key` the server holds from an upload of it
+    /// cut off (`GET /objects/uploads/{key}`); 0 from a server that keeps none.
+    pub fn upload_held(&self, key: &ObjectId) -> Result<u64> {
+        let path = route::OBJECTS_UPLOAD.replace("{key}", &key.to_hex());
+        match self.get_json::<body::UploadHeld>(&path, &[], limits::MAX_DOCUMENT) {
+            Ok(held) => Ok(held.held),
+            Err(Error::Server { status: 404, .. }) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Uploads a pack of `len` bytes read from `pack` (`POST /objects`): what the server
-    /// stored.
-    pub fn send_pack(&self, pack: &mut dyn Read, len: u64) -> Result<Received> {
+    /// stored. With `resumable`, the pack's key (its blake3 hash: what the server keeps of it
+    /// if the upload is cut off is kept under it) and the offset in the pack `pack` starts at
+    /// (where the server holds the bytes before it: [`Self::upload_held`]).
+    pub fn send_pack(
+        &self,
+        pack: &mut dyn Read,
+        len: u64,
+        resumable: Option<(ObjectId, u64)>,
+    ) -> Result<Received> {
         // The declared length keeps the upload one sized body (the server checks it first).
-        let req = self
+        let mut req = self
             .auth(self.agent.post(format!("{}{}", self.api, route::OBJECTS)))
             .header("Content-Length", len.to_string());
+        if let Some((key, offset)) = resumable {
+            req = req
+                .header(route::HEADER_UPLOAD, key.to_hex())
+                .header(route::HEADER_UPLOAD_OFFSET, offset.to_string());
+        }
         let body = ureq::SendBody::from_reader(pack);
         let what = "receiving the pack";
         let resp = self.check(what, self.moving(upload(req, route::PACK), len).send(body))?;

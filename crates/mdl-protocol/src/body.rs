@@ -172,6 +172,32 @@ pub struct FetchRequest {
     /// Tensors of `ids` that may come as deltas, each against a version the asker holds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub against: Vec<Against>,
+    /// A record of `ids` the asker holds the start of (a transfer cut off inside it), to be
+    /// sent from there if the sender's record still starts with those bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Resume>,
+}
+
+/// How much of a pack upload cut off the server holds (`GET /objects/uploads/{key}`).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UploadHeld {
+    /// Its first bytes held: where an upload with the same key may go on from (0: none).
+    pub held: u64,
+}
+
+/// The start of a record the asker holds: the record of `id` (as the sender would send it,
+/// coded against the `against` base named for it, if any) of `len` bytes, of which it holds the
+/// first `held`, whose blake3 hash is `digest`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Resume {
+    /// The record's object.
+    pub id: ObjectId,
+    /// The whole record's length.
+    pub len: u64,
+    /// How many of its first bytes the asker holds (fewer than `len`).
+    pub held: u64,
+    /// The blake3 hash of those bytes.
+    pub digest: ObjectId,
 }
 
 /// A tensor that may be sent as a delta against `base`, a tensor the receiver holds.

@@ -113,6 +113,8 @@ codes! {
     Exists = "exists", 409;
     /// A pack or ref update naming objects the server does not have; send them and retry.
     Incomplete = "incomplete", 409;
+    /// A resumed upload whose start the server no longer holds as it was sent: send it whole.
+    UploadGone = "upload_gone", 409;
     /// A checkpoint of a thinned commit: retention deleted some of its tensors.
     Expired = "expired", 410;
     /// An upload over the server's body limit.

@@ -39,6 +39,9 @@ pub const OBJECTS_MISSING: &str = "/objects/missing";
 pub const OBJECTS_PLAN: &str = "/objects/plan";
 /// `POST`: a pack of the given ids ([`crate::body::FetchRequest`]).
 pub const OBJECTS_FETCH: &str = "/objects/fetch";
+/// How much of a pack upload cut off the server holds (`GET`, write scope): its key is the
+/// blake3 hash of the whole pack.
+pub const OBJECTS_UPLOAD: &str = "/objects/uploads/{key}";
 /// `POST`: bound the delta chains ([`crate::outcome::CompactOptions`]).
 pub const COMPACT: &str = "/maintenance/compact";
 /// `POST`: garbage collection ([`crate::body::GcRequest`]).
@@ -74,6 +77,12 @@ pub const FSCK: &str = "/maintenance/fsck";
 pub const HEADER_COMMIT: &str = "x-mdl-commit";
 /// How many of a checkpoint's tensors were stored lossily.
 pub const HEADER_LOSSY_TENSORS: &str = "x-mdl-lossy-tensors";
+/// Header of a pack upload (`POST /objects`) that may be resumed: the blake3 hash of the whole
+/// pack, 64 hex digits.
+pub const HEADER_UPLOAD: &str = "x-mdl-upload";
+/// Header of a pack upload that goes on from where one with the same key was cut off: the
+/// offset in the pack its body starts at.
+pub const HEADER_UPLOAD_OFFSET: &str = "x-mdl-upload-offset";
 /// A pack stream's content type.
 pub const PACK: &str = "application/x-mdl-pack";
 

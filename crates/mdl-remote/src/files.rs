@@ -123,10 +123,10 @@ pub fn download(
 /// The tree of commit `id` on the server: its commit and manifest records fetched and
 /// verified against their ids.
 fn committed_tree(remote: &Remote, id: &mdl::ObjectId) -> Result<mdl::Manifest> {
-    let commit = mdl::transfer::read_commit(&mut remote.fetch_pack(&[*id], &[], 0)?, id)?;
+    let commit = mdl::transfer::read_commit(&mut remote.fetch_pack(&[*id], &[], None, 0)?, id)?;
     let manifest = &commit.manifest;
     Ok(mdl::transfer::read_manifest(
-        &mut remote.fetch_pack(&[*manifest], &[], 0)?,
+        &mut remote.fetch_pack(&[*manifest], &[], None, 0)?,
         manifest,
     )?)
 }
@@ -181,7 +181,7 @@ fn coarsened_to(
         .map(|(_, h)| h.canonical())
         .ok_or_else(differs)?;
     let mut pack = remote
-        .fetch_pack(&[*id], &[], file.len())
+        .fetch_pack(&[*id], &[], None, file.len())
         .map_err(|e| e.to_string())?;
     let record = mdl::transfer::read_tensor_header(&mut pack, id).map_err(|e| e.to_string())?;
     match record.coarsened {

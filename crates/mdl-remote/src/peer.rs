@@ -3,12 +3,14 @@
 //! storage is one, wrapped so that a moved ref is published).
 
 use std::collections::HashSet;
+use std::io::{Read, Seek, SeekFrom};
 
 use mdl::transfer::{self, PlannedObject, Receipt, Received, RefUpdate, Shallow};
 use mdl::{Counting, ObjectId, Progress, Repository};
 use std::time::{Duration, Instant};
 
 use mdl_protocol::body::{Against, Refs, Waited, MAX_IDS};
+use mdl_protocol::ErrorCode;
 
 use crate::{Error, Remote, Result};
 
@@ -101,6 +103,16 @@ impl Peer for Remote {
         // side holds it as its id names it (retention may have expired or coarsened it here).
         let bases: Vec<ObjectId> = planned.iter().filter_map(|p| p.against).collect();
         let usable: HashSet<ObjectId> = transfer::usable_bases(repo, &bases)?.into_iter().collect();
+        // The start of a record a cut fetch kept: the server goes on from there if its record
+        // still starts so. One not planned now is of no more use.
+        let partial = transfer::Partial::find(repo)?;
+        let partial = partial.filter(|p| {
+            let planned = planned.iter().any(|o| o.id == p.id && o.size >= p.len);
+            if !planned {
+                p.remove(repo);
+            }
+            planned
+        });
         for chunk in planned.chunks(MAX_IDS) {
             let ids: Vec<ObjectId> = chunk.iter().map(|p| p.id).collect();
             let against: Vec<Against> = (chunk.iter())
@@ -108,11 +120,12 @@ impl Peer for Remote {
                 .filter(|a| usable.contains(&a.base))
                 .collect();
             let bytes = chunk.iter().map(|p| p.size).fold(0, u64::saturating_add);
-            let pack = self.fetch_pack(&ids, &against, bytes)?;
+            let resume = partial.as_ref().filter(|p| ids.contains(&p.id));
+            let asked = resume.map(transfer::Partial::resume).transpose()?;
+            let pack = self.fetch_pack(&ids, &against, asked, bytes)?;
             let failure = pack.failure();
             let mut reader = Counting::new(pack, progress);
-            let expect = transfer::Expect::Planned(chunk);
-            match transfer::receive_expected(repo, &mut reader, expect) {
+            match transfer::receive_planned(repo, &mut reader, chunk, resume, progress) {
                 Ok(receipt) => total.extend(receipt),
                 Err(e) => {
                     total.added.undo(repo);
@@ -133,16 +146,37 @@ impl Peer for Remote {
     fn missing(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
         Ok(Remote::missing(self, ids)?)
     }
-    /// One pack, built in a temporary file first.
+    /// One pack, built in a temporary file first and named by its hash: what the server kept
+    /// of an upload of the same pack cut off is not sent again.
     fn send_objects(
         &self,
         repo: &Repository,
         ids: &[ObjectId],
         progress: &dyn Progress,
     ) -> Result<Received> {
-        let (file, len) = spool(repo, ids)?;
-        let mut counted = Counting::new(file, progress);
-        Ok(self.send_pack(&mut counted, len)?)
+        let (mut file, len) = spool(repo, ids)?;
+        let failed = |source| mdl::Error::Input {
+            path: "<the pack to send>".into(),
+            source,
+        };
+        let mut hasher = blake3::Hasher::new();
+        hasher.update_reader(&mut file).map_err(failed)?;
+        let key = ObjectId::from_bytes(*hasher.finalize().as_bytes());
+        let held = Some(self.upload_held(&key)?).filter(|&n| n < len);
+        // From where the server holds it to; whole if it no longer does after all.
+        for from in held.into_iter().chain([0]) {
+            file.seek(SeekFrom::Start(from)).map_err(failed)?;
+            progress.lessen(from);
+            let mut counted = Counting::new((&file).take(len - from), progress);
+            match self.send_pack(&mut counted, len - from, Some((key, from))) {
+                Err(mdl_client::Error::Server {
+                    code: Some(ErrorCode::UploadGone),
+                    ..
+                }) if from > 0 => tracing::info!("{}: the upload's start is gone", self.url()),
+                sent => return Ok(sent?),
+            }
+        }
+        unreachable!("the last try sends the pack whole")
     }
     fn update_ref(&self, update: &RefUpdate) -> Result<()> {
         Ok(Remote::update_ref(self, update)?)

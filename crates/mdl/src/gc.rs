@@ -564,14 +564,15 @@ fn newly_thinned(marks: &Marks, plan: &Plan) -> u64 {
 }
 
 /// Files in `.mdl` that nothing names: record files the index does not point to
-/// (interrupted writes, replaced generations), temporaries of interrupted writes, and uploads
-/// in `incoming/` (being received, or abandoned).
+/// (interrupted writes, replaced generations), temporaries of interrupted writes, uploads in
+/// `incoming/` (being received, or abandoned) and the starts of records a fetch was cut off
+/// inside (`partial/`, kept for the next fetch).
 pub(crate) struct Leftovers {
     /// Unindexed record files.
     pub(crate) records: Vec<PathBuf>,
     /// `.tmp-*` files in the object directories.
     pub(crate) temps: Vec<PathBuf>,
-    /// Files in `incoming/`.
+    /// Files in `incoming/` and `partial/`.
     pub(crate) incoming: Vec<PathBuf>,
 }
 
@@ -584,8 +585,9 @@ pub(crate) fn leftovers(store: &Store) -> Result<Leftovers> {
             records.push(store.record_path(&id, generation));
         }
     }
-    let incoming = std::fs::read_dir(store.dir().join(mdl_store::INCOMING_DIR))
+    let incoming = [mdl_store::INCOMING_DIR, crate::transfer::PARTIAL_DIR]
         .into_iter()
+        .flat_map(|dir| std::fs::read_dir(store.dir().join(dir)))
         .flatten()
         .flatten()
         .map(|f| f.path())

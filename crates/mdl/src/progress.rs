@@ -8,6 +8,9 @@ pub trait Progress: Sync {
     }
     /// `n` more bytes are done.
     fn advance(&self, n: u64);
+    /// The work turned out `n` bytes less than its total said (a record came coded against
+    /// what the receiver holds, or from where a cut transfer stopped).
+    fn lessen(&self, _n: u64) {}
     /// The work is over.
     fn finish(&self);
 }

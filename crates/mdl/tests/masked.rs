@@ -223,7 +223,7 @@ fn a_fetch_of_an_rl_step_moves_a_masked_delta() {
         transfer::missing(&dst, &plan.iter().map(|p| p.id).collect::<Vec<_>>()).unwrap();
     let against = [(p.id, base)].into_iter().collect();
     let mut coded = Vec::new();
-    transfer::write_pack_against(&src, &send, &against, &mut coded).unwrap();
+    transfer::write_pack_against(&src, &send, &against, None, &mut coded).unwrap();
     transfer::receive_pack(&dst, &mut &coded[..], u64::MAX).unwrap();
     checks_out_exactly(&dst, &commits, dir.path());
 }

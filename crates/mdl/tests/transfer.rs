@@ -348,7 +348,7 @@ fn a_tensor_goes_as_a_delta_against_the_version_the_receiver_holds() {
         .collect();
     let against = [(p.id, base)].into_iter().collect();
     let mut coded = Vec::new();
-    transfer::write_pack_against(&src, &send, &against, &mut coded).unwrap();
+    transfer::write_pack_against(&src, &send, &against, None, &mut coded).unwrap();
     let mut whole = Vec::new();
     transfer::write_pack(&src, &send, &mut whole).unwrap();
     assert!(

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::io::{self, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use mdl_codec::{CodecTag, EncodeOptions};
@@ -323,6 +323,24 @@ impl<'s> ObjectBatch<'s> {
         depth: u32,
         payload: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
     ) -> Result<PutOutcome, StoreError> {
+        let mut w = self.open_received(id, header, content_len, depth, None)?;
+        payload(&mut w).map_err(|e| w.failed("write", e))?;
+        w.finish()
+    }
+
+    /// Opens a record received from another repository, written as it arrives by the caller
+    /// and then [`RecordWriter::finish`]ed: the checks and duties of [`Self::put_record_with`].
+    /// Written into `tmp` where given (a file of the caller's under `.mdl`, on the objects'
+    /// file system, which stays if the process dies, or is [`RecordWriter::keep`]), else into a
+    /// temporary file of the store's.
+    pub fn open_received(
+        &self,
+        id: &ObjectId,
+        header: &RecordHeader,
+        content_len: u64,
+        depth: u32,
+        tmp: Option<&Path>,
+    ) -> Result<RecordWriter<'_, 's>, StoreError> {
         let bad = |source| StoreError::Corrupt {
             id: *id,
             kind: "received",
@@ -340,19 +358,16 @@ impl<'s> ObjectBatch<'s> {
             base: header.base,
             depth,
         };
-        self.write_record(
-            id,
+        self.open_record(
+            Some(id),
             header.kind,
             codec,
             placement,
             &header.prefix,
             header.coarsened,
             content_len,
-            u64::MAX,
-            payload,
-            &mut || Ok(()),
+            tmp,
         )
-        .map_err(WriteError::into_store)
     }
 
     /// The one helper that writes into `.mdl/objects`: a [`RecordWriter`] that `body` writes
@@ -379,6 +394,7 @@ impl<'s> ObjectBatch<'s> {
             prefix,
             coarsened,
             content_len,
+            None,
         )?;
         let sink = w.sink.as_mut().expect("an open record");
         sink.cap = sink.written.saturating_add(cap);
@@ -434,11 +450,12 @@ impl<'s> ObjectBatch<'s> {
             &prefix,
             None,
             content_len,
+            None,
         )
     }
 
-    /// A temporary file in the record's directory (or, not named yet, in [`UNNAMED_DIR`]), its
-    /// header written.
+    /// A temporary file in the record's directory (or, not named yet, in [`UNNAMED_DIR`]; or
+    /// `tmp`, where given), its header written.
     #[allow(clippy::too_many_arguments)]
     fn open_record(
         &self,
@@ -449,6 +466,7 @@ impl<'s> ObjectBatch<'s> {
         prefix: &[u8],
         coarsened: Option<Coarsened>,
         content_len: u64,
+        tmp: Option<&Path>,
     ) -> Result<RecordWriter<'_, 's>, StoreError> {
         let fs = self.store.storage();
         let path = id.map(|id| self.store.record_path(id, placement.generation));
@@ -461,11 +479,16 @@ impl<'s> ObjectBatch<'s> {
         };
         fs.create_dir_all(&dir)
             .map_err(StoreError::io("create", &dir))?;
-        let tmp = dir.join(format!(
-            "{TEMP_PREFIX}{}-{}",
-            std::process::id(),
-            next_temp()
-        ));
+        let tmp = tmp.map_or_else(
+            || {
+                dir.join(format!(
+                    "{TEMP_PREFIX}{}-{}",
+                    std::process::id(),
+                    next_temp()
+                ))
+            },
+            Path::to_path_buf,
+        );
         let file = fs
             .create_new(&tmp)
             .map_err(StoreError::io("create", &tmp))?;
@@ -571,7 +594,7 @@ impl Write for RecordWriter<'_, '_> {
 
 impl RecordWriter<'_, '_> {
     /// The error of a failed `op` on the temporary file.
-    fn failed(&self, op: &'static str, source: io::Error) -> StoreError {
+    pub fn failed(&self, op: &'static str, source: io::Error) -> StoreError {
         StoreError::Io {
             op,
             path: self.tmp.clone(),
@@ -629,6 +652,22 @@ impl RecordWriter<'_, '_> {
             created: Timestamp::now(),
         };
         Ok(PutOutcome { id, entry })
+    }
+
+    /// Leaves what was written of an unfinished record (its header and the start of its
+    /// payload: a received record cut off) in its temporary file, unsynced, for a later
+    /// transfer to go on from: only for one opened into a file of the caller's
+    /// ([`ObjectBatch::open_received`]). The bytes left.
+    pub fn keep(mut self) -> Result<u64, StoreError> {
+        let sink = self.sink.take().expect("an open record");
+        let kept = sink.written;
+        match sink.inner.into_inner() {
+            Ok(_) => Ok(kept),
+            Err(e) => {
+                let _ = self.batch.store.storage().remove_file(&self.tmp);
+                Err(self.failed("write", e.into_error()))
+            }
+        }
     }
 
     /// Names a record opened by [`ObjectBatch::open_unnamed`] `id` and finishes it.

@@ -1,13 +1,15 @@
 //! A pack stream read frame by frame: the stream watched for a cut (it ends or fails before the
 //! pack's end), a tensor record's payload copied as it arrives and checked against its trailer,
-//! and the reads every frame makes.
+//! the reads every frame makes, and an expired frame's fields.
 
 use std::io::{Read, Write};
 
 use mdl_format::record::{RecordHeader, Trailer, TRAILER_LEN};
-use mdl_format::ObjectId;
+use mdl_format::{ObjectId, ObjectKind, Timestamp};
+use mdl_store::Expired;
 
 use super::bad_pack;
+use super::pack::MAX_RULE_LEN;
 use crate::{Error, Result};
 
 /// Bytes of a frame read at a time.
@@ -68,8 +70,8 @@ impl Sent<'_> {
         let mut left = self.payload_len - (self.head.len() - self.header_len) as u64;
         let mut buf = vec![0u8; PIECE.min(left as usize)];
         while left > 0 {
-            let n = PIECE.min(left as usize);
-            read_exact(r, &mut buf[..n]).map_err(Copied::Refused)?;
+            // What arrives is written at once: a stream cut off leaves all of it written.
+            let n = read_some(r, &mut buf[..PIECE.min(left as usize)]).map_err(Copied::Refused)?;
             crc.update(&buf[..n]);
             w.write_all(&buf[..n]).map_err(Copied::Here)?;
             left -= n as u64;
@@ -138,6 +140,23 @@ pub(super) fn skip(r: &mut dyn Read, len: u64) -> Result<()> {
     Ok(())
 }
 
+/// Reads at least one byte into `buf` (not empty): how many.
+fn read_some(r: &mut dyn Read, buf: &mut [u8]) -> Result<usize> {
+    loop {
+        match r.read(buf) {
+            Ok(0) => return Err(bad_pack("pack stream ends early")),
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(Error::Input {
+                    path: "<transfer>".into(),
+                    source: e,
+                })
+            }
+        }
+    }
+}
+
 pub(super) fn read_exact(r: &mut dyn Read, buf: &mut [u8]) -> Result<()> {
     r.read_exact(buf).map_err(|e| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => bad_pack("pack stream ends early"),
@@ -146,4 +165,32 @@ pub(super) fn read_exact(r: &mut dyn Read, buf: &mut [u8]) -> Result<()> {
             source: e,
         },
     })
+}
+
+/// Reads the rest of an expired frame; with its length.
+pub(super) fn read_expired(r: &mut dyn Read, id: &ObjectId) -> Result<(Expired, u64)> {
+    let mut fixed = [0u8; 19];
+    read_exact(r, &mut fixed)?;
+    let kind = ObjectKind::try_from(fixed[0])
+        .ok()
+        .filter(|k| *k == ObjectKind::Tensor)
+        .ok_or_else(|| bad_pack(format!("{id}: only tensors expire")))?;
+    let content_len = u64::from_le_bytes(fixed[1..9].try_into().expect("8 bytes"));
+    let time = Timestamp(i64::from_le_bytes(
+        fixed[9..17].try_into().expect("8 bytes"),
+    ));
+    let n = u16::from_le_bytes(fixed[17..19].try_into().expect("2 bytes")) as usize;
+    if n > MAX_RULE_LEN {
+        return Err(bad_pack(format!("{id}: expiry rule of {n} bytes")));
+    }
+    let mut rule = vec![0u8; n];
+    read_exact(r, &mut rule)?;
+    let rule = String::from_utf8(rule).map_err(|_| bad_pack(format!("{id}: rule not UTF-8")))?;
+    let expired = Expired {
+        kind,
+        content_len,
+        time,
+        rule,
+    };
+    Ok((expired, fixed.len() as u64 + n as u64))
 }

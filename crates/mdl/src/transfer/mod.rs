@@ -26,6 +26,7 @@ mod added;
 mod derived;
 mod frame;
 mod pack;
+mod partial;
 mod publish;
 mod receive;
 mod single;
@@ -35,7 +36,11 @@ pub use derived::{
     derive_against, derived_record, is_kept, reanchor, records_made, usable_bases, MAX_DERIVED,
 };
 pub use pack::{write_pack, write_pack_against, PackWriter};
-pub use receive::{receive_expected, receive_indexed, receive_pack, Expect, Receipt};
+pub use partial::Partial;
+pub(crate) use partial::DIR as PARTIAL_DIR;
+pub use receive::{
+    receive_expected, receive_indexed, receive_pack, receive_planned, Expect, Receipt,
+};
 pub use single::{read_commit, read_manifest, read_tensor_header};
 pub use toc::{encode_toc, read_toc, Frame, FrameRecord, Toc, TOC_FOOTER};
 

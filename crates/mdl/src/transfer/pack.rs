@@ -6,6 +6,7 @@ use std::io::Write;
 use mdl_codec::CodecTag;
 use mdl_format::record::{self, RecordHeader};
 use mdl_format::{ObjectId, ObjectKind};
+use mdl_protocol::body::Resume;
 use mdl_store::{Expired, IndexEntry, StoreError};
 
 use rayon::prelude::*;
@@ -17,6 +18,11 @@ use crate::{Error, Repository, Result};
 
 /// Frame length that marks an expired tensor instead of a record (see [`write_pack`]).
 pub(super) const EXPIRED_FRAME: u64 = u64::MAX;
+
+/// Frame length that marks a record sent from an offset: what the receiver asked to go on
+/// from ([`Resume`]); then the offset and the whole record's length (u64 LE each), then the
+/// record's bytes from that offset.
+pub(super) const RESUMED_FRAME: u64 = u64::MAX - 1;
 
 /// Longest retention rule an expired frame may carry.
 pub(super) const MAX_RULE_LEN: usize = 1024;
@@ -31,14 +37,18 @@ pub fn write_pack(repo: &Repository, ids: &[ObjectId], w: &mut dyn Write) -> Res
 }
 
 /// [`write_pack`], with each tensor that `against` pairs with a tensor the receiver holds sent
-/// as a record coded against it where that is smaller ([`super::derived_record`]).
+/// as a record coded against it where that is smaller ([`super::derived_record`]), and the
+/// record `resume` names sent from where the receiver was cut off, if it starts with the bytes
+/// the receiver holds (a [`RESUMED_FRAME`]; else whole).
 pub fn write_pack_against(
     repo: &Repository,
     ids: &[ObjectId],
     against: &HashMap<ObjectId, ObjectId>,
+    resume: Option<&Resume>,
     w: &mut dyn Write,
 ) -> Result<u64> {
     let mut pack = PackWriter::new(w)?;
+    pack.resume = resume.copied();
     pack.objects_against(repo, ids, against)?;
     Ok(pack.finish()?.0)
 }
@@ -94,6 +104,8 @@ pub struct PackWriter<'w> {
     /// Bytes written so far.
     total: u64,
     frames: Vec<Frame>,
+    /// The record the receiver holds the start of, until it is written.
+    resume: Option<Resume>,
 }
 
 fn out(e: std::io::Error) -> Error {
@@ -108,6 +120,7 @@ impl<'w> PackWriter<'w> {
             w,
             total: PACK_MAGIC.len() as u64,
             frames: Vec::new(),
+            resume: None,
         })
     }
 
@@ -133,12 +146,24 @@ impl<'w> PackWriter<'w> {
             base,
             content_len: entry.content_len,
         };
-        self.frame(
-            id,
-            &(record.len() as u64).to_le_bytes(),
-            &record,
-            Some(info),
-        )
+        if let Some(held) = self.resumable(id, &record) {
+            let at = [held.to_le_bytes(), (record.len() as u64).to_le_bytes()].concat();
+            let rest = &record[held as usize..];
+            return self.frame(id, &RESUMED_FRAME.to_le_bytes(), &[&at, rest], Some(info));
+        }
+        let len = (record.len() as u64).to_le_bytes();
+        self.frame(id, &len, &[&record], Some(info))
+    }
+
+    /// Where the record of `id` may be sent from: the receiver holds its first bytes.
+    fn resumable(&mut self, id: &ObjectId, record: &[u8]) -> Option<u64> {
+        let r = self.resume.take_if(|r| r.id == *id)?;
+        let held = usize::try_from(r.held).ok()?;
+        let fits = r.len == record.len() as u64 && held < record.len();
+        let same =
+            fits && ObjectId::from_bytes(*blake3::hash(&record[..held]).as_bytes()) == r.digest;
+        tracing::debug!(%id, held, same, "asked to resume a record");
+        same.then_some(r.held)
     }
 
     /// Adds the records of `ids`, in that order, from the index. A tensor that retention
@@ -220,7 +245,7 @@ impl<'w> PackWriter<'w> {
                         b.extend_from_slice(&x.time.0.to_le_bytes());
                         b.extend_from_slice(&(rule.len() as u16).to_le_bytes());
                         b.extend_from_slice(rule);
-                        self.frame(id, &EXPIRED_FRAME.to_le_bytes(), &b, None)?;
+                        self.frame(id, &EXPIRED_FRAME.to_le_bytes(), &[&b], None)?;
                     }
                 }
             }
@@ -228,23 +253,28 @@ impl<'w> PackWriter<'w> {
         Ok(())
     }
 
+    /// Writes a frame: `id`, its length field, and its body (`parts`, in order).
     fn frame(
         &mut self,
         id: &ObjectId,
         len_field: &[u8; 8],
-        body: &[u8],
+        parts: &[&[u8]],
         record: Option<FrameRecord>,
     ) -> Result<()> {
         self.w.write_all(id.as_bytes()).map_err(out)?;
         self.w.write_all(len_field).map_err(out)?;
-        self.w.write_all(body).map_err(out)?;
+        let mut len = 0;
+        for part in parts {
+            self.w.write_all(part).map_err(out)?;
+            len += part.len() as u64;
+        }
         self.frames.push(Frame {
             id: *id,
             offset: self.total + 40,
-            len: body.len() as u64,
+            len,
             record,
         });
-        self.total += 40 + body.len() as u64;
+        self.total += 40 + len;
         Ok(())
     }
 

@@ -6,7 +6,9 @@
 //! its id, and published in index transactions that check what it depends on (bases, the
 //! tensors a manifest names, a commit's manifest and parents). A pack refused half-way leaves
 //! the repository as it was: what it wrote and indexed is removed again. A fetched pack cut off
-//! (it ends, or its connection fails, before its end) keeps the tensors that arrived whole.
+//! (it ends, or its connection fails, before its end) keeps the tensors that arrived whole,
+//! and the start of the tensor record it was cut off inside ([`Partial`]), which the next
+//! fetch asks the sender to go on from.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
@@ -16,12 +18,13 @@ use mdl_format::record::{RecordHeader, Trailer, MAX_HEADER_LEN, MAX_META_CONTENT
 use mdl_format::{ObjectId, ObjectKind, TensorHeader, Timestamp};
 use mdl_store::{Expired, IndexEntry, ObjectBatch, StoreError};
 
-use super::frame::{read_exact, read_frame, skip, Copied, Sent, Watched};
-use super::pack::{EXPIRED_FRAME, MAX_RULE_LEN};
+use super::frame::{read_exact, read_expired, read_frame, skip, Copied, Sent, Watched};
+use super::pack::{EXPIRED_FRAME, RESUMED_FRAME};
+use super::partial::{self, Partial};
 use super::publish::{index_tensor, publish_tail, publish_tensors, Verified};
 use super::toc::{Frame, FrameRecord};
 use super::{bad_pack, Added, PlannedObject, Received, PACK_MAGIC};
-use crate::{Error, Repository, Result};
+use crate::{Error, NoProgress, Progress, Repository, Result};
 
 /// A received pack may decode to at most this many times the bytes received…
 const MAX_EXPANSION: u64 = 4096;
@@ -38,34 +41,6 @@ const MAX_META_RECORD: u64 = MAX_META_CONTENT + MAX_HEADER_LEN as u64 + TRAILER_
 const SMALL_RECORD: u64 = 4 << 20;
 /// …of at most this many bytes (a larger record is written as it arrives, by the reading thread).
 const GROUP_BYTES: u64 = 64 << 20;
-
-/// Reads the rest of an expired frame; with its length.
-fn read_expired(r: &mut dyn Read, id: &ObjectId) -> Result<(Expired, u64)> {
-    let mut fixed = [0u8; 19];
-    read_exact(r, &mut fixed)?;
-    let kind = ObjectKind::try_from(fixed[0])
-        .ok()
-        .filter(|k| *k == ObjectKind::Tensor)
-        .ok_or_else(|| bad_pack(format!("{id}: only tensors expire")))?;
-    let content_len = u64::from_le_bytes(fixed[1..9].try_into().expect("8 bytes"));
-    let time = Timestamp(i64::from_le_bytes(
-        fixed[9..17].try_into().expect("8 bytes"),
-    ));
-    let n = u16::from_le_bytes(fixed[17..19].try_into().expect("2 bytes")) as usize;
-    if n > MAX_RULE_LEN {
-        return Err(bad_pack(format!("{id}: expiry rule of {n} bytes")));
-    }
-    let mut rule = vec![0u8; n];
-    read_exact(r, &mut rule)?;
-    let rule = String::from_utf8(rule).map_err(|_| bad_pack(format!("{id}: rule not UTF-8")))?;
-    let expired = Expired {
-        kind,
-        content_len,
-        time,
-        rule,
-    };
-    Ok((expired, fixed.len() as u64 + n as u64))
-}
 
 /// What receiving a pack did: what it added ([`Received`], what the sender is told), and every
 /// frame of the pack, its objects stored now or already present (not sent over HTTP): what a
@@ -121,8 +96,32 @@ pub fn receive_expected(
     r: &mut dyn Read,
     expect: Expect<'_>,
 ) -> Result<Receipt> {
+    receive_with(repo, r, expect, None, &NoProgress)
+}
+
+/// [`receive_expected`] of the pack a fetch asked for by `plan`, in which the sender may go on
+/// with the record `resume` holds the start of (a resumed frame, `docs/HTTP_API.md`; the
+/// start is removed once the record is in). A record arriving shorter than planned, or from
+/// an offset, lessens `progress`'s total by the bytes that do not move.
+pub fn receive_planned(
+    repo: &Repository,
+    r: &mut dyn Read,
+    plan: &[PlannedObject],
+    resume: Option<&Partial>,
+    progress: &dyn Progress,
+) -> Result<Receipt> {
+    receive_with(repo, r, Expect::Planned(plan), resume, progress)
+}
+
+fn receive_with(
+    repo: &Repository,
+    r: &mut dyn Read,
+    expect: Expect<'_>,
+    resume: Option<&Partial>,
+    progress: &dyn Progress,
+) -> Result<Receipt> {
     // A record or object that fails verification is the sender's fault, not damage here.
-    receive(repo, r, expect).map_err(|e| match e {
+    receive(repo, r, expect, resume, progress).map_err(|e| match e {
         Error::Store(StoreError::Corrupt { .. }) | Error::Corrupt { .. } => {
             Error::BadTransfer(e.to_string())
         }
@@ -248,6 +247,11 @@ struct Receiving<'r> {
     group: Vec<Small>,
     group_bytes: u64,
     receipt: Receipt,
+    /// The record start the sender may go on from, until it does.
+    resume: Option<&'r Partial>,
+    /// Where the start of a record cut off in this pack was kept.
+    kept: Option<std::path::PathBuf>,
+    progress: &'r dyn Progress,
 }
 
 /// A small tensor record read whole, its frame checked, not yet written.
@@ -256,8 +260,8 @@ struct Small {
     header: RecordHeader,
     content_len: u64,
     depth: u32,
-    /// The frame's length.
-    len: u64,
+    /// The bytes of its frame that moved (all but what was held).
+    moved: u64,
     payload: Vec<u8>,
 }
 
@@ -267,7 +271,13 @@ enum Head {
     Frame(ObjectId, u64),
 }
 
-fn receive(repo: &Repository, r: &mut dyn Read, expect: Expect<'_>) -> Result<Receipt> {
+fn receive<'r>(
+    repo: &'r Repository,
+    r: &mut dyn Read,
+    expect: Expect<'r>,
+    resume: Option<&'r Partial>,
+    progress: &'r dyn Progress,
+) -> Result<Receipt> {
     let mut magic = [0u8; 8];
     read_exact(r, &mut magic)?;
     if &magic != PACK_MAGIC {
@@ -304,6 +314,9 @@ fn receive(repo: &Repository, r: &mut dyn Read, expect: Expect<'_>) -> Result<Re
         group: Vec::new(),
         group_bytes: 0,
         receipt: Receipt::default(),
+        resume,
+        kept: None,
+        progress,
     };
     let mut watched = Watched {
         inner: r,
@@ -325,6 +338,13 @@ fn receive(repo: &Repository, r: &mut dyn Read, expect: Expect<'_>) -> Result<Re
             }
         }
         Err(e) => {
+            // Bytes refused, not cut off: no record start is worth going on from.
+            if let Some(kept) = &rx.kept {
+                partial::remove(repo, kept);
+            }
+            if let Some(p) = resume {
+                p.remove(repo);
+            }
             rx.roll_back();
             Err(e)
         }
@@ -335,13 +355,42 @@ impl Receiving<'_> {
     /// Reads every frame up to the pack's end.
     fn frames(&mut self, r: &mut dyn Read) -> Result<()> {
         while let Head::Frame(id, len) = self.head(r)? {
+            if len == RESUMED_FRAME {
+                self.resumed(r, id)?;
+                continue;
+            }
             self.admit(&id, len)?;
             if len == EXPIRED_FRAME {
                 self.expired_frame(r, id)?;
             } else {
-                self.record(r, id, len)?;
+                self.record(r, id, len, 0)?;
             }
         }
+        Ok(())
+    }
+
+    /// A record sent from an offset: only the one whose start this side holds, from where it
+    /// holds it to; read as that start followed by the rest.
+    fn resumed(&mut self, r: &mut dyn Read, id: ObjectId) -> Result<()> {
+        let mut at = [0u8; 16];
+        read_exact(r, &mut at)?;
+        self.read_bytes += at.len() as u64;
+        let held = u64::from_le_bytes(at[..8].try_into().expect("8 bytes"));
+        let len = u64::from_le_bytes(at[8..].try_into().expect("8 bytes"));
+        let Some(p) = self
+            .resume
+            .take()
+            .filter(|p| p.id == id && p.held == held && p.len == len)
+        else {
+            return Err(bad_pack(format!(
+                "the pack goes on with {id} from byte {held}, which was not asked for"
+            )));
+        };
+        self.admit(&id, len)?;
+        self.progress.lessen(held);
+        let mut joined = p.open()?.chain(&mut *r);
+        self.record(&mut joined, id, len, held)?;
+        p.remove(self.repo);
         Ok(())
     }
 
@@ -388,6 +437,10 @@ impl Receiving<'_> {
                 sent: len,
             });
         }
+        if !expired {
+            // Coded against what this side holds: fewer bytes move than planned.
+            self.progress.lessen(plan.size - len);
+        }
         Ok(())
     }
 
@@ -405,10 +458,11 @@ impl Receiving<'_> {
         Ok(())
     }
 
-    /// A record's frame of `len` bytes: its header read and checked, then, unless the
-    /// repository has it, written into the batch (verified when its layer or the tail is
-    /// published) — a tensor's as it arrives, a manifest's or commit's (bounded) whole.
-    fn record(&mut self, r: &mut dyn Read, id: ObjectId, len: u64) -> Result<()> {
+    /// A record's frame of `len` bytes (the first `held` of them held here, the rest moving):
+    /// its header read and checked, then, unless the repository has it, written into the batch
+    /// (verified when its layer or the tail is published) — a tensor's as it arrives (its
+    /// start kept if the pack is cut off inside it), a manifest's or commit's (bounded) whole.
+    fn record(&mut self, r: &mut dyn Read, id: ObjectId, len: u64, held: u64) -> Result<()> {
         if len < TRAILER_LEN as u64 + 4 {
             return Err(bad_pack(format!("record of {id} is too short")));
         }
@@ -425,7 +479,7 @@ impl Receiving<'_> {
             }
             let rest = read_frame(r, len - first as u64)?;
             head.extend_from_slice(&rest);
-            return self.whole_record(id, head);
+            return self.whole_record(id, head, held);
         }
         let payload_len = len - (header_len + TRAILER_LEN) as u64;
         let content_len = TensorHeader::from_canonical(&header.prefix)
@@ -459,7 +513,7 @@ impl Receiving<'_> {
                 header,
                 content_len,
                 depth,
-                len,
+                moved: len - held,
                 payload,
             });
             if self.group_bytes >= GROUP_BYTES {
@@ -467,24 +521,34 @@ impl Receiving<'_> {
             }
             return Ok(());
         }
-        // What went wrong with the sender's bytes, as opposed to writing them here.
-        let mut refused: Option<Error> = None;
-        let put = self
-            .batch
-            .put_record_with(&id, &header, content_len, depth, &mut |w| {
-                sent.copy(r, w).map_err(|failed| match failed {
-                    Copied::Here(e) => e,
-                    Copied::Refused(e) => {
-                        refused = Some(e);
-                        std::io::Error::other("refused")
+        // A fetch's record is written where a cut, or the process's end, leaves its start for
+        // the next fetch ([`Partial`]).
+        let start = match self.planned {
+            Some(_) => Some(partial::path_for(self.repo, &id, len)?),
+            None => None,
+        };
+        let mut w =
+            (self.batch).open_received(&id, &header, content_len, depth, start.as_deref())?;
+        match sent.copy(r, &mut w) {
+            Ok(()) => {
+                let put = w.finish()?;
+                self.stored(id, len - held, put);
+                if let Some(p) = self.resume.filter(|p| p.id == id) {
+                    // Sent whole after all: its start is of no more use.
+                    p.remove(self.repo);
+                }
+                Ok(())
+            }
+            Err(Copied::Here(e)) => Err(w.failed("write", e).into()),
+            Err(Copied::Refused(e)) => {
+                if let Some(start) = start {
+                    if partial::keep(self.repo, w, &start) {
+                        self.kept = Some(start);
                     }
-                })
-            });
-        if let Some(e) = refused {
-            return Err(e);
+                }
+                Err(e)
+            }
         }
-        self.stored(id, len, put?);
-        Ok(())
     }
 
     /// Writes the group of small records waiting, in parallel, each into its file; every one
@@ -505,7 +569,7 @@ impl Receiving<'_> {
         let mut failed = None;
         for (g, put) in group.iter().zip(puts) {
             match put {
-                Ok(put) => self.stored(g.id, g.len, put),
+                Ok(put) => self.stored(g.id, g.moved, put),
                 Err(e) => failed = failed.or(Some(e)),
             }
         }
@@ -538,9 +602,10 @@ impl Receiving<'_> {
         Ok(!present)
     }
 
-    /// A manifest's or commit's whole record: parsed, its claims checked, and unless the
-    /// repository has it, written into the batch (verified when the tail is published).
-    fn whole_record(&mut self, id: ObjectId, record: Vec<u8>) -> Result<()> {
+    /// A manifest's or commit's whole record (the first `held` bytes of it held here): parsed,
+    /// its claims checked, and unless the repository has it, written into the batch (verified
+    /// when the tail is published).
+    fn whole_record(&mut self, id: ObjectId, record: Vec<u8>, held: u64) -> Result<()> {
         let len = record.len() as u64;
         let (header, payload_len, content_len) = parse_record(&id, &record)?;
         if !self.framed(id, len, &header, content_len)? {
@@ -553,15 +618,15 @@ impl Receiving<'_> {
         }
         self.claim(content_len)?;
         let put = self.batch.put_record(&id, &record, 0)?;
-        self.stored(id, len, put);
+        self.stored(id, len - held, put);
         Ok(())
     }
 
-    /// Notes a record written into the batch.
-    fn stored(&mut self, id: ObjectId, len: u64, put: mdl_store::PutOutcome) {
+    /// Notes a record written into the batch, `moved` of its bytes sent.
+    fn stored(&mut self, id: ObjectId, moved: u64, put: mdl_store::PutOutcome) {
         let received = &mut self.receipt.received;
         received.objects += 1;
-        received.bytes += len;
+        received.bytes += moved;
         self.pending.insert(id);
         self.receipt.added.records.push((id, put.entry.generation));
         match put.entry.kind {
