@@ -159,9 +159,7 @@ impl Peer for Remote {
             path: "<the pack to send>".into(),
             source,
         };
-        let mut hasher = blake3::Hasher::new();
-        hasher.update_reader(&mut file).map_err(failed)?;
-        let key = ObjectId::from_bytes(*hasher.finalize().as_bytes());
+        let key = hash_file(&mut file).map_err(failed)?;
         let held = Some(self.upload_held(&key)?).filter(|&n| n < len);
         // From where the server holds it to; whole if it no longer does after all.
         for from in held.into_iter().chain([0]) {
@@ -184,6 +182,25 @@ impl Peer for Remote {
     /// A long poll: the server answers as soon as the ref moves.
     fn wait_ref(&self, name: &str, from: Option<ObjectId>, timeout: Duration) -> Result<Waited> {
         Ok(Remote::wait_ref(self, name, from, timeout)?)
+    }
+}
+
+/// The blake3 hash of what is left to read of `file`, hashed on every core a piece at a time.
+fn hash_file(file: &mut std::fs::File) -> std::io::Result<ObjectId> {
+    let mut hasher = blake3::Hasher::new();
+    let mut piece = vec![0u8; 16 << 20];
+    loop {
+        let mut n = 0;
+        while n < piece.len() {
+            match file.read(&mut piece[n..])? {
+                0 => break,
+                got => n += got,
+            }
+        }
+        if n == 0 {
+            return Ok(ObjectId::from_bytes(*hasher.finalize().as_bytes()));
+        }
+        hasher.update_rayon(&piece[..n]);
     }
 }
 
