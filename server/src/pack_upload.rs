@@ -1,10 +1,11 @@
 //! Pack uploads (`POST /objects`, a push): spooled, then received and published; and resumed
-//! (`docs/HTTP_API.md`, `x-mdl-upload`): what arrived of a push cut off is kept as `incoming/upload-KEY`, KEY the blake3 hash of the whole pack that the client
-//! names, and an upload with that key may send only the rest (`x-mdl-upload-offset`). The pack
-//! joined from the two must hash to its key before it is received, so a start kept from another
-//! pack, or damaged here, is never taken for this one: the answer is 409 `upload_gone`, and the
-//! client sends the pack whole. Nothing is held for a client that never comes back but the
-//! file, which gc removes after an hour like any upload left in `incoming/`.
+//! (`docs/HTTP_API.md`, `x-mdl-upload`): what arrived of a push cut off is kept as
+//! `incoming/upload-KEY`, KEY the blake3 hash of the whole pack that the client names, and an
+//! upload with that key may send only the rest (`x-mdl-upload-offset`). The pack joined from
+//! the two must hash to its key before it is received, so a start kept from another pack, or
+//! damaged here, is never taken for this one: the answer is 409 `upload_gone`, and the client
+//! sends the pack whole. Nothing is held for a client that never comes back but the file, which
+//! gc removes after an hour like any upload left in `incoming/`.
 
 use std::io::Read;
 use std::path::PathBuf;

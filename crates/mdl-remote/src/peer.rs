@@ -160,21 +160,24 @@ impl Peer for Remote {
             source,
         };
         let key = hash_file(&mut file).map_err(failed)?;
-        let held = Some(self.upload_held(&key)?).filter(|&n| n < len);
-        // From where the server holds it to; whole if it no longer does after all.
-        for from in held.into_iter().chain([0]) {
+        let mut send_from = |from: u64| -> Result<Received> {
             file.seek(SeekFrom::Start(from)).map_err(failed)?;
             progress.lessen(from);
             let mut counted = Counting::new((&file).take(len - from), progress);
-            match self.send_pack(&mut counted, len - from, Some((key, from))) {
-                Err(mdl_client::Error::Server {
+            Ok(self.send_pack(&mut counted, len - from, Some((key, from)))?)
+        };
+        // From where the server holds it to; whole if it no longer does after all.
+        let held = self.upload_held(&key)?;
+        if held > 0 && held < len {
+            match send_from(held) {
+                Err(Error::Client(mdl_client::Error::Server {
                     code: Some(ErrorCode::UploadGone),
                     ..
-                }) if from > 0 => tracing::info!("{}: the upload's start is gone", self.url()),
-                sent => return Ok(sent?),
+                })) => tracing::info!("{}: the upload's start is gone", self.url()),
+                sent => return sent,
             }
         }
-        unreachable!("the last try sends the pack whole")
+        send_from(0)
     }
     fn update_ref(&self, update: &RefUpdate) -> Result<()> {
         Ok(Remote::update_ref(self, update)?)

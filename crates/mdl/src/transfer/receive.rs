@@ -338,11 +338,12 @@ fn receive<'r>(
             }
         }
         Err(e) => {
-            // Bytes refused, not cut off: no record start is worth going on from.
+            // Bytes refused, not cut off: the record start kept, or the one gone on from, is not
+            // worth going on from (one not reached yet is: the fetch may plan again).
             if let Some(kept) = &rx.kept {
                 partial::remove(repo, kept);
             }
-            if let Some(p) = resume {
+            if let (Some(p), None) = (resume, rx.resume) {
                 p.remove(repo);
             }
             rx.roll_back();
