@@ -72,16 +72,8 @@ fn a_clone_killed_inside_a_record_goes_on_from_where_it_stopped() {
     child.kill().unwrap();
     child.wait().unwrap();
     let rest = cloned_bytes(&url, &target);
-    eprintln!("the clone after the kill moved {rest} of {whole} bytes");
-    assert!(rest * 100 <= whole * 55, "{rest} of {whole}");
-    let got = d.join("got.safetensors");
-    ok(&target, &["checkout", "main", "-o", got.to_str().unwrap()]);
-    assert_eq!(std::fs::read(&got).unwrap(), sent);
-    assert_fsck_clean(&target);
-    assert!(
-        kept_starts(d).is_empty(),
-        "a record start outlived the clone"
-    );
+    moved_about_half("the clone after the kill", rest, whole);
+    cloned_exactly(d, &target, &sent);
 }
 
 /// What a push test's proxy saw: whether it still cuts the next upload, the whole pack's
@@ -194,6 +186,19 @@ fn kept_starts(d: &Path) -> Vec<std::path::PathBuf> {
         .collect()
 }
 
+/// That the clone in `target` (under `d`) checks out as `sent`, fsck finds it clean, and no
+/// record start is left in `d`.
+fn cloned_exactly(d: &Path, target: &Path, sent: &[u8]) {
+    let got = d.join("got.safetensors");
+    ok(target, &["checkout", "main", "-o", got.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&got).unwrap(), sent);
+    assert_fsck_clean(target);
+    assert!(
+        kept_starts(d).is_empty(),
+        "a record start outlived the clone"
+    );
+}
+
 /// Clones the large commit served from `d` through a proxy that cuts the first pack at half,
 /// lets `between` see the folder `d` after the cut, clones again: the bytes the whole clone
 /// moves, and those the second one moved. The clone checks out as the file committed.
@@ -206,14 +211,7 @@ fn clone_cut_inside(d: &Path, cut: Tamper, between: impl FnOnce(&Path)) -> (u64,
     cut_off(&["clone", &url, target.to_str().unwrap()]);
     between(d);
     let rest = cloned_bytes(&url, &target);
-    let got = d.join("got.safetensors");
-    ok(&target, &["checkout", "main", "-o", got.to_str().unwrap()]);
-    assert_eq!(std::fs::read(&got).unwrap(), sent);
-    assert_fsck_clean(&target);
-    assert!(
-        kept_starts(d).is_empty(),
-        "a record start outlived the clone"
-    );
+    cloned_exactly(d, &target, &sent);
     (whole, rest)
 }
 
@@ -237,6 +235,17 @@ fn cloned_bytes(url: &str, dir: &Path) -> u64 {
     v["bytes"].as_u64().unwrap()
 }
 
+/// That the second of two transfers, the first cut at half, moved about the other half of the
+/// `whole`: at most 55 % (the target), at least 40 % (half was kept, not all).
+fn moved_about_half(what: &str, rest: u64, whole: u64) {
+    eprintln!("{what} moved {rest} of {whole} bytes");
+    assert!(rest * 100 <= whole * 55, "{what}: {rest} of {whole}");
+    assert!(
+        rest * 100 >= whole * 40,
+        "{what}: {rest} of {whole}: was half kept?"
+    );
+}
+
 #[test]
 fn a_clone_cut_off_half_way_moves_only_the_rest_the_next_time() {
     let dir = tempfile::tempdir().unwrap();
@@ -252,15 +261,7 @@ fn a_clone_cut_off_half_way_moves_only_the_rest_the_next_time() {
 
     // Again: the objects kept are not sent again.
     let rest = cloned_bytes(&url, &target);
-    eprintln!("the second clone moved {rest} of {whole} bytes");
-    assert!(
-        rest * 100 <= whole * 55,
-        "the second clone moved {rest} of {whole} bytes"
-    );
-    assert!(
-        rest * 100 >= whole * 40,
-        "{rest} of {whole}: was half kept?"
-    );
+    moved_about_half("the second clone", rest, whole);
     let got = d.join("got.safetensors");
     ok(&target, &["checkout", "main", "-o", got.to_str().unwrap()]);
     assert_eq!(std::fs::read(&got).unwrap(), sent);
@@ -300,11 +301,7 @@ fn a_fetch_cut_off_moves_no_ref_and_only_the_rest_the_next_time() {
     assert_eq!(tracking(&clone), before, "a cut fetch moved a ref");
     assert_fsck_clean(&clone);
     let rest = fetched_bytes(&clone);
-    assert!(rest * 100 <= whole * 55, "{rest} of {whole}");
-    assert!(
-        rest * 100 >= whole * 40,
-        "{rest} of {whole}: was half kept?"
-    );
+    moved_about_half("the second fetch", rest, whole);
     let got = d.join("got.safetensors");
     ok(
         &clone,
@@ -329,12 +326,7 @@ fn a_clone_cut_inside_a_record_goes_on_from_where_it_stopped() {
             assert_eq!(kept_starts(d).len(), 1, "the record's start was not kept");
         },
     );
-    eprintln!("the second clone moved {rest} of {whole} bytes");
-    assert!(rest * 100 <= whole * 55, "{rest} of {whole}");
-    assert!(
-        rest * 100 >= whole * 40,
-        "{rest} of {whole}: was half kept?"
-    );
+    moved_about_half("the second clone", rest, whole);
 }
 
 #[test]
@@ -403,12 +395,7 @@ fn a_push_cut_off_half_way_sends_only_the_rest_the_next_time() {
     let dir = tempfile::tempdir().unwrap();
     push_cut(dir.path(), |b| PUSH_RESUMED.cut(b), |_| {});
     let (whole, rest) = PUSH_RESUMED.bytes();
-    eprintln!("the second push sent {rest} of {whole} bytes");
-    assert!(rest * 100 <= whole * 55, "{rest} of {whole}");
-    assert!(
-        rest * 100 >= whole * 40,
-        "{rest} of {whole}: was half kept?"
-    );
+    moved_about_half("the second push", rest, whole);
 }
 
 #[test]

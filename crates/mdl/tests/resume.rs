@@ -120,10 +120,8 @@ fn a_record_start_that_differs_is_sent_whole() {
     let dir = tempfile::tempdir().unwrap();
     let (src, tip) = large(dir.path());
     let dst = Repository::init(&dir.path().join("dst")).unwrap();
-    let (plan, pack) = planned_pack(&src, tip, None);
-    let cut = pack.len() / 2;
-    transfer::receive_planned(&dst, &mut &pack[..cut], &plan, None, &NoProgress).unwrap_err();
-    let kept = Partial::find(&dst).unwrap().unwrap();
+    let (_, pack) = planned_pack(&src, tip, None);
+    let kept = keep_start(&dst, &src, tip);
     let mut asked = kept.resume().unwrap();
     asked.digest = ObjectId::hash(b"other bytes");
     let (_, whole) = planned_pack(&src, tip, Some(&asked));
@@ -135,10 +133,8 @@ fn a_record_gone_on_from_unasked_or_elsewhere_is_refused_and_nothing_stays() {
     let dir = tempfile::tempdir().unwrap();
     let (src, tip) = large(dir.path());
     let dst = Repository::init(&dir.path().join("dst")).unwrap();
-    let (plan, pack) = planned_pack(&src, tip, None);
-    transfer::receive_planned(&dst, &mut &pack[..pack.len() / 2], &plan, None, &NoProgress)
-        .unwrap_err();
-    let kept = Partial::find(&dst).unwrap().unwrap();
+    let (plan, _) = planned_pack(&src, tip, None);
+    let kept = keep_start(&dst, &src, tip);
     let asked = kept.resume().unwrap();
     let (_, rest) = planned_pack(&src, tip, Some(&asked));
 
