@@ -203,14 +203,16 @@ pub enum Error {
     #[error("transfer refused: {0}")]
     BadTransfer(String),
     /// A pack stream ended, or its connection failed, before its end: what arrived whole was
-    /// verified and kept (indexed, named by no ref), so the same transfer again sends only the
-    /// rest.
-    #[error("transfer cut off: {why} ({kept} objects that arrived whole were verified and kept: run the command again to go on from there)")]
+    /// verified and kept (indexed, named by no ref), and the start of the record it ended
+    /// inside, so the same transfer again sends only the rest.
+    #[error("transfer cut off: {why} ({kept} objects that arrived whole were verified and kept{}: run the command again to go on from there)", started_note(*started))]
     TransferCut {
         /// What ended it.
         why: String,
         /// Objects kept.
         kept: u64,
+        /// Bytes kept of the record it ended inside.
+        started: u64,
     },
     /// A pack's record is a delta of one the pack did not send first: the sender re-encoded it
     /// (a deferred re-encode, compaction) after the transfer was planned. What arrived before
@@ -292,4 +294,12 @@ pub type Failure = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>
 /// `e` as a [`Failure`].
 pub fn failure(e: impl std::error::Error + Send + Sync + 'static) -> Failure {
     std::sync::Arc::new(e)
+}
+
+/// What a [`Error::TransferCut`] says of the record it ended inside.
+fn started_note(started: u64) -> String {
+    match started {
+        0 => String::new(),
+        n => format!(", and the first {n} bytes of the one it ended inside"),
+    }
 }

@@ -189,3 +189,34 @@ fn keep_start(dst: &Repository, src: &Repository, tip: ObjectId) -> Partial {
         .unwrap_err();
     Partial::find(dst).unwrap().unwrap()
 }
+
+#[test]
+fn gc_removes_a_record_start_left_for_an_hour_and_keeps_a_fresh_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, tip) = large(dir.path());
+    let dst = Repository::init(&dir.path().join("dst")).unwrap();
+    keep_start(&dst, &src, tip);
+    let path = std::fs::read_dir(dst.root().join(".mdl/partial"))
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let opts = mdl::gc::GcOptions {
+        prune_older_than: std::time::Duration::ZERO,
+        ..Default::default()
+    };
+    mdl::gc::gc(&dst, &opts, &NoProgress).unwrap();
+    assert!(
+        path.exists(),
+        "gc removed a record start a fetch may go on from"
+    );
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3660);
+    std::fs::File::open(&path)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    mdl::gc::gc(&dst, &opts, &NoProgress).unwrap();
+    assert!(!path.exists(), "gc left a record start an hour old");
+    assert!(Partial::find(&dst).unwrap().is_none());
+}

@@ -330,7 +330,12 @@ fn receive<'r>(
                 e => e.to_string(),
             };
             match rx.keep_whole() {
-                Ok(kept) => Err(Error::TransferCut { why, kept }),
+                Ok(kept) => {
+                    let started = (rx.kept.as_ref())
+                        .and_then(|p| std::fs::metadata(p).ok())
+                        .map_or(0, |m| m.len());
+                    Err(Error::TransferCut { why, kept, started })
+                }
                 Err(e) => {
                     rx.roll_back();
                     Err(e)
