@@ -156,12 +156,9 @@ fn joined(
     if start.metadata().map(|m| m.len()).ok() != Some(up.offset) {
         return Err(gone("another length of it is held"));
     }
-    let mut hasher = blake3::Hasher::new();
-    hasher
-        .update_reader(&start)
-        .and_then(|h| h.update_reader(&spooled))
+    let joined = ObjectId::hash_reader(&mut (&start).chain(&spooled))
         .map_err(|e| ApiError::internal(format!("cannot read the upload: {e}")))?;
-    if ObjectId::from_bytes(*hasher.finalize().as_bytes()) != up.key {
+    if joined != up.key {
         forget(served, &up.key);
         return Err(gone("what is held and what came do not hash to its key"));
     }

@@ -27,6 +27,29 @@ impl ObjectId {
         ObjectId(*blake3::hash(content).as_bytes())
     }
 
+    /// The same hash of all that `r` yields, read 16 MiB at a time and hashed on every core:
+    /// what names a stream of bytes that is not an object (a pack sent, the start of a record
+    /// held).
+    pub fn hash_reader(r: &mut dyn std::io::Read) -> std::io::Result<Self> {
+        let mut hasher = blake3::Hasher::new();
+        let mut piece = vec![0u8; 16 << 20];
+        loop {
+            let mut n = 0;
+            while n < piece.len() {
+                match r.read(&mut piece[n..]) {
+                    Ok(0) => break,
+                    Ok(got) => n += got,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if n == 0 {
+                return Ok(ObjectId(*hasher.finalize().as_bytes()));
+            }
+            hasher.update_rayon(&piece[..n]);
+        }
+    }
+
     /// Lowercase hexadecimal, 64 characters.
     pub fn to_hex(&self) -> String {
         let mut s = String::with_capacity(64);
@@ -211,6 +234,27 @@ impl std::io::Write for TensorHasher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_hashes_as_its_bytes_do_whatever_its_reads_return() {
+        // Over one 16 MiB piece, read 4,097 bytes at a time.
+        struct Dribble<'a>(&'a [u8]);
+        impl std::io::Read for Dribble<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = buf.len().min(4097).min(self.0.len());
+                buf[..n].copy_from_slice(&self.0[..n]);
+                self.0 = &self.0[n..];
+                Ok(n)
+            }
+        }
+        let bytes: Vec<u8> = (0..(17u32 << 20)).map(|i| (i * 31 % 251) as u8).collect();
+        let streamed = ObjectId::hash_reader(&mut Dribble(&bytes)).unwrap();
+        assert_eq!(streamed, ObjectId::hash(&bytes));
+        assert_eq!(
+            ObjectId::hash_reader(&mut Dribble(&[])).unwrap(),
+            ObjectId::hash(&[])
+        );
+    }
 
     #[test]
     fn hex_round_trip() {

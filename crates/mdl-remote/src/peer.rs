@@ -159,7 +159,7 @@ impl Peer for Remote {
             path: "<the pack to send>".into(),
             source,
         };
-        let key = hash_file(&mut file).map_err(failed)?;
+        let key = ObjectId::hash_reader(&mut file).map_err(failed)?;
         let mut send_from = |from: u64| -> Result<Received> {
             file.seek(SeekFrom::Start(from)).map_err(failed)?;
             progress.lessen(from);
@@ -185,25 +185,6 @@ impl Peer for Remote {
     /// A long poll: the server answers as soon as the ref moves.
     fn wait_ref(&self, name: &str, from: Option<ObjectId>, timeout: Duration) -> Result<Waited> {
         Ok(Remote::wait_ref(self, name, from, timeout)?)
-    }
-}
-
-/// The blake3 hash of what is left to read of `file`, hashed on every core a piece at a time.
-fn hash_file(file: &mut std::fs::File) -> std::io::Result<ObjectId> {
-    let mut hasher = blake3::Hasher::new();
-    let mut piece = vec![0u8; 16 << 20];
-    loop {
-        let mut n = 0;
-        while n < piece.len() {
-            match file.read(&mut piece[n..])? {
-                0 => break,
-                got => n += got,
-            }
-        }
-        if n == 0 {
-            return Ok(ObjectId::from_bytes(*hasher.finalize().as_bytes()));
-        }
-        hasher.update_rayon(&piece[..n]);
     }
 }
 

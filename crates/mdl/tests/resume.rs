@@ -115,35 +115,83 @@ fn a_fetch_cut_inside_a_record_goes_on_from_there() {
     assert!(dst.has_object(&id).unwrap());
 }
 
+/// A fetch of a large commit into an empty repository, cut at half.
+struct CutFetch {
+    _dir: tempfile::TempDir,
+    src: Repository,
+    tip: ObjectId,
+    dst: Repository,
+    plan: Vec<PlannedObject>,
+    /// The whole pack.
+    pack: Vec<u8>,
+    /// The record start it kept.
+    kept: Partial,
+}
+
+impl CutFetch {
+    fn new() -> CutFetch {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, tip) = large(dir.path());
+        let dst = Repository::init(&dir.path().join("dst")).unwrap();
+        let (plan, pack) = planned_pack(&src, tip, None);
+        let kept = keep_start(&dst, &plan, &pack);
+        CutFetch {
+            _dir: dir,
+            src,
+            tip,
+            dst,
+            plan,
+            pack,
+            kept,
+        }
+    }
+
+    /// The pack the sender writes when asked to go on as `asked` says.
+    fn resumed_pack(&self, asked: &mdl_protocol::body::Resume) -> Vec<u8> {
+        planned_pack(&self.src, self.tip, Some(asked)).1
+    }
+
+    /// The file holding the kept start.
+    fn kept_file(&self) -> std::path::PathBuf {
+        std::fs::read_dir(self.dst.root().join(".mdl/partial"))
+            .unwrap()
+            .flatten()
+            .next()
+            .unwrap()
+            .path()
+    }
+}
+
+/// Receives `pack` of `plan` into `dst` cut at half: the start kept.
+fn keep_start(dst: &Repository, plan: &[PlannedObject], pack: &[u8]) -> Partial {
+    transfer::receive_planned(dst, &mut &pack[..pack.len() / 2], plan, None, &NoProgress)
+        .unwrap_err();
+    Partial::find(dst).unwrap().unwrap()
+}
+
 #[test]
 fn a_record_start_that_differs_is_sent_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    let (src, tip) = large(dir.path());
-    let dst = Repository::init(&dir.path().join("dst")).unwrap();
-    let (_, pack) = planned_pack(&src, tip, None);
-    let kept = keep_start(&dst, &src, tip);
-    let mut asked = kept.resume().unwrap();
+    let cut = CutFetch::new();
+    let mut asked = cut.kept.resume().unwrap();
     asked.digest = ObjectId::hash(b"other bytes");
-    let (_, whole) = planned_pack(&src, tip, Some(&asked));
-    assert_eq!(whole, pack, "a start that differs was gone on from");
+    assert_eq!(
+        cut.resumed_pack(&asked),
+        cut.pack,
+        "a start that differs was gone on from"
+    );
 }
 
 #[test]
 fn a_record_gone_on_from_unasked_or_elsewhere_is_refused_and_nothing_stays() {
-    let dir = tempfile::tempdir().unwrap();
-    let (src, tip) = large(dir.path());
-    let dst = Repository::init(&dir.path().join("dst")).unwrap();
-    let (plan, _) = planned_pack(&src, tip, None);
-    let kept = keep_start(&dst, &src, tip);
-    let asked = kept.resume().unwrap();
-    let (_, rest) = planned_pack(&src, tip, Some(&asked));
+    let cut = CutFetch::new();
+    let (dst, plan) = (&cut.dst, &cut.plan);
+    let rest = cut.resumed_pack(&cut.kept.resume().unwrap());
 
     // Not asked for: the receiver holds no start.
-    let err =
-        transfer::receive_planned(&dst, &mut &rest[..], &plan, None, &NoProgress).unwrap_err();
+    let err = transfer::receive_planned(dst, &mut &rest[..], plan, None, &NoProgress).unwrap_err();
     assert!(matches!(err, Error::BadTransfer(_)), "{err}");
     assert!(err.to_string().contains("not asked for"), "{err}");
-    assert_eq!(objects(&dst), 0);
+    assert_eq!(objects(dst), 0);
 
     // From another offset than the start held: refused, and the start is dropped.
     // The frame's offset field follows the pack's magic and the frame's head.
@@ -151,20 +199,16 @@ fn a_record_gone_on_from_unasked_or_elsewhere_is_refused_and_nothing_stays() {
     let off = 8 + 40;
     let held = u64::from_le_bytes(elsewhere[off..off + 8].try_into().unwrap());
     elsewhere[off..off + 8].copy_from_slice(&(held - 1).to_le_bytes());
-    let err = transfer::receive_planned(&dst, &mut &elsewhere[..], &plan, Some(&kept), &NoProgress)
-        .unwrap_err();
+    let err =
+        transfer::receive_planned(dst, &mut &elsewhere[..], plan, Some(&cut.kept), &NoProgress)
+            .unwrap_err();
     assert!(err.to_string().contains("not asked for"), "{err}");
-    assert_eq!(objects(&dst), 0);
-    assert!(Partial::find(&dst).unwrap().is_none());
+    assert_eq!(objects(dst), 0);
+    assert!(Partial::find(dst).unwrap().is_none());
 
     // A start damaged here fails the record's checksum: refused, the start dropped.
-    let kept = keep_start(&dst, &src, tip);
-    let path = std::fs::read_dir(dst.root().join(".mdl/partial"))
-        .unwrap()
-        .flatten()
-        .next()
-        .unwrap()
-        .path();
+    let kept = keep_start(dst, plan, &cut.pack);
+    let path = cut.kept_file();
     let mut bytes = Vec::new();
     std::fs::File::open(&path)
         .unwrap()
@@ -174,39 +218,23 @@ fn a_record_gone_on_from_unasked_or_elsewhere_is_refused_and_nothing_stays() {
     let last = bytes.len() - 1;
     bytes[last] ^= 1;
     std::fs::write(&path, &bytes).unwrap();
-    let (_, rest) = planned_pack(&src, tip, Some(&asked));
-    let err = transfer::receive_planned(&dst, &mut &rest[..], &plan, Some(&kept), &NoProgress)
-        .unwrap_err();
+    let rest = cut.resumed_pack(&asked);
+    let err =
+        transfer::receive_planned(dst, &mut &rest[..], plan, Some(&kept), &NoProgress).unwrap_err();
     assert!(matches!(err, Error::BadTransfer(_)), "{err}");
-    assert_eq!(objects(&dst), 0);
-    assert!(Partial::find(&dst).unwrap().is_none());
-}
-
-/// Cuts a fetch of `tip` from `src` into `dst` at half: the start kept.
-fn keep_start(dst: &Repository, src: &Repository, tip: ObjectId) -> Partial {
-    let (plan, pack) = planned_pack(src, tip, None);
-    transfer::receive_planned(dst, &mut &pack[..pack.len() / 2], &plan, None, &NoProgress)
-        .unwrap_err();
-    Partial::find(dst).unwrap().unwrap()
+    assert_eq!(objects(dst), 0);
+    assert!(Partial::find(dst).unwrap().is_none());
 }
 
 #[test]
 fn gc_removes_a_record_start_left_for_an_hour_and_keeps_a_fresh_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let (src, tip) = large(dir.path());
-    let dst = Repository::init(&dir.path().join("dst")).unwrap();
-    keep_start(&dst, &src, tip);
-    let path = std::fs::read_dir(dst.root().join(".mdl/partial"))
-        .unwrap()
-        .flatten()
-        .next()
-        .unwrap()
-        .path();
+    let cut = CutFetch::new();
+    let path = cut.kept_file();
     let opts = mdl::gc::GcOptions {
         prune_older_than: std::time::Duration::ZERO,
         ..Default::default()
     };
-    mdl::gc::gc(&dst, &opts, &NoProgress).unwrap();
+    mdl::gc::gc(&cut.dst, &opts, &NoProgress).unwrap();
     assert!(
         path.exists(),
         "gc removed a record start a fetch may go on from"
@@ -216,7 +244,7 @@ fn gc_removes_a_record_start_left_for_an_hour_and_keeps_a_fresh_one() {
         .unwrap()
         .set_modified(old)
         .unwrap();
-    mdl::gc::gc(&dst, &opts, &NoProgress).unwrap();
+    mdl::gc::gc(&cut.dst, &opts, &NoProgress).unwrap();
     assert!(!path.exists(), "gc left a record start an hour old");
-    assert!(Partial::find(&dst).unwrap().is_none());
+    assert!(Partial::find(&cut.dst).unwrap().is_none());
 }

@@ -160,8 +160,7 @@ impl<'w> PackWriter<'w> {
         let r = self.resume.take_if(|r| r.id == *id)?;
         let held = usize::try_from(r.held).ok()?;
         let fits = r.len == record.len() as u64 && held < record.len();
-        let same =
-            fits && ObjectId::from_bytes(*blake3::hash(&record[..held]).as_bytes()) == r.digest;
+        let same = fits && ObjectId::hash(&record[..held]) == r.digest;
         tracing::debug!(%id, held, same, "asked to resume a record");
         same.then_some(r.held)
     }

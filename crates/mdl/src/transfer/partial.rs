@@ -109,14 +109,13 @@ impl Partial {
 
     /// What a fetch asks the sender to go on from: the bytes held, hashed.
     pub fn resume(&self) -> Result<Resume> {
-        let mut hasher = blake3::Hasher::new();
-        let mut file = self.open()?;
-        std::io::copy(&mut file, &mut hasher).map_err(|source| self.unreadable(source))?;
+        let digest =
+            ObjectId::hash_reader(&mut self.open()?).map_err(|source| self.unreadable(source))?;
         Ok(Resume {
             id: self.id,
             len: self.len,
             held: self.held,
-            digest: ObjectId::from_bytes(*hasher.finalize().as_bytes()),
+            digest,
         })
     }
 
