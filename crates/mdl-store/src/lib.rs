@@ -34,10 +34,10 @@ pub use error::{DbError, StoreError};
 pub use files::{incoming_file_in, sweep_abandoned, IncomingDir, INCOMING_DIR};
 pub use fs::{RealFs, Storage};
 pub use lock::{writer_waiting, LockMode, RepoLock};
-pub use meta::{CommitSummary, Expired, IndexEntry, Meta, RefValue, ReflogEntry};
+pub use meta::{CommitSummary, Expired, IndexEntry, Meta, Packed, RefValue, ReflogEntry};
 pub use objects::{
-    windowed_cost, zeroed, Held, MaskedOver, ObjectBatch, Placement, PutOutcome, RecordWriter,
-    TensorWindows, Unpublished, MAX_CHAIN, WINDOW_CHUNKS,
+    windowed_cost, zeroed, Held, MaskedOver, ObjectBatch, PackEntry, Placement, PutOutcome,
+    ReceivedRecord, RecordWriter, TensorWindows, Unpublished, MAX_CHAIN, PACKS_DIR, WINDOW_CHUNKS,
 };
 
 use std::path::{Path, PathBuf};

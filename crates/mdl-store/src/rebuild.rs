@@ -20,10 +20,10 @@ use crate::error::db;
 use crate::guard::guarded;
 use crate::journal::{self, JournalState, JOURNAL_FILE};
 use crate::meta::{
-    dependent_key, open_err, CommitSummary, IndexEntry, Meta, RefValue, COMMITS, CONFIG,
-    DEPENDENTS, EXPIRED, HEAD, META_FILE, OBJECTS, REFLOG, REFS, SHALLOW,
+    dependent_key, open_err, CommitSummary, IndexEntry, Meta, Packed, RefValue, COMMITS, CONFIG,
+    DEPENDENTS, EXPIRED, HEAD, INFO, META_FILE, OBJECTS, PACKS_VERSION, REFLOG, REFS, SHALLOW,
 };
-use crate::objects::record_files;
+use crate::objects::{pack_files, read_table, record_files};
 use crate::{LockMode, RepoLock, StoreError, MAX_CHAIN};
 
 /// What a rebuild found and did.
@@ -54,6 +54,8 @@ struct Scanned {
     stored_len: u64,
     content_len: u64,
     created: Timestamp,
+    /// Where in a pack, for a record in one.
+    pack: Option<Packed>,
 }
 
 /// Rebuilds the metadata database of the `.mdl` directory `dir` (waiting up to `wait` for the
@@ -102,6 +104,7 @@ impl Scanned {
             stored_len: self.stored_len,
             content_len: self.content_len,
             created: self.created,
+            pack: self.pack,
         }
     }
 }
@@ -113,31 +116,90 @@ struct OnDisk {
     commits: HashMap<ObjectId, Commit>,
 }
 
-/// Scans the record files; those that do not read back go to `out.unusable`.
+/// A record in a pack: the pack's path, where, and the record's length.
+type InPack = (PathBuf, Packed, u64);
+
+/// Scans the record files and the packs' records; those that do not read back go to
+/// `out.unusable`. Of an object's records, the newest generation that reads back is taken (a
+/// loose file before a packed record of the same generation).
 fn scan_records(dir: &Path, out: &mut Rebuilt) -> Result<OnDisk, StoreError> {
-    let mut files = record_files(dir)?;
-    files.sort_by_key(|(id, g)| (*id, std::cmp::Reverse(*g)));
+    let mut candidates: Vec<(ObjectId, u32, Option<InPack>)> = record_files(dir)?
+        .into_iter()
+        .map(|(id, g)| (id, g, None))
+        .collect();
+    for (pack, path) in pack_files(dir)? {
+        let table = std::fs::File::open(&path)
+            .map_err(StoreError::io("open", &path))
+            .and_then(|f| read_table(&f, &path));
+        match table {
+            Ok(table) => candidates.extend(table.into_iter().map(|e| {
+                let at = Packed {
+                    pack,
+                    offset: e.offset,
+                };
+                (e.id, e.generation, Some((path.clone(), at, e.len)))
+            })),
+            Err(e) => out.unusable.push(e.to_string()),
+        }
+    }
+    candidates.sort_by_key(|(id, g, packed)| (*id, std::cmp::Reverse(*g), packed.is_some()));
     let mut found: HashMap<ObjectId, Scanned> = HashMap::new();
     let mut commit_bodies: HashMap<ObjectId, Commit> = HashMap::new();
-    for (id, generation) in files {
+    for (id, generation, packed) in candidates {
         if found.contains_key(&id) {
             continue;
         }
-        let path = record_path(dir, &id, generation);
-        match scan(&path, &id, generation) {
+        let (path, read) = match &packed {
+            None => {
+                let path = record_path(dir, &id, generation);
+                let read = read_file(&path, 0, None);
+                (path, read)
+            }
+            Some((path, at, len)) => (path.clone(), read_file(path, at.offset, Some(*len))),
+        };
+        let scanned = read.and_then(|(bytes, created)| {
+            scan(
+                &bytes,
+                created,
+                &id,
+                generation,
+                packed.map(|(_, at, _)| at),
+            )
+        });
+        match scanned {
             Ok((s, commit)) => {
                 if let Some(c) = commit {
                     commit_bodies.insert(id, c);
                 }
                 found.insert(id, s);
             }
-            Err(why) => out.unusable.push(format!("{}: {why}", path.display())),
+            Err(why) => out
+                .unusable
+                .push(format!("{} ({id}): {why}", path.display())),
         }
     }
     Ok(OnDisk {
         records: found,
         commits: commit_bodies,
     })
+}
+
+/// `len` bytes of the file at `path` from `offset` (the whole file for `None`), and its
+/// modification time.
+fn read_file(path: &Path, offset: u64, len: Option<u64>) -> Result<(Vec<u8>, Timestamp), String> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let md = file.metadata().map_err(|e| e.to_string())?;
+    let created = md
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(Timestamp::now(), |d| Timestamp(d.as_millis() as i64));
+    let len = len.unwrap_or(md.len());
+    let mut bytes = vec![0u8; usize::try_from(len).map_err(|e| e.to_string())?];
+    file.read_exact_at(&mut bytes, offset)
+        .map_err(|e| e.to_string())?;
+    Ok((bytes, created))
 }
 
 /// Each object's chain depth. A delta whose base is not on disk (or is not a tensor, or
@@ -293,6 +355,12 @@ fn write_rebuilt(
         {
             let mut t = txn.open_table(OBJECTS).map_err(db)?;
             let mut deps = txn.open_table(DEPENDENTS).map_err(db)?;
+            if objects.iter().any(|(_, e)| e.pack.is_some()) {
+                txn.open_table(INFO)
+                    .map_err(db)?
+                    .insert("repo_version", PACKS_VERSION)
+                    .map_err(db)?;
+            }
             for (id, e) in objects {
                 t.insert(id.as_bytes().as_slice(), e.encode().as_slice())
                     .map_err(db)?;
@@ -348,17 +416,16 @@ fn sync_dir(dir: &Path) -> Result<(), StoreError> {
         .map_err(StoreError::io("sync", dir))
 }
 
-/// Reads a record file whole and checks it: checksum and lengths for every record; for
-/// manifests and commits (small) also the content hash, and a commit is parsed.
-fn scan(path: &Path, id: &ObjectId, generation: u32) -> Result<(Scanned, Option<Commit>), String> {
-    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-    let md = std::fs::metadata(path).map_err(|e| e.to_string())?;
-    let created = md
-        .modified()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(Timestamp::now(), |d| Timestamp(d.as_millis() as i64));
-    let (header, payload, trailer) = record::decode(&bytes).map_err(|e| e.to_string())?;
+/// Checks a record's bytes: checksum and lengths for every record; for manifests and commits
+/// (small) also the content hash, and a commit is parsed.
+fn scan(
+    bytes: &[u8],
+    created: Timestamp,
+    id: &ObjectId,
+    generation: u32,
+    pack: Option<Packed>,
+) -> Result<(Scanned, Option<Commit>), String> {
+    let (header, payload, trailer) = record::decode(bytes).map_err(|e| e.to_string())?;
     record::check_content_len(&header, payload.len() as u64, trailer.content_len)
         .map_err(|e| e.to_string())?;
     if header.base.is_some() && header.kind != ObjectKind::Tensor {
@@ -392,6 +459,7 @@ fn scan(path: &Path, id: &ObjectId, generation: u32) -> Result<(Scanned, Option<
             stored_len: bytes.len() as u64,
             content_len: trailer.content_len,
             created,
+            pack,
         },
         commit,
     ))

@@ -15,7 +15,7 @@ use std::time::SystemTime;
 use mdl_format::record;
 use mdl_format::ObjectId;
 
-use crate::objects::TEMP_PREFIX;
+use crate::objects::{RecordFile, TEMP_PREFIX};
 use crate::{IndexEntry, Store, StoreError, MAX_CHAIN};
 
 /// Where the records a repository lacks are.
@@ -159,7 +159,15 @@ impl Store {
         &self,
         id: &ObjectId,
         entry: &IndexEntry,
-    ) -> Result<(std::fs::File, PathBuf), StoreError> {
+    ) -> Result<RecordFile, StoreError> {
+        if let Some(p) = &entry.pack {
+            // Packs are never fetched from a source nor evicted: they hold what this
+            // repository received.
+            let path = self.pack_path(p.pack);
+            return std::fs::File::open(&path)
+                .and_then(|f| RecordFile::range(f, path.clone(), p.offset, entry.stored_len))
+                .map_err(StoreError::record_io(id, "open", &path));
+        }
         let path = self.record_path(id, entry.generation);
         let fetches = if self.source.is_some() { 2 } else { 0 };
         let mut opened = std::fs::File::open(&path);
@@ -177,6 +185,6 @@ impl Store {
             // Best effort: a stamp that fails only makes the record an earlier candidate.
             let _ = file.set_modified(SystemTime::now());
         }
-        Ok((file, path))
+        RecordFile::whole(file, path.clone()).map_err(StoreError::record_io(id, "stat", &path))
     }
 }

@@ -12,25 +12,43 @@ pub struct IndexEntry {
     pub kind: ObjectKind,
     /// Codec tag of the record.
     pub codec: u8,
-    /// Generation of the loose record file (`objects/ab/<rest>.<generation>`); re-encoding an
-    /// object writes a new generation and switches the index to it.
+    /// Generation of the record (a loose one's file is `objects/ab/<rest>.<generation>`);
+    /// re-encoding an object writes a new generation and switches the index to it.
     pub generation: u32,
     /// Delta base, if the codec has one.
     pub base: Option<ObjectId>,
     /// Decode steps to reconstruct the object (0 for a self-contained record).
     pub depth: u32,
-    /// Size of the record file.
+    /// Size of the record.
     pub stored_len: u64,
     /// Size of the decoded data (the bytes checkout writes, without the canonical prefix).
     pub content_len: u64,
     /// When the record was written.
     pub created: Timestamp,
+    /// The pack the record is in, and where (`None`: a loose record file).
+    pub pack: Option<Packed>,
+}
+
+/// Where a record in a pack lies: the pack's number (`packs/<16 hex digits>.pack`) and the
+/// record's offset in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packed {
+    /// The pack's number.
+    pub pack: u64,
+    /// Where the record starts in the pack file.
+    pub offset: u64,
 }
 
 impl IndexEntry {
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(72);
-        v.extend_from_slice(&[1, self.kind as u8, self.codec, self.base.is_some() as u8]);
+        let mut v = Vec::with_capacity(88);
+        let version = if self.pack.is_some() { 2 } else { 1 };
+        v.extend_from_slice(&[
+            version,
+            self.kind as u8,
+            self.codec,
+            self.base.is_some() as u8,
+        ]);
         v.extend_from_slice(&self.generation.to_le_bytes());
         if let Some(b) = &self.base {
             v.extend_from_slice(b.as_bytes());
@@ -39,13 +57,18 @@ impl IndexEntry {
         v.extend_from_slice(&self.stored_len.to_le_bytes());
         v.extend_from_slice(&self.content_len.to_le_bytes());
         v.extend_from_slice(&self.created.0.to_le_bytes());
+        if let Some(p) = &self.pack {
+            v.extend_from_slice(&p.pack.to_le_bytes());
+            v.extend_from_slice(&p.offset.to_le_bytes());
+        }
         v
     }
 
     pub(crate) fn decode(b: &[u8]) -> Result<Self, StoreError> {
         let bad = || StoreError::Malformed("index entry");
         let mut r = Cursor(b);
-        if r.u8().ok_or_else(bad)? != 1 {
+        let version = r.u8().ok_or_else(bad)?;
+        if version != 1 && version != 2 {
             return Err(bad());
         }
         let kind = ObjectKind::try_from(r.u8().ok_or_else(bad)?).map_err(|_| bad())?;
@@ -57,15 +80,27 @@ impl IndexEntry {
         } else {
             None
         };
+        let depth = r.u32().ok_or_else(bad)?;
+        let stored_len = r.u64().ok_or_else(bad)?;
+        let content_len = r.u64().ok_or_else(bad)?;
+        let created = Timestamp(r.u64().ok_or_else(bad)? as i64);
+        let pack = match version {
+            2 => Some(Packed {
+                pack: r.u64().ok_or_else(bad)?,
+                offset: r.u64().ok_or_else(bad)?,
+            }),
+            _ => None,
+        };
         Ok(IndexEntry {
             kind,
             codec,
             generation,
             base,
-            depth: r.u32().ok_or_else(bad)?,
-            stored_len: r.u64().ok_or_else(bad)?,
-            content_len: r.u64().ok_or_else(bad)?,
-            created: Timestamp(r.u64().ok_or_else(bad)? as i64),
+            depth,
+            stored_len,
+            content_len,
+            created,
+            pack,
         })
     }
 }
@@ -355,10 +390,23 @@ mod tests {
             stored_len: 10,
             content_len: 20,
             created: Timestamp(1234),
+            pack: None,
         };
         assert_eq!(IndexEntry::decode(&e.encode()).unwrap(), e);
         let e2 = IndexEntry { base: None, ..e };
         assert_eq!(IndexEntry::decode(&e2.encode()).unwrap(), e2);
+        let packed = Some(Packed {
+            pack: 0x0123_4567_89ab_cdef,
+            offset: 1 << 33,
+        });
+        for e in [
+            IndexEntry { pack: packed, ..e },
+            IndexEntry { pack: packed, ..e2 },
+        ] {
+            assert_eq!(IndexEntry::decode(&e.encode()).unwrap(), e);
+            let bytes = e.encode();
+            assert!(IndexEntry::decode(&bytes[..bytes.len() - 1]).is_err());
+        }
         let s = CommitSummary {
             time: Timestamp(5),
             manifest: ObjectId::hash(b"m"),

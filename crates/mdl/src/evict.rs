@@ -53,7 +53,9 @@ pub fn evict(
         let Some(entry) = meta.object(&id)? else {
             continue;
         };
-        if entry.generation == generation && entry.stored_len == len && refetchable(&id, &entry)? {
+        // A record in a pack is not this file (and packs are not evicted).
+        let named = entry.pack.is_none() && entry.generation == generation;
+        if named && entry.stored_len == len && refetchable(&id, &entry)? {
             store.remove_record(&id, generation);
             evicted.files += 1;
             evicted.bytes += len;

@@ -457,6 +457,7 @@ impl<'a> Run<'a> {
                 out.bytes_freed += len;
             }
         }
+        out.bytes_freed += crate::repack::unpack_sparse(self.repo)?.bytes_freed;
         // Decoded tips of objects the index no longer names (removed now, or a commit that
         // failed after keeping them).
         let meta = store.meta().read()?;
@@ -564,13 +565,13 @@ fn newly_thinned(marks: &Marks, plan: &Plan) -> u64 {
 }
 
 /// Files in `.mdl` that nothing names: record files the index does not point to
-/// (interrupted writes, replaced generations), temporaries of interrupted writes, uploads in
+/// (interrupted writes, replaced generations), packs it names no record of, temporaries of interrupted writes, uploads in
 /// `incoming/` (being received, or abandoned) and the starts of records a fetch was cut off
 /// inside (`partial/`, kept for the next fetch).
 pub(crate) struct Leftovers {
-    /// Unindexed record files.
+    /// Unindexed record files and packs.
     pub(crate) records: Vec<PathBuf>,
-    /// `.tmp-*` files in the object directories.
+    /// `.tmp-*` files in the object directories and `packs/`.
     pub(crate) temps: Vec<PathBuf>,
     /// Files in `incoming/` and `partial/`.
     pub(crate) incoming: Vec<PathBuf>,
@@ -581,10 +582,14 @@ pub(crate) fn leftovers(store: &Store) -> Result<Leftovers> {
     let meta = store.meta().read()?;
     let mut records = Vec::new();
     for (id, generation) in store.record_files()? {
-        if meta.object(&id)?.is_none_or(|e| e.generation != generation) {
+        if meta
+            .object(&id)?
+            .is_none_or(|e| e.generation != generation || e.pack.is_some())
+        {
             records.push(store.record_path(&id, generation));
         }
     }
+    records.extend(crate::repack::unnamed(store, &meta)?);
     let incoming = [mdl_store::INCOMING_DIR, crate::transfer::PARTIAL_DIR]
         .into_iter()
         .flat_map(|dir| std::fs::read_dir(store.dir().join(dir)))

@@ -24,10 +24,14 @@ fn indexed(repo: &Repository, id: &ObjectId) -> Result<IndexEntry> {
     Ok(object(repo, id)?.ok_or(StoreError::Missing(*id))?)
 }
 
-/// The file that holds object `id`'s record.
+/// The file that holds object `id`'s record: its loose record file, or the pack it is in
+/// (at `entry.pack`'s offset; [`record`] reads the record alone).
 pub fn record_path(repo: &Repository, id: &ObjectId) -> Result<PathBuf> {
     let entry = indexed(repo, id)?;
-    Ok(repo.store().record_path(id, entry.generation))
+    Ok(match entry.pack {
+        Some(p) => repo.store().pack_path(p.pack),
+        None => repo.store().record_path(id, entry.generation),
+    })
 }
 
 /// Object `id`'s record, as stored (header, payload, trailer).

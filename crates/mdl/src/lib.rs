@@ -44,6 +44,7 @@ pub mod policy;
 mod previous;
 mod progress;
 pub mod refs;
+mod repack;
 mod repo;
 pub mod revision;
 mod rewrite;
@@ -60,12 +61,13 @@ pub use code::store_code;
 pub use error::{not_safetensors, Error};
 pub use limits::{files_allowed, files_within_budget, reserve_or_refuse};
 pub use mdl_format::{
-    names, Commit, Dtype, Manifest, ObjectId, Ref, RefName, Timestamp, TreeFile, V1_FILE_PATH,
+    names, Commit, Dtype, Manifest, ObjectId, ObjectKind, Ref, RefName, Timestamp, TreeFile,
+    V1_FILE_PATH,
 };
 pub use mdl_store::{budget, source};
 pub use mdl_store::{
     disk_bytes, free_bytes, Held, IndexEntry, Lent, LentBytes, LockMode, RefValue, Storage,
-    StoreError, MDL_DIR,
+    StoreError, MDL_DIR, PACKS_DIR,
 };
 pub use progress::{Counting, NoProgress, Progress};
 pub use repo::{discover, view_manifest, OpenOptions, Repository};

@@ -17,13 +17,18 @@ use crate::guard::guarded;
 use crate::journal::{Change, Journal, JournalState};
 use crate::{LockMode, StoreError};
 
-pub use crate::values::{CommitSummary, Expired, IndexEntry, RefValue, ReflogEntry};
+pub use crate::values::{CommitSummary, Expired, IndexEntry, Packed, RefValue, ReflogEntry};
 
 /// The database file inside `.mdl`.
 pub const META_FILE: &str = "meta.redb";
 
-/// Version of the repository layout and of the encodings in this module.
-pub const REPO_VERSION: u64 = 1;
+/// Version of the repository layout and of the encodings in this module: the newest this mdl
+/// reads. A repository is created at version 1 and moves to [`PACKS_VERSION`] when the index
+/// first names a record in a pack.
+pub const REPO_VERSION: u64 = 2;
+
+/// The first version whose index entries may name a record in a pack (`packs/`).
+pub const PACKS_VERSION: u64 = 2;
 
 /// How far past [`REPO_VERSION`] a stored version may be and still be taken for a newer mdl's
 /// (versions go up one at a time); anything further is damage.
@@ -146,7 +151,7 @@ impl Meta {
             txn.open_table(EXPIRED).map_err(db)?;
             txn.open_table(INFO)
                 .map_err(db)?
-                .insert("repo_version", REPO_VERSION)
+                .insert("repo_version", 1)
                 .map_err(db)?;
             let head = RefValue::Symbolic(Ref::main().full()).encode();
             txn.open_table(REFS)

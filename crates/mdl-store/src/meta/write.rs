@@ -10,7 +10,7 @@ use redb::{ReadableTable, ReadableTableMetadata};
 use super::read::{dependent_key, key_id};
 use super::{
     CommitSummary, Expired, IndexEntry, RefValue, ReflogEntry, COMMITS, CONFIG, DEPENDENTS,
-    EXPIRED, INFO, OBJECTS, PENDING, REFLOG, REFS, SHALLOW, TRIED,
+    EXPIRED, INFO, OBJECTS, PACKS_VERSION, PENDING, REFLOG, REFS, SHALLOW, TRIED,
 };
 use crate::error::db;
 use crate::guard::guarded;
@@ -52,6 +52,15 @@ impl MetaWrite<'_> {
     /// Adds or replaces an object's index entry.
     pub fn put_object(&mut self, id: &ObjectId, entry: &IndexEntry) -> Result<(), StoreError> {
         guarded(|| {
+            if entry.pack.is_some() {
+                // An mdl from before packs would take the entry for damage: it is told the
+                // repository is newer than it instead.
+                let mut info = self.txn.open_table(INFO).map_err(db)?;
+                let version = info.get("repo_version").map_err(db)?.map(|v| v.value());
+                if version.is_none_or(|v| v < PACKS_VERSION) {
+                    info.insert("repo_version", PACKS_VERSION).map_err(db)?;
+                }
+            }
             let mut t = self.txn.open_table(OBJECTS).map_err(db)?;
             t.insert(id.as_bytes().as_slice(), entry.encode().as_slice())
                 .map_err(db)?;

@@ -13,6 +13,9 @@ use crate::{Store, StoreError};
 /// Prefix of temporary files in object directories; anything named so is an interrupted write.
 pub(crate) const TEMP_PREFIX: &str = ".tmp-";
 
+/// The folder of packs inside `.mdl` (`packs.rs`).
+pub const PACKS_DIR: &str = "packs";
+
 impl Store {
     /// Path of an object's record file of the given generation.
     pub fn record_path(&self, id: &ObjectId, generation: u32) -> PathBuf {
@@ -32,12 +35,20 @@ impl Store {
             .remove_file(&self.record_path(id, generation));
     }
 
-    /// Lists leftover temporary files in the object directories (interrupted writes).
+    /// Lists leftover temporary files in the object directories and `packs/` (interrupted
+    /// writes).
     pub fn temp_files(&self) -> Result<Vec<PathBuf>, StoreError> {
         let mut out = Vec::new();
         let objects = self.dir.join("objects");
+        let mut dirs: Vec<PathBuf> = Vec::new();
         for dir in std::fs::read_dir(&objects).map_err(StoreError::io("list", &objects))? {
-            let dir = dir.map_err(StoreError::io("list", &objects))?.path();
+            dirs.push(dir.map_err(StoreError::io("list", &objects))?.path());
+        }
+        let packs = self.dir.join(PACKS_DIR);
+        if packs.is_dir() {
+            dirs.push(packs);
+        }
+        for dir in dirs {
             if !dir.is_dir() {
                 continue;
             }
@@ -113,16 +124,21 @@ pub struct Placement {
 pub const MAX_CHAIN: u32 = 1024;
 
 mod buffers;
+mod packs;
 mod patch;
 mod read;
+mod record_file;
 mod sync;
 mod tips;
 mod unpublished;
 mod windows;
 mod write;
 
+pub(crate) use packs::{pack_files, read_table};
+pub use packs::{PackEntry, ReceivedRecord};
 pub use patch::MaskedOver;
 pub(crate) use read::agrees_with_index;
+pub(crate) use record_file::RecordFile;
 pub use unpublished::Unpublished;
 pub use windows::{windowed_cost, TensorWindows, WINDOW_CHUNKS};
 

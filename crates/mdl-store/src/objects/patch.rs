@@ -4,7 +4,6 @@
 //! undone on any failure; and the bytes a caller lends to every read ([`crate::Lent`]).
 
 use std::io;
-use std::os::unix::fs::FileExt;
 
 use mdl_codec::float::{self, MaskedDelta};
 use mdl_codec::CodecTag;

@@ -1,9 +1,7 @@
 //! Verified reads: records opened, checked and decoded, delta chains resolved, every byte
 //! verified against its checksum and its id.
 
-use std::fs::File;
-use std::io::{self, Read, Write};
-use std::os::unix::fs::FileExt;
+use std::io::{self, Write};
 use std::path::PathBuf;
 
 use mdl_codec::qrecord::QuantTensor;
@@ -13,7 +11,7 @@ use mdl_format::{FormatError, ObjectId, TensorHeader};
 
 use crate::{IndexEntry, Store, StoreError};
 
-use super::{buffers, zeroed, MAX_CHAIN};
+use super::{buffers, zeroed, RecordFile, MAX_CHAIN};
 
 impl Store {
     /// Runs a read of `id` starting from `entry`; if a record file is gone because compaction
@@ -235,16 +233,15 @@ impl Store {
         entry: &IndexEntry,
         f: impl FnOnce(&[u8]) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
-        let (mut file, path) = self.open_record_file(id, entry)?;
+        let file = self.open_record_file(id, entry)?;
         // Record bytes go through a reused buffer (nested reads take their own): fresh large
         // buffers cost a page fault per 4 KiB.
         let mut bytes = buffers::take();
-        bytes.clear();
-        let result = match file.read_to_end(&mut bytes) {
-            Ok(_) => f(&bytes),
+        let result = match file.read_all(&mut bytes) {
+            Ok(()) => f(&bytes),
             Err(e) => Err(StoreError::Io {
                 op: "read",
-                path,
+                path: file.path,
                 source: e,
             }),
         };
@@ -395,11 +392,8 @@ impl Store {
         id: &ObjectId,
         entry: &IndexEntry,
     ) -> Result<OpenRecord, StoreError> {
-        let (file, path) = self.open_record_file(id, entry)?;
-        let len = file
-            .metadata()
-            .map_err(StoreError::io("stat", &path))?
-            .len();
+        let file = self.open_record_file(id, entry)?;
+        let (path, len) = (file.path.clone(), file.len);
         let (header, header_len, head) = read_header(&file, len).map_err(|e| match e {
             HeaderError::Io(source) => StoreError::io("read", &path)(source),
             HeaderError::Format(f) => corrupt(id, entry)(f),
@@ -429,10 +423,10 @@ impl Store {
         entry: &IndexEntry,
     ) -> Result<(Vec<u8>, IndexEntry), StoreError> {
         self.reread(id, entry, |e| {
-            let (mut file, path) = self.open_record_file(id, e)?;
+            let file = self.open_record_file(id, e)?;
             let mut bytes = Vec::new();
-            file.read_to_end(&mut bytes)
-                .map_err(StoreError::io("read", &path))?;
+            file.read_all(&mut bytes)
+                .map_err(StoreError::io("read", &file.path))?;
             record::decode(&bytes).map_err(corrupt(id, e))?;
             Ok((bytes, *e))
         })
@@ -550,9 +544,9 @@ pub(super) fn tensor_header(
 
 /// A record file opened and its header parsed.
 pub(super) struct OpenRecord {
-    pub(super) file: File,
+    pub(super) file: RecordFile,
     pub(super) path: PathBuf,
-    /// The file's length.
+    /// The record's length.
     pub(super) len: u64,
     pub(super) header: RecordHeader,
     /// Bytes the encoded header takes.
@@ -566,7 +560,7 @@ enum HeaderError {
     Format(FormatError),
 }
 
-fn read_header(file: &File, len: u64) -> Result<(RecordHeader, usize, Vec<u8>), HeaderError> {
+fn read_header(file: &RecordFile, len: u64) -> Result<(RecordHeader, usize, Vec<u8>), HeaderError> {
     let mut want = len.min(1024) as usize;
     loop {
         let mut head = vec![0u8; want];

@@ -13,9 +13,7 @@
 //! a delta are not hashed on their own: a wrong byte of theirs would change the top level's.
 
 use std::cell::RefCell;
-use std::fs::File;
 use std::io::{self, BufReader, Read};
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -30,7 +28,7 @@ use crate::{IndexEntry, Store, StoreError};
 
 use super::buffers::Pooled;
 use super::read::{agrees_with_index, chain_budget, corrupt, in_memory_stream, tensor_header};
-use super::Held;
+use super::{Held, RecordFile};
 
 /// Element chunks in one window (each of `1 << CHUNK_LOG2` elements): 2 Mi elements, 8 MiB of
 /// f32. A chain of depth `d` holds `d + 1` windows and their coded bytes. A commit reads its
@@ -495,7 +493,7 @@ impl Common {
 pub(super) struct FloatLevel<'s> {
     store: &'s Store,
     common: Common,
-    file: File,
+    file: RecordFile,
     path: PathBuf,
     /// Where the payload starts in the file.
     payload_at: u64,
@@ -613,7 +611,7 @@ impl<'s> BaseWindows<'s> {
 pub(super) struct FramedLevel<'s> {
     store: &'s Store,
     common: Common,
-    file: File,
+    file: RecordFile,
     path: PathBuf,
     /// Where the payload starts in the file.
     payload_at: u64,
@@ -760,7 +758,7 @@ impl StreamLevel {
 
 /// Reads a file's range `at..end` sequentially with positioned reads.
 struct ReadAt {
-    file: File,
+    file: RecordFile,
     at: u64,
     end: u64,
     path: PathBuf,

@@ -36,6 +36,8 @@ pub struct ObjectBatch<'s> {
     /// Syncs each record file once it is in place, and the directories at the end; `None`
     /// for a batch made durable by one sync of the file system ([`Store::bulk_batch`]).
     syncer: Option<Syncer>,
+    /// Packs written ([`ObjectBatch::put_packed`]), made durable with the records.
+    packs: std::sync::Mutex<Vec<PathBuf>>,
 }
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -90,6 +92,7 @@ impl Store {
             store: self,
             written: Ledger::default(),
             syncer: Some(Syncer::new(self.storage())),
+            packs: Default::default(),
         }
     }
 
@@ -102,6 +105,7 @@ impl Store {
             store: self,
             written: Ledger::default(),
             syncer: None,
+            packs: Default::default(),
         }
     }
 }
@@ -341,23 +345,7 @@ impl<'s> ObjectBatch<'s> {
         depth: u32,
         tmp: Option<&Path>,
     ) -> Result<RecordWriter<'_, 's>, StoreError> {
-        let bad = |source| StoreError::Corrupt {
-            id: *id,
-            kind: "received",
-            source,
-        };
-        let codec = CodecTag::try_from(header.codec).map_err(bad)?;
-        if header.base.is_some() != codec.has_base() || header.base == Some(*id) {
-            return Err(bad(FormatError::invalid(
-                "record",
-                "base flag disagrees with the codec",
-            )));
-        }
-        let placement = Placement {
-            generation: 0,
-            base: header.base,
-            depth,
-        };
+        let (codec, placement) = received_placement(id, header, depth)?;
         self.open_record(
             Some(id),
             header.kind,
@@ -368,6 +356,19 @@ impl<'s> ObjectBatch<'s> {
             content_len,
             tmp,
         )
+    }
+
+    /// The store the batch writes into.
+    pub(super) fn store(&self) -> &'s Store {
+        self.store
+    }
+
+    /// Notes a pack written into place, to be made durable by [`Self::finish`].
+    pub(super) fn wrote_pack(&self, path: PathBuf) {
+        if let Some(syncer) = &self.syncer {
+            syncer.push(path.clone(), Target::File);
+        }
+        self.packs.lock().unwrap().push(path);
     }
 
     /// The one helper that writes into `.mdl/objects`: a [`RecordWriter`] that `body` writes
@@ -537,9 +538,10 @@ impl<'s> ObjectBatch<'s> {
             .filter_map(|(id, g)| Some(self.store.record_path(id, *g).parent()?.to_path_buf()))
             .collect();
         drop(written);
+        let packed = !self.packs.lock().unwrap().is_empty();
         let objects = self.store.dir().join("objects");
         let Some(syncer) = self.syncer else {
-            return match dirs.is_empty() {
+            return match dirs.is_empty() && !packed {
                 true => Ok(()),
                 false => self
                     .store
@@ -553,6 +555,9 @@ impl<'s> ObjectBatch<'s> {
                 syncer.push(dir, Target::Dir);
             }
             syncer.push(objects, Target::Dir);
+        }
+        if packed {
+            syncer.push(self.store.dir().join(super::PACKS_DIR), Target::Dir);
         }
         syncer.finish()
     }
@@ -650,6 +655,7 @@ impl RecordWriter<'_, '_> {
             stored_len,
             content_len: self.content_len,
             created: Timestamp::now(),
+            pack: None,
         };
         Ok(PutOutcome { id, entry })
     }
@@ -691,6 +697,33 @@ impl Drop for RecordWriter<'_, '_> {
             let _ = self.batch.store.storage().remove_file(&self.tmp);
         }
     }
+}
+
+/// The codec and placement of a record received from another repository, its header
+/// checked: a codec mdl knows, a base exactly where the codec has one, and never itself.
+pub(super) fn received_placement(
+    id: &ObjectId,
+    header: &RecordHeader,
+    depth: u32,
+) -> Result<(CodecTag, Placement), StoreError> {
+    let bad = |source| StoreError::Corrupt {
+        id: *id,
+        kind: "received",
+        source,
+    };
+    let codec = CodecTag::try_from(header.codec).map_err(bad)?;
+    if header.base.is_some() != codec.has_base() || header.base == Some(*id) {
+        return Err(bad(FormatError::invalid(
+            "record",
+            "base flag disagrees with the codec",
+        )));
+    }
+    let placement = Placement {
+        generation: 0,
+        base: header.base,
+        depth,
+    };
+    Ok((codec, placement))
 }
 
 enum WriteError {

@@ -12,6 +12,8 @@ use crate::{Repository, Result};
 pub struct Added {
     /// Every record written, indexed or not, with its generation.
     pub(super) records: Vec<(ObjectId, u32)>,
+    /// The packs written (holding some of `records`).
+    pub(super) packs: Vec<u64>,
     /// Commits named in the commit index.
     pub(super) commits: Vec<ObjectId>,
     /// Records of expiry made for tensors a received manifest names.
@@ -28,6 +30,7 @@ impl Added {
     /// Adds what another pack added.
     pub fn extend(&mut self, other: Added) {
         self.records.extend(other.records);
+        self.packs.extend(other.packs);
         self.commits.extend(other.commits);
         self.expired.extend(other.expired);
         self.unexpired.extend(other.unexpired);
@@ -41,7 +44,7 @@ impl Added {
     }
 
     /// Takes it all out again: out of the index in one transaction (the records of expiry it
-    /// replaced put back), then the record files removed. Only for the process that received
+    /// replaced put back), then the record files and packs removed. Only for the process that received
     /// it, still holding the repository's writer: no ref can name any of it, and nothing else
     /// can have come to use it. A failure is logged; `mdl gc` removes what stays.
     pub fn undo(self, repo: &Repository) {
@@ -76,6 +79,9 @@ impl Added {
             Ok(()) => {
                 for (id, generation) in &self.records {
                     store.remove_record(id, *generation);
+                }
+                for pack in &self.packs {
+                    store.remove_pack(*pack);
                 }
                 tracing::info!(
                     "removed the {} records of a refused transfer",

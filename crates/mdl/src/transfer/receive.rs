@@ -16,6 +16,7 @@ use std::io::Read;
 use mdl_codec::CodecTag;
 use mdl_format::record::{RecordHeader, Trailer, MAX_HEADER_LEN, MAX_META_CONTENT, TRAILER_LEN};
 use mdl_format::{ObjectId, ObjectKind, TensorHeader, Timestamp};
+use mdl_store::meta::MetaRead;
 use mdl_store::{Expired, IndexEntry, ObjectBatch, StoreError};
 
 use super::frame::{read_exact, read_expired, read_frame, skip, Copied, Sent, Watched};
@@ -191,6 +192,7 @@ pub fn receive_indexed(repo: &Repository, frames: &[Frame], tail: &[Vec<u8>]) ->
             stored_len: f.len,
             content_len: r.content_len,
             created: now,
+            pack: None,
         };
         index_tensor(&mut w, &f.id, &entry)?;
         received.objects += 1;
@@ -252,6 +254,8 @@ struct Receiving<'r> {
     /// Where the start of a record cut off in this pack was kept.
     kept: Option<std::path::PathBuf>,
     progress: &'r dyn Progress,
+    /// The index as it was when the current layer began ([`Self::index`]).
+    index: Option<MetaRead>,
 }
 
 /// A small tensor record read whole, its frame checked, not yet written.
@@ -317,6 +321,7 @@ fn receive<'r>(
         resume,
         kept: None,
         progress,
+        index: None,
     };
     let mut watched = Watched {
         inner: r,
@@ -557,29 +562,34 @@ impl Receiving<'_> {
         }
     }
 
-    /// Writes the group of small records waiting, in parallel, each into its file; every one
-    /// written is noted (to be taken out again if the pack is refused) before any failure is.
+    /// Writes the group of small records waiting into one pack (`mdl_store`'s packs: one file
+    /// for them all, not a file each); each is noted (to be taken out again if the transfer is
+    /// refused).
     fn write_group(&mut self) -> Result<()> {
-        use rayon::prelude::*;
         let group = std::mem::take(&mut self.group);
         self.group_bytes = 0;
-        let batch = &self.batch;
-        let puts: Vec<_> = group
-            .par_iter()
-            .map(|g| {
-                batch.put_record_with(&g.id, &g.header, g.content_len, g.depth, &mut |w| {
-                    w.write_all(&g.payload)
-                })
+        if group.is_empty() {
+            return Ok(());
+        }
+        let records: Vec<_> = group
+            .iter()
+            .map(|g| mdl_store::ReceivedRecord {
+                id: g.id,
+                header: &g.header,
+                content_len: g.content_len,
+                depth: g.depth,
+                payload: &g.payload,
             })
             .collect();
-        let mut failed = None;
-        for (g, put) in group.iter().zip(puts) {
-            match put {
-                Ok(put) => self.stored(g.id, g.moved, put),
-                Err(e) => failed = failed.or(Some(e)),
-            }
+        let puts = self.batch.put_packed(&records)?;
+        drop(records);
+        if let Some(p) = puts.first().and_then(|p| p.entry.pack) {
+            self.receipt.added.packs.push(p.pack);
         }
-        failed.map_or(Ok(()), |e| Err(e.into()))
+        for (g, put) in group.iter().zip(puts) {
+            self.stored(g.id, g.moved, put);
+        }
+        Ok(())
     }
 
     /// Notes a record's frame (`header`, decoding to `content_len` bytes) in the receipt;
@@ -603,8 +613,7 @@ impl Receiving<'_> {
             }),
         });
         self.read_bytes += len;
-        let present =
-            self.pending.contains(&id) || self.repo.store().meta().read()?.object(&id)?.is_some();
+        let present = self.pending.contains(&id) || self.index()?.object(&id)?.is_some();
         Ok(!present)
     }
 
@@ -668,10 +677,7 @@ impl Receiving<'_> {
             self.publish_layer(true)?;
         }
         let base_entry = self
-            .repo
-            .store()
-            .meta()
-            .read()?
+            .index()?
             .object(&base)?
             .ok_or(Error::BaseNotSent { id: *id, base })?;
         if base_entry.kind != ObjectKind::Tensor {
@@ -680,9 +686,20 @@ impl Receiving<'_> {
         Ok(base_entry.depth + 1)
     }
 
+    /// A view of the index for the frames between two layers' publishing (one open of the
+    /// database for them all, not one a frame); let go before a layer is published.
+    fn index(&mut self) -> Result<&MetaRead> {
+        if self.index.is_none() {
+            self.index = Some(self.repo.store().meta().read()?);
+        }
+        Ok(self.index.as_ref().expect("just read"))
+    }
+
     /// Publishes the current layer of tensors, starting a new batch; `more`: another layer
     /// may follow (what this one decodes is kept for its deltas).
     fn publish_layer(&mut self, more: bool) -> Result<()> {
+        // This process's view of the index would keep its own write out.
+        self.index = None;
         self.write_group()?;
         let full = std::mem::replace(&mut self.batch, self.repo.store().bulk_batch());
         let (layer, verified) = (&mut self.layer, &mut self.verified);
@@ -735,8 +752,11 @@ impl Receiving<'_> {
             repo,
             batch,
             receipt,
+            index,
             ..
         } = self;
+        // This process's view of the index would keep the undoing write out.
+        drop(index);
         // No fsync may still run on a record once it is removed.
         drop(batch);
         receipt.added.undo(repo);
