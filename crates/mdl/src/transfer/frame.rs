@@ -88,6 +88,33 @@ impl Sent<'_> {
         }
     }
 
+    /// Appends the record's whole payload to `out` (read straight into it: a receiver's
+    /// buffer reused record after record), then reads its trailer and checks it as
+    /// [`Self::copy`] does. `out` is as it was on an error.
+    pub(super) fn read_into(&self, r: &mut dyn Read, out: &mut Vec<u8>) -> Result<()> {
+        let start = out.len();
+        let held = &self.head[self.header_len..];
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(self.head);
+        out.extend_from_slice(held);
+        let at = out.len();
+        out.resize(start + self.payload_len as usize, 0);
+        let read = read_exact(r, &mut out[at..]).and_then(|()| {
+            crc.update(&out[at..]);
+            let mut trailer = [0u8; TRAILER_LEN];
+            read_exact(r, &mut trailer)?;
+            crc.update(&trailer[..TRAILER_LEN - 4]);
+            match self.trailer_fault(&trailer, crc.finalize()) {
+                Some(why) => Err(bad_pack(format!("record of {}: {why}", self.id))),
+                None => Ok(()),
+            }
+        });
+        if read.is_err() {
+            out.truncate(start);
+        }
+        read
+    }
+
     /// What is wrong with the record's `trailer`, given the checksum of what came before it.
     fn trailer_fault(&self, trailer: &[u8; TRAILER_LEN], crc: u32) -> Option<String> {
         let t = match Trailer::decode(trailer) {

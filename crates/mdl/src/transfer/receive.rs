@@ -247,6 +247,8 @@ struct Receiving<'r> {
     expired: HashMap<ObjectId, Expired>,
     /// Small tensor records read and checked, waiting to be written together, and their bytes.
     group: Vec<Small>,
+    /// The group's payloads, one after another (kept from group to group).
+    payloads: Vec<u8>,
     group_bytes: u64,
     receipt: Receipt,
     /// The record start the sender may go on from, until it does.
@@ -266,7 +268,8 @@ struct Small {
     depth: u32,
     /// The bytes of its frame that moved (all but what was held).
     moved: u64,
-    payload: Vec<u8>,
+    /// Where its payload is in [`Receiving::payloads`].
+    payload: std::ops::Range<usize>,
 }
 
 /// One frame's head: the end of the pack, or an object's id with its length.
@@ -316,6 +319,7 @@ fn receive<'r>(
         verified: Verified::default(),
         expired: HashMap::new(),
         group: Vec::new(),
+        payloads: Vec::new(),
         group_bytes: 0,
         receipt: Receipt::default(),
         resume,
@@ -511,11 +515,9 @@ impl Receiving<'_> {
             content_len,
         };
         if len <= SMALL_RECORD {
-            let mut payload = Vec::with_capacity(payload_len as usize);
-            sent.copy(r, &mut payload).map_err(|failed| match failed {
-                Copied::Refused(e) => e,
-                Copied::Here(e) => bad_pack(format!("{id}: {e}")),
-            })?;
+            let at = self.payloads.len();
+            sent.read_into(r, &mut self.payloads)?;
+            let payload = at..self.payloads.len();
             self.pending.insert(id);
             self.in_layer.insert(id);
             self.group_bytes += len;
@@ -571,6 +573,7 @@ impl Receiving<'_> {
         if group.is_empty() {
             return Ok(());
         }
+        let payloads = std::mem::take(&mut self.payloads);
         let records: Vec<_> = group
             .iter()
             .map(|g| mdl_store::ReceivedRecord {
@@ -578,11 +581,15 @@ impl Receiving<'_> {
                 header: &g.header,
                 content_len: g.content_len,
                 depth: g.depth,
-                payload: &g.payload,
+                payload: &payloads[g.payload.clone()],
             })
             .collect();
-        let puts = self.batch.put_packed(&records)?;
+        let puts = self.batch.put_packed(&records);
         drop(records);
+        // The buffer is kept for the next group (its pages are in place).
+        self.payloads = payloads;
+        self.payloads.clear();
+        let puts = puts?;
         if let Some(p) = puts.first().and_then(|p| p.entry.pack) {
             self.receipt.added.packs.push(p.pack);
         }
