@@ -50,10 +50,51 @@ pub(super) fn publish_tensors(
     verified: &mut Verified,
     more: bool,
 ) -> Result<Vec<(ObjectId, Expired)>> {
-    batch.finish()?;
     if layer.is_empty() {
+        batch.finish()?;
         return Ok(Vec::new());
     }
+    // The records are made durable while they are verified (both must be done before the
+    // index names them): the disk's wait overlaps the decoding.
+    let (synced, checked) = std::thread::scope(|s| {
+        let sync = s.spawn(move || batch.finish());
+        let checked = verify_layer(repo, layer, verified, more);
+        let synced = sync
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (synced, checked)
+    });
+    checked?;
+    synced?;
+    let store = repo.store();
+    // Checked inside the write transaction: no deletion can commit between check and publish.
+    let mut w = store.meta().write()?;
+    for (id, e) in layer.iter() {
+        if let Some(base) = &e.base {
+            if w.object(base)?.is_none() {
+                return Err(Error::Incomplete(format!(
+                    "delta base {base} of tensor {id}"
+                )));
+            }
+        }
+    }
+    let mut unexpired = Vec::new();
+    for (id, e) in layer.iter() {
+        unexpired.extend(index_tensor(&mut w, id, e)?.map(|x| (*id, x)));
+    }
+    w.commit_txn()?;
+    layer.clear();
+    Ok(unexpired)
+}
+
+/// Decodes and hashes every tensor of `layer` (see [`publish_tensors`]); `verified` then holds
+/// what this layer kept decoded.
+fn verify_layer(
+    repo: &Repository,
+    layer: &[(ObjectId, IndexEntry)],
+    verified: &mut Verified,
+    more: bool,
+) -> Result<()> {
     let store = repo.store();
     let limit = mdl_store::budget::limit();
     let hold_cap = if more { HOLD.min(limit / 4) } else { 0 };
@@ -139,24 +180,7 @@ pub(super) fn publish_tensors(
         held: next_held,
         reserved: next_reserved,
     };
-    // Checked inside the write transaction: no deletion can commit between check and publish.
-    let mut w = store.meta().write()?;
-    for (id, e) in layer.iter() {
-        if let Some(base) = &e.base {
-            if w.object(base)?.is_none() {
-                return Err(Error::Incomplete(format!(
-                    "delta base {base} of tensor {id}"
-                )));
-            }
-        }
-    }
-    let mut unexpired = Vec::new();
-    for (id, e) in layer.iter() {
-        unexpired.extend(index_tensor(&mut w, id, e)?.map(|x| (*id, x)));
-    }
-    w.commit_txn()?;
-    layer.clear();
-    Ok(unexpired)
+    Ok(())
 }
 
 /// Names a tensor's record in the index, as a dependent of its base; the record of its expiry
