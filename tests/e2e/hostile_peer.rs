@@ -94,10 +94,13 @@ fn tree_of(root: &Path, skip: Option<&Path>) -> BTreeMap<String, (String, u32)> 
 }
 
 /// What a local repository holds that a refused transfer must leave as it was: its refs and
-/// history, and its record files (the folders they fan out into may stay).
+/// history, and its record files and packs (the folders they fan out into may stay).
 fn repository_state(repo: &Path) -> String {
-    let records: Vec<String> = tree_of(&repo.join(".mdl/objects"), None)
+    let records: Vec<String> = [".mdl/objects", ".mdl/packs"]
         .into_iter()
+        .map(|dir| repo.join(dir))
+        .filter(|dir| dir.exists())
+        .flat_map(|dir| tree_of(&dir, None))
         .filter(|(_, (hash, _))| hash != "dir")
         .map(|(name, _)| name)
         .collect();

@@ -306,3 +306,75 @@ fn pack_number(store: &Store, tmp: &Path) -> u64 {
         seed.push('+');
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use mdl_codec::CodecTag;
+    use mdl_format::record::{self, RecordHeader};
+    use mdl_format::{ObjectId, ObjectKind};
+
+    use super::ReceivedRecord;
+    use crate::{OpenOptions, RealFs, Store, StoreError};
+
+    #[test]
+    fn a_pack_holds_records_as_loose_files_would_and_its_table_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mdl = dir.path().join(".mdl");
+        Store::init(&mdl, Arc::new(RealFs)).unwrap();
+        let store = Store::open(&mdl, &OpenOptions::default()).unwrap();
+        let header = RecordHeader::new(ObjectKind::Manifest, CodecTag::Raw as u8, None, Vec::new());
+        let payloads = [b"first".to_vec(), vec![7u8; 3000], Vec::new()];
+        let ids: Vec<ObjectId> = payloads.iter().map(|p| ObjectId::hash(p)).collect();
+        let records: Vec<ReceivedRecord<'_>> = ids
+            .iter()
+            .zip(&payloads)
+            .map(|(id, p)| ReceivedRecord {
+                id: *id,
+                header: &header,
+                content_len: p.len() as u64,
+                depth: 0,
+                payload: p,
+            })
+            .collect();
+        let batch = store.batch();
+        let puts = batch.put_packed(&records).unwrap();
+        batch.finish().unwrap();
+        let pack = puts[0].entry.pack.unwrap().pack;
+        let table = store.pack_table(pack).unwrap();
+        assert_eq!(table.len(), 3);
+        for ((put, t), p) in puts.iter().zip(&table).zip(&payloads) {
+            let at = put.entry.pack.unwrap();
+            assert_eq!((at.pack, t.id, t.offset), (pack, put.id, at.offset));
+            assert_eq!(t.len, put.entry.stored_len);
+            // Byte for byte the record a loose file would hold.
+            let want = record::encode(&header, p, p.len() as u64);
+            assert_eq!(store.read_record(&put.id, &put.entry).unwrap(), want);
+        }
+        let path = store.pack_path(pack);
+        let good = std::fs::read(&path).unwrap();
+        // A flipped byte in the table, or a pack cut short, is damage the table reports.
+        let table_byte = good.len() - 28 - 10;
+        for bad in [
+            {
+                let mut b = good.clone();
+                b[table_byte] ^= 1;
+                b
+            },
+            good[..good.len() - 3].to_vec(),
+        ] {
+            std::fs::write(&path, &bad).unwrap();
+            assert!(matches!(
+                store.pack_table(pack),
+                Err(StoreError::Damaged(_))
+            ));
+        }
+        // Cut inside the last record: that record cannot be read; the first still reads.
+        let last = &puts[1];
+        let cut = (last.entry.pack.unwrap().offset + 100) as usize;
+        std::fs::write(&path, &good[..cut]).unwrap();
+        assert!(store.read_record(&last.id, &last.entry).is_err());
+        assert!(store.read_record(&puts[0].id, &puts[0].entry).is_ok());
+    }
+}
