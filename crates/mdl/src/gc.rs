@@ -551,7 +551,10 @@ fn count<'e>(out: &mut GcOutcome, removed: impl Iterator<Item = (&'e IndexEntry,
             (false, ObjectKind::Manifest) => out.manifests += 1,
             (false, ObjectKind::Tensor) => out.tensors += 1,
         }
-        out.bytes_freed += e.stored_len;
+        // A packed record's bytes go with its pack (counted when the pack is removed).
+        if e.pack.is_none() {
+            out.bytes_freed += e.stored_len;
+        }
     }
 }
 

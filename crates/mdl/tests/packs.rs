@@ -66,6 +66,24 @@ fn received(src: &Repository, tip: ObjectId, at: &Path) -> Repository {
     dst
 }
 
+/// `main` moved back from `from` to `to`, then gc with no grace period: what only `from`'s
+/// history named goes.
+fn main_back_and_gc(repo: &Repository, from: ObjectId, to: ObjectId) -> mdl::gc::GcOutcome {
+    let update = RefUpdate {
+        name: "refs/heads/main".into(),
+        old: Some(from),
+        new: Some(to),
+        force: true,
+    };
+    transfer::update_ref(repo, &update, "test").unwrap();
+    let opts = GcOptions {
+        prune_older_than: Duration::ZERO,
+        expire_reflog: Duration::ZERO,
+        ..GcOptions::default()
+    };
+    gc(repo, &opts, &NoProgress).unwrap()
+}
+
 fn packs(repo_dir: &Path) -> Vec<PathBuf> {
     let dir = repo_dir.join(".mdl").join(mdl::PACKS_DIR);
     let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -200,19 +218,7 @@ fn gc_takes_apart_a_pack_mostly_unnamed_and_removes_one_unnamed() {
     let stray = first.with_file_name("00000000000000aa.pack");
     std::fs::copy(&first, &stray).unwrap();
     // Only the first commit stays reachable: most of every pack's records go.
-    let update = RefUpdate {
-        name: "refs/heads/main".into(),
-        old: Some(ids[3]),
-        new: Some(ids[0]),
-        force: true,
-    };
-    transfer::update_ref(&dst, &update, "test").unwrap();
-    let opts = GcOptions {
-        prune_older_than: Duration::ZERO,
-        expire_reflog: Duration::ZERO,
-        ..GcOptions::default()
-    };
-    let out = gc(&dst, &opts, &NoProgress).unwrap();
+    let out = main_back_and_gc(&dst, ids[3], ids[0]);
     assert!(out.commits >= 3, "{out:?}");
     assert!(!stray.exists(), "a pack nothing names is a leftover");
     // Whatever pack is left is mostly named; what lives is read back exactly.
@@ -276,21 +282,13 @@ fn gc_moves_the_few_named_records_of_a_pack_out_and_removes_it() {
             .collect()
     };
     assert_eq!(packed(&dst).len(), 2, "keep and big, packed together");
+    let pack_len = std::fs::metadata(&packs(&at)[0]).unwrap().len();
     // Back to the first commit: `big` goes, `keep` is all the pack still names.
-    let update = RefUpdate {
-        name: "refs/heads/main".into(),
-        old: Some(ids[1]),
-        new: Some(ids[0]),
-        force: true,
-    };
-    transfer::update_ref(&dst, &update, "test").unwrap();
-    let opts = GcOptions {
-        prune_older_than: Duration::ZERO,
-        expire_reflog: Duration::ZERO,
-        ..GcOptions::default()
-    };
-    let out = gc(&dst, &opts, &NoProgress).unwrap();
+    let out = main_back_and_gc(&dst, ids[1], ids[0]);
     assert_eq!(out.tensors, 1, "{out:?}");
+    // The pack's bytes, less the record moved out, and the dropped commit's loose records.
+    assert!(out.bytes_freed > pack_len / 2, "{out:?}");
+    assert!(out.bytes_freed < pack_len + 10_000, "{out:?}");
     assert!(packs(&at).is_empty(), "the pack was taken apart");
     assert!(packed(&dst).is_empty());
     same_checkouts(&src, &dst, &ids[..1], dir.path());

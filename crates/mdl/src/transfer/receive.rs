@@ -2,7 +2,7 @@
 //! (a fetch's plan: only planned objects, each once, none larger than planned), every record
 //! checked against what its bytes can hold before memory is taken for it, then written to its
 //! file (a tensor's record over 4 MiB as it arrives, never held whole; smaller ones read whole
-//! and written a group at a time in parallel), decoded a window at a time and re-hashed against
+//! and written a group at a time into one pack), decoded a window at a time and re-hashed against
 //! its id, and published in index transactions that check what it depends on (bases, the
 //! tensors a manifest names, a commit's manifest and parents). A pack refused half-way leaves
 //! the repository as it was: what it wrote and indexed is removed again. A fetched pack cut off
@@ -37,8 +37,8 @@ const MIN_DECODE_ALLOWANCE: u64 = 256 << 20;
 const MAX_EXPIRED_FRAMES: usize = 1 << 20;
 /// Longest manifest or commit record: the longest content one may claim, stored raw.
 const MAX_META_RECORD: u64 = MAX_META_CONTENT + MAX_HEADER_LEN as u64 + TRAILER_LEN as u64;
-/// Tensor records up to this long are read whole and written to their files in parallel, a
-/// group at a time…
+/// Tensor records up to this long are read whole and written into a pack, a group at a
+/// time…
 const SMALL_RECORD: u64 = 4 << 20;
 /// …of at most this many bytes (a larger record is written as it arrives, by the reading thread).
 const GROUP_BYTES: u64 = 64 << 20;
