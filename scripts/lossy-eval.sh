@@ -9,14 +9,18 @@
 # MDL_EVAL_SERIES picks the series, default "traj-fp32 traj-bf16 ft-fp32"; MDL_EVAL_CONFIG
 # "key=value;..." sets repository configuration; a series is a folder of the corpus cache or
 # any folder of checkpoints named ckpt_*.safetensors, with MDL_EVAL_DOMAIN_<name> overriding
-# its validation domain)
+# its validation domain; MDL_BIN runs that mdl instead of building this tree's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cache="${MDL_CORPUS:-$HOME/.cache/mdl-corpus}"
 py="$cache/venv/bin/python"
 gen=../shared/corpus/gen_trajectory.py
-cargo build --release -p mdl-cli
-mdl="$PWD/target/release/mdl"
+if [ -n "${MDL_BIN:-}" ]; then
+    mdl=$MDL_BIN
+else
+    cargo build --release -p mdl-cli
+    mdl="$PWD/target/release/mdl"
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for series in ${MDL_EVAL_SERIES:-traj-fp32 traj-bf16 ft-fp32}; do

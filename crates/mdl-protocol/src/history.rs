@@ -164,6 +164,11 @@ pub struct LossyInfo {
     pub rel_error: f64,
     /// Estimated loss change, when moments were known.
     pub est_delta_loss: Option<f64>,
+    /// The copy of the model that estimate is for (its pairing's weight pattern, `model.{}`
+    /// or a mixed-precision run's `optim.{}.master`), recorded since one budget is shared by
+    /// the copies (before, absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy: Option<String>,
     /// Retention re-encoded it more coarsely after the commit (`retention.coarsen_after`);
     /// the errors above include what that added.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

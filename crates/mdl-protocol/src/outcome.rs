@@ -41,12 +41,18 @@ fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Resu
 /// The outcome of the configuration search for one checkpoint.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct SearchSummary {
-    /// Loss budget per family (`ε × loss` or `ε`).
+    /// The commit's loss budget (`ε × loss` or `ε`): what every priced parameter's estimate
+    /// together may spend, whatever copy of the model it belongs to.
     pub budget: f64,
     /// The loss the budget is relative to, when known.
     pub loss: Option<f64>,
-    /// Estimated loss change of the chosen configurations, per family, summed.
+    /// Estimated loss change of the chosen configurations, summed over every priced
+    /// parameter (at most `budget`).
     pub est_delta_loss: f64,
+    /// That sum by copy of the model (the weights of one pairing pattern: `model.{}`, a mixed-
+    /// precision run's `optim.{}.master`), when parameters were priced.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copies: Vec<CopyEstimate>,
     /// Configurations scored.
     pub scored: usize,
     /// Tensors searched from the whole grid (a branch's first lossy commit) or from the
@@ -71,6 +77,18 @@ pub struct SearchSummary {
     /// optimizer.pt)`), when parameters were priced with their moments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adam_betas: Option<String>,
+}
+
+/// One copy of the model's share of a lossy commit's estimated loss change.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CopyEstimate {
+    /// The copy: its pairing's weight pattern (`model.{}`), `by-order` for parameters paired
+    /// with their moments by the optimizer's order, `client` for pairs the Python client gave.
+    pub copy: String,
+    /// Parameters of it priced.
+    pub priced: usize,
+    /// Their estimated loss change, summed.
+    pub est_delta_loss: f64,
 }
 
 /// What a checkout wrote.

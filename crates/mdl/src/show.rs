@@ -26,6 +26,7 @@ fn lossy_info(l: &mdl_format::Lossy) -> LossyInfo {
         max_abs_error: l.max_abs_error,
         rel_error: l.rel_error,
         est_delta_loss: l.est_delta_loss,
+        copy: word("copy"),
         coarsened: false,
     }
 }

@@ -25,8 +25,8 @@ pub(crate) use eval::run_eval;
 pub use pairing::Pairing;
 pub(crate) use pairing::{roles, Role};
 pub(crate) use quantize::{quantize, Encoded, Reference, TensorPlan};
-pub use search::SearchSummary;
 pub(crate) use search::{plan, second_moment_step, Evaluate, PlanInput};
+pub use search::{CopyEstimate, SearchSummary};
 pub use settings::{
     known_keys, validate, CodecMode, LossyRequest, LossySettings, BETAS_KEY, CURVATURE_KEY,
     DEFAULT_EPSILON, DEFAULT_KEY, EMBEDDINGS_KEY, EPSILON_KEY, EXP_AVG_DROP_KEY, EXP_AVG_KEY,

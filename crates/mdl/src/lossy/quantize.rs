@@ -24,6 +24,9 @@ pub(crate) struct TensorPlan {
     pub mean_v: f64,
     /// What the manifest says the tensor is.
     pub role: &'static str,
+    /// The copy of the model a priced parameter belongs to (its pairing's weight pattern),
+    /// which its record's loss estimate is for.
+    pub copy: Option<String>,
     /// Instead of `config` and `table`: the tensor as a quantized residual from a reference.
     pub residual: Option<Residual>,
 }
@@ -164,13 +167,17 @@ pub(crate) fn quantize(
     );
     let lossy = Lossy {
         settings: format!(
-            "{settings} sensitivity={} role={}",
+            "{settings} sensitivity={} role={}{}",
             if moments.is_some() {
                 "moments"
             } else {
                 "magnitude"
             },
-            plan.role
+            plan.role,
+            plan.copy
+                .as_ref()
+                .map(|c| format!(" copy={c}"))
+                .unwrap_or_default()
         ),
         max_abs_error: err.max_abs,
         rel_error: err.rel_l2(),

@@ -1,6 +1,6 @@
 //! The configuration search under the quality bound: which tensors are quantized and how.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use mdl_codec::engine::{Engine, FloatView};
@@ -9,7 +9,7 @@ use mdl_codec::quant::{self, Correction, Domain, Estimate, Fit, Prepared, QuantC
 use mdl_codec::{residual, scalar};
 use rayon::prelude::*;
 
-pub use mdl_protocol::outcome::SearchSummary;
+pub use mdl_protocol::outcome::{CopyEstimate, SearchSummary};
 
 use super::quantize::{Reference, Residual, TensorPlan};
 use super::{sparse, LossySettings, Role, Sparsify};
@@ -117,6 +117,7 @@ impl Candidate {
             moments,
             mean_v,
             role: "param",
+            copy: None,
             residual: self.residual.clone(),
         }
     }
@@ -571,6 +572,7 @@ impl PlanInput<'_> {
                     moments: None,
                     mean_v: 0.0,
                     role,
+                    copy: None,
                     residual: None,
                 };
                 let (source, mode, step) = residual_of(i);
@@ -657,11 +659,15 @@ impl PlanInput<'_> {
         summary.kept_exact = 0;
         summary.relative = 0;
         summary.priced = 0;
+        summary.copies.clear();
         let mut picks: Vec<Option<usize>> = vec![None; scored.len()];
-        let mut families: HashMap<usize, Vec<usize>> = HashMap::new();
+        // Every priced parameter, whichever copy of the model it belongs to, shares the one
+        // budget: a mixed-precision run's bf16 weights and fp32 master copy are not given one
+        // each (docs/DECISIONS.md, "One loss budget per commit").
+        let mut priced = Vec::new();
         for (k, s) in scored.iter().enumerate() {
             match s.family {
-                Some(f) if s.moments.is_some() => families.entry(f).or_default().push(k),
+                Some(_) if s.moments.is_some() => priced.push(k),
                 _ => {
                     // No moments: the cheapest configuration within ε relative L2 error.
                     picks[k] = s
@@ -679,37 +685,55 @@ impl PlanInput<'_> {
                 }
             }
         }
-        let mut fams: Vec<_> = families.into_iter().collect();
-        fams.sort_by_key(|(f, _)| *f);
-        for (_, members) in fams {
-            let lists: Vec<Vec<(f64, f64)>> = members
-                .iter()
-                .map(|&k| {
-                    let s = &scored[k];
-                    let mut l: Vec<(f64, f64)> = s
-                        .cands
-                        .iter()
-                        .map(|c| {
-                            let e = &c.estimate;
-                            (e.bits, e.delta_loss.unwrap_or(f64::INFINITY))
-                        })
-                        .collect();
-                    l.push((s.lossless_bits, 0.0));
-                    l
-                })
-                .collect();
-            let chosen = quant::allocate(&lists, budget);
-            for ((&k, &p), list) in members.iter().zip(&chosen).zip(&lists) {
-                summary.est_delta_loss += list[p].1;
-                if p < scored[k].cands.len() {
-                    picks[k] = Some(p);
-                    summary.priced += 1;
-                } else {
-                    summary.kept_exact += 1;
-                }
+        let lists: Vec<Vec<(f64, f64)>> = priced
+            .iter()
+            .map(|&k| {
+                let s = &scored[k];
+                let mut l: Vec<(f64, f64)> = s
+                    .cands
+                    .iter()
+                    .map(|c| {
+                        let e = &c.estimate;
+                        (e.bits, e.delta_loss.unwrap_or(f64::INFINITY))
+                    })
+                    .collect();
+                l.push((s.lossless_bits, 0.0));
+                l
+            })
+            .collect();
+        let chosen = quant::allocate(&lists, budget);
+        let mut copies: BTreeMap<usize, CopyEstimate> = BTreeMap::new();
+        for ((&k, &p), list) in priced.iter().zip(&chosen).zip(&lists) {
+            summary.est_delta_loss += list[p].1;
+            if p < scored[k].cands.len() {
+                picks[k] = Some(p);
+                summary.priced += 1;
+                let family = scored[k].family.expect("a priced parameter has a family");
+                let copy = copies.entry(family).or_insert_with(|| CopyEstimate {
+                    copy: self.copy_name(family),
+                    ..CopyEstimate::default()
+                });
+                copy.priced += 1;
+                copy.est_delta_loss += list[p].1;
+            } else {
+                summary.kept_exact += 1;
             }
         }
+        summary.copies = copies.into_values().collect();
         picks
+    }
+
+    /// The copy of the model that parameters of pairing `family` make up, as records and
+    /// summaries name it: the pairing's weight pattern (`model.{}`), `by-order` for parameters
+    /// the optimizer's order paired, `client` for pairs the Python client gave.
+    fn copy_name(&self, family: usize) -> String {
+        let pairings = &self.settings.pairings;
+        match pairings.get(family) {
+            // A record's settings are words: a pattern keeps no whitespace there.
+            Some(p) => p.weight.split_whitespace().collect::<Vec<_>>().join("_"),
+            None if family == pairings.len() => "by-order".into(),
+            None => "client".into(),
+        }
     }
 
     /// Chooses configurations from scored candidates under the budget scaled by `scale`.
@@ -725,7 +749,9 @@ impl PlanInput<'_> {
         for (s, pick) in scored.iter().zip(picks) {
             if let Some(p) = pick {
                 let moments = s.moments.filter(|_| s.family.is_some());
-                plans[s.index] = Some(s.cands[p].plan(moments, s.mean_v));
+                let mut plan = s.cands[p].plan(moments, s.mean_v);
+                plan.copy = moments.and(s.family).map(|f| self.copy_name(f));
+                plans[s.index] = Some(plan);
             }
         }
         for (i, plan) in moment_plans {
