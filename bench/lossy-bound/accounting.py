@@ -3,11 +3,8 @@
   python3 bench/lossy-bound/accounting.py MDL REPO
 
 Reads `mdl show --json` of every commit on the current branch (oldest first) and prints, per
-commit, the bits per element stored for weights, exp_avg and exp_avg_sq, and for the series:
-
-- mdl's own ratio: every raw byte of every checkpoint over every stored byte;
-- DynaQuant's: weights only, the whole series, against fp32 (4 bytes an element);
-- ExCP's: weights and both moments, per delta checkpoint (the first commit excluded).
+commit, the bits per element stored for weights, exp_avg and exp_avg_sq; then the series'
+ratios as `mdl stats --lossy` counts them (mdl's own, DynaQuant's, ExCP's: docs/CLI_JSON.md).
 
 Stored bytes are each record's own size (a delta counts its delta, a residual its residual),
 counted once per object however many tensors or commits share it.
@@ -55,16 +52,11 @@ def main():
         b = lambda r: f"{8 * st[r] / el[r]:.2f}" if el[r] else "—"
         tot = sum(st.values())
         print(f"| {msg} | {b('w')} | {b('m')} | {b('v')} | {tot} | {sum(raw.values()) / max(tot, 1):.1f}× |")
-    total_raw = sum(sum(r[2].values()) for r in rows)
-    total_stored = sum(sum(r[1].values()) for r in rows)
-    w_elems = sum(r[3]["w"] for r in rows)
-    w_stored = sum(r[1]["w"] for r in rows)
-    d_raw = sum(4 * (r[3]["w"] + r[3]["m"] + r[3]["v"]) for r in rows[1:])
-    d_stored = sum(r[1]["w"] + r[1]["m"] + r[1]["v"] for r in rows[1:])
+    counted = json.loads(run("stats", "--lossy", "--json"))["lossy"]
     print()
-    print(f"series (every byte): {total_raw / total_stored:.2f}×")
-    print(f"DynaQuant (weights, whole series, vs fp32): {4 * w_elems / max(w_stored, 1):.2f}×")
-    print(f"ExCP (weights + moments, per delta, first excluded, vs fp32): {d_raw / max(d_stored, 1):.2f}×")
+    print(f"series (every byte): {counted['ratio']:.2f}×")
+    print(f"DynaQuant (weights, whole series, vs fp32): {counted['dynaquant']:.2f}×")
+    print(f"ExCP (weights + moments, per delta, first excluded, vs fp32): {counted['excp']:.2f}×")
 
 
 if __name__ == "__main__":

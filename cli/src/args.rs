@@ -251,7 +251,13 @@ pub(crate) enum Command {
         dry_run: bool,
     },
     /// Repository totals.
-    Stats,
+    Stats {
+        /// Also HEAD's series as the lossy papers count it: mdl's ratio, DynaQuant's (the
+        /// weights, against fp32) and ExCP's (weights and Adam moments after the first
+        /// checkpoint, against fp32), with bits per element of each role.
+        #[arg(long)]
+        lossy: bool,
+    },
     /// Serve this repository (every repository under --root; with -C s3://…, that one) over
     /// HTTP.
     Serve {

@@ -202,7 +202,7 @@ pub(crate) fn run(
                 GcAnswer::Bucket(outcome) => output::bucket_gc(out, json, &outcome)?,
             }
         }
-        Command::Stats => output::stats(out, json, &repo.stats()?)?,
+        Command::Stats { lossy } => output::stats(out, json, &repo.stats(*lossy)?)?,
         Command::Remote { action } => remote(cli, repo, action.as_ref(), out)?,
         Command::Fetch {
             remote,

@@ -764,9 +764,11 @@ class Repository:
         """Checks every object and ref (``mdl fsck``); its report (``problems`` empty when sound)."""
         return self._ops.fsck()
 
-    def stats(self) -> dict:
-        """Repository totals (``mdl stats``)."""
-        return self._ops.stats()
+    def stats(self, lossy: bool = False) -> dict:
+        """Repository totals (``mdl stats``); with ``lossy``, also ``"lossy"``: HEAD's series
+        by role and its ratio by mdl's, DynaQuant's and ExCP's accountings (``mdl stats
+        --lossy``)."""
+        return self._ops.stats(lossy)
 
 
 def open(

@@ -280,9 +280,10 @@ impl Ops {
         report(py, &released(py, || self.ops.fsck(&mdl::NoProgress))?)
     }
 
-    /// Repository totals.
-    fn stats(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        report(py, &released(py, || self.ops.stats())?)
+    /// Repository totals; with `lossy`, HEAD's series under the lossy papers' accountings.
+    #[pyo3(signature = (lossy=false))]
+    fn stats(&self, py: Python<'_>, lossy: bool) -> PyResult<Py<PyAny>> {
+        report(py, &released(py, || self.ops.stats(lossy))?)
     }
 
     /// `mdl fetch REMOTE [BRANCH] [--depth N]`: what it moved, as `mdl fetch --json` prints it.

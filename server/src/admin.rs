@@ -14,8 +14,12 @@ use axum::Json;
 
 use crate::access::{blocking, json_body, query, Access, ApiResult, Reader, Writer};
 
-pub(crate) async fn stats(Access(served): Reader) -> ApiResult<Response> {
-    blocking(move || Ok(Json(mdl::stats::stats(&served.repo)?).into_response())).await
+pub(crate) async fn stats(
+    Access(served): Reader,
+    q: Result<Query<body::StatsQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let q = query(q)?;
+    blocking(move || Ok(Json(mdl::stats::stats(&served.repo, q.lossy)?).into_response())).await
 }
 
 pub(crate) async fn diff(

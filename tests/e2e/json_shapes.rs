@@ -236,6 +236,7 @@ fn json_output_only_ever_gains_fields() {
         run_json(&repo, &["gc", "--prune-older-than", "0s"], None),
     );
     record("stats", run_json(&repo, &["stats"], None));
+    record("stats", run_json(&repo, &["stats", "--lossy"], None));
     record(
         "merge",
         run_json(

@@ -55,6 +55,9 @@ fn a_served_repository_is_inspected_and_administered_from_its_folder() {
     let (repo, _, _) = two_commits(dir.path());
     let local_diff = json(&repo, &["diff", "HEAD~1", "HEAD"]);
     let local_stats = json(&repo, &["stats"]);
+    let local_accounting = json(&repo, &["stats", "--lossy"]);
+    assert_eq!(local_accounting["lossy"]["commits"].as_u64(), Some(2));
+    assert_eq!(local_stats.get("lossy"), None);
     ok(&repo, &["branch", "side", "HEAD~1"]);
     let local_all = json(&repo, &["log", "--all"]);
     let server = Server::start(&["-C", repo.to_str().unwrap()], dir.path());
@@ -65,6 +68,8 @@ fn a_served_repository_is_inspected_and_administered_from_its_folder() {
     // Read: the same answers as from the repository itself.
     assert_eq!(json(&repo, &["diff", "HEAD~1", "HEAD"]), local_diff);
     assert_eq!(json(&repo, &["stats"]), local_stats);
+    assert_eq!(json(&repo, &["stats", "--lossy"]), local_accounting);
+    assert!(ok(&repo, &["stats", "--lossy"]).contains("DynaQuant"));
     assert!(ok(&repo, &["diff", "--changed", "HEAD~1", "HEAD"]).contains("model.w"));
     let report = json(&repo, &["fsck"]);
     assert_eq!(report["problems"], serde_json::json!([]));

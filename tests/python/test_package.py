@@ -204,6 +204,14 @@ def test_lossy_commits_carry_their_recorded_error(tmp_path):
         assert (diff.norm() / orig.double().norm()).item() == pytest.approx(info["rel_error"], rel=1e-3)
         checked += 1
     assert checked > 0
+    # The series by the lossy papers' accountings: every weight and both moments, each commit.
+    counted = repo.stats(lossy=True)["lossy"]
+    n = sum(p.numel() for p in model.parameters())
+    assert counted["commits"] == 2
+    assert counted["weights"]["elements"] == 2 * n
+    assert counted["exp_avg"]["elements"] == counted["exp_avg_sq"]["elements"] == 2 * n
+    assert counted["dynaquant"] > 1 and counted["excp"] > 1
+    assert "lossy" not in repo.stats()
 
 
 @contextlib.contextmanager

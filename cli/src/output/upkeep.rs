@@ -274,5 +274,54 @@ pub(crate) fn stats(out: &mut dyn Write, json: bool, s: &Stats) -> io::Result<()
             s.pending_reencodes
         )?;
     }
+    if let Some(a) = &s.lossy {
+        accounting(out, a)?;
+    }
+    Ok(())
+}
+
+/// `mdl stats --lossy`: HEAD's series by role, and its ratio by each accounting.
+fn accounting(out: &mut dyn Write, a: &mdl::accounting::Accounting) -> io::Result<()> {
+    writeln!(
+        out,
+        "\nHEAD's series, {} commits (each record counted once, as stored):",
+        a.commits
+    )?;
+    writeln!(
+        out,
+        "  {:<11} {:>14} {:>12} {:>12} {:>12}",
+        "role", "elements", "raw", "stored", "bits/elt"
+    )?;
+    for (name, r) in [
+        ("weights", &a.weights),
+        ("exp_avg", &a.exp_avg),
+        ("exp_avg_sq", &a.exp_avg_sq),
+        ("other", &a.other),
+    ] {
+        let bits = if r.elements == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.3}", 8.0 * r.stored_bytes as f64 / r.elements as f64)
+        };
+        writeln!(
+            out,
+            "  {:<11} {:>14} {:>12} {:>12} {:>12}",
+            name,
+            r.elements,
+            size(r.raw_bytes),
+            size(r.stored_bytes),
+            bits
+        )?;
+    }
+    for (name, ratio) in [
+        ("mdl's (every byte)", a.ratio),
+        ("DynaQuant's (weights, against fp32)", a.dynaquant),
+        (
+            "ExCP's (weights and moments after the first, against fp32)",
+            a.excp,
+        ),
+    ] {
+        writeln!(out, "  ratio, {name:<60} {ratio:>7.2}x")?;
+    }
     Ok(())
 }

@@ -57,9 +57,15 @@ impl Remote {
         self.post_json(route::GC, &request, limits::MAX_DOCUMENT)
     }
 
-    /// The repository's totals (`GET /stats`).
-    pub fn stats(&self) -> Result<Stats> {
-        self.get_json(route::STATS, &[], limits::MAX_DOCUMENT)
+    /// The repository's totals (`GET /stats`); with `lossy`, HEAD's series under the lossy
+    /// papers' accountings too (`?lossy=true`).
+    pub fn stats(&self, lossy: bool) -> Result<Stats> {
+        let query = if lossy {
+            vec![("lossy", "true".to_string())]
+        } else {
+            Vec::new()
+        };
+        self.get_json(route::STATS, &query, limits::MAX_DOCUMENT)
     }
 
     /// Revisions `a` and `b` compared (`GET /diff`).

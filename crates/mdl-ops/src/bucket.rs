@@ -245,8 +245,8 @@ impl Operations for InBucket {
         Ok(repaired)
     }
 
-    fn stats(&self) -> Result<mdl::stats::Stats> {
-        self.run(|l| l.stats())
+    fn stats(&self, lossy: bool) -> Result<mdl::stats::Stats> {
+        self.run(|l| l.stats(lossy))
     }
 
     // Remotes are settings, so every machine shares them.

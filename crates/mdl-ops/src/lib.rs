@@ -209,8 +209,9 @@ pub trait Operations: Send + Sync {
     fn fsck(&self, progress: &dyn Progress) -> Result<FsckReport>;
     /// Checks and repairs (`mdl fsck --repair`): the database rebuilt when it was damaged.
     fn fsck_repair(&self) -> Result<(Option<Rebuilt>, FsckReport)>;
-    /// Totals (`mdl stats`).
-    fn stats(&self) -> Result<mdl::stats::Stats>;
+    /// Totals (`mdl stats`); with `lossy`, HEAD's series under the lossy papers' accountings
+    /// too (`mdl stats --lossy`).
+    fn stats(&self, lossy: bool) -> Result<mdl::stats::Stats>;
 
     /// The configured remotes: name and URL.
     fn remotes(&self) -> Result<Vec<(String, String)>>;

@@ -289,8 +289,8 @@ impl Operations for Local {
         )?)
     }
 
-    fn stats(&self) -> Result<mdl::stats::Stats> {
-        Ok(mdl::stats::stats(&self.open(LockMode::Read)?)?)
+    fn stats(&self, lossy: bool) -> Result<mdl::stats::Stats> {
+        Ok(mdl::stats::stats(&self.open(LockMode::Read)?, lossy)?)
     }
 
     fn remotes(&self) -> Result<Vec<(String, String)>> {

@@ -278,8 +278,8 @@ impl Operations for Served {
         ))
     }
 
-    fn stats(&self) -> Result<mdl::stats::Stats> {
-        Ok(self.remote.stats()?)
+    fn stats(&self, lossy: bool) -> Result<mdl::stats::Stats> {
+        Ok(self.remote.stats(lossy)?)
     }
 
     fn remotes(&self) -> Result<Vec<(String, String)>> {

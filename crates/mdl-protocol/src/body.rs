@@ -282,6 +282,14 @@ pub enum GcAnswer {
     Disk(GcOutcome),
 }
 
+/// The query of `GET /stats`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StatsQuery {
+    /// With HEAD's series under the lossy papers' accountings (`mdl stats --lossy`).
+    #[serde(default)]
+    pub lossy: bool,
+}
+
 /// The query of `GET /diff`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DiffQuery {

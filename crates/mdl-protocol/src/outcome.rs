@@ -255,4 +255,44 @@ pub struct Stats {
     /// chains); not counted in `stored_bytes`, and made again by the next lossy commit.
     #[serde(default)]
     pub tips_bytes: u64,
+    /// HEAD's series under the lossy papers' accountings (`mdl stats --lossy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lossy: Option<Accounting>,
+}
+
+/// A series' stored bytes counted as the papers mdl's lossy mode builds on count them (`mdl
+/// stats --lossy`): HEAD's history, oldest first, each object counted once, at the first
+/// commit that names it, with the bytes of its record as stored (a delta its delta).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Accounting {
+    /// Commits in the series.
+    pub commits: u64,
+    /// The model's weights: every copy (a mixed-precision run's bf16 weights and its fp32
+    /// master alike), float tensors that are not optimizer state.
+    pub weights: RoleBytes,
+    /// Adam's first moments.
+    pub exp_avg: RoleBytes,
+    /// Adam's second moments.
+    pub exp_avg_sq: RoleBytes,
+    /// Everything else: other tensors, files stored as bytes.
+    pub other: RoleBytes,
+    /// mdl's own: every byte of every checkpoint over every stored byte they reach (manifests
+    /// and commits included).
+    pub ratio: f64,
+    /// DynaQuant's: the weights alone, the whole series, against fp32 (4 bytes an element).
+    pub dynaquant: f64,
+    /// ExCP's: the weights and both moments against fp32, over the commits after the first
+    /// (the checkpoints stored as deltas).
+    pub excp: f64,
+}
+
+/// Elements, checkpoint bytes and stored bytes of one role over a series.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RoleBytes {
+    /// Elements of every checkpoint's tensors of this role (for bytes: their length).
+    pub elements: u64,
+    /// Their bytes in the checkpoints, in their own dtypes.
+    pub raw_bytes: u64,
+    /// Stored bytes of the records they first name.
+    pub stored_bytes: u64,
 }

@@ -15,6 +15,7 @@
 //!
 //! Architecture: `docs/ARCHITECTURE.md`; byte formats: `docs/FORMAT.md`.
 
+pub mod accounting;
 mod advertised;
 pub mod assemble;
 pub mod background;

@@ -4,8 +4,14 @@ pub use mdl_protocol::outcome::Stats;
 
 use crate::{Repository, Result};
 
-/// Computes the totals from the index.
-pub fn stats(repo: &Repository) -> Result<Stats> {
+/// Computes the totals from the index; with `lossy`, HEAD's series under the lossy papers'
+/// accountings too (which reads every manifest of its history).
+pub fn stats(repo: &Repository, lossy: bool) -> Result<Stats> {
+    let lossy = if lossy {
+        crate::accounting::accounting(repo)?
+    } else {
+        None
+    };
     let meta = repo.store().meta().read()?;
     let commits = meta.commits()?;
     let objects = meta.objects()?;
@@ -24,5 +30,6 @@ pub fn stats(repo: &Repository) -> Result<Stats> {
         },
         pending_reencodes,
         tips_bytes: repo.store().tips_bytes(),
+        lossy,
     })
 }

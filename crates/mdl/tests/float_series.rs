@@ -210,7 +210,7 @@ fn deltas_make_the_series_smaller() {
                     defer: false,
                 },
             );
-            mdl::stats::stats(&repo).unwrap().stored_bytes
+            mdl::stats::stats(&repo, false).unwrap().stored_bytes
         })
         .collect();
     assert!(sizes[1] < sizes[0], "{sizes:?}");
