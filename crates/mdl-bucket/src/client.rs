@@ -30,6 +30,9 @@ const OBJECTS_IN_FLIGHT: usize = 8;
 const DOWNLOAD_ATTEMPTS: usize = 3;
 /// How long after a request failed for good the next requests are tried once each.
 const QUIET: std::time::Duration = std::time::Duration::from_secs(60);
+/// Times a conditional write cut off on its way is tried again (after 0.5, 1 and 2 s), where
+/// the client itself does not (see [`Bucket::put`]).
+const CONDITIONAL_TRIES: u32 = 3;
 /// Keys remembered as failed for good, at most (a long-lived server's).
 const GAVE_UP_KEYS: usize = 10_000;
 
@@ -108,6 +111,12 @@ fn unreachable(e: &object_store::Error) -> bool {
         source = s.source();
     }
     false
+}
+
+/// Whether a write is conditional (`If-None-Match: *`, `If-Match`), which the client does not
+/// try again once it was sent.
+fn conditional(mode: &PutMode) -> bool {
+    !matches!(mode, PutMode::Overwrite)
 }
 
 /// A failure of the local file a download writes or an upload reads, in the client's error
@@ -284,28 +293,56 @@ impl Bucket {
     }
 
     fn put(&self, key: &str, bytes: Vec<u8>, mode: PutMode) -> Result<Option<Version>> {
-        self.count(&self.counts.puts, 1);
         self.count(&self.counts.bytes_up, bytes.len() as u64);
         let path = self.path(key);
         let bytes = Bytes::from(bytes);
-        let put = self.rt.block_on(self.store([key]).put_opts(
-            &path,
-            PutPayload::from(bytes.clone()),
-            PutOptions::from(mode),
-        ));
-        match put {
-            Ok(r) => Ok(Some(Version {
-                e_tag: r.e_tag,
-                version: r.version,
-            })),
-            Err(
-                object_store::Error::AlreadyExists { .. }
-                | object_store::Error::Precondition { .. },
-            ) => Ok(None),
-            Err(e) => match self.landed(key, &bytes) {
-                Some(version) => Ok(Some(version)),
-                None => Err(self.fail("writing", key, e)),
-            },
+        let mut tries = 0;
+        loop {
+            self.count(&self.counts.puts, 1);
+            let store = self.store([key]);
+            let quiet = Arc::ptr_eq(store, &self.once);
+            let put = self.rt.block_on(store.put_opts(
+                &path,
+                PutPayload::from(bytes.clone()),
+                PutOptions::from(mode.clone()),
+            ));
+            match put {
+                Ok(r) => {
+                    return Ok(Some(Version {
+                        e_tag: r.e_tag,
+                        version: r.version,
+                    }))
+                }
+                Err(
+                    object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. },
+                ) => {
+                    // After a try whose outcome was unknown, the condition failing may be
+                    // that try's own write.
+                    if tries > 0 {
+                        if let Some(version) = self.landed(key, &bytes) {
+                            return Ok(Some(version));
+                        }
+                    }
+                    return Ok(None);
+                }
+                Err(e) => {
+                    if let Some(version) = self.landed(key, &bytes) {
+                        return Ok(Some(version));
+                    }
+                    // The client does not try a conditional write again once it was sent (a
+                    // connection the store dropped while restarting, reused from the pool):
+                    // its outcome is unknown to it. Its condition makes trying again safe —
+                    // had it landed, the condition now fails and `landed` sees our bytes.
+                    if tries < CONDITIONAL_TRIES && !quiet && conditional(&mode) && unreachable(&e)
+                    {
+                        tries += 1;
+                        std::thread::sleep(std::time::Duration::from_millis(250 << tries));
+                        continue;
+                    }
+                    return Err(self.fail("writing", key, e));
+                }
+            }
         }
     }
 
