@@ -88,31 +88,25 @@ fn kinds(m: &Manifest) -> Vec<(ObjectId, Kind, u64, u64)> {
     let first: HashSet<u32> = m.pairs.iter().map(|p| p.exp_avg).collect();
     let second: HashSet<u32> = m.pairs.iter().map(|p| p.exp_avg_sq).collect();
     let mut out = Vec::new();
-    let mut index = 0u32;
-    for f in &m.files {
-        for r in &f.regions {
-            match r {
-                Region::Tensor(e) => {
-                    let last = e.name.rsplit('.').next();
-                    let kind = if first.contains(&index) || last == Some("exp_avg") {
-                        Kind::ExpAvg
-                    } else if second.contains(&index) || last == Some("exp_avg_sq") {
-                        Kind::ExpAvgSq
-                    } else if e.header.dtype.is_float()
-                        && Role::of_tensor(&f.path, &e.name, false) == Role::Weights
-                    {
-                        Kind::Weights
-                    } else {
-                        Kind::Other
-                    };
-                    index += 1;
-                    let elements = e.header.numel().unwrap_or(0);
-                    let bytes = e.header.data_len().unwrap_or(0);
-                    out.push((e.id, kind, elements, bytes));
-                }
-                Region::Bytes { id, len } => out.push((*id, Kind::Other, *len, *len)),
-                Region::Inline(_) => {}
-            }
+    for (index, (file, e)) in (0u32..).zip(m.tensors()) {
+        let last = e.name.rsplit('.').next();
+        let kind = if first.contains(&index) || last == Some("exp_avg") {
+            Kind::ExpAvg
+        } else if second.contains(&index) || last == Some("exp_avg_sq") {
+            Kind::ExpAvgSq
+        } else if e.header.dtype.is_float()
+            && Role::of_tensor(&m.files[file].path, &e.name, false) == Role::Weights
+        {
+            Kind::Weights
+        } else {
+            Kind::Other
+        };
+        let elements = e.header.numel().unwrap_or(0);
+        out.push((e.id, kind, elements, e.header.data_len().unwrap_or(0)));
+    }
+    for r in m.files.iter().flat_map(|f| &f.regions) {
+        if let Region::Bytes { id, len } = r {
+            out.push((*id, Kind::Other, *len, *len));
         }
     }
     out

@@ -171,19 +171,16 @@ fn roles(m: &Manifest) -> Vec<(ObjectId, Role)> {
         .iter()
         .flat_map(|p| [p.exp_avg, p.exp_avg_sq])
         .collect();
-    let mut out = Vec::new();
-    let mut index = 0u32;
-    for f in &m.files {
-        for r in &f.regions {
-            match r {
-                Region::Tensor(e) => {
-                    let paired = moments.contains(&index);
-                    index += 1;
-                    out.push((e.id, Role::of_tensor(&f.path, &e.name, paired)));
-                }
-                Region::Bytes { id, .. } => out.push((*id, Role::Other)),
-                Region::Inline(_) => {}
-            }
+    let mut out: Vec<(ObjectId, Role)> = (0u32..)
+        .zip(m.tensors())
+        .map(|(index, (file, e))| {
+            let paired = moments.contains(&index);
+            (e.id, Role::of_tensor(&m.files[file].path, &e.name, paired))
+        })
+        .collect();
+    for r in m.files.iter().flat_map(|f| &f.regions) {
+        if let Region::Bytes { id, .. } = r {
+            out.push((*id, Role::Other));
         }
     }
     out
