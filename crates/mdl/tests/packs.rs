@@ -14,38 +14,18 @@ use mdl::transfer::{self, RefUpdate, Shallow};
 use mdl::{NoProgress, ObjectId, OpenOptions, Repository};
 
 mod common;
-use common::{write_safetensors, Rng};
+use common::{trained_series, write_safetensors, Rng, SeriesShape};
 
 /// A repository with `n` commits of a slowly changing checkpoint of small tensors (so every
 /// record is small enough to be packed when received), older ones reverse deltas.
 fn series(dir: &Path, n: usize) -> (Repository, Vec<ObjectId>) {
-    let repo = Repository::init(&dir.join("src")).unwrap();
-    let mut rng = Rng(11);
-    let mut w: Vec<f32> = (0..40_000).map(|_| (rng.normal() * 0.02) as f32).collect();
-    let mut ids = Vec::new();
-    for step in 0..n {
-        for x in w.iter_mut().step_by(3) {
-            *x += (rng.normal() * 1e-4) as f32;
-        }
-        let f = dir.join(format!("c{step}.safetensors"));
-        let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let bias: Vec<u8> = w[..64].iter().flat_map(|x| x.to_le_bytes()).collect();
-        write_safetensors(
-            &f,
-            &[
-                ("w", "F32", vec![w.len() as u64], bytes),
-                ("b", "F32", vec![64], bias),
-                ("step", "I64", vec![], (step as i64).to_le_bytes().to_vec()),
-            ],
-        );
-        let opts = CommitOptions {
-            message: format!("step {step}"),
-            ..CommitOptions::default()
-        };
-        ids.push(commit(&repo, &f, &opts, &NoProgress).unwrap().id);
-    }
-    mdl::commit::run_deferred(&repo, None, &|| false).unwrap();
-    (repo, ids)
+    let shape = SeriesShape {
+        seed: 11,
+        len: 40_000,
+        every: 3,
+        bias: true,
+    };
+    trained_series(dir, n, &shape)
 }
 
 /// `src`'s history up to `tip` received into a new repository at `at`, `main` on `tip`.

@@ -12,36 +12,17 @@ use mdl::transfer::{self, RefUpdate, Shallow};
 use mdl::{Error, NoProgress, ObjectId, Repository, StoreError};
 
 mod common;
-use common::{write_safetensors, Rng};
+use common::{trained_series, SeriesShape};
 
 /// A repository with `n` commits of a slowly changing f32 checkpoint (so tensors are deltas).
 fn series(dir: &Path, n: usize) -> (Repository, Vec<ObjectId>) {
-    let repo = Repository::init(&dir.join("src")).unwrap();
-    let mut rng = Rng(7);
-    let mut w: Vec<f32> = (0..50_000).map(|_| (rng.normal() * 0.02) as f32).collect();
-    let mut ids = Vec::new();
-    for step in 0..n {
-        for x in w.iter_mut().step_by(5) {
-            *x += (rng.normal() * 1e-4) as f32;
-        }
-        let f = dir.join(format!("c{step}.safetensors"));
-        let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
-        write_safetensors(
-            &f,
-            &[
-                ("w", "F32", vec![w.len() as u64], bytes),
-                ("step", "I64", vec![], (step as i64).to_le_bytes().to_vec()),
-            ],
-        );
-        let opts = CommitOptions {
-            message: format!("step {step}"),
-            ..CommitOptions::default()
-        };
-        ids.push(commit(&repo, &f, &opts, &NoProgress).unwrap().id);
-    }
-    // The reverse deltas the commits deferred.
-    mdl::commit::run_deferred(&repo, None, &|| false).unwrap();
-    (repo, ids)
+    let shape = SeriesShape {
+        seed: 7,
+        len: 50_000,
+        every: 5,
+        bias: false,
+    };
+    trained_series(dir, n, &shape)
 }
 
 fn pack(repo: &Repository, tip: ObjectId) -> Vec<u8> {

@@ -231,3 +231,54 @@ pub(crate) fn device_snapshot(
     };
     (device, run)
 }
+
+/// How [`trained_series`] makes its checkpoints.
+#[allow(dead_code)] // only the transfer tests make one
+pub(crate) struct SeriesShape {
+    /// The generator's seed.
+    pub(crate) seed: u64,
+    /// Elements of the weight vector `w`.
+    pub(crate) len: usize,
+    /// Every this-many-th element moves a little each step.
+    pub(crate) every: usize,
+    /// A small tensor `b` (`w`'s first 64 elements) beside it.
+    pub(crate) bias: bool,
+}
+
+/// A repository at `dir/src` with `n` commits of a slowly changing f32 checkpoint (so its
+/// tensors are deltas) and a step counter, the reverse deltas the commits deferred done; the
+/// commits' ids, oldest first.
+#[allow(dead_code)] // only the transfer tests make one
+pub(crate) fn trained_series(
+    dir: &Path,
+    n: usize,
+    shape: &SeriesShape,
+) -> (Repository, Vec<mdl::ObjectId>) {
+    use mdl::commit::{commit, CommitOptions};
+    let repo = Repository::init(&dir.join("src")).unwrap();
+    let mut rng = Rng(shape.seed);
+    let mut w: Vec<f32> = (0..shape.len)
+        .map(|_| (rng.normal() * 0.02) as f32)
+        .collect();
+    let mut ids = Vec::new();
+    for step in 0..n {
+        for x in w.iter_mut().step_by(shape.every) {
+            *x += (rng.normal() * 1e-4) as f32;
+        }
+        let f = dir.join(format!("c{step}.safetensors"));
+        let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let mut tensors = vec![("w", "F32", vec![w.len() as u64], f32s(&w))];
+        if shape.bias {
+            tensors.push(("b", "F32", vec![64], f32s(&w[..64])));
+        }
+        tensors.push(("step", "I64", vec![], (step as i64).to_le_bytes().to_vec()));
+        write_safetensors(&f, &tensors);
+        let opts = CommitOptions {
+            message: format!("step {step}"),
+            ..CommitOptions::default()
+        };
+        ids.push(commit(&repo, &f, &opts, &mdl::NoProgress).unwrap().id);
+    }
+    mdl::commit::run_deferred(&repo, None, &|| false).unwrap();
+    (repo, ids)
+}
