@@ -293,12 +293,12 @@ impl Bucket {
     }
 
     fn put(&self, key: &str, bytes: Vec<u8>, mode: PutMode) -> Result<Option<Version>> {
-        self.count(&self.counts.bytes_up, bytes.len() as u64);
         let path = self.path(key);
         let bytes = Bytes::from(bytes);
         let mut tries = 0;
         loop {
             self.count(&self.counts.puts, 1);
+            self.count(&self.counts.bytes_up, bytes.len() as u64);
             let store = self.store([key]);
             let quiet = Arc::ptr_eq(store, &self.once);
             let put = self.rt.block_on(store.put_opts(

@@ -25,8 +25,11 @@ enum Kind {
 /// The accountings of HEAD's series (its history, oldest first); `None` before a first
 /// commit.
 pub fn accounting(repo: &Repository) -> Result<Option<Accounting>> {
-    let Ok(head) = revision::resolve(repo, "HEAD") else {
-        return Ok(None);
+    let head = match revision::resolve(repo, "HEAD") {
+        Ok(head) => head,
+        // No commit yet.
+        Err(crate::Error::UnknownRevision(_) | crate::Error::UnbornBranch(_)) => return Ok(None),
+        Err(e) => return Err(e),
     };
     let objects: HashMap<ObjectId, mdl_store::IndexEntry> =
         repo.store().meta().read()?.objects()?.into_iter().collect();
