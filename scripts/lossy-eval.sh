@@ -4,7 +4,9 @@
 # is checked out, and gen_trajectory.py --eval scores originals and reconstructions.
 # The table sets each reconstruction's measured change beside the change mdl recorded for it
 # (the commit's estimated loss change) and their ratio: the bound holds where the ratio is at
-# most 1 (measured changes below zero are improvements).
+# most 1 (measured changes below zero are improvements). Then the worst of those ratios, the
+# largest share of its printed budget a commit recorded, and the series' ratios by mdl's,
+# DynaQuant's and ExCP's accountings (`mdl stats --lossy`).
 # Usage: scripts/lossy-eval.sh [EXTRA mdl commit ARGS...]   (needs ../shared/corpus/make.sh run;
 # MDL_EVAL_SERIES picks the series, default "traj-fp32 traj-bf16 ft-fp32"; MDL_EVAL_CONFIG
 # "key=value;..." sets repository configuration; a series is a folder of the corpus cache or
@@ -46,8 +48,8 @@ for series in ${MDL_EVAL_SERIES:-traj-fp32 traj-bf16 ft-fp32}; do
     : > "$work/est"
     for f in "${files[@]}"; do
         "$mdl" -C "$repo" commit "$f" --lossy "$@" -m "$(basename "$f")" 2>&1 |
-            sed -n 's/.*estimated loss change \([^ ]*\).*/\1/p' > "$work/one"
-        if [ -s "$work/one" ]; then cat "$work/one" >> "$work/est"; else echo 0 >> "$work/est"; fi
+            sed -n 's/.*estimated loss change \([^ ]*\) (budget \([^ )]*\).*/\1 \2/p' > "$work/one"
+        if [ -s "$work/one" ]; then cat "$work/one" >> "$work/est"; else echo 0 0 >> "$work/est"; fi
     done
     n=${#files[@]}
     outs=()
@@ -65,5 +67,14 @@ for series in ${MDL_EVAL_SERIES:-traj-fp32 traj-bf16 ft-fp32}; do
         <("$py" "$gen" --dtype "$dtype" --domain "$domain" --out "$work/gen" --eval "${outs[@]}" | awk '{print $NF}') \
         "$work/est" |
         awk '{n = $1; sub(/.*\//, "", n); d = $3 - $2; r = ($4 > 0) ? sprintf("%.2f", d / $4) : "—";
-              printf "| %s | %.4f | %.4f | %+.4f (%+.2f %%) | %.2e | %s |\n", n, $2, $3, d, ($3/$2-1)*100, $4, r}'
+              if ($4 > 0 && (worst == "" || d / $4 > worst)) worst = d / $4;
+              if ($5 > 0 && $4 / $5 > spent) spent = $4 / $5;
+              printf "| %s | %.4f | %.4f | %+.4f (%+.2f %%) | %.2e | %s |\n", n, $2, $3, d, ($3/$2-1)*100, $4, r}
+             END {printf "\nworst measured / recorded %s; largest recorded / printed budget %.3f\n",
+                         (worst == "") ? "—" : sprintf("%.2f", worst), spent}'
+    # The series as the lossy papers count it (`mdl stats --lossy`).
+    "$mdl" -C "$repo" stats --lossy --json | python3 -c '
+import json, sys
+a = json.load(sys.stdin)["lossy"]
+print("ratios: mdl %.2fx, DynaQuant %.2fx, ExCP %.2fx" % (a["ratio"], a["dynaquant"], a["excp"]))'
 done
