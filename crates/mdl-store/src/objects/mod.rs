@@ -124,6 +124,7 @@ pub struct Placement {
 pub const MAX_CHAIN: u32 = 1024;
 
 mod buffers;
+mod levels;
 mod packs;
 mod patch;
 mod read;

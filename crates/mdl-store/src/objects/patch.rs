@@ -11,8 +11,8 @@ use mdl_format::ObjectId;
 
 use crate::{IndexEntry, Store, StoreError};
 
+use super::levels::{Level, MaskedLevel};
 use super::read::{chain_budget, corrupt};
-use super::windows::{Level, MaskedLevel};
 use super::Held;
 
 /// Bytes a window of [`MaskedOver::patch`] writes and hashes at a time: a core's L2 cache, a
