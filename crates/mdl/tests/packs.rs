@@ -16,17 +16,15 @@ use mdl::{NoProgress, ObjectId, OpenOptions, Repository};
 mod common;
 use common::{trained_series, write_safetensors, Rng, SeriesShape};
 
-/// A repository with `n` commits of a slowly changing checkpoint of small tensors (so every
-/// record is small enough to be packed when received), older ones reverse deltas.
-fn series(dir: &Path, n: usize) -> (Repository, Vec<ObjectId>) {
-    let shape = SeriesShape {
-        seed: 11,
-        len: 40_000,
-        every: 3,
-        bias: true,
-    };
-    trained_series(dir, n, &shape)
-}
+/// The source repositories' series (`trained_series`): a slowly changing checkpoint of small
+/// tensors, so every record is small enough to be packed when received; older ones reverse
+/// deltas.
+const SERIES: SeriesShape = SeriesShape {
+    seed: 11,
+    len: 40_000,
+    every: 3,
+    bias: true,
+};
 
 /// `src`'s history up to `tip` received into a new repository at `at`, `main` on `tip`.
 fn received(src: &Repository, tip: ObjectId, at: &Path) -> Repository {
@@ -104,7 +102,7 @@ fn same_checkouts(src: &Repository, dst: &Repository, ids: &[ObjectId], scratch:
 #[test]
 fn received_tensors_land_in_packs_and_read_back_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, ids) = series(dir.path(), 4);
+    let (src, ids) = trained_series(dir.path(), 4, &SERIES);
     let at = dir.path().join("dst");
     let dst = received(&src, *ids.last().unwrap(), &at);
     let objects = mdl::inspect::objects(&dst).unwrap();
@@ -137,7 +135,7 @@ fn received_tensors_land_in_packs_and_read_back_exactly() {
 #[test]
 fn a_damaged_pack_is_refused_never_read_wrong() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, ids) = series(dir.path(), 3);
+    let (src, ids) = trained_series(dir.path(), 3, &SERIES);
     let at = dir.path().join("dst");
     let dst = received(&src, *ids.last().unwrap(), &at);
     let (id, e) = mdl::inspect::objects(&dst)
@@ -164,7 +162,7 @@ fn a_damaged_pack_is_refused_never_read_wrong() {
 #[test]
 fn an_index_rebuilt_from_disk_finds_the_records_in_packs() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, ids) = series(dir.path(), 3);
+    let (src, ids) = trained_series(dir.path(), 3, &SERIES);
     let at = dir.path().join("dst");
     let dst = received(&src, *ids.last().unwrap(), &at);
     let before = mdl::inspect::objects(&dst).unwrap();
@@ -190,7 +188,7 @@ fn an_index_rebuilt_from_disk_finds_the_records_in_packs() {
 #[test]
 fn gc_takes_apart_a_pack_mostly_unnamed_and_removes_one_unnamed() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, ids) = series(dir.path(), 4);
+    let (src, ids) = trained_series(dir.path(), 4, &SERIES);
     let at = dir.path().join("dst");
     let dst = received(&src, ids[3], &at);
     // A copy of a pack under a number no entry names: a leftover.

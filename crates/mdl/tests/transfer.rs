@@ -14,16 +14,14 @@ use mdl::{Error, NoProgress, ObjectId, Repository, StoreError};
 mod common;
 use common::{trained_series, SeriesShape};
 
-/// A repository with `n` commits of a slowly changing f32 checkpoint (so tensors are deltas).
-fn series(dir: &Path, n: usize) -> (Repository, Vec<ObjectId>) {
-    let shape = SeriesShape {
-        seed: 7,
-        len: 50_000,
-        every: 5,
-        bias: false,
-    };
-    trained_series(dir, n, &shape)
-}
+/// The source repositories' series (`trained_series`): a slowly changing f32 checkpoint, so
+/// tensors are deltas.
+const SERIES: SeriesShape = SeriesShape {
+    seed: 7,
+    len: 50_000,
+    every: 5,
+    bias: false,
+};
 
 fn pack(repo: &Repository, tip: ObjectId) -> Vec<u8> {
     let plan = transfer::plan(repo, &[tip], &|_| false, &Shallow::WHOLE).unwrap();
@@ -57,7 +55,7 @@ fn commits(repo: &Repository) -> usize {
 #[test]
 fn a_pack_copies_history_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, ids) = series(dir.path(), 4);
+    let (src, ids) = trained_series(dir.path(), 4, &SERIES);
     let tip = *ids.last().unwrap();
     let depth = mdl::inspect::objects(&src)
         .unwrap()
@@ -93,7 +91,7 @@ fn a_pack_copies_history_exactly() {
 #[test]
 fn bad_packs_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, ids) = series(dir.path(), 3);
+    let (src, ids) = trained_series(dir.path(), 3, &SERIES);
     let tip = *ids.last().unwrap();
     let good = pack(&src, tip);
     let dst = Repository::init(&dir.path().join("dst")).unwrap();
@@ -167,7 +165,7 @@ fn records(pack: &[u8]) -> Vec<std::ops::Range<usize>> {
 fn an_altered_delta_deep_in_a_chain_is_refused() {
     use mdl_format::record;
     let dir = tempfile::tempdir().unwrap();
-    let (src, ids) = series(dir.path(), 4);
+    let (src, ids) = trained_series(dir.path(), 4, &SERIES);
     let good = pack(&src, *ids.last().unwrap());
     let deltas: Vec<_> = records(&good)
         .into_iter()
@@ -194,7 +192,7 @@ fn an_altered_delta_deep_in_a_chain_is_refused() {
 #[test]
 fn ref_updates_are_compare_and_swap_and_fast_forward() {
     let dir = tempfile::tempdir().unwrap();
-    let (repo, ids) = series(dir.path(), 3);
+    let (repo, ids) = trained_series(dir.path(), 3, &SERIES);
     let update = |old, new, force| set_ref(&repo, "refs/heads/main", old, new, force);
     // Backwards is not a fast-forward unless forced.
     let err = update(Some(ids[2]), ids[0], false).unwrap_err();
@@ -276,7 +274,7 @@ fn packs_that_lie_about_lengths_are_refused_before_allocating() {
 #[test]
 fn a_tensor_goes_as_a_delta_against_the_version_the_receiver_holds() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, ids) = series(dir.path(), 2);
+    let (src, ids) = trained_series(dir.path(), 2, &SERIES);
     let held = ids[1];
     // The receiver holds both commits.
     let dst = Repository::init(&dir.path().join("dst")).unwrap();
@@ -406,7 +404,7 @@ fn same_checkout(a: &Repository, b: &Repository, id: &ObjectId, dir: &Path) {
 #[test]
 fn a_shallow_copy_holds_the_newest_commits_and_deepens() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, ids) = series(dir.path(), 5);
+    let (src, ids) = trained_series(dir.path(), 5, &SERIES);
     let tip = ids[4];
     let dst_dir = dir.path().join("dst");
     let dst = Repository::init(&dst_dir).unwrap();
