@@ -22,20 +22,21 @@ enum Kind {
     Other,
 }
 
-/// The accountings of HEAD's series (its history, oldest first); `None` before a first
-/// commit.
-pub fn accounting(repo: &Repository) -> Result<Option<Accounting>> {
+/// The accountings of HEAD's series (its history, oldest first), given every record's stored
+/// length by object (what `stats` read of the index already); `None` before a first commit.
+pub fn accounting(
+    repo: &Repository,
+    stored_lens: &HashMap<ObjectId, u64>,
+) -> Result<Option<Accounting>> {
     let head = match revision::resolve(repo, "HEAD") {
         Ok(head) => head,
         // No commit yet.
         Err(crate::Error::UnknownRevision(_) | crate::Error::UnbornBranch(_)) => return Ok(None),
         Err(e) => return Err(e),
     };
-    let objects: HashMap<ObjectId, mdl_store::IndexEntry> =
-        repo.store().meta().read()?.objects()?.into_iter().collect();
     let mut order = history::walk(repo, &[head])?;
     order.reverse();
-    let stored = |id: &ObjectId| objects.get(id).map_or(0, |e| e.stored_len);
+    let stored = |id: &ObjectId| stored_lens.get(id).copied().unwrap_or(0);
     let mut seen: HashSet<ObjectId> = HashSet::new();
     let mut a = Accounting {
         commits: order.len() as u64,
