@@ -254,15 +254,17 @@ fn push_crash_test(iterations: u64) {
     let push = |base: &str, k: u64| {
         let remote = format!("s{k}");
         ok(&cl, &["remote", "add", &remote, &format!("{base}/srv")]);
-        Command::new(mdl_bin())
+        let out = Command::new(mdl_bin())
             .args(["-C", cl.to_str().unwrap(), "push", &remote])
             .env("MDL_TOKEN", WRITE)
             .env("MDL_NO_BACKGROUND", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .unwrap()
-            .success()
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        match out.status.success() {
+            true => Ok(()),
+            false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+        }
     };
     let ids = |repo: &Path| -> Vec<String> {
         let log = json(repo, &["log"]);
@@ -277,7 +279,7 @@ fn push_crash_test(iterations: u64) {
     ok_queued(&cl, &["commit", file.to_str().unwrap(), "-m", "n0"]);
     let server = Server::start(&["-C", srv.to_str().unwrap()], d);
     let t = Instant::now();
-    assert!(push(&server.base, 0));
+    push(&server.base, 0).expect("the timed push");
     let span = t.elapsed().as_micros() as u64 * 6 / 5;
     drop(server);
     let mut rng = noise(std::process::id() as u64 ^ 0x9a5b, 8 * iterations as usize);
@@ -299,7 +301,7 @@ fn push_crash_test(iterations: u64) {
             drop(server); // SIGKILL
             pusher.join().unwrap()
         });
-        if !pushed {
+        if pushed.is_err() {
             cut_short += 1;
         }
         assert_fsck_clean(&srv);
@@ -324,7 +326,7 @@ fn push_crash_test(iterations: u64) {
     }
     // What the kills cut short goes in with one more push.
     let server = Server::start(&["-C", srv.to_str().unwrap()], d);
-    assert!(push(&server.base, iterations + 1));
+    push(&server.base, iterations + 1).expect("the push after the kills");
     drop(server);
     assert_eq!(ids(&srv), ids(&cl));
     assert_fsck_clean(&srv);

@@ -249,17 +249,42 @@ fn run_modes(cmds: &[Cmd]) {
         })
         .collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..6 {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some((m, cmd)) = cases.get(i) else { break };
                 let proxy = Proxy::start(&server.base, m.tamper);
-                case(m, *cmd, &format!("{}/srv", proxy.base));
+                let url = format!("{}/srv", proxy.base);
+                let run = std::panic::catch_unwind(|| case(m, *cmd, &url));
+                if let Err(panic) = run {
+                    failed.lock().unwrap().push(panic_text(&*panic));
+                }
             });
         }
     });
     server.stop();
+    // Every failing case in the one message a test run shows last, not only in the panics
+    // printed as they happened (a log cut short keeps its end).
+    let failed = failed.into_inner().unwrap();
+    assert!(
+        failed.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failed.len(),
+        cases.len(),
+        failed.join("\n")
+    );
+}
+
+/// What a caught panic said, on one line.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("(a panic without a message)");
+    text.replace('\n', " | ")
 }
 
 #[test]
