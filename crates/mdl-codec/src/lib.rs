@@ -16,6 +16,7 @@
 //! assert_eq!(decode_to_vec(CodecTag::Zstd, &payload, data.len() as u64).unwrap(), data);
 //! ```
 
+pub mod cast;
 pub mod engine;
 pub mod float;
 pub mod huffman;
@@ -59,6 +60,9 @@ pub enum CodecTag {
     QuantResidual = 8,
     /// A lossy tensor uniformly quantized on its own: [`residual`] against zeros.
     QuantUniform = 9,
+    /// A 16-bit tensor as its base's (an `F32` master copy's) cast to nearest even, with the
+    /// elements where it is not: [`cast`].
+    Cast = 10,
 }
 
 impl CodecTag {
@@ -75,6 +79,7 @@ impl CodecTag {
             CodecTag::MantissaTrim => "mantissa-trim",
             CodecTag::QuantResidual => "quant-residual",
             CodecTag::QuantUniform => "quant-uniform",
+            CodecTag::Cast => "cast",
         }
     }
 
@@ -98,7 +103,8 @@ impl CodecTag {
             CodecTag::XorDelta
             | CodecTag::SubDelta
             | CodecTag::QuantDelta
-            | CodecTag::QuantResidual => true,
+            | CodecTag::QuantResidual
+            | CodecTag::Cast => true,
         }
     }
 
@@ -128,6 +134,7 @@ impl TryFrom<u8> for CodecTag {
             7 => Ok(CodecTag::SubDelta),
             8 => Ok(CodecTag::QuantResidual),
             9 => Ok(CodecTag::QuantUniform),
+            10 => Ok(CodecTag::Cast),
             tag => Err(FormatError::UnknownTag { what: "codec", tag }),
         }
     }
@@ -420,10 +427,11 @@ mod tests {
         assert_eq!(CodecTag::QuantResidual as u8, 8);
         assert_eq!(CodecTag::QuantUniform as u8, 9);
         assert_eq!(CodecTag::MantissaTrim as u8, 6);
-        for t in 0..=9 {
+        assert_eq!(CodecTag::Cast as u8, 10);
+        for t in 0..=10 {
             assert_eq!(CodecTag::try_from(t).unwrap() as u8, t);
         }
-        assert!(CodecTag::try_from(10).is_err());
+        assert!(CodecTag::try_from(11).is_err());
     }
 
     #[test]

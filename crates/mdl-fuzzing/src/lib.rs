@@ -9,7 +9,7 @@ use std::sync::{Mutex, OnceLock};
 use mdl_codec::engine::CpuEngine;
 use mdl_codec::planes::{PlaneSpec, Transform};
 use mdl_codec::qrecord::{rle_decode, rle_encode, QuantTensor};
-use mdl_codec::{float, huffman, residual};
+use mdl_codec::{cast, float, huffman, residual};
 use mdl_format::record::{self, RecordHeader};
 use mdl_format::{Commit, Dtype, Manifest};
 
@@ -25,6 +25,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("float_payload", float_payload),
     ("quant_payload", quant_payload),
     ("residual_payload", residual_payload),
+    ("cast_payload", cast_payload),
     ("safetensors_header", safetensors_header),
     ("torch_archive", torch_archive),
     ("manifest", manifest),
@@ -278,6 +279,37 @@ pub fn residual_payload(input: &[u8]) {
             );
         }
     }
+}
+
+/// A cast payload (the first byte chooses bf16 or f16 and the length) against a master made
+/// from the bytes: decoding never panics, and what it accepts is the master's cast but for the
+/// elements the payload names; the payload [`cast::encode`] makes of a copy rebuilds it.
+pub fn cast_payload(input: &[u8]) {
+    let Some((&sel, rest)) = input.split_first() else {
+        return;
+    };
+    let dtype = [Dtype::BF16, Dtype::F16][(sel & 1) as usize];
+    let n = 1 + (sel as usize >> 1) % 97;
+    let master: Vec<u8> = (0..n)
+        .flat_map(|i| {
+            let b = rest.get(i % rest.len().max(1)).copied().unwrap_or(1);
+            (f32::from(b) * 0.37 - 40.0).to_le_bytes()
+        })
+        .collect();
+    let mut cast = vec![0u8; 2 * n];
+    cast::cast_into(dtype, &master, &mut cast);
+    let mut out = vec![0u8; 2 * n];
+    if cast::decode(dtype, &master, rest, &mut out).is_ok() {
+        let differ = (0..n).filter(|&i| out[2 * i..2 * i + 2] != cast[2 * i..2 * i + 2]);
+        assert!(differ.count() <= rest.len() / 3, "more changes than named");
+    }
+    // The input's bytes as a copy: encoded against the master, decoded back.
+    let copy: Vec<u8> = (0..2 * n)
+        .map(|i| rest.get(i).copied().unwrap_or(0))
+        .collect();
+    let payload = cast::encode(dtype, &master, &copy).expect("sizes agree");
+    cast::decode(dtype, &master, &payload, &mut out).expect("decodes what it encoded");
+    assert_eq!(out, copy);
 }
 
 /// A safetensors header (the first two bytes choose the file's length): what validates lies

@@ -168,6 +168,10 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
             with(9, &(0..=255).collect::<Vec<u8>>()),
             classed_residual(),
         ],
+        "cast_payload" => vec![
+            with(8, &[0]),
+            with(9, &[2, 3, 1, 0x80, 0x3f, 0x00, 0x40]),
+        ],
         "safetensors_header" => {
             let file = safetensors_file();
             let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;

@@ -179,8 +179,44 @@ impl Store {
             q.render(out);
             return self.verify_content(&id, &entry, &prefix, &id, out);
         }
+        if codec == CodecTag::Cast {
+            return self.decode_cast(&id, &entry, out);
+        }
         self.with_record(&id, &entry, |bytes| {
             self.decode_record(&id, &entry, bytes, base, out, verify)
+        })
+    }
+
+    /// Decodes a `cast` record into `out`: its base (the fp32 master, twice its size) read
+    /// whole and verified, cast, its exceptions applied, the result hashed. The base's chain
+    /// is read with its own entry's budget: a chain of casts ends, each base being twice the
+    /// size of what casts from it.
+    fn decode_cast(
+        &self,
+        id: &ObjectId,
+        entry: &IndexEntry,
+        out: &mut [u8],
+    ) -> Result<(), StoreError> {
+        let corrupt = corrupt(id, entry);
+        let base_id = entry
+            .base
+            .ok_or(corrupt(FormatError::invalid("cast", "record has no base")))?;
+        let base_entry = self
+            .meta()
+            .read()?
+            .object(&base_id)?
+            .ok_or(StoreError::Missing(base_id))?;
+        if base_entry.content_len != 2 * entry.content_len {
+            return Err(corrupt(FormatError::invalid(
+                "cast",
+                "base is not twice the object's size",
+            )));
+        }
+        let master = self.load_tensor(&base_id, &base_entry)?;
+        self.with_record(id, entry, |bytes| {
+            let (header, payload, tensor) = self.check_record(id, entry, bytes)?;
+            mdl_codec::cast::decode(tensor.dtype, &master, payload, out).map_err(corrupt)?;
+            self.verify_content(id, entry, &header.prefix, &header.content_id(id), out)
         })
     }
 
@@ -360,7 +396,11 @@ impl Store {
                 .engine()
                 .residual_decode(tensor.dtype, payload, None, out)
                 .map_err(corrupt)?,
-            CodecTag::Raw | CodecTag::Zstd | CodecTag::QuantBase | CodecTag::QuantDelta => {
+            CodecTag::Raw
+            | CodecTag::Zstd
+            | CodecTag::QuantBase
+            | CodecTag::QuantDelta
+            | CodecTag::Cast => {
                 return Err(corrupt(FormatError::invalid(
                     "record",
                     format!("{codec} records are not decoded here"),
@@ -468,10 +508,13 @@ enum Verify {
 }
 
 /// Whether an object decodes without its base's content (a quantized object resolves its own
-/// chain of code deltas); an unknown codec counts as one, for its level to report it.
+/// chain of code deltas, a cast reads its master itself); an unknown codec counts as one, for
+/// its level to report it.
 fn decodes_alone(entry: &IndexEntry) -> bool {
     CodecTag::try_from(entry.codec).map_or(true, |codec| {
-        (codec.is_streaming() && entry.base.is_none()) || codec.is_quant()
+        (codec.is_streaming() && entry.base.is_none())
+            || codec.is_quant()
+            || codec == CodecTag::Cast
     })
 }
 

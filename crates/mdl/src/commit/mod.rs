@@ -47,7 +47,7 @@ pub use provenance::{default_author, source_properties};
 pub use staged::{KnownPair, Ready, Staged};
 use store::coder::Coder;
 use store::spare::Spare;
-use store::{Made, StoreCtx, Stored};
+use store::{cast_pairs, Made, StoreCtx, Stored};
 pub(crate) use update::union;
 
 /// What to commit and how.
@@ -233,10 +233,19 @@ fn commit_input(
     // Which tensors are parameters and which their moments: recorded in the manifest, and
     // what a lossy commit's search prices its candidates with.
     let roles = lossy::roles(&input.pieces, &settings, client);
+    // A 16-bit copy of an fp32 master is stored as its cast: a lossy commit prices and
+    // quantizes the master alone.
+    let casts = cast_pairs(&input, &roles);
+    let plan_roles: Vec<lossy::Role> = (roles.iter().zip(&casts))
+        .map(|(r, c)| match c {
+            Some(_) => lossy::Role::Exact,
+            None => *r,
+        })
+        .collect();
     let mut planning = Planning {
         repo,
         input: &input,
-        roles: &roles,
+        roles: &plan_roles,
         settings: &settings,
         previous: &previous,
         policy,
@@ -265,7 +274,7 @@ fn commit_input(
     let unpublished = batch.unpublished();
     let mut stored = {
         let _phase = Phase::start("tensors");
-        store_tensors(&planning, &plans, &batch, &opts.encode, progress)?
+        store_tensors(&planning, &plans, &casts, &batch, &opts.encode, progress)?
     };
     let records = Phase::start("manifest and commit records");
     let pairs = moment_pairs(&input, &roles, settings.pairings.len());
@@ -348,6 +357,7 @@ struct Tensors {
 fn store_tensors(
     planning: &Planning<'_>,
     plans: &[Option<TensorPlan>],
+    casts: &[Option<usize>],
     batch: &ObjectBatch<'_>,
     encode: &EncodeOptions,
     progress: &dyn Progress,
@@ -384,6 +394,8 @@ fn store_tensors(
         spare_tensors: Spare::new(),
         spare_planes: Spare::new(),
         made: Made::default(),
+        casts,
+        masters: Default::default(),
     };
     let pieces = &input.pieces;
     progress.start("storing", input.len());

@@ -44,12 +44,15 @@ impl Made {
 }
 
 impl StoreCtx<'_> {
-    /// Stores every piece: those made together, a group at a time, then the rest, each in
-    /// parallel. Results in piece order.
+    /// Stores every piece: those made together, a group at a time, then the rest, then the
+    /// copies stored as their masters' casts, each in parallel. Results in piece order.
     pub(in crate::commit) fn store_all(&self) -> Result<Vec<(Stored, Exactness)>> {
         let pieces = &self.input.pieces;
+        // Copies stored as their masters' casts come last, once their masters are stored.
+        let (copies, own): (Vec<usize>, Vec<usize>) =
+            (0..pieces.len()).partition(|&i| self.casts.get(i).is_some_and(Option::is_some));
         let (together, alone): (Vec<usize>, Vec<usize>) =
-            (0..pieces.len()).partition(|&i| self.made_together(i));
+            own.into_iter().partition(|&i| self.made_together(i));
         let mut out: Vec<Option<(Stored, Exactness)>> = pieces.iter().map(|_| None).collect();
         let mut store = |group: &[usize]| -> Result<()> {
             let results = per_tensor(group, |&i| pieces[i].len, |&i| self.store_tensor(i))?;
@@ -72,6 +75,18 @@ impl StoreCtx<'_> {
             }
         }
         store(&alone)?;
+        let results = per_tensor(
+            &copies,
+            |&i| pieces[i].len,
+            |&i| {
+                let j = self.casts[i].expect("a copy has a master");
+                let master = &out[j].as_ref().expect("a master is stored first").0;
+                self.store_cast(i, j, master)
+            },
+        )?;
+        for (&i, r) in copies.iter().zip(results) {
+            out[i] = Some(r);
+        }
         Ok(out
             .into_iter()
             .map(|r| r.expect("every piece stored"))

@@ -5,7 +5,7 @@
 //! next tensor (`spare.rs`), and a previous version's reverse re-encode (`reverse.rs`) — what a
 //! deferred re-encode uses too.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
@@ -19,6 +19,7 @@ use mdl_store::meta::MetaRead;
 use mdl_store::{IndexEntry, Placement, Store};
 
 mod batched;
+mod cast;
 pub(super) mod coder;
 pub(super) mod content;
 mod large;
@@ -35,6 +36,7 @@ use crate::warm::WarmTensors;
 use crate::{lossy, Progress, Repository, Result};
 pub(in crate::commit) use batched::Made;
 use batched::Ready;
+pub(in crate::commit) use cast::cast_pairs;
 use coder::Coder;
 use content::Content;
 use lossless::Counted;
@@ -146,6 +148,11 @@ pub(super) struct StoreCtx<'a> {
     pub(super) spare_planes: Spare<Vec<Vec<u8>>>,
     /// What was made for the tensors of the group being stored (`batched.rs`).
     pub(super) made: Made,
+    /// Each piece's master where it is stored as the master's cast (`cast.rs`).
+    pub(super) casts: &'a [Option<usize>],
+    /// Masters' contents where they were stored otherwise than read (quantized, trimmed), by
+    /// piece, for their copies.
+    pub(super) masters: Mutex<HashMap<usize, Arc<Vec<u8>>>>,
 }
 
 impl StoreCtx<'_> {
@@ -233,8 +240,12 @@ impl StoreCtx<'_> {
         // What the next commit's delta or residual of this tensor will be taken against (the
         // buffer itself, given away rather than copied, with its device copy).
         let exactness = rendering.exactness();
-        match (kept_warm, rendering.into_content(), copy) {
-            (Some(warm), Some(changed), _) => warm.offer(id, Arc::new(changed), Kept::nothing()),
+        let changed = rendering.into_content().map(Arc::new);
+        if let Some(changed) = &changed {
+            self.keep_for_copies(i, changed);
+        }
+        match (kept_warm, changed, copy) {
+            (Some(warm), Some(changed), _) => warm.offer(id, changed, Kept::nothing()),
             (Some(warm), None, Some(buf)) => warm.offer(id, buf, on_device),
             (Some(warm), None, None) => self.keep_warm(warm, i, id, self.input.tensor(i)),
             (_, _, copy) => {
@@ -290,11 +301,17 @@ impl StoreCtx<'_> {
         if self.keep_tips && chained && matches!(rendering, Rendering::Quantized { .. }) {
             store.keep_tip(&stored.id, data);
         }
+        self.forget_previous_tip(i, &stored.id);
+    }
+
+    /// Piece `i`'s previous version, where it is not `id`, no longer ends a chain along this
+    /// branch: its kept tip goes.
+    fn forget_previous_tip(&self, i: usize, id: &ObjectId) {
         let info = &self.input.pieces[i];
         let path = &self.input.files[info.file].tree_path;
         if let Some(prev) = self.previous.get(path, &info.name) {
-            if prev.id != stored.id {
-                store.forget_tips([&prev.id]);
+            if prev.id != *id {
+                self.repo.store().forget_tips([&prev.id]);
             }
         }
     }

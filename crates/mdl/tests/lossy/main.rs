@@ -18,7 +18,9 @@ use mdl::{NoProgress, Repository};
 use mdl_codec::scalar;
 use mdl_format::Dtype;
 
+#[path = "../common/mod.rs"]
 mod common;
+mod mixed_precision;
 use common::{adam_step, read_safetensors, write_safetensors, Rng};
 
 /// A small model in training: an f32 matrix, a bf16 matrix, a norm vector, Adam moments.
@@ -374,70 +376,6 @@ fn the_search_stays_within_its_budget() {
 
 /// A mixed-precision checkpoint: `model.b` in bf16 beside its fp32 master copy, both paired
 /// with one pair of moments (the default pairings).
-fn write_with_master(model: &Model, path: &Path) {
-    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let bf16 = model
-        .b
-        .iter()
-        .flat_map(|&x| scalar::f32_to_bf16(x).to_le_bytes())
-        .collect();
-    let shape = vec![128, 256];
-    write_safetensors(
-        path,
-        &[
-            ("model.b", "BF16", shape.clone(), bf16),
-            ("optim.b.master", "F32", shape.clone(), f32s(&model.b)),
-            ("optim.b.exp_avg", "F32", shape.clone(), f32s(&model.m["b"])),
-            ("optim.b.exp_avg_sq", "F32", shape, f32s(&model.v["b"])),
-        ],
-    );
-}
-
-#[test]
-fn a_mixed_precision_commit_spends_one_budget_across_its_copies() {
-    let dir = tempfile::tempdir().unwrap();
-    let repo = init_repo(&dir.path().join("repo"));
-    let mut model = Model::new();
-    model.steps(5);
-    let file = dir.path().join("c.safetensors");
-    write_with_master(&model, &file);
-    let c = commit(&repo, &file, &lossy_opts(model.step, None), &NoProgress).unwrap();
-    let s = c.search.unwrap();
-    assert_eq!(s.budget, 0.01 * 2.5);
-    // Both copies were priced, each named, and together they keep to the one budget.
-    let copies: Vec<&str> = s.copies.iter().map(|c| c.copy.as_str()).collect();
-    assert_eq!(copies, ["model.{}", "optim.{}.master"], "{s:?}");
-    assert!(s
-        .copies
-        .iter()
-        .all(|c| c.priced == 1 && c.est_delta_loss > 0.0));
-    let by_copy: f64 = s.copies.iter().map(|c| c.est_delta_loss).sum();
-    assert!((by_copy - s.est_delta_loss).abs() <= 1e-9 * s.budget);
-    assert!(s.est_delta_loss <= s.budget, "{s:?}");
-    // Each record says which copy its estimate is for, and the records add up the same.
-    let shown = mdl::show::show(&repo, &c.id.to_string()).unwrap();
-    let mut recorded = 0.0;
-    for t in shown.tensors.iter().filter(|t| !t.name.contains("exp_avg")) {
-        let l = t.lossy_info.as_ref().expect("both copies quantized");
-        let copy = if t.name.starts_with("model.") {
-            "model.{}"
-        } else {
-            "optim.{}.master"
-        };
-        assert_eq!(l.copy.as_deref(), Some(copy), "{}", t.name);
-        let word = format!("copy={copy}");
-        assert!(l.settings.split(' ').any(|w| w == word), "{}", l.settings);
-        recorded += l.est_delta_loss.unwrap();
-    }
-    assert!(
-        recorded <= s.budget * (1.0 + 1e-6),
-        "{recorded} > {}",
-        s.budget
-    );
-    assert!((recorded - s.est_delta_loss).abs() <= 1e-6 * s.budget);
-    check_checkout(&repo, "HEAD", &file, &dir.path().join("out"));
-}
-
 #[test]
 fn without_moments_the_bound_is_relative_error() {
     let (dir, repo, model, file) = one_checkpoint();

@@ -1,0 +1,149 @@
+//! Mixed-precision checkpoints (bf16 weights beside their fp32 master copy): one loss budget
+//! across both copies, and a copy stored as its master's cast that follows the master's
+//! reconstruction.
+
+use std::path::Path;
+
+use mdl::commit::{commit, CommitOptions};
+use mdl::transfer::Shallow;
+use mdl::NoProgress;
+use mdl_codec::scalar;
+
+use super::common::{read_safetensors, write_safetensors};
+use super::{check_checkout, checkout_to, init_repo, lossy_opts, Model, NB};
+
+/// `model`'s `b` as a mixed-precision run keeps it: a bf16 copy (`model.b`) and its fp32
+/// master. `cast`: the copy is the master's cast, as trainers make it; otherwise it is rounded
+/// from a tenth-of-a-percent different value (a copy mdl cannot derive from the master).
+fn write_with_master(model: &Model, path: &Path, cast: bool) {
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let scale = if cast { 1.0 } else { 1.001 };
+    let bf16 = model
+        .b
+        .iter()
+        .flat_map(|&x| scalar::f32_to_bf16(x * scale).to_le_bytes())
+        .collect();
+    let shape = vec![128, 256];
+    write_safetensors(
+        path,
+        &[
+            ("model.b", "BF16", shape.clone(), bf16),
+            ("optim.b.master", "F32", shape.clone(), f32s(&model.b)),
+            ("optim.b.exp_avg", "F32", shape.clone(), f32s(&model.m["b"])),
+            ("optim.b.exp_avg_sq", "F32", shape, f32s(&model.v["b"])),
+        ],
+    );
+}
+
+#[test]
+fn a_mixed_precision_commit_spends_one_budget_across_its_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init_repo(&dir.path().join("repo"));
+    let mut model = Model::new();
+    model.steps(5);
+    let file = dir.path().join("c.safetensors");
+    // A copy that is not the master's cast is priced as a copy of its own.
+    write_with_master(&model, &file, false);
+    let c = commit(&repo, &file, &lossy_opts(model.step, None), &NoProgress).unwrap();
+    let s = c.search.unwrap();
+    assert_eq!(s.budget, 0.01 * 2.5);
+    // Both copies were priced, each named, and together they keep to the one budget.
+    let copies: Vec<&str> = s.copies.iter().map(|c| c.copy.as_str()).collect();
+    assert_eq!(copies, ["model.{}", "optim.{}.master"], "{s:?}");
+    assert!(s
+        .copies
+        .iter()
+        .all(|c| c.priced == 1 && c.est_delta_loss > 0.0));
+    let by_copy: f64 = s.copies.iter().map(|c| c.est_delta_loss).sum();
+    assert!((by_copy - s.est_delta_loss).abs() <= 1e-9 * s.budget);
+    assert!(s.est_delta_loss <= s.budget, "{s:?}");
+    // Each record says which copy its estimate is for, and the records add up the same.
+    let shown = mdl::show::show(&repo, &c.id.to_string()).unwrap();
+    let mut recorded = 0.0;
+    for t in shown.tensors.iter().filter(|t| !t.name.contains("exp_avg")) {
+        let l = t.lossy_info.as_ref().expect("both copies quantized");
+        let copy = if t.name.starts_with("model.") {
+            "model.{}"
+        } else {
+            "optim.{}.master"
+        };
+        assert_eq!(l.copy.as_deref(), Some(copy), "{}", t.name);
+        let word = format!("copy={copy}");
+        assert!(l.settings.split(' ').any(|w| w == word), "{}", l.settings);
+        recorded += l.est_delta_loss.unwrap();
+    }
+    assert!(
+        recorded <= s.budget * (1.0 + 1e-6),
+        "{recorded} > {}",
+        s.budget
+    );
+    assert!((recorded - s.est_delta_loss).abs() <= 1e-6 * s.budget);
+    check_checkout(&repo, "HEAD", &file, &dir.path().join("out"));
+}
+
+#[test]
+fn a_bf16_copy_is_stored_as_the_cast_of_its_master_and_follows_its_reconstruction() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init_repo(&dir.path().join("repo"));
+    let mut model = Model::new();
+    model.steps(5);
+    let file = dir.path().join("c.safetensors");
+    let codec = |rev: &str, name: &str| {
+        let shown = mdl::show::show(&repo, rev).unwrap();
+        let t = shown.tensors.into_iter().find(|t| t.name == name).unwrap();
+        (t.codec, t.stored_bytes, t.lossy_info)
+    };
+    // Exactly: the copy's record is a few bytes, and checks out byte for byte.
+    write_with_master(&model, &file, true);
+    let lossless = CommitOptions {
+        step: Some(model.step),
+        ..Default::default()
+    };
+    commit(&repo, &file, &lossless, &NoProgress).unwrap();
+    let (c, stored, lossy) = codec("HEAD", "model.b");
+    assert_eq!(c, "cast");
+    assert!(lossy.is_none());
+    assert!(stored < 200, "{stored} bytes");
+    check_checkout(&repo, "HEAD", &file, &dir.path().join("exact"));
+    // Lossily, over a few steps: the master alone is priced; the copy is the cast of its
+    // reconstruction everywhere, with the error that makes recorded as measured.
+    for _ in 0..3 {
+        model.steps(1);
+        write_with_master(&model, &file, true);
+        let c = commit(&repo, &file, &lossy_opts(model.step, None), &NoProgress).unwrap();
+        let s = c.search.unwrap();
+        let copies: Vec<&str> = s.copies.iter().map(|c| c.copy.as_str()).collect();
+        assert_eq!(copies, ["optim.{}.master"], "{s:?}");
+        assert!(s.est_delta_loss <= s.budget, "{s:?}");
+        let (c, _, lossy) = codec("HEAD", "model.b");
+        assert_eq!(c, "cast");
+        let lossy = lossy.expect("the copy follows a quantized master");
+        assert_eq!(lossy.est_delta_loss, None);
+        let out = dir.path().join("out");
+        check_checkout(&repo, "HEAD", &file, &out);
+        let got = read_safetensors(&out);
+        let (master, copy) = (&got["optim.b.master"].2, &got["model.b"].2);
+        assert_ne!(master[..], read_safetensors(&file)["optim.b.master"].2[..]);
+        let differ = (0..NB)
+            .filter(|&i| {
+                let m = f32::from_le_bytes(master[4 * i..4 * i + 4].try_into().unwrap());
+                scalar::f32_to_bf16(m).to_le_bytes() != copy[2 * i..2 * i + 2]
+            })
+            .count();
+        assert_eq!(differ, 0, "bf16 elements that are not the master's cast");
+    }
+    assert!(mdl::fsck::fsck(&repo, false).unwrap().problems.is_empty());
+    // Another repository receives the casts with their masters and checks them out the same.
+    let tip = mdl::revision::resolve(&repo, "HEAD").unwrap();
+    let plan = mdl::transfer::plan(&repo, &[tip], &|_| false, &Shallow::WHOLE).unwrap();
+    let ids: Vec<_> = plan.iter().map(|p| p.id).collect();
+    let mut pack = Vec::new();
+    mdl::transfer::write_pack(&repo, &ids, &mut pack).unwrap();
+    let other = init_repo(&dir.path().join("other"));
+    mdl::transfer::receive_pack(&other, &mut &pack[..], u64::MAX).unwrap();
+    let (here, there) = (dir.path().join("here"), dir.path().join("there"));
+    checkout_to(&repo, &tip.to_string(), &here);
+    checkout_to(&other, &tip.to_string(), &there);
+    assert!(std::fs::read(&here).unwrap() == std::fs::read(&there).unwrap());
+    assert!(mdl::fsck::fsck(&other, false).unwrap().problems.is_empty());
+}
