@@ -77,8 +77,11 @@ def write_safetensors(path, tensors, metadata):
 class Model:
     """A small model being trained: weights drift a little each step; Adam moments follow."""
 
-    def __init__(self, seed, moments):
+    def __init__(self, seed, moments, master=False):
         self.rng = Rng(seed)
+        # Format 13 on: `model.b` is the bf16 cast of an fp32 master copy with Adam moments
+        # (a mixed-precision run), stored as a cast record.
+        self.master = master
         self.w = [self.rng.normal() * 0.02 for _ in range(32 * 32)]
         self.b = [self.rng.normal() * 0.05 for _ in range(32 * 64)]
         self.ln = [1.0] * 64
@@ -122,6 +125,12 @@ class Model:
                 ("optim.w.exp_avg", "F32", [32, 32], f32(self.m)),
                 ("optim.w.exp_avg_sq", "F32", [32, 32], f32(self.v)),
             ]
+        if self.master:
+            tensors += [
+                ("optim.b.master", "F32", [32, 64], f32(self.b)),
+                ("optim.b.exp_avg", "F32", [32, 64], f32([x * 1e-3 for x in self.b])),
+                ("optim.b.exp_avg_sq", "F32", [32, 64], f32([x * x * 1e-4 + 1e-9 for x in self.b])),
+            ]
         write_safetensors(path, tensors, {"step": str(self.step)})
 
 
@@ -149,7 +158,7 @@ def main():
     subprocess.run([mdl, "init", repo], env=env, check=True, stdout=subprocess.DEVNULL)
     if a.version >= 2:
         run("config", "delta.mode", "reverse")
-    model = Model(seed=0x5EED_0000 + a.version, moments=a.version >= 3)
+    model = Model(seed=0x5EED_0000 + a.version, moments=a.version >= 3, master=a.version >= 13)
     lossy = ["--lossy"] if a.version >= 3 else []
     commits = []
     trees = set()
