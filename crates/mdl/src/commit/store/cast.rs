@@ -25,6 +25,10 @@ use crate::Result;
 /// costs about four bytes, where the copy on its own costs one and a half an element.
 const MAX_EXCEPTIONS: f64 = 1.0 / 16.0;
 
+/// Masters of at most this size have cast copies: a cast is read with its master whole, where
+/// a larger tensor stored on its own is read a window at a time.
+const MAX_MASTER: u64 = 1 << 30;
+
 /// For each piece, the master it is a cast copy of: a 16-bit parameter and an `F32` parameter
 /// of the same shape paired with the same moments (`model.{}` and `optim.{}.master`), where
 /// the 16-bit one is the master's cast to nearest even on all but a few elements.
@@ -50,7 +54,10 @@ pub(in crate::commit) fn cast_pairs(input: &Input, roles: &[Role]) -> Vec<Option
         };
         let copy = &input.pieces[i].header;
         let Some(&j) = masters.get(m) else { continue };
-        if !cast::supports(copy.dtype) || input.pieces[j].header.shape != copy.shape {
+        if !cast::supports(copy.dtype)
+            || input.pieces[j].header.shape != copy.shape
+            || input.pieces[j].len > MAX_MASTER
+        {
             continue;
         }
         let n = copy.numel().unwrap_or(0) as f64;
