@@ -246,6 +246,7 @@ fn commit_input(
         repo,
         input: &input,
         roles: &plan_roles,
+        casts: &casts,
         settings: &settings,
         previous: &previous,
         policy,

@@ -147,3 +147,38 @@ fn a_bf16_copy_is_stored_as_the_cast_of_its_master_and_follows_its_reconstructio
     assert!(std::fs::read(&here).unwrap() == std::fs::read(&there).unwrap());
     assert!(mdl::fsck::fsck(&other, false).unwrap().problems.is_empty());
 }
+
+#[test]
+fn the_eval_command_scores_a_copy_that_follows_its_candidate_master() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init_repo(&dir.path().join("repo"));
+    let mut model = Model::new();
+    model.steps(5);
+    let file = dir.path().join("c.safetensors");
+    write_with_master(&model, &file, true);
+    // The command keeps every candidate it is given.
+    let seen = dir.path().join("seen");
+    std::fs::create_dir(&seen).unwrap();
+    let mut opts = lossy_opts(model.step, None);
+    opts.lossy.eval_cmd = Some(format!(
+        "cp {{}} {}/$(date +%s%N).safetensors && echo loss 2.5",
+        seen.display()
+    ));
+    commit(&repo, &file, &opts, &NoProgress).unwrap();
+    let original = read_safetensors(&file);
+    let mut quantized = 0;
+    for e in std::fs::read_dir(&seen).unwrap() {
+        let got = read_safetensors(&e.unwrap().path());
+        let (master, copy) = (&got["optim.b.master"].2, &got["model.b"].2);
+        quantized += usize::from(master[..] != original["optim.b.master"].2[..]);
+        for i in 0..NB {
+            let m = f32::from_le_bytes(master[4 * i..4 * i + 4].try_into().unwrap());
+            assert_eq!(
+                scalar::f32_to_bf16(m).to_le_bytes(),
+                copy[2 * i..2 * i + 2],
+                "element {i}"
+            );
+        }
+    }
+    assert!(quantized >= 1, "no candidate quantized the master");
+}

@@ -24,8 +24,11 @@ use eval::evaluate_candidate;
 pub(super) struct Planning<'a> {
     pub(super) repo: &'a Repository,
     pub(super) input: &'a Input,
-    /// Which tensors are parameters and which their moments.
+    /// Which tensors are parameters and which their moments (a 16-bit copy stored as its
+    /// master's cast is neither: it is not priced).
     pub(super) roles: &'a [lossy::Role],
+    /// Each piece's master where it is stored as the master's cast.
+    pub(super) casts: &'a [Option<usize>],
     pub(super) settings: &'a LossySettings,
     /// The parent's version of each tensor, by name.
     pub(super) previous: &'a Previous<'a>,
@@ -193,7 +196,7 @@ pub(super) fn lossy_plans(
         loss: loss_of(p.metrics, input),
     };
     let evaluate = |plans: Option<&[Option<TensorPlan>]>| {
-        evaluate_candidate(repo, input, engine, correction, settings, plans)
+        evaluate_candidate(repo, input, engine, correction, settings, p.casts, plans)
     };
     let eval: Option<lossy::Evaluate<'_>> = settings.eval_cmd.as_ref().map(|_| &evaluate as _);
     let (plans, summary) = lossy::plan(&plan_input, eval)?;
