@@ -68,6 +68,28 @@ pub fn exceptions(dtype: Dtype, master: &[u8], copy: &[u8]) -> usize {
         .sum()
 }
 
+/// Of `samples` elements spread evenly over `copy` (all of them in a smaller tensor), how
+/// many differ from the master's cast, and how many were looked at: a commit's guess, before
+/// it stores anything, at whether a copy is its master's cast.
+pub fn sampled_exceptions(
+    dtype: Dtype,
+    master: &[u8],
+    copy: &[u8],
+    samples: usize,
+) -> (usize, usize) {
+    let n = copy.len() / 2;
+    if check(dtype, master, copy.len()).is_err() || n == 0 {
+        return (n, n);
+    }
+    let stride = n.div_ceil(samples.max(1)).max(1);
+    let looked = n.div_ceil(stride);
+    let differ = (0..looked)
+        .map(|k| k * stride)
+        .filter(|&i| cast_one(dtype, f32_at(master, i)) != u16_at(copy, i))
+        .count();
+    (differ, looked)
+}
+
 /// `master` (`F32`) cast to `dtype` into `out` (half its bytes).
 pub fn cast_into(dtype: Dtype, master: &[u8], out: &mut [u8]) {
     assert!(check(dtype, master, out.len()).is_ok(), "a cast's sizes");
@@ -198,6 +220,12 @@ mod tests {
                 copy[2 * i] ^= 1;
             }
             assert_eq!(exceptions(dtype, &m, &copy), 6);
+            assert_eq!(sampled_exceptions(dtype, &m, &copy, n), (6, n));
+            let (differ, looked) = sampled_exceptions(dtype, &m, &copy, 1000);
+            assert!(
+                differ <= 6 && (990..=1010).contains(&looked),
+                "{differ} of {looked}"
+            );
             let payload = encode(dtype, &m, &copy).unwrap();
             let mut out = vec![0u8; 2 * n];
             decode(dtype, &m, &payload, &mut out).unwrap();

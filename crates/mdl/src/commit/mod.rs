@@ -275,7 +275,7 @@ fn commit_input(
     let unpublished = batch.unpublished();
     let mut stored = {
         let _phase = Phase::start("tensors");
-        store_tensors(&planning, &plans, &casts, &batch, &opts.encode, progress)?
+        store_tensors(&planning, &plans, &batch, &opts.encode, progress)?
     };
     let records = Phase::start("manifest and commit records");
     let pairs = moment_pairs(&input, &roles, settings.pairings.len());
@@ -358,7 +358,6 @@ struct Tensors {
 fn store_tensors(
     planning: &Planning<'_>,
     plans: &[Option<TensorPlan>],
-    casts: &[Option<usize>],
     batch: &ObjectBatch<'_>,
     encode: &EncodeOptions,
     progress: &dyn Progress,
@@ -395,7 +394,7 @@ fn store_tensors(
         spare_tensors: Spare::new(),
         spare_planes: Spare::new(),
         made: Made::default(),
-        casts,
+        casts: planning.casts,
         masters: Default::default(),
     };
     let pieces = &input.pieces;

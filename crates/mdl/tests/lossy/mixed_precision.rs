@@ -182,3 +182,40 @@ fn the_eval_command_scores_a_copy_that_follows_its_candidate_master() {
     }
     assert!(quantized >= 1, "no candidate quantized the master");
 }
+
+#[test]
+fn a_copy_that_only_looks_like_a_cast_is_stored_on_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init_repo(&dir.path().join("repo"));
+    // Every other element differs from the master's cast: a sample of every other element
+    // sees none of them.
+    let n = 1usize << 17;
+    let master: Vec<f32> = (0..n)
+        .map(|i| ((i * 37 % 1000) as f32 - 500.0) * 1e-4)
+        .collect();
+    let copy: Vec<u8> = (master.iter().enumerate())
+        .flat_map(|(i, &x)| (scalar::f32_to_bf16(x) ^ (i as u16 & 1)).to_le_bytes())
+        .collect();
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let moment: Vec<f32> = master.iter().map(|x| x.abs() * 1e-3 + 1e-8).collect();
+    let file = dir.path().join("c.safetensors");
+    let shape = vec![n as u64];
+    write_safetensors(
+        &file,
+        &[
+            ("model.c", "BF16", shape.clone(), copy),
+            ("optim.c.master", "F32", shape.clone(), f32s(&master)),
+            ("optim.c.exp_avg", "F32", shape.clone(), f32s(&moment)),
+            ("optim.c.exp_avg_sq", "F32", shape, f32s(&moment)),
+        ],
+    );
+    let opts = CommitOptions {
+        step: Some(10),
+        ..Default::default()
+    };
+    commit(&repo, &file, &opts, &NoProgress).unwrap();
+    let shown = mdl::show::show(&repo, "HEAD").unwrap();
+    let t = shown.tensors.iter().find(|t| t.name == "model.c").unwrap();
+    assert_ne!(t.codec, "cast");
+    check_checkout(&repo, "HEAD", &file, &dir.path().join("out"));
+}

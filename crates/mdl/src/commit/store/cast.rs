@@ -25,6 +25,9 @@ use crate::Result;
 /// costs about four bytes, where the copy on its own costs one and a half an element.
 const MAX_EXCEPTIONS: f64 = 1.0 / 16.0;
 
+/// Elements of a copy looked at to guess whether it is its master's cast.
+const SAMPLES: usize = 1 << 16;
+
 /// Masters of at most this size have cast copies: a cast is read with its master whole, where
 /// a larger tensor stored on its own is read a window at a time.
 const MAX_MASTER: u64 = 1 << 30;
@@ -60,9 +63,11 @@ pub(in crate::commit) fn cast_pairs(input: &Input, roles: &[Role]) -> Vec<Option
         {
             continue;
         }
-        let n = copy.numel().unwrap_or(0) as f64;
-        let differ = cast::exceptions(copy.dtype, input.tensor(j), input.tensor(i));
-        if differ as f64 <= n * MAX_EXCEPTIONS {
+        // A sample decides (a pass over both copies would cost a large model seconds); the
+        // store checks the whole copy again (`store_cast`).
+        let (differ, looked) =
+            cast::sampled_exceptions(copy.dtype, input.tensor(j), input.tensor(i), SAMPLES);
+        if differ as f64 <= looked as f64 * MAX_EXCEPTIONS {
             out[i] = Some(j);
         }
     }
@@ -128,8 +133,18 @@ impl StoreCtx<'_> {
             }
         };
         let base: &[u8] = reconstructed.as_deref().map_or(&committed, |r| &r[..]);
-        self.input.release(i);
         let id = (self.coder.engine).content_id(&info.header.canonical(), &content);
+        let payload = cast::encode(dtype, base, &content)
+            .map_err(|source| crate::Error::Encode { id, source })?;
+        // The sample misled: a copy stored exactly that is not mostly its master's cast is
+        // stored on its own (decided before anything claims its id). A lossy copy keeps
+        // following its master, its exceptions in the payload.
+        if reconstructed.is_none()
+            && payload.len() as f64 > (info.len / 2) as f64 * MAX_EXCEPTIONS * 4.0
+        {
+            return self.store_tensor(i);
+        }
+        self.input.release(i);
         let stored = match self.is_new(&id, i, &content)? {
             // A master at the policy's depth cap: the copy's content stored on its own.
             true if depth >= self.policy.max_depth => self.encode_new(
@@ -140,8 +155,6 @@ impl StoreCtx<'_> {
                 Counted::default(),
             )?,
             true => {
-                let payload = cast::encode(dtype, base, &content)
-                    .map_err(|source| crate::Error::Encode { id, source })?;
                 let placement = Placement {
                     generation: 0,
                     base: Some(master.id),
