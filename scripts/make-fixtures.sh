@@ -12,7 +12,7 @@
 #   scripts/make-fixtures.sh 9    # the last commit writing version 9 (d57ec06)
 #   scripts/make-fixtures.sh 10   # the last commit writing version 10 (3da5f30)
 #   scripts/make-fixtures.sh 11   # the last commit writing version 11 (50b9fa8)
-#   scripts/make-fixtures.sh 12   # the last commit writing version 12 (869ccd6)
+#   scripts/make-fixtures.sh 12   # the last commit writing version 12 (0854438)
 #   scripts/make-fixtures.sh 13   # this working tree (version 13)
 #
 # A fixture, once committed, is never regenerated: it is what that build wrote, and today's
@@ -35,7 +35,7 @@ case "$version" in
     9) rev=d57ec06 ;;
     10) rev=3da5f30 ;;
     11) rev=50b9fa8 ;;
-    12) rev=869ccd6 ;;
+    12) rev=0854438 ;;
     13) rev= ;;
     *) echo "error: no build is known to write format version $version" >&2; exit 1 ;;
 esac
