@@ -219,3 +219,81 @@ fn a_copy_that_only_looks_like_a_cast_is_stored_on_its_own() {
     assert_ne!(t.codec, "cast");
     check_checkout(&repo, "HEAD", &file, &dir.path().join("out"));
 }
+
+#[test]
+fn a_cast_whose_master_gc_deletes_is_stored_whole_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = init_repo(&dir.path().join("repo"));
+    let n = 4096usize;
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let write = |master: &[f32], path: &Path| {
+        let copy: Vec<u8> = master
+            .iter()
+            .flat_map(|&x| scalar::f32_to_bf16(x).to_le_bytes())
+            .collect();
+        let moment: Vec<f32> = master.iter().map(|x| x.abs() * 1e-3 + 1e-8).collect();
+        let shape = vec![n as u64];
+        write_safetensors(
+            path,
+            &[
+                ("model.c", "BF16", shape.clone(), copy),
+                ("optim.c.master", "F32", shape.clone(), f32s(master)),
+                ("optim.c.exp_avg", "F32", shape.clone(), f32s(&moment)),
+                ("optim.c.exp_avg_sq", "F32", shape, f32s(&moment)),
+            ],
+        );
+    };
+    // Two masters one unit in the last place apart where that keeps their bf16 cast: the
+    // copy is one object, its record a cast of the first master.
+    let first: Vec<f32> = (0..n)
+        .map(|i| ((i * 37 % 1000) as f32 - 500.0) * 1e-4)
+        .collect();
+    let second: Vec<f32> = (first.iter())
+        .map(|&x| {
+            let y = f32::from_bits(x.to_bits() ^ 1);
+            match scalar::f32_to_bf16(y) == scalar::f32_to_bf16(x) {
+                true => y,
+                false => x,
+            }
+        })
+        .collect();
+    assert_ne!(first, second);
+    let (a, b) = (
+        dir.path().join("a.safetensors"),
+        dir.path().join("b.safetensors"),
+    );
+    write(&first, &a);
+    write(&second, &b);
+    // The first commit arrives from elsewhere and no ref names it; the second is main's.
+    let elsewhere = init_repo(&dir.path().join("elsewhere"));
+    let c = commit(&elsewhere, &a, &CommitOptions::default(), &NoProgress).unwrap();
+    let plan = mdl::transfer::plan(&elsewhere, &[c.id], &|_| false, &Shallow::WHOLE).unwrap();
+    let ids: Vec<_> = plan.iter().map(|p| p.id).collect();
+    let mut pack = Vec::new();
+    mdl::transfer::write_pack(&elsewhere, &ids, &mut pack).unwrap();
+    mdl::transfer::receive_pack(&repo, &mut &pack[..], u64::MAX).unwrap();
+    commit(&repo, &b, &CommitOptions::default(), &NoProgress).unwrap();
+    let codec = || {
+        let shown = mdl::show::show(&repo, "main").unwrap();
+        let t = shown
+            .tensors
+            .into_iter()
+            .find(|t| t.name == "model.c")
+            .unwrap();
+        t.codec
+    };
+    assert_eq!(codec(), "cast");
+    // The first commit goes, and its master with it: the copy main still names is re-encoded
+    // on its own first.
+    let gc = mdl::gc::GcOptions {
+        prune_older_than: std::time::Duration::ZERO,
+        expire_reflog: std::time::Duration::ZERO,
+        dry_run: false,
+        count_leftovers: true,
+    };
+    let out = mdl::gc::gc(&repo, &gc, &NoProgress).unwrap();
+    assert!(out.reencoded >= 1, "{out:?}");
+    assert_ne!(codec(), "cast");
+    check_checkout(&repo, "main", &b, &dir.path().join("out"));
+    assert!(mdl::fsck::fsck(&repo, false).unwrap().problems.is_empty());
+}
