@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use mdl_codec::engine::Kept;
@@ -395,7 +395,12 @@ fn store_tensors(
         spare_planes: Spare::new(),
         made: Made::default(),
         casts: planning.casts,
-        masters: Default::default(),
+        masters: planning
+            .casts
+            .iter()
+            .flatten()
+            .map(|&j| (j, OnceLock::new()))
+            .collect(),
     };
     let pieces = &input.pieces;
     progress.start("storing", input.len());

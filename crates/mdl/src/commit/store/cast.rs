@@ -6,7 +6,7 @@
 //! is the cast of its master").
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use mdl_codec::cast;
 use mdl_codec::engine::FloatView;
@@ -75,11 +75,6 @@ pub(in crate::commit) fn cast_pairs(input: &Input, roles: &[Role]) -> Vec<Option
 }
 
 impl StoreCtx<'_> {
-    /// Whether piece `j` is some copy's master.
-    pub(super) fn is_master(&self, j: usize) -> bool {
-        self.casts.contains(&Some(j))
-    }
-
     /// Stores piece `i`, a copy of piece `j` (stored as `master`): the cast of what `j` was
     /// stored as, with the elements where the copy is not its cast. Where the master was
     /// stored exactly, so is the copy; where it was quantized, the copy follows the
@@ -111,7 +106,7 @@ impl StoreCtx<'_> {
         // What is hashed must be what is encoded: bytes that may change meanwhile are copied.
         let copy = read(i)?;
         let committed = read(j)?;
-        let reconstructed = self.masters.lock().unwrap().get(&j).cloned();
+        let reconstructed = self.masters.get(&j).and_then(OnceLock::get).cloned();
         let (content, exactness) = match &reconstructed {
             None => (copy, Exactness::Lossless),
             Some(recon) => {
@@ -186,8 +181,8 @@ impl StoreCtx<'_> {
 
     /// Keeps piece `j`'s stored content for its copies where it is not the content read.
     pub(super) fn keep_for_copies(&self, j: usize, content: &Arc<Vec<u8>>) {
-        if self.is_master(j) {
-            self.masters.lock().unwrap().insert(j, content.clone());
+        if let Some(kept) = self.masters.get(&j) {
+            let _ = kept.set(content.clone());
         }
     }
 }

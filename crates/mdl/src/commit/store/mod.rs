@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use mdl_codec::engine::{FloatView, Kept};
 use mdl_codec::qrecord::QuantTensor;
@@ -150,9 +150,9 @@ pub(super) struct StoreCtx<'a> {
     pub(super) made: Made,
     /// Each piece's master where it is stored as the master's cast (`cast.rs`).
     pub(super) casts: &'a [Option<usize>],
-    /// Masters' contents where they were stored otherwise than read (quantized, trimmed), by
-    /// piece, for their copies.
-    pub(super) masters: Mutex<HashMap<usize, Arc<Vec<u8>>>>,
+    /// Every copy's master, by piece, with its content where it was stored otherwise than
+    /// read (quantized, trimmed), for its copies.
+    pub(super) masters: HashMap<usize, OnceLock<Arc<Vec<u8>>>>,
 }
 
 impl StoreCtx<'_> {
