@@ -13,7 +13,8 @@
 #   scripts/make-fixtures.sh 10   # the last commit writing version 10 (3da5f30)
 #   scripts/make-fixtures.sh 11   # the last commit writing version 11 (50b9fa8)
 #   scripts/make-fixtures.sh 12   # the last commit writing version 12 (0854438)
-#   scripts/make-fixtures.sh 13   # this working tree (version 13)
+#   scripts/make-fixtures.sh 13   # the last commit writing version 13 (f6f6a8a)
+#   scripts/make-fixtures.sh 14   # this working tree (version 14)
 #
 # A fixture, once committed, is never regenerated: it is what that build wrote, and today's
 # code must keep reading it (tests/fixtures.rs in the mdl crate). A format change adds the next
@@ -36,7 +37,8 @@ case "$version" in
     10) rev=3da5f30 ;;
     11) rev=50b9fa8 ;;
     12) rev=0854438 ;;
-    13) rev= ;;
+    13) rev=f6f6a8a ;;
+    14) rev= ;;
     *) echo "error: no build is known to write format version $version" >&2; exit 1 ;;
 esac
 if [ -z "$rev" ]; then

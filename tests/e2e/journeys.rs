@@ -381,6 +381,7 @@ fn float_codecs_deltas_and_config() {
             "quant.curvature",
             "quant.moment_residuals",
             "quant.tips",
+            "quant.row_col_steps",
             "quant.exp_avg_drop",
             "quant.exp_avg_sq_hold",
             "quant.exp_avg",

@@ -53,7 +53,7 @@ pub use time::Timestamp;
 ///
 /// Bumped whenever any byte layout in this crate changes; readers accept every version up to
 /// and including this one.
-pub const FORMAT_VERSION: u16 = 13;
+pub const FORMAT_VERSION: u16 = 14;
 
 /// Which kind of object a record or an id refers to. Stable tags, never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

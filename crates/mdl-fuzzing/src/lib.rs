@@ -240,6 +240,7 @@ pub fn residual_payload(input: &[u8]) {
             e
         })
         .collect();
+    stepped_round_trip(dtype, rest, &reference, (rows, 37));
     let positive = |b: &[u8], i| mdl_codec::scalar::value(dtype, b, i) > 0.0;
     for r in [Some(&reference[..]), None] {
         let r = r.filter(|r| (0..n).all(|i| positive(r, i)));
@@ -279,6 +280,38 @@ pub fn residual_payload(input: &[u8]) {
             );
         }
     }
+}
+
+/// Steps by row and column fitted to a second moment made from the bytes: a stepped payload
+/// against `reference` decodes to what its encoder rendered, its classed form too.
+fn stepped_round_trip(dtype: Dtype, bytes: &[u8], reference: &[u8], (rows, cols): (usize, usize)) {
+    let n = rows * cols;
+    let byte = |i: usize| bytes.get(i % bytes.len().max(1)).copied().unwrap_or(3);
+    let put = |x: f64| {
+        let mut e = vec![0u8; dtype.size()];
+        mdl_codec::scalar::put_rounded(dtype, x, &mut e);
+        e
+    };
+    let v: Vec<u8> = (0..n)
+        .flat_map(|i| put(f64::from(byte(i)) * 2f64.powi(-((i * 7 % 60) as i32))))
+        .collect();
+    let Some(steps) = residual::Steps::fit(dtype, &v, (rows, cols), 0.1) else {
+        return;
+    };
+    let value = |b: &[u8], i| mdl_codec::scalar::value(dtype, b, i);
+    let values: Vec<u8> = (0..n)
+        .flat_map(|i| put(value(reference, i) + (f64::from(byte(i + 3)) - 128.0) / 64.0))
+        .collect();
+    let step = 0.25;
+    let (payload, render) = residual::encode_stepped(dtype, &values, Some(reference), &steps, step);
+    let mut out = vec![0u8; n * dtype.size()];
+    residual::decode(dtype, &payload, Some(reference), &mut out).expect("decodes what it encoded");
+    assert_eq!(out, render);
+    let classed = residual::context_code(dtype, payload, (rows, cols));
+    residual::decode(dtype, &classed, Some(reference), &mut out).expect("its classed form");
+    assert_eq!(out, render);
+    let (_, inner) = residual::Steps::unwrap(&classed, Some(n)).unwrap().unwrap();
+    assert!(residual::mode_and_step(inner).unwrap().0 == residual::Mode::Linear);
 }
 
 /// A cast payload (the first byte chooses bf16 or f16 and the length) against a master made

@@ -167,6 +167,7 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
             ),
             with(9, &(0..=255).collect::<Vec<u8>>()),
             classed_residual(),
+            stepped_residual(),
         ],
         "cast_payload" => vec![
             with(8, &[0]),
@@ -289,6 +290,28 @@ fn classed_residual() -> Vec<u8> {
     let parts = residual::parse(Dtype::F32, &classed, Some(n * 4), n * 4).expect("a payload");
     assert!(matches!(parts.codes, residual::Codes::Classed(_)));
     [&[29u8][..], &classed].concat()
+}
+
+/// [`classed_residual`]'s tensor as a stepped payload (format 14), its steps fitted to a second
+/// moment with row and column structure.
+fn stepped_residual() -> Vec<u8> {
+    use mdl_codec::residual;
+    let (rows, cols) = (8, 37);
+    let n = rows * cols;
+    let reference: Vec<u8> = (0..n * 4).map(|i| (i * 29 % 251) as u8 | 0x01).collect();
+    let values: Vec<u8> = (0..n)
+        .flat_map(|i| {
+            let r = mdl_codec::scalar::value(Dtype::F32, &reference, i);
+            ((r + ((i * 7 % 5) as f64 - 2.0)) as f32).to_le_bytes()
+        })
+        .collect();
+    let v: Vec<u8> = (0..n)
+        .flat_map(|i| (2f32.powi((i / cols) as i32 - (i % cols % 5) as i32)).to_le_bytes())
+        .collect();
+    let steps = residual::Steps::fit(Dtype::F32, &v, (rows, cols), 0.1).expect("factors");
+    let (payload, _) = residual::encode_stepped(Dtype::F32, &values, Some(&reference), &steps, 1.0);
+    assert_eq!(payload[0], residual::STEPPED);
+    [&[29u8][..], &payload].concat()
 }
 
 #[cfg(test)]

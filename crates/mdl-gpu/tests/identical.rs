@@ -482,9 +482,17 @@ fn residual_quantizer(gpu: &dyn Engine) {
                     "{what}: distance"
                 );
                 for (mv, every) in [(None, 1), (Some(moments), 1), (None, 3), (Some(moments), 8)] {
-                    let c =
-                        CpuEngine.residual_measure(view(values), against, mv, mode, &steps, every);
-                    let g = gpu.residual_measure(view(values), against, mv, mode, &steps, every);
+                    let c = CpuEngine.residual_measure(
+                        view(values),
+                        against,
+                        mv,
+                        mode,
+                        None,
+                        &steps,
+                        every,
+                    );
+                    let g =
+                        gpu.residual_measure(view(values), against, mv, mode, None, &steps, every);
                     // Bit for bit: the same counts, and the same sums in the same order.
                     assert_eq!(format!("{c:?}"), format!("{g:?}"), "{what} every={every}");
                 }
@@ -492,8 +500,8 @@ fn residual_quantizer(gpu: &dyn Engine) {
                     .iter()
                     .filter(|&&s| mdl_codec::residual::valid_step(mode, s))
                 {
-                    let c = CpuEngine.residual_encode(view(values), against, mode, s);
-                    let g = gpu.residual_encode(view(values), against, mode, s);
+                    let c = CpuEngine.residual_encode(view(values), against, mode, None, s);
+                    let g = gpu.residual_encode(view(values), against, mode, None, s);
                     assert!(c.0 == g.0, "{what} step {s}: payloads differ");
                     assert!(c.1 == g.1, "{what} step {s}: reconstructions differ");
                     // Decoding gives the reconstruction back; a damaged payload fails alike.
@@ -518,6 +526,19 @@ fn residual_quantizer(gpu: &dyn Engine) {
                         fault(gpu),
                         "{what} step {s}: cut payload"
                     );
+                }
+                // Steps by row and column (no kernel: the host's on both) decode alike.
+                if mode == Mode::Linear && n % 8 == 0 {
+                    let v = &moments.v;
+                    let f = residual::Steps::fit(v.dtype, v.bytes, (8, n / 8), 0.1).unwrap();
+                    let s = steps[2];
+                    let c = CpuEngine.residual_encode(view(values), against, mode, Some(&f), s);
+                    let g = gpu.residual_encode(view(values), against, mode, Some(&f), s);
+                    assert!(c == g, "{what}: stepped payloads differ");
+                    let mut out = vec![0u8; values.len()];
+                    gpu.residual_decode(dtype, &c.0, against, &mut out)
+                        .unwrap_or_else(|e| panic!("{what}: stepped decode failed: {e}"));
+                    assert!(out == c.1, "{what}: stepped decoded bytes differ");
                 }
             }
         }

@@ -246,11 +246,18 @@ impl Engine for CpuEngine {
         reference: Option<&[u8]>,
         moments: Option<Moments<'_>>,
         mode: residual::Mode,
+        factors: Option<&residual::Steps>,
         steps: &[f64],
         every: usize,
     ) -> Vec<ResidualStats> {
         let (dtype, bytes) = (values.dtype, values.bytes);
-        residual::measure_steps(dtype, bytes, reference, moments, mode, steps, every)
+        match factors {
+            Some(f) => {
+                assert_eq!(mode, residual::Mode::Linear, "stepped codes are linear");
+                residual::measure_stepped(dtype, bytes, reference, moments, f, steps, every)
+            }
+            None => residual::measure_steps(dtype, bytes, reference, moments, mode, steps, every),
+        }
     }
 
     fn residual_encode(
@@ -258,9 +265,17 @@ impl Engine for CpuEngine {
         values: FloatView<'_>,
         reference: Option<&[u8]>,
         mode: residual::Mode,
+        factors: Option<&residual::Steps>,
         step: f64,
     ) -> (Vec<u8>, Vec<u8>) {
-        residual::encode(values.dtype, values.bytes, reference, mode, step)
+        let (dtype, bytes) = (values.dtype, values.bytes);
+        match factors {
+            Some(f) => {
+                assert_eq!(mode, residual::Mode::Linear, "stepped codes are linear");
+                residual::encode_stepped(dtype, bytes, reference, f, step)
+            }
+            None => residual::encode(dtype, bytes, reference, mode, step),
+        }
     }
 
     fn residual_decode(

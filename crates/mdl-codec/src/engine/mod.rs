@@ -322,24 +322,29 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
     fn residual_distance(&self, values: FloatView<'_>, reference: Option<&[u8]>) -> f64;
 
     /// [`crate::residual::measure_steps`]: the statistics of quantizing `values` against
-    /// `reference` at each of `steps`, on every `every`-th block.
+    /// `reference` at each of `steps`, on every `every`-th block; with `factors` (linear mode
+    /// only), [`crate::residual::measure_stepped`].
+    #[allow(clippy::too_many_arguments)]
     fn residual_measure(
         &self,
         values: FloatView<'_>,
         reference: Option<&[u8]>,
         moments: Option<Moments<'_>>,
         mode: residual::Mode,
+        factors: Option<&residual::Steps>,
         steps: &[f64],
         every: usize,
     ) -> Vec<ResidualStats>;
 
     /// [`crate::residual::encode`]: the payload and the reconstruction of `values` quantized
-    /// against `reference` at `step`.
+    /// against `reference` at `step`; with `factors` (linear mode only), a stepped payload
+    /// ([`crate::residual::encode_stepped`]).
     fn residual_encode(
         &self,
         values: FloatView<'_>,
         reference: Option<&[u8]>,
         mode: residual::Mode,
+        factors: Option<&residual::Steps>,
         step: f64,
     ) -> (Vec<u8>, Vec<u8>);
 

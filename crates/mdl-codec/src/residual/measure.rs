@@ -7,7 +7,8 @@ use mdl_format::Dtype;
 use rayon::prelude::*;
 
 use super::quantizer::{for_mode, Mode, Quantizer};
-use super::{reference_value, CHUNK, EXACT, ZERO};
+use super::steps::Gains;
+use super::{reference_value, Steps, CHUNK, EXACT, ZERO};
 use crate::huffman::Histogram;
 use crate::scalar;
 use crate::tensor::{ErrorStats, Moments};
@@ -145,6 +146,52 @@ pub fn measure_steps(
     steps: &[f64],
     every: usize,
 ) -> Vec<ResidualStats> {
+    measure_with(dtype, values, reference, moments, mode, steps, every, None)
+}
+
+/// [`measure_steps`] in linear mode with `factors`' step factors: what
+/// [`super::encode_stepped`] would give at each of `steps` (the statistics count the codes
+/// only, not the factors' few bytes).
+pub fn measure_stepped(
+    dtype: Dtype,
+    values: &[u8],
+    reference: Option<&[u8]>,
+    moments: Option<Moments<'_>>,
+    factors: &Steps,
+    steps: &[f64],
+    every: usize,
+) -> Vec<ResidualStats> {
+    let (rows, cols) = factors.view();
+    assert_eq!(
+        rows * cols * dtype.size(),
+        values.len(),
+        "the steps cover the tensor"
+    );
+    let gains = factors.gains();
+    let linear = Mode::Linear;
+    measure_with(
+        dtype,
+        values,
+        reference,
+        moments,
+        linear,
+        steps,
+        every,
+        Some(&gains),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn measure_with(
+    dtype: Dtype,
+    values: &[u8],
+    reference: Option<&[u8]>,
+    moments: Option<Moments<'_>>,
+    mode: Mode,
+    steps: &[f64],
+    every: usize,
+    gains: Option<&Gains>,
+) -> Vec<ResidualStats> {
     let every = every.max(1);
     let quants: Vec<Option<Quantizer>> = steps
         .iter()
@@ -168,7 +215,13 @@ pub fn measure_steps(
                 let mut stats = empty();
                 let elements = c * CHUNK..((c + 1) * CHUNK).min(n);
                 scalar::for_dtype!(dtype, D => for_mode!(mode, M => {
-                    let chunk = Chunk { values, reference, moments: moments.as_ref(), elements };
+                    let chunk = Chunk {
+                        values,
+                        reference,
+                        moments: moments.as_ref(),
+                        gains,
+                        elements,
+                    };
                     measure_chunk(D, M, chunk, &quants, every, &mut stats)
                 }));
                 for ((sum, s), e) in total.iter_mut().zip(stats).zip(&mut errs) {
@@ -202,6 +255,8 @@ struct Chunk<'a> {
     values: &'a [u8],
     reference: Option<&'a [u8]>,
     moments: Option<&'a Moments<'a>>,
+    /// Each element's step factor, in a stepped measure.
+    gains: Option<&'a Gains>,
     /// The chunk's elements.
     elements: std::ops::Range<usize>,
 }
@@ -221,9 +276,18 @@ fn measure_chunk(
     let mut r = [0f64; BLOCK];
     let mut m = [0f64; BLOCK];
     let mut v = [0f64; BLOCK];
+    // Each element's step factor and its inverse: 1 without factors.
+    let mut g = [1f64; BLOCK];
+    let mut ig = [1f64; BLOCK];
     let end = chunk.elements.end;
     for start in chunk.elements.step_by(BLOCK * every) {
         let len = BLOCK.min(end - start);
+        if let Some(gains) = chunk.gains {
+            gains.fill(start, &mut g[..len]);
+            for k in 0..len {
+                ig[k] = 1.0 / g[k];
+            }
+        }
         for k in 0..len {
             x[k] = scalar::value(dtype, chunk.values, start + k);
             r[k] = reference_value(dtype, chunk.reference, start + k);
@@ -248,7 +312,7 @@ fn measure_chunk(
             let mut v_delta2 = [0f64; LANES];
             let mut max_abs = 0f64;
             for k in 0..len {
-                match quant.code(mode, dtype, x[k], r[k]) {
+                match quant.code(mode, dtype, x[k], r[k], (g[k], ig[k])) {
                     Some((code, y)) => {
                         s.codes.0[code as u8 as usize] += 1;
                         // High bytes of 0 are counted once, at the end.

@@ -21,19 +21,24 @@
 //! commit measured.
 
 mod classes;
+mod factors;
 mod measure;
 mod predict;
 mod quantizer;
+mod steps;
 
 use mdl_format::{Dtype, FormatError};
 use rayon::prelude::*;
 
 pub use measure::{
-    distance_of_chunks, distance_sq, lane_sum, measure, measure_steps, ResidualStats, BLOCK, LANES,
+    distance_of_chunks, distance_sq, lane_sum, measure, measure_stepped, measure_steps,
+    ResidualStats, BLOCK, LANES,
 };
 pub use predict::{view_of, Predictor};
 pub use quantizer::{device_quantizer, valid_step, Mode, DEVICE_QUANTIZER};
 use quantizer::{for_mode, unzigzag, Quantizer};
+use steps::Gains;
+pub use steps::Steps;
 
 use crate::huffman::{decode_stream, encode_stream};
 use crate::scalar;
@@ -51,6 +56,9 @@ pub const MAX_MOMENT_STEPS: i64 = 126;
 /// The first byte of a payload whose log-mode codes are taken against a predicted reference
 /// ([`Predictor`]); the mode bytes are 0 to 2.
 pub const PREDICTED: u8 = 3;
+/// The first byte of a payload whose linear-mode codes have a step per row and column
+/// ([`Steps`]; format 14).
+pub const STEPPED: u8 = 4;
 /// Codes below this fit a one-byte payload.
 const NARROW: u16 = 254;
 
@@ -68,6 +76,9 @@ pub fn mode_and_step(payload: &[u8]) -> Result<(Mode, f64), FormatError> {
     let bad = |why: &str| FormatError::invalid("quant-residual", why.to_string());
     // The tensor's size is not known here: whatever view the header names will do.
     if let Some((_, inner)) = Predictor::unwrap(payload, None)? {
+        return mode_and_step(inner);
+    }
+    if let Some((_, inner)) = Steps::unwrap(payload, None)? {
         return mode_and_step(inner);
     }
     let mode = payload
@@ -97,6 +108,38 @@ pub fn encode(
     mode: Mode,
     step: f64,
 ) -> (Vec<u8>, Vec<u8>) {
+    encode_codes(dtype, values, reference, mode, step, None)
+}
+
+/// [`encode`] in linear mode with `steps`' factor on each element's step: a stepped payload
+/// (`steps` must cover the tensor).
+pub fn encode_stepped(
+    dtype: Dtype,
+    values: &[u8],
+    reference: Option<&[u8]>,
+    steps: &Steps,
+    step: f64,
+) -> (Vec<u8>, Vec<u8>) {
+    let (rows, cols) = steps.view();
+    assert_eq!(
+        rows * cols * dtype.size(),
+        values.len(),
+        "the steps cover the tensor"
+    );
+    let gains = steps.gains();
+    let (inner, render) = encode_codes(dtype, values, reference, Mode::Linear, step, Some(&gains));
+    (steps.wrap(&inner), render)
+}
+
+/// [`encode`], each element's linear step times its factor in `gains` when there are any.
+fn encode_codes(
+    dtype: Dtype,
+    values: &[u8],
+    reference: Option<&[u8]>,
+    mode: Mode,
+    step: f64,
+    gains: Option<&Gains>,
+) -> (Vec<u8>, Vec<u8>) {
     assert!(
         reference.is_some() || mode == Mode::Linear,
         "uniform payloads are linear"
@@ -122,7 +165,11 @@ pub fn encode(
                 for (k, (code, o)) in elements.enumerate() {
                     let x = scalar::value(D, values, k);
                     let r = reference_value(D, reference, k);
-                    match quant.code(M, D, x, r) {
+                    let gain = gains.map_or((1.0, 1.0), |g| {
+                        let g = g.at(first + k);
+                        (g, 1.0 / g)
+                    });
+                    match quant.code(M, D, x, r, gain) {
                         Some((q, y)) => {
                             *code = q;
                             scalar::put_rounded(D, y, o);
@@ -286,6 +333,15 @@ pub fn parse(
         return Err(bad("reference and output sizes differ"));
     }
     let n = out_len / size;
+    // A predicted or stepped payload is parsed by its inner payload only.
+    if payload
+        .first()
+        .is_some_and(|&b| b == PREDICTED || b == STEPPED)
+    {
+        return Err(bad(
+            "a wrapped payload's inner payload is parsed, not the payload",
+        ));
+    }
     let (mode, _) = mode_and_step(payload)?;
     if reference_len.is_none() && mode != Mode::Linear {
         return Err(bad("a payload without a reference must be linear"));
@@ -337,8 +393,13 @@ pub fn parse(
 /// payload unchanged. Every engine's payload passes through here, so both store the same bytes.
 pub fn context_code(dtype: Dtype, payload: Vec<u8>, (rows, cols): (usize, usize)) -> Vec<u8> {
     let n = rows * cols;
-    let inner_at = match Predictor::unwrap(&payload, Some(n)) {
-        Ok(Some((_, inner))) => payload.len() - inner.len(),
+    let inner = match Predictor::unwrap(&payload, Some(n)) {
+        Ok(Some((_, inner))) => Ok(Some(inner)),
+        Ok(None) => Steps::unwrap(&payload, Some(n)).map(|s| s.map(|(_, inner)| inner)),
+        Err(e) => Err(e),
+    };
+    let inner_at = match inner {
+        Ok(Some(inner)) => payload.len() - inner.len(),
         Ok(None) => 0,
         Err(_) => return payload,
     };
@@ -377,6 +438,22 @@ pub fn decode(
         let (prediction, inner) = predicted;
         return decode(dtype, inner, Some(&prediction), out);
     }
+    let n = out.len() / dtype.size().max(1);
+    if let Some((steps, inner)) = Steps::unwrap(payload, Some(n))? {
+        return decode_codes(dtype, inner, reference, out, Some(&steps.gains()));
+    }
+    decode_codes(dtype, payload, reference, out, None)
+}
+
+/// [`decode`] of a payload that is neither predicted nor stepped, each element's linear step
+/// times its factor in `gains` when there are any.
+fn decode_codes(
+    dtype: Dtype,
+    payload: &[u8],
+    reference: Option<&[u8]>,
+    out: &mut [u8],
+    gains: Option<&Gains>,
+) -> Result<(), FormatError> {
     let bad = |why: &str| FormatError::invalid("quant-residual", why.to_string());
     let size = dtype.size();
     let parts = parse(dtype, payload, reference.map(<[u8]>::len), out.len())?;
@@ -431,16 +508,19 @@ pub fn decode(
             let reference = reference.map(|r| &r[at..at + out.len()]);
             let exact = &exact[k * size..];
             // One loop per dtype and mode, as in `measure_steps`.
+            let gains = gains.map(|g| (g, chunk * CHUNK));
             scalar::for_dtype!(dtype, D => for_mode!(mode, M => {
-                rebuild(D, M, quant, out, &codes, reference, exact)
+                rebuild(D, M, quant, out, &codes, reference, exact, gains)
             }))
         });
     Ok(())
 }
 
 /// Writes one chunk of [`decode`]'s output: each element from its code and its reference value
-/// ([`Quantizer::value`], rounded to `dtype`), or the next of `exact` for [`EXACT`]. Inlined
-/// into each caller with a constant dtype and mode.
+/// ([`Quantizer::value`], rounded to `dtype`), or the next of `exact` for [`EXACT`]; `gains`:
+/// the step factors and the chunk's first element, in a stepped payload. Inlined into each
+/// caller with a constant dtype and mode.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn rebuild(
     dtype: Dtype,
@@ -450,16 +530,22 @@ fn rebuild(
     codes: &[u16],
     reference: Option<&[u8]>,
     exact: &[u8],
+    gains: Option<(&Gains, usize)>,
 ) {
     let size = dtype.size();
     let mut exact = exact.chunks_exact(size);
+    let mut factor = vec![1.0; if gains.is_some() { codes.len() } else { 0 }];
+    if let Some((g, first)) = gains {
+        g.fill(first, &mut factor);
+    }
     for (j, (&c, o)) in codes.iter().zip(out.chunks_exact_mut(size)).enumerate() {
         if c == EXACT {
             o.copy_from_slice(exact.next().expect("counted exact values"));
             continue;
         }
         let r = reference_value(dtype, reference, j);
-        scalar::put_rounded(dtype, quant.value(mode, r, c), o);
+        let gain = factor.get(j).copied().unwrap_or(1.0);
+        scalar::put_rounded(dtype, quant.value(mode, r, c, gain), o);
     }
 }
 

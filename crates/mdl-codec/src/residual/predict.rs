@@ -20,49 +20,21 @@
 use mdl_format::{Dtype, FormatError};
 use rayon::prelude::*;
 
+use super::factors::Factors;
 use super::{Mode, PREDICTED};
-use crate::{scalar, varint};
-
-/// `2^(j/8)` for `j` in `0..8`, as their correctly rounded `f64` bits.
-const EIGHTHS: [u64; 8] = [
-    0x3ff0_0000_0000_0000,
-    0x3ff1_72b8_3c7d_517b,
-    0x3ff3_06fe_0a31_b715,
-    0x3ff4_bfda_d536_2a27,
-    0x3ff6_a09e_667f_3bcd,
-    0x3ff8_ace5_422a_a0db,
-    0x3ffa_e89f_995a_d3ad,
-    0x3ffd_5818_dcfb_a487,
-];
+use crate::scalar;
 
 /// Flag: the prediction starts from `√r` (a previous version); else from 1.
 const FROM_REFERENCE: u8 = 1;
-/// Flag: column factors follow the row factors.
-const COLUMNS: u8 = 2;
 
-/// Rows per block of the fit's column sums.
+/// Rows per block of the target's computation.
 const FIT_ROWS: usize = 64;
-
-/// A factor's exponent is within this many eighths of an octave of 1 (far beyond any finite
-/// `f32` ratio; it keeps `2^(k/8)` and its products finite).
-const MAX_EIGHTHS: i64 = 8 * 512;
-
-/// `2^(k/8)`, exactly as every machine computes it.
-fn exp2_eighths(k: i64) -> f64 {
-    let (e, j) = (k.div_euclid(8), k.rem_euclid(8));
-    f64::from_bits(EIGHTHS[j as usize]) * f64::powi(2.0, e as i32)
-}
 
 /// The fitted factors of a predicted reference.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Predictor {
     from_reference: bool,
-    rows: usize,
-    cols: usize,
-    /// Each row's exponent, in eighths of an octave.
-    row: Vec<i64>,
-    /// Each column's (empty: all zero).
-    col: Vec<i64>,
+    factors: Factors,
 }
 
 /// The view a tensor of `shape` is factored as: its first dimension by the rest, or one row.
@@ -110,65 +82,9 @@ impl Predictor {
                     }
                 }
             });
-        let mean = |sum: f64, count: u64| if count > 0 { sum / count as f64 } else { 0.0 };
-        let eighths = |x: f64| ((x * 8.0).round() as i64).clamp(-MAX_EIGHTHS, MAX_EIGHTHS);
-        if n == 0 {
-            // Nothing to fit (callers code tensors of hundreds of elements or more).
-            return Predictor {
-                from_reference: reference.is_some(),
-                rows,
-                cols,
-                row: vec![0; rows],
-                col: Vec::new(),
-            };
-        }
-        let row_mean: Vec<f64> = target
-            .par_chunks(cols)
-            .map(|row| {
-                let (s, c) = row
-                    .iter()
-                    .filter(|x| !x.is_nan())
-                    .fold((0.0, 0u64), |(s, c), &x| (s + f64::from(x), c + 1));
-                mean(s, c)
-            })
-            .collect();
-        let col = if rows > 1 {
-            // Column sums over fixed blocks of rows, added in block order: the same factors
-            // whatever the thread count, so a checkpoint stores the same bytes on any machine.
-            let parts: Vec<Vec<(f64, u64)>> = target
-                .par_chunks(FIT_ROWS * cols)
-                .enumerate()
-                .map(|(b, block)| {
-                    let mut sums = vec![(0.0f64, 0u64); cols];
-                    for (r, row) in block.chunks(cols).enumerate() {
-                        let m = row_mean[b * FIT_ROWS + r];
-                        for (s, &x) in sums.iter_mut().zip(row) {
-                            if !x.is_nan() {
-                                s.0 += f64::from(x) - m;
-                                s.1 += 1;
-                            }
-                        }
-                    }
-                    sums
-                })
-                .collect();
-            let mut sums = vec![(0.0f64, 0u64); cols];
-            for part in parts {
-                for (s, p) in sums.iter_mut().zip(part) {
-                    s.0 += p.0;
-                    s.1 += p.1;
-                }
-            }
-            sums.into_iter().map(|(s, c)| eighths(mean(s, c))).collect()
-        } else {
-            Vec::new()
-        };
         Predictor {
             from_reference: reference.is_some(),
-            rows,
-            cols,
-            row: row_mean.into_iter().map(eighths).collect(),
-            col,
+            factors: Factors::fit(&target, (rows, cols)),
         }
     }
 
@@ -182,22 +98,21 @@ impl Predictor {
             ));
         }
         let size = dtype.size();
-        let n = self.rows * self.cols;
+        let Factors { rows, cols, .. } = self.factors;
+        let n = rows * cols;
         if reference.is_some_and(|r| r.len() != n * size) {
             return Err(bad("reference and prediction sizes differ"));
         }
-        let down: Vec<f64> = match self.col.is_empty() {
-            true => vec![1.0; self.cols],
-            false => self.col.iter().map(|&k| exp2_eighths(k)).collect(),
-        };
+        let across_rows = self.factors.row_values();
+        let down = self.factors.col_values();
         let mut out = vec![0u8; n * size];
-        out.par_chunks_mut(self.cols.max(1) * size)
+        out.par_chunks_mut(cols.max(1) * size)
             .enumerate()
             .for_each(|(r, row)| {
-                let across = exp2_eighths(self.row[r]);
+                let across = across_rows[r];
                 for (j, o) in row.chunks_exact_mut(size).enumerate() {
                     let start = match reference {
-                        Some(x) => scalar::value(dtype, x, r * self.cols + j).max(0.0).sqrt(),
+                        Some(x) => scalar::value(dtype, x, r * cols + j).max(0.0).sqrt(),
                         None => 1.0,
                     };
                     // NaN (a non-finite reference) becomes +0: such elements are stored
@@ -211,26 +126,12 @@ impl Predictor {
 
     /// `inner` (a log-mode payload coded against [`Self::predict`]) with the factors before it.
     pub fn wrap(&self, inner: &[u8]) -> Vec<u8> {
-        let mut out = vec![PREDICTED];
-        out.push(
-            if self.from_reference {
-                FROM_REFERENCE
-            } else {
-                0
-            } | if self.col.is_empty() { 0 } else { COLUMNS },
-        );
-        varint::put(&mut out, self.rows as u64);
-        varint::put(&mut out, self.cols as u64);
-        for ks in [&self.row, &self.col] {
-            let mut last = 0i64;
-            for &k in ks {
-                let d = k - last;
-                varint::put(&mut out, ((d << 1) ^ (d >> 63)) as u64);
-                last = k;
-            }
-        }
-        out.extend_from_slice(inner);
-        out
+        let flags = if self.from_reference {
+            FROM_REFERENCE
+        } else {
+            0
+        };
+        self.factors.wrap(PREDICTED, flags, inner)
     }
 
     /// A payload's factors and its inner log-mode payload (`None`: not a predicted payload),
@@ -240,64 +141,18 @@ impl Predictor {
         n: Option<usize>,
     ) -> Result<Option<(Predictor, &[u8])>, FormatError> {
         let bad = |why: &str| FormatError::invalid("quant-residual", why.to_string());
-        if payload.first() != Some(&PREDICTED) {
+        let Some((flags, factors, inner)) = Factors::unwrap(payload, PREDICTED, FROM_REFERENCE, n)?
+        else {
             return Ok(None);
-        }
-        let flags = *payload.get(1).ok_or_else(|| bad("truncated predictor"))?;
-        if flags & !(FROM_REFERENCE | COLUMNS) != 0 {
-            return Err(bad("unknown predictor flags"));
-        }
-        let mut at = 2;
-        let mut count = || -> Result<usize, FormatError> {
-            let v = varint::read(payload, &mut at).ok_or_else(|| bad("truncated predictor"))?;
-            usize::try_from(v).map_err(|_| bad("predictor view too large"))
         };
-        let (rows, cols) = (count()?, count()?);
-        let covered = rows.checked_mul(cols);
-        if covered.is_none() || n.is_some_and(|n| covered != Some(n)) || rows == 0 {
-            return Err(bad("predictor view does not cover the tensor"));
-        }
-        let with_cols = flags & COLUMNS != 0;
-        // Each factor takes at least a byte: a count beyond the payload is refused before any
-        // allocation.
-        if rows + if with_cols { cols } else { 0 } > payload.len() {
-            return Err(bad("truncated predictor"));
-        }
-        let mut factors = |len: usize| -> Result<Vec<i64>, FormatError> {
-            let mut last = 0i64;
-            (0..len)
-                .map(|_| {
-                    let z =
-                        varint::read(payload, &mut at).ok_or_else(|| bad("truncated factor"))?;
-                    let d = ((z >> 1) as i64) ^ -((z & 1) as i64);
-                    last = last
-                        .checked_add(d)
-                        .filter(|k| k.abs() <= MAX_EIGHTHS)
-                        .ok_or_else(|| bad("factor out of range"))?;
-                    Ok(last)
-                })
-                .collect()
-        };
-        let row = factors(rows)?;
-        let col = if with_cols {
-            factors(cols)?
-        } else {
-            Vec::new()
-        };
-        let inner = &payload[at..];
         if inner.first() != Some(&(Mode::Log as u8)) {
             return Err(bad("a predicted payload's codes must be log-mode"));
         }
-        Ok(Some((
-            Predictor {
-                from_reference: flags & FROM_REFERENCE != 0,
-                rows,
-                cols,
-                row,
-                col,
-            },
-            inner,
-        )))
+        let predictor = Predictor {
+            from_reference: flags & FROM_REFERENCE != 0,
+            factors,
+        };
+        Ok(Some((predictor, inner)))
     }
 }
 
@@ -314,17 +169,6 @@ mod tests {
         0x0000_0000,
         0x399c_3bae,
     ];
-
-    #[test]
-    fn eighths_of_an_octave_are_the_correctly_rounded_powers() {
-        for (j, bits) in EIGHTHS.iter().enumerate() {
-            let want = (j as f64 / 8.0).exp2();
-            assert!((f64::from_bits(*bits) - want).abs() <= f64::EPSILON * want);
-        }
-        assert_eq!(exp2_eighths(-8), 0.5);
-        assert_eq!(exp2_eighths(17), 4.0 * f64::from_bits(EIGHTHS[1]));
-        assert_eq!(exp2_eighths(-1), 0.5 * f64::from_bits(EIGHTHS[7]));
-    }
 
     /// A second moment with row and column structure, and its version a few steps earlier.
     fn moments(dtype: Dtype, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
@@ -396,10 +240,12 @@ mod tests {
         // the decoded content of every predicted record, and so breaks their ids.
         let p = Predictor {
             from_reference: true,
-            rows: 2,
-            cols: 3,
-            row: vec![-163, 7],
-            col: vec![0, -5, 12],
+            factors: Factors {
+                rows: 2,
+                cols: 3,
+                row: vec![-163, 7],
+                col: vec![0, -5, 12],
+            },
         };
         let reference: Vec<u8> = [1e-6f32, 4e-6, 2.5e-7, 9e-6, 0.0, 3.3e-9]
             .iter()
@@ -418,10 +264,12 @@ mod tests {
     fn factors_round_trip_and_damaged_headers_are_refused() {
         let p = Predictor {
             from_reference: true,
-            rows: 3,
-            cols: 2,
-            row: vec![-400, 5, 4],
-            col: vec![0, -9],
+            factors: Factors {
+                rows: 3,
+                cols: 2,
+                row: vec![-400, 5, 4],
+                col: vec![0, -9],
+            },
         };
         let payload = p.wrap(&[Mode::Log as u8, 1, 2, 3]);
         let (back, inner) = Predictor::unwrap(&payload, Some(6)).unwrap().unwrap();

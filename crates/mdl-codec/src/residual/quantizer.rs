@@ -118,15 +118,25 @@ impl Quantizer {
     }
 
     /// One element's code and reconstruction (`None`: kept exactly). `mode` is the quantizer's
-    /// own: callers pass it (and `dtype`) as constants, see [`for_mode`].
+    /// own: callers pass it (and `dtype`) as constants, see [`for_mode`]. `gain`: the
+    /// element's step factor and its inverse in linear mode (`(1, 1)` but in a stepped
+    /// payload, [`super::Steps`]); the other modes ignore it.
     #[inline(always)]
-    pub(super) fn code(&self, mode: Mode, dtype: Dtype, x: f64, r: f64) -> Option<(u16, f64)> {
+    pub(super) fn code(
+        &self,
+        mode: Mode,
+        dtype: Dtype,
+        x: f64,
+        r: f64,
+        gain: (f64, f64),
+    ) -> Option<(u16, f64)> {
         debug_assert_eq!(mode, self.mode);
         if !x.is_finite() || !r.is_finite() {
             return None;
         }
         let q = match mode {
-            Mode::Linear => round((x - r) * self.inverse),
+            // The code only has to be near; the value below is the decoder's.
+            Mode::Linear => round((x - r) * self.inverse * gain.1),
             Mode::Log => {
                 if x == 0.0 {
                     return Some((ZERO, 0.0));
@@ -158,20 +168,21 @@ impl Quantizer {
             return None;
         }
         let c = zigzag(q as i64);
-        let y = scalar::rounded(dtype, self.value(mode, r, c));
+        let y = scalar::rounded(dtype, self.value(mode, r, c, gain.0));
         y.is_finite().then_some((c, y))
     }
 
     /// The decoder's value for reference `r` and a code other than [`EXACT`](super::EXACT), before it is
-    /// rounded to the dtype.
+    /// rounded to the dtype; `gain`: the element's step factor in linear mode (1 but in a
+    /// stepped payload).
     #[inline(always)]
-    pub(super) fn value(&self, mode: Mode, r: f64, c: u16) -> f64 {
+    pub(super) fn value(&self, mode: Mode, r: f64, c: u16, gain: f64) -> f64 {
         if c == ZERO {
             return 0.0;
         }
         let q = unzigzag(c);
         match mode {
-            Mode::Linear => r + q as f64 * self.param,
+            Mode::Linear => r + q as f64 * (self.param * gain),
             Mode::Log => r * self.factors[(q + MAX_MOMENT_STEPS) as usize],
             Mode::Scaled => q as f64 * self.param * r.sqrt(),
         }

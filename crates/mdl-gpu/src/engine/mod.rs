@@ -28,7 +28,7 @@ use mdl_codec::engine::{
 };
 use mdl_codec::huffman::{Histogram, Stream, StreamWriter, CHUNK_LOG2};
 use mdl_codec::planes::PlaneSpec;
-use mdl_codec::residual::{Mode, ResidualStats};
+use mdl_codec::residual::{Mode, ResidualStats, Steps};
 use mdl_format::{Dtype, FormatError, ObjectId};
 
 /// Symbols per Huffman chunk (the float codecs' chunking).
@@ -557,11 +557,17 @@ impl Engine for GpuEngine {
         reference: Option<&[u8]>,
         moments: Option<Moments<'_>>,
         mode: Mode,
+        factors: Option<&Steps>,
         steps: &[f64],
         every: usize,
     ) -> Vec<ResidualStats> {
-        let cpu = || CpuEngine.residual_measure(values, reference, moments, mode, steps, every);
-        if !self.wants(values.bytes) || !residual::fits(values, reference, moments) {
+        let cpu =
+            || CpuEngine.residual_measure(values, reference, moments, mode, factors, steps, every);
+        // Steps by row and column have no kernel yet: measured on the host.
+        if factors.is_some()
+            || !self.wants(values.bytes)
+            || !residual::fits(values, reference, moments)
+        {
             return cpu();
         }
         self.run(
@@ -578,10 +584,14 @@ impl Engine for GpuEngine {
         values: FloatView<'_>,
         reference: Option<&[u8]>,
         mode: Mode,
+        factors: Option<&Steps>,
         step: f64,
     ) -> (Vec<u8>, Vec<u8>) {
-        let cpu = || CpuEngine.residual_encode(values, reference, mode, step);
-        if !self.wants(values.bytes) || !residual::fits(values, reference, None) {
+        let cpu = || CpuEngine.residual_encode(values, reference, mode, factors, step);
+        if factors.is_some()
+            || !self.wants(values.bytes)
+            || !residual::fits(values, reference, None)
+        {
             return cpu();
         }
         self.run(
@@ -603,6 +613,10 @@ impl Engine for GpuEngine {
             mdl_codec::residual::unwrap_predicted(dtype, payload, reference, out.len())?;
         if let Some((prediction, inner)) = predicted {
             return self.residual_decode(dtype, inner, Some(&prediction), out);
+        }
+        // A stepped payload has no kernel yet: decoded on the host.
+        if payload.first() == Some(&mdl_codec::residual::STEPPED) {
+            return CpuEngine.residual_decode(dtype, payload, reference, out);
         }
         self.decode_with(
             out,

@@ -12,7 +12,7 @@ use mdl_codec::engine::{
 };
 use mdl_codec::huffman::{Histogram, Stream, StreamWriter};
 use mdl_codec::planes::PlaneSpec;
-use mdl_codec::residual::{Mode, ResidualStats};
+use mdl_codec::residual::{Mode, ResidualStats, Steps};
 use mdl_format::{Dtype, FormatError, ObjectId};
 
 /// Encoding on one engine, decoding on another (see the module docs).
@@ -164,11 +164,12 @@ impl Engine for Split {
         reference: Option<&[u8]>,
         moments: Option<Moments<'_>>,
         mode: Mode,
+        factors: Option<&Steps>,
         steps: &[f64],
         every: usize,
     ) -> Vec<ResidualStats> {
         self.encoder
-            .residual_measure(values, reference, moments, mode, steps, every)
+            .residual_measure(values, reference, moments, mode, factors, steps, every)
     }
 
     fn residual_encode(
@@ -176,9 +177,11 @@ impl Engine for Split {
         values: FloatView<'_>,
         reference: Option<&[u8]>,
         mode: Mode,
+        factors: Option<&Steps>,
         step: f64,
     ) -> (Vec<u8>, Vec<u8>) {
-        self.encoder.residual_encode(values, reference, mode, step)
+        self.encoder
+            .residual_encode(values, reference, mode, factors, step)
     }
 
     fn residual_decode(

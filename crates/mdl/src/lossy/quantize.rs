@@ -52,6 +52,9 @@ pub(crate) struct Residual {
     /// Log-mode codes against a prediction fitted to the tensor's view (`residual::Predictor`;
     /// second moments), instead of against the reference itself.
     pub predict: bool,
+    /// Linear codes whose step has a factor per row and column (`residual::Steps`; weights
+    /// with moments).
+    pub factors: Option<Arc<residual::Steps>>,
     /// The tensor viewed as `(rows, cols)` (`residual::view_of`): the prediction's factors and
     /// the code classes (`residual::context_code`) go by its rows and columns.
     pub view: (usize, usize),
@@ -112,10 +115,13 @@ pub(crate) fn quantize(
                         .predict(w.dtype, reference)
                         .expect("a prediction for the reference it was fitted with");
                     let (inner, render) =
-                        engine.residual_encode(values, Some(&prediction), r.mode, r.step);
+                        engine.residual_encode(values, Some(&prediction), r.mode, None, r.step);
                     (p.wrap(&inner), render)
                 }
-                false => engine.residual_encode(values, reference, r.mode, r.step),
+                false => {
+                    let factors = r.factors.as_deref();
+                    engine.residual_encode(values, reference, r.mode, factors, r.step)
+                }
             };
             let payload = residual::context_code(w.dtype, payload, r.view);
             let encoded = Encoded::Residual {
@@ -134,7 +140,11 @@ pub(crate) fn quantize(
                 (None, false) => String::new(),
                 _ => format!(" mode={}", r.mode.name()),
             };
-            let settings = format!("{kind}{mode} step={:e}{predicted}", r.step);
+            let stepped = match r.factors {
+                Some(_) => " steps=rows-cols",
+                None => "",
+            };
+            let settings = format!("{kind}{mode} step={:e}{predicted}{stepped}", r.step);
             (encoded, render, settings)
         }
         None => {

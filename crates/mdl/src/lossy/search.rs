@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use mdl_codec::engine::{Engine, FloatView};
 use mdl_codec::qrecord::QuantTensor;
-use mdl_codec::quant::{self, Correction, Domain, Estimate, Fit, Prepared, QuantConfig};
+use mdl_codec::quant::{
+    self, Correction, Domain, Estimate, Fit, Prepared, QuantConfig, CURVATURE_FLOOR,
+};
 use mdl_codec::{residual, scalar};
 use rayon::prelude::*;
 
@@ -275,12 +277,22 @@ impl PlanInput<'_> {
                         })
                         .collect(),
                 };
+                // With moments, each element's step follows the curvature the estimate
+                // charges its error with (`residual::Steps`).
+                let factors = ms
+                    .filter(|_| moments.is_some() && self.settings.row_col_steps)
+                    .and_then(|m| {
+                        let shape = &t.header.shape;
+                        let view = residual::view_of(shape);
+                        residual::Steps::fit(m.v.dtype, m.v.bytes, view, CURVATURE_FLOOR)
+                    })
+                    .map(Arc::new);
                 let steps = |reference: &Option<Arc<Reference>>| {
                     let candidates = self.residual_steps(i, reference);
                     self.residual_candidates(
                         i,
                         configs[0],
-                        reference.clone(),
+                        (reference.clone(), factors.clone()),
                         moments,
                         mean_v,
                         &candidates,
@@ -346,15 +358,16 @@ impl PlanInput<'_> {
             .collect()
     }
 
-    /// Tensor `i` as residuals from `reference` (`None`: `quant-uniform`) at `steps`, measured
-    /// on every `every`-th block when the tensor is large enough for a sample to speak for it.
+    /// Tensor `i` as residuals from `reference` (`None`: `quant-uniform`) at `steps`, each
+    /// element's step times its factor in `factors` when there are any, measured on every
+    /// `every`-th block when the tensor is large enough for a sample to speak for it.
     /// `mean_v`: the tensor's mean second moment, for the estimate.
     #[allow(clippy::too_many_arguments)]
     fn residual_candidates(
         &self,
         i: usize,
         config: QuantConfig,
-        reference: Option<Arc<Reference>>,
+        (reference, factors): (Option<Arc<Reference>>, Option<Arc<residual::Steps>>),
         moments: Option<(usize, usize)>,
         mean_v: f64,
         steps: &[f64],
@@ -370,9 +383,10 @@ impl PlanInput<'_> {
         } else {
             1
         };
+        let f = factors.as_deref();
         let stats = self
             .engine
-            .residual_measure(view, content, moments, linear, steps, every);
+            .residual_measure(view, content, moments, linear, f, steps, every);
         steps
             .iter()
             .zip(stats)
@@ -409,6 +423,7 @@ impl PlanInput<'_> {
                         step,
                         sparsify: None,
                         predict: false,
+                        factors: factors.clone(),
                         view: residual::view_of(&self.input.pieces[i].header.shape),
                     }),
                     sampled: every > 1,
@@ -467,7 +482,7 @@ impl PlanInput<'_> {
                 s.cands.extend(self.residual_candidates(
                     s.index,
                     around[0].config,
-                    residual.reference.clone(),
+                    (residual.reference.clone(), residual.factors.clone()),
                     s.moments,
                     s.mean_v,
                     &steps,
@@ -590,6 +605,7 @@ impl PlanInput<'_> {
                         content,
                         None,
                         mode,
+                        None,
                         &[step],
                         SAMPLE_EVERY,
                     );
@@ -607,6 +623,7 @@ impl PlanInput<'_> {
                             // Second moments are coded against a prediction
                             // (`residual::Predictor`).
                             predict: role_is_second(i) && !held,
+                            factors: None,
                             view: view_of(i),
                         });
                         return Ok((i, plan));
@@ -621,6 +638,7 @@ impl PlanInput<'_> {
                         step: self.second_moment_step,
                         sparsify: None,
                         predict: true,
+                        factors: None,
                         view: view_of(i),
                     });
                     return Ok((i, plan));

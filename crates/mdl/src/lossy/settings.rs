@@ -35,6 +35,9 @@ pub const EXP_AVG_SQ_HOLD_KEY: &str = "quant.exp_avg_sq_hold";
 pub const CURVATURE_KEY: &str = "quant.curvature";
 /// Whether lossy commits keep their residual tensors decoded in `.mdl/tips` (on or off).
 pub const TIPS_KEY: &str = "quant.tips";
+/// Whether a weight with moments has a quantization step per row and column, following the
+/// curvature its error is charged with (`on`, `off`; `residual::Steps`).
+pub const ROW_COL_STEPS_KEY: &str = "quant.row_col_steps";
 
 /// Default ε (calibrated on the corpus: `docs/BENCHMARKS.md`).
 pub const DEFAULT_EPSILON: f64 = 0.0005;
@@ -123,6 +126,8 @@ pub struct LossySettings {
     pub eval_cmd: Option<String>,
     /// Residual tensors kept decoded in `.mdl/tips` (`quant.tips`).
     pub tips: bool,
+    /// Weights with moments get a step per row and column (`quant.row_col_steps`).
+    pub row_col_steps: bool,
 }
 
 /// Command-line overrides of the repository's lossy settings.
@@ -221,7 +226,7 @@ pub fn validate(key: &str, value: &str) -> Option<Result<()>> {
         EMBEDDINGS_KEY => Ok(()),
         BETAS_KEY => parse_betas(value).map(drop),
         CURVATURE_KEY => parse_curvature(value).map(drop),
-        MOMENT_RESIDUALS_KEY | TIPS_KEY => parse_switch(key, value).map(drop),
+        MOMENT_RESIDUALS_KEY | TIPS_KEY | ROW_COL_STEPS_KEY => parse_switch(key, value).map(drop),
         EXP_AVG_DROP_KEY => parse_drop(value).map(drop),
         EXP_AVG_SQ_HOLD_KEY => parse_hold(value).map(drop),
         EXP_AVG_KEY | EXP_AVG_SQ_KEY => parse_config(key, value).map(drop),
@@ -241,6 +246,7 @@ pub fn known_keys() -> Vec<(&'static str, String)> {
         (CURVATURE_KEY, quant::DEFAULT_CURVATURE.to_string()),
         (MOMENT_RESIDUALS_KEY, "on".into()),
         (TIPS_KEY, "on".into()),
+        (ROW_COL_STEPS_KEY, "on".into()),
         (EXP_AVG_DROP_KEY, DEFAULT_EXP_AVG_DROP.to_string()),
         (EXP_AVG_SQ_HOLD_KEY, DEFAULT_EXP_AVG_SQ_HOLD.to_string()),
         (EXP_AVG_KEY, DEFAULT_EXP_AVG.into()),
@@ -292,6 +298,7 @@ impl LossySettings {
             curvature: parse_curvature(&get(CURVATURE_KEY)?)?,
             moment_residuals: parse_switch(MOMENT_RESIDUALS_KEY, &get(MOMENT_RESIDUALS_KEY)?)?,
             tips: parse_switch(TIPS_KEY, &get(TIPS_KEY)?)?,
+            row_col_steps: parse_switch(ROW_COL_STEPS_KEY, &get(ROW_COL_STEPS_KEY)?)?,
             exp_avg_drop: parse_drop(&get(EXP_AVG_DROP_KEY)?)?,
             exp_avg_sq_hold: parse_hold(&get(EXP_AVG_SQ_HOLD_KEY)?)?,
             exp_avg: parse_config(EXP_AVG_KEY, &get(EXP_AVG_KEY)?)?,

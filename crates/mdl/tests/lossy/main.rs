@@ -21,6 +21,7 @@ use mdl_format::Dtype;
 #[path = "../common/mod.rs"]
 mod common;
 mod mixed_precision;
+mod steps;
 use common::{adam_step, read_safetensors, write_safetensors, Rng};
 
 /// A small model in training: an f32 matrix, a bf16 matrix, a norm vector, Adam moments.
