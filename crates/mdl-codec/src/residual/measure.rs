@@ -161,13 +161,7 @@ pub fn measure_stepped(
     steps: &[f64],
     every: usize,
 ) -> Vec<ResidualStats> {
-    let (rows, cols) = factors.view();
-    assert_eq!(
-        rows * cols * dtype.size(),
-        values.len(),
-        "the steps cover the tensor"
-    );
-    let gains = factors.gains();
+    let gains = factors.gains_for(dtype, values.len());
     let linear = Mode::Linear;
     measure_with(
         dtype,

@@ -120,13 +120,7 @@ pub fn encode_stepped(
     steps: &Steps,
     step: f64,
 ) -> (Vec<u8>, Vec<u8>) {
-    let (rows, cols) = steps.view();
-    assert_eq!(
-        rows * cols * dtype.size(),
-        values.len(),
-        "the steps cover the tensor"
-    );
-    let gains = steps.gains();
+    let gains = steps.gains_for(dtype, values.len());
     let (inner, render) = encode_codes(dtype, values, reference, Mode::Linear, step, Some(&gains));
     (steps.wrap(&inner), render)
 }
@@ -155,6 +149,7 @@ fn encode_codes(
         .enumerate()
         .for_each(|(c, (codes, out))| {
             let first = c * CHUNK;
+            let factors = gains.map(|g| g.run(first, codes.len()));
             // One loop per dtype and mode, as in `measure_steps`.
             scalar::for_dtype!(dtype, D => for_mode!(mode, M => {
                 let size = D.size();
@@ -165,10 +160,7 @@ fn encode_codes(
                 for (k, (code, o)) in elements.enumerate() {
                     let x = scalar::value(D, values, k);
                     let r = reference_value(D, reference, k);
-                    let gain = gains.map_or((1.0, 1.0), |g| {
-                        let g = g.at(first + k);
-                        (g, 1.0 / g)
-                    });
+                    let gain = factors.as_ref().map_or((1.0, 1.0), |f| (f[k], 1.0 / f[k]));
                     match quant.code(M, D, x, r, gain) {
                         Some((q, y)) => {
                             *code = q;
@@ -534,10 +526,7 @@ fn rebuild(
 ) {
     let size = dtype.size();
     let mut exact = exact.chunks_exact(size);
-    let mut factor = vec![1.0; if gains.is_some() { codes.len() } else { 0 }];
-    if let Some((g, first)) = gains {
-        g.fill(first, &mut factor);
-    }
+    let factor = gains.map_or_else(Vec::new, |(g, first)| g.run(first, codes.len()));
     for (j, (&c, o)) in codes.iter().zip(out.chunks_exact_mut(size)).enumerate() {
         if c == EXACT {
             o.copy_from_slice(exact.next().expect("counted exact values"));

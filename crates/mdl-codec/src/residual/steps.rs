@@ -35,11 +35,11 @@ pub(super) struct Gains {
 }
 
 impl Gains {
-    /// Element `i`'s factor.
-    #[inline(always)]
-    pub(super) fn at(&self, i: usize) -> f64 {
-        let cols = self.col.len();
-        self.row[i / cols] * self.col[i % cols]
+    /// The factors of elements `start..start + len` (a chunk the coder takes at a time).
+    pub(super) fn run(&self, start: usize, len: usize) -> Vec<f64> {
+        let mut out = vec![0.0; len];
+        self.fill(start, &mut out);
+        out
     }
 
     /// The factors of elements `start..start + out.len()`, into `out`.
@@ -116,6 +116,18 @@ impl Steps {
     /// The view the factors cover.
     pub fn view(&self) -> (usize, usize) {
         (self.factors.rows, self.factors.cols)
+    }
+
+    /// The factors as the coder multiplies with them, for a tensor of `len` bytes of `dtype`,
+    /// which they must cover.
+    pub(super) fn gains_for(&self, dtype: Dtype, len: usize) -> Gains {
+        let (rows, cols) = self.view();
+        assert_eq!(
+            rows * cols * dtype.size(),
+            len,
+            "the steps cover the tensor"
+        );
+        self.gains()
     }
 
     /// The factors as the coder multiplies with them.
@@ -200,9 +212,9 @@ mod tests {
             let c = case(dtype, 40, 96);
             let steps = Steps::fit(dtype, &c.v, (c.rows, c.cols), 0.1).unwrap();
             // Larger second moments (later rows, earlier columns) get finer steps.
-            let g = steps.gains();
-            assert!(g.at(39 * 96) < g.at(0) / 4.0, "{dtype:?}");
-            assert!(g.at(39 * 96 + 95) > g.at(39 * 96), "{dtype:?}");
+            let g = steps.gains().run(0, c.rows * c.cols);
+            assert!(g[39 * 96] < g[0] / 4.0, "{dtype:?}");
+            assert!(g[39 * 96 + 95] > g[39 * 96], "{dtype:?}");
             let view = |bytes| FloatView { dtype, bytes };
             let moments = Some(Moments {
                 m: view(&c.m),
@@ -215,13 +227,13 @@ mod tests {
                 decode(dtype, &payload, reference, &mut out).unwrap();
                 assert!(out == render, "{dtype:?} {step}: decoded ≠ encoded");
                 // Each element within half its own step (plus the dtype's rounding).
-                for i in 0..c.rows * c.cols {
+                for (i, gain) in g.iter().enumerate() {
                     let (x, y) = (
                         scalar::value(dtype, &c.now, i),
                         scalar::value(dtype, &out, i),
                     );
                     let half_ulp = y.abs() * 2f64.powi(if dtype == Dtype::BF16 { -8 } else { -24 });
-                    let bound = step * g.at(i) / 2.0 + half_ulp;
+                    let bound = step * gain / 2.0 + half_ulp;
                     assert!((y - x).abs() <= bound, "{dtype:?} [{i}] {x} → {y}");
                 }
                 // The measure counts what the encoder made: the same sums, bit for bit.
