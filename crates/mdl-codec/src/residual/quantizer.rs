@@ -18,7 +18,8 @@ pub enum Mode {
     /// so every machine computes the same values.
     Log = 1,
     /// `q · step · √r`: Adam's `exp_avg` in the optimizer's own units, against a second moment
-    /// (its previous version), whose square root scales each element's step.
+    /// (the same commit's, or the previous one's), whose square root scales each element's
+    /// step.
     Scaled = 2,
 }
 

@@ -395,11 +395,13 @@ fn store_tensors(
         spare_planes: Spare::new(),
         made: Made::default(),
         casts: planning.casts,
-        masters: planning
-            .casts
-            .iter()
-            .flatten()
-            .map(|&j| (j, OnceLock::new()))
+        followed: (planning.casts.iter().flatten().copied())
+            .chain(plans.iter().flatten().filter_map(TensorPlan::follows))
+            .collect(),
+        kept: Default::default(),
+        resolved: (plans.iter().enumerate())
+            .filter(|(_, p)| p.as_ref().and_then(TensorPlan::follows).is_some())
+            .map(|(i, _)| (i, OnceLock::new()))
             .collect(),
     };
     let pieces = &input.pieces;

@@ -45,6 +45,10 @@ pub(crate) struct Reference {
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Residual {
     pub reference: Option<Arc<Reference>>,
+    /// The piece of this commit whose stored content is the reference instead, given once that
+    /// piece is stored ([`Residual::follow`]: a first moment, in units of its commit's second
+    /// moment).
+    pub follows: Option<usize>,
     pub mode: residual::Mode,
     pub step: f64,
     /// What the encoder drops first (moments only).
@@ -60,7 +64,41 @@ pub(crate) struct Residual {
     pub view: (usize, usize),
 }
 
+impl Residual {
+    /// This plan with its reference, the content `follows` names as it was stored.
+    pub(crate) fn follow(&self, reference: Reference) -> Residual {
+        Residual {
+            reference: Some(Arc::new(reference)),
+            follows: None,
+            ..self.clone()
+        }
+    }
+}
+
 impl TensorPlan {
+    /// This plan, its residual's reference given (see [`Residual::follows`]); without one (the
+    /// followed piece at the depth cap), against the reference it had beside, or quantized on
+    /// its own (`config`) where it had none.
+    pub(crate) fn follow(&self, reference: Option<Reference>) -> TensorPlan {
+        let residual = match (&self.residual, reference) {
+            (Some(r), Some(reference)) => Some(r.follow(reference)),
+            (Some(r), None) if r.reference.is_some() => Some(Residual {
+                follows: None,
+                ..r.clone()
+            }),
+            _ => None,
+        };
+        TensorPlan {
+            residual,
+            ..self.clone()
+        }
+    }
+
+    /// The piece whose stored content this plan's reference is, where it is this commit's.
+    pub(crate) fn follows(&self) -> Option<usize> {
+        self.residual.as_ref()?.follows
+    }
+
     /// The first moment a held second moment is gated by (see [`Sparsify::Hold`]).
     pub(crate) fn first_moment(&self) -> Option<usize> {
         match self.residual.as_ref()?.sparsify? {
@@ -99,6 +137,10 @@ pub(crate) fn quantize(
 ) -> Quantized {
     let (encoded, render, settings) = match &plan.residual {
         Some(r) => {
+            assert!(
+                r.follows.is_none(),
+                "a followed piece's content is given first"
+            );
             let reference = r.reference.as_ref().map(|r| &r.content[..]);
             let sparse = r
                 .sparsify

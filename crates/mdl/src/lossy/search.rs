@@ -1,6 +1,6 @@
 //! The configuration search under the quality bound: which tensors are quantized and how.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use mdl_codec::engine::{Engine, FloatView};
@@ -35,7 +35,7 @@ pub(crate) fn second_moment_step(beta2: f64) -> f64 {
         1.0
     }
 }
-/// `exp_avg` in units of the square root of the previous `exp_avg_sq` (Adam's own units: an
+/// `exp_avg` in units of the square root of its commit's `exp_avg_sq` (Adam's own units: an
 /// update is `m/√v`); values within a quarter unit round to zero.
 const FIRST_MOMENT_SCALED_STEP: f64 = 0.5;
 /// A moment is a residual only when at most this share of its elements would be kept exactly.
@@ -419,6 +419,7 @@ impl PlanInput<'_> {
                     table: None,
                     residual: Some(Residual {
                         reference: reference.clone(),
+                        follows: None,
                         mode: linear,
                         step,
                         sparsify: None,
@@ -550,9 +551,10 @@ impl PlanInput<'_> {
                 threshold: *thresholds.get(&i)?,
             }),
         };
-        // With a previous version: `exp_avg_sq` as a log residual from it, `exp_avg` in units of
-        // its second moment's previous version. Each reference is decoded once, though a
-        // second moment's serves its first moment too.
+        // With a previous version: `exp_avg_sq` as a log residual from it; `exp_avg` in units of
+        // its commit's second moment, or where that is at the depth cap of its previous
+        // version. Each reference is decoded once, though a second moment's serves its first
+        // moment too.
         let pieces = &self.input.pieces;
         let residual_of = |i: usize| {
             let (source, mode, step) = match self.roles[i] {
@@ -569,6 +571,8 @@ impl PlanInput<'_> {
             (source, mode, step)
         };
         let role_is_second = |i: usize| self.roles[i] == Role::SecondMoment;
+        // The second moments planned here: every one of them is stored lossily.
+        let planned: HashSet<usize> = moments.iter().map(|m| m.0).collect();
         let view_of = |i: usize| residual::view_of(&pieces[i].header.shape);
         let mut sources: Vec<usize> = moments.iter().filter_map(|m| residual_of(m.0).0).collect();
         sources.sort_unstable();
@@ -593,16 +597,14 @@ impl PlanInput<'_> {
                     residual: None,
                 };
                 let (source, mode, step) = residual_of(i);
-                if let Some(reference) = source.and_then(|s| references.get(&s)) {
-                    // A reference that cannot scale most elements (an optimizer's first
-                    // step after zero moments) leaves the tensor to the quantizer.
-                    let view = self.input.view(i);
-                    let content = Some(&reference.content[..]);
-                    // Counted on a sample: a tensor near the limit is a residual either way,
-                    // the limit only keeps out those a reference cannot serve at all.
+                // A reference that cannot scale most elements (an optimizer's first step after
+                // zero moments) leaves the tensor to the quantizer. Counted on a sample: a
+                // tensor near the limit is a residual either way, the limit only keeps out
+                // those a reference cannot serve at all.
+                let serves = |content: &[u8]| {
                     let st = self.engine.residual_measure(
-                        view,
-                        content,
+                        self.input.view(i),
+                        Some(content),
                         None,
                         mode,
                         None,
@@ -610,30 +612,48 @@ impl PlanInput<'_> {
                         SAMPLE_EVERY,
                     );
                     let st = st.into_iter().next().unwrap_or_default();
-                    if (st.exact as f64) <= MOMENT_EXACT_LIMIT * st.codes.total() as f64 {
-                        let sparsify = sparsify_of(i);
-                        // A held second moment keeps its reference's value exactly, which only
-                        // codes against the reference itself do.
-                        let held = matches!(sparsify, Some(Sparsify::Hold { .. }));
-                        plan.residual = Some(Residual {
-                            reference: Some(reference.clone()),
-                            mode,
-                            step,
-                            sparsify,
-                            // Second moments are coded against a prediction
-                            // (`residual::Predictor`).
-                            predict: role_is_second(i) && !held,
-                            factors: None,
-                            view: view_of(i),
-                        });
-                        return Ok((i, plan));
-                    }
+                    (st.exact as f64) <= MOMENT_EXACT_LIMIT * st.codes.total() as f64
+                };
+                // A first moment is coded in units of this commit's second moment as stored
+                // (the store gives the reference), or where that is at the depth cap, of its
+                // previous version's.
+                let first = self.roles[i] == Role::FirstMoment;
+                let current = second_of.get(&i).copied().filter(|&v| {
+                    first
+                        && role_is_second(v)
+                        && planned.contains(&v)
+                        && self.settings.moment_residuals
+                        && pieces[v].header == pieces[i].header
+                        && serves(self.input.view(v).bytes)
+                });
+                let previous = source
+                    .and_then(|s| references.get(&s))
+                    .filter(|r| serves(&r.content));
+                if previous.is_some() || current.is_some() {
+                    let sparsify = sparsify_of(i);
+                    // A held second moment keeps its reference's value exactly, which only
+                    // codes against the reference itself do.
+                    let held = matches!(sparsify, Some(Sparsify::Hold { .. }));
+                    plan.residual = Some(Residual {
+                        reference: previous.cloned(),
+                        follows: current,
+                        mode,
+                        step,
+                        sparsify,
+                        // Second moments are coded against a prediction
+                        // (`residual::Predictor`).
+                        predict: role_is_second(i) && !held,
+                        factors: None,
+                        view: view_of(i),
+                    });
+                    return Ok((i, plan));
                 }
                 // A second moment without a reference to take residuals from is coded against
                 // its own row and column factors (`residual::Predictor`) at the same step.
                 if role_is_second(i) && self.settings.moment_residuals {
                     plan.residual = Some(Residual {
                         reference: None,
+                        follows: None,
                         mode: residual::Mode::Log,
                         step: self.second_moment_step,
                         sparsify: None,

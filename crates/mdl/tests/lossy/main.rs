@@ -21,6 +21,7 @@ use mdl_format::Dtype;
 #[path = "../common/mod.rs"]
 mod common;
 mod mixed_precision;
+mod moments;
 mod steps;
 use common::{adam_step, read_safetensors, write_safetensors, Rng};
 

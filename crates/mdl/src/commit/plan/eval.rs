@@ -2,17 +2,20 @@
 //! tensors replaced by their reconstructions, in a scratch file (a single-file commit) or a
 //! scratch folder (a tree) that the command reads.
 
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::FileExt;
-
-use mdl_store::Store;
-
 use std::path::Path;
+use std::sync::Arc;
+
+use mdl_format::ObjectId;
+use mdl_store::Store;
 
 use mdl_codec::engine::Engine;
 use mdl_codec::quant::Correction;
 
 use crate::input::{Input, Run};
-use crate::lossy::{LossySettings, TensorPlan};
+use crate::lossy::{LossySettings, Reference, TensorPlan};
 use crate::{lossy, Error, Repository, Result};
 
 /// Scores a candidate with the user's `--eval-cmd`: the committed checkpoint itself (`plans` =
@@ -34,37 +37,28 @@ pub(super) fn evaluate_candidate(
         return lossy::run_eval(cmd, path);
     }
     let store = repo.store();
-    let render = |i: usize| -> Option<Vec<u8>> {
-        let plan = plans?.get(i)?.as_ref()?;
-        let q = lossy::quantize(
-            engine,
-            input.view(i),
-            input.moments(plan.moments),
-            plan.first_moment().map(|m| input.view(m)),
-            plan,
-            correction,
-        );
-        Some(q.render)
-    };
-    // A master's reconstruction is made once, for itself and its copy.
-    let masters = std::cell::RefCell::new(std::collections::HashMap::new());
-    let render_master = |j: usize| -> Option<Vec<u8>> {
-        if let Some(r) = masters.borrow().get(&j) {
-            return Some(Vec::clone(r));
-        }
-        let r = render(j)?;
-        masters.borrow_mut().insert(j, r.clone());
-        Some(r)
+    let candidate = Candidate {
+        input,
+        engine,
+        correction,
+        plans,
+        followed: (casts.iter().flatten().copied())
+            .chain(
+                plans
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter_map(TensorPlan::follows),
+            )
+            .collect(),
+        made: Default::default(),
     };
     // A copy follows its master's reconstruction (`mdl_codec::cast::follow`).
     let render_any = |i: usize| -> Option<Vec<u8>> {
-        if casts.contains(&Some(i)) {
-            return render_master(i);
-        }
         let Some(j) = casts.get(i).copied().flatten() else {
-            return render(i);
+            return candidate.reconstruction(i);
         };
-        let recon = render_master(j)?;
+        let recon = candidate.shared(j)?;
         let mut out = vec![0u8; input.pieces[i].len as usize];
         let dtype = input.pieces[i].header.dtype;
         mdl_codec::cast::follow(dtype, input.tensor(j), &recon, input.tensor(i), &mut out);
@@ -103,4 +97,64 @@ pub(super) fn evaluate_candidate(
         write(&file, index, &dir.path().join(&f.tree_path))?;
     }
     lossy::run_eval(cmd, dir.path())
+}
+
+/// The planned tensors of a candidate, reconstructed.
+struct Candidate<'a> {
+    input: &'a Input,
+    engine: &'a dyn Engine,
+    correction: Correction,
+    plans: Option<&'a [Option<TensorPlan>]>,
+    /// The pieces other pieces follow: a copy's master, a first moment's second moment.
+    followed: HashSet<usize>,
+    /// Reconstructions other tensors follow (a master's, a second moment's), made once.
+    made: RefCell<HashMap<usize, Arc<Vec<u8>>>>,
+}
+
+impl Candidate<'_> {
+    /// Piece `i`'s reconstruction under its plan (`None`: not planned). A plan that follows
+    /// another piece takes that piece's reconstruction as its reference, as the store does
+    /// (where the store finds that piece at the depth cap it quantizes the tensor on its own
+    /// instead: the candidate scored differs there in the optimizer state only).
+    fn render(&self, i: usize) -> Option<Vec<u8>> {
+        let plan = self.plans?.get(i)?.as_ref()?;
+        let followed = plan.follows().map(|j| {
+            let content = self
+                .shared(j)
+                .unwrap_or_else(|| Arc::new(self.input.tensor(j).to_vec()));
+            plan.follow(Some(Reference {
+                id: ObjectId::from_bytes([0; 32]),
+                depth: 0,
+                content,
+            }))
+        });
+        let plan = followed.as_ref().unwrap_or(plan);
+        let q = lossy::quantize(
+            self.engine,
+            self.input.view(i),
+            self.input.moments(plan.moments),
+            plan.first_moment().map(|m| self.input.view(m)),
+            plan,
+            self.correction,
+        );
+        Some(q.render)
+    }
+
+    /// Piece `i`'s reconstruction, made once where other pieces follow it.
+    fn reconstruction(&self, i: usize) -> Option<Vec<u8>> {
+        match self.followed.contains(&i) {
+            true => self.shared(i).map(|r| Vec::clone(&r)),
+            false => self.render(i),
+        }
+    }
+
+    /// [`Self::render`] of a piece other pieces follow, made once.
+    fn shared(&self, j: usize) -> Option<Arc<Vec<u8>>> {
+        if let Some(r) = self.made.borrow().get(&j) {
+            return Some(r.clone());
+        }
+        let r = Arc::new(self.render(j)?);
+        self.made.borrow_mut().insert(j, r.clone());
+        Some(r)
+    }
 }

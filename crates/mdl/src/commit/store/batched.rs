@@ -8,7 +8,7 @@
 //!
 //! [`Engine::content_ids`]: mdl_codec::engine::Engine::content_ids
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use mdl_codec::engine::Kept;
@@ -44,20 +44,39 @@ impl Made {
 }
 
 impl StoreCtx<'_> {
-    /// Stores every piece: those made together, a group at a time, then the rest, then the
-    /// copies stored as their masters' casts, each in parallel. Results in piece order.
+    /// Stores every piece: those made together, a group at a time, then the rest (a second
+    /// moment and the first moment coded in its units one after the other, so that the second
+    /// moment's content is held no longer), then the copies stored as their masters' casts,
+    /// each in parallel. Results in piece order.
     pub(in crate::commit) fn store_all(&self) -> Result<Vec<(Stored, Exactness)>> {
         let pieces = &self.input.pieces;
-        // Copies stored as their masters' casts come last, once their masters are stored.
-        let (copies, own): (Vec<usize>, Vec<usize>) =
-            (0..pieces.len()).partition(|&i| self.casts.get(i).is_some_and(Option::is_some));
+        let cast_of = |i: usize| self.casts.get(i).copied().flatten();
+        // The first moment that follows each second moment.
+        let first_of: HashMap<usize, usize> = (0..pieces.len())
+            .filter_map(|i| Some((self.plans.get(i)?.as_ref()?.follows()?, i)))
+            .collect();
+        let followers: HashSet<usize> = first_of.values().copied().collect();
+        let (copies, own): (Vec<usize>, Vec<usize>) = (0..pieces.len())
+            .filter(|i| !followers.contains(i))
+            .partition(|&i| cast_of(i).is_some());
         let (together, alone): (Vec<usize>, Vec<usize>) =
             own.into_iter().partition(|&i| self.made_together(i));
         let mut out: Vec<Option<(Stored, Exactness)>> = pieces.iter().map(|_| None).collect();
         let mut store = |group: &[usize]| -> Result<()> {
-            let results = per_tensor(group, |&i| pieces[i].len, |&i| self.store_tensor(i))?;
-            for (&i, r) in group.iter().zip(results) {
+            let size = |&i: &usize| pieces[i].len + first_of.get(&i).map_or(0, |&m| pieces[m].len);
+            let results = per_tensor(group, size, |&i| {
+                let stored = self.store_tensor(i)?;
+                let follower = match first_of.get(&i) {
+                    Some(&m) => Some((m, self.store_follower(m, i, &stored.0)?)),
+                    None => None,
+                };
+                Ok((stored, follower))
+            })?;
+            for (&i, (r, follower)) in group.iter().zip(results) {
                 out[i] = Some(r);
+                if let Some((m, r)) = follower {
+                    out[m] = Some(r);
+                }
             }
             Ok(())
         };
@@ -75,11 +94,12 @@ impl StoreCtx<'_> {
             }
         }
         store(&alone)?;
+        // Copies stored as their masters' casts come last, once their masters are stored.
         let results = per_tensor(
             &copies,
             |&i| pieces[i].len,
             |&i| {
-                let j = self.casts[i].expect("a copy has a master");
+                let j = cast_of(i).expect("a copy has a master");
                 let master = &out[j].as_ref().expect("a master is stored first").0;
                 self.store_cast(i, j, master)
             },

@@ -6,7 +6,6 @@
 //! is the cast of its master").
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
 
 use mdl_codec::cast;
 use mdl_codec::engine::FloatView;
@@ -87,15 +86,7 @@ impl StoreCtx<'_> {
         j: usize,
         master: &Stored,
     ) -> Result<(Stored, Exactness)> {
-        let store = self.repo.store();
-        let depth = match &master.added {
-            Some((_, entry)) => entry.depth,
-            None => store
-                .meta()
-                .read()?
-                .object(&master.id)?
-                .map_or(u32::MAX, |e| e.depth),
-        };
+        let depth = self.depth_of(master)?;
         let info = &self.input.pieces[i];
         let dtype = info.header.dtype;
         let read = |k: usize| -> Result<Vec<u8>> {
@@ -106,7 +97,7 @@ impl StoreCtx<'_> {
         // What is hashed must be what is encoded: bytes that may change meanwhile are copied.
         let copy = read(i)?;
         let committed = read(j)?;
-        let reconstructed = self.masters.get(&j).and_then(OnceLock::get).cloned();
+        let reconstructed = self.kept.lock().unwrap().get(&j).cloned();
         let (content, exactness) = match &reconstructed {
             None => (copy, Exactness::Lossless),
             Some(recon) => {
@@ -177,12 +168,5 @@ impl StoreCtx<'_> {
         self.forget_previous_tip(i, &stored.id);
         self.progress.advance(info.len);
         Ok((stored, exactness))
-    }
-
-    /// Keeps piece `j`'s stored content for its copies where it is not the content read.
-    pub(super) fn keep_for_copies(&self, j: usize, content: &Arc<Vec<u8>>) {
-        if let Some(kept) = self.masters.get(&j) {
-            let _ = kept.set(content.clone());
-        }
     }
 }

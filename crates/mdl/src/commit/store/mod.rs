@@ -22,6 +22,7 @@ mod batched;
 mod cast;
 pub(super) mod coder;
 pub(super) mod content;
+mod follow;
 mod large;
 mod lossless;
 pub(super) mod reverse;
@@ -150,15 +151,24 @@ pub(super) struct StoreCtx<'a> {
     pub(super) made: Made,
     /// Each piece's master where it is stored as the master's cast (`cast.rs`).
     pub(super) casts: &'a [Option<usize>],
-    /// Every copy's master, by piece, with its content where it was stored otherwise than
-    /// read (quantized, trimmed), for its copies.
-    pub(super) masters: HashMap<usize, OnceLock<Arc<Vec<u8>>>>,
+    /// Every piece other pieces are coded against (a copy's master, a first moment's second
+    /// moment).
+    pub(super) followed: HashSet<usize>,
+    /// Their content where it was stored otherwise than read (quantized, trimmed), until the
+    /// pieces that follow them are stored.
+    pub(super) kept: Mutex<HashMap<usize, Arc<Vec<u8>>>>,
+    /// The plans of the pieces that follow another piece of this commit
+    /// ([`TensorPlan::follows`]), with their reference, given once that piece is stored.
+    pub(super) resolved: HashMap<usize, OnceLock<TensorPlan>>,
 }
 
 impl StoreCtx<'_> {
     /// Piece `i`'s lossy plan, if the commit is lossy and it has one.
     fn plan(&self, i: usize) -> Option<&TensorPlan> {
-        self.plans.get(i).and_then(Option::as_ref)
+        match self.resolved.get(&i).and_then(OnceLock::get) {
+            Some(plan) => Some(plan),
+            None => self.plans.get(i).and_then(Option::as_ref),
+        }
     }
 
     /// Stores tensor `i`; also returns what the manifest says about it.
@@ -242,7 +252,7 @@ impl StoreCtx<'_> {
         let exactness = rendering.exactness();
         let changed = rendering.into_content().map(Arc::new);
         if let Some(changed) = &changed {
-            self.keep_for_copies(i, changed);
+            self.keep_for_followers(i, changed);
         }
         match (kept_warm, changed, copy) {
             (Some(warm), Some(changed), _) => warm.offer(id, changed, Kept::nothing()),
