@@ -11,7 +11,8 @@
 # MDL_EVAL_SERIES picks the series, default "traj-fp32 traj-bf16 ft-fp32"; MDL_EVAL_CONFIG
 # "key=value;..." sets repository configuration; a series is a folder of the corpus cache or
 # any folder of checkpoints named ckpt_*.safetensors, with MDL_EVAL_DOMAIN_<name> overriding
-# its validation domain; MDL_BIN runs that mdl instead of building this tree's)
+# its validation domain; MDL_EVAL_BASE_CMD commits each series' first checkpoint with that
+# --eval-cmd; MDL_BIN runs that mdl instead of building this tree's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cache="${MDL_CORPUS:-$HOME/.cache/mdl-corpus}"
@@ -46,8 +47,17 @@ for series in ${MDL_EVAL_SERIES:-traj-fp32 traj-bf16 ft-fp32}; do
     done
     files=("$dir"/ckpt_*.safetensors)
     : > "$work/est"
+    first=1
     for f in "${files[@]}"; do
-        "$mdl" -C "$repo" commit "$f" --lossy "$@" -m "$(basename "$f")" 2>&1 |
+        extra=()
+        # MDL_EVAL_BASE_CMD: the series' first commit (a base without moments) is committed
+        # with --eval-cmd "$MDL_EVAL_BASE_CMD" (scored by the user's metric, not held to ε of
+        # relative error); '{}' is the candidate file, DOMAIN the series' validation domain.
+        if [ "$first" = 1 ] && [ -n "${MDL_EVAL_BASE_CMD:-}" ]; then
+            extra=(--eval-cmd "${MDL_EVAL_BASE_CMD//DOMAIN/$domain}")
+        fi
+        first=0
+        "$mdl" -C "$repo" commit "$f" --lossy "$@" "${extra[@]}" -m "$(basename "$f")" 2>&1 |
             sed -n 's/.*estimated loss change \([^ ]*\) (budget \([^ )]*\).*/\1 \2/p' > "$work/one"
         if [ -s "$work/one" ]; then cat "$work/one" >> "$work/est"; else echo 0 0 >> "$work/est"; fi
     done
