@@ -51,11 +51,20 @@ impl StoreCtx<'_> {
     pub(in crate::commit) fn store_all(&self) -> Result<Vec<(Stored, Exactness)>> {
         let pieces = &self.input.pieces;
         let cast_of = |i: usize| self.casts.get(i).copied().flatten();
-        // The first moment that follows each second moment.
-        let first_of: HashMap<usize, usize> = (0..pieces.len())
-            .filter_map(|i| Some((self.plans.get(i)?.as_ref()?.follows()?, i)))
-            .collect();
-        let followers: HashSet<usize> = first_of.values().copied().collect();
+        // The first moments that follow each second moment.
+        let mut first_of: HashMap<usize, Vec<usize>> = HashMap::new();
+        for i in 0..pieces.len() {
+            if let Some(v) = self
+                .plans
+                .get(i)
+                .and_then(Option::as_ref)
+                .and_then(|p| p.follows())
+            {
+                first_of.entry(v).or_default().push(i);
+            }
+        }
+        let followers: HashSet<usize> = first_of.values().flatten().copied().collect();
+        let masters: HashSet<usize> = self.casts.iter().flatten().copied().collect();
         let (copies, own): (Vec<usize>, Vec<usize>) = (0..pieces.len())
             .filter(|i| !followers.contains(i))
             .partition(|&i| cast_of(i).is_some());
@@ -63,18 +72,23 @@ impl StoreCtx<'_> {
             own.into_iter().partition(|&i| self.made_together(i));
         let mut out: Vec<Option<(Stored, Exactness)>> = pieces.iter().map(|_| None).collect();
         let mut store = |group: &[usize]| -> Result<()> {
-            let size = |&i: &usize| pieces[i].len + first_of.get(&i).map_or(0, |&m| pieces[m].len);
+            let followers = |i: usize| first_of.get(&i).map_or(&[][..], |f| &f[..]);
+            let size = |&i: &usize| -> u64 {
+                pieces[i].len + followers(i).iter().map(|&m| pieces[m].len).sum::<u64>()
+            };
             let results = per_tensor(group, size, |&i| {
                 let stored = self.store_tensor(i)?;
-                let follower = match first_of.get(&i) {
-                    Some(&m) => Some((m, self.store_follower(m, i, &stored.0)?)),
-                    None => None,
-                };
-                Ok((stored, follower))
+                let after = (followers(i).iter())
+                    .map(|&m| Ok((m, self.store_follower(m, i, &stored.0)?)))
+                    .collect::<Result<Vec<_>>>()?;
+                if !after.is_empty() && !masters.contains(&i) {
+                    self.forget_followed(i);
+                }
+                Ok((stored, after))
             })?;
-            for (&i, (r, follower)) in group.iter().zip(results) {
+            for (&i, (r, after)) in group.iter().zip(results) {
                 out[i] = Some(r);
-                if let Some((m, r)) = follower {
+                for (m, r) in after {
                     out[m] = Some(r);
                 }
             }

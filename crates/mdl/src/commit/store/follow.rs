@@ -35,8 +35,7 @@ impl StoreCtx<'_> {
         let depth = self.depth_of(base)?;
         let reference = match depth < self.policy.max_depth {
             true => {
-                // Each second moment has one first moment: its content is not kept after.
-                let kept = self.kept.lock().unwrap().remove(&j);
+                let kept = self.kept.lock().unwrap().get(&j).cloned();
                 let content = match kept {
                     Some(kept) => kept,
                     None => {
@@ -63,5 +62,10 @@ impl StoreCtx<'_> {
         if self.followed.contains(&j) {
             self.kept.lock().unwrap().insert(j, content.clone());
         }
+    }
+
+    /// Drops piece `j`'s kept content, once every piece that follows it is stored.
+    pub(super) fn forget_followed(&self, j: usize) {
+        self.kept.lock().unwrap().remove(&j);
     }
 }
