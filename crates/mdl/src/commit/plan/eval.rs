@@ -114,8 +114,9 @@ struct Candidate<'a> {
 impl Candidate<'_> {
     /// Piece `i`'s reconstruction under its plan (`None`: not planned). A plan that follows
     /// another piece takes that piece's reconstruction as its reference, as the store does
-    /// (where the store finds that piece at the depth cap it quantizes the tensor on its own
-    /// instead: the candidate scored differs there in the optimizer state only).
+    /// (where the store finds that piece at the depth cap it takes the previous commit's unit,
+    /// or the quantizer, instead: the candidate scored differs there in the optimizer state
+    /// only).
     fn render(&self, i: usize) -> Option<Vec<u8>> {
         let plan = self.plans?.get(i)?.as_ref()?;
         let followed = plan.follows().map(|j| {
