@@ -6,11 +6,7 @@
 #   bench/lossy-bound/make-bf16-master.sh [CACHE_DIR]      then
 #   MDL_EVAL_SERIES="traj-bf16-master traj-bf16-master-s11" scripts/lossy-eval.sh
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-cache=${1:-${MDL_CORPUS:-$HOME/.cache/mdl-corpus}}
-gen="$here/../../../shared/corpus/gen_trajectory.py"
-py="$cache/venv/bin/python"
-[ -x "$py" ] || { echo "error: run ../shared/corpus/make.sh first (it makes $cache/venv)" >&2; exit 1; }
+source "$(dirname "$0")/corpus-env.sh"
 series() {
     local out="$cache/$1"
     shift

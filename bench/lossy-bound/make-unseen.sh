@@ -7,11 +7,7 @@
 #   bench/lossy-bound/make-unseen.sh [CACHE_DIR]      then
 #   MDL_EVAL_SERIES=ft-unseen-fp32 scripts/lossy-eval.sh
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-cache=${1:-${MDL_CORPUS:-$HOME/.cache/mdl-corpus}}
-gen="$here/../../../shared/corpus/gen_trajectory.py"
-py="$cache/venv/bin/python"
-[ -x "$py" ] || { echo "error: run ../shared/corpus/make.sh first (it makes $cache/venv)" >&2; exit 1; }
+source "$(dirname "$0")/corpus-env.sh"
 out="$cache/ft-unseen-fp32"
 if [ "$(ls "$out"/*.safetensors 2>/dev/null | wc -l)" -lt 11 ]; then
     pre="$cache/pretrain-unseen"

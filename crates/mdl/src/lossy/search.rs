@@ -626,9 +626,12 @@ impl PlanInput<'_> {
                         && pieces[v].header == pieces[i].header
                         && serves(self.input.view(v).bytes)
                 });
+                // Beside this commit's unit the previous one is a fallback for the depth cap
+                // only, taken unchecked: the check is a measure, and elements it cannot scale
+                // are kept exactly, which costs bytes, not correctness.
                 let previous = source
                     .and_then(|s| references.get(&s))
-                    .filter(|r| serves(&r.content));
+                    .filter(|r| current.is_some() || serves(&r.content));
                 if previous.is_some() || current.is_some() {
                     let sparsify = sparsify_of(i);
                     // A held second moment keeps its reference's value exactly, which only

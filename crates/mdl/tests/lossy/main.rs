@@ -131,6 +131,11 @@ fn one_checkpoint() -> (tempfile::TempDir, Repository, Model, PathBuf) {
     (dir, repo, model, file)
 }
 
+/// Tensor `name` of a commit `mdl show` describes.
+fn tensor<'a>(shown: &'a mdl::show::Shown, name: &str) -> &'a mdl::show::TensorInfo {
+    shown.tensors.iter().find(|t| t.name == name).unwrap()
+}
+
 fn checkout_to(repo: &Repository, rev: &str, out: &Path) {
     let opts = CheckoutOptions {
         force: true,
@@ -279,7 +284,7 @@ fn a_damaged_record_inside_a_residual_chain_is_named() {
     }
     let newest = ids[2].to_string();
     let shown = mdl::show::show(&repo, &newest).unwrap();
-    let top = shown.tensors.iter().find(|t| t.name == "model.a").unwrap();
+    let top = tensor(&shown, "model.a");
     assert_eq!(top.codec, "quant-residual");
     assert!(top.depth >= 2, "depth {}", top.depth);
     let middle = top.base.expect("a residual has a base");

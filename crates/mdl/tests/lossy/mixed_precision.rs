@@ -10,7 +10,7 @@ use mdl::NoProgress;
 use mdl_codec::scalar;
 
 use super::common::{read_safetensors, write_safetensors};
-use super::{check_checkout, checkout_to, init_repo, lossy_opts, Model, NB};
+use super::{check_checkout, checkout_to, init_repo, lossy_opts, tensor, Model, NB};
 
 /// `model`'s `b` as a mixed-precision run keeps it: a bf16 copy (`model.b`) and its fp32
 /// master. `cast`: the copy is the master's cast, as trainers make it; otherwise it is rounded
@@ -215,7 +215,7 @@ fn a_copy_that_only_looks_like_a_cast_is_stored_on_its_own() {
     };
     commit(&repo, &file, &opts, &NoProgress).unwrap();
     let shown = mdl::show::show(&repo, "HEAD").unwrap();
-    let t = shown.tensors.iter().find(|t| t.name == "model.c").unwrap();
+    let t = tensor(&shown, "model.c");
     assert_ne!(t.codec, "cast");
     check_checkout(&repo, "HEAD", &file, &dir.path().join("out"));
 }

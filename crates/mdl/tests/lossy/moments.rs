@@ -4,17 +4,12 @@
 
 use mdl::commit::commit;
 use mdl::policy::DeltaPolicy;
-use mdl::show::TensorInfo;
 use mdl::NoProgress;
 use mdl_codec::scalar;
 use mdl_format::Dtype;
 
 use super::common::read_safetensors;
-use super::{check_checkout, init_repo, lossy_opts, Model};
-
-fn tensor<'a>(shown: &'a mdl::show::Shown, name: &str) -> &'a TensorInfo {
-    shown.tensors.iter().find(|t| t.name == name).unwrap()
-}
+use super::{check_checkout, init_repo, lossy_opts, tensor, Model};
 
 #[test]
 fn first_moments_are_in_units_of_their_commits_second_moments() {

@@ -8,7 +8,7 @@ use mdl_codec::scalar;
 use mdl_format::Dtype;
 
 use super::common::read_safetensors;
-use super::{check_checkout, init_repo, lossy_opts, Model};
+use super::{check_checkout, init_repo, lossy_opts, tensor, Model};
 
 /// Mean absolute error of `model.a`'s rows `rows` in a checkout against the original.
 fn row_error(orig: &[u8], got: &[u8], rows: std::ops::Range<usize>) -> f64 {
@@ -53,7 +53,7 @@ fn steps_follow_the_second_moment_and_record_what_checks_out() {
         // Every recorded error is the checkout's, to the bit.
         check_checkout(&repo, "HEAD", &file, &out);
         let shown = mdl::show::show(&repo, "HEAD").unwrap();
-        let a = shown.tensors.iter().find(|t| t.name == "model.a").unwrap();
+        let a = tensor(&shown, "model.a");
         let l = a.lossy_info.as_ref().expect("model.a is lossy");
         settings.push(l.settings.clone());
         if on {
@@ -64,7 +64,7 @@ fn steps_follow_the_second_moment_and_record_what_checks_out() {
             assert!(fine * 4.0 < coarse, "{fine} vs {coarse}: {}", l.settings);
         }
         // A 1-D tensor keeps one step.
-        let ln = shown.tensors.iter().find(|t| t.name == "model.ln").unwrap();
+        let ln = tensor(&shown, "model.ln");
         if let Some(l) = &ln.lossy_info {
             assert!(!l.settings.contains("steps="), "{}", l.settings);
         }
